@@ -1,0 +1,44 @@
+"""Errors a user can cause. Each one becomes a one-line message and exit code 2 at the CLI.
+
+Anything that is not an ``OpfuseError`` is a bug in opfuse and is allowed to show a traceback.
+"""
+
+
+class OpfuseError(Exception):
+    """Base class: a problem with the user's model, inputs or options."""
+
+    exit_code = 2
+
+
+class ModelError(OpfuseError):
+    """The model file is malformed, truncated, cyclic or otherwise not a valid graph."""
+
+
+class UnsupportedOpError(OpfuseError):
+    """An op (or an attribute value of an op) that opfuse does not implement."""
+
+    def __init__(self, op_type: str, node: str = "", opset: int | None = None, detail: str = ""):
+        where = f" (node '{node}'" + (f", opset {opset}" if opset is not None else "") + ")" if node else ""
+        msg = f"unsupported op '{op_type}'{where}"
+        if detail:
+            msg += f": {detail}"
+        super().__init__(msg)
+        self.op_type = op_type
+        self.node = node
+        self.opset = opset
+
+
+class ShapeError(OpfuseError):
+    """Shapes that do not fit together, at compile time or at run time."""
+
+
+class InputError(OpfuseError):
+    """Inputs given at run time do not match the model (missing, wrong shape or dtype)."""
+
+
+class SecurityError(ModelError):
+    """The model tries to reach outside its folder (external data path traversal)."""
+
+
+class InfeasibleError(OpfuseError):
+    """A planning constraint (latency bound, memory budget) cannot be met."""

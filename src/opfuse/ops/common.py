@@ -1,0 +1,51 @@
+"""Helpers shared by op definitions: broadcasting, axis normalisation, constant inputs."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from opfuse.errors import ShapeError, UnsupportedOpError
+from opfuse.ir.graph import Node, TensorType
+
+
+def broadcast_shapes(node: Node, *shapes: Sequence[int]) -> tuple[int, ...]:
+    """NumPy/ONNX multidirectional broadcasting, with a clear error naming the node."""
+    try:
+        return tuple(np.broadcast_shapes(*[tuple(s) for s in shapes]))
+    except ValueError:
+        raise ShapeError(f"node '{node.name}' ({node.op_type}): shapes "
+                         f"{' and '.join(str(tuple(s)) for s in shapes)} do not broadcast") from None
+
+
+def norm_axis(axis: int, rank: int, node: Node | None = None) -> int:
+    a = axis + rank if axis < 0 else axis
+    if not 0 <= a < max(rank, 1):
+        where = f"node '{node.name}' ({node.op_type}): " if node is not None else ""
+        raise ShapeError(f"{where}axis {axis} out of range for rank {rank}")
+    return a
+
+
+def const_input(node: Node, index: int, what: str) -> np.ndarray | None:
+    """The constant data of input ``index``; ``None`` when the input is absent.
+
+    opfuse compiles static shapes, so inputs that decide shapes (Reshape's shape, Slice's
+    starts, ...) must be constants; a runtime tensor there is an unsupported model.
+    """
+    if index >= len(node.inputs) or node.inputs[index] is None:
+        return None
+    v = node.inputs[index]
+    if v.const is None:
+        raise UnsupportedOpError(node.op_type, node.name,
+                                 detail=f"input {index} ({what}) must be a constant: opfuse compiles "
+                                        f"static shapes")
+    return v.const
+
+
+def same_type(node: Node, index: int = 0) -> list[TensorType]:
+    t = node.inputs[index].type
+    return [TensorType(t.shape, t.dtype)]
+
+
+def out_type(shape, dtype) -> list[TensorType]:
+    return [TensorType(tuple(shape), np.dtype(dtype))]

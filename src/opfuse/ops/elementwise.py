@@ -1,0 +1,230 @@
+"""Elementwise and broadcast ops: activations, arithmetic, comparisons, casts, BatchNorm.
+
+All of them are DNNFusion one-to-one ops. Unary ops are TVM ``ELEMWISE``; ops that
+broadcast several inputs are ``BROADCAST``. ``flops_per_element`` is a rough count of
+arithmetic per output element (transcendental functions counted as a few FLOPs), used
+only to rank fusions, never to judge correctness.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from opfuse.errors import UnsupportedOpError
+from opfuse.ir.graph import TensorType
+from opfuse.ops.common import broadcast_shapes, out_type, same_type
+from opfuse.ops.registry import Category, Mapping, OpSpec, register
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """Exact (libm) erf, elementwise, in the input's dtype."""
+    x = np.asarray(x)
+    return _erf(x.astype(np.float64)).astype(x.dtype)
+
+
+def _unary(name, fn, *, attrs=None, flops=1.0, tags=("activation",)):
+    def compute(ins, a, node):
+        x = ins[0]
+        return [np.asarray(fn(x, a)).astype(x.dtype, copy=False)]
+
+    register(OpSpec(name, Category.ELEMWISE, Mapping.ONE_TO_ONE, lambda n, a: same_type(n), compute,
+                    attrs=dict(attrs or {}), flops_per_element=flops,
+                    tags=frozenset(("unary",) + tuple(tags))))
+
+
+def _sigmoid(x):
+    # Split by sign so exp never overflows.
+    x64 = x.astype(np.float64)
+    out = np.empty_like(x64)
+    pos = x64 >= 0
+    out[pos] = 1.0 / (1.0 + np.exp(-x64[pos]))
+    e = np.exp(x64[~pos])
+    out[~pos] = e / (1.0 + e)
+    return out
+
+
+def _softplus(x):
+    x64 = x.astype(np.float64)
+    return np.maximum(x64, 0) + np.log1p(np.exp(-np.abs(x64)))
+
+
+def _gelu(x, a):
+    x64 = x.astype(np.float64)
+    if a["approximate"] == "tanh":
+        return 0.5 * x64 * (1 + np.tanh(math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64 ** 3)))
+    if a["approximate"] != "none":
+        raise UnsupportedOpError("Gelu", detail=f"approximate={a['approximate']!r}")
+    return 0.5 * x64 * (1 + _erf(x64 / math.sqrt(2)).astype(np.float64))
+
+
+def _hardsigmoid(x, alpha, beta):
+    return np.clip(alpha * x.astype(np.float64) + beta, 0.0, 1.0)
+
+
+_unary("Relu", lambda x, a: np.maximum(x, 0))
+_unary("LeakyRelu", lambda x, a: np.where(x >= 0, x, x * np.float32(a["alpha"])), attrs={"alpha": 0.01}, flops=2)
+_unary("Sigmoid", lambda x, a: _sigmoid(x), flops=4)
+_unary("HardSigmoid", lambda x, a: _hardsigmoid(x, a["alpha"], a["beta"]), attrs={"alpha": 0.2, "beta": 0.5}, flops=3)
+_unary("HardSwish", lambda x, a: x.astype(np.float64) * _hardsigmoid(x, 1 / 6, 0.5), flops=4)
+_unary("Tanh", lambda x, a: np.tanh(x), flops=6)
+_unary("Gelu", _gelu, attrs={"approximate": "none"}, flops=8)
+_unary("Softplus", lambda x, a: _softplus(x), flops=4)
+# SiLU is not an ONNX op; the recognition pass creates it from x * Sigmoid(x).
+_unary("Silu", lambda x, a: x.astype(np.float64) * _sigmoid(x), flops=5)
+_unary("Erf", lambda x, a: erf(x), flops=6, tags=())
+_unary("Exp", lambda x, a: np.exp(x), flops=4, tags=())
+_unary("Log", lambda x, a: np.log(x), flops=4, tags=())
+_unary("Sqrt", lambda x, a: np.sqrt(x), flops=2, tags=())
+_unary("Neg", lambda x, a: np.negative(x), tags=())
+_unary("Abs", lambda x, a: np.abs(x), tags=())
+_unary("Reciprocal", lambda x, a: np.reciprocal(x), tags=())
+
+
+# Clip: bounds are optional inputs (opset >= 11) or attributes (older opsets).
+def _clip_bounds(ins, a):
+    lo = ins[1] if len(ins) > 1 and ins[1] is not None else a.get("min")
+    hi = ins[2] if len(ins) > 2 and ins[2] is not None else a.get("max")
+    return lo, hi
+
+
+def _clip(ins, a, node):
+    x = ins[0]
+    lo, hi = _clip_bounds(ins, a)
+    y = x
+    if lo is not None:
+        y = np.maximum(y, np.asarray(lo, dtype=x.dtype))
+    if hi is not None:
+        y = np.minimum(y, np.asarray(hi, dtype=x.dtype))
+    return [np.asarray(y, dtype=x.dtype)]
+
+
+register(OpSpec("Clip", Category.ELEMWISE, Mapping.ONE_TO_ONE, lambda n, a: same_type(n), _clip,
+                num_inputs=(1, 3), attrs={"min": None, "max": None}, flops_per_element=2,
+                tags=frozenset({"unary", "activation"})))
+
+
+# Cast ----------------------------------------------------------------------------------
+def _onnx_to_np(to) -> np.dtype:
+    from onnx import helper
+    return np.dtype(helper.tensor_dtype_to_np_dtype(int(to)))
+
+
+def _cast_infer(node, a):
+    return out_type(node.inputs[0].shape, _onnx_to_np(a["to"]))
+
+
+def _cast(ins, a, node):
+    return [ins[0].astype(_onnx_to_np(a["to"]))]
+
+
+register(OpSpec("Cast", Category.ELEMWISE, Mapping.ONE_TO_ONE, _cast_infer, _cast,
+                attrs={"to": 1, "saturate": 1}, flops_per_element=0, tags=frozenset({"unary"})))
+
+
+# Identity and inference-mode Dropout (removed by the importer, kept here so any graph runs).
+register(OpSpec("Identity", Category.ELEMWISE, Mapping.ONE_TO_ONE, lambda n, a: same_type(n),
+                lambda ins, a, n: [ins[0].copy()], flops_per_element=0, tags=frozenset({"unary"})))
+
+
+def _dropout_infer(node, a):
+    t = node.inputs[0].type
+    types = [TensorType(t.shape, t.dtype)]
+    if len(node.outputs) > 1:
+        types.append(TensorType(t.shape, np.bool_))
+    return types
+
+
+def _dropout(ins, a, node):
+    outs = [ins[0].copy()]
+    if len(node.outputs) > 1:
+        outs.append(np.ones(ins[0].shape, dtype=np.bool_))
+    return outs
+
+
+register(OpSpec("Dropout", Category.ELEMWISE, Mapping.ONE_TO_ONE, _dropout_infer, _dropout,
+                num_inputs=(1, 3), num_outputs=(1, 2), attrs={"ratio": 0.5, "seed": None},
+                flops_per_element=0, tags=frozenset({"unary"})))
+
+
+# Binary / n-ary broadcast ops ---------------------------------------------------------
+def _broadcast_infer(dtype=None):
+    def infer(node, a):
+        ins = node.input_values()
+        shape = broadcast_shapes(node, *[v.shape for v in ins])
+        return out_type(shape, dtype if dtype is not None else ins[-1 if node.op_type == "Where" else 0].dtype)
+    return infer
+
+
+def _binary(name, fn, *, flops=1.0, commutative=False, out_dtype=None, arity=(2, 2)):
+    def compute(ins, a, node):
+        res = fn(*ins)
+        dt = out_dtype if out_dtype is not None else ins[0].dtype
+        return [np.asarray(res).astype(dt, copy=False)]
+
+    tags = {"binary", "arith"} | ({"commutative"} if commutative else set())
+    register(OpSpec(name, Category.BROADCAST, Mapping.ONE_TO_ONE, _broadcast_infer(out_dtype), compute,
+                    num_inputs=arity, flops_per_element=flops, tags=frozenset(tags)))
+
+
+def _div(a, b):
+    if np.issubdtype(a.dtype, np.integer):
+        return np.trunc(a / b).astype(a.dtype)  # ONNX integer Div truncates toward zero
+    return a / b
+
+
+def _pow(a, b):
+    if np.issubdtype(a.dtype, np.floating):
+        return np.power(a.astype(np.float64), b.astype(np.float64))
+    return np.power(a, b)
+
+
+_binary("Add", np.add, commutative=True)
+_binary("Sub", np.subtract)
+_binary("Mul", np.multiply, commutative=True)
+_binary("Div", _div)
+_binary("Pow", _pow, flops=4)
+_binary("Max", lambda *xs: np.maximum.reduce(np.broadcast_arrays(*xs)) if len(xs) > 1 else xs[0],
+        commutative=True, arity=(1, 2 ** 31))
+_binary("Min", lambda *xs: np.minimum.reduce(np.broadcast_arrays(*xs)) if len(xs) > 1 else xs[0],
+        commutative=True, arity=(1, 2 ** 31))
+_binary("Equal", np.equal, commutative=True, out_dtype=np.dtype(np.bool_))
+
+
+def _where(ins, a, node):
+    return [np.where(ins[0], ins[1], ins[2]).astype(ins[1].dtype, copy=False)]
+
+
+def _where_infer(node, a):
+    c, x, y = node.inputs
+    return out_type(broadcast_shapes(node, c.shape, x.shape, y.shape), x.dtype)
+
+
+register(OpSpec("Where", Category.BROADCAST, Mapping.ONE_TO_ONE, _where_infer, _where,
+                num_inputs=(3, 3), tags=frozenset({"ternary"})))
+
+
+# BatchNormalization (inference): y = (x - mean) / sqrt(var + eps) * scale + bias, per channel.
+def _bn(ins, a, node):
+    x, scale, bias, mean, var = ins[:5]
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    s = (scale.astype(np.float64) / np.sqrt(var.astype(np.float64) + a["epsilon"])).reshape(shape)
+    y = (x.astype(np.float64) - mean.reshape(shape)) * s + bias.reshape(shape)
+    return [y.astype(x.dtype)]
+
+
+def _bn_infer(node, a):
+    if a.get("training_mode", 0):
+        raise UnsupportedOpError("BatchNormalization", node.name, detail="training_mode=1")
+    if len(node.outputs) != 1:
+        raise UnsupportedOpError("BatchNormalization", node.name,
+                                 detail="training outputs (running mean/var) are not supported")
+    return same_type(node)
+
+
+register(OpSpec("BatchNormalization", Category.BROADCAST, Mapping.ONE_TO_ONE, _bn_infer, _bn,
+                num_inputs=(5, 5), num_outputs=(1, 3),
+                attrs={"epsilon": 1e-5, "momentum": 0.9, "training_mode": 0, "spatial": 1},
+                flops_per_element=2, tags=frozenset({"normalization"})))

@@ -1,0 +1,1 @@
+"""Executors: the NumPy reference (the oracle) and the native C runtime."""
