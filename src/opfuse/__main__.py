@@ -1,0 +1,5 @@
+import sys
+
+from opfuse.cli import main
+
+sys.exit(main())

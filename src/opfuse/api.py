@@ -1,0 +1,43 @@
+"""The Python face of opfuse: load a model from wherever the user names it."""
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+import onnx
+
+from opfuse.errors import ModelError
+from opfuse.ir.graph import Graph
+
+ZOO_PREFIX = "zoo:"
+
+
+def load(model, input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> Graph:
+    """A Graph from ``zoo:NAME``, a path to an ``.onnx`` file, an ``onnx.ModelProto`` or a Graph."""
+    if isinstance(model, Graph):
+        return model
+    if isinstance(model, onnx.ModelProto):
+        from opfuse.frontend.onnx import import_model
+        return import_model(model, input_shapes=dict(input_shapes or {}))
+    spec = os.fspath(model)
+    if spec.startswith(ZOO_PREFIX):
+        from opfuse import zoo
+        return zoo.load(spec[len(ZOO_PREFIX):], input_shapes=dict(input_shapes or {}) or None)
+    if not os.path.exists(spec):
+        raise ModelError(f"model '{spec}' not found (give a path to an .onnx file or zoo:NAME)")
+    from opfuse.frontend.onnx import load_model
+    return load_model(spec, input_shapes=dict(input_shapes or {}))
+
+
+def onnx_proto(model) -> onnx.ModelProto:
+    """The ONNX model behind ``model`` (for running it in onnxruntime side by side)."""
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if isinstance(model, Graph):
+        from opfuse.frontend.onnx import export_model
+        return export_model(model)
+    spec = os.fspath(model)
+    if spec.startswith(ZOO_PREFIX):
+        from opfuse import zoo
+        return zoo.build_onnx(spec[len(ZOO_PREFIX):])
+    return onnx.load(spec)

@@ -1,0 +1,1 @@
+"""Reports: model summaries, fusion reports (text, JSON, HTML)."""
