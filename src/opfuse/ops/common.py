@@ -18,6 +18,11 @@ def broadcast_shapes(node: Node, *shapes: Sequence[int]) -> tuple[int, ...]:
                          f"{' and '.join(str(tuple(s)) for s in shapes)} do not broadcast") from None
 
 
+def shape_error(node: Node, msg: str) -> ShapeError:
+    """A ``ShapeError`` whose message names the node and its op (raise the result)."""
+    return ShapeError(f"node '{node.name}' ({node.op_type}): {msg}")
+
+
 def norm_axis(axis: int, rank: int, node: Node | None = None) -> int:
     a = axis + rank if axis < 0 else axis
     if not 0 <= a < max(rank, 1):

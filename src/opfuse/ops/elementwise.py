@@ -107,13 +107,29 @@ register(OpSpec("Clip", Category.ELEMWISE, Mapping.ONE_TO_ONE, lambda n, a: same
 
 
 # Cast ----------------------------------------------------------------------------------
+# Element types opfuse computes with. Casting to others (bfloat16, float8, int4, ...) through
+# NumPy extension types would silently ignore ONNX's saturation and rounding rules.
+CAST_TARGETS = frozenset(np.dtype(t) for t in (
+    np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,
+    np.uint8, np.uint16, np.uint32, np.uint64, np.bool_))
+
+
 def _onnx_to_np(to) -> np.dtype:
     from onnx import helper
     return np.dtype(helper.tensor_dtype_to_np_dtype(int(to)))
 
 
 def _cast_infer(node, a):
-    return out_type(node.inputs[0].shape, _onnx_to_np(a["to"]))
+    from onnx import TensorProto
+    try:
+        dtype = _onnx_to_np(a["to"])
+    except (KeyError, ValueError, TypeError):
+        dtype = None
+    if dtype not in CAST_TARGETS:
+        name = TensorProto.DataType.Name(int(a["to"])) if int(a["to"]) in TensorProto.DataType.values() \
+            else str(a["to"])
+        raise UnsupportedOpError("Cast", node.name, detail=f"target element type {name} is not supported")
+    return out_type(node.inputs[0].shape, dtype)
 
 
 def _cast(ins, a, node):

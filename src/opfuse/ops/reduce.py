@@ -1,1 +1,156 @@
-"""(being written)"""
+"""Reductions: Softmax, LayerNormalization, ReduceMean, ReduceSum, ReduceMax.
+
+All are TVM ``REDUCTION`` and DNNFusion many-to-many. Float inputs are reduced in float64
+so the reference stays an accurate oracle; results are cast back to the input dtype.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from opfuse.errors import UnsupportedOpError
+from opfuse.ir.graph import Node, TensorType
+from opfuse.ops.common import norm_axis, out_type, same_type, shape_error
+from opfuse.ops.registry import Category, Mapping, OpSpec, register
+
+# ONNX TensorProto enum values LayerNormalization's stash_type may take (computation precision).
+_STASH_TYPES = {1: np.float32, 10: np.float16, 11: np.float64, 16: np.float32}
+
+
+def _acc(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float64, copy=False) if np.issubdtype(x.dtype, np.floating) else x
+
+
+def _input_size(node: Node, a: dict) -> int:
+    return node.inputs[0].type.size
+
+
+# Softmax --------------------------------------------------------------------------------
+def _softmax_infer(node: Node, a: dict):
+    norm_axis(int(a["axis"]), len(node.inputs[0].shape), node)
+    return same_type(node)
+
+
+def _softmax(ins, a, node):
+    """y = exp(x - max(x)) / sum(exp(x - max(x))) along ``axis`` (opset-13 semantics).
+
+    Subtracting the max keeps every exponent <= 0, so nothing overflows.
+    """
+    x = ins[0]
+    axis = norm_axis(int(a["axis"]), x.ndim, node)
+    x64 = _acc(x)
+    e = np.exp(x64 - x64.max(axis=axis, keepdims=True))
+    return [(e / e.sum(axis=axis, keepdims=True)).astype(x.dtype, copy=False)]
+
+
+register(OpSpec("Softmax", Category.REDUCTION, Mapping.MANY_TO_MANY, _softmax_infer, _softmax,
+                attrs={"axis": -1}, flops_per_element=5, tags=frozenset({"normalization"})))
+
+
+# LayerNormalization ---------------------------------------------------------------------
+def _ln_axis(node: Node, a: dict) -> int:
+    return norm_axis(int(a["axis"]), len(node.inputs[0].shape), node)
+
+
+def _broadcasts_to(shape, target) -> bool:
+    try:
+        return np.broadcast_shapes(tuple(shape), tuple(target)) == tuple(target)
+    except ValueError:
+        return False
+
+
+def _ln_infer(node: Node, a: dict):
+    x = node.inputs[0]
+    axis = _ln_axis(node, a)
+    if int(a["stash_type"]) not in _STASH_TYPES:
+        raise UnsupportedOpError("LayerNormalization", node.name, detail=f"stash_type={a['stash_type']}")
+    normalized = x.shape[axis:]
+    for v, what in ((node.inputs[1], "Scale"), (node.inputs[2] if len(node.inputs) > 2 else None, "B")):
+        if v is not None and not _broadcasts_to(v.shape, normalized):
+            raise shape_error(node, f"{what} of shape {v.shape} does not broadcast to the normalized "
+                                    f"shape {tuple(normalized)}")
+    stats = TensorType(x.shape[:axis] + (1,) * (len(x.shape) - axis), _STASH_TYPES[int(a["stash_type"])])
+    return [TensorType(x.shape, x.dtype)] + [stats] * (len(node.outputs) - 1)
+
+
+def _layer_norm(ins, a, node):
+    """y = (x - mean) / sqrt(var + epsilon) * Scale + B over the axes [axis, rank).
+
+    Optional outputs 2 and 3 are ``mean`` and ``1 / sqrt(var + epsilon)`` (stash_type dtype).
+    """
+    x, scale = ins[0], ins[1]
+    bias = ins[2] if len(ins) > 2 else None
+    axis = _ln_axis(node, a)
+    axes = tuple(range(axis, x.ndim))
+    x64 = x.astype(np.float64)
+    mean = x64.mean(axis=axes, keepdims=True)
+    inv_std = 1.0 / np.sqrt(((x64 - mean) ** 2).mean(axis=axes, keepdims=True) + a["epsilon"])
+    y = (x64 - mean) * inv_std * scale.astype(np.float64)
+    if bias is not None:
+        y = y + bias.astype(np.float64)
+    stash = _STASH_TYPES[int(a["stash_type"])]
+    return [y.astype(x.dtype), mean.astype(stash), inv_std.astype(stash)][:len(node.outputs)]
+
+
+register(OpSpec("LayerNormalization", Category.REDUCTION, Mapping.MANY_TO_MANY, _ln_infer, _layer_norm,
+                num_inputs=(2, 3), num_outputs=(1, 3),
+                attrs={"axis": -1, "epsilon": 1e-5, "stash_type": 1}, flops_per_element=8,
+                tags=frozenset({"normalization"})))
+
+
+# ReduceMean / ReduceSum / ReduceMax ----------------------------------------------------------
+def reduce_axes(node: Node, a: dict) -> tuple[int, ...] | None:
+    """Normalised, sorted axes to reduce; ``None`` means "no reduction" (noop_with_empty_axes)."""
+    rank = len(node.inputs[0].shape)
+    axes = a.get("axes")
+    if axes is None or len(axes) == 0:
+        return None if int(a["noop_with_empty_axes"]) else tuple(range(rank))
+    norm = [norm_axis(int(ax), rank, node) for ax in axes]
+    if len(set(norm)) != len(norm):
+        raise shape_error(node, f"axes {list(axes)} repeat an axis")
+    return tuple(sorted(norm))
+
+
+def _reduce_infer(node: Node, a: dict):
+    x = node.inputs[0]
+    axes = reduce_axes(node, a)
+    if axes is None:
+        return same_type(node)
+    if int(a["keepdims"]):
+        shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+    else:
+        shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
+    return out_type(shape, x.dtype)
+
+
+def _reduce(kind: str):
+    def compute(ins, a, node):
+        x = ins[0]
+        axes = reduce_axes(node, a)
+        if axes is None:
+            return [x.copy()]
+        keep = bool(int(a["keepdims"]))
+        if kind == "sum":
+            r = _acc(x).sum(axis=axes, keepdims=keep)
+        elif kind == "mean":
+            r = _acc(x).mean(axis=axes, keepdims=keep) if x.size else np.full(
+                _reduced_shape(x.shape, axes, keep), np.nan)
+        else:  # max over an empty set is the identity of max: the lowest value of the dtype
+            r = np.max(x, axis=axes, keepdims=keep, initial=_lowest(x.dtype))
+        return [np.asarray(r).astype(x.dtype, copy=False)]
+    return compute
+
+
+def _reduced_shape(shape, axes, keep):
+    return tuple(1 if i in axes else d for i, d in enumerate(shape) if keep or i not in axes)
+
+
+def _lowest(dtype: np.dtype):
+    if dtype == np.bool_:
+        return False
+    return -np.inf if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).min
+
+
+_REDUCE_ATTRS = {"axes": None, "keepdims": 1, "noop_with_empty_axes": 0}
+for _name, _kind in (("ReduceMean", "mean"), ("ReduceSum", "sum"), ("ReduceMax", "max")):
+    register(OpSpec(_name, Category.REDUCTION, Mapping.MANY_TO_MANY, _reduce_infer, _reduce(_kind),
+                    attrs=dict(_REDUCE_ATTRS), flops_fn=_input_size, tags=frozenset({"reduce"})))

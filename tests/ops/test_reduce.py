@@ -1,0 +1,106 @@
+"""Softmax, LayerNormalization and the Reduce ops."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from op_harness import assert_close, build_op, onnx_ref, run1, run_op
+from opfuse.errors import ShapeError, UnsupportedOpError
+from opfuse.ops import get_spec
+
+RNG = np.random.default_rng(11)
+
+
+def randn(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("axis", [-1, 0, 1, 2])
+def test_softmax_matches_onnx_reference(axis):
+    x = randn(2, 3, 4)
+    got = run1("Softmax", x, axis=axis)
+    assert_close(got, onnx_ref("Softmax", [x], axis=axis)[0])
+    assert_close(got.sum(axis=axis), np.ones(np.delete(x.shape, axis)), atol=1e-6)
+
+
+def test_softmax_is_numerically_stable():
+    x = np.array([[1000.0, 1001.0, 1002.0], [-1000.0, -1001.0, -1002.0]], dtype=np.float32)
+    got = run1("Softmax", x)
+    e = np.exp([0.0, 1.0, 2.0])
+    assert_close(got[0], e / e.sum())
+    assert_close(got[1], e[::-1] / e.sum())
+
+
+def test_softmax_axis_error_names_the_node():
+    with pytest.raises(ShapeError, match="sm.*axis 3"):
+        build_op("Softmax", [randn(2, 3)], name="sm", axis=3)
+
+
+@pytest.mark.parametrize("axis", [-1, -2, 1, 0])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_layer_norm_matches_onnx_reference(axis, with_bias):
+    x = randn(2, 3, 5)
+    norm_shape = x.shape[axis:]
+    scale, bias = randn(*norm_shape), randn(*norm_shape)
+    ins = [x, scale] + ([bias] if with_bias else [])
+    got = run_op("LayerNormalization", ins, consts=(1, 2), num_outputs=3, axis=axis, epsilon=1e-3)
+    want = onnx_ref("LayerNormalization", ins, num_outputs=3, axis=axis, epsilon=1e-3)
+    for g, w in zip(got, want):
+        assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_layer_norm_single_output_by_hand():
+    x = np.array([[1.0, 2.0, 3.0, 4.0]], dtype=np.float32)
+    mean, var = 2.5, 1.25
+    want = (x - mean) / np.sqrt(var + 1e-5) * 2.0 + 1.0
+    got = run1("LayerNormalization", x, np.full(4, 2.0, np.float32), np.ones(4, np.float32), consts=(1, 2))
+    assert_close(got, want)
+
+
+def test_layer_norm_errors():
+    with pytest.raises(ShapeError, match="ln.*Scale"):
+        build_op("LayerNormalization", [randn(2, 4), randn(3)], consts=(1,), name="ln")
+    with pytest.raises(UnsupportedOpError, match="stash_type"):
+        build_op("LayerNormalization", [randn(2, 4), randn(4)], consts=(1,), stash_type=7)
+
+
+REDUCE_OPS = ("ReduceMean", "ReduceSum", "ReduceMax")
+
+
+@pytest.mark.parametrize("op", REDUCE_OPS)
+@pytest.mark.parametrize("axes", [None, [0], [1, -1], [-2], [0, 1, 2]])
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_reduce_matches_onnx_reference(op, axes, keepdims):
+    x = randn(2, 3, 4)
+    got = run1(op, x, axes=axes, keepdims=keepdims)
+    ins = [x] if axes is None else [x, np.array(axes, dtype=np.int64)]
+    assert_close(got, onnx_ref(op, ins, keepdims=keepdims)[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("op", REDUCE_OPS)
+def test_reduce_noop_with_empty_axes(op):
+    x = randn(2, 3)
+    np.testing.assert_array_equal(run1(op, x, axes=[], noop_with_empty_axes=1), x)
+    assert run1(op, x, axes=[], keepdims=0).shape == ()
+
+
+def test_reduce_empty_set_identities():
+    x = np.zeros((2, 0, 4), dtype=np.float32)
+    assert_close(run1("ReduceSum", x, axes=[1]), np.zeros((2, 1, 4)))
+    assert np.all(run1("ReduceMax", x, axes=[1], keepdims=0) == -np.inf)
+    assert np.all(run1("ReduceMax", x.astype(np.int32), axes=[1]) == np.iinfo(np.int32).min)
+
+
+def test_reduce_integer_and_flops():
+    x = RNG.integers(-9, 9, (3, 4)).astype(np.int64)
+    np.testing.assert_array_equal(run1("ReduceSum", x, axes=[1]), x.sum(axis=1, keepdims=True))
+    np.testing.assert_array_equal(run1("ReduceMax", x, axes=[0], keepdims=0), x.max(axis=0))
+    node = build_op("ReduceMean", [randn(3, 4)], axes=[1]).nodes[0]
+    assert get_spec("ReduceMean").flops(node) == 12
+
+
+def test_reduce_errors_name_the_node():
+    with pytest.raises(ShapeError, match="rs.*repeat"):
+        build_op("ReduceSum", [randn(3, 4)], name="rs", axes=[1, -1])
+    with pytest.raises(ShapeError, match="rs.*axis 2 out of range"):
+        build_op("ReduceSum", [randn(3, 4)], name="rs", axes=[2])
