@@ -1,0 +1,243 @@
+"""Export rules: canonical IR nodes written in a target opset's ONNX form.
+
+A rule is ``rule(ctx, node)``; ops without one are written as they are. Expansions state their
+math:
+
+* ``Silu(x) = x * Sigmoid(x)``;
+* ``Gelu(x) = 0.5 x (1 + erf(x / sqrt 2))``, or with ``approximate="tanh"``
+  ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`` (an ONNX op from opset 20);
+* ``LayerNormalization(x) = (x - mean) / sqrt(var + eps) * scale + bias`` over axes
+  ``axis..rank-1``, computed in float32 (``stash_type=1``) (an ONNX op from opset 17);
+* ``HardSwish(x) = x * HardSigmoid(x; alpha=1/6, beta=1/2)`` (an ONNX op from opset 14);
+* Softmax before opset 13 normalises a flattened trailing block, so a softmax along a
+  non-last axis is written ``Transpose -> Softmax(last) -> Transpose``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+from onnx import TensorProto
+
+from opfuse.errors import UnsupportedOpError
+from opfuse.frontend.onnx_export import ExportContext
+from opfuse.frontend.onnx_opsets import (AXES_INPUT_SINCE, INTRODUCED_AT, NOOP_WITH_EMPTY_AXES_SINCE,
+                                         PAD_AXES_INPUT_SINCE, RESIZE_OPTIONAL_INPUTS_SINCE,
+                                         SOFTMAX_SINGLE_AXIS_SINCE, SPLIT_INPUT_SINCE)
+from opfuse.frontend.onnx_protos import onnx_elem_type
+from opfuse.ir.graph import Node
+
+GELU_TANH_COEFF = 0.044715  # the cubic coefficient of the tanh approximation of GELU
+
+ExportRule = Callable[[ExportContext, Node], None]
+EXPORT_RULES: dict[str, ExportRule] = {}
+
+
+def rule(*op_types: str):
+    def register(fn: ExportRule) -> ExportRule:
+        for op in op_types:
+            EXPORT_RULES[op] = fn
+        return fn
+    return register
+
+
+def _native(ctx: ExportContext, node: Node) -> bool:
+    """Whether the op exists (and is not superseded by an expansion) at the target opset."""
+    return node.op_type in INTRODUCED_AT and ctx.opset >= INTRODUCED_AT[node.op_type]
+
+
+def _scalar(ctx: ExportContext, node: Node, base: str, value: float, dtype) -> str:
+    return ctx.const(f"{node.name}_{base}", np.array(value, dtype=dtype))
+
+
+def axes_operand(ctx: ExportContext, node: Node, op_type: str, x: str, axes: list[int] | None,
+                 attrs: dict, out: str | None = None) -> str:
+    """Write ``op_type`` with ``axes`` as an attribute or an input, as the target opset wants."""
+    if ctx.opset >= AXES_INPUT_SINCE[op_type]:
+        inputs = [x] + ([ctx.const(f"{node.name}_axes", np.array(axes, dtype=np.int64))] if axes else [])
+    else:
+        inputs = [x]
+        attrs = dict(attrs, axes=list(axes)) if axes else attrs
+    if out is None:
+        return ctx.op(node, op_type, inputs, **attrs)
+    ctx.add(op_type, inputs, [out], name=node.name, attrs=attrs, origin=node)
+    return out
+
+
+# Attribute/input forms ------------------------------------------------------------------------
+
+@rule("Squeeze", "Unsqueeze", "ReduceSum", "ReduceMean", "ReduceMax")
+def axes_form(ctx, node):
+    attrs = dict(node.attrs)
+    axes = attrs.pop("axes", None) or None
+    x, y = node.inputs[0].name, node.output.name
+    since = NOOP_WITH_EMPTY_AXES_SINCE.get(node.op_type)
+    if since is not None and ctx.opset < since:
+        noop = attrs.pop("noop_with_empty_axes", 0)
+        if noop and not axes:  # "reduce over no axes" is the identity
+            ctx.add("Identity", [x], [y], name=node.name, origin=node)
+            return
+    axes_operand(ctx, node, node.op_type, x, axes, attrs, out=y)
+
+
+@rule("Split")
+def split(ctx, node):
+    """Always explicit sizes (read from the output shapes), as an input from opset 13."""
+    attrs = dict(node.attrs)
+    rank = len(node.inputs[0].shape)
+    axis = attrs.get("axis", 0) % max(rank, 1)
+    sizes = [v.shape[axis] for v in node.outputs]
+    attrs.pop("split", None)
+    if ctx.opset >= SPLIT_INPUT_SINCE:
+        ctx.emit(node, [node.inputs[0].name, ctx.const(f"{node.name}_split", np.array(sizes, np.int64))], attrs)
+    else:
+        ctx.emit(node, [node.inputs[0].name], dict(attrs, split=sizes))
+
+
+@rule("Softmax")
+def softmax(ctx, node):
+    if ctx.opset >= SOFTMAX_SINGLE_AXIS_SINCE:
+        ctx.emit(node)
+        return
+    rank = len(node.inputs[0].shape)
+    axis = node.attrs.get("axis", -1) % max(rank, 1)
+    if axis == rank - 1 or rank == 0:
+        ctx.emit(node, attrs={"axis": -1})
+        return
+    perm = [d for d in range(rank) if d != axis] + [axis]
+    inverse = [perm.index(d) for d in range(rank)]
+    t = ctx.op(node, "Transpose", [node.inputs[0].name], perm=perm)
+    s = ctx.op(node, "Softmax", [t], axis=-1)
+    ctx.op(node, "Transpose", [s], out=node.output.name, perm=inverse)
+
+
+@rule("Clip")
+def clip(ctx, node):
+    """Bounds as inputs (an IR node might still carry the old attribute form)."""
+    attrs = dict(node.attrs)
+    inputs = [v.name if v is not None else None for v in node.inputs] + [None] * (3 - len(node.inputs))
+    dtype = node.inputs[0].dtype
+    for i, key in ((1, "min"), (2, "max")):
+        value = attrs.pop(key, None)
+        if value is not None and inputs[i] is None:
+            inputs[i] = _scalar(ctx, node, key, value, dtype)
+    ctx.emit(node, inputs, attrs)
+
+
+@rule("Pad")
+def pad(ctx, node):
+    """Before opset 18 Pad has no ``axes`` input: spell the pads out for every axis."""
+    has_axes = len(node.inputs) > 3 and node.inputs[3] is not None
+    if ctx.opset >= PAD_AXES_INPUT_SINCE or not has_axes:
+        ctx.emit(node)
+        return
+    rank = len(node.inputs[0].shape)
+    pads, axes = node.inputs[1].const, node.inputs[3].const
+    if pads is None or axes is None:
+        raise UnsupportedOpError("Pad", node.name, ctx.opset, detail="pads and axes must be constants")
+    full = np.zeros(2 * rank, dtype=np.int64)
+    k = len(axes)
+    for i, a in enumerate(int(a) % rank for a in axes.reshape(-1)):
+        full[a], full[a + rank] = pads.reshape(-1)[i], pads.reshape(-1)[i + k]
+    ins = [node.inputs[0].name, ctx.const(f"{node.name}_pads", full),
+           node.inputs[2].name if node.inputs[2] is not None else None]
+    ctx.emit(node, ins)
+
+
+@rule("Resize")
+def resize(ctx, node):
+    """Before opset 13 an unused ``roi``/``scales`` is an empty tensor, not a missing input."""
+    inputs = [v.name if v is not None else None for v in node.inputs]
+    if ctx.opset < RESIZE_OPTIONAL_INPUTS_SINCE:
+        for i, what in ((1, "roi"), (2, "scales")):
+            if len(inputs) > i and inputs[i] is None:
+                inputs[i] = ctx.const(f"{node.name}_{what}", np.zeros(0, np.float32))
+    ctx.emit(node, inputs)
+
+
+@rule("Dropout")
+def dropout(ctx, node):
+    """Inference Dropout is the identity (``ratio`` is irrelevant and changed form at 12)."""
+    if len(node.outputs) == 1:
+        ctx.emit(node, [node.inputs[0].name], {}, op_type="Identity")
+    else:
+        ctx.emit(node, [node.inputs[0].name], {})
+
+
+@rule("BatchNormalization")
+def batch_norm(ctx, node):
+    attrs = {k: v for k, v in node.attrs.items() if not (k == "spatial" and v == 1)}
+    ctx.emit(node, attrs=attrs)
+
+
+# Expansions -------------------------------------------------------------------------------------
+
+@rule("Silu")
+def silu(ctx, node):
+    x = node.inputs[0].name
+    ctx.op(node, "Mul", [x, ctx.op(node, "Sigmoid", [x])], out=node.output.name)
+
+
+@rule("HardSwish")
+def hard_swish(ctx, node):
+    if _native(ctx, node):
+        ctx.emit(node)
+        return
+    x = node.inputs[0].name
+    ctx.op(node, "Mul", [x, ctx.op(node, "HardSigmoid", [x], alpha=1.0 / 6.0, beta=0.5)],
+           out=node.output.name)
+
+
+@rule("Gelu")
+def gelu(ctx, node):
+    if _native(ctx, node):
+        ctx.emit(node)
+        return
+    x, dt = node.inputs[0].name, node.inputs[0].dtype
+    approximate = node.attrs.get("approximate", "none")
+    if approximate == "tanh":
+        cube = ctx.op(node, "Mul", [x, ctx.op(node, "Mul", [x, x])])
+        inner = ctx.op(node, "Add", [x, ctx.op(node, "Mul", [cube, _scalar(ctx, node, "c", GELU_TANH_COEFF, dt)])])
+        scaled = ctx.op(node, "Mul", [inner, _scalar(ctx, node, "k", math.sqrt(2.0 / math.pi), dt)])
+        core = ctx.op(node, "Tanh", [scaled])
+    elif approximate == "none":
+        core = ctx.op(node, "Erf", [ctx.op(node, "Mul", [x, _scalar(ctx, node, "rsqrt2", 1.0 / math.sqrt(2.0), dt)])])
+    else:
+        raise UnsupportedOpError("Gelu", node.name, ctx.opset, detail=f"approximate={approximate!r}")
+    one_plus = ctx.op(node, "Add", [core, _scalar(ctx, node, "one", 1.0, dt)])
+    half_x = ctx.op(node, "Mul", [x, _scalar(ctx, node, "half", 0.5, dt)])
+    ctx.op(node, "Mul", [half_x, one_plus], out=node.output.name)
+
+
+@rule("LayerNormalization")
+def layer_norm(ctx, node):
+    if _native(ctx, node):
+        ctx.emit(node)
+        return
+    if len(node.outputs) != 1:
+        raise UnsupportedOpError("LayerNormalization", node.name, ctx.opset,
+                                 detail="the Mean/InvStdDev outputs cannot be exported before opset 17")
+    x_val = node.inputs[0]
+    rank = len(x_val.shape)
+    axis = node.attrs.get("axis", -1) % max(rank, 1)
+    axes = list(range(axis, rank))
+    eps = node.attrs.get("epsilon", 1e-5)
+    x = x_val.name
+    stash = x_val.dtype != np.float32 and node.attrs.get("stash_type", 1) == 1
+    if stash:
+        x = ctx.op(node, "Cast", [x], to=TensorProto.FLOAT)
+    dt = np.float32 if stash else x_val.dtype
+    mean = axes_operand(ctx, node, "ReduceMean", x, axes, {"keepdims": 1})
+    d = ctx.op(node, "Sub", [x, mean])
+    var = axes_operand(ctx, node, "ReduceMean", ctx.op(node, "Mul", [d, d]), axes, {"keepdims": 1})
+    std = ctx.op(node, "Sqrt", [ctx.op(node, "Add", [var, _scalar(ctx, node, "eps", eps, dt)])])
+    y = ctx.op(node, "Div", [d, std])
+    if stash:
+        y = ctx.op(node, "Cast", [y], to=onnx_elem_type(x_val.dtype, f"input of '{node.name}'"))
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    scaled_out = None if bias is not None else node.output.name
+    y = ctx.op(node, "Mul", [y, node.inputs[1].name], out=scaled_out)
+    if bias is not None:
+        ctx.op(node, "Add", [y, bias.name], out=node.output.name)
+

@@ -1,0 +1,433 @@
+"""ONNX -> opfuse ``Graph``.
+
+The import is one pass over a validated, topologically sorted node list:
+
+1. check the model (``onnx_files`` parsed it): a default-domain opset in 11..21, every
+   node a supported op of that opset, no subgraphs, every value defined once and only read
+   after it is defined somewhere, no cycle (nodes need not be sorted in the file);
+2. constants: initializers (external data read safely from the model folder) and Constant
+   nodes become ``Value.const``; graph inputs get concrete shapes from the user's bindings;
+3. walk the nodes in topological order; each is rewritten to the canonical IR form
+   (``onnx_canonical``), its output types inferred, and -- when all its inputs are constants and
+   its outputs small, or when it is a ``Shape`` of a statically shaped value -- evaluated with
+   the op's reference implementation and replaced by constants. One walk therefore resolves
+   PyTorch's ``Shape -> Gather -> Unsqueeze -> Concat -> Reshape`` chains into a constant shape;
+4. graph outputs keep their ONNX names; dead nodes and unused constants are dropped.
+
+Every problem with the file is an ``OpfuseError`` with a one-line message, never a protobuf
+or onnx traceback.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import onnx.defs
+
+from opfuse.errors import ModelError, OpfuseError, ShapeError, UnsupportedOpError
+from opfuse.frontend.input_shapes import Dim, bind_input_shapes
+from opfuse.frontend.onnx_canonical import REMOVED_OPS, RULES, emit_as_is
+from opfuse.frontend.onnx_files import read_model
+from opfuse.frontend.onnx_opsets import DEFAULT_DOMAINS, MAX_OPSET, MIN_OPSET
+from opfuse.frontend.onnx_protos import (attribute_value, numpy_dtype, sparse_to_array,
+                                         tensor_to_array)
+from opfuse.ir.graph import Graph, Node, Value
+from opfuse.ops.registry import get_spec, infer_node, is_supported
+
+# A node whose inputs are all constants is evaluated at import time when its outputs hold at
+# most this many elements in total (shape arithmetic, small tables). Larger results stay nodes
+# so the model does not balloon with precomputed weights.
+FOLD_MAX_ELEMENTS = 65536
+
+
+# The model's opset ------------------------------------------------------------------------------
+
+def default_opset(model: onnx.ModelProto) -> int:
+    """The model's opset of the default ONNX domain, checked to be in the supported range."""
+    versions = [int(o.version) for o in model.opset_import if o.domain in DEFAULT_DOMAINS]
+    if not versions:
+        raise ModelError("the model imports no opset of the default ONNX domain (ai.onnx)")
+    opset = max(versions)
+    if not MIN_OPSET <= opset <= MAX_OPSET:
+        raise ModelError(f"the model uses opset {opset} of the default ONNX domain (ai.onnx); opfuse "
+                         f"imports opsets {MIN_OPSET} to {MAX_OPSET} (convert it with "
+                         f"onnx.version_converter)")
+    return opset
+
+
+# The ONNX graph as checked plain records ------------------------------------------------------
+
+@dataclass
+class OnnxNode:
+    """One ONNX node: names, op version (``since_version`` of its schema) and plain attributes."""
+
+    name: str
+    op_type: str
+    version: int
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict = field(default_factory=dict)
+
+
+def _node_names(nodes) -> list[str]:
+    """Unique node names: ONNX names kept, missing or repeated ones made ``<name or op>_<k>``."""
+    explicit = {n.name for n in nodes if n.name}
+    used: set[str] = set()
+    counters: dict[str, int] = {}
+    names = []
+    for n in nodes:
+        name = n.name
+        if not name or name in used:
+            base = name or n.op_type.lower()
+            k = counters.get(base, 0)
+            while f"{base}_{k}" in explicit or f"{base}_{k}" in used:
+                k += 1
+            counters[base] = k + 1
+            name = f"{base}_{k}"
+        used.add(name)
+        names.append(name)
+    return names
+
+
+def _check_ops(graph: onnx.GraphProto, names: list[str], opset: int) -> list[int]:
+    """The op version of every node; ``UnsupportedOpError`` for the first op opfuse cannot import."""
+    versions, problems = [], []
+    for n, name in zip(graph.node, names):
+        if n.domain not in DEFAULT_DOMAINS:
+            raise UnsupportedOpError(n.op_type, name, opset,
+                                     detail=f"domain '{n.domain}' is not supported (only the default "
+                                            f"ONNX domain)")
+        for a in n.attribute:
+            if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+                raise UnsupportedOpError(n.op_type, name, opset,
+                                         detail=f"attribute '{a.name}' is a subgraph; control flow "
+                                                f"(If/Loop/Scan) is not supported")
+        version = None
+        if is_supported(n.op_type) or n.op_type in REMOVED_OPS:
+            try:
+                schema = onnx.defs.get_schema(n.op_type, opset, "")
+                if not schema.deprecated:
+                    version = schema.since_version
+            except onnx.defs.SchemaError:
+                pass
+        if version is None:
+            problems.append((n.op_type, name))
+        versions.append(version)
+    if problems:
+        op, name = problems[0]
+        others = sorted({p[0] for p in problems} - {op})
+        known = is_supported(op) or op in REMOVED_OPS
+        detail = "not an ONNX op at this opset" if known else "not an op opfuse imports"
+        if others:
+            detail += f"; also unsupported: {', '.join(others)}"
+        raise UnsupportedOpError(op, name, opset, detail=detail)
+    return versions
+
+
+def _declared_dims(vi: onnx.ValueInfoProto) -> tuple[list[Dim] | None, np.dtype]:
+    t = vi.type
+    if not t.HasField("tensor_type"):
+        raise ModelError(f"graph input '{vi.name}' is not a tensor (sequences, maps and optionals "
+                         f"are not supported)")
+    dtype = numpy_dtype(t.tensor_type.elem_type, f"graph input '{vi.name}'")
+    if not t.tensor_type.HasField("shape"):
+        return None, dtype
+    dims: list[Dim] = []
+    for d in t.tensor_type.shape.dim:
+        if d.HasField("dim_value") and d.dim_value >= 0:
+            dims.append(int(d.dim_value))
+        else:
+            dims.append(d.dim_param or None)
+    return dims, dtype
+
+
+# The walk ------------------------------------------------------------------------------------
+
+class ImportContext:
+    """What import rules use: the graph under construction and name/constant helpers."""
+
+    def __init__(self, graph: Graph, opset: int, reserved_values: set[str], reserved_nodes: set[str],
+                 use_counts: dict[str, int]):
+        self.graph = graph
+        self.opset = opset
+        self._reserved_values = reserved_values
+        self._reserved_nodes = reserved_nodes
+        self._use_counts = use_counts
+        self._counters: dict[str, int] = {}
+
+    # Names ----------------------------------------------------------------------------------
+    def _fresh(self, base: str, taken) -> str:
+        k = self._counters.get(base, 0)
+        cand = base
+        while cand in taken:
+            k += 1
+            cand = f"{base}_{k}"
+        self._counters[base] = k
+        return cand
+
+    def fresh_value(self, base: str) -> str:
+        """A value name used by no ONNX value and no value made so far (all of them are reserved)."""
+        name = self._fresh(base, self._reserved_values)
+        self._reserved_values.add(name)
+        return name
+
+    def fresh_node(self, base: str) -> str:
+        """A node name used by no ONNX node and no node made so far (all of them are reserved)."""
+        name = self._fresh(base, self._reserved_nodes)
+        self._reserved_nodes.add(name)
+        return name
+
+    def is_used(self, onnx_name: str) -> bool:
+        """Whether an ONNX value is read by some node or is a graph output."""
+        return bool(onnx_name) and self._use_counts.get(onnx_name, 0) > 0
+
+    # Values ---------------------------------------------------------------------------------
+    def const(self, name: str, data) -> Value:
+        return self.graph.add_const(name, np.asarray(data), unique=False)
+
+    def const_operand(self, node: OnnxNode, inputs: list, index: int, what: str) -> np.ndarray | None:
+        """The data of a constant operand (``None`` when absent); it must be a compile-time constant."""
+        v = inputs[index] if index < len(inputs) else None
+        if v is None:
+            return None
+        if v.const is None:
+            raise UnsupportedOpError(node.op_type, node.name, self.opset,
+                                     detail=f"input {index} ({what}) must be a constant: opfuse "
+                                            f"compiles static shapes")
+        return v.const
+
+    # Nodes ----------------------------------------------------------------------------------
+    def emit(self, op_type: str, inputs: list, attrs: dict, *, name: str, outputs: list[str]) -> list[Value]:
+        """Add a node, infer its output types, and fold it into constants when it is foldable.
+
+        Empty output names (ONNX's "unused optional output") get fresh names.
+        """
+        out_names = [o if o else self.fresh_value(f"{name}_unused{i}") for i, o in enumerate(outputs)]
+        # The node joins the graph only if it is not folded away.
+        node = Node(name, op_type, list(inputs), [Value(o) for o in out_names], dict(attrs))
+        for v, t in zip(node.outputs, infer_node(node)):
+            v.type = t
+        if _foldable(node):
+            return [self.const(v.name, a) for v, a in zip(node.outputs, _evaluate(node))]
+        self.graph.insert_node(node)
+        return list(node.outputs)
+
+
+def _foldable(node: Node) -> bool:
+    if node.op_type == "Shape":
+        return True  # static shapes: the result never depends on the data
+    ins = node.input_values()
+    if not ins or any(v.const is None for v in ins):
+        return False
+    return sum(v.type.size for v in node.outputs) <= FOLD_MAX_ELEMENTS
+
+
+def _evaluate(node: Node) -> list[np.ndarray]:
+    """Run the op's reference implementation on constant inputs (shape-only for ``Shape``)."""
+    if node.op_type == "Shape":
+        # Shape reads only the shape: a zero-stride view stands in for data we may not have.
+        x = node.inputs[0]
+        args = [np.broadcast_to(np.zeros((), x.dtype), x.shape)]
+    else:
+        args = [v.const if v is not None else None for v in node.inputs]
+    spec = get_spec(node.op_type, node)
+    try:
+        results = list(spec.compute(args, spec.attrs_of(node), node))
+    except OpfuseError:
+        raise
+    except Exception as e:  # e.g. an out-of-range index in constant data
+        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ModelError(f"cannot evaluate constant node '{node.name}' ({node.op_type}): {first_line}") from None
+    arrays = []
+    for v, r in zip(node.outputs, results):
+        r = np.asarray(r)
+        if tuple(r.shape) != v.type.shape:
+            raise ShapeError(f"node '{node.name}' ({node.op_type}) computes shape {tuple(r.shape)} for "
+                             f"'{v.name}', its shape inference says {v.type.shape}")
+        arrays.append(np.array(r, dtype=v.dtype, order="C"))  # owned copy: never a view of an input
+    return arrays
+
+
+# The importer ----------------------------------------------------------------------------------
+
+def import_model(model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]] | None = None,
+                 base_dir: str | None = None) -> Graph:
+    """Import an ONNX model into a verified, shape-inferred, canonical ``Graph``.
+
+    ``input_shapes`` binds graph inputs whose dims are symbolic or unknown; ``base_dir`` is the
+    folder external data is read from (only files inside it are read).
+    """
+    if not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"import_model expects an onnx.ModelProto, got {type(model).__name__}")
+    if not model.HasField("graph"):
+        raise ModelError("the ONNX model has no graph")
+    opset = default_opset(model)
+    g = model.graph
+    node_names = _node_names(g.node)
+    versions = _check_ops(g, node_names, opset)
+
+    graph = Graph(g.name or "graph")
+    graph.opset = opset
+    _add_constants(graph, g, base_dir)
+    _add_inputs(graph, g, dict(input_shapes or {}))
+    nodes = _onnx_nodes(g, node_names, versions, opset, base_dir)
+    ctx, env = _walk(graph, opset, nodes, [o.name for o in g.output])
+    graph.outputs = _graph_outputs(ctx, env, [o.name for o in g.output])
+    _remove_dead_nodes(graph)
+    graph.remove_unused_values()
+    graph.verify()
+    return graph
+
+
+def _add_constants(graph: Graph, g: onnx.GraphProto, base_dir: str | None) -> None:
+    """Initializers (dense and sparse) become constant values."""
+    for t in g.initializer:
+        _define(graph, t.name, "initializer")
+        graph.add_const(t.name, tensor_to_array(t, base_dir, f"initializer '{t.name}'"), unique=False)
+    for st in g.sparse_initializer:
+        name = st.values.name
+        _define(graph, name, "sparse initializer")
+        graph.add_const(name, sparse_to_array(st, base_dir, f"sparse initializer '{name}'"), unique=False)
+
+
+def _add_inputs(graph: Graph, g: onnx.GraphProto, input_shapes: dict) -> None:
+    """Graph inputs with concrete shapes (old models also list initializers as inputs: those stay
+    constants)."""
+    declared: dict[str, list[Dim] | None] = {}
+    dtypes: dict[str, np.dtype] = {}
+    for vi in g.input:
+        if vi.name in graph.values and graph.values[vi.name].is_const:
+            continue
+        if not vi.name:
+            raise ModelError("a graph input has an empty name")
+        if vi.name in declared:
+            raise ModelError(f"graph input '{vi.name}' is declared twice")
+        declared[vi.name], dtypes[vi.name] = _declared_dims(vi)
+    for name, shape in bind_input_shapes(declared, input_shapes).items():
+        graph.add_input(name, shape, dtypes[name])
+
+
+def _walk(graph: Graph, opset: int, nodes: list[OnnxNode], output_names: list[str]):
+    """Import every node in topological order; returns the context and the map from ONNX value
+    names to the values that now carry them."""
+    order = _topological_order(graph, nodes)
+    use_counts: dict[str, int] = {}
+    for name in [i for n in nodes for i in n.inputs if i] + output_names:
+        use_counts[name] = use_counts.get(name, 0) + 1
+    reserved_values = set(graph.values) | {o for n in nodes for o in n.outputs if o}
+    ctx = ImportContext(graph, opset, reserved_values, {n.name for n in nodes}, use_counts)
+    env: dict[str, Value] = dict(graph.values)
+    for n in order:
+        inputs = [env[i] if i else None for i in n.inputs]
+        values = RULES.get(n.op_type, emit_as_is)(ctx, n, inputs)
+        for name, v in zip(n.outputs, values):
+            if name and v is not None:
+                env[name] = v
+    return ctx, env
+
+
+def _define(graph: Graph, name: str, kind: str) -> None:
+    if not name:
+        raise ModelError(f"an {kind} has an empty name")
+    if name in graph.values:
+        raise ModelError(f"value '{name}' is defined twice ({kind})")
+
+
+def _onnx_nodes(g: onnx.GraphProto, names: list[str], versions: list[int], opset: int,
+                base_dir: str | None) -> list[OnnxNode]:
+    nodes = []
+    for n, name, version in zip(g.node, names, versions):
+        attrs = {}
+        for a in n.attribute:
+            if a.name in attrs:
+                raise ModelError(f"node '{name}' ({n.op_type}) has attribute '{a.name}' twice")
+            attrs[a.name] = attribute_value(a, n, name, opset, base_dir)
+        nodes.append(OnnxNode(name, n.op_type, version, list(n.input), list(n.output), attrs))
+    return nodes
+
+
+def _topological_order(graph: Graph, nodes: list[OnnxNode]) -> list[OnnxNode]:
+    """The nodes in a topological order; checks single definitions, defined reads and acyclicity.
+
+    The order is found on a skeleton ``Graph`` (types unknown) by ``Graph.toposort``, which
+    keeps the file order where it is legal and raises ``ModelError`` on a cycle.
+    """
+    skeleton = Graph(graph.name)
+    for name in graph.values:
+        skeleton.add_value(Value(name))
+    producers: dict[str, str] = {}
+    for n in nodes:
+        for o in n.outputs:
+            if not o:
+                continue
+            if o in graph.values:
+                raise ModelError(f"value '{o}' is defined twice (output of node '{n.name}' and a graph "
+                                 f"input or initializer)")
+            if o in producers:
+                raise ModelError(f"value '{o}' is defined twice (outputs of nodes '{producers[o]}' and "
+                                 f"'{n.name}')")
+            producers[o] = n.name
+            skeleton.add_value(Value(o))
+    record: dict[int, OnnxNode] = {}
+    for n in nodes:
+        for i in n.inputs:
+            if i and i not in skeleton.values:
+                raise ModelError(f"node '{n.name}' ({n.op_type}) reads '{i}', which no node, graph input "
+                                 f"or initializer defines")
+        outs = [skeleton.values[o] if o else Value("") for o in n.outputs]
+        node = Node(n.name, n.op_type, [skeleton.values[i] if i else None for i in n.inputs],
+                    [v for v in outs if v.name])
+        skeleton.insert_node(node)
+        record[id(node)] = n
+    skeleton.toposort()
+    return [record[id(node)] for node in skeleton.nodes]
+
+
+def _graph_outputs(ctx: ImportContext, env: dict[str, Value], names: list[str]) -> list[Value]:
+    """The output values, each carrying its ONNX output name.
+
+    A removed Identity/Dropout leaves its output name mapped to its input value; that value is
+    renamed to the output name, or -- when its own name must stay (a graph input, or the value of
+    another output) -- an ``Identity`` is kept to carry the name.
+    """
+    graph = ctx.graph
+    input_ids = {id(v) for v in graph.inputs}
+    named_elsewhere = set(names)
+    claimed: set[int] = set()
+    outputs = []
+    for name in names:
+        v = env.get(name)
+        if v is None:
+            raise ModelError(f"graph output '{name}' is not produced by any node, input or initializer")
+        if v.name != name:
+            if id(v) in input_ids or id(v) in claimed or v.name in named_elsewhere:
+                v = ctx.emit("Identity", [v], {}, name=ctx.fresh_node(name + "_identity"), outputs=[name])[0]
+            else:
+                _rename(graph, v, name)
+        claimed.add(id(v))
+        outputs.append(v)
+    return outputs
+
+
+def _rename(graph: Graph, v: Value, name: str) -> None:
+    if name in graph.values:
+        raise ModelError(f"cannot name graph output '{name}': the name is taken")
+    del graph.values[v.name]
+    v.name = name
+    graph.values[name] = v
+
+
+def _remove_dead_nodes(graph: Graph) -> None:
+    """Drop nodes none of whose outputs reach a graph output (walking backwards)."""
+    outputs = {id(v) for v in graph.outputs}
+    for node in reversed(list(graph.nodes)):
+        if all(not v.uses and id(v) not in outputs for v in node.outputs):
+            graph.remove_node(node)
+
+
+def load_model(path: str | os.PathLike, input_shapes: dict[str, tuple[int, ...]] | None = None) -> Graph:
+    """Read and import an ONNX file; external data is read only from inside the file's folder."""
+    model = read_model(path)
+    return import_model(model, input_shapes, base_dir=os.path.dirname(os.path.abspath(os.fspath(path))))
