@@ -40,4 +40,5 @@ def onnx_proto(model) -> onnx.ModelProto:
     if spec.startswith(ZOO_PREFIX):
         from opfuse import zoo
         return zoo.build_onnx(spec[len(ZOO_PREFIX):])
-    return onnx.load(spec)
+    from opfuse.frontend.onnx import read_model_with_data
+    return read_model_with_data(spec)  # external data checked against path traversal

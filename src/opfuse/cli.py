@@ -46,11 +46,9 @@ def _ort_outputs(model_spec: str, graph, feeds: dict) -> dict[str, np.ndarray]:
     from opfuse.api import onnx_proto, ZOO_PREFIX
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    if model_spec.startswith(ZOO_PREFIX) or not os.path.exists(model_spec):
-        sess = ort.InferenceSession(onnx_proto(model_spec).SerializeToString(), so,
-                                    providers=["CPUExecutionProvider"])
-    else:
-        sess = ort.InferenceSession(model_spec, so, providers=["CPUExecutionProvider"])
+    # Never hand onnxruntime the path: its loader would follow external-data paths unchecked.
+    sess = ort.InferenceSession(onnx_proto(model_spec).SerializeToString(), so,
+                                providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     res = sess.run(names, {k: v for k, v in feeds.items()})
     return dict(zip(names, res))
@@ -184,6 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     except OpfuseError as e:
         print(f"opfuse: error: {e}", file=sys.stderr)
         return e.exit_code
+    except BrokenPipeError:  # e.g. `opfuse info m.onnx | head`
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's exit-time flush must not fail again
+        return 0
     except KeyboardInterrupt:
         print("opfuse: interrupted", file=sys.stderr)
         return 130
