@@ -28,7 +28,8 @@ def erf(x: np.ndarray) -> np.ndarray:
 def _unary(name, fn, *, attrs=None, flops=1.0, tags=("activation",)):
     def compute(ins, a, node):
         x = ins[0]
-        return [np.asarray(fn(x, a)).astype(x.dtype, copy=False)]
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # IEEE results (log 0 = -inf)
+            return [np.asarray(fn(x, a)).astype(x.dtype, copy=False)]
 
     register(OpSpec(name, Category.ELEMWISE, Mapping.ONE_TO_ONE, lambda n, a: same_type(n), compute,
                     attrs=dict(attrs or {}), flops_per_element=flops,
