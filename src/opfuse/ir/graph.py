@@ -12,6 +12,7 @@ Every mutation goes through Graph methods so producer/use links stay consistent.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
@@ -33,7 +34,7 @@ class TensorType:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -237,6 +238,19 @@ class Graph:
             del self.values[v.name]
         self.nodes.remove(node)
         self._node_names.discard(node.name)
+
+    def has_node_name(self, name: str) -> bool:
+        return name in self._node_names
+
+    def rename_node(self, node: Node, name: str) -> str:
+        """Rename a node to ``name`` (made unique if taken); returns the name it got."""
+        if name == node.name:
+            return name
+        self._node_names.discard(node.name)
+        name = self.unique_name(name, for_node=True)
+        node.name = name
+        self._node_names.add(name)
+        return name
 
     def remove_unused_values(self) -> None:
         """Drop constants and values nobody reads (graph inputs are kept)."""

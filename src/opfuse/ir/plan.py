@@ -82,7 +82,8 @@ class FusionPlan:
 
     @property
     def num_kernels(self) -> int:
-        return len(self.groups)
+        """Groups that run code: zero-copy groups (views, elided concats) move no data."""
+        return sum(1 for g in self.groups if not g.attrs.get("zero_copy"))
 
     def group_edges(self) -> list[tuple[FusionGroup, FusionGroup, Value]]:
         """(producer group, consumer group, value) for every value crossing a group boundary."""

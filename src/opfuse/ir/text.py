@@ -18,7 +18,7 @@ import numpy as np
 
 def _fmt_attr(v) -> str:
     if isinstance(v, float):
-        return repr(round(v, 7))
+        return format(v, ".7g")
     if isinstance(v, (list, tuple)):
         return "[" + ",".join(_fmt_attr(x) for x in v) + "]"
     if isinstance(v, np.ndarray):

@@ -235,7 +235,7 @@ class TransposedGeometry:
     channels_out: int
 
 
-def _convT_geometry(node: Node, a: dict) -> TransposedGeometry:
+def convT_geometry(node: Node, a: dict) -> TransposedGeometry:
     """Output shape of ConvTranspose, per spatial axis (ONNX opset 11+):
 
         out = s * (L - 1) + output_padding + E - begin - end          (explicit pads)
@@ -288,7 +288,7 @@ def _convT_geometry(node: Node, a: dict) -> TransposedGeometry:
 
 
 def _convT_infer(node: Node, a: dict):
-    g = _convT_geometry(node, a)
+    g = convT_geometry(node, a)
     x = node.inputs[0]
     return out_type((x.shape[0], g.channels_out) + g.out, x.dtype)
 
@@ -297,7 +297,7 @@ def _conv_transpose(ins, a, node):
     """full[n, g*Mg+m, i*s + k*d] += x[n, g*Cg+c, i] * W[g*Cg+c, m, k]; y = crop(full) + b."""
     x, wt = ins[0], ins[1]
     bias = ins[2] if len(ins) > 2 else None
-    g = _convT_geometry(node, a)
+    g = convT_geometry(node, a)
     acc = _acc_dtype(x.dtype)
     n, c = x.shape[:2]
     spatial = x.shape[2:]
@@ -325,7 +325,7 @@ def _conv_transpose(ins, a, node):
 
 
 def _convT_flops(node: Node, a: dict) -> int:
-    g = _convT_geometry(node, a)
+    g = convT_geometry(node, a)
     n, c = node.inputs[0].shape[:2]
     macs = n * c * math.prod(node.inputs[0].shape[2:]) * (g.channels_out // g.group) * math.prod(g.kernel)
     has_bias = len(node.inputs) > 2 and node.inputs[2] is not None
