@@ -85,9 +85,13 @@ def cmd_run(args) -> int:
         from opfuse.runtime.reference import run
         outputs = run(graph, feeds)
     else:
-        from opfuse.runtime.native import compile_graph
-        model = compile_graph(graph, fuse=not args.no_fuse, threads=args.threads)
+        from opfuse.compiler import compile as compile_model
+        model = compile_model(graph, fuse=not args.no_fuse, threads=args.threads)
+        t0 = time.perf_counter()  # time the run, not the build
         outputs = model.run(feeds)
+        rep = model.report
+        print(f"C backend: {rep['kernels_after']} kernels ({'fused' if not args.no_fuse else 'unfused'}), "
+              f"arena {rep['arena_bytes']:,} bytes, build {'cached' if rep['cache_hit'] else 'fresh'}")
     elapsed = time.perf_counter() - t0
     for name, a in outputs.items():
         print(f"{name}: {a.dtype.name}{list(a.shape)} sum={float(np.sum(a, dtype=np.float64)):.6g} "
@@ -117,6 +121,91 @@ def cmd_zoo(args) -> int:
     return 0
 
 
+def _size(text: str) -> int:
+    """Bytes from '524288', '512K', '512KiB', '1.5M' (K/M/G are powers of 1024)."""
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    try:
+        return int(float(t[:-1] if scale > 1 else t) * scale)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size in bytes: {text!r}") from None
+
+
+def _compile_options(args):
+    from opfuse.compiler import CompileOptions
+    disable = [n for item in (args.disable or []) for n in item.split(",") if n]
+    return CompileOptions(target=args.target, fuse=not args.no_fuse, planner=args.planner,
+                          latency_bound_s=args.latency_bound, memory_budget_bytes=args.memory_budget,
+                          onchip_budget_bytes=args.onchip_budget, objective=args.objective,
+                          disable=disable, dump_ir=args.dump_ir, log_decisions=args.log_decisions,
+                          max_group_ops=args.max_group_ops, input_shapes=_input_shapes(args))
+
+
+def _summary_lines(comp) -> list[str]:
+    from opfuse.report.summary import human_bytes
+    r = comp.report
+    lines = [f"compiled {r['model']} for {r['target']}: kernels {r['kernels_before']} -> {r['kernels_after']}, "
+             f"main memory {human_bytes(r['bytes_before'])} -> {human_bytes(r['bytes_after'])} "
+             f"(eta {r['eta']:.3f}), arena {human_bytes(r['arena_bytes'])} "
+             f"(lower bound {human_bytes(r['arena_lower_bound_bytes'])})"]
+    if r.get("predicted_latency_s") is not None:
+        p = r["planner"]
+        lines.append(f"planner {p['method']}{' (optimal)' if p.get('optimal') else ''}: predicted latency "
+                     f"{r['predicted_latency_s'] * 1e3:.3f} ms, critical path {r['critical_path_s'] * 1e3:.3f} ms, "
+                     f"peak activation memory {human_bytes(r['predicted_peak_memory_bytes'])}")
+    return lines
+
+
+def cmd_compile(args) -> int:
+    import json
+    from opfuse.compiler import plan_model
+    comp = plan_model(args.model, _compile_options(args))
+    if args.pareto:
+        from opfuse.fusion import RuleLegality, options_from
+        from opfuse.planner import format_pareto, plan_pareto
+        from opfuse.targets import get_profile
+        points = plan_pareto(comp.graph, get_profile(args.target), legality=RuleLegality(options_from(comp.context)))
+        print(format_pareto([p for p, _ in points]))
+    if args.report:
+        print(comp.fusion_report.to_text())
+    for line in _summary_lines(comp):
+        print(line)
+    if args.report_json:
+        with open(args.report_json, "w") as f:
+            json.dump(comp.report, f, indent=1, sort_keys=False, default=str)
+        print(f"wrote {args.report_json}")
+    if args.emit_c:
+        from opfuse.runtime.native import build
+        if args.target != "host":
+            raise OpfuseError(f"--emit-c builds for the host; target '{args.target}' is planned only")
+        native = build(comp.graph, comp.plan, memory=comp.memory)
+        native.compile_report = comp.report
+        files = native.export_c(args.emit_c)
+        print(f"wrote {', '.join(str(f) for f in files)}")
+    if args.log_decisions:
+        print(f"wrote decision log {args.log_decisions}")
+    if args.dump_ir:
+        print(f"wrote IR dumps to {args.dump_ir}")
+    return 0
+
+
+def cmd_explain(args) -> int:
+    from opfuse.compiler import plan_model
+    comp = plan_model(args.model, _compile_options(args))
+    print(comp.fusion_report.explain_text())
+    return 0
+
+
+def cmd_profile(args) -> int:
+    from opfuse.targets import calibrate_host, format_profile, get_profile, save_profile
+    profile = calibrate_host(force=args.recalibrate) if args.target == "host" else get_profile(args.target)
+    print(format_profile(profile))
+    if args.output:
+        save_profile(profile, args.output)
+        print(f"wrote {args.output}")
+    return 0
+
+
 def cmd_demo(args) -> int:
     """Import the zoo MobileNetV1, summarise it, run it with the reference executor."""
     from opfuse.api import load
@@ -142,6 +231,22 @@ def _add_model(p) -> None:
                    help="bind an input's shape, e.g. input=1x3x224x224 (repeatable)")
 
 
+def _add_compile_args(p) -> None:
+    _add_model(p)
+    p.add_argument("--target", default="host", help="host, cortex-m7, a100, h200, or a profile .json")
+    p.add_argument("--planner", default="auto", choices=["auto", "greedy", "exact", "rules"],
+                   help="cost-model planner method, or 'rules' for the maximal legal grouping")
+    p.add_argument("--latency-bound", type=float, metavar="SECONDS", help="bound on every critical path")
+    p.add_argument("--memory-budget", type=_size, metavar="BYTES", help="peak activation memory budget")
+    p.add_argument("--onchip-budget", type=_size, metavar="BYTES", help="per-group on-chip working set budget")
+    p.add_argument("--objective", help="weights, e.g. latency=1,memory=0.5,kernels=0")
+    p.add_argument("--no-fuse", action="store_true", help="one kernel per op (the baseline)")
+    p.add_argument("--disable", action="append", metavar="RULE", help="disable a rule or pass (repeatable)")
+    p.add_argument("--dump-ir", metavar="DIR", help="write the IR before/after every pass to numbered files")
+    p.add_argument("--log-decisions", metavar="FILE", help="write every fusion decision (JSON)")
+    p.add_argument("--max-group-ops", type=int, metavar="N", help="cap on ops per fused group")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="opfuse", description="An operator-fusion compiler for neural networks.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -160,6 +265,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-fuse", action="store_true", help="C backend: one kernel per op")
     p.add_argument("--threads", type=int, default=1, help="C backend: OpenMP threads")
     p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("compile", help="fuse and plan a model; print or write the fusion report")
+    _add_compile_args(p)
+    p.add_argument("--report", action="store_true", help="print the fusion report")
+    p.add_argument("--report-json", metavar="FILE", help="write the report as JSON")
+    p.add_argument("--pareto", action="store_true", help="print the Pareto front (latency, memory, kernels)")
+    p.add_argument("--emit-c", metavar="DIR", help="write the generated C library (host target)")
+    p.set_defaults(fn=cmd_compile)
+
+    p = sub.add_parser("explain", help="why every pair of adjacent groups was not merged")
+    _add_compile_args(p)
+    p.set_defaults(fn=cmd_explain)
+
+    p = sub.add_parser("profile", help="print (and save) a target's hardware profile")
+    p.add_argument("--target", default="host", help="host (calibrated here), cortex-m7, a100, h200")
+    p.add_argument("--recalibrate", action="store_true", help="host: measure again, ignoring the cache")
+    p.add_argument("-o", "--output", help="save the profile as JSON")
+    p.set_defaults(fn=cmd_profile)
 
     p = sub.add_parser("zoo", help="built-in models")
     zsub = p.add_subparsers(dest="zoo_cmd", required=True)

@@ -1,0 +1,92 @@
+"""NumPy dtypes as C types, and exact C literals for constants.
+
+Floats are written as C99 hexadecimal literals (``0x1.8p+1f``): they round-trip exactly,
+so an inlined constant is bit-identical to the model's value and the source text is
+the same on every machine.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from opfuse.errors import UnsupportedOpError
+
+# bool is stored as one byte holding 0 or 1, as NumPy stores it.
+_C_TYPES = {
+    np.dtype(np.float32): "float",
+    np.dtype(np.float64): "double",
+    np.dtype(np.int64): "int64_t",
+    np.dtype(np.int32): "int32_t",
+    np.dtype(np.int16): "int16_t",
+    np.dtype(np.int8): "int8_t",
+    np.dtype(np.uint8): "uint8_t",
+    np.dtype(np.bool_): "uint8_t",
+}
+
+
+def c_type(dtype, what: str = "") -> str:
+    """The C type holding one element of ``dtype``; ``UnsupportedOpError`` for others."""
+    dt = np.dtype(dtype)
+    try:
+        return _C_TYPES[dt]
+    except KeyError:
+        raise UnsupportedOpError("dtype", what, detail=f"the C backend has no {dt.name} support") from None
+
+
+def is_float(dtype) -> bool:
+    return np.issubdtype(np.dtype(dtype), np.floating)
+
+
+def math_fn(name: str, dtype) -> str:
+    """libm function for ``dtype``: ``expf`` for float, ``exp`` for double."""
+    return f"{name}f" if np.dtype(dtype) == np.float32 else name
+
+
+def literal(value, dtype) -> str:
+    """An exact C literal of ``value`` converted to ``dtype``."""
+    dt = np.dtype(dtype)
+    if dt == np.bool_:
+        return "1" if bool(value) else "0"
+    if is_float(dt):
+        v = float(np.asarray(value, dtype=dt))
+        if math.isnan(v):
+            return "(0.0f/0.0f)" if dt == np.float32 else "(0.0/0.0)"
+        if math.isinf(v):
+            inf = "HUGE_VALF" if dt == np.float32 else "HUGE_VAL"
+            return inf if v > 0 else f"(-{inf})"
+        text = _short_hex(v)
+        return f"{text}f" if dt == np.float32 else text
+    v = int(np.asarray(value).astype(dt))
+    if dt == np.int64:
+        # INT64_MIN has no literal of its own: write it as an expression.
+        return "INT64_MIN" if v == np.iinfo(np.int64).min else f"INT64_C({v})"
+    return str(v)
+
+
+def _short_hex(v: float) -> str:
+    """``float.hex`` without the mantissa's trailing zeros: ``0x1.8p+1`` for 3.0."""
+    text = float.hex(v)
+    mant, exp = text.split("p")
+    if "." in mant:
+        mant = mant.rstrip("0").rstrip(".")
+    return f"{mant}p{exp}"
+
+
+def lowest(dtype) -> str:
+    """The identity of max for ``dtype`` (``-inf`` for floats)."""
+    dt = np.dtype(dtype)
+    if is_float(dt):
+        return literal(-np.inf, dt)
+    if dt == np.bool_:
+        return "0"
+    return literal(np.iinfo(dt).min, dt)
+
+
+def highest(dtype) -> str:
+    dt = np.dtype(dtype)
+    if is_float(dt):
+        return literal(np.inf, dt)
+    if dt == np.bool_:
+        return "1"
+    return literal(np.iinfo(dt).max, dt)

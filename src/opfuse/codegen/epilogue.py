@@ -1,0 +1,71 @@
+"""Finishing one anchor result: run the fused epilogue and store the group's outputs.
+
+An anchor (Conv tile element, softmax row element, attention output...) hands over its
+result ``r`` for output index ``I``. The epilogue nodes are then swept forward, in group
+order:
+
+* an elementwise/broadcast node whose anchor-dependent operands all sit at index ``J`` (of
+  its own shape) is evaluated at ``J`` (other operands broadcast as usual);
+* a bijective data-movement node (Reshape family, Transpose) just relabels the element:
+  its output *is* its input, at the forward-mapped index (``Index.reshape_to`` works in
+  both directions; ``transpose_to`` permutes). This is how "merge heads"
+  (Transpose + Reshape) after attention stores straight to its final place.
+
+Every stage output is then stored at the index the sweep reached it at. An epilogue op
+that spreads one anchor element to several places (Expand, broadcast against a bigger
+operand, Slice, ...) raises ``UnsupportedGroupError``.
+"""
+from __future__ import annotations
+
+from opfuse.codegen.index import Index
+from opfuse.codegen.loops import store
+from opfuse.codegen.stages import Stage
+from opfuse.ir.graph import Node, Value
+from opfuse.ops.registry import Category, get_spec
+
+RELABEL_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose"})
+
+
+def _perm(node: Node) -> tuple[int, ...]:
+    perm = get_spec(node.op_type, node).attrs_of(node)["perm"]
+    rank = len(node.inputs[0].shape)
+    return tuple(range(rank))[::-1] if perm is None else tuple(int(p) for p in perm)
+
+
+def forward_index(node: Node, idx: Index) -> Index:
+    """Index in ``node``'s output of the element at ``idx`` of its input 0."""
+    out = node.outputs[0]
+    if node.op_type == "Transpose":
+        return idx.transpose_to(_perm(node), out.shape)
+    return idx.reshape_to(out.shape)
+
+
+def finish_element(kc, ev, stage: Stage, anchor_out: Value, idx: Index, expr: str) -> None:
+    """Bind ``anchor_out[idx] = expr``, sweep the epilogue, store every stage output."""
+    where: dict[int, Index] = {id(anchor_out): idx}
+    ev.bind(anchor_out, idx, expr)
+    bound = [anchor_out]
+    for n in stage.epilogue:
+        dep = [v for v in n.input_values() if id(v) in where]
+        if not dep:
+            continue  # computed on demand, if an output needs it
+        out = n.outputs[0]
+        if n.op_type in RELABEL_OPS or (n.op_type == "Dropout" and len(dep) == 1):
+            j = forward_index(n, where[id(dep[0])]) if n.op_type != "Dropout" else where[id(dep[0])]
+            ev.bind(out, j, ev.at(dep[0], where[id(dep[0])]))
+            bound.append(out)
+            where[id(out)] = j
+            continue
+        cat = get_spec(n.op_type, n).category
+        keys = {where[id(v)].key() for v in dep}
+        if (cat not in (Category.ELEMWISE, Category.BROADCAST) or n.op_type == "Expand"
+                or any(v.shape != out.shape for v in dep) or len(keys) != 1):
+            raise kc.error(f"epilogue node '{n.name}' ({n.op_type}) would spread one result of the "
+                           f"anchor over several output elements; end the group before it")
+        where[id(out)] = where[id(dep[0])]
+    for v in stage.outputs:
+        if id(v) not in where:
+            raise kc.error(f"output '{v.name}' is not computed element by element from the anchor")
+        store(kc, ev, v, where[id(v)])
+    for v in bound:
+        ev.unbind(v)

@@ -1,0 +1,121 @@
+"""``KernelContext``: one C function being generated for one fusion group.
+
+It hands out the function's parameters (one pointer per distinct storage location the
+kernel touches, so an in-place input/output pair shares one pointer and ``restrict``
+stays truthful), local temporaries, per-thread scratch space and compile-time constants,
+and writes the function body through a ``CWriter``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from opfuse.codegen.ctype import c_type
+from opfuse.codegen.names import c_ident
+from opfuse.codegen.writer import CWriter
+from opfuse.errors import UnsupportedOpError
+from opfuse.ir.graph import Value
+from opfuse.ir.plan import FusionGroup
+
+SCRATCH_ALIGN = 64  # bytes between scratch regions of one kernel (cache-line aligned tiles)
+
+
+class UnsupportedGroupError(UnsupportedOpError):
+    """A fusion group the C backend cannot compile (names the group and why)."""
+
+    def __init__(self, group: FusionGroup, detail: str):
+        super().__init__(f"fusion group of kind '{group.kind}'", group.name, detail=detail)
+        self.group = group
+
+
+@dataclass
+class Param:
+    name: str
+    ctype: str
+    writable: bool
+    expr_key: tuple  # what the run function passes: ("arena"|"input"|"output"|"weights", index, offset)
+
+
+class KernelContext:
+    def __init__(self, program, group: FusionGroup, index: int):
+        self.program = program
+        self.group = group
+        self.index = index
+        self.name = program.names.fresh(group.name, f"k{index}")
+        self.w = CWriter(indent=1)
+        self.params: dict[tuple, Param] = {}
+        self._tmp = 0
+        self.scratch_bytes = 0
+        self.uses_threads = False
+        self.stored: set[int] = set()  # ids of values this kernel has written
+
+    # Names --------------------------------------------------------------------------------
+    def tmp(self, prefix: str = "t") -> str:
+        self._tmp += 1
+        return f"{prefix}{self._tmp}"
+
+    def error(self, detail: str) -> UnsupportedGroupError:
+        return UnsupportedGroupError(self.group, detail)
+
+    # Parameters ---------------------------------------------------------------------------
+    def _param(self, key: tuple, ctype: str, hint: str, writable: bool) -> str:
+        full = key + (ctype,)
+        p = self.params.get(full)
+        if p is None:
+            p = Param(f"p{len(self.params)}_{c_ident(hint, 'v')[2:]}".rstrip("_"), ctype, writable, key)
+            self.params[full] = p
+        p.writable |= writable
+        return p.name
+
+    def ptr(self, v: Value, *, write: bool = False) -> str:
+        """Pointer parameter to the storage of ``v`` (typed by its dtype)."""
+        mem = self.program.memory
+        if mem.is_static(v):
+            return self.static_ptr(v)
+        loc = mem.location(v)
+        return self._param(loc.key(), c_type(v.dtype, v.name), v.name, write)
+
+    def static_ptr(self, v: Value) -> str:
+        arr = self.program.memory.static[id(v)]
+        return self.const_array(("value", v.name), arr, v.name, v.dtype)
+
+    def const_array(self, key: tuple, array: np.ndarray, hint: str, dtype=None) -> str:
+        """Pointer parameter to a read-only array placed in the weights blob under ``key``."""
+        dt = np.dtype(dtype if dtype is not None else array.dtype)
+        offset = self.program.weights.add(key, np.ascontiguousarray(np.asarray(array, dtype=dt)))
+        return self._param(("weights", 0, offset), c_type(dt, hint), hint, False)
+
+    # Scratch ------------------------------------------------------------------------------
+    def scratch(self, nbytes: int) -> int:
+        """Reserve ``nbytes`` of this thread's scratch; returns the byte offset in it."""
+        off = self.scratch_bytes
+        self.scratch_bytes += -(-nbytes // SCRATCH_ALIGN) * SCRATCH_ALIGN
+        return off
+
+    def scratch_ptr(self, ctype: str, offset: int) -> str:
+        """C expression: this thread's scratch at ``offset`` as ``ctype*`` (inside a parallel region)."""
+        return f"(({ctype}*)(scratch + (size_t)OPFUSE_TID() * OPFUSE_SCRATCH_STRIDE + {offset}))"
+
+    # Parallel loops -----------------------------------------------------------------------
+    def parallel_for(self, work: int, collapse: int = 1) -> None:
+        """An OpenMP pragma for the next loop, if ``work`` (elementary operations) is worth threads."""
+        if work < self.program.options.parallel_min_work:
+            return
+        self.uses_threads = True
+        col = f" collapse({collapse})" if collapse > 1 else ""
+        self.w.line(f"OPFUSE_PRAGMA(omp parallel for num_threads(nt) schedule(static){col} if(nt > 1))")
+
+    # Assembly -----------------------------------------------------------------------------
+    def signature(self) -> str:
+        args = []
+        for p in self.params.values():
+            const = "" if p.writable else "const "
+            args.append(f"{const}{p.ctype}* restrict {p.name}")
+        args += ["char* restrict scratch", "int nt"]
+        return f"static void {self.name}({', '.join(args)})"
+
+    def function_text(self, comment: str) -> str:
+        body = self.w.text()
+        unused = "  (void)scratch; (void)nt;\n"
+        return f"/* {comment} */\n{self.signature()} {{\n{unused}{body}}}\n"

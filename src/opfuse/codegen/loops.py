@@ -1,0 +1,121 @@
+"""Loop nests, stores and lane reductions shared by every kernel family."""
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+from opfuse.codegen.ctype import c_type
+from opfuse.codegen.index import Index
+from opfuse.ir.graph import Value
+
+# Independent partial results per reduction: gcc vectorises a loop over lanes without
+# -ffast-math (a plain float sum may not be reordered), and the fixed order keeps results
+# bitwise reproducible. 16 floats fill one AVX-512 register or two AVX2 ones.
+REDUCTION_LANES = 16
+
+
+def loop_groups(shape: Sequence[int], mergeable: Callable[[int, int], bool] | None) -> list[tuple[int, int]]:
+    """Split the axes of ``shape`` into consecutive groups, each one loop.
+
+    Extent-1 axes join their neighbours; axes ``d1 < d2`` (the previous extent>1 axis and
+    the next) share a loop when ``mergeable(d1, d2)``."""
+    groups: list[list[int]] = []
+    prev = None
+    for d, n in enumerate(shape):
+        if n == 1:
+            continue  # extent-1 axes are attached to a neighbouring group below
+        if groups and prev is not None and mergeable is not None and mergeable(prev, d):
+            groups[-1][1] = d + 1
+        else:
+            groups.append([groups[-1][1] if groups else 0, d + 1])
+        prev = d
+    if not groups:
+        return [(0, len(shape))]
+    groups[-1][1] = len(shape)
+    return [(a, b) for a, b in groups]
+
+
+def emit_loop_nest(kc, ev, shape: Sequence[int], body: Callable[[Index], None], *,
+                   mergeable: Callable[[int, int], bool] | None = None, cost_per_element: int = 1,
+                   parallel: bool = True, prefix: str = "i") -> None:
+    """``for`` loops over every element of ``shape``; ``body(idx)`` emits one element's work.
+
+    The outermost loop is split across threads when the nest is big enough."""
+    w = kc.w
+    shape = tuple(shape)
+    if not shape:
+        with w.block(""), ev.scope():
+            body(Index((), ()))
+        return
+    groups = loop_groups(shape, mergeable)
+    loops = []
+    for a, b in groups:
+        var = kc.tmp(prefix)
+        loops.append((a, b, var, math.prod(shape[a:b])))
+    total = math.prod(shape)
+    opened = 0
+    for depth, (a, b, var, extent) in enumerate(loops):
+        if depth == 0 and parallel:
+            collapse = 2 if len(loops) > 1 and extent < kc.program.options.parallel_min_outer else 1
+            kc.parallel_for(total * cost_per_element, collapse)
+        w.line(f"for (long {var} = 0; {var} < {extent}; ++{var}) {{")
+        w.level += 1
+        opened += 1
+    with ev.scope():
+        body(Index.loops(shape, [(a, b, var) for a, b, var, _ in loops]))
+    for _ in range(opened):
+        w.level -= 1
+        w.line("}")
+
+
+def store(kc, ev, v: Value, idx: Index, expr: str | None = None) -> None:
+    """``v[idx] = expr`` (default: ``v`` evaluated at ``idx``)."""
+    val = ev.at(v, idx) if expr is None else expr
+    kc.w.line(f"{kc.ptr(v, write=True)}[{idx.offset()}] = {val};")
+    kc.stored.add(id(v))
+
+
+def is_view_store(kc, v: Value) -> bool:
+    """True when ``v``'s bytes already are where it lives (a view or an aliased Concat input)."""
+    mem = kc.program.memory
+    for a in mem.aliases:
+        if a.value == v.name and a.kind == "view":
+            return True
+    return False
+
+
+def lane_reduce(kc, ctype: str, init: str, combine: Callable[[str, str], str], length: int,
+                element: Callable[[str], str], result: str) -> None:
+    """Emit ``ctype result = combine(... element(j) ...)`` over ``j < length`` with
+    ``REDUCTION_LANES`` partial results; ``element(j)`` returns an expression and may emit
+    statements (each lane iteration is its own C scope)."""
+    w = kc.w
+    lanes = REDUCTION_LANES
+    if length < 2 * lanes:
+        w.line(f"{ctype} {result} = {init};")
+        j = kc.tmp("j")
+        with w.block(f"for (long {j} = 0; {j} < {length}; ++{j})"):
+            e = element(j)
+            w.line(f"{result} = {combine(result, e)};")
+        return
+    acc = kc.tmp("lane")
+    base = kc.tmp("j")
+    lane = kc.tmp("l")
+    w.line(f"{ctype} {acc}[{lanes}];")
+    w.line(f"for (int {lane} = 0; {lane} < {lanes}; ++{lane}) {acc}[{lane}] = {init};")
+    full = length // lanes * lanes
+    with w.block(f"for (long {base} = 0; {base} < {full}; {base} += {lanes})"):
+        with w.block(f"for (int {lane} = 0; {lane} < {lanes}; ++{lane})"):
+            e = element(f"{base} + {lane}")
+            w.line(f"{acc}[{lane}] = {combine(f'{acc}[{lane}]', e)};")
+    w.line(f"{ctype} {result} = {acc}[0];")
+    w.line(f"for (int {lane} = 1; {lane} < {lanes}; ++{lane}) {result} = {combine(result, f'{acc}[{lane}]')};")
+    if full < length:
+        j = kc.tmp("j")
+        with w.block(f"for (long {j} = {full}; {j} < {length}; ++{j})"):
+            e = element(j)
+            w.line(f"{result} = {combine(result, e)};")
+
+
+def value_ctype(v: Value) -> str:
+    return c_type(v.dtype, v.name)

@@ -1,0 +1,51 @@
+"""Which lowering builds each stage: one entry per anchor op (tinygrad-style rules as data)."""
+from __future__ import annotations
+
+from typing import Callable
+
+from opfuse.codegen.stages import GroupAnalysis, Stage
+
+
+def _table() -> dict[str, Callable]:
+    from opfuse.codegen import concat, conv, gemm, norm, pool, reduce
+    return {
+        "Conv": conv.lower_conv,
+        "ConvTranspose": conv.lower_conv_transpose,
+        "MatMul": gemm.lower_matmul,
+        "Gemm": gemm.lower_gemm,
+        "MaxPool": pool.lower_pool,
+        "AveragePool": pool.lower_pool,
+        "GlobalAveragePool": reduce.lower_reduce,
+        "ReduceMean": reduce.lower_reduce,
+        "ReduceSum": reduce.lower_reduce,
+        "ReduceMax": reduce.lower_reduce,
+        "Softmax": norm.lower_softmax,
+        "LayerNormalization": norm.lower_layernorm,
+        "Concat": concat.lower_concat,
+    }
+
+
+_ANCHORS: dict[str, Callable] | None = None
+
+
+def anchor_lowerings() -> dict[str, Callable]:
+    global _ANCHORS
+    if _ANCHORS is None:
+        _ANCHORS = _table()
+    return _ANCHORS
+
+
+def lower_stage(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
+    if stage.kind == "pointwise":
+        from opfuse.codegen.pointwise import lower_pointwise
+        return lower_pointwise(kc, ev, stage, analysis)
+    if stage.kind == "horizontal":
+        from opfuse.codegen.horizontal import lower_horizontal
+        return lower_horizontal(kc, ev, stage, analysis)
+    if stage.kind == "attention":
+        from opfuse.codegen.attention import lower_attention
+        return lower_attention(kc, ev, stage, analysis)
+    fn = anchor_lowerings().get(stage.anchor.op_type)
+    if fn is None:
+        raise kc.error(f"op {stage.anchor.op_type} (node '{stage.anchor.name}') has no C kernel")
+    return fn(kc, ev, stage, analysis)

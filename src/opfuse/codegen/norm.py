@@ -1,0 +1,120 @@
+"""Row-wise normalisations: Softmax and LayerNormalization, with prologue and epilogue.
+
+Each row (the softmax axis, or LayerNorm's trailing normalised axes) is read once through
+the prologue into a per-thread row buffer, reduced with lane accumulators, and written
+once through the epilogue:
+
+    softmax:   y_j = exp(x_j - max x) / sum_k exp(x_k - max x)
+    layernorm: y_j = (x_j - mean) / sqrt(var + eps) * scale_j + bias_j,
+               mean = sum x / n,  var = sum (x - mean)^2 / n   (two passes, no cancellation)
+"""
+from __future__ import annotations
+
+import math
+
+from opfuse.codegen.ctype import c_type, literal, lowest, math_fn
+from opfuse.codegen.index import Index, delinearize
+from opfuse.codegen.epilogue import finish_element
+from opfuse.codegen.loops import emit_loop_nest, lane_reduce
+from opfuse.codegen.stages import GroupAnalysis, Stage
+from opfuse.ops.common import norm_axis
+from opfuse.ops.registry import get_spec
+
+
+def _row_loop(kc, ev, shape, axis_lo: int, axis_hi: int, body) -> None:
+    """Loops over every row: all axes except ``[axis_lo, axis_hi)``, which ``body`` walks."""
+    row_shape = tuple(1 if axis_lo <= d < axis_hi else n for d, n in enumerate(shape))
+    emit_loop_nest(kc, ev, row_shape, body, cost_per_element=math.prod(shape[axis_lo:axis_hi]) * 4)
+
+
+def _element(shape, ridx: Index, axis_lo: int, axis_hi: int, j: str) -> Index:
+    """Index of element ``j`` (row-major within axes [lo, hi)) of the row at ``ridx``."""
+    dims = list(ridx.dims)
+    dims[axis_lo:axis_hi] = delinearize(j, shape[axis_lo:axis_hi])
+    runs = [r for r in ridx.runs if r[1] <= axis_lo or r[0] >= axis_hi]
+    if axis_hi - axis_lo > 1:
+        runs.append((axis_lo, axis_hi, j))
+    return Index(tuple(shape), tuple(dims), tuple(runs))
+
+
+def _row_buffer(kc, ct: str, length: int, itemsize: int) -> str:
+    buf = kc.tmp("row")
+    off = kc.scratch(length * itemsize)
+    kc.w.line(f"{ct}* restrict {buf} = {kc.scratch_ptr(ct, off)};")
+    return buf
+
+
+def lower_softmax(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
+    node = stage.anchor
+    x, out = node.inputs[0], node.outputs[0]
+    shape = x.shape
+    axis = norm_axis(int(get_spec("Softmax", node).attrs_of(node)["axis"]), len(shape), node)
+    L = shape[axis]
+    dt = out.dtype
+    ct = c_type(dt)
+    exp = math_fn("exp", dt)
+
+    def body(ridx: Index):
+        buf = _row_buffer(kc, ct, L, dt.itemsize)
+        j = kc.tmp("j")
+        with kc.w.block(f"for (long {j} = 0; {j} < {L}; ++{j})"), ev.scope():
+            kc.w.line(f"{buf}[{j}] = {ev.at(x, _element(shape, ridx, axis, axis + 1, j))};")
+        mx = kc.tmp("mx")
+        lane_reduce(kc, ct, lowest(dt), lambda a, b: f"({b} > {a} ? {b} : {a})", L, lambda i: f"{buf}[{i}]", mx)
+        with kc.w.block(f"for (long {j} = 0; {j} < {L}; ++{j})"):
+            kc.w.line(f"{buf}[{j}] = {exp}({buf}[{j}] - {mx});")
+        s = kc.tmp("sum")
+        lane_reduce(kc, ct, literal(0, dt), lambda a, b: f"{a} + {b}", L, lambda i: f"{buf}[{i}]", s)
+        with kc.w.block(f"for (long {j} = 0; {j} < {L}; ++{j})"), ev.scope():
+            eidx = _element(shape, ridx, axis, axis + 1, j)
+            y = kc.tmp("y")
+            kc.w.line(f"const {ct} {y} = {buf}[{j}] / {s};")
+            finish_element(kc, ev, stage, out, eidx, y)
+
+    _row_loop(kc, ev, shape, axis, axis + 1, body)
+
+
+def lower_layernorm(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
+    node = stage.anchor
+    x, out = node.inputs[0], node.outputs[0]
+    if any(id(v) in {id(o) for o in stage.outputs} for v in node.outputs[1:]):
+        raise kc.error(f"LayerNormalization '{node.name}': its mean / inv_std outputs are not supported")
+    a = get_spec(node.op_type, node).attrs_of(node)
+    shape = x.shape
+    rank = len(shape)
+    axis = norm_axis(int(a["axis"]), rank, node)
+    L = math.prod(shape[axis:])
+    dt = out.dtype
+    ct = c_type(dt)
+    scale = node.inputs[1]
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+
+    def body(ridx: Index):
+        buf = _row_buffer(kc, ct, L, dt.itemsize)
+        j = kc.tmp("j")
+        with kc.w.block(f"for (long {j} = 0; {j} < {L}; ++{j})"), ev.scope():
+            kc.w.line(f"{buf}[{j}] = {ev.at(x, _element(shape, ridx, axis, rank, j))};")
+        s = kc.tmp("sum")
+        lane_reduce(kc, ct, literal(0, dt), lambda p, q: f"{p} + {q}", L, lambda i: f"{buf}[{i}]", s)
+        mean = kc.tmp("mean")
+        kc.w.line(f"const {ct} {mean} = {s} / {literal(L, dt)};")
+        sq = kc.tmp("sq")
+
+        def centred(i):
+            d = kc.tmp("d")
+            kc.w.line(f"const {ct} {d} = {buf}[{i}] - {mean};")
+            return f"{d} * {d}"
+        lane_reduce(kc, ct, literal(0, dt), lambda p, q: f"{p} + {q}", L, centred, sq)
+        inv = kc.tmp("inv")
+        kc.w.line(f"const {ct} {inv} = {literal(1, dt)} / {math_fn('sqrt', dt)}({sq} / {literal(L, dt)} + "
+                  f"{literal(a['epsilon'], dt)});")
+        with kc.w.block(f"for (long {j} = 0; {j} < {L}; ++{j})"), ev.scope():
+            eidx = _element(shape, ridx, axis, rank, j)
+            y = f"({buf}[{j}] - {mean}) * {inv} * {ev.at(scale, eidx.broadcast_to(scale.shape))}"
+            if bias is not None:
+                y += f" + {ev.at(bias, eidx.broadcast_to(bias.shape))}"
+            t = kc.tmp("y")
+            kc.w.line(f"const {ct} {t} = {y};")
+            finish_element(kc, ev, stage, out, eidx, t)
+
+    _row_loop(kc, ev, shape, axis, rank, body)

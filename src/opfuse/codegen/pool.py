@@ -1,0 +1,71 @@
+"""MaxPool and AveragePool (any number of spatial axes) with fused prologue and epilogue.
+
+For output position ``o`` along an axis the window reads input positions
+``o * stride - pad_begin + k * dilation`` (``opfuse.ops.nn.window_geometry`` gives the same
+geometry the reference uses). Positions outside the input are skipped: padding never wins
+a max, and AveragePool divides by the number of positions inside the input
+(``count_include_pad=0``) or inside the explicitly padded input (``count_include_pad=1``).
+"""
+from __future__ import annotations
+
+from opfuse.codegen.ctype import c_type, literal, lowest
+from opfuse.codegen.index import Index, add, mul
+from opfuse.codegen.epilogue import finish_element
+from opfuse.codegen.loops import emit_loop_nest
+from opfuse.codegen.stages import GroupAnalysis, Stage
+from opfuse.ops.registry import get_spec
+
+
+def lower_pool(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
+    from opfuse.ops.nn import window_geometry
+    node = stage.anchor
+    x = node.inputs[0]
+    out = node.outputs[0]
+    a = get_spec(node.op_type, node).attrs_of(node)
+    kernel = tuple(int(k) for k in a["kernel_shape"])
+    w = window_geometry(node, a, tuple(x.shape[2:]), kernel, ceil_mode=bool(a["ceil_mode"]))
+    is_max = node.op_type == "MaxPool"
+    include_pad = not is_max and bool(int(a.get("count_include_pad", 0)))
+    dt = out.dtype
+    ct = c_type(dt)
+    nsp = len(kernel)
+    window = 1
+    for k in kernel:
+        window *= k
+
+    def body(oidx: Index):
+        acc = kc.tmp("acc")
+        cnt = kc.tmp("cnt")
+        kc.w.line(f"{ct} {acc} = {lowest(dt) if is_max else literal(0, dt)};")
+        if not is_max:
+            kc.w.line(f"long {cnt} = 0;")
+        dims = [oidx.dims[0], oidx.dims[1]]
+        inside, counted = [], []
+        opened = 0
+        for s in range(nsp):
+            k = kc.tmp("k")
+            pos = kc.tmp("p")
+            L = x.shape[2 + s]
+            kc.w.line(f"for (long {k} = 0; {k} < {kernel[s]}; ++{k}) {{")
+            kc.w.level += 1
+            opened += 1
+            start = add(mul(oidx.dims[2 + s], w.strides[s]), str(-w.pads_begin[s]))
+            kc.w.line(f"const long {pos} = {add(start, mul(k, w.dilations[s]))};")
+            inside.append(f"{pos} >= 0 && {pos} < {L}")
+            counted.append(f"{pos} >= {-w.pads_begin[s]} && {pos} < {L + w.pads_end[s]}")
+            kc.w.line(f"if (!({(counted if include_pad else inside)[-1]})) continue;")
+            dims.append(pos)
+        cond = " && ".join(inside[i] for i in range(nsp)) if include_pad else ""
+        with kc.w.block(f"if ({cond})" if cond else ""), ev.scope():
+            v = ev.at(x, Index(tuple(x.shape), tuple(dims)))
+            kc.w.line(f"{acc} = {v} > {acc} ? {v} : {acc};" if is_max else f"{acc} += {v};")
+        if not is_max:
+            kc.w.line(f"++{cnt};")
+        for _ in range(opened):
+            kc.w.level -= 1
+            kc.w.line("}")
+        res = kc.tmp("pool")
+        kc.w.line(f"const {ct} {res} = {acc if is_max else f'{acc} / ({ct}){cnt}'};")
+        finish_element(kc, ev, stage, out, oidx, res)
+
+    emit_loop_nest(kc, ev, out.shape, body, cost_per_element=window)

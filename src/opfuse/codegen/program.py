@@ -1,0 +1,242 @@
+"""The whole model as one C translation unit: helpers, one function per group, ``opfuse_run``.
+
+``generate(graph, plan)`` is the code generator's entry point. It sees only the IR, the
+fusion plan and the memory plan; it never reads a model file. The output is deterministic
+byte for byte: every walk is over ordered containers and every identifier comes from
+``names.c_ident``.
+
+The ABI of the generated library (``ABI_VERSION``):
+
+    int    opfuse_run(void* const* inputs, void* const* outputs, char* arena,
+                      const char* weights, char* scratch, int threads);
+    size_t opfuse_arena_bytes(void);     size_t opfuse_scratch_stride(void);
+    size_t opfuse_weights_bytes(void);   int    opfuse_abi_version(void);
+
+``inputs``/``outputs`` hold one pointer per graph input/output (contiguous, row-major, the
+graph's dtypes); ``arena`` is ``opfuse_arena_bytes()`` bytes, 64-byte aligned; ``scratch``
+is ``threads * opfuse_scratch_stride()`` bytes; ``weights`` is the blob (ignored when the
+weights are embedded).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from opfuse.codegen.ctype import c_type
+from opfuse.codegen.evaluator import Evaluator
+from opfuse.codegen.kernel import KernelContext, UnsupportedGroupError
+from opfuse.codegen.names import NameTable, c_ident
+from opfuse.codegen.options import CodegenOptions
+from opfuse.codegen.stages import analyse
+from opfuse.codegen.weights import WeightsBlob
+from opfuse.ir.graph import Graph
+from opfuse.ir.plan import FusionPlan
+from opfuse.memory.plan import MemoryPlan, plan_memory
+
+ABI_VERSION = 1
+EMBEDDED_WEIGHTS = "opfuse_weights_data"
+
+_PROFILE_PREAMBLE = "#define _POSIX_C_SOURCE 199309L\n#include <time.h>\n"
+# Per-kernel wall time, accumulated over calls (CodegenOptions(profile=True)).
+_PROFILE_HELPERS = """\
+static uint64_t opfuse_profile_ns[{n}];
+static int opfuse_profile_group[{n}];
+static uint64_t opfuse_now_ns(void) {{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}}
+int opfuse_profile(uint64_t* ns, int* group, int n) {{
+  int k;
+  for (k = 0; k < n && k < {n}; ++k) {{ ns[k] = opfuse_profile_ns[k]; group[k] = opfuse_profile_group[k]; opfuse_profile_ns[k] = 0; }}
+  return {n};
+}}
+"""
+
+_PREAMBLE = """\
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#define OPFUSE_TID() omp_get_thread_num()
+#else
+#define OPFUSE_TID() 0
+#endif
+#define OPFUSE_PRAGMA(x) _Pragma(#x)
+"""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+@dataclass
+class KernelInfo:
+    function: str | None      # None when the group needs no code (views, folded constants)
+    group: str
+    kind: str
+    ops: list[str]
+    scratch_bytes: int = 0
+
+
+@dataclass
+class CProgram:
+    """Everything needed to build and run the model: C source, weights, buffer sizes."""
+
+    source: str
+    weights: bytes
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    arena_bytes: int
+    scratch_stride: int
+    kernels: list[KernelInfo]
+    memory: MemoryPlan
+    options: CodegenOptions
+    # Graph outputs no kernel writes (a graph input or a constant returned as is): name -> source.
+    passthrough: dict[str, tuple[str, object]] = field(default_factory=dict)
+
+    @property
+    def num_functions(self) -> int:
+        return sum(1 for k in self.kernels if k.function)
+
+    def header(self) -> str:
+        ins = "\n".join(f" *   inputs[{i}]  {c_ident(t.name, 'in')} {t.dtype.name}{list(t.shape)}"
+                        for i, t in enumerate(self.inputs))
+        outs = "\n".join(f" *   outputs[{i}] {c_ident(t.name, 'out')} {t.dtype.name}{list(t.shape)}"
+                         for i, t in enumerate(self.outputs))
+        return (f"/* opfuse generated model interface (ABI {ABI_VERSION}).\n{ins}\n{outs}\n */\n"
+                "#include <stddef.h>\n"
+                "int opfuse_run(void* const* inputs, void* const* outputs, char* arena, "
+                "const char* weights, char* scratch, int threads);\n"
+                "size_t opfuse_arena_bytes(void);\nsize_t opfuse_scratch_stride(void);\n"
+                "size_t opfuse_weights_bytes(void);\nint opfuse_abi_version(void);\n")
+
+
+class ProgramBuilder:
+    def __init__(self, graph: Graph, plan: FusionPlan, memory: MemoryPlan, options: CodegenOptions):
+        self.graph = graph
+        self.plan = plan
+        self.memory = memory
+        self.options = options
+        self.names = NameTable()
+        self.weights = WeightsBlob()
+        self.helpers: dict[str, str] = {}
+        self.functions: list[str] = []
+        self.calls: list[str] = []
+        self.kernels: list[KernelInfo] = []
+        self.scratch_stride = 0
+
+    def require_helper(self, name: str, text: str) -> str:
+        self.helpers.setdefault(name, text)
+        return name
+
+    # Kernels -----------------------------------------------------------------------------
+    def kernel(self, index: int, group) -> None:
+        from opfuse.codegen.lowering import lower_stage
+        analysis = analyse(group, self.graph, self.memory.static)
+        kc = KernelContext(self, group, index)
+        loadable = {id(v) for v in group.inputs()}
+        for stage in analysis.stages:
+            ev = Evaluator(kc, analysis.inline, loadable)
+            lower_stage(kc, ev, stage, analysis)
+            loadable |= {id(v) for v in stage.outputs}
+        info = KernelInfo(None, group.name, group.kind, [n.op_type for n in group.nodes], kc.scratch_bytes)
+        self.kernels.append(info)
+        if not kc.w.lines:
+            return
+        info.function = kc.name
+        self.scratch_stride = max(self.scratch_stride, kc.scratch_bytes)
+        ops = "+".join(n.op_type for n in group.nodes)
+        self.functions.append(kc.function_text(f"group {c_ident(group.name, 'g')}: {group.kind} "
+                                               f"[{c_ident(ops, 'ops')}]"))
+        args = [self._arg(p) for p in kc.params.values()] + ["scratch", "nt"]
+        call = f"{kc.name}({', '.join(args)});"
+        if self.options.profile:
+            slot = len(self.calls)
+            call = (f"{{ const uint64_t t0_ = opfuse_now_ns(); {call} "
+                    f"opfuse_profile_ns[{slot}] += opfuse_now_ns() - t0_; opfuse_profile_group[{slot}] = {index}; }}")
+        self.calls.append(f"  {call}")
+
+    @staticmethod
+    def _arg(p) -> str:
+        region, index, offset = p.expr_key
+        const = "" if p.writable else "const "
+        if region == "arena":
+            base = "arena"
+        elif region == "input":
+            base = f"((char*)inputs[{index}])"
+        elif region == "output":
+            base = f"((char*)outputs[{index}])"
+        elif region == "weights":
+            base = "weights"
+            const = "const "
+        else:
+            raise AssertionError(region)
+        return f"({const}{p.ctype}*)({base} + {offset})"
+
+    # Assembly ----------------------------------------------------------------------------
+    def finish(self) -> CProgram:
+        g = self.graph
+        stride = -(-max(self.scratch_stride, 1) // 64) * 64
+        parts = [f"/* Generated by opfuse (ABI {ABI_VERSION}): model {c_ident(g.name, 'm')}, "
+                 f"{len(self.plan.groups)} groups, layout {self.options.layout}. Do not edit. */\n",
+                 _PROFILE_PREAMBLE if self.options.profile else "",
+                 _PREAMBLE,
+                 f"#define OPFUSE_SCRATCH_STRIDE ((size_t){stride})\n"]
+        embed = self.options.weights == "embed"
+        if embed:
+            parts.append(self.weights.c_array(EMBEDDED_WEIGHTS))
+        if self.options.profile:
+            n = max(len(self.calls), 1)
+            parts.append(_PROFILE_HELPERS.format(n=n))
+        parts.extend(self.helpers[k] for k in self.helpers)
+        parts.extend(self.functions)
+        run = ["int opfuse_run(void* const* inputs, void* const* outputs, char* arena, const char* weights, "
+               "char* scratch, int threads) {",
+               "  const int nt = threads > 0 ? threads : 1;",
+               "  (void)inputs; (void)outputs; (void)arena; (void)scratch; (void)nt;"]
+        run.append(f"  weights = (const char*){EMBEDDED_WEIGHTS};" if embed else "  (void)weights;")
+        run.extend(self.calls)
+        run.append("  return 0;\n}\n")
+        parts.append("\n".join(run))
+        parts.append(f"size_t opfuse_arena_bytes(void) {{ return (size_t){self.memory.arena_bytes}; }}\n"
+                     f"size_t opfuse_scratch_stride(void) {{ return (size_t){stride}; }}\n"
+                     f"size_t opfuse_weights_bytes(void) {{ return (size_t){self.weights.size}; }}\n"
+                     f"int opfuse_abi_version(void) {{ return {ABI_VERSION}; }}\n")
+        source = "\n".join(parts)
+        passthrough = {}
+        for v in g.outputs:
+            if v.producer is None or self.memory.is_static(v):
+                if self.memory.is_static(v):
+                    passthrough[v.name] = ("static", self.memory.static[id(v)])
+                else:
+                    passthrough[v.name] = ("input", v.name)
+        return CProgram(source, self.weights.tobytes(),
+                        [TensorSpec(v.name, v.shape, v.dtype) for v in g.inputs],
+                        [TensorSpec(v.name, v.shape, v.dtype) for v in g.outputs],
+                        self.memory.arena_bytes, stride, self.kernels, self.memory, self.options, passthrough)
+
+
+def generate(graph: Graph, plan: FusionPlan | None = None, *, memory: MemoryPlan | None = None,
+             options: CodegenOptions | None = None) -> CProgram:
+    """C source and weights for ``graph`` partitioned by ``plan`` (unfused when ``None``)."""
+    plan = plan if plan is not None else FusionPlan.unfused(graph)
+    if plan.graph is not graph:
+        raise ValueError("the fusion plan belongs to another graph")
+    plan.verify()
+    for v in list(graph.inputs) + list(graph.outputs):
+        c_type(v.dtype, v.name)  # unsupported dtypes fail here, naming the tensor
+    memory = memory if memory is not None else plan_memory(plan)
+    builder = ProgramBuilder(graph, plan, memory, options or CodegenOptions())
+    for t, group in enumerate(plan.groups):
+        builder.kernel(t, group)
+    return builder.finish()
+
+
+__all__ = ["generate", "CProgram", "KernelInfo", "TensorSpec", "UnsupportedGroupError", "ABI_VERSION"]

@@ -1,0 +1,101 @@
+"""Resize as an index map with tables computed at build time.
+
+The source coordinate of every output position (``opfuse.ops.shape_ops.source_coordinates``,
+the reference's own function) depends only on static facts, so it is evaluated once in
+Python: nearest mode stores the chosen input index per output position, linear mode the
+two neighbours and the weight. The kernel then reads ``x`` through those tables; linear
+interpolation combines the ``2^k`` neighbours in the reference's order (axis by axis,
+lowest axis first) in double precision.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from opfuse.codegen.ctype import c_type, is_float, literal
+from opfuse.codegen.index import Index
+from opfuse.ops.registry import get_spec
+
+
+def _nearest_index(coord: np.ndarray, mode: str) -> np.ndarray:
+    floor = np.floor(coord)
+    frac = coord - floor
+    if mode == "round_prefer_floor":
+        return np.where(frac <= 0.5, floor, floor + 1)
+    if mode == "round_prefer_ceil":
+        return np.where(frac < 0.5, floor, floor + 1)
+    if mode == "floor":
+        return floor
+    return np.ceil(coord)
+
+
+def resize_rule(ev, node, idx: Index) -> str:
+    from opfuse.ops.shape_ops import resize_plan, source_coordinates
+    a = get_spec(node.op_type, node).attrs_of(node)
+    x = node.inputs[0]
+    dt = node.outputs[0].dtype
+    out, scale, roi = resize_plan(node, a)
+    rank = len(x.shape)
+    kc = ev.kc
+    dims = list(idx.dims)
+    linear: list[tuple[int, str, str, str]] = []  # (axis, lo expr, hi expr, weight expr)
+    outside: list[str] = []
+    for axis in range(rank):
+        if out[axis] == x.shape[axis] and scale[axis] == 1.0 and roi is None:
+            continue
+        axis_roi = (roi[axis], roi[rank + axis]) if roi is not None else None
+        coord = source_coordinates(a["coordinate_transformation_mode"], out[axis], x.shape[axis],
+                                   scale[axis], axis_roi)
+        last = x.shape[axis] - 1
+        o = idx.dims[axis]
+        tag = (node.name, axis)
+        if roi is not None:
+            mask = ((coord < 0) | (coord > last)).astype(np.uint8)
+            if mask.any():
+                p = kc.const_array(("resize_out",) + tag, mask, f"{node.name}_out{axis}", np.uint8)
+                outside.append(f"{p}[{o}]")
+        if a["mode"] == "nearest":
+            table = np.clip(_nearest_index(coord, a["nearest_mode"]), 0, last).astype(np.int32)
+            p = kc.const_array(("resize_idx",) + tag, table, f"{node.name}_idx{axis}", np.int32)
+            dims[axis] = f"{p}[{o}]"
+        else:
+            lo = np.floor(coord)
+            w = coord - lo
+            lo_t = np.clip(lo, 0, last).astype(np.int32)
+            hi_t = np.clip(lo + 1, 0, last).astype(np.int32)
+            plo = kc.const_array(("resize_lo",) + tag, lo_t, f"{node.name}_lo{axis}", np.int32)
+            phi = kc.const_array(("resize_hi",) + tag, hi_t, f"{node.name}_hi{axis}", np.int32)
+            pw = kc.const_array(("resize_w",) + tag, w, f"{node.name}_w{axis}", np.float64)
+            linear.append((axis, f"{plo}[{o}]", f"{phi}[{o}]", f"{pw}[{o}]"))
+
+    def value(dims_now: list[str], pending: list[tuple[int, str, str, str]]) -> str:
+        if not pending:
+            return f"(double){ev.at(x, Index(tuple(x.shape), tuple(dims_now)))}"
+        axis, lo, hi, w = pending[-1]
+        d_lo, d_hi = list(dims_now), list(dims_now)
+        d_lo[axis], d_hi[axis] = lo, hi
+        v_lo = value(d_lo, pending[:-1])
+        v_hi = value(d_hi, pending[:-1])
+        name = kc.tmp("lerp")
+        ev.w.line(f"const double {name} = {v_lo} * (1.0 - {w}) + {v_hi} * {w};")
+        return name
+
+    res = kc.tmp("rs")
+    ct = c_type(dt)
+    ev.w.line(f"{ct} {res} = ({ct}){literal(a['extrapolation_value'], np.float64)};" if outside
+              else f"{ct} {res};")
+    head = f"if (!({' || '.join(outside)}))" if outside else ""
+    with ev.w.block(head), ev.scope():
+        if not linear:
+            ev.w.line(f"{res} = {ev.at(x, Index(tuple(x.shape), tuple(dims)))};")
+        else:
+            v = value(dims, linear)
+            if is_float(dt):
+                ev.w.line(f"{res} = ({ct}){v};")
+            else:
+                info = np.iinfo(dt)
+                r = kc.tmp("r")
+                ev.w.line(f"double {r} = rint({v});")
+                ev.w.line(f"{r} = {r} < {float(info.min)!r} ? {float(info.min)!r} : "
+                          f"({r} > {float(info.max)!r} ? {float(info.max)!r} : {r});")
+                ev.w.line(f"{res} = ({ct}){r};")
+    return res

@@ -1,0 +1,413 @@
+"""One rule per op: the C for one output element of an elementwise or data-movement op.
+
+A rule is ``rule(ev, node, k, idx) -> str``: the C expression of output ``k`` of ``node``
+at index ``idx``, built from ``ev.operand``/``ev.at`` of its inputs. Elementwise rules
+compute; data-movement (injective) rules only map the index (``index.py``) and read their
+input there. Rules are data: ``RULES`` maps op type to rule, and adding an op to the C
+backend's inline set is adding one entry.
+
+Every rule matches the NumPy reference (``opfuse.ops``) to float32 rounding: the same
+formula, evaluated in the tensor's own type (the reference uses float64 and rounds once;
+the difference is a few ulps, far inside rtol 1e-4).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from opfuse.codegen.ctype import c_type, is_float, literal, math_fn
+from opfuse.codegen.index import Index, add, mul
+from opfuse.ir.graph import Node
+from opfuse.ops.registry import get_spec
+
+Rule = Callable[..., str]
+RULES: dict[str, Rule] = {}
+
+
+def _attrs(node: Node) -> dict:
+    return get_spec(node.op_type, node).attrs_of(node)
+
+
+def _is_name(expr: str) -> bool:
+    return expr.replace("_", "").isalnum() or _is_literal(expr)
+
+
+def _is_literal(expr: str) -> bool:
+    try:
+        float.fromhex(expr.rstrip("f"))
+        return True
+    except ValueError:
+        return expr.lstrip("-").isdigit()
+
+
+def apply_rule(ev, node: Node, k: int, idx: Index) -> str:
+    rule = RULES.get(node.op_type)
+    if rule is None:
+        raise ev.kc.error(f"op {node.op_type} (node '{node.name}') cannot be computed inside this kernel")
+    expr = rule(ev, node, k, idx)
+    if _is_name(expr):
+        return expr
+    return ev.assign(node.outputs[k], expr)
+
+
+def let(ev, dtype, expr: str) -> str:
+    """A temporary holding ``expr`` (so it is evaluated once even if written twice)."""
+    if _is_name(expr):
+        return expr
+    name = ev.kc.tmp()
+    ev.w.line(f"const {c_type(dtype)} {name} = {expr};")
+    return name
+
+
+def _register(*names):
+    def deco(fn):
+        for n in names:
+            RULES[n] = fn
+        return fn
+    return deco
+
+
+def _max(a: str, b: str) -> str:
+    # The ternary (not fmaxf) is what vectorises to a max instruction without -ffast-math.
+    return f"({a} > {b} ? {a} : {b})"
+
+
+def _min(a: str, b: str) -> str:
+    return f"({a} < {b} ? {a} : {b})"
+
+
+# Unary elementwise ----------------------------------------------------------------------
+def _unary(name: str, fn: Callable[[object, str, np.dtype, dict], str]):
+    def rule(ev, node, k, idx):
+        x = ev.operand(node, 0, idx)
+        return fn(ev, x, node.outputs[0].dtype, _attrs(node))
+    RULES[name] = rule
+
+
+def _L(v, dt) -> str:
+    return literal(v, dt)
+
+
+def _sigmoid(ev, x, dt, a):
+    return f"{_L(1, dt)} / ({_L(1, dt)} + {math_fn('exp', dt)}(-{x}))"
+
+
+def _gelu(ev, x, dt, a):
+    if a["approximate"] == "tanh":
+        x3 = let(ev, dt, f"{x} * {x} * {x}")
+        inner = f"{_L(math.sqrt(2 / math.pi), dt)} * ({x} + {_L(0.044715, dt)} * {x3})"
+        return f"{_L(0.5, dt)} * {x} * ({_L(1, dt)} + {math_fn('tanh', dt)}({inner}))"
+    return f"{_L(0.5, dt)} * {x} * ({_L(1, dt)} + {math_fn('erf', dt)}({x} * {_L(1 / math.sqrt(2), dt)}))"
+
+
+def _hardsigmoid(ev, x, dt, alpha, beta):
+    t = let(ev, dt, f"{_L(alpha, dt)} * {x} + {_L(beta, dt)}")
+    return _min(let(ev, dt, _max(t, _L(0, dt))), _L(1, dt))
+
+
+def _softplus(ev, x, dt, a):
+    pos = _max(x, _L(0, dt))
+    return f"{pos} + {math_fn('log1p', dt)}({math_fn('exp', dt)}(-{math_fn('fabs', dt)}({x})))"
+
+
+def _abs(ev, x, dt, a):
+    return f"{math_fn('fabs', dt)}({x})" if is_float(dt) else f"({x} < 0 ? -{x} : {x})"
+
+
+_unary("Relu", lambda ev, x, dt, a: _max(x, _L(0, dt)))
+_unary("LeakyRelu", lambda ev, x, dt, a: f"({x} >= {_L(0, dt)} ? {x} : {x} * {_L(a['alpha'], dt)})")
+_unary("Sigmoid", _sigmoid)
+_unary("HardSigmoid", lambda ev, x, dt, a: _hardsigmoid(ev, x, dt, a["alpha"], a["beta"]))
+_unary("HardSwish", lambda ev, x, dt, a: f"{x} * {let(ev, dt, _hardsigmoid(ev, x, dt, 1 / 6, 0.5))}")
+_unary("Tanh", lambda ev, x, dt, a: f"{math_fn('tanh', dt)}({x})")
+_unary("Gelu", _gelu)
+_unary("Softplus", _softplus)
+_unary("Silu", lambda ev, x, dt, a: f"{x} / ({_L(1, dt)} + {math_fn('exp', dt)}(-{x}))")
+_unary("Erf", lambda ev, x, dt, a: f"{math_fn('erf', dt)}({x})")
+_unary("Exp", lambda ev, x, dt, a: f"{math_fn('exp', dt)}({x})")
+_unary("Log", lambda ev, x, dt, a: f"{math_fn('log', dt)}({x})")
+_unary("Sqrt", lambda ev, x, dt, a: f"{math_fn('sqrt', dt)}({x})")
+_unary("Neg", lambda ev, x, dt, a: f"-{x}")
+_unary("Abs", _abs)
+_unary("Reciprocal", lambda ev, x, dt, a: f"{_L(1, dt)} / {x}")
+
+
+@_register("Identity")
+def _identity(ev, node, k, idx):
+    return ev.operand(node, 0, idx)
+
+
+@_register("Dropout")
+def _dropout(ev, node, k, idx):
+    return ev.operand(node, 0, idx) if k == 0 else "1"
+
+
+@_register("Cast")
+def _cast(ev, node, k, idx):
+    x = ev.operand(node, 0, idx)
+    src, dst = node.inputs[0].dtype, node.outputs[0].dtype
+    if dst == np.bool_:
+        return f"({x} != 0)"
+    return f"({c_type(dst)})({x})" if src != dst else x
+
+
+@_register("Clip")
+def _clip(ev, node, k, idx):
+    a = _attrs(node)
+    dt = node.outputs[0].dtype
+    y = ev.operand(node, 0, idx)
+    bounds = []
+    for i, attr in ((1, "min"), (2, "max")):
+        v = node.inputs[i] if len(node.inputs) > i else None
+        if v is not None:
+            bounds.append(ev.at(v, Index((), ()) if v.shape == () else Index.linear(v.shape, "0")))
+        elif a.get(attr) is not None:
+            bounds.append(_L(a[attr], dt))
+        else:
+            bounds.append(None)
+    lo, hi = bounds
+    if lo is not None:
+        y = let(ev, dt, f"({y} < {lo} ? {lo} : {y})")
+    if hi is not None:
+        y = f"({y} > {hi} ? {hi} : {y})"
+    return y
+
+
+# Binary / n-ary ----------------------------------------------------------------------------
+def _binary(name: str, fmt: Callable[[str, str, np.dtype], str]):
+    def rule(ev, node, k, idx):
+        a = ev.operand(node, 0, idx)
+        b = ev.operand(node, 1, idx)
+        return fmt(a, b, node.inputs[0].dtype)
+    RULES[name] = rule
+
+
+_binary("Add", lambda a, b, dt: f"{a} + {b}")
+_binary("Sub", lambda a, b, dt: f"{a} - {b}")
+_binary("Mul", lambda a, b, dt: f"{a} * {b}")
+# Integer division by zero would trap; NumPy gives garbage there, we give 0.
+_binary("Div", lambda a, b, dt: f"{a} / {b}" if is_float(dt) else f"({b} == 0 ? 0 : {a} / {b})")
+_binary("Equal", lambda a, b, dt: f"({a} == {b})")
+
+
+@_register("Pow")
+def _pow(ev, node, k, idx):
+    dt = node.outputs[0].dtype
+    base = ev.operand(node, 0, idx)
+    e = node.inputs[1]
+    arr = ev.static.get(id(e))
+    if arr is not None and arr.size == 1 and is_float(dt):
+        p = float(arr.reshape(-1)[0])
+        if p == 1.0:
+            return base
+        if p == 2.0:
+            return f"{base} * {base}"
+        if p == 0.5:
+            return f"{math_fn('sqrt', dt)}({base})"
+    ex = ev.operand(node, 1, idx)
+    if is_float(dt):
+        return f"{math_fn('pow', dt)}({base}, ({c_type(dt)}){ex})"
+    return f"({c_type(dt)})pow((double){base}, (double){ex})"
+
+
+def _fold(fn):
+    def rule(ev, node, k, idx):
+        dt = node.outputs[0].dtype
+        acc = ev.operand(node, 0, idx)
+        for i in range(1, len(node.input_values())):
+            acc = let(ev, dt, fn(acc, ev.operand(node, i, idx)))
+        return acc
+    return rule
+
+
+RULES["Max"] = _fold(_max)
+RULES["Min"] = _fold(_min)
+
+
+@_register("Where")
+def _where(ev, node, k, idx):
+    c = ev.operand(node, 0, idx)
+    x = ev.operand(node, 1, idx)
+    y = ev.operand(node, 2, idx)
+    return f"({c} ? {x} : {y})"
+
+
+@_register("BatchNormalization")
+def _batchnorm(ev, node, k, idx):
+    """y = x * s + t per channel (axis 1), s = scale / sqrt(var + eps), t = bias - mean * s.
+
+    With constant statistics, s and t are folded at build time (in float64, rounded once)
+    into arrays shaped (C, 1, ..., 1) that broadcast like any operand."""
+    x = ev.operand(node, 0, idx)
+    dt = node.outputs[0].dtype
+    eps = _attrs(node)["epsilon"]
+    rank = len(node.inputs[0].shape)
+    params = node.inputs[1:5]
+    cshape = (node.inputs[0].shape[1],) + (1,) * (rank - 2)
+    if all(id(p) in ev.static for p in params):
+        scale, bias, mean, var = (ev.static[id(p)].astype(np.float64) for p in params)
+        s = scale / np.sqrt(var + eps)
+        t = bias - mean * s
+        sub = idx.broadcast_to(cshape)
+        sp = ev.kc.const_array(("bn_scale", node.name), s.reshape(cshape), node.name + "_s", dt)
+        tp = ev.kc.const_array(("bn_shift", node.name), t.reshape(cshape), node.name + "_t", dt)
+        s_v = let(ev, dt, f"{sp}[{sub.offset()}]")
+        t_v = let(ev, dt, f"{tp}[{sub.offset()}]")
+        return f"{x} * {s_v} + {t_v}"
+    ch = Index((cshape[0],), (idx.dims[1],))
+    sc, bi, mu, va = (ev.at(p, ch) for p in params)
+    s = let(ev, dt, f"{sc} / {math_fn('sqrt', dt)}({va} + {_L(eps, dt)})")
+    return f"({x} - {mu}) * {s} + {bi}"
+
+
+# Data movement: index maps -----------------------------------------------------------------
+@_register("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+def _reshape(ev, node, k, idx):
+    x = node.inputs[0]
+    return ev.at(x, idx.reshape_to(x.shape))
+
+
+@_register("Expand")
+def _expand(ev, node, k, idx):
+    return ev.operand(node, 0, idx)
+
+
+@_register("Transpose")
+def _transpose(ev, node, k, idx):
+    x = node.inputs[0]
+    perm = _attrs(node)["perm"]
+    perm = tuple(range(len(x.shape)))[::-1] if perm is None else tuple(int(p) for p in perm)
+    return ev.at(x, idx.transpose_from(perm, x.shape))
+
+
+@_register("Slice")
+def _slice(ev, node, k, idx):
+    from opfuse.ops.shape_ops import slice_index
+    x = node.inputs[0]
+    cur = idx
+    for axis, sl in enumerate(slice_index(node)):
+        start, _, step = sl.indices(x.shape[axis])
+        if (start, step) == (0, 1) and x.shape[axis] == idx.shape[axis]:
+            continue
+        shape = list(cur.shape)
+        shape[axis] = x.shape[axis]
+        expr = add(mul(cur.dims[axis], step), str(start))
+        cur = cur.with_axis(axis, expr, shape, shift=start if step == 1 else None)
+    return ev.at(x, cur)
+
+
+@_register("Split")
+def _split(ev, node, k, idx):
+    from opfuse.ops.shape_ops import split_sizes
+    x = node.inputs[0]
+    axis, sizes = split_sizes(node, _attrs(node))
+    off = sum(sizes[:k])
+    return ev.at(x, idx.with_axis(axis, add(idx.dims[axis], str(off)), x.shape, shift=off))
+
+
+@_register("Gather")
+def _gather(ev, node, k, idx):
+    data, ind = node.inputs
+    axis = _attrs(node)["axis"]
+    axis = axis + len(data.shape) if axis < 0 else axis
+    r = len(ind.shape)
+    dim = data.shape[axis]
+    ind_idx = Index(tuple(ind.shape), idx.dims[axis:axis + r])
+    arr = ev.static.get(id(ind))
+    if arr is not None:
+        norm = np.where(arr < 0, arr + dim, arr).astype(np.int64)
+        if norm.size == 1:
+            g = str(int(norm.reshape(-1)[0]))
+        else:
+            p = ev.kc.const_array(("gather_idx", node.name), norm, node.name + "_idx", np.int64)
+            g = let(ev, np.int64, f"{p}[{ind_idx.offset()}]")
+    else:
+        raw = ev.at(ind, ind_idx)
+        # Out-of-range indices are clamped: a bad index must never read outside the tensor.
+        g0 = let(ev, np.int64, f"(int64_t)({raw} < 0 ? {raw} + {dim} : {raw})")
+        g = let(ev, np.int64, f"({g0} < 0 ? 0 : ({g0} >= {dim} ? {dim - 1} : {g0}))")
+    dims = idx.dims[:axis] + (g,) + idx.dims[axis + r:]
+    return ev.at(data, Index(tuple(data.shape), dims))
+
+
+@_register("Concat")
+def _concat(ev, node, k, idx):
+    """Select the input whose slice holds the element (a branch per input, in a C scope so
+    nothing out of range is ever read)."""
+    out = node.outputs[0]
+    axis = _attrs(node)["axis"]
+    axis = axis + len(out.shape) if axis < 0 else axis
+    d = idx.dims[axis]
+    pieces, start = [], 0
+    for v in node.input_values():
+        pieces.append((v, start, start + v.shape[axis]))
+        start += v.shape[axis]
+
+    def at_piece(v, lo):
+        return ev.at(v, idx.with_axis(axis, add(d, str(-lo)), v.shape, shift=-lo))
+
+    if d.lstrip("-").isdigit():  # the axis index is known: no branch
+        for v, lo, hi in pieces:
+            if lo <= int(d) < hi:
+                return at_piece(v, lo)
+    res = ev.kc.tmp("sel")
+    ev.w.line(f"{c_type(out.dtype)} {res};")
+    for i, (v, lo, hi) in enumerate(pieces):
+        head = "if" if i == 0 else "else if"
+        cond = f"({d} < {hi})" if i < len(pieces) - 1 else ""
+        with ev.w.block(f"{head} {cond}" if cond else "else"), ev.scope():
+            ev.w.line(f"{res} = {at_piece(v, lo)};")
+    return res
+
+
+@_register("Pad")
+def _pad(ev, node, k, idx):
+    from opfuse.ops.shape_ops import pad_widths
+    x = node.inputs[0]
+    mode = _attrs(node)["mode"]
+    dt = node.outputs[0].dtype
+    widths = pad_widths(node)
+    dims, conds = [], []
+    for axis, (b, e) in enumerate(widths):
+        L = x.shape[axis]
+        crop_lo = max(0, -b)
+        length = L - crop_lo - max(0, -e)  # extent of the cropped input
+        c = add(idx.dims[axis], str(-max(0, b)))  # coordinate in the cropped input
+        if b <= 0 and e <= 0:
+            dims.append(add(c, str(crop_lo)))
+            continue
+        if mode == "constant":
+            conds.append(f"({c}) >= 0 && ({c}) < {length}")
+            dims.append(add(c, str(crop_lo)))
+        elif mode == "edge":
+            cc = let(ev, np.int64, f"(long)({c})")
+            dims.append(add(f"({cc} < 0 ? 0 : ({cc} >= {length} ? {length - 1} : {cc}))", str(crop_lo)))
+        elif mode == "wrap":
+            dims.append(add(f"((({c}) % {length} + {length}) % {length})", str(crop_lo)))
+        else:  # reflect (mirror without repeating the edge), any number of periods
+            if length == 1:
+                dims.append(str(crop_lo))
+                continue
+            period = 2 * (length - 1)
+            m = let(ev, np.int64, f"((long)({c}) % {period} + {period}) % {period}")
+            dims.append(add(f"({m} < {length} ? {m} : {period} - {m})", str(crop_lo)))
+    src = Index(tuple(x.shape), tuple(dims))
+    if not conds:
+        return ev.at(x, src)
+    fill = "0"
+    if len(node.inputs) > 2 and node.inputs[2] is not None:
+        v = node.inputs[2]
+        fill = ev.at(v, Index.linear(v.shape, "0")) if v.shape else ev.at(v, Index((), ()))
+    res = ev.kc.tmp("pad")
+    ev.w.line(f"{c_type(dt)} {res} = ({c_type(dt)}){fill};")
+    with ev.w.block(f"if ({' && '.join(conds)})"), ev.scope():
+        ev.w.line(f"{res} = {ev.at(x, src)};")
+    return res
+
+
+@_register("Resize")
+def _resize(ev, node, k, idx):
+    from opfuse.codegen.resize import resize_rule
+    return resize_rule(ev, node, idx)

@@ -1,0 +1,153 @@
+"""The one pipeline: import -> rewrite -> legal groups -> plan (cost model) -> memory -> codegen -> build.
+
+    import opfuse
+    model = opfuse.compile("zoo:mobilenet_v1", target="host", fuse=True)
+    outputs = model.run({"input": x})
+    model.report["kernels_after"], model.report["arena_bytes"], model.report["predicted_latency_s"]
+
+``plan_model`` stops before code generation (what ``opfuse compile`` and ``opfuse explain``
+print); ``compile`` builds the native library on top of it.
+
+Stages, each owned by one package:
+
+1. ``opfuse.api.load``: ONNX (or ``zoo:NAME``) to a verified, shape-inferred Graph;
+2. ``opfuse.fusion.fuse``: algebraic rewrites and the rules' legal grouping, as instrumented
+   passes (``PassContext``: disabled rules, IR dumps, decision log);
+3. ``opfuse.planner.plan_fusion``: which legal fusions are worth it on the target (roofline
+   cost model, constraints), unless ``planner="rules"`` keeps the rules' maximal grouping;
+4. ``opfuse.memory.plan_memory``: the static arena;
+5. ``opfuse.runtime.native.build``: C code per group, compiled and loaded.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from opfuse.errors import OpfuseError
+from opfuse.ir.graph import Graph
+from opfuse.ir.plan import FusionPlan
+
+PLANNERS = ("auto", "greedy", "exact", "rules")
+
+
+@dataclass
+class CompileOptions:
+    """Everything ``opfuse compile`` takes besides the model."""
+
+    target: str = "host"
+    fuse: bool = True
+    planner: str = "auto"  # a planner method, or "rules": the rules' maximal legal grouping
+    latency_bound_s: float | None = None
+    memory_budget_bytes: int | None = None
+    onchip_budget_bytes: int | None = None
+    objective: str | None = None  # e.g. "latency=1,memory=0.5"
+    disable: Sequence[str] = ()
+    dump_ir: str | None = None
+    log_decisions: str | None = None
+    max_group_ops: int | None = None
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None
+
+    def __post_init__(self):
+        if self.planner not in PLANNERS:
+            raise OpfuseError(f"unknown planner '{self.planner}'; choose one of {', '.join(PLANNERS)}")
+
+
+@dataclass
+class Compilation:
+    """The result of planning: graphs, plan, decisions and the report (before any C is built)."""
+
+    original: Graph
+    graph: Graph
+    plan: FusionPlan
+    decisions: list
+    fusion_report: object  # opfuse.report.fusion.FusionReport
+    options: CompileOptions
+    plan_result: object | None = None  # opfuse.planner.PlanResult when the cost model chose the plan
+    context: object | None = None  # the PassContext (timing, rule statistics)
+    memory: object | None = None  # opfuse.memory.MemoryPlan
+    report: dict = field(default_factory=dict)
+
+
+def _context(opts: CompileOptions):
+    from opfuse.passes import make_context
+    from opfuse.passes.fuse_pipeline import fusion_passes
+    return make_context(disable=list(opts.disable), dump_ir=opts.dump_ir, log_decisions=opts.log_decisions,
+                        max_group_ops=opts.max_group_ops, passes=fusion_passes())
+
+
+def _choose_plan(graph: Graph, rules_plan: FusionPlan, ctx, opts: CompileOptions):
+    """The cost model's choice among legal plans (or the rules' plan with ``planner="rules"``)."""
+    if not opts.fuse or opts.planner == "rules":
+        return rules_plan, None
+    from opfuse.fusion import RuleLegality, annotate_plan, options_from
+    from opfuse.planner import Constraints, Objective, plan_fusion
+    from opfuse.targets import get_profile
+    constraints = Constraints(latency_bound_s=opts.latency_bound_s, memory_budget_bytes=opts.memory_budget_bytes,
+                              onchip_budget_bytes=opts.onchip_budget_bytes)
+    objective = Objective.parse(opts.objective) if opts.objective else None
+    result = plan_fusion(graph, get_profile(opts.target), method=opts.planner,
+                         legality=RuleLegality(options_from(ctx)), objective=objective, constraints=constraints)
+    return annotate_plan(result.plan), result
+
+
+def _merge_planner_report(report: dict, plan_json: dict) -> None:
+    """Add the planner's predictions to the fusion report without overriding its measures.
+
+    Top level: ``predicted_latency_s``, ``critical_path_s``, ``predicted_peak_memory_bytes`` and
+    ``planner`` (method, objective, constraints, the planner's own totals); per group (joined by
+    name): ``predicted_latency_s`` and the roofline ``bound``.
+    """
+    per_group = {g["name"]: g for g in plan_json.get("groups", [])}
+    report["predicted_latency_s"] = plan_json.get("predicted_latency_s")
+    report["critical_path_s"] = plan_json.get("critical_path_s")
+    report["predicted_peak_memory_bytes"] = plan_json.get("peak_memory_bytes")
+    planner = dict(plan_json.get("planner", {}))
+    planner.update({k: v for k, v in plan_json.items() if k not in ("groups", "planner")})
+    report["planner"] = planner
+    for g in report.get("groups", []):
+        pg = per_group.get(g["name"])
+        if pg is not None:
+            g["predicted_latency_s"] = pg.get("predicted_latency_s")
+            g["bound"] = pg.get("bound")
+
+
+def plan_model(model, options: CompileOptions | None = None, **kwargs) -> Compilation:
+    """Import, rewrite, group and plan ``model``; compute the memory plan and the report."""
+    from opfuse.api import load
+    from opfuse.fusion import fuse
+    from opfuse.memory import plan_memory
+    from opfuse.report.fusion import build_report
+    opts = options or CompileOptions(**kwargs)
+    original = load(model, opts.input_shapes)
+    ctx = _context(opts)
+    graph, rules_plan, decisions = fuse(original, ctx, enable=opts.fuse)
+    plan, plan_result = _choose_plan(graph, rules_plan, ctx, opts)
+    fusion_report = build_report(original, graph, plan, decisions)
+    memory = plan_memory(plan)
+    report = fusion_report.to_dict()
+    report["target"] = opts.target
+    report["fused"] = opts.fuse
+    if plan_result is not None:
+        _merge_planner_report(report, plan_result.to_json())
+    report.update(memory.report())
+    return Compilation(original, graph, plan, decisions, fusion_report, opts, plan_result, ctx, memory, report)
+
+
+def compile(model, target: str = "host", fuse: bool = True, *, threads: int = 1,
+            options: CompileOptions | None = None, **kwargs):
+    """Compile ``model`` (``zoo:NAME``, a path, an ONNX ModelProto or a Graph) to native code.
+
+    Returns an ``opfuse.runtime.native.CompiledModel``: ``.run(inputs)``, ``.report`` (the fusion
+    report, the planner's predictions and the arena), ``.export_c(dir)``. Only the host target
+    builds native code here; other targets are planned (``plan_model``) but not built.
+    """
+    from opfuse.runtime.native import build
+    opts = options or CompileOptions(target=target, fuse=fuse, **kwargs)
+    if opts.target not in ("host",):
+        raise OpfuseError(f"target '{opts.target}' can be planned (opfuse compile --target {opts.target}) "
+                          f"but not built and run on this machine; use target 'host'")
+    comp = plan_model(model, opts)
+    native = build(comp.graph, comp.plan, threads=threads, memory=comp.memory)
+    native.compile_report = comp.report
+    native.compilation = comp
+    return native

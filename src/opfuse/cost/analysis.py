@@ -1,0 +1,253 @@
+"""What a fused group does, independent of the target: FLOPs, boundary bytes, recomputation,
+on-chip buffers and register streams.
+
+Execution model of a fused group (the one a TVM-style schedule gives, and the one the C
+backend is expected to follow; fitted correction factors absorb the difference):
+
+* **Boundary tensors** are the only main-memory traffic: the group's inputs produced
+  outside it (graph inputs and weights included) are read once, its outputs used outside
+  (or graph outputs) are written once. Internal values never touch main memory.
+* **Inlined producers.** A node of category elementwise/broadcast/injective whose outputs
+  are all internal is *inlined* into its consumers, i.e. recomputed wherever they read
+  it. Its execution count is
+
+      exec(p) = max_{streamed uses c} exec(c) + sum_{other uses c} exec(c) * reads(c, v) / |v|
+
+  where a *streamed* use is a one-to-one read of the same number of elements (a loop
+  fused element by element shares the value in a register), and ``reads(c, v)`` is how
+  many elements of ``v`` one run of ``c`` reads (below). ``exec > 1`` is **duplicated
+  computation**: ``(exec(p) - 1) * FLOPs(p)`` extra.
+* **Materialised stages.** Every other node (reductions, Conv/MatMul, ...) runs once.
+  Its internal output is *streamed* into its consumers when they all read it one-to-one
+  and run once (the out-elementwise-fusable + epilogue case); otherwise it is *buffered*
+  whole on chip. The group's **working set** is the sum of its buffered values; when it
+  exceeds the on-chip capacity the group spills (see ``opfuse.cost.model``).
+* **Register streams.** Streamed and inlined internal values each occupy one vector
+  register while live (from producer to last consumer in group order); the most live at
+  once is the group's register pressure.
+
+``reads(c, v)`` per run of consumer ``c`` (element counts):
+
+* elementwise/broadcast, and injective ops that replicate (one-to-many): ``|out(c)|``;
+* other injective ops (reshape, transpose, slice, concat, split): ``min(|out(c)|, |v|)``;
+* everything else: ``max(|v|, FLOPs(c) / FLOPS_PER_READ)``, with two FLOPs per read for
+  multiply-accumulate ops (Conv, MatMul: each read feeds one MAC) and one otherwise
+  (pooling reads ``k*k`` elements per output, a reduction reads each element once).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from opfuse.ir.graph import Graph, Node, Value
+from opfuse.ops.registry import Category, Mapping, OpSpec, get_spec, is_supported
+
+FLOPS_PER_READ = {Category.OUT_ELEMWISE_FUSABLE: 2.0}
+DEFAULT_FLOPS_PER_READ = 1.0
+
+
+def category_of(node: Node) -> Category:
+    """The op's TVM category; ops opfuse does not know are opaque (never fused)."""
+    return get_spec(node.op_type, node).category if is_supported(node.op_type) else Category.OPAQUE
+
+
+def node_flops(node: Node) -> int:
+    return get_spec(node.op_type, node).flops(node) if is_supported(node.op_type) else 0
+
+
+_DTYPE_NAMES: dict = {}
+
+
+def _dtype_name(dt) -> str:
+    name = _DTYPE_NAMES.get(dt)
+    if name is None:
+        name = _DTYPE_NAMES[dt] = dt.name
+    return name
+
+
+def compute_dtype(node: Node) -> str:
+    """The dtype the node computes in: its first input's, else its first output's."""
+    for v in node.inputs:
+        if v is not None and v.type is not None:
+            return _dtype_name(v.type.dtype)
+    if node.outputs and node.outputs[0].type is not None:
+        return _dtype_name(node.outputs[0].type.dtype)
+    return "float32"
+
+
+NodeInfo = tuple  # (OpSpec | None, FLOPs, compute dtype)
+
+
+def node_info(node: Node, cache: dict | None = None) -> NodeInfo:
+    """(spec, FLOPs, compute dtype) of a node, memoised in ``cache`` (keyed by node id:
+    the cache must not outlive the graph)."""
+    if cache is not None:
+        info = cache.get(id(node))
+        if info is not None:
+            return info
+    spec = get_spec(node.op_type, node) if is_supported(node.op_type) else None
+    info = (spec, spec.flops(node) if spec is not None else 0, compute_dtype(node))
+    if cache is not None:
+        cache[id(node)] = info
+    return info
+
+
+def numel(v: Value) -> int:
+    """Elements of ``v`` (``math.prod``: much faster than NumPy on a short tuple)."""
+    return math.prod(v.type.shape) if v.type is not None else 0
+
+
+def nbytes(v: Value) -> int:
+    return math.prod(v.type.shape) * v.type.dtype.itemsize if v.type is not None else 0
+
+
+def _out_elems(node: Node) -> int:
+    return sum(numel(v) for v in node.outputs)
+
+
+def reads_per_run(consumer: Node, spec: OpSpec | None, v: Value, flops: int | None = None) -> float:
+    """Elements of ``v`` that one run of ``consumer`` reads (see the module docstring);
+    ``flops`` is the consumer's FLOP count when already known."""
+    size = max(1, numel(v))
+    cat = spec.category if spec is not None else Category.OPAQUE
+    if cat <= Category.BROADCAST or (cat == Category.INJECTIVE and spec.mapping == Mapping.ONE_TO_MANY):
+        return float(_out_elems(consumer))
+    if cat == Category.INJECTIVE:
+        return float(min(_out_elems(consumer), size))
+    if flops is None:
+        flops = spec.flops(consumer) if spec is not None else 0
+    return max(float(size), flops / FLOPS_PER_READ.get(cat, DEFAULT_FLOPS_PER_READ))
+
+
+def is_streamed_use(consumer: Node, spec: OpSpec | None, v: Value) -> bool:
+    """One-to-one read of the same number of elements: the loops fuse element by element."""
+    return (spec is not None and spec.mapping == Mapping.ONE_TO_ONE
+            and spec.category <= Category.BROADCAST and _out_elems(consumer) == numel(v))
+
+
+@dataclass(frozen=True)
+class GroupAnalysis:
+    nodes: tuple[Node, ...]
+    inputs: tuple[Value, ...]  # boundary inputs, first-use order, constants included
+    outputs: tuple[Value, ...]  # boundary outputs
+    base_flops: int  # sum of the ops' FLOPs
+    executed_flops: dict[str, float]  # by compute dtype, recomputation included
+    buffered: tuple[Value, ...]  # internal values held whole on chip
+    register_pressure: int  # most streamed/inlined values live at once
+    stream_elements: int  # elements of the largest streamed value (the loop trip count)
+    max_category: Category
+    input_bytes: int
+    output_bytes: int
+    working_set_bytes: int  # sum of the buffered values
+
+    @property
+    def boundary_bytes(self) -> int:
+        return self.input_bytes + self.output_bytes
+
+    @property
+    def flops(self) -> float:
+        return sum(self.executed_flops.values())
+
+    @property
+    def duplicated_flops(self) -> float:
+        return max(0.0, self.flops - self.base_flops)
+
+
+def analyze_group(graph: Graph, nodes, cache: dict | None = None) -> GroupAnalysis:
+    """Analyse ``nodes`` (a FusionGroup's nodes, in topological order) as one kernel.
+
+    ``cache`` memoises per-node facts across calls on the same graph (see ``node_info``).
+    """
+    nodes = tuple(nodes)
+    member = {id(n): i for i, n in enumerate(nodes)}
+    graph_outs = {id(v) for v in graph.outputs}
+    infos = {id(n): node_info(n, cache) for n in nodes}
+    specs = {k: info[0] for k, info in infos.items()}
+
+    inputs: dict[int, Value] = {}
+    produced = {id(v) for n in nodes for v in n.outputs}
+    for n in nodes:
+        for v in n.input_values():
+            if id(v) not in produced:
+                inputs.setdefault(id(v), v)
+    outputs, internal = [], {}
+    for n in nodes:
+        for v in n.outputs:
+            outside = id(v) in graph_outs or any(id(u) not in member for u, _ in v.uses)
+            if outside:
+                outputs.append(v)
+            elif v.uses:
+                internal[id(v)] = v
+
+    # Execution counts, consumers first (reverse topological order).
+    execs: dict[int, float] = {}
+    inlined: set[int] = set()
+    for n in reversed(nodes):
+        spec = specs[id(n)]
+        cat = spec.category if spec is not None else Category.OPAQUE
+        if cat <= Category.INJECTIVE and n.outputs and all(id(v) in internal for v in n.outputs):
+            inlined.add(id(n))
+            execs[id(n)] = max(_value_exec(v, execs, infos) for v in n.outputs)
+        else:
+            execs[id(n)] = 1.0
+
+    executed: dict[str, float] = {}
+    base = 0
+    for n in nodes:
+        _, f, d = infos[id(n)]
+        base += f
+        executed[d] = executed.get(d, 0.0) + f * execs[id(n)]
+
+    buffered, streams = [], []
+    for v in internal.values():
+        if id(v.producer) in inlined:
+            streams.append(v)
+            continue
+        readers = [(u, specs[id(u)]) for u, _ in v.uses]
+        if all(is_streamed_use(u, s, v) and execs[id(u)] == 1.0 for u, s in readers):
+            streams.append(v)
+        else:
+            buffered.append(v)
+
+    pressure = _max_live(streams, member)
+    max_cat = max((specs[id(n)].category if specs[id(n)] is not None else Category.OPAQUE) for n in nodes)
+    return GroupAnalysis(nodes=nodes, inputs=tuple(inputs.values()), outputs=tuple(outputs),
+                         base_flops=base, executed_flops=executed, buffered=tuple(buffered),
+                         register_pressure=pressure,
+                         stream_elements=max((numel(v) for v in streams), default=0),
+                         max_category=max_cat, input_bytes=sum(nbytes(v) for v in inputs.values()),
+                         output_bytes=sum(nbytes(v) for v in outputs),
+                         working_set_bytes=sum(nbytes(v) for v in buffered))
+
+
+def _value_exec(v: Value, execs: dict[int, float], infos: dict) -> float:
+    size = max(1, numel(v))
+    streamed, other = 0.0, 0.0
+    seen: set[int] = set()
+    for u, _ in v.uses:
+        if id(u) in seen:  # Mul(x, x): one read of x per element
+            continue
+        seen.add(id(u))
+        spec, flops, _ = infos[id(u)]
+        if is_streamed_use(u, spec, v):
+            streamed = max(streamed, execs[id(u)])
+        else:
+            other += execs[id(u)] * reads_per_run(u, spec, v, flops) / size
+    return max(1.0, streamed + other)
+
+
+def _max_live(values: list[Value], member: dict[int, int]) -> int:
+    """Most of ``values`` live at once, a value living from its producer to its last reader."""
+    if not values:
+        return 0
+    delta = [0] * (len(member) + 1)
+    for v in values:
+        start = member[id(v.producer)]
+        end = max(member[id(u)] for u, _ in v.uses)
+        delta[start] += 1
+        delta[end] -= 1
+    live = best = 0
+    for d in delta:
+        live += d
+        best = max(best, live)
+    return best

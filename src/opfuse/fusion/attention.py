@@ -1,0 +1,165 @@
+"""Attention as one kernel: ``MatMul(Q, K^T) -> scale/mask -> Softmax -> MatMul(., V)``.
+
+The seed's BERT case (7.4.4): Q/K/V projection and attention are two kernels instead of six.
+The score matrix ``S = softmax(Q K^T * scale + mask)`` (``heads x seq x seq``) is the largest
+tensor of the layer; inside one kernel it is produced and consumed row by row (online softmax)
+and never written to memory.
+
+The attention group holds:
+
+* ``qk``: the score MatMul; ``scale_ops``: the elementwise chain between it and the Softmax
+  (Div/Mul by the scale, Add of a mask); ``softmax`` over the last axis; ``pv``: the MatMul of
+  the probabilities (its input A) with V;
+* ``prologue``: data movement producing Q, K and V (Split of a fused QKV projection, head
+  Reshape/Transpose), whose outputs are read only inside the group: the kernel reads Q, K, V
+  through index maps straight from the projection's output;
+* ``epilogue``: data movement after ``pv`` (merge heads: Transpose, Reshape).
+
+``attention_structure`` checks a node set has this shape; ``find_attention`` grows the set
+around each Softmax for the ``attention`` fusion rule.
+"""
+from __future__ import annotations
+
+from opfuse.fusion.categories import is_elementwise, is_injective
+from opfuse.fusion.decisions import ReasonKind, Refusal
+from opfuse.ir.graph import Graph, Node, Value
+from opfuse.ops.common import norm_axis
+from opfuse.ops.registry import get_spec
+
+
+def _refuse(msg: str) -> Refusal:
+    return Refusal(ReasonKind.RULE_REFUSED, msg)
+
+
+def _internal(v: Value, ids: set[int], outputs: frozenset[int]) -> bool:
+    return id(v) not in outputs and all(id(u) in ids for u, _ in v.uses)
+
+
+def score_chain(softmax: Node, graph: Graph, ids: set[int] | None = None) -> tuple[Node, list[Node]] | Refusal:
+    """Walk from the Softmax input back through elementwise ops to the score MatMul.
+
+    Returns ``(qk, scale_ops)``; with ``ids`` the walk stays inside that node set.
+    """
+    chain: list[Node] = []
+    v = softmax.inputs[0]
+    while True:
+        p = v.producer
+        if p is None or (ids is not None and id(p) not in ids):
+            return _refuse(f"Softmax '{softmax.name}' input is not a MatMul's scores")
+        if p.op_type == "MatMul":
+            return p, chain[::-1]
+        if not is_elementwise(p):
+            return _refuse(f"'{p.name}' ({p.op_type}) between the scores and Softmax '{softmax.name}' "
+                           f"is not elementwise")
+        nxt = [u for u in p.input_values() if u.producer is not None and not u.is_const
+               and (ids is None or id(u.producer) in ids)]
+        # The chain continues through the operand that carries the scores (the widest one).
+        nxt.sort(key=lambda u: -u.type.size)
+        if not nxt:
+            return _refuse(f"Softmax '{softmax.name}' input is not a MatMul's scores")
+        chain.append(p)
+        v = nxt[0]
+
+
+def attention_structure(nodes: list[Node], graph: Graph, outputs: frozenset[int] | None = None) -> dict | Refusal:
+    """Check ``nodes`` form one attention kernel; returns its parts by role (``outputs``: the
+    ids of the graph's outputs, computed when None)."""
+    ids = {id(n) for n in nodes}
+    outputs = frozenset(id(v) for v in graph.outputs) if outputs is None else outputs
+    softmaxes = [n for n in nodes if n.op_type == "Softmax"]
+    if len(softmaxes) != 1:
+        return Refusal(ReasonKind.CATEGORY_FORBIDS, "two MatMuls share a kernel only around one Softmax "
+                                                    "(attention)")
+    sm = softmaxes[0]
+    a = get_spec("Softmax").attrs_of(sm)
+    rank = len(sm.inputs[0].shape)
+    if norm_axis(int(a["axis"]), rank, sm) != rank - 1:
+        return _refuse(f"Softmax '{sm.name}' is not over the last (key) axis")
+    pvs = [u for u, i in sm.outputs[0].uses if u.op_type == "MatMul" and i == 0 and id(u) in ids]
+    if len(pvs) != 1 or not _internal(sm.outputs[0], {id(pvs[0])}, outputs):
+        return _refuse(f"the probabilities of Softmax '{sm.name}' must feed exactly one MatMul as A")
+    pv = pvs[0]
+    found = score_chain(sm, graph, ids)
+    if isinstance(found, Refusal):
+        return found
+    qk, scale_ops = found
+    for n in [qk] + scale_ops:
+        if not _internal(n.outputs[0], ids, outputs):
+            return _refuse(f"the scores '{n.outputs[0].name}' are also read outside the attention kernel")
+    core = {id(qk), id(sm), id(pv)} | {id(n) for n in scale_ops}
+    prologue, epilogue = [], []
+    after_pv = _downstream(pv, ids)
+    for n in nodes:
+        if id(n) in core:
+            continue
+        if not is_injective(n):
+            return Refusal(ReasonKind.CATEGORY_FORBIDS,
+                           f"'{n.name}' ({n.op_type}) is not data movement: only index maps surround attention")
+        if id(n) in after_pv:
+            epilogue.append(n)
+        else:
+            if not all(_internal(v, ids, outputs) for v in n.outputs):
+                return _refuse(f"prologue value of '{n.name}' is also read outside the attention kernel")
+            prologue.append(n)
+    for n in [pv] + epilogue[:-1]:
+        if not _internal(n.outputs[0], ids, outputs):
+            return _refuse(f"'{n.outputs[0].name}' is read outside before the head merge is complete")
+    return {"qk": qk, "scale_ops": [n.name for n in scale_ops], "softmax": sm.name, "pv": pv.name,
+            "prologue": [n.name for n in prologue], "epilogue": [n.name for n in epilogue],
+            "q": qk.inputs[0].name, "k": qk.inputs[1].name, "v": pv.inputs[1].name}
+
+
+def _downstream(start: Node, ids: set[int]) -> set[int]:
+    seen: set[int] = set()
+    todo = [start]
+    while todo:
+        n = todo.pop()
+        for v in n.outputs:
+            for u, _ in v.uses:
+                if id(u) in ids and id(u) not in seen:
+                    seen.add(id(u))
+                    todo.append(u)
+    return seen
+
+
+def find_attention(graph: Graph, softmax: Node, order: dict[int, int] | None = None) -> list[Node] | Refusal:
+    """The attention node set around ``softmax`` (before checking it), or why there is none;
+    ``order``: node id -> graph position, when the caller has it."""
+    outputs = frozenset(id(v) for v in graph.outputs)
+    found = score_chain(softmax, graph)
+    if isinstance(found, Refusal):
+        return found
+    qk, scale_ops = found
+    pvs = [u for u, i in softmax.outputs[0].uses if u.op_type == "MatMul" and i == 0]
+    if len(pvs) != 1:
+        return _refuse(f"Softmax '{softmax.name}' does not feed one MatMul")
+    pv = pvs[0]
+    members: dict[int, Node] = {id(n): n for n in [qk, *scale_ops, softmax, pv]}
+    # Prologue: data movement whose every output is read only by the kernel (to a fixpoint,
+    # since a Split joins only once all of its Q/K/V consumers are in).
+    grew = True
+    while grew:
+        grew = False
+        for n in list(members.values()):
+            if id(n) in (id(x) for x in scale_ops) or n is softmax:
+                continue
+            operands = n.input_values() if n is not pv else [pv.inputs[1]]
+            if n is not qk and n is not pv and not is_injective(n):
+                continue
+            for v in operands:
+                p = v.producer
+                if p is None or id(p) in members or not is_injective(p):
+                    continue
+                if all(id(w) not in outputs and all(id(u) in members for u, _ in w.uses) for w in p.outputs):
+                    members[id(p)] = p
+                    grew = True
+    # Epilogue: the chain of single-reader data movement after pv (merging the heads).
+    v = pv.outputs[0]
+    while len(v.uses) == 1 and id(v) not in outputs and is_injective(v.uses[0][0]) \
+            and len(v.uses[0][0].outputs) == 1:
+        n = v.uses[0][0]
+        members[id(n)] = n
+        v = n.outputs[0]
+    if order is None:
+        order = {id(n): i for i, n in enumerate(graph.nodes)}
+    return sorted(members.values(), key=lambda n: order[id(n)])

@@ -1,0 +1,209 @@
+"""What one kernel may hold: ``classify(nodes)`` names the kernel shape of a node set or refuses.
+
+A fused group is legal when it is one of these shapes (TVM's rules by op category, plus the
+two composite kernels the backend builds):
+
+``single``         any one op.
+``elementwise``    elementwise/broadcast ops only; every boundary output has one shape (the
+                   loop's domain); values of other shapes inside are recomputed per element.
+``injective``      data movement plus elementwise ops, evaluated through index maps; every
+                   boundary output has one shape.
+``conv_epilogue``  one Conv/ConvTranspose (``gemm_epilogue``: MatMul/Gemm) and elementwise ops
+                   after it, applied per output element while the result is in registers:
+                   epilogue ops have the anchor's output shape; side computations feeding them
+                   are elementwise; nothing in the group feeds the anchor (no prologue), and a
+                   second out-elementwise-fusable op or any reduction is refused (Conv -> Conv
+                   is never fused).
+``reduction``      one reduction with an elementwise prologue (values read only by the group)
+                   and an elementwise epilogue of the reduction's output shape.
+``attention``      ``MatMul -> scale/mask -> Softmax -> MatMul`` with data-movement prologue and
+                   epilogue (``opfuse.fusion.attention``).
+
+Opaque ops are never fused. The refusal's kind says why (category, or a rule's condition).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from opfuse.fusion.attention import attention_structure
+from opfuse.fusion.categories import (category_name, is_elementwise, is_injective, is_oef, is_opaque,
+                                      is_reduction)
+from opfuse.fusion.decisions import ReasonKind, Refusal
+from opfuse.ir.graph import Graph, Node, Value
+
+EPILOGUE_KINDS = {"Conv": "conv_epilogue", "ConvTranspose": "conv_epilogue",
+                  "MatMul": "gemm_epilogue", "Gemm": "gemm_epilogue"}
+
+
+@dataclass(frozen=True)
+class GroupShape:
+    kind: str
+    anchor: Node | None
+    attrs: dict = field(default_factory=dict, hash=False, compare=False)
+
+
+def _forbid(msg: str) -> Refusal:
+    return Refusal(ReasonKind.CATEGORY_FORBIDS, msg)
+
+
+def _refuse(msg: str) -> Refusal:
+    return Refusal(ReasonKind.RULE_REFUSED, msg)
+
+
+def _desc(n: Node, with_category: bool = False) -> str:
+    return f"'{n.name}' ({n.op_type}, {category_name(n)})" if with_category else f"'{n.name}' ({n.op_type})"
+
+
+def descendants(start: Node, ids: set[int]) -> set[int]:
+    """Ids of group nodes reachable from ``start`` through values inside the group."""
+    seen: set[int] = set()
+    todo = [start]
+    while todo:
+        n = todo.pop()
+        for v in n.outputs:
+            for u, _ in v.uses:
+                if id(u) in ids and id(u) not in seen:
+                    seen.add(id(u))
+                    todo.append(u)
+    return seen
+
+
+def ancestors(start: Node, ids: set[int]) -> set[int]:
+    """Ids of group nodes that reach ``start`` through values inside the group."""
+    seen: set[int] = set()
+    todo = [start]
+    while todo:
+        n = todo.pop()
+        for v in n.input_values():
+            p = v.producer
+            if p is not None and id(p) in ids and id(p) not in seen:
+                seen.add(id(p))
+                todo.append(p)
+    return seen
+
+
+def output_ids(graph: Graph) -> frozenset[int]:
+    return frozenset(id(v) for v in graph.outputs)
+
+
+def boundary_outputs(nodes: list[Node], graph: Graph, outputs: frozenset[int] | None = None) -> list[Value]:
+    """Values of ``nodes`` read outside them or graph outputs (``outputs``: the graph's output
+    ids when the caller has them, see ``GraphIndex``)."""
+    ids = {id(n) for n in nodes}
+    outs = output_ids(graph) if outputs is None else outputs
+    return [v for n in nodes for v in n.outputs
+            if id(v) in outs or any(id(u) not in ids for u, _ in v.uses)]
+
+
+def _connected(nodes: list[Node]) -> bool:
+    ids = {id(n) for n in nodes}
+    seen = {id(nodes[0])}
+    todo = [nodes[0]]
+    while todo:
+        n = todo.pop()
+        nbrs = [v.producer for v in n.input_values() if v.producer is not None]
+        nbrs += [u for v in n.outputs for u, _ in v.uses]
+        for m in nbrs:
+            if id(m) in ids and id(m) not in seen:
+                seen.add(id(m))
+                todo.append(m)
+    return len(seen) == len(ids)
+
+
+def _one_domain(nodes: list[Node], graph: Graph, what: str, outputs: frozenset[int]) -> Refusal | None:
+    shapes = {v.shape for v in boundary_outputs(nodes, graph, outputs)}
+    if len(shapes) > 1:
+        return _refuse(f"{what} outputs of different shapes {sorted(shapes)} cannot share one loop")
+    return None
+
+
+def classify(nodes: list[Node], graph: Graph, outputs: frozenset[int] | None = None) -> GroupShape | Refusal:
+    """The kernel shape of ``nodes`` (in topological order) or why they cannot be one kernel.
+
+    O(len(nodes)) given ``outputs``, the ids of the graph's outputs (computed when None).
+    """
+    if len(nodes) == 1:
+        return GroupShape("single", nodes[0])
+    outputs = output_ids(graph) if outputs is None else outputs
+    for n in nodes:
+        if is_opaque(n):
+            return _forbid(f"{_desc(n)} is opaque: never fused")
+    oefs = [n for n in nodes if is_oef(n)]
+    reds = [n for n in nodes if is_reduction(n)]
+    if len(oefs) == 2 and len(reds) == 1 and all(n.op_type == "MatMul" for n in oefs):
+        info = attention_structure(nodes, graph, outputs)
+        if isinstance(info, Refusal):
+            return info
+        return GroupShape("attention", info["qk"], info)
+    if len(oefs) >= 2:  # name the outermost pair: the producer's anchor and the consumer's
+        return _forbid(f"two out-elementwise-fusable ops {_desc(oefs[0])} and {_desc(oefs[-1])} are never "
+                       f"fused into one kernel (no Conv -> Conv)")
+    if oefs and reds:
+        return _forbid(f"reduction {_desc(reds[0])} cannot share a kernel with out-elementwise-fusable "
+                       f"{_desc(oefs[0])}")
+    if len(reds) >= 2:
+        return _forbid(f"two reductions {_desc(reds[0])} and {_desc(reds[1])} in one kernel")
+    if not _connected(nodes):
+        return _refuse("the ops are not connected by producer-consumer edges (siblings fuse horizontally)")
+    if oefs:
+        return _epilogue(nodes, graph, oefs[0], outputs)
+    if reds:
+        return _reduction(nodes, graph, reds[0], outputs)
+    if all(is_elementwise(n) for n in nodes):
+        r = _one_domain(nodes, graph, "elementwise", outputs)
+        return r or GroupShape("elementwise", None)
+    for n in nodes:
+        if not (is_elementwise(n) or is_injective(n)):
+            return _forbid(f"{_desc(n, True)} cannot join data-movement ops")
+    r = _one_domain(nodes, graph, "injective", outputs)
+    return r or GroupShape("injective", None)
+
+
+def _epilogue(nodes: list[Node], graph: Graph, anchor: Node, outputs: frozenset[int]) -> GroupShape | Refusal:
+    ids = {id(n) for n in nodes}
+    down = descendants(anchor, ids)
+    up = ancestors(anchor, ids)
+    domain = anchor.outputs[0].shape
+    for n in nodes:
+        if n is anchor:
+            continue
+        if id(n) in up:
+            return _forbid(f"{_desc(n)} would feed {_desc(anchor)}: out-elementwise-fusable ops take an "
+                           f"epilogue, never a prologue")
+        if not is_elementwise(n):
+            return _forbid(f"{_desc(n, True)} cannot follow {_desc(anchor)} in its kernel: "
+                           f"only elementwise ops form an epilogue")
+        if id(n) in down and n.outputs[0].shape != domain:
+            return _refuse(f"epilogue op {_desc(n)} has output shape {n.outputs[0].shape}, not the anchor's "
+                           f"{domain}: the epilogue runs once per output element")
+    for v in boundary_outputs(nodes, graph, outputs):
+        if v.shape != domain:
+            return _refuse(f"'{v.name}' leaves the group with shape {v.shape}, not the anchor's {domain}")
+    epilogue = [n.name for n in nodes if id(n) in down]
+    return GroupShape(EPILOGUE_KINDS[anchor.op_type], anchor, {"epilogue": epilogue})
+
+
+def _reduction(nodes: list[Node], graph: Graph, anchor: Node, outputs: frozenset[int]) -> GroupShape | Refusal:
+    ids = {id(n) for n in nodes}
+    down = descendants(anchor, ids)
+    up = ancestors(anchor, ids)
+    domain = anchor.outputs[0].shape
+    for n in nodes:
+        if n is anchor:
+            continue
+        if not is_elementwise(n):
+            where = "before" if id(n) in up else "after"
+            return _forbid(f"{_desc(n, True)} cannot be fused {where} reduction {_desc(anchor)}: "
+                           f"only elementwise ops form a prologue or epilogue")
+        if id(n) in down and n.outputs[0].shape != domain:
+            return _refuse(f"epilogue op {_desc(n)} has output shape {n.outputs[0].shape}, not the "
+                           f"reduction's {domain}")
+    outs = boundary_outputs(nodes, graph, outputs)
+    for v in outs:
+        if v.producer is not None and id(v.producer) in up:
+            return _refuse(f"prologue value '{v.name}' is also read outside the group: the reduction "
+                           f"reads its prologue through registers only")
+        if v.shape != domain:
+            return _refuse(f"'{v.name}' leaves the group with shape {v.shape}, not the reduction's {domain}")
+    return GroupShape("reduction", anchor, {"prologue": [n.name for n in nodes if id(n) in up],
+                                            "epilogue": [n.name for n in nodes if id(n) in down]})

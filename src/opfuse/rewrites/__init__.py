@@ -1,0 +1,105 @@
+"""Algebraic rewrites: change the graph (never its outputs) so fusion sees fewer, whole ops.
+
+The pipeline, top to bottom (each stage a named pass; every rule and pass can be disabled by
+name through the options):
+
+    simplify     remove Identity/Dropout, constant folding, CSE, dead-code elimination
+    recognize    decomposed LayerNorm, erf/tanh GELU, SiLU, hard-swish -> one op each
+    fold_linear  BatchNorm and per-channel Mul/Div/Add/Sub folded into Conv/Gemm/MatMul weights
+    horizontal   sibling MatMuls on one input -> one MatMul on concatenated weights + Split
+    cleanup      simplify again: the rewrites leave dead constants and nodes behind
+
+One sweep suffices: each stage only enables later ones (recognition needs no folding, folding
+needs no horizontal merging), and the pattern stages run their rules to a fixpoint.
+
+``recognize`` and ``fold_linear`` are pattern rules (``opfuse.rules.Rule``: pattern, condition,
+action, priority) run by the rules engine; the others are whole-graph passes.
+``rewrite(graph, options)`` edits ``graph`` in place and returns decisions and provenance.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from opfuse.fusion.decisions import Decision
+from opfuse.fusion.options import FusionOptions
+from opfuse.ir.graph import Graph
+from opfuse.rewrites.affine_folding import fold_affine_rule
+from opfuse.rewrites.bn_folding import fold_batchnorm_rule
+from opfuse.rewrites.constant_folding import fold_constants
+from opfuse.rewrites.context import RewriteContext
+from opfuse.rewrites.cse import eliminate_common_subexpressions
+from opfuse.rewrites.dce import eliminate_dead_code
+from opfuse.rewrites.edit import Provenance
+from opfuse.rewrites.engine import run_pattern_rules
+from opfuse.rewrites.identity import remove_identities
+from opfuse.rewrites.merge_parallel_matmul import RULE as HORIZONTAL_MATMUL, merge_parallel_matmuls
+from opfuse.rewrites.recognize_activations import hardswish_rule, silu_rule
+from opfuse.rewrites.recognize_gelu import gelu_erf_rule, gelu_tanh_rule
+from opfuse.rewrites.recognize_layernorm import layernorm_rule
+from opfuse.rules.rule import Rule
+
+Pass = Callable[[Graph, RewriteContext], bool]
+
+
+def recognition_rules() -> list[Rule]:
+    return [layernorm_rule(), gelu_erf_rule(), gelu_tanh_rule(), silu_rule(), hardswish_rule()]
+
+
+def folding_rules() -> list[Rule]:
+    return [fold_batchnorm_rule(), fold_affine_rule()]
+
+
+def simplify(graph: Graph, rc: RewriteContext) -> bool:
+    changed = remove_identities(graph, rc)
+    changed |= fold_constants(graph, rc)
+    changed |= eliminate_common_subexpressions(graph, rc)
+    changed |= eliminate_dead_code(graph, rc)
+    return changed
+
+
+SIMPLIFY_RULES = ("remove_identity", "constant_folding", "common_subexpression_elimination",
+                  "dead_code_elimination")
+
+
+def rewrite_passes() -> list[tuple[str, Pass, list[str]]]:
+    """The pipeline as (pass name, function, rule names) triples; read it top to bottom."""
+    recognize, fold = recognition_rules(), folding_rules()
+    return [
+        ("simplify", simplify, list(SIMPLIFY_RULES)),
+        ("recognize", lambda g, rc: run_pattern_rules(g, recognize, rc, "recognize"), [r.name for r in recognize]),
+        ("fold_linear", lambda g, rc: run_pattern_rules(g, fold, rc, "fold_linear"), [r.name for r in fold]),
+        ("horizontal", merge_parallel_matmuls, [HORIZONTAL_MATMUL]),
+        ("cleanup", simplify, []),
+    ]
+
+
+@dataclass
+class RewriteResult:
+    graph: Graph
+    decisions: list[Decision]
+    provenance: Provenance
+    timings: dict[str, float] = field(default_factory=dict)
+    rule_stats: dict = field(default_factory=dict)
+
+
+def rewrite(graph: Graph, options: FusionOptions | None = None,
+            provenance: Provenance | None = None) -> RewriteResult:
+    """Run the rewrite pipeline on ``graph`` in place (``opfuse.fusion.fuse`` runs the same
+    stages as instrumented passes)."""
+    options = options or FusionOptions()
+    rc = RewriteContext(options, provenance or Provenance(graph))
+    timings: dict[str, float] = {}
+    for name, fn, _ in rewrite_passes():
+        if options.is_disabled(name):
+            continue
+        t0 = time.perf_counter()
+        rc.pass_name = name
+        fn(graph, rc)
+        timings[name] = time.perf_counter() - t0
+    return RewriteResult(graph, rc.decisions, rc.provenance, timings, rc.rule_stats)
+
+
+__all__ = ["RewriteResult", "rewrite", "rewrite_passes", "recognition_rules", "folding_rules", "simplify",
+           "Provenance", "RewriteContext"]

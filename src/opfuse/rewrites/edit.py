@@ -1,0 +1,202 @@
+"""Graph-editing helpers shared by the rewrites, and provenance bookkeeping.
+
+Rewrites keep the graph's *output names*: callers look outputs up by name, so when a
+rewrite replaces a graph output the new value takes over the old name.
+
+``Provenance`` remembers, for every node of the rewritten graph, which nodes of the original
+graph it stands for (a Conv that absorbed a BatchNorm stands for both); the fusion report
+counts "kernels before" per fused group from it.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+from opfuse.fusion.decisions import Refusal, rule_refused
+from opfuse.ir.graph import Graph, Node, Value
+from opfuse.ops.registry import infer_node
+
+# Constants matched by recognition rules (sqrt(2), 0.044715, 1/6, ...) are compared with this
+# relative tolerance: exporters write them in float32, we compare against float64 values.
+CONST_RTOL = 1e-5
+CONST_ATOL = 1e-7
+
+
+class Provenance:
+    """Node name in the rewritten graph -> names of the original nodes it stands for."""
+
+    def __init__(self, graph: Graph | None = None):
+        self.origin: dict[str, list[str]] = {}
+        if graph is not None:
+            for n in graph.nodes:
+                self.origin[n.name] = [n.name]
+
+    def of(self, name: str) -> list[str]:
+        return list(self.origin.get(name, []))
+
+    def absorb(self, into: Node | str, sources: Iterable[Node | str]) -> None:
+        """``into`` now also stands for every source (sources are forgotten)."""
+        key = into if isinstance(into, str) else into.name
+        merged = list(self.origin.get(key, []))
+        for s in sources:
+            sk = s if isinstance(s, str) else s.name
+            if sk == key:
+                continue
+            for o in self.origin.pop(sk, []):
+                if o not in merged:
+                    merged.append(o)
+        self.origin[key] = merged
+
+    def drop(self, node: Node | str) -> None:
+        self.origin.pop(node if isinstance(node, str) else node.name, None)
+
+
+# Reading constants ---------------------------------------------------------------------------
+
+def const_of(v: Value | None) -> np.ndarray | None:
+    return None if v is None else v.const
+
+
+def scalar_of(v: Value | None) -> float | None:
+    """The value of a constant holding exactly one element, else None."""
+    c = const_of(v)
+    if c is None or c.size != 1:
+        return None
+    return float(np.asarray(c, dtype=np.float64).reshape(()))
+
+
+def is_scalar_close(v: Value | None, target: float) -> bool:
+    s = scalar_of(v)
+    return s is not None and bool(np.isclose(s, target, rtol=CONST_RTOL, atol=CONST_ATOL))
+
+
+def sole_consumer(v: Value, graph: Graph) -> Node | None:
+    """The only node reading ``v`` (``v`` read once and not a graph output), else None."""
+    if len(v.uses) != 1 or v in graph.outputs:
+        return None
+    return v.uses[0][0]
+
+
+def outside_readers(values: Iterable[Value], inside: set[int], graph: Graph) -> str | None:
+    """Name the first reader outside ``inside`` (node ids) of any value, or 'graph output'."""
+    for v in values:
+        if v in graph.outputs:
+            return f"'{v.name}' is a graph output"
+        for user, _ in v.uses:
+            if id(user) not in inside:
+                return f"'{v.name}' is also read by '{user.name}'"
+    return None
+
+
+def shared_const(v: Value, owner: Node) -> Refusal | None:
+    """Refuse when constant ``v`` is read by a node other than ``owner`` (folding would change it)."""
+    for user, _ in v.uses:
+        if user is not owner:
+            return rule_refused(f"weight '{v.name}' is shared with node '{user.name}'")
+    return None
+
+
+# Building -------------------------------------------------------------------------------------
+
+def add_node(graph: Graph, op_type: str, inputs, *, name: str, attrs: dict | None = None,
+             num_outputs: int = 1) -> Node:
+    """Append a node and infer its output types (callers re-toposort after the rewrite)."""
+    node = graph.add_node(op_type, list(inputs), num_outputs=num_outputs, attrs=attrs or {}, name=name)
+    for v, t in zip(node.outputs, infer_node(node)):
+        v.type = t
+    return node
+
+
+def add_const(graph: Graph, name: str, data: np.ndarray) -> Value:
+    return graph.add_const(name, np.ascontiguousarray(data))
+
+
+def rename(graph: Graph, value: Value, name: str) -> None:
+    """Give ``value`` a name that is free in the graph."""
+    if value.name == name:
+        return
+    del graph.values[value.name]
+    value.name = name
+    graph.values[name] = value
+
+
+# A derived name shorter than this is not descriptive (e.g. "m_"); fall back to the anchor's.
+MIN_DERIVED_NAME = 3
+
+
+def derived_name(names: list[str], fallback: str) -> str:
+    """A name for the op replacing ``names``: their common ``_``-separated prefix, else
+    ``fallback`` (``gelu_div, gelu_erf, gelu_mul`` -> ``gelu``)."""
+    parts = [n.split("_") for n in names]
+    common = []
+    for tokens in zip(*parts):
+        if len(set(tokens)) != 1:
+            break
+        common.append(tokens[0])
+    name = "_".join(common)
+    return name if len(name) >= MIN_DERIVED_NAME else fallback
+
+
+def merged_name(names: list[str]) -> str:
+    """A name for one op standing for several siblings: their distinct heads and common tail
+    (``query_matmul, key_matmul`` -> ``query_key_matmul``)."""
+    parts = [n.split("_") for n in names]
+    tail: list[str] = []
+    for tokens in zip(*[p[::-1] for p in parts]):
+        if len(set(tokens)) != 1:
+            break
+        tail.insert(0, tokens[0])
+    heads = ["_".join(p[:len(p) - len(tail)]) for p in parts]
+    if not all(heads):
+        return f"{names[0]}_merged"
+    return "_".join(heads + tail)
+
+
+def rename_node(graph: Graph, node: Node, name: str) -> bool:
+    """Give ``node`` the name ``name`` when no other node has it (keeps group names readable)."""
+    if node.name == name:
+        return True
+    if graph.has_node_name(name):
+        return False
+    graph.rename_node(node, name)
+    return True
+
+
+def can_substitute(graph: Graph, old: Value, new: Value) -> str | None:
+    """Why ``old`` cannot be replaced by ``new`` without changing the graph's output names."""
+    if old is new:
+        return None
+    if old in graph.outputs:
+        if new in graph.outputs:
+            return f"'{old.name}' and '{new.name}' are both graph outputs"
+        if new in graph.inputs:
+            return f"graph output '{old.name}' would become graph input '{new.name}'"
+        if new.is_const and new.producer is None and len(new.uses) > 0:
+            return f"graph output '{old.name}' would become shared constant '{new.name}'"
+    return None
+
+
+def substitute(graph: Graph, old: Value, new: Value) -> None:
+    """Redirect every use of ``old`` to ``new``; remove ``old``'s producer when it is dead.
+
+    When ``old`` was a graph output, ``new`` takes over its name (check ``can_substitute``).
+    """
+    if old is new:
+        return
+    was_output = old in graph.outputs
+    graph.replace_all_uses(old, new)
+    producer = old.producer
+    if producer is not None and all(not v.uses and v not in graph.outputs for v in producer.outputs):
+        graph.remove_node(producer)
+    elif producer is None and not old.uses and old.name in graph.values and old not in graph.inputs:
+        del graph.values[old.name]
+    if was_output and old.name not in graph.values:
+        rename(graph, new, old.name)
+
+
+def remove_dead(graph: Graph, nodes: Iterable[Node]) -> None:
+    """Remove the given nodes (in reverse order) whose outputs nobody reads."""
+    for n in sorted(nodes, key=lambda x: -graph.nodes.index(x) if x in graph.nodes else 0):
+        if n in graph.nodes and all(not v.uses and v not in graph.outputs for v in n.outputs):
+            graph.remove_node(n)

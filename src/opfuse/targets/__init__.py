@@ -1,0 +1,40 @@
+"""Hardware targets: ``HardwareProfile`` and the built-in profiles.
+
+    from opfuse.targets import get_profile, format_profile
+    m7 = get_profile("cortex-m7")          # data sheet: 400 MHz, 512 KB SRAM, 400 MB/s DRAM
+    host = get_profile("host")             # measured on first use, cached on disk
+    print(format_profile(host))
+
+``get_profile`` also accepts the path of a profile JSON file (as ``save_profile`` writes).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from opfuse.targets.builtin import BUILTIN_PROFILES
+from opfuse.targets.calibrate import calibrate_host
+from opfuse.targets.profile import (HardwareProfile, ProfileError, format_profile, load_profile,
+                                    save_profile)
+
+HOST = "host"
+
+
+def list_profiles() -> list[str]:
+    """Names ``get_profile`` knows, sorted."""
+    return sorted([*BUILTIN_PROFILES, HOST])
+
+
+def get_profile(name: str) -> HardwareProfile:
+    """A built-in profile by name, ``"host"`` (calibrated, cached), or a profile JSON file."""
+    if name == HOST:
+        return calibrate_host()
+    if name in BUILTIN_PROFILES:
+        return BUILTIN_PROFILES[name]()
+    if name.endswith(".json") or Path(name).is_file():
+        return load_profile(name)
+    raise ProfileError(f"unknown target '{name}'; known targets: {', '.join(list_profiles())} "
+                       f"(or the path of a profile .json file)")
+
+
+__all__ = ["HardwareProfile", "ProfileError", "calibrate_host", "format_profile", "get_profile",
+           "list_profiles", "load_profile", "save_profile"]

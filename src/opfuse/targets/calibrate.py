@@ -1,0 +1,198 @@
+"""The ``host`` profile: this machine, measured on first use and cached on disk.
+
+``calibrate_host()`` returns the cached profile when the cache file exists, parses, and
+was made on this machine with this calibration version (the *fingerprint*: CPU model,
+CPU count, architecture, compiler); otherwise it measures (``opfuse.targets.microbench``),
+writes the cache atomically and returns the new profile. A corrupt or foreign cache file
+is simply rebuilt. ``force=True`` always re-measures.
+
+What is measured and what is read from the OS:
+
+* measured: memory bandwidth, peak FLOP/s (float32, float64; float16 and int8 are listed at
+  the float32 figure because generated C computes them in float32), per-kernel call
+  overhead, DRAM latency (a pointer chase);
+* derived: memory-level parallelism by Little's law, ``lines in flight = B * latency / line``;
+* from ``/sys`` and ``/proc``: the last-level cache share per core (on-chip capacity), the
+  cache-line size, the vector ISA (register file and vector width), NUMA nodes and their
+  SLIT distances (remote latency = local latency x distance ratio).
+"""
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+from typing import Callable
+
+from opfuse.targets.cache import atomic_write_json, cache_dir, read_json_or_none
+from opfuse.targets.microbench import (FULL, BenchSizes, Measurement, compiler_version, find_compiler,
+                                       measure_with_c, measure_with_numpy)
+from opfuse.targets.profile import HardwareProfile, ProfileError
+
+CALIBRATION_VERSION = 1
+CACHE_FILE = "host_profile.json"
+SYS_CPU = Path("/sys/devices/system/cpu")
+SYS_NODE = Path("/sys/devices/system/node")
+DEFAULT_ONCHIP_BYTES = 1 << 20  # when /sys does not say
+DEFAULT_LINE_BYTES = 64
+DEFAULT_DRAM_LATENCY_S = 1e-7  # when it was not measured (NumPy fallback)
+SLIT_LOCAL_DISTANCE = 10  # ACPI SLIT: the distance of a node to itself
+
+MeasureFn = Callable[[], Measurement]
+
+
+# Facts from the OS ------------------------------------------------------------------------
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _parse_size(text: str) -> int | None:
+    """'32768K' / '1M' / '512' -> bytes."""
+    text = text.strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    digits = text[:-1] if text[-1:] in "KMG" else text
+    return int(digits) * mult if digits.isdigit() else None
+
+
+def _cpu_count_in(cpu_list: str) -> int:
+    """'0-3,8' -> 5."""
+    count = 0
+    for part in cpu_list.split(","):
+        lo, _, hi = part.partition("-")
+        if lo.isdigit():
+            count += (int(hi) - int(lo) + 1) if hi.isdigit() else 1
+    return max(1, count)
+
+
+def onchip_share() -> tuple[int, str]:
+    """The last-level cache divided by the CPUs sharing it, and how it was found."""
+    best: tuple[int, int, int] | None = None  # (level, size, sharers)
+    for idx in sorted((SYS_CPU / "cpu0" / "cache").glob("index*")):
+        kind, level, size = _read(idx / "type"), _read(idx / "level"), _read(idx / "size")
+        if kind == "Instruction" or not (level and size and level.isdigit()):
+            continue
+        nbytes = _parse_size(size)
+        sharers = _cpu_count_in(_read(idx / "shared_cpu_list") or "0")
+        if nbytes and (best is None or int(level) > best[0]):
+            best = (int(level), nbytes, sharers)
+    if best is None:
+        return DEFAULT_ONCHIP_BYTES, "default (no cache information in /sys)"
+    level, nbytes, sharers = best
+    return nbytes // sharers, f"L{level} {nbytes >> 10} KiB shared by {sharers} CPU(s)"
+
+
+def cache_line_bytes() -> int:
+    text = _read(SYS_CPU / "cpu0" / "cache" / "index0" / "coherency_line_size")
+    return int(text) if text and text.isdigit() else DEFAULT_LINE_BYTES
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith(("model name", "hardware", "cpu model")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def vector_isa() -> tuple[int, int, str]:
+    """(register file bytes, vector bytes, ISA name) of the widest vector ISA present."""
+    machine = platform.machine().lower()
+    if machine in ("aarch64", "arm64"):
+        return 32 * 16, 16, "NEON (32 x 128-bit)"
+    flags: set[str] = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    if "avx512f" in flags:
+        return 32 * 64, 64, "AVX-512 (32 x 512-bit)"
+    if "avx" in flags:
+        return 16 * 32, 32, "AVX (16 x 256-bit)"
+    return 16 * 16, 16, "SSE2 (16 x 128-bit)"
+
+
+def numa_topology() -> tuple[int, float]:
+    """(number of NUMA nodes, remote/local latency ratio from the SLIT distances)."""
+    nodes = sorted(p for p in SYS_NODE.glob("node[0-9]*") if p.name[4:].isdigit())
+    if not nodes:
+        return 1, 1.0
+    dist = (_read(nodes[0] / "distance") or "").split()
+    ratio = 1.0
+    if len(dist) > 1 and all(d.isdigit() for d in dist):
+        local = int(dist[0]) or SLIT_LOCAL_DISTANCE
+        ratio = max(int(d) for d in dist) / local
+    return len(nodes), ratio
+
+
+def fingerprint(compiler: str | None) -> dict:
+    return {"calibration_version": CALIBRATION_VERSION, "machine": platform.machine(),
+            "cpu": cpu_model(), "cpus": os.cpu_count() or 1,
+            "compiler": compiler_version(compiler) if compiler else "none (numpy)"}
+
+
+# Measurement -> profile ---------------------------------------------------------------------
+
+def default_measure(sizes: BenchSizes = FULL) -> Measurement:
+    cc = find_compiler()
+    if cc is not None:
+        try:
+            return measure_with_c(cc, sizes)
+        except (RuntimeError, OSError) as e:  # a broken toolchain: measure what NumPy sees
+            m = measure_with_numpy(sizes)
+            return Measurement(m.bandwidth_Bps, m.peak_flops, m.call_overhead_s, m.dram_latency_s,
+                               f"numpy (C compiler failed: {str(e).splitlines()[0][:120]})")
+    return measure_with_numpy(sizes)
+
+
+def profile_from_measurement(m: Measurement) -> HardwareProfile:
+    onchip, onchip_how = onchip_share()
+    regs, vec, isa = vector_isa()
+    nodes, ratio = numa_topology()
+    line = cache_line_bytes()
+    latency = m.dram_latency_s if m.dram_latency_s else DEFAULT_DRAM_LATENCY_S
+    mlp = max(1, round(m.bandwidth_Bps * latency / line))  # Little's law
+    fp32 = m.peak_flops["float32"]
+    peaks = dict(m.peak_flops)
+    peaks.setdefault("float16", fp32)
+    peaks.setdefault("int8", fp32)
+    return HardwareProfile(
+        name="host", peak_flops=peaks, mem_bandwidth=m.bandwidth_Bps, onchip_bytes=onchip,
+        register_bytes=regs, vector_bytes=vec, launch_overhead_s=m.call_overhead_s,
+        numa_nodes=nodes, numa_local_latency_s=latency, numa_remote_latency_s=latency * ratio,
+        cache_line_bytes=line, memory_parallelism=mlp, calibrated=True, source=m.method,
+        notes=(f"CPU: {cpu_model()}, one core",
+               f"on-chip = {onchip_how}", f"vector ISA: {isa}",
+               "float16/int8 listed at the float32 GEMM rate (generated C computes them in float32)",
+               "latency: pointer chase" if m.dram_latency_s else "latency: not measured (default)",
+               f"memory parallelism {mlp} lines in flight = bandwidth x latency / line (Little's law)"),
+    )
+
+
+def calibrate_host(force: bool = False, *, cache_path: Path | None = None,
+                   measure: MeasureFn | None = None) -> HardwareProfile:
+    """The host profile, from the cache when valid, else measured and cached.
+
+    ``measure`` replaces the micro-benchmarks (tests use it to count re-measurements).
+    """
+    path = Path(cache_path) if cache_path is not None else cache_dir() / CACHE_FILE
+    compiler = find_compiler()
+    expect = fingerprint(compiler)
+    if not force:
+        cached = read_json_or_none(path)
+        if isinstance(cached, dict) and cached.get("fingerprint") == expect:
+            try:
+                return HardwareProfile.from_dict(cached.get("profile"), where=str(path))
+            except ProfileError:
+                pass  # corrupt content: fall through and rebuild
+    m = (measure or default_measure)()
+    profile = profile_from_measurement(m)
+    atomic_write_json(path, {"fingerprint": expect, "profile": profile.to_dict()})
+    return profile

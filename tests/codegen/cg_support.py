@@ -1,0 +1,142 @@
+"""Test support: hand-built fusion plans (stand-ins for the fusion passes) and comparisons.
+
+``epilogue_plan`` grows each group from an anchor (or any first op) along single-use
+elementwise consumers: Conv -> BN -> Relu, MatMul -> Add -> GELU chain, Conv -> Add
+(residual) -> Relu. ``group_by_names`` builds a plan from explicit node-name lists.
+"""
+from __future__ import annotations
+
+from opfuse.ir.graph import Graph, Node
+from opfuse.ir.plan import FusionGroup, FusionPlan
+from opfuse.ops.registry import Category, get_spec
+
+POINTWISE = (Category.ELEMWISE, Category.BROADCAST)
+ANCHOR_KINDS = {"Conv": "conv_epilogue", "MatMul": "gemm_epilogue", "Gemm": "gemm_epilogue",
+                "Softmax": "reduction", "ReduceMean": "reduction", "MaxPool": "reduction",
+                "AveragePool": "reduction", "GlobalAveragePool": "reduction",
+                "LayerNormalization": "reduction"}
+
+
+def _pointwise(n: Node) -> bool:
+    return get_spec(n.op_type).category in POINTWISE and n.op_type != "Expand"
+
+
+def epilogue_plan(graph: Graph) -> FusionPlan:
+    groups: list[FusionGroup] = []
+    assigned: set[int] = set()
+    outs = {id(v) for v in graph.outputs}
+    for n in graph.nodes:
+        if id(n) in assigned:
+            continue
+        members = [n]
+        assigned.add(id(n))
+        cur = n
+        while len(cur.outputs) == 1 and id(cur.outputs[0]) not in outs:
+            users = cur.outputs[0].consumers
+            if len(users) != 1:
+                break
+            u = users[0]
+            if id(u) in assigned or not _pointwise(u) or u.outputs[0].shape != cur.outputs[0].shape:
+                break
+            if any(w.producer is not None and id(w.producer) not in assigned
+                   for w in u.input_values() if w is not cur.outputs[0]):
+                break
+            members.append(u)
+            assigned.add(id(u))
+            cur = u
+        if len(members) == 1:
+            kind = "single"
+        elif n.op_type in ANCHOR_KINDS:
+            kind = ANCHOR_KINDS[n.op_type]
+        else:
+            kind = "elementwise" if all(_pointwise(m) for m in members) else "injective"
+        groups.append(FusionGroup(n.name, members, kind, n if n.op_type in ANCHOR_KINDS else None))
+    plan = FusionPlan(graph, groups)
+    plan.verify()
+    return plan
+
+
+def group_by_names(graph: Graph, spec: list[tuple[str, list[str]]]) -> FusionPlan:
+    """``spec``: ``(kind, [node names])`` per fused group; every other node is its own group.
+    Groups are ordered by their first node's position."""
+    by_name = {n.name: n for n in graph.nodes}
+    pos = {id(n): i for i, n in enumerate(graph.nodes)}
+    taken: set[int] = set()
+    groups = []
+    for kind, names in spec:
+        nodes = sorted((by_name[x] for x in names), key=lambda n: pos[id(n)])
+        taken.update(id(n) for n in nodes)
+        anchor = next((n for n in nodes if n.op_type in ANCHOR_KINDS), None)
+        groups.append(FusionGroup("+".join(names[:1]) + f"_{kind}", nodes, kind, anchor))
+    for n in graph.nodes:
+        if id(n) not in taken:
+            groups.append(FusionGroup(n.name, [n], "single", n))
+    # Order groups so every producer group precedes its consumers (stable on first node).
+    groups.sort(key=lambda g: pos[id(g.nodes[0])])
+    placed: list[FusionGroup] = []
+    done: set[int] = set()
+    pending = list(groups)
+    while pending:
+        for g in pending:
+            ids = {id(n) for n in g.nodes}
+            if all(v.producer is None or id(v.producer) in ids or id(v.producer) in done
+                   for n in g.nodes for v in n.input_values()):
+                placed.append(g)
+                done.update(ids)
+                pending.remove(g)
+                break
+        else:
+            raise ValueError("group spec makes a cycle")
+    plan = FusionPlan(graph, placed)
+    plan.verify()
+    return plan
+
+
+# Comparison against the reference executor ------------------------------------------------
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def assert_close(got: dict, want: dict, rtol: float = RTOL, atol: float = ATOL) -> None:
+    import numpy as np
+    assert sorted(got) == sorted(want)
+    for name in want:
+        g, w = np.asarray(got[name]), np.asarray(want[name])
+        assert g.shape == w.shape and g.dtype == w.dtype, (name, g.shape, w.shape, g.dtype, w.dtype)
+        if not np.allclose(g, w, rtol=rtol, atol=atol, equal_nan=True):
+            err = np.max(np.abs(g.astype(np.float64) - w.astype(np.float64)))
+            raise AssertionError(f"output '{name}' differs from the reference: max abs error {err:.3g}")
+
+
+def run_both(graph: Graph, plan, cache_dir, seed: int = 0, **build_kw):
+    """(native outputs, reference outputs, compiled model) for seeded random inputs."""
+    from opfuse.runtime import reference
+    from opfuse.runtime.native import build
+    feeds = reference.random_inputs(graph, seed)
+    model = build(graph, plan, cache_dir=cache_dir, **build_kw)
+    return model.run(feeds), reference.run(graph, feeds), model
+
+
+# The zoo BERT layer, fused the way the fusion passes are meant to (QKV one pass, attention
+# one kernel, GEMMs with epilogues, LayerNorm statistics with prologue/epilogue).
+BERT_SPEC = [
+    ("horizontal", ["query_matmul", "query_add", "key_matmul", "key_add", "value_matmul", "value_add"]),
+    ("attention", ["query_reshape", "query_transpose", "key_reshape", "key_transpose", "value_reshape",
+                   "value_transpose", "scores", "scores_scale", "attention_probs", "context", "context_transpose",
+                   "context_reshape"]),
+    ("gemm_epilogue", ["attention_output_matmul", "attention_output_add", "attention_residual"]),
+    ("reduction", ["attention_ln_sub", "attention_ln_pow", "attention_ln_var", "attention_ln_add_eps",
+                   "attention_ln_sqrt"]),
+    ("elementwise", ["attention_ln_div", "attention_ln_scale", "attention_ln_shift"]),
+    ("gemm_epilogue", ["intermediate_matmul", "intermediate_add", "gelu_div", "gelu_erf", "gelu_add", "gelu_mul",
+                       "gelu_mul_half"]),
+    ("gemm_epilogue", ["output_dense_matmul", "output_dense_add", "output_residual"]),
+    ("reduction", ["output_ln_sub", "output_ln_pow", "output_ln_var", "output_ln_add_eps", "output_ln_sqrt"]),
+    ("elementwise", ["output_ln_div", "output_ln_scale", "output_ln_shift"]),
+]
+
+
+def fused_plan(name: str, graph: Graph) -> FusionPlan:
+    """The hand-built fused plan of a zoo model."""
+    if name == "bert_layer":
+        return group_by_names(graph, BERT_SPEC)
+    return epilogue_plan(graph)

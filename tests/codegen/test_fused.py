@@ -1,0 +1,236 @@
+"""Fused groups (hand-built plans) against the reference, with kernel and memory checks."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cg_support import assert_close, group_by_names, run_both
+from opfuse.codegen import UnsupportedGroupError
+from opfuse.ops import GraphBuilder
+
+rng = np.random.default_rng(7)
+
+
+def W(b, *shape, scale=0.3):
+    return b.const(f"w{len(b.graph.values)}", (rng.standard_normal(shape) * scale).astype(np.float32))
+
+
+def check(graph, spec, cache_dir, functions=None):
+    """Build ``graph`` with the fused ``spec``; compare; no group-internal value has storage."""
+    plan = group_by_names(graph, spec)
+    got, want, model = run_both(graph, plan, cache_dir)
+    assert_close(got, want)
+    for grp in plan.groups:
+        for v in grp.internal_values(graph):
+            assert v.name not in model.memory.locations, f"internal value '{v.name}' got storage"
+    if functions is not None:
+        assert model.report["functions"] == functions
+    return model
+
+
+def test_conv_relu(cache_dir):
+    b = GraphBuilder("conv_relu")
+    x = b.input("x", (1, 4, 9, 9))
+    y = b.op("Relu", b.op("Conv", x, W(b, 8, 4, 3, 3), W(b, 8), pads=[1, 1, 1, 1], name="conv"), name="relu")
+    check(b.build(y), [("conv_epilogue", ["conv", "relu"])], cache_dir, functions=1)
+
+
+def test_conv_bn_residual_add_relu(cache_dir):
+    b = GraphBuilder("residual")
+    x = b.input("x", (1, 8, 7, 7))
+    c = b.op("Conv", x, W(b, 8, 8, 3, 3), pads=[1, 1, 1, 1], name="conv")
+    bn = b.op("BatchNormalization", c, W(b, 8), W(b, 8), W(b, 8), b.const("var", np.full(8, 0.7, np.float32)),
+              name="bn")
+    y = b.op("Relu", b.op("Add", bn, x, name="add"), name="relu")
+    check(b.build(y), [("conv_epilogue", ["conv", "bn", "add", "relu"])], cache_dir, functions=1)
+
+
+def test_preactivation_prologue_with_padding(cache_dir):
+    """BN -> Relu -> Conv(pad 1): the prologue runs while packing; padding stays 0."""
+    b = GraphBuilder("preact")
+    x = b.input("x", (1, 3, 6, 6))
+    bn = b.op("BatchNormalization", x, W(b, 3), W(b, 3), W(b, 3), b.const("v", np.ones(3, np.float32)), name="bn")
+    y = b.op("Conv", b.op("Relu", bn, name="relu"), W(b, 5, 3, 3, 3), pads=[1, 1, 1, 1], name="conv")
+    check(b.build(y), [("conv_epilogue", ["bn", "relu", "conv"])], cache_dir, functions=1)
+
+
+def test_depthwise_bn_clip(cache_dir):
+    b = GraphBuilder("dw")
+    x = b.input("x", (1, 6, 10, 10))
+    c = b.op("Conv", x, W(b, 6, 1, 3, 3), group=6, strides=[2, 2], pads=[1, 1, 1, 1], name="dw")
+    bn = b.op("BatchNormalization", c, W(b, 6), W(b, 6), W(b, 6), b.const("v", np.ones(6, np.float32)), name="bn")
+    y = b.op("Clip", bn, b.const("lo", np.float32(0)), b.const("hi", np.float32(0.5)), name="relu6")
+    check(b.build(y), [("conv_epilogue", ["dw", "bn", "relu6"])], cache_dir, functions=1)
+
+
+def test_matmul_add_relu_and_gemm_epilogue(cache_dir):
+    b = GraphBuilder("mm")
+    a = b.input("a", (2, 9, 16))
+    y = b.op("Relu", b.op("Add", b.op("MatMul", a, W(b, 16, 20), name="mm"), W(b, 20), name="add"), name="relu")
+    g = b.op("Tanh", b.op("Gemm", b.input("g", (5, 6)), W(b, 4, 6), W(b, 4), transB=1, name="gemm"), name="tanh")
+    check(b.build(y, g), [("gemm_epilogue", ["mm", "add", "relu"]), ("gemm_epilogue", ["gemm", "tanh"])],
+          cache_dir, functions=2)
+
+
+def test_elementwise_chain_with_side_output(cache_dir):
+    b = GraphBuilder("chain")
+    x = b.input("x", (2, 3, 4, 5))
+    a = b.op("Add", x, W(b, 3, 1, 1), name="add")
+    m = b.op("Mul", a, b.input("y", (5,)), name="mul")
+    s = b.op("Sigmoid", m, name="sig")
+    check(b.build(s, a), [("elementwise", ["add", "mul", "sig"])], cache_dir, functions=1)
+
+
+def test_elementwise_chain_recomputes_small_values(cache_dir):
+    """A value of another shape inside the group (scale*gamma, per channel) is recomputed per element."""
+    b = GraphBuilder("mixed_shapes")
+    x = b.input("x", (1, 4, 3, 3))
+    s = b.op("Mul", b.input("scale", (4, 1, 1)), W(b, 4, 1, 1), name="small")
+    y = b.op("Relu", b.op("Mul", x, s, name="big"), name="relu")
+    check(b.build(y), [("elementwise", ["small", "big", "relu"])], cache_dir, functions=1)
+
+
+def test_softmax_with_prologue_and_epilogue(cache_dir):
+    b = GraphBuilder("softmax")
+    x = b.input("x", (2, 4, 6, 33))
+    mask = b.input("mask", (2, 1, 1, 33))
+    pre = b.op("Add", b.op("Mul", x, b.const("scale", np.float32(0.125)), name="scale"), mask, name="mask")
+    y = b.op("Mul", b.op("Softmax", pre, name="softmax"), b.const("k", np.float32(3)), name="post")
+    check(b.build(y), [("reduction", ["scale", "mask", "softmax", "post"])], cache_dir, functions=1)
+
+
+def test_reductions_with_prologue_and_epilogue(cache_dir):
+    b = GraphBuilder("reduce")
+    x = b.input("x", (1, 8, 6, 6))
+    r = b.op("Sqrt", b.op("ReduceMean", b.op("Mul", x, x, name="sq"), axes=[2, 3], name="mean"), name="sqrt")
+    p = b.op("Neg", b.op("MaxPool", b.op("Relu", x, name="relu"), kernel_shape=[2, 2], strides=[2, 2],
+                         name="pool"), name="neg")
+    f = b.op("Flatten", b.op("GlobalAveragePool", x, name="gap"), name="flat")
+    spec = [("reduction", ["sq", "mean", "sqrt"]), ("reduction", ["relu", "pool", "neg"]),
+            ("reduction", ["gap", "flat"])]
+    check(b.build(r, p, f), spec, cache_dir, functions=3)
+
+
+def test_layernorm_with_residual_prologue(cache_dir):
+    b = GraphBuilder("ln")
+    x = b.input("x", (1, 10, 48))
+    r = b.op("Add", x, b.input("res", (1, 10, 48)), name="residual")
+    y = b.op("Relu", b.op("LayerNormalization", r, W(b, 48), W(b, 48), name="ln"), name="relu")
+    check(b.build(y), [("reduction", ["residual", "ln", "relu"])], cache_dir, functions=1)
+
+
+def test_injective_group(cache_dir):
+    b = GraphBuilder("inj")
+    x = b.input("x", (1, 6, 4, 8))
+    t = b.op("Transpose", x, perm=[0, 2, 1, 3], name="t")
+    r = b.op("Reshape", t, b.const("shape", np.array([1, 4, 48], np.int64)), name="r")
+    y = b.op("Relu", b.op("Slice", r, b.const("s", np.array([3], np.int64)), b.const("e", np.array([40], np.int64)),
+                          b.const("a", np.array([2], np.int64)), name="sl"), name="relu")
+    check(b.build(y), [("injective", ["t", "r", "sl", "relu"])], cache_dir, functions=1)
+
+
+def test_horizontal_matmuls_share_one_gemm(cache_dir):
+    b = GraphBuilder("qkv")
+    a = b.input("a", (1, 12, 32))
+    outs = []
+    for k, n in enumerate((16, 16, 24)):
+        outs.append(b.op("Add", b.op("MatMul", a, W(b, 32, n), name=f"mm{k}"), W(b, n), name=f"add{k}"))
+    model = check(b.build(*outs), [("horizontal", ["mm0", "add0", "mm1", "add1", "mm2", "add2"])], cache_dir,
+                  functions=1)
+    assert model.program.source.count("opfuse_ukr_") == 2  # the micro-kernel and one call site
+
+
+def test_horizontal_convs_and_pools(cache_dir):
+    b = GraphBuilder("inception")
+    x = b.input("x", (1, 6, 9, 9))
+    c1 = b.op("Relu", b.op("Conv", x, W(b, 8, 6, 3, 3), W(b, 8), pads=[1, 1, 1, 1], name="c1"), name="r1")
+    c2 = b.op("Conv", x, W(b, 4, 6, 3, 3), pads=[1, 1, 1, 1], name="c2")
+    mp = b.op("MaxPool", x, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], name="mp")
+    ap = b.op("AveragePool", x, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], name="ap")
+    spec = [("horizontal", ["c1", "r1", "c2"]), ("horizontal", ["mp", "ap"])]
+    check(b.build(c1, c2, mp, ap), spec, cache_dir, functions=2)
+
+
+def test_concat_producers_write_into_slices(cache_dir):
+    b = GraphBuilder("concat")
+    x = b.input("x", (1, 4, 5, 5))
+    c1 = b.op("Relu", b.op("Conv", x, W(b, 3, 4, 1, 1), name="c1"), name="r1")
+    c2 = b.op("Sigmoid", b.op("Conv", x, W(b, 5, 4, 3, 3), pads=[1, 1, 1, 1], name="c2"), name="s2")
+    cat = b.op("Concat", c1, c2, axis=1, name="cat")
+    y = b.op("Neg", cat, name="neg")
+    spec = [("conv_epilogue", ["c1", "r1"]), ("conv_epilogue", ["c2", "s2"]), ("concat", ["cat"])]
+    model = check(b.build(y), spec, cache_dir, functions=3)
+    assert model.report["concat_aliases"] == 2
+    assert [k["function"] for k in model.report["c_kernels"] if k["ops"] == ["Concat"]] == [None]
+
+
+def _attention_graph(heads=4, seq=40, dim=16, mask=True):
+    b = GraphBuilder("attention")
+    hidden = heads * dim
+    x = b.input("x", (1, seq, hidden))
+    qkv = {}
+    for k, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
+        p = b.op("Add", b.op("MatMul", x, W(b, hidden, hidden, scale=0.2), name=f"{k}_mm"), W(b, hidden), name=f"{k}_add")
+        r = b.op("Reshape", p, b.const(f"{k}_shape", np.array([1, seq, heads, dim], np.int64)), name=f"{k}_reshape")
+        qkv[k] = b.op("Transpose", r, perm=perm, name=f"{k}_t")
+    s = b.op("Div", b.op("MatMul", qkv["q"], qkv["k"], name="scores"), b.const("scale", np.float32(dim ** 0.5)),
+             name="scale")
+    if mask:
+        s = b.op("Add", s, b.input("mask", (1, 1, 1, seq)), name="mask_add")
+    p = b.op("Softmax", s, axis=-1, name="softmax")
+    ctx = b.op("MatMul", p, qkv["v"], name="context")
+    t = b.op("Transpose", ctx, perm=[0, 2, 1, 3], name="merge_t")
+    y = b.op("Reshape", t, b.const("hidden_shape", np.array([1, seq, hidden], np.int64)), name="merge_r")
+    att = ["q_reshape", "q_t", "k_reshape", "k_t", "v_reshape", "v_t", "scores", "scale", "softmax", "context",
+           "merge_t", "merge_r"] + (["mask_add"] if mask else [])
+    proj = [("horizontal", ["q_mm", "q_add", "k_mm", "k_add", "v_mm", "v_add"])]
+    return b.build(y), proj + [("attention", att)], (heads, seq)
+
+
+@pytest.mark.parametrize("mask", [True, False])
+def test_attention_online_softmax(cache_dir, mask):
+    g, spec, (heads, seq) = _attention_graph(mask=mask)
+    model = check(g, spec, cache_dir, functions=2)
+    # The score matrix (heads x seq x seq floats) is never stored, not even in scratch.
+    att = [k for k in model.report["c_kernels"] if k["kind"] == "attention"]
+    assert len(att) == 1 and att[0]["scratch_bytes"] < heads * seq * seq * 4
+    assert "scores" not in model.memory.locations
+
+
+def test_attention_longer_than_one_key_block(cache_dir):
+    g, spec, _ = _attention_graph(heads=2, seq=150, dim=8)
+    check(g, spec, cache_dir, functions=2)
+
+
+def test_chained_anchors_are_refused_with_the_group_name(cache_dir):
+    b = GraphBuilder("conv_conv")
+    x = b.input("x", (1, 3, 5, 5))
+    y = b.op("Conv", b.op("Conv", x, W(b, 3, 3, 1, 1), name="c1"), W(b, 3, 3, 1, 1), name="c2")
+    g = b.build(y)
+    with pytest.raises(UnsupportedGroupError, match="c1_bad_group"):
+        from opfuse.ir.plan import FusionGroup, FusionPlan
+        from opfuse.runtime.native import build
+        build(g, FusionPlan(g, [FusionGroup("c1_bad_group", list(g.nodes), "conv_epilogue")]),
+              cache_dir=cache_dir)
+
+
+def test_epilogue_that_spreads_an_element_is_refused(cache_dir):
+    b = GraphBuilder("spread")
+    x = b.input("x", (1, 3, 1, 1))
+    c = b.op("Conv", x, W(b, 3, 3, 1, 1), name="c")
+    y = b.op("Add", c, b.input("big", (1, 3, 4, 4)), name="add")
+    g = b.build(y)
+    from opfuse.runtime.native import build
+    with pytest.raises(UnsupportedGroupError, match="spread"):
+        build(g, group_by_names(g, [("conv_epilogue", ["c", "add"])]), cache_dir=cache_dir)
+
+
+def test_two_anchor_results_combined_are_refused(cache_dir):
+    b = GraphBuilder("combine")
+    x = b.input("x", (1, 3, 4, 4))
+    y = b.op("Add", b.op("Conv", x, W(b, 3, 3, 1, 1), name="c1"), b.op("Conv", x, W(b, 3, 3, 1, 1), name="c2"),
+             name="add")
+    g = b.build(y)
+    from opfuse.runtime.native import build
+    with pytest.raises(UnsupportedGroupError, match="several anchors"):
+        build(g, group_by_names(g, [("horizontal", ["c1", "c2", "add"])]), cache_dir=cache_dir)

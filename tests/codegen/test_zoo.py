@@ -1,0 +1,59 @@
+"""Every zoo model through the C backend, unfused and fused, against the reference.
+
+Each model is imported, run by the reference and compiled once per plan per session.
+The two 224x224 models take a few seconds each and are marked slow.
+"""
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from cg_support import assert_close, fused_plan
+from opfuse.runtime import reference
+from opfuse.runtime.native import build
+
+zoo = pytest.importorskip("opfuse.zoo")
+
+HEAVY = {"mobilenet_v1", "resnet18"}
+MODELS = [pytest.param(m, marks=pytest.mark.slow) if m in HEAVY else m for m in zoo.list_models()]
+
+
+@functools.lru_cache(maxsize=None)
+def _model(name):
+    g = zoo.load(name)
+    feeds = reference.random_inputs(g, 0)
+    return g, feeds, reference.run(g, feeds)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_zoo_unfused_matches_reference(name, cache_dir):
+    g, feeds, want = _model(name)
+    model = build(g, None, cache_dir=cache_dir)
+    assert_close(model.run(feeds), want)
+    assert model.report["kernels"] == len(g.nodes)
+    assert model.memory.conflicts() == []
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_zoo_fused_matches_reference(name, cache_dir):
+    g, feeds, want = _model(name)
+    plan = fused_plan(name, g)
+    model = build(g, plan, cache_dir=cache_dir)
+    assert_close(model.run(feeds), want)
+    assert model.report["kernels"] == len(plan.groups) < len(g.nodes)
+    assert model.memory.conflicts() == []
+    assert 0 < model.report["arena_lower_bound_bytes"] <= model.report["arena_bytes"]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_zoo_with_the_fusion_pipeline(name, cache_dir):
+    """The real fusion passes (``opfuse.fusion.fuse``), when they are importable."""
+    try:
+        from opfuse.fusion import fuse
+        g0, feeds, want = _model(name)
+        g, plan, _ = fuse(g0)
+    except ImportError as e:  # the fusion passes are being written in parallel
+        pytest.skip(f"fusion pipeline not importable: {e}")
+    model = build(g, plan, cache_dir=cache_dir)
+    assert_close(model.run(feeds), want)

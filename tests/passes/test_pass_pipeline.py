@@ -1,0 +1,216 @@
+"""Pass infrastructure: the pipeline, the context, instruments (timing, IR dumps, statistics,
+decision log), disabling passes and rules, group caps, idempotence."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from opfuse import zoo
+from opfuse.errors import OpfuseError
+from opfuse.ops import GraphBuilder
+from opfuse.passes import (DumpIR, FunctionPass, FusePass, OptionError, PassContext, PassInstrument,
+                           PassTiming, RewritePass, RuleStatistics, VerifyPass, compile_pipeline, default_passes,
+                           known_names, make_context, run_passes)
+from opfuse.rules import fusion_rules, recognition_rules
+from opfuse.runtime.reference import random_inputs, run
+
+
+@pytest.fixture(scope="module")
+def bert():
+    return zoo.load("bert_layer")
+
+
+@pytest.fixture(scope="module")
+def mobilenet():
+    return zoo.load("mobilenet_v1_025_96")
+
+
+def test_compile_pipeline_returns_graph_and_plan_and_leaves_input_alone(bert):
+    before = str(bert)
+    ctx = make_context()
+    graph, plan = compile_pipeline(bert, ctx)
+    assert str(bert) == before
+    assert graph is not bert and plan.graph is graph and ctx.plan is plan
+    plan.verify()
+    ops = {n.op_type for n in graph.nodes}
+    assert {"LayerNormalization", "Gelu"} <= ops and "Erf" not in ops
+    assert plan.num_kernels < len(graph.nodes) < len(bert.nodes)
+    kinds = {g.kind for g in plan.groups}
+    assert {"attention", "matmul_epilogue"} <= kinds
+
+
+def test_pipeline_preserves_numerics(mobilenet):
+    graph, plan = compile_pipeline(mobilenet, make_context())
+    feeds = random_inputs(mobilenet, 1)
+    want, got = run(mobilenet, feeds), run(graph, feeds)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
+
+
+def test_ir_dumps_are_numbered_per_pass(tmp_path, bert):
+    d = tmp_path / "ir"
+    ctx = make_context(dump_ir=str(d))
+    compile_pipeline(bert, ctx)
+    files = sorted(os.listdir(d))
+    assert files == ["00_verify_after.ir", "00_verify_before.ir", "01_recognize_after.ir",
+                     "01_recognize_before.ir", "02_verify_rewrites_after.ir", "02_verify_rewrites_before.ir",
+                     "03_fuse_after.ir", "03_fuse_before.ir", "03_fuse_plan.txt"]
+    before = (d / "01_recognize_before.ir").read_text()
+    after = (d / "01_recognize_after.ir").read_text()
+    assert "= Erf(" in before and "= Erf(" not in after and "= Gelu[approximate='none']" in after
+    plan = (d / "03_fuse_plan.txt").read_text()
+    assert plan.startswith("plan: ") and "group attention_" in plan
+    assert ctx.instrument(DumpIR).files == [str(d / f) for f in
+                                            ["00_verify_before.ir", "00_verify_after.ir", "01_recognize_before.ir",
+                                             "01_recognize_after.ir", "02_verify_rewrites_before.ir",
+                                             "02_verify_rewrites_after.ir", "03_fuse_before.ir",
+                                             "03_fuse_after.ir", "03_fuse_plan.txt"]]
+
+
+def test_timing_instrument(bert):
+    ctx = make_context()
+    compile_pipeline(bert, ctx)
+    t = ctx.instrument(PassTiming)
+    assert [(i, name, modified) for i, name, _, modified in t.rows] == \
+        [(0, "verify", False), (1, "recognize", True), (2, "verify_rewrites", False), (3, "fuse", False)]
+    assert all(s >= 0 for _, _, s, _ in t.rows) and t.total > 0
+    report = t.report()
+    assert "recognize" in report and "total" in report
+
+
+def test_rule_statistics(bert):
+    ctx = make_context()
+    compile_pipeline(bert, ctx)
+    stats = ctx.instrument(RuleStatistics).stats
+    assert stats["layernorm"]["matches"] == 2 and stats["layernorm"]["applied"] == 2
+    assert stats["erf_gelu"]["applied"] == 1 and stats["attention"]["applied"] == 1
+    for name, s in stats.items():
+        assert s["attempts"] >= 0 and s["matches"] == s["applied"] + s["refused"], name
+        assert s["seconds"] >= 0
+    assert "attention" in ctx.instrument(RuleStatistics).report()
+
+
+def test_decision_log_json(tmp_path, bert):
+    path = tmp_path / "decisions.json"
+    ctx = make_context(log_decisions=str(path))
+    compile_pipeline(bert, ctx)
+    log = json.loads(path.read_text())
+    assert len(log["decisions"]) == len(ctx.decisions) > 0
+    d0 = log["decisions"][0]
+    assert set(d0) == {"pass", "rule", "verdict", "kind", "reason", "nodes", "score", "group"}
+    assert log["summary"]["layernorm"] == {"rewritten": 2}
+    assert log["summary"]["attention"] == {"fused": 1}
+    refused = [d for d in log["decisions"] if d["verdict"] == "refused"]
+    assert refused and all(d["kind"] and d["reason"] for d in refused)
+    assert {d["pass"] for d in log["decisions"]} == {"recognize", "fuse"}
+
+
+def test_disabling_a_rule(mobilenet):
+    ctx = make_context(disable=["conv_bn_act"])
+    graph, plan = compile_pipeline(mobilenet, ctx)
+    assert not any(g.kind == "conv_epilogue" for g in plan.groups)
+    refused = [d for d in ctx.decisions if d.rule == "conv_bn_act"]
+    assert len(refused) == 27 and all(d.kind == "disabled" for d in refused)
+    assert plan.num_kernels == len(graph.nodes)
+
+
+def test_disabling_a_pass(bert):
+    ctx = make_context(disable=["recognize"])
+    graph, plan = compile_pipeline(bert, ctx)
+    assert "Erf" in {n.op_type for n in graph.nodes}
+    assert [r[1] for r in ctx.instrument(PassTiming).rows] == ["verify", "verify_rewrites", "fuse"]
+    ctx = make_context(disable=["fuse"])
+    graph, plan = compile_pipeline(bert, ctx)
+    assert plan.num_kernels == len(graph.nodes)    # no fusion pass: the unfused plan
+
+
+def test_unknown_names_are_user_errors():
+    with pytest.raises(OptionError, match="unknown rule or pass 'conv_bn_relu'.*conv_bn_act"):
+        make_context(disable=["conv_bn_relu"])
+    with pytest.raises(OptionError, match="at least 1"):
+        make_context(max_group_ops=0)
+    assert issubclass(OptionError, OpfuseError)
+
+
+def test_unwritable_dump_directory(tmp_path, bert):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(OptionError, match="cannot create IR dump directory"):
+        compile_pipeline(bert, make_context(dump_ir=str(blocker / "ir")))
+
+
+def test_group_size_cap(bert):
+    ctx = make_context(max_group_ops=2)
+    graph, plan = compile_pipeline(bert, ctx)
+    assert max(len(g.nodes) for g in plan.groups) <= 2
+    assert any(d.kind == "resource" for d in ctx.decisions)
+
+
+def test_pipeline_is_idempotent(bert):
+    g1, p1 = compile_pipeline(bert, make_context())
+    ctx2 = make_context()
+    g2, p2 = compile_pipeline(g1, ctx2)
+    assert str(g2) == str(g1)
+    assert [(g.name, [n.name for n in g.nodes]) for g in p2.groups] == \
+        [(g.name, [n.name for n in g.nodes]) for g in p1.groups]
+    assert dict((r[1], r[3]) for r in ctx2.instrument(PassTiming).rows)["recognize"] is False
+
+
+def test_run_passes_calls_instruments_in_order():
+    calls = []
+
+    class Recorder(PassInstrument):
+        def enter(self, ctx):
+            calls.append("enter")
+
+        def exit(self, ctx):
+            calls.append("exit")
+
+        def before_pass(self, ctx, p, graph, index):
+            calls.append(f"before {index} {p.name}")
+
+        def after_pass(self, ctx, p, graph, index, modified, seconds):
+            calls.append(f"after {index} {p.name} {modified}")
+
+        def skipped_pass(self, ctx, p, index):
+            calls.append(f"skip {index} {p.name}")
+
+    b = GraphBuilder("t")
+    x = b.input("x", (2, 2))
+    g = b.build(b.op("Relu", x))
+    touch = FunctionPass("touch", lambda graph, ctx: (graph, True))
+    ctx = PassContext(disabled_passes={"off"}, instruments=[Recorder()])
+    run_passes(g, [VerifyPass(), FunctionPass("off", lambda graph, ctx: (graph, True)), touch], ctx)
+    assert calls == ["enter", "before 0 verify", "after 0 verify False", "skip 1 off", "before 2 touch",
+                     "after 2 touch True", "exit"]
+
+
+def test_instruments_exit_even_when_a_pass_fails(tmp_path):
+    path = tmp_path / "log.json"
+    ctx = make_context(log_decisions=str(path))
+
+    def boom(graph, ctx):
+        raise OpfuseError("broken model")
+
+    b = GraphBuilder("t")
+    g = b.build(b.op("Relu", b.input("x", (2, 2))))
+    with pytest.raises(OpfuseError, match="broken model"):
+        run_passes(g, [FunctionPass("boom", boom)], ctx)
+    assert json.loads(path.read_text()) == {"decisions": [], "summary": {}}
+
+
+def test_passes_reject_the_wrong_kind_of_rule():
+    with pytest.raises(ValueError, match="group rules"):
+        RewritePass("r", fusion_rules())
+    with pytest.raises(ValueError, match="rewrite rules"):
+        FusePass("f", recognition_rules())
+
+
+def test_known_names_cover_the_default_pipeline():
+    passes, rules = known_names()
+    assert passes == [p.name for p in default_passes()]
+    assert {"layernorm", "erf_gelu", "silu", "hard_swish", "attention", "conv_bn_act", "conv_residual_add",
+            "conv_act", "matmul_epilogue", "conv_concat", "parallel_matmul", "elementwise_chain"} == set(rules)

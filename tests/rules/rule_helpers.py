@@ -1,0 +1,16 @@
+"""Helpers for rule tests: compare a rewritten graph's numerics with the original's."""
+from __future__ import annotations
+
+import numpy as np
+
+from opfuse.runtime.reference import random_inputs, run
+
+
+def same_outputs(before, after, seed: int = 0, rtol: float = 1e-5, atol: float = 1e-5) -> None:
+    """The rewritten graph computes what the original computed (reference executor as oracle)."""
+    feeds = random_inputs(before, seed)
+    want = run(before, feeds)
+    got = run(after, feeds)
+    assert set(want) == set(got)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=rtol, atol=atol, err_msg=k)

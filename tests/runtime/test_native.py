@@ -1,0 +1,169 @@
+"""The native runtime: running, input checks, threads, outputs that are not computed,
+the report and C export."""
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+
+from cg_support import assert_close, epilogue_plan
+from opfuse.errors import InputError, OpfuseError
+from opfuse.ops import GraphBuilder
+from opfuse.runtime import reference
+from opfuse.runtime.native import CompiledModel, build
+from opfuse.runtime.toolchain import Toolchain
+
+
+def _small():
+    rng = np.random.default_rng(3)
+    b = GraphBuilder("small")
+    x = b.input("image", (1, 3, 12, 12))
+    c = b.op("Conv", x, b.const("w", rng.standard_normal((8, 3, 3, 3)).astype(np.float32)), pads=[1, 1, 1, 1])
+    r = b.op("Relu", c)
+    p = b.op("GlobalAveragePool", r)
+    f = b.op("Flatten", p)
+    y = b.op("Gemm", f, b.const("fc", rng.standard_normal((5, 8)).astype(np.float32)), transB=1)
+    return b.build(b.op("Softmax", y))
+
+
+@pytest.fixture(scope="module")
+def model(cache_dir):
+    g = _small()
+    return build(g, epilogue_plan(g), cache_dir=cache_dir)
+
+
+def test_run_matches_reference_and_is_repeatable(model):
+    feeds = reference.random_inputs(model.graph, 1)
+    want = reference.run(model.graph, feeds)
+    first = model.run(feeds)
+    assert_close(first, want)
+    again = model(feeds)
+    assert np.array_equal(first["softmax"], again["softmax"])
+    assert first["softmax"] is not again["softmax"]  # fresh output arrays every call
+
+
+def test_missing_input_is_named(model):
+    with pytest.raises(InputError, match="image"):
+        model.run({})
+
+
+def test_wrong_shape_is_named(model):
+    with pytest.raises(InputError, match="image.*shape"):
+        model.run({"image": np.zeros((1, 3, 12, 13), np.float32)})
+
+
+def test_wrong_dtype_is_named(model):
+    with pytest.raises(InputError, match="image.*dtype"):
+        model.run({"image": np.zeros((1, 3, 12, 12), np.complex64)})
+
+
+def test_unknown_input_is_named(model):
+    feeds = reference.random_inputs(model.graph, 0)
+    feeds["extra"] = np.zeros(1, np.float32)
+    with pytest.raises(InputError, match="extra"):
+        model.run(feeds)
+
+
+def test_non_contiguous_and_castable_inputs_are_accepted(model):
+    feeds = reference.random_inputs(model.graph, 2)
+    want = reference.run(model.graph, feeds)
+    x = feeds["image"]
+    strided = np.empty((1, 3, 12, 24), np.float64)[..., ::2]
+    strided[...] = x
+    assert_close(model.run({"image": strided}), want)
+
+
+def test_threads_do_not_change_results(model):
+    feeds = reference.random_inputs(model.graph, 4)
+    model.threads = 1
+    one = model.run(feeds)["softmax"]
+    model.threads = 2
+    two = model.run(feeds)["softmax"]
+    model.threads = 1
+    assert np.array_equal(one, two)
+    with pytest.raises(OpfuseError):
+        model.threads = 0
+
+
+def test_multithreaded_big_kernels_are_bitwise_equal(cache_dir):
+    rng = np.random.default_rng(0)
+    b = GraphBuilder("big")
+    x = b.input("x", (1, 32, 40, 40))
+    c = b.op("Conv", x, b.const("w", rng.standard_normal((64, 32, 3, 3)).astype(np.float32)), pads=[1, 1, 1, 1])
+    g = b.build(b.op("Softmax", b.op("Relu", c), axis=1))
+    feeds = reference.random_inputs(g, 0)
+    m1 = build(g, epilogue_plan(g), cache_dir=cache_dir, threads=1)
+    m2 = build(g, epilogue_plan(g), cache_dir=cache_dir, threads=2)
+    out1, out2 = m1.run(feeds), m2.run(feeds)
+    assert all(np.array_equal(out1[k], out2[k]) for k in out1)
+    assert_close(out1, reference.run(g, feeds))
+
+
+def test_outputs_no_kernel_writes(cache_dir):
+    """A graph input returned as is, a constant output, the same value twice."""
+    b = GraphBuilder("passthrough")
+    x = b.input("x", (2, 3))
+    r = b.op("Relu", x)
+    k = b.const("k", np.arange(4, dtype=np.float32))
+    g = b.build(r, x, k, r)
+    feeds = {"x": np.arange(6, dtype=np.float32).reshape(2, 3) - 3}
+    got = build(g, None, cache_dir=cache_dir).run(feeds)
+    assert np.array_equal(got["x"], feeds["x"]) and got["x"] is not feeds["x"]
+    assert np.array_equal(got["k"], np.arange(4, dtype=np.float32))
+    assert np.array_equal(got["relu"], np.maximum(feeds["x"], 0))
+
+
+def test_report_has_the_documented_keys(model):
+    r = model.report
+    for key in ("kernels", "functions", "c_kernels", "arena_bytes", "arena_lower_bound_bytes", "arena_ratio",
+                "weights_bytes", "scratch_bytes_per_thread", "threads", "compiler", "flags", "cache_hit",
+                "build_seconds", "inplace", "views", "concat_aliases"):
+        assert key in r, key
+    assert r["kernels"] == len(model.plan.groups)
+    assert r["arena_bytes"] >= r["arena_lower_bound_bytes"] > 0
+
+
+def test_export_c_writes_a_standalone_translation_unit(model, tmp_path):
+    files = model.export_c(tmp_path / "out")
+    names = sorted(f.name for f in files)
+    assert names == ["model.c", "model.h", "report.json", "weights.bin"]
+    assert (tmp_path / "out" / "weights.bin").stat().st_size == model.report["weights_bytes"]
+    tc = Toolchain.detect()
+    # The exported source compiles on its own (as an object file, no opfuse needed).
+    subprocess.run([tc.cc, "-std=c99", "-O1", "-c", "-fopenmp", "-o", str(tmp_path / "m.o"),
+                    str(tmp_path / "out" / "model.c")], check=True, capture_output=True)
+
+
+def test_embedded_weights_need_no_blob(cache_dir):
+    from opfuse.codegen import CodegenOptions
+    g = _small()
+    feeds = reference.random_inputs(g, 5)
+    m = build(g, None, cache_dir=cache_dir, options=CodegenOptions(weights="embed"))
+    assert "opfuse_weights_data" in m.program.source
+    m._weights[:] = 0  # the blob passed at run time is ignored
+    assert_close(m.run(feeds), reference.run(g, feeds))
+
+
+def test_compiled_model_alias():
+    from opfuse.runtime.native import NativeModule
+    assert NativeModule is CompiledModel
+
+
+def test_profile_reports_every_kernel(cache_dir):
+    from opfuse.codegen import CodegenOptions
+    g = _small()
+    m = build(g, epilogue_plan(g), cache_dir=cache_dir, options=CodegenOptions(profile=True))
+    rows = m.profile(reference.random_inputs(g, 0), repeat=3)
+    assert len(rows) == m.report["functions"]
+    assert all(r["ms"] >= 0 for r in rows)
+    with pytest.raises(OpfuseError, match="profil"):
+        build(g, None, cache_dir=cache_dir).profile({}, 1)
+
+
+def test_bad_codegen_options_are_user_errors():
+    from opfuse.codegen import CodegenOptions
+    with pytest.raises(OpfuseError, match="layout"):
+        CodegenOptions(layout="NHWC")
+    with pytest.raises(OpfuseError, match="weights"):
+        CodegenOptions(weights="flash")
