@@ -124,3 +124,83 @@ def test_console_script_entry_point():
     r = subprocess.run([sys.executable, "-m", "opfuse", "zoo", "list"], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0 and "bert_layer" in r.stdout
+
+
+def test_compile_report_json_keys_and_dumps(capsys, tmp_path):
+    import json
+    rj, dump, log = tmp_path / "r.json", tmp_path / "ir", tmp_path / "d.json"
+    code, out, err = run_cli(capsys, "compile", "zoo:resnet8", "--report", "--report-json", str(rj),
+                             "--dump-ir", str(dump), "--log-decisions", str(log))
+    assert code == 0, err
+    assert "fusion report: resnet8" in out and "kernels 30 ->" in out
+    rep = json.loads(rj.read_text())
+    for key in ("kernels_before", "kernels_after", "bytes_before", "bytes_after", "eta", "groups",
+                "predicted_latency_s", "arena_bytes", "arena_lower_bound_bytes"):
+        assert key in rep, key
+    assert rep["kernels_before"] == 30 and rep["kernels_after"] < 30
+    assert 0 < rep["eta"] < 1 and rep["bytes_after"] < rep["bytes_before"]
+    for g in rep["groups"]:
+        assert {"name", "ops", "kernels_before", "bytes_before", "bytes_after"} <= set(g)
+    assert rep["arena_bytes"] >= rep["arena_lower_bound_bytes"] > 0
+    names = sorted(p.name for p in dump.iterdir())
+    assert names[0].startswith("00_") and any(n.endswith("_after.ir") for n in names)
+    decisions = json.loads(log.read_text())
+    assert decisions
+
+
+def test_compile_no_fuse_is_one_kernel_per_op(capsys, tmp_path):
+    import json
+    rj = tmp_path / "r.json"
+    assert run_cli(capsys, "compile", "zoo:resnet8", "--no-fuse", "--report-json", str(rj))[0] == 0
+    rep = json.loads(rj.read_text())
+    assert rep["kernels_after"] == rep["kernels_before"] == 30
+
+
+def test_compile_disable_rule_and_unknown_rule(capsys):
+    code, out, err = run_cli(capsys, "compile", "zoo:resnet8", "--disable", "no_such_rule")
+    assert code == 2 and "no_such_rule" in err
+    code, out, err = run_cli(capsys, "compile", "zoo:resnet8", "--disable", "fuse", "--planner", "rules")
+    assert code == 0 and "kernels 30 -> 2" in out  # only the zero-copy Flatten moves no data
+
+
+def test_infeasible_latency_bound_exits_2(capsys):
+    code, out, err = run_cli(capsys, "compile", "zoo:resnet8", "--latency-bound", "1e-9")
+    assert code == 2 and "infeasible" in err and "latency" in err
+
+
+def test_compile_for_cortex_m7_and_pareto(capsys):
+    code, out, err = run_cli(capsys, "compile", "zoo:resnet8", "--target", "cortex-m7", "--pareto")
+    assert code == 0, err
+    assert "for cortex-m7" in out and "predicted latency" in out
+
+
+def test_explain_gives_a_reason_per_pair(capsys):
+    code, out, err = run_cli(capsys, "explain", "zoo:resnet8")
+    assert code == 0
+    lines = [l for l in out.splitlines() if " -> " in l]
+    assert lines and all(": " in l for l in lines)
+    assert "Conv -> Conv" in out
+
+
+def test_profile_builtin_target(capsys, tmp_path):
+    out_file = tmp_path / "m7.json"
+    code, out, err = run_cli(capsys, "profile", "--target", "cortex-m7", "-o", str(out_file))
+    assert code == 0 and "512 KiB" in out and out_file.exists()
+    code, out, err = run_cli(capsys, "profile", "--target", "tpu9")
+    assert code == 2 and "cortex-m7" in err
+
+
+def test_run_c_backend_fused_and_unfused_match_reference(capsys, tmp_path):
+    outs = {}
+    for flag in ([], ["--no-fuse"]):
+        path = tmp_path / f"o{len(flag)}.npz"
+        code, out, err = run_cli(capsys, "run", "zoo:resnet8", "--backend", "c", "--outputs", str(path), *flag)
+        assert code == 0, err
+        with np.load(path) as d:
+            outs[len(flag)] = d["output"]
+    from opfuse.api import load
+    from opfuse.runtime.reference import random_inputs, run
+    g = load("zoo:resnet8")
+    want = run(g, random_inputs(g, 0))["output"]
+    for got in outs.values():
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
