@@ -122,10 +122,12 @@ def _downstream(start: Node, ids: set[int]) -> set[int]:
     return seen
 
 
-def find_attention(graph: Graph, softmax: Node, order: dict[int, int] | None = None) -> list[Node] | Refusal:
+def find_attention(graph: Graph, softmax: Node, order: dict[int, int] | None = None,
+                   outputs: frozenset[int] | None = None) -> list[Node] | Refusal:
     """The attention node set around ``softmax`` (before checking it), or why there is none;
-    ``order``: node id -> graph position, when the caller has it."""
-    outputs = frozenset(id(v) for v in graph.outputs)
+    ``order`` (node id -> graph position) and ``outputs`` (graph output ids), when the caller
+    has them, save recomputing them per Softmax."""
+    outputs = frozenset(id(v) for v in graph.outputs) if outputs is None else outputs
     found = score_chain(softmax, graph)
     if isinstance(found, Refusal):
         return found

@@ -36,7 +36,7 @@ FUSION_RULES = (ATTENTION, "normalization_prologue", "epilogue", "concat_alias",
 def fuse_attention(legality: Legality, log: FusionLog, disabled: bool = False) -> None:
     p = legality.p
     for sm in [n for n in p.graph.nodes if n.op_type == "Softmax"]:
-        nodes = find_attention(p.graph, sm, p.order)
+        nodes = find_attention(p.graph, sm, p.order, p.outputs)
         if isinstance(nodes, Refusal):
             log.refused(ATTENTION, [sm.name], nodes)
             continue

@@ -15,8 +15,8 @@ graph is computed once per graph here, so that a query costs O(nodes involved), 
   after it cannot lead back to it).
 
 The index describes the graph as it was when built. ``covers(graph, nodes)`` is the cheap
-check a cache makes before reuse (same graph and node list, the queried nodes where they
-were); a graph whose edges are edited in place needs a new index.
+check a cache makes before reuse (same graph, node list and output list, the queried nodes
+where they were); a graph whose edges are edited in place needs a new index.
 """
 from __future__ import annotations
 
@@ -34,13 +34,15 @@ class GraphIndex:
         self.nodes = graph.nodes
         self.size = len(graph.nodes)
         self.order: dict[int, int] = {id(n): i for i, n in enumerate(graph.nodes)}
+        self.output_list = graph.outputs
         self.outputs: frozenset[int] = frozenset(id(v) for v in graph.outputs)
         self.bitset_max_nodes = bitset_max_nodes
         self._desc: list[int] | None = None
 
     def covers(self, graph: Graph, nodes: Iterable[Node]) -> bool:
         """Is this index (still) the one of ``graph``, as far as ``nodes`` can tell?"""
-        if graph is not self.graph or graph.nodes is not self.nodes or len(graph.nodes) != self.size:
+        if graph is not self.graph or graph.nodes is not self.nodes or len(graph.nodes) != self.size \
+                or graph.outputs is not self.output_list:
             return False
         for n in nodes:
             i = self.order.get(id(n))
@@ -48,7 +50,7 @@ class GraphIndex:
                 return False
         return True
 
-    def sorted(self, nodes: Iterable[Node]) -> list[Node]:
+    def in_order(self, nodes: Iterable[Node]) -> list[Node]:
         """``nodes`` in graph (topological) order."""
         order = self.order
         return sorted(nodes, key=lambda n: order[id(n)])

@@ -179,7 +179,7 @@ class RuleLegality:
         if plan_creates_cycle(plan, a, b, index):
             return Refusal(ReasonKind.CYCLE, f"merging '{a.name}' and '{b.name}' creates a cycle through "
                                              f"an outside path")
-        nodes = self.graph_index(plan.graph, [*a.nodes, *b.nodes]).sorted([*a.nodes, *b.nodes])
+        nodes = self.graph_index(plan.graph, [*a.nodes, *b.nodes]).in_order([*a.nodes, *b.nodes])
         shape = self.shape(plan.graph, nodes)
         if isinstance(shape, Refusal):
             return shape

@@ -83,7 +83,7 @@ def node_set_shape(graph, nodes: list[Node], options: FusionOptions | None = Non
     """
     options = options or FusionOptions()
     index = index if index is not None else GraphIndex(graph)
-    nodes = index.sorted(nodes)
+    nodes = index.in_order(nodes)
     if len(nodes) > options.max_ops_per_group:
         return Refusal(ReasonKind.RESOURCE_LIMIT, f"{len(nodes)} ops exceed the limit of "
                                                   f"{options.max_ops_per_group} per kernel")
