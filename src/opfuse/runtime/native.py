@@ -56,13 +56,14 @@ OMP_WAIT_POLICY_DEFAULT = "PASSIVE"
 def _load_library(path: Path) -> ctypes.CDLL:
     """dlopen ``path`` under a name used once: the dynamic loader returns an already loaded
     library for a known name, which would hand back a stale copy after a cache entry was
-    rebuilt in this process. The private hard link (or copy) is unlinked once mapped."""
+    rebuilt in this process. The private copy is unlinked once mapped.
+
+    A copy, never a hard link: a hard link shares the inode, so anything that later truncates
+    or rewrites the cache entry in place (a repair of a corrupt entry, another process) would
+    change the pages this process has mapped, and the next touch of them dies with SIGBUS."""
     os.environ.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY_DEFAULT)
     alias = path.parent.parent / f".load-{os.getpid()}-{next(_LOAD_COUNTER)}-{path.parent.name[:16]}.so"
-    try:
-        os.link(path, alias)
-    except OSError:
-        shutil.copyfile(path, alias)
+    shutil.copyfile(path, alias)
     try:
         return ctypes.CDLL(str(alias))
     finally:
