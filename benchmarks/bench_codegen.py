@@ -37,10 +37,19 @@ REFERENCE_REPEAT = 3  # the NumPy reference is slow; a few runs give its order o
 
 
 def fusion_pipeline_plan(graph: Graph) -> FusionPlan:
-    """The default ``plan_fn``: the real fusion passes (rewrites + grouping)."""
+    """``--plan rules``: the fusion passes' maximal legal grouping (rewrites + grouping)."""
     from opfuse.fusion import fuse
     _, plan, _ = fuse(graph)
     return plan
+
+
+def compiler_plan(graph: Graph) -> FusionPlan:
+    """The default ``plan_fn``: what ``opfuse compile`` builds (the cost-model planner's choice)."""
+    from opfuse.compiler import plan_model
+    return plan_model(graph).plan
+
+
+PLAN_FNS = {"planner": compiler_plan, "rules": fusion_pipeline_plan}
 
 
 def time_calls(fns: dict[str, Callable[[], object]], repeat: int, warmup: int) -> dict[str, dict]:
@@ -124,10 +133,12 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None, plan_fn: Callable[[Graph], FusionPlan] = fusion_pipeline_plan) -> list[dict]:
+def main(argv: list[str] | None = None, plan_fn: Callable[[Graph], FusionPlan] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="*", default=zoo.list_models())
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--plan", choices=sorted(PLAN_FNS), default="planner",
+                    help="fused plan: the cost-model planner's (as opfuse compile) or the rules' maximal one")
     ap.add_argument("--repeat", type=int, default=DEFAULT_REPEAT)
     ap.add_argument("--warmup", type=int, default=DEFAULT_WARMUP)
     ap.add_argument("--no-reference", action="store_true")
@@ -136,6 +147,7 @@ def main(argv: list[str] | None = None, plan_fn: Callable[[Graph], FusionPlan] =
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     rows = []
+    plan_fn = plan_fn or PLAN_FNS[args.plan]
     for name in args.models:
         rows.append(bench_model(name, plan_fn, threads=args.threads, repeat=args.repeat, warmup=args.warmup,
                                 cache_dir=args.cache_dir, with_reference=not args.no_reference,
