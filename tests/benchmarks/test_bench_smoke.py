@@ -1,0 +1,42 @@
+"""The benchmark scripts run end to end on tiny settings and write their JSON (they must not rot)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _run(script: str, *args: str) -> str:
+    r = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout
+
+
+def test_bench_codegen_smoke(tmp_path):
+    out = tmp_path / "codegen.json"
+    text = _run("bench_codegen.py", "resnet8", "--repeat", "3", "--warmup", "1", "--no-reference",
+                "--out", str(out))
+    row = json.loads(out.read_text())["models"][0]
+    assert row["model"] == "resnet8"
+    assert row["fused"]["kernels"] < row["unfused"]["kernels"]
+    assert row["fused"]["max_abs_error"] < 1e-4 and row["unfused"]["max_abs_error"] < 1e-4
+    assert "resnet8" in text
+
+
+def test_bench_matcher_smoke(tmp_path):
+    out = tmp_path / "matcher.json"
+    _run("bench_matcher.py", "--sizes", "200", "1000", "--repeat", "1", "--output", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["nodes"] for r in rows][0] >= 200 and all(r["matches"] > 0 for r in rows)
+
+
+@pytest.mark.slow
+def test_bench_planner_smoke(tmp_path):
+    out = tmp_path / "planner.json"
+    _run("bench_planner.py", "--targets", "cortex-m7", "--sizes", "200", "--models", "resnet8",
+         "--rule-legality-sizes", "200", "--out", str(out))
+    data = json.loads(out.read_text())
+    assert data
