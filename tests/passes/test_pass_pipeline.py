@@ -85,8 +85,8 @@ def test_rule_statistics(bert):
     ctx = make_context()
     compile_pipeline(bert, ctx)
     stats = ctx.instrument(RuleStatistics).stats
-    assert stats["layernorm"]["matches"] == 2 and stats["layernorm"]["applied"] == 2
-    assert stats["erf_gelu"]["applied"] == 1 and stats["attention"]["applied"] == 1
+    assert stats["recognize_layernorm"]["matches"] == 2 and stats["recognize_layernorm"]["applied"] == 2
+    assert stats["recognize_gelu_erf"]["applied"] == 1 and stats["attention"]["applied"] == 1
     for name, s in stats.items():
         assert s["attempts"] >= 0 and s["matches"] == s["applied"] + s["refused"], name
         assert s["seconds"] >= 0
@@ -101,7 +101,7 @@ def test_decision_log_json(tmp_path, bert):
     assert len(log["decisions"]) == len(ctx.decisions) > 0
     d0 = log["decisions"][0]
     assert set(d0) == {"pass", "rule", "verdict", "kind", "reason", "nodes", "score", "group"}
-    assert log["summary"]["layernorm"] == {"rewritten": 2}
+    assert log["summary"]["recognize_layernorm"] == {"rewritten": 2}
     assert log["summary"]["attention"] == {"fused": 1}
     refused = [d for d in log["decisions"] if d["verdict"] == "refused"]
     assert refused and all(d["kind"] and d["reason"] for d in refused)
@@ -212,5 +212,6 @@ def test_passes_reject_the_wrong_kind_of_rule():
 def test_known_names_cover_the_default_pipeline():
     passes, rules = known_names()
     assert passes == [p.name for p in default_passes()]
-    assert {"layernorm", "erf_gelu", "silu", "hard_swish", "attention", "conv_bn_act", "conv_residual_add",
+    assert {"recognize_layernorm", "recognize_gelu_erf", "recognize_gelu_tanh", "recognize_silu", "recognize_hardswish",
+            "attention", "conv_bn_act", "conv_residual_add",
             "conv_act", "matmul_epilogue", "conv_concat", "parallel_matmul", "elementwise_chain"} == set(rules)

@@ -1,4 +1,8 @@
-"""Recognition of decomposed LayerNorm, erf/tanh GELU, SiLU and hard-swish, and refusals."""
+"""The ``recognize`` stage of the rewrite pipeline: decomposed LayerNorm, erf/tanh GELU and SiLU
+become one op each, with provenance, refusals logged under the rule's name, and outputs kept.
+
+The rules themselves (``opfuse.rules``: every GELU grouping, every hard-swish form, exact refusal
+reasons) are tested on the rules engine in ``tests/rules/test_rule_library.py``."""
 import math
 
 import numpy as np
@@ -66,33 +70,17 @@ def test_layernorm_refused_when_mean_escapes():
 
 
 # GELU ------------------------------------------------------------------------------------------
-def erf_gelu(b, x, form, half=0.5):
-    e = b.op("Erf", b.op("Div", x, b.const("sqrt2", f32(math.sqrt(2)))) if form != "mul"
-             else b.op("Mul", x, b.const("isqrt2", f32(1 / math.sqrt(2)))))
-    a = b.op("Add", e, b.const("one", f32(1.0)))
-    h = b.const("half", f32(half))
-    if form in ("div", "mul"):
-        return b.op("Mul", b.op("Mul", x, a), h)
-    if form == "inner":
-        return b.op("Mul", x, b.op("Mul", a, h))
-    return b.op("Mul", b.op("Mul", x, h), a)
-
-
-@pytest.mark.parametrize("form", ["div", "mul", "inner", "first"])
-def test_erf_gelu_recognised_in_every_association(form):
-    b = GraphBuilder("gelu")
-    x = b.input("x", (3, 7))
-    g0, g1, res = rewritten(b.build(erf_gelu(b, x, form)))
-    assert ops(g1) == ["Gelu"] and g1.nodes[0].attrs["approximate"] == "none"
-    assert_same_outputs(g0, g1)
+def erf_gelu(b, x, half=0.5):
+    a = b.op("Add", b.op("Erf", b.op("Div", x, b.const("sqrt2", f32(math.sqrt(2))))), b.const("one", f32(1.0)))
+    return b.op("Mul", b.op("Mul", x, a), b.const("half", f32(half)))
 
 
 def test_erf_gelu_refused_for_wrong_constant():
     b = GraphBuilder("gelu_bad")
     x = b.input("x", (3, 7))
-    g0, g1, res = rewritten(b.build(erf_gelu(b, x, "div", half=0.6)))
+    g0, g1, res = rewritten(b.build(erf_gelu(b, x, half=0.6)))
     assert "Gelu" not in ops(g1)
-    assert any("final factor 0.6" in r for r in refusals(res, "recognize_gelu_erf"))
+    assert any("final factor 'half' is 0.6, not 0.5" in r for r in refusals(res, "recognize_gelu_erf"))
     assert_same_outputs(g0, g1)
 
 
@@ -117,11 +105,11 @@ def test_tanh_gelu_refused_for_wrong_coefficient():
     x = b.input("x", (3, 7))
     g0, g1, res = rewritten(b.build(tanh_gelu(b, x, coef=0.05)))
     assert "Gelu" not in ops(g1)
-    assert any("cubic coefficient 0.05" in r for r in refusals(res, "recognize_gelu_tanh"))
+    assert any("cubic coefficient 'coef' is 0.05, not 0.044715" in r for r in refusals(res, "recognize_gelu_tanh"))
     assert_same_outputs(g0, g1)
 
 
-# SiLU and hard-swish -------------------------------------------------------------------------------
+# SiLU -------------------------------------------------------------------------------
 def test_silu_recognised_and_refused_when_sigmoid_escapes():
     b = GraphBuilder("silu")
     x, y = b.input("x", (2, 6)), b.input("y", (2, 6))
@@ -129,32 +117,4 @@ def test_silu_recognised_and_refused_when_sigmoid_escapes():
     g0, g1, res = rewritten(b.build(b.op("Mul", b.op("Sigmoid", x), x), b.op("Mul", y, s), b.op("Neg", s)))
     assert ops(g1).count("Silu") == 1
     assert any("'sig_y' is also read by" in r for r in refusals(res, "recognize_silu"))
-    assert_same_outputs(g0, g1)
-
-
-@pytest.mark.parametrize("form", ["hardsigmoid", "div_after", "mul_after", "div_before"])
-def test_hardswish_recognised(form):
-    b = GraphBuilder("hswish")
-    x = b.input("x", (2, 6))
-    if form == "hardsigmoid":
-        y = b.op("Mul", x, b.op("HardSigmoid", x, alpha=1 / 6, beta=0.5))
-    else:
-        clip = b.op("Clip", b.op("Add", x, b.const("three", f32(3))), b.const("lo", f32(0)), b.const("hi", f32(6)))
-        if form == "div_after":
-            y = b.op("Div", b.op("Mul", x, clip), b.const("six", f32(6)))
-        elif form == "mul_after":
-            y = b.op("Mul", b.op("Mul", x, clip), b.const("sixth", f32(1 / 6)))
-        else:
-            y = b.op("Mul", x, b.op("Div", clip, b.const("six", f32(6))))
-    g0, g1, res = rewritten(b.build(y))
-    assert ops(g1) == ["HardSwish"]
-    assert_same_outputs(g0, g1)
-
-
-def test_hardswish_refused_for_other_hardsigmoid():
-    b = GraphBuilder("hswish_bad")
-    x = b.input("x", (2, 6))
-    g0, g1, res = rewritten(b.build(b.op("Mul", x, b.op("HardSigmoid", x))))  # ONNX default alpha 0.2
-    assert "HardSwish" not in ops(g1)
-    assert any("alpha=0.2" in r for r in refusals(res, "recognize_hardswish"))
     assert_same_outputs(g0, g1)

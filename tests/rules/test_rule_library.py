@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from opfuse.ops import GraphBuilder
-from opfuse.rules.activations import ERF_GELU, HARD_SWISH, SILU
+from opfuse.rules.activations import HARD_SWISH, SILU
 from opfuse.rules.attention import ATTENTION
 from opfuse.rules.conv import CONV_ACT, CONV_BN_ACT, CONV_CONCAT, CONV_RESIDUAL
 from opfuse.rules.elementwise import ELEMENTWISE_CHAIN
+from opfuse.rules.gelu import ERF_GELU
 from opfuse.rules.horizontal import MATMUL_EPILOGUE, PARALLEL_MATMUL
 from opfuse.rules.normalization import LAYERNORM
 
@@ -209,29 +210,33 @@ def test_silu_rewrite(decide):
     g = silu_graph()
     before = g.copy()
     out = decide(g, [SILU])
-    assert out.taken("silu") == [["sig", "mul"]] and out.ops() == ["Silu", "Relu"]
+    assert out.taken("recognize_silu") == [["sig", "mul"]] and out.ops() == ["Silu", "Relu"]
     assert g.nodes[0].outputs[0].name == "mul"          # the replaced value keeps its name
     same_outputs(before, g)
 
 
 def test_silu_refuses_integers(decide):
     out = decide(silu_graph("int32"), [SILU])
-    assert out.refused("silu", "condition") == ["'x' is int32, not a float tensor"]
+    assert out.refused("recognize_silu", "condition") == ["'x' is int32, not a float tensor"]
 
 
-def hswish_graph(form: str, scale: float = 6.0, alpha: float = 1 / 6):
+def hswish_graph(form: str, scale: float = 6.0, alpha: float | None = 1 / 6):
+    """``form``: "hardsigmoid" (``alpha=None``: the ONNX defaults), or the op ("Div"/"Mul")
+    applying ``scale`` after the product, or "div_before" (``x * (clip / scale)``)."""
     b = GraphBuilder("hswish")
     x = b.input("x", (2, 8))
     if form == "hardsigmoid":
-        y = b.op("Mul", x, b.op("HardSigmoid", x, name="hs", alpha=alpha, beta=0.5), name="mul")
-    else:
-        clip = b.op("Clip", b.op("Add", x, b.const("three", np.array(3, F32)), name="add"),
-                    b.const("zero", np.array(0, F32)), b.const("six", np.array(6, F32)), name="clip")
-        y = b.op(form, b.op("Mul", x, clip, name="mul"), b.const("scale", np.array(scale, F32)), name="out")
-    return b.build(y)
+        kw = {} if alpha is None else {"alpha": alpha, "beta": 0.5}
+        return b.build(b.op("Mul", x, b.op("HardSigmoid", x, name="hs", **kw), name="mul"))
+    clip = b.op("Clip", b.op("Add", x, b.const("three", np.array(3, F32)), name="add"),
+                b.const("zero", np.array(0, F32)), b.const("six", np.array(6, F32)), name="clip")
+    s = b.const("scale", np.array(scale, F32))
+    if form == "div_before":
+        return b.build(b.op("Mul", x, b.op("Div", clip, s, name="div"), name="out"))
+    return b.build(b.op(form, b.op("Mul", x, clip, name="mul"), s, name="out"))
 
 
-@pytest.mark.parametrize("form, scale", [("hardsigmoid", None), ("Div", 6.0), ("Mul", 1 / 6)])
+@pytest.mark.parametrize("form, scale", [("hardsigmoid", None), ("Div", 6.0), ("Mul", 1 / 6), ("div_before", 6.0)])
 def test_hard_swish_forms(decide, form, scale):
     g = hswish_graph(form, scale or 6.0)
     before = g.copy()
@@ -242,11 +247,12 @@ def test_hard_swish_forms(decide, form, scale):
 
 @pytest.mark.parametrize("kw, reason", [
     ({"form": "hardsigmoid", "alpha": 0.2}, "HardSigmoid 'hs' has alpha=0.2, beta=0.5; hard-swish needs 1/6 and 1/2"),
+    ({"form": "hardsigmoid", "alpha": None}, "HardSigmoid 'hs' has alpha=0.2, beta=0.5; hard-swish needs 1/6 and 1/2"),
     ({"form": "Div", "scale": 5.0}, "Div constant 'scale' is 5, not 6"),
 ])
 def test_hard_swish_refusals(decide, kw, reason):
     out = decide(hswish_graph(**kw), [HARD_SWISH])
-    assert out.refused("hard_swish", "condition") == [reason]
+    assert out.refused("recognize_hardswish", "condition") == [reason]
     assert "HardSwish" not in out.ops()
 
 
@@ -261,23 +267,25 @@ def gelu_graph(form: str = "div", k: float | None = None):
     half = b.const("half", np.array(0.5, F32))
     if form == "half_first":
         y = b.op("Mul", b.op("Mul", x, half, name="mul_x"), one_plus, name="out")
+    elif form == "half_inner":
+        y = b.op("Mul", x, b.op("Mul", one_plus, half, name="mul_half"), name="out")
     else:
         y = b.op("Mul", b.op("Mul", x, one_plus, name="mul_x"), half, name="out")
     return b.build(y)
 
 
-@pytest.mark.parametrize("form", ["div", "mul", "half_first"])
+@pytest.mark.parametrize("form", ["div", "mul", "half_first", "half_inner"])
 def test_erf_gelu_forms(decide, form):
-    g = gelu_graph("mul" if form == "mul" else form)
+    g = gelu_graph(form)
     before = g.copy()
     out = decide(g, [ERF_GELU])
-    assert out.ops() == ["Gelu"]
+    assert out.ops() == ["Gelu"] and g.nodes[0].attrs["approximate"] == "none"
     same_outputs(before, g)
 
 
 def test_erf_gelu_refuses_wrong_constant(decide):
     out = decide(gelu_graph(k=2.0), [ERF_GELU])
-    assert out.refused("erf_gelu", "condition") == ["Div constant 'k' is 2, not 1.41421"]
+    assert out.refused("recognize_gelu_erf", "condition") == ["Div constant 'k' is 2, not 1.41421"]
     assert "Gelu" not in out.ops()
 
 
@@ -309,12 +317,21 @@ def test_layernorm_rewrite(decide, square):
     ({"exponent": 3.0}, "Pow exponent 'exponent' is not 2"),
     ({"axes2": (-2,)}, "the two ReduceMeans reduce different axes ([2] and [1])"),
     ({"axes1": (1,), "axes2": (1,)}, "ReduceMean axes [1] are not the trailing axes of a rank-3 tensor"),
-    ({"gamma_shape": (4, 1)}, "scale 'gamma' (4, 1) varies outside the normalised axes"),
 ])
 def test_layernorm_refusals(decide, kw, reason):
     out = decide(layernorm_graph(**kw), [LAYERNORM])
-    assert out.refused("layernorm", "condition") == [reason]
+    assert out.refused("recognize_layernorm", "condition") == [reason]
     assert "LayerNormalization" not in out.ops()
+
+
+def test_layernorm_refuses_gamma_varying_outside_but_keeps_the_normalisation(decide):
+    # the refusal names the Mul only: the normalisation without the affine part still matches
+    g = layernorm_graph(gamma_shape=(4, 1))
+    before = g.copy()
+    out = decide(g, [LAYERNORM])
+    assert out.refused("recognize_layernorm", "condition") == ["scale 'gamma' (4, 1) varies outside the normalised axes"]
+    assert out.ops() == ["LayerNormalization", "Mul", "Add"]
+    same_outputs(before, g, atol=1e-4)
 
 
 def test_layernorm_with_broadcast_gamma_is_reshaped(decide):

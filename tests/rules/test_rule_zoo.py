@@ -32,15 +32,15 @@ def count(graph, rule_name: str) -> int:
     ("ds_cnn", "conv_bn_act", 9),
     ("bert_layer", "parallel_matmul", 1),
     ("bert_layer", "attention", 1),
-    ("bert_layer", "layernorm", 2),
-    ("bert_layer", "erf_gelu", 1),
+    ("bert_layer", "recognize_layernorm", 2),
+    ("bert_layer", "recognize_gelu_erf", 1),
     ("bert_layer", "matmul_epilogue", 6),        # Q, K, V, attention output, FFN in, FFN out
-    ("yolo_block", "silu", 6),
+    ("yolo_block", "recognize_silu", 6),
     ("resnet18", "conv_bn_act", 9),              # stem + the first conv of each of 8 blocks
     ("resnet8", "conv_bn_act", 4),
     ("mobilenet_v1", "attention", 0),
     ("bert_layer", "conv_bn_act", 0),
-    ("yolo_block", "hard_swish", 0),
+    ("yolo_block", "recognize_hardswish", 0),
 ])
 def test_match_counts(graphs, model, rule, expected):
     assert count(graphs[model], rule) == expected
@@ -60,9 +60,9 @@ def test_bert_matches_name_the_right_nodes(graphs):
     assert qkv.node_names == ["query_matmul", "key_matmul", "value_matmul"] and qkv["x"].name == "input"
     (att,) = m.matches(rule_by_name("attention").pattern)
     assert att.node_names == ["scores", "scores_scale", "attention_probs", "context"]
-    (gelu,) = m.matches(rule_by_name("erf_gelu").pattern)
+    (gelu,) = m.matches(rule_by_name("recognize_gelu_erf").pattern)
     assert gelu["x"].name == "intermediate_add"
-    lns = m.matches(rule_by_name("layernorm").pattern)
+    lns = m.matches(rule_by_name("recognize_layernorm").pattern)
     assert [ln["x"].name for ln in lns] == ["attention_residual", "output_residual"]
 
 

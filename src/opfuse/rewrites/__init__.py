@@ -13,7 +13,8 @@ One sweep suffices: each stage only enables later ones (recognition needs no fol
 needs no horizontal merging), and the pattern stages run their rules to a fixpoint.
 
 ``recognize`` and ``fold_linear`` are pattern rules (``opfuse.rules.Rule``: pattern, condition,
-action, priority) run by the rules engine; the others are whole-graph passes.
+action, priority) run by the rules engine; ``recognize`` runs the pattern library's
+``opfuse.rules.recognition_rules()``. The others are whole-graph passes.
 ``rewrite(graph, options)`` edits ``graph`` in place and returns decisions and provenance.
 """
 from __future__ import annotations
@@ -35,16 +36,10 @@ from opfuse.rewrites.edit import Provenance
 from opfuse.rewrites.engine import run_pattern_rules
 from opfuse.rewrites.identity import remove_identities
 from opfuse.rewrites.merge_parallel_matmul import RULE as HORIZONTAL_MATMUL, merge_parallel_matmuls
-from opfuse.rewrites.recognize_activations import hardswish_rule, silu_rule
-from opfuse.rewrites.recognize_gelu import gelu_erf_rule, gelu_tanh_rule
-from opfuse.rewrites.recognize_layernorm import layernorm_rule
+from opfuse.rules.library import recognition_rules
 from opfuse.rules.rule import Rule
 
 Pass = Callable[[Graph, RewriteContext], bool]
-
-
-def recognition_rules() -> list[Rule]:
-    return [layernorm_rule(), gelu_erf_rule(), gelu_tanh_rule(), silu_rule(), hardswish_rule()]
 
 
 def folding_rules() -> list[Rule]:
@@ -101,5 +96,5 @@ def rewrite(graph: Graph, options: FusionOptions | None = None,
     return RewriteResult(graph, rc.decisions, rc.provenance, timings, rc.rule_stats)
 
 
-__all__ = ["RewriteResult", "rewrite", "rewrite_passes", "recognition_rules", "folding_rules", "simplify",
+__all__ = ["RewriteResult", "rewrite", "rewrite_passes", "folding_rules", "simplify",
            "Provenance", "RewriteContext"]

@@ -36,8 +36,8 @@ from opfuse.fusion.decisions import Refusal, rule_refused
 from opfuse.ir.graph import Graph, Node
 from opfuse.ops.registry import get_spec
 from opfuse.patterns import Op
-from opfuse.rewrites.edit import outside_readers, shared_const
-from opfuse.rules.rule import Replacement, Rule
+from opfuse.rewrites.edit import shared_const
+from opfuse.rules.rule import Replacement, Rule, outside_readers
 
 LINEAR_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 BN_PARAMS = ("scale", "B", "mean", "var")

@@ -17,11 +17,6 @@ from opfuse.fusion.decisions import Refusal, rule_refused
 from opfuse.ir.graph import Graph, Node, Value
 from opfuse.ops.registry import infer_node
 
-# Constants matched by recognition rules (sqrt(2), 0.044715, 1/6, ...) are compared with this
-# relative tolerance: exporters write them in float32, we compare against float64 values.
-CONST_RTOL = 1e-5
-CONST_ATOL = 1e-7
-
 
 class Provenance:
     """Node name in the rewritten graph -> names of the original nodes it stands for."""
@@ -52,41 +47,13 @@ class Provenance:
         self.origin.pop(node if isinstance(node, str) else node.name, None)
 
 
-# Reading constants ---------------------------------------------------------------------------
-
-def const_of(v: Value | None) -> np.ndarray | None:
-    return None if v is None else v.const
-
-
-def scalar_of(v: Value | None) -> float | None:
-    """The value of a constant holding exactly one element, else None."""
-    c = const_of(v)
-    if c is None or c.size != 1:
-        return None
-    return float(np.asarray(c, dtype=np.float64).reshape(()))
-
-
-def is_scalar_close(v: Value | None, target: float) -> bool:
-    s = scalar_of(v)
-    return s is not None and bool(np.isclose(s, target, rtol=CONST_RTOL, atol=CONST_ATOL))
-
+# Reading the graph ---------------------------------------------------------------------------
 
 def sole_consumer(v: Value, graph: Graph) -> Node | None:
     """The only node reading ``v`` (``v`` read once and not a graph output), else None."""
     if len(v.uses) != 1 or v in graph.outputs:
         return None
     return v.uses[0][0]
-
-
-def outside_readers(values: Iterable[Value], inside: set[int], graph: Graph) -> str | None:
-    """Name the first reader outside ``inside`` (node ids) of any value, or 'graph output'."""
-    for v in values:
-        if v in graph.outputs:
-            return f"'{v.name}' is a graph output"
-        for user, _ in v.uses:
-            if id(user) not in inside:
-                return f"'{v.name}' is also read by '{user.name}'"
-    return None
 
 
 def shared_const(v: Value, owner: Node) -> Refusal | None:
@@ -119,23 +86,6 @@ def rename(graph: Graph, value: Value, name: str) -> None:
     del graph.values[value.name]
     value.name = name
     graph.values[name] = value
-
-
-# A derived name shorter than this is not descriptive (e.g. "m_"); fall back to the anchor's.
-MIN_DERIVED_NAME = 3
-
-
-def derived_name(names: list[str], fallback: str) -> str:
-    """A name for the op replacing ``names``: their common ``_``-separated prefix, else
-    ``fallback`` (``gelu_div, gelu_erf, gelu_mul`` -> ``gelu``)."""
-    parts = [n.split("_") for n in names]
-    common = []
-    for tokens in zip(*parts):
-        if len(set(tokens)) != 1:
-            break
-        common.append(tokens[0])
-    name = "_".join(common)
-    return name if len(name) >= MIN_DERIVED_NAME else fallback
 
 
 def merged_name(names: list[str]) -> str:

@@ -1,125 +1,82 @@
-"""Recognise activations exporters decompose, and rewrite each into its one op.
+"""Recognise SiLU and hard-swish written as several ops, and rewrite each into its one op.
 
-* SiLU:       ``x * Sigmoid(x)``                                   -> ``Silu(x)``
-* hard-swish: ``x * HardSigmoid(x)`` with alpha = 1/6, beta = 1/2,
-              ``x * Clip(x + 3, 0, 6) / 6`` or ``... * (1/6)``      -> ``HardSwish(x)``
-              (HardSwish(x) = x * max(0, min(1, x/6 + 1/2)) = x * clip(x + 3, 0, 6) / 6)
-* erf-GELU:   ``0.5 * x * (1 + erf(x / sqrt(2)))`` as Div (or Mul by 1/sqrt(2)) -> Erf -> Add(1)
-              -> Mul(x) -> Mul(0.5), or with the 0.5 applied to x first  -> ``Gelu(x)``
+* SiLU (swish): ``Silu(x) = x * sigmoid(x)``, exported as ``Mul(x, Sigmoid(x))``.
+* hard-swish: ``HardSwish(x) = x * clip(x/6 + 1/2, 0, 1) = x * clip(x + 3, 0, 6) / 6``, exported
+  as ``Mul(x, HardSigmoid(x, alpha=1/6, beta=1/2))`` or as ``Add(x, 3) -> Clip(., 0, 6) ->
+  Mul(x, .) -> Div(., 6)`` (the division may come before the product, or be a ``Mul`` by 1/6).
 
-The constants are checked by the condition, not the pattern, so a near miss is reported with
-its reason ("Div constant 2.0 is not sqrt(2)") instead of silently not matching.
+Refusals (``opfuse.rules.recognition``): ``x`` is not float, a constant is off (a HardSigmoid
+with the ONNX default ``alpha=0.2`` times x is not hard-swish), or the Sigmoid/HardSigmoid/Clip
+output is also read elsewhere.
 """
 from __future__ import annotations
 
-import math
-
-import numpy as np
-
+from opfuse.ops.registry import get_spec
 from opfuse.patterns import Const, Op, Var
-from opfuse.rules.rule import Replacement, Rule, close, scalar
+from opfuse.rules.recognition import (CONST_TOLERANCE, PRIORITY_RECOGNITION, broadcast_reason, const_reason,
+                                      escape_reason, float_reason, replace_x)
+from opfuse.rules.rule import Rule, close
 
-# Relative tolerance when comparing a model's constants with the ones a formula needs (float32
-# storage of sqrt(2) or 1/6 is off by ~1e-8 relative).
-CONST_TOLERANCE = 1e-5
-PRIORITY_RECOGNITION = 1.0
-SQRT2 = math.sqrt(2.0)
 HARDSWISH_ALPHA = 1.0 / 6.0
 HARDSWISH_BETA = 0.5
 HARDSWISH_SHIFT = 3.0
-HARDSWISH_CLIP_HI = 6.0
-
-
-def _is_float(v) -> str | None:
-    if not np.issubdtype(v.dtype, np.floating):
-        return f"'{v.name}' is {v.dtype.name}, not a float tensor"
-    return None
-
-
-def _expect(value, want: float, what: str) -> str | None:
-    got = scalar(value)
-    if got is None:
-        return f"{what} '{value.name}' is not a constant scalar"
-    if not close(got, want, CONST_TOLERANCE):
-        return f"{what} '{value.name}' is {got:g}, not {want:g}"
-    return None
+RELU6_MAX = 6.0
 
 
 # SiLU -----------------------------------------------------------------------------------------------
 
 def silu_pattern():
     x = Var("x")
-    return Op("Mul")(x, Op("Sigmoid")(x).named("sigmoid")).named("mul")
+    return Op("Mul")(x, Op("Sigmoid")(x).named("sigmoid").keep())
 
 
 def silu_ok(m) -> str | None:
-    return _is_float(m["x"])
+    return float_reason(m["x"]) or escape_reason(m)
 
 
-SILU = Rule("silu", silu_pattern(), condition=silu_ok,
-            action=lambda m: Replacement("Silu", [m["x"]]), priority=PRIORITY_RECOGNITION,
-            kind="activation", description="x * Sigmoid(x) -> Silu(x)")
+SILU = Rule("recognize_silu", silu_pattern(), condition=silu_ok, action=replace_x("Silu"),
+            priority=PRIORITY_RECOGNITION, kind="activation", description="x * Sigmoid(x) -> Silu(x)")
 
 
 # Hard-swish --------------------------------------------------------------------------------------------
 
 def hard_swish_pattern():
     x = Var("x")
-    via_hardsigmoid = Op("Mul")(x, Op("HardSigmoid")(x).named("hsig")).named("out")
-    clip = Op("Clip")(Op("Add")(x, Const(name="shift")).named("add"), Const(name="lo"), Const(name="hi"))
-    scaled = Op("Mul")(x, clip.named("clip")).named("mul")
-    via_clip = Op("Div")(scaled, Const(name="scale")).named("out") | Op("Mul")(scaled, Const(name="scale")).named("out")
-    return via_hardsigmoid | via_clip
+    via_hardsigmoid = Op("Mul")(x, Op("HardSigmoid")(x).named("hsig").keep())
+    clip = Op("Clip")(Op("Add")(x, Const(name="shift")).keep()).named("clip").keep()
+    scale = Const(name="scale")
+    return (via_hardsigmoid
+            | Op("Div", "Mul")(Op("Mul")(x, clip).keep(), scale).named("divide")
+            | Op("Mul")(x, Op("Div", "Mul")(clip, scale).named("divide").keep()))
+
+
+def _hardsigmoid_reason(hsig) -> str | None:
+    a = get_spec("HardSigmoid").attrs_of(hsig)
+    if close(a["alpha"], HARDSWISH_ALPHA, CONST_TOLERANCE) and close(a["beta"], HARDSWISH_BETA, CONST_TOLERANCE):
+        return None
+    return f"HardSigmoid '{hsig.name}' has alpha={a['alpha']:g}, beta={a['beta']:g}; hard-swish needs 1/6 and 1/2"
+
+
+def _clip_reason(m) -> str | None:
+    clip, divide = m["clip"], m["divide"]
+    lo = clip.inputs[1] if len(clip.inputs) > 1 else None
+    hi = clip.inputs[2] if len(clip.inputs) > 2 else None
+    if divide.op_type == "Div" and divide.inputs[1] is not m["scale"]:
+        return f"Div '{divide.name}' divides the constant, not by it"
+    want_scale = RELU6_MAX if divide.op_type == "Div" else 1.0 / RELU6_MAX
+    return (const_reason(m["shift"], HARDSWISH_SHIFT, "shift") or const_reason(lo, 0.0, "Clip min")
+            or const_reason(hi, RELU6_MAX, "Clip max")
+            or const_reason(m["scale"], want_scale, f"{divide.op_type} constant"))
 
 
 def hard_swish_ok(m) -> str | None:
-    reason = _is_float(m["x"])
-    if reason:
-        return reason
     hsig = m.get("hsig")
-    if hsig is not None:
-        a = hsig.attrs.get("alpha", 0.2)
-        b = hsig.attrs.get("beta", 0.5)
-        if not (close(a, HARDSWISH_ALPHA, CONST_TOLERANCE) and close(b, HARDSWISH_BETA, CONST_TOLERANCE)):
-            return f"HardSigmoid '{hsig.name}' has alpha={a:g}, beta={b:g}; hard-swish needs 1/6 and 1/2"
-        return None
-    out = m["out"]
-    want_scale = HARDSWISH_CLIP_HI if out.op_type == "Div" else 1.0 / HARDSWISH_CLIP_HI
-    return (_expect(m["shift"], HARDSWISH_SHIFT, "shift") or _expect(m["lo"], 0.0, "Clip min")
-            or _expect(m["hi"], HARDSWISH_CLIP_HI, "Clip max")
-            or _expect(m["scale"], want_scale, f"{out.op_type} constant"))
+    return (float_reason(m["x"]) or (_hardsigmoid_reason(hsig) if hsig is not None else _clip_reason(m))
+            or broadcast_reason(m) or escape_reason(m))
 
 
-HARD_SWISH = Rule("hard_swish", hard_swish_pattern(), condition=hard_swish_ok,
-                  action=lambda m: Replacement("HardSwish", [m["x"]]), priority=PRIORITY_RECOGNITION,
-                  kind="activation", description="x * HardSigmoid(x) or x * Clip(x+3, 0, 6) / 6 -> HardSwish(x)")
+HARD_SWISH = Rule("recognize_hardswish", hard_swish_pattern(), condition=hard_swish_ok,
+                  action=replace_x("HardSwish"), priority=PRIORITY_RECOGNITION, kind="activation",
+                  description="x * HardSigmoid(x) or x * Clip(x + 3, 0, 6) / 6 -> HardSwish(x)")
 
-
-# erf-GELU ----------------------------------------------------------------------------------------------
-
-def erf_gelu_pattern():
-    x = Var("x")
-    scaled = Op("Div")(x, Const(name="k")).named("scale_in") | Op("Mul")(x, Const(name="k")).named("scale_in")
-    one_plus = Op("Add")(Op("Erf")(scaled).named("erf"), Const(name="one")).named("one_plus")
-    half_last = Op("Mul")(Op("Mul")(x, one_plus).named("mul_x"), Const(name="half")).named("out")
-    half_first = Op("Mul")(Op("Mul")(x, Const(name="half")).named("mul_x"), one_plus).named("out")
-    return half_last | half_first
-
-
-def erf_gelu_ok(m) -> str | None:
-    reason = _is_float(m["x"])
-    if reason:
-        return reason
-    s = m["scale_in"]
-    want = SQRT2 if s.op_type == "Div" else 1.0 / SQRT2
-    return (_expect(m["k"], want, f"{s.op_type} constant")
-            or _expect(m["one"], 1.0, "Add constant") or _expect(m["half"], 0.5, "Mul constant"))
-
-
-ERF_GELU = Rule("erf_gelu", erf_gelu_pattern(), condition=erf_gelu_ok,
-                action=lambda m: Replacement("Gelu", [m["x"]], {"approximate": "none"}),
-                priority=PRIORITY_RECOGNITION, kind="activation",
-                description="0.5 * x * (1 + erf(x / sqrt(2))) -> Gelu(x)")
-
-__all__ = ["SILU", "HARD_SWISH", "ERF_GELU", "silu_pattern", "hard_swish_pattern", "erf_gelu_pattern",
-           "CONST_TOLERANCE"]
+__all__ = ["SILU", "HARD_SWISH", "silu_pattern", "hard_swish_pattern"]

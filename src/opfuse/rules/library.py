@@ -1,7 +1,8 @@
 """The seed's pattern library as rule sets (plain lists; compose them with ``+``).
 
 * ``recognition_rules()``: rewrites that turn decomposed formulas into single ops
-  (LayerNorm, erf-GELU, SiLU, hard-swish), so later rules and codegen see one op each;
+  (LayerNorm, erf- and tanh-GELU, SiLU, hard-swish), so later rules and codegen see one op
+  each (the compile pipeline's ``recognize`` stage runs these very rules);
 * ``fusion_rules()``: group rules, highest priority first: attention, conv and matmul
   epilogues, Conv* -> Concat, parallel MatMuls on a shared input, elementwise chains.
 
@@ -9,17 +10,18 @@ Rule names are what ``--disable`` takes.
 """
 from __future__ import annotations
 
-from opfuse.rules.activations import ERF_GELU, HARD_SWISH, SILU
+from opfuse.rules.activations import HARD_SWISH, SILU
 from opfuse.rules.attention import ATTENTION
 from opfuse.rules.conv import CONV_ACT, CONV_BN_ACT, CONV_CONCAT, CONV_RESIDUAL
 from opfuse.rules.elementwise import ELEMENTWISE_CHAIN
+from opfuse.rules.gelu import ERF_GELU, TANH_GELU
 from opfuse.rules.horizontal import MATMUL_EPILOGUE, PARALLEL_MATMUL
 from opfuse.rules.normalization import LAYERNORM
 from opfuse.rules.rule import Rule
 
 
 def recognition_rules() -> list[Rule]:
-    return [LAYERNORM, ERF_GELU, SILU, HARD_SWISH]
+    return [LAYERNORM, ERF_GELU, TANH_GELU, SILU, HARD_SWISH]
 
 
 def fusion_rules() -> list[Rule]:

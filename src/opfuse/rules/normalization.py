@@ -1,20 +1,31 @@
-"""Recognise a decomposed LayerNorm and rewrite it into ``LayerNormalization``.
+"""Recognise a decomposed LayerNorm and rewrite it into one ``LayerNormalization`` op.
 
 Exporters emit LayerNorm over the trailing axes ``A = [k, rank)`` as
 
     u = ReduceMean(x, A);  d = x - u;  v = ReduceMean(d ** 2, A)   (or d * d)
-    y = d / Sqrt(v + eps) * gamma + beta
+    y = d / Sqrt(v + eps) * gamma + beta                           (the affine part is optional)
 
-which is ``LayerNormalization(x, gamma, beta, axis=k, epsilon=eps)`` when both means reduce the
-same trailing axes with keepdims, eps is a scalar constant and gamma/beta only vary along the
-normalised axes (their broadcast never adds leading dimensions to the output).
+which is ``LayerNormalization(x, gamma, beta, axis=k, epsilon=eps)``:
+``y = (x - E[x]) / sqrt(Var[x] + eps) * gamma + beta`` over ``A`` (gamma = 1 when absent). It
+holds when both means reduce the same trailing axes with keepdims, the exponent is 2, eps is a
+non-negative constant scalar and gamma/beta only vary along the normalised axes (their
+broadcast never adds leading dimensions). Seeing it as one op lets fusion treat it as one
+reduction with a prologue and an epilogue instead of nine kernels.
+
+A refusal of the statistics (axes, keepdims, exponent, eps, dtype) names the nodes at fault, so
+the smaller matches holding them are not offered again; a refused gamma or beta only refuses the
+match that includes it, so the normalisation without the affine part is still recognised.
+An intermediate (``u``, ``d``, the variance, ...) read outside the match is refused too.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from opfuse.ops.reduce import reduce_axes
+from opfuse.ops.registry import get_spec
 from opfuse.patterns import Const, Op, Var
-from opfuse.rules.rule import Replacement, Rule, close, scalar
+from opfuse.rules.recognition import broadcast_reason, derived_name, escape_reason, float_reason
+from opfuse.rules.rule import Replacement, Rule, close, refuse, scalar
 
 SQUARE_EXPONENT = 2.0
 EXPONENT_TOLERANCE = 1e-6
@@ -23,24 +34,43 @@ PRIORITY_LAYERNORM = 2.0  # before the GELU/SiLU rules when a chain could be cla
 
 def layernorm_pattern():
     x = Var("x")
-    mean = Op("ReduceMean")(x).named("mean")
-    d = Op("Sub")(x, mean).named("centered")
-    square = Op("Pow")(d, Const(name="exponent")).named("square") | Op("Mul")(d, d).named("square")
-    var = Op("ReduceMean")(square).named("variance")
-    std = Op("Sqrt")(Op("Add")(var, Const(name="eps")).named("add_eps")).named("std")
-    y = Op("Div")(d, std).named("normalized")
-    scaled = Op("Mul")(y, Const(name="gamma")).named("scale")
-    return Op("Add")(scaled, Const(name="beta")).named("shift")
+    mean = Op("ReduceMean")(x).named("mean").keep()
+    d = Op("Sub")(x, mean).named("centered").keep()
+    square = Op("Pow")(d, Const(name="exponent")).named("square").keep() | \
+        Op("Mul")(d, d).named("square").keep()
+    var = Op("ReduceMean")(square).named("variance").keep()
+    std = Op("Sqrt")(Op("Add")(var, Const(name="eps")).named("add_eps").keep()).named("std").keep()
+    normalized = Op("Div")(d, std).named("normalized")
+    scaled = Op("Mul")(normalized.keep(), Const(name="gamma")).named("scale")
+    shifted = Op("Add")(scaled.keep(), Const(name="beta")).named("shift")
+    return shifted | scaled | normalized
 
 
-def _axes(node, rank: int) -> list[int] | None:
-    axes = node.attrs.get("axes")
-    if axes is None:
-        return None if node.attrs.get("noop_with_empty_axes", 0) else list(range(rank))
-    return sorted(a % rank for a in axes)
+def _axes(node) -> tuple[tuple[int, ...] | None, dict]:
+    a = get_spec("ReduceMean").attrs_of(node)
+    return reduce_axes(node, a), a
 
 
-def _param_ok(v, rank: int, axis: int, what: str) -> str | None:
+def layernorm_axis(m):
+    """The first normalised axis, or a ``Refusal`` naming the ReduceMeans at fault."""
+    rank = len(m["x"].shape)
+    (a1, attrs1), (a2, attrs2) = _axes(m["mean"]), _axes(m["variance"])
+    if a1 is None or a1 != a2:
+        return refuse(f"the two ReduceMeans reduce different axes ({_fmt(a1)} and {_fmt(a2)})",
+                      m["mean"], m["variance"])
+    if list(a1) != list(range(a1[0], rank)):
+        return refuse(f"ReduceMean axes {list(a1)} are not the trailing axes of a rank-{rank} tensor", m["mean"])
+    for r, attrs in ((m["mean"], attrs1), (m["variance"], attrs2)):
+        if not int(attrs["keepdims"]):
+            return refuse(f"ReduceMean '{r.name}' drops the reduced axes (keepdims=0)", r)
+    return a1[0]
+
+
+def _fmt(axes) -> str:
+    return "none" if axes is None else str(list(axes))
+
+
+def _param_reason(v, rank: int, axis: int, what: str) -> str | None:
     shape = v.shape
     if len(shape) > rank:
         return f"{what} '{v.name}' has rank {len(shape)} > {rank}"
@@ -50,58 +80,58 @@ def _param_ok(v, rank: int, axis: int, what: str) -> str | None:
     return None
 
 
-def layernorm_axis(m) -> tuple[int | None, str | None]:
+def layernorm_ok(m):
     x = m["x"]
-    rank = len(x.shape)
-    a1, a2 = _axes(m["mean"], rank), _axes(m["variance"], rank)
-    if a1 is None or a1 != a2:
-        return None, f"the two ReduceMeans reduce different axes ({a1} and {a2})"
-    if not a1 or a1 != list(range(a1[0], rank)):
-        return None, f"ReduceMean axes {a1} are not the trailing axes of a rank-{rank} tensor"
-    for r in (m["mean"], m["variance"]):
-        if not r.attrs.get("keepdims", 1):
-            return None, f"ReduceMean '{r.name}' drops the reduced axes (keepdims=0)"
-    return a1[0], None
-
-
-def layernorm_ok(m) -> str | None:
-    x = m["x"]
-    if not np.issubdtype(x.dtype, np.floating):
-        return f"'{x.name}' is {x.dtype.name}, not a float tensor"
-    axis, reason = layernorm_axis(m)
+    reason = float_reason(x)
     if reason:
-        return reason
+        return refuse(reason, m["mean"])
+    axis = layernorm_axis(m)
+    if not isinstance(axis, int):
+        return axis
     exp = m.get("exponent")
     if exp is not None and not close(scalar(exp), SQUARE_EXPONENT, EXPONENT_TOLERANCE):
-        return f"Pow exponent '{exp.name}' is not 2"
+        return refuse(f"Pow exponent '{exp.name}' is not 2", m["square"])
     eps = scalar(m["eps"])
     if eps is None or eps < 0:
-        return f"epsilon '{m['eps'].name}' is not a non-negative constant scalar"
+        return refuse(f"epsilon '{m['eps'].name}' is not a non-negative constant scalar", m["add_eps"])
     rank = len(x.shape)
-    return _param_ok(m["gamma"], rank, axis, "scale") or _param_ok(m["beta"], rank, axis, "bias")
+    for key, what, node in (("gamma", "scale", "scale"), ("beta", "bias", "shift")):
+        if m.get(key) is not None:
+            reason = _param_reason(m[key], rank, axis, what)
+            if reason:
+                return refuse(reason, m[node])
+    return broadcast_reason(m) or escape_reason(m)
 
 
-def _as_normalized(v, rank: int, axis: int, dtype):
-    """The parameter as a constant of exactly the normalised shape (what LayerNormalization reads)."""
-    lead = (1,) * (rank - len(v.shape)) + tuple(v.shape)
-    if tuple(v.shape) == lead[axis:] and v.dtype == dtype:
+def _as_normalized(v, normalized: tuple[int, ...], dtype):
+    """The parameter with exactly the normalised shape (what LayerNormalization reads): ``v``
+    itself when it already fits, else a constant array broadcast to that shape."""
+    if tuple(v.shape) == normalized and v.dtype == dtype:
         return v
-    data = v.const.reshape(lead)[(0,) * axis]
-    return np.ascontiguousarray(data.astype(dtype))
+    rank = len(normalized)
+    data = np.asarray(v.const)
+    if data.ndim > rank:  # leading dims are all 1 (checked by the condition)
+        data = data.reshape(data.shape[data.ndim - rank:])
+    return np.ascontiguousarray(np.broadcast_to(data, normalized).astype(dtype))
 
 
 def layernorm_rewrite(m):
-    axis, _ = layernorm_axis(m)
     x = m["x"]
-    rank = len(x.shape)
-    gamma = _as_normalized(m["gamma"], rank, axis, x.dtype)
-    beta = _as_normalized(m["beta"], rank, axis, x.dtype)
-    return Replacement("LayerNormalization", [x, gamma, beta],
-                       {"axis": axis, "epsilon": float(scalar(m["eps"]))})
+    axis = layernorm_axis(m)
+    normalized = tuple(x.shape[axis:])
+    if m.get("gamma") is not None:
+        gamma = _as_normalized(m["gamma"], normalized, x.dtype)
+    else:
+        gamma = np.ones(normalized, dtype=x.dtype)
+    inputs = [x, gamma]
+    if m.get("beta") is not None:
+        inputs.append(_as_normalized(m["beta"], normalized, x.dtype))
+    name = derived_name([n.name for n in m.nodes], f"{m['mean'].name}_layernorm")
+    return Replacement("LayerNormalization", inputs, {"axis": axis, "epsilon": float(scalar(m["eps"]))}, name=name)
 
 
-LAYERNORM = Rule("layernorm", layernorm_pattern(), condition=layernorm_ok, action=layernorm_rewrite,
+LAYERNORM = Rule("recognize_layernorm", layernorm_pattern(), condition=layernorm_ok, action=layernorm_rewrite,
                  priority=PRIORITY_LAYERNORM, kind="normalization",
-                 description="ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div/Mul/Add -> LayerNormalization")
+                 description="ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div[/Mul/Add] -> LayerNormalization")
 
 __all__ = ["LAYERNORM", "layernorm_pattern", "layernorm_ok", "layernorm_rewrite"]

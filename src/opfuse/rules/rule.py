@@ -156,9 +156,20 @@ def close(a: float | None, b: float, rtol: float) -> bool:
     return a is not None and abs(a - b) <= rtol * max(abs(b), 1.0)
 
 
+def outside_readers(values, inside: set[int], graph) -> str | None:
+    """Name the first reader outside ``inside`` (node ids) of any value, or 'graph output'."""
+    for v in values:
+        if graph is not None and v in graph.outputs:
+            return f"'{v.name}' is a graph output"
+        for user, _ in v.uses:
+            if id(user) not in inside:
+                return f"'{v.name}' is also read by '{user.name}'"
+    return None
+
+
 def rule_names(rules) -> list[str]:
     return [r.name for r in rules]
 
 
 __all__ = ["Rule", "Refusal", "refuse", "GROUP", "Replacement", "default_benefit", "default_cost", "internal_bytes", "scalar",
-           "close", "rule_names", "TRAFFIC_PER_INTERNAL_BYTE", "MIN_COST"]
+           "close", "outside_readers", "rule_names", "TRAFFIC_PER_INTERNAL_BYTE", "MIN_COST"]
