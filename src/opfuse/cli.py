@@ -156,6 +156,21 @@ def _summary_lines(comp) -> list[str]:
     return lines
 
 
+def _predicted_vs_measured(report: dict) -> str:
+    lines = [f"{'group':<28}{'ops':<34}{'predicted':>12}{'measured':>12}{'ratio':>8}"]
+    for g in report["groups"]:
+        p, m = g.get("predicted_latency_s"), g.get("measured_latency_s")
+        if p is None or m is None:
+            continue
+        ops = "+".join(g["ops"])
+        lines.append(f"{g['name'][:27]:<28}{ops[:33]:<34}{p * 1e6:>10.1f}us{m * 1e6:>10.1f}us{m / p:>8.2f}")
+    p, m = report.get("predicted_latency_s"), report["measured_latency_s"]
+    total = f"whole model: measured {m * 1e3:.3f} ms (median of {report['measured_repeat']} runs, kernel timers on)"
+    if p:
+        total += f", predicted {p * 1e3:.3f} ms, ratio {m / p:.2f}"
+    return "\n".join(lines + [total])
+
+
 def cmd_compile(args) -> int:
     import json
     from opfuse.compiler import plan_model
@@ -166,8 +181,13 @@ def cmd_compile(args) -> int:
         from opfuse.targets import get_profile
         points = plan_pareto(comp.graph, get_profile(args.target), legality=RuleLegality(options_from(comp.context)))
         print(format_pareto([p for p, _ in points]))
+    if args.measure:
+        from opfuse.compiler import measure
+        measure(comp, repeat=args.repeat)
     if args.report:
         print(comp.fusion_report.to_text())
+    if args.measure:
+        print(_predicted_vs_measured(comp.report))
     for line in _summary_lines(comp):
         print(line)
     if args.report_json:
@@ -200,6 +220,13 @@ def cmd_profile(args) -> int:
     from opfuse.targets import calibrate_host, format_profile, get_profile, save_profile
     profile = calibrate_host(force=args.recalibrate) if args.target == "host" else get_profile(args.target)
     print(format_profile(profile))
+    if args.fit:
+        if args.target != "host":
+            raise OpfuseError("--fit measures on this machine: use --target host")
+        from opfuse.compiler import fit_host_corrections
+        from opfuse.cost.correction import format_corrections
+        corr = fit_host_corrections(args.fit)
+        print(format_corrections(corr))
     if args.output:
         save_profile(profile, args.output)
         print(f"wrote {args.output}")
@@ -308,6 +335,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report-json", metavar="FILE", help="write the report as JSON")
     p.add_argument("--pareto", action="store_true", help="print the Pareto front (latency, memory, kernels)")
     p.add_argument("--emit-c", metavar="DIR", help="write the generated C library (host target)")
+    p.add_argument("--measure", action="store_true",
+                   help="host: build with kernel timers, run, and report measured next to predicted latency")
+    p.add_argument("--repeat", type=int, default=20, help="timed runs for --measure")
     p.set_defaults(fn=cmd_compile)
 
     p = sub.add_parser("explain", help="why every pair of adjacent groups was not merged")
@@ -318,6 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default="host", help="host (calibrated here), cortex-m7, a100, h200")
     p.add_argument("--recalibrate", action="store_true", help="host: measure again, ignoring the cache")
     p.add_argument("-o", "--output", help="save the profile as JSON")
+    p.add_argument("--fit", nargs="+", metavar="MODEL",
+                   help="host: fit the cost model's correction factors from measured per-group times of "
+                        "these models (e.g. zoo:resnet8 zoo:mobilenet_v1) and save them")
     p.set_defaults(fn=cmd_profile)
 
     p = sub.add_parser("zoo", help="built-in models")

@@ -204,3 +204,28 @@ def test_run_c_backend_fused_and_unfused_match_reference(capsys, tmp_path):
     want = run(g, random_inputs(g, 0))["output"]
     for got in outs.values():
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_compile_measure_puts_measured_next_to_predicted(capsys, tmp_path):
+    import json
+    rj = tmp_path / "r.json"
+    code, out, err = run_cli(capsys, "compile", "zoo:resnet8", "--measure", "--repeat", "3",
+                             "--report-json", str(rj))
+    assert code == 0, err
+    assert "whole model: measured" in out
+    rep = json.loads(rj.read_text())
+    assert rep["measured_latency_s"] > 0 and rep["predicted_latency_s"] > 0
+    timed = [g for g in rep["groups"] if "measured_latency_s" in g]
+    assert len(timed) == rep["kernels_after"] and all(g["measured_latency_s"] > 0 for g in timed)
+
+
+def test_profile_fit_saves_host_corrections(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("OPFUSE_CACHE_DIR", str(tmp_path))  # keep the session's planner uncorrected
+    code, out, err = run_cli(capsys, "profile", "--target", "host", "--fit", "zoo:ds_cnn")
+    assert code == 0, err
+    assert "corrections for host" in out and "alpha" in out
+    from opfuse.cost.correction import load_corrections
+    corr = load_corrections("host")
+    assert corr.samples and all(a > -1 for a in corr.alphas.values())
+    code, out, err = run_cli(capsys, "profile", "--target", "cortex-m7", "--fit", "zoo:ds_cnn")
+    assert code == 2 and "host" in err
