@@ -188,6 +188,11 @@ def cmd_compile(args) -> int:
         print(comp.fusion_report.to_text())
     if args.measure:
         print(_predicted_vs_measured(comp.report))
+    if args.stats:
+        from opfuse.passes import PassTiming, RuleStatistics
+        for inst in (comp.context.instrument(PassTiming), comp.context.instrument(RuleStatistics)):
+            if inst is not None:
+                print(inst.report())
     for line in _summary_lines(comp):
         print(line)
     if args.report_json:
@@ -338,6 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--measure", action="store_true",
                    help="host: build with kernel timers, run, and report measured next to predicted latency")
     p.add_argument("--repeat", type=int, default=20, help="timed runs for --measure")
+    p.add_argument("--stats", action="store_true", help="print per-pass timing and per-rule statistics")
     p.set_defaults(fn=cmd_compile)
 
     p = sub.add_parser("explain", help="why every pair of adjacent groups was not merged")

@@ -229,3 +229,12 @@ def test_profile_fit_saves_host_corrections(capsys, tmp_path, monkeypatch):
     assert corr.samples and all(a > -1 for a in corr.alphas.values())
     code, out, err = run_cli(capsys, "profile", "--target", "cortex-m7", "--fit", "zoo:ds_cnn")
     assert code == 2 and "host" in err
+
+
+def test_compile_stats_prints_pass_timing_and_rule_statistics(capsys):
+    code, out, err = run_cli(capsys, "compile", "zoo:bert_layer", "--stats", "--planner", "rules")
+    assert code == 0, err
+    rows = {l.split()[0]: l.split()[1:] for l in out.splitlines() if l.startswith("recognize_")}
+    attempts, matches, applied = (int(x) for x in rows["recognize_layernorm"][:3])
+    assert applied == matches == 2 and attempts >= matches  # anchors tried are counted
+    assert "recognize" in out and "total" in out

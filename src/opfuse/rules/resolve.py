@@ -95,9 +95,10 @@ class _Engine:
         st = self.out.stats[rule.name]
         while True:
             t0 = time.perf_counter()
-            before = self.matcher.stats(rule.pattern).attempts
             new = self.matcher.take_new(rule.pattern)
-            st.attempts += self.matcher.stats(rule.pattern).attempts - before
+            # The matcher counts every anchor it tried for this pattern in this run, the first
+            # search included (which runs inside take_new): read its total, don't diff it.
+            st.attempts = self.matcher.stats(rule.pattern).attempts
             st.seconds += time.perf_counter() - t0
             banned_any = False
             for m in new:
