@@ -87,7 +87,7 @@ def _choose_plan(graph: Graph, rules_plan: FusionPlan, ctx, opts: CompileOptions
     objective = Objective.parse(opts.objective) if opts.objective else None
     result = plan_fusion(graph, get_profile(opts.target), method=opts.planner,
                          legality=RuleLegality(options_from(ctx)), objective=objective, constraints=constraints)
-    return annotate_plan(result.plan), result
+    return annotate_plan(result.plan, options_from(ctx)), result
 
 
 def _merge_planner_report(report: dict, plan_json: dict) -> None:

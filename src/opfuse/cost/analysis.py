@@ -92,6 +92,27 @@ def node_info(node: Node, cache: dict | None = None) -> NodeInfo:
     return info
 
 
+# ``cache`` key of the graph-output id set (node entries are keyed by int ids: no clash).
+_GRAPH_OUTPUTS_KEY = "graph_outputs"
+
+
+def graph_output_ids(graph: Graph, cache: dict | None = None) -> frozenset[int]:
+    """Ids of ``graph``'s outputs, built once per graph when a ``cache`` is given (O(outputs)
+    per call otherwise: quadratic over a plan of a graph with thousands of outputs).
+
+    The cached set is reused while the graph object and its number of outputs are unchanged
+    (the cache must not outlive the graph, nor the graph's outputs be edited while it lives).
+    """
+    if cache is None:
+        return frozenset(id(v) for v in graph.outputs)
+    entry = cache.get(_GRAPH_OUTPUTS_KEY)
+    if entry is not None and entry[0] is graph and entry[1] == len(graph.outputs):
+        return entry[2]
+    ids = frozenset(id(v) for v in graph.outputs)
+    cache[_GRAPH_OUTPUTS_KEY] = (graph, len(graph.outputs), ids)
+    return ids
+
+
 def numel(v: Value) -> int:
     """Elements of ``v`` (``math.prod``: much faster than NumPy on a short tuple)."""
     return math.prod(v.type.shape) if v.type is not None else 0
@@ -156,11 +177,12 @@ class GroupAnalysis:
 def analyze_group(graph: Graph, nodes, cache: dict | None = None) -> GroupAnalysis:
     """Analyse ``nodes`` (a FusionGroup's nodes, in topological order) as one kernel.
 
-    ``cache`` memoises per-node facts across calls on the same graph (see ``node_info``).
+    ``cache`` memoises per-node facts and the graph-output set across calls on the same
+    graph (see ``node_info`` and ``graph_output_ids``).
     """
     nodes = tuple(nodes)
     member = {id(n): i for i, n in enumerate(nodes)}
-    graph_outs = {id(v) for v in graph.outputs}
+    graph_outs = graph_output_ids(graph, cache)
     infos = {id(n): node_info(n, cache) for n in nodes}
     specs = {k: info[0] for k, info in infos.items()}
 

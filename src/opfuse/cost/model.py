@@ -154,7 +154,8 @@ class CostModel:
     # Plans --------------------------------------------------------------------------------
     def unfused_bytes(self, graph: Graph) -> int:
         """``M_total``: main-memory traffic when every op is its own kernel."""
-        return sum(analyze_group(graph, [n]).boundary_bytes for n in graph.nodes)
+        cache: dict = {}  # one graph-output set for all nodes (linear, not quadratic)
+        return sum(analyze_group(graph, [n], cache).boundary_bytes for n in graph.nodes)
 
     def plan_cost(self, plan: FusionPlan, costs: list[GroupCost] | None = None,
                   unfused_bytes: int | None = None) -> PlanCost:

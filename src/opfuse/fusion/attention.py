@@ -13,14 +13,17 @@ The attention group holds:
 * ``prologue``: data movement producing Q, K and V (Split of a fused QKV projection, head
   Reshape/Transpose), whose outputs are read only inside the group: the kernel reads Q, K, V
   through index maps straight from the projection's output;
-* ``epilogue``: data movement after ``pv`` (merge heads: Transpose, Reshape).
+* ``epilogue``: relabelling data movement after ``pv`` (merge heads: Transpose, Reshape),
+  which stores each finished output element at its final index; Slice, Pad, Gather,
+  Concat... after ``pv`` would drop or repeat elements of a row being finished, so they
+  end the kernel.
 
 ``attention_structure`` checks a node set has this shape; ``find_attention`` grows the set
 around each Softmax for the ``attention`` fusion rule.
 """
 from __future__ import annotations
 
-from opfuse.fusion.categories import is_elementwise, is_injective
+from opfuse.fusion.categories import is_elementwise, is_injective, is_relabel
 from opfuse.fusion.decisions import ReasonKind, Refusal
 from opfuse.ir.graph import Graph, Node, Value
 from opfuse.ops.common import norm_axis
@@ -96,12 +99,17 @@ def attention_structure(nodes: list[Node], graph: Graph, outputs: frozenset[int]
             return Refusal(ReasonKind.CATEGORY_FORBIDS,
                            f"'{n.name}' ({n.op_type}) is not data movement: only index maps surround attention")
         if id(n) in after_pv:
+            if not is_relabel(n):
+                return Refusal(ReasonKind.CATEGORY_FORBIDS,
+                               f"'{n.name}' ({n.op_type}) after the attention output does not relabel "
+                               f"elements: only Reshape/Transpose-like moves finish an attention kernel")
             epilogue.append(n)
         else:
             if not all(_internal(v, ids, outputs) for v in n.outputs):
                 return _refuse(f"prologue value of '{n.name}' is also read outside the attention kernel")
             prologue.append(n)
-    for n in [pv] + epilogue[:-1]:
+    chain = [pv] + epilogue
+    for n in chain[:-1]:  # the last value of the chain is the kernel's output
         if not _internal(n.outputs[0], ids, outputs):
             return _refuse(f"'{n.outputs[0].name}' is read outside before the head merge is complete")
     return {"qk": qk, "scale_ops": [n.name for n in scale_ops], "softmax": sm.name, "pv": pv.name,
@@ -155,9 +163,9 @@ def find_attention(graph: Graph, softmax: Node, order: dict[int, int] | None = N
                 if all(id(w) not in outputs and all(id(u) in members for u, _ in w.uses) for w in p.outputs):
                     members[id(p)] = p
                     grew = True
-    # Epilogue: the chain of single-reader data movement after pv (merging the heads).
+    # Epilogue: the chain of single-reader relabelling moves after pv (merging the heads).
     v = pv.outputs[0]
-    while len(v.uses) == 1 and id(v) not in outputs and is_injective(v.uses[0][0]) \
+    while len(v.uses) == 1 and id(v) not in outputs and is_relabel(v.uses[0][0]) \
             and len(v.uses[0][0].outputs) == 1:
         n = v.uses[0][0]
         members[id(n)] = n

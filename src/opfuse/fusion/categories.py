@@ -9,11 +9,19 @@
 * reduction: Softmax, LayerNormalization, pooling, ReduceX; a *row normalization* is a
   reduction tagged ``normalization`` whose output has its input's shape (Softmax, LayerNorm).
 * opaque: never fused with anything (Shape, ConstantOfShape).
+
+After an anchor (an epilogue, finished one anchor result at a time) only ops that map one
+element to one element may follow: *pointwise* ops (elementwise/broadcast, but not Expand,
+which spreads one element over many) and *relabelling* data movement (Reshape family,
+Transpose: bijections of the index, mapping ``REORGANIZE``/``SHUFFLE``). Slice, Pad, Gather,
+Resize, Concat, Split do not (they drop, repeat or interleave elements).
 """
 from __future__ import annotations
 
 from opfuse.ir.graph import Node
-from opfuse.ops.registry import Category, get_spec
+from opfuse.ops.registry import Category, Mapping, get_spec
+
+RELABEL_MAPPINGS = (Mapping.REORGANIZE, Mapping.SHUFFLE)
 
 
 def category(node: Node) -> Category:
@@ -22,6 +30,18 @@ def category(node: Node) -> Category:
 
 def is_elementwise(node: Node) -> bool:
     return category(node) <= Category.BROADCAST
+
+
+def is_pointwise(node: Node) -> bool:
+    """Elementwise/broadcast and one output element per input element (not Expand)."""
+    spec = get_spec(node.op_type, node)
+    return spec.category <= Category.BROADCAST and spec.mapping != Mapping.ONE_TO_MANY
+
+
+def is_relabel(node: Node) -> bool:
+    """Data movement that only renames each element's index (Reshape family, Transpose)."""
+    spec = get_spec(node.op_type, node)
+    return spec.category == Category.INJECTIVE and spec.mapping in RELABEL_MAPPINGS
 
 
 def is_injective(node: Node) -> bool:

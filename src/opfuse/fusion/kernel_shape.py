@@ -9,13 +9,14 @@ two composite kernels the backend builds):
 ``injective``      data movement plus elementwise ops, evaluated through index maps; every
                    boundary output has one shape.
 ``conv_epilogue``  one Conv/ConvTranspose (``gemm_epilogue``: MatMul/Gemm) and elementwise ops
-                   after it, applied per output element while the result is in registers:
+                   after it, applied per output element while the result is in registers
+                   (pointwise ones: no Expand, which spreads one element over many):
                    epilogue ops have the anchor's output shape; side computations feeding them
                    are elementwise; nothing in the group feeds the anchor (no prologue), and a
                    second out-elementwise-fusable op or any reduction is refused (Conv -> Conv
                    is never fused).
 ``reduction``      one reduction with an elementwise prologue (values read only by the group)
-                   and an elementwise epilogue of the reduction's output shape.
+                   and a pointwise epilogue of the reduction's output shape.
 ``attention``      ``MatMul -> scale/mask -> Softmax -> MatMul`` with data-movement prologue and
                    epilogue (``opfuse.fusion.attention``).
 
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 
 from opfuse.fusion.attention import attention_structure
 from opfuse.fusion.categories import (category_name, is_elementwise, is_injective, is_oef, is_opaque,
-                                      is_reduction)
+                                      is_pointwise, is_reduction)
 from opfuse.fusion.decisions import ReasonKind, Refusal
 from opfuse.ir.graph import Graph, Node, Value
 
@@ -173,6 +174,8 @@ def _epilogue(nodes: list[Node], graph: Graph, anchor: Node, outputs: frozenset[
         if not is_elementwise(n):
             return _forbid(f"{_desc(n, True)} cannot follow {_desc(anchor)} in its kernel: "
                            f"only elementwise ops form an epilogue")
+        if id(n) in down and not is_pointwise(n):
+            return _spreads(n, anchor)
         if id(n) in down and n.outputs[0].shape != domain:
             return _refuse(f"epilogue op {_desc(n)} has output shape {n.outputs[0].shape}, not the anchor's "
                            f"{domain}: the epilogue runs once per output element")
@@ -181,6 +184,11 @@ def _epilogue(nodes: list[Node], graph: Graph, anchor: Node, outputs: frozenset[
             return _refuse(f"'{v.name}' leaves the group with shape {v.shape}, not the anchor's {domain}")
     epilogue = [n.name for n in nodes if id(n) in down]
     return GroupShape(EPILOGUE_KINDS[anchor.op_type], anchor, {"epilogue": epilogue})
+
+
+def _spreads(n: Node, anchor: Node) -> Refusal:
+    return _forbid(f"{_desc(n)} after {_desc(anchor)} would spread one result of the anchor over "
+                   f"several output elements: an epilogue maps each anchor element to one element")
 
 
 def _reduction(nodes: list[Node], graph: Graph, anchor: Node, outputs: frozenset[int]) -> GroupShape | Refusal:
@@ -195,6 +203,8 @@ def _reduction(nodes: list[Node], graph: Graph, anchor: Node, outputs: frozenset
             where = "before" if id(n) in up else "after"
             return _forbid(f"{_desc(n, True)} cannot be fused {where} reduction {_desc(anchor)}: "
                            f"only elementwise ops form a prologue or epilogue")
+        if id(n) in down and not is_pointwise(n):
+            return _spreads(n, anchor)
         if id(n) in down and n.outputs[0].shape != domain:
             return _refuse(f"epilogue op {_desc(n)} has output shape {n.outputs[0].shape}, not the "
                            f"reduction's {domain}")

@@ -12,7 +12,11 @@ kernel) if, for every element ``j``, the kernel reads ``i[j]`` only while comput
   reduction reads many input elements per output element), i.e. ``i`` is an epilogue
   operand, not a prologue one;
 * the group has at most one anchor and no data-movement (injective) op, and with an anchor
-  every output comes from the anchor's pass (one loop structure writes everything).
+  every output comes from the anchor's pass (one loop structure writes everything);
+* every node of the group that reads ``i`` is ``o``'s producer or one of its ancestors in
+  the group: then all reads of ``i[j]`` happen while computing ``o[j]`` (the code generator
+  memoises them), before ``o[j]`` is stored. With several outputs, a reader of ``i`` that
+  only feeds another output may be evaluated after ``o[j]`` was stored over ``i[j]``.
 
 The facts come from op categories only, so this module does not depend on the code
 generator; the generator honours the decision by passing one pointer for both.
@@ -45,6 +49,21 @@ def _downstream(group: FusionGroup, start: Value) -> set[int]:
     return seen
 
 
+def _upstream(group: FusionGroup, node: Node) -> set[int]:
+    """Ids of ``node`` and the group nodes it depends on through values inside the group."""
+    ids = group.node_ids()
+    seen = {id(node)}
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        for v in n.input_values():
+            p = v.producer
+            if p is not None and id(p) in ids and id(p) not in seen:
+                seen.add(id(p))
+                todo.append(p)
+    return seen
+
+
 def inplace_candidates(group: FusionGroup, graph: Graph, static: dict) -> list[tuple[Value, Value]]:
     """``(input, output)`` pairs the kernel of ``group`` can compute in place, in group order."""
     live_nodes = [n for n in group.nodes if not all(id(v) in static for v in n.outputs)]
@@ -73,7 +92,8 @@ def inplace_candidates(group: FusionGroup, graph: Graph, static: dict) -> list[t
         if anchor is not None and id(anchor) in _downstream(group, i):
             continue
         for o in outputs:
-            if id(o) not in taken and o.dtype.itemsize == i.dtype.itemsize and o.nbytes == i.nbytes:
+            if id(o) not in taken and o.dtype.itemsize == i.dtype.itemsize and o.nbytes == i.nbytes \
+                    and all(id(u) in _upstream(group, o.producer) for u in users):
                 pairs.append((i, o))
                 taken.add(id(o))
                 break
