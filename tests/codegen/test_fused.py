@@ -202,6 +202,24 @@ def test_attention_longer_than_one_key_block(cache_dir):
     check(g, spec, cache_dir, functions=2)
 
 
+@pytest.mark.parametrize("masked", [0, 1, 64, 149])
+def test_attention_mask_hiding_leading_keys(cache_dir, masked):
+    """A left-padding mask: the first ``masked`` keys (whole key blocks included) are -inf for
+    every query. The online softmax must not turn an all -inf block into NaN."""
+    from opfuse.runtime import reference
+    from opfuse.runtime.native import build
+    g, spec, (heads, seq) = _attention_graph(heads=2, seq=150, dim=8)
+    plan = group_by_names(g, spec)
+    feeds = reference.random_inputs(g, 0)
+    mask = np.zeros((1, 1, 1, seq), np.float32)
+    mask[..., :masked] = -np.inf
+    feeds["mask"] = mask
+    model = build(g, plan, cache_dir=cache_dir)
+    got, want = model.run(feeds), reference.run(g, feeds)
+    assert np.isfinite(want[g.outputs[0].name]).all()
+    assert_close(got, want)
+
+
 def test_chained_anchors_are_refused_with_the_group_name(cache_dir):
     b = GraphBuilder("conv_conv")
     x = b.input("x", (1, 3, 5, 5))

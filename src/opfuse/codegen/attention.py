@@ -1,27 +1,43 @@
 """Attention as one tiled kernel with online softmax (the score matrix never hits memory).
 
 For ``O = softmax(f(Q @ Kt)) @ V`` (``f``: the fused elementwise scale/mask chain, softmax
-over the keys axis), each tile is one batch entry (e.g. one head) and a block of query
-rows. The tile packs ``Kt`` (D x T) and ``V`` (T x Dv) of its batch entry into per-thread
-scratch once (reading them through any fused data movement: head split, transposes), then
-for every query row walks the keys in blocks of ``attention_block``:
+over the keys axis), each tile is one batch entry (e.g. one head) and a block of up to
+``QUERY_ROWS_PER_TILE`` query rows. Both products run on the blocked GEMM's register
+micro-kernel (MR x NR), in transposed form so that one product's output is already packed
+as the next one's operand:
 
-    s_t  = f(q . k_t)                              scores of the block (registers/stack)
+    St = K @ Qt        keys x queries; A = K in MR-key panels, B = Qt in NR-query panels
+    Ot = Vt @ Pt       values x queries; A = Vt in MR-value panels, B = Pt = the St block
+
+The tile packs K, Vt (whole key range) and Qt (its queries) into per-thread scratch once,
+reading them through any fused data movement (head split, transposes), then walks the keys
+in blocks of ``attention_block`` (rounded up to MR). Per block and per query column j,
+with the block's scores ``s_t = f(St[t, j])``:
+
     m'   = max(m, max_t s_t);   a = exp(m - m')    running max and rescale factor
-    l    = l * a + sum_t exp(s_t - m')             running denominator
-    o    = o * a + sum_t exp(s_t - m') * v_t       running numerator (Dv wide)
+    p_t  = exp(s_t - m')                           written over St, in place
+    l    = l * a + sum_t p_t                       running denominator
+    Ot[:, j] = Ot[:, j] * a + Vt[:, block] @ p     running numerator (micro-kernel)
 
-and finishes ``O[row] = o / l`` through the epilogue (e.g. merge-heads Transpose+Reshape
-straight into the output). Only one block of scores exists at a time.
+and finishes ``O[row] = Ot[:, row] / l`` through the epilogue (e.g. merge-heads
+Transpose+Reshape straight into the output). Only one key block of scores exists at a time.
+In the transposed layout the per-query statistics are unit-stride vectors over the NR
+queries of a panel, so the softmax bookkeeping vectorises as well as the products do; the
+exponential is an inline polynomial (``opfuse_exp_nonpos``, within 1 ulp of expf) instead
+of a libm call per score. Every output's sums run in a fixed order, whatever the thread
+count. Scratch per thread: the packed K, Vt and Qt, one St block (BT x tile queries), Ot
+and four per-query vectors; never the S x T score matrix.
 """
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 
 from opfuse.codegen.ctype import c_type
 from opfuse.codegen.epilogue import finish_element
+from opfuse.codegen.gemm import require_outlined_microkernel
 from opfuse.codegen.index import Index
 from opfuse.codegen.stages import GroupAnalysis, Stage
 
@@ -32,6 +48,89 @@ QUERY_ROWS_PER_TILE = 64
 
 def _batch_index(batch: tuple[int, ...], b: str) -> Index:
     return Index.loops(batch, [(0, len(batch), b)]) if batch else Index((), ())
+
+
+# exp(x) for x <= 0, in plain C that gcc vectorises (libm's expf is a call per element,
+# 3 ns each: two thirds of this kernel's time on bert before). Cody-Waite reduction
+# x = n ln2 + r, |r| <= ln2/2, n rounded to nearest by the 1.5 * 2^23 trick; a degree-7
+# polynomial (Cephes expf's coefficients) for exp(r); 2^n built in the exponent bits.
+# Measured within 1 ulp of glibc's expf over [-100, 0]. Below EXP_FLUSH the result
+# (< 1.7e-38) is flushed to 0; -inf gives 0 and NaN stays NaN, as expf does.
+EXP_FLUSH = -87.0
+EXP_HELPER = "opfuse_exp_nonpos"
+EXP_HELPER_TEXT = f"""\
+/* exp(x) for x <= 0 (1 ulp of expf); vectorisable. */
+static inline float {EXP_HELPER}(float x) {{
+  const float xc = x > {EXP_FLUSH:.1f}f ? x : {EXP_FLUSH:.1f}f;
+  const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  union {{ uint32_t u; float f; }} scale = {{ (uint32_t)((int32_t)n + 127) << 23 }};
+  const float y = p * scale.f;
+  return x != x ? x : (x > {EXP_FLUSH:.1f}f ? y : 0.0f);
+}}
+"""
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def _emit_panelled(kc, ev, n: int, width: int, store: Callable[[str, str], str]) -> None:
+    """Emit ``store(panel, lane)`` for every ``panel * width + lane < n``: whole panels with
+    a constant lane count (gcc turns a variable one into a slow string copy), then the
+    partial last panel."""
+    w = kc.w
+    p, r = kc.tmp("p"), kc.tmp("r")
+    full, rest = divmod(n, width)
+    with w.block(f"for (long {p} = 0; {p} < {full}; ++{p})"):
+        with w.block(f"for (long {r} = 0; {r} < {width}; ++{r})"), ev.scope():
+            w.line(store(p, r))
+    if rest:
+        with w.block(f"for (long {r} = 0; {r} < {rest}; ++{r})"), ev.scope():
+            w.line(store(str(full), r))
+
+
+def _emit_online_softmax(kc, exp: str, ct: str, st: str, stats: tuple[str, str, str, str],
+                         bq: str, bt: str, QP: int, BT: int, NR: int) -> None:
+    """One key block of the online softmax, NR query columns (one St panel) at a time:
+    ``m' = max(m, max_t s_t)``, ``a = exp(m - m')``, ``p_t = exp(s_t - m')`` over St in place
+    (``m'`` read as 0 while it is -inf),
+    ``l = l * a + sum_t p_t`` (t ascending), ``m = m'``. Only the ``bq`` real query columns
+    are touched (padded ones keep the zero scores of their zero-padded queries and are never
+    stored). Every loop is unit stride over the panel's queries, so gcc vectorises it."""
+    w = kc.w
+    m, l, a, mn = stats
+    jp, t, j, nq = kc.tmp("jp"), kc.tmp("t"), kc.tmp("j"), kc.tmp("nq")
+    with w.block(f"for (long {jp} = 0; {jp} < {QP}; ++{jp})"):
+        sp, mp, lp, ap, np_, ls = (kc.tmp(n) for n in ("sp", "mp", "lp", "ap", "np", "ls"))
+        w.line(f"const long {nq} = {bq} - {jp} * {NR} < {NR} ? {bq} - {jp} * {NR} : {NR};")
+        w.line(f"float* restrict {sp} = {st} + {jp} * {BT * NR};")
+        for name, arr in ((mp, m), (lp, l), (ap, a), (np_, mn)):
+            w.line(f"{ct}* restrict {name} = {arr} + {jp} * {NR};")
+        s_tj = f"{sp}[{t} * {NR} + {j}]"
+        # Shift by 0 while every score so far is -inf (e.g. a padding mask over the first
+        # keys): exp(-inf - -inf) would be NaN, and l and o must just stay 0.
+        shift = f"({np_}[{j}] == -HUGE_VALF ? 0.0f : {np_}[{j}])"
+        w.line(f"for (long {j} = 0; {j} < {nq}; ++{j}) {np_}[{j}] = {mp}[{j}];")
+        w.line(f"for (long {t} = 0; {t} < {bt}; ++{t})")
+        w.line(f"  for (long {j} = 0; {j} < {nq}; ++{j}) {np_}[{j}] = {s_tj} > {np_}[{j}] ? {s_tj} : {np_}[{j}];")
+        w.line(f"for (long {j} = 0; {j} < {nq}; ++{j}) {ap}[{j}] = {exp}({mp}[{j}] - {shift});")
+        w.line(f"for (long {t} = 0; {t} < {bt}; ++{t})")
+        w.line(f"  for (long {j} = 0; {j} < {nq}; ++{j}) {s_tj} = {exp}({s_tj} - {shift});")
+        w.line(f"{ct} {ls}[{NR}];")
+        w.line(f"for (long {j} = 0; {j} < {nq}; ++{j}) {ls}[{j}] = 0.0f;")
+        w.line(f"for (long {t} = 0; {t} < {bt}; ++{t})")
+        w.line(f"  for (long {j} = 0; {j} < {nq}; ++{j}) {ls}[{j}] += {s_tj};")
+        with w.block(f"for (long {j} = 0; {j} < {nq}; ++{j})"):
+            w.line(f"{lp}[{j}] = {lp}[{j}] * {ap}[{j}] + {ls}[{j}];")
+            w.line(f"{mp}[{j}] = {np_}[{j}];")
 
 
 def lower_attention(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
@@ -47,80 +146,119 @@ def lower_attention(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     Dv = V.shape[-1]
     batch = tuple(out.shape[:-2])
     nb = math.prod(batch)
-    BT = min(kc.program.options.attention_block, T)
+    ukr, MR, NR = require_outlined_microkernel(kc)
+    exp = kc.program.require_helper(EXP_HELPER, EXP_HELPER_TEXT)
+    # Key blocks start on MR-panel boundaries of the packed K.
+    BT = _round_up(min(kc.program.options.attention_block, T), MR)
     BQ = min(QUERY_ROWS_PER_TILE, S)
     QB = -(-S // BQ)
+    QP = -(-BQ // NR)               # NR-query panels per tile
+    BQP = QP * NR                   # padded queries per tile (leading dim of Ot)
+    TP = -(-T // MR)                # MR-key panels of K
+    DVP = -(-Dv // MR)              # MR-value panels of Vt
     ct = c_type(out.dtype)
     w = kc.w
-    off_k, off_v = kc.scratch(D * T * 4), kc.scratch(T * Dv * 4)
-    off_q, off_s, off_o = kc.scratch(D * 4), kc.scratch(BT * 4), kc.scratch(Dv * 4)
+    fl = 4
+    off_k = kc.scratch(TP * D * MR * fl)
+    off_v = kc.scratch(DVP * T * MR * fl)
+    off_q = kc.scratch(QP * D * NR * fl)
+    off_s = kc.scratch(QP * BT * NR * fl)
+    off_o = kc.scratch(DVP * MR * BQP * fl)
+    off_stats = [kc.scratch(BQP * fl) for _ in range(4)]
 
     tile = kc.tmp("tile")
     kc.parallel_for(2 * nb * S * T * (D + Dv), collapse=1)
     with w.block(f"for (long {tile} = 0; {tile} < {nb * QB}; ++{tile})"):
-        b, q0 = kc.tmp("b"), kc.tmp("q0")
+        b, q0, bq = kc.tmp("b"), kc.tmp("q0"), kc.tmp("bq")
         w.line(f"const long {b} = {tile} / {QB};")
         w.line(f"const long {q0} = ({tile} % {QB}) * {BQ};")
+        w.line(f"const long {bq} = {S} - {q0} < {BQ} ? {S} - {q0} : {BQ};")
         bidx = _batch_index(batch, b)
 
         def operand(v, row: str, col: str) -> str:
             bd = bidx.broadcast_to(v.shape[:-2]).dims if len(v.shape) > 2 else ()
             return ev.at(v, Index(v.shape, tuple(bd) + (row, col)))
 
-        kt, vp, qv, sv, ov = (kc.tmp(n) for n in ("kt", "vp", "q", "s", "o"))
-        for name, off in ((kt, off_k), (vp, off_v), (qv, off_q), (sv, off_s), (ov, off_o)):
+        kp, vp, qp, st, ot = (kc.tmp(n) for n in ("kp", "vp", "qp", "st", "ot"))
+        m, l, a, mn = (kc.tmp(n) for n in ("m", "l", "a", "mn"))
+        for name, off in ((kp, off_k), (vp, off_v), (qp, off_q), (st, off_s), (ot, off_o)):
             w.line(f"float* restrict {name} = {kc.scratch_ptr('float', off)};")
-        d, t, i, dv = kc.tmp("d"), kc.tmp("t"), kc.tmp("i"), kc.tmp("dv")
-        # Pack this batch entry's keys (D x T) and values (T x Dv). Kt made by a Transpose
-        # in the group is a key-major tensor underneath: walk it key by key.
+        for name, off in zip((m, l, a, mn), off_stats):
+            w.line(f"{ct}* restrict {name} = {kc.scratch_ptr(ct, off)};")
+        d, t, c, dv = kc.tmp("d"), kc.tmp("t"), kc.tmp("c"), kc.tmp("dv")
+
+        # Pack into the micro-kernel's panel layouts (zero padding first):
+        # K[t, d] at kp[(t / MR) * D * MR + d * MR + t % MR],
+        # Vt[dv, t] at vp[(dv / MR) * T * MR + t * MR + dv % MR],
+        # Qt[d, c] at qp[(c / NR) * D * NR + d * NR + c % NR] for the tile's queries c.
+        w.line(f"memset({kp}, 0, sizeof(float) * {TP * D * MR});")
+        w.line(f"memset({vp}, 0, sizeof(float) * {DVP * T * MR});")
+        w.line(f"memset({qp}, 0, sizeof(float) * {QP * D * NR});")
+        # Kt made by a Transpose in the group is a key-major tensor underneath: walk it
+        # key by key.
         key_major = Kt.producer is not None and Kt.producer.op_type == "Transpose" \
             and id(Kt.producer) in analysis.inline
-        outer, inner = ((t, T), (d, D)) if key_major else ((d, D), (t, T))
-        with w.block(f"for (long {outer[0]} = 0; {outer[0]} < {outer[1]}; ++{outer[0]})"):
-            with w.block(f"for (long {inner[0]} = 0; {inner[0]} < {inner[1]}; ++{inner[0]})"), ev.scope():
-                w.line(f"{kt}[{d} * {T} + {t}] = {operand(Kt, d, t)};")
+        if key_major:
+            kd = kc.tmp("kd")
+            with w.block(f"for (long {t} = 0; {t} < {T}; ++{t})"):
+                w.line(f"float* restrict {kd} = {kp} + ({t} / {MR}) * {D * MR} + {t} % {MR};")
+                with w.block(f"for (long {d} = 0; {d} < {D}; ++{d})"), ev.scope():
+                    w.line(f"{kd}[{d} * {MR}] = {operand(Kt, d, t)};")
+        else:
+            with w.block(f"for (long {d} = 0; {d} < {D}; ++{d})"):
+                _emit_panelled(kc, ev, T, MR, lambda p, r: f"{kp}[{p} * {D * MR} + {d} * {MR} + {r}] = "
+                                                           f"{operand(Kt, d, f'{p} * {MR} + {r}')};")
         with w.block(f"for (long {t} = 0; {t} < {T}; ++{t})"):
-            with w.block(f"for (long {dv} = 0; {dv} < {Dv}; ++{dv})"), ev.scope():
-                w.line(f"{vp}[{t} * {Dv} + {dv}] = {operand(V, t, dv)};")
-        with w.block(f"for (long {i} = {q0}; {i} < ({q0} + {BQ} < {S} ? {q0} + {BQ} : {S}); ++{i})"):
+            _emit_panelled(kc, ev, Dv, MR, lambda p, r: f"{vp}[{p} * {T * MR} + {t} * {MR} + {r}] = "
+                                                        f"{operand(V, t, f'{p} * {MR} + {r}')};")
+        with w.block(f"for (long {c} = 0; {c} < {bq}; ++{c})"):
+            i = kc.tmp("i")
+            qd = kc.tmp("qd")
+            w.line(f"const long {i} = {q0} + {c};")
+            w.line(f"float* restrict {qd} = {qp} + ({c} / {NR}) * {D * NR} + {c} % {NR};")
             with w.block(f"for (long {d} = 0; {d} < {D}; ++{d})"), ev.scope():
-                w.line(f"{qv}[{d}] = {operand(Q, i, d)};")
-            m, l = kc.tmp("m"), kc.tmp("l")
-            w.line(f"{ct} {m} = -HUGE_VALF, {l} = 0.0f;")
-            w.line(f"for (long {dv} = 0; {dv} < {Dv}; ++{dv}) {ov}[{dv}] = 0.0f;")
-            t0, bt = kc.tmp("t0"), kc.tmp("bt")
-            with w.block(f"for (long {t0} = 0; {t0} < {T}; {t0} += {BT})"):
-                w.line(f"const long {bt} = {T} - {t0} < {BT} ? {T} - {t0} : {BT};")
-                w.line(f"for (long {t} = 0; {t} < {bt}; ++{t}) {sv}[{t}] = 0.0f;")
-                with w.block(f"for (long {d} = 0; {d} < {D}; ++{d})"):
-                    qd = kc.tmp("qd")
-                    w.line(f"const float {qd} = {qv}[{d}];")
-                    w.line(f"for (long {t} = 0; {t} < {bt}; ++{t}) {sv}[{t}] += {qd} * {kt}[{d} * {T} + {t0} + {t}];")
-                with w.block(f"for (long {t} = 0; {t} < {bt}; ++{t})"), ev.scope():
-                    sidx = Index(scores.shape, tuple(bidx.broadcast_to(scores.shape[:-2]).dims) + (i, f"{t0} + {t}"))
-                    ev.bind(scores, sidx, f"{sv}[{t}]")
-                    logit = ev.at(sm.inputs[0], sidx)
-                    w.line(f"{sv}[{t}] = {logit};")
-                    ev.unbind(scores)
-                mb, mn, a, ls = kc.tmp("mb"), kc.tmp("mn"), kc.tmp("a"), kc.tmp("ls")
-                w.line(f"{ct} {mb} = {m};")
-                w.line(f"for (long {t} = 0; {t} < {bt}; ++{t}) {mb} = {sv}[{t}] > {mb} ? {sv}[{t}] : {mb};")
-                w.line(f"const {ct} {mn} = {mb};")
-                w.line(f"const {ct} {a} = expf({m} - {mn});")
-                w.line(f"{ct} {ls} = 0.0f;")
+                w.line(f"{qd}[{d} * {NR}] = {operand(Q, i, d)};")
+
+        w.line(f"memset({ot}, 0, sizeof(float) * {DVP * MR * BQP});")
+        with w.block(f"for (long {c} = 0; {c} < {BQP}; ++{c})"):
+            w.line(f"{m}[{c}] = -HUGE_VALF;")
+            w.line(f"{l}[{c}] = 0.0f;")
+        t0, bt, nt, jp, tp, dp = (kc.tmp(n) for n in ("t0", "bt", "nt", "jp", "tp", "dp"))
+        with w.block(f"for (long {t0} = 0; {t0} < {T}; {t0} += {BT})"):
+            w.line(f"const long {bt} = {T} - {t0} < {BT} ? {T} - {t0} : {BT};")
+            w.line(f"const long {nt} = ({bt} + {MR - 1}) / {MR};")
+            # St block = K[block] @ Qt: NR-query panels of BT x NR, the layout of Pt as a B operand.
+            w.line(f"memset({st}, 0, sizeof(float) * {QP * BT * NR});")
+            with w.block(f"for (long {jp} = 0; {jp} < {QP}; ++{jp})"):
+                w.line(f"for (long {tp} = 0; {tp} < {nt}; ++{tp}) {ukr}({D}, {kp} + ({t0} / {MR} + {tp}) * {D * MR}, "
+                       f"{qp} + {jp} * {D * NR}, {st} + {jp} * {BT * NR} + {tp} * {MR * NR}, {NR});")
+            # f (scale, mask...) on the block's real scores, unit stride over a panel's queries.
+            with w.block(f"for (long {jp} = 0; {jp} < {QP}; ++{jp})"):
+                nq, sp = kc.tmp("nq"), kc.tmp("sp")
+                w.line(f"const long {nq} = {bq} - {jp} * {NR} < {NR} ? {bq} - {jp} * {NR} : {NR};")
                 with w.block(f"for (long {t} = 0; {t} < {bt}; ++{t})"):
-                    w.line(f"{sv}[{t}] = expf({sv}[{t}] - {mn});")
-                    w.line(f"{ls} += {sv}[{t}];")
-                w.line(f"{l} = {l} * {a} + {ls};")
-                w.line(f"for (long {dv} = 0; {dv} < {Dv}; ++{dv}) {ov}[{dv}] *= {a};")
-                with w.block(f"for (long {t} = 0; {t} < {bt}; ++{t})"):
-                    pt = kc.tmp("pt")
-                    w.line(f"const float {pt} = {sv}[{t}];")
-                    w.line(f"for (long {dv} = 0; {dv} < {Dv}; ++{dv}) "
-                           f"{ov}[{dv}] += {pt} * {vp}[({t0} + {t}) * {Dv} + {dv}];")
-                w.line(f"{m} = {mn};")
+                    w.line(f"float* restrict {sp} = {st} + {jp} * {BT * NR} + {t} * {NR};")
+                    with w.block(f"for (long {c} = 0; {c} < {nq}; ++{c})"), ev.scope():
+                        i = kc.tmp("i")
+                        w.line(f"const long {i} = {q0} + {jp} * {NR} + {c};")
+                        sidx = Index(scores.shape,
+                                     tuple(bidx.broadcast_to(scores.shape[:-2]).dims) + (i, f"{t0} + {t}"))
+                        ev.bind(scores, sidx, f"{sp}[{c}]")
+                        logit = ev.at(sm.inputs[0], sidx)
+                        w.line(f"{sp}[{c}] = {logit};")
+                        ev.unbind(scores)
+            _emit_online_softmax(kc, exp, ct, st, (m, l, a, mn), bq, bt, QP, BT, NR)
+            # Ot = Ot * a + Vt[:, block] @ Pt.
+            with w.block(f"for (long {dv} = 0; {dv} < {DVP * MR}; ++{dv})"):
+                w.line(f"for (long {c} = 0; {c} < {bq}; ++{c}) {ot}[{dv} * {BQP} + {c}] *= {a}[{c}];")
+            with w.block(f"for (long {jp} = 0; {jp} < {QP}; ++{jp})"):
+                w.line(f"for (long {dp} = 0; {dp} < {DVP}; ++{dp}) {ukr}({bt}, {vp} + {dp} * {T * MR} + {t0} * {MR}, "
+                       f"{st} + {jp} * {BT * NR}, {ot} + {dp} * {MR * BQP} + {jp} * {NR}, {BQP});")
+        with w.block(f"for (long {c} = 0; {c} < {bq}; ++{c})"):
+            i = kc.tmp("i")
+            w.line(f"const long {i} = {q0} + {c};")
             with w.block(f"for (long {dv} = 0; {dv} < {Dv}; ++{dv})"), ev.scope():
                 y = kc.tmp("y")
-                w.line(f"const {ct} {y} = {ov}[{dv}] / {l};")
+                w.line(f"const {ct} {y} = {ot}[{dv} * {BQP} + {c}] / {l}[{c}];")
                 oidx = Index(out.shape, tuple(bidx.dims) + (i, dv))
                 finish_element(kc, ev, stage, out, oidx, y)
