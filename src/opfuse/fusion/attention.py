@@ -28,6 +28,7 @@ from opfuse.fusion.decisions import ReasonKind, Refusal
 from opfuse.ir.graph import Graph, Node, Value
 from opfuse.ops.common import norm_axis
 from opfuse.ops.registry import get_spec
+from opfuse.ir.walk import descendants_within
 
 
 def _refuse(msg: str) -> Refusal:
@@ -91,7 +92,7 @@ def attention_structure(nodes: list[Node], graph: Graph, outputs: frozenset[int]
             return _refuse(f"the scores '{n.outputs[0].name}' are also read outside the attention kernel")
     core = {id(qk), id(sm), id(pv)} | {id(n) for n in scale_ops}
     prologue, epilogue = [], []
-    after_pv = _downstream(pv, ids)
+    after_pv = descendants_within(pv, ids)
     for n in nodes:
         if id(n) in core:
             continue
@@ -115,19 +116,6 @@ def attention_structure(nodes: list[Node], graph: Graph, outputs: frozenset[int]
     return {"qk": qk, "scale_ops": [n.name for n in scale_ops], "softmax": sm.name, "pv": pv.name,
             "prologue": [n.name for n in prologue], "epilogue": [n.name for n in epilogue],
             "q": qk.inputs[0].name, "k": qk.inputs[1].name, "v": pv.inputs[1].name}
-
-
-def _downstream(start: Node, ids: set[int]) -> set[int]:
-    seen: set[int] = set()
-    todo = [start]
-    while todo:
-        n = todo.pop()
-        for v in n.outputs:
-            for u, _ in v.uses:
-                if id(u) in ids and id(u) not in seen:
-                    seen.add(id(u))
-                    todo.append(u)
-    return seen
 
 
 def find_attention(graph: Graph, softmax: Node, order: dict[int, int] | None = None,

@@ -34,8 +34,7 @@ def is_elementwise(node: Node) -> bool:
 
 def is_pointwise(node: Node) -> bool:
     """Elementwise/broadcast and one output element per input element (not Expand)."""
-    spec = get_spec(node.op_type, node)
-    return spec.category <= Category.BROADCAST and spec.mapping != Mapping.ONE_TO_MANY
+    return get_spec(node.op_type, node).is_pointwise
 
 
 def is_relabel(node: Node) -> bool:

@@ -31,6 +31,7 @@ from opfuse.fusion.categories import (category_name, is_elementwise, is_injectiv
                                       is_pointwise, is_reduction)
 from opfuse.fusion.decisions import ReasonKind, Refusal
 from opfuse.ir.graph import Graph, Node, Value
+from opfuse.ir.walk import ancestors_within, descendants_within
 
 EPILOGUE_KINDS = {"Conv": "conv_epilogue", "ConvTranspose": "conv_epilogue",
                   "MatMul": "gemm_epilogue", "Gemm": "gemm_epilogue"}
@@ -55,32 +56,8 @@ def _desc(n: Node, with_category: bool = False) -> str:
     return f"'{n.name}' ({n.op_type}, {category_name(n)})" if with_category else f"'{n.name}' ({n.op_type})"
 
 
-def descendants(start: Node, ids: set[int]) -> set[int]:
-    """Ids of group nodes reachable from ``start`` through values inside the group."""
-    seen: set[int] = set()
-    todo = [start]
-    while todo:
-        n = todo.pop()
-        for v in n.outputs:
-            for u, _ in v.uses:
-                if id(u) in ids and id(u) not in seen:
-                    seen.add(id(u))
-                    todo.append(u)
-    return seen
-
-
-def ancestors(start: Node, ids: set[int]) -> set[int]:
-    """Ids of group nodes that reach ``start`` through values inside the group."""
-    seen: set[int] = set()
-    todo = [start]
-    while todo:
-        n = todo.pop()
-        for v in n.input_values():
-            p = v.producer
-            if p is not None and id(p) in ids and id(p) not in seen:
-                seen.add(id(p))
-                todo.append(p)
-    return seen
+descendants = descendants_within  # group nodes reachable from a node through values inside the group
+ancestors = ancestors_within      # group nodes that reach a node through values inside the group
 
 
 def output_ids(graph: Graph) -> frozenset[int]:

@@ -25,43 +25,29 @@ from __future__ import annotations
 
 from opfuse.ir.graph import Graph, Node, Value
 from opfuse.ir.plan import FusionGroup
+from opfuse.ir.walk import ancestors_within, descendants_within
 from opfuse.ops.registry import Category, get_spec
-
-_POINTWISE = (Category.ELEMWISE, Category.BROADCAST)
 
 
 def is_pointwise(node: Node) -> bool:
     """Elementwise or broadcast, reading every operand at the output's own index."""
-    return get_spec(node.op_type, node).category in _POINTWISE and node.op_type != "Expand"
+    return get_spec(node.op_type, node).is_pointwise
 
 
 def _downstream(group: FusionGroup, start: Value) -> set[int]:
+    """Ids of the group nodes that read ``start`` and everything inside the group after them."""
     ids = group.node_ids()
     seen: set[int] = set()
-    todo = [u for u, _ in start.uses if id(u) in ids]
-    while todo:
-        n = todo.pop()
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        for v in n.outputs:
-            todo.extend(u for u, _ in v.uses if id(u) in ids)
+    for u, _ in start.uses:
+        if id(u) in ids and id(u) not in seen:
+            seen.add(id(u))
+            seen |= descendants_within(u, ids)
     return seen
 
 
 def _upstream(group: FusionGroup, node: Node) -> set[int]:
     """Ids of ``node`` and the group nodes it depends on through values inside the group."""
-    ids = group.node_ids()
-    seen = {id(node)}
-    todo = [node]
-    while todo:
-        n = todo.pop()
-        for v in n.input_values():
-            p = v.producer
-            if p is not None and id(p) in ids and id(p) not in seen:
-                seen.add(id(p))
-                todo.append(p)
-    return seen
+    return {id(node)} | ancestors_within(node, group.node_ids())
 
 
 def inplace_candidates(group: FusionGroup, graph: Graph, static: dict) -> list[tuple[Value, Value]]:

@@ -89,6 +89,12 @@ class OpSpec:
     def has_tag(self, tag: str) -> bool:
         return tag in self.tags
 
+    @property
+    def is_pointwise(self) -> bool:
+        """Elementwise/broadcast with one output element per input element (not Expand): the
+        ops a kernel can apply in registers at the output's own index (epilogues, in place)."""
+        return self.category <= Category.BROADCAST and self.mapping != Mapping.ONE_TO_MANY
+
 
 REGISTRY: dict[str, OpSpec] = {}
 
