@@ -18,6 +18,7 @@ from typing import Callable
 import numpy as np
 
 from opfuse.codegen.ctype import c_type, is_float, literal, math_fn
+from opfuse.codegen.erf import require_erf
 from opfuse.codegen.index import Index, add, mul
 from opfuse.ir.graph import Node
 from opfuse.ops.registry import get_spec
@@ -94,12 +95,17 @@ def _sigmoid(ev, x, dt, a):
     return f"{_L(1, dt)} / ({_L(1, dt)} + {math_fn('exp', dt)}(-{x}))"
 
 
+def _erf(ev, dt) -> str:
+    """The C erf for ``dt``: the inline vectorisable helper for float, libm's for double."""
+    return require_erf(ev.kc.program) if np.dtype(dt) == np.float32 else math_fn("erf", dt)
+
+
 def _gelu(ev, x, dt, a):
     if a["approximate"] == "tanh":
         x3 = let(ev, dt, f"{x} * {x} * {x}")
         inner = f"{_L(math.sqrt(2 / math.pi), dt)} * ({x} + {_L(0.044715, dt)} * {x3})"
         return f"{_L(0.5, dt)} * {x} * ({_L(1, dt)} + {math_fn('tanh', dt)}({inner}))"
-    return f"{_L(0.5, dt)} * {x} * ({_L(1, dt)} + {math_fn('erf', dt)}({x} * {_L(1 / math.sqrt(2), dt)}))"
+    return f"{_L(0.5, dt)} * {x} * ({_L(1, dt)} + {_erf(ev, dt)}({x} * {_L(1 / math.sqrt(2), dt)}))"
 
 
 def _hardsigmoid(ev, x, dt, alpha, beta):
@@ -125,7 +131,7 @@ _unary("Tanh", lambda ev, x, dt, a: f"{math_fn('tanh', dt)}({x})")
 _unary("Gelu", _gelu)
 _unary("Softplus", _softplus)
 _unary("Silu", lambda ev, x, dt, a: f"{x} / ({_L(1, dt)} + {math_fn('exp', dt)}(-{x}))")
-_unary("Erf", lambda ev, x, dt, a: f"{math_fn('erf', dt)}({x})")
+_unary("Erf", lambda ev, x, dt, a: f"{_erf(ev, dt)}({x})")
 _unary("Exp", lambda ev, x, dt, a: f"{math_fn('exp', dt)}({x})")
 _unary("Log", lambda ev, x, dt, a: f"{math_fn('log', dt)}({x})")
 _unary("Sqrt", lambda ev, x, dt, a: f"{math_fn('sqrt', dt)}({x})")
