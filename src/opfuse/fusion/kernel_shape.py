@@ -151,11 +151,11 @@ def _epilogue(nodes: list[Node], graph: Graph, anchor: Node, outputs: frozenset[
         if not is_elementwise(n):
             return _forbid(f"{_desc(n, True)} cannot follow {_desc(anchor)} in its kernel: "
                            f"only elementwise ops form an epilogue")
-        if id(n) in down and not is_pointwise(n):
-            return _spreads(n, anchor)
-        if id(n) in down and n.outputs[0].shape != domain:
-            return _refuse(f"epilogue op {_desc(n)} has output shape {n.outputs[0].shape}, not the anchor's "
-                           f"{domain}: the epilogue runs once per output element")
+        if id(n) in down:
+            r = _epilogue_op_refusal(n, anchor, domain, "anchor's",
+                                     ": the epilogue runs once per output element")
+            if r is not None:
+                return r
     for v in boundary_outputs(nodes, graph, outputs):
         if v.shape != domain:
             return _refuse(f"'{v.name}' leaves the group with shape {v.shape}, not the anchor's {domain}")
@@ -163,9 +163,15 @@ def _epilogue(nodes: list[Node], graph: Graph, anchor: Node, outputs: frozenset[
     return GroupShape(EPILOGUE_KINDS[anchor.op_type], anchor, {"epilogue": epilogue})
 
 
-def _spreads(n: Node, anchor: Node) -> Refusal:
-    return _forbid(f"{_desc(n)} after {_desc(anchor)} would spread one result of the anchor over "
-                   f"several output elements: an epilogue maps each anchor element to one element")
+def _epilogue_op_refusal(n: Node, anchor: Node, domain: tuple, whose: str, why: str = "") -> Refusal | None:
+    """Why ``n``, downstream of ``anchor`` in its group, cannot run in the anchor's epilogue."""
+    if not is_pointwise(n):
+        return _forbid(f"{_desc(n)} after {_desc(anchor)} would spread one result of the anchor over "
+                       f"several output elements: an epilogue maps each anchor element to one element")
+    if n.outputs[0].shape != domain:
+        return _refuse(f"epilogue op {_desc(n)} has output shape {n.outputs[0].shape}, not the {whose} "
+                       f"{domain}{why}")
+    return None
 
 
 def _reduction(nodes: list[Node], graph: Graph, anchor: Node, outputs: frozenset[int]) -> GroupShape | Refusal:
@@ -180,11 +186,10 @@ def _reduction(nodes: list[Node], graph: Graph, anchor: Node, outputs: frozenset
             where = "before" if id(n) in up else "after"
             return _forbid(f"{_desc(n, True)} cannot be fused {where} reduction {_desc(anchor)}: "
                            f"only elementwise ops form a prologue or epilogue")
-        if id(n) in down and not is_pointwise(n):
-            return _spreads(n, anchor)
-        if id(n) in down and n.outputs[0].shape != domain:
-            return _refuse(f"epilogue op {_desc(n)} has output shape {n.outputs[0].shape}, not the "
-                           f"reduction's {domain}")
+        if id(n) in down:
+            r = _epilogue_op_refusal(n, anchor, domain, "reduction's")
+            if r is not None:
+                return r
     outs = boundary_outputs(nodes, graph, outputs)
     for v in outs:
         if v.producer is not None and id(v.producer) in up:
