@@ -238,15 +238,6 @@ def cmd_profile(args) -> int:
     return 0
 
 
-def _median_ms(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return float(np.median(times))
-
-
 def cmd_demo(args) -> int:
     """The main job on MobileNetV1: summarise, fuse, compile to C, check, measure, report."""
     from opfuse.api import load
@@ -275,8 +266,9 @@ def cmd_demo(args) -> int:
             worst = max(worst, err / tol)
             print(f"check {label:<8}{name}: max abs error vs reference {err:.2e} (tolerance {tol:.0e}) "
                   f"{'ok' if err <= tol else 'MISMATCH'}")
-    t_unfused = _median_ms(lambda: unfused.run(feeds), args.repeat)
-    t_fused = _median_ms(lambda: fused.run(feeds), args.repeat)
+    from opfuse.compiler import median_seconds
+    t_unfused = median_seconds(lambda: unfused.run(feeds), args.repeat) * 1e3
+    t_fused = median_seconds(lambda: fused.run(feeds), args.repeat) * 1e3
     ru, rf = unfused.report, fused.report
     print(f"\n{'':<22}{'unfused':>14}{'fused':>14}{'change':>10}")
     rows = [("kernels", ru["kernels_after"], rf["kernels_after"], str),

@@ -158,15 +158,25 @@ MEASURE_REPEAT = 20  # timed runs per measurement (medians are reported: the mac
 MEASURE_WARMUP = 2
 
 
+def median_seconds(fn, repeat: int = MEASURE_REPEAT, warmup: int = MEASURE_WARMUP) -> float:
+    """Median wall time of ``fn()`` over ``repeat`` calls after ``warmup`` untimed ones."""
+    import time
+    from statistics import median
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return median(times)
+
+
 def measure(comp: Compilation, *, repeat: int = MEASURE_REPEAT, threads: int = 1, seed: int = 0) -> dict:
     """Build ``comp`` with per-kernel timers, run it on seeded inputs, and put the measured times
     next to the predictions: ``measured_latency_s`` (median of whole runs, timers included) at the
     top of ``comp.report`` and in every group, plus ``per_group_measured``, the group -> seconds map
     that ``fit_host_corrections`` feeds to the correction fit. Host target only."""
-    import time
-
-    import numpy as np
-
     from opfuse.codegen.options import CodegenOptions
     from opfuse.runtime.native import build
     from opfuse.runtime.reference import random_inputs
@@ -175,17 +185,11 @@ def measure(comp: Compilation, *, repeat: int = MEASURE_REPEAT, threads: int = 1
     native = build(comp.graph, comp.plan, threads=threads, memory=comp.memory,
                    options=CodegenOptions(profile=True))
     feeds = random_inputs(comp.original, seed)
-    for _ in range(MEASURE_WARMUP):
-        native.run(feeds)
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        native.run(feeds)
-        times.append(time.perf_counter() - t0)
+    whole_s = median_seconds(lambda: native.run(feeds), repeat)
     per_group: dict[str, float] = {}
     for row in native.profile(feeds, repeat=repeat):
         per_group[row["group"]] = per_group.get(row["group"], 0.0) + row["ms"] / 1e3
-    comp.report["measured_latency_s"] = float(np.median(times))
+    comp.report["measured_latency_s"] = whole_s
     comp.report["measured_repeat"] = repeat
     for g in comp.report.get("groups", []):
         if g["name"] in per_group:

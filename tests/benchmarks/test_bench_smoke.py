@@ -39,4 +39,8 @@ def test_bench_planner_smoke(tmp_path):
     _run("bench_planner.py", "--targets", "cortex-m7", "--sizes", "200", "--models", "resnet8",
          "--rule-legality-sizes", "200", "--out", str(out))
     data = json.loads(out.read_text())
-    assert data
+    (row,) = data["models"]
+    assert row["model"] == "resnet8" and row["target"] == "cortex-m7"
+    assert row["exact_latency_s"] <= row["greedy_latency_s"] <= row["unfused_latency_s"]
+    assert 0 <= row["gap"] < data["gap_goal"]
+    assert all(r["kernels"] < r["nodes"] for r in data["rule_legality"])

@@ -31,7 +31,7 @@ from opfuse.fusion.categories import (category_name, is_elementwise, is_injectiv
                                       is_pointwise, is_reduction)
 from opfuse.fusion.decisions import ReasonKind, Refusal
 from opfuse.ir.graph import Graph, Node, Value
-from opfuse.ir.walk import ancestors_within, descendants_within
+from opfuse.ir.walk import ancestors_within, components_within, descendants_within
 
 EPILOGUE_KINDS = {"Conv": "conv_epilogue", "ConvTranspose": "conv_epilogue",
                   "MatMul": "gemm_epilogue", "Gemm": "gemm_epilogue"}
@@ -74,18 +74,7 @@ def boundary_outputs(nodes: list[Node], graph: Graph, outputs: frozenset[int] | 
 
 
 def _connected(nodes: list[Node]) -> bool:
-    ids = {id(n) for n in nodes}
-    seen = {id(nodes[0])}
-    todo = [nodes[0]]
-    while todo:
-        n = todo.pop()
-        nbrs = [v.producer for v in n.input_values() if v.producer is not None]
-        nbrs += [u for v in n.outputs for u, _ in v.uses]
-        for m in nbrs:
-            if id(m) in ids and id(m) not in seen:
-                seen.add(id(m))
-                todo.append(m)
-    return len(seen) == len(ids)
+    return len(components_within(nodes)) == 1
 
 
 def _one_domain(nodes: list[Node], graph: Graph, what: str, outputs: frozenset[int]) -> Refusal | None:

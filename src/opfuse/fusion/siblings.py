@@ -19,6 +19,7 @@ from opfuse.fusion.kernel_shape import GroupShape, classify
 from opfuse.fusion.options import FusionOptions
 from opfuse.ir.graph import Node, Value
 from opfuse.ops.registry import get_spec
+from opfuse.ir.walk import components_within
 
 # Window attributes that must agree for poolings to share one pass over their input.
 WINDOW_ATTRS = ("kernel_shape", "strides", "pads", "dilations", "auto_pad", "ceil_mode", "axes",
@@ -54,23 +55,7 @@ def member_domain(nodes: list[Node], shape: GroupShape, value: Value) -> tuple |
 
 def components(nodes: list[Node]) -> list[list[Node]]:
     """Weakly connected components through edges inside ``nodes`` (in node order)."""
-    ids = {id(n): n for n in nodes}
-    parent = {k: k for k in ids}
-
-    def find(k):
-        while parent[k] != k:
-            parent[k] = parent[parent[k]]
-            k = parent[k]
-        return k
-
-    for n in nodes:
-        for v in n.input_values():
-            if v.producer is not None and id(v.producer) in ids:
-                parent[find(id(n))] = find(id(v.producer))
-    comps: dict[int, list[Node]] = {}
-    for n in nodes:
-        comps.setdefault(find(id(n)), []).append(n)
-    return list(comps.values())
+    return components_within(nodes)
 
 
 def node_set_shape(graph, nodes: list[Node], options: FusionOptions | None = None,

@@ -1,7 +1,7 @@
-"""Reachability inside a set of nodes (a fusion group, a candidate match).
+"""Reachability and connectivity inside a set of nodes (a fusion group, a candidate match).
 
-Both walks follow values whose producer and consumer are both in ``ids`` (node ids), so a
-path that leaves the set and comes back is not followed. ``start`` itself is not included.
+The walks follow values whose producer and consumer are both in the set, so a path that
+leaves the set and comes back is not followed; ``start`` itself is not included.
 """
 from __future__ import annotations
 
@@ -34,3 +34,29 @@ def ancestors_within(start: Node, ids: set[int]) -> set[int]:
                 seen.add(id(p))
                 todo.append(p)
     return seen
+
+
+def components_within(nodes: list[Node], *, shared_inputs: bool = False) -> list[list[Node]]:
+    """Weakly connected components of ``nodes`` (each in the given order, components ordered by
+    their first node), joined by producer -> consumer edges inside the set and, with
+    ``shared_inputs``, also by reading the same non-constant value (horizontal siblings)."""
+    members = {id(n) for n in nodes}
+    parent = {k: k for k in members}
+
+    def find(k):
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    first_reader: dict[int, int] = {}
+    for n in nodes:
+        for v in n.input_values():
+            if v.producer is not None and id(v.producer) in members:
+                parent[find(id(n))] = find(id(v.producer))
+            if shared_inputs and not v.is_const:
+                parent[find(id(n))] = find(first_reader.setdefault(id(v), id(n)))
+    comps: dict[int, list[Node]] = {}
+    for n in nodes:
+        comps.setdefault(find(id(n)), []).append(n)
+    return list(comps.values())

@@ -39,6 +39,7 @@ from opfuse.ir.graph import Graph, Node
 from opfuse.ir.plan import FusionGroup, FusionPlan
 from opfuse.ops.registry import Category
 from opfuse.planner.structure import creates_cycle, merge_candidates
+from opfuse.ir.walk import components_within
 
 
 @runtime_checkable
@@ -168,21 +169,4 @@ class SubplanLegality(LegalityRules):
 
 def _connected(nodes: Sequence[Node]) -> bool:
     """Connected through internal producer->consumer edges or shared non-constant inputs."""
-    members = {id(n): n for n in nodes}
-    parent = {k: k for k in members}
-
-    def find(k):
-        while parent[k] != k:
-            parent[k] = parent[parent[k]]
-            k = parent[k]
-        return k
-
-    readers: dict[int, int] = {}
-    for n in nodes:
-        for v in n.input_values():
-            if v.producer is not None and id(v.producer) in members:
-                parent[find(id(n))] = find(id(v.producer))
-            if not v.is_const:
-                first = readers.setdefault(id(v), id(n))
-                parent[find(id(n))] = find(first)
-    return len({find(k) for k in members}) == 1
+    return len(components_within(list(nodes), shared_inputs=True)) == 1
