@@ -6,7 +6,7 @@ predicted latency of each plan, the optimality gap ``(greedy - exact) / exact`` 
 5%), the kernel counts and the planning times; on the first target it also compares the
 two on the weighted objective latency + peak memory. Then it times the greedy planner on
 synthetic CNN-like graphs of 1k and 10k nodes (goal: 10k under 10 s). Legality for the zoo
-models is the rules engine's (``opfuse.fusion.planner_legality.RuleLegality``) when it is
+models is the rules engine's (``opfuse.rules.legality.RuleLegality``) when it is
 installed, else the planner's category rules; the synthetic graphs use the category rules
 by default so that the planner itself is timed (``--synthetic-legality rules`` times the
 pair). Results go to ``benchmarks/results/planner.json``.
@@ -46,7 +46,7 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "p
 def legality(which: str = "rules"):
     if which == "rules":
         try:
-            from opfuse.fusion.planner_legality import RuleLegality
+            from opfuse.rules.legality import RuleLegality
             return RuleLegality(), "rules (opfuse.fusion RuleLegality)"
         except ImportError:
             pass
@@ -147,7 +147,7 @@ class _TimedLegality:
 
 def bench_rule_legality(size, target):
     """Greedy ``plan_fusion`` on a synthetic graph with ``RuleLegality`` (issue 5's setting)."""
-    from opfuse.fusion.planner_legality import RuleLegality
+    from opfuse.rules.legality import RuleLegality
     from opfuse.planner import plan_fusion
     graph = synthetic_graph(size, seed=1)
     legal = _TimedLegality(RuleLegality())

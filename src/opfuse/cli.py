@@ -176,13 +176,11 @@ def cmd_compile(args) -> int:
     from opfuse.compiler import plan_model
     comp = plan_model(args.model, _compile_options(args))
     if args.pareto:
-        from opfuse.fusion import RuleLegality, options_from
-        from opfuse.planner import format_pareto, plan_pareto
-        from opfuse.targets import get_profile
-        points = plan_pareto(comp.graph, get_profile(args.target), legality=RuleLegality(options_from(comp.context)))
-        print(format_pareto([p for p, _ in points]))
+        from opfuse.compiler import pareto
+        from opfuse.planner import format_pareto
+        print(format_pareto([p for p, _ in pareto(comp)]))
     if args.measure:
-        from opfuse.compiler import measure
+        from opfuse.measure import measure
         measure(comp, repeat=args.repeat)
     if args.report:
         print(comp.fusion_report.to_text())
@@ -200,12 +198,10 @@ def cmd_compile(args) -> int:
             json.dump(comp.report, f, indent=1, sort_keys=False, default=str)
         print(f"wrote {args.report_json}")
     if args.emit_c:
-        from opfuse.runtime.native import build
+        from opfuse.compiler import build_native
         if args.target != "host":
             raise OpfuseError(f"--emit-c builds for the host; target '{args.target}' is planned only")
-        native = build(comp.graph, comp.plan, memory=comp.memory)
-        native.compile_report = comp.report
-        files = native.export_c(args.emit_c)
+        files = build_native(comp).export_c(args.emit_c)
         print(f"wrote {', '.join(str(f) for f in files)}")
     if args.log_decisions:
         print(f"wrote decision log {args.log_decisions}")
@@ -228,7 +224,7 @@ def cmd_profile(args) -> int:
     if args.fit:
         if args.target != "host":
             raise OpfuseError("--fit measures on this machine: use --target host")
-        from opfuse.compiler import fit_host_corrections
+        from opfuse.measure import fit_host_corrections
         from opfuse.cost.correction import format_corrections
         corr = fit_host_corrections(args.fit)
         print(format_corrections(corr))
@@ -266,7 +262,7 @@ def cmd_demo(args) -> int:
             worst = max(worst, err / tol)
             print(f"check {label:<8}{name}: max abs error vs reference {err:.2e} (tolerance {tol:.0e}) "
                   f"{'ok' if err <= tol else 'MISMATCH'}")
-    from opfuse.compiler import median_seconds
+    from opfuse.measure import median_seconds
     t_unfused = median_seconds(lambda: unfused.run(feeds), args.repeat) * 1e3
     t_fused = median_seconds(lambda: fused.run(feeds), args.repeat) * 1e3
     ru, rf = unfused.report, fused.report

@@ -11,12 +11,16 @@ print); ``compile`` builds the native library on top of it.
 Stages, each owned by one package:
 
 1. ``opfuse.api.load``: ONNX (or ``zoo:NAME``) to a verified, shape-inferred Graph;
-2. ``opfuse.fusion.fuse``: algebraic rewrites and the rules' legal grouping, as instrumented
-   passes (``PassContext``: disabled rules, IR dumps, decision log);
-3. ``opfuse.planner.plan_fusion``: which legal fusions are worth it on the target (roofline
-   cost model, constraints), unless ``planner="rules"`` keeps the rules' maximal grouping;
+2. ``opfuse.passes.fuse``: algebraic rewrites, then the fusion rules form the candidate
+   groups, as instrumented passes (``PassContext``: disabled rules, IR dumps, decision log);
+3. ``opfuse.planner.plan_fusion``: which candidates (and their legal parts) are worth it on the
+   target (roofline cost model, constraints), asking the rules' one legality
+   (``RuleLegality``), unless ``planner="rules"`` keeps the rules' maximal grouping; the
+   decision log is then reconciled with the chosen plan (``reconcile_decisions``);
 4. ``opfuse.memory.plan_memory``: the static arena;
 5. ``opfuse.runtime.native.build``: C code per group, compiled and loaded.
+
+Measuring compiled models (``--measure``, ``profile --fit``) lives in ``opfuse.measure``.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from typing import Mapping, Sequence
 from opfuse.errors import OpfuseError
 from opfuse.ir.graph import Graph
 from opfuse.ir.plan import FusionPlan
+from opfuse.rules.decisions import FUSE_PASS, FUSED, REFUSED, Decision, RefusalKind, taken
 
 PLANNERS = ("auto", "greedy", "exact", "rules")
 
@@ -70,24 +75,56 @@ class Compilation:
 
 def _context(opts: CompileOptions):
     from opfuse.passes import make_context
-    from opfuse.passes.fuse_pipeline import fusion_passes
     return make_context(disable=list(opts.disable), dump_ir=opts.dump_ir, log_decisions=opts.log_decisions,
-                        max_group_ops=opts.max_group_ops, passes=fusion_passes())
+                        max_group_ops=opts.max_group_ops)
 
 
-def _choose_plan(graph: Graph, rules_plan: FusionPlan, ctx, opts: CompileOptions):
-    """The cost model's choice among legal plans (or the rules' plan with ``planner="rules"``)."""
+def _constraints(opts: CompileOptions):
+    from opfuse.planner import Constraints
+    return Constraints(latency_bound_s=opts.latency_bound_s, memory_budget_bytes=opts.memory_budget_bytes,
+                       onchip_budget_bytes=opts.onchip_budget_bytes)
+
+
+def _choose_plan(graph: Graph, candidates: FusionPlan, ctx, opts: CompileOptions):
+    """The cost model's choice among the rules' candidates and their legal parts (or the rules'
+    plan itself with ``planner="rules"``)."""
     if not opts.fuse or opts.planner == "rules":
-        return rules_plan, None
-    from opfuse.fusion import RuleLegality, annotate_plan, options_from
-    from opfuse.planner import Constraints, Objective, plan_fusion
+        return candidates, None
+    from opfuse.planner import Objective, plan_fusion
+    from opfuse.rules.legality import RuleLegality, annotate_plan
     from opfuse.targets import get_profile
-    constraints = Constraints(latency_bound_s=opts.latency_bound_s, memory_budget_bytes=opts.memory_budget_bytes,
-                              onchip_budget_bytes=opts.onchip_budget_bytes)
     objective = Objective.parse(opts.objective) if opts.objective else None
     result = plan_fusion(graph, get_profile(opts.target), method=opts.planner,
-                         legality=RuleLegality(options_from(ctx)), objective=objective, constraints=constraints)
-    return annotate_plan(result.plan, options_from(ctx)), result
+                         legality=RuleLegality(ctx.options, candidates), objective=objective,
+                         constraints=_constraints(opts))
+    return annotate_plan(result.plan, ctx.options, candidates, ctx.origin), result
+
+
+def reconcile_decisions(decisions: list[Decision], plan: FusionPlan, chooser: str) -> list[Decision]:
+    """The decision log of the plan that runs: a fusion the rules proposed but ``plan`` does not
+    hold becomes "not chosen" (naming the planner), and every group of ``plan`` that no rule
+    formed as such is recorded as fused by the planner under the rule of its shape."""
+    group_of = {n.name: g for g in plan.groups for n in g.nodes}
+    out: list[Decision] = []
+    formed: set[frozenset] = set()
+    for d in decisions:
+        if d.pass_name == FUSE_PASS and d.verdict == FUSED:
+            groups = {id(group_of[x]) for x in d.nodes if x in group_of}
+            if len(groups) > 1:
+                out.append(Decision(d.pass_name, d.rule, REFUSED, d.nodes, RefusalKind.NOT_CHOSEN.value,
+                                    f"legal, but the {chooser} kept these ops in separate kernels "
+                                    f"(predicted faster)"))
+                continue
+        out.append(d)
+    for d in out:
+        if d.pass_name == FUSE_PASS and d.verdict == FUSED:
+            formed.update(frozenset(n.name for n in group_of[x].nodes) for x in d.nodes if x in group_of)
+    for g in plan.groups:
+        names = frozenset(n.name for n in g.nodes)
+        if len(g.nodes) > 1 and names not in formed:
+            out.append(taken("plan", g.attrs.get("rule", g.kind), [n.name for n in g.nodes],
+                             f"{len(g.nodes)} ops in one {g.kind} kernel, chosen by the {chooser}", group=g.name))
+    return out
 
 
 def _merge_planner_report(report: dict, plan_json: dict) -> None:
@@ -98,6 +135,7 @@ def _merge_planner_report(report: dict, plan_json: dict) -> None:
     name): ``predicted_latency_s`` and the roofline ``bound``.
     """
     per_group = {g["name"]: g for g in plan_json.get("groups", [])}
+    plan_json = {k: v for k, v in plan_json.items() if k != "eta"}  # one eta per report: the fusion report's
     report["predicted_latency_s"] = plan_json.get("predicted_latency_s")
     report["critical_path_s"] = plan_json.get("critical_path_s")
     report["predicted_peak_memory_bytes"] = plan_json.get("peak_memory_bytes")
@@ -114,15 +152,18 @@ def _merge_planner_report(report: dict, plan_json: dict) -> None:
 def plan_model(model, options: CompileOptions | None = None, **kwargs) -> Compilation:
     """Import, rewrite, group and plan ``model``; compute the memory plan and the report."""
     from opfuse.api import load
-    from opfuse.fusion import fuse
     from opfuse.memory import plan_memory
+    from opfuse.passes import fuse
     from opfuse.report.fusion import build_report
     opts = options or CompileOptions(**kwargs)
     original = load(model, opts.input_shapes)
     ctx = _context(opts)
-    graph, rules_plan, decisions = fuse(original, ctx, enable=opts.fuse)
-    plan, plan_result = _choose_plan(graph, rules_plan, ctx, opts)
-    fusion_report = build_report(original, graph, plan, decisions)
+    graph, candidates, decisions = fuse(original, ctx, enable=opts.fuse)
+    plan, plan_result = _choose_plan(graph, candidates, ctx, opts)
+    chooser = "fusion rules" if plan_result is None else f"{plan_result.method} planner"
+    if plan_result is not None:
+        decisions = reconcile_decisions(decisions, plan, chooser)
+    fusion_report = build_report(original, graph, plan, decisions, options=ctx.options, chooser=chooser)
     memory = plan_memory(plan)
     report = fusion_report.to_dict()
     report["target"] = opts.target
@@ -133,6 +174,28 @@ def plan_model(model, options: CompileOptions | None = None, **kwargs) -> Compil
     return Compilation(original, graph, plan, decisions, fusion_report, opts, plan_result, ctx, memory, report)
 
 
+def pareto(comp: Compilation):
+    """The Pareto front (latency, peak memory, kernels) over the same candidates and legality."""
+    from opfuse.planner import plan_pareto
+    from opfuse.rules.legality import RuleLegality
+    from opfuse.targets import get_profile
+    return plan_pareto(comp.graph, get_profile(comp.options.target),
+                       legality=RuleLegality(comp.context.options, comp.context.plan),
+                       constraints=_constraints(comp.options))
+
+
+def build_native(comp: Compilation, *, threads: int = 1, codegen_options=None):
+    """Generate, compile and load C for a planned model (host target only)."""
+    from opfuse.runtime.native import build
+    if comp.options.target != "host":
+        raise OpfuseError(f"target '{comp.options.target}' can be planned (opfuse compile --target "
+                          f"{comp.options.target}) but not built and run on this machine; use target 'host'")
+    native = build(comp.graph, comp.plan, threads=threads, memory=comp.memory, options=codegen_options)
+    native.compile_report = comp.report
+    native.compilation = comp
+    return native
+
+
 def compile(model, target: str = "host", fuse: bool = True, *, threads: int = 1,
             options: CompileOptions | None = None, **kwargs):
     """Compile ``model`` (``zoo:NAME``, a path, an ONNX ModelProto or a Graph) to native code.
@@ -141,78 +204,8 @@ def compile(model, target: str = "host", fuse: bool = True, *, threads: int = 1,
     report, the planner's predictions and the arena), ``.export_c(dir)``. Only the host target
     builds native code here; other targets are planned (``plan_model``) but not built.
     """
-    from opfuse.runtime.native import build
     opts = options or CompileOptions(target=target, fuse=fuse, **kwargs)
     if opts.target not in ("host",):
         raise OpfuseError(f"target '{opts.target}' can be planned (opfuse compile --target {opts.target}) "
                           f"but not built and run on this machine; use target 'host'")
-    comp = plan_model(model, opts)
-    native = build(comp.graph, comp.plan, threads=threads, memory=comp.memory)
-    native.compile_report = comp.report
-    native.compilation = comp
-    return native
-
-
-# Measurement: the measured side of the cost model ------------------------------------------------
-MEASURE_REPEAT = 20  # timed runs per measurement (medians are reported: the machine is shared)
-MEASURE_WARMUP = 2
-
-
-def median_seconds(fn, repeat: int = MEASURE_REPEAT, warmup: int = MEASURE_WARMUP) -> float:
-    """Median wall time of ``fn()`` over ``repeat`` calls after ``warmup`` untimed ones."""
-    import time
-    from statistics import median
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return median(times)
-
-
-def measure(comp: Compilation, *, repeat: int = MEASURE_REPEAT, threads: int = 1, seed: int = 0) -> dict:
-    """Build ``comp`` with per-kernel timers, run it on seeded inputs, and put the measured times
-    next to the predictions: ``measured_latency_s`` (median of whole runs, timers included) at the
-    top of ``comp.report`` and in every group, plus ``per_group_measured``, the group -> seconds map
-    that ``fit_host_corrections`` feeds to the correction fit. Host target only."""
-    from opfuse.codegen.options import CodegenOptions
-    from opfuse.runtime.native import build
-    from opfuse.runtime.reference import random_inputs
-    if comp.options.target != "host":
-        raise OpfuseError(f"measuring needs the host target, not '{comp.options.target}'")
-    native = build(comp.graph, comp.plan, threads=threads, memory=comp.memory,
-                   options=CodegenOptions(profile=True))
-    feeds = random_inputs(comp.original, seed)
-    whole_s = median_seconds(lambda: native.run(feeds), repeat)
-    per_group: dict[str, float] = {}
-    for row in native.profile(feeds, repeat=repeat):
-        per_group[row["group"]] = per_group.get(row["group"], 0.0) + row["ms"] / 1e3
-    comp.report["measured_latency_s"] = whole_s
-    comp.report["measured_repeat"] = repeat
-    for g in comp.report.get("groups", []):
-        if g["name"] in per_group:
-            g["measured_latency_s"] = per_group[g["name"]]
-    return per_group
-
-
-def fit_host_corrections(models: Sequence, *, repeat: int = MEASURE_REPEAT, save: bool = True):
-    """Fit the host cost model's correction factors ``T_actual = T_pred (1 + alpha)`` from measured
-    per-group times of ``models`` (each compiled with its planner-chosen plan), and save them for
-    the host target so later plans use them. Returns the ``Corrections``."""
-    from opfuse.cost.correction import fit_corrections, save_corrections
-    from opfuse.cost.model import CostModel, correction_samples
-    from opfuse.cost.correction import Corrections
-    from opfuse.targets import get_profile
-    profile = get_profile("host")
-    cm = CostModel(profile, Corrections(profile.name))  # fit against uncorrected predictions
-    samples = []
-    for model in models:
-        comp = plan_model(model, CompileOptions(target="host"))
-        per_group = measure(comp, repeat=repeat)
-        samples.extend(correction_samples(cm, comp.plan, per_group))
-    corr = fit_corrections(profile.name, samples)
-    if save:
-        save_corrections(corr)
-    return corr
+    return build_native(plan_model(model, opts), threads=threads)

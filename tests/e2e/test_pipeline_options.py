@@ -3,7 +3,7 @@
 import numpy as np
 
 import opfuse
-from opfuse.fusion.options import MAX_OPS_PER_GROUP
+from opfuse.rules.options import MAX_OPS_PER_GROUP
 from opfuse.ops import GraphBuilder
 from opfuse.runtime.reference import random_inputs, run
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from opfuse.fusion import FusionOptions, fuse
-from opfuse.fusion.decisions import reason_kind
-from opfuse.fusion.builder import build_plan
+from opfuse.rules.driver import build_plan
 from opfuse.runtime.reference import random_inputs, run
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -29,7 +28,7 @@ def group_with(plan, node_name: str):
 
 
 def refusals(decisions, rule: str) -> list[str]:
-    return [f"{reason_kind(d)}: {d.reason}" for d in decisions if d.rule == rule and not d.taken]
+    return [f"{d.label}: {d.reason}" for d in decisions if d.rule == rule and not d.taken]
 
 
 def kernels(plan) -> int:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import heapq
 
 from opfuse.errors import ModelError
-from opfuse.fusion.decisions import ReasonKind, Refusal
-from opfuse.fusion.kernel_shape import GroupShape, classify
-from opfuse.fusion.options import FusionOptions
-from opfuse.fusion.partition import Partition
-from opfuse.fusion.planner_legality import RULE_OF_KIND, rule_for
-from opfuse.fusion.siblings import components, member_domain
+from opfuse.rules.decisions import RefusalKind, Refusal
+from opfuse.rules.kernel_shape import GroupShape, classify
+from opfuse.rules.options import FusionOptions
+from opfuse.rules.partition import Partition
+from opfuse.rules.legality import RULE_OF_KIND, rule_for
+from opfuse.rules.siblings import components, member_domain
 
 
 def descendants(nodes) -> set[int]:
@@ -37,25 +37,25 @@ def reaches(src, dst) -> bool:
 
 
 def node_set_shape(graph, nodes, options: FusionOptions | None = None):
-    """``opfuse.fusion.siblings.node_set_shape`` with every graph fact recomputed."""
+    """``opfuse.rules.siblings.node_set_shape`` with every graph fact recomputed."""
     options = options or FusionOptions()
     order = {id(n): i for i, n in enumerate(graph.nodes)}
     nodes = sorted(nodes, key=lambda n: order[id(n)])
     if len(nodes) > options.max_ops_per_group:
-        return Refusal(ReasonKind.RESOURCE_LIMIT, f"{len(nodes)} ops exceed the limit of "
+        return Refusal(RefusalKind.RESOURCE, f"{len(nodes)} ops exceed the limit of "
                                                   f"{options.max_ops_per_group} per kernel")
     comps = components(nodes)
     if len(comps) == 1:
         return classify(nodes, graph)
     if len(comps) > options.max_horizontal_members:
-        return Refusal(ReasonKind.RESOURCE_LIMIT, f"{len(comps)} siblings exceed the limit of "
+        return Refusal(RefusalKind.RESOURCE, f"{len(comps)} siblings exceed the limit of "
                                                   f"{options.max_horizontal_members}")
     inside = {id(n) for n in nodes}
     shared = next((v for n in comps[0] for v in n.input_values()
                    if not v.is_const and (v.producer is None or id(v.producer) not in inside)
                    and all(any(w is v for n in c for w in n.input_values()) for c in comps[1:])), None)
     if shared is None:
-        return Refusal(ReasonKind.RULE_REFUSED, "the sibling kernels share no input")
+        return Refusal(RefusalKind.CONDITION, "the sibling kernels share no input")
     domains, kinds = [], []
     for c in comps:
         shape = classify(c, graph)
@@ -67,11 +67,11 @@ def node_set_shape(graph, nodes, options: FusionOptions | None = None):
         domains.append(d)
         kinds.append(shape.kind)
     if any(d != domains[0] for d in domains[1:]):
-        return Refusal(ReasonKind.RULE_REFUSED, "the siblings iterate over different domains "
+        return Refusal(RefusalKind.CONDITION, "the siblings iterate over different domains "
                                                 "(window or shape differ)")
     for i, c in enumerate(comps):
         if reaches(c, [n for j, o in enumerate(comps) if j != i for n in o]):
-            return Refusal(ReasonKind.CYCLE, "a path connects the siblings (they are not independent)")
+            return Refusal(RefusalKind.DEPENDENCY, "a path connects the siblings (they are not independent)")
     first = classify(comps[0], graph)
     anchor = first.anchor if first.anchor is not None else comps[0][0]
     return GroupShape("horizontal", anchor, {"members": [[n.name for n in c] for c in comps],
@@ -172,17 +172,17 @@ def merge_refusal(plan, a, b, options: FusionOptions | None = None) -> Refusal |
     """``RuleLegality.merge_refusal`` answered from scratch."""
     options = options or FusionOptions()
     if a is b:
-        return Refusal(ReasonKind.RULE_REFUSED, "a group cannot merge with itself")
+        return Refusal(RefusalKind.CONDITION, "a group cannot merge with itself")
     ids_a, ids_b = a.node_ids(), b.node_ids()
     adjacent = any(id(u) in ids_b for n in a.nodes for v in n.outputs for u, _ in v.uses) or \
         any(id(u) in ids_a for n in b.nodes for v in n.outputs for u, _ in v.uses)
     shared = {id(v) for v in a.inputs() if not v.is_const} & {id(v) for v in b.inputs() if not v.is_const}
     if not adjacent and not shared:
-        return Refusal(ReasonKind.RULE_REFUSED, "the groups are neither adjacent nor siblings of one input")
+        return Refusal(RefusalKind.CONDITION, "the groups are neither adjacent nor siblings of one input")
     k_a = next(k for k, g in enumerate(plan.groups) if g is a)
     k_b = next(k for k, g in enumerate(plan.groups) if g is b)
     if contraction_creates_cycle([list(g.nodes) for g in plan.groups], {k_a, k_b}):
-        return Refusal(ReasonKind.CYCLE, f"merging '{a.name}' and '{b.name}' creates a cycle through "
+        return Refusal(RefusalKind.DEPENDENCY, f"merging '{a.name}' and '{b.name}' creates a cycle through "
                                          f"an outside path")
     order = {id(n): i for i, n in enumerate(plan.graph.nodes)}
     shape = node_set_shape(plan.graph, sorted([*a.nodes, *b.nodes], key=lambda n: order[id(n)]), options)
@@ -191,5 +191,5 @@ def merge_refusal(plan, a, b, options: FusionOptions | None = None) -> Refusal |
     first, second = (a, b) if k_a < k_b else (b, a)
     rule = rule_for(shape, first.nodes, second.nodes)
     if rule is not None and options.is_disabled(rule):
-        return Refusal(ReasonKind.DISABLED, f"rule '{rule}' is disabled")
+        return Refusal(RefusalKind.DISABLED, f"rule '{rule}' is disabled")
     return None

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import opfuse
-from opfuse.fusion.decisions import Refusal
-from opfuse.fusion.kernel_shape import classify
+from opfuse.rules.decisions import Refusal
+from opfuse.rules.kernel_shape import classify
 from opfuse.ops import GraphBuilder
 from opfuse.runtime.reference import random_inputs, run
 from fusion_cases import ATOL, RTOL, group_with, plan_of, randn, refusals
@@ -59,7 +59,7 @@ def test_expand_after_an_anchor_is_refused_with_a_reason(make):
     assert group_with(plan, after.name) is not group_with(plan, anchor.name)
     assert any(SPREAD in r for r in refusals(dec, "epilogue"))
     shape = classify([anchor, after], graph)
-    assert isinstance(shape, Refusal) and SPREAD in shape.message
+    assert isinstance(shape, Refusal) and SPREAD in shape.reason
     compiles_and_matches(graph)
 
 
@@ -88,5 +88,5 @@ def test_attention_keeps_relabelling_epilogue_but_not_a_slice():
     assert group_with(plan, "rows") is not att
     nodes = [*att.nodes, next(n for n in graph.nodes if n.name == "rows")]
     shape = classify(nodes, graph)
-    assert isinstance(shape, Refusal) and "does not relabel" in shape.message
+    assert isinstance(shape, Refusal) and "does not relabel" in shape.reason
     compiles_and_matches(graph)

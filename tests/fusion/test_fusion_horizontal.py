@@ -52,7 +52,7 @@ def test_refused_when_a_path_joins_the_siblings():
     legal = PlanLegality(unfused_plan(g))
     ga, gd = (next(gr for gr in legal.plan().groups if gr.name == n) for n in ("a", "d"))
     r = legal.can_merge(ga, gd)
-    assert r is not None and r.kind.value == "cycle" and "not independent" in r.message
+    assert r is not None and r.kind.label == "cycle" and "not independent" in r.reason
 
 
 def test_refused_over_the_member_limit():

@@ -4,7 +4,7 @@ import pytest
 from opfuse import zoo
 from opfuse.errors import ModelError
 from opfuse.fusion import FusionOptions, PlanLegality, fuse, unfused_plan, verify_plan
-from opfuse.fusion.planner_legality import RuleLegality, annotate_plan
+from opfuse.rules.legality import RuleLegality, annotate_plan
 from opfuse.ir.plan import FusionGroup, FusionPlan
 from opfuse.ops import GraphBuilder
 from fusion_cases import randn
@@ -29,11 +29,11 @@ def test_can_merge_reasons_on_the_unfused_plan():
     g = groups_by_name(legal.plan())
     assert legal.can_merge(g["conv1"], g["relu1"]) is None
     r = legal.can_merge(g["relu1"], g["conv2"])
-    assert r.kind.value == "category forbids" and "epilogue, never a prologue" in r.message
+    assert r.kind.label == "category forbids" and "epilogue, never a prologue" in r.reason
     r = legal.can_merge(g["conv1"], g["neg"])  # conv1 -> relu1 -> neg: not adjacent, no shared input
-    assert r.kind.value == "rule refused" and "neither adjacent nor siblings" in r.message
+    assert r.kind.label == "rule refused" and "neither adjacent nor siblings" in r.reason
     r = legal.can_merge(g["conv2"], g["relu2"])  # conv2 -> add -> relu2: not adjacent
-    assert "neither adjacent" in r.message
+    assert "neither adjacent" in r.reason
 
 
 def test_cycle_through_an_outside_node_is_refused():
@@ -49,7 +49,7 @@ def test_cycle_through_an_outside_node_is_refused():
     assert RuleLegality().can_merge(plan, g["A"], g["B"]) is None
     legal = PlanLegality(plan)
     g = groups_by_name(legal.plan())
-    assert legal.can_merge(g["A"], g["C"]).kind.value == "cycle"
+    assert legal.can_merge(g["A"], g["C"]).kind.label == "cycle"
 
 
 def test_resource_limit_and_disabled_rule_in_can_merge():
@@ -124,4 +124,4 @@ def test_horizontal_group_grows_only_with_siblings_of_its_shared_input():
     h = legal.merge(groups["A"], groups["M"])  # both read y
     assert h.kind == "horizontal" and h.attrs["shared_input"] == "y"
     r = legal.can_merge(h, groups_by_name(legal.plan())["S"])  # S shares x with A only
-    assert "'M' does not read 'x'" in r.message
+    assert "'M' does not read 'x'" in r.reason

@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 from opfuse import zoo
 from opfuse.fusion import FusionOptions, PlanLegality, fuse, unfused_plan
 from opfuse.fusion import builder as builder_module
-from opfuse.fusion.builder import build_plan
-from opfuse.fusion.decisions import Refusal
-from opfuse.fusion.graph_index import GraphIndex
-from opfuse.fusion.partition import Partition
-from opfuse.fusion.planner_legality import RuleLegality
+from opfuse.rules.driver import build_plan
+from opfuse.rules.decisions import Refusal
+from opfuse.rules.graph_index import GraphIndex
+from opfuse.rules.partition import Partition
+from opfuse.rules.legality import RuleLegality
 from opfuse.ir.plan import FusionGroup, FusionPlan
 from opfuse.ops import GraphBuilder
 from opfuse.planner.synthetic import synthetic_graph

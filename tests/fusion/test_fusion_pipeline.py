@@ -6,7 +6,6 @@ import pytest
 
 from opfuse import zoo
 from opfuse.fusion import fuse
-from opfuse.fusion.decisions import reason_kind
 from opfuse.passes import OptionError, PassTiming, make_context
 from opfuse.passes.fuse_pipeline import fusion_passes
 
@@ -34,7 +33,7 @@ def test_disable_passes_and_rules_by_name():
     g, plan, decisions = fuse(g0, ctx)
     assert sum(n.op_type == "BatchNormalization" for n in g.nodes) == 7
     assert not any(gr.kind == "conv_epilogue" for gr in plan.groups)
-    assert any(d.rule == "epilogue" and reason_kind(d) == "disabled by user" for d in decisions)
+    assert any(d.rule == "epilogue" and d.label == "disabled by user" for d in decisions)
 
 
 def test_disabling_the_fuse_pass_gives_the_unfused_plan():

@@ -4,7 +4,7 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 from opfuse.fusion import PlanLegality, fuse, unfused_plan, verify_plan
-from opfuse.fusion.planner_legality import annotate_plan
+from opfuse.rules.legality import annotate_plan
 from opfuse.report.fusion import build_report
 from opfuse.runtime.reference import random_inputs, run
 from random_graphs import random_graphs

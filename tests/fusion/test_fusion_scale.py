@@ -11,7 +11,7 @@ import time
 import pytest
 
 from opfuse.fusion import verify_plan
-from opfuse.fusion.planner_legality import RuleLegality, annotate_plan
+from opfuse.rules.legality import RuleLegality, annotate_plan
 from opfuse.planner import plan_fusion
 from opfuse.planner.synthetic import synthetic_graph
 from opfuse.targets import get_profile

@@ -1,7 +1,7 @@
 """Vertical fusion by op category along the post-dominator tree, with refusal reasons."""
 import numpy as np
 
-from opfuse.fusion.postdom import immediate_post_dominators
+from opfuse.rules.postdom import immediate_post_dominators
 from opfuse.ops import GraphBuilder
 from fusion_cases import group_with, kinds, plan_of, randn, refusals
 

@@ -2,7 +2,7 @@
 import pytest
 
 from opfuse import zoo
-from opfuse.fusion.plan_check import verify_plan
+from opfuse.rules.plan_check import verify_plan
 from fusion_cases import assert_same_outputs, fuse, kernels
 
 # (kernels before, kernels after, groups after)

@@ -3,7 +3,8 @@ import numpy as np
 
 from opfuse.ir.plan import FusionGroup, FusionPlan
 from opfuse.ops import GraphBuilder
-from opfuse.planner import CategoryLegality, Legality, SubplanLegality
+from legality_doubles import CategoryLegality, SubplanLegality
+from opfuse.planner import Legality
 
 RULES = CategoryLegality()
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from opfuse.fusion.options import FusionOptions
+from opfuse.rules.options import FusionOptions
 from opfuse.rewrites import rewrite
 from opfuse.runtime.reference import random_inputs, run
 

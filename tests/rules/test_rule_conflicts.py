@@ -6,7 +6,7 @@ import numpy as np
 from opfuse.ir.graph import Graph, TensorType
 from opfuse.ops import GraphBuilder
 from opfuse.patterns import Op, Var, par
-from opfuse.rules import DependencyRules, ResourceLimits, Rule, check_dependencies, check_resources, outside_path
+from opfuse.rules import DependencyRules, FusionOptions, Rule, check_dependencies, check_resources, outside_path
 from opfuse.rules.elementwise import ELEMENTWISE_CHAIN
 
 SHAPE = (2, 4)
@@ -75,14 +75,14 @@ def chain(n: int) -> Graph:
 def test_resource_limit_on_ops_per_group(decide):
     g = chain(4)
     four = Rule("four", Op("Relu") >> Op("Relu") >> Op("Relu") >> Op("Relu"))
-    out = decide(g, [four], limits=ResourceLimits(max_ops=3))
+    out = decide(g, [four], limits=FusionOptions(max_ops=3))
     assert out.refused("four", "resource") == ["4 ops exceed the limit of 3 ops per group"]
-    assert check_resources(g.nodes, g, ResourceLimits(max_ops=4)) is None
+    assert check_resources(g.nodes, g, FusionOptions(max_ops=4)) is None
 
 
 def test_long_chain_is_split_within_the_group_cap(decide):
     g = chain(10)
-    out = decide(g, [ELEMENTWISE_CHAIN], limits=ResourceLimits(max_ops=4))
+    out = decide(g, [ELEMENTWISE_CHAIN], limits=FusionOptions(max_ops=4))
     groups = out.result.groups
     assert [len(gr.nodes) for gr in groups] == [4, 4, 2]
     assert sorted(n.name for gr in groups for n in gr.nodes) == sorted(f"r{i}" for i in range(10))
@@ -100,19 +100,19 @@ def test_a_very_long_chain_is_cut_into_windows_without_refusals(decide):
 def test_working_set_and_input_budgets(decide):
     g = chain(3)
     nbytes = T.nbytes
-    limits = ResourceLimits(max_working_set_bytes=nbytes)     # two internal values do not fit
+    limits = FusionOptions(max_working_set_bytes=nbytes)     # two internal values do not fit
     c = check_resources(g.nodes, g, limits)
     assert c.kind == "resource" and c.reason == \
         f"working set of {2 * nbytes} bytes exceeds the on-chip budget of {nbytes} bytes"
     assert check_resources(g.nodes[:2], g, limits) is None
-    assert "distinct inputs exceed" in check_resources(g.nodes, g, ResourceLimits(max_inputs=0)).reason
+    assert "distinct inputs exceed" in check_resources(g.nodes, g, FusionOptions(max_inputs=0)).reason
 
 
 def test_limits_from_a_hardware_profile():
     class Profile:
         sram_bytes = 512 * 1024
         max_ops_per_group = 12
-    lim = ResourceLimits.from_profile(Profile())
+    lim = FusionOptions.from_profile(Profile())
     assert lim.max_working_set_bytes == 512 * 1024 and lim.max_ops == 12
 
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 from opfuse.ir.graph import Graph, Node, Value
 from opfuse.ops.registry import Category, Mapping, OpSpec, get_spec, is_supported
+from opfuse.rules.aliasing import aliasable_inputs, is_view
 
 FLOPS_PER_READ = {Category.OUT_ELEMWISE_FUSABLE: 2.0}
 DEFAULT_FLOPS_PER_READ = 1.0
@@ -160,6 +161,7 @@ class GroupAnalysis:
     input_bytes: int
     output_bytes: int
     working_set_bytes: int  # sum of the buffered values
+    zero_copy: bool = False  # moves no data at all (an elided Concat, a view): no kernel runs
 
     @property
     def boundary_bytes(self) -> int:
@@ -232,14 +234,31 @@ def analyze_group(graph: Graph, nodes, cache: dict | None = None) -> GroupAnalys
             buffered.append(v)
 
     pressure = _max_live(streams, member)
+    input_bytes = sum(nbytes(v) for v in inputs.values())
+    output_bytes = sum(nbytes(v) for v in outputs)
+    zero_copy = False
+    if len(nodes) == 1:  # a lone Concat whose producers write its slices, or a view, moves less
+        input_bytes, output_bytes, zero_copy = _aliased_bytes(graph, nodes[0], input_bytes, output_bytes)
     max_cat = max((specs[id(n)].category if specs[id(n)] is not None else Category.OPAQUE) for n in nodes)
     return GroupAnalysis(nodes=nodes, inputs=tuple(inputs.values()), outputs=tuple(outputs),
                          base_flops=base, executed_flops=executed, buffered=tuple(buffered),
                          register_pressure=pressure,
                          stream_elements=max((numel(v) for v in streams), default=0),
-                         max_category=max_cat, input_bytes=sum(nbytes(v) for v in inputs.values()),
-                         output_bytes=sum(nbytes(v) for v in outputs),
-                         working_set_bytes=sum(nbytes(v) for v in buffered))
+                         max_category=max_cat, input_bytes=input_bytes, output_bytes=output_bytes,
+                         working_set_bytes=sum(nbytes(v) for v in buffered), zero_copy=zero_copy)
+
+
+def _aliased_bytes(graph: Graph, node: Node, input_bytes: int, output_bytes: int) -> tuple[int, int, bool]:
+    """(input bytes, output bytes, moves nothing?) of a one-op group, aliasing priced in: a Concat
+    copies only the inputs its producers cannot write in place; a view copies nothing."""
+    if node.op_type == "Concat":
+        aliased = {id(v) for v in aliasable_inputs(graph, node)}
+        if aliased:
+            copied = sum(nbytes(v) for v in node.input_values() if id(v) not in aliased)
+            return copied, copied, copied == 0
+    elif is_view(graph, node):
+        return 0, 0, True
+    return input_bytes, output_bytes, False
 
 
 def _value_exec(v: Value, execs: dict[int, float], infos: dict) -> float:

@@ -138,7 +138,8 @@ class CostModel:
             run_node = self.placement.group_node(a.nodes, [node_flops(n) for n in a.nodes])
             t_numa, remote = remote_time(p, [*a.inputs, *a.outputs], run_node, self.placement)
 
-        t_pred = max(t_compute, t_memory) + t_spill + p.launch_overhead_s + t_numa
+        overhead = 0.0 if a.zero_copy else p.launch_overhead_s  # an elided Concat or a view runs no kernel
+        t_pred = max(t_compute, t_memory) + t_spill + overhead + t_numa
         bucket = a.max_category.name
         alpha = self.corrections.alpha(bucket)
         flops = a.flops
@@ -147,7 +148,7 @@ class CostModel:
         return GroupCost(flops=flops, duplicated_flops=a.duplicated_flops, bytes=a.boundary_bytes,
                          spill_bytes=spill, working_set_bytes=ws, register_pressure=a.register_pressure,
                          remote_bytes=remote, t_compute=t_compute, t_memory=t_memory, t_spill=t_spill,
-                         t_overhead=p.launch_overhead_s, t_numa=t_numa, t_predicted=t_pred, alpha=alpha,
+                         t_overhead=overhead, t_numa=t_numa, t_predicted=t_pred, alpha=alpha,
                          latency_s=t_pred * (1.0 + alpha), intensity=intensity, ridge_point=ridge,
                          bound=COMPUTE_BOUND if t_compute >= t_memory else MEMORY_BOUND, bucket=bucket)
 

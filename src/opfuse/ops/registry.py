@@ -167,3 +167,10 @@ def _check_node_shapes(graph: Graph, node: Node) -> None:
 
 
 register_shape_checker(_check_node_shapes)
+
+
+def run_node(node, args: list) -> list:
+    """The NumPy reference result of one node on ``args`` (its inputs, ``None`` for absent ones)."""
+    spec = get_spec(node.op_type, node)
+    return list(spec.compute(args, spec.attrs_of(node), node))
+

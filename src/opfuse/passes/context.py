@@ -1,7 +1,7 @@
 """``PassContext``: everything a pipeline run is configured with, and what it reports.
 
-Configuration: disabled passes and rules (by name), resource limits (group size cap and
-on-chip budget), dependency rules, named config keys, and instruments. Results: the fusion plan
+Configuration: disabled passes (by name), the fusion options (``FusionOptions``: the limits
+and the disabled rules), dependency rules, named config keys, and instruments. Results: the fusion plan
 (left by the fusion pass), every ``Decision`` and per-rule statistics. Instruments observe the
 run through hooks (see ``instruments.py``); nothing in a pass prints.
 """
@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from opfuse.errors import OpfuseError
-from opfuse.rules.conflicts import DependencyRules, ResourceLimits
+from opfuse.rules.conflicts import DependencyRules
 from opfuse.rules.decisions import Decision, RuleStats
+from opfuse.rules.options import FusionOptions
 
 
 class OptionError(OpfuseError):
@@ -25,24 +26,18 @@ CONFIG_MAX_REPEAT = "matcher.max_repeat"   # longest repetition the matcher unro
 @dataclass
 class PassContext:
     disabled_passes: frozenset = frozenset()
-    disabled_rules: frozenset = frozenset()
-    limits: ResourceLimits = field(default_factory=ResourceLimits)
+    options: FusionOptions = field(default_factory=FusionOptions)
     dependencies: DependencyRules = field(default_factory=DependencyRules)
     instruments: list = field(default_factory=list)
     config: dict = field(default_factory=dict)
     # Results of the run.
     plan: object | None = None
+    origin: dict | None = None  # rewritten node name -> the original nodes it stands for
     decisions: list[Decision] = field(default_factory=list)
     rule_stats: dict[str, RuleStats] = field(default_factory=dict)
 
     def __post_init__(self):
         self.disabled_passes = frozenset(self.disabled_passes)
-        self.disabled_rules = frozenset(self.disabled_rules)
-
-    @property
-    def max_group_ops(self) -> int | None:
-        """The ops-per-group cap (``limits.max_ops``)."""
-        return self.limits.max_ops
 
     def record(self, decision: Decision) -> None:
         self.decisions.append(decision)
@@ -51,12 +46,7 @@ class PassContext:
 
     def merge_stats(self, stats: dict[str, RuleStats]) -> None:
         for name, s in stats.items():
-            acc = self.rule_stats.setdefault(name, RuleStats(name))
-            acc.attempts += s.attempts
-            acc.matches += s.matches
-            acc.applied += s.applied
-            acc.refused += s.refused
-            acc.seconds += s.seconds
+            self.rule_stats.setdefault(name, RuleStats(name)).add(s)
 
     def instrument(self, kind: type):
         """The first attached instrument of this type, or None."""

@@ -1,6 +1,7 @@
 """The fusion planner: which legal fusions are worth it on a target.
 
-Legality (``opfuse.planner.legality``) says which groups MAY exist; the cost model says
+Legality (the protocol in ``opfuse.planner.legality``, implemented by the fusion rules and
+passed in by the caller) says which groups MAY exist; the cost model says
 what each costs; the planners choose the partition:
 
 * ``solve_greedy`` (``opfuse.planner.greedy``): merges in order of predicted gain;
@@ -13,11 +14,10 @@ Entry points: ``plan_fusion(graph, profile, ...)`` and ``plan_pareto(graph, prof
 from opfuse.planner.api import METHODS, PlanResult, make_problem, plan_fusion, plan_pareto
 from opfuse.planner.exact import SolverUnavailableError, solve_exact
 from opfuse.planner.greedy import solve_greedy
-from opfuse.planner.legality import CategoryLegality, Legality, LegalityRules, SubplanLegality
+from opfuse.planner.legality import Legality
 from opfuse.planner.pareto import ParetoPoint, format_pareto
 from opfuse.planner.problem import Constraints, Metrics, Objective, Problem
 
 __all__ = ["METHODS", "PlanResult", "make_problem", "plan_fusion", "plan_pareto", "solve_exact",
-           "solve_greedy", "SolverUnavailableError", "CategoryLegality", "Legality", "LegalityRules",
-           "SubplanLegality", "ParetoPoint", "format_pareto", "Constraints", "Metrics", "Objective",
+           "solve_greedy", "SolverUnavailableError", "Legality", "ParetoPoint", "format_pareto", "Constraints", "Metrics", "Objective",
            "Problem"]

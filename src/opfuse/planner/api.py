@@ -28,10 +28,10 @@ from opfuse.ir.plan import FusionPlan
 from opfuse.planner.candidates import CandidateLimitError, enumerate_candidates
 from opfuse.planner.exact import EXACT_TIME_LIMIT_S, ExactTimeoutError, SolverUnavailableError, solve_exact
 from opfuse.planner.greedy import solve_greedy
-from opfuse.planner.legality import CategoryLegality
+from opfuse.planner.legality import Legality
 from opfuse.planner.pareto import ParetoPoint, pareto_front
 from opfuse.planner.problem import Constraints, Objective, Problem
-from opfuse.planner.structure import build_plan
+from opfuse.planner.structure import plan_from_groups
 from opfuse.targets.profile import HardwareProfile
 
 METHODS = ("auto", "greedy", "exact")
@@ -72,9 +72,9 @@ def _cost_model(target, placement: NumaPlacement | None) -> CostModel:
     raise InputError(f"expected a HardwareProfile or CostModel, got {type(target).__name__}")
 
 
-def make_problem(graph: Graph, target, *, legality=None, objective: Objective | None = None,
+def make_problem(graph: Graph, target, *, legality: Legality, objective: Objective | None = None,
                  constraints: Constraints | None = None, placement: NumaPlacement | None = None) -> Problem:
-    return Problem(graph, _cost_model(target, placement), legality or CategoryLegality(), objective,
+    return Problem(graph, _cost_model(target, placement), legality, objective,
                    constraints)
 
 
@@ -109,7 +109,7 @@ def _solve(problem: Problem, method: str, time_limit: float, candidates=None):
     return r.groups, "greedy", False, {"merges": r.merges, "repair_merges": r.repair_merges}
 
 
-def plan_fusion(graph: Graph, target, *, method: str = "auto", legality=None,
+def plan_fusion(graph: Graph, target, *, legality: Legality, method: str = "auto",
                 objective: Objective | None = None, constraints: Constraints | None = None,
                 placement: NumaPlacement | None = None, time_limit: float = EXACT_TIME_LIMIT_S) -> PlanResult:
     """Choose the partition of ``graph`` minimising the objective under the constraints.
@@ -122,14 +122,14 @@ def plan_fusion(graph: Graph, target, *, method: str = "auto", legality=None,
     problem = make_problem(graph, target, legality=legality, objective=objective, constraints=constraints,
                            placement=placement)
     groups, used, optimal, stats = _solve(problem, method, time_limit)
-    plan = build_plan(graph, [problem.group_nodes(k) for k in groups], problem.legality)
+    plan = plan_from_groups(graph, [problem.group_nodes(k) for k in groups], problem.legality)
     cost = problem.plan_cost(plan)
     return PlanResult(plan=plan, cost=cost, method=used, objective=problem.objective,
                       constraints=problem.constraints, objective_value=problem.score(problem.metrics(groups)),
                       optimal=optimal, solve_time_s=time.perf_counter() - t0, stats=stats)
 
 
-def plan_pareto(graph: Graph, target, *, method: str = "auto", legality=None,
+def plan_pareto(graph: Graph, target, *, legality: Legality, method: str = "auto",
                 constraints: Constraints | None = None, placement: NumaPlacement | None = None,
                 time_limit: float = EXACT_TIME_LIMIT_S) -> list[tuple[ParetoPoint, FusionPlan]]:
     """The Pareto front (see ``opfuse.planner.pareto``), each point with its plan."""
@@ -150,4 +150,4 @@ def plan_pareto(graph: Graph, target, *, method: str = "auto", legality=None,
         return groups, used
 
     points = pareto_front(problem, solve)
-    return [(p, build_plan(graph, [problem.group_nodes(k) for k in p.groups], problem.legality)) for p in points]
+    return [(p, plan_from_groups(graph, [problem.group_nodes(k) for k in p.groups], problem.legality)) for p in points]

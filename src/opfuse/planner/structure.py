@@ -1,9 +1,9 @@
-"""Structural facts about partitions: cycles, convexity, adjacency, group order.
+"""Plans from node groups: the group order, and a cycle of groups to cut (exact planner).
 
-A set of nodes can run as one kernel only if it is *convex*: no path leaves it and
-comes back (the kernel would need its own output before it finished). Two groups may
-merge only if no path runs from one to the other through a third group; both are the
-same condition seen at node and at group level.
+A set of nodes can run as one kernel only if it is *convex*: no path leaves it and comes
+back. The planners choose convex groups (candidates are convex by construction; merges are
+checked by the legality, ``Partition.creates_cycle``); the exact planner's solution may still
+hold a cycle *between* groups, which ``find_group_cycle`` names for a lazy cut.
 """
 from __future__ import annotations
 
@@ -12,58 +12,6 @@ from typing import Sequence
 
 from opfuse.ir.graph import Graph, Node
 from opfuse.ir.plan import FusionGroup, FusionPlan
-
-
-def _group_succs(plan: FusionPlan) -> dict[int, set[int]]:
-    succ: dict[int, set[int]] = {id(g): set() for g in plan.groups}
-    for src, dst, _ in plan.group_edges():
-        if src is not dst:
-            succ[id(src)].add(id(dst))
-    return succ
-
-
-def creates_cycle(plan: FusionPlan, a: FusionGroup, b: FusionGroup) -> bool:
-    """True when a path joins ``a`` and ``b`` (either way) through some other group."""
-    succ = _group_succs(plan)
-    for src, dst in ((a, b), (b, a)):
-        stack = [s for s in succ[id(src)] if s != id(dst)]
-        seen = set(stack)
-        while stack:
-            g = stack.pop()
-            if id(dst) in succ[g]:
-                return True
-            for s in succ[g]:
-                if s not in seen and s != id(src):
-                    seen.add(s)
-                    stack.append(s)
-    return False
-
-
-def merge_candidates(plan: FusionPlan) -> list[tuple[FusionGroup, FusionGroup]]:
-    """Producer/consumer group pairs and sibling pairs (sharing a non-constant input), in
-    plan order, each pair once."""
-    rank = {id(g): i for i, g in enumerate(plan.groups)}
-    pairs: dict[tuple[int, int], tuple[FusionGroup, FusionGroup]] = {}
-
-    def add(x: FusionGroup, y: FusionGroup):
-        if x is y:
-            return
-        if rank[id(x)] > rank[id(y)]:
-            x, y = y, x
-        pairs.setdefault((rank[id(x)], rank[id(y)]), (x, y))
-
-    for src, dst, _ in plan.group_edges():
-        add(src, dst)
-    readers: dict[int, list[FusionGroup]] = {}
-    for g in plan.groups:
-        for v in g.inputs():
-            if not v.is_const:
-                readers.setdefault(id(v), []).append(g)
-    for groups in readers.values():
-        for i in range(len(groups)):
-            for j in range(i + 1, len(groups)):
-                add(groups[i], groups[j])
-    return [pairs[k] for k in sorted(pairs)]
 
 
 def topological_groups(graph: Graph, groups: Sequence[Sequence[Node]]) -> list[int]:
@@ -129,7 +77,7 @@ def find_group_cycle(graph: Graph, groups: Sequence[Sequence[Node]]) -> list[int
     return None
 
 
-def build_plan(graph: Graph, groups: Sequence[Sequence[Node]], legality) -> FusionPlan:
+def plan_from_groups(graph: Graph, groups: Sequence[Sequence[Node]], legality) -> FusionPlan:
     """A verified ``FusionPlan`` from node groups: groups in topological order, nodes in
     graph order, kind and anchor from ``legality.describe``, named after the anchor."""
     pos = {id(n): i for i, n in enumerate(graph.nodes)}

@@ -12,8 +12,10 @@ For each group of the plan (``FusionPlan`` over the rewritten graph) and for the
   bytes before);
 * FLOPs and arithmetic intensity ``I = FLOPs / bytes`` (roofline, 7.3.1).
 
-``explain_text`` lists every pair of adjacent groups that were not merged and why (rule
-refused, category forbids, cycle, resource limit, disabled by user, or not chosen).
+``explain_text`` lists every pair of adjacent groups, and of sibling groups reading one value,
+that were not merged and why (rule refused, category forbids, cycle, resource limit, disabled
+by user, or not chosen by the planner), judged on the plan that runs by the rules' one legality.
+Every group names the fusion rule that formed it (``rule``; ``None`` for a single op).
 
     rep = build_report(original_graph, graph, plan, decisions)
     print(rep.to_text()); print(rep.explain_text()); open("r.json", "w").write(rep.to_json())
@@ -24,8 +26,9 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 
-from opfuse.fusion.decisions import REWRITTEN, Decision, ReasonKind, Refusal, reason_kind
-from opfuse.fusion.planner_legality import RuleLegality
+from opfuse.rules.decisions import REWRITTEN, Decision, RefusalKind, Refusal
+from opfuse.rules.legality import RuleLegality
+from opfuse.rules.options import FusionOptions
 from opfuse.ir.graph import Graph, Node
 from opfuse.ir.plan import FusionGroup, FusionPlan
 from opfuse.ops.registry import get_spec
@@ -64,6 +67,7 @@ class GroupReport:
     index: int
     name: str
     kind: str
+    rule: str | None
     ops: list[str]
     nodes: list[str]
     origin: list[str]
@@ -83,7 +87,7 @@ class GroupReport:
         return _ratio(self.flops, self.bytes_after)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "kind": self.kind, "ops": self.ops, "nodes": self.nodes,
+        return {"name": self.name, "kind": self.kind, "rule": self.rule, "ops": self.ops, "nodes": self.nodes,
                 "origin": self.origin, "kernels_before": self.kernels_before,
                 "kernels_after": self.kernels_after, "bytes_before": self.bytes_before,
                 "bytes_after": self.bytes_after, "eta": round(self.eta, 6), "flops": self.flops,
@@ -172,7 +176,7 @@ class FusionReport:
         return "\n".join(lines)
 
     def explain_text(self) -> str:
-        lines = [f"explain: {self.model}: {len(self.explanations)} adjacent group pair(s) not merged"]
+        lines = [f"explain: {self.model}: {len(self.explanations)} adjacent or sibling group pair(s) not merged"]
         counts = Counter(e.reason_kind for e in self.explanations)
         if counts:
             lines.append("  " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())))
@@ -181,57 +185,83 @@ class FusionReport:
         return "\n".join(lines)
 
 
-def _explain(plan: FusionPlan, decisions: list[Decision], legality: RuleLegality) -> list[PairExplanation]:
+def _explain(plan: FusionPlan, decisions: list[Decision], legality: RuleLegality,
+             chooser: str) -> list[PairExplanation]:
+    """Each pair of groups joined by a value (producer -> consumer) or reading one non-constant
+    value (siblings) that the plan keeps apart, with the reason."""
     graph = plan.graph
     owner = {id(n): g for g in plan.groups for n in g.nodes}
-    disabled_nodes = {name: d.rule for d in decisions if reason_kind(d) == ReasonKind.DISABLED.value
+    disabled_nodes = {name: d.rule for d in decisions if d.kind == RefusalKind.DISABLED.value
                       for name in d.nodes}
     pairs: dict[tuple[int, int], tuple[FusionGroup, FusionGroup, list[str]]] = {}
     index = {id(g): i for i, g in enumerate(plan.groups)}
+
+    def add(a: FusionGroup, b: FusionGroup, value: str) -> None:
+        if index[id(a)] > index[id(b)]:
+            a, b = b, a
+        entry = pairs.setdefault((index[id(a)], index[id(b)]), (a, b, []))
+        if value not in entry[2]:
+            entry[2].append(value)
+
     for a, b, v in plan.group_edges():
-        key = (index[id(a)], index[id(b)])
-        entry = pairs.setdefault(key, (a, b, []))
-        if v.name not in entry[2]:
-            entry[2].append(v.name)
+        add(a, b, v.name)
+    for v in graph.values.values():
+        if v.is_const:
+            continue
+        readers = []
+        for u, _ in v.uses:
+            g = owner[id(u)]
+            if g not in readers and (v.producer is None or owner[id(v.producer)] is not g):
+                readers.append(g)
+        for i, a in enumerate(readers):
+            for b in readers[i + 1:]:
+                if (min(index[id(a)], index[id(b)]), max(index[id(a)], index[id(b)])) not in pairs:
+                    add(a, b, v.name)
     out = []
     for key in sorted(pairs):
         a, b, values = pairs[key]
         r = _elided(a, b) or legality.merge_refusal(plan, a, b)
         if r is None:
-            r = _not_chosen(graph, a, b, values, owner, disabled_nodes)
-        out.append(PairExplanation(a.name, b.name, values, r.kind.value, r.message))
+            r = _not_chosen(graph, a, b, values, owner, disabled_nodes, chooser)
+        out.append(PairExplanation(a.name, b.name, values, r.kind.label, r.reason))
     return out
 
 
 def _elided(a: FusionGroup, b: FusionGroup) -> Refusal | None:
     for g in (b, a):
         if g.attrs.get("zero_copy") == "concat":
-            return Refusal(ReasonKind.RULE_REFUSED, f"Concat '{g.name}' is elided: its producers write "
+            return Refusal(RefusalKind.CONDITION, f"Concat '{g.name}' is elided: its producers write "
                                                     f"straight into their slices (no kernel to fuse with)")
     return None
 
 
-def _not_chosen(graph, a, b, values, owner, disabled_nodes) -> Refusal:
-    """Why the rule-based builder left a legal merge alone."""
+def _not_chosen(graph, a, b, values, owner, disabled_nodes, chooser: str) -> Refusal:
+    """Why a legal merge was left alone: disabled, or what the chooser (the fusion rules or the
+    cost-model planner) saw."""
     for n in [*a.nodes, *b.nodes]:
         if n.name in disabled_nodes:
-            return Refusal(ReasonKind.DISABLED, f"rule '{disabled_nodes[n.name]}' is disabled")
+            return Refusal(RefusalKind.DISABLED, f"rule '{disabled_nodes[n.name]}' is disabled")
+    if chooser != "fusion rules":
+        return Refusal(RefusalKind.NOT_CHOSEN, f"legal, but the {chooser}'s cost model predicts the plan "
+                                               f"faster with these groups apart")
     for name in values:
         v = graph.values[name]
         if v in graph.outputs:
-            return Refusal(ReasonKind.NOT_CHOSEN, f"'{name}' is a graph output: it is written anyway")
+            return Refusal(RefusalKind.NOT_CHOSEN, f"'{name}' is a graph output: it is written anyway")
         others = sorted({owner[id(u)].name for u, _ in v.uses if owner[id(u)] is not b})
         if others:
-            return Refusal(ReasonKind.NOT_CHOSEN, f"'{name}' is also read by {', '.join(others)}: "
+            return Refusal(RefusalKind.NOT_CHOSEN, f"'{name}' is also read by {', '.join(others)}: "
                                                   f"fusing along the post-dominator tree only, so it "
                                                   f"would still be written")
-    return Refusal(ReasonKind.NOT_CHOSEN, f"legal, but no rule merges a {a.kind} group into a "
+    return Refusal(RefusalKind.NOT_CHOSEN, f"legal, but no rule merges a {a.kind} group into a "
                                           f"{b.kind} group (left to the planner)")
 
 
 def build_report(original_graph: Graph, graph: Graph, plan: FusionPlan,
-                 decisions: list[Decision] | None = None, *, explain: bool = True) -> FusionReport:
-    """The report of ``plan`` (over the rewritten ``graph``) against ``original_graph``."""
+                 decisions: list[Decision] | None = None, *, explain: bool = True,
+                 options: FusionOptions | None = None, chooser: str = "fusion rules") -> FusionReport:
+    """The report of ``plan`` (over the rewritten ``graph``) against ``original_graph``;
+    ``chooser`` names who chose the plan ("fusion rules", or e.g. "exact planner")."""
     decisions = decisions or []
     orig = {n.name: n for n in original_graph.nodes}
     orig_bytes = {name: node_bytes(n) for name, n in orig.items()}
@@ -242,14 +272,14 @@ def build_report(original_graph: Graph, graph: Graph, plan: FusionPlan,
         covered.update(origin)
         zero = g.attrs.get("zero_copy") or ""
         groups.append(GroupReport(
-            index=i, name=g.name, kind=g.kind, ops=g.op_types, nodes=[n.name for n in g.nodes],
+            index=i, name=g.name, kind=g.kind, rule=g.attrs.get("rule"), ops=g.op_types, nodes=[n.name for n in g.nodes],
             origin=origin, kernels_before=len(origin), kernels_after=0 if zero else 1,
             bytes_before=sum(orig_bytes[o] for o in origin), bytes_after=group_bytes(g, graph),
             flops=sum(node_flops(n) for n in g.nodes), zero_copy=zero))
     removed = [n.name for n in original_graph.nodes if n.name not in covered]
     rewrites = Counter(d.rule for d in decisions if d.verdict == REWRITTEN)
-    refusals = Counter(reason_kind(d) for d in decisions if not d.taken)
-    legality = RuleLegality()
+    refusals = Counter(d.label for d in decisions if not d.taken)
+    legality = RuleLegality(options)
     return FusionReport(
         model=graph.name,
         kernels_before=len(original_graph.nodes),
@@ -261,5 +291,5 @@ def build_report(original_graph: Graph, graph: Graph, plan: FusionPlan,
         flops_after=sum(g.flops for g in groups),
         groups=groups, removed_ops=removed,
         rewrites=dict(sorted(rewrites.items())), refusals=dict(sorted(refusals.items())),
-        explanations=_explain(plan, decisions, legality) if explain else [],
+        explanations=_explain(plan, decisions, legality, chooser) if explain else [],
     )

@@ -23,8 +23,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from opfuse.fusion.decisions import Decision
-from opfuse.fusion.options import FusionOptions
+from opfuse.rules.decisions import Decision
+from opfuse.rules.options import FusionOptions
 from opfuse.ir.graph import Graph
 from opfuse.rewrites.affine_folding import fold_affine_rule
 from opfuse.rewrites.bn_folding import fold_batchnorm_rule

@@ -51,14 +51,14 @@ def _affine_condition(m) -> str | None:
     node, op, c = m["node"], m["op"], m["c"]
     r = linear_producer_refusal(m.graph, op, node)
     if r is not None:
-        return r.message
+        return r.reason
     axis = per_channel_axis(np.asarray(c.const), op.output.shape)
     if isinstance(axis, str):
         return axis
     if axis is not None:
         r = channel_axis_refusal(op, axis)
         if r is not None:
-            return r.message
+            return r.reason
     if node.op_type in SHIFTING_OPS and op.op_type == "MatMul":
         return "MatMul has no bias input to absorb an Add"
     if node.op_type == "Div" and np.any(np.asarray(c.const) == 0):

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from opfuse.fusion.decisions import Refusal, rule_refused
+from opfuse.rules.decisions import Refusal, refuse
 from opfuse.ir.graph import Graph, Node
 from opfuse.ops.registry import get_spec
 from opfuse.patterns import Op
@@ -56,7 +56,7 @@ def _weight_refusal(op: Node, index: int, what: str) -> Refusal | None:
     if v is None:
         return None
     if not v.is_const:
-        return rule_refused(f"{op.op_type} {what} '{v.name}' is not a constant")
+        return refuse(f"{op.op_type} {what} '{v.name}' is not a constant")
     return shared_const(v, op)
 
 
@@ -64,18 +64,18 @@ def linear_producer_refusal(graph: Graph, op: Node, consumer: Node) -> Refusal |
     """Conditions shared by BN folding and Mul/Add folding: constant, unshared weights, and the
     op's output read only by ``consumer``."""
     if op.op_type == "MatMul" and op.inputs[0].is_const and not op.inputs[1].is_const:
-        return rule_refused("MatMul's constant operand is A, not the weight B")
+        return refuse("MatMul's constant operand is A, not the weight B")
     for index, what in ((1, "weight"), (2, "bias")):
         r = _weight_refusal(op, index, what)
         if r is not None:
             return r
     if op.op_type == "MatMul" and len(op.inputs[1].shape) != 2:
-        return rule_refused(f"MatMul weight '{op.inputs[1].name}' is not 2-D")
+        return refuse(f"MatMul weight '{op.inputs[1].name}' is not 2-D")
     escape = outside_readers([op.output], {id(consumer)}, graph)
     if escape is not None:
-        return rule_refused(f"{op.op_type} output {escape}")
+        return refuse(f"{op.op_type} output {escape}")
     if not np.issubdtype(op.output.dtype, np.floating):
-        return rule_refused(f"{op.op_type} output is {op.output.dtype}, not floating point")
+        return refuse(f"{op.op_type} output is {op.output.dtype}, not floating point")
     return None
 
 
@@ -87,7 +87,7 @@ def channel_axis_refusal(op: Node, axis: int) -> Refusal | None:
     else:  # Gemm, MatMul: the channel is the last axis (columns)
         ok = axis == rank - 1
     if not ok:
-        return rule_refused(f"the per-channel axis {axis} is not the output-channel axis of "
+        return refuse(f"the per-channel axis {axis} is not the output-channel axis of "
                             f"{op.op_type} output {op.output.shape}")
     return None
 
@@ -147,7 +147,7 @@ def _bn_condition(m) -> str | None:
             return f"BatchNorm parameter {what} '{v.name if v else '?'}' is not a constant"
     r = linear_producer_refusal(graph, op, bn) or channel_axis_refusal(op, 1)
     if r is not None:
-        return r.message
+        return r.reason
     if len(bn.output.shape) < 2:
         return "BatchNorm input has rank < 2"
     if op.op_type == "MatMul" and len(op.inputs[0].shape) != 2:

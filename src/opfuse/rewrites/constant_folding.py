@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from opfuse.fusion.decisions import ReasonKind, Refusal
+from opfuse.rules.decisions import RefusalKind, Refusal
 from opfuse.ir.graph import Graph, Node
 from opfuse.rewrites.edit import add_const, substitute
 from opfuse.rewrites.context import RewriteContext
-from opfuse.runtime.reference import run_node
+from opfuse.ops.registry import run_node
 
 RULE = "constant_folding"
 # Ops whose output depends only on the input *type* (known at compile time).
@@ -39,7 +39,7 @@ def fold_constants(graph: Graph, rc: RewriteContext) -> bool:
         out_bytes = sum(v.nbytes for v in node.outputs)
         if out_bytes > rc.options.max_folded_constant_bytes:
             rc.log_refusal(RULE, [node.name], Refusal(
-                ReasonKind.RESOURCE_LIMIT, f"result of {out_bytes} bytes exceeds the folding limit "
+                RefusalKind.RESOURCE, f"result of {out_bytes} bytes exceeds the folding limit "
                                            f"of {rc.options.max_folded_constant_bytes} bytes"))
             continue
         if node.op_type in TYPE_ONLY_OPS:
@@ -49,12 +49,13 @@ def fold_constants(graph: Graph, rc: RewriteContext) -> bool:
         else:
             args = [v.const if v is not None else None for v in node.inputs]
         results = run_node(node, args)
+        readers = [u for v in node.outputs for u, _ in v.uses]
         for v, r in zip(node.outputs, results):
             c = add_const(graph, f"{v.name}_folded", np.asarray(r).astype(v.dtype, copy=False))
             substitute(graph, v, c)
         if node.outputs and node.outputs[0].producer is node:  # an output without readers kept it
             graph.remove_node(node)
-        rc.provenance.drop(node)
+        rc.provenance.credit(node, readers)
         folded.append(node.name)
     if folded:
         rc.log_applied(RULE, folded, f"folded {len(folded)} node(s) into constants")

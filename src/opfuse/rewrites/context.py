@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from opfuse.fusion.decisions import REWRITTEN, Decision, Refusal, refused, taken
-from opfuse.fusion.options import FusionOptions
+from opfuse.rules.decisions import REWRITTEN, Decision, Refusal, refused, taken
+from opfuse.rules.options import FusionOptions
 from opfuse.rewrites.edit import Provenance
 
 
@@ -18,7 +18,7 @@ class RewriteContext:
     _seen: set = field(default_factory=set)
 
     def log_refusal(self, rule: str, nodes, refusal: Refusal) -> None:
-        key = (rule, tuple(nodes), refusal.message)
+        key = (rule, tuple(nodes), refusal.reason)
         if key not in self._seen:
             self._seen.add(key)
             self.decisions.append(refused(self.pass_name, rule, nodes, refusal))

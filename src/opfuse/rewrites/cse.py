@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from opfuse.fusion.decisions import rule_refused
+from opfuse.rules.decisions import refuse
 from opfuse.ir.graph import Graph, Node, Value
 from opfuse.ops.registry import REGISTRY
 from opfuse.rewrites.edit import can_substitute, substitute
@@ -72,7 +72,7 @@ def eliminate_common_subexpressions(graph: Graph, rc: RewriteContext) -> bool:
         why = next((w for w in (can_substitute(graph, old, new) for old, new in zip(node.outputs, first.outputs))
                     if w), None)
         if why:  # e.g. both are graph outputs: each name must keep its value
-            rc.log_refusal(RULE, [first.name, node.name], rule_refused(why))
+            rc.log_refusal(RULE, [first.name, node.name], refuse(why))
             continue
         for old, new in zip(node.outputs, first.outputs):
             substitute(graph, old, new)

@@ -13,7 +13,7 @@ from typing import Iterable
 
 import numpy as np
 
-from opfuse.fusion.decisions import Refusal, rule_refused
+from opfuse.rules.decisions import Refusal, refuse
 from opfuse.ir.graph import Graph, Node, Value
 from opfuse.ops.registry import infer_node
 
@@ -46,6 +46,16 @@ class Provenance:
     def drop(self, node: Node | str) -> None:
         self.origin.pop(node if isinstance(node, str) else node.name, None)
 
+    def credit(self, node: Node, readers: list[Node]) -> None:
+        """``node`` is gone (folded into a constant, or a no-op bypassed): the first of its former
+        ``readers`` still in the graph stands for it, so the report credits its kernel to the
+        group that absorbed it; with no reader left it is dropped (dead code)."""
+        for r in readers:
+            if r.name in self.origin and r is not node:
+                self.absorb(r, [node])
+                return
+        self.drop(node)
+
 
 # Reading the graph ---------------------------------------------------------------------------
 
@@ -60,7 +70,7 @@ def shared_const(v: Value, owner: Node) -> Refusal | None:
     """Refuse when constant ``v`` is read by a node other than ``owner`` (folding would change it)."""
     for user, _ in v.uses:
         if user is not owner:
-            return rule_refused(f"weight '{v.name}' is shared with node '{user.name}'")
+            return refuse(f"weight '{v.name}' is shared with node '{user.name}'")
     return None
 
 

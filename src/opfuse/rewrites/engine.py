@@ -5,26 +5,17 @@ condition, resolves conflicts by score and applies the winning rewrites (each re
 escaping value by one new op that keeps the value's name). This adapter
 
 * passes the user's disabled rules and the ops-per-group limit;
-* re-records every engine decision under the running rewrite stage, a refusal through its
-  ``ReasonKind`` (so ``opfuse explain`` names it; overlaps and declined rewrites count as
-  "rule refused", with the engine's kind kept in the message);
+* re-records every engine decision under the running rewrite stage, with its kind;
 * records provenance: the new node stands for every original node the match covered.
 """
 from __future__ import annotations
 
-from opfuse.fusion.decisions import ReasonKind, Refusal
 from opfuse.ir.graph import Graph
 from opfuse.rewrites.context import RewriteContext
 from opfuse.rewrites.edit import rename_node
-from opfuse.rules.conflicts import ResourceLimits
+from opfuse.rules.decisions import REFUSED, Refusal, RefusalKind
 from opfuse.rules.resolve import apply_rules
 from opfuse.rules.rule import Replacement, Rule
-
-# The engine's refusal kinds, as ``opfuse explain`` names them.
-ENGINE_KINDS = {"condition": ReasonKind.RULE_REFUSED, "overlap": ReasonKind.RULE_REFUSED,
-                "rewrite": ReasonKind.RULE_REFUSED, "resource": ReasonKind.RESOURCE_LIMIT,
-                "dependency": ReasonKind.CYCLE, "disabled": ReasonKind.DISABLED}
-
 
 def _tracked(rule: Rule, graph: Graph, targets: dict) -> Rule:
     """A copy of ``rule`` whose action remembers which value each match's replacement takes over."""
@@ -46,10 +37,8 @@ def run_pattern_rules(graph: Graph, rules: list[Rule], rc: RewriteContext, pass_
     targets: dict[tuple, str] = {}
 
     def record(d) -> None:
-        if d.verdict == "refused":
-            kind = ENGINE_KINDS.get(d.kind, ReasonKind.RULE_REFUSED)
-            prefix = "" if d.kind in ("condition", "disabled") else f"{d.kind}: "
-            rc.log_refusal(d.rule, d.nodes, Refusal(kind, prefix + d.reason))
+        if d.verdict == REFUSED:
+            rc.log_refusal(d.rule, d.nodes, Refusal(RefusalKind(d.kind), d.reason))
             return
         value_name, wanted = targets.get(d.nodes, (None, None))
         new = graph.values[value_name].producer if value_name in graph.values else None
@@ -61,7 +50,7 @@ def run_pattern_rules(graph: Graph, rules: list[Rule], rc: RewriteContext, pass_
             rc.provenance.absorb(new, d.nodes)
         rc.log_applied(d.rule, d.nodes, d.reason)
 
-    limits = ResourceLimits(max_ops=rc.options.max_ops_per_group, max_inputs=None)
+    limits = rc.options.with_(max_group_inputs=None)
     outcome = apply_rules(graph, [_tracked(r, graph, targets) for r in rules], pass_name=pass_name,
                           limits=limits, disabled=rc.options.disabled, record=record)
     rc.rule_stats.update(outcome.stats)

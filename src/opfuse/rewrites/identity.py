@@ -6,7 +6,7 @@ another output), and for a Dropout whose mask output is read.
 """
 from __future__ import annotations
 
-from opfuse.fusion.decisions import rule_refused
+from opfuse.rules.decisions import refuse
 from opfuse.ir.graph import Graph
 from opfuse.rewrites.context import RewriteContext
 from opfuse.rewrites.edit import can_substitute, substitute
@@ -21,16 +21,17 @@ def remove_identities(graph: Graph, rc: RewriteContext) -> bool:
     removed = []
     for node in [n for n in graph.nodes if n.op_type in NO_OPS]:
         if any(v.uses or v in graph.outputs for v in node.outputs[1:]):
-            rc.log_refusal(RULE, [node.name], rule_refused("the Dropout mask is read"))
+            rc.log_refusal(RULE, [node.name], refuse("the Dropout mask is read"))
             continue
         why = can_substitute(graph, node.output, node.inputs[0])
         if why:
-            rc.log_refusal(RULE, [node.name], rule_refused(why))
+            rc.log_refusal(RULE, [node.name], refuse(why))
             continue
+        readers = [u for u, _ in node.output.uses]
         substitute(graph, node.output, node.inputs[0])
         if node.outputs[0].producer is node:  # still attached: an unread mask output
             graph.remove_node(node)
-        rc.provenance.drop(node)
+        rc.provenance.credit(node, readers)
         removed.append(node.name)
     if removed:
         rc.log_applied(RULE, removed, f"removed {len(removed)} no-op node(s)")

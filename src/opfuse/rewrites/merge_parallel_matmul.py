@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from opfuse.fusion.decisions import ReasonKind, Refusal, rule_refused
-from opfuse.fusion.categories import is_injective
-from opfuse.fusion.options import FusionOptions
+from opfuse.rules.decisions import RefusalKind, Refusal, refuse
+from opfuse.rules.categories import is_injective
+from opfuse.rules.options import FusionOptions
 from opfuse.ir.graph import Graph, Node, Value
 from opfuse.rewrites.context import RewriteContext
 from opfuse.rewrites.edit import (add_const, add_node, merged_name, remove_dead, shared_const, sole_consumer,
@@ -96,13 +96,13 @@ def _split_refusal(graph: Graph, members: list[Node]) -> Refusal | None:
         v = b[0].output if b is not None else mm.output
         while True:
             if v in graph.outputs or not v.uses:
-                return rule_refused(f"'{v.name}' is a graph output: the Split would be a copy kernel")
+                return refuse(f"'{v.name}' is a graph output: the Split would be a copy kernel")
             users = v.consumers
             if len(users) == 1 and users[0].op_type == "MatMul":
                 break
             if len(users) != 1 or not is_injective(users[0]) or len(users[0].outputs) != 1:
                 names = ", ".join(f"'{u.name}' ({u.op_type})" for u in users)
-                return rule_refused(f"'{v.name}' is read by {names}: the Split would be a copy kernel (only "
+                return refuse(f"'{v.name}' is read by {names}: the Split would be a copy kernel (only "
                                     f"operands reaching a MatMul through data movement absorb it)")
             v = users[0].output
     return None
@@ -115,20 +115,20 @@ def check_siblings(graph: Graph, members: list[Node], options: FusionOptions) ->
     for mm in members:
         w = mm.inputs[1]
         if w.shape[0] != k or w.dtype != dtype:
-            return rule_refused(f"weights differ in shape or dtype ('{w.name}' {w.type} vs K={k}, {dtype})")
+            return refuse(f"weights differ in shape or dtype ('{w.name}' {w.type} vs K={k}, {dtype})")
         r = shared_const(w, mm)
         if r is not None:
             return r
     ids = {id(mm) for mm in members}
     for mm in members:  # condition 2: no member reaches another
         if _ancestors(mm, len(graph.nodes)) & (ids - {id(mm)}):
-            return Refusal(ReasonKind.CYCLE, f"'{mm.name}' depends on another sibling")
+            return Refusal(RefusalKind.DEPENDENCY, f"'{mm.name}' depends on another sibling")
     if len(members) > options.max_horizontal_members:
-        return Refusal(ReasonKind.RESOURCE_LIMIT, f"{len(members)} siblings exceed the limit of "
+        return Refusal(RefusalKind.RESOURCE, f"{len(members)} siblings exceed the limit of "
                                                   f"{options.max_horizontal_members}")
     total = sum(mm.inputs[1].nbytes for mm in members)
     if total > options.max_merged_weight_bytes:
-        return Refusal(ReasonKind.RESOURCE_LIMIT, f"merged weight of {total} bytes exceeds the "
+        return Refusal(RefusalKind.RESOURCE, f"merged weight of {total} bytes exceeds the "
                                                   f"limit of {options.max_merged_weight_bytes} bytes")
     return _split_refusal(graph, members)
 
@@ -169,7 +169,7 @@ def merge_parallel_matmuls(graph: Graph, rc: RewriteContext) -> bool:
             continue
         names = [mm.name for mm in members]
         if rc.options.is_disabled(RULE):
-            rc.log_refusal(RULE, names, Refusal(ReasonKind.DISABLED, f"rule '{RULE}' is disabled"))
+            rc.log_refusal(RULE, names, Refusal(RefusalKind.DISABLED, f"rule '{RULE}' is disabled"))
             continue
         refusal = check_siblings(graph, members, rc.options)
         if refusal is not None:

@@ -14,58 +14,19 @@
   - *RNG order*: random-number ops draw from one generator stream in program order; a group
     holding one must not be moved across another random op outside it.
 
-Each check returns ``None`` or a ``Conflict(kind, reason)`` with a one-line reason naming nodes.
+Each check returns ``None`` or a ``Refusal(kind, reason)`` with a one-line reason naming nodes.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-OVERLAP = "overlap"
-RESOURCE = "resource"
-DEPENDENCY = "dependency"
+from opfuse.rules.decisions import Refusal, RefusalKind
+from opfuse.rules.options import FusionOptions
 
-# Register-pressure proxy: the largest kernel body one group may have. BERT's attention with
-# head split/merge is about 14 ops; twice that leaves room for masks and casts.
-MAX_OPS_PER_GROUP = 32
-# Distinct tensors one fused kernel may read (one pointer register or DMA stream each).
-MAX_GROUP_INPUTS = 64
 # ONNX random ops: their draws come from one stream in program order.
 RNG_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                      "Bernoulli", "Multinomial"})
-
-
-@dataclass(frozen=True)
-class Conflict:
-    kind: str
-    reason: str
-    culprits: tuple = ()   # nodes that cause it in every match holding them (empty: this match)
-
-    def __str__(self) -> str:
-        return f"{self.kind}: {self.reason}"
-
-
-@dataclass(frozen=True)
-class ResourceLimits:
-    """Legality limits on one fused group. ``None`` disables a limit."""
-
-    max_ops: int | None = MAX_OPS_PER_GROUP
-    max_inputs: int | None = MAX_GROUP_INPUTS
-    max_working_set_bytes: int | None = None   # on-chip budget for values kept inside the group
-
-    @classmethod
-    def from_profile(cls, profile, **overrides) -> "ResourceLimits":
-        """Read a hardware-profile-like object: ``sram_bytes``/``onchip_bytes`` bound the working set."""
-        budget = None
-        for name in ("max_working_set_bytes", "sram_bytes", "onchip_bytes", "scratchpad_bytes"):
-            if getattr(profile, name, None):
-                budget = int(getattr(profile, name))
-                break
-        base = dict(max_working_set_bytes=budget)
-        for name in ("max_ops", "max_ops_per_group", "max_inputs"):
-            if getattr(profile, name, None):
-                base["max_ops" if name == "max_ops_per_group" else name] = int(getattr(profile, name))
-        base.update(overrides)
-        return cls(**base)
+OVERLAP, RESOURCE, DEPENDENCY = RefusalKind.OVERLAP, RefusalKind.RESOURCE, RefusalKind.DEPENDENCY
 
 
 @dataclass(frozen=True)
@@ -76,12 +37,12 @@ class DependencyRules:
 
 # Overlap -----------------------------------------------------------------------------------------
 
-def check_overlap(nodes, owner: dict[int, str]) -> Conflict | None:
+def check_overlap(nodes, owner: dict[int, str]) -> Refusal | None:
     """``owner`` maps node ids already in a group to that group's name."""
     for n in nodes:
         g = owner.get(id(n))
         if g is not None:
-            return Conflict(OVERLAP, f"node '{n.name}' is already in group '{g}'")
+            return Refusal(OVERLAP, f"node '{n.name}' is already in group '{g}'")
     return None
 
 
@@ -109,17 +70,17 @@ def group_inputs(nodes) -> list:
     return list(seen.values())
 
 
-def check_resources(nodes, graph, limits: ResourceLimits) -> Conflict | None:
-    if limits.max_ops is not None and len(nodes) > limits.max_ops:
-        return Conflict(RESOURCE, f"{len(nodes)} ops exceed the limit of {limits.max_ops} ops per group")
-    if limits.max_inputs is not None:
+def check_resources(nodes, graph, limits: FusionOptions) -> Refusal | None:
+    if len(nodes) > limits.max_ops_per_group:
+        return Refusal(RESOURCE, f"{len(nodes)} ops exceed the limit of {limits.max_ops_per_group} ops per group")
+    if limits.max_group_inputs is not None:
         k = len(group_inputs(nodes))
-        if k > limits.max_inputs:
-            return Conflict(RESOURCE, f"{k} distinct inputs exceed the limit of {limits.max_inputs}")
+        if k > limits.max_group_inputs:
+            return Refusal(RESOURCE, f"{k} distinct inputs exceed the limit of {limits.max_group_inputs}")
     if limits.max_working_set_bytes is not None:
         b = working_set_bytes(nodes, graph)
         if b > limits.max_working_set_bytes:
-            return Conflict(RESOURCE, f"working set of {b} bytes exceeds the on-chip budget of "
+            return Refusal(RESOURCE, f"working set of {b} bytes exceeds the on-chip budget of "
                                       f"{limits.max_working_set_bytes} bytes")
     return None
 
@@ -161,11 +122,11 @@ def outside_path(nodes, pos: dict[int, int]) -> list | None:
     return None
 
 
-def check_dependencies(nodes, graph, pos: dict[int, int], rules: DependencyRules) -> Conflict | None:
+def check_dependencies(nodes, graph, pos: dict[int, int], rules: DependencyRules) -> Refusal | None:
     path = outside_path(nodes, pos)
     if path is not None:
         names = " -> ".join(f"'{n.name}'" for n in path)
-        return Conflict(DEPENDENCY, f"fusing would create a cycle: {names} leaves the group and comes back",
+        return Refusal(DEPENDENCY, f"fusing would create a cycle: {names} leaves the group and comes back",
                         (path[0], path[-1]))
     ids = {id(n) for n in nodes}
     for n in nodes:
@@ -173,7 +134,7 @@ def check_dependencies(nodes, graph, pos: dict[int, int], rules: DependencyRules
             buf = n.inputs[0]
             for u, _ in buf.uses:
                 if u is not n and id(u) not in ids:
-                    return Conflict(DEPENDENCY, f"'{n.name}' overwrites '{buf.name}' in place, which "
+                    return Refusal(DEPENDENCY, f"'{n.name}' overwrites '{buf.name}' in place, which "
                                                 f"'{u.name}' outside the group still reads", (n,))
     rng_inside = [n for n in nodes if n.op_type in rules.rng_ops]
     if rng_inside:
@@ -181,11 +142,11 @@ def check_dependencies(nodes, graph, pos: dict[int, int], rules: DependencyRules
         hi = max(pos[i] for i in ids)
         for other in graph.nodes:
             if other.op_type in rules.rng_ops and id(other) not in ids and lo < pos[id(other)] < hi:
-                return Conflict(DEPENDENCY, f"random op '{rng_inside[0].name}' would move across random op "
+                return Refusal(DEPENDENCY, f"random op '{rng_inside[0].name}' would move across random op "
                                             f"'{other.name}' and change the order of draws")
     return None
 
 
-__all__ = ["Conflict", "ResourceLimits", "DependencyRules", "check_overlap", "check_resources",
+__all__ = ["DependencyRules", "check_overlap", "check_resources",
            "check_dependencies", "outside_path", "working_set_bytes", "group_inputs", "OVERLAP",
-           "RESOURCE", "DEPENDENCY", "MAX_OPS_PER_GROUP", "MAX_GROUP_INPUTS", "RNG_OPS"]
+           "RESOURCE", "DEPENDENCY", "RNG_OPS"]

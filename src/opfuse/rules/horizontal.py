@@ -1,59 +1,67 @@
-"""Horizontal fusion: ``(MatMul || MatMul || MatMul)`` on a shared input (BERT's Q/K/V).
+"""Horizontal fusion: siblings that read one input become one pass over it.
 
-Siblings ``y_i = x W_i`` that read the same ``x`` become one product ``x [W_1 | W_2 | W_3]``:
-``x`` is read once instead of three times and one larger GEMM keeps the machine busier. The
-weights must be constants (they are concatenated at compile time) and every sibling must read
-``x`` the same way (Gemm ``transA`` equal). Also ``MatMul -> Add(bias) -> Activation?``, the
-epilogue of a linear layer.
+The seed's mixed example ``x -> [Conv -> BN -> ReLU] -> (MaxPool || AvgPool)``: after the
+vertical group, the two poolings read the same activation with the same window; one kernel
+walks the window once and writes both outputs. The legality (shared input, no path between,
+resources, one iteration domain) is ``Legality.horizontal``; this module is the rule: its
+pattern is any op reading a value another op reads too; for each such value (in the order its
+first readers appear), siblings are added one by one (in plan order) while the group stays
+legal. Q/K/V MatMuls are merged earlier, as a graph rewrite
+(``opfuse.rewrites.merge_parallel_matmul``).
+
+A horizontal group records its members (node names per sibling kernel), their kinds, the
+shared input and the common domain in ``attrs``.
 """
 from __future__ import annotations
 
-from opfuse.patterns import Const, Op, Var, par
-from opfuse.rules.rule import Rule, default_benefit, refuse
+from opfuse.patterns import AnyOp, check
+from opfuse.rules.decisions import Refusal
+from opfuse.rules.rule import Fuse, Rule
+from opfuse.rules.site import Site
 
-PRIORITY_HORIZONTAL = 2.0
-PRIORITY_MATMUL_EPILOGUE = 3.0
-QKV_BRANCHES = 3
-
-
-def parallel_matmul_pattern(branches: int = QKV_BRANCHES):
-    x = Var("x")
-    return par(*[Op("MatMul", "Gemm")(x, Const()) for _ in range(branches)]).named("branches")
+RULE = "horizontal"
 
 
-def matmul_epilogue_pattern():
-    mm = Op("MatMul", "Gemm").named("matmul")
-    return Op("Add")(mm, Const(name="bias")).named("bias_add") >> Op(tag="activation").at(0).named("act").opt()
+def _reads_shared_value(node) -> bool:
+    return any(not v.is_const and len(v.uses) >= 2 for v in node.input_values())
 
 
-def same_input_use(m) -> str | None:
-    trans = {n.attrs.get("transA", 0) for n in m["branches"] if n.op_type == "Gemm"}
-    if len(trans) > 1:
-        return "the Gemm siblings read the shared input with different transA"
-    for n in m["branches"]:
-        if n.inputs[0] is not m["x"]:
-            return refuse(f"'{n.name}' reads the shared input '{m['x'].name}' as its weight, not its data", n)
-    return None
+def propose_siblings(grouping, matches):
+    """For each value read by several groups: merge the next sibling into the current pass."""
+    p = grouping.p
+    legality = grouping.legality
+    values, seen = [], set()
+    for m in matches:
+        for v in m.nodes[0].input_values():
+            if not v.is_const and len(v.uses) >= 2 and id(v) not in seen:
+                seen.add(id(v))
+                values.append(v)
+    values.sort(key=lambda v: (v.producer is not None, p.order[id(v.producer)] if v.producer is not None else 0))
+    for value in values:
+        producer = p.gid(value.producer) if value.producer is not None else None
+        readers = []
+        for u, _ in value.uses:
+            g = p.gid(u)
+            if g != producer and g not in readers:
+                readers.append(g)
+        if len(readers) < 2:
+            continue
+        readers.sort(key=p.order_key)
+        current = readers[0]
+        for other in readers[1:]:
+            if current not in p.members or other not in p.members:
+                continue
+            site = Site({current, other}, [p.members[current][0].name, p.members[other][0].name],
+                        f"one pass over '{value.name}'", shared=value)
+            yield site
+            if "gid" in site.facts:
+                current = site.facts["gid"]
+            elif isinstance(legality.domain(current, value), Refusal):
+                current = other  # the first reader cannot lead a pass; let the next one try
 
 
-def shared_read_saving(m) -> float:
-    """Bytes of the shared input not read again: (siblings - 1) reads."""
-    return float((len(m["branches"]) - 1) * m["x"].nbytes) + default_benefit(m)
+HORIZONTAL = Rule(RULE, AnyOp().where(check(_reads_shared_value, "reads a shared value")).named("reader"),
+                  action=Fuse(propose_siblings), priority=1,
+                  description="siblings on one input with one iteration domain -> one pass")
 
-
-def bias_along_last_axis(m) -> str | None:
-    add, mm = m["bias_add"], m["matmul"]
-    if add.outputs[0].shape != mm.outputs[0].shape:
-        return refuse(f"bias '{m['bias'].name}' {m['bias'].shape} broadcasts the product {mm.outputs[0].shape} "
-                      f"to {add.outputs[0].shape}", add)
-    return None
-
-
-PARALLEL_MATMUL = Rule("parallel_matmul", parallel_matmul_pattern(), condition=same_input_use,
-                       priority=PRIORITY_HORIZONTAL, benefit=shared_read_saving, kind="horizontal",
-                       description="(MatMul || MatMul || MatMul) on a shared input -> one wider product")
-MATMUL_EPILOGUE = Rule("matmul_epilogue", matmul_epilogue_pattern(), condition=bias_along_last_axis,
-                       priority=PRIORITY_MATMUL_EPILOGUE, kind="matmul_epilogue", anchor="matmul",
-                       description="MatMul -> Add(bias) -> Activation? as one product with an epilogue")
-
-__all__ = ["PARALLEL_MATMUL", "MATMUL_EPILOGUE", "parallel_matmul_pattern", "matmul_epilogue_pattern"]
+__all__ = ["HORIZONTAL", "propose_siblings"]

@@ -1,23 +1,33 @@
 """The seed's pattern library as rule sets (plain lists; compose them with ``+``).
 
+* ``fusion_rules()``: the fusion families, highest priority first (earlier rules win the ops
+  they take), run by the one driver (``opfuse.rules.driver.form_groups``):
+
+      attention               MatMul -> scale/mask -> Softmax -> MatMul (+ head split/merge)
+      normalization_prologue  bias/residual Adds -> into the LayerNorm/Softmax that follows
+      epilogue                Conv/MatMul/Gemm/reduction + the elementwise ops after it
+                              (BatchNorm is folded into the Conv first, so Conv+BN+act is one)
+      concat_alias            Concat inputs written in place by their producers
+      elementwise_chain       elementwise chains (and prologues of reductions, data movement)
+      injective               data movement into data-movement/elementwise consumers
+      horizontal              siblings on one input with one iteration domain -> one pass
+
 * ``recognition_rules()``: rewrites that turn decomposed formulas into single ops
-  (LayerNorm, erf- and tanh-GELU, SiLU, hard-swish), so later rules and codegen see one op
-  each (the compile pipeline's ``recognize`` stage runs these very rules);
-* ``fusion_rules()``: group rules, highest priority first: attention, conv and matmul
-  epilogues, Conv* -> Concat, parallel MatMuls on a shared input, elementwise chains.
+  (LayerNorm, erf- and tanh-GELU, SiLU, hard-swish), so the fusion rules and codegen see one
+  op each (the pipeline's ``recognize`` stage runs these very rules).
 
 Rule names are what ``--disable`` takes.
 """
 from __future__ import annotations
 
 from opfuse.rules.activations import HARD_SWISH, SILU
+from opfuse.rules.aliasing import CONCAT_ALIAS
 from opfuse.rules.attention import ATTENTION
-from opfuse.rules.conv import CONV_ACT, CONV_BN_ACT, CONV_CONCAT, CONV_RESIDUAL
-from opfuse.rules.elementwise import ELEMENTWISE_CHAIN
 from opfuse.rules.gelu import ERF_GELU, TANH_GELU
-from opfuse.rules.horizontal import MATMUL_EPILOGUE, PARALLEL_MATMUL
+from opfuse.rules.horizontal import HORIZONTAL
 from opfuse.rules.normalization import LAYERNORM
 from opfuse.rules.rule import Rule
+from opfuse.rules.vertical import ELEMENTWISE_CHAIN, EPILOGUE, INJECTIVE, NORMALIZATION_PROLOGUE
 
 
 def recognition_rules() -> list[Rule]:
@@ -25,8 +35,11 @@ def recognition_rules() -> list[Rule]:
 
 
 def fusion_rules() -> list[Rule]:
-    return [ATTENTION, CONV_BN_ACT, CONV_RESIDUAL, CONV_ACT, MATMUL_EPILOGUE, CONV_CONCAT, PARALLEL_MATMUL,
-            ELEMENTWISE_CHAIN]
+    return [ATTENTION, NORMALIZATION_PROLOGUE, EPILOGUE, CONCAT_ALIAS, ELEMENTWISE_CHAIN, INJECTIVE, HORIZONTAL]
+
+
+def fusion_rule_names() -> list[str]:
+    return [r.name for r in fusion_rules()]
 
 
 def default_rules() -> list[Rule]:
@@ -40,4 +53,4 @@ def rule_by_name(name: str, rules: list[Rule] | None = None) -> Rule:
     raise KeyError(name)
 
 
-__all__ = ["recognition_rules", "fusion_rules", "default_rules", "rule_by_name"]
+__all__ = ["recognition_rules", "fusion_rules", "fusion_rule_names", "default_rules", "rule_by_name"]

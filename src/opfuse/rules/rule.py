@@ -1,24 +1,27 @@
-"""``Rule``: the seed's fusion rule, pattern + condition + action + priority + benefit/cost.
+"""``Rule``: the seed's rule, pattern + condition + action + priority (+ benefit/cost).
 
-    Rule("conv_bn_act",
-         pattern=Op("BatchNormalization")(Op("Conv").named("conv")) >> Op(tag="activation"),
-         condition=bn_statistics_are_constant,       # Match -> None (legal) or a reason string
-         action=GROUP,                                # or a rewrite: Match -> Replacement | str
-         priority=2.0)
+Two kinds of rule share this shape:
 
-* ``condition`` decides legality only (may these ops share one kernel / may this subgraph be
-  replaced?) and explains a refusal in one line: ``None``, a reason string, or
-  ``refuse(reason, *culprit_nodes)`` naming the nodes at fault (then no match containing them is
-  offered again). Whether a fusion pays off is the planner's business.
-* ``action`` is ``GROUP`` (the match becomes one ``FusionGroup``) or a *rewrite*: a pure
-  function of the match returning a ``Replacement`` (one new op replacing the match's escaping
-  output) or a reason string when it declines.
-* ``score(m) = benefit(m) / cost(m) * priority`` orders conflicting matches (the seed's greedy,
-  7.2.3). The default benefit is the main-memory traffic fusion removes: every byte of a value
-  that stays inside the group is written once and read once less. The default cost is the
-  op count, a proxy for the registers and compile complexity one kernel body takes.
+* **fusion rules** (``opfuse.rules.library.fusion_rules()``: attention, epilogues, elementwise
+  chains, Concat aliasing, horizontal siblings, ...): the ``action`` is a ``Fuse``: from the
+  pattern's matches it proposes *sites* (groups to merge); the ``condition`` judges a site
+  (``Site -> Refusal | None``); the driver (``opfuse.rules.driver``) runs the rules in
+  priority order, asks the one legality (``opfuse.rules.legality``) and forms the groups;
 
-Rule sets are plain lists: ``recognition_rules() + [my_rule]``.
+      Rule("epilogue", pattern=Op(category=ANCHOR_CATEGORIES), condition=accepts_epilogue,
+           action=Fuse(grow_to_post_dominator), priority=5)
+
+* **rewrite rules** (recognition of LayerNorm/GELU/SiLU, BatchNorm folding): the ``action`` is
+  a pure function of the match returning a ``Replacement`` (one new op replacing the match's
+  escaping output) or a reason string when it declines; the ``condition`` takes the ``Match``.
+  The rewrite engine (``opfuse.rules.resolve``) resolves conflicting matches by
+  ``score(m) = benefit(m) / cost(m) * priority`` (the seed's greedy, 7.2.3). The default
+  benefit is the main-memory traffic removed: every byte of a value that stays inside is
+  written once and read once less; the default cost is the op count.
+
+A condition decides legality only and explains a refusal in one line: ``None``, a reason
+string, or ``refuse(reason, *culprit_nodes)``. Whether a fusion pays off is the planner's
+business. Rule sets are plain lists: ``recognition_rules() + [my_rule]``.
 """
 from __future__ import annotations
 
@@ -29,8 +32,7 @@ import numpy as np
 
 from opfuse.patterns.match import Match
 from opfuse.patterns.pattern import Pattern
-
-GROUP = "group"
+from opfuse.rules.decisions import Refusal, refuse
 
 # Each byte kept on chip saves one write and one read of main memory.
 TRAFFIC_PER_INTERNAL_BYTE = 2
@@ -70,31 +72,20 @@ def default_cost(m: Match) -> float:
 
 
 @dataclass(frozen=True)
-class Refusal:
-    """Why a match may not be fused or rewritten.
+class Fuse:
+    """A fusion rule's action: ``propose(grouping, matches)`` yields the sites to fuse, in order
+    (``opfuse.rules.driver.Site``); the driver judges and applies each before asking for the next,
+    so a proposal sees the groups formed so far."""
 
-    ``culprits`` are the nodes that make it illegal: every match containing all of them is
-    refused with it (the engine does not offer those again); empty means this match only, so its
-    largest parts are offered next (a chain too long, a shape mismatch at one end).
-    """
-
-    reason: str
-    culprits: tuple = ()
-
-    def __str__(self) -> str:
-        return self.reason
-
-
-def refuse(reason: str, *culprits) -> Refusal:
-    return Refusal(reason, tuple(culprits))
+    propose: Callable
 
 
 @dataclass(eq=False)
 class Rule:
     name: str
     pattern: Pattern
-    condition: Callable[[Match], "Refusal | str | None"] | None = None
-    action: Callable[[Match], "Replacement | str | None"] | str = GROUP
+    condition: Callable | None = None   # Match -> Refusal|str|None (rewrite); Site -> Refusal|None (fusion)
+    action: "Callable[[Match], Replacement | str | None] | Fuse" = None  # type: ignore[assignment]
     priority: float = 1.0
     benefit: Callable[[Match], float] = default_benefit
     cost: Callable[[Match], float] = default_cost
@@ -104,7 +95,7 @@ class Rule:
 
     @property
     def is_rewrite(self) -> bool:
-        return self.action != GROUP
+        return not isinstance(self.action, Fuse)
 
     def check(self, m: Match) -> Refusal | None:
         """None when the match may be fused/rewritten, else why not (a reason string from the
@@ -114,7 +105,7 @@ class Rule:
         got = self.condition(m)
         if got is None or isinstance(got, Refusal):
             return got
-        return Refusal(str(got))
+        return refuse(str(got))
 
     def score(self, m: Match) -> float:
         """benefit / cost * priority (the seed's greedy score)."""
@@ -171,5 +162,5 @@ def rule_names(rules) -> list[str]:
     return [r.name for r in rules]
 
 
-__all__ = ["Rule", "Refusal", "refuse", "GROUP", "Replacement", "default_benefit", "default_cost", "internal_bytes", "scalar",
+__all__ = ["Rule", "Fuse", "Refusal", "refuse", "Replacement", "default_benefit", "default_cost", "internal_bytes", "scalar",
            "close", "outside_readers", "rule_names", "TRAFFIC_PER_INTERNAL_BYTE", "MIN_COST"]

@@ -11,7 +11,7 @@ import numpy as np
 
 from opfuse.errors import InputError
 from opfuse.ir.graph import Graph, Value
-from opfuse.ops.registry import get_spec
+from opfuse.ops.registry import run_node
 
 
 def check_inputs(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -34,11 +34,6 @@ def check_inputs(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.
                 raise InputError(f"input '{v.name}' has dtype {a.dtype}, the model expects {v.dtype}")
         out[v.name] = a
     return out
-
-
-def run_node(node, args: list) -> list[np.ndarray]:
-    spec = get_spec(node.op_type, node)
-    return list(spec.compute(args, spec.attrs_of(node), node))
 
 
 def run(graph: Graph, feeds: Mapping[str, np.ndarray], *, keep: bool = False) -> dict[str, np.ndarray]:

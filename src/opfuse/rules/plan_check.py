@@ -12,9 +12,9 @@ Raises ``ModelError`` naming the group and the broken invariant.
 from __future__ import annotations
 
 from opfuse.errors import ModelError
-from opfuse.fusion.decisions import Refusal
-from opfuse.fusion.graph_index import GraphIndex
-from opfuse.fusion.kernel_shape import boundary_outputs, classify
+from opfuse.rules.decisions import Refusal
+from opfuse.rules.graph_index import GraphIndex
+from opfuse.rules.kernel_shape import boundary_outputs, classify
 from opfuse.ir.plan import FusionPlan
 
 RELAXED_KINDS = {"concat": "single"}  # a marked Concat is a single node underneath

@@ -12,11 +12,11 @@ value with the same window, or elementwise loops over the same shape (``member_d
 """
 from __future__ import annotations
 
-from opfuse.fusion.categories import is_elementwise, is_reduction, is_row_normalization
-from opfuse.fusion.decisions import ReasonKind, Refusal
-from opfuse.fusion.graph_index import GraphIndex
-from opfuse.fusion.kernel_shape import GroupShape, classify
-from opfuse.fusion.options import FusionOptions
+from opfuse.rules.categories import is_elementwise, is_reduction, is_row_normalization
+from opfuse.rules.decisions import RefusalKind, Refusal
+from opfuse.rules.graph_index import GraphIndex
+from opfuse.rules.kernel_shape import GroupShape, classify
+from opfuse.rules.options import FusionOptions
 from opfuse.ir.graph import Node, Value
 from opfuse.ops.registry import get_spec
 from opfuse.ir.walk import components_within
@@ -48,7 +48,7 @@ def member_domain(nodes: list[Node], shape: GroupShape, value: Value) -> tuple |
     if shape.kind in ("single", "elementwise") and all(is_elementwise(n) for n in nodes):
         outs = {v.shape for n in nodes for v in n.outputs}
         return ("elementwise", max(outs, key=lambda s: (len(s), s)))
-    return Refusal(ReasonKind.RULE_REFUSED,
+    return Refusal(RefusalKind.CONDITION,
                    f"'{nodes[0].name}' ({shape.kind}) has no shared iteration domain: only poolings/"
                    f"reductions over one window and elementwise loops fuse horizontally")
 
@@ -70,13 +70,13 @@ def node_set_shape(graph, nodes: list[Node], options: FusionOptions | None = Non
     index = index if index is not None else GraphIndex(graph)
     nodes = index.in_order(nodes)
     if len(nodes) > options.max_ops_per_group:
-        return Refusal(ReasonKind.RESOURCE_LIMIT, f"{len(nodes)} ops exceed the limit of "
+        return Refusal(RefusalKind.RESOURCE, f"{len(nodes)} ops exceed the limit of "
                                                   f"{options.max_ops_per_group} per kernel")
     comps = components(nodes)
     if len(comps) == 1:
         return classify(nodes, graph, index.outputs)
     if len(comps) > options.max_horizontal_members:
-        return Refusal(ReasonKind.RESOURCE_LIMIT, f"{len(comps)} siblings exceed the limit of "
+        return Refusal(RefusalKind.RESOURCE, f"{len(comps)} siblings exceed the limit of "
                                                   f"{options.max_horizontal_members}")
     inside = {id(n) for n in nodes}
     shared = None
@@ -86,7 +86,7 @@ def node_set_shape(graph, nodes: list[Node], options: FusionOptions | None = Non
             shared = v
             break
     if shared is None:
-        return Refusal(ReasonKind.RULE_REFUSED, "the sibling kernels share no input")
+        return Refusal(RefusalKind.CONDITION, "the sibling kernels share no input")
     domains, kinds, shapes = [], [], []
     for c in comps:
         shape = classify(c, graph, index.outputs)
@@ -99,12 +99,12 @@ def node_set_shape(graph, nodes: list[Node], options: FusionOptions | None = Non
         kinds.append(shape.kind)
         shapes.append(shape)
     if any(d != domains[0] for d in domains[1:]):
-        return Refusal(ReasonKind.RULE_REFUSED, "the siblings iterate over different domains "
+        return Refusal(RefusalKind.CONDITION, "the siblings iterate over different domains "
                                                 "(window or shape differ)")
     for i, c in enumerate(comps):
         others = [n for j, o in enumerate(comps) if j != i for n in o]
         if index.reaches(c, others):
-            return Refusal(ReasonKind.CYCLE, "a path connects the siblings (they are not independent)")
+            return Refusal(RefusalKind.DEPENDENCY, "a path connects the siblings (they are not independent)")
     first = shapes[0]
     anchor = first.anchor if first.anchor is not None else comps[0][0]
     return GroupShape("horizontal", anchor, {"members": [[n.name for n in c] for c in comps],

@@ -18,7 +18,7 @@ two composite kernels the backend builds):
 ``reduction``      one reduction with an elementwise prologue (values read only by the group)
                    and a pointwise epilogue of the reduction's output shape.
 ``attention``      ``MatMul -> scale/mask -> Softmax -> MatMul`` with data-movement prologue and
-                   epilogue (``opfuse.fusion.attention``).
+                   epilogue (``opfuse.rules.attention``).
 
 Opaque ops are never fused. The refusal's kind says why (category, or a rule's condition).
 """
@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from opfuse.fusion.attention import attention_structure
-from opfuse.fusion.categories import (category_name, is_elementwise, is_injective, is_oef, is_opaque,
+from opfuse.rules.attention import attention_structure
+from opfuse.rules.categories import (category_name, is_elementwise, is_injective, is_oef, is_opaque,
                                       is_pointwise, is_reduction)
-from opfuse.fusion.decisions import ReasonKind, Refusal
+from opfuse.rules.decisions import RefusalKind, Refusal
 from opfuse.ir.graph import Graph, Node, Value
 from opfuse.ir.walk import ancestors_within, components_within, descendants_within
 
@@ -45,11 +45,11 @@ class GroupShape:
 
 
 def _forbid(msg: str) -> Refusal:
-    return Refusal(ReasonKind.CATEGORY_FORBIDS, msg)
+    return Refusal(RefusalKind.CATEGORY, msg)
 
 
 def _refuse(msg: str) -> Refusal:
-    return Refusal(ReasonKind.RULE_REFUSED, msg)
+    return Refusal(RefusalKind.CONDITION, msg)
 
 
 def _desc(n: Node, with_category: bool = False) -> str:

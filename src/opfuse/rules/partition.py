@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import heapq
 
-from opfuse.fusion.kernel_shape import GroupShape, boundary_outputs, classify, output_ids
+from opfuse.rules.kernel_shape import GroupShape, boundary_outputs, classify, output_ids
 from opfuse.errors import ModelError
 from opfuse.ir.graph import Graph, Node
 from opfuse.ir.plan import FusionGroup, FusionPlan
