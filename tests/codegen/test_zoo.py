@@ -50,7 +50,7 @@ def test_zoo_fused_matches_reference(name, cache_dir):
 def test_zoo_with_the_fusion_pipeline(name, cache_dir):
     """The real fusion passes (``opfuse.fusion.fuse``), when they are importable."""
     try:
-        from opfuse.fusion import fuse
+        from opfuse.passes import fuse
         g0, feeds, want = _model(name)
         g, plan, _ = fuse(g0)
     except ImportError as e:  # the fusion passes are being written in parallel

@@ -3,7 +3,7 @@ second still reads (found by the random end-to-end test: a reduction group store
 over ``reducemean``, then read ``reducemean`` back for ``add_2``)."""
 import numpy as np
 
-from opfuse.fusion import annotate_plan
+from opfuse.rules import annotate_plan
 from opfuse.ir.plan import FusionGroup, FusionPlan
 from opfuse.memory import plan_memory
 from opfuse.memory.inplace import inplace_candidates

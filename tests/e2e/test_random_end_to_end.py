@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, note
 
 import opfuse
-from opfuse.fusion import verify_plan
+from opfuse.rules import verify_plan
 from opfuse.runtime.reference import run
 from opfuse.testing import graph_and_inputs, property_settings
 

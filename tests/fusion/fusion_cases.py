@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from opfuse.fusion import FusionOptions, fuse
-from opfuse.rules.driver import build_plan
+from opfuse.passes import fuse
+from opfuse.rules import FusionOptions
+from opfuse.rules import form_groups, fusion_rules
 from opfuse.runtime.reference import random_inputs, run
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -16,7 +17,7 @@ def randn(shape, seed: int = 0, scale: float = 1.0) -> np.ndarray:
 
 def plan_of(graph, **options):
     """Group ``graph`` as it is (no rewrites): (plan, decisions)."""
-    return build_plan(graph, FusionOptions(**options))
+    return form_groups(graph, fusion_rules(), FusionOptions(**options))
 
 
 def kinds(plan) -> list[tuple[str, str]]:

@@ -14,7 +14,7 @@ from opfuse.rules.decisions import RefusalKind, Refusal
 from opfuse.rules.kernel_shape import GroupShape, classify
 from opfuse.rules.options import FusionOptions
 from opfuse.rules.partition import Partition
-from opfuse.rules.legality import RULE_OF_KIND, rule_for
+from opfuse.rules.legality import rule_of_shape
 from opfuse.rules.siblings import components, member_domain
 
 
@@ -86,7 +86,7 @@ def check_group(graph, nodes, options: FusionOptions | None = None) -> str | Non
     shape = node_set_shape(graph, nodes, options)
     if isinstance(shape, Refusal):
         return str(shape)
-    rule = RULE_OF_KIND.get(shape.kind)
+    rule = rule_of_shape(shape)
     if rule is not None and options.is_disabled(rule):
         return f"disabled by user: rule '{rule}' is disabled"
     return None
@@ -189,7 +189,7 @@ def merge_refusal(plan, a, b, options: FusionOptions | None = None) -> Refusal |
     if isinstance(shape, Refusal):
         return shape
     first, second = (a, b) if k_a < k_b else (b, a)
-    rule = rule_for(shape, first.nodes, second.nodes)
+    rule = rule_of_shape(shape)
     if rule is not None and options.is_disabled(rule):
         return Refusal(RefusalKind.DISABLED, f"rule '{rule}' is disabled")
     return None

@@ -1,7 +1,7 @@
 """Horizontal and mixed fusion: the seed's three conditions, and Conv+Concat aliasing."""
 import numpy as np
 
-from opfuse.fusion import PlanLegality, unfused_plan
+from opfuse.rules import PlanLegality, unfused_plan
 from opfuse.ops import GraphBuilder
 from fusion_cases import fuse, kernels, kinds, plan_of, randn, refusals, assert_same_outputs
 

@@ -3,7 +3,8 @@ import pytest
 
 from opfuse import zoo
 from opfuse.errors import ModelError
-from opfuse.fusion import FusionOptions, PlanLegality, fuse, unfused_plan, verify_plan
+from opfuse.passes import fuse
+from opfuse.rules import FusionOptions, PlanLegality, unfused_plan, verify_plan
 from opfuse.rules.legality import RuleLegality, annotate_plan
 from opfuse.ir.plan import FusionGroup, FusionPlan
 from opfuse.ops import GraphBuilder
@@ -77,7 +78,7 @@ def test_candidate_merges_and_merge_keep_a_valid_plan():
 
 def test_rule_legality_protocol_for_the_planner():
     g, plan, _ = fuse(zoo.load("bert_layer"))
-    legal = RuleLegality()
+    legal = RuleLegality(candidates=plan)
     att = next(gr for gr in plan.groups if gr.kind == "attention")
     assert legal.check_group(g, att.nodes) is None
     assert legal.describe(g, att.nodes) == ("attention", att.anchor)

@@ -13,9 +13,11 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 from opfuse import zoo
-from opfuse.fusion import FusionOptions, PlanLegality, fuse, unfused_plan
-from opfuse.fusion import builder as builder_module
-from opfuse.rules.driver import build_plan
+from opfuse.passes import fuse
+from opfuse.rules import FusionOptions, PlanLegality, unfused_plan
+
+from opfuse.rules import driver as builder_module
+from opfuse.rules import form_groups, fusion_rules
 from opfuse.rules.decisions import Refusal
 from opfuse.rules.graph_index import GraphIndex
 from opfuse.rules.partition import Partition
@@ -140,9 +142,9 @@ def plan_summary(plan):
 
 
 def assert_builder_unchanged(graph):
-    plan, decisions = build_plan(graph)
+    plan, decisions = form_groups(graph, fusion_rules())
     with mock.patch.object(builder_module, "Partition", ref.ReferencePartition):
-        want_plan, want_decisions = build_plan(graph)
+        want_plan, want_decisions = form_groups(graph, fusion_rules())
     assert plan_summary(plan) == plan_summary(want_plan)
     assert decisions == want_decisions
 

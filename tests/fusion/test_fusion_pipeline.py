@@ -5,9 +5,9 @@ import os
 import pytest
 
 from opfuse import zoo
-from opfuse.fusion import fuse
+from opfuse.passes import fuse
 from opfuse.passes import OptionError, PassTiming, make_context
-from opfuse.passes.fuse_pipeline import fusion_passes
+from opfuse.passes.pipeline import fusion_passes
 
 PASSES = ["verify", "simplify", "recognize", "fold_linear", "horizontal", "cleanup", "verify_rewrites", "fuse"]
 

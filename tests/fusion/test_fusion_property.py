@@ -3,7 +3,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from opfuse.fusion import PlanLegality, fuse, unfused_plan, verify_plan
+from opfuse.passes import fuse
+from opfuse.rules import PlanLegality, unfused_plan, verify_plan
 from opfuse.rules.legality import annotate_plan
 from opfuse.report.fusion import build_report
 from opfuse.runtime.reference import random_inputs, run

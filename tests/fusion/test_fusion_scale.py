@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from opfuse.fusion import verify_plan
+from opfuse.rules import verify_plan
 from opfuse.rules.legality import RuleLegality, annotate_plan
 from opfuse.planner import plan_fusion
 from opfuse.planner.synthetic import synthetic_graph

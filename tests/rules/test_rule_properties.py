@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from opfuse.ops import GraphBuilder
-from opfuse.rules import apply_rules, build_plan, fusion_rules, recognition_rules
+from opfuse.rules import apply_rules, form_groups, fusion_rules, recognition_rules
 
 from rule_helpers import same_outputs
 
@@ -92,7 +92,7 @@ def test_recognition_is_complete_correct_and_idempotent(case):
     text = str(graph)
     again = apply_rules(graph, recognition_rules())
     assert not again.modified and str(graph) == text
-    plans = [build_plan(graph, apply_rules(graph, fusion_rules()).groups) for _ in range(2)]
+    plans = [form_groups(graph, fusion_rules())[0] for _ in range(2)]
     for p in plans:
         p.verify()
     assert [[n.name for n in g.nodes] for g in plans[0].groups] == [[n.name for n in g.nodes] for g in plans[1].groups]

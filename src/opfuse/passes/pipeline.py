@@ -100,8 +100,10 @@ class FuseStage(Pass):
 
     def run(self, graph, ctx):
         origin = self.state.context(graph).provenance.origin
-        plan, decisions = form_groups(graph, fusion_rules(), self.state.options, origin)
+        stats: dict = {}
+        plan, decisions = form_groups(graph, fusion_rules(), self.state.options, origin, stats)
         ctx.plan = plan
+        ctx.merge_stats(stats)
         self.state.record(ctx, decisions)
         return graph, False
 
@@ -136,17 +138,18 @@ def run_passes(graph, passes: list[Pass], ctx: PassContext):
     return graph
 
 
-def fuse(graph: Graph, ctx: PassContext | None = None, *,
-         enable: bool = True) -> tuple[Graph, FusionPlan, list[Decision]]:
+def fuse(graph: Graph, ctx: PassContext | None = None, *, enable: bool = True,
+         options: FusionOptions | None = None) -> tuple[Graph, FusionPlan, list[Decision]]:
     """Rewrite a copy of ``graph`` and form the fusion rules' candidate groups.
 
     ``ctx`` (``make_context``): instruments, disabled passes, the fusion options (limits and
-    disabled rules); ``ctx.origin`` gets the provenance map. Returns ``(rewritten graph, verified FusionPlan, decisions)``; every group
+    disabled rules; ``options`` stands for a context with just these); ``ctx.origin`` gets the
+    provenance map. Returns ``(rewritten graph, verified FusionPlan, decisions)``; every group
     records the original ops it stands for in ``attrs["origin"]`` and the rule that formed it
     in ``attrs["rule"]``. With ``enable=False``: a copy of the graph and the unfused plan (one
     kernel per op), the baseline.
     """
-    ctx = ctx if ctx is not None else PassContext()
+    ctx = ctx if ctx is not None else PassContext(options=options or FusionOptions())
     if not enable:
         g = graph.copy()
         ctx.origin = {n.name: [n.name] for n in g.nodes}

@@ -21,13 +21,14 @@ model. The plan is verified (``verify_plan``) before it is returned.
 """
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 from opfuse.ir.graph import Graph, Node
 from opfuse.ir.plan import FusionPlan
 from opfuse.patterns import find_matches
 from opfuse.rules.aliasing import mark_views
-from opfuse.rules.decisions import Decision, FusionLog, Refusal, disabled
+from opfuse.rules.decisions import Decision, FusionLog, Refusal, RuleStats, disabled
 from opfuse.rules.kernel_shape import GroupShape
 from opfuse.rules.legality import Legality
 from opfuse.rules.options import FusionOptions
@@ -48,6 +49,7 @@ class Grouping:
         self.legality = Legality(self.p, options)
         self.ipdom = immediate_post_dominators(graph)
         self.log = FusionLog()
+        self.stats: dict[str, RuleStats] = {}
         self.facts: dict = {}  # what a rule keeps across its sites (e.g. values already aliased)
 
     def judge(self, rule: Rule, site: Site) -> GroupShape | tuple[GroupShape, dict] | Refusal | None:
@@ -68,17 +70,21 @@ class Grouping:
         return self.legality.vertical(site.gids)
 
     def run(self, rule: Rule) -> None:
+        t0 = time.perf_counter()
+        stats = self.stats.setdefault(rule.name, RuleStats(rule.name))
         seeds = find_matches(self.graph, rule.pattern)
         order = self.p.order
         seeds.sort(key=lambda m: min(order[id(n)] for n in m.nodes))
+        stats.attempts += len(seeds)
         for site in rule.action.propose(self, seeds):
+            stats.matches += 1
             verdict = self.judge(rule, site)
-            if isinstance(verdict, Refusal):
-                self.log.refused(rule.name, site.names, verdict)
+            if isinstance(verdict, Refusal) or self.options.is_disabled(rule.name):
+                stats.refused += 1
+                self.log.refused(rule.name, site.names, verdict if isinstance(verdict, Refusal)
+                                 else disabled(rule.name))
                 continue
-            if self.options.is_disabled(rule.name):
-                self.log.refused(rule.name, site.names, disabled(rule.name))
-                continue
+            stats.applied += 1
             if site.apply is not None:
                 site.apply(self, site)
             else:
@@ -86,12 +92,17 @@ class Grouping:
                 gid = self.p.union(site.gids, shape, {**attrs, "rule": rule.name})
                 site.facts["gid"] = gid
             self.log.taken(rule.name, site.names, site.detail)
+        stats.seconds += time.perf_counter() - t0
 
 
 def form_groups(graph: Graph, rules: Sequence[Rule], options: FusionOptions | None = None,
-                origin: dict[str, list[str]] | None = None) -> tuple[FusionPlan, list[Decision]]:
-    """Run the fusion ``rules`` over ``graph``; returns the verified plan and the decisions."""
+                origin: dict[str, list[str]] | None = None,
+                stats: dict[str, RuleStats] | None = None) -> tuple[FusionPlan, list[Decision]]:
+    """Run the fusion ``rules`` over ``graph``; returns the verified plan and the decisions
+    (per-rule statistics are added to ``stats`` when given)."""
     grouping = Grouping(graph, options or FusionOptions())
+    if stats is not None:
+        grouping.stats = stats
     ranked = sorted(range(len(rules)), key=lambda i: (-rules[i].priority, i))
     for i in ranked:
         grouping.run(rules[i])
