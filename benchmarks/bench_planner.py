@@ -28,7 +28,7 @@ import platform
 import sys
 import time
 
-from opfuse.planner import CategoryLegality, Objective, make_problem, solve_exact, solve_greedy
+from opfuse.planner import Objective, make_problem, solve_exact, solve_greedy
 from opfuse.planner.candidates import CandidateLimitError, enumerate_candidates
 from opfuse.planner.exact import ExactTimeoutError
 from opfuse.planner.synthetic import synthetic_graph
@@ -43,14 +43,12 @@ WEIGHTED = (1.0, 1.0, 0.0)  # (latency, memory, kernels): the weighted-objective
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "planner.json")
 
 
-def legality(which: str = "rules"):
-    if which == "rules":
-        try:
-            from opfuse.rules.legality import RuleLegality
-            return RuleLegality(), "rules (opfuse.fusion RuleLegality)"
-        except ImportError:
-            pass
-    return CategoryLegality(), "category rules (opfuse.planner CategoryLegality)"
+def legality(which: str = "rules", graph=None):
+    """The fusion rules' legality (the product has no other), offered the rules' candidate
+    groups of ``graph`` when given (``which`` is kept for the command line's old choices)."""
+    from opfuse.rules import RuleLegality, form_groups, fusion_rules
+    candidates = form_groups(graph, fusion_rules())[0] if graph is not None else None
+    return RuleLegality(candidates=candidates), "rules (opfuse.rules RuleLegality)"
 
 
 def zoo_models(names):
