@@ -13,6 +13,9 @@ structure and finishes output elements one tile or row at a time.
 * Inline nodes feeding an anchor are its prologue: the anchor reads its operands through
   them (``Evaluator.at``), so they are never stored either.
 * An attention group (``MatMul -> scale/mask -> Softmax -> MatMul``) is one stage.
+* Sibling anchors that can share one pass over their common input (MatMuls/Gemms of one
+  activation with constant weights, Convs of equal geometry, pools with one window) are
+  merged into one ``horizontal`` stage (``merge_siblings``; lowered by ``horizontal.py``).
 
 Anchors that feed other anchors inside one group must go through a value the group
 stores (the later stage reads it back); anything else raises ``UnsupportedGroupError``.
@@ -21,6 +24,8 @@ Stages run in order: pointwise first (they read only group inputs), anchors in n
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from opfuse.codegen.kernel import UnsupportedGroupError
 from opfuse.ir.graph import Graph, Node, Value
@@ -32,7 +37,7 @@ INLINE_CATEGORIES = (Category.ELEMWISE, Category.BROADCAST, Category.INJECTIVE)
 
 @dataclass
 class Stage:
-    kind: str                     # pointwise | anchor | attention
+    kind: str                     # pointwise | anchor | attention | horizontal
     anchor: Node | None = None    # for anchor stages
     anchors: list[Node] = field(default_factory=list)  # attention: mm1, softmax, mm2
     outputs: list[Value] = field(default_factory=list)  # group outputs this stage stores
@@ -161,6 +166,68 @@ def analyse(group: FusionGroup, graph: Graph, static: dict) -> GroupAnalysis:
             seen.add(id(st))
             stages.append(st)
     if sum(1 for st in stages if st.kind == "anchor") > 1:
-        from opfuse.codegen.horizontal import merge_siblings
         stages = merge_siblings(stages, static)
     return GroupAnalysis(group, live, inline, outputs, stages)
+
+
+def _merge_key(stage: Stage, static: dict):
+    """Stages with equal keys can share one pass (``None``: never merged)."""
+    n = stage.anchor
+    if stage.kind != "anchor" or n.outputs[0].dtype != np.float32:
+        return None
+    if n.op_type == "MatMul":
+        A, B = n.inputs
+        if id(B) in static and len(B.shape) == 2 and len(A.shape) >= 2 and id(A) not in static:
+            return ("matmul", id(A), B.shape[0])
+    if n.op_type == "Gemm":
+        a = get_spec(n.op_type, n).attrs_of(n)
+        A, B = n.inputs[0], n.inputs[1]
+        if id(B) in static and id(A) not in static:
+            return ("gemm", id(A), int(a["transA"]))
+    if n.op_type == "Conv":
+        from opfuse.ops.nn import window_geometry
+        a = get_spec(n.op_type, n).attrs_of(n)
+        x, w = n.inputs[0], n.inputs[1]
+        if int(a["group"]) == 1 and id(w) in static and id(x) not in static:
+            geo = window_geometry(n, a, tuple(x.shape[2:]), tuple(w.shape[2:]))
+            return ("conv", id(x), geo)
+    if n.op_type in ("MaxPool", "AveragePool"):
+        from opfuse.ops.nn import window_geometry
+        a = get_spec(n.op_type, n).attrs_of(n)
+        x = n.inputs[0]
+        geo = window_geometry(n, a, tuple(x.shape[2:]), tuple(int(k) for k in a["kernel_shape"]),
+                              ceil_mode=bool(a["ceil_mode"]))
+        return ("pool", id(x), geo)
+    return None
+
+
+def merge_siblings(stages: list[Stage], static: dict) -> list[Stage]:
+    """Replace runs of mergeable sibling stages by one ``horizontal`` stage each."""
+    stored = {id(v) for st in stages for v in st.outputs}
+    groups: dict[tuple, list[Stage]] = {}
+    order: list[object] = []
+    for st in stages:
+        key = _merge_key(st, static)
+        # A sibling must read only what exists before the merged pass starts.
+        if key is not None and any(id(v) in stored for v in st.anchor.input_values()):
+            key = None
+        if key is None:
+            order.append(st)
+            continue
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append(st)
+    result = []
+    for item in order:
+        if isinstance(item, Stage):
+            result.append(item)
+            continue
+        members = groups[item]
+        if len(members) == 1:
+            result.append(members[0])
+        else:
+            result.append(Stage("horizontal", anchors=[m.anchor for m in members],
+                                outputs=[v for m in members for v in m.outputs],
+                                members=members))
+    return result
