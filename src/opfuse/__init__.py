@@ -6,7 +6,7 @@
     outputs = model.run({"input": x})
     print(model.report["kernels_before"], "->", model.report["kernels_after"])
 """
-__version__ = "0.1.0"
+from opfuse.version import __version__
 
 
 def load(model, input_shapes=None):

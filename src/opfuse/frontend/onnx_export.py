@@ -17,11 +17,11 @@ import onnx
 import onnx.defs
 from onnx import helper
 
-import opfuse
 from opfuse.errors import InputError, ModelError, UnsupportedOpError
 from opfuse.frontend.onnx_opsets import MAX_OPSET, MIN_OPSET
 from opfuse.frontend.onnx_protos import array_to_tensor, make_attribute, onnx_elem_type
 from opfuse.ir.graph import Graph, Node, Value
+from opfuse.version import __version__
 
 DEFAULT_EXPORT_OPSET = 17
 
@@ -179,7 +179,7 @@ def export_model(graph: Graph, opset: int | None = None) -> onnx.ModelProto:
                           initializer=ctx.initializers, value_info=value_info)
     opsets = [helper.make_opsetid("", target)]
     model = helper.make_model(g, opset_imports=opsets, producer_name="opfuse",
-                              producer_version=opfuse.__version__)
+                              producer_version=__version__)
     model.ir_version = helper.find_min_ir_version_for(opsets)
     return model
 
