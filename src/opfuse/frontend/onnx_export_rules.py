@@ -21,7 +21,7 @@ import numpy as np
 from onnx import TensorProto
 
 from opfuse.errors import UnsupportedOpError
-from opfuse.frontend.onnx_export import ExportContext
+from opfuse.frontend.onnx_export_context import ExportContext
 from opfuse.frontend.onnx_opsets import (AXES_INPUT_SINCE, INTRODUCED_AT, NOOP_WITH_EMPTY_AXES_SINCE,
                                          PAD_AXES_INPUT_SINCE, RESIZE_OPTIONAL_INPUTS_SINCE,
                                          SOFTMAX_SINGLE_AXIS_SINCE, SPLIT_INPUT_SINCE)
