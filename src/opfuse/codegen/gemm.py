@@ -80,7 +80,7 @@ def merge_problems(problems: list[GemmProblem], stages: list[Stage], axis: str) 
     along M (``axis="m"``, e.g. convolutions of one input) or N (``"n"``, matmuls of one input)."""
     first = problems[0]
     segs, start = [], 0
-    for p, st in zip(problems, stages):
+    for p, st in zip(problems, stages, strict=True):
         size = p.M if axis == "m" else p.N
         segs.append(Segment(axis, start, start + size, p, st))
         start += size
@@ -144,7 +144,8 @@ def require_outlined_microkernel(kc) -> tuple[str, int, int]:
     kc.program.require_helper(name, text)
     outlined = name + "_outlined"
     kc.program.require_helper(outlined, f"""\
-__attribute__((noinline)) static void {outlined}(long kc, const float* restrict a, const float* restrict b, float* restrict c, long ldc) {{
+__attribute__((noinline)) static void {outlined}(long kc, const float* restrict a, const float* restrict b,
+                                                 float* restrict c, long ldc) {{
   {name}(kc, a, b, c, ldc);
 }}
 """)

@@ -63,7 +63,7 @@ def _lower_pools(kc, ev, stage: Stage) -> None:
             w.line(f"{ct} {sm} = {literal(0, dt)};")
             w.line(f"long {cin} = 0, {cpad} = 0;")
         dims = [oidx.dims[0], oidx.dims[1]]
-        inside, padded = [], []
+        inside = []
         opened = 0
         for s in range(len(kernel)):
             k, pos = kc.tmp("k"), kc.tmp("p")

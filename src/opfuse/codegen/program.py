@@ -49,7 +49,9 @@ static uint64_t opfuse_now_ns(void) {{
 }}
 int opfuse_profile(uint64_t* ns, int* group, int n) {{
   int k;
-  for (k = 0; k < n && k < {n}; ++k) {{ ns[k] = opfuse_profile_ns[k]; group[k] = opfuse_profile_group[k]; opfuse_profile_ns[k] = 0; }}
+  for (k = 0; k < n && k < {n}; ++k) {{
+    ns[k] = opfuse_profile_ns[k]; group[k] = opfuse_profile_group[k]; opfuse_profile_ns[k] = 0;
+  }}
   return {n};
 }}
 """

@@ -64,7 +64,7 @@ def bind_input_shapes(declared: Mapping[str, Sequence[Dim] | None],
         if dims is not None and len(dims) != len(shape):
             raise ShapeError(f"--input-shape {name}={_given(shape)} has rank {len(shape)}, but the model's "
                              f"input '{name}' has rank {len(dims)} ({_fmt(dims)})")
-        for i, (d, g) in enumerate(zip(dims or (), shape)):
+        for i, (d, g) in enumerate(zip(dims or (), shape, strict=False)):
             if isinstance(d, int) and d != g:
                 raise ShapeError(f"--input-shape {name}={_given(shape)}: dimension {i} of input '{name}' "
                                  f"is fixed at {d} in the model")

@@ -78,7 +78,7 @@ def _node_names(nodes) -> list[str]:
 def _check_ops(graph: onnx.GraphProto, names: list[str], opset: int) -> list[int]:
     """The op version of every node; ``UnsupportedOpError`` for the first op opfuse cannot import."""
     versions, problems = [], []
-    for n, name in zip(graph.node, names):
+    for n, name in zip(graph.node, names, strict=True):
         if n.domain not in DEFAULT_DOMAINS:
             raise UnsupportedOpError(n.op_type, name, opset,
                                      detail=f"domain '{n.domain}' is not supported (only the default "
@@ -199,7 +199,7 @@ def _walk(graph: Graph, opset: int, nodes: list[OnnxNode], output_names: list[st
     for n in order:
         inputs = [env[i] if i else None for i in n.inputs]
         values = RULES.get(n.op_type, emit_as_is)(ctx, n, inputs)
-        for name, v in zip(n.outputs, values):
+        for name, v in zip(n.outputs, values, strict=False):
             if name and v is not None:
                 env[name] = v
     return ctx, env
@@ -215,7 +215,7 @@ def _define(graph: Graph, name: str, kind: str) -> None:
 def _onnx_nodes(g: onnx.GraphProto, names: list[str], versions: list[int], opset: int,
                 base_dir: str | None) -> list[OnnxNode]:
     nodes = []
-    for n, name, version in zip(g.node, names, versions):
+    for n, name, version in zip(g.node, names, versions, strict=True):
         attrs = {}
         for a in n.attribute:
             if a.name in attrs:

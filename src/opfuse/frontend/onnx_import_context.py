@@ -94,10 +94,10 @@ class ImportContext:
         out_names = [o if o else self.fresh_value(f"{name}_unused{i}") for i, o in enumerate(outputs)]
         # The node joins the graph only if it is not folded away.
         node = Node(name, op_type, list(inputs), [Value(o) for o in out_names], dict(attrs))
-        for v, t in zip(node.outputs, infer_node(node)):
+        for v, t in zip(node.outputs, infer_node(node), strict=True):
             v.type = t
         if _foldable(node):
-            return [self.const(v.name, a) for v, a in zip(node.outputs, _evaluate(node))]
+            return [self.const(v.name, a) for v, a in zip(node.outputs, _evaluate(node), strict=False)]
         self.graph.insert_node(node)
         return list(node.outputs)
 
@@ -128,7 +128,7 @@ def _evaluate(node: Node) -> list[np.ndarray]:
         first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ModelError(f"cannot evaluate constant node '{node.name}' ({node.op_type}): {first_line}") from None
     arrays = []
-    for v, r in zip(node.outputs, results):
+    for v, r in zip(node.outputs, results, strict=False):
         r = np.asarray(r)
         if tuple(r.shape) != v.type.shape:
             raise ShapeError(f"node '{node.name}' ({node.op_type}) computes shape {tuple(r.shape)} for "

@@ -319,7 +319,7 @@ class Graph:
         g.inputs = [vmap[id(v)] for v in self.inputs]
         for n in self.nodes:
             outs = [Value(v.name, v.type) for v in n.outputs]
-            for o, v in zip(outs, n.outputs):
+            for o, v in zip(outs, n.outputs, strict=True):
                 vmap[id(v)] = o
             nn = Node(n.name, n.op_type, [vmap[id(v)] if v is not None else None for v in n.inputs],
                       outs, dict(n.attrs), n.domain)

@@ -34,7 +34,7 @@ def static_values(graph: Graph) -> dict[int, np.ndarray]:
             args = [np.broadcast_to(np.zeros((), dtype=node.inputs[0].dtype), node.inputs[0].shape)]
         else:
             args = [static[id(v)] if v is not None else None for v in node.inputs]
-        for v, r in zip(node.outputs, spec.compute(args, spec.attrs_of(node), node)):
+        for v, r in zip(node.outputs, spec.compute(args, spec.attrs_of(node), node), strict=False):
             static[id(v)] = np.ascontiguousarray(np.asarray(r).astype(v.dtype, copy=False))
     return static
 

@@ -42,7 +42,8 @@ def _concat_infer(node: Node, a: dict):
     axis = norm_axis(int(a["axis"]), rank, node)
     shape = list(ins[0].shape)
     for v in ins[1:]:
-        if len(v.shape) != rank or any(d != e for i, (d, e) in enumerate(zip(v.shape, shape)) if i != axis):
+        if len(v.shape) != rank or any(d != e for i, (d, e) in enumerate(zip(v.shape, shape, strict=True))
+                                       if i != axis):
             raise shape_error(node, f"inputs {[u.shape for u in ins]} differ outside axis {axis}")
         if v.dtype != ins[0].dtype:
             raise shape_error(node, f"inputs mix dtypes {ins[0].dtype} and {v.dtype}")
@@ -115,7 +116,7 @@ def slice_index(node: Node) -> tuple[slice, ...]:
         raise shape_error(node, f"starts {starts}, ends {ends}, axes {axes}, steps {steps} differ in length")
     index = [slice(None)] * len(shape)
     seen = set()
-    for s, e, ax, st in zip(starts, ends, axes, steps):
+    for s, e, ax, st in zip(starts, ends, axes, steps, strict=True):
         ax = norm_axis(ax, len(shape), node)
         if ax in seen:
             raise shape_error(node, f"axis {ax} is sliced twice")
@@ -135,7 +136,7 @@ def slice_index(node: Node) -> tuple[slice, ...]:
 
 def _slice_infer(node: Node, a: dict):
     x = node.inputs[0]
-    shape = tuple(len(range(*sl.indices(d))) for sl, d in zip(slice_index(node), x.shape))
+    shape = tuple(len(range(*sl.indices(d))) for sl, d in zip(slice_index(node), x.shape, strict=True))
     return out_type(shape, x.dtype)
 
 
@@ -306,7 +307,7 @@ def _pad_infer(node: Node, a: dict):
     x = node.inputs[0]
     if a["mode"] not in PAD_MODES:
         raise UnsupportedOpError("Pad", node.name, detail=f"mode={a['mode']!r}")
-    shape = tuple(d + b + e for d, (b, e) in zip(x.shape, pad_widths(node)))
+    shape = tuple(d + b + e for d, (b, e) in zip(x.shape, pad_widths(node), strict=True))
     if min(shape, default=0) < 0:
         raise shape_error(node, f"pads {pad_widths(node)} crop more than the input {x.shape}")
     return out_type(shape, x.dtype)
@@ -316,7 +317,7 @@ def _pad(ins, a, node):
     """Negative pads crop; positive pads add constant / reflected / edge / wrapped elements."""
     x = ins[0]
     widths = pad_widths(node)
-    crop = tuple(slice(max(0, -b), d - max(0, -e)) for d, (b, e) in zip(x.shape, widths))
+    crop = tuple(slice(max(0, -b), d - max(0, -e)) for d, (b, e) in zip(x.shape, widths, strict=True))
     x = x[crop]
     grow = [(max(0, b), max(0, e)) for b, e in widths]
     mode = PAD_MODES[a["mode"]]
@@ -376,7 +377,7 @@ def resize_plan(node: Node, a: dict) -> tuple[tuple[int, ...], list[float], np.n
         given = [float(s) for s in np.asarray(scales, dtype=np.float64).reshape(-1)]
         if len(given) != len(axes) or min(given) <= 0:
             raise shape_error(node, f"scales {given} must be {len(axes)} positive numbers")
-        for ax, s in zip(axes, given):
+        for ax, s in zip(axes, given, strict=True):
             scale[ax] = s
             out[ax] = int(math.floor(s * x[ax]))
     else:
@@ -384,9 +385,9 @@ def resize_plan(node: Node, a: dict) -> tuple[tuple[int, ...], list[float], np.n
         if len(given) != len(axes) or min(given) < 0:
             raise shape_error(node, f"sizes {given} must be {len(axes)} non-negative sizes")
         policy = a["keep_aspect_ratio_policy"]
-        ratios = [s / x[ax] for ax, s in zip(axes, given)]
+        ratios = [s / x[ax] for ax, s in zip(axes, given, strict=True)]
         if policy == "stretch":
-            for ax, s, r in zip(axes, given, ratios):
+            for ax, s, r in zip(axes, given, ratios, strict=True):
                 scale[ax], out[ax] = r, s
         elif policy in ("not_larger", "not_smaller"):
             common = min(ratios) if policy == "not_larger" else max(ratios)
@@ -504,7 +505,8 @@ def _resize_flops(node: Node, a: dict) -> int:
     # Linear: one multiply-add per neighbour per resized axis; nearest only copies.
     if a["mode"] != "linear":
         return 0
-    return 3 * node.outputs[0].type.size * sum(1 for i, o in zip(node.inputs[0].shape, node.outputs[0].shape) if i != o)
+    resized = sum(1 for i, o in zip(node.inputs[0].shape, node.outputs[0].shape, strict=True) if i != o)
+    return 3 * node.outputs[0].type.size * resized
 
 
 _data_movement("Resize", Category.INJECTIVE, Mapping.ONE_TO_MANY, _resize_infer, _resize,

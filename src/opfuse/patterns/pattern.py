@@ -95,7 +95,7 @@ def _same(a, b) -> bool:
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return np.array_equal(np.asarray(a), np.asarray(b))
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     return a == b
 
 
@@ -137,7 +137,7 @@ def has_shape(shape) -> Constraint:
         v = _value_of(x)
         if v is None or v.type is None or len(v.type.shape) != len(shape):
             return False
-        return all(w is None or w == d for w, d in zip(shape, v.type.shape))
+        return all(w is None or w == d for w, d in zip(shape, v.type.shape, strict=True))
     return Constraint(check, f"has_shape({shape})")
 
 

@@ -464,7 +464,7 @@ class _Builder:
         for same in groups.values():
             tails = [self.memo[id(b)].tails for b in same]
             if len(same) > 1 and all(len(t) == 1 for t in tails) and not any(_has_capture(b) for b in same):
-                for x, y in zip(tails, tails[1:]):
+                for x, y in itertools.pairwise(tails):
                     self.template.order_pairs.append((x[0], y[0]))
 
     def _copy(self, body: Pattern) -> _Iface:
@@ -566,7 +566,7 @@ def compile_pattern(pattern: Pattern) -> CompiledPattern:
     if isinstance(pattern, Var):
         raise PatternError("a pattern must contain at least one op")
     scan = _Scan(pattern)
-    for uid, owners in scan.op_owners.items():
+    for owners in scan.op_owners.values():
         if len(owners) > 1:
             raise PatternError("an op pattern object is used both inside and outside a repetition")
     ranges = [range(scan.options(c)) for c in scan.choices]
@@ -578,7 +578,7 @@ def compile_pattern(pattern: Pattern) -> CompiledPattern:
     counter = itertools.count()
     templates: list[Template] = []
     for combo in itertools.product(*ranges):
-        choice = {id(c): k for c, k in zip(scan.choices, combo)}
+        choice = {id(c): k for c, k in zip(scan.choices, combo, strict=True)}
         b = _Builder(scan, choice, counter)
         iface = b.build(pattern)
         if iface is EMPTY or not b.template.ops:

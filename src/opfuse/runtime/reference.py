@@ -10,7 +10,7 @@ from typing import Mapping
 import numpy as np
 
 from opfuse.errors import InputError
-from opfuse.ir.graph import Graph, Value
+from opfuse.ir.graph import Graph
 from opfuse.ops.registry import get_spec
 
 
@@ -53,7 +53,7 @@ def run(graph: Graph, feeds: Mapping[str, np.ndarray], *, keep: bool = False) ->
     for node in graph.nodes:
         args = [env[id(v)] if v is not None else None for v in node.inputs]
         results = run_node(node, args)
-        for v, r in zip(node.outputs, results):
+        for v, r in zip(node.outputs, results, strict=False):
             r = np.asarray(r)
             if v.type is not None and r.dtype != v.dtype:
                 r = r.astype(v.dtype)

@@ -102,7 +102,7 @@ def concat(d: GraphDraft) -> None:
     axis = d.integer(0, r - 1)
 
     def compatible(v):
-        return len(v.shape) == r and all(a == b for i, (a, b) in enumerate(zip(v.shape, x.shape))
+        return len(v.shape) == r and all(a == b for i, (a, b) in enumerate(zip(v.shape, x.shape, strict=True))
                                          if i != axis)
 
     parts = [x]
@@ -132,7 +132,7 @@ def split(d: GraphDraft) -> None:
     dim = x.shape[axis]
     n = d.integer(2, min(3, dim))
     cuts = sorted(d.subset(range(1, dim), min_size=n - 1)[:n - 1])
-    sizes = [b - a for a, b in zip([0] + cuts, cuts + [dim])]
+    sizes = [b - a for a, b in zip([0] + cuts, cuts + [dim], strict=True)]
     d.op("Split", x, bound=d.bound(x), num_outputs=n, axis=signed_axis(d, axis, r), split=sizes)
 
 
@@ -215,7 +215,7 @@ def pad(d: GraphDraft) -> None:
         lo = -1 if mode == "constant" and dim > 2 and d.rarely() else 0
         begin.append(d.integer(lo, hi))
         end.append(d.integer(0, hi))
-    shape = [v + b + e for v, b, e in zip(x.shape, begin, end)]
+    shape = [v + b + e for v, b, e in zip(x.shape, begin, end, strict=True)]
     if not fits(shape):
         begin, end = [0] * r, [1 if i == r - 1 else 0 for i in range(r)]
         if mode == "reflect" and x.shape[-1] < 2:
@@ -248,7 +248,7 @@ def resize(d: GraphDraft) -> None:
     attrs = dict(d.choice(RESIZE_VARIANTS))
     factors = [1.0, 1.0] + [d.choice((2.0, 1.0, 0.5)) if L >= 2 else d.choice((2.0, 1.0))
                             for L in x.shape[2:]]
-    out = [int(math.floor(f * L)) for f, L in zip(factors, x.shape)]
+    out = [int(math.floor(f * L)) for f, L in zip(factors, x.shape, strict=True)]
     if not fits(out):
         factors, out = [1.0] * r, list(x.shape)
     if d.rarely():
