@@ -135,8 +135,8 @@ def _emit_online_softmax(kc, exp: str, ct: str, st: str, stats: tuple[str, str, 
 
 def lower_attention(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     mm1, sm, mm2 = stage.anchors
-    Q, Kt = mm1.inputs
-    V = mm2.inputs[1]
+    Q, Kt = mm1.input(0), mm1.input(1)
+    V = mm2.input(1)
     scores = mm1.outputs[0]
     out = mm2.outputs[0]
     if any(len(v.shape) < 2 for v in (Q, Kt, V)) or out.dtype != np.float32:
@@ -244,7 +244,7 @@ def lower_attention(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
                         sidx = Index(scores.shape,
                                      tuple(bidx.broadcast_to(scores.shape[:-2]).dims) + (i, f"{t0} + {t}"))
                         ev.bind(scores, sidx, f"{sp}[{c}]")
-                        logit = ev.at(sm.inputs[0], sidx)
+                        logit = ev.at(sm.input(0), sidx)
                         w.line(f"{sp}[{c}] = {logit};")
                         ev.unbind(scores)
             _emit_online_softmax(kc, exp, ct, st, (m, den, a, mn), bq, bt, QP, BT, NR)

@@ -36,7 +36,7 @@ def lower_horizontal(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     if op in ("MaxPool", "AveragePool"):
         return _lower_pools(kc, ev, stage)
     build = {"MatMul": matmul_problem, "Gemm": gemm_problem, "Conv": conv_problem}[op]
-    problems = [build(kc, ev, m.anchor) for m in stage.members]
+    problems = [build(kc, ev, m.anchor_node) for m in stage.members]
     axis = "m" if op == "Conv" else "n"
     emit_gemm(kc, ev, stage.members[0], merge_problems(problems, stage.members, axis))
 
@@ -44,7 +44,7 @@ def lower_horizontal(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
 def _lower_pools(kc, ev, stage: Stage) -> None:
     from opfuse.ops.nn import window_geometry
     first = stage.anchors[0]
-    x = first.inputs[0]
+    x = first.input(0)
     a0 = _attrs(first)
     kernel = tuple(int(k) for k in a0["kernel_shape"])
     geo = window_geometry(first, a0, tuple(x.shape[2:]), kernel, ceil_mode=bool(a0["ceil_mode"]))
@@ -89,7 +89,7 @@ def _lower_pools(kc, ev, stage: Stage) -> None:
             w.level -= 1
             w.line("}")
         for member in stage.members:
-            n = member.anchor
+            n = member.anchor_node
             if n.op_type == "MaxPool":
                 res = mx
             else:

@@ -168,7 +168,7 @@ class Index:
     def offset(self) -> str:
         """Element offset of this index in contiguous (row-major) storage of ``shape``."""
         strides = contiguous_strides(self.shape)
-        covered = set()
+        covered: set[int] = set()
         terms = []
         for a, b, e in self.runs:
             terms.append(mul(e, strides[b - 1]))

@@ -101,7 +101,7 @@ class CProgram:
     memory: MemoryPlan
     options: CodegenOptions
     # Graph outputs no kernel writes (a graph input or a constant returned as is): name -> source.
-    passthrough: dict[str, tuple[str, object]] = field(default_factory=dict)
+    passthrough: dict[str, tuple[str, str | np.ndarray]] = field(default_factory=dict)
 
     @property
     def num_functions(self) -> int:
@@ -212,7 +212,7 @@ class ProgramBuilder:
                      f"size_t opfuse_weights_bytes(void) {{ return (size_t){self.weights.size}; }}\n"
                      f"int opfuse_abi_version(void) {{ return {ABI_VERSION}; }}\n")
         source = "\n".join(parts)
-        passthrough = {}
+        passthrough: dict[str, tuple[str, str | np.ndarray]] = {}
         for v in g.outputs:
             if v.producer is None or self.memory.is_static(v):
                 if self.memory.is_static(v):

@@ -81,11 +81,12 @@ def bind_input_shapes(declared: Mapping[str, Sequence[Dim] | None],
         if dims is None:
             raise ShapeError(f"graph input '{name}' has an unknown rank; pass --input-shape {name}=...")
         bound = [symbols[d][0] if isinstance(d, str) and d in symbols else d for d in dims]
-        if any(not isinstance(d, int) for d in bound):
+        known = [d for d in bound if isinstance(d, int)]
+        if len(known) != len(bound):
             hint = "x".join(str(d) if isinstance(d, int) else "1" for d in bound)
             raise ShapeError(f"graph input '{name}' has unknown dimension(s) in shape {_fmt(dims)}; "
                              f"pass --input-shape {name}={hint} (with your sizes)")
-        shapes[name] = tuple(bound)
+        shapes[name] = tuple(known)
     return shapes
 
 

@@ -56,6 +56,7 @@ def export_model(graph: Graph, opset: int | None = None) -> onnx.ModelProto:
             ctx.add("Identity", [ctx.const(v.name + "_value", v.const)], [v.name],
                     name=ctx.fresh(v.name + "_identity"))
         elif v.uses:
+            assert v.const is not None  # graph.constants are the values with data
             ctx.initializers.append(array_to_tensor(v.const, v.name))
     for node in graph.nodes:
         if node.domain:

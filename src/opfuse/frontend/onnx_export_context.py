@@ -6,6 +6,8 @@ schema declares (dropping one the opset lacks only when it holds the "old behavi
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 import onnx
 import onnx.defs
@@ -57,7 +59,7 @@ class ExportContext:
                 self._schemas[op_type] = None
         return self._schemas[op_type]
 
-    def add(self, op_type: str, inputs: list[str | None], outputs: list[str], *, name: str,
+    def add(self, op_type: str, inputs: Sequence[str | None], outputs: list[str], *, name: str,
             attrs: dict | None = None, origin: Node | None = None) -> list[str]:
         """Append an ONNX node; ``origin`` is the IR node it comes from (named in errors)."""
         origin_name = origin.name if origin is not None else name
@@ -70,12 +72,15 @@ class ExportContext:
         while ins and not ins[-1]:
             ins.pop()
         proto = helper.make_node(op_type, ins, outputs, name=name)
-        for key in sorted(attrs or {}):
+        attrs = attrs or {}
+        for key in sorted(attrs):
             value = attrs[key]
             if value is None:
                 continue
             if key in schema.attributes:
-                proto.attribute.append(make_attribute(key, value, schema.attributes[key].type))
+                # The pybind enum converts with int(); onnx's type stub lacks its __int__.
+                attr_type = int(schema.attributes[key].type)  # type: ignore[call-overload]
+                proto.attribute.append(make_attribute(key, value, attr_type))
             elif not _means_default(op_type, key, value):
                 raise UnsupportedOpError(op_type, origin_name, self.opset,
                                          detail=f"attribute {key}={value!r} cannot be written at opset "
@@ -83,7 +88,7 @@ class ExportContext:
         self.nodes.append(proto)
         return outputs
 
-    def emit(self, node: Node, inputs: list[str | None] | None = None, attrs: dict | None = None,
+    def emit(self, node: Node, inputs: Sequence[str | None] | None = None, attrs: dict | None = None,
              op_type: str | None = None) -> None:
         """Write ``node`` as one ONNX node (optionally with other inputs/attributes/op)."""
         if inputs is None:
@@ -91,7 +96,7 @@ class ExportContext:
         self.add(op_type or node.op_type, inputs, [v.name for v in node.outputs], name=node.name,
                  attrs=node.attrs if attrs is None else attrs, origin=node)
 
-    def op(self, node: Node, op_type: str, inputs: list[str | None], out: str | None = None, **attrs) -> str:
+    def op(self, node: Node, op_type: str, inputs: Sequence[str | None], out: str | None = None, **attrs) -> str:
         """One step of an expansion of ``node``: a fresh ONNX node; returns its output name."""
         out = out or self.fresh(f"{node.name}_{op_type.lower()}")
         self.add(op_type, inputs, [out], name=self.fresh(f"{node.name}/{op_type}"), attrs=attrs,

@@ -77,7 +77,8 @@ def _node_names(nodes) -> list[str]:
 
 def _check_ops(graph: onnx.GraphProto, names: list[str], opset: int) -> list[int]:
     """The op version of every node; ``UnsupportedOpError`` for the first op opfuse cannot import."""
-    versions, problems = [], []
+    versions: list[int] = []
+    problems: list[tuple[str, str]] = []
     for n, name in zip(graph.node, names, strict=True):
         if n.domain not in DEFAULT_DOMAINS:
             raise UnsupportedOpError(n.op_type, name, opset,
@@ -98,7 +99,8 @@ def _check_ops(graph: onnx.GraphProto, names: list[str], opset: int) -> list[int
                 pass
         if version is None:
             problems.append((n.op_type, name))
-        versions.append(version)
+        else:
+            versions.append(version)
     if problems:
         op, name = problems[0]
         others = sorted({p[0] for p in problems} - {op})

@@ -108,14 +108,15 @@ def _foldable(node: Node) -> bool:
     ins = node.input_values()
     if not ins or any(v.const is None for v in ins):
         return False
-    return sum(v.type.size for v in node.outputs) <= FOLD_MAX_ELEMENTS
+    return sum(v.size for v in node.outputs) <= FOLD_MAX_ELEMENTS
 
 
 def _evaluate(node: Node) -> list[np.ndarray]:
     """Run the op's reference implementation on constant inputs (shape-only for ``Shape``)."""
+    args: list[np.ndarray | None]
     if node.op_type == "Shape":
         # Shape reads only the shape: a zero-stride view stands in for data we may not have.
-        x = node.inputs[0]
+        x = node.input(0)
         args = [np.broadcast_to(np.zeros((), x.dtype), x.shape)]
     else:
         args = [v.const if v is not None else None for v in node.inputs]
@@ -130,8 +131,8 @@ def _evaluate(node: Node) -> list[np.ndarray]:
     arrays = []
     for v, r in zip(node.outputs, results, strict=False):
         r = np.asarray(r)
-        if tuple(r.shape) != v.type.shape:
+        if tuple(r.shape) != v.shape:
             raise ShapeError(f"node '{node.name}' ({node.op_type}) computes shape {tuple(r.shape)} for "
-                             f"'{v.name}', its shape inference says {v.type.shape}")
+                             f"'{v.name}', its shape inference says {v.shape}")
         arrays.append(np.array(r, dtype=v.dtype, order="C"))  # owned copy: never a view of an input
     return arrays

@@ -138,7 +138,7 @@ def _acc_dtype(dtype: np.dtype) -> np.dtype:
 
 
 def _spatial_input(node: Node, what: str = "X") -> tuple[int, ...]:
-    shape = node.inputs[0].shape
+    shape = node.input(0).shape
     if len(shape) < 3:
         raise shape_error(node, f"{what} must be (N, C, D1, ...) with at least one spatial axis, "
                                 f"got shape {shape}")
@@ -161,7 +161,7 @@ def _check_bias(node: Node, channels: int) -> None:
 def _conv_geometry(node: Node, a: dict) -> tuple[Window, int, int]:
     """Window, group count and output channels of a Conv; checks every shape."""
     x = _spatial_input(node)
-    wshape = node.inputs[1].shape
+    wshape = node.input(1).shape
     group = int(a["group"])
     if len(wshape) != len(x):
         raise shape_error(node, f"weight shape {wshape} must have the rank of X {x}")
@@ -180,7 +180,7 @@ def _conv_geometry(node: Node, a: dict) -> tuple[Window, int, int]:
 
 def _conv_infer(node: Node, a: dict):
     w, _, m = _conv_geometry(node, a)
-    x = node.inputs[0]
+    x = node.input(0)
     return out_type((x.shape[0], m) + w.out, x.dtype)
 
 
@@ -210,7 +210,7 @@ def _conv(ins, a, node):
 
 def _conv_flops(node: Node, a: dict) -> int:
     w, group, m = _conv_geometry(node, a)
-    n, c = node.inputs[0].shape[:2]
+    n, c = node.input(0).shape[:2]
     macs = n * m * math.prod(w.out) * (c // group) * math.prod(w.kernel)
     has_bias = len(node.inputs) > 2 and node.inputs[2] is not None
     return 2 * macs + (n * m * math.prod(w.out) if has_bias else 0)
@@ -245,7 +245,7 @@ def convT_geometry(node: Node, a: dict) -> TransposedGeometry:
     SAME_UPPER and at the beginning otherwise.
     """
     x = _spatial_input(node)
-    wshape = node.inputs[1].shape
+    wshape = node.input(1).shape
     n = len(x) - 2
     group = int(a["group"])
     if len(wshape) != len(x):
@@ -289,7 +289,7 @@ def convT_geometry(node: Node, a: dict) -> TransposedGeometry:
 
 def _convT_infer(node: Node, a: dict):
     g = convT_geometry(node, a)
-    x = node.inputs[0]
+    x = node.input(0)
     return out_type((x.shape[0], g.channels_out) + g.out, x.dtype)
 
 
@@ -326,8 +326,8 @@ def _conv_transpose(ins, a, node):
 
 def _convT_flops(node: Node, a: dict) -> int:
     g = convT_geometry(node, a)
-    n, c = node.inputs[0].shape[:2]
-    macs = n * c * math.prod(node.inputs[0].shape[2:]) * (g.channels_out // g.group) * math.prod(g.kernel)
+    n, c = node.input(0).shape[:2]
+    macs = n * c * math.prod(node.input(0).shape[2:]) * (g.channels_out // g.group) * math.prod(g.kernel)
     has_bias = len(node.inputs) > 2 and node.inputs[2] is not None
     return 2 * macs + (n * g.channels_out * math.prod(g.out) if has_bias else 0)
 
@@ -356,7 +356,7 @@ def _pool_infer(node: Node, a: dict):
         if int(a["storage_order"]) != 0:
             raise UnsupportedOpError("MaxPool", node.name, detail="storage_order=1 (column major)")
     w = _pool_geometry(node, a)
-    x = node.inputs[0]
+    x = node.input(0)
     return out_type(x.shape[:2] + w.out, x.dtype)
 
 
@@ -405,7 +405,7 @@ def _avg_pool(ins, a, node):
 
 def _pool_flops(node: Node, a: dict) -> int:
     w = _pool_geometry(node, a)
-    return node.outputs[0].type.size * math.prod(w.kernel)
+    return node.outputs[0].size * math.prod(w.kernel)
 
 
 register(OpSpec("MaxPool", Category.REDUCTION, Mapping.MANY_TO_MANY, _pool_infer, _max_pool,
@@ -417,7 +417,7 @@ register(OpSpec("AveragePool", Category.REDUCTION, Mapping.MANY_TO_MANY, _pool_i
 
 
 def _gap_infer(node: Node, a: dict):
-    x = node.inputs[0]
+    x = node.input(0)
     if len(x.shape) < 3:
         raise shape_error(node, f"X must be (N, C, D1, ...), got shape {x.shape}")
     return out_type(x.shape[:2] + (1,) * (len(x.shape) - 2), x.dtype)
@@ -431,4 +431,4 @@ def _gap(ins, a, node):
 
 
 register(OpSpec("GlobalAveragePool", Category.REDUCTION, Mapping.MANY_TO_MANY, _gap_infer, _gap,
-                flops_fn=lambda node, a: node.inputs[0].type.size, tags=frozenset({"pool"})))
+                flops_fn=lambda node, a: node.input(0).size, tags=frozenset({"pool"})))

@@ -77,7 +77,7 @@ class OpSpec:
     def flops(self, node: Node) -> int:
         if self.flops_fn is not None:
             return int(self.flops_fn(node, self.attrs_of(node)))
-        return int(self.flops_per_element * sum(v.type.size for v in node.outputs))
+        return int(self.flops_per_element * sum(v.size for v in node.outputs))
 
     def bytes_read(self, node: Node) -> int:
         """Bytes of every input tensor (weights included), each read once."""

@@ -47,6 +47,7 @@ def run(graph: Graph, feeds: Mapping[str, np.ndarray], *, keep: bool = False) ->
     for name, a in check_inputs(graph, feeds).items():
         env[id(graph.values[name])] = a
     for v in graph.constants:
+        assert v.const is not None  # graph.constants are the values with data
         env[id(v)] = v.const
     remaining = {id(v): len(v.uses) for v in graph.values.values()}
     pinned = {id(v) for v in graph.outputs}
