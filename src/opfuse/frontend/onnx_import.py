@@ -21,6 +21,7 @@ or onnx traceback.
 from __future__ import annotations
 
 import os
+from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -131,7 +132,7 @@ def _declared_dims(vi: onnx.ValueInfoProto) -> tuple[list[Dim] | None, np.dtype]
 
 # The importer ----------------------------------------------------------------------------------
 
-def import_model(model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]] | None = None,
+def import_model(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None,
                  base_dir: str | None = None) -> Graph:
     """Import an ONNX model into a verified, shape-inferred, canonical ``Graph``.
 
@@ -171,7 +172,7 @@ def _add_constants(graph: Graph, g: onnx.GraphProto, base_dir: str | None) -> No
         graph.add_const(name, sparse_to_array(st, base_dir, f"sparse initializer '{name}'"), unique=False)
 
 
-def _add_inputs(graph: Graph, g: onnx.GraphProto, input_shapes: dict) -> None:
+def _add_inputs(graph: Graph, g: onnx.GraphProto, input_shapes: Mapping[str, Sequence[int]]) -> None:
     """Graph inputs with concrete shapes (old models also list initializers as inputs: those stay
     constants)."""
     declared: dict[str, list[Dim] | None] = {}
@@ -306,7 +307,7 @@ def _remove_dead_nodes(graph: Graph) -> None:
             graph.remove_node(node)
 
 
-def load_model(path: str | os.PathLike, input_shapes: dict[str, tuple[int, ...]] | None = None) -> Graph:
+def load_model(path: str | os.PathLike, input_shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
     """Read and import an ONNX file; external data is read only from inside the file's folder."""
     model = read_model(path)
     return import_model(model, input_shapes, base_dir=os.path.dirname(os.path.abspath(os.fspath(path))))

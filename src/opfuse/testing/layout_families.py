@@ -4,6 +4,7 @@ scales) drawn valid, including negative axes and indices and out-of-range Slice 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
@@ -57,7 +58,7 @@ def flatten(d: GraphDraft) -> None:
 def transpose(d: GraphDraft) -> None:
     x = d.pick(lambda v: len(v.shape) >= 2)
     r = len(x.shape)
-    attrs = {} if d.rarely() else {"perm": list(d.draw(st.permutations(range(r))))}
+    attrs: dict[str, Any] = {} if d.rarely() else {"perm": list(d.draw(st.permutations(range(r))))}
     d.op("Transpose", x, bound=d.bound(x), **attrs)
 
 
@@ -121,7 +122,7 @@ def concat(d: GraphDraft) -> None:
             parts.append(d.pick_from(room))
     if len(parts) == 1:  # nothing fits beside x: concatenate along a unit-sized piece of x
         parts.append(x)
-    bound = max(d.bound(p) if not p.is_const else max_abs(p.const) for p in parts)
+    bound = max(max_abs(p.const) if p.const is not None else d.bound(p) for p in parts)
     d.op("Concat", *parts, bound=bound, axis=signed_axis(d, axis, r))
 
 

@@ -5,6 +5,7 @@ bounds stay tight (``GraphDraft.linear_weight``)."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -73,7 +74,7 @@ def add_conv(d: GraphDraft, x: Value, *, same_shape: bool = False, pointwise: bo
     if same_shape or pointwise:
         k = 1 if pointwise else d.choice((1, 3))
         kernel, stride, dilation = [k] * r, 1, 1
-        attrs = {"pads": [k // 2] * (2 * r)} if k > 1 else {}
+        attrs: dict[str, Any] = {"pads": [k // 2] * (2 * r)} if k > 1 else {}
         out = list(spatial)
     else:
         k = d.choice((1, 3, 2))
@@ -160,7 +161,7 @@ def conv_transpose(d: GraphDraft) -> None:
     if n * group * mg * size(out) > MAX_ELEMENTS:  # even one channel per group is too big
         begin, end, out_pad, stride, mg = [k - 1] * r, [0] * r, 0, 1, 1
         out = [L for L in spatial]
-    attrs = {"pads": begin + end} if any(begin + end) else {}
+    attrs: dict[str, Any] = {"pads": begin + end} if any(begin + end) else {}
     if stride > 1:
         attrs["strides"] = [stride] * r
     if out_pad:
@@ -201,7 +202,7 @@ def pool(d: GraphDraft) -> None:
     end = [d.integer(0, k - 1) for k in kernel]
     if any(L + p + q < e for L, p, q, e in zip(spatial, begin, end, eff, strict=True)):
         dilation, eff = 1, kernel
-    attrs = {"kernel_shape": kernel}
+    attrs: dict[str, Any] = {"kernel_shape": kernel}
     if stride != 1 or d.flag():
         attrs["strides"] = [stride] * len(spatial)
     if any(begin + end):
