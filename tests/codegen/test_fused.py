@@ -170,7 +170,8 @@ def _attention_graph(heads=4, seq=40, dim=16, mask=True):
     x = b.input("x", (1, seq, hidden))
     qkv = {}
     for k, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
-        p = b.op("Add", b.op("MatMul", x, W(b, hidden, hidden, scale=0.2), name=f"{k}_mm"), W(b, hidden), name=f"{k}_add")
+        p = b.op("Add", b.op("MatMul", x, W(b, hidden, hidden, scale=0.2), name=f"{k}_mm"), W(b, hidden),
+                 name=f"{k}_add")
         r = b.op("Reshape", p, b.const(f"{k}_shape", np.array([1, seq, heads, dim], np.int64)), name=f"{k}_reshape")
         qkv[k] = b.op("Transpose", r, perm=perm, name=f"{k}_t")
     s = b.op("Div", b.op("MatMul", qkv["q"], qkv["k"], name="scores"), b.const("scale", np.float32(dim ** 0.5)),

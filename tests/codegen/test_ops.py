@@ -24,7 +24,8 @@ class Suite:
         self.cases: dict[str, object] = {}
 
     def w(self, *shape, scale=0.3):
-        return self.b.const(f"w{len(self.b.graph.values)}", (self.rng.standard_normal(shape) * scale).astype(np.float32))
+        data = (self.rng.standard_normal(shape) * scale).astype(np.float32)
+        return self.b.const(f"w{len(self.b.graph.values)}", data)
 
     def c(self, data, dtype=None):
         return self.b.const(f"c{len(self.b.graph.values)}", np.asarray(data, dtype=dtype))

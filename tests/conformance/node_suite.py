@@ -123,7 +123,7 @@ def promote_shape_operands(model: onnx.ModelProto, inputs: list) -> tuple[onnx.M
     m = onnx.ModelProto()
     m.CopyFrom(model)
     kept, feeds = [], {}
-    for vi, x in zip(model.graph.input, inputs):
+    for vi, x in zip(model.graph.input, inputs, strict=True):
         if vi.name in promote:
             m.graph.initializer.append(numpy_helper.from_array(as_array(x), vi.name))
         else:
@@ -153,7 +153,7 @@ def run_case(name: str) -> list[Mismatch]:
         m, feeds = promote_shape_operands(model, list(inputs))
         graph = import_model(m, input_shapes={k: v.shape for k, v in feeds.items()})
         results = run(graph, feeds)
-        for vi, want in zip(test.model.graph.output, expected):
+        for vi, want in zip(test.model.graph.output, expected, strict=True):
             want = as_array(want)
             got = results[vi.name]
             if got.shape != want.shape or got.dtype != want.dtype:

@@ -43,7 +43,7 @@ def ort_run(m: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray]:
     so.log_severity_level = 3
     sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(names, feeds)))
+    return dict(zip(names, sess.run(names, feeds), strict=True))
 
 
 def assert_close(ours: dict, theirs: dict) -> None:

@@ -20,7 +20,7 @@ def _check_plan(plan: FusionPlan):
     mem = plan_memory(plan)
     assert mem.conflicts() == []
     g = plan.graph
-    inputs, outputs = {id(v) for v in g.inputs}, {id(v) for v in g.outputs}
+    outputs = {id(v) for v in g.outputs}
     for grp in plan.groups:
         for v in grp.internal_values(g):
             assert v.name not in mem.locations

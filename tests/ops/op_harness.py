@@ -43,7 +43,7 @@ def run_op(op_type: str, inputs: Sequence[np.ndarray | None], *, consts: Sequenc
     feeds = {f"x{i}": x for i, x in enumerate(inputs) if x is not None and i not in consts}
     res = run(g, feeds)
     outs = [res[v.name] for v in g.outputs]
-    for v, r in zip(g.outputs, outs):
+    for v, r in zip(g.outputs, outs, strict=True):
         assert r.shape == v.shape, f"{op_type}: computed {r.shape}, inferred {v.shape}"
         assert r.dtype == v.dtype, f"{op_type}: computed {r.dtype}, inferred {v.dtype}"
     return outs
@@ -61,10 +61,10 @@ def onnx_ref(op_type: str, inputs: Sequence[np.ndarray | None], *, num_outputs: 
     graph = helper.make_graph(
         [node], "g",
         [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.asarray(x).dtype), np.shape(x))
-         for n, x in zip(names, inputs) if x is not None],
+         for n, x in zip(names, inputs, strict=True) if x is not None],
         [helper.make_empty_tensor_value_info(f"y{i}") for i in range(num_outputs)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    feeds = {n: np.asarray(x) for n, x in zip(names, inputs) if x is not None}
+    feeds = {n: np.asarray(x) for n, x in zip(names, inputs, strict=True) if x is not None}
     return list(ReferenceEvaluator(model).run(None, feeds))
 
 
@@ -78,11 +78,11 @@ def ort_ref(op_type: str, inputs: Sequence[np.ndarray | None], *, num_outputs: i
     graph = helper.make_graph(
         [node], "g",
         [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.asarray(x).dtype), np.shape(x))
-         for n, x in zip(names, inputs) if x is not None],
+         for n, x in zip(names, inputs, strict=True) if x is not None],
         [helper.make_empty_tensor_value_info(f"y{i}") for i in range(num_outputs)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, {n: np.asarray(x) for n, x in zip(names, inputs) if x is not None})
+    return session.run(None, {n: np.asarray(x) for n, x in zip(names, inputs, strict=True) if x is not None})
 
 
 def assert_close(got: np.ndarray, want: np.ndarray, rtol: float = 1e-5, atol: float = 1e-6) -> None:

@@ -45,7 +45,7 @@ def test_layer_norm_matches_onnx_reference(axis, with_bias):
     ins = [x, scale] + ([bias] if with_bias else [])
     got = run_op("LayerNormalization", ins, consts=(1, 2), num_outputs=3, axis=axis, epsilon=1e-3)
     want = onnx_ref("LayerNormalization", ins, num_outputs=3, axis=axis, epsilon=1e-3)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert_close(g, w, rtol=1e-4, atol=1e-5)
 
 

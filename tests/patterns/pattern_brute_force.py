@@ -162,11 +162,11 @@ def flat_templates(pattern, max_count: int) -> list[Flat]:
             ranges.append(range(p.lo, hi + 1))
     out = []
     for combo in itertools.product(*ranges):
-        fl = _Flattener({id(p): c for p, c in zip(points, combo)}, homes)
+        fl = _Flattener({id(p): c for p, c in zip(points, combo, strict=True)}, homes)
         if fl.build(pattern, {}) is not None and fl.flat.ops:
             # the fixed part of a repetition: max(lo, 1) copies of a chain, one of a fan
             fl.flat.repeated = any(not isinstance(p, Alt) and c > (max(p.lo, 1) if isinstance(p, Repeat) else 1)
-                                   for p, c in zip(points, combo))
+                                   for p, c in zip(points, combo, strict=True))
             out.append(fl.flat)
     return out
 
@@ -199,7 +199,8 @@ def _embeds(graph, flat: Flat, nodes_of, values_of) -> bool:
                 return False
             ok = False
             for perm in itertools.permutations(range(n), len(explicit)):
-                if all(any(node.inputs[t] is v for v in src_values(src)) for (src, _), t in zip(explicit, perm)):
+                if all(any(node.inputs[t] is v for v in src_values(src))
+                       for (src, _), t in zip(explicit, perm, strict=True)):
                     ok = True
                     break
             if not ok:

@@ -1,5 +1,6 @@
 """Random small DAGs (hypothesis strategies) and the patterns the property tests exercise."""
-# Not opfuse.testing.graphs: a replayable recipe (rebuilt with swapped commutative operands) small enough to brute-force.
+# Not opfuse.testing.graphs: a replayable recipe (rebuilt with swapped commutative operands) small enough
+# to brute-force.
 from __future__ import annotations
 
 import numpy as np

@@ -24,7 +24,7 @@ def ort_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, n
     so.log_severity_level = 3
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(names, feeds)))
+    return dict(zip(names, sess.run(names, feeds), strict=True))
 
 
 def assert_close(ours: dict[str, np.ndarray], theirs: dict[str, np.ndarray], *,

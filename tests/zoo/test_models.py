@@ -78,7 +78,7 @@ def test_models_are_identical_across_processes():
     env = dict(os.environ, PYTHONHASHSEED="12345")
     out = subprocess.run([sys.executable, "-c", script], env=env, check=True, capture_output=True,
                          text=True).stdout.split()
-    theirs = dict(zip(out[::2], out[1::2]))
+    theirs = dict(zip(out[::2], out[1::2], strict=True))
     ours = {n: hashlib.sha256(zoo.build_onnx(n).SerializeToString()).hexdigest() for n in MODELS}
     assert theirs == ours
 
@@ -128,6 +128,6 @@ def test_every_activation_stays_order_one(name):
     m.graph.output.extend(helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in names)
     values = _session(m).run(None, {"input": _input(m, INPUT_SEED)})
     lo, hi = ACTIVATION_RMS_RANGE
-    for o, v in zip(names, values):
+    for o, v in zip(names, values, strict=True):
         rms = float(np.sqrt(np.mean(np.square(v, dtype=np.float64))))
         assert lo < rms < hi, f"{name}: activation '{o}' has RMS {rms:.3g}"

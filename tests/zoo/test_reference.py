@@ -21,7 +21,7 @@ def test_reference_matches_onnxruntime(name):
     for seed in INPUT_SEEDS:
         feeds = random_inputs(graph, seed=seed)
         ours = run(graph, feeds)
-        theirs = dict(zip(output_names, sess.run(None, feeds)))
+        theirs = dict(zip(output_names, sess.run(None, feeds), strict=True))
         assert sorted(ours) == sorted(theirs)
         for key, expected in theirs.items():
             got = ours[key]

@@ -106,13 +106,13 @@ def _emit_online_softmax(kc, exp: str, ct: str, st: str, stats: tuple[str, str, 
     are touched (padded ones keep the zero scores of their zero-padded queries and are never
     stored). Every loop is unit stride over the panel's queries, so gcc vectorises it."""
     w = kc.w
-    m, l, a, mn = stats
+    m, den, a, mn = stats  # den: the running denominator l
     jp, t, j, nq = kc.tmp("jp"), kc.tmp("t"), kc.tmp("j"), kc.tmp("nq")
     with w.block(f"for (long {jp} = 0; {jp} < {QP}; ++{jp})"):
         sp, mp, lp, ap, np_, ls = (kc.tmp(n) for n in ("sp", "mp", "lp", "ap", "np", "ls"))
         w.line(f"const long {nq} = {bq} - {jp} * {NR} < {NR} ? {bq} - {jp} * {NR} : {NR};")
         w.line(f"float* restrict {sp} = {st} + {jp} * {BT * NR};")
-        for name, arr in ((mp, m), (lp, l), (ap, a), (np_, mn)):
+        for name, arr in ((mp, m), (lp, den), (ap, a), (np_, mn)):
             w.line(f"{ct}* restrict {name} = {arr} + {jp} * {NR};")
         s_tj = f"{sp}[{t} * {NR} + {j}]"
         # Shift by 0 while every score so far is -inf (e.g. a padding mask over the first
@@ -135,8 +135,8 @@ def _emit_online_softmax(kc, exp: str, ct: str, st: str, stats: tuple[str, str, 
 
 def lower_attention(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     mm1, sm, mm2 = stage.anchors
-    Q, Kt = mm1.inputs
-    V = mm2.inputs[1]
+    Q, Kt = mm1.input(0), mm1.input(1)
+    V = mm2.input(1)
     scores = mm1.outputs[0]
     out = mm2.outputs[0]
     if any(len(v.shape) < 2 for v in (Q, Kt, V)) or out.dtype != np.float32:
@@ -180,10 +180,10 @@ def lower_attention(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
             return ev.at(v, Index(v.shape, tuple(bd) + (row, col)))
 
         kp, vp, qp, st, ot = (kc.tmp(n) for n in ("kp", "vp", "qp", "st", "ot"))
-        m, l, a, mn = (kc.tmp(n) for n in ("m", "l", "a", "mn"))
+        m, den, a, mn = (kc.tmp(n) for n in ("m", "l", "a", "mn"))  # den: the running denominator l
         for name, off in ((kp, off_k), (vp, off_v), (qp, off_q), (st, off_s), (ot, off_o)):
             w.line(f"float* restrict {name} = {kc.scratch_ptr('float', off)};")
-        for name, off in zip((m, l, a, mn), off_stats):
+        for name, off in zip((m, den, a, mn), off_stats, strict=True):
             w.line(f"{ct}* restrict {name} = {kc.scratch_ptr(ct, off)};")
         d, t, c, dv = kc.tmp("d"), kc.tmp("t"), kc.tmp("c"), kc.tmp("dv")
 
@@ -222,7 +222,7 @@ def lower_attention(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
         w.line(f"memset({ot}, 0, sizeof(float) * {DVP * MR * BQP});")
         with w.block(f"for (long {c} = 0; {c} < {BQP}; ++{c})"):
             w.line(f"{m}[{c}] = -HUGE_VALF;")
-            w.line(f"{l}[{c}] = 0.0f;")
+            w.line(f"{den}[{c}] = 0.0f;")
         t0, bt, nt, jp, tp, dp = (kc.tmp(n) for n in ("t0", "bt", "nt", "jp", "tp", "dp"))
         with w.block(f"for (long {t0} = 0; {t0} < {T}; {t0} += {BT})"):
             w.line(f"const long {bt} = {T} - {t0} < {BT} ? {T} - {t0} : {BT};")
@@ -244,10 +244,10 @@ def lower_attention(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
                         sidx = Index(scores.shape,
                                      tuple(bidx.broadcast_to(scores.shape[:-2]).dims) + (i, f"{t0} + {t}"))
                         ev.bind(scores, sidx, f"{sp}[{c}]")
-                        logit = ev.at(sm.inputs[0], sidx)
+                        logit = ev.at(sm.input(0), sidx)
                         w.line(f"{sp}[{c}] = {logit};")
                         ev.unbind(scores)
-            _emit_online_softmax(kc, exp, ct, st, (m, l, a, mn), bq, bt, QP, BT, NR)
+            _emit_online_softmax(kc, exp, ct, st, (m, den, a, mn), bq, bt, QP, BT, NR)
             # Ot = Ot * a + Vt[:, block] @ Pt.
             with w.block(f"for (long {dv} = 0; {dv} < {DVP * MR}; ++{dv})"):
                 w.line(f"for (long {c} = 0; {c} < {bq}; ++{c}) {ot}[{dv} * {BQP} + {c}] *= {a}[{c}];")
@@ -259,6 +259,6 @@ def lower_attention(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
             w.line(f"const long {i} = {q0} + {c};")
             with w.block(f"for (long {dv} = 0; {dv} < {Dv}; ++{dv})"), ev.scope():
                 y = kc.tmp("y")
-                w.line(f"const {ct} {y} = {ot}[{dv} * {BQP} + {c}] / {l}[{c}];")
+                w.line(f"const {ct} {y} = {ot}[{dv} * {BQP} + {c}] / {den}[{c}];")
                 oidx = Index(out.shape, tuple(bidx.dims) + (i, dv))
                 finish_element(kc, ev, stage, out, oidx, y)

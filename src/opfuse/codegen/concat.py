@@ -17,7 +17,7 @@ def is_concat_alias(kc, v) -> bool:
 
 
 def lower_concat(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
-    node = stage.anchor
+    node = stage.anchor_node
     out = node.outputs[0]
     axis = node.attrs.get("axis", 0)
     axis = axis + len(out.shape) if axis < 0 else axis

@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from opfuse.codegen.ctype import c_type, literal
-from opfuse.codegen.gemm import GemmProblem, Operand, emit_gemm
+from opfuse.codegen.gemm import BPacker, GemmProblem, Operand, emit_gemm
 from opfuse.codegen.index import Index, add, delinearize, mul
 from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.loops import emit_loop_nest
@@ -31,7 +31,7 @@ from opfuse.ops.registry import get_spec
 def _geometry(node):
     from opfuse.ops.nn import window_geometry
     a = get_spec(node.op_type, node).attrs_of(node)
-    x, wt = node.inputs[0], node.inputs[1]
+    x, wt = node.input(0), node.input(1)
     kernel = tuple(wt.shape[2:])
     return window_geometry(node, a, tuple(x.shape[2:]), kernel), int(a["group"])
 
@@ -49,7 +49,7 @@ class _Im2colPacker:
 
     def __init__(self, node, geo, group: int):
         self.node, self.geo, self.group = node, geo, group
-        self.x = node.inputs[0]
+        self.x = node.input(0)
         self.bases: list[str] = []
         self.offsets: list[int] = []
 
@@ -130,7 +130,7 @@ class _RowSegmentPacker:
 
     def __init__(self, node, geo, group: int):
         self.node, self.geo, self.group = node, geo, group
-        self.x = node.inputs[0]
+        self.x = node.input(0)
 
     def prepare(self, kc, NC: int):
         return self
@@ -197,7 +197,7 @@ class _RowSegmentPacker:
 
 def conv_problem(kc, ev, node) -> GemmProblem:
     geo, G = _geometry(node)
-    x, wt = node.inputs[0], node.inputs[1]
+    x, wt = node.input(0), node.input(1)
     out = node.outputs[0]
     nimg, C = x.shape[:2]
     OC = wt.shape[0]
@@ -237,6 +237,7 @@ def conv_problem(kc, ev, node) -> GemmProblem:
         return ev.at(x, Index(x.shape, dims, ((2, 2 + nsp, n),) if nsp > 1 else ()))
 
     b_op = Operand(x_direct)
+    packer: BPacker | None
     if pointwise:
         packer = None
     elif nsp == 2:
@@ -252,9 +253,9 @@ def conv_problem(kc, ev, node) -> GemmProblem:
 
 
 def lower_conv(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
-    node = stage.anchor
+    node = stage.anchor_node
     geo, G = _geometry(node)
-    x, wt = node.inputs[0], node.inputs[1]
+    x, wt = node.input(0), node.input(1)
     C, OC = x.shape[1], wt.shape[0]
     out = node.outputs[0]
     if G == C and OC == C and len(geo.kernel) == 2 and out.dtype == np.float32:
@@ -267,7 +268,7 @@ def lower_conv(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
 
 
 def _generic_im2col_loader(node, geo, G):
-    x = node.inputs[0]
+    x = node.input(0)
     cg = x.shape[1] // G
     out_sp = node.outputs[0].shape[2:]
     ksize = math.prod(geo.kernel)
@@ -297,7 +298,7 @@ def _depthwise(kc, ev, stage: Stage, node, geo) -> None:
     plane's weights in registers: no bounds tests, one load per tap, one store per output.
     With stride 1 the output rows are walked as one long "wide" row (``i = oh*Wp + ow``; the
     columns ``ow >= OW`` are computed and dropped), so the vectorised loop is long."""
-    x, wt = node.inputs[0], node.inputs[1]
+    x, wt = node.input(0), node.input(1)
     out = node.outputs[0]
     nimg, C, H, W = x.shape
     OH, OW = out.shape[2:]
@@ -355,10 +356,10 @@ def _depthwise(kc, ev, stage: Stage, node, geo) -> None:
 
 def lower_conv_transpose(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     from opfuse.ops.nn import convT_geometry
-    node = stage.anchor
+    node = stage.anchor_node
     a = get_spec(node.op_type, node).attrs_of(node)
     g = convT_geometry(node, a)
-    x, wt = node.inputs[0], node.inputs[1]
+    x, wt = node.input(0), node.input(1)
     out = node.outputs[0]
     C = x.shape[1]
     cg, mg = C // g.group, g.channels_out // g.group

@@ -28,7 +28,7 @@ RELABEL_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity
 
 def _perm(node: Node) -> tuple[int, ...]:
     perm = get_spec(node.op_type, node).attrs_of(node)["perm"]
-    rank = len(node.inputs[0].shape)
+    rank = len(node.input(0).shape)
     return tuple(range(rank))[::-1] if perm is None else tuple(int(p) for p in perm)
 
 

@@ -100,5 +100,5 @@ class Evaluator:
 
     def operand(self, node: Node, i: int, idx: Index) -> str:
         """Input ``i`` of an elementwise/broadcast ``node`` for output element ``idx``."""
-        v = node.inputs[i]
+        v = node.input(i)
         return self.at(v, idx.broadcast_to(v.shape))

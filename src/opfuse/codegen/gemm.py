@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -58,6 +58,17 @@ class Segment:
     stage: Stage
 
 
+class BPacker(Protocol):
+    """A specialised B packer (convolution's im2col): scratch set-up once per kernel, set-up per
+    tile, then packing of each KC x NC panel."""
+
+    def prepare(self, kc, NC: int) -> BPacker: ...
+
+    def per_tile(self, kc, n0: str, nc: str) -> None: ...
+
+    def pack(self, kc, ev, p: GemmProblem, bp, b, n0, nc, pc, kb, NR) -> None: ...
+
+
 @dataclass
 class GemmProblem:
     name: str
@@ -70,7 +81,7 @@ class GemmProblem:
     out: Value                                   # the anchor's output value
     out_index: Callable[[str, str, str], Index]  # (b, m, n) -> index of out
     finish: Callable[[object, str, str, str, str], str] = lambda ev, acc, b, m, n: acc
-    pack_b: Callable | None = None               # specialised B packer (convolution's im2col)
+    pack_b: BPacker | None = None                # specialised B packer (convolution's im2col)
     dtype: np.dtype = np.dtype(np.float32)
     segments: list[Segment] | None = None        # horizontal merge: who owns which rows/columns
 
@@ -80,7 +91,7 @@ def merge_problems(problems: list[GemmProblem], stages: list[Stage], axis: str) 
     along M (``axis="m"``, e.g. convolutions of one input) or N (``"n"``, matmuls of one input)."""
     first = problems[0]
     segs, start = [], 0
-    for p, st in zip(problems, stages):
+    for p, st in zip(problems, stages, strict=True):
         size = p.M if axis == "m" else p.N
         segs.append(Segment(axis, start, start + size, p, st))
         start += size
@@ -144,7 +155,8 @@ def require_outlined_microkernel(kc) -> tuple[str, int, int]:
     kc.program.require_helper(name, text)
     outlined = name + "_outlined"
     kc.program.require_helper(outlined, f"""\
-__attribute__((noinline)) static void {outlined}(long kc, const float* restrict a, const float* restrict b, float* restrict c, long ldc) {{
+__attribute__((noinline)) static void {outlined}(long kc, const float* restrict a, const float* restrict b,
+                                                 float* restrict c, long ldc) {{
   {name}(kc, a, b, c, ldc);
 }}
 """)
@@ -319,7 +331,7 @@ def _static(ev, v: Value) -> np.ndarray | None:
 def matmul_problem(kc, ev, node) -> GemmProblem:
     """NumPy ``matmul`` semantics: 1-D operands are promoted (and the axis dropped from the
     result); batch axes broadcast. A constant 2-D ``B`` folds A's batch into M (one big GEMM)."""
-    A, B = node.inputs
+    A, B = node.input(0), node.input(1)
     out = node.outputs[0]
     a2 = (1,) + A.shape if len(A.shape) == 1 else A.shape
     b2 = B.shape + (1,) if len(B.shape) == 1 else B.shape
@@ -385,7 +397,7 @@ def matmul_problem(kc, ev, node) -> GemmProblem:
 
 
 def lower_matmul(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
-    p = matmul_problem(kc, ev, stage.anchor)
+    p = matmul_problem(kc, ev, stage.anchor_node)
     emit_gemm(kc, ev, stage, p)
 
 
@@ -393,7 +405,7 @@ def lower_matmul(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
 def gemm_problem(kc, ev, node) -> GemmProblem:
     """``Y = alpha * A' @ B' + beta * C`` with A' = A^T if transA, B' = B^T if transB."""
     a = get_spec(node.op_type, node).attrs_of(node)
-    A, B = node.inputs[0], node.inputs[1]
+    A, B = node.input(0), node.input(1)
     C = node.inputs[2] if len(node.inputs) > 2 else None
     out = node.outputs[0]
     ta, tb = int(a["transA"]), int(a["transB"])
@@ -429,5 +441,5 @@ def gemm_problem(kc, ev, node) -> GemmProblem:
 
 
 def lower_gemm(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
-    emit_gemm(kc, ev, stage, gemm_problem(kc, ev, stage.anchor))
+    emit_gemm(kc, ev, stage, gemm_problem(kc, ev, stage.anchor_node))
 

@@ -1,7 +1,7 @@
 """Horizontal fusion in the generated code: sibling anchors that read one input in one pass.
 
-After ``stages.analyse`` a horizontal group has one stage per sibling. Siblings that can
-share their loop structure are merged here:
+``stages.analyse`` merges the sibling anchors that can share their loop structure into one
+``horizontal`` stage (``stages.merge_siblings``); this module lowers such a stage:
 
 * MatMuls (or Gemms) of one run-time input with constant weights become one GEMM over the
   weights stacked along N (the Q/K/V projections: one pass over the activations, three
@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
+from opfuse.codegen.conv import conv_problem
 from opfuse.codegen.ctype import c_type, literal, lowest
 from opfuse.codegen.epilogue import finish_element
+from opfuse.codegen.gemm import emit_gemm, gemm_problem, matmul_problem, merge_problems
 from opfuse.codegen.index import Index, add, mul
 from opfuse.codegen.loops import emit_loop_nest
 from opfuse.codegen.stages import GroupAnalysis, Stage
@@ -31,77 +31,12 @@ def _attrs(node) -> dict:
     return get_spec(node.op_type, node).attrs_of(node)
 
 
-def _merge_key(stage: Stage, static: dict):
-    """Stages with equal keys can share one pass (``None``: never merged)."""
-    n = stage.anchor
-    if stage.kind != "anchor" or n.outputs[0].dtype != np.float32:
-        return None
-    if n.op_type == "MatMul":
-        A, B = n.inputs
-        if id(B) in static and len(B.shape) == 2 and len(A.shape) >= 2 and id(A) not in static:
-            return ("matmul", id(A), B.shape[0])
-    if n.op_type == "Gemm":
-        a = _attrs(n)
-        A, B = n.inputs[0], n.inputs[1]
-        if id(B) in static and id(A) not in static:
-            return ("gemm", id(A), int(a["transA"]))
-    if n.op_type == "Conv":
-        from opfuse.ops.nn import window_geometry
-        a = _attrs(n)
-        x, w = n.inputs[0], n.inputs[1]
-        if int(a["group"]) == 1 and id(w) in static and id(x) not in static:
-            geo = window_geometry(n, a, tuple(x.shape[2:]), tuple(w.shape[2:]))
-            return ("conv", id(x), geo)
-    if n.op_type in ("MaxPool", "AveragePool"):
-        from opfuse.ops.nn import window_geometry
-        a = _attrs(n)
-        x = n.inputs[0]
-        geo = window_geometry(n, a, tuple(x.shape[2:]), tuple(int(k) for k in a["kernel_shape"]),
-                              ceil_mode=bool(a["ceil_mode"]))
-        return ("pool", id(x), geo)
-    return None
-
-
-def merge_siblings(stages: list[Stage], static: dict) -> list[Stage]:
-    """Replace runs of mergeable sibling stages by one ``horizontal`` stage each."""
-    stored = {id(v) for st in stages for v in st.outputs}
-    groups: dict[tuple, list[Stage]] = {}
-    order: list[object] = []
-    for st in stages:
-        key = _merge_key(st, static)
-        # A sibling must read only what exists before the merged pass starts.
-        if key is not None and any(id(v) in stored for v in st.anchor.input_values()):
-            key = None
-        if key is None:
-            order.append(st)
-            continue
-        if key not in groups:
-            groups[key] = []
-            order.append(key)
-        groups[key].append(st)
-    result = []
-    for item in order:
-        if isinstance(item, Stage):
-            result.append(item)
-            continue
-        members = groups[item]
-        if len(members) == 1:
-            result.append(members[0])
-        else:
-            result.append(Stage("horizontal", anchors=[m.anchor for m in members],
-                                outputs=[v for m in members for v in m.outputs],
-                                members=members))
-    return result
-
-
 def lower_horizontal(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     op = stage.anchors[0].op_type
     if op in ("MaxPool", "AveragePool"):
         return _lower_pools(kc, ev, stage)
-    from opfuse.codegen.conv import conv_problem
-    from opfuse.codegen.gemm import emit_gemm, gemm_problem, matmul_problem, merge_problems
     build = {"MatMul": matmul_problem, "Gemm": gemm_problem, "Conv": conv_problem}[op]
-    problems = [build(kc, ev, m.anchor) for m in stage.members]
+    problems = [build(kc, ev, m.anchor_node) for m in stage.members]
     axis = "m" if op == "Conv" else "n"
     emit_gemm(kc, ev, stage.members[0], merge_problems(problems, stage.members, axis))
 
@@ -109,7 +44,7 @@ def lower_horizontal(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
 def _lower_pools(kc, ev, stage: Stage) -> None:
     from opfuse.ops.nn import window_geometry
     first = stage.anchors[0]
-    x = first.inputs[0]
+    x = first.input(0)
     a0 = _attrs(first)
     kernel = tuple(int(k) for k in a0["kernel_shape"])
     geo = window_geometry(first, a0, tuple(x.shape[2:]), kernel, ceil_mode=bool(a0["ceil_mode"]))
@@ -128,7 +63,7 @@ def _lower_pools(kc, ev, stage: Stage) -> None:
             w.line(f"{ct} {sm} = {literal(0, dt)};")
             w.line(f"long {cin} = 0, {cpad} = 0;")
         dims = [oidx.dims[0], oidx.dims[1]]
-        inside, padded = [], []
+        inside = []
         opened = 0
         for s in range(len(kernel)):
             k, pos = kc.tmp("k"), kc.tmp("p")
@@ -154,7 +89,7 @@ def _lower_pools(kc, ev, stage: Stage) -> None:
             w.level -= 1
             w.line("}")
         for member in stage.members:
-            n = member.anchor
+            n = member.anchor_node
             if n.op_type == "MaxPool":
                 res = mx
             else:

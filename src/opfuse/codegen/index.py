@@ -103,7 +103,7 @@ def delinearize(lin: str, shape: Sequence[int]) -> list[str]:
     strides = contiguous_strides(shape)
     out = []
     leading = True  # no extent>1 axis yet: the quotient needs no modulo
-    for d, s in zip(shape, strides):
+    for d, s in zip(shape, strides, strict=True):
         if d == 1:
             out.append("0")
         elif leading:
@@ -116,7 +116,7 @@ def delinearize(lin: str, shape: Sequence[int]) -> list[str]:
 
 def linearize(dims: Sequence[str], shape: Sequence[int]) -> str:
     strides = contiguous_strides(shape)
-    return add(*(mul(e, s) for e, s, d in zip(dims, strides, shape) if d != 1))
+    return add(*(mul(e, s) for e, s, d in zip(dims, strides, shape, strict=True) if d != 1))
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,8 @@ class Index:
     def __post_init__(self):
         assert len(self.shape) == len(self.dims), (self.shape, self.dims)
         # Axes of extent 1 always index 0: normalising them makes equal indices compare equal.
-        object.__setattr__(self, "dims", tuple("0" if d == 1 else e for d, e in zip(self.shape, self.dims)))
+        object.__setattr__(self, "dims",
+                           tuple("0" if d == 1 else e for d, e in zip(self.shape, self.dims, strict=True)))
         object.__setattr__(self, "runs", tuple(r for r in self.runs if r[1] - r[0] > 1))
 
     # Construction -----------------------------------------------------------------------
@@ -167,7 +168,7 @@ class Index:
     def offset(self) -> str:
         """Element offset of this index in contiguous (row-major) storage of ``shape``."""
         strides = contiguous_strides(self.shape)
-        covered = set()
+        covered: set[int] = set()
         terms = []
         for a, b, e in self.runs:
             terms.append(mul(e, strides[b - 1]))

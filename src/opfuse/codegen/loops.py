@@ -54,7 +54,7 @@ def emit_loop_nest(kc, ev, shape: Sequence[int], body: Callable[[Index], None], 
         loops.append((a, b, var, math.prod(shape[a:b])))
     total = math.prod(shape)
     opened = 0
-    for depth, (a, b, var, extent) in enumerate(loops):
+    for depth, (_, _, var, extent) in enumerate(loops):
         if depth == 0 and parallel:
             collapse = 2 if len(loops) > 1 and extent < kc.program.options.parallel_min_outer else 1
             kc.parallel_for(total * cost_per_element, collapse)

@@ -45,7 +45,8 @@ def lower_stage(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     if stage.kind == "attention":
         from opfuse.codegen.attention import lower_attention
         return lower_attention(kc, ev, stage, analysis)
-    fn = anchor_lowerings().get(stage.anchor.op_type)
+    node = stage.anchor_node
+    fn = anchor_lowerings().get(node.op_type)
     if fn is None:
-        raise kc.error(f"op {stage.anchor.op_type} (node '{stage.anchor.name}') has no C kernel")
+        raise kc.error(f"op {node.op_type} (node '{node.name}') has no C kernel")
     return fn(kc, ev, stage, analysis)

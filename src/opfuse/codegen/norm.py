@@ -45,8 +45,8 @@ def _row_buffer(kc, ct: str, length: int, itemsize: int) -> str:
 
 
 def lower_softmax(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
-    node = stage.anchor
-    x, out = node.inputs[0], node.outputs[0]
+    node = stage.anchor_node
+    x, out = node.input(0), node.outputs[0]
     shape = x.shape
     axis = norm_axis(int(get_spec("Softmax", node).attrs_of(node)["axis"]), len(shape), node)
     L = shape[axis]
@@ -75,8 +75,8 @@ def lower_softmax(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
 
 
 def lower_layernorm(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
-    node = stage.anchor
-    x, out = node.inputs[0], node.outputs[0]
+    node = stage.anchor_node
+    x, out = node.input(0), node.outputs[0]
     if any(id(v) in {id(o) for o in stage.outputs} for v in node.outputs[1:]):
         raise kc.error(f"LayerNormalization '{node.name}': its mean / inv_std outputs are not supported")
     a = get_spec(node.op_type, node).attrs_of(node)
@@ -86,7 +86,7 @@ def lower_layernorm(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     L = math.prod(shape[axis:])
     dt = out.dtype
     ct = c_type(dt)
-    scale = node.inputs[1]
+    scale = node.input(1)
     bias = node.inputs[2] if len(node.inputs) > 2 else None
 
     def body(ridx: Index):

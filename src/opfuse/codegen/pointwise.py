@@ -39,7 +39,7 @@ def broadcast_masks(outputs: list[Value], inline: set[int], static: dict, rank: 
         if cat == Category.INJECTIVE:
             return None
         if p.op_type == "BatchNormalization":
-            x = p.inputs[0]
+            x = p.input(0)
             if not all(id(u) in static for u in p.inputs[1:5]):
                 return None
             masks.append(mask_of((x.shape[1],) + (1,) * (len(x.shape) - 2)))

@@ -33,14 +33,14 @@ def _hoist_after_max(ev, analysis: GroupAnalysis, x):
            and id(x.producer) in ev.inline and id(x) not in ev.loadable
            and id(x) not in kept and len(x.consumers) == 1):
         chain.append(x.producer)
-        x = x.producer.inputs[0]
+        x = x.producer.input(0)
     return x, chain
 
 
 def lower_pool(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     from opfuse.ops.nn import window_geometry
-    node = stage.anchor
-    x = node.inputs[0]
+    node = stage.anchor_node
+    x = node.input(0)
     out = node.outputs[0]
     a = get_spec(node.op_type, node).attrs_of(node)
     kernel = tuple(int(k) for k in a["kernel_shape"])

@@ -49,7 +49,9 @@ static uint64_t opfuse_now_ns(void) {{
 }}
 int opfuse_profile(uint64_t* ns, int* group, int n) {{
   int k;
-  for (k = 0; k < n && k < {n}; ++k) {{ ns[k] = opfuse_profile_ns[k]; group[k] = opfuse_profile_group[k]; opfuse_profile_ns[k] = 0; }}
+  for (k = 0; k < n && k < {n}; ++k) {{
+    ns[k] = opfuse_profile_ns[k]; group[k] = opfuse_profile_group[k]; opfuse_profile_ns[k] = 0;
+  }}
   return {n};
 }}
 """
@@ -99,7 +101,7 @@ class CProgram:
     memory: MemoryPlan
     options: CodegenOptions
     # Graph outputs no kernel writes (a graph input or a constant returned as is): name -> source.
-    passthrough: dict[str, tuple[str, object]] = field(default_factory=dict)
+    passthrough: dict[str, tuple[str, str | np.ndarray]] = field(default_factory=dict)
 
     @property
     def num_functions(self) -> int:
@@ -210,7 +212,7 @@ class ProgramBuilder:
                      f"size_t opfuse_weights_bytes(void) {{ return (size_t){self.weights.size}; }}\n"
                      f"int opfuse_abi_version(void) {{ return {ABI_VERSION}; }}\n")
         source = "\n".join(parts)
-        passthrough = {}
+        passthrough: dict[str, tuple[str, str | np.ndarray]] = {}
         for v in g.outputs:
             if v.producer is None or self.memory.is_static(v):
                 if self.memory.is_static(v):

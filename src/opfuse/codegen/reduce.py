@@ -20,7 +20,7 @@ from opfuse.ops.registry import get_spec
 
 def _reduce_params(node):
     """(kind, axes, keepdims) of a reduction node."""
-    x = node.inputs[0]
+    x = node.input(0)
     rank = len(x.shape)
     if node.op_type == "GlobalAveragePool":
         return "mean", tuple(range(2, rank)), True
@@ -34,8 +34,8 @@ def _reduce_params(node):
 
 
 def lower_reduce(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
-    node = stage.anchor
-    x = node.inputs[0]
+    node = stage.anchor_node
+    x = node.input(0)
     out = node.outputs[0]
     kind, axes, keep = _reduce_params(node)
     shape = x.shape

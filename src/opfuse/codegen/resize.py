@@ -31,7 +31,7 @@ def _nearest_index(coord: np.ndarray, mode: str) -> np.ndarray:
 def resize_rule(ev, node, idx: Index) -> str:
     from opfuse.ops.shape_ops import resize_plan, source_coordinates
     a = get_spec(node.op_type, node).attrs_of(node)
-    x = node.inputs[0]
+    x = node.input(0)
     dt = node.outputs[0].dtype
     out, scale, roi = resize_plan(node, a)
     rank = len(x.shape)

@@ -153,7 +153,7 @@ def _dropout(ev, node, k, idx):
 @_register("Cast")
 def _cast(ev, node, k, idx):
     x = ev.operand(node, 0, idx)
-    src, dst = node.inputs[0].dtype, node.outputs[0].dtype
+    src, dst = node.input(0).dtype, node.outputs[0].dtype
     if dst == np.bool_:
         return f"({x} != 0)"
     return f"({c_type(dst)})({x})" if src != dst else x
@@ -186,7 +186,7 @@ def _binary(name: str, fmt: Callable[[str, str, np.dtype], str]):
     def rule(ev, node, k, idx):
         a = ev.operand(node, 0, idx)
         b = ev.operand(node, 1, idx)
-        return fmt(a, b, node.inputs[0].dtype)
+        return fmt(a, b, node.input(0).dtype)
     RULES[name] = rule
 
 
@@ -202,7 +202,7 @@ _binary("Equal", lambda a, b, dt: f"({a} == {b})")
 def _pow(ev, node, k, idx):
     dt = node.outputs[0].dtype
     base = ev.operand(node, 0, idx)
-    e = node.inputs[1]
+    e = node.input(1)
     arr = ev.static.get(id(e))
     if arr is not None and arr.size == 1 and is_float(dt):
         p = float(arr.reshape(-1)[0])
@@ -249,9 +249,9 @@ def _batchnorm(ev, node, k, idx):
     x = ev.operand(node, 0, idx)
     dt = node.outputs[0].dtype
     eps = _attrs(node)["epsilon"]
-    rank = len(node.inputs[0].shape)
+    rank = len(node.input(0).shape)
     params = node.inputs[1:5]
-    cshape = (node.inputs[0].shape[1],) + (1,) * (rank - 2)
+    cshape = (node.input(0).shape[1],) + (1,) * (rank - 2)
     if all(id(p) in ev.static for p in params):
         scale, bias, mean, var = (ev.static[id(p)].astype(np.float64) for p in params)
         s = scale / np.sqrt(var + eps)
@@ -271,7 +271,7 @@ def _batchnorm(ev, node, k, idx):
 # Data movement: index maps -----------------------------------------------------------------
 @_register("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 def _reshape(ev, node, k, idx):
-    x = node.inputs[0]
+    x = node.input(0)
     return ev.at(x, idx.reshape_to(x.shape))
 
 
@@ -282,7 +282,7 @@ def _expand(ev, node, k, idx):
 
 @_register("Transpose")
 def _transpose(ev, node, k, idx):
-    x = node.inputs[0]
+    x = node.input(0)
     perm = _attrs(node)["perm"]
     perm = tuple(range(len(x.shape)))[::-1] if perm is None else tuple(int(p) for p in perm)
     return ev.at(x, idx.transpose_from(perm, x.shape))
@@ -291,7 +291,7 @@ def _transpose(ev, node, k, idx):
 @_register("Slice")
 def _slice(ev, node, k, idx):
     from opfuse.ops.shape_ops import slice_index
-    x = node.inputs[0]
+    x = node.input(0)
     cur = idx
     for axis, sl in enumerate(slice_index(node)):
         start, _, step = sl.indices(x.shape[axis])
@@ -307,7 +307,7 @@ def _slice(ev, node, k, idx):
 @_register("Split")
 def _split(ev, node, k, idx):
     from opfuse.ops.shape_ops import split_sizes
-    x = node.inputs[0]
+    x = node.input(0)
     axis, sizes = split_sizes(node, _attrs(node))
     off = sum(sizes[:k])
     return ev.at(x, idx.with_axis(axis, add(idx.dims[axis], str(off)), x.shape, shift=off))
@@ -315,7 +315,7 @@ def _split(ev, node, k, idx):
 
 @_register("Gather")
 def _gather(ev, node, k, idx):
-    data, ind = node.inputs
+    data, ind = node.input(0), node.input(1)
     axis = _attrs(node)["axis"]
     axis = axis + len(data.shape) if axis < 0 else axis
     r = len(ind.shape)
@@ -371,7 +371,7 @@ def _concat(ev, node, k, idx):
 @_register("Pad")
 def _pad(ev, node, k, idx):
     from opfuse.ops.shape_ops import pad_widths
-    x = node.inputs[0]
+    x = node.input(0)
     mode = _attrs(node)["mode"]
     dt = node.outputs[0].dtype
     widths = pad_widths(node)
@@ -404,7 +404,7 @@ def _pad(ev, node, k, idx):
         return ev.at(x, src)
     fill = "0"
     if len(node.inputs) > 2 and node.inputs[2] is not None:
-        v = node.inputs[2]
+        v = node.input(2)
         fill = ev.at(v, Index.linear(v.shape, "0")) if v.shape else ev.at(v, Index((), ()))
     res = ev.kc.tmp("pad")
     ev.w.line(f"{c_type(dt)} {res} = ({c_type(dt)}){fill};")

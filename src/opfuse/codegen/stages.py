@@ -13,6 +13,9 @@ structure and finishes output elements one tile or row at a time.
 * Inline nodes feeding an anchor are its prologue: the anchor reads its operands through
   them (``Evaluator.at``), so they are never stored either.
 * An attention group (``MatMul -> scale/mask -> Softmax -> MatMul``) is one stage.
+* Sibling anchors that can share one pass over their common input (MatMuls/Gemms of one
+  activation with constant weights, Convs of equal geometry, pools with one window) are
+  merged into one ``horizontal`` stage (``merge_siblings``; lowered by ``horizontal.py``).
 
 Anchors that feed other anchors inside one group must go through a value the group
 stores (the later stage reads it back); anything else raises ``UnsupportedGroupError``.
@@ -21,6 +24,8 @@ Stages run in order: pointwise first (they read only group inputs), anchors in n
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from opfuse.codegen.kernel import UnsupportedGroupError
 from opfuse.ir.graph import Graph, Node, Value
@@ -32,7 +37,7 @@ INLINE_CATEGORIES = (Category.ELEMWISE, Category.BROADCAST, Category.INJECTIVE)
 
 @dataclass
 class Stage:
-    kind: str                     # pointwise | anchor | attention
+    kind: str                     # pointwise | anchor | attention | horizontal
     anchor: Node | None = None    # for anchor stages
     anchors: list[Node] = field(default_factory=list)  # attention: mm1, softmax, mm2
     outputs: list[Value] = field(default_factory=list)  # group outputs this stage stores
@@ -40,10 +45,17 @@ class Stage:
     members: list["Stage"] = field(default_factory=list)  # horizontal: the merged sibling stages
 
     @property
+    def anchor_node(self) -> Node:
+        """The anchor of an ``anchor`` stage (each member of a horizontal stage is one)."""
+        if self.anchor is None:
+            raise AssertionError(f"a {self.kind} stage has no single anchor")
+        return self.anchor
+
+    @property
     def domain(self) -> tuple[int, ...]:
         if self.kind == "pointwise":
             return self.outputs[0].shape
-        last = self.anchors[-1] if self.anchors else self.anchor
+        last = self.anchors[-1] if self.anchors else self.anchor_node
         return last.outputs[0].shape
 
 
@@ -75,7 +87,7 @@ def _attention_chain(group: FusionGroup, live: list[Node], out_ids: set[int]) ->
         if axis not in (-1, len(x.shape) - 1):
             continue
         # Walk back from the Softmax through single-use inline nodes to a MatMul.
-        v = sm.inputs[0]
+        v = sm.input(0)
         while v.producer is not None and id(v.producer) in ids and is_inline(v.producer) and id(v) not in out_ids:
             main = [u for u in v.producer.input_values() if u.shape == v.shape]
             if len(main) != 1:
@@ -123,7 +135,7 @@ def analyse(group: FusionGroup, graph: Graph, static: dict) -> GroupAnalysis:
     by_anchor: dict[int, Stage] = {}
     att_stage = Stage("attention", anchors=list(attention)) if attention else None
     for n in anchors:
-        if id(n) in att_ids:
+        if att_stage is not None and id(n) in att_ids:
             by_anchor[id(n)] = att_stage
         else:
             by_anchor[id(n)] = Stage("anchor", anchor=n)
@@ -161,6 +173,70 @@ def analyse(group: FusionGroup, graph: Graph, static: dict) -> GroupAnalysis:
             seen.add(id(st))
             stages.append(st)
     if sum(1 for st in stages if st.kind == "anchor") > 1:
-        from opfuse.codegen.horizontal import merge_siblings
         stages = merge_siblings(stages, static)
     return GroupAnalysis(group, live, inline, outputs, stages)
+
+
+def _merge_key(stage: Stage, static: dict) -> tuple | None:
+    """Stages with equal keys can share one pass (``None``: never merged)."""
+    if stage.kind != "anchor":
+        return None
+    n = stage.anchor_node
+    if n.outputs[0].dtype != np.float32:
+        return None
+    if n.op_type == "MatMul":
+        A, B = n.input(0), n.input(1)
+        if id(B) in static and len(B.shape) == 2 and len(A.shape) >= 2 and id(A) not in static:
+            return ("matmul", id(A), B.shape[0])
+    if n.op_type == "Gemm":
+        a = get_spec(n.op_type, n).attrs_of(n)
+        A, B = n.input(0), n.input(1)
+        if id(B) in static and id(A) not in static:
+            return ("gemm", id(A), int(a["transA"]))
+    if n.op_type == "Conv":
+        from opfuse.ops.nn import window_geometry
+        a = get_spec(n.op_type, n).attrs_of(n)
+        x, w = n.input(0), n.input(1)
+        if int(a["group"]) == 1 and id(w) in static and id(x) not in static:
+            geo = window_geometry(n, a, tuple(x.shape[2:]), tuple(w.shape[2:]))
+            return ("conv", id(x), geo)
+    if n.op_type in ("MaxPool", "AveragePool"):
+        from opfuse.ops.nn import window_geometry
+        a = get_spec(n.op_type, n).attrs_of(n)
+        x = n.input(0)
+        geo = window_geometry(n, a, tuple(x.shape[2:]), tuple(int(k) for k in a["kernel_shape"]),
+                              ceil_mode=bool(a["ceil_mode"]))
+        return ("pool", id(x), geo)
+    return None
+
+
+def merge_siblings(stages: list[Stage], static: dict) -> list[Stage]:
+    """Replace runs of mergeable sibling stages by one ``horizontal`` stage each."""
+    stored = {id(v) for st in stages for v in st.outputs}
+    groups: dict[tuple, list[Stage]] = {}
+    order: list[Stage | tuple] = []
+    for st in stages:
+        key = _merge_key(st, static)
+        # A sibling must read only what exists before the merged pass starts.
+        if key is not None and any(id(v) in stored for v in st.anchor_node.input_values()):
+            key = None
+        if key is None:
+            order.append(st)
+            continue
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append(st)
+    result = []
+    for item in order:
+        if isinstance(item, Stage):
+            result.append(item)
+            continue
+        members = groups[item]
+        if len(members) == 1:
+            result.append(members[0])
+        else:
+            result.append(Stage("horizontal", anchors=[m.anchor_node for m in members],
+                                outputs=[v for m in members for v in m.outputs],
+                                members=members))
+    return result

@@ -64,7 +64,7 @@ def bind_input_shapes(declared: Mapping[str, Sequence[Dim] | None],
         if dims is not None and len(dims) != len(shape):
             raise ShapeError(f"--input-shape {name}={_given(shape)} has rank {len(shape)}, but the model's "
                              f"input '{name}' has rank {len(dims)} ({_fmt(dims)})")
-        for i, (d, g) in enumerate(zip(dims or (), shape)):
+        for i, (d, g) in enumerate(zip(dims or (), shape, strict=False)):
             if isinstance(d, int) and d != g:
                 raise ShapeError(f"--input-shape {name}={_given(shape)}: dimension {i} of input '{name}' "
                                  f"is fixed at {d} in the model")
@@ -81,11 +81,12 @@ def bind_input_shapes(declared: Mapping[str, Sequence[Dim] | None],
         if dims is None:
             raise ShapeError(f"graph input '{name}' has an unknown rank; pass --input-shape {name}=...")
         bound = [symbols[d][0] if isinstance(d, str) and d in symbols else d for d in dims]
-        if any(not isinstance(d, int) for d in bound):
+        known = [d for d in bound if isinstance(d, int)]
+        if len(known) != len(bound):
             hint = "x".join(str(d) if isinstance(d, int) else "1" for d in bound)
             raise ShapeError(f"graph input '{name}' has unknown dimension(s) in shape {_fmt(dims)}; "
                              f"pass --input-shape {name}={hint} (with your sizes)")
-        shapes[name] = tuple(bound)
+        shapes[name] = tuple(known)
     return shapes
 
 

@@ -6,7 +6,8 @@
 from opfuse.frontend.input_shapes import parse_input_shapes
 from opfuse.frontend.onnx_export import DEFAULT_EXPORT_OPSET, export_model, save_model
 from opfuse.frontend.onnx_files import parse_model, read_model, read_model_with_data
-from opfuse.frontend.onnx_import import FOLD_MAX_ELEMENTS, import_model, load_model
+from opfuse.frontend.onnx_import import import_model, load_model
+from opfuse.frontend.onnx_import_context import FOLD_MAX_ELEMENTS
 from opfuse.frontend.onnx_opsets import MAX_OPSET, MIN_OPSET
 
 __all__ = ["import_model", "load_model", "export_model", "save_model", "parse_input_shapes",

@@ -13,7 +13,7 @@ they are. The canonical forms are described in ``opfuse.ops`` and the common bri
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import numpy as np
 
@@ -21,12 +21,10 @@ from opfuse.errors import ModelError, ShapeError, UnsupportedOpError
 from opfuse.frontend.onnx_opsets import (AXES_INPUT_SINCE, DROPOUT_INPUTS_SINCE,
                                          SOFTMAX_LEGACY_DEFAULT_AXIS, SOFTMAX_SINGLE_AXIS_SINCE,
                                          SPLIT_INPUT_SINCE, SPLIT_NUM_OUTPUTS_SINCE)
+from opfuse.frontend.onnx_import_context import ImportContext, OnnxNode
 from opfuse.ir.graph import Value
 
-if TYPE_CHECKING:
-    from opfuse.frontend.onnx_import import ImportContext, OnnxNode
-
-Rule = Callable[["ImportContext", "OnnxNode", list], list]
+Rule = Callable[[ImportContext, OnnxNode, list], list]
 RULES: dict[str, Rule] = {}
 
 # Ops the importer removes entirely (their outputs are rewired), so opfuse needs no OpSpec.
@@ -50,7 +48,7 @@ def rule(*op_types: str):
     return register
 
 
-def emit_as_is(ctx: "ImportContext", node: "OnnxNode", inputs: list, attrs: dict | None = None) -> list:
+def emit_as_is(ctx: ImportContext, node: OnnxNode, inputs: list, attrs: dict | None = None) -> list:
     """Emit ``node`` with (possibly rewritten) inputs and attributes, keeping its names."""
     outputs = list(node.outputs)
     keep = OPTIONAL_OUTPUTS_FROM.get(node.op_type)
@@ -71,7 +69,7 @@ def _axes_list(arr: np.ndarray | None) -> list[int] | None:
     return [int(a) for a in np.asarray(arr).reshape(-1)]
 
 
-def _no_attribute(node: "OnnxNode", key: str) -> None:
+def _no_attribute(node: OnnxNode, key: str) -> None:
     """An operand that this op version takes as an input must not also appear as an attribute."""
     if key in node.attrs:
         raise ModelError(f"{node.op_type} node '{node.name}' has a '{key}' attribute, but {node.op_type}-"

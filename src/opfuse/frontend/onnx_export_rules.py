@@ -21,7 +21,7 @@ import numpy as np
 from onnx import TensorProto
 
 from opfuse.errors import UnsupportedOpError
-from opfuse.frontend.onnx_export import ExportContext
+from opfuse.frontend.onnx_export_context import ExportContext
 from opfuse.frontend.onnx_opsets import (AXES_INPUT_SINCE, INTRODUCED_AT, NOOP_WITH_EMPTY_AXES_SINCE,
                                          PAD_AXES_INPUT_SINCE, RESIZE_OPTIONAL_INPUTS_SINCE,
                                          SOFTMAX_SINGLE_AXIS_SINCE, SPLIT_INPUT_SINCE)
@@ -71,7 +71,7 @@ def axes_operand(ctx: ExportContext, node: Node, op_type: str, x: str, axes: lis
 def axes_form(ctx, node):
     attrs = dict(node.attrs)
     axes = attrs.pop("axes", None) or None
-    x, y = node.inputs[0].name, node.output.name
+    x, y = node.input(0).name, node.output.name
     since = NOOP_WITH_EMPTY_AXES_SINCE.get(node.op_type)
     if since is not None and ctx.opset < since:
         noop = attrs.pop("noop_with_empty_axes", 0)
@@ -85,14 +85,14 @@ def axes_form(ctx, node):
 def split(ctx, node):
     """Always explicit sizes (read from the output shapes), as an input from opset 13."""
     attrs = dict(node.attrs)
-    rank = len(node.inputs[0].shape)
+    rank = len(node.input(0).shape)
     axis = attrs.get("axis", 0) % max(rank, 1)
     sizes = [v.shape[axis] for v in node.outputs]
     attrs.pop("split", None)
     if ctx.opset >= SPLIT_INPUT_SINCE:
-        ctx.emit(node, [node.inputs[0].name, ctx.const(f"{node.name}_split", np.array(sizes, np.int64))], attrs)
+        ctx.emit(node, [node.input(0).name, ctx.const(f"{node.name}_split", np.array(sizes, np.int64))], attrs)
     else:
-        ctx.emit(node, [node.inputs[0].name], dict(attrs, split=sizes))
+        ctx.emit(node, [node.input(0).name], dict(attrs, split=sizes))
 
 
 @rule("Softmax")
@@ -100,14 +100,14 @@ def softmax(ctx, node):
     if ctx.opset >= SOFTMAX_SINGLE_AXIS_SINCE:
         ctx.emit(node)
         return
-    rank = len(node.inputs[0].shape)
+    rank = len(node.input(0).shape)
     axis = node.attrs.get("axis", -1) % max(rank, 1)
     if axis == rank - 1 or rank == 0:
         ctx.emit(node, attrs={"axis": -1})
         return
     perm = [d for d in range(rank) if d != axis] + [axis]
     inverse = [perm.index(d) for d in range(rank)]
-    t = ctx.op(node, "Transpose", [node.inputs[0].name], perm=perm)
+    t = ctx.op(node, "Transpose", [node.input(0).name], perm=perm)
     s = ctx.op(node, "Softmax", [t], axis=-1)
     ctx.op(node, "Transpose", [s], out=node.output.name, perm=inverse)
 
@@ -117,7 +117,7 @@ def clip(ctx, node):
     """Bounds as inputs (an IR node might still carry the old attribute form)."""
     attrs = dict(node.attrs)
     inputs = [v.name if v is not None else None for v in node.inputs] + [None] * (3 - len(node.inputs))
-    dtype = node.inputs[0].dtype
+    dtype = node.input(0).dtype
     for i, key in ((1, "min"), (2, "max")):
         value = attrs.pop(key, None)
         if value is not None and inputs[i] is None:
@@ -132,15 +132,15 @@ def pad(ctx, node):
     if ctx.opset >= PAD_AXES_INPUT_SINCE or not has_axes:
         ctx.emit(node)
         return
-    rank = len(node.inputs[0].shape)
-    pads, axes = node.inputs[1].const, node.inputs[3].const
+    rank = len(node.input(0).shape)
+    pads, axes = node.input(1).const, node.input(3).const
     if pads is None or axes is None:
         raise UnsupportedOpError("Pad", node.name, ctx.opset, detail="pads and axes must be constants")
     full = np.zeros(2 * rank, dtype=np.int64)
     k = len(axes)
     for i, a in enumerate(int(a) % rank for a in axes.reshape(-1)):
         full[a], full[a + rank] = pads.reshape(-1)[i], pads.reshape(-1)[i + k]
-    ins = [node.inputs[0].name, ctx.const(f"{node.name}_pads", full),
+    ins = [node.input(0).name, ctx.const(f"{node.name}_pads", full),
            node.inputs[2].name if node.inputs[2] is not None else None]
     ctx.emit(node, ins)
 
@@ -160,9 +160,9 @@ def resize(ctx, node):
 def dropout(ctx, node):
     """Inference Dropout is the identity (``ratio`` is irrelevant and changed form at 12)."""
     if len(node.outputs) == 1:
-        ctx.emit(node, [node.inputs[0].name], {}, op_type="Identity")
+        ctx.emit(node, [node.input(0).name], {}, op_type="Identity")
     else:
-        ctx.emit(node, [node.inputs[0].name], {})
+        ctx.emit(node, [node.input(0).name], {})
 
 
 @rule("BatchNormalization")
@@ -175,7 +175,7 @@ def batch_norm(ctx, node):
 
 @rule("Silu")
 def silu(ctx, node):
-    x = node.inputs[0].name
+    x = node.input(0).name
     ctx.op(node, "Mul", [x, ctx.op(node, "Sigmoid", [x])], out=node.output.name)
 
 
@@ -184,7 +184,7 @@ def hard_swish(ctx, node):
     if _native(ctx, node):
         ctx.emit(node)
         return
-    x = node.inputs[0].name
+    x = node.input(0).name
     ctx.op(node, "Mul", [x, ctx.op(node, "HardSigmoid", [x], alpha=1.0 / 6.0, beta=0.5)],
            out=node.output.name)
 
@@ -194,7 +194,7 @@ def gelu(ctx, node):
     if _native(ctx, node):
         ctx.emit(node)
         return
-    x, dt = node.inputs[0].name, node.inputs[0].dtype
+    x, dt = node.input(0).name, node.input(0).dtype
     approximate = node.attrs.get("approximate", "none")
     if approximate == "tanh":
         cube = ctx.op(node, "Mul", [x, ctx.op(node, "Mul", [x, x])])
@@ -218,7 +218,7 @@ def layer_norm(ctx, node):
     if len(node.outputs) != 1:
         raise UnsupportedOpError("LayerNormalization", node.name, ctx.opset,
                                  detail="the Mean/InvStdDev outputs cannot be exported before opset 17")
-    x_val = node.inputs[0]
+    x_val = node.input(0)
     rank = len(x_val.shape)
     axis = node.attrs.get("axis", -1) % max(rank, 1)
     axes = list(range(axis, rank))
@@ -237,7 +237,7 @@ def layer_norm(ctx, node):
         y = ctx.op(node, "Cast", [y], to=onnx_elem_type(x_val.dtype, f"input of '{node.name}'"))
     bias = node.inputs[2] if len(node.inputs) > 2 else None
     scaled_out = None if bias is not None else node.output.name
-    y = ctx.op(node, "Mul", [y, node.inputs[1].name], out=scaled_out)
+    y = ctx.op(node, "Mul", [y, node.input(1).name], out=scaled_out)
     if bias is not None:
         ctx.op(node, "Add", [y, bias.name], out=node.output.name)
 

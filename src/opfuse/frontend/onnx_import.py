@@ -10,8 +10,9 @@ The import is one pass over a validated, topologically sorted node list:
 3. walk the nodes in topological order; each is rewritten to the canonical IR form
    (``onnx_canonical``), its output types inferred, and -- when all its inputs are constants and
    its outputs small, or when it is a ``Shape`` of a statically shaped value -- evaluated with
-   the op's reference implementation and replaced by constants. One walk therefore resolves
-   PyTorch's ``Shape -> Gather -> Unsqueeze -> Concat -> Reshape`` chains into a constant shape;
+   the op's reference implementation and replaced by constants (``ImportContext.emit``, in
+   ``onnx_import_context``). One walk therefore resolves PyTorch's
+   ``Shape -> Gather -> Unsqueeze -> Concat -> Reshape`` chains into a constant shape;
 4. graph outputs keep their ONNX names; dead nodes and unused constants are dropped.
 
 Every problem with the file is an ``OpfuseError`` with a one-line message, never a protobuf
@@ -20,26 +21,22 @@ or onnx traceback.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
 import onnx.defs
 
-from opfuse.errors import ModelError, OpfuseError, ShapeError, UnsupportedOpError
+from opfuse.errors import ModelError, UnsupportedOpError
 from opfuse.frontend.input_shapes import Dim, bind_input_shapes
 from opfuse.frontend.onnx_canonical import REMOVED_OPS, RULES, emit_as_is
 from opfuse.frontend.onnx_files import read_model
+from opfuse.frontend.onnx_import_context import ImportContext, OnnxNode
 from opfuse.frontend.onnx_opsets import DEFAULT_DOMAINS, MAX_OPSET, MIN_OPSET
 from opfuse.frontend.onnx_protos import (attribute_value, numpy_dtype, sparse_to_array,
                                          tensor_to_array)
 from opfuse.ir.graph import Graph, Node, Value
-from opfuse.ops.registry import get_spec, infer_node, is_supported
-
-# A node whose inputs are all constants is evaluated at import time when its outputs hold at
-# most this many elements in total (shape arithmetic, small tables). Larger results stay nodes
-# so the model does not balloon with precomputed weights.
-FOLD_MAX_ELEMENTS = 65536
+from opfuse.ops.registry import is_supported
 
 
 # The model's opset ------------------------------------------------------------------------------
@@ -58,18 +55,6 @@ def default_opset(model: onnx.ModelProto) -> int:
 
 
 # The ONNX graph as checked plain records ------------------------------------------------------
-
-@dataclass
-class OnnxNode:
-    """One ONNX node: names, op version (``since_version`` of its schema) and plain attributes."""
-
-    name: str
-    op_type: str
-    version: int
-    inputs: list[str]
-    outputs: list[str]
-    attrs: dict = field(default_factory=dict)
-
 
 def _node_names(nodes) -> list[str]:
     """Unique node names: ONNX names kept, missing or repeated ones made ``<name or op>_<k>``."""
@@ -93,8 +78,9 @@ def _node_names(nodes) -> list[str]:
 
 def _check_ops(graph: onnx.GraphProto, names: list[str], opset: int) -> list[int]:
     """The op version of every node; ``UnsupportedOpError`` for the first op opfuse cannot import."""
-    versions, problems = [], []
-    for n, name in zip(graph.node, names):
+    versions: list[int] = []
+    problems: list[tuple[str, str]] = []
+    for n, name in zip(graph.node, names, strict=True):
         if n.domain not in DEFAULT_DOMAINS:
             raise UnsupportedOpError(n.op_type, name, opset,
                                      detail=f"domain '{n.domain}' is not supported (only the default "
@@ -114,7 +100,8 @@ def _check_ops(graph: onnx.GraphProto, names: list[str], opset: int) -> list[int
                 pass
         if version is None:
             problems.append((n.op_type, name))
-        versions.append(version)
+        else:
+            versions.append(version)
     if problems:
         op, name = problems[0]
         others = sorted({p[0] for p in problems} - {op})
@@ -143,116 +130,9 @@ def _declared_dims(vi: onnx.ValueInfoProto) -> tuple[list[Dim] | None, np.dtype]
     return dims, dtype
 
 
-# The walk ------------------------------------------------------------------------------------
-
-class ImportContext:
-    """What import rules use: the graph under construction and name/constant helpers."""
-
-    def __init__(self, graph: Graph, opset: int, reserved_values: set[str], reserved_nodes: set[str],
-                 use_counts: dict[str, int]):
-        self.graph = graph
-        self.opset = opset
-        self._reserved_values = reserved_values
-        self._reserved_nodes = reserved_nodes
-        self._use_counts = use_counts
-        self._counters: dict[str, int] = {}
-
-    # Names ----------------------------------------------------------------------------------
-    def _fresh(self, base: str, taken) -> str:
-        k = self._counters.get(base, 0)
-        cand = base
-        while cand in taken:
-            k += 1
-            cand = f"{base}_{k}"
-        self._counters[base] = k
-        return cand
-
-    def fresh_value(self, base: str) -> str:
-        """A value name used by no ONNX value and no value made so far (all of them are reserved)."""
-        name = self._fresh(base, self._reserved_values)
-        self._reserved_values.add(name)
-        return name
-
-    def fresh_node(self, base: str) -> str:
-        """A node name used by no ONNX node and no node made so far (all of them are reserved)."""
-        name = self._fresh(base, self._reserved_nodes)
-        self._reserved_nodes.add(name)
-        return name
-
-    def is_used(self, onnx_name: str) -> bool:
-        """Whether an ONNX value is read by some node or is a graph output."""
-        return bool(onnx_name) and self._use_counts.get(onnx_name, 0) > 0
-
-    # Values ---------------------------------------------------------------------------------
-    def const(self, name: str, data) -> Value:
-        return self.graph.add_const(name, np.asarray(data), unique=False)
-
-    def const_operand(self, node: OnnxNode, inputs: list, index: int, what: str) -> np.ndarray | None:
-        """The data of a constant operand (``None`` when absent); it must be a compile-time constant."""
-        v = inputs[index] if index < len(inputs) else None
-        if v is None:
-            return None
-        if v.const is None:
-            raise UnsupportedOpError(node.op_type, node.name, self.opset,
-                                     detail=f"input {index} ({what}) must be a constant: opfuse "
-                                            f"compiles static shapes")
-        return v.const
-
-    # Nodes ----------------------------------------------------------------------------------
-    def emit(self, op_type: str, inputs: list, attrs: dict, *, name: str, outputs: list[str]) -> list[Value]:
-        """Add a node, infer its output types, and fold it into constants when it is foldable.
-
-        Empty output names (ONNX's "unused optional output") get fresh names.
-        """
-        out_names = [o if o else self.fresh_value(f"{name}_unused{i}") for i, o in enumerate(outputs)]
-        # The node joins the graph only if it is not folded away.
-        node = Node(name, op_type, list(inputs), [Value(o) for o in out_names], dict(attrs))
-        for v, t in zip(node.outputs, infer_node(node)):
-            v.type = t
-        if _foldable(node):
-            return [self.const(v.name, a) for v, a in zip(node.outputs, _evaluate(node))]
-        self.graph.insert_node(node)
-        return list(node.outputs)
-
-
-def _foldable(node: Node) -> bool:
-    if node.op_type == "Shape":
-        return True  # static shapes: the result never depends on the data
-    ins = node.input_values()
-    if not ins or any(v.const is None for v in ins):
-        return False
-    return sum(v.type.size for v in node.outputs) <= FOLD_MAX_ELEMENTS
-
-
-def _evaluate(node: Node) -> list[np.ndarray]:
-    """Run the op's reference implementation on constant inputs (shape-only for ``Shape``)."""
-    if node.op_type == "Shape":
-        # Shape reads only the shape: a zero-stride view stands in for data we may not have.
-        x = node.inputs[0]
-        args = [np.broadcast_to(np.zeros((), x.dtype), x.shape)]
-    else:
-        args = [v.const if v is not None else None for v in node.inputs]
-    spec = get_spec(node.op_type, node)
-    try:
-        results = list(spec.compute(args, spec.attrs_of(node), node))
-    except OpfuseError:
-        raise
-    except Exception as e:  # e.g. an out-of-range index in constant data
-        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ModelError(f"cannot evaluate constant node '{node.name}' ({node.op_type}): {first_line}") from None
-    arrays = []
-    for v, r in zip(node.outputs, results):
-        r = np.asarray(r)
-        if tuple(r.shape) != v.type.shape:
-            raise ShapeError(f"node '{node.name}' ({node.op_type}) computes shape {tuple(r.shape)} for "
-                             f"'{v.name}', its shape inference says {v.type.shape}")
-        arrays.append(np.array(r, dtype=v.dtype, order="C"))  # owned copy: never a view of an input
-    return arrays
-
-
 # The importer ----------------------------------------------------------------------------------
 
-def import_model(model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]] | None = None,
+def import_model(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None,
                  base_dir: str | None = None) -> Graph:
     """Import an ONNX model into a verified, shape-inferred, canonical ``Graph``.
 
@@ -292,7 +172,7 @@ def _add_constants(graph: Graph, g: onnx.GraphProto, base_dir: str | None) -> No
         graph.add_const(name, sparse_to_array(st, base_dir, f"sparse initializer '{name}'"), unique=False)
 
 
-def _add_inputs(graph: Graph, g: onnx.GraphProto, input_shapes: dict) -> None:
+def _add_inputs(graph: Graph, g: onnx.GraphProto, input_shapes: Mapping[str, Sequence[int]]) -> None:
     """Graph inputs with concrete shapes (old models also list initializers as inputs: those stay
     constants)."""
     declared: dict[str, list[Dim] | None] = {}
@@ -322,7 +202,7 @@ def _walk(graph: Graph, opset: int, nodes: list[OnnxNode], output_names: list[st
     for n in order:
         inputs = [env[i] if i else None for i in n.inputs]
         values = RULES.get(n.op_type, emit_as_is)(ctx, n, inputs)
-        for name, v in zip(n.outputs, values):
+        for name, v in zip(n.outputs, values, strict=False):
             if name and v is not None:
                 env[name] = v
     return ctx, env
@@ -338,7 +218,7 @@ def _define(graph: Graph, name: str, kind: str) -> None:
 def _onnx_nodes(g: onnx.GraphProto, names: list[str], versions: list[int], opset: int,
                 base_dir: str | None) -> list[OnnxNode]:
     nodes = []
-    for n, name, version in zip(g.node, names, versions):
+    for n, name, version in zip(g.node, names, versions, strict=True):
         attrs = {}
         for a in n.attribute:
             if a.name in attrs:
@@ -427,7 +307,7 @@ def _remove_dead_nodes(graph: Graph) -> None:
             graph.remove_node(node)
 
 
-def load_model(path: str | os.PathLike, input_shapes: dict[str, tuple[int, ...]] | None = None) -> Graph:
+def load_model(path: str | os.PathLike, input_shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
     """Read and import an ONNX file; external data is read only from inside the file's folder."""
     model = read_model(path)
     return import_model(model, input_shapes, base_dir=os.path.dirname(os.path.abspath(os.fspath(path))))

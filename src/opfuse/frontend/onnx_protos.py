@@ -151,7 +151,7 @@ def attribute_value(attr: AttributeProto, node: onnx.NodeProto, node_name: str, 
 
 def make_attribute(key: str, value, attr_type: int) -> AttributeProto:
     """An ``AttributeProto`` of the schema's ``attr_type`` (so ``alpha=1`` becomes a float)."""
-    attr = AttributeProto(name=key, type=attr_type)
+    attr = AttributeProto(name=key, type=AttributeProto.AttributeType.ValueType(attr_type))
     if attr_type == AttributeProto.FLOAT:
         attr.f = float(value)
     elif attr_type == AttributeProto.INT:

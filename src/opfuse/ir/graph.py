@@ -75,6 +75,12 @@ class Value:
         return self.type.dtype
 
     @property
+    def size(self) -> int:
+        if self.type is None:
+            raise ModelError(f"value '{self.name}' has no inferred shape")
+        return self.type.size
+
+    @property
     def is_const(self) -> bool:
         return self.const is not None
 
@@ -111,6 +117,13 @@ class Node:
     @property
     def output(self) -> Value:
         return self.outputs[0]
+
+    def input(self, index: int) -> Value:
+        """Input ``index``, which must be present (a required operand); ``ModelError`` if absent."""
+        v = self.inputs[index] if -len(self.inputs) <= index < len(self.inputs) else None
+        if v is None:
+            raise ModelError(f"node '{self.name}' ({self.op_type}) has no input {index}")
+        return v
 
     def input_values(self) -> list[Value]:
         """Inputs that are present (optional missing inputs dropped)."""
@@ -230,9 +243,9 @@ class Graph:
         for v in node.outputs:
             if v.uses or v in self.outputs:
                 raise ModelError(f"cannot remove node '{node.name}': its output '{v.name}' is still used")
-        for i, v in enumerate(node.inputs):
-            if v is not None:
-                v.uses.remove((node, i))
+        for i, u in enumerate(node.inputs):
+            if u is not None:
+                u.uses.remove((node, i))
         for v in node.outputs:
             v.producer = None
             del self.values[v.name]
@@ -319,7 +332,7 @@ class Graph:
         g.inputs = [vmap[id(v)] for v in self.inputs]
         for n in self.nodes:
             outs = [Value(v.name, v.type) for v in n.outputs]
-            for o, v in zip(outs, n.outputs):
+            for o, v in zip(outs, n.outputs, strict=True):
                 vmap[id(v)] = o
             nn = Node(n.name, n.op_type, [vmap[id(v)] if v is not None else None for v in n.inputs],
                       outs, dict(n.attrs), n.domain)

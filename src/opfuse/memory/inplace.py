@@ -79,7 +79,7 @@ def inplace_candidates(group: FusionGroup, graph: Graph, static: dict) -> list[t
             continue
         for o in outputs:
             if id(o) not in taken and o.dtype.itemsize == i.dtype.itemsize and o.nbytes == i.nbytes \
-                    and all(id(u) in _upstream(group, o.producer) for u in users):
+                    and o.producer is not None and all(id(u) in _upstream(group, o.producer) for u in users):
                 pairs.append((i, o))
                 taken.add(id(o))
                 break

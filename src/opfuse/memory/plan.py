@@ -31,6 +31,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from opfuse.ir.graph import Graph, Node, Value
 from opfuse.ir.plan import FusionPlan
 from opfuse.memory.arena import ARENA_ALIGNMENT, Buffer, assign_offsets, lower_bound
@@ -78,7 +80,7 @@ class Alias:
 class MemoryPlan:
     graph: Graph
     plan: FusionPlan
-    static: dict[int, object]
+    static: dict[int, np.ndarray]
     locations: dict[str, Location]
     lifetimes: dict[str, tuple[int, int]]
     blocks: dict[str, tuple[int, int, int, int]]  # arena block key -> (offset, size, start, end)
@@ -252,10 +254,9 @@ class _Builder:
             live = [n for n in grp.nodes if not all(id(v) in self.static for v in n.outputs)]
             if self.use_views and len(live) == 1:
                 for out, base, offset in _view_outputs(live[0]):
-                    if (id(base) in self.static or not self._is_singleton_arena(out)
-                            or self._block(base) is None):
-                        continue
                     b = self._block(base)
+                    if id(base) in self.static or not self._is_singleton_arena(out) or b is None:
+                        continue
                     self._merge(out, b, b.members[base.name] + offset, "view", base)
             if not self.use_inplace:
                 continue
@@ -305,13 +306,13 @@ def _concat_slices(node: Node) -> list[tuple[Value, int | None]]:
 def _view_outputs(node: Node) -> list[tuple[Value, Value, int]]:
     """(output, base, byte offset) for outputs of ``node`` that are views of its input 0."""
     if node.op_type in VIEW_OPS:
-        x = node.inputs[0]
+        x = node.input(0)
         out = node.outputs[0]
         if x is not None and out.dtype == x.dtype and out.nbytes == x.nbytes:
             return [(out, x, 0)]
         return []
     if node.op_type == "Split":
-        x = node.inputs[0]
+        x = node.input(0)
         axis = node.attrs.get("axis", 0)
         axis = axis + len(x.shape) if axis < 0 else axis
         res, start = [], 0

@@ -30,11 +30,12 @@ def static_values(graph: Graph) -> dict[int, np.ndarray]:
         if not _is_static_node(node, static):
             continue
         spec = get_spec(node.op_type, node)
+        args: list[np.ndarray | None]
         if node.op_type == "Shape":  # needs only the static shape, not data
-            args = [np.broadcast_to(np.zeros((), dtype=node.inputs[0].dtype), node.inputs[0].shape)]
+            args = [np.broadcast_to(np.zeros((), dtype=node.input(0).dtype), node.input(0).shape)]
         else:
             args = [static[id(v)] if v is not None else None for v in node.inputs]
-        for v, r in zip(node.outputs, spec.compute(args, spec.attrs_of(node), node)):
+        for v, r in zip(node.outputs, spec.compute(args, spec.attrs_of(node), node), strict=False):
             static[id(v)] = np.ascontiguousarray(np.asarray(r).astype(v.dtype, copy=False))
     return static
 

@@ -31,7 +31,7 @@ class GraphBuilder:
            num_outputs: int = 1, **attrs):
         """Add a node; returns its output Value (a tuple when ``num_outputs > 1``)."""
         node = self.graph.add_node(op_type, list(inputs), num_outputs=num_outputs, attrs=attrs, name=name)
-        for v, t in zip(node.outputs, infer_node(node)):
+        for v, t in zip(node.outputs, infer_node(node), strict=True):
             v.type = t
         return node.outputs[0] if num_outputs == 1 else tuple(node.outputs)
 

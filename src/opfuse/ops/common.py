@@ -37,9 +37,9 @@ def const_input(node: Node, index: int, what: str) -> np.ndarray | None:
     opfuse compiles static shapes, so inputs that decide shapes (Reshape's shape, Slice's
     starts, ...) must be constants; a runtime tensor there is an unsupported model.
     """
-    if index >= len(node.inputs) or node.inputs[index] is None:
+    v = node.inputs[index] if index < len(node.inputs) else None
+    if v is None:
         return None
-    v = node.inputs[index]
     if v.const is None:
         raise UnsupportedOpError(node.op_type, node.name,
                                  detail=f"input {index} ({what}) must be a constant: opfuse compiles "
@@ -48,8 +48,8 @@ def const_input(node: Node, index: int, what: str) -> np.ndarray | None:
 
 
 def same_type(node: Node, index: int = 0) -> list[TensorType]:
-    t = node.inputs[index].type
-    return [TensorType(t.shape, t.dtype)]
+    x = node.input(index)
+    return [TensorType(x.shape, x.dtype)]
 
 
 def out_type(shape, dtype) -> list[TensorType]:

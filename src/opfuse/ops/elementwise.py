@@ -22,7 +22,7 @@ _erf = np.frompyfunc(math.erf, 1, 1)
 def erf(x: np.ndarray) -> np.ndarray:
     """Exact (libm) erf, elementwise, in the input's dtype."""
     x = np.asarray(x)
-    return _erf(x.astype(np.float64)).astype(x.dtype)
+    return np.asarray(_erf(x.astype(np.float64))).astype(x.dtype)
 
 
 def _unary(name, fn, *, attrs=None, flops=1.0, tags=("activation",)):
@@ -130,7 +130,7 @@ def _cast_infer(node, a):
         name = TensorProto.DataType.Name(int(a["to"])) if int(a["to"]) in TensorProto.DataType.values() \
             else str(a["to"])
         raise UnsupportedOpError("Cast", node.name, detail=f"target element type {name} is not supported")
-    return out_type(node.inputs[0].shape, dtype)
+    return out_type(node.input(0).shape, dtype)
 
 
 def _cast(ins, a, node):
@@ -147,7 +147,7 @@ register(OpSpec("Identity", Category.ELEMWISE, Mapping.ONE_TO_ONE, lambda n, a: 
 
 
 def _dropout_infer(node, a):
-    t = node.inputs[0].type
+    t = node.input(0).type
     types = [TensorType(t.shape, t.dtype)]
     if len(node.outputs) > 1:
         types.append(TensorType(t.shape, np.bool_))
@@ -215,7 +215,7 @@ def _where(ins, a, node):
 
 
 def _where_infer(node, a):
-    c, x, y = node.inputs
+    c, x, y = node.input(0), node.input(1), node.input(2)
     return out_type(broadcast_shapes(node, c.shape, x.shape, y.shape), x.dtype)
 
 

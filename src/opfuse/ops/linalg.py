@@ -39,7 +39,7 @@ def matmul_shape(node: Node, a: tuple[int, ...], b: tuple[int, ...]) -> tuple[tu
 
 
 def _matmul_infer(node: Node, a: dict):
-    x, y = node.inputs
+    x, y = node.input(0), node.input(1)
     if x.dtype != y.dtype:
         raise shape_error(node, f"operand dtypes differ: {x.dtype} and {y.dtype}")
     shape, _ = matmul_shape(node, x.shape, y.shape)
@@ -52,7 +52,7 @@ def _matmul(ins, a, node):
 
 
 def _matmul_flops(node: Node, a: dict) -> int:
-    shape, k = matmul_shape(node, node.inputs[0].shape, node.inputs[1].shape)
+    shape, k = matmul_shape(node, node.input(0).shape, node.input(1).shape)
     return 2 * math.prod(shape) * k
 
 
@@ -63,7 +63,7 @@ register(OpSpec("MatMul", Category.OUT_ELEMWISE_FUSABLE, Mapping.MANY_TO_MANY, _
 # Gemm -----------------------------------------------------------------------------------
 def _gemm_dims(node: Node, a: dict) -> tuple[int, int, int]:
     """(M, N, K) of ``Y = alpha * A' @ B' + beta * C``, A' = A or A^T, B' = B or B^T."""
-    sa, sb = node.inputs[0].shape, node.inputs[1].shape
+    sa, sb = node.input(0).shape, node.input(1).shape
     if len(sa) != 2 or len(sb) != 2:
         raise shape_error(node, f"A and B must be 2-D, got {sa} and {sb}")
     m, k = sa[::-1] if a["transA"] else sa
@@ -78,7 +78,7 @@ def _gemm_infer(node: Node, a: dict):
     c = node.inputs[2] if len(node.inputs) > 2 else None
     if c is not None and broadcast_shapes(node, c.shape, (m, n)) != (m, n):
         raise shape_error(node, f"C of shape {c.shape} does not broadcast to ({m}, {n})")
-    return out_type((m, n), node.inputs[0].dtype)
+    return out_type((m, n), node.input(0).dtype)
 
 
 def _gemm(ins, a, node):

@@ -51,17 +51,17 @@ class Window:
 
     @property
     def effective_kernel(self) -> tuple[int, ...]:
-        return tuple((k - 1) * d + 1 for k, d in zip(self.kernel, self.dilations))
+        return tuple((k - 1) * d + 1 for k, d in zip(self.kernel, self.dilations, strict=True))
 
     def padded_extent(self) -> tuple[int, ...]:
         """Padded input length each axis needs so every window lies inside it."""
-        return tuple((o - 1) * s + e for o, s, e in zip(self.out, self.strides, self.effective_kernel))
+        return tuple((o - 1) * s + e for o, s, e in zip(self.out, self.strides, self.effective_kernel, strict=True))
 
     def offsets(self):
         """Every kernel offset, as (index tuple, tuple of strided slices into the padded input)."""
         for kk in itertools.product(*(range(k) for k in self.kernel)):
             yield kk, tuple(slice(k * d, k * d + (o - 1) * s + 1, s)
-                            for k, d, o, s in zip(kk, self.dilations, self.out, self.strides))
+                            for k, d, o, s in zip(kk, self.dilations, self.out, self.strides, strict=True))
 
 
 def _ints(node: Node, a: dict, name: str, n: int, default: int) -> tuple[int, ...]:
@@ -92,7 +92,7 @@ def window_geometry(node: Node, a: dict, spatial: tuple[int, ...], kernel: tuple
     if min(strides + dilations + kernel, default=1) < 1:
         raise shape_error(node, f"kernel {list(kernel)}, strides {list(strides)} and dilations "
                                 f"{list(dilations)} must be positive")
-    eff = tuple((k - 1) * d + 1 for k, d in zip(kernel, dilations))
+    eff = tuple((k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True))
     mode = _auto_pad(node, a)
     if mode == "NOTSET":
         pads = _ints(node, a, "pads", 2 * n, 0)
@@ -125,7 +125,7 @@ def window_geometry(node: Node, a: dict, spatial: tuple[int, ...], kernel: tuple
 def _pad_input(x: np.ndarray, w: Window, value) -> np.ndarray:
     """Pad the spatial axes by the window's pads, plus any tail that ceil_mode windows reach."""
     widths = [(0, 0), (0, 0)]
-    for length, extent, b, e in zip(x.shape[2:], w.padded_extent(), w.pads_begin, w.pads_end):
+    for length, extent, b, e in zip(x.shape[2:], w.padded_extent(), w.pads_begin, w.pads_end, strict=True):
         widths.append((b, max(e, extent - (length + b))))
     if all(p == (0, 0) for p in widths):
         return x
@@ -138,7 +138,7 @@ def _acc_dtype(dtype: np.dtype) -> np.dtype:
 
 
 def _spatial_input(node: Node, what: str = "X") -> tuple[int, ...]:
-    shape = node.inputs[0].shape
+    shape = node.input(0).shape
     if len(shape) < 3:
         raise shape_error(node, f"{what} must be (N, C, D1, ...) with at least one spatial axis, "
                                 f"got shape {shape}")
@@ -161,7 +161,7 @@ def _check_bias(node: Node, channels: int) -> None:
 def _conv_geometry(node: Node, a: dict) -> tuple[Window, int, int]:
     """Window, group count and output channels of a Conv; checks every shape."""
     x = _spatial_input(node)
-    wshape = node.inputs[1].shape
+    wshape = node.input(1).shape
     group = int(a["group"])
     if len(wshape) != len(x):
         raise shape_error(node, f"weight shape {wshape} must have the rank of X {x}")
@@ -180,7 +180,7 @@ def _conv_geometry(node: Node, a: dict) -> tuple[Window, int, int]:
 
 def _conv_infer(node: Node, a: dict):
     w, _, m = _conv_geometry(node, a)
-    x = node.inputs[0]
+    x = node.input(0)
     return out_type((x.shape[0], m) + w.out, x.dtype)
 
 
@@ -210,7 +210,7 @@ def _conv(ins, a, node):
 
 def _conv_flops(node: Node, a: dict) -> int:
     w, group, m = _conv_geometry(node, a)
-    n, c = node.inputs[0].shape[:2]
+    n, c = node.input(0).shape[:2]
     macs = n * m * math.prod(w.out) * (c // group) * math.prod(w.kernel)
     has_bias = len(node.inputs) > 2 and node.inputs[2] is not None
     return 2 * macs + (n * m * math.prod(w.out) if has_bias else 0)
@@ -245,7 +245,7 @@ def convT_geometry(node: Node, a: dict) -> TransposedGeometry:
     SAME_UPPER and at the beginning otherwise.
     """
     x = _spatial_input(node)
-    wshape = node.inputs[1].shape
+    wshape = node.input(1).shape
     n = len(x) - 2
     group = int(a["group"])
     if len(wshape) != len(x):
@@ -262,8 +262,8 @@ def convT_geometry(node: Node, a: dict) -> TransposedGeometry:
     strides = _ints(node, a, "strides", n, 1)
     dilations = _ints(node, a, "dilations", n, 1)
     out_pad = _ints(node, a, "output_padding", n, 0)
-    eff = tuple((k - 1) * d + 1 for k, d in zip(kernel, dilations))
-    full = tuple(s * (length - 1) + op + e for s, length, op, e in zip(strides, x[2:], out_pad, eff))
+    eff = tuple((k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True))
+    full = tuple(s * (length - 1) + op + e for s, length, op, e in zip(strides, x[2:], out_pad, eff, strict=True))
     mode = _auto_pad(node, a)
     if a.get("output_shape") is not None or mode in ("SAME_UPPER", "SAME_LOWER"):
         if a.get("output_shape") is not None:
@@ -273,15 +273,15 @@ def convT_geometry(node: Node, a: dict) -> TransposedGeometry:
             if len(out) != n:
                 raise shape_error(node, f"output_shape {list(out)} needs {n} spatial entries")
         else:
-            out = tuple(length * s for length, s in zip(x[2:], strides))
-        total = [f - o for f, o in zip(full, out)]
+            out = tuple(length * s for length, s in zip(x[2:], strides, strict=True))
+        total = [f - o for f, o in zip(full, out, strict=True)]
         begin = tuple(t // 2 if mode == "SAME_UPPER" else t - t // 2 for t in total)
     elif mode == "VALID":
         begin, out = (0,) * n, full
     else:
         pads = _ints(node, a, "pads", 2 * n, 0)
         begin = pads[:n]
-        out = tuple(f - b - e for f, b, e in zip(full, pads[:n], pads[n:]))
+        out = tuple(f - b - e for f, b, e in zip(full, pads[:n], pads[n:], strict=True))
     if min(out) < 1:
         raise shape_error(node, f"output spatial shape {list(out)} is empty")
     return TransposedGeometry(kernel, strides, dilations, tuple(begin), tuple(out), group, m)
@@ -289,7 +289,7 @@ def convT_geometry(node: Node, a: dict) -> TransposedGeometry:
 
 def _convT_infer(node: Node, a: dict):
     g = convT_geometry(node, a)
-    x = node.inputs[0]
+    x = node.input(0)
     return out_type((x.shape[0], g.channels_out) + g.out, x.dtype)
 
 
@@ -307,17 +307,17 @@ def _conv_transpose(ins, a, node):
     # [0, L) and the requested window [begin, begin + out) (output_shape may exceed L).
     lo = [min(0, b) for b in g.pads_begin]
     hi = [max((length - 1) * s + (k - 1) * d + 1, b + o)
-          for length, s, k, d, b, o in zip(spatial, g.strides, g.kernel, g.dilations, g.pads_begin, g.out)]
-    buf = np.zeros((n, g.channels_out) + tuple(h - l for h, l in zip(hi, lo)), dtype=acc)
+          for length, s, k, d, b, o in zip(spatial, g.strides, g.kernel, g.dilations, g.pads_begin, g.out, strict=True)]
+    buf = np.zeros((n, g.channels_out) + tuple(h - low for h, low in zip(hi, lo, strict=True)), dtype=acc)
     xg = x.astype(acc, copy=False).reshape(n, g.group, cg, positions)
     wt = wt.astype(acc, copy=False).reshape((g.group, cg, mg) + g.kernel)
     for kk in itertools.product(*(range(k) for k in g.kernel)):
         wk = np.swapaxes(wt[(slice(None),) * 3 + kk], 1, 2)  # (group, Mg, Cg)
         contrib = np.matmul(wk, xg).reshape((n, g.channels_out) + tuple(spatial))
-        sl = tuple(slice(k * d - l, k * d - l + (length - 1) * s + 1, s)
-                   for k, d, l, length, s in zip(kk, g.dilations, lo, spatial, g.strides))
+        sl = tuple(slice(k * d - low, k * d - low + (length - 1) * s + 1, s)
+                   for k, d, low, length, s in zip(kk, g.dilations, lo, spatial, g.strides, strict=True))
         buf[(slice(None), slice(None)) + sl] += contrib
-    crop = tuple(slice(b - l, b - l + o) for b, l, o in zip(g.pads_begin, lo, g.out))
+    crop = tuple(slice(b - low, b - low + o) for b, low, o in zip(g.pads_begin, lo, g.out, strict=True))
     y = buf[(slice(None), slice(None)) + crop]
     if bias is not None:
         y = y + bias.astype(acc).reshape((1, -1) + (1,) * len(spatial))
@@ -326,8 +326,8 @@ def _conv_transpose(ins, a, node):
 
 def _convT_flops(node: Node, a: dict) -> int:
     g = convT_geometry(node, a)
-    n, c = node.inputs[0].shape[:2]
-    macs = n * c * math.prod(node.inputs[0].shape[2:]) * (g.channels_out // g.group) * math.prod(g.kernel)
+    n, c = node.input(0).shape[:2]
+    macs = n * c * math.prod(node.input(0).shape[2:]) * (g.channels_out // g.group) * math.prod(g.kernel)
     has_bias = len(node.inputs) > 2 and node.inputs[2] is not None
     return 2 * macs + (n * g.channels_out * math.prod(g.out) if has_bias else 0)
 
@@ -356,7 +356,7 @@ def _pool_infer(node: Node, a: dict):
         if int(a["storage_order"]) != 0:
             raise UnsupportedOpError("MaxPool", node.name, detail="storage_order=1 (column major)")
     w = _pool_geometry(node, a)
-    x = node.inputs[0]
+    x = node.input(0)
     return out_type(x.shape[:2] + w.out, x.dtype)
 
 
@@ -389,7 +389,7 @@ def _avg_pool(ins, a, node):
     xp = _pad_input(x.astype(acc, copy=False), w, 0)
     inside = np.ones((1, 1) + x.shape[2:], dtype=acc)
     if int(a["count_include_pad"]):
-        inside = np.pad(inside, [(0, 0), (0, 0)] + list(zip(w.pads_begin, w.pads_end)), constant_values=1)
+        inside = np.pad(inside, [(0, 0), (0, 0)] + list(zip(w.pads_begin, w.pads_end, strict=True)), constant_values=1)
         mask_w = Window(w.kernel, w.strides, w.dilations, (0,) * len(w.out), (0,) * len(w.out), w.out)
         mask = _pad_input(inside, mask_w, 0)
     else:
@@ -405,7 +405,7 @@ def _avg_pool(ins, a, node):
 
 def _pool_flops(node: Node, a: dict) -> int:
     w = _pool_geometry(node, a)
-    return node.outputs[0].type.size * math.prod(w.kernel)
+    return node.outputs[0].size * math.prod(w.kernel)
 
 
 register(OpSpec("MaxPool", Category.REDUCTION, Mapping.MANY_TO_MANY, _pool_infer, _max_pool,
@@ -417,7 +417,7 @@ register(OpSpec("AveragePool", Category.REDUCTION, Mapping.MANY_TO_MANY, _pool_i
 
 
 def _gap_infer(node: Node, a: dict):
-    x = node.inputs[0]
+    x = node.input(0)
     if len(x.shape) < 3:
         raise shape_error(node, f"X must be (N, C, D1, ...), got shape {x.shape}")
     return out_type(x.shape[:2] + (1,) * (len(x.shape) - 2), x.dtype)
@@ -431,4 +431,4 @@ def _gap(ins, a, node):
 
 
 register(OpSpec("GlobalAveragePool", Category.REDUCTION, Mapping.MANY_TO_MANY, _gap_infer, _gap,
-                flops_fn=lambda node, a: node.inputs[0].type.size, tags=frozenset({"pool"})))
+                flops_fn=lambda node, a: node.input(0).size, tags=frozenset({"pool"})))

@@ -13,7 +13,8 @@ from opfuse.ops.common import norm_axis, out_type, same_type, shape_error
 from opfuse.ops.registry import Category, Mapping, OpSpec, register
 
 # ONNX TensorProto enum values LayerNormalization's stash_type may take (computation precision).
-_STASH_TYPES = {1: np.float32, 10: np.float16, 11: np.float64, 16: np.float32}
+_STASH_TYPES: dict[int, np.dtype] = {1: np.dtype(np.float32), 10: np.dtype(np.float16), 11: np.dtype(np.float64),
+                                     16: np.dtype(np.float32)}
 
 
 def _acc(x: np.ndarray) -> np.ndarray:
@@ -21,12 +22,12 @@ def _acc(x: np.ndarray) -> np.ndarray:
 
 
 def _input_size(node: Node, a: dict) -> int:
-    return node.inputs[0].type.size
+    return node.input(0).size
 
 
 # Softmax --------------------------------------------------------------------------------
 def _softmax_infer(node: Node, a: dict):
-    norm_axis(int(a["axis"]), len(node.inputs[0].shape), node)
+    norm_axis(int(a["axis"]), len(node.input(0).shape), node)
     return same_type(node)
 
 
@@ -48,7 +49,7 @@ register(OpSpec("Softmax", Category.REDUCTION, Mapping.MANY_TO_MANY, _softmax_in
 
 # LayerNormalization ---------------------------------------------------------------------
 def _ln_axis(node: Node, a: dict) -> int:
-    return norm_axis(int(a["axis"]), len(node.inputs[0].shape), node)
+    return norm_axis(int(a["axis"]), len(node.input(0).shape), node)
 
 
 def _broadcasts_to(shape, target) -> bool:
@@ -59,7 +60,7 @@ def _broadcasts_to(shape, target) -> bool:
 
 
 def _ln_infer(node: Node, a: dict):
-    x = node.inputs[0]
+    x = node.input(0)
     axis = _ln_axis(node, a)
     if int(a["stash_type"]) not in _STASH_TYPES:
         raise UnsupportedOpError("LayerNormalization", node.name, detail=f"stash_type={a['stash_type']}")
@@ -100,7 +101,7 @@ register(OpSpec("LayerNormalization", Category.REDUCTION, Mapping.MANY_TO_MANY, 
 # ReduceMean / ReduceSum / ReduceMax ----------------------------------------------------------
 def reduce_axes(node: Node, a: dict) -> tuple[int, ...] | None:
     """Normalised, sorted axes to reduce; ``None`` means "no reduction" (noop_with_empty_axes)."""
-    rank = len(node.inputs[0].shape)
+    rank = len(node.input(0).shape)
     axes = a.get("axes")
     if axes is None or len(axes) == 0:
         return None if int(a["noop_with_empty_axes"]) else tuple(range(rank))
@@ -111,7 +112,7 @@ def reduce_axes(node: Node, a: dict) -> tuple[int, ...] | None:
 
 
 def _reduce_infer(node: Node, a: dict):
-    x = node.inputs[0]
+    x = node.input(0)
     axes = reduce_axes(node, a)
     if axes is None:
         return same_type(node)

@@ -77,7 +77,7 @@ class OpSpec:
     def flops(self, node: Node) -> int:
         if self.flops_fn is not None:
             return int(self.flops_fn(node, self.attrs_of(node)))
-        return int(self.flops_per_element * sum(v.type.size for v in node.outputs))
+        return int(self.flops_per_element * sum(v.size for v in node.outputs))
 
     def bytes_read(self, node: Node) -> int:
         """Bytes of every input tensor (weights included), each read once."""
@@ -154,13 +154,13 @@ def infer_node(node: Node) -> list[TensorType]:
 def infer_shapes(graph: Graph) -> None:
     """Set the type of every node output, in topological order."""
     for node in graph.nodes:
-        for v, t in zip(node.outputs, infer_node(node)):
+        for v, t in zip(node.outputs, infer_node(node), strict=True):
             v.type = t
 
 
 def _check_node_shapes(graph: Graph, node: Node) -> None:
     types = infer_node(node)
-    for v, t in zip(node.outputs, types):
+    for v, t in zip(node.outputs, types, strict=True):
         if v.type != t:
             raise ShapeError(f"node '{node.name}' ({node.op_type}) output '{v.name}' has type "
                              f"{v.type}, its op infers {t}")

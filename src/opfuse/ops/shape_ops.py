@@ -42,7 +42,8 @@ def _concat_infer(node: Node, a: dict):
     axis = norm_axis(int(a["axis"]), rank, node)
     shape = list(ins[0].shape)
     for v in ins[1:]:
-        if len(v.shape) != rank or any(d != e for i, (d, e) in enumerate(zip(v.shape, shape)) if i != axis):
+        if len(v.shape) != rank or any(d != e for i, (d, e) in enumerate(zip(v.shape, shape, strict=True))
+                                       if i != axis):
             raise shape_error(node, f"inputs {[u.shape for u in ins]} differ outside axis {axis}")
         if v.dtype != ins[0].dtype:
             raise shape_error(node, f"inputs mix dtypes {ins[0].dtype} and {v.dtype}")
@@ -63,7 +64,7 @@ _data_movement("Concat", Category.INJECTIVE, Mapping.ONE_TO_ONE, _concat_infer, 
 def split_sizes(node: Node, a: dict) -> tuple[int, list[int]]:
     """Axis and output sizes. Without ``split`` the axis is cut into ``len(outputs)`` chunks of
     ``ceil(dim / n)`` (the last one smaller when the division is uneven, as in opset 18)."""
-    shape = node.inputs[0].shape
+    shape = node.input(0).shape
     axis = norm_axis(int(a["axis"]), len(shape), node)
     n = len(node.outputs)
     if a.get("num_outputs") is not None and int(a["num_outputs"]) != n:
@@ -82,7 +83,7 @@ def split_sizes(node: Node, a: dict) -> tuple[int, list[int]]:
 
 
 def _split_infer(node: Node, a: dict):
-    x = node.inputs[0]
+    x = node.input(0)
     axis, sizes = split_sizes(node, a)
     return [TensorType(x.shape[:axis] + (s,) + x.shape[axis + 1:], x.dtype) for s in sizes]
 
@@ -104,7 +105,7 @@ def slice_index(node: Node) -> tuple[slice, ...]:
     clamped to ``[0, dim]``, and for ``step < 0`` start to ``[0, dim - 1]`` and end to
     ``[-1, dim - 1]`` (end ``-1`` meaning "through index 0").
     """
-    shape = node.inputs[0].shape
+    shape = node.input(0).shape
     starts = _ints_of(const_input(node, 1, "starts"))
     ends = _ints_of(const_input(node, 2, "ends"))
     axes_in = const_input(node, 3, "axes")
@@ -115,7 +116,7 @@ def slice_index(node: Node) -> tuple[slice, ...]:
         raise shape_error(node, f"starts {starts}, ends {ends}, axes {axes}, steps {steps} differ in length")
     index = [slice(None)] * len(shape)
     seen = set()
-    for s, e, ax, st in zip(starts, ends, axes, steps):
+    for s, e, ax, st in zip(starts, ends, axes, steps, strict=True):
         ax = norm_axis(ax, len(shape), node)
         if ax in seen:
             raise shape_error(node, f"axis {ax} is sliced twice")
@@ -134,8 +135,8 @@ def slice_index(node: Node) -> tuple[slice, ...]:
 
 
 def _slice_infer(node: Node, a: dict):
-    x = node.inputs[0]
-    shape = tuple(len(range(*sl.indices(d))) for sl, d in zip(slice_index(node), x.shape))
+    x = node.input(0)
+    shape = tuple(len(range(*sl.indices(d))) for sl, d in zip(slice_index(node), x.shape, strict=True))
     return out_type(shape, x.dtype)
 
 
@@ -145,11 +146,11 @@ _data_movement("Slice", Category.INJECTIVE, Mapping.ONE_TO_ONE, _slice_infer,
 
 # Gather ---------------------------------------------------------------------------------
 def _gather_infer(node: Node, a: dict):
-    data, indices = node.inputs
+    data, indices = node.input(0), node.input(1)
     if not np.issubdtype(indices.dtype, np.integer):
         raise shape_error(node, f"indices must be integers, got {indices.dtype}")
     axis = norm_axis(int(a["axis"]), len(data.shape), node)
-    if indices.is_const:
+    if indices.const is not None:
         _check_indices(node, indices.const, data.shape[axis], lambda msg: shape_error(node, msg))
     return out_type(data.shape[:axis] + indices.shape + data.shape[axis + 1:], data.dtype)
 
@@ -200,17 +201,17 @@ def reshape_target(node: Node, in_shape: tuple[int, ...], spec: list[int], allow
 
 def _reshape_shape(node: Node, a: dict) -> tuple[int, ...]:
     spec = _ints_of(const_input(node, 1, "shape"))
-    return reshape_target(node, node.inputs[0].shape, spec, bool(int(a["allowzero"])))
+    return reshape_target(node, node.input(0).shape, spec, bool(int(a["allowzero"])))
 
 
 _data_movement("Reshape", Category.INJECTIVE, Mapping.REORGANIZE,
-               lambda node, a: out_type(_reshape_shape(node, a), node.inputs[0].dtype),
+               lambda node, a: out_type(_reshape_shape(node, a), node.input(0).dtype),
                lambda ins, a, node: [ins[0].reshape(_reshape_shape(node, a))],
                num_inputs=(2, 2), attrs={"allowzero": 0})
 
 
 def _flatten_shape(node: Node, a: dict) -> tuple[int, int]:
-    shape = node.inputs[0].shape
+    shape = node.input(0).shape
     axis = int(a["axis"])
     axis = axis + len(shape) if axis < 0 else axis
     if not 0 <= axis <= len(shape):
@@ -219,13 +220,13 @@ def _flatten_shape(node: Node, a: dict) -> tuple[int, int]:
 
 
 _data_movement("Flatten", Category.INJECTIVE, Mapping.REORGANIZE,
-               lambda node, a: out_type(_flatten_shape(node, a), node.inputs[0].dtype),
+               lambda node, a: out_type(_flatten_shape(node, a), node.input(0).dtype),
                lambda ins, a, node: [ins[0].reshape(_flatten_shape(node, a))],
                attrs={"axis": 1})
 
 
 def _squeeze_shape(node: Node, a: dict) -> tuple[int, ...]:
-    shape = node.inputs[0].shape
+    shape = node.input(0).shape
     if a["axes"] is None:
         return tuple(d for d in shape if d != 1)
     axes = {norm_axis(int(ax), len(shape), node) for ax in a["axes"]}
@@ -236,7 +237,7 @@ def _squeeze_shape(node: Node, a: dict) -> tuple[int, ...]:
 
 
 def _unsqueeze_shape(node: Node, a: dict) -> tuple[int, ...]:
-    shape = node.inputs[0].shape
+    shape = node.input(0).shape
     if not a["axes"]:
         raise shape_error(node, "attribute 'axes' is required")
     rank = len(shape) + len(a["axes"])
@@ -249,13 +250,13 @@ def _unsqueeze_shape(node: Node, a: dict) -> tuple[int, ...]:
 
 for _name, _shape_fn in (("Squeeze", _squeeze_shape), ("Unsqueeze", _unsqueeze_shape)):
     _data_movement(_name, Category.INJECTIVE, Mapping.REORGANIZE,
-                   lambda node, a, f=_shape_fn: out_type(f(node, a), node.inputs[0].dtype),
+                   lambda node, a, f=_shape_fn: out_type(f(node, a), node.input(0).dtype),
                    lambda ins, a, node, f=_shape_fn: [ins[0].reshape(f(node, a))],
                    attrs={"axes": None})
 
 
 def _perm(node: Node, a: dict) -> tuple[int, ...]:
-    rank = len(node.inputs[0].shape)
+    rank = len(node.input(0).shape)
     if a["perm"] is None:
         return tuple(reversed(range(rank)))
     perm = tuple(int(p) for p in a["perm"])
@@ -265,8 +266,8 @@ def _perm(node: Node, a: dict) -> tuple[int, ...]:
 
 
 _data_movement("Transpose", Category.INJECTIVE, Mapping.SHUFFLE,
-               lambda node, a: out_type(tuple(node.inputs[0].shape[p] for p in _perm(node, a)),
-                                        node.inputs[0].dtype),
+               lambda node, a: out_type(tuple(node.input(0).shape[p] for p in _perm(node, a)),
+                                        node.input(0).dtype),
                lambda ins, a, node: [np.ascontiguousarray(np.transpose(ins[0], _perm(node, a)))],
                attrs={"perm": None})
 
@@ -274,11 +275,11 @@ _data_movement("Transpose", Category.INJECTIVE, Mapping.SHUFFLE,
 # Expand ---------------------------------------------------------------------------------
 def _expand_shape(node: Node) -> tuple[int, ...]:
     target = _ints_of(const_input(node, 1, "shape"))
-    return broadcast_shapes(node, node.inputs[0].shape, target)
+    return broadcast_shapes(node, node.input(0).shape, target)
 
 
 _data_movement("Expand", Category.BROADCAST, Mapping.ONE_TO_MANY,
-               lambda node, a: out_type(_expand_shape(node), node.inputs[0].dtype),
+               lambda node, a: out_type(_expand_shape(node), node.input(0).dtype),
                lambda ins, a, node: [np.array(np.broadcast_to(ins[0], _expand_shape(node)))],
                num_inputs=(2, 2))
 
@@ -289,7 +290,7 @@ PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "edge", "wrap
 
 def pad_widths(node: Node) -> list[tuple[int, int]]:
     """(begin, end) padding per axis; ONNX lists pads as [b_axis0.., e_axis0..] over ``axes``."""
-    shape = node.inputs[0].shape
+    shape = node.input(0).shape
     pads = _ints_of(const_input(node, 1, "pads"))
     axes_in = const_input(node, 3, "axes")
     axes = [norm_axis(ax, len(shape), node) for ax in _ints_of(axes_in)] if axes_in is not None \
@@ -303,10 +304,10 @@ def pad_widths(node: Node) -> list[tuple[int, int]]:
 
 
 def _pad_infer(node: Node, a: dict):
-    x = node.inputs[0]
+    x = node.input(0)
     if a["mode"] not in PAD_MODES:
         raise UnsupportedOpError("Pad", node.name, detail=f"mode={a['mode']!r}")
-    shape = tuple(d + b + e for d, (b, e) in zip(x.shape, pad_widths(node)))
+    shape = tuple(d + b + e for d, (b, e) in zip(x.shape, pad_widths(node), strict=True))
     if min(shape, default=0) < 0:
         raise shape_error(node, f"pads {pad_widths(node)} crop more than the input {x.shape}")
     return out_type(shape, x.dtype)
@@ -316,7 +317,7 @@ def _pad(ins, a, node):
     """Negative pads crop; positive pads add constant / reflected / edge / wrapped elements."""
     x = ins[0]
     widths = pad_widths(node)
-    crop = tuple(slice(max(0, -b), d - max(0, -e)) for d, (b, e) in zip(x.shape, widths))
+    crop = tuple(slice(max(0, -b), d - max(0, -e)) for d, (b, e) in zip(x.shape, widths, strict=True))
     x = x[crop]
     grow = [(max(0, b), max(0, e)) for b, e in widths]
     mode = PAD_MODES[a["mode"]]
@@ -351,7 +352,7 @@ def resize_plan(node: Node, a: dict) -> tuple[tuple[int, ...], list[float], np.n
     ``not_larger``/``not_smaller`` policies replace every resized axis's scale by the min/max
     and round ``in * scale`` half up.
     """
-    x = node.inputs[0].shape
+    x = node.input(0).shape
     rank = len(x)
     if a["mode"] not in ("nearest", "linear"):
         raise UnsupportedOpError("Resize", node.name, detail=f"mode={a['mode']!r}: only nearest and "
@@ -376,18 +377,18 @@ def resize_plan(node: Node, a: dict) -> tuple[tuple[int, ...], list[float], np.n
         given = [float(s) for s in np.asarray(scales, dtype=np.float64).reshape(-1)]
         if len(given) != len(axes) or min(given) <= 0:
             raise shape_error(node, f"scales {given} must be {len(axes)} positive numbers")
-        for ax, s in zip(axes, given):
+        for ax, s in zip(axes, given, strict=True):
             scale[ax] = s
             out[ax] = int(math.floor(s * x[ax]))
     else:
-        given = _ints_of(sizes)
-        if len(given) != len(axes) or min(given) < 0:
-            raise shape_error(node, f"sizes {given} must be {len(axes)} non-negative sizes")
+        targets = _ints_of(sizes)
+        if len(targets) != len(axes) or min(targets) < 0:
+            raise shape_error(node, f"sizes {targets} must be {len(axes)} non-negative sizes")
         policy = a["keep_aspect_ratio_policy"]
-        ratios = [s / x[ax] for ax, s in zip(axes, given)]
+        ratios = [t / x[ax] for ax, t in zip(axes, targets, strict=True)]
         if policy == "stretch":
-            for ax, s, r in zip(axes, given, ratios):
-                scale[ax], out[ax] = r, s
+            for ax, t, r in zip(axes, targets, ratios, strict=True):
+                scale[ax], out[ax] = r, t
         elif policy in ("not_larger", "not_smaller"):
             common = min(ratios) if policy == "not_larger" else max(ratios)
             for ax in axes:
@@ -400,12 +401,12 @@ def resize_plan(node: Node, a: dict) -> tuple[tuple[int, ...], list[float], np.n
     if a["coordinate_transformation_mode"] == "tf_crop_and_resize":
         if not _present(roi):
             raise shape_error(node, "tf_crop_and_resize needs a roi input")
-        r = np.asarray(roi, dtype=np.float64).reshape(-1)
-        if r.size != 2 * len(axes):
-            raise shape_error(node, f"roi has {r.size} entries, expected {2 * len(axes)}")
+        roi_given = np.asarray(roi, dtype=np.float64).reshape(-1)
+        if roi_given.size != 2 * len(axes):
+            raise shape_error(node, f"roi has {roi_given.size} entries, expected {2 * len(axes)}")
         roi_full = np.array([0.0] * rank + [1.0] * rank)
         for i, ax in enumerate(axes):
-            roi_full[ax], roi_full[rank + ax] = r[i], r[len(axes) + i]
+            roi_full[ax], roi_full[rank + ax] = roi_given[i], roi_given[len(axes) + i]
     return tuple(out), scale, roi_full
 
 
@@ -431,6 +432,8 @@ def source_coordinates(mode: str, out_len: int, in_len: int, scale: float,
         return o / scale
     if mode == "tf_half_pixel_for_nearest":
         return (o + 0.5) / scale
+    if roi is None:
+        raise ValueError("tf_crop_and_resize maps coordinates through a roi; none was given")
     start, end = roi
     if length == 1:
         return np.full(out_len, (end - start) * (in_len - 1) / 2 + start * (in_len - 1))
@@ -468,7 +471,7 @@ def _resize_axis(x: np.ndarray, axis: int, coord: np.ndarray, a: dict) -> np.nda
 
 def _resize_infer(node: Node, a: dict):
     out, _, _ = resize_plan(node, a)
-    return out_type(out, node.inputs[0].dtype)
+    return out_type(out, node.input(0).dtype)
 
 
 def _resize(ins, a, node):
@@ -504,7 +507,8 @@ def _resize_flops(node: Node, a: dict) -> int:
     # Linear: one multiply-add per neighbour per resized axis; nearest only copies.
     if a["mode"] != "linear":
         return 0
-    return 3 * node.outputs[0].type.size * sum(1 for i, o in zip(node.inputs[0].shape, node.outputs[0].shape) if i != o)
+    resized = sum(1 for i, o in zip(node.input(0).shape, node.outputs[0].shape, strict=True) if i != o)
+    return 3 * node.outputs[0].size * resized
 
 
 _data_movement("Resize", Category.INJECTIVE, Mapping.ONE_TO_MANY, _resize_infer, _resize,
@@ -513,7 +517,7 @@ _data_movement("Resize", Category.INJECTIVE, Mapping.ONE_TO_MANY, _resize_infer,
 
 # Shape, ConstantOfShape, Constant ------------------------------------------------------------
 def _shape_range(node: Node, a: dict) -> tuple[int, int]:
-    rank = len(node.inputs[0].shape)
+    rank = len(node.input(0).shape)
 
     def clamp(v, default):
         v = default if v is None else int(v)

@@ -38,7 +38,7 @@ class FeatureIndex:
 
     def buckets_for(self, op_pattern) -> list[dict[int, object]]:
         """The smallest buckets that together cover every node ``op_pattern`` can match."""
-        out = []
+        out: list[dict[int, object]] = []
         for alt in op_pattern.alternatives:
             if alt.op_types is not None:
                 out.extend(self.by_type.get(t, {}) for t in sorted(alt.op_types))

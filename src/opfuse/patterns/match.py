@@ -17,6 +17,7 @@ class Match:
     captures: dict = field(default_factory=dict)
     exposable: frozenset = frozenset()   # ids of nodes whose outputs may be read outside
     graph: object = field(default=None, repr=False)  # the graph it was found in
+    _key: frozenset = field(init=False, repr=False)  # set by __post_init__ (see ``key``)
 
     def __post_init__(self):
         object.__setattr__(self, "_key", frozenset(id(n) for n in self.nodes))

@@ -29,8 +29,9 @@ Searches are deterministic: anchors are visited in graph order and results sorte
 from __future__ import annotations
 
 import time
-from typing import Iterable
+from typing import AbstractSet, Iterable
 
+from opfuse.ir.graph import Node, Value
 from opfuse.ops.registry import REGISTRY
 from opfuse.patterns.index import FeatureIndex
 from opfuse.patterns.match import Match
@@ -50,8 +51,8 @@ class Frame:
     __slots__ = ("nodes", "values", "macros", "root")
 
     def __init__(self, root: "Frame | None" = None):
-        self.nodes: dict[int, object] = {}
-        self.values: dict[int, object] = {}
+        self.nodes: dict[int, Node] = {}
+        self.values: dict[int, Value] = {}
         self.macros: dict[int, list[Frame]] = {}
         self.root = root or self
 
@@ -293,7 +294,7 @@ class Matcher:
 
     # Searching -----------------------------------------------------------------------------
     def _search_region(self, st: _PatternState, region: dict[int, object] | None,
-                       was_maximal: set[frozenset] = frozenset()) -> None:
+                       was_maximal: AbstractSet[frozenset] = frozenset()) -> None:
         """(Re)search every anchor in ``region`` (None: the whole graph), then re-rank maximality.
 
         Stored matches in the region that are still valid stay (they are found again); only
@@ -435,7 +436,7 @@ class _Search:
         step = steps[i]
         v = step.vertex
         if isinstance(v, VOp):
-            interior = _interior_body(v, body, macro) if body is not None else _interior_top(v)
+            interior = _interior_top(v) if macro is None else _interior_body(v, macro.body, macro)
             for node in self._op_candidates(step, frame):
                 if not self.op_ok(v, node, interior):
                     continue
@@ -491,7 +492,7 @@ class _Search:
             home = frame.root if src.is_global else frame
             return [[home.values[src.id]]]
         copies = frame.macros[src.id]
-        tail = src.body.tail.id
+        tail = src.body.tail_op.id
         if src.kind == "chain":
             return [copies[-1].nodes[tail].outputs]
         return [c.nodes[tail].outputs for c in copies]
@@ -500,7 +501,7 @@ class _Search:
         if isinstance(dst, VOp):
             return [frame.nodes[dst.id]]
         copies = frame.macros[dst.id]
-        head = dst.body.head.id
+        head = dst.body.head_op.id
         if dst.kind == "chain":
             return [copies[0].nodes[head]]
         return [c.nodes[head] for c in copies]
@@ -595,15 +596,15 @@ class _Search:
         e = step.via
         if upward:
             if copies:
-                node, slot = copies[0].nodes[body.head.id], body.head_slot
+                node, slot = copies[0].nodes[body.head_op.id], body.head_slot
             else:
                 node, slot = self._dst_nodes(e.dst, frame)[0], e.slot
             cands = list(self._producers(node, self._slots(node, slot)))
-            entry = body.tail
+            entry = body.tail_op
         else:
-            values = copies[-1].nodes[body.tail.id].outputs if copies else self._src_values(e.src, frame)[0]
+            values = copies[-1].nodes[body.tail_op.id].outputs if copies else self._src_values(e.src, frame)[0]
             cands = list(self._consumers(values, body.head_slot))
-            entry = body.head
+            entry = body.head_op
         for cand in cands:
             for copy in self._copies_at(macro, entry, cand, frame):
                 if upward:
@@ -635,10 +636,10 @@ class _Search:
         if step.direction == "up":
             node = self._dst_nodes(e.dst, frame)[0]
             cands = list(self._producers(node, self._slots(node, e.slot)))
-            entry = body.tail
+            entry = body.tail_op
         else:
             cands = list(self._consumers(self._src_values(e.src, frame)[0], e.slot))
-            entry = body.head
+            entry = body.head_op
         cands.sort(key=lambda n: self.pos[id(n)])
         if macro.after is not None:
             anchor_node = frame.nodes.get(macro.after.id)
@@ -712,7 +713,7 @@ class _Search:
                 copies = frame.macros.get(v.id, ())
                 if v.after is not None and v.kind == "fan":
                     lim = self.pos[id(frame.nodes[v.after.id])]
-                    if any(self.pos[id(c.nodes[v.body.tail.id])] <= lim for c in copies):
+                    if any(self.pos[id(c.nodes[v.body.tail_op.id])] <= lim for c in copies):
                         return False
                 for c in copies:
                     if not self._collect(v.body, c, v, nodes, exposable):

@@ -95,7 +95,7 @@ def _same(a, b) -> bool:
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return np.array_equal(np.asarray(a), np.asarray(b))
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     return a == b
 
 
@@ -137,7 +137,7 @@ def has_shape(shape) -> Constraint:
         v = _value_of(x)
         if v is None or v.type is None or len(v.type.shape) != len(shape):
             return False
-        return all(w is None or w == d for w, d in zip(shape, v.type.shape))
+        return all(w is None or w == d for w, d in zip(shape, v.type.shape, strict=True))
     return Constraint(check, f"has_shape({shape})")
 
 
@@ -167,7 +167,7 @@ def num_inputs(lo: int, hi: int | None = None) -> Constraint:
 
 def check(fn: Callable[[object], bool], text: str | None = None) -> Constraint:
     """Wrap any predicate (node -> bool or value -> bool) as a constraint."""
-    return Constraint(fn, text or getattr(fn, "__name__", "check"))
+    return Constraint(fn, text or str(getattr(fn, "__name__", "check")))
 
 
 # Patterns -----------------------------------------------------------------------------------
@@ -332,11 +332,11 @@ class OpPattern(Pattern):
         fast = self.__dict__.get("_types_only")
         if fast is None:
             # Only op types and no constraints anywhere: the predicate is a set lookup.
-            fast = frozenset().union(*[a.op_types for a in self.alternatives]) \
+            fast = frozenset().union(*[a.op_types or () for a in self.alternatives]) \
                 if all(a.op_types is not None and a.categories is None and a.tags is None and not a.constraints
                        for a in self.alternatives) else False
             self._types_only = fast
-        if fast is not False:
+        if isinstance(fast, frozenset):
             return node.op_type in fast
         for a in self.alternatives:
             if a.matches(node, spec):

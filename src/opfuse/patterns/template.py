@@ -23,12 +23,15 @@ of the search).
 from __future__ import annotations
 
 import itertools
+from typing import TypeVar
 
 from opfuse.patterns.pattern import (Alt, Many, OpPattern, Par, Pattern, PatternError, Repeat, Seq, Var)
 
 # The most templates one pattern may expand to (every ``|`` and every optional part doubles
 # the count); beyond this a pattern should be split into several rules.
 MAX_VARIANTS = 64
+
+V = TypeVar("V", bound="Vertex")
 
 
 class Vertex:
@@ -123,14 +126,28 @@ class Template:
     def __init__(self):
         self.vertices: list[Vertex] = []
         self.edges: list[Edge] = []
-        self.head: Vertex | None = None  # bodies: the vertex the incoming link feeds
-        self.tail: Vertex | None = None  # bodies: the vertex whose output leaves
+        self.head: VOp | None = None  # bodies: the op the incoming link feeds
+        self.tail: VOp | None = None  # bodies: the op whose output leaves
         self.head_slot: int | None = None  # bodies: the head's input the incoming link enters
         self.order_pairs: list[tuple[Vertex, Vertex]] = []  # (a, b): node(a) before node(b)
         self.captures: dict[str, tuple[str, list[int]]] = {}
         self._orders: dict[int, list[Step]] = {}
 
     # Queries ----------------------------------------------------------------------------
+    @property
+    def head_op(self) -> VOp:
+        """A repetition body's head (only bodies have one)."""
+        if self.head is None:
+            raise PatternError("not a repetition body: no head")
+        return self.head
+
+    @property
+    def tail_op(self) -> VOp:
+        """A repetition body's tail (only bodies have one)."""
+        if self.tail is None:
+            raise PatternError("not a repetition body: no tail")
+        return self.tail
+
     @property
     def ops(self) -> list[VOp]:
         return [v for v in self.vertices if isinstance(v, VOp)]
@@ -162,10 +179,10 @@ class Template:
         while len(steps) < len(self.vertices):
             best = None
             for e in self.edges:
-                a, b = e.src.id in placed, e.dst.id in placed
-                if a == b:
+                src_placed, dst_placed = e.src.id in placed, e.dst.id in placed
+                if src_placed == dst_placed:
                     continue
-                vertex, direction = (e.src, "up") if b else (e.dst, "down")
+                vertex, direction = (e.src, "up") if dst_placed else (e.dst, "down")
                 rank = (isinstance(vertex, VMacro), direction == "down", e.index)
                 if best is None or rank < best[0]:
                     best = (rank, vertex, e, direction)
@@ -261,7 +278,7 @@ class _Scan:
         self.refs: dict[int, int] = {}
         self.owners: dict[int, set] = {}   # var uid -> ids of the repetitions containing it (0: top)
         self.op_owners: dict[int, set] = {}
-        self._seen: set[int] = set()
+        self._seen: set[tuple[int, int]] = set()
         self._walk(root, 0, top=True)
 
     def _walk(self, p: Pattern, owner: int, top: bool):
@@ -337,7 +354,7 @@ class _Builder:
         self.in_body = False
 
     # Vertices -----------------------------------------------------------------------------
-    def _add(self, v: Vertex) -> Vertex:
+    def _add(self, v: V) -> V:
         self.template.vertices.append(v)
         for c in self._collect:
             c.append(v.id)
@@ -464,7 +481,7 @@ class _Builder:
         for same in groups.values():
             tails = [self.memo[id(b)].tails for b in same]
             if len(same) > 1 and all(len(t) == 1 for t in tails) and not any(_has_capture(b) for b in same):
-                for x, y in zip(tails, tails[1:]):
+                for x, y in itertools.pairwise(tails):
                     self.template.order_pairs.append((x[0], y[0]))
 
     def _copy(self, body: Pattern) -> _Iface:
@@ -484,10 +501,13 @@ class _Builder:
         sub = _Builder(self.scan, self.choice, self.counter, root=self.root)
         sub.in_body = True
         iface = sub.build(body)
-        if len(iface.heads) != 1 or len(iface.tails) != 1 or isinstance(iface.tails[0], VVar):
+        if len(iface.heads) != 1 or len(iface.tails) != 1:
+            raise PatternError(f"a repeated pattern needs one input op and one output op: {body!r}")
+        head, tail = iface.heads[0][0], iface.tails[0]
+        if not isinstance(head, VOp) or not isinstance(tail, VOp):  # a variable (repetitions do not nest)
             raise PatternError(f"a repeated pattern needs one input op and one output op: {body!r}")
         t = sub.template
-        t.head, t.tail = iface.heads[0][0], iface.tails[0]
+        t.head, t.tail = head, tail
         t.head_slot = iface.heads[0][1]
         for name, (kind, ids) in sub.captures.items():
             self._capture(name, kind, ids)
@@ -502,13 +522,10 @@ class _Builder:
         if mode == "none":
             return EMPTY
         concrete = max(p.lo, 1)
-        prev = None
-        first = None
-        for _ in range(concrete):
+        first = prev = self._copy(p.body)
+        for _ in range(concrete - 1):
             cur = self._copy(p.body)
-            if prev is not None:
-                self._edge(prev.tails[0], cur.heads[0][0], cur.heads[0][1])
-            first = first or cur
+            self._edge(prev.tails[0], cur.heads[0][0], cur.heads[0][1])
             prev = cur
         if mode == "chain":
             hi = None if p.hi is None else p.hi - concrete
@@ -566,7 +583,7 @@ def compile_pattern(pattern: Pattern) -> CompiledPattern:
     if isinstance(pattern, Var):
         raise PatternError("a pattern must contain at least one op")
     scan = _Scan(pattern)
-    for uid, owners in scan.op_owners.items():
+    for owners in scan.op_owners.values():
         if len(owners) > 1:
             raise PatternError("an op pattern object is used both inside and outside a repetition")
     ranges = [range(scan.options(c)) for c in scan.choices]
@@ -578,7 +595,7 @@ def compile_pattern(pattern: Pattern) -> CompiledPattern:
     counter = itertools.count()
     templates: list[Template] = []
     for combo in itertools.product(*ranges):
-        choice = {id(c): k for c, k in zip(scan.choices, combo)}
+        choice = {id(c): k for c, k in zip(scan.choices, combo, strict=True)}
         b = _Builder(scan, choice, counter)
         iface = b.build(pattern)
         if iface is EMPTY or not b.template.ops:

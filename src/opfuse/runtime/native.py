@@ -134,8 +134,11 @@ class CompiledModel:
         for j, v in enumerate(self.graph.outputs):
             if v.name in self.program.passthrough:
                 kind, src = self.program.passthrough[v.name]
-                result[v.name] = (np.array(checked[src], copy=True) if kind == "input"
-                                  else np.array(src, dtype=v.dtype, copy=True))
+                if kind == "input":  # src: the input's name
+                    assert isinstance(src, str)
+                    result[v.name] = np.array(checked[src], copy=True)
+                else:  # src: the constant's data
+                    result[v.name] = np.array(src, dtype=v.dtype, copy=True)
             elif id(v) in first:  # the same value listed twice: kernels wrote the first slot
                 result[v.name] = outs[first[id(v)]]
             else:

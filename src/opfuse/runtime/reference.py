@@ -10,7 +10,7 @@ from typing import Mapping
 import numpy as np
 
 from opfuse.errors import InputError
-from opfuse.ir.graph import Graph, Value
+from opfuse.ir.graph import Graph
 from opfuse.ops.registry import run_node
 
 
@@ -42,13 +42,14 @@ def run(graph: Graph, feeds: Mapping[str, np.ndarray], *, keep: bool = False) ->
     for name, a in check_inputs(graph, feeds).items():
         env[id(graph.values[name])] = a
     for v in graph.constants:
+        assert v.const is not None  # graph.constants are the values with data
         env[id(v)] = v.const
     remaining = {id(v): len(v.uses) for v in graph.values.values()}
     pinned = {id(v) for v in graph.outputs}
     for node in graph.nodes:
         args = [env[id(v)] if v is not None else None for v in node.inputs]
         results = run_node(node, args)
-        for v, r in zip(node.outputs, results):
+        for v, r in zip(node.outputs, results, strict=False):
             r = np.asarray(r)
             if v.type is not None and r.dtype != v.dtype:
                 r = r.astype(v.dtype)

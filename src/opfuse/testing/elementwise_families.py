@@ -166,6 +166,6 @@ def where(d: GraphDraft) -> None:
         y = d.const("other", d.uniform(d.choice(const_shapes(x.shape)), -1.0, 1.0))
     else:
         y = d.pick_from(_partners(d, x, math.inf))
-    bound = max(d.bound(x), d.bound(y) if not y.is_const else max_abs(y.const))
+    bound = max(d.bound(x), max_abs(y.const) if y.const is not None else d.bound(y))
     args = (x, y) if d.flag() else (y, x)
     d.op("Where", mask, *args, bound=bound)

@@ -4,6 +4,7 @@ scales) drawn valid, including negative axes and indices and out-of-range Slice 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
@@ -57,7 +58,7 @@ def flatten(d: GraphDraft) -> None:
 def transpose(d: GraphDraft) -> None:
     x = d.pick(lambda v: len(v.shape) >= 2)
     r = len(x.shape)
-    attrs = {} if d.rarely() else {"perm": list(d.draw(st.permutations(range(r))))}
+    attrs: dict[str, Any] = {} if d.rarely() else {"perm": list(d.draw(st.permutations(range(r))))}
     d.op("Transpose", x, bound=d.bound(x), **attrs)
 
 
@@ -102,7 +103,7 @@ def concat(d: GraphDraft) -> None:
     axis = d.integer(0, r - 1)
 
     def compatible(v):
-        return len(v.shape) == r and all(a == b for i, (a, b) in enumerate(zip(v.shape, x.shape))
+        return len(v.shape) == r and all(a == b for i, (a, b) in enumerate(zip(v.shape, x.shape, strict=True))
                                          if i != axis)
 
     parts = [x]
@@ -121,7 +122,7 @@ def concat(d: GraphDraft) -> None:
             parts.append(d.pick_from(room))
     if len(parts) == 1:  # nothing fits beside x: concatenate along a unit-sized piece of x
         parts.append(x)
-    bound = max(d.bound(p) if not p.is_const else max_abs(p.const) for p in parts)
+    bound = max(max_abs(p.const) if p.const is not None else d.bound(p) for p in parts)
     d.op("Concat", *parts, bound=bound, axis=signed_axis(d, axis, r))
 
 
@@ -132,7 +133,7 @@ def split(d: GraphDraft) -> None:
     dim = x.shape[axis]
     n = d.integer(2, min(3, dim))
     cuts = sorted(d.subset(range(1, dim), min_size=n - 1)[:n - 1])
-    sizes = [b - a for a, b in zip([0] + cuts, cuts + [dim])]
+    sizes = [b - a for a, b in zip([0] + cuts, cuts + [dim], strict=True)]
     d.op("Split", x, bound=d.bound(x), num_outputs=n, axis=signed_axis(d, axis, r), split=sizes)
 
 
@@ -215,7 +216,7 @@ def pad(d: GraphDraft) -> None:
         lo = -1 if mode == "constant" and dim > 2 and d.rarely() else 0
         begin.append(d.integer(lo, hi))
         end.append(d.integer(0, hi))
-    shape = [v + b + e for v, b, e in zip(x.shape, begin, end)]
+    shape = [v + b + e for v, b, e in zip(x.shape, begin, end, strict=True)]
     if not fits(shape):
         begin, end = [0] * r, [1 if i == r - 1 else 0 for i in range(r)]
         if mode == "reflect" and x.shape[-1] < 2:
@@ -248,7 +249,7 @@ def resize(d: GraphDraft) -> None:
     attrs = dict(d.choice(RESIZE_VARIANTS))
     factors = [1.0, 1.0] + [d.choice((2.0, 1.0, 0.5)) if L >= 2 else d.choice((2.0, 1.0))
                             for L in x.shape[2:]]
-    out = [int(math.floor(f * L)) for f, L in zip(factors, x.shape)]
+    out = [int(math.floor(f * L)) for f, L in zip(factors, x.shape, strict=True)]
     if not fits(out):
         factors, out = [1.0] * r, list(x.shape)
     if d.rarely():

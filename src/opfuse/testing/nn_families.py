@@ -5,6 +5,7 @@ bounds stay tight (``GraphDraft.linear_weight``)."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -43,21 +44,21 @@ def _window(d: GraphDraft, spatial, kernel, stride, dilation, *, allow_auto: boo
     """Pads (or auto_pad) for a window; returns (attrs, output spatial shape)."""
     eff = [(k - 1) * dilation + 1 for k in kernel]
     if allow_auto and d.rarely():
-        valid_fits = all(L >= e for L, e in zip(spatial, eff))
+        valid_fits = all(L >= e for L, e in zip(spatial, eff, strict=True))
         modes = ["SAME_UPPER", "SAME_LOWER"] + (["VALID"] if valid_fits else [])
         mode = d.choice(modes)
         if mode == "VALID":
-            out = [(L - e) // stride + 1 for L, e in zip(spatial, eff)]
+            out = [(L - e) // stride + 1 for L, e in zip(spatial, eff, strict=True)]
         else:
             out = [-(-L // stride) for L in spatial]
         return {"auto_pad": mode}, out
     begin, end = [], []
-    for L, e in zip(spatial, eff):
+    for L, e in zip(spatial, eff, strict=True):
         b = d.integer(0, e - 1)
         end_min = max(0, e - L - b)
         begin.append(b)
         end.append(d.integer(end_min, max(end_min, e - 1)))
-    out = [(L + b + e2 - e) // stride + 1 for L, b, e2, e in zip(spatial, begin, end, eff)]
+    out = [(L + b + e2 - e) // stride + 1 for L, b, e2, e in zip(spatial, begin, end, eff, strict=True)]
     attrs = {"pads": begin + end} if any(begin + end) or d.flag() else {}
     return attrs, out
 
@@ -73,7 +74,7 @@ def add_conv(d: GraphDraft, x: Value, *, same_shape: bool = False, pointwise: bo
     if same_shape or pointwise:
         k = 1 if pointwise else d.choice((1, 3))
         kernel, stride, dilation = [k] * r, 1, 1
-        attrs = {"pads": [k // 2] * (2 * r)} if k > 1 else {}
+        attrs: dict[str, Any] = {"pads": [k // 2] * (2 * r)} if k > 1 else {}
         out = list(spatial)
     else:
         k = d.choice((1, 3, 2))
@@ -153,14 +154,14 @@ def conv_transpose(d: GraphDraft) -> None:
     out_pad = d.integer(0, stride - 1) if stride > 1 and d.rarely() else 0
     begin = [d.integer(0, k - 1) for _ in range(r)]
     end = [d.integer(0, k - 1 - b) for b in begin]
-    out = [stride * (L - 1) + out_pad + k - b - e for L, b, e in zip(spatial, begin, end)]
+    out = [stride * (L - 1) + out_pad + k - b - e for L, b, e in zip(spatial, begin, end, strict=True)]
     group = c if c > 1 and d.rarely() else 1
     mg_max = max(1, min(MAX_CHANNELS // group, MAX_ELEMENTS // (n * group * size(out))))
     mg = d.integer(1, min(4, mg_max))
     if n * group * mg * size(out) > MAX_ELEMENTS:  # even one channel per group is too big
         begin, end, out_pad, stride, mg = [k - 1] * r, [0] * r, 0, 1, 1
         out = [L for L in spatial]
-    attrs = {"pads": begin + end} if any(begin + end) else {}
+    attrs: dict[str, Any] = {"pads": begin + end} if any(begin + end) else {}
     if stride > 1:
         attrs["strides"] = [stride] * r
     if out_pad:
@@ -199,9 +200,9 @@ def pool(d: GraphDraft) -> None:
     eff = [(k - 1) * dilation + 1 for k in kernel]
     begin = [d.integer(0, k - 1) for k in kernel]
     end = [d.integer(0, k - 1) for k in kernel]
-    if any(L + p + q < e for L, p, q, e in zip(spatial, begin, end, eff)):
+    if any(L + p + q < e for L, p, q, e in zip(spatial, begin, end, eff, strict=True)):
         dilation, eff = 1, kernel
-    attrs = {"kernel_shape": kernel}
+    attrs: dict[str, Any] = {"kernel_shape": kernel}
     if stride != 1 or d.flag():
         attrs["strides"] = [stride] * len(spatial)
     if any(begin + end):

@@ -24,7 +24,7 @@ tensor is finite and below a tracked bound (see ``graph_draft``).
 from __future__ import annotations
 
 import weakref
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 from hypothesis import HealthCheck, assume, settings
@@ -191,7 +191,7 @@ def property_settings(max_examples: int, **overrides) -> settings:
     """Hypothesis settings for graph property tests: derandomized (the same examples on every run
     and machine), no deadline (the first onnxruntime session is slow), no example database, and
     no health checks about the generator's size or speed (graphs are big draws by design)."""
-    base = dict(max_examples=max_examples, derandomize=True, deadline=None, database=None,
+    base: dict[str, Any] = dict(max_examples=max_examples, derandomize=True, deadline=None, database=None,
                 print_blob=False,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.large_base_example])

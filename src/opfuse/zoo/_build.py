@@ -149,30 +149,36 @@ class ModelBuilder:
         self.initializers.append(numpy_helper.from_array(arr, self._claim(name)))
         return name
 
-    def node(self, op_type: str, inputs: Sequence[str], name: str, num_outputs: int = 1,
-             output: str | None = None, stats: Stats | None = None, **attrs) -> str | list[str]:
-        """Add a node named ``name``; one output is named ``output`` (default: ``name``),
-        several are named ``name_0``, ``name_1``, ...
+    def node(self, op_type: str, inputs: Sequence[str], name: str, output: str | None = None,
+             stats: Stats | None = None, **attrs) -> str:
+        """Add a one-output node named ``name``; its output is named ``output`` (default: ``name``).
 
-        ``stats`` are the outputs' statistics; by default those of the activation input with
+        ``stats`` are the output's statistics; by default those of the activation input with
         the largest second moment, right for shape ops, average pooling and concatenation
         (which cannot raise it beyond their largest input) and an upper bound the callers
         override where an op changes it.
         """
+        return self._add_node(op_type, inputs, name, [output or name], stats, attrs)[0]
+
+    def multi_output_node(self, op_type: str, inputs: Sequence[str], name: str, num_outputs: int,
+                          stats: Stats | None = None, **attrs) -> list[str]:
+        """Add a node named ``name`` with outputs ``name_0``, ``name_1``, ... (``stats`` as in
+        ``node``)."""
+        return self._add_node(op_type, inputs, name, [f"{name}_{i}" for i in range(num_outputs)], stats, attrs)
+
+    def _add_node(self, op_type: str, inputs: Sequence[str], name: str, output_names: list[str],
+                  stats: Stats | None, attrs: dict) -> list[str]:
         if name in self._node_names:
             raise ValueError(f"zoo model '{self.name}': node name '{name}' used twice")
         self._node_names.add(name)
-        if num_outputs == 1:
-            outputs = [self._claim(output or name)]
-        else:
-            outputs = [self._claim(f"{name}_{i}") for i in range(num_outputs)]
+        outputs = [self._claim(o) for o in output_names]
         self.nodes.append(helper.make_node(op_type, list(inputs), outputs, name=name, **attrs))
         if stats is None:
             known = [self.stats[i] for i in inputs if i in self.stats]
             stats = max(known, key=lambda s: s.moment) if known else None
         if stats is not None:
             self.stats.update((o, stats) for o in outputs)
-        return outputs[0] if num_outputs == 1 else outputs
+        return outputs
 
     def build(self, outputs: Sequence[tuple[str, Sequence[int]]], doc: str = "") -> onnx.ModelProto:
         """The finished model; ``outputs`` are ``(tensor name, shape)`` pairs."""

@@ -47,7 +47,7 @@ def build_resnet18() -> onnx.ModelProto:
     x = b.conv_bn_act(x, "conv1", 3, RESNET18_WIDTHS[0], 7, 2, [3, 3, 3, 3])
     x = b.maxpool(x, "maxpool", 3, 2, [1, 1, 1, 1])
     cin = RESNET18_WIDTHS[0]
-    for stage, (width, depth) in enumerate(zip(RESNET18_WIDTHS, RESNET18_DEPTHS), start=1):
+    for stage, (width, depth) in enumerate(zip(RESNET18_WIDTHS, RESNET18_DEPTHS, strict=True), start=1):
         for i in range(depth):
             stride = 2 if stage > 1 and i == 0 else 1
             x = basic_block(b, x, f"layer{stage}_{i}", cin, width, stride, bias=False,

@@ -29,8 +29,8 @@ def build_yolo_block() -> onnx.ModelProto:
     c = int(CHANNELS * EXPANSION)
     x = b.input("input", (1, CHANNELS, RESOLUTION, RESOLUTION))
     y = b.conv_bn_act(x, "cv1", CHANNELS, 2 * c, 1, act="silu")
-    parts = b.node("Split", [y, b.const("split.sizes", [c, c], dtype=np.int64)], "split",
-                   num_outputs=2, axis=1)
+    parts = b.multi_output_node("Split", [y, b.const("split.sizes", [c, c], dtype=np.int64)], "split",
+                                num_outputs=2, axis=1)
     m = parts[-1]
     for i in range(BOTTLENECKS):
         t = b.conv_bn_act(m, f"m{i}_cv1", c, c, 3, act="silu")
