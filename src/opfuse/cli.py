@@ -223,7 +223,15 @@ def cmd_explain(args) -> int:
 
 def cmd_profile(args) -> int:
     from opfuse.targets import calibrate_host, format_profile, get_profile, save_profile
-    profile = calibrate_host(force=args.recalibrate) if args.target == "host" else get_profile(args.target)
+    if args.calibrate and args.target != "host":
+        raise OpfuseError("--calibrate measures this machine: use --target host")
+    if args.calibrate:
+        from opfuse.targets.cache import cache_dir
+        from opfuse.targets.calibrate import CACHE_FILE
+        profile = calibrate_host(force=True)
+        print(f"calibrated the host and saved it to {cache_dir() / CACHE_FILE}; later plans for 'host' use it")
+    else:
+        profile = get_profile(args.target)
     print(format_profile(profile))
     if args.fit:
         if args.target != "host":
@@ -343,8 +351,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_explain)
 
     p = sub.add_parser("profile", help="print (and save) a target's hardware profile")
-    p.add_argument("--target", default="host", help="host (calibrated here), cortex-m7, a100, h200")
-    p.add_argument("--recalibrate", action="store_true", help="host: measure again, ignoring the cache")
+    p.add_argument("--target", default="host",
+                   help="host (the saved calibration, else nominal constants), cortex-m7, a100, h200")
+    p.add_argument("--calibrate", "--recalibrate", dest="calibrate", action="store_true",
+                   help="host: time micro-benchmarks on this machine and save the result; later plans for "
+                        "'host' use it (and say so)")
     p.add_argument("-o", "--output", help="save the profile as JSON")
     p.add_argument("--fit", nargs="+", metavar="MODEL",
                    help="host: fit the cost model's correction factors from measured per-group times of "
