@@ -138,7 +138,8 @@ def _compile_options(args):
                           latency_bound_s=args.latency_bound, memory_budget_bytes=args.memory_budget,
                           onchip_budget_bytes=args.onchip_budget, objective=args.objective,
                           disable=disable, dump_ir=args.dump_ir, log_decisions=args.log_decisions,
-                          max_group_ops=args.max_group_ops, input_shapes=_input_shapes(args))
+                          max_group_ops=args.max_group_ops, input_shapes=_input_shapes(args),
+                          corrections=not args.no_corrections)
 
 
 def _summary_lines(comp) -> list[str]:
@@ -150,9 +151,42 @@ def _summary_lines(comp) -> list[str]:
              f"(lower bound {human_bytes(r['arena_lower_bound_bytes'])})"]
     if r.get("predicted_latency_s") is not None:
         p = r["planner"]
-        lines.append(f"planner {p['method']}{' (optimal)' if p.get('optimal') else ''}: predicted latency "
+        lines.append(f"planner {planner_label(p)}: predicted latency "
                      f"{r['predicted_latency_s'] * 1e3:.3f} ms, critical path {r['critical_path_s'] * 1e3:.3f} ms, "
                      f"peak activation memory {human_bytes(r['predicted_peak_memory_bytes'])}")
+        lines += cost_model_lines(p.get("cost_model") or {})
+    return lines
+
+
+def planner_label(p: dict) -> str:
+    """``exact (optimal, gap 0.00%)``, ``exact (gap 3.10%, time limit)``, ``greedy``: "optimal"
+    only when the exact planner's gap is within its tolerance."""
+    from opfuse.planner.exact import MIP_REL_GAP
+    gap = p.get("gap")
+    if gap is None:
+        return p["method"]
+    if p.get("optimal") and gap <= MIP_REL_GAP:
+        return f"{p['method']} (optimal, gap {gap * 100:.2f}%)"
+    to_bound = "" if p["method"] == "exact" else " to the exact planner's bound"
+    return f"{p['method']} (gap {gap * 100:.2f}%{to_bound}, {p.get('stop_reason') or 'not proven'})"
+
+
+def cost_model_lines(cm: dict) -> list[str]:
+    """Which profile planned, and which saved corrections it applied (nothing when none)."""
+    from opfuse.cost.correction import Corrections, describe_corrections
+    lines = []
+    if cm.get("profile"):
+        lines.append(cm["profile"]["description"])
+    corr = cm.get("corrections") or {}
+    if not corr.get("requested"):
+        lines.append("cost model corrections: off (--no-corrections)")
+    elif corr.get("problem") or corr.get("applied") or corr.get("dropped"):
+        raws = {b: c["raw"] for b, c in corr.get("clamped", {}).items()}
+        line = describe_corrections(Corrections(corr["target"], corr.get("applied", {}), corr.get("samples", {}),
+                                                raws, corr.get("dropped", {}), corr.get("fitted_at"),
+                                                path=corr.get("path"), problem=corr.get("problem")))
+        if line:
+            lines.append(line)
     return lines
 
 
@@ -179,7 +213,8 @@ def cmd_compile(args) -> int:
         from opfuse.fusion import RuleLegality, options_from
         from opfuse.planner import format_pareto, plan_pareto
         from opfuse.targets import get_profile
-        points = plan_pareto(comp.graph, get_profile(args.target), legality=RuleLegality(options_from(comp.context)))
+        points = plan_pareto(comp.graph, get_profile(args.target), legality=RuleLegality(options_from(comp.context)),
+                             corrections=not args.no_corrections)
         print(format_pareto([p for p, _ in points]))
     if args.measure:
         from opfuse.compiler import measure
@@ -313,6 +348,8 @@ def _add_compile_args(p) -> None:
     p.add_argument("--dump-ir", metavar="DIR", help="write the IR before/after every pass to numbered files")
     p.add_argument("--log-decisions", metavar="FILE", help="write every fusion decision (JSON)")
     p.add_argument("--max-group-ops", type=int, metavar="N", help="cap on ops per fused group")
+    p.add_argument("--no-corrections", action="store_true",
+                   help="plan with the plain roofline: ignore the correction factors saved by 'opfuse profile --fit'")
 
 
 def build_parser() -> argparse.ArgumentParser:

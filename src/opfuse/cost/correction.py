@@ -257,7 +257,8 @@ def describe_corrections(corr: Corrections) -> str | None:
                         for b, a in sorted(corr.alphas.items(), key=lambda kv: (kv[0] == GLOBAL_BUCKET, kv[0])))
     text = f"{head}: {factors or 'none applied'}"
     if corr.dropped:
-        text += "; not used: " + ", ".join(f"{_factor(b)} ({why})" for b, why in sorted(corr.dropped.items()))
+        others = " (their groups get the 'others' factor)" if GLOBAL_BUCKET in corr.alphas else ""
+        text += f"; not used{others}: " + ", ".join(f"{_factor(b)} ({why})" for b, why in sorted(corr.dropped.items()))
     return text + "; --no-corrections to ignore"
 
 

@@ -270,8 +270,7 @@ def describe_profile(profile: HardwareProfile) -> str:
     """One line: which profile planning used and where its numbers come from."""
     if profile.name == "host" and profile.source == NOMINAL_SOURCE:
         why = profile.notes[0].split(";")[0].removeprefix("nominal: ") if profile.notes else ""
-        return (f"host profile: nominal constants ({why}; `{CALIBRATE_COMMAND}` measures this machine "
-                f"and later compiles use it)")
+        return f"host profile: nominal constants ({why}; `{CALIBRATE_COMMAND}` to measure this machine)"
     if profile.name == "host" and profile.calibrated:
         when = next((n.split()[1][:10] for n in profile.notes if n.startswith(CALIBRATED_NOTE)), None)
         return (f"host profile: saved calibration{f' of {when}' if when else ''} ({profile.source}; "
