@@ -86,12 +86,15 @@ def cmd_run(args) -> int:
         outputs = run(graph, feeds)
     else:
         from opfuse.compiler import compile as compile_model
-        model = compile_model(graph, fuse=not args.no_fuse, threads=args.threads)
+        model = compile_model(graph, fuse=not args.no_fuse, threads=args.threads,
+                              corrections=not args.no_corrections)
         t0 = time.perf_counter()  # time the run, not the build
         outputs = model.run(feeds)
         rep = model.report
         print(f"C backend: {rep['kernels_after']} kernels ({'fused' if not args.no_fuse else 'unfused'}), "
               f"arena {rep['arena_bytes']:,} bytes, build {'cached' if rep['cache_hit'] else 'fresh'}")
+        for line in cost_model_lines(rep.get("planner", {}).get("cost_model") or {}):
+            print(line)
     elapsed = time.perf_counter() - t0
     for name, a in outputs.items():
         print(f"{name}: {a.dtype.name}{list(a.shape)} sum={float(np.sum(a, dtype=np.float64)):.6g} "
@@ -298,8 +301,10 @@ def cmd_demo(args) -> int:
 
     print("\ncompiling to C: unfused (one kernel per op) and fused ...")
     unfused = compile_model(graph, fuse=False, threads=args.threads)
-    fused = compile_model(graph, fuse=True, threads=args.threads)
+    fused = compile_model(graph, fuse=True, threads=args.threads, corrections=not args.no_corrections)
     print(fused.compilation.fusion_report.to_text())
+    for line in cost_model_lines(fused.report.get("planner", {}).get("cost_model") or {}):
+        print(line)
     worst = 0.0
     for name, want in ref.items():
         for label, m in (("unfused", unfused), ("fused", fused)):
@@ -369,6 +374,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed for random inputs")
     p.add_argument("--no-fuse", action="store_true", help="C backend: one kernel per op")
     p.add_argument("--threads", type=int, default=1, help="C backend: OpenMP threads")
+    p.add_argument("--no-corrections", action="store_true",
+                   help="plan with the plain roofline: ignore the correction factors saved by 'opfuse profile --fit'")
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("compile", help="fuse and plan a model; print or write the fusion report")
@@ -411,6 +418,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="mobilenet_v1", help="zoo model (default mobilenet_v1)")
     p.add_argument("--repeat", type=int, default=20, help="timed runs per build")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--no-corrections", action="store_true",
+                   help="plan with the plain roofline: ignore the correction factors saved by 'opfuse profile --fit'")
     p.set_defaults(fn=cmd_demo)
     return parser
 

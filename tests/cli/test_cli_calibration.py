@@ -132,3 +132,12 @@ def test_corrections_fitted_for_another_profile_are_not_applied_after_calibratin
     out = compile_out(capsys, "zoo:resnet8")
     line = [l for l in out.splitlines() if l.startswith("cost model corrections")][0]
     assert "none applied" in line and "another profile" in line
+
+
+def test_run_on_the_c_backend_names_the_profile_and_honours_no_corrections(cache, capsys):
+    save_corrections(host_corrections())
+    assert main(["run", "zoo:resnet8", "--backend", "c"]) == 0
+    out = capsys.readouterr().out
+    assert "host profile: nominal constants" in out and "out_elemwise_fusable x2.00" in out
+    assert main(["run", "zoo:resnet8", "--backend", "c", "--no-corrections"]) == 0
+    assert "cost model corrections: off (--no-corrections)" in capsys.readouterr().out

@@ -192,12 +192,12 @@ def plan_fusion(graph: Graph, target, *, method: str = "auto", legality=None,
     s = _solve(problem, method, time_limit)
     plan = build_plan(graph, [problem.group_nodes(k) for k in s.groups], problem.legality)
     cost = problem.plan_cost(plan)
-    requested = corrections is not False and corrections is not None
+    requested = (corrections is not False and corrections is not None) or isinstance(target, CostModel)
     return PlanResult(plan=plan, cost=cost, method=s.method, objective=problem.objective,
                       constraints=problem.constraints, objective_value=problem.score(problem.metrics(s.groups)),
                       optimal=s.optimal, solve_time_s=time.perf_counter() - t0, stats=s.stats, bound=s.bound,
                       gap=s.gap, stop_reason=s.stop_reason,
-                      cost_model=cost_model_record(problem.cost_model, requested or isinstance(target, CostModel), cost))
+                      cost_model=cost_model_record(problem.cost_model, requested, cost))
 
 
 def plan_pareto(graph: Graph, target, *, method: str = "auto", legality=None,
