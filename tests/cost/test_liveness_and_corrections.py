@@ -48,13 +48,17 @@ def test_fit_single_and_per_bucket_alphas():
     corr = fit_corrections("toy", samples)
     assert corr.alpha("ELEMWISE") == pytest.approx(0.5)
     assert corr.alpha("OUT_ELEMWISE_FUSABLE") == pytest.approx(-0.2)
-    mean_ratio = (n * 1.5 + n * 0.8 + 3.0) / (2 * n + 1)
-    assert corr.alpha("REDUCTION") == pytest.approx(mean_ratio - 1) == corr.alpha(GLOBAL_BUCKET)
+    # An under-sampled bucket is not corrected at all, in particular not by a pooled factor
+    # that its own outliers would inflate.
+    assert corr.alpha("REDUCTION") == 0.0 and GLOBAL_BUCKET not in corr.alphas
     assert "REDUCTION" not in corr.alphas and corr.dropped["REDUCTION"] == f"1 samples < {n}"
-    assert corr.samples == {GLOBAL_BUCKET: 2 * n + 1, "ELEMWISE": n, "OUT_ELEMWISE_FUSABLE": n, "REDUCTION": 1}
+    assert corr.samples == {"ELEMWISE": n, "OUT_ELEMWISE_FUSABLE": n, "REDUCTION": 1}
+    assert corr.total_samples == 2 * n + 1
     assert corr.raw_alphas["REDUCTION"] == pytest.approx(2.0)  # recorded, not applied
-    single = fit_corrections("toy", samples, per_bucket=False)
+    mean_ratio = (n * 1.5 + n * 0.8 + 3.0) / (2 * n + 1)
+    single = fit_corrections("toy", samples, per_bucket=False)  # one factor for every group
     assert single.alphas == {GLOBAL_BUCKET: pytest.approx(mean_ratio - 1)}
+    assert single.alpha("REDUCTION") == single.alpha("ELEMWISE") == pytest.approx(mean_ratio - 1)
 
 
 def test_the_issue_case_a_reduction_alpha_of_22_from_4_samples_is_not_used():
@@ -62,7 +66,10 @@ def test_the_issue_case_a_reduction_alpha_of_22_from_4_samples_is_not_used():
     corr = fit_corrections("host", samples)
     assert corr.raw_alphas["REDUCTION"] == pytest.approx(22.0)
     assert corr.alphas == {} and corr.alpha("REDUCTION") == 0.0 and not corr.active
-    assert set(corr.dropped) == {"REDUCTION", GLOBAL_BUCKET}
+    assert set(corr.dropped) == {"REDUCTION"}
+    # ... and a pooled factor does not bring it back: other buckets' samples leave REDUCTION alone
+    more = fit_corrections("host", samples + [Sample("GEMM", 1e-6, 1.5e-6)] * MIN_CORRECTION_SAMPLES)
+    assert more.alpha("REDUCTION") == 0.0 and more.alpha("GEMM") == pytest.approx(0.5)
 
 
 def test_alphas_are_clamped_to_the_bounds_and_the_raw_fit_is_kept():
@@ -72,7 +79,7 @@ def test_alphas_are_clamped_to_the_bounds_and_the_raw_fit_is_kept():
     corr = fit_corrections("host", slow + fast)
     assert corr.raw_alphas["REDUCTION"] == pytest.approx(22.0) and corr.alphas["REDUCTION"] == ALPHA_MAX == 3.0
     assert corr.raw_alphas["GEMM"] == pytest.approx(-0.9) and corr.alphas["GEMM"] == ALPHA_MIN == -0.75
-    assert set(corr.clamped) == {"REDUCTION", "GEMM", GLOBAL_BUCKET}
+    assert set(corr.clamped) == {"REDUCTION", "GEMM"}
     assert all(ALPHA_MIN <= a <= ALPHA_MAX for a in corr.alphas.values())
 
 
@@ -81,7 +88,7 @@ def test_fit_records_samples_raw_and_clamped_alphas_in_the_saved_file(tmp_path, 
     n = MIN_CORRECTION_SAMPLES
     corr = fit_corrections("host", [Sample("REDUCTION", 1e-7, 2.3e-6)] * n + [Sample("GEMM", 1e-6, 2e-6)] * 2)
     data = json.loads(save_corrections(corr).read_text())
-    assert data["samples"] == {GLOBAL_BUCKET: n + 2, "GEMM": 2, "REDUCTION": n}
+    assert data["samples"] == {"GEMM": 2, "REDUCTION": n}
     assert data["raw_alphas"]["REDUCTION"] == pytest.approx(22.0) and data["alphas"]["REDUCTION"] == 3.0
     assert data["dropped"] == {"GEMM": f"2 samples < {n}"}
     assert data["min_samples"] == n and data["alpha_bounds"] == [ALPHA_MIN, ALPHA_MAX]

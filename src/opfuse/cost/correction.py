@@ -3,8 +3,12 @@
 The seed's dynamic correction ``T_actual = T_fused * (1 + alpha_cache + alpha_conflict +
 alpha_divergence)`` lumps everything the roofline misses into one factor. We fit one
 ``alpha`` per *bucket*, the group's hardest op category (``OUT_ELEMWISE_FUSABLE`` groups
-miss the roofline differently from elementwise chains), plus a global one (``"*"``) used
-for buckets without a usable alpha of their own.
+miss the roofline differently from elementwise chains); a group whose bucket has no usable
+alpha of its own is not corrected. (``per_bucket=False`` fits one global alpha, bucket
+``"*"``, for every group instead.) There is deliberately no pooled fallback for the
+buckets left out: the pooled mean is dominated by whichever buckets have most samples and
+by the very outliers that got a bucket left out (four pooling samples at 13x moved a
+pooled factor from 2.1x to 4x), so it would carry them to the groups they came from.
 
 Fit: least squares on *relative* residuals, so a 1 ms and a 1 us kernel weigh the same:
 
@@ -72,7 +76,8 @@ class Sample:
 class Corrections:
     """Usable factors for one target, and the record of how they were obtained.
 
-    ``alphas``: bucket -> the (clamped) alpha actually applied, ``GLOBAL_BUCKET`` included;
+    ``alphas``: bucket -> the (clamped) alpha actually applied (``GLOBAL_BUCKET``, from a
+    single-factor fit, applies to every group without its own);
     ``samples``: bucket -> number of samples (every bucket seen); ``raw_alphas``: bucket -> the
     unclamped least-squares fit; ``dropped``: bucket -> why it is not used.
     """
@@ -168,11 +173,10 @@ def _clamp(alpha: float) -> float:
 
 def fit_corrections(target: str, samples: Iterable[Sample], *, per_bucket: bool = True,
                     profile=None, fitted_at: str | None = None) -> Corrections:
-    """Fit ``alpha`` per bucket (and globally) from (predicted, measured) pairs.
+    """Fit ``alpha`` per bucket (or one global one) from (predicted, measured) pairs.
 
     Buckets with fewer than ``MIN_CORRECTION_SAMPLES`` samples are recorded in ``dropped``
-    (their groups use the global alpha, when that one has enough samples); alphas are
-    clamped to ``[ALPHA_MIN, ALPHA_MAX]`` and the raw fit kept in ``raw_alphas``. ``profile``
+    (their groups are not corrected); alphas are clamped to ``[ALPHA_MIN, ALPHA_MAX]`` and the raw fit kept in ``raw_alphas``. ``profile``
     (the ``HardwareProfile`` the predictions came from) is recorded as a digest.
     """
     samples = list(samples)
@@ -182,10 +186,12 @@ def fit_corrections(target: str, samples: Iterable[Sample], *, per_bucket: bool 
                          f"got {bad[0]}")
     if not samples:
         raise InputError("no samples to fit correction factors from")
-    groups: dict[str, list[Sample]] = {GLOBAL_BUCKET: samples}
+    groups: dict[str, list[Sample]] = {}
     if per_bucket:
         for s in samples:
             groups.setdefault(s.bucket, []).append(s)
+    else:
+        groups[GLOBAL_BUCKET] = samples
     alphas, counts, raw, dropped = {}, {}, {}, {}
     for name in sorted(groups):
         counts[name] = len(groups[name])
@@ -240,7 +246,7 @@ def load_corrections(target: str, path: Path | None = None, *, profile=None) -> 
 
 
 def _factor(bucket: str) -> str:
-    return "others" if bucket == GLOBAL_BUCKET else bucket.lower()
+    return "all groups" if bucket == GLOBAL_BUCKET else bucket.lower()
 
 
 def describe_corrections(corr: Corrections) -> str | None:
@@ -257,8 +263,7 @@ def describe_corrections(corr: Corrections) -> str | None:
                         for b, a in sorted(corr.alphas.items(), key=lambda kv: (kv[0] == GLOBAL_BUCKET, kv[0])))
     text = f"{head}: {factors or 'none applied'}"
     if corr.dropped:
-        others = " (their groups get the 'others' factor)" if GLOBAL_BUCKET in corr.alphas else ""
-        text += f"; not used{others}: " + ", ".join(f"{_factor(b)} ({why})" for b, why in sorted(corr.dropped.items()))
+        text += "; not used: " + ", ".join(f"{_factor(b)} ({why})" for b, why in sorted(corr.dropped.items()))
     return text + "; --no-corrections to ignore"
 
 
