@@ -86,12 +86,15 @@ def cmd_run(args) -> int:
         outputs = run(graph, feeds)
     else:
         from opfuse.compiler import compile as compile_model
-        model = compile_model(graph, fuse=not args.no_fuse, threads=args.threads)
+        model = compile_model(graph, fuse=not args.no_fuse, threads=args.threads,
+                              corrections=not args.no_corrections)
         t0 = time.perf_counter()  # time the run, not the build
         outputs = model.run(feeds)
         rep = model.report
         print(f"C backend: {rep['kernels_after']} kernels ({'fused' if not args.no_fuse else 'unfused'}), "
               f"arena {rep['arena_bytes']:,} bytes, build {'cached' if rep['cache_hit'] else 'fresh'}")
+        for line in cost_model_lines(rep.get("planner", {}).get("cost_model") or {}):
+            print(line)
     elapsed = time.perf_counter() - t0
     for name, a in outputs.items():
         print(f"{name}: {a.dtype.name}{list(a.shape)} sum={float(np.sum(a, dtype=np.float64)):.6g} "
@@ -138,7 +141,8 @@ def _compile_options(args):
                           latency_bound_s=args.latency_bound, memory_budget_bytes=args.memory_budget,
                           onchip_budget_bytes=args.onchip_budget, objective=args.objective,
                           disable=disable, dump_ir=args.dump_ir, log_decisions=args.log_decisions,
-                          max_group_ops=args.max_group_ops, input_shapes=_input_shapes(args))
+                          max_group_ops=args.max_group_ops, input_shapes=_input_shapes(args),
+                          corrections=not args.no_corrections)
 
 
 def _summary_lines(comp) -> list[str]:
@@ -150,9 +154,42 @@ def _summary_lines(comp) -> list[str]:
              f"(lower bound {human_bytes(r['arena_lower_bound_bytes'])})"]
     if r.get("predicted_latency_s") is not None:
         p = r["planner"]
-        lines.append(f"planner {p['method']}{' (optimal)' if p.get('optimal') else ''}: predicted latency "
+        lines.append(f"planner {planner_label(p)}: predicted latency "
                      f"{r['predicted_latency_s'] * 1e3:.3f} ms, critical path {r['critical_path_s'] * 1e3:.3f} ms, "
                      f"peak activation memory {human_bytes(r['predicted_peak_memory_bytes'])}")
+        lines += cost_model_lines(p.get("cost_model") or {})
+    return lines
+
+
+def planner_label(p: dict) -> str:
+    """``exact (optimal, gap 0.00%)``, ``exact (gap 3.10%, time limit)``, ``greedy``: "optimal"
+    only when the exact planner's gap is within its tolerance."""
+    from opfuse.planner.exact import MIP_REL_GAP
+    gap = p.get("gap")
+    if gap is None:
+        return p["method"]
+    if p.get("optimal") and gap <= MIP_REL_GAP:
+        return f"{p['method']} (optimal, gap {gap * 100:.2f}%)"
+    to_bound = "" if p["method"] == "exact" else " to the exact planner's bound"
+    return f"{p['method']} (gap {gap * 100:.2f}%{to_bound}, {p.get('stop_reason') or 'not proven'})"
+
+
+def cost_model_lines(cm: dict) -> list[str]:
+    """Which profile planned, and which saved corrections it applied (nothing when none)."""
+    from opfuse.cost.correction import Corrections, describe_corrections
+    lines = []
+    if cm.get("profile"):
+        lines.append(cm["profile"]["description"])
+    corr = cm.get("corrections") or {}
+    if not corr.get("requested"):
+        lines.append("cost model corrections: off (--no-corrections)")
+    elif corr.get("problem") or corr.get("applied") or corr.get("dropped"):
+        raws = {b: c["raw"] for b, c in corr.get("clamped", {}).items()}
+        line = describe_corrections(Corrections(corr["target"], corr.get("applied", {}), corr.get("samples", {}),
+                                                raws, corr.get("dropped", {}), corr.get("fitted_at"),
+                                                path=corr.get("path"), problem=corr.get("problem")))
+        if line:
+            lines.append(line)
     return lines
 
 
@@ -219,7 +256,15 @@ def cmd_explain(args) -> int:
 
 def cmd_profile(args) -> int:
     from opfuse.targets import calibrate_host, format_profile, get_profile, save_profile
-    profile = calibrate_host(force=args.recalibrate) if args.target == "host" else get_profile(args.target)
+    if args.calibrate and args.target != "host":
+        raise OpfuseError("--calibrate measures this machine: use --target host")
+    if args.calibrate:
+        from opfuse.targets.cache import cache_dir
+        from opfuse.targets.calibrate import CACHE_FILE
+        profile = calibrate_host(force=True)
+        print(f"calibrated the host and saved it to {cache_dir() / CACHE_FILE}; later plans for 'host' use it")
+    else:
+        profile = get_profile(args.target)
     print(format_profile(profile))
     if args.fit:
         if args.target != "host":
@@ -251,8 +296,10 @@ def cmd_demo(args) -> int:
 
     print("\ncompiling to C: unfused (one kernel per op) and fused ...")
     unfused = compile_model(graph, fuse=False, threads=args.threads)
-    fused = compile_model(graph, fuse=True, threads=args.threads)
+    fused = compile_model(graph, fuse=True, threads=args.threads, corrections=not args.no_corrections)
     print(fused.compilation.fusion_report.to_text())
+    for line in cost_model_lines(fused.report.get("planner", {}).get("cost_model") or {}):
+        print(line)
     worst = 0.0
     for name, want in ref.items():
         for label, m in (("unfused", unfused), ("fused", fused)):
@@ -301,6 +348,8 @@ def _add_compile_args(p) -> None:
     p.add_argument("--dump-ir", metavar="DIR", help="write the IR before/after every pass to numbered files")
     p.add_argument("--log-decisions", metavar="FILE", help="write every fusion decision (JSON)")
     p.add_argument("--max-group-ops", type=int, metavar="N", help="cap on ops per fused group")
+    p.add_argument("--no-corrections", action="store_true",
+                   help="plan with the plain roofline: ignore the correction factors saved by 'opfuse profile --fit'")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -320,6 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed for random inputs")
     p.add_argument("--no-fuse", action="store_true", help="C backend: one kernel per op")
     p.add_argument("--threads", type=int, default=1, help="C backend: OpenMP threads")
+    p.add_argument("--no-corrections", action="store_true",
+                   help="plan with the plain roofline: ignore the correction factors saved by 'opfuse profile --fit'")
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("compile", help="fuse and plan a model; print or write the fusion report")
@@ -339,8 +390,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_explain)
 
     p = sub.add_parser("profile", help="print (and save) a target's hardware profile")
-    p.add_argument("--target", default="host", help="host (calibrated here), cortex-m7, a100, h200")
-    p.add_argument("--recalibrate", action="store_true", help="host: measure again, ignoring the cache")
+    p.add_argument("--target", default="host",
+                   help="host (the saved calibration, else nominal constants), cortex-m7, a100, h200")
+    p.add_argument("--calibrate", "--recalibrate", dest="calibrate", action="store_true",
+                   help="host: time micro-benchmarks on this machine and save the result; later plans for "
+                        "'host' use it (and say so)")
     p.add_argument("-o", "--output", help="save the profile as JSON")
     p.add_argument("--fit", nargs="+", metavar="MODEL",
                    help="host: fit the cost model's correction factors from measured per-group times of "
@@ -359,6 +413,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="mobilenet_v1", help="zoo model (default mobilenet_v1)")
     p.add_argument("--repeat", type=int, default=20, help="timed runs per build")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--no-corrections", action="store_true",
+                   help="plan with the plain roofline: ignore the correction factors saved by 'opfuse profile --fit'")
     p.set_defaults(fn=cmd_demo)
     return parser
 

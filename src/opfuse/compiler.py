@@ -51,6 +51,7 @@ class CompileOptions:
     log_decisions: str | None = None
     max_group_ops: int | None = None
     input_shapes: Mapping[str, tuple[int, ...]] | None = None
+    corrections: bool = True  # apply the cost-model corrections saved by `opfuse profile --fit` (named in the report)
 
     def __post_init__(self):
         if self.planner not in PLANNERS:
@@ -96,7 +97,7 @@ def _choose_plan(graph: Graph, candidates: FusionPlan, ctx, opts: CompileOptions
     objective = Objective.parse(opts.objective) if opts.objective else None
     result = plan_fusion(graph, get_profile(opts.target), method=opts.planner,
                          legality=RuleLegality(ctx.options, candidates), objective=objective,
-                         constraints=_constraints(opts))
+                         constraints=_constraints(opts), corrections=opts.corrections)
     return annotate_plan(result.plan, ctx.options, candidates, ctx.origin), result
 
 
@@ -181,7 +182,7 @@ def pareto(comp: Compilation):
     from opfuse.targets import get_profile
     return plan_pareto(comp.graph, get_profile(comp.options.target),
                        legality=RuleLegality(comp.context.options, comp.context.plan),
-                       constraints=_constraints(comp.options))
+                       constraints=_constraints(comp.options), corrections=comp.options.corrections)
 
 
 def build_native(comp: Compilation, *, threads: int = 1, codegen_options=None):

@@ -55,7 +55,8 @@ def measure(comp: Compilation, *, repeat: int = MEASURE_REPEAT, threads: int = 1
 def fit_host_corrections(models: Sequence, *, repeat: int = MEASURE_REPEAT, save: bool = True):
     """Fit the host cost model's correction factors ``T_actual = T_pred (1 + alpha)`` from measured
     per-group times of ``models`` (each compiled with its planner-chosen plan), and save them for
-    the host target so later plans use them. Returns the ``Corrections``."""
+    the host target so later plans use them. Plans are chosen and predictions made without
+    corrections, so a fit never depends on an earlier one. Returns the ``Corrections``."""
     from opfuse.cost.correction import fit_corrections, save_corrections
     from opfuse.cost.model import CostModel, correction_samples
     from opfuse.cost.correction import Corrections
@@ -64,10 +65,10 @@ def fit_host_corrections(models: Sequence, *, repeat: int = MEASURE_REPEAT, save
     cm = CostModel(profile, Corrections(profile.name))  # fit against uncorrected predictions
     samples = []
     for model in models:
-        comp = plan_model(model, CompileOptions(target="host"))
+        comp = plan_model(model, CompileOptions(target="host", corrections=False))
         per_group = measure(comp, repeat=repeat)
         samples.extend(correction_samples(cm, comp.plan, per_group))
-    corr = fit_corrections(profile.name, samples)
+    corr = fit_corrections(profile.name, samples, profile=profile)
     if save:
         save_corrections(corr)
     return corr

@@ -26,8 +26,8 @@ def test_readme_command_runs(index, tmp_path_factory, monkeypatch, capsys):
     work = tmp_path_factory.getbasetemp() / "readme_cwd"
     work.mkdir(exist_ok=True)
     monkeypatch.chdir(work)
-    if "--fit" in readme_commands()[index]:
-        monkeypatch.setenv("OPFUSE_CACHE_DIR", str(work / "cache"))  # keep the session's planner uncorrected
+    if "--fit" in readme_commands()[index] or "--calibrate" in readme_commands()[index]:
+        monkeypatch.setenv("OPFUSE_CACHE_DIR", str(work / "cache"))  # keep the session's host profile nominal
     argv = shlex.split(readme_commands()[index])[1:]
     code = main(argv)
     out, err = capsys.readouterr()

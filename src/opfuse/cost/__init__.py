@@ -7,14 +7,14 @@
     print(format_plan_cost(pc))
 """
 from opfuse.cost.analysis import GroupAnalysis, analyze_group
-from opfuse.cost.correction import (Corrections, Sample, fit_corrections, format_corrections,
-                                    load_corrections, save_corrections)
+from opfuse.cost.correction import (Corrections, Sample, describe_corrections, fit_corrections,
+                                    format_corrections, load_corrections, save_corrections)
 from opfuse.cost.liveness import peak_activation_bytes
 from opfuse.cost.model import CostModel, GroupCost, PlanCost, correction_samples, format_plan_cost
 from opfuse.cost.numa import NumaPlacement
 from opfuse.cost.roofline import Roofline, bandwidth_saving_rate
 
 __all__ = ["CostModel", "GroupCost", "PlanCost", "correction_samples", "format_plan_cost", "GroupAnalysis",
-           "analyze_group", "Corrections", "Sample", "fit_corrections", "format_corrections", "load_corrections",
-           "save_corrections", "peak_activation_bytes", "NumaPlacement", "Roofline",
+           "analyze_group", "Corrections", "Sample", "describe_corrections", "fit_corrections", "format_corrections",
+           "load_corrections", "save_corrections", "peak_activation_bytes", "NumaPlacement", "Roofline",
            "bandwidth_saving_rate"]

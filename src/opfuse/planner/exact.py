@@ -26,9 +26,16 @@ Variables: ``x_S in {0, 1}`` for every legal convex candidate group ``S``
 When the model is infeasible, each constraint is checked on its own: the minimum
 achievable critical path (or peak memory) is computed and the error names the binding
 constraint and that minimum.
+
+Optimality is a number, not a flag: HiGHS's best bound ``b`` on the objective (valid for
+every acyclic plan: the cycle cuts only remove cyclic ones) gives the relative gap
+``(J - b) / max(|J|, GAP_EPS)`` of the plan found. A plan is *optimal* only when that gap is
+at most the solver's tolerance ``MIP_REL_GAP`` (HiGHS's absolute-gap stop is turned off,
+so its "optimal" status means exactly that); a time limit leaves a plan with a larger gap.
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -43,7 +50,9 @@ from opfuse.planner.problem import LATENCY_BOUND, MEMORY_BUDGET, Problem
 from opfuse.planner.structure import find_group_cycle
 
 EXACT_TIME_LIMIT_S = 60.0
-MIP_REL_GAP = 1e-7
+MIP_REL_GAP = 1e-7  # the optimality tolerance: relative gap between the plan found and the bound
+MIP_ABS_GAP = 0.0  # no absolute-gap stop: "optimal" means relative gap <= MIP_REL_GAP
+GAP_EPS = 1e-12  # the relative gap's denominator is max(|J|, GAP_EPS)
 MAX_CUT_ROUNDS = 200
 BOUND_SLACK = 0.01  # head-room on the computed upper bound of any critical path
 
@@ -56,15 +65,29 @@ class SolverUnavailableError(OpfuseError):
     """The exact planner needs the HiGHS solver (``pip install highspy``)."""
 
 
+def relative_gap(objective: float, bound: float) -> float:
+    """``(J - bound) / max(|J|, GAP_EPS)``, at least 0 (rounding can put the bound a hair
+    above J); infinite without a finite bound."""
+    if not (math.isfinite(objective) and math.isfinite(bound)):
+        return math.inf
+    return max(0.0, (objective - bound) / max(abs(objective), GAP_EPS))
+
+
 @dataclass
 class ExactResult:
     groups: list[tuple[int, ...]]
-    optimal: bool
+    optimal: bool  # proven: gap <= MIP_REL_GAP
     objective: float  # value of the normalised objective J
-    dual_bound: float
+    best_bound: float  # HiGHS's dual bound: no legal plan scores below it
     candidates: int
     cut_rounds: int
     solve_time_s: float
+    gap: float = 0.0  # relative_gap(objective, best_bound)
+    stop_reason: str = "optimal"  # "optimal", "time limit", or the solver's status when it stopped early
+
+    @property
+    def dual_bound(self) -> float:
+        return self.best_bound
 
 
 def _highspy():
@@ -150,6 +173,7 @@ class _Model:
         h = _new_highs()
         h.setOptionValue("time_limit", float(time_limit))
         h.setOptionValue("mip_rel_gap", MIP_REL_GAP)
+        h.setOptionValue("mip_abs_gap", MIP_ABS_GAP)
         h.setOptionValue("random_seed", 0)
         h.setOptionValue("threads", 1)
         h.passModel(lp)
@@ -302,7 +326,8 @@ class _Formulation:
     # Solving ----------------------------------------------------------------------------
     def solve(self, time_limit: float) -> tuple[str, list[tuple[int, ...]], float, float, int]:
         """(status, chosen groups, objective, dual bound, cut rounds); status is
-        'optimal', 'feasible' (time limit) or 'infeasible'."""
+        'optimal', 'time limit' or another early stop of the solver (a plan, not proven),
+        'timeout' (no plan) or 'infeasible'."""
         hs = _highspy()
         h = self.model.to_highs(time_limit)
         rounds = 0
@@ -320,9 +345,13 @@ class _Formulation:
             chosen = [self.cands[j] for j, x in enumerate(self.x) if values[x] > 0.5]
             cycle = find_group_cycle(self.p.graph, [self.p.group_nodes(k) for k in chosen])
             if cycle is None:
-                optimal = status == hs.HighsModelStatus.kOptimal
-                return ("optimal" if optimal else "feasible"), chosen, info.objective_function_value, \
-                    info.mip_dual_bound, rounds
+                if status == hs.HighsModelStatus.kOptimal:
+                    how = "optimal"
+                elif status == hs.HighsModelStatus.kTimeLimit:
+                    how = "time limit"
+                else:
+                    how = h.modelStatusToString(status).lower()
+                return how, chosen, info.objective_function_value, info.mip_dual_bound, rounds
             rounds += 1
             if rounds > MAX_CUT_ROUNDS:
                 return "timeout", [], float("inf"), float("inf"), rounds
@@ -339,7 +368,7 @@ def solve_exact(problem: Problem, *, candidates: list[tuple[int, ...]] | None = 
     """
     t0 = time.perf_counter()
     if not problem.nodes:
-        return ExactResult([], True, 0.0, 0.0, 0, 0, 0.0)
+        return ExactResult([], True, 0.0, 0.0, 0, 0, 0.0, gap=0.0, stop_reason="optimal")
     cands = candidates if candidates is not None else enumerate_candidates(problem)
     o, c = problem.objective, problem.constraints
     form = _Formulation(problem, cands, w_latency=o.latency, w_memory=o.memory, w_kernels=o.kernels,
@@ -349,7 +378,9 @@ def solve_exact(problem: Problem, *, candidates: list[tuple[int, ...]] | None = 
         raise InfeasibleError(_diagnose(problem, cands, time_limit))
     if status == "timeout":
         raise ExactTimeoutError(f"the exact planner found no plan within {time_limit:g} s")
-    return ExactResult(groups=chosen, optimal=status == "optimal", objective=obj, dual_bound=bound,
+    gap = relative_gap(obj, bound)
+    return ExactResult(groups=chosen, optimal=status == "optimal" and gap <= MIP_REL_GAP, objective=obj,
+                       best_bound=bound, gap=gap, stop_reason=status,
                        candidates=len(cands), cut_rounds=rounds, solve_time_s=time.perf_counter() - t0)
 
 
@@ -359,7 +390,7 @@ def minimum_of(problem: Problem, which: str, cands: list[tuple[int, ...]], time_
     form = _Formulation(problem, cands, w_latency=0.0, w_memory=0.0, w_kernels=0.0, latency_bound=None,
                         memory_budget=None, minimize=which)
     status, chosen, obj, _, _ = form.solve(time_limit)
-    if status not in ("optimal", "feasible"):
+    if status in ("infeasible", "timeout"):
         return None
     m = problem.metrics(chosen)
     return m.critical_path_s if which == "latency" else m.peak_memory_bytes

@@ -2,7 +2,7 @@
 
     from opfuse.targets import get_profile, format_profile
     m7 = get_profile("cortex-m7")          # data sheet: 400 MHz, 512 KB SRAM, 400 MB/s DRAM
-    host = get_profile("host")             # measured on first use, cached on disk
+    host = get_profile("host")             # the saved calibration, else nominal constants (never measures)
     print(format_profile(host))
 
 ``get_profile`` also accepts the path of a profile JSON file (as ``save_profile`` writes).
@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from opfuse.targets.builtin import BUILTIN_PROFILES
-from opfuse.targets.calibrate import calibrate_host
+from opfuse.targets.calibrate import (calibrate_host, describe_profile, host_profile, nominal_host_profile,
+                                      saved_host_calibration)
 from opfuse.targets.profile import (HardwareProfile, ProfileError, format_profile, load_profile,
                                     save_profile)
 
@@ -25,9 +26,11 @@ def list_profiles() -> list[str]:
 
 
 def get_profile(name: str) -> HardwareProfile:
-    """A built-in profile by name, ``"host"`` (calibrated, cached), or a profile JSON file."""
+    """A built-in profile by name, ``"host"`` (the calibration saved by ``opfuse profile --target
+    host --calibrate``, else the nominal host profile; nothing is measured here), or a profile
+    JSON file."""
     if name == HOST:
-        return calibrate_host()
+        return host_profile()
     if name in BUILTIN_PROFILES:
         return BUILTIN_PROFILES[name]()
     if name.endswith(".json") or Path(name).is_file():
@@ -36,5 +39,6 @@ def get_profile(name: str) -> HardwareProfile:
                        f"(or the path of a profile .json file)")
 
 
-__all__ = ["HardwareProfile", "ProfileError", "calibrate_host", "format_profile", "get_profile",
-           "list_profiles", "load_profile", "save_profile"]
+__all__ = ["HardwareProfile", "ProfileError", "calibrate_host", "describe_profile", "format_profile", "get_profile",
+           "host_profile", "list_profiles", "load_profile", "nominal_host_profile", "save_profile",
+           "saved_host_calibration"]

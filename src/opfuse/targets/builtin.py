@@ -2,7 +2,7 @@
 
 These are for *planning*: the numbers come from data sheets and the seed's case study,
 not from measurement; each profile's ``notes`` list the assumptions. The host profile is
-measured instead (``opfuse.targets.calibrate``).
+measured on request, or nominal (``opfuse.targets.calibrate``).
 """
 from __future__ import annotations
 
