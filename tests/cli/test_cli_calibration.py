@@ -105,7 +105,11 @@ def host_corrections():
 
 def test_saved_corrections_apply_only_when_asked_and_are_shown(cache, capsys, tmp_path):
     from opfuse.api import load
-    from opfuse.planner import plan_fusion
+    from opfuse.planner import plan_fusion as _plan_fusion
+    from opfuse.rules import RuleLegality
+
+    def plan_fusion(*args, **kwargs):
+        return _plan_fusion(*args, legality=RuleLegality(), **kwargs)
     g = load("zoo:resnet8")
     before = plan_fusion(g, get_profile("host")).cost.total_latency_s
     plain = plan_model("zoo:resnet8", CompileOptions(corrections=False)).report
