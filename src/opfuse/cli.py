@@ -43,7 +43,7 @@ def _ort_outputs(model_spec: str, graph, feeds: dict) -> dict[str, np.ndarray]:
     except ImportError:
         raise OpfuseError("--compare onnxruntime needs the onnxruntime package "
                           "(pip install 'opfuse[ort]')") from None
-    from opfuse.api import onnx_proto, ZOO_PREFIX
+    from opfuse.api import onnx_proto
     so = ort.SessionOptions()
     so.log_severity_level = 3
     # Never hand onnxruntime the path: its loader would follow external-data paths unchecked.

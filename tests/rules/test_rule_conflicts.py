@@ -5,8 +5,7 @@ import numpy as np
 
 from opfuse.ir.graph import Graph, TensorType
 from opfuse.ops import GraphBuilder
-from opfuse.patterns import Op, Var, par
-from opfuse.rules import DependencyRules, FusionOptions, Rule, check_dependencies, check_resources, outside_path
+from opfuse.rules import DependencyRules, FusionOptions, check_dependencies, check_resources
 
 SHAPE = (2, 4)
 T = TensorType(SHAPE, np.float32)

@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 
 from opfuse.errors import ModelError
-from opfuse.ir.graph import Graph, TensorType
-from opfuse.ir.plan import FusionGroup
+from opfuse.ir.graph import TensorType
 from opfuse.ops import GraphBuilder
 from opfuse.patterns import Op
 from opfuse.rules import Replacement, Rule, apply_rules
