@@ -106,7 +106,7 @@ def bench_model(name: str, plan_fn: Callable[[Graph], FusionPlan], *, threads: i
     if with_ort:
         sess = onnxruntime_session(name, threads)
         if sess is not None:
-            got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+            got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds), strict=True))
             row["onnxruntime"] = {"max_abs_error": max_error(got, want)}
             calls["onnxruntime"] = lambda: sess.run(None, feeds)
     for label, timing in time_calls(calls, repeat, warmup).items():
@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None, plan_fn: Callable[[Graph], FusionPlan] |
         rows.append(bench_model(name, plan_fn, threads=args.threads, repeat=args.repeat, warmup=args.warmup,
                                 cache_dir=args.cache_dir, with_reference=not args.no_reference,
                                 with_ort=not args.no_onnxruntime))
-        print(f"{name}: unfused {rows[-1]['unfused']['median_ms']:.2f} ms, fused {rows[-1]['fused']['median_ms']:.2f} ms",
+        last = rows[-1]
+        print(f"{name}: unfused {last['unfused']['median_ms']:.2f} ms, fused {last['fused']['median_ms']:.2f} ms",
               file=sys.stderr)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"host": os.uname().nodename, "cpus": os.cpu_count(), "threads": args.threads,

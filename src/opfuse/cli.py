@@ -8,6 +8,7 @@ import argparse
 import os
 import sys
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -51,7 +52,7 @@ def _ort_outputs(model_spec: str, graph, feeds: dict) -> dict[str, np.ndarray]:
                                 providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     res = sess.run(names, {k: v for k, v in feeds.items()})
-    return dict(zip(names, res))
+    return dict(zip(names, res, strict=True))
 
 
 def compare_outputs(ours: dict, theirs: dict) -> list[tuple[str, float, float]]:
@@ -101,7 +102,7 @@ def cmd_run(args) -> int:
               f"mean={float(np.mean(a, dtype=np.float64)) if a.size else 0.0:.6g}")
     print(f"backend {args.backend}: {elapsed * 1e3:.1f} ms")
     if args.outputs:
-        np.savez(args.outputs, **outputs)
+        np.savez(args.outputs, **outputs)  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
         print(f"wrote {args.outputs}")
     if args.compare:
         theirs = _ort_outputs(args.model, graph, feeds)
@@ -314,7 +315,8 @@ def cmd_demo(args) -> int:
     t_fused = median_seconds(lambda: fused.run(feeds), args.repeat) * 1e3
     ru, rf = unfused.report, fused.report
     print(f"\n{'':<22}{'unfused':>14}{'fused':>14}{'change':>10}")
-    rows = [("kernels", ru["kernels_after"], rf["kernels_after"], str),
+    rows: list[tuple[str, float, float, Callable[[float], str]]] = [
+            ("kernels", ru["kernels_after"], rf["kernels_after"], str),
             ("main memory traffic", ru["bytes_after"], rf["bytes_after"], human_bytes),
             ("arena (peak memory)", ru["arena_bytes"], rf["arena_bytes"], human_bytes),
             (f"latency (median {args.repeat})", t_unfused, t_fused, lambda v: f"{v:.2f} ms")]

@@ -25,12 +25,18 @@ Measuring compiled models (``--measure``, ``profile --fit``) lives in ``opfuse.m
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from opfuse.errors import OpfuseError
 from opfuse.ir.graph import Graph
 from opfuse.ir.plan import FusionPlan
 from opfuse.rules.decisions import FUSE_PASS, FUSED, REFUSED, Decision, RefusalKind, taken
+
+if TYPE_CHECKING:  # the stages' types, for annotations only (each is imported where it runs)
+    from opfuse.memory import MemoryPlan
+    from opfuse.passes import PassContext
+    from opfuse.planner import PlanResult
+    from opfuse.report.fusion import FusionReport
 
 PLANNERS = ("auto", "greedy", "exact", "rules")
 
@@ -65,12 +71,12 @@ class Compilation:
     original: Graph
     graph: Graph
     plan: FusionPlan
-    decisions: list
-    fusion_report: object  # opfuse.report.fusion.FusionReport
+    decisions: list[Decision]
+    fusion_report: "FusionReport"
     options: CompileOptions
-    plan_result: object | None = None  # opfuse.planner.PlanResult when the cost model chose the plan
-    context: object | None = None  # the PassContext (timing, rule statistics)
-    memory: object | None = None  # opfuse.memory.MemoryPlan
+    context: "PassContext"  # timing, rule statistics, the fusion options and the candidates
+    memory: "MemoryPlan"
+    plan_result: "PlanResult | None" = None  # when the cost model chose the plan
     report: dict = field(default_factory=dict)
 
 
@@ -172,7 +178,7 @@ def plan_model(model, options: CompileOptions | None = None, **kwargs) -> Compil
     if plan_result is not None:
         _merge_planner_report(report, plan_result.to_json())
     report.update(memory.report())
-    return Compilation(original, graph, plan, decisions, fusion_report, opts, plan_result, ctx, memory, report)
+    return Compilation(original, graph, plan, decisions, fusion_report, opts, ctx, memory, plan_result, report)
 
 
 def pareto(comp: Compilation):

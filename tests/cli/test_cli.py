@@ -44,7 +44,7 @@ def test_run_reference_outputs_inputs_and_compare(capsys, tmp_path):
     outs = tmp_path / "out.npz"
     code, out, _ = run_cli(capsys, "run", "zoo:resnet8", "--outputs", str(outs), "--compare", "onnxruntime")
     assert code == 0
-    line = [l for l in out.splitlines() if l.startswith("compare onnxruntime output")][0]
+    line = [t for t in out.splitlines() if t.startswith("compare onnxruntime output")][0]
     abs_err = float(line.split("max abs error ")[1].split(",")[0])
     assert abs_err < 1e-4
     with np.load(outs) as d:
@@ -177,8 +177,8 @@ def test_compile_for_cortex_m7_and_pareto(capsys):
 def test_explain_gives_a_reason_per_pair(capsys):
     code, out, err = run_cli(capsys, "explain", "zoo:resnet8")
     assert code == 0
-    lines = [l for l in out.splitlines() if " -> " in l]
-    assert lines and all(": " in l for l in lines)
+    lines = [t for t in out.splitlines() if " -> " in t]
+    assert lines and all(": " in t for t in lines)
     assert "Conv -> Conv" in out
 
 
@@ -234,7 +234,7 @@ def test_profile_fit_saves_host_corrections(capsys, tmp_path, monkeypatch):
 def test_compile_stats_prints_pass_timing_and_rule_statistics(capsys):
     code, out, err = run_cli(capsys, "compile", "zoo:bert_layer", "--stats", "--planner", "rules")
     assert code == 0, err
-    rows = {l.split()[0]: l.split()[1:] for l in out.splitlines() if l.startswith("recognize_")}
+    rows = {t.split()[0]: t.split()[1:] for t in out.splitlines() if t.startswith("recognize_")}
     attempts, matches, applied = (int(x) for x in rows["recognize_layernorm"][:3])
     assert applied == matches == 2 and attempts >= matches  # anchors tried are counted
     assert "recognize" in out and "total" in out

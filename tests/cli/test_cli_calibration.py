@@ -119,7 +119,7 @@ def test_saved_corrections_apply_only_when_asked_and_are_shown(cache, capsys, tm
 
     rj = tmp_path / "r.json"
     out = compile_out(capsys, "zoo:resnet8", "--report-json", str(rj))
-    line = [l for l in out.splitlines() if l.startswith("cost model corrections")]
+    line = [t for t in out.splitlines() if t.startswith("cost model corrections")]
     assert len(line) == 1
     assert line[0].startswith("cost model corrections (host, fitted 20") and "from 20 samples" in line[0]
     assert "out_elemwise_fusable x2.00" in line[0] and "reduction x1.40" in line[0]
@@ -142,7 +142,7 @@ def test_corrections_fitted_for_another_profile_are_not_applied_after_calibratin
     calibrate_host(force=True, measure=lambda: Measurement(25e9, {"float32": 55e9, "float64": 28e9}, 2e-9, 1.7e-7,
                                                            "fake"))
     out = compile_out(capsys, "zoo:resnet8")
-    line = [l for l in out.splitlines() if l.startswith("cost model corrections")][0]
+    line = [t for t in out.splitlines() if t.startswith("cost model corrections")][0]
     assert "none applied" in line and "another profile" in line
 
 

@@ -10,8 +10,8 @@ def test_post_dominators():
     b = GraphBuilder("pdom")
     x = b.input("x", (4,))
     a = b.op("Relu", x, name="a")
-    l, r = b.op("Neg", a, name="l"), b.op("Abs", a, name="r")
-    j = b.op("Add", l, r, name="j")
+    left, r = b.op("Neg", a, name="l"), b.op("Abs", a, name="r")
+    j = b.op("Add", left, r, name="j")
     g = b.build(j, r)
     ip = immediate_post_dominators(g)
     node = {n.name: n for n in g.nodes}

@@ -14,6 +14,7 @@ from opfuse.ops import GraphBuilder
 from opfuse.passes import (DumpIR, FunctionPass, OptionError, PassContext, PassInstrument, PassTiming,
                            RuleStatistics, VerifyPass, fuse, fusion_passes, known_names, make_context, run_passes)
 from opfuse.rules import fusion_rules, recognition_rules
+from opfuse.runtime.reference import random_inputs, run
 
 
 def compile_pipeline(graph, ctx):
@@ -26,7 +27,6 @@ def default_passes():
 
 
 PASSES = ["verify", "simplify", "recognize", "fold_linear", "horizontal", "cleanup", "verify_rewrites", "fuse"]
-from opfuse.runtime.reference import random_inputs, run
 
 
 @pytest.fixture(scope="module")

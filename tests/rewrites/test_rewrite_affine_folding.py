@@ -35,7 +35,9 @@ def test_gemm_and_matmul_per_column_scale():
     x = b.input("x", (2, 5))
     y = b.op("Gemm", x, b.const("w", randn((5, 3))))
     z = b.op("MatMul", b.input("x2", (2, 3, 5)), b.const("w2", randn((5, 3), 1)))
-    g0, g1, res = rewritten(b.build(b.op("Mul", y, b.const("s", randn(3, 2))), b.op("Div", z, b.const("t", np.full(3, 2.0, np.float32)))))
+    scaled = b.op("Mul", y, b.const("s", randn(3, 2)))
+    halved = b.op("Div", z, b.const("t", np.full(3, 2.0, np.float32)))
+    g0, g1, res = rewritten(b.build(scaled, halved))
     assert sorted(ops(g1)) == ["Gemm", "MatMul"]
     assert_same_outputs(g0, g1)
 

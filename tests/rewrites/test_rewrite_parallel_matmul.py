@@ -9,7 +9,7 @@ RULE = "horizontal_matmul"
 def projections(b, x, biases=(True, False, True), sizes=(8, 8, 6)):
     w0 = b.const("wq", randn((8, sizes[0]), 1))
     outs = []
-    for i, (name, bias, n) in enumerate(zip(("query", "key", "value"), biases, sizes)):
+    for i, (name, bias, n) in enumerate(zip(("query", "key", "value"), biases, sizes, strict=True)):
         w = w0 if i == 0 else b.const(f"w{name}", randn((8, n), 2 + i))
         y = b.op("MatMul", x, w, name=f"{name}_matmul")
         if bias:

@@ -132,7 +132,8 @@ def reads_per_run(consumer: Node, spec: OpSpec | None, v: Value, flops: int | No
     ``flops`` is the consumer's FLOP count when already known."""
     size = max(1, numel(v))
     cat = spec.category if spec is not None else Category.OPAQUE
-    if cat <= Category.BROADCAST or (cat == Category.INJECTIVE and spec.mapping == Mapping.ONE_TO_MANY):
+    if cat <= Category.BROADCAST or (spec is not None and cat == Category.INJECTIVE
+                                     and spec.mapping == Mapping.ONE_TO_MANY):
         return float(_out_elems(consumer))
     if cat == Category.INJECTIVE:
         return float(min(_out_elems(consumer), size))

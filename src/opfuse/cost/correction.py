@@ -176,7 +176,8 @@ def fit_corrections(target: str, samples: Iterable[Sample], *, per_bucket: bool 
     """Fit ``alpha`` per bucket (or one global one) from (predicted, measured) pairs.
 
     Buckets with fewer than ``MIN_CORRECTION_SAMPLES`` samples are recorded in ``dropped``
-    (their groups are not corrected); alphas are clamped to ``[ALPHA_MIN, ALPHA_MAX]`` and the raw fit kept in ``raw_alphas``. ``profile``
+    (their groups are not corrected); alphas are clamped to ``[ALPHA_MIN, ALPHA_MAX]`` and the raw fit
+    kept in ``raw_alphas``. ``profile``
     (the ``HardwareProfile`` the predictions came from) is recorded as a digest.
     """
     samples = list(samples)
@@ -279,8 +280,8 @@ def format_corrections(corr: Corrections) -> str:
             note = f" (raw fit {raw:+.3f}, clamped)" if raw != corr.alphas[b] else ""
             lines.append(f"{b}: alpha = {corr.alphas[b]:+.3f}{note} ({n} samples)")
         else:
-            raw = f", raw fit {corr.raw_alphas[b]:+.3f}" if b in corr.raw_alphas else ""
-            lines.append(f"{b}: not used, {corr.dropped.get(b, 'no fit')}{raw}")
+            fit = f", raw fit {corr.raw_alphas[b]:+.3f}" if b in corr.raw_alphas else ""
+            lines.append(f"{b}: not used, {corr.dropped.get(b, 'no fit')}{fit}")
     return "\n".join(lines)
 
 

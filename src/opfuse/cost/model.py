@@ -103,7 +103,7 @@ class PlanCost:
                 "kernels": self.kernels, "bytes_boundary": self.boundary_bytes,
                 "bytes_unfused": self.unfused_bytes, "eta": self.eta,
                 "groups": [{"name": n, "ops": list(ops), **g.to_dict()}
-                           for n, ops, g in zip(self.group_names, self.group_ops, self.groups)]}
+                           for n, ops, g in zip(self.group_names, self.group_ops, self.groups, strict=True)]}
 
 
 class CostModel:
@@ -165,7 +165,7 @@ class CostModel:
         graph = plan.graph
         if costs is None:
             costs = [self.group_cost(graph, g) for g in plan.groups]
-        lat = {id(g): c.latency_s for g, c in zip(plan.groups, costs)}
+        lat = {id(g): c.latency_s for g, c in zip(plan.groups, costs, strict=True)}
         finish: dict[int, float] = {}
         preds: dict[int, set[int]] = {id(g): set() for g in plan.groups}
         for src, dst, _ in plan.group_edges():
@@ -198,7 +198,7 @@ def correction_samples(cm: CostModel, plan: FusionPlan, measured_s: Mapping[str,
 def format_plan_cost(pc: PlanCost, max_groups: int = 40) -> str:
     """A table: one line per group, then the plan totals."""
     lines = [f"{'group':<28} {'ops':<32} {'latency':>10} {'bytes':>11} {'I (F/B)':>9} {'bound':>7}"]
-    for name, ops, g in list(zip(pc.group_names, pc.group_ops, pc.groups))[:max_groups]:
+    for name, ops, g in list(zip(pc.group_names, pc.group_ops, pc.groups, strict=True))[:max_groups]:
         ops_text = "+".join(ops)
         ops_text = ops_text if len(ops_text) <= 32 else ops_text[:29] + "..."
         inten = "inf" if g.intensity == float("inf") else f"{g.intensity:.3g}"

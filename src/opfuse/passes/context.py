@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from opfuse.errors import OpfuseError
+from opfuse.ir.plan import FusionPlan
 from opfuse.rules.conflicts import DependencyRules
 from opfuse.rules.decisions import Decision, RuleStats
 from opfuse.rules.options import FusionOptions
@@ -31,7 +32,7 @@ class PassContext:
     instruments: list = field(default_factory=list)
     config: dict = field(default_factory=dict)
     # Results of the run.
-    plan: object | None = None
+    plan: FusionPlan | None = None  # the fusion rules' candidate plan, left by the fuse pass
     origin: dict | None = None  # rewritten node name -> the original nodes it stands for
     decisions: list[Decision] = field(default_factory=list)
     rule_stats: dict[str, RuleStats] = field(default_factory=dict)

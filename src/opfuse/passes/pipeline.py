@@ -26,7 +26,7 @@ from opfuse.ir.graph import Graph
 from opfuse.ir.plan import FusionPlan
 from opfuse.passes.base import Pass, VerifyPass
 from opfuse.passes.context import OptionError, PassContext
-from opfuse.passes.instruments import DecisionLog, DumpIR, PassTiming, RuleStatistics
+from opfuse.passes.instruments import DecisionLog, DumpIR, PassInstrument, PassTiming, RuleStatistics
 from opfuse.rewrites import rewrite_passes
 from opfuse.rewrites.context import RewriteContext
 from opfuse.rewrites.edit import Provenance
@@ -169,7 +169,7 @@ def fuse(graph: Graph, ctx: PassContext | None = None, *, enable: bool = True,
 def known_names(passes: list[Pass] | None = None) -> tuple[list[str], list[str]]:
     """(pass names, rule names) of a pipeline, for validating ``--disable``."""
     passes = passes if passes is not None else fusion_passes()
-    rules = []
+    rules: list[str] = []
     for p in passes:
         rules.extend(r.name for r in getattr(p, "rules", ()))
     return [p.name for p in passes], rules
@@ -202,7 +202,7 @@ def make_context(*, disable=(), dump_ir: str | None = None, log_decisions: str |
             raise OptionError(f"max group size must be at least 1, got {max_group_ops}")
         options = options.with_(max_ops_per_group=int(max_group_ops))
     options = options.with_(disabled=options.disabled | disabled_rules)
-    instruments = []
+    instruments: list[PassInstrument] = []
     if timing:
         instruments.append(PassTiming())
     if statistics:

@@ -19,5 +19,6 @@ from opfuse.planner.pareto import ParetoPoint, format_pareto
 from opfuse.planner.problem import Constraints, Metrics, Objective, Problem
 
 __all__ = ["METHODS", "PlanResult", "make_problem", "plan_fusion", "plan_pareto", "solve_exact",
-           "solve_greedy", "SolverUnavailableError", "Legality", "ParetoPoint", "format_pareto", "Constraints", "Metrics", "Objective",
+           "solve_greedy", "SolverUnavailableError", "Legality", "ParetoPoint", "format_pareto",
+           "Constraints", "Metrics", "Objective",
            "Problem"]

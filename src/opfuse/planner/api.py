@@ -170,8 +170,8 @@ def _solve(problem: Problem, method: str, time_limit: float, candidates=None) ->
                     raise
                 raise InputError(f"exact planning is too large for this graph ({e}); "
                                  f"use the greedy planner") from None
-    r = solve_greedy(problem)
-    return _Solved(r.groups, "greedy", False, {"merges": r.merges, "repair_merges": r.repair_merges})
+    greedy = solve_greedy(problem)
+    return _Solved(greedy.groups, "greedy", False, {"merges": greedy.merges, "repair_merges": greedy.repair_merges})
 
 
 def plan_fusion(graph: Graph, target, *, legality: Legality, method: str = "auto",

@@ -17,6 +17,8 @@ fan-out of siblings is a horizontal group), so enumeration stops with
 """
 from __future__ import annotations
 
+import itertools
+
 from collections import deque
 
 from opfuse.planner.problem import Problem
@@ -49,7 +51,7 @@ def reachability(problem: Problem) -> tuple[list[int], list[int], list[list[int]
         if len(readers) <= MAX_SIBLING_FANOUT:
             pairs = [(a, b) for k, a in enumerate(readers) for b in readers[k + 1:]]
         else:
-            pairs = list(zip(readers, readers[1:]))
+            pairs = list(itertools.pairwise(readers))
         for a, b in pairs:
             nbrs[a].add(b)
             nbrs[b].add(a)

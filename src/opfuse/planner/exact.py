@@ -35,6 +35,8 @@ so its "optimal" status means exactly that); a time limit leaves a plan with a l
 """
 from __future__ import annotations
 
+import itertools
+
 import math
 import os
 import sys
@@ -209,13 +211,13 @@ class _Formulation:
                 self.contains[i].append(j)
         for i in range(n):
             m.row(1.0, 1.0, {self.x[j]: 1.0 for j in self.contains[i]})
-        self.peak = None
+        self.peak: int | None = None  # the peak-memory variable, when memory is modelled
         if w_memory > 0 or memory_budget is not None or minimize == "memory":
             ub = memory_budget / M0 if memory_budget is not None else float("inf")
             cost = 1.0 if minimize == "memory" else (0.0 if minimize else w_memory)
             self.peak = m.var(0.0, ub, cost)
             self._memory(M0)
-        self.makespan = None
+        self.makespan: int | None = None  # the makespan variable, when latency is modelled
         if latency_bound is not None or minimize == "latency":
             if latency_bound is not None:
                 lmax = latency_bound / T0
@@ -240,6 +242,8 @@ class _Formulation:
                 continue
             readers = sorted({p.pos[id(u)] for u, _ in v.uses})
             is_out = id(v) in graph_outs
+            prod: int | None
+            ends: list[int | None]
             if v.producer is None:
                 prod = None
                 t_min = 0
@@ -258,9 +262,10 @@ class _Formulation:
                 ends = [None]  # an unread graph input: live at position 0 only
                 t_max = 0
             elif readers:
-                ends = readers
+                ends = list(readers)
                 t_max = max(hi[j] for c in readers for j in self.contains[c])
             else:
+                assert prod is not None  # an unread graph input was handled above
                 ends = [prod]
                 t_max = max(hi[j] for j in self.contains[prod])
             scale = nbytes(v) / M0
@@ -291,6 +296,7 @@ class _Formulation:
                     m.row(start_const + end_const - 1.0, float("inf"), coeffs)
         for t in range(n):
             if per_t[t]:
+                assert self.peak is not None  # _memory runs only when the peak is modelled
                 coeffs = dict(per_t[t])
                 coeffs[self.peak] = -1.0
                 m.row(-float("inf"), 0.0, coeffs)
@@ -315,13 +321,13 @@ class _Formulation:
                         coeffs[self.x[j]] = coeffs.get(self.x[j], 0.0) + big
                 m.row(0.0, float("inf"), coeffs)
         for j, key in enumerate(cands):
-            for a, b in zip(key, key[1:]):
+            for a, b in itertools.pairwise(key):
                 m.row(-float("inf"), lmax, {f[a]: 1.0, f[b]: -1.0, self.x[j]: lmax})
                 m.row(-lmax, float("inf"), {f[a]: 1.0, f[b]: -1.0, self.x[j]: -lmax})
         if minimize:
-            self.makespan = m.var(0.0, lmax, 1.0)
+            makespan = self.makespan = m.var(0.0, lmax, 1.0)
             for i in range(n):
-                m.row(0.0, float("inf"), {self.makespan: 1.0, f[i]: -1.0})
+                m.row(0.0, float("inf"), {makespan: 1.0, f[i]: -1.0})
 
     # Solving ----------------------------------------------------------------------------
     def solve(self, time_limit: float) -> tuple[str, list[tuple[int, ...]], float, float, int]:

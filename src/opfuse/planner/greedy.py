@@ -171,7 +171,7 @@ def solve_greedy(problem: Problem, *, trajectory_points: int = 0) -> GreedyResul
     st = _State(problem)
     obj, cons = problem.objective, problem.constraints
     needs_metrics = obj.memory > 0 or cons.latency_bound_s is not None or cons.memory_budget_bytes is not None
-    current: Metrics | None = problem.ref if needs_metrics else None
+    current: Metrics = problem.ref  # the plan's metrics, kept up to date only when needs_metrics
     heap: list = []
     tie = itertools.count()
     scores: dict[tuple[int, ...], float] = {}
@@ -328,7 +328,7 @@ def _proposals(problem: Problem) -> list[tuple[int, ...]]:
 def _infeasible_message(problem: Problem, m: Metrics) -> str:
     c = problem.constraints
     parts, names = [], []
-    for name, v in problem.violations(m).items():
+    for name in problem.violations(m):
         names.append(name)
         if name == LATENCY_BOUND:
             parts.append(f"{LATENCY_BOUND} {c.latency_bound_s:.4g} s not met: the best critical path "

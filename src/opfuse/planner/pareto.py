@@ -36,7 +36,7 @@ class ParetoPoint:
 
     def dominates(self, other: "ParetoPoint") -> bool:
         a, b = self.objectives(), other.objectives()
-        return all(x <= y for x, y in zip(a, b)) and a != b
+        return all(x <= y for x, y in zip(a, b, strict=True)) and a != b
 
 
 def non_dominated(points: list[ParetoPoint]) -> list[ParetoPoint]:

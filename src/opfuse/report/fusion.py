@@ -272,7 +272,8 @@ def build_report(original_graph: Graph, graph: Graph, plan: FusionPlan,
         covered.update(origin)
         zero = g.attrs.get("zero_copy") or ""
         groups.append(GroupReport(
-            index=i, name=g.name, kind=g.kind, rule=g.attrs.get("rule"), ops=g.op_types, nodes=[n.name for n in g.nodes],
+            index=i, name=g.name, kind=g.kind, rule=g.attrs.get("rule"), ops=g.op_types,
+            nodes=[n.name for n in g.nodes],
             origin=origin, kernels_before=len(origin), kernels_after=0 if zero else 1,
             bytes_before=sum(orig_bytes[o] for o in origin), bytes_after=group_bytes(g, graph),
             flops=sum(node_flops(n) for n in g.nodes), zero_copy=zero))

@@ -85,7 +85,7 @@ def summarize(graph: Graph) -> ModelSummary:
     return ModelSummary(
         name=graph.name,
         nodes=len(graph.nodes),
-        params=sum(v.type.size for v in consts),
+        params=sum(v.size for v in consts),
         param_bytes=sum(v.nbytes for v in consts),
         flops=sum(s.flops for s in ops),
         bytes_moved=sum(s.bytes for s in ops),

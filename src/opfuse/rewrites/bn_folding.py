@@ -46,7 +46,7 @@ BN_PARAMS = ("scale", "B", "mean", "var")
 def bn_scale_shift(bn: Node) -> tuple[np.ndarray, np.ndarray]:
     """``s = gamma / sqrt(var + eps)`` and ``shift = beta - mean * s`` in float64."""
     eps = float(get_spec("BatchNormalization").attrs_of(bn)["epsilon"])
-    gamma, beta, mean, var = (np.asarray(v.const, dtype=np.float64).reshape(-1) for v in bn.inputs[1:5])
+    gamma, beta, mean, var = (np.asarray(bn.input(i).const, dtype=np.float64).reshape(-1) for i in range(1, 5))
     s = gamma / np.sqrt(var + eps)
     return s, beta - mean * s
 
@@ -63,14 +63,14 @@ def _weight_refusal(op: Node, index: int, what: str) -> Refusal | None:
 def linear_producer_refusal(graph: Graph, op: Node, consumer: Node) -> Refusal | None:
     """Conditions shared by BN folding and Mul/Add folding: constant, unshared weights, and the
     op's output read only by ``consumer``."""
-    if op.op_type == "MatMul" and op.inputs[0].is_const and not op.inputs[1].is_const:
+    if op.op_type == "MatMul" and op.input(0).is_const and not op.input(1).is_const:
         return refuse("MatMul's constant operand is A, not the weight B")
     for index, what in ((1, "weight"), (2, "bias")):
         r = _weight_refusal(op, index, what)
         if r is not None:
             return r
-    if op.op_type == "MatMul" and len(op.inputs[1].shape) != 2:
-        return refuse(f"MatMul weight '{op.inputs[1].name}' is not 2-D")
+    if op.op_type == "MatMul" and len(op.input(1).shape) != 2:
+        return refuse(f"MatMul weight '{op.input(1).name}' is not 2-D")
     escape = outside_readers([op.output], {id(consumer)}, graph)
     if escape is not None:
         return refuse(f"{op.op_type} output {escape}")
@@ -94,7 +94,7 @@ def channel_axis_refusal(op: Node, axis: int) -> Refusal | None:
 
 def scale_weight(op: Node, s: np.ndarray) -> np.ndarray:
     """``op``'s weight with output channel ``c`` multiplied by ``s[c]`` (float64)."""
-    w = np.asarray(op.inputs[1].const, dtype=np.float64)
+    w = np.asarray(op.input(1).const, dtype=np.float64)
     if op.op_type == "Conv":
         return w * s.reshape((-1,) + (1,) * (w.ndim - 1))
     if op.op_type == "ConvTranspose":
@@ -127,7 +127,7 @@ def new_bias(op: Node, bias: np.ndarray) -> np.ndarray:
 
 def replacement(op: Node, weight: np.ndarray, bias: np.ndarray, name: str) -> Replacement:
     """``op`` again, with a new weight and bias (a MatMul with a bias becomes a Gemm, C = bias)."""
-    w = weight.astype(op.inputs[1].dtype)
+    w = weight.astype(op.input(1).dtype)
     b = new_bias(op, bias)
     if op.op_type == "MatMul":
         if not np.any(b):
@@ -142,7 +142,7 @@ def replacement(op: Node, weight: np.ndarray, bias: np.ndarray, name: str) -> Re
 def _bn_condition(m) -> str | None:
     bn, op = m["bn"], m["op"]
     graph = m.graph
-    for v, what in zip(bn.inputs[1:5], BN_PARAMS):
+    for v, what in zip(bn.inputs[1:5], BN_PARAMS, strict=True):
         if v is None or not v.is_const:
             return f"BatchNorm parameter {what} '{v.name if v else '?'}' is not a constant"
     r = linear_producer_refusal(graph, op, bn) or channel_axis_refusal(op, 1)

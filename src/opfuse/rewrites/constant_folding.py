@@ -50,7 +50,7 @@ def fold_constants(graph: Graph, rc: RewriteContext) -> bool:
             args = [v.const if v is not None else None for v in node.inputs]
         results = run_node(node, args)
         readers = [u for v in node.outputs for u, _ in v.uses]
-        for v, r in zip(node.outputs, results):
+        for v, r in zip(node.outputs, results, strict=True):
             c = add_const(graph, f"{v.name}_folded", np.asarray(r).astype(v.dtype, copy=False))
             substitute(graph, v, c)
         if node.outputs and node.outputs[0].producer is node:  # an output without readers kept it

@@ -47,9 +47,10 @@ def _merge_constants(graph: Graph) -> int:
     seen: dict[tuple, Value] = {}
     merged = 0
     for v in list(graph.constants):
-        if v.const.size > CSE_CONST_MAX_ELEMENTS or not v.uses:
+        const = v.const
+        if const is None or const.size > CSE_CONST_MAX_ELEMENTS or not v.uses:
             continue
-        key = (v.const.dtype.str, v.const.shape, np.ascontiguousarray(v.const).tobytes())
+        key = (const.dtype.str, const.shape, np.ascontiguousarray(const).tobytes())
         first = seen.setdefault(key, v)
         if first is not v and can_substitute(graph, v, first) is None:
             substitute(graph, v, first)
@@ -69,12 +70,13 @@ def eliminate_common_subexpressions(graph: Graph, rc: RewriteContext) -> bool:
         if first is None:
             seen[key] = node
             continue
-        why = next((w for w in (can_substitute(graph, old, new) for old, new in zip(node.outputs, first.outputs))
+        pairs = zip(node.outputs, first.outputs, strict=True)
+        why = next((w for w in (can_substitute(graph, old, new) for old, new in pairs)
                     if w), None)
         if why:  # e.g. both are graph outputs: each name must keep its value
             rc.log_refusal(RULE, [first.name, node.name], refuse(why))
             continue
-        for old, new in zip(node.outputs, first.outputs):
+        for old, new in zip(node.outputs, first.outputs, strict=True):
             substitute(graph, old, new)
         if node.outputs and node.outputs[0].producer is node:
             graph.remove_node(node)

@@ -80,7 +80,7 @@ def add_node(graph: Graph, op_type: str, inputs, *, name: str, attrs: dict | Non
              num_outputs: int = 1) -> Node:
     """Append a node and infer its output types (callers re-toposort after the rewrite)."""
     node = graph.add_node(op_type, list(inputs), num_outputs=num_outputs, attrs=attrs or {}, name=name)
-    for v, t in zip(node.outputs, infer_node(node)):
+    for v, t in zip(node.outputs, infer_node(node), strict=True):
         v.type = t
     return node
 
@@ -103,7 +103,7 @@ def merged_name(names: list[str]) -> str:
     (``query_matmul, key_matmul`` -> ``query_key_matmul``)."""
     parts = [n.split("_") for n in names]
     tail: list[str] = []
-    for tokens in zip(*[p[::-1] for p in parts]):
+    for tokens in zip(*[p[::-1] for p in parts], strict=False):  # the common suffix
         if len(set(tokens)) != 1:
             break
         tail.insert(0, tokens[0])

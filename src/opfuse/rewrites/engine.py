@@ -34,13 +34,13 @@ def _tracked(rule: Rule, graph: Graph, targets: dict) -> Rule:
 
 def run_pattern_rules(graph: Graph, rules: list[Rule], rc: RewriteContext, pass_name: str) -> bool:
     """Apply rewrite ``rules`` to ``graph`` in place; returns whether it changed."""
-    targets: dict[tuple, str] = {}
+    targets: dict[tuple, tuple[str, str | None]] = {}
 
     def record(d) -> None:
         if d.verdict == REFUSED:
             rc.log_refusal(d.rule, d.nodes, Refusal(RefusalKind(d.kind), d.reason))
             return
-        value_name, wanted = targets.get(d.nodes, (None, None))
+        value_name, wanted = targets.get(d.nodes, ("", None))
         new = graph.values[value_name].producer if value_name in graph.values else None
         if new is not None:
             # The engine suffixes new node names with the op type; the rule's chosen name is

@@ -23,12 +23,12 @@ def remove_identities(graph: Graph, rc: RewriteContext) -> bool:
         if any(v.uses or v in graph.outputs for v in node.outputs[1:]):
             rc.log_refusal(RULE, [node.name], refuse("the Dropout mask is read"))
             continue
-        why = can_substitute(graph, node.output, node.inputs[0])
+        why = can_substitute(graph, node.output, node.input(0))
         if why:
             rc.log_refusal(RULE, [node.name], refuse(why))
             continue
         readers = [u for u, _ in node.output.uses]
-        substitute(graph, node.output, node.inputs[0])
+        substitute(graph, node.output, node.input(0))
         if node.outputs[0].producer is node:  # still attached: an unread mask output
             graph.remove_node(node)
         rc.provenance.credit(node, readers)

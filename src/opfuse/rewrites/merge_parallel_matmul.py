@@ -37,7 +37,7 @@ from opfuse.rewrites.edit import (add_const, add_node, merged_name, remove_dead,
 
 
 def _weight(node: Node) -> Value | None:
-    w = node.inputs[1]
+    w = node.input(1)
     return w if w.is_const and len(w.shape) == 2 else None
 
 
@@ -110,10 +110,10 @@ def _split_refusal(graph: Graph, members: list[Node]) -> Refusal | None:
 
 def check_siblings(graph: Graph, members: list[Node], options: FusionOptions) -> Refusal | None:
     """The seed's three horizontal conditions, unshared equal-K weights, and a free Split."""
-    k = members[0].inputs[1].shape[0]
-    dtype = members[0].inputs[1].dtype
+    k = members[0].input(1).shape[0]
+    dtype = members[0].input(1).dtype
     for mm in members:
-        w = mm.inputs[1]
+        w = mm.input(1)
         if w.shape[0] != k or w.dtype != dtype:
             return refuse(f"weights differ in shape or dtype ('{w.name}' {w.type} vs K={k}, {dtype})")
         r = shared_const(w, mm)
@@ -126,7 +126,7 @@ def check_siblings(graph: Graph, members: list[Node], options: FusionOptions) ->
     if len(members) > options.max_horizontal_members:
         return Refusal(RefusalKind.RESOURCE, f"{len(members)} siblings exceed the limit of "
                                                   f"{options.max_horizontal_members}")
-    total = sum(mm.inputs[1].nbytes for mm in members)
+    total = sum(mm.input(1).nbytes for mm in members)
     if total > options.max_merged_weight_bytes:
         return Refusal(RefusalKind.RESOURCE, f"merged weight of {total} bytes exceeds the "
                                                   f"limit of {options.max_merged_weight_bytes} bytes")
@@ -138,20 +138,20 @@ def merge(graph: Graph, x: Value, members: list[Node], rc: RewriteContext) -> st
     biases = [_bias_add(graph, mm) for mm in members]
     names = [mm.name for mm in members]
     base = merged_name(names)
-    w = np.concatenate([np.asarray(mm.inputs[1].const) for mm in members], axis=1)
+    w = np.concatenate([np.asarray(mm.input(1).const) for mm in members], axis=1)
     merged = add_node(graph, "MatMul", [x, add_const(graph, f"{base}_weight", w)], name=base)
     rc.provenance.absorb(merged, members)
     y = merged.output
     if any(b is not None for b in biases):
         bias = np.concatenate([b[1] if b is not None else np.zeros(mm.output.shape[-1])
-                               for mm, b in zip(members, biases)]).astype(w.dtype)
+                               for mm, b in zip(members, biases, strict=True)]).astype(w.dtype)
         add = add_node(graph, "Add", [y, add_const(graph, f"{base}_bias", bias)], name=f"{base}_bias")
         rc.provenance.absorb(add, [b[0] for b in biases if b is not None])
         y = add.output
     sizes = [mm.output.shape[-1] for mm in members]
     split = add_node(graph, "Split", [y], name=f"{base}_split", num_outputs=len(members),
                      attrs={"axis": len(y.shape) - 1, "split": sizes})
-    for mm, b, out in zip(members, biases, split.outputs):
+    for mm, b, out in zip(members, biases, split.outputs, strict=True):
         substitute(graph, b[0].output if b is not None else mm.output, out)
     remove_dead(graph, members)
     return (f"{len(members)} MatMuls on '{x.name}' became one MatMul '{base}' with a {w.shape[0]}x{w.shape[1]} "

@@ -127,4 +127,5 @@ def mark_views(plan: FusionPlan) -> None:
             g.attrs["zero_copy"] = "view"
 
 
-__all__ = ["CONCAT_ALIAS", "VIEW_OPS", "aliasable_inputs", "is_view", "concat_input_refusal", "contiguous_slices", "mark_views"]
+__all__ = ["CONCAT_ALIAS", "VIEW_OPS", "aliasable_inputs", "is_view", "concat_input_refusal", "contiguous_slices",
+           "mark_views"]

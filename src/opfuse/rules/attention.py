@@ -48,7 +48,7 @@ def score_chain(softmax: Node, graph: Graph, ids: set[int] | None = None) -> tup
     Returns ``(qk, scale_ops)``; with ``ids`` the walk stays inside that node set.
     """
     chain: list[Node] = []
-    v = softmax.inputs[0]
+    v = softmax.input(0)
     while True:
         p = v.producer
         if p is None or (ids is not None and id(p) not in ids):
@@ -61,7 +61,7 @@ def score_chain(softmax: Node, graph: Graph, ids: set[int] | None = None) -> tup
         nxt = [u for u in p.input_values() if u.producer is not None and not u.is_const
                and (ids is None or id(u.producer) in ids)]
         # The chain continues through the operand that carries the scores (the widest one).
-        nxt.sort(key=lambda u: -u.type.size)
+        nxt.sort(key=lambda u: -u.size)
         if not nxt:
             return _refuse(f"Softmax '{softmax.name}' input is not a MatMul's scores")
         chain.append(p)
@@ -79,7 +79,7 @@ def attention_structure(nodes: list[Node], graph: Graph, outputs: frozenset[int]
                                                     "(attention)")
     sm = softmaxes[0]
     a = get_spec("Softmax").attrs_of(sm)
-    rank = len(sm.inputs[0].shape)
+    rank = len(sm.input(0).shape)
     if norm_axis(int(a["axis"]), rank, sm) != rank - 1:
         return _refuse(f"Softmax '{sm.name}' is not over the last (key) axis")
     pvs = [u for u, i in sm.outputs[0].uses if u.op_type == "MatMul" and i == 0 and id(u) in ids]
@@ -118,7 +118,7 @@ def attention_structure(nodes: list[Node], graph: Graph, outputs: frozenset[int]
             return _refuse(f"'{n.outputs[0].name}' is read outside before the head merge is complete")
     return {"qk": qk, "scale_ops": [n.name for n in scale_ops], "softmax": sm.name, "pv": pv.name,
             "prologue": [n.name for n in prologue], "epilogue": [n.name for n in epilogue],
-            "q": qk.inputs[0].name, "k": qk.inputs[1].name, "v": pv.inputs[1].name}
+            "q": qk.input(0).name, "k": qk.input(1).name, "v": pv.input(1).name}
 
 
 def find_attention(graph: Graph, softmax: Node, order: dict[int, int] | None = None,
@@ -144,7 +144,7 @@ def find_attention(graph: Graph, softmax: Node, order: dict[int, int] | None = N
         for n in list(members.values()):
             if id(n) in (id(x) for x in scale_ops) or n is softmax:
                 continue
-            operands = n.input_values() if n is not pv else [pv.inputs[1]]
+            operands = n.input_values() if n is not pv else [pv.input(1)]
             if n is not qk and n is not pv and not is_injective(n):
                 continue
             for v in operands:

@@ -67,7 +67,7 @@ def is_anchor(node: Node) -> bool:
 def is_row_normalization(node: Node) -> bool:
     spec = get_spec(node.op_type, node)
     return (spec.category == Category.REDUCTION and "normalization" in spec.tags
-            and node.outputs[0].shape == node.inputs[0].shape)
+            and node.outputs[0].shape == node.input(0).shape)
 
 
 def category_name(node: Node) -> str:

@@ -35,7 +35,7 @@ from opfuse.rules.options import FusionOptions
 from opfuse.rules.partition import Partition
 from opfuse.rules.plan_check import verify_plan
 from opfuse.rules.postdom import immediate_post_dominators
-from opfuse.rules.rule import Rule
+from opfuse.rules.rule import Fuse, Rule
 from opfuse.rules.site import Site
 
 
@@ -52,8 +52,9 @@ class Grouping:
         self.stats: dict[str, RuleStats] = {}
         self.facts: dict = {}  # what a rule keeps across its sites (e.g. values already aliased)
 
-    def judge(self, rule: Rule, site: Site) -> GroupShape | tuple[GroupShape, dict] | Refusal | None:
-        """Steps 1 and 2 of the module docstring: the shape to merge into, or the refusal."""
+    def judge(self, rule: Rule, site: Site) -> tuple[GroupShape, dict] | Refusal | None:
+        """Steps 1 and 2 of the module docstring: the shape (and attributes) to merge into, the
+        refusal, or ``None`` for a site that marks a group (``site.apply``) and passed."""
         if site.refusal is not None:
             return site.refusal
         if rule.condition is not None:
@@ -67,7 +68,8 @@ class Grouping:
             if isinstance(dom, Refusal):
                 return dom
             return self.legality.horizontal_shape(site.gids, site.shared, dom)
-        return self.legality.vertical(site.gids)
+        shape = self.legality.vertical(site.gids)
+        return shape if isinstance(shape, Refusal) else (shape, {})
 
     def run(self, rule: Rule) -> None:
         t0 = time.perf_counter()
@@ -76,6 +78,8 @@ class Grouping:
         order = self.p.order
         seeds.sort(key=lambda m: min(order[id(n)] for n in m.nodes))
         stats.attempts += len(seeds)
+        if not isinstance(rule.action, Fuse):
+            raise TypeError(f"'{rule.name}' is a rewrite rule: the fusion driver runs fusion rules (action Fuse)")
         for site in rule.action.propose(self, seeds):
             stats.matches += 1
             verdict = self.judge(rule, site)
@@ -85,10 +89,11 @@ class Grouping:
                                  else disabled(rule.name))
                 continue
             stats.applied += 1
-            if site.apply is not None:
+            if verdict is None:
+                assert site.apply is not None
                 site.apply(self, site)
             else:
-                shape, attrs = verdict if isinstance(verdict, tuple) else (verdict, {})
+                shape, attrs = verdict
                 gid = self.p.union(site.gids, shape, {**attrs, "rule": rule.name})
                 site.facts["gid"] = gid
             self.log.taken(rule.name, site.names, site.detail)

@@ -39,7 +39,7 @@ from __future__ import annotations
 from opfuse.errors import ModelError
 from opfuse.ir.graph import Graph, Node, Value
 from opfuse.ir.plan import FusionGroup, FusionPlan
-from opfuse.ops.registry import get_spec
+from opfuse.rules.categories import is_row_normalization
 from opfuse.rules.aliasing import concat_input_refusal, mark_views
 from opfuse.rules.decisions import Refusal, RefusalKind, disabled
 from opfuse.rules.graph_index import GraphIndex
@@ -132,7 +132,7 @@ class Legality:
         ordered = sorted(set(gids), key=p.order_key)
         members, kinds = [], []
         for g in ordered:
-            for m, kind in zip(self.members_of(g), p.attrs[g].get("member_kinds") or [p.kind(g)]):
+            for m, kind in zip(self.members_of(g), p.attrs[g].get("member_kinds") or [p.kind(g)], strict=True):
                 members.append([n.name for n in m])
                 kinds.append(kind)
         first = ordered[0]
@@ -180,9 +180,8 @@ def rule_of_shape(shape: GroupShape) -> str | None:
     if shape.kind == "reduction":
         if shape.attrs.get("prologue"):
             anchor = shape.anchor
-            row_norm = "normalization" in get_spec(anchor.op_type).tags and \
-                anchor.outputs[0].shape == anchor.inputs[0].shape
-            return "normalization_prologue" if row_norm else "elementwise_chain"
+            assert anchor is not None  # a reduction group is built around its reduction
+            return "normalization_prologue" if is_row_normalization(anchor) else "elementwise_chain"
         return "epilogue"
     return RULE_OF_KIND.get(shape.kind)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import heapq
 
+from opfuse.rules.decisions import Refusal
 from opfuse.rules.kernel_shape import GroupShape, boundary_outputs, classify, output_ids
 from opfuse.errors import ModelError
 from opfuse.ir.graph import Graph, Node
@@ -58,7 +59,7 @@ class Partition:
                         if h is not None and h != g and h not in self._succ[g]:
                             self._link(g, h)
         # Ranks start from the plan order (a topological order; raises on a cyclic partition).
-        self._slots: list[int | None] = self.groups_in_order()
+        self._slots: list[int | None] = list(self.groups_in_order())
         self._rank = {g: i for i, g in enumerate(self._slots)}
 
     @classmethod
@@ -199,7 +200,8 @@ class Partition:
         for h in sorted(pred):
             self._link(h, gid)
         window = [x for x in self._slots[lo:hi + 1] if x is not None and x not in S]
-        seq = [x for x in window if x not in down] + [gid] + [x for x in window if x in down]
+        seq: list[int | None] = [x for x in window if x not in down]
+        seq += [gid] + [x for x in window if x in down]
         seq += [None] * (hi - lo + 1 - len(seq))
         self._slots[lo:hi + 1] = seq
         for k, x in enumerate(seq, lo):
@@ -207,7 +209,7 @@ class Partition:
                 self._rank[x] = k
         return gid
 
-    def classify(self, gids) -> GroupShape:
+    def classify(self, gids) -> GroupShape | Refusal:
         return classify(self.nodes_of(gids), self.graph, self.outputs)
 
     # Result ----------------------------------------------------------------------------

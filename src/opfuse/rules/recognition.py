@@ -61,7 +61,7 @@ def derived_name(names: list[str], fallback: str) -> str:
     """A name for the op replacing ``names``: their common ``_``-separated prefix, else
     ``fallback`` (``gelu_div, gelu_erf, gelu_mul`` -> ``gelu``)."""
     common = []
-    for tokens in zip(*[n.split("_") for n in names]):
+    for tokens in zip(*[n.split("_") for n in names], strict=False):  # the common prefix
         if len(set(tokens)) != 1:
             break
         common.append(tokens[0])

@@ -31,7 +31,7 @@ from opfuse.rules.conflicts import DependencyRules, check_dependencies, check_re
 from opfuse.rules.decisions import REFUSED, REWRITTEN, Decision, RefusalKind, RuleStats
 from opfuse.rules.options import FusionOptions
 from opfuse.rules.rewrite import apply_replacement
-from opfuse.rules.rule import Replacement, Rule
+from opfuse.rules.rule import Fuse, Replacement, Rule
 
 # Rewrites applied by one run before it stops with an error: a rule set whose rewrites keep
 # matching their own output never reaches a fixed point; this bounds it per graph node.
@@ -113,7 +113,6 @@ class _Engine:
                     continue
                 t0 = time.perf_counter()
                 refusal = rule.check(m)
-                score = None if refusal is not None else rule.score(m)
                 st.seconds += time.perf_counter() - t0
                 if refusal is not None:
                     self.decided.add(k)
@@ -121,6 +120,9 @@ class _Engine:
                     self.matcher.ban(rule.pattern, m, refusal.culprits or None)
                     banned_any = True
                     continue
+                t0 = time.perf_counter()
+                score = rule.score(m)
+                st.seconds += time.perf_counter() - t0
                 self.push(ri, m, score)
             if not banned_any:
                 return
@@ -193,6 +195,7 @@ class _Engine:
 
     def apply_rewrite(self, rule: Rule, m, score: float) -> None:
         t0 = time.perf_counter()
+        assert not isinstance(rule.action, Fuse)  # the engine takes rewrite rules only (checked at start)
         rep = rule.action(m)
         if not isinstance(rep, Replacement):
             reason = rep if isinstance(rep, str) else f"rule '{rule.name}' produced no replacement"

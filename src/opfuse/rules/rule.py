@@ -162,5 +162,6 @@ def rule_names(rules) -> list[str]:
     return [r.name for r in rules]
 
 
-__all__ = ["Rule", "Fuse", "Refusal", "refuse", "Replacement", "default_benefit", "default_cost", "internal_bytes", "scalar",
+__all__ = ["Rule", "Fuse", "Refusal", "refuse", "Replacement", "default_benefit", "default_cost", "internal_bytes",
+           "scalar",
            "close", "outside_readers", "rule_names", "TRAFFIC_PER_INTERNAL_BYTE", "MIN_COST"]

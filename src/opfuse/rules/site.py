@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from opfuse.ir.graph import Value
 from opfuse.rules.decisions import Refusal
@@ -23,7 +24,7 @@ class Site:
     detail: str = ""
     shared: Value | None = None
     refusal: Refusal | None = None
-    apply: object | None = None
+    apply: Callable[[Any, "Site"], None] | None = None
     facts: dict = field(default_factory=dict)
 
 

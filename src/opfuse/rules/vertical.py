@@ -175,7 +175,8 @@ ELEMENTWISE = (Category.ELEMWISE, Category.BROADCAST)
 
 NORMALIZATION_PROLOGUE = Rule(
     "normalization_prologue", Op(category=ELEMENTWISE).named("start"),
-    condition=path_condition(_accepts_prologue), action=grow_to_post_dominator(_starts_prologue, reverse=True, target=_row_normalization_target),
+    condition=path_condition(_accepts_prologue),
+    action=grow_to_post_dominator(_starts_prologue, reverse=True, target=_row_normalization_target),
     priority=6, description="bias/residual Adds -> into the LayerNorm/Softmax that follows")
 EPILOGUE = Rule(
     "epilogue", Op(category=(Category.OUT_ELEMWISE_FUSABLE, Category.REDUCTION) + ELEMENTWISE).named("start"),

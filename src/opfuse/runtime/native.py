@@ -94,6 +94,7 @@ class CompiledModel:
         self._weights[:len(program.weights)] = np.frombuffer(program.weights, dtype=np.uint8)
         self._lock = threading.Lock()
         self.compile_report: dict = {}  # fusion report and planner results, filled by opfuse.compile
+        self.compilation: object | None = None  # the opfuse.compiler.Compilation it was built from
         self._threads = 1
         self._scratch = _aligned(0)
         self.threads = threads

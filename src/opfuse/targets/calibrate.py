@@ -113,8 +113,8 @@ def onchip_share() -> tuple[int, str]:
             best = (int(level), nbytes, sharers)
     if best is None:
         return DEFAULT_ONCHIP_BYTES, "default (no cache information in /sys)"
-    level, nbytes, sharers = best
-    return nbytes // sharers, f"L{level} {nbytes >> 10} KiB shared by {sharers} CPU(s)"
+    top, total, shared_by = best
+    return total // shared_by, f"L{top} {total >> 10} KiB shared by {shared_by} CPU(s)"
 
 
 def cache_line_bytes() -> int:
@@ -235,7 +235,7 @@ def saved_host_calibration(cache_path: Path | None = None) -> tuple[HardwareProf
     if cached.get("fingerprint") != fingerprint(find_compiler()):
         return None, f"the saved calibration {path} is for another machine or compiler"
     try:
-        return HardwareProfile.from_dict(cached.get("profile"), where=str(path)), ""
+        return HardwareProfile.from_dict(cached.get("profile") or {}, where=str(path)), ""
     except ProfileError:
         return None, f"the saved calibration {path} is invalid"
 

@@ -227,7 +227,7 @@ def measure_with_numpy(sizes: BenchSizes = FULL) -> Measurement:
     peaks = {}
     for dtype in ("float32", "float64"):
         m = np.ones((sizes.gemm_n, sizes.gemm_n), dtype=dtype)
-        t = _best_time(lambda: m @ m, sizes.gemm_reps)
+        t = _best_time(lambda m=m: m @ m, sizes.gemm_reps)
         peaks[dtype] = 2 * sizes.gemm_n ** 3 / t
     one, out = np.ones(1, np.float32), np.empty(1, np.float32)
     reps = max(1, sizes.call_reps // NUMPY_CALL_COST_RATIO)
