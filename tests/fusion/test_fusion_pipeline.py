@@ -9,7 +9,7 @@ from opfuse.passes import fuse
 from opfuse.passes import OptionError, PassTiming, make_context
 from opfuse.passes.pipeline import fusion_passes
 
-PASSES = ["verify", "simplify", "recognize", "fold_linear", "horizontal", "cleanup", "verify_rewrites", "fuse"]
+PASSES = ["verify", "simplify", "recognize", "fold_linear", "merge_matmuls", "cleanup", "verify_rewrites", "fuse"]
 
 
 def test_instruments_see_every_pass_and_decision(tmp_path):

@@ -26,7 +26,7 @@ def default_passes():
     return fusion_passes()
 
 
-PASSES = ["verify", "simplify", "recognize", "fold_linear", "horizontal", "cleanup", "verify_rewrites", "fuse"]
+PASSES = ["verify", "simplify", "recognize", "fold_linear", "merge_matmuls", "cleanup", "verify_rewrites", "fuse"]
 
 
 @pytest.fixture(scope="module")

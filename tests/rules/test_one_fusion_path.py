@@ -13,11 +13,8 @@ def test_bert_groups_name_their_rule_and_credit_every_original_op():
     assert r["kernels_before"] == 49
     assert sum(g["kernels_before"] for g in r["groups"]) == 49
     _, rules = known_names()
-    for g in r["groups"]:
-        if len(g["nodes"]) > 1:
-            assert g["rule"] in rules, g
-        else:
-            assert g["rule"] in (None, "concat_alias"), g
+    for g in r["groups"]:  # fused groups by a fusion rule, LayerNorms by the rewrite that recognised them
+        assert g["rule"] in rules, g
     assert "eta" not in r["planner"]  # one eta per report
 
 

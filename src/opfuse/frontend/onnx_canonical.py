@@ -1,9 +1,10 @@
-"""Import rules: each ONNX node (any opset 11-21) becomes nodes in the canonical IR form.
+"""Canonicalizers: each ONNX node (any opset 11-21) becomes nodes in the canonical IR form.
 
-A rule is ``rule(ctx, node, inputs) -> [Value | None]``: it reads the ONNX node (``node``: op,
+A canonicalizer is ``fn(ctx, node, inputs) -> [Value | None]``, registered with
+``@canonicalizes(op_type, ...)``: it reads the ONNX node (``node``: op,
 op version, attributes as plain Python, input/output names), the already-imported input values,
 emits IR nodes through ``ctx.emit`` (which infers shapes and folds constants), and returns one
-value per ONNX output (``None`` for an output nobody reads). Ops without a rule are emitted as
+value per ONNX output (``None`` for an output nobody reads). Ops without one are emitted as
 they are. The canonical forms are described in ``opfuse.ops`` and the common brief:
 
 * operands that decide shapes are attributes: Squeeze/Unsqueeze/Reduce* ``axes``, Split ``split``;
@@ -24,8 +25,8 @@ from opfuse.frontend.onnx_opsets import (AXES_INPUT_SINCE, DROPOUT_INPUTS_SINCE,
 from opfuse.frontend.onnx_import_context import ImportContext, OnnxNode
 from opfuse.ir.graph import Value
 
-Rule = Callable[[ImportContext, OnnxNode, list], list]
-RULES: dict[str, Rule] = {}
+Canonicalizer = Callable[[ImportContext, OnnxNode, list], list]
+CANONICALIZERS: dict[str, Canonicalizer] = {}
 
 # Ops the importer removes entirely (their outputs are rewired), so opfuse needs no OpSpec.
 REMOVED_OPS = frozenset({"Constant", "Identity", "Dropout"})
@@ -40,10 +41,10 @@ OPTIONAL_OUTPUTS_FROM = {
 }
 
 
-def rule(*op_types: str):
-    def register(fn: Rule) -> Rule:
+def canonicalizes(*op_types: str):
+    def register(fn: Canonicalizer) -> Canonicalizer:
         for op in op_types:
-            RULES[op] = fn
+            CANONICALIZERS[op] = fn
         return fn
     return register
 
@@ -82,7 +83,7 @@ _CONSTANT_SCALAR_ATTRS = {"value_float": np.float32, "value_int": np.int64}
 _CONSTANT_LIST_ATTRS = {"value_floats": np.float32, "value_ints": np.int64}
 
 
-@rule("Constant")
+@canonicalizes("Constant")
 def constant(ctx, node, inputs):
     """``Constant`` becomes a constant value named after its output."""
     if len(node.attrs) != 1:
@@ -101,12 +102,12 @@ def constant(ctx, node, inputs):
     return [ctx.const(node.outputs[0], arr)]
 
 
-@rule("Identity")
+@canonicalizes("Identity")
 def identity(ctx, node, inputs):
     return [inputs[0]]
 
 
-@rule("Dropout")
+@canonicalizes("Dropout")
 def dropout(ctx, node, inputs):
     """Inference Dropout is the identity; its mask (if read) is all true."""
     if node.version >= DROPOUT_INPUTS_SINCE:
@@ -125,7 +126,7 @@ def dropout(ctx, node, inputs):
 
 # Attribute <-> input moves ----------------------------------------------------------------
 
-@rule("Squeeze", "Unsqueeze", "ReduceSum", "ReduceMean", "ReduceMax")
+@canonicalizes("Squeeze", "Unsqueeze", "ReduceSum", "ReduceMean", "ReduceMax")
 def axes_as_attribute(ctx, node, inputs):
     """``axes`` as an attribute, whichever form the op version uses."""
     attrs = dict(node.attrs)
@@ -141,7 +142,7 @@ def axes_as_attribute(ctx, node, inputs):
     return emit_as_is(ctx, node, inputs[:1], attrs)
 
 
-@rule("Split")
+@canonicalizes("Split")
 def split(ctx, node, inputs):
     """Explicit ``split`` sizes as an attribute (or none: an equal split)."""
     attrs = dict(node.attrs)
@@ -172,7 +173,7 @@ def _split_sizes_18(node, x: Value, n: int, axis: int) -> list[int]:
 
 # Semantics that changed ---------------------------------------------------------------------
 
-@rule("Softmax")
+@canonicalizes("Softmax")
 def softmax(ctx, node, inputs):
     """Before opset 13 Softmax(axis=a) is softmax over the flattened block ``x.shape[a:]``.
 
@@ -198,7 +199,7 @@ def softmax(ctx, node, inputs):
                     outputs=node.outputs)
 
 
-@rule("Clip")
+@canonicalizes("Clip")
 def clip(ctx, node, inputs):
     """Bounds as optional inputs; the old ``min``/``max`` attribute form is accepted too."""
     attrs = dict(node.attrs)
@@ -215,7 +216,7 @@ def clip(ctx, node, inputs):
     return emit_as_is(ctx, node, [x] + bounds, attrs)
 
 
-@rule("Resize")
+@canonicalizes("Resize")
 def resize(ctx, node, inputs):
     """Opset 11 marks an unused ``roi``/``scales`` with an empty tensor; the IR uses "absent"."""
     inputs = list(inputs)

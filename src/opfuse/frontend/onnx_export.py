@@ -3,7 +3,7 @@
 Each IR node becomes one or more ONNX nodes: canonical attribute forms are written back in the
 target opset's form, and ops that are not ONNX ops at that opset (opfuse's ``Silu``; ``Gelu``
 before 20, ``LayerNormalization`` before 17, ``HardSwish`` before 14) are expanded into standard
-ops (``onnx_export_rules``). Constants become initializers; value, node, input and output names
+ops (``onnx_exporters``). Constants become initializers; value, node, input and output names
 are kept. Attributes are written with the types the ONNX schema declares; an attribute that the
 target opset cannot express is dropped when it holds the value that means "old behaviour" and
 is an ``UnsupportedOpError`` otherwise.
@@ -17,7 +17,7 @@ from onnx import helper
 
 from opfuse.errors import InputError, ModelError, UnsupportedOpError
 from opfuse.frontend.onnx_export_context import ExportContext
-from opfuse.frontend.onnx_export_rules import EXPORT_RULES
+from opfuse.frontend.onnx_exporters import EXPORTERS
 from opfuse.frontend.onnx_opsets import MAX_OPSET, MIN_OPSET
 from opfuse.frontend.onnx_protos import array_to_tensor, onnx_elem_type
 from opfuse.ir.graph import Graph, Node, Value
@@ -62,7 +62,7 @@ def export_model(graph: Graph, opset: int | None = None) -> onnx.ModelProto:
         if node.domain:
             raise UnsupportedOpError(node.op_type, node.name, target,
                                      detail=f"domain '{node.domain}' cannot be exported")
-        EXPORT_RULES.get(node.op_type, _export_as_is)(ctx, node)
+        EXPORTERS.get(node.op_type, _export_as_is)(ctx, node)
 
     outputs = []
     seen: set[str] = set()

@@ -1,8 +1,8 @@
-"""What export rules write through: ``ExportContext`` collects the ONNX nodes and initializers
+"""What exporters write through: ``ExportContext`` collects the ONNX nodes and initializers
 of one export, gives fresh names, and writes each attribute with the type the target opset's
 schema declares (dropping one the opset lacks only when it holds the "old behaviour" value).
 
-``onnx_export`` drives the export; ``onnx_export_rules`` holds the rules.
+``onnx_export`` drives the export; ``onnx_exporters`` holds the rules.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ _NEUTRAL_LIST_ATTRS = {"dilations": 1, "strides": 1}
 
 
 class ExportContext:
-    """Collects ONNX nodes and initializers; export rules write through it."""
+    """Collects ONNX nodes and initializers; exporters write through it."""
 
     def __init__(self, graph: Graph, opset: int):
         self.graph = graph

@@ -29,7 +29,7 @@ import onnx.defs
 
 from opfuse.errors import ModelError, UnsupportedOpError
 from opfuse.frontend.input_shapes import Dim, bind_input_shapes
-from opfuse.frontend.onnx_canonical import REMOVED_OPS, RULES, emit_as_is
+from opfuse.frontend.onnx_canonical import REMOVED_OPS, CANONICALIZERS, emit_as_is
 from opfuse.frontend.onnx_files import read_model
 from opfuse.frontend.onnx_import_context import ImportContext, OnnxNode
 from opfuse.frontend.onnx_opsets import DEFAULT_DOMAINS, MAX_OPSET, MIN_OPSET
@@ -201,7 +201,7 @@ def _walk(graph: Graph, opset: int, nodes: list[OnnxNode], output_names: list[st
     env: dict[str, Value] = dict(graph.values)
     for n in order:
         inputs = [env[i] if i else None for i in n.inputs]
-        values = RULES.get(n.op_type, emit_as_is)(ctx, n, inputs)
+        values = CANONICALIZERS.get(n.op_type, emit_as_is)(ctx, n, inputs)
         for name, v in zip(n.outputs, values, strict=False):
             if name and v is not None:
                 env[name] = v

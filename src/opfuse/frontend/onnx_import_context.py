@@ -1,4 +1,4 @@
-"""What import rules work with: ``OnnxNode`` (one checked ONNX node as a plain record) and
+"""What canonicalizers work with: ``OnnxNode`` (one checked ONNX node as a plain record) and
 ``ImportContext`` (the graph under construction, fresh names, constants, and ``emit``, which adds
 an IR node, infers its output types and folds it into constants when it is foldable).
 
@@ -33,7 +33,7 @@ class OnnxNode:
 
 
 class ImportContext:
-    """What import rules use: the graph under construction and name/constant helpers."""
+    """What canonicalizers use: the graph under construction and name/constant helpers."""
 
     def __init__(self, graph: Graph, opset: int, reserved_values: set[str], reserved_nodes: set[str],
                  use_counts: dict[str, int]):

@@ -4,7 +4,7 @@
     simplify        Identity/Dropout removal, constant folding, CSE, dead code
     recognize       LayerNorm, erf/tanh GELU, SiLU, hard-swish -> one op each (pattern rules)
     fold_linear     BatchNorm and per-channel Mul/Add folded into Conv/Gemm/MatMul (pattern rules)
-    horizontal      sibling MatMuls on one input -> one MatMul + Split
+    merge_matmuls   sibling MatMuls on one input -> one MatMul + Split
     cleanup         simplify again
     verify_rewrites the rewrites kept the IR well formed
     fuse            the fusion rules (``opfuse.rules.library.fusion_rules``) form the candidate

@@ -257,6 +257,15 @@ def _not_chosen(graph, a, b, values, owner, disabled_nodes, chooser: str) -> Ref
                                           f"{b.kind} group (left to the planner)")
 
 
+def _rewrite_rule(origin: list[str], rewritten: list[tuple[str, set[str]]]) -> str | None:
+    """The rewrite rule that made a one-op group out of several original ops (e.g. a LayerNorm
+    recognised from its decomposed formula): the one whose match covers most of ``origin``."""
+    if len(origin) < 2:
+        return None
+    best = max(rewritten, key=lambda r: len(r[1] & set(origin)), default=None)
+    return best[0] if best is not None and best[1] & set(origin) else None
+
+
 def build_report(original_graph: Graph, graph: Graph, plan: FusionPlan,
                  decisions: list[Decision] | None = None, *, explain: bool = True,
                  options: FusionOptions | None = None, chooser: str = "fusion rules") -> FusionReport:
@@ -266,14 +275,15 @@ def build_report(original_graph: Graph, graph: Graph, plan: FusionPlan,
     orig = {n.name: n for n in original_graph.nodes}
     orig_bytes = {name: node_bytes(n) for name, n in orig.items()}
     covered: set[str] = set()
+    rewritten = [(d.rule, set(d.nodes)) for d in decisions if d.verdict == REWRITTEN]
     groups = []
     for i, g in enumerate(plan.groups, 1):
         origin = [o for o in g.attrs.get("origin", [n.name for n in g.nodes]) if o in orig]
         covered.update(origin)
         zero = g.attrs.get("zero_copy") or ""
         groups.append(GroupReport(
-            index=i, name=g.name, kind=g.kind, rule=g.attrs.get("rule"), ops=g.op_types,
-            nodes=[n.name for n in g.nodes],
+            index=i, name=g.name, kind=g.kind, rule=g.attrs.get("rule") or _rewrite_rule(origin, rewritten),
+            ops=g.op_types, nodes=[n.name for n in g.nodes],
             origin=origin, kernels_before=len(origin), kernels_after=0 if zero else 1,
             bytes_before=sum(orig_bytes[o] for o in origin), bytes_after=group_bytes(g, graph),
             flops=sum(node_flops(n) for n in g.nodes), zero_copy=zero))

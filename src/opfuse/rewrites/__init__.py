@@ -6,7 +6,7 @@ name through the options):
     simplify     remove Identity/Dropout, constant folding, CSE, dead-code elimination
     recognize    decomposed LayerNorm, erf/tanh GELU, SiLU, hard-swish -> one op each
     fold_linear  BatchNorm and per-channel Mul/Div/Add/Sub folded into Conv/Gemm/MatMul weights
-    horizontal   sibling MatMuls on one input -> one MatMul on concatenated weights + Split
+    merge_matmuls sibling MatMuls on one input -> one MatMul on concatenated weights + Split
     cleanup      simplify again: the rewrites leave dead constants and nodes behind
 
 One sweep suffices: each stage only enables later ones (recognition needs no folding, folding
@@ -65,7 +65,7 @@ def rewrite_passes() -> list[tuple[str, Pass, list[str]]]:
         ("simplify", simplify, list(SIMPLIFY_RULES)),
         ("recognize", lambda g, rc: run_pattern_rules(g, recognize, rc, "recognize"), [r.name for r in recognize]),
         ("fold_linear", lambda g, rc: run_pattern_rules(g, fold, rc, "fold_linear"), [r.name for r in fold]),
-        ("horizontal", merge_parallel_matmuls, [HORIZONTAL_MATMUL]),
+        ("merge_matmuls", merge_parallel_matmuls, [HORIZONTAL_MATMUL]),
         ("cleanup", simplify, []),
     ]
 

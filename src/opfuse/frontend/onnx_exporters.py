@@ -1,7 +1,7 @@
-"""Export rules: canonical IR nodes written in a target opset's ONNX form.
+"""Exporters: canonical IR nodes written in a target opset's ONNX form.
 
-A rule is ``rule(ctx, node)``; ops without one are written as they are. Expansions state their
-math:
+An exporter is ``fn(ctx, node)``, registered with ``@exports(op_type, ...)``; ops without one
+are written as they are. Expansions state their math:
 
 * ``Silu(x) = x * Sigmoid(x)``;
 * ``Gelu(x) = 0.5 x (1 + erf(x / sqrt 2))``, or with ``approximate="tanh"``
@@ -30,14 +30,14 @@ from opfuse.ir.graph import Node
 
 GELU_TANH_COEFF = 0.044715  # the cubic coefficient of the tanh approximation of GELU
 
-ExportRule = Callable[[ExportContext, Node], None]
-EXPORT_RULES: dict[str, ExportRule] = {}
+Exporter = Callable[[ExportContext, Node], None]
+EXPORTERS: dict[str, Exporter] = {}
 
 
-def rule(*op_types: str):
-    def register(fn: ExportRule) -> ExportRule:
+def exports(*op_types: str):
+    def register(fn: Exporter) -> Exporter:
         for op in op_types:
-            EXPORT_RULES[op] = fn
+            EXPORTERS[op] = fn
         return fn
     return register
 
@@ -67,7 +67,7 @@ def axes_operand(ctx: ExportContext, node: Node, op_type: str, x: str, axes: lis
 
 # Attribute/input forms ------------------------------------------------------------------------
 
-@rule("Squeeze", "Unsqueeze", "ReduceSum", "ReduceMean", "ReduceMax")
+@exports("Squeeze", "Unsqueeze", "ReduceSum", "ReduceMean", "ReduceMax")
 def axes_form(ctx, node):
     attrs = dict(node.attrs)
     axes = attrs.pop("axes", None) or None
@@ -81,7 +81,7 @@ def axes_form(ctx, node):
     axes_operand(ctx, node, node.op_type, x, axes, attrs, out=y)
 
 
-@rule("Split")
+@exports("Split")
 def split(ctx, node):
     """Always explicit sizes (read from the output shapes), as an input from opset 13."""
     attrs = dict(node.attrs)
@@ -95,7 +95,7 @@ def split(ctx, node):
         ctx.emit(node, [node.input(0).name], dict(attrs, split=sizes))
 
 
-@rule("Softmax")
+@exports("Softmax")
 def softmax(ctx, node):
     if ctx.opset >= SOFTMAX_SINGLE_AXIS_SINCE:
         ctx.emit(node)
@@ -112,7 +112,7 @@ def softmax(ctx, node):
     ctx.op(node, "Transpose", [s], out=node.output.name, perm=inverse)
 
 
-@rule("Clip")
+@exports("Clip")
 def clip(ctx, node):
     """Bounds as inputs (an IR node might still carry the old attribute form)."""
     attrs = dict(node.attrs)
@@ -125,7 +125,7 @@ def clip(ctx, node):
     ctx.emit(node, inputs, attrs)
 
 
-@rule("Pad")
+@exports("Pad")
 def pad(ctx, node):
     """Before opset 18 Pad has no ``axes`` input: spell the pads out for every axis."""
     has_axes = len(node.inputs) > 3 and node.inputs[3] is not None
@@ -145,7 +145,7 @@ def pad(ctx, node):
     ctx.emit(node, ins)
 
 
-@rule("Resize")
+@exports("Resize")
 def resize(ctx, node):
     """Before opset 13 an unused ``roi``/``scales`` is an empty tensor, not a missing input."""
     inputs = [v.name if v is not None else None for v in node.inputs]
@@ -156,7 +156,7 @@ def resize(ctx, node):
     ctx.emit(node, inputs)
 
 
-@rule("Dropout")
+@exports("Dropout")
 def dropout(ctx, node):
     """Inference Dropout is the identity (``ratio`` is irrelevant and changed form at 12)."""
     if len(node.outputs) == 1:
@@ -165,7 +165,7 @@ def dropout(ctx, node):
         ctx.emit(node, [node.input(0).name], {})
 
 
-@rule("BatchNormalization")
+@exports("BatchNormalization")
 def batch_norm(ctx, node):
     attrs = {k: v for k, v in node.attrs.items() if not (k == "spatial" and v == 1)}
     ctx.emit(node, attrs=attrs)
@@ -173,13 +173,13 @@ def batch_norm(ctx, node):
 
 # Expansions -------------------------------------------------------------------------------------
 
-@rule("Silu")
+@exports("Silu")
 def silu(ctx, node):
     x = node.input(0).name
     ctx.op(node, "Mul", [x, ctx.op(node, "Sigmoid", [x])], out=node.output.name)
 
 
-@rule("HardSwish")
+@exports("HardSwish")
 def hard_swish(ctx, node):
     if _native(ctx, node):
         ctx.emit(node)
@@ -189,7 +189,7 @@ def hard_swish(ctx, node):
            out=node.output.name)
 
 
-@rule("Gelu")
+@exports("Gelu")
 def gelu(ctx, node):
     if _native(ctx, node):
         ctx.emit(node)
@@ -210,7 +210,7 @@ def gelu(ctx, node):
     ctx.op(node, "Mul", [half_x, one_plus], out=node.output.name)
 
 
-@rule("LayerNormalization")
+@exports("LayerNormalization")
 def layer_norm(ctx, node):
     if _native(ctx, node):
         ctx.emit(node)
