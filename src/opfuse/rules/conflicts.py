@@ -71,8 +71,9 @@ def group_inputs(nodes) -> list:
 
 
 def check_resources(nodes, graph, limits: FusionOptions) -> Refusal | None:
-    if len(nodes) > limits.max_ops_per_group:
-        return Refusal(RESOURCE, f"{len(nodes)} ops exceed the limit of {limits.max_ops_per_group} ops per group")
+    too_big = limits.size_refusal(len(nodes))
+    if too_big is not None:
+        return too_big
     if limits.max_group_inputs is not None:
         k = len(group_inputs(nodes))
         if k > limits.max_group_inputs:

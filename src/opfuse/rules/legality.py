@@ -68,10 +68,9 @@ class Legality:
             if self.p.attrs[g].get("zero_copy") == "concat":
                 return Refusal(RefusalKind.CONDITION, f"Concat '{self.p.members[g][0].name}' is elided "
                                                         f"(its producers write into its slices)")
-        size = sum(len(self.p.members[g]) for g in gids)
-        if size > self.options.max_ops_per_group:
-            return Refusal(RefusalKind.RESOURCE, f"{size} ops exceed the limit of "
-                                                      f"{self.options.max_ops_per_group} per kernel")
+        too_big = self.options.size_refusal(sum(len(self.p.members[g]) for g in gids))
+        if too_big is not None:
+            return too_big
         shape = self.p.classify(gids)
         if isinstance(shape, Refusal):
             return shape
@@ -108,10 +107,9 @@ class Legality:
         if n_members > self.options.max_horizontal_members:
             return Refusal(RefusalKind.RESOURCE, f"{n_members} siblings exceed the limit of "
                                                       f"{self.options.max_horizontal_members}")
-        size = sum(len(self.p.members[g]) for g in gids)
-        if size > self.options.max_ops_per_group:
-            return Refusal(RefusalKind.RESOURCE, f"{size} ops exceed the limit of "
-                                                      f"{self.options.max_ops_per_group} per kernel")
+        too_big = self.options.size_refusal(sum(len(self.p.members[g]) for g in gids))
+        if too_big is not None:
+            return too_big
         domains = []
         for g in gids:
             d = self.domain(g, value)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from opfuse.rules.decisions import Refusal, RefusalKind
+
 # Register-pressure proxy: the largest kernel body we let one group have. The largest group
 # the zoo needs is BERT's attention (split heads, two MatMuls, scale, Softmax, merge heads:
 # about 14 ops); twice that leaves room for masks and casts without admitting runaway chains.
@@ -45,6 +47,12 @@ class FusionOptions:
 
     def is_disabled(self, name: str) -> bool:
         return name in self.disabled
+
+    def size_refusal(self, ops: int) -> Refusal | None:
+        """The resource condition on one kernel's size: ``ops`` ops fit, or why not."""
+        if ops > self.max_ops_per_group:
+            return Refusal(RefusalKind.RESOURCE, f"{ops} ops exceed the limit of {self.max_ops_per_group} per kernel")
+        return None
 
     def with_(self, **changes) -> "FusionOptions":
         return replace(self, **changes)

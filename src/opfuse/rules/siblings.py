@@ -69,9 +69,9 @@ def node_set_shape(graph, nodes: list[Node], options: FusionOptions | None = Non
     options = options or FusionOptions()
     index = index if index is not None else GraphIndex(graph)
     nodes = index.in_order(nodes)
-    if len(nodes) > options.max_ops_per_group:
-        return Refusal(RefusalKind.RESOURCE, f"{len(nodes)} ops exceed the limit of "
-                                                  f"{options.max_ops_per_group} per kernel")
+    too_big = options.size_refusal(len(nodes))
+    if too_big is not None:
+        return too_big
     comps = components(nodes)
     if len(comps) == 1:
         return classify(nodes, graph, index.outputs)
