@@ -159,7 +159,7 @@ def bench_rule_legality(size, target):
 
 
 def print_rule_legality(rows):
-    print(f"\nrule legality (greedy plan_fusion with opfuse.fusion RuleLegality; goal: 10k nodes "
+    print(f"\nrule legality (greedy plan_fusion with opfuse.rules RuleLegality; goal: 10k nodes "
           f"under {TEN_K_BUDGET_S:.0f} s):")
     print(f"{'nodes':<9}{'target':<11}{'plan s':>9}{'legality s':>12}{'check_group':>13}{'us/query':>10}"
           f"{'proposed s':>12}{'kernels':>9}")
