@@ -5,7 +5,7 @@ reference and onnxruntime on the same inputs), plus the arena size of each plan.
     python benchmarks/bench_codegen.py resnet8 ds_cnn --threads 2 --repeat 50
 
 Writes ``benchmarks/results/codegen.json`` and prints a table. The fused plan comes from
-``plan_fn(graph) -> FusionPlan`` (default: the fusion pipeline ``opfuse.fusion.fuse``); the
+``plan_fn(graph) -> FusionPlan`` (default: the fusion pipeline ``opfuse.passes.fuse``); the
 plan may belong to a rewritten copy of the graph (``plan.graph``), which is what gets built.
 Latencies are wall-clock per ``run`` call; medians and minimums over ``--repeat`` runs after
 ``--warmup`` runs, the contenders' calls interleaved (the minimum is the better estimate on a
@@ -38,7 +38,7 @@ REFERENCE_REPEAT = 3  # the NumPy reference is slow; a few runs give its order o
 
 def fusion_pipeline_plan(graph: Graph) -> FusionPlan:
     """``--plan rules``: the fusion passes' maximal legal grouping (rewrites + grouping)."""
-    from opfuse.fusion import fuse
+    from opfuse.passes import fuse
     _, plan, _ = fuse(graph)
     return plan
 

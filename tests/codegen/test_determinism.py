@@ -10,7 +10,7 @@ from pathlib import Path
 from cg_support import fused_plan
 from opfuse.codegen import generate
 
-zoo = __import__("pytest").importorskip("opfuse.zoo")
+from opfuse import zoo
 
 SCRIPT = """
 import hashlib, sys

@@ -1,7 +1,7 @@
 """Plain reference versions of the indexed legality queries, for the equivalence tests.
 
 Each answers from scratch, by brute force over the whole graph (what the indexed versions in
-``opfuse.fusion`` must agree with): reachability by an unbounded walk, cycles by contracting
+``opfuse.rules.legality`` must agree with): reachability by an unbounded walk, cycles by contracting
 the groups and looking for a cycle in the whole group graph, the plan order by Kahn's
 algorithm on a group graph rebuilt from the nodes.
 """

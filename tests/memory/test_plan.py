@@ -13,7 +13,7 @@ from opfuse.memory.static import static_values
 from opfuse.ops import GraphBuilder
 from opfuse.testing.random_graphs import graphs, property_settings
 
-zoo = pytest.importorskip("opfuse.zoo")
+from opfuse import zoo
 
 
 def _check_plan(plan: FusionPlan):

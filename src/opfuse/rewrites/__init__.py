@@ -81,7 +81,7 @@ class RewriteResult:
 
 def rewrite(graph: Graph, options: FusionOptions | None = None,
             provenance: Provenance | None = None) -> RewriteResult:
-    """Run the rewrite pipeline on ``graph`` in place (``opfuse.fusion.fuse`` runs the same
+    """Run the rewrite pipeline on ``graph`` in place (``opfuse.passes.fuse`` runs the same
     stages as instrumented passes)."""
     options = options or FusionOptions()
     rc = RewriteContext(options, provenance or Provenance(graph))
