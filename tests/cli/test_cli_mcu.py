@@ -34,6 +34,7 @@ def test_export_writes_a_firmware_library(tmp_path, capsys):
     assert "OPFUSE_ARENA_BYTES" in (out / "README.md").read_text()
     if mcu.tools_available():
         assert rep["code_bytes"] > 0 and rep["flash_bytes"] > rep["weights_bytes"]
+        assert 0 < rep["stack_bound_bytes"] < 4096 and "opfuse_run" in rep["stack_frames"]
     assert "wrote" in capsys.readouterr().out
 
 
@@ -41,6 +42,7 @@ def test_export_without_the_cross_compiler_counts_the_weights(tmp_path, no_tools
     assert main(["compile", "zoo:ds_cnn", "--target", "cortex-m7", "-o", str(tmp_path)]) == 0
     rep = json.loads((tmp_path / "report.json").read_text())
     assert rep["code_bytes"] is None and rep["flash_bytes"] == rep["weights_bytes"]
+    assert rep["stack_bound_bytes"] is None
 
 
 def test_other_targets_are_still_planned_only(tmp_path, capsys):

@@ -1,7 +1,7 @@
 """The microcontroller flavour of the program (``CodegenOptions(platform="mcu")``), checked on the
 host: its C is portable C99, so the host compiler builds it too. Same bits as the host build, no
 memory outside the arena, nothing of libc beyond math.h and string.h. (The emulated Cortex-M7
-runs are in ``tests/runtime/test_mcu.py``.)"""
+runs are in ``tests/runtime/test_mcu_qemu.py``.)"""
 from __future__ import annotations
 
 import ctypes

@@ -11,6 +11,8 @@ import pytest
 
 from opfuse.codegen.program import TensorSpec
 from opfuse.compiler import CompileOptions, plan_model
+from opfuse.errors import InputError
+from opfuse.ops import GraphBuilder
 from opfuse.runtime import mcu, reference
 from opfuse.runtime.native import build
 
@@ -25,6 +27,16 @@ def test_ticks_to_instructions():
     # Past 2^32 ticks the coarse timer (256 ticks a count) says how often the fine one wrapped.
     total = 2 ** 32 + 3200
     assert mcu.instructions_from_ticks(total % 2 ** 32, total // 256, 0) == total * 40 // 128
+
+
+def test_inputs_are_checked_before_anything_is_built():
+    b = GraphBuilder("relu")
+    g = b.build(b.op("Relu", b.input("x", (2, 3))))
+    program = mcu.generate_mcu(g, None)
+    with pytest.raises(InputError, match="'x'"):
+        mcu.run_on_qemu(program, {})
+    with pytest.raises(InputError, match="shape"):
+        mcu.run_on_qemu(program, {"x": np.zeros((3, 2), np.float32)})
 
 
 def _nop_program(n: int):

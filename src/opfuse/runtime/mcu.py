@@ -41,6 +41,7 @@ from opfuse.errors import OpfuseError
 from opfuse.ir.graph import Graph
 from opfuse.ir.plan import FusionPlan
 from opfuse.memory.plan import MemoryPlan
+from opfuse.runtime.reference import check_inputs
 from opfuse.runtime.toolchain import ToolchainError
 
 TARGET = "cortex-m7"
@@ -103,8 +104,8 @@ def tools_available() -> bool:
 
 # Generation and export ---------------------------------------------------------------------
 
-def generate_mcu(graph: Graph, plan: FusionPlan, memory: MemoryPlan | None = None) -> CProgram:
-    """The standalone C library of ``graph`` under ``plan`` for the Cortex-M7."""
+def generate_mcu(graph: Graph, plan: FusionPlan | None, memory: MemoryPlan | None = None) -> CProgram:
+    """The standalone C library of ``graph`` under ``plan`` (unfused when None) for the Cortex-M7."""
     return generate(graph, plan, memory=memory, options=options_for_target(TARGET))
 
 
@@ -115,8 +116,9 @@ def _run(cmd: list[str], timeout: float, cwd: Path | None = None) -> subprocess.
         raise McuRunError(f"{Path(cmd[0]).name} did not finish within {timeout:.0f} s") from None
 
 
-def _compile(tools: McuTools, source: Path, obj: Path, include: Path) -> None:
-    proc = _run([tools.gcc, *CFLAGS, "-I", str(include), "-c", str(source), "-o", str(obj)], COMPILE_TIMEOUT_S)
+def _compile(tools: McuTools, source: Path, obj: Path, include: Path, *extra: str) -> None:
+    proc = _run([tools.gcc, *CFLAGS, *extra, "-I", str(include), "-c", str(source), "-o", str(obj)],
+                COMPILE_TIMEOUT_S)
     if proc.returncode != 0:
         errors = "\n".join(proc.stderr.splitlines()[:40])
         raise McuRunError(f"arm-none-eabi-gcc failed on {source.name} (exit {proc.returncode}):\n{errors}")
@@ -157,23 +159,49 @@ def write_library(program: CProgram, directory: Path) -> list[Path]:
     return out
 
 
-def library_sizes(program: CProgram, workdir: Path | None = None) -> Sizes | None:
-    """Code and weights of the library alone, as the cross compiler builds them (None without it)."""
+@dataclass(frozen=True)
+class LibraryBuild:
+    """The library alone as the cross compiler builds it: sizes, and the stack frame of every
+    function (gcc's ``-fstack-usage``; all static: no alloca, no variable-length arrays)."""
+
+    sizes: Sizes
+    frames: dict[str, int]
+
+    @property
+    def stack_bound_bytes(self) -> int:
+        """``opfuse_run``'s frame plus the deepest kernel's, which calls nothing but inlined
+        helpers and libm (whose frames are not counted)."""
+        run = self.frames.get("opfuse_run", 0)
+        return run + max((b for f, b in self.frames.items() if f != "opfuse_run"), default=0)
+
+
+def _stack_frames(su: Path) -> dict[str, int]:
+    frames = {}
+    for line in su.read_text().splitlines():
+        where, nbytes, kind = line.split("\t")
+        if kind.split(",")[0] != "static":
+            raise McuRunError(f"a generated function has a {kind} stack frame: {where}")
+        frames[where.rsplit(":", 1)[-1]] = int(nbytes)
+    return frames
+
+
+def measure_library(program: CProgram) -> LibraryBuild | None:
+    """Cross-compile the library alone to measure it (None without the cross compiler)."""
     if not tools_available():
         return None
     tools = find_tools()
-    with tempfile.TemporaryDirectory(prefix="opfuse-mcu-size-") as tmp:
-        d = Path(workdir or tmp)
+    with tempfile.TemporaryDirectory(prefix="opfuse-mcu-lib-") as tmp:
+        d = Path(tmp)
         write_library(program, d)
         objs = []
         for name in (SOURCE_NAME, WEIGHTS_NAME):
             obj = d / (Path(name).stem + ".o")
-            _compile(tools, d / name, obj, d)
+            _compile(tools, d / name, obj, d, "-fstack-usage")
             objs.append(obj)
-        return sizes(tools, *objs)
+        return LibraryBuild(sizes(tools, *objs), _stack_frames(d / "model.su"))
 
 
-def mcu_report(program: CProgram, compile_report: Mapping | None = None, lib: Sizes | None = None) -> dict:
+def mcu_report(program: CProgram, compile_report: Mapping | None = None, built: LibraryBuild | None = None) -> dict:
     """``report.json``: the arena (tensors and scratch), flash, and per-kernel estimates."""
     assert program.mcu is not None
     rep = dict(compile_report or {})
@@ -186,6 +214,7 @@ def mcu_report(program: CProgram, compile_report: Mapping | None = None, lib: Si
                         "predicted_latency_s": g.get("predicted_latency_s"), "bound": g.get("bound"),
                         "flops": g.get("flops"), "bytes": g.get("bytes_after")})
     weights = len(program.weights)
+    lib = built.sizes if built is not None else None
     out = {
         "target": TARGET,
         "model": rep.get("model"),
@@ -202,6 +231,8 @@ def mcu_report(program: CProgram, compile_report: Mapping | None = None, lib: Si
         "flash_bytes": lib.flash if lib is not None else weights,
         "flash_note": ("code and weights, as arm-none-eabi-gcc builds them" if lib is not None else
                        "weights only: arm-none-eabi-gcc was not found to measure the code"),
+        "stack_bound_bytes": built.stack_bound_bytes if built is not None else None,
+        "stack_frames": built.frames if built is not None else None,
         "predicted_latency_s": rep.get("predicted_latency_s"),
         "main_memory_bytes": rep.get("bytes_after"),
         "kernel_estimates": kernels,
@@ -259,8 +290,7 @@ def export_library(program: CProgram, directory: str | Path, compile_report: Map
     compiler is there)."""
     d = Path(directory)
     files = write_library(program, d)
-    lib = library_sizes(program)
-    rep = mcu_report(program, compile_report, lib)
+    rep = mcu_report(program, compile_report, measure_library(program))
     model = (compile_report or {}).get("model") or "model"
     (d / "README.md").write_text(README.format(model=model, functions=program.num_functions,
                                                weights=len(program.weights), arena=program.arena_bytes))
@@ -411,6 +441,7 @@ def run_on_qemu(program: CProgram, feeds: Mapping[str, np.ndarray], workdir: str
     """Build the firmware for ``program`` with ``feeds`` baked in and run it under QEMU."""
     if program.mcu is None:
         raise OpfuseError("this program was generated for the host; use generate_mcu")
+    feeds = check_inputs(program.memory.graph, feeds)
     if workdir is not None:
         d = Path(workdir)
         d.mkdir(parents=True, exist_ok=True)
