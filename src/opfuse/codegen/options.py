@@ -59,8 +59,8 @@ class CodegenOptions:
 # and one of B in S0-S31. MC = 64 covers the output channels of MLPerf Tiny's convolutions, so
 # each im2col panel of B is packed once; NC and KC bound the scratch (4 KiB tile, 4 KiB panel),
 # which lives in the arena here. Chosen by executed instructions under QEMU (resnet8,
-# mobilenet_v1_025_96, ds_cnn): 2 x 8 was within 2%; NC = 32 saved 0.3-3% of the instructions
-# for 5-8 KiB more arena.
+# mobilenet_v1_025_96, ds_cnn): 2 x 8 was within 2%; NC = 32 saved 0.2-3% of the instructions
+# for 1.5-8 KiB more arena. No loop is ever worth threads, so no OpenMP pragma is emitted.
 CORTEX_M7 = CodegenOptions(platform="mcu", weights="embed", gemm_mr=4, gemm_nr=4, gemm_mc=64, gemm_nc=16,
                            gemm_kc=64, parallel_min_work=1 << 62)
 TARGET_OPTIONS = {"cortex-m7": CORTEX_M7}
