@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint venv clean bench
+.PHONY: demo test lint venv clean bench mcu-tools
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,23 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	if grep -q '^\[tool.importlinter\]' pyproject.toml; then $(VENV)/bin/lint-imports; fi
 
-test: lint
+# The Cortex-M7 cross toolchain and emulator (Debian packages), installed only when missing and
+# apt-get is there; otherwise a note, and the Cortex-M7 tests skip saying what is missing.
+MCU_PACKAGES := gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+mcu-tools:
+	@if command -v arm-none-eabi-gcc >/dev/null && command -v qemu-system-arm >/dev/null; then \
+	  echo "mcu-tools: arm-none-eabi-gcc and qemu-system-arm found"; \
+	elif command -v apt-get >/dev/null; then \
+	  echo "mcu-tools: installing $(MCU_PACKAGES)"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $(MCU_PACKAGES); \
+	else \
+	  echo "mcu-tools: no arm-none-eabi-gcc/qemu-system-arm and no apt-get: the Cortex-M7 tests will skip"; \
+	fi
+
+test: lint mcu-tools
 	$(PY) -m pytest -q
 
 clean:

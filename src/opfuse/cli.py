@@ -85,6 +85,8 @@ def cmd_run(args) -> int:
     if args.backend == "reference":
         from opfuse.runtime.reference import run
         outputs = run(graph, feeds)
+    elif args.backend == "cortex-m7":
+        outputs = _run_mcu(args, graph, feeds)
     else:
         from opfuse.compiler import compile as compile_model
         model = compile_model(graph, fuse=not args.no_fuse, threads=args.threads,
@@ -105,10 +107,30 @@ def cmd_run(args) -> int:
         np.savez(args.outputs, **outputs)  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
         print(f"wrote {args.outputs}")
     if args.compare:
-        theirs = _ort_outputs(args.model, graph, feeds)
+        from opfuse.runtime import reference
+        theirs = _ort_outputs(args.model, graph, feeds) if args.compare == "onnxruntime" else \
+            reference.run(graph, feeds)
         for name, abs_err, rel_err in compare_outputs(outputs, theirs):
             print(f"compare {args.compare} {name}: max abs error {abs_err:.3g}, max rel error {rel_err:.3g}")
     return 0
+
+
+def _run_mcu(args, graph, feeds: dict) -> dict[str, np.ndarray]:
+    """Plan for the Cortex-M7, cross-compile, run under QEMU; print what it executed and its sizes."""
+    from opfuse.compiler import CompileOptions, plan_model
+    from opfuse.runtime.mcu import QEMU_MACHINE, find_tools, generate_mcu, run_on_qemu
+    find_tools()  # a missing toolchain is one line, before any planning
+    comp = plan_model(graph, CompileOptions(target="cortex-m7", fuse=not args.no_fuse,
+                                            corrections=not args.no_corrections))
+    res = run_on_qemu(generate_mcu(comp.graph, comp.plan, comp.memory), feeds)
+    lib, img = res.firmware.library, res.firmware.image
+    print(f"cortex-m7 (QEMU {QEMU_MACHINE}): {comp.report['kernels_after']} kernels "
+          f"({'fused' if not args.no_fuse else 'unfused'}), {res.instructions:,} instructions executed")
+    print(f"model: arena {res.arena_bytes:,} bytes (layer-by-layer bound {comp.memory.lower_bound_bytes:,}), "
+          f"stack {res.stack_bytes:,} bytes, flash {lib.flash:,} bytes (code and weights)")
+    print(f"firmware (arm-none-eabi-size): flash {img.flash:,} bytes (text {img.text:,} + data {img.data:,}), "
+          f"SRAM {img.sram:,} bytes (data {img.data:,} + bss {img.bss:,}), plus the stack")
+    return res.outputs
 
 
 def cmd_zoo(args) -> int:
@@ -235,17 +257,26 @@ def cmd_compile(args) -> int:
         with open(args.report_json, "w") as f:
             json.dump(comp.report, f, indent=1, sort_keys=False, default=str)
         print(f"wrote {args.report_json}")
-    if args.emit_c:
-        from opfuse.compiler import build_native
-        if args.target != "host":
-            raise OpfuseError(f"--emit-c builds for the host; target '{args.target}' is planned only")
-        files = build_native(comp).export_c(args.emit_c)
+    if args.emit_c or args.output:
+        files = _write_library(comp, args.emit_c or args.output, args.target, "--emit-c" if args.emit_c else "-o")
         print(f"wrote {', '.join(str(f) for f in files)}")
     if args.log_decisions:
         print(f"wrote decision log {args.log_decisions}")
     if args.dump_ir:
         print(f"wrote IR dumps to {args.dump_ir}")
     return 0
+
+
+def _write_library(comp, directory: str, target: str, flag: str) -> list:
+    """The C library for ``target``: the host's shared-library sources, or the Cortex-M7's
+    standalone firmware library."""
+    if target == "cortex-m7":
+        from opfuse.runtime.mcu import export_library, generate_mcu
+        return export_library(generate_mcu(comp.graph, comp.plan, comp.memory), directory, comp.report)
+    if target != "host":
+        raise OpfuseError(f"{flag} builds for host or cortex-m7; target '{target}' is planned only")
+    from opfuse.compiler import build_native
+    return build_native(comp).export_c(directory)
 
 
 def cmd_explain(args) -> int:
@@ -364,10 +395,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run a model and print its outputs")
     _add_model(p)
-    p.add_argument("--backend", choices=["reference", "c"], default="reference")
+    p.add_argument("--backend", choices=["reference", "c", "cortex-m7"], default="reference",
+                   help="cortex-m7: cross-compile and run on an emulated Cortex-M7 (QEMU)")
     p.add_argument("--inputs", help="npz file keyed by input names (default: seeded random inputs)")
     p.add_argument("--outputs", help="write outputs to this npz file")
-    p.add_argument("--compare", choices=["onnxruntime"], help="also run in this runtime and print errors")
+    p.add_argument("--compare", choices=["onnxruntime", "reference"], help="also run in this runtime and print errors")
     p.add_argument("--seed", type=int, default=0, help="seed for random inputs")
     p.add_argument("--no-fuse", action="store_true", help="C backend: one kernel per op")
     p.add_argument("--threads", type=int, default=1, help="C backend: OpenMP threads")
@@ -381,6 +413,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report-json", metavar="FILE", help="write the report as JSON")
     p.add_argument("--pareto", action="store_true", help="print the Pareto front (latency, memory, kernels)")
     p.add_argument("--emit-c", metavar="DIR", help="write the generated C library (host target)")
+    p.add_argument("-o", "--output", metavar="DIR",
+                   help="write the C library for the target (cortex-m7: a standalone library for firmware)")
     p.add_argument("--measure", action="store_true",
                    help="host: build with kernel timers, run, and report measured next to predicted latency")
     p.add_argument("--repeat", type=int, default=20, help="timed runs for --measure")

@@ -7,6 +7,9 @@ from opfuse.errors import OpfuseError
 
 LAYOUTS = ("NCHW",)
 WEIGHT_MODES = ("blob", "embed")
+# "host": a shared library for this machine (OpenMP, per-thread scratch outside the arena);
+# "mcu": a standalone C99 library for a microcontroller (see ``codegen/mcu.py``).
+PLATFORMS = ("host", "mcu")
 
 
 @dataclass(frozen=True)
@@ -32,11 +35,16 @@ class CodegenOptions:
     weights: str = "blob"
     # Time every kernel call (clock_gettime around it); read back with CompiledModel.profile.
     profile: bool = False
+    platform: str = "host"
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
             raise OpfuseError(f"layout {self.layout!r} is not supported by the C backend (supported: "
                               f"{', '.join(LAYOUTS)})")
+        if self.platform not in PLATFORMS:
+            raise OpfuseError(f"platform {self.platform!r}: expected one of {', '.join(PLATFORMS)}")
+        if self.platform == "mcu" and self.profile:
+            raise OpfuseError("kernel timers (profile=True) need an OS clock: not on the mcu platform")
         if self.weights not in WEIGHT_MODES:
             raise OpfuseError(f"weights mode {self.weights!r}: expected one of {', '.join(WEIGHT_MODES)}")
         if self.gemm_mc % self.gemm_mr or self.gemm_nc % self.gemm_nr:
@@ -44,3 +52,20 @@ class CodegenOptions:
 
     def with_(self, **kw) -> "CodegenOptions":
         return replace(self, **kw)
+
+
+# Cortex-M7: one thread, no cache worth blocking for, 32 single-precision registers. The 4 x 4
+# micro-kernel (written out by ``mcu.unrolled_microkernel``) keeps 16 accumulators, 4 values of A
+# and one of B in S0-S31. MC = 64 covers the output channels of MLPerf Tiny's convolutions, so
+# each im2col panel of B is packed once; NC and KC bound the scratch (4 KiB tile, 4 KiB panel),
+# which lives in the arena here. Chosen by executed instructions under QEMU (resnet8,
+# mobilenet_v1_025_96, ds_cnn): 2 x 8 was within 2%; NC = 32 saved 0.2-3% of the instructions
+# for 1.5-8 KiB more arena. No loop is ever worth threads, so no OpenMP pragma is emitted.
+CORTEX_M7 = CodegenOptions(platform="mcu", weights="embed", gemm_mr=4, gemm_nr=4, gemm_mc=64, gemm_nc=16,
+                           gemm_kc=64, parallel_min_work=1 << 62)
+TARGET_OPTIONS = {"cortex-m7": CORTEX_M7}
+
+
+def options_for_target(target: str) -> CodegenOptions:
+    """The code generator's options for a compilation target (the host's defaults otherwise)."""
+    return TARGET_OPTIONS.get(target, CodegenOptions())

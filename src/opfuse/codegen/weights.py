@@ -40,14 +40,18 @@ class WeightsBlob:
             buf[off:off + len(data)] = data
         return bytes(buf)
 
-    def c_array(self, name: str) -> str:
-        """The blob as a C definition of 32-bit little-endian words (for embedding)."""
+    def c_words(self) -> tuple[int, str]:
+        """The blob as 32-bit little-endian words: (count, C initializer lines)."""
         data = self.tobytes()
         data += b"\0" * (-len(data) % 4)
         words = np.frombuffer(data, dtype="<u4") if data else np.zeros(1, dtype="<u4")
         lines = []
         for i in range(0, len(words), _WORDS_PER_LINE):
             lines.append("  " + ", ".join(f"0x{w:08x}u" for w in words[i:i + _WORDS_PER_LINE]) + ",")
-        body = "\n".join(lines)
-        return (f"static const uint32_t {name}[{len(words)}] __attribute__((aligned({WEIGHTS_ALIGNMENT}))) = {{\n"
+        return len(words), "\n".join(lines)
+
+    def c_array(self, name: str) -> str:
+        """The blob as a C definition of 32-bit little-endian words (for embedding)."""
+        n, body = self.c_words()
+        return (f"static const uint32_t {name}[{n}] __attribute__((aligned({WEIGHTS_ALIGNMENT}))) = {{\n"
                 f"{body}\n}};\n")

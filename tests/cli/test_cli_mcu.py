@@ -1,0 +1,65 @@
+"""``opfuse compile --target cortex-m7 -o DIR`` and ``opfuse run --backend cortex-m7``."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from opfuse.cli import main
+from opfuse.runtime import mcu
+
+needs_tools = pytest.mark.skipif(not mcu.tools_available(),
+                                 reason="Cortex-M7 tests need arm-none-eabi-gcc, newlib and qemu-system-arm: "
+                                        "run `make mcu-tools`")
+
+
+@pytest.fixture
+def no_tools(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    mcu.find_tools.cache_clear()
+    yield
+    mcu.find_tools.cache_clear()
+
+
+def test_export_writes_a_firmware_library(tmp_path, capsys):
+    out = tmp_path / "m7"
+    assert main(["compile", "zoo:resnet8", "--target", "cortex-m7", "-o", str(out)]) == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["README.md", "model.c", "model.h", "model_weights.c", "report.json"]
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["arena_bytes"] >= rep["arena_tensor_bytes"] >= rep["arena_lower_bound_bytes"] > 0
+    assert f"#define OPFUSE_ARENA_BYTES {rep['arena_bytes']}u" in (out / "model.h").read_text()
+    assert rep["flash_bytes"] >= rep["weights_bytes"] > 0
+    assert all("predicted_latency_s" in k and "scratch_bytes" in k for k in rep["kernel_estimates"])
+    assert "OPFUSE_ARENA_BYTES" in (out / "README.md").read_text()
+    if mcu.tools_available():
+        assert rep["code_bytes"] > 0 and rep["flash_bytes"] > rep["weights_bytes"]
+        assert 0 < rep["stack_bound_bytes"] < 4096 and "opfuse_run" in rep["stack_frames"]
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_export_without_the_cross_compiler_counts_the_weights(tmp_path, no_tools):
+    assert main(["compile", "zoo:ds_cnn", "--target", "cortex-m7", "-o", str(tmp_path)]) == 0
+    rep = json.loads((tmp_path / "report.json").read_text())
+    assert rep["code_bytes"] is None and rep["flash_bytes"] == rep["weights_bytes"]
+    assert rep["stack_bound_bytes"] is None
+
+
+def test_other_targets_are_still_planned_only(tmp_path, capsys):
+    assert main(["compile", "zoo:resnet8", "--target", "a100", "-o", str(tmp_path)]) == 2
+    assert "planned only" in capsys.readouterr().err
+
+
+def test_missing_toolchain_is_one_line_and_exit_2(no_tools, capsys):
+    assert main(["run", "zoo:resnet8", "--backend", "cortex-m7"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "make mcu-tools" in err[0] and "arm-none-eabi-gcc" in err[0]
+
+
+@needs_tools
+def test_run_on_the_emulated_m7_prints_count_sizes_and_errors(capsys):
+    assert main(["run", "zoo:resnet8", "--backend", "cortex-m7", "--compare", "reference"]) == 0
+    out = capsys.readouterr().out
+    assert "instructions executed" in out and "arm-none-eabi-size" in out and "SRAM" in out
+    err = float(out.split("max rel error ")[1].split()[0])
+    assert err < 1e-4

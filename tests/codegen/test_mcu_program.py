@@ -1,0 +1,171 @@
+"""The microcontroller flavour of the program (``CodegenOptions(platform="mcu")``), checked on the
+host: its C is portable C99, so the host compiler builds it too. Same bits as the host build, no
+memory outside the arena, nothing of libc beyond math.h and string.h. (The emulated Cortex-M7
+runs are in ``tests/runtime/test_mcu_qemu.py``.)"""
+from __future__ import annotations
+
+import ctypes
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cg_support import epilogue_plan
+from opfuse.codegen import generate
+from opfuse.codegen.mcu import HEADER_NAME, SOURCE_NAME, WEIGHTS_NAME, unrolled_microkernel
+from opfuse.codegen.options import CORTEX_M7, CodegenOptions, options_for_target
+from opfuse.compiler import CompileOptions, plan_model
+from opfuse.errors import OpfuseError
+from opfuse.ops import GraphBuilder
+from opfuse.runtime import reference
+from opfuse.runtime.native import build
+from opfuse.runtime.toolchain import find_compiler
+
+GUARD = 256  # poisoned bytes on both sides of the arena
+POISON = 0xA7
+HOST_FLAGS = ["-O2", "-std=c99", "-pedantic", "-Werror=implicit-function-declaration", "-ffp-contract=off",
+              "-fno-math-errno", "-fPIC", "-shared"]
+# What the generated code may call: math.h and string.h (the host compiler's own names aside).
+ALLOWED_HEADERS = {"math.h", "stddef.h", "stdint.h", "string.h", HEADER_NAME}
+STRING_H = {"memcpy", "memset", "memmove", "memcmp"}
+MATH_H = re.compile(r"(exp|log|log2|log10|log1p|expm1|pow|sqrt|cbrt|sin|cos|tan|asin|acos|atan|atan2|sinh|cosh|"
+                    r"tanh|asinh|acosh|atanh|erf|erfc|fabs|floor|ceil|round|lround|rint|nearbyint|trunc|fmod|"
+                    r"remainder|fmin|fmax|copysign|ldexp|frexp|modf|hypot)f?")
+
+
+class HostRun:
+    """The mcu library built as a host shared library and called through ``opfuse_run``."""
+
+    def __init__(self, program, directory: Path):
+        for name, text in program.mcu.files(program.source).items():
+            (directory / name).write_text(text)
+        lib = directory / "libmcu.so"
+        cc = find_compiler()
+        subprocess.run([cc, *HOST_FLAGS, "-o", str(lib), str(directory / SOURCE_NAME), str(directory / WEIGHTS_NAME),
+                        "-lm"], check=True, capture_output=True, text=True)
+        obj = directory / "model.o"
+        subprocess.run([cc, "-O2", "-std=c99", "-ffp-contract=off", "-fno-math-errno", "-c", "-o", str(obj),
+                        str(directory / SOURCE_NAME)], check=True)
+        nm = subprocess.run(["nm", "-u", str(obj)], capture_output=True, text=True, check=True).stdout
+        self.undefined = [line.split()[-1] for line in nm.splitlines() if line.strip()]
+        self.program = program
+        self.lib = ctypes.CDLL(str(lib))
+        self.lib.opfuse_run.restype = ctypes.c_int
+
+    def run(self, feeds, fill: int = POISON):
+        p = self.program
+        ins = [np.ascontiguousarray(feeds[t.name], dtype=t.dtype) for t in p.inputs]
+        outs = [np.full(t.shape, np.nan, dtype=t.dtype) for t in p.outputs]
+        buf = np.full(p.arena_bytes + 2 * GUARD + 64, fill, dtype=np.uint8)
+        start = GUARD + (-(buf.ctypes.data + GUARD) % 64)
+        in_ptrs = (ctypes.c_void_p * max(len(ins), 1))(*[a.ctypes.data for a in ins])
+        out_ptrs = (ctypes.c_void_p * max(len(outs), 1))(*[a.ctypes.data for a in outs])
+        assert self.lib.opfuse_run(in_ptrs, out_ptrs, ctypes.c_void_p(buf.ctypes.data + start)) == 0
+        untouched = np.concatenate([buf[:start], buf[start + p.arena_bytes:]])
+        assert (untouched == fill).all(), "a kernel wrote outside the arena"
+        return {t.name: a for t, a in zip(p.outputs, outs, strict=True)}
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+@pytest.fixture(scope="module")
+def resnet8(tmp_path_factory):
+    comp = plan_model("zoo:resnet8", CompileOptions(target="cortex-m7"))
+    program = generate(comp.graph, comp.plan, memory=comp.memory, options=options_for_target("cortex-m7"))
+    return comp, program, HostRun(program, tmp_path_factory.mktemp("mcu-resnet8"))
+
+
+def test_same_bits_as_the_host_build_and_nothing_outside_the_arena(resnet8, cache_dir):
+    comp, program, host_mcu = resnet8
+    feeds = reference.random_inputs(comp.graph, 0)
+    host = build(comp.graph, comp.plan, memory=comp.memory, cache_dir=cache_dir).run(feeds)
+    first = host_mcu.run(feeds)
+    again = host_mcu.run(feeds, fill=0x00)  # the arena's old contents do not matter
+    for name, want in host.items():
+        assert _same_bits(first[name], want) and _same_bits(again[name], want)
+
+
+def test_scratch_lives_in_the_arena_beside_the_live_tensors(resnet8):
+    comp, program, _ = resnet8
+    assert program.scratch_stride == 0 and "scratch" not in program.mcu.header
+    placed = [k for k in program.kernels if k.scratch_bytes]
+    assert placed, "resnet8's convolutions pack panels in scratch"
+    assert program.arena_bytes >= comp.memory.arena_bytes
+    for t, k in enumerate(program.kernels):
+        if not k.scratch_bytes:
+            continue
+        lo, hi = k.scratch_offset, k.scratch_offset + k.scratch_bytes
+        assert hi <= program.arena_bytes
+        for off, size, start, end in comp.memory.blocks.values():
+            if start <= t <= end:
+                assert hi <= off or off + size <= lo, (k.group, (lo, hi), (off, size))
+
+
+def test_no_os_no_threads_no_libc_beyond_math_and_string(resnet8):
+    _, program, host_mcu = resnet8
+    src = program.source
+    assert set(re.findall(r'#include [<"]([^>"]+)[>"]', src)) <= ALLOWED_HEADERS
+    assert not re.search(r"\b(omp|malloc|calloc|free|printf|clock_gettime|pthread)\b", src.replace("OPFUSE_", ""))
+    assert "OPFUSE_PRAGMA(omp" not in src
+    calls = {s for s in host_mcu.undefined if not s.startswith("_") and s != "opfuse_weights"}
+    assert all(s in STRING_H or MATH_H.fullmatch(s) for s in calls), calls
+
+
+def test_header_declares_the_entry_point_and_the_arena(resnet8):
+    _, program, _ = resnet8
+    h = program.mcu.header
+    assert f"#define OPFUSE_ARENA_BYTES {program.arena_bytes}u" in h
+    assert "int opfuse_run(const float *const inputs[], float *const outputs[], uint8_t *arena);" in h
+    assert "const uint32_t opfuse_weights[" in program.mcu.weights_source
+    assert "opfuse_weights" not in program.source.split("int opfuse_run")[0].replace("model.h", "")
+
+
+def test_outputs_no_kernel_writes_are_copied(tmp_path):
+    """A graph input returned as is, a constant output, the same value twice."""
+    b = GraphBuilder("passthrough")
+    x = b.input("x", (2, 3))
+    r = b.op("Relu", x)
+    k = b.const("k", np.arange(4, dtype=np.float32))
+    g = b.build(r, x, k, r)
+    program = generate(g, None, options=CORTEX_M7)
+    feeds = {"x": np.arange(6, dtype=np.float32).reshape(2, 3) - 3}
+    outs = HostRun(program, tmp_path).run(feeds)
+    assert np.array_equal(outs["x"], feeds["x"])
+    assert np.array_equal(outs["k"], np.arange(4, dtype=np.float32))
+    assert np.array_equal(outs["relu"], np.maximum(feeds["x"], 0))
+
+
+def test_runtime_operands_and_epilogues_match_the_host(tmp_path, cache_dir):
+    """MatMul of two run-time tensors packs both panels in scratch; Softmax and the epilogue."""
+    rng = np.random.default_rng(5)
+    b = GraphBuilder("mm")
+    a = b.input("a", (2, 19, 37))
+    bb = b.input("b", (2, 37, 23))
+    y = b.op("MatMul", a, bb)
+    z = b.op("Add", y, b.const("bias", rng.standard_normal(23).astype(np.float32)))
+    g = b.build(b.op("Softmax", b.op("Relu", z)))
+    plan = epilogue_plan(g)
+    feeds = reference.random_inputs(g, 2)
+    want = build(g, plan, cache_dir=cache_dir).run(feeds)
+    got = HostRun(generate(g, plan, options=CORTEX_M7), tmp_path).run(feeds)
+    for name in want:
+        assert _same_bits(got[name], want[name])
+
+
+def test_unrolled_microkernel_names_every_accumulator():
+    text = unrolled_microkernel("opfuse_ukr_4x4", 4, 4)
+    assert len(re.findall(r"c\d_\d \+= a\d \* bj;", text)) == 16 and "acc[" not in text
+    assert "static inline void opfuse_ukr_4x4(long kc, const float* restrict a" in text
+
+
+def test_mcu_options_are_checked():
+    with pytest.raises(OpfuseError, match="platform"):
+        CodegenOptions(platform="rtos")
+    with pytest.raises(OpfuseError, match="profile"):
+        CodegenOptions(platform="mcu", profile=True)
+    assert options_for_target("host") == CodegenOptions()
+    assert options_for_target("cortex-m7").platform == "mcu"

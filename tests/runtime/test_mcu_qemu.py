@@ -1,0 +1,97 @@
+"""The Cortex-M7 backend under QEMU: same bits as the host build, an exact instruction count.
+
+Needs arm-none-eabi-gcc, newlib and qemu-system-arm (``make mcu-tools`` installs them); without
+them these tests skip, saying so."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from opfuse.codegen.program import TensorSpec
+from opfuse.compiler import CompileOptions, plan_model
+from opfuse.errors import InputError
+from opfuse.ops import GraphBuilder
+from opfuse.runtime import mcu, reference
+from opfuse.runtime.native import build
+
+needs_tools = pytest.mark.skipif(not mcu.tools_available(),
+                                 reason="Cortex-M7 tests need arm-none-eabi-gcc, newlib and qemu-system-arm: "
+                                        "run `make mcu-tools`")
+
+
+def test_ticks_to_instructions():
+    # shift 7: 128 ns an instruction, 40 ns a tick: 1000 instructions are 3200 ticks.
+    assert mcu.instructions_from_ticks(3200 + 16, 12, 16) == 1000
+    # Past 2^32 ticks the coarse timer (256 ticks a count) says how often the fine one wrapped.
+    total = 2 ** 32 + 3200
+    assert mcu.instructions_from_ticks(total % 2 ** 32, total // 256, 0) == total * 40 // 128
+
+
+def test_inputs_are_checked_before_anything_is_built():
+    b = GraphBuilder("relu")
+    g = b.build(b.op("Relu", b.input("x", (2, 3))))
+    program = mcu.generate_mcu(g, None)
+    with pytest.raises(InputError, match="'x'"):
+        mcu.run_on_qemu(program, {})
+    with pytest.raises(InputError, match="shape"):
+        mcu.run_on_qemu(program, {"x": np.zeros((3, 2), np.float32)})
+
+
+def _nop_program(n: int):
+    """A stand-in library whose opfuse_run executes exactly ``n`` more instructions per ``n``."""
+    source = ('#include "model.h"\n'
+              "int opfuse_run(const float *const inputs[], float *const outputs[], uint8_t *arena) {\n"
+              f'  (void)inputs; (void)arena;\n  __asm__ volatile(".rept {n}\\n\\tnop\\n\\t.endr");\n'
+              "  outputs[0][0] = 1.0f;\n  return 0;\n}\n")
+    header = ("#include <stdint.h>\n#define OPFUSE_ARENA_BYTES 16u\n#define OPFUSE_ARENA_ALIGN 8u\n"
+              "int opfuse_run(const float *const inputs[], float *const outputs[], uint8_t *arena);\n")
+    files = {"model.c": source, "model.h": header, "model_weights.c": "const int opfuse_unused = 0;\n"}
+    return SimpleNamespace(source=source, mcu=SimpleNamespace(files=lambda _: files), inputs=[],
+                           outputs=[TensorSpec("y", (1,), np.dtype(np.float32))], arena_bytes=16)
+
+
+@needs_tools
+def test_the_count_is_exact(tmp_path):
+    counts = []
+    for n in (1000, 5000):
+        program = _nop_program(n)
+        fw = mcu.build_firmware(program, {}, tmp_path / str(n))
+        res = mcu.run_firmware(program, fw)
+        assert res.outputs["y"][0] == 1.0
+        counts.append(res.instructions)
+    assert counts[1] - counts[0] == 4000
+
+
+@pytest.fixture(scope="module")
+def resnet8_run(tmp_path_factory):
+    if not mcu.tools_available():
+        pytest.skip("Cortex-M7 tests need arm-none-eabi-gcc, newlib and qemu-system-arm: run `make mcu-tools`")
+    comp = plan_model("zoo:resnet8", CompileOptions(target="cortex-m7"))
+    program = mcu.generate_mcu(comp.graph, comp.plan, comp.memory)
+    feeds = reference.random_inputs(comp.graph, 0)
+    result = mcu.run_on_qemu(program, feeds, tmp_path_factory.mktemp("resnet8-m7"))
+    return comp, program, feeds, result
+
+
+@needs_tools
+def test_resnet8_on_the_m7_matches_the_host_bit_for_bit(resnet8_run, cache_dir):
+    comp, _, feeds, res = resnet8_run
+    host = build(comp.graph, comp.plan, memory=comp.memory, cache_dir=cache_dir).run(feeds)
+    ref = reference.run(comp.original, feeds)
+    for name, want in host.items():
+        got = res.outputs[name]
+        assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+        np.testing.assert_allclose(got, ref[name], rtol=1e-4, atol=1e-6)
+
+
+@needs_tools
+def test_resnet8_counts_sizes_and_stack(resnet8_run):
+    _, program, _, res = resnet8_run
+    again = mcu.run_firmware(program, res.firmware)
+    assert again.instructions == res.instructions > 1_000_000  # deterministic
+    assert 0 < res.stack_bytes < 4096
+    lib = res.firmware.library
+    assert lib.flash > len(program.weights) and lib.bss == 0  # no static state: everything is in the arena
+    assert res.firmware.image.bss >= program.arena_bytes
