@@ -368,7 +368,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", choices=["onnxruntime"], help="also run in this runtime and print errors")
     p.add_argument("--seed", type=int, default=0, help="seed for random inputs")
     p.add_argument("--no-fuse", action="store_true", help="C backend: one kernel per op")
-    p.add_argument("--threads", type=int, default=1, help="C backend: OpenMP threads")
+    p.add_argument("--threads", type=int, default=None,
+                   help="C backend: OpenMP threads (default: the cores available, or $OMP_NUM_THREADS)")
     p.add_argument("--no-corrections", action="store_true",
                    help="plan with the plain roofline: ignore the correction factors saved by 'opfuse profile --fit'")
     p.set_defaults(fn=cmd_run)
