@@ -194,18 +194,29 @@ def cost_model_lines(cm: dict) -> list[str]:
 
 
 def _predicted_vs_measured(report: dict) -> str:
-    lines = [f"{'group':<28}{'ops':<34}{'predicted':>12}{'measured':>12}{'ratio':>8}"]
+    """Per group: predicted and measured time, and the rate achieved (GFLOP/s of its FLOPs or GB/s
+    of its boundary bytes) as a share of the machine's yardstick for that rate."""
+    from opfuse.measure import achieved_rate
+    ys = report["yardsticks"]
+    peak = {"GFLOP/s": ys["sgemm_gflops"], "GB/s": ys["copy_gbps"]}
+    lines = [f"{'group':<28}{'ops':<34}{'predicted':>12}{'measured':>12}{'ratio':>8}{'achieved':>18}"
+             f"{'of yardstick':>14}"]
     for g in report["groups"]:
         p, m = g.get("predicted_latency_s"), g.get("measured_latency_s")
-        if p is None or m is None:
+        if m is None:
             continue
         ops = "+".join(g["ops"])
-        lines.append(f"{g['name'][:27]:<28}{ops[:33]:<34}{p * 1e6:>10.1f}us{m * 1e6:>10.1f}us{m / p:>8.2f}")
+        pred, ratio = (f"{p * 1e6:>10.1f}us", f"{m / p:>8.2f}") if p else (f"{'-':>12}", f"{'-':>8}")
+        rate = achieved_rate(g, ys["sgemm_gflops"] / ys["copy_gbps"])
+        achieved = f"{rate[0]:>10.2f} {rate[1]:<7}{rate[0] / peak[rate[1]] * 100:>13.0f}%" if rate else ""
+        lines.append(f"{g['name'][:27]:<28}{ops[:33]:<34}{pred}{m * 1e6:>10.1f}us{ratio}{achieved}")
     p, m = report.get("predicted_latency_s"), report["measured_latency_s"]
     total = f"whole model: measured {m * 1e3:.3f} ms (median of {report['measured_repeat']} runs, kernel timers on)"
     if p:
         total += f", predicted {p * 1e3:.3f} ms, ratio {m / p:.2f}"
-    return "\n".join(lines + [total])
+    yard = (f"yardsticks (timed now): NumPy sgemm n={ys['sgemm_n']} one thread {ys['sgemm_gflops']:.1f} GFLOP/s, "
+            f"np.copyto {ys['copy_gbps']:.1f} GB/s (read + write)")
+    return "\n".join(lines + [total, yard])
 
 
 def cmd_compile(args) -> int:
@@ -217,8 +228,9 @@ def cmd_compile(args) -> int:
         from opfuse.planner import format_pareto
         print(format_pareto([p for p, _ in pareto(comp)]))
     if args.measure:
-        from opfuse.measure import measure
+        from opfuse.measure import measure, yardsticks
         measure(comp, repeat=args.repeat)
+        comp.report["yardsticks"] = yardsticks()
     if args.report:
         print(comp.fusion_report.to_text())
     if args.measure:
