@@ -259,6 +259,54 @@ def cmd_compile(args) -> int:
     return 0
 
 
+def _bench_table(result: dict):
+    """The rich table of ``opfuse bench``: one row per contender, fastest first."""
+    from rich import box
+    from rich.table import Table
+    rows = result["contenders"]
+    best = result["best_peer"]
+    title = (f"{result['model']}: {result['threads']} thread{'s' if result['threads'] > 1 else ''}, "
+             f"{result['repeat']} interleaved runs each after {result['warmup']} warm-up rounds")
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    for col in ("contender", "median ms", "p90 ms", f"/ {best or 'best peer'}", "max abs error", "kernels"):
+        table.add_column(col, justify="left" if col == "contender" else "right", no_wrap=True)
+    for name in sorted(rows, key=lambda n: rows[n]["median_ms"]):
+        r = rows[name]
+        ratio = f"{result['ratios'][name]:.2f}x" if result["ratios"] else "-"
+        table.add_row(name.replace("_", " "), f"{r['median_ms']:.3f}", f"{r['p90_ms']:.3f}", ratio,
+                      f"{r['max_abs_error']:.1e}", str(r.get("kernels", "")))
+    return table
+
+
+def cmd_bench(args) -> int:
+    import json
+    from opfuse.bench import bench
+    from rich.console import Console
+    from rich.progress import Progress
+    err = Console(stderr=True)
+    with Progress(console=err, transient=True, disable=not err.is_terminal) as bar:
+        task = bar.add_task("interleaved runs", total=None)
+        result = bench(args.model, vs=args.vs, threads=args.threads, repeat=args.repeat, warmup=args.warmup,
+                       input_shapes=_input_shapes(args),
+                       progress=lambda done, total: bar.update(task, completed=done, total=total))
+    for peer, why in result["skipped"].items():
+        print(f"opfuse bench: skipped {peer}: {why}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        out = Console()
+        (out if out.is_terminal else Console(width=120)).print(_bench_table(result))  # a pipe gets whole rows
+        ys = result["yardsticks"]
+        print(f"yardsticks (timed in this run): NumPy sgemm n={ys['sgemm_n']} one thread {ys['sgemm_gflops']:.1f} "
+              f"GFLOP/s, np.copyto {ys['copy_gbps']:.1f} GB/s (read + write)")
+    if not result["errors"]["outputs_agree"]:
+        worst = max(result["errors"]["pairs"].items(), key=lambda kv: kv[1])
+        print(f"opfuse bench: outputs disagree: {worst[0]} max abs error {worst[1]:.3g} "
+              f"(tolerance {result['errors']['rtol']:g} x max(1, |output|))", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_explain(args) -> int:
     from opfuse.compiler import plan_model
     comp = plan_model(args.model, _compile_options(args))
@@ -365,6 +413,7 @@ def _add_compile_args(p) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from opfuse.bench import DEFAULT_REPEAT, DEFAULT_WARMUP, PEERS
     parser = argparse.ArgumentParser(prog="opfuse", description="An operator-fusion compiler for neural networks.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -397,6 +446,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=20, help="timed runs for --measure")
     p.add_argument("--stats", action="store_true", help="print per-pass timing and per-rule statistics")
     p.set_defaults(fn=cmd_compile)
+
+    p = sub.add_parser("bench", help="time fused and unfused opfuse against onnxruntime and OpenVINO, interleaved")
+    _add_model(p)
+    p.add_argument("--vs", default=",".join(PEERS), metavar="PEERS",
+                   help=f"comma-separated peers, or none (default {','.join(PEERS)}; missing ones are skipped)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads for every contender (default: the cores available, or $OMP_NUM_THREADS)")
+    p.add_argument("--repeat", type=int, default=DEFAULT_REPEAT, help="timed runs per contender")
+    p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="untimed rounds first")
+    p.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    p.set_defaults(fn=cmd_bench)
 
     p = sub.add_parser("explain", help="why every pair of adjacent groups was not merged")
     _add_compile_args(p)
