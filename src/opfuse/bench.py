@@ -229,8 +229,9 @@ def bench(model, vs: str | Iterable[str] = PEERS, threads: int | None = None, re
     present = [p for p in peers if p in rows]
     best = min(present, key=lambda p: rows[p]["median_ms"]) if present else None
     ratios = {n: r["median_ms"] / rows[best]["median_ms"] for n, r in rows.items()} if best else {}
-    return {"model": os.fspath(model) if isinstance(model, (str, os.PathLike)) else graph.name, "graph": graph.name, "threads": threads,
-            "repeat": repeat, "warmup": warmup, "seed": seed, "cpus_available": cpus_available(),
+    spec = os.fspath(model) if isinstance(model, (str, os.PathLike)) else graph.name
+    return {"model": spec, "graph": graph.name, "threads": threads, "repeat": repeat, "warmup": warmup, "seed": seed,
+            "cpus_available": cpus_available(),
             "order": [c.name for c in contenders], "contenders": rows, "best_peer": best, "ratios": ratios,
             "errors": errors, "skipped": skipped, "yardsticks": ys}
 
