@@ -89,3 +89,30 @@ def test_a_fast_wrong_answer_shows():
     assert not res["outputs_agree"]
     assert res["nearest"] == {"a": 0.0, "b": 0.0, "fast": 1.0}
     assert res["pairs"]["a vs fast"] == 1.0
+
+
+def _fake_result(model: str, threads: int, ms: dict[str, float]) -> dict:
+    best = min(("onnxruntime", "openvino"), key=lambda p: ms[p])
+    return {"model": f"zoo:{model}", "graph": model, "threads": threads, "repeat": 2, "warmup": 1, "cpus_available": 2,
+            "contenders": {k: {"median_ms": v, "version": "x"} for k, v in ms.items()}, "best_peer": best,
+            "ratios": {k: v / ms[best] for k, v in ms.items()}, "skipped": {}, "errors": {"outputs_agree": True},
+            "yardsticks": {"sgemm_gflops": 90.0, "copy_gbps": 20.0}}
+
+
+def test_make_bench_table_has_a_row_per_run_and_a_geometric_mean(tmp_path):
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_zoo.py"
+    runs = {("a", 1): (2.0, 4.0, 1.0, 2.0), ("b", 1): (8.0, 9.0, 4.0, 2.0), ("a", 2): (1.0, 2.0, 1.0, 1.0),
+            ("b", 2): (4.0, 5.0, 2.0, 2.0)}
+    for (m, t), ms in runs.items():
+        res = _fake_result(m, t, dict(zip(("opfuse_fused", "opfuse_unfused", "onnxruntime", "openvino"), ms,
+                                          strict=True)))
+        (tmp_path / f"bench_{m}_t{t}.json").write_text(json.dumps(res))
+    r = subprocess.run([sys.executable, str(script), "a", "b", "--results", str(tmp_path), "--table-only"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    md = (tmp_path / "bench.md").read_text()
+    assert "| a | 1 | 2.000 | 4.000 | 1.000 | 2.000 | 2.00 |" in md
+    assert "| b | 2 | 4.000 | 5.000 | 2.000 | 2.000 | 2.00 |" in md
+    assert "| **geometric mean** | 1 | 4.000 | 6.000 | 2.000 | 2.000 | **2.83** |" in md  # sqrt(2 * 4)
+    assert "| a | 2.00x | 2.00x | 1.00x | 2.00x |" in md  # 1 thread over 2 threads
