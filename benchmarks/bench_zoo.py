@@ -57,13 +57,14 @@ def _geomean(values: list[float]) -> float | None:
 def markdown(results: list[dict]) -> str:
     """The ``bench.md`` table: rows by model then threads, a geometric-mean row per thread count,
     then the 2-thread speed-up table."""
-    head = ["model", "threads", *(label for _, label in COLUMNS), "fused / best peer"]
+    head = ["model", "threads", *(label for _, label in COLUMNS), "fused / best peer", "others' load"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     for res in sorted(results, key=lambda r: (r["graph"], r["threads"])):
         rows = res["contenders"]
         ratio = res["ratios"].get("opfuse_fused")
+        load = res.get("other_processes_cores")
         lines.append(f"| {res['graph']} | {res['threads']} | " + " | ".join(_ms(rows.get(k)) for k, _ in COLUMNS)
-                     + f" | {f'{ratio:.2f}' if ratio else '-'} |")
+                     + f" | {f'{ratio:.2f}' if ratio else '-'} | {'-' if load is None else f'{load:.2f}'} |")
     for threads in sorted({r["threads"] for r in results}):
         same = [r for r in results if r["threads"] == threads]
         cells = []
@@ -72,7 +73,7 @@ def markdown(results: list[dict]) -> str:
             cells.append(f"{g:.3f}" if g and all(key in r["contenders"] for r in same) else "-")
         g = _geomean([r["ratios"]["opfuse_fused"] for r in same if r["ratios"]])
         ratio = f"**{g:.2f}**" if g else "-"
-        lines.append(f"| **geometric mean** | {threads} | " + " | ".join(cells) + f" | {ratio} |")
+        lines.append(f"| **geometric mean** | {threads} | " + " | ".join(cells) + f" | {ratio} | |")
     return "\n".join(lines) + "\n"
 
 
@@ -103,7 +104,8 @@ def report(results: list[dict]) -> str:
              f"--repeat {first['repeat']} --json`, one process per row. Medians in ms of {first['repeat']} "
              f"interleaved runs per contender after {first['warmup']} warm-up rounds; fused / best peer is the "
              f"fused median over the lower of the onnxruntime and OpenVINO medians (below 1: opfuse is faster). "
-             f"{first['cpus_available']} cores available; "
+             f"{first['cpus_available']} cores available; others' load: the cores' worth of CPU other "
+             f"processes used during the row's timed runs (this machine is shared); "
              + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".", ""]
     if ys:
         parts += [f"Yardsticks timed in the same runs (min to max over the rows): NumPy sgemm n=1024 one thread "

@@ -21,7 +21,8 @@ How it measures, so the numbers survive a shared machine:
   best (a wrong one stands out once two others agree), and ``outputs_agree`` holds when every
   pair is within ``AGREE_RTOL * max(1, max |output|)``;
 * the yardsticks (one-core NumPy sgemm, ``np.copyto`` bandwidth) are timed in the same run
-  (``opfuse.measure.yardsticks``).
+  (``opfuse.measure.yardsticks``), and ``other_processes_cores`` says how many cores' worth of
+  CPU the rest of the machine took meanwhile (a shared machine's timings read against it).
 
 A peer that is not installed is skipped and named in ``skipped``.
 """
@@ -157,6 +158,39 @@ def time_interleaved(contenders: list[Contender], repeat: int, warmup: int,
     return samples
 
 
+class OtherLoad:
+    """Cores' worth of CPU that other processes used while the block ran (``cores``), from
+    ``/proc/stat`` minus this process's own CPU time: on a shared machine it says how much of the
+    machine the contenders had. ``None`` where ``/proc/stat`` does not exist."""
+
+    def __init__(self) -> None:
+        self.cores: float | None = None
+        self._start: tuple[tuple[int, int] | None, float] = (None, 0.0)
+
+    @staticmethod
+    def _busy_total() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat") as f:
+                ticks = [int(v) for v in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        return sum(ticks) - ticks[3] - ticks[4], sum(ticks)  # minus idle and iowait
+
+    def __enter__(self) -> "OtherLoad":
+        self._start = self._busy_total(), time.process_time()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        end, start = self._busy_total(), self._start[0]
+        if end is None or start is None or end[1] == start[1]:
+            return
+        hz = os.sysconf("SC_CLK_TCK")
+        ncpu = os.cpu_count() or 1
+        busy_s = (end[0] - start[0]) / hz
+        wall_s = (end[1] - start[1]) / hz / ncpu
+        self.cores = max(busy_s - (time.process_time() - self._start[1]), 0.0) / wall_s
+
+
 def summarize(seconds: list[float]) -> dict:
     ms = np.asarray(seconds) * 1e3
     return {"median_ms": float(np.median(ms)), "p90_ms": float(np.percentile(ms, 90)), "min_ms": float(ms.min()),
@@ -223,7 +257,8 @@ def bench(model, vs: str | Iterable[str] = PEERS, threads: int | None = None, re
     ys = time_yardsticks() if yardsticks else None
     outputs = {c.name: c.run() for c in contenders}
     errors = cross_check(outputs)
-    samples = time_interleaved(contenders, repeat, warmup, progress)
+    with OtherLoad() as others:
+        samples = time_interleaved(contenders, repeat, warmup, progress)
     rows = {c.name: {**summarize(samples[c.name]), "max_abs_error": errors["nearest"][c.name], **c.info}
             for c in contenders}
     present = [p for p in peers if p in rows]
@@ -231,7 +266,7 @@ def bench(model, vs: str | Iterable[str] = PEERS, threads: int | None = None, re
     ratios = {n: r["median_ms"] / rows[best]["median_ms"] for n, r in rows.items()} if best else {}
     spec = os.fspath(model) if isinstance(model, (str, os.PathLike)) else graph.name
     return {"model": spec, "graph": graph.name, "threads": threads, "repeat": repeat, "warmup": warmup, "seed": seed,
-            "cpus_available": cpus_available(),
+            "cpus_available": cpus_available(), "other_processes_cores": others.cores,
             "order": [c.name for c in contenders], "contenders": rows, "best_peer": best, "ratios": ratios,
             "errors": errors, "skipped": skipped, "yardsticks": ys}
 

@@ -299,6 +299,8 @@ def cmd_bench(args) -> int:
         ys = result["yardsticks"]
         print(f"yardsticks (timed in this run): NumPy sgemm n={ys['sgemm_n']} one thread {ys['sgemm_gflops']:.1f} "
               f"GFLOP/s, np.copyto {ys['copy_gbps']:.1f} GB/s (read + write)")
+        if result["other_processes_cores"] is not None:
+            print(f"other processes used {result['other_processes_cores']:.2f} of {os.cpu_count()} cores meanwhile")
     if not result["errors"]["outputs_agree"]:
         worst = max(result["errors"]["pairs"].items(), key=lambda kv: kv[1])
         print(f"opfuse bench: outputs disagree: {worst[0]} max abs error {worst[1]:.3g} "

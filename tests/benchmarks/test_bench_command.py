@@ -22,7 +22,7 @@ def test_bench_resnet8_json_smoke():
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(r.stdout)
     for key in ("model", "threads", "repeat", "warmup", "contenders", "best_peer", "ratios", "errors", "skipped",
-                "yardsticks", "order"):
+                "yardsticks", "order", "other_processes_cores"):
         assert key in res, key
     rows = res["contenders"]
     assert {FUSED, UNFUSED} <= rows.keys() and res["order"][:2] == [FUSED, UNFUSED]
@@ -96,7 +96,7 @@ def _fake_result(model: str, threads: int, ms: dict[str, float]) -> dict:
     return {"model": f"zoo:{model}", "graph": model, "threads": threads, "repeat": 2, "warmup": 1, "cpus_available": 2,
             "contenders": {k: {"median_ms": v, "version": "x"} for k, v in ms.items()}, "best_peer": best,
             "ratios": {k: v / ms[best] for k, v in ms.items()}, "skipped": {}, "errors": {"outputs_agree": True},
-            "yardsticks": {"sgemm_gflops": 90.0, "copy_gbps": 20.0}}
+            "yardsticks": {"sgemm_gflops": 90.0, "copy_gbps": 20.0}, "other_processes_cores": 0.5}
 
 
 def test_make_bench_table_has_a_row_per_run_and_a_geometric_mean(tmp_path):
@@ -112,7 +112,7 @@ def test_make_bench_table_has_a_row_per_run_and_a_geometric_mean(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     md = (tmp_path / "bench.md").read_text()
-    assert "| a | 1 | 2.000 | 4.000 | 1.000 | 2.000 | 2.00 |" in md
-    assert "| b | 2 | 4.000 | 5.000 | 2.000 | 2.000 | 2.00 |" in md
-    assert "| **geometric mean** | 1 | 4.000 | 6.000 | 2.000 | 2.000 | **2.83** |" in md  # sqrt(2 * 4)
+    assert "| a | 1 | 2.000 | 4.000 | 1.000 | 2.000 | 2.00 | 0.50 |" in md
+    assert "| b | 2 | 4.000 | 5.000 | 2.000 | 2.000 | 2.00 | 0.50 |" in md
+    assert "| **geometric mean** | 1 | 4.000 | 6.000 | 2.000 | 2.000 | **2.83** | |" in md  # sqrt(2 * 4)
     assert "| a | 2.00x | 2.00x | 1.00x | 2.00x |" in md  # 1 thread over 2 threads
