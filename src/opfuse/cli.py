@@ -92,7 +92,8 @@ def cmd_run(args) -> int:
         outputs = model.run(feeds)
         rep = model.report
         print(f"C backend: {rep['kernels_after']} kernels ({'fused' if not args.no_fuse else 'unfused'}), "
-              f"arena {rep['arena_bytes']:,} bytes, build {'cached' if rep['cache_hit'] else 'fresh'}")
+              f"{rep['threads']} thread{'s' if rep['threads'] > 1 else ''}, arena {rep['arena_bytes']:,} bytes, "
+              f"build {'cached' if rep['cache_hit'] else 'fresh'}")
         for line in cost_model_lines(rep.get("planner", {}).get("cost_model") or {}):
             print(line)
     elapsed = time.perf_counter() - t0

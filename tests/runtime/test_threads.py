@@ -113,3 +113,16 @@ def test_a_users_wait_policy_wins():
     got = _probe("preload", {"OMP_WAIT_POLICY": "passive"})
     assert got["policy"] == "user: passive" and not got["warnings"]
     assert got["worker_cpu_ms"] < RUNS * 5, got
+
+
+def test_opfuse_run_uses_the_available_cores_unless_told(capsys, monkeypatch):
+    from opfuse.cli import main
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cores = len(os.sched_getaffinity(0))
+    assert main(["run", "zoo:resnet8", "--backend", "c"]) == 0
+    assert f"{cores} thread{'s' if cores > 1 else ''}, arena" in capsys.readouterr().out
+    assert main(["run", "zoo:resnet8", "--backend", "c", "--threads", "1"]) == 0
+    assert "1 thread, arena" in capsys.readouterr().out
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert main(["run", "zoo:resnet8", "--backend", "c"]) == 0
+    assert "3 threads, arena" in capsys.readouterr().out
