@@ -51,7 +51,7 @@ def _ort_outputs(model_spec: str, graph, feeds: dict) -> dict[str, np.ndarray]:
                                 providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     res = sess.run(names, {k: v for k, v in feeds.items()})
-    return dict(zip(names, res))
+    return dict(zip(names, res, strict=True))
 
 
 def compare_outputs(ours: dict, theirs: dict) -> list[tuple[str, float, float]]:
