@@ -41,5 +41,17 @@ mcu-tools:
 test: lint mcu-tools
 	$(PY) -m pytest -q
 
+# Not part of `make test`: the zoo through `opfuse bench` at 1 and 2 threads (about 6-10 minutes on
+# 2 cores), written to benchmarks/results/bench_*.json and bench.md. Needs the bench extra (OpenVINO).
+BENCH_STAMP := $(VENV)/.bench-installed
+BENCH_REPEAT ?= 100
+
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[test,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(PY) benchmarks/bench_zoo.py --repeat $(BENCH_REPEAT)
+
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache build src/*.egg-info

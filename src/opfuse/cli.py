@@ -95,7 +95,8 @@ def cmd_run(args) -> int:
         outputs = model.run(feeds)
         rep = model.report
         print(f"C backend: {rep['kernels_after']} kernels ({'fused' if not args.no_fuse else 'unfused'}), "
-              f"arena {rep['arena_bytes']:,} bytes, build {'cached' if rep['cache_hit'] else 'fresh'}")
+              f"{rep['threads']} thread{'s' if rep['threads'] > 1 else ''}, arena {rep['arena_bytes']:,} bytes, "
+              f"build {'cached' if rep['cache_hit'] else 'fresh'}")
         for line in cost_model_lines(rep.get("planner", {}).get("cost_model") or {}):
             print(line)
     elapsed = time.perf_counter() - t0
@@ -217,18 +218,29 @@ def cost_model_lines(cm: dict) -> list[str]:
 
 
 def _predicted_vs_measured(report: dict) -> str:
-    lines = [f"{'group':<28}{'ops':<34}{'predicted':>12}{'measured':>12}{'ratio':>8}"]
+    """Per group: predicted and measured time, and the rate achieved (GFLOP/s of its FLOPs or GB/s
+    of its boundary bytes) as a share of the machine's yardstick for that rate."""
+    from opfuse.measure import achieved_rate
+    ys = report["yardsticks"]
+    peak = {"GFLOP/s": ys["sgemm_gflops"], "GB/s": ys["copy_gbps"]}
+    lines = [f"{'group':<28}{'ops':<34}{'predicted':>12}{'measured':>12}{'ratio':>8}{'achieved':>18}"
+             f"{'of yardstick':>14}"]
     for g in report["groups"]:
         p, m = g.get("predicted_latency_s"), g.get("measured_latency_s")
-        if p is None or m is None:
+        if m is None:
             continue
         ops = "+".join(g["ops"])
-        lines.append(f"{g['name'][:27]:<28}{ops[:33]:<34}{p * 1e6:>10.1f}us{m * 1e6:>10.1f}us{m / p:>8.2f}")
+        pred, ratio = (f"{p * 1e6:>10.1f}us", f"{m / p:>8.2f}") if p else (f"{'-':>12}", f"{'-':>8}")
+        rate = achieved_rate(g, ys["sgemm_gflops"] / ys["copy_gbps"])
+        achieved = f"{rate[0]:>10.2f} {rate[1]:<7}{rate[0] / peak[rate[1]] * 100:>13.0f}%" if rate else ""
+        lines.append(f"{g['name'][:27]:<28}{ops[:33]:<34}{pred}{m * 1e6:>10.1f}us{ratio}{achieved}")
     p, m = report.get("predicted_latency_s"), report["measured_latency_s"]
     total = f"whole model: measured {m * 1e3:.3f} ms (median of {report['measured_repeat']} runs, kernel timers on)"
     if p:
         total += f", predicted {p * 1e3:.3f} ms, ratio {m / p:.2f}"
-    return "\n".join(lines + [total])
+    yard = (f"yardsticks (timed now): NumPy sgemm n={ys['sgemm_n']} one thread {ys['sgemm_gflops']:.1f} GFLOP/s, "
+            f"np.copyto {ys['copy_gbps']:.1f} GB/s (read + write)")
+    return "\n".join(lines + [total, yard])
 
 
 def cmd_compile(args) -> int:
@@ -240,8 +252,9 @@ def cmd_compile(args) -> int:
         from opfuse.planner import format_pareto
         print(format_pareto([p for p, _ in pareto(comp)]))
     if args.measure:
-        from opfuse.measure import measure
+        from opfuse.measure import measure, yardsticks
         measure(comp, repeat=args.repeat)
+        comp.report["yardsticks"] = yardsticks()
     if args.report:
         print(comp.fusion_report.to_text())
     if args.measure:
@@ -277,6 +290,56 @@ def _write_library(comp, directory: str, target: str, flag: str) -> list:
         raise OpfuseError(f"{flag} builds for host or cortex-m7; target '{target}' is planned only")
     from opfuse.compiler import build_native
     return build_native(comp).export_c(directory)
+
+
+def _bench_table(result: dict):
+    """The rich table of ``opfuse bench``: one row per contender, fastest first."""
+    from rich import box
+    from rich.table import Table
+    rows = result["contenders"]
+    best = result["best_peer"]
+    title = (f"{result['model']}: {result['threads']} thread{'s' if result['threads'] > 1 else ''}, "
+             f"{result['repeat']} interleaved runs each after {result['warmup']} warm-up rounds")
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    for col in ("contender", "median ms", "p90 ms", f"/ {best or 'best peer'}", "max abs error", "kernels"):
+        table.add_column(col, justify="left" if col == "contender" else "right", no_wrap=True)
+    for name in sorted(rows, key=lambda n: rows[n]["median_ms"]):
+        r = rows[name]
+        ratio = f"{result['ratios'][name]:.2f}x" if result["ratios"] else "-"
+        table.add_row(name.replace("_", " "), f"{r['median_ms']:.3f}", f"{r['p90_ms']:.3f}", ratio,
+                      f"{r['max_abs_error']:.1e}", str(r.get("kernels", "")))
+    return table
+
+
+def cmd_bench(args) -> int:
+    import json
+    from opfuse.bench import bench
+    from rich.console import Console
+    from rich.progress import Progress
+    err = Console(stderr=True)
+    with Progress(console=err, transient=True, disable=not err.is_terminal) as bar:
+        task = bar.add_task("interleaved runs", total=None)
+        result = bench(args.model, vs=args.vs, threads=args.threads, repeat=args.repeat, warmup=args.warmup,
+                       input_shapes=_input_shapes(args),
+                       progress=lambda done, total: bar.update(task, completed=done, total=total))
+    for peer, why in result["skipped"].items():
+        print(f"opfuse bench: skipped {peer}: {why}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        out = Console()
+        (out if out.is_terminal else Console(width=120)).print(_bench_table(result))  # a pipe gets whole rows
+        ys = result["yardsticks"]
+        print(f"yardsticks (timed in this run): NumPy sgemm n={ys['sgemm_n']} one thread {ys['sgemm_gflops']:.1f} "
+              f"GFLOP/s, np.copyto {ys['copy_gbps']:.1f} GB/s (read + write)")
+        if result["other_processes_cores"] is not None:
+            print(f"other processes used {result['other_processes_cores']:.2f} of {os.cpu_count()} cores meanwhile")
+    if not result["errors"]["outputs_agree"]:
+        worst = max(result["errors"]["pairs"].items(), key=lambda kv: kv[1])
+        print(f"opfuse bench: outputs disagree: {worst[0]} max abs error {worst[1]:.3g} "
+              f"(tolerance {result['errors']['rtol']:g} x max(1, |output|))", file=sys.stderr)
+        return 1
+    return 0
 
 
 def cmd_explain(args) -> int:
@@ -386,6 +449,7 @@ def _add_compile_args(p) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from opfuse.bench import DEFAULT_REPEAT, DEFAULT_WARMUP, PEERS
     parser = argparse.ArgumentParser(prog="opfuse", description="An operator-fusion compiler for neural networks.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -402,7 +466,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", choices=["onnxruntime", "reference"], help="also run in this runtime and print errors")
     p.add_argument("--seed", type=int, default=0, help="seed for random inputs")
     p.add_argument("--no-fuse", action="store_true", help="C backend: one kernel per op")
-    p.add_argument("--threads", type=int, default=1, help="C backend: OpenMP threads")
+    p.add_argument("--threads", type=int, default=None,
+                   help="C backend: OpenMP threads (default: the cores available, or $OMP_NUM_THREADS)")
     p.add_argument("--no-corrections", action="store_true",
                    help="plan with the plain roofline: ignore the correction factors saved by 'opfuse profile --fit'")
     p.set_defaults(fn=cmd_run)
@@ -420,6 +485,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=20, help="timed runs for --measure")
     p.add_argument("--stats", action="store_true", help="print per-pass timing and per-rule statistics")
     p.set_defaults(fn=cmd_compile)
+
+    p = sub.add_parser("bench", help="time fused and unfused opfuse against onnxruntime and OpenVINO, interleaved")
+    _add_model(p)
+    p.add_argument("--vs", default=",".join(PEERS), metavar="PEERS",
+                   help=f"comma-separated peers, or none (default {','.join(PEERS)}; missing ones are skipped)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads for every contender (default: the cores available, or $OMP_NUM_THREADS)")
+    p.add_argument("--repeat", type=int, default=DEFAULT_REPEAT, help="timed runs per contender")
+    p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="untimed rounds first")
+    p.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    p.set_defaults(fn=cmd_bench)
 
     p = sub.add_parser("explain", help="why every pair of adjacent groups was not merged")
     _add_compile_args(p)

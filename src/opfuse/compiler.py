@@ -191,7 +191,7 @@ def pareto(comp: Compilation):
                        constraints=_constraints(comp.options), corrections=comp.options.corrections)
 
 
-def build_native(comp: Compilation, *, threads: int = 1, codegen_options=None):
+def build_native(comp: Compilation, *, threads: int | None = None, codegen_options=None):
     """Generate, compile and load C for a planned model (host target only)."""
     from opfuse.runtime.native import build
     if comp.options.target != "host":
@@ -203,13 +203,14 @@ def build_native(comp: Compilation, *, threads: int = 1, codegen_options=None):
     return native
 
 
-def compile(model, target: str = "host", fuse: bool = True, *, threads: int = 1,
+def compile(model, target: str = "host", fuse: bool = True, *, threads: int | None = None,
             options: CompileOptions | None = None, **kwargs):
     """Compile ``model`` (``zoo:NAME``, a path, an ONNX ModelProto or a Graph) to native code.
 
     Returns an ``opfuse.runtime.native.CompiledModel``: ``.run(inputs)``, ``.report`` (the fusion
     report, the planner's predictions and the arena), ``.export_c(dir)``. Only the host target
-    builds native code here; other targets are planned (``plan_model``) but not built.
+    builds native code here; other targets are planned (``plan_model``) but not built. ``threads``
+    defaults to the cores available to the process (``OMP_NUM_THREADS`` when set).
     """
     opts = options or CompileOptions(target=target, fuse=fuse, **kwargs)
     if opts.target not in ("host",):

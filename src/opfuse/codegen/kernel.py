@@ -7,6 +7,7 @@ and writes the function body through a ``CWriter``.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +20,9 @@ from opfuse.ir.graph import Value
 from opfuse.ir.plan import FusionGroup
 
 SCRATCH_ALIGN = 64  # bytes between scratch regions of one kernel (cache-line aligned tiles)
+_LOOP_HEAD = re.compile(r"\s*for \(long (\w+) = 0; \1 < (\d+); \+\+\1\)")
+_STATIC = "schedule(static)"
+_DYNAMIC = "schedule(dynamic, 1)"
 
 
 class UnsupportedGroupError(UnsupportedOpError):
@@ -49,6 +53,7 @@ class KernelContext:
         self.scratch_bytes = 0
         self.uses_threads = False
         self.stored: set[int] = set()  # ids of values this kernel has written
+        self._parallel: list[tuple[int, int, int]] = []  # (line index of the pragma, work, collapse)
 
     # Names --------------------------------------------------------------------------------
     def tmp(self, prefix: str = "t") -> str:
@@ -99,12 +104,24 @@ class KernelContext:
 
     # Parallel loops -----------------------------------------------------------------------
     def parallel_for(self, work: int, collapse: int = 1) -> None:
-        """An OpenMP pragma for the next loop, if ``work`` (elementary operations) is worth threads."""
+        """An OpenMP pragma for the next loop, if ``work`` (elementary operations) is worth threads.
+        Its schedule is chosen once the loop is written (``_schedules``)."""
         if work < self.program.options.parallel_min_work:
             return
         self.uses_threads = True
         col = f" collapse({collapse})" if collapse > 1 else ""
-        self.w.line(f"OPFUSE_PRAGMA(omp parallel for num_threads(nt) schedule(static){col} if(nt > 1))")
+        self._parallel.append((len(self.w.lines), work, collapse))
+        self.w.line(f"OPFUSE_PRAGMA(omp parallel for num_threads(nt) {_STATIC}{col} if(nt > 1))")
+
+    def _schedules(self) -> None:
+        """One iteration at a time (``schedule(dynamic, 1)``) for a loop of ``n`` iterations each worth
+        at least ``parallel_dynamic_min_work`` (see ``CodegenOptions``); static chunks otherwise."""
+        lines = self.w.lines
+        for at, work, collapse in self._parallel:
+            head = _LOOP_HEAD.match(lines[at + 1]) if at + 1 < len(lines) else None
+            if collapse == 1 and head and work // int(head.group(2)) >= self.program.options.parallel_dynamic_min_work:
+                lines[at] = lines[at].replace(_STATIC, _DYNAMIC)
+        self._parallel.clear()
 
     # Assembly -----------------------------------------------------------------------------
     def signature(self) -> str:
@@ -116,6 +133,7 @@ class KernelContext:
         return f"static void {self.name}({', '.join(args)})"
 
     def function_text(self, comment: str) -> str:
+        self._schedules()
         body = self.w.text()
         unused = "  (void)scratch; (void)nt;\n"
         return f"/* {comment} */\n{self.signature()} {{\n{unused}{body}}}\n"

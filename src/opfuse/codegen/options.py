@@ -31,6 +31,12 @@ class CodegenOptions:
     parallel_min_work: int = 1 << 15
     # When the outermost loop has fewer iterations than this, OpenMP collapses two loops.
     parallel_min_outer: int = 16
+    # A parallel loop whose every iteration is at least this much work (GEMM, conv and attention
+    # tiles) hands iterations out one at a time, schedule(dynamic, 1): tiles differ in size (the
+    # remainder tiles) and a thread may be descheduled on a shared machine, and static halves then
+    # leave one thread idle. Lighter iterations (elements, rows, planes) keep static chunks: no
+    # atomic per iteration. Threads never change results: every iteration is independent.
+    parallel_dynamic_min_work: int = 1 << 15
     # "blob": weights passed as one pointer at run time; "embed": a static const array.
     weights: str = "blob"
     # Time every kernel call (clock_gettime around it); read back with CompiledModel.profile.

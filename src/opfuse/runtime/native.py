@@ -10,8 +10,9 @@ aligned NumPy buffers); graph inputs are passed by pointer (no copy when already
 contiguous with the right dtype) and kernels write graph outputs straight into freshly
 allocated output arrays. ``run`` holds a lock: one model object runs one call at a time.
 
-Threads: ``threads`` (default 1) is passed to every OpenMP region at run time. Unless the
-environment says otherwise, OpenMP waits passively (``OMP_WAIT_POLICY=PASSIVE``), see below.
+Threads: ``threads`` (default: the cores available to the process, or ``OMP_NUM_THREADS``) is
+passed to every OpenMP region at run time. Unless the environment says otherwise, OpenMP waits
+passively (``OMP_WAIT_POLICY=PASSIVE``); see ``opfuse.runtime.threads``.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from opfuse.ir.graph import Graph
 from opfuse.ir.plan import FusionPlan
 from opfuse.memory.plan import MemoryPlan
 from opfuse.runtime.reference import check_inputs
+from opfuse.runtime.threads import default_threads, passive_wait
 from opfuse.runtime.toolchain import BuildResult, Toolchain, build_library
 
 BUFFER_ALIGNMENT = 64
@@ -46,11 +48,6 @@ def _aligned(nbytes: int) -> np.ndarray:
 
 
 _LOAD_COUNTER = itertools.count()
-# OpenMP threads that busy-wait between kernels steal the cores from everything else in the
-# process (and from other processes): on a loaded 2-core machine, 2 spinning threads made
-# ResNet-18 8x slower. Sleeping waits cost a few microseconds per parallel region instead.
-# Read by libgomp once, when it is first loaded; an explicit user setting wins.
-OMP_WAIT_POLICY_DEFAULT = "PASSIVE"
 
 
 def _load_library(path: Path) -> ctypes.CDLL:
@@ -61,7 +58,6 @@ def _load_library(path: Path) -> ctypes.CDLL:
     A copy, never a hard link: a hard link shares the inode, so anything that later truncates
     or rewrites the cache entry in place (a repair of a corrupt entry, another process) would
     change the pages this process has mapped, and the next touch of them dies with SIGBUS."""
-    os.environ.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY_DEFAULT)
     alias = path.parent.parent / f".load-{os.getpid()}-{next(_LOAD_COUNTER)}-{path.parent.name[:16]}.so"
     shutil.copyfile(path, alias)
     try:
@@ -74,12 +70,13 @@ class CompiledModel:
     """A model compiled to native code; see the module docstring."""
 
     def __init__(self, graph: Graph, plan: FusionPlan, program: CProgram, toolchain: Toolchain,
-                 build: BuildResult, threads: int = 1):
+                 build: BuildResult, threads: int | None = None):
         self.graph = graph
         self.plan = plan
         self.program = program
         self.toolchain = toolchain
         self.build_result = build
+        self.openmp_wait_policy = passive_wait() if toolchain.openmp else None  # before libgomp loads
         self._lib = _load_library(build.library)
         self._run = self._lib.opfuse_run
         self._run.restype = ctypes.c_int
@@ -97,7 +94,7 @@ class CompiledModel:
         self.compilation: object | None = None  # the opfuse.compiler.Compilation it was built from
         self._threads = 1
         self._scratch = _aligned(0)
-        self.threads = threads
+        self.threads = default_threads() if threads is None else threads
 
     # Threads -----------------------------------------------------------------------------
     @property
@@ -185,6 +182,7 @@ class CompiledModel:
             "compiler": self.toolchain.identity,
             "flags": list(self.toolchain.flags),
             "openmp": self.toolchain.openmp,
+            "openmp_wait_policy": self.openmp_wait_policy,
             "build_seconds": round(self.build_result.seconds, 3),
             "cache_hit": self.build_result.cache_hit,
             "library": str(self.build_result.library),
@@ -211,13 +209,14 @@ class CompiledModel:
 NativeModule = CompiledModel
 
 
-def build(graph: Graph, plan: FusionPlan | None = None, *, threads: int = 1, cache_dir=None,
+def build(graph: Graph, plan: FusionPlan | None = None, *, threads: int | None = None, cache_dir=None,
           options: CodegenOptions | None = None, memory: MemoryPlan | None = None,
           fast_math: bool = False, native: bool = True) -> CompiledModel:
     """Generate C for ``graph`` under ``plan`` (one kernel per node when ``None``), compile it
     with the system compiler (``ToolchainError`` when there is none), and load it.
 
-    ``cache_dir`` defaults to ``$OPFUSE_CACHE_DIR`` or ``~/.cache/opfuse``."""
+    ``threads`` defaults to ``default_threads()``; ``cache_dir`` to ``$OPFUSE_CACHE_DIR`` or
+    ``~/.cache/opfuse``."""
     tc = Toolchain.detect(native=native, fast_math=fast_math)
     plan = plan if plan is not None else FusionPlan.unfused(graph)
     program = generate(graph, plan, memory=memory, options=options)

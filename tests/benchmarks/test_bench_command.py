@@ -1,0 +1,118 @@
+"""``opfuse bench``: the smoke run on resnet8 (keys, ratios consistent with medians), one line and
+exit 2 on bad input, a missing peer skipped in one line, and the rest of the API it rests on."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from opfuse.bench import FUSED, UNFUSED, cross_check, parse_peers, time_interleaved, Contender
+from opfuse.cli import main
+from opfuse.errors import OpfuseError
+
+ROW_KEYS = {"median_ms", "p90_ms", "min_ms", "runs", "max_abs_error"}
+
+
+def test_bench_resnet8_json_smoke():
+    r = subprocess.run([sys.executable, "-m", "opfuse.cli", "bench", "zoo:resnet8", "--repeat", "3", "--json"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(r.stdout)
+    for key in ("model", "threads", "repeat", "warmup", "contenders", "best_peer", "ratios", "errors", "skipped",
+                "yardsticks", "order", "other_processes_cores"):
+        assert key in res, key
+    rows = res["contenders"]
+    assert {FUSED, UNFUSED} <= rows.keys() and res["order"][:2] == [FUSED, UNFUSED]
+    for name, row in rows.items():
+        assert ROW_KEYS <= row.keys(), name
+        assert row["runs"] == 3 and 0 < row["min_ms"] <= row["median_ms"] <= row["p90_ms"]
+    assert rows[FUSED]["kernels"] < rows[UNFUSED]["kernels"]
+    assert res["errors"]["outputs_agree"]
+    assert res["yardsticks"]["sgemm_gflops"] > 0 and res["yardsticks"]["copy_gbps"] > 0
+    peers = [p for p in ("onnxruntime", "openvino") if p in rows]
+    assert set(peers) | set(res["skipped"]) == {"onnxruntime", "openvino"}
+    if peers:
+        best = res["best_peer"]
+        assert rows[best]["median_ms"] == min(rows[p]["median_ms"] for p in peers)
+        for name, row in rows.items():
+            assert res["ratios"][name] == pytest.approx(row["median_ms"] / rows[best]["median_ms"])
+        assert res["ratios"][best] == 1.0
+    for line in r.stderr.splitlines():  # a skipped peer says so in one line
+        assert line.startswith("opfuse bench: skipped ")
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["zoo:no_such_model"], "unknown zoo model"),
+    (["missing.onnx"], "not found"),
+    (["zoo:resnet8", "--vs", "onnxruntime,tvm"], "unknown peer 'tvm'"),
+    (["zoo:resnet8", "--repeat", "0"], "repeat must be"),
+    (["zoo:resnet8", "--threads", "0"], "threads must be"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, words):
+    code = main(["bench", *argv])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and words in err and err.startswith("opfuse: error:")
+
+
+def test_a_missing_peer_is_skipped_in_one_line(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "openvino", None)  # import openvino -> ImportError
+    code = main(["bench", "zoo:ds_cnn", "--vs", "openvino", "--repeat", "1", "--warmup", "0", "--threads", "1"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert err.strip() == "opfuse bench: skipped openvino: openvino is not installed (pip install 'opfuse[bench]')"
+    assert "opfuse fused" in out and "yardsticks" in out
+
+
+def test_parse_peers():
+    assert parse_peers("onnxruntime, openvino,onnxruntime") == ("onnxruntime", "openvino")
+    assert parse_peers("none") == parse_peers("") == ()
+    with pytest.raises(OpfuseError, match="unknown peer"):
+        parse_peers(["ort"])
+
+
+def test_calls_are_interleaved_after_warmup():
+    calls: list[str] = []
+    cs = [Contender(n, (lambda n=n: calls.append(n) or {})) for n in "ABC"]
+    samples = time_interleaved(cs, repeat=2, warmup=1)
+    assert "".join(calls) == "ABC" * 3
+    assert {k: len(v) for k, v in samples.items()} == {"A": 2, "B": 2, "C": 2}
+
+
+def test_a_fast_wrong_answer_shows():
+    right = {"y": np.array([1.0, 2.0, 3.0], np.float32)}
+    wrong = {"y": np.array([1.0, 2.0, 4.0], np.float32)}
+    res = cross_check({"a": right, "b": dict(right), "fast": wrong})
+    assert not res["outputs_agree"]
+    assert res["nearest"] == {"a": 0.0, "b": 0.0, "fast": 1.0}
+    assert res["pairs"]["a vs fast"] == 1.0
+
+
+def _fake_result(model: str, threads: int, ms: dict[str, float]) -> dict:
+    best = min(("onnxruntime", "openvino"), key=lambda p: ms[p])
+    return {"model": f"zoo:{model}", "graph": model, "threads": threads, "repeat": 2, "warmup": 1, "cpus_available": 2,
+            "contenders": {k: {"median_ms": v, "version": "x"} for k, v in ms.items()}, "best_peer": best,
+            "ratios": {k: v / ms[best] for k, v in ms.items()}, "skipped": {}, "errors": {"outputs_agree": True},
+            "yardsticks": {"sgemm_gflops": 90.0, "copy_gbps": 20.0}, "other_processes_cores": 0.5}
+
+
+def test_make_bench_table_has_a_row_per_run_and_a_geometric_mean(tmp_path):
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_zoo.py"
+    runs = {("a", 1): (2.0, 4.0, 1.0, 2.0), ("b", 1): (8.0, 9.0, 4.0, 2.0), ("a", 2): (1.0, 2.0, 1.0, 1.0),
+            ("b", 2): (4.0, 5.0, 2.0, 2.0)}
+    for (m, t), ms in runs.items():
+        res = _fake_result(m, t, dict(zip(("opfuse_fused", "opfuse_unfused", "onnxruntime", "openvino"), ms,
+                                          strict=True)))
+        (tmp_path / f"bench_{m}_t{t}.json").write_text(json.dumps(res))
+    r = subprocess.run([sys.executable, str(script), "a", "b", "--results", str(tmp_path), "--table-only"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    md = (tmp_path / "bench.md").read_text()
+    assert "| a | 1 | 2.000 | 4.000 | 1.000 | 2.000 | 2.00 | 0.50 |" in md
+    assert "| b | 2 | 4.000 | 5.000 | 2.000 | 2.000 | 2.00 | 0.50 |" in md
+    assert "| **geometric mean** | 1 | 4.000 | 6.000 | 2.000 | 2.000 | **2.83** | |" in md  # sqrt(2 * 4)
+    assert "| a | 2.00x | 2.00x | 1.00x | 2.00x |" in md  # 1 thread over 2 threads

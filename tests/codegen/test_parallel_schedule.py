@@ -1,0 +1,55 @@
+"""How parallel loops hand out work: GEMM/conv tiles one at a time (tiles differ in size, so static
+halves leave a thread idle), light iterations in static chunks; and threads never change results."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from cg_support import epilogue_plan
+from opfuse.codegen.options import CodegenOptions
+from opfuse.codegen.program import generate
+from opfuse.ops import GraphBuilder
+from opfuse.runtime import reference
+from opfuse.runtime.native import build
+
+
+def _graph():
+    """A MatMul whose 128 rows make a 96-row and a 32-row tile, then a big elementwise Add."""
+    rng = np.random.default_rng(0)
+    b = GraphBuilder("sched")
+    x = b.input("x", (128, 768))
+    y = b.op("MatMul", x, b.const("w", rng.standard_normal((768, 768)).astype(np.float32) / 30))
+    z = b.op("Add", y, b.input("r", (128, 768)))
+    return b.build(b.op("Relu", b.op("Softmax", z, axis=-1)))
+
+
+def _pragmas(source: str) -> list[tuple[str, int]]:
+    """(schedule, iterations) of every parallel loop."""
+    return [(m.group(1), int(m.group(2))) for m in re.finditer(
+        r"omp parallel for num_threads\(nt\) (schedule\([^)]*\)).*\n\s*for \(long \w+ = 0; \w+ < (\d+);", source)]
+
+
+def test_tiles_go_one_at_a_time_and_light_iterations_in_static_chunks():
+    g = _graph()
+    pragmas = _pragmas(generate(g, epilogue_plan(g)).source)
+    assert ("schedule(dynamic, 1)", 8) in pragmas  # 2 row tiles (96 + 32) x 4 column tiles
+    assert ("schedule(static)", 128) in pragmas  # Softmax rows: 768 elements each
+
+
+def test_the_threshold_is_an_option():
+    g = _graph()
+    src = generate(g, epilogue_plan(g), options=CodegenOptions(parallel_dynamic_min_work=1 << 40)).source
+    assert "dynamic" not in src and "schedule(static)" in src
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_threads_do_not_change_results(cache_dir, threads):
+    g = _graph()
+    feeds = reference.random_inputs(g, 1)
+    one = build(g, epilogue_plan(g), cache_dir=cache_dir, threads=1).run(feeds)
+    many = build(g, epilogue_plan(g), cache_dir=cache_dir, threads=threads).run(feeds)
+    assert all(np.array_equal(one[k], many[k]) for k in one)
+    want = reference.run(g, feeds)
+    assert all(np.allclose(one[k], want[k], rtol=1e-4, atol=1e-5) for k in want)
