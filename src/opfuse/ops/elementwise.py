@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from opfuse.errors import UnsupportedOpError
+from opfuse.errors import InputError, UnsupportedOpError
 from opfuse.ir.graph import TensorType
 from opfuse.ops.common import broadcast_shapes, out_type, same_type
 from opfuse.ops.registry import Category, Mapping, OpSpec, register
@@ -175,9 +175,9 @@ def _broadcast_infer(dtype=None):
     return infer
 
 
-def _binary(name, fn, *, flops=1.0, commutative=False, out_dtype=None, arity=(2, 2)):
+def _binary(name, fn, *, flops=1.0, commutative=False, out_dtype=None, arity=(2, 2), with_node=False):
     def compute(ins, a, node):
-        res = fn(*ins)
+        res = fn(*ins, node=node) if with_node else fn(*ins)
         dt = out_dtype if out_dtype is not None else ins[0].dtype
         return [np.asarray(res).astype(dt, copy=False)]
 
@@ -186,23 +186,60 @@ def _binary(name, fn, *, flops=1.0, commutative=False, out_dtype=None, arity=(2,
                     num_inputs=arity, flops_per_element=flops, tags=frozenset(tags)))
 
 
-def _div(a, b):
-    if np.issubdtype(a.dtype, np.integer):
-        return np.trunc(a / b).astype(a.dtype)  # ONNX integer Div truncates toward zero
-    return a / b
+def _division_by_zero(node, what: str = "integer division by zero") -> InputError:
+    return InputError(f"node '{node.name}' ({node.op_type}): {what}")
 
 
-def _pow(a, b):
+def _div(a, b, *, node):
+    """``a / b``; for integers the quotient truncated toward zero, computed exactly (no float detour).
+
+    Integer semantics, which every backend follows:
+
+    * truncation toward zero, as ONNX, C99 and onnxruntime: ``-7 / 2 = -3``;
+    * a zero divisor is an ``InputError`` naming the node (onnxruntime fails too; C would trap);
+    * the one overflowing quotient, ``INT_MIN / -1``, wraps to ``INT_MIN`` (two's complement),
+      where C would trap.
+    """
+    if not np.issubdtype(a.dtype, np.integer):
+        return a / b
+    a, b = np.broadcast_arrays(a, b)
+    if np.any(b == 0):
+        raise _division_by_zero(node)
+    with np.errstate(over="ignore"):  # INT_MIN // -1 wraps; NumPy would warn
+        q = np.floor_divide(a, b)
+        # floor and truncation differ when the remainder is non-zero and the signs differ
+        q = q + ((np.remainder(a, b) != 0) & ((a < 0) != (b < 0))).astype(q.dtype)
+    return q
+
+
+def _pow(a, b, *, node):
+    """``a ** b``. A float base is computed in float64. An integer base with a negative integer
+    exponent gives the truncated real result, as onnxruntime: ``1`` for base 1, ``+-1`` for base
+    -1 (by the exponent's parity), ``0`` for any other base; base 0 is an integer division by
+    zero (an ``InputError`` naming the node). Positive powers wrap like the C integer type."""
     if np.issubdtype(a.dtype, np.floating):
         return np.power(a.astype(np.float64), b.astype(np.float64))
-    return np.power(a, b)
+    if not np.issubdtype(b.dtype, np.integer):
+        return np.power(a, b)
+    a, b = np.broadcast_arrays(a, b)
+    neg = b < 0
+    if not np.any(neg):
+        with np.errstate(over="ignore"):
+            return np.power(a, b)
+    if np.any(neg & (a == 0)):
+        raise _division_by_zero(node, "integer 0 to a negative power (a division by zero)")
+    with np.errstate(over="ignore"):
+        pos = np.power(a, np.where(neg, 0, b))
+    odd = (b % 2) != 0
+    small = np.where(a == 1, 1, np.where(a == -1, np.where(odd, -1, 1), 0)).astype(a.dtype)
+    return np.where(neg, small, pos)
 
 
 _binary("Add", np.add, commutative=True)
 _binary("Sub", np.subtract)
 _binary("Mul", np.multiply, commutative=True)
-_binary("Div", _div)
-_binary("Pow", _pow, flops=4)
+_binary("Div", _div, with_node=True)
+_binary("Pow", _pow, flops=4, with_node=True)
 _binary("Max", lambda *xs: np.maximum.reduce(np.broadcast_arrays(*xs)) if len(xs) > 1 else xs[0],
         commutative=True, arity=(1, 2 ** 31))
 _binary("Min", lambda *xs: np.minimum.reduce(np.broadcast_arrays(*xs)) if len(xs) > 1 else xs[0],
