@@ -81,6 +81,9 @@ def cmd_info(args) -> int:
 def cmd_run(args) -> int:
     graph = _load(args)
     feeds = _read_inputs(args.inputs, graph, args.seed)
+    if args.cast_inputs:  # convert once, so that every backend (and --compare) sees the same values
+        from opfuse.runtime.reference import check_inputs
+        feeds = check_inputs(graph, feeds, cast=True)
     t0 = time.perf_counter()
     if args.backend == "reference":
         from opfuse.runtime.reference import run
@@ -366,6 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(p)
     p.add_argument("--backend", choices=["reference", "c"], default="reference")
     p.add_argument("--inputs", help="npz file keyed by input names (default: seeded random inputs)")
+    p.add_argument("--cast-inputs", action="store_true",
+                   help="convert --inputs arrays of another dtype to the model's when every value fits "
+                        "(default: a dtype mismatch is an error)")
     p.add_argument("--outputs", help="write outputs to this npz file")
     p.add_argument("--compare", choices=["onnxruntime"], help="also run in this runtime and print errors")
     p.add_argument("--seed", type=int, default=0, help="seed for random inputs")

@@ -118,9 +118,10 @@ class CompiledModel:
         return self.program.memory
 
     # Running -----------------------------------------------------------------------------
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run the model; ``InputError`` (naming the input) for missing/misshaped/mistyped inputs."""
-        checked = check_inputs(self.graph, feeds)
+    def run(self, feeds: Mapping[str, np.ndarray], *, cast: bool = False) -> dict[str, np.ndarray]:
+        """Run the model; ``InputError`` (naming the input) for missing/misshaped/mistyped inputs
+        (``cast=True`` converts inputs of another dtype whose values fit)."""
+        checked = check_inputs(self.graph, feeds, cast=cast)
         ins = [np.ascontiguousarray(checked[v.name]) for v in self.graph.inputs]
         outs = [np.empty(spec.shape, dtype=spec.dtype) for spec in self.program.outputs]
         in_ptrs = (ctypes.c_void_p * max(len(ins), 1))(*[a.ctypes.data for a in ins])
