@@ -32,6 +32,10 @@ class ShapeError(OpfuseError):
     """Shapes that do not fit together, at compile time or at run time."""
 
 
+class SizeLimitError(ShapeError):
+    """A tensor larger than the configured limit (``opfuse.ops.limits``), refused before allocation."""
+
+
 class InputError(OpfuseError):
     """Inputs given at run time do not match the model (missing, wrong shape or dtype)."""
 

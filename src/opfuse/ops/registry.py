@@ -21,6 +21,7 @@ import numpy as np
 from opfuse.errors import ModelError, ShapeError, UnsupportedOpError
 from opfuse.ir.graph import Graph, Node, TensorType
 from opfuse.ir.verify import register_shape_checker
+from opfuse.ops.limits import check_tensor_size
 
 
 class Category(IntEnum):
@@ -148,6 +149,8 @@ def infer_node(node: Node) -> list[TensorType]:
     if len(types) != len(node.outputs):
         raise ModelError(f"node '{node.name}' ({node.op_type}) infers {len(types)} outputs, "
                          f"has {len(node.outputs)}")
+    for v, t in zip(node.outputs, types, strict=True):
+        check_tensor_size(t.shape, t.dtype, f"node '{node.name}' ({node.op_type}): output '{v.name}'")
     return types
 
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from opfuse.errors import InputError
 from opfuse.ir.graph import Graph
+from opfuse.ops.limits import check_tensor_size
 from opfuse.ops.registry import run_node
 
 
@@ -125,6 +126,8 @@ def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     feeds = {}
     for v in graph.inputs:
+        check_tensor_size(v.shape, np.float64 if np.issubdtype(v.dtype, np.floating) else v.dtype,
+                          f"random input '{v.name}'")  # floats are drawn in float64, then converted
         if np.issubdtype(v.dtype, np.floating):
             feeds[v.name] = rng.standard_normal(v.shape).astype(v.dtype)
         elif v.dtype == np.bool_:
