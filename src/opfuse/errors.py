@@ -28,6 +28,16 @@ class UnsupportedOpError(OpfuseError):
         self.opset = opset
 
 
+class UnsupportedDtypeError(UnsupportedOpError):
+    """An element type that a backend does not implement (float16 in the C backend)."""
+
+    def __init__(self, dtype: str, value: str, backend: str, hint: str = ""):
+        OpfuseError.__init__(self, f"{dtype} is not supported by the {backend} backend (value '{value}')"
+                                   + (f"; {hint}" if hint else ""))
+        self.op_type, self.node, self.opset = dtype, value, None
+        self.dtype, self.value = dtype, value
+
+
 class ShapeError(OpfuseError):
     """Shapes that do not fit together, at compile time or at run time."""
 

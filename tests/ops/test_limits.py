@@ -49,7 +49,10 @@ def test_padded_input_is_checked_even_when_the_output_is_small():
     b = GraphBuilder()
     x = b.input("x", (1, 1, 4, 4))
     with pytest.raises(SizeLimitError, match="'p0' \\(MaxPool\\): the padded input"):
-        b.op("MaxPool", x, kernel_shape=[1, 1], pads=[0, 0, 0, 2 ** 31], strides=[1, 2 ** 31], name="p0")
+        b.op("MaxPool", x, kernel_shape=[1, 2 ** 31 + 1], pads=[0, 0, 0, 2 ** 31], name="p0")
+    with pytest.raises(SizeLimitError, match="'c1' \\(Conv\\): the padded input"):
+        b.op("Conv", x, b.const("w", np.ones((1, 1, 1, 1), np.float32)), pads=[0, 0, 0, 2 ** 31],
+             strides=[1, 2 ** 31], name="c1")
 
 
 def test_conv_transpose_buffer_is_checked():

@@ -13,7 +13,7 @@ import numpy as np
 
 from opfuse.errors import InputError, UnsupportedOpError
 from opfuse.ir.graph import TensorType
-from opfuse.ops.common import broadcast_shapes, out_type, same_type
+from opfuse.ops.common import broadcast_shapes, out_type, same_type, shape_error
 from opfuse.ops.registry import Category, Mapping, OpSpec, register
 
 _erf = np.frompyfunc(math.erf, 1, 1)
@@ -25,14 +25,20 @@ def erf(x: np.ndarray) -> np.ndarray:
     return np.asarray(_erf(x.astype(np.float64))).astype(x.dtype)
 
 
-def _unary(name, fn, *, attrs=None, flops=1.0, tags=("activation",)):
+# ONNX's type constraints of the unary ops (bfloat16 aside, which opfuse does not compute).
+FLOATS = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64))
+SIGNED = FLOATS | frozenset(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64))
+NUMERIC = SIGNED | frozenset(np.dtype(t) for t in (np.uint8, np.uint16, np.uint32, np.uint64))
+
+
+def _unary(name, fn, *, attrs=None, flops=1.0, tags=("activation",), dtypes=FLOATS):
     def compute(ins, a, node):
         x = ins[0]
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # IEEE results (log 0 = -inf)
             return [np.asarray(fn(x, a)).astype(x.dtype, copy=False)]
 
     register(OpSpec(name, Category.ELEMWISE, Mapping.ONE_TO_ONE, lambda n, a: same_type(n), compute,
-                    attrs=dict(attrs or {}), flops_per_element=flops,
+                    attrs=dict(attrs or {}), flops_per_element=flops, dtypes=dtypes,
                     tags=frozenset(("unary",) + tuple(tags))))
 
 
@@ -65,7 +71,7 @@ def _hardsigmoid(x, alpha, beta):
     return np.clip(alpha * x.astype(np.float64) + beta, 0.0, 1.0)
 
 
-_unary("Relu", lambda x, a: np.maximum(x, 0))
+_unary("Relu", lambda x, a: np.maximum(x, 0), dtypes=SIGNED)
 _unary("LeakyRelu", lambda x, a: np.where(x >= 0, x, x * np.float32(a["alpha"])), attrs={"alpha": 0.01}, flops=2)
 _unary("Sigmoid", lambda x, a: _sigmoid(x), flops=4)
 _unary("HardSigmoid", lambda x, a: _hardsigmoid(x, a["alpha"], a["beta"]), attrs={"alpha": 0.2, "beta": 0.5}, flops=3)
@@ -75,12 +81,12 @@ _unary("Gelu", _gelu, attrs={"approximate": "none"}, flops=8)
 _unary("Softplus", lambda x, a: _softplus(x), flops=4)
 # SiLU is not an ONNX op; the recognition pass creates it from x * Sigmoid(x).
 _unary("Silu", lambda x, a: x.astype(np.float64) * _sigmoid(x), flops=5)
-_unary("Erf", lambda x, a: erf(x), flops=6, tags=())
+_unary("Erf", lambda x, a: erf(x), flops=6, tags=(), dtypes=NUMERIC)
 _unary("Exp", lambda x, a: np.exp(x), flops=4, tags=())
 _unary("Log", lambda x, a: np.log(x), flops=4, tags=())
 _unary("Sqrt", lambda x, a: np.sqrt(x), flops=2, tags=())
-_unary("Neg", lambda x, a: np.negative(x), tags=())
-_unary("Abs", lambda x, a: np.abs(x), tags=())
+_unary("Neg", lambda x, a: np.negative(x), tags=(), dtypes=SIGNED)
+_unary("Abs", lambda x, a: np.abs(x), tags=(), dtypes=NUMERIC)
 _unary("Reciprocal", lambda x, a: np.reciprocal(x), tags=())
 
 
@@ -275,6 +281,13 @@ def _bn_infer(node, a):
     if len(node.outputs) != 1:
         raise UnsupportedOpError("BatchNormalization", node.name,
                                  detail="training outputs (running mean/var) are not supported")
+    x = node.input(0)
+    if len(x.shape) < 2:
+        raise shape_error(node, f"X must be (N, C, ...), got shape {x.shape}")
+    for i, what in enumerate(("scale", "B", "input_mean", "input_var"), start=1):
+        if node.input(i).shape != (x.shape[1],):
+            raise shape_error(node, f"{what} has shape {node.input(i).shape}, expected ({x.shape[1]},): one "
+                                    f"value per channel of X {x.shape}")
     return same_type(node)
 
 

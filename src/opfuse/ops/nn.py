@@ -369,6 +369,12 @@ def _pool_geometry(node: Node, a: dict) -> Window:
     kernel = tuple(int(k) for k in a["kernel_shape"])
     if len(kernel) != len(x) - 2:
         raise shape_error(node, f"kernel_shape {list(kernel)} needs {len(x) - 2} entries for X {x}")
+    if _auto_pad(node, a) == "NOTSET" and a.get("pads") is not None:
+        pads = _ints(node, a, "pads", len(kernel) * 2, 0)
+        if any(p >= k for p, k in zip(pads, kernel * 2, strict=True)):
+            # a window entirely in the padding: -inf for MaxPool, 0/0 for AveragePool
+            raise shape_error(node, f"pads {list(pads)} must be smaller than kernel_shape {list(kernel)} "
+                                    f"(as onnxruntime requires)")
     return window_geometry(node, a, tuple(x[2:]), kernel, ceil_mode=bool(a["ceil_mode"]))
 
 

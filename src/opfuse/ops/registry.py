@@ -63,6 +63,7 @@ class OpSpec:
     tags: frozenset = frozenset()
     flops_fn: CountFn | None = None
     flops_per_element: float = 1.0  # used when flops_fn is None: per output element
+    dtypes: frozenset | None = None  # element types ONNX allows for input 0 (None: not checked here)
 
     def attrs_of(self, node: Node) -> dict:
         """The node's attributes with this op's defaults filled in."""
@@ -140,6 +141,11 @@ def infer_node(node: Node) -> list[TensorType]:
     for v in node.input_values():
         if v.type is None:
             raise ModelError(f"input '{v.name}' of node '{node.name}' has no known shape")
+    if spec.dtypes is not None and node.inputs and node.inputs[0] is not None \
+            and node.inputs[0].dtype not in spec.dtypes:
+        allowed = ", ".join(sorted(np.dtype(t).name for t in spec.dtypes))
+        raise ModelError(f"node '{node.name}' ({node.op_type}): element type {node.inputs[0].dtype} is not "
+                         f"allowed (ONNX's {node.op_type} takes {allowed})")
     try:
         types = list(spec.infer(node, spec.attrs_of(node)))
     except (ModelError, ShapeError, UnsupportedOpError):

@@ -26,9 +26,10 @@ from typing import Mapping
 
 import numpy as np
 
+from opfuse.codegen.ctype import c_type
 from opfuse.codegen.options import CodegenOptions
 from opfuse.codegen.program import ABI_VERSION, CProgram, generate
-from opfuse.errors import OpfuseError
+from opfuse.errors import OpfuseError, UnsupportedDtypeError, UnsupportedOpError
 from opfuse.ir.graph import Graph
 from opfuse.ir.plan import FusionPlan
 from opfuse.memory.plan import MemoryPlan
@@ -212,6 +213,18 @@ class CompiledModel:
 NativeModule = CompiledModel
 
 
+def _check_dtypes(graph: Graph) -> None:
+    """Every tensor has a C element type; else one line naming the type and the first such value."""
+    for v in graph.values.values():
+        if v.type is None:
+            continue
+        try:
+            c_type(v.dtype)
+        except UnsupportedOpError:
+            raise UnsupportedDtypeError(v.dtype.name, v.name, "C", "run it with the reference backend "
+                                        "(--backend reference)") from None
+
+
 def build(graph: Graph, plan: FusionPlan | None = None, *, threads: int = 1, cache_dir=None,
           options: CodegenOptions | None = None, memory: MemoryPlan | None = None,
           fast_math: bool = False, native: bool = True) -> CompiledModel:
@@ -219,6 +232,7 @@ def build(graph: Graph, plan: FusionPlan | None = None, *, threads: int = 1, cac
     with the system compiler (``ToolchainError`` when there is none), and load it.
 
     ``cache_dir`` defaults to ``$OPFUSE_CACHE_DIR`` or ``~/.cache/opfuse``."""
+    _check_dtypes(graph)
     tc = Toolchain.detect(native=native, fast_math=fast_math)
     plan = plan if plan is not None else FusionPlan.unfused(graph)
     program = generate(graph, plan, memory=memory, options=options)
