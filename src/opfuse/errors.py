@@ -50,6 +50,11 @@ class InputError(OpfuseError):
     """Inputs given at run time do not match the model (missing, wrong shape or dtype)."""
 
 
+class StorageError(OpfuseError):
+    """A file or folder that cannot be written or used: permissions, a full disk, a file where a
+    folder should be (``opfuse.files``)."""
+
+
 class SecurityError(ModelError):
     """The model tries to reach outside its folder (external data path traversal)."""
 
