@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from onnx import TensorProto, helper
 
 from opfuse.cli import main

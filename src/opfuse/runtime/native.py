@@ -15,11 +15,13 @@ environment says otherwise, OpenMP waits passively (``OMP_WAIT_POLICY=PASSIVE``)
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import itertools
 import json
 import os
 import shutil
+import tempfile
 import threading
 from pathlib import Path
 from typing import Mapping
@@ -30,11 +32,12 @@ from opfuse.codegen.ctype import c_type
 from opfuse.codegen.options import CodegenOptions
 from opfuse.codegen.program import ABI_VERSION, CProgram, generate
 from opfuse.errors import OpfuseError, UnsupportedDtypeError, UnsupportedOpError
+from opfuse.files import storage_error
 from opfuse.ir.graph import Graph
 from opfuse.ir.plan import FusionPlan
 from opfuse.memory.plan import MemoryPlan
 from opfuse.runtime.reference import check_inputs
-from opfuse.runtime.toolchain import BuildResult, Toolchain, build_library
+from opfuse.runtime.toolchain import LOAD_PREFIX, BuildResult, Toolchain, build_library
 
 BUFFER_ALIGNMENT = 64
 
@@ -63,12 +66,22 @@ def _load_library(path: Path) -> ctypes.CDLL:
     or rewrites the cache entry in place (a repair of a corrupt entry, another process) would
     change the pages this process has mapped, and the next touch of them dies with SIGBUS."""
     os.environ.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY_DEFAULT)
-    alias = path.parent.parent / f".load-{os.getpid()}-{next(_LOAD_COUNTER)}-{path.parent.name[:16]}.so"
-    shutil.copyfile(path, alias)
-    try:
-        return ctypes.CDLL(str(alias))
-    finally:
-        alias.unlink(missing_ok=True)
+    name = f"{LOAD_PREFIX}{os.getpid()}-{next(_LOAD_COUNTER)}-{path.parent.name[:16]}.so"
+    failure: OSError | None = None
+    # Next to the cache entry; in the temporary folder when the cache is read-only (or full).
+    for folder in (path.parent.parent, Path(tempfile.gettempdir())):
+        alias = folder / name
+        try:
+            shutil.copyfile(path, alias)
+            alias.chmod(0o600)
+            return ctypes.CDLL(str(alias))
+        except OSError as e:
+            failure = failure or e
+        finally:
+            with contextlib.suppress(OSError):
+                alias.unlink(missing_ok=True)
+    assert failure is not None
+    raise storage_error(failure, "load the compiled library", path)
 
 
 class CompiledModel:
