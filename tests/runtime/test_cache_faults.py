@@ -249,3 +249,19 @@ def test_a_compiler_killed_by_a_signal(monkeypatch, tmp_path):
 def test_every_fault_here_is_a_user_facing_error():
     assert issubclass(StorageError, OpfuseError) and issubclass(ToolchainError, OpfuseError)
     assert Toolchain.detect().cc
+
+
+def test_a_full_temporary_folder_is_named_as_such_when_testing_the_compiler(monkeypatch):
+    real = toolchain._run
+
+    def run(cmd, *a, **k):
+        if any(str(c).endswith("probe.so") for c in cmd):
+            return subprocess.CompletedProcess(cmd, 1, "", "error closing /tmp/cc.s: No space left on device")
+        return real(cmd, *a, **k)
+    monkeypatch.setattr(toolchain, "_run", run)
+    toolchain.check_compiler.cache_clear()
+    try:
+        with pytest.raises(StorageError, match="cannot write its files: No space left on device"):
+            toolchain.check_compiler("/usr/bin/some-cc")
+    finally:
+        toolchain.check_compiler.cache_clear()

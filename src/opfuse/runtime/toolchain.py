@@ -115,6 +115,10 @@ def check_compiler(cc: str) -> None:
             raise storage_error(e, "write", src, "needed to test the C compiler") from None
         proc = _run([*_argv(cc), "-fPIC", "-shared", "-o", str(so), str(src)], cwd=d)
         if proc.returncode != 0:
+            for cause in _STORAGE_FAILURES:
+                if cause in proc.stderr:
+                    raise StorageError(f"the C compiler '{cc}' cannot write its files: {cause} (in "
+                                       f"{tempfile.gettempdir()} or $TMPDIR)")
             why = _first_lines(proc.stderr or proc.stdout, 2)
             raise ToolchainError(f"the C compiler '{cc}' does not work: it failed (exit {proc.returncode}) on a "
                                  f"one-line library{': ' + why if why else ''}; fix $CC, or run with the "
