@@ -62,13 +62,9 @@ def atomic_writer(path: str | os.PathLike, mode: str = "w", *, private: bool = F
     """Open a temporary file next to ``path`` for writing; it replaces ``path`` only if the block
     finishes. ``StorageError`` for any OS failure; the temporary file never stays behind."""
     path = Path(path)
-    if path.is_dir():
-        raise StorageError(f"cannot write '{path}': it is a folder")
-    folder = path.parent
-    if not folder.is_dir():
-        raise StorageError(f"cannot write '{path}': the folder '{folder}' does not exist")
+    check_writable(path)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as e:
         raise storage_error(e, "write", path) from None
     try:
@@ -86,6 +82,21 @@ def atomic_writer(path: str | os.PathLike, mode: str = "w", *, private: bool = F
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+
+
+def check_writable(path: str | os.PathLike, *, folder: bool = False) -> None:
+    """``StorageError`` now when ``path`` cannot become the file (or, ``folder=True``, the folder) a
+    command will write at its end: a folder where a file goes, a file where a folder goes, or a
+    missing parent folder."""
+    p = Path(path)
+    if folder:
+        if p.exists() and not p.is_dir():
+            raise StorageError(f"cannot write into '{p}': it exists and is not a folder")
+        return
+    if p.is_dir():
+        raise StorageError(f"cannot write '{p}': it is a folder")
+    if not p.parent.is_dir():
+        raise StorageError(f"cannot write '{p}': the folder '{p.parent}' does not exist")
 
 
 def atomic_write(path: str | os.PathLike, data: str | bytes, *, private: bool = False) -> None:

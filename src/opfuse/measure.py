@@ -19,6 +19,8 @@ def median_seconds(fn, repeat: int = MEASURE_REPEAT, warmup: int = MEASURE_WARMU
     """Median wall time of ``fn()`` over ``repeat`` calls after ``warmup`` untimed ones."""
     import time
     from statistics import median
+    if repeat < 1:
+        raise OpfuseError(f"repeat (--repeat) must be at least 1, got {repeat}")
     for _ in range(warmup):
         fn()
     times = []
@@ -38,6 +40,8 @@ def measure(comp: Compilation, *, repeat: int = MEASURE_REPEAT, threads: int = 1
     from opfuse.runtime.reference import random_inputs
     if comp.options.target != "host":
         raise OpfuseError(f"measuring needs the host target, not '{comp.options.target}'")
+    if repeat < 1:
+        raise OpfuseError(f"repeat (--repeat) must be at least 1, got {repeat}")
     native = build_native(comp, threads=threads, codegen_options=CodegenOptions(profile=True))
     feeds = random_inputs(comp.original, seed)
     whole_s = median_seconds(lambda: native.run(feeds), repeat)

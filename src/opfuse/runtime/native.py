@@ -31,8 +31,8 @@ import numpy as np
 from opfuse.codegen.ctype import c_type
 from opfuse.codegen.options import CodegenOptions
 from opfuse.codegen.program import ABI_VERSION, CProgram, generate
-from opfuse.errors import OpfuseError, UnsupportedDtypeError, UnsupportedOpError
-from opfuse.files import storage_error
+from opfuse.errors import OpfuseError, StorageError, UnsupportedDtypeError, UnsupportedOpError
+from opfuse.files import atomic_write, storage_error
 from opfuse.ir.graph import Graph
 from opfuse.ir.plan import FusionPlan
 from opfuse.memory.plan import MemoryPlan
@@ -210,17 +210,20 @@ class CompiledModel:
     def export_c(self, directory: str | Path) -> list[Path]:
         """Write ``model.c``, ``model.h``, ``weights.bin`` (blob mode) and ``report.json``."""
         d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        files = [d / "model.c", d / "model.h"]
-        files[0].write_text(self.program.source)
-        files[1].write_text(self.program.header())
-        if self.program.options.weights == "blob":
-            files.append(d / "weights.bin")
-            files[-1].write_bytes(self.program.weights)
-        files.append(d / "report.json")
+        if d.exists() and not d.is_dir():
+            raise StorageError(f"cannot write C into '{d}': it exists and is not a folder")
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise storage_error(e, "create the folder", d) from None
         rep = {k: v for k, v in self.report.items() if k not in ("library",)}
-        files[-1].write_text(json.dumps(rep, indent=1, sort_keys=True))
-        return files
+        contents: dict[str, str | bytes] = {"model.c": self.program.source, "model.h": self.program.header()}
+        if self.program.options.weights == "blob":
+            contents["weights.bin"] = self.program.weights
+        contents["report.json"] = json.dumps(rep, indent=1, sort_keys=True)
+        for name, data in contents.items():
+            atomic_write(d / name, data)  # a full disk leaves no truncated file
+        return [d / name for name in contents]
 
 
 NativeModule = CompiledModel
