@@ -90,6 +90,9 @@ def cmd_info(args) -> int:
 
 def cmd_run(args) -> int:
     graph = _load(args)
+    if args.outputs:
+        from opfuse.files import check_writable
+        check_writable(args.outputs if args.outputs.endswith(".npz") else args.outputs + ".npz")
     feeds = _read_inputs(args.inputs, graph, args.seed)
     if args.cast_inputs:  # convert once, so that every backend (and --compare) sees the same values
         from opfuse.runtime.reference import check_inputs
@@ -133,10 +136,10 @@ def cmd_zoo(args) -> int:
         for name in zoo.list_models():
             print(f"{name:<22}{zoo.describe(name)}")
         return 0
-    import onnx
-    model = zoo.build_onnx(args.name)
+    from opfuse.files import atomic_write, check_writable
     out = args.output or f"{args.name}.onnx"
-    onnx.save_model(model, out)
+    check_writable(out)
+    atomic_write(out, zoo.build_onnx(args.name).SerializeToString())
     print(f"wrote {out}")
     return 0
 

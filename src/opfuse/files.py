@@ -96,7 +96,8 @@ def check_writable(path: str | os.PathLike, *, folder: bool = False) -> None:
     if p.is_dir():
         raise StorageError(f"cannot write '{p}': it is a folder")
     if not p.parent.is_dir():
-        raise StorageError(f"cannot write '{p}': the folder '{p.parent}' does not exist")
+        why = "is not a folder" if p.parent.exists() else "does not exist"
+        raise StorageError(f"cannot write '{p}': '{p.parent}' {why}")
 
 
 def atomic_write(path: str | os.PathLike, data: str | bytes, *, private: bool = False) -> None:

@@ -158,3 +158,19 @@ def test_model_controlled_names_are_escaped(capsys, tmp_path):
     code, _, err = run_cli(capsys, "run", model, "--inputs", ins)
     one_line_error(code, err, "\\x1b[2J", "\\n")
     assert "\x1b" not in err
+
+
+def test_zoo_export_into_a_missing_folder_and_a_negative_seed(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "zoo", "export", "resnet8", "-o", tmp_path / "no" / "r8.onnx")
+    one_line_error(code, err, "does not exist")
+    model = relu_model(tmp_path, TensorProto.FLOAT, (4,))
+    code, _, err = run_cli(capsys, "run", model, "--seed", "-1")
+    one_line_error(code, err, "seed", "-1")
+
+
+def test_outputs_are_checked_before_the_run(capsys, tmp_path):
+    model = relu_model(tmp_path, TensorProto.FLOAT, (4,))
+    (tmp_path / "f").write_text("")
+    code, out, err = run_cli(capsys, "run", model, "--outputs", tmp_path / "f" / "o.npz")
+    one_line_error(code, err, "is not a folder")
+    assert "backend reference" not in out

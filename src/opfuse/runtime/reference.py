@@ -123,6 +123,8 @@ class ReferenceExecutor:
 
 def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded random inputs for every graph input (normal floats, small non-negative ints)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise InputError(f"the seed of random inputs must be a non-negative integer, got {seed!r}")
     rng = np.random.default_rng(seed)
     feeds = {}
     for v in graph.inputs:
