@@ -25,7 +25,7 @@ CACHE_ENV = "OPFUSE_CACHE_DIR"
 
 def storage_error(e: OSError, action: str, path: str | os.PathLike, hint: str = "") -> StorageError:
     """``cannot <action> '<path>': <cause>`` (the cause is the OS's short text, e.g. "No space left on device")."""
-    cause = e.strerror or type(e).__name__
+    cause = e.strerror or str(e) or type(e).__name__
     return StorageError(f"cannot {action} '{os.fspath(path)}': {cause}" + (f" ({hint})" if hint else ""))
 
 
