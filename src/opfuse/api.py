@@ -13,7 +13,16 @@ ZOO_PREFIX = "zoo:"
 
 
 def load(model, input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> Graph:
-    """A Graph from ``zoo:NAME``, a path to an ``.onnx`` file, an ``onnx.ModelProto`` or a Graph."""
+    """A Graph from ``zoo:NAME``, a path to an ``.onnx`` file, an ``onnx.ModelProto`` or a Graph.
+
+    Names unsafe on a terminal are noted (``report.terminal``), so the CLI prints them escaped."""
+    from opfuse.report.terminal import remember_names
+    graph = _load(model, input_shapes)
+    remember_names(graph)
+    return graph
+
+
+def _load(model, input_shapes: Mapping[str, tuple[int, ...]] | None) -> Graph:
     if isinstance(model, Graph):
         return model
     if isinstance(model, onnx.ModelProto):

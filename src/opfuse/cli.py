@@ -31,11 +31,17 @@ def _read_inputs(path: str | None, graph, seed: int) -> dict[str, np.ndarray]:
     from opfuse.runtime.reference import random_inputs
     if not path:
         return random_inputs(graph, seed)
+    import zipfile
+    import zlib
+    if os.path.isfile(path) and not zipfile.is_zipfile(path):
+        raise InputError(f"cannot read inputs from '{path}': not an .npz archive (write one with "
+                         f"numpy.savez(path, input_name=array))")
     try:
         with np.load(path, allow_pickle=False) as data:
             return {k: data[k] for k in data.files}
-    except (OSError, ValueError) as e:
-        raise InputError(f"cannot read inputs from '{path}': {e}") from None
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as e:
+        raise InputError(f"cannot read inputs from '{path}': {e.strerror or e if isinstance(e, OSError) else e}") \
+            from None
 
 
 def _ort_outputs(model_spec: str, graph, feeds: dict) -> dict[str, np.ndarray]:
@@ -48,10 +54,14 @@ def _ort_outputs(model_spec: str, graph, feeds: dict) -> dict[str, np.ndarray]:
     so = ort.SessionOptions()
     so.log_severity_level = 3
     # Never hand onnxruntime the path: its loader would follow external-data paths unchecked.
-    sess = ort.InferenceSession(onnx_proto(model_spec).SerializeToString(), so,
-                                providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    res = sess.run(names, {k: v for k, v in feeds.items()})
+    proto = onnx_proto(model_spec).SerializeToString()
+    try:
+        sess = ort.InferenceSession(proto, so, providers=["CPUExecutionProvider"])
+        names = [o.name for o in sess.get_outputs()]
+        res = sess.run(names, {k: v for k, v in feeds.items()})
+    except Exception as e:  # onnxruntime's own exception types (Fail, InvalidGraph, ...), not OpfuseErrors
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise OpfuseError(f"--compare onnxruntime: onnxruntime cannot run this model: {first[:300]}") from None
     return dict(zip(names, res, strict=True))
 
 
@@ -80,7 +90,13 @@ def cmd_info(args) -> int:
 
 def cmd_run(args) -> int:
     graph = _load(args)
+    if args.outputs:
+        from opfuse.files import check_writable
+        check_writable(args.outputs if args.outputs.endswith(".npz") else args.outputs + ".npz")
     feeds = _read_inputs(args.inputs, graph, args.seed)
+    if args.cast_inputs:  # convert once, so that every backend (and --compare) sees the same values
+        from opfuse.runtime.reference import check_inputs
+        feeds = check_inputs(graph, feeds, cast=True)
     t0 = time.perf_counter()
     if args.backend == "reference":
         from opfuse.runtime.reference import run
@@ -105,8 +121,11 @@ def cmd_run(args) -> int:
               f"mean={float(np.mean(a, dtype=np.float64)) if a.size else 0.0:.6g}")
     print(f"backend {args.backend}: {elapsed * 1e3:.1f} ms")
     if args.outputs:
-        np.savez(args.outputs, **outputs)  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
-        print(f"wrote {args.outputs}")
+        from opfuse.files import atomic_writer
+        path = args.outputs if args.outputs.endswith(".npz") else args.outputs + ".npz"  # as np.savez names it
+        with atomic_writer(path, "wb") as f:  # a full disk leaves no truncated file
+            np.savez(f, **outputs)  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
+        print(f"wrote {path}")
     if args.compare:
         from opfuse.runtime import reference
         theirs = _ort_outputs(args.model, graph, feeds) if args.compare == "onnxruntime" else \
@@ -140,10 +159,10 @@ def cmd_zoo(args) -> int:
         for name in zoo.list_models():
             print(f"{name:<22}{zoo.describe(name)}")
         return 0
-    import onnx
-    model = zoo.build_onnx(args.name)
+    from opfuse.files import atomic_write, check_writable
     out = args.output or f"{args.name}.onnx"
-    onnx.save_model(model, out)
+    check_writable(out)
+    atomic_write(out, zoo.build_onnx(args.name).SerializeToString())
     print(f"wrote {out}")
     return 0
 
@@ -246,6 +265,12 @@ def _predicted_vs_measured(report: dict) -> str:
 def cmd_compile(args) -> int:
     import json
     from opfuse.compiler import plan_model
+    from opfuse.files import atomic_writer, check_writable
+    if args.measure and args.repeat < 1:
+        raise OpfuseError(f"--repeat must be at least 1, got {args.repeat}")
+    for path, folder in ((args.report_json, False), (args.emit_c, True)):
+        if path:
+            check_writable(path, folder=folder)  # before the work, not after it
     comp = plan_model(args.model, _compile_options(args))
     if args.pareto:
         from opfuse.compiler import pareto
@@ -267,7 +292,7 @@ def cmd_compile(args) -> int:
     for line in _summary_lines(comp):
         print(line)
     if args.report_json:
-        with open(args.report_json, "w") as f:
+        with atomic_writer(args.report_json) as f:
             json.dump(comp.report, f, indent=1, sort_keys=False, default=str)
         print(f"wrote {args.report_json}")
     if args.emit_c or args.output:
@@ -462,6 +487,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["reference", "c", "cortex-m7"], default="reference",
                    help="cortex-m7: cross-compile and run on an emulated Cortex-M7 (QEMU)")
     p.add_argument("--inputs", help="npz file keyed by input names (default: seeded random inputs)")
+    p.add_argument("--cast-inputs", action="store_true",
+                   help="convert --inputs arrays of another dtype to the model's when every value fits "
+                        "(default: a dtype mismatch is an error)")
     p.add_argument("--outputs", help="write outputs to this npz file")
     p.add_argument("--compare", choices=["onnxruntime", "reference"], help="also run in this runtime and print errors")
     p.add_argument("--seed", type=int, default=0, help="seed for random inputs")
@@ -532,12 +560,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from opfuse.report.terminal import escape, safe_output
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.fn(args)
+        with safe_output():  # names from the model reach the terminal escaped
+            return args.fn(args)
     except OpfuseError as e:
-        print(f"opfuse: error: {e}", file=sys.stderr)
+        print(f"opfuse: error: {escape(str(e), newlines=True)}", file=sys.stderr)
         return e.exit_code
     except BrokenPipeError:  # e.g. `opfuse info m.onnx | head`
         devnull = os.open(os.devnull, os.O_WRONLY)

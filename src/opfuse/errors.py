@@ -28,12 +28,31 @@ class UnsupportedOpError(OpfuseError):
         self.opset = opset
 
 
+class UnsupportedDtypeError(UnsupportedOpError):
+    """An element type that a backend does not implement (float16 in the C backend)."""
+
+    def __init__(self, dtype: str, value: str, backend: str, hint: str = ""):
+        OpfuseError.__init__(self, f"{dtype} is not supported by the {backend} backend (value '{value}')"
+                                   + (f"; {hint}" if hint else ""))
+        self.op_type, self.node, self.opset = dtype, value, None
+        self.dtype, self.value = dtype, value
+
+
 class ShapeError(OpfuseError):
     """Shapes that do not fit together, at compile time or at run time."""
 
 
+class SizeLimitError(ShapeError):
+    """A tensor larger than the configured limit (``opfuse.ops.limits``), refused before allocation."""
+
+
 class InputError(OpfuseError):
     """Inputs given at run time do not match the model (missing, wrong shape or dtype)."""
+
+
+class StorageError(OpfuseError):
+    """A file or folder that cannot be written or used: permissions, a full disk, a file where a
+    folder should be (``opfuse.files``)."""
 
 
 class SecurityError(ModelError):

@@ -32,6 +32,8 @@ BLAS_THREAD_ENVS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"
 def median_seconds(fn, repeat: int = MEASURE_REPEAT, warmup: int = MEASURE_WARMUP) -> float:
     """Median wall time of ``fn()`` over ``repeat`` calls after ``warmup`` untimed ones."""
     from statistics import median
+    if repeat < 1:
+        raise OpfuseError(f"repeat (--repeat) must be at least 1, got {repeat}")
     for _ in range(warmup):
         fn()
     times = []
@@ -51,6 +53,8 @@ def measure(comp: Compilation, *, repeat: int = MEASURE_REPEAT, threads: int = 1
     from opfuse.runtime.reference import random_inputs
     if comp.options.target != "host":
         raise OpfuseError(f"measuring needs the host target, not '{comp.options.target}'")
+    if repeat < 1:
+        raise OpfuseError(f"repeat (--repeat) must be at least 1, got {repeat}")
     native = build_native(comp, threads=threads, codegen_options=CodegenOptions(profile=True))
     feeds = random_inputs(comp.original, seed)
     whole_s = median_seconds(lambda: native.run(feeds), repeat)

@@ -43,6 +43,18 @@ def test_refused_when_windows_differ():
     assert any("iterate over different domains" in r for r in refusals(dec, "horizontal"))
 
 
+def test_refused_when_only_the_kernel_shape_differs():
+    """Kernels 2 and 3 with stride 4 over 8 give the same output shape: only kernel_shape differs."""
+    b = GraphBuilder("kernels")
+    x = b.input("x", (1, 2, 8, 8))
+    g = b.build(b.op("MaxPool", x, kernel_shape=[2, 2], strides=[4, 4], name="k2"),
+                b.op("MaxPool", x, kernel_shape=[3, 3], strides=[4, 4], name="k3"))
+    assert g.node("k2").outputs[0].shape == g.node("k3").outputs[0].shape
+    plan, dec = plan_of(g)
+    assert len(plan.groups) == 2
+    assert any("iterate over different domains" in r for r in refusals(dec, "horizontal"))
+
+
 def test_refused_when_a_path_joins_the_siblings():
     b = GraphBuilder("path")
     x = b.input("x", (4, 4))

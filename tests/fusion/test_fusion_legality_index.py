@@ -92,6 +92,32 @@ def test_node_set_legality_matches_the_reference_on_zoo_models(name):
     check_node_sets(zoo.load(name))
 
 
+def sibling_pools():
+    """Poolings of one input whose windows differ in one attribute only, with equal output shapes
+    (kernel 2 and 3 with stride 4 over 8 both give 2 outputs), next to an identical pair."""
+    b = GraphBuilder("sibling_pools")
+    x = b.input("x", (1, 2, 8, 8))
+    outs = [b.op("MaxPool", x, kernel_shape=[2, 2], strides=[4, 4], name="k2"),
+            b.op("MaxPool", x, kernel_shape=[3, 3], strides=[4, 4], name="k3"),
+            b.op("MaxPool", x, kernel_shape=[2, 2], strides=[4, 4], name="k2_again"),
+            b.op("AveragePool", x, kernel_shape=[3, 3], strides=[4, 4], name="avg_k3"),
+            b.op("MaxPool", x, kernel_shape=[2, 2], strides=[4, 4], pads=[1, 1, 0, 0], name="k2_padded"),
+            b.op("MaxPool", x, kernel_shape=[2, 2], strides=[4, 4], dilations=[2, 2], name="k2_dilated"),
+            b.op("ReduceMax", x, axes=[2], keepdims=1, name="rmax2"),
+            b.op("ReduceMax", x, axes=[3], keepdims=1, name="rmax3")]
+    return b.build(*outs)
+
+
+def test_node_set_legality_matches_the_reference_on_sibling_windows():
+    g = sibling_pools()
+    check_node_sets(g)
+    n = {node.name: node for node in g.nodes}
+    assert ref.check_group(g, [n["k2"], n["k2_again"]]) is None
+    assert ref.check_group(g, [n["k3"], n["avg_k3"]]) is None
+    for other in ("k3", "k2_padded", "k2_dilated"):
+        assert "different domains" in ref.check_group(g, [n["k2"], n[other]])
+
+
 def test_node_set_legality_matches_the_reference_on_a_synthetic_graph():
     check_node_sets(synthetic_graph(120, seed=3))
 

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 
 from cg_support import epilogue_plan, fused_plan, group_by_names
+from liveness_reference import arena_conflicts, kernel_lifetimes
 from opfuse.ir.plan import FusionPlan
 from opfuse.memory import plan_memory
 from opfuse.memory.inplace import inplace_candidates
@@ -19,6 +20,7 @@ from opfuse import zoo
 def _check_plan(plan: FusionPlan):
     mem = plan_memory(plan)
     assert mem.conflicts() == []
+    assert arena_conflicts(mem) == []  # lifetimes recomputed from the kernel order, not the plan's
     g = plan.graph
     outputs = {id(v) for v in g.outputs}
     for grp in plan.groups:
@@ -173,3 +175,15 @@ def test_no_inplace_when_a_separate_pass_writes_first(tmp_path):
     from cg_support import assert_close, run_both
     got, want, _ = run_both(g, plan, tmp_path)
     assert_close(got, want)
+
+
+def test_the_plan_lifetimes_are_the_kernel_order_ones():
+    """Every arena value's recorded life is exactly producer kernel .. last reader kernel."""
+    for name in ("resnet8", "bert_layer"):
+        g = zoo.load(name)
+        for plan in (FusionPlan.unfused(g), fused_plan(name, g)):
+            mem = plan_memory(plan)
+            want = kernel_lifetimes(plan)
+            for v, span in mem.lifetimes.items():
+                if mem.locations[v].region == "arena":
+                    assert span == want[v], v

@@ -23,6 +23,12 @@ def test_softmax_matches_onnx_reference(axis):
     assert_close(got.sum(axis=axis), np.ones(np.delete(x.shape, axis)), atol=1e-6)
 
 
+@pytest.mark.parametrize("shape,axis", [((2, 0), -1), ((0, 3), -1), ((2, 0, 3), 1)])
+def test_softmax_of_a_zero_size_tensor_is_empty(shape, axis):
+    got = run1("Softmax", np.zeros(shape, np.float32), axis=axis)
+    assert got.shape == shape and got.dtype == np.float32
+
+
 def test_softmax_is_numerically_stable():
     x = np.array([[1000.0, 1001.0, 1002.0], [-1000.0, -1001.0, -1002.0]], dtype=np.float32)
     got = run1("Softmax", x)

@@ -65,13 +65,20 @@ def test_unknown_input_is_named(model):
         model.run(feeds)
 
 
-def test_non_contiguous_and_castable_inputs_are_accepted(model):
+def test_non_contiguous_inputs_are_accepted_and_other_dtypes_only_with_cast(model):
     feeds = reference.random_inputs(model.graph, 2)
     want = reference.run(model.graph, feeds)
     x = feeds["image"]
-    strided = np.empty((1, 3, 12, 24), np.float64)[..., ::2]
+    strided = np.empty((1, 3, 12, 24), np.float32)[..., ::2]
     strided[...] = x
     assert_close(model.run({"image": strided}), want)
+    as_f64 = np.empty((1, 3, 12, 24), np.float64)[..., ::2]
+    as_f64[...] = x
+    with pytest.raises(InputError, match="image.*float64.*float32.*cast"):
+        model.run({"image": as_f64})
+    assert_close(model.run({"image": as_f64}, cast=True), want)
+    with pytest.raises(InputError, match="image.*1e\\+39.*does not fit.*float32"):
+        model.run({"image": np.full(as_f64.shape, 1e39)}, cast=True)
 
 
 def test_threads_do_not_change_results(model):

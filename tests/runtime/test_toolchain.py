@@ -100,3 +100,11 @@ def test_compile_errors_are_not_user_errors(tmp_path):
     assert not isinstance(e.value, OpfuseError)
     assert not any(p.name.startswith(".build-") for p in tmp_path.rglob("*"))
     assert os.listdir(tmp_path)  # the shard directory exists, but holds no entry
+
+
+def test_float16_in_c_names_the_type_and_the_value(cache_dir):
+    from opfuse.errors import UnsupportedDtypeError
+    b = GraphBuilder("f16")
+    g = b.build(b.op("Relu", b.input("half_x", (2, 2), np.float16)))
+    with pytest.raises(UnsupportedDtypeError, match=r"^float16 is not supported by the C backend \(value 'half_x'\)"):
+        build(g, None, cache_dir=cache_dir)

@@ -36,6 +36,7 @@ from opfuse.frontend.onnx_opsets import DEFAULT_DOMAINS, MAX_OPSET, MIN_OPSET
 from opfuse.frontend.onnx_protos import (attribute_value, numpy_dtype, sparse_to_array,
                                          tensor_to_array)
 from opfuse.ir.graph import Graph, Node, Value
+from opfuse.ops.limits import check_tensor_size
 from opfuse.ops.registry import is_supported
 
 
@@ -186,6 +187,7 @@ def _add_inputs(graph: Graph, g: onnx.GraphProto, input_shapes: Mapping[str, Seq
             raise ModelError(f"graph input '{vi.name}' is declared twice")
         declared[vi.name], dtypes[vi.name] = _declared_dims(vi)
     for name, shape in bind_input_shapes(declared, input_shapes).items():
+        check_tensor_size(shape, dtypes[name], f"graph input '{name}'")
         graph.add_input(name, shape, dtypes[name])
 
 

@@ -11,9 +11,9 @@ import math
 
 import numpy as np
 
-from opfuse.errors import UnsupportedOpError
+from opfuse.errors import InputError, UnsupportedOpError
 from opfuse.ir.graph import TensorType
-from opfuse.ops.common import broadcast_shapes, out_type, same_type
+from opfuse.ops.common import broadcast_shapes, out_type, same_type, shape_error
 from opfuse.ops.registry import Category, Mapping, OpSpec, register
 
 _erf = np.frompyfunc(math.erf, 1, 1)
@@ -25,14 +25,20 @@ def erf(x: np.ndarray) -> np.ndarray:
     return np.asarray(_erf(x.astype(np.float64))).astype(x.dtype)
 
 
-def _unary(name, fn, *, attrs=None, flops=1.0, tags=("activation",)):
+# ONNX's type constraints of the unary ops (bfloat16 aside, which opfuse does not compute).
+FLOATS = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64))
+SIGNED = FLOATS | frozenset(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64))
+NUMERIC = SIGNED | frozenset(np.dtype(t) for t in (np.uint8, np.uint16, np.uint32, np.uint64))
+
+
+def _unary(name, fn, *, attrs=None, flops=1.0, tags=("activation",), dtypes=FLOATS):
     def compute(ins, a, node):
         x = ins[0]
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # IEEE results (log 0 = -inf)
             return [np.asarray(fn(x, a)).astype(x.dtype, copy=False)]
 
     register(OpSpec(name, Category.ELEMWISE, Mapping.ONE_TO_ONE, lambda n, a: same_type(n), compute,
-                    attrs=dict(attrs or {}), flops_per_element=flops,
+                    attrs=dict(attrs or {}), flops_per_element=flops, dtypes=dtypes,
                     tags=frozenset(("unary",) + tuple(tags))))
 
 
@@ -65,7 +71,7 @@ def _hardsigmoid(x, alpha, beta):
     return np.clip(alpha * x.astype(np.float64) + beta, 0.0, 1.0)
 
 
-_unary("Relu", lambda x, a: np.maximum(x, 0))
+_unary("Relu", lambda x, a: np.maximum(x, 0), dtypes=SIGNED)
 _unary("LeakyRelu", lambda x, a: np.where(x >= 0, x, x * np.float32(a["alpha"])), attrs={"alpha": 0.01}, flops=2)
 _unary("Sigmoid", lambda x, a: _sigmoid(x), flops=4)
 _unary("HardSigmoid", lambda x, a: _hardsigmoid(x, a["alpha"], a["beta"]), attrs={"alpha": 0.2, "beta": 0.5}, flops=3)
@@ -75,12 +81,12 @@ _unary("Gelu", _gelu, attrs={"approximate": "none"}, flops=8)
 _unary("Softplus", lambda x, a: _softplus(x), flops=4)
 # SiLU is not an ONNX op; the recognition pass creates it from x * Sigmoid(x).
 _unary("Silu", lambda x, a: x.astype(np.float64) * _sigmoid(x), flops=5)
-_unary("Erf", lambda x, a: erf(x), flops=6, tags=())
+_unary("Erf", lambda x, a: erf(x), flops=6, tags=(), dtypes=NUMERIC)
 _unary("Exp", lambda x, a: np.exp(x), flops=4, tags=())
 _unary("Log", lambda x, a: np.log(x), flops=4, tags=())
 _unary("Sqrt", lambda x, a: np.sqrt(x), flops=2, tags=())
-_unary("Neg", lambda x, a: np.negative(x), tags=())
-_unary("Abs", lambda x, a: np.abs(x), tags=())
+_unary("Neg", lambda x, a: np.negative(x), tags=(), dtypes=SIGNED)
+_unary("Abs", lambda x, a: np.abs(x), tags=(), dtypes=NUMERIC)
 _unary("Reciprocal", lambda x, a: np.reciprocal(x), tags=())
 
 
@@ -175,9 +181,9 @@ def _broadcast_infer(dtype=None):
     return infer
 
 
-def _binary(name, fn, *, flops=1.0, commutative=False, out_dtype=None, arity=(2, 2)):
+def _binary(name, fn, *, flops=1.0, commutative=False, out_dtype=None, arity=(2, 2), with_node=False):
     def compute(ins, a, node):
-        res = fn(*ins)
+        res = fn(*ins, node=node) if with_node else fn(*ins)
         dt = out_dtype if out_dtype is not None else ins[0].dtype
         return [np.asarray(res).astype(dt, copy=False)]
 
@@ -186,23 +192,60 @@ def _binary(name, fn, *, flops=1.0, commutative=False, out_dtype=None, arity=(2,
                     num_inputs=arity, flops_per_element=flops, tags=frozenset(tags)))
 
 
-def _div(a, b):
-    if np.issubdtype(a.dtype, np.integer):
-        return np.trunc(a / b).astype(a.dtype)  # ONNX integer Div truncates toward zero
-    return a / b
+def _division_by_zero(node, what: str = "integer division by zero") -> InputError:
+    return InputError(f"node '{node.name}' ({node.op_type}): {what}")
 
 
-def _pow(a, b):
+def _div(a, b, *, node):
+    """``a / b``; for integers the quotient truncated toward zero, computed exactly (no float detour).
+
+    Integer semantics, which every backend follows:
+
+    * truncation toward zero, as ONNX, C99 and onnxruntime: ``-7 / 2 = -3``;
+    * a zero divisor is an ``InputError`` naming the node (onnxruntime fails too; C would trap);
+    * the one overflowing quotient, ``INT_MIN / -1``, wraps to ``INT_MIN`` (two's complement),
+      where C would trap.
+    """
+    if not np.issubdtype(a.dtype, np.integer):
+        return a / b
+    a, b = np.broadcast_arrays(a, b)
+    if np.any(b == 0):
+        raise _division_by_zero(node)
+    with np.errstate(over="ignore"):  # INT_MIN // -1 wraps; NumPy would warn
+        q = np.floor_divide(a, b)
+        # floor and truncation differ when the remainder is non-zero and the signs differ
+        q = q + ((np.remainder(a, b) != 0) & ((a < 0) != (b < 0))).astype(q.dtype)
+    return q
+
+
+def _pow(a, b, *, node):
+    """``a ** b``. A float base is computed in float64. An integer base with a negative integer
+    exponent gives the truncated real result, as onnxruntime: ``1`` for base 1, ``+-1`` for base
+    -1 (by the exponent's parity), ``0`` for any other base; base 0 is an integer division by
+    zero (an ``InputError`` naming the node). Positive powers wrap like the C integer type."""
     if np.issubdtype(a.dtype, np.floating):
         return np.power(a.astype(np.float64), b.astype(np.float64))
-    return np.power(a, b)
+    if not np.issubdtype(b.dtype, np.integer):
+        return np.power(a, b)
+    a, b = np.broadcast_arrays(a, b)
+    neg = b < 0
+    if not np.any(neg):
+        with np.errstate(over="ignore"):
+            return np.power(a, b)
+    if np.any(neg & (a == 0)):
+        raise _division_by_zero(node, "integer 0 to a negative power (a division by zero)")
+    with np.errstate(over="ignore"):
+        pos = np.power(a, np.where(neg, 0, b))
+    odd = (b % 2) != 0
+    small = np.where(a == 1, 1, np.where(a == -1, np.where(odd, -1, 1), 0)).astype(a.dtype)
+    return np.where(neg, small, pos)
 
 
 _binary("Add", np.add, commutative=True)
 _binary("Sub", np.subtract)
 _binary("Mul", np.multiply, commutative=True)
-_binary("Div", _div)
-_binary("Pow", _pow, flops=4)
+_binary("Div", _div, with_node=True)
+_binary("Pow", _pow, flops=4, with_node=True)
 _binary("Max", lambda *xs: np.maximum.reduce(np.broadcast_arrays(*xs)) if len(xs) > 1 else xs[0],
         commutative=True, arity=(1, 2 ** 31))
 _binary("Min", lambda *xs: np.minimum.reduce(np.broadcast_arrays(*xs)) if len(xs) > 1 else xs[0],
@@ -238,6 +281,13 @@ def _bn_infer(node, a):
     if len(node.outputs) != 1:
         raise UnsupportedOpError("BatchNormalization", node.name,
                                  detail="training outputs (running mean/var) are not supported")
+    x = node.input(0)
+    if len(x.shape) < 2:
+        raise shape_error(node, f"X must be (N, C, ...), got shape {x.shape}")
+    for i, what in enumerate(("scale", "B", "input_mean", "input_var"), start=1):
+        if node.input(i).shape != (x.shape[1],):
+            raise shape_error(node, f"{what} has shape {node.input(i).shape}, expected ({x.shape[1]},): one "
+                                    f"value per channel of X {x.shape}")
     return same_type(node)
 
 

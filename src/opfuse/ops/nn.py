@@ -28,6 +28,7 @@ import numpy as np
 from opfuse.errors import UnsupportedOpError
 from opfuse.ir.graph import Node
 from opfuse.ops.common import out_type, shape_error
+from opfuse.ops.limits import check_tensor_size
 from opfuse.ops.registry import Category, Mapping, OpSpec, register
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -56,6 +57,11 @@ class Window:
     def padded_extent(self) -> tuple[int, ...]:
         """Padded input length each axis needs so every window lies inside it."""
         return tuple((o - 1) * s + e for o, s, e in zip(self.out, self.strides, self.effective_kernel, strict=True))
+
+    def padded_input(self, spatial: tuple[int, ...]) -> tuple[int, ...]:
+        """Spatial shape of the padded input the references build (``_pad_input``)."""
+        return tuple(max(length + b + e, extent) for length, b, e, extent
+                     in zip(spatial, self.pads_begin, self.pads_end, self.padded_extent(), strict=True))
 
     def offsets(self):
         """Every kernel offset, as (index tuple, tuple of strided slices into the padded input)."""
@@ -178,9 +184,17 @@ def _conv_geometry(node: Node, a: dict) -> tuple[Window, int, int]:
     return window_geometry(node, a, tuple(x[2:]), kernel), group, m
 
 
+def _check_padded_input(node: Node, w: Window) -> None:
+    """The reference pads the whole input (in float64 for floats): refuse one over the size limit."""
+    x = node.input(0)
+    check_tensor_size(x.shape[:2] + w.padded_input(tuple(x.shape[2:])), _acc_dtype(x.dtype),
+                      f"node '{node.name}' ({node.op_type}): the padded input")
+
+
 def _conv_infer(node: Node, a: dict):
     w, _, m = _conv_geometry(node, a)
     x = node.input(0)
+    _check_padded_input(node, w)
     return out_type((x.shape[0], m) + w.out, x.dtype)
 
 
@@ -287,9 +301,22 @@ def convT_geometry(node: Node, a: dict) -> TransposedGeometry:
     return TransposedGeometry(kernel, strides, dilations, tuple(begin), tuple(out), group, m)
 
 
+def _convT_buffer(x_spatial: tuple[int, ...], g: TransposedGeometry) -> tuple[list[int], list[int]]:
+    """Full-output index range [lo, hi) per axis that the reference accumulates into: it covers
+    both the scattered range [0, L) and the requested window [begin, begin + out)."""
+    lo = [min(0, b) for b in g.pads_begin]
+    hi = [max((length - 1) * s + (k - 1) * d + 1, b + o)
+          for length, s, k, d, b, o in zip(x_spatial, g.strides, g.kernel, g.dilations, g.pads_begin, g.out,
+                                           strict=True)]
+    return lo, hi
+
+
 def _convT_infer(node: Node, a: dict):
     g = convT_geometry(node, a)
     x = node.input(0)
+    lo, hi = _convT_buffer(tuple(x.shape[2:]), g)
+    check_tensor_size((x.shape[0], g.channels_out) + tuple(h - low for h, low in zip(hi, lo, strict=True)),
+                      _acc_dtype(x.dtype), f"node '{node.name}' ({node.op_type}): the full (uncropped) output")
     return out_type((x.shape[0], g.channels_out) + g.out, x.dtype)
 
 
@@ -303,11 +330,7 @@ def _conv_transpose(ins, a, node):
     spatial = x.shape[2:]
     cg, mg = c // g.group, g.channels_out // g.group
     positions = math.prod(spatial)
-    # The buffer spans full-output indices [lo, hi): it covers both the scattered range
-    # [0, L) and the requested window [begin, begin + out) (output_shape may exceed L).
-    lo = [min(0, b) for b in g.pads_begin]
-    hi = [max((length - 1) * s + (k - 1) * d + 1, b + o)
-          for length, s, k, d, b, o in zip(spatial, g.strides, g.kernel, g.dilations, g.pads_begin, g.out, strict=True)]
+    lo, hi = _convT_buffer(tuple(spatial), g)  # output_shape may exceed L
     buf = np.zeros((n, g.channels_out) + tuple(h - low for h, low in zip(hi, lo, strict=True)), dtype=acc)
     xg = x.astype(acc, copy=False).reshape(n, g.group, cg, positions)
     wt = wt.astype(acc, copy=False).reshape((g.group, cg, mg) + g.kernel)
@@ -346,6 +369,12 @@ def _pool_geometry(node: Node, a: dict) -> Window:
     kernel = tuple(int(k) for k in a["kernel_shape"])
     if len(kernel) != len(x) - 2:
         raise shape_error(node, f"kernel_shape {list(kernel)} needs {len(x) - 2} entries for X {x}")
+    if _auto_pad(node, a) == "NOTSET" and a.get("pads") is not None:
+        pads = _ints(node, a, "pads", len(kernel) * 2, 0)
+        if any(p >= k for p, k in zip(pads, kernel * 2, strict=True)):
+            # a window entirely in the padding: -inf for MaxPool, 0/0 for AveragePool
+            raise shape_error(node, f"pads {list(pads)} must be smaller than kernel_shape {list(kernel)} "
+                                    f"(as onnxruntime requires)")
     return window_geometry(node, a, tuple(x[2:]), kernel, ceil_mode=bool(a["ceil_mode"]))
 
 
@@ -357,6 +386,7 @@ def _pool_infer(node: Node, a: dict):
             raise UnsupportedOpError("MaxPool", node.name, detail="storage_order=1 (column major)")
     w = _pool_geometry(node, a)
     x = node.input(0)
+    _check_padded_input(node, w)
     return out_type(x.shape[:2] + w.out, x.dtype)
 
 

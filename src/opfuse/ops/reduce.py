@@ -38,6 +38,8 @@ def _softmax(ins, a, node):
     """
     x = ins[0]
     axis = norm_axis(int(a["axis"]), x.ndim, node)
+    if x.size == 0:  # nothing to normalise (and max() of an empty axis has no identity)
+        return [x.copy()]
     x64 = _acc(x)
     e = np.exp(x64 - x64.max(axis=axis, keepdims=True))
     return [(e / e.sum(axis=axis, keepdims=True)).astype(x.dtype, copy=False)]

@@ -21,6 +21,7 @@ import numpy as np
 from opfuse.errors import ModelError, ShapeError, UnsupportedOpError
 from opfuse.ir.graph import Graph, Node, TensorType
 from opfuse.ir.verify import register_shape_checker
+from opfuse.ops.limits import check_tensor_size
 
 
 class Category(IntEnum):
@@ -62,6 +63,7 @@ class OpSpec:
     tags: frozenset = frozenset()
     flops_fn: CountFn | None = None
     flops_per_element: float = 1.0  # used when flops_fn is None: per output element
+    dtypes: frozenset | None = None  # element types ONNX allows for input 0 (None: not checked here)
 
     def attrs_of(self, node: Node) -> dict:
         """The node's attributes with this op's defaults filled in."""
@@ -139,6 +141,11 @@ def infer_node(node: Node) -> list[TensorType]:
     for v in node.input_values():
         if v.type is None:
             raise ModelError(f"input '{v.name}' of node '{node.name}' has no known shape")
+    if spec.dtypes is not None and node.inputs and node.inputs[0] is not None \
+            and node.inputs[0].dtype not in spec.dtypes:
+        allowed = ", ".join(sorted(np.dtype(t).name for t in spec.dtypes))
+        raise ModelError(f"node '{node.name}' ({node.op_type}): element type {node.inputs[0].dtype} is not "
+                         f"allowed (ONNX's {node.op_type} takes {allowed})")
     try:
         types = list(spec.infer(node, spec.attrs_of(node)))
     except (ModelError, ShapeError, UnsupportedOpError):
@@ -148,6 +155,8 @@ def infer_node(node: Node) -> list[TensorType]:
     if len(types) != len(node.outputs):
         raise ModelError(f"node '{node.name}' ({node.op_type}) infers {len(types)} outputs, "
                          f"has {len(node.outputs)}")
+    for v, t in zip(node.outputs, types, strict=True):
+        check_tensor_size(t.shape, t.dtype, f"node '{node.name}' ({node.op_type}): output '{v.name}'")
     return types
 
 

@@ -16,26 +16,30 @@ passively (``OMP_WAIT_POLICY=PASSIVE``); see ``opfuse.runtime.threads``.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import itertools
 import json
 import os
 import shutil
+import tempfile
 import threading
 from pathlib import Path
 from typing import Mapping
 
 import numpy as np
 
+from opfuse.codegen.ctype import c_type
 from opfuse.codegen.options import CodegenOptions
 from opfuse.codegen.program import ABI_VERSION, CProgram, generate
-from opfuse.errors import OpfuseError
+from opfuse.errors import OpfuseError, StorageError, UnsupportedDtypeError, UnsupportedOpError
+from opfuse.files import atomic_write, storage_error
 from opfuse.ir.graph import Graph
 from opfuse.ir.plan import FusionPlan
 from opfuse.memory.plan import MemoryPlan
 from opfuse.runtime.reference import check_inputs
 from opfuse.runtime.threads import default_threads, passive_wait
-from opfuse.runtime.toolchain import BuildResult, Toolchain, build_library
+from opfuse.runtime.toolchain import LOAD_PREFIX, BuildResult, Toolchain, build_library
 
 BUFFER_ALIGNMENT = 64
 
@@ -58,12 +62,22 @@ def _load_library(path: Path) -> ctypes.CDLL:
     A copy, never a hard link: a hard link shares the inode, so anything that later truncates
     or rewrites the cache entry in place (a repair of a corrupt entry, another process) would
     change the pages this process has mapped, and the next touch of them dies with SIGBUS."""
-    alias = path.parent.parent / f".load-{os.getpid()}-{next(_LOAD_COUNTER)}-{path.parent.name[:16]}.so"
-    shutil.copyfile(path, alias)
-    try:
-        return ctypes.CDLL(str(alias))
-    finally:
-        alias.unlink(missing_ok=True)
+    name = f"{LOAD_PREFIX}{os.getpid()}-{next(_LOAD_COUNTER)}-{path.parent.name[:16]}.so"
+    failure: OSError | None = None
+    # Next to the cache entry; in the temporary folder when the cache is read-only (or full).
+    for folder in (path.parent.parent, Path(tempfile.gettempdir())):
+        alias = folder / name
+        try:
+            shutil.copyfile(path, alias)
+            alias.chmod(0o600)
+            return ctypes.CDLL(str(alias))
+        except OSError as e:
+            failure = failure or e
+        finally:
+            with contextlib.suppress(OSError):
+                alias.unlink(missing_ok=True)
+    assert failure is not None
+    raise storage_error(failure, "load the compiled library", path)
 
 
 class CompiledModel:
@@ -115,9 +129,10 @@ class CompiledModel:
         return self.program.memory
 
     # Running -----------------------------------------------------------------------------
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run the model; ``InputError`` (naming the input) for missing/misshaped/mistyped inputs."""
-        checked = check_inputs(self.graph, feeds)
+    def run(self, feeds: Mapping[str, np.ndarray], *, cast: bool = False) -> dict[str, np.ndarray]:
+        """Run the model; ``InputError`` (naming the input) for missing/misshaped/mistyped inputs
+        (``cast=True`` converts inputs of another dtype whose values fit)."""
+        checked = check_inputs(self.graph, feeds, cast=cast)
         ins = [np.ascontiguousarray(checked[v.name]) for v in self.graph.inputs]
         outs = [np.empty(spec.shape, dtype=spec.dtype) for spec in self.program.outputs]
         in_ptrs = (ctypes.c_void_p * max(len(ins), 1))(*[a.ctypes.data for a in ins])
@@ -193,20 +208,35 @@ class CompiledModel:
     def export_c(self, directory: str | Path) -> list[Path]:
         """Write ``model.c``, ``model.h``, ``weights.bin`` (blob mode) and ``report.json``."""
         d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        files = [d / "model.c", d / "model.h"]
-        files[0].write_text(self.program.source)
-        files[1].write_text(self.program.header())
-        if self.program.options.weights == "blob":
-            files.append(d / "weights.bin")
-            files[-1].write_bytes(self.program.weights)
-        files.append(d / "report.json")
+        if d.exists() and not d.is_dir():
+            raise StorageError(f"cannot write C into '{d}': it exists and is not a folder")
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise storage_error(e, "create the folder", d) from None
         rep = {k: v for k, v in self.report.items() if k not in ("library",)}
-        files[-1].write_text(json.dumps(rep, indent=1, sort_keys=True))
-        return files
+        contents: dict[str, str | bytes] = {"model.c": self.program.source, "model.h": self.program.header()}
+        if self.program.options.weights == "blob":
+            contents["weights.bin"] = self.program.weights
+        contents["report.json"] = json.dumps(rep, indent=1, sort_keys=True)
+        for name, data in contents.items():
+            atomic_write(d / name, data)  # a full disk leaves no truncated file
+        return [d / name for name in contents]
 
 
 NativeModule = CompiledModel
+
+
+def _check_dtypes(graph: Graph) -> None:
+    """Every tensor has a C element type; else one line naming the type and the first such value."""
+    for v in graph.values.values():
+        if v.type is None:
+            continue
+        try:
+            c_type(v.dtype)
+        except UnsupportedOpError:
+            raise UnsupportedDtypeError(v.dtype.name, v.name, "C", "run it with the reference backend "
+                                        "(--backend reference)") from None
 
 
 def build(graph: Graph, plan: FusionPlan | None = None, *, threads: int | None = None, cache_dir=None,
@@ -217,6 +247,7 @@ def build(graph: Graph, plan: FusionPlan | None = None, *, threads: int | None =
 
     ``threads`` defaults to ``default_threads()``; ``cache_dir`` to ``$OPFUSE_CACHE_DIR`` or
     ``~/.cache/opfuse``."""
+    _check_dtypes(graph)
     tc = Toolchain.detect(native=native, fast_math=fast_math)
     plan = plan if plan is not None else FusionPlan.unfused(graph)
     program = generate(graph, plan, memory=memory, options=options)

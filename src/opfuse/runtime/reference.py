@@ -11,11 +11,51 @@ import numpy as np
 
 from opfuse.errors import InputError
 from opfuse.ir.graph import Graph
+from opfuse.ops.limits import check_tensor_size
 from opfuse.ops.registry import run_node
 
 
-def check_inputs(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Validate run-time inputs against the graph's inputs: names, shapes and dtypes."""
+def cast_input(name: str, a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``a`` converted to ``dtype`` when every value fits; ``InputError`` naming the input otherwise.
+
+    A value fits when the conversion keeps it: integers (and integral floats) inside the target
+    integer range, finite floats below the target float's maximum (rounding to the nearest float
+    is expected; overflowing to infinity is not), 0 and 1 for bool. NaN and infinities convert
+    between float types only."""
+    dtype = np.dtype(dtype)
+    a = np.asarray(a)
+    kinds = "biuf"
+    if a.dtype.kind not in kinds or dtype.kind not in kinds:
+        raise InputError(f"input '{name}' has dtype {a.dtype}, which cannot be converted to {dtype}")
+    bad: np.ndarray | None = None
+    if a.size == 0 or a.dtype.kind == "b":
+        pass
+    elif dtype.kind == "b":
+        bad = (a != 0) & (a != 1)
+    elif dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        if a.dtype.kind == "f":
+            with np.errstate(invalid="ignore"):
+                bad = ~np.isfinite(a) | (a != np.trunc(a)) | (a < float(info.min)) | (a >= float(info.max) + 1.0)
+        else:  # a value fits when it survives the round trip with its sign
+            b = a.astype(dtype)
+            bad = (b.astype(a.dtype) != a) | ((a < 0) != (b < 0))
+    elif a.dtype.kind == "f":  # float to float: only finite values that overflow
+        with np.errstate(over="ignore", invalid="ignore"):
+            bad = np.isfinite(a) & ~np.isfinite(a.astype(dtype))
+    if bad is not None and np.any(bad):
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        at = f" at index {list(where)}" if where else ""
+        raise InputError(f"input '{name}': value {a[where].item()!r}{at} does not fit the model's dtype {dtype}")
+    return a.astype(dtype)
+
+
+def check_inputs(graph: Graph, feeds: Mapping[str, np.ndarray], *, cast: bool = False) -> dict[str, np.ndarray]:
+    """Validate run-time inputs against the graph's inputs: names, shapes and dtypes.
+
+    An input of another dtype is an ``InputError``, unless ``cast=True``: then it is converted
+    when every value fits the model's dtype (``cast_input``). A byte-order difference alone is
+    always converted (no value changes)."""
     known = {v.name for v in graph.inputs}
     extra = sorted(set(feeds) - known)
     if extra:
@@ -28,18 +68,25 @@ def check_inputs(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.
         if tuple(a.shape) != v.shape:
             raise InputError(f"input '{v.name}' has shape {tuple(a.shape)}, the model expects {v.shape}")
         if a.dtype != v.dtype:
-            if np.can_cast(a.dtype, v.dtype, casting="same_kind"):
+            if a.dtype.newbyteorder("=") == v.dtype:
                 a = a.astype(v.dtype)
+            elif cast:
+                a = cast_input(v.name, a, v.dtype)
             else:
-                raise InputError(f"input '{v.name}' has dtype {a.dtype}, the model expects {v.dtype}")
+                raise InputError(f"input '{v.name}' has dtype {a.dtype}, the model expects {v.dtype} "
+                                 f"(convert it, or opt in to converting values that fit: run(..., cast=True), "
+                                 f"--cast-inputs)")
         out[v.name] = a
     return out
 
 
-def run(graph: Graph, feeds: Mapping[str, np.ndarray], *, keep: bool = False) -> dict[str, np.ndarray]:
-    """Run the graph; returns the graph outputs by name (every value with ``keep=True``)."""
+def run(graph: Graph, feeds: Mapping[str, np.ndarray], *, keep: bool = False,
+        cast: bool = False) -> dict[str, np.ndarray]:
+    """Run the graph; returns the graph outputs by name (every value with ``keep=True``).
+
+    ``cast=True`` converts inputs of another dtype when their values fit (``check_inputs``)."""
     env: dict[int, np.ndarray] = {}
-    for name, a in check_inputs(graph, feeds).items():
+    for name, a in check_inputs(graph, feeds, cast=cast).items():
         env[id(graph.values[name])] = a
     for v in graph.constants:
         assert v.const is not None  # graph.constants are the values with data
@@ -70,15 +117,19 @@ class ReferenceExecutor:
     def __init__(self, graph: Graph):
         self.graph = graph
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return run(self.graph, feeds)
+    def run(self, feeds: Mapping[str, np.ndarray], *, cast: bool = False) -> dict[str, np.ndarray]:
+        return run(self.graph, feeds, cast=cast)
 
 
 def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded random inputs for every graph input (normal floats, small non-negative ints)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise InputError(f"the seed of random inputs must be a non-negative integer, got {seed!r}")
     rng = np.random.default_rng(seed)
     feeds = {}
     for v in graph.inputs:
+        check_tensor_size(v.shape, np.float64 if np.issubdtype(v.dtype, np.floating) else v.dtype,
+                          f"random input '{v.name}'")  # floats are drawn in float64, then converted
         if np.issubdtype(v.dtype, np.floating):
             feeds[v.name] = rng.standard_normal(v.shape).astype(v.dtype)
         elif v.dtype == np.bool_:

@@ -8,13 +8,25 @@ CPU. An entry is a directory ``<cache>/<key[:2]>/<key>/`` holding ``model.c``,
 missing, truncated or do not hash to what ``meta.json`` records is deleted and rebuilt.
 Entries are built in a temporary directory and renamed into place, so a crash or a
 concurrent build never leaves a half-written entry under the final name.
+
+Faults end in one line (``ToolchainError`` or ``StorageError``), never in a stale entry: a
+compiler that cannot build a one-line library is refused before any build; a full disk or a
+read-only cache is reported as such, not as a compiler failure on generated code; a file
+where an entry or a shard folder should be is removed; a cache removed during a build is
+recreated and the build retried once. Folders are 0700 and files 0600, and an entry owned by
+another user, or writable by others, is never loaded. A build holds a lock on its temporary
+folder; folders left by a killed build (older than ``STALE_BUILD_S``, lock free) are removed
+by the next build.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -22,12 +34,19 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from opfuse.errors import OpfuseError
+from opfuse.errors import OpfuseError, StorageError
+from opfuse.files import CACHE_ENV, cache_dir as default_cache_dir, private_dir, storage_error
 
-CACHE_ENV = "OPFUSE_CACHE_DIR"
 COMPILER_ENV = "CC"
-DEFAULT_CACHE = Path("~/.cache/opfuse")
 COMPILE_TIMEOUT_S = 600
+STALE_BUILD_S = 2 * COMPILE_TIMEOUT_S  # older than any build can be: its process is gone
+BUILD_PREFIX = ".build-"
+LOAD_PREFIX = ".load-"  # the loader's private copies of libraries (runtime.native)
+LOCK_NAME = ".lock"
+CACHE_HINT = f"set ${CACHE_ENV} to a writable folder"
+# What a compiler prints when the disk, not the code, is at fault.
+_STORAGE_FAILURES = ("No space left on device", "Disk quota exceeded", "Read-only file system",
+                     "Permission denied")
 LIBRARY_NAME = "libmodel.so"
 SOURCE_NAME = "model.c"
 META_NAME = "meta.json"
@@ -47,27 +66,77 @@ class CompileError(RuntimeError):
 
 
 def find_compiler() -> str:
-    """``$CC`` if set, else the first of cc, gcc, clang on PATH; ``ToolchainError`` if none."""
-    candidates = [os.environ[COMPILER_ENV]] if os.environ.get(COMPILER_ENV) else ["cc", "gcc", "clang"]
-    for name in candidates:
-        path = shutil.which(name)
+    """``$CC`` if set (a command line such as ``ccache gcc``), else the first of cc, gcc, clang on
+    PATH; its program resolved on PATH. ``ToolchainError`` if none."""
+    env = os.environ.get(COMPILER_ENV, "").strip()
+    try:
+        candidates = [shlex.split(env)] if env else [["cc"], ["gcc"], ["clang"]]
+    except ValueError as e:
+        raise ToolchainError(f"$CC={env!r} is not a command line: {e}") from None
+    for argv in candidates:
+        path = shutil.which(argv[0]) if argv else None
         if path:
-            return path
-    raise ToolchainError("no C compiler found (looked for " + ", ".join(candidates) + "); install gcc or "
-                         "clang, or set $CC, or run with the reference backend (--backend reference)")
+            return shlex.join([path, *argv[1:]])
+    raise ToolchainError("no C compiler found (looked for " + ", ".join(shlex.join(c) for c in candidates) + "); "
+                         "install gcc or clang, or set $CC, or run with the reference backend (--backend reference)")
+
+
+def _argv(cc: str) -> list[str]:
+    return shlex.split(cc)
 
 
 def _run(cmd: list[str], cwd: str | None = None, timeout: float = COMPILE_TIMEOUT_S) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
+    try:
+        return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False,
+                              errors="replace")
+    except subprocess.TimeoutExpired:
+        raise ToolchainError(f"the C compiler ran for more than {timeout:.0f} s: {shlex.join(cmd[:1])}") from None
+    except OSError as e:
+        raise ToolchainError(f"cannot run the C compiler '{cmd[0]}': {e.strerror or e}") from None
+
+
+def _first_lines(text: str, n: int = 1) -> str:
+    return " | ".join(line.strip() for line in text.strip().splitlines()[:n])
+
+
+@functools.lru_cache(maxsize=None)
+def check_compiler(cc: str) -> None:
+    """Build a one-line shared library with ``cc``: a compiler that fails, or exits 0 without
+    writing the library, is a ``ToolchainError`` here, not a "failure on generated code" later."""
+    try:
+        d = tempfile.mkdtemp(prefix="opfuse-cc-")
+    except OSError as e:
+        raise storage_error(e, "create a folder in", tempfile.gettempdir(), "needed to test the C compiler") from None
+    try:
+        src, so = Path(d, "probe.c"), Path(d, "probe.so")
+        try:
+            src.write_text("int opfuse_probe(void) { return 42; }\n")
+        except OSError as e:
+            raise storage_error(e, "write", src, "needed to test the C compiler") from None
+        proc = _run([*_argv(cc), "-fPIC", "-shared", "-o", str(so), str(src)], cwd=d)
+        if proc.returncode != 0:
+            for cause in _STORAGE_FAILURES:
+                if cause in proc.stderr:
+                    raise StorageError(f"the C compiler '{cc}' cannot write its files: {cause} (in "
+                                       f"{tempfile.gettempdir()} or $TMPDIR)")
+            why = _first_lines(proc.stderr or proc.stdout, 2)
+            raise ToolchainError(f"the C compiler '{cc}' does not work: it failed (exit {proc.returncode}) on a "
+                                 f"one-line library{': ' + why if why else ''}; fix $CC, or run with the "
+                                 f"reference backend (--backend reference)")
+        if not so.is_file() or so.stat().st_size == 0:
+            raise ToolchainError(f"the C compiler '{cc}' does not work: it exited 0 but wrote no library; fix $CC, "
+                                 f"or run with the reference backend (--backend reference)")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @functools.lru_cache(maxsize=None)
 def compiler_identity(cc: str, native: bool) -> str:
     """Version line of ``cc`` plus a hash of the macros ``-march=native`` defines here."""
-    ver = _run([cc, "--version"]).stdout.splitlines()
+    ver = _run([*_argv(cc), "--version"]).stdout.splitlines()
     ident = ver[0] if ver else cc
     if native:
-        macros = _run([cc, "-march=native", "-dM", "-E", "-x", "c", os.devnull]).stdout
+        macros = _run([*_argv(cc), "-march=native", "-dM", "-E", "-x", "c", os.devnull]).stdout
         ident += " native:" + hashlib.sha256(macros.encode()).hexdigest()[:16]
     return ident
 
@@ -77,7 +146,7 @@ def supports_openmp(cc: str) -> bool:
     with tempfile.TemporaryDirectory(prefix="opfuse-omp-") as d:
         src = Path(d, "t.c")
         src.write_text("#include <omp.h>\nint f(void) { return omp_get_max_threads(); }\n")
-        return _run([cc, "-fopenmp", "-fPIC", "-shared", "-o", str(Path(d, "t.so")), str(src)]).returncode == 0
+        return _run([*_argv(cc), "-fopenmp", "-fPIC", "-shared", "-o", str(Path(d, "t.so")), str(src)]).returncode == 0
 
 
 @dataclass(frozen=True)
@@ -90,6 +159,7 @@ class Toolchain:
     @classmethod
     def detect(cls, *, native: bool = True, fast_math: bool = False, openmp: bool = True) -> "Toolchain":
         cc = find_compiler()
+        check_compiler(cc)
         flags = list(BASE_FLAGS)
         if native:
             flags.append("-march=native")
@@ -102,9 +172,8 @@ class Toolchain:
 
 
 def cache_root(cache_dir: str | os.PathLike | None) -> Path:
-    if cache_dir is None:
-        cache_dir = os.environ.get(CACHE_ENV) or DEFAULT_CACHE
-    return Path(cache_dir).expanduser()
+    """``cache_dir`` (``~`` expanded), else ``opfuse.files.cache_dir()``, shared with the host profile."""
+    return Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
 
 
 def _sha256(path: Path) -> str:
@@ -123,10 +192,17 @@ def build_key(source: str, tc: Toolchain) -> str:
     return h.hexdigest()
 
 
+def _trusted(path: Path) -> bool:
+    """Owned by this user and writable by no one else: another user could have planted it."""
+    st = path.lstat()
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
 def _valid_entry(entry: Path, key: str) -> bool:
     try:
         meta = json.loads((entry / META_NAME).read_text())
-        return (meta.get("key") == key
+        return (_trusted(entry) and _trusted(entry / LIBRARY_NAME)
+                and meta.get("key") == key
                 and _sha256(entry / LIBRARY_NAME) == meta.get("library_sha256")
                 and _sha256(entry / SOURCE_NAME) == meta.get("source_sha256"))
     except (OSError, ValueError, AttributeError):
@@ -141,6 +217,138 @@ class BuildResult:
     seconds: float
 
 
+class _CacheRemoved(Exception):
+    """The build folder vanished under a running build (the cache was deleted): build again."""
+
+
+def _remove(path: Path) -> None:
+    """Delete what is at ``path`` inside the cache (a folder, a file, a link)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    if path.exists() or path.is_symlink():
+        raise StorageError(f"cannot replace '{path}' in the build cache (another user's, or read-only); "
+                           f"{CACHE_HINT}")
+
+
+def _cache_folder(path: Path) -> Path:
+    """``path`` as a 0700 folder of the cache; a plain file or a link in its way is removed."""
+    if (path.exists() or path.is_symlink()) and (path.is_symlink() or not path.is_dir()):
+        _remove(path)
+    return private_dir(path, "build cache")
+
+
+def _unlocked(folder: Path) -> bool:
+    """True when no running build holds ``folder``'s lock (a killed build's lock is released)."""
+    try:
+        with open(folder / LOCK_NAME, "a") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+    except FileNotFoundError:
+        return True  # the folder is gone, or was never locked
+    except OSError:
+        return False
+
+
+def remove_stale_builds(root: Path, max_age_s: float = STALE_BUILD_S) -> list[Path]:
+    """Delete the temporary folders and library copies left under ``root`` by killed processes:
+    older than ``max_age_s`` and, for build folders, not locked. Returns what was removed."""
+    now = time.time()
+    removed: list[Path] = []
+
+    def old(p: os.DirEntry) -> bool:
+        try:
+            return now - p.stat(follow_symlinks=False).st_mtime > max_age_s
+        except OSError:
+            return False
+
+    shards: list[str] = []
+    with contextlib.suppress(OSError), os.scandir(root) as top:
+        shards = [e.path for e in top if len(e.name) == 2 and e.is_dir(follow_symlinks=False)]
+    for shard in shards:
+        with contextlib.suppress(OSError), os.scandir(shard) as it:
+            for e in it:
+                if not old(e):
+                    continue
+                if e.name.startswith(LOAD_PREFIX) and e.name.endswith(".so"):
+                    with contextlib.suppress(OSError):
+                        os.unlink(e.path)
+                        removed.append(Path(e.path))
+                elif e.name.startswith(BUILD_PREFIX) and e.is_dir(follow_symlinks=False) and _unlocked(Path(e.path)):
+                    shutil.rmtree(e.path, ignore_errors=True)
+                    removed.append(Path(e.path))
+    return removed
+
+
+def _compiler_failure(proc: subprocess.CompletedProcess, tc: Toolchain, tmp: Path) -> Exception:
+    """Why the compiler failed: the cache vanished, the disk, a signal, or (a bug) the code."""
+    if not tmp.is_dir():
+        return _CacheRemoved()
+    for cause in _STORAGE_FAILURES:
+        if cause in proc.stderr:
+            return StorageError(f"cannot write the build cache '{tmp.parent.parent}': {cause} (the C compiler "
+                                f"failed writing its output); {CACHE_HINT}")
+    if proc.returncode < 0:
+        return ToolchainError(f"the C compiler '{tc.cc}' was killed by signal {-proc.returncode}")
+    errors = "\n".join(proc.stderr.splitlines()[:40])
+    return CompileError(f"{tc.cc} failed on generated code (exit {proc.returncode}):\n{errors}")
+
+
+def _build_entry(source: str, tc: Toolchain, key: str, entry: Path) -> None:
+    """Compile into a locked temporary folder of the shard and rename it to ``entry``."""
+    private_dir(entry.parent.parent, "build cache")  # never removes what is there: it is the user's path
+    shard = _cache_folder(entry.parent)
+    if entry.exists() or entry.is_symlink():  # corrupt, partial, foreign, or a file: rebuild from scratch
+        _remove(entry)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f"{BUILD_PREFIX}{key[:12]}-", dir=shard))
+    except FileNotFoundError:
+        raise _CacheRemoved() from None
+    except OSError as e:
+        raise storage_error(e, "write the build cache", shard, CACHE_HINT) from None
+    lock = None
+    try:
+        lock = open(tmp / LOCK_NAME, "w")
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        src = tmp / SOURCE_NAME
+        src.write_text(source)
+        so = tmp / LIBRARY_NAME
+        try:
+            proc = _run([*_argv(tc.cc), *tc.flags, "-o", str(so), str(src), "-lm"], cwd=str(tmp))
+        except ToolchainError:
+            if not tmp.is_dir():
+                raise _CacheRemoved() from None
+            raise
+        if proc.returncode != 0:
+            raise _compiler_failure(proc, tc, tmp)
+        if not so.is_file() or so.stat().st_size == 0:
+            raise ToolchainError(f"the C compiler '{tc.cc}' exited 0 but wrote no library")
+        meta = {"key": key, "cache_format": CACHE_FORMAT, "compiler": tc.identity, "flags": list(tc.flags),
+                "source_sha256": _sha256(src), "library_sha256": _sha256(so)}
+        (tmp / META_NAME).write_text(json.dumps(meta, indent=1, sort_keys=True))
+        for f in (src, so, tmp / META_NAME):
+            f.chmod(0o600)
+        (tmp / LOCK_NAME).unlink()
+        try:
+            os.rename(tmp, entry)
+        except OSError:
+            # Another process finished the same build first; use theirs if it is sound.
+            if not _valid_entry(entry, key):
+                _remove(entry)
+                os.rename(tmp, entry)
+    except OSError as e:
+        if isinstance(e, FileNotFoundError) and not tmp.is_dir():
+            raise _CacheRemoved() from None
+        raise storage_error(e, "write the build cache", shard, CACHE_HINT) from None
+    finally:
+        if lock is not None:
+            lock.close()
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def build_library(source: str, tc: Toolchain, cache_dir: str | os.PathLike | None = None) -> BuildResult:
     """Compile ``source`` into a shared library, or reuse the cached one."""
     t0 = time.perf_counter()
@@ -149,29 +357,12 @@ def build_library(source: str, tc: Toolchain, cache_dir: str | os.PathLike | Non
     entry = root / key[:2] / key
     if _valid_entry(entry, key):
         return BuildResult(entry / LIBRARY_NAME, key, True, time.perf_counter() - t0)
-    if entry.exists():  # corrupt or partial: rebuild from scratch
-        shutil.rmtree(entry, ignore_errors=True)
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".build-{key[:12]}-", dir=entry.parent))
-    try:
-        src = tmp / SOURCE_NAME
-        src.write_text(source)
-        so = tmp / LIBRARY_NAME
-        proc = _run([tc.cc, *tc.flags, "-o", str(so), str(src), "-lm"], cwd=str(tmp))
-        if proc.returncode != 0:
-            errors = "\n".join(proc.stderr.splitlines()[:40])
-            raise CompileError(f"{tc.cc} failed on generated code (exit {proc.returncode}):\n{errors}")
-        meta = {"key": key, "cache_format": CACHE_FORMAT, "compiler": tc.identity, "flags": list(tc.flags),
-                "source_sha256": _sha256(src), "library_sha256": _sha256(so)}
-        (tmp / META_NAME).write_text(json.dumps(meta, indent=1, sort_keys=True))
+    remove_stale_builds(root)
+    for attempt in (1, 2):
         try:
-            os.rename(tmp, entry)
-        except OSError:
-            # Another process finished the same build first; use theirs if it is sound.
-            if not _valid_entry(entry, key):
-                shutil.rmtree(entry, ignore_errors=True)
-                os.rename(tmp, entry)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+            _build_entry(source, tc, key, entry)
+            break
+        except _CacheRemoved:
+            if attempt == 2:
+                raise StorageError(f"the build cache '{root}' was removed during the build, twice") from None
     return BuildResult(entry / LIBRARY_NAME, key, False, time.perf_counter() - t0)

@@ -1,42 +1,30 @@
 """The on-disk cache: where calibrations and fitted corrections live, and atomic JSON I/O.
 
-The directory is ``$OPFUSE_CACHE_DIR`` when set, else ``~/.cache/opfuse``. Writes go to a
-temporary file in the same directory followed by ``os.replace``, so a reader sees either
-the old file or the new one, never a half-written one (two processes calibrating at
-once simply both write a complete file; the last one wins).
+The directory is ``opfuse.files.cache_dir()``: ``$OPFUSE_CACHE_DIR`` (``~`` expanded) when set,
+else ``~/.cache/opfuse``, the same root as the build cache. Writes go to a temporary file in the
+same directory followed by ``os.replace``, so a reader sees either the old file or the new one,
+never a half-written one (two processes calibrating at once simply both write a complete file;
+the last one wins). Cache folders are created 0700 and cache files 0600; a write that fails (a
+read-only or full disk, a file where the folder should be) is a one-line ``StorageError``.
 """
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
-CACHE_ENV = "OPFUSE_CACHE_DIR"
+from opfuse.files import CACHE_ENV, atomic_writer, cache_dir, private_dir
+
+__all__ = ["CACHE_ENV", "atomic_write_json", "cache_dir", "read_json_or_none"]
 
 
-def cache_dir() -> Path:
-    root = os.environ.get(CACHE_ENV)
-    return Path(root) if root else Path.home() / ".cache" / "opfuse"
-
-
-def atomic_write_json(path: Path, data) -> None:
+def atomic_write_json(path: Path, data, *, private: bool = True) -> None:
+    """Write ``data`` as JSON; ``private`` (the default, for cache files): folders 0700, file 0600."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    if private:
+        private_dir(path.parent, "cache")
+    with atomic_writer(path, private=private) as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
 
 
 def read_json_or_none(path: Path):

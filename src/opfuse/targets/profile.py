@@ -152,7 +152,7 @@ class HardwareProfile:
 def save_profile(profile: HardwareProfile, path: str | Path) -> Path:
     """Write ``profile`` as JSON (atomically: a reader never sees half a file)."""
     path = Path(path)
-    atomic_write_json(path, profile.to_dict())
+    atomic_write_json(path, profile.to_dict(), private=False)
     return path
 
 

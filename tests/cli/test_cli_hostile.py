@@ -1,0 +1,176 @@
+"""Hostile but realistic use of the command line: each case ends in one line and exit 2, never a traceback."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from opfuse.cli import main
+
+
+def run_cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line_error(code, err, *needles):
+    assert code == 2, err
+    assert err.startswith("opfuse: error: ") and len(err.strip().splitlines()) == 1, err
+    for n in needles:
+        assert n in err, err
+
+
+def write_model(tmp_path, nodes, inputs, outputs, inits=(), opset=17, name="m.onnx"):
+    g = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    p = tmp_path / name
+    p.write_bytes(m.SerializeToString())
+    return p
+
+
+def relu_model(tmp_path, elem=TensorProto.INT8, shape=(3,), name="relu.onnx"):
+    return write_model(tmp_path, [helper.make_node("Relu", ["x"], ["y"], name="r")],
+                       [helper.make_tensor_value_info("x", elem, list(shape))],
+                       [helper.make_tensor_value_info("y", elem, None)], name=name)
+
+
+def test_inputs_of_another_dtype_need_cast_inputs(capsys, tmp_path):
+    model = relu_model(tmp_path)
+    ins = tmp_path / "in.npz"
+    np.savez(ins, x=np.array([300, 1, 2], np.int64))
+    code, _, err = run_cli(capsys, "run", model, "--inputs", ins)
+    one_line_error(code, err, "'x'", "int64", "int8", "--cast-inputs")
+    code, _, err = run_cli(capsys, "run", model, "--inputs", ins, "--cast-inputs")
+    one_line_error(code, err, "300", "does not fit")
+    np.savez(ins, x=np.array([100, -1, 2], np.int64))
+    code, out, _ = run_cli(capsys, "run", model, "--inputs", ins, "--cast-inputs", "--outputs", tmp_path / "o.npz")
+    assert code == 0
+    with np.load(tmp_path / "o.npz") as d:
+        assert d["y"].dtype == np.int8 and d["y"].tolist() == [100, 0, 2]
+
+
+@pytest.mark.parametrize("kind", ["text", "npy", "garbage_zip", "pickle", "object_array", "folder", "missing"])
+def test_inputs_that_are_not_an_npz(capsys, tmp_path, kind):
+    import pickle
+    model = relu_model(tmp_path, TensorProto.FLOAT, (4,))
+    p = tmp_path / "in.npz"
+    if kind == "text":
+        p.write_text("hello\n")
+    elif kind == "npy":
+        with open(p, "wb") as f:
+            np.save(f, np.zeros(4, np.float32))
+    elif kind == "garbage_zip":
+        p.write_bytes(b"PK\x03\x04" + b"\0" * 64)
+    elif kind == "pickle":
+        p.write_bytes(pickle.dumps({"x": 1}))
+    elif kind == "object_array":
+        np.savez(p, x=np.array([1, "a"], dtype=object))
+    elif kind == "folder":
+        p.mkdir()
+    code, _, err = run_cli(capsys, "run", model, "--inputs", p)
+    one_line_error(code, err, "cannot read inputs", str(p))
+
+
+def test_outputs_into_a_missing_folder_and_onto_a_folder(capsys, tmp_path):
+    model = relu_model(tmp_path, TensorProto.FLOAT, (4,))
+    code, _, err = run_cli(capsys, "run", model, "--outputs", tmp_path / "nope" / "o.npz")
+    one_line_error(code, err, "does not exist")
+    (tmp_path / "d.npz").mkdir()
+    code, _, err = run_cli(capsys, "run", model, "--outputs", tmp_path / "d.npz")
+    one_line_error(code, err, "is a folder")
+
+
+def test_a_full_disk_leaves_no_truncated_output(capsys, tmp_path, monkeypatch):
+    import errno
+    model = relu_model(tmp_path, TensorProto.FLOAT, (4,))
+    out = tmp_path / "o.npz"
+
+    def savez(f, **arrays):
+        f.write(b"PK")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(np, "savez", savez)
+    code, _, err = run_cli(capsys, "run", model, "--outputs", out)
+    one_line_error(code, err, "No space left on device", str(out))
+    assert list(tmp_path.iterdir()) == [model]
+
+
+def test_emit_c_onto_an_existing_file(capsys, tmp_path):
+    model = relu_model(tmp_path, TensorProto.FLOAT, (4,))
+    f = tmp_path / "out"
+    f.write_text("mine")
+    code, _, err = run_cli(capsys, "compile", model, "--emit-c", f)
+    one_line_error(code, err, "not a folder")
+    assert f.read_text() == "mine"
+
+
+def test_report_json_onto_a_folder_or_into_a_missing_one(capsys, tmp_path):
+    model = relu_model(tmp_path, TensorProto.FLOAT, (4,))
+    code, _, err = run_cli(capsys, "compile", model, "--report-json", tmp_path)
+    one_line_error(code, err, "is a folder")
+    code, _, err = run_cli(capsys, "compile", model, "--report-json", tmp_path / "no" / "r.json")
+    one_line_error(code, err, "does not exist")
+
+
+def test_repeat_zero(capsys, tmp_path):
+    model = relu_model(tmp_path, TensorProto.FLOAT, (4,))
+    code, _, err = run_cli(capsys, "compile", model, "--measure", "--repeat", "0")
+    one_line_error(code, err, "--repeat", "at least 1")
+    from opfuse.errors import OpfuseError
+    from opfuse.measure import median_seconds
+    with pytest.raises(OpfuseError, match="at least 1"):
+        median_seconds(lambda: None, 0)
+
+
+def test_compare_when_onnxruntime_rejects_the_model(capsys, tmp_path):
+    import onnx
+    model = relu_model(tmp_path, TensorProto.FLOAT, (4,))
+    m = onnx.load(str(model))
+    m.ir_version = 99  # opfuse reads it; onnxruntime refuses the IR version
+    onnx.save(m, str(model))
+    code, _, err = run_cli(capsys, "run", model, "--compare", "onnxruntime")
+    one_line_error(code, err, "onnxruntime cannot run this model")
+
+
+def test_softmax_over_a_zero_size_axis_runs(capsys, tmp_path):
+    model = write_model(tmp_path, [helper.make_node("Softmax", ["x"], ["y"], axis=-1)],
+                        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 0])],
+                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    code, out, _ = run_cli(capsys, "run", model)
+    assert code == 0 and "y: float32[2, 0]" in out
+
+
+EVIL = "x\x1b[2J\x1b]0;pwned\x07\nforged line\u202e"
+
+
+def test_model_controlled_names_are_escaped(capsys, tmp_path):
+    model = write_model(tmp_path, [helper.make_node("Relu", [EVIL], ["y" + EVIL], name="n" + EVIL)],
+                        [helper.make_tensor_value_info(EVIL, TensorProto.FLOAT, [4])],
+                        [helper.make_tensor_value_info("y" + EVIL, TensorProto.FLOAT, None)])
+    for argv in (("info", model), ("run", model), ("compile", model, "--report"), ("explain", model)):
+        code, out, err = run_cli(capsys, *argv)
+        assert code == 0, err
+        assert "\x1b" not in out + err and "\u202e" not in out + err and "\x07" not in out + err
+        assert not any(line.startswith("forged line") for line in out.splitlines())
+    assert "\\x1b[2J" in out or "\\x1b[2J" in run_cli(capsys, "info", model)[1]
+    ins = tmp_path / "in.npz"
+    np.savez(ins, **{EVIL: np.zeros(4)})  # float64 for a float32 input: the error names the input
+    code, _, err = run_cli(capsys, "run", model, "--inputs", ins)
+    one_line_error(code, err, "\\x1b[2J", "\\n")
+    assert "\x1b" not in err
+
+
+def test_zoo_export_into_a_missing_folder_and_a_negative_seed(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "zoo", "export", "resnet8", "-o", tmp_path / "no" / "r8.onnx")
+    one_line_error(code, err, "does not exist")
+    model = relu_model(tmp_path, TensorProto.FLOAT, (4,))
+    code, _, err = run_cli(capsys, "run", model, "--seed", "-1")
+    one_line_error(code, err, "seed", "-1")
+
+
+def test_outputs_are_checked_before_the_run(capsys, tmp_path):
+    model = relu_model(tmp_path, TensorProto.FLOAT, (4,))
+    (tmp_path / "f").write_text("")
+    code, out, err = run_cli(capsys, "run", model, "--outputs", tmp_path / "f" / "o.npz")
+    one_line_error(code, err, "is not a folder")
+    assert "backend reference" not in out
