@@ -18,6 +18,12 @@ interleaved with the kernels (bytes read + bytes written).
 Timing: outputs are allocated once (``CompiledModel.prepared``), so page faults on fresh output
 arrays are not timed; the contenders (memcpy, fused, unfused) are called in turn, ``--repeat``
 rounds, and medians are reported. Writes ``benchmarks/results/epilogues.json``.
+
+``--op-costs`` also measures what each elementwise op costs per element as the C backend
+emits it: a one-op kernel over ``OP_COST_ELEMENTS`` floats (in cache, so compute-bound) run
+``OP_COST_CALLS`` times from C, best of ``OP_COST_TRIALS``; printed as ns per element and as
+*operations per element*, ns x the host profile's float32 peak (what the cost model's
+``flops_per_element`` means: the op then costs ``elements x ops / peak`` seconds).
 """
 from __future__ import annotations
 
@@ -48,6 +54,12 @@ ACTIVATIONS = ("Relu", "HardSwish", "Sigmoid", "Silu", "Tanh", "Gelu", "GeluTanh
 CHAIN_ELEMENTS = 16 * 1024 * 1024
 CHAIN_OPS = ("Mul", "Add", "Relu", "Sub", "Sigmoid", "Mul", "Clip", "Add")
 COPY_BYTES = 64 * 1024 * 1024
+OP_COST_OPS = (("Add", {}), ("Relu", {}), ("LeakyRelu", {}), ("HardSigmoid", {}), ("HardSwish", {}), ("Exp", {}),
+               ("Log", {}), ("Tanh", {}), ("Sigmoid", {}), ("Silu", {}), ("Softplus", {}), ("Erf", {}), ("Gelu", {}),
+               ("Gelu", {"approximate": "tanh"}), ("Sqrt", {}), ("Reciprocal", {}))
+OP_COST_ELEMENTS = 16384  # 64 KiB in, 64 KiB out: in L2, so the loop is compute-bound
+OP_COST_CALLS = 2000
+OP_COST_TRIALS = 15
 DEFAULT_REPEAT = 21
 DEFAULT_WARMUP = 2
 
@@ -141,6 +153,75 @@ def bench_case(name: str, graph: Graph, copy: Callable[[], None], *, repeat: int
     return row
 
 
+_TIMER_C = """
+#include <time.h>
+double opfuse_bench_seconds_per_call(void* const* ins, void* const* outs, char* arena, char* scratch,
+                                     long calls, int trials) {
+  double best = 1e30;
+  for (int t = 0; t < trials; ++t) {
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (long c = 0; c < calls; ++c) opfuse_run(ins, outs, arena, 0, scratch, 1);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    const double s = ((double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec)) / (double)calls;
+    best = s < best ? s : best;
+  }
+  return best;
+}
+"""
+
+
+def op_cost(op: str, attrs: dict, tc, workdir: Path) -> float:
+    """Seconds per element of ``op`` alone (``Add`` as ``x + x``), timed in C (see ``--op-costs``)."""
+    import ctypes
+    import subprocess
+
+    from opfuse.codegen import generate
+    b = GraphBuilder(f"cost_{op.lower()}")
+    x = b.input("x", (OP_COST_ELEMENTS,))
+    g = b.build(b.op(op, x, x) if op == "Add" else b.op(op, x, **attrs))
+    prog = generate(g, FusionPlan.unfused(g))
+    name = f"{op}{'_' + attrs['approximate'] if attrs else ''}"
+    src = workdir / f"{name}.c"
+    src.write_text("#define _POSIX_C_SOURCE 199309L\n" + prog.source + _TIMER_C)
+    lib = workdir / f"{name}.so"
+    subprocess.run([tc.cc, *tc.flags, "-o", str(lib), str(src), "-lm"], check=True, capture_output=True)
+    dll = ctypes.CDLL(str(lib))
+    fn = dll.opfuse_bench_seconds_per_call
+    fn.restype = ctypes.c_double
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
+    xs = (np.random.default_rng(0).standard_normal(OP_COST_ELEMENTS) * 3).astype(np.float32)
+    if op in ("Log", "Sqrt"):
+        xs = np.abs(xs) + np.float32(0.1)
+    ys = np.empty_like(xs)
+    arena = np.zeros(max(prog.arena_bytes, 64), np.uint8)
+    scratch = np.zeros(max(prog.scratch_stride, 64), np.uint8)
+    ins = (ctypes.c_void_p * 1)(xs.ctypes.data)
+    outs = (ctypes.c_void_p * 1)(ys.ctypes.data)
+    return fn(ins, outs, arena.ctypes.data, scratch.ctypes.data, OP_COST_CALLS, OP_COST_TRIALS) / OP_COST_ELEMENTS
+
+
+def op_costs() -> list[dict]:
+    import tempfile
+
+    from opfuse.runtime.toolchain import Toolchain
+    tc = Toolchain.detect(openmp=False)
+    peak = get_profile("host").peak_for("float32")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="opfuse-opcost-") as d:
+        for op, attrs in OP_COST_OPS:
+            s = op_cost(op, attrs, tc, Path(d))
+            rows.append({"op": op + (f"({attrs['approximate']})" if attrs else ""), "ns_per_element": s * 1e9,
+                         "ops_per_element": s * peak, "peak_flops": peak})
+    return rows
+
+
+def op_cost_table(rows: list[dict]) -> str:
+    lines = [f"{'op':16s} {'ns/elem':>8s} {'ops/elem':>9s}   (ops = ns x {rows[0]['peak_flops'] / 1e9:.1f} GFLOP/s)"]
+    lines += [f"{r['op']:16s} {r['ns_per_element']:8.3f} {r['ops_per_element']:9.1f}" for r in rows]
+    return "\n".join(lines)
+
+
 def table(rows: list[dict]) -> str:
     head = (f"{'case':10s} {'fused ms':>9s} {'unfused ms':>10s} {'f/u':>6s} {'pred f':>8s} {'pred u':>8s} "
             f"{'plan':>5s} {'fused GB/s':>10s} {'memcpy GB/s':>11s} {'of copy':>8s}")
@@ -161,6 +242,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--warmup", type=int, default=DEFAULT_WARMUP)
     ap.add_argument("--cache-dir", default=os.environ.get("OPFUSE_CACHE_DIR"))
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--op-costs", action="store_true", help="also measure each op's cost per element")
     args = ap.parse_args(argv)
     src = np.ones(COPY_BYTES // 4, np.float32)
     dst = np.zeros_like(src)
@@ -178,8 +260,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     meta = {"host": os.uname().nodename, "cpus": os.cpu_count(), "threads": 1, "repeat": args.repeat,
             "conv_input": CONV_INPUT, "conv_out_channels": CONV_OUT_CHANNELS, "chain_ops": CHAIN_OPS,
             "chain_elements": CHAIN_ELEMENTS, "copy_bytes": COPY_BYTES}
-    args.out.write_text(json.dumps({"meta": meta, "cases": rows}, indent=1, sort_keys=True))
+    result: dict = {"meta": meta, "cases": rows}
+    if args.op_costs:
+        result["op_costs"] = op_costs()
+    args.out.write_text(json.dumps(result, indent=1, sort_keys=True))
     print(table(rows))
+    if args.op_costs:
+        print()
+        print(op_cost_table(result["op_costs"]))
     print(f"\nwritten {args.out}")
     return rows
 
