@@ -218,3 +218,50 @@ def test_gelu_tanh_has_no_cancellation(cache_dir):
     exact = x / (1 + np.exp(-2 * z))
     # Relative, not a few ulp: z's own float32 rounding is amplified by |2z| (47 at x = -8).
     assert np.all(got < 0) and np.allclose(got, exact, rtol=1e-5, atol=0), (got, exact)
+
+
+# Activations as emitted (one-op kernels), against float64 NumPy: (attrs, reference, from x,
+# max ulp for x >= from with a normal result, max |err| / |x| for the other finite x). The
+# bounds are the measured maxima (``codegen/rules.py`` docstring) plus a margin.
+def _f64_erf(x):
+    return np.vectorize(math.erf, otypes=[np.float64])(x)
+
+
+def _hardsigmoid(x, alpha, beta):
+    return np.clip(alpha * x + beta, 0.0, 1.0)
+
+
+OP_ERRORS = {
+    "Sigmoid": ({}, _sigmoid, -np.inf, 3.0, 1e-7),
+    "Silu": ({}, lambda x: x * _sigmoid(x), -87.3, 3.5, 1e-7),
+    "Tanh": ({}, np.tanh, -np.inf, 1.5, 1e-7),
+    "Softplus": ({}, _softplus, -np.inf, 3.0, 1e-7),
+    "Exp": ({}, np.exp, -np.inf, 1.5, np.inf),
+    "Erf": ({}, _f64_erf, -np.inf, 1.5, 1e-7),
+    "Gelu": ({}, lambda x: 0.5 * x * (1 + _f64_erf(x / math.sqrt(2))), -1.0, 3.0, 6e-8),
+    "GeluTanh": ({"approximate": "tanh"},
+                 lambda x: x * _sigmoid(2 * math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)), -3.0, 16.0, 1e-7),
+    "HardSigmoid": ({}, lambda x: _hardsigmoid(x, 0.2, 0.5), -2.0, 3.0, 1e-8),
+    "HardSwish": ({}, lambda x: x * _hardsigmoid(x, 1 / 6, 0.5), 0.0, 2.0, 5e-8),
+    "LeakyRelu": ({}, lambda x: np.where(x >= 0, x, x * np.float64(np.float32(0.01))), -np.inf, 0.5, 1e-7),
+}
+
+
+@pytest.mark.parametrize("name", list(OP_ERRORS))
+def test_activation_within_stated_error(name, cache_dir):
+    from opfuse.runtime.native import build
+    attrs, ref, lo, max_ulp, max_rel_x = OP_ERRORS[name]
+    x = sweep()
+    g = _activation_graph("Gelu" if name == "GeluTanh" else name, attrs, x.size)
+    got = build(g, FusionPlan.unfused(g), cache_dir=cache_dir).run({"x": x})[g.outputs[0].name]
+    with np.errstate(all="ignore"):
+        exact = ref(x.astype(np.float64))
+        err = ulp_error(got, exact)
+        in_range = (x >= lo) & (np.abs(exact) >= 2.0 ** -126)
+        finite = np.isfinite(x) & np.isfinite(exact)
+        rel_x = np.abs(got.astype(np.float64) - exact) / np.maximum(np.abs(x.astype(np.float64)), 1e-30)
+    worst = int(np.argmax(np.where(in_range, err, 0.0)))
+    assert err[worst] <= max_ulp or not in_range[worst], f"{name}({x[worst]!r}) off by {err[worst]:.2f} ulp"
+    worst = int(np.argmax(np.where(finite & ~in_range, rel_x, 0.0)))
+    assert rel_x[worst] <= max_rel_x, f"{name}({x[worst]!r}): |err| / |x| = {rel_x[worst]:.3g}"
+    assert np.array_equal(np.isnan(got), np.isnan(exact))

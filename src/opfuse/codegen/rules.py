@@ -15,6 +15,20 @@ softplus (``vecmath.py``) and erf (``erf.py``) are inline branch-free helpers, s
 elementwise loop, and every GEMM/conv tile epilogue, vectorises. float64 keeps libm. NaN
 propagates as in NumPy: the max/min of Relu, HardSigmoid and Clip are written so that a
 NaN operand is the one selected (``np.maximum(nan, 0)`` is NaN).
+
+Measured float32 error against float64 NumPy (every 61st bit pattern of both signs and a
+grid over [-110, 110]; ``tests/codegen/test_vecmath.py`` holds the bounds), in ulps of the
+result where it is normal:
+
+    Relu 0, LeakyRelu 0.5, Exp 0.98, Log 0.82, Erf 0.95, Tanh 1.31, Softplus 2.76,
+    Sigmoid 2.77, SiLU 3.2 (x >= -87.3; below, exp(x) is subnormal: |err| < 1e-43),
+    HardSwish 1.55 (x >= 0), HardSigmoid 2.4 (x >= -2),
+    GELU (erf) 2.7 (x >= -1), GELU (tanh) 2.4 (x >= 0), 14.6 (x >= -3).
+
+Below those ranges the float32 formula itself loses relative accuracy, not the helpers:
+HardSigmoid/HardSwish round ``alpha x + beta`` near its zero (|err| <= 4.4e-8 |x|); GELU-erf's
+``1 + erf`` cancels (|err| <= 4.9e-8 |x|, and -0 below x = -5.5); GELU-tanh's ``z`` carries
+its float32 rounding times |2z| (|err| <= 8.6e-8 |x|).
 """
 from __future__ import annotations
 
