@@ -46,3 +46,31 @@ def test_elementwise_chain_and_microkernel_vectorise(tmp_path):
     assert loop_line in vectorised
     ukr = _lines_of(src, "acc[i][j] += ai * b[")[0]
     assert ukr in vectorised or any(abs(v - ukr) <= 1 for v in vectorised)
+
+
+@pytest.mark.parametrize("anchor", ["conv1x1", "conv3x3", "depthwise", "matmul"])
+@pytest.mark.parametrize("act", ["Sigmoid", "Gelu", "Softplus", "HardSwish"])
+def test_tile_epilogue_with_transcendental_vectorises(tmp_path, anchor, act):
+    """The loop a GEMM/conv tile's epilogue runs in (bias, activation, store) is vectorised,
+    with the exp/erf/log-based activations too (their helpers are branch-free, no libm call)."""
+    rng = np.random.default_rng(0)
+    b = GraphBuilder("epi")
+    if anchor == "matmul":
+        y = b.op("MatMul", b.input("x", (64, 96)), b.const("w", rng.standard_normal((96, 80)).astype(np.float32)))
+    else:
+        k, group, cout = {"conv1x1": (1, 1, 32), "conv3x3": (3, 1, 32), "depthwise": (3, 16, 16)}[anchor]
+        w = b.const("w", rng.standard_normal((cout, 16 // group, k, k)).astype(np.float32))
+        y = b.op("Conv", b.input("x", (1, 16, 20, 24)), w, b.const("bias", np.ones(cout, np.float32)),
+                 pads=[k // 2] * 4, group=group)
+    g = b.build(b.op(act, y))
+    anchor_node = g.nodes[0]
+    kind = "gemm_epilogue" if anchor == "matmul" else "conv_epilogue"
+    plan = FusionPlan(g, [FusionGroup("epi", list(g.nodes), kind, anchor_node)])
+    src = generate(g, plan).source
+    report = _vector_report(src, tmp_path)
+    vectorised = {int(ln.split(":")[1]) for ln in report.splitlines() if "loop vectorized" in ln}
+    lines = src.splitlines()
+    store = next(i + 1 for i, ln in enumerate(lines) if ln.strip().startswith(("p1_", "p2_", "p3_", "p4_"))
+                 and "] = t" in ln)
+    loop = max(i for i in _lines_of(src, "for (long") if i < store)
+    assert any(loop <= v <= store for v in vectorised), f"{anchor} + {act}: epilogue loop (line {loop}) not vectorised"

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
+from opfuse.codegen import vecmath
 from opfuse.codegen.ctype import c_type, literal, lowest, math_fn
 from opfuse.codegen.index import Index, delinearize
 from opfuse.codegen.epilogue import finish_element
@@ -52,7 +55,8 @@ def lower_softmax(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     L = shape[axis]
     dt = out.dtype
     ct = c_type(dt)
-    exp = math_fn("exp", dt)
+    # The inline exp vectorises the row loop (libm's expf is a call per element).
+    exp = vecmath.require(kc.program, vecmath.EXP) if dt == np.float32 else math_fn("exp", dt)
 
     def body(ridx: Index):
         buf = _row_buffer(kc, ct, L, dt.itemsize)

@@ -1,9 +1,11 @@
 """Elementwise and broadcast ops: activations, arithmetic, comparisons, casts, BatchNorm.
 
 All of them are DNNFusion one-to-one ops. Unary ops are TVM ``ELEMWISE``; ops that
-broadcast several inputs are ``BROADCAST``. ``flops_per_element`` is a rough count of
-arithmetic per output element (transcendental functions counted as a few FLOPs), used
-only to rank fusions, never to judge correctness.
+broadcast several inputs are ``BROADCAST``. ``flops_per_element`` is what one output element
+costs the C backend, in operations: used only to rank fusions, never to judge correctness.
+For the transcendental activations it is ``OPS_PER_ELEMENT`` below, measured on the
+vectorised implementations (``codegen/vecmath.py``, ``codegen/erf.py``), not a guess of "a
+few FLOPs": an exp is about 40 operations, a softplus 170.
 """
 from __future__ import annotations
 
@@ -29,6 +31,27 @@ def erf(x: np.ndarray) -> np.ndarray:
 FLOATS = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64))
 SIGNED = FLOATS | frozenset(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64))
 NUMERIC = SIGNED | frozenset(np.dtype(t) for t in (np.uint8, np.uint16, np.uint32, np.uint64))
+
+
+# Operations per element of the float32 code the C backend emits for each op: the vector
+# instructions of the op's vectorised loop (a one-op kernel, gcc 12 -O3 -march=native, AVX-512;
+# objdump of the loop body, less the load, store and loop control an Add also has). One
+# operation is one vector instruction's share of an element, the unit the host's peak FLOP/s
+# is measured in (the GEMM micro-kernel: one vector mul or add per lane-FLOP, no FMA).
+# ``benchmarks/bench_epilogues.py --op-costs`` times the same kernels: on the shared 2-core
+# host, time x peak came out at 0.6x to 1.5x these counts, depending on the load.
+OPS_PER_ELEMENT = {
+    "HardSigmoid": 8,
+    "HardSwish": 10,
+    "Exp": 40,
+    "Log": 95,
+    "Sigmoid": 50,  # exp, one division, a select
+    "Silu": 51,
+    "Tanh": 63,  # both pieces (polynomial, exp form) computed, one selected
+    "Erf": 71,  # three polynomials computed, one selected
+    "Gelu": 75,  # the erf form; the tanh form (x * sigmoid(2z)) is 56
+    "Softplus": 169,  # exp, log and a division
+}
 
 
 def _unary(name, fn, *, attrs=None, flops=1.0, tags=("activation",), dtypes=FLOATS):
@@ -73,17 +96,19 @@ def _hardsigmoid(x, alpha, beta):
 
 _unary("Relu", lambda x, a: np.maximum(x, 0), dtypes=SIGNED)
 _unary("LeakyRelu", lambda x, a: np.where(x >= 0, x, x * np.float32(a["alpha"])), attrs={"alpha": 0.01}, flops=2)
-_unary("Sigmoid", lambda x, a: _sigmoid(x), flops=4)
-_unary("HardSigmoid", lambda x, a: _hardsigmoid(x, a["alpha"], a["beta"]), attrs={"alpha": 0.2, "beta": 0.5}, flops=3)
-_unary("HardSwish", lambda x, a: x.astype(np.float64) * _hardsigmoid(x, 1 / 6, 0.5), flops=4)
-_unary("Tanh", lambda x, a: np.tanh(x), flops=6)
-_unary("Gelu", _gelu, attrs={"approximate": "none"}, flops=8)
-_unary("Softplus", lambda x, a: _softplus(x), flops=4)
+_unary("Sigmoid", lambda x, a: _sigmoid(x), flops=OPS_PER_ELEMENT["Sigmoid"])
+_unary("HardSigmoid", lambda x, a: _hardsigmoid(x, a["alpha"], a["beta"]), attrs={"alpha": 0.2, "beta": 0.5},
+       flops=OPS_PER_ELEMENT["HardSigmoid"])
+_unary("HardSwish", lambda x, a: x.astype(np.float64) * _hardsigmoid(x, 1 / 6, 0.5),
+       flops=OPS_PER_ELEMENT["HardSwish"])
+_unary("Tanh", lambda x, a: np.tanh(x), flops=OPS_PER_ELEMENT["Tanh"])
+_unary("Gelu", _gelu, attrs={"approximate": "none"}, flops=OPS_PER_ELEMENT["Gelu"])
+_unary("Softplus", lambda x, a: _softplus(x), flops=OPS_PER_ELEMENT["Softplus"])
 # SiLU is not an ONNX op; the recognition pass creates it from x * Sigmoid(x).
-_unary("Silu", lambda x, a: x.astype(np.float64) * _sigmoid(x), flops=5)
-_unary("Erf", lambda x, a: erf(x), flops=6, tags=(), dtypes=NUMERIC)
-_unary("Exp", lambda x, a: np.exp(x), flops=4, tags=())
-_unary("Log", lambda x, a: np.log(x), flops=4, tags=())
+_unary("Silu", lambda x, a: x.astype(np.float64) * _sigmoid(x), flops=OPS_PER_ELEMENT["Silu"])
+_unary("Erf", lambda x, a: erf(x), flops=OPS_PER_ELEMENT["Erf"], tags=(), dtypes=NUMERIC)
+_unary("Exp", lambda x, a: np.exp(x), flops=OPS_PER_ELEMENT["Exp"], tags=())
+_unary("Log", lambda x, a: np.log(x), flops=OPS_PER_ELEMENT["Log"], tags=())
 _unary("Sqrt", lambda x, a: np.sqrt(x), flops=2, tags=())
 _unary("Neg", lambda x, a: np.negative(x), tags=(), dtypes=SIGNED)
 _unary("Abs", lambda x, a: np.abs(x), tags=(), dtypes=NUMERIC)

@@ -10,6 +10,7 @@ import numpy as np
 from opfuse.errors import UnsupportedOpError
 from opfuse.ir.graph import Node, TensorType
 from opfuse.ops.common import norm_axis, out_type, same_type, shape_error
+from opfuse.ops.elementwise import OPS_PER_ELEMENT
 from opfuse.ops.registry import Category, Mapping, OpSpec, register
 
 # ONNX TensorProto enum values LayerNormalization's stash_type may take (computation precision).
@@ -45,8 +46,10 @@ def _softmax(ins, a, node):
     return [(e / e.sum(axis=axis, keepdims=True)).astype(x.dtype, copy=False)]
 
 
+# Per element: max, subtract, exp (the vectorised one), sum, divide.
 register(OpSpec("Softmax", Category.REDUCTION, Mapping.MANY_TO_MANY, _softmax_infer, _softmax,
-                attrs={"axis": -1}, flops_per_element=5, tags=frozenset({"normalization"})))
+                attrs={"axis": -1}, flops_per_element=4 + OPS_PER_ELEMENT["Exp"],
+                tags=frozenset({"normalization"})))
 
 
 # LayerNormalization ---------------------------------------------------------------------

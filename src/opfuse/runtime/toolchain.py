@@ -53,7 +53,10 @@ META_NAME = "meta.json"
 CACHE_FORMAT = 1
 # -ffp-contract=off: no fused multiply-add, so results do not depend on the CPU's FMA units.
 # -fno-math-errno: libm calls never set errno (lets sqrtf inline); no effect on values.
-BASE_FLAGS = ("-O3", "-std=c99", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno")
+# -fno-trapping-math: floating-point exceptions never trap (they do not: nothing enables them),
+# so gcc may compute both arms of a ternary and select (the vectorised exp, log, tanh...); no
+# effect on values.
+BASE_FLAGS = ("-O3", "-std=c99", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math")
 FAST_MATH_FLAGS = ("-ffast-math", "-ffp-contract=fast")
 
 

@@ -1,0 +1,302 @@
+"""Epilogue benchmark: is a fused elementwise epilogue ever slower than the same ops unfused?
+
+    python benchmarks/bench_epilogues.py                  # every case, 1 thread
+    python benchmarks/bench_epilogues.py --repeat 31 Sigmoid chain8
+
+Cases:
+
+* ``Conv 1x1 (32 -> 64 channels, 1x32x200x152) -> ACT`` for each activation in ``ACTIVATIONS``;
+* ``chain8``: eight elementwise ops on 16M floats (``CHAIN_OPS``, one of them a Sigmoid);
+* ``chain8_arith``: the same chain without a transcendental op (``ARITH_CHAIN_OPS``).
+
+Each case is built twice from the same rewritten graph: ``fused`` is the rules' maximal grouping
+(one kernel), ``unfused`` one kernel per op. The table gives their median times, the ratio
+fused/unfused (the goal: <= 1), the planner's predictions for both and whether the planner
+(``opfuse compile``'s choice) fuses, and the achieved bandwidth: boundary bytes of the kernel
+(inputs, weights, outputs) over its time, next to a memcpy of 64 MiB measured in the same run,
+interleaved with the kernels (bytes read + bytes written).
+
+Timing: outputs are allocated once (``CompiledModel.prepared``), so page faults on fresh output
+arrays are not timed; the contenders (memcpy, fused, unfused) are called in turn, ``--repeat``
+rounds, and medians are reported. Writes ``benchmarks/results/epilogues.json``.
+
+``--op-costs`` also measures what each elementwise op costs per element as the C backend
+emits it: a one-op kernel over ``OP_COST_ELEMENTS`` floats (in cache, so compute-bound) run
+``OP_COST_CALLS`` times from C, best of ``OP_COST_TRIALS``; printed as ns per element and as
+*operations per element*, ns x the host profile's float32 peak (what the cost model's
+``flops_per_element`` means: the op then costs ``elements x ops / peak`` seconds).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from opfuse.compiler import CompileOptions, plan_model
+from opfuse.cost.model import CostModel
+from opfuse.ir.graph import Graph
+from opfuse.ir.plan import FusionPlan
+from opfuse.ops import GraphBuilder
+from opfuse.runtime import reference
+from opfuse.runtime.native import build
+from opfuse.targets import get_profile
+
+RESULTS = Path(__file__).resolve().parent / "results" / "epilogues.json"
+CONV_INPUT = (1, 32, 200, 152)
+CONV_OUT_CHANNELS = 64
+ACTIVATIONS = ("Relu", "HardSwish", "Sigmoid", "Silu", "Tanh", "Gelu", "GeluTanh", "Softplus")
+CHAIN_ELEMENTS = 16 * 1024 * 1024
+CHAIN_OPS = ("Mul", "Add", "Relu", "Sub", "Sigmoid", "Mul", "Clip", "Add")
+ARITH_CHAIN_OPS = ("Mul", "Add", "Relu", "Sub", "LeakyRelu", "Mul", "Clip", "HardSwish")
+COPY_BYTES = 64 * 1024 * 1024
+OP_COST_OPS = (("Add", {}), ("Relu", {}), ("LeakyRelu", {}), ("HardSigmoid", {}), ("HardSwish", {}), ("Exp", {}),
+               ("Log", {}), ("Tanh", {}), ("Sigmoid", {}), ("Silu", {}), ("Softplus", {}), ("Erf", {}), ("Gelu", {}),
+               ("Gelu", {"approximate": "tanh"}), ("Sqrt", {}), ("Reciprocal", {}))
+OP_COST_ELEMENTS = 16384  # 64 KiB in, 64 KiB out: in L2, so the loop is compute-bound
+OP_COST_CALLS = 2000
+OP_COST_TRIALS = 15
+DEFAULT_REPEAT = 21
+DEFAULT_WARMUP = 2
+
+
+def conv_graph(act: str) -> Graph:
+    rng = np.random.default_rng(0)
+    b = GraphBuilder(f"conv_{act.lower()}")
+    x = b.input("x", CONV_INPUT)
+    w = b.const("w", (rng.standard_normal((CONV_OUT_CHANNELS, CONV_INPUT[1], 1, 1)) * 0.3).astype(np.float32))
+    bias = b.const("bias", rng.standard_normal(CONV_OUT_CHANNELS).astype(np.float32))
+    y = b.op("Conv", x, w, bias, name="conv")
+    if act == "GeluTanh":
+        y = b.op("Gelu", y, name="act", approximate="tanh")
+    else:
+        y = b.op(act, y, name="act")
+    return b.build(y)
+
+
+def chain_graph() -> Graph:
+    """x*0.5 + 0.25 -> Relu -> - 1 -> Sigmoid -> *x -> Clip(-2, 2) -> + 0.125: each op reads the
+    previous result (and once ``x`` again), so the unfused build streams 16M floats eight times."""
+    b = GraphBuilder("chain8")
+    x = b.input("x", (CHAIN_ELEMENTS,))
+
+    def c(name: str, v: float):
+        return b.const(name, np.float32(v))
+    y = b.op("Mul", x, c("half", 0.5))
+    y = b.op("Add", y, c("quarter", 0.25))
+    y = b.op("Relu", y)
+    y = b.op("Sub", y, c("one", 1.0))
+    y = b.op("Sigmoid", y)
+    y = b.op("Mul", y, x)
+    y = b.op("Clip", y, c("lo", -2.0), c("hi", 2.0))
+    y = b.op("Add", y, c("eighth", 0.125))
+    g = b.build(y)
+    assert tuple(n.op_type for n in g.nodes) == CHAIN_OPS
+    return g
+
+
+def arith_chain_graph() -> Graph:
+    """``chain8`` with its Sigmoid swapped for LeakyRelu and its last Add for HardSwish: no
+    transcendental op, so the fused kernel can stream at memory speed (exp alone costs about
+    0.5 ns per element here, more than a 16M-float copy's 0.35 ns)."""
+    b = GraphBuilder("chain8_arith")
+    x = b.input("x", (CHAIN_ELEMENTS,))
+
+    def c(name: str, v: float):
+        return b.const(name, np.float32(v))
+    y = b.op("Mul", x, c("half", 0.5))
+    y = b.op("Add", y, c("quarter", 0.25))
+    y = b.op("Relu", y)
+    y = b.op("Sub", y, c("one", 1.0))
+    y = b.op("LeakyRelu", y, alpha=0.1)
+    y = b.op("Mul", y, x)
+    y = b.op("Clip", y, c("lo", -2.0), c("hi", 2.0))
+    y = b.op("HardSwish", y)
+    g = b.build(y)
+    assert tuple(n.op_type for n in g.nodes) == ARITH_CHAIN_OPS
+    return g
+
+
+def boundary_bytes(graph: Graph) -> int:
+    """Bytes a one-kernel build must move: graph inputs and constants read, outputs written."""
+    return sum(v.nbytes for v in [*graph.inputs, *graph.constants, *graph.outputs])
+
+
+def predicted_s(graph: Graph, plan: FusionPlan) -> float:
+    cm = CostModel(get_profile("host"))
+    return sum(cm.group_cost(graph, g).latency_s for g in plan.groups)
+
+
+def time_interleaved(fns: dict[str, Callable[[], object]], repeat: int, warmup: int) -> dict[str, float]:
+    """Median seconds per callable, the calls interleaved round by round."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeat):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            samples[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def bench_case(name: str, graph: Graph, copy: Callable[[], None], *, repeat: int, warmup: int,
+               cache_dir) -> dict:
+    fused_comp = plan_model(graph, CompileOptions(planner="rules"))
+    g = fused_comp.graph
+    plans = {"fused": fused_comp.plan, "unfused": FusionPlan.unfused(g)}
+    chosen = plan_model(graph, CompileOptions()).plan
+    feeds = reference.random_inputs(g, 0)
+    want = reference.run(g, feeds)
+    calls: dict[str, Callable[[], object]] = {"memcpy": copy}
+    row: dict = {"case": name, "ops": [n.op_type for n in g.nodes], "planner_fuses": len(chosen.groups) == 1}
+    for label, plan in plans.items():
+        model = build(g, plan, cache_dir=cache_dir)
+        call, outs = model.prepared(feeds)
+        err = max(float(np.max(np.abs(outs[k].astype(np.float64) - want[k]) / (1.0 + np.abs(want[k]))))
+                  for k in want)
+        calls[label] = call
+        row[label] = {"kernels": len(plan.groups), "predicted_ms": predicted_s(g, plan) * 1e3,
+                      "max_rel_error": err}
+    t = time_interleaved(calls, repeat, warmup)
+    nbytes = boundary_bytes(g)
+    row["bytes"] = nbytes
+    row["memcpy_gbs"] = 2 * COPY_BYTES / t["memcpy"] / 1e9
+    for label in plans:
+        row[label]["median_ms"] = t[label] * 1e3
+        row[label]["gbs"] = nbytes / t[label] / 1e9
+    row["fused_over_unfused"] = t["fused"] / t["unfused"]
+    row["fused_of_copy_bandwidth"] = row["fused"]["gbs"] / row["memcpy_gbs"]
+    return row
+
+
+_TIMER_C = """
+#include <time.h>
+double opfuse_bench_seconds_per_call(void* const* ins, void* const* outs, char* arena, char* scratch,
+                                     long calls, int trials) {
+  double best = 1e30;
+  for (int t = 0; t < trials; ++t) {
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (long c = 0; c < calls; ++c) opfuse_run(ins, outs, arena, 0, scratch, 1);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    const double s = ((double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec)) / (double)calls;
+    best = s < best ? s : best;
+  }
+  return best;
+}
+"""
+
+
+def op_cost(op: str, attrs: dict, tc, workdir: Path) -> float:
+    """Seconds per element of ``op`` alone (``Add`` as ``x + x``), timed in C (see ``--op-costs``)."""
+    import ctypes
+    import subprocess
+
+    from opfuse.codegen import generate
+    b = GraphBuilder(f"cost_{op.lower()}")
+    x = b.input("x", (OP_COST_ELEMENTS,))
+    g = b.build(b.op(op, x, x) if op == "Add" else b.op(op, x, **attrs))
+    prog = generate(g, FusionPlan.unfused(g))
+    name = f"{op}{'_' + attrs['approximate'] if attrs else ''}"
+    src = workdir / f"{name}.c"
+    src.write_text("#define _POSIX_C_SOURCE 199309L\n" + prog.source + _TIMER_C)
+    lib = workdir / f"{name}.so"
+    subprocess.run([tc.cc, *tc.flags, "-o", str(lib), str(src), "-lm"], check=True, capture_output=True)
+    dll = ctypes.CDLL(str(lib))
+    fn = dll.opfuse_bench_seconds_per_call
+    fn.restype = ctypes.c_double
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
+    xs = (np.random.default_rng(0).standard_normal(OP_COST_ELEMENTS) * 3).astype(np.float32)
+    if op in ("Log", "Sqrt"):
+        xs = np.abs(xs) + np.float32(0.1)
+    ys = np.empty_like(xs)
+    arena = np.zeros(max(prog.arena_bytes, 64), np.uint8)
+    scratch = np.zeros(max(prog.scratch_stride, 64), np.uint8)
+    ins = (ctypes.c_void_p * 1)(xs.ctypes.data)
+    outs = (ctypes.c_void_p * 1)(ys.ctypes.data)
+    return fn(ins, outs, arena.ctypes.data, scratch.ctypes.data, OP_COST_CALLS, OP_COST_TRIALS) / OP_COST_ELEMENTS
+
+
+def op_costs() -> list[dict]:
+    import tempfile
+
+    from opfuse.runtime.toolchain import Toolchain
+    tc = Toolchain.detect(openmp=False)
+    peak = get_profile("host").peak_for("float32")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="opfuse-opcost-") as d:
+        for op, attrs in OP_COST_OPS:
+            s = op_cost(op, attrs, tc, Path(d))
+            rows.append({"op": op + (f"({attrs['approximate']})" if attrs else ""), "ns_per_element": s * 1e9,
+                         "ops_per_element": s * peak, "peak_flops": peak})
+    return rows
+
+
+def op_cost_table(rows: list[dict]) -> str:
+    lines = [f"{'op':16s} {'ns/elem':>8s} {'ops/elem':>9s}   (ops = ns x {rows[0]['peak_flops'] / 1e9:.1f} GFLOP/s)"]
+    lines += [f"{r['op']:16s} {r['ns_per_element']:8.3f} {r['ops_per_element']:9.1f}" for r in rows]
+    return "\n".join(lines)
+
+
+def table(rows: list[dict]) -> str:
+    head = (f"{'case':10s} {'fused ms':>9s} {'unfused ms':>10s} {'f/u':>6s} {'pred f':>8s} {'pred u':>8s} "
+            f"{'plan':>5s} {'fused GB/s':>10s} {'memcpy GB/s':>11s} {'of copy':>8s}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        f, u = r["fused"], r["unfused"]
+        lines.append(f"{r['case']:10s} {f['median_ms']:9.2f} {u['median_ms']:10.2f} {r['fused_over_unfused']:6.2f} "
+                     f"{f['predicted_ms']:8.2f} {u['predicted_ms']:8.2f} "
+                     f"{'fuse' if r['planner_fuses'] else 'split':>5s} {f['gbs']:10.1f} {r['memcpy_gbs']:11.1f} "
+                     f"{r['fused_of_copy_bandwidth']:7.0%}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("cases", nargs="*", default=[*ACTIVATIONS, "chain8", "chain8_arith"])
+    ap.add_argument("--repeat", type=int, default=DEFAULT_REPEAT)
+    ap.add_argument("--warmup", type=int, default=DEFAULT_WARMUP)
+    ap.add_argument("--cache-dir", default=os.environ.get("OPFUSE_CACHE_DIR"))
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--op-costs", action="store_true", help="also measure each op's cost per element")
+    args = ap.parse_args(argv)
+    src = np.ones(COPY_BYTES // 4, np.float32)
+    dst = np.zeros_like(src)
+
+    def copy() -> None:
+        np.copyto(dst, src)
+    rows = []
+    for case in args.cases:
+        chains = {"chain8": chain_graph, "chain8_arith": arith_chain_graph}
+        graph = chains[case]() if case in chains else conv_graph(case)
+        rows.append(bench_case(case, graph, copy, repeat=args.repeat, warmup=args.warmup, cache_dir=args.cache_dir))
+        r = rows[-1]
+        print(f"{case}: fused {r['fused']['median_ms']:.2f} ms, unfused {r['unfused']['median_ms']:.2f} ms",
+              file=sys.stderr)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"host": os.uname().nodename, "cpus": os.cpu_count(), "threads": 1, "repeat": args.repeat,
+            "conv_input": CONV_INPUT, "conv_out_channels": CONV_OUT_CHANNELS, "chain_ops": CHAIN_OPS,
+            "arith_chain_ops": ARITH_CHAIN_OPS,
+            "chain_elements": CHAIN_ELEMENTS, "copy_bytes": COPY_BYTES}
+    result: dict = {"meta": meta, "cases": rows}
+    if args.op_costs:
+        result["op_costs"] = op_costs()
+    args.out.write_text(json.dumps(result, indent=1, sort_keys=True))
+    print(table(rows))
+    if args.op_costs:
+        print()
+        print(op_cost_table(result["op_costs"]))
+    print(f"\nwritten {args.out}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

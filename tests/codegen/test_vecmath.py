@@ -1,0 +1,267 @@
+"""The inline float32 exp, log, tanh, sigmoid and softplus (``codegen/vecmath.py``) against
+NumPy in float64, over the whole float range; their use in generated kernels (no libm call
+left in a float32 elementwise loop or epilogue, every such loop vectorised); and NaN/inf
+propagation through every activation as in the NumPy reference."""
+from __future__ import annotations
+
+import ctypes
+import math
+import re
+import subprocess
+
+import numpy as np
+import pytest
+
+from cg_support import assert_close, group_by_names, run_both
+from opfuse.codegen import generate, vecmath
+from opfuse.ir.plan import FusionPlan
+from opfuse.ops import GraphBuilder
+from opfuse.runtime.toolchain import Toolchain, ToolchainError
+
+SWEEP_STRIDE = 4099  # every 4099th positive float32 bit pattern (about 520k values), both signs
+DENSE_RANGE = 110.0  # plus a uniform grid over [-110, 110]: exp's whole finite range and more
+DENSE_POINTS = 400_001
+SUBNORMAL_ATOL = 2.0 ** -140
+SPECIAL = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -1e-45, 1.2e-38, -1.2e-38,
+                    3.4e38, -3.4e38, 88.72, 88.73, -87.3, -103.9, -104.5, 1e6, -1e6], np.float32)
+
+
+def _sigmoid(x):
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
+def _softplus(x):
+    return np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))
+
+
+# helper -> (float64 reference, max ulp: the measured maximum, rounded up, plus a margin)
+HELPERS = {
+    vecmath.EXP: (np.exp, 1.5),
+    vecmath.LOG: (np.log, 1.5),
+    vecmath.TANH: (np.tanh, 2.0),
+    vecmath.SIGMOID: (_sigmoid, 3.0),
+    vecmath.SOFTPLUS: (_softplus, 3.0),
+}
+
+
+def _toolchain() -> Toolchain:
+    try:
+        return Toolchain.detect(openmp=False)
+    except ToolchainError:
+        pytest.skip("no C compiler")
+
+
+@pytest.fixture(scope="module")
+def helpers_c(tmp_path_factory):
+    """Every helper compiled with the backend's flags, as ``{name: f(float32 array) -> array}``,
+    plus the compiler's vectorisation report of the loops calling them."""
+    tc = _toolchain()
+    d = tmp_path_factory.mktemp("vecmath")
+    src = d / "vecmath.c"
+    loops = "".join(f"void many_{h}(const float* restrict x, float* restrict y, long n) {{\n"
+                    f"  for (long i = 0; i < n; ++i) y[i] = {h}(x[i]);\n}}\n" for h in HELPERS)
+    src.write_text("#include <math.h>\n#include <stdint.h>\n" + vecmath.all_helpers_text() + loops)
+    lib = d / "vecmath.so"
+    proc = subprocess.run([tc.cc, *tc.flags, "-fopt-info-vec-optimized", "-o", str(lib), str(src), "-lm"],
+                          check=True, capture_output=True, text=True)
+    dll = ctypes.CDLL(str(lib))
+    fns = {}
+    for h in HELPERS:
+        fn = getattr(dll, f"many_{h}")
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
+
+        def run(x: np.ndarray, fn=fn) -> np.ndarray:
+            x = np.ascontiguousarray(x, dtype=np.float32)
+            y = np.empty_like(x)
+            fn(x.ctypes.data, y.ctypes.data, x.size)
+            return y
+        fns[h] = run
+    return fns, src.read_text(), proc.stderr, tc
+
+
+def ulp_error(got: np.ndarray, exact: np.ndarray) -> np.ndarray:
+    """|got - exact| in ulps of the float32-rounded exact result (2^-149 for subnormals); 0 where
+    both are NaN or both the same infinity; inf where only one is NaN."""
+    with np.errstate(all="ignore"):
+        e32 = exact.astype(np.float32)
+        err = np.abs(got.astype(np.float64) - exact) / np.spacing(np.abs(e32)).astype(np.float64)
+        same = (np.isnan(got) & np.isnan(exact)) | (np.isinf(got) & (got == e32))
+        err = np.where(same, 0.0, err)
+    return np.where(np.isnan(err), np.inf, err)
+
+
+def sweep() -> np.ndarray:
+    pos = np.arange(0, 0x7F800000, SWEEP_STRIDE, dtype=np.uint32).view(np.float32)
+    grid = np.linspace(-DENSE_RANGE, DENSE_RANGE, DENSE_POINTS, dtype=np.float32)
+    return np.concatenate([pos, -pos, grid, SPECIAL])
+
+
+@pytest.mark.parametrize("helper", list(HELPERS))
+def test_helper_within_stated_ulp_over_float_range(helpers_c, helper):
+    fns = helpers_c[0]
+    ref, bound = HELPERS[helper]
+    x = sweep()
+    with np.errstate(all="ignore"):
+        err = ulp_error(fns[helper](x), ref(x.astype(np.float64)))
+    worst = int(np.argmax(err))
+    assert err[worst] <= bound, f"{helper}({x[worst]!r}) off by {err[worst]:.2f} ulp"
+
+
+@pytest.mark.parametrize("helper", list(HELPERS))
+def test_helper_special_values_as_numpy(helpers_c, helper):
+    fns = helpers_c[0]
+    ref = HELPERS[helper][0]
+    got = fns[helper](SPECIAL)
+    with np.errstate(all="ignore"):
+        want = ref(SPECIAL.astype(np.float64)).astype(np.float32)
+    assert np.array_equal(np.isnan(got), np.isnan(want)), (SPECIAL, got, want)
+    finite = ~np.isnan(want)
+    assert np.all(ulp_error(got[finite], want[finite].astype(np.float64)) <= 1.0), (SPECIAL, got, want)
+    zeros = finite & (want == 0)
+    assert np.array_equal(np.signbit(got[zeros]), np.signbit(want[zeros]))  # tanh(-0) = -0
+
+
+def test_helper_loops_vectorise(helpers_c):
+    _, src, report, tc = helpers_c
+    if "gcc" not in tc.identity.lower() and "cc (" not in tc.identity:
+        pytest.skip("vectorisation report needs gcc")
+    vectorised = {int(ln.split(":")[1]) for ln in report.splitlines() if "loop vectorized" in ln}
+    lines = src.splitlines()
+    for h in HELPERS:
+        loop = next(i + 1 for i, ln in enumerate(lines) if f"y[i] = {h}(x[i])" in ln)
+        assert loop in vectorised or loop - 1 in vectorised, f"the loop calling {h} is not vectorised"
+
+
+# Generated kernels ---------------------------------------------------------------------------
+ACTIVATIONS = [("Relu", {}), ("LeakyRelu", {}), ("Clip", {"min": -1.0, "max": 2.0}), ("HardSigmoid", {}),
+               ("HardSwish", {}), ("Sigmoid", {}), ("Silu", {}), ("Tanh", {}), ("Softplus", {}), ("Exp", {}),
+               ("Log", {}), ("Erf", {}), ("Gelu", {}), ("Gelu", {"approximate": "tanh"})]
+LIBM_CALL = re.compile(r"(?<![\w])(expf|logf|tanhf|log1pf|erff|powf)\(")
+
+
+def _activation_graph(op: str, attrs: dict, n: int):
+    b = GraphBuilder(op.lower())
+    x = b.input("x", (n,))
+    if op == "Clip":
+        y = b.op("Clip", x, b.const("lo", np.float32(attrs["min"])), b.const("hi", np.float32(attrs["max"])),
+                 name="act")
+    else:
+        y = b.op(op, x, name="act", **attrs)
+    return b.build(y)
+
+
+@pytest.mark.parametrize("op,attrs", ACTIVATIONS, ids=[f"{o}{'_tanh' if a.get('approximate') else ''}"
+                                                       for o, a in ACTIVATIONS])
+def test_activation_propagates_nan_and_inf_as_numpy(op, attrs, cache_dir):
+    from opfuse.runtime import reference
+    from opfuse.runtime.native import build
+    g = _activation_graph(op, attrs, SPECIAL.size)
+    src = generate(g, FusionPlan.unfused(g)).source
+    assert not LIBM_CALL.search(src), f"{op} still calls libm: {LIBM_CALL.search(src)}"
+    model = build(g, FusionPlan.unfused(g), cache_dir=cache_dir)
+    got = model.run({"x": SPECIAL})[g.outputs[0].name]
+    want = reference.run(g, {"x": SPECIAL})[g.outputs[0].name]
+    assert np.array_equal(np.isnan(got), np.isnan(want)), (op, SPECIAL, got, want)
+    # atol: subnormal results (SiLU below x = -82.5 is x * a subnormal exp) keep few bits.
+    assert np.allclose(got, want, rtol=1e-5, atol=SUBNORMAL_ATOL, equal_nan=True), (op, SPECIAL, got, want)
+
+
+def _conv_epilogue_graph(act: str, attrs: dict):
+    rng = np.random.default_rng(5)
+    b = GraphBuilder("conv_act")
+    x = b.input("x", (1, 8, 6, 10))
+    w = b.const("w", (rng.standard_normal((16, 8, 1, 1)) * 2).astype(np.float32))
+    y = b.op("Conv", x, w, b.const("bias", rng.standard_normal(16).astype(np.float32)), name="conv")
+    return b.build(b.op(act, y, name="act", **attrs))
+
+
+@pytest.mark.parametrize("op,attrs", [a for a in ACTIVATIONS if a[0] not in ("Clip", "Log")],
+                         ids=[f"{o}{'_tanh' if a.get('approximate') else ''}" for o, a in ACTIVATIONS
+                              if o not in ("Clip", "Log")])
+def test_conv_epilogue_uses_inline_helpers_and_matches_reference(op, attrs, cache_dir):
+    g = _conv_epilogue_graph(op, attrs)
+    plan = group_by_names(g, [("conv_epilogue", ["conv", "act"])])
+    src = generate(g, plan).source
+    assert not LIBM_CALL.search(src)
+    got, want, _ = run_both(g, plan, cache_dir)
+    assert_close(got, want)
+
+
+def test_softmax_row_exp_is_inline(cache_dir):
+    b = GraphBuilder("softmax")
+    g = b.build(b.op("Softmax", b.input("x", (4, 37)), axis=-1, name="sm"))
+    src = generate(g, FusionPlan.unfused(g)).source
+    assert vecmath.EXP in src and not LIBM_CALL.search(src)
+    got, want, _ = run_both(g, FusionPlan.unfused(g), cache_dir)
+    assert_close(got, want)
+
+
+def test_double_keeps_libm(cache_dir):
+    b = GraphBuilder("f64")
+    x = b.input("x", (3, 5), np.float64)
+    g = b.build(b.op("Tanh", b.op("Sigmoid", b.op("Exp", x, name="e"), name="s"), name="t"))
+    src = generate(g, FusionPlan.unfused(g)).source
+    assert "opfuse_" not in src.split("/* group")[0] and "tanh(" in src and "exp(" in src
+    got, want, _ = run_both(g, FusionPlan.unfused(g), cache_dir)
+    assert_close(got, want)
+
+
+def test_gelu_tanh_has_no_cancellation(cache_dir):
+    """GELU-tanh is emitted as x * sigmoid(2z): at x = -8, 0.5 x (1 + tanh z) rounds 1 + tanh z
+    to 0 in float32 (and in float64); the sigmoid form keeps the tiny negative result."""
+    from opfuse.runtime.native import build
+    x = np.array([-8.0, -6.0, -4.0], np.float32)
+    g = _activation_graph("Gelu", {"approximate": "tanh"}, x.size)
+    got = build(g, FusionPlan.unfused(g), cache_dir=cache_dir).run({"x": x})[g.outputs[0].name]
+    z = math.sqrt(2 / math.pi) * (x.astype(np.float64) + 0.044715 * x.astype(np.float64) ** 3)
+    exact = x / (1 + np.exp(-2 * z))
+    # Relative, not a few ulp: z's own float32 rounding is amplified by |2z| (47 at x = -8).
+    assert np.all(got < 0) and np.allclose(got, exact, rtol=1e-5, atol=0), (got, exact)
+
+
+# Activations as emitted (one-op kernels), against float64 NumPy: (attrs, reference, from x,
+# max ulp for x >= from with a normal result, max |err| / |x| for the other finite x). The
+# bounds are the measured maxima (``codegen/rules.py`` docstring) plus a margin.
+def _f64_erf(x):
+    return np.vectorize(math.erf, otypes=[np.float64])(x)
+
+
+def _hardsigmoid(x, alpha, beta):
+    return np.clip(alpha * x + beta, 0.0, 1.0)
+
+
+OP_ERRORS = {
+    "Sigmoid": ({}, _sigmoid, -np.inf, 3.0, 1e-7),
+    "Silu": ({}, lambda x: x * _sigmoid(x), -87.3, 3.5, 1e-7),
+    "Tanh": ({}, np.tanh, -np.inf, 1.5, 1e-7),
+    "Softplus": ({}, _softplus, -np.inf, 3.0, 1e-7),
+    "Exp": ({}, np.exp, -np.inf, 1.5, np.inf),
+    "Erf": ({}, _f64_erf, -np.inf, 1.5, 1e-7),
+    "Gelu": ({}, lambda x: 0.5 * x * (1 + _f64_erf(x / math.sqrt(2))), -1.0, 3.0, 6e-8),
+    "GeluTanh": ({"approximate": "tanh"},
+                 lambda x: x * _sigmoid(2 * math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)), -3.0, 16.0, 1e-7),
+    "HardSigmoid": ({}, lambda x: _hardsigmoid(x, 0.2, 0.5), -2.0, 3.0, 1e-8),
+    "HardSwish": ({}, lambda x: x * _hardsigmoid(x, 1 / 6, 0.5), 0.0, 2.0, 5e-8),
+    "LeakyRelu": ({}, lambda x: np.where(x >= 0, x, x * np.float64(np.float32(0.01))), -np.inf, 0.5, 1e-7),
+}
+
+
+@pytest.mark.parametrize("name", list(OP_ERRORS))
+def test_activation_within_stated_error(name, cache_dir):
+    from opfuse.runtime.native import build
+    attrs, ref, lo, max_ulp, max_rel_x = OP_ERRORS[name]
+    x = sweep()
+    g = _activation_graph("Gelu" if name == "GeluTanh" else name, attrs, x.size)
+    got = build(g, FusionPlan.unfused(g), cache_dir=cache_dir).run({"x": x})[g.outputs[0].name]
+    with np.errstate(all="ignore"):
+        exact = ref(x.astype(np.float64))
+        err = ulp_error(got, exact)
+        in_range = (x >= lo) & (np.abs(exact) >= 2.0 ** -126)
+        finite = np.isfinite(x) & np.isfinite(exact)
+        rel_x = np.abs(got.astype(np.float64) - exact) / np.maximum(np.abs(x.astype(np.float64)), 1e-30)
+    worst = int(np.argmax(np.where(in_range, err, 0.0)))
+    assert err[worst] <= max_ulp or not in_range[worst], f"{name}({x[worst]!r}) off by {err[worst]:.2f} ulp"
+    worst = int(np.argmax(np.where(finite & ~in_range, rel_x, 0.0)))
+    assert rel_x[worst] <= max_rel_x, f"{name}({x[worst]!r}): |err| / |x| = {rel_x[worst]:.3g}"
+    assert np.array_equal(np.isnan(got), np.isnan(exact))
