@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint venv clean bench mcu-tools
+.PHONY: demo test lint venv clean bench mcu-tools browser-tools
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,7 +38,23 @@ mcu-tools:
 	  echo "mcu-tools: no arm-none-eabi-gcc/qemu-system-arm and no apt-get: the Cortex-M7 tests will skip"; \
 	fi
 
-test: lint mcu-tools
+# Headless Chromium (the HTML report's browser test) and Graphviz (the report's graph layout; the
+# report falls back to its own SVG layout without it), installed only when missing and apt-get is
+# there; otherwise a note, and the browser test skips saying what is missing.
+BROWSER_PACKAGES := chromium graphviz
+
+browser-tools:
+	@if command -v chromium >/dev/null && command -v dot >/dev/null; then \
+	  echo "browser-tools: chromium and dot found"; \
+	elif command -v apt-get >/dev/null; then \
+	  echo "browser-tools: installing $(BROWSER_PACKAGES)"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $(BROWSER_PACKAGES); \
+	else \
+	  echo "browser-tools: no chromium/dot and no apt-get: the HTML report's browser test will skip"; \
+	fi
+
+test: lint mcu-tools browser-tools
 	$(PY) -m pytest -q
 
 # Not part of `make test`: the zoo through `opfuse bench` at 1 and 2 threads (about 6-10 minutes on

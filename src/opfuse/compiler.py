@@ -79,6 +79,21 @@ class Compilation:
     plan_result: "PlanResult | None" = None  # when the cost model chose the plan
     report: dict = field(default_factory=dict)
 
+    def save_onnx(self, path) -> None:
+        """The fused model as ONNX, each fusion group a local function carrying its figures
+        (``opfuse.frontend.onnx_fused``): what Netron shows and onnxruntime runs."""
+        from opfuse.frontend.onnx_fused import save_fused_model
+        save_fused_model(self.graph, self.plan, path, group_meta=group_figures(self.report))
+
+
+GROUP_FIGURES = ("rule", "kernels_before", "kernels_after", "bytes_before", "bytes_after", "eta", "flops",
+                 "predicted_latency_s", "measured_latency_s")
+
+
+def group_figures(report: dict) -> dict[str, dict]:
+    """Group name -> the report's figures for it (what the fused ONNX carries as metadata)."""
+    return {g["name"]: {k: g[k] for k in GROUP_FIGURES if g.get(k) is not None} for g in report.get("groups", [])}
+
 
 def _context(opts: CompileOptions):
     from opfuse.passes import make_context

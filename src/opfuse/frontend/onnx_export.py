@@ -11,6 +11,8 @@ is an ``UnsupportedOpError`` otherwise.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import Sequence
 
 import onnx
 from onnx import helper
@@ -28,6 +30,7 @@ DEFAULT_EXPORT_OPSET = 17
 # Models whose constants exceed this many bytes are saved with external data, because a
 # serialized protobuf message cannot exceed 2 GiB.
 EXTERNAL_DATA_THRESHOLD_BYTES = 1 << 30
+LOCAL_FUNCTIONS_IR_VERSION = 8  # model-local functions came with IR version 8 (ONNX 1.10)
 
 
 def export_opset(graph: Graph, opset: int | None) -> int:
@@ -46,6 +49,41 @@ def _value_info(v: Value) -> onnx.ValueInfoProto:
 
 def export_model(graph: Graph, opset: int | None = None) -> onnx.ModelProto:
     """An ONNX model computing the same function as ``graph`` (see the module docstring)."""
+    ex = export_graph(graph, opset)
+    return ex.model(ex.ctx.nodes, ex.value_info)
+
+
+@dataclass
+class ExportedGraph:
+    """One export before it becomes a model: the ONNX nodes in ``ctx.nodes``, and for every IR
+    node the slice of ``ctx.nodes`` it became (``spans``), so a caller can regroup them (the
+    fused model's local functions, ``onnx_fused``)."""
+
+    graph: Graph
+    ctx: ExportContext
+    spans: dict[str, tuple[int, int]]  # IR node name -> [start, end) in ctx.nodes
+    inputs: list[onnx.ValueInfoProto]
+    outputs: list[onnx.ValueInfoProto]
+    value_info: list[onnx.ValueInfoProto]
+
+    def model(self, nodes: Sequence[onnx.NodeProto], value_info: Sequence[onnx.ValueInfoProto], *,
+              functions: Sequence[onnx.FunctionProto] = (), function_domain: str = "") -> onnx.ModelProto:
+        """The model of ``nodes``; ``functions`` are model-local functions of ``function_domain``."""
+        g = helper.make_graph(nodes, self.graph.name, self.inputs, self.outputs,
+                              initializer=self.ctx.initializers, value_info=value_info)
+        opsets = [helper.make_opsetid("", self.ctx.opset)]
+        ir_version = helper.find_min_ir_version_for(opsets)
+        if functions:
+            opsets.append(helper.make_opsetid(function_domain, 1))
+            ir_version = max(ir_version, LOCAL_FUNCTIONS_IR_VERSION)
+        model = helper.make_model(g, opset_imports=opsets, producer_name="opfuse",
+                                  producer_version=__version__, functions=list(functions))
+        model.ir_version = ir_version
+        return model
+
+
+def export_graph(graph: Graph, opset: int | None = None) -> ExportedGraph:
+    """Every node of ``graph`` as ONNX nodes, with the graph's inputs, outputs and value infos."""
     target = export_opset(graph, opset)
     ctx = ExportContext(graph, target)
     const_outputs = {id(v) for v in graph.outputs if v.const is not None}
@@ -58,11 +96,14 @@ def export_model(graph: Graph, opset: int | None = None) -> onnx.ModelProto:
         elif v.uses:
             assert v.const is not None  # graph.constants are the values with data
             ctx.initializers.append(array_to_tensor(v.const, v.name))
+    spans: dict[str, tuple[int, int]] = {}
     for node in graph.nodes:
         if node.domain:
             raise UnsupportedOpError(node.op_type, node.name, target,
                                      detail=f"domain '{node.domain}' cannot be exported")
+        start = len(ctx.nodes)
         EXPORTERS.get(node.op_type, _export_as_is)(ctx, node)
+        spans[node.name] = (start, len(ctx.nodes))
 
     outputs = []
     seen: set[str] = set()
@@ -75,13 +116,7 @@ def export_model(graph: Graph, opset: int | None = None) -> onnx.ModelProto:
         outputs.append(info)
     output_names = {v.name for v in graph.outputs}
     value_info = [_value_info(v) for n in graph.nodes for v in n.outputs if v.name not in output_names]
-    g = helper.make_graph(ctx.nodes, graph.name, [_value_info(v) for v in graph.inputs], outputs,
-                          initializer=ctx.initializers, value_info=value_info)
-    opsets = [helper.make_opsetid("", target)]
-    model = helper.make_model(g, opset_imports=opsets, producer_name="opfuse",
-                              producer_version=__version__)
-    model.ir_version = helper.find_min_ir_version_for(opsets)
-    return model
+    return ExportedGraph(graph, ctx, spans, [_value_info(v) for v in graph.inputs], outputs, value_info)
 
 
 def _export_as_is(ctx: ExportContext, node: Node) -> None:
@@ -90,7 +125,12 @@ def _export_as_is(ctx: ExportContext, node: Node) -> None:
 
 def save_model(graph: Graph, path: str | os.PathLike, opset: int | None = None) -> None:
     """Export ``graph`` and write it to ``path`` (weights beside it when they are very large)."""
-    model = export_model(graph, opset)
+    write_model(export_model(graph, opset), graph, path)
+
+
+def write_model(model: onnx.ModelProto, graph: Graph, path: str | os.PathLike) -> None:
+    """Write an exported ``model`` of ``graph`` to ``path``, its weights beside it when they are
+    very large."""
     path = os.fspath(path)
     big = sum(v.nbytes for v in graph.constants) > EXTERNAL_DATA_THRESHOLD_BYTES
     try:

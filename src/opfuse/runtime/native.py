@@ -42,6 +42,8 @@ from opfuse.runtime.threads import default_threads, passive_wait
 from opfuse.runtime.toolchain import LOAD_PREFIX, BuildResult, Toolchain, build_library
 
 BUFFER_ALIGNMENT = 64
+_GROUP_FIGURES = ("rule", "kernels_before", "kernels_after", "bytes_before", "bytes_after", "eta", "flops",
+                  "predicted_latency_s", "measured_latency_s")  # carried into save_onnx's metadata
 
 
 def _aligned(nbytes: int) -> np.ndarray:
@@ -224,6 +226,14 @@ class CompiledModel:
         })
         rep.update(p.memory.report())
         return rep
+
+    def save_onnx(self, path: str | Path) -> None:
+        """The fused model as ONNX, each fusion group a local function named after its rule and
+        ops, with the compile report's figures (``opfuse.frontend.onnx_fused``)."""
+        from opfuse.frontend.onnx_fused import save_fused_model
+        figures = {g["name"]: {k: v for k, v in g.items() if k in _GROUP_FIGURES and v is not None}
+                   for g in self.compile_report.get("groups", [])}
+        save_fused_model(self.graph, self.plan, path, group_meta=figures)
 
     def export_c(self, directory: str | Path) -> list[Path]:
         """Write ``model.c``, ``model.h``, ``weights.bin`` (blob mode) and ``report.json``."""
