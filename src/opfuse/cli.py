@@ -1,6 +1,9 @@
 """The ``opfuse`` command line: a thin layer over the Python API.
 
-Every user error (an ``OpfuseError``) becomes one line on stderr and exit code 2.
+Every user error (an ``OpfuseError``) becomes one line on stderr and exit code 2; a result
+that is wrong (outputs that disagree) exits 1. ``--json`` prints a command's result as one JSON
+document on stdout and nothing else; progress goes to stderr, only on a terminal, never with
+``--quiet`` (``opfuse.progress``).
 """
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ from typing import Callable
 import numpy as np
 
 from opfuse.errors import InputError, OpfuseError
+
+COMPARE_RTOL = 1e-4  # run --compare: an output misses when off by more than this x max(1, |theirs|)
 
 
 # Helpers -----------------------------------------------------------------------------
@@ -79,12 +84,20 @@ def compare_outputs(ours: dict, theirs: dict) -> list[tuple[str, float, float]]:
     return rows
 
 
+def _print_json(result) -> None:
+    import json
+    print(json.dumps(result, indent=1, default=str))
+
+
 # Commands --------------------------------------------------------------------------------
 
 def cmd_info(args) -> int:
     from opfuse.report.summary import format_summary, summarize
     graph = _load(args)
-    print(format_summary(summarize(graph)))
+    if args.json:
+        _print_json(summarize(graph).to_dict())
+    else:
+        print(format_summary(summarize(graph)))
     return 0
 
 
@@ -97,12 +110,14 @@ def cmd_run(args) -> int:
     if args.cast_inputs:  # convert once, so that every backend (and --compare) sees the same values
         from opfuse.runtime.reference import check_inputs
         feeds = check_inputs(graph, feeds, cast=True)
+    say = (lambda *a, **k: None) if args.json else print  # --json: the result alone on stdout
+    result: dict = {"model": graph.name, "backend": args.backend}
     t0 = time.perf_counter()
     if args.backend == "reference":
         from opfuse.runtime.reference import run
         outputs = run(graph, feeds)
     elif args.backend == "cortex-m7":
-        outputs = _run_mcu(args, graph, feeds)
+        outputs = _run_mcu(args, graph, feeds, say)
     else:
         from opfuse.compiler import compile as compile_model
         model = compile_model(graph, fuse=not args.no_fuse, threads=args.threads,
@@ -110,32 +125,48 @@ def cmd_run(args) -> int:
         t0 = time.perf_counter()  # time the run, not the build
         outputs = model.run(feeds)
         rep = model.report
-        print(f"C backend: {rep['kernels_after']} kernels ({'fused' if not args.no_fuse else 'unfused'}), "
-              f"{rep['threads']} thread{'s' if rep['threads'] > 1 else ''}, arena {rep['arena_bytes']:,} bytes, "
-              f"build {'cached' if rep['cache_hit'] else 'fresh'}")
+        result.update(kernels=rep["kernels_after"], fused=not args.no_fuse, threads=rep["threads"],
+                      arena_bytes=rep["arena_bytes"], cache_hit=rep["cache_hit"])
+        say(f"C backend: {rep['kernels_after']} kernels ({'fused' if not args.no_fuse else 'unfused'}), "
+            f"{rep['threads']} thread{'s' if rep['threads'] > 1 else ''}, arena {rep['arena_bytes']:,} bytes, "
+            f"build {'cached' if rep['cache_hit'] else 'fresh'}")
         for line in cost_model_lines(rep.get("planner", {}).get("cost_model") or {}):
-            print(line)
+            say(line)
     elapsed = time.perf_counter() - t0
+    result["outputs"] = {}
     for name, a in outputs.items():
-        print(f"{name}: {a.dtype.name}{list(a.shape)} sum={float(np.sum(a, dtype=np.float64)):.6g} "
-              f"mean={float(np.mean(a, dtype=np.float64)) if a.size else 0.0:.6g}")
-    print(f"backend {args.backend}: {elapsed * 1e3:.1f} ms")
+        total, mean = float(np.sum(a, dtype=np.float64)), float(np.mean(a, dtype=np.float64)) if a.size else 0.0
+        result["outputs"][name] = {"dtype": a.dtype.name, "shape": list(a.shape), "sum": total, "mean": mean}
+        say(f"{name}: {a.dtype.name}{list(a.shape)} sum={total:.6g} mean={mean:.6g}")
+    result["seconds"] = elapsed
+    say(f"backend {args.backend}: {elapsed * 1e3:.1f} ms")
     if args.outputs:
         from opfuse.files import atomic_writer
         path = args.outputs if args.outputs.endswith(".npz") else args.outputs + ".npz"  # as np.savez names it
         with atomic_writer(path, "wb") as f:  # a full disk leaves no truncated file
             np.savez(f, **outputs)  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
-        print(f"wrote {path}")
+        result["wrote"] = path
+        say(f"wrote {path}")
+    code = 0
     if args.compare:
         from opfuse.runtime import reference
         theirs = _ort_outputs(args.model, graph, feeds) if args.compare == "onnxruntime" else \
             reference.run(graph, feeds)
+        result["compare"] = {"with": args.compare, "outputs": {}}
         for name, abs_err, rel_err in compare_outputs(outputs, theirs):
-            print(f"compare {args.compare} {name}: max abs error {abs_err:.3g}, max rel error {rel_err:.3g}")
-    return 0
+            tol = COMPARE_RTOL * max(1.0, float(np.max(np.abs(theirs[name]))) if np.size(theirs[name]) else 1.0)
+            ok = abs_err <= tol
+            code = code if ok else 1
+            result["compare"]["outputs"][name] = {"max_abs_error": abs_err, "max_rel_error": rel_err,
+                                                  "tolerance": tol, "ok": ok}
+            say(f"compare {args.compare} {name}: max abs error {abs_err:.3g}, max rel error {rel_err:.3g}"
+                + ("" if ok else f" MISMATCH (tolerance {tol:.3g})"))
+    if args.json:
+        _print_json(result)
+    return code
 
 
-def _run_mcu(args, graph, feeds: dict) -> dict[str, np.ndarray]:
+def _run_mcu(args, graph, feeds: dict, say=print) -> dict[str, np.ndarray]:
     """Plan for the Cortex-M7, cross-compile, run under QEMU; print what it executed and its sizes."""
     from opfuse.compiler import CompileOptions, plan_model
     from opfuse.runtime.mcu import QEMU_MACHINE, find_tools, generate_mcu, run_on_qemu
@@ -144,12 +175,12 @@ def _run_mcu(args, graph, feeds: dict) -> dict[str, np.ndarray]:
                                             corrections=not args.no_corrections))
     res = run_on_qemu(generate_mcu(comp.graph, comp.plan, comp.memory), feeds)
     lib, img = res.firmware.library, res.firmware.image
-    print(f"cortex-m7 (QEMU {QEMU_MACHINE}): {comp.report['kernels_after']} kernels "
-          f"({'fused' if not args.no_fuse else 'unfused'}), {res.instructions:,} instructions executed")
-    print(f"model: arena {res.arena_bytes:,} bytes (layer-by-layer bound {comp.memory.lower_bound_bytes:,}), "
-          f"stack {res.stack_bytes:,} bytes, flash {lib.flash:,} bytes (code and weights)")
-    print(f"firmware (arm-none-eabi-size): flash {img.flash:,} bytes (text {img.text:,} + data {img.data:,}), "
-          f"SRAM {img.sram:,} bytes (data {img.data:,} + bss {img.bss:,}), plus the stack")
+    say(f"cortex-m7 (QEMU {QEMU_MACHINE}): {comp.report['kernels_after']} kernels "
+        f"({'fused' if not args.no_fuse else 'unfused'}), {res.instructions:,} instructions executed")
+    say(f"model: arena {res.arena_bytes:,} bytes (layer-by-layer bound {comp.memory.lower_bound_bytes:,}), "
+        f"stack {res.stack_bytes:,} bytes, flash {lib.flash:,} bytes (code and weights)")
+    say(f"firmware (arm-none-eabi-size): flash {img.flash:,} bytes (text {img.text:,} + data {img.data:,}), "
+        f"SRAM {img.sram:,} bytes (data {img.data:,} + bss {img.bss:,}), plus the stack")
     return res.outputs
 
 
@@ -268,41 +299,71 @@ def cmd_compile(args) -> int:
     from opfuse.files import atomic_writer, check_writable
     if args.measure and args.repeat < 1:
         raise OpfuseError(f"--repeat must be at least 1, got {args.repeat}")
-    for path, folder in ((args.report_json, False), (args.emit_c, True)):
+    for path, folder in ((args.report_json, False), (args.emit_c, True), (args.save_onnx, False),
+                         (args.html, False)):
         if path:
             check_writable(path, folder=folder)  # before the work, not after it
+    say = (lambda *a, **k: None) if args.json else print  # --json: the result alone on stdout
     comp = plan_model(args.model, _compile_options(args))
+    written: list[str] = []
     if args.pareto:
         from opfuse.compiler import pareto
         from opfuse.planner import format_pareto
-        print(format_pareto([p for p, _ in pareto(comp)]))
+        front = [p for p, _ in pareto(comp)]
+        comp.report["pareto"] = [p.to_json() if hasattr(p, "to_json") else str(p) for p in front]
+        say(format_pareto(front))
     if args.measure:
-        from opfuse.measure import measure, yardsticks
-        measure(comp, repeat=args.repeat)
-        comp.report["yardsticks"] = yardsticks()
+        _measure(comp, args.repeat, before=bool(args.html))
     if args.report:
-        print(comp.fusion_report.to_text())
+        say(comp.fusion_report.to_text())
     if args.measure:
-        print(_predicted_vs_measured(comp.report))
+        say(_predicted_vs_measured(comp.report))
     if args.stats:
         from opfuse.passes import PassTiming, RuleStatistics
         for inst in (comp.context.instrument(PassTiming), comp.context.instrument(RuleStatistics)):
             if inst is not None:
-                print(inst.report())
+                say(inst.report())
     for line in _summary_lines(comp):
-        print(line)
+        say(line)
     if args.report_json:
         with atomic_writer(args.report_json) as f:
             json.dump(comp.report, f, indent=1, sort_keys=False, default=str)
-        print(f"wrote {args.report_json}")
+        written.append(args.report_json)
+        say(f"wrote {args.report_json}")
+    if args.save_onnx:
+        comp.save_onnx(args.save_onnx)
+        written.append(args.save_onnx)
+        say(f"wrote {args.save_onnx} (each fusion group an ONNX function: open it in Netron)")
+    if args.html:
+        _write_html(comp, args.html, args.layout)
+        written.append(args.html)
+        say(f"wrote {args.html}")
     if args.emit_c or args.output:
         files = _write_library(comp, args.emit_c or args.output, args.target, "--emit-c" if args.emit_c else "-o")
-        print(f"wrote {', '.join(str(f) for f in files)}")
+        written += [str(f) for f in files]
+        say(f"wrote {', '.join(str(f) for f in files)}")
     if args.log_decisions:
-        print(f"wrote decision log {args.log_decisions}")
+        written.append(args.log_decisions)
+        say(f"wrote decision log {args.log_decisions}")
     if args.dump_ir:
-        print(f"wrote IR dumps to {args.dump_ir}")
+        say(f"wrote IR dumps to {args.dump_ir}")
+    if args.json:
+        _print_json({**comp.report, "wrote": written})
     return 0
+
+
+def _measure(comp, repeat: int, before: bool) -> None:
+    """``--measure``: kernel timers on; ``before``: also the unfused build, per original op."""
+    from opfuse.measure import measure, measure_before, yardsticks
+    measure(comp, repeat=repeat)
+    if before:
+        measure_before(comp, repeat=repeat)
+    comp.report["yardsticks"] = yardsticks()
+
+
+def _write_html(comp, path: str, layout: str) -> None:
+    from opfuse.files import atomic_write
+    atomic_write(path, comp.to_html(layout))
 
 
 def _write_library(comp, directory: str, target: str, flag: str) -> list:
@@ -370,7 +431,14 @@ def cmd_bench(args) -> int:
 def cmd_explain(args) -> int:
     from opfuse.compiler import plan_model
     comp = plan_model(args.model, _compile_options(args))
-    print(comp.fusion_report.explain_text())
+    if args.json:
+        from collections import Counter
+        pairs = comp.report["explain"]
+        _print_json({"model": comp.report["model"], "target": comp.report["target"],
+                     "counts": dict(Counter(e["reason_kind"] for e in pairs)), "pairs": pairs,
+                     "decisions": [d.to_dict() for d in comp.decisions]})
+    else:
+        print(comp.fusion_report.explain_text())
     return 0
 
 
@@ -378,25 +446,160 @@ def cmd_profile(args) -> int:
     from opfuse.targets import calibrate_host, format_profile, get_profile, save_profile
     if args.calibrate and args.target != "host":
         raise OpfuseError("--calibrate measures this machine: use --target host")
+    if args.fit and args.target != "host":
+        raise OpfuseError("--fit measures on this machine: use --target host")
+    say = (lambda *a, **k: None) if args.json else print  # --json: the result alone on stdout
+    result: dict = {}
     if args.calibrate:
         from opfuse.targets.cache import cache_dir
         from opfuse.targets.calibrate import CACHE_FILE
         profile = calibrate_host(force=True)
-        print(f"calibrated the host and saved it to {cache_dir() / CACHE_FILE}; later plans for 'host' use it")
+        result["calibrated"] = str(cache_dir() / CACHE_FILE)
+        say(f"calibrated the host and saved it to {cache_dir() / CACHE_FILE}; later plans for 'host' use it")
     else:
         profile = get_profile(args.target)
-    print(format_profile(profile))
+    result["profile"] = profile.to_dict()
+    result["ridge_point_flop_per_byte"] = profile.ridge_point()
+    say(format_profile(profile))
     if args.fit:
-        if args.target != "host":
-            raise OpfuseError("--fit measures on this machine: use --target host")
         from opfuse.measure import fit_host_corrections
         from opfuse.cost.correction import format_corrections
         corr = fit_host_corrections(args.fit)
-        print(format_corrections(corr))
+        result["corrections"] = corr.summary()
+        say(format_corrections(corr))
     if args.output:
         save_profile(profile, args.output)
-        print(f"wrote {args.output}")
+        result["wrote"] = args.output
+        say(f"wrote {args.output}")
+    if args.json:
+        _print_json(result)
     return 0
+
+
+def cmd_report(args) -> int:
+    """The HTML report of a compilation (``compile --html`` without the rest)."""
+    from opfuse.compiler import plan_model
+    from opfuse.files import check_writable
+    if args.measure and args.repeat < 1:
+        raise OpfuseError(f"--repeat must be at least 1, got {args.repeat}")
+    check_writable(args.output)
+    comp = plan_model(args.model, _compile_options(args))
+    if args.measure:
+        _measure(comp, args.repeat, before=True)
+    _write_html(comp, args.output, args.layout)
+    if args.json:
+        _print_json({"wrote": args.output, "model": comp.report["model"], "groups": len(comp.report["groups"])})
+    else:
+        print(f"wrote {args.output} ({len(comp.report['groups'])} groups; open it in a browser, it needs no network)")
+    return 0
+
+
+def _config_options(args, spec: str, flag: str):
+    """Compile options from a configuration string of ``opfuse ab`` (e.g. "--no-fuse")."""
+    import shlex
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):  # one line, exit 2, naming the flag
+            raise InputError(f"{flag} {spec!r}: {message}")
+
+    p = Parser(prog=f"opfuse ab {flag}", add_help=False)
+    _add_compile_options(p)
+    try:
+        words = shlex.split(spec)
+    except ValueError as e:
+        raise InputError(f"{flag} {spec!r}: {e}") from None
+    ns = p.parse_args(words)
+    ns.input_shape = args.input_shape
+    for name in ("dump_ir", "log_decisions"):
+        if getattr(ns, name):
+            raise InputError(f"{flag} {spec!r}: --{name.replace('_', '-')} is not an A/B option")
+    return _compile_options(ns)
+
+
+def _ab_text(r: dict) -> str:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    table = Table(title=f"{r['model']}: {r['repeat']} interleaved runs each after {r['warmup']} warm-up pairs, "
+                        f"{r['threads']} thread{'s' if r['threads'] > 1 else ''}", title_justify="left",
+                  box=box.SIMPLE_HEAD)
+    for col in ("", "config", "kernels", "median ms", "p90 ms", "p99 ms", "max abs error"):
+        table.add_column(col, justify="left" if col in ("", "config") else "right", no_wrap=col != "config")
+    for k in ("a", "b"):
+        s = r[k]
+        table.add_row(k.upper(), repr(s["config"]) + ("" if s["target"] == "host" else f" (plan for {s['target']})"),
+                      str(s["kernels"]), f"{s['median_ms']:.3f}", f"{s['p90_ms']:.3f}", f"{s['p99_ms']:.3f}",
+                      f"{s['max_abs_error_vs_reference']:.1e}")
+    console = Console(record=True, width=120, file=open(os.devnull, "w"))
+    console.print(table)
+    o = r["outputs"]
+    lines = [console.export_text().rstrip(),
+             f"outputs: A vs B max abs difference {o['max_abs_difference_a_b']:.3g} (tolerance {o['tolerance']:.3g}), "
+             f"{'agree' if o['agree'] else 'DISAGREE'}; each is checked against the reference executor",
+             f"verdict: {r['verdict']['text']}"]
+    return "\n".join(lines)
+
+
+def cmd_ab(args) -> int:
+    from opfuse.ab import ab_test
+    from opfuse.api import load
+    from opfuse.progress import step
+    a, b = _config_options(args, args.a, "--a"), _config_options(args, args.b, "--b")
+    inputs = _read_inputs(args.inputs, load(args.model, a.input_shapes), args.seed) if args.inputs else None
+    with step("A/B interleaved runs", total=args.repeat) as advance:
+        result = ab_test(args.model, a, b, labels=(args.a, args.b), repeat=args.repeat, warmup=args.warmup,
+                         threads=args.threads, seed=args.seed, inputs=inputs, progress=advance)
+    if args.json:
+        _print_json(result)
+    else:
+        print(_ab_text(result))
+    return 0 if result["outputs"]["agree"] else 1
+
+
+def cmd_debug(args) -> int:
+    """Fused outputs against the reference; with --bisect, the fusions responsible."""
+    from opfuse.bisect import bisect, check
+    from opfuse.compiler import plan_model
+    from opfuse.progress import step
+    if args.target != "host":
+        raise OpfuseError("debug builds and runs on this machine: use --target host")
+    comp = plan_model(args.model, _compile_options(args))
+    feeds = _read_inputs(args.inputs, comp.original, args.seed)
+    from opfuse.runtime.reference import check_inputs
+    feeds = check_inputs(comp.original, feeds)
+    with step("building and checking the fused model"):
+        bad = check(comp, feeds, threads=args.threads, rtol=args.rtol)
+    result: dict = {"model": comp.report["model"], "groups": len(comp.plan.groups),
+                    "fused_groups": sum(1 for g in comp.plan.groups if len(g.nodes) > 1),
+                    "outputs_agree": not bad, "mismatches": [m.to_dict() for m in bad]}
+    lines = []
+    if not bad:
+        lines.append(f"{result['model']}: fused outputs match the reference executor "
+                     f"({result['fused_groups']} fused groups, tolerance {args.rtol:g} x max(1, |output|))")
+    else:
+        lines += [f"{result['model']}: output {m} differs from the reference executor" for m in bad]
+        if not args.bisect:
+            lines.append("run with --bisect to find the fusions responsible")
+    if bad and args.bisect:
+        with step("bisecting the fused groups") as advance:
+            res = bisect(comp, feeds, threads=args.threads, rtol=args.rtol, progress=advance)
+        result["bisect"] = res.to_dict()
+        if res.not_fusion:
+            lines.append(f"bisect ({res.builds} builds): the outputs differ with every group unfused too: no fusion "
+                         f"is responsible (a rewrite or a single op's code is)")
+        else:
+            lines.append(f"bisect ({res.builds} builds): {len(res.culprits)} fusion(s) responsible, "
+                         f"every other group unfused:")
+            for g in res.culprits:
+                lines.append(f"  group '{g.name}' (rule {g.attrs.get('rule') or g.kind}): {'+'.join(g.op_types)} "
+                             f"[{', '.join(n.name for n in g.nodes)}]")
+        if res.first is not None:
+            lines.append(f"first diverging tensor: {res.first}")
+    if args.json:
+        _print_json(result)
+    else:
+        print("\n".join(lines))
+    return 0 if not bad else 1
 
 
 def cmd_demo(args) -> int:
@@ -449,6 +652,10 @@ def cmd_demo(args) -> int:
 
 # Parser ----------------------------------------------------------------------------------------
 
+def _add_json(p) -> None:
+    p.add_argument("--json", action="store_true", help="print the result as JSON (nothing else on stdout)")
+
+
 def _add_model(p) -> None:
     p.add_argument("model", help="path to an .onnx file, or zoo:NAME")
     p.add_argument("--input-shape", action="append", metavar="NAME=DIMS",
@@ -457,6 +664,10 @@ def _add_model(p) -> None:
 
 def _add_compile_args(p) -> None:
     _add_model(p)
+    _add_compile_options(p)
+
+
+def _add_compile_options(p) -> None:
     p.add_argument("--target", default="host", help="host, cortex-m7, a100, h200, or a profile .json")
     p.add_argument("--planner", default="auto", choices=["auto", "greedy", "exact", "rules"],
                    help="cost-model planner method, or 'rules' for the maximal legal grouping")
@@ -475,11 +686,13 @@ def _add_compile_args(p) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from opfuse.bench import DEFAULT_REPEAT, DEFAULT_WARMUP, PEERS
-    parser = argparse.ArgumentParser(prog="opfuse", description="An operator-fusion compiler for neural networks.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="opfuse", description="An operator-fusion compiler for neural networks.",
+                                     epilog=HELP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("info", help="op histogram, params, FLOPs, bytes and activation memory")
     _add_model(p)
+    _add_json(p)
     p.set_defaults(fn=cmd_info)
 
     p = sub.add_parser("run", help="run a model and print its outputs")
@@ -498,6 +711,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="C backend: OpenMP threads (default: the cores available, or $OMP_NUM_THREADS)")
     p.add_argument("--no-corrections", action="store_true",
                    help="plan with the plain roofline: ignore the correction factors saved by 'opfuse profile --fit'")
+    _add_json(p)
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("compile", help="fuse and plan a model; print or write the fusion report")
@@ -512,6 +726,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="host: build with kernel timers, run, and report measured next to predicted latency")
     p.add_argument("--repeat", type=int, default=20, help="timed runs for --measure")
     p.add_argument("--stats", action="store_true", help="print per-pass timing and per-rule statistics")
+    p.add_argument("--save-onnx", metavar="FILE",
+                   help="write the fused model as ONNX, each fusion group a local function (view it in Netron)")
+    p.add_argument("--html", metavar="FILE", help="write the HTML report (graph, groups, roofline, arena, decisions)")
+    _add_layout(p)
+    _add_json(p)
     p.set_defaults(fn=cmd_compile)
 
     p = sub.add_parser("bench", help="time fused and unfused opfuse against onnxruntime and OpenVINO, interleaved")
@@ -527,7 +746,43 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("explain", help="why every pair of adjacent groups was not merged")
     _add_compile_args(p)
+    _add_json(p)
     p.set_defaults(fn=cmd_explain)
+
+    p = sub.add_parser("report", help="write the HTML report of a model's fusion (one self-contained file)")
+    _add_compile_args(p)
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="the .html file to write")
+    p.add_argument("--measure", action="store_true",
+                   help="host: also time every kernel, fused and unfused (measured before/after)")
+    p.add_argument("--repeat", type=int, default=20, help="timed runs for --measure")
+    _add_layout(p)
+    _add_json(p)
+    p.set_defaults(fn=cmd_report)
+
+    from opfuse.ab import DEFAULT_REPEAT as AB_REPEAT, DEFAULT_WARMUP as AB_WARMUP
+    p = sub.add_parser("ab", help="A/B test two compile configurations: latency, outputs, a verdict")
+    _add_model(p)
+    p.add_argument("--a", required=True, metavar="OPTIONS", help='compile options of A, e.g. "--no-fuse"')
+    p.add_argument("--b", required=True, metavar="OPTIONS", help='compile options of B, e.g. "" or "--planner greedy"')
+    p.add_argument("--repeat", type=int, default=AB_REPEAT, help="timed runs of each, interleaved")
+    p.add_argument("--warmup", type=int, default=AB_WARMUP, help="untimed pairs first")
+    p.add_argument("--threads", type=int, default=1, help="threads for both")
+    p.add_argument("--inputs", help="npz file keyed by input names (default: seeded random inputs)")
+    p.add_argument("--seed", type=int, default=0, help="seed for random inputs")
+    _add_json(p)
+    p.set_defaults(fn=cmd_ab)
+
+    from opfuse.bisect import DEFAULT_RTOL
+    p = sub.add_parser("debug", help="check fused outputs against the reference; --bisect finds the fusions at fault")
+    _add_compile_args(p)
+    p.add_argument("--inputs", help="npz file keyed by input names (default: seeded random inputs)")
+    p.add_argument("--seed", type=int, default=0, help="seed for random inputs")
+    p.add_argument("--bisect", action="store_true",
+                   help="on a mismatch, unfuse groups in halves to find the smallest set of fusions responsible")
+    p.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help="tolerance: rtol x max(1, |reference|)")
+    p.add_argument("--threads", type=int, default=1, help="threads of the builds")
+    _add_json(p)
+    p.set_defaults(fn=cmd_debug)
 
     p = sub.add_parser("profile", help="print (and save) a target's hardware profile")
     p.add_argument("--target", default="host",
@@ -539,6 +794,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fit", nargs="+", metavar="MODEL",
                    help="host: fit the cost model's correction factors from measured per-group times of "
                         "these models (e.g. zoo:resnet8 zoo:mobilenet_v1) and save them")
+    _add_json(p)
     p.set_defaults(fn=cmd_profile)
 
     p = sub.add_parser("zoo", help="built-in models")
@@ -556,13 +812,68 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-corrections", action="store_true",
                    help="plan with the plain roofline: ignore the correction factors saved by 'opfuse profile --fit'")
     p.set_defaults(fn=cmd_demo)
+    _add_quiet(sub)
     return parser
+
+
+def _add_quiet(sub) -> None:
+    """``--quiet`` on every command (and sub-command): no progress display."""
+    for p in sub.choices.values():
+        p.add_argument("-q", "--quiet", action="store_true", help="no progress display on stderr")
+        for action in p._actions:  # e.g. zoo list / zoo export
+            if isinstance(action, argparse._SubParsersAction):
+                _add_quiet(action)
+
+
+def _add_layout(p) -> None:
+    p.add_argument("--layout", choices=["auto", "dot", "svg"], default="auto",
+                   help="HTML report's graph: Graphviz dot when installed (auto), or the built-in SVG layout")
+
+
+HELP_EPILOG = """\
+examples:
+  opfuse info zoo:mobilenet_v1 --json                  ops, params, FLOPs, bytes, activation memory
+  opfuse run model.onnx --backend c --compare onnxruntime
+  opfuse compile zoo:resnet8 --report --save-onnx fused.onnx --html report.html
+  opfuse report zoo:resnet8 -o report.html             the HTML report alone (--measure adds timings)
+  opfuse explain zoo:resnet8 --json                    why adjacent groups were not merged
+  opfuse ab zoo:resnet8 --a "--no-fuse" --b ""         A/B latency (median, p90, p99) and a verdict
+  opfuse debug model.onnx --inputs x.npz --bisect      which fusions break an output
+  opfuse bench zoo:resnet8 --threads 2                 fused and unfused vs onnxruntime and OpenVINO
+  opfuse profile --target cortex-m7                    a target's hardware profile
+  opfuse zoo list; opfuse zoo export resnet8 -o r8.onnx
+  opfuse demo                                          the main job on MobileNetV1
+
+exit codes:
+  0  success
+  1  a result is wrong: outputs disagree (run --compare, debug, ab, bench, demo)
+  2  bad input: a model, option or file opfuse cannot use (one line on stderr)
+
+--json prints the result as JSON on stdout and nothing else; progress bars go to stderr, only on a
+terminal, and never with --quiet."""
+
+
+def _join_config_values(argv: list[str]) -> list[str]:
+    """``ab --a "--no-fuse"``: argparse would read "--no-fuse" as an option; pass it as ``--a=...``."""
+    if "ab" not in argv:
+        return argv
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in ("--a", "--b") and i + 1 < len(argv):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     from opfuse.report.terminal import escape, safe_output
+    from opfuse.progress import set_quiet
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_join_config_values(list(sys.argv[1:] if argv is None else argv)))
+    set_quiet(getattr(args, "quiet", False))
     try:
         with safe_output():  # names from the model reach the terminal escaped
             return args.fn(args)

@@ -85,6 +85,22 @@ class Compilation:
         from opfuse.frontend.onnx_fused import save_fused_model
         save_fused_model(self.graph, self.plan, path, group_meta=group_figures(self.report))
 
+    def cost_model(self):
+        """The target's ``CostModel`` with the corrections this plan was made with."""
+        from opfuse.cost.correction import Corrections, load_corrections
+        from opfuse.cost.model import CostModel
+        from opfuse.targets import get_profile
+        profile = get_profile(self.options.target)
+        corrections = load_corrections(profile.name, profile=profile) if self.options.corrections \
+            else Corrections(profile.name)
+        return CostModel(profile, corrections)
+
+    def to_html(self, layout: str = "auto") -> str:
+        """The HTML report (``opfuse.report.html``): graph, groups, roofline, arena, decisions."""
+        from opfuse.report.html import HtmlInputs, render_html
+        return render_html(HtmlInputs(self.report, self.original, self.plan, self.memory, self.decisions,
+                                      self.cost_model(), layout))
+
 
 GROUP_FIGURES = ("rule", "kernels_before", "kernels_after", "bytes_before", "bytes_after", "eta", "flops",
                  "predicted_latency_s", "measured_latency_s")

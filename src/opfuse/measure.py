@@ -55,11 +55,14 @@ def measure(comp: Compilation, *, repeat: int = MEASURE_REPEAT, threads: int = 1
         raise OpfuseError(f"measuring needs the host target, not '{comp.options.target}'")
     if repeat < 1:
         raise OpfuseError(f"repeat (--repeat) must be at least 1, got {repeat}")
+    from opfuse.progress import step
     native = build_native(comp, threads=threads, codegen_options=CodegenOptions(profile=True))
     feeds = random_inputs(comp.original, seed)
-    whole_s = median_seconds(lambda: native.run(feeds), repeat)
+    with step(f"measuring {comp.report.get('model', 'the model')} ({'fused' if comp.options.fuse else 'unfused'})"):
+        whole_s = median_seconds(lambda: native.run(feeds), repeat)
+        rows = native.profile(feeds, repeat=repeat)
     per_group: dict[str, float] = {}
-    for row in native.profile(feeds, repeat=repeat):
+    for row in rows:
         per_group[row["group"]] = per_group.get(row["group"], 0.0) + row["ms"] / 1e3
     comp.report["measured_latency_s"] = whole_s
     comp.report["measured_repeat"] = repeat
@@ -67,6 +70,21 @@ def measure(comp: Compilation, *, repeat: int = MEASURE_REPEAT, threads: int = 1
         if g["name"] in per_group:
             g["measured_latency_s"] = per_group[g["name"]]
     return per_group
+
+
+def measure_before(comp: Compilation, *, repeat: int = MEASURE_REPEAT, threads: int = 1, seed: int = 0) -> None:
+    """Time the unfused build of ``comp``'s model (one kernel per original op, timers on) and put
+    each group's "before" next to its measured time: ``measured_before_s`` in every group of
+    ``comp.report`` (the sum over the original ops it stands for, ``origin``) and
+    ``measured_before_latency_s`` for the whole model. Host target only."""
+    from dataclasses import replace
+    unfused = plan_model(comp.original, replace(comp.options, fuse=False, dump_ir=None, log_decisions=None))
+    per_op = measure(unfused, repeat=repeat, threads=threads, seed=seed)
+    comp.report["measured_before_latency_s"] = unfused.report["measured_latency_s"]
+    for g in comp.report.get("groups", []):
+        times = [per_op[o] for o in g.get("origin", []) if o in per_op]
+        if times:
+            g["measured_before_s"] = sum(times)
 
 
 def _best_seconds(fn, repeat: int) -> float:

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from opfuse.errors import OpfuseError, StorageError
 from opfuse.files import CACHE_ENV, cache_dir as default_cache_dir, private_dir, storage_error
+from opfuse.progress import step
 
 COMPILER_ENV = "CC"
 COMPILE_TIMEOUT_S = 600
@@ -361,11 +362,12 @@ def build_library(source: str, tc: Toolchain, cache_dir: str | os.PathLike | Non
     if _valid_entry(entry, key):
         return BuildResult(entry / LIBRARY_NAME, key, True, time.perf_counter() - t0)
     remove_stale_builds(root)
-    for attempt in (1, 2):
-        try:
-            _build_entry(source, tc, key, entry)
-            break
-        except _CacheRemoved:
-            if attempt == 2:
-                raise StorageError(f"the build cache '{root}' was removed during the build, twice") from None
+    with step(f"compiling C ({len(source) // 1024} KiB of source)"):
+        for attempt in (1, 2):
+            try:
+                _build_entry(source, tc, key, entry)
+                break
+            except _CacheRemoved:
+                if attempt == 2:
+                    raise StorageError(f"the build cache '{root}' was removed during the build, twice") from None
     return BuildResult(entry / LIBRARY_NAME, key, False, time.perf_counter() - t0)

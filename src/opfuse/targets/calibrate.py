@@ -258,7 +258,9 @@ def calibrate_host(force: bool = False, *, cache_path: Path | None = None,
         saved, _ = saved_host_calibration(path)
         if saved is not None:
             return saved
-    m = (measure or default_measure)()
+    from opfuse.progress import step
+    with step("calibrating the host (micro-benchmarks)"):
+        m = (measure or default_measure)()
     profile = profile_from_measurement(m)
     when = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
     profile = profile.with_overrides(notes=(f"{CALIBRATED_NOTE} {when} by `{CALIBRATE_COMMAND}`", *profile.notes))
