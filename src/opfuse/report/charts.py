@@ -108,8 +108,8 @@ def roofline_svg(points: list[RooflinePoint], peak_gflops: float, bandwidth_gbps
     body.append(f'<line x1="{f.x(ridge):.1f}" y1="{MARGIN_T}" x2="{f.x(ridge):.1f}" y2="{HEIGHT - MARGIN_B}" '
                 f'stroke="#c33" stroke-dasharray="5 4"/>')
     body.append(f'<text x="{f.x(ridge) + 5:.1f}" y="{MARGIN_T + 14}" fill="#c33">ridge {ridge:.2f} FLOP/B</text>')
-    body.append(f'<text x="{WIDTH - MARGIN_R - 6}" y="{f.y(peak_gflops) - 6:.1f}" text-anchor="end">'
-                f'{escape(target)}: {peak_gflops:.3g} GFLOP/s, {bandwidth_gbps:.3g} GB/s</text>')
+    body.append(f'<text x="{WIDTH - MARGIN_R - 8}" y="{HEIGHT - MARGIN_B - 10}" text-anchor="end">'
+                f'roof of {escape(target)}: {peak_gflops:.3g} GFLOP/s, {bandwidth_gbps:.3g} GB/s</text>')
     for p in points:
         if p.intensity <= 0 or p.gflops <= 0:
             continue

@@ -93,7 +93,7 @@ def _groups_table(rows: list[dict], colours: dict[str, str]) -> str:
         swatch = f'<span class="sw" style="background:{colour}"></span>'
         cells = [_cell(str(r["index"]), r["index"]), _cell(escape(r["name"]), r["name"]),
                  _cell(swatch + escape(rule or "-"), rule),
-                 _cell(escape("+".join(r["ops"])), "+".join(r["ops"]), "ops"),
+                 _cell("+<wbr>".join(escape(op) for op in r["ops"]), "+".join(r["ops"]), "ops"),
                  _cell(str(r["kernels_before"]), r["kernels_before"]),
                  _cell(str(r["kernels_after"]), r["kernels_after"]),
                  _cell(human_bytes(r["bytes_before"]), r["bytes_before"]),
@@ -185,7 +185,7 @@ def render_html(inp: HtmlInputs) -> str:
     rows = group_rows(inp)
     svg, how = graph_svg(inp.plan, inp.layout)
     roof, skipped = _roofline(rows, colours, inp.cost_model, str(r.get("target", "")))
-    refusals = sum(1 for d in inp.decisions if not d.taken) + len(r.get("explain", []))
+    refused, pairs = sum(1 for d in inp.decisions if not d.taken), len(r.get("explain", []))
     kinds = ", ".join(f"{escape(RefusalKind(k).label)} {v}" for k, v in
                       sorted(_count(d.kind for d in inp.decisions if not d.taken).items()))
     title = f"opfuse report: {r.get('model', '')} on {r.get('target', '')}"
@@ -213,7 +213,8 @@ measured){f'; {skipped} kernel(s) without FLOPs or bytes are left out' if skippe
 <span class="item"><span class="sw" style="background:{HIGH_WATER}"></span>high-water mark of the placed blocks</span>
 </div>{_timeline(inp)}</div></section>
 <section><h2>Decision log</h2>
-<p class="note">{len(inp.decisions)} decisions, {refusals} refusals ({kinds or 'none'}) and pairs left apart.
+<p class="note">{len(inp.decisions)} decisions, {refused} refused ({kinds or 'none'}); {pairs} pair(s) of groups
+left apart (opfuse explain).
 <label><input type="checkbox" id="only-refused"> refusals only</label>
 <input type="search" id="filter" placeholder="filter (rule, op, reason)"></p>
 <div class="tablebox">{_decisions_table(inp.decisions, r.get('explain', []))}</div></section>
@@ -250,7 +251,7 @@ th{position:sticky;top:0;background:#f0f2f5;cursor:pointer;text-align:left;paddi
 border-bottom:1px solid #ccc;user-select:none}
 th.asc:after{content:" ▲"}th.desc:after{content:" ▼"}
 td{padding:3px 8px;border-bottom:1px solid #eee;vertical-align:top}
-#groups td{white-space:nowrap}#groups td.ops{white-space:normal;max-width:340px;overflow-wrap:anywhere}
+#groups td{white-space:nowrap}#groups td.ops{white-space:normal;min-width:150px;max-width:340px}
 #groups td:nth-child(n+5){text-align:right;font-variant-numeric:tabular-nums}
 tr.refused td:nth-child(3){color:#b3261e}tr.taken td:nth-child(3){color:#2a7d3b}
 .sw{display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:5px;vertical-align:-1px}
