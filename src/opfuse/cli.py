@@ -684,10 +684,17 @@ def _add_compile_options(p) -> None:
                    help="plan with the plain roofline: ignore the correction factors saved by 'opfuse profile --fit'")
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line, as every other bad input is (and exit code 2)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from opfuse.bench import DEFAULT_REPEAT, DEFAULT_WARMUP, PEERS
-    parser = argparse.ArgumentParser(prog="opfuse", description="An operator-fusion compiler for neural networks.",
-                                     epilog=HELP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="opfuse", description="An operator-fusion compiler for neural networks.",
+                     epilog=HELP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("info", help="op histogram, params, FLOPs, bytes and activation memory")
