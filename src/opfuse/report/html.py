@@ -80,8 +80,8 @@ def _table(table_id: str, headers: Sequence[tuple[str, str]], rows: list[str]) -
 
 def _groups_table(rows: list[dict], colours: dict[str, str]) -> str:
     measured = any(r.get("measured_latency_s") is not None for r in rows)
-    headers = [("#", "num"), ("group", "text"), ("rule", "text"), ("ops", "text"), ("kernels before", "num"),
-               ("kernels after", "num"), ("bytes before", "num"), ("bytes after", "num"), ("eta", "num"),
+    headers = [("#", "num"), ("group", "text"), ("rule", "text"), ("ops", "text"), ("kernels", "num"),
+               ("bytes before", "num"), ("bytes after", "num"), ("eta", "num"),
                ("FLOPs", "num"), ("FLOP/B", "num"), ("bound", "text"), ("predicted before µs", "num"),
                ("predicted after µs", "num")]
     if measured:
@@ -94,8 +94,7 @@ def _groups_table(rows: list[dict], colours: dict[str, str]) -> str:
         cells = [_cell(str(r["index"]), r["index"]), _cell(escape(r["name"]), r["name"]),
                  _cell(swatch + escape(rule or "-"), rule),
                  _cell("+<wbr>".join(escape(op) for op in r["ops"]), "+".join(r["ops"]), "ops"),
-                 _cell(str(r["kernels_before"]), r["kernels_before"]),
-                 _cell(str(r["kernels_after"]), r["kernels_after"]),
+                 _cell(f"{r['kernels_before']} → {r['kernels_after']}", r["kernels_before"]),
                  _cell(human_bytes(r["bytes_before"]), r["bytes_before"]),
                  _cell(human_bytes(r["bytes_after"]), r["bytes_after"]), _cell(f"{r['eta']:.3f}", r["eta"]),
                  _cell(human_count(r["flops"]), r["flops"]),
@@ -149,11 +148,11 @@ def _card(label: str, value: str, detail: str = "") -> str:
 def _cards(r: dict) -> str:
     cards = [_card("kernels", f"{r['kernels_before']} → {r['kernels_after']}", f"{r.get('groups_after', '')} groups"),
              _card("main-memory traffic", f"{human_bytes(r['bytes_before'])} → {human_bytes(r['bytes_after'])}",
-                   f"eta = 1 − M_boundary/M_total = {r['eta']:.3f}"),
+                   f"eta {r['eta']:.3f} (1 − M_boundary/M_total)"),
              _card("arena (peak memory)", human_bytes(r["arena_bytes"]),
                    f"lower bound {human_bytes(r['arena_lower_bound_bytes'])}"),
              _card("FLOPs", human_count(r["flops_after"]),
-                   f"intensity {r['arithmetic_intensity_before']:.2f} → {r['arithmetic_intensity_after']:.2f} FLOP/B")]
+                   f"FLOP/B {r['arithmetic_intensity_before']:.2f} → {r['arithmetic_intensity_after']:.2f}")]
     if r.get("predicted_latency_s") is not None:
         cards.append(_card("predicted latency", f"{r['predicted_latency_s'] * 1e3:.3f} ms",
                            f"{r.get('planner', {}).get('method', '')} planner, critical path "
@@ -240,18 +239,19 @@ h1{font-size:22px;margin:6px 0 2px}h2{font-size:17px;margin:18px 0 6px}
 .sub,.note{color:#666;font-size:13px;margin:2px 0 8px}
 section{background:white;border:1px solid #e3e3e3;border-radius:8px;padding:8px 16px 14px;margin:14px 0}
 section.two{display:flex;gap:24px;flex-wrap:wrap}section.two>div{flex:1 1 560px;min-width:0}
-.cards{display:flex;gap:12px;flex-wrap:wrap;margin:12px 0}
-.card{background:white;border:1px solid #e3e3e3;border-radius:8px;padding:10px 14px;min-width:190px}
+.cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(180px,1fr));gap:12px;margin:12px 0}
+.card{background:white;border:1px solid #e3e3e3;border-radius:8px;padding:10px 14px}
 .card .label{font-size:12px;color:#777;text-transform:uppercase;letter-spacing:.04em}
-.card .value{font-size:20px;font-weight:600;margin:2px 0}.card .detail{font-size:12px;color:#666}
-.graphbox{max-height:640px;overflow:auto;border:1px solid #eee;border-radius:6px;padding:6px;text-align:center}
+.card .value{font-size:16px;white-space:nowrap;font-weight:600;margin:2px 0}.card .detail{font-size:12px;color:#666}
+.graphbox{max-height:560px;overflow:auto;border:1px solid #eee;border-radius:6px;padding:6px;text-align:center}
 .tablebox{max-height:520px;overflow:auto}
-table{border-collapse:collapse;font-size:12.5px;width:100%}
-th{position:sticky;top:0;background:#f0f2f5;cursor:pointer;text-align:left;padding:5px 8px;white-space:nowrap;
+table{border-collapse:collapse;font-size:12px;width:100%}
+th{position:sticky;top:0;background:#f0f2f5;cursor:pointer;text-align:left;padding:5px 6px;vertical-align:bottom;
 border-bottom:1px solid #ccc;user-select:none}
+#groups th:nth-child(n+5){text-align:right}
 th.asc:after{content:" ▲"}th.desc:after{content:" ▼"}
-td{padding:3px 8px;border-bottom:1px solid #eee;vertical-align:top}
-#groups td{white-space:nowrap}#groups td.ops{white-space:normal;min-width:150px;max-width:340px}
+td{padding:3px 6px;border-bottom:1px solid #eee;vertical-align:top}
+#groups td{white-space:nowrap}#groups td.ops{white-space:normal;min-width:110px;max-width:260px}
 #groups td:nth-child(n+5){text-align:right;font-variant-numeric:tabular-nums}
 tr.refused td:nth-child(3){color:#b3261e}tr.taken td:nth-child(3){color:#2a7d3b}
 .sw{display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:5px;vertical-align:-1px}
