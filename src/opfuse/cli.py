@@ -400,14 +400,12 @@ def _bench_table(result: dict):
 def cmd_bench(args) -> int:
     import json
     from opfuse.bench import bench
+    from opfuse.progress import step
     from rich.console import Console
-    from rich.progress import Progress
-    err = Console(stderr=True)
-    with Progress(console=err, transient=True, disable=not err.is_terminal) as bar:
-        task = bar.add_task("interleaved runs", total=None)
+    with step("interleaved runs") as advance:  # one display: the C builds inside add their lines to it
         result = bench(args.model, vs=args.vs, threads=args.threads, repeat=args.repeat, warmup=args.warmup,
                        input_shapes=_input_shapes(args),
-                       progress=lambda done, total: bar.update(task, completed=done, total=total))
+                       progress=lambda done, total: advance(completed=done, total=total))
     for peer, why in result["skipped"].items():
         print(f"opfuse bench: skipped {peer}: {why}", file=sys.stderr)
     if args.json:
