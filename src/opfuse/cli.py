@@ -306,11 +306,14 @@ def cmd_compile(args) -> int:
     say = (lambda *a, **k: None) if args.json else print  # --json: the result alone on stdout
     comp = plan_model(args.model, _compile_options(args))
     written: list[str] = []
+    extra: dict = {}  # --json: what the text output shows besides the report
     if args.pareto:
         from opfuse.compiler import pareto
         from opfuse.planner import format_pareto
         front = [p for p, _ in pareto(comp)]
-        comp.report["pareto"] = [p.to_json() if hasattr(p, "to_json") else str(p) for p in front]
+        extra["pareto"] = [{"latency_s": p.latency_s, "critical_path_s": p.critical_path_s,
+                            "peak_memory_bytes": p.peak_memory_bytes, "kernels": p.kernels, "found_by": p.source}
+                           for p in front]
         say(format_pareto(front))
     if args.measure:
         _measure(comp, args.repeat, before=bool(args.html))
@@ -348,7 +351,7 @@ def cmd_compile(args) -> int:
     if args.dump_ir:
         say(f"wrote IR dumps to {args.dump_ir}")
     if args.json:
-        _print_json({**comp.report, "wrote": written})
+        _print_json({**comp.report, **extra, "wrote": written})
     return 0
 
 

@@ -51,3 +51,17 @@ def test_function_names_read_rule_ops_and_place():
     comp = plan_model("zoo:resnet8")
     i, g = next((i, g) for i, g in enumerate(comp.plan.groups, 1) if g.op_types == ["Conv", "Relu"])
     assert function_name(g, i) == f"epilogue_Conv_Relu_{i}"
+
+
+def test_compiled_model_save_onnx_carries_the_groups_figures(tmp_path):
+    import opfuse
+    model = opfuse.compile("zoo:ds_cnn", threads=1)
+    path = tmp_path / "ds_cnn_fused.onnx"
+    model.save_onnx(path)
+    fused = onnx.load(str(path))
+    onnx.checker.check_model(fused, full_check=True)
+    calls = [n for n in fused.graph.node if n.domain == FUNCTION_DOMAIN]
+    assert len(calls) == sum(1 for g in model.plan.groups if len(g.nodes) > 1) > 0
+    assert all("predicted" in n.doc_string and "eta" in n.doc_string for n in calls)
+    feeds = random_inputs(model.graph, seed=1)
+    np.testing.assert_allclose(_ort_run(fused, feeds)[0], model.run(feeds)["output"], rtol=1e-4, atol=1e-5)
