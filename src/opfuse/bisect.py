@@ -157,6 +157,22 @@ def first_divergence(comp: Compilation, plan: FusionPlan, feeds: Mapping[str, np
     return None
 
 
+def check_groups(comp: Compilation, feeds: Mapping[str, np.ndarray], *, threads: int = 1,
+                 rtol: float = DEFAULT_RTOL) -> list[tuple[FusionGroup, list[Mismatch]]]:
+    """Every kernel of the compiled plan with the tensors it writes that differ from the
+    reference executor's (empty when the kernel is right): the seed's practice of validating
+    operators one by one, here group by group, as ``--debug`` runs a model."""
+    from opfuse.runtime.reference import run
+    wide = _with_outputs(comp.plan)
+    got = _run_plan(wide, feeds, threads)
+    want = run(comp.graph, feeds, keep=True)
+    rows = []
+    for grp in wide.groups:
+        written = {v.name: got[v.name] for v in grp.outputs(wide.graph) if v.name in got}
+        rows.append((grp, compare(written, {k: want[k] for k in written}, rtol)))
+    return rows
+
+
 def bisect(comp: Compilation, feeds: Mapping[str, np.ndarray], *, threads: int = 1, rtol: float = DEFAULT_RTOL,
            progress: Callable[[int], None] | None = None) -> BisectResult:
     """The smallest set of fusions that breaks an output (module docstring)."""

@@ -120,8 +120,9 @@ def cmd_run(args) -> int:
         outputs = _run_mcu(args, graph, feeds, say)
     else:
         from opfuse.compiler import compile as compile_model
+        debug = _debug_dir(args)
         model = compile_model(graph, fuse=not args.no_fuse, threads=args.threads,
-                              corrections=not args.no_corrections)
+                              corrections=not args.no_corrections, dump_ir=debug)
         t0 = time.perf_counter()  # time the run, not the build
         outputs = model.run(feeds)
         rep = model.report
@@ -140,6 +141,11 @@ def cmd_run(args) -> int:
         say(f"{name}: {a.dtype.name}{list(a.shape)} sum={total:.6g} mean={mean:.6g}")
     result["seconds"] = elapsed
     say(f"backend {args.backend}: {elapsed * 1e3:.1f} ms")
+    if args.backend == "c" and debug:
+        say(f"debug: IR before and after every pass in {debug}")
+        result["debug"] = _check_groups(model.compilation, feeds, args.threads, say)
+        if any(row["mismatches"] for row in result["debug"]):
+            result["code"] = 1
     if args.outputs:
         from opfuse.files import atomic_writer
         path = args.outputs if args.outputs.endswith(".npz") else args.outputs + ".npz"  # as np.savez names it
@@ -147,7 +153,7 @@ def cmd_run(args) -> int:
             np.savez(f, **outputs)  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
         result["wrote"] = path
         say(f"wrote {path}")
-    code = 0
+    code = result.pop("code", 0)
     if args.compare:
         from opfuse.runtime import reference
         theirs = _ort_outputs(args.model, graph, feeds) if args.compare == "onnxruntime" else \
@@ -164,6 +170,34 @@ def cmd_run(args) -> int:
     if args.json:
         _print_json(result)
     return code
+
+
+DEBUG_ENV = "OPFUSE_DEBUG"  # OPFUSE_DEBUG=1 turns --debug on
+DEBUG_DIR = "opfuse-debug"  # where --debug writes the IR dumps unless --dump-ir names a folder
+
+
+def _debug_dir(args) -> str | None:
+    """The IR dump folder when debugging (``--debug`` or ``OPFUSE_DEBUG=1``), else ``--dump-ir``."""
+    on = getattr(args, "debug", False) or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    return (getattr(args, "dump_ir", None) or DEBUG_DIR) if on else getattr(args, "dump_ir", None)
+
+
+def _check_groups(comp, feeds: dict, threads, say=print) -> list[dict]:
+    """Run ``comp`` kernel by kernel against the reference executor; one line per fused group."""
+    from opfuse.bisect import check_groups
+    from opfuse.progress import step
+    with step("checking every group against the reference executor"):
+        rows = check_groups(comp, feeds, threads=threads or 1)
+    out = []
+    for grp, bad in rows:
+        ops = "+".join(grp.op_types)
+        out.append({"group": grp.name, "ops": grp.op_types, "mismatches": [m.to_dict() for m in bad]})
+        if bad:
+            say(f"debug: group '{grp.name}' ({ops}): MISMATCH {'; '.join(str(m) for m in bad)}")
+        elif len(grp.nodes) > 1:
+            say(f"debug: group '{grp.name}' ({ops}): matches the reference")
+    say(f"debug: {sum(1 for r in out if r['mismatches'])} of {len(out)} kernels differ from the reference executor")
+    return out
 
 
 def _run_mcu(args, graph, feeds: dict, say=print) -> dict[str, np.ndarray]:
@@ -715,6 +749,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", choices=["onnxruntime", "reference"], help="also run in this runtime and print errors")
     p.add_argument("--seed", type=int, default=0, help="seed for random inputs")
     p.add_argument("--no-fuse", action="store_true", help="C backend: one kernel per op")
+    p.add_argument("--debug", action="store_true",
+                   help=f"C backend: dump the IR after every pass (to --dump-ir or ./{DEBUG_DIR}) and check every "
+                        f"group's outputs against the reference as the model runs (also {DEBUG_ENV}=1)")
+    p.add_argument("--dump-ir", metavar="DIR", help="write the IR before/after every pass to numbered files")
     p.add_argument("--threads", type=int, default=None,
                    help="C backend: OpenMP threads (default: the cores available, or $OMP_NUM_THREADS)")
     p.add_argument("--no-corrections", action="store_true",
@@ -847,6 +885,7 @@ examples:
   opfuse explain zoo:resnet8 --json                    why adjacent groups were not merged
   opfuse ab zoo:resnet8 --a "--no-fuse" --b ""         A/B latency (median, p90, p99) and a verdict
   opfuse debug model.onnx --inputs x.npz --bisect      which fusions break an output
+  opfuse run model.onnx --backend c --debug           IR after every pass; every group checked vs the reference
   opfuse bench zoo:resnet8 --threads 2                 fused and unfused vs onnxruntime and OpenVINO
   opfuse profile --target cortex-m7                    a target's hardware profile
   opfuse zoo list; opfuse zoo export resnet8 -o r8.onnx

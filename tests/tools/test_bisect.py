@@ -70,3 +70,19 @@ def test_debug_cli_without_a_bug_says_the_outputs_match(capsys):
     code = main(["debug", MODEL, "--bisect"])
     out, _ = capsys.readouterr()
     assert code == 0 and "fused outputs match the reference executor" in out
+
+
+def test_debug_run_checks_every_group_and_names_the_broken_one(planted, tmp_path, capsys, monkeypatch):
+    """``run --debug`` (or OPFUSE_DEBUG=1): IR after every pass, each group checked as the model runs."""
+    monkeypatch.setenv("OPFUSE_DEBUG", "1")
+    code = main(["run", MODEL, "--backend", "c", "--json", "--dump-ir", str(tmp_path / "ir")])
+    res = json.loads(capsys.readouterr()[0])
+    bad = [row["group"] for row in res["debug"] if row["mismatches"]]
+    assert code == 1 and bad[0] == planted.name  # the first kernel to differ is the planted one
+    assert any(p.name.endswith("_fuse_after.ir") for p in (tmp_path / "ir").iterdir())
+
+
+def test_debug_run_is_clean_on_a_correct_build(tmp_path, capsys):
+    code = main(["run", MODEL, "--backend", "c", "--debug", "--json", "--dump-ir", str(tmp_path / "ir")])
+    res = json.loads(capsys.readouterr()[0])
+    assert code == 0 and res["debug"] and not any(row["mismatches"] for row in res["debug"])
