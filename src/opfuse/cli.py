@@ -885,7 +885,7 @@ examples:
   opfuse explain zoo:resnet8 --json                    why adjacent groups were not merged
   opfuse ab zoo:resnet8 --a "--no-fuse" --b ""         A/B latency (median, p90, p99) and a verdict
   opfuse debug model.onnx --inputs x.npz --bisect      which fusions break an output
-  opfuse run model.onnx --backend c --debug           IR after every pass; every group checked vs the reference
+  opfuse run model.onnx --backend c --debug            IR after every pass; every group checked vs the reference
   opfuse bench zoo:resnet8 --threads 2                 fused and unfused vs onnxruntime and OpenVINO
   opfuse profile --target cortex-m7                    a target's hardware profile
   opfuse zoo list; opfuse zoo export resnet8 -o r8.onnx
