@@ -3,10 +3,12 @@
 * Regular and grouped Conv (any strides, dilations, pads, spatial rank) run on the GEMM core
   (``gemm.py``): per image and group, ``Y[m, p] = sum_k W[m, k] * X_col[k, p]`` with
   ``k = (c, kernel offset)`` and ``p`` the output position. The weights are packed at build
-  time; ``X_col`` is never materialised: each tile packs the KC x NC slice it needs straight
-  from the input (prologue applied; in 2-D whole output-row segments are copied and the
-  padded columns zero-filled, other ranks decide padding per element). Output
-  tiles get the bias and the fused epilogue while in cache.
+  time, and ``X_col`` is never materialised. In 2-D (constant weights, float32) the GEMM is
+  implicit: the micro-kernel reads each window where it lies (``conv_windows.py``), or a
+  1x1 convolution's input rows in place. Otherwise each tile packs the KC x NC slice of
+  ``X_col`` it needs straight from the input (prologue applied; in 2-D whole output-row
+  segments are copied and the padded columns zero-filled, other ranks decide padding per
+  element). Output tiles get the bias and the fused epilogue while in cache.
 * Depthwise Conv (one input and one output channel per group, 2-D) has its own loop nest:
   per channel plane, a zero-padded copy of the plane and one branch-free pass with every
   tap's weight in a register (``_depthwise``).
@@ -20,7 +22,8 @@ import math
 import numpy as np
 
 from opfuse.codegen.ctype import c_type, literal
-from opfuse.codegen.gemm import BPacker, GemmProblem, Operand, emit_gemm
+from opfuse.codegen.conv_windows import windows_problem
+from opfuse.codegen.gemm import BPacker, ColAccess, GemmProblem, Operand, emit_gemm, in_memory
 from opfuse.codegen.index import Index, add, delinearize, mul
 from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.loops import emit_loop_nest
@@ -196,6 +199,13 @@ class _RowSegmentPacker:
 
 
 def conv_problem(kc, ev, node) -> GemmProblem:
+    """Convolution as GEMM, per image and group. With constant weights, in 2-D and float32:
+
+    * a 1x1 stride-1 unpadded convolution whose positions fill whole NR panels is
+      ``W (channels x C) @ X (C x positions)`` with X read in place (``ColAccess``);
+    * every other one is the implicit GEMM over its windows (``conv_windows.py``).
+
+    Otherwise ``W @ X_col`` with X_col packed per tile by the im2col packers."""
     geo, G = _geometry(node)
     x, wt = node.input(0), node.input(1)
     out = node.outputs[0]
@@ -217,26 +227,37 @@ def conv_problem(kc, ev, node) -> GemmProblem:
         dims = (split(b)[0], oc_of(b, m)) + tuple(delinearize(n, out_sp))
         return Index(out.shape, dims, ((2, 2 + nsp, n),) if nsp > 1 else ())
 
+    def finish(ev, acc, b, m, n):
+        return _bias_term(ev, node, acc, oc_of(b, m))
+
     def w_load(ev, b, m, k):
         dims = (oc_of(b, m),) + tuple(delinearize(k, wt.shape[1:]))
         return ev.at(wt, Index(wt.shape, dims, ((1, len(wt.shape), k),)))
 
-    a_op = Operand(w_load)
+    pointwise = (all(k == 1 for k in geo.kernel) and all(s == 1 for s in geo.strides)
+                 and not any(geo.pads_begin) and not any(geo.pads_end))
     sw = ev.static.get(id(wt))
+    in_place = pointwise and in_memory(ev, x) and P % kc.program.options.gemm_nr == 0
+    if sw is not None and nsp == 2 and out.dtype == np.float32 and not in_place:
+        return windows_problem(kc, ev, node, geo, G, sw, finish)
+
+    a_op = Operand(w_load)
     if sw is not None:
         a_op.static = sw.astype(np.float32).reshape(G, mg, K)
         a_op.batch_expr = (lambda b: f"({b} % {G})") if G > 1 else (lambda b: "0")
 
-    pointwise = (all(k == 1 for k in geo.kernel) and all(s == 1 for s in geo.strides)
-                 and not any(geo.pads_begin) and not any(geo.pads_end))
-
-    def x_direct(ev, b, k, n):  # 1x1, stride 1, no padding: X_col is X itself
+    def x_index(b, k, n):  # 1x1, stride 1, no padding: X_col is X itself
         img, g = split(b)
         ch = add(mul(g, cg), k) if G > 1 else k
         dims = (img, ch) + tuple(delinearize(n, x.shape[2:]))
-        return ev.at(x, Index(x.shape, dims, ((2, 2 + nsp, n),) if nsp > 1 else ()))
+        return Index(x.shape, dims, ((2, 2 + nsp, n),) if nsp > 1 else ())
+
+    def x_direct(ev, b, k, n):
+        return ev.at(x, x_index(b, k, n))
 
     b_op = Operand(x_direct)
+    if in_place:
+        b_op.cols = ColAccess(lambda b, k, n: f"{kc.ptr(x)} + {x_index(b, k, n).offset()}", P)
     packer: BPacker | None
     if pointwise:
         packer = None
@@ -244,10 +265,6 @@ def conv_problem(kc, ev, node) -> GemmProblem:
         packer = _RowSegmentPacker(node, geo, G)
     else:
         packer = _Im2colPacker(node, geo, G)
-
-    def finish(ev, acc, b, m, n):
-        return _bias_term(ev, node, acc, oc_of(b, m))
-
     return GemmProblem(node.name, nimg * G, mg, P, K, a_op, b_op, out, out_index, finish, pack_b=packer,
                        dtype=out.dtype)
 
