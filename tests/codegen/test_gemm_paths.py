@@ -104,3 +104,22 @@ def test_portable_micro_kernels_match_the_avx2_ones(cache_dir):
     assert_close(portable, want)
     assert_close(simd, want)
     assert_close(simd, portable)
+
+
+@pytest.mark.parametrize("c,h,w,k,stride,pads,dilation", [
+    (8, 13, 21, 3, 1, [1, 1, 1, 1], 1),     # rows longer than the 32-wide vector step, with a tail
+    (6, 17, 19, 3, 2, [1, 1, 1, 1], 1),     # stride 2: two column phases
+    (5, 11, 12, 5, 3, [2, 1, 2, 2], 1),     # 5x5 stride 3, asymmetric pads
+    (4, 9, 40, 3, 1, [2, 2, 2, 2], 2),      # dilated
+    (3, 8, 8, 7, 1, [3, 3, 3, 3], 1),       # 49 taps: weights broadcast from memory
+])
+def test_depthwise_paths(c, h, w, k, stride, pads, dilation, cache_dir):
+    b = GraphBuilder("dw")
+    x = b.input("x", (2, c, h, w))
+    y = b.op("Conv", x, _w(b, c, 1, k, k), _w(b, c), kernel_shape=[k, k], strides=[stride, stride], pads=pads,
+             dilations=[dilation, dilation], group=c, name="dw")
+    g = b.build(b.op("Clip", y, b.const("lo", np.float32(0)), b.const("hi", np.float32(6)), name="clip"))
+    plan = group_by_names(g, [("conv_epilogue", ["dw", "clip"])])
+    for options in (None, CodegenOptions(simd="none")):
+        got, want, _ = run_both(g, plan, cache_dir, options=options)
+        assert_close(got, want)
