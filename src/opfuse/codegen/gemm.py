@@ -137,6 +137,7 @@ class GemmProblem:
     out_contiguous: str = "n"                    # the output axis that is unit stride in memory
     weights_axis: str = "m"                      # "m": A holds the weights, "n": B does
     mc: int | None = None                        # the tile's rows, when the problem knows better
+    register_block: tuple[int, int] | None = None  # (MR, NR) instead of the options' (no constant A)
 
 
 def merge_problems(problems: list[GemmProblem], stages: list[Stage], axis: str | None = None) -> GemmProblem:
@@ -221,12 +222,17 @@ class Blocking:
     KC: int
 
 
+def register_block(p: GemmProblem, o) -> tuple[int, int]:
+    """The micro-kernel's MR x NR: the options', unless the problem asks for its own."""
+    return p.register_block or (o.gemm_mr, o.gemm_nr)
+
+
 def choose_blocking(p: GemmProblem, o) -> Blocking:
     """An operand packed per tile is packed once per (tile, K block): the other dimension then
     spans up to ``gemm_wide`` so the packing is shared by as many outputs as possible. The C
     tile (MC x NC floats) stays within ``gemm_tile_floats`` (L2), and a problem too small for
     ``gemm_min_tiles`` tiles is cut along N, so threads have tiles to share."""
-    MR, NR = o.gemm_mr, o.gemm_nr
+    MR, NR = register_block(p, o)
     Mp, Np = _round_up(p.M, MR), _round_up(p.N, NR)
     KC = k_blocks(p.K, o.gemm_kc)
     pack_a = p.a.static is None and p.a.rows is None
@@ -248,7 +254,7 @@ def choose_blocking(p: GemmProblem, o) -> Blocking:
     elif pack_a and not pack_b:
         NC = cols(o.gemm_wide)
         MC = rows(min(budget // NC, o.gemm_mc))
-    elif p.b.static is not None and p.a.static is None:  # streamed weights: each panel serves many rows
+    elif p.b.static is not None or p.a.static is not None:  # weights: each panel serves all it can
         MC = rows(o.gemm_wide)
         NC = cols(budget // MC)
     else:
@@ -273,7 +279,7 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
     if p.dtype != np.float32 or 0 in (p.M, p.N, p.K):  # empty problems have nothing to tile
         return emit_naive(kc, ev, stage, p)
     o = kc.program.options
-    MR, NR = o.gemm_mr, o.gemm_nr
+    MR, NR = register_block(p, o)
     M, N, K = p.M, p.N, p.K
     blk = choose_blocking(p, o)
     MC, NC, KC = blk.MC, blk.NC, blk.KC
@@ -348,27 +354,38 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                 b_ptr, ldb = cols.ptr(b, pc, f"{n0} + {jr}"), str(cols.ldb)
             else:
                 b_ptr, ldb = f"{bp} + {jr} * {kb}", str(NR)
-            with w.block(f"for (long {jr} = 0; {jr} < {nc}; {jr} += {NR})"):
-                with w.block(f"for (long {ir} = 0; {ir} < {mc}; {ir} += {MR})"):
-                    ar, kp = "0", "0"
-                    if pa is not None:
-                        mp = -(-M // MR)
-                        a_ptr = f"{pa} + (({p.a.batch_expr(b)} * {mp} + ({m0} + {ir}) / {MR}) * {K} + {pc}) * {MR}"
-                    elif ap is not None:
-                        a_ptr = f"{ap} + {ir} * {kb}"
-                    else:
-                        assert rows is not None
-                        a_ptr, ar = "0", kc.tmp("ar")
-                        shift = f" + {pc}" if koff is None else ""
-                        ptrs = []
-                        for i in range(MR):  # rows past the tile repeat its last row (read, then dropped)
-                            mi = f"{m0} + {_min_expr(f'{ir} + {i}', f'{mc} - 1')}" if i else f"{m0} + {ir}"
-                            ptrs.append(f"{rows.row(b, mi)}{shift}")
-                        w.line(f"const float* {ar}[{MR}] = {{{', '.join(ptrs)}}};")
-                        if koff is not None:
-                            kp = f"{koff} + {pc}"
-                    w.line(f"{ukr}({kb}, {a_ptr}, {ar}, {kp}, {b_ptr}, {ldb}, {ctile} + {ir} * {NC} + {jr}, {NC}, "
-                           f"{pc} > 0);")
+            # B's micro-panel outermost (it stays in L1 while the A panels stream past), unless
+            # A is read through windows: then A's rows stay in L1 and B's panels stream (they
+            # are sequential; the windows are not): resnet18 3.5% faster.
+            a_outer = koff is not None
+            loops = [f"for (long {jr} = 0; {jr} < {nc}; {jr} += {NR})",
+                     f"for (long {ir} = 0; {ir} < {mc}; {ir} += {MR})"]
+            with w.block(loops[1] if a_outer else loops[0]):
+                ar, kp = "0", "0"
+                inner = w.block(loops[0] if a_outer else loops[1])
+                if not a_outer:
+                    inner.__enter__()
+                if pa is not None:
+                    mp = -(-M // MR)
+                    a_ptr = f"{pa} + (({p.a.batch_expr(b)} * {mp} + ({m0} + {ir}) / {MR}) * {K} + {pc}) * {MR}"
+                elif ap is not None:
+                    a_ptr = f"{ap} + {ir} * {kb}"
+                else:
+                    assert rows is not None
+                    a_ptr, ar = "0", kc.tmp("ar")
+                    shift = f" + {pc}" if koff is None else ""
+                    ptrs = []
+                    for i in range(MR):  # rows past the tile repeat its last row (read, then dropped)
+                        mi = f"{m0} + {_min_expr(f'{ir} + {i}', f'{mc} - 1')}" if i else f"{m0} + {ir}"
+                        ptrs.append(f"{rows.row(b, mi)}{shift}")
+                    w.line(f"const float* {ar}[{MR}] = {{{', '.join(ptrs)}}};")
+                    if koff is not None:
+                        kp = f"{koff} + {pc}"
+                if a_outer:
+                    inner.__enter__()
+                w.line(f"{ukr}({kb}, {a_ptr}, {ar}, {kp}, {b_ptr}, {ldb}, {ctile} + {ir} * {NC} + {jr}, {NC}, "
+                       f"{pc} > 0);")
+                inner.__exit__(None, None, None)
         if transposed:
             tr, _ = transpose_helper(o.simd)
             kc.program.require_helper(tr, transpose_helper(o.simd)[1])
