@@ -123,3 +123,17 @@ def test_depthwise_paths(c, h, w, k, stride, pads, dilation, cache_dir):
     for options in (None, CodegenOptions(simd="none")):
         got, want, _ = run_both(g, plan, cache_dir, options=options)
         assert_close(got, want)
+
+
+def test_sibling_convs_share_one_pass(cache_dir):
+    """Two convs of one input, one horizontal stage: their weights stacked along the channel
+    axis (40 + 24 channels), each sibling's epilogue on its own columns of every tile."""
+    b = GraphBuilder("siblings")
+    x = b.input("x", (1, 16, 15, 15))
+    c1 = b.op("Relu", b.op("Conv", x, _w(b, 40, 16, 3, 3), _w(b, 40), pads=[1, 1, 1, 1], name="c1"), name="r1")
+    c2 = b.op("Conv", x, _w(b, 24, 16, 3, 3), pads=[1, 1, 1, 1], name="c2")
+    g = b.build(c1, c2)
+    plan = group_by_names(g, [("horizontal", ["c1", "r1", "c2"])])
+    got, want, model = run_both(g, plan, cache_dir)
+    assert_close(got, want)
+    assert model.report["functions"] == 1

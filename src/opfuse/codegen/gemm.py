@@ -42,6 +42,8 @@ from opfuse.ir.graph import Value
 from opfuse.ops.registry import get_spec
 
 Loader = Callable[[object, str, str, str], str]  # (ev, batch, row, col) -> C expression
+TRANSPOSE_COLUMNS = 32  # columns of a transposed C tile turned back per epilogue pass
+WINDOWS_ROWS_OUTER_BYTES = 256 << 10  # A's windows outermost only while a K block of B fits this
 
 
 class RowAccess:
@@ -294,7 +296,7 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
     fl = 4
     off_c = kc.scratch(MC * NC * fl)
     transposed = p.out_contiguous == "m"
-    off_t = kc.scratch(MC * NC * fl) if transposed else None
+    off_t = kc.scratch(MC * TRANSPOSE_COLUMNS * fl) if transposed else None
     off_a = kc.scratch(MC * KC * fl) if not a_static and rows is None else None
     off_b = kc.scratch(KC * NC * fl) if not b_static and cols is None else None
     pa = pb = koff = None
@@ -355,9 +357,10 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
             else:
                 b_ptr, ldb = f"{bp} + {jr} * {kb}", str(NR)
             # B's micro-panel outermost (it stays in L1 while the A panels stream past), unless
-            # A is read through windows: then A's rows stay in L1 and B's panels stream (they
-            # are sequential; the windows are not): resnet18 3.5% faster.
-            a_outer = koff is not None
+            # A is read through windows and B's K block stays in L2: then A's rows stay in L1
+            # and B's panels stream from L2 (sequential, where the windows are not): resnet18
+            # 3.5% faster. A wide B (1024 channels) would be streamed from memory per A panel.
+            a_outer = koff is not None and KC * NC * fl <= WINDOWS_ROWS_OUTER_BYTES
             loops = [f"for (long {jr} = 0; {jr} < {nc}; {jr} += {NR})",
                      f"for (long {ir} = 0; {ir} < {mc}; {ir} += {MR})"]
             with w.block(loops[1] if a_outer else loops[0]):
@@ -386,13 +389,15 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                 w.line(f"{ukr}({kb}, {a_ptr}, {ar}, {kp}, {b_ptr}, {ldb}, {ctile} + {ir} * {NC} + {jr}, {NC}, "
                        f"{pc} > 0);")
                 inner.__exit__(None, None, None)
-        if transposed:
-            tr, _ = transpose_helper(o.simd)
-            kc.program.require_helper(tr, transpose_helper(o.simd)[1])
-            ttile = kc.tmp("ttile")
+        if transposed:  # TRANSPOSE_COLUMNS columns at a time, so the transposed copy stays in L1
+            tr, text = transpose_helper(o.simd)
+            kc.program.require_helper(tr, text)
+            ttile, jc, cw = kc.tmp("ttile"), kc.tmp("jc"), kc.tmp("cw")
             w.line(f"float* restrict {ttile} = {kc.scratch_ptr('float', off_t)};")
-            w.line(f"{tr}({mc}, {nc}, {ctile}, {NC}, {ttile}, {MC});")
-            _emit_tile_epilogue(kc, ev, stage, p, ttile, MC, b, m0, n0, mc, nc, transposed=True)
+            with w.block(f"for (long {jc} = 0; {jc} < {nc}; {jc} += {TRANSPOSE_COLUMNS})"):
+                w.line(f"const long {cw} = {_min_expr(f'{nc} - {jc}', TRANSPOSE_COLUMNS)};")
+                w.line(f"{tr}({mc}, {cw}, {ctile} + {jc}, {NC}, {ttile}, {MC});")
+                _emit_tile_epilogue(kc, ev, stage, p, ttile, MC, b, m0, f"({n0} + {jc})", mc, cw, transposed=True)
         else:
             _emit_tile_epilogue(kc, ev, stage, p, ctile, NC, b, m0, n0, mc, nc)
 
