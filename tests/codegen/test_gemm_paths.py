@@ -137,3 +137,22 @@ def test_sibling_convs_share_one_pass(cache_dir):
     got, want, model = run_both(g, plan, cache_dir)
     assert_close(got, want)
     assert model.report["functions"] == 1
+
+
+@pytest.mark.parametrize("simd", ["auto", "none"])
+def test_cortex_m7_compiles_the_portable_path(simd, tmp_path):
+    """Where the AVX2 guard is false (an ARM target), both builds are plain C99."""
+    import shutil
+    import subprocess
+
+    from opfuse.codegen import generate
+    cc = shutil.which("arm-none-eabi-gcc")
+    if cc is None:
+        pytest.skip("no arm-none-eabi-gcc")
+    g, plan = conv_relu(16, 24, 9, 9, 3, 2, [1, 1, 1, 1])
+    src = tmp_path / "model.c"
+    src.write_text(generate(g, plan, options=CodegenOptions(simd=simd, weights="embed")).source)
+    proc = subprocess.run([cc, "-mcpu=cortex-m7", "-mfpu=fpv5-sp-d16", "-mfloat-abi=hard", "-mthumb", "-O2",
+                           "-std=c99", "-Werror=implicit-function-declaration", "-c", str(src), "-o",
+                           str(tmp_path / "model.o")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]

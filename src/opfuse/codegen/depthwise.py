@@ -46,8 +46,9 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
     row_len = SW * Wh          # floats per padded row
     # Stride 1, small planes: the plane is one "wide" row (i = oh * Wp + ow; the columns
     # ow >= OW are computed and dropped), so one long vector loop covers it. Otherwise one loop
-    # per output row (its results stay in L1). Either way the vectors run past the last output into whole vectors (no scalar
-    # tail): the plane buffer has slack for their reads and the results are dropped.
+    # per output row (its results stay in L1). Either way the vectors run past the last output
+    # into whole vectors (no scalar tail): the plane buffer has slack for their reads and the
+    # results are dropped.
     wide = SH == 1 and SW == 1 and Hp * Wp <= WIDE_MAX_FLOATS
     exact = (OH - 1) * Wp + OW if wide else OW
     span = _round_up(exact, VECTOR)

@@ -317,6 +317,7 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
     with w.block(f"for (long {t} = 0; {t} < {tiles}; ++{t})"):
         b, mt, nt_ = kc.tmp("b"), kc.tmp("mt"), kc.tmp("nt")
         w.line(f"const long {b} = {t} / {MT * NT};")
+        w.line(f"(void){b};")
         w.line(f"const long {mt} = ({t} / {NT}) % {MT};")
         w.line(f"const long {nt_} = {t} % {NT};")
         m0, n0, mc, nc = kc.tmp("m0"), kc.tmp("n0"), kc.tmp("mc"), kc.tmp("nc")
