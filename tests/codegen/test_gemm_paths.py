@@ -1,5 +1,5 @@
 """The GEMM core's paths against the reference: convolution as an implicit GEMM over its windows
-(in place and through the padded band), 1x1 convolutions reading their input in place, several
+(in place and through the padded band), 1x1 convolutions packing their input rows, several
 tiles and K blocks, groups and dilations; MatMuls with activations read in place; results
 independent of the thread count; the portable C99 micro-kernels next to the AVX2 ones."""
 from __future__ import annotations
@@ -33,7 +33,7 @@ CONVS = {
     "3x3-stride2-odd": (32, 24, 17, 15, 3, 2, [1, 1, 1, 1]),
     "3x3-in-place": (16, 16, 10, 10, 3, 1, [0, 0, 0, 0]),
     "asymmetric-pads": (8, 20, 9, 11, 3, 1, [0, 1, 2, 0]),
-    "1x1-columns-in-place": (64, 32, 8, 8, 1, 1, [0, 0, 0, 0]),
+    "1x1-packed-rows": (64, 32, 8, 8, 1, 1, [0, 0, 0, 0]),
     "1x1-7x7": (48, 36, 7, 7, 1, 1, [0, 0, 0, 0]),
     "1x1-stride2": (24, 40, 14, 14, 1, 2, [0, 0, 0, 0]),
     "k-blocks": (320, 20, 6, 6, 3, 1, [1, 1, 1, 1]),

