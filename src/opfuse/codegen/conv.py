@@ -5,8 +5,8 @@
   ``k = (c, kernel offset)`` and ``p`` the output position. The weights are packed at build
   time, and ``X_col`` is never materialised. In 2-D (constant weights, float32) the GEMM is
   implicit: the micro-kernel reads each window where it lies (``conv_windows.py``), except
-  1x1 convolutions whose positions fill whole panels, which pack X's rows (unit-stride
-  copies, 20-35% faster than either read in place). Otherwise each tile packs the KC x NC
+  1x1 convolutions whose positions nearly fill whole panels, which pack X's rows (20-35%
+  faster than either read in place). Otherwise each tile packs the KC x NC
   slice of ``X_col`` it needs straight from the input (prologue applied; in 2-D whole
   output-row segments are copied and the padded columns zero-filled, other ranks decide
   padding per element). Output tiles get the bias and the fused epilogue while in cache.
@@ -200,10 +200,13 @@ class _RowSegmentPacker:
                    f"{bp}[({c} - {c} % {NR}) * {kb} + {k} * {NR} + {c} % {NR}] = 0.0f;")
 
 
+PACKED_WASTE = 1.07  # most padded columns per position for a 1x1 convolution to pack X
+
+
 def conv_problem(kc, ev, node) -> GemmProblem:
     """Convolution as GEMM, per image and group: ``W @ X_col`` with X_col packed per tile
-    (a 1x1 stride-1 unpadded convolution whose positions fill whole NR panels packs X's own
-    rows; other ranks and run-time weights use the im2col packers), except that 2-D
+    (for an unpadded 1x1 convolution X_col is X's rows, strided or not; other ranks and
+    run-time weights use the im2col packers), except that 2-D
     convolutions with constant weights in float32 are the implicit GEMM over their windows
     (``conv_windows.py``): measured 20% faster than im2col packing on resnet18's 3x3 layers."""
     geo, G = _geometry(node)
@@ -237,9 +240,12 @@ def conv_problem(kc, ev, node) -> GemmProblem:
     pointwise = (all(k == 1 for k in geo.kernel) and all(s == 1 for s in geo.strides)
                  and not any(geo.pads_begin) and not any(geo.pads_end))
     sw = ev.static.get(id(wt))
-    # A 1x1 convolution whose positions fill whole 16-wide panels packs X's rows (unit stride
-    # copies): 20-35% faster than the windows, or than reading X in place, at 28x28 to 112x112.
-    packed_rows = pointwise and P % kc.program.options.gemm_nr == 0
+    # A 1x1 convolution whose positions nearly fill whole NR-wide panels packs X's rows:
+    # 20-35% faster than the windows, or than reading X in place, at 28x28 to 112x112 (5-10%
+    # at 14x14, 196 positions in 208 columns); at 7x7 (49 in 64) the windows win.
+    nr = kc.program.options.gemm_nr
+    one_by_one = all(k == 1 for k in geo.kernel) and not any(geo.pads_begin) and not any(geo.pads_end)
+    packed_rows = one_by_one and -(-P // nr) * nr <= PACKED_WASTE * P
     if sw is not None and nsp == 2 and out.dtype == np.float32 and not packed_rows:
         return windows_problem(kc, ev, node, geo, G, sw, finish)
 
