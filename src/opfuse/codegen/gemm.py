@@ -368,34 +368,31 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
             # and B's panels stream from L2 (sequential, where the windows are not): resnet18
             # 3.5% faster. A wide B (1024 channels) would be streamed from memory per A panel.
             a_outer = koff is not None and KC * NC * fl <= WINDOWS_ROWS_OUTER_BYTES
-            loops = [f"for (long {jr} = 0; {jr} < {nc}; {jr} += {NR})",
-                     f"for (long {ir} = 0; {ir} < {mc}; {ir} += {MR})"]
-            with w.block(loops[1] if a_outer else loops[0]):
-                ar, kp = "0", "0"
-                inner = w.block(loops[0] if a_outer else loops[1])
-                if not a_outer:
-                    inner.__enter__()
+
+            def a_args() -> tuple[str, str, str]:
+                """(A panel, row pointers, offset table) of the micro-kernel call at ``ir``."""
                 if pa is not None:
                     mp = -(-M // MR)
-                    a_ptr = f"{pa} + (({p.a.batch_expr(b)} * {mp} + ({m0} + {ir}) / {MR}) * {K} + {pc}) * {MR}"
-                elif ap is not None:
-                    a_ptr = f"{ap} + {ir} * {kb}"
-                else:
-                    assert rows is not None
-                    a_ptr, ar = "0", kc.tmp("ar")
-                    shift = f" + {pc}" if koff is None else ""
-                    ptrs = []
-                    for i in range(MR):  # rows past the tile repeat its last row (read, then dropped)
-                        mi = f"{m0} + {_min_expr(f'{ir} + {i}', f'{mc} - 1')}" if i else f"{m0} + {ir}"
-                        ptrs.append(f"{rows.row(b, mi)}{shift}")
-                    w.line(f"const float* {ar}[{MR}] = {{{', '.join(ptrs)}}};")
-                    if koff is not None:
-                        kp = f"{koff} + {pc}"
-                if a_outer:
-                    inner.__enter__()
-                w.line(f"{ukr}({kb}, {a_ptr}, {ar}, {kp}, {b_ptr}, {ldb}, {ctile} + {ir} * {NC} + {jr}, {NC}, "
-                       f"{pc} > 0);")
-                inner.__exit__(None, None, None)
+                    return f"{pa} + (({p.a.batch_expr(b)} * {mp} + ({m0} + {ir}) / {MR}) * {K} + {pc}) * {MR}", "0", "0"
+                if ap is not None:
+                    return f"{ap} + {ir} * {kb}", "0", "0"
+                assert rows is not None
+                ar, shift = kc.tmp("ar"), f" + {pc}" if koff is None else ""
+                ptrs = []
+                for i in range(MR):  # rows past the tile repeat its last row (read, then dropped)
+                    mi = f"{m0} + {_min_expr(f'{ir} + {i}', f'{mc} - 1')}" if i else f"{m0} + {ir}"
+                    ptrs.append(f"{rows.row(b, mi)}{shift}")
+                w.line(f"const float* {ar}[{MR}] = {{{', '.join(ptrs)}}};")
+                return "0", ar, f"{koff} + {pc}" if koff is not None else "0"
+
+            over_n = f"for (long {jr} = 0; {jr} < {nc}; {jr} += {NR})"
+            over_m = f"for (long {ir} = 0; {ir} < {mc}; {ir} += {MR})"
+            with w.block(over_m if a_outer else over_n):
+                args = a_args() if a_outer else None
+                with w.block(over_n if a_outer else over_m):
+                    a_ptr, ar, kp = args or a_args()
+                    w.line(f"{ukr}({kb}, {a_ptr}, {ar}, {kp}, {b_ptr}, {ldb}, {ctile} + {ir} * {NC} + {jr}, {NC}, "
+                           f"{pc} > 0);")
         if transposed:  # TRANSPOSE_COLUMNS columns at a time, so the transposed copy stays in L1
             tr, text = transpose_helper(o.simd)
             kc.program.require_helper(tr, text)
