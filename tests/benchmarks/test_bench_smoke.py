@@ -48,3 +48,13 @@ def test_bench_planner_smoke(tmp_path):
     assert row["exact_latency_s"] <= row["greedy_latency_s"] * slack <= row["unfused_latency_s"] * slack
     assert -MIP_REL_GAP <= row["gap"] < data["gap_goal"]
     assert all(r["kernels"] < r["nodes"] for r in data["rule_legality"])
+
+
+def test_bench_kernels_smoke(tmp_path):
+    out = tmp_path / "kernels.json"
+    text = _run("bench_kernels.py", "--only", "r18.ds", "dw 3x3 512", "--repeat", "2", "--warmup", "1",
+                "--out", str(out))
+    rows = json.loads(out.read_text())["shapes"]
+    assert [r["kind"] for r in rows] == ["conv", "depthwise"]
+    assert all(r["kernels"] == 1 and r["max_abs_error"] < 1e-4 and r["fraction"] > 0 for r in rows)
+    assert "r18.ds" in text

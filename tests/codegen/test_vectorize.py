@@ -6,7 +6,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from opfuse.codegen import generate
+from opfuse.codegen import CodegenOptions, generate
 from opfuse.ir.plan import FusionGroup, FusionPlan
 from opfuse.ops import GraphBuilder
 from opfuse.runtime.toolchain import Toolchain, ToolchainError
@@ -38,14 +38,18 @@ def test_elementwise_chain_and_microkernel_vectorise(tmp_path):
     m = b.op("MatMul", b.input("a", (64, 128)), b.const("w", np.ones((128, 96), np.float32)))
     g = b.build(y, m)
     plan = FusionPlan(g, [FusionGroup("chain", g.nodes[:3], "elementwise"), FusionGroup("mm", [g.nodes[3]], "single")])
-    src = generate(g, plan).source
+    # The plain C99 micro-kernel (what runs where there is no AVX2) must vectorise too.
+    src = generate(g, plan, options=CodegenOptions(simd="none")).source
     report = _vector_report(src, tmp_path)
     vectorised = {int(ln.split(":")[1]) for ln in report.splitlines() if "loop vectorized" in ln}
     store_line = _lines_of(src, "] = t")[0]  # the chain's store, inside its innermost loop
     loop_line = max(i for i in _lines_of(src, "for (long") if i < store_line)
     assert loop_line in vectorised
-    ukr = _lines_of(src, "acc[i][j] += ai * b[")[0]
+    ukr = _lines_of(src, "acc[0][j] += ai * bk[j]")[0]
     assert ukr in vectorised or any(abs(v - ukr) <= 1 for v in vectorised)
+    # By default the micro-kernel is AVX2/FMA intrinsics, behind the compiler's target macros.
+    auto = generate(g, plan).source
+    assert "#if defined(__AVX2__) && defined(__FMA__)" in auto and "_mm256_fmadd_ps" in auto
 
 
 @pytest.mark.parametrize("anchor", ["conv1x1", "conv3x3", "depthwise", "matmul"])

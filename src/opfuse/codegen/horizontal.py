@@ -6,8 +6,8 @@
 * MatMuls (or Gemms) of one run-time input with constant weights become one GEMM over the
   weights stacked along N (the Q/K/V projections: one pass over the activations, three
   outputs); Convs of one input with equal geometry become one GEMM over weights stacked
-  along M (one im2col packing for all of them). Each sibling keeps its own epilogue, applied
-  to its row or column range of every tile.
+  along whichever GEMM axis holds their output channels (one pass over the input windows).
+  Each sibling keeps its own epilogue, applied to its row or column range of every tile.
 * Pools with the same window over one input walk each window once and keep one
   accumulator per sibling (the seed's ``MaxPool || AvgPool``).
 
@@ -37,8 +37,7 @@ def lower_horizontal(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
         return _lower_pools(kc, ev, stage)
     build = {"MatMul": matmul_problem, "Gemm": gemm_problem, "Conv": conv_problem}[op]
     problems = [build(kc, ev, m.anchor_node) for m in stage.members]
-    axis = "m" if op == "Conv" else "n"
-    emit_gemm(kc, ev, stage.members[0], merge_problems(problems, stage.members, axis))
+    emit_gemm(kc, ev, stage.members[0], merge_problems(problems, stage.members))
 
 
 def _lower_pools(kc, ev, stage: Stage) -> None:

@@ -10,6 +10,7 @@ WEIGHT_MODES = ("blob", "embed")
 # "host": a shared library for this machine (OpenMP, per-thread scratch outside the arena);
 # "mcu": a standalone C99 library for a microcontroller (see ``codegen/mcu.py``).
 PLATFORMS = ("host", "mcu")
+SIMD_MODES = ("auto", "none")
 
 
 @dataclass(frozen=True)
@@ -17,14 +18,25 @@ class CodegenOptions:
     # Activation layout. Only NCHW (ONNX's) for now; the emitter takes it as a parameter so
     # an NHWC path can be added without touching callers.
     layout: str = "NCHW"
-    # GEMM register block (MR x NR accumulators) and cache blocks (MC x KC panel of A,
-    # KC x NC panel of B). 6 x 24 floats measured best on this host's AVX2/AVX-512 cores
-    # (about 110 GFLOP/s per core with -ffp-contract=off); NR = 16 vectorised badly with gcc 12.
+    # "auto": the micro-kernels are AVX2/FMA intrinsics where the C compiler targets AVX2 and
+    # FMA (``#if``), plain C99 elsewhere; "none": plain C99 only (the microcontroller build,
+    # and the reference the intrinsics are tested against).
+    simd: str = "auto"
+    # GEMM register block (MR x NR accumulators): 6 x 16 is 12 ymm accumulators, 2 B vectors
+    # and a broadcast (117 GFLOP/s per core on this host, as fast as 512-bit code). Cache
+    # blocks: K in blocks of at most KC; tiles of MC x NC outputs, at most ``gemm_tile_floats``
+    # of C tile (it stays in L2); a side whose other operand is packed per tile spans up to
+    # ``gemm_wide`` (one packing serves that many outputs); problems are cut into at least
+    # ``gemm_min_tiles`` tiles where they can be, so threads have work to share.
     gemm_mr: int = 6
-    gemm_nr: int = 24
+    gemm_nr: int = 16
     gemm_mc: int = 96
-    gemm_nc: int = 192
+    gemm_nc: int = 256
     gemm_kc: int = 256
+    gemm_wide: int = 512
+    gemm_tile_floats: int = 32768
+    gemm_min_tiles: int = 4
+    gemm_prefetch: int = 32
     # Keys tiles of the attention kernel's online softmax.
     attention_block: int = 64
     # Below this many elementary operations a loop runs on one thread (spawning costs more).
@@ -53,6 +65,8 @@ class CodegenOptions:
             raise OpfuseError("kernel timers (profile=True) need an OS clock: not on the mcu platform")
         if self.weights not in WEIGHT_MODES:
             raise OpfuseError(f"weights mode {self.weights!r}: expected one of {', '.join(WEIGHT_MODES)}")
+        if self.simd not in SIMD_MODES:
+            raise OpfuseError(f"simd mode {self.simd!r}: expected one of {', '.join(SIMD_MODES)}")
         if self.gemm_mc % self.gemm_mr or self.gemm_nc % self.gemm_nr:
             raise OpfuseError("gemm_mc must be a multiple of gemm_mr and gemm_nc of gemm_nr")
 

@@ -1,0 +1,299 @@
+"""Kernel benchmark: one fused group per model (Conv+Relu, MatMul+Add, depthwise Conv+Relu), each
+built by ``opfuse.compile`` and timed next to its yardstick, measured in the same run:
+
+* GEMM-like groups: NumPy (OpenBLAS) sgemm at the same M/N/K (batched over groups), and the
+  single-core sgemm peak: a square sgemm (n = 1024) timed interleaved with the shape;
+* depthwise convolutions (memory bound): libc ``memcpy`` over a buffer four times the
+  last-level cache, bytes counted as read + written, as for the kernel.
+
+    OPENBLAS_NUM_THREADS=1 env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \\
+        python benchmarks/bench_kernels.py                  # every shape
+    python benchmarks/bench_kernels.py --only r18 --repeat 40
+
+Prints achieved GFLOP/s (GB/s for depthwise) and the fraction of the yardstick per shape, and
+writes ``benchmarks/results/kernels.json``. Calls are interleaved (opfuse, numpy, opfuse, ...)
+so load changes on a shared machine hit both alike; medians are quoted, of this thread's CPU
+time by default (``--clock wall`` for elapsed time; both are in the JSON). OpenBLAS runs on
+one thread (``OPENBLAS_NUM_THREADS=1`` is set before NumPy loads unless the caller set it).
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import argparse  # noqa: E402
+import ctypes  # noqa: E402
+import ctypes.util  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Callable  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "kernels.json"
+PEAK_SIZES = (512, 1024, 2048)
+PEAK_N = 1024           # the square sgemm timed next to every GEMM-like shape
+COPY_BYTES = 128 << 20  # 4x the 32 MiB L3: the copy streams from and to main memory
+GOAL_GEMM = 0.85        # of the sgemm peak
+GOAL_DEPTHWISE = 0.80   # of the copy bandwidth
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    kind: str                     # conv | depthwise | matmul
+    dims: tuple[int, ...]         # conv: C, OC, H, W, k, stride, pad, group; matmul: M, K, N
+
+    def flops(self) -> float:
+        if self.kind == "matmul":
+            m, k, n = self.dims
+            return 2.0 * m * n * k
+        c, oc, _, _, k, _, _, g = self.dims
+        oh, ow = self.out_hw()
+        return 2.0 * oc * oh * ow * (c // g) * k * k
+
+    def out_hw(self) -> tuple[int, int]:
+        _, _, h, w, k, s, p, _ = self.dims
+        return (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+
+    def bytes(self) -> float:
+        """Main-memory traffic of a depthwise layer: input, output, weights and bias once."""
+        c, oc, h, w, k, _, _, _ = self.dims
+        oh, ow = self.out_hw()
+        return 4.0 * (c * h * w + oc * oh * ow + oc * k * k + oc)
+
+    def gemm(self) -> tuple[int, int, int, int]:
+        """(batch, M, N, K) of the GEMM this layer is."""
+        if self.kind == "matmul":
+            m, k, n = self.dims
+            return 1, m, n, k
+        c, oc, _, _, k, _, _, g = self.dims
+        oh, ow = self.out_hw()
+        return g, oc // g, oh * ow, (c // g) * k * k
+
+
+SHAPES = [
+    # resnet18 (224x224): stem, the 3x3 layers (231 MFLOP each), the strided ones, 1x1 downsample
+    Shape("r18.conv1 7x7/2", "conv", (3, 64, 224, 224, 7, 2, 3, 1)),
+    Shape("r18.l1 3x3 64@56", "conv", (64, 64, 56, 56, 3, 1, 1, 1)),
+    Shape("r18.l2 3x3/2 64>128", "conv", (64, 128, 56, 56, 3, 2, 1, 1)),
+    Shape("r18.l2 3x3 128@28", "conv", (128, 128, 28, 28, 3, 1, 1, 1)),
+    Shape("r18.l3 3x3 256@14", "conv", (256, 256, 14, 14, 3, 1, 1, 1)),
+    Shape("r18.l4 3x3/2 256>512", "conv", (256, 512, 14, 14, 3, 2, 1, 1)),
+    Shape("r18.l4 3x3 512@7", "conv", (512, 512, 7, 7, 3, 1, 1, 1)),
+    Shape("r18.ds 1x1/2 128>256", "conv", (128, 256, 28, 28, 1, 2, 0, 1)),
+    # 1x1 convolutions (mobilenet_v1's pointwise layers)
+    Shape("pw 1x1 64>128@112", "conv", (64, 128, 112, 112, 1, 1, 0, 1)),
+    Shape("pw 1x1 128@56", "conv", (128, 128, 56, 56, 1, 1, 0, 1)),
+    Shape("pw 1x1 256@28", "conv", (256, 256, 28, 28, 1, 1, 0, 1)),
+    Shape("pw 1x1 512@14", "conv", (512, 512, 14, 14, 1, 1, 0, 1)),
+    Shape("pw 1x1 1024@7", "conv", (1024, 1024, 7, 7, 1, 1, 0, 1)),
+    # grouped
+    Shape("grp 3x3 128@28 g4", "conv", (128, 128, 28, 28, 3, 1, 1, 4)),
+    Shape("grp 3x3 256@14 g32", "conv", (256, 256, 14, 14, 3, 1, 1, 32)),
+    # BERT-base, 128 tokens
+    Shape("bert 128x768x768", "matmul", (128, 768, 768)),
+    Shape("bert 128x768x3072", "matmul", (128, 768, 3072)),
+    Shape("bert 128x3072x768", "matmul", (128, 3072, 768)),
+    # depthwise (mobilenet_v1)
+    Shape("dw 3x3 32@112", "depthwise", (32, 32, 112, 112, 3, 1, 1, 32)),
+    Shape("dw 3x3/2 64@112", "depthwise", (64, 64, 112, 112, 3, 2, 1, 64)),
+    Shape("dw 3x3 128@56", "depthwise", (128, 128, 56, 56, 3, 1, 1, 128)),
+    Shape("dw 3x3 256@28", "depthwise", (256, 256, 28, 28, 3, 1, 1, 256)),
+    Shape("dw 3x3 512@14", "depthwise", (512, 512, 14, 14, 3, 1, 1, 512)),
+]
+
+
+def build_graph(s: Shape):
+    from opfuse.ops import GraphBuilder
+    rng = np.random.default_rng(0)
+    b = GraphBuilder(s.name.split()[0].replace(".", "_"))
+    if s.kind == "matmul":
+        m, k, n = s.dims
+        x = b.input("x", (m, k))
+        w = b.const("w", (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32))
+        y = b.op("Add", b.op("MatMul", x, w), b.const("bias", rng.standard_normal(n).astype(np.float32)))
+        return b.build(y)
+    c, oc, h, w_, k, st, p, g = s.dims
+    x = b.input("x", (1, c, h, w_))
+    wt = b.const("w", (rng.standard_normal((oc, c // g, k, k)) / np.sqrt(c // g * k * k)).astype(np.float32))
+    bias = b.const("bias", rng.standard_normal(oc).astype(np.float32))
+    y = b.op("Conv", x, wt, bias, kernel_shape=[k, k], strides=[st, st], pads=[p] * 4, group=g)
+    return b.build(b.op("Relu", y))
+
+
+def numpy_gemm(s: Shape) -> Callable[[], object]:
+    nb, m, n, k = s.gemm()
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((nb, m, k)).astype(np.float32)
+    bm = rng.standard_normal((nb, k, n)).astype(np.float32)
+    out = np.empty((nb, m, n), np.float32)
+    return lambda: np.matmul(a, bm, out=out)
+
+
+# The calling thread's CPU time: every contender here runs on this one thread (opfuse with
+# threads=1 runs its OpenMP loops inline; OpenBLAS is limited to one thread), and on a shared
+# machine the CPU time does not count the slices another process held the core.
+CLOCKS = {"cpu": time.thread_time, "wall": time.perf_counter}
+
+
+def median_s(fn: Callable[[], object], repeat: int, clock: Callable[[], float] = time.thread_time) -> float:
+    fn()
+    ts = []
+    for _ in range(repeat):
+        t0 = clock()
+        fn()
+        ts.append(clock() - t0)
+    return statistics.median(ts)
+
+
+def sgemm_peak(repeat: int, clock: Callable[[], float]) -> dict:
+    rows = {n: 2.0 * n ** 3 / median_s(square_sgemm(n), max(3, repeat // (n // 256)), clock) / 1e9
+            for n in PEAK_SIZES}
+    return {"gflops_by_n": rows, "peak_gflops": max(rows.values())}
+
+
+def memcpy_call() -> Callable[[], object]:
+    """One ``memcpy`` of ``COPY_BYTES`` (libc's, through ctypes)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc.memcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    src = np.ones(COPY_BYTES // 4, np.float32)
+    dst = np.ones_like(src)
+    return lambda: libc.memcpy(dst.ctypes.data, src.ctypes.data, COPY_BYTES)
+
+
+def copy_gbs(seconds: float) -> float:
+    """Copy bandwidth, counting the bytes read and the bytes written."""
+    return 2.0 * COPY_BYTES / seconds / 1e9
+
+
+def square_sgemm(n: int) -> Callable[[], object]:
+    rng = np.random.default_rng(n)
+    a, b = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
+    out = np.empty((n, n), np.float32)
+    return lambda: np.matmul(a, b, out=out)
+
+
+def interleaved(fns: dict[str, Callable[[], object]], repeat: int, warmup: int) -> dict[str, dict[str, float]]:
+    """Median CPU and wall time of each callable, the calls interleaved (a, b, a, b, ...)."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict[str, dict[str, list[float]]] = {k: {c: [] for c in CLOCKS} for k in fns}
+    for _ in range(repeat):
+        for k, fn in fns.items():
+            c0, w0 = time.thread_time(), time.perf_counter()
+            fn()
+            samples[k]["wall"].append(time.perf_counter() - w0)
+            samples[k]["cpu"].append(time.thread_time() - c0)
+    return {k: {c: statistics.median(v) for c, v in per.items()} for k, per in samples.items()}
+
+
+def compile_shape(s: Shape, codegen_options):
+    import opfuse
+    from opfuse.compiler import build_native, plan_model
+    graph = build_graph(s)
+    if codegen_options is None:
+        return graph, opfuse.compile(graph)
+    return graph, build_native(plan_model(graph), codegen_options=codegen_options)
+
+
+def bench_shape(s: Shape, *, repeat: int, warmup: int, codegen_options, check: bool, yardsticks: dict,
+                clock: str) -> dict:
+    """Time ``s`` interleaved with NumPy at its M/N/K and with its yardstick (sgemm at the peak's
+    size, or the memcpy), so each fraction compares numbers taken under the same load."""
+    from opfuse.runtime import reference
+    graph, model = compile_shape(s, codegen_options)
+    feeds = reference.random_inputs(graph, 0)
+    row: dict = {"name": s.name, "kind": s.kind, "dims": list(s.dims), "kernels": model.report["kernels"]}
+    if check:
+        want = reference.run(graph, feeds)
+        got = model.run(feeds)
+        row["max_abs_error"] = float(max(np.max(np.abs(got[k].astype(np.float64) - want[k])) for k in want))
+    fns: dict[str, Callable[[], object]] = {"opfuse": lambda: model.run(feeds)}
+    if s.kind == "depthwise":
+        fns["copy"] = yardsticks["copy"]
+    else:
+        fns["numpy"] = numpy_gemm(s)
+        fns["peak"] = yardsticks["peak"]
+    medians = interleaved(fns, repeat, warmup)
+    t = {k: m[clock] for k, m in medians.items()}
+    row["clock"] = clock
+    row["wall_ms"] = {k: m["wall"] * 1e3 for k, m in medians.items()}
+    row["opfuse_ms"] = t["opfuse"] * 1e3
+    row["gflops"] = s.flops() / t["opfuse"] / 1e9
+    if s.kind == "depthwise":
+        row["gbs"] = s.bytes() / t["opfuse"] / 1e9
+        row["copy_gbs"] = copy_gbs(t["copy"])
+        row["fraction"] = row["gbs"] / row["copy_gbs"]
+        row["goal"] = GOAL_DEPTHWISE
+    else:
+        row["numpy_ms"] = t["numpy"] * 1e3
+        row["numpy_gflops"] = s.flops() / t["numpy"] / 1e9
+        row["peak_gflops"] = 2.0 * PEAK_N ** 3 / t["peak"] / 1e9
+        row["fraction"] = row["gflops"] / row["peak_gflops"]
+        row["vs_numpy"] = t["numpy"] / t["opfuse"]
+        row["goal"] = GOAL_GEMM
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    head = (f"{'shape':24s} {'MFLOP':>7s} {'ms':>7s} {'GFLOP/s':>8s} {'GB/s':>6s} {'np GF/s':>8s} "
+            f"{'yardstick':>10s} {'%':>6s} {'goal':>5s}")
+    clock = rows[0]["clock"] if rows else "cpu"
+    lines = [f"yardstick: sgemm n={PEAK_N} (GFLOP/s, 1 thread), or for depthwise the memcpy bandwidth (GB/s), "
+             f"timed interleaved with each shape; medians of {clock} time", head, "-" * len(head)]
+    for r in rows:
+        s = next(x for x in SHAPES if x.name == r["name"])
+        gbs = f"{r['gbs']:6.1f}" if "gbs" in r else f"{'':6s}"
+        npg = f"{r['numpy_gflops']:8.1f}" if "numpy_gflops" in r else f"{'':8s}"
+        yard = r.get("peak_gflops", r.get("copy_gbs"))
+        ok = "ok" if r["fraction"] >= r["goal"] else "BELOW"
+        lines.append(f"{r['name']:24s} {s.flops() / 1e6:7.1f} {r['opfuse_ms']:7.3f} {r['gflops']:8.1f} {gbs} {npg} "
+                     f"{yard:10.1f} {100 * r['fraction']:5.1f}% {ok:>5s}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="*", default=[], help="substrings of shape names to run")
+    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--no-check", action="store_true", help="skip the comparison against the reference")
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="cpu",
+                    help="cpu: this thread's CPU time (robust on a shared machine); wall: elapsed time")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+    for var in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
+        if var in os.environ:
+            print(f"warning: {var}={os.environ[var]} is set and may slow NumPy's sgemm; unset it for the "
+                  f"yardstick", file=sys.stderr)
+    options = None
+    shapes = [s for s in SHAPES if not args.only or any(o in s.name for o in args.only)]
+    peak = sgemm_peak(args.repeat, CLOCKS[args.clock])
+    yardsticks = {"peak": square_sgemm(PEAK_N), "copy": memcpy_call()}
+    rows = []
+    for s in shapes:
+        rows.append(bench_shape(s, repeat=args.repeat, warmup=args.warmup, codegen_options=options,
+                                check=not args.no_check, yardsticks=yardsticks, clock=args.clock))
+        print(f"{s.name}: {rows[-1]['opfuse_ms']:.3f} ms", file=sys.stderr)
+    meta = {"host": os.uname().nodename, "cpus": os.cpu_count(), "repeat": args.repeat, "clock": args.clock,
+            "sgemm": peak, "peak_n": PEAK_N, "copy_bytes": COPY_BYTES,
+            "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS")}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"meta": meta, "shapes": rows}, indent=1, sort_keys=True))
+    print("square sgemm, 1 thread: " + ", ".join(f"n={n} {g:.1f}" for n, g in peak["gflops_by_n"].items())
+          + " GFLOP/s")
+    print(table(rows))
+    print(f"\nwritten {args.out}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

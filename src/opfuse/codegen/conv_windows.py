@@ -1,0 +1,170 @@
+"""2-D convolution as an implicit GEMM over its windows (no im2col buffer).
+
+Per image and group, with ``p = (oh, ow)`` an output position and ``k = (c, kh, kw)``::
+
+    Y[p, oc] = sum_k X[c, oh*sh + kh*dh - pt, ow*sw + kw*dw - pl] * W[oc, k]
+
+The GEMM's A (positions x K) is read in place by the micro-kernel's ``koff`` access: row
+``p`` starts at its window's origin, and ``koff[k]`` is the offset of ``(c, kh, kw)`` from
+it, so ``A[p, k] = origin(p)[koff[k]]``. B is the weights transposed (K x channels),
+packed at build time into the micro-kernel's NR-channel panels; the micro-kernel broadcasts
+one input value per position and multiplies it into NR channels at once. Positions are the
+GEMM's M, so a tile's C is positions x channels: ``gemm.py`` transposes it back before the
+epilogue, which stores along the positions (NCHW's unit stride).
+
+Where a window can leave the input (padding) or the input is computed by a prologue, each
+tile first copies the input rows its positions need, zero-padded, into scratch (the *band*:
+``cg x rows x Wp`` floats), and the windows are read there; an unpadded input in memory is
+read where it is.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from opfuse.codegen.gemm import GemmProblem, Operand, RowAccess, in_memory
+from opfuse.codegen.index import Index, add, delinearize, mul
+
+
+class ConvWindows(RowAccess):
+    """``RowAccess`` of a 2-D convolution's windows (see the module docstring)."""
+
+    def __init__(self, kc, ev, node, geo, group: int, tile_positions: int):
+        self.kc, self.ev, self.node, self.geo, self.group = kc, ev, node, geo, group
+        self.x = node.input(0)
+        _, C, H, W = self.x.shape
+        OW = node.outputs[0].shape[3]
+        KH, KW = geo.kernel
+        SW, (DH, DW), PL = geo.strides[1], geo.dilations, geo.pads_begin[1]
+        self.cg = C // group
+        padded = any(geo.pads_begin) or any(geo.pads_end)
+        self.in_place = in_memory(ev, self.x) and not padded
+        if self.in_place:
+            self.row_len, self.rows = W, H
+        else:
+            self.row_len = max(W + PL + geo.pads_end[1], (OW - 1) * SW + (KW - 1) * DW + 1)
+            self.rows = self._band_rows(tile_positions)
+        plane = self.rows * self.row_len
+        c, kh, kw = np.meshgrid(np.arange(self.cg), np.arange(KH), np.arange(KW), indexing="ij")
+        self.koff = (c * plane + kh * DH * self.row_len + kw * DW).reshape(-1).astype(np.int64)
+        self.base = ""
+        self.first_row = ""
+        self.offset = 0
+
+    def _band_rows(self, tile_positions: int) -> int:
+        """Most input rows one tile's band holds: its output rows' span plus the window's."""
+        OH, OW = self.node.outputs[0].shape[2:]
+        P = OH * OW
+        SH, DH, KH = self.geo.strides[0], self.geo.dilations[0], self.geo.kernel[0]
+        most = 0
+        for m0 in range(0, P, tile_positions):
+            first, last = m0 // OW, (min(P, m0 + tile_positions) - 1) // OW
+            most = max(most, (last - first) * SH)
+        return most + (KH - 1) * DH + 1
+
+    def prepare(self, kc, MC: int) -> None:
+        if not self.in_place:
+            self.offset = kc.scratch(self.cg * self.rows * self.row_len * 4)
+
+    def per_tile(self, kc, ev, b: str, m0: str, mc: str) -> None:
+        w = kc.w
+        G, cg = self.group, self.cg
+        _, C, H, W = self.x.shape
+        img, g = (f"({b} / {G})", f"({b} % {G})") if G > 1 else (b, "0")
+        self.base = kc.tmp("win")
+        if self.in_place:
+            w.line(f"const float* restrict {self.base} = {kc.ptr(self.x)} + "
+                   f"{mul(add(mul(img, C), mul(g, cg)), H * W)};")
+            return
+        OW = self.node.outputs[0].shape[3]
+        SH, PT, PL = self.geo.strides[0], self.geo.pads_begin[0], self.geo.pads_begin[1]
+        Wp, R = self.row_len, self.rows
+        self.first_row = kc.tmp("oh0")
+        nrows, c, r, ih, dst, iw = (kc.tmp(n) for n in ("nrows", "c", "r", "ih", "dst", "iw"))
+        w.line(f"float* restrict {self.base} = {kc.scratch_ptr('float', self.offset)};")
+        w.line(f"const long {self.first_row} = {m0} / {OW};")
+        # The tile's output rows span, times the stride, plus the window's rows.
+        w.line(f"const long {nrows} = (({m0} + {mc} - 1) / {OW} - {self.first_row}) * {SH} + "
+               f"{(self.geo.kernel[0] - 1) * self.geo.dilations[0] + 1};")
+        with w.block(f"for (long {c} = 0; {c} < {cg}; ++{c})"):
+            ch = add(mul(g, cg), c) if G > 1 else c
+            with w.block(f"for (long {r} = 0; {r} < {nrows}; ++{r})"):
+                w.line(f"const long {ih} = {self.first_row} * {SH} + {r} - {PT};")
+                w.line(f"float* restrict {dst} = {self.base} + ({c} * {R} + {r}) * {Wp};")
+                with w.block(f"if ((unsigned long){ih} >= {H}ul)"):
+                    w.line(f"memset({dst}, 0, sizeof(float) * {Wp});")
+                    w.line("continue;")
+                if PL:
+                    w.line(f"memset({dst}, 0, sizeof(float) * {PL});")
+                with w.block(f"for (long {iw} = 0; {iw} < {W}; ++{iw})"), ev.scope():
+                    idx = Index(self.x.shape, (img, ch, ih, iw))
+                    w.line(f"{dst}[{PL} + {iw}] = {ev.at(self.x, idx)};")
+                if Wp > PL + W:
+                    w.line(f"memset({dst} + {PL + W}, 0, sizeof(float) * {Wp - PL - W});")
+
+    def row(self, b: str, m: str) -> str:
+        OW = self.node.outputs[0].shape[3]
+        SH, SW = self.geo.strides
+        W = self.x.shape[3]
+        if self.in_place and SH == SW == 1 and OW == W:
+            return f"{self.base} + {m}"
+        oh = f"({m}) / {OW}" if not self.first_row else f"(({m}) / {OW} - {self.first_row})"
+        return f"{self.base} + {oh} * {SH * self.row_len} + ({m}) % {OW} * {SW}"
+
+
+# Few channels per group (grouped convolutions): 12 positions x 8 channels per micro-kernel
+# (12 ymm accumulators) instead of 6 x 16, whose 16-channel panels would be half zeros.
+NARROW_BLOCK = (12, 8)
+
+
+def register_block(o, channels: int) -> tuple[int, int]:
+    if channels <= NARROW_BLOCK[1] < o.gemm_nr:
+        return NARROW_BLOCK
+    return o.gemm_mr, o.gemm_nr
+
+
+def tile_positions(o, channels: int) -> int:
+    """Output positions per tile: the C tile holds ``gemm_tile_floats`` for all the channels
+    (up to ``gemm_wide``), at least a few micro-kernel rows."""
+    mr, nr = register_block(o, channels)
+    ch = min(-(-channels // nr) * nr, o.gemm_wide)
+    return max(4 * mr, o.gemm_tile_floats // ch // mr * mr)
+
+
+def windows_problem(kc, ev, node, geo, group: int, weights: np.ndarray, finish) -> GemmProblem:
+    """The convolution as (positions x K) @ (K x channels) per image and group."""
+    x, out = node.input(0), node.outputs[0]
+    nimg = x.shape[0]
+    OC = out.shape[1]
+    mg = OC // group
+    out_sp = out.shape[2:]
+    P = math.prod(out_sp)
+    K = weights.size // OC
+    G = group
+
+    def split(b: str) -> tuple[str, str]:
+        return (f"{b} / {G}", f"({b} % {G})") if G > 1 else (b, "0")
+
+    def oc_of(b: str, n: str) -> str:
+        return add(mul(split(b)[1], mg), n) if G > 1 else n
+
+    def out_index(b, m, n):
+        dims = (split(b)[0], oc_of(b, n)) + tuple(delinearize(m, out_sp))
+        return Index(out.shape, dims, ((2, 4, m),))
+
+    def no_load(ev, b, r, c):  # both operands are read in place or packed at build time
+        raise AssertionError("the windows GEMM has no loaded operand")
+
+    positions = tile_positions(kc.program.options, mg)
+    a_op = Operand(no_load, rows=ConvWindows(kc, ev, node, geo, G, positions))
+    wt = weights.astype(np.float32).reshape(G, mg, K).transpose(0, 2, 1)
+    b_op = Operand(no_load, static=np.ascontiguousarray(wt),
+                   batch_expr=(lambda b: f"({b} % {G})") if G > 1 else (lambda b: "0"))
+
+    def finish_swapped(ev, acc, b, m, n):
+        return finish(ev, acc, b, n, m)
+
+    return GemmProblem(node.name, nimg * G, P, mg, K, a_op, b_op, out, out_index, finish_swapped,
+                       dtype=out.dtype, out_contiguous="m", weights_axis="n", mc=positions,
+                       register_block=register_block(kc.program.options, mg))

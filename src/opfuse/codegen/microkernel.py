@@ -1,0 +1,217 @@
+"""The GEMM micro-kernels: ``C[0:MR, 0:NR] (+)= A[0:MR, 0:kc] @ B[0:kc, 0:NR]`` in registers.
+
+One C function per (MR, NR, operand access), all with one signature so call sites need not
+care which they get::
+
+    void NAME(long kc, const float* a, const float* const* ar, const int32_t* koff,
+              const float* b, long ldb, float* c, long ldc, int load_c);
+
+How A is read (the side whose elements are broadcast, one row per accumulator row):
+
+* ``packed``: an MR-row panel, k-major (``a[k * MR + i]``), packed at build time or per tile;
+* ``rows``: in place, row ``i`` at ``ar[i]`` with unit stride in k (a row-major activation);
+* ``koff``: in place, element ``(i, k)`` at ``ar[i][koff[k]]`` (convolution: ``ar[i]`` is the
+  output position's window origin in the input, ``koff[k]`` the (channel, tap) offset).
+
+How B is read (the vector side, NR consecutive columns per k):
+
+* ``packed``: an NR-column panel, k-major (``b[k * NR + j]``);
+* ``strided``: in place, row ``k`` at ``b + k * ldb`` (a 1x1 convolution reads its input so).
+
+``load_c`` = 0 starts the accumulators at zero (the first K block), 1 adds to ``c``.
+
+With ``simd="auto"`` the body is AVX2/FMA intrinsics under ``#if defined(__AVX2__) &&
+defined(__FMA__)`` (MR x NR/8 ymm accumulators; A broadcast, B loaded), and plain C99 in the
+``#else`` branch, which gcc vectorises where it can; ``simd="none"`` emits only the plain C
+(the microcontroller build). Both sum each element's products in increasing k, so results
+do not depend on the tiling; the intrinsics round once per multiply-add (FMA), the plain C
+twice (``-ffp-contract=off``), so the two differ by a few ulps of the partial sums.
+The text relies on the program preamble (``OPFUSE_PRAGMA``, ``<stdint.h>``).
+"""
+from __future__ import annotations
+
+A_ACCESS = ("packed", "rows", "koff")
+B_ACCESS = ("packed", "strided")
+SIMD_MODES = ("auto", "none")
+AVX2_GUARD = "defined(__AVX2__) && defined(__FMA__)"
+YMM_FLOATS = 8
+YMM_REGISTERS = 16
+
+# Never inlined: a micro-kernel inlined into a kernel's loop nest had its accumulators spilled
+# to the stack when the nest was itself inlined (no OpenMP outlining): 3.6 ms instead of 2.1
+# for a resnet18 3x3 convolution. A call per micro-tile and K block costs nothing by comparison.
+NOINLINE = """\
+#ifndef OPFUSE_NOINLINE
+#if defined(__GNUC__)
+#define OPFUSE_NOINLINE __attribute__((noinline))
+#else
+#define OPFUSE_NOINLINE
+#endif
+#endif
+"""
+
+SIGNATURE = ("(long kc, const float* restrict a, const float* const* restrict ar, const int32_t* restrict koff, "
+             "const float* restrict b, long ldb, float* restrict c, long ldc, int load_c)")
+
+
+def fits_avx2(mr: int, nr: int) -> bool:
+    """MR x NR/8 accumulators, NR/8 B vectors and one broadcast fit the 16 ymm registers."""
+    if nr % YMM_FLOATS:
+        return False
+    nv = nr // YMM_FLOATS
+    return mr * nv + nv + 1 <= YMM_REGISTERS
+
+
+def name(mr: int, nr: int, a: str = "packed", b: str = "packed") -> str:
+    return f"opfuse_ukr_{mr}x{nr}_{a}_{b}"
+
+
+def _a_elem(a: str, mr: int, i: int, k: str) -> str:
+    """C expression of A[i, k] (a float, not a pointer)."""
+    if a == "packed":
+        return f"a[{k} * {mr} + {i}]"
+    if a == "rows":
+        return f"ar[{i}][{k}]"
+    return f"a{i}[koff[{k}]]"
+
+
+def _a_ptr(a: str, mr: int, i: int) -> str:
+    """C expression of &A[i, k] inside the intrinsics' k loop (``k`` and ``o`` in scope)."""
+    if a == "packed":
+        return f"a + {i}"
+    if a == "rows":
+        return f"a{i} + k"
+    return f"a{i} + o"
+
+
+def _b_row(b: str, nr: int) -> str:
+    return "b + k * ldb" if b == "strided" else f"b + k * {nr}"
+
+
+def _plain(mr: int, nr: int, a: str, b: str) -> list[str]:
+    lines = [f"  float acc[{mr}][{nr}];"]
+    if a == "koff":
+        lines += [f"  const float* restrict a{i} = ar[{i}];" for i in range(mr)]
+    lines += [
+        f"  for (int i = 0; i < {mr}; ++i)",
+        f"    for (int j = 0; j < {nr}; ++j) acc[i][j] = load_c ? c[i * ldc + j] : 0.0f;",
+        "  for (long k = 0; k < kc; ++k) {",
+        f"    const float* restrict bk = {_b_row(b, nr)};",
+    ]
+    # "unroll 1" keeps gcc from unrolling the j loop into scalar statements and re-vectorising
+    # them badly (6 x 16 ran at 2 GFLOP/s so, at 98 with the j loop kept as one vector loop).
+    for i in range(mr):
+        lines += [f"    {{ const float ai = {_a_elem(a, mr, i, 'k')};",
+                  "      OPFUSE_PRAGMA(GCC unroll 1)",
+                  f"      for (int j = 0; j < {nr}; ++j) acc[{i}][j] += ai * bk[j]; }}"]
+    lines += ["  }",
+              f"  for (int i = 0; i < {mr}; ++i)",
+              f"    for (int j = 0; j < {nr}; ++j) c[i * ldc + j] = acc[i][j];"]
+    return lines
+
+
+def _avx2(mr: int, nr: int, a: str, b: str, prefetch: int = 0) -> list[str]:
+    nv = nr // YMM_FLOATS
+    acc = [[f"c{i}_{v}" for v in range(nv)] for i in range(mr)]
+    lines = [f"  __m256 {', '.join(x for row in acc for x in row)};"]
+    if a != "packed":
+        lines += [f"  const float* restrict a{i} = ar[{i}];" for i in range(mr)]
+    lines.append("  if (load_c) {")
+    lines += [f"    {acc[i][v]} = _mm256_loadu_ps(c + {i} * ldc + {v * YMM_FLOATS});"
+              for i in range(mr) for v in range(nv)]
+    lines.append("  } else {")
+    lines += [f"    {acc[i][v]} = _mm256_setzero_ps();" for i in range(mr) for v in range(nv)]
+    lines.append("  }")
+    lines.append("  for (long k = 0; k < kc; ++k) {")
+    if a == "koff":
+        lines.append("    const long o = koff[k];")
+        if prefetch:  # the first and last rows' windows: the lines the next steps broadcast from
+            lines += [f"    _mm_prefetch((const char*)(a0 + koff[k + {prefetch}]), _MM_HINT_T0);",
+                      f"    _mm_prefetch((const char*)(a{mr - 1} + koff[k + {prefetch}]), _MM_HINT_T0);"]
+    lines.append(f"    const float* restrict bk = {_b_row(b, nr)};")
+    if prefetch:
+        ahead = f"{prefetch} * ldb" if b == "strided" else str(prefetch * nr)
+        lines += [f"    _mm_prefetch((const char*)(bk + {ahead} + {16 * v}), _MM_HINT_T0);"
+                  for v in range(-(-nr // 16))]
+    lines += [f"    const __m256 b{v} = _mm256_loadu_ps(bk + {v * YMM_FLOATS});" for v in range(nv)]
+    for i in range(mr):
+        fmas = " ".join(f"{acc[i][v]} = _mm256_fmadd_ps(ai, b{v}, {acc[i][v]});" for v in range(nv))
+        lines.append(f"    {{ const __m256 ai = _mm256_broadcast_ss({_a_ptr(a, mr, i)}); {fmas} }}")
+    if a == "packed":
+        lines.append(f"    a += {mr};")
+    lines.append("  }")
+    lines += [f"  _mm256_storeu_ps(c + {i} * ldc + {v * YMM_FLOATS}, {acc[i][v]});"
+              for i in range(mr) for v in range(nv)]
+    return lines
+
+
+def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: str = "auto",
+                prefetch: int = 0) -> tuple[str, str]:
+    """``(function name, C text)`` of the MR x NR micro-kernel with the given operand access;
+    ``prefetch`` > 0: the intrinsics prefetch B, and A's windows (``koff``: the table then
+    needs ``prefetch`` readable entries past the last k), that many k steps ahead."""
+    assert a in A_ACCESS and b in B_ACCESS and simd in SIMD_MODES, (a, b, simd)
+    fn = name(mr, nr, a, b) + (f"_pf{prefetch}" if prefetch else "")
+    head = [f"/* C[0:{mr}, 0:{nr}] (+)= A ({a}) * B ({b}), kc steps; see codegen/microkernel.py. */",
+            f"OPFUSE_NOINLINE static void {fn}{SIGNATURE} {{",
+            "  (void)a; (void)ar; (void)koff; (void)ldb;"]
+    if simd == "auto" and fits_avx2(mr, nr):
+        body = [f"#if {AVX2_GUARD}", *_avx2(mr, nr, a, b, prefetch), "#else", *_plain(mr, nr, a, b), "#endif"]
+        pre = f"#if {AVX2_GUARD}\n#include <immintrin.h>\n#endif\n"
+    else:
+        body, pre = _plain(mr, nr, a, b), ""
+    return fn, NOINLINE + pre + "\n".join(head + body + ["}"]) + "\n"
+
+
+def transpose_helper(simd: str = "auto") -> tuple[str, str]:
+    """``opfuse_transpose(rows, cols, src, lds, dst, ldd)``: ``dst[j * ldd + i] = src[i * lds + j]``,
+    8 x 8 blocks through ymm registers where AVX2 is there (a transposed GEMM tile is turned
+    back before its epilogue so the epilogue stores run along the output's rows)."""
+    fn = "opfuse_transpose"
+    plain = [
+        "  for (long i0 = 0; i0 < rows; i0 += 8)",
+        "    for (long j = 0; j < cols; ++j)",
+        "      for (long i = i0; i < rows && i < i0 + 8; ++i) dst[j * ldd + i] = src[i * lds + j];",
+    ]
+    avx = [
+        "  long i0 = 0;",
+        "  for (; i0 + 8 <= rows; i0 += 8) {",
+        "    long j0 = 0;",
+        "    for (; j0 + 8 <= cols; j0 += 8) {",
+        "      const float* s = src + i0 * lds + j0;",
+        "      __m256 r0 = _mm256_loadu_ps(s), r1 = _mm256_loadu_ps(s + lds), r2 = _mm256_loadu_ps(s + 2 * lds),",
+        "             r3 = _mm256_loadu_ps(s + 3 * lds), r4 = _mm256_loadu_ps(s + 4 * lds),",
+        "             r5 = _mm256_loadu_ps(s + 5 * lds), r6 = _mm256_loadu_ps(s + 6 * lds),",
+        "             r7 = _mm256_loadu_ps(s + 7 * lds);",
+        "      __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);",
+        "      __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);",
+        "      __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);",
+        "      __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);",
+        "      __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);",
+        "      __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);",
+        "      __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);",
+        "      __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);",
+        "      float* d = dst + j0 * ldd + i0;",
+        "      _mm256_storeu_ps(d, _mm256_permute2f128_ps(u0, u4, 0x20));",
+        "      _mm256_storeu_ps(d + ldd, _mm256_permute2f128_ps(u1, u5, 0x20));",
+        "      _mm256_storeu_ps(d + 2 * ldd, _mm256_permute2f128_ps(u2, u6, 0x20));",
+        "      _mm256_storeu_ps(d + 3 * ldd, _mm256_permute2f128_ps(u3, u7, 0x20));",
+        "      _mm256_storeu_ps(d + 4 * ldd, _mm256_permute2f128_ps(u0, u4, 0x31));",
+        "      _mm256_storeu_ps(d + 5 * ldd, _mm256_permute2f128_ps(u1, u5, 0x31));",
+        "      _mm256_storeu_ps(d + 6 * ldd, _mm256_permute2f128_ps(u2, u6, 0x31));",
+        "      _mm256_storeu_ps(d + 7 * ldd, _mm256_permute2f128_ps(u3, u7, 0x31));",
+        "    }",
+        "    for (long j = j0; j < cols; ++j)",
+        "      for (long i = i0; i < i0 + 8; ++i) dst[j * ldd + i] = src[i * lds + j];",
+        "  }",
+        "  for (long j = 0; j < cols; ++j)",
+        "    for (long i = i0; i < rows; ++i) dst[j * ldd + i] = src[i * lds + j];",
+    ]
+    head = [f"static void {fn}(long rows, long cols, const float* restrict src, long lds, float* restrict dst, "
+            "long ldd) {"]
+    if simd == "auto":
+        body = [f"#if {AVX2_GUARD}", *avx, "#else", *plain, "#endif"]
+        pre = f"#if {AVX2_GUARD}\n#include <immintrin.h>\n#endif\n"
+    else:
+        body, pre = plain, ""
+    return fn, pre + "\n".join(head + body + ["}"]) + "\n"

@@ -1,0 +1,158 @@
+"""The GEMM core's paths against the reference: convolution as an implicit GEMM over its windows
+(in place and through the padded band), 1x1 convolutions packing their input rows, several
+tiles and K blocks, groups and dilations; MatMuls with activations read in place; results
+independent of the thread count; the portable C99 micro-kernels next to the AVX2 ones."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cg_support import assert_close, group_by_names, run_both
+from opfuse.codegen import CodegenOptions
+from opfuse.ops import GraphBuilder
+
+rng = np.random.default_rng(11)
+
+
+def _w(b, *shape):
+    fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+    return b.const(f"w{len(b.graph.values)}", (rng.standard_normal(shape) / np.sqrt(fan_in)).astype(np.float32))
+
+
+def conv_relu(c, oc, h, w, k, stride, pads, dilation=1, group=1):
+    b = GraphBuilder("conv")
+    x = b.input("x", (1, c, h, w))
+    y = b.op("Conv", x, _w(b, oc, c // group, k, k), _w(b, oc), kernel_shape=[k, k], strides=[stride, stride],
+             pads=pads, dilations=[dilation, dilation], group=group, name="conv")
+    g = b.build(b.op("Relu", y, name="relu"))
+    return g, group_by_names(g, [("conv_epilogue", ["conv", "relu"])])
+
+
+CONVS = {
+    "3x3-several-tiles": (16, 40, 20, 20, 3, 1, [1, 1, 1, 1]),
+    "3x3-stride2-odd": (32, 24, 17, 15, 3, 2, [1, 1, 1, 1]),
+    "3x3-in-place": (16, 16, 10, 10, 3, 1, [0, 0, 0, 0]),
+    "asymmetric-pads": (8, 20, 9, 11, 3, 1, [0, 1, 2, 0]),
+    "1x1-packed-rows": (64, 32, 8, 8, 1, 1, [0, 0, 0, 0]),
+    "1x1-7x7": (48, 36, 7, 7, 1, 1, [0, 0, 0, 0]),
+    "1x1-stride2": (24, 40, 14, 14, 1, 2, [0, 0, 0, 0]),
+    "k-blocks": (320, 20, 6, 6, 3, 1, [1, 1, 1, 1]),
+    "many-channels": (12, 600, 5, 5, 3, 1, [1, 1, 1, 1]),
+    "5x5-stride2": (8, 16, 9, 9, 5, 2, [2, 2, 2, 2]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONVS))
+def test_conv_paths_match_reference(name, cache_dir):
+    g, plan = conv_relu(*CONVS[name])
+    got, want, _ = run_both(g, plan, cache_dir)
+    assert_close(got, want)
+
+
+@pytest.mark.parametrize("dilation,group", [(2, 1), (2, 4), (1, 8)])
+def test_grouped_and_dilated_convs(dilation, group, cache_dir):
+    g, plan = conv_relu(32, 32, 12, 12, 3, 1, [2, 2, 2, 2], dilation, group)
+    got, want, _ = run_both(g, plan, cache_dir)
+    assert_close(got, want)
+
+
+def test_conv_with_prologue_reads_through_the_band(cache_dir):
+    """Relu -> Conv without padding: the input is computed, so the windows come from the band."""
+    b = GraphBuilder("pre")
+    x = b.input("x", (1, 12, 9, 9))
+    y = b.op("Conv", b.op("Relu", x, name="pre"), _w(b, 20, 12, 3, 3), name="conv")
+    g = b.build(y)
+    got, want, _ = run_both(g, group_by_names(g, [("conv_epilogue", ["pre", "conv"])]), cache_dir)
+    assert_close(got, want)
+
+
+@pytest.mark.parametrize("shape", [(5, 300, 37), (2, 3, 40, 48), (130, 96, 64)])
+def test_matmul_activations_in_place(shape, cache_dir):
+    """Both operands run-time tensors: A's rows and (N a multiple of 16) B's rows read in place."""
+    b = GraphBuilder("mm")
+    *batch, m, k, n = shape
+    a = b.input("a", tuple(batch) + (m, k))
+    bb = b.input("b", tuple(batch) + (k, n))
+    y = b.op("Add", b.op("MatMul", a, bb, name="mm"), _w(b, n), name="add")
+    g = b.build(y)
+    got, want, _ = run_both(g, group_by_names(g, [("gemm_epilogue", ["mm", "add"])]), cache_dir)
+    assert_close(got, want)
+
+
+def test_results_do_not_depend_on_threads(cache_dir):
+    g, plan = conv_relu(16, 40, 20, 20, 3, 1, [1, 1, 1, 1])
+    one, _, _ = run_both(g, plan, cache_dir, threads=1)
+    two, _, _ = run_both(g, plan, cache_dir, threads=2)
+    for k in one:
+        assert np.array_equal(one[k], two[k])
+
+
+def test_portable_micro_kernels_match_the_avx2_ones(cache_dir):
+    """The plain C99 build (what the Cortex-M7 uses) and the intrinsics build of one model agree
+    with each other and with the reference. They are not bitwise equal: the intrinsics round
+    once per multiply-add (FMA), the plain C twice."""
+    b = GraphBuilder("both")
+    x = b.input("x", (1, 16, 12, 12))
+    c1 = b.op("Relu", b.op("Conv", x, _w(b, 32, 16, 3, 3), _w(b, 32), pads=[1, 1, 1, 1], name="c1"), name="r1")
+    c2 = b.op("Conv", c1, _w(b, 32, 32, 1, 1), name="c2")
+    c3 = b.op("Conv", c2, _w(b, 32, 8, 3, 3), strides=[2, 2], pads=[1, 1, 1, 1], group=4, name="c3")
+    y = b.op("MatMul", b.op("Flatten", c3, name="flat"), _w(b, 32 * 36, 10), name="fc")
+    g = b.build(y)
+    portable, want, m0 = run_both(g, None, cache_dir, options=CodegenOptions(simd="none"))
+    simd, _, m1 = run_both(g, None, cache_dir)
+    assert "_mm256_fmadd_ps" not in m0.program.source and "_mm256_fmadd_ps" in m1.program.source
+    assert_close(portable, want)
+    assert_close(simd, want)
+    assert_close(simd, portable)
+
+
+@pytest.mark.parametrize("c,h,w,k,stride,pads,dilation", [
+    (8, 13, 21, 3, 1, [1, 1, 1, 1], 1),     # rows longer than the 32-wide vector step, with a tail
+    (6, 17, 19, 3, 2, [1, 1, 1, 1], 1),     # stride 2: two column phases
+    (5, 11, 12, 5, 3, [2, 1, 2, 2], 1),     # 5x5 stride 3, asymmetric pads
+    (4, 9, 40, 3, 1, [2, 2, 2, 2], 2),      # dilated
+    (3, 8, 8, 7, 1, [3, 3, 3, 3], 1),       # 49 taps: weights broadcast from memory
+])
+def test_depthwise_paths(c, h, w, k, stride, pads, dilation, cache_dir):
+    b = GraphBuilder("dw")
+    x = b.input("x", (2, c, h, w))
+    y = b.op("Conv", x, _w(b, c, 1, k, k), _w(b, c), kernel_shape=[k, k], strides=[stride, stride], pads=pads,
+             dilations=[dilation, dilation], group=c, name="dw")
+    g = b.build(b.op("Clip", y, b.const("lo", np.float32(0)), b.const("hi", np.float32(6)), name="clip"))
+    plan = group_by_names(g, [("conv_epilogue", ["dw", "clip"])])
+    for options in (None, CodegenOptions(simd="none")):
+        got, want, _ = run_both(g, plan, cache_dir, options=options)
+        assert_close(got, want)
+
+
+def test_sibling_convs_share_one_pass(cache_dir):
+    """Two convs of one input, one horizontal stage: their weights stacked along the channel
+    axis (40 + 24 channels), each sibling's epilogue on its own columns of every tile."""
+    b = GraphBuilder("siblings")
+    x = b.input("x", (1, 16, 15, 15))
+    c1 = b.op("Relu", b.op("Conv", x, _w(b, 40, 16, 3, 3), _w(b, 40), pads=[1, 1, 1, 1], name="c1"), name="r1")
+    c2 = b.op("Conv", x, _w(b, 24, 16, 3, 3), pads=[1, 1, 1, 1], name="c2")
+    g = b.build(c1, c2)
+    plan = group_by_names(g, [("horizontal", ["c1", "r1", "c2"])])
+    got, want, model = run_both(g, plan, cache_dir)
+    assert_close(got, want)
+    assert model.report["functions"] == 1
+
+
+@pytest.mark.parametrize("simd", ["auto", "none"])
+def test_cortex_m7_compiles_the_portable_path(simd, tmp_path):
+    """Where the AVX2 guard is false (an ARM target), both builds are plain C99."""
+    import shutil
+    import subprocess
+
+    from opfuse.codegen import generate
+    cc = shutil.which("arm-none-eabi-gcc")
+    if cc is None:
+        pytest.skip("no arm-none-eabi-gcc")
+    g, plan = conv_relu(16, 24, 9, 9, 3, 2, [1, 1, 1, 1])
+    src = tmp_path / "model.c"
+    src.write_text(generate(g, plan, options=CodegenOptions(simd=simd, weights="embed")).source)
+    proc = subprocess.run([cc, "-mcpu=cortex-m7", "-mfpu=fpv5-sp-d16", "-mfloat-abi=hard", "-mthumb", "-O2",
+                           "-std=c99", "-Werror=implicit-function-declaration", "-c", str(src), "-o",
+                           str(tmp_path / "model.o")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
