@@ -30,6 +30,7 @@ from opfuse.compiler import CompileOptions, plan_model
 from opfuse.runtime import mcu, reference
 from opfuse.runtime.native import build
 from opfuse.runtime.toolchain import ToolchainError
+from opfuse.codegen.options import PORTABLE
 
 RESULTS = Path(__file__).resolve().parent / "results" / "mcu.json"
 MODELS = ("mobilenet_v1_025_96", "resnet8", "ds_cnn")
@@ -57,7 +58,7 @@ def measure(model: str, fuse: bool, feeds: dict, ref: dict, workdir: Path, host_
            "main_memory_bytes": comp.report["bytes_after"],
            "max_rel_error": max_rel_error(res.outputs, ref)}
     if host_check:
-        host = build(comp.graph, comp.plan, memory=comp.memory).run(feeds)
+        host = build(comp.graph, comp.plan, memory=comp.memory, options=PORTABLE).run(feeds)
         row["bit_identical_to_host"] = all(res.outputs[k].tobytes() == v.tobytes() for k, v in host.items())
     return row
 

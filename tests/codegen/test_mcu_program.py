@@ -14,7 +14,8 @@ import pytest
 
 from cg_support import epilogue_plan
 from opfuse.codegen import generate
-from opfuse.codegen.mcu import HEADER_NAME, SOURCE_NAME, WEIGHTS_NAME, unrolled_microkernel
+from opfuse.codegen.mcu import HEADER_NAME, SOURCE_NAME, WEIGHTS_NAME
+from opfuse.codegen.microkernel import microkernel
 from opfuse.codegen.options import CORTEX_M7, CodegenOptions, options_for_target
 from opfuse.compiler import CompileOptions, plan_model
 from opfuse.errors import OpfuseError
@@ -22,6 +23,7 @@ from opfuse.ops import GraphBuilder
 from opfuse.runtime import reference
 from opfuse.runtime.native import build
 from opfuse.runtime.toolchain import find_compiler
+from opfuse.codegen.options import PORTABLE
 
 GUARD = 256  # poisoned bytes on both sides of the arena
 POISON = 0xA7
@@ -82,7 +84,7 @@ def resnet8(tmp_path_factory):
 def test_same_bits_as_the_host_build_and_nothing_outside_the_arena(resnet8, cache_dir):
     comp, program, host_mcu = resnet8
     feeds = reference.random_inputs(comp.graph, 0)
-    host = build(comp.graph, comp.plan, memory=comp.memory, cache_dir=cache_dir).run(feeds)
+    host = build(comp.graph, comp.plan, memory=comp.memory, cache_dir=cache_dir, options=PORTABLE).run(feeds)
     first = host_mcu.run(feeds)
     again = host_mcu.run(feeds, fill=0x00)  # the arena's old contents do not matter
     for name, want in host.items():
@@ -151,16 +153,17 @@ def test_runtime_operands_and_epilogues_match_the_host(tmp_path, cache_dir):
     g = b.build(b.op("Softmax", b.op("Relu", z)))
     plan = epilogue_plan(g)
     feeds = reference.random_inputs(g, 2)
-    want = build(g, plan, cache_dir=cache_dir).run(feeds)
+    want = build(g, plan, cache_dir=cache_dir, options=PORTABLE).run(feeds)
     got = HostRun(generate(g, plan, options=CORTEX_M7), tmp_path).run(feeds)
     for name in want:
         assert _same_bits(got[name], want[name])
 
 
-def test_unrolled_microkernel_names_every_accumulator():
-    text = unrolled_microkernel("opfuse_ukr_4x4", 4, 4)
-    assert len(re.findall(r"c\d_\d \+= a\d \* bj;", text)) == 16 and "acc[" not in text
-    assert "static inline void opfuse_ukr_4x4(long kc, const float* restrict a" in text
+def test_scalar_accumulator_microkernel_names_every_accumulator():
+    name, text = microkernel(4, 4, simd="none", scalar_accumulators=True)
+    assert len(re.findall(r"c\d_\d \+= v\d \* bj;", text)) == 16 and "acc[" not in text
+    assert f"static void {name}(long kc" in text and "_mm256" not in text
+    assert CORTEX_M7.simd == "none" and CORTEX_M7.gemm_scalar_accumulators
 
 
 def test_mcu_options_are_checked():

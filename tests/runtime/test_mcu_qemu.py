@@ -15,6 +15,7 @@ from opfuse.errors import InputError
 from opfuse.ops import GraphBuilder
 from opfuse.runtime import mcu, reference
 from opfuse.runtime.native import build
+from opfuse.codegen.options import PORTABLE
 
 needs_tools = pytest.mark.skipif(not mcu.tools_available(),
                                  reason="Cortex-M7 tests need arm-none-eabi-gcc, newlib and qemu-system-arm: "
@@ -78,7 +79,7 @@ def resnet8_run(tmp_path_factory):
 @needs_tools
 def test_resnet8_on_the_m7_matches_the_host_bit_for_bit(resnet8_run, cache_dir):
     comp, _, feeds, res = resnet8_run
-    host = build(comp.graph, comp.plan, memory=comp.memory, cache_dir=cache_dir).run(feeds)
+    host = build(comp.graph, comp.plan, memory=comp.memory, cache_dir=cache_dir, options=PORTABLE).run(feeds)
     ref = reference.run(comp.original, feeds)
     for name, want in host.items():
         got = res.outputs[name]

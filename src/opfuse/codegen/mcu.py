@@ -17,7 +17,6 @@ register and cache blocks); what changes is the program around them:
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,41 +44,6 @@ _PREAMBLE = """\
 
 
 # The GEMM core's micro-kernel (``gemm._microkernel``): its name and signature are the contract.
-_MICROKERNEL = re.compile(r"opfuse_ukr_(\d+)x(\d+)")
-
-
-def unrolled_microkernel(name: str, mr: int, nr: int) -> str:
-    """The GEMM micro-kernel ``C[0:mr, 0:nr] += A panel * B panel`` with its loops over ``i``
-    and ``j`` written out. At -O2, gcc for the Cortex-M7 keeps the host version's ``acc[mr][nr]``
-    array in memory (a load, a store and two FPU operations per multiply-add); as named scalars
-    the mr * nr accumulators, mr values of A and one of B stay in the 32 S registers. Each
-    accumulator gets the same products in the same order, so the results are bit-identical."""
-    acc = [[f"c{i}_{j}" for j in range(nr)] for i in range(mr)]
-    lines = [f"/* C[0:{mr}, 0:{nr}] += A panel ({mr} x kc, k-major) * B panel (kc x {nr}, k-major); "
-             f"accumulators in registers. */",
-             f"static inline void {name}(long kc, const float* restrict a, const float* restrict b, "
-             f"float* restrict c, long ldc) {{"]
-    for i in range(mr):
-        lines.append("  float " + ", ".join(f"{acc[i][j]} = c[{i} * ldc + {j}]" for j in range(nr)) + ";")
-    lines.append("  for (long k = 0; k < kc; ++k) {")
-    lines.append("    " + " ".join(f"const float a{i} = a[{i}];" for i in range(mr)))
-    for j in range(nr):
-        lines.append(f"    {{ const float bj = b[{j}]; "
-                     + " ".join(f"{acc[i][j]} += a{i} * bj;" for i in range(mr)) + " }")
-    lines.append(f"    a += {mr}; b += {nr};")
-    lines.append("  }")
-    for i in range(mr):
-        lines.append("  " + " ".join(f"c[{i} * ldc + {j}] = {acc[i][j]};" for j in range(nr)))
-    lines.append("}\n")
-    return "\n".join(lines)
-
-
-def _tune_helpers(builder) -> None:
-    """Replace the host's loop-form micro-kernel with the unrolled one (same name and signature)."""
-    for name in builder.helpers:
-        m = _MICROKERNEL.fullmatch(name)
-        if m is not None:
-            builder.helpers[name] = unrolled_microkernel(name, int(m.group(1)), int(m.group(2)))
 
 
 @dataclass(frozen=True)
@@ -177,7 +141,6 @@ def finish_mcu(builder):
     from opfuse.codegen.program import ABI_VERSION, CProgram
 
     g = builder.graph
-    _tune_helpers(builder)
     placement = place_scratch(builder.memory, [k.scratch_bytes if k.function else 0 for k in builder.kernels])
     for info, off in zip(builder.kernels, placement.offsets, strict=True):
         info.scratch_offset = off

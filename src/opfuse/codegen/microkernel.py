@@ -110,6 +110,25 @@ def _plain(mr: int, nr: int, a: str, b: str) -> list[str]:
     return lines
 
 
+def _plain_scalars(mr: int, nr: int, a: str, b: str) -> list[str]:
+    """``_plain`` with the accumulators and the k step's A values as named scalars."""
+    acc = [[f"c{i}_{j}" for j in range(nr)] for i in range(mr)]
+    lines = [f"  const float* restrict a{i} = ar[{i}];" for i in range(mr)] if a == "koff" else []
+    for i in range(mr):
+        lines.append("  float " + ", ".join(f"{acc[i][j]} = load_c ? c[{i} * ldc + {j}] : 0.0f" for j in range(nr))
+                     + ";")
+    lines += ["  for (long k = 0; k < kc; ++k) {",
+              f"    const float* restrict bk = {_b_row(b, nr)};",
+              "    " + " ".join(f"const float v{i} = {_a_elem(a, mr, i, 'k')};" for i in range(mr))]
+    for j in range(nr):
+        lines.append(f"    {{ const float bj = bk[{j}]; " + " ".join(f"{acc[i][j]} += v{i} * bj;" for i in range(mr))
+                     + " }")
+    lines.append("  }")
+    for i in range(mr):
+        lines.append("  " + " ".join(f"c[{i} * ldc + {j}] = {acc[i][j]};" for j in range(nr)))
+    return lines
+
+
 def _avx2(mr: int, nr: int, a: str, b: str, prefetch: int = 0) -> list[str]:
     nv = nr // YMM_FLOATS
     acc = [[f"c{i}_{v}" for v in range(nv)] for i in range(mr)]
@@ -146,10 +165,14 @@ def _avx2(mr: int, nr: int, a: str, b: str, prefetch: int = 0) -> list[str]:
 
 
 def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: str = "auto",
-                prefetch: int = 0) -> tuple[str, str]:
+                prefetch: int = 0, scalar_accumulators: bool = False) -> tuple[str, str]:
     """``(function name, C text)`` of the MR x NR micro-kernel with the given operand access;
     ``prefetch`` > 0: the intrinsics prefetch B, and A's windows (``koff``: the table then
-    needs ``prefetch`` readable entries past the last k), that many k steps ahead."""
+    needs ``prefetch`` readable entries past the last k), that many k steps ahead.
+    ``scalar_accumulators``: the plain C names each accumulator (``c0_0 ...``) instead of an
+    ``acc[MR][NR]`` array, so a compiler without vector registers keeps them in its FPU
+    registers (the Cortex-M7: gcc -O2 keeps the array in memory, a load and a store per
+    multiply-add); each accumulator gets the same products in the same order."""
     assert a in A_ACCESS and b in B_ACCESS and simd in SIMD_MODES, (a, b, simd)
     fn = name(mr, nr, a, b) + (f"_pf{prefetch}" if prefetch else "")
     head = [f"/* C[0:{mr}, 0:{nr}] (+)= A ({a}) * B ({b}), kc steps; see codegen/microkernel.py. */",
@@ -158,6 +181,8 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
     if simd == "auto" and fits_avx2(mr, nr):
         body = [f"#if {AVX2_GUARD}", *_avx2(mr, nr, a, b, prefetch), "#else", *_plain(mr, nr, a, b), "#endif"]
         pre = f"#if {AVX2_GUARD}\n#include <immintrin.h>\n#endif\n"
+    elif scalar_accumulators:
+        body, pre = _plain_scalars(mr, nr, a, b), ""
     else:
         body, pre = _plain(mr, nr, a, b), ""
     return fn, NOINLINE + pre + "\n".join(head + body + ["}"]) + "\n"

@@ -37,6 +37,9 @@ class CodegenOptions:
     gemm_tile_floats: int = 32768
     gemm_min_tiles: int = 4
     gemm_prefetch: int = 32
+    # Plain-C micro-kernel with named scalar accumulators (``codegen/microkernel.py``): for a
+    # compiler without vector registers (the Cortex-M7), which keeps an accumulator array in memory.
+    gemm_scalar_accumulators: bool = False
     # Keys tiles of the attention kernel's online softmax.
     attention_block: int = 64
     # Below this many elementary operations a loop runs on one thread (spawning costs more).
@@ -75,14 +78,17 @@ class CodegenOptions:
 
 
 # Cortex-M7: one thread, no cache worth blocking for, 32 single-precision registers. The 4 x 4
-# micro-kernel (written out by ``mcu.unrolled_microkernel``) keeps 16 accumulators, 4 values of A
+# micro-kernel (scalar accumulators, plain C99: ``simd="none"``) keeps 16 accumulators, 4 values of A
 # and one of B in S0-S31. MC = 64 covers the output channels of MLPerf Tiny's convolutions, so
 # each im2col panel of B is packed once; NC and KC bound the scratch (4 KiB tile, 4 KiB panel),
 # which lives in the arena here. Chosen by executed instructions under QEMU (resnet8,
 # mobilenet_v1_025_96, ds_cnn): 2 x 8 was within 2%; NC = 32 saved 0.2-3% of the instructions
 # for 1.5-8 KiB more arena. No loop is ever worth threads, so no OpenMP pragma is emitted.
-CORTEX_M7 = CodegenOptions(platform="mcu", weights="embed", gemm_mr=4, gemm_nr=4, gemm_mc=64, gemm_nc=16,
-                           gemm_kc=64, parallel_min_work=1 << 62)
+CORTEX_M7 = CodegenOptions(platform="mcu", weights="embed", simd="none", gemm_scalar_accumulators=True,
+                           gemm_mr=4, gemm_nr=4, gemm_mc=64, gemm_nc=16, gemm_kc=64, parallel_min_work=1 << 62)
+# The host build without intrinsics: the plain C99 the microcontroller runs, so the emulated
+# Cortex-M7 gives the same bits as this (AVX2 FMA rounds once per multiply-add, the C twice).
+PORTABLE = CodegenOptions(simd="none")
 TARGET_OPTIONS = {"cortex-m7": CORTEX_M7}
 
 

@@ -47,7 +47,7 @@ from opfuse.runtime.toolchain import ToolchainError
 TARGET = "cortex-m7"
 CPU_FLAGS = ("-mcpu=cortex-m7", "-mthumb", "-mfpu=fpv5-d16", "-mfloat-abi=hard")
 # -ffp-contract=off on both sides (the host build uses it too): no fused multiply-add, so the
-# emulated results are bit-identical to the host's.
+# emulated results are bit-identical to the host's portable build (``codegen.options.PORTABLE``).
 CFLAGS = CPU_FLAGS + ("-O2", "-std=c99", "-ffp-contract=off", "-fno-math-errno", "-ffunction-sections",
                       "-fdata-sections")
 LDFLAGS = ("--specs=rdimon.specs", "-Wl,--gc-sections")
