@@ -78,14 +78,15 @@ class CodegenOptions:
 
 
 # Cortex-M7: one thread, no cache worth blocking for, 32 single-precision registers. The 4 x 4
-# micro-kernel (scalar accumulators, plain C99: ``simd="none"``) keeps 16 accumulators, 4 values of A
-# and one of B in S0-S31. MC = 64 covers the output channels of MLPerf Tiny's convolutions, so
-# each im2col panel of B is packed once; NC and KC bound the scratch (4 KiB tile, 4 KiB panel),
-# which lives in the arena here. Chosen by executed instructions under QEMU (resnet8,
-# mobilenet_v1_025_96, ds_cnn): 2 x 8 was within 2%; NC = 32 saved 0.2-3% of the instructions
-# for 1.5-8 KiB more arena. No loop is ever worth threads, so no OpenMP pragma is emitted.
+# micro-kernel (scalar accumulators, plain C99: ``simd="none"``) keeps 16 accumulators, 4 values
+# of A and one of B in S0-S31. The tile and panel limits bound the kernels' scratch, which lives
+# in the arena here: with the host's (a 128 KiB C tile, 512-wide panels) resnet8's arena was
+# 360 KiB and mobilenet_v1_025_96's 543 KiB; with these, 140 and 217.5 KiB, for 1-2% more
+# executed instructions than 1024-float tiles and 64-wide panels (148.5 and 217.5 KiB). Measured
+# under QEMU on resnet8, mobilenet_v1_025_96 and ds_cnn. No loop is worth threads: no OpenMP.
 CORTEX_M7 = CodegenOptions(platform="mcu", weights="embed", simd="none", gemm_scalar_accumulators=True,
-                           gemm_mr=4, gemm_nr=4, gemm_mc=64, gemm_nc=16, gemm_kc=64, parallel_min_work=1 << 62)
+                           gemm_mr=4, gemm_nr=4, gemm_mc=64, gemm_nc=16, gemm_kc=64, gemm_wide=32,
+                           gemm_tile_floats=512, gemm_min_tiles=1, parallel_min_work=1 << 62)
 # The host build without intrinsics: the plain C99 the microcontroller runs, so the emulated
 # Cortex-M7 gives the same bits as this (AVX2 FMA rounds once per multiply-add, the C twice).
 PORTABLE = CodegenOptions(simd="none")
