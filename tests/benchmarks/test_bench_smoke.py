@@ -44,3 +44,13 @@ def test_bench_planner_smoke(tmp_path):
     assert row["exact_latency_s"] <= row["greedy_latency_s"] <= row["unfused_latency_s"]
     assert 0 <= row["gap"] < data["gap_goal"]
     assert all(r["kernels"] < r["nodes"] for r in data["rule_legality"])
+
+
+def test_bench_conformance_smoke(tmp_path):
+    out = tmp_path / "conformance.json"
+    text = _run("bench_conformance.py", "-k", "^test_(relu|abs)$", "--jobs", "1", "--out", str(out))
+    data = json.loads(out.read_text())
+    assert data["ran"] == 2 and data["suite_tests"] > 1000
+    for backend in ("reference", "c"):
+        assert data["backends"][backend]["passed"] == 2, data["tests"]
+    assert "ONNX node conformance (2 of" in text
