@@ -1,7 +1,7 @@
 """ONNX backend node conformance: every node test about an op opfuse has.
 
 The suite is generated in memory from the installed onnx package; ``node_suite`` explains how
-the tests and their data are reached and how each runs (opset conversion into 11..21, and
+the tests and their data are reached and how each runs (at their own opset, and
 shape-deciding graph inputs promoted to initializers holding the test's data, because opfuse
 compiles static shapes). Outputs are compared with each test's own tolerance: ONNX's backend
 default ``rtol=1e-3, atol=1e-7`` unless the test sets another; shapes and dtypes must match

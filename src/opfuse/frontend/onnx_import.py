@@ -2,7 +2,8 @@
 
 The import is one pass over a validated, topologically sorted node list:
 
-1. check the model (``onnx_files`` parsed it): a default-domain opset in 11..21, every
+1. check the model (``onnx_files`` parsed it): a default-domain opset from 7 to the newest the
+   installed onnx defines, every
    node a supported op of that opset, no subgraphs, every value defined once and only read
    after it is defined somewhere, no cycle (nodes need not be sorted in the file);
 2. constants: initializers (external data read safely from the model folder) and Constant
@@ -29,10 +30,10 @@ import onnx.defs
 
 from opfuse.errors import ModelError, UnsupportedOpError
 from opfuse.frontend.input_shapes import Dim, bind_input_shapes
-from opfuse.frontend.onnx_canonical import REMOVED_OPS, CANONICALIZERS, emit_as_is
+from opfuse.frontend.onnx_canonical import CANONICALIZERS, REMOVED_OPS, REWRITTEN_OPS, emit_as_is
 from opfuse.frontend.onnx_files import read_model
 from opfuse.frontend.onnx_import_context import ImportContext, OnnxNode
-from opfuse.frontend.onnx_opsets import DEFAULT_DOMAINS, MAX_OPSET, MIN_OPSET
+from opfuse.frontend.onnx_opsets import DEFAULT_DOMAINS, MAX_OPSET, MIN_OPSET, REVIEWED_OPSET
 from opfuse.frontend.onnx_protos import (attribute_value, numpy_dtype, sparse_to_array,
                                          tensor_to_array)
 from opfuse.ir.graph import Graph, Node, Value
@@ -49,9 +50,10 @@ def default_opset(model: onnx.ModelProto) -> int:
         raise ModelError("the model imports no opset of the default ONNX domain (ai.onnx)")
     opset = max(versions)
     if not MIN_OPSET <= opset <= MAX_OPSET:
+        hint = "convert it with onnx.version_converter" if opset < MIN_OPSET else \
+            f"the installed onnx {onnx.__version__} defines opsets up to {MAX_OPSET}"
         raise ModelError(f"the model uses opset {opset} of the default ONNX domain (ai.onnx); opfuse "
-                         f"imports opsets {MIN_OPSET} to {MAX_OPSET} (convert it with "
-                         f"onnx.version_converter)")
+                         f"imports opsets {MIN_OPSET} to {MAX_OPSET} ({hint})")
     return opset
 
 
@@ -92,13 +94,17 @@ def _check_ops(graph: onnx.GraphProto, names: list[str], opset: int) -> list[int
                                          detail=f"attribute '{a.name}' is a subgraph; control flow "
                                                 f"(If/Loop/Scan) is not supported")
         version = None
-        if is_supported(n.op_type) or n.op_type in REMOVED_OPS:
+        if is_supported(n.op_type) or n.op_type in REMOVED_OPS or n.op_type in REWRITTEN_OPS:
             try:
                 schema = onnx.defs.get_schema(n.op_type, opset, "")
                 if not schema.deprecated:
                     version = schema.since_version
             except onnx.defs.SchemaError:
                 pass
+            if version is not None and version > REVIEWED_OPSET:
+                raise UnsupportedOpError(n.op_type, name, opset,
+                                         detail=f"{n.op_type}-{version} is newer than the op versions opfuse "
+                                                f"was checked against (opset {REVIEWED_OPSET} and older)")
         if version is None:
             problems.append((n.op_type, name))
         else:
@@ -106,7 +112,7 @@ def _check_ops(graph: onnx.GraphProto, names: list[str], opset: int) -> list[int
     if problems:
         op, name = problems[0]
         others = sorted({p[0] for p in problems} - {op})
-        known = is_supported(op) or op in REMOVED_OPS
+        known = is_supported(op) or op in REMOVED_OPS or op in REWRITTEN_OPS
         detail = "not an ONNX op at this opset" if known else "not an op opfuse imports"
         if others:
             detail += f"; also unsupported: {', '.join(others)}"

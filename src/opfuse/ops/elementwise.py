@@ -169,7 +169,7 @@ def _cast(ins, a, node):
 
 
 register(OpSpec("Cast", Category.ELEMWISE, Mapping.ONE_TO_ONE, _cast_infer, _cast,
-                attrs={"to": 1, "saturate": 1}, flops_per_element=0, tags=frozenset({"unary"})))
+                attrs={"to": 1, "saturate": 1, "round_mode": "up"}, flops_per_element=0, tags=frozenset({"unary"})))
 
 
 # Identity and inference-mode Dropout (removed by the importer, kept here so any graph runs).
