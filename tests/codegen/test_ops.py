@@ -149,6 +149,9 @@ def elementwise_suite() -> Suite:
     s.case("pow_const3", "Pow", x, s.c(np.float32(3)))
     s.case("pow_runtime", "Pow", ax, s.b.input("pe", (5,)))
     s.case("max3", "Max", x, s.w(5), s.w(4, 1))
+    s.case("sum3", "Sum", x, s.w(5), s.w(4, 1))
+    s.case("mean2", "Mean", x, s.w(6, 1, 1))
+    s.case("sum1", "Sum", x)
     s.case("where_equal", "Where", s.b.op("Equal", s.b.op("Relu", x), s.c(np.float32(0))), x, s.w(5))
     s.case("clip_inputs", "Clip", x, s.c(np.float32(-0.5)), s.c(np.float32(0.7)))
     s.case("clip_max_only", "Clip", x, None, s.c(np.float32(0.2)))
@@ -166,6 +169,36 @@ def elementwise_suite() -> Suite:
     s.case("int_div", "Div", s.b.op("Sub", i, s.c(np.array(7, I64))), s.c(np.array([2, -3, 5, 1], I64)))
     s.case("int_relu", "Relu", s.b.op("Sub", i, s.c(np.array(2, I64))))
     s.case("bool_where", "Where", s.b.op("Equal", i, j), s.c(np.float32(1.5)), s.c(np.float32(-1)))
+    # Issue 12's elementwise and logic ops.
+    for op in ("Elu", "Selu", "Celu", "Mish", "ThresholdedRelu", "Softsign", "Floor", "Ceil", "Round", "Sign",
+               "Sin", "Cos"):
+        s.case(f"unary_{op}", op, s.b.op("Mul", x, s.c(np.float32(2.5))))
+    s.case("elu_alpha", "Elu", x, alpha=0.3)
+    s.case("selu_attrs", "Selu", x, alpha=1.5, gamma=2.0)
+    s.case("thresholded_relu_alpha", "ThresholdedRelu", x, alpha=0.2)
+    s.case("round_halves", "Round", s.c(np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 3.5, 1e9], np.float32)))
+    s.case("isnan", "IsNaN", s.b.op("Log", x))
+    s.case("isinf_pos", "IsInf", s.b.op("Exp", s.b.op("Mul", x, s.c(np.float32(100)))), detect_negative=0)
+    s.case("isinf_both", "IsInf", s.b.op("Log", s.b.op("Relu", x)))
+    s.case("int_sign", "Sign", s.b.op("Sub", i, s.c(np.array(2, I64))))
+    y = s.b.input("cmp", (6, 1, 5))
+    for op in ("Greater", "Less", "GreaterOrEqual", "LessOrEqual", "Equal"):
+        s.case(f"cmp_{op}", op, x, y)
+    s.case("cmp_int", "GreaterOrEqual", i, j)
+    p, q = s.b.op("Greater", x, s.c(np.float32(0))), s.b.op("Less", y, s.c(np.float32(0.3)))
+    for op in ("And", "Or", "Xor"):
+        s.case(f"logic_{op}", op, p, q)
+    s.case("logic_not", "Not", p)
+    s.case("prelu_channel", "PRelu", x, s.w(6, 1, 1))
+    s.case("prelu_scalar", "PRelu", x, s.c(np.float32(0.25)))
+    s.case("mod_float_floored", "Mod", x, s.c(np.array([0.7, -0.4, 1.3, -2.0, 0.9], np.float32)))
+    s.case("mod_float_fmod", "Mod", x, s.c(np.array([0.7, -0.4, 1.3, -2.0, 0.9], np.float32)), fmod=1)
+    m = s.b.op("Sub", i, s.c(np.array(5, I64)))
+    s.case("mod_int_floored", "Mod", m, s.c(np.array([3, -3, 2, -1], I64)))
+    s.case("mod_int_fmod", "Mod", m, s.c(np.array([3, -3, 2, -1], I64)), fmod=1)
+    u = s.b.input("u", (3, 4), np.uint32)
+    s.case("bitshift_left_u32", "BitShift", u, s.c(np.array([1, 3, 31, 32], np.uint32)), direction="LEFT")
+    s.case("bitshift_right_i64", "BitShift", m, s.c(np.array([1, 0, 64, -1], I64)), direction="RIGHT")
     return s
 
 

@@ -8,7 +8,7 @@ from opfuse.errors import UnsupportedOpError
 from opfuse.ops import REGISTRY, Category, Mapping, get_spec
 from opfuse.ops.registry import OpSpec
 
-# Every op issue 2 names, with the fusion category (TVM) and mapping type (DNNFusion) it must have.
+# Every op issues 2 and 12 name, with the fusion category (TVM) and mapping type (DNNFusion) it must have.
 EXPECTED = {
     "Relu": (Category.ELEMWISE, Mapping.ONE_TO_ONE),
     "LeakyRelu": (Category.ELEMWISE, Mapping.ONE_TO_ONE),
@@ -66,6 +66,13 @@ EXPECTED = {
     "Shape": (Category.OPAQUE, Mapping.MANY_TO_MANY),
     "ConstantOfShape": (Category.OPAQUE, Mapping.MANY_TO_MANY),
     "Constant": (Category.OPAQUE, Mapping.MANY_TO_MANY),
+    # Issue 12: elementwise (an epilogue or prologue candidate) ...
+    **{op: (Category.ELEMWISE, Mapping.ONE_TO_ONE) for op in (
+        "Elu", "Selu", "Celu", "Mish", "ThresholdedRelu", "Softsign", "Floor", "Ceil", "Round", "Sign", "Sin",
+        "Cos", "IsNaN", "IsInf", "Not")},
+    **{op: (Category.BROADCAST, Mapping.ONE_TO_ONE) for op in (
+        "PRelu", "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "And", "Or", "Xor", "Mod", "BitShift", "Sum",
+        "Mean")},
 }
 
 

@@ -22,7 +22,7 @@ holds the bounds), in ulps of the result where it is normal:
 
     Relu 0, LeakyRelu 0.5, Exp 0.98, Log 0.82, Erf 0.95, Tanh 1.31, Softplus 2.76,
     Sigmoid 2.77, SiLU 3.2 (x >= -87.3; below, exp(x) is subnormal: |err| < 1e-43),
-    HardSwish 1.55 (x >= 0), HardSigmoid 2.4 (x >= -2),
+    HardSwish 1.55 (x >= 0), HardSigmoid 2.4 (x >= -2), Elu 1.16, Mish 3.56 (x >= -87),
     GELU (erf) 2.7 (x >= -1), GELU (tanh) 2.4 (x >= 0), 14.6 (x >= -3).
 
 Below those ranges the float32 formula itself loses relative accuracy, not the helpers:
@@ -37,10 +37,10 @@ from typing import Callable
 
 import numpy as np
 
-from opfuse.codegen.ctype import c_type, is_float, literal, math_fn
+from opfuse.codegen.ctype import c_type, highest, is_float, literal, lowest, math_fn
 from opfuse.codegen import vecmath
 from opfuse.codegen.erf import require_erf
-from opfuse.codegen.index import Index, add, mul
+from opfuse.codegen.index import Index, add, mod, mul
 from opfuse.ir.graph import Node
 from opfuse.ops.registry import get_spec
 
@@ -284,6 +284,7 @@ def _fold(fn):
 
 RULES["Max"] = _fold(_max)
 RULES["Min"] = _fold(_min)
+RULES["Sum"] = _fold(lambda a, b: f"{a} + {b}")
 
 
 @_register("Where")
@@ -471,3 +472,150 @@ def _pad(ev, node, k, idx):
 def _resize(ev, node, k, idx):
     from opfuse.codegen.resize import resize_rule
     return resize_rule(ev, node, idx)
+
+
+# Issue 12's elementwise ops ------------------------------------------------------------------
+# Branch-free like the ones above: the exponential tails use the vectorised expm1/exp, rounding
+# to an integer is the "add and subtract 1.5 * 2^(p-1)" trick (exact, round-half-even under the
+# default rounding mode), comparisons and logic are 0/1 bytes combined with bitwise operators.
+# Sin, Cos, Floor, Ceil and fmod call libm (gcc inlines floor/ceil as one instruction on x86).
+
+def _expm1(ev, dt, x: str) -> str:
+    if _f32(dt):
+        return f"{vecmath.require(ev.kc.program, vecmath.EXPM1)}({x})"
+    return f"{math_fn('expm1', dt)}({x})"
+
+
+def _elu(ev, x, dt, alpha: float) -> str:
+    return f"({x} > {_L(0, dt)} ? {x} : {_L(alpha, dt)} * {let(ev, dt, _expm1(ev, dt, x))})"
+
+
+def _mish(ev, x, dt, a):
+    """x tanh(log(1 + e)) = x n / (n + 2) with n = e (e + 2), e = exp(x); x itself above 20,
+    where tanh(softplus(x)) rounds to 1 (and n overflows beyond 44)."""
+    e = let(ev, dt, f"{_vec(ev, dt, vecmath.EXP, 'exp')}({x})")
+    n = let(ev, dt, f"{e} * ({e} + {_L(2, dt)})")
+    return f"({x} > {_L(20, dt)} ? {x} : {x} * {n} / ({n} + {_L(2, dt)}))"
+
+
+def _round(ev, x, dt, a):
+    """Round half to even: |x| + 2^(p-1) - 2^(p-1) rounds to an integer in the current (nearest-
+    even) mode for |x| < 2^(p-1); larger floats are integers already (and NaN stays NaN)."""
+    big = _L(2.0 ** 23 if _f32(dt) else 2.0 ** 52, dt)
+    ax = let(ev, dt, f"{math_fn('fabs', dt)}({x})")
+    return f"({ax} < {big} ? {math_fn('copysign', dt)}(({ax} + {big}) - {big}, {x}) : {x})"
+
+
+def _sign(ev, x, dt, a):
+    if is_float(dt):  # keeps 0, -0 and NaN, as np.sign
+        return f"({x} > {_L(0, dt)} ? {_L(1, dt)} : ({x} < {_L(0, dt)} ? {_L(-1, dt)} : {x}))"
+    if np.issubdtype(dt, np.unsignedinteger):
+        return f"({c_type(dt)})({x} > 0)"
+    return f"({c_type(dt)})(({x} > 0) - ({x} < 0))"
+
+
+def _isinf(ev, node, k, idx):
+    a = _attrs(node)
+    x = ev.operand(node, 0, idx)
+    dt = node.input(0).dtype
+    tests = []
+    if int(a["detect_positive"]):
+        tests.append(f"{x} == {highest(dt)}")
+    if int(a["detect_negative"]):
+        tests.append(f"{x} == {lowest(dt)}")
+    return f"({' || '.join(tests)})" if tests else "0"
+
+
+_unary("Elu", lambda ev, x, dt, a: _elu(ev, x, dt, a["alpha"]))
+_unary("Selu", lambda ev, x, dt, a: f"{_L(a['gamma'], dt)} * {let(ev, dt, _elu(ev, x, dt, a['alpha']))}")
+
+
+def _celu(ev, x, dt, a):
+    """max(0, x) + min(0, alpha expm1(x / alpha)): one of the two terms is 0."""
+    alpha = _L(a["alpha"], dt)
+    return f"({x} > {_L(0, dt)} ? {x} : {alpha} * {let(ev, dt, _expm1(ev, dt, f'{x} / {alpha}'))})"
+
+
+_unary("Celu", _celu)
+_unary("Mish", _mish)
+_unary("ThresholdedRelu", lambda ev, x, dt, a: f"({x} > {_L(a['alpha'], dt)} ? {x} : {_L(0, dt)})")
+_unary("Softsign", lambda ev, x, dt, a: f"{x} / ({_L(1, dt)} + {math_fn('fabs', dt)}({x}))")
+_unary("Floor", lambda ev, x, dt, a: f"{math_fn('floor', dt)}({x})")
+_unary("Ceil", lambda ev, x, dt, a: f"{math_fn('ceil', dt)}({x})")
+_unary("Round", _round)
+_unary("Sign", _sign)
+_unary("Sin", lambda ev, x, dt, a: f"{math_fn('sin', dt)}({x})")
+_unary("Cos", lambda ev, x, dt, a: f"{math_fn('cos', dt)}({x})")
+_unary("Not", lambda ev, x, dt, a: f"({x} ^ 1)")
+RULES["IsNaN"] = lambda ev, node, k, idx: f"({ev.operand(node, 0, idx)} != {ev.operand(node, 0, idx)})"
+RULES["IsInf"] = _isinf
+
+_binary("Greater", lambda a, b, dt: f"({a} > {b})")
+_binary("Less", lambda a, b, dt: f"({a} < {b})")
+_binary("GreaterOrEqual", lambda a, b, dt: f"({a} >= {b})")
+_binary("LessOrEqual", lambda a, b, dt: f"({a} <= {b})")
+_binary("And", lambda a, b, dt: f"({a} & {b})")
+_binary("Or", lambda a, b, dt: f"({a} | {b})")
+_binary("Xor", lambda a, b, dt: f"({a} ^ {b})")
+_binary("PRelu", lambda a, b, dt: f"({a} < 0 ? {a} * {b} : {a})")
+
+
+@_register("Mod")
+def _mod(ev, node, k, idx):
+    """Python's % (fmod=0: the divisor's sign) or C's fmod (fmod=1). An integer divisor of 0
+    gives 0 (the reference refuses it), -1 gives 0 without the INT_MIN % -1 trap."""
+    dt = node.outputs[0].dtype
+    a = ev.operand(node, 0, idx)
+    b = ev.operand(node, 1, idx)
+    floored = not int(_attrs(node)["fmod"])
+    if is_float(dt):
+        r = let(ev, dt, f"{math_fn('fmod', dt)}({a}, {b})")
+        if not floored:
+            return r
+        return f"({r} != {_L(0, dt)} && ({r} < {_L(0, dt)}) != ({b} < {_L(0, dt)}) ? {r} + {b} : {r})"
+    if np.issubdtype(dt, np.unsignedinteger):
+        return f"({b} == 0 ? 0 : {a} % ({b} == 0 ? 1 : {b}))"
+    safe = let(ev, dt, f"({b} == 0 || {b} == -1 ? 1 : {b})")
+    r = let(ev, dt, f"({c_type(dt)})({a} % {safe})")
+    if floored:
+        r = let(ev, dt, f"({r} != 0 && ({r} < 0) != ({b} < 0) ? {r} + {b} : {r})")
+    return f"({b} == 0 ? 0 : {r})"
+
+
+@_register("BitShift")
+def _bitshift(ev, node, k, idx):
+    """Shifts outside [0, width) give the sign fill (-1 for a negative right-shifted value, else 0);
+    left shifts go through the unsigned type (two's complement wrap, no signed overflow)."""
+    dt = node.outputs[0].dtype
+    ct = c_type(dt)
+    x = ev.operand(node, 0, idx)
+    y = ev.operand(node, 1, idx)
+    bits = dt.itemsize * 8
+    signed = np.issubdtype(dt, np.signedinteger)
+    inside = f"({y} >= 0 && {y} < {bits})" if signed else f"({y} < {bits})"
+    amount = f"({y} & {bits - 1})"
+    if _attrs(node)["direction"] == "LEFT":
+        ut = c_type(np.dtype(f"u{dt.itemsize}"))
+        return f"({inside} ? ({ct})(({ut}){x} << {amount}) : 0)"
+    fill = f"({x} < 0 ? -1 : 0)" if signed else "0"
+    return f"({inside} ? ({ct})({x} >> {amount}) : {fill})"
+
+
+@_register("Trilu")
+def _trilu(ev, node, k, idx):
+    """Keeps x[..., i, j] where j - i >= k (upper) or j - i <= k (lower), else 0."""
+    x = ev.operand(node, 0, idx)
+    dt = node.outputs[0].dtype
+    kv = node.inputs[1] if len(node.inputs) > 1 else None
+    shift = "0" if kv is None else f"(long){ev.at(kv, Index(kv.shape, ('0',) * len(kv.shape)))}"
+    i, j = idx.dims[-2], idx.dims[-1]
+    cmp = ">=" if int(_attrs(node)["upper"]) else "<="
+    return f"((long)({j}) - (long)({i}) {cmp} {shift} ? {x} : {_L(0, dt)})"
+
+
+
+
+@_register("Mean")
+def _mean(ev, node, k, idx):
+    dt = node.outputs[0].dtype
+    return f"{let(ev, dt, RULES['Sum'](ev, node, k, idx))} / {_L(len(node.input_values()), dt)}"
