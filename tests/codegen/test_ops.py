@@ -120,6 +120,24 @@ def reduce_suite() -> Suite:
     s.case("sum_trailing_long", "ReduceSum", s.b.input("long2", (3, 40, 20)), axes=[1, 2])
     s.case("max_axes02", "ReduceMax", x, axes=[0, 2], keepdims=0)
     s.case("max_noop", "ReduceMax", x, axes=[], noop_with_empty_axes=1)
+    # Issue 12's reductions.
+    for op in ("ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSumExp"):
+        s.case(f"{op}_trailing", op, x, axes=[2, 3], keepdims=0)
+        s.case(f"{op}_middle", op, x, axes=[1])
+    s.case("ReduceLogSum_all", "ReduceLogSum", s.b.op("Abs", x))
+    s.case("ReduceLogSumExp_long", "ReduceLogSumExp", s.b.input("long3", (3, 70)), axes=[-1])
+    s.case("ReduceL2_int", "ReduceL2", s.b.input("ri", (3, 4), I64), axes=[1])
+    s.case("ReduceMin_noop", "ReduceMin", x, axes=[], noop_with_empty_axes=1)
+    s.case("global_max_pool", "GlobalMaxPool", x)
+    s.case("log_softmax_last", "LogSoftmax", x)
+    s.case("log_softmax_axis1", "LogSoftmax", x, axis=1)
+    s.case("hardmax_last", "Hardmax", x)
+    s.case("argmax_axis1", "ArgMax", x, axis=1)
+    s.case("argmin_last_nokeep", "ArgMin", x, axis=-1, keepdims=0)
+    s.case("argmax_select_last", "ArgMax", s.b.input("ties", (4, 6), I64), axis=1, select_last_index=1)
+    s.case("argmin_first_tie", "ArgMin", s.b.input("ties2", (4, 6), I64), axis=0)
+    s.case("cumsum_axis2", "CumSum", x, s.c(np.array(2, I64)))
+    s.case("cumsum_exclusive_reverse", "CumSum", x, s.c(np.array([-1], np.int32)), exclusive=1, reverse=1)
     return s
 
 

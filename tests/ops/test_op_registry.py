@@ -73,6 +73,10 @@ EXPECTED = {
     **{op: (Category.BROADCAST, Mapping.ONE_TO_ONE) for op in (
         "PRelu", "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "And", "Or", "Xor", "Mod", "BitShift", "Sum",
         "Mean")},
+    # ... reductions (an anchor with a prologue and an epilogue) ...
+    **{op: (Category.REDUCTION, Mapping.MANY_TO_MANY) for op in (
+        "GlobalMaxPool", "LogSoftmax", "Hardmax", "ArgMax", "ArgMin", "ReduceMin", "ReduceProd", "ReduceL1",
+        "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare", "CumSum")},
 }
 
 

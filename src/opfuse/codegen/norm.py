@@ -122,3 +122,64 @@ def lower_layernorm(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
             finish_element(kc, ev, stage, out, eidx, t)
 
     _row_loop(kc, ev, shape, axis, rank, body)
+
+
+def lower_log_softmax(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
+    """y_j = x_j - max x - log(sum_k exp(x_k - max x)): the row is read once into the buffer,
+    the exps are summed without being stored, and each output is one subtraction."""
+    node = stage.anchor_node
+    x, out = node.input(0), node.outputs[0]
+    shape = x.shape
+    axis = norm_axis(int(get_spec(node.op_type, node).attrs_of(node)["axis"]), len(shape), node)
+    L = shape[axis]
+    dt = out.dtype
+    ct = c_type(dt)
+    f32 = dt == np.float32
+    exp = vecmath.require(kc.program, vecmath.EXP) if f32 else math_fn("exp", dt)
+    log = vecmath.require(kc.program, vecmath.LOG) if f32 else math_fn("log", dt)
+
+    def body(ridx: Index):
+        buf = _row_buffer(kc, ct, L, dt.itemsize)
+        j = kc.tmp("j")
+        with kc.w.block(f"for (long {j} = 0; {j} < {L}; ++{j})"), ev.scope():
+            kc.w.line(f"{buf}[{j}] = {ev.at(x, _element(shape, ridx, axis, axis + 1, j))};")
+        mx = kc.tmp("mx")
+        lane_reduce(kc, ct, lowest(dt), lambda a, b: f"({b} > {a} ? {b} : {a})", L, lambda i: f"{buf}[{i}]", mx)
+        s = kc.tmp("sum")
+        lane_reduce(kc, ct, literal(0, dt), lambda a, b: f"{a} + {b}", L, lambda i: f"{exp}({buf}[{i}] - {mx})", s)
+        shift = kc.tmp("shift")
+        kc.w.line(f"const {ct} {shift} = {mx} + {log}({s});")
+        with kc.w.block(f"for (long {j} = 0; {j} < {L}; ++{j})"), ev.scope():
+            y = kc.tmp("y")
+            kc.w.line(f"const {ct} {y} = {buf}[{j}] - {shift};")
+            finish_element(kc, ev, stage, out, _element(shape, ridx, axis, axis + 1, j), y)
+
+    _row_loop(kc, ev, shape, axis, axis + 1, body)
+
+
+def lower_hardmax(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
+    """1 at the first maximum of the row (NaN counting as the maximum, as np.argmax), 0 elsewhere."""
+    node = stage.anchor_node
+    x, out = node.input(0), node.outputs[0]
+    shape = x.shape
+    axis = norm_axis(int(get_spec(node.op_type, node).attrs_of(node)["axis"]), len(shape), node)
+    L = shape[axis]
+    dt = out.dtype
+    ct = c_type(dt)
+
+    def body(ridx: Index):
+        buf = _row_buffer(kc, ct, L, dt.itemsize)
+        j = kc.tmp("j")
+        with kc.w.block(f"for (long {j} = 0; {j} < {L}; ++{j})"), ev.scope():
+            kc.w.line(f"{buf}[{j}] = {ev.at(x, _element(shape, ridx, axis, axis + 1, j))};")
+        at = kc.tmp("at")
+        kc.w.line(f"long {at} = 0;")
+        with kc.w.block(f"for (long {j} = 1; {j} < {L}; ++{j})"):
+            v, best = f"{buf}[{j}]", f"{buf}[{at}]"
+            kc.w.line(f"if ({v} > {best} || ({v} != {v} && {best} == {best})) {at} = {j};")
+        with kc.w.block(f"for (long {j} = 0; {j} < {L}; ++{j})"), ev.scope():
+            y = kc.tmp("y")
+            kc.w.line(f"const {ct} {y} = {j} == {at} ? {literal(1, dt)} : {literal(0, dt)};")
+            finish_element(kc, ev, stage, out, _element(shape, ridx, axis, axis + 1, j), y)
+
+    _row_loop(kc, ev, shape, axis, axis + 1, body)

@@ -45,6 +45,7 @@ AXES_INPUT_SINCE = {
     "ReduceProd": 18,
     "ReduceL1": 18,
     "ReduceL2": 18,
+    "ReduceLogSum": 18,
     "ReduceLogSumExp": 18,
     "ReduceSumSquare": 18,
 }
