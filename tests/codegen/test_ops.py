@@ -217,6 +217,8 @@ def elementwise_suite() -> Suite:
     u = s.b.input("u", (3, 4), np.uint32)
     s.case("bitshift_left_u32", "BitShift", u, s.c(np.array([1, 3, 31, 32], np.uint32)), direction="LEFT")
     s.case("bitshift_right_i64", "BitShift", m, s.c(np.array([1, 0, 64, -1], I64)), direction="RIGHT")
+    s.case("trilu_upper_k1", "Trilu", x, s.c(np.array(1, I64)))
+    s.case("trilu_lower_runtime_k", "Trilu", x, s.b.input("tk", (), I64), upper=0)
     return s
 
 
@@ -256,6 +258,23 @@ def movement_suite() -> Suite:
            mode="linear", coordinate_transformation_mode="tf_crop_and_resize", axes=[2, 3],
            extrapolation_value=-1.0)
     s.case("dropout", "Dropout", x)
+    # Issue 12's data movement.
+    s.case("tile", "Tile", x, s.c([1, 2, 1, 3], I64))
+    s.case("depth_to_space_dcr", "DepthToSpace", s.b.input("d2s", (2, 8, 3, 2)), blocksize=2)
+    s.case("depth_to_space_crd", "DepthToSpace", s.b.input("d2s2", (1, 18, 2, 3)), blocksize=3, mode="CRD")
+    s.case("space_to_depth", "SpaceToDepth", s.b.input("s2d1", (2, 3, 4, 6)), blocksize=2)
+    s.case("space_to_depth_crd", "SpaceToDepth", s.b.input("s2d", (1, 3, 6, 9)), blocksize=3, mode="CRD")
+    ge_idx = np.random.default_rng(1).integers(-6, 6, (2, 3, 4, 5))
+    s.case("gather_elements_axis1", "GatherElements", x, s.c(ge_idx, I64), axis=1)
+    s.case("gather_elements_runtime", "GatherElements", x, s.b.input("ge", (2, 6, 4, 2), I64), axis=-1)
+    s.case("gather_nd", "GatherND", x, s.c([[0, 1], [1, -1], [0, 5]], I64))
+    s.case("gather_nd_batch", "GatherND", x, s.b.input("gnd", (2, 3, 1), I64), batch_dims=1)
+    s.case("onehot", "OneHot", s.b.input("oh", (3, 4), I64), s.c(np.array(5, I64)), s.c(np.array([-1, 2], np.float32)),
+           axis=1)
+    s.case("onehot_negative", "OneHot", s.c(np.array([[-1, 2], [7, -5]], I64)), s.c(np.array([5], np.float32)),
+           s.c(np.array([0, 1], I64)))
+    s.case("range_float", "Range", s.c(np.float32(-1.5)), s.c(np.float32(2.0)), s.c(np.float32(0.25)))
+    s.case("range_int_down", "Range", s.c(np.array(10, I64)), s.c(np.array(-3, I64)), s.c(np.array(-4, I64)))
     s.case("shape_static", "Shape", x)
     s.case("constant_of_shape", "ConstantOfShape", s.c([2, 3], I64), value=np.array([1.5], np.float32))
     return s

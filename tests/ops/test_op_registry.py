@@ -69,7 +69,7 @@ EXPECTED = {
     # Issue 12: elementwise (an epilogue or prologue candidate) ...
     **{op: (Category.ELEMWISE, Mapping.ONE_TO_ONE) for op in (
         "Elu", "Selu", "Celu", "Mish", "ThresholdedRelu", "Softsign", "Floor", "Ceil", "Round", "Sign", "Sin",
-        "Cos", "IsNaN", "IsInf", "Not")},
+        "Cos", "IsNaN", "IsInf", "Not", "Trilu")},
     **{op: (Category.BROADCAST, Mapping.ONE_TO_ONE) for op in (
         "PRelu", "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "And", "Or", "Xor", "Mod", "BitShift", "Sum",
         "Mean")},
@@ -77,6 +77,14 @@ EXPECTED = {
     **{op: (Category.REDUCTION, Mapping.MANY_TO_MANY) for op in (
         "GlobalMaxPool", "LogSoftmax", "Hardmax", "ArgMax", "ArgMin", "ReduceMin", "ReduceProd", "ReduceL1",
         "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare", "CumSum")},
+    # ... and data movement.
+    "Tile": (Category.INJECTIVE, Mapping.ONE_TO_MANY),
+    "DepthToSpace": (Category.INJECTIVE, Mapping.ONE_TO_ONE),
+    "SpaceToDepth": (Category.INJECTIVE, Mapping.ONE_TO_ONE),
+    "GatherElements": (Category.INJECTIVE, Mapping.ONE_TO_MANY),
+    "GatherND": (Category.INJECTIVE, Mapping.ONE_TO_MANY),
+    "OneHot": (Category.INJECTIVE, Mapping.ONE_TO_MANY),
+    "Range": (Category.INJECTIVE, Mapping.ONE_TO_MANY),
 }
 
 

@@ -613,6 +613,95 @@ def _trilu(ev, node, k, idx):
     return f"((long)({j}) - (long)({i}) {cmp} {shift} ? {x} : {_L(0, dt)})"
 
 
+# Issue 12's data movement: index maps ----------------------------------------------------------
+@_register("Tile")
+def _tile(ev, node, k, idx):
+    x = node.input(0)
+    dims = tuple(mod(e, d) if d != n else e for e, d, n in zip(idx.dims, x.shape, idx.shape, strict=True))
+    return ev.at(x, Index(tuple(x.shape), dims))
+
+
+@_register("DepthToSpace")
+def _depth_to_space(ev, node, k, idx):
+    from opfuse.codegen.index import div
+    x = node.input(0)
+    a = _attrs(node)
+    b = int(a["blocksize"])
+    c_out = idx.shape[1]
+    n, c, h, w = idx.dims
+    bh, bw = mod(h, b), mod(w, b)
+    block = add(mul(bh, b), bw)
+    ch = add(mul(block, c_out), c) if a["mode"] == "DCR" else add(mul(c, b * b), block)
+    return ev.at(x, Index(tuple(x.shape), (n, ch, div(h, b), div(w, b))))
+
+
+@_register("SpaceToDepth")
+def _space_to_depth(ev, node, k, idx):
+    from opfuse.codegen.index import div
+    x = node.input(0)
+    a = _attrs(node)
+    b = int(a["blocksize"])
+    c_in = x.shape[1]
+    n, oc, h, w = idx.dims
+    if a["mode"] == "DCR":
+        block, c = div(oc, c_in), mod(oc, c_in)
+    else:
+        block, c = mod(oc, b * b), div(oc, b * b)
+    bh, bw = div(block, b), mod(block, b)
+    return ev.at(x, Index(tuple(x.shape), (n, c, add(mul(h, b), bh), add(mul(w, b), bw))))
+
+
+def _clamped_index(ev, raw: str, dim: int) -> str:
+    """A run-time index, negative counting from the end, clamped into [0, dim): a bad index must
+    never read outside the tensor (the reference refuses it)."""
+    g0 = let(ev, np.int64, f"(int64_t)({raw} < 0 ? {raw} + {dim} : {raw})")
+    return let(ev, np.int64, f"({g0} < 0 ? 0 : ({g0} >= {dim} ? {dim - 1} : {g0}))")
+
+
+@_register("GatherElements")
+def _gather_elements(ev, node, k, idx):
+    data, ind = node.input(0), node.input(1)
+    axis = _attrs(node)["axis"]
+    axis = axis + len(data.shape) if axis < 0 else axis
+    g = _clamped_index(ev, ev.at(ind, idx), data.shape[axis])
+    dims = idx.dims[:axis] + (g,) + idx.dims[axis + 1:]
+    return ev.at(data, Index(tuple(data.shape), dims))
+
+
+@_register("GatherND")
+def _gather_nd(ev, node, k, idx):
+    from opfuse.ops.indexing import gathernd_geometry
+    data, ind = node.input(0), node.input(1)
+    b, depth = gathernd_geometry(node, _attrs(node))
+    r = len(ind.shape) - 1  # output axes that walk the index tuples
+    tuple_at = idx.dims[:r]
+    picks = [_clamped_index(ev, ev.at(ind, Index(tuple(ind.shape), tuple_at + (str(j),))), data.shape[b + j])
+             for j in range(depth)]
+    dims = tuple(idx.dims[:b]) + tuple(picks) + tuple(idx.dims[r:])
+    return ev.at(data, Index(tuple(data.shape), dims))
+
+
+@_register("OneHot")
+def _onehot(ev, node, k, idx):
+    from opfuse.ops.indexing import onehot_depth
+    ind, values = node.input(0), node.input(2)
+    out = node.outputs[0]
+    axis = _attrs(node)["axis"]
+    axis = axis + len(out.shape) if axis < 0 else axis
+    depth = onehot_depth(node)
+    raw = ev.at(ind, Index(tuple(ind.shape), idx.dims[:axis] + idx.dims[axis + 1:]))
+    kk = let(ev, np.int64, f"(int64_t)({raw})")
+    kk = let(ev, np.int64, f"({kk} < 0 ? {kk} + {depth} : {kk})")
+    off, on = (ev.at(values, Index.linear(values.shape, str(i))) for i in (0, 1))
+    return f"({kk} == (int64_t)({idx.dims[axis]}) ? {on} : {off})"
+
+
+@_register("Range")
+def _range(ev, node, k, idx):
+    from opfuse.ops.indexing import range_params
+    dt = node.outputs[0].dtype
+    start, delta, _ = range_params(node)
+    return f"{_L(start, dt)} + ({c_type(dt)})({idx.dims[0]}) * {_L(delta, dt)}"
 
 
 @_register("Mean")
