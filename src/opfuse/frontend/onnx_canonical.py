@@ -12,7 +12,8 @@ they are. The canonical forms are described in ``opfuse.ops`` and the common bri
   ``value`` (before 11), Slice's ``starts``/``ends``/``axes`` (before 10), Clip's bounds (before 11);
 * Softmax normalises along one ``axis``; Resize has the opset-11 inputs and attributes (Resize-10
   and Upsample become the Resize they mean);
-* Constant, Identity and inference Dropout disappear (their outputs are rewired).
+* Constant, Identity and inference Dropout disappear (their outputs are rewired); CastLike is the
+  Cast to its second input's type, and Size (static shapes) a constant.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ CANONICALIZERS: dict[str, Canonicalizer] = {}
 # Ops the importer removes entirely (their outputs are rewired), so opfuse needs no OpSpec.
 REMOVED_OPS = frozenset({"Constant", "Identity", "Dropout"})
 # Ops with no OpSpec of their own that the importer rewrites into ops that have one.
-REWRITTEN_OPS = frozenset({"Upsample"})
+REWRITTEN_OPS = frozenset({"Upsample", "CastLike", "Size"})
 
 # Outputs from this index on are optional extras (masks, indices, training statistics):
 # dropped when nobody reads them, so the IR node has just the outputs opfuse computes.
@@ -309,3 +310,18 @@ def batch_normalization(ctx, node, inputs):
         raise UnsupportedOpError("BatchNormalization", node.name, ctx.opset,
                                  detail="spatial=0 (per-activation statistics) is not supported")
     return emit_as_is(ctx, node, inputs, attrs)
+
+
+@canonicalizes("CastLike")
+def cast_like(ctx, node, inputs):
+    """CastLike(x, like) = Cast(x, to=like's element type); ``like``'s data is never read."""
+    from onnx import helper
+    attrs = dict(node.attrs)
+    attrs["to"] = int(helper.np_dtype_to_tensor_dtype(inputs[1].dtype))
+    return ctx.emit("Cast", [inputs[0]], attrs, name=node.name, outputs=node.outputs)
+
+
+@canonicalizes("Size")
+def size(ctx, node, inputs):
+    """The number of elements of a statically shaped tensor: an int64 constant."""
+    return [ctx.const(node.outputs[0], np.array(inputs[0].size, dtype=np.int64))]
