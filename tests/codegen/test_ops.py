@@ -113,6 +113,8 @@ def reduce_suite() -> Suite:
     s.case("layernorm_last", "LayerNormalization", x, s.w(7), s.w(7))
     s.case("layernorm_axis1_nobias", "LayerNormalization", x, s.w(3, 5, 7), axis=1, epsilon=1e-3)
     s.case("layernorm_bcast_scale", "LayerNormalization", x, s.w(5, 1), s.w(7), axis=2)
+    ln = s.b.op("LayerNormalization", x, s.w(5, 7), axis=2, num_outputs=3, name="layernorm_stats")
+    s.cases["layernorm_stats_y"], s.cases["layernorm_stats_mean"], s.cases["layernorm_stats_inv_std"] = ln
     s.case("mean_axes13", "ReduceMean", x, axes=[1, 3], keepdims=0)
     s.case("mean_last_keep", "ReduceMean", x, axes=[-1])
     s.case("mean_all", "ReduceMean", x)

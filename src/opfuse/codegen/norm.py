@@ -11,6 +11,7 @@ once through the epilogue:
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -18,7 +19,7 @@ from opfuse.codegen import vecmath
 from opfuse.codegen.ctype import c_type, literal, lowest, math_fn
 from opfuse.codegen.index import Index, delinearize
 from opfuse.codegen.epilogue import finish_element
-from opfuse.codegen.loops import emit_loop_nest, lane_reduce
+from opfuse.codegen.loops import emit_loop_nest, lane_reduce, store
 from opfuse.codegen.stages import GroupAnalysis, Stage
 from opfuse.ops.common import norm_axis
 from opfuse.ops.registry import get_spec
@@ -81,9 +82,13 @@ def lower_softmax(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
 def lower_layernorm(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     node = stage.anchor_node
     x, out = node.input(0), node.outputs[0]
-    if any(id(v) in {id(o) for o in stage.outputs} for v in node.outputs[1:]):
-        raise kc.error(f"LayerNormalization '{node.name}': its mean / inv_std outputs are not supported")
+    group_ids = {id(n) for n in analysis.live}
+    stats = [v for v in node.outputs[1:] if any(id(v) == id(o) for o in stage.outputs)]
+    if any(id(u) in group_ids for v in node.outputs[1:] for u, _ in v.uses):
+        raise kc.error(f"LayerNormalization '{node.name}': its mean / inv_std outputs feed the group; only "
+                       f"storing them is supported")
     a = get_spec(node.op_type, node).attrs_of(node)
+    per_element = replace(stage, outputs=[v for v in stage.outputs if all(v is not s for s in stats)])
     shape = x.shape
     rank = len(shape)
     axis = norm_axis(int(a["axis"]), rank, node)
@@ -112,6 +117,9 @@ def lower_layernorm(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
         inv = kc.tmp("inv")
         kc.w.line(f"const {ct} {inv} = {literal(1, dt)} / {math_fn('sqrt', dt)}({sq} / {literal(L, dt)} + "
                   f"{literal(a['epsilon'], dt)});")
+        for v in stats:  # Mean and InvStdDev: one per row, shaped like the row index
+            stat = mean if v is node.outputs[1] else inv
+            store(kc, ev, v, Index(ridx.shape, ridx.dims), f"({c_type(v.dtype)}){stat}")
         with kc.w.block(f"for (long {j} = 0; {j} < {L}; ++{j})"), ev.scope():
             eidx = _element(shape, ridx, axis, rank, j)
             y = f"({buf}[{j}] - {mean}) * {inv} * {ev.at(scale, eidx.broadcast_to(scale.shape))}"
@@ -119,7 +127,7 @@ def lower_layernorm(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
                 y += f" + {ev.at(bias, eidx.broadcast_to(bias.shape))}"
             t = kc.tmp("y")
             kc.w.line(f"const {ct} {t} = {y};")
-            finish_element(kc, ev, stage, out, eidx, t)
+            finish_element(kc, ev, per_element, out, eidx, t)
 
     _row_loop(kc, ev, shape, axis, rank, body)
 
