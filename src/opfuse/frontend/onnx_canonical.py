@@ -36,7 +36,8 @@ CANONICALIZERS: dict[str, Canonicalizer] = {}
 # Ops the importer removes entirely (their outputs are rewired), so opfuse needs no OpSpec.
 REMOVED_OPS = frozenset({"Constant", "Identity", "Dropout"})
 # Ops with no OpSpec of their own that the importer rewrites into ops that have one.
-REWRITTEN_OPS = frozenset({"Upsample", "CastLike", "Size"})
+REWRITTEN_OPS = frozenset({"Upsample", "CastLike", "Size", "DequantizeLinear", "QuantizeLinear", "LpNormalization",
+                           "LpPool", "InstanceNormalization", "EyeLike"})
 
 # Outputs from this index on are optional extras (masks, indices, training statistics):
 # dropped when nobody reads them, so the IR node has just the outputs opfuse computes.
