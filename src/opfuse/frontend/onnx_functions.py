@@ -24,6 +24,8 @@ An op the body needs and opfuse lacks is refused naming both ops.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import onnx
 import onnx.defs
 from onnx import helper
@@ -43,7 +45,7 @@ MAX_DEPTH = 8
 def has_function(op_type: str, opset: int) -> bool:
     """Whether ``op_type`` at ``opset`` is an ONNX function whose body opfuse can inline."""
     try:
-        schema = onnx.defs.get_schema(op_type, opset, "")
+        schema: Any = onnx.defs.get_schema(op_type, opset, "")  # the stubs lack the function API
     except onnx.defs.SchemaError:
         return False
     return not schema.deprecated and (schema.has_function or schema.has_context_dependent_function)
@@ -80,7 +82,7 @@ def _type_proto(v) -> bytes:
     return helper.make_tensor_type_proto(NUMPY_TO_ONNX[v.dtype], list(v.shape)).SerializeToString()
 
 
-def function_body(schema: onnx.defs.OpSchema, node: onnx.NodeProto, inputs: list, opset: int) -> onnx.FunctionProto:
+def function_body(schema: Any, node: onnx.NodeProto, inputs: list, opset: int) -> onnx.FunctionProto:
     """The body of ``node``'s function, for its attributes and input types."""
     version = _pick_version(schema.context_dependent_function_opset_versions, opset) \
         if schema.has_context_dependent_function else None
@@ -105,7 +107,7 @@ def _inline(ctx: ImportContext, node: OnnxNode, inputs: list, depth: int, opset:
     if depth >= MAX_DEPTH:
         raise ModelError(f"node '{node.name}' ({node.op_type}): its ONNX function body nests more than "
                          f"{MAX_DEPTH} levels deep")
-    schema = onnx.defs.get_schema(node.op_type, opset, "")
+    schema: Any = onnx.defs.get_schema(node.op_type, opset, "")
     assert node.proto is not None
     try:
         body = function_body(schema, node.proto, inputs, opset)

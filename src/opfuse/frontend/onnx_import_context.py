@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import onnx
 
 from opfuse.errors import ModelError, OpfuseError, ShapeError, UnsupportedOpError
 from opfuse.ir.graph import Graph, Node, Value
@@ -30,7 +31,7 @@ class OnnxNode:
     inputs: list[str]
     outputs: list[str]
     attrs: dict = field(default_factory=dict)
-    proto: object = None  # the onnx.NodeProto (function bodies are built from it)
+    proto: onnx.NodeProto | None = None  # the ONNX node itself (function bodies are built from it)
 
 
 class ImportContext:
