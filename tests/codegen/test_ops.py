@@ -275,6 +275,25 @@ def movement_suite() -> Suite:
            axis=1)
     s.case("onehot_negative", "OneHot", s.c(np.array([[-1, 2], [7, -5]], I64)), s.c(np.array([5], np.float32)),
            s.c(np.array([0, 1], I64)))
+    t = s.b.input("topk_x", (3, 9))
+    for name, attrs in (("topk_largest", {}), ("topk_smallest_axis0", {"largest": 0, "axis": 0})):
+        vals, idx = s.b.op("TopK", t, s.c(np.array([2], I64)), num_outputs=2, name=name, **attrs)
+        s.cases[f"{name}_values"], s.cases[f"{name}_indices"] = vals, idx
+    ties = s.b.op("Floor", s.b.op("Mul", t, s.c(np.float32(0.7))))
+    s.cases["topk_ties_values"], s.cases["topk_ties_indices"] = s.b.op("TopK", ties, s.c(np.array([5], I64)),
+                                                                        num_outputs=2, name="topk_ties")
+    s.case("scatter_nd", "ScatterND", x, s.c([[1, 2], [0, -1], [1, 2]], I64), s.b.input("snd_u", (3, 4, 5)))
+    s.case("scatter_nd_add", "ScatterND", x, s.c([[1, 2], [0, -1], [1, 2]], I64), s.b.input("snd_u2", (3, 4, 5)),
+           reduction="add")
+    s.case("scatter_elements_max", "ScatterElements", x, s.c(np.random.default_rng(2).integers(-4, 4, (2, 6, 3, 5)),
+                                                              I64), s.b.input("se_u", (2, 6, 3, 5)), axis=2,
+           reduction="max")
+    s.case("reverse_sequence", "ReverseSequence", s.b.input("rs", (4, 3, 5)), s.b.input("rs_lens", (3,), I64),
+           batch_axis=1, time_axis=0)
+    s.case("bitcast_f32_i32", "BitCast", x, to=6)
+    s.case("bitwise_and", "BitwiseAnd", s.b.input("bw1", (3, 4), np.int32), s.c(np.array([1, 3, -2, 7], np.int32)))
+    s.case("bitwise_not", "BitwiseNot", s.b.input("bw2", (3, 4), np.uint8))
+    s.case("cumprod_reverse", "CumProd", x, s.c(np.array(1, I64)), reverse=1)
     s.case("range_float", "Range", s.c(np.float32(-1.5)), s.c(np.float32(2.0)), s.c(np.float32(0.25)))
     s.case("range_int_down", "Range", s.c(np.array(10, I64)), s.c(np.array(-3, I64)), s.c(np.array(-4, I64)))
     s.case("shape_static", "Shape", x)

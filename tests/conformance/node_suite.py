@@ -20,7 +20,7 @@ How one is run
 2. Static shapes: opfuse compiles static shapes, so operands that decide a shape (Reshape's
    shape, Slice's starts/ends/axes/steps, Expand's shape, Pad's pads/constant_value/axes,
    Resize's roi/scales/sizes, ConstantOfShape's shape, Squeeze/Unsqueeze/Reduce* axes,
-   Split's sizes, CumSum's axis, OneHot's depth, Range's inputs, Tile's repeats) must be
+   Split's sizes, CumSum's axis, OneHot's depth, Range's inputs, Tile's repeats, TopK's K) must be
    constants. A test that feeds them as graph inputs has them *promoted to initializers*
    holding the test's own input data -- the same values, now known at compile time. Graph
    inputs a shape operand is computed from are promoted too (the walk stops at ``Shape``,
@@ -50,7 +50,7 @@ SHAPE_OPERANDS = {
     "ConstantOfShape": (0,), "Squeeze": (1,), "Unsqueeze": (1,), "ReduceMean": (1,),
     "ReduceSum": (1,), "ReduceMax": (1,), "Split": (1,), "ReduceMin": (1,), "ReduceProd": (1,),
     "ReduceL1": (1,), "ReduceL2": (1,), "ReduceLogSum": (1,), "ReduceLogSumExp": (1,), "ReduceSumSquare": (1,),
-    "CumSum": (1,), "OneHot": (1,), "Range": (0, 1, 2), "Tile": (1,),
+    "CumSum": (1,), "CumProd": (1,), "OneHot": (1,), "Range": (0, 1, 2), "Tile": (1,), "TopK": (1,),
 }
 EXPANDED_MARK = "_expanded"
 DEFAULT_DOMAINS = ("", "ai.onnx")

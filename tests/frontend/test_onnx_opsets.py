@@ -237,3 +237,10 @@ def test_batchnorm_7_spatial_0_is_refused():
         import_model(m)
     nodes = [helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], spatial=1)]
     import_and_compare(model(nodes, [vi("x", [1, 3, 2, 2])], [vi("y", None)], c, opset=7))
+
+
+def test_scatter_10_is_scatter_elements():
+    nodes = [helper.make_node("Scatter", ["x", "i", "u"], ["y"], axis=1)]
+    inits = [init("i", np.array([[1, 0], [2, 1]], np.int64)), init("u", np.ones((2, 2), np.float32))]
+    g = import_and_compare(model(nodes, [vi("x", [2, 3])], [vi("y", None)], inits, opset=10), export_opsets=(11,))
+    assert op_types(g) == ["ScatterElements"]

@@ -118,3 +118,18 @@ def test_sum_and_mean_of_several_broadcast_operands(op):
     a, b, c = X, X[0], X[:, :1, :1]
     assert_close(run1(op, a, b, c), ort_ref(op, [a, b, c])[0])
     assert_close(run1(op, a), a)
+
+
+@pytest.mark.parametrize("op", ["BitwiseAnd", "BitwiseOr", "BitwiseXor"])
+def test_bitwise_ops(op):
+    a = np.array([[5, -3, 255, 0]], np.int32)
+    b = np.array([3, 6, -1, 9], np.int32)
+    assert run1(op, a, b).tolist() == ort_ref(op, [a, b])[0].tolist()
+    assert run1("BitwiseNot", a).tolist() == (~a).tolist()
+
+
+def test_bitcast_reads_the_same_bits():
+    x = np.array([1.0, -2.5, np.inf], np.float32)
+    assert run1("BitCast", x, to=6).tolist() == x.view(np.int32).tolist()
+    with pytest.raises(Exception, match="size"):
+        build_op("BitCast", [x], to=7)

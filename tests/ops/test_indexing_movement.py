@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from op_harness import assert_close, build_op, onnx_ref, ort_ref, run1
+from op_harness import assert_close, build_op, onnx_ref, ort_ref, run1, run_op
 from opfuse.errors import InputError, ShapeError, UnsupportedOpError
 from opfuse.ops import Category, Mapping, get_spec
 
@@ -107,3 +107,54 @@ def test_range_with_runtime_inputs_is_refused():
 def test_categories(op, category, mapping):
     spec = get_spec(op)
     assert (spec.category, spec.mapping) == (category, mapping)
+
+
+@pytest.mark.parametrize("largest", [1, 0])
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_topk_matches_onnxruntime(largest, axis):
+    x = np.round(randn(4, 6) * 2) / 2  # ties: equal values in index order
+    k = np.array([3], np.int64)
+    got = run_op("TopK", [x, k], consts=[1], num_outputs=2, axis=axis, largest=largest)
+    want = ort_ref("TopK", [x, k], num_outputs=2, axis=axis, largest=largest)
+    assert_close(got[0], want[0])
+    assert got[1].tolist() == want[1].tolist()
+
+
+def test_topk_k_must_be_a_constant():
+    with pytest.raises(UnsupportedOpError, match="K.*must be a constant"):
+        build_op("TopK", [randn(4), np.array([2], np.int64)], num_outputs=2)
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
+def test_scatter_nd_matches_onnx_reference(reduction):
+    x = randn(3, 4)
+    idx = np.array([[1], [-1]] if reduction == "none" else [[1], [2], [1]], np.int64)
+    upd = randn(idx.shape[0], 4)
+    got = run1("ScatterND", x, idx, upd, reduction=reduction)
+    assert_close(got, onnx_ref("ScatterND", [x, idx, upd], reduction=reduction)[0])
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "max"])
+def test_scatter_elements_matches_onnx_reference(reduction):
+    x = randn(3, 4)
+    idx = np.array([[1, 0, 2, -1], [0, 2, 1, 1]], np.int64)
+    upd = randn(2, 4)
+    got = run1("ScatterElements", x, idx, upd, axis=0, reduction=reduction)
+    assert_close(got, onnx_ref("ScatterElements", [x, idx, upd], axis=0, reduction=reduction)[0])
+
+
+def test_scatter_out_of_range_names_the_node():
+    with pytest.raises(InputError, match="ScatterND.*out of range"):
+        run1("ScatterND", randn(3), np.array([[3]], np.int64), randn(1))
+
+
+def test_reverse_sequence_matches_onnx_reference():
+    x = randn(4, 3, 2)
+    lens = np.array([4, 1, 3], np.int64)
+    got = run1("ReverseSequence", x, lens, batch_axis=1, time_axis=0)
+    assert_close(got, onnx_ref("ReverseSequence", [x, lens], batch_axis=1, time_axis=0)[0])
+
+
+@pytest.mark.parametrize("op", ["TopK", "ScatterND", "ScatterElements"])
+def test_data_dependent_writes_are_opaque(op):
+    assert get_spec(op).category == Category.OPAQUE

@@ -69,14 +69,14 @@ EXPECTED = {
     # Issue 12: elementwise (an epilogue or prologue candidate) ...
     **{op: (Category.ELEMWISE, Mapping.ONE_TO_ONE) for op in (
         "Elu", "Selu", "Celu", "Mish", "ThresholdedRelu", "Softsign", "Floor", "Ceil", "Round", "Sign", "Sin",
-        "Cos", "IsNaN", "IsInf", "Not", "Trilu")},
+        "Cos", "IsNaN", "IsInf", "Not", "Trilu", "BitwiseNot", "BitCast")},
     **{op: (Category.BROADCAST, Mapping.ONE_TO_ONE) for op in (
         "PRelu", "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "And", "Or", "Xor", "Mod", "BitShift", "Sum",
-        "Mean")},
+        "Mean", "BitwiseAnd", "BitwiseOr", "BitwiseXor")},
     # ... reductions (an anchor with a prologue and an epilogue) ...
     **{op: (Category.REDUCTION, Mapping.MANY_TO_MANY) for op in (
         "GlobalMaxPool", "LogSoftmax", "Hardmax", "ArgMax", "ArgMin", "ReduceMin", "ReduceProd", "ReduceL1",
-        "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare", "CumSum")},
+        "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare", "CumSum", "CumProd")},
     # ... and data movement.
     "Tile": (Category.INJECTIVE, Mapping.ONE_TO_MANY),
     "DepthToSpace": (Category.INJECTIVE, Mapping.ONE_TO_ONE),
@@ -85,6 +85,9 @@ EXPECTED = {
     "GatherND": (Category.INJECTIVE, Mapping.ONE_TO_MANY),
     "OneHot": (Category.INJECTIVE, Mapping.ONE_TO_MANY),
     "Range": (Category.INJECTIVE, Mapping.ONE_TO_MANY),
+    "ReverseSequence": (Category.INJECTIVE, Mapping.ONE_TO_ONE),
+    # Data-dependent writes: never fused.
+    **{op: (Category.OPAQUE, Mapping.MANY_TO_MANY) for op in ("TopK", "ScatterND", "ScatterElements")},
 }
 
 

@@ -178,3 +178,11 @@ def test_cumsum_axis_must_be_a_constant():
 def test_global_max_pool_matches_onnx_reference():
     x = randn(2, 3, 4, 5)
     assert_close(run1("GlobalMaxPool", x), onnx_ref("GlobalMaxPool", [x])[0])
+
+
+@pytest.mark.parametrize("exclusive,reverse", [(0, 0), (1, 1)])
+def test_cumprod_matches_onnx_reference(exclusive, reverse):
+    x = randn(3, 4)
+    a = np.array(1, np.int64)
+    got = run1("CumProd", x, a, consts=[1], exclusive=exclusive, reverse=reverse)
+    assert_close(got, onnx_ref("CumProd", [x, a], opset=26, exclusive=exclusive, reverse=reverse)[0])

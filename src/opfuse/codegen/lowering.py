@@ -7,7 +7,7 @@ from opfuse.codegen.stages import GroupAnalysis, Stage
 
 
 def _table() -> dict[str, Callable]:
-    from opfuse.codegen import concat, conv, gemm, norm, pool, reduce, scan
+    from opfuse.codegen import concat, conv, gemm, norm, pool, reduce, scan, scatter, topk
     return {
         "Conv": conv.lower_conv,
         "ConvTranspose": conv.lower_conv_transpose,
@@ -28,6 +28,10 @@ def _table() -> dict[str, Callable]:
         "LogSoftmax": norm.lower_log_softmax,
         "Hardmax": norm.lower_hardmax,
         "CumSum": scan.lower_cumsum,
+        "CumProd": scan.lower_cumsum,
+        "ScatterND": scatter.lower_scatter,
+        "ScatterElements": scatter.lower_scatter,
+        "TopK": topk.lower_topk,
     }
 
 

@@ -708,3 +708,34 @@ def _range(ev, node, k, idx):
 def _mean(ev, node, k, idx):
     dt = node.outputs[0].dtype
     return f"{let(ev, dt, RULES['Sum'](ev, node, k, idx))} / {_L(len(node.input_values()), dt)}"
+
+
+# Bit operations, BitCast, ReverseSequence -----------------------------------------------------
+_binary("BitwiseAnd", lambda a, b, dt: f"({a} & {b})")
+_binary("BitwiseOr", lambda a, b, dt: f"({a} | {b})")
+_binary("BitwiseXor", lambda a, b, dt: f"({a} ^ {b})")
+_unary("BitwiseNot", lambda ev, x, dt, a: f"({c_type(dt)})(~{x})")
+
+
+@_register("BitCast")
+def _bitcast(ev, node, k, idx):
+    """The same bytes read as the other type (memcpy: the one well-defined way in C99)."""
+    src, dst = node.input(0).dtype, node.outputs[0].dtype
+    x = ev.operand(node, 0, idx)
+    held = ev.kc.tmp("bits")
+    ev.w.line(f"{c_type(src)} {held}_in = {x};")
+    ev.w.line(f"{c_type(dst)} {held};")
+    ev.w.line(f"memcpy(&{held}, &{held}_in, sizeof {held});")
+    return held
+
+
+@_register("ReverseSequence")
+def _reverse_sequence(ev, node, k, idx):
+    from opfuse.ops.indexing import _rs_axes
+    x, lens = node.input(0), node.input(1)
+    b, t = _rs_axes(node, _attrs(node))
+    n = let(ev, np.int64, f"(long)({ev.at(lens, Index(tuple(lens.shape), (idx.dims[b],)))})")
+    step = idx.dims[t]
+    dims = list(idx.dims)
+    dims[t] = let(ev, np.int64, f"({step} < {n} ? {n} - 1 - ({step}) : ({step}))")
+    return ev.at(x, Index(tuple(x.shape), tuple(dims)))

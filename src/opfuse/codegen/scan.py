@@ -1,10 +1,11 @@
-"""CumSum: a running sum along one axis, with fused prologue and epilogue.
+"""CumSum and CumProd: a running sum (product) along one axis, with fused prologue and epilogue.
 
     y[..., i, ...] = sum_{j <= i} x[..., j, ...]      (exclusive: j < i; reverse: j >= i, j > i)
 
 Every row (all axes but the scanned one) is one sequential walk: the accumulator is in
 registers, each element goes through the epilogue as it is finished. The outer loops run over
-the rows, in parallel when there are enough; the sum is in the tensor's own type, in order.
+the rows, in parallel when there are enough; the sum (product) is in the tensor's own type,
+in order.
 """
 from __future__ import annotations
 
@@ -28,10 +29,11 @@ def lower_cumsum(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     ct = c_type(dt)
     reverse, exclusive = bool(int(a["reverse"])), bool(int(a["exclusive"]))
     row_shape = tuple(1 if d == axis else n for d, n in enumerate(shape))
+    op = "*" if node.op_type == "CumProd" else "+"
 
     def body(ridx: Index):
         acc = kc.tmp("acc")
-        kc.w.line(f"{ct} {acc} = {literal(0, dt)};")
+        kc.w.line(f"{ct} {acc} = {literal(1 if op == '*' else 0, dt)};")
         r = kc.tmp("r")
         pos = f"{L - 1} - {r}" if reverse else r
         with kc.w.block(f"for (long {r} = 0; {r} < {L}; ++{r})"), ev.scope():
@@ -42,9 +44,9 @@ def lower_cumsum(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
             y = kc.tmp("y")
             if exclusive:
                 kc.w.line(f"const {ct} {y} = {acc};")
-                kc.w.line(f"{acc} = {acc} + {v};")
+                kc.w.line(f"{acc} = {acc} {op} {v};")
             else:
-                kc.w.line(f"{acc} = {acc} + {v};")
+                kc.w.line(f"{acc} = {acc} {op} {v};")
                 kc.w.line(f"const {ct} {y} = {acc};")
             finish_element(kc, ev, stage, out, idx, y)
 

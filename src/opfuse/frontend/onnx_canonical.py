@@ -36,8 +36,8 @@ CANONICALIZERS: dict[str, Canonicalizer] = {}
 # Ops the importer removes entirely (their outputs are rewired), so opfuse needs no OpSpec.
 REMOVED_OPS = frozenset({"Constant", "Identity", "Dropout"})
 # Ops with no OpSpec of their own that the importer rewrites into ops that have one.
-REWRITTEN_OPS = frozenset({"Upsample", "CastLike", "Size", "DequantizeLinear", "QuantizeLinear", "LpNormalization",
-                           "LpPool", "InstanceNormalization", "EyeLike"})
+REWRITTEN_OPS = frozenset({"Upsample", "Scatter", "CastLike", "Size", "DequantizeLinear", "QuantizeLinear",
+                           "LpNormalization", "LpPool", "InstanceNormalization", "EyeLike"})
 
 # Outputs from this index on are optional extras (masks, indices, training statistics):
 # dropped when nobody reads them, so the IR node has just the outputs opfuse computes.
@@ -326,3 +326,9 @@ def cast_like(ctx, node, inputs):
 def size(ctx, node, inputs):
     """The number of elements of a statically shaped tensor: an int64 constant."""
     return [ctx.const(node.outputs[0], np.array(inputs[0].size, dtype=np.int64))]
+
+
+@canonicalizes("Scatter")
+def scatter(ctx, node, inputs):
+    """Scatter (opsets 9 and 10, deprecated at 11) is ScatterElements."""
+    return ctx.emit("ScatterElements", inputs, dict(node.attrs), name=node.name, outputs=node.outputs)

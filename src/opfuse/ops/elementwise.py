@@ -172,6 +172,24 @@ def _isinf(x, a):
 
 
 _unary("IsNaN", lambda x, a: np.isnan(x), tags=(), out_dtype=_BOOL)
+
+
+# BitCast: the same bits read as another type of the same size.
+def _bitcast_infer(node, a):
+    x = node.input(0)
+    try:
+        dtype = _onnx_to_np(a["to"])
+    except (KeyError, ValueError, TypeError):
+        dtype = None
+    if dtype not in CAST_TARGETS or dtype.itemsize != x.dtype.itemsize:
+        raise UnsupportedOpError("BitCast", node.name, detail=f"to={a['to']}: a supported type of {x.dtype}'s size "
+                                                              f"({x.dtype.itemsize} bytes) is needed")
+    return out_type(x.shape, dtype)
+
+
+register(OpSpec("BitCast", Category.ELEMWISE, Mapping.ONE_TO_ONE, _bitcast_infer,
+                lambda ins, a, node: [np.array(ins[0], order="C").view(_onnx_to_np(a["to"]))],
+                attrs={"to": None}, flops_per_element=0, tags=frozenset({"unary"})))
 _unary("IsInf", _isinf, attrs={"detect_negative": 1, "detect_positive": 1}, tags=(), out_dtype=_BOOL)
 
 

@@ -1,5 +1,5 @@
-"""Ops whose output index decides what is read or written: GatherElements, GatherND, OneHot,
-Trilu and Range.
+"""Ops whose output index decides what is read: GatherElements, GatherND, OneHot, Trilu, Range
+and ReverseSequence.
 
 * ``GatherElements(axis)``: ``y[i] = data[i with axis replaced by indices[i]]``; output shape
   = indices' shape (TVM ``INJECTIVE``, one-to-many).
@@ -13,6 +13,9 @@ Trilu and Range.
 * ``Range(start, limit, delta)``: ``y[i] = start + i * delta`` for
   ``i < max(ceil((limit - start) / delta), 0)``; the inputs decide the output's length, so they
   must be constants, and the importer folds it (an ``INJECTIVE`` rule computes larger ones).
+* ``ReverseSequence(x, lens; batch_axis, time_axis)``: the first ``lens[b]`` steps of batch
+  ``b`` reversed, the rest as they are (``INJECTIVE``, one-to-one; ``lens`` may be a run-time
+  input).
 
 Negative indices count from the end; an index outside ``[-d, d)`` is an ``InputError`` in the
 reference (a ``ShapeError`` at compile time when the indices are constants).
@@ -204,3 +207,40 @@ def _range(ins, a, node):
 
 register(OpSpec("Range", Category.INJECTIVE, Mapping.ONE_TO_MANY, _range_infer, _range, num_inputs=(3, 3),
                 attrs={"stash_type": 1}, flops_per_element=2))
+
+
+# ReverseSequence ----------------------------------------------------------------------------------
+def _rs_axes(node: Node, a: dict) -> tuple[int, int]:
+    rank = len(node.input(0).shape)
+    b, t = norm_axis(int(a["batch_axis"]), rank, node), norm_axis(int(a["time_axis"]), rank, node)
+    if b == t or rank < 2:
+        raise shape_error(node, f"batch_axis {b} and time_axis {t} must be two different axes")
+    return b, t
+
+
+def _rs_infer(node: Node, a: dict):
+    b, _ = _rs_axes(node, a)
+    lens = node.input(1)
+    if lens.shape != (node.input(0).shape[b],) or not np.issubdtype(lens.dtype, np.integer):
+        raise shape_error(node, f"sequence_lens must be {node.input(0).shape[b]} integers, got "
+                                f"{lens.dtype}{list(lens.shape)}")
+    return same_type(node)
+
+
+def _reverse_sequence(ins, a, node):
+    """y[b, t] = x[b, lens[b] - 1 - t] for t < lens[b], x[b, t] after (batch and time axes)."""
+    x, lens = ins
+    b, t = _rs_axes(node, a)
+    steps = x.shape[t]
+    if np.any(lens < 0) or np.any(lens > steps):
+        raise InputError(f"node '{node.name}' (ReverseSequence): sequence_lens must be in [0, {steps}]")
+    shape = [1] * x.ndim
+    shape[b], shape[t] = x.shape[b], steps
+    pos = np.arange(steps).reshape([steps if d == t else 1 for d in range(x.ndim)])
+    n = lens.reshape([x.shape[b] if d == b else 1 for d in range(x.ndim)])
+    src = np.broadcast_to(np.where(pos < n, n - 1 - pos, pos), shape)
+    return [np.take_along_axis(x, np.broadcast_to(src, x.shape) if x.ndim else src, axis=t)]
+
+
+register(OpSpec("ReverseSequence", Category.INJECTIVE, Mapping.ONE_TO_ONE, _rs_infer, _reverse_sequence,
+                num_inputs=(2, 2), attrs={"batch_axis": 1, "time_axis": 0}, flops_per_element=0))

@@ -1,4 +1,5 @@
-"""Comparisons and logic: Equal, Greater, Less, GreaterOrEqual, LessOrEqual, And, Or, Xor, Not.
+"""Comparisons and logic: Equal, Greater, Less, GreaterOrEqual, LessOrEqual, And, Or, Xor, Not;
+and the integer bit operations BitShift, BitwiseAnd, BitwiseOr, BitwiseXor, BitwiseNot.
 
 Every one is elementwise with a boolean result (stored as one byte, 0 or 1): comparisons and
 the binary logic ops broadcast their operands (TVM ``BROADCAST``), Not is ``ELEMWISE``; all are
@@ -58,3 +59,10 @@ INTEGERS = frozenset(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64
                                            np.uint8, np.uint16, np.uint32, np.uint64))
 register(OpSpec("BitShift", Category.BROADCAST, Mapping.ONE_TO_ONE, _bitshift_infer, _bitshift, num_inputs=(2, 2),
                 attrs={"direction": None}, dtypes=INTEGERS, tags=frozenset({"binary"})))
+
+
+# Bitwise ops on integers (two's complement, as C and NumPy).
+_binary("BitwiseAnd", np.bitwise_and, commutative=True)
+_binary("BitwiseOr", np.bitwise_or, commutative=True)
+_binary("BitwiseXor", np.bitwise_xor, commutative=True)
+_unary("BitwiseNot", lambda x, a: np.invert(x), tags=(), dtypes=INTEGERS)

@@ -268,7 +268,7 @@ for _name, _largest in (("ArgMax", True), ("ArgMin", False)):
                     tags=frozenset({"reduce"})))
 
 
-# CumSum ---------------------------------------------------------------------------------------
+# CumSum, CumProd -------------------------------------------------------------------------------
 def cumsum_axis(node: Node) -> int:
     """The (constant) axis of a CumSum node, normalised."""
     from opfuse.ops.common import const_input
@@ -283,22 +283,26 @@ def _cumsum_infer(node: Node, a: dict):
     return same_type(node)
 
 
-def _cumsum(ins, a, node):
-    """y[..., i, ...] = sum of x[..., j, ...] for j <= i (``exclusive``: j < i; ``reverse``: from
-    the end), along ``axis``."""
-    x = ins[0]
-    axis = cumsum_axis(node)
-    y = _acc(x)
-    if int(a["reverse"]):
-        y = np.flip(y, axis=axis)
-    y = np.cumsum(y, axis=axis)
-    if int(a["exclusive"]):
-        y = np.concatenate([np.zeros_like(np.take(y, [0], axis=axis)), np.delete(y, -1, axis=axis)], axis=axis) \
-            if y.shape[axis] else y
-    if int(a["reverse"]):
-        y = np.flip(y, axis=axis)
-    return [np.ascontiguousarray(y).astype(x.dtype, copy=False)]
+def _scan(ufunc, identity):
+    def compute(ins, a, node):
+        """y[..., i, ...] = x[..., 0, ...] op ... op x[..., i, ...] (``exclusive``: up to i - 1, the
+        first being the identity; ``reverse``: from the end), along ``axis``."""
+        x = ins[0]
+        axis = cumsum_axis(node)
+        y = _acc(x)
+        if int(a["reverse"]):
+            y = np.flip(y, axis=axis)
+        y = ufunc.accumulate(y, axis=axis)
+        if int(a["exclusive"]) and y.shape[axis]:
+            first = np.full_like(np.take(y, [0], axis=axis), identity)
+            y = np.concatenate([first, np.delete(y, -1, axis=axis)], axis=axis)
+        if int(a["reverse"]):
+            y = np.flip(y, axis=axis)
+        return [np.ascontiguousarray(y).astype(x.dtype, copy=False)]
+    return compute
 
 
-register(OpSpec("CumSum", Category.REDUCTION, Mapping.MANY_TO_MANY, _cumsum_infer, _cumsum, num_inputs=(2, 2),
-                attrs={"exclusive": 0, "reverse": 0}, flops_per_element=1, tags=frozenset({"scan"})))
+for _name, _ufunc, _identity in (("CumSum", np.add, 0), ("CumProd", np.multiply, 1)):
+    register(OpSpec(_name, Category.REDUCTION, Mapping.MANY_TO_MANY, _cumsum_infer, _scan(_ufunc, _identity),
+                    num_inputs=(2, 2), attrs={"exclusive": 0, "reverse": 0}, flops_per_element=1,
+                    tags=frozenset({"scan"})))
