@@ -193,6 +193,10 @@ def elementwise_suite() -> Suite:
     for op in ("Elu", "Selu", "Celu", "Mish", "ThresholdedRelu", "Softsign", "Floor", "Ceil", "Round", "Sign",
                "Sin", "Cos"):
         s.case(f"unary_{op}", op, s.b.op("Mul", x, s.c(np.float32(2.5))))
+    t = s.b.op("Tanh", x)
+    for op in ("Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Atanh"):
+        s.case(f"unary_{op}", op, t)
+    s.case("unary_Acosh", "Acosh", s.b.op("Add", s.b.op("Abs", x), s.c(np.float32(1))))
     s.case("elu_alpha", "Elu", x, alpha=0.3)
     s.case("selu_attrs", "Selu", x, alpha=1.5, gamma=2.0)
     s.case("thresholded_relu_alpha", "ThresholdedRelu", x, alpha=0.2)

@@ -76,3 +76,16 @@ def test_eye_like_is_a_constant():
              helper.make_node("Add", ["x", "ef"], ["y"])]
     g = import_and_compare(model(nodes, [vi("x", [3, 4])], [vi("y", None)], opset=17))
     assert op_types(g) == ["Add"]
+
+
+@pytest.mark.parametrize("size", [3, 5])  # onnxruntime takes odd sizes only
+def test_lrn(size):
+    nodes = [helper.make_node("LRN", ["x"], ["y"], size=size, alpha=2e-3, beta=0.6, bias=1.5)]
+    g = import_and_compare(model(nodes, [vi("x", [2, 6, 3, 4])], [vi("y", None)], opset=17))
+    assert "AveragePool" in op_types(g)
+
+
+@pytest.mark.parametrize("p", [1, 2, 3])
+def test_global_lp_pool(p):
+    nodes = [helper.make_node("GlobalLpPool", ["x"], ["y"], p=p)]
+    import_and_compare(model(nodes, [vi("x", [2, 3, 4, 5])], [vi("y", None)], opset=17))

@@ -133,3 +133,12 @@ def test_bitcast_reads_the_same_bits():
     assert run1("BitCast", x, to=6).tolist() == x.view(np.int32).tolist()
     with pytest.raises(Exception, match="size"):
         build_op("BitCast", [x], to=7)
+
+
+
+@pytest.mark.parametrize("op,x", [("Tan", X / 4), ("Asin", np.tanh(X)), ("Acos", np.tanh(X)), ("Atan", X),
+                                  ("Sinh", X), ("Cosh", X), ("Asinh", X), ("Acosh", np.abs(X) + 1),
+                                  ("Atanh", np.tanh(X))])
+def test_trigonometric_family(op, x):
+    x = x.astype(np.float32)
+    assert_close(run1(op, x), ort_ref(op, [x])[0], rtol=1e-5, atol=1e-6)

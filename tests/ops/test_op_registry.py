@@ -69,7 +69,8 @@ EXPECTED = {
     # Issue 12: elementwise (an epilogue or prologue candidate) ...
     **{op: (Category.ELEMWISE, Mapping.ONE_TO_ONE) for op in (
         "Elu", "Selu", "Celu", "Mish", "ThresholdedRelu", "Softsign", "Floor", "Ceil", "Round", "Sign", "Sin",
-        "Cos", "IsNaN", "IsInf", "Not", "Trilu", "BitwiseNot", "BitCast")},
+        "Cos", "IsNaN", "IsInf", "Not", "Trilu", "BitwiseNot", "BitCast", "Tan", "Asin", "Acos", "Atan", "Sinh",
+        "Cosh", "Asinh", "Acosh", "Atanh")},
     **{op: (Category.BROADCAST, Mapping.ONE_TO_ONE) for op in (
         "PRelu", "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "And", "Or", "Xor", "Mod", "BitShift", "Sum",
         "Mean", "BitwiseAnd", "BitwiseOr", "BitwiseXor")},

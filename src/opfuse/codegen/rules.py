@@ -546,6 +546,15 @@ _unary("Round", _round)
 _unary("Sign", _sign)
 _unary("Sin", lambda ev, x, dt, a: f"{math_fn('sin', dt)}({x})")
 _unary("Cos", lambda ev, x, dt, a: f"{math_fn('cos', dt)}({x})")
+
+
+def _libm_call(fn: str) -> Callable[[object, str, np.dtype, dict], str]:
+    return lambda ev, x, dt, a: f"{math_fn(fn, dt)}({x})"
+
+
+for _name, _libm in (("Tan", "tan"), ("Asin", "asin"), ("Acos", "acos"), ("Atan", "atan"), ("Sinh", "sinh"),
+                     ("Cosh", "cosh"), ("Asinh", "asinh"), ("Acosh", "acosh"), ("Atanh", "atanh")):
+    _unary(_name, _libm_call(_libm))
 _unary("Not", lambda ev, x, dt, a: f"({x} ^ 1)")
 RULES["IsNaN"] = lambda ev, node, k, idx: f"({ev.operand(node, 0, idx)} != {ev.operand(node, 0, idx)})"
 RULES["IsInf"] = _isinf

@@ -37,7 +37,8 @@ CANONICALIZERS: dict[str, Canonicalizer] = {}
 REMOVED_OPS = frozenset({"Constant", "Identity", "Dropout"})
 # Ops with no OpSpec of their own that the importer rewrites into ops that have one.
 REWRITTEN_OPS = frozenset({"Upsample", "Scatter", "CastLike", "Size", "DequantizeLinear", "QuantizeLinear",
-                           "LpNormalization", "LpPool", "InstanceNormalization", "EyeLike"})
+                           "LpNormalization", "LpPool", "GlobalLpPool", "LRN", "InstanceNormalization",
+                           "EyeLike"})
 
 # Outputs from this index on are optional extras (masks, indices, training statistics):
 # dropped when nobody reads them, so the IR node has just the outputs opfuse computes.

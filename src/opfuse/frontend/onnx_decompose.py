@@ -13,6 +13,12 @@ definition computes from attributes or static shapes are folded here):
   norm taken as 1 (so a zero row stays zero, as onnxruntime);
 * ``LpPool(x; p, kernel, ...)``      = ``(AveragePool(|x|^p; count_include_pad=1) * K)^(1/p)``,
   K the window size (every window counts K positions: no ceil_mode overhang);
+* ``GlobalLpPool(x; p)``            = ``ReduceL1`` / ``ReduceL2`` over the spatial axes (p = 1, 2),
+  ``ReduceSum(|x|^p)^(1/p)`` otherwise;
+* ``LRN(x; size, alpha, beta, bias)`` = ``x / (bias + alpha / size * S)^beta``, S the sum of
+  ``x^2`` over the ``size`` channels around each one, so ``alpha / size * S`` is ``alpha`` times
+  an AveragePool (``count_include_pad=1``) of ``x^2`` viewed as ``(N, 1, C, rest)`` with a
+  ``(size, 1)`` window;
 * ``InstanceNormalization(x, s, b)`` = ``LayerNormalization(x; axis=2, scale=1) * s + b`` with
   ``s``, ``b`` per channel (shaped ``(C, 1, ..., 1)``);
 * ``EyeLike(x; k, dtype)``           = the constant ``eye`` of ``x``'s (static) shape.
@@ -194,3 +200,39 @@ def eye_like(ctx, node, inputs):
     dtype = np.dtype(helper.tensor_dtype_to_np_dtype(node.attrs["dtype"])) if node.attrs.get("dtype") is not None \
         else x.dtype
     return [ctx.const(node.outputs[0], np.eye(*x.shape, k=int(node.attrs.get("k", 0)), dtype=dtype))]
+
+
+@canonicalizes("GlobalLpPool")
+def global_lp_pool(ctx, node, inputs):
+    x = inputs[0]
+    p = int(node.attrs.get("p", 2))
+    if len(x.shape) < 3 or p < 1:
+        raise ShapeError(f"node '{node.name}' (GlobalLpPool): needs (N, C, D1, ...) and p >= 1, got {x.shape}, p={p}")
+    w = _Writer(ctx, node)
+    spatial = {"axes": list(range(2, len(x.shape))), "keepdims": 1}
+    if p in (1, 2):
+        return [w.op("ReduceL1" if p == 1 else "ReduceL2", [x], spatial, last=True)]
+    total = w.op("ReduceSum", [w.op("Pow", [w.op("Abs", [x]), w.const("p", np.array(p, x.dtype))])], spatial)
+    return [w.op("Pow", [total, w.const("inv_p", np.array(1.0 / p, x.dtype))], last=True)]
+
+
+@canonicalizes("LRN")
+def lrn(ctx, node, inputs):
+    x = inputs[0]
+    size = int(node.attrs["size"]) if "size" in node.attrs else 0
+    if len(x.shape) < 3 or size < 1:
+        raise ShapeError(f"node '{node.name}' (LRN): needs (N, C, D1, ...) and size >= 1, got {x.shape}, size={size}")
+    alpha, beta = float(node.attrs.get("alpha", 1e-4)), float(node.attrs.get("beta", 0.75))
+    bias = float(node.attrs.get("bias", 1.0))
+    w = _Writer(ctx, node)
+    n, c = x.shape[:2]
+    rest = math.prod(x.shape[2:])
+    sq = w.op("Reshape", [w.op("Mul", [x, x]), w.const("as_2d", np.array([n, 1, c, rest], np.int64))])
+    lo = (size - 1) // 2
+    window = w.op("AveragePool", [sq], {"kernel_shape": [size, 1], "pads": [lo, 0, size - 1 - lo, 0],
+                                        "count_include_pad": 1})
+    window = w.op("Reshape", [window, w.const("back", np.array(x.shape, np.int64))])
+    dt = x.dtype
+    scaled = w.op("Mul", [window, w.const("alpha", np.array(alpha, dt))])  # alpha / size * S = alpha * mean
+    base = w.op("Add", [scaled, w.const("bias", np.array(bias, dt))])
+    return [w.op("Div", [x, w.op("Pow", [base, w.const("beta", np.array(beta, dt))])], last=True)]

@@ -162,6 +162,10 @@ _unary("Sign", lambda x, a: np.sign(x), tags=(), dtypes=NUMERIC)
 # Trigonometry (computed in float64, rounded once).
 _unary("Sin", lambda x, a: np.sin(x.astype(np.float64)), tags=(), flops=OPS_PER_ELEMENT["Sin"])
 _unary("Cos", lambda x, a: np.cos(x.astype(np.float64)), tags=(), flops=OPS_PER_ELEMENT["Cos"])
+# The rest of the trigonometric and hyperbolic family (libm in C: rare in inference graphs).
+for _name, _fn in (("Tan", np.tan), ("Asin", np.arcsin), ("Acos", np.arccos), ("Atan", np.arctan), ("Sinh", np.sinh),
+                   ("Cosh", np.cosh), ("Asinh", np.arcsinh), ("Acosh", np.arccosh), ("Atanh", np.arctanh)):
+    _unary(_name, lambda x, a, fn=_fn: fn(x.astype(np.float64)), tags=(), flops=OPS_PER_ELEMENT["Sin"])
 
 # Classification of float values.
 _BOOL = np.dtype(np.bool_)
