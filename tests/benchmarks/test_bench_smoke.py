@@ -58,3 +58,13 @@ def test_bench_kernels_smoke(tmp_path):
     assert [r["kind"] for r in rows] == ["conv", "depthwise"]
     assert all(r["kernels"] == 1 and r["max_abs_error"] < 1e-4 and r["fraction"] > 0 for r in rows)
     assert "r18.ds" in text
+
+
+def test_bench_conformance_smoke(tmp_path):
+    out = tmp_path / "conformance.json"
+    text = _run("bench_conformance.py", "-k", "^test_(relu|abs)$", "--jobs", "1", "--out", str(out))
+    data = json.loads(out.read_text())
+    assert data["ran"] == 2 and data["suite_tests"] > 1000
+    for backend in ("reference", "c"):
+        assert data["backends"][backend]["passed"] == 2, data["tests"]
+    assert "ONNX node conformance (2 of" in text

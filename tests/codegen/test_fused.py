@@ -253,3 +253,17 @@ def test_two_anchor_results_combined_are_refused(cache_dir):
     from opfuse.runtime.native import build
     with pytest.raises(UnsupportedGroupError, match="several anchors"):
         build(g, group_by_names(g, [("horizontal", ["c1", "c2", "add"])]), cache_dir=cache_dir)
+
+
+def test_concat_output_read_again_through_expand(cache_dir):
+    """A KV-cache update as inlined Attention writes it: the Concat is a group output and, in the
+    same injective group, is unsqueezed, expanded (grouped heads) and reshaped. Expand cannot be
+    an epilogue, so the Concat is computed inline: one loop nest per output shape."""
+    b = GraphBuilder("kv_cache")
+    past, new = b.input("past", (1, 2, 4, 8)), b.input("new", (1, 2, 3, 8))
+    kv = b.op("Concat", past, new, axis=2, name="concat")
+    e = b.op("Expand", b.op("Unsqueeze", kv, axes=[2], name="unsq"),
+             b.const("shape", np.array([1, 2, 3, 7, 8], np.int64)), name="expand")
+    y = b.op("Reshape", e, b.const("to", np.array([1, 6, 7, 8], np.int64)), name="reshape")
+    g = b.build(kv, y)
+    check(g, [("injective", ["concat", "unsq", "expand", "reshape"])], cache_dir, functions=1)

@@ -113,6 +113,8 @@ def reduce_suite() -> Suite:
     s.case("layernorm_last", "LayerNormalization", x, s.w(7), s.w(7))
     s.case("layernorm_axis1_nobias", "LayerNormalization", x, s.w(3, 5, 7), axis=1, epsilon=1e-3)
     s.case("layernorm_bcast_scale", "LayerNormalization", x, s.w(5, 1), s.w(7), axis=2)
+    ln = s.b.op("LayerNormalization", x, s.w(5, 7), axis=2, num_outputs=3, name="layernorm_stats")
+    s.cases["layernorm_stats_y"], s.cases["layernorm_stats_mean"], s.cases["layernorm_stats_inv_std"] = ln
     s.case("mean_axes13", "ReduceMean", x, axes=[1, 3], keepdims=0)
     s.case("mean_last_keep", "ReduceMean", x, axes=[-1])
     s.case("mean_all", "ReduceMean", x)
@@ -120,6 +122,24 @@ def reduce_suite() -> Suite:
     s.case("sum_trailing_long", "ReduceSum", s.b.input("long2", (3, 40, 20)), axes=[1, 2])
     s.case("max_axes02", "ReduceMax", x, axes=[0, 2], keepdims=0)
     s.case("max_noop", "ReduceMax", x, axes=[], noop_with_empty_axes=1)
+    # Issue 12's reductions.
+    for op in ("ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSumExp"):
+        s.case(f"{op}_trailing", op, x, axes=[2, 3], keepdims=0)
+        s.case(f"{op}_middle", op, x, axes=[1])
+    s.case("ReduceLogSum_all", "ReduceLogSum", s.b.op("Abs", x))
+    s.case("ReduceLogSumExp_long", "ReduceLogSumExp", s.b.input("long3", (3, 70)), axes=[-1])
+    s.case("ReduceL2_int", "ReduceL2", s.b.input("ri", (3, 4), I64), axes=[1])
+    s.case("ReduceMin_noop", "ReduceMin", x, axes=[], noop_with_empty_axes=1)
+    s.case("global_max_pool", "GlobalMaxPool", x)
+    s.case("log_softmax_last", "LogSoftmax", x)
+    s.case("log_softmax_axis1", "LogSoftmax", x, axis=1)
+    s.case("hardmax_last", "Hardmax", x)
+    s.case("argmax_axis1", "ArgMax", x, axis=1)
+    s.case("argmin_last_nokeep", "ArgMin", x, axis=-1, keepdims=0)
+    s.case("argmax_select_last", "ArgMax", s.b.input("ties", (4, 6), I64), axis=1, select_last_index=1)
+    s.case("argmin_first_tie", "ArgMin", s.b.input("ties2", (4, 6), I64), axis=0)
+    s.case("cumsum_axis2", "CumSum", x, s.c(np.array(2, I64)))
+    s.case("cumsum_exclusive_reverse", "CumSum", x, s.c(np.array([-1], np.int32)), exclusive=1, reverse=1)
     return s
 
 
@@ -149,6 +169,9 @@ def elementwise_suite() -> Suite:
     s.case("pow_const3", "Pow", x, s.c(np.float32(3)))
     s.case("pow_runtime", "Pow", ax, s.b.input("pe", (5,)))
     s.case("max3", "Max", x, s.w(5), s.w(4, 1))
+    s.case("sum3", "Sum", x, s.w(5), s.w(4, 1))
+    s.case("mean2", "Mean", x, s.w(6, 1, 1))
+    s.case("sum1", "Sum", x)
     s.case("where_equal", "Where", s.b.op("Equal", s.b.op("Relu", x), s.c(np.float32(0))), x, s.w(5))
     s.case("clip_inputs", "Clip", x, s.c(np.float32(-0.5)), s.c(np.float32(0.7)))
     s.case("clip_max_only", "Clip", x, None, s.c(np.float32(0.2)))
@@ -166,6 +189,42 @@ def elementwise_suite() -> Suite:
     s.case("int_div", "Div", s.b.op("Sub", i, s.c(np.array(7, I64))), s.c(np.array([2, -3, 5, 1], I64)))
     s.case("int_relu", "Relu", s.b.op("Sub", i, s.c(np.array(2, I64))))
     s.case("bool_where", "Where", s.b.op("Equal", i, j), s.c(np.float32(1.5)), s.c(np.float32(-1)))
+    # Issue 12's elementwise and logic ops.
+    for op in ("Elu", "Selu", "Celu", "Mish", "ThresholdedRelu", "Softsign", "Floor", "Ceil", "Round", "Sign",
+               "Sin", "Cos"):
+        s.case(f"unary_{op}", op, s.b.op("Mul", x, s.c(np.float32(2.5))))
+    t = s.b.op("Tanh", x)
+    for op in ("Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Atanh"):
+        s.case(f"unary_{op}", op, t)
+    s.case("unary_Acosh", "Acosh", s.b.op("Add", s.b.op("Abs", x), s.c(np.float32(1))))
+    s.case("elu_alpha", "Elu", x, alpha=0.3)
+    s.case("selu_attrs", "Selu", x, alpha=1.5, gamma=2.0)
+    s.case("thresholded_relu_alpha", "ThresholdedRelu", x, alpha=0.2)
+    s.case("round_halves", "Round", s.c(np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 3.5, 1e9], np.float32)))
+    s.case("isnan", "IsNaN", s.b.op("Log", x))
+    s.case("isinf_pos", "IsInf", s.b.op("Exp", s.b.op("Mul", x, s.c(np.float32(100)))), detect_negative=0)
+    s.case("isinf_both", "IsInf", s.b.op("Log", s.b.op("Relu", x)))
+    s.case("int_sign", "Sign", s.b.op("Sub", i, s.c(np.array(2, I64))))
+    y = s.b.input("cmp", (6, 1, 5))
+    for op in ("Greater", "Less", "GreaterOrEqual", "LessOrEqual", "Equal"):
+        s.case(f"cmp_{op}", op, x, y)
+    s.case("cmp_int", "GreaterOrEqual", i, j)
+    p, q = s.b.op("Greater", x, s.c(np.float32(0))), s.b.op("Less", y, s.c(np.float32(0.3)))
+    for op in ("And", "Or", "Xor"):
+        s.case(f"logic_{op}", op, p, q)
+    s.case("logic_not", "Not", p)
+    s.case("prelu_channel", "PRelu", x, s.w(6, 1, 1))
+    s.case("prelu_scalar", "PRelu", x, s.c(np.float32(0.25)))
+    s.case("mod_float_floored", "Mod", x, s.c(np.array([0.7, -0.4, 1.3, -2.0, 0.9], np.float32)))
+    s.case("mod_float_fmod", "Mod", x, s.c(np.array([0.7, -0.4, 1.3, -2.0, 0.9], np.float32)), fmod=1)
+    m = s.b.op("Sub", i, s.c(np.array(5, I64)))
+    s.case("mod_int_floored", "Mod", m, s.c(np.array([3, -3, 2, -1], I64)))
+    s.case("mod_int_fmod", "Mod", m, s.c(np.array([3, -3, 2, -1], I64)), fmod=1)
+    u = s.b.input("u", (3, 4), np.uint32)
+    s.case("bitshift_left_u32", "BitShift", u, s.c(np.array([1, 3, 31, 32], np.uint32)), direction="LEFT")
+    s.case("bitshift_right_i64", "BitShift", m, s.c(np.array([1, 0, 64, -1], I64)), direction="RIGHT")
+    s.case("trilu_upper_k1", "Trilu", x, s.c(np.array(1, I64)))
+    s.case("trilu_lower_runtime_k", "Trilu", x, s.b.input("tk", (), I64), upper=0)
     return s
 
 
@@ -205,6 +264,42 @@ def movement_suite() -> Suite:
            mode="linear", coordinate_transformation_mode="tf_crop_and_resize", axes=[2, 3],
            extrapolation_value=-1.0)
     s.case("dropout", "Dropout", x)
+    # Issue 12's data movement.
+    s.case("tile", "Tile", x, s.c([1, 2, 1, 3], I64))
+    s.case("depth_to_space_dcr", "DepthToSpace", s.b.input("d2s", (2, 8, 3, 2)), blocksize=2)
+    s.case("depth_to_space_crd", "DepthToSpace", s.b.input("d2s2", (1, 18, 2, 3)), blocksize=3, mode="CRD")
+    s.case("space_to_depth", "SpaceToDepth", s.b.input("s2d1", (2, 3, 4, 6)), blocksize=2)
+    s.case("space_to_depth_crd", "SpaceToDepth", s.b.input("s2d", (1, 3, 6, 9)), blocksize=3, mode="CRD")
+    ge_idx = np.random.default_rng(1).integers(-6, 6, (2, 3, 4, 5))
+    s.case("gather_elements_axis1", "GatherElements", x, s.c(ge_idx, I64), axis=1)
+    s.case("gather_elements_runtime", "GatherElements", x, s.b.input("ge", (2, 6, 4, 2), I64), axis=-1)
+    s.case("gather_nd", "GatherND", x, s.c([[0, 1], [1, -1], [0, 5]], I64))
+    s.case("gather_nd_batch", "GatherND", x, s.b.input("gnd", (2, 3, 1), I64), batch_dims=1)
+    s.case("onehot", "OneHot", s.b.input("oh", (3, 4), I64), s.c(np.array(5, I64)), s.c(np.array([-1, 2], np.float32)),
+           axis=1)
+    s.case("onehot_negative", "OneHot", s.c(np.array([[-1, 2], [7, -5]], I64)), s.c(np.array([5], np.float32)),
+           s.c(np.array([0, 1], I64)))
+    t = s.b.input("topk_x", (3, 9))
+    for name, attrs in (("topk_largest", {}), ("topk_smallest_axis0", {"largest": 0, "axis": 0})):
+        vals, idx = s.b.op("TopK", t, s.c(np.array([2], I64)), num_outputs=2, name=name, **attrs)
+        s.cases[f"{name}_values"], s.cases[f"{name}_indices"] = vals, idx
+    ties = s.b.op("Floor", s.b.op("Mul", t, s.c(np.float32(0.7))))
+    s.cases["topk_ties_values"], s.cases["topk_ties_indices"] = s.b.op("TopK", ties, s.c(np.array([5], I64)),
+                                                                        num_outputs=2, name="topk_ties")
+    s.case("scatter_nd", "ScatterND", x, s.c([[1, 2], [0, -1], [1, 2]], I64), s.b.input("snd_u", (3, 4, 5)))
+    s.case("scatter_nd_add", "ScatterND", x, s.c([[1, 2], [0, -1], [1, 2]], I64), s.b.input("snd_u2", (3, 4, 5)),
+           reduction="add")
+    s.case("scatter_elements_max", "ScatterElements", x, s.c(np.random.default_rng(2).integers(-4, 4, (2, 6, 3, 5)),
+                                                              I64), s.b.input("se_u", (2, 6, 3, 5)), axis=2,
+           reduction="max")
+    s.case("reverse_sequence", "ReverseSequence", s.b.input("rs", (4, 3, 5)), s.b.input("rs_lens", (3,), I64),
+           batch_axis=1, time_axis=0)
+    s.case("bitcast_f32_i32", "BitCast", x, to=6)
+    s.case("bitwise_and", "BitwiseAnd", s.b.input("bw1", (3, 4), np.int32), s.c(np.array([1, 3, -2, 7], np.int32)))
+    s.case("bitwise_not", "BitwiseNot", s.b.input("bw2", (3, 4), np.uint8))
+    s.case("cumprod_reverse", "CumProd", x, s.c(np.array(1, I64)), reverse=1)
+    s.case("range_float", "Range", s.c(np.float32(-1.5)), s.c(np.float32(2.0)), s.c(np.float32(0.25)))
+    s.case("range_int_down", "Range", s.c(np.array(10, I64)), s.c(np.array(-3, I64)), s.c(np.array(-4, I64)))
     s.case("shape_static", "Shape", x)
     s.case("constant_of_shape", "ConstantOfShape", s.c([2, 3], I64), value=np.array([1.5], np.float32))
     return s

@@ -38,6 +38,7 @@ def _softplus(x):
 # helper -> (float64 reference, max ulp: the measured maximum, rounded up, plus a margin)
 HELPERS = {
     vecmath.EXP: (np.exp, 1.5),
+    vecmath.EXPM1: (np.expm1, 2.0),
     vecmath.LOG: (np.log, 1.5),
     vecmath.TANH: (np.tanh, 2.0),
     vecmath.SIGMOID: (_sigmoid, 3.0),
@@ -136,7 +137,8 @@ def test_helper_loops_vectorise(helpers_c):
 # Generated kernels ---------------------------------------------------------------------------
 ACTIVATIONS = [("Relu", {}), ("LeakyRelu", {}), ("Clip", {"min": -1.0, "max": 2.0}), ("HardSigmoid", {}),
                ("HardSwish", {}), ("Sigmoid", {}), ("Silu", {}), ("Tanh", {}), ("Softplus", {}), ("Exp", {}),
-               ("Log", {}), ("Erf", {}), ("Gelu", {}), ("Gelu", {"approximate": "tanh"})]
+               ("Log", {}), ("Erf", {}), ("Gelu", {}), ("Gelu", {"approximate": "tanh"}), ("Elu", {}), ("Selu", {}),
+               ("Celu", {"alpha": 2.0}), ("Mish", {})]
 LIBM_CALL = re.compile(r"(?<![\w])(expf|logf|tanhf|log1pf|erff|powf)\(")
 
 
@@ -244,6 +246,8 @@ OP_ERRORS = {
     "HardSigmoid": ({}, lambda x: _hardsigmoid(x, 0.2, 0.5), -2.0, 3.0, 1e-8),
     "HardSwish": ({}, lambda x: x * _hardsigmoid(x, 1 / 6, 0.5), 0.0, 2.0, 5e-8),
     "LeakyRelu": ({}, lambda x: np.where(x >= 0, x, x * np.float64(np.float32(0.01))), -np.inf, 0.5, 1e-7),
+    "Elu": ({}, lambda x: np.where(x > 0, x, np.expm1(x)), -np.inf, 3.0, 1e-7),
+    "Mish": ({}, lambda x: x * np.tanh(_softplus(x)), -87.0, 4.0, 1e-7),
 }
 
 

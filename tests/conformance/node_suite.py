@@ -13,17 +13,18 @@ one-node ``onnx.ModelProto`` and appends a ``TestCase`` to a module-level list. 
 
 How one is run
 --------------
-1. Opset: opfuse imports opsets 11..21. ``expect`` stamps each model with its op's newest
-   version (22..28 in onnx 1.23, nearly always a bump that only widened the accepted types),
-   so such models are brought into range with ``onnx.version_converter``, which applies
-   ONNX's own adapters and refuses where the semantics differ.
+1. Opset: opfuse imports opsets 7 to the newest the installed onnx defines (28 in onnx 1.23),
+   so every model of the suite is run at its own opset; one outside the range would be
+   brought into it with ``onnx.version_converter``. (``benchmarks/bench_conformance.py``
+   counts the whole suite as shipped: no conversion, no promoted inputs.)
 2. Static shapes: opfuse compiles static shapes, so operands that decide a shape (Reshape's
    shape, Slice's starts/ends/axes/steps, Expand's shape, Pad's pads/constant_value/axes,
    Resize's roi/scales/sizes, ConstantOfShape's shape, Squeeze/Unsqueeze/Reduce* axes,
-   Split's sizes) must be constants. A test that feeds them as graph inputs has them
-   *promoted to initializers* holding the test's own input data -- the same values, now known
-   at compile time. Graph inputs a shape operand is computed from are promoted too (the walk
-   stops at ``Shape``, whose result depends only on static shapes).
+   Split's sizes, CumSum's axis, OneHot's depth, Range's inputs, Tile's repeats, TopK's K) must be
+   constants. A test that feeds them as graph inputs has them *promoted to initializers*
+   holding the test's own input data -- the same values, now known at compile time. Graph
+   inputs a shape operand is computed from are promoted too (the walk stops at ``Shape``,
+   whose result depends only on static shapes).
 3. ``opfuse.frontend.onnx.import_model`` imports the model, ``opfuse.runtime.reference.run``
    executes it, and every output is compared with the expected one: same shape, same dtype,
    values within the test's ``rtol``/``atol`` (``numpy.testing.assert_allclose``, NaN == NaN).
@@ -47,7 +48,9 @@ from opfuse.runtime.reference import run
 SHAPE_OPERANDS = {
     "Reshape": (1,), "Expand": (1,), "Slice": (1, 2, 3, 4), "Pad": (1, 2, 3), "Resize": (1, 2, 3),
     "ConstantOfShape": (0,), "Squeeze": (1,), "Unsqueeze": (1,), "ReduceMean": (1,),
-    "ReduceSum": (1,), "ReduceMax": (1,), "Split": (1,),
+    "ReduceSum": (1,), "ReduceMax": (1,), "Split": (1,), "ReduceMin": (1,), "ReduceProd": (1,),
+    "ReduceL1": (1,), "ReduceL2": (1,), "ReduceLogSum": (1,), "ReduceLogSumExp": (1,), "ReduceSumSquare": (1,),
+    "CumSum": (1,), "CumProd": (1,), "OneHot": (1,), "Range": (0, 1, 2), "Tile": (1,), "TopK": (1,),
 }
 EXPANDED_MARK = "_expanded"
 DEFAULT_DOMAINS = ("", "ai.onnx")

@@ -7,7 +7,7 @@ from onnx import TensorProto, helper
 
 from onnx_builders import init, model, vi
 from opfuse.errors import ModelError, OpfuseError, ShapeError, UnsupportedOpError
-from opfuse.frontend.onnx import import_model, load_model
+from opfuse.frontend.onnx import MAX_OPSET, MIN_OPSET, import_model, load_model
 
 
 def _good_model():
@@ -82,10 +82,10 @@ def test_the_intact_file_loads(tmp_path):
 def test_unsupported_op_names_op_node_and_opset():
     nodes = [helper.make_node("Relu", ["x"], ["r"]),
              helper.make_node("NonMaxSuppression", ["r", "r"], ["y"], name="nms_7"),
-             helper.make_node("TopK", ["r", "k"], ["t", "ti"], name="topk")]
+             helper.make_node("Unique", ["r"], ["u"], name="unique")]
     m = model(nodes, [vi("x", [1, 4, 4])], [vi("y", None)], opset=13)
     msg = _one_line_error(UnsupportedOpError, import_model, m)
-    assert "'NonMaxSuppression'" in msg and "nms_7" in msg and "opset 13" in msg and "TopK" in msg
+    assert "'NonMaxSuppression'" in msg and "nms_7" in msg and "opset 13" in msg and "Unique" in msg
 
 
 def test_op_not_yet_defined_at_the_model_opset():
@@ -107,11 +107,20 @@ def test_custom_domain_is_unsupported():
     assert "com.microsoft" in msg and "FusedConv" in msg
 
 
-@pytest.mark.parametrize("opset", [9, 10, 22])
-def test_opset_outside_11_to_21(opset):
-    m = model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [3])], [vi("y", [3])], opset=opset)
+@pytest.mark.parametrize("opset", [5, 6, MAX_OPSET + 1])
+def test_opset_outside_the_imported_range(opset):
+    m = model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [3])], [vi("y", [3])], opset=min(opset, MAX_OPSET))
+    m.opset_import[0].version = opset
     msg = _one_line_error(ModelError, import_model, m)
-    assert f"opset {opset}" in msg and "11 to 21" in msg
+    assert f"opset {opset}" in msg and f"{MIN_OPSET} to {MAX_OPSET}" in msg
+
+
+def test_op_version_newer_than_reviewed_is_refused(monkeypatch):
+    from opfuse.frontend import onnx_import
+    monkeypatch.setattr(onnx_import, "REVIEWED_OPSET", 13)
+    m = model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [3])], [vi("y", [3])], opset=14)
+    msg = _one_line_error(UnsupportedOpError, import_model, m)
+    assert "Relu-14 is newer" in msg
 
 
 def test_no_default_domain_opset():

@@ -8,7 +8,7 @@ from opfuse.errors import UnsupportedOpError
 from opfuse.ops import REGISTRY, Category, Mapping, get_spec
 from opfuse.ops.registry import OpSpec
 
-# Every op issue 2 names, with the fusion category (TVM) and mapping type (DNNFusion) it must have.
+# Every op issues 2 and 12 name, with the fusion category (TVM) and mapping type (DNNFusion) it must have.
 EXPECTED = {
     "Relu": (Category.ELEMWISE, Mapping.ONE_TO_ONE),
     "LeakyRelu": (Category.ELEMWISE, Mapping.ONE_TO_ONE),
@@ -66,6 +66,29 @@ EXPECTED = {
     "Shape": (Category.OPAQUE, Mapping.MANY_TO_MANY),
     "ConstantOfShape": (Category.OPAQUE, Mapping.MANY_TO_MANY),
     "Constant": (Category.OPAQUE, Mapping.MANY_TO_MANY),
+    # Issue 12: elementwise (an epilogue or prologue candidate) ...
+    **{op: (Category.ELEMWISE, Mapping.ONE_TO_ONE) for op in (
+        "Elu", "Selu", "Celu", "Mish", "ThresholdedRelu", "Softsign", "Floor", "Ceil", "Round", "Sign", "Sin",
+        "Cos", "IsNaN", "IsInf", "Not", "Trilu", "BitwiseNot", "BitCast", "Tan", "Asin", "Acos", "Atan", "Sinh",
+        "Cosh", "Asinh", "Acosh", "Atanh")},
+    **{op: (Category.BROADCAST, Mapping.ONE_TO_ONE) for op in (
+        "PRelu", "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "And", "Or", "Xor", "Mod", "BitShift", "Sum",
+        "Mean", "BitwiseAnd", "BitwiseOr", "BitwiseXor")},
+    # ... reductions (an anchor with a prologue and an epilogue) ...
+    **{op: (Category.REDUCTION, Mapping.MANY_TO_MANY) for op in (
+        "GlobalMaxPool", "LogSoftmax", "Hardmax", "ArgMax", "ArgMin", "ReduceMin", "ReduceProd", "ReduceL1",
+        "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare", "CumSum", "CumProd")},
+    # ... and data movement.
+    "Tile": (Category.INJECTIVE, Mapping.ONE_TO_MANY),
+    "DepthToSpace": (Category.INJECTIVE, Mapping.ONE_TO_ONE),
+    "SpaceToDepth": (Category.INJECTIVE, Mapping.ONE_TO_ONE),
+    "GatherElements": (Category.INJECTIVE, Mapping.ONE_TO_MANY),
+    "GatherND": (Category.INJECTIVE, Mapping.ONE_TO_MANY),
+    "OneHot": (Category.INJECTIVE, Mapping.ONE_TO_MANY),
+    "Range": (Category.INJECTIVE, Mapping.ONE_TO_MANY),
+    "ReverseSequence": (Category.INJECTIVE, Mapping.ONE_TO_ONE),
+    # Data-dependent writes: never fused.
+    **{op: (Category.OPAQUE, Mapping.MANY_TO_MANY) for op in ("TopK", "ScatterND", "ScatterElements")},
 }
 
 

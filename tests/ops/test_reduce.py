@@ -110,3 +110,79 @@ def test_reduce_errors_name_the_node():
         build_op("ReduceSum", [randn(3, 4)], name="rs", axes=[1, -1])
     with pytest.raises(ShapeError, match="rs.*axis 2 out of range"):
         build_op("ReduceSum", [randn(3, 4)], name="rs", axes=[2])
+
+
+# Issue 12's reductions ----------------------------------------------------------------------
+NEW_REDUCE = ["ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum",
+              "ReduceLogSumExp"]
+
+
+@pytest.mark.parametrize("op", NEW_REDUCE)
+@pytest.mark.parametrize("axes,keepdims", [([1], 1), ([0, 2], 0), (None, 1)])
+def test_new_reductions_match_onnx_reference(op, axes, keepdims):
+    x = np.abs(randn(2, 3, 4)) + 0.5 if op == "ReduceLogSum" else randn(2, 3, 4)
+    attrs = {"keepdims": keepdims} | ({"axes": axes} if axes is not None else {})
+    inputs = [x] + ([np.array(axes, np.int64)] if axes is not None else [])
+    assert_close(run1(op, x, **attrs), onnx_ref(op, inputs, keepdims=keepdims)[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("op,identity", [("ReduceMin", np.inf), ("ReduceProd", 1.0), ("ReduceL1", 0.0),
+                                         ("ReduceL2", 0.0), ("ReduceSumSquare", 0.0),
+                                         ("ReduceLogSumExp", -np.inf), ("ReduceLogSum", -np.inf)])
+def test_reduction_over_an_empty_axis_is_the_identity(op, identity):
+    got = run1(op, np.zeros((2, 0, 3), np.float32), axes=[1], keepdims=0)
+    assert got.shape == (2, 3) and np.all(got == identity)
+
+
+def test_log_sum_exp_does_not_overflow():
+    x = np.array([[1000.0, 1000.0], [-1000.0, -np.inf]], np.float32)
+    assert_close(run1("ReduceLogSumExp", x, axes=[1], keepdims=0), [1000.0 + np.log(2.0), -1000.0])
+
+
+@pytest.mark.parametrize("axis", [-1, 0, 1])
+def test_log_softmax_and_hardmax_match_onnx_reference(axis):
+    x = randn(2, 3, 4)
+    x[0, 0, :2] = 5.0  # a tie: Hardmax picks the first
+    assert_close(run1("LogSoftmax", x, axis=axis), onnx_ref("LogSoftmax", [x], axis=axis)[0])
+    assert_close(run1("Hardmax", x, axis=axis), onnx_ref("Hardmax", [x], axis=axis)[0])
+
+
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+@pytest.mark.parametrize("axis,keepdims,last", [(0, 1, 0), (-1, 0, 0), (1, 1, 1)])
+def test_arg_reductions_match_onnx_reference(op, axis, keepdims, last):
+    x = np.round(randn(3, 4, 5))  # ties
+    got = run1(op, x, axis=axis, keepdims=keepdims, select_last_index=last)
+    want = onnx_ref(op, [x], axis=axis, keepdims=keepdims, select_last_index=last)[0]
+    assert got.dtype == np.int64 and got.tolist() == want.tolist()
+
+
+def test_arg_reduction_over_an_empty_axis_is_refused():
+    with pytest.raises(ShapeError, match="empty"):
+        build_op("ArgMax", [np.zeros((2, 0), np.float32)], axis=1)
+
+
+@pytest.mark.parametrize("exclusive,reverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
+@pytest.mark.parametrize("axis", [0, -1])
+def test_cumsum_matches_onnx_reference(exclusive, reverse, axis):
+    x = randn(3, 4)
+    a = np.array(axis, np.int64)
+    got = run1("CumSum", x, a, consts=[1], exclusive=exclusive, reverse=reverse)
+    assert_close(got, onnx_ref("CumSum", [x, a], exclusive=exclusive, reverse=reverse)[0])
+
+
+def test_cumsum_axis_must_be_a_constant():
+    with pytest.raises(UnsupportedOpError, match="axis.*must be a constant"):
+        build_op("CumSum", [randn(3), np.array(0, np.int64)])
+
+
+def test_global_max_pool_matches_onnx_reference():
+    x = randn(2, 3, 4, 5)
+    assert_close(run1("GlobalMaxPool", x), onnx_ref("GlobalMaxPool", [x])[0])
+
+
+@pytest.mark.parametrize("exclusive,reverse", [(0, 0), (1, 1)])
+def test_cumprod_matches_onnx_reference(exclusive, reverse):
+    x = randn(3, 4)
+    a = np.array(1, np.int64)
+    got = run1("CumProd", x, a, consts=[1], exclusive=exclusive, reverse=reverse)
+    assert_close(got, onnx_ref("CumProd", [x, a], opset=26, exclusive=exclusive, reverse=reverse)[0])

@@ -9,7 +9,7 @@ from hypothesis import given
 
 from ort_compare import assert_close
 from opfuse.frontend.onnx import export_model, import_model
-from opfuse.frontend.onnx_opsets import INTRODUCED_AT, MAX_OPSET, MIN_OPSET
+from opfuse.frontend.onnx_opsets import EXPORT_MAX_OPSET as MAX_OPSET, EXPORT_MIN_OPSET as MIN_OPSET, INTRODUCED_AT
 from opfuse.runtime.reference import run
 from opfuse.testing import ALL_OPS, DEFAULT_OPS, graph_and_inputs, graphs, property_settings
 

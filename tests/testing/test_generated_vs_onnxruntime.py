@@ -9,7 +9,7 @@ from hypothesis import assume, given
 
 from ort_compare import assert_close, check_onnx, known_ort_discrepancy, ort_run
 from opfuse.frontend.onnx import export_model
-from opfuse.frontend.onnx_opsets import INTRODUCED_AT, MAX_OPSET, MIN_OPSET
+from opfuse.frontend.onnx_opsets import EXPORT_MAX_OPSET as MAX_OPSET, EXPORT_MIN_OPSET as MIN_OPSET, INTRODUCED_AT
 from opfuse.runtime.reference import run
 from opfuse.testing import ALL_OPS, focused_ops, graph_and_inputs, property_settings
 

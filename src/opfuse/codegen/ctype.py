@@ -21,6 +21,9 @@ _C_TYPES = {
     np.dtype(np.int16): "int16_t",
     np.dtype(np.int8): "int8_t",
     np.dtype(np.uint8): "uint8_t",
+    np.dtype(np.uint16): "uint16_t",
+    np.dtype(np.uint32): "uint32_t",
+    np.dtype(np.uint64): "uint64_t",
     np.dtype(np.bool_): "uint8_t",
 }
 
@@ -61,6 +64,12 @@ def literal(value, dtype) -> str:
     if dt == np.int64:
         # INT64_MIN has no literal of its own: write it as an expression.
         return "INT64_MIN" if v == np.iinfo(np.int64).min else f"INT64_C({v})"
+    if dt == np.uint64:
+        return f"UINT64_C({v})"
+    if dt == np.uint32:
+        return f"{v}u"
+    if dt == np.int32 and v == np.iinfo(np.int32).min:
+        return "INT32_MIN"
     return str(v)
 
 

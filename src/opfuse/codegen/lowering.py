@@ -7,7 +7,7 @@ from opfuse.codegen.stages import GroupAnalysis, Stage
 
 
 def _table() -> dict[str, Callable]:
-    from opfuse.codegen import concat, conv, gemm, norm, pool, reduce
+    from opfuse.codegen import concat, conv, gemm, norm, pool, reduce, scan, scatter, topk
     return {
         "Conv": conv.lower_conv,
         "ConvTranspose": conv.lower_conv_transpose,
@@ -22,6 +22,16 @@ def _table() -> dict[str, Callable]:
         "Softmax": norm.lower_softmax,
         "LayerNormalization": norm.lower_layernorm,
         "Concat": concat.lower_concat,
+        **{op: reduce.lower_reduction for op in (*reduce.REDUCTIONS, reduce.LOG_SUM_EXP)},
+        "ArgMax": reduce.lower_arg_reduce,
+        "ArgMin": reduce.lower_arg_reduce,
+        "LogSoftmax": norm.lower_log_softmax,
+        "Hardmax": norm.lower_hardmax,
+        "CumSum": scan.lower_cumsum,
+        "CumProd": scan.lower_cumsum,
+        "ScatterND": scatter.lower_scatter,
+        "ScatterElements": scatter.lower_scatter,
+        "TopK": topk.lower_topk,
     }
 
 

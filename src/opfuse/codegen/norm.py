@@ -11,6 +11,7 @@ once through the epilogue:
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -18,7 +19,7 @@ from opfuse.codegen import vecmath
 from opfuse.codegen.ctype import c_type, literal, lowest, math_fn
 from opfuse.codegen.index import Index, delinearize
 from opfuse.codegen.epilogue import finish_element
-from opfuse.codegen.loops import emit_loop_nest, lane_reduce
+from opfuse.codegen.loops import emit_loop_nest, lane_reduce, store
 from opfuse.codegen.stages import GroupAnalysis, Stage
 from opfuse.ops.common import norm_axis
 from opfuse.ops.registry import get_spec
@@ -81,9 +82,13 @@ def lower_softmax(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
 def lower_layernorm(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     node = stage.anchor_node
     x, out = node.input(0), node.outputs[0]
-    if any(id(v) in {id(o) for o in stage.outputs} for v in node.outputs[1:]):
-        raise kc.error(f"LayerNormalization '{node.name}': its mean / inv_std outputs are not supported")
+    group_ids = {id(n) for n in analysis.live}
+    stats = [v for v in node.outputs[1:] if any(id(v) == id(o) for o in stage.outputs)]
+    if any(id(u) in group_ids for v in node.outputs[1:] for u, _ in v.uses):
+        raise kc.error(f"LayerNormalization '{node.name}': its mean / inv_std outputs feed the group; only "
+                       f"storing them is supported")
     a = get_spec(node.op_type, node).attrs_of(node)
+    per_element = replace(stage, outputs=[v for v in stage.outputs if all(v is not s for s in stats)])
     shape = x.shape
     rank = len(shape)
     axis = norm_axis(int(a["axis"]), rank, node)
@@ -112,6 +117,9 @@ def lower_layernorm(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
         inv = kc.tmp("inv")
         kc.w.line(f"const {ct} {inv} = {literal(1, dt)} / {math_fn('sqrt', dt)}({sq} / {literal(L, dt)} + "
                   f"{literal(a['epsilon'], dt)});")
+        for v in stats:  # Mean and InvStdDev: one per row, shaped like the row index
+            stat = mean if v is node.outputs[1] else inv
+            store(kc, ev, v, Index(ridx.shape, ridx.dims), f"({c_type(v.dtype)}){stat}")
         with kc.w.block(f"for (long {j} = 0; {j} < {L}; ++{j})"), ev.scope():
             eidx = _element(shape, ridx, axis, rank, j)
             y = f"({buf}[{j}] - {mean}) * {inv} * {ev.at(scale, eidx.broadcast_to(scale.shape))}"
@@ -119,6 +127,67 @@ def lower_layernorm(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
                 y += f" + {ev.at(bias, eidx.broadcast_to(bias.shape))}"
             t = kc.tmp("y")
             kc.w.line(f"const {ct} {t} = {y};")
-            finish_element(kc, ev, stage, out, eidx, t)
+            finish_element(kc, ev, per_element, out, eidx, t)
 
     _row_loop(kc, ev, shape, axis, rank, body)
+
+
+def lower_log_softmax(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
+    """y_j = x_j - max x - log(sum_k exp(x_k - max x)): the row is read once into the buffer,
+    the exps are summed without being stored, and each output is one subtraction."""
+    node = stage.anchor_node
+    x, out = node.input(0), node.outputs[0]
+    shape = x.shape
+    axis = norm_axis(int(get_spec(node.op_type, node).attrs_of(node)["axis"]), len(shape), node)
+    L = shape[axis]
+    dt = out.dtype
+    ct = c_type(dt)
+    f32 = dt == np.float32
+    exp = vecmath.require(kc.program, vecmath.EXP) if f32 else math_fn("exp", dt)
+    log = vecmath.require(kc.program, vecmath.LOG) if f32 else math_fn("log", dt)
+
+    def body(ridx: Index):
+        buf = _row_buffer(kc, ct, L, dt.itemsize)
+        j = kc.tmp("j")
+        with kc.w.block(f"for (long {j} = 0; {j} < {L}; ++{j})"), ev.scope():
+            kc.w.line(f"{buf}[{j}] = {ev.at(x, _element(shape, ridx, axis, axis + 1, j))};")
+        mx = kc.tmp("mx")
+        lane_reduce(kc, ct, lowest(dt), lambda a, b: f"({b} > {a} ? {b} : {a})", L, lambda i: f"{buf}[{i}]", mx)
+        s = kc.tmp("sum")
+        lane_reduce(kc, ct, literal(0, dt), lambda a, b: f"{a} + {b}", L, lambda i: f"{exp}({buf}[{i}] - {mx})", s)
+        shift = kc.tmp("shift")
+        kc.w.line(f"const {ct} {shift} = {mx} + {log}({s});")
+        with kc.w.block(f"for (long {j} = 0; {j} < {L}; ++{j})"), ev.scope():
+            y = kc.tmp("y")
+            kc.w.line(f"const {ct} {y} = {buf}[{j}] - {shift};")
+            finish_element(kc, ev, stage, out, _element(shape, ridx, axis, axis + 1, j), y)
+
+    _row_loop(kc, ev, shape, axis, axis + 1, body)
+
+
+def lower_hardmax(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
+    """1 at the first maximum of the row (NaN counting as the maximum, as np.argmax), 0 elsewhere."""
+    node = stage.anchor_node
+    x, out = node.input(0), node.outputs[0]
+    shape = x.shape
+    axis = norm_axis(int(get_spec(node.op_type, node).attrs_of(node)["axis"]), len(shape), node)
+    L = shape[axis]
+    dt = out.dtype
+    ct = c_type(dt)
+
+    def body(ridx: Index):
+        buf = _row_buffer(kc, ct, L, dt.itemsize)
+        j = kc.tmp("j")
+        with kc.w.block(f"for (long {j} = 0; {j} < {L}; ++{j})"), ev.scope():
+            kc.w.line(f"{buf}[{j}] = {ev.at(x, _element(shape, ridx, axis, axis + 1, j))};")
+        at = kc.tmp("at")
+        kc.w.line(f"long {at} = 0;")
+        with kc.w.block(f"for (long {j} = 1; {j} < {L}; ++{j})"):
+            v, best = f"{buf}[{j}]", f"{buf}[{at}]"
+            kc.w.line(f"if ({v} > {best} || ({v} != {v} && {best} == {best})) {at} = {j};")
+        with kc.w.block(f"for (long {j} = 0; {j} < {L}; ++{j})"), ev.scope():
+            y = kc.tmp("y")
+            kc.w.line(f"const {ct} {y} = {j} == {at} ? {literal(1, dt)} : {literal(0, dt)};")
+            finish_element(kc, ev, stage, out, _element(shape, ridx, axis, axis + 1, j), y)
+
+    _row_loop(kc, ev, shape, axis, axis + 1, body)

@@ -1,4 +1,5 @@
-"""Reductions (ReduceMean/Sum/Max, GlobalAveragePool) with fused prologue and epilogue.
+"""Reductions (ReduceMean/Sum/Max, GlobalAveragePool; ReduceMin/Prod/L1/L2/SumSquare/LogSum/
+LogSumExp, GlobalMaxPool in ``lower_reduction``; ArgMax/ArgMin) with fused prologue and epilogue.
 
 One output element per iteration of the outer loops. When the reduced axes are the
 trailing ones (LayerNorm's statistics, global pooling), the inner loop walks one
@@ -8,9 +9,13 @@ otherwise it nests one loop per reduced axis.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Callable
 
+import numpy as np
 
-from opfuse.codegen.ctype import c_type, is_float, literal, lowest
+from opfuse.codegen import vecmath
+from opfuse.codegen.ctype import c_type, highest, is_float, literal, lowest, math_fn
 from opfuse.codegen.index import Index, delinearize
 from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.loops import emit_loop_nest, lane_reduce
@@ -93,3 +98,172 @@ def lower_reduce(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     emit_loop_nest(kc, ev, out.shape, body, cost_per_element=max(count, 1))
 
 
+
+
+# The reductions issue 12 added, as data ------------------------------------------------------
+# Each is ``acc = init; acc = combine(acc, element(x))`` over the reduced elements, then
+# ``finish(acc)``; ReduceLogSumExp first takes the max ``m`` (0 if infinite) and reduces
+# ``exp(x - m)``, finishing with ``m + log(acc)``. Min and max propagate NaN, as NumPy's.
+
+@dataclass(frozen=True)
+class Reduction:
+    init: Callable[[np.dtype], str]
+    combine: Callable[[str, str], str]
+    element: Callable[[object, str, np.dtype], str] = lambda kc, x, dt: x
+    finish: Callable[[object, str, np.dtype], str] = lambda kc, acc, dt: acc
+
+
+def nan_max(a: str, b: str) -> str:
+    return f"({b} > {a} || {b} != {b} ? {b} : {a})"
+
+
+def nan_min(a: str, b: str) -> str:
+    return f"({b} < {a} || {b} != {b} ? {b} : {a})"
+
+
+def _add(a: str, b: str) -> str:
+    return f"{a} + {b}"
+
+
+def _fn(kc, name: str, helper: str | None, dt) -> str:
+    """A unary C function on ``dt``: the vectorised helper for float32, else libm (in double for
+    integers, whose results the reference truncates)."""
+    if np.dtype(dt) == np.float32 and helper is not None:
+        return vecmath.require(kc.program, helper)
+    return math_fn(name, dt) if is_float(dt) else name
+
+
+def _as(dt, expr: str) -> str:
+    return expr if is_float(dt) else f"({c_type(dt)})({expr})"
+
+
+def _via_double(dt, x: str) -> str:
+    return x if is_float(dt) else f"(double)({x})"
+
+
+REDUCTIONS: dict[str, Reduction] = {
+    "ReduceMin": Reduction(highest, nan_min),
+    "ReduceProd": Reduction(lambda dt: literal(1, dt), lambda a, b: f"{a} * {b}"),
+    "ReduceL1": Reduction(lambda dt: literal(0, dt), _add,
+                          element=lambda kc, x, dt: f"{math_fn('fabs', dt)}({x})" if is_float(dt)
+                          else f"({x} < 0 ? -{x} : {x})"),
+    "ReduceL2": Reduction(lambda dt: literal(0, dt), _add, element=lambda kc, x, dt: f"{x} * {x}",
+                          finish=lambda kc, acc, dt: _as(dt, f"{math_fn('sqrt', dt) if is_float(dt) else 'sqrt'}"
+                                                             f"({_via_double(dt, acc)})")),
+    "ReduceSumSquare": Reduction(lambda dt: literal(0, dt), _add, element=lambda kc, x, dt: f"{x} * {x}"),
+    "ReduceLogSum": Reduction(lambda dt: literal(0, dt), _add,
+                              finish=lambda kc, acc, dt: _as(dt, f"{_fn(kc, 'log', vecmath.LOG, dt)}"
+                                                                 f"({_via_double(dt, acc)})")),
+    "GlobalMaxPool": Reduction(lowest, nan_max),
+}
+LOG_SUM_EXP = "ReduceLogSumExp"
+
+
+def _reduction_geometry(node):
+    """(axes, keepdims) of a node of ``REDUCTIONS`` (``None`` axes: the identity)."""
+    if node.op_type == "GlobalMaxPool":
+        return tuple(range(2, len(node.input(0).shape))), True
+    from opfuse.ops.reduce import reduce_axes
+    a = get_spec(node.op_type, node).attrs_of(node)
+    return reduce_axes(node, a), bool(int(a["keepdims"]))
+
+
+def lower_reduction(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
+    """One output element per iteration of the outer loops; the reduced elements are walked as
+    ``lower_reduce`` walks them (lane partial results over a trailing run, else nested loops)."""
+    node = stage.anchor_node
+    x, out = node.input(0), node.outputs[0]
+    axes, keep = _reduction_geometry(node)
+    shape, rank, dt = x.shape, len(x.shape), out.dtype
+    ct = c_type(dt)
+    count = math.prod(shape[a] for a in axes) if axes is not None else 1
+    kept = [d for d in range(rank) if axes is None or d not in axes]
+
+    def reduce_into(base, total, init, combine, element):
+        if not axes:  # a rank-0 input: the one element
+            with ev.scope():
+                kc.w.line(f"const {ct} {total} = {combine(init, element(ev.at(x, Index(shape, tuple(base)))))};")
+            return
+        trailing = list(axes) == list(range(rank - len(axes), rank))
+        if trailing:
+            a0 = rank - len(axes)
+
+            def at(j):
+                dims = base[:a0] + delinearize(j, shape[a0:])
+                return element(ev.at(x, Index(shape, tuple(dims), ((a0, rank, j),))))
+            lane_reduce(kc, ct, init, combine, count, at, total)
+            return
+        kc.w.line(f"{ct} {total} = {init};")
+        dims = list(base)
+        for d in axes:
+            var = kc.tmp("r")
+            kc.w.line(f"for (long {var} = 0; {var} < {shape[d]}; ++{var}) {{")
+            kc.w.level += 1
+            dims[d] = var
+        with ev.scope():
+            kc.w.line(f"{total} = {combine(total, element(ev.at(x, Index(shape, tuple(dims)))))};")
+        for _ in axes:
+            kc.w.level -= 1
+            kc.w.line("}")
+
+    def body(oidx: Index):
+        base = ["0"] * rank
+        for i, d in enumerate(kept):
+            base[d] = oidx.dims[d] if keep else oidx.dims[i]
+        res = kc.tmp("red")
+        if axes is None:
+            kc.w.line(f"const {ct} {res} = {ev.at(x, Index(shape, tuple(base)))};")
+        elif node.op_type == LOG_SUM_EXP:
+            mx = kc.tmp("mx")
+            reduce_into(base, mx, lowest(dt), nan_max, lambda v: v)
+            m = kc.tmp("m")
+            kc.w.line(f"const {ct} {m} = ({mx} == {lowest(dt)} || {mx} == {highest(dt)}) ? {literal(0, dt)} : {mx};")
+            s = kc.tmp("sum")
+            exp = _fn(kc, "exp", vecmath.EXP, dt)
+            reduce_into(base, s, literal(0, dt), _add, lambda v: f"{exp}({v} - {m})")
+            kc.w.line(f"const {ct} {res} = {m} + {_fn(kc, 'log', vecmath.LOG, dt)}({s});")
+        else:
+            r = REDUCTIONS[node.op_type]
+            total = kc.tmp("acc")
+            reduce_into(base, total, r.init(dt), r.combine, lambda v: r.element(kc, v, dt))
+            kc.w.line(f"const {ct} {res} = {r.finish(kc, total, dt)};")
+        finish_element(kc, ev, stage, out, oidx, res)
+
+    emit_loop_nest(kc, ev, out.shape, body, cost_per_element=max(count, 1))
+
+
+# ArgMax / ArgMin ----------------------------------------------------------------------------
+def lower_arg_reduce(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
+    """The index of the first (``select_last_index``: last) max/min along one axis, NaN counting
+    as the extreme (NumPy's argmax/argmin). One sequential walk per output element."""
+    from opfuse.ops.common import norm_axis
+    node = stage.anchor_node
+    x, out = node.input(0), node.outputs[0]
+    a = get_spec(node.op_type, node).attrs_of(node)
+    shape, rank = x.shape, len(x.shape)
+    axis = norm_axis(int(a["axis"]), rank, node)
+    keep, last = bool(int(a["keepdims"])), bool(int(a["select_last_index"]))
+    ct = c_type(x.dtype)
+    beats = ">" if node.op_type == "ArgMax" else "<"
+
+    def body(oidx: Index):
+        dims = list(oidx.dims) if keep else list(oidx.dims[:axis]) + ["0"] + list(oidx.dims[axis:])
+        best, at = kc.tmp("best"), kc.tmp("at")
+        dims[axis] = "0"
+        with ev.scope():
+            kc.w.line(f"{ct} {best} = {ev.at(x, Index(shape, tuple(dims)))};")
+        kc.w.line(f"int64_t {at} = 0;")
+        r = kc.tmp("r")
+        dims[axis] = r
+        with kc.w.block(f"for (long {r} = 1; {r} < {shape[axis]}; ++{r})"), ev.scope():
+            v = ev.at(x, Index(shape, tuple(dims)))
+            if last:
+                cond = f"{v} {beats}= {best} || {v} != {v}"
+            else:
+                cond = f"{v} {beats} {best} || ({v} != {v} && {best} == {best})"
+            with kc.w.block(f"if ({cond})"):
+                kc.w.line(f"{best} = {v};")
+                kc.w.line(f"{at} = {r};")
+        finish_element(kc, ev, stage, out, oidx, at)
+
+    emit_loop_nest(kc, ev, out.shape, body, cost_per_element=max(shape[axis], 1))

@@ -22,7 +22,7 @@ holds the bounds), in ulps of the result where it is normal:
 
     Relu 0, LeakyRelu 0.5, Exp 0.98, Log 0.82, Erf 0.95, Tanh 1.31, Softplus 2.76,
     Sigmoid 2.77, SiLU 3.2 (x >= -87.3; below, exp(x) is subnormal: |err| < 1e-43),
-    HardSwish 1.55 (x >= 0), HardSigmoid 2.4 (x >= -2),
+    HardSwish 1.55 (x >= 0), HardSigmoid 2.4 (x >= -2), Elu 1.16, Mish 3.56 (x >= -87),
     GELU (erf) 2.7 (x >= -1), GELU (tanh) 2.4 (x >= 0), 14.6 (x >= -3).
 
 Below those ranges the float32 formula itself loses relative accuracy, not the helpers:
@@ -37,10 +37,10 @@ from typing import Callable
 
 import numpy as np
 
-from opfuse.codegen.ctype import c_type, is_float, literal, math_fn
+from opfuse.codegen.ctype import c_type, highest, is_float, literal, lowest, math_fn
 from opfuse.codegen import vecmath
 from opfuse.codegen.erf import require_erf
-from opfuse.codegen.index import Index, add, mul
+from opfuse.codegen.index import Index, add, mod, mul
 from opfuse.ir.graph import Node
 from opfuse.ops.registry import get_spec
 
@@ -284,6 +284,7 @@ def _fold(fn):
 
 RULES["Max"] = _fold(_max)
 RULES["Min"] = _fold(_min)
+RULES["Sum"] = _fold(lambda a, b: f"{a} + {b}")
 
 
 @_register("Where")
@@ -471,3 +472,279 @@ def _pad(ev, node, k, idx):
 def _resize(ev, node, k, idx):
     from opfuse.codegen.resize import resize_rule
     return resize_rule(ev, node, idx)
+
+
+# Issue 12's elementwise ops ------------------------------------------------------------------
+# Branch-free like the ones above: the exponential tails use the vectorised expm1/exp, rounding
+# to an integer is the "add and subtract 1.5 * 2^(p-1)" trick (exact, round-half-even under the
+# default rounding mode), comparisons and logic are 0/1 bytes combined with bitwise operators.
+# Sin, Cos, Floor, Ceil and fmod call libm (gcc inlines floor/ceil as one instruction on x86).
+
+def _expm1(ev, dt, x: str) -> str:
+    if _f32(dt):
+        return f"{vecmath.require(ev.kc.program, vecmath.EXPM1)}({x})"
+    return f"{math_fn('expm1', dt)}({x})"
+
+
+def _elu(ev, x, dt, alpha: float) -> str:
+    return f"({x} > {_L(0, dt)} ? {x} : {_L(alpha, dt)} * {let(ev, dt, _expm1(ev, dt, x))})"
+
+
+def _mish(ev, x, dt, a):
+    """x tanh(log(1 + e)) = x n / (n + 2) with n = e (e + 2), e = exp(x); x itself above 20,
+    where tanh(softplus(x)) rounds to 1 (and n overflows beyond 44)."""
+    e = let(ev, dt, f"{_vec(ev, dt, vecmath.EXP, 'exp')}({x})")
+    n = let(ev, dt, f"{e} * ({e} + {_L(2, dt)})")
+    return f"({x} > {_L(20, dt)} ? {x} : {x} * {n} / ({n} + {_L(2, dt)}))"
+
+
+def _round(ev, x, dt, a):
+    """Round half to even: |x| + 2^(p-1) - 2^(p-1) rounds to an integer in the current (nearest-
+    even) mode for |x| < 2^(p-1); larger floats are integers already (and NaN stays NaN)."""
+    big = _L(2.0 ** 23 if _f32(dt) else 2.0 ** 52, dt)
+    ax = let(ev, dt, f"{math_fn('fabs', dt)}({x})")
+    return f"({ax} < {big} ? {math_fn('copysign', dt)}(({ax} + {big}) - {big}, {x}) : {x})"
+
+
+def _sign(ev, x, dt, a):
+    if is_float(dt):  # keeps 0, -0 and NaN, as np.sign
+        return f"({x} > {_L(0, dt)} ? {_L(1, dt)} : ({x} < {_L(0, dt)} ? {_L(-1, dt)} : {x}))"
+    if np.issubdtype(dt, np.unsignedinteger):
+        return f"({c_type(dt)})({x} > 0)"
+    return f"({c_type(dt)})(({x} > 0) - ({x} < 0))"
+
+
+def _isinf(ev, node, k, idx):
+    a = _attrs(node)
+    x = ev.operand(node, 0, idx)
+    dt = node.input(0).dtype
+    tests = []
+    if int(a["detect_positive"]):
+        tests.append(f"{x} == {highest(dt)}")
+    if int(a["detect_negative"]):
+        tests.append(f"{x} == {lowest(dt)}")
+    return f"({' || '.join(tests)})" if tests else "0"
+
+
+_unary("Elu", lambda ev, x, dt, a: _elu(ev, x, dt, a["alpha"]))
+_unary("Selu", lambda ev, x, dt, a: f"{_L(a['gamma'], dt)} * {let(ev, dt, _elu(ev, x, dt, a['alpha']))}")
+
+
+def _celu(ev, x, dt, a):
+    """max(0, x) + min(0, alpha expm1(x / alpha)): one of the two terms is 0."""
+    alpha = _L(a["alpha"], dt)
+    return f"({x} > {_L(0, dt)} ? {x} : {alpha} * {let(ev, dt, _expm1(ev, dt, f'{x} / {alpha}'))})"
+
+
+_unary("Celu", _celu)
+_unary("Mish", _mish)
+_unary("ThresholdedRelu", lambda ev, x, dt, a: f"({x} > {_L(a['alpha'], dt)} ? {x} : {_L(0, dt)})")
+_unary("Softsign", lambda ev, x, dt, a: f"{x} / ({_L(1, dt)} + {math_fn('fabs', dt)}({x}))")
+_unary("Floor", lambda ev, x, dt, a: f"{math_fn('floor', dt)}({x})")
+_unary("Ceil", lambda ev, x, dt, a: f"{math_fn('ceil', dt)}({x})")
+_unary("Round", _round)
+_unary("Sign", _sign)
+_unary("Sin", lambda ev, x, dt, a: f"{math_fn('sin', dt)}({x})")
+_unary("Cos", lambda ev, x, dt, a: f"{math_fn('cos', dt)}({x})")
+
+
+def _libm_call(fn: str) -> Callable[[object, str, np.dtype, dict], str]:
+    return lambda ev, x, dt, a: f"{math_fn(fn, dt)}({x})"
+
+
+for _name, _libm in (("Tan", "tan"), ("Asin", "asin"), ("Acos", "acos"), ("Atan", "atan"), ("Sinh", "sinh"),
+                     ("Cosh", "cosh"), ("Asinh", "asinh"), ("Acosh", "acosh"), ("Atanh", "atanh")):
+    _unary(_name, _libm_call(_libm))
+_unary("Not", lambda ev, x, dt, a: f"({x} ^ 1)")
+RULES["IsNaN"] = lambda ev, node, k, idx: f"({ev.operand(node, 0, idx)} != {ev.operand(node, 0, idx)})"
+RULES["IsInf"] = _isinf
+
+_binary("Greater", lambda a, b, dt: f"({a} > {b})")
+_binary("Less", lambda a, b, dt: f"({a} < {b})")
+_binary("GreaterOrEqual", lambda a, b, dt: f"({a} >= {b})")
+_binary("LessOrEqual", lambda a, b, dt: f"({a} <= {b})")
+_binary("And", lambda a, b, dt: f"({a} & {b})")
+_binary("Or", lambda a, b, dt: f"({a} | {b})")
+_binary("Xor", lambda a, b, dt: f"({a} ^ {b})")
+_binary("PRelu", lambda a, b, dt: f"({a} < 0 ? {a} * {b} : {a})")
+
+
+@_register("Mod")
+def _mod(ev, node, k, idx):
+    """Python's % (fmod=0: the divisor's sign) or C's fmod (fmod=1). An integer divisor of 0
+    gives 0 (the reference refuses it), -1 gives 0 without the INT_MIN % -1 trap."""
+    dt = node.outputs[0].dtype
+    a = ev.operand(node, 0, idx)
+    b = ev.operand(node, 1, idx)
+    floored = not int(_attrs(node)["fmod"])
+    if is_float(dt):
+        r = let(ev, dt, f"{math_fn('fmod', dt)}({a}, {b})")
+        if not floored:
+            return r
+        return f"({r} != {_L(0, dt)} && ({r} < {_L(0, dt)}) != ({b} < {_L(0, dt)}) ? {r} + {b} : {r})"
+    if np.issubdtype(dt, np.unsignedinteger):
+        return f"({b} == 0 ? 0 : {a} % ({b} == 0 ? 1 : {b}))"
+    safe = let(ev, dt, f"({b} == 0 || {b} == -1 ? 1 : {b})")
+    r = let(ev, dt, f"({c_type(dt)})({a} % {safe})")
+    if floored:
+        r = let(ev, dt, f"({r} != 0 && ({r} < 0) != ({b} < 0) ? {r} + {b} : {r})")
+    return f"({b} == 0 ? 0 : {r})"
+
+
+@_register("BitShift")
+def _bitshift(ev, node, k, idx):
+    """Shifts outside [0, width) give the sign fill (-1 for a negative right-shifted value, else 0);
+    left shifts go through the unsigned type (two's complement wrap, no signed overflow)."""
+    dt = node.outputs[0].dtype
+    ct = c_type(dt)
+    x = ev.operand(node, 0, idx)
+    y = ev.operand(node, 1, idx)
+    bits = dt.itemsize * 8
+    signed = np.issubdtype(dt, np.signedinteger)
+    inside = f"({y} >= 0 && {y} < {bits})" if signed else f"({y} < {bits})"
+    amount = f"({y} & {bits - 1})"
+    if _attrs(node)["direction"] == "LEFT":
+        ut = c_type(np.dtype(f"u{dt.itemsize}"))
+        return f"({inside} ? ({ct})(({ut}){x} << {amount}) : 0)"
+    fill = f"({x} < 0 ? -1 : 0)" if signed else "0"
+    return f"({inside} ? ({ct})({x} >> {amount}) : {fill})"
+
+
+@_register("Trilu")
+def _trilu(ev, node, k, idx):
+    """Keeps x[..., i, j] where j - i >= k (upper) or j - i <= k (lower), else 0."""
+    x = ev.operand(node, 0, idx)
+    dt = node.outputs[0].dtype
+    kv = node.inputs[1] if len(node.inputs) > 1 else None
+    shift = "0" if kv is None else f"(long){ev.at(kv, Index(kv.shape, ('0',) * len(kv.shape)))}"
+    i, j = idx.dims[-2], idx.dims[-1]
+    cmp = ">=" if int(_attrs(node)["upper"]) else "<="
+    return f"((long)({j}) - (long)({i}) {cmp} {shift} ? {x} : {_L(0, dt)})"
+
+
+# Issue 12's data movement: index maps ----------------------------------------------------------
+@_register("Tile")
+def _tile(ev, node, k, idx):
+    x = node.input(0)
+    dims = tuple(mod(e, d) if d != n else e for e, d, n in zip(idx.dims, x.shape, idx.shape, strict=True))
+    return ev.at(x, Index(tuple(x.shape), dims))
+
+
+@_register("DepthToSpace")
+def _depth_to_space(ev, node, k, idx):
+    from opfuse.codegen.index import div
+    x = node.input(0)
+    a = _attrs(node)
+    b = int(a["blocksize"])
+    c_out = idx.shape[1]
+    n, c, h, w = idx.dims
+    bh, bw = mod(h, b), mod(w, b)
+    block = add(mul(bh, b), bw)
+    ch = add(mul(block, c_out), c) if a["mode"] == "DCR" else add(mul(c, b * b), block)
+    return ev.at(x, Index(tuple(x.shape), (n, ch, div(h, b), div(w, b))))
+
+
+@_register("SpaceToDepth")
+def _space_to_depth(ev, node, k, idx):
+    from opfuse.codegen.index import div
+    x = node.input(0)
+    a = _attrs(node)
+    b = int(a["blocksize"])
+    c_in = x.shape[1]
+    n, oc, h, w = idx.dims
+    if a["mode"] == "DCR":
+        block, c = div(oc, c_in), mod(oc, c_in)
+    else:
+        block, c = mod(oc, b * b), div(oc, b * b)
+    bh, bw = div(block, b), mod(block, b)
+    return ev.at(x, Index(tuple(x.shape), (n, c, add(mul(h, b), bh), add(mul(w, b), bw))))
+
+
+def _clamped_index(ev, raw: str, dim: int) -> str:
+    """A run-time index, negative counting from the end, clamped into [0, dim): a bad index must
+    never read outside the tensor (the reference refuses it)."""
+    g0 = let(ev, np.int64, f"(int64_t)({raw} < 0 ? {raw} + {dim} : {raw})")
+    return let(ev, np.int64, f"({g0} < 0 ? 0 : ({g0} >= {dim} ? {dim - 1} : {g0}))")
+
+
+@_register("GatherElements")
+def _gather_elements(ev, node, k, idx):
+    data, ind = node.input(0), node.input(1)
+    axis = _attrs(node)["axis"]
+    axis = axis + len(data.shape) if axis < 0 else axis
+    g = _clamped_index(ev, ev.at(ind, idx), data.shape[axis])
+    dims = idx.dims[:axis] + (g,) + idx.dims[axis + 1:]
+    return ev.at(data, Index(tuple(data.shape), dims))
+
+
+@_register("GatherND")
+def _gather_nd(ev, node, k, idx):
+    from opfuse.ops.indexing import gathernd_geometry
+    data, ind = node.input(0), node.input(1)
+    b, depth = gathernd_geometry(node, _attrs(node))
+    r = len(ind.shape) - 1  # output axes that walk the index tuples
+    tuple_at = idx.dims[:r]
+    picks = [_clamped_index(ev, ev.at(ind, Index(tuple(ind.shape), tuple_at + (str(j),))), data.shape[b + j])
+             for j in range(depth)]
+    dims = tuple(idx.dims[:b]) + tuple(picks) + tuple(idx.dims[r:])
+    return ev.at(data, Index(tuple(data.shape), dims))
+
+
+@_register("OneHot")
+def _onehot(ev, node, k, idx):
+    from opfuse.ops.indexing import onehot_depth
+    ind, values = node.input(0), node.input(2)
+    out = node.outputs[0]
+    axis = _attrs(node)["axis"]
+    axis = axis + len(out.shape) if axis < 0 else axis
+    depth = onehot_depth(node)
+    raw = ev.at(ind, Index(tuple(ind.shape), idx.dims[:axis] + idx.dims[axis + 1:]))
+    kk = let(ev, np.int64, f"(int64_t)({raw})")
+    kk = let(ev, np.int64, f"({kk} < 0 ? {kk} + {depth} : {kk})")
+    off, on = (ev.at(values, Index.linear(values.shape, str(i))) for i in (0, 1))
+    return f"({kk} == (int64_t)({idx.dims[axis]}) ? {on} : {off})"
+
+
+@_register("Range")
+def _range(ev, node, k, idx):
+    from opfuse.ops.indexing import range_params
+    dt = node.outputs[0].dtype
+    start, delta, _ = range_params(node)
+    return f"{_L(start, dt)} + ({c_type(dt)})({idx.dims[0]}) * {_L(delta, dt)}"
+
+
+@_register("Mean")
+def _mean(ev, node, k, idx):
+    dt = node.outputs[0].dtype
+    return f"{let(ev, dt, RULES['Sum'](ev, node, k, idx))} / {_L(len(node.input_values()), dt)}"
+
+
+# Bit operations, BitCast, ReverseSequence -----------------------------------------------------
+_binary("BitwiseAnd", lambda a, b, dt: f"({a} & {b})")
+_binary("BitwiseOr", lambda a, b, dt: f"({a} | {b})")
+_binary("BitwiseXor", lambda a, b, dt: f"({a} ^ {b})")
+_unary("BitwiseNot", lambda ev, x, dt, a: f"({c_type(dt)})(~{x})")
+
+
+@_register("BitCast")
+def _bitcast(ev, node, k, idx):
+    """The same bytes read as the other type (memcpy: the one well-defined way in C99)."""
+    src, dst = node.input(0).dtype, node.outputs[0].dtype
+    x = ev.operand(node, 0, idx)
+    held = ev.kc.tmp("bits")
+    ev.w.line(f"{c_type(src)} {held}_in = {x};")
+    ev.w.line(f"{c_type(dst)} {held};")
+    ev.w.line(f"memcpy(&{held}, &{held}_in, sizeof {held});")
+    return held
+
+
+@_register("ReverseSequence")
+def _reverse_sequence(ev, node, k, idx):
+    from opfuse.ops.indexing import _rs_axes
+    x, lens = node.input(0), node.input(1)
+    b, t = _rs_axes(node, _attrs(node))
+    n = let(ev, np.int64, f"(long)({ev.at(lens, Index(tuple(lens.shape), (idx.dims[b],)))})")
+    step = idx.dims[t]
+    dims = list(idx.dims)
+    dims[t] = let(ev, np.int64, f"({step} < {n} ? {n} - 1 - ({step}) : ({step}))")
+    return ev.at(x, Index(tuple(x.shape), tuple(dims)))

@@ -99,6 +99,28 @@ def _attention_chain(group: FusionGroup, live: list[Node], out_ids: set[int]) ->
     return None
 
 
+def _epilogue_can_follow(anchor: Node, ids: set[int]) -> bool:
+    """Whether every group node downstream of ``anchor`` can run in its epilogue: a relabelling
+    (Reshape family, Transpose) or a pointwise op whose anchor-dependent operands have its shape
+    (what ``epilogue.finish_element`` sweeps)."""
+    from opfuse.codegen.epilogue import RELABEL_OPS
+    reached = {id(v) for v in anchor.outputs}
+    todo = [u for v in anchor.outputs for u, _ in v.uses if id(u) in ids]
+    seen: set[int] = set()
+    while todo:
+        n = todo.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        dep = [v for v in n.input_values() if id(v) in reached]
+        spec = get_spec(n.op_type, n)
+        if n.op_type not in RELABEL_OPS and not (spec.is_pointwise and all(v.shape == n.outputs[0].shape for v in dep)):
+            return False
+        reached.update(id(v) for v in n.outputs)
+        todo.extend(u for v in n.outputs for u, _ in v.uses if id(u) in ids)
+    return True
+
+
 def analyse(group: FusionGroup, graph: Graph, static: dict) -> GroupAnalysis:
     live = [n for n in group.nodes if not all(id(v) in static for v in n.outputs)]
     outputs = [v for v in group.outputs(graph) if id(v) not in static]
@@ -111,8 +133,10 @@ def analyse(group: FusionGroup, graph: Graph, static: dict) -> GroupAnalysis:
             return True
         if not is_inline(n):
             return True
-        # A Concat whose result leaves the group copies its inputs slice by slice.
-        return n.op_type == "Concat" and any(id(v) in out_ids for v in n.outputs)
+        # A Concat whose result leaves the group copies its inputs slice by slice (when what
+        # follows it in the group can be its epilogue; else it is computed inline).
+        return n.op_type == "Concat" and any(id(v) in out_ids for v in n.outputs) \
+            and _epilogue_can_follow(n, {id(m) for m in live})
 
     anchors = [n for n in live if anchor_like(n)]
     anchor_ids = {id(n) for n in anchors}

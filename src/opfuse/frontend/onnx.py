@@ -8,8 +8,8 @@ from opfuse.frontend.onnx_export import DEFAULT_EXPORT_OPSET, export_model, save
 from opfuse.frontend.onnx_files import parse_model, read_model, read_model_with_data
 from opfuse.frontend.onnx_import import import_model, load_model
 from opfuse.frontend.onnx_import_context import FOLD_MAX_ELEMENTS
-from opfuse.frontend.onnx_opsets import MAX_OPSET, MIN_OPSET
+from opfuse.frontend.onnx_opsets import EXPORT_MAX_OPSET, EXPORT_MIN_OPSET, MAX_OPSET, MIN_OPSET
 
 __all__ = ["import_model", "load_model", "export_model", "save_model", "parse_input_shapes",
            "read_model", "read_model_with_data", "parse_model", "FOLD_MAX_ELEMENTS",
-           "DEFAULT_EXPORT_OPSET", "MIN_OPSET", "MAX_OPSET"]
+           "DEFAULT_EXPORT_OPSET", "MIN_OPSET", "MAX_OPSET", "EXPORT_MIN_OPSET", "EXPORT_MAX_OPSET"]

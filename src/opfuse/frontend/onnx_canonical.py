@@ -1,4 +1,4 @@
-"""Canonicalizers: each ONNX node (any opset 11-21) becomes nodes in the canonical IR form.
+"""Canonicalizers: each ONNX node (any opset 7-28) becomes nodes in the canonical IR form.
 
 A canonicalizer is ``fn(ctx, node, inputs) -> [Value | None]``, registered with
 ``@canonicalizes(op_type, ...)``: it reads the ONNX node (``node``: op,
@@ -8,8 +8,12 @@ value per ONNX output (``None`` for an output nobody reads). Ops without one are
 they are. The canonical forms are described in ``opfuse.ops`` and the common brief:
 
 * operands that decide shapes are attributes: Squeeze/Unsqueeze/Reduce* ``axes``, Split ``split``;
-* Softmax normalises along one ``axis``; Clip's bounds are inputs;
-* Constant, Identity and inference Dropout disappear (their outputs are rewired).
+* operands that older opsets gave as attributes are inputs, as in opset 11+: Pad's ``pads`` and
+  ``value`` (before 11), Slice's ``starts``/``ends``/``axes`` (before 10), Clip's bounds (before 11);
+* Softmax normalises along one ``axis``; Resize has the opset-11 inputs and attributes (Resize-10
+  and Upsample become the Resize they mean);
+* Constant, Identity and inference Dropout disappear (their outputs are rewired); CastLike is the
+  Cast to its second input's type, and Size (static shapes) a constant.
 """
 from __future__ import annotations
 
@@ -19,9 +23,10 @@ from typing import Callable
 import numpy as np
 
 from opfuse.errors import ModelError, ShapeError, UnsupportedOpError
-from opfuse.frontend.onnx_opsets import (AXES_INPUT_SINCE, DROPOUT_INPUTS_SINCE,
-                                         SOFTMAX_LEGACY_DEFAULT_AXIS, SOFTMAX_SINGLE_AXIS_SINCE,
-                                         SPLIT_INPUT_SINCE, SPLIT_NUM_OUTPUTS_SINCE)
+from opfuse.frontend.onnx_opsets import (AXES_INPUT_SINCE, DROPOUT_INPUTS_SINCE, PAD_INPUTS_SINCE,
+                                         RESIZE_ROI_SINCE, SLICE_INPUTS_SINCE, SOFTMAX_LEGACY_DEFAULT_AXIS,
+                                         SOFTMAX_SINGLE_AXIS_SINCE, SPLIT_INPUT_SINCE, SPLIT_NUM_OUTPUTS_SINCE,
+                                         UPSAMPLE_SCALES_INPUT_SINCE)
 from opfuse.frontend.onnx_import_context import ImportContext, OnnxNode
 from opfuse.ir.graph import Value
 
@@ -30,6 +35,10 @@ CANONICALIZERS: dict[str, Canonicalizer] = {}
 
 # Ops the importer removes entirely (their outputs are rewired), so opfuse needs no OpSpec.
 REMOVED_OPS = frozenset({"Constant", "Identity", "Dropout"})
+# Ops with no OpSpec of their own that the importer rewrites into ops that have one.
+REWRITTEN_OPS = frozenset({"Upsample", "Scatter", "CastLike", "Size", "DequantizeLinear", "QuantizeLinear",
+                           "LpNormalization", "LpPool", "GlobalLpPool", "LRN", "InstanceNormalization",
+                           "EyeLike"})
 
 # Outputs from this index on are optional extras (masks, indices, training statistics):
 # dropped when nobody reads them, so the IR node has just the outputs opfuse computes.
@@ -126,7 +135,7 @@ def dropout(ctx, node, inputs):
 
 # Attribute <-> input moves ----------------------------------------------------------------
 
-@canonicalizes("Squeeze", "Unsqueeze", "ReduceSum", "ReduceMean", "ReduceMax")
+@canonicalizes(*AXES_INPUT_SINCE)
 def axes_as_attribute(ctx, node, inputs):
     """``axes`` as an attribute, whichever form the op version uses."""
     attrs = dict(node.attrs)
@@ -173,13 +182,15 @@ def _split_sizes_18(node, x: Value, n: int, axis: int) -> list[int]:
 
 # Semantics that changed ---------------------------------------------------------------------
 
-@canonicalizes("Softmax")
+@canonicalizes("Softmax", "LogSoftmax", "Hardmax")
 def softmax(ctx, node, inputs):
-    """Before opset 13 Softmax(axis=a) is softmax over the flattened block ``x.shape[a:]``.
+    """Before opset 13 Softmax(axis=a) is softmax over the flattened block ``x.shape[a:]`` (and
+    so are LogSoftmax and Hardmax).
 
     When ``a`` is the last axis the two semantics agree; otherwise the importer writes the old
     meaning out: ``Reshape(Softmax(Flatten(x, axis=a), axis=-1), x.shape)``.
     """
+    op = node.op_type
     if node.version >= SOFTMAX_SINGLE_AXIS_SINCE:
         return emit_as_is(ctx, node, inputs)
     x = inputs[0]
@@ -189,10 +200,10 @@ def softmax(ctx, node, inputs):
         raise ShapeError(f"Softmax node '{node.name}': axis {axis} out of range for rank {rank}")
     axis = axis % max(rank, 1)
     if axis >= rank - 1:
-        return ctx.emit("Softmax", [x], {"axis": -1}, name=node.name, outputs=node.outputs)
+        return ctx.emit(op, [x], {"axis": -1}, name=node.name, outputs=node.outputs)
     flat = ctx.emit("Flatten", [x], {"axis": axis}, name=ctx.fresh_node(node.name + "_flatten"),
                     outputs=[ctx.fresh_value(node.outputs[0] + "_2d")])[0]
-    sm = ctx.emit("Softmax", [flat], {"axis": -1}, name=node.name,
+    sm = ctx.emit(op, [flat], {"axis": -1}, name=node.name,
                   outputs=[ctx.fresh_value(node.outputs[0] + "_softmax2d")])[0]
     shape = ctx.const(ctx.fresh_value(node.outputs[0] + "_shape"), np.array(x.shape, dtype=np.int64))
     return ctx.emit("Reshape", [sm, shape], {}, name=ctx.fresh_node(node.name + "_reshape"),
@@ -218,10 +229,107 @@ def clip(ctx, node, inputs):
 
 @canonicalizes("Resize")
 def resize(ctx, node, inputs):
-    """Opset 11 marks an unused ``roi``/``scales`` with an empty tensor; the IR uses "absent"."""
+    """Opset 11 marks an unused ``roi``/``scales`` with an empty tensor; the IR uses "absent".
+    Resize-10 is the opset-11 Resize its semantics say (``_legacy_resize``)."""
+    if node.version < RESIZE_ROI_SINCE:
+        return _legacy_resize(ctx, node, inputs[0], ctx.const_operand(node, inputs, 1, "scales"))
     inputs = list(inputs)
     for i in (1, 2):
         v = inputs[i] if len(inputs) > i else None
         if v is not None and v.is_const and v.const.size == 0:
             inputs[i] = None
     return emit_as_is(ctx, node, inputs)
+
+
+@canonicalizes("Upsample")
+def upsample(ctx, node, inputs):
+    """Upsample-7 (``scales`` attribute) and -9 (``scales`` input) are Resize-10."""
+    if node.version >= UPSAMPLE_SCALES_INPUT_SINCE:
+        _no_attribute(node, "scales")
+        scales = ctx.const_operand(node, inputs, 1, "scales")
+    else:
+        scales = node.attrs.get("scales")
+    if scales is None:
+        raise ModelError(f"Upsample node '{node.name}' has no scales")
+    return _legacy_resize(ctx, node, inputs[0], scales)
+
+
+def _legacy_resize(ctx, node, x: Value, scales) -> list:
+    """Resize-10 / Upsample: ``coord = out / scale`` (asymmetric); nearest takes the floor when an
+    axis grows and the ceiling when it shrinks, as onnxruntime does (a mix of both is refused)."""
+    mode = node.attrs.get("mode", "nearest")
+    mode = "linear" if mode == "bilinear" else mode
+    scales = np.asarray(scales, dtype=np.float32).reshape(-1)
+    attrs = {"mode": mode, "coordinate_transformation_mode": "asymmetric"}
+    if mode == "nearest":
+        grows, shrinks = bool(np.any(scales > 1)), bool(np.any(scales < 1))
+        if grows and shrinks:
+            raise UnsupportedOpError(node.op_type, node.name, ctx.opset,
+                                     detail=f"nearest mode with scales {scales.tolist()} that both enlarge and "
+                                            f"shrink axes")
+        attrs["nearest_mode"] = "ceil" if shrinks else "floor"
+    s = ctx.const(ctx.fresh_value(node.name + "_scales"), scales)
+    return ctx.emit("Resize", [x, None, s], attrs, name=node.name, outputs=node.outputs)
+
+
+@canonicalizes("Pad")
+def pad(ctx, node, inputs):
+    """Before opset 11 ``pads`` and ``value`` are attributes; from 11 they are inputs."""
+    if node.version >= PAD_INPUTS_SINCE:
+        return emit_as_is(ctx, node, inputs)
+    attrs = dict(node.attrs)
+    x = inputs[0]
+    pads = attrs.pop("pads", attrs.pop("paddings", None))
+    if pads is None:
+        raise ModelError(f"Pad node '{node.name}' has no pads")
+    value = attrs.pop("value", 0.0)
+    p = ctx.const(ctx.fresh_value(node.name + "_pads"), np.array(pads, dtype=np.int64))
+    v = ctx.const(ctx.fresh_value(node.name + "_value"), np.array(value).astype(x.dtype))
+    return emit_as_is(ctx, node, [x, p, v], attrs)
+
+
+@canonicalizes("Slice")
+def slice_(ctx, node, inputs):
+    """Before opset 10 ``starts``/``ends``/``axes`` are attributes; from 10 they are inputs."""
+    if node.version >= SLICE_INPUTS_SINCE:
+        return emit_as_is(ctx, node, inputs)
+    attrs = dict(node.attrs)
+    operands = [inputs[0]]
+    for key in ("starts", "ends", "axes"):
+        given = attrs.pop(key, None)
+        if given is None and key != "axes":
+            raise ModelError(f"Slice node '{node.name}' has no {key}")
+        if given is not None:
+            operands.append(ctx.const(ctx.fresh_value(f"{node.name}_{key}"), np.array(given, dtype=np.int64)))
+    return emit_as_is(ctx, node, operands, attrs)
+
+
+@canonicalizes("BatchNormalization")
+def batch_normalization(ctx, node, inputs):
+    """BatchNormalization-7's ``spatial=0`` (statistics per activation, not per channel) is refused."""
+    attrs = dict(node.attrs)
+    if not int(attrs.pop("spatial", 1)):
+        raise UnsupportedOpError("BatchNormalization", node.name, ctx.opset,
+                                 detail="spatial=0 (per-activation statistics) is not supported")
+    return emit_as_is(ctx, node, inputs, attrs)
+
+
+@canonicalizes("CastLike")
+def cast_like(ctx, node, inputs):
+    """CastLike(x, like) = Cast(x, to=like's element type); ``like``'s data is never read."""
+    from onnx import helper
+    attrs = dict(node.attrs)
+    attrs["to"] = int(helper.np_dtype_to_tensor_dtype(inputs[1].dtype))
+    return ctx.emit("Cast", [inputs[0]], attrs, name=node.name, outputs=node.outputs)
+
+
+@canonicalizes("Size")
+def size(ctx, node, inputs):
+    """The number of elements of a statically shaped tensor: an int64 constant."""
+    return [ctx.const(node.outputs[0], np.array(inputs[0].size, dtype=np.int64))]
+
+
+@canonicalizes("Scatter")
+def scatter(ctx, node, inputs):
+    """Scatter (opsets 9 and 10, deprecated at 11) is ScatterElements."""
+    return ctx.emit("ScatterElements", inputs, dict(node.attrs), name=node.name, outputs=node.outputs)

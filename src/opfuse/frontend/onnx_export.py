@@ -1,4 +1,4 @@
-"""opfuse ``Graph`` -> ONNX model at a chosen opset (11 to 21).
+"""opfuse ``Graph`` -> ONNX model at a chosen opset (11 to 21; import reads 7 to 28).
 
 Each IR node becomes one or more ONNX nodes: canonical attribute forms are written back in the
 target opset's form, and ops that are not ONNX ops at that opset (opfuse's ``Silu``; ``Gelu``
@@ -20,7 +20,7 @@ from onnx import helper
 from opfuse.errors import InputError, ModelError, UnsupportedOpError
 from opfuse.frontend.onnx_export_context import ExportContext
 from opfuse.frontend.onnx_exporters import EXPORTERS
-from opfuse.frontend.onnx_opsets import MAX_OPSET, MIN_OPSET
+from opfuse.frontend.onnx_opsets import EXPORT_MAX_OPSET, EXPORT_MIN_OPSET
 from opfuse.frontend.onnx_protos import array_to_tensor, onnx_elem_type
 from opfuse.ir.graph import Graph, Node, Value
 from opfuse.version import __version__
@@ -35,9 +35,10 @@ LOCAL_FUNCTIONS_IR_VERSION = 8  # model-local functions came with IR version 8 (
 
 def export_opset(graph: Graph, opset: int | None) -> int:
     if opset is None:
-        return min(max(DEFAULT_EXPORT_OPSET, graph.opset), MAX_OPSET)
-    if not MIN_OPSET <= int(opset) <= MAX_OPSET:
-        raise InputError(f"cannot export at opset {opset}: opfuse writes opsets {MIN_OPSET} to {MAX_OPSET}")
+        return min(max(DEFAULT_EXPORT_OPSET, graph.opset), EXPORT_MAX_OPSET)
+    if not EXPORT_MIN_OPSET <= int(opset) <= EXPORT_MAX_OPSET:
+        raise InputError(f"cannot export at opset {opset}: opfuse writes opsets {EXPORT_MIN_OPSET} to "
+                         f"{EXPORT_MAX_OPSET}")
     return int(opset)
 
 

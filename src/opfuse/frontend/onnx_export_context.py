@@ -14,7 +14,7 @@ import onnx.defs
 from onnx import helper
 
 from opfuse.errors import UnsupportedOpError
-from opfuse.frontend.onnx_opsets import MAX_OPSET
+from opfuse.frontend.onnx_opsets import EXPORT_MAX_OPSET
 from opfuse.frontend.onnx_protos import array_to_tensor, make_attribute
 from opfuse.ir.graph import Graph, Node
 
@@ -109,7 +109,7 @@ def _means_default(op_type: str, key: str, value) -> bool:
     if key in _NEUTRAL_LIST_ATTRS and isinstance(value, (list, tuple)):
         return all(int(v) == _NEUTRAL_LIST_ATTRS[key] for v in value)
     try:
-        newest = onnx.defs.get_schema(op_type, MAX_OPSET, "")
+        newest = onnx.defs.get_schema(op_type, EXPORT_MAX_OPSET, "")
     except onnx.defs.SchemaError:
         return False
     attr = newest.attributes.get(key)

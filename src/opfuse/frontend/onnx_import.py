@@ -2,9 +2,10 @@
 
 The import is one pass over a validated, topologically sorted node list:
 
-1. check the model (``onnx_files`` parsed it): a default-domain opset in 11..21, every
-   node a supported op of that opset, no subgraphs, every value defined once and only read
-   after it is defined somewhere, no cycle (nodes need not be sorted in the file);
+1. check the model (``onnx_files`` parsed it): a default-domain opset from 7 to the newest the
+   installed onnx defines, every node a supported op of that opset (or an op ONNX defines as a
+   function, whose body is inlined: ``onnx_functions``), no subgraphs, every value defined once
+   and only read after it is defined somewhere, no cycle (nodes need not be sorted in the file);
 2. constants: initializers (external data read safely from the model folder) and Constant
    nodes become ``Value.const``; graph inputs get concrete shapes from the user's bindings;
 3. walk the nodes in topological order; each is rewritten to the canonical IR form
@@ -29,15 +30,14 @@ import onnx.defs
 
 from opfuse.errors import ModelError, UnsupportedOpError
 from opfuse.frontend.input_shapes import Dim, bind_input_shapes
-from opfuse.frontend.onnx_canonical import REMOVED_OPS, CANONICALIZERS, emit_as_is
 from opfuse.frontend.onnx_files import read_model
+from opfuse.frontend.onnx_functions import canonicalize, has_function, is_importable
 from opfuse.frontend.onnx_import_context import ImportContext, OnnxNode
-from opfuse.frontend.onnx_opsets import DEFAULT_DOMAINS, MAX_OPSET, MIN_OPSET
+from opfuse.frontend.onnx_opsets import DEFAULT_DOMAINS, MAX_OPSET, MIN_OPSET, REVIEWED_OPSET
 from opfuse.frontend.onnx_protos import (attribute_value, numpy_dtype, sparse_to_array,
                                          tensor_to_array)
 from opfuse.ir.graph import Graph, Node, Value
 from opfuse.ops.limits import check_tensor_size
-from opfuse.ops.registry import is_supported
 
 
 # The model's opset ------------------------------------------------------------------------------
@@ -49,9 +49,10 @@ def default_opset(model: onnx.ModelProto) -> int:
         raise ModelError("the model imports no opset of the default ONNX domain (ai.onnx)")
     opset = max(versions)
     if not MIN_OPSET <= opset <= MAX_OPSET:
+        hint = "convert it with onnx.version_converter" if opset < MIN_OPSET else \
+            f"the installed onnx {onnx.__version__} defines opsets up to {MAX_OPSET}"
         raise ModelError(f"the model uses opset {opset} of the default ONNX domain (ai.onnx); opfuse "
-                         f"imports opsets {MIN_OPSET} to {MAX_OPSET} (convert it with "
-                         f"onnx.version_converter)")
+                         f"imports opsets {MIN_OPSET} to {MAX_OPSET} ({hint})")
     return opset
 
 
@@ -92,13 +93,17 @@ def _check_ops(graph: onnx.GraphProto, names: list[str], opset: int) -> list[int
                                          detail=f"attribute '{a.name}' is a subgraph; control flow "
                                                 f"(If/Loop/Scan) is not supported")
         version = None
-        if is_supported(n.op_type) or n.op_type in REMOVED_OPS:
+        if is_importable(n.op_type) or has_function(n.op_type, opset):
             try:
                 schema = onnx.defs.get_schema(n.op_type, opset, "")
                 if not schema.deprecated:
                     version = schema.since_version
             except onnx.defs.SchemaError:
                 pass
+            if version is not None and version > REVIEWED_OPSET:
+                raise UnsupportedOpError(n.op_type, name, opset,
+                                         detail=f"{n.op_type}-{version} is newer than the op versions opfuse "
+                                                f"was checked against (opset {REVIEWED_OPSET} and older)")
         if version is None:
             problems.append((n.op_type, name))
         else:
@@ -106,7 +111,7 @@ def _check_ops(graph: onnx.GraphProto, names: list[str], opset: int) -> list[int
     if problems:
         op, name = problems[0]
         others = sorted({p[0] for p in problems} - {op})
-        known = is_supported(op) or op in REMOVED_OPS
+        known = is_importable(op)
         detail = "not an ONNX op at this opset" if known else "not an op opfuse imports"
         if others:
             detail += f"; also unsupported: {', '.join(others)}"
@@ -203,7 +208,7 @@ def _walk(graph: Graph, opset: int, nodes: list[OnnxNode], output_names: list[st
     env: dict[str, Value] = dict(graph.values)
     for n in order:
         inputs = [env[i] if i else None for i in n.inputs]
-        values = CANONICALIZERS.get(n.op_type, emit_as_is)(ctx, n, inputs)
+        values = canonicalize(ctx, n, inputs)
         for name, v in zip(n.outputs, values, strict=False):
             if name and v is not None:
                 env[name] = v
@@ -226,7 +231,7 @@ def _onnx_nodes(g: onnx.GraphProto, names: list[str], versions: list[int], opset
             if a.name in attrs:
                 raise ModelError(f"node '{name}' ({n.op_type}) has attribute '{a.name}' twice")
             attrs[a.name] = attribute_value(a, n, name, opset, base_dir)
-        nodes.append(OnnxNode(name, n.op_type, version, list(n.input), list(n.output), attrs))
+        nodes.append(OnnxNode(name, n.op_type, version, list(n.input), list(n.output), attrs, n))
     return nodes
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import onnx
 
 from opfuse.errors import ModelError, OpfuseError, ShapeError, UnsupportedOpError
 from opfuse.ir.graph import Graph, Node, Value
@@ -30,6 +31,7 @@ class OnnxNode:
     inputs: list[str]
     outputs: list[str]
     attrs: dict = field(default_factory=dict)
+    proto: onnx.NodeProto | None = None  # the ONNX node itself (function bodies are built from it)
 
 
 class ImportContext:
@@ -65,6 +67,12 @@ class ImportContext:
         name = self._fresh(base, self._reserved_nodes)
         self._reserved_nodes.add(name)
         return name
+
+    def add_uses(self, names) -> None:
+        """Count reads of values that appear during the import (inside inlined function bodies)."""
+        for name in names:
+            if name:
+                self._use_counts[name] = self._use_counts.get(name, 0) + 1
 
     def is_used(self, onnx_name: str) -> bool:
         """Whether an ONNX value is read by some node or is a graph output."""

@@ -1,4 +1,6 @@
-"""Elementwise and broadcast ops: activations, arithmetic, comparisons, casts, BatchNorm.
+"""Elementwise and broadcast ops: activations, rounding, trigonometry, arithmetic, casts, BatchNorm.
+
+Comparisons and logic (Equal, Greater, ..., And, Or, Xor, Not) are in ``logic``.
 
 All of them are DNNFusion one-to-one ops. Unary ops are TVM ``ELEMWISE``; ops that
 broadcast several inputs are ``BROADCAST``. ``flops_per_element`` is what one output element
@@ -51,16 +53,26 @@ OPS_PER_ELEMENT = {
     "Erf": 71,  # three polynomials computed, one selected
     "Gelu": 75,  # the erf form; the tanh form (x * sigmoid(2z)) is 56
     "Softplus": 169,  # exp, log and a division
+    "Elu": 45,  # expm1: a polynomial and an exp, one selected
+    "Selu": 46,
+    "Celu": 47,
+    "Mish": 50,  # one exp and a division
+    "Sin": 40,  # not measured: libm call per element (the float64 reduction is counted)
+    "Cos": 40,
 }
 
 
-def _unary(name, fn, *, attrs=None, flops=1.0, tags=("activation",), dtypes=FLOATS):
+def _unary(name, fn, *, attrs=None, flops=1.0, tags=("activation",), dtypes=FLOATS, out_dtype=None):
+    """A unary elementwise op ``y = fn(x, attrs)``, in ``x``'s dtype unless ``out_dtype`` says."""
     def compute(ins, a, node):
         x = ins[0]
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # IEEE results (log 0 = -inf)
-            return [np.asarray(fn(x, a)).astype(x.dtype, copy=False)]
+            return [np.asarray(fn(x, a)).astype(out_dtype or x.dtype, copy=False)]
 
-    register(OpSpec(name, Category.ELEMWISE, Mapping.ONE_TO_ONE, lambda n, a: same_type(n), compute,
+    def infer(node, a):
+        return same_type(node) if out_dtype is None else out_type(node.input(0).shape, out_dtype)
+
+    register(OpSpec(name, Category.ELEMWISE, Mapping.ONE_TO_ONE, infer, compute,
                     attrs=dict(attrs or {}), flops_per_element=flops, dtypes=dtypes,
                     tags=frozenset(("unary",) + tuple(tags))))
 
@@ -113,6 +125,76 @@ _unary("Sqrt", lambda x, a: np.sqrt(x), flops=2, tags=())
 _unary("Neg", lambda x, a: np.negative(x), tags=(), dtypes=SIGNED)
 _unary("Abs", lambda x, a: np.abs(x), tags=(), dtypes=NUMERIC)
 _unary("Reciprocal", lambda x, a: np.reciprocal(x), tags=())
+
+
+# Activations with an exponential tail, all in float64 (expm1: no cancellation near 0).
+def _elu(x, alpha):
+    x64 = x.astype(np.float64)
+    return np.where(x64 > 0, x64, alpha * np.expm1(x64))
+
+
+def _mish(x):
+    """x tanh(softplus(x))."""
+    return x.astype(np.float64) * np.tanh(_softplus(x))
+
+
+def _celu(x, alpha):
+    """max(0, x) + min(0, alpha (exp(x / alpha) - 1))."""
+    x64 = x.astype(np.float64)
+    return np.maximum(x64, 0) + np.minimum(0, alpha * np.expm1(x64 / alpha))
+
+
+_unary("Elu", lambda x, a: _elu(x, a["alpha"]), attrs={"alpha": 1.0}, flops=OPS_PER_ELEMENT["Elu"])
+# ONNX's defaults are the float32 roundings of SELU's constants.
+_unary("Selu", lambda x, a: a["gamma"] * _elu(x, a["alpha"]),
+       attrs={"alpha": 1.67326319217681884765625, "gamma": 1.05070102214813232421875}, flops=OPS_PER_ELEMENT["Selu"])
+_unary("Celu", lambda x, a: _celu(x, a["alpha"]), attrs={"alpha": 1.0}, flops=OPS_PER_ELEMENT["Celu"])
+_unary("Mish", lambda x, a: _mish(x), flops=OPS_PER_ELEMENT["Mish"])
+_unary("ThresholdedRelu", lambda x, a: np.where(x > a["alpha"], x, 0), attrs={"alpha": 1.0}, flops=2)
+_unary("Softsign", lambda x, a: x.astype(np.float64) / (1 + np.abs(x.astype(np.float64))), flops=3)
+
+# Rounding and sign.
+_unary("Floor", lambda x, a: np.floor(x), tags=())
+_unary("Ceil", lambda x, a: np.ceil(x), tags=())
+_unary("Round", lambda x, a: np.round(x), tags=())  # halves to even, as ONNX
+_unary("Sign", lambda x, a: np.sign(x), tags=(), dtypes=NUMERIC)
+
+# Trigonometry (computed in float64, rounded once).
+_unary("Sin", lambda x, a: np.sin(x.astype(np.float64)), tags=(), flops=OPS_PER_ELEMENT["Sin"])
+_unary("Cos", lambda x, a: np.cos(x.astype(np.float64)), tags=(), flops=OPS_PER_ELEMENT["Cos"])
+# The rest of the trigonometric and hyperbolic family (libm in C: rare in inference graphs).
+for _name, _fn in (("Tan", np.tan), ("Asin", np.arcsin), ("Acos", np.arccos), ("Atan", np.arctan), ("Sinh", np.sinh),
+                   ("Cosh", np.cosh), ("Asinh", np.arcsinh), ("Acosh", np.arccosh), ("Atanh", np.arctanh)):
+    _unary(_name, lambda x, a, fn=_fn: fn(x.astype(np.float64)), tags=(), flops=OPS_PER_ELEMENT["Sin"])
+
+# Classification of float values.
+_BOOL = np.dtype(np.bool_)
+
+
+def _isinf(x, a):
+    return (np.isposinf(x) & bool(a["detect_positive"])) | (np.isneginf(x) & bool(a["detect_negative"]))
+
+
+_unary("IsNaN", lambda x, a: np.isnan(x), tags=(), out_dtype=_BOOL)
+
+
+# BitCast: the same bits read as another type of the same size.
+def _bitcast_infer(node, a):
+    x = node.input(0)
+    try:
+        dtype = _onnx_to_np(a["to"])
+    except (KeyError, ValueError, TypeError):
+        dtype = None
+    if dtype not in CAST_TARGETS or dtype.itemsize != x.dtype.itemsize:
+        raise UnsupportedOpError("BitCast", node.name, detail=f"to={a['to']}: a supported type of {x.dtype}'s size "
+                                                              f"({x.dtype.itemsize} bytes) is needed")
+    return out_type(x.shape, dtype)
+
+
+register(OpSpec("BitCast", Category.ELEMWISE, Mapping.ONE_TO_ONE, _bitcast_infer,
+                lambda ins, a, node: [np.array(ins[0], order="C").view(_onnx_to_np(a["to"]))],
+                attrs={"to": None}, flops_per_element=0, tags=frozenset({"unary"})))
+_unary("IsInf", _isinf, attrs={"detect_negative": 1, "detect_positive": 1}, tags=(), out_dtype=_BOOL)
 
 
 # Clip: bounds are optional inputs (opset >= 11) or attributes (older opsets).
@@ -169,7 +251,7 @@ def _cast(ins, a, node):
 
 
 register(OpSpec("Cast", Category.ELEMWISE, Mapping.ONE_TO_ONE, _cast_infer, _cast,
-                attrs={"to": 1, "saturate": 1}, flops_per_element=0, tags=frozenset({"unary"})))
+                attrs={"to": 1, "saturate": 1, "round_mode": "up"}, flops_per_element=0, tags=frozenset({"unary"})))
 
 
 # Identity and inference-mode Dropout (removed by the importer, kept here so any graph runs).
@@ -275,7 +357,53 @@ _binary("Max", lambda *xs: np.maximum.reduce(np.broadcast_arrays(*xs)) if len(xs
         commutative=True, arity=(1, 2 ** 31))
 _binary("Min", lambda *xs: np.minimum.reduce(np.broadcast_arrays(*xs)) if len(xs) > 1 else xs[0],
         commutative=True, arity=(1, 2 ** 31))
-_binary("Equal", np.equal, commutative=True, out_dtype=np.dtype(np.bool_))
+# Sum and Mean of any number of operands (left to right, as the C backend adds them).
+_binary("Sum", lambda *xs: np.add.reduce([x.astype(np.float64) if x.dtype.kind == "f" else x
+                                          for x in np.broadcast_arrays(*xs)]), commutative=True, arity=(1, 2 ** 31))
+_binary("Mean", lambda *xs: np.add.reduce([x.astype(np.float64) for x in np.broadcast_arrays(*xs)]) / len(xs),
+        commutative=True, arity=(1, 2 ** 31))
+
+
+# PRelu: y = x for x >= 0, slope * x below; the slope broadcasts to x (one-directional).
+def _prelu_infer(node, a):
+    x, slope = node.input(0), node.input(1)
+    if broadcast_shapes(node, x.shape, slope.shape) != x.shape:
+        raise shape_error(node, f"slope of shape {slope.shape} does not broadcast to X {x.shape}")
+    return same_type(node)
+
+
+def _prelu(ins, a, node):
+    x, slope = ins
+    return [np.where(x < 0, x * slope, x).astype(x.dtype, copy=False)]
+
+
+register(OpSpec("PRelu", Category.BROADCAST, Mapping.ONE_TO_ONE, _prelu_infer, _prelu, num_inputs=(2, 2),
+                flops_per_element=2, dtypes=SIGNED | NUMERIC, tags=frozenset({"binary", "activation"})))
+
+
+def _mod(ins, a, node):
+    """``fmod=0``: the remainder of the floored division, with the divisor's sign (Python's %);
+    ``fmod=1``: of the truncated division, with the dividend's sign (C's fmod). A zero integer
+    divisor is an ``InputError`` naming the node (as integer Div); a zero float divisor gives NaN."""
+    x, y = ins
+    if np.issubdtype(x.dtype, np.integer):
+        if np.any(y == 0):
+            raise _division_by_zero(node, "integer modulo by zero")
+        r = np.fmod(x, y) if int(a["fmod"]) else np.mod(x, y)
+    else:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = np.fmod(x.astype(np.float64), y) if int(a["fmod"]) else np.mod(x.astype(np.float64), y)
+    return [np.asarray(r).astype(x.dtype, copy=False)]
+
+
+def _mod_infer(node, a):
+    if int(a["fmod"]) not in (0, 1):
+        raise UnsupportedOpError("Mod", node.name, detail=f"fmod={a['fmod']} (0 or 1)")
+    return _broadcast_infer()(node, a)
+
+
+register(OpSpec("Mod", Category.BROADCAST, Mapping.ONE_TO_ONE, _mod_infer, _mod, num_inputs=(2, 2),
+                attrs={"fmod": 0}, flops_per_element=4, tags=frozenset({"binary", "arith"})))
 
 
 def _where(ins, a, node):

@@ -462,3 +462,13 @@ def _gap(ins, a, node):
 
 register(OpSpec("GlobalAveragePool", Category.REDUCTION, Mapping.MANY_TO_MANY, _gap_infer, _gap,
                 flops_fn=lambda node, a: node.input(0).size, tags=frozenset({"pool"})))
+
+
+def _gmp(ins, a, node):
+    """y[n, c, 1, ..., 1] = max over the spatial axes of x[n, c] (NaN if any is NaN)."""
+    x = ins[0]
+    return [np.max(x, axis=tuple(range(2, x.ndim)), keepdims=True)]
+
+
+register(OpSpec("GlobalMaxPool", Category.REDUCTION, Mapping.MANY_TO_MANY, _gap_infer, _gmp,
+                flops_fn=lambda node, a: node.input(0).size, tags=frozenset({"pool"})))

@@ -1,7 +1,10 @@
-"""Reductions: Softmax, LayerNormalization, ReduceMean, ReduceSum, ReduceMax.
+"""Reductions: Softmax, LogSoftmax, Hardmax, LayerNormalization, Reduce{Mean, Sum, Max, Min, Prod,
+L1, L2, LogSum, LogSumExp, SumSquare}, ArgMax, ArgMin, and the scan CumSum.
 
-All are TVM ``REDUCTION`` and DNNFusion many-to-many. Float inputs are reduced in float64
-so the reference stays an accurate oracle; results are cast back to the input dtype.
+All are TVM ``REDUCTION`` and DNNFusion many-to-many (CumSum too: each output reads a prefix of
+its row, and the C backend builds it, like a reduction, around a loop along the axis). Float
+inputs are reduced in float64 so the reference stays an accurate oracle; results are cast back
+to the input dtype.
 """
 from __future__ import annotations
 
@@ -135,15 +138,37 @@ def _reduce(kind: str):
         if axes is None:
             return [x.copy()]
         keep = bool(int(a["keepdims"]))
-        if kind == "sum":
-            r = _acc(x).sum(axis=axes, keepdims=keep)
-        elif kind == "mean":
-            r = _acc(x).mean(axis=axes, keepdims=keep) if x.size else np.full(
-                _reduced_shape(x.shape, axes, keep), np.nan)
-        else:  # max over an empty set is the identity of max: the lowest value of the dtype
-            r = np.max(x, axis=axes, keepdims=keep, initial=_lowest(x.dtype))
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+            if kind == "mean":
+                r = _acc(x).mean(axis=axes, keepdims=keep) if x.size else np.full(
+                    _reduced_shape(x.shape, axes, keep), np.nan)
+            else:
+                r = _REDUCE_FNS[kind](_acc(x), axes, keep)
         return [np.asarray(r).astype(x.dtype, copy=False)]
     return compute
+
+
+def _logsumexp(x, axes, keep):
+    """log(sum(exp(x))) = m + log(sum(exp(x - m))), m the max (0 where it is infinite)."""
+    m = np.max(x, axis=axes, keepdims=True, initial=-np.inf)
+    m = np.where(np.isfinite(m), m, 0)
+    r = m + np.log(np.sum(np.exp(x - m), axis=axes, keepdims=True))
+    return r if keep else np.squeeze(r, axis=axes)
+
+
+# Each is (input in its accumulation type, axes, keepdims) -> result; an empty reduction gives
+# the identity: 0 for sums, 1 for Prod, the dtype's lowest/highest for Max/Min, -inf for logs.
+_REDUCE_FNS = {
+    "sum": lambda x, ax, k: x.sum(axis=ax, keepdims=k),
+    "max": lambda x, ax, k: np.max(x, axis=ax, keepdims=k, initial=_lowest(x.dtype)),
+    "min": lambda x, ax, k: np.min(x, axis=ax, keepdims=k, initial=_highest(x.dtype)),
+    "prod": lambda x, ax, k: np.prod(x, axis=ax, keepdims=k),
+    "l1": lambda x, ax, k: np.abs(x).sum(axis=ax, keepdims=k),
+    "l2": lambda x, ax, k: np.sqrt((x * x).sum(axis=ax, keepdims=k)),
+    "sumsquare": lambda x, ax, k: (x * x).sum(axis=ax, keepdims=k),
+    "logsum": lambda x, ax, k: np.log(x.sum(axis=ax, keepdims=k)),
+    "logsumexp": _logsumexp,
+}
 
 
 def _reduced_shape(shape, axes, keep):
@@ -156,7 +181,128 @@ def _lowest(dtype: np.dtype):
     return -np.inf if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).min
 
 
+def _highest(dtype: np.dtype):
+    if dtype == np.bool_:
+        return True
+    return np.inf if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).max
+
+
 _REDUCE_ATTRS = {"axes": None, "keepdims": 1, "noop_with_empty_axes": 0}
-for _name, _kind in (("ReduceMean", "mean"), ("ReduceSum", "sum"), ("ReduceMax", "max")):
+REDUCE_KINDS = {"ReduceMean": "mean", "ReduceSum": "sum", "ReduceMax": "max", "ReduceMin": "min",
+                "ReduceProd": "prod", "ReduceL1": "l1", "ReduceL2": "l2", "ReduceSumSquare": "sumsquare",
+                "ReduceLogSum": "logsum", "ReduceLogSumExp": "logsumexp"}
+# Operations per input element beyond one add (the exp of LogSumExp and its max pass).
+_REDUCE_EXTRA_FLOPS = {"l1": 1, "l2": 1, "sumsquare": 1, "logsumexp": 2 + OPS_PER_ELEMENT["Exp"]}
+
+
+def _reduce_flops(kind: str):
+    extra = _REDUCE_EXTRA_FLOPS.get(kind, 0)
+    return lambda node, a: node.input(0).size * (1 + extra)
+
+
+for _name, _kind in REDUCE_KINDS.items():
     register(OpSpec(_name, Category.REDUCTION, Mapping.MANY_TO_MANY, _reduce_infer, _reduce(_kind),
-                    attrs=dict(_REDUCE_ATTRS), flops_fn=_input_size, tags=frozenset({"reduce"})))
+                    attrs=dict(_REDUCE_ATTRS), flops_fn=_reduce_flops(_kind), tags=frozenset({"reduce"})))
+
+
+# LogSoftmax and Hardmax (opset-13 semantics: along one axis) -------------------------------
+def _log_softmax(ins, a, node):
+    """y = x - max(x) - log(sum(exp(x - max(x)))) along ``axis``."""
+    x = ins[0]
+    axis = norm_axis(int(a["axis"]), x.ndim, node)
+    if x.size == 0:
+        return [x.copy()]
+    x64 = _acc(x)
+    shifted = x64 - x64.max(axis=axis, keepdims=True)
+    return [(shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))).astype(x.dtype, copy=False)]
+
+
+def _hardmax(ins, a, node):
+    """1 at the first maximum along ``axis``, 0 elsewhere."""
+    x = ins[0]
+    axis = norm_axis(int(a["axis"]), x.ndim, node)
+    y = np.zeros_like(x)
+    if x.size:
+        np.put_along_axis(y, np.expand_dims(np.argmax(x, axis=axis), axis), 1, axis=axis)
+    return [y]
+
+
+register(OpSpec("LogSoftmax", Category.REDUCTION, Mapping.MANY_TO_MANY, _softmax_infer, _log_softmax,
+                attrs={"axis": -1}, flops_per_element=5 + OPS_PER_ELEMENT["Exp"] + OPS_PER_ELEMENT["Log"],
+                tags=frozenset({"normalization"})))
+register(OpSpec("Hardmax", Category.REDUCTION, Mapping.MANY_TO_MANY, _softmax_infer, _hardmax,
+                attrs={"axis": -1}, flops_per_element=2, tags=frozenset({"normalization"})))
+
+
+# ArgMax / ArgMin ---------------------------------------------------------------------------
+def _arg_infer(node: Node, a: dict):
+    x = node.input(0)
+    axis = norm_axis(int(a["axis"]), len(x.shape), node)
+    if x.shape[axis] == 0:
+        raise shape_error(node, f"axis {axis} is empty: there is no {node.op_type[3:].lower()}imum to index")
+    shape = tuple(1 if i == axis else d for i, d in enumerate(x.shape)) if int(a["keepdims"]) else \
+        tuple(d for i, d in enumerate(x.shape) if i != axis)
+    return out_type(shape, np.int64)
+
+
+def _arg(largest: bool):
+    def compute(ins, a, node):
+        """The index of the first (``select_last_index=1``: last) max/min along ``axis``; NaN
+        counts as the largest and the smallest value (NumPy's argmax/argmin pick it)."""
+        x = ins[0]
+        axis = norm_axis(int(a["axis"]), x.ndim, node)
+        fn = np.argmax if largest else np.argmin
+        if int(a["select_last_index"]):
+            n = x.shape[axis]
+            r = n - 1 - fn(np.flip(x, axis=axis), axis=axis)
+        else:
+            r = fn(x, axis=axis)
+        r = np.asarray(r, dtype=np.int64)
+        return [np.expand_dims(r, axis) if int(a["keepdims"]) else r]
+    return compute
+
+
+for _name, _largest in (("ArgMax", True), ("ArgMin", False)):
+    register(OpSpec(_name, Category.REDUCTION, Mapping.MANY_TO_MANY, _arg_infer, _arg(_largest),
+                    attrs={"axis": 0, "keepdims": 1, "select_last_index": 0}, flops_fn=_input_size,
+                    tags=frozenset({"reduce"})))
+
+
+# CumSum, CumProd -------------------------------------------------------------------------------
+def cumsum_axis(node: Node) -> int:
+    """The (constant) axis of a CumSum node, normalised."""
+    from opfuse.ops.common import const_input
+    axis = const_input(node, 1, "axis")
+    if axis is None or np.asarray(axis).size != 1:
+        raise shape_error(node, "axis must be a scalar (or one-element) tensor")
+    return norm_axis(int(np.asarray(axis).reshape(-1)[0]), len(node.input(0).shape), node)
+
+
+def _cumsum_infer(node: Node, a: dict):
+    cumsum_axis(node)
+    return same_type(node)
+
+
+def _scan(ufunc, identity):
+    def compute(ins, a, node):
+        """y[..., i, ...] = x[..., 0, ...] op ... op x[..., i, ...] (``exclusive``: up to i - 1, the
+        first being the identity; ``reverse``: from the end), along ``axis``."""
+        x = ins[0]
+        axis = cumsum_axis(node)
+        y = _acc(x)
+        if int(a["reverse"]):
+            y = np.flip(y, axis=axis)
+        y = ufunc.accumulate(y, axis=axis)
+        if int(a["exclusive"]) and y.shape[axis]:
+            first = np.full_like(np.take(y, [0], axis=axis), identity)
+            y = np.concatenate([first, np.delete(y, -1, axis=axis)], axis=axis)
+        if int(a["reverse"]):
+            y = np.flip(y, axis=axis)
+        return [np.ascontiguousarray(y).astype(x.dtype, copy=False)]
+    return compute
+
+
+for _name, _ufunc, _identity in (("CumSum", np.add, 0), ("CumProd", np.multiply, 1)):
+    register(OpSpec(_name, Category.REDUCTION, Mapping.MANY_TO_MANY, _cumsum_infer, _scan(_ufunc, _identity),
+                    num_inputs=(2, 2), attrs={"exclusive": 0, "reverse": 0}, flops_per_element=1,
+                    tags=frozenset({"scan"})))
