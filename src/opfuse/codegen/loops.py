@@ -85,10 +85,14 @@ def is_view_store(kc, v: Value) -> bool:
 
 
 def lane_reduce(kc, ctype: str, init: str, combine: Callable[[str, str], str], length: int,
-                element: Callable[[str], str], result: str) -> None:
+                element: Callable[[str], str], result: str, *, keep_lane_loop: bool = False) -> None:
     """Emit ``ctype result = combine(... element(j) ...)`` over ``j < length`` with
     ``REDUCTION_LANES`` partial results; ``element(j)`` returns an expression and may emit
-    statements (each lane iteration is its own C scope)."""
+    statements (each lane iteration is its own C scope).
+
+    ``keep_lane_loop``: ask gcc not to unroll the loop over lanes. It vectorises that loop as is;
+    unrolled, it must recognise 16 reduction chains, which it does for a sum but not for a
+    NaN-propagating max (``a > b || a != a ? a : b`` is no MAX_EXPR)."""
     w = kc.w
     lanes = REDUCTION_LANES
     if length < 2 * lanes:
@@ -105,6 +109,8 @@ def lane_reduce(kc, ctype: str, init: str, combine: Callable[[str, str], str], l
     w.line(f"for (int {lane} = 0; {lane} < {lanes}; ++{lane}) {acc}[{lane}] = {init};")
     full = length // lanes * lanes
     with w.block(f"for (long {base} = 0; {base} < {full}; {base} += {lanes})"):
+        if keep_lane_loop:
+            w.line("OPFUSE_PRAGMA(GCC unroll 1)")
         with w.block(f"for (int {lane} = 0; {lane} < {lanes}; ++{lane})"):
             e = element(f"{base} + {lane}")
             w.line(f"{acc}[{lane}] = {combine(f'{acc}[{lane}]', e)};")

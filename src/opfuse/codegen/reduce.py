@@ -14,6 +14,7 @@ from opfuse.codegen.ctype import c_type, is_float, literal, lowest
 from opfuse.codegen.index import Index, delinearize
 from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.loops import emit_loop_nest, lane_reduce
+from opfuse.codegen.rules import nan_max
 from opfuse.codegen.stages import GroupAnalysis, Stage
 from opfuse.ops.registry import get_spec
 
@@ -48,7 +49,7 @@ def lower_reduce(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     acc_init = lowest(dt) if kind == "max" else literal(0, dt)
 
     def combine(a, b):
-        return f"({b} > {a} ? {b} : {a})" if kind == "max" else f"{a} + {b}"
+        return nan_max(b, a, dt) if kind == "max" else f"{a} + {b}"
 
     def body(oidx: Index):
         # Input axes that are kept come from the output index.
@@ -64,7 +65,7 @@ def lower_reduce(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
             def element(j):
                 dims = base[:a0] + delinearize(j, shape[a0:])
                 return ev.at(x, Index(shape, tuple(dims), ((a0, rank, j),)))
-            lane_reduce(kc, ct, acc_init, combine, count, element, total)
+            lane_reduce(kc, ct, acc_init, combine, count, element, total, keep_lane_loop=kind == "max")
         else:
             kc.w.line(f"{ct} {total} = {acc_init};")
             dims = list(base)
