@@ -39,7 +39,7 @@ from typing import Callable
 import numpy as np
 
 from opfuse.codegen.ctype import c_type, is_float, literal, math_fn
-from opfuse.codegen import vecmath
+from opfuse.codegen import checks, vecmath
 from opfuse.codegen.erf import require_erf
 from opfuse.codegen.index import Index, add, mul
 from opfuse.ir.graph import Node
@@ -266,8 +266,15 @@ def _binary(name: str, fmt: Callable[[str, str, np.dtype], str]):
 _binary("Add", lambda a, b, dt: f"{a} + {b}")
 _binary("Sub", lambda a, b, dt: f"{a} - {b}")
 _binary("Mul", lambda a, b, dt: f"{a} * {b}")
-# Integer division by zero would trap; NumPy gives garbage there, we give 0.
-_binary("Div", lambda a, b, dt: f"{a} / {b}" if is_float(dt) else f"({b} == 0 ? 0 : {a} / {b})")
+
+
+@_register("Div")
+def _div(ev, node, k, idx):
+    a, b = ev.operand(node, 0, idx), ev.operand(node, 1, idx)
+    # Integers: never trap (INT_MIN / -1 wraps, a zero divisor faults as in the reference).
+    return f"{a} / {b}" if is_float(node.input(0).dtype) else checks.div(ev, node, a, b)
+
+
 _binary("Equal", lambda a, b, dt: f"({a} == {b})")
 
 

@@ -37,7 +37,7 @@ from opfuse.codegen.ctype import c_type
 from opfuse.codegen.mcu import SOURCE_NAME, WEIGHTS_NAME
 from opfuse.codegen.options import options_for_target
 from opfuse.codegen.program import CProgram, generate
-from opfuse.errors import OpfuseError
+from opfuse.errors import InputError, OpfuseError
 from opfuse.ir.graph import Graph
 from opfuse.ir.plan import FusionPlan
 from opfuse.memory.plan import MemoryPlan
@@ -431,6 +431,8 @@ def run_firmware(program: CProgram, firmware: Firmware, timeout: float = RUN_TIM
     if "opfuse-mcu: fault" in text:
         raise McuRunError("the model faulted on the emulated Cortex-M7")
     outputs, rc, instructions, stack = parse_output(text, program)
+    if 1 <= rc <= len(program.faults) and proc.returncode == 0:
+        raise InputError(program.fault_message(rc))
     if rc != 0 or proc.returncode != 0:
         raise McuRunError(f"opfuse_run returned {rc}; qemu exited with {proc.returncode}")
     return McuResult(outputs, instructions, stack, firmware, program.arena_bytes, seconds, cmd)
