@@ -3,8 +3,10 @@ by the named planner) against the reference executor."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import opfuse
+from opfuse.errors import InputError
 from opfuse.ops import GraphBuilder
 from opfuse.runtime import reference
 from opfuse.testing.fuzz_check import compare
@@ -36,3 +38,25 @@ def test_signed_overflow_wraps_and_checks_after_it_stay():
     x = b.input("x", (1, 3), np.int32)
     g = b.build(b.op("Relu", b.op("Add", b.const("one", np.array(1, np.int32)), b.op("Relu", x))))
     _agrees(g, {"x": np.array([[2 ** 31 - 1, 1, 47830817]], np.int32)})
+
+
+@pytest.mark.parametrize("dt", [np.int8, np.int32, np.int64])
+def test_integer_pow_is_exact_and_wraps(dt):
+    """C computed integer Pow in double and converted back: INT_MIN ** 2 gave INT_MIN (an
+    out-of-range conversion), 3 ** 39 lost bits above 2^53; NumPy wraps exactly."""
+    b = GraphBuilder("ipow")
+    x = b.input("x", (6,), dt)
+    e = b.input("e", (6,), dt)
+    g = b.build(b.op("Pow", x, e), b.op("Pow", x, b.const("three", np.array(3, dt))))
+    info = np.iinfo(dt)
+    feeds = {"x": np.array([info.min, 3, -3, 1, -1, 2], dt), "e": np.array([2, 39 % 127, 5, -3, -3, -1], dt)}
+    _agrees(g, feeds)
+
+
+def test_integer_zero_to_a_negative_power_is_an_input_error():
+    b = GraphBuilder("ipow0")
+    g = b.build(b.op("Pow", b.input("x", (2,), np.int64), b.input("e", (2,), np.int64), name="p"))
+    feeds = {"x": np.array([2, 0], np.int64), "e": np.array([1, -1], np.int64)}
+    for fuse in (False, True):
+        with pytest.raises(InputError, match="node 'p' \\(Pow\\): integer 0 to a negative power"):
+            opfuse.compile(g, fuse=fuse).run(feeds)

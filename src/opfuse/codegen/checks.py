@@ -1,7 +1,8 @@
 """Run-time checks: the values the C code cannot compute fail as the reference does.
 
 Two ops meet input values without a result: integer ``Div`` (a zero divisor; the reference
-raises ``InputError``, x86 would trap) and ``Gather`` (an index outside ``[-dim, dim)``; the
+raises ``InputError``, x86 would trap; integer ``Pow`` of 0 to a negative power too, checked
+where it is computed, ``rules._pow``) and ``Gather`` (an index outside ``[-dim, dim)``; the
 reference raises, an unchecked load would read outside the tensor). For both, the C code
 computes on with a safe value (divisor 1, a clamped index) and sets the node's fault flag
 (``KernelContext.fault``); ``opfuse_run`` returns the fault code and the runtime raises the
@@ -28,6 +29,11 @@ from opfuse.codegen.loops import emit_loop_nest
 from opfuse.ir.graph import Node, Value
 from opfuse.ops.elementwise import division_by_zero
 from opfuse.ops.registry import get_spec
+
+
+def zero_to_negative_power(node: Node) -> str:
+    """The reference's error for an integer 0 to a negative power (``ops.elementwise._pow``)."""
+    return str(division_by_zero(node, "integer 0 to a negative power (a division by zero)"))
 
 
 def gather_range_message(node: Node, dim: int) -> str:

@@ -295,7 +295,28 @@ def _pow(ev, node, k, idx):
     ex = ev.operand(node, 1, idx)
     if is_float(dt):
         return f"{math_fn('pow', dt)}({base}, ({c_type(dt)}){ex})"
-    return f"({c_type(dt)})pow((double){base}, (double){ex})"
+    if is_float(e.dtype):
+        return f"({c_type(dt)})pow((double){base}, (double){ex})"
+    # Integers: exact, wrapping like the type (pow() in double is neither above 2^53); a negative
+    # exponent truncates the real power, and 0 to a negative power faults, as in the reference.
+    ev.w.line(f"{ev.kc.fault(node, checks.zero_to_negative_power(node))} |= ({base} == 0 && {ex} < 0);")
+    return f"({c_type(dt)}){ev.kc.program.require_helper(IPOW, IPOW_C)}((int64_t){base}, (int64_t){ex})"
+
+
+IPOW = "opfuse_ipow"
+IPOW_C = f"""\
+/* base ** e for integers, modulo 2^64 (exact before the caller's cast to a narrower type); for
+   e < 0 the real power truncated: 1 for base 1, +-1 for base -1, 0 otherwise. */
+static int64_t {IPOW}(int64_t base, int64_t e) {{
+  if (e < 0) return base == 1 ? 1 : base == -1 ? ((e & 1) ? -1 : 1) : 0;
+  uint64_t r = 1, b = (uint64_t)base;
+  for (; e > 0; e >>= 1) {{
+    if (e & 1) r *= b;
+    b *= b;
+  }}
+  return (int64_t)r;
+}}
+"""
 
 
 def _fold(fn):
