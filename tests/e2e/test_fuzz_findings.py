@@ -60,3 +60,17 @@ def test_integer_zero_to_a_negative_power_is_an_input_error():
     for fuse in (False, True):
         with pytest.raises(InputError, match="node 'p' \\(Pow\\): integer 0 to a negative power"):
             opfuse.compile(g, fuse=fuse).run(feeds)
+
+
+@pytest.mark.parametrize("dt", [np.int32, np.int64])
+def test_integer_reduce_mean_is_exact_and_truncates_toward_zero(dt):
+    """C summed int32 in int32 (wrapped), the reference averaged in float64 (inexact for int64,
+    INT64_MIN for a row of INT64_MAX); both now give onnxruntime's exact, truncated mean."""
+    info = np.iinfo(dt)
+    b = GraphBuilder("imean")
+    x = b.input("x", (4, 4), dt)
+    g = b.build(b.op("ReduceMean", x, axes=[1], keepdims=0), b.op("ReduceMean", x, axes=[0], keepdims=1))
+    x = np.array([[info.max] * 4, [-7, 0, 0, 0], [info.max, 1, 0, 0], [info.min, info.min, info.max, -5]], dt)
+    want = [info.max, -1, (int(info.max) + 1) // 4, -((2 * -int(info.min) - int(info.max) + 5) // 4)]
+    np.testing.assert_array_equal(reference.run(g, {"x": x})[g.outputs[0].name], np.array(want, dt))
+    _agrees(g, {"x": x})

@@ -34,6 +34,15 @@ def _reduce_params(node):
     return kind, axes, bool(int(a["keepdims"]))
 
 
+def _int_mean(kc, q: str, r: str, count: int, ct: str) -> str:
+    """trunc(mean) from q = sum(x / n) and r = sum(x % n): mean = t + u / n with t = q + r / n,
+    u = r % n (|u| < n, the sign of r); truncating it moves t one step toward zero when t and u
+    have opposite signs."""
+    t, u = kc.tmp("t"), kc.tmp("u")
+    kc.w.line(f"const int64_t {t} = {q} + {r} / {count}, {u} = {r} % {count};")
+    return f"({ct})({t} > 0 && {u} < 0 ? {t} - 1 : ({t} < 0 && {u} > 0 ? {t} + 1 : {t}))"
+
+
 def lower_reduce(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     node = stage.anchor_node
     x = node.input(0)
@@ -47,6 +56,9 @@ def lower_reduce(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     kept = [d for d in range(rank) if d not in axes]
     trailing = bool(axes) and list(axes) == list(range(rank - len(axes), rank))
     acc_init = lowest(dt) if kind == "max" else literal(0, dt)
+    # The mean of integers is exact, truncated toward zero (as onnxruntime): quotients and
+    # remainders by the count are summed apart, so no sum overflows (``_int_mean``).
+    int_mean = kind == "mean" and not is_float(dt) and count > 0
 
     def combine(a, b):
         return nan_max(b, a, dt) if kind == "max" else f"{a} + {b}"
@@ -59,7 +71,7 @@ def lower_reduce(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
         total = kc.tmp("acc")
         if kind == "identity":
             kc.w.line(f"const {ct} {total} = {ev.at(x, Index(shape, tuple(base)))};")
-        elif trailing:
+        elif trailing and not int_mean:
             a0 = rank - len(axes)
 
             def element(j):
@@ -67,7 +79,8 @@ def lower_reduce(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
                 return ev.at(x, Index(shape, tuple(dims), ((a0, rank, j),)))
             lane_reduce(kc, ct, acc_init, combine, count, element, total, keep_lane_loop=kind == "max")
         else:
-            kc.w.line(f"{ct} {total} = {acc_init};")
+            rem = kc.tmp("rem")
+            kc.w.line(f"int64_t {total} = 0, {rem} = 0;" if int_mean else f"{ct} {total} = {acc_init};")
             dims = list(base)
             opened = 0
             for d in axes:
@@ -77,7 +90,11 @@ def lower_reduce(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
                 opened += 1
                 dims[d] = var
             with ev.scope():
-                kc.w.line(f"{total} = {combine(total, ev.at(x, Index(shape, tuple(dims))))};")
+                v = ev.at(x, Index(shape, tuple(dims)))
+                if int_mean:
+                    kc.w.line(f"{total} += (int64_t){v} / {count}; {rem} += (int64_t){v} % {count};")
+                else:
+                    kc.w.line(f"{total} = {combine(total, v)};")
             for _ in range(opened):
                 kc.w.level -= 1
                 kc.w.line("}")
@@ -85,8 +102,10 @@ def lower_reduce(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
         if kind == "mean":
             if is_float(dt):
                 result = f"{total} / {literal(count, dt)}"
+            elif int_mean:
+                result = _int_mean(kc, total, rem, count, ct)
             else:
-                result = f"({ct})({total} / {count})"
+                result = "0"  # an empty reduction (the reference has no value either)
         res = kc.tmp("red")
         kc.w.line(f"const {ct} {res} = {result};")
         finish_element(kc, ev, stage, out, oidx, res)

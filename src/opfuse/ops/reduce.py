@@ -137,6 +137,8 @@ def _reduce(kind: str):
         keep = bool(int(a["keepdims"]))
         if kind == "sum":
             r = _acc(x).sum(axis=axes, keepdims=keep)
+        elif kind == "mean" and x.dtype.kind in "iu" and x.size:
+            r = _int_mean(x, axes, keep)
         elif kind == "mean":
             r = _acc(x).mean(axis=axes, keepdims=keep) if x.size else np.full(
                 _reduced_shape(x.shape, axes, keep), np.nan)
@@ -144,6 +146,15 @@ def _reduce(kind: str):
             r = np.max(x, axis=axes, keepdims=keep, initial=_lowest(x.dtype))
         return [np.asarray(r).astype(x.dtype, copy=False)]
     return compute
+
+
+def _int_mean(x: np.ndarray, axes, keep: bool) -> np.ndarray:
+    """The mean of integers, exact (Python integers: no overflow, no float64 rounding above 2^53)
+    and truncated toward zero, as onnxruntime: mean([-7, 0, 0, 0]) = -1."""
+    s = x.astype(object).sum(axis=axes, keepdims=keep)
+    n = x.size // max(np.asarray(s).size, 1)
+    q = np.abs(s) // n
+    return np.where(np.asarray(s < 0, dtype=bool), -q, q).astype(x.dtype)
 
 
 def _reduced_shape(shape, axes, keep):
