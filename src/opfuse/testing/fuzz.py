@@ -162,7 +162,7 @@ def _one_round(worker: Worker, round_seed: int, count: int, ops, max_nodes: int,
         say(f"shrinking it ({len(case.graph.nodes)} nodes) ...")
         graph, feeds, verdict = minimize(case.graph, case.feeds, verdict, lambda g, f: worker.check(
             _model_bytes(g), pack_inputs(f), case.planner, case.threads))
-        case = FuzzCase(graph, feeds, case.dtype, case.inputs, case.planner, case.threads, case.extras)
+        case = FuzzCase(graph, feeds, case.dtype, case.inputs, case.planner, case.threads)
     path = None
     if out is not None:
         path = write_reproducer(case, verdict, Path(out) / f"{verdict.status}-{report.mismatches + report.crashes}")
