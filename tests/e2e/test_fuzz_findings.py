@@ -74,3 +74,13 @@ def test_integer_reduce_mean_is_exact_and_truncates_toward_zero(dt):
     want = [info.max, -1, (int(info.max) + 1) // 4, -((2 * -int(info.min) - int(info.max) + 5) // 4)]
     np.testing.assert_array_equal(reference.run(g, {"x": x})[g.outputs[0].name], np.array(want, dt))
     _agrees(g, {"x": x})
+
+
+def test_reduction_over_one_element_then_its_input_in_the_epilogue():
+    """x - ReduceMean(x) over an axis of length 1, fused: the reduction's loop declared x[0] in
+    its C block and the epilogue, reading x at the same index, reused the name outside it (gcc:
+    't4' undeclared)."""
+    b = GraphBuilder("mean1")
+    x = b.input("x", (1,))
+    g = b.build(b.op("Sub", x, b.op("ReduceMean", x, axes=[0], keepdims=1)))
+    _agrees(g, {"x": np.array([1.5], np.float32)})

@@ -77,7 +77,8 @@ def lower_reduce(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
             def element(j):
                 dims = base[:a0] + delinearize(j, shape[a0:])
                 return ev.at(x, Index(shape, tuple(dims), ((a0, rank, j),)))
-            lane_reduce(kc, ct, acc_init, combine, count, element, total, keep_lane_loop=kind == "max")
+            lane_reduce(kc, ct, acc_init, combine, count, element, total, keep_lane_loop=kind == "max",
+                        scope=ev.scope)
         else:
             rem = kc.tmp("rem")
             kc.w.line(f"int64_t {total} = 0, {rem} = 0;" if int_mean else f"{ct} {total} = {acc_init};")
