@@ -576,7 +576,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ops", nargs="+", metavar="OP", help="only these ops (names, or comma-separated lists)")
     p.add_argument("--out", default="opfuse-fuzz", metavar="DIR",
                    help="where shrunk reproducers of failures go (default ./opfuse-fuzz)")
-    p.add_argument("--max-nodes", type=int, default=16, help="nodes per generated graph, at most (default 16)")
+    p.add_argument("--max-nodes", type=int, default=24, help="nodes per generated graph, at most (default 24)")
     p.add_argument("--no-shrink", action="store_true", help="write failing cases as found, unshrunk")
     p.add_argument("--time-budget", type=float, metavar="SECONDS", help="stop generating after this long")
     p.add_argument("--replay", metavar="DIR", help="check one reproducer folder again (exit 1 if it still fails)")

@@ -41,7 +41,7 @@ from opfuse.testing.fuzz_check import CASE_TIMEOUT_S, Verdict, Worker, pack_inpu
 from opfuse.testing.fuzz_reduce import minimize
 from opfuse.testing.random_graphs import DEFAULT_OPS, _check_ops
 
-MAX_NODES = 16
+MAX_NODES = 24
 REPLAY_COMMAND = "opfuse fuzz --replay {path}"
 
 
