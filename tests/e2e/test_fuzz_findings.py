@@ -84,3 +84,14 @@ def test_reduction_over_one_element_then_its_input_in_the_epilogue():
     x = b.input("x", (1,))
     g = b.build(b.op("Sub", x, b.op("ReduceMean", x, axes=[0], keepdims=1)))
     _agrees(g, {"x": np.array([1.5], np.float32)})
+
+
+@pytest.mark.parametrize("dt", [np.int32, np.int64])
+def test_integer_gemm_with_integral_alpha_and_beta_wraps(dt):
+    """The reference scaled integer Gemm in float64 (alpha=2): an overflow became INT_MIN through
+    an undefined conversion, where C (and MatMul, Mul, Add) wrap."""
+    info = np.iinfo(dt)
+    b = GraphBuilder("igemm")
+    g = b.build(b.op("Gemm", b.input("a", (3, 1), dt), b.const("w", np.array([[3, -4]], dt)),
+                     b.const("c", np.array([[-1, 2]], dt)), alpha=2.0, beta=-3.0))
+    _agrees(g, {"a": np.array([[info.max], [info.min], [7]], dt)})
