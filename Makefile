@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint venv clean bench mcu-tools browser-tools
+.PHONY: demo test lint venv clean bench mcu-tools browser-tools fuzz
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,15 @@ $(BENCH_STAMP): $(STAMP)
 
 bench: $(BENCH_STAMP)
 	$(PY) benchmarks/bench_zoo.py --repeat $(BENCH_REPEAT)
+
+# Not part of `make test` (which runs a fixed-seed batch of 100 in tests/testing/test_fuzz.py): a
+# long fuzz run, about 0.5 s a graph. Failures are shrunk and written to $(FUZZ_OUT); exit 1 if any.
+FUZZ_COUNT ?= 2000
+FUZZ_SEED ?= 0
+FUZZ_OUT ?= fuzz-findings
+
+fuzz: $(STAMP)
+	$(VENV)/bin/opfuse fuzz --count $(FUZZ_COUNT) --seed $(FUZZ_SEED) --out $(FUZZ_OUT)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache build src/*.egg-info

@@ -685,6 +685,27 @@ def cmd_demo(args) -> int:
     return 0 if worst <= 1.0 else 1
 
 
+def cmd_fuzz(args) -> int:
+    """Random models through the C backend against the reference (``opfuse.testing.fuzz``); exit 1 on
+    a mismatch or crash, whose shrunk reproducer is under ``--out``."""
+    from opfuse.testing.fuzz import fuzz, replay
+    if args.replay:
+        verdict = replay(args.replay)
+        print(f"replay {args.replay}: {verdict.line()}")
+        return 1 if verdict.failed else 0
+    ops = [op for item in args.ops for op in item.split(",") if op] if args.ops else None
+    print(f"opfuse fuzz: {args.count} graphs from seed {args.seed}, reproducers to {args.out}", flush=True)
+    report = fuzz(args.count, args.seed, ops, args.out, max_nodes=args.max_nodes, shrink=not args.no_shrink,
+                  time_budget=args.time_budget, progress=lambda line: print(f"  {line}", flush=True))
+    for f in report.findings:
+        print(f"{f.verdict.status}: {f.verdict.line()[:400]}\n  case: {f.description}"
+              + (f"\n  reproduce: opfuse fuzz --replay {f.path}" if f.path else ""))
+    for reason, n in sorted(report.unsupported_reasons.items()):
+        print(f"unsupported ({n}): {reason}")
+    print(f"opfuse fuzz: {report.summary()}")
+    return 0 if report.ok else 1
+
+
 # Parser ----------------------------------------------------------------------------------------
 
 def _add_json(p) -> None:
@@ -850,6 +871,18 @@ def build_parser() -> argparse.ArgumentParser:
     pe.add_argument("name")
     pe.add_argument("-o", "--output", help="output path (default NAME.onnx)")
     p.set_defaults(fn=cmd_zoo)
+
+    p = sub.add_parser("fuzz", help="random models with hostile inputs: C fused and unfused against the reference")
+    p.add_argument("--count", type=int, default=100, help="graphs to check (default 100)")
+    p.add_argument("--seed", type=int, default=0, help="the first seed (the same seed, the same graphs)")
+    p.add_argument("--ops", nargs="+", metavar="OP", help="only these ops (names, or comma-separated lists)")
+    p.add_argument("--out", default="opfuse-fuzz", metavar="DIR",
+                   help="where shrunk reproducers of failures go (default ./opfuse-fuzz)")
+    p.add_argument("--max-nodes", type=int, default=24, help="nodes per generated graph, at most (default 24)")
+    p.add_argument("--no-shrink", action="store_true", help="write failing cases as found, unshrunk")
+    p.add_argument("--time-budget", type=float, metavar="SECONDS", help="stop generating after this long")
+    p.add_argument("--replay", metavar="DIR", help="check one reproducer folder again (exit 1 if it still fails)")
+    p.set_defaults(fn=cmd_fuzz)
 
     p = sub.add_parser("demo", help="the main job on a built-in model")
     p.add_argument("--model", default="mobilenet_v1", help="zoo model (default mobilenet_v1)")

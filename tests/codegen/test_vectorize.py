@@ -78,3 +78,28 @@ def test_tile_epilogue_with_transcendental_vectorises(tmp_path, anchor, act):
                  and "] = t" in ln)
     loop = max(i for i in _lines_of(src, "for (long") if i < store)
     assert any(loop <= v <= store for v in vectorised), f"{anchor} + {act}: epilogue loop (line {loop}) not vectorised"
+
+
+def test_nan_propagating_max_min_clip_pool_and_reducemax_vectorise(tmp_path):
+    """Max, Min, Clip with run-time bounds, MaxPool and ReduceMax keep NaN (``rules.nan_max``) and
+    each kernel still has a vectorised loop (ReduceMax's lane loop only since NaN propagates:
+    gcc keeps it as a loop, ``lane_reduce(keep_lane_loop=True)``)."""
+    b = GraphBuilder("nanvec")
+    x = b.input("x", (64, 256))
+    y = b.input("y", (64, 256))
+    img = b.op("Reshape", x, b.const("s", np.array([1, 64, 16, 16], np.int64)))
+    g = b.build(b.op("Max", x, y, name="mx"), b.op("Min", x, y, name="mn"),
+                b.op("Clip", x, b.input("lo", ()), b.input("hi", ()), name="clip"),
+                b.op("ReduceMax", x, axes=[1], name="rmax"),
+                b.op("MaxPool", img, kernel_shape=[2, 2], strides=[2, 2], name="mpool"))
+    src = generate(g).source
+    report = _vector_report(src, tmp_path)
+    vectorised = {int(ln.split(":")[1]) for ln in report.splitlines() if "loop vectorized" in ln}
+    starts = {name: _lines_of(src, f"[ops_{op}] */")[0]
+              for name, op in (("mx", "Max"), ("mn", "Min"), ("clip", "Clip"), ("rmax", "ReduceMax"),
+                               ("mpool", "MaxPool"))}
+    ends = sorted(starts.values()) + [len(src.splitlines())]
+    for name, start in starts.items():
+        end = next(e for e in ends if e > start)
+        assert any(start < v < end for v in vectorised), f"kernel '{name}' has no vectorised loop"
+    assert "!= " in src  # the NaN tests are there

@@ -44,3 +44,15 @@ def test_escaping_scores_refuse_attention():
     plan, dec = plan_of(attention(escape=True))
     assert not any(g.kind == "attention" for g in plan.groups)
     assert any("also read outside the attention kernel" in r for r in refusals(dec, "attention"))
+
+
+def test_float64_attention_is_refused_as_the_kernel_computes_float32_only():
+    """Found by opfuse fuzz: the rules grouped a float64 MatMul -> Softmax -> MatMul as attention,
+    and the code generator (float32 only) failed on the plan."""
+    b = GraphBuilder("att64")
+    q = b.input("q", (1, 4, 3), np.float64)
+    p = b.op("Softmax", b.op("MatMul", q, b.input("kt", (1, 3, 4), np.float64)), axis=-1)
+    g = b.build(b.op("MatMul", p, b.input("v", (1, 4, 3), np.float64)))
+    plan, dec = plan_of(g)
+    assert not any(gr.kind == "attention" for gr in plan.groups)
+    assert any("float32 operands of rank >= 2 only" in r for r in refusals(dec, "attention"))

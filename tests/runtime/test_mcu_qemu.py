@@ -96,3 +96,18 @@ def test_resnet8_counts_sizes_and_stack(resnet8_run):
     lib = res.firmware.library
     assert lib.flash > len(program.weights) and lib.bss == 0  # no static state: everything is in the arena
     assert res.firmware.image.bss >= program.arena_bytes
+
+
+@needs_tools
+def test_a_fault_on_the_m7_is_the_references_input_error(tmp_path):
+    """An integer division by zero makes opfuse_run return its fault code on the M7 too."""
+    b = GraphBuilder("div")
+    g = b.build(b.op("Div", b.input("a", (3,), np.int32), b.input("d", (3,), np.int32), name="the_div"))
+    program = mcu.generate_mcu(g, None)
+    assert program.faults == ["node 'the_div' (Div): integer division by zero"]
+    feeds = {"a": np.array([7, -2 ** 31, 5], np.int32), "d": np.array([2, -1, 1], np.int32)}
+    got = mcu.run_on_qemu(program, feeds, tmp_path / "ok").outputs
+    np.testing.assert_array_equal(got[g.outputs[0].name], reference.run(g, feeds)[g.outputs[0].name])
+    feeds["d"][2] = 0
+    with pytest.raises(InputError, match="node 'the_div' \\(Div\\): integer division by zero"):
+        mcu.run_on_qemu(program, feeds, tmp_path / "fault")

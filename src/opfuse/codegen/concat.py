@@ -12,8 +12,10 @@ from opfuse.codegen.loops import emit_loop_nest
 from opfuse.codegen.stages import GroupAnalysis, Stage
 
 
-def is_concat_alias(kc, v) -> bool:
-    return any(a.value == v.name and a.kind == "concat" for a in kc.program.memory.aliases)
+def is_concat_alias(kc, v, out) -> bool:
+    """Is ``v`` already in its slice of ``out``? (Aliased into another Concat's output, it is
+    not: ``Concat(Concat(x, x), x)`` aliases x into the outer one, the inner one must copy it.)"""
+    return any(a.value == v.name and a.kind == "concat" and a.base == out.name for a in kc.program.memory.aliases)
 
 
 def lower_concat(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
@@ -25,7 +27,7 @@ def lower_concat(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     for v in node.input_values():
         lo = start
         start += v.shape[axis]
-        aliased = is_concat_alias(kc, v)
+        aliased = is_concat_alias(kc, v, out)
         todo = [o for o in stage.outputs if not (o is out and aliased)]
         if not todo:
             continue

@@ -2,8 +2,15 @@
 
 It hands out the function's parameters (one pointer per distinct storage location the
 kernel touches, so an in-place input/output pair shares one pointer and ``restrict``
-stays truthful), local temporaries, per-thread scratch space and compile-time constants,
-and writes the function body through a ``CWriter``.
+stays truthful), local temporaries, per-thread scratch space, compile-time constants and
+run-time fault flags, and writes the function body through a ``CWriter``.
+
+Faults: a check that can fail at run time (an integer division by zero, a Gather index out
+of range; ``checks.py``) ORs its condition into a flag, one ``int`` per node, and computes on
+with a safe value, so nothing traps or reads out of bounds. Flags are OR-reductions of every
+parallel loop (a plain shared store would lose updates), and a kernel with flags returns the
+fault code of the first node (in node order) whose flag is set, 0 otherwise; ``opfuse_run``
+returns that code at once (``program.py``).
 """
 from __future__ import annotations
 
@@ -54,6 +61,8 @@ class KernelContext:
         self.uses_threads = False
         self.stored: set[int] = set()  # ids of values this kernel has written
         self._parallel: list[tuple[int, int, int]] = []  # (line index of the pragma, work, collapse)
+        self.faults: dict[int, tuple[int, str, int]] = {}  # id(node) -> (node position, flag, fault code)
+        self.checked: set[int] = set()  # ids of nodes whose operands were checked before the loops
 
     # Names --------------------------------------------------------------------------------
     def tmp(self, prefix: str = "t") -> str:
@@ -102,6 +111,17 @@ class KernelContext:
         """C expression: this thread's scratch at ``offset`` as ``ctype*`` (inside a parallel region)."""
         return f"(({ctype}*)(scratch + (size_t)OPFUSE_TID() * OPFUSE_SCRATCH_STRIDE + {offset}))"
 
+    # Faults -------------------------------------------------------------------------------
+    def fault(self, node, message: str) -> str:
+        """The flag of ``node``'s run-time check (an ``int``, 0 until ``flag |= condition``);
+        ``message`` is the ``InputError`` the runtime raises for its code."""
+        hit = self.faults.get(id(node))
+        if hit is None:
+            position = next((i for i, n in enumerate(self.group.nodes) if n is node), len(self.group.nodes))
+            hit = (position, f"fault{len(self.faults)}", self.program.fault_code(message))
+            self.faults[id(node)] = hit
+        return hit[1]
+
     # Parallel loops -----------------------------------------------------------------------
     def parallel_for(self, work: int, collapse: int = 1) -> None:
         """An OpenMP pragma for the next loop, if ``work`` (elementary operations) is worth threads.
@@ -130,10 +150,25 @@ class KernelContext:
             const = "" if p.writable else "const "
             args.append(f"{const}{p.ctype}* restrict {p.name}")
         args += ["char* restrict scratch", "int nt"]
-        return f"static void {self.name}({', '.join(args)})"
+        result = "int" if self.faults else "void"
+        return f"static {result} {self.name}({', '.join(args)})"
+
+    def _fault_flags(self) -> tuple[str, str]:
+        """(declarations, returns) of the fault flags; every parallel loop reduces them."""
+        flags = sorted(self.faults.values())
+        if not flags:
+            return "", ""
+        names = ",".join(f for _, f, _ in flags)
+        for i, ln in enumerate(self.w.lines):
+            if ln.lstrip().startswith("OPFUSE_PRAGMA(omp parallel") and ln.endswith(")"):
+                self.w.lines[i] = f"{ln[:-1]} reduction(|:{names}))"
+        decl = "".join(f"  int {f} = 0;\n" for _, f, _ in flags)
+        returns = "".join(f"  if ({f}) return {code};\n" for _, f, code in flags) + "  return 0;\n"
+        return decl, returns
 
     def function_text(self, comment: str) -> str:
         self._schedules()
+        decl, returns = self._fault_flags()
         body = self.w.text()
         unused = "  (void)scratch; (void)nt;\n"
-        return f"/* {comment} */\n{self.signature()} {{\n{unused}{body}}}\n"
+        return f"/* {comment} */\n{self.signature()} {{\n{unused}{decl}{body}{returns}}}\n"

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from contextlib import nullcontext
+from typing import Callable, ContextManager, Sequence
 
 from opfuse.codegen.ctype import c_type
 from opfuse.codegen.index import Index
@@ -85,16 +86,23 @@ def is_view_store(kc, v: Value) -> bool:
 
 
 def lane_reduce(kc, ctype: str, init: str, combine: Callable[[str, str], str], length: int,
-                element: Callable[[str], str], result: str) -> None:
+                element: Callable[[str], str], result: str, *, keep_lane_loop: bool = False,
+                scope: Callable[[], ContextManager] = nullcontext) -> None:
     """Emit ``ctype result = combine(... element(j) ...)`` over ``j < length`` with
     ``REDUCTION_LANES`` partial results; ``element(j)`` returns an expression and may emit
-    statements (each lane iteration is its own C scope)."""
+    statements (each lane iteration is its own C scope). ``scope``: the evaluator's scope when
+    ``element`` evaluates values (``Evaluator.scope``), so that a temporary declared inside a loop
+    is not reused after it (a loop of one element reads the same index as the code after it).
+
+    ``keep_lane_loop``: ask gcc not to unroll the loop over lanes. It vectorises that loop as is;
+    unrolled, it must recognise 16 reduction chains, which it does for a sum but not for a
+    NaN-propagating max (``a > b || a != a ? a : b`` is no MAX_EXPR)."""
     w = kc.w
     lanes = REDUCTION_LANES
     if length < 2 * lanes:
         w.line(f"{ctype} {result} = {init};")
         j = kc.tmp("j")
-        with w.block(f"for (long {j} = 0; {j} < {length}; ++{j})"):
+        with w.block(f"for (long {j} = 0; {j} < {length}; ++{j})"), scope():
             e = element(j)
             w.line(f"{result} = {combine(result, e)};")
         return
@@ -105,14 +113,16 @@ def lane_reduce(kc, ctype: str, init: str, combine: Callable[[str, str], str], l
     w.line(f"for (int {lane} = 0; {lane} < {lanes}; ++{lane}) {acc}[{lane}] = {init};")
     full = length // lanes * lanes
     with w.block(f"for (long {base} = 0; {base} < {full}; {base} += {lanes})"):
-        with w.block(f"for (int {lane} = 0; {lane} < {lanes}; ++{lane})"):
+        if keep_lane_loop:
+            w.line("OPFUSE_PRAGMA(GCC unroll 1)")
+        with w.block(f"for (int {lane} = 0; {lane} < {lanes}; ++{lane})"), scope():
             e = element(f"{base} + {lane}")
             w.line(f"{acc}[{lane}] = {combine(f'{acc}[{lane}]', e)};")
     w.line(f"{ctype} {result} = {acc}[0];")
     w.line(f"for (int {lane} = 1; {lane} < {lanes}; ++{lane}) {result} = {combine(result, f'{acc}[{lane}]')};")
     if full < length:
         j = kc.tmp("j")
-        with w.block(f"for (long {j} = {full}; {j} < {length}; ++{j})"):
+        with w.block(f"for (long {j} = {full}; {j} < {length}; ++{j})"), scope():
             e = element(j)
             w.line(f"{result} = {combine(result, e)};")
 

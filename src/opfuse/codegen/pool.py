@@ -12,11 +12,12 @@ from opfuse.codegen.ctype import c_type, literal, lowest
 from opfuse.codegen.index import Index, add, mul
 from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.loops import emit_loop_nest
+from opfuse.codegen.rules import nan_max, relu
 from opfuse.codegen.stages import GroupAnalysis, Stage
 from opfuse.ops.registry import get_spec
 
 # Ops f with max_i f(x_i) == f(max_i x_i) bit for bit, as ``rules.py`` computes them
-# (non-decreasing; NaN handling agrees: the window max skips NaN, and Relu maps NaN to 0).
+# (non-decreasing; NaN handling agrees: a NaN in the window makes the max NaN, and Relu keeps NaN).
 MAX_COMMUTING_OPS = frozenset({"Relu"})
 
 
@@ -82,7 +83,7 @@ def lower_pool(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
         cond = " && ".join(inside[i] for i in range(nsp)) if include_pad else ""
         with kc.w.block(f"if ({cond})" if cond else ""), ev.scope():
             v = ev.at(x, Index(tuple(x.shape), tuple(dims)))
-            kc.w.line(f"{acc} = {v} > {acc} ? {v} : {acc};" if is_max else f"{acc} += {v};")
+            kc.w.line(f"{acc} = {nan_max(v, acc, dt)};" if is_max else f"{acc} += {v};")
         if not is_max:
             kc.w.line(f"++{cnt};")
         for _ in range(opened):
@@ -92,7 +93,7 @@ def lower_pool(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
         kc.w.line(f"const {ct} {res} = {acc if is_max else f'{acc} / ({ct}){cnt}'};")
         for _ in chain:  # Relu, written as rules.py writes it
             prev, res = res, kc.tmp("relu")
-            kc.w.line(f"const {ct} {res} = ({prev} > {literal(0, dt)} ? {prev} : {literal(0, dt)});")
+            kc.w.line(f"const {ct} {res} = {relu(prev, dt)};")
         finish_element(kc, ev, stage, out, oidx, res)
 
     emit_loop_nest(kc, ev, out.shape, body, cost_per_element=window)

@@ -12,6 +12,10 @@ The ABI of the generated library (``ABI_VERSION``):
     size_t opfuse_arena_bytes(void);     size_t opfuse_scratch_stride(void);
     size_t opfuse_weights_bytes(void);   int    opfuse_abi_version(void);
 
+``opfuse_run`` returns 0, or the fault code ``k >= 1`` of the first run-time check that failed
+(``CProgram.faults[k - 1]`` is its message, and ``model.h`` lists them): an integer division by
+zero or a Gather index out of range. The outputs are then unspecified; nothing traps.
+
 ``inputs``/``outputs`` hold one pointer per graph input/output (contiguous, row-major, the
 graph's dtypes); ``arena`` is ``opfuse_arena_bytes()`` bytes, 64-byte aligned; ``scratch``
 is ``threads * opfuse_scratch_stride()`` bytes; ``weights`` is the blob (ignored when the
@@ -27,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from opfuse.codegen.checks import emit_prechecks
 from opfuse.codegen.ctype import c_type
 from opfuse.codegen.evaluator import Evaluator
 from opfuse.codegen.kernel import KernelContext, UnsupportedGroupError
@@ -103,6 +108,7 @@ class Launch:
     function: str
     args: list[str]
     group_index: int
+    faults: bool = False  # the function returns a fault code (0: none)
 
 
 @dataclass
@@ -121,6 +127,13 @@ class CProgram:
     # Graph outputs no kernel writes (a graph input or a constant returned as is): name -> source.
     passthrough: dict[str, tuple[str, str | np.ndarray]] = field(default_factory=dict)
     mcu: "McuSources | None" = None  # the mcu platform's header and weights file
+    faults: list[str] = field(default_factory=list)  # message of fault code k at index k - 1
+
+    def fault_message(self, code: int) -> str:
+        """The ``InputError`` message of a non-zero ``opfuse_run`` result."""
+        if 1 <= code <= len(self.faults):
+            return self.faults[code - 1]
+        return f"opfuse_run returned {code}, which is no fault code of this model"
 
     @property
     def num_functions(self) -> int:
@@ -133,7 +146,9 @@ class CProgram:
                         for i, t in enumerate(self.inputs))
         outs = "\n".join(f" *   outputs[{i}] {c_ident(t.name, 'out')} {t.dtype.name}{list(t.shape)}"
                          for i, t in enumerate(self.outputs))
-        return (f"/* opfuse generated model interface (ABI {ABI_VERSION}).\n{ins}\n{outs}\n */\n"
+        codes = "".join(f"\n *   {k} {c_ident(m, 'fault')}" for k, m in enumerate(self.faults, 1))
+        faults = f"\n * opfuse_run returns 0, or one of these fault codes:{codes}" if codes else ""
+        return (f"/* opfuse generated model interface (ABI {ABI_VERSION}).\n{ins}\n{outs}{faults}\n */\n"
                 "#include <stddef.h>\n"
                 "int opfuse_run(void* const* inputs, void* const* outputs, char* arena, "
                 "const char* weights, char* scratch, int threads);\n"
@@ -154,7 +169,14 @@ class ProgramBuilder:
         self.calls: list[str] = []
         self.kernels: list[KernelInfo] = []
         self.launches: list[Launch] = []
+        self.faults: list[str] = []
         self.scratch_stride = 0
+
+    def fault_code(self, message: str) -> int:
+        """The code (1, 2, ...) ``opfuse_run`` returns for the fault described by ``message``."""
+        if message not in self.faults:
+            self.faults.append(message)
+        return self.faults.index(message) + 1
 
     def require_helper(self, name: str, text: str) -> str:
         self.helpers.setdefault(name, text)
@@ -166,6 +188,7 @@ class ProgramBuilder:
         analysis = analyse(group, self.graph, self.memory.static)
         kc = KernelContext(self, group, index)
         loadable = {id(v) for v in group.inputs()}
+        emit_prechecks(kc, analysis.inline, analysis.live, loadable)
         for stage in analysis.stages:
             ev = Evaluator(kc, analysis.inline, loadable)
             lower_stage(kc, ev, stage, analysis)
@@ -180,9 +203,11 @@ class ProgramBuilder:
         self.functions.append(kc.function_text(f"group {c_ident(group.name, 'g')}: {group.kind} "
                                                f"[{c_ident(ops, 'ops')}]"))
         args = [self._arg(p) for p in kc.params.values()]
-        self.launches.append(Launch(kc.name, args, index))
+        self.launches.append(Launch(kc.name, args, index, bool(kc.faults)))
         args = args + ["scratch", "nt"]
         call = f"{kc.name}({', '.join(args)});"
+        if kc.faults:
+            call = f"{{ const int fault_ = {call[:-1]}; if (fault_) return fault_; }}"
         if self.options.profile:
             slot = len(self.calls)
             call = (f"{{ const uint64_t t0_ = opfuse_now_ns(); {call} "
@@ -240,7 +265,8 @@ class ProgramBuilder:
                      f"int opfuse_abi_version(void) {{ return {ABI_VERSION}; }}\n")
         source = "\n".join(parts)
         return CProgram(source, self.weights.tobytes(), self.input_specs(), self.output_specs(),
-                        self.memory.arena_bytes, stride, self.kernels, self.memory, self.options, self.passthrough())
+                        self.memory.arena_bytes, stride, self.kernels, self.memory, self.options, self.passthrough(),
+                        faults=list(self.faults))
 
     def input_specs(self) -> list[TensorSpec]:
         return [TensorSpec(v.name, v.shape, v.dtype) for v in self.graph.inputs]

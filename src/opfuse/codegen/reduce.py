@@ -19,6 +19,7 @@ from opfuse.codegen.ctype import c_type, highest, is_float, literal, lowest, mat
 from opfuse.codegen.index import Index, delinearize
 from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.loops import emit_loop_nest, lane_reduce
+from opfuse.codegen.rules import nan_max
 from opfuse.codegen.stages import GroupAnalysis, Stage
 from opfuse.ops.registry import get_spec
 
@@ -38,6 +39,15 @@ def _reduce_params(node):
     return kind, axes, bool(int(a["keepdims"]))
 
 
+def _int_mean(kc, q: str, r: str, count: int, ct: str) -> str:
+    """trunc(mean) from q = sum(x / n) and r = sum(x % n): mean = t + u / n with t = q + r / n,
+    u = r % n (|u| < n, the sign of r); truncating it moves t one step toward zero when t and u
+    have opposite signs."""
+    t, u = kc.tmp("t"), kc.tmp("u")
+    kc.w.line(f"const int64_t {t} = {q} + {r} / {count}, {u} = {r} % {count};")
+    return f"({ct})({t} > 0 && {u} < 0 ? {t} - 1 : ({t} < 0 && {u} > 0 ? {t} + 1 : {t}))"
+
+
 def lower_reduce(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     node = stage.anchor_node
     x = node.input(0)
@@ -51,9 +61,12 @@ def lower_reduce(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     kept = [d for d in range(rank) if d not in axes]
     trailing = bool(axes) and list(axes) == list(range(rank - len(axes), rank))
     acc_init = lowest(dt) if kind == "max" else literal(0, dt)
+    # The mean of integers is exact, truncated toward zero (as onnxruntime): quotients and
+    # remainders by the count are summed apart, so no sum overflows (``_int_mean``).
+    int_mean = kind == "mean" and not is_float(dt) and count > 0
 
     def combine(a, b):
-        return f"({b} > {a} ? {b} : {a})" if kind == "max" else f"{a} + {b}"
+        return nan_max(b, a, dt) if kind == "max" else f"{a} + {b}"
 
     def body(oidx: Index):
         # Input axes that are kept come from the output index.
@@ -63,15 +76,17 @@ def lower_reduce(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
         total = kc.tmp("acc")
         if kind == "identity":
             kc.w.line(f"const {ct} {total} = {ev.at(x, Index(shape, tuple(base)))};")
-        elif trailing:
+        elif trailing and not int_mean:
             a0 = rank - len(axes)
 
             def element(j):
                 dims = base[:a0] + delinearize(j, shape[a0:])
                 return ev.at(x, Index(shape, tuple(dims), ((a0, rank, j),)))
-            lane_reduce(kc, ct, acc_init, combine, count, element, total)
+            lane_reduce(kc, ct, acc_init, combine, count, element, total, keep_lane_loop=kind == "max",
+                        scope=ev.scope)
         else:
-            kc.w.line(f"{ct} {total} = {acc_init};")
+            rem = kc.tmp("rem")
+            kc.w.line(f"int64_t {total} = 0, {rem} = 0;" if int_mean else f"{ct} {total} = {acc_init};")
             dims = list(base)
             opened = 0
             for d in axes:
@@ -81,7 +96,11 @@ def lower_reduce(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
                 opened += 1
                 dims[d] = var
             with ev.scope():
-                kc.w.line(f"{total} = {combine(total, ev.at(x, Index(shape, tuple(dims))))};")
+                v = ev.at(x, Index(shape, tuple(dims)))
+                if int_mean:
+                    kc.w.line(f"{total} += (int64_t){v} / {count}; {rem} += (int64_t){v} % {count};")
+                else:
+                    kc.w.line(f"{total} = {combine(total, v)};")
             for _ in range(opened):
                 kc.w.level -= 1
                 kc.w.line("}")
@@ -89,8 +108,10 @@ def lower_reduce(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
         if kind == "mean":
             if is_float(dt):
                 result = f"{total} / {literal(count, dt)}"
+            elif int_mean:
+                result = _int_mean(kc, total, rem, count, ct)
             else:
-                result = f"({ct})({total} / {count})"
+                result = "0"  # an empty reduction (the reference has no value either)
         res = kc.tmp("red")
         kc.w.line(f"const {ct} {res} = {result};")
         finish_element(kc, ev, stage, out, oidx, res)
@@ -113,12 +134,13 @@ class Reduction:
     finish: Callable[[object, str, np.dtype], str] = lambda kc, acc, dt: acc
 
 
-def nan_max(a: str, b: str) -> str:
-    return f"({b} > {a} || {b} != {b} ? {b} : {a})"
+def _running_max(acc: str, v: str) -> str:
+    """The accumulator after ``v``: the larger, NaN as soon as either is (``np.maximum``)."""
+    return f"({v} > {acc} || {v} != {v} ? {v} : {acc})"
 
 
-def nan_min(a: str, b: str) -> str:
-    return f"({b} < {a} || {b} != {b} ? {b} : {a})"
+def _running_min(acc: str, v: str) -> str:
+    return f"({v} < {acc} || {v} != {v} ? {v} : {acc})"
 
 
 def _add(a: str, b: str) -> str:
@@ -142,7 +164,7 @@ def _via_double(dt, x: str) -> str:
 
 
 REDUCTIONS: dict[str, Reduction] = {
-    "ReduceMin": Reduction(highest, nan_min),
+    "ReduceMin": Reduction(highest, _running_min),
     "ReduceProd": Reduction(lambda dt: literal(1, dt), lambda a, b: f"{a} * {b}"),
     "ReduceL1": Reduction(lambda dt: literal(0, dt), _add,
                           element=lambda kc, x, dt: f"{math_fn('fabs', dt)}({x})" if is_float(dt)
@@ -154,7 +176,7 @@ REDUCTIONS: dict[str, Reduction] = {
     "ReduceLogSum": Reduction(lambda dt: literal(0, dt), _add,
                               finish=lambda kc, acc, dt: _as(dt, f"{_fn(kc, 'log', vecmath.LOG, dt)}"
                                                                  f"({_via_double(dt, acc)})")),
-    "GlobalMaxPool": Reduction(lowest, nan_max),
+    "GlobalMaxPool": Reduction(lowest, _running_max),
 }
 LOG_SUM_EXP = "ReduceLogSumExp"
 
@@ -215,7 +237,7 @@ def lower_reduction(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
             kc.w.line(f"const {ct} {res} = {ev.at(x, Index(shape, tuple(base)))};")
         elif node.op_type == LOG_SUM_EXP:
             mx = kc.tmp("mx")
-            reduce_into(base, mx, lowest(dt), nan_max, lambda v: v)
+            reduce_into(base, mx, lowest(dt), _running_max, lambda v: v)
             m = kc.tmp("m")
             kc.w.line(f"const {ct} {m} = ({mx} == {lowest(dt)} || {mx} == {highest(dt)}) ? {literal(0, dt)} : {mx};")
             s = kc.tmp("sum")

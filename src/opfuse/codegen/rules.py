@@ -13,8 +13,9 @@ the difference is a few ulps, far inside rtol 1e-4).
 No float32 rule calls libm for a transcendental function: exp, log, tanh, sigmoid,
 softplus (``vecmath.py``) and erf (``erf.py``) are inline branch-free helpers, so every
 elementwise loop, and every GEMM/conv tile epilogue, vectorises. float64 keeps libm. NaN
-propagates as in NumPy: the max/min of Relu, HardSigmoid and Clip are written so that a
-NaN operand is the one selected (``np.maximum(nan, 0)`` is NaN).
+propagates as in NumPy: the max/min of Relu, HardSigmoid, Clip, Max and Min (and of MaxPool
+and ReduceMax, through ``nan_max``) are written so that a NaN operand is the one selected
+(``np.maximum(nan, 0)`` is NaN).
 
 Measured float32 error against float64 NumPy (every 61st bit pattern of both signs, every
 13th for the vecmath helpers, and a grid over [-110, 110]; ``tests/codegen/test_vecmath.py``
@@ -38,7 +39,7 @@ from typing import Callable
 import numpy as np
 
 from opfuse.codegen.ctype import c_type, highest, is_float, literal, lowest, math_fn
-from opfuse.codegen import vecmath
+from opfuse.codegen import checks, vecmath
 from opfuse.codegen.erf import require_erf
 from opfuse.codegen.index import Index, add, mod, mul
 from opfuse.ir.graph import Node
@@ -98,6 +99,18 @@ def _max(a: str, b: str) -> str:
 
 def _min(a: str, b: str) -> str:
     return f"({a} < {b} ? {a} : {b})"
+
+
+def nan_max(a: str, b: str, dtype) -> str:
+    """``np.maximum(a, b)``: NaN when either is (``a > b`` alone drops a NaN ``a``). Compares and
+    selects only, so the loop still vectorises (gcc needs ``-fno-trapping-math`` for the unordered
+    compare). Integers need no NaN test."""
+    return f"({a} > {b} || {a} != {a} ? {a} : {b})" if is_float(dtype) else _max(a, b)
+
+
+def nan_min(a: str, b: str, dtype) -> str:
+    """``np.minimum(a, b)``, NaN when either is."""
+    return f"({a} < {b} || {a} != {a} ? {a} : {b})" if is_float(dtype) else _min(a, b)
 
 
 def _at_least(x: str, lo: str) -> str:
@@ -176,7 +189,12 @@ def _abs(ev, x, dt, a):
     return f"{math_fn('fabs', dt)}({x})" if is_float(dt) else f"({x} < 0 ? -{x} : {x})"
 
 
-_unary("Relu", lambda ev, x, dt, a: _at_least(x, _L(0, dt)))
+def relu(x: str, dt) -> str:
+    """max(x, 0), NaN kept (as ``np.maximum``)."""
+    return _at_least(x, _L(0, dt))
+
+
+_unary("Relu", lambda ev, x, dt, a: relu(x, dt))
 _unary("LeakyRelu", lambda ev, x, dt, a: f"({x} >= {_L(0, dt)} ? {x} : {x} * {_L(a['alpha'], dt)})")
 _unary("Sigmoid", _sigmoid)
 _unary("HardSigmoid", lambda ev, x, dt, a: _hardsigmoid(ev, x, dt, a["alpha"], a["beta"]))
@@ -228,10 +246,11 @@ def _clip(ev, node, k, idx):
         else:
             bounds.append(None)
     lo, hi = bounds
+    # A NaN x stays NaN; a bound read at run time may be NaN too (np.maximum(x, nan) is NaN).
     if lo is not None:
-        y = let(ev, dt, f"({y} < {lo} ? {lo} : {y})")
+        y = let(ev, dt, _at_least(y, lo) if _is_literal(lo) else nan_max(lo, y, dt))
     if hi is not None:
-        y = f"({y} > {hi} ? {hi} : {y})"
+        y = _at_most(y, hi) if _is_literal(hi) else nan_min(hi, y, dt)
     return y
 
 
@@ -247,8 +266,15 @@ def _binary(name: str, fmt: Callable[[str, str, np.dtype], str]):
 _binary("Add", lambda a, b, dt: f"{a} + {b}")
 _binary("Sub", lambda a, b, dt: f"{a} - {b}")
 _binary("Mul", lambda a, b, dt: f"{a} * {b}")
-# Integer division by zero would trap; NumPy gives garbage there, we give 0.
-_binary("Div", lambda a, b, dt: f"{a} / {b}" if is_float(dt) else f"({b} == 0 ? 0 : {a} / {b})")
+
+
+@_register("Div")
+def _div(ev, node, k, idx):
+    a, b = ev.operand(node, 0, idx), ev.operand(node, 1, idx)
+    # Integers: never trap (INT_MIN / -1 wraps, a zero divisor faults as in the reference).
+    return f"{a} / {b}" if is_float(node.input(0).dtype) else checks.div(ev, node, a, b)
+
+
 _binary("Equal", lambda a, b, dt: f"({a} == {b})")
 
 
@@ -269,7 +295,28 @@ def _pow(ev, node, k, idx):
     ex = ev.operand(node, 1, idx)
     if is_float(dt):
         return f"{math_fn('pow', dt)}({base}, ({c_type(dt)}){ex})"
-    return f"({c_type(dt)})pow((double){base}, (double){ex})"
+    if is_float(e.dtype):
+        return f"({c_type(dt)})pow((double){base}, (double){ex})"
+    # Integers: exact, wrapping like the type (pow() in double is neither above 2^53); a negative
+    # exponent truncates the real power, and 0 to a negative power faults, as in the reference.
+    ev.w.line(f"{ev.kc.fault(node, checks.zero_to_negative_power(node))} |= ({base} == 0 && {ex} < 0);")
+    return f"({c_type(dt)}){ev.kc.program.require_helper(IPOW, IPOW_C)}((int64_t){base}, (int64_t){ex})"
+
+
+IPOW = "opfuse_ipow"
+IPOW_C = f"""\
+/* base ** e for integers, modulo 2^64 (exact before the caller's cast to a narrower type); for
+   e < 0 the real power truncated: 1 for base 1, +-1 for base -1, 0 otherwise. */
+static int64_t {IPOW}(int64_t base, int64_t e) {{
+  if (e < 0) return base == 1 ? 1 : base == -1 ? ((e & 1) ? -1 : 1) : 0;
+  uint64_t r = 1, b = (uint64_t)base;
+  for (; e > 0; e >>= 1) {{
+    if (e & 1) r *= b;
+    b *= b;
+  }}
+  return (int64_t)r;
+}}
+"""
 
 
 def _fold(fn):
@@ -277,14 +324,14 @@ def _fold(fn):
         dt = node.outputs[0].dtype
         acc = ev.operand(node, 0, idx)
         for i in range(1, len(node.input_values())):
-            acc = let(ev, dt, fn(acc, ev.operand(node, i, idx)))
+            acc = let(ev, dt, fn(acc, ev.operand(node, i, idx), dt))
         return acc
     return rule
 
 
-RULES["Max"] = _fold(_max)
-RULES["Min"] = _fold(_min)
-RULES["Sum"] = _fold(lambda a, b: f"{a} + {b}")
+RULES["Max"] = _fold(nan_max)
+RULES["Min"] = _fold(nan_min)
+RULES["Sum"] = _fold(lambda a, b, dt: f"{a} + {b}")
 
 
 @_register("Where")
@@ -386,7 +433,8 @@ def _gather(ev, node, k, idx):
             g = let(ev, np.int64, f"{p}[{ind_idx.offset()}]")
     else:
         raw = ev.at(ind, ind_idx)
-        # Out-of-range indices are clamped: a bad index must never read outside the tensor.
+        checks.check_here(ev, node, raw)  # an index out of range faults, as in the reference ...
+        # ... and is clamped meanwhile: a bad index must never read outside the tensor.
         g0 = let(ev, np.int64, f"(int64_t)({raw} < 0 ? {raw} + {dim} : {raw})")
         g = let(ev, np.int64, f"({g0} < 0 ? 0 : ({g0} >= {dim} ? {dim - 1} : {g0}))")
     dims = idx.dims[:axis] + (g,) + idx.dims[axis + r:]

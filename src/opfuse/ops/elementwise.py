@@ -299,7 +299,7 @@ def _binary(name, fn, *, flops=1.0, commutative=False, out_dtype=None, arity=(2,
                     num_inputs=arity, flops_per_element=flops, tags=frozenset(tags)))
 
 
-def _division_by_zero(node, what: str = "integer division by zero") -> InputError:
+def division_by_zero(node, what: str = "integer division by zero") -> InputError:
     return InputError(f"node '{node.name}' ({node.op_type}): {what}")
 
 
@@ -317,7 +317,7 @@ def _div(a, b, *, node):
         return a / b
     a, b = np.broadcast_arrays(a, b)
     if np.any(b == 0):
-        raise _division_by_zero(node)
+        raise division_by_zero(node)
     with np.errstate(over="ignore"):  # INT_MIN // -1 wraps; NumPy would warn
         q = np.floor_divide(a, b)
         # floor and truncation differ when the remainder is non-zero and the signs differ
@@ -340,7 +340,7 @@ def _pow(a, b, *, node):
         with np.errstate(over="ignore"):
             return np.power(a, b)
     if np.any(neg & (a == 0)):
-        raise _division_by_zero(node, "integer 0 to a negative power (a division by zero)")
+        raise division_by_zero(node, "integer 0 to a negative power (a division by zero)")
     with np.errstate(over="ignore"):
         pos = np.power(a, np.where(neg, 0, b))
     odd = (b % 2) != 0
@@ -388,7 +388,7 @@ def _mod(ins, a, node):
     x, y = ins
     if np.issubdtype(x.dtype, np.integer):
         if np.any(y == 0):
-            raise _division_by_zero(node, "integer modulo by zero")
+            raise division_by_zero(node, "integer modulo by zero")
         r = np.fmod(x, y) if int(a["fmod"]) else np.mod(x, y)
     else:
         with np.errstate(divide="ignore", invalid="ignore"):

@@ -82,12 +82,21 @@ def _gemm_infer(node: Node, a: dict):
 
 
 def _gemm(ins, a, node):
-    """Y = alpha * A' @ B' + beta * C (C broadcast to (M, N); absent C counts as 0)."""
+    """Y = alpha * A' @ B' + beta * C (C broadcast to (M, N); absent C counts as 0). For integers
+    with integral alpha and beta, every step is in the element type and wraps, as MatMul, Mul
+    and Add do (scaling in float64 would turn an overflow into an undefined conversion)."""
     x, y = _acc(ins[0]), _acc(ins[1])
     if a["transA"]:
         x = x.T
     if a["transB"]:
         y = y.T
+    dt = ins[0].dtype
+    if dt.kind in "iu" and float(a["alpha"]).is_integer() and float(a["beta"]).is_integer():
+        with np.errstate(over="ignore"):
+            out = np.matmul(x, y) * dt.type(int(a["alpha"]))
+            if len(ins) > 2 and ins[2] is not None:
+                out = out + ins[2] * dt.type(int(a["beta"]))
+        return [np.asarray(out).astype(dt, copy=False)]
     out = a["alpha"] * np.matmul(x, y) if a["alpha"] != 1.0 else np.matmul(x, y)
     c = ins[2] if len(ins) > 2 else None
     if c is not None:

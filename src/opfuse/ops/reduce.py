@@ -139,7 +139,9 @@ def _reduce(kind: str):
             return [x.copy()]
         keep = bool(int(a["keepdims"]))
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-            if kind == "mean":
+            if kind == "mean" and x.dtype.kind in "iu" and x.size:
+                r = _int_mean(x, axes, keep)
+            elif kind == "mean":
                 r = _acc(x).mean(axis=axes, keepdims=keep) if x.size else np.full(
                     _reduced_shape(x.shape, axes, keep), np.nan)
             else:
@@ -169,6 +171,13 @@ _REDUCE_FNS = {
     "logsum": lambda x, ax, k: np.log(x.sum(axis=ax, keepdims=k)),
     "logsumexp": _logsumexp,
 }
+def _int_mean(x: np.ndarray, axes, keep: bool) -> np.ndarray:
+    """The mean of integers, exact (Python integers: no overflow, no float64 rounding above 2^53)
+    and truncated toward zero, as onnxruntime: mean([-7, 0, 0, 0]) = -1."""
+    s = x.astype(object).sum(axis=axes, keepdims=keep)
+    n = x.size // max(np.asarray(s).size, 1)
+    q = np.abs(s) // n
+    return np.where(np.asarray(s < 0, dtype=bool), -q, q).astype(x.dtype)
 
 
 def _reduced_shape(shape, axes, keep):

@@ -23,6 +23,8 @@ around each Softmax for the ``attention`` fusion rule.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from opfuse.patterns import Op
 from opfuse.rules.categories import is_elementwise, is_injective, is_relabel
 from opfuse.rules.decisions import RefusalKind, Refusal
@@ -90,6 +92,8 @@ def attention_structure(nodes: list[Node], graph: Graph, outputs: frozenset[int]
     if isinstance(found, Refusal):
         return found
     qk, scale_ops = found
+    if pv.outputs[0].dtype != np.float32 or any(len(v.shape) < 2 for v in (qk.input(0), qk.input(1), pv.input(1))):
+        return _refuse("the attention kernel computes float32 operands of rank >= 2 only")
     for n in [qk] + scale_ops:
         if not _internal(n.outputs[0], ids, outputs):
             return _refuse(f"the scores '{n.outputs[0].name}' are also read outside the attention kernel")

@@ -32,7 +32,7 @@ import numpy as np
 from opfuse.codegen.ctype import c_type
 from opfuse.codegen.options import CodegenOptions
 from opfuse.codegen.program import ABI_VERSION, CProgram, generate
-from opfuse.errors import OpfuseError, StorageError, UnsupportedDtypeError, UnsupportedOpError
+from opfuse.errors import InputError, OpfuseError, StorageError, UnsupportedDtypeError, UnsupportedOpError
 from opfuse.files import atomic_write, storage_error
 from opfuse.ir.graph import Graph
 from opfuse.ir.plan import FusionPlan
@@ -133,7 +133,8 @@ class CompiledModel:
     # Running -----------------------------------------------------------------------------
     def run(self, feeds: Mapping[str, np.ndarray], *, cast: bool = False) -> dict[str, np.ndarray]:
         """Run the model; ``InputError`` (naming the input) for missing/misshaped/mistyped inputs
-        (``cast=True`` converts inputs of another dtype whose values fit)."""
+        (``cast=True`` converts inputs of another dtype whose values fit), and (naming the node) for
+        values the model cannot compute: an integer division by zero, a Gather index out of range."""
         checked = check_inputs(self.graph, feeds, cast=cast)
         ins = [np.ascontiguousarray(checked[v.name]) for v in self.graph.inputs]
         outs = [np.empty(spec.shape, dtype=spec.dtype) for spec in self.program.outputs]
@@ -143,7 +144,7 @@ class CompiledModel:
             rc = self._run(in_ptrs, out_ptrs, self._arena.ctypes.data, self._weights.ctypes.data,
                            self._scratch.ctypes.data, self._threads)
         if rc != 0:
-            raise RuntimeError(f"opfuse_run returned {rc}")
+            raise InputError(self.program.fault_message(rc))
         result: dict[str, np.ndarray] = {}
         first: dict[int, int] = {}
         for j, v in enumerate(self.graph.outputs):
@@ -178,7 +179,7 @@ class CompiledModel:
                 rc = self._run(in_ptrs, out_ptrs, self._arena.ctypes.data, self._weights.ctypes.data,
                                self._scratch.ctypes.data, self._threads)
             if rc != 0:
-                raise RuntimeError(f"opfuse_run returned {rc}")
+                raise InputError(self.program.fault_message(rc))
         call()
         named = {v.name: outs[j] for j, v in enumerate(self.graph.outputs) if j < len(outs)}
         return call, named

@@ -1,8 +1,9 @@
-"""Test support for opfuse and its users: Hypothesis strategies for random valid graphs.
+"""Test support for opfuse and its users: Hypothesis strategies for random valid graphs, and
+the fuzzer built on them (``opfuse.testing.fuzz``, ``opfuse fuzz``).
 
     from opfuse.testing import graphs, graph_and_inputs, property_settings
 
-Importing this package needs ``hypothesis`` (a test dependency, not a runtime one).
+``hypothesis`` is a dependency of opfuse for this package (the fuzzer is a user command).
 """
 from opfuse.testing.graph_draft import INPUT_BOUND, MAX_ELEMENTS
 from opfuse.testing.random_graphs import (ALL_OPS, DEFAULT_OPS, INTERNAL_OPS, enabled_families,

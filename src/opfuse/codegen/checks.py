@@ -1,0 +1,118 @@
+"""Run-time checks: the values the C code cannot compute fail as the reference does.
+
+Two ops meet input values without a result: integer ``Div`` (a zero divisor; the reference
+raises ``InputError``, x86 would trap; integer ``Pow`` of 0 to a negative power too, checked
+where it is computed, ``rules._pow``) and ``Gather`` (an index outside ``[-dim, dim)``; the
+reference raises, an unchecked load would read outside the tensor). For both, the C code
+computes on with a safe value (divisor 1, a clamped index) and sets the node's fault flag
+(``KernelContext.fault``); ``opfuse_run`` returns the fault code and the runtime raises the
+same ``InputError``, naming the node.
+
+Where it can, a kernel checks the operand whole before its loops (``emit_prechecks``): a fused
+consumer may read only part of the result (a Slice, a strided pool), and the reference, which
+computes every element, must not fault where the C code would not look. An operand computed
+from the anchor (an epilogue) is checked element by element where it is computed; an epilogue
+computes every element.
+
+The other integer trap, ``INT_MIN / -1``, has a result: it wraps to ``INT_MIN`` (``div``).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from opfuse.codegen.ctype import c_type, is_float
+from opfuse.codegen.evaluator import Evaluator
+from opfuse.codegen.loops import emit_loop_nest
+from opfuse.ir.graph import Node, Value
+from opfuse.ops.elementwise import division_by_zero
+from opfuse.ops.registry import get_spec
+
+
+def zero_to_negative_power(node: Node) -> str:
+    """The reference's error for an integer 0 to a negative power (``ops.elementwise._pow``)."""
+    return str(division_by_zero(node, "integer 0 to a negative power (a division by zero)"))
+
+
+def gather_range_message(node: Node, dim: int) -> str:
+    """The reference's Gather error (``ops.shape_ops``), less the indices' min and max."""
+    return f"node '{node.name}' (Gather): indices out of range [{-dim}, {dim - 1}]"
+
+
+def _gather_dim(node: Node) -> int:
+    data = node.input(0)
+    axis = int(get_spec(node.op_type, node).attrs_of(node)["axis"])
+    return data.shape[axis + len(data.shape) if axis < 0 else axis]
+
+
+def _check_of(node: Node) -> tuple[Value, Callable[[str], str], Callable[[np.ndarray], bool], str] | None:
+    """(operand, C condition of a bad element, the same over a NumPy array, message) of a node
+    that needs a run-time check, else ``None``."""
+    if math.prod(node.outputs[0].shape) == 0:
+        return None  # nothing is computed: the reference does not look either
+    if node.op_type == "Div" and not is_float(node.input(0).dtype):
+        return (node.input(1), lambda x: f"({x} == 0)", lambda a: bool(np.any(a == 0)),
+                str(division_by_zero(node)))
+    if node.op_type == "Gather":
+        dim = _gather_dim(node)
+        return (node.input(1), lambda x: f"({x} < {-dim} || {x} >= {dim})",
+                lambda a: bool(np.any((a < -dim) | (a >= dim))), gather_range_message(node, dim))
+    return None
+
+
+def emit_prechecks(kc, inline: set[int], live: list[Node], loadable: set[int]) -> None:
+    """Before a kernel's loops: check every operand of ``_check_of`` that can be computed from
+    the group's inputs (a constant one at build time), and mark its node ``kc.checked``."""
+    ev = Evaluator(kc, inline, loadable)
+    known: dict[int, bool] = {}
+
+    def computable(v: Value) -> bool:
+        if id(v) not in known:
+            p = v.producer
+            known[id(v)] = id(v) in ev.static or id(v) in loadable or (
+                p is not None and id(p) in inline and all(computable(u) for u in p.input_values()))
+        return known[id(v)]
+
+    for node in live:
+        check = _check_of(node) if id(node) in inline else None
+        if check is None or not computable(check[0]):
+            continue
+        operand, cond, bad, message = check
+        kc.checked.add(id(node))
+        if id(operand) in ev.static:
+            if bad(ev.static[id(operand)]):
+                kc.w.line(f"{kc.fault(node, message)} = 1;")
+            continue
+        flag = kc.fault(node, message)
+
+        def body(idx, operand=operand, cond=cond, flag=flag):
+            kc.w.line(f"{flag} |= {cond(ev.at(operand, idx))};")
+        emit_loop_nest(kc, ev, operand.shape, body, parallel=False, prefix="c")
+
+
+def check_here(ev, node: Node, x: str) -> None:
+    """Check ``node``'s operand element ``x`` where it is computed, unless checked whole before."""
+    if id(node) in ev.kc.checked:
+        return
+    check = _check_of(node)
+    if check is not None:
+        _, cond, _, message = check
+        ev.w.line(f"{ev.kc.fault(node, message)} |= {cond(x)};")
+
+
+_UNSIGNED = {4: "uint32_t", 8: "uint64_t"}
+
+
+def div(ev, node: Node, a: str, b: str) -> str:
+    """``a / b`` for integers, as the reference: truncated toward zero, ``INT_MIN / -1`` wraps to
+    ``INT_MIN`` (negated in unsigned arithmetic: C's ``/`` traps there), a zero divisor faults."""
+    dt = np.dtype(node.input(0).dtype)
+    if not (b.replace("_", "").isalnum() or b.lstrip("-").isdigit()):
+        b = ev.assign(node.input(1), b)
+    check_here(ev, node, b)
+    q = f"{a} / ({b} == 0 ? 1 : {b})"
+    if dt.kind == "i" and dt.itemsize in _UNSIGNED:  # narrower types divide as int: no overflow
+        q = f"({b} == -1 ? ({c_type(dt)})(0u - ({_UNSIGNED[dt.itemsize]}){a}) : {q})"
+    return q

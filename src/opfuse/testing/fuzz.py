@@ -1,0 +1,195 @@
+"""opfuse's fuzzer: random valid models with hostile inputs, through the whole pipeline, against
+the reference executor; every failure shrunk to a minimal reproducer.
+
+    from opfuse.testing.fuzz import fuzz, replay
+    report = fuzz(count=200, seed=0, out="opfuse-fuzz")   # FuzzReport: graphs, mismatches, crashes
+    replay("opfuse-fuzz/mismatch-1")                        # the verdict on one reproducer again
+
+    $ opfuse fuzz --count 200 --seed 0 --out opfuse-fuzz
+    $ opfuse fuzz --replay opfuse-fuzz/mismatch-1
+
+The cases are ``fuzz_cases.fuzz_cases`` (every op family and element type, fan-out, diamonds,
+shared weights, long chains and siblings from the graph generator; NaN, infinities and extreme
+values in the inputs). Each is exported to ONNX and checked by ``fuzz_check.check`` in a child
+process (a trap or a hang is a crash, not the end of the run): the reference against
+``opfuse.compile`` unfused and fused. Hypothesis is the engine that draws the cases; a mismatch
+or crash is then cut down to a minimal graph while it fails the same way (``fuzz_reduce``), and
+written to ``out/<status>-<n>/``: ``model.onnx``, ``inputs.npz``, ``case.json`` (the verdict, the
+build options), ``README.txt`` with the command that reproduces it, and the case as found in
+``original/``. The run then goes on with the next seed until ``count`` graphs were checked.
+
+The builds go to a private cache folder removed at the end, and plan for the host with its
+nominal constants whatever was calibrated, so a reproducer replays the same plan anywhere.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+from hypothesis import seed as hypothesis_seed
+
+from opfuse.errors import InputError
+from opfuse.ir.graph import Graph
+from opfuse.testing.fuzz_cases import FuzzCase, fuzz_cases
+from opfuse.testing.fuzz_check import CASE_TIMEOUT_S, Verdict, Worker, pack_inputs
+from opfuse.testing.fuzz_reduce import minimize
+from opfuse.testing.random_graphs import DEFAULT_OPS, _check_ops
+
+MAX_NODES = 24
+REPLAY_COMMAND = "opfuse fuzz --replay {path}"
+
+
+@dataclass
+class Finding:
+    verdict: Verdict
+    description: str    # of the shrunk case
+    path: Path | None   # its reproducer folder (None when not written)
+
+
+@dataclass
+class FuzzReport:
+    graphs: int = 0
+    mismatches: int = 0
+    crashes: int = 0
+    unsupported: int = 0
+    seconds: float = 0.0
+    findings: list[Finding] = field(default_factory=list)
+    unsupported_reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.mismatches == 0 and self.crashes == 0
+
+    def summary(self) -> str:
+        return (f"{self.graphs} graphs, {self.mismatches} mismatches, {self.crashes} crashes, "
+                f"{self.unsupported} unsupported, {self.seconds:.0f} s")
+
+
+class _Failed(Exception):
+    """A failing case: ends the Hypothesis round."""
+
+
+def _model_bytes(graph: Graph) -> bytes:
+    from opfuse.frontend.onnx import export_model
+    return export_model(graph).SerializeToString()
+
+
+def write_reproducer(case: FuzzCase, verdict: Verdict, folder: Path) -> Path:
+    """``model.onnx``, ``inputs.npz``, ``case.json`` and ``README.txt`` of a failing case."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.onnx").write_bytes(_model_bytes(case.graph))
+    (folder / "inputs.npz").write_bytes(pack_inputs(case.feeds))
+    info = {"verdict": verdict.to_json(), "case": case.describe(), "planner": case.planner, "threads": case.threads}
+    (folder / "case.json").write_text(json.dumps(info, indent=1) + "\n")
+    (folder / "README.txt").write_text(
+        f"opfuse fuzz found: {verdict.line()}\ncase: {case.describe()}\n\nreproduce:\n  "
+        f"{REPLAY_COMMAND.format(path=folder)}\n\nor by hand: opfuse run {folder / 'model.onnx'} --backend c "
+        f"--inputs {folder / 'inputs.npz'} --compare reference{' --no-fuse' if 'unfused' in verdict.stage else ''}\n")
+    return folder
+
+
+def fuzz(count: int = 100, seed: int = 0, ops: Iterable[str] | None = None, out: str | Path | None = None, *,
+         max_nodes: int = MAX_NODES, shrink: bool = True, time_budget: float | None = None,
+         timeout: float = CASE_TIMEOUT_S, progress: Callable[[str], None] | None = None) -> FuzzReport:
+    """Check ``count`` random cases (see the module docstring); write each failure's shrunk case
+    under ``out`` (nothing is written when it is ``None``). ``ops`` limits the ops of the graphs
+    (default: every standard op the generator knows). ``time_budget`` (seconds) stops early."""
+    if count < 0:
+        raise InputError(f"count must be >= 0, got {count}")
+    ops = _check_ops(DEFAULT_OPS if ops is None else ops)
+    say = progress or (lambda line: None)
+    report = FuzzReport()
+    started = time.monotonic()
+    cache = tempfile.mkdtemp(prefix="opfuse-fuzz-cache-")
+    try:
+        with Worker(cache, timeout) as worker:
+            round_seed = seed
+            while report.graphs < count and not _out_of_time(started, time_budget):
+                _one_round(worker, round_seed, count, ops, max_nodes, shrink, time_budget, started, out, report, say)
+                round_seed += 1
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _out_of_time(started: float, budget: float | None) -> bool:
+    return budget is not None and time.monotonic() - started > budget
+
+
+def _one_round(worker: Worker, round_seed: int, count: int, ops, max_nodes: int, shrink: bool,
+               time_budget: float | None, started: float, out, report: FuzzReport, say) -> None:
+    """Hypothesis from ``round_seed`` until ``count`` graphs in all or the first failure (then shrunk)."""
+    failing: list[tuple[FuzzCase, Verdict]] = []
+
+    def check(case: FuzzCase) -> None:
+        if report.graphs >= count or _out_of_time(started, time_budget):
+            return
+        report.graphs += 1
+        verdict = worker.check(_model_bytes(case.graph), pack_inputs(case.feeds), case.planner, case.threads)
+        if verdict.status == "unsupported":
+            report.unsupported += 1
+            reason = verdict.detail.split(":")[0][:120]
+            report.unsupported_reasons[reason] = report.unsupported_reasons.get(reason, 0) + 1
+        if verdict.failed:
+            failing.append((case, verdict))
+            raise _Failed(verdict.line())
+
+    run = hypothesis_seed(round_seed)(settings(
+        max_examples=max(count - report.graphs, 1), database=None, deadline=None, derandomize=False,
+        phases=(Phase.generate,), verbosity=Verbosity.quiet, print_blob=False, report_multiple_bugs=False,
+        suppress_health_check=list(HealthCheck))(given(fuzz_cases(ops, max_nodes))(check)))
+    try:
+        run()
+    except _Failed:
+        pass
+    if not failing:
+        return
+    case, verdict = failing[0]
+    say(f"found a {verdict.status} in graph {report.graphs}: {verdict.line()[:300]}")
+    if verdict.status == "mismatch":
+        report.mismatches += 1
+    else:
+        report.crashes += 1
+    found = case
+    if shrink:
+        say(f"shrinking it ({len(case.graph.nodes)} nodes) ...")
+        graph, feeds, verdict = minimize(case.graph, case.feeds, verdict, lambda g, f: worker.check(
+            _model_bytes(g), pack_inputs(f), case.planner, case.threads))
+        case = FuzzCase(graph, feeds, case.dtype, case.inputs, case.planner, case.threads)
+    path = None
+    if out is not None:
+        path = write_reproducer(case, verdict, Path(out) / f"{verdict.status}-{report.mismatches + report.crashes}")
+        if found is not case:
+            write_reproducer(found, failing[0][1], path / "original")
+    report.findings.append(Finding(verdict, case.describe(), path))
+    say(f"shrunk to {case.describe()}: {verdict.line()[:300]}" + (f"; written to {path}" if path else ""))
+
+
+def replay(folder: str | Path, timeout: float = CASE_TIMEOUT_S) -> Verdict:
+    """The verdict on a reproducer folder written by ``fuzz`` (``model.onnx``, ``inputs.npz``, ``case.json``)."""
+    d = Path(folder)
+    if d.is_file():
+        d = d.parent
+    try:
+        model = (d / "model.onnx").read_bytes()
+        npz = (d / "inputs.npz").read_bytes()
+        info = json.loads((d / "case.json").read_text())
+    except (OSError, ValueError) as e:
+        raise InputError(f"'{folder}' is not a fuzz reproducer folder (model.onnx, inputs.npz, case.json): "
+                         f"{e.strerror if isinstance(e, OSError) else e}") from None
+    cache = tempfile.mkdtemp(prefix="opfuse-fuzz-cache-")
+    try:
+        with Worker(cache, timeout) as worker:
+            return worker.check(model, npz, info.get("planner", "auto"), int(info.get("threads", 1)))
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+__all__ = ["fuzz", "replay", "write_reproducer", "FuzzReport", "Finding", "Verdict", "FuzzCase", "fuzz_cases"]

@@ -1,0 +1,239 @@
+"""Checking one fuzz case: the reference executor against the C backend, unfused and fused.
+
+``check`` imports the ONNX model (the exact file a reproducer holds), runs the reference on the
+imported graph, then compiles the model with ``opfuse.compile`` unfused and fused (the cost-model
+planner or the rules' maximal plan) and runs each build. The verdict is
+
+* ``ok``: every build agrees with the reference, or both raise ``InputError`` (a zero divisor,
+  an index out of range);
+* ``mismatch``: an output differs (integers and bools exactly; floats NaN where the reference is
+  NaN and only there, infinities equal, finite values within ``RTOL``/``ATOL``), or one side
+  raises ``InputError`` and the other computes;
+* ``crash``: any other exception (a traceback in the importer, the reference, the planner, the
+  code generator, the build), or the process dying (a trap: ``Worker``);
+* ``unsupported``: the C backend refuses an op or element type with its one-line error (counted,
+  not a failure).
+
+``Worker`` runs checks in a child process, so a signal (SIGFPE, SIGSEGV) or a hang is reported
+as a crash of that case instead of ending the fuzzer; the next case gets a fresh child.
+"""
+from __future__ import annotations
+
+import io
+import multiprocessing
+import os
+import signal
+import traceback
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+RTOL, ATOL = 1e-4, 1e-5
+CASE_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: str      # ok | mismatch | crash | unsupported
+    stage: str = ""  # import | reference | unfused compile | unfused run | fused compile | fused run | process
+    detail: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.status in ("mismatch", "crash")
+
+    def line(self) -> str:
+        return self.status if self.status == "ok" else f"{self.status} in {self.stage}: {self.detail}"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _describe(e: BaseException) -> str:
+    """The exception's type and message, and where it was raised (the innermost frame in opfuse)."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if "opfuse" in f.filename]
+    where = f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
+    return f"{type(e).__name__}: {str(e)[:500]}{where}"
+
+
+def _first(mask: np.ndarray) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.argwhere(mask)[0])
+
+
+def compare(got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray]) -> str | None:
+    """The first difference between C's outputs and the reference's, or ``None``."""
+    if list(got) != list(want):
+        return f"outputs {list(got)}, the reference has {list(want)}"
+    for name, w in want.items():
+        g = np.asarray(got[name])
+        if g.shape != w.shape or g.dtype != w.dtype:
+            return f"output '{name}' is {g.dtype}{list(g.shape)}, the reference's {w.dtype}{list(w.shape)}"
+        if w.dtype.kind != "f":
+            bad = g != w
+        else:
+            g64, w64 = g.astype(np.float64), w.astype(np.float64)
+            with np.errstate(invalid="ignore"):  # an infinity equals only itself
+                close = np.isfinite(w64) & (np.abs(g64 - w64) <= ATOL + RTOL * np.abs(w64))
+            nan = np.isnan(w64)
+            bad = (nan != np.isnan(g64)) | (~nan & ~(close | (g64 == w64)))
+        if bad.any():
+            at = _first(bad)
+            return (f"output '{name}'{list(at)}: C {g[at]!r}, reference {w[at]!r} "
+                    f"({int(bad.sum())} of {bad.size} elements differ)")
+    return None
+
+
+def check(model: bytes, feeds: Mapping[str, np.ndarray], planner: str = "auto", threads: int = 1) -> Verdict:
+    """The verdict on one model and its inputs (see the module docstring), in this process."""
+    import onnx
+
+    import opfuse
+    from opfuse.codegen import UnsupportedGroupError
+    from opfuse.errors import InputError, UnsupportedOpError
+    from opfuse.runtime import reference
+
+    warnings.simplefilter("ignore")  # NumPy's overflow and invalid-value warnings are expected here
+    proto = onnx.load_from_string(model)
+    try:
+        graph = opfuse.load(proto)
+    except Exception as e:  # noqa: BLE001  # any failure is the verdict
+        return Verdict("crash", "import", _describe(e))
+    try:
+        with np.errstate(all="ignore"):
+            want, ref_error = reference.run(graph, feeds), None
+    except InputError as e:
+        want, ref_error = {}, str(e)
+    except Exception as e:  # noqa: BLE001
+        return Verdict("crash", "reference", _describe(e))
+    for variant, options in (("unfused", {"fuse": False}), ("fused", {"fuse": True, "planner": planner})):
+        try:
+            built = opfuse.compile(proto, threads=threads, **options)
+        except UnsupportedOpError as e:
+            if isinstance(e, UnsupportedGroupError):  # the planner chose a group codegen cannot build
+                return Verdict("crash", f"{variant} compile", _describe(e))
+            return Verdict("unsupported", f"{variant} compile", str(e))
+        except Exception as e:  # noqa: BLE001
+            return Verdict("crash", f"{variant} compile", _describe(e))
+        try:
+            got = built.run(feeds)
+        except InputError as e:
+            if ref_error is None:
+                return Verdict("mismatch", f"{variant} run", f"C raised InputError ({e}); the reference computed "
+                                                             f"the outputs")
+            continue
+        except Exception as e:  # noqa: BLE001
+            return Verdict("crash", f"{variant} run", _describe(e))
+        if ref_error is not None:
+            return Verdict("mismatch", f"{variant} run", f"the reference raised InputError ({ref_error}); C "
+                                                         f"computed the outputs")
+        diff = compare(got, want)
+        if diff is not None:
+            return Verdict("mismatch", f"{variant} run", diff)
+    return Verdict("ok")
+
+
+# The child process ------------------------------------------------------------------------------
+
+def _serve(conn, cache_dir: str | None) -> None:
+    """The worker's loop: receive (model, feeds, planner, threads), send back the verdict."""
+    if cache_dir:
+        os.environ["OPFUSE_CACHE_DIR"] = cache_dir
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:
+            return
+        if job is None:
+            return
+        model, npz, planner, threads = job
+        with np.load(io.BytesIO(npz)) as data:
+            feeds = {k: data[k] for k in data.files}
+        try:
+            verdict = check(model, feeds, planner, threads)
+        except Exception as e:  # noqa: BLE001  # a bug in check itself must not hang the parent
+            verdict = Verdict("crash", "check", _describe(e))
+        conn.send(verdict)
+
+
+def pack_inputs(feeds: Mapping[str, np.ndarray]) -> bytes:
+    """The inputs as the bytes of an .npz file (what the reproducer holds)."""
+    buf = io.BytesIO()
+    np.savez(buf, **{k: np.asarray(v) for k, v in feeds.items()})  # type: ignore[arg-type]
+    return buf.getvalue()
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+class Worker:
+    """Checks cases in a child process (``spawn``ed: no state shared with the fuzzer's process).
+
+    A child that dies is a ``crash`` verdict naming the signal (or exit status); one that takes
+    longer than ``timeout`` seconds is killed and is a ``crash`` too. Either way the next case
+    starts a new child. ``cache_dir`` is the children's build cache; ``serve`` the child's loop
+    (a module-level function, for tests)."""
+
+    def __init__(self, cache_dir: str | None = None, timeout: float = CASE_TIMEOUT_S,
+                 serve: Callable[[Any, str | None], None] | None = None):
+        self.cache_dir = cache_dir
+        self.timeout = timeout
+        self.serve = serve or _serve
+        self._proc: Any = None  # a multiprocessing Process of the spawn context
+        self._conn: Any = None  # its end of the Pipe
+
+    def _start(self) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        parent, child = ctx.Pipe()
+        self._proc = ctx.Process(target=self.serve, args=(child, self.cache_dir), daemon=True)
+        self._proc.start()
+        child.close()
+        self._conn = parent
+
+    def check(self, model: bytes, npz: bytes, planner: str = "auto", threads: int = 1) -> Verdict:
+        if self._proc is None or not self._proc.is_alive():
+            self._start()
+        assert self._conn is not None and self._proc is not None
+        try:
+            self._conn.send((model, npz, planner, threads))
+            if self._conn.poll(self.timeout):
+                return self._conn.recv()
+            self._stop(kill=True)
+            return Verdict("crash", "process", f"no verdict after {self.timeout:.0f} s (killed)")
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            self._proc.join(10)
+            code = self._proc.exitcode
+            self._stop(kill=True)
+            how = _signal_name(code) if code is not None and code < 0 else f"exit status {code}"
+            return Verdict("crash", "process", f"the process running the case died: {how}")
+
+    def _stop(self, kill: bool = False) -> None:
+        if self._proc is not None:
+            if kill:
+                self._proc.kill()
+            elif self._conn is not None:
+                try:
+                    self._conn.send(None)
+                except (BrokenPipeError, OSError):
+                    self._proc.kill()
+            self._proc.join(10)
+            if self._proc.is_alive():
+                self._proc.kill()
+                self._proc.join()
+        if self._conn is not None:
+            self._conn.close()
+        self._proc = self._conn = None
+
+    def close(self) -> None:
+        self._stop()
+
+    def __enter__(self) -> "Worker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,231 @@
+"""The C backend's numerics at the edges, against the reference executor (issue 13):
+
+* integer ``Div`` never traps: ``INT_MIN / -1`` wraps, a zero divisor is the reference's
+  ``InputError`` naming the node (reported through ``opfuse_run``'s return code), in every
+  plan, also where a fused consumer reads only part of the quotient;
+* ``Gather`` with run-time indices out of range is that error too (not a clamp);
+* NaN propagates through Max, Min, MaxPool, ReduceMax and Clip as in NumPy, and the loops
+  stay vectorised.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import opfuse
+from cg_support import group_by_names
+from opfuse.errors import InputError
+from opfuse.ir.plan import FusionGroup, FusionPlan
+from opfuse.ops import GraphBuilder
+from opfuse.runtime import reference
+from opfuse.runtime.native import build
+
+I32, I64 = np.int32, np.int64
+NAN = np.float32(np.nan)
+
+
+def _plans(g):
+    """The graph unfused and as one fused group (``elementwise``/``injective``)."""
+    kind = "injective" if any(n.op_type in ("Gather", "Slice") for n in g.nodes) else "elementwise"
+    return {"unfused": None, "fused": FusionPlan(g, [FusionGroup("all", list(g.nodes), kind)])}
+
+
+def _same(got: dict, want: dict) -> None:
+    """Equal, NaN where the reference has NaN (and only there)."""
+    assert sorted(got) == sorted(want)
+    for name, w in want.items():
+        g = got[name]
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w), err_msg=f"NaN positions of '{name}'")
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=0, equal_nan=True, err_msg=name)
+
+
+# Integer Div ---------------------------------------------------------------------------------
+
+_TRAP_SCRIPT = """
+import numpy as np
+from opfuse.ops import GraphBuilder
+from opfuse.runtime.native import build
+b = GraphBuilder("intmin")
+y = b.op("Div", b.input("a", (4,), "{dt}"), b.input("b", (4,), "{dt}"), name="div")
+model = build(b.build(y), None, cache_dir={cache!r})
+info = np.iinfo(np.{dt})
+a = np.array([info.min, info.min, 7, -7], np.{dt})
+d = np.array([-1, 1, -2, 2], np.{dt})
+print(model.run({{"a": a, "b": d}})["div"].tolist())
+"""
+
+
+@pytest.mark.parametrize("dt", ["int32", "int64"])
+def test_int_min_div_minus_one_wraps_and_never_traps(dt, cache_dir):
+    """In a child process: before the fix, x86's idiv raised SIGFPE and killed it (exit -8)."""
+    script = textwrap.dedent(_TRAP_SCRIPT.format(dt=dt, cache=str(cache_dir)))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-2000:]}"
+    lo = int(np.iinfo(dt).min)
+    assert proc.stdout.split("\n")[-2] == str([lo, lo, -3, -3])
+
+
+@pytest.mark.parametrize("dt", [np.int8, np.int16, np.int32, np.int64, np.uint8])
+def test_int_div_matches_the_reference_on_every_integer_type(dt, cache_dir):
+    b = GraphBuilder("div")
+    y = b.op("Div", b.input("a", (12,), dt), b.input("b", (12,), dt), name="div")
+    g = b.build(y)
+    info = np.iinfo(dt)
+    # INT_MIN / -1 of int32 and int64 is in the child-process test above (it used to kill the process)
+    lo = info.min if info.bits < 32 else info.min + 1
+    a = np.array([lo, info.max, info.min, 0, 1, -1, 7, -7, 7, -7, info.max, info.min], dt) \
+        if info.min < 0 else np.array([0, 255, 7, 1, 254, 3, 9, 100, 200, 13, 1, 0], dt)
+    d = np.array([-1, -1, 1, 5, 3, -3, 2, 2, -2, -2, info.max, info.max], dt) \
+        if info.min < 0 else np.array([1, 255, 2, 3, 1, 254, 4, 7, 9, 13, 255, 2], dt)
+    with np.errstate(over="ignore"):
+        want = reference.run(g, {"a": a, "b": d})
+    for plan in _plans(g).values():
+        got = build(g, plan, cache_dir=cache_dir).run({"a": a, "b": d})
+        np.testing.assert_array_equal(got["div"], want["div"])
+
+
+def _div_graph():
+    """q = (a - 1) / b, then a Slice that keeps only q[0:2]: the zero divisor at b[3] is in an
+    element no fused loop computes, but the reference (and so every backend) still rejects it."""
+    b = GraphBuilder("divzero")
+    a = b.input("a", (4,), I64)
+    d = b.input("b", (4,), I64)
+    q = b.op("Div", b.op("Sub", a, b.const("one", np.array(1, I64))), b.op("Abs", d), name="the_div")
+    s = b.op("Slice", q, b.const("st", np.array([0], I64)), b.const("en", np.array([2], I64)))
+    return b.build(s)
+
+
+@pytest.mark.parametrize("plan", ["unfused", "fused"])
+def test_int_div_by_zero_is_the_references_input_error(plan, cache_dir):
+    g = _div_graph()
+    feeds = {"a": np.array([5, 6, 7, 8], I64), "b": np.array([2, -3, 4, 0], I64)}
+    with pytest.raises(InputError) as want:
+        reference.run(g, feeds)
+    model = build(g, _plans(g)[plan], cache_dir=cache_dir)
+    with pytest.raises(InputError) as got:
+        model.run(feeds)
+    assert str(got.value) == str(want.value)
+    assert "node 'the_div' (Div): integer division by zero" in str(got.value)
+    # the model stays usable: the next run with a good divisor succeeds
+    feeds["b"] = np.array([2, -3, 4, 1], I64)
+    np.testing.assert_array_equal(model.run(feeds)[g.outputs[0].name], reference.run(g, feeds)[g.outputs[0].name])
+
+
+def test_int_div_by_zero_in_a_parallel_loop(cache_dir):
+    """A divisor computed in the loop itself (no pre-check possible), split across threads."""
+    b = GraphBuilder("divpar")
+    a = b.input("a", (256, 256), I32)
+    c = b.input("c", (256, 1), I32)
+    q = b.op("Div", c, b.op("Add", b.op("ReduceMax", a, axes=[1]), b.const("k", np.array(-3, I32))), name="qdiv")
+    g = b.build(q)
+    plan = group_by_names(g, [("reduction", [n.name for n in g.nodes])])
+    model = build(g, plan, cache_dir=cache_dir, threads=2)
+    assert "reduction(|:fault0)" in model.program.source
+    rng = np.random.default_rng(0)
+    x = rng.integers(-100, 100, (256, 256)).astype(I32)
+    x[:, 0] = 200
+    feeds = {"a": x, "c": rng.integers(-1000, 1000, (256, 1)).astype(I32)}
+    np.testing.assert_array_equal(model.run(feeds)["qdiv"], reference.run(g, feeds)["qdiv"])
+    x[200, 0] = 3  # the row max is 3 there: a zero divisor
+    x[200, 1:] = 0
+    with pytest.raises(InputError, match="node 'qdiv' \\(Div\\): integer division by zero"):
+        model.run(feeds)
+
+
+# Gather --------------------------------------------------------------------------------------
+
+def _gather_graph():
+    b = GraphBuilder("gather")
+    x = b.input("x", (3, 10), np.float32)
+    i = b.input("i", (4,), I64)
+    y = b.op("Gather", b.op("Relu", x), i, axis=1, name="the_gather")
+    return b.build(b.op("Neg", y))
+
+
+@pytest.mark.parametrize("plan", ["unfused", "fused"])
+@pytest.mark.parametrize("bad", [10, -11, 2 ** 40, -(2 ** 63)])
+def test_gather_out_of_range_is_an_input_error(plan, bad, cache_dir):
+    g = _gather_graph()
+    x = np.arange(30, dtype=np.float32).reshape(3, 10)
+    feeds = {"x": x, "i": np.array([0, bad, -1, 3], I64)}
+    with pytest.raises(InputError, match="node 'the_gather' \\(Gather\\): indices out of range \\[-10, 9\\]"):
+        reference.run(g, feeds)
+    model = build(g, _plans(g)[plan], cache_dir=cache_dir)
+    with pytest.raises(InputError, match="node 'the_gather' \\(Gather\\): indices out of range \\[-10, 9\\]"):
+        model.run(feeds)
+
+
+@pytest.mark.parametrize("plan", ["unfused", "fused"])
+def test_gather_negative_indices_in_range_stay_valid(plan, cache_dir):
+    g = _gather_graph()
+    x = np.arange(30, dtype=np.float32).reshape(3, 10)
+    feeds = {"x": x, "i": np.array([-10, -1, 9, 0], I64)}
+    got = build(g, _plans(g)[plan], cache_dir=cache_dir).run(feeds)
+    _same(got, reference.run(g, feeds))
+
+
+# NaN and infinities ----------------------------------------------------------------------------
+
+def _specials(shape, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype(np.float32)
+    flat = x.reshape(-1)
+    picks = rng.choice(flat.size, size=max(3, flat.size // 8), replace=False)
+    flat[picks] = rng.choice(np.array([np.nan, np.inf, -np.inf], np.float32), size=picks.size)
+    return x
+
+
+def _nan_graph():
+    b = GraphBuilder("nan")
+    x = b.input("x", (2, 3, 8, 8))
+    y = b.input("y", (2, 3, 8, 8))
+    lo = b.input("lo", ())
+    outs = [
+        b.op("Max", x, y, name="max_xy"), b.op("Max", y, x, name="max_yx"),
+        b.op("Min", x, y, name="min_xy"), b.op("Min", y, x, name="min_yx"),
+        b.op("Max", x, y, b.op("Neg", x, name="neg_x"), name="max3"),
+        b.op("Clip", x, lo, b.const("hi", np.float32(0.5)), name="clip_runtime_lo"),
+        b.op("Clip", x, b.const("lo2", np.float32(-0.5)), b.const("hi2", np.float32(0.5)), name="clip_const"),
+        b.op("MaxPool", x, kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2], name="maxpool"),
+        b.op("MaxPool", b.op("Relu", y, name="relu_y"), kernel_shape=[2, 2], strides=[2, 2], name="relu_maxpool"),
+        b.op("ReduceMax", x, axes=[2, 3], name="reducemax_trailing"),
+        b.op("ReduceMax", b.op("Reshape", x, b.const("s", np.array([2, 192], I64)), name="reshape_x"), axes=[1],
+             name="reducemax_long_row"),
+        b.op("ReduceMax", y, axes=[1], name="reducemax_inner"),
+    ]
+    return b.build(*outs)
+
+
+@pytest.mark.parametrize("plan", ["unfused", "fused"])
+def test_nan_and_inf_propagate_as_in_numpy(plan, cache_dir):
+    g = _nan_graph()
+    feeds = {"x": _specials((2, 3, 8, 8), 1), "y": _specials((2, 3, 8, 8), 2), "lo": np.float32(-1.0)}
+    # fused: the pool and the reduction with the inline op before each (Relu is hoisted after the max)
+    chosen = None if plan == "unfused" else group_by_names(g, [
+        ("reduction", ["relu_y", "relu_maxpool"]), ("reduction", ["reshape_x", "reducemax_long_row"]),
+        ("elementwise", ["neg_x", "max3"])])
+    want = reference.run(g, feeds)
+    _same(build(g, chosen, cache_dir=cache_dir).run(feeds), want)
+    feeds["lo"] = NAN  # a NaN bound: np.maximum(x, nan) is NaN everywhere
+    want = reference.run(g, feeds)
+    assert np.isnan(want["clip_runtime_lo"]).all()
+    _same(build(g, chosen, cache_dir=cache_dir).run(feeds), want)
+
+
+def test_resnet8_with_one_nan_pixel_returns_nan_as_the_reference():
+    from opfuse import zoo
+    g = zoo.load("resnet8")
+    feeds = reference.random_inputs(g, 0)
+    name = g.inputs[0].name
+    feeds[name][0, 0, 5, 7] = np.nan
+    want = reference.run(g, feeds)
+    assert all(np.isnan(v).all() for v in want.values())
+    model = opfuse.compile(g, target="host")
+    got = model.run(feeds)
+    for out in want:
+        assert np.isnan(got[out]).all(), f"resnet8 output '{out}' is {got[out]}, the reference gives NaN"

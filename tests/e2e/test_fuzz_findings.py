@@ -1,0 +1,97 @@
+"""Bugs ``opfuse fuzz`` found, each shrunk to its minimal graph: the C backend (unfused and fused
+by the named planner) against the reference executor."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import opfuse
+from opfuse.errors import InputError
+from opfuse.ops import GraphBuilder
+from opfuse.runtime import reference
+from opfuse.testing.fuzz_check import compare
+
+
+def _agrees(graph, feeds, **compile_kw) -> None:
+    want = reference.run(graph, feeds)
+    for fuse in (False, True):
+        got = opfuse.compile(graph, fuse=fuse, **compile_kw).run(feeds)
+        diff = compare(got, want)
+        assert diff is None, f"{'fused' if fuse else 'unfused'}: {diff}"
+
+
+def test_concat_of_a_value_aliased_into_an_outer_concat_copies_it():
+    """Concat(Concat(m, m), m): m is written in place into the outer Concat only; the inner
+    Concat skipped copying it, as if it were aliased into its own output (garbage out)."""
+    b = GraphBuilder("concat_alias")
+    m = b.op("ReduceMean", b.input("x", (1, 11)), axes=[1], keepdims=0)
+    g = b.build(b.op("Concat", b.op("Concat", m, m, axis=0), m, axis=0))
+    x = np.random.default_rng(0).uniform(-2, 2, (1, 11)).astype(np.float32)
+    _agrees(g, {"x": x}, planner="rules")
+
+
+def test_signed_overflow_wraps_and_checks_after_it_stay():
+    """Relu(1 + Relu(x)) at x = INT_MAX: the sum wraps to INT_MIN and Relu makes it 0. gcc took the
+    overflow for impossible (undefined in C) and dropped the second Relu's test: INT_MIN came out.
+    Fixed by compiling with -fwrapv."""
+    b = GraphBuilder("wrap")
+    x = b.input("x", (1, 3), np.int32)
+    g = b.build(b.op("Relu", b.op("Add", b.const("one", np.array(1, np.int32)), b.op("Relu", x))))
+    _agrees(g, {"x": np.array([[2 ** 31 - 1, 1, 47830817]], np.int32)})
+
+
+@pytest.mark.parametrize("dt", [np.int8, np.int32, np.int64])
+def test_integer_pow_is_exact_and_wraps(dt):
+    """C computed integer Pow in double and converted back: INT_MIN ** 2 gave INT_MIN (an
+    out-of-range conversion), 3 ** 39 lost bits above 2^53; NumPy wraps exactly."""
+    b = GraphBuilder("ipow")
+    x = b.input("x", (6,), dt)
+    e = b.input("e", (6,), dt)
+    g = b.build(b.op("Pow", x, e), b.op("Pow", x, b.const("three", np.array(3, dt))))
+    info = np.iinfo(dt)
+    feeds = {"x": np.array([info.min, 3, -3, 1, -1, 2], dt), "e": np.array([2, 39 % 127, 5, -3, -3, -1], dt)}
+    _agrees(g, feeds)
+
+
+def test_integer_zero_to_a_negative_power_is_an_input_error():
+    b = GraphBuilder("ipow0")
+    g = b.build(b.op("Pow", b.input("x", (2,), np.int64), b.input("e", (2,), np.int64), name="p"))
+    feeds = {"x": np.array([2, 0], np.int64), "e": np.array([1, -1], np.int64)}
+    for fuse in (False, True):
+        with pytest.raises(InputError, match="node 'p' \\(Pow\\): integer 0 to a negative power"):
+            opfuse.compile(g, fuse=fuse).run(feeds)
+
+
+@pytest.mark.parametrize("dt", [np.int32, np.int64])
+def test_integer_reduce_mean_is_exact_and_truncates_toward_zero(dt):
+    """C summed int32 in int32 (wrapped), the reference averaged in float64 (inexact for int64,
+    INT64_MIN for a row of INT64_MAX); both now give onnxruntime's exact, truncated mean."""
+    info = np.iinfo(dt)
+    b = GraphBuilder("imean")
+    x = b.input("x", (4, 4), dt)
+    g = b.build(b.op("ReduceMean", x, axes=[1], keepdims=0), b.op("ReduceMean", x, axes=[0], keepdims=1))
+    x = np.array([[info.max] * 4, [-7, 0, 0, 0], [info.max, 1, 0, 0], [info.min, info.min, info.max, -5]], dt)
+    want = [info.max, -1, (int(info.max) + 1) // 4, -((2 * -int(info.min) - int(info.max) + 5) // 4)]
+    np.testing.assert_array_equal(reference.run(g, {"x": x})[g.outputs[0].name], np.array(want, dt))
+    _agrees(g, {"x": x})
+
+
+def test_reduction_over_one_element_then_its_input_in_the_epilogue():
+    """x - ReduceMean(x) over an axis of length 1, fused: the reduction's loop declared x[0] in
+    its C block and the epilogue, reading x at the same index, reused the name outside it (gcc:
+    't4' undeclared)."""
+    b = GraphBuilder("mean1")
+    x = b.input("x", (1,))
+    g = b.build(b.op("Sub", x, b.op("ReduceMean", x, axes=[0], keepdims=1)))
+    _agrees(g, {"x": np.array([1.5], np.float32)})
+
+
+@pytest.mark.parametrize("dt", [np.int32, np.int64])
+def test_integer_gemm_with_integral_alpha_and_beta_wraps(dt):
+    """The reference scaled integer Gemm in float64 (alpha=2): an overflow became INT_MIN through
+    an undefined conversion, where C (and MatMul, Mul, Add) wrap."""
+    info = np.iinfo(dt)
+    b = GraphBuilder("igemm")
+    g = b.build(b.op("Gemm", b.input("a", (3, 1), dt), b.const("w", np.array([[3, -4]], dt)),
+                     b.const("c", np.array([[-1, 2]], dt)), alpha=2.0, beta=-3.0))
+    _agrees(g, {"a": np.array([[info.max], [info.min], [7]], dt)})

@@ -1,0 +1,103 @@
+"""``opfuse fuzz``: a fixed-seed batch finds nothing (CI's share of the long ``make fuzz`` run), and
+the parts that handle a failure work: the child process survives a trap, the comparison sees a
+NaN where there should be none, the reducer cuts a failing graph down, and a reproducer replays."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from opfuse.cli import main
+from opfuse.errors import InputError
+from opfuse.ops import GraphBuilder
+from opfuse.testing.fuzz import FuzzCase, fuzz, replay, write_reproducer
+from opfuse.testing.fuzz_check import Verdict, Worker, check, compare, pack_inputs
+from opfuse.testing.fuzz_reduce import minimize
+
+# About 60 s on the shared 2-core host (0.3-0.6 s a graph: the reference, two gcc builds, two runs).
+CI_SEED, CI_COUNT = 20240613, 100
+
+
+def test_fixed_seed_batch_has_no_mismatch_and_no_crash(tmp_path):
+    lines: list[str] = []
+    report = fuzz(CI_COUNT, CI_SEED, out=tmp_path, progress=lines.append)
+    assert report.graphs == CI_COUNT
+    assert report.ok, "\n".join(lines + [f"{f.verdict.line()} ({f.description}, {f.path})" for f in report.findings])
+    assert report.unsupported == 0, report.unsupported_reasons
+
+
+def _crash_on_purpose(conn, cache_dir):
+    """A child loop that dies of SIGABRT on its first job, as a trapping kernel would."""
+    conn.recv()
+    os.abort()
+
+
+def test_a_dying_child_is_a_crash_verdict_and_the_next_case_gets_a_new_one():
+    b = GraphBuilder("tiny")
+    model = _model(b.build(b.op("Relu", b.input("x", (3,)))))
+    npz = pack_inputs({"x": np.array([-1.0, 0.5, np.nan], np.float32)})
+    with Worker(serve=_crash_on_purpose) as w:
+        v = w.check(model, npz)
+    assert (v.status, v.stage) == ("crash", "process") and "SIGABRT" in v.detail
+    with Worker() as w:
+        assert w.check(model, npz) == Verdict("ok")
+
+
+def _model(graph) -> bytes:
+    from opfuse.frontend.onnx import export_model
+    return export_model(graph).SerializeToString()
+
+
+def test_compare_wants_nan_exactly_where_the_reference_has_it():
+    f = np.float32
+    want = {"y": np.array([np.nan, np.inf, 1.0, -0.0], f)}
+    assert compare({"y": np.array([np.nan, np.inf, 1.00001, 0.0], f)}, want) is None
+    assert "[0]" in compare({"y": np.array([0.0, np.inf, 1.0, 0.0], f)}, want)
+    assert "[1]" in compare({"y": np.array([np.nan, 3e38, 1.0, 0.0], f)}, want)
+    assert "[2]" in compare({"y": np.array([np.nan, np.inf, np.nan, 0.0], f)}, want)
+    assert compare({"i": np.array([2 ** 31 - 1], np.int32)}, {"i": np.array([-2 ** 31], np.int32)}) is not None
+
+
+def test_check_agrees_on_an_input_error():
+    b = GraphBuilder("div")
+    g = b.build(b.op("Div", b.input("a", (2,), np.int64), b.input("d", (2,), np.int64)))
+    feeds = {"a": np.array([1, 2], np.int64), "d": np.array([1, 0], np.int64)}
+    assert check(_model(g), feeds) == Verdict("ok")
+
+
+def test_minimize_cuts_a_failing_graph_to_the_failing_node():
+    """A stand-in check that 'fails' while the graph has a Tanh: the reducer keeps just that node."""
+    b = GraphBuilder("chain")
+    x = b.input("x", (2, 3))
+    y = b.op("Relu", b.op("Tanh", b.op("Sigmoid", b.op("Neg", x))))
+    g = b.build(y, b.op("Abs", x))
+    feeds = {"x": np.ones((2, 3), np.float32)}
+
+    def fake_check(graph, f):
+        assert set(f) == {v.name for v in graph.inputs}
+        tanh = any(n.op_type == "Tanh" for n in graph.nodes)
+        return Verdict("mismatch", "fused run", "x") if tanh else Verdict("ok")
+
+    small, small_feeds, verdict = minimize(g, feeds, fake_check(g, feeds), fake_check)
+    assert [n.op_type for n in small.nodes] == ["Tanh"]
+    assert verdict.status == "mismatch" and len(small_feeds) == 1
+
+
+def test_a_reproducer_replays_and_a_bad_folder_is_one_line(tmp_path):
+    b = GraphBuilder("ok")
+    g = b.build(b.op("Max", b.input("x", (4,)), b.input("y", (4,))))
+    feeds = {"x": np.array([np.nan, 1, -np.inf, 0], np.float32), "y": np.array([0, np.nan, 1, -0.0], np.float32)}
+    folder = write_reproducer(FuzzCase(g, feeds, "float32", "special"), Verdict("mismatch", "fused run", "was"),
+                              tmp_path / "case")
+    assert "opfuse fuzz --replay" in (folder / "README.txt").read_text()
+    assert replay(folder) == Verdict("ok")
+    assert main(["fuzz", "--replay", str(folder)]) == 0
+    with pytest.raises(InputError, match="not a fuzz reproducer"):
+        replay(tmp_path / "nothing")
+
+
+def test_cli_runs_a_small_batch(tmp_path, capsys):
+    assert main(["fuzz", "--count", "3", "--seed", "7", "--ops", "Add,Relu", "Mul", "--out", str(tmp_path)]) == 0
+    assert "3 graphs, 0 mismatches, 0 crashes" in capsys.readouterr().out
+    assert main(["fuzz", "--count", "1", "--ops", "NoSuchOp"]) == 2
