@@ -272,6 +272,19 @@ class Graph:
                      if v.producer is None and not v.uses and id(v) not in keep_inputs]:
             del self.values[name]
 
+    def prune(self) -> None:
+        """Remove the nodes no graph output depends on, then inputs and constants nobody reads."""
+        live = {id(v) for v in self.outputs}
+        for node in reversed(list(self.nodes)):
+            if any(id(v) in live for v in node.outputs):
+                live.update(id(v) for v in node.input_values())
+            else:
+                self.remove_node(node)
+        for v in [v for v in self.inputs if not v.uses and v not in self.outputs]:
+            self.inputs.remove(v)
+            del self.values[v.name]
+        self.remove_unused_values()
+
     # Queries ---------------------------------------------------------------------------
     @property
     def constants(self) -> list[Value]:

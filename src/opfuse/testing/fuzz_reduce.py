@@ -30,19 +30,6 @@ def signature(v: Verdict) -> tuple[str, str, str]:
     return v.status, v.stage, kind
 
 
-def _prune(g: Graph) -> None:
-    """Drop nodes no output needs, then unread inputs and constants."""
-    live = {id(v) for v in g.outputs}
-    for node in reversed(list(g.nodes)):
-        if any(id(v) in live for v in node.outputs):
-            live.update(id(v) for v in node.input_values())
-        else:
-            g.remove_node(node)
-    for v in [v for v in g.inputs if not v.uses and v not in g.outputs]:
-        g.inputs.remove(v)
-        del g.values[v.name]
-    g.remove_unused_values()
-
 
 def _reference_values(g: Graph, feeds: Feeds) -> dict[str, np.ndarray]:
     """Every value the reference computes (up to the first node that raises)."""
@@ -63,7 +50,7 @@ def _reference_values(g: Graph, feeds: Feeds) -> dict[str, np.ndarray]:
 def _with_outputs(g: Graph, feeds: Feeds, names: list[str]) -> tuple[Graph, Feeds]:
     h = g.copy()
     h.outputs = [h.values[n] for n in names]
-    _prune(h)
+    h.prune()
     return h, {k: a for k, a in feeds.items() if k in {v.name for v in h.inputs}}
 
 
@@ -77,7 +64,7 @@ def _cut(g: Graph, feeds: Feeds, name: str, value: np.ndarray) -> tuple[Graph, F
     h.replace_all_uses(old, fresh)
     if not any(v.uses or v in h.outputs for v in node.outputs):
         h.remove_node(node)
-    _prune(h)
+    h.prune()
     kept = {v.name for v in h.inputs}
     out = {k: a for k, a in feeds.items() if k in kept}
     out[fresh.name] = np.asarray(value, dtype=old.dtype).reshape(old.shape)
@@ -93,7 +80,7 @@ def _bypass(g: Graph, feeds: Feeds, node_name: str, index: int) -> tuple[Graph, 
     if src is None or src.type != out.type:
         return None
     h.replace_all_uses(out, src)
-    _prune(h)
+    h.prune()
     return h, {k: a for k, a in feeds.items() if k in {v.name for v in h.inputs}}
 
 

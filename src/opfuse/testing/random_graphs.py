@@ -142,7 +142,7 @@ def _finish(d: GraphDraft, allow_multi_output: bool) -> Graph:
     else:
         outputs = [produced[-1]]
     g.outputs = outputs
-    _remove_dead_code(g)
+    g.prune()
     g.verify()
     _BOUNDS[g] = {name: b for name, b in d.bounds.items() if name in g.values}
     return g
@@ -158,19 +158,6 @@ def magnitude_bounds(graph: Graph) -> dict[str, float]:
         raise InputError(f"graph '{graph.name}' was not made by opfuse.testing.graphs()")
     return dict(bounds)
 
-
-def _remove_dead_code(g: Graph) -> None:
-    """Remove nodes no output depends on, then unread inputs and constants."""
-    live = {id(v) for v in g.outputs}
-    for node in reversed(list(g.nodes)):
-        if any(id(v) in live for v in node.outputs):
-            live.update(id(v) for v in node.input_values())
-        else:
-            g.remove_node(node)
-    for v in [v for v in g.inputs if not v.uses and v not in g.outputs]:
-        g.inputs.remove(v)
-        del g.values[v.name]
-    g.remove_unused_values()
 
 
 def random_feeds(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
