@@ -72,6 +72,25 @@ class GroupAnalysis:
     stages: list[Stage]
 
 
+def _epilogue_fits(anchor: Node, group_ids: set[int]) -> bool:
+    """Whether every group node downstream of ``anchor`` computes element by element on its
+    output's shape (what an epilogue can do)."""
+    shape = anchor.outputs[0].shape
+    todo, seen = [anchor], set()
+    while todo:
+        n = todo.pop()
+        for v in n.outputs:
+            for u, _ in v.uses:
+                if id(u) not in group_ids or id(u) in seen:
+                    continue
+                seen.add(id(u))
+                if get_spec(u.op_type, u).category not in (Category.ELEMWISE, Category.BROADCAST) \
+                        or any(w.shape != shape for w in u.outputs):
+                    return False
+                todo.append(u)
+    return True
+
+
 def _attention_chain(group: FusionGroup, live: list[Node], out_ids: set[int]) -> list[Node] | None:
     """(mm1, softmax, mm2) when the group holds MatMul -> inline* -> Softmax(last axis) -> MatMul."""
     ids = {id(n) for n in live}
@@ -106,13 +125,18 @@ def analyse(group: FusionGroup, graph: Graph, static: dict) -> GroupAnalysis:
     attention = _attention_chain(group, live, out_ids) if group.kind != "single" else None
     att_ids = {id(n) for n in attention} if attention else set()
 
+    live_ids = {id(n) for n in live}
+
     def anchor_like(n: Node) -> bool:
         if id(n) in att_ids:
             return True
         if not is_inline(n):
             return True
-        # A Concat whose result leaves the group copies its inputs slice by slice.
-        return n.op_type == "Concat" and any(id(v) in out_ids for v in n.outputs)
+        # A Concat whose result leaves the group copies its inputs slice by slice, unless the
+        # group also moves that result (Pad, Slice, Expand...): an anchor's epilogue cannot, so
+        # the Concat stays inline and a pointwise stage stores it.
+        return n.op_type == "Concat" and any(id(v) in out_ids for v in n.outputs) \
+            and _epilogue_fits(n, live_ids)
 
     anchors = [n for n in live if anchor_like(n)]
     anchor_ids = {id(n) for n in anchors}
