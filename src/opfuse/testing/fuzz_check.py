@@ -57,7 +57,7 @@ class Verdict:
         return asdict(self)
 
 
-def _describe(e: BaseException) -> str:
+def describe_error(e: BaseException) -> str:
     """The exception's type and message, and where it was raised (the innermost frame in opfuse)."""
     frames = [f for f in traceback.extract_tb(e.__traceback__) if "opfuse" in f.filename]
     where = f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
@@ -108,23 +108,23 @@ def check(model: bytes, feeds: Mapping[str, np.ndarray], planner: str = "auto", 
     try:
         graph = opfuse.load(proto)
     except Exception as e:  # noqa: BLE001  # any failure is the verdict
-        return Verdict("crash", "import", _describe(e))
+        return Verdict("crash", "import", describe_error(e))
     try:
         with np.errstate(all="ignore"):
             want, ref_error = reference.run(graph, feeds), None
     except InputError as e:
         want, ref_error = {}, str(e)
     except Exception as e:  # noqa: BLE001
-        return Verdict("crash", "reference", _describe(e))
+        return Verdict("crash", "reference", describe_error(e))
     for variant, options in (("unfused", {"fuse": False}), ("fused", {"fuse": True, "planner": planner})):
         try:
             built = opfuse.compile(proto, threads=threads, **options)
         except UnsupportedOpError as e:
             if isinstance(e, UnsupportedGroupError):  # the planner chose a group codegen cannot build
-                return Verdict("crash", f"{variant} compile", _describe(e))
+                return Verdict("crash", f"{variant} compile", describe_error(e))
             return Verdict("unsupported", f"{variant} compile", str(e))
         except Exception as e:  # noqa: BLE001
-            return Verdict("crash", f"{variant} compile", _describe(e))
+            return Verdict("crash", f"{variant} compile", describe_error(e))
         try:
             got = built.run(feeds)
         except InputError as e:
@@ -133,7 +133,7 @@ def check(model: bytes, feeds: Mapping[str, np.ndarray], planner: str = "auto", 
                                                              f"the outputs")
             continue
         except Exception as e:  # noqa: BLE001
-            return Verdict("crash", f"{variant} run", _describe(e))
+            return Verdict("crash", f"{variant} run", describe_error(e))
         if ref_error is not None:
             return Verdict("mismatch", f"{variant} run", f"the reference raised InputError ({ref_error}); C "
                                                          f"computed the outputs")
@@ -162,7 +162,7 @@ def _serve(conn, cache_dir: str | None) -> None:
         try:
             verdict = check(model, feeds, planner, threads)
         except Exception as e:  # noqa: BLE001  # a bug in check itself must not hang the parent
-            verdict = Verdict("crash", "check", _describe(e))
+            verdict = Verdict("crash", "check", describe_error(e))
         conn.send(verdict)
 
 
