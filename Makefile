@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint venv clean bench mcu-tools fuzz mutate
+.PHONY: demo test lint venv clean bench mcu-tools fuzz
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,8 @@ fuzz: $(STAMP)
 # make mutate MUTANTS='opfuse.memory.arena.*'. Then `mutmut results` / `mutmut show NAME`.
 MUTATE_STAMP := $(VENV)/.mutate-installed
 MUTANTS ?=
+
+.PHONY: mutate
 
 $(MUTATE_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e '.[test,mutate]'

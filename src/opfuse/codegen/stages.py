@@ -72,25 +72,6 @@ class GroupAnalysis:
     stages: list[Stage]
 
 
-def _epilogue_fits(anchor: Node, group_ids: set[int]) -> bool:
-    """Whether every group node downstream of ``anchor`` computes element by element on its
-    output's shape (what an epilogue can do)."""
-    shape = anchor.outputs[0].shape
-    todo, seen = [anchor], set()
-    while todo:
-        n = todo.pop()
-        for v in n.outputs:
-            for u, _ in v.uses:
-                if id(u) not in group_ids or id(u) in seen:
-                    continue
-                seen.add(id(u))
-                if get_spec(u.op_type, u).category not in (Category.ELEMWISE, Category.BROADCAST) \
-                        or any(w.shape != shape for w in u.outputs):
-                    return False
-                todo.append(u)
-    return True
-
-
 def _attention_chain(group: FusionGroup, live: list[Node], out_ids: set[int]) -> list[Node] | None:
     """(mm1, softmax, mm2) when the group holds MatMul -> inline* -> Softmax(last axis) -> MatMul."""
     ids = {id(n) for n in live}
@@ -118,6 +99,28 @@ def _attention_chain(group: FusionGroup, live: list[Node], out_ids: set[int]) ->
     return None
 
 
+def _epilogue_can_follow(anchor: Node, ids: set[int]) -> bool:
+    """Whether every group node downstream of ``anchor`` can run in its epilogue: a relabelling
+    (Reshape family, Transpose) or a pointwise op whose anchor-dependent operands have its shape
+    (what ``epilogue.finish_element`` sweeps)."""
+    from opfuse.codegen.epilogue import RELABEL_OPS
+    reached = {id(v) for v in anchor.outputs}
+    todo = [u for v in anchor.outputs for u, _ in v.uses if id(u) in ids]
+    seen: set[int] = set()
+    while todo:
+        n = todo.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        dep = [v for v in n.input_values() if id(v) in reached]
+        spec = get_spec(n.op_type, n)
+        if n.op_type not in RELABEL_OPS and not (spec.is_pointwise and all(v.shape == n.outputs[0].shape for v in dep)):
+            return False
+        reached.update(id(v) for v in n.outputs)
+        todo.extend(u for v in n.outputs for u, _ in v.uses if id(u) in ids)
+    return True
+
+
 def analyse(group: FusionGroup, graph: Graph, static: dict) -> GroupAnalysis:
     live = [n for n in group.nodes if not all(id(v) in static for v in n.outputs)]
     outputs = [v for v in group.outputs(graph) if id(v) not in static]
@@ -125,18 +128,15 @@ def analyse(group: FusionGroup, graph: Graph, static: dict) -> GroupAnalysis:
     attention = _attention_chain(group, live, out_ids) if group.kind != "single" else None
     att_ids = {id(n) for n in attention} if attention else set()
 
-    live_ids = {id(n) for n in live}
-
     def anchor_like(n: Node) -> bool:
         if id(n) in att_ids:
             return True
         if not is_inline(n):
             return True
-        # A Concat whose result leaves the group copies its inputs slice by slice, unless the
-        # group also moves that result (Pad, Slice, Expand...): an anchor's epilogue cannot, so
-        # the Concat stays inline and a pointwise stage stores it.
+        # A Concat whose result leaves the group copies its inputs slice by slice (when what
+        # follows it in the group can be its epilogue; else it is computed inline).
         return n.op_type == "Concat" and any(id(v) in out_ids for v in n.outputs) \
-            and _epilogue_fits(n, live_ids)
+            and _epilogue_can_follow(n, {id(m) for m in live})
 
     anchors = [n for n in live if anchor_like(n)]
     anchor_ids = {id(n) for n in anchors}
