@@ -95,3 +95,18 @@ def test_integer_gemm_with_integral_alpha_and_beta_wraps(dt):
     g = b.build(b.op("Gemm", b.input("a", (3, 1), dt), b.const("w", np.array([[3, -4]], dt)),
                      b.const("c", np.array([[-1, 2]], dt)), alpha=2.0, beta=-3.0))
     _agrees(g, {"a": np.array([[info.max], [info.min], [7]], dt)})
+
+
+def test_concat_that_leaves_its_group_and_is_padded_inside_it():
+    """An injective group Concat -> Pad whose Concat result is also read outside: the Concat
+    became an anchor (copy by slices) and the Pad its epilogue, which no epilogue can be
+    (UnsupportedGroupError at compile). Now the Concat stays inline there."""
+    from opfuse.ir.plan import FusionGroup, FusionPlan
+    from opfuse.runtime.native import build
+    b = GraphBuilder("concat_pad")
+    c = b.op("Concat", b.input("a", (1,), np.int32), b.input("b", (1,), np.int32), axis=0)
+    p = b.op("Pad", c, b.const("pads", np.array([1, 2], np.int64)), mode="reflect")
+    g = b.build(p, b.op("Reshape", c, b.const("shape", np.array([2, 1], np.int64))))
+    plan = FusionPlan(g, [FusionGroup("cp", g.nodes[:2], "injective"), FusionGroup("r", g.nodes[2:], "single")])
+    feeds = {"a": np.array([3], np.int32), "b": np.array([-4], np.int32)}
+    assert compare(build(g, plan).run(feeds), reference.run(g, feeds)) is None

@@ -54,9 +54,13 @@ def test_compare_wants_nan_exactly_where_the_reference_has_it():
     want = {"y": np.array([np.nan, np.inf, 1.0, -0.0], f)}
     assert compare({"y": np.array([np.nan, np.inf, 1.00001, 0.0], f)}, want) is None
     assert "[0]" in compare({"y": np.array([0.0, np.inf, 1.0, 0.0], f)}, want)
-    assert "[1]" in compare({"y": np.array([np.nan, 3e38, 1.0, 0.0], f)}, want)
+    assert "[1]" in compare({"y": np.array([np.nan, 1e30, 1.0, 0.0], f)}, want)
     assert "[2]" in compare({"y": np.array([np.nan, np.inf, np.nan, 0.0], f)}, want)
     assert compare({"i": np.array([2 ** 31 - 1], np.int32)}, {"i": np.array([-2 ** 31], np.int32)}) is not None
+    # at the edge of overflow, a rewrite may overflow where the graph did not (or the reverse)
+    assert compare({"y": np.array([3e38, -np.inf], f)}, {"y": np.array([np.inf, -2e38], f)}) is None
+    assert compare({"y": np.array([3e35], f)}, {"y": np.array([np.inf], f)}) is not None
+    assert compare({"y": np.array([3e38], f)}, {"y": np.array([-np.inf], f)}) is not None
 
 
 def test_check_agrees_on_an_input_error():

@@ -37,7 +37,7 @@ from hypothesis import seed as hypothesis_seed
 from opfuse.errors import InputError
 from opfuse.ir.graph import Graph
 from opfuse.testing.fuzz_cases import FuzzCase, fuzz_cases
-from opfuse.testing.fuzz_check import CASE_TIMEOUT_S, Verdict, Worker, pack_inputs
+from opfuse.testing.fuzz_check import CASE_TIMEOUT_S, Verdict, Worker, describe_error, pack_inputs
 from opfuse.testing.fuzz_reduce import minimize
 from opfuse.testing.random_graphs import DEFAULT_OPS, _check_ops
 
@@ -132,7 +132,12 @@ def _one_round(worker: Worker, round_seed: int, count: int, ops, max_nodes: int,
         if report.graphs >= count or _out_of_time(started, time_budget):
             return
         report.graphs += 1
-        verdict = worker.check(_model_bytes(case.graph), pack_inputs(case.feeds), case.planner, case.threads)
+        try:
+            model = _model_bytes(case.graph)
+        except Exception as e:  # noqa: BLE001  # the ONNX exporter failing on a valid graph is a finding
+            verdict = Verdict("crash", "export", describe_error(e))
+        else:
+            verdict = worker.check(model, pack_inputs(case.feeds), case.planner, case.threads)
         if verdict.status == "unsupported":
             report.unsupported += 1
             reason = verdict.detail.split(":")[0][:120]

@@ -96,9 +96,9 @@ def minimize(graph: Graph, feeds: Feeds, verdict: Verdict, check: Check,
         budget[0] -= 1
         try:
             candidate[0].verify()
-        except Exception:  # noqa: BLE001  # not a valid graph: not a candidate
+            v = check(*candidate)
+        except Exception:  # noqa: BLE001  # not a valid (or exportable) graph: not a candidate
             return None
-        v = check(*candidate)
         return v if signature(v) == want else None
 
     best = (graph, feeds)
