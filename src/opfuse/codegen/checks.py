@@ -8,7 +8,7 @@ computes on with a safe value (divisor 1, a clamped index) and sets the node's f
 (``KernelContext.fault``); ``opfuse_run`` returns the fault code and the runtime raises the
 same ``InputError``, naming the node.
 
-Where it can, a kernel checks the operand whole before its loops (``emit_prechecks``): a fused
+Where it can, a kernel checks the operand whole before its loops (``prechecks.emit_prechecks``): a fused
 consumer may read only part of the result (a Slice, a strided pool), and the reference, which
 computes every element, must not fault where the C code would not look. An operand computed
 from the anchor (an epilogue) is checked element by element where it is computed; an epilogue
@@ -24,8 +24,6 @@ from typing import Callable
 import numpy as np
 
 from opfuse.codegen.ctype import c_type, is_float
-from opfuse.codegen.evaluator import Evaluator
-from opfuse.codegen.loops import emit_loop_nest
 from opfuse.ir.graph import Node, Value
 from opfuse.ops.elementwise import division_by_zero
 from opfuse.ops.registry import get_spec
@@ -47,7 +45,7 @@ def _gather_dim(node: Node) -> int:
     return data.shape[axis + len(data.shape) if axis < 0 else axis]
 
 
-def _check_of(node: Node) -> tuple[Value, Callable[[str], str], Callable[[np.ndarray], bool], str] | None:
+def check_of(node: Node) -> tuple[Value, Callable[[str], str], Callable[[np.ndarray], bool], str] | None:
     """(operand, C condition of a bad element, the same over a NumPy array, message) of a node
     that needs a run-time check, else ``None``."""
     if math.prod(node.outputs[0].shape) == 0:
@@ -62,41 +60,11 @@ def _check_of(node: Node) -> tuple[Value, Callable[[str], str], Callable[[np.nda
     return None
 
 
-def emit_prechecks(kc, inline: set[int], live: list[Node], loadable: set[int]) -> None:
-    """Before a kernel's loops: check every operand of ``_check_of`` that can be computed from
-    the group's inputs (a constant one at build time), and mark its node ``kc.checked``."""
-    ev = Evaluator(kc, inline, loadable)
-    known: dict[int, bool] = {}
-
-    def computable(v: Value) -> bool:
-        if id(v) not in known:
-            p = v.producer
-            known[id(v)] = id(v) in ev.static or id(v) in loadable or (
-                p is not None and id(p) in inline and all(computable(u) for u in p.input_values()))
-        return known[id(v)]
-
-    for node in live:
-        check = _check_of(node) if id(node) in inline else None
-        if check is None or not computable(check[0]):
-            continue
-        operand, cond, bad, message = check
-        kc.checked.add(id(node))
-        if id(operand) in ev.static:
-            if bad(ev.static[id(operand)]):
-                kc.w.line(f"{kc.fault(node, message)} = 1;")
-            continue
-        flag = kc.fault(node, message)
-
-        def body(idx, operand=operand, cond=cond, flag=flag):
-            kc.w.line(f"{flag} |= {cond(ev.at(operand, idx))};")
-        emit_loop_nest(kc, ev, operand.shape, body, parallel=False, prefix="c")
-
-
 def check_here(ev, node: Node, x: str) -> None:
     """Check ``node``'s operand element ``x`` where it is computed, unless checked whole before."""
     if id(node) in ev.kc.checked:
         return
-    check = _check_of(node)
+    check = check_of(node)
     if check is not None:
         _, cond, _, message = check
         ev.w.line(f"{ev.kc.fault(node, message)} |= {cond(x)};")

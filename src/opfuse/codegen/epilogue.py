@@ -19,11 +19,10 @@ from __future__ import annotations
 
 from opfuse.codegen.index import Index
 from opfuse.codegen.loops import store
-from opfuse.codegen.stages import Stage
+from opfuse.codegen.stages import RELABEL_OPS, Stage
 from opfuse.ir.graph import Node, Value
 from opfuse.ops.registry import Category, get_spec
 
-RELABEL_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose"})
 
 
 def _perm(node: Node) -> tuple[int, ...]:

@@ -32,6 +32,9 @@ from opfuse.ir.graph import Graph, Node, Value
 from opfuse.ir.plan import FusionGroup
 from opfuse.ops.registry import Category, get_spec
 
+# Data movement an epilogue can run after its anchor: it only relabels the element's index.
+RELABEL_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose"})
+
 INLINE_CATEGORIES = (Category.ELEMWISE, Category.BROADCAST, Category.INJECTIVE)
 
 
@@ -103,7 +106,6 @@ def _epilogue_can_follow(anchor: Node, ids: set[int]) -> bool:
     """Whether every group node downstream of ``anchor`` can run in its epilogue: a relabelling
     (Reshape family, Transpose) or a pointwise op whose anchor-dependent operands have its shape
     (what ``epilogue.finish_element`` sweeps)."""
-    from opfuse.codegen.epilogue import RELABEL_OPS
     reached = {id(v) for v in anchor.outputs}
     todo = [u for v in anchor.outputs for u, _ in v.uses if id(u) in ids]
     seen: set[int] = set()
