@@ -80,7 +80,7 @@ fuzz: $(STAMP)
 
 # Mutation testing (mutmut; [tool.mutmut] in pyproject.toml): the fusion rules, the memory planner
 # and the code generator against the fast tests of those packages and the end-to-end ones. All of
-# it is about 45,000 mutants (days on 2 cores); MUTANTS picks a part by mutmut's names, e.g.
+# it is about 13,800 mutants (days on 2 cores); MUTANTS picks a part by mutmut's names, e.g.
 # make mutate MUTANTS='opfuse.memory.arena.*'. Then `mutmut results` / `mutmut show NAME`.
 MUTATE_STAMP := $(VENV)/.mutate-installed
 MUTANTS ?=
