@@ -41,6 +41,7 @@ from opfuse.codegen.stages import analyse
 from opfuse.codegen.weights import WeightsBlob
 from opfuse.ir.graph import Graph
 from opfuse.ir.plan import FusionPlan
+from opfuse.memory.patch import PATCHED_KIND
 from opfuse.memory.plan import MemoryPlan, plan_memory
 
 if TYPE_CHECKING:
@@ -185,6 +186,11 @@ class ProgramBuilder:
     # Kernels -----------------------------------------------------------------------------
     def kernel(self, index: int, group) -> None:
         from opfuse.codegen.lowering import lower_stage
+        if group.kind == PATCHED_KIND:
+            from opfuse.codegen.patch import emit_patched, patched_comment
+            kc = emit_patched(self, index, group)
+            self._register(kc, group, index, patched_comment(group))
+            return
         analysis = analyse(group, self.graph, self.memory.static)
         kc = KernelContext(self, group, index)
         loadable = {id(v) for v in group.inputs()}
@@ -193,15 +199,18 @@ class ProgramBuilder:
             ev = Evaluator(kc, analysis.inline, loadable)
             lower_stage(kc, ev, stage, analysis)
             loadable |= {id(v) for v in stage.outputs}
+        ops = "+".join(n.op_type for n in group.nodes)
+        self._register(kc, group, index, f"group {c_ident(group.name, 'g')}: {group.kind} [{c_ident(ops, 'ops')}]")
+
+    def _register(self, kc: KernelContext, group, index: int, comment: str) -> None:
+        """Add the kernel ``kc`` generated for ``group`` (its function, launch and call)."""
         info = KernelInfo(None, group.name, group.kind, [n.op_type for n in group.nodes], kc.scratch_bytes)
         self.kernels.append(info)
         if not kc.w.lines:
             return
         info.function = kc.name
         self.scratch_stride = max(self.scratch_stride, kc.scratch_bytes)
-        ops = "+".join(n.op_type for n in group.nodes)
-        self.functions.append(kc.function_text(f"group {c_ident(group.name, 'g')}: {group.kind} "
-                                               f"[{c_ident(ops, 'ops')}]"))
+        self.functions.append(kc.function_text(comment))
         args = [self._arg(p) for p in kc.params.values()]
         self.launches.append(Launch(kc.name, args, index, bool(kc.faults)))
         args = args + ["scratch", "nt"]
