@@ -206,13 +206,17 @@ def _run_mcu(args, graph, feeds: dict, say=print) -> dict[str, np.ndarray]:
     from opfuse.runtime.mcu import QEMU_MACHINE, find_tools, generate_mcu, run_on_qemu
     find_tools()  # a missing toolchain is one line, before any planning
     comp = plan_model(graph, CompileOptions(target="cortex-m7", fuse=not args.no_fuse,
-                                            corrections=not args.no_corrections))
+                                            corrections=not args.no_corrections,
+                                            patch_recompute_limit=args.patch_recompute_limit))
     res = run_on_qemu(generate_mcu(comp.graph, comp.plan, comp.memory), feeds)
     lib, img = res.firmware.library, res.firmware.image
     say(f"cortex-m7 (QEMU {QEMU_MACHINE}): {comp.report['kernels_after']} kernels "
         f"({'fused' if not args.no_fuse else 'unfused'}), {res.instructions:,} instructions executed")
     say(f"model: arena {res.arena_bytes:,} bytes (layer-by-layer bound {comp.memory.lower_bound_bytes:,}), "
         f"stack {res.stack_bytes:,} bytes, flash {lib.flash:,} bytes (code and weights)")
+    for run in comp.report.get("patching", {}).get("runs", []):
+        say(f"patched: {'+'.join(run['groups'])} in {run['bands']} bands of {run['band_rows']} rows "
+            f"(workspace {run['workspace_bytes']:,} bytes, {run['recompute']:.1%} of their work recomputed)")
     say(f"firmware (arm-none-eabi-size): flash {img.flash:,} bytes (text {img.text:,} + data {img.data:,}), "
         f"SRAM {img.sram:,} bytes (data {img.data:,} + bss {img.bss:,}), plus the stack")
     return res.outputs
@@ -250,7 +254,7 @@ def _compile_options(args):
                           onchip_budget_bytes=args.onchip_budget, objective=args.objective,
                           disable=disable, dump_ir=args.dump_ir, log_decisions=args.log_decisions,
                           max_group_ops=args.max_group_ops, input_shapes=_input_shapes(args),
-                          corrections=not args.no_corrections)
+                          corrections=not args.no_corrections, patch_recompute_limit=args.patch_recompute_limit)
 
 
 def _summary_lines(comp) -> list[str]:
@@ -738,6 +742,14 @@ def _add_compile_options(p) -> None:
     p.add_argument("--max-group-ops", type=int, metavar="N", help="cap on ops per fused group")
     p.add_argument("--no-corrections", action="store_true",
                    help="plan with the plain roofline: ignore the correction factors saved by 'opfuse profile --fit'")
+    _add_patch_option(p)
+
+
+def _add_patch_option(p) -> None:
+    p.add_argument("--patch-recompute-limit", type=float, metavar="FRACTION",
+                   help="patch-based execution: most extra multiply-accumulates (fraction of the model's) "
+                        "banded runs may recompute to lower the arena; 0 turns it off (default: the target's, "
+                        "0.3 on cortex-m7)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -778,6 +790,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="C backend: OpenMP threads (default: the cores available, or $OMP_NUM_THREADS)")
     p.add_argument("--no-corrections", action="store_true",
                    help="plan with the plain roofline: ignore the correction factors saved by 'opfuse profile --fit'")
+    _add_patch_option(p)
     _add_json(p)
     p.set_defaults(fn=cmd_run)
 
