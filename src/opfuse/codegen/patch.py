@@ -231,12 +231,24 @@ def emit_patched(builder: "ProgramBuilder", index: int, group: FusionGroup) -> K
             local_in = ", ".join(ptrs_in)
             lines.append(f"{{ char* const inputs[] = {{{local_in}}}; char* const outputs[] = {{{out_buf}}}; "
                          f"{fn}({', '.join(args + [scratch, 'nt'])}); }}")
-        lo, hi = band.rows
-        v = sched.output
-        lines.append(f"{COPY_HELPER}((char*){out_ptr}, (const char*)(ws + {offsets[f'v:{v.name}']}), "
-                     f"{v.shape[0] * v.shape[1]}, {v.shape[2]}, {HOLE}, {HOLE}, 0, {HOLE}, {v.shape[3] * v.dtype.itemsize});")
-        vals.extend([lo, hi - lo, hi - lo])
         programs.append((tuple(lines), tuple(vals)))
+    # The run's output band goes out at the end of its band, or (output over input) once the next
+    # band has copied its input rows: just after the first line of the next band, and after the last.
+    v = sched.output
+    write = (f"{COPY_HELPER}((char*){out_ptr}, (const char*)(ws + {offsets[f'v:{v.name}']}), "
+             f"{v.shape[0] * v.shape[1]}, {v.shape[2]}, {HOLE}, {HOLE}, 0, {HOLE}, {v.shape[3] * v.dtype.itemsize});")
+    for b, band in enumerate(sched.bands):
+        lines, vals = programs[b]
+        lo, hi = band.rows
+        if not sched.inplace:
+            programs[b] = (lines + (write,), vals + (lo, hi - lo, hi - lo))
+        elif b > 0:
+            plo, phi = sched.bands[b - 1].rows
+            n_first = lines[0].count(HOLE)
+            programs[b] = (lines[:1] + (write,) + lines[1:], vals[:n_first] + (plo, phi - plo, phi - plo) + vals[n_first:])
+    if sched.inplace:
+        lo, hi = sched.bands[-1].rows
+        programs.append(((write,), (lo, hi - lo, hi - lo)))
     kc.w.line(f"char* const ws = {kc.scratch_ptr('char', ws_off)};")
     kc.w.line(f"const char* const weights = {weights};")
     kc.w.line("(void)weights;")

@@ -201,6 +201,9 @@ class PatchSchedule:
     output: Value
     work_unpatched: float
     work_patched: float
+    # The output may take the input's bytes: band i's rows are written out after band i + 1 has copied its
+    # input rows, and no later band reads them (one run input, of the output's shape, read first by step 0).
+    inplace: bool = False
     buffers: dict[str, int] = field(default_factory=dict)  # workspace buffer -> bytes (max over bands)
     lifetimes: dict[str, tuple[int, int]] = field(default_factory=dict)  # buffer -> steps
 
@@ -234,6 +237,7 @@ class PatchSchedule:
         return {"groups": [m.group.name for m in self.members], "band_rows": self.band_rows,
                 "bands": len(self.bands), "output": self.output.name,
                 "inputs": [v.name for v in self.inputs], "workspace_bytes": self.workspace_bytes,
+                "output_over_input": self.inplace,
                 "work_unpatched": round(self.work_unpatched), "work_patched": round(self.work_patched),
                 "recompute": round(self.recompute, 4)}
 
@@ -282,6 +286,9 @@ def schedule(members: list[Bandable], band_rows: int) -> PatchSchedule:
         start = produced.get(name, first.get(name, 0))
         sched.buffers[f"v:{name}"] = rows * _row_bytes(v)
         sched.lifetimes[f"v:{name}"] = (start, last.get(name, len(members) - 1))
+    sched.inplace = _inplace_ok(sched, first)
+    if sched.inplace:  # the output band waits in the workspace for the next band's input copy
+        sched.lifetimes[f"v:{out.name}"] = (0, len(members) - 1)
     for k, m in enumerate(members):
         for j, (v, _) in enumerate(m.inputs):
             staged = [b for b in bands if _range(b, v.name) != (b.steps[k].needs[j].lo, b.steps[k].needs[j].hi)]
@@ -290,6 +297,22 @@ def schedule(members: list[Bandable], band_rows: int) -> PatchSchedule:
                 sched.buffers[f"s{k}:{v.name}"] = rows * _row_bytes(v)
                 sched.lifetimes[f"s{k}:{v.name}"] = (k, k)
     return sched
+
+
+def _inplace_ok(sched: PatchSchedule, first: dict[str, int]) -> bool:
+    if len(sched.inputs) != 1:
+        return False
+    x, out = sched.inputs[0], sched.output
+    if x.shape != out.shape or x.dtype != out.dtype or first[x.name] != 0:
+        return False
+    bands = sched.bands
+    for i, band in enumerate(bands):
+        a, e = band.rows
+        for later in bands[i + 2:]:
+            lo, hi = _range(later, x.name)
+            if lo < e and a < hi:
+                return False
+    return True
 
 
 def _range(band: Band, name: str) -> tuple[int, int]:
@@ -325,8 +348,10 @@ def merge_run(plan: FusionPlan, start: int, sched: PatchSchedule) -> FusionPlan:
     members = sched.members
     nodes = [n for m in members for n in m.group.nodes]
     name = f"patch_{members[0].group.name}_{members[-1].group.name}"
-    group = FusionGroup(name, nodes, PATCHED_KIND, members[0].group.anchor,
-                        {"rule": "patch", "patch": sched})
+    attrs: dict = {"rule": "patch", "patch": sched}
+    if sched.inplace:
+        attrs["inplace_pairs"] = [(sched.inputs[0], sched.output)]
+    group = FusionGroup(name, nodes, PATCHED_KIND, members[0].group.anchor, attrs)
     groups = plan.groups[:start] + [group] + plan.groups[start + len(members):]
     return FusionPlan(plan.graph, groups)
 
@@ -360,8 +385,9 @@ def choose_patches(plan: FusionPlan, recompute_limit: float) -> tuple[FusionPlan
     model_work = float(sum(get_spec(n.op_type, n).flops(n) for n in g.nodes if is_supported(n.op_type)
                            and not all(id(v) in static for v in n.outputs)))
     report = PatchReport(recompute_limit, model_work)
-    current = estimate_arena(plan)
-    report.arena_before = report.arena_after = current
+    original = plan
+    current = _estimate(plan_memory(plan), [_workspace(grp) for grp in plan.groups])
+    report.arena_before = report.arena_after = current[0]
     info = [bandable(grp, g, static) for grp in plan.groups]
     report.stops = [{"group": grp.name, "reason": r} for grp, r in zip(plan.groups, info, strict=True)
                     if isinstance(r, str)]
@@ -378,23 +404,39 @@ def choose_patches(plan: FusionPlan, recompute_limit: float) -> tuple[FusionPlan
                     continue
                 members = [m for m in info[start:end + 1] if isinstance(m, Bandable)]
                 height = members[-1].output.shape[2]
-                memory = plan_memory(merge_run(plan, start, schedule(members, height)))
+                memories: dict[bool, object] = {}
                 needs = [_workspace(grp) for grp in plan.groups[:start + 1] + plan.groups[end + 1:]]
                 for rows in range(height - 1, 0, -1):
                     sched = schedule(members, rows)
                     if sched.extra_work > budget - report.extra_work + 1e-9:
                         continue
                     needs[start] = sched.workspace_bytes
-                    arena = place_scratch(memory, needs).arena_bytes
-                    key = (arena, sched.extra_work, end - start, start)
+                    if sched.inplace not in memories:
+                        memories[sched.inplace] = plan_memory(merge_run(plan, start, sched))
+                    arena, area = _estimate(memories[sched.inplace], needs)  # type: ignore[arg-type]
+                    if not (arena < current[0] or sched.extra_work == 0 and arena == current[0] and area < current[1]):
+                        continue
+                    key = (arena, sched.extra_work, area, end - start, start)
                     if best is None or key < best[0]:
                         best = (key, start, sched)
-        if best is None or best[0][0] >= current:
+        if best is None:
             break
-        (arena, _, _, _), start, sched = best
+        (arena, _, area, _, _), start, sched = best
         plan = merge_run(plan, start, sched)
         run = sched.members
         info = info[:start] + [plan.groups[start].name] + info[start + len(run):]
         report.runs.append({**sched.describe(), "arena_estimate": arena})
-        current = report.arena_after = arena
+        current = (arena, area)
+    if current[0] >= report.arena_before:  # runs that only flattened a plateau: not worth their copies
+        return original, PatchReport(recompute_limit, model_work, report.arena_before, report.arena_before,
+                                     stops=report.stops)
+    report.arena_after = current[0]
     return plan, report
+
+
+def _estimate(memory, needs: list[int]) -> tuple[int, int]:
+    """(arena, area): the arena with the workspaces placed, and the bytes live summed over kernels
+    (what a run that leaves the peak alone can still lower, so the next one can lower the peak)."""
+    arena = place_scratch(memory, needs).arena_bytes
+    area = sum(size * (end - start + 1) for _, size, start, end in memory.blocks.values()) + sum(needs)
+    return arena, area

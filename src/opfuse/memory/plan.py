@@ -261,7 +261,9 @@ class _Builder:
             if not self.use_inplace:
                 continue
             used: set[str] = set()
-            for i, o in inplace_candidates(grp, g, self.static):
+            # A patched run (memory.patch) names its own pair: its output may be written over its input.
+            pairs = grp.attrs.get("inplace_pairs") or inplace_candidates(grp, g, self.static)
+            for i, o in pairs:
                 bi = self._block(i)
                 if (bi is None or bi.region != "arena" or bi.key in used or bi.end != t
                         or not self._is_singleton_arena(o) or self.produced_at.get(o.name) != t):
