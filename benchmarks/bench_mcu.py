@@ -1,15 +1,18 @@
-"""Cortex-M7 benchmark under QEMU: per MLPerf Tiny-shaped zoo model, the unfused plan vs the
-fused one, as executed instructions, arena bytes and flash bytes.
+"""Cortex-M7 benchmark under QEMU: per MLPerf Tiny-shaped zoo model, the unfused plan, the fused one
+and the fused one with patch-based execution, as executed instructions, arena bytes and flash bytes.
 
     python benchmarks/bench_mcu.py                              # mobilenet_v1_025_96 resnet8 ds_cnn
     python benchmarks/bench_mcu.py resnet8 --out /tmp/mcu.json
 
-Both plans are made for the ``cortex-m7`` target (``opfuse compile --target cortex-m7``, with
-``--no-fuse`` for the baseline), built as the standalone library and run once on QEMU's
+The plans are made for the ``cortex-m7`` target (``opfuse compile --target cortex-m7``, with
+``--no-fuse`` for the baseline and ``--patch-recompute-limit 0`` for the fused plan without patching;
+"patched" is the target's default), built as the standalone library and run once on QEMU's
 mps2-an500 on the same seeded inputs. Instructions are exact (``-icount``, see
 ``opfuse.runtime.mcu``) and deterministic, so one run each suffices. The arena includes the
 kernels' scratch; beside it is the layer-by-layer lower bound of the plan's tensors
-(``arena_lower_bound_bytes``: the most bytes live at one kernel). Flash is the library's code
+(``arena_lower_bound_bytes``: the most bytes live at one kernel). Patched runs (``memory.patch``)
+go below the fused plan's bound; what they cost is the extra instructions (recomputed halo rows and
+row copies), shown against the fused plan. Flash is the library's code
 and weights as arm-none-eabi-gcc builds them. Every run is checked: bit for bit against the host
 build of the same plan, and against the NumPy reference (relative error).
 
@@ -46,8 +49,12 @@ def max_rel_error(got: dict, want: dict) -> float:
     return worst
 
 
-def measure(model: str, fuse: bool, feeds: dict, ref: dict, workdir: Path, host_check: bool) -> dict:
-    comp = plan_model(f"zoo:{model}", CompileOptions(target="cortex-m7", fuse=fuse))
+PLANS = {"unfused": {"fuse": False}, "fused": {"fuse": True, "patch_recompute_limit": 0.0},
+         "patched": {"fuse": True}}
+
+
+def measure(model: str, plan: dict, feeds: dict, ref: dict, workdir: Path, host_check: bool) -> tuple[dict, dict]:
+    comp = plan_model(f"zoo:{model}", CompileOptions(target="cortex-m7", **plan))
     program = mcu.generate_mcu(comp.graph, comp.plan, comp.memory)
     res = mcu.run_on_qemu(program, feeds, workdir)
     row = {"kernels": comp.report["kernels_after"], **res.summary(),
@@ -56,11 +63,12 @@ def measure(model: str, fuse: bool, feeds: dict, ref: dict, workdir: Path, host_
            "weights_bytes": len(program.weights),
            "predicted_latency_s": comp.report.get("predicted_latency_s"),
            "main_memory_bytes": comp.report["bytes_after"],
-           "max_rel_error": max_rel_error(res.outputs, ref)}
+           "max_rel_error": max_rel_error(res.outputs, ref),
+           "patching": comp.report.get("patching")}
     if host_check:
         host = build(comp.graph, comp.plan, memory=comp.memory, options=PORTABLE).run(feeds)
         row["bit_identical_to_host"] = all(res.outputs[k].tobytes() == v.tobytes() for k, v in host.items())
-    return row
+    return row, res.outputs
 
 
 def kib(n: int) -> str:
@@ -68,20 +76,27 @@ def kib(n: int) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ("| model | kernels | instructions unfused | instructions fused | change | arena unfused KiB (bound) "
-            "| arena fused KiB (bound) | flash KiB | stack B | checks |")
+    head = ("| model | kernels | instructions unfused | instructions fused | change | instructions patched "
+            "| recompute overhead | arena unfused KiB (bound) | arena fused KiB (bound) | arena patched KiB "
+            "| vs fused bound | patched runs | flash KiB | stack B | checks |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
-        u, f = r["unfused"], r["fused"]
+        u, f, p = r["unfused"], r["fused"], r["patched"]
         change = (f["instructions"] - u["instructions"]) / u["instructions"] * 100
-        ok = all(x.get("bit_identical_to_host", True) and x["max_rel_error"] <= RTOL for x in (u, f))
-        checks = ("bit-identical to host, " if "bit_identical_to_host" in f else "") + \
-            f"rel err {max(u['max_rel_error'], f['max_rel_error']):.1e}" + ("" if ok else " FAIL")
+        overhead = (p["instructions"] - f["instructions"]) / f["instructions"] * 100
+        below = (p["arena_bytes"] - f["arena_lower_bound_bytes"]) / f["arena_lower_bound_bytes"] * 100
+        runs = (p.get("patching") or {}).get("runs", [])
+        described = "; ".join(f"{len(x['groups'])} layers/{x['bands']} bands" for x in runs[:3]) + \
+            (f"; +{len(runs) - 3} more" if len(runs) > 3 else "") or "none"
+        ok = all(x.get("bit_identical_to_host", True) and x["max_rel_error"] <= RTOL for x in (u, f, p))
+        same = "patched = fused bit for bit, " if p.get("same_as_fused") else ""
+        checks = same + ("bit-identical to host, " if "bit_identical_to_host" in f else "") + \
+            f"rel err {max(x['max_rel_error'] for x in (u, f, p)):.1e}" + ("" if ok else " FAIL")
         lines.append(f"| {r['model']} | {u['kernels']} -> {f['kernels']} | {u['instructions']:,} | "
-                     f"{f['instructions']:,} | {change:+.1f}% | {kib(u['arena_bytes'])} "
-                     f"({kib(u['arena_lower_bound_bytes'])}) | {kib(f['arena_bytes'])} "
-                     f"({kib(f['arena_lower_bound_bytes'])}) | {kib(f['flash_bytes'])} | {f['stack_bytes']} | "
-                     f"{checks} |")
+                     f"{f['instructions']:,} | {change:+.1f}% | {p['instructions']:,} | {overhead:+.1f}% | "
+                     f"{kib(u['arena_bytes'])} ({kib(u['arena_lower_bound_bytes'])}) | {kib(f['arena_bytes'])} "
+                     f"({kib(f['arena_lower_bound_bytes'])}) | {kib(p['arena_bytes'])} | {below:+.1f}% | {described} | "
+                     f"{kib(p['flash_bytes'])} | {p['stack_bytes']} | {checks} |")
     return "\n".join(lines)
 
 
@@ -102,11 +117,14 @@ def main(argv: list[str] | None = None) -> int:
         feeds = reference.random_inputs(graph, 0)
         ref = reference.run(graph, feeds)
         row: dict = {"model": model}
-        for label, fuse in (("unfused", False), ("fused", True)):
+        outputs = {}
+        for label, plan in PLANS.items():
             with tempfile.TemporaryDirectory(prefix=f"bench-mcu-{model}-") as tmp:
-                row[label] = measure(model, fuse, feeds, ref, Path(tmp), not args.no_host_check)
+                row[label], outputs[label] = measure(model, plan, feeds, ref, Path(tmp), not args.no_host_check)
             print(f"{model} {label}: {row[label]['instructions']:,} instructions, arena "
                   f"{row[label]['arena_bytes']:,} bytes", file=sys.stderr, flush=True)
+        row["patched"]["same_as_fused"] = all(outputs["patched"][k].tobytes() == v.tobytes()
+                                              for k, v in outputs["fused"].items())
         rows.append(row)
     table = markdown(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -114,8 +132,9 @@ def main(argv: list[str] | None = None) -> int:
                                     f"-icount shift={mcu.ICOUNT_SHIFT}", "cflags": list(mcu.CFLAGS),
                                     "models": rows, "table": table}, indent=1) + "\n")
     print(table)
-    bad = [r["model"] for r in rows for x in (r["unfused"], r["fused"])
+    bad = [r["model"] for r in rows for x in (r["unfused"], r["fused"], r["patched"])
            if not x.get("bit_identical_to_host", True) or x["max_rel_error"] > RTOL]
+    bad += [r["model"] for r in rows if not r["patched"]["same_as_fused"]]
     return 1 if bad else 0
 
 

@@ -227,7 +227,7 @@ def plan_model(model, options: CompileOptions | None = None, **kwargs) -> Compil
     patching = None
     if limit > 0:
         from opfuse.memory.patch import choose_patches
-        plan, patching = choose_patches(plan, limit)
+        plan, patching = choose_patches(plan, limit, _kernel_scratch(graph, plan, opts.target))
     memory = plan_memory(plan)
     report = fusion_report.to_dict()
     report["target"] = opts.target
@@ -238,6 +238,18 @@ def plan_model(model, options: CompileOptions | None = None, **kwargs) -> Compil
         _merge_planner_report(report, plan_result.to_json())
     report.update(memory.report())
     return Compilation(original, graph, plan, decisions, fusion_report, opts, ctx, memory, plan_result, report)
+
+
+def _kernel_scratch(graph, plan, target: str) -> dict[str, int] | None:
+    """Each group's kernel scratch in the target's code (what a band of it needs besides its tensors),
+    or None when the plan does not generate (the build will say why)."""
+    from opfuse.codegen.options import options_for_target
+    from opfuse.codegen.program import generate
+    try:
+        program = generate(graph, plan, options=options_for_target(target))
+    except OpfuseError:
+        return None
+    return {k.group: k.scratch_bytes for k in program.kernels}
 
 
 def pareto(comp: Compilation):

@@ -20,7 +20,11 @@ def test_bench_mcu_smoke(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     (row,) = json.loads(out.read_text())["models"]
     assert row["model"] == "ds_cnn" and "| ds_cnn |" in r.stdout
-    for plan in ("unfused", "fused"):
+    for plan in ("unfused", "fused", "patched"):
         assert row[plan]["bit_identical_to_host"] and row[plan]["max_rel_error"] < 1e-4
+    for plan in ("unfused", "fused"):
         assert row[plan]["arena_bytes"] >= row[plan]["arena_lower_bound_bytes"] > 0
+    # Patch-based execution goes below the fused plan's layer-by-layer bound, with the same bits.
+    assert row["patched"]["arena_bytes"] < row["fused"]["arena_lower_bound_bytes"]
+    assert row["patched"]["same_as_fused"] and row["patched"]["patching"]["runs"]
     assert row["fused"]["kernels"] < row["unfused"]["kernels"]

@@ -204,6 +204,7 @@ class PatchSchedule:
     # The output may take the input's bytes: band i's rows are written out after band i + 1 has copied its
     # input rows, and no later band reads them (one run input, of the output's shape, read first by step 0).
     inplace: bool = False
+    step_scratch: list[int] = field(default_factory=list)  # estimated kernel scratch per layer
     buffers: dict[str, int] = field(default_factory=dict)  # workspace buffer -> bytes (max over bands)
     lifetimes: dict[str, tuple[int, int]] = field(default_factory=dict)  # buffer -> steps
 
@@ -231,7 +232,8 @@ class PatchSchedule:
 
     @property
     def workspace_bytes(self) -> int:
-        return self.layout()[1]
+        """The workspace with the estimated kernel scratch (codegen lays it out with the real one)."""
+        return self.layout(self.step_scratch)[1]
 
     def describe(self) -> dict:
         return {"groups": [m.group.name for m in self.members], "band_rows": self.band_rows,
@@ -242,8 +244,9 @@ class PatchSchedule:
                 "recompute": round(self.recompute, 4)}
 
 
-def schedule(members: list[Bandable], band_rows: int) -> PatchSchedule:
-    """Bands of ``band_rows`` rows of the run's output, their needs and the workspace buffers."""
+def schedule(members: list[Bandable], band_rows: int, step_scratch: list[int] | None = None) -> PatchSchedule:
+    """Bands of ``band_rows`` rows of the run's output, their needs and the workspace buffers
+    (``step_scratch``: an estimate of each layer's kernel scratch, for ``workspace_bytes``)."""
     out = members[-1].output
     height = out.shape[2]
     produced = {m.output.name: k for k, m in enumerate(members)}
@@ -272,7 +275,8 @@ def schedule(members: list[Bandable], band_rows: int) -> PatchSchedule:
     work_un = sum(m.work_per_row * m.output.shape[2] for m in members)
     work_p = sum(m.work_per_row * (b.steps[k].rows[1] - b.steps[k].rows[0])
                  for b in bands for k, m in enumerate(members))
-    sched = PatchSchedule(members, band_rows, bands, run_inputs, out, work_un, work_p)
+    sched = PatchSchedule(members, band_rows, bands, run_inputs, out, work_un, work_p,
+                          step_scratch=list(step_scratch or []))
     # Workspace: a band buffer per tensor (from its producing step, or the first reader for a run
     # input, to its last reader) and a staging copy where a reader needs fewer rows than the hull.
     first: dict[str, int] = {}
@@ -378,21 +382,57 @@ def _workspace(group: FusionGroup) -> int:
     return group.attrs["patch"].workspace_bytes if group.kind == PATCHED_KIND else 0
 
 
-def choose_patches(plan: FusionPlan, recompute_limit: float) -> tuple[FusionPlan, PatchReport]:
-    """Merge runs of ``plan`` into patched groups where that lowers the arena (module docstring)."""
+def choose_patches(plan: FusionPlan, recompute_limit: float,
+                   kernel_scratch: dict[str, int] | None = None) -> tuple[FusionPlan, PatchReport]:
+    """Merge runs of ``plan`` into patched groups where that lowers the arena (module docstring).
+
+    ``kernel_scratch`` (group name -> bytes) estimates each layer's own scratch inside a band's
+    workspace (the whole layer's kernel scratch, an upper bound); without it only tensors count.
+    Two greedy orders are tried: the lowest arena at every step, and runs that recompute nothing
+    first (they can flatten a plateau of equal peaks that no single run lowers). The plan kept is
+    the state of either with the lowest arena, then the least recomputation, then the fewest runs."""
     g = plan.graph
     static = static_values(g)
     model_work = float(sum(get_spec(n.op_type, n).flops(n) for n in g.nodes if is_supported(n.op_type)
                            and not all(id(v) in static for v in n.outputs)))
-    report = PatchReport(recompute_limit, model_work)
-    original = plan
-    current = _estimate(plan_memory(plan), [_workspace(grp) for grp in plan.groups])
-    report.arena_before = report.arena_after = current[0]
-    info = [bandable(grp, g, static) for grp in plan.groups]
-    report.stops = [{"group": grp.name, "reason": r} for grp, r in zip(plan.groups, info, strict=True)
-                    if isinstance(r, str)]
-    budget = recompute_limit * model_work
-    while recompute_limit > 0:
+    info: list[Bandable | str] = [bandable(grp, g, static) for grp in plan.groups]
+    stops = [{"group": grp.name, "reason": r} for grp, r in zip(plan.groups, info, strict=True) if isinstance(r, str)]
+    start_state = _estimate(plan_memory(plan), [_workspace(grp) for grp in plan.groups])
+    best = (start_state[0], 0.0, 0, plan, [])
+    if recompute_limit > 0:
+        for free_first in (False, True):
+            for state in _greedy(plan, info, start_state, recompute_limit * model_work, free_first,
+                                 kernel_scratch or {}):
+                if state[:3] < best[:3]:
+                    best = state
+    arena, _, _, chosen, runs = best
+    chosen, runs = _prune(chosen, runs, arena)
+    report = PatchReport(recompute_limit, model_work, start_state[0], arena, list(runs), stops)
+    return chosen, report
+
+
+def _prune(plan: FusionPlan, runs: list[dict], arena: int) -> tuple[FusionPlan, list[dict]]:
+    """Undo every run (last made first) whose undoing keeps the estimated arena: it costs copies
+    and calls, and may have been made only to flatten a plateau another run then lowered."""
+    for run in reversed(runs):
+        i = next(k for k, grp in enumerate(plan.groups) if grp.kind == PATCHED_KIND
+                 and [m.group.name for m in grp.attrs["patch"].members] == run["groups"])
+        sched = plan.groups[i].attrs["patch"]
+        trial = FusionPlan(plan.graph, plan.groups[:i] + [m.group for m in sched.members] + plan.groups[i + 1:])
+        if _estimate(plan_memory(trial), [_workspace(grp) for grp in trial.groups])[0] <= arena:
+            plan = trial
+            runs = [r for r in runs if r is not run]
+    return plan, runs
+
+
+def _greedy(plan: FusionPlan, info: list, current: tuple[int, int], budget: float, free_first: bool,
+            kernel_scratch: dict[str, int]) -> list[tuple]:
+    """Every state ``(arena, extra work, runs, plan, run reports)`` one greedy order passes through."""
+    states = []
+    runs: list[dict] = []
+    extra = 0.0
+    free_only = free_first
+    while True:
         best: tuple | None = None
         for start in range(len(plan.groups)):
             if not isinstance(info[start], Bandable):
@@ -407,31 +447,34 @@ def choose_patches(plan: FusionPlan, recompute_limit: float) -> tuple[FusionPlan
                 memories: dict[bool, object] = {}
                 needs = [_workspace(grp) for grp in plan.groups[:start + 1] + plan.groups[end + 1:]]
                 for rows in range(height - 1, 0, -1):
-                    sched = schedule(members, rows)
-                    if sched.extra_work > budget - report.extra_work + 1e-9:
+                    sched = schedule(members, rows, [kernel_scratch.get(m.group.name, 0) for m in members])
+                    if sched.extra_work > budget - extra + 1e-9 or free_only and sched.extra_work > 0:
                         continue
                     needs[start] = sched.workspace_bytes
                     if sched.inplace not in memories:
                         memories[sched.inplace] = plan_memory(merge_run(plan, start, sched))
                     arena, area = _estimate(memories[sched.inplace], needs)  # type: ignore[arg-type]
-                    if not (arena < current[0] or sched.extra_work == 0 and arena == current[0] and area < current[1]):
-                        continue
-                    key = (arena, sched.extra_work, area, end - start, start)
+                    if free_only:
+                        if arena > current[0] or (arena, area) >= current:
+                            continue
+                        key: tuple = (arena, area, end - start, start)
+                    else:
+                        if arena >= current[0]:
+                            continue
+                        key = (arena, sched.extra_work, area, end - start, start)
                     if best is None or key < best[0]:
-                        best = (key, start, sched)
+                        best = (key, start, sched, (arena, area))
         if best is None:
-            break
-        (arena, _, area, _, _), start, sched = best
+            if free_only:
+                free_only = False
+                continue
+            return states
+        _, start, sched, current = best
         plan = merge_run(plan, start, sched)
-        run = sched.members
-        info = info[:start] + [plan.groups[start].name] + info[start + len(run):]
-        report.runs.append({**sched.describe(), "arena_estimate": arena})
-        current = (arena, area)
-    if current[0] >= report.arena_before:  # runs that only flattened a plateau: not worth their copies
-        return original, PatchReport(recompute_limit, model_work, report.arena_before, report.arena_before,
-                                     stops=report.stops)
-    report.arena_after = current[0]
-    return plan, report
+        info = info[:start] + [plan.groups[start].name] + info[start + len(sched.members):]
+        runs = runs + [{**sched.describe(), "arena_estimate": current[0]}]
+        extra += sched.extra_work
+        states.append((current[0], extra, len(runs), plan, runs))
 
 
 def _estimate(memory, needs: list[int]) -> tuple[int, int]:
