@@ -275,6 +275,8 @@ def schedule(members: list[Bandable], band_rows: int, step_scratch: list[int] | 
     work_un = sum(m.work_per_row * m.output.shape[2] for m in members)
     work_p = sum(m.work_per_row * (b.steps[k].rows[1] - b.steps[k].rows[0])
                  for b in bands for k, m in enumerate(members))
+    # A layer's scratch on a band (packed panels bounded by the tile sizes, padded planes) is at most
+    # the whole layer's: that is the estimate (codegen lays the workspace out with the real sizes).
     sched = PatchSchedule(members, band_rows, bands, run_inputs, out, work_un, work_p,
                           step_scratch=list(step_scratch or []))
     # Workspace: a band buffer per tensor (from its producing step, or the first reader for a run
