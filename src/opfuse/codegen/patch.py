@@ -70,16 +70,16 @@ def band_graph(member: Bandable, step: BandStep, static: dict) -> tuple[Graph, F
         if all(id(o) in static for o in node.outputs):
             continue
         ins: list[Value | None] = []
-        for v in node.inputs:
-            if v is None:
+        for u in node.inputs:
+            if u is None:
                 ins.append(None)
-            elif id(v) in new:
-                ins.append(new[id(v)])
-            elif id(v) in static:
-                new[id(v)] = g.add_const(v.name, static[id(v)], unique=False)
-                ins.append(new[id(v)])
+            elif id(u) in new:
+                ins.append(new[id(u)])
+            elif id(u) in static:
+                new[id(u)] = g.add_const(u.name, static[id(u)], unique=False)
+                ins.append(new[id(u)])
             else:
-                raise AssertionError(f"'{v.name}' has no band value")
+                raise AssertionError(f"'{u.name}' has no band value")
         attrs = dict(node.attrs)
         if node is member.window:
             need = step.needs[member.window_input]
@@ -110,9 +110,9 @@ class _Variants:
     def __init__(self, builder: "ProgramBuilder", sched: PatchSchedule):
         self.builder = builder
         self.sched = sched
-        self.cache: dict[tuple, tuple[str, list[tuple], int]] = {}
+        self.cache: dict[tuple, tuple[str, list[str], int]] = {}
 
-    def get(self, k: int, step: BandStep) -> tuple[str, list[tuple], int]:
+    def get(self, k: int, step: BandStep) -> tuple[str, list[str], int]:
         """``(function, [param key per argument], scratch bytes)`` of layer ``k`` for ``step``."""
         key = (k, step.rows[1] - step.rows[0], tuple((n.hi - n.lo, n.pad_top, n.pad_bottom) for n in step.needs))
         hit = self.cache.get(key)
@@ -179,6 +179,24 @@ def _fill(line: str, vals: list) -> str:
     return "".join(p + (str(vals[i]) if i < len(vals) else "") for i, p in enumerate(parts))
 
 
+class _BandProgram:
+    """The C lines of one band, with ``HOLE`` where a row offset goes and those offsets in ``vals``."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self.vals: list[int] = []
+
+    def copy(self, dst: str, src: str, v: Value, dst_rows: int, dst_row0: int, src_rows: int, src_row0: int,
+             rows: int) -> None:
+        """Rows ``[src_row0, +rows)`` of ``v``'s planes of ``src_rows`` rows at ``src`` to row ``dst_row0``
+        of planes of ``dst_rows`` rows at ``dst``."""
+        planes = v.shape[0] * v.shape[1]
+        row_bytes = v.shape[3] * v.dtype.itemsize
+        self.lines.append(f"{COPY_HELPER}({dst}, (const char*){src}, {planes}, {dst_rows}, {HOLE}, {src_rows}, "
+                          f"{HOLE}, {HOLE}, {row_bytes});")
+        self.vals.extend([dst_row0, src_row0, rows])
+
+
 def emit_patched(builder: "ProgramBuilder", index: int, group: FusionGroup) -> KernelContext:
     """The driver kernel of a patched group (its band kernels are added to ``builder.functions``)."""
     sched: PatchSchedule = group.attrs["patch"]
@@ -199,19 +217,12 @@ def emit_patched(builder: "ProgramBuilder", index: int, group: FusionGroup) -> K
     for k, m in enumerate(members):
         for v, _ in m.inputs:
             first.setdefault(v.name, k)
-    programs = []
+    out = sched.output
+    out_buf = f"(ws + {offsets[f'v:{out.name}']})"
+    programs: list[_BandProgram] = []
     for b, band in enumerate(sched.bands):
-        lines: list[str] = []
-        vals: list[int] = []
+        prog = _BandProgram()
         ranges = {n: (lo, hi) for n, lo, hi in band.ranges}
-
-        def copy(dst: str, src: str, v: Value, dst_rows: int, src_rows: int, src_row0: int, rows: int) -> None:
-            planes = v.shape[0] * v.shape[1]
-            row_bytes = v.shape[3] * v.dtype.itemsize
-            lines.append(f"{COPY_HELPER}({dst}, (const char*){src}, {planes}, {HOLE}, 0, {src_rows}, {HOLE}, "
-                         f"{HOLE}, {row_bytes});")
-            vals.extend([dst_rows, src_row0, rows])
-
         for k, m in enumerate(members):
             step = band.steps[k]
             fn, args, _ = calls[b][k]
@@ -220,39 +231,33 @@ def emit_patched(builder: "ProgramBuilder", index: int, group: FusionGroup) -> K
                 lo_h, hi_h = ranges[v.name]
                 buf = f"(ws + {offsets[f'v:{v.name}']})"
                 if v.name not in produced and first[v.name] == k:
-                    copy(buf, full[v.name], v, hi_h - lo_h, v.shape[2], lo_h, hi_h - lo_h)
+                    prog.copy(buf, full[v.name], v, hi_h - lo_h, 0, v.shape[2], lo_h, hi_h - lo_h)
+                    if sched.inplace and b > 0:
+                        # Output over input: the previous band's rows go out once this band has its input.
+                        plo, phi = sched.bands[b - 1].rows
+                        prog.copy(f"(char*){out_ptr}", out_buf, out, out.shape[2], plo, phi - plo, 0, phi - plo)
                 if sched.staged(k, need):
                     stage = f"(ws + {offsets[f's{k}:{v.name}']})"
-                    copy(stage, buf, v, need.hi - need.lo, hi_h - lo_h, need.lo - lo_h, need.hi - need.lo)
+                    prog.copy(stage, buf, v, need.hi - need.lo, 0, hi_h - lo_h, need.lo - lo_h, need.hi - need.lo)
                     buf = stage
                 ptrs_in.append(buf)
-            out_buf = f"(ws + {offsets[f'v:{m.output.name}']})"
+            dst = f"(ws + {offsets[f'v:{m.output.name}']})"
             scratch = f"(ws + {offsets[f'k{k}']})" if f"k{k}" in offsets else "(char*)0"
-            local_in = ", ".join(ptrs_in)
-            lines.append(f"{{ char* const inputs[] = {{{local_in}}}; char* const outputs[] = {{{out_buf}}}; "
-                         f"{fn}({', '.join(args + [scratch, 'nt'])}); }}")
-        programs.append((tuple(lines), tuple(vals)))
-    # The run's output band goes out at the end of its band, or (output over input) once the next
-    # band has copied its input rows: just after the first line of the next band, and after the last.
-    v = sched.output
-    write = (f"{COPY_HELPER}((char*){out_ptr}, (const char*)(ws + {offsets[f'v:{v.name}']}), "
-             f"{v.shape[0] * v.shape[1]}, {v.shape[2]}, {HOLE}, {HOLE}, 0, {HOLE}, {v.shape[3] * v.dtype.itemsize});")
-    for b, band in enumerate(sched.bands):
-        lines, vals = programs[b]
-        lo, hi = band.rows
+            prog.lines.append(f"{{ char* const inputs[] = {{{', '.join(ptrs_in)}}}; char* const outputs[] = {{{dst}}}; "
+                              f"{fn}({', '.join(args + [scratch, 'nt'])}); }}")
         if not sched.inplace:
-            programs[b] = (lines + (write,), vals + (lo, hi - lo, hi - lo))
-        elif b > 0:
-            plo, phi = sched.bands[b - 1].rows
-            n_first = lines[0].count(HOLE)
-            programs[b] = (lines[:1] + (write,) + lines[1:], vals[:n_first] + (plo, phi - plo, phi - plo) + vals[n_first:])
+            lo, hi = band.rows
+            prog.copy(f"(char*){out_ptr}", out_buf, out, out.shape[2], lo, hi - lo, 0, hi - lo)
+        programs.append(prog)
     if sched.inplace:
         lo, hi = sched.bands[-1].rows
-        programs.append(((write,), (lo, hi - lo, hi - lo)))
+        last = _BandProgram()
+        last.copy(f"(char*){out_ptr}", out_buf, out, out.shape[2], lo, hi - lo, 0, hi - lo)
+        programs.append(last)
     kc.w.line(f"char* const ws = {kc.scratch_ptr('char', ws_off)};")
     kc.w.line(f"const char* const weights = {weights};")
     kc.w.line("(void)weights;")
-    kc.w.lines.extend(_loops(programs))
+    kc.w.lines.extend(_loops([(tuple(p.lines), tuple(p.vals)) for p in programs]))
     kc.scratch_bytes = max(kc.scratch_bytes, ws_off + ws_bytes)
     return kc
 

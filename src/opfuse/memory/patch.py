@@ -46,7 +46,7 @@ from opfuse.ir.graph import Graph, Node, Value
 from opfuse.ir.plan import FusionGroup, FusionPlan
 from opfuse.ir.walk import ancestors_within
 from opfuse.memory.arena import ARENA_ALIGNMENT, Buffer, assign_offsets
-from opfuse.memory.plan import plan_memory
+from opfuse.memory.plan import MemoryPlan, plan_memory
 from opfuse.memory.scratch import place_scratch
 from opfuse.memory.static import static_values
 from opfuse.ops.nn import window_geometry
@@ -125,7 +125,7 @@ def bandable(group: FusionGroup, graph: Graph, static: dict) -> Bandable | str:
     upstream: set[int] = set()
     if window is not None:
         upstream = {id(window)} | ancestors_within(window, ids)
-    inputs = []
+    inputs: list[tuple[Value, RowMap]] = []
     window_input = -1
     for v in group.inputs():
         if id(v) in static:
@@ -406,7 +406,7 @@ def choose_patches(plan: FusionPlan, recompute_limit: float,
     info: list[Bandable | str] = [bandable(grp, g, static) for grp in plan.groups]
     stops = [{"group": grp.name, "reason": r} for grp, r in zip(plan.groups, info, strict=True) if isinstance(r, str)]
     start_state = _estimate(plan_memory(plan), [_workspace(grp) for grp in plan.groups])
-    best = (start_state[0], 0.0, 0, plan, [])
+    best: tuple[int, float, int, FusionPlan, list[dict]] = (start_state[0], 0.0, 0, plan, [])
     if recompute_limit > 0:
         for free_first in (False, True):
             for state in _greedy(plan, info, start_state, recompute_limit * model_work, free_first,
@@ -436,7 +436,7 @@ def _prune(plan: FusionPlan, runs: list[dict], arena: int) -> tuple[FusionPlan, 
 def _greedy(plan: FusionPlan, info: list, current: tuple[int, int], budget: float, free_first: bool,
             kernel_scratch: dict[str, int]) -> list[tuple]:
     """Every state ``(arena, extra work, runs, plan, run reports)`` one greedy order passes through."""
-    states = []
+    states: list[tuple] = []
     runs: list[dict] = []
     extra = 0.0
     free_only = free_first
@@ -452,7 +452,7 @@ def _greedy(plan: FusionPlan, info: list, current: tuple[int, int], budget: floa
                     continue
                 members = [m for m in info[start:end + 1] if isinstance(m, Bandable)]
                 height = members[-1].output.shape[2]
-                memories: dict[bool, object] = {}
+                memories: dict[bool, MemoryPlan] = {}
                 needs = [_workspace(grp) for grp in plan.groups[:start + 1] + plan.groups[end + 1:]]
                 for rows in range(height - 1, 0, -1):
                     if rows * members[-1].output.shape[3] < MIN_BAND_PIXELS:
@@ -463,7 +463,7 @@ def _greedy(plan: FusionPlan, info: list, current: tuple[int, int], budget: floa
                     needs[start] = sched.workspace_bytes
                     if sched.inplace not in memories:
                         memories[sched.inplace] = plan_memory(merge_run(plan, start, sched))
-                    arena, area = _estimate(memories[sched.inplace], needs)  # type: ignore[arg-type]
+                    arena, area = _estimate(memories[sched.inplace], needs)
                     if free_only:
                         if arena > current[0] or (arena, area) >= current:
                             continue
@@ -487,7 +487,7 @@ def _greedy(plan: FusionPlan, info: list, current: tuple[int, int], budget: floa
         states.append((current[0], extra, len(runs), plan, runs))
 
 
-def _estimate(memory, needs: list[int]) -> tuple[int, int]:
+def _estimate(memory: MemoryPlan, needs: list[int]) -> tuple[int, int]:
     """(arena, area): the arena with the workspaces placed, and the bytes live summed over kernels
     (what a run that leaves the peak alone can still lower, so the next one can lower the peak)."""
     arena = place_scratch(memory, needs).arena_bytes
