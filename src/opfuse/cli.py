@@ -214,9 +214,8 @@ def _run_mcu(args, graph, feeds: dict, say=print) -> dict[str, np.ndarray]:
         f"({'fused' if not args.no_fuse else 'unfused'}), {res.instructions:,} instructions executed")
     say(f"model: arena {res.arena_bytes:,} bytes (layer-by-layer bound {comp.memory.lower_bound_bytes:,}), "
         f"stack {res.stack_bytes:,} bytes, flash {lib.flash:,} bytes (code and weights)")
-    for run in comp.report.get("patching", {}).get("runs", []):
-        say(f"patched: {'+'.join(run['groups'])} in {run['bands']} bands of {run['band_rows']} rows "
-            f"(workspace {run['workspace_bytes']:,} bytes, {run['recompute']:.1%} of their work recomputed)")
+    for line in patch_lines(comp.report):
+        say(line)
     say(f"firmware (arm-none-eabi-size): flash {img.flash:,} bytes (text {img.text:,} + data {img.data:,}), "
         f"SRAM {img.sram:,} bytes (data {img.data:,} + bss {img.bss:,}), plus the stack")
     return res.outputs
@@ -270,7 +269,16 @@ def _summary_lines(comp) -> list[str]:
                      f"{r['predicted_latency_s'] * 1e3:.3f} ms, critical path {r['critical_path_s'] * 1e3:.3f} ms, "
                      f"peak activation memory {human_bytes(r['predicted_peak_memory_bytes'])}")
         lines += cost_model_lines(p.get("cost_model") or {})
+    lines += patch_lines(r)
     return lines
+
+
+def patch_lines(report: dict) -> list[str]:
+    """One line per patched run of a compile report (``memory.patch``)."""
+    return [f"patched: {'+'.join(run['groups'])} in {run['bands']} bands of {run['band_rows']} rows "
+            f"(workspace {run['workspace_bytes']:,} bytes, {run['recompute']:.1%} of their work recomputed"
+            f"{', output over input' if run['output_over_input'] else ''})"
+            for run in report.get("patching", {}).get("runs", [])]
 
 
 def planner_label(p: dict) -> str:

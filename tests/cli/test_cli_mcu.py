@@ -63,3 +63,28 @@ def test_run_on_the_emulated_m7_prints_count_sizes_and_errors(capsys):
     assert "instructions executed" in out and "arm-none-eabi-size" in out and "SRAM" in out
     err = float(out.split("max rel error ")[1].split()[0])
     assert err < 1e-4
+
+
+@needs_tools
+def test_run_prints_the_patched_runs_and_the_limit_turns_them_off(capsys):
+    assert main(["run", "zoo:ds_cnn", "--backend", "cortex-m7", "--compare", "reference"]) == 0
+    out = capsys.readouterr().out
+    patched = [line for line in out.splitlines() if line.startswith("patched: ")]
+    assert patched and all("bands of" in line and "recomputed" in line for line in patched)
+    arena = int(out.split("arena ")[1].split()[0].replace(",", ""))
+    bound = int(out.split("layer-by-layer bound ")[1].split(")")[0].replace(",", ""))
+    assert float(out.split("max rel error ")[1].split()[0]) < 1e-4
+    assert main(["run", "zoo:ds_cnn", "--backend", "cortex-m7", "--patch-recompute-limit", "0"]) == 0
+    plain = capsys.readouterr().out
+    assert "patched: " not in plain
+    assert arena < int(plain.split("layer-by-layer bound ")[1].split(")")[0].replace(",", "")) and bound > 0
+
+
+def test_compile_reports_patching_and_rejects_a_bad_limit(tmp_path, capsys):
+    out = tmp_path / "m7"
+    assert main(["compile", "zoo:ds_cnn", "--target", "cortex-m7", "-o", str(out)]) == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["patching"]["runs"] and rep["arena_bytes"] < 62.5 * 1024 * 0.75
+    assert {"group": "fc", "reason": "Gemm 'fc' needs the whole feature map"} in rep["patching"]["stops"]
+    assert main(["compile", "zoo:ds_cnn", "--target", "cortex-m7", "--patch-recompute-limit", "-1"]) == 2
+    assert "recompute limit" in capsys.readouterr().err

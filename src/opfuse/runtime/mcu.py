@@ -236,6 +236,9 @@ def mcu_report(program: CProgram, compile_report: Mapping | None = None, built: 
         "predicted_latency_s": rep.get("predicted_latency_s"),
         "main_memory_bytes": rep.get("bytes_after"),
         "kernel_estimates": kernels,
+        # Patch-based execution (memory.patch): the runs made, their workspace and recomputation, and
+        # the ops that end a run.
+        "patching": rep.get("patching"),
     }
     return out
 
