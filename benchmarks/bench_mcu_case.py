@@ -8,7 +8,8 @@ The seed's device has 512 KB of SRAM; in float32 a 224x224 input does not fit (t
 alone is 1.5 MiB), so the run is at the largest square input (a multiple of 8) whose fused plan fits:
 arena plus the caller's input and output buffers, which on the device are SRAM too ("peak SRAM"). Each
 plan is built as the standalone library and run once under QEMU (``-icount``: exact instructions),
-checked bit for bit against the fused plan and against the NumPy reference. "Tensor traffic" is the
+checked bit for bit (patched against fused) and against the NumPy reference (rtol 1e-4, atol 1e-5 of
+the output's largest magnitude). "Tensor traffic" is the
 bytes kernels read and write in tensors between kernels (the fusion report's ``bytes_after``, whole
 tensors once per read); a patched run moves its input rows (halo rows once per band that reads them)
 and its output once, and keeps everything else in its band workspace. The 224x224 lines are the same
@@ -33,6 +34,7 @@ from opfuse.runtime.toolchain import ToolchainError
 RESULTS = Path(__file__).resolve().parent / "results" / "mcu_case.json"
 SRAM_BYTES = 512 * 1024
 RTOL = 1e-4
+ATOL = 1e-5  # of the output's largest magnitude
 PLANS = {"unfused": {"fuse": False}, "fused": {"fuse": True, "patch_recompute_limit": 0.0},
          "patched": {"fuse": True}}
 
@@ -129,8 +131,12 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="bench-mcu-case-") as tmp:
             res = mcu.run_on_qemu(program, feeds, Path(tmp))
         row["instructions"] = res.instructions
-        row["max_rel_error"] = max(float((np.abs(res.outputs[k] - v) / np.maximum(np.abs(v), 1e-6)).max())
-                                   for k, v in want.items())
+        # Against the reference: |got - want| <= ATOL * max|want| + RTOL * |want| (outputs after ReLU have
+        # values near 0, where the float32 sums' rounding is all there is to a relative error).
+        row["within_tolerance"] = all(np.allclose(res.outputs[k], v, rtol=RTOL, atol=ATOL * float(np.abs(v).max()))
+                                      for k, v in want.items())
+        row["max_abs_error_vs_scale"] = max(float(np.abs(res.outputs[k] - v).max() / np.abs(v).max())
+                                            for k, v in want.items())
         outputs[label] = res.outputs
         rows[label] = row
         print(f"{label}: {res.instructions:,} instructions, arena {row['arena_bytes']:,} bytes", file=sys.stderr)
@@ -142,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps({"size": size, "sram_bytes": SRAM_BYTES, "plans": rows, "at_224": big,
                                     "table": table}, indent=1) + "\n")
     print(table)
-    bad = [k for k, r in rows.items() if r["max_rel_error"] > RTOL or not r.get("bit_identical_to_fused", True)]
+    bad = [k for k, r in rows.items() if not r["within_tolerance"] or not r.get("bit_identical_to_fused", True)]
     return 1 if bad else 0
 
 
