@@ -28,3 +28,22 @@ def test_bench_mcu_smoke(tmp_path):
     assert row["patched"]["arena_bytes"] < row["fused"]["arena_lower_bound_bytes"]
     assert row["patched"]["same_as_fused"] and row["patched"]["patching"]["runs"]
     assert row["fused"]["kernels"] < row["unfused"]["kernels"]
+
+
+CASE = BENCH.parent / "bench_mcu_case.py"
+
+
+@pytest.mark.skipif(not mcu.tools_available(), reason="Cortex-M7 tests need arm-none-eabi-gcc, newlib and "
+                                                      "qemu-system-arm: run `make mcu-tools`")
+def test_bench_mcu_case_smoke(tmp_path):
+    out = tmp_path / "case.json"
+    r = subprocess.run([sys.executable, str(CASE), "--size", "24", "--out", str(out)], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    data = json.loads(out.read_text())
+    plans = data["plans"]
+    assert data["size"] == 24 and set(plans) == {"unfused", "fused", "patched"}
+    assert all(p["within_tolerance"] for p in plans.values()) and plans["patched"]["bit_identical_to_fused"]
+    assert plans["patched"]["arena_bytes"] < plans["fused"]["arena_bytes"] < plans["unfused"]["arena_bytes"]
+    assert data["at_224"]["patched"]["arena_bytes"] < data["at_224"]["fused"]["arena_bytes"]
+    assert "| patched |" in r.stdout
