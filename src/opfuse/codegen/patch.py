@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from opfuse.codegen.program import ProgramBuilder
 
 COPY_HELPER = "opfuse_rows_copy"
+MOVE_HELPER = "opfuse_rows_move"
 HOLE = "\x01"  # where a band's row offset goes in a line of its program
 _COPY_TEXT = f"""\
 /* Rows [src_row0, src_row0 + rows) of each of `planes` planes of `src_rows` rows into rows
@@ -37,6 +38,19 @@ static void {COPY_HELPER}(char* dst, const char* src, long planes, long dst_rows
   for (long p = 0; p < planes; ++p)
     memcpy(dst + (p * dst_rows + dst_row0) * row_bytes, src + (p * src_rows + src_row0) * row_bytes,
            (size_t)(rows * row_bytes));
+}}
+/* Within one buffer of `planes` planes: rows [src_row0, src_row0 + rows) of planes of `src_rows` rows
+   to the top of planes of `dst_rows` rows (a line buffer sliding down). Planes go in the order that
+   never overwrites a plane not yet moved. */
+static void {MOVE_HELPER}(char* buf, long planes, long dst_rows, long src_rows, long src_row0, long rows,
+                             long row_bytes) {{
+  if (dst_rows > src_rows) {{
+    for (long p = planes - 1; p >= 0; --p)
+      memmove(buf + p * dst_rows * row_bytes, buf + (p * src_rows + src_row0) * row_bytes, (size_t)(rows * row_bytes));
+  }} else {{
+    for (long p = 0; p < planes; ++p)
+      memmove(buf + p * dst_rows * row_bytes, buf + (p * src_rows + src_row0) * row_bytes, (size_t)(rows * row_bytes));
+  }}
 }}
 """
 
@@ -204,8 +218,9 @@ def emit_patched(builder: "ProgramBuilder", index: int, group: FusionGroup) -> K
     variants = _Variants(builder, sched)
     members = sched.members
     # Every band's kernels first: their scratch sizes decide the workspace layout.
-    calls = [[variants.get(k, band.steps[k]) for k in range(len(members))] for band in sched.bands]
-    step_scratch = [max(c[k][2] for c in calls) for k in range(len(members))]
+    calls = [[variants.get(k, st) if st.rows[1] > st.rows[0] else None for k, st in enumerate(band.steps)]
+             for band in sched.bands]
+    step_scratch = [max((call[2] for c in calls if (call := c[k]) is not None), default=0) for k in range(len(members))]
     offsets, ws_bytes = sched.layout(step_scratch)
     ws_off = kc.scratch(max(ws_bytes, 1))
     builder.require_helper(COPY_HELPER, _COPY_TEXT)
@@ -213,46 +228,53 @@ def emit_patched(builder: "ProgramBuilder", index: int, group: FusionGroup) -> K
     out_ptr = kc.ptr(sched.output, write=True)
     weights = kc._param(("weights", 0, 0), "char", "weights", False)
     produced = {m.output.name for m in members}
-    first: dict[str, int] = {}
-    for k, m in enumerate(members):
-        for v, _ in m.inputs:
-            first.setdefault(v.name, k)
     out = sched.output
-    out_buf = f"(ws + {offsets[f'v:{out.name}']})"
+    result = "t" if sched.stream else "v"  # where a step's output rows go: a temporary, or the band buffer
+
+    def buf(kind: str, name: str) -> str:
+        return f"(ws + {offsets[f'{kind}:{name}']})"
+
     programs: list[_BandProgram] = []
     for b, band in enumerate(sched.bands):
         prog = _BandProgram()
         ranges = {n: (lo, hi) for n, lo, hi in band.ranges}
+        copied: set[str] = set()
         for k, m in enumerate(members):
             step = band.steps[k]
-            fn, args, _ = calls[b][k]
-            ptrs_in = []
-            for (v, _), need in zip(m.inputs, step.needs, strict=True):
-                lo_h, hi_h = ranges[v.name]
-                buf = f"(ws + {offsets[f'v:{v.name}']})"
-                if v.name not in produced and first[v.name] == k:
-                    prog.copy(buf, full[v.name], v, hi_h - lo_h, 0, v.shape[2], lo_h, hi_h - lo_h)
-                    if sched.inplace and b > 0:
-                        # Output over input: the previous band's rows go out once this band has its input.
-                        plo, phi = sched.bands[b - 1].rows
-                        prog.copy(f"(char*){out_ptr}", out_buf, out, out.shape[2], plo, phi - plo, 0, phi - plo)
-                if sched.staged(k, need):
-                    stage = f"(ws + {offsets[f's{k}:{v.name}']})"
-                    prog.copy(stage, buf, v, need.hi - need.lo, 0, hi_h - lo_h, need.lo - lo_h, need.hi - need.lo)
-                    buf = stage
-                ptrs_in.append(buf)
-            dst = f"(ws + {offsets[f'v:{m.output.name}']})"
-            scratch = f"(ws + {offsets[f'k{k}']})" if f"k{k}" in offsets else "(char*)0"
-            prog.lines.append(f"{{ char* const inputs[] = {{{', '.join(ptrs_in)}}}; char* const outputs[] = {{{dst}}}; "
-                              f"{fn}({', '.join(args + [scratch, 'nt'])}); }}")
+            call = calls[b][k]
+            if call is not None:
+                ptrs_in = []
+                for (v, _), need in zip(m.inputs, step.needs, strict=True):
+                    lo_h, hi_h = ranges[v.name]
+                    src = buf("v", v.name)
+                    if v.name not in produced and v.name not in copied:
+                        copied.add(v.name)
+                        prog.copy(src, full[v.name], v, hi_h - lo_h, 0, v.shape[2], lo_h, hi_h - lo_h)
+                        if sched.inplace and b > 0:
+                            # Output over input: the previous band's rows go out once this band has its input.
+                            plo, phi = sched.bands[b - 1].rows
+                            prog.copy(f"(char*){out_ptr}", buf(result, out.name), out, out.shape[2], plo, phi - plo,
+                                      0, phi - plo)
+                    if sched.staged(k, need):
+                        stage = buf(f"s{k}", v.name)
+                        prog.copy(stage, src, v, need.hi - need.lo, 0, hi_h - lo_h, need.lo - lo_h, need.hi - need.lo)
+                        src = stage
+                    ptrs_in.append(src)
+                fn, args, _ = call
+                dst = buf(result, m.output.name)
+                scratch = f"(ws + {offsets[f'k{k}']})" if f"k{k}" in offsets else "(char*)0"
+                prog.lines.append(f"{{ char* const inputs[] = {{{', '.join(ptrs_in)}}}; char* const outputs[] = "
+                                  f"{{{dst}}}; {fn}({', '.join(args + [scratch, 'nt'])}); }}")
+            if sched.stream and m.output is not out:
+                _slide(prog, sched, b, k, buf("v", m.output.name), buf("t", m.output.name))
         if not sched.inplace:
             lo, hi = band.rows
-            prog.copy(f"(char*){out_ptr}", out_buf, out, out.shape[2], lo, hi - lo, 0, hi - lo)
+            prog.copy(f"(char*){out_ptr}", buf(result, out.name), out, out.shape[2], lo, hi - lo, 0, hi - lo)
         programs.append(prog)
     if sched.inplace:
         lo, hi = sched.bands[-1].rows
         last = _BandProgram()
-        last.copy(f"(char*){out_ptr}", out_buf, out, out.shape[2], lo, hi - lo, 0, hi - lo)
+        last.copy(f"(char*){out_ptr}", buf(result, out.name), out, out.shape[2], lo, hi - lo, 0, hi - lo)
         programs.append(last)
     kc.w.line(f"char* const ws = {kc.scratch_ptr('char', ws_off)};")
     kc.w.line(f"const char* const weights = {weights};")
@@ -260,6 +282,30 @@ def emit_patched(builder: "ProgramBuilder", index: int, group: FusionGroup) -> K
     kc.w.lines.extend(_loops([(tuple(p.lines), tuple(p.vals)) for p in programs]))
     kc.scratch_bytes = max(kc.scratch_bytes, ws_off + ws_bytes)
     return kc
+
+
+def _slide(prog: _BandProgram, sched: PatchSchedule, b: int, k: int, window: str, temp: str) -> None:
+    """Line buffers: the window of step ``k``'s output moves to this band's rows (the rows kept move to
+    its top, the rows computed by this band are appended from the temporary)."""
+    v = sched.members[k].output
+    band = sched.bands[b]
+    lo, hi = next((lo, hi) for n, lo, hi in band.ranges if n == v.name)
+    done_new = band.steps[k].rows[1]
+    if b == 0:
+        prev, done_prev = (0, 0), 0
+    else:
+        prev = next((lo, hi) for n, lo, hi in sched.bands[b - 1].ranges if n == v.name)
+        done_prev = sched.bands[b - 1].steps[k].rows[1]
+    if (lo, hi) == prev and done_new == done_prev:
+        return
+    planes, row_bytes = v.shape[0] * v.shape[1], v.shape[3] * v.dtype.itemsize
+    kept = min(hi, done_prev) - lo
+    if kept > 0 and (lo, prev[1] - prev[0]) != (prev[0], hi - lo):
+        prog.lines.append(f"{MOVE_HELPER}({window}, {planes}, {hi - lo}, {prev[1] - prev[0]}, {lo - prev[0]}, {kept}, "
+                          f"{row_bytes});")
+    start = max(done_prev, lo)
+    if hi > start:
+        prog.copy(window, temp, v, hi - lo, start - lo, done_new - done_prev, start - done_prev, hi - start)
 
 
 def patched_comment(group: FusionGroup) -> str:

@@ -38,6 +38,7 @@ run, then to the earlier one. Deterministic: every walk is over the plan's order
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,7 +56,7 @@ from opfuse.ops.registry import get_spec, is_supported
 PATCHED_KIND = "patched"
 WINDOW_OPS = frozenset({"Conv", "MaxPool", "AveragePool"})
 # The longest run considered (groups): beyond it halos grow past any saving.
-MAX_RUN_GROUPS = 16
+MAX_RUN_GROUPS = 10
 # A band holds at least this many output pixels (rows x width) of the run's output: below it the
 # kernels run mostly on the edges of their register blocks (4 x 4 on the Cortex-M7) and every band
 # pays its calls and copies. Measured under QEMU on ds_cnn's depthwise->pointwise pairs (width 5):
@@ -210,6 +211,7 @@ class PatchSchedule:
     # The output may take the input's bytes: band i's rows are written out after band i + 1 has copied its
     # input rows, and no later band reads them (one run input, of the output's shape, read first by step 0).
     inplace: bool = False
+    stream: bool = False     # line buffers: nothing recomputed (``schedule``)
     step_scratch: list[int] = field(default_factory=list)  # estimated kernel scratch per layer
     buffers: dict[str, int] = field(default_factory=dict)  # workspace buffer -> bytes (max over bands)
     lifetimes: dict[str, tuple[int, int]] = field(default_factory=dict)  # buffer -> steps
@@ -245,14 +247,20 @@ class PatchSchedule:
         return {"groups": [m.group.name for m in self.members], "band_rows": self.band_rows,
                 "bands": len(self.bands), "output": self.output.name,
                 "inputs": [v.name for v in self.inputs], "workspace_bytes": self.workspace_bytes,
-                "output_over_input": self.inplace,
+                "output_over_input": self.inplace, "line_buffers": self.stream,
                 "work_unpatched": round(self.work_unpatched), "work_patched": round(self.work_patched),
                 "recompute": round(self.recompute, 4)}
 
 
-def schedule(members: list[Bandable], band_rows: int, step_scratch: list[int] | None = None) -> PatchSchedule:
+def schedule(members: list[Bandable], band_rows: int, step_scratch: list[int] | None = None,
+             stream: bool = False) -> PatchSchedule:
     """Bands of ``band_rows`` rows of the run's output, their needs and the workspace buffers
-    (``step_scratch``: an estimate of each layer's kernel scratch, for ``workspace_bytes``)."""
+    (``step_scratch``: an estimate of each layer's kernel scratch, for ``workspace_bytes``).
+
+    ``stream``: no row is computed twice. Each layer computes only the rows no earlier band did, into
+    a temporary; the tensor's buffer is a window of rows that slides down band after band (the rows
+    its readers still need move to its top, the new ones are appended): a line buffer per tensor.
+    Windows live across bands, so the workspace is larger than with recomputed halos."""
     out = members[-1].output
     height = out.shape[2]
     produced = {m.output.name: k for k, m in enumerate(members)}
@@ -262,8 +270,8 @@ def schedule(members: list[Bandable], band_rows: int, step_scratch: list[int] | 
         for v, _ in m.inputs:
             values.setdefault(v.name, v)
     run_inputs = [values[n] for n in values if n not in produced]
-    bands = []
-    for a in range(0, height, band_rows):
+    bands = _stream_bands(members, values, band_rows) if stream else []
+    for a in range(0, height if not stream else 0, band_rows):
         e = min(a + band_rows, height)
         ranges: dict[str, tuple[int, int]] = {out.name: (a, e)}
         steps: list[BandStep] = []
@@ -284,7 +292,7 @@ def schedule(members: list[Bandable], band_rows: int, step_scratch: list[int] | 
     # A layer's scratch on a band (packed panels bounded by the tile sizes, padded planes) is at most
     # the whole layer's: that is the estimate (codegen lays the workspace out with the real sizes).
     sched = PatchSchedule(members, band_rows, bands, run_inputs, out, work_un, work_p,
-                          step_scratch=list(step_scratch or []))
+                          step_scratch=list(step_scratch or []), stream=stream)
     # Workspace: a band buffer per tensor (from its producing step, or the first reader for a run
     # input, to its last reader) and a staging copy where a reader needs fewer rows than the hull.
     first: dict[str, int] = {}
@@ -293,22 +301,85 @@ def schedule(members: list[Bandable], band_rows: int, step_scratch: list[int] | 
         for v, _ in m.inputs:
             first.setdefault(v.name, k)
             last[v.name] = k
+    whole = (0, len(members) - 1)
     for name, v in values.items():
         rows = max(r[2] - r[1] for b in bands for r in b.ranges if r[0] == name)
         start = produced.get(name, first.get(name, 0))
+        if stream and name in produced:
+            k = produced[name]
+            new = max(b.steps[k].rows[1] - b.steps[k].rows[0] for b in bands)
+            sched.buffers[f"t:{name}"] = new * _row_bytes(v)
+            sched.lifetimes[f"t:{name}"] = (k, k)
+            if name == out.name:
+                continue
+            sched.lifetimes[f"v:{name}"] = whole  # the window keeps rows for the next band
+        else:
+            sched.lifetimes[f"v:{name}"] = (start, last.get(name, len(members) - 1))
         sched.buffers[f"v:{name}"] = rows * _row_bytes(v)
-        sched.lifetimes[f"v:{name}"] = (start, last.get(name, len(members) - 1))
     sched.inplace = _inplace_ok(sched, first)
     if sched.inplace:  # the output band waits in the workspace for the next band's input copy
-        sched.lifetimes[f"v:{out.name}"] = (0, len(members) - 1)
+        sched.lifetimes[f"{'t' if stream else 'v'}:{out.name}"] = whole
     for k, m in enumerate(members):
         for j, (v, _) in enumerate(m.inputs):
-            staged = [b for b in bands if _range(b, v.name) != (b.steps[k].needs[j].lo, b.steps[k].needs[j].hi)]
+            staged = [b for b in bands if b.steps[k].needs
+                      and _range(b, v.name) != (b.steps[k].needs[j].lo, b.steps[k].needs[j].hi)]
             if staged:
-                rows = max(b.steps[k].needs[j].hi - b.steps[k].needs[j].lo for b in bands)
+                rows = max(b.steps[k].needs[j].hi - b.steps[k].needs[j].lo for b in bands if b.steps[k].needs)
                 sched.buffers[f"s{k}:{v.name}"] = rows * _row_bytes(v)
                 sched.lifetimes[f"s{k}:{v.name}"] = (k, k)
     return sched
+
+
+def _stream_bands(members: list[Bandable], values: dict[str, Value], band_rows: int) -> list[Band]:
+    """Bands of a streamed run: every layer computes, band after band, the rows its inputs allow, at
+    most its share of ``band_rows`` output rows (so the first bands fill the pipeline a few rows at a
+    time and the output starts later); a tensor's window holds the rows from the lowest one a reader
+    will still need to the last one computed."""
+    out = members[-1].output
+    height = out.shape[2]
+    cap = {m.output.name: -(-band_rows * m.output.shape[2] // height) for m in members}
+    done = {m.output.name: 0 for m in members}
+    readers: dict[str, list[tuple[Bandable, RowMap]]] = {}
+    for m in members:
+        for v, rm in m.inputs:
+            readers.setdefault(v.name, []).append((m, rm))
+    window: dict[str, tuple[int, int]] = {n: (0, 0) for n in values}
+    bands: list[Band] = []
+    while done[out.name] < height:
+        before = dict(done)
+        steps: list[BandStep] = []
+        for m in members:
+            name, rows = m.output.name, m.output.shape[2]
+            reach = rows
+            for v, rm in m.inputs:
+                avail = done.get(v.name, v.shape[2])
+                if avail < v.shape[2]:
+                    reach = min(reach, max(0, (avail + rm.pad - rm.kernel) // rm.stride + 1))
+            lo_new = done[name]
+            hi_new = max(lo_new, min(rows, lo_new + cap[name], reach))
+            needs = []
+            if hi_new > lo_new:
+                for v, rm in m.inputs:
+                    lo, hi, pt, pb = rm.need(lo_new, hi_new)
+                    needs.append(Need(v.name, lo, hi, pt, pb))
+            steps.append(BandStep((lo_new, hi_new), tuple(needs)))
+            done[name] = hi_new
+        if done == before:
+            raise ValueError("a streamed run made no progress")
+        for name, v in values.items():
+            needs_now = [n for st in steps for n in st.needs if n.value == name]
+            if name == out.name:
+                window[name] = (before[name], done[name])
+            elif name not in done:  # a run input: copied whole from its tensor, band by band
+                if needs_now:
+                    window[name] = (min(n.lo for n in needs_now), max(n.hi for n in needs_now))
+            else:  # from the lowest row a reader will still need (after this band) to the last computed
+                future = [rm.need(before[m.output.name], before[m.output.name] + 1)[0]
+                          for m, rm in readers.get(name, []) if before[m.output.name] < m.output.shape[2]]
+                lo = min(future + [n.lo for n in needs_now], default=done[name])
+                window[name] = (max(window[name][0], min(lo, done[name])), done[name])
+        bands.append(Band(window[out.name], tuple(steps), tuple((n, *window[n]) for n in values)))
+    return bands
 
 
 def _inplace_ok(sched: PatchSchedule, first: dict[str, int]) -> bool:
@@ -316,6 +387,8 @@ def _inplace_ok(sched: PatchSchedule, first: dict[str, int]) -> bool:
         return False
     x, out = sched.inputs[0], sched.output
     if x.shape != out.shape or x.dtype != out.dtype or first[x.name] != 0:
+        return False
+    if any(not b.steps[0].needs for b in sched.bands):  # every band must copy its input at step 0
         return False
     bands = sched.bands
     for i, band in enumerate(bands):
@@ -396,9 +469,10 @@ def choose_patches(plan: FusionPlan, recompute_limit: float,
 
     ``kernel_scratch`` (group name -> bytes) estimates each layer's own scratch inside a band's
     workspace (the whole layer's kernel scratch, an upper bound); without it only tensors count.
-    Two greedy orders are tried: the lowest arena at every step, and runs that recompute nothing
-    first (they can flatten a plateau of equal peaks that no single run lowers). The plan kept is
-    the state of either with the lowest arena, then the least recomputation, then the fewest runs."""
+    Four greedy orders are tried: the lowest arena at every step, or runs that recompute nothing
+    first (they can flatten a plateau of equal peaks that no single run lowers), each with and
+    without line buffers (``schedule(stream=True)``). The plan kept is the state of any with the
+    lowest arena, then the least recomputation, then the fewest runs."""
     g = plan.graph
     static = static_values(g)
     model_work = float(sum(get_spec(n.op_type, n).flops(n) for n in g.nodes if is_supported(n.op_type)
@@ -408,9 +482,9 @@ def choose_patches(plan: FusionPlan, recompute_limit: float,
     start_state = _estimate(plan_memory(plan), [_workspace(grp) for grp in plan.groups])
     best: tuple[int, float, int, FusionPlan, list[dict]] = (start_state[0], 0.0, 0, plan, [])
     if recompute_limit > 0:
-        for free_first in (False, True):
+        for free_first, streams in itertools.product((False, True), ((False,), (False, True))):
             for state in _greedy(plan, info, start_state, recompute_limit * model_work, free_first,
-                                 kernel_scratch or {}):
+                                 kernel_scratch or {}, streams):
                 if state[:3] < best[:3]:
                     best = state
     arena, _, _, chosen, runs = best
@@ -434,7 +508,7 @@ def _prune(plan: FusionPlan, runs: list[dict], arena: int) -> tuple[FusionPlan, 
 
 
 def _greedy(plan: FusionPlan, info: list, current: tuple[int, int], budget: float, free_first: bool,
-            kernel_scratch: dict[str, int]) -> list[tuple]:
+            kernel_scratch: dict[str, int], streams: tuple[bool, ...]) -> list[tuple]:
     """Every state ``(arena, extra work, runs, plan, run reports)`` one greedy order passes through."""
     states: list[tuple] = []
     runs: list[dict] = []
@@ -457,23 +531,28 @@ def _greedy(plan: FusionPlan, info: list, current: tuple[int, int], budget: floa
                 for rows in range(height - 1, 0, -1):
                     if rows * members[-1].output.shape[3] < MIN_BAND_PIXELS:
                         break
-                    sched = schedule(members, rows, [kernel_scratch.get(m.group.name, 0) for m in members])
-                    if sched.extra_work > budget - extra + 1e-9 or free_only and sched.extra_work > 0:
-                        continue
-                    needs[start] = sched.workspace_bytes
-                    if sched.inplace not in memories:
-                        memories[sched.inplace] = plan_memory(merge_run(plan, start, sched))
-                    arena, area = _estimate(memories[sched.inplace], needs)
-                    if free_only:
-                        if arena > current[0] or (arena, area) >= current:
+                    for stream in streams:
+                        try:
+                            sched = schedule(members, rows, [kernel_scratch.get(m.group.name, 0) for m in members],
+                                             stream)
+                        except ValueError:  # a window would need rows it dropped: no line buffers here
                             continue
-                        key: tuple = (arena, area, end - start, start)
-                    else:
-                        if arena >= current[0]:
+                        if sched.extra_work > budget - extra + 1e-9 or free_only and sched.extra_work > 0:
                             continue
-                        key = (arena, sched.extra_work, area, end - start, start)
-                    if best is None or key < best[0]:
-                        best = (key, start, sched, (arena, area))
+                        needs[start] = sched.workspace_bytes
+                        if sched.inplace not in memories:
+                            memories[sched.inplace] = plan_memory(merge_run(plan, start, sched))
+                        arena, area = _estimate(memories[sched.inplace], needs)
+                        if free_only:
+                            if arena > current[0] or (arena, area) >= current:
+                                continue
+                            key: tuple = (arena, area, end - start, start)
+                        else:
+                            if arena >= current[0]:
+                                continue
+                            key = (arena, sched.extra_work, area, end - start, start)
+                        if best is None or key < best[0]:
+                            best = (key, start, sched, (arena, area))
         if best is None:
             if free_only:
                 free_only = False
