@@ -25,13 +25,23 @@ band's own top/bottom pad, so each band computes exactly what the whole layer co
 those rows, element by element in the same order (the outputs are bit-identical). A tensor
 read by several groups of the run (a residual) holds the hull of their needs.
 
-The workspace of one band (band buffers of the run's tensors, staging copies of rows of the
-run's inputs and of tensors whose consumer needs fewer rows than the hull) is laid out like an
-arena over the run's steps (``assign_offsets``); the run is one kernel of the outer plan whose
-scratch is that workspace (``memory.scratch`` places it inside the microcontroller's arena).
+Line buffers (``schedule(stream=True)``) trade memory for the recomputation: every layer computes,
+band after band, only rows no earlier band computed (at most its share of the band, so the first
+bands fill the pipeline a few rows at a time), into a temporary; each tensor keeps a window of rows,
+from the lowest one a reader will still need to the last one computed, which slides down band
+after band. Nothing is recomputed; the windows live across bands. Where the input and the output
+of a run have one shape and no later band reads rows already written, the output is written over
+the input (each band's rows go out once the next band has copied its input rows): depthwise ->
+pointwise pairs then need no second full tensor.
 
-``choose_patches`` picks runs and band heights: the smallest estimated arena (tensors of the
-outer plan plus the workspace, placed as scratch), subject to the extra multiply-accumulates
+The workspace of one band (band buffers or windows of the run's tensors, temporaries, staging
+copies of rows of the run's inputs and of tensors whose reader needs fewer rows than the buffer
+holds) is laid out like an arena over the run's steps (``assign_offsets``); the run is one kernel
+of the outer plan whose scratch is that workspace (``memory.scratch`` places it inside the
+microcontroller's arena).
+
+``choose_patches`` picks runs, band heights and the mode: the smallest estimated arena (tensors of
+the outer plan plus the workspace, placed as scratch), subject to the extra multiply-accumulates
 of all runs staying within ``recompute_limit`` (a fraction of the whole model's; see
 ``CompileOptions.patch_recompute_limit``); ties go to less recomputation, then to the shorter
 run, then to the earlier one. Deterministic: every walk is over the plan's order.
@@ -215,6 +225,7 @@ class PatchSchedule:
     step_scratch: list[int] = field(default_factory=list)  # estimated kernel scratch per layer
     buffers: dict[str, int] = field(default_factory=dict)  # workspace buffer -> bytes (max over bands)
     lifetimes: dict[str, tuple[int, int]] = field(default_factory=dict)  # buffer -> steps
+    _workspace: int | None = field(default=None, repr=False)
 
     @property
     def extra_work(self) -> float:
@@ -241,7 +252,9 @@ class PatchSchedule:
     @property
     def workspace_bytes(self) -> int:
         """The workspace with the estimated kernel scratch (codegen lays it out with the real one)."""
-        return self.layout(self.step_scratch)[1]
+        if self._workspace is None:
+            self._workspace = self.layout(self.step_scratch)[1]
+        return self._workspace
 
     def describe(self) -> dict:
         return {"groups": [m.group.name for m in self.members], "band_rows": self.band_rows,
@@ -482,9 +495,10 @@ def choose_patches(plan: FusionPlan, recompute_limit: float,
     start_state = _estimate(plan_memory(plan), [_workspace(grp) for grp in plan.groups])
     best: tuple[int, float, int, FusionPlan, list[dict]] = (start_state[0], 0.0, 0, plan, [])
     if recompute_limit > 0:
+        cache: dict = {}  # schedules and memory plans, shared by the orders
         for free_first, streams in itertools.product((False, True), ((False,), (False, True))):
             for state in _greedy(plan, info, start_state, recompute_limit * model_work, free_first,
-                                 kernel_scratch or {}, streams):
+                                 kernel_scratch or {}, streams, cache):
                 if state[:3] < best[:3]:
                     best = state
     arena, _, _, chosen, runs = best
@@ -508,7 +522,7 @@ def _prune(plan: FusionPlan, runs: list[dict], arena: int) -> tuple[FusionPlan, 
 
 
 def _greedy(plan: FusionPlan, info: list, current: tuple[int, int], budget: float, free_first: bool,
-            kernel_scratch: dict[str, int], streams: tuple[bool, ...]) -> list[tuple]:
+            kernel_scratch: dict[str, int], streams: tuple[bool, ...], cache: dict) -> list[tuple]:
     """Every state ``(arena, extra work, runs, plan, run reports)`` one greedy order passes through."""
     states: list[tuple] = []
     runs: list[dict] = []
@@ -528,20 +542,30 @@ def _greedy(plan: FusionPlan, info: list, current: tuple[int, int], budget: floa
                 height = members[-1].output.shape[2]
                 memories: dict[bool, MemoryPlan] = {}
                 needs = [_workspace(grp) for grp in plan.groups[:start + 1] + plan.groups[end + 1:]]
-                for rows in range(height - 1, 0, -1):
+                # One band height per band count (the smallest that gives it): ceil(height / n).
+                for rows in sorted({-(-height // n) for n in range(2, height + 1)}, reverse=True):
                     if rows * members[-1].output.shape[3] < MIN_BAND_PIXELS:
                         break
                     for stream in streams:
-                        try:
-                            sched = schedule(members, rows, [kernel_scratch.get(m.group.name, 0) for m in members],
-                                             stream)
-                        except ValueError:  # a window would need rows it dropped: no line buffers here
+                        skey = (tuple(m.group.name for m in members), rows, stream)
+                        if skey not in cache:
+                            try:
+                                cache[skey] = schedule(members, rows,
+                                                       [kernel_scratch.get(m.group.name, 0) for m in members], stream)
+                            except ValueError:  # a window would need rows it dropped: no line buffers here
+                                cache[skey] = None
+                        sched = cache[skey]
+                        if sched is None:
                             continue
                         if sched.extra_work > budget - extra + 1e-9 or free_only and sched.extra_work > 0:
                             continue
                         needs[start] = sched.workspace_bytes
                         if sched.inplace not in memories:
-                            memories[sched.inplace] = plan_memory(merge_run(plan, start, sched))
+                            merged = merge_run(plan, start, sched)
+                            mkey = (tuple(grp.name for grp in merged.groups), sched.inplace)
+                            if mkey not in cache:
+                                cache[mkey] = plan_memory(merged)
+                            memories[sched.inplace] = cache[mkey]
                         arena, area = _estimate(memories[sched.inplace], needs)
                         if free_only:
                             if arena > current[0] or (arena, area) >= current:
