@@ -379,7 +379,7 @@ def _stream_bands(members: list[Bandable], values: dict[str, Value], band_rows: 
             done[name] = hi_new
         if done == before:
             raise ValueError("a streamed run made no progress")
-        for name, v in values.items():
+        for name in values:
             needs_now = [n for st in steps for n in st.needs if n.value == name]
             if name == out.name:
                 window[name] = (before[name], done[name])
