@@ -277,6 +277,7 @@ def patch_lines(report: dict) -> list[str]:
     """One line per patched run of a compile report (``memory.patch``)."""
     return [f"patched: {'+'.join(run['groups'])} in {run['bands']} bands of {run['band_rows']} rows "
             f"(workspace {run['workspace_bytes']:,} bytes, {run['recompute']:.1%} of their work recomputed"
+            f"{', line buffers' if run.get('line_buffers') else ''}"
             f"{', output over input' if run['output_over_input'] else ''})"
             for run in report.get("patching", {}).get("runs", [])]
 

@@ -503,8 +503,45 @@ def choose_patches(plan: FusionPlan, recompute_limit: float,
                     best = state
     arena, _, _, chosen, runs = best
     chosen, runs = _prune(chosen, runs, arena)
+    chosen, runs = _polish(chosen, runs, arena, kernel_scratch or {})
     report = PatchReport(recompute_limit, model_work, start_state[0], arena, list(runs), stops)
     return chosen, report
+
+
+def _polish(plan: FusionPlan, runs: list[dict], arena: int,
+            kernel_scratch: dict[str, int]) -> tuple[FusionPlan, list[dict]]:
+    """Redo each run over the same layers with the least recomputation (then the fewest bands) that
+    keeps the estimated arena: a greedy step picks a run for the peak it had then, and a later run may
+    have moved the peak elsewhere."""
+    for i, grp in enumerate(plan.groups):
+        if grp.kind != PATCHED_KIND:
+            continue
+        old: PatchSchedule = grp.attrs["patch"]
+        members = old.members
+        height = members[-1].output.shape[2]
+        best = (old.extra_work, len(old.bands), not old.stream, old.band_rows)
+        chosen = old
+        for rows in sorted({-(-height // n) for n in range(2, height + 1)}, reverse=True):
+            if rows * members[-1].output.shape[3] < MIN_BAND_PIXELS:
+                break
+            for stream in (False, True):
+                try:
+                    sched = schedule(members, rows, [kernel_scratch.get(m.group.name, 0) for m in members], stream)
+                except ValueError:
+                    continue
+                key = (sched.extra_work, len(sched.bands), not sched.stream, rows)
+                if key >= best or sched.extra_work > old.extra_work:
+                    continue
+                trial = FusionPlan(plan.graph, plan.groups[:i] + merge_run(FusionPlan(plan.graph, [
+                    m.group for m in members]), 0, sched).groups + plan.groups[i + 1:])
+                if _estimate(plan_memory(trial), [_workspace(g) for g in trial.groups])[0] <= arena:
+                    best, chosen = key, sched
+        if chosen is not old:
+            plan = FusionPlan(plan.graph, plan.groups[:i] + [merge_run(FusionPlan(plan.graph, [
+                m.group for m in members]), 0, chosen).groups[0]] + plan.groups[i + 1:])
+            names = [m.group.name for m in members]
+            runs = [{**chosen.describe(), "arena_estimate": arena} if r["groups"] == names else r for r in runs]
+    return plan, runs
 
 
 def _prune(plan: FusionPlan, runs: list[dict], arena: int) -> tuple[FusionPlan, list[dict]]:
