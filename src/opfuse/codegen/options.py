@@ -11,6 +11,7 @@ WEIGHT_MODES = ("blob", "embed")
 # "mcu": a standalone C99 library for a microcontroller (see ``codegen/mcu.py``).
 PLATFORMS = ("host", "mcu")
 SIMD_MODES = ("auto", "none")
+WINOGRAD_MODES = ("auto", "off", "on")
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,19 @@ class CodegenOptions:
     # leave one thread idle. Lighter iterations (elements, rows, planes) keep static chunks: no
     # atomic per iteration. Threads never change results: every iteration is independent.
     parallel_dynamic_min_work: int = 1 << 15
+    # Winograd convolution (``codegen/winograd.py``) for 3x3, stride-1, dilation-1, ungrouped
+    # float32 convolutions with constant weights. "auto": where profitable by the rule below
+    # (and never in the plain C99 build, simd="none", whose results stay those of the direct
+    # kernel); "on": every legal convolution; "off": none. Profitability ("auto"): input and
+    # output channels both at least ``winograd_min_channels`` and both output sides at least
+    # ``winograd_min_spatial``; F(4x4, 3x3) when both output sides are at least
+    # ``winograd_f4_min_spatial``, F(2x2, 3x3) below. A block of tiles keeps its transformed
+    # input and output (alpha^2 (Cin + Cout) floats per tile) within ``winograd_block_floats``.
+    winograd: str = "auto"
+    winograd_min_channels: int = 32
+    winograd_min_spatial: int = 8
+    winograd_f4_min_spatial: int = 16
+    winograd_block_floats: int = 1 << 17
     # "blob": weights passed as one pointer at run time; "embed": a static const array.
     weights: str = "blob"
     # Time every kernel call (clock_gettime around it); read back with CompiledModel.profile.
@@ -70,6 +84,8 @@ class CodegenOptions:
             raise OpfuseError(f"weights mode {self.weights!r}: expected one of {', '.join(WEIGHT_MODES)}")
         if self.simd not in SIMD_MODES:
             raise OpfuseError(f"simd mode {self.simd!r}: expected one of {', '.join(SIMD_MODES)}")
+        if self.winograd not in WINOGRAD_MODES:
+            raise OpfuseError(f"winograd mode {self.winograd!r}: expected one of {', '.join(WINOGRAD_MODES)}")
         if self.gemm_mc % self.gemm_mr or self.gemm_nc % self.gemm_nr:
             raise OpfuseError("gemm_mc must be a multiple of gemm_mr and gemm_nc of gemm_nr")
 

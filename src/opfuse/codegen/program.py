@@ -98,6 +98,7 @@ class KernelInfo:
     ops: list[str]
     scratch_bytes: int = 0
     scratch_offset: int | None = None  # mcu: where its scratch lies in the arena
+    notes: tuple[str, ...] = ()        # algorithm choices (e.g. "Conv 'c': Winograd F(4x4,3x3) (...)")
 
 
 @dataclass(frozen=True)
@@ -193,7 +194,8 @@ class ProgramBuilder:
             ev = Evaluator(kc, analysis.inline, loadable)
             lower_stage(kc, ev, stage, analysis)
             loadable |= {id(v) for v in stage.outputs}
-        info = KernelInfo(None, group.name, group.kind, [n.op_type for n in group.nodes], kc.scratch_bytes)
+        info = KernelInfo(None, group.name, group.kind, [n.op_type for n in group.nodes], kc.scratch_bytes,
+                          notes=tuple(kc.notes))
         self.kernels.append(info)
         if not kc.w.lines:
             return
