@@ -126,8 +126,9 @@ def legality(node, static: dict) -> str | None:
 
 
 def choose_transform(options, out_h: int, out_w: int) -> Transform:
-    """F(4x4) when both output sides are at least ``winograd_f4_min_spatial``, else F(2x2)."""
-    return F4 if min(out_h, out_w) >= options.winograd_f4_min_spatial else F2
+    """F(4x4) when ``winograd_f4`` is set and both output sides are at least
+    ``winograd_f4_min_spatial``, else F(2x2)."""
+    return F4 if options.winograd_f4 and min(out_h, out_w) >= options.winograd_f4_min_spatial else F2
 
 
 def winograd_choice(node, options, static: dict) -> Choice:
@@ -230,8 +231,11 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
     u = filter_transform(kc.program.memory.static[id(wt)], t).astype(np.float32)
     upack = kc.const_array(("winograd_u", node.name, m, MR), pack_a_panels(u, MR), node.name + "_U", np.float32)
     mp = OCp // MR
-    off_v = kc.scratch(A2 * C * T * 4)
-    off_m = kc.scratch(A2 * OCp * T * 4)
+    # One GEMM operand (xi) to the next: a cache line more than its size, so the transforms'
+    # alpha^2 streams do not all fall in one L1 set (C * T floats is often a multiple of 4 KiB).
+    XV, XM = C * T + 16, OCp * T + 16
+    off_v = kc.scratch(A2 * XV * 4)
+    off_m = kc.scratch(A2 * XM * 4)
     off_band = kc.scratch(BR * BW * 4)
     off_y = kc.scratch(((R + 1) * m * YB + m) * 4)
     off_d = kc.scratch(2 * A2 * L * 4)
@@ -304,7 +308,7 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
                     for k in range(alpha):
                         terms = [f"{E}[{(i * alpha + q) * L} + {lane}]" for q in range(alpha)]
                         w.line(f"for (long {lane} = 0; {lane} < {L}; ++{lane}) "
-                               f"{vc}[{(i * alpha + k) * C * T} + {lane}] = {_combo(BT[k], terms)};")
+                               f"{vc}[{(i * alpha + k) * XV} + {lane}] = {_combo(BT[k], terms)};")
 
         # 2. alpha^2 GEMMs on the micro-kernel: M[xi] = U[xi] @ V[xi].
         xi, pc, kb, jr, ir = (kc.tmp(n) for n in ("xi", "pc", "kb", "jr", "ir"))
@@ -314,8 +318,8 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
                 with w.block(f"for (long {jr} = 0; {jr} < {ntp}; {jr} += {NR})"):
                     with w.block(f"for (long {ir} = 0; {ir} < {OCp}; {ir} += {MR})"):
                         a_ptr = f"{upack} + (({xi} * {mp} + {ir} / {MR}) * {C} + {pc}) * {MR}"
-                        b_ptr = f"{V} + ({xi} * {C} + {pc}) * {T} + {jr}"
-                        c_ptr = f"{M} + ({xi} * {OCp} + {ir}) * {T} + {jr}"
+                        b_ptr = f"{V} + {xi} * {XV} + {pc} * {T} + {jr}"
+                        c_ptr = f"{M} + {xi} * {XM} + {ir} * {T} + {jr}"
                         w.line(f"{ukr}({kb}, {a_ptr}, 0, 0, {b_ptr}, {T}, {c_ptr}, {T}, {pc} > 0);")
 
         # 3. Output transform per output channel: A^T M A for LANES tiles at a time into the
@@ -327,7 +331,7 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
                 w.line(f"const float* restrict {mo} = {M} + {oc} * {T} + {g0};")
                 for i in range(alpha):  # M A along each row
                     for jj in range(m):
-                        terms = [f"{mo}[{(i * alpha + k) * OCp * T} + {lane}]" for k in range(alpha)]
+                        terms = [f"{mo}[{(i * alpha + k) * XM} + {lane}]" for k in range(alpha)]
                         w.line(f"for (long {lane} = 0; {lane} < {L}; ++{lane}) "
                                f"{D}[{(i * m + jj) * L} + {lane}] = {_combo(AT[jj], terms)};")
                 for a in range(m):  # A^T (.) down the columns

@@ -1,0 +1,176 @@
+"""Winograd convolution (``codegen/winograd.py``): the transforms' algebra, Winograd chosen for
+3x3 stride-1 convolutions with an epilogue (bias + residual Add + Relu) and equal to the
+reference (partial tiles, padding 0 and 1, batch 2, channel counts off the register block,
+1 and 2 threads), refused with a reason where illegal or unprofitable, the portable C99 path
+against the vectorised one, and deterministic C.
+
+Tolerances: F(2x2, 3x3) is held to the suite's (``assert_close``: rtol 1e-4, atol 1e-5); its
+error is the direct kernel's (max abs 1.8e-6 vs 4.1e-6 on 64 -> 64 channels at 56x56, O(1)
+outputs). F(4x4, 3x3) (``winograd_f4``, off by default) errs up to 3.4e-5 there, so it is
+tested at atol 2e-4.
+"""
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from cg_support import assert_close, group_by_names, run_both
+from opfuse.codegen import CodegenOptions
+from opfuse.codegen.program import generate
+from opfuse.codegen.winograd import F2, F4, winograd_choice
+from opfuse.ops import GraphBuilder
+
+rng = np.random.default_rng(5)
+
+
+def _w(b, *shape):
+    fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+    return b.const(f"w{len(b.graph.values)}", (rng.standard_normal(shape) / np.sqrt(fan_in)).astype(np.float32))
+
+
+def conv_block(n, c, oc, h, w, pads, *, k=3, stride=1, dilation=1, group=1):
+    """Conv (bias) -> Add (residual input) -> Relu, one conv_epilogue group."""
+    b = GraphBuilder("wino")
+    x = b.input("x", (n, c, h, w))
+    oh = (h + pads[0] + pads[2] - dilation * (k - 1) - 1) // stride + 1
+    ow = (w + pads[1] + pads[3] - dilation * (k - 1) - 1) // stride + 1
+    res = b.input("res", (n, oc, oh, ow))
+    y = b.op("Conv", x, _w(b, oc, c // group, k, k), _w(b, oc), kernel_shape=[k, k], strides=[stride, stride],
+             pads=pads, dilations=[dilation, dilation], group=group, name="conv")
+    g = b.build(b.op("Relu", b.op("Add", y, res, name="add"), name="relu"))
+    return g, group_by_names(g, [("conv_epilogue", ["conv", "add", "relu"])])
+
+
+def _notes(model) -> list[str]:
+    return [n for k in model.program.kernels for n in k.notes]
+
+
+def _conv_node(g):
+    return next(n for n in g.nodes if n.op_type == "Conv")
+
+
+@pytest.mark.parametrize("t", [F2, F4], ids=["F2", "F4"])
+def test_transforms_compute_the_correlation_exactly(t):
+    """A^T [(G g G^T) * (B^T d B)] A == the 3x3 correlation of d, in exact rational arithmetic."""
+    r = np.random.default_rng(0)
+    g = [[Fraction(int(v)) for v in row] for row in r.integers(-9, 10, (3, 3))]
+    d = [[Fraction(int(v)) for v in row] for row in r.integers(-9, 10, (t.alpha, t.alpha))]
+
+    def mm(a, b):
+        return [[sum((a[i][k] * b[k][j] for k in range(len(b))), Fraction(0)) for j in range(len(b[0]))]
+                for i in range(len(a))]
+
+    def tr(a):
+        return [list(col) for col in zip(*a, strict=True)]
+
+    u = mm(mm(t.G, g), tr(t.G))
+    v = mm(mm(t.BT, d), tr(t.BT))
+    y = mm(mm(t.AT, [[u[i][j] * v[i][j] for j in range(t.alpha)] for i in range(t.alpha)]), tr(t.AT))
+    want = [[sum(g[a][b] * d[i + a][j + b] for a in range(3) for b in range(3)) for j in range(t.m)]
+            for i in range(t.m)]
+    assert y == want
+
+
+CASES = {
+    # n, c, oc, h, w, pads: odd sizes (partial tiles), channels off the 6 x 16 register block
+    "pad1-odd-batch2": (2, 33, 37, 13, 11, [1, 1, 1, 1]),
+    "pad0-odd": (1, 40, 35, 17, 19, [0, 0, 0, 0]),
+    "asymmetric-pads": (1, 32, 48, 12, 9, [0, 1, 2, 0]),
+    "k-blocks": (1, 300, 40, 10, 10, [1, 1, 1, 1]),   # Cin > gemm_kc: two K blocks
+    "many-blocks": (1, 32, 32, 40, 36, [1, 1, 1, 1]),  # several blocks of tiles per image
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("threads", [1, 2])
+def test_winograd_with_epilogue_matches_reference(name, threads, cache_dir):
+    g, plan = conv_block(*CASES[name])
+    got, want, model = run_both(g, plan, cache_dir, threads=threads)
+    assert_close(got, want)
+    assert any("Winograd F(2x2,3x3)" in n for n in _notes(model)), _notes(model)
+    assert "Winograd F(2x2,3x3)" in model.program.source
+    assert model.report["kernels"] == 1
+
+
+def test_winograd_f4_matches_reference_within_its_tolerance(cache_dir):
+    g, plan = conv_block(2, 33, 37, 19, 17, [1, 1, 1, 1])
+    options = CodegenOptions(winograd_f4=True)
+    got, want, model = run_both(g, plan, cache_dir, options=options, threads=2)
+    assert_close(got, want, atol=2e-4, rtol=1e-4)
+    assert any("Winograd F(4x4,3x3)" in n for n in _notes(model))
+
+
+def test_results_do_not_depend_on_threads(cache_dir):
+    g, plan = conv_block(2, 33, 37, 13, 11, [1, 1, 1, 1])
+    one, _, _ = run_both(g, plan, cache_dir, threads=1)
+    two, _, _ = run_both(g, plan, cache_dir, threads=2)
+    for k in one:
+        assert np.array_equal(one[k], two[k])
+
+
+@pytest.mark.parametrize("kw,reason", [
+    (dict(stride=2), "strides [2, 2]"),
+    (dict(dilation=2), "dilations [2, 2]"),
+    (dict(group=2), "group=2"),
+    (dict(k=1), "kernel 1x1"),
+    (dict(k=5), "kernel 5x5"),
+])
+def test_illegal_convolutions_refuse_winograd(kw, reason, cache_dir):
+    pads = [0, 0, 0, 0] if kw.get("k") == 1 else [2, 2, 2, 2]
+    g, plan = conv_block(1, 32, 32, 12, 12, pads, **kw)
+    for mode in ("auto", "on"):
+        choice = winograd_choice(_conv_node(g), CodegenOptions(winograd=mode), {id(v): None for v in g.values.values() if v.const is not None})
+        assert choice.transform is None and reason in choice.reason
+    got, want, model = run_both(g, plan, cache_dir)
+    assert_close(got, want)
+    assert any("direct" in n and reason in n for n in _notes(model)), _notes(model)
+    assert "Winograd F(" not in model.program.source
+
+
+@pytest.mark.parametrize("shape,options,reason", [
+    ((16, 64, 14, 14), CodegenOptions(), "fewer than winograd_min_channels=32"),
+    ((64, 16, 14, 14), CodegenOptions(), "fewer than winograd_min_channels=32"),
+    ((64, 64, 7, 7), CodegenOptions(), "smaller than winograd_min_spatial=8"),
+    ((64, 64, 14, 14), CodegenOptions(simd="none"), "plain C99 build"),
+    ((64, 64, 14, 14), CodegenOptions(winograd="off"), "winograd='off'"),
+])
+def test_unprofitable_convolutions_stay_direct(shape, options, reason):
+    c, oc, h, w = shape
+    g, _ = conv_block(1, c, oc, h, w, [1, 1, 1, 1])
+    static = {id(v): None for v in g.values.values() if v.const is not None}
+    choice = winograd_choice(_conv_node(g), options, static)
+    assert choice.transform is None and reason in choice.reason
+    forced = winograd_choice(_conv_node(g), options.with_(winograd="on"), static)
+    assert forced.transform is F2 and forced.reason == "winograd='on'"
+
+
+def test_portable_winograd_matches_the_vectorised_one(cache_dir):
+    """simd="none" with winograd="on": the plain C99 micro-kernel and transforms, against the
+    intrinsics build and the reference."""
+    g, plan = conv_block(2, 33, 37, 13, 11, [1, 1, 1, 1])
+    portable, want, m0 = run_both(g, plan, cache_dir, options=CodegenOptions(simd="none", winograd="on"))
+    simd, _, m1 = run_both(g, plan, cache_dir)
+    assert "_mm256_fmadd_ps" not in m0.program.source and "_mm256_fmadd_ps" in m1.program.source
+    assert "Winograd F(2x2,3x3)" in m0.program.source and "Winograd F(2x2,3x3)" in m1.program.source
+    assert_close(portable, want)
+    assert_close(simd, portable)
+
+
+def test_portable_build_keeps_the_direct_kernel_by_default():
+    """The Cortex-M7 and PORTABLE builds (simd="none", winograd="auto") generate what they did
+    before Winograd existed: the direct kernel, identical C with winograd="off"."""
+    g, plan = conv_block(1, 64, 64, 14, 14, [1, 1, 1, 1])
+    auto = generate(g, plan, options=CodegenOptions(simd="none")).source
+    off = generate(g, plan, options=CodegenOptions(simd="none", winograd="off")).source
+    assert "Winograd F(" not in auto
+    assert auto.replace("plain C99 build (simd='none'): Winograd only with winograd='on'", "winograd='off'") == off
+
+
+def test_generated_c_is_deterministic():
+    g, plan = conv_block(2, 33, 37, 19, 17, [1, 1, 1, 1])
+    a = generate(g, plan, options=CodegenOptions(winograd_f4=True))
+    b = generate(g, plan, options=CodegenOptions(winograd_f4=True))
+    assert a.source == b.source and a.weights == b.weights
+    assert "Winograd F(4x4,3x3)" in a.source
