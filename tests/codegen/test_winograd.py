@@ -75,11 +75,11 @@ def test_transforms_compute_the_correlation_exactly(t):
 
 CASES = {
     # n, c, oc, h, w, pads: odd sizes (partial tiles), channels off the 6 x 16 register block
-    "pad1-odd-batch2": (2, 33, 37, 13, 11, [1, 1, 1, 1]),
-    "pad0-odd": (1, 40, 35, 17, 19, [0, 0, 0, 0]),
-    "asymmetric-pads": (1, 32, 48, 12, 9, [0, 1, 2, 0]),
-    "k-blocks": (1, 300, 40, 10, 10, [1, 1, 1, 1]),   # Cin > gemm_kc: two K blocks
-    "many-blocks": (1, 32, 32, 40, 36, [1, 1, 1, 1]),  # several blocks of tiles per image
+    "pad1-odd-batch2": (2, 65, 67, 13, 11, [1, 1, 1, 1]),
+    "pad0-odd": (1, 70, 66, 17, 19, [0, 0, 0, 0]),
+    "asymmetric-pads": (1, 64, 80, 12, 9, [0, 1, 2, 0]),
+    "k-blocks": (1, 300, 64, 10, 10, [1, 1, 1, 1]),   # Cin > gemm_kc: two K blocks
+    "many-blocks": (1, 64, 64, 40, 36, [1, 1, 1, 1]),  # several blocks of tiles per image
 }
 
 
@@ -100,7 +100,7 @@ def test_winograd_with_epilogue_matches_reference(name, threads, cache_dir):
 def test_transform_follows_the_rule(f4, name, cache_dir):
     """Output 19x17: F(4x4) by default (both sides >= winograd_f4_min_spatial), F(2x2) without
     ``winograd_f4``; both within the suite's tolerance."""
-    g, plan = conv_block(2, 33, 37, 19, 17, [1, 1, 1, 1])
+    g, plan = conv_block(2, 65, 67, 19, 17, [1, 1, 1, 1])
     got, want, model = run_both(g, plan, cache_dir, options=CodegenOptions(winograd_f4=f4), threads=2)
     assert_close(got, want)
     assert any(f"Winograd {name}" in n for n in _notes(model))
@@ -109,7 +109,7 @@ def test_transform_follows_the_rule(f4, name, cache_dir):
 
 
 def test_results_do_not_depend_on_threads(cache_dir):
-    g, plan = conv_block(2, 33, 37, 13, 11, [1, 1, 1, 1])
+    g, plan = conv_block(2, 65, 67, 13, 11, [1, 1, 1, 1])
     one, _, _ = run_both(g, plan, cache_dir, threads=1)
     two, _, _ = run_both(g, plan, cache_dir, threads=2)
     for k in one:
@@ -125,7 +125,7 @@ def test_results_do_not_depend_on_threads(cache_dir):
 ])
 def test_illegal_convolutions_refuse_winograd(kw, reason, cache_dir):
     pads = [0, 0, 0, 0] if kw.get("k") == 1 else [2, 2, 2, 2]
-    g, plan = conv_block(1, 32, 32, 12, 12, pads, **kw)
+    g, plan = conv_block(1, 64, 64, 12, 12, pads, **kw)
     static = {id(v): None for v in g.values.values() if v.const is not None}
     for mode in ("auto", "on"):
         choice = winograd_choice(_conv_node(g), CodegenOptions(winograd=mode), static)
@@ -137,8 +137,8 @@ def test_illegal_convolutions_refuse_winograd(kw, reason, cache_dir):
 
 
 @pytest.mark.parametrize("shape,options,reason", [
-    ((16, 64, 14, 14), CodegenOptions(), "fewer than winograd_min_channels=32"),
-    ((64, 16, 14, 14), CodegenOptions(), "fewer than winograd_min_channels=32"),
+    ((32, 64, 14, 14), CodegenOptions(), "fewer than winograd_min_channels=64"),
+    ((64, 48, 14, 14), CodegenOptions(), "fewer than winograd_min_channels=64"),
     ((64, 64, 7, 7), CodegenOptions(), "smaller than winograd_min_spatial=8"),
     ((64, 64, 14, 14), CodegenOptions(simd="none"), "plain C99 build"),
     ((64, 64, 14, 14), CodegenOptions(winograd="off"), "winograd='off'"),
@@ -156,7 +156,7 @@ def test_unprofitable_convolutions_stay_direct(shape, options, reason):
 def test_portable_winograd_matches_the_vectorised_one(cache_dir):
     """simd="none" with winograd="on": the plain C99 micro-kernel and transforms, against the
     intrinsics build and the reference."""
-    g, plan = conv_block(2, 33, 37, 13, 11, [1, 1, 1, 1])
+    g, plan = conv_block(2, 65, 67, 13, 11, [1, 1, 1, 1])
     portable, want, m0 = run_both(g, plan, cache_dir, options=CodegenOptions(simd="none", winograd="on"))
     simd, _, m1 = run_both(g, plan, cache_dir)
     assert "_mm256_fmadd_ps" not in m0.program.source and "_mm256_fmadd_ps" in m1.program.source
@@ -176,7 +176,7 @@ def test_portable_build_keeps_the_direct_kernel_by_default():
 
 
 def test_generated_c_is_deterministic():
-    g, plan = conv_block(2, 33, 37, 19, 17, [1, 1, 1, 1])
+    g, plan = conv_block(2, 65, 67, 19, 17, [1, 1, 1, 1])
     a = generate(g, plan, options=CodegenOptions(winograd_f4=True))
     b = generate(g, plan, options=CodegenOptions(winograd_f4=True))
     assert a.source == b.source and a.weights == b.weights

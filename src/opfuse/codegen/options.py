@@ -61,13 +61,15 @@ class CodegenOptions:
     # ``winograd_min_spatial``. The transform: F(4x4, 3x3) (``winograd_f4``) where both output
     # sides are at least ``winograd_f4_min_spatial``, F(2x2, 3x3) below. Measured on resnet18's
     # 3x3 layers (1 thread, CPU time, against the direct kernel): F(2x2) 1.2-1.4x, F(4x4)
-    # 1.3-1.7x faster at 56x56 to 14x14, neither at 7x7. F(4x4)'s error (on 0, 1, -1, 2, -1/2:
+    # 1.3-1.7x faster at 56x56 to 14x14, neither at 7x7; with 64 channels at 8x8 F(2x2) 1.16x
+    # (F(4x4) 0.43x: 4 tiles); with 32 channels or fewer (resnet8, yolo_block) both lose, 0.56-0.85x
+    # at 16x16 to 80x80, the transforms outweighing the GEMMs. F(4x4)'s error (on 0, 1, -1, 2, -1/2:
     # 1.1e-5 to 1.8e-5 max abs on those layers with O(1) outputs, direct 4e-6 to 7e-6, F(2x2)
     # 2e-6 to 3e-6) stays within the tests' tolerance (rtol 1e-4 + atol 1e-5); set
     # ``winograd_f4=False`` for F(2x2) everywhere. A block of tiles keeps its transformed input
     # and output (alpha^2 (Cin + Cout) floats per tile) within ``winograd_block_floats``.
     winograd: str = "auto"
-    winograd_min_channels: int = 32
+    winograd_min_channels: int = 64
     winograd_min_spatial: int = 8
     winograd_f4: bool = True
     winograd_f4_min_spatial: int = 12
