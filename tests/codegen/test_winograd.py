@@ -7,7 +7,7 @@ against the vectorised one, and deterministic C.
 Tolerance: the suite's (``assert_close``: rtol 1e-4, atol 1e-5) for both transforms. Max abs
 errors on 64 -> 64 channels at 56x56 (O(1) outputs): direct 4.1e-6, F(2x2, 3x3) 1.8e-6,
 F(4x4, 3x3) 1.1e-5 (3.4e-5 with the usual points 0, +-1, +-2, which is why it uses 0, 1, -1,
-2, -1/2). On this file's cases F(4x4) reaches at most 0.64 of the tolerance.
+2, -1/2). On this file's cases F(4x4) reaches at most 0.78 of the tolerance (300 input channels).
 """
 from __future__ import annotations
 
