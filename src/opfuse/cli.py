@@ -317,7 +317,10 @@ def _predicted_vs_measured(report: dict) -> str:
         pred, ratio = (f"{p * 1e6:>10.1f}us", f"{m / p:>8.2f}") if p else (f"{'-':>12}", f"{'-':>8}")
         rate = achieved_rate(g, ys["sgemm_gflops"] / ys["copy_gbps"])
         achieved = f"{rate[0]:>10.2f} {rate[1]:<7}{rate[0] / peak[rate[1]] * 100:>13.0f}%" if rate else ""
-        lines.append(f"{g['name'][:27]:<28}{ops[:33]:<34}{pred}{m * 1e6:>10.1f}us{ratio}{achieved}")
+        # A Winograd convolution's rate counts the direct convolution's FLOPs ("effective").
+        wino = sorted({n.split("Winograd ")[1].split(" ")[0] for n in g.get("kernel_notes", []) if "Winograd F(" in n})
+        algo = f"  Winograd {', '.join(wino)}" if wino else ""
+        lines.append(f"{g['name'][:27]:<28}{ops[:33]:<34}{pred}{m * 1e6:>10.1f}us{ratio}{achieved}{algo}")
     p, m = report.get("predicted_latency_s"), report["measured_latency_s"]
     total = f"whole model: measured {m * 1e3:.3f} ms (median of {report['measured_repeat']} runs, kernel timers on)"
     if p:

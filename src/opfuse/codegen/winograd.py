@@ -29,9 +29,17 @@ legality (the shape above, float32, constant weights) and, with ``winograd="auto
 profitability: thresholds in ``CodegenOptions`` (see there). The choice and its reason are
 written into the kernel's comment and the report.
 
-Numerics: F(2x2) transforms have coefficients 0, +-1 and 1/2; F(4x4) (points 0, +-1,
-+-2, infinity) up to 8 in ``A`` and 5 in ``B``, so its rounding error is larger (measured
-on the zoo in ``tests/codegen/test_winograd.py``'s docstring).
+Numerics: the transforms are built exactly (``toom_cook``) from their interpolation points.
+F(2x2) (0, 1, -1) has coefficients 0, +-1 and 1/2 and errs less than the direct kernel;
+F(4x4) uses 0, 1, -1, 2, -1/2, whose float32 error is 2.3x smaller than the usual 0, +-1,
++-2 (numbers in ``CodegenOptions`` and ``tests/codegen/test_winograd.py``).
+
+Cost model: ``opfuse.cost`` (below this package) prices a convolution by its direct FLOPs and
+does not know which convolutions run as Winograd, so it over-predicts their time (by the
+speed-ups quoted in ``CodegenOptions``). Fusion decisions are not biased by it: a
+convolution's own cost is the same in the fused and the unfused plan it compares. The
+per-group rates of ``opfuse compile --measure`` count the direct FLOPs too ("effective"
+GFLOP/s) and mark the Winograd groups.
 """
 from __future__ import annotations
 
