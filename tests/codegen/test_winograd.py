@@ -94,6 +94,7 @@ def test_winograd_with_epilogue_matches_reference(name, threads, cache_dir):
     assert any(f"Winograd {t.name}" in n for n in _notes(model)), _notes(model)
     assert f"Winograd {t.name}" in model.program.source
     assert model.report["kernels"] == 1
+    assert any(f"Winograd {t.name}" in n for k in model.report["c_kernels"] for n in k["notes"])
 
 
 @pytest.mark.parametrize("f4,name", [(True, "F(4x4,3x3)"), (False, "F(2x2,3x3)")])
