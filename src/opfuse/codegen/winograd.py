@@ -53,7 +53,7 @@ from opfuse.codegen.ctype import literal
 from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.gemm import pack_a_panels
 from opfuse.codegen.index import Index
-from opfuse.codegen.microkernel import microkernel
+from opfuse.codegen.microkernel import AVX2_GUARD, microkernel
 from opfuse.codegen.stages import Stage
 
 
@@ -218,6 +218,39 @@ def _combo(coeffs, terms: list[str]) -> str:
     return out or "0.0f"
 
 
+def _combo_avx2(coeffs, ptrs: list[str]) -> str:
+    """``_combo`` on 8 lanes at once: AVX2 intrinsics, a fused multiply-add per weighted term."""
+    acc = ""
+    for c, p in zip(coeffs, ptrs, strict=True):
+        if c == 0:
+            continue
+        x = f"_mm256_loadu_ps({p})"
+        k = f"_mm256_set1_ps({literal(float(abs(c)), np.float32)})"
+        if not acc:
+            acc = x if c == 1 else f"_mm256_mul_ps(_mm256_set1_ps({literal(float(c), np.float32)}), {x})"
+        elif abs(c) == 1:
+            acc = f"_mm256_{'add' if c > 0 else 'sub'}_ps({acc}, {x})"
+        else:
+            acc = f"_mm256_{'fmadd' if c > 0 else 'fnmadd'}_ps({k}, {x}, {acc})"
+    return acc or "_mm256_setzero_ps()"
+
+
+def _lane_stage(w, simd: str, lane: str, items: list[tuple[str, tuple, list[str]]]) -> None:
+    """``dst[l] = sum_i coeffs[i] * src_i[l]`` for the LANES lanes, per ``(dst, coeffs, srcs)``
+    (C pointers): AVX2/FMA intrinsics where the target has them (``simd="auto"``), a
+    constant-trip loop gcc vectorises otherwise (two roundings per weighted term)."""
+    if simd == "auto" and LANES == 8:
+        w.line(f"#if {AVX2_GUARD}")
+        for dst, coeffs, srcs in items:
+            w.line(f"_mm256_storeu_ps({dst}, {_combo_avx2(coeffs, srcs)});")
+        w.line("#else")
+    for dst, coeffs, srcs in items:
+        w.line(f"for (long {lane} = 0; {lane} < {LANES}; ++{lane}) ({dst})[{lane}] = "
+               f"{_combo(coeffs, [f'({p})[{lane}]' for p in srcs])};")
+    if simd == "auto" and LANES == 8:
+        w.line("#endif")
+
+
 def _tiles_per_block(options, C: int, OCp: int, tiles: int, nimg: int, alpha: int, nr: int) -> int:
     """Tiles per block: V and M of a block (alpha^2 (Cin + Cout) floats per tile) within
     ``winograd_block_floats``, a multiple of NR, and at least ``gemm_min_tiles`` blocks over
@@ -335,19 +368,15 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
                     for r in range(alpha):
                         w.line(" ".join(f"{D}[{(r * alpha + q) * L} + {lane}] = {src}[{r * BW + q}];"
                                         for q in range(alpha)))
-                # B^T d (down the columns), then (.) B (across), one LANES-wide loop per value.
-                for i in range(alpha):
-                    for q in range(alpha):
-                        terms = [f"{D}[{(r * alpha + q) * L} + {lane}]" for r in range(alpha)]
-                        w.line(f"for (long {lane} = 0; {lane} < {L}; ++{lane}) "
-                               f"{E}[{(i * alpha + q) * L} + {lane}] = {_combo(BT[i], terms)};")
+                # B^T d (down the columns), then (.) B (across), LANES tiles per vector.
+                _lane_stage(w, o.simd, lane, [(f"{E} + {(i * alpha + q) * L}", BT[i],
+                                               [f"{D} + {(r * alpha + q) * L}" for r in range(alpha)])
+                                              for i in range(alpha) for q in range(alpha)])
                 vc = kc.tmp("vc")
                 w.line(f"float* restrict {vc} = {V} + {c} * {T} + {g0};")
-                for i in range(alpha):
-                    for k in range(alpha):
-                        terms = [f"{E}[{(i * alpha + q) * L} + {lane}]" for q in range(alpha)]
-                        w.line(f"for (long {lane} = 0; {lane} < {L}; ++{lane}) "
-                               f"{vc}[{(i * alpha + k) * XV} + {lane}] = {_combo(BT[k], terms)};")
+                _lane_stage(w, o.simd, lane, [(f"{vc} + {(i * alpha + k) * XV}", BT[k],
+                                               [f"{E} + {(i * alpha + q) * L}" for q in range(alpha)])
+                                              for i in range(alpha) for k in range(alpha)])
 
         # 2. alpha^2 GEMMs on the micro-kernel: M[xi] = U[xi] @ V[xi].
         xi, pc, kb, jr, ir = (kc.tmp(n) for n in ("xi", "pc", "kb", "jr", "ir"))
@@ -368,16 +397,13 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
             g0, lane, mo, dst = kc.tmp("g"), kc.tmp("l"), kc.tmp("mo"), kc.tmp("dst")
             with w.block(f"for (long {g0} = 0; {g0} < {ntp}; {g0} += {L})"):
                 w.line(f"const float* restrict {mo} = {M} + {oc} * {T} + {g0};")
-                for i in range(alpha):  # M A along each row
-                    for jj in range(m):
-                        terms = [f"{mo}[{(i * alpha + k) * XM} + {lane}]" for k in range(alpha)]
-                        w.line(f"for (long {lane} = 0; {lane} < {L}; ++{lane}) "
-                               f"{D}[{(i * m + jj) * L} + {lane}] = {_combo(AT[jj], terms)};")
-                for a in range(m):  # A^T (.) down the columns
-                    for jj in range(m):
-                        terms = [f"{D}[{(i * m + jj) * L} + {lane}]" for i in range(alpha)]
-                        w.line(f"for (long {lane} = 0; {lane} < {L}; ++{lane}) "
-                               f"{E}[{(a * m + jj) * L} + {lane}] = {_combo(AT[a], terms)};")
+                # M A along each row, then A^T (.) down the columns, LANES tiles per vector.
+                _lane_stage(w, o.simd, lane, [(f"{D} + {(i * m + jj) * L}", AT[jj],
+                                               [f"{mo} + {(i * alpha + k) * XM}" for k in range(alpha)])
+                                              for i in range(alpha) for jj in range(m)])
+                _lane_stage(w, o.simd, lane, [(f"{E} + {(a * m + jj) * L}", AT[a],
+                                               [f"{D} + {(i * m + jj) * L}" for i in range(alpha)])
+                                              for a in range(m) for jj in range(m)])
                 with w.block(f"for (long {lane} = 0; {lane} < {L}; ++{lane})"):
                     w.line(f"float* restrict {dst} = {ys} + {yo}[{g0} + {lane}];")
                     for a in range(m):
