@@ -138,8 +138,10 @@ def test_illegal_convolutions_refuse_winograd(kw, reason, cache_dir):
 
 
 @pytest.mark.parametrize("shape,options,reason", [
-    ((32, 64, 14, 14), CodegenOptions(), "fewer than winograd_min_channels=64"),
-    ((64, 48, 14, 14), CodegenOptions(), "fewer than winograd_min_channels=64"),
+    ((8, 64, 14, 14), CodegenOptions(), "fewer than winograd_min_channels=16"),
+    ((64, 12, 14, 14), CodegenOptions(), "fewer than winograd_min_channels=16"),
+    ((64, 48, 10, 10), CodegenOptions(), "fewer than winograd_f2_min_channels=64"),
+    ((32, 64, 16, 16), CodegenOptions(winograd_f4=False), "fewer than winograd_f2_min_channels=64"),
     ((64, 64, 7, 7), CodegenOptions(), "smaller than winograd_min_spatial=8"),
     ((64, 64, 14, 14), CodegenOptions(simd="none"), "plain C99 build"),
     ((64, 64, 14, 14), CodegenOptions(winograd="off"), "winograd='off'"),

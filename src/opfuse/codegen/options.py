@@ -56,20 +56,23 @@ class CodegenOptions:
     # Winograd convolution (``codegen/winograd.py``) for 3x3, stride-1, dilation-1, ungrouped
     # float32 convolutions with constant weights. "auto": where profitable by the rule below
     # (and never in the plain C99 build, simd="none", whose results stay those of the direct
-    # kernel); "on": every legal convolution; "off": none. Profitability ("auto"): input and
-    # output channels both at least ``winograd_min_channels`` and both output sides at least
-    # ``winograd_min_spatial``. The transform: F(4x4, 3x3) (``winograd_f4``) where both output
-    # sides are at least ``winograd_f4_min_spatial``, F(2x2, 3x3) below. Measured on resnet18's
-    # 3x3 layers (1 thread, CPU time, against the direct kernel): F(2x2) 1.2-1.4x, F(4x4)
-    # 1.3-1.7x faster at 56x56 to 14x14, neither at 7x7; with 64 channels at 8x8 F(2x2) 1.16x
-    # (F(4x4) 0.43x: 4 tiles); with 32 channels or fewer (resnet8, yolo_block) both lose, 0.56-0.85x
-    # at 16x16 to 80x80, the transforms outweighing the GEMMs. F(4x4)'s error (on 0, 1, -1, 2, -1/2:
-    # 1.1e-5 to 1.8e-5 max abs on those layers with O(1) outputs, direct 4e-6 to 7e-6, F(2x2)
-    # 2e-6 to 3e-6) stays within the tests' tolerance (rtol 1e-4 + atol 1e-5); set
-    # ``winograd_f4=False`` for F(2x2) everywhere. A block of tiles keeps its transformed input
-    # and output (alpha^2 (Cin + Cout) floats per tile) within ``winograd_block_floats``.
+    # kernel); "on": every legal convolution; "off": none. The transform: F(4x4, 3x3)
+    # (``winograd_f4``) where both output sides are at least ``winograd_f4_min_spatial``,
+    # F(2x2, 3x3) below. Profitability ("auto"): input and output channels both at least
+    # ``winograd_min_channels`` (``winograd_f2_min_channels`` for F(2x2)) and both output
+    # sides at least ``winograd_min_spatial``. Measured (1 thread, thread CPU time, against
+    # the direct kernel, Conv+Add+Relu): F(4x4) 2.2x at 64 ch 56x56, 2.1x at 128 ch 28x28, 1.9x at
+    # 256 ch 14x14, 1.5x at 32 ch 16x16, 1.2-1.3x at 16 ch 32x32 and 80x80, but 0.74x at 64 ch 8x8
+    # (4 tiles in 8 lanes) and 0.93x at 48 ch 10x10; F(2x2) 1.36x at 64 ch 8x8, 1.0x at 48 ch
+    # 10x10 and 32 ch 16x16, 0.85x at 16 ch; at 7x7 (512 ch) both lose (0.95x, 0.45x).
+    # F(4x4)'s error (points 0, 1, -1, 2, -1/2: 1.1e-5 to 1.8e-5 max abs on resnet18's layers
+    # with O(1) outputs, direct 4e-6 to 7e-6, F(2x2) 2e-6 to 3e-6) stays within the tests'
+    # tolerance (rtol 1e-4 + atol 1e-5); ``winograd_f4=False`` gives F(2x2) everywhere. A block
+    # of tiles keeps its transformed input and output (alpha^2 (Cin + Cout) floats per tile)
+    # within ``winograd_block_floats``.
     winograd: str = "auto"
-    winograd_min_channels: int = 64
+    winograd_min_channels: int = 16
+    winograd_f2_min_channels: int = 64
     winograd_min_spatial: int = 8
     winograd_f4: bool = True
     winograd_f4_min_spatial: int = 12

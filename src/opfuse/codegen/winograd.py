@@ -192,6 +192,10 @@ def winograd_choice(node, options, static: dict) -> Choice:
         return Choice(None, f"output {OH}x{OW}, smaller than winograd_min_spatial="
                             f"{options.winograd_min_spatial}: partial tiles and the transformed weights' "
                             f"size would dominate")
+    if t is F2 and min(C, OC) < options.winograd_f2_min_channels:
+        return Choice(None, f"{C} -> {OC} channels at output {OH}x{OW} (F(2x2,3x3)), fewer than "
+                            f"winograd_f2_min_channels={options.winograd_f2_min_channels}: the transforms "
+                            f"would dominate")
     return Choice(t, f"{C} -> {OC} channels, output {OH}x{OW}")
 
 
