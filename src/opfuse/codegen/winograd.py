@@ -255,6 +255,59 @@ def _lane_stage(w, simd: str, lane: str, items: list[tuple[str, tuple, list[str]
         w.line("#endif")
 
 
+def _gather_avx2(m: int, src: str, dsts: list[str]) -> list[str]:
+    """AVX2: ``dsts[q][l] = src[q + m * l]`` for 8 lanes l and q < m + 2 (one patch row of 8
+    consecutive tiles): in-register transposes of the contiguous run instead of 8 (m + 2)
+    scalar copies. m is 2 or 4."""
+    ld = "_mm256_loadu_ps"
+    if m == 4:
+        out = ["{ const __m256i ix = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);"]
+        for base, cols in ((src, range(4)), (f"{src} + 4", range(2))):
+            out.append(f"  {{ const __m256 a0 = {ld}({base}), a1 = {ld}({base} + 8), a2 = {ld}({base} + 16), "
+                       f"a3 = {ld}({base} + 24);")
+            out.append("    const __m256 t0 = _mm256_unpacklo_ps(a0, a1), t1 = _mm256_unpackhi_ps(a0, a1), "
+                       "t2 = _mm256_unpacklo_ps(a2, a3), t3 = _mm256_unpackhi_ps(a2, a3); (void)t1; (void)t3;")
+            for q in cols:
+                pair, imm = ("t0, t2", "0x44") if q == 0 else ("t0, t2", "0xEE") if q == 1 else \
+                    ("t1, t3", "0x44") if q == 2 else ("t1, t3", "0xEE")
+                dst = dsts[q if base == src else 4 + q]
+                out.append(f"    _mm256_storeu_ps({dst}, "
+                           f"_mm256_permutevar8x32_ps(_mm256_shuffle_ps({pair}, {imm}), ix));")
+            out.append("  }")
+        return out + ["}"]
+    assert m == 2
+    out = []
+    for base, first in ((src, 0), (f"{src} + 2", 2)):
+        out.append(f"{{ const __m256 a0 = {ld}({base}), a1 = {ld}({base} + 8);")
+        for q, imm in ((0, "0x88"), (1, "0xDD")):
+            out.append(f"  _mm256_storeu_ps({dsts[first + q]}, _mm256_castpd_ps(_mm256_permute4x64_pd("
+                       f"_mm256_castps_pd(_mm256_shuffle_ps(a0, a1, {imm})), 0xD8)));")
+        out.append("}")
+    return out
+
+
+def _scatter_avx2(m: int, srcs: list[str], dst: str) -> list[str]:
+    """AVX2: ``dst[m * l + j] = srcs[j][l]`` for 8 lanes l and j < m (one output row of 8
+    consecutive tiles): an in-register transpose and m contiguous stores. m is 2 or 4."""
+    ld, st = "_mm256_loadu_ps", "_mm256_storeu_ps"
+    if m == 4:
+        return [f"{{ const __m256 c0 = {ld}({srcs[0]}), c1 = {ld}({srcs[1]}), c2 = {ld}({srcs[2]}), "
+                f"c3 = {ld}({srcs[3]});",
+                "  const __m256 t0 = _mm256_unpacklo_ps(c0, c1), t1 = _mm256_unpackhi_ps(c0, c1), "
+                "t2 = _mm256_unpacklo_ps(c2, c3), t3 = _mm256_unpackhi_ps(c2, c3);",
+                "  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE), "
+                "u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);",
+                f"  {st}({dst}, _mm256_permute2f128_ps(u0, u1, 0x20)); "
+                f"{st}({dst} + 8, _mm256_permute2f128_ps(u2, u3, 0x20));",
+                f"  {st}({dst} + 16, _mm256_permute2f128_ps(u0, u1, 0x31)); "
+                f"{st}({dst} + 24, _mm256_permute2f128_ps(u2, u3, 0x31)); }}"]
+    assert m == 2
+    return [f"{{ const __m256 c0 = {ld}({srcs[0]}), c1 = {ld}({srcs[1]});",
+            "  const __m256 lo = _mm256_unpacklo_ps(c0, c1), hi = _mm256_unpackhi_ps(c0, c1);",
+            f"  {st}({dst}, _mm256_permute2f128_ps(lo, hi, 0x20)); "
+            f"{st}({dst} + 8, _mm256_permute2f128_ps(lo, hi, 0x31)); }}"]
+
+
 def _tiles_per_block(options, C: int, OCp: int, tiles: int, nimg: int, alpha: int, nr: int) -> int:
     """Tiles per block: V and M of a block (alpha^2 (Cin + Cout) floats per tile) within
     ``winograd_block_floats``, a multiple of NR, and at least ``gemm_min_tiles`` blocks over
@@ -312,7 +365,7 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
     XV, XM = C * T + 16, OCp * T + 16
     off_v = kc.scratch(A2 * XV * 4)
     off_m = kc.scratch(A2 * XM * 4)
-    off_band = kc.scratch(BR * BW * 4)
+    off_band = kc.scratch((BR * BW + 8) * 4)  # + 8: the vector gather's last loads run past a row
     off_y = kc.scratch(((R + 1) * m * YB + m) * 4)
     off_d = kc.scratch(2 * A2 * L * 4)
     off_xo = kc.scratch(T * 8)
@@ -366,7 +419,18 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
                 if jhi < BW:
                     w.line(f"for (long {j} = {jhi}; {j} < {BW}; ++{j}) {row}[{j}] = 0.0f;")
             g0, lane, src = kc.tmp("g"), kc.tmp("l"), kc.tmp("src")
+            vec = o.simd == "auto" and L == 8 and m in (2, 4)
             with w.block(f"for (long {g0} = 0; {g0} < {ntp}; {g0} += {L})"):
+                if vec:  # 8 consecutive tiles of one tile row: transposes in registers
+                    w.line(f"#if {AVX2_GUARD}")
+                    w.line(f"if ({xo}[{g0} + {L - 1}] - {xo}[{g0}] == {(L - 1) * m}) {{")
+                    w.line(f"  const float* restrict {src} = {band} + {xo}[{g0}];")
+                    for r in range(alpha):
+                        for ln in _gather_avx2(m, f"{src} + {r * BW}", [f"{D} + {(r * alpha + q) * L}"
+                                                                       for q in range(alpha)]):
+                            w.line("  " + ln)
+                    w.line("} else")
+                    w.line("#endif")
                 with w.block(f"for (long {lane} = 0; {lane} < {L}; ++{lane})"):
                     w.line(f"const float* restrict {src} = {band} + {xo}[{g0} + {lane}];")
                     for r in range(alpha):
@@ -408,6 +472,15 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
                 _lane_stage(w, o.simd, lane, [(f"{E} + {(a * m + jj) * L}", AT[a],
                                                [f"{D} + {(i * m + jj) * L}" for i in range(alpha)])
                                               for a in range(m) for jj in range(m)])
+                if vec:
+                    w.line(f"#if {AVX2_GUARD}")
+                    w.line(f"if ({yo}[{g0} + {L - 1}] - {yo}[{g0}] == {(L - 1) * m}) {{")
+                    for a in range(m):
+                        for ln in _scatter_avx2(m, [f"{E} + {(a * m + jj) * L}" for jj in range(m)],
+                                                f"{ys} + {yo}[{g0}] + {a * YB}"):
+                            w.line("  " + ln)
+                    w.line("} else")
+                    w.line("#endif")
                 with w.block(f"for (long {lane} = 0; {lane} < {L}; ++{lane})"):
                     w.line(f"float* restrict {dst} = {ys} + {yo}[{g0} + {lane}];")
                     for a in range(m):
