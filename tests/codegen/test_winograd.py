@@ -140,8 +140,8 @@ def test_illegal_convolutions_refuse_winograd(kw, reason, cache_dir):
 @pytest.mark.parametrize("shape,options,reason", [
     ((8, 64, 14, 14), CodegenOptions(), "fewer than winograd_min_channels=16"),
     ((64, 12, 14, 14), CodegenOptions(), "fewer than winograd_min_channels=16"),
-    ((64, 48, 10, 10), CodegenOptions(), "fewer than winograd_f2_min_channels=64"),
-    ((32, 64, 16, 16), CodegenOptions(winograd_f4=False), "fewer than winograd_f2_min_channels=64"),
+    ((24, 64, 10, 10), CodegenOptions(), "fewer than winograd_f2_min_channels=32"),
+    ((16, 64, 16, 16), CodegenOptions(winograd_f4=False), "fewer than winograd_f2_min_channels=32"),
     ((64, 64, 7, 7), CodegenOptions(), "smaller than winograd_min_spatial=8"),
     ((64, 64, 14, 14), CodegenOptions(simd="none"), "plain C99 build"),
     ((64, 64, 14, 14), CodegenOptions(winograd="off"), "winograd='off'"),
@@ -157,15 +157,19 @@ def test_unprofitable_convolutions_stay_direct(shape, options, reason):
 
 
 def test_portable_winograd_matches_the_vectorised_one(cache_dir):
-    """simd="none" with winograd="on": the plain C99 micro-kernel and transforms, against the
-    intrinsics build and the reference."""
-    g, plan = conv_block(2, 65, 67, 13, 11, [1, 1, 1, 1])
-    portable, want, m0 = run_both(g, plan, cache_dir, options=CodegenOptions(simd="none", winograd="on"))
-    simd, _, m1 = run_both(g, plan, cache_dir)
-    assert "_mm256_fmadd_ps" not in m0.program.source and "_mm256_fmadd_ps" in m1.program.source
-    assert "Winograd F(2x2,3x3)" in m0.program.source and "Winograd F(2x2,3x3)" in m1.program.source  # 13x11
-    assert_close(portable, want)
-    assert_close(simd, portable)
+    """simd="none" with winograd="on": the plain C99 micro-kernel, transforms and copies,
+    against the intrinsics build (whose gathers and scatters of 8 tiles of one tile row run as
+    in-register transposes: 9 tiles per row here) and the reference, for both transforms."""
+    g, plan = conv_block(1, 40, 36, 34, 35, [1, 1, 1, 1])
+    for f4, name in ((True, "F(4x4,3x3)"), (False, "F(2x2,3x3)")):
+        portable, want, m0 = run_both(g, plan, cache_dir, options=CodegenOptions(simd="none", winograd="on",
+                                                                                 winograd_f4=f4))
+        simd, _, m1 = run_both(g, plan, cache_dir, options=CodegenOptions(winograd_f4=f4))
+        assert "_mm256_fmadd_ps" not in m0.program.source and "_mm256_unpacklo_ps" in m1.program.source
+        assert f"Winograd {name}" in m0.program.source and f"Winograd {name}" in m1.program.source
+        assert_close(portable, want)
+        assert_close(simd, want)
+        assert_close(simd, portable)
 
 
 def test_portable_build_keeps_the_direct_kernel_by_default():

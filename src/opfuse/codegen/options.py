@@ -61,10 +61,10 @@ class CodegenOptions:
     # F(2x2, 3x3) below. Profitability ("auto"): input and output channels both at least
     # ``winograd_min_channels`` (``winograd_f2_min_channels`` for F(2x2)) and both output
     # sides at least ``winograd_min_spatial``. Measured (1 thread, thread CPU time, against
-    # the direct kernel, Conv+Add+Relu): F(4x4) 2.2x at 64 ch 56x56, 2.1x at 128 ch 28x28, 1.9x at
-    # 256 ch 14x14, 1.5x at 32 ch 16x16, 1.2-1.3x at 16 ch 32x32 and 80x80, but 0.74x at 64 ch 8x8
-    # (4 tiles in 8 lanes) and 0.93x at 48 ch 10x10; F(2x2) 1.36x at 64 ch 8x8, 1.0x at 48 ch
-    # 10x10 and 32 ch 16x16, 0.85x at 16 ch; at 7x7 (512 ch) both lose (0.95x, 0.45x).
+    # the direct kernel, Conv+Add+Relu): F(4x4) 2.35x at 64 ch 56x56, 2.3x at 128 ch 28x28, 1.8x
+    # at 256 ch 14x14, 1.5x at 32 ch 16x16, 1.6x at 16 ch 32x32 and 80x80, but 0.86x at 64 ch 8x8
+    # (4 tiles in 8 lanes); F(2x2) 1.6x at 64 ch 8x8, 1.2x at 48 ch 10x10, 1.06x at 32 ch 8x8,
+    # 0.85-0.93x at 16 ch 8x8 and 10x10; at 7x7 (512 ch) F(2x2) 1.00x, F(4x4) 0.43x.
     # F(4x4)'s error (points 0, 1, -1, 2, -1/2: 1.1e-5 to 1.8e-5 max abs on resnet18's layers
     # with O(1) outputs, direct 4e-6 to 7e-6, F(2x2) 2e-6 to 3e-6) stays within the tests'
     # tolerance (rtol 1e-4 + atol 1e-5); ``winograd_f4=False`` gives F(2x2) everywhere. A block
@@ -72,7 +72,7 @@ class CodegenOptions:
     # within ``winograd_block_floats``.
     winograd: str = "auto"
     winograd_min_channels: int = 16
-    winograd_f2_min_channels: int = 64
+    winograd_f2_min_channels: int = 32
     winograd_min_spatial: int = 8
     winograd_f4: bool = True
     winograd_f4_min_spatial: int = 12
