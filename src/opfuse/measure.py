@@ -66,9 +66,12 @@ def measure(comp: Compilation, *, repeat: int = MEASURE_REPEAT, threads: int = 1
         per_group[row["group"]] = per_group.get(row["group"], 0.0) + row["ms"] / 1e3
     comp.report["measured_latency_s"] = whole_s
     comp.report["measured_repeat"] = repeat
+    notes = {k.group: list(k.notes) for k in native.program.kernels if k.notes}
     for g in comp.report.get("groups", []):
         if g["name"] in per_group:
             g["measured_latency_s"] = per_group[g["name"]]
+        if g["name"] in notes:  # the algorithms its kernel chose (Winograd or direct convolution, ...)
+            g["kernel_notes"] = notes[g["name"]]
     return per_group
 
 
