@@ -20,7 +20,8 @@ channels a vector would gather from ``C`` planes.
 from __future__ import annotations
 
 from opfuse.codegen.epilogue import finish_element
-from opfuse.codegen.index import Index
+from opfuse.codegen.gemm import in_memory
+from opfuse.codegen.index import Index, add, mul
 from opfuse.codegen.microkernel import AVX2_GUARD
 from opfuse.codegen.stages import Stage
 
@@ -30,6 +31,10 @@ MAX_TAPS_IN_REGISTERS = 10  # beyond this the weights are broadcast from memory 
 # Padded planes up to this many floats are computed as one wide row: with the wide results
 # the plane and they stay in L1 (a 112 x 112 plane that way ran 30% slower than row by row).
 WIDE_MAX_FLOATS = 2048
+# Stride-1 "same" planes of up to this many vectors (16 x 16 floats) are computed straight from
+# the input with AVX2, unrolled whole (no padded copy: on a 6 x 6 plane the copy, and the vector
+# loads that reread it at once, took two thirds of the time).
+DIRECT_MAX_VECTORS = 32
 
 
 def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
@@ -44,59 +49,152 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
     Wp = max(W + PL + geo.pads_end[1], (OW - 1) * SW + (KW - 1) * DW + 1)
     Wh = -(-Wp // SW)          # floats per column phase of a padded row
     row_len = SW * Wh          # floats per padded row
-    # Stride 1, small planes: the plane is one "wide" row (i = oh * Wp + ow; the columns
-    # ow >= OW are computed and dropped), so one long vector loop covers it. Otherwise one loop
-    # per output row (its results stay in L1). Either way the vectors run past the last output
-    # into whole vectors (no scalar tail): the plane buffer has slack for their reads and the
-    # results are dropped.
+    simd = kc.program.options.simd == "auto"
+    # "direct" (AVX2 only): a small stride-1 plane that keeps its size reads the input in place,
+    # no padded copy (see ``_direct_plane``). Otherwise the plane is copied into a padded buffer
+    # and, for stride 1 and small planes, computed as one "wide" row (i = oh * Wp + ow; the
+    # columns ow >= OW are computed and dropped), else one pass per output row, written at
+    # oh * OW. The vectors run past the last output into whole vectors (no scalar tail): the
+    # plane buffer has slack for their reads and the results for their writes (a row's overrun
+    # is overwritten by the next row).
+    direct = (simd and (SH, SW) == (1, 1) and (OH, OW) == (H, W) and in_memory(ev, x)
+              and -(-H * W // VECTOR) <= DIRECT_MAX_VECTORS)
     wide = SH == 1 and SW == 1 and Hp * Wp <= WIDE_MAX_FLOATS
     exact = (OH - 1) * Wp + OW if wide else OW
     span = _round_up(exact, VECTOR)
     reach = (KH - 1) * DH * row_len + ((KW - 1) * DW) % SW * Wh + (KW - 1) * DW // SW + span
     last_row = 0 if wide else (OH - 1) * SH * row_len
     slack = max(0, last_row + reach - Hp * row_len)
-    off_plane = kc.scratch((Hp * row_len + slack) * 4)
-    off_acc = kc.scratch(span * 4)
-    simd = kc.program.options.simd == "auto"
+    plane_floats = Hp * row_len + slack
+    off_plane = kc.scratch(plane_floats * 4)
+    off_acc = kc.scratch((span if wide else (OH - 1) * OW + span) * 4)
+    # The dense OH x OW results the epilogue reads: the row passes write them; the wide pass's
+    # are squeezed into them only where the AVX2 code is direct (the plain path then squeezes, in
+    # scalar code). Otherwise the epilogue reads the wide results row by row: squeezing them with
+    # vectors and reading them back at other offsets stalls on store forwarding, and a small
+    # plane's epilogue is what follows at once.
+    off_dense = kc.scratch(_round_up(OH * OW, VECTOR) * 4) if direct and wide else off_acc
     if simd:
         kc.program.require_helper("opfuse_immintrin", f"#if {AVX2_GUARD}\n#include <immintrin.h>\n#endif\n")
     w = kc.w
-    plane = kc.tmp("plane")
+    planes = nimg * C
+    per_chunk = plane_chunk(planes, kc.program.options)
+    chunks = -(-planes // per_chunk)
+    chunk, plane, first = kc.tmp("chunk"), kc.tmp("plane"), kc.tmp("first")
     kc.parallel_for(2 * nimg * C * OH * OW * KH * KW)
-    with w.block(f"for (long {plane} = 0; {plane} < {nimg * C}; ++{plane})"), ev.scope():
-        img, ch, xp, acc = kc.tmp("img"), kc.tmp("ch"), kc.tmp("xpad"), kc.tmp("acc")
-        w.line(f"const long {img} = {plane} / {C};")
-        w.line(f"const long {ch} = {plane} % {C};")
+    with w.block(f"for (long {chunk} = 0; {chunk} < {chunks}; ++{chunk})"):
+        xp, acc = kc.tmp("xpad"), kc.tmp("acc")
+        dense = kc.tmp("dense") if off_dense != off_acc else acc
         w.line(f"float* restrict {xp} = {kc.scratch_ptr('float', off_plane)};")
         w.line(f"float* restrict {acc} = {kc.scratch_ptr('float', off_acc)};")
-        _copy_padded_plane(kc, ev, x, img, ch, xp, (H, W), (Hp, Wp), (PT, PL), SW, Wh)
-        if slack:
-            w.line(f"memset({xp} + {Hp * row_len}, 0, sizeof(float) * {slack});")
-        taps = []  # (weight scalar, row offset in padded rows, column offset in the phased row)
-        for kh in range(KH):
-            for kw in range(KW):
-                wv = ev.at(wt, Index(wt.shape, (ch, "0", str(kh), str(kw))))
-                col = kw * DW
-                taps.append((wv, kh * DH, (col % SW) * Wh + col // SW))
-        oh, ow = kc.tmp("oh"), kc.tmp("ow")
-        if wide:
-            _taps_pass(kc, [(wv, f"{xp} + {r * row_len + c}") for wv, r, c in taps], acc, span, exact, simd)
-        rows_loop = w.block(f"for (long {oh} = 0; {oh} < {OH}; ++{oh})")
-        rows_loop.__enter__()
-        if not wide:
-            rows: dict[int, str] = {}
-            for _, r, _ in taps:
-                if r not in rows:
-                    rows[r] = kc.tmp("row")
-                    w.line(f"const float* restrict {rows[r]} = {xp} + ({oh} * {SH} + {r}) * {row_len};")
-            _taps_pass(kc, [(wv, f"{rows[r]} + {c}") for wv, r, c in taps], acc, span, exact, simd)
-        with w.block(f"for (long {ow} = 0; {ow} < {OW}; ++{ow})"), ev.scope():
-            idx = Index(out.shape, (img, ch, oh, ow))
+        if dense != acc:
+            w.line(f"float* restrict {dense} = {kc.scratch_ptr('float', off_dense)};")
+        # The padding (and the slack) sits at the same places for every plane: zeroed once per chunk.
+        if direct:
+            w.line(f"#if !({AVX2_GUARD})")
+        w.line(f"memset({xp}, 0, sizeof(float) * {plane_floats});")
+        if direct:
+            w.line("#endif")
+        w.line(f"const long {first} = {chunk} * {per_chunk};")
+        end = f"({first} + {per_chunk} < {planes} ? {first} + {per_chunk} : {planes})"
+        with w.block(f"for (long {plane} = {first}; {plane} < {end}; ++{plane})"), ev.scope():
+            img, ch = kc.tmp("img"), kc.tmp("ch")
+            w.line(f"const long {img} = {plane} / {C};")
+            w.line(f"const long {ch} = {plane} % {C};")
+            weights = [[ev.at(wt, Index(wt.shape, (ch, "0", str(kh), str(kw)))) for kw in range(KW)]
+                       for kh in range(KH)]
+            if direct:
+                w.line(f"#if {AVX2_GUARD}")
+                src = f"{kc.ptr(x)} + {Index(x.shape, (img, ch, '0', '0')).offset()}"
+                _direct_plane(kc, src, weights, geo, (H, W), dense)
+                w.line("#else")
+            _copy_plane(kc, ev, x, img, ch, xp, (H, W), (PT, PL), SW, Wh)
+            taps = [(weights[kh][kw], kh * DH, (kw * DW % SW) * Wh + kw * DW // SW)
+                    for kh in range(KH) for kw in range(KW)]
+            oh = kc.tmp("oh")
+            if wide:
+                _taps_pass(kc, [(wv, f"{xp} + {r * row_len + c}") for wv, r, c in taps], acc, span, exact,
+                           simd and not direct)
+                if direct:
+                    ow = kc.tmp("ow")
+                    w.line(f"for (long {oh} = 0; {oh} < {OH}; ++{oh}) for (long {ow} = 0; {ow} < {OW}; ++{ow}) "
+                           f"{dense}[{oh} * {OW} + {ow}] = {acc}[{oh} * {Wp} + {ow}];")
+            else:
+                with w.block(f"for (long {oh} = 0; {oh} < {OH}; ++{oh})"):
+                    rows: dict[int, str] = {}
+                    for _, r, _ in taps:
+                        if r not in rows:
+                            rows[r] = kc.tmp("row")
+                            w.line(f"const float* restrict {rows[r]} = {xp} + ({oh} * {SH} + {r}) * {row_len};")
+                    _taps_pass(kc, [(wv, f"{rows[r]} + {c}") for wv, r, c in taps], f"({acc} + {oh} * {OW})",
+                               span, exact, simd)
+            if direct:
+                w.line("#endif")
             y = kc.tmp("y")
-            a = f"{acc}[{oh} * {Wp} + {ow}]" if wide else f"{acc}[{ow}]"
-            w.line(f"const float {y} = {bias_term(ev, node, a, ch)};")
-            finish_element(kc, ev, stage, out, idx, y)
-        rows_loop.__exit__(None, None, None)
+            if wide and not direct:
+                oh, ow = kc.tmp("oh"), kc.tmp("ow")
+                with w.block(f"for (long {oh} = 0; {oh} < {OH}; ++{oh})"), \
+                        w.block(f"for (long {ow} = 0; {ow} < {OW}; ++{ow})"), ev.scope():
+                    w.line(f"const float {y} = {bias_term(ev, node, f'{acc}[{oh} * {Wp} + {ow}]', ch)};")
+                    finish_element(kc, ev, stage, out, Index(out.shape, (img, ch, oh, ow)), y)
+            else:
+                p = kc.tmp("p")
+                with w.block(f"for (long {p} = 0; {p} < {OH * OW}; ++{p})"), ev.scope():
+                    w.line(f"const float {y} = {bias_term(ev, node, f'{dense}[{p}]', ch)};")
+                    finish_element(kc, ev, stage, out, Index.loops(out.shape, [(0, 1, img), (1, 2, ch), (2, 4, p)]), y)
+
+
+def _direct_plane(kc, src: str, weights, geo, hw, dense: str) -> None:
+    """AVX2: ``dense[i] = sum_taps w * x[i + shift(tap)]`` over the flat plane (stride 1, output
+    as large as the input, so an output row's pitch is the input's), the input read in place.
+    Which lanes of a vector a tap reads is known here for every vector: all (a plain load),
+    none (the tap is left out) or some (a masked load, which reads nothing at the lanes masked
+    off, so nothing before or after the plane, and gives 0 there, as the padding would). The
+    whole plane is unrolled (at most ``DIRECT_MAX_VECTORS`` vectors)."""
+    w = kc.w
+    H, W = hw
+    KH, KW = geo.kernel
+    (DH, DW), (PT, PL) = geo.dilations, geo.pads_begin
+    base = kc.tmp("src")
+    w.line(f"const float* {base} = {src};")
+    wvs = []
+    for row in weights:
+        for wv in row:
+            name = kc.tmp("wv")
+            w.line(f"const __m256 {name} = _mm256_set1_ps({wv});")
+            wvs.append(name)
+    masks: dict[tuple[int, ...], str] = {}
+    n = H * W
+    for b in range(-(-n // VECTOR)):
+        v = kc.tmp("v")
+        started = False
+        for t, (kh, kw) in enumerate((kh, kw) for kh in range(KH) for kw in range(KW)):
+            dh, dw = kh * DH - PT, kw * DW - PL
+            lanes = []
+            for i in range(b * VECTOR, b * VECTOR + VECTOR):
+                oh, ow = divmod(i, W)
+                lanes.append(i < n and 0 <= oh + dh < H and 0 <= ow + dw < W)
+            if not any(lanes):
+                continue
+            at = add(base, str(b * VECTOR + dh * W + dw))
+            if all(lanes):
+                load = f"_mm256_loadu_ps({at})"
+            else:
+                key = tuple(-1 if ok else 0 for ok in lanes)
+                if key not in masks:
+                    masks[key] = kc.tmp("mask")
+                    w.line(f"const __m256i {masks[key]} = _mm256_setr_epi32({', '.join(map(str, key))});")
+                load = f"_mm256_maskload_ps({at}, {masks[key]})"
+            expr = f"_mm256_fmadd_ps({wvs[t]}, {load}, {v})" if started else f"_mm256_mul_ps({wvs[t]}, {load})"
+            w.line(f"{'' if started else '__m256 '}{v} = {expr};")
+            started = True
+        w.line(f"_mm256_storeu_ps({dense} + {b * VECTOR}, {v});")
+
+
+def plane_chunk(planes: int, options) -> int:
+    """Planes per chunk: up to ``depthwise_chunk_planes``, fewer where that would leave fewer than
+    ``depthwise_min_chunks`` chunks for the threads to share."""
+    return max(1, min(options.depthwise_chunk_planes, planes // options.depthwise_min_chunks))
 
 
 def _round_up(x: int, m: int) -> int:
@@ -116,25 +214,16 @@ def _taps_pass(kc, srcs, acc: str, span: int, exact: int, simd: bool) -> None:
         w.line("#endif")
 
 
-def _copy_padded_plane(kc, ev, x, img, ch, xp, hw, padded, pads, SW, Wh) -> None:
-    """``xp``: the plane zero-padded, each row stored as its SW column phases."""
+def _copy_plane(kc, ev, x, img, ch, xp, hw, pads, SW, Wh) -> None:
+    """The input plane's rows into ``xp`` (the padded plane, its padding already zero), each row
+    stored as its SW column phases: padded column ``j = q * SW + ph`` at ``ph * Wh + q``."""
     w = kc.w
     H, W = hw
-    Hp, Wp = padded
     PT, PL = pads
     row_len = SW * Wh
-    r, ih, dst, j = kc.tmp("r"), kc.tmp("ih"), kc.tmp("dst"), kc.tmp("j")
-    with w.block(f"for (long {r} = 0; {r} < {Hp}; ++{r})"):
-        w.line(f"const long {ih} = {r} - {PT};")
-        w.line(f"float* restrict {dst} = {xp} + {r} * {row_len};")
-        with w.block(f"if ((unsigned long){ih} >= {H}ul)"):
-            w.line(f"memset({dst}, 0, sizeof(float) * {row_len});")
-            w.line("continue;")
-        # Zero the padding columns (left of the input, right of it up to the phases' end).
-        for lo, hi in ((0, PL), (PL + W, row_len)):
-            if hi > lo:
-                where = f"{j}" if SW == 1 else f"({j} % {SW}) * {Wh} + {j} / {SW}"
-                w.line(f"for (long {j} = {lo}; {j} < {hi}; ++{j}) {dst}[{where}] = 0.0f;")
+    ih, dst = kc.tmp("ih"), kc.tmp("dst")
+    with w.block(f"for (long {ih} = 0; {ih} < {H}; ++{ih})"):
+        w.line(f"float* restrict {dst} = {xp} + {add(mul(ih, row_len), str(PT * row_len))};")
         for ph in range(SW):  # padded column j = q * SW + ph holds input column j - PL
             q_lo = max(0, -(-(PL - ph) // SW))
             q_hi = -(-(PL + W - ph) // SW)
@@ -142,8 +231,8 @@ def _copy_padded_plane(kc, ev, x, img, ch, xp, hw, padded, pads, SW, Wh) -> None
                 continue
             q = kc.tmp("q")
             with w.block(f"for (long {q} = {q_lo}; {q} < {q_hi}; ++{q})"), ev.scope():
-                iw = f"{q} * {SW} + {ph - PL}" if SW > 1 else f"{q} - {PL}" if PL else q
-                w.line(f"{dst}[{ph * Wh} + {q}] = {ev.at(x, Index(x.shape, (img, ch, ih, iw)))};")
+                iw = add(mul(q, SW), str(ph - PL))
+                w.line(f"{dst}[{add(str(ph * Wh), q)}] = {ev.at(x, Index(x.shape, (img, ch, ih, iw)))};")
 
 
 def _row_plain(kc, srcs, acc: str, start: str, OW: int) -> None:
