@@ -116,3 +116,27 @@ def test_make_bench_table_has_a_row_per_run_and_a_geometric_mean(tmp_path):
     assert "| b | 2 | 4.000 | 5.000 | 2.000 | 2.000 | 2.00 | 0.50 |" in md
     assert "| **geometric mean** | 1 | 4.000 | 6.000 | 2.000 | 2.000 | **2.83** | |" in md  # sqrt(2 * 4)
     assert "| a | 2.00x | 2.00x | 1.00x | 2.00x |" in md  # 1 thread over 2 threads
+
+
+def test_group_check_sets_each_fused_group_against_its_ops_unfused():
+    from opfuse.measure import GROUP_SLOWER_TOLERANCE, group_check
+    res = group_check("zoo:ds_cnn", repeat=3)
+    rows = res["groups"]
+    assert rows and res["tolerance"] == GROUP_SLOWER_TOLERANCE
+    fused = [r for r in rows if len(r["origin"]) > 1]
+    assert fused, "ds_cnn has fused groups (Conv+BN+Relu)"
+    for r in rows:
+        assert r["fused_s"] > 0 and r["unfused_s"] > 0
+        assert r["slower"] == (len(r["origin"]) > 1 and r["fused_s"] > r["unfused_s"] * (1 + GROUP_SLOWER_TOLERANCE))
+        assert r["ratio"] == pytest.approx(r["fused_s"] / r["unfused_s"])
+    assert res["slower"] == [r["group"] for r in rows if r["slower"]]
+    assert res["fused_s"] == pytest.approx(sum(r["fused_s"] for r in rows))
+    with pytest.raises(OpfuseError, match="repeat"):
+        group_check("zoo:ds_cnn", repeat=0)
+
+
+def test_bench_groups_flag_prints_the_per_group_table(capsys):
+    code = main(["bench", "zoo:ds_cnn", "--vs", "none", "--repeat", "2", "--warmup", "0", "--groups", "-q"])
+    out, _ = capsys.readouterr()
+    assert code == 0
+    assert "per group, kernel timers" in out and "fused / unfused" in out and "dw1" in out

@@ -24,8 +24,8 @@ backend is expected to follow; fitted correction factors absorb the difference):
   exceeds the on-chip capacity the group spills (see ``opfuse.cost.model``).
 * **Scalar prologues.** An inlined producer read by a reduction over fewer than
   ``VECTORISED_REDUCTION_MIN_RUN`` elements per output or by a ``SCALAR_WINDOW_OPS`` pooling
-  (directly or through other such producers) runs in that reduction's scalar loop: its FLOPs are ``scalar_flops`` too, which
-  the cost model prices at the scalar rate.
+  (directly or through other such producers) runs in that reduction's scalar loop: its FLOPs
+  are ``scalar_flops`` too, which the cost model prices at the scalar rate.
 * **Register streams.** Streamed and inlined internal values each occupy one vector
   register while live (from producer to last consumer in group order); the most live at
   once is the group's register pressure.
