@@ -2,6 +2,8 @@
 
 * direct (AVX2): a stride-1 plane that keeps its size, of at most ``DIRECT_MAX_VECTORS`` vectors,
   read in place with masked loads at the edges, no padded copy;
+* direct rows (AVX2): the same for larger planes, a row at a time (rows up to
+  ``DIRECT_MAX_ROW_VECTORS`` vectors);
 * wide: the padded copy computed as one row (stride 1, small planes), epilogue row by row;
 * rows: one pass per output row (large or strided planes), epilogue over the dense plane.
 
@@ -14,7 +16,7 @@ import pytest
 
 from cg_support import assert_close, group_by_names, run_both
 from opfuse.codegen import CodegenOptions
-from opfuse.codegen.depthwise import DIRECT_MAX_VECTORS, VECTOR, plane_chunk
+from opfuse.codegen.depthwise import DIRECT_MAX_ROW_VECTORS, DIRECT_MAX_VECTORS, VECTOR, plane_chunk
 from opfuse.ops import GraphBuilder
 
 rng = np.random.default_rng(5)
@@ -47,24 +49,38 @@ DIRECT = [  # stride 1, output the size of the input, at most DIRECT_MAX_VECTORS
     (3, 10, 12, 3, 1, [2, 2, 2, 2], 2),     # dilated
     (3, 8, 7, 3, 1, [0, 2, 2, 0], 1),       # asymmetric pads, still "same"
 ]
-COPIED = [
-    (3, 16, 17, 3, 1, [1, 1, 1, 1], 1),     # one vector too many: the wide copy
+DIRECT_ROWS = [  # the same, larger, rows of at most DIRECT_MAX_ROW_VECTORS vectors
+    (3, 16, 17, 3, 1, [1, 1, 1, 1], 1),     # one vector too many for the whole plane
     (8, 13, 21, 3, 1, [1, 1, 1, 1], 1),
+    (2, 50, 50, 3, 1, [1, 1, 1, 1], 1),
+    (2, 12, 33, 5, 1, [2, 2, 2, 2], 1),     # 5x5: two rows at each edge leave kernel rows out
+    (2, 11, 30, 3, 1, [2, 2, 2, 2], 2),     # dilated
+    (2, 4, 128, 3, 1, [1, 1, 1, 1], 1),     # rows of exactly DIRECT_MAX_ROW_VECTORS vectors
+]
+COPIED = [
+    (2, 5, 130, 3, 1, [1, 1, 1, 1], 1),     # rows too long: the wide copy
+    (1, 20, 140, 3, 1, [1, 1, 1, 1], 1),    # 3124 padded floats: one pass per row
     (6, 17, 19, 3, 2, [1, 1, 1, 1], 1),     # stride 2: two column phases
     (4, 12, 12, 3, 2, [0, 0, 1, 1], 1),     # mobilenet's stride-2 padding
     (5, 11, 12, 5, 3, [2, 1, 2, 2], 1),     # 5x5 stride 3, asymmetric pads
     (3, 9, 9, 3, 1, [0, 0, 0, 0], 1),       # valid: the output is smaller than the input
-    (2, 50, 50, 3, 1, [1, 1, 1, 1], 1),     # 2704 padded floats: one pass per row
+    (2, 40, 40, 3, 1, [0, 0, 0, 0], 1),     # the same, one pass per row
 ]
 
 
 def test_the_cases_cover_the_ways():
     for _c, h, w, *_ in DIRECT:
         assert -(-h * w // VECTOR) <= DIRECT_MAX_VECTORS
-    assert -(-16 * 17 // VECTOR) > DIRECT_MAX_VECTORS
+    for _c, h, w, *_ in DIRECT_ROWS:
+        assert -(-h * w // VECTOR) > DIRECT_MAX_VECTORS and -(-w // VECTOR) <= DIRECT_MAX_ROW_VECTORS
+    assert -(-130 // VECTOR) > DIRECT_MAX_ROW_VECTORS
 
 
-@pytest.mark.parametrize("case", DIRECT + COPIED)
+def _direct_rows_source(src: str) -> bool:
+    return "_mm256_maskload_ps" in src and "const float* row" in src
+
+
+@pytest.mark.parametrize("case", DIRECT + DIRECT_ROWS + COPIED)
 @pytest.mark.parametrize("residual", [False, True])
 def test_depthwise_against_reference_avx2_and_portable(case, residual, cache_dir):
     g, plan = dw_graph(*case, residual=residual)
@@ -74,11 +90,12 @@ def test_depthwise_against_reference_avx2_and_portable(case, residual, cache_dir
     assert_close(portable, want)
     assert_close(simd, portable)
     assert "_mm256_" not in m0.program.source
-    assert ("_mm256_maskload_ps" in m1.program.source) == (case in DIRECT)
+    assert ("_mm256_maskload_ps" in m1.program.source) == (case not in COPIED)
+    assert _direct_rows_source(m1.program.source) == (case in DIRECT_ROWS)
     assert m1.report["kernels"] == 1
 
 
-@pytest.mark.parametrize("case", [DIRECT[0], COPIED[2]])
+@pytest.mark.parametrize("case", [DIRECT[0], DIRECT_ROWS[0], COPIED[2]])
 def test_a_computed_input_is_copied_through_its_prologue(case, cache_dir):
     """A prologue (Relu before the conv, in the group) is not in memory: no direct path."""
     g, plan = dw_graph(*case, prologue=True)
@@ -87,7 +104,7 @@ def test_a_computed_input_is_copied_through_its_prologue(case, cache_dir):
     assert "_mm256_maskload_ps" not in model.program.source
 
 
-@pytest.mark.parametrize("case", [DIRECT[0], COPIED[0], COPIED[2]])
+@pytest.mark.parametrize("case", [DIRECT[0], DIRECT_ROWS[2], COPIED[0], COPIED[2]])
 def test_threads_do_not_change_depthwise_results(case, cache_dir):
     g, plan = dw_graph(*case, n=3)
     one, _, _ = run_both(g, plan, cache_dir, threads=1)

@@ -35,6 +35,8 @@ WIDE_MAX_FLOATS = 2048
 # the input with AVX2, unrolled whole (no padded copy: on a 6 x 6 plane the copy, and the vector
 # loads that reread it at once, took two thirds of the time).
 DIRECT_MAX_VECTORS = 32
+# Larger such planes, up to this many vectors a row (128 floats), one row at a time.
+DIRECT_MAX_ROW_VECTORS = 16
 
 
 def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
@@ -59,6 +61,10 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
     # is overwritten by the next row).
     direct = (simd and (SH, SW) == (1, 1) and (OH, OW) == (H, W) and in_memory(ev, x)
               and -(-H * W // VECTOR) <= DIRECT_MAX_VECTORS)
+    # "direct rows" (AVX2 only): the same for a larger plane, one output row at a time, each row
+    # through the epilogue at once (``_direct_rows``).
+    direct_rows = (simd and not direct and (SH, SW) == (1, 1) and (OH, OW) == (H, W) and in_memory(ev, x)
+                   and -(-W // VECTOR) <= DIRECT_MAX_ROW_VECTORS)
     wide = SH == 1 and SW == 1 and Hp * Wp <= WIDE_MAX_FLOATS
     exact = (OH - 1) * Wp + OW if wide else OW
     span = _round_up(exact, VECTOR)
@@ -90,10 +96,10 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
         if dense != acc:
             w.line(f"float* restrict {dense} = {kc.scratch_ptr('float', off_dense)};")
         # The padding (and the slack) sits at the same places for every plane: zeroed once per chunk.
-        if direct:
+        if direct or direct_rows:
             w.line(f"#if !({AVX2_GUARD})")
         w.line(f"memset({xp}, 0, sizeof(float) * {plane_floats});")
-        if direct:
+        if direct or direct_rows:
             w.line("#endif")
         w.line(f"const long {first} = {chunk} * {per_chunk};")
         end = f"({first} + {per_chunk} < {planes} ? {first} + {per_chunk} : {planes})"
@@ -107,6 +113,11 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
                 w.line(f"#if {AVX2_GUARD}")
                 src = f"{kc.ptr(x)} + {Index(x.shape, (img, ch, '0', '0')).offset()}"
                 _direct_plane(kc, src, weights, geo, (H, W), dense)
+                w.line("#else")
+            if direct_rows:
+                w.line(f"#if {AVX2_GUARD}")
+                src = f"{kc.ptr(x)} + {Index(x.shape, (img, ch, '0', '0')).offset()}"
+                _direct_rows(kc, ev, stage, node, bias_term, src, weights, geo, acc, (img, ch))
                 w.line("#else")
             _copy_plane(kc, ev, x, img, ch, xp, (H, W), (PT, PL), SW, Wh)
             taps = [(weights[kh][kw], kh * DH, (kw * DW % SW) * Wh + kw * DW // SW)
@@ -142,6 +153,85 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
                 with w.block(f"for (long {p} = 0; {p} < {OH * OW}; ++{p})"), ev.scope():
                     w.line(f"const float {y} = {bias_term(ev, node, f'{dense}[{p}]', ch)};")
                     finish_element(kc, ev, stage, out, Index.loops(out.shape, [(0, 1, img), (1, 2, ch), (2, 4, p)]), y)
+            if direct_rows:
+                w.line("#endif")
+
+
+def _column_masks(kc, geo, W: int) -> list[list[str | None]]:
+    """Per vector of a row and per kernel column: the lanes whose input column lies inside the
+    row. ``""`` all of them (a plain load), ``None`` none (the tap is left out), else the name of
+    an ``__m256i`` mask declared here."""
+    KW = geo.kernel[1]
+    DW, PL = geo.dilations[1], geo.pads_begin[1]
+    names: dict[tuple[int, ...], str] = {}
+    table: list[list[str | None]] = []
+    for b in range(-(-W // VECTOR)):
+        row: list[str | None] = []
+        for kw in range(KW):
+            lanes = [b * VECTOR + lane < W and 0 <= b * VECTOR + lane + kw * DW - PL < W for lane in range(VECTOR)]
+            if not any(lanes):
+                row.append(None)
+            elif all(lanes):
+                row.append("")
+            else:
+                key = tuple(-1 if ok else 0 for ok in lanes)
+                if key not in names:
+                    names[key] = kc.tmp("mask")
+                    kc.w.line(f"const __m256i {names[key]} = _mm256_setr_epi32({', '.join(map(str, key))});")
+                row.append(names[key])
+        table.append(row)
+    return table
+
+
+def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, acc: str, where) -> None:
+    """AVX2, stride 1, output as large as the input: each output row's vectors from the input
+    rows in place (``_column_masks`` at the row's ends), into ``acc``, then the row through the
+    bias and the epilogue while it is in L1. Rows are grouped by which kernel rows fall inside the
+    input (the top and bottom rows leave some out); each group is one loop over its rows."""
+    w = kc.w
+    img, ch = where
+    out = node.outputs[0]
+    H, W = node.input(0).shape[2:]
+    KH, KW = geo.kernel
+    (DH, DW), (PT, PL) = geo.dilations, geo.pads_begin
+    base = kc.tmp("src")
+    w.line(f"const float* {base} = {src};")
+    wvs = [[kc.tmp("wv") for _ in row] for row in weights]
+    for names, row in zip(wvs, weights, strict=True):
+        for name, wv in zip(names, row, strict=True):
+            w.line(f"const __m256 {name} = _mm256_set1_ps({wv});")
+    masks = _column_masks(kc, geo, W)
+    classes: list[list] = []  # [first row, end row, kernel rows inside the input]
+    for oh in range(H):
+        inside = tuple(kh for kh in range(KH) if 0 <= oh + kh * DH - PT < H)
+        if classes and classes[-1][2] == inside:
+            classes[-1][1] = oh + 1
+        else:
+            classes.append([oh, oh + 1, inside])
+    oh, row = kc.tmp("oh"), kc.tmp("row")
+    for lo, hi, inside in classes:
+        with w.block(f"for (long {oh} = {lo}; {oh} < {hi}; ++{oh})"):
+            w.line(f"const float* {row} = {base} + {oh} * {W};")
+            for b, cols in enumerate(masks):
+                v = kc.tmp("v")
+                started = False
+                for kh in inside:
+                    for kw in range(KW):
+                        if cols[kw] is None:
+                            continue
+                        at = add(row, str((kh * DH - PT) * W + b * VECTOR + kw * DW - PL))
+                        load = f"_mm256_loadu_ps({at})" if cols[kw] == "" else f"_mm256_maskload_ps({at}, {cols[kw]})"
+                        wv = wvs[kh][kw]
+                        expr = f"_mm256_fmadd_ps({wv}, {load}, {v})" if started else f"_mm256_mul_ps({wv}, {load})"
+                        w.line(f"{'' if started else '__m256 '}{v} = {expr};")
+                        started = True
+                if not started:
+                    w.line(f"__m256 {v} = _mm256_setzero_ps();")
+                w.line(f"_mm256_storeu_ps({acc} + {b * VECTOR}, {v});")
+            ow, y = kc.tmp("ow"), kc.tmp("y")
+            with w.block(f"for (long {ow} = 0; {ow} < {W}; ++{ow})"), ev.scope():
+                w.line(f"const float {y} = {bias_term(ev, node, f'{acc}[{ow}]', ch)};")
+                finish_element(kc, ev, stage, out, Index(out.shape, (img, ch, oh, ow)), y)
 
 
 def _direct_plane(kc, src: str, weights, geo, hw, dense: str) -> None:
