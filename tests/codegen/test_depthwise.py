@@ -2,8 +2,8 @@
 
 * direct (AVX2): a stride-1 plane that keeps its size, of at most ``DIRECT_MAX_VECTORS`` vectors,
   read in place with masked loads at the edges, no padded copy;
-* direct rows (AVX2): the same for larger planes, a row at a time (rows up to
-  ``DIRECT_MAX_ROW_VECTORS`` vectors);
+* direct rows (AVX2): other planes of column stride 1 or 2, a row at a time (rows up to
+  ``DIRECT_MAX_ROW_VECTORS`` vectors), stride 2 from the even or odd floats of two loads;
 * wide: the padded copy computed as one row (stride 1, small planes), epilogue row by row;
 * rows: one pass per output row (large or strided planes), epilogue over the dense plane.
 
@@ -56,24 +56,27 @@ DIRECT_ROWS = [  # the same, larger, rows of at most DIRECT_MAX_ROW_VECTORS vect
     (2, 12, 33, 5, 1, [2, 2, 2, 2], 1),     # 5x5: two rows at each edge leave kernel rows out
     (2, 11, 30, 3, 1, [2, 2, 2, 2], 2),     # dilated
     (2, 4, 128, 3, 1, [1, 1, 1, 1], 1),     # rows of exactly DIRECT_MAX_ROW_VECTORS vectors
+    (6, 17, 19, 3, 2, [1, 1, 1, 1], 1),     # stride 2: even and odd floats of two loads
+    (4, 12, 12, 3, 2, [0, 0, 1, 1], 1),     # mobilenet's stride-2 padding
+    (3, 28, 28, 3, 2, [1, 1, 1, 1], 1),
+    (2, 9, 40, 5, 2, [2, 1, 2, 2], 2),      # 5x5, dilated, asymmetric
+    (3, 9, 9, 3, 1, [0, 0, 0, 0], 1),       # valid: the output is smaller than the input
+    (2, 40, 40, 3, 1, [0, 0, 0, 0], 1),
 ]
 COPIED = [
     (2, 5, 130, 3, 1, [1, 1, 1, 1], 1),     # rows too long: the wide copy
     (1, 20, 140, 3, 1, [1, 1, 1, 1], 1),    # 3124 padded floats: one pass per row
-    (6, 17, 19, 3, 2, [1, 1, 1, 1], 1),     # stride 2: two column phases
-    (4, 12, 12, 3, 2, [0, 0, 1, 1], 1),     # mobilenet's stride-2 padding
-    (5, 11, 12, 5, 3, [2, 1, 2, 2], 1),     # 5x5 stride 3, asymmetric pads
-    (3, 9, 9, 3, 1, [0, 0, 0, 0], 1),       # valid: the output is smaller than the input
-    (2, 40, 40, 3, 1, [0, 0, 0, 0], 1),     # the same, one pass per row
+    (5, 11, 12, 5, 3, [2, 1, 2, 2], 1),     # 5x5 stride 3, asymmetric pads: three column phases
+    (2, 9, 300, 3, 2, [1, 1, 1, 1], 1),     # stride 2, rows too long: two column phases
 ]
 
 
 def test_the_cases_cover_the_ways():
     for _c, h, w, *_ in DIRECT:
         assert -(-h * w // VECTOR) <= DIRECT_MAX_VECTORS
-    for _c, h, w, *_ in DIRECT_ROWS:
-        assert -(-h * w // VECTOR) > DIRECT_MAX_VECTORS and -(-w // VECTOR) <= DIRECT_MAX_ROW_VECTORS
-    assert -(-130 // VECTOR) > DIRECT_MAX_ROW_VECTORS
+    for _c, _h, w, _k, stride, *_ in DIRECT_ROWS:
+        assert stride in (1, 2) and -(-w // stride // VECTOR) <= DIRECT_MAX_ROW_VECTORS
+    assert -(-130 // VECTOR) > DIRECT_MAX_ROW_VECTORS and -(-150 // VECTOR) > DIRECT_MAX_ROW_VECTORS
 
 
 def _direct_rows_source(src: str) -> bool:
@@ -95,7 +98,7 @@ def test_depthwise_against_reference_avx2_and_portable(case, residual, cache_dir
     assert m1.report["kernels"] == 1
 
 
-@pytest.mark.parametrize("case", [DIRECT[0], DIRECT_ROWS[0], COPIED[2]])
+@pytest.mark.parametrize("case", [DIRECT[0], DIRECT_ROWS[0], DIRECT_ROWS[6]])
 def test_a_computed_input_is_copied_through_its_prologue(case, cache_dir):
     """A prologue (Relu before the conv, in the group) is not in memory: no direct path."""
     g, plan = dw_graph(*case, prologue=True)
@@ -104,7 +107,7 @@ def test_a_computed_input_is_copied_through_its_prologue(case, cache_dir):
     assert "_mm256_maskload_ps" not in model.program.source
 
 
-@pytest.mark.parametrize("case", [DIRECT[0], DIRECT_ROWS[2], COPIED[0], COPIED[2]])
+@pytest.mark.parametrize("case", [DIRECT[0], DIRECT_ROWS[2], DIRECT_ROWS[6], COPIED[0], COPIED[2]])
 def test_threads_do_not_change_depthwise_results(case, cache_dir):
     g, plan = dw_graph(*case, n=3)
     one, _, _ = run_both(g, plan, cache_dir, threads=1)

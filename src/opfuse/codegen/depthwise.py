@@ -35,7 +35,8 @@ WIDE_MAX_FLOATS = 2048
 # the input with AVX2, unrolled whole (no padded copy: on a 6 x 6 plane the copy, and the vector
 # loads that reread it at once, took two thirds of the time).
 DIRECT_MAX_VECTORS = 32
-# Larger such planes, up to this many vectors a row (128 floats), one row at a time.
+# Other planes with column stride 1 or 2, up to this many output vectors a row (128 floats),
+# read in place too, one output row at a time.
 DIRECT_MAX_ROW_VECTORS = 16
 
 
@@ -61,10 +62,10 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
     # is overwritten by the next row).
     direct = (simd and (SH, SW) == (1, 1) and (OH, OW) == (H, W) and in_memory(ev, x)
               and -(-H * W // VECTOR) <= DIRECT_MAX_VECTORS)
-    # "direct rows" (AVX2 only): the same for a larger plane, one output row at a time, each row
-    # through the epilogue at once (``_direct_rows``).
-    direct_rows = (simd and not direct and (SH, SW) == (1, 1) and (OH, OW) == (H, W) and in_memory(ev, x)
-                   and -(-W // VECTOR) <= DIRECT_MAX_ROW_VECTORS)
+    # "direct rows" (AVX2 only): any other plane whose column stride is 1 or 2, in place too, one
+    # output row at a time, each row through the epilogue at once (``_direct_rows``).
+    direct_rows = (simd and not direct and SW in (1, 2) and in_memory(ev, x)
+                   and -(-OW // VECTOR) <= DIRECT_MAX_ROW_VECTORS)
     wide = SH == 1 and SW == 1 and Hp * Wp <= WIDE_MAX_FLOATS
     exact = (OH - 1) * Wp + OW if wide else OW
     span = _round_up(exact, VECTOR)
@@ -157,79 +158,109 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
                 w.line("#endif")
 
 
-def _column_masks(kc, geo, W: int) -> list[list[str | None]]:
-    """Per vector of a row and per kernel column: the lanes whose input column lies inside the
-    row. ``""`` all of them (a plain load), ``None`` none (the tap is left out), else the name of
-    an ``__m256i`` mask declared here."""
-    KW = geo.kernel[1]
-    DW, PL = geo.dilations[1], geo.pads_begin[1]
-    names: dict[tuple[int, ...], str] = {}
-    table: list[list[str | None]] = []
-    for b in range(-(-W // VECTOR)):
-        row: list[str | None] = []
-        for kw in range(KW):
-            lanes = [b * VECTOR + lane < W and 0 <= b * VECTOR + lane + kw * DW - PL < W for lane in range(VECTOR)]
-            if not any(lanes):
-                row.append(None)
-            elif all(lanes):
-                row.append("")
-            else:
-                key = tuple(-1 if ok else 0 for ok in lanes)
-                if key not in names:
-                    names[key] = kc.tmp("mask")
-                    kc.w.line(f"const __m256i {names[key]} = _mm256_setr_epi32({', '.join(map(str, key))});")
-                row.append(names[key])
-        table.append(row)
-    return table
-
-
 def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, acc: str, where) -> None:
-    """AVX2, stride 1, output as large as the input: each output row's vectors from the input
-    rows in place (``_column_masks`` at the row's ends), into ``acc``, then the row through the
-    bias and the epilogue while it is in L1. Rows are grouped by which kernel rows fall inside the
-    input (the top and bottom rows leave some out); each group is one loop over its rows."""
+    """AVX2, any row stride, column stride 1 or 2: each output row's vectors from the input rows
+    in place, into ``acc``, then the row through the bias and the epilogue while it is in L1.
+
+    A tap's 8 inputs for outputs ``ow0..ow0+7`` start at column ``ow0 * SW + c`` (``c = kw * DW -
+    PL``). Stride 1: one unaligned load. Stride 2: the even or odd floats of the 16 from the even
+    column below, two loads and one ``shufps``, which leaves the 8 in the order 0 1 4 5 2 3 6 7,
+    the same for every tap: the sum is put in order once, before the store. Loads that reach past
+    either end of the input row are masked (masked lanes read nothing and give 0, as padding
+    would); taps whose lanes all fall outside are left out. Rows are grouped by which kernel rows
+    fall inside the input (the top and bottom rows leave some out); each group is one loop."""
     w = kc.w
     img, ch = where
     out = node.outputs[0]
     H, W = node.input(0).shape[2:]
+    OH, OW = out.shape[2:]
     KH, KW = geo.kernel
-    (DH, DW), (PT, PL) = geo.dilations, geo.pads_begin
+    (SH, SW), (DH, DW), (PT, PL) = geo.strides, geo.dilations, geo.pads_begin
     base = kc.tmp("src")
     w.line(f"const float* {base} = {src};")
     wvs = [[kc.tmp("wv") for _ in row] for row in weights]
     for names, row in zip(wvs, weights, strict=True):
         for name, wv in zip(names, row, strict=True):
             w.line(f"const __m256 {name} = _mm256_set1_ps({wv});")
-    masks = _column_masks(kc, geo, W)
+    masks: dict[tuple[int, ...], str] = {}
+
+    def load(row: str, start: int) -> str | None:
+        """The 8 floats of the input row from column ``start``, masked where outside it."""
+        lanes = [0 <= start + lane < W for lane in range(VECTOR)]
+        if not any(lanes):
+            return None
+        at = add(row, str(start))
+        if all(lanes):
+            return f"_mm256_loadu_ps({at})"
+        key = tuple(-1 if ok else 0 for ok in lanes)
+        if key not in masks:
+            masks[key] = kc.tmp("mask")
+            w.line(f"const __m256i {masks[key]} = _mm256_setr_epi32({', '.join(map(str, key))});")
+        return f"_mm256_maskload_ps({at}, {masks[key]})"
+
+    blocks = -(-OW // VECTOR)
+    taps = {}  # (block, kw) -> how the tap's 8 inputs are read from an input row: (row -> C expression)
+    for b in range(blocks):
+        for kw in range(KW):
+            c = b * VECTOR * SW + kw * DW - PL
+            cols = [(b * VECTOR + lane) * SW + kw * DW - PL for lane in range(VECTOR)]
+            if not any(b * VECTOR + lane < OW and 0 <= col < W for lane, col in enumerate(cols)):
+                continue
+            taps[b, kw] = c
+    # Declare every mask first (one C scope: the plane's), then emit the row loops.
+    for c in taps.values():
+        if SW == 1:
+            load("row", c)
+        else:
+            even = c - c % 2
+            load("row", even), load("row", even + VECTOR)
     classes: list[list] = []  # [first row, end row, kernel rows inside the input]
-    for oh in range(H):
-        inside = tuple(kh for kh in range(KH) if 0 <= oh + kh * DH - PT < H)
+    for oh in range(OH):
+        inside = tuple(kh for kh in range(KH) if 0 <= oh * SH + kh * DH - PT < H)
         if classes and classes[-1][2] == inside:
             classes[-1][1] = oh + 1
         else:
             classes.append([oh, oh + 1, inside])
-    oh, row = kc.tmp("oh"), kc.tmp("row")
+    oh = kc.tmp("oh")
     for lo, hi, inside in classes:
         with w.block(f"for (long {oh} = {lo}; {oh} < {hi}; ++{oh})"):
-            w.line(f"const float* {row} = {base} + {oh} * {W};")
-            for b, cols in enumerate(masks):
+            rows = {}
+            for kh in inside:
+                rows[kh] = kc.tmp("row")
+                w.line(f"const float* {rows[kh]} = {base} + {add(mul(oh, SH * W), str((kh * DH - PT) * W))};")
+            for b in range(blocks):
                 v = kc.tmp("v")
                 started = False
                 for kh in inside:
+                    pairs: dict[int, tuple[str, str]] = {}
                     for kw in range(KW):
-                        if cols[kw] is None:
+                        if (b, kw) not in taps:
                             continue
-                        at = add(row, str((kh * DH - PT) * W + b * VECTOR + kw * DW - PL))
-                        load = f"_mm256_loadu_ps({at})" if cols[kw] == "" else f"_mm256_maskload_ps({at}, {cols[kw]})"
+                        c = taps[b, kw]
+                        if SW == 1:
+                            x = load(rows[kh], c)
+                        else:
+                            even = c - c % 2
+                            if even not in pairs:
+                                lo_v, hi_v = load(rows[kh], even), load(rows[kh], even + VECTOR)
+                                zero = "_mm256_setzero_ps()"
+                                pairs[even] = (kc.tmp("lo"), kc.tmp("hi"))
+                                w.line(f"const __m256 {pairs[even][0]} = {lo_v or zero}, "
+                                       f"{pairs[even][1]} = {hi_v or zero};")
+                            x = f"_mm256_shuffle_ps({pairs[even][0]}, {pairs[even][1]}, {0xDD if c % 2 else 0x88})"
+                        if x is None:
+                            continue
                         wv = wvs[kh][kw]
-                        expr = f"_mm256_fmadd_ps({wv}, {load}, {v})" if started else f"_mm256_mul_ps({wv}, {load})"
+                        expr = f"_mm256_fmadd_ps({wv}, {x}, {v})" if started else f"_mm256_mul_ps({wv}, {x})"
                         w.line(f"{'' if started else '__m256 '}{v} = {expr};")
                         started = True
                 if not started:
                     w.line(f"__m256 {v} = _mm256_setzero_ps();")
+                elif SW == 2:  # 0 1 4 5 2 3 6 7 -> 0 .. 7: 64-bit pairs 0 2 1 3
+                    w.line(f"{v} = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd({v}), 0xD8));")
                 w.line(f"_mm256_storeu_ps({acc} + {b * VECTOR}, {v});")
             ow, y = kc.tmp("ow"), kc.tmp("y")
-            with w.block(f"for (long {ow} = 0; {ow} < {W}; ++{ow})"), ev.scope():
+            with w.block(f"for (long {ow} = 0; {ow} < {OW}; ++{ow})"), ev.scope():
                 w.line(f"const float {y} = {bias_term(ev, node, f'{acc}[{ow}]', ch)};")
                 finish_element(kc, ev, stage, out, Index(out.shape, (img, ch, oh, ow)), y)
 
