@@ -38,6 +38,9 @@ DIRECT_MAX_VECTORS = 32
 # Other planes with column stride 1 or 2, up to this many output vectors a row (128 floats),
 # read in place too, one output row at a time.
 DIRECT_MAX_ROW_VECTORS = 16
+# Output rows shorter than this go through the epilogue as one plane, not row by row (a loop of a
+# few elements is not vectorised).
+PLANE_EPILOGUE_MAX_ROW = 16
 
 
 def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
@@ -74,7 +77,7 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
     slack = max(0, last_row + reach - Hp * row_len)
     plane_floats = Hp * row_len + slack
     off_plane = kc.scratch(plane_floats * 4)
-    off_acc = kc.scratch((span if wide else (OH - 1) * OW + span) * 4)
+    off_acc = kc.scratch(max(span if wide else (OH - 1) * OW + span, (OH - 1) * OW + _round_up(OW, VECTOR)) * 4)
     # The dense OH x OW results the epilogue reads: the row passes write them; the wide pass's
     # are squeezed into them only where the AVX2 code is direct (the plain path then squeezes, in
     # scalar code). Otherwise the epilogue reads the wide results row by row: squeezing them with
@@ -118,7 +121,8 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
             if direct_rows:
                 w.line(f"#if {AVX2_GUARD}")
                 src = f"{kc.ptr(x)} + {Index(x.shape, (img, ch, '0', '0')).offset()}"
-                _direct_rows(kc, ev, stage, node, bias_term, src, weights, geo, acc, (img, ch))
+                _direct_rows(kc, ev, stage, node, bias_term, src, weights, geo, acc, (img, ch),
+                             OW < PLANE_EPILOGUE_MAX_ROW)
                 w.line("#else")
             _copy_plane(kc, ev, x, img, ch, xp, (H, W), (PT, PL), SW, Wh)
             taps = [(weights[kh][kw], kh * DH, (kw * DW % SW) * Wh + kw * DW // SW)
@@ -158,7 +162,8 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
                 w.line("#endif")
 
 
-def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, acc: str, where) -> None:
+def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, acc: str, where,
+                 plane_epilogue: bool) -> None:
     """AVX2, any row stride, column stride 1 or 2: each output row's vectors from the input rows
     in place, into ``acc``, then the row through the bias and the epilogue while it is in L1.
 
@@ -168,7 +173,9 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
     the same for every tap: the sum is put in order once, before the store. Loads that reach past
     either end of the input row are masked (masked lanes read nothing and give 0, as padding
     would); taps whose lanes all fall outside are left out. Rows are grouped by which kernel rows
-    fall inside the input (the top and bottom rows leave some out); each group is one loop."""
+    fall inside the input (the top and bottom rows leave some out); each group is one loop.
+    ``plane_epilogue``: the rows are written at ``oh * OW`` instead and the epilogue runs once,
+    over the dense plane (for short rows, whose epilogue loop would not be vectorised)."""
     w = kc.w
     img, ch = where
     out = node.outputs[0]
@@ -258,11 +265,19 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
                     w.line(f"__m256 {v} = _mm256_setzero_ps();")
                 elif SW == 2:  # 0 1 4 5 2 3 6 7 -> 0 .. 7: 64-bit pairs 0 2 1 3
                     w.line(f"{v} = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd({v}), 0xD8));")
-                w.line(f"_mm256_storeu_ps({acc} + {b * VECTOR}, {v});")
+                at = add(mul(oh, OW), str(b * VECTOR)) if plane_epilogue else str(b * VECTOR)
+                w.line(f"_mm256_storeu_ps({acc} + {at}, {v});")
+            if plane_epilogue:
+                continue
             ow, y = kc.tmp("ow"), kc.tmp("y")
             with w.block(f"for (long {ow} = 0; {ow} < {OW}; ++{ow})"), ev.scope():
                 w.line(f"const float {y} = {bias_term(ev, node, f'{acc}[{ow}]', ch)};")
                 finish_element(kc, ev, stage, out, Index(out.shape, (img, ch, oh, ow)), y)
+    if plane_epilogue:
+        p, y = kc.tmp("p"), kc.tmp("y")
+        with w.block(f"for (long {p} = 0; {p} < {OH * OW}; ++{p})"), ev.scope():
+            w.line(f"const float {y} = {bias_term(ev, node, f'{acc}[{p}]', ch)};")
+            finish_element(kc, ev, stage, out, Index.loops(out.shape, [(0, 1, img), (1, 2, ch), (2, 4, p)]), y)
 
 
 def _direct_plane(kc, src: str, weights, geo, hw, dense: str) -> None:
