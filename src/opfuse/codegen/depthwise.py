@@ -41,6 +41,9 @@ DIRECT_MAX_ROW_VECTORS = 16
 # Output rows shorter than this go through the epilogue as one plane, not row by row (a loop of a
 # few elements is not vectorised).
 PLANE_EPILOGUE_MAX_ROW = 16
+# Output rows computed together by the direct rows: an input row they share is loaded once
+# (3x3, stride 1: 12 loads for 18 FMAs instead of 18).
+ROW_BLOCK = 2
 
 
 def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
@@ -77,7 +80,8 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
     slack = max(0, last_row + reach - Hp * row_len)
     plane_floats = Hp * row_len + slack
     off_plane = kc.scratch(plane_floats * 4)
-    off_acc = kc.scratch(max(span if wide else (OH - 1) * OW + span, (OH - 1) * OW + _round_up(OW, VECTOR)) * 4)
+    off_acc = kc.scratch(max(span if wide else (OH - 1) * OW + span, (OH - 1) * OW + _round_up(OW, VECTOR),
+                             ROW_BLOCK * _round_up(OW, VECTOR)) * 4)
     # The dense OH x OW results the epilogue reads: the row passes write them; the wide pass's
     # are squeezed into them only where the AVX2 code is direct (the plain path then squeezes, in
     # scalar code). Otherwise the epilogue reads the wide results row by row: squeezing them with
@@ -173,7 +177,8 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
     the same for every tap: the sum is put in order once, before the store. Loads that reach past
     either end of the input row are masked (masked lanes read nothing and give 0, as padding
     would); taps whose lanes all fall outside are left out. Rows are grouped by which kernel rows
-    fall inside the input (the top and bottom rows leave some out); each group is one loop.
+    fall inside the input (the top and bottom rows leave some out); each group is one loop, over
+    ``ROW_BLOCK`` rows at a time (``rows_body``).
     ``plane_epilogue``: the rows are written at ``oh * OW`` instead and the epilogue runs once,
     over the dense plane (for short rows, whose epilogue loop would not be vectorised)."""
     w = kc.w
@@ -229,50 +234,79 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
         else:
             classes.append([oh, oh + 1, inside])
     oh = kc.tmp("oh")
-    for lo, hi, inside in classes:
-        with w.block(f"for (long {oh} = {lo}; {oh} < {hi}; ++{oh})"):
-            rows = {}
+    pitch = _round_up(OW, VECTOR)  # a row's results in ``acc`` (row by row epilogue)
+
+    def rows_body(inside: tuple[int, ...], nrows: int) -> None:
+        """Output rows ``oh .. oh + nrows - 1``: every input row they read is loaded once per vector
+        and feeds each of them that reads it (their taps summed in kernel order all the same)."""
+        rows: dict[int, str] = {}  # input row offset from oh * SH -> pointer
+        users: dict[int, list[tuple[int, int]]] = {}  # offset -> [(output row j, kernel row kh)]
+        for j in range(nrows):
             for kh in inside:
-                rows[kh] = kc.tmp("row")
-                w.line(f"const float* {rows[kh]} = {base} + {add(mul(oh, SH * W), str((kh * DH - PT) * W))};")
-            for b in range(blocks):
-                v = kc.tmp("v")
-                started = False
-                for kh in inside:
-                    pairs: dict[int, tuple[str, str]] = {}
-                    for kw in range(KW):
-                        if (b, kw) not in taps:
-                            continue
-                        c = taps[b, kw]
-                        if SW == 1:
-                            x = load(rows[kh], c)
-                        else:
-                            even = c - c % 2
-                            if even not in pairs:
-                                lo_v, hi_v = load(rows[kh], even), load(rows[kh], even + VECTOR)
-                                zero = "_mm256_setzero_ps()"
-                                pairs[even] = (kc.tmp("lo"), kc.tmp("hi"))
-                                w.line(f"const __m256 {pairs[even][0]} = {lo_v or zero}, "
-                                       f"{pairs[even][1]} = {hi_v or zero};")
-                            x = f"_mm256_shuffle_ps({pairs[even][0]}, {pairs[even][1]}, {0xDD if c % 2 else 0x88})"
-                        if x is None:
-                            continue
-                        wv = wvs[kh][kw]
-                        expr = f"_mm256_fmadd_ps({wv}, {x}, {v})" if started else f"_mm256_mul_ps({wv}, {x})"
-                        w.line(f"{'' if started else '__m256 '}{v} = {expr};")
-                        started = True
-                if not started:
+                d = j * SH + kh * DH - PT
+                users.setdefault(d, []).append((j, kh))
+        for d in sorted(users):
+            rows[d] = kc.tmp("row")
+            w.line(f"const float* {rows[d]} = {base} + {add(mul(oh, SH * W), str(d * W))};")
+        stores: list[tuple[int, int, str]] = []
+        for b in range(blocks):
+            vs = [kc.tmp("v") for _ in range(nrows)]
+            started = [False] * nrows
+            for d in sorted(users):
+                pairs: dict[int, tuple[str, str]] = {}
+                for kw in range(KW):
+                    if (b, kw) not in taps:
+                        continue
+                    c = taps[b, kw]
+                    if SW == 1:
+                        x = load(rows[d], c)
+                    else:
+                        even = c - c % 2
+                        if even not in pairs:
+                            lo_v, hi_v = load(rows[d], even), load(rows[d], even + VECTOR)
+                            zero = "_mm256_setzero_ps()"
+                            pairs[even] = (kc.tmp("lo"), kc.tmp("hi"))
+                            w.line(f"const __m256 {pairs[even][0]} = {lo_v or zero}, "
+                                   f"{pairs[even][1]} = {hi_v or zero};")
+                        x = f"_mm256_shuffle_ps({pairs[even][0]}, {pairs[even][1]}, {0xDD if c % 2 else 0x88})"
+                    if x is None:
+                        continue
+                    if len(users[d]) > 1:
+                        t = kc.tmp("x")
+                        w.line(f"const __m256 {t} = {x};")
+                        x = t
+                    for j, kh in users[d]:
+                        v, wv = vs[j], wvs[kh][kw]
+                        expr = f"_mm256_fmadd_ps({wv}, {x}, {v})" if started[j] else f"_mm256_mul_ps({wv}, {x})"
+                        w.line(f"{'' if started[j] else '__m256 '}{v} = {expr};")
+                        started[j] = True
+            for j, v in enumerate(vs):
+                if not started[j]:
                     w.line(f"__m256 {v} = _mm256_setzero_ps();")
                 elif SW == 2:  # 0 1 4 5 2 3 6 7 -> 0 .. 7: 64-bit pairs 0 2 1 3
                     w.line(f"{v} = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd({v}), 0xD8));")
-                at = add(mul(oh, OW), str(b * VECTOR)) if plane_epilogue else str(b * VECTOR)
-                w.line(f"_mm256_storeu_ps({acc} + {at}, {v});")
-            if plane_epilogue:
-                continue
+                if plane_epilogue:  # rows overlap by a vector's overrun: stored row after row, below
+                    stores.append((j, b, v))
+                else:
+                    w.line(f"_mm256_storeu_ps({acc} + {j * pitch + b * VECTOR}, {v});")
+        if plane_epilogue:
+            for j, b, v in sorted(stores):
+                w.line(f"_mm256_storeu_ps({acc} + {add(mul(oh, OW), str(j * OW + b * VECTOR))}, {v});")
+            return
+        for j in range(nrows):
             ow, y = kc.tmp("ow"), kc.tmp("y")
             with w.block(f"for (long {ow} = 0; {ow} < {OW}; ++{ow})"), ev.scope():
-                w.line(f"const float {y} = {bias_term(ev, node, f'{acc}[{ow}]', ch)};")
-                finish_element(kc, ev, stage, out, Index(out.shape, (img, ch, oh, ow)), y)
+                w.line(f"const float {y} = {bias_term(ev, node, f'{acc}[{j * pitch} + {ow}]', ch)};")
+                finish_element(kc, ev, stage, out, Index(out.shape, (img, ch, add(oh, str(j)), ow)), y)
+
+    for lo, hi, inside in classes:
+        pair_end = lo + (hi - lo) // ROW_BLOCK * ROW_BLOCK
+        if pair_end > lo:
+            with w.block(f"for (long {oh} = {lo}; {oh} < {pair_end}; {oh} += {ROW_BLOCK})"):
+                rows_body(inside, ROW_BLOCK)
+        if pair_end < hi:
+            with w.block(f"for (long {oh} = {pair_end}; {oh} < {hi}; ++{oh})"):
+                rows_body(inside, 1)
     if plane_epilogue:
         p, y = kc.tmp("p"), kc.tmp("y")
         with w.block(f"for (long {p} = 0; {p} < {OH * OW}; ++{p})"), ev.scope():
