@@ -1,18 +1,32 @@
 """Depthwise 2-D convolution (one input and one output channel per group), vectorised along
 the output rows.
 
-Per channel plane (the unit the threads share):
+The threads share chunks of channel planes (``plane_chunk``). Per plane, one of three ways:
 
-1. the plane is copied, through the prologue, into a zero-padded buffer in scratch, once per
-   input element. With stride ``s`` every padded row is stored as its ``s`` column phases
-   one after the other (columns ``j = q*s + phase`` at ``phase * Wh + q``), so the taps of
-   consecutive outputs are consecutive floats whatever the stride;
-2. each output row is ``sum_taps w[kh, kw] * row(oh*s + kh*d)[phase(kw) * Wh + ow + shift(kw)]``:
-   every tap's weight in a register, one unaligned vector load and one FMA per tap and 8
-   outputs (AVX2/FMA intrinsics, four vectors in flight; plain C that gcc vectorises where
-   there is no AVX2), the taps summed in the same order for every element. With stride 1
-   the whole plane is one such row ("wide": the padding columns are computed and dropped);
-3. the outputs go through the bias and the fused epilogue while they are in L1.
+1. **direct** (AVX2, stride 1, output as large as the input, at most ``DIRECT_MAX_VECTORS``
+   vectors): the flat plane ``dense[i] = sum_taps w * x[i + shift(tap)]`` straight from the
+   input, unrolled whole; which lanes of each vector a tap may read is known at generation time,
+   so edge vectors use masked loads (no read outside the plane, 0 where padding would be) and
+   taps with no lane inside are left out (``_direct_plane``). No padded copy: on a 6 x 6 plane
+   the copy, and the vector loads that reread it at once (store forwarding fails), took two
+   thirds of the time;
+2. **direct rows** (AVX2, column stride 1 or 2, output rows up to ``DIRECT_MAX_ROW_VECTORS``
+   vectors): the same a row at a time, ``ROW_BLOCK`` output rows together so that an input row
+   they share is loaded once; stride 2 takes the even or odd floats of two loads (one
+   ``shufps``; the sum is put back in order once, before the store) (``_direct_rows``);
+3. **copied** (everything else, and the plain C99 path): the plane is copied, through the
+   prologue, into a zero-padded buffer (its padding zeroed once per chunk: it sits at the same
+   places for every plane), each padded row stored as its ``s`` column phases (columns
+   ``j = q*s + phase`` at ``phase * Wh + q``) so that the taps of consecutive outputs are
+   consecutive floats; then each output row is ``sum_taps w[kh, kw] * row(oh*s + kh*d)[...]``,
+   one unaligned vector load and one FMA per tap and 8 outputs (AVX2/FMA, four vectors in
+   flight; plain C that gcc vectorises elsewhere). With stride 1 and a small plane the whole
+   plane is one such row ("wide": the padding columns are computed and dropped).
+
+The taps are summed in the same order (kernel row, then column) for every element. The outputs
+go through the bias and the fused epilogue while they are in L1: row by row, or as one loop over
+the dense plane where rows are short (a loop of a few elements is not vectorised, and a scalar
+epilogue made the fused Conv+Relu slower than Conv, BatchNorm and Relu as three kernels).
 
 In NCHW the plane's width is the unit-stride axis, so this is where the vectors go: across
 channels a vector would gather from ``C`` planes.
