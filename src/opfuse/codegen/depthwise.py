@@ -86,6 +86,7 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
     # output row at a time, each row through the epilogue at once (``_direct_rows``).
     direct_rows = (simd and not direct and SW in (1, 2) and in_memory(ev, x)
                    and -(-OW // VECTOR) <= DIRECT_MAX_ROW_VECTORS)
+    copy_simd = simd and not (direct or direct_rows)  # the copy path has AVX2 code (else it is only the #else)
     wide = SH == 1 and SW == 1 and Hp * Wp <= WIDE_MAX_FLOATS
     exact = (OH - 1) * Wp + OW if wide else OW
     span = _round_up(exact, VECTOR)
@@ -148,7 +149,7 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
             oh = kc.tmp("oh")
             if wide:
                 _taps_pass(kc, [(wv, f"{xp} + {r * row_len + c}") for wv, r, c in taps], acc, span, exact,
-                           simd and not direct)
+                           copy_simd)
                 if direct:
                     ow = kc.tmp("ow")
                     w.line(f"for (long {oh} = 0; {oh} < {OH}; ++{oh}) for (long {ow} = 0; {ow} < {OW}; ++{ow}) "
@@ -161,7 +162,7 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
                             rows[r] = kc.tmp("row")
                             w.line(f"const float* restrict {rows[r]} = {xp} + ({oh} * {SH} + {r}) * {row_len};")
                     _taps_pass(kc, [(wv, f"{rows[r]} + {c}") for wv, r, c in taps], f"({acc} + {oh} * {OW})",
-                               span, exact, simd)
+                               span, exact, copy_simd)
             if direct:
                 w.line("#endif")
             y = kc.tmp("y")
