@@ -20,6 +20,9 @@ How it measures, so the numbers survive a shared machine:
   answer shows: a contender's ``max_abs_error`` is its difference to the contender it agrees with
   best (a wrong one stands out once two others agree), and ``outputs_agree`` holds when every
   pair is within ``AGREE_RTOL * max(1, max |output|)``;
+* with ``groups``, the per-group check: the fused and the unfused build again, with kernel
+  timers, run in turn; each fused group's median against the sum of its original ops' unfused
+  kernel medians, and the groups where fusion measured slower named (``group_check``);
 * the yardsticks (one-core NumPy sgemm, ``np.copyto`` bandwidth) are timed in the same run
   (``opfuse.measure.yardsticks``), and ``other_processes_cores`` says how many cores' worth of
   CPU the rest of the machine took meanwhile (a shared machine's timings read against it).
@@ -228,13 +231,15 @@ def cross_check(outputs: Mapping[str, Outputs]) -> dict:
 
 def bench(model, vs: str | Iterable[str] = PEERS, threads: int | None = None, repeat: int = DEFAULT_REPEAT,
           warmup: int = DEFAULT_WARMUP, *, seed: int = 0, input_shapes: Mapping[str, tuple[int, ...]] | None = None,
-          yardsticks: bool = True, progress: Callable[[int, int], None] | None = None) -> dict:
+          yardsticks: bool = True, progress: Callable[[int, int], None] | None = None, groups: bool = False) -> dict:
     """Time ``model`` (``zoo:NAME``, an ``.onnx`` path, a ModelProto) fused and unfused against the
     peers ``vs``, with ``threads`` each (default: the cores available). Returns a JSON-ready dict:
     ``contenders`` (name -> ``median_ms``, ``p90_ms``, ``min_ms``, ``runs``, ``max_abs_error``,
     settings), ``best_peer``, ``ratios`` (name -> median over the best peer's; empty without
     peers), ``errors`` (``cross_check``), ``skipped`` (peer -> why), ``yardsticks`` and the
-    settings. ``OpfuseError`` for an unknown model or peer and for counts below one."""
+    settings. ``groups``: also ``group_check`` (``opfuse.measure.group_check``): every fused group's
+    time next to its ops' unfused kernels, both built with kernel timers and run in turn, the groups
+    that fusion made slower named. ``OpfuseError`` for an unknown model or peer and for counts below one."""
     from opfuse.api import load, onnx_proto
     from opfuse.measure import yardsticks as time_yardsticks
     from opfuse.runtime.reference import random_inputs
@@ -265,10 +270,14 @@ def bench(model, vs: str | Iterable[str] = PEERS, threads: int | None = None, re
     best = min(present, key=lambda p: rows[p]["median_ms"]) if present else None
     ratios = {n: r["median_ms"] / rows[best]["median_ms"] for n, r in rows.items()} if best else {}
     spec = os.fspath(model) if isinstance(model, (str, os.PathLike)) else graph.name
+    checked = None
+    if groups:
+        from opfuse.measure import group_check
+        checked = group_check(graph, threads=threads, repeat=repeat, seed=seed)
     return {"model": spec, "graph": graph.name, "threads": threads, "repeat": repeat, "warmup": warmup, "seed": seed,
             "cpus_available": cpus_available(), "other_processes_cores": others.cores,
             "order": [c.name for c in contenders], "contenders": rows, "best_peer": best, "ratios": ratios,
-            "errors": errors, "skipped": skipped, "yardsticks": ys}
+            "errors": errors, "skipped": skipped, "yardsticks": ys, "group_check": checked}
 
 
 def cpus_available() -> int:

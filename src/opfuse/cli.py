@@ -455,6 +455,24 @@ def _bench_table(result: dict):
     return table
 
 
+def _group_table(check: dict):
+    """``opfuse bench --groups``: each fused group next to its ops run unfused, slower ones flagged."""
+    from rich import box
+    from rich.table import Table
+    n = len(check["slower"])
+    title = (f"per group, kernel timers, medians of {check['repeat']} runs: fused {check['fused_s'] * 1e3:.3f} ms, "
+             f"its ops unfused {check['unfused_s'] * 1e3:.3f} ms; fusion slower (by > "
+             f"{check['tolerance']:.0%}) in {n} group{'' if n == 1 else 's'}")
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    for col in ("group", "ops", "fused us", "unfused us", "fused / unfused", ""):
+        table.add_column(col, justify="left" if col in ("group", "ops", "") else "right", no_wrap=True)
+    for r in check["groups"]:
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        table.add_row(r["group"], "+".join(r["ops"])[:40], f"{r['fused_s'] * 1e6:.2f}", f"{r['unfused_s'] * 1e6:.2f}",
+                      ratio, "SLOWER" if r["slower"] else "")
+    return table
+
+
 def cmd_bench(args) -> int:
     import json
     from opfuse.bench import bench
@@ -462,7 +480,7 @@ def cmd_bench(args) -> int:
     from rich.console import Console
     with step("interleaved runs") as advance:  # one display: the C builds inside add their lines to it
         result = bench(args.model, vs=args.vs, threads=args.threads, repeat=args.repeat, warmup=args.warmup,
-                       input_shapes=_input_shapes(args),
+                       input_shapes=_input_shapes(args), groups=args.groups,
                        progress=lambda done, total: advance(completed=done, total=total))
     for peer, why in result["skipped"].items():
         print(f"opfuse bench: skipped {peer}: {why}", file=sys.stderr)
@@ -476,6 +494,8 @@ def cmd_bench(args) -> int:
               f"GFLOP/s, np.copyto {ys['copy_gbps']:.1f} GB/s (read + write)")
         if result["other_processes_cores"] is not None:
             print(f"other processes used {result['other_processes_cores']:.2f} of {os.cpu_count()} cores meanwhile")
+        if result["group_check"] is not None:
+            (out if out.is_terminal else Console(width=120)).print(_group_table(result["group_check"]))
     if not result["errors"]["outputs_agree"]:
         worst = max(result["errors"]["pairs"].items(), key=lambda kv: kv[1])
         print(f"opfuse bench: outputs disagree: {worst[0]} max abs error {worst[1]:.3g} "
@@ -838,6 +858,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="threads for every contender (default: the cores available, or $OMP_NUM_THREADS)")
     p.add_argument("--repeat", type=int, default=DEFAULT_REPEAT, help="timed runs per contender")
     p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="untimed rounds first")
+    p.add_argument("--groups", action="store_true",
+                   help="also time every fused group against its ops run unfused (kernel timers) and flag the "
+                        "groups fusion made slower")
     p.add_argument("--json", action="store_true", help="print the whole result as JSON")
     p.set_defaults(fn=cmd_bench)
 

@@ -45,6 +45,12 @@ class CodegenOptions:
     attention_block: int = 64
     # Below this many elementary operations a loop runs on one thread (spawning costs more).
     parallel_min_work: int = 1 << 15
+    # Depthwise convolution (``codegen/depthwise.py``) walks its channel planes in chunks of up to
+    # ``depthwise_chunk_planes`` (the padded plane's zero border is written once per chunk, not
+    # per plane), fewer planes per chunk where there would otherwise be fewer than
+    # ``depthwise_min_chunks`` chunks for the threads to share.
+    depthwise_chunk_planes: int = 8
+    depthwise_min_chunks: int = 16
     # When the outermost loop has fewer iterations than this, OpenMP collapses two loops.
     parallel_min_outer: int = 16
     # A parallel loop whose every iteration is at least this much work (GEMM, conv and attention
@@ -97,6 +103,8 @@ class CodegenOptions:
             raise OpfuseError(f"simd mode {self.simd!r}: expected one of {', '.join(SIMD_MODES)}")
         if self.winograd not in WINOGRAD_MODES:
             raise OpfuseError(f"winograd mode {self.winograd!r}: expected one of {', '.join(WINOGRAD_MODES)}")
+        if self.depthwise_chunk_planes < 1 or self.depthwise_min_chunks < 1:
+            raise OpfuseError("depthwise_chunk_planes and depthwise_min_chunks must be at least 1")
         if self.gemm_mc % self.gemm_mr or self.gemm_nc % self.gemm_nr:
             raise OpfuseError("gemm_mc must be a multiple of gemm_mr and gemm_nc of gemm_nr")
 
