@@ -123,3 +123,18 @@ def test_plane_chunks():
     assert plane_chunk(8, o) == 1
     with pytest.raises(Exception, match="depthwise_chunk_planes"):
         CodegenOptions(depthwise_chunk_planes=0)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the reference's 0 * inf
+@pytest.mark.parametrize("case", [DIRECT[0], DIRECT_ROWS[1], DIRECT_ROWS[6]])
+def test_an_infinite_weight_next_to_padding_gives_nan_as_in_the_reference(case, cache_dir):
+    """The in-place paths leave out taps that fall wholly in the padding; 0 * inf is NaN in the
+    reference, so weights that are not all finite take the padded copy."""
+    g, plan = dw_graph(*case)
+    w = next(v for v in g.constants if v.name == "w")
+    w.const = w.const.copy()
+    w.const[1, 0, 0, 0] = np.inf
+    got, want, model = run_both(g, plan, cache_dir)
+    assert np.isnan(next(iter(want.values()))).any()
+    assert_close(got, want)
+    assert "_mm256_maskload_ps" not in model.program.source

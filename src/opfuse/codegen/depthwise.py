@@ -33,6 +33,8 @@ channels a vector would gather from ``C`` planes.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.gemm import in_memory
 from opfuse.codegen.index import Index, add, mul
@@ -80,11 +82,17 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
     # oh * OW. The vectors run past the last output into whole vectors (no scalar tail): the
     # plane buffer has slack for their reads and the results for their writes (a row's overrun
     # is overwritten by the next row).
-    direct = (simd and (SH, SW) == (1, 1) and (OH, OW) == (H, W) and in_memory(ev, x)
+    # The in-place paths leave out taps whose lanes all fall in the padding, which is exact only
+    # when every weight is finite (inf or NaN times a padding zero is NaN, as in the reference):
+    # weights known at compile time and all finite, else the padded copy.
+    known = ev.static.get(id(wt))
+    finite_weights = known is not None and bool(np.isfinite(known).all())
+    simd_in_place = simd and finite_weights
+    direct = (simd_in_place and (SH, SW) == (1, 1) and (OH, OW) == (H, W) and in_memory(ev, x)
               and -(-H * W // VECTOR) <= DIRECT_MAX_VECTORS)
     # "direct rows" (AVX2 only): any other plane whose column stride is 1 or 2, in place too, one
     # output row at a time, each row through the epilogue at once (``_direct_rows``).
-    direct_rows = (simd and not direct and SW in (1, 2) and in_memory(ev, x)
+    direct_rows = (simd_in_place and not direct and SW in (1, 2) and in_memory(ev, x)
                    and -(-OW // VECTOR) <= DIRECT_MAX_ROW_VECTORS)
     copy_simd = simd and not (direct or direct_rows)  # the copy path has AVX2 code (else it is only the #else)
     wide = SH == 1 and SW == 1 and Hp * Wp <= WIDE_MAX_FLOATS
