@@ -51,3 +51,35 @@ def onnx_proto(model) -> onnx.ModelProto:
         return zoo.build_onnx(spec[len(ZOO_PREFIX):])
     from opfuse.frontend.onnx import read_model_with_data
     return read_model_with_data(spec)  # external data checked against path traversal
+
+
+def declared_inputs(model) -> dict:
+    """Each graph input of ``model`` -> its declared dims (ints, symbol names, ``None`` unknown).
+
+    Empty for a Graph (its shapes are bound) and a zoo model (built with its shapes); a path
+    is parsed here without its external data (the weights are not needed for the inputs)."""
+    if isinstance(model, Graph):
+        return {}
+    from opfuse.frontend.onnx import declared_inputs as onnx_inputs
+    if isinstance(model, onnx.ModelProto):
+        return onnx_inputs(model)
+    spec = os.fspath(model)
+    if spec.startswith(ZOO_PREFIX) or not os.path.exists(spec):
+        return {}
+    from opfuse.frontend.onnx import read_model
+    return onnx_inputs(read_model(spec))
+
+
+def unbound_inputs(model, input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> list[str]:
+    """The inputs of ``model`` whose shapes ``input_shapes`` leaves open (symbolic or unknown dims
+    no given shape binds): what the first run's arrays must bind."""
+    from opfuse.frontend.onnx import unbound_inputs as unbound
+    return unbound(declared_inputs(model), dict(input_shapes or {}))
+
+
+def shapes_for_arrays(model, input_shapes: Mapping[str, tuple[int, ...]] | None, arrays: Mapping) -> dict:
+    """``input_shapes`` plus the shapes of ``arrays`` (a run's inputs) for the inputs it leaves open;
+    a ``ShapeError`` when an array's rank or fixed dims disagree with the model, or two arrays
+    give one symbol two sizes."""
+    from opfuse.frontend.onnx import shapes_from_arrays
+    return shapes_from_arrays(declared_inputs(model), dict(input_shapes or {}), arrays)

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-from opfuse.errors import OpfuseError
+from opfuse.errors import InputError, OpfuseError
 from opfuse.ir.graph import Graph
 from opfuse.ir.plan import FusionPlan
 from opfuse.rules.decisions import FUSE_PASS, FUSED, REFUSED, Decision, RefusalKind, taken
@@ -242,9 +242,104 @@ def compile(model, target: str = "host", fuse: bool = True, *, threads: int | No
     report, the planner's predictions and the arena), ``.export_c(dir)``. Only the host target
     builds native code here; other targets are planned (``plan_model``) but not built. ``threads``
     defaults to the cores available to the process (``OMP_NUM_THREADS`` when set).
+
+    A model whose inputs have symbolic or unknown dims that ``input_shapes`` does not bind gives a
+    ``SpecializingModel`` instead: each run's arrays bind them, and the model is compiled for
+    those shapes (once per set of shapes; the built library comes from the build cache).
     """
     opts = options or CompileOptions(target=target, fuse=fuse, **kwargs)
     if opts.target not in ("host",):
         raise OpfuseError(f"target '{opts.target}' can be planned (opfuse compile --target {opts.target}) "
                           f"but not built and run on this machine; use target 'host'")
+    from opfuse.api import unbound_inputs
+    if unbound_inputs(model, opts.input_shapes):
+        return SpecializingModel(model, opts, threads=threads)
     return build_native(plan_model(model, opts), threads=threads)
+
+
+MAX_SPECIALIZATIONS = 8  # compiled shapes a SpecializingModel keeps loaded (least recently used goes first)
+
+
+class SpecializingModel:
+    """A model with symbolic input dims, compiled for the shapes of the arrays it is run on.
+
+    ``run(feeds)`` binds every open dim from ``feeds`` (checked against the model's rank, fixed
+    dims and shared symbols: one ``batch`` for all inputs), compiles the model for those shapes
+    unless a model for them is loaded, and runs it. Up to ``MAX_SPECIALIZATIONS`` compiled
+    models stay loaded; one dropped and needed again is rebuilt from the build cache.
+    ``report``, ``compilation`` and ``graph`` are those of the last run's shapes.
+    """
+
+    def __init__(self, model, options: CompileOptions, *, threads: int | None = None):
+        from collections import OrderedDict
+        self.model = model
+        self.options = options
+        self._threads = threads
+        self._compiled: OrderedDict[tuple, object] = OrderedDict()
+        self._current = None
+        self.compiles = 0  # how many times a model was built for new shapes
+
+    def specialize(self, feeds: Mapping) -> object:
+        """The ``CompiledModel`` for the shapes of ``feeds`` (compiled now when new)."""
+        from dataclasses import replace
+
+        from opfuse.api import shapes_for_arrays, unbound_inputs
+        shapes = shapes_for_arrays(self.model, self.options.input_shapes, feeds)
+        missing = unbound_inputs(self.model, shapes)
+        if missing:
+            raise InputError(f"input(s) {missing} missing: the model's shapes are bound by the arrays of a "
+                             f"run (or pass input_shapes)")
+        key = tuple(sorted(shapes.items()))
+        model = self._compiled.get(key)
+        if model is None:
+            model = build_native(plan_model(self.model, replace(self.options, input_shapes=shapes)),
+                                 threads=self._threads)
+            self.compiles += 1
+            self._compiled[key] = model
+            while len(self._compiled) > MAX_SPECIALIZATIONS:
+                self._compiled.popitem(last=False)
+        self._compiled.move_to_end(key)
+        self._current = model
+        return model
+
+    def run(self, feeds: Mapping, *, cast: bool = False) -> dict:
+        return self.specialize(feeds).run(feeds, cast=cast)
+
+    __call__ = run
+
+    def prepared(self, feeds: Mapping):
+        return self.specialize(feeds).prepared(feeds)
+
+    @property
+    def shapes(self) -> list[dict]:
+        """The input shapes of the compiled models loaded now (least recently used first)."""
+        return [dict(key) for key in self._compiled]
+
+    @property
+    def current(self):
+        if self._current is None:
+            raise OpfuseError("the model's input shapes are not bound yet: run it once (its arrays bind "
+                              "them) or compile with input_shapes")
+        return self._current
+
+    @property
+    def report(self) -> dict:
+        return self.current.report
+
+    @property
+    def compilation(self):
+        return self.current.compilation
+
+    @property
+    def graph(self):
+        return self.current.graph
+
+    @property
+    def threads(self) -> int | None:
+        return self._threads
+
+    @threads.setter
+    def threads(self, n: int) -> None:
+        for model in self._compiled.values():
+            model.threads = n
+        self._threads = int(n)

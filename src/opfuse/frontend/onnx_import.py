@@ -29,7 +29,7 @@ import onnx
 import onnx.defs
 
 from opfuse.errors import ModelError, UnsupportedOpError
-from opfuse.frontend.input_shapes import Dim, bind_input_shapes
+from opfuse.frontend.input_shapes import Dim, bind_input_shapes, symbolic_dim
 from opfuse.frontend.onnx_files import read_model
 from opfuse.frontend.onnx_functions import canonicalize, has_function, is_importable
 from opfuse.frontend.onnx_import_context import ImportContext, OnnxNode
@@ -132,8 +132,16 @@ def _declared_dims(vi: onnx.ValueInfoProto) -> tuple[list[Dim] | None, np.dtype]
         if d.HasField("dim_value") and d.dim_value >= 0:
             dims.append(int(d.dim_value))
         else:
-            dims.append(d.dim_param or None)
+            dims.append(symbolic_dim(d.dim_param))
     return dims, dtype
+
+
+def declared_inputs(model: onnx.ModelProto) -> dict[str, list[Dim] | None]:
+    """Each graph input (initializers listed as inputs excepted) -> its declared dims (``None`` for
+    an unknown rank): what ``--input-shape`` or the arrays of a run must bind."""
+    g = model.graph
+    consts = {t.name for t in g.initializer} | {st.values.name for st in g.sparse_initializer}
+    return {vi.name: _declared_dims(vi)[0] for vi in g.input if vi.name not in consts}
 
 
 # The importer ----------------------------------------------------------------------------------
