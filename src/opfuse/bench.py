@@ -228,22 +228,24 @@ def cross_check(outputs: Mapping[str, Outputs]) -> dict:
 
 def bench(model, vs: str | Iterable[str] = PEERS, threads: int | None = None, repeat: int = DEFAULT_REPEAT,
           warmup: int = DEFAULT_WARMUP, *, seed: int = 0, input_shapes: Mapping[str, tuple[int, ...]] | None = None,
-          yardsticks: bool = True, progress: Callable[[int, int], None] | None = None) -> dict:
+          yardsticks: bool = True, progress: Callable[[int, int], None] | None = None,
+          inputs: Mapping[str, np.ndarray] | None = None) -> dict:
     """Time ``model`` (``zoo:NAME``, an ``.onnx`` path, a ModelProto) fused and unfused against the
     peers ``vs``, with ``threads`` each (default: the cores available). Returns a JSON-ready dict:
     ``contenders`` (name -> ``median_ms``, ``p90_ms``, ``min_ms``, ``runs``, ``max_abs_error``,
     settings), ``best_peer``, ``ratios`` (name -> median over the best peer's; empty without
     peers), ``errors`` (``cross_check``), ``skipped`` (peer -> why), ``yardsticks`` and the
-    settings. ``OpfuseError`` for an unknown model or peer and for counts below one."""
+    settings. ``inputs`` replaces the seeded random inputs (checked against the model's).
+    ``OpfuseError`` for an unknown model or peer and for counts below one."""
     from opfuse.api import load, onnx_proto
     from opfuse.measure import yardsticks as time_yardsticks
-    from opfuse.runtime.reference import random_inputs
+    from opfuse.runtime.reference import check_inputs, random_inputs
     from opfuse.runtime.threads import default_threads
     peers = parse_peers(vs)
     threads = default_threads() if threads is None else threads
     _check_counts(threads, repeat, warmup)
     graph = load(model, input_shapes)
-    feeds = random_inputs(graph, seed)
+    feeds = check_inputs(graph, inputs) if inputs is not None else random_inputs(graph, seed)
     contenders = [_opfuse(FUSED, graph, feeds, fuse=True, threads=threads),
                   _opfuse(UNFUSED, graph, feeds, fuse=False, threads=threads)]
     skipped: dict[str, str] = {}
