@@ -64,6 +64,7 @@ def measure(key: str, path: Path, threads: int, repeat: int) -> dict:
                        arena_bytes=rep["arena_bytes"])
     b = bench(str(path), vs=("onnxruntime",), threads=threads, repeat=repeat, input_shapes=shapes, inputs=feeds)
     row["latency_ms"] = {name: c["median_ms"] for name, c in b["contenders"].items()}
+    row["cpu_ms"] = {name: c["cpu_median_ms"] for name, c in b["contenders"].items()}
     row["bench"] = {k: b[k] for k in ("threads", "repeat", "warmup", "ratios", "errors", "other_processes_cores",
                                       "cpus_available")}
     return row
@@ -71,21 +72,28 @@ def measure(key: str, path: Path, threads: int, repeat: int) -> dict:
 
 def markdown(rows: list[dict]) -> str:
     head = ["model", "package", "input", "nodes", "op types", "kernels before", "kernels after", "fused groups",
-            "max err fused", "max err unfused", "fused ms", "unfused ms", "onnxruntime ms", "fused / ort"]
+            "max err fused", "max err unfused", "fused ms", "unfused ms", "onnxruntime ms", "fused / ort",
+            "CPU ms fused / unfused / ort", "fused / ort (CPU)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        lat = r["latency_ms"]
+        lat, cpu = r["latency_ms"], r["cpu_ms"]
         lines.append("| " + " | ".join([
             r["model"], r["package"], "x".join(map(str, r["input_shape"])), str(r["nodes"]), str(len(r["op_types"])),
             str(r["kernels_before"]), str(r["kernels_after"]), str(r["fused_groups"]),
             f"{r['fused']['max_abs_error']:.2g}" + ("" if r["fused"]["within_tolerance"] else " (OUT)"),
             f"{r['unfused']['max_abs_error']:.2g}" + ("" if r["unfused"]["within_tolerance"] else " (OUT)"),
             f"{lat['opfuse_fused']:.2f}", f"{lat['opfuse_unfused']:.2f}", f"{lat['onnxruntime']:.2f}",
-            f"{lat['opfuse_fused'] / lat['onnxruntime']:.2f}"]) + " |")
+            f"{lat['opfuse_fused'] / lat['onnxruntime']:.2f}",
+            f"{cpu['opfuse_fused']:.2f} / {cpu['opfuse_unfused']:.2f} / {cpu['onnxruntime']:.2f}",
+            f"{cpu['opfuse_fused'] / cpu['onnxruntime']:.2f}"]) + " |")
     t = rows[0]["bench"] if rows else {}
+    load = [r["bench"]["other_processes_cores"] for r in rows if r["bench"].get("other_processes_cores") is not None]
     lines += ["", f"Medians of {t.get('repeat')} interleaved rounds (fused, unfused, onnxruntime) after "
               f"{t.get('warmup')} warm-up rounds, {t.get('threads')} thread(s) each, in one process "
-              f"(`opfuse.bench.bench`); onnxruntime with ORT_ENABLE_ALL. Errors: max abs difference to "
+              f"(`opfuse.bench.bench`); onnxruntime with ORT_ENABLE_ALL. Wall-clock medians, then the "
+              f"medians of each call's process CPU time, which other processes' load (here "
+              f"{min(load, default=0):.1f} to {max(load, default=0):.1f} of {t.get('cpus_available')} cores "
+              f"busy meanwhile) inflates less. Errors: max abs difference to "
               f"onnxruntime on the model's fixed input, tolerance rtol {RTOL:g} / atol {ATOL:g} "
               f"(OUT: outside it). Rules of the fused groups:", ""]
     for r in rows:

@@ -142,17 +142,25 @@ PEER_BUILDERS: Mapping[str, Callable[[bytes, Outputs, int], Contender]] = {
 # Timing and checking ---------------------------------------------------------------------------
 
 def time_interleaved(contenders: list[Contender], repeat: int, warmup: int,
-                     progress: Callable[[int, int], None] | None = None) -> dict[str, list[float]]:
+                     progress: Callable[[int, int], None] | None = None,
+                     cpu: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
     """Wall seconds of each contender's ``repeat`` timed calls, in rounds A B C A B C ... after
-    ``warmup`` untimed rounds; ``progress(round, rounds)`` after each round."""
+    ``warmup`` untimed rounds; ``progress(round, rounds)`` after each round. ``cpu``, when given,
+    receives each call's process CPU seconds (all threads) by name: on a loaded machine a
+    one-thread contender's CPU time is what it cost, where its wall time includes the waits."""
     samples: dict[str, list[float]] = {c.name: [] for c in contenders}
+    if cpu is not None:
+        cpu.update({c.name: [] for c in contenders})
     rounds = warmup + repeat
     for r in range(rounds):
         for c in contenders:
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             c.run()
+            t1, c1 = time.perf_counter(), time.process_time()
             if r >= warmup:
-                samples[c.name].append(time.perf_counter() - t0)
+                samples[c.name].append(t1 - t0)
+                if cpu is not None:
+                    cpu[c.name].append(c1 - c0)
         if progress is not None:
             progress(r + 1, rounds)
     return samples
@@ -232,11 +240,12 @@ def bench(model, vs: str | Iterable[str] = PEERS, threads: int | None = None, re
           inputs: Mapping[str, np.ndarray] | None = None) -> dict:
     """Time ``model`` (``zoo:NAME``, an ``.onnx`` path, a ModelProto) fused and unfused against the
     peers ``vs``, with ``threads`` each (default: the cores available). Returns a JSON-ready dict:
-    ``contenders`` (name -> ``median_ms``, ``p90_ms``, ``min_ms``, ``runs``, ``max_abs_error``,
-    settings), ``best_peer``, ``ratios`` (name -> median over the best peer's; empty without
-    peers), ``errors`` (``cross_check``), ``skipped`` (peer -> why), ``yardsticks`` and the
-    settings. ``inputs`` replaces the seeded random inputs (checked against the model's).
-    ``OpfuseError`` for an unknown model or peer and for counts below one."""
+    ``contenders`` (name -> ``median_ms``, ``p90_ms``, ``min_ms``, ``runs``, ``cpu_median_ms``: the
+    median process CPU time of a call, ``max_abs_error``, settings), ``best_peer``, ``ratios``
+    (name -> median over the best peer's; empty without peers), ``errors`` (``cross_check``),
+    ``skipped`` (peer -> why), ``yardsticks`` and the settings. ``inputs`` replaces the seeded
+    random inputs (checked against the model's). ``OpfuseError`` for an unknown model or peer and
+    for counts below one."""
     from opfuse.api import load, onnx_proto
     from opfuse.measure import yardsticks as time_yardsticks
     from opfuse.runtime.reference import check_inputs, random_inputs
@@ -259,10 +268,11 @@ def bench(model, vs: str | Iterable[str] = PEERS, threads: int | None = None, re
     ys = time_yardsticks() if yardsticks else None
     outputs = {c.name: c.run() for c in contenders}
     errors = cross_check(outputs)
+    cpu: dict[str, list[float]] = {}
     with OtherLoad() as others:
-        samples = time_interleaved(contenders, repeat, warmup, progress)
-    rows = {c.name: {**summarize(samples[c.name]), "max_abs_error": errors["nearest"][c.name], **c.info}
-            for c in contenders}
+        samples = time_interleaved(contenders, repeat, warmup, progress, cpu=cpu)
+    rows = {c.name: {**summarize(samples[c.name]), "cpu_median_ms": float(np.median(cpu[c.name]) * 1e3),
+                     "max_abs_error": errors["nearest"][c.name], **c.info} for c in contenders}
     present = [p for p in peers if p in rows]
     best = min(present, key=lambda p: rows[p]["median_ms"]) if present else None
     ratios = {n: r["median_ms"] / rows[best]["median_ms"] for n, r in rows.items()} if best else {}
