@@ -35,8 +35,12 @@ def _input_shapes(args) -> dict:
 
 
 def _load(args):
-    from opfuse.api import load
-    return load(args.model, _input_shapes(args))
+    """The model, its shapes bound by ``--input-shape`` and the ``--inputs`` arrays; inputs that
+    decide shapes (``ShapeInputError``) are bound to their ``--inputs`` values, named in
+    ``args.bound_values`` (the graph no longer takes them)."""
+    from opfuse.api import load_for_arrays
+    graph, args.bound_values = load_for_arrays(args.model, _input_shapes(args), getattr(args, "arrays", None) or {})
+    return graph
 
 
 def _read_inputs(path: str | None, graph, seed: int) -> dict[str, np.ndarray]:
@@ -118,7 +122,8 @@ def cmd_run(args) -> int:
     if args.outputs:
         from opfuse.files import check_writable
         check_writable(args.outputs if args.outputs.endswith(".npz") else args.outputs + ".npz")
-    feeds = args.arrays if args.arrays is not None else _read_inputs(None, graph, args.seed)
+    all_feeds = args.arrays if args.arrays is not None else _read_inputs(None, graph, args.seed)
+    feeds = {k: v for k, v in all_feeds.items() if k not in args.bound_values}  # the bound ones are constants now
     if args.cast_inputs:  # convert once, so that every backend (and --compare) sees the same values
         from opfuse.runtime.reference import check_inputs
         feeds = check_inputs(graph, feeds, cast=True)
@@ -168,7 +173,7 @@ def cmd_run(args) -> int:
     code = result.pop("code", 0)
     if args.compare:
         from opfuse.runtime import reference
-        theirs = _ort_outputs(args.model, graph, feeds) if args.compare == "onnxruntime" else \
+        theirs = _ort_outputs(args.model, graph, {**all_feeds, **feeds}) if args.compare == "onnxruntime" else \
             reference.run(graph, feeds)
         result["compare"] = {"with": args.compare, "outputs": {}}
         for name, abs_err, rel_err in compare_outputs(outputs, theirs):

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-from opfuse.errors import InputError, OpfuseError
+from opfuse.errors import InputError, OpfuseError, ShapeInputError
 from opfuse.ir.graph import Graph
 from opfuse.ir.plan import FusionPlan
 from opfuse.rules.decisions import FUSE_PASS, FUSED, REFUSED, Decision, RefusalKind, taken
@@ -58,6 +58,7 @@ class CompileOptions:
     log_decisions: str | None = None
     max_group_ops: int | None = None
     input_shapes: Mapping[str, tuple[int, ...]] | None = None
+    input_values: Mapping | None = None  # graph inputs bound to values (constants): inputs that decide shapes
     corrections: bool = True  # apply the cost-model corrections saved by `opfuse profile --fit` (named in the report)
 
     def __post_init__(self):
@@ -195,7 +196,7 @@ def plan_model(model, options: CompileOptions | None = None, **kwargs) -> Compil
     from opfuse.passes import fuse
     from opfuse.report.fusion import build_report
     opts = options or CompileOptions(**kwargs)
-    original = load(model, opts.input_shapes)
+    original = load(model, opts.input_shapes, opts.input_values)
     ctx = _context(opts)
     graph, candidates, decisions = fuse(original, ctx, enable=opts.fuse)
     plan, plan_result = _choose_plan(graph, candidates, ctx, opts)
@@ -244,9 +245,11 @@ def compile(model, target: str = "host", fuse: bool = True, *, threads: int | No
     builds native code here; other targets are planned (``plan_model``) but not built. ``threads``
     defaults to the cores available to the process (``OMP_NUM_THREADS`` when set).
 
-    A model whose inputs have symbolic or unknown dims that ``input_shapes`` does not bind gives a
-    ``SpecializingModel`` instead: each run's arrays bind them, and the model is compiled for
-    those shapes (once per set of shapes; the built library comes from the build cache).
+    A model whose inputs have symbolic or unknown dims that ``input_shapes`` does not bind, or
+    whose graph inputs decide shapes (a Reshape's shape, a Resize's scales, a ReduceSum's axes fed
+    at run time) gives a ``SpecializingModel`` instead: each run's arrays bind them, and the model
+    is compiled for those shapes and values (once for each; the built library comes from the
+    build cache).
     """
     opts = options or CompileOptions(target=target, fuse=fuse, **kwargs)
     if opts.target not in ("host",):
@@ -255,26 +258,36 @@ def compile(model, target: str = "host", fuse: bool = True, *, threads: int | No
     from opfuse.api import unbound_inputs
     if unbound_inputs(model, opts.input_shapes):
         return SpecializingModel(model, opts, threads=threads)
-    return build_native(plan_model(model, opts), threads=threads)
+    try:
+        comp = plan_model(model, opts)
+    except ShapeInputError as e:
+        if not e.inputs:
+            raise
+        return SpecializingModel(model, opts, threads=threads, value_inputs=e.inputs)
+    return build_native(comp, threads=threads)
 
 
 MAX_SPECIALIZATIONS = 8  # compiled shapes a SpecializingModel keeps loaded (least recently used goes first)
 
 
 class SpecializingModel:
-    """A model with symbolic input dims, compiled for the shapes of the arrays it is run on.
+    """A model compiled for the shapes (and shape-deciding values) of the arrays it is run on.
 
     ``run(feeds)`` binds every open dim from ``feeds`` (checked against the model's rank, fixed
-    dims and shared symbols: one ``batch`` for all inputs), compiles the model for those shapes
-    unless a model for them is loaded, and runs it. Up to ``MAX_SPECIALIZATIONS`` compiled
-    models stay loaded; one dropped and needed again is rebuilt from the build cache.
-    ``report``, ``compilation`` and ``graph`` are those of the last run's shapes.
+    dims and shared symbols: one ``batch`` for all inputs) and takes the values of the inputs
+    that decide shapes (``value_inputs``, found when the import says so: ``ShapeInputError``),
+    compiles the model for them unless a model for them is loaded, and runs it on the other
+    inputs. Up to ``MAX_SPECIALIZATIONS`` compiled models stay loaded; one dropped and needed
+    again is rebuilt from the build cache. ``report``, ``compilation`` and ``graph`` are those of
+    the last run's specialisation.
     """
 
-    def __init__(self, model, options: CompileOptions, *, threads: int | None = None):
+    def __init__(self, model, options: CompileOptions, *, threads: int | None = None,
+                 value_inputs: tuple[str, ...] = ()):
         from collections import OrderedDict
         self.model = model
         self.options = options
+        self.value_inputs: tuple[str, ...] = tuple(sorted(set(value_inputs) | set(options.input_values or {})))
         self._threads = threads
         self._compiled: OrderedDict[tuple, CompiledModel] = OrderedDict()
         self._current: CompiledModel | None = None
@@ -285,16 +298,31 @@ class SpecializingModel:
         from dataclasses import replace
 
         from opfuse.api import shapes_for_arrays, unbound_inputs
+        import numpy as np
         shapes = shapes_for_arrays(self.model, self.options.input_shapes, feeds)
         missing = unbound_inputs(self.model, shapes)
         if missing:
             raise InputError(f"input(s) {missing} missing: the model's shapes are bound by the arrays of a "
                              f"run (or pass input_shapes)")
-        key = tuple(sorted(shapes.items()))
-        model = self._compiled.get(key)
-        if model is None:
-            model = build_native(plan_model(self.model, replace(self.options, input_shapes=shapes)),
-                                 threads=self._threads)
+        while True:
+            absent = [n for n in self.value_inputs if n not in feeds]
+            if absent:
+                raise InputError(f"input(s) {absent} missing: their values decide shapes of the model")
+            values = {n: np.asarray(feeds[n]) for n in self.value_inputs}
+            key = (tuple(sorted(shapes.items())),
+                   tuple((n, a.dtype.str, a.shape, a.tobytes()) for n, a in sorted(values.items())))
+            model = self._compiled.get(key)
+            if model is not None:
+                break
+            try:
+                comp = plan_model(self.model, replace(self.options, input_shapes=shapes, input_values=values))
+            except ShapeInputError as e:
+                more = set(e.inputs) - set(self.value_inputs)
+                if not more:
+                    raise
+                self.value_inputs = tuple(sorted(set(self.value_inputs) | more))
+                continue
+            model = build_native(comp, threads=self._threads)
             self.compiles += 1
             self._compiled[key] = model
             while len(self._compiled) > MAX_SPECIALIZATIONS:
@@ -303,18 +331,22 @@ class SpecializingModel:
         self._current = model
         return model
 
+    def _rest(self, feeds: Mapping) -> dict:
+        """``feeds`` less the inputs the specialisation took as constants."""
+        return {k: v for k, v in feeds.items() if k not in self.value_inputs}
+
     def run(self, feeds: Mapping, *, cast: bool = False) -> dict:
-        return self.specialize(feeds).run(feeds, cast=cast)
+        return self.specialize(feeds).run(self._rest(feeds), cast=cast)
 
     __call__ = run
 
     def prepared(self, feeds: Mapping):
-        return self.specialize(feeds).prepared(feeds)
+        return self.specialize(feeds).prepared(self._rest(feeds))
 
     @property
     def shapes(self) -> list[dict]:
         """The input shapes of the compiled models loaded now (least recently used first)."""
-        return [dict(key) for key in self._compiled]
+        return [dict(key[0]) for key in self._compiled]
 
     @property
     def current(self) -> "CompiledModel":
