@@ -10,11 +10,11 @@ import opfuse
 from opfuse.api import shapes_for_arrays, unbound_inputs
 from opfuse.cli import main
 from opfuse.compiler import SpecializingModel
-from opfuse.errors import InputError, OpfuseError, ShapeError
+from opfuse.errors import InputError, OpfuseError, ShapeError, ShapeInputError
 from opfuse.frontend.input_shapes import symbolic_dim
 from opfuse.runtime.reference import run as reference_run
 
-from onnx_builders import init, ints, model, ort_run, vi
+from onnx_builders import I64, init, ints, model, ort_run, vi
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -150,3 +150,56 @@ def test_cli_run_refuses_inputs_of_the_wrong_rank(tmp_path, capsys):
     code = main(["run", path, "--backend", "c", "--inputs", str(tmp_path / "x.npz"), "-q"])
     err = capsys.readouterr().err
     assert code == 2 and "input 'x' of shape 3x6x10 has rank 3" in err and err.count("\n") == 1
+
+
+# Inputs that decide shapes: bound to the values of a run -------------------------------------------
+
+def _shape_inputs_model() -> onnx.ModelProto:
+    """x reshaped by a run-time shape, then summed over run-time axes (opset 18: axes is an input)."""
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"]), helper.make_node("Relu", ["r"], ["y"]),
+             helper.make_node("ReduceSum", ["y", "axes"], ["z"], keepdims=0)]
+    return model(nodes, [vi("x", [2, 6]), vi("shape", [2], I64), vi("axes", [1], I64)], [vi("z", None)], opset=18)
+
+
+def _shape_feeds(shape, axes):
+    x = np.arange(12, dtype=np.float32).reshape(2, 6) - 5
+    return {"x": x, "shape": np.array(shape, np.int64), "axes": np.array(axes, np.int64)}
+
+
+def test_import_names_the_graph_inputs_that_decide_a_shape():
+    with pytest.raises(ShapeInputError) as e:
+        opfuse.load(_shape_inputs_model())
+    assert e.value.inputs == ("shape",) and "must be a constant" in str(e.value) and "\n" not in str(e.value)
+    g = opfuse.load(_shape_inputs_model(), input_values={"shape": np.array([3, 4]), "axes": np.array([1])})
+    assert [v.name for v in g.inputs] == ["x"] and g.outputs[0].shape == (3,)
+
+
+def test_input_values_must_match_the_declared_input():
+    with pytest.raises(InputError, match="the value given for input 'shape' is int32"):
+        opfuse.load(_shape_inputs_model(), input_values={"shape": np.array([3, 4], np.int32)})
+    with pytest.raises(InputError, match="unknown input"):
+        opfuse.load(_shape_inputs_model(), input_values={"nope": np.array([1])})
+
+
+def test_compiled_model_is_specialised_to_each_runs_values():
+    m = opfuse.compile(_shape_inputs_model())
+    assert isinstance(m, SpecializingModel)
+    for shape, axes, compiles in [([3, 4], [0], 1), ([4, 3], [1], 2), ([3, 4], [0], 2), ([3, 4], [1], 3)]:
+        feeds = _shape_feeds(shape, axes)
+        np.testing.assert_allclose(m.run(feeds)["z"], ort_run(_shape_inputs_model(), feeds)["z"], rtol=RTOL)
+        assert m.compiles == compiles
+    assert m.value_inputs == ("axes", "shape")
+    assert [v.name for v in m.graph.inputs] == ["x"]
+    with pytest.raises(InputError, match=r"\['axes'\] missing"):
+        m.run({"x": feeds["x"], "shape": feeds["shape"]})
+
+
+def test_cli_run_binds_shape_inputs_from_inputs(tmp_path, capsys):
+    path = _save(tmp_path, _shape_inputs_model())
+    np.savez(tmp_path / "in.npz", **_shape_feeds([3, 4], [1]))
+    code = main(["run", path, "--backend", "c", "--inputs", str(tmp_path / "in.npz"), "--compare", "onnxruntime",
+                 "-q"])
+    assert code == 0 and "z: float32[3]" in capsys.readouterr().out
+    code = main(["run", path, "--backend", "c", "-q"])  # random inputs cannot decide a shape
+    err = capsys.readouterr().err
+    assert code == 2 and "graph input(s) ['shape']" in err and err.count("\n") == 1
