@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from opfuse.errors import ModelError, OpfuseError, ShapeError, ShapeInputError, UnsupportedOpError
+from opfuse.errors import ModelError, OpfuseError, ShapeError, ShapeInputError
 from opfuse.ir.graph import Graph, Node, Value
 from opfuse.ops.common import graph_inputs_behind
 from opfuse.ops.registry import get_spec, infer_node
