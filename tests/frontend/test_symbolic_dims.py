@@ -203,3 +203,23 @@ def test_cli_run_binds_shape_inputs_from_inputs(tmp_path, capsys):
     code = main(["run", path, "--backend", "c", "-q"])  # random inputs cannot decide a shape
     err = capsys.readouterr().err
     assert code == 2 and "graph input(s) ['shape']" in err and err.count("\n") == 1
+
+
+def test_a_function_body_keeps_the_inputs_that_decide_its_shapes():
+    """CenterCropPad is imported through its ONNX function body, where a Pad's pads come from the
+    graph input 'shape': the refusal still names it, so a run's value binds it."""
+    nodes = [helper.make_node("CenterCropPad", ["x", "shape"], ["y"])]
+    m = model(nodes, [vi("x", [4, 6]), vi("shape", [2], I64)], [vi("y", None)], opset=18)
+    with pytest.raises(ShapeInputError) as e:
+        opfuse.load(m)
+    assert e.value.inputs == ("shape",) and "in its ONNX function body" in str(e.value)
+    feeds = {"x": np.arange(24, dtype=np.float32).reshape(4, 6), "shape": np.array([6, 3], np.int64)}
+    np.testing.assert_array_equal(opfuse.compile(m).run(feeds)["y"], ort_run(m, feeds)["y"])
+
+
+def test_reshape_between_empty_tensors_compiles():
+    """(0, 3, 4) -> (3, 4, 0): no element to map, and axes that pair up in no finer way."""
+    nodes = [helper.make_node("Reshape", ["x", "s"], ["y"], allowzero=1)]
+    m = model(nodes, [vi("x", [0, 3, 4])], [vi("y", None)], [ints("s", [3, 4, 0])], opset=18)
+    out = opfuse.compile(m).run({"x": np.zeros((0, 3, 4), np.float32)})
+    assert out["y"].shape == (3, 4, 0)
