@@ -90,7 +90,8 @@ def markdown(rows: list[dict]) -> str:
     load = [r["bench"]["other_processes_cores"] for r in rows if r["bench"].get("other_processes_cores") is not None]
     lines += ["", f"Medians of {t.get('repeat')} interleaved rounds (fused, unfused, onnxruntime) after "
               f"{t.get('warmup')} warm-up rounds, {t.get('threads')} thread(s) each, in one process "
-              f"(`opfuse.bench.bench`); onnxruntime with ORT_ENABLE_ALL. Wall-clock medians, then the "
+              f"(`opfuse.bench.bench`); onnxruntime with ORT_ENABLE_ALL; unfused is one kernel per imported "
+              f"op, without the rewrites (BatchNorm folding, ConvTranspose as Conv). Wall-clock medians, then the "
               f"medians of each call's process CPU time, which other processes' load (here "
               f"{min(load, default=0):.1f} to {max(load, default=0):.1f} of {t.get('cpus_available')} cores "
               f"busy meanwhile) inflates less. Errors: max abs difference to "
