@@ -304,11 +304,12 @@ class SpecializingModel:
         if missing:
             raise InputError(f"input(s) {missing} missing: the model's shapes are bound by the arrays of a "
                              f"run (or pass input_shapes)")
+        given = dict(self.options.input_values or {})  # values bound at compile time, unless a run gives others
         while True:
-            absent = [n for n in self.value_inputs if n not in feeds]
+            absent = [n for n in self.value_inputs if n not in feeds and n not in given]
             if absent:
                 raise InputError(f"input(s) {absent} missing: their values decide shapes of the model")
-            values = {n: np.asarray(feeds[n]) for n in self.value_inputs}
+            values = {n: np.asarray(feeds[n] if n in feeds else given[n]) for n in self.value_inputs}
             key = (tuple(sorted(shapes.items())),
                    tuple((n, a.dtype.str, a.shape, a.tobytes()) for n, a in sorted(values.items())))
             model = self._compiled.get(key)

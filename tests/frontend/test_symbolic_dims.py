@@ -223,3 +223,12 @@ def test_reshape_between_empty_tensors_compiles():
     m = model(nodes, [vi("x", [0, 3, 4])], [vi("y", None)], [ints("s", [3, 4, 0])], opset=18)
     out = opfuse.compile(m).run({"x": np.zeros((0, 3, 4), np.float32)})
     assert out["y"].shape == (3, 4, 0)
+
+
+def test_values_bound_at_compile_time_need_not_be_fed():
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["y"])]
+    m = model(nodes, [vi("x", ["N", 6]), vi("shape", [2], I64)], [vi("y", None)], opset=18)
+    c = opfuse.compile(m, input_values={"shape": np.array([-1, 3], np.int64)})
+    assert c.run({"x": np.ones((2, 6), np.float32)})["y"].shape == (4, 3)
+    assert c.run({"x": np.ones((2, 6), np.float32), "shape": np.array([3, -1])})["y"].shape == (3, 4)
+    assert c.compiles == 2
