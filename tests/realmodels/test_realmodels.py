@@ -60,10 +60,12 @@ def test_the_inputs_are_realistic(reference_outputs):
 
 def test_symbolic_height_and_width_bound_by_each_run(real_models, reference_outputs):
     """NudeNet's input is [batch, 3, height, width]: compiled without shapes, each run's image
-    size specialises it (the second size is a second compile; the first again is none)."""
+    size specialises it (the second size is a second compile; the first again is none). The
+    first size is the one test_fused_and_unfused_c_match_onnxruntime builds: its C comes from
+    the build cache."""
     model = opfuse.compile(real_models["nudenet_320n"])
     assert isinstance(model, SpecializingModel)
-    for shape in [(1, 3, 256, 320), (2, 3, 160, 224), (1, 3, 256, 320)]:
+    for shape in [(1, 3, 320, 320), (2, 3, 160, 224), (1, 3, 320, 320)]:
         feeds, theirs = reference_outputs("nudenet_320n", shape)
         out = model.run(feeds)["output0"]
         np.testing.assert_allclose(out, theirs[0], rtol=RTOL, atol=ATOL, err_msg=str(shape))
@@ -71,7 +73,8 @@ def test_symbolic_height_and_width_bound_by_each_run(real_models, reference_outp
 
 
 def test_paddle_question_mark_dims_bound_by_a_run(real_models, reference_outputs):
-    """The PP-OCR classifier declares [-1, 3, ?, ?]: a 48x192 text line binds the two '?' apart."""
-    feeds, theirs = reference_outputs("ppocr_cls", (3, 3, 48, 192))
+    """The PP-OCR classifier declares [-1, 3, ?, ?]: a 48x192 text line binds the two '?' apart
+    (the shape test_fused_and_unfused_c_match_onnxruntime builds: its C comes from the build cache)."""
+    feeds, theirs = reference_outputs("ppocr_cls", (1, 3, 48, 192))
     out = list(opfuse.compile(real_models["ppocr_cls"]).run(feeds).values())
     np.testing.assert_allclose(out[0], theirs[0], rtol=RTOL, atol=ATOL)
