@@ -9,10 +9,11 @@
 from opfuse.version import __version__
 
 
-def load(model, input_shapes=None):
-    """A verified, shape-inferred Graph from ``zoo:NAME``, an ``.onnx`` path or a ModelProto."""
+def load(model, input_shapes=None, input_values=None):
+    """A verified, shape-inferred Graph from ``zoo:NAME``, an ``.onnx`` path or a ModelProto
+    (``input_values``: graph inputs bound to values, see ``opfuse.api.load``)."""
     from opfuse.api import load as _load
-    return _load(model, input_shapes)
+    return _load(model, input_shapes, input_values)
 
 
 def compile(model, target: str = "host", fuse: bool = True, **kwargs):  # noqa: A001 (the API's name)

@@ -145,17 +145,25 @@ PEER_BUILDERS: Mapping[str, Callable[[bytes, Outputs, int], Contender]] = {
 # Timing and checking ---------------------------------------------------------------------------
 
 def time_interleaved(contenders: list[Contender], repeat: int, warmup: int,
-                     progress: Callable[[int, int], None] | None = None) -> dict[str, list[float]]:
+                     progress: Callable[[int, int], None] | None = None,
+                     cpu: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
     """Wall seconds of each contender's ``repeat`` timed calls, in rounds A B C A B C ... after
-    ``warmup`` untimed rounds; ``progress(round, rounds)`` after each round."""
+    ``warmup`` untimed rounds; ``progress(round, rounds)`` after each round. ``cpu``, when given,
+    receives each call's process CPU seconds (all threads) by name: on a loaded machine a
+    one-thread contender's CPU time is what it cost, where its wall time includes the waits."""
     samples: dict[str, list[float]] = {c.name: [] for c in contenders}
+    if cpu is not None:
+        cpu.update({c.name: [] for c in contenders})
     rounds = warmup + repeat
     for r in range(rounds):
         for c in contenders:
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             c.run()
+            t1, c1 = time.perf_counter(), time.process_time()
             if r >= warmup:
-                samples[c.name].append(time.perf_counter() - t0)
+                samples[c.name].append(t1 - t0)
+                if cpu is not None:
+                    cpu[c.name].append(c1 - c0)
         if progress is not None:
             progress(r + 1, rounds)
     return samples
@@ -231,24 +239,27 @@ def cross_check(outputs: Mapping[str, Outputs]) -> dict:
 
 def bench(model, vs: str | Iterable[str] = PEERS, threads: int | None = None, repeat: int = DEFAULT_REPEAT,
           warmup: int = DEFAULT_WARMUP, *, seed: int = 0, input_shapes: Mapping[str, tuple[int, ...]] | None = None,
-          yardsticks: bool = True, progress: Callable[[int, int], None] | None = None, groups: bool = False) -> dict:
+          yardsticks: bool = True, progress: Callable[[int, int], None] | None = None,
+          inputs: Mapping[str, np.ndarray] | None = None, groups: bool = False) -> dict:
     """Time ``model`` (``zoo:NAME``, an ``.onnx`` path, a ModelProto) fused and unfused against the
     peers ``vs``, with ``threads`` each (default: the cores available). Returns a JSON-ready dict:
-    ``contenders`` (name -> ``median_ms``, ``p90_ms``, ``min_ms``, ``runs``, ``max_abs_error``,
-    settings), ``best_peer``, ``ratios`` (name -> median over the best peer's; empty without
-    peers), ``errors`` (``cross_check``), ``skipped`` (peer -> why), ``yardsticks`` and the
-    settings. ``groups``: also ``group_check`` (``opfuse.measure.group_check``): every fused group's
-    time next to its ops' unfused kernels, both built with kernel timers and run in turn, the groups
-    that fusion made slower named. ``OpfuseError`` for an unknown model or peer and for counts below one."""
+    ``contenders`` (name -> ``median_ms``, ``p90_ms``, ``min_ms``, ``runs``, ``cpu_median_ms``: the
+    median process CPU time of a call, ``max_abs_error``, settings), ``best_peer``, ``ratios``
+    (name -> median over the best peer's; empty without peers), ``errors`` (``cross_check``),
+    ``skipped`` (peer -> why), ``yardsticks`` and the settings. ``inputs`` replaces the seeded
+    random inputs (checked against the model's). ``groups``: also ``group_check``
+    (``opfuse.measure.group_check``): every fused group's time next to its ops' unfused kernels,
+    both built with kernel timers and run in turn, the groups that fusion made slower named.
+    ``OpfuseError`` for an unknown model or peer and for counts below one."""
     from opfuse.api import load, onnx_proto
     from opfuse.measure import yardsticks as time_yardsticks
-    from opfuse.runtime.reference import random_inputs
+    from opfuse.runtime.reference import check_inputs, random_inputs
     from opfuse.runtime.threads import default_threads
     peers = parse_peers(vs)
     threads = default_threads() if threads is None else threads
     _check_counts(threads, repeat, warmup)
     graph = load(model, input_shapes)
-    feeds = random_inputs(graph, seed)
+    feeds = check_inputs(graph, inputs) if inputs is not None else random_inputs(graph, seed)
     contenders = [_opfuse(FUSED, graph, feeds, fuse=True, threads=threads),
                   _opfuse(UNFUSED, graph, feeds, fuse=False, threads=threads)]
     skipped: dict[str, str] = {}
@@ -262,10 +273,11 @@ def bench(model, vs: str | Iterable[str] = PEERS, threads: int | None = None, re
     ys = time_yardsticks() if yardsticks else None
     outputs = {c.name: c.run() for c in contenders}
     errors = cross_check(outputs)
+    cpu: dict[str, list[float]] = {}
     with OtherLoad() as others:
-        samples = time_interleaved(contenders, repeat, warmup, progress)
-    rows = {c.name: {**summarize(samples[c.name]), "max_abs_error": errors["nearest"][c.name], **c.info}
-            for c in contenders}
+        samples = time_interleaved(contenders, repeat, warmup, progress, cpu=cpu)
+    rows = {c.name: {**summarize(samples[c.name]), "cpu_median_ms": float(np.median(cpu[c.name]) * 1e3),
+                     "max_abs_error": errors["nearest"][c.name], **c.info} for c in contenders}
     present = [p for p in peers if p in rows]
     best = min(present, key=lambda p: rows[p]["median_ms"]) if present else None
     ratios = {n: r["median_ms"] / rows[best]["median_ms"] for n, r in rows.items()} if best else {}

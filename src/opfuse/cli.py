@@ -23,19 +23,34 @@ COMPARE_RTOL = 1e-4  # run --compare: an output misses when off by more than thi
 # Helpers -----------------------------------------------------------------------------
 
 def _input_shapes(args) -> dict:
+    """``--input-shape``, plus the shapes of the ``--inputs`` arrays (``args.arrays``, read by the
+    command) for the inputs it leaves open: symbolic dims are bound by the arrays given."""
     from opfuse.frontend.onnx import parse_input_shapes
-    return parse_input_shapes(getattr(args, "input_shape", None) or [])
+    shapes = parse_input_shapes(getattr(args, "input_shape", None) or [])
+    arrays = getattr(args, "arrays", None)
+    if arrays:
+        from opfuse.api import shapes_for_arrays
+        shapes = shapes_for_arrays(args.model, shapes, arrays)
+    return shapes
 
 
 def _load(args):
-    from opfuse.api import load
-    return load(args.model, _input_shapes(args))
+    """The model, its shapes bound by ``--input-shape`` and the ``--inputs`` arrays; inputs that
+    decide shapes (``ShapeInputError``) are bound to their ``--inputs`` values, named in
+    ``args.bound_values`` (the graph no longer takes them)."""
+    from opfuse.api import load_for_arrays
+    graph, args.bound_values = load_for_arrays(args.model, _input_shapes(args), getattr(args, "arrays", None) or {})
+    return graph
 
 
 def _read_inputs(path: str | None, graph, seed: int) -> dict[str, np.ndarray]:
     from opfuse.runtime.reference import random_inputs
     if not path:
         return random_inputs(graph, seed)
+    return _read_npz(path)
+
+
+def _read_npz(path: str) -> dict[str, np.ndarray]:
     import zipfile
     import zlib
     if os.path.isfile(path) and not zipfile.is_zipfile(path):
@@ -102,11 +117,13 @@ def cmd_info(args) -> int:
 
 
 def cmd_run(args) -> int:
+    args.arrays = _read_npz(args.inputs) if args.inputs else None  # they bind symbolic dims
     graph = _load(args)
     if args.outputs:
         from opfuse.files import check_writable
         check_writable(args.outputs if args.outputs.endswith(".npz") else args.outputs + ".npz")
-    feeds = _read_inputs(args.inputs, graph, args.seed)
+    all_feeds = args.arrays if args.arrays is not None else _read_inputs(None, graph, args.seed)
+    feeds = {k: v for k, v in all_feeds.items() if k not in args.bound_values}  # the bound ones are constants now
     if args.cast_inputs:  # convert once, so that every backend (and --compare) sees the same values
         from opfuse.runtime.reference import check_inputs
         feeds = check_inputs(graph, feeds, cast=True)
@@ -156,7 +173,7 @@ def cmd_run(args) -> int:
     code = result.pop("code", 0)
     if args.compare:
         from opfuse.runtime import reference
-        theirs = _ort_outputs(args.model, graph, feeds) if args.compare == "onnxruntime" else \
+        theirs = _ort_outputs(args.model, graph, {**all_feeds, **feeds}) if args.compare == "onnxruntime" else \
             reference.run(graph, feeds)
         result["compare"] = {"with": args.compare, "outputs": {}}
         for name, abs_err, rel_err in compare_outputs(outputs, theirs):
@@ -639,8 +656,9 @@ def cmd_debug(args) -> int:
     from opfuse.progress import step
     if args.target != "host":
         raise OpfuseError("debug builds and runs on this machine: use --target host")
+    args.arrays = _read_npz(args.inputs) if args.inputs else None  # they bind symbolic dims
     comp = plan_model(args.model, _compile_options(args))
-    feeds = _read_inputs(args.inputs, comp.original, args.seed)
+    feeds = args.arrays if args.arrays is not None else _read_inputs(None, comp.original, args.seed)
     from opfuse.runtime.reference import check_inputs
     feeds = check_inputs(comp.original, feeds)
     with step("building and checking the fused model"):
@@ -811,7 +829,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(p)
     p.add_argument("--backend", choices=["reference", "c", "cortex-m7"], default="reference",
                    help="cortex-m7: cross-compile and run on an emulated Cortex-M7 (QEMU)")
-    p.add_argument("--inputs", help="npz file keyed by input names (default: seeded random inputs)")
+    p.add_argument("--inputs", help="npz file keyed by input names (default: seeded random inputs); its arrays' "
+                   "shapes bind the model's symbolic dims that --input-shape leaves open")
     p.add_argument("--cast-inputs", action="store_true",
                    help="convert --inputs arrays of another dtype to the model's when every value fits "
                         "(default: a dtype mismatch is an error)")
@@ -895,7 +914,8 @@ def build_parser() -> argparse.ArgumentParser:
     from opfuse.bisect import DEFAULT_RTOL
     p = sub.add_parser("debug", help="check fused outputs against the reference; --bisect finds the fusions at fault")
     _add_compile_args(p)
-    p.add_argument("--inputs", help="npz file keyed by input names (default: seeded random inputs)")
+    p.add_argument("--inputs", help="npz file keyed by input names (default: seeded random inputs); its arrays' "
+                   "shapes bind the model's symbolic dims that --input-shape leaves open")
     p.add_argument("--seed", type=int, default=0, help="seed for random inputs")
     p.add_argument("--bisect", action="store_true",
                    help="on a mismatch, unfuse groups in halves to find the smallest set of fusions responsible")

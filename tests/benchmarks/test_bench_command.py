@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from opfuse.bench import FUSED, UNFUSED, cross_check, parse_peers, time_interlea
 from opfuse.cli import main
 from opfuse.errors import OpfuseError
 
-ROW_KEYS = {"median_ms", "p90_ms", "min_ms", "runs", "max_abs_error"}
+ROW_KEYS = {"median_ms", "p90_ms", "min_ms", "runs", "cpu_median_ms", "max_abs_error"}
 
 
 def test_bench_resnet8_json_smoke():
@@ -80,6 +81,19 @@ def test_calls_are_interleaved_after_warmup():
     samples = time_interleaved(cs, repeat=2, warmup=1)
     assert "".join(calls) == "ABC" * 3
     assert {k: len(v) for k, v in samples.items()} == {"A": 2, "B": 2, "C": 2}
+
+
+def test_cpu_time_counts_work_not_waiting():
+    def spin():
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.02:
+            pass
+        return {}
+    cs = [Contender("sleep", lambda: time.sleep(0.02) or {}), Contender("spin", spin)]
+    cpu: dict = {}
+    wall = time_interleaved(cs, repeat=3, warmup=0, cpu=cpu)
+    assert min(wall["sleep"]) >= 0.02 and max(cpu["sleep"]) < 0.01  # sleeping takes time, not CPU
+    assert len(cpu["spin"]) == 3 and sum(cpu["spin"]) > 0
 
 
 def test_a_fast_wrong_answer_shows():
