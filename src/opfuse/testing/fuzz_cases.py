@@ -51,11 +51,7 @@ EXTREME_SAFE_OPS = frozenset({
 INT_SCALE = 4  # float constants in [-2, 2] become integers in [-8, 8]
 # Known failures left to their owners, each with its reproducer under tests/e2e/repro/: the
 # generator steers clear of them so that a run finds what is new.
-KNOWN_ISSUES = {
-    "gemm_integer_fractional_beta": "integer Gemm with a fractional alpha or beta: the C code rounds them to "
-                                    "integers first, the reference scales in float64 and truncates the sum "
-                                    "(codegen/gemm.py, being rewritten)",
-}
+KNOWN_ISSUES: dict[str, str] = {}
 INPUT_MODES = ("normal", "special", "extreme")
 FLOAT_SPECIALS = (np.nan, np.inf, -np.inf, -0.0, 1e-40, -1e-45, 1e-38)
 FLOAT_HUGE = (1e4, -3e8, 1e20, -1e30, 3e38, -3.4028235e38, 3.4028235e38)
@@ -116,8 +112,6 @@ def retype(graph: Graph, dtype) -> Graph:
             else:
                 ins.append(env[id(u)])
         attrs = dict(n.attrs)
-        if n.op_type == "Gemm" and dt.kind in "iu":  # see KNOWN_ISSUES
-            attrs.update({k: float(np.round(attrs[k])) for k in ("alpha", "beta") if k in attrs})
         out = b.op(n.op_type, *ins, name=n.name, num_outputs=len(n.outputs), **attrs)
         for v, w in zip(n.outputs, out if isinstance(out, tuple) else (out,), strict=True):
             env[id(v)] = w
