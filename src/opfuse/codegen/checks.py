@@ -1,14 +1,15 @@
 """Run-time checks: the values the C code cannot compute fail as the reference does.
 
 Three ops meet input values without a result: integer ``Div`` (a zero divisor; the reference
-raises ``InputError``, x86 would trap; integer ``Pow`` of 0 to a negative power too) and ``Gather`` (an index outside ``[-dim, dim)``; the
-reference raises, an unchecked load would read outside the tensor). For both, the C code
-computes on with a safe value (divisor 1, a clamped index) and sets the node's fault flag
-(``KernelContext.fault``); ``opfuse_run`` returns the fault code and the runtime raises the
-same ``InputError``, naming the node.
+raises ``InputError``, x86 would trap), integer ``Pow`` (0 to a negative power, a division by
+zero too) and ``Gather`` (an index outside ``[-dim, dim)``; the reference raises, an unchecked
+load would read outside the tensor). For each, the C code computes on with a safe value
+(divisor 1, a clamped index) and sets the node's fault flag (``KernelContext.fault``);
+``opfuse_run`` returns the fault code and the runtime raises the same ``InputError``, naming
+the node.
 
-Where it can, a kernel checks the operand whole before its loops (``prechecks.emit_prechecks``): a fused
-consumer may read only part of the result (a Slice, a strided pool), and the reference, which
+Where it can, a kernel checks the operands whole before its loops (``prechecks.emit_prechecks``):
+a fused consumer may read only part of the result (a Slice, a strided pool), and the reference, which
 computes every element, must not fault where the C code would not look. An operand computed
 from the anchor (an epilogue) is checked element by element where it is computed; an epilogue
 computes every element.
