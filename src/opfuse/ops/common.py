@@ -60,4 +60,4 @@ def wrap_int(value: float, dtype) -> np.generic:
     """The integral ``value`` (an attribute such as Gemm's alpha) in the integer ``dtype``,
     wrapped modulo 2**bits as C's conversion to an unsigned type and ``-fwrapv`` arithmetic do."""
     dt = np.dtype(dtype)
-    return np.array(int(value) % (1 << (8 * dt.itemsize)), dtype=np.uint64).astype(dt)[()]
+    return np.uint64(int(value) % (1 << (8 * dt.itemsize))).astype(dt)
