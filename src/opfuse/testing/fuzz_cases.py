@@ -39,7 +39,10 @@ from opfuse.testing.random_graphs import ALL_OPS, DEFAULT_OPS, SEED_MAX, graphs
 INTEGER_OPS = frozenset({
     "Relu", "Neg", "Abs", "Clip", "Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "Where",
     "ReduceSum", "ReduceMax", "ReduceMean", "MaxPool", "MatMul", "Gemm", "Reshape", "Flatten",
-    "Transpose", "Squeeze", "Unsqueeze", "Concat", "Split", "Slice", "Gather", "Expand", "Pad"})
+    "Transpose", "Squeeze", "Unsqueeze", "Concat", "Split", "Slice", "Gather", "Expand", "Pad",
+    "Tile", "Trilu", "DepthToSpace", "SpaceToDepth", "GatherElements", "GatherND", "ScatterElements", "ScatterND",
+    "ReverseSequence", "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "Equal", "And", "Or", "Xor", "Not",
+    "ArgMax", "ArgMin", "TopK", "OneHot", "Sign", "ReduceMin", "ReduceProd", "CumSum"})
 INTEGER_TYPES = (np.int32, np.int64, np.int8, np.int16, np.uint8)
 # Ops whose float32 C result is each element rounded once from the same float32 operands as
 # the reference: huge finite inputs cannot make the two differ by more than rounding.
