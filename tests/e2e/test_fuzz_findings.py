@@ -142,3 +142,14 @@ def test_integer_zero_to_a_negative_power_faults_when_a_fused_slice_skips_it(dt,
         with pytest.raises(InputError, match="node 'p' \\(Pow\\): integer 0 to a negative power"):
             model.run(bad)
     _agrees(g, good, planner=planner)
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_reduce_log_sum_exp_over_an_axis_of_one(dt):
+    """ReduceLogSumExp walks the reduced elements twice (the max, then the sum of exp); over an
+    axis of length 1 both passes read x at the same index, and the second reused the name the
+    first had declared inside its loop (gcc: 't5' undeclared)."""
+    b = GraphBuilder("lse1")
+    x = b.input("x", (2, 1), dt)
+    g = b.build(b.op("ReduceLogSumExp", x, axes=[-1], keepdims=1))
+    _agrees(g, {"x": np.array([[0.5], [-3.0]], dt)})
