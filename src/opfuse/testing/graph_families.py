@@ -17,11 +17,11 @@ from opfuse.testing.layout_families import (concat, concat_input, expand, flatte
                                             resize, slice_, split, squeeze_choices, squeeze_unsqueeze,
                                             transpose)
 from opfuse.testing.more_families import (COMPARE_OPS, JUMP_OPS, LOGIC_OPS, REDUCE_OPS, SMOOTH_OPS, arg_topk,
-                                           compare_logic, compare_logic_choices, cumulative,
-                                           cumulative_choices, depth_space, depth_space_ready, exact,
-                                           gather_more, inverse_trig, inverse_trig_choices, jumps, prelu,
-                                           reduce_choices, reduce_more, reverse_sequence, scatter,
-                                           smooth_choices, smooth_unary, sum_mean, tile, trilu)
+                                           compare_logic, compare_logic_choices, cumulative, depth_space,
+                                           depth_space_ready, exact, gather_more, inverse_trig,
+                                           inverse_trig_choices, jumps, prelu, reduce_choices, reduce_more,
+                                           reverse_sequence, scatter, smooth_choices, smooth_unary, sum_mean,
+                                           tile, trilu)
 from opfuse.testing.nn_families import (MAX_REDUCTION, batch_norm, conv, conv_input, conv_transpose,
                                         gemm, layer_norm, matmul_const, pool, reduce, softmax)
 from opfuse.testing.pattern_families import (attention, attention_input, conv_bn_relu, conv_residual,
@@ -76,7 +76,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("reduce_more", reduce_more, REDUCE_OPS, optional=("Abs", "Add"), limit=math.inf, choices=reduce_choices),
     Family("arg_topk", arg_topk, ("ArgMax", "ArgMin", "TopK"), optional=("OneHot",), accepts=exact,
            limit=math.inf),
-    Family("cumulative", cumulative, ("CumSum", "CumProd"), limit=math.inf, choices=cumulative_choices),
+    Family("cumulative", cumulative, ("CumSum",)),
     Family("tile", tile, ("Tile",), limit=math.inf),
     Family("depth_space", depth_space, ("DepthToSpace", "SpaceToDepth"), accepts=depth_space_ready,
            limit=math.inf, ranks=(4,)),

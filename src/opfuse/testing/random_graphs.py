@@ -80,11 +80,11 @@ def enabled_families(ops: Iterable[str] = DEFAULT_OPS, patterns: bool = True) ->
 
 
 # Squeeze needs a unit axis; Unsqueeze makes one when the graph input has none. Asin, Acos
-# and Atanh read x / 2 of |x| <= 1, Tan, CumProd and ReduceProd |x| <= 1 (Tanh squashes the
+# and Atanh read x / 2 of |x| <= 1, Tan and ReduceProd |x| <= 1 (Tanh squashes the
 # inputs into it); Acosh and ReduceLogSum read |x| + c; DepthToSpace and SpaceToDepth need
 # channels or sides that Tile (and SpaceToDepth) make divisible.
 _FOCUS_HELPERS = {"Squeeze": {"Unsqueeze"}, "Asin": {"Mul", "Tanh"}, "Acos": {"Mul", "Tanh"},
-                  "Atanh": {"Mul", "Tanh"}, "Tan": {"Tanh"}, "CumProd": {"Tanh"}, "ReduceProd": {"Tanh"},
+                  "Atanh": {"Mul", "Tanh"}, "Tan": {"Tanh"}, "ReduceProd": {"Tanh"},
                   "Acosh": {"Abs", "Add"}, "ReduceLogSum": {"Abs", "Add"},
                   "DepthToSpace": {"SpaceToDepth", "Tile"}, "SpaceToDepth": {"Tile"}}
 
