@@ -170,7 +170,8 @@ def _one_round(worker: Worker, round_seed: int, count: int, ops, max_nodes: int,
         say(f"shrinking it ({len(case.graph.nodes)} nodes) ...")
         graph, feeds, verdict = minimize(case.graph, case.feeds, verdict, lambda g, f: worker.check(
             _model_bytes(g), pack_inputs(f), case.planner, case.threads))
-        case = FuzzCase(graph, feeds, case.dtype, case.inputs, case.planner, case.threads)
+        main = graph.outputs[0].dtype.name if graph.outputs else case.dtype  # the shrunk graph's, as fuzz_cases
+        case = FuzzCase(graph, feeds, main, case.inputs, case.planner, case.threads)
     path = None
     if out is not None:
         path = write_reproducer(case, verdict, Path(out) / f"{verdict.status}-{report.mismatches + report.crashes}")

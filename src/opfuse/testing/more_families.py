@@ -13,6 +13,7 @@ OneHot here.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 
@@ -273,12 +274,15 @@ def _s2d_blocks(v: Value) -> list[int]:
     return [bs for bs in (2, 3) if len(v.shape) == 4 and v.shape[2] % bs == 0 and v.shape[3] % bs == 0]
 
 
+def _has_blocks(blocks: Callable[[Value], list[int]]) -> Callable[[Value], bool]:
+    return lambda v: bool(blocks(v))
+
+
 def depth_space(d: GraphDraft) -> None:
     """DepthToSpace (DCR or CRD) or SpaceToDepth, where the shape allows a block of 2 or 3."""
-    ops = [op for op in d.available(("DepthToSpace", "SpaceToDepth"))
-           if d.candidates(lambda v, op=op: bool((_d2s_blocks if op == "DepthToSpace" else _s2d_blocks)(v)))]
-    op = d.choice(ops)
-    blocks = _d2s_blocks if op == "DepthToSpace" else _s2d_blocks
+    by_op = {"DepthToSpace": _d2s_blocks, "SpaceToDepth": _s2d_blocks}
+    op = d.choice([op for op in d.available(by_op) if d.candidates(_has_blocks(by_op[op]))])
+    blocks = by_op[op]
     x = d.pick(lambda v: bool(blocks(v)))
     attrs = {"blocksize": d.choice(blocks(x))}
     if op == "DepthToSpace":
