@@ -748,6 +748,7 @@ def cmd_fuzz(args) -> int:
     """Random models through the C backend against the reference (``opfuse.testing.fuzz``); exit 1 on
     a mismatch or crash, whose shrunk reproducer is under ``--out``."""
     from opfuse.testing.fuzz import fuzz, replay
+    from opfuse.testing.random_graphs import DEFAULT_OPS
     if args.replay:
         verdict = replay(args.replay)
         print(f"replay {args.replay}: {verdict.line()}")
@@ -761,6 +762,11 @@ def cmd_fuzz(args) -> int:
               + (f"\n  reproduce: opfuse fuzz --replay {f.path}" if f.path else ""))
     for reason, n in sorted(report.unsupported_reasons.items()):
         print(f"unsupported ({n}): {reason}")
+    if report.graphs:
+        print("graphs per op: " + ", ".join(f"{op} {n}" for op, n in sorted(report.op_graphs.items())))
+        missed = sorted(set(ops or DEFAULT_OPS) - set(report.op_graphs))
+        if missed:
+            print(f"ops in no graph ({len(missed)}): {', '.join(missed)}")
     print(f"opfuse fuzz: {report.summary()}")
     return 0 if report.ok else 1
 

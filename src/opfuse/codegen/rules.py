@@ -299,7 +299,7 @@ def _pow(ev, node, k, idx):
         return f"({c_type(dt)})pow((double){base}, (double){ex})"
     # Integers: exact, wrapping like the type (pow() in double is neither above 2^53); a negative
     # exponent truncates the real power, and 0 to a negative power faults, as in the reference.
-    ev.w.line(f"{ev.kc.fault(node, checks.zero_to_negative_power(node))} |= ({base} == 0 && {ex} < 0);")
+    checks.check_here(ev, node, base, ex)  # unless checked whole before the loops (prechecks)
     return f"({c_type(dt)}){ev.kc.program.require_helper(IPOW, IPOW_C)}((int64_t){base}, (int64_t){ex})"
 
 

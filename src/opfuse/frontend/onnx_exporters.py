@@ -9,8 +9,9 @@ are written as they are. Expansions state their math:
 * ``LayerNormalization(x) = (x - mean) / sqrt(var + eps) * scale + bias`` over axes
   ``axis..rank-1``, computed in float32 (``stash_type=1``) (an ONNX op from opset 17);
 * ``HardSwish(x) = x * HardSigmoid(x; alpha=1/6, beta=1/2)`` (an ONNX op from opset 14);
-* Softmax before opset 13 normalises a flattened trailing block, so a softmax along a
-  non-last axis is written ``Transpose -> Softmax(last) -> Transpose``.
+* ``Mish(x) = x * tanh(Softplus(x))`` (an ONNX op from opset 18);
+* Softmax (LogSoftmax, Hardmax) before opset 13 normalises a flattened trailing block, so one
+  along a non-last axis is written ``Transpose -> Softmax(last) -> Transpose``.
 """
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ def axes_operand(ctx: ExportContext, node: Node, op_type: str, x: str, axes: lis
 
 # Attribute/input forms ------------------------------------------------------------------------
 
-@exports("Squeeze", "Unsqueeze", "ReduceSum", "ReduceMean", "ReduceMax")
+@exports(*AXES_INPUT_SINCE)  # Squeeze, Unsqueeze and every Reduce*
 def axes_form(ctx, node):
     attrs = dict(node.attrs)
     axes = attrs.pop("axes", None) or None
@@ -95,7 +96,7 @@ def split(ctx, node):
         ctx.emit(node, [node.input(0).name], dict(attrs, split=sizes))
 
 
-@exports("Softmax")
+@exports("Softmax", "LogSoftmax", "Hardmax")
 def softmax(ctx, node):
     if ctx.opset >= SOFTMAX_SINGLE_AXIS_SINCE:
         ctx.emit(node)
@@ -108,7 +109,7 @@ def softmax(ctx, node):
     perm = [d for d in range(rank) if d != axis] + [axis]
     inverse = [perm.index(d) for d in range(rank)]
     t = ctx.op(node, "Transpose", [node.input(0).name], perm=perm)
-    s = ctx.op(node, "Softmax", [t], axis=-1)
+    s = ctx.op(node, node.op_type, [t], axis=-1)
     ctx.op(node, "Transpose", [s], out=node.output.name, perm=inverse)
 
 
@@ -187,6 +188,15 @@ def hard_swish(ctx, node):
     x = node.input(0).name
     ctx.op(node, "Mul", [x, ctx.op(node, "HardSigmoid", [x], alpha=1.0 / 6.0, beta=0.5)],
            out=node.output.name)
+
+
+@exports("Mish")
+def mish(ctx, node):
+    if _native(ctx, node):
+        ctx.emit(node)
+        return
+    x = node.input(0).name
+    ctx.op(node, "Mul", [x, ctx.op(node, "Tanh", [ctx.op(node, "Softplus", [x])])], out=node.output.name)
 
 
 @exports("Gelu")

@@ -71,3 +71,10 @@ def same_type(node: Node, index: int = 0) -> list[TensorType]:
 
 def out_type(shape, dtype) -> list[TensorType]:
     return [TensorType(tuple(shape), np.dtype(dtype))]
+
+
+def wrap_int(value: float, dtype) -> np.generic:
+    """The integral ``value`` (an attribute such as Gemm's alpha) in the integer ``dtype``,
+    wrapped modulo 2**bits as C's conversion to an unsigned type and ``-fwrapv`` arithmetic do."""
+    dt = np.dtype(dtype)
+    return np.uint64(int(value) % (1 << (8 * dt.itemsize))).astype(dt)
