@@ -268,6 +268,24 @@ def _samples(graph: Graph, calibration, calibration_random) -> list[dict[str, np
                      f"not {type(calibration).__name__}")
 
 
+QUANTIZED_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "ConvInteger",
+                           "MatMulInteger", "DynamicQuantizeLinear"})
+
+
+def _refuse_quantized(model) -> None:
+    """A model that already holds quantized ops is refused (its QDQ pairs import as float ops, and
+    quantizing those again would stack a second rounding on every tensor)."""
+    import os
+
+    from opfuse.api import ZOO_PREFIX, onnx_proto
+    if isinstance(model, Graph) or (not isinstance(model, onnx.ModelProto)
+                                    and (os.fspath(model).startswith(ZOO_PREFIX) or not os.path.exists(model))):
+        return  # a Graph has no trace of ONNX's quantized ops; zoo models are float; load() names a missing file
+    found = sorted({n.op_type for n in onnx_proto(model).graph.node} & QUANTIZED_OPS)
+    if found:
+        raise ModelError(f"the model is already quantized (it has {', '.join(found)} nodes)")
+
+
 def quantize(model, calibration=None, *, calibration_random: int | None = None, method: str = "minmax",
              activation_type: str = DEFAULT_ACTIVATION_TYPE, percentile: float = DEFAULT_PERCENTILE,
              input_shapes=None, report: bool = False, report_samples: int = DEFAULT_REPORT_SAMPLES,
@@ -285,10 +303,9 @@ def quantize(model, calibration=None, *, calibration_random: int | None = None, 
         raise InputError(f"unknown calibration method '{method}'; choose one of {', '.join(METHODS)}")
     if activation_type not in ACTIVATION_TYPES:
         raise InputError(f"unknown activation type '{activation_type}'; choose one of {', '.join(ACTIVATION_TYPES)}")
+    _refuse_quantized(model)
     comp = plan_model(model, CompileOptions(planner=FUSION_PLANNER, input_shapes=input_shapes))
     graph = comp.graph
-    if any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in comp.original.nodes):
-        raise ModelError("the model is already quantized (it has QuantizeLinear/DequantizeLinear nodes)")
     samples = _samples(graph, calibration, calibration_random)
     tensors, inherited, kept = select_tensors(graph, comp.plan)
     ranges = collect_ranges(lambda feeds: run(graph, feeds, keep=True), samples, tensors, method, percentile)
