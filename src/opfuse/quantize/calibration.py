@@ -101,7 +101,8 @@ def split_samples(arrays: Mapping[str, np.ndarray], graph: Graph, where: str) ->
                 and a.shape[0] % shape[0] == 0:
             stack = a.reshape((a.shape[0] // shape[0],) + shape)
         else:
-            raise InputError(f"{where}: input '{v.name}' has shape {a.shape}; expected (S, {', '.join(map(str, shape))})"
+            dims = ", ".join(map(str, shape))
+            raise InputError(f"{where}: input '{v.name}' has shape {a.shape}; expected (S, {dims})"
                              + (f" or (S*{shape[0]}, {', '.join(map(str, shape[1:]))})" if shape else ""))
         if stack.shape[0] == 0:
             raise InputError(f"{where}: input '{v.name}' has no samples")
@@ -128,8 +129,8 @@ def collect_ranges(run: Runner, samples: Sequence[dict[str, np.ndarray]], tensor
         raise InputError(f"unknown calibration method '{method}'; choose one of {', '.join(METHODS)}")
     if not 0.0 < percentile <= 100.0:
         raise InputError(f"percentile must be in (0, 100], got {percentile}")
-    lo = {t: np.inf for t in tensors}
-    hi = {t: -np.inf for t in tensors}
+    lo: dict[str, float] = {t: float("inf") for t in tensors}
+    hi: dict[str, float] = {t: float("-inf") for t in tensors}
     for feeds in samples:
         values = run(feeds)
         for t in tensors:
@@ -147,11 +148,11 @@ def collect_ranges(run: Runner, samples: Sequence[dict[str, np.ndarray]], tensor
     for t in tensors:
         hist, edges = hists[t]
         if method == "percentile":
-            a, b = percentile_range(hist, edges, percentile, nonnegative=lo[t] >= 0)
+            cut_lo, cut_hi = percentile_range(hist, edges, percentile, nonnegative=lo[t] >= 0)
         else:
-            a, b = entropy_range(hist, edges, nonnegative=lo[t] >= 0)
-        a, b = max(a, lo[t]), min(b, hi[t])
-        out[t] = TensorRange(t, min(a, 0.0), max(b, 0.0), lo[t], hi[t])
+            cut_lo, cut_hi = entropy_range(hist, edges, nonnegative=lo[t] >= 0)
+        cut_lo, cut_hi = max(cut_lo, lo[t]), min(cut_hi, hi[t])
+        out[t] = TensorRange(t, min(cut_lo, 0.0), max(cut_hi, 0.0), lo[t], hi[t])
     return out
 
 
