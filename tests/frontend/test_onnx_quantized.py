@@ -152,7 +152,8 @@ def test_opfuse_qdq_model_in_c_matches_onnxruntime_within_one_step():
 
 # Refusals -----------------------------------------------------------------------------------------
 
-def _qlinear_conv(x_elem=U8, xz=np.array(0, np.uint8), bias=None):
+def _qlinear_conv(x_elem=U8, xz=None, bias=None):
+    xz = np.array(0, np.uint8) if xz is None else xz
     inits = [init("xs", np.float32(0.1)), init("xz", xz), init("w", _q((2, 1, 1, 1), np.int8)),
              init("ws", np.float32(0.1)), init("wz", np.array(0, np.int8)), init("ys", np.float32(0.1)),
              init("yz", np.array(0, np.uint8))]
