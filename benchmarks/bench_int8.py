@@ -62,6 +62,8 @@ def bench_model(name: str, method: str, samples: int, calibration: int) -> dict:
             "output": out_name, **{k: out[k] for k in ("cosine_min", "cosine_mean", "max_abs_error",
                                                        "mean_abs_error", "max_abs_float", "sqnr_db",
                                                        "top1_agreement")},
+            "float_margin_median": out.get("float_margin_median"),
+            "disagreement_margins": [d["float_margin"] for d in out.get("disagreements", [])],
             "dominant": [{"tensor": t, "own_sqnr_db": layers[t]["own_sqnr_db"]} for t in rep["dominant"][:3]],
             "ort_vs_opfuse_max_abs": ort_difference(result.model, feeds), "seconds": round(seconds, 1)}
 
@@ -88,6 +90,11 @@ def markdown(rows: list[dict]) -> str:
     lines += ["", f"Top-1 agreement bar: >= {100 * TOP1_BAR:.0f}%. Below it: "
               + (", ".join(f"{r['model']}/{r['method']} ({100 * r['top1_agreement']:.1f}%)" for r in misses)
                  or "none") + "."]
+    for r in misses:
+        margins = ", ".join(f"{m:.2g}" for m in r["disagreement_margins"])
+        lines.append(f"- {r['model']}/{r['method']}: the disagreements overturned float top-1 over top-2 margins of "
+                     f"{margins} (median margin over all rows {r['float_margin_median']:.2g}; max abs output error "
+                     f"{r['max_abs_error']:.2g}).")
     return "\n".join(lines) + "\n"
 
 

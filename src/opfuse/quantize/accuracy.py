@@ -8,7 +8,9 @@ user gives. Per graph output, over every sample:
   the mean);
 * ``max_abs_error``, ``mean_abs_error``; ``max_abs_float`` to judge them by;
 * ``top1_agreement``: the fraction of rows (last axis) whose argmax is the same, for outputs whose
-  last axis has more than one element.
+  last axis has more than one element; with the float model's median top-1 over top-2 margin and,
+  for each disagreement, the margin the quantization error overturned (a disagreement on a
+  near-tie says less than one on a clear winner).
 
 Per quantized activation ``T`` (the layers): ``sqnr_db`` of the quantized model's ``T`` after its
 QuantizeLinear/DequantizeLinear against the float model's ``T`` (the error accumulated up to there),
@@ -28,6 +30,7 @@ from opfuse.ir.graph import Graph
 from opfuse.quantize.params import sqnr_db
 
 DEFAULT_REPORT_SAMPLES = 32
+MAX_LISTED_DISAGREEMENTS = 10  # top-1 disagreements listed with the float margin they overturned
 DOMINANT_LAYERS = 3  # the report names this many layers with the lowest own SQNR
 DOMINANT_SQNR_DB = 20.0  # and every one whose own SQNR is below this (about 1% noise power: 10^(-20/10))
 
@@ -108,8 +111,15 @@ def _output_metrics(f: np.ndarray, q: np.ndarray) -> dict[str, Any]:
                            "sqnr_db": _finite(sqnr_db(f64, q64)), "top1_agreement": None}
     if f.ndim >= 2 and f.shape[-1] > 1:
         same = np.argmax(f64, axis=-1) == np.argmax(q64, axis=-1)
+        top2 = np.sort(f64, axis=-1)[..., -2:]
+        margin = top2[..., 1] - top2[..., 0]  # the float model's lead of its first class over its second
+        row_err = err.max(axis=-1)
         out["top1_agreement"] = float(np.mean(same))
         out["top1_rows"] = int(same.size)
+        out["float_margin_median"] = float(np.median(margin))
+        out["disagreements"] = [{"row": [int(i) for i in idx], "float_margin": float(margin[idx]),
+                                 "max_abs_error": float(row_err[idx])}
+                                for idx in list(zip(*np.nonzero(~same), strict=True))[:MAX_LISTED_DISAGREEMENTS]]
     return out
 
 
@@ -129,6 +139,10 @@ def format_report(report: dict[str, Any], result) -> str:
         lines.append(f"  {name}: cosine min {m['cosine_min']:.5f} mean {m['cosine_mean']:.5f}  max |err| "
                      f"{m['max_abs_error']:.4g} (of {m['max_abs_float']:.4g})  mean |err| {m['mean_abs_error']:.4g}"
                      + top1)
+        if m.get("disagreements"):
+            margins = ", ".join(f"{d['float_margin']:.3g}" for d in m["disagreements"])
+            lines.append(f"    top-1 disagreements overturned float margins of {margins} "
+                         f"(median margin {m['float_margin_median']:.3g})")
     lines.append("  layers (SQNR dB: accumulated / own; lowest own first):")
     ranked = sorted(report["layers"], key=lambda la: (la["own_sqnr_db"] is None, la["own_sqnr_db"] or 0.0))
     dominant = set(report["dominant"])
