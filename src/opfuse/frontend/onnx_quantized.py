@@ -18,13 +18,18 @@ onnxruntime computes the multiplier, and ``Round`` half to even. The int32 arith
 from __future__ import annotations
 
 import numpy as np
+from onnx import helper
 
 from opfuse.errors import ShapeError, UnsupportedOpError
 from opfuse.frontend.onnx_canonical import canonicalizes
 from opfuse.frontend.onnx_decompose import QUANT_RANGES, _Writer
 from opfuse.ir.graph import Value
+from opfuse.ops.quantized import fixed_point_multiplier
 
 I32 = np.dtype(np.int32)
+# Set by ``onnx_qdq`` on the QLinearConv it makes of a DQ -> Conv -> [Relu] -> Q: requantize in fixed
+# point (``Requantize``) rather than in float, and clamp at the zero point (the Relu).
+PRIVATE_ATTRS = ("opfuse_requantize", "opfuse_relu")
 F32 = np.dtype(np.float32)
 EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
 
@@ -67,7 +72,7 @@ def _conv_integer(w: _Writer, x, wt, xz, wz, *, last: bool = False) -> Value:
     if xz is not None and xz.size != 1:
         raise UnsupportedOpError(w.node.op_type, w.node.name, w.ctx.opset, detail="a per-channel input zero point")
     return w.op("Conv", [_centered(w, x, xz, 0, "input"), _centered(w, wt, wz, 0, "weight")],
-                {k: v for k, v in w.node.attrs.items()}, last=last)
+                {k: v for k, v in w.node.attrs.items() if k not in PRIVATE_ATTRS}, last=last)
 
 
 def _matmul_integer(w: _Writer, a, b, az, bz, *, last: bool = False) -> Value:
@@ -119,7 +124,29 @@ def qlinear_conv(ctx, node, inputs):
         if bias.dtype != I32 or bias.shape != (wt.shape[0],):
             raise ShapeError(f"node '{node.name}' (QLinearConv): bias {bias.type} must be int32[{wt.shape[0]}]")
         acc = w.op("Add", [acc, _shaped(w, bias, len(acc.shape), 1, wt.shape[0], "bias")])
+    if node.attrs.get("opfuse_requantize") == "fixed":
+        return _requantize_fixed(w, acc, xs, ws, ys, yz, relu=bool(node.attrs.get("opfuse_relu", 0)))
     return _requantize(w, acc, xs, ws, ys, yz, 1)
+
+
+def _requantize_fixed(w: _Writer, acc: Value, xs: Value, ws: Value, ys: Value, yz: Value, *, relu: bool) -> list:
+    """``Requantize`` with the per-channel fixed-point form of ``m = xs * ws / ys`` (exact, in float64, of
+    the float32 scales); ``relu`` raises the clamp's lower bound to the zero point."""
+    if any(v.const is None for v in (xs, ws, ys, yz)):
+        raise UnsupportedOpError(w.node.op_type, w.node.name, w.ctx.opset, detail="fixed-point requantization of "
+                                 "run-time scales")
+    m = np.asarray(xs.const, np.float64).reshape(()) * np.asarray(ws.const, np.float64).ravel() \
+        / np.asarray(ys.const, np.float64).reshape(())
+    pairs = [fixed_point_multiplier(float(v)) for v in m]
+    mult = np.array([p[0] for p in pairs], np.int32)
+    shift = np.array([p[1] for p in pairs], np.int32)
+    per_channel = (1, -1) + (1,) * (len(acc.shape) - 2) if mult.size > 1 else ()
+    mult, shift = mult.reshape(per_channel), shift.reshape(per_channel)
+    zp = int(np.asarray(yz.const).reshape(()))
+    lo, hi = QUANT_RANGES[yz.dtype]
+    return [w.op("Requantize", [acc, w.const("multiplier", mult), w.const("shift", shift)],
+                 {"zero_point": zp, "lo": max(lo, zp) if relu else lo, "hi": hi,
+                  "to": int(helper.np_dtype_to_tensor_dtype(yz.dtype))}, last=True)]
 
 
 @canonicalizes("QLinearMatMul")
