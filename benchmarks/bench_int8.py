@@ -28,6 +28,7 @@ from opfuse.runtime.reference import random_inputs, run
 RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = ("mobilenet_v1_025_96", "resnet8", "ds_cnn", "mobilenet_v1", "resnet18")
 DEFAULT_SAMPLES = 200
+LARGE_MODEL_SAMPLES = {"mobilenet_v1": 100, "resnet18": 100}  # 224x224: fewer inputs, so it runs in minutes
 DEFAULT_CALIBRATION = 32
 TOP1_BAR = 0.99
 
@@ -102,14 +103,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="*", default=list(MODELS))
     ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, help="random evaluation inputs")
+    ap.add_argument("--samples", type=int, default=None,
+                    help=f"random evaluation inputs (default {DEFAULT_SAMPLES}; large models: {LARGE_MODEL_SAMPLES})")
     ap.add_argument("--calibration", type=int, default=DEFAULT_CALIBRATION, help="random calibration inputs")
     ap.add_argument("--out", default=str(RESULTS / "int8.json"))
     args = ap.parse_args(argv)
     rows = []
     for name in args.models:
         for method in args.methods.split(","):
-            row = bench_model(name, method, args.samples, args.calibration)
+            samples = args.samples or LARGE_MODEL_SAMPLES.get(name, DEFAULT_SAMPLES)
+            row = bench_model(name, method, samples, args.calibration)
             rows.append(row)
             top1 = "-" if row["top1_agreement"] is None else f"{100 * row['top1_agreement']:.1f}%"
             print(f"{name:<22} {method:<10} cos min {row['cosine_min']:.5f}  top-1 {top1}  ({row['seconds']} s)",

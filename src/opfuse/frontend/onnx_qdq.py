@@ -12,6 +12,8 @@ float model's arithmetic done in integers, as onnxruntime fuses the same pattern
 the float path rounds the float32 convolution of dequantized values, the integer one is exact, so
 they differ by at most one quantization step where a value lies near a rounding tie.
 
+The rewritten model is the importer's own (its private attributes make it invalid ONNX to others).
+
 Conditions, each refusal with its reason (``recognize_integer_convs(..., refusals=list)``): the
 scales and zero points are constants, the activations per tensor, the weight an int8 or uint8
 constant quantized per tensor or along its output channels, the bias (if any) an int32 constant with
@@ -146,7 +148,9 @@ def recognize_integer_convs(model: onnx.ModelProto, refusals: list | None = None
         xz, wz = found["xz"], found["wz"]
         if not wz:  # QLinearConv needs every operand: an absent zero point is 0 of the weight's type
             wz = f"{conv.output[0]}_opfuse_w_zero_point"
-            g.initializer.append(numpy_helper.from_array(np.array(0, m.const(found["w_q"]).dtype), wz))
+            w_arr = m.const(found["w_q"])
+            assert w_arr is not None  # _match checked it is a constant
+            g.initializer.append(numpy_helper.from_array(np.array(0, w_arr.dtype), wz))
         inputs = [found["x_q"], found["xs"], xz, found["w_q"], found["ws"], wz, found["ys"], found["yz"]]
         if found["bias"] is not None:
             inputs.append(found["bias"])
