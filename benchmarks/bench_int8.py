@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 import opfuse
-from opfuse.quantize import METHODS, quantize
+from opfuse.quantization import METHODS, quantize
 from opfuse.runtime.reference import random_inputs, run
 
 RESULTS = Path(__file__).resolve().parent / "results"

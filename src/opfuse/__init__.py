@@ -22,8 +22,8 @@ def compile(model, target: str = "host", fuse: bool = True, **kwargs):  # noqa: 
 
 
 def quantize(model, calibration=None, **kwargs):
-    """Post-training static INT8 quantization to QDQ ONNX; see ``opfuse.quantize.quantize``."""
-    from opfuse.quantize import quantize as _quantize
+    """Post-training static INT8 quantization to QDQ ONNX; see ``opfuse.quantization.quantize``."""
+    from opfuse.quantization import quantize as _quantize
     return _quantize(model, calibration, **kwargs)
 
 

@@ -219,12 +219,12 @@ def _run_mcu(args, graph, feeds: dict, say=print) -> dict[str, np.ndarray]:
 
 
 def cmd_quantize(args) -> int:
-    """Post-training static INT8 quantization to QDQ ONNX (``opfuse.quantize``)."""
+    """Post-training static INT8 quantization to QDQ ONNX (``opfuse.quantization``)."""
     import json
 
     from opfuse.files import check_writable
-    from opfuse.quantize import quantize
-    from opfuse.quantize.accuracy import format_report
+    from opfuse.quantization import quantize
+    from opfuse.quantization.accuracy import format_report
     check_writable(args.output)
     if args.report_json:
         check_writable(args.report_json)
@@ -900,8 +900,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_json(p)
     p.set_defaults(fn=cmd_profile)
 
-    from opfuse.quantize import ACTIVATION_TYPES, DEFAULT_ACTIVATION_TYPE, DEFAULT_PERCENTILE, METHODS
-    from opfuse.quantize.accuracy import DEFAULT_REPORT_SAMPLES
+    from opfuse.quantization import ACTIVATION_TYPES, DEFAULT_ACTIVATION_TYPE, DEFAULT_PERCENTILE, METHODS
+    from opfuse.quantization.accuracy import DEFAULT_REPORT_SAMPLES
     p = sub.add_parser("quantize", help="post-training static INT8 quantization to QDQ ONNX, after fusion")
     _add_model(p)
     cal = p.add_mutually_exclusive_group(required=True)

@@ -5,9 +5,9 @@
     result.save("resnet8_int8.onnx")          # QDQ-form ONNX: onnxruntime and opfuse run it
     result.report["outputs"]["output"]["top1_agreement"]
 """
-from opfuse.quantize.calibration import DEFAULT_PERCENTILE, METHODS, TensorRange
-from opfuse.quantize.params import ACTIVATION_TYPES, DEFAULT_ACTIVATION_TYPE, ActivationParams
-from opfuse.quantize.qdq import QuantizeResult, build_qdq_model, quantize, select_tensors
+from opfuse.quantization.calibration import DEFAULT_PERCENTILE, METHODS, TensorRange
+from opfuse.quantization.params import ACTIVATION_TYPES, DEFAULT_ACTIVATION_TYPE, ActivationParams
+from opfuse.quantization.qdq import QuantizeResult, build_qdq_model, quantize, select_tensors
 
 __all__ = ["quantize", "QuantizeResult", "build_qdq_model", "select_tensors", "ActivationParams", "TensorRange",
            "METHODS", "ACTIVATION_TYPES", "DEFAULT_ACTIVATION_TYPE", "DEFAULT_PERCENTILE"]

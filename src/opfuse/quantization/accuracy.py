@@ -12,8 +12,8 @@ user gives. Per graph output, over every sample:
   for each disagreement, the margin the quantization error overturned (a disagreement on a
   near-tie says less than one on a clear winner).
 
-Per quantized activation ``T`` (the layers): ``sqnr_db`` of the quantized model's ``T`` after its
-QuantizeLinear/DequantizeLinear against the float model's ``T`` (the error accumulated up to there),
+Per quantized activation ``T`` (the layers): ``sqnr_db`` of the quantized model's ``T`` (its
+QuantizeLinear's integers, dequantized) against the float model's ``T`` (the error accumulated up to there),
 and ``own_sqnr_db``, the float ``T`` quantized alone with its scale (the error that layer adds by
 itself: clipping and rounding). Per weight, the SQNR of the int8 weight. The layers whose own
 error dominates, the ``DOMINANT_LAYERS`` with the lowest own SQNR and any below
@@ -27,7 +27,7 @@ import numpy as np
 from onnx import numpy_helper
 
 from opfuse.ir.graph import Graph
-from opfuse.quantize.params import sqnr_db
+from opfuse.quantization.params import sqnr_db
 
 DEFAULT_REPORT_SAMPLES = 32
 MAX_LISTED_DISAGREEMENTS = 10  # top-1 disagreements listed with the float margin they overturned
@@ -52,7 +52,7 @@ def accuracy_report(float_graph: Graph, quantized_graph: Graph, result, *, count
     """The report (see the module docstring) as a JSON-ready dict. ``result`` is the ``QuantizeResult``."""
     from opfuse.runtime.reference import random_inputs, run
     feeds = [random_inputs(float_graph, seed + i) for i in range(count)] + list(samples)
-    dq_name = _dequantized_names(result.model)
+    q_name = _quantized_names(result.model)
     outs: dict[str, dict[str, list]] = {v.name: {"f": [], "q": []} for v in float_graph.outputs}
     acc: dict[str, list[float]] = {t: [0.0, 0.0, 0.0] for t in result.activations}  # signal, noise, own noise
     for x in feeds:
@@ -64,7 +64,8 @@ def accuracy_report(float_graph: Graph, quantized_graph: Graph, result, *, count
         for t, p in result.activations.items():
             f = fv[t].astype(np.float64)
             acc[t][0] += float(np.sum(f ** 2))
-            acc[t][1] += float(np.sum((f - qv[dq_name[t]].astype(np.float64)) ** 2))
+            dq = (qv[q_name[t]].astype(np.float64) - p.zero_point) * np.float64(p.scale)
+            acc[t][1] += float(np.sum((f - dq) ** 2))
             acc[t][2] += float(np.sum((f - p.fake_quantize(fv[t]).astype(np.float64)) ** 2))
     outputs = {name: _output_metrics(np.stack(d["f"]), np.stack(d["q"])) for name, d in outs.items()}
     layers = []
@@ -123,11 +124,10 @@ def _output_metrics(f: np.ndarray, q: np.ndarray) -> dict[str, Any]:
     return out
 
 
-def _dequantized_names(model) -> dict[str, str]:
-    """Quantized tensor -> the output of its DequantizeLinear (through its QuantizeLinear)."""
-    q_out = {n.input[0]: n.output[0] for n in model.graph.node if n.op_type == "QuantizeLinear"}
-    dq_of = {n.input[0]: n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
-    return {t: dq_of[q] for t, q in q_out.items() if q in dq_of}
+def _quantized_names(model) -> dict[str, str]:
+    """Quantized tensor -> the output of its QuantizeLinear (the integers: the name survives the
+    import's integer convs, ``onnx_qdq``, which absorb the DequantizeLinear after it)."""
+    return {n.input[0]: n.output[0] for n in model.graph.node if n.op_type == "QuantizeLinear"}
 
 
 def format_report(report: dict[str, Any], result) -> str:

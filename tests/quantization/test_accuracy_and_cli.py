@@ -6,9 +6,9 @@ import pytest
 
 import opfuse
 from opfuse.cli import main
-from opfuse.quantize import build_qdq_model, quantize
-from opfuse.quantize.accuracy import accuracy_report, format_report
-from opfuse.quantize.params import ActivationParams
+from opfuse.quantization import build_qdq_model, quantize
+from opfuse.quantization.accuracy import accuracy_report, format_report
+from opfuse.quantization.params import ActivationParams
 
 
 def run_cli(capsys, *argv):

@@ -1,4 +1,4 @@
-"""Post-training static quantization (``opfuse.quantize``): the QDQ model, its scales, its determinism,
+"""Post-training static quantization (``opfuse.quantization``): the QDQ model, its scales, its determinism,
 its calibration methods, and onnxruntime running it."""
 import numpy as np
 import onnx
@@ -8,9 +8,9 @@ from onnx import numpy_helper
 import opfuse
 from opfuse.api import onnx_proto
 from opfuse.errors import InputError, ModelError
-from opfuse.quantize import quantize
-from opfuse.quantize.calibration import entropy_range, kl_divergence_of_clip, percentile_range
-from opfuse.quantize.params import activation_params, quantize_bias, quantize_weight
+from opfuse.quantization import quantize
+from opfuse.quantization.calibration import entropy_range, kl_divergence_of_clip, percentile_range
+from opfuse.quantization.params import activation_params, quantize_bias, quantize_weight
 
 ort = pytest.importorskip("onnxruntime")
 

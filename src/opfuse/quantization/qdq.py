@@ -31,10 +31,10 @@ from onnx import helper, numpy_helper
 
 from opfuse.errors import InputError, ModelError
 from opfuse.ir.graph import Graph
-from opfuse.quantize.accuracy import DEFAULT_REPORT_SAMPLES
-from opfuse.quantize.calibration import (DEFAULT_PERCENTILE, METHODS, TensorRange, collect_ranges, load_samples,
+from opfuse.quantization.accuracy import DEFAULT_REPORT_SAMPLES
+from opfuse.quantization.calibration import (DEFAULT_PERCENTILE, METHODS, TensorRange, collect_ranges, load_samples,
                                          random_samples, split_samples)
-from opfuse.quantize.params import (ACTIVATION_TYPES, DEFAULT_ACTIVATION_TYPE, ActivationParams, activation_params,
+from opfuse.quantization.params import (ACTIVATION_TYPES, DEFAULT_ACTIVATION_TYPE, ActivationParams, activation_params,
                                     quantize_bias, quantize_weight)
 
 # Ops whose output holds (a subset of) the input's values: they keep the input's scale.
@@ -294,7 +294,7 @@ def quantize(model, calibration=None, *, calibration_random: int | None = None, 
 
     ``calibration``: an ``.npz`` path (arrays keyed by input name, ``S`` samples each), a dict of
     such stacks, or a list of feeds; or ``calibration_random=N`` seeded random samples.
-    ``report=True`` adds the accuracy report (``opfuse.quantize.accuracy``) over
+    ``report=True`` adds the accuracy report (``opfuse.quantization.accuracy``) over
     ``report_samples`` random inputs and ``report_inputs`` (given as ``calibration`` is)."""
     from opfuse.compiler import CompileOptions, plan_model
     from opfuse.frontend.onnx import export_model
@@ -315,12 +315,12 @@ def quantize(model, calibration=None, *, calibration_random: int | None = None, 
     kept.update(bias_kept)
     helper.set_model_props(qmodel, {"opfuse.quantize.method": method,
                                     "opfuse.quantize.activation_type": activation_type,
-                                    "opfuse.quantize.calibration_samples": str(len(samples))})
+                                    "opfuse.quantization.calibration_samples": str(len(samples))})
     result = QuantizeResult(qmodel, method, activation_type, len(samples), params, ranges, inherited, weights, kept,
                             graph)
     if report:
         from opfuse.api import load
-        from opfuse.quantize.accuracy import accuracy_report
+        from opfuse.quantization.accuracy import accuracy_report
         if isinstance(report_samples, bool) or not isinstance(report_samples, int) or report_samples < 0:
             raise InputError(f"the report needs a non-negative number of random inputs, got {report_samples!r}")
         given = _samples(comp.original, report_inputs, None) if report_inputs is not None else []
