@@ -9,7 +9,7 @@ import opfuse
 from opfuse.api import onnx_proto
 from opfuse.errors import InputError, ModelError
 from opfuse.quantization import quantize
-from opfuse.quantization.calibration import entropy_range, kl_divergence_of_clip, percentile_range
+from opfuse.quantization.calibration import entropy_range, kl_divergence_of_clip, percentile_range, without_zeros
 from opfuse.quantization.params import activation_params, quantize_bias, quantize_weight
 
 ort = pytest.importorskip("onnxruntime")
@@ -163,6 +163,21 @@ def test_percentile_and_kl_cut_an_outlier_off_a_half_normal():
     lo, hi = entropy_range(hist, edges, nonnegative=True)
     assert lo == 0.0 and 3.0 < hi < 6.0
     assert kl_divergence_of_clip(h, 2048, 256) > kl_divergence_of_clip(h, int(hi / 20 * 2048), 256)
+
+
+def test_the_zeros_of_a_relu_do_not_decide_its_threshold():
+    """Half the values exactly 0 (a ReLU): with them left out, the threshold is the one of the
+    positive half alone; left in, their spike would be blamed on every wide range."""
+    x = np.abs(np.random.default_rng(1).standard_normal(100_000))
+    e = np.linspace(0.0, float(x.max()), 2049)
+    h = np.histogram(x, e)[0]
+    relu = np.histogram(np.concatenate([x, np.zeros(100_000)]), e)[0]
+    alone = entropy_range(np.concatenate([h, h]), np.concatenate([e, e]), nonnegative=True)
+    both = np.concatenate([relu, relu])
+    kept = without_zeros(both, np.concatenate([e, e]), 100_000)
+    np.testing.assert_array_equal(kept, np.concatenate([h, h]))
+    assert entropy_range(kept, np.concatenate([e, e]), nonnegative=True) == alone
+    assert entropy_range(both, np.concatenate([e, e]), nonnegative=True)[1] < alone[1]
 
 
 def test_a_flat_histogram_has_nothing_to_lose_and_keeps_its_range():

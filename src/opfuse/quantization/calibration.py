@@ -12,8 +12,9 @@ quantizer offers, written here from their definitions):
   quantized levels and spread back uniformly over the bins that were non-zero (TensorRT's method,
   as onnxruntime's ``get_entropy_threshold``). A non-negative tensor is searched one-sided
   (``[0, t]``, 256 levels), a signed one on ``|x|`` (``[-t, t]``, 128 levels a side), then
-  intersected with ``[min, max]``. The histogram is first coarsened until its bins are populated
-  (``coarsen``): with few values per bin the divergence cannot see what clipping loses.
+  intersected with ``[min, max]``. Exact zeros are left out (``without_zeros``), and the histogram is
+  coarsened until its bins are populated (``coarsen``): with few values per bin the divergence cannot
+  see what clipping loses.
 
 Every range is widened to hold 0 (so 0 is exact), as every int8 runtime requires.
 
@@ -146,11 +147,11 @@ def collect_ranges(run: Runner, samples: Sequence[dict[str, np.ndarray]], tensor
     hists = _histograms(run, samples, tensors, lo, hi)
     out = {}
     for t in tensors:
-        hist, edges = hists[t]
+        hist, edges, zeros = hists[t]
         if method == "percentile":
             cut_lo, cut_hi = percentile_range(hist, edges, percentile, nonnegative=lo[t] >= 0)
         else:
-            cut_lo, cut_hi = entropy_range(hist, edges, nonnegative=lo[t] >= 0)
+            cut_lo, cut_hi = entropy_range(without_zeros(hist, edges, zeros), edges, nonnegative=lo[t] >= 0)
         cut_lo, cut_hi = max(cut_lo, lo[t]), min(cut_hi, hi[t])
         out[t] = TensorRange(t, min(cut_lo, 0.0), max(cut_hi, 0.0), lo[t], hi[t])
     return out
@@ -166,6 +167,7 @@ def _histograms(run: Runner, samples: Iterable[dict[str, np.ndarray]], tensors: 
         edges[t] = (np.linspace(min(lo[t], 0.0), max(hi[t], 0.0) or 1.0, HISTOGRAM_BINS + 1),
                     np.linspace(0.0, top, HISTOGRAM_BINS + 1))
     hists = {t: np.zeros(2 * HISTOGRAM_BINS, np.int64) for t in tensors}
+    zeros = dict.fromkeys(tensors, 0)
     for feeds in samples:
         values = run(feeds)
         for t in tensors:
@@ -173,7 +175,8 @@ def _histograms(run: Runner, samples: Iterable[dict[str, np.ndarray]], tensors: 
             signed, absolute = edges[t]
             hists[t][:HISTOGRAM_BINS] += np.histogram(a, bins=signed)[0]
             hists[t][HISTOGRAM_BINS:] += np.histogram(np.abs(a), bins=absolute)[0]
-    return {t: (hists[t], np.concatenate([edges[t][0], edges[t][1]])) for t in tensors}
+            zeros[t] += int(np.count_nonzero(a == 0))
+    return {t: (hists[t], np.concatenate([edges[t][0], edges[t][1]]), zeros[t]) for t in tensors}
 
 
 # Ranges from histograms ---------------------------------------------------------------------------
@@ -216,6 +219,18 @@ def kl_divergence_of_clip(p_hist: np.ndarray, stop: int, levels: int) -> float:
     with np.errstate(divide="ignore"):
         terms = p[keep] * np.log(p[keep] / q[keep])
     return float(np.sum(terms)) if np.all(q[keep] > 0) else float("inf")
+
+
+def without_zeros(hist: np.ndarray, edges: np.ndarray, zeros: int) -> np.ndarray:
+    """``hist`` without its exact zeros (a ReLU output's half): 0 is exact at every threshold, so it
+    costs nothing; left in, its spike is smeared over the bins merged with it and the divergence
+    blames every wide range for it, clipping ReLU outputs far too hard."""
+    out = hist.copy()
+    n = HISTOGRAM_BINS
+    zero_bin = min(int(np.searchsorted(edges[:n + 1], 0.0, side="right")) - 1, n - 1)
+    out[zero_bin] -= zeros
+    out[n] -= zeros  # the first bin of |x|
+    return out
 
 
 def coarsen(hist: np.ndarray, edges: np.ndarray, floor: int) -> tuple[np.ndarray, np.ndarray]:
