@@ -158,9 +158,10 @@ def collect_ranges(run: Runner, samples: Sequence[dict[str, np.ndarray]], tensor
 
 
 def _histograms(run: Runner, samples: Iterable[dict[str, np.ndarray]], tensors: Sequence[str],
-                lo: dict[str, float], hi: dict[str, float]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+                lo: dict[str, float], hi: dict[str, float]) -> dict[str, tuple[np.ndarray, np.ndarray, int]]:
     """Per tensor: the histogram of ``x`` over ``[min(lo, 0), max(hi, 0)]`` and of ``|x|`` over
-    ``[0, max(|lo|, |hi|)]``, ``HISTOGRAM_BINS`` bins each, concatenated (and so their edges)."""
+    ``[0, max(|lo|, |hi|)]``, ``HISTOGRAM_BINS`` bins each, concatenated (and so their edges), and the
+    count of exact zeros."""
     edges = {}
     for t in tensors:
         top = max(abs(lo[t]), abs(hi[t])) or 1.0
