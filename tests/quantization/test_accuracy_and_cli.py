@@ -116,3 +116,13 @@ def test_cli_not_an_npz(capsys, tmp_path):
     code, _, err = run_cli(capsys, "quantize", "zoo:ds_cnn", "--calibration", str(tmp_path / "cal.npz"),
                            "-o", str(tmp_path / "q.onnx"))
     assert code == 2 and "not an .npz archive" in err
+
+
+def test_tensors_made_by_rewrites_are_reported_from_the_fused_float_graph():
+    """bert_layer: the QKV MatMuls merge into one (a tensor the original graph does not hold)."""
+    r = quantize("zoo:bert_layer", calibration_random=1, report=True, report_samples=1)
+    assert "query_key_value_matmul_bias_1" in r.activations
+    assert "query_key_value_matmul_bias_1" not in opfuse.load("zoo:bert_layer").values
+    layer = next(la for la in r.report["layers"] if la["tensor"] == "query_key_value_matmul_bias_1")
+    assert 20 < layer["sqnr_db"] < 60
+    assert r.report["outputs"]["output"]["cosine_min"] > 0.99

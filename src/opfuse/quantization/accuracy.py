@@ -55,8 +55,13 @@ def accuracy_report(float_graph: Graph, quantized_graph: Graph, result, *, count
     q_name = _quantized_names(result.model)
     outs: dict[str, dict[str, list]] = {v.name: {"f": [], "q": []} for v in float_graph.outputs}
     acc: dict[str, list[float]] = {t: [0.0, 0.0, 0.0] for t in result.activations}  # signal, noise, own noise
+    # The activations are the fused graph's; a rewrite may have made some (a merged QKV MatMul, a
+    # recognized LayerNorm) that the original does not hold: then they come from the fused float graph.
+    fused_only = any(t not in float_graph.values for t in result.activations)
     for x in feeds:
         fv = run(float_graph, x, keep=True)
+        if fused_only:
+            fv = {**run(result.fused_graph, x, keep=True), **{v.name: fv[v.name] for v in float_graph.outputs}}
         qv = run(quantized_graph, x, keep=True)
         for name in outs:
             outs[name]["f"].append(fv[name])
