@@ -90,3 +90,16 @@ def test_bad_operands_are_refused():
     acc = b.input("acc", (4,), "int32")
     with pytest.raises(ShapeError, match="clamp"):
         b.op("Requantize", acc, b.const("m", np.int32(1 << 30)), b.const("s", np.int32(31)), lo=5, hi=4)
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_exported_as_int64_onnx_it_runs_in_onnxruntime_exactly(per_channel):
+    ort = pytest.importorskip("onnxruntime")
+    from opfuse.frontend.onnx import export_model
+    g = _graph(per_channel)
+    acc = RNG.integers(-2 ** 31, 2 ** 31, (2, 3, 5)).astype(np.int32)
+    acc[0, 0, :4] = [0, -2 ** 31, 2 ** 31 - 1, -7]
+    sess = ort.InferenceSession(export_model(g).SerializeToString(), providers=["CPUExecutionProvider"])
+    (theirs,) = sess.run(None, {"acc": acc})
+    (ours,) = run(g, {"acc": acc}).values()
+    np.testing.assert_array_equal(theirs, ours)
