@@ -129,10 +129,11 @@ def qlinear_conv(ctx, node, inputs):
     return _requantize(w, acc, xs, ws, ys, yz, 1)
 
 
-def _requantize_fixed(w: _Writer, acc: Value, xs: Value, ws: Value, ys: Value, yz: Value, *, relu: bool) -> list:
+def _requantize_fixed(w: _Writer, acc: Value, xs: Value, ws: Value, ys: Value, yz: Value | None, *,
+                      relu: bool) -> list:
     """``Requantize`` with the per-channel fixed-point form of ``m = xs * ws / ys`` (exact, in float64, of
     the float32 scales); ``relu`` raises the clamp's lower bound to the zero point."""
-    if any(v.const is None for v in (xs, ws, ys, yz)):
+    if yz is None or any(v.const is None for v in (xs, ws, ys, yz)):
         raise UnsupportedOpError(w.node.op_type, w.node.name, w.ctx.opset, detail="fixed-point requantization of "
                                  "run-time scales")
     m = np.asarray(xs.const, np.float64).reshape(()) * np.asarray(ws.const, np.float64).ravel() \
