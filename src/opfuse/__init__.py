@@ -22,4 +22,10 @@ def compile(model, target: str = "host", fuse: bool = True, **kwargs):  # noqa: 
     return _compile(model, target=target, fuse=fuse, **kwargs)
 
 
-__all__ = ["__version__", "load", "compile"]
+def quantize(model, calibration=None, **kwargs):
+    """Post-training static INT8 quantization to QDQ ONNX; see ``opfuse.quantization.quantize``."""
+    from opfuse.quantization import quantize as _quantize
+    return _quantize(model, calibration, **kwargs)
+
+
+__all__ = ["__version__", "load", "compile", "quantize"]

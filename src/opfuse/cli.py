@@ -238,6 +238,42 @@ def _run_mcu(args, graph, feeds: dict, say=print) -> dict[str, np.ndarray]:
     return res.outputs
 
 
+def cmd_quantize(args) -> int:
+    """Post-training static INT8 quantization to QDQ ONNX (``opfuse.quantization``)."""
+    import json
+
+    from opfuse.files import check_writable
+    from opfuse.quantization import quantize
+    from opfuse.quantization.accuracy import format_report
+    check_writable(args.output)
+    if args.report_json:
+        check_writable(args.report_json)
+    want_report = args.report or bool(args.report_json) or args.report_inputs is not None
+    result = quantize(args.model, args.calibration, calibration_random=args.calibration_random, method=args.method,
+                      activation_type=args.activation_type, percentile=args.percentile,
+                      input_shapes=_input_shapes(args), report=want_report, report_samples=args.report_samples,
+                      report_inputs=args.report_inputs)
+    result.save(args.output)
+    data = result.to_dict()
+    data["output"] = args.output
+    if args.report_json:
+        with open(args.report_json, "w") as f:
+            json.dump(data, f, indent=1)
+    if args.json:
+        _print_json(data)
+        return 0
+    biases = sum(1 for w in result.weights if w["bias"] == "int32")
+    print(f"quantized {len(result.activations)} activations (per tensor, {result.activation_type}, {result.method} "
+          f"over {result.samples} samples), {len(result.weights)} weights (per channel, int8), {biases} biases "
+          f"(int32)")
+    for tensor, why in result.kept_float.items():
+        print(f"  float: {tensor}: {why}")
+    if result.report is not None:
+        print(format_report(result.report, result))
+    print(f"wrote {args.output}")
+    return 0
+
+
 def cmd_zoo(args) -> int:
     from opfuse import zoo
     if args.zoo_cmd == "list":
@@ -943,6 +979,28 @@ def build_parser() -> argparse.ArgumentParser:
     _add_json(p)
     p.set_defaults(fn=cmd_profile)
 
+    from opfuse.quantization import ACTIVATION_TYPES, DEFAULT_ACTIVATION_TYPE, DEFAULT_PERCENTILE, METHODS
+    from opfuse.quantization.accuracy import DEFAULT_REPORT_SAMPLES
+    p = sub.add_parser("quantize", help="post-training static INT8 quantization to QDQ ONNX, after fusion")
+    _add_model(p)
+    cal = p.add_mutually_exclusive_group(required=True)
+    cal.add_argument("--calibration", metavar="DATA.npz",
+                     help="calibration samples: arrays keyed by input name, shaped (S, *input shape)")
+    cal.add_argument("--calibration-random", type=int, metavar="N", help="calibrate on N seeded random inputs")
+    p.add_argument("--method", choices=METHODS, default="minmax", help="activation range calibration (default minmax)")
+    p.add_argument("--activation-type", choices=list(ACTIVATION_TYPES), default=DEFAULT_ACTIVATION_TYPE,
+                   help=f"activation type (default {DEFAULT_ACTIVATION_TYPE}, as onnxruntime's QDQ default)")
+    p.add_argument("--percentile", type=float, default=DEFAULT_PERCENTILE,
+                   help=f"percentile method: the values kept, in percent (default {DEFAULT_PERCENTILE})")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="the quantized .onnx file to write")
+    p.add_argument("--report", action="store_true", help="print the accuracy report against the float model")
+    p.add_argument("--report-json", metavar="FILE", help="write the scales and the accuracy report as JSON")
+    p.add_argument("--report-samples", type=int, default=DEFAULT_REPORT_SAMPLES,
+                   help=f"random inputs of the accuracy report (default {DEFAULT_REPORT_SAMPLES})")
+    p.add_argument("--report-inputs", metavar="DATA.npz", help="also report on these inputs (shaped as --calibration)")
+    _add_json(p)
+    p.set_defaults(fn=cmd_quantize)
+
     p = sub.add_parser("zoo", help="built-in models")
     zsub = p.add_subparsers(dest="zoo_cmd", required=True)
     zsub.add_parser("list", help="list the built-in models")
@@ -1000,6 +1058,7 @@ examples:
   opfuse run model.onnx --backend c --debug            IR after every pass; every group checked vs the reference
   opfuse bench zoo:resnet8 --threads 2                 fused and unfused vs onnxruntime and OpenVINO
   opfuse profile --target cortex-m7                    a target's hardware profile
+  opfuse quantize zoo:resnet8 --calibration-random 64 -o r8_int8.onnx --report   INT8 QDQ + accuracy
   opfuse zoo list; opfuse zoo export resnet8 -o r8.onnx
   opfuse demo                                          the main job on MobileNetV1
 

@@ -34,6 +34,7 @@ from opfuse.frontend.onnx_files import read_model
 from opfuse.frontend.onnx_functions import canonicalize, has_function, is_importable
 from opfuse.frontend.onnx_import_context import ImportContext, OnnxNode
 from opfuse.frontend.onnx_opsets import DEFAULT_DOMAINS, MAX_OPSET, MIN_OPSET, REVIEWED_OPSET
+from opfuse.frontend.onnx_qdq import recognize_integer_convs
 from opfuse.frontend.onnx_protos import (attribute_value, numpy_dtype, sparse_to_array,
                                          tensor_to_array)
 from opfuse.ir.graph import Graph, Node, Value
@@ -161,6 +162,7 @@ def import_model(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int
     if not model.HasField("graph"):
         raise ModelError("the ONNX model has no graph")
     opset = default_opset(model)
+    model = recognize_integer_convs(model)  # DQ -> Conv -> [Relu] -> Q as one integer conv (onnx_qdq)
     g = model.graph
     node_names = _node_names(g.node)
     versions = _check_ops(g, node_names, opset)
