@@ -286,7 +286,7 @@ def lower_conv(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
         return lower_depthwise(kc, ev, stage, node, geo, _bias_term)
     choice = winograd_choice(node, kc.program.options, ev.static)
     if len(x.shape) == 4:
-        kc.note(choice.describe(node.name))
+        kc.note(choice.describe, node)
     if choice.transform is not None:
         return lower_winograd(kc, ev, stage, node, choice.transform, _bias_term)
     p = conv_problem(kc, ev, node)

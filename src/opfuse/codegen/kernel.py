@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from collections.abc import Callable
 
 import numpy as np
 
@@ -63,11 +64,15 @@ class KernelContext:
         self._parallel: list[tuple[int, int, int]] = []  # (line index of the pragma, work, collapse)
         self.faults: dict[int, tuple[int, str, int]] = {}  # id(node) -> (node position, flag, fault code)
         self.checked: set[int] = set()  # ids of nodes whose operands were checked before the loops
-        self.notes: list[str] = []  # algorithm choices (Winograd or direct ...), in the comment and the report
+        self.notes: list[str] = []  # algorithm choices (Winograd or direct ...), for the report
+        self._comment_notes: list[str] = []  # the same, in the C comment (names as C identifiers)
 
-    def note(self, text: str) -> None:
-        """Record a choice this kernel made (shown in its comment and ``KernelInfo.notes``)."""
-        self.notes.append(text.replace("*/", "* /"))
+    def note(self, describe: Callable[[str], str], node) -> None:
+        """Record a choice this kernel made for ``node``: ``describe(name)`` with the node's own name
+        in ``KernelInfo.notes`` (the report), with its C identifier in the kernel's comment (a
+        model's names never reach the C text as they are)."""
+        self.notes.append(describe(node.name))
+        self._comment_notes.append(describe(c_ident(node.name, "node")).replace("*/", "* /"))
 
     # Names --------------------------------------------------------------------------------
     def tmp(self, prefix: str = "t") -> str:
@@ -176,5 +181,5 @@ class KernelContext:
         decl, returns = self._fault_flags()
         body = self.w.text()
         unused = "  (void)scratch; (void)nt;\n"
-        notes = "".join(f"\n * {n}" for n in self.notes)
+        notes = "".join(f"\n * {n}" for n in self._comment_notes)
         return f"/* {comment}{notes} */\n{self.signature()} {{\n{unused}{decl}{body}{returns}}}\n"
