@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from opfuse.codegen.names import c_ident
 from opfuse.codegen.kernel import KernelContext, UnsupportedGroupError
 from opfuse.ir.graph import Graph, TensorType, Value
 from opfuse.ir.plan import FusionGroup, FusionPlan
@@ -310,5 +311,5 @@ def _slide(prog: _BandProgram, sched: PatchSchedule, b: int, k: int, window: str
 
 def patched_comment(group: FusionGroup) -> str:
     sched: PatchSchedule = group.attrs["patch"]
-    return (f"patched run {group.name}: {len(sched.members)} layers in {len(sched.bands)} bands of "
+    return (f"patched run {c_ident(group.name, 'g')}: {len(sched.members)} layers in {len(sched.bands)} bands of "
             f"{sched.band_rows} rows, workspace in scratch, recompute {sched.recompute:.1%}")
