@@ -5,12 +5,27 @@ For output position ``o`` along an axis the window reads input positions
 geometry the reference uses). Positions outside the input are skipped: padding never wins
 a max, and AveragePool divides by the number of positions inside the input
 (``count_include_pad=0``) or inside the explicitly padded input (``count_include_pad=1``).
+
+2-D float pools go plane by plane, vectorised along the output rows (``_lower_rows``): each
+(image, channel) plane is copied through the prologue into a padded buffer (padding ``-inf``
+for MaxPool, so it never wins, and 0 for AveragePool, whose divisor counts only what
+``count_include_pad`` counts), each padded row stored as its column phases (the depthwise
+convolution's layout) so that stride 2 reads consecutive floats too. Then every output row is
+the max or sum over the window taps, one vector load per tap and 8 outputs (AVX2 behind
+``AVX2_GUARD``; plain C99 otherwise and for ``simd="none"``, the same operations in the same
+order, so both give the same bits). A MaxPool whose windows overlap enough is separable
+(``_separable``): the max along each padded row first, then down the columns, as onnxruntime
+and XNNPACK do. The results of a plane go through the fused epilogue in one loop.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from opfuse.codegen.ctype import c_type, literal, lowest
+from opfuse.codegen.depthwise import copy_plane, plane_chunk
 from opfuse.codegen.index import Index, add, mul
 from opfuse.codegen.epilogue import finish_element
+from opfuse.codegen.microkernel import AVX2_GUARD
 from opfuse.codegen.loops import emit_loop_nest
 from opfuse.codegen.rules import nan_max, relu
 from opfuse.codegen.stages import GroupAnalysis, Stage
@@ -19,6 +34,9 @@ from opfuse.ops.registry import get_spec
 # Ops f with max_i f(x_i) == f(max_i x_i) bit for bit, as ``rules.py`` computes them
 # (non-decreasing; NaN handling agrees: a NaN in the window makes the max NaN, and Relu keeps NaN).
 MAX_COMMUTING_OPS = frozenset({"Relu"})
+
+VECTOR = 8  # floats per ymm register
+UNROLL = 4  # vectors per step of a row loop (independent chains: max and add have latency 3-4)
 
 
 def _hoist_after_max(ev, analysis: GroupAnalysis, x):
@@ -54,6 +72,8 @@ def lower_pool(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     dt = out.dtype
     ct = c_type(dt)
     nsp = len(kernel)
+    if nsp == 2 and np.dtype(dt) == np.float32 and np.dtype(x.dtype) == np.float32:
+        return _lower_rows(kc, ev, stage, x, out, w, is_max, include_pad, len(chain))
     window = 1
     for k in kernel:
         window *= k
@@ -97,3 +117,176 @@ def lower_pool(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
         finish_element(kc, ev, stage, out, oidx, res)
 
     emit_loop_nest(kc, ev, out.shape, body, cost_per_element=window)
+
+
+def _separable(kernel, strides, dilations, out_hw) -> bool:
+    """A MaxPool computed as a max along the rows then down the columns: when that takes fewer
+    maxima per plane (``rows * KW + OH * KH`` against ``OH * KH * KW``, per output column): 5x5
+    stride 1 takes 10 instead of 25, 3x3 stride 2 as many either way, 2x2 stride 2 more."""
+    (KH, KW), (SH, _), (DH, _) = kernel, strides, dilations
+    OH = out_hw[0]
+    rows = (OH - 1) * SH + (KH - 1) * DH + 1
+    return rows * KW + OH * KH < OH * KH * KW
+
+
+def _lower_rows(kc, ev, stage: Stage, x, out, geo, is_max: bool, include_pad: bool, relus: int) -> None:
+    """The 2-D float pool plane by plane, vectorised along the output rows (module docstring).
+    ``relus``: Relus hoisted after the max (``_hoist_after_max``), applied in the epilogue loop."""
+    w = kc.w
+    nimg, C, H, W = x.shape
+    OH, OW = out.shape[2:]
+    KH, KW = geo.kernel
+    (SH, SW), (DH, DW), (PT, PL), (PB, PR) = geo.strides, geo.dilations, geo.pads_begin, geo.pads_end
+    Hp = max(H + PT + PB, (OH - 1) * SH + (KH - 1) * DH + 1)
+    Wp = max(W + PL + PR, (OW - 1) * SW + (KW - 1) * DW + 1)
+    Wh = -(-Wp // SW)          # floats per column phase of a padded row
+    row_len = SW * Wh
+    span = -(-OW // VECTOR) * VECTOR  # the AVX2 rows run to whole vectors (the overrun is dropped)
+    simd = kc.program.options.simd == "auto"
+    separable = is_max and _separable((KH, KW), (SH, SW), (DH, DW), (OH, OW))
+    rows = (OH - 1) * SH + (KH - 1) * DH + 1  # padded rows a plane's windows read
+    # Column taps: padded column ow * SW + kw * DW sits in phase (kw * DW) % SW at (kw * DW) // SW + ow.
+    cols = [(kw * DW) % SW * Wh + (kw * DW) // SW for kw in range(KW)]
+    reach = max(cols) + span
+    slack = max(0, (rows - 1) * row_len + reach - Hp * row_len)
+    plane_floats = Hp * row_len + slack
+    off_plane = kc.scratch(plane_floats * 4)
+    off_rows = kc.scratch(rows * span * 4) if separable else 0
+    off_dense = kc.scratch(((OH - 1) * OW + span) * 4)
+    if simd:
+        kc.program.require_helper("opfuse_immintrin", f"#if {AVX2_GUARD}\n#include <immintrin.h>\n#endif\n")
+    fill = lowest(out.dtype) if is_max else literal(0, out.dtype)
+    planes = nimg * C
+    per_chunk = plane_chunk(planes, kc.program.options)
+    chunks = -(-planes // per_chunk)
+    chunk, plane, first = kc.tmp("chunk"), kc.tmp("plane"), kc.tmp("first")
+    divisor = None if is_max else _divisor(kc, geo, (H, W), (OH, OW), span, include_pad)
+    op = "max" if is_max else "sum"
+    kc.parallel_for(nimg * C * OH * OW * KH * KW)
+    with w.block(f"for (long {chunk} = 0; {chunk} < {chunks}; ++{chunk})"):
+        xp, rm, dense = kc.tmp("xpad"), kc.tmp("rmax"), kc.tmp("dense")
+        w.line(f"float* restrict {xp} = {kc.scratch_ptr('float', off_plane)};")
+        if separable:
+            w.line(f"float* restrict {rm} = {kc.scratch_ptr('float', off_rows)};")
+        w.line(f"float* restrict {dense} = {kc.scratch_ptr('float', off_dense)};")
+        i = kc.tmp("i")
+        # The padding sits at the same places for every plane: set once per chunk.
+        w.line(f"for (long {i} = 0; {i} < {plane_floats}; ++{i}) {xp}[{i}] = {fill};")
+        w.line(f"const long {first} = {chunk} * {per_chunk};")
+        end = f"({first} + {per_chunk} < {planes} ? {first} + {per_chunk} : {planes})"
+        with w.block(f"for (long {plane} = {first}; {plane} < {end}; ++{plane})"), ev.scope():
+            img, ch = kc.tmp("img"), kc.tmp("ch")
+            w.line(f"const long {img} = {plane} / {C};")
+            w.line(f"const long {ch} = {plane} % {C};")
+            copy_plane(kc, ev, x, img, ch, xp, (H, W), (PT, PL), SW, Wh)
+            oh = kc.tmp("oh")
+            if separable:
+                r = kc.tmp("r")
+                with w.block(f"for (long {r} = 0; {r} < {rows}; ++{r})"):
+                    src = kc.tmp("row")
+                    w.line(f"const float* restrict {src} = {xp} + {mul(r, row_len)};")
+                    _taps_row(kc, [f"{src} + {c}" for c in cols], f"({rm} + {mul(r, span)})", span, OW, op, simd)
+                with w.block(f"for (long {oh} = 0; {oh} < {OH}; ++{oh})"):
+                    srcs = [f"{rm} + {mul(add(mul(oh, SH), str(kh * DH)), span)}" for kh in range(KH)]
+                    _taps_row(kc, srcs, f"({dense} + {mul(oh, OW)})", span, OW, op, simd)
+            else:
+                with w.block(f"for (long {oh} = 0; {oh} < {OH}; ++{oh})"):
+                    srcs = []
+                    for kh in range(KH):
+                        src = kc.tmp("row")
+                        w.line(f"const float* restrict {src} = {xp} + {mul(add(mul(oh, SH), str(kh * DH)), row_len)};")
+                        srcs += [f"{src} + {c}" for c in cols]
+                    _taps_row(kc, srcs, f"({dense} + {mul(oh, OW)})", span, OW, op, simd,
+                              None if divisor is None else (divisor[0](oh), divisor[1]))
+            p, y = kc.tmp("p"), kc.tmp("y")
+            with w.block(f"for (long {p} = 0; {p} < {OH * OW}; ++{p})"), ev.scope():
+                w.line(f"const float {y} = {dense}[{p}];")
+                res = y
+                for _ in range(relus):  # Relu, written as rules.py writes it
+                    prev, res = res, kc.tmp("relu")
+                    w.line(f"const float {res} = {relu(prev, out.dtype)};")
+                finish_element(kc, ev, stage, out, Index.loops(out.shape, [(0, 1, img), (1, 2, ch), (2, 4, p)]), res)
+
+
+def _counts(L: int, n_out: int, k: int, s: int, d: int, pb: int, pe: int, include_pad: bool) -> list[int]:
+    """Per output position along one axis: how many window positions the divisor counts."""
+    lo, hi = (-pb, L + pe) if include_pad else (0, L)
+    return [sum(1 for t in range(k) if lo <= o * s - pb + t * d < hi) for o in range(n_out)]
+
+
+def _divisor(kc, geo, hw, ohw, span: int, include_pad: bool):
+    """AveragePool's divisor, the row count times the column count (small integers, so their float
+    product is exact in both paths): ``(row(oh) -> C float expression, column term)``, the
+    column term ``("const", literal)`` or ``("table", name)`` of ``span`` floats (1 past OW)."""
+    (H, W), (OH, OW) = hw, ohw
+    KH, KW = geo.kernel
+    rc = _counts(H, OH, KH, geo.strides[0], geo.dilations[0], geo.pads_begin[0], geo.pads_end[0], include_pad)
+    cc = _counts(W, OW, KW, geo.strides[1], geo.dilations[1], geo.pads_begin[1], geo.pads_end[1], include_pad)
+    if len(set(rc)) == 1:
+        def row(oh: str, n=rc[0]) -> str:
+            return literal(n, np.float32)
+    else:
+        rt = kc.tmp("rcount")
+        kc.w.line(f"static const float {rt}[{OH}] = {{{', '.join(literal(n, np.float32) for n in rc)}}};")
+
+        def row(oh: str, rt=rt) -> str:
+            return f"{rt}[{oh}]"
+    if len(set(cc)) == 1:
+        return row, ("const", literal(cc[0], np.float32))
+    ct = kc.tmp("ccount")
+    vals = cc + [1] * (span - OW)
+    kc.w.line(f"static const float {ct}[{span}] = {{{', '.join(literal(n, np.float32) for n in vals)}}};")
+    return row, ("table", ct)
+
+
+def _taps_row(kc, srcs: list[str], dst: str, span: int, exact: int, op: str, simd: bool,
+              divisor=None) -> None:
+    """``dst[i] = op over the taps of src_t[i]``, in tap order: ``span`` floats (whole vectors)
+    with AVX2, else the first ``exact`` (plain C99). ``op``: "max" (NaN-propagating, as
+    ``rules.nan_max``: ``_mm256_max_ps(v, acc)`` keeps ``acc`` where either is NaN, the blend
+    takes a NaN ``v``) or "sum", then divided by ``divisor`` (``(row term, column term)``)."""
+    w = kc.w
+    if simd:
+        w.line(f"#if {AVX2_GUARD}")
+        i = kc.tmp("i")
+        w.line(f"long {i} = 0;")
+        if divisor is not None:
+            dr = kc.tmp("dr")
+            w.line(f"const __m256 {dr} = _mm256_set1_ps({divisor[0]});")
+        for width, count in ((VECTOR * UNROLL, UNROLL), (VECTOR, 1)):
+            if width > span:
+                continue
+            with w.block(f"for (; {i} + {width} <= {span}; {i} += {width})"):
+                accs = [kc.tmp("v") for _ in range(count)]
+                for t, src in enumerate(srcs):
+                    for u, v in enumerate(accs):
+                        load = f"_mm256_loadu_ps(({src}) + {i} + {u * VECTOR})"
+                        if t == 0:
+                            w.line(f"__m256 {v} = {load};")
+                        elif op == "sum":
+                            w.line(f"{v} = _mm256_add_ps({v}, {load});")
+                        else:
+                            e = kc.tmp("e")
+                            w.line(f"const __m256 {e} = {load};")
+                            w.line(f"{v} = _mm256_blendv_ps(_mm256_max_ps({e}, {v}), {e}, "
+                                   f"_mm256_cmp_ps({e}, {e}, _CMP_UNORD_Q));")
+                for u, v in enumerate(accs):
+                    if divisor is not None:
+                        kind, term = divisor[1]
+                        col = (f"_mm256_set1_ps({term})" if kind == "const"
+                               else f"_mm256_loadu_ps({term} + {i} + {u * VECTOR})")
+                        w.line(f"{v} = _mm256_div_ps({v}, _mm256_mul_ps({dr}, {col}));")
+                    w.line(f"_mm256_storeu_ps({dst} + {i} + {u * VECTOR}, {v});")
+        w.line("#else")
+    j, a = kc.tmp("j"), kc.tmp("a")
+    with w.block(f"for (long {j} = 0; {j} < {exact}; ++{j})"):
+        w.line(f"float {a} = ({srcs[0]})[{j}];")
+        for src in srcs[1:]:
+            v = f"({src})[{j}]"
+            w.line(f"{a} = {nan_max(v, a, np.float32)};" if op == "max" else f"{a} += {v};")
+        if divisor is not None:
+            kind, term = divisor[1]
+            w.line(f"{a} = {a} / ({divisor[0]} * {term if kind == 'const' else f'{term}[{j}]'});")
+        w.line(f"{dst}[{j}] = {a};")
+    if simd:
+        w.line("#endif")
