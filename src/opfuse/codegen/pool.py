@@ -22,13 +22,15 @@ from __future__ import annotations
 import numpy as np
 
 from opfuse.codegen.ctype import c_type, literal, lowest
-from opfuse.codegen.depthwise import copy_plane, plane_chunk
+from opfuse.codegen.depthwise import DIRECT_MAX_ROW_VECTORS, copy_plane, plane_chunk
+from opfuse.codegen.gemm import in_memory
 from opfuse.codegen.index import Index, add, mul
 from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.microkernel import AVX2_GUARD
 from opfuse.codegen.loops import emit_loop_nest
 from opfuse.codegen.rules import nan_max, relu
 from opfuse.codegen.stages import GroupAnalysis, Stage
+from opfuse.codegen.writer import CWriter
 from opfuse.ops.registry import get_spec
 
 # Ops f with max_i f(x_i) == f(max_i x_i) bit for bit, as ``rules.py`` computes them
@@ -150,8 +152,11 @@ def _lower_rows(kc, ev, stage: Stage, x, out, geo, is_max: bool, include_pad: bo
     reach = max(cols) + span
     slack = max(0, (rows - 1) * row_len + reach - Hp * row_len)
     plane_floats = Hp * row_len + slack
+    # MaxPool with AVX2 reads the input in place, no padded copy (``_max_in_place``).
+    in_place = (simd and is_max and SW in (1, 2) and in_memory(ev, x)
+                and -(-OW // VECTOR) <= DIRECT_MAX_ROW_VECTORS)
     off_plane = kc.scratch(plane_floats * 4)
-    off_rows = kc.scratch(rows * span * 4) if separable else 0
+    off_rows = kc.scratch(max(rows, H) * span * 4) if separable else 0
     off_dense = kc.scratch(((OH - 1) * OW + span) * 4)
     if simd:
         kc.program.require_helper("opfuse_immintrin", f"#if {AVX2_GUARD}\n#include <immintrin.h>\n#endif\n")
@@ -171,13 +176,25 @@ def _lower_rows(kc, ev, stage: Stage, x, out, geo, is_max: bool, include_pad: bo
         w.line(f"float* restrict {dense} = {kc.scratch_ptr('float', off_dense)};")
         i = kc.tmp("i")
         # The padding sits at the same places for every plane: set once per chunk.
+        if in_place:
+            w.line(f"#if !({AVX2_GUARD})")
         w.line(f"for (long {i} = 0; {i} < {plane_floats}; ++{i}) {xp}[{i}] = {fill};")
+        if in_place:
+            w.line("#endif")
         w.line(f"const long {first} = {chunk} * {per_chunk};")
         end = f"({first} + {per_chunk} < {planes} ? {first} + {per_chunk} : {planes})"
         with w.block(f"for (long {plane} = {first}; {plane} < {end}; ++{plane})"), ev.scope():
             img, ch = kc.tmp("img"), kc.tmp("ch")
             w.line(f"const long {img} = {plane} / {C};")
             w.line(f"const long {ch} = {plane} % {C};")
+            if in_place:
+                w.line(f"#if {AVX2_GUARD}")
+                src = f"{kc.ptr(x)} + {Index(x.shape, (img, ch, '0', '0')).offset()}"
+                _max_in_place(kc, src, geo, (H, W), (OH, OW), rm if separable else None, dense)
+                w.line("#else")
+                simd_rows = False
+            else:
+                simd_rows = simd
             copy_plane(kc, ev, x, img, ch, xp, (H, W), (PT, PL), SW, Wh)
             oh = kc.tmp("oh")
             if separable:
@@ -185,10 +202,10 @@ def _lower_rows(kc, ev, stage: Stage, x, out, geo, is_max: bool, include_pad: bo
                 with w.block(f"for (long {r} = 0; {r} < {rows}; ++{r})"):
                     src = kc.tmp("row")
                     w.line(f"const float* restrict {src} = {xp} + {mul(r, row_len)};")
-                    _taps_row(kc, [f"{src} + {c}" for c in cols], f"({rm} + {mul(r, span)})", span, OW, op, simd)
+                    _taps_row(kc, [f"{src} + {c}" for c in cols], f"({rm} + {mul(r, span)})", span, OW, op, simd_rows)
                 with w.block(f"for (long {oh} = 0; {oh} < {OH}; ++{oh})"):
                     srcs = [f"{rm} + {mul(add(mul(oh, SH), str(kh * DH)), span)}" for kh in range(KH)]
-                    _taps_row(kc, srcs, f"({dense} + {mul(oh, OW)})", span, OW, op, simd)
+                    _taps_row(kc, srcs, f"({dense} + {mul(oh, OW)})", span, OW, op, simd_rows)
             else:
                 with w.block(f"for (long {oh} = 0; {oh} < {OH}; ++{oh})"):
                     srcs = []
@@ -196,8 +213,10 @@ def _lower_rows(kc, ev, stage: Stage, x, out, geo, is_max: bool, include_pad: bo
                         src = kc.tmp("row")
                         w.line(f"const float* restrict {src} = {xp} + {mul(add(mul(oh, SH), str(kh * DH)), row_len)};")
                         srcs += [f"{src} + {c}" for c in cols]
-                    _taps_row(kc, srcs, f"({dense} + {mul(oh, OW)})", span, OW, op, simd,
+                    _taps_row(kc, srcs, f"({dense} + {mul(oh, OW)})", span, OW, op, simd_rows,
                               None if divisor is None else (divisor[0](oh), divisor[1]))
+            if in_place:
+                w.line("#endif")
             p, y = kc.tmp("p"), kc.tmp("y")
             with w.block(f"for (long {p} = 0; {p} < {OH * OW}; ++{p})"), ev.scope():
                 w.line(f"const float {y} = {dense}[{p}];")
@@ -290,3 +309,142 @@ def _taps_row(kc, srcs: list[str], dst: str, span: int, exact: int, op: str, sim
         w.line(f"{dst}[{j}] = {a};")
     if simd:
         w.line("#endif")
+
+
+def _nan_max_avx(kc, acc: str, v: str) -> None:
+    """``acc = nan_max(v, acc)`` on 8 lanes (see ``_taps_row``)."""
+    e = kc.tmp("e")
+    kc.w.line(f"const __m256 {e} = {v};")
+    kc.w.line(f"{acc} = _mm256_blendv_ps(_mm256_max_ps({e}, {acc}), {e}, _mm256_cmp_ps({e}, {e}, _CMP_UNORD_Q));")
+
+
+def _max_in_place(kc, src: str, geo, hw, ohw, rm: str | None, dense: str) -> None:
+    """AVX2 MaxPool of one plane read in place (column stride 1 or 2), into ``dense`` (rows at
+    ``oh * OW``). A tap's 8 inputs for outputs ``ow0..ow0+7`` start at column ``ow0 * SW + c``;
+    stride 2 takes the even or odd floats of two loads (``shufps``, lanes in the order 0 1 4 5
+    2 3 6 7, the same for every tap, put back in order before the store: the max is per lane).
+    Lanes outside the input row are masked loads (nothing read) made ``-inf``, taps whose lanes
+    for the outputs all fall outside, and kernel rows outside the plane, are left out: a ``-inf``
+    padding tap never changes ``nan_max``, so the bits are those of the padded plain path.
+    ``rm``: separable (``_separable``), each input row's max along ``KW`` into ``rm`` (pitch: the
+    rounded output row), then the max down ``KH`` of those rows; else all taps per output row."""
+    saved = kc.w
+    body = CWriter(saved.level)
+    kc.w = body
+    w = body
+    H, W = hw
+    OH, OW = ohw
+    KH, KW = geo.kernel
+    (SH, SW), (DH, DW), (PT, PL) = geo.strides, geo.dilations, geo.pads_begin
+    blocks = -(-OW // VECTOR)
+    span = blocks * VECTOR
+    masks: dict[tuple[bool, ...], tuple[str, str]] = {}
+
+    def load(row: str, start: int) -> str | None:
+        lanes = tuple(0 <= start + lane < W for lane in range(VECTOR))
+        if not any(lanes):
+            return "_mm256_set1_ps(-INFINITY)"
+        at = add(row, str(start))
+        if all(lanes):
+            return f"_mm256_loadu_ps({at})"
+        if lanes not in masks:
+            masks[lanes] = (kc.tmp("mask"), kc.tmp("ninf"))
+        m, ninf = masks[lanes]
+        return f"_mm256_or_ps(_mm256_maskload_ps({at}, {m}), {ninf})"
+
+    def row_taps(b: int, kws) -> list[int]:
+        """Columns ``c`` of the taps (kernel columns ``kws``) with a lane inside the row for outputs < OW."""
+        found = []
+        for kw in kws:
+            c = b * VECTOR * SW + kw * DW - PL
+            if any(b * VECTOR + lane < OW and 0 <= c + lane * SW < W for lane in range(VECTOR)):
+                found.append(c)
+        return found
+
+    def vector(row: str, c: str | int, pairs: dict) -> str:
+        """The 8 floats of the tap at column ``c`` (for 8 consecutive outputs)."""
+        assert isinstance(c, int)
+        if SW == 1:
+            return load(row, c) or ""
+        even = c - c % 2
+        if (row, even) not in pairs:
+            pairs[row, even] = (kc.tmp("lo"), kc.tmp("hi"))
+            w.line(f"const __m256 {pairs[row, even][0]} = {load(row, even)}, {pairs[row, even][1]} = "
+                   f"{load(row, even + VECTOR)};")
+        lo, hi = pairs[row, even]
+        return f"_mm256_shuffle_ps({lo}, {hi}, {0xDD if c % 2 else 0x88})"
+
+    def reorder(v: str) -> None:
+        if SW == 2:  # 0 1 4 5 2 3 6 7 -> 0 .. 7: 64-bit pairs 0 2 1 3
+            w.line(f"{v} = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd({v}), 0xD8));")
+
+    def taps_max(sources: list[tuple[str, int]], out_at: str) -> None:
+        """``out_at`` (8 floats) = nan_max over the taps ``(row pointer, column)`` in order."""
+        v = kc.tmp("v")
+        pairs: dict = {}
+        if not sources:
+            w.line(f"__m256 {v} = _mm256_set1_ps(-INFINITY);")
+        for t, (row, c) in enumerate(sources):
+            x = vector(row, c, pairs)
+            if t == 0:
+                w.line(f"__m256 {v} = {x};")
+            else:
+                _nan_max_avx(kc, v, x)
+        reorder(v)
+        w.line(f"_mm256_storeu_ps({out_at}, {v});")
+
+    base = kc.tmp("src")
+    w.line(f"const float* {base} = {src};")
+    classes: list[list] = []  # [first output row, end, kernel rows inside the input]
+    for o in range(OH):
+        inside = tuple(kh for kh in range(KH) if 0 <= o * SH + kh * DH - PT < H)
+        if classes and classes[-1][2] == inside:
+            classes[-1][1] = o + 1
+        else:
+            classes.append([o, o + 1, inside])
+    oh = kc.tmp("oh")
+    if rm is not None:
+        ih = kc.tmp("ih")
+        with w.block(f"for (long {ih} = 0; {ih} < {H}; ++{ih})"):
+            row = kc.tmp("row")
+            w.line(f"const float* {row} = {base} + {mul(ih, W)};")
+            for b in range(blocks):
+                with w.block(""):
+                    taps_max([(row, c) for c in row_taps(b, range(KW))], f"{rm} + {mul(ih, span)} + {b * VECTOR}")
+        for lo, hi, inside in classes:
+            with w.block(f"for (long {oh} = {lo}; {oh} < {hi}; ++{oh})"):
+                rows = []
+                for kh in inside:
+                    r = kc.tmp("rrow")
+                    w.line(f"const float* {r} = {rm} + {mul(add(mul(oh, SH), str(kh * DH - PT)), span)};")
+                    rows.append(r)
+                j = kc.tmp("j")
+                with w.block(f"for (long {j} = 0; {j} < {span}; {j} += {VECTOR})"):
+                    v = kc.tmp("v")
+                    if not rows:
+                        w.line(f"__m256 {v} = _mm256_set1_ps(-INFINITY);")
+                    for t, r in enumerate(rows):
+                        if t == 0:
+                            w.line(f"__m256 {v} = _mm256_loadu_ps({r} + {j});")
+                        else:
+                            _nan_max_avx(kc, v, f"_mm256_loadu_ps({r} + {j})")
+                    w.line(f"_mm256_storeu_ps({dense} + {mul(oh, OW)} + {j}, {v});")
+    else:
+        for lo, hi, inside in classes:
+            with w.block(f"for (long {oh} = {lo}; {oh} < {hi}; ++{oh})"):
+                rows = {}
+                for kh in inside:
+                    rows[kh] = kc.tmp("row")
+                    w.line(f"const float* {rows[kh]} = {base} + {mul(add(mul(oh, SH), str(kh * DH - PT)), W)};")
+                for b in range(blocks):
+                    with w.block(""):
+                        cols = {kw: row_taps(b, [kw]) for kw in range(KW)}
+                        srcs = [(rows[kh], cols[kw][0]) for kh in inside for kw in range(KW) if cols[kw]]
+                        taps_max(srcs, f"{dense} + {mul(oh, OW)} + {b * VECTOR}")
+    kc.w = saved
+    for lanes, (m, ninf) in masks.items():
+        bits = ", ".join("-1" if ok else "0" for ok in lanes)
+        fills = ", ".join("0.0f" if ok else "-INFINITY" for ok in lanes)
+        saved.line(f"const __m256i {m} = _mm256_setr_epi32({bits});")
+        saved.line(f"const __m256 {ninf} = _mm256_setr_ps({fills});")
+    saved.lines.extend(body.lines)
