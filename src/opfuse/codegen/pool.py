@@ -152,8 +152,8 @@ def _lower_rows(kc, ev, stage: Stage, x, out, geo, is_max: bool, include_pad: bo
     reach = max(cols) + span
     slack = max(0, (rows - 1) * row_len + reach - Hp * row_len)
     plane_floats = Hp * row_len + slack
-    # MaxPool with AVX2 reads the input in place, no padded copy (``_max_in_place``).
-    in_place = (simd and is_max and SW in (1, 2) and in_memory(ev, x)
+    # With AVX2 the input is read in place, no padded copy (``_in_place``).
+    in_place = (simd and SW in (1, 2) and in_memory(ev, x)
                 and -(-OW // VECTOR) <= DIRECT_MAX_ROW_VECTORS)
     off_plane = kc.scratch(plane_floats * 4)
     off_rows = kc.scratch(max(rows, H) * span * 4) if separable else 0
@@ -167,6 +167,7 @@ def _lower_rows(kc, ev, stage: Stage, x, out, geo, is_max: bool, include_pad: bo
     chunk, plane, first = kc.tmp("chunk"), kc.tmp("plane"), kc.tmp("first")
     divisor = None if is_max else _divisor(kc, geo, (H, W), (OH, OW), span, include_pad)
     op = "max" if is_max else "sum"
+    assert not (separable and divisor is not None)
     kc.parallel_for(nimg * C * OH * OW * KH * KW)
     with w.block(f"for (long {chunk} = 0; {chunk} < {chunks}; ++{chunk})"):
         xp, rm, dense = kc.tmp("xpad"), kc.tmp("rmax"), kc.tmp("dense")
@@ -190,7 +191,7 @@ def _lower_rows(kc, ev, stage: Stage, x, out, geo, is_max: bool, include_pad: bo
             if in_place:
                 w.line(f"#if {AVX2_GUARD}")
                 src = f"{kc.ptr(x)} + {Index(x.shape, (img, ch, '0', '0')).offset()}"
-                _max_in_place(kc, src, geo, (H, W), (OH, OW), rm if separable else None, dense)
+                _in_place(kc, src, geo, (H, W), (OH, OW), rm if separable else None, dense, divisor)
                 w.line("#else")
                 simd_rows = False
             else:
@@ -318,14 +319,17 @@ def _nan_max_avx(kc, acc: str, v: str) -> None:
     kc.w.line(f"{acc} = _mm256_blendv_ps(_mm256_max_ps({e}, {acc}), {e}, _mm256_cmp_ps({e}, {e}, _CMP_UNORD_Q));")
 
 
-def _max_in_place(kc, src: str, geo, hw, ohw, rm: str | None, dense: str) -> None:
-    """AVX2 MaxPool of one plane read in place (column stride 1 or 2), into ``dense`` (rows at
+def _in_place(kc, src: str, geo, hw, ohw, rm: str | None, dense: str, divisor) -> None:
+    """AVX2 pool of one plane read in place (column stride 1 or 2), into ``dense`` (rows at
     ``oh * OW``). A tap's 8 inputs for outputs ``ow0..ow0+7`` start at column ``ow0 * SW + c``;
     stride 2 takes the even or odd floats of two loads (``shufps``, lanes in the order 0 1 4 5
     2 3 6 7, the same for every tap, put back in order before the store: the max is per lane).
     Lanes outside the input row are masked loads (nothing read) made ``-inf``, taps whose lanes
     for the outputs all fall outside, and kernel rows outside the plane, are left out: a ``-inf``
     padding tap never changes ``nan_max``, so the bits are those of the padded plain path.
+    AveragePool (``divisor`` not None, see ``_divisor``) keeps every tap in the plain path's order,
+    0 where the plain path's padding is (a masked lane, a tap or a kernel row outside the input):
+    ``-0 + 0`` is ``+0``, so leaving them out could change the sign of a zero.
     ``rm``: separable (``_separable``), each input row's max along ``KW`` into ``rm`` (pitch: the
     rounded output row), then the max down ``KH`` of those rows; else all taps per output row."""
     saved = kc.w
@@ -338,34 +342,36 @@ def _max_in_place(kc, src: str, geo, hw, ohw, rm: str | None, dense: str) -> Non
     (SH, SW), (DH, DW), (PT, PL) = geo.strides, geo.dilations, geo.pads_begin
     blocks = -(-OW // VECTOR)
     span = blocks * VECTOR
+    is_max = divisor is None
+    pad = "_mm256_set1_ps(-INFINITY)" if is_max else "_mm256_setzero_ps()"
     masks: dict[tuple[bool, ...], tuple[str, str]] = {}
 
-    def load(row: str, start: int) -> str | None:
+    def load(row: str | None, start: int) -> str:
         lanes = tuple(0 <= start + lane < W for lane in range(VECTOR))
-        if not any(lanes):
-            return "_mm256_set1_ps(-INFINITY)"
+        if row is None or not any(lanes):
+            return pad
         at = add(row, str(start))
         if all(lanes):
             return f"_mm256_loadu_ps({at})"
         if lanes not in masks:
             masks[lanes] = (kc.tmp("mask"), kc.tmp("ninf"))
         m, ninf = masks[lanes]
-        return f"_mm256_or_ps(_mm256_maskload_ps({at}, {m}), {ninf})"
+        return f"_mm256_or_ps(_mm256_maskload_ps({at}, {m}), {ninf})" if is_max else f"_mm256_maskload_ps({at}, {m})"
 
     def row_taps(b: int, kws) -> list[int]:
         """Columns ``c`` of the taps (kernel columns ``kws``) with a lane inside the row for outputs < OW."""
         found = []
         for kw in kws:
             c = b * VECTOR * SW + kw * DW - PL
-            if any(b * VECTOR + lane < OW and 0 <= c + lane * SW < W for lane in range(VECTOR)):
+            if not is_max or any(b * VECTOR + lane < OW and 0 <= c + lane * SW < W for lane in range(VECTOR)):
                 found.append(c)
         return found
 
-    def vector(row: str, c: str | int, pairs: dict) -> str:
-        """The 8 floats of the tap at column ``c`` (for 8 consecutive outputs)."""
-        assert isinstance(c, int)
-        if SW == 1:
-            return load(row, c) or ""
+    def vector(row: str | None, c: int, pairs: dict) -> str:
+        """The 8 floats of the tap at column ``c`` (for 8 consecutive outputs; ``row`` None:
+        a kernel row outside the input)."""
+        if SW == 1 or row is None:
+            return load(row, c)
         even = c - c % 2
         if (row, even) not in pairs:
             pairs[row, even] = (kc.tmp("lo"), kc.tmp("hi"))
@@ -378,19 +384,26 @@ def _max_in_place(kc, src: str, geo, hw, ohw, rm: str | None, dense: str) -> Non
         if SW == 2:  # 0 1 4 5 2 3 6 7 -> 0 .. 7: 64-bit pairs 0 2 1 3
             w.line(f"{v} = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd({v}), 0xD8));")
 
-    def taps_max(sources: list[tuple[str, int]], out_at: str) -> None:
-        """``out_at`` (8 floats) = nan_max over the taps ``(row pointer, column)`` in order."""
+    def taps_max(sources: list[tuple[str | None, int]], out_at: str, b: int = 0) -> None:
+        """``out_at`` (8 floats) = nan_max (or the sum, then divided) over the taps ``(row pointer,
+        column)`` in order."""
         v = kc.tmp("v")
         pairs: dict = {}
         if not sources:
-            w.line(f"__m256 {v} = _mm256_set1_ps(-INFINITY);")
+            w.line(f"__m256 {v} = {pad};")
         for t, (row, c) in enumerate(sources):
             x = vector(row, c, pairs)
             if t == 0:
                 w.line(f"__m256 {v} = {x};")
-            else:
+            elif is_max:
                 _nan_max_avx(kc, v, x)
+            else:
+                w.line(f"{v} = _mm256_add_ps({v}, {x});")
         reorder(v)
+        if not is_max:
+            kind, term = divisor[1]
+            col = f"_mm256_set1_ps({term})" if kind == "const" else f"_mm256_loadu_ps({term} + {b * VECTOR})"
+            w.line(f"{v} = _mm256_div_ps({v}, _mm256_mul_ps(_mm256_set1_ps({divisor[0](oh)}), {col}));")
         w.line(f"_mm256_storeu_ps({out_at}, {v});")
 
     base = kc.tmp("src")
@@ -436,11 +449,13 @@ def _max_in_place(kc, src: str, geo, hw, ohw, rm: str | None, dense: str) -> Non
                 for kh in inside:
                     rows[kh] = kc.tmp("row")
                     w.line(f"const float* {rows[kh]} = {base} + {mul(add(mul(oh, SH), str(kh * DH - PT)), W)};")
+                # MaxPool leaves out the kernel rows outside the input, AveragePool reads them as 0.
+                kernel_rows = inside if is_max else range(KH)
                 for b in range(blocks):
                     with w.block(""):
                         cols = {kw: row_taps(b, [kw]) for kw in range(KW)}
-                        srcs = [(rows[kh], cols[kw][0]) for kh in inside for kw in range(KW) if cols[kw]]
-                        taps_max(srcs, f"{dense} + {mul(oh, OW)} + {b * VECTOR}")
+                        srcs = [(rows.get(kh), cols[kw][0]) for kh in kernel_rows for kw in range(KW) if cols[kw]]
+                        taps_max(srcs, f"{dense} + {mul(oh, OW)} + {b * VECTOR}", b)
     kc.w = saved
     for lanes, (m, ninf) in masks.items():
         bits = ", ".join("-1" if ok else "0" for ok in lanes)
