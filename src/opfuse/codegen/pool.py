@@ -6,7 +6,10 @@ geometry the reference uses). Positions outside the input are skipped: padding n
 a max, and AveragePool divides by the number of positions inside the input
 (``count_include_pad=0``) or inside the explicitly padded input (``count_include_pad=1``).
 
-2-D float pools go plane by plane, vectorised along the output rows (``_lower_rows``): each
+2-D float pools go plane by plane, vectorised along the output rows (``_lower_rows``). With
+AVX2, where the input is in memory (a hoisted Relu prologue included) and the column stride is
+1 or 2, the plane is read in place: masked loads at the row ends, stride 2 deinterleaved from
+two loads (``_in_place``). Otherwise (and in the plain C99 path) each
 (image, channel) plane is copied through the prologue into a padded buffer (padding ``-inf``
 for MaxPool, so it never wins, and 0 for AveragePool, whose divisor counts only what
 ``count_include_pad`` counts), each padded row stored as its column phases (the depthwise
@@ -242,15 +245,13 @@ def _divisor(kc, geo, hw, ohw, span: int, include_pad: bool):
     KH, KW = geo.kernel
     rc = _counts(H, OH, KH, geo.strides[0], geo.dilations[0], geo.pads_begin[0], geo.pads_end[0], include_pad)
     cc = _counts(W, OW, KW, geo.strides[1], geo.dilations[1], geo.pads_begin[1], geo.pads_end[1], include_pad)
-    if len(set(rc)) == 1:
-        def row(oh: str, n=rc[0]) -> str:
-            return literal(n, np.float32)
-    else:
+    rt = None
+    if len(set(rc)) > 1:
         rt = kc.tmp("rcount")
         kc.w.line(f"static const float {rt}[{OH}] = {{{', '.join(literal(n, np.float32) for n in rc)}}};")
 
-        def row(oh: str, rt=rt) -> str:
-            return f"{rt}[{oh}]"
+    def row(oh: str) -> str:
+        return literal(rc[0], np.float32) if rt is None else f"{rt}[{oh}]"
     if len(set(cc)) == 1:
         return row, ("const", literal(cc[0], np.float32))
     ct = kc.tmp("ccount")
@@ -426,17 +427,17 @@ def _in_place(kc, src: str, geo, hw, ohw, rm: str | None, dense: str, divisor) -
                     taps_max([(row, c) for c in row_taps(b, range(KW))], f"{rm} + {mul(ih, span)} + {b * VECTOR}")
         for lo, hi, inside in classes:
             with w.block(f"for (long {oh} = {lo}; {oh} < {hi}; ++{oh})"):
-                rows = []
+                rrows = []
                 for kh in inside:
                     r = kc.tmp("rrow")
                     w.line(f"const float* {r} = {rm} + {mul(add(mul(oh, SH), str(kh * DH - PT)), span)};")
-                    rows.append(r)
+                    rrows.append(r)
                 j = kc.tmp("j")
                 with w.block(f"for (long {j} = 0; {j} < {span}; {j} += {VECTOR})"):
                     v = kc.tmp("v")
-                    if not rows:
+                    if not rrows:
                         w.line(f"__m256 {v} = _mm256_set1_ps(-INFINITY);")
-                    for t, r in enumerate(rows):
+                    for t, r in enumerate(rrows):
                         if t == 0:
                             w.line(f"__m256 {v} = _mm256_loadu_ps({r} + {j});")
                         else:
@@ -445,7 +446,7 @@ def _in_place(kc, src: str, geo, hw, ohw, rm: str | None, dense: str, divisor) -
     else:
         for lo, hi, inside in classes:
             with w.block(f"for (long {oh} = {lo}; {oh} < {hi}; ++{oh})"):
-                rows = {}
+                rows: dict[int, str] = {}
                 for kh in inside:
                     rows[kh] = kc.tmp("row")
                     w.line(f"const float* {rows[kh]} = {base} + {mul(add(mul(oh, SH), str(kh * DH - PT)), W)};")
