@@ -94,3 +94,28 @@ def test_all_padding_windows_and_negative_inputs(cache_dir):
     want = reference.run(g, {"x": x})
     np.testing.assert_array_equal(got[g.outputs[0].name], want[g.outputs[0].name])
     assert (got[g.outputs[0].name] < 0).all()
+
+
+STRIDE_3 = ((2, 2), (3, 3), (0, 0, 0, 0), 0, (9, 10))
+
+
+@pytest.mark.parametrize("geometry", [GEOMETRIES[4], GEOMETRIES[6], GEOMETRIES[7], STRIDE_3],
+                         ids=["k3s1", "k5s1", "k5s2", "k2s3"])
+def test_max_through_a_padded_copy(cache_dir, geometry):
+    """A prologue the max cannot hoist (Abs), and stride 3: the plane goes through the padded copy
+    (AVX2 rows, separable where ``_separable`` says), still exact and equal to the plain path."""
+    kernel, strides, pads, ceil, (H, W) = geometry
+    b = GraphBuilder("pool_copy")
+    x = b.input("x", (2, 3, H, W))
+    y = b.op("MaxPool", b.op("Abs", x, name="pre"), name="pool", kernel_shape=list(kernel), strides=list(strides),
+             pads=list(pads), ceil_mode=ceil)
+    g = b.build(y)
+    plan = group_by_names(g, [("reduction", ["pre", "pool"])])
+    src = generate(g, plan).source
+    assert "xpad" in src and "_mm256_max_ps" in src and "maskload" not in src
+    feeds = _input(g, nan=True)
+    want = reference.run(g, feeds)[g.outputs[0].name]
+    vec = build(g, plan, cache_dir=cache_dir).run(feeds)[g.outputs[0].name]
+    plain = build(g, plan, cache_dir=cache_dir, options=CodegenOptions(simd="none")).run(feeds)[g.outputs[0].name]
+    np.testing.assert_array_equal(vec, want)
+    np.testing.assert_array_equal(vec, plain)
