@@ -20,9 +20,9 @@ def _relu_pool(extra_output: bool):
 
 
 def _window_body(src: str) -> str:
-    """The C between the pool's window loops and the line after them."""
-    start = src.index("for (long k")
-    return src[start:src.index("const float pool", start)]
+    """The C from the pool's kernel to its epilogue loop (the plane copy and the window maxima)."""
+    start = src.index("static void k0_")
+    return src[start:src.index("const float y", start)]
 
 
 def test_relu_is_applied_once_after_the_max(cache_dir):

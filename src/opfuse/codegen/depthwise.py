@@ -151,7 +151,7 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
                 _direct_rows(kc, ev, stage, node, bias_term, src, weights, geo, acc, (img, ch),
                              OW < PLANE_EPILOGUE_MAX_ROW)
                 w.line("#else")
-            _copy_plane(kc, ev, x, img, ch, xp, (H, W), (PT, PL), SW, Wh)
+            copy_plane(kc, ev, x, img, ch, xp, (H, W), (PT, PL), SW, Wh)
             taps = [(weights[kh][kw], kh * DH, (kw * DW % SW) * Wh + kw * DW // SW)
                     for kh in range(KH) for kw in range(KW)]
             oh = kc.tmp("oh")
@@ -407,8 +407,8 @@ def _taps_pass(kc, srcs, acc: str, span: int, exact: int, simd: bool) -> None:
         w.line("#endif")
 
 
-def _copy_plane(kc, ev, x, img, ch, xp, hw, pads, SW, Wh) -> None:
-    """The input plane's rows into ``xp`` (the padded plane, its padding already zero), each row
+def copy_plane(kc, ev, x, img, ch, xp, hw, pads, SW, Wh) -> None:
+    """The input plane's rows into ``xp`` (the padded plane, its padding already set), each row
     stored as its SW column phases: padded column ``j = q * SW + ph`` at ``ph * Wh + q``."""
     w = kc.w
     H, W = hw

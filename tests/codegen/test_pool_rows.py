@@ -1,0 +1,121 @@
+"""2-D MaxPool and AveragePool vectorised along the output rows (``codegen/pool.py``
+``_lower_rows``): equal to the reference for every geometry, NaN propagating, the AVX2 and the
+plain C99 path (``simd="none"``) giving the same bits, with a fused prologue and epilogue."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cg_support import assert_close, group_by_names
+from opfuse.codegen import CodegenOptions, generate
+from opfuse.codegen.pool import _separable
+from opfuse.ops import GraphBuilder
+from opfuse.runtime import reference
+from opfuse.runtime.native import build
+
+# (kernel, strides, pads [top, left, bottom, right], ceil_mode, input (H, W))
+GEOMETRIES = [
+    ((2, 2), (2, 2), (0, 0, 0, 0), 0, (8, 8)),
+    ((2, 2), (2, 2), (0, 0, 0, 0), 1, (9, 7)),
+    ((3, 3), (2, 2), (1, 1, 1, 1), 0, (11, 13)),
+    ((3, 3), (2, 2), (0, 0, 0, 0), 1, (10, 10)),
+    ((3, 3), (1, 1), (1, 1, 1, 1), 0, (7, 19)),
+    ((3, 3), (1, 2), (0, 1, 2, 0), 0, (9, 21)),
+    ((5, 5), (1, 1), (2, 2, 2, 2), 0, (10, 10)),
+    ((5, 5), (2, 2), (2, 1, 1, 2), 1, (13, 11)),
+    ((2, 3), (1, 1), (0, 0, 1, 2), 0, (5, 37)),
+]
+
+
+def _graph(op: str, geometry, *, prologue: bool, epilogue: bool, **attrs):
+    kernel, strides, pads, ceil, (H, W) = geometry
+    b = GraphBuilder("pool_rows")
+    x = b.input("x", (2, 3, H, W))
+    src = b.op("Relu", x, name="pre") if prologue else x
+    y = b.op(op, src, name="pool", kernel_shape=list(kernel), strides=list(strides), pads=list(pads),
+             ceil_mode=ceil, **attrs)
+    if epilogue:
+        y = b.op("Mul", y, b.const("scale", np.full((3, 1, 1), 1.5, np.float32)), name="post")
+    g = b.build(y)
+    names = (["pre"] if prologue else []) + ["pool"] + (["post"] if epilogue else [])
+    return g, group_by_names(g, [("reduction", names)])
+
+
+def _input(g, nan: bool) -> dict:
+    shape = g.inputs[0].shape
+    x = np.random.default_rng(7).standard_normal(shape).astype(np.float32)
+    if nan:
+        x[0, 1, 2, 3] = np.nan
+        x[1, 2, -1, -1] = np.nan
+        x[1, 0, 0, :] = np.inf
+    return {"x": x}
+
+
+CASES = [("MaxPool", {}), ("AveragePool", {"count_include_pad": 0}), ("AveragePool", {"count_include_pad": 1})]
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=lambda g: f"k{g[0]}s{g[1]}p{g[2]}c{g[3]}")
+@pytest.mark.parametrize("op,attrs", CASES, ids=["max", "avg", "avg_incl"])
+@pytest.mark.parametrize("fused", [False, True], ids=["alone", "relu_mul"])
+def test_rows_match_reference_and_plain_path(cache_dir, geometry, op, attrs, fused):
+    g, plan = _graph(op, geometry, prologue=fused, epilogue=fused, **attrs)
+    feeds = _input(g, nan=True)
+    want = reference.run(g, feeds)
+    vec = build(g, plan, cache_dir=cache_dir).run(feeds)
+    plain = build(g, plan, cache_dir=cache_dir, options=CodegenOptions(simd="none")).run(feeds)
+    assert_close(vec, want)
+    name = g.outputs[0].name
+    np.testing.assert_array_equal(vec[name], plain[name])  # same bits (NaN where NaN)
+    if op == "MaxPool":  # max is exact: equal to the reference, NaN where its window holds one
+        np.testing.assert_array_equal(vec[name], want[name])
+        assert np.isnan(vec[name]).any()
+
+
+def test_vectorised_and_plain_code_both_generated():
+    g, plan = _graph("MaxPool", GEOMETRIES[6], prologue=True, epilogue=False)
+    src = generate(g, plan).source
+    assert "_mm256_max_ps" in src and "#if defined(__AVX2__) && defined(__FMA__)" in src
+    plain = generate(g, plan, options=CodegenOptions(simd="none")).source
+    assert "_mm256" not in plain
+
+
+def test_separable_only_where_it_takes_fewer_maxima():
+    assert _separable((5, 5), (1, 1), (1, 1), (10, 10))
+    assert _separable((3, 3), (1, 1), (1, 1), (10, 10))
+    assert not _separable((3, 3), (2, 2), (1, 1), (56, 56))
+    assert not _separable((2, 2), (2, 2), (1, 1), (28, 28))
+
+
+def test_all_padding_windows_and_negative_inputs(cache_dir):
+    """Padding never wins a max: an all-negative plane keeps its negative maxima at the edges."""
+    g, plan = _graph("MaxPool", ((3, 3), (1, 1), (1, 1, 1, 1), 0, (6, 6)), prologue=False, epilogue=False)
+    x = -np.abs(np.random.default_rng(3).standard_normal((2, 3, 6, 6))).astype(np.float32) - 1
+    got = build(g, plan, cache_dir=cache_dir).run({"x": x})
+    want = reference.run(g, {"x": x})
+    np.testing.assert_array_equal(got[g.outputs[0].name], want[g.outputs[0].name])
+    assert (got[g.outputs[0].name] < 0).all()
+
+
+STRIDE_3 = ((2, 2), (3, 3), (0, 0, 0, 0), 0, (9, 10))
+
+
+@pytest.mark.parametrize("geometry", [GEOMETRIES[4], GEOMETRIES[6], GEOMETRIES[7], STRIDE_3],
+                         ids=["k3s1", "k5s1", "k5s2", "k2s3"])
+def test_max_through_a_padded_copy(cache_dir, geometry):
+    """A prologue the max cannot hoist (Abs), and stride 3: the plane goes through the padded copy
+    (AVX2 rows, separable where ``_separable`` says), still exact and equal to the plain path."""
+    kernel, strides, pads, ceil, (H, W) = geometry
+    b = GraphBuilder("pool_copy")
+    x = b.input("x", (2, 3, H, W))
+    y = b.op("MaxPool", b.op("Abs", x, name="pre"), name="pool", kernel_shape=list(kernel), strides=list(strides),
+             pads=list(pads), ceil_mode=ceil)
+    g = b.build(y)
+    plan = group_by_names(g, [("reduction", ["pre", "pool"])])
+    src = generate(g, plan).source
+    assert "xpad" in src and "_mm256_max_ps" in src and "maskload" not in src
+    feeds = _input(g, nan=True)
+    want = reference.run(g, feeds)[g.outputs[0].name]
+    vec = build(g, plan, cache_dir=cache_dir).run(feeds)[g.outputs[0].name]
+    plain = build(g, plan, cache_dir=cache_dir, options=CodegenOptions(simd="none")).run(feeds)[g.outputs[0].name]
+    np.testing.assert_array_equal(vec, want)
+    np.testing.assert_array_equal(vec, plain)
