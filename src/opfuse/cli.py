@@ -494,8 +494,14 @@ def cmd_profile(args) -> int:
     from opfuse.targets import calibrate_host, format_profile, get_profile, save_profile
     if args.calibrate and args.target != "host":
         raise OpfuseError("--calibrate measures this machine: use --target host")
-    if args.fit and args.target != "host":
-        raise OpfuseError("--fit measures on this machine: use --target host")
+    if args.fit is not None and args.target == "cortex-m7":
+        return _fit_m7(args)
+    if args.fit is not None and args.target != "host":
+        raise OpfuseError("--fit measures host runs (--target host) or QEMU counts (--target cortex-m7)")
+    if args.fit is not None and not args.fit:
+        raise OpfuseError("--fit on the host needs models to measure, e.g. --fit zoo:resnet8 zoo:mobilenet_v1")
+    if args.suite is not None:
+        raise OpfuseError("--suite is for --target cortex-m7 --fit")
     say = (lambda *a, **k: None) if args.json else print  # --json: the result alone on stdout
     result: dict = {}
     if args.calibrate:
@@ -517,6 +523,28 @@ def cmd_profile(args) -> int:
         say(format_corrections(corr))
     if args.output:
         save_profile(profile, args.output)
+        result["wrote"] = args.output
+        say(f"wrote {args.output}")
+    if args.json:
+        _print_json(result)
+    return 0
+
+
+def _fit_m7(args) -> int:
+    """``opfuse profile --target cortex-m7 --fit [MODEL...]``: fit the instruction-count model under QEMU."""
+    from opfuse.mcufit import fit_m7, format_fit
+    from opfuse.targets import format_profile, save_profile
+    from opfuse.targets.fitted import m7_fit_path
+    if args.calibrate:
+        raise OpfuseError("--calibrate measures this machine: use --target host")
+    fit = fit_m7(args.suite or "full", args.fit)
+    say = (lambda *a, **k: None) if args.json else print
+    say(format_profile(fit.profile))
+    say(format_fit(fit))
+    say(f"saved the fit to {m7_fit_path()}; later plans for 'cortex-m7' use it")
+    result = {"profile": fit.profile.to_dict(), "fit": fit.summary(), "saved": str(m7_fit_path())}
+    if args.output:
+        save_profile(fit.profile, args.output)
         result["wrote"] = args.output
         say(f"wrote {args.output}")
     if args.json:
@@ -875,14 +903,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("profile", help="print (and save) a target's hardware profile")
     p.add_argument("--target", default="host",
-                   help="host (the saved calibration, else nominal constants), cortex-m7, a100, h200")
+                   help="host (the saved calibration, else nominal constants), cortex-m7 (the saved QEMU fit, "
+                        "else the data sheet), a100, h200")
     p.add_argument("--calibrate", "--recalibrate", dest="calibrate", action="store_true",
                    help="host: time micro-benchmarks on this machine and save the result; later plans for "
                         "'host' use it (and say so)")
     p.add_argument("-o", "--output", help="save the profile as JSON")
-    p.add_argument("--fit", nargs="+", metavar="MODEL",
+    p.add_argument("--fit", nargs="*", metavar="MODEL",
                    help="host: fit the cost model's correction factors from measured per-group times of "
-                        "these models (e.g. zoo:resnet8 zoo:mobilenet_v1) and save them")
+                        "these models (e.g. zoo:resnet8 zoo:mobilenet_v1) and save them; cortex-m7: fit "
+                        "instructions per FLOP (per op class), per byte and per call from QEMU counts of "
+                        "micro-benchmark kernels (and of these models' kernels, if given) and save the profile")
+    p.add_argument("--suite", choices=("full", "quick"), default=None,
+                   help="cortex-m7 --fit: the micro-benchmark suite (default full; quick: a third of it)")
     _add_json(p)
     p.set_defaults(fn=cmd_profile)
 
