@@ -420,8 +420,8 @@ def _write_library(comp, directory: str, target: str, flag: str) -> list:
     """The C library for ``target``: the host's shared-library sources, or the Cortex-M7's
     standalone firmware library."""
     if target == "cortex-m7":
-        from opfuse.runtime.mcu import export_library, generate_mcu
-        return export_library(generate_mcu(comp.graph, comp.plan, comp.memory), directory, comp.report)
+        from opfuse.compiler import build_mcu
+        return build_mcu(comp).export_c(directory)
     if target != "host":
         raise OpfuseError(f"{flag} builds for host or cortex-m7; target '{target}' is planned only")
     from opfuse.compiler import build_native

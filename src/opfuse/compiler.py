@@ -279,12 +279,29 @@ def compile(model, target: str = "host", fuse: bool = True, *, threads: int | No
     """Compile ``model`` (``zoo:NAME``, a path, an ONNX ModelProto or a Graph) to native code.
 
     Returns an ``opfuse.runtime.native.CompiledModel``: ``.run(inputs)``, ``.report`` (the fusion
-    report, the planner's predictions and the arena), ``.export_c(dir)``. Only the host target
-    builds native code here; other targets are planned (``plan_model``) but not built. ``threads``
+    report, the planner's predictions and the arena), ``.export_c(dir)``. ``target="cortex-m7"``
+    returns an ``opfuse.runtime.mcu.McuModel`` instead: ``.export_c(dir)`` writes the standalone
+    firmware library, ``.run(inputs)`` runs it under QEMU and ``.instructions`` is what the run
+    executed. Other targets are planned (``plan_model``) but not built. ``threads`` (host only)
     defaults to the cores available to the process (``OMP_NUM_THREADS`` when set).
     """
     opts = options or CompileOptions(target=target, fuse=fuse, **kwargs)
+    if opts.target == MCU_TARGET:
+        return build_mcu(plan_model(model, opts))
     if opts.target not in ("host",):
         raise OpfuseError(f"target '{opts.target}' can be planned (opfuse compile --target {opts.target}) "
-                          f"but not built and run on this machine; use target 'host'")
+                          f"but not built and run on this machine; use target 'host' or '{MCU_TARGET}'")
     return build_native(plan_model(model, opts), threads=threads)
+
+
+MCU_TARGET = "cortex-m7"
+
+
+def build_mcu(comp: Compilation):
+    """The Cortex-M7 library of a planned model (``opfuse.runtime.mcu.McuModel``): export it, or run
+    it under QEMU."""
+    from opfuse.runtime.mcu import McuModel, generate_mcu
+    if comp.options.target != MCU_TARGET:
+        raise OpfuseError(f"the Cortex-M7 library needs a plan for target '{MCU_TARGET}', not "
+                          f"'{comp.options.target}'")
+    return McuModel(generate_mcu(comp.graph, comp.plan, comp.memory), comp.graph, comp.report, comp)

@@ -479,3 +479,48 @@ def run_on_qemu(program: CProgram, feeds: Mapping[str, np.ndarray], workdir: str
         return run_firmware(program, build_firmware(program, feeds, d), timeout)
     with tempfile.TemporaryDirectory(prefix="opfuse-mcu-") as tmp:
         return run_firmware(program, build_firmware(program, feeds, Path(tmp)), timeout)
+
+
+class McuModel:
+    """A model compiled for the Cortex-M7 (``opfuse.compile(model, target="cortex-m7")``): the
+    standalone library, exportable as ``opfuse compile --target cortex-m7 -o DIR`` writes it, and
+    runnable on the emulated core as ``opfuse run --backend cortex-m7`` runs it.
+
+        m7 = opfuse.compile("zoo:resnet8", target="cortex-m7")
+        m7.export_c("out/")                   # model.c, model.h, model_weights.c, README.md, report.json
+        outputs = m7.run({"input": x})        # under QEMU (needs arm-none-eabi-gcc, newlib, qemu-system-arm)
+        print(m7.instructions)                # executed by the last run (exact, -icount)
+
+    Exporting needs no toolchain; running does, and says what to install in one line when it is missing.
+    """
+
+    def __init__(self, program: CProgram, graph: Graph, report: Mapping | None = None, compilation=None):
+        if program.mcu is None:
+            raise OpfuseError("this program was generated for the host; use generate_mcu")
+        self.program = program
+        self.graph = graph
+        self.report = dict(report or {})
+        self.compilation = compilation
+        self.last_run: McuResult | None = None
+
+    @property
+    def arena_bytes(self) -> int:
+        return self.program.arena_bytes
+
+    @property
+    def instructions(self) -> int | None:
+        """Instructions ``opfuse_run`` executed in the last ``run`` (None before the first)."""
+        return self.last_run.instructions if self.last_run is not None else None
+
+    def run(self, feeds: Mapping[str, np.ndarray], *, cast: bool = False, workdir: str | Path | None = None,
+            timeout: float = RUN_TIMEOUT_S) -> dict[str, np.ndarray]:
+        """Build the firmware with ``feeds`` baked in and run it under QEMU; the outputs (the same bits
+        as the host's portable build). The run's counts and sizes are kept in ``last_run``."""
+        feeds = check_inputs(self.graph, feeds, cast=cast)
+        find_tools()
+        self.last_run = run_on_qemu(self.program, feeds, workdir, timeout)
+        return self.last_run.outputs
+
+    def export_c(self, directory: str | Path) -> list[Path]:
+        """The library, its README and ``report.json``, as ``opfuse compile --target cortex-m7 -o DIR``."""
+        return export_library(self.program, directory, self.report)
