@@ -279,7 +279,18 @@ def patch_lines(report: dict) -> list[str]:
             f"(workspace {run['workspace_bytes']:,} bytes, {run['recompute']:.1%} of their work recomputed"
             f"{', line buffers' if run.get('line_buffers') else ''}"
             f"{', output over input' if run['output_over_input'] else ''})"
-            for run in report.get("patching", {}).get("runs", [])]
+            for run in report.get("patching", {}).get("runs", [])] + budget_lines(report)
+
+
+def budget_lines(report: dict) -> list[str]:
+    """The SRAM budget of an SRAM target's compile report (``compiler.fit_sram``), one line."""
+    b = report.get("memory_budget")
+    if not b:
+        return []
+    raised = (f"; recompute limit raised from {b['raised_from']:g} to {b['recompute_limit']:g} to fit"
+              if b.get("raised_from") is not None else "")
+    return [f"memory budget: arena {b['arena_bytes']:,} bytes (tensors and kernel scratch) within "
+            f"{b['budget_bytes']:,} bytes ({b['source']}){raised}"]
 
 
 def planner_label(p: dict) -> str:
@@ -769,7 +780,10 @@ def _add_compile_options(p) -> None:
     p.add_argument("--planner", default="auto", choices=["auto", "greedy", "exact", "rules"],
                    help="cost-model planner method, or 'rules' for the maximal legal grouping")
     p.add_argument("--latency-bound", type=float, metavar="SECONDS", help="bound on every critical path")
-    p.add_argument("--memory-budget", type=_size, metavar="BYTES", help="peak activation memory budget")
+    p.add_argument("--memory-budget", type=_size, metavar="BYTES",
+                   help="peak activation memory budget; on cortex-m7 the SRAM the arena (tensors and kernel "
+                        "scratch) may use, by default the whole 512 KiB: patching works harder to fit, and when "
+                        "nothing fits the error gives the smallest arena that would")
     p.add_argument("--onchip-budget", type=_size, metavar="BYTES", help="per-group on-chip working set budget")
     p.add_argument("--objective", help="weights, e.g. latency=1,memory=0.5,kernels=0")
     p.add_argument("--no-fuse", action="store_true", help="one kernel per op (the baseline)")

@@ -140,7 +140,10 @@ def _context(opts: CompileOptions):
 
 def _constraints(opts: CompileOptions):
     from opfuse.planner import Constraints
-    return Constraints(latency_bound_s=opts.latency_bound_s, memory_budget_bytes=opts.memory_budget_bytes,
+    # On an SRAM target the memory budget bounds the arena the code runs in (``fit_sram``), which
+    # patching brings below any plan's whole-tensor peak: it is not the planner's constraint there.
+    budget = None if opts.target in SRAM_TARGETS else opts.memory_budget_bytes
+    return Constraints(latency_bound_s=opts.latency_bound_s, memory_budget_bytes=budget,
                        onchip_budget_bytes=opts.onchip_budget_bytes)
 
 
@@ -224,20 +227,80 @@ def plan_model(model, options: CompileOptions | None = None, **kwargs) -> Compil
         decisions = reconcile_decisions(decisions, plan, chooser)
     fusion_report = build_report(original, graph, plan, decisions, options=ctx.options, chooser=chooser)
     limit = patch_recompute_limit(opts)
-    patching = None
-    if limit > 0:
-        from opfuse.memory.patch import choose_patches
-        plan, patching = choose_patches(plan, limit, _kernel_scratch(graph, plan, opts.target))
-    memory = plan_memory(plan)
+    if opts.target in SRAM_TARGETS:
+        plan, patching, memory, budget_record = fit_sram(graph, plan, opts, limit)
+    else:
+        plan, patching = _patched(graph, plan, opts.target, limit)
+        memory, budget_record = plan_memory(plan), None
     report = fusion_report.to_dict()
     report["target"] = opts.target
     report["fused"] = opts.fuse
+    if budget_record is not None:
+        report["memory_budget"] = budget_record
     if patching is not None:
         report["patching"] = patching.to_json()
     if plan_result is not None:
         _merge_planner_report(report, plan_result.to_json())
     report.update(memory.report())
     return Compilation(original, graph, plan, decisions, fusion_report, opts, ctx, memory, plan_result, report)
+
+
+# Targets whose whole working memory is on-chip SRAM: the arena (tensors and kernel scratch) must fit
+# the memory budget, by default the profile's on-chip bytes.
+SRAM_TARGETS = ("cortex-m7",)
+# When the arena exceeds the budget at the target's recompute limit, patching is retried with these
+# limits (extra multiply-accumulates as a fraction of the model's), the first that fits kept.
+SRAM_RECOMPUTE_LADDER = (0.3, 1.0, 3.0, 10.0, 100.0)
+
+
+def _patched(graph, plan, target: str, limit: float):
+    if limit <= 0:
+        return plan, None
+    from opfuse.memory.patch import choose_patches
+    return choose_patches(plan, limit, _kernel_scratch(graph, plan, target))
+
+
+def _arena_with_scratch(graph, plan, memory, target: str) -> int:
+    """The arena the target's code runs in: tensors and every kernel's scratch (``codegen.mcu``)."""
+    from opfuse.codegen.options import options_for_target
+    from opfuse.codegen.program import generate
+    try:
+        return generate(graph, plan, memory=memory, options=options_for_target(target)).arena_bytes
+    except OpfuseError:  # the plan does not generate: the build will say why
+        return memory.arena_bytes
+
+
+def fit_sram(graph, plan, opts: CompileOptions, limit: float):
+    """Patch ``plan`` so its arena fits the SRAM budget: ``--memory-budget`` when given, else the
+    target's SRAM. At the target's recompute limit first; when over budget (and the limit was not
+    fixed by the user), at each larger limit of ``SRAM_RECOMPUTE_LADDER``. When none fits, a one-line
+    error naming the smallest arena found and the option that gives it.
+
+    Returns (plan, patch report, memory plan, the report's ``memory_budget`` record)."""
+    from opfuse.memory import plan_memory
+    from opfuse.targets import get_profile
+    sram = get_profile(opts.target).onchip_bytes
+    budget = opts.memory_budget_bytes if opts.memory_budget_bytes is not None else sram
+    source = "--memory-budget" if opts.memory_budget_bytes is not None else f"{opts.target} SRAM"
+    fixed = opts.patch_recompute_limit is not None or not opts.fuse
+    tried: list[tuple[int, float]] = []
+    limits = [limit] + ([x for x in SRAM_RECOMPUTE_LADDER if x > limit] if opts.fuse else [])
+    for i, lim in enumerate(limits):
+        patched, patching = _patched(graph, plan, opts.target, lim)
+        memory = plan_memory(patched)
+        arena = _arena_with_scratch(graph, patched, memory, opts.target)
+        tried.append((arena, lim))
+        if arena <= budget and (i == 0 or not fixed):
+            record = {"budget_bytes": budget, "source": source, "sram_bytes": sram, "arena_bytes": arena,
+                      "recompute_limit": lim, "raised_from": limit if lim != limit else None}
+            return patched, patching, memory, record
+        if i == 0 and fixed and not opts.fuse:
+            break
+    best, best_limit = min(tried, key=lambda t: (t[0], t[1]))
+    how = ("without fusion (drop --no-fuse to patch)" if not opts.fuse else
+           f"with --patch-recompute-limit {best_limit:g}")
+    raise OpfuseError(f"the arena of {tried[0][0]:,} bytes does not fit the memory budget of {budget:,} bytes "
+                      f"({source}); the smallest arena that would work is {best:,} bytes, {how}")
 
 
 def _kernel_scratch(graph, plan, target: str) -> dict[str, int] | None:

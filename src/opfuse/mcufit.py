@@ -178,13 +178,35 @@ def kernel_samples(comp: Compilation, case: str, workdir=None) -> list[KernelSam
     out = []
     for index, measured in sorted(result.kernel_instructions.items()):
         group = comp.plan.groups[index]
-        a = analyze_group(comp.graph, group.nodes, cache)
-        features = {k: float(a.executed_by_class.get(k, 0.0)) for k in OP_CLASSES}
-        features["byte"] = float(a.boundary_bytes)
-        features["call"] = 1.0
-        out.append(KernelSample(case, group.name, "+".join(n.op_type for n in group.nodes), features, measured,
-                                group.kind == PATCHED_KIND))
+        out.append(KernelSample(case, group.name, "+".join(n.op_type for n in group.nodes),
+                                group_features(comp.graph, group, cache), measured, group.kind == PATCHED_KIND))
     return out
+
+
+def group_features(graph: Graph, group, cache: dict | None = None) -> dict[str, float]:
+    """The instruction model's features of one kernel: FLOPs per op class, boundary bytes, calls.
+
+    A patched group (``memory.patch``: a run of groups executed band by band) is the sum of its
+    member groups, each analysed as the kernel it was (its inlined producers are not recomputed per
+    read across members: bands are materialised in the workspace), scaled by the run's work with
+    recomputed halo rows over its work without; every member runs once per band."""
+    from opfuse.memory.patch import PATCHED_KIND
+    members = [m.group for m in group.attrs["patch"].members] if group.kind == PATCHED_KIND else [group]
+    features = {k: 0.0 for k in INSTRUCTION_COST_KEYS}
+    for member in members:
+        a = analyze_group(graph, member.nodes, cache)
+        for k in OP_CLASSES:
+            features[k] += float(a.executed_by_class.get(k, 0.0))
+        features["byte"] += float(a.boundary_bytes)
+    if group.kind == PATCHED_KIND:
+        sched = group.attrs["patch"]
+        scale = sched.work_patched / sched.work_unpatched if sched.work_unpatched else 1.0
+        for k in (*OP_CLASSES, "byte"):
+            features[k] *= scale
+        features["call"] = float(len(members) * len(sched.bands))
+    else:
+        features["call"] = 1.0
+    return features
 
 
 def case_samples(case: Case) -> list[KernelSample]:
