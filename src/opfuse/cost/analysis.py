@@ -42,7 +42,6 @@ from dataclasses import dataclass, field
 from opfuse.ir.graph import Graph, Node, Value
 from opfuse.ops.registry import Category, Mapping, OpSpec, get_spec, is_supported
 from opfuse.rules.aliasing import aliasable_inputs, is_view
-from opfuse.targets.profile import OP_CLASSES
 
 FLOPS_PER_READ = {Category.OUT_ELEMWISE_FUSABLE: 2.0}
 DEFAULT_FLOPS_PER_READ = 1.0
@@ -64,7 +63,7 @@ _POOL_OPS = frozenset({"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMax
 
 
 def op_class(node: Node) -> str:
-    """The op's class for an instruction-count model (``OP_CLASSES``): dense convolution, grouped
+    """The op's class for an instruction-count model (``targets.profile.OP_CLASSES``): dense convolution, grouped
     (depthwise) convolution, matrix product, pooling/reduction, or elementwise (everything else)."""
     if node.op_type in ("Conv", "ConvTranspose", "QLinearConv", "ConvInteger"):
         return "depthwise" if int(node.attrs.get("group", 1) or 1) > 1 else "conv"

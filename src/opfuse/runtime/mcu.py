@@ -443,7 +443,7 @@ def kernel_instructions(text: str, shift: int = ICOUNT_SHIFT) -> dict[int, int]:
         raise McuRunError("the profile firmware printed no usable kernel marks")
     overhead = (marks[0][1] - marks[1][1]) % 2 ** 32
     out: dict[int, int] = {}
-    for (_, before), (group, after) in zip(marks[2:], marks[3:]):
+    for (_, before), (group, after) in zip(marks[2:], marks[3:], strict=False):
         ticks = (before - after) % 2 ** 32 - overhead
         out[group] = out.get(group, 0) + round(ticks * TIMER_NS_PER_TICK / 2 ** shift)
     return out

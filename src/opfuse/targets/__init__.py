@@ -42,6 +42,6 @@ def get_profile(name: str) -> HardwareProfile:
                        f"(or the path of a profile .json file)")
 
 
-__all__ = ["M7_FIT_COMMAND", "M7_FIT_SOURCE", "m7_profile", "save_m7_fit", "saved_m7_fit", "HardwareProfile", "ProfileError", "calibrate_host", "describe_profile", "format_profile", "get_profile",
-           "host_profile", "list_profiles", "load_profile", "nominal_host_profile", "save_profile",
-           "saved_host_calibration"]
+__all__ = ["M7_FIT_COMMAND", "M7_FIT_SOURCE", "HardwareProfile", "ProfileError", "calibrate_host", "describe_profile",
+           "format_profile", "get_profile", "host_profile", "list_profiles", "load_profile", "m7_profile",
+           "nominal_host_profile", "save_m7_fit", "save_profile", "saved_host_calibration", "saved_m7_fit"]
