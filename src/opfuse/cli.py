@@ -289,6 +289,10 @@ def budget_lines(report: dict) -> list[str]:
         return []
     raised = (f"; recompute limit raised from {b['raised_from']:g} to {b['recompute_limit']:g} to fit"
               if b.get("raised_from") is not None else "")
+    if not b.get("fits", True):
+        return [f"memory budget: arena {b['arena_bytes']:,} bytes (tensors and kernel scratch) is over the "
+                f"{b['budget_bytes']:,} bytes of the {b['source']}: it runs under QEMU, not on such a part "
+                f"(--memory-budget makes patching work to fit, or says the smallest arena)"]
     return [f"memory budget: arena {b['arena_bytes']:,} bytes (tensors and kernel scratch) within "
             f"{b['budget_bytes']:,} bytes ({b['source']}){raised}"]
 

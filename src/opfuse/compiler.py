@@ -271,17 +271,22 @@ def _arena_with_scratch(graph, plan, memory, target: str) -> int:
 
 
 def fit_sram(graph, plan, opts: CompileOptions, limit: float):
-    """Patch ``plan`` so its arena fits the SRAM budget: ``--memory-budget`` when given, else the
-    target's SRAM. At the target's recompute limit first; when over budget (and the limit was not
-    fixed by the user), at each larger limit of ``SRAM_RECOMPUTE_LADDER``. When none fits, a one-line
-    error naming the smallest arena found and the option that gives it.
+    """Patch ``plan`` so its arena fits the memory budget (``--memory-budget``: the SRAM the user
+    leaves to the model). At the target's recompute limit first; when over budget (and the limit was
+    not fixed by the user), at each larger limit of ``SRAM_RECOMPUTE_LADDER``. When none fits, a
+    one-line error naming the smallest arena found and the option that gives it.
+
+    Without ``--memory-budget`` the target's SRAM is the budget but only checked: the plan is the
+    target's default, and the record says whether it fits (QEMU's board has more memory than a
+    512 KB part, so a model over it still runs there; planning studies such as 224x224 inputs too).
 
     Returns (plan, patch report, memory plan, the report's ``memory_budget`` record)."""
     from opfuse.memory import plan_memory
     from opfuse.targets import get_profile
     sram = get_profile(opts.target).onchip_bytes
-    budget = opts.memory_budget_bytes if opts.memory_budget_bytes is not None else sram
-    source = "--memory-budget" if opts.memory_budget_bytes is not None else f"{opts.target} SRAM"
+    enforced = opts.memory_budget_bytes is not None
+    budget = opts.memory_budget_bytes if enforced else sram
+    source = "--memory-budget" if enforced else f"{opts.target} SRAM"
     fixed = opts.patch_recompute_limit is not None or not opts.fuse
     tried: list[tuple[int, float]] = []
     limits = [limit] + ([x for x in SRAM_RECOMPUTE_LADDER if x > limit] if opts.fuse else [])
@@ -290,9 +295,10 @@ def fit_sram(graph, plan, opts: CompileOptions, limit: float):
         memory = plan_memory(patched)
         arena = _arena_with_scratch(graph, patched, memory, opts.target)
         tried.append((arena, lim))
-        if arena <= budget and (i == 0 or not fixed):
+        if not enforced or (arena <= budget and (i == 0 or not fixed)):
             record = {"budget_bytes": budget, "source": source, "sram_bytes": sram, "arena_bytes": arena,
-                      "recompute_limit": lim, "raised_from": limit if lim != limit else None}
+                      "fits": arena <= budget, "enforced": enforced, "recompute_limit": lim,
+                      "raised_from": limit if lim != limit else None}
             return patched, patching, memory, record
         if i == 0 and fixed and not opts.fuse:
             break

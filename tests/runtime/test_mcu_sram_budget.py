@@ -21,7 +21,7 @@ def test_the_default_budget_is_the_sram_and_the_record_is_the_arena_that_runs():
     comp = plan_model("zoo:resnet8", CompileOptions(target="cortex-m7"))
     rec = comp.report["memory_budget"]
     assert rec["budget_bytes"] == rec["sram_bytes"] == cortex_m7().onchip_bytes and rec["source"] == "cortex-m7 SRAM"
-    assert rec["raised_from"] is None and rec["recompute_limit"] == 0.3
+    assert rec["raised_from"] is None and rec["recompute_limit"] == 0.3 and rec["fits"] and not rec["enforced"]
     assert rec["arena_bytes"] == mcu.generate_mcu(comp.graph, comp.plan, comp.memory).arena_bytes
     # The host has no SRAM budget: nothing recorded.
     assert "memory_budget" not in plan_model("zoo:resnet8", CompileOptions(target="host")).report
@@ -74,3 +74,14 @@ def test_the_budgeted_plan_runs_on_the_m7_bit_for_bit(tmp_path, cache_dir):
     for name, want in host.items():
         assert res.outputs[name].tobytes() == want.tobytes()
         np.testing.assert_allclose(res.outputs[name], ref[name], rtol=1e-4, atol=1e-6)
+
+
+def test_over_the_sram_without_a_budget_is_noted_not_refused(capsys):
+    """Without --memory-budget the SRAM is only checked: 224x224 MobileNet plans (the case study's closing
+    note) and runs under QEMU, and the compile says it is over a 512 KB part."""
+    assert main(["compile", "zoo:mobilenet_v1", "--target", "cortex-m7"]) == 0
+    out = capsys.readouterr().out
+    assert "is over the 524,288 bytes of the cortex-m7 SRAM" in out
+    assert main(["compile", "zoo:mobilenet_v1", "--target", "cortex-m7", "--memory-budget", "512K"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "smallest arena that would work is" in err
