@@ -5,13 +5,16 @@
     python benchmarks/bench_conformance.py -k relu --jobs 1
 
 Each test's model is used exactly as ``onnx.backend.test`` builds it: its own opset (no version
-conversion), every graph input fed at run time (no input turned into a constant). The only thing
-passed besides the model is each input's shape, as ``--input-shape`` would (a test's data fixes
-them). Each test runs on three backends:
+conversion), every graph input fed at run time. The only thing passed besides the model is each
+input's shape, as ``--input-shape`` would (a test's data fixes them). An input that decides a
+shape (a Reshape's shape, a ReduceSum's axes) is bound to the value the test feeds, as a model
+from ``opfuse.compile`` is specialised to each run's values (``SpecializingModel``; the C library
+is built for them). Each test runs on three backends:
 
-* ``reference``: ``opfuse.frontend.onnx.import_model`` then the NumPy reference executor;
+* ``reference``: ``opfuse.api.load_for_arrays`` (the import, shape-deciding inputs bound to the
+  values fed) then the NumPy reference executor;
 * ``c``: ``opfuse.compile(model, target="host")`` (rewrites, fusion, planner, memory plan, C,
-  gcc) and the compiled library's ``run``, on one thread;
+  gcc) and the compiled model's ``run``, on one thread;
 * ``onnxruntime`` (when installed): the yardstick, on the same models and data.
 
 A test passes when every output has the expected shape and dtype and its values are within the
@@ -131,10 +134,10 @@ def _shapes(feeds: dict) -> dict:
 
 
 def run_reference(test, feeds: dict) -> dict:
-    from opfuse.frontend.onnx import import_model
+    from opfuse.api import load_for_arrays
     from opfuse.runtime.reference import run
-    graph = import_model(test.model, input_shapes=_shapes(feeds))
-    return run(graph, feeds)
+    graph, values = load_for_arrays(test.model, _shapes(feeds), feeds)
+    return run(graph, {k: v for k, v in feeds.items() if k not in values})
 
 
 def run_c(test, feeds: dict) -> dict:

@@ -7,9 +7,10 @@
 Writes ``benchmarks/results/bench_<model>_t<threads>.json`` (the command's ``--json`` output) and
 ``benchmarks/results/bench.md``: one row per model and thread count (opfuse fused, unfused,
 onnxruntime and OpenVINO medians in ms, fused over the best peer), a geometric-mean row per thread
-count, and the 2-thread speed-up of each contender. Each run is a fresh ``opfuse bench`` process,
-so no runtime's threads outlive their run. Exits 1 when a run failed or its outputs disagreed
-(the table is written anyway).
+count, the 2-thread speed-up of each contender, and at 1 thread the per-group check (``opfuse bench
+--groups``: the fused groups that measured slower than their ops unfused; ``--no-groups`` skips
+it). Each run is a fresh ``opfuse bench`` process, so no runtime's threads outlive their run.
+Exits 1 when a run failed or its outputs disagreed (the table is written anyway).
 """
 from __future__ import annotations
 
@@ -36,10 +37,11 @@ def json_path(model: str, threads: int, results: Path = RESULTS) -> Path:
     return results / f"bench_{model}_t{threads}.json"
 
 
-def run_one(model: str, threads: int, repeat: int, results: Path) -> tuple[int, str]:
-    """One ``opfuse bench`` process; its JSON goes to ``json_path``. Returns (exit code, stderr)."""
+def run_one(model: str, threads: int, repeat: int, results: Path, groups: bool = False) -> tuple[int, str]:
+    """One ``opfuse bench`` process (``--groups`` when ``groups``); its JSON goes to ``json_path``.
+    Returns (exit code, stderr)."""
     cmd = [sys.executable, "-m", "opfuse.cli", "bench", f"zoo:{model}", "--threads", str(threads),
-           "--repeat", str(repeat), "--json"]
+           "--repeat", str(repeat), "--json", *(["--groups"] if groups else [])]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode in (0, 1) and r.stdout.strip():  # 1: the outputs disagree, the result still stands
         json_path(model, threads, results).write_text(r.stdout)
@@ -93,6 +95,24 @@ def scaling_markdown(results: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def groups_markdown(results: list[dict]) -> str:
+    """Per run with a per-group check: the fused groups that measured slower than their ops unfused."""
+    lines = []
+    for res in sorted(results, key=lambda r: (r["graph"], r["threads"])):
+        check = res.get("group_check")
+        if not check:
+            continue
+        slow = [g for g in check["groups"] if g["slower"]]
+        text = ", ".join(f"{g['group']} ({'+'.join(g['ops'])}) {g['fused_s'] * 1e6:.1f} vs "
+                         f"{g['unfused_s'] * 1e6:.1f} us" for g in slow) or "none"
+        lines.append(f"| {res['graph']} | {res['threads']} | {check['fused_s'] * 1e3:.3f} | "
+                     f"{check['unfused_s'] * 1e3:.3f} | {text} |")
+    if not lines:
+        return ""
+    return "\n".join(["| model | threads | fused groups ms | their ops unfused ms | fusion slower (> 5%) in |",
+                      "|---|---:|---:|---:|---|", *lines]) + "\n"
+
+
 def report(results: list[dict]) -> str:
     first = results[0]
     ys = [r["yardsticks"] for r in results if r.get("yardsticks")]
@@ -116,6 +136,10 @@ def report(results: list[dict]) -> str:
     scaling = scaling_markdown(results)
     if scaling:
         parts += ["Speed-up from 1 to 2 threads (median at 1 thread over median at 2 threads):", "", scaling]
+    groups = groups_markdown(results)
+    if groups:
+        parts += ["Per-group check (kernel timers, medians; each fused group against the sum of its original ops' "
+                  "unfused kernels):", "", groups]
     if skipped:
         parts += ["Skipped: " + "; ".join(skipped) + ".", ""]
     parts += [("Outputs disagree (max abs error above 1e-3 x max(1, |output|)): " + ", ".join(disagree) + ".")
@@ -131,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=DEFAULT_REPEAT)
     ap.add_argument("--results", type=Path, default=RESULTS)
     ap.add_argument("--table-only", action="store_true", help="only rewrite bench.md from the JSON files")
+    ap.add_argument("--no-groups", action="store_true", help="skip the per-group check at 1 thread")
     args = ap.parse_args(argv)
     args.results.mkdir(parents=True, exist_ok=True)
     failed = []
@@ -138,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     for i, (model, threads) in enumerate([] if args.table_only else runs, 1):
         t0 = time.perf_counter()
-        code, err = run_one(model, threads, args.repeat, args.results)
+        code, err = run_one(model, threads, args.repeat, args.results, groups=threads == 1 and not args.no_groups)
         line = f"[{i}/{len(runs)}] {model} t{threads}: "
         if code in (0, 1):
             res = json.loads(json_path(model, threads, args.results).read_text())

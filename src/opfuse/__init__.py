@@ -9,10 +9,11 @@
 from opfuse.version import __version__
 
 
-def load(model, input_shapes=None):
-    """A verified, shape-inferred Graph from ``zoo:NAME``, an ``.onnx`` path or a ModelProto."""
+def load(model, input_shapes=None, input_values=None):
+    """A verified, shape-inferred Graph from ``zoo:NAME``, an ``.onnx`` path or a ModelProto
+    (``input_values``: graph inputs bound to values, see ``opfuse.api.load``)."""
     from opfuse.api import load as _load
-    return _load(model, input_shapes)
+    return _load(model, input_shapes, input_values)
 
 
 def compile(model, target: str = "host", fuse: bool = True, **kwargs):  # noqa: A001 (the API's name)
@@ -21,4 +22,10 @@ def compile(model, target: str = "host", fuse: bool = True, **kwargs):  # noqa: 
     return _compile(model, target=target, fuse=fuse, **kwargs)
 
 
-__all__ = ["__version__", "load", "compile"]
+def quantize(model, calibration=None, **kwargs):
+    """Post-training static INT8 quantization to QDQ ONNX; see ``opfuse.quantization.quantize``."""
+    from opfuse.quantization import quantize as _quantize
+    return _quantize(model, calibration, **kwargs)
+
+
+__all__ = ["__version__", "load", "compile", "quantize"]

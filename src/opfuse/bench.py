@@ -20,6 +20,9 @@ How it measures, so the numbers survive a shared machine:
   answer shows: a contender's ``max_abs_error`` is its difference to the contender it agrees with
   best (a wrong one stands out once two others agree), and ``outputs_agree`` holds when every
   pair is within ``AGREE_RTOL * max(1, max |output|)``;
+* with ``groups``, the per-group check: the fused and the unfused build again, with kernel
+  timers, run in turn; each fused group's median against the sum of its original ops' unfused
+  kernel medians, and the groups where fusion measured slower named (``group_check``);
 * the yardsticks (one-core NumPy sgemm, ``np.copyto`` bandwidth) are timed in the same run
   (``opfuse.measure.yardsticks``), and ``other_processes_cores`` says how many cores' worth of
   CPU the rest of the machine took meanwhile (a shared machine's timings read against it).
@@ -142,17 +145,25 @@ PEER_BUILDERS: Mapping[str, Callable[[bytes, Outputs, int], Contender]] = {
 # Timing and checking ---------------------------------------------------------------------------
 
 def time_interleaved(contenders: list[Contender], repeat: int, warmup: int,
-                     progress: Callable[[int, int], None] | None = None) -> dict[str, list[float]]:
+                     progress: Callable[[int, int], None] | None = None,
+                     cpu: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
     """Wall seconds of each contender's ``repeat`` timed calls, in rounds A B C A B C ... after
-    ``warmup`` untimed rounds; ``progress(round, rounds)`` after each round."""
+    ``warmup`` untimed rounds; ``progress(round, rounds)`` after each round. ``cpu``, when given,
+    receives each call's process CPU seconds (all threads) by name: on a loaded machine a
+    one-thread contender's CPU time is what it cost, where its wall time includes the waits."""
     samples: dict[str, list[float]] = {c.name: [] for c in contenders}
+    if cpu is not None:
+        cpu.update({c.name: [] for c in contenders})
     rounds = warmup + repeat
     for r in range(rounds):
         for c in contenders:
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             c.run()
+            t1, c1 = time.perf_counter(), time.process_time()
             if r >= warmup:
-                samples[c.name].append(time.perf_counter() - t0)
+                samples[c.name].append(t1 - t0)
+                if cpu is not None:
+                    cpu[c.name].append(c1 - c0)
         if progress is not None:
             progress(r + 1, rounds)
     return samples
@@ -228,22 +239,27 @@ def cross_check(outputs: Mapping[str, Outputs]) -> dict:
 
 def bench(model, vs: str | Iterable[str] = PEERS, threads: int | None = None, repeat: int = DEFAULT_REPEAT,
           warmup: int = DEFAULT_WARMUP, *, seed: int = 0, input_shapes: Mapping[str, tuple[int, ...]] | None = None,
-          yardsticks: bool = True, progress: Callable[[int, int], None] | None = None) -> dict:
+          yardsticks: bool = True, progress: Callable[[int, int], None] | None = None,
+          inputs: Mapping[str, np.ndarray] | None = None, groups: bool = False) -> dict:
     """Time ``model`` (``zoo:NAME``, an ``.onnx`` path, a ModelProto) fused and unfused against the
     peers ``vs``, with ``threads`` each (default: the cores available). Returns a JSON-ready dict:
-    ``contenders`` (name -> ``median_ms``, ``p90_ms``, ``min_ms``, ``runs``, ``max_abs_error``,
-    settings), ``best_peer``, ``ratios`` (name -> median over the best peer's; empty without
-    peers), ``errors`` (``cross_check``), ``skipped`` (peer -> why), ``yardsticks`` and the
-    settings. ``OpfuseError`` for an unknown model or peer and for counts below one."""
+    ``contenders`` (name -> ``median_ms``, ``p90_ms``, ``min_ms``, ``runs``, ``cpu_median_ms``: the
+    median process CPU time of a call, ``max_abs_error``, settings), ``best_peer``, ``ratios``
+    (name -> median over the best peer's; empty without peers), ``errors`` (``cross_check``),
+    ``skipped`` (peer -> why), ``yardsticks`` and the settings. ``inputs`` replaces the seeded
+    random inputs (checked against the model's). ``groups``: also ``group_check``
+    (``opfuse.measure.group_check``): every fused group's time next to its ops' unfused kernels,
+    both built with kernel timers and run in turn, the groups that fusion made slower named.
+    ``OpfuseError`` for an unknown model or peer and for counts below one."""
     from opfuse.api import load, onnx_proto
     from opfuse.measure import yardsticks as time_yardsticks
-    from opfuse.runtime.reference import random_inputs
+    from opfuse.runtime.reference import check_inputs, random_inputs
     from opfuse.runtime.threads import default_threads
     peers = parse_peers(vs)
     threads = default_threads() if threads is None else threads
     _check_counts(threads, repeat, warmup)
     graph = load(model, input_shapes)
-    feeds = random_inputs(graph, seed)
+    feeds = check_inputs(graph, inputs) if inputs is not None else random_inputs(graph, seed)
     contenders = [_opfuse(FUSED, graph, feeds, fuse=True, threads=threads),
                   _opfuse(UNFUSED, graph, feeds, fuse=False, threads=threads)]
     skipped: dict[str, str] = {}
@@ -257,18 +273,23 @@ def bench(model, vs: str | Iterable[str] = PEERS, threads: int | None = None, re
     ys = time_yardsticks() if yardsticks else None
     outputs = {c.name: c.run() for c in contenders}
     errors = cross_check(outputs)
+    cpu: dict[str, list[float]] = {}
     with OtherLoad() as others:
-        samples = time_interleaved(contenders, repeat, warmup, progress)
-    rows = {c.name: {**summarize(samples[c.name]), "max_abs_error": errors["nearest"][c.name], **c.info}
-            for c in contenders}
+        samples = time_interleaved(contenders, repeat, warmup, progress, cpu=cpu)
+    rows = {c.name: {**summarize(samples[c.name]), "cpu_median_ms": float(np.median(cpu[c.name]) * 1e3),
+                     "max_abs_error": errors["nearest"][c.name], **c.info} for c in contenders}
     present = [p for p in peers if p in rows]
     best = min(present, key=lambda p: rows[p]["median_ms"]) if present else None
     ratios = {n: r["median_ms"] / rows[best]["median_ms"] for n, r in rows.items()} if best else {}
     spec = os.fspath(model) if isinstance(model, (str, os.PathLike)) else graph.name
+    checked = None
+    if groups:
+        from opfuse.measure import group_check
+        checked = group_check(graph, threads=threads, repeat=repeat, seed=seed)
     return {"model": spec, "graph": graph.name, "threads": threads, "repeat": repeat, "warmup": warmup, "seed": seed,
             "cpus_available": cpus_available(), "other_processes_cores": others.cores,
             "order": [c.name for c in contenders], "contenders": rows, "best_peer": best, "ratios": ratios,
-            "errors": errors, "skipped": skipped, "yardsticks": ys}
+            "errors": errors, "skipped": skipped, "yardsticks": ys, "group_check": checked}
 
 
 def cpus_available() -> int:

@@ -23,19 +23,34 @@ COMPARE_RTOL = 1e-4  # run --compare: an output misses when off by more than thi
 # Helpers -----------------------------------------------------------------------------
 
 def _input_shapes(args) -> dict:
+    """``--input-shape``, plus the shapes of the ``--inputs`` arrays (``args.arrays``, read by the
+    command) for the inputs it leaves open: symbolic dims are bound by the arrays given."""
     from opfuse.frontend.onnx import parse_input_shapes
-    return parse_input_shapes(getattr(args, "input_shape", None) or [])
+    shapes = parse_input_shapes(getattr(args, "input_shape", None) or [])
+    arrays = getattr(args, "arrays", None)
+    if arrays:
+        from opfuse.api import shapes_for_arrays
+        shapes = shapes_for_arrays(args.model, shapes, arrays)
+    return shapes
 
 
 def _load(args):
-    from opfuse.api import load
-    return load(args.model, _input_shapes(args))
+    """The model, its shapes bound by ``--input-shape`` and the ``--inputs`` arrays; inputs that
+    decide shapes (``ShapeInputError``) are bound to their ``--inputs`` values, named in
+    ``args.bound_values`` (the graph no longer takes them)."""
+    from opfuse.api import load_for_arrays
+    graph, args.bound_values = load_for_arrays(args.model, _input_shapes(args), getattr(args, "arrays", None) or {})
+    return graph
 
 
 def _read_inputs(path: str | None, graph, seed: int) -> dict[str, np.ndarray]:
     from opfuse.runtime.reference import random_inputs
     if not path:
         return random_inputs(graph, seed)
+    return _read_npz(path)
+
+
+def _read_npz(path: str) -> dict[str, np.ndarray]:
     import zipfile
     import zlib
     if os.path.isfile(path) and not zipfile.is_zipfile(path):
@@ -102,11 +117,13 @@ def cmd_info(args) -> int:
 
 
 def cmd_run(args) -> int:
+    args.arrays = _read_npz(args.inputs) if args.inputs else None  # they bind symbolic dims
     graph = _load(args)
     if args.outputs:
         from opfuse.files import check_writable
         check_writable(args.outputs if args.outputs.endswith(".npz") else args.outputs + ".npz")
-    feeds = _read_inputs(args.inputs, graph, args.seed)
+    all_feeds = args.arrays if args.arrays is not None else _read_inputs(None, graph, args.seed)
+    feeds = {k: v for k, v in all_feeds.items() if k not in args.bound_values}  # the bound ones are constants now
     if args.cast_inputs:  # convert once, so that every backend (and --compare) sees the same values
         from opfuse.runtime.reference import check_inputs
         feeds = check_inputs(graph, feeds, cast=True)
@@ -156,7 +173,7 @@ def cmd_run(args) -> int:
     code = result.pop("code", 0)
     if args.compare:
         from opfuse.runtime import reference
-        theirs = _ort_outputs(args.model, graph, feeds) if args.compare == "onnxruntime" else \
+        theirs = _ort_outputs(args.model, graph, {**all_feeds, **feeds}) if args.compare == "onnxruntime" else \
             reference.run(graph, feeds)
         result["compare"] = {"with": args.compare, "outputs": {}}
         for name, abs_err, rel_err in compare_outputs(outputs, theirs):
@@ -219,6 +236,42 @@ def _run_mcu(args, graph, feeds: dict, say=print) -> dict[str, np.ndarray]:
     say(f"firmware (arm-none-eabi-size): flash {img.flash:,} bytes (text {img.text:,} + data {img.data:,}), "
         f"SRAM {img.sram:,} bytes (data {img.data:,} + bss {img.bss:,}), plus the stack")
     return res.outputs
+
+
+def cmd_quantize(args) -> int:
+    """Post-training static INT8 quantization to QDQ ONNX (``opfuse.quantization``)."""
+    import json
+
+    from opfuse.files import check_writable
+    from opfuse.quantization import quantize
+    from opfuse.quantization.accuracy import format_report
+    check_writable(args.output)
+    if args.report_json:
+        check_writable(args.report_json)
+    want_report = args.report or bool(args.report_json) or args.report_inputs is not None
+    result = quantize(args.model, args.calibration, calibration_random=args.calibration_random, method=args.method,
+                      activation_type=args.activation_type, percentile=args.percentile,
+                      input_shapes=_input_shapes(args), report=want_report, report_samples=args.report_samples,
+                      report_inputs=args.report_inputs)
+    result.save(args.output)
+    data = result.to_dict()
+    data["output"] = args.output
+    if args.report_json:
+        with open(args.report_json, "w") as f:
+            json.dump(data, f, indent=1)
+    if args.json:
+        _print_json(data)
+        return 0
+    biases = sum(1 for w in result.weights if w["bias"] == "int32")
+    print(f"quantized {len(result.activations)} activations (per tensor, {result.activation_type}, {result.method} "
+          f"over {result.samples} samples), {len(result.weights)} weights (per channel, int8), {biases} biases "
+          f"(int32)")
+    for tensor, why in result.kept_float.items():
+        print(f"  float: {tensor}: {why}")
+    if result.report is not None:
+        print(format_report(result.report, result))
+    print(f"wrote {args.output}")
+    return 0
 
 
 def cmd_zoo(args) -> int:
@@ -337,11 +390,17 @@ def _predicted_vs_measured(report: dict) -> str:
     peak = {"GFLOP/s": ys["sgemm_gflops"], "GB/s": ys["copy_gbps"]}
     lines = [f"{'group':<28}{'ops':<34}{'predicted':>12}{'measured':>12}{'ratio':>8}{'achieved':>18}"
              f"{'of yardstick':>14}"]
+    winograd = False
     for g in report["groups"]:
         p, m = g.get("predicted_latency_s"), g.get("measured_latency_s")
         if m is None:
             continue
         ops = "+".join(g["ops"])
+        tiles = sorted({n.split("Winograd F(")[1].split(",")[0] for n in g.get("kernel_notes", [])
+                        if "Winograd F(" in n})
+        if tiles:  # its rate counts the direct convolution's FLOPs ("effective" GFLOP/s)
+            ops += f" (Winograd {', '.join(tiles)})"
+            winograd = True
         pred, ratio = (f"{p * 1e6:>10.1f}us", f"{m / p:>8.2f}") if p else (f"{'-':>12}", f"{'-':>8}")
         rate = achieved_rate(g, ys["sgemm_gflops"] / ys["copy_gbps"])
         achieved = f"{rate[0]:>10.2f} {rate[1]:<7}{rate[0] / peak[rate[1]] * 100:>13.0f}%" if rate else ""
@@ -352,7 +411,9 @@ def _predicted_vs_measured(report: dict) -> str:
         total += f", predicted {p * 1e3:.3f} ms, ratio {m / p:.2f}"
     yard = (f"yardsticks (timed now): NumPy sgemm n={ys['sgemm_n']} one thread {ys['sgemm_gflops']:.1f} GFLOP/s, "
             f"np.copyto {ys['copy_gbps']:.1f} GB/s (read + write)")
-    return "\n".join(lines + [total, yard])
+    notes = ["Winograd groups: rates count the direct convolution's FLOPs (effective GFLOP/s); the cost "
+             "model prices them as direct convolutions"] if winograd else []
+    return "\n".join(lines + [total, yard] + notes)
 
 
 def cmd_compile(args) -> int:
@@ -462,6 +523,24 @@ def _bench_table(result: dict):
     return table
 
 
+def _group_table(check: dict):
+    """``opfuse bench --groups``: each fused group next to its ops run unfused, slower ones flagged."""
+    from rich import box
+    from rich.table import Table
+    n = len(check["slower"])
+    title = (f"per group, kernel timers, medians of {check['repeat']} runs: fused {check['fused_s'] * 1e3:.3f} ms, "
+             f"its ops unfused {check['unfused_s'] * 1e3:.3f} ms; fusion slower (by > "
+             f"{check['tolerance']:.0%}) in {n} group{'' if n == 1 else 's'}")
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    for col in ("group", "ops", "fused us", "unfused us", "fused / unfused", ""):
+        table.add_column(col, justify="left" if col in ("group", "ops", "") else "right", no_wrap=True)
+    for r in check["groups"]:
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        table.add_row(r["group"], "+".join(r["ops"])[:40], f"{r['fused_s'] * 1e6:.2f}", f"{r['unfused_s'] * 1e6:.2f}",
+                      ratio, "SLOWER" if r["slower"] else "")
+    return table
+
+
 def cmd_bench(args) -> int:
     import json
     from opfuse.bench import bench
@@ -469,7 +548,7 @@ def cmd_bench(args) -> int:
     from rich.console import Console
     with step("interleaved runs") as advance:  # one display: the C builds inside add their lines to it
         result = bench(args.model, vs=args.vs, threads=args.threads, repeat=args.repeat, warmup=args.warmup,
-                       input_shapes=_input_shapes(args),
+                       input_shapes=_input_shapes(args), groups=args.groups,
                        progress=lambda done, total: advance(completed=done, total=total))
     for peer, why in result["skipped"].items():
         print(f"opfuse bench: skipped {peer}: {why}", file=sys.stderr)
@@ -483,6 +562,8 @@ def cmd_bench(args) -> int:
               f"GFLOP/s, np.copyto {ys['copy_gbps']:.1f} GB/s (read + write)")
         if result["other_processes_cores"] is not None:
             print(f"other processes used {result['other_processes_cores']:.2f} of {os.cpu_count()} cores meanwhile")
+        if result["group_check"] is not None:
+            (out if out.is_terminal else Console(width=120)).print(_group_table(result["group_check"]))
     if not result["errors"]["outputs_agree"]:
         worst = max(result["errors"]["pairs"].items(), key=lambda kv: kv[1])
         print(f"opfuse bench: outputs disagree: {worst[0]} max abs error {worst[1]:.3g} "
@@ -654,8 +735,9 @@ def cmd_debug(args) -> int:
     from opfuse.progress import step
     if args.target != "host":
         raise OpfuseError("debug builds and runs on this machine: use --target host")
+    args.arrays = _read_npz(args.inputs) if args.inputs else None  # they bind symbolic dims
     comp = plan_model(args.model, _compile_options(args))
-    feeds = _read_inputs(args.inputs, comp.original, args.seed)
+    feeds = args.arrays if args.arrays is not None else _read_inputs(None, comp.original, args.seed)
     from opfuse.runtime.reference import check_inputs
     feeds = check_inputs(comp.original, feeds)
     with step("building and checking the fused model"):
@@ -745,6 +827,7 @@ def cmd_fuzz(args) -> int:
     """Random models through the C backend against the reference (``opfuse.testing.fuzz``); exit 1 on
     a mismatch or crash, whose shrunk reproducer is under ``--out``."""
     from opfuse.testing.fuzz import fuzz, replay
+    from opfuse.testing.random_graphs import DEFAULT_OPS
     if args.replay:
         verdict = replay(args.replay)
         print(f"replay {args.replay}: {verdict.line()}")
@@ -758,6 +841,11 @@ def cmd_fuzz(args) -> int:
               + (f"\n  reproduce: opfuse fuzz --replay {f.path}" if f.path else ""))
     for reason, n in sorted(report.unsupported_reasons.items()):
         print(f"unsupported ({n}): {reason}")
+    if report.graphs:
+        print("graphs per op: " + ", ".join(f"{op} {n}" for op, n in sorted(report.op_graphs.items())))
+        missed = sorted(set(ops or DEFAULT_OPS) - set(report.op_graphs))
+        if missed:
+            print(f"ops in no graph ({len(missed)}): {', '.join(missed)}")
     print(f"opfuse fuzz: {report.summary()}")
     return 0 if report.ok else 1
 
@@ -829,7 +917,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(p)
     p.add_argument("--backend", choices=["reference", "c", "cortex-m7"], default="reference",
                    help="cortex-m7: cross-compile and run on an emulated Cortex-M7 (QEMU)")
-    p.add_argument("--inputs", help="npz file keyed by input names (default: seeded random inputs)")
+    p.add_argument("--inputs", help="npz file keyed by input names (default: seeded random inputs); its arrays' "
+                   "shapes bind the model's symbolic dims that --input-shape leaves open")
     p.add_argument("--cast-inputs", action="store_true",
                    help="convert --inputs arrays of another dtype to the model's when every value fits "
                         "(default: a dtype mismatch is an error)")
@@ -876,6 +965,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="threads for every contender (default: the cores available, or $OMP_NUM_THREADS)")
     p.add_argument("--repeat", type=int, default=DEFAULT_REPEAT, help="timed runs per contender")
     p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="untimed rounds first")
+    p.add_argument("--groups", action="store_true",
+                   help="also time every fused group against its ops run unfused (kernel timers) and flag the "
+                        "groups fusion made slower")
     p.add_argument("--json", action="store_true", help="print the whole result as JSON")
     p.set_defaults(fn=cmd_bench)
 
@@ -910,7 +1002,8 @@ def build_parser() -> argparse.ArgumentParser:
     from opfuse.bisect import DEFAULT_RTOL
     p = sub.add_parser("debug", help="check fused outputs against the reference; --bisect finds the fusions at fault")
     _add_compile_args(p)
-    p.add_argument("--inputs", help="npz file keyed by input names (default: seeded random inputs)")
+    p.add_argument("--inputs", help="npz file keyed by input names (default: seeded random inputs); its arrays' "
+                   "shapes bind the model's symbolic dims that --input-shape leaves open")
     p.add_argument("--seed", type=int, default=0, help="seed for random inputs")
     p.add_argument("--bisect", action="store_true",
                    help="on a mismatch, unfuse groups in halves to find the smallest set of fusions responsible")
@@ -936,6 +1029,28 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cortex-m7 --fit: the micro-benchmark suite (default full; quick: a third of it)")
     _add_json(p)
     p.set_defaults(fn=cmd_profile)
+
+    from opfuse.quantization import ACTIVATION_TYPES, DEFAULT_ACTIVATION_TYPE, DEFAULT_PERCENTILE, METHODS
+    from opfuse.quantization.accuracy import DEFAULT_REPORT_SAMPLES
+    p = sub.add_parser("quantize", help="post-training static INT8 quantization to QDQ ONNX, after fusion")
+    _add_model(p)
+    cal = p.add_mutually_exclusive_group(required=True)
+    cal.add_argument("--calibration", metavar="DATA.npz",
+                     help="calibration samples: arrays keyed by input name, shaped (S, *input shape)")
+    cal.add_argument("--calibration-random", type=int, metavar="N", help="calibrate on N seeded random inputs")
+    p.add_argument("--method", choices=METHODS, default="minmax", help="activation range calibration (default minmax)")
+    p.add_argument("--activation-type", choices=list(ACTIVATION_TYPES), default=DEFAULT_ACTIVATION_TYPE,
+                   help=f"activation type (default {DEFAULT_ACTIVATION_TYPE}, as onnxruntime's QDQ default)")
+    p.add_argument("--percentile", type=float, default=DEFAULT_PERCENTILE,
+                   help=f"percentile method: the values kept, in percent (default {DEFAULT_PERCENTILE})")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="the quantized .onnx file to write")
+    p.add_argument("--report", action="store_true", help="print the accuracy report against the float model")
+    p.add_argument("--report-json", metavar="FILE", help="write the scales and the accuracy report as JSON")
+    p.add_argument("--report-samples", type=int, default=DEFAULT_REPORT_SAMPLES,
+                   help=f"random inputs of the accuracy report (default {DEFAULT_REPORT_SAMPLES})")
+    p.add_argument("--report-inputs", metavar="DATA.npz", help="also report on these inputs (shaped as --calibration)")
+    _add_json(p)
+    p.set_defaults(fn=cmd_quantize)
 
     p = sub.add_parser("zoo", help="built-in models")
     zsub = p.add_subparsers(dest="zoo_cmd", required=True)
@@ -994,6 +1109,7 @@ examples:
   opfuse run model.onnx --backend c --debug            IR after every pass; every group checked vs the reference
   opfuse bench zoo:resnet8 --threads 2                 fused and unfused vs onnxruntime and OpenVINO
   opfuse profile --target cortex-m7                    a target's hardware profile
+  opfuse quantize zoo:resnet8 --calibration-random 64 -o r8_int8.onnx --report   INT8 QDQ + accuracy
   opfuse zoo list; opfuse zoo export resnet8 -o r8.onnx
   opfuse demo                                          the main job on MobileNetV1
 

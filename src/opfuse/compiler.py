@@ -27,12 +27,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-from opfuse.errors import OpfuseError
+from opfuse.errors import InputError, OpfuseError, ShapeInputError
 from opfuse.ir.graph import Graph
 from opfuse.ir.plan import FusionPlan
 from opfuse.rules.decisions import FUSE_PASS, FUSED, REFUSED, Decision, RefusalKind, taken
 
 if TYPE_CHECKING:  # the stages' types, for annotations only (each is imported where it runs)
+    from opfuse.runtime.native import CompiledModel
     from opfuse.memory import MemoryPlan
     from opfuse.passes import PassContext
     from opfuse.planner import PlanResult
@@ -57,6 +58,7 @@ class CompileOptions:
     log_decisions: str | None = None
     max_group_ops: int | None = None
     input_shapes: Mapping[str, tuple[int, ...]] | None = None
+    input_values: Mapping | None = None  # graph inputs bound to values (constants): inputs that decide shapes
     corrections: bool = True  # apply the cost-model corrections saved by `opfuse profile --fit` (named in the report)
     # Patch-based execution (``memory.patch``): the most extra multiply-accumulates, as a fraction of the
     # model's, that banded runs may recompute to lower the arena. None: the target's default
@@ -218,7 +220,7 @@ def plan_model(model, options: CompileOptions | None = None, **kwargs) -> Compil
     from opfuse.passes import fuse
     from opfuse.report.fusion import build_report
     opts = options or CompileOptions(**kwargs)
-    original = load(model, opts.input_shapes)
+    original = load(model, opts.input_shapes, opts.input_values)
     ctx = _context(opts)
     graph, candidates, decisions = fuse(original, ctx, enable=opts.fuse)
     plan, plan_result = _choose_plan(graph, candidates, ctx, opts)
@@ -285,7 +287,7 @@ def fit_sram(graph, plan, opts: CompileOptions, limit: float):
     from opfuse.targets import get_profile
     sram = get_profile(opts.target).onchip_bytes
     enforced = opts.memory_budget_bytes is not None
-    budget = opts.memory_budget_bytes if enforced else sram
+    budget: int = opts.memory_budget_bytes if opts.memory_budget_bytes is not None else sram
     source = "--memory-budget" if enforced else f"{opts.target} SRAM"
     fixed = opts.patch_recompute_limit is not None or not opts.fuse
     tried: list[tuple[int, float]] = []
@@ -353,6 +355,12 @@ def compile(model, target: str = "host", fuse: bool = True, *, threads: int | No
     firmware library, ``.run(inputs)`` runs it under QEMU and ``.instructions`` is what the run
     executed. Other targets are planned (``plan_model``) but not built. ``threads`` (host only)
     defaults to the cores available to the process (``OMP_NUM_THREADS`` when set).
+
+    A model whose inputs have symbolic or unknown dims that ``input_shapes`` does not bind, or
+    whose graph inputs decide shapes (a Reshape's shape, a Resize's scales, a ReduceSum's axes fed
+    at run time) gives a ``SpecializingModel`` instead: each run's arrays bind them, and the model
+    is compiled for those shapes and values (once for each; the built library comes from the
+    build cache).
     """
     opts = options or CompileOptions(target=target, fuse=fuse, **kwargs)
     if opts.target == MCU_TARGET:
@@ -360,7 +368,128 @@ def compile(model, target: str = "host", fuse: bool = True, *, threads: int | No
     if opts.target not in ("host",):
         raise OpfuseError(f"target '{opts.target}' can be planned (opfuse compile --target {opts.target}) "
                           f"but not built and run on this machine; use target 'host' or '{MCU_TARGET}'")
-    return build_native(plan_model(model, opts), threads=threads)
+    from opfuse.api import unbound_inputs
+    if unbound_inputs(model, opts.input_shapes):
+        return SpecializingModel(model, opts, threads=threads)
+    try:
+        comp = plan_model(model, opts)
+    except ShapeInputError as e:
+        if not e.inputs:
+            raise
+        return SpecializingModel(model, opts, threads=threads, value_inputs=e.inputs)
+    return build_native(comp, threads=threads)
+
+
+MAX_SPECIALIZATIONS = 8  # compiled shapes a SpecializingModel keeps loaded (least recently used goes first)
+
+
+class SpecializingModel:
+    """A model compiled for the shapes (and shape-deciding values) of the arrays it is run on.
+
+    ``run(feeds)`` binds every open dim from ``feeds`` (checked against the model's rank, fixed
+    dims and shared symbols: one ``batch`` for all inputs) and takes the values of the inputs
+    that decide shapes (``value_inputs``, found when the import says so: ``ShapeInputError``),
+    compiles the model for them unless a model for them is loaded, and runs it on the other
+    inputs. Up to ``MAX_SPECIALIZATIONS`` compiled models stay loaded; one dropped and needed
+    again is rebuilt from the build cache. ``report``, ``compilation`` and ``graph`` are those of
+    the last run's specialisation.
+    """
+
+    def __init__(self, model, options: CompileOptions, *, threads: int | None = None,
+                 value_inputs: tuple[str, ...] = ()):
+        from collections import OrderedDict
+        self.model = model
+        self.options = options
+        self.value_inputs: tuple[str, ...] = tuple(sorted(set(value_inputs) | set(options.input_values or {})))
+        self._threads = threads
+        self._compiled: OrderedDict[tuple, CompiledModel] = OrderedDict()
+        self._current: CompiledModel | None = None
+        self.compiles = 0  # how many times a model was built for new shapes
+
+    def specialize(self, feeds: Mapping) -> "CompiledModel":
+        """The ``CompiledModel`` for the shapes of ``feeds`` (compiled now when new)."""
+        from dataclasses import replace
+
+        from opfuse.api import shapes_for_arrays, unbound_inputs
+        import numpy as np
+        shapes = shapes_for_arrays(self.model, self.options.input_shapes, feeds)
+        missing = unbound_inputs(self.model, shapes)
+        if missing:
+            raise InputError(f"input(s) {missing} missing: the model's shapes are bound by the arrays of a "
+                             f"run (or pass input_shapes)")
+        given = dict(self.options.input_values or {})  # values bound at compile time, unless a run gives others
+        while True:
+            absent = [n for n in self.value_inputs if n not in feeds and n not in given]
+            if absent:
+                raise InputError(f"input(s) {absent} missing: their values decide shapes of the model")
+            values = {n: np.asarray(feeds[n] if n in feeds else given[n]) for n in self.value_inputs}
+            key = (tuple(sorted(shapes.items())),
+                   tuple((n, a.dtype.str, a.shape, a.tobytes()) for n, a in sorted(values.items())))
+            model = self._compiled.get(key)
+            if model is not None:
+                break
+            try:
+                comp = plan_model(self.model, replace(self.options, input_shapes=shapes, input_values=values))
+            except ShapeInputError as e:
+                more = set(e.inputs) - set(self.value_inputs)
+                if not more:
+                    raise
+                self.value_inputs = tuple(sorted(set(self.value_inputs) | more))
+                continue
+            model = build_native(comp, threads=self._threads)
+            self.compiles += 1
+            self._compiled[key] = model
+            while len(self._compiled) > MAX_SPECIALIZATIONS:
+                self._compiled.popitem(last=False)
+        self._compiled.move_to_end(key)
+        self._current = model
+        return model
+
+    def _rest(self, feeds: Mapping) -> dict:
+        """``feeds`` less the inputs the specialisation took as constants."""
+        return {k: v for k, v in feeds.items() if k not in self.value_inputs}
+
+    def run(self, feeds: Mapping, *, cast: bool = False) -> dict:
+        return self.specialize(feeds).run(self._rest(feeds), cast=cast)
+
+    __call__ = run
+
+    def prepared(self, feeds: Mapping):
+        return self.specialize(feeds).prepared(self._rest(feeds))
+
+    @property
+    def shapes(self) -> list[dict]:
+        """The input shapes of the compiled models loaded now (least recently used first)."""
+        return [dict(key[0]) for key in self._compiled]
+
+    @property
+    def current(self) -> "CompiledModel":
+        if self._current is None:
+            raise OpfuseError("the model's input shapes are not bound yet: run it once (its arrays bind "
+                              "them) or compile with input_shapes")
+        return self._current
+
+    @property
+    def report(self) -> dict:
+        return self.current.report
+
+    @property
+    def compilation(self):
+        return self.current.compilation
+
+    @property
+    def graph(self):
+        return self.current.graph
+
+    @property
+    def threads(self) -> int | None:
+        return self._threads
+
+    @threads.setter
+    def threads(self, n: int) -> None:
+        for model in self._compiled.values():
+            model.threads = n
+        self._threads = int(n)
 
 
 MCU_TARGET = "cortex-m7"

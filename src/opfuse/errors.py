@@ -28,6 +28,20 @@ class UnsupportedOpError(OpfuseError):
         self.opset = opset
 
 
+class ShapeInputError(UnsupportedOpError):
+    """An operand that decides a shape (Reshape's shape, Resize's scales, ReduceSum's axes, TopK's
+    k) is computed at run time. ``inputs`` names the graph inputs its value comes from: giving
+    their values (``input_values``, ``--inputs``, or a run's arrays) specialises the model to them."""
+
+    def __init__(self, op_type: str, node: str = "", opset: int | None = None, detail: str = "",
+                 inputs: tuple[str, ...] = ()):
+        if inputs:
+            detail += (f"; its value comes from graph input(s) {list(inputs)}: give their values (--inputs "
+                       f"FILE.npz; a model from opfuse.compile is specialised to each run's values)")
+        super().__init__(op_type, node, opset, detail)
+        self.inputs = inputs
+
+
 class UnsupportedDtypeError(UnsupportedOpError):
     """An element type that a backend does not implement (float16 in the C backend)."""
 

@@ -7,6 +7,8 @@
 * ``atomic_write(path, data)``: a temporary file in the same folder, flushed, then renamed over
   ``path``: a full disk or a crash leaves the old file or none, never a truncated one. The file
   is ``0600`` when ``private`` is set, else the umask's usual mode.
+* ``file_lock(path)``: an exclusive lock between processes (``flock``), for work that must run
+  once: building one cache entry, calibrating the host.
 * Every ``OSError`` (full disk, read-only folder, a file where a folder should be) becomes a
   ``StorageError`` naming the path and the cause, which the CLI prints as one line.
 """
@@ -104,3 +106,42 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, *, private: bool = 
     """Write ``data`` to ``path`` atomically (see ``atomic_writer``)."""
     with atomic_writer(path, "wb" if isinstance(data, bytes) else "w", private=private) as f:
         f.write(data)
+
+
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike) -> Iterator[bool]:
+    """Hold an exclusive ``flock`` on the file ``path`` (created 0600) for the block: another
+    process asking for the same lock waits until this one leaves it. Yields ``True``; yields
+    ``False`` (no lock, no error) where the file cannot be created, e.g. in a read-only folder,
+    so a caller that only reads goes on and one that writes meets the real error itself.
+
+    The file is removed on release. A waiter that opened it before the removal finds, once it
+    holds the lock, that the path no longer names its file, and opens the new one: two
+    processes never both hold the lock for the same path. The kernel releases the lock of a
+    killed process."""
+    import fcntl
+    p = Path(path)
+    while True:
+        try:
+            fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError:
+            yield False
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                same = os.stat(p).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+        except BaseException:
+            os.close(fd)
+            raise
+        if same:
+            break
+        os.close(fd)  # the holder before us removed it: lock the new file
+    try:
+        yield True
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(p)
+        os.close(fd)

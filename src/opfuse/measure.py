@@ -66,9 +66,12 @@ def measure(comp: Compilation, *, repeat: int = MEASURE_REPEAT, threads: int = 1
         per_group[row["group"]] = per_group.get(row["group"], 0.0) + row["ms"] / 1e3
     comp.report["measured_latency_s"] = whole_s
     comp.report["measured_repeat"] = repeat
+    notes = {k.group: list(k.notes) for k in native.program.kernels if k.notes}
     for g in comp.report.get("groups", []):
         if g["name"] in per_group:
             g["measured_latency_s"] = per_group[g["name"]]
+        if g["name"] in notes:  # the algorithms its kernel chose (Winograd or direct convolution, ...)
+            g["kernel_notes"] = notes[g["name"]]
     return per_group
 
 
@@ -85,6 +88,67 @@ def measure_before(comp: Compilation, *, repeat: int = MEASURE_REPEAT, threads: 
         times = [per_op[o] for o in g.get("origin", []) if o in per_op]
         if times:
             g["measured_before_s"] = sum(times)
+
+
+# A fused group is flagged slower when its median exceeds its ops' unfused sum by more than this
+# fraction: the kernel timers of two builds timed in turn on a shared machine differ by a few
+# percent with nothing changed.
+GROUP_SLOWER_TOLERANCE = 0.05
+
+
+def interleaved_kernel_medians(natives: Sequence, feeds, repeat: int, warmup: int = MEASURE_WARMUP) -> list[dict]:
+    """Per build (each built with kernel timers), the median over ``repeat`` runs of each group's
+    time in one run (seconds); the builds run in turn, A B A B ..., so a change of load hits all."""
+    from statistics import median
+    samples: list[dict[str, list[float]]] = [{} for _ in natives]
+    for r in range(warmup + repeat):
+        for native, per in zip(natives, samples, strict=True):
+            rows = native.profile(feeds, repeat=1)
+            if r < warmup:
+                continue
+            run: dict[str, float] = {}
+            for row in rows:
+                run[row["group"]] = run.get(row["group"], 0.0) + row["ms"] / 1e3
+            for group, seconds in run.items():
+                per.setdefault(group, []).append(seconds)
+    return [{g: median(v) for g, v in per.items()} for per in samples]
+
+
+def group_check(model, *, threads: int = 1, repeat: int = MEASURE_REPEAT, seed: int = 0,
+                options: CompileOptions | None = None) -> dict:
+    """Does fusion ever make a group slower? ``model`` is built fused (the planner's plan) and
+    unfused, both with kernel timers, and run in turn; each fused group's median time is set
+    against the sum of the medians of the unfused kernels of the original ops it stands for.
+    Returns ``{"groups": [{"group", "ops", "origin", "fused_s", "unfused_s", "ratio",
+    "slower"}...], "fused_s", "unfused_s", "slower": [names], "tolerance"}``; ``slower`` when the
+    group fuses (stands for more than one original op) and ``fused_s > unfused_s * (1 +
+    GROUP_SLOWER_TOLERANCE)``. Host target only."""
+    from dataclasses import replace
+    from opfuse.codegen.options import CodegenOptions
+    from opfuse.runtime.reference import random_inputs
+    if repeat < 1:
+        raise OpfuseError(f"repeat must be at least 1, got {repeat}")
+    options = options or CompileOptions()
+    if options.target != "host":
+        raise OpfuseError(f"the per-group check needs the host target, not '{options.target}'")
+    fused = plan_model(model, replace(options, fuse=True))
+    unfused = plan_model(fused.original, replace(options, fuse=False, dump_ir=None, log_decisions=None))
+    timed = CodegenOptions(profile=True)
+    natives = [build_native(c, threads=threads, codegen_options=timed) for c in (fused, unfused)]
+    feeds = random_inputs(fused.original, seed)
+    t_fused, t_unfused = interleaved_kernel_medians(natives, feeds, repeat)
+    rows = []
+    for g in fused.report.get("groups", []):
+        if g["name"] not in t_fused:
+            continue
+        before = [t_unfused[o] for o in g.get("origin", []) if o in t_unfused]
+        f, u = t_fused[g["name"]], sum(before)
+        rows.append({"group": g["name"], "ops": g.get("ops", []), "origin": g.get("origin", []), "fused_s": f,
+                     "unfused_s": u, "ratio": f / u if u > 0 else None,
+                     "slower": len(before) > 1 and f > u * (1 + GROUP_SLOWER_TOLERANCE)})
+    return {"groups": rows, "fused_s": sum(r["fused_s"] for r in rows), "unfused_s": sum(r["unfused_s"] for r in rows),
+            "slower": [r["group"] for r in rows if r["slower"]], "tolerance": GROUP_SLOWER_TOLERANCE,
+            "repeat": repeat, "threads": threads}
 
 
 def _best_seconds(fn, repeat: int) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from opfuse.bench import FUSED, UNFUSED, cross_check, parse_peers, time_interlea
 from opfuse.cli import main
 from opfuse.errors import OpfuseError
 
-ROW_KEYS = {"median_ms", "p90_ms", "min_ms", "runs", "max_abs_error"}
+ROW_KEYS = {"median_ms", "p90_ms", "min_ms", "runs", "cpu_median_ms", "max_abs_error"}
 
 
 def test_bench_resnet8_json_smoke():
@@ -82,6 +83,19 @@ def test_calls_are_interleaved_after_warmup():
     assert {k: len(v) for k, v in samples.items()} == {"A": 2, "B": 2, "C": 2}
 
 
+def test_cpu_time_counts_work_not_waiting():
+    def spin():
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.02:
+            pass
+        return {}
+    cs = [Contender("sleep", lambda: time.sleep(0.02) or {}), Contender("spin", spin)]
+    cpu: dict = {}
+    wall = time_interleaved(cs, repeat=3, warmup=0, cpu=cpu)
+    assert min(wall["sleep"]) >= 0.02 and max(cpu["sleep"]) < 0.01  # sleeping takes time, not CPU
+    assert len(cpu["spin"]) == 3 and sum(cpu["spin"]) > 0
+
+
 def test_a_fast_wrong_answer_shows():
     right = {"y": np.array([1.0, 2.0, 3.0], np.float32)}
     wrong = {"y": np.array([1.0, 2.0, 4.0], np.float32)}
@@ -116,3 +130,44 @@ def test_make_bench_table_has_a_row_per_run_and_a_geometric_mean(tmp_path):
     assert "| b | 2 | 4.000 | 5.000 | 2.000 | 2.000 | 2.00 | 0.50 |" in md
     assert "| **geometric mean** | 1 | 4.000 | 6.000 | 2.000 | 2.000 | **2.83** | |" in md  # sqrt(2 * 4)
     assert "| a | 2.00x | 2.00x | 1.00x | 2.00x |" in md  # 1 thread over 2 threads
+    assert "Per-group check" not in md  # no run had one
+
+
+def test_make_bench_lists_the_groups_fusion_made_slower(tmp_path):
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_zoo.py"
+    res = _fake_result("a", 1, {"opfuse_fused": 1.0, "opfuse_unfused": 2.0, "onnxruntime": 1.0, "openvino": 2.0})
+    res["group_check"] = {"fused_s": 3e-6, "unfused_s": 4e-6, "slower": ["g2"], "tolerance": 0.05, "groups": [
+        {"group": "g1", "ops": ["Conv", "Relu"], "fused_s": 1e-6, "unfused_s": 2e-6, "slower": False},
+        {"group": "g2", "ops": ["Relu", "GlobalAveragePool"], "fused_s": 2e-6, "unfused_s": 1e-6, "slower": True}]}
+    (tmp_path / "bench_a_t1.json").write_text(json.dumps(res))
+    r = subprocess.run([sys.executable, str(script), "a", "--threads", "1", "--results", str(tmp_path), "--table-only"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    md = (tmp_path / "bench.md").read_text()
+    assert "| a | 1 | 0.003 | 0.004 | g2 (Relu+GlobalAveragePool) 2.0 vs 1.0 us |" in md
+    assert "g1 (" not in md
+
+
+def test_group_check_sets_each_fused_group_against_its_ops_unfused():
+    from opfuse.measure import GROUP_SLOWER_TOLERANCE, group_check
+    res = group_check("zoo:ds_cnn", repeat=3)
+    rows = res["groups"]
+    assert rows and res["tolerance"] == GROUP_SLOWER_TOLERANCE
+    fused = [r for r in rows if len(r["origin"]) > 1]
+    assert fused, "ds_cnn has fused groups (Conv+BN+Relu)"
+    for r in rows:
+        assert r["fused_s"] > 0 and r["unfused_s"] > 0
+        assert r["slower"] == (len(r["origin"]) > 1 and r["fused_s"] > r["unfused_s"] * (1 + GROUP_SLOWER_TOLERANCE))
+        assert r["ratio"] == pytest.approx(r["fused_s"] / r["unfused_s"])
+    assert res["slower"] == [r["group"] for r in rows if r["slower"]]
+    assert res["fused_s"] == pytest.approx(sum(r["fused_s"] for r in rows))
+    with pytest.raises(OpfuseError, match="repeat"):
+        group_check("zoo:ds_cnn", repeat=0)
+
+
+def test_bench_groups_flag_prints_the_per_group_table(capsys):
+    code = main(["bench", "zoo:ds_cnn", "--vs", "none", "--repeat", "2", "--warmup", "0", "--groups", "-q"])
+    out, _ = capsys.readouterr()
+    assert code == 0
+    assert "per group, kernel timers" in out and "fused / unfused" in out and "dw1" in out

@@ -68,3 +68,15 @@ def test_bench_conformance_smoke(tmp_path):
     for backend in ("reference", "c"):
         assert data["backends"][backend]["passed"] == 2, data["tests"]
     assert "ONNX node conformance (2 of" in text
+
+
+def test_bench_int8_smoke(tmp_path):
+    out = tmp_path / "int8.json"
+    _run("bench_int8.py", "resnet8", "--methods", "minmax", "--samples", "3", "--calibration", "2", "--out", str(out))
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["model"] == "resnet8" and row["report_samples"] == 3 and row["top1_agreement"] is not None
+    assert row["cosine_min"] > 0.99 and row["int32_biases"] == row["weights"] == 10
+    merged = tmp_path / "merged.json"
+    _run("bench_int8.py", "--merge", str(out), str(out), "--out", str(merged))
+    assert len(json.loads(merged.read_text())["rows"]) == 2
+    assert "| resnet8 | minmax |" in merged.with_suffix(".md").read_text()

@@ -110,3 +110,46 @@ def test_concat_that_leaves_its_group_and_is_padded_inside_it():
     plan = FusionPlan(g, [FusionGroup("cp", g.nodes[:2], "injective"), FusionGroup("r", g.nodes[2:], "single")])
     feeds = {"a": np.array([3], np.int32), "b": np.array([-4], np.int32)}
     assert compare(build(g, plan).run(feeds), reference.run(g, feeds)) is None
+
+
+def _pow_then_slice(dt):
+    """Pow(x + 1, e) -> Slice (columns 0:2) -> Neg: fused, the kernel computes only the sliced
+    columns; e broadcasts along the rows."""
+    b = GraphBuilder("pow_slice")
+    x, e = b.input("x", (2, 4), dt), b.input("e", (4,), dt)
+    p = b.op("Pow", b.op("Add", x, b.const("one", np.array(1, dt))), e, name="p")
+    s = b.op("Slice", p, b.const("st", np.array([0], np.int64)), b.const("en", np.array([2], np.int64)),
+             b.const("ax", np.array([1], np.int64)), name="s")
+    return b.build(b.op("Neg", s, name="n"))
+
+
+@pytest.mark.parametrize("dt", [np.int32, np.int64])
+@pytest.mark.parametrize("planner", ["rules", "auto"])
+def test_integer_zero_to_a_negative_power_faults_when_a_fused_slice_skips_it(dt, planner):
+    """Integer Pow's fault was checked only where an element is computed: with a Slice fused
+    after it, the element 0 ** -1 outside the slice was never computed and the run returned
+    numbers, where the reference (and the unfused build) raise. It is now checked whole before
+    the kernel's loops (codegen/prechecks.py), as integer Div and Gather are."""
+    g = _pow_then_slice(dt)
+    bad = {"x": np.array([[0, 1, -1, 2], [3, 4, 5, 6]], dt), "e": np.array([1, 2, -1, 1], dt)}
+    good = {"x": bad["x"], "e": np.array([1, 2, 3, -1], dt)}
+    with pytest.raises(InputError):
+        reference.run(g, bad)
+    for fuse in (False, True):
+        model = opfuse.compile(g, fuse=fuse, planner=planner)
+        if fuse:
+            assert model.report["kernels"] == 1
+        with pytest.raises(InputError, match="node 'p' \\(Pow\\): integer 0 to a negative power"):
+            model.run(bad)
+    _agrees(g, good, planner=planner)
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_reduce_log_sum_exp_over_an_axis_of_one(dt):
+    """ReduceLogSumExp walks the reduced elements twice (the max, then the sum of exp); over an
+    axis of length 1 both passes read x at the same index, and the second reused the name the
+    first had declared inside its loop (gcc: 't5' undeclared)."""
+    b = GraphBuilder("lse1")
+    x = b.input("x", (2, 1), dt)
+    g = b.build(b.op("ReduceLogSumExp", x, axes=[-1], keepdims=1))
+    _agrees(g, {"x": np.array([[0.5], [-3.0]], dt)})

@@ -136,6 +136,34 @@ def test_softmax_on_an_inner_axis(opset):
     assert types == (["Transpose", "Softmax", "Transpose"] if opset < 13 else ["Softmax"])
 
 
+@pytest.mark.parametrize("opset", [11, 12, 13, 17])
+@pytest.mark.parametrize("op", ["LogSoftmax", "Hardmax"])
+def test_log_softmax_and_hardmax_on_an_inner_axis(opset, op):
+    """Found by the fuzzer's generator: below 13 they were written as they are, which there
+    means normalising the flattened block from the axis on, not the axis."""
+    b = GraphBuilder("lsm")
+    y = b.op(op, b.input("x", (2, 3, 4)), axis=1)
+    m = _export_and_compare(b.build(y), opset)
+    types = [n.op_type for n in m.graph.node]
+    assert types == (["Transpose", op, "Transpose"] if opset < 13 else [op])
+
+
+REDUCE_OPS = ["ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp",
+              "ReduceSumSquare"]
+
+
+@pytest.mark.parametrize("opset", [11, 17, 18, 21])
+def test_every_reduce_writes_its_axes_in_the_opset_form(opset):
+    """Found by the fuzzer's generator: only ReduceSum/Mean/Max had the attribute-or-input
+    exporter; the others could not be exported at 18 and later ("axes cannot be written")."""
+    b = GraphBuilder("reduce")
+    x = b.op("Add", b.op("Abs", b.input("x", (2, 3, 4))), b.const("one", np.float32(1.0)))
+    ys = [b.op(op, x, axes=[1], keepdims=i % 2, name=op.lower()) for i, op in enumerate(REDUCE_OPS)]
+    m = _export_and_compare(b.build(*ys), opset)
+    n_inputs = {n.op_type: len(n.input) for n in m.graph.node}
+    assert all(n_inputs[op] == (2 if opset >= 18 else 1) for op in REDUCE_OPS)
+
+
 @pytest.mark.parametrize("opset", [11, 13, 18])
 def test_canonical_axes_are_written_in_the_opset_form(opset):
     b = GraphBuilder("axes")

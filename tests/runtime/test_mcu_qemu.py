@@ -135,3 +135,25 @@ def test_per_kernel_counts_add_up_and_do_not_change_the_bits(tmp_path):
     assert all(c > 0 for c in counts.values())
     # The plain total adds only the call sequence around opfuse_run to the kernels' sum.
     assert 0 <= plain.instructions - sum(counts.values()) < 40 * (len(counts) + 1)
+
+
+@needs_tools
+def test_integer_convs_on_the_m7_match_the_reference_exactly(tmp_path):
+    """A QDQ model's DQ -> Conv -> [Relu] -> Q become int32 Convs with the fixed-point Requantize
+    (frontend/onnx_qdq.py): the plain C, int64 products included, on the emulated M7."""
+    from onnx import TensorProto, helper
+
+    from opfuse.quantization import quantize
+    model = quantize("zoo:ds_cnn", calibration_random=2).model
+    # every activation's int8 values are outputs too, to compare them and not only the float logits
+    quantized = [n.output[0] for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    model.graph.output.extend(helper.make_tensor_value_info(q, TensorProto.INT8, None) for q in quantized)
+    comp = plan_model(model, CompileOptions(target="cortex-m7"))
+    assert sum(n.op_type == "Requantize" for n in comp.graph.nodes) == 9
+    program = mcu.generate_mcu(comp.graph, comp.plan, comp.memory)
+    feeds = reference.random_inputs(comp.graph, 3)
+    got = mcu.run_on_qemu(program, feeds, tmp_path).outputs
+    want = reference.run(comp.graph, feeds)
+    for name in quantized:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    np.testing.assert_allclose(got["output"], want["output"], rtol=1e-5, atol=1e-7)

@@ -4,6 +4,7 @@ NaN where there should be none, the reducer cuts a failing graph down, and a rep
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -103,5 +104,7 @@ def test_a_reproducer_replays_and_a_bad_folder_is_one_line(tmp_path):
 
 def test_cli_runs_a_small_batch(tmp_path, capsys):
     assert main(["fuzz", "--count", "3", "--seed", "7", "--ops", "Add,Relu", "Mul", "--out", str(tmp_path)]) == 0
-    assert "3 graphs, 0 mismatches, 0 crashes" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert re.search(r"3 graphs, \d+ op types, 0 mismatches, 0 crashes", out), out
+    assert re.search(r"graphs per op: .*Add \d", out), out
     assert main(["fuzz", "--count", "1", "--ops", "NoSuchOp"]) == 2

@@ -41,7 +41,7 @@ def test_graphs_verify_and_run_finite(case):
     for v in g.values.values():
         assert v.type.size <= MAX_ELEMENTS, v
         if not v.is_const:
-            assert v.dtype == np.float32, v
+            assert v.dtype == np.float32 or (v.dtype in (np.bool_, np.int64) and v.producer is not None), v
     for node in g.nodes:  # the importer would fold a node whose inputs are all constants
         assert any(not v.is_const for v in node.input_values()), node
     used = {id(v) for n in g.nodes for v in n.input_values()}

@@ -1,15 +1,15 @@
 """Run-time checks: the values the C code cannot compute fail as the reference does.
 
-Two ops meet input values without a result: integer ``Div`` (a zero divisor; the reference
-raises ``InputError``, x86 would trap; integer ``Pow`` of 0 to a negative power too, checked
-where it is computed, ``rules._pow``) and ``Gather`` (an index outside ``[-dim, dim)``; the
-reference raises, an unchecked load would read outside the tensor). For both, the C code
-computes on with a safe value (divisor 1, a clamped index) and sets the node's fault flag
-(``KernelContext.fault``); ``opfuse_run`` returns the fault code and the runtime raises the
-same ``InputError``, naming the node.
+Three ops meet input values without a result: integer ``Div`` (a zero divisor; the reference
+raises ``InputError``, x86 would trap), integer ``Pow`` (0 to a negative power, a division by
+zero too) and ``Gather`` (an index outside ``[-dim, dim)``; the reference raises, an unchecked
+load would read outside the tensor). For each, the C code computes on with a safe value
+(divisor 1, a clamped index) and sets the node's fault flag (``KernelContext.fault``);
+``opfuse_run`` returns the fault code and the runtime raises the same ``InputError``, naming
+the node.
 
-Where it can, a kernel checks the operand whole before its loops (``prechecks.emit_prechecks``): a fused
-consumer may read only part of the result (a Slice, a strided pool), and the reference, which
+Where it can, a kernel checks the operands whole before its loops (``prechecks.emit_prechecks``):
+a fused consumer may read only part of the result (a Slice, a strided pool), and the reference, which
 computes every element, must not fault where the C code would not look. An operand computed
 from the anchor (an epilogue) is checked element by element where it is computed; an epilogue
 computes every element.
@@ -19,6 +19,7 @@ The other integer trap, ``INT_MIN / -1``, has a result: it wraps to ``INT_MIN`` 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -45,29 +46,40 @@ def _gather_dim(node: Node) -> int:
     return data.shape[axis + len(data.shape) if axis < 0 else axis]
 
 
-def check_of(node: Node) -> tuple[Value, Callable[[str], str], Callable[[np.ndarray], bool], str] | None:
-    """(operand, C condition of a bad element, the same over a NumPy array, message) of a node
-    that needs a run-time check, else ``None``."""
+@dataclass(frozen=True)
+class Check:
+    """A node's run-time check: its ``operands`` (broadcast together), the C condition of a bad
+    element (``cond(*c_exprs)``), the same over NumPy arrays (``bad(*arrays)``), the message."""
+    operands: tuple[Value, ...]
+    cond: Callable[..., str]
+    bad: Callable[..., bool]
+    message: str
+
+
+def check_of(node: Node) -> Check | None:
+    """The run-time check a node needs, else ``None``."""
     if math.prod(node.outputs[0].shape) == 0:
         return None  # nothing is computed: the reference does not look either
     if node.op_type == "Div" and not is_float(node.input(0).dtype):
-        return (node.input(1), lambda x: f"({x} == 0)", lambda a: bool(np.any(a == 0)),
-                str(division_by_zero(node)))
+        return Check((node.input(1),), lambda x: f"({x} == 0)", lambda a: bool(np.any(a == 0)),
+                     str(division_by_zero(node)))
+    if node.op_type == "Pow" and not is_float(node.input(0).dtype) and not is_float(node.input(1).dtype):
+        return Check((node.input(0), node.input(1)), lambda b, e: f"({b} == 0 && {e} < 0)",
+                     lambda b, e: bool(np.any((b == 0) & (e < 0))), zero_to_negative_power(node))
     if node.op_type == "Gather":
         dim = _gather_dim(node)
-        return (node.input(1), lambda x: f"({x} < {-dim} || {x} >= {dim})",
-                lambda a: bool(np.any((a < -dim) | (a >= dim))), gather_range_message(node, dim))
+        return Check((node.input(1),), lambda x: f"({x} < {-dim} || {x} >= {dim})",
+                     lambda a: bool(np.any((a < -dim) | (a >= dim))), gather_range_message(node, dim))
     return None
 
 
-def check_here(ev, node: Node, x: str) -> None:
-    """Check ``node``'s operand element ``x`` where it is computed, unless checked whole before."""
+def check_here(ev, node: Node, *xs: str) -> None:
+    """Check ``node``'s operand elements ``xs`` where they are computed, unless checked whole before."""
     if id(node) in ev.kc.checked:
         return
     check = check_of(node)
     if check is not None:
-        _, cond, _, message = check
-        ev.w.line(f"{ev.kc.fault(node, message)} |= {cond(x)};")
+        ev.w.line(f"{ev.kc.fault(node, check.message)} |= {check.cond(*xs)};")
 
 
 _UNSIGNED = {4: "uint32_t", 8: "uint64_t"}

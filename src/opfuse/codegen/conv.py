@@ -30,6 +30,7 @@ from opfuse.codegen.index import Index, add, delinearize, mul
 from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.loops import emit_loop_nest
 from opfuse.codegen.stages import GroupAnalysis, Stage
+from opfuse.codegen.winograd import lower_winograd, winograd_choice
 from opfuse.ops.registry import get_spec
 
 
@@ -283,6 +284,11 @@ def lower_conv(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     out = node.outputs[0]
     if G == C and OC == C and len(geo.kernel) == 2 and out.dtype == np.float32:
         return lower_depthwise(kc, ev, stage, node, geo, _bias_term)
+    choice = winograd_choice(node, kc.program.options, ev.static)
+    if len(x.shape) == 4:
+        kc.note(choice.describe(node.name))
+    if choice.transform is not None:
+        return lower_winograd(kc, ev, stage, node, choice.transform, _bias_term)
     p = conv_problem(kc, ev, node)
     if out.dtype != np.float32 and p.pack_b is not None:
         p.pack_b = None

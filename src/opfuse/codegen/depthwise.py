@@ -1,26 +1,43 @@
 """Depthwise 2-D convolution (one input and one output channel per group), vectorised along
 the output rows.
 
-Per channel plane (the unit the threads share):
+The threads share chunks of channel planes (``plane_chunk``). Per plane, one of three ways:
 
-1. the plane is copied, through the prologue, into a zero-padded buffer in scratch, once per
-   input element. With stride ``s`` every padded row is stored as its ``s`` column phases
-   one after the other (columns ``j = q*s + phase`` at ``phase * Wh + q``), so the taps of
-   consecutive outputs are consecutive floats whatever the stride;
-2. each output row is ``sum_taps w[kh, kw] * row(oh*s + kh*d)[phase(kw) * Wh + ow + shift(kw)]``:
-   every tap's weight in a register, one unaligned vector load and one FMA per tap and 8
-   outputs (AVX2/FMA intrinsics, four vectors in flight; plain C that gcc vectorises where
-   there is no AVX2), the taps summed in the same order for every element. With stride 1
-   the whole plane is one such row ("wide": the padding columns are computed and dropped);
-3. the outputs go through the bias and the fused epilogue while they are in L1.
+1. **direct** (AVX2, stride 1, output as large as the input, at most ``DIRECT_MAX_VECTORS``
+   vectors): the flat plane ``dense[i] = sum_taps w * x[i + shift(tap)]`` straight from the
+   input, unrolled whole; which lanes of each vector a tap may read is known at generation time,
+   so edge vectors use masked loads (no read outside the plane, 0 where padding would be) and
+   taps with no lane inside are left out (``_direct_plane``). No padded copy: on a 6 x 6 plane
+   the copy, and the vector loads that reread it at once (store forwarding fails), took two
+   thirds of the time;
+2. **direct rows** (AVX2, column stride 1 or 2, output rows up to ``DIRECT_MAX_ROW_VECTORS``
+   vectors): the same a row at a time, ``ROW_BLOCK`` output rows together so that an input row
+   they share is loaded once; stride 2 takes the even or odd floats of two loads (one
+   ``shufps``; the sum is put back in order once, before the store) (``_direct_rows``);
+3. **copied** (everything else, and the plain C99 path): the plane is copied, through the
+   prologue, into a zero-padded buffer (its padding zeroed once per chunk: it sits at the same
+   places for every plane), each padded row stored as its ``s`` column phases (columns
+   ``j = q*s + phase`` at ``phase * Wh + q``) so that the taps of consecutive outputs are
+   consecutive floats; then each output row is ``sum_taps w[kh, kw] * row(oh*s + kh*d)[...]``,
+   one unaligned vector load and one FMA per tap and 8 outputs (AVX2/FMA, four vectors in
+   flight; plain C that gcc vectorises elsewhere). With stride 1 and a small plane the whole
+   plane is one such row ("wide": the padding columns are computed and dropped).
+
+The taps are summed in the same order (kernel row, then column) for every element. The outputs
+go through the bias and the fused epilogue while they are in L1: row by row, or as one loop over
+the dense plane where rows are short (a loop of a few elements is not vectorised, and a scalar
+epilogue made the fused Conv+Relu slower than Conv, BatchNorm and Relu as three kernels).
 
 In NCHW the plane's width is the unit-stride axis, so this is where the vectors go: across
 channels a vector would gather from ``C`` planes.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from opfuse.codegen.epilogue import finish_element
-from opfuse.codegen.index import Index
+from opfuse.codegen.gemm import in_memory
+from opfuse.codegen.index import Index, add, mul
 from opfuse.codegen.microkernel import AVX2_GUARD
 from opfuse.codegen.stages import Stage
 
@@ -30,6 +47,19 @@ MAX_TAPS_IN_REGISTERS = 10  # beyond this the weights are broadcast from memory 
 # Padded planes up to this many floats are computed as one wide row: with the wide results
 # the plane and they stay in L1 (a 112 x 112 plane that way ran 30% slower than row by row).
 WIDE_MAX_FLOATS = 2048
+# Stride-1 "same" planes of up to this many vectors (16 x 16 floats) are computed straight from
+# the input with AVX2, unrolled whole (no padded copy: on a 6 x 6 plane the copy, and the vector
+# loads that reread it at once, took two thirds of the time).
+DIRECT_MAX_VECTORS = 32
+# Other planes with column stride 1 or 2, up to this many output vectors a row (128 floats),
+# read in place too, one output row at a time.
+DIRECT_MAX_ROW_VECTORS = 16
+# Output rows shorter than this go through the epilogue as one plane, not row by row (a loop of a
+# few elements is not vectorised).
+PLANE_EPILOGUE_MAX_ROW = 16
+# Output rows computed together by the direct rows: an input row they share is loaded once
+# (3x3, stride 1: 12 loads for 18 FMAs instead of 18).
+ROW_BLOCK = 2
 
 
 def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
@@ -44,59 +74,320 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
     Wp = max(W + PL + geo.pads_end[1], (OW - 1) * SW + (KW - 1) * DW + 1)
     Wh = -(-Wp // SW)          # floats per column phase of a padded row
     row_len = SW * Wh          # floats per padded row
-    # Stride 1, small planes: the plane is one "wide" row (i = oh * Wp + ow; the columns
-    # ow >= OW are computed and dropped), so one long vector loop covers it. Otherwise one loop
-    # per output row (its results stay in L1). Either way the vectors run past the last output
-    # into whole vectors (no scalar tail): the plane buffer has slack for their reads and the
-    # results are dropped.
+    simd = kc.program.options.simd == "auto"
+    # "direct" (AVX2 only): a small stride-1 plane that keeps its size reads the input in place,
+    # no padded copy (see ``_direct_plane``). Otherwise the plane is copied into a padded buffer
+    # and, for stride 1 and small planes, computed as one "wide" row (i = oh * Wp + ow; the
+    # columns ow >= OW are computed and dropped), else one pass per output row, written at
+    # oh * OW. The vectors run past the last output into whole vectors (no scalar tail): the
+    # plane buffer has slack for their reads and the results for their writes (a row's overrun
+    # is overwritten by the next row).
+    # The in-place paths leave out taps whose lanes all fall in the padding, which is exact only
+    # when every weight is finite (inf or NaN times a padding zero is NaN, as in the reference):
+    # weights known at compile time and all finite, else the padded copy.
+    known = ev.static.get(id(wt))
+    finite_weights = known is not None and bool(np.isfinite(known).all())
+    simd_in_place = simd and finite_weights
+    direct = (simd_in_place and (SH, SW) == (1, 1) and (OH, OW) == (H, W) and in_memory(ev, x)
+              and -(-H * W // VECTOR) <= DIRECT_MAX_VECTORS)
+    # "direct rows" (AVX2 only): any other plane whose column stride is 1 or 2, in place too, one
+    # output row at a time, each row through the epilogue at once (``_direct_rows``).
+    direct_rows = (simd_in_place and not direct and SW in (1, 2) and in_memory(ev, x)
+                   and -(-OW // VECTOR) <= DIRECT_MAX_ROW_VECTORS)
+    copy_simd = simd and not (direct or direct_rows)  # the copy path has AVX2 code (else it is only the #else)
     wide = SH == 1 and SW == 1 and Hp * Wp <= WIDE_MAX_FLOATS
     exact = (OH - 1) * Wp + OW if wide else OW
     span = _round_up(exact, VECTOR)
     reach = (KH - 1) * DH * row_len + ((KW - 1) * DW) % SW * Wh + (KW - 1) * DW // SW + span
     last_row = 0 if wide else (OH - 1) * SH * row_len
     slack = max(0, last_row + reach - Hp * row_len)
-    off_plane = kc.scratch((Hp * row_len + slack) * 4)
-    off_acc = kc.scratch(span * 4)
-    simd = kc.program.options.simd == "auto"
+    plane_floats = Hp * row_len + slack
+    off_plane = kc.scratch(plane_floats * 4)
+    off_acc = kc.scratch(max(span if wide else (OH - 1) * OW + span, (OH - 1) * OW + _round_up(OW, VECTOR),
+                             ROW_BLOCK * _round_up(OW, VECTOR)) * 4)
+    # The dense OH x OW results the epilogue reads: the row passes write them; the wide pass's
+    # are squeezed into them only where the AVX2 code is direct (the plain path then squeezes, in
+    # scalar code). Otherwise the epilogue reads the wide results row by row: squeezing them with
+    # vectors and reading them back at other offsets stalls on store forwarding, and a small
+    # plane's epilogue is what follows at once.
+    off_dense = kc.scratch(_round_up(OH * OW, VECTOR) * 4) if direct and wide else off_acc
     if simd:
         kc.program.require_helper("opfuse_immintrin", f"#if {AVX2_GUARD}\n#include <immintrin.h>\n#endif\n")
     w = kc.w
-    plane = kc.tmp("plane")
+    planes = nimg * C
+    per_chunk = plane_chunk(planes, kc.program.options)
+    chunks = -(-planes // per_chunk)
+    chunk, plane, first = kc.tmp("chunk"), kc.tmp("plane"), kc.tmp("first")
     kc.parallel_for(2 * nimg * C * OH * OW * KH * KW)
-    with w.block(f"for (long {plane} = 0; {plane} < {nimg * C}; ++{plane})"), ev.scope():
-        img, ch, xp, acc = kc.tmp("img"), kc.tmp("ch"), kc.tmp("xpad"), kc.tmp("acc")
-        w.line(f"const long {img} = {plane} / {C};")
-        w.line(f"const long {ch} = {plane} % {C};")
+    with w.block(f"for (long {chunk} = 0; {chunk} < {chunks}; ++{chunk})"):
+        xp, acc = kc.tmp("xpad"), kc.tmp("acc")
+        dense = kc.tmp("dense") if off_dense != off_acc else acc
         w.line(f"float* restrict {xp} = {kc.scratch_ptr('float', off_plane)};")
         w.line(f"float* restrict {acc} = {kc.scratch_ptr('float', off_acc)};")
-        _copy_padded_plane(kc, ev, x, img, ch, xp, (H, W), (Hp, Wp), (PT, PL), SW, Wh)
-        if slack:
-            w.line(f"memset({xp} + {Hp * row_len}, 0, sizeof(float) * {slack});")
-        taps = []  # (weight scalar, row offset in padded rows, column offset in the phased row)
-        for kh in range(KH):
-            for kw in range(KW):
-                wv = ev.at(wt, Index(wt.shape, (ch, "0", str(kh), str(kw))))
-                col = kw * DW
-                taps.append((wv, kh * DH, (col % SW) * Wh + col // SW))
-        oh, ow = kc.tmp("oh"), kc.tmp("ow")
-        if wide:
-            _taps_pass(kc, [(wv, f"{xp} + {r * row_len + c}") for wv, r, c in taps], acc, span, exact, simd)
-        rows_loop = w.block(f"for (long {oh} = 0; {oh} < {OH}; ++{oh})")
-        rows_loop.__enter__()
-        if not wide:
-            rows: dict[int, str] = {}
-            for _, r, _ in taps:
-                if r not in rows:
-                    rows[r] = kc.tmp("row")
-                    w.line(f"const float* restrict {rows[r]} = {xp} + ({oh} * {SH} + {r}) * {row_len};")
-            _taps_pass(kc, [(wv, f"{rows[r]} + {c}") for wv, r, c in taps], acc, span, exact, simd)
-        with w.block(f"for (long {ow} = 0; {ow} < {OW}; ++{ow})"), ev.scope():
-            idx = Index(out.shape, (img, ch, oh, ow))
+        if dense != acc:
+            w.line(f"float* restrict {dense} = {kc.scratch_ptr('float', off_dense)};")
+        # The padding (and the slack) sits at the same places for every plane: zeroed once per chunk.
+        if direct or direct_rows:
+            w.line(f"#if !({AVX2_GUARD})")
+        w.line(f"memset({xp}, 0, sizeof(float) * {plane_floats});")
+        if direct or direct_rows:
+            w.line("#endif")
+        w.line(f"const long {first} = {chunk} * {per_chunk};")
+        end = f"({first} + {per_chunk} < {planes} ? {first} + {per_chunk} : {planes})"
+        with w.block(f"for (long {plane} = {first}; {plane} < {end}; ++{plane})"), ev.scope():
+            img, ch = kc.tmp("img"), kc.tmp("ch")
+            w.line(f"const long {img} = {plane} / {C};")
+            w.line(f"const long {ch} = {plane} % {C};")
+            weights = [[ev.at(wt, Index(wt.shape, (ch, "0", str(kh), str(kw)))) for kw in range(KW)]
+                       for kh in range(KH)]
+            if direct:
+                w.line(f"#if {AVX2_GUARD}")
+                src = f"{kc.ptr(x)} + {Index(x.shape, (img, ch, '0', '0')).offset()}"
+                _direct_plane(kc, src, weights, geo, (H, W), dense)
+                w.line("#else")
+            if direct_rows:
+                w.line(f"#if {AVX2_GUARD}")
+                src = f"{kc.ptr(x)} + {Index(x.shape, (img, ch, '0', '0')).offset()}"
+                _direct_rows(kc, ev, stage, node, bias_term, src, weights, geo, acc, (img, ch),
+                             OW < PLANE_EPILOGUE_MAX_ROW)
+                w.line("#else")
+            _copy_plane(kc, ev, x, img, ch, xp, (H, W), (PT, PL), SW, Wh)
+            taps = [(weights[kh][kw], kh * DH, (kw * DW % SW) * Wh + kw * DW // SW)
+                    for kh in range(KH) for kw in range(KW)]
+            oh = kc.tmp("oh")
+            if wide:
+                _taps_pass(kc, [(wv, f"{xp} + {r * row_len + c}") for wv, r, c in taps], acc, span, exact,
+                           copy_simd)
+                if direct:
+                    ow = kc.tmp("ow")
+                    w.line(f"for (long {oh} = 0; {oh} < {OH}; ++{oh}) for (long {ow} = 0; {ow} < {OW}; ++{ow}) "
+                           f"{dense}[{oh} * {OW} + {ow}] = {acc}[{oh} * {Wp} + {ow}];")
+            else:
+                with w.block(f"for (long {oh} = 0; {oh} < {OH}; ++{oh})"):
+                    rows: dict[int, str] = {}
+                    for _, r, _ in taps:
+                        if r not in rows:
+                            rows[r] = kc.tmp("row")
+                            w.line(f"const float* restrict {rows[r]} = {xp} + ({oh} * {SH} + {r}) * {row_len};")
+                    _taps_pass(kc, [(wv, f"{rows[r]} + {c}") for wv, r, c in taps], f"({acc} + {oh} * {OW})",
+                               span, exact, copy_simd)
+            if direct:
+                w.line("#endif")
             y = kc.tmp("y")
-            a = f"{acc}[{oh} * {Wp} + {ow}]" if wide else f"{acc}[{ow}]"
-            w.line(f"const float {y} = {bias_term(ev, node, a, ch)};")
-            finish_element(kc, ev, stage, out, idx, y)
-        rows_loop.__exit__(None, None, None)
+            if wide and not direct:
+                oh, ow = kc.tmp("oh"), kc.tmp("ow")
+                with w.block(f"for (long {oh} = 0; {oh} < {OH}; ++{oh})"), \
+                        w.block(f"for (long {ow} = 0; {ow} < {OW}; ++{ow})"), ev.scope():
+                    w.line(f"const float {y} = {bias_term(ev, node, f'{acc}[{oh} * {Wp} + {ow}]', ch)};")
+                    finish_element(kc, ev, stage, out, Index(out.shape, (img, ch, oh, ow)), y)
+            else:
+                p = kc.tmp("p")
+                with w.block(f"for (long {p} = 0; {p} < {OH * OW}; ++{p})"), ev.scope():
+                    w.line(f"const float {y} = {bias_term(ev, node, f'{dense}[{p}]', ch)};")
+                    finish_element(kc, ev, stage, out, Index.loops(out.shape, [(0, 1, img), (1, 2, ch), (2, 4, p)]), y)
+            if direct_rows:
+                w.line("#endif")
+
+
+def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, acc: str, where,
+                 plane_epilogue: bool) -> None:
+    """AVX2, any row stride, column stride 1 or 2: each output row's vectors from the input rows
+    in place, into ``acc``, then the row through the bias and the epilogue while it is in L1.
+
+    A tap's 8 inputs for outputs ``ow0..ow0+7`` start at column ``ow0 * SW + c`` (``c = kw * DW -
+    PL``). Stride 1: one unaligned load. Stride 2: the even or odd floats of the 16 from the even
+    column below, two loads and one ``shufps``, which leaves the 8 in the order 0 1 4 5 2 3 6 7,
+    the same for every tap: the sum is put in order once, before the store. Loads that reach past
+    either end of the input row are masked (masked lanes read nothing and give 0, as padding
+    would); taps whose lanes all fall outside are left out. Rows are grouped by which kernel rows
+    fall inside the input (the top and bottom rows leave some out); each group is one loop, over
+    ``ROW_BLOCK`` rows at a time (``rows_body``).
+    ``plane_epilogue``: the rows are written at ``oh * OW`` instead and the epilogue runs once,
+    over the dense plane (for short rows, whose epilogue loop would not be vectorised)."""
+    w = kc.w
+    img, ch = where
+    out = node.outputs[0]
+    H, W = node.input(0).shape[2:]
+    OH, OW = out.shape[2:]
+    KH, KW = geo.kernel
+    (SH, SW), (DH, DW), (PT, PL) = geo.strides, geo.dilations, geo.pads_begin
+    base = kc.tmp("src")
+    w.line(f"const float* {base} = {src};")
+    wvs = [[kc.tmp("wv") for _ in row] for row in weights]
+    for names, row in zip(wvs, weights, strict=True):
+        for name, wv in zip(names, row, strict=True):
+            w.line(f"const __m256 {name} = _mm256_set1_ps({wv});")
+    masks: dict[tuple[int, ...], str] = {}
+
+    def load(row: str, start: int) -> str | None:
+        """The 8 floats of the input row from column ``start``, masked where outside it."""
+        lanes = [0 <= start + lane < W for lane in range(VECTOR)]
+        if not any(lanes):
+            return None
+        at = add(row, str(start))
+        if all(lanes):
+            return f"_mm256_loadu_ps({at})"
+        key = tuple(-1 if ok else 0 for ok in lanes)
+        if key not in masks:
+            masks[key] = kc.tmp("mask")
+            w.line(f"const __m256i {masks[key]} = _mm256_setr_epi32({', '.join(map(str, key))});")
+        return f"_mm256_maskload_ps({at}, {masks[key]})"
+
+    blocks = -(-OW // VECTOR)
+    taps = {}  # (block, kw) -> how the tap's 8 inputs are read from an input row: (row -> C expression)
+    for b in range(blocks):
+        for kw in range(KW):
+            c = b * VECTOR * SW + kw * DW - PL
+            cols = [(b * VECTOR + lane) * SW + kw * DW - PL for lane in range(VECTOR)]
+            if not any(b * VECTOR + lane < OW and 0 <= col < W for lane, col in enumerate(cols)):
+                continue
+            taps[b, kw] = c
+    # Declare every mask first (one C scope: the plane's), then emit the row loops.
+    for c in taps.values():
+        if SW == 1:
+            load("row", c)
+        else:
+            even = c - c % 2
+            load("row", even), load("row", even + VECTOR)
+    classes: list[list] = []  # [first row, end row, kernel rows inside the input]
+    for oh in range(OH):
+        inside = tuple(kh for kh in range(KH) if 0 <= oh * SH + kh * DH - PT < H)
+        if classes and classes[-1][2] == inside:
+            classes[-1][1] = oh + 1
+        else:
+            classes.append([oh, oh + 1, inside])
+    oh = kc.tmp("oh")
+    pitch = _round_up(OW, VECTOR)  # a row's results in ``acc`` (row by row epilogue)
+
+    def rows_body(inside: tuple[int, ...], nrows: int) -> None:
+        """Output rows ``oh .. oh + nrows - 1``: every input row they read is loaded once per vector
+        and feeds each of them that reads it (their taps summed in kernel order all the same)."""
+        rows: dict[int, str] = {}  # input row offset from oh * SH -> pointer
+        users: dict[int, list[tuple[int, int]]] = {}  # offset -> [(output row j, kernel row kh)]
+        for j in range(nrows):
+            for kh in inside:
+                d = j * SH + kh * DH - PT
+                users.setdefault(d, []).append((j, kh))
+        for d in sorted(users):
+            rows[d] = kc.tmp("row")
+            w.line(f"const float* {rows[d]} = {base} + {add(mul(oh, SH * W), str(d * W))};")
+        stores: list[tuple[int, int, str]] = []
+        for b in range(blocks):
+            vs = [kc.tmp("v") for _ in range(nrows)]
+            started = [False] * nrows
+            for d in sorted(users):
+                pairs: dict[int, tuple[str, str]] = {}
+                for kw in range(KW):
+                    if (b, kw) not in taps:
+                        continue
+                    c = taps[b, kw]
+                    if SW == 1:
+                        x = load(rows[d], c)
+                    else:
+                        even = c - c % 2
+                        if even not in pairs:
+                            lo_v, hi_v = load(rows[d], even), load(rows[d], even + VECTOR)
+                            zero = "_mm256_setzero_ps()"
+                            pairs[even] = (kc.tmp("lo"), kc.tmp("hi"))
+                            w.line(f"const __m256 {pairs[even][0]} = {lo_v or zero}, "
+                                   f"{pairs[even][1]} = {hi_v or zero};")
+                        x = f"_mm256_shuffle_ps({pairs[even][0]}, {pairs[even][1]}, {0xDD if c % 2 else 0x88})"
+                    if x is None:
+                        continue
+                    if len(users[d]) > 1:
+                        t = kc.tmp("x")
+                        w.line(f"const __m256 {t} = {x};")
+                        x = t
+                    for j, kh in users[d]:
+                        v, wv = vs[j], wvs[kh][kw]
+                        expr = f"_mm256_fmadd_ps({wv}, {x}, {v})" if started[j] else f"_mm256_mul_ps({wv}, {x})"
+                        w.line(f"{'' if started[j] else '__m256 '}{v} = {expr};")
+                        started[j] = True
+            for j, v in enumerate(vs):
+                if not started[j]:
+                    w.line(f"__m256 {v} = _mm256_setzero_ps();")
+                elif SW == 2:  # 0 1 4 5 2 3 6 7 -> 0 .. 7: 64-bit pairs 0 2 1 3
+                    w.line(f"{v} = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd({v}), 0xD8));")
+                if plane_epilogue:  # rows overlap by a vector's overrun: stored row after row, below
+                    stores.append((j, b, v))
+                else:
+                    w.line(f"_mm256_storeu_ps({acc} + {j * pitch + b * VECTOR}, {v});")
+        if plane_epilogue:
+            for j, b, v in sorted(stores):
+                w.line(f"_mm256_storeu_ps({acc} + {add(mul(oh, OW), str(j * OW + b * VECTOR))}, {v});")
+            return
+        for j in range(nrows):
+            ow, y = kc.tmp("ow"), kc.tmp("y")
+            with w.block(f"for (long {ow} = 0; {ow} < {OW}; ++{ow})"), ev.scope():
+                w.line(f"const float {y} = {bias_term(ev, node, f'{acc}[{j * pitch} + {ow}]', ch)};")
+                finish_element(kc, ev, stage, out, Index(out.shape, (img, ch, add(oh, str(j)), ow)), y)
+
+    for lo, hi, inside in classes:
+        pair_end = lo + (hi - lo) // ROW_BLOCK * ROW_BLOCK
+        if pair_end > lo:
+            with w.block(f"for (long {oh} = {lo}; {oh} < {pair_end}; {oh} += {ROW_BLOCK})"):
+                rows_body(inside, ROW_BLOCK)
+        if pair_end < hi:
+            with w.block(f"for (long {oh} = {pair_end}; {oh} < {hi}; ++{oh})"):
+                rows_body(inside, 1)
+    if plane_epilogue:
+        p, y = kc.tmp("p"), kc.tmp("y")
+        with w.block(f"for (long {p} = 0; {p} < {OH * OW}; ++{p})"), ev.scope():
+            w.line(f"const float {y} = {bias_term(ev, node, f'{acc}[{p}]', ch)};")
+            finish_element(kc, ev, stage, out, Index.loops(out.shape, [(0, 1, img), (1, 2, ch), (2, 4, p)]), y)
+
+
+def _direct_plane(kc, src: str, weights, geo, hw, dense: str) -> None:
+    """AVX2: ``dense[i] = sum_taps w * x[i + shift(tap)]`` over the flat plane (stride 1, output
+    as large as the input, so an output row's pitch is the input's), the input read in place.
+    Which lanes of a vector a tap reads is known here for every vector: all (a plain load),
+    none (the tap is left out) or some (a masked load, which reads nothing at the lanes masked
+    off, so nothing before or after the plane, and gives 0 there, as the padding would). The
+    whole plane is unrolled (at most ``DIRECT_MAX_VECTORS`` vectors)."""
+    w = kc.w
+    H, W = hw
+    KH, KW = geo.kernel
+    (DH, DW), (PT, PL) = geo.dilations, geo.pads_begin
+    base = kc.tmp("src")
+    w.line(f"const float* {base} = {src};")
+    wvs = []
+    for row in weights:
+        for wv in row:
+            name = kc.tmp("wv")
+            w.line(f"const __m256 {name} = _mm256_set1_ps({wv});")
+            wvs.append(name)
+    masks: dict[tuple[int, ...], str] = {}
+    n = H * W
+    for b in range(-(-n // VECTOR)):
+        v = kc.tmp("v")
+        started = False
+        for t, (kh, kw) in enumerate((kh, kw) for kh in range(KH) for kw in range(KW)):
+            dh, dw = kh * DH - PT, kw * DW - PL
+            lanes = []
+            for i in range(b * VECTOR, b * VECTOR + VECTOR):
+                oh, ow = divmod(i, W)
+                lanes.append(i < n and 0 <= oh + dh < H and 0 <= ow + dw < W)
+            if not any(lanes):
+                continue
+            at = add(base, str(b * VECTOR + dh * W + dw))
+            if all(lanes):
+                load = f"_mm256_loadu_ps({at})"
+            else:
+                key = tuple(-1 if ok else 0 for ok in lanes)
+                if key not in masks:
+                    masks[key] = kc.tmp("mask")
+                    w.line(f"const __m256i {masks[key]} = _mm256_setr_epi32({', '.join(map(str, key))});")
+                load = f"_mm256_maskload_ps({at}, {masks[key]})"
+            expr = f"_mm256_fmadd_ps({wvs[t]}, {load}, {v})" if started else f"_mm256_mul_ps({wvs[t]}, {load})"
+            w.line(f"{'' if started else '__m256 '}{v} = {expr};")
+            started = True
+        w.line(f"_mm256_storeu_ps({dense} + {b * VECTOR}, {v});")
+
+
+def plane_chunk(planes: int, options) -> int:
+    """Planes per chunk: up to ``depthwise_chunk_planes``, fewer where that would leave fewer than
+    ``depthwise_min_chunks`` chunks for the threads to share."""
+    return max(1, min(options.depthwise_chunk_planes, planes // options.depthwise_min_chunks))
 
 
 def _round_up(x: int, m: int) -> int:
@@ -116,25 +407,16 @@ def _taps_pass(kc, srcs, acc: str, span: int, exact: int, simd: bool) -> None:
         w.line("#endif")
 
 
-def _copy_padded_plane(kc, ev, x, img, ch, xp, hw, padded, pads, SW, Wh) -> None:
-    """``xp``: the plane zero-padded, each row stored as its SW column phases."""
+def _copy_plane(kc, ev, x, img, ch, xp, hw, pads, SW, Wh) -> None:
+    """The input plane's rows into ``xp`` (the padded plane, its padding already zero), each row
+    stored as its SW column phases: padded column ``j = q * SW + ph`` at ``ph * Wh + q``."""
     w = kc.w
     H, W = hw
-    Hp, Wp = padded
     PT, PL = pads
     row_len = SW * Wh
-    r, ih, dst, j = kc.tmp("r"), kc.tmp("ih"), kc.tmp("dst"), kc.tmp("j")
-    with w.block(f"for (long {r} = 0; {r} < {Hp}; ++{r})"):
-        w.line(f"const long {ih} = {r} - {PT};")
-        w.line(f"float* restrict {dst} = {xp} + {r} * {row_len};")
-        with w.block(f"if ((unsigned long){ih} >= {H}ul)"):
-            w.line(f"memset({dst}, 0, sizeof(float) * {row_len});")
-            w.line("continue;")
-        # Zero the padding columns (left of the input, right of it up to the phases' end).
-        for lo, hi in ((0, PL), (PL + W, row_len)):
-            if hi > lo:
-                where = f"{j}" if SW == 1 else f"({j} % {SW}) * {Wh} + {j} / {SW}"
-                w.line(f"for (long {j} = {lo}; {j} < {hi}; ++{j}) {dst}[{where}] = 0.0f;")
+    ih, dst = kc.tmp("ih"), kc.tmp("dst")
+    with w.block(f"for (long {ih} = 0; {ih} < {H}; ++{ih})"):
+        w.line(f"float* restrict {dst} = {xp} + {add(mul(ih, row_len), str(PT * row_len))};")
         for ph in range(SW):  # padded column j = q * SW + ph holds input column j - PL
             q_lo = max(0, -(-(PL - ph) // SW))
             q_hi = -(-(PL + W - ph) // SW)
@@ -142,8 +424,8 @@ def _copy_padded_plane(kc, ev, x, img, ch, xp, hw, padded, pads, SW, Wh) -> None
                 continue
             q = kc.tmp("q")
             with w.block(f"for (long {q} = {q_lo}; {q} < {q_hi}; ++{q})"), ev.scope():
-                iw = f"{q} * {SW} + {ph - PL}" if SW > 1 else f"{q} - {PL}" if PL else q
-                w.line(f"{dst}[{ph * Wh} + {q}] = {ev.at(x, Index(x.shape, (img, ch, ih, iw)))};")
+                iw = add(mul(q, SW), str(ph - PL))
+                w.line(f"{dst}[{add(str(ph * Wh), q)}] = {ev.at(x, Index(x.shape, (img, ch, ih, iw)))};")
 
 
 def _row_plain(kc, srcs, acc: str, start: str, OW: int) -> None:

@@ -39,6 +39,7 @@ from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.microkernel import microkernel, transpose_helper
 from opfuse.codegen.stages import GroupAnalysis, Stage
 from opfuse.ir.graph import Value
+from opfuse.ops.common import wrap_int
 from opfuse.ops.registry import get_spec
 
 Loader = Callable[[object, str, str, str], str]  # (ev, batch, row, col) -> C expression
@@ -629,11 +630,25 @@ def gemm_problem(kc, ev, node) -> GemmProblem:
         b_op.static = (sb.T if tb else sb).astype(np.float32).reshape(1, K, N)
     alpha, beta = float(a["alpha"]), float(a["beta"])
 
+    # Integers with a fractional alpha or beta scale as the reference does: each term in double
+    # (the product A'B' wraps in the element type first), summed in double (no FMA: the build
+    # uses -ffp-contract=off), then converted back to the element type, truncating toward zero.
+    in_double = dt.kind in "iu" and not (alpha.is_integer() and beta.is_integer())
+
+    def _scale(v: float) -> str:  # an integral scale of an integer Gemm wraps into the element type
+        return literal(wrap_int(v, dt) if dt.kind in "iu" else v, dt)
+
     def finish(ev, acc, b, m, n):
-        y = acc if alpha == 1.0 else f"{literal(alpha, dt)} * {acc}"
+        if in_double:
+            y = f"(double)({acc})" if alpha == 1.0 else f"{literal(alpha, np.float64)} * (double)({acc})"
+            if C is not None and beta != 0.0:
+                c = ev.at(C, Index((M, N), (m, n)).broadcast_to(C.shape))
+                y = f"{y} + (double)({c})" if beta == 1.0 else f"{y} + {literal(beta, np.float64)} * (double)({c})"
+            return f"({c_type(dt)})({y})"
+        y = acc if alpha == 1.0 else f"{_scale(alpha)} * {acc}"
         if C is not None and beta != 0.0:
             c = ev.at(C, Index((M, N), (m, n)).broadcast_to(C.shape))
-            y = f"{y} + {c}" if beta == 1.0 else f"{y} + {literal(beta, dt)} * {c}"
+            y = f"{y} + {c}" if beta == 1.0 else f"{y} + {_scale(beta)} * {c}"
         return y
 
     def out_index(b, m, n):

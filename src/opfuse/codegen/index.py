@@ -288,10 +288,13 @@ def reshape_blocks(out_shape: Sequence[int], in_shape: Sequence[int]) -> list[tu
     """Pair consecutive axis ranges of two shapes with equal products (the finest such split).
 
     ``(1, 128, 768) -> (1, 128, 12, 64)`` pairs ``[0:2)`` with ``[0:2)`` and ``[2:3)`` with
-    ``[2:4)``: within a block the linear index is the same on both sides."""
+    ``[2:4)``: within a block the linear index is the same on both sides. Shapes of no element
+    (a 0 anywhere) are one block: no index is ever computed, and their axes need not pair up."""
     blocks = []
     i = j = 0
     no, ni = len(out_shape), len(in_shape)
+    if 0 in out_shape or 0 in in_shape:
+        return [((0, no), (0, ni))]
     while i < no or j < ni:
         si, sj = i, j
         po = pi = 1

@@ -63,6 +63,11 @@ class KernelContext:
         self._parallel: list[tuple[int, int, int]] = []  # (line index of the pragma, work, collapse)
         self.faults: dict[int, tuple[int, str, int]] = {}  # id(node) -> (node position, flag, fault code)
         self.checked: set[int] = set()  # ids of nodes whose operands were checked before the loops
+        self.notes: list[str] = []  # algorithm choices (Winograd or direct ...), in the comment and the report
+
+    def note(self, text: str) -> None:
+        """Record a choice this kernel made (shown in its comment and ``KernelInfo.notes``)."""
+        self.notes.append(text.replace("*/", "* /"))
 
     # Names --------------------------------------------------------------------------------
     def tmp(self, prefix: str = "t") -> str:
@@ -171,4 +176,5 @@ class KernelContext:
         decl, returns = self._fault_flags()
         body = self.w.text()
         unused = "  (void)scratch; (void)nt;\n"
-        return f"/* {comment} */\n{self.signature()} {{\n{unused}{decl}{body}{returns}}}\n"
+        notes = "".join(f"\n * {n}" for n in self.notes)
+        return f"/* {comment}{notes} */\n{self.signature()} {{\n{unused}{decl}{body}{returns}}}\n"

@@ -7,6 +7,7 @@ from typing import Callable, ContextManager, Sequence
 
 from opfuse.codegen.ctype import c_type
 from opfuse.codegen.index import Index
+from opfuse.cost.analysis import VECTORISED_REDUCTION_MIN_RUN
 from opfuse.ir.graph import Value
 
 # Independent partial results per reduction: gcc vectorises a loop over lanes without
@@ -99,7 +100,7 @@ def lane_reduce(kc, ctype: str, init: str, combine: Callable[[str, str], str], l
     NaN-propagating max (``a > b || a != a ? a : b`` is no MAX_EXPR)."""
     w = kc.w
     lanes = REDUCTION_LANES
-    if length < 2 * lanes:
+    if length < VECTORISED_REDUCTION_MIN_RUN:  # what the cost model prices as scalar
         w.line(f"{ctype} {result} = {init};")
         j = kc.tmp("j")
         with w.block(f"for (long {j} = 0; {j} < {length}; ++{j})"), scope():

@@ -11,6 +11,7 @@ WEIGHT_MODES = ("blob", "embed")
 # "mcu": a standalone C99 library for a microcontroller (see ``codegen/mcu.py``).
 PLATFORMS = ("host", "mcu")
 SIMD_MODES = ("auto", "none")
+WINOGRAD_MODES = ("auto", "off", "on")
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,12 @@ class CodegenOptions:
     attention_block: int = 64
     # Below this many elementary operations a loop runs on one thread (spawning costs more).
     parallel_min_work: int = 1 << 15
+    # Depthwise convolution (``codegen/depthwise.py``) walks its channel planes in chunks of up to
+    # ``depthwise_chunk_planes`` (the padded plane's zero border is written once per chunk, not
+    # per plane), fewer planes per chunk where there would otherwise be fewer than
+    # ``depthwise_min_chunks`` chunks for the threads to share.
+    depthwise_chunk_planes: int = 8
+    depthwise_min_chunks: int = 16
     # When the outermost loop has fewer iterations than this, OpenMP collapses two loops.
     parallel_min_outer: int = 16
     # A parallel loop whose every iteration is at least this much work (GEMM, conv and attention
@@ -52,6 +59,30 @@ class CodegenOptions:
     # leave one thread idle. Lighter iterations (elements, rows, planes) keep static chunks: no
     # atomic per iteration. Threads never change results: every iteration is independent.
     parallel_dynamic_min_work: int = 1 << 15
+    # Winograd convolution (``codegen/winograd.py``) for 3x3, stride-1, dilation-1, ungrouped
+    # float32 convolutions with constant weights. "auto": where profitable by the rule below
+    # (and never in the plain C99 build, simd="none", whose results stay those of the direct
+    # kernel); "on": every legal convolution; "off": none. The transform: F(4x4, 3x3)
+    # (``winograd_f4``) where both output sides are at least ``winograd_f4_min_spatial``,
+    # F(2x2, 3x3) below. Profitability ("auto"): input and output channels both at least
+    # ``winograd_min_channels`` (``winograd_f2_min_channels`` for F(2x2)) and both output
+    # sides at least ``winograd_min_spatial``. Measured (1 thread, thread CPU time, against
+    # the direct kernel, Conv+Add+Relu): F(4x4) 2.35x at 64 ch 56x56, 2.3x at 128 ch 28x28, 1.8x
+    # at 256 ch 14x14, 1.5x at 32 ch 16x16, 1.6x at 16 ch 32x32 and 80x80, but 0.86x at 64 ch 8x8
+    # (4 tiles in 8 lanes); F(2x2) 1.6x at 64 ch 8x8, 1.2x at 48 ch 10x10, 1.06x at 32 ch 8x8,
+    # 0.85-0.93x at 16 ch 8x8 and 10x10; at 7x7 (512 ch) F(2x2) 1.00x, F(4x4) 0.43x.
+    # F(4x4)'s error (points 0, 1, -1, 2, -1/2: 1.1e-5 to 1.8e-5 max abs on resnet18's layers
+    # with O(1) outputs, direct 4e-6 to 7e-6, F(2x2) 2e-6 to 3e-6) stays within the tests'
+    # tolerance (rtol 1e-4 + atol 1e-5); ``winograd_f4=False`` gives F(2x2) everywhere. A block
+    # of tiles keeps its transformed input and output (alpha^2 (Cin + Cout) floats per tile)
+    # within ``winograd_block_floats``.
+    winograd: str = "auto"
+    winograd_min_channels: int = 16
+    winograd_f2_min_channels: int = 32
+    winograd_min_spatial: int = 8
+    winograd_f4: bool = True
+    winograd_f4_min_spatial: int = 12
+    winograd_block_floats: int = 1 << 18
     # "blob": weights passed as one pointer at run time; "embed": a static const array.
     weights: str = "blob"
     # Time every kernel call (clock_gettime around it); read back with CompiledModel.profile. On the
@@ -70,6 +101,10 @@ class CodegenOptions:
             raise OpfuseError(f"weights mode {self.weights!r}: expected one of {', '.join(WEIGHT_MODES)}")
         if self.simd not in SIMD_MODES:
             raise OpfuseError(f"simd mode {self.simd!r}: expected one of {', '.join(SIMD_MODES)}")
+        if self.winograd not in WINOGRAD_MODES:
+            raise OpfuseError(f"winograd mode {self.winograd!r}: expected one of {', '.join(WINOGRAD_MODES)}")
+        if self.depthwise_chunk_planes < 1 or self.depthwise_min_chunks < 1:
+            raise OpfuseError("depthwise_chunk_planes and depthwise_min_chunks must be at least 1")
         if self.gemm_mc % self.gemm_mr or self.gemm_nc % self.gemm_nr:
             raise OpfuseError("gemm_mc must be a multiple of gemm_mr and gemm_nc of gemm_nr")
 

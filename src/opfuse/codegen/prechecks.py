@@ -1,6 +1,8 @@
 """Run-time checks hoisted before a kernel's loops (see ``codegen/checks.py``)."""
 from __future__ import annotations
 
+import numpy as np
+
 from opfuse.codegen.checks import check_of
 from opfuse.codegen.evaluator import Evaluator
 from opfuse.codegen.loops import emit_loop_nest
@@ -23,16 +25,17 @@ def emit_prechecks(kc, inline: set[int], live: list[Node], loadable: set[int]) -
 
     for node in live:
         check = check_of(node) if id(node) in inline else None
-        if check is None or not computable(check[0]):
+        if check is None or not all(computable(v) for v in check.operands):
             continue
-        operand, cond, bad, message = check
         kc.checked.add(id(node))
-        if id(operand) in ev.static:
-            if bad(ev.static[id(operand)]):
-                kc.w.line(f"{kc.fault(node, message)} = 1;")
+        if all(id(v) in ev.static for v in check.operands):
+            if check.bad(*(ev.static[id(v)] for v in check.operands)):
+                kc.w.line(f"{kc.fault(node, check.message)} = 1;")
             continue
-        flag = kc.fault(node, message)
+        flag = kc.fault(node, check.message)
+        shape = np.broadcast_shapes(*(v.shape for v in check.operands))
 
-        def body(idx, operand=operand, cond=cond, flag=flag):
-            kc.w.line(f"{flag} |= {cond(ev.at(operand, idx))};")
-        emit_loop_nest(kc, ev, operand.shape, body, parallel=False, prefix="c")
+        def body(idx, check=check, flag=flag):
+            xs = [ev.at(v, idx.broadcast_to(v.shape)) for v in check.operands]
+            kc.w.line(f"{flag} |= {check.cond(*xs)};")
+        emit_loop_nest(kc, ev, shape, body, parallel=False, prefix="c")

@@ -99,6 +99,7 @@ class KernelInfo:
     ops: list[str]
     scratch_bytes: int = 0
     scratch_offset: int | None = None  # mcu: where its scratch lies in the arena
+    notes: tuple[str, ...] = ()        # algorithm choices (e.g. "Conv 'c': Winograd F(4x4,3x3) (...)")
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,8 @@ class ProgramBuilder:
 
     def _register(self, kc: KernelContext, group, index: int, comment: str) -> None:
         """Add the kernel ``kc`` generated for ``group`` (its function, launch and call)."""
-        info = KernelInfo(None, group.name, group.kind, [n.op_type for n in group.nodes], kc.scratch_bytes)
+        info = KernelInfo(None, group.name, group.kind, [n.op_type for n in group.nodes], kc.scratch_bytes,
+                          notes=tuple(kc.notes))
         self.kernels.append(info)
         if not kc.w.lines:
             return

@@ -213,7 +213,7 @@ def lower_reduction(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
             def at(j):
                 dims = base[:a0] + delinearize(j, shape[a0:])
                 return element(ev.at(x, Index(shape, tuple(dims), ((a0, rank, j),))))
-            lane_reduce(kc, ct, init, combine, count, at, total)
+            lane_reduce(kc, ct, init, combine, count, at, total, scope=ev.scope)
             return
         kc.w.line(f"{ct} {total} = {init};")
         dims = list(base)

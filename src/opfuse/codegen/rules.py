@@ -254,6 +254,32 @@ def _clip(ev, node, k, idx):
     return y
 
 
+REQUANTIZE_HELPER = "opfuse_requantize"
+REQUANTIZE_C = """
+/* clamp(round_half_even(acc * mult / 2^shift) + zp, lo, hi), exact in int64 (opfuse.ops.quantized);
+   no shift of a negative value (implementation-defined or undefined in C99). */
+static inline int32_t opfuse_requantize(int32_t acc, int32_t mult, int32_t shift, int32_t zp, int32_t lo,
+                                        int32_t hi) {
+  const int64_t p = (int64_t)acc * (int64_t)mult;
+  const int64_t unit = (int64_t)1 << shift;
+  const int64_t q0 = p >= 0 ? (p >> shift) : -((-p + unit - 1) >> shift); /* floor(p / 2^shift) */
+  const int64_t r = p - q0 * unit;
+  const int64_t half = unit >> 1;
+  const int64_t q = q0 + ((r > half) | ((r == half) & (q0 % 2 != 0))) + zp;
+  return (int32_t)(q < lo ? lo : (q > hi ? hi : q));
+}
+"""
+
+
+@_register("Requantize")
+def _requantize(ev, node, k, idx):
+    a = _attrs(node)
+    acc, mult, shift = (ev.operand(node, i, idx) for i in range(3))
+    fn = ev.kc.program.require_helper(REQUANTIZE_HELPER, REQUANTIZE_C)
+    return (f"({c_type(node.outputs[0].dtype)}){fn}({acc}, {mult}, {shift}, {int(a['zero_point'])}, "
+            f"{int(a['lo'])}, {int(a['hi'])})")
+
+
 # Binary / n-ary ----------------------------------------------------------------------------
 def _binary(name: str, fmt: Callable[[str, str, np.dtype], str]):
     def rule(ev, node, k, idx):
@@ -299,7 +325,7 @@ def _pow(ev, node, k, idx):
         return f"({c_type(dt)})pow((double){base}, (double){ex})"
     # Integers: exact, wrapping like the type (pow() in double is neither above 2^53); a negative
     # exponent truncates the real power, and 0 to a negative power faults, as in the reference.
-    ev.w.line(f"{ev.kc.fault(node, checks.zero_to_negative_power(node))} |= ({base} == 0 && {ex} < 0);")
+    checks.check_here(ev, node, base, ex)  # unless checked whole before the loops (prechecks)
     return f"({c_type(dt)}){ev.kc.program.require_helper(IPOW, IPOW_C)}((int64_t){base}, (int64_t){ex})"
 
 

@@ -22,6 +22,10 @@ backend is expected to follow; fitted correction factors absorb the difference):
   and run once (the out-elementwise-fusable + epilogue case); otherwise it is *buffered*
   whole on chip. The group's **working set** is the sum of its buffered values; when it
   exceeds the on-chip capacity the group spills (see ``opfuse.cost.model``).
+* **Scalar prologues.** An inlined producer read by a reduction over fewer than
+  ``VECTORISED_REDUCTION_MIN_RUN`` elements per output or by a ``SCALAR_WINDOW_OPS`` pooling
+  (directly or through other such producers) runs in that reduction's scalar loop: its FLOPs
+  are ``scalar_flops`` too, which the cost model prices at the scalar rate.
 * **Register streams.** Streamed and inlined internal values each occupy one vector
   register while live (from producer to last consumer in group order); the most live at
   once is the group's register pressure.
@@ -45,6 +49,15 @@ from opfuse.rules.aliasing import aliasable_inputs, is_view
 
 FLOPS_PER_READ = {Category.OUT_ELEMWISE_FUSABLE: 2.0}
 DEFAULT_FLOPS_PER_READ = 1.0
+# A reduction reads each output's elements in one loop with 16 partial results (vectorised) only
+# from this many elements per output on; below, the loop is scalar, and so is every elementwise
+# op of its prologue (``codegen/loops.lane_reduce``). Such prologue ops run at the scalar rate:
+# a Relu fused into mobilenet's 3 x 3 global average pool took 3x the pool and the Relu unfused.
+VECTORISED_REDUCTION_MIN_RUN = 32
+# Window poolings whose window loop is scalar whatever its size, prologue included
+# (``codegen/pool.py``; MaxPool is not here: a Relu before it is applied once per output, after the max).
+SCALAR_WINDOW_OPS = frozenset({"AveragePool"})
+WINDOW_OPS = frozenset({"AveragePool", "MaxPool"})  # their run is the window, not |input| / |output|
 
 
 def category_of(node: Node) -> Category:
@@ -181,6 +194,7 @@ class GroupAnalysis:
     output_bytes: int
     working_set_bytes: int  # sum of the buffered values
     zero_copy: bool = False  # moves no data at all (an elided Concat, a view): no kernel runs
+    scalar_flops: float = 0.0  # of executed_flops, those run in scalar loops (scalar prologues)
     # FLOPs by op class (``op_class``), recomputation included: what an instruction-count model
     # (a fitted Cortex-M7 profile) prices per class.
     executed_by_class: dict[str, float] = field(default_factory=dict)
@@ -247,6 +261,8 @@ def analyze_group(graph: Graph, nodes, cache: dict | None = None) -> GroupAnalys
         if f:
             cls = op_class(n)
             by_class[cls] = by_class.get(cls, 0.0) + f * execs[id(n)]
+    scalar = _scalar_prologue(nodes, inlined, member, specs)
+    scalar_flops = sum(infos[id(n)][1] * execs[id(n)] for n in nodes if id(n) in scalar)
 
     buffered, streams = [], []
     for v in internal.values():
@@ -272,7 +288,27 @@ def analyze_group(graph: Graph, nodes, cache: dict | None = None) -> GroupAnalys
                          stream_elements=max((numel(v) for v in streams), default=0),
                          max_category=max_cat, input_bytes=input_bytes, output_bytes=output_bytes,
                          working_set_bytes=sum(nbytes(v) for v in buffered), zero_copy=zero_copy,
-                         executed_by_class=by_class)
+                         scalar_flops=scalar_flops, executed_by_class=by_class)
+
+
+def _scalar_prologue(nodes, inlined: set[int], member: dict[int, int], specs) -> set[int]:
+    """Ids of the inlined nodes that run in a short reduction's scalar loop (consumers first)."""
+    scalar: set[int] = set()
+    for n in reversed(nodes):
+        if id(n) not in inlined:
+            continue
+        for v in n.outputs:
+            for u, _ in v.uses:
+                if id(u) not in member:
+                    continue
+                s = specs[id(u)]
+                short = (s is not None and s.category == Category.REDUCTION and u.outputs
+                         and (u.op_type in SCALAR_WINDOW_OPS
+                              or (u.op_type not in WINDOW_OPS and numel(u.input(0))
+                                  < VECTORISED_REDUCTION_MIN_RUN * max(1, numel(u.outputs[0])))))
+                if short or id(u) in scalar:
+                    scalar.add(id(n))
+    return scalar
 
 
 def _aliased_bytes(graph: Graph, node: Node, input_bytes: int, output_bytes: int) -> tuple[int, int, bool]:

@@ -2,7 +2,8 @@
 
 Per group (see ``opfuse.cost.analysis`` for the execution model):
 
-    T_compute = sum_dtype FLOPs_executed(dtype) / P_peak(dtype)   (+ register spill work)
+    T_compute = sum_dtype FLOPs_executed(dtype) / P_peak(dtype)   (+ register spill work,
+                + FLOPs_scalar * (lanes - 1) / P_peak: scalar loops run one lane of the vectors)
     T_memory  = M_boundary / B
     T_spill   = M_spill / (B * SPILL_BANDWIDTH_FRACTION)
     T_pred    = max(T_compute, T_memory) + T_spill + T_overhead + T_numa
@@ -137,6 +138,8 @@ class CostModel:
         t_compute = sum(f / p.peak_for(d) for d, f in a.executed_flops.items())
         main_dtype = max(a.executed_flops.items(), key=lambda kv: (kv[1], kv[0]))[0] \
             if a.executed_flops else "float32"
+        # Scalar loops run one lane of the vector peak (``GroupAnalysis.scalar_flops``).
+        t_compute += a.scalar_flops * (p.vector_bytes // 4 - 1) / p.peak_for(main_dtype)
         excess_regs = max(0, a.register_pressure - p.vector_registers)
         t_compute += REGISTER_SPILL_OPS_PER_ELEMENT * excess_regs * a.stream_elements / p.peak_for(main_dtype)
 

@@ -37,6 +37,7 @@ CANONICALIZERS: dict[str, Canonicalizer] = {}
 REMOVED_OPS = frozenset({"Constant", "Identity", "Dropout"})
 # Ops with no OpSpec of their own that the importer rewrites into ops that have one.
 REWRITTEN_OPS = frozenset({"Upsample", "Scatter", "CastLike", "Size", "DequantizeLinear", "QuantizeLinear",
+                           "QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger",
                            "LpNormalization", "LpPool", "GlobalLpPool", "LRN", "InstanceNormalization",
                            "EyeLike"})
 

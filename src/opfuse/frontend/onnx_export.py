@@ -2,8 +2,8 @@
 
 Each IR node becomes one or more ONNX nodes: canonical attribute forms are written back in the
 target opset's form, and ops that are not ONNX ops at that opset (opfuse's ``Silu``; ``Gelu``
-before 20, ``LayerNormalization`` before 17, ``HardSwish`` before 14) are expanded into standard
-ops (``onnx_exporters``). Constants become initializers; value, node, input and output names
+before 20, ``Mish`` before 18, ``LayerNormalization`` before 17, ``HardSwish`` before 14) are
+expanded into standard ops (``onnx_exporters``). Constants become initializers; value, node, input and output names
 are kept. Attributes are written with the types the ONNX schema declares; an attribute that the
 target opset cannot express is dropped when it holds the value that means "old behaviour" and
 is an ``UnsupportedOpError`` otherwise.

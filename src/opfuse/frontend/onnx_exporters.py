@@ -9,8 +9,12 @@ are written as they are. Expansions state their math:
 * ``LayerNormalization(x) = (x - mean) / sqrt(var + eps) * scale + bias`` over axes
   ``axis..rank-1``, computed in float32 (``stash_type=1``) (an ONNX op from opset 17);
 * ``HardSwish(x) = x * HardSigmoid(x; alpha=1/6, beta=1/2)`` (an ONNX op from opset 14);
-* Softmax before opset 13 normalises a flattened trailing block, so a softmax along a
-  non-last axis is written ``Transpose -> Softmax(last) -> Transpose``.
+* ``Mish(x) = x * tanh(Softplus(x))`` (an ONNX op from opset 18);
+* ``Requantize(acc, mult, shift)`` (opfuse's fixed-point requantization, ``opfuse.ops.quantized``)
+  in int64: ``p = acc * mult``, ``r = p mod 2^shift`` (floored), ``q = (p - r) / 2^shift``, plus 1
+  when ``r > 2^(shift-1)`` or ``r = 2^(shift-1)`` and ``q`` is odd, ``+ zero_point``, clipped, cast;
+* Softmax (LogSoftmax, Hardmax) before opset 13 normalises a flattened trailing block, so one
+  along a non-last axis is written ``Transpose -> Softmax(last) -> Transpose``.
 """
 from __future__ import annotations
 
@@ -67,7 +71,7 @@ def axes_operand(ctx: ExportContext, node: Node, op_type: str, x: str, axes: lis
 
 # Attribute/input forms ------------------------------------------------------------------------
 
-@exports("Squeeze", "Unsqueeze", "ReduceSum", "ReduceMean", "ReduceMax")
+@exports(*AXES_INPUT_SINCE)  # Squeeze, Unsqueeze and every Reduce*
 def axes_form(ctx, node):
     attrs = dict(node.attrs)
     axes = attrs.pop("axes", None) or None
@@ -95,7 +99,7 @@ def split(ctx, node):
         ctx.emit(node, [node.input(0).name], dict(attrs, split=sizes))
 
 
-@exports("Softmax")
+@exports("Softmax", "LogSoftmax", "Hardmax")
 def softmax(ctx, node):
     if ctx.opset >= SOFTMAX_SINGLE_AXIS_SINCE:
         ctx.emit(node)
@@ -108,7 +112,7 @@ def softmax(ctx, node):
     perm = [d for d in range(rank) if d != axis] + [axis]
     inverse = [perm.index(d) for d in range(rank)]
     t = ctx.op(node, "Transpose", [node.input(0).name], perm=perm)
-    s = ctx.op(node, "Softmax", [t], axis=-1)
+    s = ctx.op(node, node.op_type, [t], axis=-1)
     ctx.op(node, "Transpose", [s], out=node.output.name, perm=inverse)
 
 
@@ -179,6 +183,32 @@ def silu(ctx, node):
     ctx.op(node, "Mul", [x, ctx.op(node, "Sigmoid", [x])], out=node.output.name)
 
 
+@exports("Requantize")
+def requantize(ctx, node):
+    shift = node.input(2).const
+    if shift is None:
+        raise UnsupportedOpError("Requantize", node.name, ctx.opset, detail="a run-time shift cannot be exported")
+    a = node.attrs
+    i64 = np.int64
+    unit = np.left_shift(np.ones_like(shift, dtype=i64), shift.astype(i64))
+    cast64 = int(TensorProto.INT64)
+    p = ctx.op(node, "Mul", [ctx.op(node, "Cast", [node.input(0).name], to=cast64),
+                             ctx.op(node, "Cast", [node.input(1).name], to=cast64)])
+    unit_name = ctx.const(f"{node.name}_unit", unit)
+    r = ctx.op(node, "Mod", [p, unit_name], fmod=0)
+    q = ctx.op(node, "Div", [ctx.op(node, "Sub", [p, r]), unit_name])
+    half = ctx.const(f"{node.name}_half", unit >> 1)
+    odd = ctx.op(node, "Equal", [ctx.op(node, "Mod", [q, _scalar(ctx, node, "two", 2, i64)], fmod=0),
+                                 _scalar(ctx, node, "one", 1, i64)])
+    up = ctx.op(node, "Or", [ctx.op(node, "Greater", [r, half]),
+                             ctx.op(node, "And", [ctx.op(node, "Equal", [r, half]), odd])])
+    q = ctx.op(node, "Add", [ctx.op(node, "Add", [q, ctx.op(node, "Cast", [up], to=cast64)]),
+                             _scalar(ctx, node, "zero_point", int(a.get("zero_point", 0)), i64)])
+    q = ctx.op(node, "Clip", [q, _scalar(ctx, node, "lo", int(a.get("lo", -128)), i64),
+                              _scalar(ctx, node, "hi", int(a.get("hi", 127)), i64)])
+    ctx.op(node, "Cast", [q], out=node.output.name, to=int(a.get("to", TensorProto.INT8)))
+
+
 @exports("HardSwish")
 def hard_swish(ctx, node):
     if _native(ctx, node):
@@ -187,6 +217,15 @@ def hard_swish(ctx, node):
     x = node.input(0).name
     ctx.op(node, "Mul", [x, ctx.op(node, "HardSigmoid", [x], alpha=1.0 / 6.0, beta=0.5)],
            out=node.output.name)
+
+
+@exports("Mish")
+def mish(ctx, node):
+    if _native(ctx, node):
+        ctx.emit(node)
+        return
+    x = node.input(0).name
+    ctx.op(node, "Mul", [x, ctx.op(node, "Tanh", [ctx.op(node, "Softplus", [x])])], out=node.output.name)
 
 
 @exports("Gelu")

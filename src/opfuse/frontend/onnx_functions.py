@@ -30,8 +30,8 @@ import onnx
 import onnx.defs
 from onnx import helper
 
-from opfuse.errors import ModelError, UnsupportedOpError
-from opfuse.frontend import onnx_decompose  # noqa: F401  (registers its canonicalizers)
+from opfuse.errors import ModelError, ShapeInputError, UnsupportedOpError
+from opfuse.frontend import onnx_decompose, onnx_quantized  # noqa: F401  (register their canonicalizers)
 from opfuse.frontend.onnx_canonical import CANONICALIZERS, REMOVED_OPS, REWRITTEN_OPS, emit_as_is
 from opfuse.frontend.onnx_import_context import ImportContext, OnnxNode
 from opfuse.frontend.onnx_opsets import DEFAULT_DOMAINS
@@ -128,6 +128,10 @@ def _inline(ctx: ImportContext, node: OnnxNode, inputs: list, depth: int, opset:
     except UnsupportedOpError as e:
         if e.op_type == node.op_type and e.node == node.name:
             raise
+        if isinstance(e, ShapeInputError):  # keep the graph inputs that decide the shape (their values bind it)
+            wrapped = ShapeInputError(node.op_type, node.name, ctx.opset, detail=f"in its ONNX function body, {e}")
+            wrapped.inputs = e.inputs
+            raise wrapped from None
         raise UnsupportedOpError(node.op_type, node.name, ctx.opset,
                                  detail=f"in its ONNX function body, {e}") from None
     results = []

@@ -28,12 +28,13 @@ import numpy as np
 import onnx
 import onnx.defs
 
-from opfuse.errors import ModelError, UnsupportedOpError
-from opfuse.frontend.input_shapes import Dim, bind_input_shapes
+from opfuse.errors import InputError, ModelError, UnsupportedOpError
+from opfuse.frontend.input_shapes import Dim, bind_input_shapes, symbolic_dim
 from opfuse.frontend.onnx_files import read_model
 from opfuse.frontend.onnx_functions import canonicalize, has_function, is_importable
 from opfuse.frontend.onnx_import_context import ImportContext, OnnxNode
 from opfuse.frontend.onnx_opsets import DEFAULT_DOMAINS, MAX_OPSET, MIN_OPSET, REVIEWED_OPSET
+from opfuse.frontend.onnx_qdq import recognize_integer_convs
 from opfuse.frontend.onnx_protos import (attribute_value, numpy_dtype, sparse_to_array,
                                          tensor_to_array)
 from opfuse.ir.graph import Graph, Node, Value
@@ -132,24 +133,36 @@ def _declared_dims(vi: onnx.ValueInfoProto) -> tuple[list[Dim] | None, np.dtype]
         if d.HasField("dim_value") and d.dim_value >= 0:
             dims.append(int(d.dim_value))
         else:
-            dims.append(d.dim_param or None)
+            dims.append(symbolic_dim(d.dim_param))
     return dims, dtype
+
+
+def declared_inputs(model: onnx.ModelProto) -> dict[str, list[Dim] | None]:
+    """Each graph input (initializers listed as inputs excepted) -> its declared dims (``None`` for
+    an unknown rank): what ``--input-shape`` or the arrays of a run must bind."""
+    g = model.graph
+    consts = {t.name for t in g.initializer} | {st.values.name for st in g.sparse_initializer}
+    return {vi.name: _declared_dims(vi)[0] for vi in g.input if vi.name not in consts}
 
 
 # The importer ----------------------------------------------------------------------------------
 
 def import_model(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None,
-                 base_dir: str | None = None) -> Graph:
+                 base_dir: str | None = None, input_values: Mapping[str, np.ndarray] | None = None) -> Graph:
     """Import an ONNX model into a verified, shape-inferred, canonical ``Graph``.
 
     ``input_shapes`` binds graph inputs whose dims are symbolic or unknown; ``base_dir`` is the
-    folder external data is read from (only files inside it are read).
+    folder external data is read from (only files inside it are read). ``input_values`` makes
+    the graph inputs it names constants with those values (checked against their declared
+    dtype and shape): the graph is specialised to them and no longer takes them as inputs. It is
+    how an input that decides a shape (``ShapeInputError.inputs``) is bound.
     """
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"import_model expects an onnx.ModelProto, got {type(model).__name__}")
     if not model.HasField("graph"):
         raise ModelError("the ONNX model has no graph")
     opset = default_opset(model)
+    model = recognize_integer_convs(model)  # DQ -> Conv -> [Relu] -> Q as one integer conv (onnx_qdq)
     g = model.graph
     node_names = _node_names(g.node)
     versions = _check_ops(g, node_names, opset)
@@ -157,7 +170,7 @@ def import_model(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int
     graph = Graph(g.name or "graph")
     graph.opset = opset
     _add_constants(graph, g, base_dir)
-    _add_inputs(graph, g, dict(input_shapes or {}))
+    _add_inputs(graph, g, dict(input_shapes or {}), dict(input_values or {}))
     nodes = _onnx_nodes(g, node_names, versions, opset, base_dir)
     ctx, env = _walk(graph, opset, nodes, [o.name for o in g.output])
     graph.outputs = _graph_outputs(ctx, env, [o.name for o in g.output])
@@ -178,9 +191,10 @@ def _add_constants(graph: Graph, g: onnx.GraphProto, base_dir: str | None) -> No
         graph.add_const(name, sparse_to_array(st, base_dir, f"sparse initializer '{name}'"), unique=False)
 
 
-def _add_inputs(graph: Graph, g: onnx.GraphProto, input_shapes: Mapping[str, Sequence[int]]) -> None:
+def _add_inputs(graph: Graph, g: onnx.GraphProto, input_shapes: Mapping[str, Sequence[int]],
+                input_values: Mapping[str, np.ndarray]) -> None:
     """Graph inputs with concrete shapes (old models also list initializers as inputs: those stay
-    constants)."""
+    constants); those in ``input_values`` become constants."""
     declared: dict[str, list[Dim] | None] = {}
     dtypes: dict[str, np.dtype] = {}
     for vi in g.input:
@@ -191,9 +205,21 @@ def _add_inputs(graph: Graph, g: onnx.GraphProto, input_shapes: Mapping[str, Seq
         if vi.name in declared:
             raise ModelError(f"graph input '{vi.name}' is declared twice")
         declared[vi.name], dtypes[vi.name] = _declared_dims(vi)
-    for name, shape in bind_input_shapes(declared, input_shapes).items():
+    unknown = sorted(set(input_values) - set(declared))
+    if unknown:
+        raise InputError(f"values given for unknown input(s) {unknown}; the model's inputs are {list(declared)}")
+    values = {name: np.asarray(a) for name, a in input_values.items()}
+    given = {**{name: a.shape for name, a in values.items()}, **input_shapes}
+    for name, shape in bind_input_shapes(declared, given).items():
         check_tensor_size(shape, dtypes[name], f"graph input '{name}'")
-        graph.add_input(name, shape, dtypes[name])
+        if name not in values:
+            graph.add_input(name, shape, dtypes[name])
+            continue
+        a = values[name]
+        if a.dtype != dtypes[name] or a.shape != shape:
+            raise InputError(f"the value given for input '{name}' is {a.dtype}{list(a.shape)}, the model's input "
+                             f"is {dtypes[name]}{list(shape)}")
+        graph.add_const(name, a, unique=False)
 
 
 def _walk(graph: Graph, opset: int, nodes: list[OnnxNode], output_names: list[str]):
@@ -314,7 +340,9 @@ def _remove_dead_nodes(graph: Graph) -> None:
             graph.remove_node(node)
 
 
-def load_model(path: str | os.PathLike, input_shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
+def load_model(path: str | os.PathLike, input_shapes: Mapping[str, Sequence[int]] | None = None,
+               input_values: Mapping[str, np.ndarray] | None = None) -> Graph:
     """Read and import an ONNX file; external data is read only from inside the file's folder."""
     model = read_model(path)
-    return import_model(model, input_shapes, base_dir=os.path.dirname(os.path.abspath(os.fspath(path))))
+    return import_model(model, input_shapes, base_dir=os.path.dirname(os.path.abspath(os.fspath(path))),
+                        input_values=input_values)

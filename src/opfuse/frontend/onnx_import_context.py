@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from opfuse.errors import ModelError, OpfuseError, ShapeError, UnsupportedOpError
+from opfuse.errors import ModelError, OpfuseError, ShapeError, ShapeInputError
 from opfuse.ir.graph import Graph, Node, Value
+from opfuse.ops.common import graph_inputs_behind
 from opfuse.ops.registry import get_spec, infer_node
 
 # A node whose inputs are all constants is evaluated at import time when its outputs hold at
@@ -88,9 +89,9 @@ class ImportContext:
         if v is None:
             return None
         if v.const is None:
-            raise UnsupportedOpError(node.op_type, node.name, self.opset,
-                                     detail=f"input {index} ({what}) must be a constant: opfuse "
-                                            f"compiles static shapes")
+            raise ShapeInputError(node.op_type, node.name, self.opset,
+                                  detail=f"input {index} ({what}) must be a constant: opfuse compiles static shapes",
+                                  inputs=graph_inputs_behind(v))
         return v.const
 
     # Nodes ----------------------------------------------------------------------------------

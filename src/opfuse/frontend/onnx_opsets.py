@@ -91,6 +91,7 @@ DROPOUT_INPUTS_SINCE = 12
 # standard ops below their opset (as it always expands opfuse-internal ops such as Silu).
 INTRODUCED_AT = {
     "HardSwish": 14,
+    "Mish": 18,
     "LayerNormalization": 17,
     "Gelu": 20,
 }

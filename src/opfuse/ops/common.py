@@ -5,8 +5,8 @@ from typing import Sequence
 
 import numpy as np
 
-from opfuse.errors import ShapeError, UnsupportedOpError
-from opfuse.ir.graph import Node, TensorType
+from opfuse.errors import ShapeError, ShapeInputError
+from opfuse.ir.graph import Node, TensorType, Value
 
 
 def broadcast_shapes(node: Node, *shapes: Sequence[int]) -> tuple[int, ...]:
@@ -41,10 +41,27 @@ def const_input(node: Node, index: int, what: str) -> np.ndarray | None:
     if v is None:
         return None
     if v.const is None:
-        raise UnsupportedOpError(node.op_type, node.name,
-                                 detail=f"input {index} ({what}) must be a constant: opfuse compiles "
-                                        f"static shapes")
+        raise ShapeInputError(node.op_type, node.name,
+                              detail=f"input {index} ({what}) must be a constant: opfuse compiles static shapes",
+                              inputs=graph_inputs_behind(v))
     return v.const
+
+
+def graph_inputs_behind(v: Value) -> tuple[str, ...]:
+    """The graph inputs whose values ``v`` is computed from (sorted names; constants stop the walk)."""
+    seen: set[int] = set()
+    found: set[str] = set()
+    stack = [v]
+    while stack:
+        u = stack.pop()
+        if id(u) in seen or u.const is not None:
+            continue
+        seen.add(id(u))
+        if u.producer is None:
+            found.add(u.name)
+        else:
+            stack.extend(i for i in u.producer.inputs if i is not None)
+    return tuple(sorted(found))
 
 
 def same_type(node: Node, index: int = 0) -> list[TensorType]:
@@ -54,3 +71,10 @@ def same_type(node: Node, index: int = 0) -> list[TensorType]:
 
 def out_type(shape, dtype) -> list[TensorType]:
     return [TensorType(tuple(shape), np.dtype(dtype))]
+
+
+def wrap_int(value: float, dtype) -> np.generic:
+    """The integral ``value`` (an attribute such as Gemm's alpha) in the integer ``dtype``,
+    wrapped modulo 2**bits as C's conversion to an unsigned type and ``-fwrapv`` arithmetic do."""
+    dt = np.dtype(dtype)
+    return np.uint64(int(value) % (1 << (8 * dt.itemsize))).astype(dt)

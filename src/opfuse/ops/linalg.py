@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from opfuse.ir.graph import Node
-from opfuse.ops.common import broadcast_shapes, out_type, shape_error
+from opfuse.ops.common import broadcast_shapes, out_type, shape_error, wrap_int
 from opfuse.ops.registry import Category, Mapping, OpSpec, register
 
 
@@ -84,7 +84,10 @@ def _gemm_infer(node: Node, a: dict):
 def _gemm(ins, a, node):
     """Y = alpha * A' @ B' + beta * C (C broadcast to (M, N); absent C counts as 0). For integers
     with integral alpha and beta, every step is in the element type and wraps, as MatMul, Mul
-    and Add do (scaling in float64 would turn an overflow into an undefined conversion)."""
+    and Add do (scaling in float64 would turn an overflow into an undefined conversion). With a
+    fractional alpha or beta, A' @ B' is computed in the element type (wrapping), each term is
+    scaled in float64, the sum is in float64 and converted back truncating toward zero; the C
+    backend computes the same. (onnxruntime has no integer Gemm kernel to compare with.)"""
     x, y = _acc(ins[0]), _acc(ins[1])
     if a["transA"]:
         x = x.T
@@ -93,9 +96,9 @@ def _gemm(ins, a, node):
     dt = ins[0].dtype
     if dt.kind in "iu" and float(a["alpha"]).is_integer() and float(a["beta"]).is_integer():
         with np.errstate(over="ignore"):
-            out = np.matmul(x, y) * dt.type(int(a["alpha"]))
+            out = np.matmul(x, y) * wrap_int(a["alpha"], dt)
             if len(ins) > 2 and ins[2] is not None:
-                out = out + ins[2] * dt.type(int(a["beta"]))
+                out = out + ins[2] * wrap_int(a["beta"], dt)
         return [np.asarray(out).astype(dt, copy=False)]
     out = a["alpha"] * np.matmul(x, y) if a["alpha"] != 1.0 else np.matmul(x, y)
     c = ins[2] if len(ins) > 2 else None

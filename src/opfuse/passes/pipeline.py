@@ -5,6 +5,7 @@
     recognize       LayerNorm, erf/tanh GELU, SiLU, hard-swish -> one op each (pattern rules)
     fold_linear     BatchNorm and per-channel Mul/Add folded into Conv/Gemm/MatMul (pattern rules)
     merge_matmuls   sibling MatMuls on one input -> one MatMul + Split
+    lower_conv_transpose  a ConvTranspose with one tap per output pixel -> 1x1 Conv + DepthToSpace
     cleanup         simplify again
     verify_rewrites the rewrites kept the IR well formed
     fuse            the fusion rules (``opfuse.rules.library.fusion_rules``) form the candidate

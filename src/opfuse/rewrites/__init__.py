@@ -7,6 +7,7 @@ name through the options):
     recognize    decomposed LayerNorm, erf/tanh GELU, SiLU, hard-swish -> one op each
     fold_linear  BatchNorm and per-channel Mul/Div/Add/Sub folded into Conv/Gemm/MatMul weights
     merge_matmuls sibling MatMuls on one input -> one MatMul on concatenated weights + Split
+    lower_conv_transpose  a ConvTranspose with one tap per output pixel -> 1x1 Conv + DepthToSpace
     cleanup      simplify again: the rewrites leave dead constants and nodes behind
 
 One sweep suffices: each stage only enables later ones (recognition needs no folding, folding
@@ -30,6 +31,7 @@ from opfuse.rewrites.affine_folding import fold_affine_rule
 from opfuse.rewrites.bn_folding import fold_batchnorm_rule
 from opfuse.rewrites.constant_folding import fold_constants
 from opfuse.rewrites.context import RewriteContext
+from opfuse.rewrites.conv_transpose import RULE as CONV_TRANSPOSE_AS_CONV, conv_transpose_as_conv
 from opfuse.rewrites.cse import eliminate_common_subexpressions
 from opfuse.rewrites.dce import eliminate_dead_code
 from opfuse.rewrites.edit import Provenance
@@ -66,6 +68,7 @@ def rewrite_passes() -> list[tuple[str, Pass, list[str]]]:
         ("recognize", lambda g, rc: run_pattern_rules(g, recognize, rc, "recognize"), [r.name for r in recognize]),
         ("fold_linear", lambda g, rc: run_pattern_rules(g, fold, rc, "fold_linear"), [r.name for r in fold]),
         ("merge_matmuls", merge_parallel_matmuls, [HORIZONTAL_MATMUL]),
+        ("lower_conv_transpose", conv_transpose_as_conv, [CONV_TRANSPOSE_AS_CONV]),
         ("cleanup", simplify, []),
     ]
 

@@ -212,7 +212,7 @@ class CompiledModel:
             "kernels": len(self.plan.groups),
             "functions": p.num_functions,
             "c_kernels": [{"name": k.group, "kind": k.kind, "ops": k.ops, "function": k.function,
-                        "scratch_bytes": k.scratch_bytes} for k in p.kernels],
+                        "scratch_bytes": k.scratch_bytes, "notes": list(k.notes)} for k in p.kernels],
             "threads": self._threads,
             "weights_bytes": len(p.weights),
             "scratch_bytes_per_thread": p.scratch_stride,

@@ -7,7 +7,9 @@ CPU. An entry is a directory ``<cache>/<key[:2]>/<key>/`` holding ``model.c``,
 ``libmodel.so`` and ``meta.json`` with the hashes of both files; an entry whose files are
 missing, truncated or do not hash to what ``meta.json`` records is deleted and rebuilt.
 Entries are built in a temporary directory and renamed into place, so a crash or a
-concurrent build never leaves a half-written entry under the final name.
+concurrent build never leaves a half-written entry under the final name. A build holds the
+entry's lock (``<shard>/.lock-<key>``, ``files.file_lock``): processes compiling the same model
+on a cold cache build it once; the others wait and load that entry (the same C, by the key).
 
 Faults end in one line (``ToolchainError`` or ``StorageError``), never in a stale entry: a
 compiler that cannot build a one-line library is refused before any build; a full disk or a
@@ -15,8 +17,8 @@ read-only cache is reported as such, not as a compiler failure on generated code
 where an entry or a shard folder should be is removed; a cache removed during a build is
 recreated and the build retried once. Folders are 0700 and files 0600, and an entry owned by
 another user, or writable by others, is never loaded. A build holds a lock on its temporary
-folder; folders left by a killed build (older than ``STALE_BUILD_S``, lock free) are removed
-by the next build.
+folder; folders and locks left by a killed build (older than ``STALE_BUILD_S``, lock free:
+the kernel drops a killed process's locks) are removed by the next build.
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opfuse.errors import OpfuseError, StorageError
-from opfuse.files import CACHE_ENV, cache_dir as default_cache_dir, private_dir, storage_error
+from opfuse.files import CACHE_ENV, cache_dir as default_cache_dir, file_lock, private_dir, storage_error
 from opfuse.progress import step
 
 COMPILER_ENV = "CC"
@@ -44,6 +46,7 @@ STALE_BUILD_S = 2 * COMPILE_TIMEOUT_S  # older than any build can be: its proces
 BUILD_PREFIX = ".build-"
 LOAD_PREFIX = ".load-"  # the loader's private copies of libraries (runtime.native)
 LOCK_NAME = ".lock"
+KEY_LOCK_PREFIX = ".lock-"  # one per entry being built (``files.file_lock``)
 CACHE_HINT = f"set ${CACHE_ENV} to a writable folder"
 # What a compiler prints when the disk, not the code, is at fault.
 _STORAGE_FAILURES = ("No space left on device", "Disk quota exceeded", "Read-only file system",
@@ -248,10 +251,10 @@ def _cache_folder(path: Path) -> Path:
     return private_dir(path, "build cache")
 
 
-def _unlocked(folder: Path) -> bool:
-    """True when no running build holds ``folder``'s lock (a killed build's lock is released)."""
+def _unlocked(lock_file: Path) -> bool:
+    """True when no running process holds ``lock_file``'s lock (a killed one's is released)."""
     try:
-        with open(folder / LOCK_NAME, "a") as f:
+        with open(lock_file, "a") as f:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             return True
     except FileNotFoundError:
@@ -261,8 +264,9 @@ def _unlocked(folder: Path) -> bool:
 
 
 def remove_stale_builds(root: Path, max_age_s: float = STALE_BUILD_S) -> list[Path]:
-    """Delete the temporary folders and library copies left under ``root`` by killed processes:
-    older than ``max_age_s`` and, for build folders, not locked. Returns what was removed."""
+    """Delete the temporary folders, library copies and entry locks left under ``root`` by
+    killed processes: older than ``max_age_s`` and, for build folders and locks, not locked by
+    a live process. Returns what was removed."""
     now = time.time()
     removed: list[Path] = []
 
@@ -280,11 +284,14 @@ def remove_stale_builds(root: Path, max_age_s: float = STALE_BUILD_S) -> list[Pa
             for e in it:
                 if not old(e):
                     continue
-                if e.name.startswith(LOAD_PREFIX) and e.name.endswith(".so"):
+                load_copy = e.name.startswith(LOAD_PREFIX) and e.name.endswith(".so")
+                key_lock = e.name.startswith(KEY_LOCK_PREFIX) and _unlocked(Path(e.path))
+                if (load_copy or key_lock) and e.is_file(follow_symlinks=False):
                     with contextlib.suppress(OSError):
                         os.unlink(e.path)
                         removed.append(Path(e.path))
-                elif e.name.startswith(BUILD_PREFIX) and e.is_dir(follow_symlinks=False) and _unlocked(Path(e.path)):
+                elif (e.name.startswith(BUILD_PREFIX) and e.is_dir(follow_symlinks=False)
+                      and _unlocked(Path(e.path) / LOCK_NAME)):
                     shutil.rmtree(e.path, ignore_errors=True)
                     removed.append(Path(e.path))
     return removed
@@ -365,13 +372,28 @@ def build_library(source: str, tc: Toolchain, cache_dir: str | os.PathLike | Non
     entry = root / key[:2] / key
     if _valid_entry(entry, key):
         return BuildResult(entry / LIBRARY_NAME, key, True, time.perf_counter() - t0)
-    remove_stale_builds(root)
-    with step(f"compiling C ({len(source) // 1024} KiB of source)"):
-        for attempt in (1, 2):
-            try:
-                _build_entry(source, tc, key, entry)
-                break
-            except _CacheRemoved:
-                if attempt == 2:
-                    raise StorageError(f"the build cache '{root}' was removed during the build, twice") from None
+    # One build per key at a time: a process that waited here finds the entry the other built.
+    with _key_lock(root, key):
+        if _valid_entry(entry, key):
+            return BuildResult(entry / LIBRARY_NAME, key, True, time.perf_counter() - t0)
+        remove_stale_builds(root)
+        with step(f"compiling C ({len(source) // 1024} KiB of source)"):
+            for attempt in (1, 2):
+                try:
+                    _build_entry(source, tc, key, entry)
+                    break
+                except _CacheRemoved:
+                    if attempt == 2:
+                        raise StorageError(f"the build cache '{root}' was removed during the build, twice") from None
     return BuildResult(entry / LIBRARY_NAME, key, False, time.perf_counter() - t0)
+
+
+def _key_lock(root: Path, key: str) -> contextlib.AbstractContextManager[bool]:
+    """The lock of ``key``'s entry (``<shard>/.lock-<key>``, removed on release); none where the
+    shard cannot be made (the build then reports why)."""
+    try:
+        private_dir(root, "build cache")
+        shard = _cache_folder(root / key[:2])
+    except StorageError:
+        return contextlib.nullcontext(False)
+    return file_lock(shard / f"{KEY_LOCK_PREFIX}{key}")

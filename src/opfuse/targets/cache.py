@@ -3,8 +3,8 @@
 The directory is ``opfuse.files.cache_dir()``: ``$OPFUSE_CACHE_DIR`` (``~`` expanded) when set,
 else ``~/.cache/opfuse``, the same root as the build cache. Writes go to a temporary file in the
 same directory followed by ``os.replace``, so a reader sees either the old file or the new one,
-never a half-written one (two processes calibrating at once simply both write a complete file;
-the last one wins). Cache folders are created 0700 and cache files 0600; a write that fails (a
+never a half-written one (and ``calibrate_host`` holds a lock, so two processes never measure
+at once). Cache folders are created 0700 and cache files 0600; a write that fails (a
 read-only or full disk, a file where the folder should be) is a one-line ``StorageError``.
 """
 from __future__ import annotations

@@ -22,6 +22,8 @@ calibration a user made on purpose (and which ``opfuse compile`` names).
 
 ``calibrate_host()`` returns the saved calibration when valid, else measures
 (``opfuse.targets.microbench``) and saves it atomically; ``force=True`` always re-measures.
+Calibrations hold a lock (``host_profile.json.lock``): two processes calibrating at once
+measure one after the other, and without ``force`` the second uses the first's result.
 
 What is measured and what is read from the OS:
 
@@ -35,12 +37,15 @@ What is measured and what is read from the OS:
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from opfuse.errors import StorageError
+from opfuse.files import file_lock, private_dir
 from opfuse.targets.cache import atomic_write_json, cache_dir, read_json_or_none
 from opfuse.targets.microbench import (FULL, BenchSizes, Measurement, compiler_version, find_compiler,
                                        measure_with_c, measure_with_numpy)
@@ -258,13 +263,21 @@ def calibrate_host(force: bool = False, *, cache_path: Path | None = None,
         saved, _ = saved_host_calibration(path)
         if saved is not None:
             return saved
-    from opfuse.progress import step
-    with step("calibrating the host (micro-benchmarks)"):
-        m = (measure or default_measure)()
-    profile = profile_from_measurement(m)
-    when = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
-    profile = profile.with_overrides(notes=(f"{CALIBRATED_NOTE} {when} by `{CALIBRATE_COMMAND}`", *profile.notes))
-    atomic_write_json(path, {"fingerprint": fingerprint(find_compiler()), "profile": profile.to_dict()})
+    with contextlib.suppress(StorageError):  # no folder, no lock: the save below says why
+        private_dir(path.parent, "cache")
+    # One calibration at a time: a process that waited here uses the one just saved.
+    with file_lock(path.with_name(path.name + ".lock")):
+        if not force:
+            saved, _ = saved_host_calibration(path)
+            if saved is not None:
+                return saved
+        from opfuse.progress import step
+        with step("calibrating the host (micro-benchmarks)"):
+            m = (measure or default_measure)()
+        profile = profile_from_measurement(m)
+        when = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
+        profile = profile.with_overrides(notes=(f"{CALIBRATED_NOTE} {when} by `{CALIBRATE_COMMAND}`", *profile.notes))
+        atomic_write_json(path, {"fingerprint": fingerprint(find_compiler()), "profile": profile.to_dict()})
     return profile
 
 

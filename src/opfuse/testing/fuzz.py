@@ -61,14 +61,15 @@ class FuzzReport:
     seconds: float = 0.0
     findings: list[Finding] = field(default_factory=list)
     unsupported_reasons: dict[str, int] = field(default_factory=dict)
+    op_graphs: dict[str, int] = field(default_factory=dict)  # op type -> graphs checked that hold it
 
     @property
     def ok(self) -> bool:
         return self.mismatches == 0 and self.crashes == 0
 
     def summary(self) -> str:
-        return (f"{self.graphs} graphs, {self.mismatches} mismatches, {self.crashes} crashes, "
-                f"{self.unsupported} unsupported, {self.seconds:.0f} s")
+        return (f"{self.graphs} graphs, {len(self.op_graphs)} op types, {self.mismatches} mismatches, "
+                f"{self.crashes} crashes, {self.unsupported} unsupported, {self.seconds:.0f} s")
 
 
 class _Failed(Exception):
@@ -132,6 +133,8 @@ def _one_round(worker: Worker, round_seed: int, count: int, ops, max_nodes: int,
         if report.graphs >= count or _out_of_time(started, time_budget):
             return
         report.graphs += 1
+        for op in {n.op_type for n in case.graph.nodes}:
+            report.op_graphs[op] = report.op_graphs.get(op, 0) + 1
         try:
             model = _model_bytes(case.graph)
         except Exception as e:  # noqa: BLE001  # the ONNX exporter failing on a valid graph is a finding
@@ -167,7 +170,8 @@ def _one_round(worker: Worker, round_seed: int, count: int, ops, max_nodes: int,
         say(f"shrinking it ({len(case.graph.nodes)} nodes) ...")
         graph, feeds, verdict = minimize(case.graph, case.feeds, verdict, lambda g, f: worker.check(
             _model_bytes(g), pack_inputs(f), case.planner, case.threads))
-        case = FuzzCase(graph, feeds, case.dtype, case.inputs, case.planner, case.threads)
+        main = graph.outputs[0].dtype.name if graph.outputs else case.dtype  # the shrunk graph's, as fuzz_cases
+        case = FuzzCase(graph, feeds, main, case.inputs, case.planner, case.threads)
     path = None
     if out is not None:
         path = write_reproducer(case, verdict, Path(out) / f"{verdict.status}-{report.mismatches + report.crashes}")

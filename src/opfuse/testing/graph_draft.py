@@ -165,16 +165,21 @@ class GraphDraft:
     def ints(self, base: str, values) -> Value:
         return self.const(base, np.array(list(values), dtype=np.int64))
 
-    def op(self, op_type: str, *inputs: Value | None, bound: float, num_outputs: int = 1, **attrs):
-        """Add a node; its outputs join the pool with magnitude bound ``bound``."""
+    def op(self, op_type: str, *inputs: Value | None, bound: float | Sequence[float], num_outputs: int = 1,
+           **attrs):
+        """Add a node; its float32 outputs join the pool with magnitude bound ``bound`` (one per
+        output, or one for all). Outputs of another type (a comparison's bool, ArgMax's int64)
+        stay out of the pool: only the families that take them (Where, Not, OneHot) use them."""
         assert op_type in self.ops, f"generator bug: {op_type} is not among the allowed ops"
         out = self.builder.op(op_type, *inputs, num_outputs=num_outputs, **attrs)
         outs = out if isinstance(out, tuple) else (out,)
-        for v in outs:
+        bounds = [bound] * len(outs) if isinstance(bound, (int, float)) else list(bound)
+        for v, b in zip(outs, bounds, strict=True):
             assert v.type.size <= MAX_ELEMENTS, f"generator bug: {op_type} makes {v.type}"
-            assert math.isfinite(bound), f"generator bug: {op_type} has an unbounded output"
-            self.bounds[v.name] = float(bound)
-            self.pool.append(v)
+            assert math.isfinite(b), f"generator bug: {op_type} has an unbounded output"
+            self.bounds[v.name] = float(b)
+            if v.dtype == np.float32:
+                self.pool.append(v)
         return out
 
     # Operands -------------------------------------------------------------------------------------

@@ -304,14 +304,12 @@ def layer_norm(d: GraphDraft) -> None:
     d.op("LayerNormalization", *inputs, bound=bound, **attrs)
 
 
-def reduce(d: GraphDraft) -> None:
-    """ReduceMean / ReduceSum / ReduceMax over a drawn axis set (all axes when absent),
-    keepdims either way; ``|sum| <= n |x|``."""
-    op = d.choice(d.available(("ReduceMean", "ReduceSum", "ReduceMax")))
-    x = d.pick(limit=OPERAND_LIMIT)
+def reduce_axes(d: GraphDraft, x: Value) -> tuple[dict, int]:
+    """A Reduce* node's attributes (a drawn axis set, all axes when absent; keepdims either
+    way; a rank >= 1 result) and how many elements each output reduces."""
     r = len(x.shape)
     keepdims = d.choice((None, 0, 1))
-    attrs = {} if keepdims is None else {"keepdims": keepdims}
+    attrs: dict = {} if keepdims is None else {"keepdims": keepdims}
     if keepdims == 0 or d.integer(0, 4):
         axes = d.subset(range(r), min_size=1)
         if keepdims == 0 and len(axes) == r:  # keep a rank >= 1 result
@@ -320,8 +318,14 @@ def reduce(d: GraphDraft) -> None:
             else:
                 axes = axes[:-1]
         attrs["axes"] = [signed_axis(d, a, r) for a in axes]
-        reduced = size(x.shape[a] for a in axes)
-    else:
-        reduced = size(x.shape)
+        return attrs, size(x.shape[a] for a in axes)
+    return attrs, size(x.shape)
+
+
+def reduce(d: GraphDraft) -> None:
+    """ReduceMean / ReduceSum / ReduceMax over a drawn axis set (``reduce_axes``); ``|sum| <= n |x|``."""
+    op = d.choice(d.available(("ReduceMean", "ReduceSum", "ReduceMax")))
+    x = d.pick(limit=OPERAND_LIMIT)
+    attrs, reduced = reduce_axes(d, x)
     bound = d.bound(x) * (reduced if op == "ReduceSum" else 1)
     d.op(op, x, bound=bound, **attrs)

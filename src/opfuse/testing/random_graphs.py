@@ -79,16 +79,28 @@ def enabled_families(ops: Iterable[str] = DEFAULT_OPS, patterns: bool = True) ->
     return tuple(f for f in FAMILIES if f.enabled(ops) and (patterns or not f.pattern))
 
 
-# Squeeze needs a unit axis; Unsqueeze makes one when the graph input has none.
-_FOCUS_HELPERS = {"Squeeze": {"Unsqueeze"}}
+# Squeeze needs a unit axis; Unsqueeze makes one when the graph input has none. Asin, Acos
+# and Atanh read x / 2 of |x| <= 1, Tan and ReduceProd |x| <= 1 (Tanh squashes the
+# inputs into it); Acosh and ReduceLogSum read |x| + c; DepthToSpace and SpaceToDepth need
+# channels or sides that Tile (and SpaceToDepth) make divisible.
+_FOCUS_HELPERS = {"Squeeze": {"Unsqueeze"}, "Asin": {"Mul", "Tanh"}, "Acos": {"Mul", "Tanh"},
+                  "Atanh": {"Mul", "Tanh"}, "Tan": {"Tanh"}, "ReduceProd": {"Tanh"},
+                  "Acosh": {"Abs", "Add"}, "ReduceLogSum": {"Abs", "Add"},
+                  "DepthToSpace": {"SpaceToDepth", "Tile"}, "SpaceToDepth": {"Tile"}}
 
 
 def focused_ops(op: str) -> frozenset[str]:
     """The smallest op set whose graphs feature ``op``: the op and what its family cannot do
-    without (Log needs Abs and Add for its guard; Squeeze needs Unsqueeze to make unit axes)."""
+    without (Log needs Abs and Add for its guard; Squeeze needs Unsqueeze to make unit axes; an
+    op a family only adds to another, as Not to a comparison, needs that one)."""
     _check_ops([op])
-    family = next(f for f in FAMILIES if op in f.any_of or op in f.all_of)
-    return frozenset({op} | set(family.all_of) | _FOCUS_HELPERS.get(op, set()))
+    family = next(f for f in FAMILIES if op in f.ops)
+    lead = set() if op in f_main(family) else {family.any_of[0]}
+    return frozenset({op} | set(family.all_of) | lead | _FOCUS_HELPERS.get(op, set()))
+
+
+def f_main(family: Family) -> tuple[str, ...]:
+    return family.any_of + family.all_of
 
 
 def graphs(max_nodes: int = 12, ops: Iterable[str] = DEFAULT_OPS, allow_multi_output: bool = True, *,

@@ -1,0 +1,507 @@
+"""Winograd convolution for 3x3, stride-1, dilation-1, ungrouped 2-D convolutions.
+
+F(m x m, 3 x 3) computes an m x m block of outputs from an alpha x alpha block of inputs
+(alpha = m + 2) with alpha^2 multiplications per (input, output) channel pair instead of
+9 m^2: ``Y = A^T [(G g G^T) * (B^T d B)] A`` (Lavin & Gray, 2015). Per image the output is
+cut into ``ceil(OH/m) x ceil(OW/m)`` tiles and the tiles, in row-major order, into blocks of
+``T`` (a multiple of the micro-kernel's NR) that keep the block's transformed input and
+output in L2. Per block:
+
+1. **input transform** (per input channel and tile-row segment of the block): the alpha
+   input rows a segment reads are copied, zero-padded and with the group's prologue
+   applied, into a band; ``B^T d`` is taken down the columns (a vectorised loop along the
+   row), then ``(.) B`` across each tile; the alpha^2 results go to ``V[xi][c][t]``;
+2. **alpha^2 GEMMs** ``M[xi] (Cout x T) = U[xi] (Cout x Cin) @ V[xi] (Cin x T)`` on the
+   GEMM core's micro-kernel: ``U = G g G^T`` is computed at build time (in float64) and
+   packed into the micro-kernel's MR-row panels in the weights blob; V is read in place
+   (B "strided", one row per input channel);
+3. **output transform** (per output channel and segment): ``A^T M A`` per tile into an
+   m-row strip, then the anchor's bias and the group's epilogue (BN scale, residual Add,
+   Relu, Clip, ...) run along each output row while the strip is in L1, and the group
+   outputs are stored: no extra pass over memory. Partial tiles at the right and bottom
+   edges are computed whole and clipped when stored.
+
+Blocks are independent and split across OpenMP threads (each has its own V and M in
+scratch); every output's sums run in a fixed order whatever the thread count.
+
+Which convolutions use it is decided here, once, at compile time (``winograd_choice``):
+legality (the shape above, float32, constant weights) and, with ``winograd="auto"``,
+profitability: thresholds in ``CodegenOptions`` (see there). The choice and its reason are
+written into the kernel's comment and the report.
+
+Numerics: the transforms are built exactly (``toom_cook``) from their interpolation points.
+F(2x2) (0, 1, -1) has coefficients 0, +-1 and 1/2 and errs less than the direct kernel;
+F(4x4) uses 0, 1, -1, 2, -1/2, whose float32 error is 2.3x smaller than the usual 0, +-1,
++-2 (numbers in ``CodegenOptions`` and ``tests/codegen/test_winograd.py``).
+
+Cost model: ``opfuse.cost`` (below this package) prices a convolution by its direct FLOPs and
+does not know which convolutions run as Winograd, so it over-predicts their time (by the
+speed-ups quoted in ``CodegenOptions``). Fusion decisions are not biased by it: a
+convolution's own cost is the same in the fused and the unfused plan it compares. The
+per-group rates of ``opfuse compile --measure`` count the direct FLOPs too ("effective"
+GFLOP/s) and mark the Winograd groups.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+from opfuse.codegen.ctype import literal
+from opfuse.codegen.epilogue import finish_element
+from opfuse.codegen.gemm import pack_a_panels
+from opfuse.codegen.index import Index
+from opfuse.codegen.microkernel import AVX2_GUARD, microkernel
+from opfuse.codegen.stages import Stage
+
+
+@dataclass(frozen=True)
+class Transform:
+    """F(m x m, 3 x 3): ``BT`` (alpha x alpha), ``G`` (alpha x 3), ``AT`` (m x alpha)."""
+
+    m: int
+    BT: tuple[tuple[Fraction, ...], ...]
+    G: tuple[tuple[Fraction, ...], ...]
+    AT: tuple[tuple[Fraction, ...], ...]
+
+    @property
+    def alpha(self) -> int:
+        return self.m + 2
+
+    @property
+    def name(self) -> str:
+        return f"F({self.m}x{self.m},3x3)"
+
+
+def _solve(rows: list[list[Fraction]], rhs: list[Fraction]) -> list[Fraction]:
+    """The exact solution of a consistent linear system of full column rank (Gauss-Jordan)."""
+    n = len(rows[0])
+    aug = [list(r) + [b] for r, b in zip(rows, rhs, strict=True)]
+    for col in range(n):
+        piv = next(i for i in range(col, len(aug)) if aug[i][col] != 0)
+        aug[col], aug[piv] = aug[piv], aug[col]
+        p = aug[col][col]
+        aug[col] = [v / p for v in aug[col]]
+        for i in range(len(aug)):
+            if i != col and aug[i][col] != 0:
+                f = aug[i][col]
+                aug[i] = [v - f * u for v, u in zip(aug[i], aug[col], strict=True)]
+    if any(r[-1] != 0 for r in aug[n:]):
+        raise AssertionError("inconsistent Winograd system")
+    return [aug[i][-1] for i in range(n)]
+
+
+def toom_cook(m: int, points, r: int = 3) -> Transform:
+    """F(m, r) from its ``m + r - 2`` finite interpolation points (and infinity), exactly:
+    ``AT[i][j] = a_j^i``, ``G[j][k] = a_j^k / prod_{l != j} (a_j - a_l)`` (the last row and
+    column for infinity), and ``BT`` the solution of the 1-D identity
+    ``sum_j AT[i][j] G[j][k] BT[j][l] = [l == i + k]``."""
+    a = [Fraction(p) for p in points]
+    n = m + r - 1
+    assert len(a) == n - 1 and len(set(a)) == n - 1
+    AT = [[a[j] ** i for j in range(n - 1)] + [Fraction(int(i == m - 1))] for i in range(m)]
+    G = []
+    for j in range(n - 1):
+        f = math.prod((a[j] - a[k] for k in range(n - 1) if k != j), start=Fraction(1))
+        G.append([a[j] ** k / f for k in range(r)])
+    G.append([Fraction(0)] * (r - 1) + [Fraction(1)])
+    cols = []
+    for col in range(n):
+        rows = [[AT[i][j] * G[j][k] for j in range(n)] for i in range(m) for k in range(r)]
+        rhs = [Fraction(int(col == i + k)) for i in range(m) for k in range(r)]
+        cols.append(_solve(rows, rhs))
+    BT = [[cols[col][j] for col in range(n)] for j in range(n)]
+    return Transform(m, tuple(map(tuple, BT)), tuple(map(tuple, G)), tuple(map(tuple, AT)))
+
+
+# F(2x2, 3x3) on the points 0, 1, -1: the transforms' coefficients are 0, +-1 and +-1/2.
+F2 = toom_cook(2, (0, 1, -1))
+# F(4x4, 3x3) on 0, 1, -1, 2, -1/2 rather than the usual 0, +-1, +-2 (Lavin & Gray): a float32
+# simulation of a 64-channel layer (400 tiles, O(1) outputs) errs 8.2e-6 at most (rms 1.2e-6)
+# instead of 1.9e-5 (rms 1.8e-6); F(2x2): 1.2e-6 (rms 2.7e-7).
+F4 = toom_cook(4, (0, 1, -1, 2, Fraction(-1, 2)))
+TRANSFORMS = {2: F2, 4: F4}
+
+
+def as_array(rows) -> np.ndarray:
+    return np.array([[float(v) for v in r] for r in rows], dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The algorithm of one convolution: ``transform`` None means the direct kernel."""
+
+    transform: Transform | None
+    reason: str
+
+    def describe(self, node_name: str) -> str:
+        if self.transform is None:
+            return f"Conv '{node_name}': direct ({self.reason})"
+        return f"Conv '{node_name}': Winograd {self.transform.name} ({self.reason})"
+
+
+def legality(node, static: dict) -> str | None:
+    """Why ``node`` (a Conv) cannot run as Winograd F(m, 3x3), or None when it can."""
+    from opfuse.codegen.conv import _geometry
+    x, wt, out = node.input(0), node.input(1), node.outputs[0]
+    if len(x.shape) != 4:
+        return f"{len(x.shape) - 2}-D convolution (Winograd: 2-D only)"
+    geo, group = _geometry(node)
+    if tuple(geo.kernel) != (3, 3):
+        return f"kernel {'x'.join(map(str, geo.kernel))} (Winograd: 3x3 only)"
+    if tuple(geo.strides) != (1, 1):
+        return f"strides {list(geo.strides)} (Winograd: stride 1 only)"
+    if tuple(geo.dilations) != (1, 1):
+        return f"dilations {list(geo.dilations)} (Winograd: dilation 1 only)"
+    if group != 1:
+        return f"group={group} (Winograd: ungrouped only)"
+    if out.dtype != np.float32:
+        return f"dtype {out.dtype} (Winograd: float32 only)"
+    if id(wt) not in static:
+        return "weights computed at run time (Winograd transforms them at build time)"
+    return None
+
+
+def choose_transform(options, out_h: int, out_w: int) -> Transform:
+    """F(4x4) when ``winograd_f4`` is set and both output sides are at least
+    ``winograd_f4_min_spatial``, else F(2x2)."""
+    return F4 if options.winograd_f4 and min(out_h, out_w) >= options.winograd_f4_min_spatial else F2
+
+
+def winograd_choice(node, options, static: dict) -> Choice:
+    """Direct or Winograd for one Conv, decided at compile time: legality first, then (with
+    ``winograd="auto"``) the profitability thresholds of ``CodegenOptions``."""
+    if options.winograd == "off":
+        return Choice(None, "winograd='off'")
+    why = legality(node, static)
+    if why is not None:
+        return Choice(None, why)
+    C, OC = node.input(0).shape[1], node.outputs[0].shape[1]
+    OH, OW = node.outputs[0].shape[2:]
+    t = choose_transform(options, OH, OW)
+    if options.winograd == "on":
+        return Choice(t, "winograd='on'")
+    if options.simd == "none":
+        return Choice(None, "plain C99 build (simd='none'): Winograd only with winograd='on'")
+    if min(C, OC) < options.winograd_min_channels:
+        return Choice(None, f"{C} -> {OC} channels, fewer than winograd_min_channels="
+                            f"{options.winograd_min_channels}: the transforms would dominate")
+    if min(OH, OW) < options.winograd_min_spatial:
+        return Choice(None, f"output {OH}x{OW}, smaller than winograd_min_spatial="
+                            f"{options.winograd_min_spatial}: partial tiles and the transformed weights' "
+                            f"size would dominate")
+    if t is F2 and min(C, OC) < options.winograd_f2_min_channels:
+        return Choice(None, f"{C} -> {OC} channels at output {OH}x{OW} (F(2x2,3x3)), fewer than "
+                            f"winograd_f2_min_channels={options.winograd_f2_min_channels}: the transforms "
+                            f"would dominate")
+    return Choice(t, f"{C} -> {OC} channels, output {OH}x{OW}")
+
+
+def filter_transform(weights: np.ndarray, t: Transform) -> np.ndarray:
+    """``U[xi, oc, c] = (G g[oc, c] G^T)[i, k]`` with ``xi = i * alpha + k``, in float64."""
+    G = as_array(t.G)
+    u = np.einsum("ia,ocab,kb->ikoc", G, weights.astype(np.float64), G)
+    return u.reshape(t.alpha * t.alpha, weights.shape[0], weights.shape[1])
+
+
+def _combo(coeffs, terms: list[str]) -> str:
+    """C text of ``sum_i coeffs[i] * terms[i]`` (zeros skipped, +-1 without a multiply),
+    summed left to right in index order."""
+    out = ""
+    for c, x in zip(coeffs, terms, strict=True):
+        if c == 0:
+            continue
+        mag = abs(c)
+        term = x if mag == 1 else f"{literal(float(mag), np.float32)} * {x}"
+        if not out:
+            out = term if c > 0 else f"-{term}"
+        else:
+            out += f" + {term}" if c > 0 else f" - {term}"
+    return out or "0.0f"
+
+
+def _combo_avx2(coeffs, ptrs: list[str]) -> str:
+    """``_combo`` on 8 lanes at once: AVX2 intrinsics, a fused multiply-add per weighted term."""
+    acc = ""
+    for c, p in zip(coeffs, ptrs, strict=True):
+        if c == 0:
+            continue
+        x = f"_mm256_loadu_ps({p})"
+        k = f"_mm256_set1_ps({literal(float(abs(c)), np.float32)})"
+        if not acc:
+            acc = x if c == 1 else f"_mm256_mul_ps(_mm256_set1_ps({literal(float(c), np.float32)}), {x})"
+        elif abs(c) == 1:
+            acc = f"_mm256_{'add' if c > 0 else 'sub'}_ps({acc}, {x})"
+        else:
+            acc = f"_mm256_{'fmadd' if c > 0 else 'fnmadd'}_ps({k}, {x}, {acc})"
+    return acc or "_mm256_setzero_ps()"
+
+
+def _lane_stage(w, simd: str, lane: str, items: list[tuple[str, tuple, list[str]]]) -> None:
+    """``dst[l] = sum_i coeffs[i] * src_i[l]`` for the LANES lanes, per ``(dst, coeffs, srcs)``
+    (C pointers): AVX2/FMA intrinsics where the target has them (``simd="auto"``), a
+    constant-trip loop gcc vectorises otherwise (two roundings per weighted term)."""
+    if simd == "auto" and LANES == 8:
+        w.line(f"#if {AVX2_GUARD}")
+        for dst, coeffs, srcs in items:
+            w.line(f"_mm256_storeu_ps({dst}, {_combo_avx2(coeffs, srcs)});")
+        w.line("#else")
+    for dst, coeffs, srcs in items:
+        w.line(f"for (long {lane} = 0; {lane} < {LANES}; ++{lane}) ({dst})[{lane}] = "
+               f"{_combo(coeffs, [f'({p})[{lane}]' for p in srcs])};")
+    if simd == "auto" and LANES == 8:
+        w.line("#endif")
+
+
+def _gather_avx2(m: int, src: str, dsts: list[str]) -> list[str]:
+    """AVX2: ``dsts[q][l] = src[q + m * l]`` for 8 lanes l and q < m + 2 (one patch row of 8
+    consecutive tiles): in-register transposes of the contiguous run instead of 8 (m + 2)
+    scalar copies. m is 2 or 4."""
+    ld = "_mm256_loadu_ps"
+    if m == 4:
+        out = ["{ const __m256i ix = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);"]
+        for base, cols in ((src, range(4)), (f"{src} + 4", range(2))):
+            out.append(f"  {{ const __m256 a0 = {ld}({base}), a1 = {ld}({base} + 8), a2 = {ld}({base} + 16), "
+                       f"a3 = {ld}({base} + 24);")
+            out.append("    const __m256 t0 = _mm256_unpacklo_ps(a0, a1), t1 = _mm256_unpackhi_ps(a0, a1), "
+                       "t2 = _mm256_unpacklo_ps(a2, a3), t3 = _mm256_unpackhi_ps(a2, a3); (void)t1; (void)t3;")
+            for q in cols:
+                pair, imm = ("t0, t2", "0x44") if q == 0 else ("t0, t2", "0xEE") if q == 1 else \
+                    ("t1, t3", "0x44") if q == 2 else ("t1, t3", "0xEE")
+                dst = dsts[q if base == src else 4 + q]
+                out.append(f"    _mm256_storeu_ps({dst}, "
+                           f"_mm256_permutevar8x32_ps(_mm256_shuffle_ps({pair}, {imm}), ix));")
+            out.append("  }")
+        return out + ["}"]
+    assert m == 2
+    out = []
+    for base, first in ((src, 0), (f"{src} + 2", 2)):
+        out.append(f"{{ const __m256 a0 = {ld}({base}), a1 = {ld}({base} + 8);")
+        for q, imm in ((0, "0x88"), (1, "0xDD")):
+            out.append(f"  _mm256_storeu_ps({dsts[first + q]}, _mm256_castpd_ps(_mm256_permute4x64_pd("
+                       f"_mm256_castps_pd(_mm256_shuffle_ps(a0, a1, {imm})), 0xD8)));")
+        out.append("}")
+    return out
+
+
+def _scatter_avx2(m: int, srcs: list[str], dst: str) -> list[str]:
+    """AVX2: ``dst[m * l + j] = srcs[j][l]`` for 8 lanes l and j < m (one output row of 8
+    consecutive tiles): an in-register transpose and m contiguous stores. m is 2 or 4."""
+    ld, st = "_mm256_loadu_ps", "_mm256_storeu_ps"
+    if m == 4:
+        return [f"{{ const __m256 c0 = {ld}({srcs[0]}), c1 = {ld}({srcs[1]}), c2 = {ld}({srcs[2]}), "
+                f"c3 = {ld}({srcs[3]});",
+                "  const __m256 t0 = _mm256_unpacklo_ps(c0, c1), t1 = _mm256_unpackhi_ps(c0, c1), "
+                "t2 = _mm256_unpacklo_ps(c2, c3), t3 = _mm256_unpackhi_ps(c2, c3);",
+                "  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE), "
+                "u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);",
+                f"  {st}({dst}, _mm256_permute2f128_ps(u0, u1, 0x20)); "
+                f"{st}({dst} + 8, _mm256_permute2f128_ps(u2, u3, 0x20));",
+                f"  {st}({dst} + 16, _mm256_permute2f128_ps(u0, u1, 0x31)); "
+                f"{st}({dst} + 24, _mm256_permute2f128_ps(u2, u3, 0x31)); }}"]
+    assert m == 2
+    return [f"{{ const __m256 c0 = {ld}({srcs[0]}), c1 = {ld}({srcs[1]});",
+            "  const __m256 lo = _mm256_unpacklo_ps(c0, c1), hi = _mm256_unpackhi_ps(c0, c1);",
+            f"  {st}({dst}, _mm256_permute2f128_ps(lo, hi, 0x20)); "
+            f"{st}({dst} + 8, _mm256_permute2f128_ps(lo, hi, 0x31)); }}"]
+
+
+def _tiles_per_block(options, C: int, OCp: int, tiles: int, nimg: int, alpha: int, nr: int) -> int:
+    """Tiles per block: V and M of a block (alpha^2 (Cin + Cout) floats per tile) within
+    ``winograd_block_floats``, a multiple of NR, and at least ``gemm_min_tiles`` blocks over
+    the batch where there are tiles enough (threads need blocks to share)."""
+    per_tile = alpha * alpha * (C + OCp)
+    most = max(nr, options.winograd_block_floats // per_tile // nr * nr)
+    nblk = -(-tiles // most)
+    nblk = max(nblk, min(-(-options.gemm_min_tiles // nimg), -(-tiles // nr)))
+    T = -(-tiles // nblk)
+    return -(-T // nr) * nr
+
+
+LANES = 8  # tiles transformed together: one ymm per transform value (constant-trip loops gcc vectorises)
+
+
+def _block_rows(tiles: int, T: int, TW: int) -> int:
+    """Most tile rows one block of ``T`` tiles touches."""
+    return max((min(tiles, t0 + T) - 1) // TW - t0 // TW + 1 for t0 in range(0, tiles, T))
+
+
+def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
+    """Emit the Winograd convolution of ``node`` with the group's epilogue (module docstring)."""
+    from opfuse.codegen.conv import _geometry
+    o = kc.program.options
+    w = kc.w
+    geo, _ = _geometry(node)
+    x, wt, out = node.input(0), node.input(1), node.outputs[0]
+    nimg, C, H, W = x.shape
+    OC, OH, OW = out.shape[1:]
+    PT, PL = geo.pads_begin
+    m, alpha = t.m, t.alpha
+    A2 = alpha * alpha
+    MR, NR = o.gemm_mr, o.gemm_nr
+    Q = math.lcm(NR, LANES)
+    OCp = -(-OC // MR) * MR
+    TH, TW = -(-OH // m), -(-OW // m)
+    tiles = TH * TW
+    T = _tiles_per_block(o, C, OCp, tiles, nimg, alpha, Q)
+    nblk = -(-tiles // T)
+    R = _block_rows(tiles, T, TW)
+    BW = TW * m + 2            # band row: a whole tile row's input, padded
+    BR = (R - 1) * m + alpha   # band rows
+    YB = TW * m                # output strip row
+    KC = -(-C // -(-C // o.gemm_kc))  # K blocks as even as possible (gemm.k_blocks)
+    BT, AT = t.BT, t.AT
+    L = LANES
+
+    name, text = microkernel(MR, NR, "packed", "strided", o.simd, o.gemm_prefetch, o.gemm_scalar_accumulators)
+    ukr = kc.program.require_helper(name, text)
+    u = filter_transform(kc.program.memory.static[id(wt)], t).astype(np.float32)
+    upack = kc.const_array(("winograd_u", node.name, m, MR), pack_a_panels(u, MR), node.name + "_U", np.float32)
+    mp = OCp // MR
+    # One GEMM operand (xi) to the next: a cache line more than its size, so the transforms'
+    # alpha^2 streams do not all fall in one L1 set (C * T floats is often a multiple of 4 KiB).
+    XV, XM = C * T + 16, OCp * T + 16
+    off_v = kc.scratch(A2 * XV * 4)
+    off_m = kc.scratch(A2 * XM * 4)
+    off_band = kc.scratch((BR * BW + 8) * 4)  # + 8: the vector gather's last loads run past a row
+    off_y = kc.scratch(((R + 1) * m * YB + m) * 4)
+    off_d = kc.scratch(2 * A2 * L * 4)
+    off_xo = kc.scratch(T * 8)
+    off_yo = kc.scratch(T * 8)
+
+    w.line(f"/* Winograd {t.name}: {TH}x{TW} tiles per image in blocks of {T}, {A2} GEMMs "
+           f"[{OC} x {C}] x [{C} x tiles] per block (codegen/winograd.py). */")
+    blk = kc.tmp("blk")
+    kc.parallel_for(2 * nimg * OC * C * 9 * OH * OW)
+    with w.block(f"for (long {blk} = 0; {blk} < {nimg * nblk}; ++{blk})"):
+        b, t0, nt, ntp, ty0, ty1 = (kc.tmp(n) for n in ("b", "t0", "nt", "ntp", "ty0", "ty1"))
+        w.line(f"const long {b} = {blk} / {nblk};")
+        w.line(f"const long {t0} = ({blk} % {nblk}) * {T};")
+        w.line(f"const long {nt} = {tiles} - {t0} < {T} ? {tiles} - {t0} : {T};")
+        w.line(f"const long {ntp} = ({nt} + {Q - 1}) / {Q} * {Q};")
+        w.line(f"const long {ty0} = {t0} / {TW};")
+        w.line(f"const long {ty1} = ({t0} + {nt} - 1) / {TW};")
+        V, M, band, ys, D, E, xo, yo = (kc.tmp(n) for n in ("V", "M", "band", "ystrip", "D", "E", "xoff", "yoff"))
+        w.line(f"float* restrict {V} = {kc.scratch_ptr('float', off_v)};")
+        w.line(f"float* restrict {M} = {kc.scratch_ptr('float', off_m)};")
+        w.line(f"float* restrict {band} = {kc.scratch_ptr('float', off_band)};")
+        w.line(f"float* restrict {ys} = {kc.scratch_ptr('float', off_y)};")
+        w.line(f"float* restrict {D} = {kc.scratch_ptr('float', off_d)};")
+        w.line(f"float* restrict {E} = {D} + {A2 * L};")
+        w.line(f"long* restrict {xo} = {kc.scratch_ptr('long', off_xo)};")
+        w.line(f"long* restrict {yo} = {kc.scratch_ptr('long', off_yo)};")
+        # Where each tile's input patch starts in the band and its outputs in the strip; lanes
+        # past the block's last tile read the first tile's patch and write past the strip.
+        tt, tg = kc.tmp("tt"), kc.tmp("tg")
+        with w.block(f"for (long {tt} = 0; {tt} < {ntp}; ++{tt})"):
+            w.line(f"const long {tg} = {t0} + ({tt} < {nt} ? {tt} : 0);")
+            w.line(f"{xo}[{tt}] = ({tg} / {TW} - {ty0}) * {m * BW} + {tg} % {TW} * {m};")
+            w.line(f"{yo}[{tt}] = {tt} < {nt} ? ({tg} / {TW} - {ty0}) * {m * YB} + {tg} % {TW} * {m} : {R * m * YB};")
+
+        # 1. Input transform, per input channel: the band (the block's input rows, zero-padded,
+        # the prologue applied), then B^T d B for LANES tiles at a time into V[xi][c][tile].
+        c, rr, ih, row, j = (kc.tmp(n) for n in ("c", "rr", "ih", "row", "j"))
+        with w.block(f"for (long {c} = 0; {c} < {C}; ++{c})"):
+            with w.block(f"for (long {rr} = 0; {rr} < ({ty1} - {ty0}) * {m} + {alpha}; ++{rr})"):
+                w.line(f"const long {ih} = {ty0} * {m} - {PT} + {rr};")
+                w.line(f"float* restrict {row} = {band} + {rr} * {BW};")
+                with w.block(f"if ((unsigned long){ih} >= {H}ul)"):
+                    w.line(f"for (long {j} = 0; {j} < {BW}; ++{j}) {row}[{j}] = 0.0f;")
+                    w.line("continue;")
+                jhi = min(BW, W + PL)
+                if PL:
+                    w.line(f"for (long {j} = 0; {j} < {min(PL, BW)}; ++{j}) {row}[{j}] = 0.0f;")
+                with w.block(f"for (long {j} = {min(PL, BW)}; {j} < {jhi}; ++{j})"), ev.scope():
+                    v = ev.at(x, Index(x.shape, (b, c, ih, f"{j} - {PL}" if PL else j)))
+                    w.line(f"{row}[{j}] = {v};")
+                if jhi < BW:
+                    w.line(f"for (long {j} = {jhi}; {j} < {BW}; ++{j}) {row}[{j}] = 0.0f;")
+            g0, lane, src = kc.tmp("g"), kc.tmp("l"), kc.tmp("src")
+            vec = o.simd == "auto" and L == 8 and m in (2, 4)
+            with w.block(f"for (long {g0} = 0; {g0} < {ntp}; {g0} += {L})"):
+                if vec:  # 8 consecutive tiles of one tile row: transposes in registers
+                    w.line(f"#if {AVX2_GUARD}")
+                    w.line(f"if ({xo}[{g0} + {L - 1}] - {xo}[{g0}] == {(L - 1) * m}) {{")
+                    w.line(f"  const float* restrict {src} = {band} + {xo}[{g0}];")
+                    for r in range(alpha):
+                        for ln in _gather_avx2(m, f"{src} + {r * BW}", [f"{D} + {(r * alpha + q) * L}"
+                                                                       for q in range(alpha)]):
+                            w.line("  " + ln)
+                    w.line("} else")
+                    w.line("#endif")
+                with w.block(f"for (long {lane} = 0; {lane} < {L}; ++{lane})"):
+                    w.line(f"const float* restrict {src} = {band} + {xo}[{g0} + {lane}];")
+                    for r in range(alpha):
+                        w.line(" ".join(f"{D}[{(r * alpha + q) * L} + {lane}] = {src}[{r * BW + q}];"
+                                        for q in range(alpha)))
+                # B^T d (down the columns), then (.) B (across), LANES tiles per vector.
+                _lane_stage(w, o.simd, lane, [(f"{E} + {(i * alpha + q) * L}", BT[i],
+                                               [f"{D} + {(r * alpha + q) * L}" for r in range(alpha)])
+                                              for i in range(alpha) for q in range(alpha)])
+                vc = kc.tmp("vc")
+                w.line(f"float* restrict {vc} = {V} + {c} * {T} + {g0};")
+                _lane_stage(w, o.simd, lane, [(f"{vc} + {(i * alpha + k) * XV}", BT[k],
+                                               [f"{E} + {(i * alpha + q) * L}" for q in range(alpha)])
+                                              for i in range(alpha) for k in range(alpha)])
+
+        # 2. alpha^2 GEMMs on the micro-kernel: M[xi] = U[xi] @ V[xi].
+        xi, pc, kb, jr, ir = (kc.tmp(n) for n in ("xi", "pc", "kb", "jr", "ir"))
+        with w.block(f"for (long {xi} = 0; {xi} < {A2}; ++{xi})"):
+            with w.block(f"for (long {pc} = 0; {pc} < {C}; {pc} += {KC})"):
+                w.line(f"const long {kb} = {C} - {pc} < {KC} ? {C} - {pc} : {KC};")
+                with w.block(f"for (long {jr} = 0; {jr} < {ntp}; {jr} += {NR})"):
+                    with w.block(f"for (long {ir} = 0; {ir} < {OCp}; {ir} += {MR})"):
+                        a_ptr = f"{upack} + (({xi} * {mp} + {ir} / {MR}) * {C} + {pc}) * {MR}"
+                        b_ptr = f"{V} + {xi} * {XV} + {pc} * {T} + {jr}"
+                        c_ptr = f"{M} + {xi} * {XM} + {ir} * {T} + {jr}"
+                        w.line(f"{ukr}({kb}, {a_ptr}, 0, 0, {b_ptr}, {T}, {c_ptr}, {T}, {pc} > 0);")
+
+        # 3. Output transform per output channel: A^T M A for LANES tiles at a time into the
+        # strip, then the bias and the group's epilogue along each output row of the block.
+        oc = kc.tmp("oc")
+        with w.block(f"for (long {oc} = 0; {oc} < {OC}; ++{oc})"):
+            g0, lane, mo, dst = kc.tmp("g"), kc.tmp("l"), kc.tmp("mo"), kc.tmp("dst")
+            with w.block(f"for (long {g0} = 0; {g0} < {ntp}; {g0} += {L})"):
+                w.line(f"const float* restrict {mo} = {M} + {oc} * {T} + {g0};")
+                # M A along each row, then A^T (.) down the columns, LANES tiles per vector.
+                _lane_stage(w, o.simd, lane, [(f"{D} + {(i * m + jj) * L}", AT[jj],
+                                               [f"{mo} + {(i * alpha + k) * XM}" for k in range(alpha)])
+                                              for i in range(alpha) for jj in range(m)])
+                _lane_stage(w, o.simd, lane, [(f"{E} + {(a * m + jj) * L}", AT[a],
+                                               [f"{D} + {(i * m + jj) * L}" for i in range(alpha)])
+                                              for a in range(m) for jj in range(m)])
+                if vec:
+                    w.line(f"#if {AVX2_GUARD}")
+                    w.line(f"if ({yo}[{g0} + {L - 1}] - {yo}[{g0}] == {(L - 1) * m}) {{")
+                    for a in range(m):
+                        for ln in _scatter_avx2(m, [f"{E} + {(a * m + jj) * L}" for jj in range(m)],
+                                                f"{ys} + {yo}[{g0}] + {a * YB}"):
+                            w.line("  " + ln)
+                    w.line("} else")
+                    w.line("#endif")
+                with w.block(f"for (long {lane} = 0; {lane} < {L}; ++{lane})"):
+                    w.line(f"float* restrict {dst} = {ys} + {yo}[{g0} + {lane}];")
+                    for a in range(m):
+                        w.line(" ".join(f"{dst}[{a * YB + jj}] = {E}[{(a * m + jj) * L} + {lane}];"
+                                        for jj in range(m)))
+            ty, txlo, txhi, a, oy, ox, oxe = (kc.tmp(n) for n in ("ty", "txlo", "txhi", "a", "oy", "ox", "oxe"))
+            with w.block(f"for (long {ty} = {ty0}; {ty} <= {ty1}; ++{ty})"):
+                w.line(f"const long {txlo} = {t0} > {ty} * {TW} ? {t0} - {ty} * {TW} : 0;")
+                w.line(f"const long {txhi} = {t0} + {nt} - {ty} * {TW} < {TW} ? {t0} + {nt} - {ty} * {TW} : {TW};")
+                w.line(f"const long {oxe} = {txhi} * {m} < {OW} ? {txhi} * {m} : {OW};")
+                with w.block(f"for (long {a} = 0; {a} < {m}; ++{a})"):
+                    w.line(f"const long {oy} = {ty} * {m} + {a};")
+                    w.line(f"if ({oy} >= {OH}) break;")
+                    with w.block(f"for (long {ox} = {txlo} * {m}; {ox} < {oxe}; ++{ox})"), ev.scope():
+                        acc = f"{ys}[(({ty} - {ty0}) * {m} + {a}) * {YB} + {ox}]"
+                        y = kc.tmp("y")
+                        w.line(f"const float {y} = {bias_term(ev, node, acc, oc)};")
+                        finish_element(kc, ev, stage, out, Index(out.shape, (b, oc, oy, ox)), y)
+
+
+def direct_flops(node) -> int:
+    """Multiply-adds x 2 of the direct convolution (what "effective GFLOP/s" divides by)."""
+    wt, out = node.input(1), node.outputs[0]
+    return 2 * math.prod(out.shape) * math.prod(wt.shape[1:])

@@ -1,0 +1,178 @@
+"""Integer convolutions recognized in QDQ models, before import (while the int8 weights are visible).
+
+    x_q -> DequantizeLinear(xs, xz) ----------------+
+    W_q -> DequantizeLinear(ws, wz, axis=0) --------+-> Conv -> [Relu] -> QuantizeLinear(ys, yz) -> y_q
+    B_q -> DequantizeLinear(xs * ws, 0) (optional) -+
+
+becomes one ``QLinearConv(x_q, xs, xz, W_q, ws, wz, ys, yz, B_q)`` marked ``opfuse_requantize="fixed"``
+(imported as an int32 Conv, the int32 bias add and a fixed-point ``Requantize``: ``onnx_quantized``),
+with ``opfuse_relu=1`` when a Relu sat before the QuantizeLinear: ``Q(Relu(y)) = max(Q(y), yz)``,
+since Q is monotone and ``Q(0) = yz``, so the Relu is the clamp's lower bound. This is the
+float model's arithmetic done in integers, as onnxruntime fuses the same pattern into QLinearConv:
+the float path rounds the float32 convolution of dequantized values, the integer one is exact, so
+they differ by at most one quantization step where a value lies near a rounding tie.
+
+The rewritten model is the importer's own (its private attributes make it invalid ONNX to others).
+
+Conditions, each refusal with its reason (``recognize_integer_convs(..., refusals=list)``): the
+scales and zero points are constants, the activations per tensor, the weight an int8 or uint8
+constant quantized per tensor or along its output channels, the bias (if any) an int32 constant with
+zero point 0 and scale ``xs * ws`` (to float32 rounding), and the Conv's (and Relu's) output read
+only by the next op of the pattern and not a graph output.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+QUANT_8BIT = (np.dtype(np.int8), np.dtype(np.uint8))
+BIAS_SCALE_RTOL = 1e-6  # the bias scale must be xs * ws to float32 rounding
+
+
+class _Model:
+    def __init__(self, model: onnx.ModelProto):
+        g = model.graph
+        self.consts = {i.name: i for i in g.initializer}
+        self.producer = {o: n for n in g.node for o in n.output}
+        self.consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+        for n in g.node:
+            for i in n.input:
+                self.consumers[i].append(n)
+        self.outputs = {o.name for o in g.output}
+
+    def const(self, name: str) -> np.ndarray | None:
+        t = self.consts.get(name)
+        return None if t is None else numpy_helper.to_array(t)
+
+    def only_consumer(self, name: str) -> onnx.NodeProto | None:
+        users = self.consumers.get(name, [])
+        return users[0] if len(users) == 1 and name not in self.outputs else None
+
+
+def _axis(node: onnx.NodeProto) -> int:
+    for a in node.attribute:
+        if a.name == "axis":
+            return int(a.i)
+    return 1
+
+
+def _dq_parts(m: _Model, name: str, what: str):
+    """``(dq node, q input, scale, zero point)`` of the DequantizeLinear producing ``name``, or a reason."""
+    dq = m.producer.get(name)
+    if dq is None or dq.op_type != "DequantizeLinear":
+        return f"{what} is not the output of a DequantizeLinear"
+    if any(a.name == "block_size" and a.i for a in dq.attribute):
+        return f"{what} is dequantized in blocks"
+    scale = m.const(dq.input[1])
+    zp = m.const(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else None
+    if scale is None or (len(dq.input) > 2 and dq.input[2] and zp is None):
+        return f"{what}'s scale or zero point is not a constant"
+    return dq, dq.input[0], scale, zp
+
+
+def _match(m: _Model, conv: onnx.NodeProto):
+    """The pattern's nodes and operands at ``conv``, or the reason it is not one."""
+    if len(conv.input) < 2:
+        return "not a Conv with a weight"
+    x = _dq_parts(m, conv.input[0], "the input")
+    if isinstance(x, str):
+        return x
+    x_dq, x_q, xs, xz = x
+    if xs.size != 1 or xz is None or xz.size != 1:
+        return "the input is not quantized per tensor with a zero point"
+    w = _dq_parts(m, conv.input[1], "the weight")
+    if isinstance(w, str):
+        return w
+    w_dq, w_q, ws, wz = w
+    w_arr = m.const(w_q)
+    if w_arr is None or w_arr.dtype not in QUANT_8BIT:
+        return "the weight is not an int8 or uint8 constant"
+    channels = w_arr.shape[0]
+    if ws.size != 1 and (ws.shape != (channels,) or _axis(w_dq) % w_arr.ndim != 0):
+        return "the weight is not quantized per tensor or per output channel"
+    bias = None
+    if len(conv.input) > 2 and conv.input[2]:
+        b = _dq_parts(m, conv.input[2], "the bias")
+        if isinstance(b, str):
+            return b
+        b_dq, b_q, bs, bz = b
+        b_arr = m.const(b_q)
+        if b_arr is None or b_arr.dtype != np.int32 or b_arr.shape != (channels,):
+            return "the bias is not an int32 constant of one value per output channel"
+        if bz is not None and np.any(bz != 0):
+            return "the bias has a non-zero zero point"
+        want = (np.float32(xs.reshape(())) * ws.astype(np.float32)).astype(np.float64)
+        if not np.allclose(bs.astype(np.float64), np.broadcast_to(want, bs.shape), rtol=BIAS_SCALE_RTOL, atol=0):
+            return "the bias scale is not input scale x weight scale"
+        bias = b_q
+    nxt = m.only_consumer(conv.output[0])
+    relu = None
+    if nxt is not None and nxt.op_type == "Relu":
+        relu, nxt = nxt, m.only_consumer(nxt.output[0])
+    if nxt is None or nxt.op_type != "QuantizeLinear":
+        return "the Conv's output is not quantized by its only reader (through a Relu at most)"
+    ys = m.const(nxt.input[1])
+    yz = m.const(nxt.input[2]) if len(nxt.input) > 2 and nxt.input[2] else None
+    if ys is None or yz is None or ys.size != 1 or yz.size != 1 or yz.dtype not in QUANT_8BIT:
+        return "the output is not quantized per tensor to int8 or uint8 with constant parameters"
+    if any(a.name in ("output_dtype", "saturate", "precision") for a in nxt.attribute):
+        return "the QuantizeLinear has attributes opfuse does not fold into an integer conv"
+    return {"x_q": x_q, "xs": x_dq.input[1], "xz": x_dq.input[2] if len(x_dq.input) > 2 else "", "w_q": w_q,
+            "ws": w_dq.input[1], "wz": w_dq.input[2] if len(w_dq.input) > 2 else "", "ys": nxt.input[1],
+            "yz": nxt.input[2], "bias": bias, "relu": relu, "q": nxt}
+
+
+def recognize_integer_convs(model: onnx.ModelProto, refusals: list | None = None) -> onnx.ModelProto:
+    """``model`` with each DQ -> Conv -> [Relu] -> Q replaced (see the module docstring); the model
+    itself when nothing matches. ``refusals`` collects ``(conv name, reason)`` for the rest."""
+    if not any(n.op_type == "Conv" for n in model.graph.node) \
+            or not any(n.op_type == "QuantizeLinear" for n in model.graph.node):
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)  # the caller's model is left as it is
+    g = out.graph
+    m = _Model(out)
+    replace: dict[str, onnx.NodeProto] = {}  # the QuantizeLinear's output -> the QLinearConv standing for it
+    drop: set[str] = set()  # first outputs of the Conv and Relu nodes that go
+    for conv in g.node:
+        if conv.op_type != "Conv":
+            continue
+        found = _match(m, conv)
+        if isinstance(found, str):
+            if refusals is not None:
+                refusals.append((conv.name or conv.output[0], found))
+            continue
+        xz, wz = found["xz"], found["wz"]
+        if not wz:  # QLinearConv needs every operand: an absent zero point is 0 of the weight's type
+            wz = f"{conv.output[0]}_opfuse_w_zero_point"
+            w_arr = m.const(found["w_q"])
+            assert w_arr is not None  # _match checked it is a constant
+            g.initializer.append(numpy_helper.from_array(np.array(0, w_arr.dtype), wz))
+        inputs = [found["x_q"], found["xs"], xz, found["w_q"], found["ws"], wz, found["ys"], found["yz"]]
+        if found["bias"] is not None:
+            inputs.append(found["bias"])
+        q = found["q"]
+        node = helper.make_node("QLinearConv", inputs, list(q.output), name=conv.name or q.name,
+                                opfuse_requantize="fixed", opfuse_relu=int(found["relu"] is not None))
+        node.attribute.extend(a for a in conv.attribute)
+        replace[q.output[0]] = node
+        drop.add(conv.output[0])
+        if found["relu"] is not None:
+            drop.add(found["relu"].output[0])
+    if not replace:
+        return model
+    kept = []
+    for n in g.node:
+        if n.output[0] not in drop:
+            c = onnx.NodeProto()
+            c.CopyFrom(replace.get(n.output[0], n))
+            kept.append(c)
+    used = {i for n in kept for i in n.input} | {o.name for o in g.output}
+    # DequantizeLinear nodes the pattern absorbed (nobody else reads their output) go too
+    kept = [n for n in kept if n.op_type != "DequantizeLinear" or any(o in used for o in n.output)]
+    del g.node[:]
+    g.node.extend(kept)
+    return out

@@ -1,0 +1,140 @@
+"""Depthwise convolution's three ways against the reference, and the portable C99 against AVX2:
+
+* direct (AVX2): a stride-1 plane that keeps its size, of at most ``DIRECT_MAX_VECTORS`` vectors,
+  read in place with masked loads at the edges, no padded copy;
+* direct rows (AVX2): other planes of column stride 1 or 2, a row at a time (rows up to
+  ``DIRECT_MAX_ROW_VECTORS`` vectors), stride 2 from the even or odd floats of two loads;
+* wide: the padded copy computed as one row (stride 1, small planes), epilogue row by row;
+* rows: one pass per output row (large or strided planes), epilogue over the dense plane.
+
+Each with a fused epilogue (bias, Clip, and a residual Add read at the output's index), odd sizes,
+a batch of two (planes of two images in one chunk), and chunks that do not divide the planes."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cg_support import assert_close, group_by_names, run_both
+from opfuse.codegen import CodegenOptions
+from opfuse.codegen.depthwise import DIRECT_MAX_ROW_VECTORS, DIRECT_MAX_VECTORS, VECTOR, plane_chunk
+from opfuse.ops import GraphBuilder
+
+rng = np.random.default_rng(5)
+
+
+def _c(b, name, *shape):
+    return b.const(name, (rng.standard_normal(shape) / 3).astype(np.float32))
+
+
+def dw_graph(c, h, w, k, stride, pads, dilation=1, prologue=False, residual=False, n=2):
+    b = GraphBuilder("dw")
+    x = b.input("x", (n, c, h, w))
+    src = b.op("Relu", x, name="pre") if prologue else x
+    y = b.op("Conv", src, _c(b, "w", c, 1, k, k), _c(b, "bias", c), kernel_shape=[k, k], strides=[stride, stride],
+             pads=pads, dilations=[dilation, dilation], group=c, name="dw")
+    names = (["pre"] if prologue else []) + ["dw"]
+    if residual:
+        y = b.op("Add", y, b.input("r", y.shape), name="res")
+        names.append("res")
+    g = b.build(b.op("Clip", y, b.const("lo", np.float32(0)), b.const("hi", np.float32(6)), name="clip"))
+    return g, group_by_names(g, [("conv_epilogue", [*names, "clip"])])
+
+
+DIRECT = [  # stride 1, output the size of the input, at most DIRECT_MAX_VECTORS vectors
+    (8, 6, 6, 3, 1, [1, 1, 1, 1], 1),
+    (5, 3, 3, 3, 1, [1, 1, 1, 1], 1),       # 9 floats: one full vector and one lane
+    (3, 7, 9, 3, 1, [1, 1, 1, 1], 1),       # odd sizes
+    (4, 16, 16, 3, 1, [1, 1, 1, 1], 1),     # exactly DIRECT_MAX_VECTORS vectors
+    (3, 9, 11, 5, 1, [2, 2, 2, 2], 1),      # 5x5: 25 taps
+    (3, 10, 12, 3, 1, [2, 2, 2, 2], 2),     # dilated
+    (3, 8, 7, 3, 1, [0, 2, 2, 0], 1),       # asymmetric pads, still "same"
+]
+DIRECT_ROWS = [  # the same, larger, rows of at most DIRECT_MAX_ROW_VECTORS vectors
+    (3, 16, 17, 3, 1, [1, 1, 1, 1], 1),     # one vector too many for the whole plane
+    (8, 13, 21, 3, 1, [1, 1, 1, 1], 1),
+    (2, 50, 50, 3, 1, [1, 1, 1, 1], 1),
+    (2, 12, 33, 5, 1, [2, 2, 2, 2], 1),     # 5x5: two rows at each edge leave kernel rows out
+    (2, 11, 30, 3, 1, [2, 2, 2, 2], 2),     # dilated
+    (2, 4, 128, 3, 1, [1, 1, 1, 1], 1),     # rows of exactly DIRECT_MAX_ROW_VECTORS vectors
+    (6, 17, 19, 3, 2, [1, 1, 1, 1], 1),     # stride 2: even and odd floats of two loads
+    (4, 12, 12, 3, 2, [0, 0, 1, 1], 1),     # mobilenet's stride-2 padding
+    (3, 28, 28, 3, 2, [1, 1, 1, 1], 1),
+    (2, 9, 40, 5, 2, [2, 1, 2, 2], 2),      # 5x5, dilated, asymmetric
+    (3, 9, 9, 3, 1, [0, 0, 0, 0], 1),       # valid: the output is smaller than the input
+    (2, 40, 40, 3, 1, [0, 0, 0, 0], 1),
+]
+COPIED = [
+    (2, 5, 130, 3, 1, [1, 1, 1, 1], 1),     # rows too long: the wide copy
+    (1, 20, 140, 3, 1, [1, 1, 1, 1], 1),    # 3124 padded floats: one pass per row
+    (5, 11, 12, 5, 3, [2, 1, 2, 2], 1),     # 5x5 stride 3, asymmetric pads: three column phases
+    (2, 9, 300, 3, 2, [1, 1, 1, 1], 1),     # stride 2, rows too long: two column phases
+]
+
+
+def test_the_cases_cover_the_ways():
+    for _c, h, w, *_ in DIRECT:
+        assert -(-h * w // VECTOR) <= DIRECT_MAX_VECTORS
+    for _c, _h, w, _k, stride, *_ in DIRECT_ROWS:
+        assert stride in (1, 2) and -(-w // stride // VECTOR) <= DIRECT_MAX_ROW_VECTORS
+    assert -(-130 // VECTOR) > DIRECT_MAX_ROW_VECTORS and -(-150 // VECTOR) > DIRECT_MAX_ROW_VECTORS
+
+
+def _direct_rows_source(src: str) -> bool:
+    return "_mm256_maskload_ps" in src and "const float* row" in src
+
+
+@pytest.mark.parametrize("case", DIRECT + DIRECT_ROWS + COPIED)
+@pytest.mark.parametrize("residual", [False, True])
+def test_depthwise_against_reference_avx2_and_portable(case, residual, cache_dir):
+    g, plan = dw_graph(*case, residual=residual)
+    simd, want, m1 = run_both(g, plan, cache_dir)
+    portable, _, m0 = run_both(g, plan, cache_dir, options=CodegenOptions(simd="none"))
+    assert_close(simd, want)
+    assert_close(portable, want)
+    assert_close(simd, portable)
+    assert "_mm256_" not in m0.program.source
+    assert ("_mm256_maskload_ps" in m1.program.source) == (case not in COPIED)
+    assert _direct_rows_source(m1.program.source) == (case in DIRECT_ROWS)
+    assert m1.report["kernels"] == 1
+
+
+@pytest.mark.parametrize("case", [DIRECT[0], DIRECT_ROWS[0], DIRECT_ROWS[6]])
+def test_a_computed_input_is_copied_through_its_prologue(case, cache_dir):
+    """A prologue (Relu before the conv, in the group) is not in memory: no direct path."""
+    g, plan = dw_graph(*case, prologue=True)
+    got, want, model = run_both(g, plan, cache_dir)
+    assert_close(got, want)
+    assert "_mm256_maskload_ps" not in model.program.source
+
+
+@pytest.mark.parametrize("case", [DIRECT[0], DIRECT_ROWS[2], DIRECT_ROWS[6], COPIED[0], COPIED[2]])
+def test_threads_do_not_change_depthwise_results(case, cache_dir):
+    g, plan = dw_graph(*case, n=3)
+    one, _, _ = run_both(g, plan, cache_dir, threads=1)
+    two, _, _ = run_both(g, plan, cache_dir, threads=2)
+    for k in one:
+        np.testing.assert_array_equal(one[k], two[k])
+
+
+def test_plane_chunks():
+    o = CodegenOptions()
+    assert plane_chunk(512, o) == o.depthwise_chunk_planes  # many planes: whole chunks
+    assert plane_chunk(64, o) == 64 // o.depthwise_min_chunks  # enough chunks for the threads
+    assert plane_chunk(8, o) == 1
+    with pytest.raises(Exception, match="depthwise_chunk_planes"):
+        CodegenOptions(depthwise_chunk_planes=0)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the reference's 0 * inf
+@pytest.mark.parametrize("case", [DIRECT[0], DIRECT_ROWS[1], DIRECT_ROWS[6]])
+def test_an_infinite_weight_next_to_padding_gives_nan_as_in_the_reference(case, cache_dir):
+    """The in-place paths leave out taps that fall wholly in the padding; 0 * inf is NaN in the
+    reference, so weights that are not all finite take the padded copy."""
+    g, plan = dw_graph(*case)
+    w = next(v for v in g.constants if v.name == "w")
+    w.const = w.const.copy()
+    w.const[1, 0, 0, 0] = np.inf
+    got, want, model = run_both(g, plan, cache_dir)
+    assert np.isnan(next(iter(want.values()))).any()
+    assert_close(got, want)
+    assert "_mm256_maskload_ps" not in model.program.source

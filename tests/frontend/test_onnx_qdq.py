@@ -1,0 +1,137 @@
+"""DQ -> Conv -> [Relu] -> Q recognized as one integer conv (``frontend/onnx_qdq.py``): int32 Conv,
+int32 bias and a fixed-point ``Requantize`` in the conv's epilogue; against onnxruntime (which fuses
+the same pattern into QLinearConv) and between the reference and C."""
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import opfuse
+from onnx_builders import init, model, op_types, ort_run, vi
+from opfuse.codegen.options import CodegenOptions
+from opfuse.compiler import plan_model
+from opfuse.frontend.onnx import import_model
+from opfuse.frontend.onnx_qdq import recognize_integer_convs
+from opfuse.runtime.native import build
+from opfuse.runtime.reference import run
+
+pytest.importorskip("onnxruntime")
+RNG = np.random.default_rng(21)
+F, I8, U8 = TensorProto.FLOAT, TensorProto.INT8, TensorProto.UINT8
+
+
+def qdq_conv(act=np.int8, relu=True, per_channel=True, bias=True, bias_scale_factor=1.0, extra_reader=False,
+             group=1):
+    """x (float) -> Q -> DQ -> Conv(DQ(W), DQ(B)) -> [Relu] -> Q -> DQ -> y (float)."""
+    cin, cout = 8, 8
+    w_q = RNG.integers(-127, 128, (cout, cin // group, 3, 3)).astype(np.int8)
+    ws = (RNG.uniform(0.002, 0.01, cout) if per_channel else np.array(0.005)).astype(np.float32)
+    xs, ys = np.float32(0.04), np.float32(0.09)
+    xz = np.array(-5 if act == np.int8 else 120, act)
+    yz = np.array(-20 if act == np.int8 else 30, act)
+    elem = I8 if act == np.int8 else U8
+    inits = [init("xs", xs), init("xz", xz), init("w_q", w_q), init("ws", ws), init("wz", np.zeros(ws.shape, np.int8)),
+             init("ys", ys), init("yz", yz)]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["x_q"]),
+             helper.make_node("DequantizeLinear", ["x_q", "xs", "xz"], ["x_dq"]),
+             helper.make_node("DequantizeLinear", ["w_q", "ws", "wz"], ["w_dq"], axis=0)]
+    conv_in = ["x_dq", "w_dq"]
+    if bias:
+        b_scale = (xs * ws * np.float32(bias_scale_factor)).astype(np.float32)
+        inits += [init("b_q", RNG.integers(-3000, 3000, cout).astype(np.int32)), init("bs", b_scale),
+                  init("bz", np.zeros(b_scale.shape, np.int32))]
+        nodes.append(helper.make_node("DequantizeLinear", ["b_q", "bs", "bz"], ["b_dq"], axis=0))
+        conv_in.append("b_dq")
+    nodes.append(helper.make_node("Conv", conv_in, ["c"], name="conv", pads=[1, 1, 1, 1], group=group))
+    last = "c"
+    if relu:
+        nodes.append(helper.make_node("Relu", ["c"], ["r"]))
+        last = "r"
+    nodes += [helper.make_node("QuantizeLinear", [last, "ys", "yz"], ["y_q"]),
+              helper.make_node("DequantizeLinear", ["y_q", "ys", "yz"], ["y"])]
+    outputs = [vi("y", None), vi("y_q", None, elem)]
+    if extra_reader:
+        nodes.append(helper.make_node("Neg", ["c"], ["side"]))
+        outputs.append(vi("side", None))
+    return model(nodes, [vi("x", [1, cin, 10, 9])], outputs, inits, opset=13)
+
+
+def _x():
+    return {"x": (RNG.standard_normal((1, 8, 10, 9)) * 2).astype(np.float32)}
+
+
+@pytest.mark.parametrize("act, relu, per_channel, bias, group", [
+    (np.int8, True, True, True, 1), (np.uint8, True, True, True, 1), (np.int8, False, False, True, 1),
+    (np.int8, True, True, False, 1), (np.uint8, False, True, True, 8),
+])
+def test_recognized_conv_matches_onnxruntime_within_one_step(act, relu, per_channel, bias, group):
+    m = qdq_conv(act, relu, per_channel, bias, group=group)
+    refusals = []
+    rewritten = recognize_integer_convs(m, refusals)
+    assert refusals == [] and "QLinearConv" in [n.op_type for n in rewritten.graph.node]
+    assert "Relu" not in [n.op_type for n in rewritten.graph.node]
+    g = import_model(m)
+    assert "Requantize" in op_types(g)
+    x = _x()
+    theirs = ort_run(m, x)["y_q"].astype(int)
+    ours = run(g, x)["y_q"].astype(int)
+    assert np.abs(ours - theirs).max() <= 1
+    assert np.mean(ours == theirs) >= 0.99  # a step apart only near a rounding tie
+    for simd in ("auto", "none"):
+        plan = plan_model(g).plan
+        native = build(plan.graph, plan, options=CodegenOptions(simd=simd)).run(x)["y_q"]
+        np.testing.assert_array_equal(native, ours.astype(native.dtype))
+
+
+def test_the_requantize_runs_in_the_convs_kernel():
+    g = import_model(qdq_conv())
+    plan = plan_model(g).plan
+    (conv_group,) = [grp for grp in plan.groups if "Conv" in grp.op_types]
+    assert "Requantize" in conv_group.op_types and "Add" in conv_group.op_types  # bias and requantize epilogue
+    requant = next(n for n in g.nodes if n.op_type == "Requantize")
+    assert requant.attrs["lo"] == -20  # the Relu became the clamp at the zero point
+
+
+def test_the_callers_model_is_left_as_it_is():
+    m = qdq_conv()
+    before = m.SerializeToString()
+    recognize_integer_convs(m)
+    assert m.SerializeToString() == before
+
+
+@pytest.mark.parametrize("kwargs, reason", [
+    ({"bias_scale_factor": 1.5}, "the bias scale is not input scale x weight scale"),
+    ({"extra_reader": True}, "the Conv's output is not quantized by its only reader (through a Relu at most)"),
+])
+def test_refusals_keep_the_float_path_and_say_why(kwargs, reason):
+    m = qdq_conv(**kwargs)
+    refusals = []
+    assert recognize_integer_convs(m, refusals) is m
+    assert refusals == [("conv", reason)]
+    g = import_model(m)
+    assert "Requantize" not in op_types(g)
+    x = _x()
+    theirs = ort_run(m, x)
+    np.testing.assert_array_equal(run(g, x)["y_q"].astype(int), theirs["y_q"].astype(int))
+
+
+def test_a_float_conv_is_not_touched():
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("QuantizeLinear", ["c", "s"], ["y"])]
+    m = model(nodes, [vi("x", [1, 2, 4, 4])], [vi("y", None, U8)],
+              [init("w", np.ones((2, 2, 1, 1), np.float32)), init("s", np.float32(0.1))], opset=13)
+    refusals = []
+    assert recognize_integer_convs(m, refusals) is m
+    assert refusals == [("conv", "the input is not the output of a DequantizeLinear")]
+
+
+def test_opfuse_quantized_resnet8_runs_integer_convs_close_to_onnxruntime():
+    r = opfuse.quantize("zoo:resnet8", calibration_random=4)
+    refusals = []
+    rewritten = recognize_integer_convs(r.model, refusals)
+    assert sum(n.op_type == "QLinearConv" for n in rewritten.graph.node) == 6
+    # the three convs that end in a residual Add are refused, with the reason
+    assert sorted(name for name, _ in refusals) == ["stack1_conv2", "stack2_conv2", "stack3_conv2"]
+    x = {"input": RNG.standard_normal((1, 3, 32, 32)).astype(np.float32)}
+    theirs = ort_run(r.model, x)["output"]
+    ours = opfuse.compile(r.model).run(x)["output"]
+    assert np.abs(ours - theirs).max() <= float(r.activations["fc"].scale)

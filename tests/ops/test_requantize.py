@@ -1,0 +1,105 @@
+"""``Requantize`` (``opfuse.ops.quantized``): the fixed-point requantization, against exact rational
+arithmetic, in the reference and in C (plain C99 too)."""
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from onnx import TensorProto
+
+import opfuse
+from opfuse.codegen.options import CodegenOptions
+from opfuse.errors import InputError, ShapeError
+from opfuse.ops.builder import GraphBuilder
+from opfuse.ops.quantized import MULTIPLIER_BITS, fixed_point_multiplier, requantize
+from opfuse.runtime.native import build
+from opfuse.runtime.reference import run
+
+RNG = np.random.default_rng(5)
+
+
+def _exact(acc: int, mult: int, shift: int, zp: int, lo: int, hi: int) -> int:
+    v = Fraction(acc * mult, 1 << shift)
+    q = round(v)  # Python's round on a Fraction: half to even
+    return max(lo, min(hi, q + zp))
+
+
+@pytest.mark.parametrize("m", [1e-6, 3.1e-4, 0.0123, 0.5, 0.999999, 1.0, 7.25])
+def test_fixed_point_multiplier_has_31_bits(m):
+    mult, shift = fixed_point_multiplier(m)
+    assert 1 << (MULTIPLIER_BITS - 1) <= mult < 1 << MULTIPLIER_BITS
+    assert abs(Fraction(mult, 1 << shift) - Fraction(m)) <= Fraction(m) / (1 << MULTIPLIER_BITS)
+
+
+@pytest.mark.parametrize("m", [0.0, -0.5, float("inf"), 2.0 ** 40, 2.0 ** -40])
+def test_a_multiplier_out_of_range_is_refused(m):
+    with pytest.raises(InputError):
+        fixed_point_multiplier(m)
+
+
+def test_requantize_equals_exact_rounding_half_to_even():
+    acc = np.concatenate([RNG.integers(-2 ** 31, 2 ** 31, 2000), [0, 1, -1, 3, -3, 5, -5, 2 ** 31 - 1, -2 ** 31]])
+    acc = acc.astype(np.int32)
+    mult, shift = fixed_point_multiplier(0.0037)
+    got = requantize(acc, np.array(mult, np.int32), np.array(shift, np.int32), -3, -128, 127)
+    assert [int(v) for v in got] == [_exact(int(a), mult, shift, -3, -128, 127) for a in acc]
+    # ties: multiplier 2^30 with shift 31 is m = 1/2, so every odd accumulator is a tie
+    ties = requantize(np.array([1, 3, 5, -1, -3], np.int32), np.array(1 << 30, np.int32), np.array(31, np.int32),
+                      0, -128, 127)
+    assert list(ties) == [0, 2, 2, 0, -2]
+
+
+def _graph(per_channel: bool, out=TensorProto.INT8, zp=3, lo=-128, hi=127):
+    b = GraphBuilder("rq")
+    acc = b.input("acc", (2, 3, 5), "int32")
+    ms = [0.0031, 0.047, 0.9] if per_channel else [0.0123]
+    pairs = [fixed_point_multiplier(m) for m in ms]
+    shape = (1, 3, 1) if per_channel else ()
+    mult = b.const("mult", np.array([p[0] for p in pairs], np.int32).reshape(shape))
+    shift = b.const("shift", np.array([p[1] for p in pairs], np.int32).reshape(shape))
+    y = b.op("Requantize", acc, mult, shift, zero_point=zp, lo=lo, hi=hi, to=out)
+    return b.build(y)
+
+
+@pytest.mark.parametrize("simd", ["auto", "none"])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_c_equals_the_reference(per_channel, simd):
+    g = _graph(per_channel)
+    acc = RNG.integers(-40000, 40000, (2, 3, 5)).astype(np.int32)
+    acc[0, 0, :3] = [0, -2 ** 31, 2 ** 31 - 1]
+    want = run(g, {"acc": acc})
+    got = build(g, options=CodegenOptions(simd=simd)).run({"acc": acc})
+    (name,) = want
+    assert want[name].dtype == np.int8
+    np.testing.assert_array_equal(got[name], want[name])
+
+
+def test_uint8_output_and_a_relu_clamp():
+    g = _graph(False, out=TensorProto.UINT8, zp=10, lo=10, hi=255)
+    acc = np.linspace(-5000, 30000, 30).astype(np.int32).reshape(2, 3, 5)
+    (y,) = run(g, {"acc": acc}).values()
+    assert y.dtype == np.uint8 and y.min() == 10 and y.max() == 255
+    np.testing.assert_array_equal(opfuse.compile(g).run({"acc": acc})[g.outputs[0].name], y)
+
+
+def test_bad_operands_are_refused():
+    b = GraphBuilder("rq")
+    acc = b.input("acc", (4,), "float32")
+    with pytest.raises(ShapeError, match="int32"):
+        b.op("Requantize", acc, b.const("m", np.int32(1 << 30)), b.const("s", np.int32(31)))
+    b = GraphBuilder("rq")
+    acc = b.input("acc", (4,), "int32")
+    with pytest.raises(ShapeError, match="clamp"):
+        b.op("Requantize", acc, b.const("m", np.int32(1 << 30)), b.const("s", np.int32(31)), lo=5, hi=4)
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_exported_as_int64_onnx_it_runs_in_onnxruntime_exactly(per_channel):
+    ort = pytest.importorskip("onnxruntime")
+    from opfuse.frontend.onnx import export_model
+    g = _graph(per_channel)
+    acc = RNG.integers(-2 ** 31, 2 ** 31, (2, 3, 5)).astype(np.int32)
+    acc[0, 0, :4] = [0, -2 ** 31, 2 ** 31 - 1, -7]
+    sess = ort.InferenceSession(export_model(g).SerializeToString(), providers=["CPUExecutionProvider"])
+    (theirs,) = sess.run(None, {"acc": acc})
+    (ours,) = run(g, {"acc": acc}).values()
+    np.testing.assert_array_equal(theirs, ours)
