@@ -332,7 +332,22 @@ def patch_lines(report: dict) -> list[str]:
             f"(workspace {run['workspace_bytes']:,} bytes, {run['recompute']:.1%} of their work recomputed"
             f"{', line buffers' if run.get('line_buffers') else ''}"
             f"{', output over input' if run['output_over_input'] else ''})"
-            for run in report.get("patching", {}).get("runs", [])]
+            for run in report.get("patching", {}).get("runs", [])] + budget_lines(report)
+
+
+def budget_lines(report: dict) -> list[str]:
+    """The SRAM budget of an SRAM target's compile report (``compiler.fit_sram``), one line."""
+    b = report.get("memory_budget")
+    if not b:
+        return []
+    raised = (f"; recompute limit raised from {b['raised_from']:g} to {b['recompute_limit']:g} to fit"
+              if b.get("raised_from") is not None else "")
+    if not b.get("fits", True):
+        return [f"memory budget: arena {b['arena_bytes']:,} bytes (tensors and kernel scratch) is over the "
+                f"{b['budget_bytes']:,} bytes of the {b['source']}: it runs under QEMU, not on such a part "
+                f"(--memory-budget makes patching work to fit, or says the smallest arena)"]
+    return [f"memory budget: arena {b['arena_bytes']:,} bytes (tensors and kernel scratch) within "
+            f"{b['budget_bytes']:,} bytes ({b['source']}){raised}"]
 
 
 def planner_label(p: dict) -> str:
@@ -481,8 +496,8 @@ def _write_library(comp, directory: str, target: str, flag: str) -> list:
     """The C library for ``target``: the host's shared-library sources, or the Cortex-M7's
     standalone firmware library."""
     if target == "cortex-m7":
-        from opfuse.runtime.mcu import export_library, generate_mcu
-        return export_library(generate_mcu(comp.graph, comp.plan, comp.memory), directory, comp.report)
+        from opfuse.compiler import build_mcu
+        return build_mcu(comp).export_c(directory)
     if target != "host":
         raise OpfuseError(f"{flag} builds for host or cortex-m7; target '{target}' is planned only")
     from opfuse.compiler import build_native
@@ -575,8 +590,14 @@ def cmd_profile(args) -> int:
     from opfuse.targets import calibrate_host, format_profile, get_profile, save_profile
     if args.calibrate and args.target != "host":
         raise OpfuseError("--calibrate measures this machine: use --target host")
-    if args.fit and args.target != "host":
-        raise OpfuseError("--fit measures on this machine: use --target host")
+    if args.fit is not None and args.target == "cortex-m7":
+        return _fit_m7(args)
+    if args.fit is not None and args.target != "host":
+        raise OpfuseError("--fit measures host runs (--target host) or QEMU counts (--target cortex-m7)")
+    if args.fit is not None and not args.fit:
+        raise OpfuseError("--fit on the host needs models to measure, e.g. --fit zoo:resnet8 zoo:mobilenet_v1")
+    if args.suite is not None:
+        raise OpfuseError("--suite is for --target cortex-m7 --fit")
     say = (lambda *a, **k: None) if args.json else print  # --json: the result alone on stdout
     result: dict = {}
     if args.calibrate:
@@ -598,6 +619,28 @@ def cmd_profile(args) -> int:
         say(format_corrections(corr))
     if args.output:
         save_profile(profile, args.output)
+        result["wrote"] = args.output
+        say(f"wrote {args.output}")
+    if args.json:
+        _print_json(result)
+    return 0
+
+
+def _fit_m7(args) -> int:
+    """``opfuse profile --target cortex-m7 --fit [MODEL...]``: fit the instruction-count model under QEMU."""
+    from opfuse.mcufit import fit_m7, format_fit
+    from opfuse.targets import format_profile, save_profile
+    from opfuse.targets.fitted import m7_fit_path
+    if args.calibrate:
+        raise OpfuseError("--calibrate measures this machine: use --target host")
+    fit = fit_m7(args.suite or "full", args.fit)
+    say = (lambda *a, **k: None) if args.json else print
+    say(format_profile(fit.profile))
+    say(format_fit(fit))
+    say(f"saved the fit to {m7_fit_path()}; later plans for 'cortex-m7' use it")
+    result = {"profile": fit.profile.to_dict(), "fit": fit.summary(), "saved": str(m7_fit_path())}
+    if args.output:
+        save_profile(fit.profile, args.output)
         result["wrote"] = args.output
         say(f"wrote {args.output}")
     if args.json:
@@ -829,7 +872,10 @@ def _add_compile_options(p) -> None:
     p.add_argument("--planner", default="auto", choices=["auto", "greedy", "exact", "rules"],
                    help="cost-model planner method, or 'rules' for the maximal legal grouping")
     p.add_argument("--latency-bound", type=float, metavar="SECONDS", help="bound on every critical path")
-    p.add_argument("--memory-budget", type=_size, metavar="BYTES", help="peak activation memory budget")
+    p.add_argument("--memory-budget", type=_size, metavar="BYTES",
+                   help="peak activation memory budget; on cortex-m7 the SRAM the arena (tensors and kernel "
+                        "scratch) may use, by default the whole 512 KiB: patching works harder to fit, and when "
+                        "nothing fits the error gives the smallest arena that would")
     p.add_argument("--onchip-budget", type=_size, metavar="BYTES", help="per-group on-chip working set budget")
     p.add_argument("--objective", help="weights, e.g. latency=1,memory=0.5,kernels=0")
     p.add_argument("--no-fuse", action="store_true", help="one kernel per op (the baseline)")
@@ -968,14 +1014,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("profile", help="print (and save) a target's hardware profile")
     p.add_argument("--target", default="host",
-                   help="host (the saved calibration, else nominal constants), cortex-m7, a100, h200")
+                   help="host (the saved calibration, else nominal constants), cortex-m7 (the saved QEMU fit, "
+                        "else the data sheet), a100, h200")
     p.add_argument("--calibrate", "--recalibrate", dest="calibrate", action="store_true",
                    help="host: time micro-benchmarks on this machine and save the result; later plans for "
                         "'host' use it (and say so)")
     p.add_argument("-o", "--output", help="save the profile as JSON")
-    p.add_argument("--fit", nargs="+", metavar="MODEL",
+    p.add_argument("--fit", nargs="*", metavar="MODEL",
                    help="host: fit the cost model's correction factors from measured per-group times of "
-                        "these models (e.g. zoo:resnet8 zoo:mobilenet_v1) and save them")
+                        "these models (e.g. zoo:resnet8 zoo:mobilenet_v1) and save them; cortex-m7: fit "
+                        "instructions per FLOP (per op class), per byte and per call from QEMU counts of "
+                        "micro-benchmark kernels (and of these models' kernels, if given) and save the profile")
+    p.add_argument("--suite", choices=("full", "quick"), default=None,
+                   help="cortex-m7 --fit: the micro-benchmark suite (default full; quick: a third of it)")
     _add_json(p)
     p.set_defaults(fn=cmd_profile)
 

@@ -142,7 +142,10 @@ def _context(opts: CompileOptions):
 
 def _constraints(opts: CompileOptions):
     from opfuse.planner import Constraints
-    return Constraints(latency_bound_s=opts.latency_bound_s, memory_budget_bytes=opts.memory_budget_bytes,
+    # On an SRAM target the memory budget bounds the arena the code runs in (``fit_sram``), which
+    # patching brings below any plan's whole-tensor peak: it is not the planner's constraint there.
+    budget = None if opts.target in SRAM_TARGETS else opts.memory_budget_bytes
+    return Constraints(latency_bound_s=opts.latency_bound_s, memory_budget_bytes=budget,
                        onchip_budget_bytes=opts.onchip_budget_bytes)
 
 
@@ -226,20 +229,86 @@ def plan_model(model, options: CompileOptions | None = None, **kwargs) -> Compil
         decisions = reconcile_decisions(decisions, plan, chooser)
     fusion_report = build_report(original, graph, plan, decisions, options=ctx.options, chooser=chooser)
     limit = patch_recompute_limit(opts)
-    patching = None
-    if limit > 0:
-        from opfuse.memory.patch import choose_patches
-        plan, patching = choose_patches(plan, limit, _kernel_scratch(graph, plan, opts.target))
-    memory = plan_memory(plan)
+    if opts.target in SRAM_TARGETS:
+        plan, patching, memory, budget_record = fit_sram(graph, plan, opts, limit)
+    else:
+        plan, patching = _patched(graph, plan, opts.target, limit)
+        memory, budget_record = plan_memory(plan), None
     report = fusion_report.to_dict()
     report["target"] = opts.target
     report["fused"] = opts.fuse
+    if budget_record is not None:
+        report["memory_budget"] = budget_record
     if patching is not None:
         report["patching"] = patching.to_json()
     if plan_result is not None:
         _merge_planner_report(report, plan_result.to_json())
     report.update(memory.report())
     return Compilation(original, graph, plan, decisions, fusion_report, opts, ctx, memory, plan_result, report)
+
+
+# Targets whose whole working memory is on-chip SRAM: the arena (tensors and kernel scratch) must fit
+# the memory budget, by default the profile's on-chip bytes.
+SRAM_TARGETS = ("cortex-m7",)
+# When the arena exceeds the budget at the target's recompute limit, patching is retried with these
+# limits (extra multiply-accumulates as a fraction of the model's), the first that fits kept.
+SRAM_RECOMPUTE_LADDER = (0.3, 1.0, 3.0, 10.0, 100.0)
+
+
+def _patched(graph, plan, target: str, limit: float):
+    if limit <= 0:
+        return plan, None
+    from opfuse.memory.patch import choose_patches
+    return choose_patches(plan, limit, _kernel_scratch(graph, plan, target))
+
+
+def _arena_with_scratch(graph, plan, memory, target: str) -> int:
+    """The arena the target's code runs in: tensors and every kernel's scratch (``codegen.mcu``)."""
+    from opfuse.codegen.options import options_for_target
+    from opfuse.codegen.program import generate
+    try:
+        return generate(graph, plan, memory=memory, options=options_for_target(target)).arena_bytes
+    except OpfuseError:  # the plan does not generate: the build will say why
+        return memory.arena_bytes
+
+
+def fit_sram(graph, plan, opts: CompileOptions, limit: float):
+    """Patch ``plan`` so its arena fits the memory budget (``--memory-budget``: the SRAM the user
+    leaves to the model). At the target's recompute limit first; when over budget (and the limit was
+    not fixed by the user), at each larger limit of ``SRAM_RECOMPUTE_LADDER``. When none fits, a
+    one-line error naming the smallest arena found and the option that gives it.
+
+    Without ``--memory-budget`` the target's SRAM is the budget but only checked: the plan is the
+    target's default, and the record says whether it fits (QEMU's board has more memory than a
+    512 KB part, so a model over it still runs there; planning studies such as 224x224 inputs too).
+
+    Returns (plan, patch report, memory plan, the report's ``memory_budget`` record)."""
+    from opfuse.memory import plan_memory
+    from opfuse.targets import get_profile
+    sram = get_profile(opts.target).onchip_bytes
+    enforced = opts.memory_budget_bytes is not None
+    budget: int = opts.memory_budget_bytes if opts.memory_budget_bytes is not None else sram
+    source = "--memory-budget" if enforced else f"{opts.target} SRAM"
+    fixed = opts.patch_recompute_limit is not None or not opts.fuse
+    tried: list[tuple[int, float]] = []
+    limits = [limit] + ([x for x in SRAM_RECOMPUTE_LADDER if x > limit] if opts.fuse else [])
+    for i, lim in enumerate(limits):
+        patched, patching = _patched(graph, plan, opts.target, lim)
+        memory = plan_memory(patched)
+        arena = _arena_with_scratch(graph, patched, memory, opts.target)
+        tried.append((arena, lim))
+        if not enforced or (arena <= budget and (i == 0 or not fixed)):
+            record = {"budget_bytes": budget, "source": source, "sram_bytes": sram, "arena_bytes": arena,
+                      "fits": arena <= budget, "enforced": enforced, "recompute_limit": lim,
+                      "raised_from": limit if lim != limit else None}
+            return patched, patching, memory, record
+        if i == 0 and fixed and not opts.fuse:
+            break
+    best, best_limit = min(tried, key=lambda t: (t[0], t[1]))
+    how = ("without fusion (drop --no-fuse to patch)" if not opts.fuse else
+           f"with --patch-recompute-limit {best_limit:g}")
+    raise OpfuseError(f"the arena of {tried[0][0]:,} bytes does not fit the memory budget of {budget:,} bytes "
+                      f"({source}); the smallest arena that would work is {best:,} bytes, {how}")
 
 
 def _kernel_scratch(graph, plan, target: str) -> dict[str, int] | None:
@@ -281,8 +350,10 @@ def compile(model, target: str = "host", fuse: bool = True, *, threads: int | No
     """Compile ``model`` (``zoo:NAME``, a path, an ONNX ModelProto or a Graph) to native code.
 
     Returns an ``opfuse.runtime.native.CompiledModel``: ``.run(inputs)``, ``.report`` (the fusion
-    report, the planner's predictions and the arena), ``.export_c(dir)``. Only the host target
-    builds native code here; other targets are planned (``plan_model``) but not built. ``threads``
+    report, the planner's predictions and the arena), ``.export_c(dir)``. ``target="cortex-m7"``
+    returns an ``opfuse.runtime.mcu.McuModel`` instead: ``.export_c(dir)`` writes the standalone
+    firmware library, ``.run(inputs)`` runs it under QEMU and ``.instructions`` is what the run
+    executed. Other targets are planned (``plan_model``) but not built. ``threads`` (host only)
     defaults to the cores available to the process (``OMP_NUM_THREADS`` when set).
 
     A model whose inputs have symbolic or unknown dims that ``input_shapes`` does not bind, or
@@ -292,9 +363,11 @@ def compile(model, target: str = "host", fuse: bool = True, *, threads: int | No
     build cache).
     """
     opts = options or CompileOptions(target=target, fuse=fuse, **kwargs)
+    if opts.target == MCU_TARGET:
+        return build_mcu(plan_model(model, opts))
     if opts.target not in ("host",):
         raise OpfuseError(f"target '{opts.target}' can be planned (opfuse compile --target {opts.target}) "
-                          f"but not built and run on this machine; use target 'host'")
+                          f"but not built and run on this machine; use target 'host' or '{MCU_TARGET}'")
     from opfuse.api import unbound_inputs
     if unbound_inputs(model, opts.input_shapes):
         return SpecializingModel(model, opts, threads=threads)
@@ -417,3 +490,16 @@ class SpecializingModel:
         for model in self._compiled.values():
             model.threads = n
         self._threads = int(n)
+
+
+MCU_TARGET = "cortex-m7"
+
+
+def build_mcu(comp: Compilation):
+    """The Cortex-M7 library of a planned model (``opfuse.runtime.mcu.McuModel``): export it, or run
+    it under QEMU."""
+    from opfuse.runtime.mcu import McuModel, generate_mcu
+    if comp.options.target != MCU_TARGET:
+        raise OpfuseError(f"the Cortex-M7 library needs a plan for target '{MCU_TARGET}', not "
+                          f"'{comp.options.target}'")
+    return McuModel(generate_mcu(comp.graph, comp.plan, comp.memory), comp.graph, comp.report, comp)

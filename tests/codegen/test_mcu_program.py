@@ -169,7 +169,5 @@ def test_scalar_accumulator_microkernel_names_every_accumulator():
 def test_mcu_options_are_checked():
     with pytest.raises(OpfuseError, match="platform"):
         CodegenOptions(platform="rtos")
-    with pytest.raises(OpfuseError, match="profile"):
-        CodegenOptions(platform="mcu", profile=True)
     assert options_for_target("host") == CodegenOptions()
     assert options_for_target("cortex-m7").platform == "mcu"

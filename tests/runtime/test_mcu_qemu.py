@@ -50,7 +50,8 @@ def _nop_program(n: int):
               "int opfuse_run(const float *const inputs[], float *const outputs[], uint8_t *arena);\n")
     files = {"model.c": source, "model.h": header, "model_weights.c": "const int opfuse_unused = 0;\n"}
     return SimpleNamespace(source=source, mcu=SimpleNamespace(files=lambda _: files), inputs=[],
-                           outputs=[TensorSpec("y", (1,), np.dtype(np.float32))], arena_bytes=16)
+                           outputs=[TensorSpec("y", (1,), np.dtype(np.float32))], arena_bytes=16,
+                           options=SimpleNamespace(profile=False), kernels=[])
 
 
 @needs_tools
@@ -111,6 +112,29 @@ def test_a_fault_on_the_m7_is_the_references_input_error(tmp_path):
     feeds["d"][2] = 0
     with pytest.raises(InputError, match="node 'the_div' \\(Div\\): integer division by zero"):
         mcu.run_on_qemu(program, feeds, tmp_path / "fault")
+
+
+@needs_tools
+def test_per_kernel_counts_add_up_and_do_not_change_the_bits(tmp_path):
+    """A profile build marks every kernel: the per-kernel counts sum to the plain build's total
+    (within the marks' call sequence), and the outputs are the same bits."""
+    b = GraphBuilder("two")
+    x = b.input("x", (1, 8, 8, 8))
+    w = b.const("w", np.random.default_rng(0).standard_normal((8, 8, 3, 3)).astype(np.float32))
+    y = b.op("Relu", b.op("Conv", x, w, pads=[1, 1, 1, 1]))
+    g = b.build(b.op("MaxPool", y, kernel_shape=[2, 2], strides=[2, 2]))
+    feeds = reference.random_inputs(g, 0)
+    plain = mcu.run_on_qemu(mcu.generate_mcu(g, None), feeds, tmp_path / "plain")
+    marked_program = mcu.generate_mcu(g, None, marks=True)
+    assert "opfuse_kernel_mark" in marked_program.source
+    marked = mcu.run_on_qemu(marked_program, feeds, tmp_path / "marked")
+    for name, out in plain.outputs.items():
+        assert out.tobytes() == marked.outputs[name].tobytes()
+    counts = marked.kernel_instructions
+    assert sorted(counts) == [i for i, k in enumerate(marked_program.kernels) if k.function]
+    assert all(c > 0 for c in counts.values())
+    # The plain total adds only the call sequence around opfuse_run to the kernels' sum.
+    assert 0 <= plain.instructions - sum(counts.values()) < 40 * (len(counts) + 1)
 
 
 @needs_tools

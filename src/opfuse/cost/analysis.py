@@ -41,7 +41,7 @@ backend is expected to follow; fitted correction factors absorb the difference):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from opfuse.ir.graph import Graph, Node, Value
 from opfuse.ops.registry import Category, Mapping, OpSpec, get_spec, is_supported
@@ -67,6 +67,24 @@ def category_of(node: Node) -> Category:
 
 def node_flops(node: Node) -> int:
     return get_spec(node.op_type, node).flops(node) if is_supported(node.op_type) else 0
+
+
+_GEMM_OPS = frozenset({"MatMul", "Gemm", "MatMulInteger", "QLinearMatMul", "Einsum", "Attention"})
+_POOL_OPS = frozenset({"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LpPool",
+                       "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2",
+                       "ReduceL1", "ReduceSumSquare", "ReduceLogSumExp"})
+
+
+def op_class(node: Node) -> str:
+    """The op's class for an instruction-count model (``targets.profile.OP_CLASSES``): dense convolution, grouped
+    (depthwise) convolution, matrix product, pooling/reduction, or elementwise (everything else)."""
+    if node.op_type in ("Conv", "ConvTranspose", "QLinearConv", "ConvInteger"):
+        return "depthwise" if int(node.attrs.get("group", 1) or 1) > 1 else "conv"
+    if node.op_type in _GEMM_OPS:
+        return "gemm"
+    if node.op_type in _POOL_OPS:
+        return "pool"
+    return "elementwise"
 
 
 _DTYPE_NAMES: dict = {}
@@ -177,6 +195,9 @@ class GroupAnalysis:
     working_set_bytes: int  # sum of the buffered values
     zero_copy: bool = False  # moves no data at all (an elided Concat, a view): no kernel runs
     scalar_flops: float = 0.0  # of executed_flops, those run in scalar loops (scalar prologues)
+    # FLOPs by op class (``op_class``), recomputation included: what an instruction-count model
+    # (a fitted Cortex-M7 profile) prices per class.
+    executed_by_class: dict[str, float] = field(default_factory=dict)
 
     @property
     def boundary_bytes(self) -> int:
@@ -231,11 +252,15 @@ def analyze_group(graph: Graph, nodes, cache: dict | None = None) -> GroupAnalys
             execs[id(n)] = 1.0
 
     executed: dict[str, float] = {}
+    by_class: dict[str, float] = {}
     base = 0
     for n in nodes:
         _, f, d = infos[id(n)]
         base += f
         executed[d] = executed.get(d, 0.0) + f * execs[id(n)]
+        if f:
+            cls = op_class(n)
+            by_class[cls] = by_class.get(cls, 0.0) + f * execs[id(n)]
     scalar = _scalar_prologue(nodes, inlined, member, specs)
     scalar_flops = sum(infos[id(n)][1] * execs[id(n)] for n in nodes if id(n) in scalar)
 
@@ -263,7 +288,7 @@ def analyze_group(graph: Graph, nodes, cache: dict | None = None) -> GroupAnalys
                          stream_elements=max((numel(v) for v in streams), default=0),
                          max_category=max_cat, input_bytes=input_bytes, output_bytes=output_bytes,
                          working_set_bytes=sum(nbytes(v) for v in buffered), zero_copy=zero_copy,
-                         scalar_flops=scalar_flops)
+                         scalar_flops=scalar_flops, executed_by_class=by_class)
 
 
 def _scalar_prologue(nodes, inlined: set[int], member: dict[int, int], specs) -> set[int]:

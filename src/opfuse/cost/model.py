@@ -107,6 +107,18 @@ class PlanCost:
                            for n, ops, g in zip(self.group_names, self.group_ops, self.groups, strict=True)]}
 
 
+def predicted_instructions(profile: HardwareProfile, a: GroupAnalysis) -> tuple[float, float, float]:
+    """(compute, data movement, call) instructions of a group under a fitted instruction-count
+    profile (``HardwareProfile.instruction_costs``)."""
+    c = profile.instruction_costs
+    compute = sum(c.get(k, 0.0) * f for k, f in a.executed_by_class.items())
+    return compute, c.get("byte", 0.0) * a.boundary_bytes, 0.0 if a.zero_copy else c.get("call", 0.0)
+
+
+def instruction_times(profile: HardwareProfile, a: GroupAnalysis) -> tuple[float, float, float]:
+    return tuple(n / profile.clock_hz for n in predicted_instructions(profile, a))  # type: ignore[return-value]
+
+
 class CostModel:
     """Roofline cost of groups and plans on one ``HardwareProfile``."""
 
@@ -142,7 +154,11 @@ class CostModel:
             t_numa, remote = remote_time(p, [*a.inputs, *a.outputs], run_node, self.placement)
 
         overhead = 0.0 if a.zero_copy else p.launch_overhead_s  # an elided Concat or a view runs no kernel
-        t_pred = max(t_compute, t_memory) + t_spill + overhead + t_numa
+        if p.instruction_costs:  # an in-order core: every load, store and FLOP is an instruction, nothing overlaps
+            t_compute, t_memory, overhead = instruction_times(p, a)
+            t_pred = t_compute + t_memory + t_spill + overhead + t_numa
+        else:
+            t_pred = max(t_compute, t_memory) + t_spill + overhead + t_numa
         bucket = a.max_category.name
         alpha = self.corrections.alpha(bucket)
         flops = a.flops

@@ -1,7 +1,7 @@
 """Hardware targets: ``HardwareProfile`` and the built-in profiles.
 
     from opfuse.targets import get_profile, format_profile
-    m7 = get_profile("cortex-m7")          # data sheet: 400 MHz, 512 KB SRAM, 400 MB/s DRAM
+    m7 = get_profile("cortex-m7")          # the saved QEMU fit, else the data sheet (400 MHz, 512 KB SRAM)
     host = get_profile("host")             # the saved calibration, else nominal constants (never measures)
     print(format_profile(host))
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from opfuse.targets.builtin import BUILTIN_PROFILES
+from opfuse.targets.fitted import M7_FIT_COMMAND, M7_FIT_SOURCE, m7_profile, save_m7_fit, saved_m7_fit
 from opfuse.targets.calibrate import (calibrate_host, describe_profile, host_profile, nominal_host_profile,
                                       saved_host_calibration)
 from opfuse.targets.profile import (HardwareProfile, ProfileError, format_profile, load_profile,
@@ -31,6 +32,8 @@ def get_profile(name: str) -> HardwareProfile:
     JSON file."""
     if name == HOST:
         return host_profile()
+    if name == "cortex-m7":  # the fit saved by `opfuse profile --target cortex-m7 --fit`, else the data sheet
+        return m7_profile()
     if name in BUILTIN_PROFILES:
         return BUILTIN_PROFILES[name]()
     if name.endswith(".json") or Path(name).is_file():
@@ -39,6 +42,6 @@ def get_profile(name: str) -> HardwareProfile:
                        f"(or the path of a profile .json file)")
 
 
-__all__ = ["HardwareProfile", "ProfileError", "calibrate_host", "describe_profile", "format_profile", "get_profile",
-           "host_profile", "list_profiles", "load_profile", "nominal_host_profile", "save_profile",
-           "saved_host_calibration"]
+__all__ = ["M7_FIT_COMMAND", "M7_FIT_SOURCE", "HardwareProfile", "ProfileError", "calibrate_host", "describe_profile",
+           "format_profile", "get_profile", "host_profile", "list_profiles", "load_profile", "m7_profile",
+           "nominal_host_profile", "save_m7_fit", "save_profile", "saved_host_calibration", "saved_m7_fit"]

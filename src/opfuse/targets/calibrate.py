@@ -290,4 +290,8 @@ def describe_profile(profile: HardwareProfile) -> str:
         when = next((n.split()[1][:10] for n in profile.notes if n.startswith(CALIBRATED_NOTE)), None)
         return (f"host profile: saved calibration{f' of {when}' if when else ''} ({profile.source}; "
                 f"`{CALIBRATE_COMMAND}` to redo)")
+    if profile.instruction_costs:
+        when = next((n.split()[1][:10] for n in profile.notes if n.startswith("fitted")), None)
+        return (f"{profile.name} profile: fitted from {profile.source}{f' of {when}' if when else ''} "
+                f"(`opfuse profile --target {profile.name} --fit` to redo)")
     return f"{profile.name} profile: {profile.source}" + (" (calibrated)" if profile.calibrated else "")

@@ -30,6 +30,10 @@ from opfuse.errors import OpfuseError
 from opfuse.targets.cache import atomic_write_json
 
 PROFILE_FORMAT_VERSION = 1
+# An instruction-count model (``HardwareProfile.instruction_costs``, fitted for the Cortex-M7 from
+# QEMU counts): instructions per FLOP of each op class, per boundary byte moved, per kernel call.
+OP_CLASSES = ("conv", "depthwise", "gemm", "pool", "elementwise")
+INSTRUCTION_COST_KEYS = (*OP_CLASSES, "byte", "call")
 _DTYPE_KEYS: dict = {}  # dtype spelling -> NumPy name, memoised (np.dtype(...).name is slow)
 
 
@@ -54,6 +58,11 @@ class HardwareProfile:
     calibrated: bool = False
     source: str = "datasheet"  # where the numbers come from (datasheet, gcc calibration, file)
     notes: tuple[str, ...] = field(default_factory=tuple)  # assumptions, one line each
+    # In-order core without a cache to plan for (the Cortex-M7): time = instructions / clock_hz with
+    # instructions = sum_class cost[class] * FLOPs + cost["byte"] * boundary bytes + cost["call"],
+    # fitted from emulated counts; empty: the roofline of the peaks and the bandwidth above.
+    instruction_costs: dict[str, float] = field(default_factory=dict)
+    clock_hz: float = 0.0
 
     def __post_init__(self):
         problems = []
@@ -76,8 +85,19 @@ class HardwareProfile:
                 problems.append(f"{name} = {v!r} is not a positive integer")
         if self.numa_remote_latency_s < self.numa_local_latency_s:
             problems.append("numa_remote_latency_s is below numa_local_latency_s")
+        if not isinstance(self.instruction_costs, dict):
+            problems.append("instruction_costs must be an object of name -> instructions")
+        else:
+            for k, v in self.instruction_costs.items():
+                if k not in INSTRUCTION_COST_KEYS:
+                    problems.append(f"instruction_costs[{k!r}]: expected one of {', '.join(INSTRUCTION_COST_KEYS)}")
+                elif not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                    problems.append(f"instruction_costs[{k!r}] = {v!r} is not a non-negative number")
+            if self.instruction_costs and not (isinstance(self.clock_hz, (int, float)) and self.clock_hz > 0):
+                problems.append("instruction_costs need a positive clock_hz")
         if problems:
             raise ProfileError(f"profile '{self.name}': " + "; ".join(problems))
+        object.__setattr__(self, "instruction_costs", {str(k): float(v) for k, v in self.instruction_costs.items()})
         object.__setattr__(self, "peak_flops", {str(k): float(v) for k, v in self.peak_flops.items()})
         object.__setattr__(self, "notes", tuple(self.notes))
 
@@ -123,6 +143,8 @@ class HardwareProfile:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["notes"] = list(self.notes)
+        if not self.instruction_costs:  # roofline profiles keep their serialised form (and digest)
+            del d["instruction_costs"], d["clock_hz"]
         d["format_version"] = PROFILE_FORMAT_VERSION
         return d
 
@@ -205,6 +227,10 @@ def format_profile(profile: HardwareProfile) -> str:
              ("NUMA nodes", f"{p.numa_nodes} (local {_seconds(p.numa_local_latency_s)}, "
                             f"remote {_seconds(p.numa_remote_latency_s)})"),
              ("cache line", f"{p.cache_line_bytes} B, {p.memory_parallelism} misses in flight")]
+    if p.instruction_costs:
+        rows.append(("clock", _si(p.clock_hz, "Hz")))
+        rows += [(f"instructions/{'FLOP ' + k if k not in ('byte', 'call') else k}", f"{v:.4g}")
+                 for k, v in p.instruction_costs.items()]
     width = max(len(k) for k, _ in rows)
     lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
     lines += [f"note: {n}" for n in p.notes]

@@ -13,6 +13,9 @@
  * Output (semihosting stdout), parsed by opfuse.runtime.mcu:
  *   opfuse-mcu: rc=R fine=F coarse=C overhead=O stack=B
  *   opfuse-mcu: output J WORDS       followed by WORDS 32-bit hex words of the output's bytes
+ *   opfuse-mcu: mark G T             per-kernel marks (profile builds: HARNESS_MARKS > 0): the group
+ *                                    index (-2: two back-to-back marks measuring a mark's own cost,
+ *                                    -1: before the first kernel) and timer 0's value
  *   opfuse-mcu: end */
 #include <stdint.h>
 #include <stdio.h>
@@ -51,6 +54,23 @@ static void start_timers(void) {
   DUAL_TIMER1[2] = DUAL_ENABLE | DUAL_PRESCALE_256 | DUAL_32BIT;  /* free-running */
 }
 
+#if HARNESS_MARKS > 0
+/* Called by a profile build's opfuse_run after every kernel (and once before the first). */
+#define HARNESS_MARK_SLOTS (HARNESS_MARKS + 3)
+static uint32_t mark_fine[HARNESS_MARK_SLOTS];
+static int mark_group[HARNESS_MARK_SLOTS];
+static unsigned marks;
+
+__attribute__((noinline)) void opfuse_kernel_mark(int group) {
+  const uint32_t t = APB_TIMER0[1];
+  if (marks < HARNESS_MARK_SLOTS) {
+    mark_fine[marks] = t;
+    mark_group[marks] = group;
+  }
+  ++marks;
+}
+#endif
+
 static uint32_t* stack_pointer(void) {
   uint32_t* sp;
   __asm__ volatile("mov %0, sp" : "=r"(sp));
@@ -70,6 +90,10 @@ int main(void) {
   start_timers();
   s0 = now();
   s1 = now();
+#if HARNESS_MARKS > 0
+  opfuse_kernel_mark(-2);
+  opfuse_kernel_mark(-2);
+#endif
   a = now();
   rc = opfuse_run(harness_inputs, harness_outputs, arena);
   b = now();
@@ -86,6 +110,11 @@ int main(void) {
     }
     if (harness_output_words[j] % 8u) printf("\n");
   }
+#if HARNESS_MARKS > 0
+  for (i = 0; i < marks && i < HARNESS_MARK_SLOTS; ++i) {
+    printf("opfuse-mcu: mark %d %lu\n", mark_group[i], (unsigned long)mark_fine[i]);
+  }
+#endif
   printf("opfuse-mcu: end\n");
   return rc;
 }
