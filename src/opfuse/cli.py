@@ -314,8 +314,7 @@ def _summary_lines(comp) -> list[str]:
     r = comp.report
     lines = [f"compiled {r['model']} for {r['target']}: kernels {r['kernels_before']} -> {r['kernels_after']}, "
              f"main memory {human_bytes(r['bytes_before'])} -> {human_bytes(r['bytes_after'])} "
-             f"(eta {r['eta']:.3f}), arena {human_bytes(r['arena_bytes'])} "
-             f"(lower bound {human_bytes(r['arena_lower_bound_bytes'])})"]
+             f"(eta {r['eta']:.3f}), {_arena_text(r)}"]
     if r.get("predicted_latency_s") is not None:
         p = r["planner"]
         lines.append(f"planner {planner_label(p)}: predicted latency "
@@ -324,6 +323,17 @@ def _summary_lines(comp) -> list[str]:
         lines += cost_model_lines(p.get("cost_model") or {})
     lines += patch_lines(r)
     return lines
+
+
+def _arena_text(r: dict) -> str:
+    """The arena as it runs: on an SRAM target the kernels' scratch (patched runs' workspace, GEMM
+    packing) is in it too, so the whole is named first and the tensors' share beside its bound."""
+    from opfuse.report.summary import human_bytes
+    tensors = (f"{human_bytes(r['arena_bytes'])} (lower bound {human_bytes(r['arena_lower_bound_bytes'])})")
+    whole = (r.get("memory_budget") or {}).get("arena_bytes")
+    if whole is None or whole == r["arena_bytes"]:
+        return f"arena {tensors}"
+    return f"arena {human_bytes(whole)} with kernel scratch, tensors {tensors}"
 
 
 def patch_lines(report: dict) -> list[str]:

@@ -88,3 +88,16 @@ def test_compile_reports_patching_and_rejects_a_bad_limit(tmp_path, capsys):
     assert {"group": "fc", "reason": "Gemm 'fc' needs the whole feature map"} in rep["patching"]["stops"]
     assert main(["compile", "zoo:ds_cnn", "--target", "cortex-m7", "--patch-recompute-limit", "-1"]) == 2
     assert "recompute limit" in capsys.readouterr().err
+
+
+def test_the_summary_names_the_arena_that_runs(tmp_path, capsys):
+    """On the M7 the kernels' scratch (a patched run's workspace) is in the arena: the summary's
+    arena is the exported OPFUSE_ARENA_BYTES, the tensors' share named beside it."""
+    from opfuse.report.summary import human_bytes
+    out = tmp_path / "m7"
+    assert main(["compile", "zoo:resnet8", "--target", "cortex-m7", "-o", str(out)]) == 0
+    rep = json.loads((out / "report.json").read_text())
+    first = capsys.readouterr().out.splitlines()[0]
+    assert rep["arena_bytes"] > rep["arena_tensor_bytes"]
+    assert (f"arena {human_bytes(rep['arena_bytes'])} with kernel scratch, "
+            f"tensors {human_bytes(rep['arena_tensor_bytes'])}") in first
