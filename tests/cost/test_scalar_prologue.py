@@ -44,6 +44,23 @@ def test_relu_before_maxpool_is_not_scalar_priced():
     assert analyze_group(g, g.nodes).scalar_flops == 0
 
 
+@pytest.mark.parametrize("op", ["Softmax", "LayerNormalization"])
+def test_a_normalization_prologue_is_not_scalar_priced(op):
+    """Softmax and LayerNormalization write as many elements as they read: their rows are not the
+    short reduction's scalar loop, however few elements per output (bert_layer's attention: the
+    scaled scores before Softmax were priced scalar and the attention kernel lost to the ops apart)."""
+    b = GraphBuilder("norm")
+    x = b.input("x", (1, 4, 16, 16))
+    scaled = b.op("Mul", x, b.const("s", np.float32(0.125)))
+    if op == "Softmax":
+        y = b.op("Softmax", scaled, axis=-1)
+    else:
+        y = b.op("LayerNormalization", scaled, b.const("g", np.ones(16, np.float32)),
+                 b.const("b", np.zeros(16, np.float32)), axis=-1)
+    g = b.build(y)
+    assert analyze_group(g, g.nodes).scalar_flops == 0
+
+
 def test_planner_puts_the_relu_into_the_conv_not_the_small_pool():
     rng = np.random.default_rng(0)
     b = GraphBuilder("conv_relu_gap")

@@ -304,11 +304,20 @@ def _scalar_prologue(nodes, inlined: set[int], member: dict[int, int], specs) ->
                 s = specs[id(u)]
                 short = (s is not None and s.category == Category.REDUCTION and u.outputs
                          and (u.op_type in SCALAR_WINDOW_OPS
-                              or (u.op_type not in WINDOW_OPS and numel(u.input(0))
+                              or (u.op_type not in WINDOW_OPS and _reduces(u) and numel(u.input(0))
                                   < VECTORISED_REDUCTION_MIN_RUN * max(1, numel(u.outputs[0])))))
                 if short or id(u) in scalar:
                     scalar.add(id(n))
     return scalar
+
+
+def _reduces(node: Node) -> bool:
+    """Whether ``node`` has fewer output elements than input elements (a ReduceX, a global pool):
+    only then is |input| / |output| the run one output reads. A normalization of the reduction
+    category (Softmax, LayerNormalization) writes as many elements as it reads; its rows are
+    normalized by their own kernels (``codegen/norm.py``, the attention kernel's online softmax),
+    not by the short-reduction scalar loop."""
+    return numel(node.outputs[0]) < numel(node.input(0))
 
 
 def _aliased_bytes(graph: Graph, node: Node, input_bytes: int, output_bytes: int) -> tuple[int, int, bool]:
