@@ -5,9 +5,10 @@ constants); where the exporter must expand ops (opfuse's Silu, Gelu before 20, L
 before 17, HardSwish before 14) the re-imported graph computes the same outputs.
 """
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 
 from ort_compare import assert_close
+from opfuse.errors import UnsupportedOpError
 from opfuse.frontend.onnx import export_model, import_model
 from opfuse.frontend.onnx_opsets import EXPORT_MAX_OPSET as MAX_OPSET, EXPORT_MIN_OPSET as MIN_OPSET, INTRODUCED_AT
 from opfuse.runtime.reference import run
@@ -39,7 +40,12 @@ def test_roundtrip_keeps_outputs(opset):
     @given(graph_and_inputs(max_nodes=10, ops=ALL_OPS))
     def check(case):
         g, feeds = case
-        back = import_model(export_model(g, opset))
+        try:
+            exported = export_model(g, opset)
+        except UnsupportedOpError as e:  # an op or attribute the opset cannot express (Trilu at 11): no round trip
+            assume("cannot be written at opset" not in str(e) and "not an ONNX op at opset" not in str(e))
+            raise
+        back = import_model(exported)
         back.verify()
         assert [v.name for v in back.outputs] == [v.name for v in g.outputs]
         assert_close(run(back, feeds), run(g, feeds))
