@@ -80,6 +80,10 @@ CASES = {
     "asymmetric-pads": (1, 64, 80, 12, 9, [0, 1, 2, 0]),
     "k-blocks": (1, 300, 64, 10, 10, [1, 1, 1, 1]),   # Cin > gemm_kc: two K blocks
     "many-blocks": (1, 64, 64, 40, 36, [1, 1, 1, 1]),  # several blocks of tiles per image
+    # NudeNet (YOLOv8n) at 2x3x160x224, model.6: F(2x2) 5x7 tiles, blocks of 32 (12 band rows,
+    # the first and last outside the image). The band copy's "outside: zero the row, continue"
+    # was miscompiled by gcc 12.2 -O3 -march=native (in-image rows zeroed): errors ~1e21.
+    "batch2-band-12-rows": (2, 64, 64, 10, 14, [1, 1, 1, 1]),
 }
 
 
