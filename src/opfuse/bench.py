@@ -9,8 +9,9 @@ How it measures, so the numbers survive a shared machine:
 
 * every contender runs the same seeded inputs, and the calls are interleaved, A B C A B C ..., after
   ``warmup`` untimed rounds, so a change of load hits all of them alike;
-* every contender gets ``threads`` threads and none may busy-wait when idle: opfuse's OpenMP waits
-  passively (``opfuse.runtime.threads``); onnxruntime runs with ``ORT_ENABLE_ALL``,
+* every contender gets ``threads`` threads and none may busy-wait when idle: opfuse's OpenMP workers
+  spin at most ``GOMP_SPINCOUNT=10000`` iterations (0.1-0.2 ms) after a kernel, then sleep
+  (``opfuse.runtime.threads``); onnxruntime runs with ``ORT_ENABLE_ALL``,
   ``intra_op_num_threads = threads`` and ``session.intra_op.allow_spinning = 0``, or its idle
   workers would steal the cores from the next contender; OpenVINO runs with the latency hint,
   one stream, ``INFERENCE_NUM_THREADS = threads``, no CPU pinning and float32 precision (on CPUs
