@@ -33,6 +33,8 @@ channels a vector would gather from ``C`` planes.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 
 from opfuse.codegen.epilogue import finish_element
@@ -132,12 +134,7 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
         w.line(f"memset({xp}, 0, sizeof(float) * {plane_floats});")
         if direct or direct_rows:
             w.line("#endif")
-        w.line(f"const long {first} = {chunk} * {per_chunk};")
-        end = f"({first} + {per_chunk} < {planes} ? {first} + {per_chunk} : {planes})"
-        with w.block(f"for (long {plane} = {first}; {plane} < {end}; ++{plane})"), ev.scope():
-            img, ch = kc.tmp("img"), kc.tmp("ch")
-            w.line(f"const long {img} = {plane} / {C};")
-            w.line(f"const long {ch} = {plane} % {C};")
+        with planes_of_chunk(kc, ev, (chunk, plane, first), per_chunk, planes, C) as (img, ch):
             weights = [[ev.at(wt, Index(wt.shape, (ch, "0", str(kh), str(kw)))) for kw in range(KW)]
                        for kh in range(KH)]
             if direct:
@@ -382,6 +379,21 @@ def _direct_plane(kc, src: str, weights, geo, hw, dense: str) -> None:
             w.line(f"{'' if started else '__m256 '}{v} = {expr};")
             started = True
         w.line(f"_mm256_storeu_ps({dense} + {b * VECTOR}, {v});")
+
+
+@contextmanager
+def planes_of_chunk(kc, ev, names: tuple[str, str, str], per_chunk: int, planes: int, channels: int):
+    """The loop over the planes of chunk ``names[0]`` (loop variable ``names[1]``, first plane
+    ``names[2]``), in an evaluator scope; yields the C names of the plane's image and channel."""
+    w = kc.w
+    chunk, plane, first = names
+    w.line(f"const long {first} = {chunk} * {per_chunk};")
+    end = f"({first} + {per_chunk} < {planes} ? {first} + {per_chunk} : {planes})"
+    with w.block(f"for (long {plane} = {first}; {plane} < {end}; ++{plane})"), ev.scope():
+        img, ch = kc.tmp("img"), kc.tmp("ch")
+        w.line(f"const long {img} = {plane} / {channels};")
+        w.line(f"const long {ch} = {plane} % {channels};")
+        yield img, ch
 
 
 def plane_chunk(planes: int, options) -> int:

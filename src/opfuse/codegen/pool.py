@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from opfuse.codegen.ctype import c_type, literal, lowest
-from opfuse.codegen.depthwise import DIRECT_MAX_ROW_VECTORS, copy_plane, plane_chunk
+from opfuse.codegen.depthwise import DIRECT_MAX_ROW_VECTORS, copy_plane, plane_chunk, planes_of_chunk
 from opfuse.codegen.gemm import in_memory
 from opfuse.codegen.index import Index, add, mul
 from opfuse.codegen.epilogue import finish_element
@@ -185,12 +185,7 @@ def _lower_rows(kc, ev, stage: Stage, x, out, geo, is_max: bool, include_pad: bo
         w.line(f"for (long {i} = 0; {i} < {plane_floats}; ++{i}) {xp}[{i}] = {fill};")
         if in_place:
             w.line("#endif")
-        w.line(f"const long {first} = {chunk} * {per_chunk};")
-        end = f"({first} + {per_chunk} < {planes} ? {first} + {per_chunk} : {planes})"
-        with w.block(f"for (long {plane} = {first}; {plane} < {end}; ++{plane})"), ev.scope():
-            img, ch = kc.tmp("img"), kc.tmp("ch")
-            w.line(f"const long {img} = {plane} / {C};")
-            w.line(f"const long {ch} = {plane} % {C};")
+        with planes_of_chunk(kc, ev, (chunk, plane, first), per_chunk, planes, C) as (img, ch):
             if in_place:
                 w.line(f"#if {AVX2_GUARD}")
                 src = f"{kc.ptr(x)} + {Index(x.shape, (img, ch, '0', '0')).offset()}"
