@@ -31,15 +31,8 @@ from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.loops import emit_loop_nest
 from opfuse.codegen.stages import GroupAnalysis, Stage
 from opfuse.codegen.winograd import lower_winograd, winograd_choice
+from opfuse.ops.nn import conv_geometry as _geometry
 from opfuse.ops.registry import get_spec
-
-
-def _geometry(node):
-    from opfuse.ops.nn import window_geometry
-    a = get_spec(node.op_type, node).attrs_of(node)
-    x, wt = node.input(0), node.input(1)
-    kernel = tuple(wt.shape[2:])
-    return window_geometry(node, a, tuple(x.shape[2:]), kernel), int(a["group"])
 
 
 def _bias_term(ev, node, acc: str, oc: str) -> str:

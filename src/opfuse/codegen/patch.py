@@ -13,7 +13,6 @@ it lies inside the arena (``memory.scratch``).
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,9 +23,6 @@ from opfuse.ir.plan import FusionGroup, FusionPlan
 from opfuse.memory.patch import Bandable, BandStep, PatchSchedule, geometry
 from opfuse.memory.plan import plan_memory
 from opfuse.ops.registry import infer_node
-
-if TYPE_CHECKING:
-    from opfuse.codegen.program import ProgramBuilder
 
 COPY_HELPER = "opfuse_rows_copy"
 MOVE_HELPER = "opfuse_rows_move"
@@ -122,7 +118,7 @@ def band_graph(member: Bandable, step: BandStep, static: dict) -> tuple[Graph, F
 class _Variants:
     """One generated kernel per distinct band shape of each layer."""
 
-    def __init__(self, builder: "ProgramBuilder", sched: PatchSchedule):
+    def __init__(self, builder, sched: PatchSchedule):  # builder: codegen.program.ProgramBuilder
         self.builder = builder
         self.sched = sched
         self.cache: dict[tuple, tuple[str, list[str], int]] = {}
@@ -133,16 +129,15 @@ class _Variants:
         hit = self.cache.get(key)
         if hit is not None:
             return hit
-        from opfuse.codegen.program import ProgramBuilder
         parent = self.builder
         member = self.sched.members[k]
         graph, group = band_graph(member, step, parent.memory.static)
         sub_plan = FusionPlan(graph, [group])
-        sub = ProgramBuilder(graph, sub_plan, plan_memory(sub_plan), parent.options)
+        sub = type(parent)(graph, sub_plan, plan_memory(sub_plan), parent.options)  # the caller's ProgramBuilder
         sub.names = parent.names
         sub.helpers = parent.helpers
         sub.faults = parent.faults
-        sub.weights = _ContentWeights(parent.weights)  # type: ignore[assignment]
+        sub.weights = _ContentWeights(parent.weights)  # duck-typed as the builder's WeightsBlob
         sub.kernel(0, group)
         if not sub.launches:
             raise UnsupportedGroupError(member.group, "a patched layer generated no code")
@@ -212,7 +207,7 @@ class _BandProgram:
         self.vals.extend([dst_row0, src_row0, rows])
 
 
-def emit_patched(builder: "ProgramBuilder", index: int, group: FusionGroup) -> KernelContext:
+def emit_patched(builder, index: int, group: FusionGroup) -> KernelContext:  # builder: a ProgramBuilder
     """The driver kernel of a patched group (its band kernels are added to ``builder.functions``)."""
     sched: PatchSchedule = group.attrs["patch"]
     kc = KernelContext(builder, group, index)

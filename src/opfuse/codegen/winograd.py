@@ -144,7 +144,7 @@ class Choice:
 
 def legality(node, static: dict) -> str | None:
     """Why ``node`` (a Conv) cannot run as Winograd F(m, 3x3), or None when it can."""
-    from opfuse.codegen.conv import _geometry
+    from opfuse.ops.nn import conv_geometry as _geometry
     x, wt, out = node.input(0), node.input(1), node.outputs[0]
     if len(x.shape) != 4:
         return f"{len(x.shape) - 2}-D convolution (Winograd: 2-D only)"
@@ -330,7 +330,7 @@ def _block_rows(tiles: int, T: int, TW: int) -> int:
 
 def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
     """Emit the Winograd convolution of ``node`` with the group's epilogue (module docstring)."""
-    from opfuse.codegen.conv import _geometry
+    from opfuse.ops.nn import conv_geometry as _geometry
     o = kc.program.options
     w = kc.w
     geo, _ = _geometry(node)

@@ -89,6 +89,15 @@ def _auto_pad(node: Node, a: dict) -> str:
     return mode
 
 
+def conv_geometry(node: Node):
+    """A Conv node's window geometry (``window_geometry`` over its weights' spatial shape) and its
+    group count."""
+    from opfuse.ops.registry import get_spec
+    a = get_spec(node.op_type, node).attrs_of(node)
+    x, wt = node.input(0), node.input(1)
+    return window_geometry(node, a, tuple(x.shape[2:]), tuple(wt.shape[2:])), int(a["group"])
+
+
 def window_geometry(node: Node, a: dict, spatial: tuple[int, ...], kernel: tuple[int, ...],
                     *, ceil_mode: bool = False) -> Window:
     """Output size and pads of a Conv/pool window over ``spatial`` (see the module docstring)."""
