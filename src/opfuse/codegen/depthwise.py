@@ -246,13 +246,7 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
         else:
             even = c - c % 2
             load("row", even), load("row", even + VECTOR)
-    classes: list[list] = []  # [first row, end row, kernel rows inside the input]
-    for oh in range(OH):
-        inside = tuple(kh for kh in range(KH) if 0 <= oh * SH + kh * DH - PT < H)
-        if classes and classes[-1][2] == inside:
-            classes[-1][1] = oh + 1
-        else:
-            classes.append([oh, oh + 1, inside])
+    classes = row_classes(OH, KH, SH, DH, PT, H)
     oh = kc.tmp("oh")
     pitch = _round_up(OW, VECTOR)  # a row's results in ``acc`` (row by row epilogue)
 
@@ -379,6 +373,20 @@ def _direct_plane(kc, src: str, weights, geo, hw, dense: str) -> None:
             w.line(f"{'' if started else '__m256 '}{v} = {expr};")
             started = True
         w.line(f"_mm256_storeu_ps({dense} + {b * VECTOR}, {v});")
+
+
+def row_classes(out_rows: int, kernel_rows: int, stride: int, dilation: int, pad_top: int,
+                in_rows: int) -> list[list]:
+    """Runs of output rows whose window has the same kernel rows inside the input: ``[first
+    output row, end, (kernel rows inside)]`` (the rows in place code writes with one loop)."""
+    classes: list[list] = []
+    for o in range(out_rows):
+        inside = tuple(k for k in range(kernel_rows) if 0 <= o * stride + k * dilation - pad_top < in_rows)
+        if classes and classes[-1][2] == inside:
+            classes[-1][1] = o + 1
+        else:
+            classes.append([o, o + 1, inside])
+    return classes
 
 
 @contextmanager

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from opfuse.codegen.ctype import c_type, literal, lowest
-from opfuse.codegen.depthwise import DIRECT_MAX_ROW_VECTORS, copy_plane, plane_chunk, planes_of_chunk
+from opfuse.codegen.depthwise import DIRECT_MAX_ROW_VECTORS, copy_plane, plane_chunk, planes_of_chunk, row_classes
 from opfuse.codegen.gemm import in_memory
 from opfuse.codegen.index import Index, add, mul
 from opfuse.codegen.epilogue import finish_element
@@ -404,13 +404,7 @@ def _in_place(kc, src: str, geo, hw, ohw, rm: str | None, dense: str, divisor) -
 
     base = kc.tmp("src")
     w.line(f"const float* {base} = {src};")
-    classes: list[list] = []  # [first output row, end, kernel rows inside the input]
-    for o in range(OH):
-        inside = tuple(kh for kh in range(KH) if 0 <= o * SH + kh * DH - PT < H)
-        if classes and classes[-1][2] == inside:
-            classes[-1][1] = o + 1
-        else:
-            classes.append([o, o + 1, inside])
+    classes = row_classes(OH, KH, SH, DH, PT, H)
     oh = kc.tmp("oh")
     if rm is not None:
         ih = kc.tmp("ih")
