@@ -31,7 +31,7 @@ import onnx.defs
 from onnx import helper
 
 from opfuse.errors import ModelError, ShapeInputError, UnsupportedOpError
-from opfuse.frontend import onnx_decompose, onnx_einsum, onnx_quantized  # noqa: F401  (register their canonicalizers)
+from opfuse.frontend import onnx_decompose, onnx_einsum, onnx_quantized, onnx_spectral  # noqa: F401  (register their canonicalizers)
 from opfuse.frontend.onnx_canonical import CANONICALIZERS, REMOVED_OPS, REWRITTEN_OPS, emit_as_is
 from opfuse.frontend.onnx_import_context import ImportContext, OnnxNode
 from opfuse.frontend.onnx_opsets import DEFAULT_DOMAINS
