@@ -52,7 +52,8 @@ def test_stft_matches_the_onnx_reference(window, onesided):
         inits["frame_length"] = np.array(8, np.int64)
     m = one_node_model("STFT", feeds, {"onesided": onesided}, opset=17, initializers=inits)
     # the operands in ONNX's order: signal, frame_step, window, frame_length
-    m.graph.node[0].input[:] = ["signal", "frame_step", "window" if window else "", "frame_length" if not window else ""]
+    m.graph.node[0].input[:] = ["signal", "frame_step", "window" if window else "",
+                                "" if window else "frame_length"]
     check_against_onnx_reference(m, feeds, rtol=1e-4, atol=1e-4)
 
 
