@@ -6,13 +6,12 @@
     Probs  = prob_mod(Probs)            optional subgraph
     Y      = Probs @ V                  query head h reads K/V head h // (Hq / Hkv)
 
-Without modifiers the node *is* the standard ``Attention`` (opset 23+: 4-D inputs, grouped
-heads, ``scale``, ``softmax_precision``), so it becomes one, which the importer expands and the
-attention rule fuses into one kernel. With modifiers it becomes the chain above, each modifier's
-nodes inlined in place (its inner values renamed under the node's name, its initializers made
-``Constant`` nodes; names it reads from the outer graph stay as they are, so they resolve there),
-with K and V repeated over the query heads of their group (``Expand`` of shapes read with
-``Shape``, folded at import since shapes are static).
+The node becomes this chain (which the attention rule can fuse into one kernel), each
+modifier's nodes inlined in place (its inner values renamed under the node's name, its
+initializers made ``Constant`` nodes; names it reads from the outer graph stay as they are, so
+they resolve there). When the head counts differ, or are not known from the model's declared
+or inferred shapes, K and V are repeated over the query heads of their group (``Expand`` of
+shapes read with ``Shape``, folded at import since shapes are static).
 
 The rewrite is on the ModelProto, before the importer checks ops and domains (as
 ``onnx_qdq``'s is), so nothing else needs to know the preview domain. A model without
@@ -26,7 +25,6 @@ from onnx import helper, numpy_helper
 from opfuse.errors import ModelError
 
 PREVIEW_DOMAIN = "ai.onnx.preview"
-ATTENTION_SINCE = 23  # the first opset whose Attention takes 4-D inputs with grouped heads
 
 
 def _attrs(node: onnx.NodeProto) -> dict:
@@ -91,7 +89,7 @@ class _Rewriter:
                                       self.op("Concat", [head, group, tail], axis=0)])
         return self.op("Reshape", [expanded, self.op("Concat", [batch, hq, tail], axis=0)])
 
-    def expand(self, opset: int, q_type: int) -> list[onnx.NodeProto]:
+    def expand(self, q_type: int, same_heads: bool) -> list[onnx.NodeProto]:
         n = self.node
         q, k, v = (list(n.input) + ["", "", ""])[:3]
         if not (q and k and v) or len(n.output) != 1:
@@ -100,12 +98,10 @@ class _Rewriter:
         score_mod, prob_mod = a.get("score_mod"), a.get("prob_mod")
         scale = {"scale": a["scale"].f} if "scale" in a else {}
         precision = int(a["softmax_precision"].i) if "softmax_precision" in a else None
-        if score_mod is None and prob_mod is None and opset >= ATTENTION_SINCE:
-            extra = {} if precision is None else {"softmax_precision": precision}
-            self.op("Attention", [q, k, v], n.output[0], **scale, **extra)
-            return self.nodes
         work = precision or (onnx.TensorProto.DOUBLE if q_type == onnx.TensorProto.DOUBLE else onnx.TensorProto.FLOAT)
-        scores = self.op("MatMul", [q, self.op("Transpose", [self.repeated(k, q)], perm=[0, 1, 3, 2])])
+        if not same_heads:
+            k, v = self.repeated(k, q), self.repeated(v, q)
+        scores = self.op("MatMul", [q, self.op("Transpose", [k], perm=[0, 1, 3, 2])])
         if q_type != work:
             scores = self.op("Cast", [scores], to=work)
         if scale:
@@ -121,24 +117,29 @@ class _Rewriter:
             probs = self.inline(prob_mod.g, probs, "prob_mod")
         if q_type != work:
             probs = self.op("CastLike", [probs, q])
-        self.op("MatMul", [probs, self.repeated(v, q)], n.output[0])
+        self.op("MatMul", [probs, v], n.output[0])
         return self.nodes
 
 
-def _elem_type(model: onnx.ModelProto, name: str) -> int:
-    """The element type of value ``name`` (declared, else from ONNX shape inference; 0 if unknown)."""
-    g = model.graph
-    for vi in list(g.input) + list(g.value_info):
-        if vi.name == name:
-            return int(vi.type.tensor_type.elem_type)
-    for t in g.initializer:
-        if t.name == name:
-            return int(t.data_type)
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # an invalid model: the importer reports it
-        return 0
-    return next((int(vi.type.tensor_type.elem_type) for vi in inferred.graph.value_info if vi.name == name), 0)
+def _tensor_types(model: onnx.ModelProto, names: list[str]) -> list[onnx.TypeProto.Tensor | None]:
+    """The declared (else ONNX-inferred) tensor types of ``names``; ``None`` where unknown."""
+    def find(g: onnx.GraphProto) -> dict:
+        found = {vi.name: vi.type.tensor_type for vi in list(g.input) + list(g.value_info)}
+        for t in g.initializer:
+            found[t.name] = helper.make_tensor_type_proto(t.data_type, list(t.dims)).tensor_type
+        return found
+    known = find(model.graph)
+    if any(n not in known for n in names):
+        try:
+            known = find(onnx.shape_inference.infer_shapes(model).graph) | known
+        except Exception:  # an invalid model: the importer reports it
+            pass
+    return [known.get(n) for n in names]
+
+
+def _heads(t: onnx.TypeProto.Tensor | None) -> int | None:
+    dims = list(t.shape.dim) if t is not None and t.HasField("shape") else []
+    return int(dims[1].dim_value) if len(dims) == 4 and dims[1].HasField("dim_value") else None
 
 
 def expand_preview_ops(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -146,7 +147,6 @@ def expand_preview_ops(model: onnx.ModelProto) -> onnx.ModelProto:
     g = model.graph
     if not any(n.domain == PREVIEW_DOMAIN and n.op_type == "FlexAttention" for n in g.node):
         return model
-    opset = max((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
     taken = {n.name for n in g.node} | {o for n in g.node for o in n.output} | {i.name for i in g.input} \
         | {t.name for t in g.initializer}
     out = onnx.ModelProto()
@@ -154,8 +154,10 @@ def expand_preview_ops(model: onnx.ModelProto) -> onnx.ModelProto:
     del out.graph.node[:]
     for i, n in enumerate(g.node):
         if n.domain == PREVIEW_DOMAIN and n.op_type == "FlexAttention":
+            q, k = _tensor_types(model, list(n.input[:2]) + [""] * (2 - len(n.input[:2])))
+            hq, hk = _heads(q), _heads(k)
             rewriter = _Rewriter(n, n.name or f"flexattention_{i}", taken)
-            out.graph.node.extend(rewriter.expand(opset, _elem_type(model, n.input[0] if n.input else "")))
+            out.graph.node.extend(rewriter.expand(q.elem_type if q is not None else 0, hq is not None and hq == hk))
         else:
             out.graph.node.append(n)
     return out
