@@ -40,7 +40,8 @@ REWRITTEN_OPS = frozenset({"Upsample", "Scatter", "CastLike", "Size", "Dequantiz
                            "QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger",
                            "LpNormalization", "LpPool", "GlobalLpPool", "LRN", "InstanceNormalization",
                            "EyeLike", "Einsum", "DFT", "STFT", "MelWeightMatrix", "Compress",
-                           "NonZero", "Unique", "NonMaxSuppression", "TensorScatter", "TfIdfVectorizer"})
+                           "NonZero", "Unique", "NonMaxSuppression", "TensorScatter", "TfIdfVectorizer",
+                           "LinearAttention"})
 
 # Outputs from this index on are optional extras (masks, indices, training statistics):
 # dropped when nobody reads them, so the IR node has just the outputs opfuse computes.
