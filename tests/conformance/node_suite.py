@@ -60,7 +60,8 @@ SHAPE_OPERANDS = {
 # Ops with no OpSpec that the importer rewrites into ops that have one, whose tests are selected
 # (frontend/onnx_einsum, onnx_spectral, onnx_data_shapes, onnx_attention_ops, onnx_tfidf, onnx_preview).
 REWRITTEN_SELECTED = frozenset({"Einsum", "DFT", "STFT", "MelWeightMatrix", "Compress", "NonZero", "Unique",
-                                "NonMaxSuppression", "TensorScatter", "TfIdfVectorizer", "FlexAttention"})
+                                "NonMaxSuppression", "TensorScatter", "TfIdfVectorizer", "FlexAttention",
+                                "LinearAttention"})
 EXPANDED_MARK = "_expanded"
 DEFAULT_DOMAINS = ("", "ai.onnx")
 

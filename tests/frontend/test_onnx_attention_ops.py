@@ -71,3 +71,46 @@ def test_flex_attention_modifier_with_two_inputs_is_refused():
     m.graph.node[0].attribute[0].g.input.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, None))
     with pytest.raises(ModelError, match="score_mod must have one input and one output, has 2 and 1"):
         import_model(m)
+
+
+def _linear_attention(rule, b=2, t=3, hq=4, hkv=2, dk=4, dv=3, past=False, decay_per="head", beta_per="head"):
+    feeds = {"query": RNG.standard_normal((b, t, hq * dk)), "key": RNG.standard_normal((b, t, hkv * dk)) * 0.5,
+             "value": RNG.standard_normal((b, t, hkv * dv))}
+    names = ["query", "key", "value", "", "", ""]
+    if past:
+        feeds["past_state"], names[3] = RNG.standard_normal((b, hkv, dk, dv)), "past_state"
+    if rule in ("gated", "gated_delta"):
+        feeds["decay"], names[4] = -RNG.random((b, t, hkv if decay_per == "head" else hkv * dk)), "decay"
+    if rule in ("delta", "gated_delta"):
+        feeds["beta"], names[5] = RNG.random((b, t, hkv if beta_per == "head" else 1)), "beta"
+    feeds = {k: v.astype(np.float32) for k, v in feeds.items()}
+    m = one_node_model("LinearAttention", feeds, {"update_rule": rule, "q_num_heads": hq, "kv_num_heads": hkv},
+                       opset=27, n_outputs=2)
+    m.graph.node[0].input[:] = names
+    return m, feeds
+
+
+@pytest.mark.parametrize("rule,kw", [
+    ("linear", {"past": True, "hkv": 4}), ("gated", {"decay_per": "dim"}), ("delta", {"beta_per": "one"}),
+    ("gated_delta", {"past": True}), ("gated_delta", {"hkv": 1, "t": 1}),
+])
+def test_linear_attention_matches_the_onnx_reference(rule, kw):
+    m, feeds = _linear_attention(rule, **kw)
+    g, _ = check_against_onnx_reference(m, feeds, rtol=1e-4, atol=1e-5)
+    assert "LinearAttention" not in [n.op_type for n in g.nodes]
+
+
+def test_linear_attention_longer_than_the_unroll_limit_is_refused(monkeypatch):
+    from opfuse.errors import UnsupportedOpError
+    from opfuse.frontend import onnx_attention_ops
+    monkeypatch.setattr(onnx_attention_ops, "LINEAR_ATTENTION_MAX_STEPS", 2)
+    m, _ = _linear_attention("linear", t=3)
+    with pytest.raises(UnsupportedOpError, match="a sequence of 3 steps is longer than the 2 opfuse unrolls"):
+        import_model(m)
+
+
+def test_linear_attention_rule_without_its_decay_is_refused():
+    m, _ = _linear_attention("gated")
+    m.graph.node[0].input[4] = ""
+    with pytest.raises(ModelError, match="update_rule 'gated' needs decay and forbids beta"):
+        import_model(m)
