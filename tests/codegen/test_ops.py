@@ -100,6 +100,8 @@ def linalg_suite() -> Suite:
     s.case("gemm_both_trans_C_col", "Gemm", s.b.input("gt2", (5, 6)), s.w(3, 5), s.w(6, 1), transA=1, transB=1)
     s.case("gemm_C_full_runtime_B", "Gemm", g, s.b.input("gb", (5, 3)), s.b.input("gc", (6, 3)))
     s.case("gemm_C_scalar", "Gemm", g, s.w(5, 3), s.c(np.float32(0.25)))
+    s.case("det_batched", "Det", s.b.input("dm", (2, 3, 4, 4)))  # LU with partial pivoting per matrix
+    s.case("det_one_matrix", "Det", s.b.input("d2", (6, 6)))
     return s
 
 

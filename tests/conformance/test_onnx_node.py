@@ -35,6 +35,10 @@ MAXPOOL_INDICES = "MaxPool's second output (Indices) is not supported"
 BATCHNORM_TRAINING = "BatchNormalization training_mode=1: opfuse compiles inference graphs"
 DROPOUT_TRAINING = "Dropout in training mode (random mask): opfuse compiles inference graphs"
 EXPANDED_USES_LOOP = "the expanded function body is a Loop (control flow is not supported)"
+EXPANDED_USES_SCAN = "the expanded function body is a Scan (control flow is not supported)"
+DFT_ZERO_BINS = ("the expected data holds numpy.fft's float32 rounding (1.9e-7 where the exact value is 0), beyond "
+                 "the suite's atol 1e-7; opfuse's direct DFT (a float32 MatMul) is ~2e-6 off there; onnxruntime "
+                 "fails it too")
 
 EXCLUSIONS: dict[str, str] = {
     "test_range_float_type_positive_delta_expanded": EXPANDED_USES_LOOP,
@@ -42,6 +46,27 @@ EXCLUSIONS: dict[str, str] = {
     "test_range_int32_type_negative_delta_expanded": EXPANDED_USES_LOOP,
     "test_range_bfloat16_type_positive_delta_expanded": EXPANDED_USES_LOOP,
     "test_range_bfloat16_type_positive_delta": NO_BFLOAT16,
+    "test_compress_bfloat16": NO_BFLOAT16,
+    "test_einsum_batch_matmul_bfloat16": NO_BFLOAT16,
+    "test_einsum_sum_bfloat16": NO_BFLOAT16,
+    "test_einsum_transpose_bfloat16": NO_BFLOAT16,
+    "test_unique_bfloat16_sorted_without_axis": NO_BFLOAT16,
+    "test_dft_inverse": DFT_ZERO_BINS,
+    "test_dft_inverse_opset19": DFT_ZERO_BINS,
+    "test_linear_attention_decode_step_expanded": EXPANDED_USES_SCAN,
+    "test_linear_attention_delta_expanded": EXPANDED_USES_SCAN,
+    "test_linear_attention_explicit_scale_expanded": EXPANDED_USES_SCAN,
+    "test_linear_attention_fp16_expanded": EXPANDED_USES_SCAN,
+    "test_linear_attention_gated_expanded": EXPANDED_USES_SCAN,
+    "test_linear_attention_gated_delta_expanded": EXPANDED_USES_SCAN,
+    "test_linear_attention_gated_delta_beta_scalar_expanded": EXPANDED_USES_SCAN,
+    "test_linear_attention_gated_delta_gqa_expanded": EXPANDED_USES_SCAN,
+    "test_linear_attention_gated_delta_mqa_expanded": EXPANDED_USES_SCAN,
+    "test_linear_attention_gated_per_head_decay_expanded": EXPANDED_USES_SCAN,
+    "test_linear_attention_linear_expanded": EXPANDED_USES_SCAN,
+    "test_linear_attention_linear_t1_no_past_expanded": EXPANDED_USES_SCAN,
+    "test_linear_attention_no_past_explicit_zeros_expanded": EXPANDED_USES_SCAN,
+    "test_linear_attention_prefill_with_past_expanded": EXPANDED_USES_SCAN,
     "test_celu_bfloat16": NO_BFLOAT16,
     "test_celu_bfloat16_expanded": NO_BFLOAT16,
     "test_onehot_with_bfloat16_values": NO_BFLOAT16,

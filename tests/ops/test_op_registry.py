@@ -89,6 +89,7 @@ EXPECTED = {
     "ReverseSequence": (Category.INJECTIVE, Mapping.ONE_TO_ONE),
     # Data-dependent writes: never fused.
     **{op: (Category.OPAQUE, Mapping.MANY_TO_MANY) for op in ("TopK", "ScatterND", "ScatterElements")},
+    "Det": (Category.OPAQUE, Mapping.MANY_TO_MANY),  # one LU per matrix, its own kernel
 }
 
 

@@ -31,7 +31,8 @@ import onnx.defs
 from onnx import helper
 
 from opfuse.errors import ModelError, ShapeInputError, UnsupportedOpError
-from opfuse.frontend import onnx_decompose, onnx_quantized  # noqa: F401  (register their canonicalizers)
+from opfuse.frontend import (  # noqa: F401  (register their canonicalizers)
+    onnx_attention_ops, onnx_data_shapes, onnx_decompose, onnx_einsum, onnx_quantized, onnx_spectral, onnx_tfidf)
 from opfuse.frontend.onnx_canonical import CANONICALIZERS, REMOVED_OPS, REWRITTEN_OPS, emit_as_is
 from opfuse.frontend.onnx_import_context import ImportContext, OnnxNode
 from opfuse.frontend.onnx_opsets import DEFAULT_DOMAINS

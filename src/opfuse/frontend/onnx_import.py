@@ -34,6 +34,7 @@ from opfuse.frontend.onnx_files import read_model
 from opfuse.frontend.onnx_functions import canonicalize, has_function, is_importable
 from opfuse.frontend.onnx_import_context import ImportContext, OnnxNode
 from opfuse.frontend.onnx_opsets import DEFAULT_DOMAINS, MAX_OPSET, MIN_OPSET, REVIEWED_OPSET
+from opfuse.frontend.onnx_preview import expand_preview_ops
 from opfuse.frontend.onnx_qdq import recognize_integer_convs
 from opfuse.frontend.onnx_protos import (attribute_value, numpy_dtype, sparse_to_array,
                                          tensor_to_array)
@@ -163,6 +164,7 @@ def import_model(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int
         raise ModelError("the ONNX model has no graph")
     opset = default_opset(model)
     model = recognize_integer_convs(model)  # DQ -> Conv -> [Relu] -> Q as one integer conv (onnx_qdq)
+    model = expand_preview_ops(model)  # FlexAttention (ai.onnx.preview) as default-domain ops (onnx_preview)
     g = model.graph
     node_names = _node_names(g.node)
     versions = _check_ops(g, node_names, opset)
