@@ -21,10 +21,12 @@ How one is run
    shape, Slice's starts/ends/axes/steps, Expand's shape, Pad's pads/constant_value/axes,
    Resize's roi/scales/sizes, ConstantOfShape's shape, Squeeze/Unsqueeze/Reduce* axes,
    Split's sizes, CumSum's axis, OneHot's depth, Range's inputs, Tile's repeats, TopK's K) must be
-   constants. A test that feeds them as graph inputs has them *promoted to initializers*
-   holding the test's own input data -- the same values, now known at compile time. Graph
-   inputs a shape operand is computed from are promoted too (the walk stops at ``Shape``,
-   whose result depends only on static shapes).
+   constants, and so must what decides control flow (If's condition, Loop's trip count and
+   condition, a sequence position or SplitToSequence's split: opfuse folds them at import). A
+   test that feeds them as graph inputs has them *promoted to initializers* holding the test's
+   own input data -- the same values, now known at compile time. Graph inputs a shape operand
+   is computed from are promoted too (the walk stops at ``Shape``, whose result depends only
+   on static shapes).
 3. ``opfuse.frontend.onnx.import_model`` imports the model, ``opfuse.runtime.reference.run``
    executes it, and every output is compared with the expected one: same shape, same dtype,
    values within the test's ``rtol``/``atol`` (``numpy.testing.assert_allclose``, NaN == NaN).
@@ -41,6 +43,8 @@ import onnx.version_converter
 from onnx import numpy_helper
 
 from opfuse.frontend.onnx import MAX_OPSET, MIN_OPSET, import_model
+from opfuse.frontend.onnx_control import CONTROL_FLOW
+from opfuse.frontend.onnx_sequences import SEQUENCE_OPS
 from opfuse.ops import REGISTRY
 from opfuse.runtime.reference import run
 
@@ -51,6 +55,8 @@ SHAPE_OPERANDS = {
     "ReduceSum": (1,), "ReduceMax": (1,), "Split": (1,), "ReduceMin": (1,), "ReduceProd": (1,),
     "ReduceL1": (1,), "ReduceL2": (1,), "ReduceLogSum": (1,), "ReduceLogSumExp": (1,), "ReduceSumSquare": (1,),
     "CumSum": (1,), "CumProd": (1,), "OneHot": (1,), "Range": (0, 1, 2), "Tile": (1,), "TopK": (1,),
+    "If": (0,), "Loop": (0, 1), "SplitToSequence": (1,), "SequenceAt": (1,), "SequenceInsert": (2,),
+    "SequenceErase": (1,),
 }
 EXPANDED_MARK = "_expanded"
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -75,13 +81,18 @@ def target_op(test, tests: dict) -> str | None:
     return nodes[0].op_type if len(nodes) == 1 else None
 
 
+# Ops with no OpSpec that the importer folds away (control flow, sequences and optionals).
+FOLDED_OPS = frozenset(CONTROL_FLOW) | SEQUENCE_OPS
+
+
 def selected_tests() -> list[str]:
-    """Tests about one of our ops, plus any test built only from our ops; sorted by name."""
+    """Tests about one of our ops or an op the importer folds, plus any test built only from our
+    ops; sorted by name."""
     tests = all_node_tests()
     names = []
     for name, t in tests.items():
         ops = {n.op_type for n in t.model.graph.node}
-        if target_op(t, tests) in REGISTRY or (ops and ops <= set(REGISTRY)):
+        if target_op(t, tests) in REGISTRY or target_op(t, tests) in FOLDED_OPS or (ops and ops <= set(REGISTRY)):
             names.append(name)
     return sorted(names)
 
@@ -131,7 +142,7 @@ def promote_shape_operands(model: onnx.ModelProto, inputs: list) -> tuple[onnx.M
             m.graph.initializer.append(numpy_helper.from_array(as_array(x), vi.name))
         else:
             kept.append(vi)
-            feeds[vi.name] = as_array(x)
+            feeds[vi.name] = x if isinstance(x, list) or x is None else as_array(x)  # sequences, optionals as given
     del m.graph.input[:]
     m.graph.input.extend(kept)
     return m, feeds
@@ -154,7 +165,7 @@ def run_case(name: str) -> list[Mismatch]:
     problems = []
     for inputs, expected in test.data_sets:
         m, feeds = promote_shape_operands(model, list(inputs))
-        graph = import_model(m, input_shapes={k: v.shape for k, v in feeds.items()})
+        graph = import_model(m, input_shapes={k: v.shape for k, v in feeds.items() if isinstance(v, np.ndarray)})
         results = run(graph, feeds)
         for vi, want in zip(test.model.graph.output, expected, strict=True):
             want = as_array(want)

@@ -96,8 +96,9 @@ def _check_ops(graph: onnx.GraphProto, names: list[str], opset: int) -> list[int
                                      detail=f"domain '{n.domain}' is not supported (only the default "
                                             f"ONNX domain)")
         for a in n.attribute:
+            inlined = not is_importable(n.op_type) and has_function(n.op_type, opset)  # its body reads them
             if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) and n.op_type not in CONTROL_FLOW \
-                    and not has_function(n.op_type, opset):
+                    and not inlined:
                 raise UnsupportedOpError(n.op_type, name, opset,
                                          detail=f"attribute '{a.name}' is a subgraph; control flow is supported "
                                                 f"on If, Loop and Scan only")
