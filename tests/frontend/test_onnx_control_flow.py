@@ -109,12 +109,28 @@ def test_if_whose_condition_folds_from_a_static_shape():
     assert "Relu" in op_types(g)
 
 
-def test_if_on_a_run_time_condition_names_the_node_and_the_input():
+def test_if_on_a_data_dependent_condition_names_the_node_and_why():
     m = _if_model([helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
                    helper.make_node("Greater", ["s", "zero"], ["c"])], "c")
     m.graph.initializer.append(init("zero", np.array(0, np.float32)))
+    for fn in (import_model, opfuse.compile):
+        msg = _one_line(UnsupportedOpError, fn, m)
+        assert "'If' (node 'choose'" in msg and "condition ('c') is computed at run time from the data of ['x']" in msg
+        assert "data-dependent" in msg
+
+
+def test_if_on_a_flag_input_specialises_the_compiled_model():
+    """A condition that is a (small) graph input: the model is compiled for each value it is run with."""
+    m = _if_model([], "c")
+    m.graph.input.append(vi("c", [], B))
     msg = _one_line(ShapeInputError, import_model, m)
-    assert "'If' (node 'choose'" in msg and "condition" in msg and "run time" in msg and "['x']" in msg
+    assert "'choose'" in msg and "['c']" in msg
+    compiled = opfuse.compile(m, target="host", threads=1)
+    x = _feeds(m)["x"]
+    for flag in (True, False, True):
+        feeds = {"x": x, "c": np.array(flag)}
+        want = ReferenceEvaluator(m).run(None, feeds)[0]
+        np.testing.assert_allclose(compiled.run(feeds)["z"], want, rtol=RTOL, atol=ATOL)
 
 
 # Loop -----------------------------------------------------------------------------------------
@@ -170,8 +186,8 @@ def test_loop_refusals_name_the_node_and_why():
     assert "'Loop' (node 'loop'" in msg and "trip count" in msg and "['M']" in msg
     data_cond = [helper.make_node("ReduceSum", ["acc_out"], ["total"], keepdims=0),
                  _const("zero", np.array(0, np.float32)), helper.make_node("Less", ["total", "zero"], ["cond_out"])]
-    msg = _one_line(ShapeInputError, import_model, _loop_model(4, True, data_cond))
-    assert "'loop'" in msg and "iteration 0" in msg
+    msg = _one_line(UnsupportedOpError, import_model, _loop_model(4, True, data_cond))
+    assert "'loop'" in msg and "iteration 0" in msg and "data-dependent" in msg
 
 
 def test_unrolling_stops_at_the_named_limit(monkeypatch):

@@ -25,9 +25,12 @@ model gives the same names). A subgraph reads the values of every scope around i
 (``onnx_protos.outer_reads``).
 
 The general case is refused naming the node and why: a condition or trip count computed at run
-time (a ``ShapeInputError``: when it comes from graph inputs, giving their values specialises the
-model, as for a Reshape's shape), an infinite loop, a loop of zero iterations with scan outputs
-(empty tensors), and unrolling beyond ``MAX_UNROLLED_NODES`` nodes.
+time, an endless loop, a loop of zero iterations with scan outputs (empty tensors), and
+unrolling beyond ``MAX_UNROLLED_NODES`` nodes. A condition or trip count computed from scalar
+graph inputs only (flags, counts: ``SPECIALISE_MAX_ELEMENTS``) is a
+``ShapeInputError`` naming them: giving their values specialises the model to them, as for a
+Reshape's shape (``opfuse.compile`` does so for each run's values). One computed from larger
+inputs (activations) is data-dependent control flow, refused outright.
 """
 from __future__ import annotations
 
@@ -52,6 +55,11 @@ from opfuse.ops.common import graph_inputs_behind
 # proportion (a loop this long wants a real loop kernel), so the model is refused instead.
 MAX_UNROLLED_NODES = 10000
 
+# A condition or trip count computed at run time from graph inputs of at most this many elements
+# each (scalars: flags, counts) makes the model specialise to those inputs' values; one computed
+# from larger inputs (activations) is data-dependent control flow, and refused.
+SPECIALISE_MAX_ELEMENTS = 1
+
 # How deep subgraphs may nest (If in a Loop body in a Scan body...).
 MAX_NESTING = 16
 
@@ -70,13 +78,22 @@ def _known(ctx: ImportContext, node: OnnxNode, v, what: str) -> np.ndarray:
     if not isinstance(v, Value):
         raise ModelError(f"node '{node.name}' ({node.op_type}): {what} is {kind_of(v)}, a tensor is expected")
     if v.const is None:
-        raise ShapeInputError(node.op_type, node.name, ctx.opset,
-                              detail=f"{what} ('{v.name}') is computed at run time; control flow is folded at "
-                                     f"import only when its conditions and trip counts are known there",
-                              inputs=graph_inputs_behind(v))
+        raise _run_time(ctx, node, v, f"{what} ('{v.name}')")
     if v.const.size != 1:
         raise ModelError(f"node '{node.name}' ({node.op_type}): {what} has {v.const.size} elements, one is expected")
     return v.const.reshape(-1)
+
+
+def _run_time(ctx: ImportContext, node: OnnxNode, v: Value, what: str) -> UnsupportedOpError:
+    """Why ``v``, computed at run time, cannot decide control flow (see the module docstring)."""
+    inputs = graph_inputs_behind(v)
+    large = [name for name in inputs if ctx.graph.values[name].size > SPECIALISE_MAX_ELEMENTS]
+    detail = f"{what} is computed at run time"
+    if large or not inputs:
+        return _refuse(ctx, node, f"{detail} from the data of {large or 'its inputs'} (data-dependent control flow)")
+    return ShapeInputError(node.op_type, node.name, ctx.opset, inputs=inputs,
+                           detail=f"{detail}; control flow is folded at import only when its conditions and trip "
+                                  f"counts are known there")
 
 
 # Subgraphs ------------------------------------------------------------------------------------
@@ -375,10 +392,10 @@ def _scan8(ctx: ImportContext, node: OnnxNode, inputs: list, body: onnx.GraphPro
 
 
 def _known_all(ctx: ImportContext, node: OnnxNode, v) -> np.ndarray:
-    if not isinstance(v, Value) or v.const is None:
-        raise ShapeInputError(node.op_type, node.name, ctx.opset,
-                              detail="its sequence_lens are computed at run time",
-                              inputs=graph_inputs_behind(v) if isinstance(v, Value) else ())
+    if not isinstance(v, Value):
+        raise ModelError(f"node '{node.name}' (Scan): its sequence_lens are {kind_of(v)}, a tensor is expected")
+    if v.const is None:
+        raise _run_time(ctx, node, v, f"its sequence_lens ('{v.name}')")
     return v.const.reshape(-1)
 
 
