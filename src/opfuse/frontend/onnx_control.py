@@ -69,8 +69,8 @@ ControlFlow = Callable[[ImportContext, OnnxNode, list, int, int, NodeImporter], 
 
 
 def _refuse(ctx: ImportContext, node: OnnxNode, detail: str) -> UnsupportedOpError:
-    return UnsupportedOpError(node.op_type, node.name, ctx.opset, detail=detail + " (control flow is folded at "
-                              "import only when its conditions and trip counts are known there)")
+    return UnsupportedOpError(node.op_type, node.name, ctx.opset, detail=detail + "; opfuse folds control flow at "
+                              "import, where its conditions and trip counts must be known")
 
 
 def _known(ctx: ImportContext, node: OnnxNode, v, what: str) -> np.ndarray:
@@ -92,8 +92,8 @@ def _run_time(ctx: ImportContext, node: OnnxNode, v: Value, what: str) -> Unsupp
     if large or not inputs:
         return _refuse(ctx, node, f"{detail} from the data of {large or 'its inputs'} (data-dependent control flow)")
     return ShapeInputError(node.op_type, node.name, ctx.opset, inputs=inputs,
-                           detail=f"{detail}; control flow is folded at import only when its conditions and trip "
-                                  f"counts are known there")
+                           detail=f"{detail}; opfuse folds control flow at import, where its conditions and trip "
+                                  f"counts must be known")
 
 
 # Subgraphs ------------------------------------------------------------------------------------
