@@ -52,7 +52,7 @@ from opfuse.ops.common import graph_inputs_behind
 # The most subgraph nodes one model may import: every If branch taken and every iteration of
 # every unrolled Loop and Scan counts its body's nodes (nested ones included). Unrolling is how
 # opfuse compiles loops, and planning time grows faster than linearly in the graph's size (an
-# RNN cell scanned into 2000 nodes plans in about 8 s of CPU, into 3200 in about 48 s, on the
+# RNN cell scanned into 2000 nodes compiles in about 9 s of CPU, into 3200 in about 48 s, on the
 # 2-core development machine), so a longer loop is refused instead (it wants a loop kernel).
 MAX_UNROLLED_NODES = 2000
 
