@@ -21,6 +21,10 @@ Inlining, per body node:
 * a body node that is itself a function op without an OpSpec is expanded in turn.
 
 An op the body needs and opfuse lacks is refused naming both ops.
+
+``canonicalize`` is the one entry for a node of the graph, of a function body or of a subgraph:
+If/Loop/Scan go to ``onnx_control`` (which imports their subgraphs' nodes through it in turn),
+and a sequence or optional (``onnx_sequences``) reaching an op that needs tensors is refused.
 """
 from __future__ import annotations
 
