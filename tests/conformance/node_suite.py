@@ -23,10 +23,12 @@ How one is run
    Split's sizes, CumSum's axis, OneHot's depth, Range's inputs, Tile's repeats, TopK's K, DFT's
    length and axis, STFT's step and length, MelWeightMatrix's scalars, Compress's condition, and
    every input of NonZero, Unique and NonMaxSuppression, whose output shapes depend on values) must be
-   constants. A test that feeds them as graph inputs has them *promoted to initializers*
-   holding the test's own input data -- the same values, now known at compile time. Graph
-   inputs a shape operand is computed from are promoted too (the walk stops at ``Shape``,
-   whose result depends only on static shapes).
+   constants, and so must what decides control flow (If's condition, Loop's trip count and
+   condition, a sequence position or SplitToSequence's split: opfuse folds them at import). A
+   test that feeds them as graph inputs has them *promoted to initializers* holding the test's
+   own input data -- the same values, now known at compile time. Graph inputs a shape operand
+   is computed from are promoted too (the walk stops at ``Shape``, whose result depends only
+   on static shapes).
 3. ``opfuse.frontend.onnx.import_model`` imports the model, ``opfuse.runtime.reference.run``
    executes it, and every output is compared with the expected one: same shape, same dtype,
    values within the test's ``rtol``/``atol`` (``numpy.testing.assert_allclose``, NaN == NaN).
@@ -43,6 +45,8 @@ import onnx.version_converter
 from onnx import numpy_helper
 
 from opfuse.frontend.onnx import MAX_OPSET, MIN_OPSET, import_model
+from opfuse.frontend.onnx_control import CONTROL_FLOW
+from opfuse.frontend.onnx_sequences import SEQUENCE_OPS
 from opfuse.ops import REGISTRY
 from opfuse.runtime.reference import run
 
@@ -56,6 +60,8 @@ SHAPE_OPERANDS = {
     "DFT": (1, 2), "STFT": (1, 3), "MelWeightMatrix": (0, 1, 2, 3, 4), "Compress": (1,),
     # Data-dependent output shapes (frontend/onnx_data_shapes.py): every input decides it.
     "NonZero": (0,), "Unique": (0,), "NonMaxSuppression": (0, 1, 2, 3, 4),
+    "If": (0,), "Loop": (0, 1), "SplitToSequence": (1,), "SequenceAt": (1,), "SequenceInsert": (2,),
+    "SequenceErase": (1,),
 }
 # Ops with no OpSpec that the importer rewrites into ops that have one, whose tests are selected
 # (frontend/onnx_einsum, onnx_spectral, onnx_data_shapes, onnx_attention_ops, onnx_tfidf, onnx_preview).
@@ -85,14 +91,19 @@ def target_op(test, tests: dict) -> str | None:
     return nodes[0].op_type if len(nodes) == 1 else None
 
 
+# Ops with no OpSpec that the importer folds away (control flow, sequences and optionals).
+FOLDED_OPS = frozenset(CONTROL_FLOW) | SEQUENCE_OPS
+
+
 def selected_tests() -> list[str]:
-    """Tests about one of our ops, plus any test built only from our ops; sorted by name."""
+    """Tests about one of our ops or an op the importer folds, plus any test built only from our
+    ops; sorted by name."""
     tests = all_node_tests()
     names = []
     for name, t in tests.items():
         ops = {n.op_type for n in t.model.graph.node}
         op = target_op(t, tests)
-        if op in REGISTRY or op in REWRITTEN_SELECTED or (ops and ops <= set(REGISTRY)):
+        if op in REGISTRY or op in REWRITTEN_SELECTED or op in FOLDED_OPS or (ops and ops <= set(REGISTRY)):
             names.append(name)
     return sorted(names)
 
@@ -142,7 +153,7 @@ def promote_shape_operands(model: onnx.ModelProto, inputs: list) -> tuple[onnx.M
             m.graph.initializer.append(numpy_helper.from_array(as_array(x), vi.name))
         else:
             kept.append(vi)
-            feeds[vi.name] = as_array(x)
+            feeds[vi.name] = x if isinstance(x, list) or x is None else as_array(x)  # sequences, optionals as given
     del m.graph.input[:]
     m.graph.input.extend(kept)
     return m, feeds
@@ -165,7 +176,7 @@ def run_case(name: str) -> list[Mismatch]:
     problems = []
     for inputs, expected in test.data_sets:
         m, feeds = promote_shape_operands(model, list(inputs))
-        graph = import_model(m, input_shapes={k: v.shape for k, v in feeds.items()})
+        graph = import_model(m, input_shapes={k: v.shape for k, v in feeds.items() if isinstance(v, np.ndarray)})
         results = run(graph, feeds)
         for vi, want in zip(test.model.graph.output, expected, strict=True):
             want = as_array(want)

@@ -34,11 +34,10 @@ def test_attention_becomes_the_chain_the_attention_rule_fuses():
 
 
 def test_an_op_the_body_needs_is_named():
-    """AffineGrid's body holds an If: refused naming both."""
-    nodes = [helper.make_node("AffineGrid", ["t", "size"], ["y"])]
-    m = model(nodes, [vi("t", [1, 2, 3])], [vi("y", None)], [init("size", np.array([1, 1, 4, 5], np.int64))],
-              opset=20)
-    with pytest.raises(UnsupportedOpError, match="AffineGrid.*function body.*If"):
+    """Bernoulli's body draws with RandomUniformLike: refused naming both."""
+    nodes = [helper.make_node("Bernoulli", ["p"], ["y"])]
+    m = model(nodes, [vi("p", [2, 3])], [vi("y", None)], opset=22)
+    with pytest.raises(UnsupportedOpError, match="Bernoulli.*function body.*RandomUniformLike"):
         import_model(m)
 
 
