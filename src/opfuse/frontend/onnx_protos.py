@@ -15,14 +15,17 @@ import onnx
 from onnx import AttributeProto, TensorProto, numpy_helper
 
 from opfuse.errors import ModelError, UnsupportedOpError
+from opfuse.ir.dtypes import BFLOAT16
 from opfuse.frontend.external_data import inline_external_data, uses_external_data
 
-# The ONNX element types opfuse supports (no bfloat16/float8/int4/strings/complex: the
-# reference executor and the C backend compute in these NumPy types only).
+# The ONNX element types opfuse supports (no float8/int4/strings/complex: the reference
+# executor and the C backend compute in these NumPy types only; bfloat16 is ml_dtypes' type,
+# computed in float32 and rounded per op, ``opfuse.ir.dtypes``).
 ONNX_TO_NUMPY: dict[int, np.dtype] = {
     TensorProto.FLOAT: np.dtype(np.float32),
     TensorProto.DOUBLE: np.dtype(np.float64),
     TensorProto.FLOAT16: np.dtype(np.float16),
+    TensorProto.BFLOAT16: BFLOAT16,
     TensorProto.INT8: np.dtype(np.int8),
     TensorProto.INT16: np.dtype(np.int16),
     TensorProto.INT32: np.dtype(np.int32),

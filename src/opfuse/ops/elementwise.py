@@ -16,6 +16,7 @@ import math
 import numpy as np
 
 from opfuse.errors import InputError, UnsupportedOpError
+from opfuse.ir.dtypes import BFLOAT16
 from opfuse.ir.graph import TensorType
 from opfuse.ops.common import broadcast_shapes, out_type, same_type, shape_error
 from opfuse.ops.registry import Category, Mapping, OpSpec, register
@@ -29,8 +30,8 @@ def erf(x: np.ndarray) -> np.ndarray:
     return np.asarray(_erf(x.astype(np.float64))).astype(x.dtype)
 
 
-# ONNX's type constraints of the unary ops (bfloat16 aside, which opfuse does not compute).
-FLOATS = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64))
+# ONNX's type constraints of the unary ops (bfloat16 computed in float32, ``registry.run_node``).
+FLOATS = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64)) | {BFLOAT16}
 SIGNED = FLOATS | frozenset(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64))
 NUMERIC = SIGNED | frozenset(np.dtype(t) for t in (np.uint8, np.uint16, np.uint32, np.uint64))
 
@@ -221,11 +222,12 @@ register(OpSpec("Clip", Category.ELEMWISE, Mapping.ONE_TO_ONE, lambda n, a: same
 
 
 # Cast ----------------------------------------------------------------------------------
-# Element types opfuse computes with. Casting to others (bfloat16, float8, int4, ...) through
-# NumPy extension types would silently ignore ONNX's saturation and rounding rules.
+# Element types opfuse computes with. Casting to others (float8, int4, ...) through NumPy
+# extension types would silently ignore ONNX's saturation and rounding rules; bfloat16 has
+# neither (ml_dtypes rounds to nearest even and overflows to infinity, as ONNX's Cast does).
 CAST_TARGETS = frozenset(np.dtype(t) for t in (
     np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,
-    np.uint8, np.uint16, np.uint32, np.uint64, np.bool_))
+    np.uint8, np.uint16, np.uint32, np.uint64, np.bool_)) | {BFLOAT16}
 
 
 def _onnx_to_np(to) -> np.dtype:

@@ -1,0 +1,123 @@
+"""float16 and bfloat16 in the generated C: 16-bit storage, float32 arithmetic.
+
+A float16 or bfloat16 tensor is ``uint16_t`` in the arena and in the ABI (its IEEE bits, as
+NumPy and ml_dtypes store them). Only ``Cast`` and pure data movement read or write those bits
+(``rewrites.float32_compute`` puts every other op of these types in float32 between Casts);
+a Cast converts with the helpers below:
+
+* to float32: exact (float16: normal, subnormal, inf and NaN by their bit fields; bfloat16: the
+  high half of a float32);
+* from float32: round to nearest even; overflow to infinity (float16 from 65520 on); NaN stays
+  NaN, quiet, with the payload's high bits (what x86's F16C ``vcvtps2ph`` and NumPy give for a
+  quiet NaN);
+* from double (and from integers, through double): rounded to float32 *to odd* first (the
+  truncation with its last bit set when inexact), then to nearest even as above: one correct
+  rounding, no double rounding (float32's 24 bits exceed float16's 11 + 2).
+
+The helpers use integer operations and selects only (no branch, no float arithmetic whose
+result depends on the rounding mode or flush-to-zero, save one exact product), so they give
+the same bits at any optimisation level, under ``-ffast-math`` and on the Cortex-M7, and gcc
+vectorises the loops around them (AVX2/AVX-512 integer lanes; checked bit for bit against
+NumPy/ml_dtypes over every float16 and every 9973rd float32 pattern plus the rounding edges in
+``tests/codegen/test_half.py``). x86's F16C instructions (``_mm256_cvtph_ps``/``_mm256_cvtps_ph``)
+give the same bits; they serve the float16 conversion loops of their own (a Cast kernel) under
+``#if defined(__F16C__) && defined(__AVX2__)`` when ``simd="auto"`` (``cast_loop``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from opfuse.ir.dtypes import BFLOAT16, FLOAT16, FLOAT32
+
+F16C_GUARD = "defined(__F16C__) && defined(__AVX2__)"
+
+BITS_HELPER = "opfuse_f32_bits"
+BITS_TEXT = """\
+static inline uint32_t opfuse_f32_bits(float f) { union { float f; uint32_t u; } c; c.f = f; return c.u; }
+static inline float opfuse_f32_of_bits(uint32_t u) { union { float f; uint32_t u; } c; c.u = u; return c.f; }
+"""
+
+# name -> (C text, helpers it needs)
+_HELPERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "opfuse_f16_to_f32": ("""\
+/* float16 bits -> float, exact (subnormals as m * 2^-24, an exact product). */
+static inline float opfuse_f16_to_f32(uint16_t h) {
+  const uint32_t s = ((uint32_t)h & 0x8000u) << 16, e = ((uint32_t)h >> 10) & 0x1fu, m = (uint32_t)h & 0x3ffu;
+  const uint32_t sub = opfuse_f32_bits((float)m * 0x1p-24f);
+  const uint32_t r = e == 0u ? sub : (e == 31u ? 0x7f800000u | (m << 13) : ((e + 112u) << 23) | (m << 13));
+  return opfuse_f32_of_bits(s | r);
+}
+""", (BITS_HELPER,)),
+    "opfuse_f32_to_f16": ("""\
+/* float -> float16 bits, round to nearest even; >= 65520 to inf; NaN quiet. Subnormal results:
+   the 24-bit significand shifted right with rounding (shift clamped to a valid range in every lane). */
+static inline uint16_t opfuse_f32_to_f16(float f) {
+  const uint32_t x = opfuse_f32_bits(f), s = (x >> 16) & 0x8000u, a = x & 0x7fffffffu, e = a >> 23;
+  const uint32_t sh = e < 101u ? 31u : (e > 125u ? 1u : 126u - e);
+  const uint32_t m = (a & 0x7fffffu) | 0x800000u;
+  const uint32_t sub = (m + (1u << (sh - 1u)) - 1u + ((m >> sh) & 1u)) >> sh;
+  const uint32_t nrm = (a - 0x38000000u + 0xfffu + ((a >> 13) & 1u)) >> 13;
+  const uint32_t r = a > 0x7f800000u ? 0x7e00u | ((a >> 13) & 0x3ffu)
+                   : (a >= 0x477ff000u ? 0x7c00u : (a >= 0x38800000u ? nrm : sub));
+  return (uint16_t)(s | r);
+}
+""", (BITS_HELPER,)),
+    "opfuse_bf16_to_f32": ("""\
+/* bfloat16 bits -> float, exact: the high half of the float. */
+static inline float opfuse_bf16_to_f32(uint16_t h) { return opfuse_f32_of_bits((uint32_t)h << 16); }
+""", (BITS_HELPER,)),
+    "opfuse_f32_to_bf16": ("""\
+/* float -> bfloat16 bits, round to nearest even (overflow to inf); NaN quiet. */
+static inline uint16_t opfuse_f32_to_bf16(float f) {
+  const uint32_t x = opfuse_f32_bits(f);
+  return (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? (x >> 16) | 0x40u : (x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+""", (BITS_HELPER,)),
+    "opfuse_f64_to_f32_odd": ("""\
+/* double -> float rounded to odd (truncate, set the last bit when inexact): rounding that to a
+   16-bit float is the correct rounding of the double. */
+static inline float opfuse_f64_to_f32_odd(double d) {
+  const float f = (float)d;
+  uint32_t b = opfuse_f32_bits(f);
+  if ((double)f != d && d == d) { if (fabs((double)f) > fabs(d)) b -= 1u; b |= 1u; }
+  return opfuse_f32_of_bits(b);
+}
+""", (BITS_HELPER,)),
+}
+
+TO_F32 = {FLOAT16: "opfuse_f16_to_f32", BFLOAT16: "opfuse_bf16_to_f32"}
+FROM_F32 = {FLOAT16: "opfuse_f32_to_f16", BFLOAT16: "opfuse_f32_to_bf16"}
+
+
+def require(program, name: str) -> str:
+    """Add helper ``name`` (and those it calls) to ``program`` once; return the name to call."""
+    text, deps = _HELPERS[name]
+    for d in deps:
+        program.require_helper(d, BITS_TEXT)
+    return program.require_helper(name, text)
+
+
+def cast_expr(program, x: str, src, dst) -> str:
+    """The C expression of ``x`` (of dtype ``src``) cast to ``dst`` when either is a 16-bit float;
+    ``None`` when neither is. A 16-bit source goes to float32 exactly and on from there (C's cast, or
+    ``!= 0`` for bool); a 16-bit destination is rounded once from float32, or from anything else
+    through double rounded to odd."""
+    src, dst = np.dtype(src), np.dtype(dst)
+    if src not in TO_F32 and dst not in FROM_F32:
+        raise ValueError(f"cast_expr: neither {src} nor {dst} is a 16-bit float")
+    if src == dst:
+        return x
+    if src in TO_F32:
+        x, src = f"{require(program, TO_F32[src])}({x})", FLOAT32
+        if dst not in FROM_F32:
+            if dst == np.bool_:
+                return f"({x} != 0)"
+            return x if dst == FLOAT32 else f"({_c(dst)})({x})"
+    if src != FLOAT32:
+        x = f"{require(program, 'opfuse_f64_to_f32_odd')}((double)({x}))"
+    return f"{require(program, FROM_F32[dst])}({x})"
+
+
+def _c(dtype) -> str:
+    from opfuse.codegen.ctype import c_type
+    return c_type(dtype)

@@ -1,0 +1,122 @@
+"""float16 and bfloat16 ops computed in float32 between Casts, for the C backend.
+
+The C backend keeps float16 and bfloat16 tensors 16 bits wide (``uint16_t`` in the arena and
+the ABI) but has no 16-bit arithmetic: every op reading or writing them, except ``Cast`` itself
+and pure renaming views (``KEEPS_16_BITS``), is rewritten to compute in float32,
+
+    y = op(x16, w16)   ->   y = Cast16(op(Cast32(x16), w32))
+
+with one widening Cast per 16-bit value (shared by its readers; a constant is widened here,
+exactly) and one rounding Cast per 16-bit output. This is onnxruntime's ``InsertCastTransformer``
+(what its CPU provider does for the float16 ops it has no kernel for) and XLA's float
+normalization.
+
+Numerics: every op rounds its result to the 16-bit type, as the NumPy reference does for
+float16 and as onnxruntime's float16 kernels do; fusion keeps that rounding (the Casts are
+elementwise ops of the fused kernel, computed where they stand, never dropped), so a fused and an
+unfused build give the same bits. Inside one op everything is float32: a reduction, Softmax,
+LayerNorm or GEMM accumulates in float32, as onnxruntime does. Widening is exact and rounding is
+to nearest even (``codegen.half``).
+
+The fusion rules then put the Casts into the kernels around them (a Cast is elementwise): a
+GEMM's rounding Cast becomes its epilogue, a chain of elementwise ops loads float16 and stores
+float16 in one loop. Between kernels tensors stay 16-bit (2 bytes per element in the cost model
+and the arena) unless a kernel's anchor needs a float32 operand (a Conv or MatMul input), which
+then is the widening Cast's output.
+
+An op whose output type does not follow its inputs (its dtype comes from an attribute) is left as
+it is; the C backend then refuses it naming the op (``codegen.program``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from opfuse.errors import OpfuseError
+from opfuse.ir.dtypes import BFLOAT16, FLOAT16, FLOAT32, is_half
+from opfuse.ir.graph import Graph, Node, TensorType, Value
+from opfuse.ops.registry import infer_node
+from opfuse.rewrites.context import RewriteContext
+
+RULE = "float32_compute"
+
+# Ops that move 16-bit values without reading them as numbers: a Cast converts them itself
+# (``codegen.half``), the others rename a buffer (a view: no kernel).
+KEEPS_16_BITS = frozenset({"Cast", "Identity", "Dropout", "Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+
+# ONNX element type codes (TensorProto.DataType) of Cast's ``to``.
+ONNX_CODE = {FLOAT16: 10, BFLOAT16: 16, FLOAT32: 1}
+
+
+def needs_float32(node: Node) -> bool:
+    """Whether ``node`` computes on float16/bfloat16 values (reads or writes them as numbers)."""
+    if node.op_type in KEEPS_16_BITS:
+        return False
+    return any(v is not None and v.type is not None and is_half(v.dtype) for v in (*node.inputs, *node.outputs))
+
+
+def _float32_types(node: Node) -> list[TensorType] | None:
+    """The output types of ``node`` fed float32 for its 16-bit inputs, when every 16-bit output
+    becomes float32 and the others keep their types; else None."""
+    wide = []
+    for v in node.inputs:
+        if v is not None and v.type is not None and is_half(v.dtype):
+            w = Value(v.name, TensorType(v.shape, FLOAT32), None if v.const is None else v.const.astype(FLOAT32))
+            wide.append(w)
+        else:
+            wide.append(v)
+    try:
+        types = infer_node(Node(node.name, node.op_type, wide, node.outputs, node.attrs, node.domain))
+    except OpfuseError:
+        return None
+    for v, t in zip(node.outputs, types, strict=True):
+        want = TensorType(v.shape, FLOAT32) if is_half(v.dtype) else v.type
+        if t != want:
+            return None
+    return types
+
+
+def compute_in_float32(graph: Graph, rc: RewriteContext) -> bool:
+    """Rewrite every op on float16/bfloat16 values to compute in float32 between Casts."""
+    if rc.options.is_disabled(RULE):
+        return False
+    widened: dict[int, Value] = {}
+    done: list[str] = []
+    for node in [n for n in graph.nodes if needs_float32(n)]:
+        if _float32_types(node) is None:
+            continue
+        for i, v in enumerate(node.inputs):
+            if v is not None and is_half(v.dtype):
+                graph.set_input(node, i, _widened(graph, v, widened))
+        for k, y in enumerate(node.outputs):
+            if is_half(y.dtype):
+                _round_output(graph, node, k)
+        done.append(node.name)
+    if not done:
+        return False
+    graph.toposort()
+    rc.log_applied(RULE, done, f"{len(done)} float16/bfloat16 op(s) computed in float32 between Casts")
+    return True
+
+
+def _widened(graph: Graph, v: Value, widened: dict[int, Value]) -> Value:
+    """The float32 copy of 16-bit ``v``: a constant converted here, else one Cast node."""
+    if id(v) not in widened:
+        if v.const is not None and v.producer is None:
+            widened[id(v)] = graph.add_const(f"{v.name}_f32", v.const.astype(FLOAT32))
+        else:
+            cast = graph.add_node("Cast", [v], attrs={"to": ONNX_CODE[FLOAT32]}, name=f"{v.name}_to_f32",
+                                  output_types=[TensorType(v.shape, FLOAT32)])
+            widened[id(v)] = cast.output
+    return widened[id(v)]
+
+
+def _round_output(graph: Graph, node: Node, k: int) -> None:
+    """Make ``node`` write output ``k`` in float32 and a Cast round it into the original value."""
+    y = node.outputs[k]
+    wide = graph.add_value(Value(graph.unique_name(f"{y.name}_f32"), TensorType(y.shape, FLOAT32)))
+    wide.producer = node
+    node.outputs[k] = wide
+    y.producer = None
+    name = graph.unique_name(f"{y.name}_to_{y.dtype.name}", for_node=True)
+    graph.insert_node(Node(name, "Cast", [wide], [y], {"to": ONNX_CODE[np.dtype(y.dtype)]}),
+                      graph.nodes.index(node) + 1)
