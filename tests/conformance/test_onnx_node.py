@@ -23,7 +23,6 @@ from opfuse.errors import OpfuseError
 from opfuse.ops import REGISTRY
 
 # Why a selected test cannot run ---------------------------------------------------------------
-NO_BFLOAT16 = "bfloat16 tensors are not supported (opfuse computes FLOAT, DOUBLE, FLOAT16, integers, BOOL)"
 NO_FLOAT8 = "float8 tensors (e4m3fn, e4m3fnuz, e5m2, e5m2fnuz, e8m0) are not supported"
 NO_FLOAT4 = "float4e2m1 tensors are not supported"
 NO_SUB_BYTE_INT = "4-bit and 2-bit integer tensors are not supported"
@@ -41,11 +40,6 @@ EXCLUSIONS: dict[str, str] = {
     "test_range_float16_type_positive_delta_expanded": EXPANDED_USES_LOOP,
     "test_range_int32_type_negative_delta_expanded": EXPANDED_USES_LOOP,
     "test_range_bfloat16_type_positive_delta_expanded": EXPANDED_USES_LOOP,
-    "test_range_bfloat16_type_positive_delta": NO_BFLOAT16,
-    "test_celu_bfloat16": NO_BFLOAT16,
-    "test_celu_bfloat16_expanded": NO_BFLOAT16,
-    "test_onehot_with_bfloat16_values": NO_BFLOAT16,
-    "test_reversesequence_bfloat16": NO_BFLOAT16,
     "test_batchnorm_epsilon_training_mode": BATCHNORM_TRAINING,
     "test_batchnorm_example_training_mode": BATCHNORM_TRAINING,
     "test_training_dropout": DROPOUT_TRAINING,
@@ -58,10 +52,6 @@ EXCLUSIONS: dict[str, str] = {
     "test_maxpool_with_argmax_2d_precomputed_strides": MAXPOOL_INDICES,
     "test_identity_opt": NOT_A_TENSOR,
     "test_identity_sequence": NOT_A_TENSOR,
-    "test_cast_BFLOAT16_to_FLOAT": NO_BFLOAT16,
-    "test_cast_FLOAT_to_BFLOAT16": NO_BFLOAT16,
-    "test_castlike_BFLOAT16_to_FLOAT_expanded": NO_BFLOAT16,
-    "test_castlike_FLOAT_to_BFLOAT16_expanded": NO_BFLOAT16,
     "test_cast_FLOAT16_to_FLOAT4E2M1": NO_FLOAT4,
     "test_cast_FLOAT4E2M1_to_FLOAT": NO_FLOAT4,
     "test_cast_FLOAT4E2M1_to_FLOAT16": NO_FLOAT4,

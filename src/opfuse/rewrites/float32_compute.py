@@ -57,7 +57,7 @@ def needs_float32(node: Node) -> bool:
 def _float32_types(node: Node) -> list[TensorType] | None:
     """The output types of ``node`` fed float32 for its 16-bit inputs, when every 16-bit output
     becomes float32 and the others keep their types; else None."""
-    wide = []
+    wide: list[Value | None] = []
     for v in node.inputs:
         if v is not None and v.type is not None and is_half(v.dtype):
             w = Value(v.name, TensorType(v.shape, FLOAT32), None if v.const is None else v.const.astype(FLOAT32))
