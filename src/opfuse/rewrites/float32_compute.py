@@ -36,12 +36,14 @@ from opfuse.ir.dtypes import BFLOAT16, FLOAT16, FLOAT32, is_half
 from opfuse.ir.graph import Graph, Node, TensorType, Value
 from opfuse.ops.registry import infer_node
 from opfuse.rewrites.context import RewriteContext
+from opfuse.rules.decisions import refuse
 
 RULE = "float32_compute"
 
 # Ops that move 16-bit values without reading them as numbers: a Cast converts them itself
-# (``codegen.half``), the others rename a buffer (a view: no kernel).
-KEEPS_16_BITS = frozenset({"Cast", "Identity", "Dropout", "Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+# (``codegen.half``), a BitCast reads their bits as bits, the others rename a buffer (a view:
+# no kernel).
+KEEPS_16_BITS = frozenset({"Cast", "BitCast", "Identity", "Dropout", "Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 
 # ONNX element type codes (TensorProto.DataType) of Cast's ``to``.
 ONNX_CODE = {FLOAT16: 10, BFLOAT16: 16, FLOAT32: 1}
@@ -83,6 +85,8 @@ def compute_in_float32(graph: Graph, rc: RewriteContext) -> bool:
     done: list[str] = []
     for node in [n for n in graph.nodes if needs_float32(n)]:
         if _float32_types(node) is None:
+            rc.log_refusal(RULE, [node.name], refuse(f"{node.op_type}'s output type does not follow its inputs' "
+                                                     f"(fed float32, it does not give float32 where it gave 16 bits)"))
             continue
         for i, v in enumerate(node.inputs):
             if v is not None and is_half(v.dtype):
