@@ -80,7 +80,8 @@ def test_portable_equals_vectorised(half):
     every16 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(half)
     for data in (x, every16):
         g = _cast_graph(data, half if data is x else np.float32)
-        vec, plain = build(g, None, options=CodegenOptions(simd="auto")), build(g, None, options=CodegenOptions(simd="none"))
+        vec = build(g, None, options=CodegenOptions(simd="auto"))
+        plain = build(g, None, options=CodegenOptions(simd="none"))
         a, b = vec.run({"x": data})["c"], plain.run({"x": data})["c"]
         np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
         intrinsic = "_mm256_cvtps_ph" if data is x else "_mm256_cvtph_ps"
