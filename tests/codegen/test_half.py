@@ -215,3 +215,22 @@ def test_op_computing_in_16_bits_without_the_rewrite_is_refused(cache_dir):
     with pytest.raises(UnsupportedDtypeError, match=r"^float16 is not supported by the C backend \(value 'half_x'\); "
                                                     r"node 'relu' \(Relu\) computes in it"):
         build(g, FusionPlan.unfused(g), cache_dir=cache_dir)
+
+
+def test_16_bit_literals_are_their_bits():
+    from opfuse.codegen.ctype import literal
+    assert literal(1.0, np.float16) == "0x3c00u" and literal(-1.5, BFLOAT16) == "0xbfc0u"
+    assert literal(np.nan, np.float16) == "0x7e00u" and literal(np.inf, BFLOAT16) == "0x7f80u"
+
+
+@pytest.mark.parametrize("half", HALVES, ids=IDS)
+def test_cast_of_a_16_bit_constant_unfused(half):
+    """An unfused build folds nothing in the graph: the Cast of a 16-bit constant is computed at
+    compile time (a static value, ``memory``) from the constant's 16-bit value."""
+    b = GraphBuilder("k")
+    x = b.input("x", (3,), half)
+    k = b.const("k", np.array(-1.5, np.float32).astype(half))
+    g = b.build(b.op("Mul", b.op("Cast", x, to=1), b.op("Cast", k, to=1)))
+    feeds = {"x": np.array([1, 2, 3], np.float32).astype(half)}
+    model = build(g, None)
+    np.testing.assert_array_equal(list(model.run(feeds).values())[0], list(run(g, feeds).values())[0])

@@ -54,8 +54,8 @@ def math_fn(name: str, dtype) -> str:
 def literal(value, dtype) -> str:
     """An exact C literal of ``value`` converted to ``dtype``."""
     dt = np.dtype(dtype)
-    if is_half(dt):  # no op computes in these (their values are bits): a caller here is a bug
-        raise UnsupportedOpError("dtype", "", detail=f"no C arithmetic in {dt.name} (it is computed in float32)")
+    if is_half(dt):  # its bits: only Cast, BitCast and data movement read 16-bit floats (codegen.half)
+        return f"0x{int(np.asarray(value, dtype=dt).view(np.uint16)):04x}u"
     if dt == np.bool_:
         return "1" if bool(value) else "0"
     if is_float(dt):
