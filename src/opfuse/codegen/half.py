@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from opfuse.ir.dtypes import BFLOAT16, FLOAT16, FLOAT32
+from opfuse.ir.dtypes import (BFLOAT16, FLOAT8E4M3FN, FLOAT8E4M3FNUZ, FLOAT8E5M2, FLOAT8E5M2FNUZ, FLOAT16,
+                              FLOAT32)
 
 F16C_GUARD = "defined(__F16C__) && defined(__AVX2__)"
 
@@ -43,8 +44,9 @@ static inline uint32_t opfuse_f32_bits(float f) { union { float f; uint32_t u; }
 static inline float opfuse_f32_of_bits(uint32_t u) { union { float f; uint32_t u; } c; c.u = u; return c.f; }
 """
 
-# name -> (C text, helpers it needs)
+# name -> (C text, helpers it needs); float8's are made on first use (``_float8_helpers``)
 _HELPERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    BITS_HELPER: (BITS_TEXT, ()),
     "opfuse_f16_to_f32": ("""\
 /* float16 bits -> float, exact (subnormals as m * 2^-24, an exact product); NaN quiet. */
 static inline float opfuse_f16_to_f32(uint16_t h) {
@@ -94,24 +96,31 @@ static inline float opfuse_f64_to_f32_odd(double d) {
 
 TO_F32 = {FLOAT16: "opfuse_f16_to_f32", BFLOAT16: "opfuse_bf16_to_f32"}
 FROM_F32 = {FLOAT16: "opfuse_f32_to_f16", BFLOAT16: "opfuse_f32_to_bf16"}
+FLOAT8_NAMES = {FLOAT8E4M3FN: "e4m3fn", FLOAT8E4M3FNUZ: "e4m3fnuz", FLOAT8E5M2: "e5m2", FLOAT8E5M2FNUZ: "e5m2fnuz"}
+for _t, _n in FLOAT8_NAMES.items():
+    TO_F32[_t] = f"opfuse_{_n}_to_f32"
+    FROM_F32[_t] = f"opfuse_f32_to_{_n}"
 
 
 def require(program, name: str) -> str:
     """Add helper ``name`` (and those it calls) to ``program`` once; return the name to call."""
+    if name not in _HELPERS:
+        _HELPERS.update(_float8_helpers(name))
     text, deps = _HELPERS[name]
     for d in deps:
-        program.require_helper(d, BITS_TEXT)
+        require(program, d)
     return program.require_helper(name, text)
 
 
-def cast_expr(program, x: str, src, dst) -> str:
-    """The C expression of ``x`` (of dtype ``src``) cast to ``dst`` when either is a 16-bit float;
-    ``None`` when neither is. A 16-bit source goes to float32 exactly and on from there (C's cast, or
-    ``!= 0`` for bool); a 16-bit destination is rounded once from float32, or from anything else
-    through double rounded to odd."""
+def cast_expr(program, x: str, src, dst, saturate: bool = True) -> str:
+    """The C expression of ``x`` (of dtype ``src``) cast to ``dst`` when either is a narrow float
+    (``ValueError`` when neither is). A narrow source goes to float32 exactly and on from there (C's
+    cast, or ``!= 0`` for bool); a narrow destination is rounded once from float32, or from anything
+    else through double rounded to odd; ``saturate`` (float8 only, ONNX's Cast attribute) clamps
+    values beyond the type's range to its largest finite value."""
     src, dst = np.dtype(src), np.dtype(dst)
     if src not in TO_F32 and dst not in FROM_F32:
-        raise ValueError(f"cast_expr: neither {src} nor {dst} is a 16-bit float")
+        raise ValueError(f"cast_expr: neither {src} nor {dst} is a narrow float")
     if src == dst:
         return x
     if src in TO_F32:
@@ -122,7 +131,79 @@ def cast_expr(program, x: str, src, dst) -> str:
             return x if dst == FLOAT32 else f"({_c(dst)})({x})"
     if src != FLOAT32:
         x = f"{require(program, 'opfuse_f64_to_f32_odd')}((double)({x}))"
-    return f"{require(program, FROM_F32[dst])}({x})"
+    name = FROM_F32[dst] + ("_sat" if dst in FLOAT8_NAMES and saturate else "")
+    return f"{require(program, name)}({x})"
+
+
+# float8 ----------------------------------------------------------------------------------------
+# Tables made from ml_dtypes (the reference's own conversions), so the C code gives its bits by
+# construction; ``tests/codegen/test_half.py`` checks every code and a float32 sweep.
+
+def _f32_hex(v: float) -> str:
+    from opfuse.codegen.ctype import literal
+    return literal(v, FLOAT32)
+
+
+def _float8_helpers(name: str) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """The decode and both encode helpers of the float8 type ``name`` names."""
+    dt = next((t for t, n in FLOAT8_NAMES.items()
+               if name in (TO_F32[t], FROM_F32[t], FROM_F32[t] + "_sat", f"opfuse_{n}_mid")), None)
+    if dt is None:
+        raise KeyError(name)
+    n = FLOAT8_NAMES[dt]
+    codes = np.arange(256, dtype=np.uint8)
+    values = codes.view(dt).astype(np.float32)
+    bits = values.view(np.uint32)
+    codes_text = ", ".join(f"0x{int(b):08x}u" for b in bits)
+    decode = (f"static const uint32_t opfuse_{n}_bits[256] = {{{codes_text}}};\n"
+              f"/* {n} -> float, exact: the float32 bits of each code. */\n"
+              f"static inline float opfuse_{n}_to_f32(uint8_t x) {{ return opfuse_f32_of_bits(opfuse_{n}_bits[x]); }}\n")
+    # Non-negative finite values are codes 0..K-1 in increasing order.
+    k = 0
+    while k < 128 and np.isfinite(values[k]) and (k == 0 or values[k] > values[k - 1]):
+        k += 1
+    top = float(values[k - 1])
+    mids = [-np.inf] + [float((np.float64(values[j - 1]) + np.float64(values[j])) / 2) for j in range(1, k)]
+    mids += [np.inf] * (128 - len(mids))
+    with np.errstate(over="ignore", invalid="ignore"):
+        nan_pos, nan_neg = (int(v) for v in np.array([np.nan, -np.nan], np.float32).astype(dt).view(np.uint8))
+        ovf_pos, ovf_neg = (int(v) for v in np.array([2 * top, -2 * top], np.float32).astype(dt).view(np.uint8))
+        neg_zero = int(np.array([-0.0], np.float32).astype(dt).view(np.uint8)[0])
+    ovf = _overflow_from(dt, top)
+    mid_text = ", ".join("HUGE_VALF" if m == np.inf else "(-HUGE_VALF)" if m == -np.inf else _f32_hex(m) for m in mids)
+    search = "\n".join(f"  c = (s > opfuse_{n}_mid[c + {st}u] || (s == opfuse_{n}_mid[c + {st}u] && ((c + {st}u) & 1u) == 0u))"
+                        f" ? c + {st}u : c;" for st in (64, 32, 16, 8, 4, 2, 1))
+    signed = "(c | 0x80u)" if neg_zero == 0x80 else "(c == 0u ? 0u : (c | 0x80u))"
+    table = f"opfuse_{n}_mid"
+    out = {TO_F32[dt]: (decode, (BITS_HELPER,)),
+           table: (f"static const float {table}[128] = {{{mid_text}}};\n", ())}
+    for sat in (False, True):
+        fn = FROM_F32[dt] + ("_sat" if sat else "")
+        clamp = f"a > {_f32_hex(top)} ? {_f32_hex(top)} : a" if sat else "a"
+        over = "" if sat else f"a >= {_f32_hex(ovf)} ? (neg ? 0x{ovf_neg:02x}u : 0x{ovf_pos:02x}u) : "
+        text = (f"/* float -> {n}, round to nearest even{' saturating to +-max' if sat else ''}: the number of\n"
+                f"   midpoints between codes below |f| (a tie goes to the even code), by binary search. */\n"
+                f"static inline uint8_t {fn}(float f) {{\n"
+                f"  const uint32_t x = opfuse_f32_bits(f), neg = x >> 31;\n"
+                f"  const float a = opfuse_f32_of_bits(x & 0x7fffffffu);\n"
+                f"  const float s = {clamp};\n"
+                f"  uint32_t c = 0u;\n{search}\n"
+                f"  return (uint8_t)(a != a ? (neg ? 0x{nan_neg:02x}u : 0x{nan_pos:02x}u) : {over}(neg ? {signed} : c));\n"
+                f"}}\n")
+        out[fn] = (text, (BITS_HELPER, table))
+    return out
+
+
+def _overflow_from(dt, top: float) -> float:
+    """The smallest float32 above ``top`` that ``dt`` does not round to ``top`` (ml_dtypes' rule)."""
+    lo, hi = int(np.float32(top).view(np.uint32)), 0x7F800000
+    while hi - lo > 1:  # invariant: lo rounds to top, hi does not
+        mid = (lo + hi) // 2
+        v = np.array([mid], np.uint32).view(np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            same = float(v.astype(dt).astype(np.float32)[0]) == top
+        lo, hi = (mid, hi) if same else (lo, mid)
+    return float(np.array([hi], np.uint32).view(np.float32)[0])
 
 
 def f16c_cast(kc, ev, outs, inline: set[int]):

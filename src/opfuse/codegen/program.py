@@ -40,7 +40,7 @@ from opfuse.codegen.options import CodegenOptions
 from opfuse.codegen.stages import analyse
 from opfuse.codegen.weights import WeightsBlob
 from opfuse.errors import UnsupportedDtypeError
-from opfuse.ir.dtypes import is_half
+from opfuse.ir.dtypes import is_narrow_float
 from opfuse.ir.graph import Graph
 from opfuse.ir.plan import FusionPlan
 from opfuse.memory.patch import PATCHED_KIND
@@ -313,7 +313,7 @@ def generate(graph: Graph, plan: FusionPlan | None = None, *, memory: MemoryPlan
         c_type(v.dtype, v.name)  # unsupported dtypes fail here, naming the tensor
     for node in graph.nodes:  # 16-bit floats are storage only: rewrites.float32_compute widens their ops
         if needs_float32(node):
-            v = next(v for v in (*node.inputs, *node.outputs) if v is not None and is_half(v.dtype))
+            v = next(v for v in (*node.inputs, *node.outputs) if v is not None and is_narrow_float(v.dtype))
             raise UnsupportedDtypeError(v.dtype.name, v.name, "C", f"node '{node.name}' ({node.op_type}) computes "
                                         f"in it; the C backend computes {v.dtype.name} ops in float32 after the "
                                         f"float32_compute rewrite, which did not apply to this op")

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 
 from opfuse.errors import InputError, UnsupportedOpError
-from opfuse.ir.dtypes import BFLOAT16
+from opfuse.ir.dtypes import BFLOAT16, FLOAT8S
 from opfuse.ir.graph import TensorType
 from opfuse.ops.common import broadcast_shapes, out_type, same_type, shape_error
 from opfuse.ops.registry import Category, Mapping, OpSpec, register
@@ -222,12 +223,13 @@ register(OpSpec("Clip", Category.ELEMWISE, Mapping.ONE_TO_ONE, lambda n, a: same
 
 
 # Cast ----------------------------------------------------------------------------------
-# Element types opfuse computes with. Casting to others (float8, int4, ...) through NumPy
-# extension types would silently ignore ONNX's saturation and rounding rules; bfloat16 has
-# neither (ml_dtypes rounds to nearest even and overflows to infinity, as ONNX's Cast does).
+# Element types opfuse computes with. Casting to others (float4, float8e8m0, int4, ...) through
+# NumPy extension types would silently ignore ONNX's saturation and rounding rules; bfloat16 has
+# neither (ml_dtypes rounds to nearest even and overflows to infinity, as ONNX's Cast does), and
+# float8's saturation is applied here (``_cast``).
 CAST_TARGETS = frozenset(np.dtype(t) for t in (
     np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,
-    np.uint8, np.uint16, np.uint32, np.uint64, np.bool_)) | {BFLOAT16}
+    np.uint8, np.uint16, np.uint32, np.uint64, np.bool_)) | {BFLOAT16} | FLOAT8S
 
 
 def _onnx_to_np(to) -> np.dtype:
@@ -249,7 +251,15 @@ def _cast_infer(node, a):
 
 
 def _cast(ins, a, node):
-    return [ins[0].astype(_onnx_to_np(a["to"]))]
+    """``x.astype(to)``; to a float8 type with ``saturate=1`` (the default), values beyond its range
+    (infinities too) clamp to its largest finite value first, NaN staying NaN (ONNX's Cast, as
+    ``onnx.numpy_helper.saturate_cast``); without, they overflow to infinity or NaN as the type has."""
+    to = _onnx_to_np(a["to"])
+    x = ins[0]
+    if to in FLOAT8S and int(a["saturate"]):
+        top = float(ml_dtypes.finfo(to).max)
+        x = np.clip(x.astype(np.float64 if x.dtype == np.float64 else np.float32), -top, top)
+    return [x.astype(to)]
 
 
 register(OpSpec("Cast", Category.ELEMWISE, Mapping.ONE_TO_ONE, _cast_infer, _cast,

@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from opfuse.errors import OpfuseError
-from opfuse.ir.dtypes import BFLOAT16, FLOAT16, FLOAT32, is_half
+from opfuse.ir.dtypes import BFLOAT16, FLOAT16, FLOAT32, is_narrow_float
 from opfuse.ir.graph import Graph, Node, TensorType, Value
 from opfuse.ops.registry import infer_node
 from opfuse.rewrites.context import RewriteContext
@@ -53,7 +53,7 @@ def needs_float32(node: Node) -> bool:
     """Whether ``node`` computes on float16/bfloat16 values (reads or writes them as numbers)."""
     if node.op_type in KEEPS_16_BITS:
         return False
-    return any(v is not None and v.type is not None and is_half(v.dtype) for v in (*node.inputs, *node.outputs))
+    return any(v is not None and v.type is not None and is_narrow_float(v.dtype) for v in (*node.inputs, *node.outputs))
 
 
 def _float32_types(node: Node) -> list[TensorType] | None:
@@ -61,7 +61,7 @@ def _float32_types(node: Node) -> list[TensorType] | None:
     becomes float32 and the others keep their types; else None."""
     wide: list[Value | None] = []
     for v in node.inputs:
-        if v is not None and v.type is not None and is_half(v.dtype):
+        if v is not None and v.type is not None and is_narrow_float(v.dtype):
             w = Value(v.name, TensorType(v.shape, FLOAT32), None if v.const is None else v.const.astype(FLOAT32))
             wide.append(w)
         else:
@@ -71,7 +71,7 @@ def _float32_types(node: Node) -> list[TensorType] | None:
     except OpfuseError:
         return None
     for v, t in zip(node.outputs, types, strict=True):
-        want = TensorType(v.shape, FLOAT32) if is_half(v.dtype) else v.type
+        want = TensorType(v.shape, FLOAT32) if is_narrow_float(v.dtype) else v.type
         if t != want:
             return None
     return types
@@ -89,10 +89,10 @@ def compute_in_float32(graph: Graph, rc: RewriteContext) -> bool:
                                                      f"(fed float32, it does not give float32 where it gave 16 bits)"))
             continue
         for i, v in enumerate(node.inputs):
-            if v is not None and is_half(v.dtype):
+            if v is not None and is_narrow_float(v.dtype):
                 graph.set_input(node, i, _widened(graph, v, widened))
         for k, y in enumerate(node.outputs):
-            if is_half(y.dtype):
+            if is_narrow_float(y.dtype):
                 _round_output(graph, node, k)
         done.append(node.name)
     if not done:
