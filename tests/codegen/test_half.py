@@ -21,7 +21,7 @@ import pytest
 import opfuse
 from opfuse.codegen.options import CodegenOptions
 from opfuse.errors import UnsupportedDtypeError
-from opfuse.ir.dtypes import BFLOAT16
+from opfuse.ir.dtypes import BFLOAT16, FLOAT8S
 from opfuse.ir.plan import FusionPlan
 from opfuse.ops import GraphBuilder
 from opfuse.runtime.native import build
@@ -234,3 +234,59 @@ def test_cast_of_a_16_bit_constant_unfused(half):
     feeds = {"x": np.array([1, 2, 3], np.float32).astype(half)}
     model = build(g, None)
     np.testing.assert_array_equal(list(model.run(feeds).values())[0], list(run(g, feeds).values())[0])
+
+
+# float8 ------------------------------------------------------------------------------------------
+FLOAT8 = sorted(FLOAT8S, key=str)
+
+
+def _float8_probes(dt) -> np.ndarray:
+    """Every code's value, the midpoints between neighbours and the float32s on either side of
+    them (the ties and the rounding edges), beyond the largest value, infinities and NaN; a
+    float32 sweep; both signs."""
+    v = np.arange(256, dtype=np.uint8).view(dt).astype(np.float32)
+    v = np.unique(v[np.isfinite(v) & (v >= 0)])
+    mids = ((v[:-1].astype(np.float64) + v[1:]) / 2).astype(np.float32)
+    top = v[-1]
+    edges = np.concatenate([v, mids, np.nextafter(mids, np.float32(0)), np.nextafter(mids, np.float32(np.inf)),
+                            top * np.float32([1.01, 1.03, 1.0625, 1.07, 1.125, 1.2, 2, 1e30]), [np.inf, np.nan]])
+    sweep = np.arange(0, 2 ** 31, 65521, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    x = np.concatenate([edges.astype(np.float32), sweep])
+    return np.concatenate([x, -x])
+
+
+@pytest.mark.parametrize("dt", FLOAT8, ids=str)
+@pytest.mark.parametrize("saturate", [1, 0])
+def test_float8_casts_are_bit_exact(dt, saturate):
+    from onnx import helper
+    x = _float8_probes(dt)
+    b = GraphBuilder("f8")
+    y = b.op("Cast", b.input("x", x.shape, np.float32), to=int(helper.np_dtype_to_tensor_dtype(dt)),
+             saturate=saturate, name="c")
+    g = b.build(y)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = run(g, {"x": x})["c"].view(np.uint8)
+    for simd in ("auto", "none"):
+        got = _run_c(g, {"x": x}, simd)["c"]
+        assert got.dtype == dt
+        np.testing.assert_array_equal(got.view(np.uint8), want)  # NaN codes too
+    if saturate:
+        assert not np.any(np.isinf(want.view(dt).astype(np.float32)))
+    every = np.arange(256, dtype=np.uint8).view(dt)
+    _same_bits_or_nan(_run_c(_cast_graph(every, np.float32), {"x": every})["c"], every.astype(np.float32))
+
+
+@pytest.mark.parametrize("dt", FLOAT8, ids=str)
+def test_float8_round_trip_fused_matches_the_reference(dt):
+    """float32 -> float8 -> float16 -> float32 with arithmetic between: one kernel, the reference's bits."""
+    from onnx import helper
+    b = GraphBuilder("f8chain")
+    x = b.input("x", (5, 33), np.float32)
+    scaled = b.op("Mul", x, b.const("s", np.array(30.0, np.float32)))
+    q = b.op("Cast", scaled, to=int(helper.np_dtype_to_tensor_dtype(dt)))
+    h = b.op("Cast", q, to=10)
+    g = b.build(b.op("Add", b.op("Cast", h, to=1), x))
+    feeds = {"x": rng.standard_normal((5, 33)).astype(np.float32)}
+    model = opfuse.compile(g)
+    assert model.report["kernels_after"] == 1
+    np.testing.assert_array_equal(model.run(feeds)[g.outputs[0].name], run(g, feeds)[g.outputs[0].name])

@@ -1,4 +1,4 @@
-"""float16 and bfloat16 in the generated C: 16-bit storage, float32 arithmetic.
+"""Narrow floats in the generated C: float16, bfloat16 and float8 stored narrow, computed in float32.
 
 A float16 or bfloat16 tensor is ``uint16_t`` in the arena and in the ABI (its IEEE bits, as
 NumPy and ml_dtypes store them). Only ``Cast`` and pure data movement read or write those bits
@@ -22,12 +22,20 @@ NumPy/ml_dtypes over every float16 and every 9973rd float32 pattern plus the rou
 ``tests/codegen/test_half.py``).
 
 x86's F16C instructions (``_mm256_cvtph_ps``/``_mm256_cvtps_ph``, 8 lanes) give the same bits and
-are faster (1M-element loops, gcc 12 -O3 -march=native on this host: to float32 0.7-1.0 vs 1.6-2.2
-ns per element, to float16 0.5-0.7 vs 4.2-5.5), but gcc does not vectorise a loop of their scalar
+are faster (65536-element loops, gcc 12 -O3 -march=native on this host, 3 runs: to float32 0.7-1.0
+vs 1.6-2.2 ns per element, to float16 0.5-0.7 vs 4.2-5.5), but gcc does not vectorise a loop of their scalar
 forms, so a fused loop keeps the helpers (a scalar intrinsic would make the whole fused loop
 scalar). A kernel that is a float16 <-> float32 Cast alone (the widening before a Conv or MatMul,
 every Cast of an unfused build) uses them under ``#if defined(__F16C__) && defined(__AVX2__)``
 when ``simd="auto"`` (``f16c_cast``); the plain C99 build (``simd="none"``) never does.
+
+float8 (e4m3fn, e4m3fnuz, e5m2, e5m2fnuz) is a ``uint8_t``; ONNX makes it only by Cast. Its
+helpers are tables made from ml_dtypes, the reference's own conversions: decoding is the float32
+bits of each of the 256 codes; encoding counts the midpoints between consecutive codes that lie
+below ``|f|`` (a tie counting when the upper code is even: round to nearest even) by a 7-step
+binary search, with NaN, overflow (``saturate=0``: ml_dtypes' infinity or NaN, from the first
+float32 it does not round to the largest finite value) and ONNX's ``saturate=1`` clamp to the
+largest finite value; the sign bit is set after (the FNUZ types have no negative zero).
 """
 from __future__ import annotations
 
@@ -157,7 +165,8 @@ def _float8_helpers(name: str) -> dict[str, tuple[str, tuple[str, ...]]]:
     codes_text = ", ".join(f"0x{int(b):08x}u" for b in bits)
     decode = (f"static const uint32_t opfuse_{n}_bits[256] = {{{codes_text}}};\n"
               f"/* {n} -> float, exact: the float32 bits of each code. */\n"
-              f"static inline float opfuse_{n}_to_f32(uint8_t x) {{ return opfuse_f32_of_bits(opfuse_{n}_bits[x]); }}\n")
+              f"static inline float opfuse_{n}_to_f32(uint8_t x) {{\n"
+              f"  return opfuse_f32_of_bits(opfuse_{n}_bits[x]);\n}}\n")
     # Non-negative finite values are codes 0..K-1 in increasing order.
     k = 0
     while k < 128 and np.isfinite(values[k]) and (k == 0 or values[k] > values[k - 1]):
@@ -171,8 +180,8 @@ def _float8_helpers(name: str) -> dict[str, tuple[str, tuple[str, ...]]]:
         neg_zero = int(np.array([-0.0], np.float32).astype(dt).view(np.uint8)[0])
     ovf = _overflow_from(dt, top)
     mid_text = ", ".join("HUGE_VALF" if m == np.inf else "(-HUGE_VALF)" if m == -np.inf else _f32_hex(m) for m in mids)
-    search = "\n".join(f"  c = (s > opfuse_{n}_mid[c + {st}u] || (s == opfuse_{n}_mid[c + {st}u] && ((c + {st}u) & 1u) == 0u))"
-                        f" ? c + {st}u : c;" for st in (64, 32, 16, 8, 4, 2, 1))
+    search = "\n".join(f"  c = (s > opfuse_{n}_mid[c + {st}u] || (s == opfuse_{n}_mid[c + {st}u] && "
+                        f"((c + {st}u) & 1u) == 0u)) ? c + {st}u : c;" for st in (64, 32, 16, 8, 4, 2, 1))
     signed = "(c | 0x80u)" if neg_zero == 0x80 else "(c == 0u ? 0u : (c | 0x80u))"
     table = f"opfuse_{n}_mid"
     out = {TO_F32[dt]: (decode, (BITS_HELPER,)),
@@ -188,7 +197,8 @@ def _float8_helpers(name: str) -> dict[str, tuple[str, tuple[str, ...]]]:
                 f"  const float a = opfuse_f32_of_bits(x & 0x7fffffffu);\n"
                 f"  const float s = {clamp};\n"
                 f"  uint32_t c = 0u;\n{search}\n"
-                f"  return (uint8_t)(a != a ? (neg ? 0x{nan_neg:02x}u : 0x{nan_pos:02x}u) : {over}(neg ? {signed} : c));\n"
+                f"  return (uint8_t)(a != a ? (neg ? 0x{nan_neg:02x}u : 0x{nan_pos:02x}u)\n"
+                f"                   : {over}(neg ? {signed} : c));\n"
                 f"}}\n")
         out[fn] = (text, (BITS_HELPER, table))
     return out

@@ -1,7 +1,7 @@
-"""float16 and bfloat16 ops computed in float32 between Casts, for the C backend.
+"""float16, bfloat16 (and float8) ops computed in float32 between Casts, for the C backend.
 
 The C backend keeps float16 and bfloat16 tensors 16 bits wide (``uint16_t`` in the arena and
-the ABI) but has no 16-bit arithmetic: every op reading or writing them, except ``Cast`` itself
+the ABI; float8 8 bits) but has no arithmetic in them: every op reading or writing them, except ``Cast`` itself
 and pure renaming views (``KEEPS_16_BITS``), is rewritten to compute in float32,
 
     y = op(x16, w16)   ->   y = Cast16(op(Cast32(x16), w32))
