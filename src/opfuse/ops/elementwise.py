@@ -17,7 +17,7 @@ import ml_dtypes
 import numpy as np
 
 from opfuse.errors import InputError, UnsupportedOpError
-from opfuse.ir.dtypes import BFLOAT16, FLOAT8S
+from opfuse.ir.dtypes import BFLOAT16, FLOAT8S, is_floating
 from opfuse.ir.graph import TensorType
 from opfuse.ops.common import broadcast_shapes, out_type, same_type, shape_error
 from opfuse.ops.registry import Category, Mapping, OpSpec, register
@@ -342,7 +342,7 @@ def _pow(a, b, *, node):
     exponent gives the truncated real result, as onnxruntime: ``1`` for base 1, ``+-1`` for base
     -1 (by the exponent's parity), ``0`` for any other base; base 0 is an integer division by
     zero (an ``InputError`` naming the node). Positive powers wrap like the C integer type."""
-    if np.issubdtype(a.dtype, np.floating):
+    if is_floating(a.dtype):
         return np.power(a.astype(np.float64), b.astype(np.float64))
     if not np.issubdtype(b.dtype, np.integer):
         return np.power(a, b)
