@@ -24,6 +24,7 @@ from opfuse.errors import UnsupportedDtypeError
 from opfuse.ir.dtypes import BFLOAT16, FLOAT8S
 from opfuse.ir.plan import FusionPlan
 from opfuse.ops import GraphBuilder
+from opfuse.runtime import mcu
 from opfuse.runtime.native import build
 from opfuse.runtime.reference import run
 
@@ -290,3 +291,17 @@ def test_float8_round_trip_fused_matches_the_reference(dt):
     model = opfuse.compile(g)
     assert model.report["kernels_after"] == 1
     np.testing.assert_array_equal(model.run(feeds)[g.outputs[0].name], run(g, feeds)[g.outputs[0].name])
+
+
+@pytest.mark.skipif(not mcu.tools_available(), reason="Cortex-M7 tests need arm-none-eabi-gcc, newlib and "
+                                                      "qemu-system-arm: run `make mcu-tools`")
+def test_cortex_m7_float16_conv_and_float8_cast_match_the_reference():
+    """The plain C99 helpers on the Cortex-M7 (QEMU): float16 Conv + Relu, then float8 and bfloat16 Casts."""
+    b = GraphBuilder("m7")
+    x = b.input("x", (1, 4, 8, 8), np.float16)
+    c = b.op("Relu", b.op("Conv", x, W(b, np.float16, 4, 4, 3, 3), pads=[1, 1, 1, 1]))
+    g = b.build(b.op("Cast", b.op("Cast", c, to=17), to=16))
+    feeds = {"x": rng.standard_normal((1, 4, 8, 8)).astype(np.float16)}
+    got, want = opfuse.compile(g, target="cortex-m7").run(feeds), run(g, feeds)
+    for k in want:
+        assert_half_close(got[k], want[k], BFLOAT16)
