@@ -14,7 +14,8 @@ a Cast converts with the helpers below:
   truncation with its last bit set when inexact), then to nearest even as above: one correct
   rounding, no double rounding (float32's 24 bits exceed float16's 11 + 2).
 
-The helpers use integer operations and selects only (no branch, no float arithmetic whose
+The helpers use integer operations and mask selects only (``opfuse_sel``: no branch and no
+ternary, which gcc fails to if-convert in a long fused loop, leaving it scalar; no float arithmetic whose
 result depends on the rounding mode or flush-to-zero, save one exact product), so they give
 the same bits at any optimisation level, under ``-ffast-math`` and on the Cortex-M7, and gcc
 vectorises the loops around them (AVX2/AVX-512 integer lanes; checked bit for bit against
@@ -50,6 +51,11 @@ BITS_HELPER = "opfuse_f32_bits"
 BITS_TEXT = """\
 static inline uint32_t opfuse_f32_bits(float f) { union { float f; uint32_t u; } c; c.f = f; return c.u; }
 static inline float opfuse_f32_of_bits(uint32_t u) { union { float f; uint32_t u; } c; c.u = u; return c.f; }
+/* c (0 or 1) ? a : b as masks: no control flow for gcc to if-convert, so long fused loops still vectorise */
+static inline uint32_t opfuse_sel(uint32_t c, uint32_t a, uint32_t b) {
+  const uint32_t m = 0u - c;
+  return (a & m) | (b & ~m);
+}
 """
 
 # name -> (C text, helpers it needs); float8's are made on first use (``_float8_helpers``)
@@ -60,9 +66,9 @@ _HELPERS: dict[str, tuple[str, tuple[str, ...]]] = {
 static inline float opfuse_f16_to_f32(uint16_t h) {
   const uint32_t s = ((uint32_t)h & 0x8000u) << 16, e = ((uint32_t)h >> 10) & 0x1fu, m = (uint32_t)h & 0x3ffu;
   const uint32_t sub = opfuse_f32_bits((float)m * 0x1p-24f);
-  const uint32_t nan = m != 0u ? 0x400000u : 0u; /* NaN quiet, as F16C's vcvtph2ps gives it */
-  const uint32_t r = e == 0u ? sub : (e == 31u ? 0x7f800000u | nan | (m << 13) : ((e + 112u) << 23) | (m << 13));
-  return opfuse_f32_of_bits(s | r);
+  const uint32_t nan = (uint32_t)(m != 0u) << 22; /* NaN quiet, as F16C's vcvtph2ps gives it */
+  const uint32_t big = opfuse_sel(e == 31u, 0x7f800000u | nan | (m << 13), ((e + 112u) << 23) | (m << 13));
+  return opfuse_f32_of_bits(s | opfuse_sel(e == 0u, sub, big));
 }
 """, (BITS_HELPER,)),
     "opfuse_f32_to_f16": ("""\
@@ -70,13 +76,12 @@ static inline float opfuse_f16_to_f32(uint16_t h) {
    the 24-bit significand shifted right with rounding (shift clamped to a valid range in every lane). */
 static inline uint16_t opfuse_f32_to_f16(float f) {
   const uint32_t x = opfuse_f32_bits(f), s = (x >> 16) & 0x8000u, a = x & 0x7fffffffu, e = a >> 23;
-  const uint32_t sh = e < 101u ? 31u : (e > 125u ? 1u : 126u - e);
+  const uint32_t sh = opfuse_sel(e < 101u, 31u, opfuse_sel(e > 125u, 1u, 126u - e));
   const uint32_t m = (a & 0x7fffffu) | 0x800000u;
   const uint32_t sub = (m + (1u << (sh - 1u)) - 1u + ((m >> sh) & 1u)) >> sh;
   const uint32_t nrm = (a - 0x38000000u + 0xfffu + ((a >> 13) & 1u)) >> 13;
-  const uint32_t r = a > 0x7f800000u ? 0x7e00u | ((a >> 13) & 0x3ffu)
-                   : (a >= 0x477ff000u ? 0x7c00u : (a >= 0x38800000u ? nrm : sub));
-  return (uint16_t)(s | r);
+  const uint32_t fin = opfuse_sel(a >= 0x477ff000u, 0x7c00u, opfuse_sel(a >= 0x38800000u, nrm, sub));
+  return (uint16_t)(s | opfuse_sel(a > 0x7f800000u, 0x7e00u | ((a >> 13) & 0x3ffu), fin));
 }
 """, (BITS_HELPER,)),
     "opfuse_bf16_to_f32": ("""\
@@ -87,7 +92,8 @@ static inline float opfuse_bf16_to_f32(uint16_t h) { return opfuse_f32_of_bits((
 /* float -> bfloat16 bits, round to nearest even (overflow to inf); NaN quiet. */
 static inline uint16_t opfuse_f32_to_bf16(float f) {
   const uint32_t x = opfuse_f32_bits(f);
-  return (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? (x >> 16) | 0x40u : (x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+  const uint32_t nearest = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  return (uint16_t)opfuse_sel((x & 0x7fffffffu) > 0x7f800000u, (x >> 16) | 0x40u, nearest);
 }
 """, (BITS_HELPER,)),
     "opfuse_f64_to_f32_odd": ("""\
@@ -95,9 +101,8 @@ static inline uint16_t opfuse_f32_to_bf16(float f) {
    16-bit float is the correct rounding of the double. */
 static inline float opfuse_f64_to_f32_odd(double d) {
   const float f = (float)d;
-  uint32_t b = opfuse_f32_bits(f);
-  if ((double)f != d && d == d) { if (fabs((double)f) > fabs(d)) b -= 1u; b |= 1u; }
-  return opfuse_f32_of_bits(b);
+  const uint32_t inexact = (uint32_t)((double)f != d && d == d), above = (uint32_t)(fabs((double)f) > fabs(d));
+  return opfuse_f32_of_bits((opfuse_f32_bits(f) - (above & inexact)) | inexact);
 }
 """, (BITS_HELPER,)),
 }
@@ -180,16 +185,19 @@ def _float8_helpers(name: str) -> dict[str, tuple[str, tuple[str, ...]]]:
         neg_zero = int(np.array([-0.0], np.float32).astype(dt).view(np.uint8)[0])
     ovf = _overflow_from(dt, top)
     mid_text = ", ".join("HUGE_VALF" if m == np.inf else "(-HUGE_VALF)" if m == -np.inf else _f32_hex(m) for m in mids)
-    search = "\n".join(f"  c = (s > opfuse_{n}_mid[c + {st}u] || (s == opfuse_{n}_mid[c + {st}u] && "
-                        f"((c + {st}u) & 1u) == 0u)) ? c + {st}u : c;" for st in (64, 32, 16, 8, 4, 2, 1))
-    signed = "(c | 0x80u)" if neg_zero == 0x80 else "(c == 0u ? 0u : (c | 0x80u))"
+    search = "\n".join(f"  c += {st}u & (0u - (uint32_t)(s > opfuse_{n}_mid[c + {st}u] || "
+                        f"(s == opfuse_{n}_mid[c + {st}u] && ((c + {st}u) & 1u) == 0u)));"
+                        for st in (64, 32, 16, 8, 4, 2, 1))
+    signed = "(c | 0x80u)" if neg_zero == 0x80 else "opfuse_sel(c == 0u, 0u, c | 0x80u)"
     table = f"opfuse_{n}_mid"
     out = {TO_F32[dt]: (decode, (BITS_HELPER,)),
            table: (f"static const float {table}[128] = {{{mid_text}}};\n", ())}
     for sat in (False, True):
         fn = FROM_F32[dt] + ("_sat" if sat else "")
         clamp = f"a > {_f32_hex(top)} ? {_f32_hex(top)} : a" if sat else "a"
-        over = "" if sat else f"a >= {_f32_hex(ovf)} ? (neg ? 0x{ovf_neg:02x}u : 0x{ovf_pos:02x}u) : "
+        fin = f"opfuse_sel(neg, {signed}, c)"
+        if not sat:
+            fin = f"opfuse_sel(a >= {_f32_hex(ovf)}, opfuse_sel(neg, 0x{ovf_neg:02x}u, 0x{ovf_pos:02x}u), {fin})"
         text = (f"/* float -> {n}, round to nearest even{' saturating to +-max' if sat else ''}: the number of\n"
                 f"   midpoints between codes below |f| (a tie goes to the even code), by binary search. */\n"
                 f"static inline uint8_t {fn}(float f) {{\n"
@@ -197,8 +205,8 @@ def _float8_helpers(name: str) -> dict[str, tuple[str, tuple[str, ...]]]:
                 f"  const float a = opfuse_f32_of_bits(x & 0x7fffffffu);\n"
                 f"  const float s = {clamp};\n"
                 f"  uint32_t c = 0u;\n{search}\n"
-                f"  return (uint8_t)(a != a ? (neg ? 0x{nan_neg:02x}u : 0x{nan_pos:02x}u)\n"
-                f"                   : {over}(neg ? {signed} : c));\n"
+                f"  return (uint8_t)opfuse_sel(a != a, opfuse_sel(neg, 0x{nan_neg:02x}u, 0x{nan_pos:02x}u),\n"
+                f"                             {fin});\n"
                 f"}}\n")
         out[fn] = (text, (BITS_HELPER, table))
     return out
