@@ -75,3 +75,33 @@ def test_disabled_by_name_leaves_float16_ops_for_the_c_backend_to_refuse():
     g3, plan, _ = fuse(g, make_context())
     assert sorted(n.op_type for n in g3.nodes) == ["Cast", "Cast", "Relu"]
     assert len(plan.groups) == 1  # the Casts fused with the Relu
+
+
+@pytest.mark.parametrize("half", [np.dtype(np.float16), BFLOAT16], ids=["float16", "bfloat16"])
+def test_exact_ops_skip_their_cast_pair_and_keep_the_bits(half):
+    """Relu and Transpose give float16 values from float16 values: Mul reads the Transpose's float32
+    result directly (their two Cast pairs are left out); Mul's result is rounded and widened again."""
+    b = GraphBuilder("g")
+    x = b.input("x", (2, 3, 4), half)
+    t = b.op("Transpose", b.op("Relu", x, name="relu"), perm=[2, 0, 1], name="tr")
+    g = b.build(b.op("Sigmoid", b.op("Mul", t, t, name="mul"), name="sig"))
+    feeds = {"x": np.random.default_rng(3).standard_normal((2, 3, 4)).astype(np.float32).astype(half)}
+    want = run(g, feeds)
+    assert _rewrite(g)[0]
+    g.verify()
+    # x widened; Mul rounded and widened; Sigmoid rounded (8 without the shortcut)
+    assert [n.op_type for n in g.nodes].count("Cast") == 4
+    ops = {n.name: n for n in g.nodes}
+    assert ops["mul"].input(0) is ops["tr"].output and ops["tr"].input(0) is ops["relu"].output
+    got = run(g, feeds)
+    np.testing.assert_array_equal(got["sig"].view(np.uint16), want["sig"].view(np.uint16))
+
+
+def test_clip_with_attribute_bounds_is_not_exact():
+    """Clip(max=0.1) in float32 gives 0.1, not a float16 value: its Cast pair stays."""
+    b = GraphBuilder("g", opset=6)
+    x = b.input("x", (4,), np.float16)
+    g = b.build(b.op("Relu", b.op("Clip", x, min=-1.0, max=0.1, name="clip"), name="relu"))
+    _rewrite(g)
+    ops = {n.name: n for n in g.nodes}
+    assert ops["relu"].input(0).producer.op_type == "Cast"
