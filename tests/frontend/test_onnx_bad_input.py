@@ -151,9 +151,9 @@ def test_non_constant_shape_operand_is_unsupported():
 
 
 def test_unsupported_dtype():
-    m = model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [3], TensorProto.BFLOAT16)],
-              [vi("y", [3], TensorProto.BFLOAT16)])
-    assert "BFLOAT16" in _one_line_error(ModelError, import_model, m)
+    m = model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [3], TensorProto.FLOAT4E2M1)],
+              [vi("y", [3], TensorProto.FLOAT4E2M1)])
+    assert "FLOAT4E2M1" in _one_line_error(ModelError, import_model, m)
 
 
 # Graph structure -----------------------------------------------------------------------------

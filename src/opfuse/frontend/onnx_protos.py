@@ -18,14 +18,21 @@ import onnx
 from onnx import AttributeProto, TensorProto, numpy_helper
 
 from opfuse.errors import ModelError, UnsupportedOpError
+from opfuse.ir.dtypes import BFLOAT16, FLOAT8E4M3FN, FLOAT8E4M3FNUZ, FLOAT8E5M2, FLOAT8E5M2FNUZ
 from opfuse.frontend.external_data import inline_external_data, uses_external_data
 
-# The ONNX element types opfuse supports (no bfloat16/float8/int4/strings/complex: the
-# reference executor and the C backend compute in these NumPy types only).
+# The ONNX element types opfuse supports (no float4/float8e8m0/int4/int2/strings/complex: the
+# reference executor and the C backend compute in these NumPy types only; bfloat16 and float8
+# are ml_dtypes' types, computed in float32 and rounded per op, ``opfuse.ir.dtypes``).
 ONNX_TO_NUMPY: dict[int, np.dtype] = {
     TensorProto.FLOAT: np.dtype(np.float32),
     TensorProto.DOUBLE: np.dtype(np.float64),
     TensorProto.FLOAT16: np.dtype(np.float16),
+    TensorProto.BFLOAT16: BFLOAT16,
+    TensorProto.FLOAT8E4M3FN: FLOAT8E4M3FN,
+    TensorProto.FLOAT8E4M3FNUZ: FLOAT8E4M3FNUZ,
+    TensorProto.FLOAT8E5M2: FLOAT8E5M2,
+    TensorProto.FLOAT8E5M2FNUZ: FLOAT8E5M2FNUZ,
     TensorProto.INT8: np.dtype(np.int8),
     TensorProto.INT16: np.dtype(np.int16),
     TensorProto.INT32: np.dtype(np.int32),

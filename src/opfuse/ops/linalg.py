@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from opfuse.ir.dtypes import is_floating
 from opfuse.ir.graph import Node
 from opfuse.ops.common import broadcast_shapes, out_type, shape_error, wrap_int
 from opfuse.ops.registry import Category, Mapping, OpSpec, register
@@ -17,7 +18,7 @@ from opfuse.ops.registry import Category, Mapping, OpSpec, register
 
 def _acc(x: np.ndarray) -> np.ndarray:
     """Floats are multiplied in float64 so the reference is a trustworthy oracle."""
-    return x.astype(np.float64, copy=False) if np.issubdtype(x.dtype, np.floating) else x
+    return x.astype(np.float64, copy=False) if is_floating(x.dtype) else x
 
 
 # MatMul ---------------------------------------------------------------------------------
