@@ -81,6 +81,9 @@ SLICE_INPUTS_SINCE = 10
 # TopK: before 10 ``k`` is an attribute.
 TOPK_K_INPUT_SINCE = 10
 
+# LSTM, GRU, RNN: ``layout`` (1: batch-first X, Y and states) appeared at 14 (22 widened the types).
+RECURRENT_LAYOUT_SINCE = 14
+
 # Pad: the optional 4th input ``axes`` (pads given for those axes only) appeared at 18.
 PAD_AXES_INPUT_SINCE = 18
 
