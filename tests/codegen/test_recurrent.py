@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from opfuse.codegen.kernel import UnsupportedGroupError
 from opfuse.codegen.options import CodegenOptions
 from opfuse.errors import InputError, UnsupportedOpError
 from opfuse.ops import GraphBuilder
@@ -98,5 +99,6 @@ def test_float64_is_refused_with_its_reason(cache_dir):
     args = [b.input(n, a.shape, np.float64 if a.dtype == np.float32 else a.dtype) if a is not None else None
             for n, a in zip(INPUT_NAMES, case.inputs, strict=False)]
     g = b.build(b.op("RNN", *args, **case.attrs))
-    with pytest.raises(UnsupportedOpError, match="float32 only"):
+    with pytest.raises(UnsupportedOpError, match="runs float32 only, not float64") as info:
         build(g, cache_dir=cache_dir, threads=1)
+    assert not isinstance(info.value, UnsupportedGroupError)  # the op, not a planner's group, is refused

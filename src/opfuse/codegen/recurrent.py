@@ -33,6 +33,7 @@ from opfuse.codegen.ctype import literal
 from opfuse.codegen.gemm import pack_b_panels, require_outlined_microkernel
 from opfuse.codegen.microkernel import AVX2_GUARD
 from opfuse.codegen.stages import GroupAnalysis, Stage
+from opfuse.errors import UnsupportedOpError
 from opfuse.ops.recurrent import Activation, RecurrentConfig, output_shapes, recurrent_config
 from opfuse.ops.registry import get_spec
 
@@ -134,8 +135,10 @@ def activation_c(program, act: Activation, x: str) -> str:
 def lower_recurrent(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     node = stage.anchor_node
     cfg = recurrent_config(node, get_spec(node.op_type, node).attrs_of(node))
-    if node.input(0).dtype != np.float32:
-        raise kc.error(f"{node.op_type} runs in C on float32 only, not {node.input(0).dtype}")
+    if node.input(0).dtype != np.float32:  # the op is unsupported in C, not the group: no UnsupportedGroupError
+        raise UnsupportedOpError(node.op_type, node.name,
+                                 detail=f"the C kernel runs float32 only, not {node.input(0).dtype} "
+                                        f"(the reference backend runs it)")
     for v in node.input_values():
         if v.producer is not None and id(v.producer) in analysis.inline:
             raise kc.error(f"{node.op_type} reads its inputs from memory (no fused prologue)")
@@ -184,8 +187,8 @@ class _Lowering:
         """R[d]^T (H x N, row-major): a build-time constant, or transposed now."""
         kc, H, N = self.kc, self.cfg.hidden, self.N
         if self.r.const is not None:
-            rt = np.ascontiguousarray(np.asarray(self.r.const[d], np.float32).T)
-            return kc.const_array(("rnn_rt", self.node.name, d), rt, f"{self.node.name}_rt{d}")
+            rt_data = np.ascontiguousarray(np.asarray(self.r.const[d], np.float32).T)
+            return kc.const_array(("rnn_rt", self.node.name, d), rt_data, f"{self.node.name}_rt{d}")
         rt, src = self.rt, kc.ptr(self.r)
         n, k = kc.tmp("n"), kc.tmp("k")
         with self.w.block(f"for (long {n} = 0; {n} < {N}; ++{n})"):
