@@ -89,6 +89,8 @@ EXPECTED = {
     "ReverseSequence": (Category.INJECTIVE, Mapping.ONE_TO_ONE),
     # Data-dependent writes: never fused.
     **{op: (Category.OPAQUE, Mapping.MANY_TO_MANY) for op in ("TopK", "ScatterND", "ScatterElements")},
+    # Recurrent layers: their own kernel (a time loop), never fused.
+    **{op: (Category.OPAQUE, Mapping.MANY_TO_MANY) for op in ("LSTM", "GRU", "RNN")},
 }
 
 
