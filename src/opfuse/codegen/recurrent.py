@@ -21,15 +21,17 @@ direction axis interleaved), with ``N = G * H`` gate columns:
 
 The state (h, c) lives in scratch; a batch row's product reads only its own h, so the row's
 state is updated in place. A ``sequence_lens`` value outside ``[0, T]`` is a run-time fault
-(the runtime raises ``InputError``). Everything is plain C99 apart from the micro-kernel's
-``#if``-guarded intrinsics, so ``simd="none"`` computes the same sums (without FMA).
+(the runtime raises ``InputError``). Everything is plain C99 apart from the micro-kernel's and
+the mat-vec's ``#if``-guarded intrinsics, so ``simd="none"`` computes the same sums (without FMA).
+float64 computes the projection as a direct loop over X and W in place, the plain mat-vec, and
+libm's exp/tanh/expm1/log1p for the activations.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from opfuse.codegen import vecmath
-from opfuse.codegen.ctype import literal
+from opfuse.codegen.ctype import c_type, literal
 from opfuse.codegen.gemm import pack_b_panels, require_outlined_microkernel
 from opfuse.codegen.microkernel import AVX2_GUARD
 from opfuse.codegen.stages import GroupAnalysis, Stage
@@ -43,13 +45,18 @@ MATVEC = "opfuse_rnn_matvec"
 MATVEC_BLOCK = 64
 
 
-def matvec_text(simd: str) -> str:
+def matvec_name(ct: str) -> str:
+    return MATVEC if ct == "float" else f"{MATVEC}_{ct}"
+
+
+def matvec_text(simd: str, ct: str = "float") -> str:
     """``acc[n] += sum_k x[k] * rt[k * ldr + n]`` for ``n < N``; every sum in increasing k.
 
     With AVX2/FMA (``#if``-guarded, ``simd="auto"``): blocks of MATVEC_BLOCK columns whose
     accumulators stay in registers over the whole k loop (R^T is read once per call), then
     8-column blocks, then scalar columns. Plain C99 (``simd="none"``, or no AVX2): four rows of
-    ``rt`` per pass over ``acc``, an axpy gcc vectorises without reordering a sum."""
+    ``rt`` per pass over ``acc``, an axpy gcc vectorises without reordering a sum. ``ct``: the
+    element type (``double`` always takes the plain path)."""
     nv = MATVEC_BLOCK // 8
     accs = [f"a{v}" for v in range(nv)]
     avx2 = "\n".join([
@@ -74,38 +81,48 @@ def matvec_text(simd: str) -> str:
         "    acc[n] = a;",
         "  }",
     ])
-    plain = """\
+    plain = f"""\
   long k = 0;
-  for (; k + 4 <= K; k += 4) {
-    const float x0 = x[k], x1 = x[k + 1], x2 = x[k + 2], x3 = x[k + 3];
-    const float* restrict r0 = rt + k * ldr;
-    const float* restrict r1 = r0 + ldr;
-    const float* restrict r2 = r1 + ldr;
-    const float* restrict r3 = r2 + ldr;
+  for (; k + 4 <= K; k += 4) {{
+    const {ct} x0 = x[k], x1 = x[k + 1], x2 = x[k + 2], x3 = x[k + 3];
+    const {ct}* restrict r0 = rt + k * ldr;
+    const {ct}* restrict r1 = r0 + ldr;
+    const {ct}* restrict r2 = r1 + ldr;
+    const {ct}* restrict r3 = r2 + ldr;
     for (long n = 0; n < N; ++n) acc[n] = (((acc[n] + x0 * r0[n]) + x1 * r1[n]) + x2 * r2[n]) + x3 * r3[n];
-  }
-  for (; k < K; ++k) {
-    const float x0 = x[k];
-    const float* restrict r0 = rt + k * ldr;
+  }}
+  for (; k < K; ++k) {{
+    const {ct} x0 = x[k];
+    const {ct}* restrict r0 = rt + k * ldr;
     for (long n = 0; n < N; ++n) acc[n] += x0 * r0[n];
-  }"""
-    head = (f"static void {MATVEC}(long K, long N, const float* restrict x, const float* restrict rt, long ldr,\n"
-            f"                     float* restrict acc) {{\n")
-    if simd == "none":
+  }}"""
+    head = (f"static void {matvec_name(ct)}(long K, long N, const {ct}* restrict x, const {ct}* restrict rt, "
+            f"long ldr,\n                     {ct}* restrict acc) {{\n")
+    if simd == "none" or ct != "float":
         return head + plain + "\n}\n"
     return (f"#if {AVX2_GUARD}\n#include <immintrin.h>\n#endif\n" + head + f"#if {AVX2_GUARD}\n  long n = 0;\n"
             + avx2 + "\n#else\n" + plain + "\n#endif\n}\n")
 
 
-def _f(v: float) -> str:
-    return literal(float(v), np.dtype(np.float32))
+# double: libm, as the NumPy reference computes them (float32 takes vecmath's vectorisable helpers).
+_DOUBLE_ACTIVATIONS = {
+    "Sigmoid": "(1.0 / (1.0 + exp(-{x})))",
+    "Tanh": "tanh({x})",
+    "ScaledTanh": "({a} * tanh({b} * {x}))",
+    "Elu": "({x} >= 0.0 ? {x} : {a} * expm1({x}))",
+    "Softplus": "(({x} > 0.0 ? {x} : 0.0) + log1p(exp(-fabs({x}))))",
+}
 
 
-def activation_c(program, act: Activation, x: str) -> str:
-    """C expression of ``act`` at ``x`` (a plain variable: it may appear more than once)."""
-    a = _f(act.alpha) if act.alpha is not None else ""
-    b = _f(act.beta) if act.beta is not None else ""
+def activation_c(program, act: Activation, x: str, dtype=np.float32) -> str:
+    """C expression of ``act`` at ``x`` (a plain variable: it may appear more than once), in
+    ``dtype`` (float32 or float64)."""
+    dt = np.dtype(dtype)
+    a = literal(float(act.alpha), dt) if act.alpha is not None else ""
+    b = literal(float(act.beta), dt) if act.beta is not None else ""
     n = act.name
+    if dt != np.float32 and n in _DOUBLE_ACTIVATIONS:
+        return _DOUBLE_ACTIVATIONS[n].format(x=x, a=a, b=b)
     if n == "Sigmoid":
         return f"{vecmath.require(program, vecmath.SIGMOID)}({x})"
     if n == "Tanh":
@@ -135,9 +152,9 @@ def activation_c(program, act: Activation, x: str) -> str:
 def lower_recurrent(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     node = stage.anchor_node
     cfg = recurrent_config(node, get_spec(node.op_type, node).attrs_of(node))
-    if node.input(0).dtype != np.float32:  # the op is unsupported in C, not the group: no UnsupportedGroupError
+    if node.input(0).dtype not in (np.float32, np.float64):  # the op, not the group: no UnsupportedGroupError
         raise UnsupportedOpError(node.op_type, node.name,
-                                 detail=f"the C kernel runs float32 only, not {node.input(0).dtype} "
+                                 detail=f"the C kernel runs float32 and float64, not {node.input(0).dtype} "
                                         f"(the reference backend runs it)")
     for v in node.input_values():
         if v.producer is not None and id(v.producer) in analysis.inline:
@@ -154,7 +171,11 @@ class _Lowering:
         ins = list(node.inputs) + [None] * (8 - len(node.inputs))
         self.x, self.wt, self.r, self.b, self.lens, self.h0, self.c0, self.p = ins[:8]
         self.outs = [v if id(v) in stored else None for v in node.outputs] + [None] * 3
-        self.ukr, self.MR, self.NR = require_outlined_microkernel(kc)
+        self.dt = node.input(0).dtype
+        self.ct = c_type(self.dt)
+        self.f32 = self.dt == np.float32
+        # float32: the GEMM micro-kernel's panels; float64: a direct loop (panels of 1 x 1).
+        self.ukr, self.MR, self.NR = require_outlined_microkernel(kc) if self.f32 else ("", 1, 1)
         self.N = cfg.gates * cfg.hidden
         self.NP = -(-self.N // self.NR)
         self.NPAD = self.NP * self.NR
@@ -162,15 +183,20 @@ class _Lowering:
         self.MP = -(-self.M // self.MR)
 
     # Scratch and operands --------------------------------------------------------------------
-    def _scratch(self, name: str, floats: int) -> str:
-        kc = self.kc
+    def _scratch(self, name: str, elements: int) -> str:
+        kc, ct = self.kc, self.ct
         p = kc.tmp(name)
-        self.w.line(f"float* restrict {p} = {kc.scratch_ptr('float', kc.scratch(max(floats, 1) * 4))};")
+        self.w.line(f"{ct}* restrict {p} = {kc.scratch_ptr(ct, kc.scratch(max(elements, 1) * self.dt.itemsize))};")
         return p
+
+    def _lit(self, v: float) -> str:
+        return literal(float(v), self.dt)
 
     def _packed_w(self, d: int) -> str:
         """W[d]^T in NR-column panels (NP x I x NR): a build-time constant, or packed now."""
         kc, NR, I_ = self.kc, self.NR, self.cfg.input_size
+        if not self.f32:
+            return kc.ptr(self.wt)
         if self.wt.const is not None:
             packed = pack_b_panels(np.asarray(self.wt.const[d], np.float32).T[None], NR)
             return kc.const_array(("rnn_w", self.node.name, d), packed, f"{self.node.name}_w{d}")
@@ -187,7 +213,7 @@ class _Lowering:
         """R[d]^T (H x N, row-major): a build-time constant, or transposed now."""
         kc, H, N = self.kc, self.cfg.hidden, self.N
         if self.r.const is not None:
-            rt_data = np.ascontiguousarray(np.asarray(self.r.const[d], np.float32).T)
+            rt_data = np.ascontiguousarray(np.asarray(self.r.const[d], self.dt).T)
             return kc.const_array(("rnn_rt", self.node.name, d), rt_data, f"{self.node.name}_rt{d}")
         rt, src = self.rt, kc.ptr(self.r)
         n, k = kc.tmp("n"), kc.tmp("k")
@@ -217,14 +243,14 @@ class _Lowering:
         kc.note(lambda name: f"{self.node.op_type} {name}: input projection as one {self.M}x{N}x{I_} GEMM, "
                              f"{T} steps x {cfg.directions} direction(s) of {B} recurrent {H}x{N} products",
                 self.node)
-        self.ap = self._scratch("ap", self.MP * I_ * MR)
+        self.ap = self._scratch("ap", self.MP * I_ * MR) if self.f32 else ""
         self.xw = self._scratch("xw", self.MP * MR * NPAD)
         self.h = self._scratch("h", B * H)
         self.c = self._scratch("c", B * H)
         self.tmp = self._scratch("gt", 2 * H)  # GRU: r * h, or h Rh^T + Rbh
         self.bias = self._scratch("bias", N + H)
         self.len = kc.tmp("len")
-        self.wp = self._scratch("wp", self.NP * I_ * NR) if self.wt.const is None else ""
+        self.wp = self._scratch("wp", self.NP * I_ * NR) if self.wt.const is None and self.f32 else ""
         self.rt = self._scratch("rt", H * N) if self.r.const is None else ""
         self._lengths()
         self._pack_x()
@@ -249,16 +275,22 @@ class _Lowering:
 
     def _pack_x(self) -> None:
         """X rows (t, b) into MR-row panels, k-major; padding rows zero."""
-        kc, w, cfg = self.kc, self.w, self.cfg
-        T, B, I_, MR = cfg.seq, cfg.batch, cfg.input_size, self.MR
+        kc, w = self.kc, self.w
+        I_, MR = self.cfg.input_size, self.MR
         x = kc.ptr(self.x)
         m, k = kc.tmp("m"), kc.tmp("k")
+        if not self.f32:  # the direct loop reads X in place
+            return
         w.line(f"memset({self.ap}, 0, sizeof(float) * {self.MP * I_ * MR});")
         with w.block(f"for (long {m} = 0; {m} < {self.M}; ++{m})"):
-            row = f"({m} / {B}) * {B} + {m} % {B}" if cfg.layout == 0 else f"({m} % {B}) * {T} + {m} / {B}"
-            w.line(f"const float* restrict xr = {x} + ({row}) * {I_};")
+            w.line(f"const float* restrict xr = {x} + ({self._x_row(m)}) * {I_};")
             w.line(f"float* restrict dst = {self.ap} + ({m} / {MR}) * {I_ * MR} + {m} % {MR};")
             w.line(f"for (long {k} = 0; {k} < {I_}; ++{k}) dst[{k} * {MR}] = xr[{k}];")
+
+    def _x_row(self, m: str) -> str:
+        """The row of X (flattened to rows of I) that GEMM row ``m`` = (t, b) reads."""
+        T, B = self.cfg.seq, self.cfg.batch
+        return f"({m} / {B}) * {B} + {m} % {B}" if self.cfg.layout == 0 else f"({m} % {B}) * {T} + {m} / {B}"
 
     def _bias(self, d: int) -> None:
         w, cfg, N, H = self.w, self.cfg, self.N, self.cfg.hidden
@@ -290,9 +322,20 @@ class _Lowering:
                    f"{n} < {N} ? {self.bias}[{n}] : 0.0f;")
         mp, np_ = kc.tmp("mp"), kc.tmp("np")
         kc.parallel_for(2 * self.M * N * I_)
-        with w.block(f"for (long {mp} = 0; {mp} < {self.MP}; ++{mp})"):
-            w.line(f"for (long {np_} = 0; {np_} < {self.NP}; ++{np_}) {self.ukr}({I_}, {self.ap} + {mp} * {I_ * MR}, "
-                   f"{wp} + {np_} * {I_ * NR}, {self.xw} + {mp} * {MR * NPAD} + {np_} * {NR}, {NPAD});")
+        if self.f32:
+            with w.block(f"for (long {mp} = 0; {mp} < {self.MP}; ++{mp})"):
+                w.line(f"for (long {np_} = 0; {np_} < {self.NP}; ++{np_}) {self.ukr}({I_}, "
+                       f"{self.ap} + {mp} * {I_ * MR}, {wp} + {np_} * {I_ * NR}, "
+                       f"{self.xw} + {mp} * {MR * NPAD} + {np_} * {NR}, {NPAD});")
+        else:  # XW[m, n] += sum_k X[row m, k] W[d, n, k], reading both in place
+            k, acc = kc.tmp("k"), kc.tmp("acc")
+            with w.block(f"for (long {mp} = 0; {mp} < {self.M}; ++{mp})"):
+                w.line(f"const {self.ct}* restrict xr = {kc.ptr(self.x)} + ({self._x_row(mp)}) * {I_};")
+                with w.block(f"for (long {np_} = 0; {np_} < {N}; ++{np_})"):
+                    w.line(f"const {self.ct}* restrict wr = {wp} + {d * N * I_} + {np_} * {I_};")
+                    w.line(f"{self.ct} {acc} = {self.xw}[{mp} * {NPAD} + {np_}];")
+                    w.line(f"for (long {k} = 0; {k} < {I_}; ++{k}) {acc} += xr[{k}] * wr[{k}];")
+                    w.line(f"{self.xw}[{mp} * {NPAD} + {np_}] = {acc};")
         b, j = kc.tmp("b"), kc.tmp("j")
         states = ((self.h, self.h0), (self.c, self.c0)) if cfg.op == "LSTM" else ((self.h, self.h0),)
         for state, src in states:
@@ -310,8 +353,8 @@ class _Lowering:
                         w.line(f"for (long {j} = 0; {j} < {H}; ++{j}) {yp}[{self._y_index(d, t, b, j)}] = 0.0f;")
                     w.line("continue;")
                 g, hb = kc.tmp("g"), kc.tmp("hb")
-                w.line(f"float* restrict {g} = {self.xw} + ({t} * {B} + {b}) * {NPAD};")
-                w.line(f"float* restrict {hb} = {self.h} + {b} * {H};")
+                w.line(f"{self.ct}* restrict {g} = {self.xw} + ({t} * {B} + {b}) * {NPAD};")
+                w.line(f"{self.ct}* restrict {hb} = {self.h} + {b} * {H};")
                 self._cell(d, g, hb, rt, t, b)
         for k, state in ((1, self.h), (2, self.c)):
             out = self.outs[k]
@@ -325,12 +368,13 @@ class _Lowering:
     def _clip(self, v: str) -> None:
         c = self.cfg.clip
         if c is not None:
-            self.w.line(f"{v} = {v} < -{_f(c)} ? -{_f(c)} : ({v} > {_f(c)} ? {_f(c)} : {v});")
+            lim = self._lit(c)
+            self.w.line(f"{v} = {v} < -{lim} ? -{lim} : ({v} > {lim} ? {lim} : {v});")
 
     def _pre(self, expr: str) -> str:
-        """A clipped pre-activation as a fresh float variable."""
+        """A clipped pre-activation as a fresh variable."""
         v = self.kc.tmp("v")
-        self.w.line(f"float {v} = {expr};")
+        self.w.line(f"{self.ct} {v} = {expr};")
         self._clip(v)
         return v
 
@@ -339,7 +383,7 @@ class _Lowering:
         H, N = cfg.hidden, self.N
         prog = kc.program
         acts = cfg.activations[d]
-        matvec = prog.require_helper(MATVEC, matvec_text(prog.options.simd))
+        matvec = prog.require_helper(matvec_name(self.ct), matvec_text(prog.options.simd, self.ct))
         j = kc.tmp("j")
         y = self.outs[0]
         yp = kc.ptr(y, write=True) if y is not None else None
@@ -352,7 +396,7 @@ class _Lowering:
             w.line(f"{matvec}({H}, {N}, {hb}, {rt}, {N}, {g});")
             with w.block(f"for (long {j} = 0; {j} < {H}; ++{j})"):
                 v = self._pre(f"{g}[{j}]")
-                w.line(f"{hb}[{j}] = {activation_c(prog, acts[0], v)};")
+                w.line(f"{hb}[{j}] = {activation_c(prog, acts[0], v, self.dt)};")
                 emit_y(f"{hb}[{j}]")
             return
         if cfg.op == "GRU":
@@ -360,7 +404,7 @@ class _Lowering:
             w.line(f"{matvec}({H}, {2 * H}, {hb}, {rt}, {N}, {g});")
             with w.block(f"for (long {j} = 0; {j} < {2 * H}; ++{j})"):
                 v = self._pre(f"{g}[{j}]")
-                w.line(f"{g}[{j}] = {activation_c(prog, acts[0], v)};")
+                w.line(f"{g}[{j}] = {activation_c(prog, acts[0], v, self.dt)};")
             if cfg.linear_before_reset:
                 w.line(f"for (long {j} = 0; {j} < {H}; ++{j}) {gt}[{j}] = {self.bias}[{N} + {j}];")
                 w.line(f"{matvec}({H}, {H}, {hb}, {rt} + {2 * H}, {N}, {gt});")
@@ -372,15 +416,15 @@ class _Lowering:
             with w.block(f"for (long {j} = 0; {j} < {H}; ++{j})"):
                 v = self._pre(cand)
                 hh, z = kc.tmp("hh"), kc.tmp("z")
-                w.line(f"const float {hh} = {activation_c(prog, acts[1], v)};")
-                w.line(f"const float {z} = {g}[{j}];")
+                w.line(f"const {self.ct} {hh} = {activation_c(prog, acts[1], v, self.dt)};")
+                w.line(f"const {self.ct} {z} = {g}[{j}];")
                 w.line(f"{hb}[{j}] = (1.0f - {z}) * {hh} + {z} * {hb}[{j}];")
                 emit_y(f"{hb}[{j}]")
             return
         # LSTM: gates i, o, f, c at columns 0, H, 2H, 3H; peepholes i, o, f.
         w.line(f"{matvec}({H}, {N}, {hb}, {rt}, {N}, {g});")
         cb = kc.tmp("cb")
-        w.line(f"float* restrict {cb} = {self.c} + {b} * {H};")
+        w.line(f"{self.ct}* restrict {cb} = {self.c} + {b} * {H};")
         pp = kc.ptr(self.p) if self.p is not None else None
 
         def peep(k: int, state: str) -> str:
@@ -388,23 +432,23 @@ class _Lowering:
 
         with w.block(f"for (long {j} = 0; {j} < {H}; ++{j})"):
             cp = kc.tmp("cp")
-            w.line(f"const float {cp} = {cb}[{j}];")
+            w.line(f"const {self.ct} {cp} = {cb}[{j}];")
             vi = self._pre(f"{g}[{j}]{peep(0, cp)}")
             i_, f_, c_, o_ = kc.tmp("i"), kc.tmp("f"), kc.tmp("cc"), kc.tmp("o")
-            w.line(f"const float {i_} = {activation_c(prog, acts[0], vi)};")
+            w.line(f"const {self.ct} {i_} = {activation_c(prog, acts[0], vi, self.dt)};")
             if cfg.input_forget:
-                w.line(f"const float {f_} = 1.0f - {i_};")
+                w.line(f"const {self.ct} {f_} = 1.0f - {i_};")
             else:
                 vf = self._pre(f"{g}[{2 * H} + {j}]{peep(2, cp)}")
-                w.line(f"const float {f_} = {activation_c(prog, acts[0], vf)};")
+                w.line(f"const {self.ct} {f_} = {activation_c(prog, acts[0], vf, self.dt)};")
             vc = self._pre(f"{g}[{3 * H} + {j}]")
-            w.line(f"const float {c_} = {activation_c(prog, acts[1], vc)};")
+            w.line(f"const {self.ct} {c_} = {activation_c(prog, acts[1], vc, self.dt)};")
             cn = kc.tmp("cn")
-            w.line(f"const float {cn} = {f_} * {cp} + {i_} * {c_};")
+            w.line(f"const {self.ct} {cn} = {f_} * {cp} + {i_} * {c_};")
             vo = self._pre(f"{g}[{H} + {j}]{peep(1, cn)}")
-            w.line(f"const float {o_} = {activation_c(prog, acts[0], vo)};")
+            w.line(f"const {self.ct} {o_} = {activation_c(prog, acts[0], vo, self.dt)};")
             hc = kc.tmp("hc")
-            w.line(f"const float {hc} = {cn};")
+            w.line(f"const {self.ct} {hc} = {cn};")
             w.line(f"{cb}[{j}] = {cn};")
-            w.line(f"{hb}[{j}] = {o_} * {activation_c(prog, acts[2], hc)};")
+            w.line(f"{hb}[{j}] = {o_} * {activation_c(prog, acts[2], hc, self.dt)};")
             emit_y(f"{hb}[{j}]")

@@ -44,8 +44,6 @@ INTEGER_OPS = frozenset({
     "ReverseSequence", "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "Equal", "And", "Or", "Xor", "Not",
     "ArgMax", "ArgMin", "TopK", "OneHot", "Sign", "ReduceMin", "ReduceProd", "CumSum"})
 INTEGER_TYPES = (np.int32, np.int64, np.int8, np.int16, np.uint8)
-# Ops whose C kernel computes float32 only (codegen/recurrent.py): float64 graphs are drawn without them.
-FLOAT32_ONLY_OPS = frozenset({"LSTM", "GRU", "RNN"})
 # Ops whose float32 C result is each element rounded once from the same float32 operands as
 # the reference: huge finite inputs cannot make the two differ by more than rounding.
 EXTREME_SAFE_OPS = frozenset({
@@ -288,10 +286,10 @@ def fuzz_cases(draw, ops: Iterable[str] = DEFAULT_OPS, max_nodes: int = 24) -> F
     kind = draw(st.sampled_from(kinds))
     if kind == "integer":
         graph = _retyped(draw(graphs(max_nodes, int_ops, patterns=False)), draw(st.sampled_from(INTEGER_TYPES)))
-    elif kind == "float64":
-        graph = _retyped(draw(graphs(max_nodes, ops - FLOAT32_ONLY_OPS)), np.float64)
     else:
         graph = draw(graphs(max_nodes, ops))
+        if kind == "float64":
+            graph = _retyped(graph, np.float64)
     main = graph.outputs[0].dtype.name
     extras = [name for name in EXTRAS
               if (name not in INTEGER_EXTRAS or kind == "integer") and draw(st.integers(0, 5)) == 5]
