@@ -12,11 +12,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import opfuse
 from opfuse.codegen.kernel import UnsupportedGroupError
 from opfuse.codegen.options import CodegenOptions
 from opfuse.errors import InputError, UnsupportedOpError
 from opfuse.ops import GraphBuilder
-from opfuse.runtime import reference
+from opfuse.runtime import mcu, reference
 from opfuse.runtime.native import build
 from opfuse.testing.recurrent_cases import INPUT_NAMES, random_case
 
@@ -114,3 +115,22 @@ def test_float16_is_refused_by_the_backend(cache_dir):
     with pytest.raises(UnsupportedOpError, match="float16") as info:
         build(g, cache_dir=cache_dir, threads=1)
     assert not isinstance(info.value, UnsupportedGroupError)  # one clear refusal, not a planner bug
+
+
+@pytest.mark.skipif(not mcu.tools_available(), reason="needs arm-none-eabi-gcc, newlib and qemu-system-arm "
+                                                      "(`make mcu-tools`)")
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_cortex_m7_build_under_qemu(op):
+    """The microcontroller build (plain C99, scratch inside the arena, embedded weights) of a
+    bidirectional layer with sequence_lens and clip."""
+    rng = np.random.default_rng(3)
+    case = random_case(rng, op, layout=0, seq_lens=True, clip=True, direction="bidirectional", sizes=(5, 2, 3, 4))
+    b = GraphBuilder(f"mcu_{op.lower()}", opset=14)
+    args = [b.input(n, a.shape, a.dtype) if n == "X" else (b.const(n, a) if a is not None else None)
+            for n, a in zip(INPUT_NAMES, case.inputs, strict=False)]
+    g = b.build(*b.op(op, *args, num_outputs=2, **case.attrs))
+    feeds = {"X": case.inputs[0]}
+    want = reference.run(g, feeds)
+    got = opfuse.compile(g, target="cortex-m7").run(feeds)
+    for v in g.outputs:
+        np.testing.assert_allclose(got[v.name], want[v.name], rtol=RTOL, atol=ATOL, err_msg=v.name)
