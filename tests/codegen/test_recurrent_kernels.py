@@ -48,12 +48,14 @@ def _suite(op: str, seed: int, dtype=np.float32):
     return b.build(*outputs), feeds
 
 
-@pytest.mark.parametrize("simd", ["auto", "none"])
+@pytest.mark.parametrize("simd,block", [("auto", 32), ("none", 32), ("auto", 2)])
 @pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
-def test_recurrent_kernels_match_reference(op, simd, cache_dir):
+def test_recurrent_kernels_match_reference(op, simd, block, cache_dir):
+    """``block``: time steps per input-projection GEMM (2: several blocks per sequence, the
+    reverse direction taking them from the end)."""
     g, feeds = _suite(op, seed={"LSTM": 1, "GRU": 2, "RNN": 3}[op])
     want = reference.run(g, feeds)
-    m = build(g, cache_dir=cache_dir, options=CodegenOptions(simd=simd), threads=1)
+    m = build(g, cache_dir=cache_dir, options=CodegenOptions(simd=simd, recurrent_block_steps=block), threads=1)
     assert m.program.num_functions == CASES_PER_OP  # one real kernel per recurrent node
     assert "opfuse_rnn_matvec" in m.program.source
     got = m.run(feeds)
@@ -62,10 +64,11 @@ def test_recurrent_kernels_match_reference(op, simd, cache_dir):
 
 
 def test_long_lstm_layer_with_constant_weights(cache_dir):
-    """One LSTM layer of the size the benchmark uses (seq 32, input 128, hidden 128): more than
-    one micro-kernel panel in both GEMM dimensions, on two threads."""
+    """One LSTM layer of the size the benchmark uses (input 128, hidden 128), 40 steps: more than
+    one micro-kernel panel in both GEMM dimensions, a full and a partial block of steps, on two
+    threads."""
     rng = np.random.default_rng(7)
-    case = random_case(rng, "LSTM", layout=0, sizes=(32, 1, 128, 128), direction="forward", seq_lens=False,
+    case = random_case(rng, "LSTM", layout=0, sizes=(40, 1, 128, 128), direction="forward", seq_lens=False,
                        activations=False, clip=False)
     b = GraphBuilder("lstm_layer", opset=14)
     x = b.input("X", case.inputs[0].shape)
@@ -99,7 +102,7 @@ def test_float64_kernels_match_reference(op, cache_dir):
     """float64 takes the direct-loop projection, the plain mat-vec and libm's activations."""
     g, feeds = _suite(op, seed={"LSTM": 4, "GRU": 5, "RNN": 6}[op], dtype=np.float64)
     want = reference.run(g, feeds)
-    got = build(g, cache_dir=cache_dir, threads=1).run(feeds)
+    got = build(g, cache_dir=cache_dir, threads=1, options=CodegenOptions(recurrent_block_steps=2)).run(feeds)
     for v in g.outputs:
         assert got[v.name].dtype == np.float64
         np.testing.assert_allclose(got[v.name], want[v.name], rtol=1e-10, atol=1e-12, err_msg=v.name)

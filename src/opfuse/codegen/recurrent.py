@@ -4,11 +4,13 @@ The math is in ``opfuse.ops.recurrent`` (gate order i, o, f, c for LSTM; z, r, h
 direction ``d`` (a bidirectional node runs two passes, forward then reverse, writing Y's
 direction axis interleaved), with ``N = G * H`` gate columns:
 
-1. ``XW = X W^T + bias`` for all ``T * B`` rows at once, rows ordered (t, b): X is packed into the
-   GEMM micro-kernel's MR-row panels once per kernel, ``W^T`` is in NR-column panels (packed at
-   build time when W is a constant, per run otherwise), and ``XW`` starts at the bias (``Wb + Rb``,
-   except the GRU's ``Rbh`` with ``linear_before_reset``, which stays inside the reset product);
-2. for each step t (descending for the reverse direction) and batch row b with
+1. ``XW = X W^T + bias`` as one GEMM per block of ``recurrent_block_steps`` time steps (taken in
+   the direction's order), rows ordered (t, b): the block's X rows are packed into the GEMM
+   micro-kernel's MR-row panels, ``W^T`` is in NR-column panels (packed at build time when W is
+   a constant, per run otherwise), and ``XW`` starts at the bias (``Wb + Rb``, except the GRU's
+   ``Rbh`` with ``linear_before_reset``, which stays inside the reset product). The block's XW
+   is still in cache when its steps read it, and scratch does not grow with T;
+2. for each step t of the block (descending for the reverse direction) and batch row b with
    ``t < sequence_lens[b]``: ``XW[t, b] += h[b] R^T`` (``opfuse_rnn_matvec``: an axpy per hidden
    unit over the unit-stride rows of ``R^T``, which gcc vectorises without reordering any sum;
    ``R^T`` is transposed at build time when R is a constant), then one loop over the H units
@@ -179,7 +181,9 @@ class _Lowering:
         self.N = cfg.gates * cfg.hidden
         self.NP = -(-self.N // self.NR)
         self.NPAD = self.NP * self.NR
-        self.M = cfg.seq * cfg.batch
+        # Time steps per projection block, rows (t, b) per block, MR-row panels per block.
+        self.TB = max(1, min(cfg.seq, kc.program.options.recurrent_block_steps))
+        self.M = self.TB * cfg.batch
         self.MP = -(-self.M // self.MR)
 
     # Scratch and operands --------------------------------------------------------------------
@@ -240,9 +244,9 @@ class _Lowering:
         T, B, I_, H, N = cfg.seq, cfg.batch, cfg.input_size, cfg.hidden, self.N
         MR, NR, NPAD = self.MR, self.NR, self.NPAD
         assert output_shapes(cfg)[0] == self.node.outputs[0].shape
-        kc.note(lambda name: f"{self.node.op_type} {name}: input projection as one {self.M}x{N}x{I_} GEMM, "
-                             f"{T} steps x {cfg.directions} direction(s) of {B} recurrent {H}x{N} products",
-                self.node)
+        kc.note(lambda name: f"{self.node.op_type} {name}: input projection as {self.M}x{N}x{I_} GEMMs "
+                             f"({self.TB} steps each), {T} steps x {cfg.directions} direction(s) of {B} "
+                             f"recurrent {H}x{N} products", self.node)
         self.ap = self._scratch("ap", self.MP * I_ * MR) if self.f32 else ""
         self.xw = self._scratch("xw", self.MP * MR * NPAD)
         self.h = self._scratch("h", B * H)
@@ -253,7 +257,6 @@ class _Lowering:
         self.wp = self._scratch("wp", self.NP * I_ * NR) if self.wt.const is None and self.f32 else ""
         self.rt = self._scratch("rt", H * N) if self.r.const is None else ""
         self._lengths()
-        self._pack_x()
         for d in range(cfg.directions):
             self._direction(d)
 
@@ -273,24 +276,24 @@ class _Lowering:
             w.line(f"{flag} |= l < 0 || l > {T};")
             w.line(f"{self.len}[{b}] = l < 0 ? 0 : (l > {T} ? {T} : l);")
 
-    def _pack_x(self) -> None:
-        """X rows (t, b) into MR-row panels, k-major; padding rows zero."""
+    def _pack_x(self, t0: str, rows: str) -> None:
+        """X rows (t0 + m / B, m % B), m < rows, into MR-row panels, k-major; padding rows zero."""
         kc, w = self.kc, self.w
         I_, MR = self.cfg.input_size, self.MR
         x = kc.ptr(self.x)
         m, k = kc.tmp("m"), kc.tmp("k")
-        if not self.f32:  # the direct loop reads X in place
-            return
         w.line(f"memset({self.ap}, 0, sizeof(float) * {self.MP * I_ * MR});")
-        with w.block(f"for (long {m} = 0; {m} < {self.M}; ++{m})"):
-            w.line(f"const float* restrict xr = {x} + ({self._x_row(m)}) * {I_};")
+        with w.block(f"for (long {m} = 0; {m} < {rows}; ++{m})"):
+            w.line(f"const float* restrict xr = {x} + ({self._x_row(t0, m)}) * {I_};")
             w.line(f"float* restrict dst = {self.ap} + ({m} / {MR}) * {I_ * MR} + {m} % {MR};")
             w.line(f"for (long {k} = 0; {k} < {I_}; ++{k}) dst[{k} * {MR}] = xr[{k}];")
 
-    def _x_row(self, m: str) -> str:
-        """The row of X (flattened to rows of I) that GEMM row ``m`` = (t, b) reads."""
+    def _x_row(self, t0: str, m: str) -> str:
+        """The row of X (flattened to rows of I) of time step ``t0 + m / B`` and batch entry ``m % B``."""
         T, B = self.cfg.seq, self.cfg.batch
-        return f"({m} / {B}) * {B} + {m} % {B}" if self.cfg.layout == 0 else f"({m} % {B}) * {T} + {m} / {B}"
+        if self.cfg.layout == 0:
+            return f"{t0} * {B} + {m}"
+        return f"({m} % {B}) * {T} + {t0} + {m} / {B}"
 
     def _bias(self, d: int) -> None:
         w, cfg, N, H = self.w, self.cfg, self.N, self.cfg.hidden
@@ -310,52 +313,40 @@ class _Lowering:
 
     def _direction(self, d: int) -> None:
         kc, w, cfg = self.kc, self.w, self.cfg
-        T, B, I_, H, N = cfg.seq, cfg.batch, cfg.input_size, cfg.hidden, self.N
-        MR, NR, NPAD = self.MR, self.NR, self.NPAD
+        T, B, H, NPAD = cfg.seq, cfg.batch, cfg.hidden, self.NPAD
         w.line(f"/* direction {d}: {'reverse' if cfg.is_reverse(d) else 'forward'} */")
         self._bias(d)
         wp = self._packed_w(d)
         rt = self._transposed_r(d)
-        m, n = kc.tmp("m"), kc.tmp("n")
-        with w.block(f"for (long {m} = 0; {m} < {self.MP * MR}; ++{m})"):
-            w.line(f"for (long {n} = 0; {n} < {NPAD}; ++{n}) {self.xw}[{m} * {NPAD} + {n}] = "
-                   f"{n} < {N} ? {self.bias}[{n}] : 0.0f;")
-        mp, np_ = kc.tmp("mp"), kc.tmp("np")
-        kc.parallel_for(2 * self.M * N * I_)
-        if self.f32:
-            with w.block(f"for (long {mp} = 0; {mp} < {self.MP}; ++{mp})"):
-                w.line(f"for (long {np_} = 0; {np_} < {self.NP}; ++{np_}) {self.ukr}({I_}, "
-                       f"{self.ap} + {mp} * {I_ * MR}, {wp} + {np_} * {I_ * NR}, "
-                       f"{self.xw} + {mp} * {MR * NPAD} + {np_} * {NR}, {NPAD});")
-        else:  # XW[m, n] += sum_k X[row m, k] W[d, n, k], reading both in place
-            k, acc = kc.tmp("k"), kc.tmp("acc")
-            with w.block(f"for (long {mp} = 0; {mp} < {self.M}; ++{mp})"):
-                w.line(f"const {self.ct}* restrict xr = {kc.ptr(self.x)} + ({self._x_row(mp)}) * {I_};")
-                with w.block(f"for (long {np_} = 0; {np_} < {N}; ++{np_})"):
-                    w.line(f"const {self.ct}* restrict wr = {wp} + {d * N * I_} + {np_} * {I_};")
-                    w.line(f"{self.ct} {acc} = {self.xw}[{mp} * {NPAD} + {np_}];")
-                    w.line(f"for (long {k} = 0; {k} < {I_}; ++{k}) {acc} += xr[{k}] * wr[{k}];")
-                    w.line(f"{self.xw}[{mp} * {NPAD} + {np_}] = {acc};")
         b, j = kc.tmp("b"), kc.tmp("j")
         states = ((self.h, self.h0), (self.c, self.c0)) if cfg.op == "LSTM" else ((self.h, self.h0),)
         for state, src in states:
             val = f"{kc.ptr(src)}[{self._state_index(d, b, j)}]" if src is not None else "0.0f"
             with w.block(f"for (long {b} = 0; {b} < {B}; ++{b})"):
                 w.line(f"for (long {j} = 0; {j} < {H}; ++{j}) {state}[{b} * {H} + {j}] = {val};")
-        s, t = kc.tmp("s"), kc.tmp("t")
-        y = self.outs[0]
-        with w.block(f"for (long {s} = 0; {s} < {T}; ++{s})"):
-            w.line(f"const long {t} = {f'{T - 1} - {s}' if cfg.is_reverse(d) else s};")
-            with w.block(f"for (long {b} = 0; {b} < {B}; ++{b})"):
-                with w.block(f"if ({t} >= {self.len}[{b}])"):
-                    if y is not None:
-                        yp = kc.ptr(y, write=True)
-                        w.line(f"for (long {j} = 0; {j} < {H}; ++{j}) {yp}[{self._y_index(d, t, b, j)}] = 0.0f;")
-                    w.line("continue;")
-                g, hb = kc.tmp("g"), kc.tmp("hb")
-                w.line(f"{self.ct}* restrict {g} = {self.xw} + ({t} * {B} + {b}) * {NPAD};")
-                w.line(f"{self.ct}* restrict {hb} = {self.h} + {b} * {H};")
-                self._cell(d, g, hb, rt, t, b)
+        TB = self.TB
+        s0, steps, t0 = kc.tmp("s0"), kc.tmp("steps"), kc.tmp("t0")
+        with w.block(f"for (long {s0} = 0; {s0} < {T}; {s0} += {TB})"):
+            # The block's steps, and its first time index: forward t0 = s0, reverse the block
+            # ends at T - s0.
+            w.line(f"const long {steps} = {T} - {s0} < {TB} ? {T} - {s0} : {TB};")
+            w.line(f"const long {t0} = {f'{T} - {s0} - {steps}' if cfg.is_reverse(d) else s0};")
+            self._project(d, wp, t0, steps)
+            s, t = kc.tmp("s"), kc.tmp("t")
+            y = self.outs[0]
+            with w.block(f"for (long {s} = 0; {s} < {steps}; ++{s})"):
+                w.line(f"const long {t} = {f'{t0} + {steps} - 1 - {s}' if cfg.is_reverse(d) else f'{t0} + {s}'};")
+                with w.block(f"for (long {b} = 0; {b} < {B}; ++{b})"):
+                    with w.block(f"if ({t} >= {self.len}[{b}])"):
+                        if y is not None:
+                            yp = kc.ptr(y, write=True)
+                            w.line(f"for (long {j} = 0; {j} < {H}; ++{j}) "
+                                   f"{yp}[{self._y_index(d, t, b, j)}] = 0.0f;")
+                        w.line("continue;")
+                    g, hb = kc.tmp("g"), kc.tmp("hb")
+                    w.line(f"{self.ct}* restrict {g} = {self.xw} + (({t} - {t0}) * {B} + {b}) * {NPAD};")
+                    w.line(f"{self.ct}* restrict {hb} = {self.h} + {b} * {H};")
+                    self._cell(d, g, hb, rt, t, b)
         for k, state in ((1, self.h), (2, self.c)):
             out = self.outs[k]
             if out is None:
@@ -364,6 +355,36 @@ class _Lowering:
             with w.block(f"for (long {b} = 0; {b} < {B}; ++{b})"):
                 w.line(f"for (long {j} = 0; {j} < {H}; ++{j}) {op}[{self._state_index(d, b, j)}] = "
                        f"{self.len}[{b}] > 0 ? {state}[{b} * {H} + {j}] : 0.0f;")
+
+    def _project(self, d: int, wp: str, t0: str, steps: str) -> None:
+        """XW rows (t, b) of the block's steps ``t0 .. t0 + steps - 1``: the bias, plus X W^T."""
+        kc, w, cfg = self.kc, self.w, self.cfg
+        B, I_, N = cfg.batch, cfg.input_size, self.N
+        MR, NR, NPAD = self.MR, self.NR, self.NPAD
+        rows, m, n = kc.tmp("rows"), kc.tmp("m"), kc.tmp("n")
+        w.line(f"const long {rows} = {steps} * {B};")
+        with w.block(f"for (long {m} = 0; {m} < {self.MP * MR}; ++{m})"):
+            w.line(f"for (long {n} = 0; {n} < {NPAD}; ++{n}) {self.xw}[{m} * {NPAD} + {n}] = "
+                   f"{n} < {N} ? {self.bias}[{n}] : 0.0f;")
+        mp, np_ = kc.tmp("mp"), kc.tmp("np")
+        if self.f32:
+            self._pack_x(t0, rows)
+            kc.parallel_for(2 * self.M * N * I_)
+            with w.block(f"for (long {mp} = 0; {mp} < ({rows} + {MR - 1}) / {MR}; ++{mp})"):
+                w.line(f"for (long {np_} = 0; {np_} < {self.NP}; ++{np_}) {self.ukr}({I_}, "
+                       f"{self.ap} + {mp} * {I_ * MR}, {wp} + {np_} * {I_ * NR}, "
+                       f"{self.xw} + {mp} * {MR * NPAD} + {np_} * {NR}, {NPAD});")
+            return
+        # float64: XW[m, n] += sum_k X[row m, k] W[d, n, k], reading both in place.
+        k, acc = kc.tmp("k"), kc.tmp("acc")
+        kc.parallel_for(2 * self.M * N * I_)
+        with w.block(f"for (long {mp} = 0; {mp} < {rows}; ++{mp})"):
+            w.line(f"const {self.ct}* restrict xr = {kc.ptr(self.x)} + ({self._x_row(t0, mp)}) * {I_};")
+            with w.block(f"for (long {np_} = 0; {np_} < {N}; ++{np_})"):
+                w.line(f"const {self.ct}* restrict wr = {wp} + {d * N * I_} + {np_} * {I_};")
+                w.line(f"{self.ct} {acc} = {self.xw}[{mp} * {NPAD} + {np_}];")
+                w.line(f"for (long {k} = 0; {k} < {I_}; ++{k}) {acc} += xr[{k}] * wr[{k}];")
+                w.line(f"{self.xw}[{mp} * {NPAD} + {np_}] = {acc};")
 
     def _clip(self, v: str) -> None:
         c = self.cfg.clip
