@@ -1,4 +1,4 @@
-"""LSTM, GRU and RNN: the input projection as one GEMM, then a time loop over the recurrent products.
+"""LSTM, GRU and RNN: the input projection as blocked GEMMs, then a time loop over the recurrent products.
 
 The math is in ``opfuse.ops.recurrent`` (gate order i, o, f, c for LSTM; z, r, h for GRU). Per
 direction ``d`` (a bidirectional node runs two passes, forward then reverse, writing Y's
