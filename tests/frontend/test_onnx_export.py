@@ -278,3 +278,20 @@ def test_very_large_models_are_saved_with_external_data(tmp_path, monkeypatch):
     assert (tmp_path / "big.onnx.data").stat().st_size == w.nbytes
     feeds = random_inputs(g, 2)
     assert_close(run(load_model(path), feeds), run(g, feeds))
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+@pytest.mark.parametrize("layout", [0, 1])
+def test_recurrent_ops_round_trip(op, layout):
+    """Below opset 14 a batch-first (layout=1) node is written in layout 0 between Transposes;
+    onnxruntime (which refuses layout=1 itself) runs the export with the reference's outputs."""
+    from opfuse.testing.recurrent_cases import onnx_model, random_case
+    rng = np.random.default_rng({"LSTM": 1, "GRU": 2, "RNN": 3}[op] + 10 * layout)
+    case = random_case(rng, op, layout=layout, seq_lens=True, clip=True, direction="bidirectional")
+    case.opset = 14
+    g = import_model(onnx_model(case))
+    want = run(g, case.feeds())
+    for opset in ([11, 13] if layout else [11, 14, 21]):
+        m = export_model(g, opset)
+        check_onnx(m)
+        assert_close(ort_run(m, case.feeds()), want)

@@ -90,6 +90,8 @@ EXPECTED = {
     # Data-dependent writes: never fused.
     **{op: (Category.OPAQUE, Mapping.MANY_TO_MANY) for op in ("TopK", "ScatterND", "ScatterElements")},
     "Det": (Category.OPAQUE, Mapping.MANY_TO_MANY),  # one LU per matrix, its own kernel
+    # Recurrent layers: their own kernel (a time loop), never fused.
+    **{op: (Category.OPAQUE, Mapping.MANY_TO_MANY) for op in ("LSTM", "GRU", "RNN")},
 }
 
 

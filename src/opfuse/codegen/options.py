@@ -43,6 +43,10 @@ class CodegenOptions:
     gemm_scalar_accumulators: bool = False
     # Keys tiles of the attention kernel's online softmax.
     attention_block: int = 64
+    # Recurrent layers (``codegen/recurrent.py``) project the input one block of this many time
+    # steps at a time: the block's gate pre-activations (steps x batch x gates x hidden floats)
+    # stay in cache until the time loop reads them, and a long sequence needs no T-sized scratch.
+    recurrent_block_steps: int = 32
     # Below this many elementary operations a loop runs on one thread (spawning costs more).
     parallel_min_work: int = 1 << 15
     # Depthwise convolution (``codegen/depthwise.py``) walks its channel planes in chunks of up to

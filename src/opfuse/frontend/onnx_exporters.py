@@ -13,6 +13,9 @@ are written as they are. Expansions state their math:
 * ``Requantize(acc, mult, shift)`` (opfuse's fixed-point requantization, ``opfuse.ops.quantized``)
   in int64: ``p = acc * mult``, ``r = p mod 2^shift`` (floored), ``q = (p - r) / 2^shift``, plus 1
   when ``r > 2^(shift-1)`` or ``r = 2^(shift-1)`` and ``q`` is odd, ``+ zero_point``, clipped, cast;
+* LSTM, GRU and RNN with ``layout=1`` (batch first, an attribute from opset 14) are written below
+  14 in layout 0 between Transposes: X and the initial states swap their first two axes, Y is
+  ``Transpose(perm=[2, 0, 1, 3])`` of the layout-0 Y and Y_h/Y_c swap their first two axes back;
 * Softmax (LogSoftmax, Hardmax) before opset 13 normalises a flattened trailing block, so one
   along a non-last axis is written ``Transpose -> Softmax(last) -> Transpose``.
 """
@@ -27,8 +30,9 @@ from onnx import TensorProto
 from opfuse.errors import UnsupportedOpError
 from opfuse.frontend.onnx_export_context import ExportContext
 from opfuse.frontend.onnx_opsets import (AXES_INPUT_SINCE, INTRODUCED_AT, NOOP_WITH_EMPTY_AXES_SINCE,
-                                         PAD_AXES_INPUT_SINCE, RESIZE_OPTIONAL_INPUTS_SINCE,
-                                         SOFTMAX_SINGLE_AXIS_SINCE, SPLIT_INPUT_SINCE)
+                                         PAD_AXES_INPUT_SINCE, RECURRENT_LAYOUT_SINCE,
+                                         RESIZE_OPTIONAL_INPUTS_SINCE, SOFTMAX_SINGLE_AXIS_SINCE,
+                                         SPLIT_INPUT_SINCE)
 from opfuse.frontend.onnx_protos import onnx_elem_type
 from opfuse.ir.graph import Node
 
@@ -173,6 +177,23 @@ def dropout(ctx, node):
 def batch_norm(ctx, node):
     attrs = {k: v for k, v in node.attrs.items() if not (k == "spatial" and v == 1)}
     ctx.emit(node, attrs=attrs)
+
+
+@exports("LSTM", "GRU", "RNN")
+def recurrent(ctx, node):
+    if int(node.attrs.get("layout", 0)) == 0 or ctx.opset >= RECURRENT_LAYOUT_SINCE:
+        ctx.emit(node)
+        return
+    attrs = {k: v for k, v in node.attrs.items() if k != "layout"}
+    swap = [1, 0, 2]
+    inputs: list[str | None] = [v.name if v is not None else None for v in node.inputs]
+    for i in (0, 5, 6):  # X, initial_h, initial_c
+        if i < len(inputs) and inputs[i] is not None:
+            inputs[i] = ctx.op(node, "Transpose", [inputs[i]], perm=swap)
+    outs = [ctx.fresh(f"{v.name}_layout0") for v in node.outputs]
+    ctx.add(node.op_type, inputs, outs, name=node.name, attrs=attrs, origin=node)
+    for k, (v, o) in enumerate(zip(node.outputs, outs, strict=True)):
+        ctx.op(node, "Transpose", [o], out=v.name, perm=[2, 0, 1, 3] if k == 0 else swap)
 
 
 # Expansions -------------------------------------------------------------------------------------

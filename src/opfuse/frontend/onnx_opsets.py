@@ -10,7 +10,8 @@ widened the accepted types (bfloat16, float8, int4... from 19 to 28), allowed ne
 or added attributes whose default keeps the old meaning, e.g. MaxPool's ``storage_order`` (8),
 ``ceil_mode`` and ``dilations`` (10), AveragePool's ``count_include_pad`` (7), Reshape's
 ``allowzero`` (14), Shape's ``start``/``end`` (15), Resize's ``antialias``/``axes``/
-``keep_aspect_ratio_policy`` (18), AveragePool's ``dilations`` (19), Cast's ``saturate`` (19)
+``keep_aspect_ratio_policy`` (18), AveragePool's ``dilations`` (19), LSTM/GRU/RNN's ``layout``
+(14; the exporter writes a batch-first node below 14 between Transposes), Cast's ``saturate`` (19)
 and ``round_mode`` (24, float8e8m0 only), Pad's optional ``axes`` input (18), Range's
 ``stash_type`` (27, float16 only) and SpaceToDepth's ``mode`` (28, default DCR as before).
 BatchNormalization-7's ``spatial=0`` (per-activation statistics) is refused.
@@ -80,6 +81,9 @@ SLICE_INPUTS_SINCE = 10
 
 # TopK: before 10 ``k`` is an attribute.
 TOPK_K_INPUT_SINCE = 10
+
+# LSTM, GRU, RNN: ``layout`` (1: batch-first X, Y and states) appeared at 14 (22 widened the types).
+RECURRENT_LAYOUT_SINCE = 14
 
 # Pad: the optional 4th input ``axes`` (pads given for those axes only) appeared at 18.
 PAD_AXES_INPUT_SINCE = 18

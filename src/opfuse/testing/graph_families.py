@@ -16,12 +16,12 @@ from opfuse.testing.graph_draft import MAX_CHANNELS, PRODUCT_LIMIT
 from opfuse.testing.layout_families import (concat, concat_input, expand, flatten, gather, pad, reshape,
                                             resize, slice_, split, squeeze_choices, squeeze_unsqueeze,
                                             transpose)
-from opfuse.testing.more_families import (COMPARE_OPS, JUMP_OPS, LOGIC_OPS, REDUCE_OPS, SMOOTH_OPS, arg_topk,
-                                           compare_logic, compare_logic_choices, cumulative, depth_space,
-                                           depth_space_ready, exact, gather_more, inverse_trig,
-                                           inverse_trig_choices, jumps, prelu, reduce_choices, reduce_more,
-                                           reverse_sequence, scatter, smooth_choices, smooth_unary, sum_mean,
-                                           tile, trilu)
+from opfuse.testing.more_families import (COMPARE_OPS, JUMP_OPS, LOGIC_OPS, RECURRENT_OPS, REDUCE_OPS,
+                                           SMOOTH_OPS, arg_topk, compare_logic, compare_logic_choices, cumulative,
+                                           depth_space, depth_space_ready, exact, gather_more, inverse_trig,
+                                           inverse_trig_choices, jumps, prelu, recurrent, reduce_choices,
+                                           reduce_more, reverse_sequence, scatter, smooth_choices, smooth_unary,
+                                           sum_mean, tile, trilu)
 from opfuse.testing.nn_families import (MAX_REDUCTION, batch_norm, conv, conv_input, conv_transpose,
                                         gemm, layer_norm, matmul_const, pool, reduce, softmax)
 from opfuse.testing.pattern_families import (attention, attention_input, conv_bn_relu, conv_residual,
@@ -85,6 +85,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("scatter", scatter, ("ScatterElements", "ScatterND"), limit=math.inf),
     Family("reverse_sequence", reverse_sequence, ("ReverseSequence",), accepts=lambda v: len(v.shape) >= 2,
            limit=math.inf, ranks=(2, 3, 4)),
+    Family("recurrent", recurrent, RECURRENT_OPS, accepts=rank_in(3), ranks=(3,)),
     # Patterns.
     Family("silu_pattern", silu_pattern, ("Mul",), all_of=("Sigmoid",), min_cost=2, pattern=True),
     Family("gelu_pattern", gelu_pattern, ("Mul",), all_of=("Erf", "Add"), optional=("Div",),

@@ -1,7 +1,7 @@
 """Families for the ops added after the first generator: more activations and trigonometry,
 rounding, comparisons and logic (bool values), more reductions, arg-reductions and TopK (int64
-indices), CumSum, and data movement (Tile, Trilu, DepthToSpace, SpaceToDepth,
-GatherElements, GatherND, ScatterElements, ScatterND, ReverseSequence, OneHot).
+indices), CumSum, data movement (Tile, Trilu, DepthToSpace, SpaceToDepth, GatherElements,
+GatherND, ScatterElements, ScatterND, ReverseSequence, OneHot) and the recurrent LSTM, GRU, RNN.
 
 Ops whose result jumps where the operand crosses a point (Floor, Ceil, Round, Sign, Mod,
 ThresholdedRelu, comparisons, ArgMax/ArgMin, TopK, Hardmax) read graph inputs only (``exact``):
@@ -364,3 +364,38 @@ def reverse_sequence(d: GraphDraft) -> None:
     time_axis = 1 - batch_axis
     lens = d.rng.integers(1, x.shape[time_axis] + 1, size=x.shape[batch_axis]).astype(np.int64)
     d.op("ReverseSequence", x, d.const("lens", lens), bound=d.bound(x), batch_axis=batch_axis, time_axis=time_axis)
+
+
+# Recurrent layers ------------------------------------------------------------------------------------
+
+RECURRENT_OPS = ("LSTM", "GRU", "RNN")
+RECURRENT_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+RECURRENT_MAX_HIDDEN = 6
+
+
+def recurrent(d: GraphDraft) -> None:
+    """LSTM, GRU or RNN over a rank-3 operand (time-major: onnxruntime, the fuzzer's yardstick,
+    refuses ``layout=1``), constant weights of magnitude <= 0.5 / max(I, H), either direction or
+    both, sometimes constant sequence_lens. The default
+    activations bound Y and Y_h by 1 (sigmoid and tanh gates, no initial state); an LSTM's
+    cell state grows by at most 1 a step: ``|Y_c| <= T``."""
+    op = d.choice(d.available(RECURRENT_OPS))
+    x = d.pick(rank_in(3), limit=OPERAND_LIMIT)
+    T, B, I_ = x.shape
+    direction = d.choice(("forward", "reverse", "bidirectional"))
+    D = 2 if direction == "bidirectional" else 1
+    H = d.integer(1, RECURRENT_MAX_HIDDEN)
+    while H > 1 and T * B * D * H > MAX_ELEMENTS:
+        H -= 1
+    G = RECURRENT_GATES[op]
+    scale = 0.5 / max(I_, H)
+    args = [x, d.const("W", d.uniform((D, G * H, I_), -scale, scale)),
+            d.const("R", d.uniform((D, G * H, H), -scale, scale)),
+            d.const("B", d.uniform((D, 2 * G * H), -0.5, 0.5)) if d.flag() else None]
+    if d.flag():
+        args.append(d.const("lens", d.rng.integers(0, T + 1, size=B).astype(np.int32)))
+    attrs: dict = {"direction": direction, "hidden_size": H}
+    if op == "GRU":
+        attrs["linear_before_reset"] = d.choice((0, 1))
+    outputs = 3 if op == "LSTM" else 2
+    d.op(op, *args, bound=[1.0, 1.0, float(T)][:outputs], num_outputs=outputs, **attrs)

