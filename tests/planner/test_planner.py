@@ -1,5 +1,7 @@
 """The planners choose differently per target and under constraints; exact is optimal."""
 import numpy as np
+import time
+
 import pytest
 
 from opfuse.cost import CostModel, NumaPlacement
@@ -301,8 +303,9 @@ def test_greedy_scales_to_a_thousand_nodes():
 @pytest.mark.slow
 def test_greedy_plans_ten_thousand_nodes_in_under_ten_seconds():
     g = synthetic_graph(10_000, seed=1)
+    t0 = time.process_time()  # the planner's CPU time: wall time also counts other processes' load
     r = plan_fusion(g, get_profile("cortex-m7"), method="greedy")
-    assert r.solve_time_s < 10.0
+    assert time.process_time() - t0 < 10.0
     r.plan.verify()
 
 
