@@ -1,0 +1,107 @@
+"""``dequantize_prologue``: an 8-bit tensor is read by the Conv/MatMul/Gemm that consumes it.
+
+In a quantized model every tensor between kernels is 8-bit: a group ends in a ``QuantizeLinear``
+or ``Requantize`` (its epilogue writes int8/uint8), and the next one reads it through
+
+    x_q -> Cast(int32 | float32) -> Sub(zero point) [-> Mul(scale)] -> Conv/MatMul/Gemm   (input 0, or B)
+
+(the integer conv's centering ``int32(x_q) - x_zp``, or the float op's ``DequantizeLinear``).
+Left alone the ``epilogue`` rule hands that chain to the *producer's* kernel, which then writes
+the centred int32 (or dequantized float32) tensor: four bytes an element instead of one. This
+rule runs first and gives the chain to the *consumer* as its prologue: the anchor applies it to
+each element as it reads it (``Evaluator.at``: padding stays zero, as in the unfused graph), so
+the group boundary is the 8-bit tensor and the memory plan sizes it at one byte.
+
+Pattern ``Cast(q) >> elementwise* >> Conv|MatMul|Gemm``, every inner value read only by the
+next op (the pattern language's *only used by*). Condition (``prologue_refusal``, also what the
+one legality asks of an anchored group's prologue): ``q`` is int8/uint8, every op of the chain is
+pointwise with the anchor operand's shape, its other operands are constants, and the chain feeds
+the anchor's data operand (Conv input 0, MatMul/Gemm A or B; never Gemm's C).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from opfuse.ir.graph import Node, Value
+from opfuse.ops.registry import Category
+from opfuse.patterns import Op, Var
+from opfuse.rules.categories import is_pointwise
+from opfuse.rules.decisions import Refusal, RefusalKind
+from opfuse.rules.rule import Fuse, Rule
+from opfuse.rules.site import Site
+
+RULE = "dequantize_prologue"
+EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
+ANCHORS = ("Conv", "MatMul", "Gemm")
+DATA_SLOTS = {"Conv": (0,), "MatMul": (0, 1), "Gemm": (0, 1)}
+
+
+def _refuse(msg: str) -> Refusal:
+    return Refusal(RefusalKind.CONDITION, msg)
+
+
+def prologue_refusal(prologue: list[Node], anchor: Node, inside: set[int]) -> Refusal | None:
+    """Why ``prologue`` (group nodes feeding ``anchor``, in topological order; ``inside``: the ids
+    of the group's nodes) cannot be the anchor's dequantizing prologue, or None."""
+    if anchor.op_type not in ANCHORS:
+        return _refuse(f"'{anchor.name}' ({anchor.op_type}) takes no prologue")
+    ids = {id(n) for n in prologue}
+    made = {id(v) for n in prologue for v in n.outputs}
+    fed = [i for i, v in enumerate(anchor.inputs) if v is not None and id(v) in made]
+    if any(i not in DATA_SLOTS[anchor.op_type] for i in fed):
+        return _refuse(f"the prologue feeds operand {fed} of '{anchor.name}' ({anchor.op_type}), not its data")
+    sources = 0
+    for n in prologue:
+        if not is_pointwise(n):
+            return _refuse(f"'{n.name}' ({n.op_type}) before '{anchor.name}' is not pointwise")
+        for v in n.input_values():
+            if id(v) in made or v.is_const:
+                continue
+            if v.dtype not in EIGHT_BIT:
+                return _refuse(f"'{n.name}' ({n.op_type}) reads '{v.name}' ({v.dtype}): a prologue reads an "
+                               f"8-bit tensor and constants only")
+            sources += 1
+        for v in n.outputs:
+            for u, _ in v.uses:
+                if id(u) not in ids and u is not anchor:
+                    where = "outside the group" if id(u) not in inside else f"by '{u.name}' after the anchor"
+                    return _refuse(f"prologue value '{v.name}' is also read {where}: the anchor reads its "
+                                   f"prologue through registers only")
+        shapes = {v.shape for u in [anchor] for v in u.inputs if v is not None and id(v) in made}
+        if any(v.shape not in shapes for v in n.outputs):
+            return _refuse(f"'{n.name}' ({n.op_type}) changes the shape before '{anchor.name}'")
+    if not sources:
+        return _refuse(f"the prologue of '{anchor.name}' reads no 8-bit tensor")
+    return None
+
+
+def _propose(grouping, matches):
+    p = grouping.p
+    for m in matches:
+        anchor = m["anchor"]
+        chain = [n for n in m.nodes if n is not anchor]
+        names = [chain[0].name, anchor.name]
+        q = m["q"]
+        if q.dtype not in EIGHT_BIT:
+            continue  # a Cast of another type: not a quantized tensor, no proposal
+        inside = {id(n) for n in m.nodes}
+        refusal = prologue_refusal(chain, anchor, inside)
+        yield Site({p.gid(n) for n in m.nodes}, names, f"'{q.name}' read as 8 bits by '{anchor.name}'",
+                   refusal=refusal)
+
+
+def dequantize_pattern():
+    return (Op("Cast")(Var("q")).named("cast") >> Op(category=(Category.ELEMWISE, Category.BROADCAST)).star()
+            >> Op(*ANCHORS).named("anchor"))
+
+
+DEQUANTIZE_PROLOGUE = Rule(
+    RULE, dequantize_pattern(), action=Fuse(_propose), priority=5.5,
+    description="int8/uint8 tensor -> Cast/Sub/Mul -> into the Conv/MatMul/Gemm reading it")
+
+
+def is_prologue_input(v: Value) -> bool:
+    return v.dtype in EIGHT_BIT
+
+
+__all__ = ["DEQUANTIZE_PROLOGUE", "prologue_refusal", "dequantize_pattern", "RULE"]
