@@ -158,6 +158,8 @@ def _choose_plan(graph: Graph, candidates: FusionPlan, ctx, opts: CompileOptions
     from opfuse.rules.legality import RuleLegality, annotate_plan
     from opfuse.targets import get_profile
     objective = Objective.parse(opts.objective) if opts.objective else None
+    if objective is None and is_quantized(graph):
+        objective = Objective.parse(QUANTIZED_OBJECTIVE)
     result = plan_fusion(graph, get_profile(opts.target), method=opts.planner,
                          legality=RuleLegality(ctx.options, candidates), objective=objective,
                          constraints=_constraints(opts), corrections=opts.corrections)
@@ -250,6 +252,17 @@ def plan_model(model, options: CompileOptions | None = None, **kwargs) -> Compil
 # Targets whose whole working memory is on-chip SRAM: the arena (tensors and kernel scratch) must fit
 # the memory budget, by default the profile's on-chip bytes.
 SRAM_TARGETS = ("cortex-m7",)
+# A model quantized to 8 bits is quantized for memory: unless told otherwise the planner weighs peak
+# activation memory beside latency, so an int8 tensor stays int8 between kernels (its dequantizing
+# Cast/Sub/Mul runs in the reader's prologue, ``rules/quantized.py``) although re-running that prologue
+# per im2col element is predicted a little slower than writing the dequantized tensor once.
+QUANTIZED_OBJECTIVE = "latency=1,memory=0.25"
+
+
+def is_quantized(graph: Graph) -> bool:
+    """Does an op of ``graph`` read an 8-bit tensor that another op produced (a quantized activation)?"""
+    from opfuse.rules.quantized import EIGHT_BIT
+    return any(v.dtype in EIGHT_BIT and v.producer is not None and v.uses for v in graph.values.values())
 # When the arena exceeds the budget at the target's recompute limit, patching is retried with these
 # limits (extra multiply-accumulates as a fraction of the model's), the first that fits kept.
 SRAM_RECOMPUTE_LADDER = (0.3, 1.0, 3.0, 10.0, 100.0)

@@ -1,4 +1,4 @@
-"""``dequantize_prologue``: an 8-bit tensor is read by the Conv/MatMul/Gemm that consumes it.
+"""``dequantize_prologue``: an 8-bit tensor is dequantized by the op that reads it.
 
 In a quantized model every tensor between kernels is 8-bit: a group ends in a ``QuantizeLinear``
 or ``Requantize`` (its epilogue writes int8/uint8), and the next one reads it through
@@ -12,8 +12,11 @@ rule runs first and gives the chain to the *consumer* as its prologue: the ancho
 each element as it reads it (``Evaluator.at``: padding stays zero, as in the unfused graph), so
 the group boundary is the 8-bit tensor and the memory plan sizes it at one byte.
 
-Pattern ``Cast(q) >> elementwise* >> Conv|MatMul|Gemm``, every inner value read only by the
-next op (the pattern language's *only used by*). Condition (``prologue_refusal``, also what the
+The same holds for any other reader (a residual Add in a Conv's epilogue, a pooling, a Concat's
+requantization): the chain joins the reader's group, which reads the 8-bit tensor.
+
+Pattern ``Cast(q) >> [Sub(zero point)] >> [Mul(scale)] >> reader``, every inner value read only by
+the next op (the pattern language's *only used by*). Condition (``prologue_refusal``, also what the
 one legality asks of an anchored group's prologue): ``q`` is int8/uint8, every op of the chain is
 pointwise with the anchor operand's shape, its other operands are constants, and the chain feeds
 the anchor's data operand (Conv input 0, MatMul/Gemm A or B; never Gemm's C).
@@ -22,9 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from opfuse.ir.graph import Node, Value
-from opfuse.ops.registry import Category
-from opfuse.patterns import Op, Var
+from opfuse.ir.graph import Node
+from opfuse.patterns import Op, Var, check, const_inputs, has_dtype
 from opfuse.rules.categories import is_pointwise
 from opfuse.rules.decisions import Refusal, RefusalKind
 from opfuse.rules.rule import Fuse, Rule
@@ -78,30 +80,27 @@ def prologue_refusal(prologue: list[Node], anchor: Node, inside: set[int]) -> Re
 def _propose(grouping, matches):
     p = grouping.p
     for m in matches:
-        anchor = m["anchor"]
-        chain = [n for n in m.nodes if n is not anchor]
-        names = [chain[0].name, anchor.name]
+        reader = m["reader"]
+        chain = [n for n in m.nodes if n is not reader]
+        names = [chain[0].name, reader.name]
         q = m["q"]
-        if q.dtype not in EIGHT_BIT:
-            continue  # a Cast of another type: not a quantized tensor, no proposal
-        inside = {id(n) for n in m.nodes}
-        refusal = prologue_refusal(chain, anchor, inside)
-        yield Site({p.gid(n) for n in m.nodes}, names, f"'{q.name}' read as 8 bits by '{anchor.name}'",
+        refusal = prologue_refusal(chain, reader, {id(n) for n in m.nodes}) if reader.op_type in ANCHORS else None
+        yield Site({p.gid(n) for n in m.nodes}, names, f"'{q.name}' read as 8 bits by '{reader.name}'",
                    refusal=refusal)
 
 
 def dequantize_pattern():
-    return (Op("Cast")(Var("q")).named("cast") >> Op(category=(Category.ELEMWISE, Category.BROADCAST)).star()
-            >> Op(*ANCHORS).named("anchor"))
+    """``Cast(q) [-> Sub(zero point)] [-> Mul(scale)] -> reader``, ``q`` 8-bit (DequantizeLinear as
+    imported, or an integer op's centering), each step read only by the next."""
+    q = Var("q").where(has_dtype(*EIGHT_BIT))
+    return (Op("Cast")(q).named("cast") >> Op("Sub").where(const_inputs(1)).opt()
+            >> Op("Mul").where(check(lambda n: any(v.is_const for v in n.input_values()), "a constant scale")).opt()
+            >> Op().named("reader"))
 
 
 DEQUANTIZE_PROLOGUE = Rule(
     RULE, dequantize_pattern(), action=Fuse(_propose), priority=5.5,
-    description="int8/uint8 tensor -> Cast/Sub/Mul -> into the Conv/MatMul/Gemm reading it")
-
-
-def is_prologue_input(v: Value) -> bool:
-    return v.dtype in EIGHT_BIT
+    description="int8/uint8 tensor -> Cast/Sub/Mul -> into the op reading it (a Conv/MatMul/Gemm's prologue)")
 
 
 __all__ = ["DEQUANTIZE_PROLOGUE", "prologue_refusal", "dequantize_pattern", "RULE"]
