@@ -152,14 +152,13 @@ def _constraints(opts: CompileOptions):
 def _choose_plan(graph: Graph, candidates: FusionPlan, ctx, opts: CompileOptions):
     """The cost model's choice among the rules' candidates and their legal parts (or the rules'
     plan itself with ``planner="rules"``)."""
-    if not opts.fuse or opts.planner == "rules":
+    if not opts.fuse or opts.planner == "rules" or (opts.planner == "auto" and not opts.objective
+                                                    and is_quantized(graph)):
         return candidates, None
     from opfuse.planner import Objective, plan_fusion
     from opfuse.rules.legality import RuleLegality, annotate_plan
     from opfuse.targets import get_profile
     objective = Objective.parse(opts.objective) if opts.objective else None
-    if objective is None and is_quantized(graph):
-        objective = Objective.parse(QUANTIZED_OBJECTIVE)
     result = plan_fusion(graph, get_profile(opts.target), method=opts.planner,
                          legality=RuleLegality(ctx.options, candidates), objective=objective,
                          constraints=_constraints(opts), corrections=opts.corrections)
@@ -254,11 +253,6 @@ def plan_model(model, options: CompileOptions | None = None, **kwargs) -> Compil
 # Targets whose whole working memory is on-chip SRAM: the arena (tensors and kernel scratch) must fit
 # the memory budget, by default the profile's on-chip bytes.
 SRAM_TARGETS = ("cortex-m7",)
-# A model quantized to 8 bits is quantized for memory: unless told otherwise the planner weighs peak
-# activation memory beside latency, so an int8 tensor stays int8 between kernels (its dequantizing
-# Cast/Sub/Mul runs in the reader's prologue, ``rules/quantized.py``) although re-running that prologue
-# per im2col element is predicted a little slower than writing the dequantized tensor once.
-QUANTIZED_OBJECTIVE = "latency=1,memory=0.25"
 
 
 def int8_report(graph: Graph, plan: FusionPlan) -> dict:
@@ -305,7 +299,14 @@ def int8_lines(report: dict) -> list[str]:
 
 
 def is_quantized(graph: Graph) -> bool:
-    """Does an op of ``graph`` read an 8-bit tensor that another op produced (a quantized activation)?"""
+    """Does an op of ``graph`` read an 8-bit tensor that another op produced (a quantized activation)?
+
+    A model quantized to 8 bits is quantized for memory, so with ``planner="auto"`` and no objective
+    its plan is the fusion rules' own: every 8-bit tensor stays 8-bit between kernels (its readers
+    dequantize it in their prologues, ``rules/quantized.py``). The latency model would split some
+    of those prologues off (re-running a Cast/Sub per im2col element is predicted ~3% slower than
+    writing the centred int32 tensor once), and its memory term sees the peak only, not the 4x larger
+    tensors elsewhere. ``--planner exact|greedy`` or an ``--objective`` asks for the cost model."""
     from opfuse.rules.quantized import EIGHT_BIT
     return any(v.dtype in EIGHT_BIT and v.producer is not None and v.uses for v in graph.values.values())
 # When the arena exceeds the budget at the target's recompute limit, patching is retried with these

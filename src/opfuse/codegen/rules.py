@@ -271,13 +271,34 @@ static inline int32_t opfuse_requantize(int32_t acc, int32_t mult, int32_t shift
 """
 
 
+REQUANTIZE_RESIDUAL_HELPER = "opfuse_requantize_residual"
+REQUANTIZE_RESIDUAL_C = """
+/* clamp(round_half_even((acc * mult + res * rmult) / 2^shift) + zp, lo, hi), exact in int64
+   (opfuse.ops.quantized: both products and their sum stay below 2^62). */
+static inline int32_t opfuse_requantize_residual(int32_t acc, int32_t mult, int32_t shift, int32_t res,
+                                                 int64_t rmult, int32_t zp, int32_t lo, int32_t hi) {
+  const int64_t p = (int64_t)acc * (int64_t)mult + (int64_t)res * rmult;
+  const int64_t unit = (int64_t)1 << shift;
+  const int64_t q0 = p >= 0 ? (p >> shift) : -((-p + unit - 1) >> shift); /* floor(p / 2^shift) */
+  const int64_t r = p - q0 * unit;
+  const int64_t half = unit >> 1;
+  const int64_t q = q0 + ((r > half) | ((r == half) & (q0 % 2 != 0))) + zp;
+  return (int32_t)(q < lo ? lo : (q > hi ? hi : q));
+}
+"""
+
+
 @_register("Requantize")
 def _requantize(ev, node, k, idx):
     a = _attrs(node)
+    tail = f"{int(a['zero_point'])}, {int(a['lo'])}, {int(a['hi'])})"
+    if len(node.input_values()) == 5:
+        acc, mult, shift, res, rmult = (ev.operand(node, i, idx) for i in range(5))
+        fn = ev.kc.program.require_helper(REQUANTIZE_RESIDUAL_HELPER, REQUANTIZE_RESIDUAL_C)
+        return f"({c_type(node.outputs[0].dtype)}){fn}({acc}, {mult}, {shift}, {res}, {rmult}, {tail}"
     acc, mult, shift = (ev.operand(node, i, idx) for i in range(3))
     fn = ev.kc.program.require_helper(REQUANTIZE_HELPER, REQUANTIZE_C)
-    return (f"({c_type(node.outputs[0].dtype)}){fn}({acc}, {mult}, {shift}, {int(a['zero_point'])}, "
-            f"{int(a['lo'])}, {int(a['hi'])})")
+    return f"({c_type(node.outputs[0].dtype)}){fn}({acc}, {mult}, {shift}, {tail}"
 
 
 # Binary / n-ary ----------------------------------------------------------------------------

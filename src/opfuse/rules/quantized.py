@@ -12,8 +12,10 @@ rule runs first and gives the chain to the *consumer* as its prologue: the ancho
 each element as it reads it (``Evaluator.at``: padding stays zero, as in the unfused graph), so
 the group boundary is the 8-bit tensor and the memory plan sizes it at one byte.
 
-The same holds for any other reader (a residual Add in a Conv's epilogue, a pooling, a Concat's
-requantization): the chain joins the reader's group, which reads the 8-bit tensor.
+The same holds for any other reader (a pooling, a Concat's requantization, the residual operand of a
+Conv's epilogue): the chain joins the reader's group, which reads the 8-bit tensor; a reader in an
+anchor's epilogue (``Conv -> Add(bias) -> Requantize(acc, .., residual)``) brings that anchor along,
+so the residual's producer cannot take the reader into its own epilogue instead.
 
 Pattern ``Cast(q) >> [Sub(zero point)] >> [Mul(scale)] >> reader``, every inner value read only by
 the next op (the pattern language's *only used by*). Condition (``prologue_refusal``, also what the
@@ -36,6 +38,7 @@ RULE = "dequantize_prologue"
 EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
 ANCHORS = ("Conv", "MatMul", "Gemm")
 DATA_SLOTS = {"Conv": (0,), "MatMul": (0, 1), "Gemm": (0, 1)}
+ANCHOR_SEARCH_DEPTH = 4  # elementwise ops between a residual reader and the anchor whose result it reads
 
 
 def _refuse(msg: str) -> Refusal:
@@ -77,6 +80,24 @@ def prologue_refusal(prologue: list[Node], anchor: Node, inside: set[int]) -> Re
     return None
 
 
+def _anchor_path(reader: Node, chain: set[int]) -> list[Node]:
+    """The Conv/MatMul/Gemm whose result ``reader`` (elementwise) combines with the dequantized tensor,
+    and the ops between them, each read only on that path: ``acc -> Add(bias) -> Requantize(.., res)``.
+    Empty when there is none within ``ANCHOR_SEARCH_DEPTH`` ops."""
+    if not is_pointwise(reader):
+        return []
+    todo = [(v.producer, []) for v in reader.input_values() if v.producer is not None and id(v.producer) not in chain]
+    while todo:
+        n, path = todo.pop(0)
+        if any(len(v.uses) != 1 for v in n.outputs):
+            continue
+        if n.op_type in ANCHORS:
+            return path + [n]
+        if is_pointwise(n) and len(path) < ANCHOR_SEARCH_DEPTH:
+            todo += [(v.producer, path + [n]) for v in n.input_values() if v.producer is not None]
+    return []
+
+
 def _propose(grouping, matches):
     p = grouping.p
     for m in matches:
@@ -85,8 +106,11 @@ def _propose(grouping, matches):
         names = [chain[0].name, reader.name]
         q = m["q"]
         refusal = prologue_refusal(chain, reader, {id(n) for n in m.nodes}) if reader.op_type in ANCHORS else None
-        yield Site({p.gid(n) for n in m.nodes}, names, f"'{q.name}' read as 8 bits by '{reader.name}'",
-                   refusal=refusal)
+        # An elementwise reader of an anchor's result (a residual Add or Requantize) takes the anchor
+        # along, so the producer of the 8-bit tensor cannot claim the reader as its own epilogue.
+        anchor = [] if reader.op_type in ANCHORS else _anchor_path(reader, {id(n) for n in chain})
+        yield Site({p.gid(n) for n in list(m.nodes) + anchor}, names + [n.name for n in anchor[-1:]],
+                   f"'{q.name}' read as 8 bits by '{reader.name}'", refusal=refusal)
 
 
 def dequantize_pattern():
