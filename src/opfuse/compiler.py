@@ -299,7 +299,7 @@ def int8_lines(report: dict) -> list[str]:
 
 
 def is_quantized(graph: Graph) -> bool:
-    """Does an op of ``graph`` read an 8-bit tensor that another op produced (a quantized activation)?
+    """Does an op of ``graph`` read an 8-bit activation (a non-constant int8/uint8 tensor)?
 
     A model quantized to 8 bits is quantized for memory, so with ``planner="auto"`` and no objective
     its plan is the fusion rules' own: every 8-bit tensor stays 8-bit between kernels (its readers
@@ -308,7 +308,7 @@ def is_quantized(graph: Graph) -> bool:
     writing the centred int32 tensor once), and its memory term sees the peak only, not the 4x larger
     tensors elsewhere. ``--planner exact|greedy`` or an ``--objective`` asks for the cost model."""
     from opfuse.rules.quantized import EIGHT_BIT
-    return any(v.dtype in EIGHT_BIT and v.producer is not None and v.uses for v in graph.values.values())
+    return any(v.dtype in EIGHT_BIT and not v.is_const and v.uses for v in graph.values.values())
 # When the arena exceeds the budget at the target's recompute limit, patching is retried with these
 # limits (extra multiply-accumulates as a fraction of the model's), the first that fits kept.
 SRAM_RECOMPUTE_LADDER = (0.3, 1.0, 3.0, 10.0, 100.0)
