@@ -66,7 +66,8 @@ def _x():
 @pytest.mark.parametrize("act, relu, per_channel, bias, group, residual", [
     (np.int8, True, True, True, 1, False), (np.uint8, True, True, True, 1, False),
     (np.int8, False, False, True, 1, False), (np.int8, True, True, False, 1, False),
-    (np.uint8, False, True, True, 8, False), (np.int8, True, True, True, 1, True), (np.uint8, False, True, False, 8, True),
+    (np.uint8, False, True, True, 8, False), (np.int8, True, True, True, 1, True),
+    (np.uint8, False, True, False, 8, True),
 ])
 def test_recognized_conv_matches_onnxruntime_within_one_step(act, relu, per_channel, bias, group, residual):
     m = qdq_conv(act, relu, per_channel, bias, group=group, residual=residual)

@@ -43,7 +43,8 @@ def _qconv(nodes, inits, x, y, name, cin, cout, group=1, relu=True, k=3):
     ws = RNG.uniform(0.002, 0.01, cout).astype(np.float32)
     inits += [init(f"{name}_w", w_q), init(f"{name}_ws", ws), init(f"{name}_wz", np.zeros(cout, np.int8)),
               init(f"{name}_b", RNG.integers(-2000, 2000, cout).astype(np.int32)),
-              init(f"{name}_bs", (np.float32(0.05) * ws).astype(np.float32)), init(f"{name}_bz", np.zeros(cout, np.int32))]
+              init(f"{name}_bs", (np.float32(0.05) * ws).astype(np.float32)),
+              init(f"{name}_bz", np.zeros(cout, np.int32))]
     nodes += [helper.make_node("DequantizeLinear", [x, "s", "z"], [f"{name}_xdq"]),
               helper.make_node("DequantizeLinear", [f"{name}_w", f"{name}_ws", f"{name}_wz"], [f"{name}_wdq"], axis=0),
               helper.make_node("DequantizeLinear", [f"{name}_b", f"{name}_bs", f"{name}_bz"], [f"{name}_bdq"], axis=0),

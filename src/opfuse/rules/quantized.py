@@ -86,7 +86,8 @@ def _anchor_path(reader: Node, chain: set[int]) -> list[Node]:
     Empty when there is none within ``ANCHOR_SEARCH_DEPTH`` ops."""
     if not is_pointwise(reader):
         return []
-    todo = [(v.producer, []) for v in reader.input_values() if v.producer is not None and id(v.producer) not in chain]
+    todo: list[tuple[Node, list[Node]]] = [(v.producer, []) for v in reader.input_values()
+                                           if v.producer is not None and id(v.producer) not in chain]
     while todo:
         n, path = todo.pop(0)
         if any(len(v.uses) != 1 for v in n.outputs):
