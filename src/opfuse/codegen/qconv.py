@@ -34,24 +34,39 @@ INT16_MAX = 32767
 # Output channels per pass over the column: each column word loaded once feeds two SMLADs.
 CHANNELS_PER_PASS = 2
 
-DOT_HELPER = "opfuse_dot2_s16"
+DOT_HELPER = "opfuse_dot_s16"
 DOT_C = """
 #if defined(__ARM_FEATURE_DSP)
 #include <arm_acle.h>
 #endif
 /* acc0 = a0 . b, acc1 = a1 . b over 2 * pairs int16 values (exact in int32 for |a|, |b| <= 255
-   and fewer than 2^15 pairs); on the Arm DSP extension two multiply-accumulates per SMLAD. */
+   and fewer than 2^15 pairs); on the Arm DSP extension two multiply-accumulates per SMLAD, two
+   pairs per iteration. */
 static inline void opfuse_dot2_s16(const int16_t* restrict a0, const int16_t* restrict a1,
                                    const int16_t* restrict b, long pairs, int32_t* acc0, int32_t* acc1) {
   int32_t s0 = 0, s1 = 0;
 #if defined(__ARM_FEATURE_DSP)
-  for (long i = 0; i < pairs; ++i) {
-    uint32_t x0, x1, y;
+  long i = 0;
+  for (; i + 2 <= pairs; i += 2) {
+    uint32_t x0, x1, x2, x3, y0, y1;
+    memcpy(&y0, b + 2 * i, 4);
+    memcpy(&y1, b + 2 * i + 2, 4);
     memcpy(&x0, a0 + 2 * i, 4);
-    memcpy(&x1, a1 + 2 * i, 4);
-    memcpy(&y, b + 2 * i, 4);
-    s0 = __smlad(x0, y, s0);
-    s1 = __smlad(x1, y, s1);
+    memcpy(&x1, a0 + 2 * i + 2, 4);
+    memcpy(&x2, a1 + 2 * i, 4);
+    memcpy(&x3, a1 + 2 * i + 2, 4);
+    s0 = __smlad(x0, y0, s0);
+    s0 = __smlad(x1, y1, s0);
+    s1 = __smlad(x2, y0, s1);
+    s1 = __smlad(x3, y1, s1);
+  }
+  if (i < pairs) {
+    uint32_t x0, x2, y0;
+    memcpy(&y0, b + 2 * i, 4);
+    memcpy(&x0, a0 + 2 * i, 4);
+    memcpy(&x2, a1 + 2 * i, 4);
+    s0 = __smlad(x0, y0, s0);
+    s1 = __smlad(x2, y0, s1);
   }
 #else
   for (long i = 0; i < 2 * pairs; ++i) {
@@ -61,6 +76,22 @@ static inline void opfuse_dot2_s16(const int16_t* restrict a0, const int16_t* re
 #endif
   *acc0 = s0;
   *acc1 = s1;
+}
+
+/* a . b over 2 * pairs int16 values (one output channel: depthwise). */
+static inline int32_t opfuse_dot_s16(const int16_t* restrict a, const int16_t* restrict b, long pairs) {
+  int32_t s = 0;
+#if defined(__ARM_FEATURE_DSP)
+  for (long i = 0; i < pairs; ++i) {
+    uint32_t x, y;
+    memcpy(&x, a + 2 * i, 4);
+    memcpy(&y, b + 2 * i, 4);
+    s = __smlad(x, y, s);
+  }
+#else
+  for (long i = 0; i < 2 * pairs; ++i) s += (int32_t)a[i] * b[i];
+#endif
+  return s;
 }
 """
 
@@ -94,6 +125,38 @@ def _packed_weights(w: np.ndarray, K: int, Kp: int, OCp: int) -> np.ndarray:
     return out
 
 
+def _inside(out_len: int, in_len: int, stride: int, span: int, pad: int) -> tuple[int, int]:
+    """Output positions ``[lo, hi)`` whose whole window (``span + 1`` inputs from ``o * stride - pad``)
+    lies inside the input."""
+    lo = -(-pad // stride)
+    hi = (in_len - 1 - span + pad) // stride + 1 if in_len - 1 - span + pad >= 0 else 0
+    return min(lo, out_len), max(min(lo, out_len), min(hi, out_len))
+
+
+def _gather(kc, ev, x: Value, col: str, where: tuple, geo, G: int, checked: bool) -> None:
+    """``col[(c * KH + kh) * KW + kw]`` = the (dequantized) input under the window at ``(oh, ow)``,
+    0 in the padding (``checked``: test each tap; else the window is known to be inside)."""
+    w = kc.w
+    img, g, cg, oh, ow = where
+    _, _, H, W = x.shape
+    KH, KW = geo.kernel
+    (SH, SW), (DH, DW), (PT, PL) = geo.strides, geo.dilations, geo.pads_begin
+    c, kh, kw, ih, iw = (kc.tmp(n) for n in ("c", "kh", "kw", "ih", "iw"))
+    with w.block(f"for (long {c} = 0; {c} < {cg}; ++{c})"):
+        ch = add(mul(g, cg), c) if G > 1 else c
+        with w.block(f"for (long {kh} = 0; {kh} < {KH}; ++{kh})"):
+            w.line(f"const long {ih} = {add(mul(oh, SH), mul(kh, DH), str(-PT))};")
+            with w.block(f"for (long {kw} = 0; {kw} < {KW}; ++{kw})"), ev.scope():
+                w.line(f"const long {iw} = {add(mul(ow, SW), mul(kw, DW), str(-PL))};")
+                slot = f"{col}[({c} * {KH} + {kh}) * {KW} + {kw}]"
+                if checked:
+                    with w.block(f"if ((unsigned long){ih} < {H}ul && (unsigned long){iw} < {W}ul)"), ev.scope():
+                        w.line(f"{slot} = (int16_t)({ev.at(x, Index(x.shape, (img, ch, ih, iw)))});")
+                    w.line(f"else {slot} = 0;")
+                else:
+                    w.line(f"{slot} = (int16_t)({ev.at(x, Index(x.shape, (img, ch, ih, iw)))});")
+
+
 def lower_int8_conv(kc, ev, stage: Stage, bias_term) -> None:
     node = stage.anchor_node
     geo, G = conv_geometry(node)
@@ -106,12 +169,13 @@ def lower_int8_conv(kc, ev, stage: Stage, bias_term) -> None:
     cg, mg = C // G, OC // G
     K = cg * KH * KW
     Kp = K + (K & 1)
-    mg_p = -(-mg // CHANNELS_PER_PASS) * CHANNELS_PER_PASS
+    per_pass = 1 if mg == 1 else CHANNELS_PER_PASS
+    mg_p = -(-mg // per_pass) * per_pass
     per_group = ev.static[id(wt)].reshape(G, mg, K)
     packed = np.concatenate([_packed_weights(per_group[g], K, Kp, mg_p) for g in range(G)])
     wq = kc.const_array(("int8_conv", node.name), packed, f"{wt.name}_s16", np.int16)
     kc.note(lambda name: f"int8 conv '{name}': int16 columns of {Kp}, SMLAD with the DSP extension", node)
-    dot = kc.program.require_helper(DOT_HELPER, DOT_C)
+    kc.program.require_helper(DOT_HELPER, DOT_C)
     col_off = kc.scratch(Kp * 2)
     w = kc.w
     padded = any(geo.pads_begin) or any(geo.pads_end)
@@ -126,34 +190,47 @@ def lower_int8_conv(kc, ev, stage: Stage, bias_term) -> None:
                 w.line(f"{col}[{K}] = 0;")
             oh, ow = kc.tmp("oh"), kc.tmp("ow")
             w.line(f"const long {oh} = {p} / {OW}, {ow} = {p} % {OW};")
-            c, kh, kw, ih, iw = (kc.tmp(n) for n in ("c", "kh", "kw", "ih", "iw"))
-            with w.block(f"for (long {c} = 0; {c} < {cg}; ++{c})"):
-                ch = add(mul(g, cg), c) if G > 1 else c
-                with w.block(f"for (long {kh} = 0; {kh} < {KH}; ++{kh})"):
-                    w.line(f"const long {ih} = {add(mul(oh, SH), mul(kh, DH), str(-PT))};")
-                    with w.block(f"for (long {kw} = 0; {kw} < {KW}; ++{kw})"):
-                        w.line(f"const long {iw} = {add(mul(ow, SW), mul(kw, DW), str(-PL))};")
-                        slot = f"{col}[({c} * {KH} + {kh}) * {KW} + {kw}]"
-                        with ev.scope():
-                            if padded:
-                                with w.block(f"if ((unsigned long){ih} < {H}ul && (unsigned long){iw} < {W}ul)"), \
-                                        ev.scope():
-                                    w.line(f"{slot} = (int16_t)({ev.at(x, Index(x.shape, (img, ch, ih, iw)))});")
-                                w.line(f"else {slot} = 0;")
-                            else:
-                                w.line(f"{slot} = (int16_t)({ev.at(x, Index(x.shape, (img, ch, ih, iw)))});")
-            m = kc.tmp("m")
-            with w.block(f"for (long {m} = 0; {m} < {mg_p}; {m} += {CHANNELS_PER_PASS})"):
-                a0, a1 = kc.tmp("acc"), kc.tmp("acc")
-                row = f"{wq} + ({mul(g, mg_p)} + {m}) * {Kp}" if G > 1 else f"{wq} + {m} * {Kp}"
-                w.line(f"int32_t {a0}, {a1};")
-                w.line(f"{dot}({row}, {row} + {Kp}, {col}, {Kp // 2}, &{a0}, &{a1});")
-                for j, acc in enumerate((a0, a1)):
-                    mm = f"{m} + {j}" if j else m
-                    guard = f"if ({mm} < {mg})" if mg % CHANNELS_PER_PASS and j else None
-                    ctx = w.block(guard) if guard else nullcontext()
-                    with ctx, ev.scope():
-                        oc = add(mul(g, mg), mm) if G > 1 else mm
-                        y = kc.tmp("y")
-                        w.line(f"const int32_t {y} = {bias_term(ev, node, acc, oc)};")
-                        finish_element(kc, ev, stage, out, Index(out.shape, (img, oc, oh, ow)), y)
+            where = (img, g, cg, oh, ow)
+            if padded:  # windows wholly inside the input gather without a test per tap
+                (hlo, hhi), (wlo, whi) = (_inside(OH, H, SH, DH * (KH - 1), PT),
+                                          _inside(OW, W, SW, DW * (KW - 1), PL))
+                with w.block(f"if ({oh} >= {hlo} && {oh} < {hhi} && {ow} >= {wlo} && {ow} < {whi})"):
+                    _gather(kc, ev, x, col, where, geo, G, checked=False)
+                with w.block("else"):
+                    _gather(kc, ev, x, col, where, geo, G, checked=True)
+            else:
+                _gather(kc, ev, x, col, where, geo, G, checked=False)
+            if mg == 1:  # depthwise: one output channel per group
+                acc = kc.tmp("acc")
+                row = f"{wq} + {g} * {Kp}" if G > 1 else wq
+                w.line(f"const int32_t {acc} = opfuse_dot_s16({row}, {col}, {Kp // 2});")
+                _finish(kc, ev, stage, node, bias_term, acc, g if G > 1 else "0", (img, oh, ow))
+            else:
+                _channel_pairs(kc, ev, stage, node, bias_term, (wq, col, Kp, mg, mg_p, G), (img, g, oh, ow))
+
+
+def _channel_pairs(kc, ev, stage: Stage, node: Node, bias_term, dims: tuple, where: tuple) -> None:
+    """Two output channels per pass over the column (the last alone when their count is odd)."""
+    wq, col, Kp, mg, mg_p, G = dims
+    img, g, oh, ow = where
+    w = kc.w
+    m = kc.tmp("m")
+    with w.block(f"for (long {m} = 0; {m} < {mg_p}; {m} += {CHANNELS_PER_PASS})"):
+        a0, a1 = kc.tmp("acc"), kc.tmp("acc")
+        row = f"{wq} + ({mul(g, mg_p)} + {m}) * {Kp}" if G > 1 else f"{wq} + {m} * {Kp}"
+        w.line(f"int32_t {a0}, {a1};")
+        w.line(f"opfuse_dot2_s16({row}, {row} + {Kp}, {col}, {Kp // 2}, &{a0}, &{a1});")
+        for j, acc in enumerate((a0, a1)):
+            mm = f"{m} + {j}" if j else m
+            guard = f"if ({mm} < {mg})" if mg % CHANNELS_PER_PASS and j else None
+            with w.block(guard) if guard else nullcontext():
+                _finish(kc, ev, stage, node, bias_term, acc, add(mul(g, mg), mm) if G > 1 else mm, (img, oh, ow))
+
+
+def _finish(kc, ev, stage: Stage, node: Node, bias_term, acc: str, oc: str, where: tuple) -> None:
+    img, oh, ow = where
+    out = node.outputs[0]
+    with ev.scope():
+        y = kc.tmp("y")
+        kc.w.line(f"const int32_t {y} = {bias_term(ev, node, acc, oc)};")
+        finish_element(kc, ev, stage, out, Index(out.shape, (img, oc, oh, ow)), y)
