@@ -188,3 +188,48 @@ def test_same_c_twice():
     pa, pb = plan_model(g).plan, plan_model(g).plan
     a, b = generate(pa.graph, pa), generate(pb.graph, pb)
     assert a.source == b.source and a.weights == b.weights
+
+
+# dequantize_late: data movement before the dequantization; one dequantization per reader ---------
+
+def _dq(b, q, zp=-3, scale=0.05):
+    c = b.op("Cast", q, to=int(TensorProto.FLOAT))
+    return b.op("Mul", b.op("Sub", c, b.const("zp", np.array(zp, np.float32))), b.const("s", np.array(scale, np.float32)))
+
+
+def test_dequantize_late_moves_a_split_and_a_flatten_and_clones_per_reader():
+    from opfuse.rewrites import rewrite
+    b = GraphBuilder("t")
+    q = b.input("q", (1, 4, 3, 3), "int8")
+    s0, s1 = b.op("Split", _dq(b, q), num_outputs=2, axis=1, split=[2, 2])
+    f = b.op("Neg", b.op("Flatten", _dq(b, q), axis=1))
+    y0 = b.op("Relu", s0)
+    y1 = b.op("Add", s0, s1)
+    g = b.build(y0, y1, f)
+    feeds = {"q": RNG.integers(-128, 128, (1, 4, 3, 3)).astype(np.int8)}
+    want = run(g, feeds)
+    result = rewrite(g)
+    done = [d.reason for d in result.decisions if d.rule == "dequantize_late" and d.verdict == "rewritten"]
+    assert any("moved" in r for r in done) and any("cloned" in r for r in done)
+    moves = [n for n in g.nodes if n.op_type in ("Split", "Flatten")]
+    assert all(n.input(0).dtype == np.int8 for n in moves)  # the int8 tensor is what moves
+    for n in g.nodes:  # every dequantization has one reader
+        if n.op_type == "Mul":
+            assert len(n.outputs[0].uses) <= 1
+    got = run(g, feeds)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+
+
+def test_dequantize_late_refuses_a_graph_output_and_a_vector_scale():
+    from opfuse.rewrites import rewrite
+    b = GraphBuilder("t")
+    q = b.input("q", (1, 4, 3, 3), "int8")
+    c = b.op("Cast", q, to=int(TensorProto.FLOAT))
+    per_channel = b.op("Mul", c, b.const("s", np.full((1, 4, 1, 1), 0.1, np.float32)))
+    g = b.build(b.op("Flatten", per_channel, axis=1), b.op("Flatten", _dq(b, q), axis=1))
+    result = rewrite(g)
+    flats = [n for n in g.nodes if n.op_type == "Flatten"]
+    assert all(n.input(0).dtype == np.float32 for n in flats)  # neither moved
+    refused = [d for d in result.decisions if d.rule == "dequantize_late" and d.verdict != "rewritten"]
+    assert any("graph output" in d.reason for d in refused)
