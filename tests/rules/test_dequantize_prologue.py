@@ -194,7 +194,8 @@ def test_same_c_twice():
 
 def _dq(b, q, zp=-3, scale=0.05):
     c = b.op("Cast", q, to=int(TensorProto.FLOAT))
-    return b.op("Mul", b.op("Sub", c, b.const("zp", np.array(zp, np.float32))), b.const("s", np.array(scale, np.float32)))
+    centred = b.op("Sub", c, b.const("zp", np.array(zp, np.float32)))
+    return b.op("Mul", centred, b.const("s", np.array(scale, np.float32)))
 
 
 def test_dequantize_late_moves_a_split_and_a_flatten_and_clones_per_reader():
