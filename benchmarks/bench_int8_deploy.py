@@ -7,8 +7,9 @@
 Each model is quantized with minmax calibration on 8 seeded random inputs (int8 activations per
 tensor, int8 weights per channel), then:
 
-* **M7**: planned for ``cortex-m7`` unfused (``--no-fuse``) and with the target's default plan
-  (fused, patch-based execution where it lowers the arena), built as the standalone library and run
+* **M7**: planned for ``cortex-m7`` unfused (``--no-fuse``), fused without patching
+  (``--patch-recompute-limit 0``) and with the target's default plan ("patched": patch-based
+  execution where it lowers the arena, recomputing halo rows), built as the standalone library and run
   once on QEMU's mps2-an500 (``-icount``: exact, deterministic instruction counts). Checked against
   the NumPy reference on the same inputs (max abs error of the float output, and the int8 logits
   equal). MACs are the Conv/Gemm/MatMul multiply-accumulates of the graph. The arena includes the
@@ -59,8 +60,8 @@ def macs(graph) -> int:
     return total
 
 
-def m7_row(model, fuse: bool, feeds: dict, want: dict, workdir: Path) -> dict:
-    comp = plan_model(model, CompileOptions(target="cortex-m7", fuse=fuse))
+def m7_row(model, opts: dict, feeds: dict, want: dict, workdir: Path) -> dict:
+    comp = plan_model(model, CompileOptions(target="cortex-m7", **opts))
     program = mcu.generate_mcu(comp.graph, comp.plan, comp.memory)
     res = mcu.run_on_qemu(program, feeds, workdir)
     err = max(float(np.abs(res.outputs[k].astype(np.float64) - v).max()) for k, v in want.items())
@@ -162,17 +163,19 @@ def markdown(rows: list[dict], case: str = "") -> str:
              "issue 15's figures. X-CUBE-AI reports 0.9 cycles/MAC on VWW (cycles, not instructions: the M7 "
              "issues up to two instructions a cycle, so instructions/MAC is an upper bound on its cycles/MAC "
              "only if nothing stalls).", "",
-             "| model | MACs | kernels | instr. unfused | instr. fused | instr./MAC fused | arena KiB (tensor bound) "
-             "| layer-by-layer bound KiB | TFLM arena KiB | tensors between kernels | max abs err |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| model | MACs | kernels | instr. unfused | instr. fused | instr./MAC fused | instr. patched "
+             "| arena KiB unfused / fused / patched | layer-by-layer bound KiB | TFLM arena KiB "
+             "| tensors between kernels | max abs err |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        u, f = r["unfused"], r["fused"]
+        u, f, p = r["unfused"], r["fused"], r["patched"]
         q = f["int8"]["tensors_between_kernels"] if f.get("int8") else {}
         lines.append(f"| {r['model']} | {r['macs']:,} | {u['kernels']} -> {f['kernels']} | {u['instructions']:,} | "
-                     f"{f['instructions']:,} | {f['instructions'] / r['macs']:.2f} | {kib(f['arena_bytes'])} "
-                     f"({kib(f['arena_lower_bound_bytes'])}) | {LAYER_BOUND_KIB[r['model']]} | "
-                     f"{TFLM_ARENA_KIB[r['model']]} | {q.get('int8', 0)} int8, {q.get('other', 0)} wider | "
-                     f"{max(u['max_abs_error'], f['max_abs_error']):.1e} |")
+                     f"{f['instructions']:,} | {f['instructions'] / r['macs']:.2f} | {p['instructions']:,} | "
+                     f"{kib(u['arena_bytes'])} / {kib(f['arena_bytes'])} / {kib(p['arena_bytes'])} | "
+                     f"{LAYER_BOUND_KIB[r['model']]} | {TFLM_ARENA_KIB[r['model']]} | "
+                     f"{q.get('int8', 0)} int8, {q.get('other', 0)} wider | "
+                     f"{max(x['max_abs_error'] for x in (u, f, p)):.1e} |")
     host = [r for r in rows if r.get("host")]
     if host:
         lines += ["", "Host (1 thread, interleaved, medians): opfuse fused on the QDQ model vs onnxruntime on "
@@ -218,9 +221,9 @@ def main(argv: list[str] | None = None) -> int:
         feeds = reference.random_inputs(graph, 0)
         want = reference.run(graph, feeds)
         row: dict = {"model": name, "macs": macs(graph)}
-        for label, fuse in (("unfused", False), ("fused", True)):
+        for label, opts in CASE_PLANS.items():
             with tempfile.TemporaryDirectory(prefix=f"bench-int8-{name}-") as tmp:
-                row[label] = m7_row(qmodel, fuse, feeds, want, Path(tmp))
+                row[label] = m7_row(qmodel, opts, feeds, want, Path(tmp))
             print(f"{name} {label}: {row[label]['instructions']:,} instructions, arena {row[label]['arena_bytes']:,}",
                   file=sys.stderr, flush=True)
         if name in host:
