@@ -6,7 +6,10 @@ The Conv of a quantized model reads ``x = int32(x_q) - x_zp`` (its dequantizing 
 
 1. gathers the window into an int16 column ``col[k]``, ``k = (c, kh, kw)`` of the group's
    ``K = C/G * KH * KW`` inputs (zero where the window lies in the padding: the centred value of
-   the padding, as in the unfused graph), padded to an even length ``Kp``;
+   the padding, as in the unfused graph), padded to an even length ``Kp``; a window wholly inside
+   the input gathers the 8-bit values themselves and ``x_zp * sum_k w[m, k]`` comes off the dot
+   product instead (``sum w (q - zp) = sum w q - zp sum w``), one subtraction per output rather
+   than one per tap;
 2. for each output channel ``m`` of the group takes ``acc = sum_k w16[m, k] * col[k]`` over the
    weights packed at build time as int16 rows of ``Kp``, two output channels per pass so that
    each column word is loaded once for both;
@@ -133,9 +136,25 @@ def _inside(out_len: int, in_len: int, stride: int, span: int, pad: int) -> tupl
     return min(lo, out_len), max(min(lo, out_len), min(hi, out_len))
 
 
-def _gather(kc, ev, x: Value, col: str, where: tuple, geo, G: int, checked: bool) -> None:
+def _raw_source(x: Value, ev) -> tuple[Value, int] | None:
+    """``(q, zp)`` when ``x = int32(q) - zp`` is computed in this kernel (its prologue) with a nonzero
+    constant ``zp``: windows inside the input then gather ``q`` itself and take ``zp * sum(w)`` off the
+    dot product (the input offset folded out, as CMSIS-NN and TFLite do)."""
+    sub = x.producer
+    if sub is None or sub.op_type != "Sub" or id(sub) not in ev.inline:
+        return None
+    cast = sub.input(0).producer
+    zp = ev.static.get(id(sub.input(1)))
+    if cast is None or cast.op_type != "Cast" or id(cast) not in ev.inline or zp is None or zp.size != 1:
+        return None
+    z = int(zp.reshape(-1)[0])
+    return (cast.input(0), z) if z else None
+
+
+def _gather(kc, ev, x: Value, col: str, where: tuple, geo, G: int, checked: bool, raw: Value | None = None) -> None:
     """``col[(c * KH + kh) * KW + kw]`` = the (dequantized) input under the window at ``(oh, ow)``,
-    0 in the padding (``checked``: test each tap; else the window is known to be inside)."""
+    0 in the padding (``checked``: test each tap; else the window is known to be inside, and ``raw``,
+    when given, is gathered instead: the 8-bit tensor before its zero point is taken off)."""
     w = kc.w
     img, g, cg, oh, ow = where
     _, _, H, W = x.shape
@@ -154,7 +173,8 @@ def _gather(kc, ev, x: Value, col: str, where: tuple, geo, G: int, checked: bool
                         w.line(f"{slot} = (int16_t)({ev.at(x, Index(x.shape, (img, ch, ih, iw)))});")
                     w.line(f"else {slot} = 0;")
                 else:
-                    w.line(f"{slot} = (int16_t)({ev.at(x, Index(x.shape, (img, ch, ih, iw)))});")
+                    src = raw if raw is not None else x
+                    w.line(f"{slot} = (int16_t)({ev.at(src, Index(src.shape, (img, ch, ih, iw)))});")
 
 
 def lower_int8_conv(kc, ev, stage: Stage, bias_term) -> None:
@@ -176,6 +196,13 @@ def lower_int8_conv(kc, ev, stage: Stage, bias_term) -> None:
     wq = kc.const_array(("int8_conv", node.name), packed, f"{wt.name}_s16", np.int16)
     kc.note(lambda name: f"int8 conv '{name}': int16 columns of {Kp}, SMLAD with the DSP extension", node)
     kc.program.require_helper(DOT_HELPER, DOT_C)
+    # Folding the zero point out costs a multiply-subtract per output and saves a subtraction per
+    # gathered tap: worth it when each input is gathered more than once (a window of several taps).
+    raw = _raw_source(x, ev) if KH * KW > 1 else None
+    wsum = None
+    if raw is not None:  # sum of each output channel's weights, for the zero point folded out
+        wsum = kc.const_array(("int8_conv_wsum", node.name), per_group.reshape(OC, K).sum(axis=1).astype(np.int32),
+                              f"{wt.name}_sum", np.int32)
     col_off = kc.scratch(Kp * 2)
     w = kc.w
     padded = any(geo.pads_begin) or any(geo.pads_end)
@@ -191,25 +218,36 @@ def lower_int8_conv(kc, ev, stage: Stage, bias_term) -> None:
             oh, ow = kc.tmp("oh"), kc.tmp("ow")
             w.line(f"const long {oh} = {p} / {OW}, {ow} = {p} % {OW};")
             where = (img, g, cg, oh, ow)
+            zc = None
+            if raw is not None:
+                zc = kc.tmp("zc")
+                w.line(f"int32_t {zc} = {raw[1]};")
             if padded:  # windows wholly inside the input gather without a test per tap
                 (hlo, hhi), (wlo, whi) = (_inside(OH, H, SH, DH * (KH - 1), PT),
                                           _inside(OW, W, SW, DW * (KW - 1), PL))
                 with w.block(f"if ({oh} >= {hlo} && {oh} < {hhi} && {ow} >= {wlo} && {ow} < {whi})"):
-                    _gather(kc, ev, x, col, where, geo, G, checked=False)
+                    _gather(kc, ev, x, col, where, geo, G, checked=False, raw=raw[0] if raw else None)
                 with w.block("else"):
                     _gather(kc, ev, x, col, where, geo, G, checked=True)
+                    if zc is not None:
+                        w.line(f"{zc} = 0;")
             else:
-                _gather(kc, ev, x, col, where, geo, G, checked=False)
+                _gather(kc, ev, x, col, where, geo, G, checked=False, raw=raw[0] if raw else None)
+
+            def corrected(acc: str, oc: str) -> str:
+                return acc if zc is None else f"({acc} - {zc} * {wsum}[{oc}])"
             if mg == 1:  # depthwise: one output channel per group
                 acc = kc.tmp("acc")
                 row = f"{wq} + {g} * {Kp}" if G > 1 else wq
+                oc = g if G > 1 else "0"
                 w.line(f"const int32_t {acc} = opfuse_dot_s16({row}, {col}, {Kp // 2});")
-                _finish(kc, ev, stage, node, bias_term, acc, g if G > 1 else "0", (img, oh, ow))
+                _finish(kc, ev, stage, node, bias_term, corrected(acc, oc), oc, (img, oh, ow))
             else:
-                _channel_pairs(kc, ev, stage, node, bias_term, (wq, col, Kp, mg, mg_p, G), (img, g, oh, ow))
+                _channel_pairs(kc, ev, stage, node, bias_term, (wq, col, Kp, mg, mg_p, G), (img, g, oh, ow),
+                               corrected)
 
 
-def _channel_pairs(kc, ev, stage: Stage, node: Node, bias_term, dims: tuple, where: tuple) -> None:
+def _channel_pairs(kc, ev, stage: Stage, node: Node, bias_term, dims: tuple, where: tuple, corrected) -> None:
     """Two output channels per pass over the column (the last alone when their count is odd)."""
     wq, col, Kp, mg, mg_p, G = dims
     img, g, oh, ow = where
@@ -224,7 +262,8 @@ def _channel_pairs(kc, ev, stage: Stage, node: Node, bias_term, dims: tuple, whe
             mm = f"{m} + {j}" if j else m
             guard = f"if ({mm} < {mg})" if mg % CHANNELS_PER_PASS and j else None
             with w.block(guard) if guard else nullcontext():
-                _finish(kc, ev, stage, node, bias_term, acc, add(mul(g, mg), mm) if G > 1 else mm, (img, oh, ow))
+                oc = add(mul(g, mg), mm) if G > 1 else mm
+                _finish(kc, ev, stage, node, bias_term, corrected(acc, oc), oc, (img, oh, ow))
 
 
 def _finish(kc, ev, stage: Stage, node: Node, bias_term, acc: str, oc: str, where: tuple) -> None:
