@@ -102,3 +102,37 @@ def test_same_c_twice():
     pa, pb = plan_model(g).plan, plan_model(g).plan
     a, b = generate(pa.graph, pa), generate(pb.graph, pb)
     assert a.source == b.source and a.weights == b.weights
+
+
+def _int8_layer(b, x, cin, cout, *, k=3, stride=1, group=1, seed=0):
+    rng = np.random.default_rng(seed)
+    xc = b.op("Sub", b.op("Cast", x, to=int(TensorProto.INT32)), b.const("zp", np.array(-128, np.int32)))
+    w = rng.integers(-127, 128, (cout, cin // group, k, k)).astype(np.int32)
+    acc = b.op("Conv", xc, b.const("w", w), pads=[k // 2] * 4, strides=[stride] * 2, group=group)
+    pairs = [fixed_point_multiplier(float(m)) for m in rng.uniform(1e-4, 1e-3, cout)]
+    mult = np.array([p[0] for p in pairs], np.int32).reshape(1, cout, 1, 1)
+    shift = np.array([p[1] for p in pairs], np.int32).reshape(1, cout, 1, 1)
+    return b.op("Requantize", acc, b.const("m", mult), b.const("s", shift), zero_point=-128, lo=-128, hi=127,
+                to=int(TensorProto.INT8))
+
+
+def test_int8_layers_run_patched_within_a_small_arena_bit_exact():
+    """The seed's first layers (conv s2, depthwise, pointwise) in int8 under a memory budget: banded
+    (patch-based) execution of 8-bit tensors, exact on the plain C path of the Cortex-M7."""
+    from opfuse.codegen.options import PORTABLE
+    b = GraphBuilder("head")
+    x = b.input("x", (1, 3, 32, 32), "int8")
+    y = _int8_layer(b, x, 3, 8, stride=2, seed=1)
+    y = _int8_layer(b, y, 8, 8, group=8, seed=2)
+    y = _int8_layer(b, y, 8, 16, k=1, seed=3)
+    g = b.build(y)
+    budget = 4096  # the whole-tensor plan needs 4 KiB (two 16x16x8 int8 tensors)
+    comp = plan_model(g, CompileOptions(target="cortex-m7", memory_budget_bytes=budget))
+    runs = comp.report["patching"]["runs"]
+    assert runs and len(runs[0]["groups"]) == 3
+    assert comp.report["memory_budget"]["arena_bytes"] <= budget
+    feeds = _feeds(g)
+    got = build(comp.graph, comp.plan, memory=comp.memory, options=PORTABLE).run(feeds)
+    want = run(g, feeds)
+    (name,) = want
+    np.testing.assert_array_equal(got[name], want[name])
