@@ -130,11 +130,12 @@ def test_a_float_model_is_planned_as_before():
 I32 = int(TensorProto.INT32)
 
 
-def _graph_conv_prologue(src_dtype="int8", extra_reader=False):
+def _graph_conv_prologue(src_dtype="int8", extra_reader=False, runtime_zp=False):
     """x (8-bit) -> Cast(int32) -> Sub(zero point) -> Conv [-> and Neg(the centred x)]."""
     b = GraphBuilder("t")
     x = b.input("x", (1, 2, 5, 5), src_dtype)
-    s = b.op("Sub", b.op("Cast", x, name="cast", to=I32), b.const("zp", np.array(3, np.int32)), name="sub")
+    zp = b.input("zpv", (), "int32") if runtime_zp else b.const("zp", np.array(3, np.int32))
+    s = b.op("Sub", b.op("Cast", x, name="cast", to=I32), zp, name="sub")
     y = b.op("Conv", s, b.const("w", np.ones((2, 2, 3, 3), np.int32)), name="conv", pads=[1, 1, 1, 1])
     return b.build(y, b.op("Neg", s, name="neg")) if extra_reader else b.build(y)
 
@@ -151,7 +152,7 @@ def test_prologue_of_an_int8_tensor_is_legal():
 
 
 @pytest.mark.parametrize("kwargs, reason", [
-    ({"src_dtype": "int32"}, "'cast' (Cast) reads 'x' (int32): a prologue reads an 8-bit tensor and constants only"),
+    ({"runtime_zp": True}, "'sub' (Sub) reads 'zpv' (int32): a prologue reads an 8-bit tensor and constants only"),
     ({"extra_reader": True}, "prologue value 'sub' is also read outside the group: the anchor reads its prologue "
                              "through registers only"),
 ])
@@ -180,7 +181,9 @@ def test_a_float_prologue_into_a_conv_is_still_refused():
     g = b.build(b.op("Conv", b.op("Relu", x, name="relu"), b.const("w", np.ones((2, 2, 1, 1), np.float32)),
                      name="conv"))
     got = classify(list(g.nodes), g)
-    assert isinstance(got, Refusal) and "reads 'x' (float32)" in got.reason
+    assert isinstance(got, Refusal)
+    assert got.reason.endswith("out-elementwise-fusable ops take an epilogue, never a prologue")
+    assert "reads 'x' (float32)" in prologue_refusal([g.node("relu")], g.node("conv"), {id(n) for n in g.nodes}).reason
 
 
 def test_same_c_twice():

@@ -31,7 +31,7 @@ from opfuse.rules.attention import attention_structure
 from opfuse.rules.categories import (category_name, is_elementwise, is_injective, is_oef, is_opaque,
                                       is_pointwise, is_reduction)
 from opfuse.rules.decisions import RefusalKind, Refusal
-from opfuse.rules.quantized import prologue_refusal
+from opfuse.rules.quantized import prologue_refusal, reads_8bit
 from opfuse.ir.graph import Graph, Node, Value
 from opfuse.ir.walk import ancestors_within, components_within, descendants_within
 
@@ -136,6 +136,9 @@ def _epilogue(nodes: list[Node], graph: Graph, anchor: Node, outputs: frozenset[
     prologue = [n for n in nodes if id(n) in up]
     if prologue:
         r = prologue_refusal(prologue, anchor, ids)
+        if r is not None and not reads_8bit(prologue, ids):
+            return _forbid(f"{_desc(prologue[0])} would feed {_desc(anchor)}: out-elementwise-fusable ops take an "
+                           f"epilogue, never a prologue")
         if r is not None:
             return _forbid(f"{_desc(prologue[0])} would feed {_desc(anchor)}: out-elementwise-fusable ops take "
                            f"an epilogue, and a prologue only to dequantize an 8-bit operand ({r.reason})")

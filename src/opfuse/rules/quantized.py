@@ -80,6 +80,12 @@ def prologue_refusal(prologue: list[Node], anchor: Node, inside: set[int]) -> Re
     return None
 
 
+def reads_8bit(prologue: list[Node], inside: set[int]) -> bool:
+    """Does ``prologue`` read an 8-bit tensor from outside the group (is it a dequantization at all)?"""
+    return any(v.dtype in EIGHT_BIT and not v.is_const and (v.producer is None or id(v.producer) not in inside)
+               for n in prologue for v in n.input_values())
+
+
 def _anchor_path(reader: Node, chain: set[int]) -> list[Node]:
     """The Conv/MatMul/Gemm whose result ``reader`` (elementwise) combines with the dequantized tensor,
     and the ops between them, each read only on that path: ``acc -> Add(bias) -> Requantize(.., res)``.
@@ -128,4 +134,4 @@ DEQUANTIZE_PROLOGUE = Rule(
     description="int8/uint8 tensor -> Cast/Sub/Mul -> into the op reading it (a Conv/MatMul/Gemm's prologue)")
 
 
-__all__ = ["DEQUANTIZE_PROLOGUE", "prologue_refusal", "dequantize_pattern", "RULE"]
+__all__ = ["DEQUANTIZE_PROLOGUE", "prologue_refusal", "reads_8bit", "dequantize_pattern", "RULE"]
