@@ -55,6 +55,7 @@ def prologue_refusal(prologue: list[Node], anchor: Node, inside: set[int]) -> Re
     fed = [i for i, v in enumerate(anchor.inputs) if v is not None and id(v) in made]
     if any(i not in DATA_SLOTS[anchor.op_type] for i in fed):
         return _refuse(f"the prologue feeds operand {fed} of '{anchor.name}' ({anchor.op_type}), not its data")
+    shapes = {v.shape for v in anchor.inputs if v is not None and id(v) in made}  # the operands it feeds
     sources = 0
     for n in prologue:
         if not is_pointwise(n):
@@ -72,7 +73,6 @@ def prologue_refusal(prologue: list[Node], anchor: Node, inside: set[int]) -> Re
                     where = "outside the group" if id(u) not in inside else f"by '{u.name}' after the anchor"
                     return _refuse(f"prologue value '{v.name}' is also read {where}: the anchor reads its "
                                    f"prologue through registers only")
-        shapes = {v.shape for u in [anchor] for v in u.inputs if v is not None and id(v) in made}
         if any(v.shape not in shapes for v in n.outputs):
             return _refuse(f"'{n.name}' ({n.op_type}) changes the shape before '{anchor.name}'")
     if not sources:
