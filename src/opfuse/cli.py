@@ -298,6 +298,43 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a size in bytes: {text!r}") from None
 
 
+def _add_calibration_args(p, required: bool) -> None:
+    """The calibration options of ``opfuse quantize`` (and of ``compile --int8``)."""
+    from opfuse.quantization import ACTIVATION_TYPES, DEFAULT_ACTIVATION_TYPE, DEFAULT_PERCENTILE, METHODS
+    cal = p.add_mutually_exclusive_group(required=required)
+    cal.add_argument("--calibration", metavar="DATA.npz",
+                     help="calibration samples: arrays keyed by input name, shaped (S, *input shape)")
+    cal.add_argument("--calibration-random", type=int, metavar="N", help="calibrate on N seeded random inputs")
+    p.add_argument("--method", choices=METHODS, default="minmax", help="activation range calibration (default minmax)")
+    p.add_argument("--activation-type", choices=list(ACTIVATION_TYPES), default=DEFAULT_ACTIVATION_TYPE,
+                   help=f"activation type (default {DEFAULT_ACTIVATION_TYPE}, as onnxruntime's QDQ default)")
+    p.add_argument("--percentile", type=float, default=DEFAULT_PERCENTILE,
+                   help=f"percentile method: the values kept, in percent (default {DEFAULT_PERCENTILE})")
+
+
+def _add_int8_args(p) -> None:
+    p.add_argument("--int8", action="store_true",
+                   help="quantize first (as 'opfuse quantize', with its calibration options), then compile the "
+                        "QDQ model: int8 tensors between kernels, integer convolutions")
+    _add_calibration_args(p, required=False)
+
+
+def _int8_model(args):
+    """``compile --int8``: the QDQ model of ``args.model`` (calibrated as ``opfuse quantize``); the model
+    itself without ``--int8``."""
+    if not args.int8:
+        if args.calibration is not None or args.calibration_random is not None:
+            raise OpfuseError("--calibration and --calibration-random are for --int8")
+        return args.model
+    if args.calibration is None and args.calibration_random is None:
+        raise OpfuseError("--int8 needs calibration samples: --calibration DATA.npz or --calibration-random N")
+    from opfuse.quantization import quantize
+    result = quantize(args.model, args.calibration, calibration_random=args.calibration_random, method=args.method,
+                      activation_type=args.activation_type, percentile=args.percentile,
+                      input_shapes=_input_shapes(args))
+    return result.model
+
+
 def _compile_options(args):
     from opfuse.compiler import CompileOptions
     disable = [n for item in (args.disable or []) for n in item.split(",") if n]
@@ -428,7 +465,7 @@ def _predicted_vs_measured(report: dict) -> str:
 
 def cmd_compile(args) -> int:
     import json
-    from opfuse.compiler import plan_model
+    from opfuse.compiler import int8_lines, plan_model
     from opfuse.files import atomic_writer, check_writable
     if args.measure and args.repeat < 1:
         raise OpfuseError(f"--repeat must be at least 1, got {args.repeat}")
@@ -437,7 +474,7 @@ def cmd_compile(args) -> int:
         if path:
             check_writable(path, folder=folder)  # before the work, not after it
     say = (lambda *a, **k: None) if args.json else print  # --json: the result alone on stdout
-    comp = plan_model(args.model, _compile_options(args))
+    comp = plan_model(_int8_model(args), _compile_options(args))
     written: list[str] = []
     extra: dict = {}  # --json: what the text output shows besides the report
     if args.pareto:
@@ -459,7 +496,7 @@ def cmd_compile(args) -> int:
         for inst in (comp.context.instrument(PassTiming), comp.context.instrument(RuleStatistics)):
             if inst is not None:
                 say(inst.report())
-    for line in _summary_lines(comp):
+    for line in _summary_lines(comp) + int8_lines(comp.report):
         say(line)
     if args.report_json:
         with atomic_writer(args.report_json) as f:
@@ -964,6 +1001,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the fused model as ONNX, each fusion group a local function (view it in Netron)")
     p.add_argument("--html", metavar="FILE", help="write the HTML report (graph, groups, roofline, arena, decisions)")
     _add_layout(p)
+    _add_int8_args(p)
     _add_json(p)
     p.set_defaults(fn=cmd_compile)
 
@@ -1040,19 +1078,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_json(p)
     p.set_defaults(fn=cmd_profile)
 
-    from opfuse.quantization import ACTIVATION_TYPES, DEFAULT_ACTIVATION_TYPE, DEFAULT_PERCENTILE, METHODS
     from opfuse.quantization.accuracy import DEFAULT_REPORT_SAMPLES
     p = sub.add_parser("quantize", help="post-training static INT8 quantization to QDQ ONNX, after fusion")
     _add_model(p)
-    cal = p.add_mutually_exclusive_group(required=True)
-    cal.add_argument("--calibration", metavar="DATA.npz",
-                     help="calibration samples: arrays keyed by input name, shaped (S, *input shape)")
-    cal.add_argument("--calibration-random", type=int, metavar="N", help="calibrate on N seeded random inputs")
-    p.add_argument("--method", choices=METHODS, default="minmax", help="activation range calibration (default minmax)")
-    p.add_argument("--activation-type", choices=list(ACTIVATION_TYPES), default=DEFAULT_ACTIVATION_TYPE,
-                   help=f"activation type (default {DEFAULT_ACTIVATION_TYPE}, as onnxruntime's QDQ default)")
-    p.add_argument("--percentile", type=float, default=DEFAULT_PERCENTILE,
-                   help=f"percentile method: the values kept, in percent (default {DEFAULT_PERCENTILE})")
+    _add_calibration_args(p, required=True)
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the quantized .onnx file to write")
     p.add_argument("--report", action="store_true", help="print the accuracy report against the float model")
     p.add_argument("--report-json", metavar="FILE", help="write the scales and the accuracy report as JSON")

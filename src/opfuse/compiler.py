@@ -152,7 +152,8 @@ def _constraints(opts: CompileOptions):
 def _choose_plan(graph: Graph, candidates: FusionPlan, ctx, opts: CompileOptions):
     """The cost model's choice among the rules' candidates and their legal parts (or the rules'
     plan itself with ``planner="rules"``)."""
-    if not opts.fuse or opts.planner == "rules":
+    if not opts.fuse or opts.planner == "rules" or (opts.planner == "auto" and not opts.objective
+                                                    and is_quantized(graph)):
         return candidates, None
     from opfuse.planner import Objective, plan_fusion
     from opfuse.rules.legality import RuleLegality, annotate_plan
@@ -244,12 +245,70 @@ def plan_model(model, options: CompileOptions | None = None, **kwargs) -> Compil
     if plan_result is not None:
         _merge_planner_report(report, plan_result.to_json())
     report.update(memory.report())
+    if is_quantized(graph):
+        report["int8"] = int8_report(graph, plan)
     return Compilation(original, graph, plan, decisions, fusion_report, opts, ctx, memory, plan_result, report)
 
 
 # Targets whose whole working memory is on-chip SRAM: the arena (tensors and kernel scratch) must fit
 # the memory budget, by default the profile's on-chip bytes.
 SRAM_TARGETS = ("cortex-m7",)
+
+
+def int8_report(graph: Graph, plan: FusionPlan) -> dict:
+    """What runs in int8: the kernels whose every tensor read or written (weights aside) is 8-bit, those
+    whose Conv/MatMul/Gemm accumulates in int32, the others by name; the tensors between kernels."""
+    from opfuse.rules.quantized import EIGHT_BIT
+    kernels, int8_io, integer, other = 0, 0, 0, []
+    between: dict[str, int] = {}
+    tensors = {"int8": 0, "other": 0, "int8_bytes": 0, "other_bytes": 0}
+    for g in plan.groups:
+        if g.attrs.get("zero_copy"):
+            continue
+        kernels += 1
+        ins = [v for n in g.nodes for v in n.input_values() if not v.is_const and v.producer not in g.nodes]
+        outs = g.outputs(graph)
+        if all(v.dtype in EIGHT_BIT for v in ins + outs):
+            int8_io += 1
+        else:
+            other.append(g.name)
+        if any(n.op_type in ("Conv", "MatMul", "Gemm") and n.outputs[0].dtype.name == "int32" for n in g.nodes):
+            integer += 1
+        for v in outs:
+            if v.uses and v.name not in between:
+                between[v.name] = 1
+                key = "int8" if v.dtype in EIGHT_BIT else "other"
+                tensors[key] += 1
+                tensors[f"{key}_bytes"] += v.nbytes
+    return {"kernels": kernels, "int8_in_out": int8_io, "integer_accumulate": integer, "not_int8": other,
+            "tensors_between_kernels": tensors}
+
+
+def int8_lines(report: dict) -> list[str]:
+    """The ``int8`` record in two lines (``compile --int8`` prints them)."""
+    q = report.get("int8")
+    if not q:
+        return []
+    t = q["tensors_between_kernels"]
+    lines = [f"int8: {q['int8_in_out']} of {q['kernels']} kernels read and write only 8-bit tensors, "
+             f"{q['integer_accumulate']} accumulate in int32; tensors between kernels: {t['int8']} int8 "
+             f"({t['int8_bytes']:,} bytes), {t['other']} wider ({t['other_bytes']:,} bytes)"]
+    if q["not_int8"]:
+        lines.append(f"  not int8 at the boundary: {', '.join(q['not_int8'])}")
+    return lines
+
+
+def is_quantized(graph: Graph) -> bool:
+    """Does an op of ``graph`` read an 8-bit activation (a non-constant int8/uint8 tensor)?
+
+    A model quantized to 8 bits is quantized for memory, so with ``planner="auto"`` and no objective
+    its plan is the fusion rules' own: every 8-bit tensor stays 8-bit between kernels (its readers
+    dequantize it in their prologues, ``rules/quantized.py``). The latency model would split some
+    of those prologues off (re-running a Cast/Sub per im2col element is predicted ~3% slower than
+    writing the centred int32 tensor once), and its memory term sees the peak only, not the 4x larger
+    tensors elsewhere. ``--planner exact|greedy`` or an ``--objective`` asks for the cost model."""
+    from opfuse.rules.quantized import EIGHT_BIT
+    return any(v.dtype in EIGHT_BIT and not v.is_const and v.uses for v in graph.values.values())
 # When the arena exceeds the budget at the target's recompute limit, patching is retried with these
 # limits (extra multiply-accumulates as a fraction of the model's), the first that fits kept.
 SRAM_RECOMPUTE_LADDER = (0.3, 1.0, 3.0, 10.0, 100.0)

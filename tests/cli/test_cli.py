@@ -238,3 +238,24 @@ def test_compile_stats_prints_pass_timing_and_rule_statistics(capsys):
     attempts, matches, applied = (int(x) for x in rows["recognize_layernorm"][:3])
     assert applied == matches == 2 and attempts >= matches  # anchors tried are counted
     assert "recognize" in out and "total" in out
+
+
+def test_compile_int8_quantizes_then_says_what_runs_in_int8(capsys, tmp_path):
+    path = tmp_path / "r.json"
+    code, out, _ = run_cli(capsys, "compile", "zoo:ds_cnn", "--int8", "--calibration-random", "2", "-q",
+                           "--report-json", str(path))
+    assert code == 0
+    assert "int8: 10 of 13 kernels read and write only 8-bit tensors, 9 accumulate in int32" in out
+    assert "not int8 at the boundary: input_QuantizeLinear/Div, fc, softmax" in out  # float in, float logits
+    import json
+    record = json.loads(path.read_text())["int8"]
+    assert record["integer_accumulate"] == 9 and record["tensors_between_kernels"]["int8"] == 11
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--int8"], "--int8 needs calibration samples"),
+    (["--calibration-random", "2"], "--calibration and --calibration-random are for --int8"),
+])
+def test_compile_int8_options_are_checked(capsys, argv, message):
+    code, _, err = run_cli(capsys, "compile", "zoo:ds_cnn", "-q", *argv)
+    assert code == 2 and message in err and "Traceback" not in err

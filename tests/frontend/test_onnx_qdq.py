@@ -20,8 +20,8 @@ F, I8, U8 = TensorProto.FLOAT, TensorProto.INT8, TensorProto.UINT8
 
 
 def qdq_conv(act=np.int8, relu=True, per_channel=True, bias=True, bias_scale_factor=1.0, extra_reader=False,
-             group=1):
-    """x (float) -> Q -> DQ -> Conv(DQ(W), DQ(B)) -> [Relu] -> Q -> DQ -> y (float)."""
+             group=1, residual=False):
+    """x (float) -> Q -> DQ -> Conv(DQ(W), DQ(B)) -> [+ DQ(x_q), the residual] -> [Relu] -> Q -> DQ -> y."""
     cin, cout = 8, 8
     w_q = RNG.integers(-127, 128, (cout, cin // group, 3, 3)).astype(np.int8)
     ws = (RNG.uniform(0.002, 0.01, cout) if per_channel else np.array(0.005)).astype(np.float32)
@@ -43,8 +43,12 @@ def qdq_conv(act=np.int8, relu=True, per_channel=True, bias=True, bias_scale_fac
         conv_in.append("b_dq")
     nodes.append(helper.make_node("Conv", conv_in, ["c"], name="conv", pads=[1, 1, 1, 1], group=group))
     last = "c"
+    if residual:
+        nodes += [helper.make_node("DequantizeLinear", ["x_q", "xs", "xz"], ["x_res"]),
+                  helper.make_node("Add", ["c", "x_res"], ["c_res"])]
+        last = "c_res"
     if relu:
-        nodes.append(helper.make_node("Relu", ["c"], ["r"]))
+        nodes.append(helper.make_node("Relu", [last], ["r"]))
         last = "r"
     nodes += [helper.make_node("QuantizeLinear", [last, "ys", "yz"], ["y_q"]),
               helper.make_node("DequantizeLinear", ["y_q", "ys", "yz"], ["y"])]
@@ -59,12 +63,14 @@ def _x():
     return {"x": (RNG.standard_normal((1, 8, 10, 9)) * 2).astype(np.float32)}
 
 
-@pytest.mark.parametrize("act, relu, per_channel, bias, group", [
-    (np.int8, True, True, True, 1), (np.uint8, True, True, True, 1), (np.int8, False, False, True, 1),
-    (np.int8, True, True, False, 1), (np.uint8, False, True, True, 8),
+@pytest.mark.parametrize("act, relu, per_channel, bias, group, residual", [
+    (np.int8, True, True, True, 1, False), (np.uint8, True, True, True, 1, False),
+    (np.int8, False, False, True, 1, False), (np.int8, True, True, False, 1, False),
+    (np.uint8, False, True, True, 8, False), (np.int8, True, True, True, 1, True),
+    (np.uint8, False, True, False, 8, True),
 ])
-def test_recognized_conv_matches_onnxruntime_within_one_step(act, relu, per_channel, bias, group):
-    m = qdq_conv(act, relu, per_channel, bias, group=group)
+def test_recognized_conv_matches_onnxruntime_within_one_step(act, relu, per_channel, bias, group, residual):
+    m = qdq_conv(act, relu, per_channel, bias, group=group, residual=residual)
     refusals = []
     rewritten = recognize_integer_convs(m, refusals)
     assert refusals == [] and "QLinearConv" in [n.op_type for n in rewritten.graph.node]
@@ -100,7 +106,8 @@ def test_the_callers_model_is_left_as_it_is():
 
 @pytest.mark.parametrize("kwargs, reason", [
     ({"bias_scale_factor": 1.5}, "the bias scale is not input scale x weight scale"),
-    ({"extra_reader": True}, "the Conv's output is not quantized by its only reader (through a Relu at most)"),
+    ({"extra_reader": True}, "the Conv's output is not quantized by its only reader (through a residual Add and a "
+                             "Relu at most)"),
 ])
 def test_refusals_keep_the_float_path_and_say_why(kwargs, reason):
     m = qdq_conv(**kwargs)
@@ -128,9 +135,9 @@ def test_opfuse_quantized_resnet8_runs_integer_convs_close_to_onnxruntime():
     r = opfuse.quantize("zoo:resnet8", calibration_random=4)
     refusals = []
     rewritten = recognize_integer_convs(r.model, refusals)
-    assert sum(n.op_type == "QLinearConv" for n in rewritten.graph.node) == 6
-    # the three convs that end in a residual Add are refused, with the reason
-    assert sorted(name for name, _ in refusals) == ["stack1_conv2", "stack2_conv2", "stack3_conv2"]
+    # all nine, the three that end in a residual Add too (a second term of the requantization)
+    assert sum(n.op_type == "QLinearConv" for n in rewritten.graph.node) == 9 and refusals == []
+    assert sum(n.op_type == "Add" for n in rewritten.graph.node) == 0
     x = {"input": RNG.standard_normal((1, 3, 32, 32)).astype(np.float32)}
     theirs = ort_run(r.model, x)["output"]
     ours = opfuse.compile(r.model).run(x)["output"]

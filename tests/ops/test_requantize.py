@@ -10,7 +10,7 @@ import opfuse
 from opfuse.codegen.options import CodegenOptions
 from opfuse.errors import InputError, ShapeError
 from opfuse.ops.builder import GraphBuilder
-from opfuse.ops.quantized import MULTIPLIER_BITS, fixed_point_multiplier, requantize
+from opfuse.ops.quantized import MULTIPLIER_BITS, fixed_point_multiplier, requantize, residual_multiplier
 from opfuse.runtime.native import build
 from opfuse.runtime.reference import run
 
@@ -102,4 +102,72 @@ def test_exported_as_int64_onnx_it_runs_in_onnxruntime_exactly(per_channel):
     sess = ort.InferenceSession(export_model(g).SerializeToString(), providers=["CPUExecutionProvider"])
     (theirs,) = sess.run(None, {"acc": acc})
     (ours,) = run(g, {"acc": acc}).values()
+    np.testing.assert_array_equal(theirs, ours)
+
+
+def _residual_graph():
+    """``Requantize(acc, m, s, res, rm)``: the residual Add of a ResNet block in integers."""
+    b = GraphBuilder("rq_res")
+    acc = b.input("acc", (2, 3, 5), "int32")
+    res = b.input("res", (2, 3, 5), "int32")
+    pairs = [fixed_point_multiplier(m) for m in (0.0031, 0.047, 0.5)]
+    shift = np.array([p[1] for p in pairs], np.int32).reshape(1, 3, 1)
+    rmult = np.array([residual_multiplier(0.8, int(s)) for s in shift.ravel()], np.int64).reshape(1, 3, 1)
+    y = b.op("Requantize", acc, b.const("m", np.array([p[0] for p in pairs], np.int32).reshape(1, 3, 1)),
+             b.const("s", shift), res, b.const("rm", rmult), zero_point=-4, lo=-128, hi=127, to=TensorProto.INT8)
+    return b.build(y), pairs, shift, rmult
+
+
+def _feeds():
+    acc = RNG.integers(-60000, 60000, (2, 3, 5)).astype(np.int32)
+    acc[0, 0, :3] = [0, -2 ** 31, 2 ** 31 - 1]
+    res = RNG.integers(-255, 256, (2, 3, 5)).astype(np.int32)
+    return {"acc": acc, "res": res}
+
+
+def test_residual_requantize_equals_exact_rounding():
+    g, pairs, shift, rmult = _residual_graph()
+    feeds = _feeds()
+    (got,) = run(g, feeds).values()
+    for i in np.ndindex(feeds["acc"].shape):
+        c = i[1]
+        v = Fraction(int(feeds["acc"][i]) * pairs[c][0] + int(feeds["res"][i]) * int(rmult.ravel()[c]),
+                     1 << int(shift.ravel()[c]))
+        assert got[i] == max(-128, min(127, round(v) - 4)), i
+
+
+@pytest.mark.parametrize("simd", ["auto", "none"])
+def test_residual_requantize_c_equals_the_reference(simd):
+    g, *_ = _residual_graph()
+    feeds = _feeds()
+    want = run(g, feeds)
+    got = build(g, options=CodegenOptions(simd=simd)).run(feeds)
+    (name,) = want
+    np.testing.assert_array_equal(got[name], want[name])
+
+
+@pytest.mark.parametrize("simd", ["auto", "none"])
+def test_ties_round_half_to_even_in_c(simd):
+    b = GraphBuilder("ties")
+    acc = b.input("acc", (8,), "int32")
+    g = b.build(b.op("Requantize", acc, b.const("m", np.int32(1 << 30)), b.const("s", np.int32(31)),
+                     zero_point=0, lo=-128, hi=127, to=TensorProto.INT8))
+    x = np.array([1, 3, 5, -1, -3, -5, 7, -7], np.int32)  # m = 1/2: every odd accumulator is a tie
+    got = build(g, options=CodegenOptions(simd=simd)).run({"acc": x})
+    np.testing.assert_array_equal(next(iter(got.values())), [0, 2, 2, 0, -2, -2, 4, -4])
+
+
+def test_a_residual_multiplier_out_of_range_is_refused():
+    with pytest.raises(InputError, match="leaves int64"):
+        residual_multiplier(2.0 ** 20, 40)
+
+
+def test_residual_exported_as_int64_onnx_runs_in_onnxruntime_exactly():
+    ort = pytest.importorskip("onnxruntime")
+    from opfuse.frontend.onnx import export_model
+    g, *_ = _residual_graph()
+    feeds = _feeds()
+    sess = ort.InferenceSession(export_model(g).SerializeToString(), providers=["CPUExecutionProvider"])
+    (theirs,) = sess.run(None, feeds)
+    (ours,) = run(g, feeds).values()
     np.testing.assert_array_equal(theirs, ours)

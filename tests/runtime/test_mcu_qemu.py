@@ -157,3 +157,21 @@ def test_integer_convs_on_the_m7_match_the_reference_exactly(tmp_path):
     for name in quantized:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
     np.testing.assert_allclose(got["output"], want["output"], rtol=1e-5, atol=1e-7)
+
+
+@needs_tools
+def test_int8_resnet8_on_the_m7_int8_between_kernels_exact(tmp_path):
+    """The quantized ResNet-8 as `compile --int8` plans it: every Conv an integer kernel (SMLAD), the
+    residual blocks' Requantize with its second term, int8 tensors between kernels; the logits equal
+    the reference's on the emulated M7."""
+    from opfuse.quantization import quantize
+    model = quantize("zoo:resnet8", calibration_random=2).model
+    comp = plan_model(model, CompileOptions(target="cortex-m7"))
+    record = comp.report["int8"]
+    assert record["tensors_between_kernels"]["other"] <= 1  # the flattened pool output's dequantization aside
+    program = mcu.generate_mcu(comp.graph, comp.plan, comp.memory)
+    assert "__smlad" in program.source and "opfuse_requantize_residual" in program.source
+    feeds = reference.random_inputs(comp.graph, 4)
+    got = mcu.run_on_qemu(program, feeds, tmp_path).outputs
+    want = reference.run(comp.graph, feeds)
+    np.testing.assert_allclose(got["output"], want["output"], rtol=1e-5, atol=1e-7)

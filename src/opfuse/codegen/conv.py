@@ -13,6 +13,8 @@
 * Depthwise Conv (one input and one output channel per group, 2-D) has its own loop nest
   (``depthwise.py``): per channel plane, a zero-padded copy of the plane and one vectorised
   pass per output row with every tap's weight in a register.
+* Integer Conv of 8-bit activations (a quantized model's, int32 accumulators): int16 columns and
+  weights, two output channels per pass, ``SMLAD`` on the Arm DSP extension (``qconv.py``).
 * ConvTranspose is a direct gather: output ``o`` reads input ``i = (o + pad - k * d) / s``
   where that division is exact.
 """
@@ -25,6 +27,7 @@ import numpy as np
 from opfuse.codegen.ctype import c_type, literal
 from opfuse.codegen.conv_windows import windows_problem
 from opfuse.codegen.depthwise import lower_depthwise
+from opfuse.codegen.qconv import int8_conv_applies, lower_int8_conv
 from opfuse.codegen.gemm import BPacker, GemmProblem, Operand, emit_gemm
 from opfuse.codegen.index import Index, add, delinearize, mul
 from opfuse.codegen.epilogue import finish_element
@@ -277,6 +280,8 @@ def lower_conv(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     out = node.outputs[0]
     if G == C and OC == C and len(geo.kernel) == 2 and out.dtype == np.float32:
         return lower_depthwise(kc, ev, stage, node, geo, _bias_term)
+    if int8_conv_applies(node, ev.static):
+        return lower_int8_conv(kc, ev, stage, _bias_term)
     choice = winograd_choice(node, kc.program.options, ev.static)
     if len(x.shape) == 4:
         kc.note(choice.describe, node)

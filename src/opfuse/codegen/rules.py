@@ -260,15 +260,36 @@ def _clip(ev, node, k, idx):
 REQUANTIZE_HELPER = "opfuse_requantize"
 REQUANTIZE_C = """
 /* clamp(round_half_even(acc * mult / 2^shift) + zp, lo, hi), exact in int64 (opfuse.ops.quantized);
-   no shift of a negative value (implementation-defined or undefined in C99). */
+   no shift of a negative value (implementation-defined or undefined in C99), no division, no branch. */
 static inline int32_t opfuse_requantize(int32_t acc, int32_t mult, int32_t shift, int32_t zp, int32_t lo,
                                         int32_t hi) {
   const int64_t p = (int64_t)acc * (int64_t)mult;
-  const int64_t unit = (int64_t)1 << shift;
-  const int64_t q0 = p >= 0 ? (p >> shift) : -((-p + unit - 1) >> shift); /* floor(p / 2^shift) */
-  const int64_t r = p - q0 * unit;
-  const int64_t half = unit >> 1;
-  const int64_t q = q0 + ((r > half) | ((r == half) & (q0 % 2 != 0))) + zp;
+  /* p + 2^63 as unsigned (no shift of a negative value): floor(p / 2^shift) and p mod 2^shift */
+  const uint64_t u = (uint64_t)p + ((uint64_t)1 << 63);
+  const uint64_t r = u & (((uint64_t)1 << shift) - 1u);
+  const uint64_t qu = u >> shift;
+  const int64_t q0 = (int64_t)(qu - ((uint64_t)1 << (63 - shift)));
+  const uint64_t half = (uint64_t)1 << (shift - 1);
+  const int64_t q = q0 + (int64_t)((r > half) | ((r == half) & (qu & 1u))) + zp;
+  return (int32_t)(q < lo ? lo : (q > hi ? hi : q));
+}
+"""
+
+
+REQUANTIZE_RESIDUAL_HELPER = "opfuse_requantize_residual"
+REQUANTIZE_RESIDUAL_C = """
+/* clamp(round_half_even((acc * mult + res * rmult) / 2^shift) + zp, lo, hi), exact in int64
+   (opfuse.ops.quantized: both products and their sum stay below 2^62). */
+static inline int32_t opfuse_requantize_residual(int32_t acc, int32_t mult, int32_t shift, int32_t res,
+                                                 int64_t rmult, int32_t zp, int32_t lo, int32_t hi) {
+  const int64_t p = (int64_t)acc * (int64_t)mult + (int64_t)res * rmult;
+  /* p + 2^63 as unsigned (no shift of a negative value): floor(p / 2^shift) and p mod 2^shift */
+  const uint64_t u = (uint64_t)p + ((uint64_t)1 << 63);
+  const uint64_t r = u & (((uint64_t)1 << shift) - 1u);
+  const uint64_t qu = u >> shift;
+  const int64_t q0 = (int64_t)(qu - ((uint64_t)1 << (63 - shift)));
+  const uint64_t half = (uint64_t)1 << (shift - 1);
+  const int64_t q = q0 + (int64_t)((r > half) | ((r == half) & (qu & 1u))) + zp;
   return (int32_t)(q < lo ? lo : (q > hi ? hi : q));
 }
 """
@@ -277,10 +298,14 @@ static inline int32_t opfuse_requantize(int32_t acc, int32_t mult, int32_t shift
 @_register("Requantize")
 def _requantize(ev, node, k, idx):
     a = _attrs(node)
+    tail = f"{int(a['zero_point'])}, {int(a['lo'])}, {int(a['hi'])})"
+    if len(node.input_values()) == 5:
+        acc, mult, shift, res, rmult = (ev.operand(node, i, idx) for i in range(5))
+        fn = ev.kc.program.require_helper(REQUANTIZE_RESIDUAL_HELPER, REQUANTIZE_RESIDUAL_C)
+        return f"({c_type(node.outputs[0].dtype)}){fn}({acc}, {mult}, {shift}, {res}, {rmult}, {tail}"
     acc, mult, shift = (ev.operand(node, i, idx) for i in range(3))
     fn = ev.kc.program.require_helper(REQUANTIZE_HELPER, REQUANTIZE_C)
-    return (f"({c_type(node.outputs[0].dtype)}){fn}({acc}, {mult}, {shift}, {int(a['zero_point'])}, "
-            f"{int(a['lo'])}, {int(a['hi'])})")
+    return f"({c_type(node.outputs[0].dtype)}){fn}({acc}, {mult}, {shift}, {tail}"
 
 
 # Binary / n-ary ----------------------------------------------------------------------------

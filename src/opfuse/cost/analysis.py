@@ -34,6 +34,8 @@ backend is expected to follow; fitted correction factors absorb the difference):
 
 * elementwise/broadcast, and injective ops that replicate (one-to-many): ``|out(c)|``;
 * other injective ops (reshape, transpose, slice, concat, split): ``min(|out(c)|, |v|)``;
+* a Conv's data input: ``max(|v|, N * C * kernel size * output positions)``, the im2col matrix
+  (packed, or the window rows, once per tile: a dequantizing prologue runs that often);
 * everything else: ``max(|v|, FLOPs(c) / FLOPS_PER_READ)``, with two FLOPs per read for
   multiply-accumulate ops (Conv, MatMul: each read feeds one MAC) and one otherwise
   (pooling reads ``k*k`` elements per output, a reduction reads each element once).
@@ -168,6 +170,12 @@ def reads_per_run(consumer: Node, spec: OpSpec | None, v: Value, flops: int | No
         return float(_out_elems(consumer))
     if cat == Category.INJECTIVE:
         return float(min(_out_elems(consumer), size))
+    if consumer.op_type == "Conv" and consumer.inputs and consumer.inputs[0] is v and len(v.shape) >= 3:
+        # the packed X_col (or the window rows) is built once per tile: C * kernel reads per output position
+        w = consumer.inputs[1]
+        ksize = math.prod(w.shape[2:]) if w is not None else 1
+        positions = math.prod(consumer.outputs[0].shape[2:]) * v.shape[0]
+        return float(max(size, positions * v.shape[1] * ksize))
     if flops is None:
         flops = spec.flops(consumer) if spec is not None else 0
     return max(float(size), flops / FLOPS_PER_READ.get(cat, DEFAULT_FLOPS_PER_READ))

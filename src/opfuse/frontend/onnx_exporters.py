@@ -215,6 +215,9 @@ def requantize(ctx, node):
     cast64 = int(TensorProto.INT64)
     p = ctx.op(node, "Mul", [ctx.op(node, "Cast", [node.input(0).name], to=cast64),
                              ctx.op(node, "Cast", [node.input(1).name], to=cast64)])
+    if len(node.input_values()) == 5:  # the residual term, already int64 in its multiplier
+        p = ctx.op(node, "Add", [p, ctx.op(node, "Mul", [ctx.op(node, "Cast", [node.input(3).name], to=cast64),
+                                                         node.input(4).name])])
     unit_name = ctx.const(f"{node.name}_unit", unit)
     r = ctx.op(node, "Mod", [p, unit_name], fmod=0)
     q = ctx.op(node, "Div", [ctx.op(node, "Sub", [p, r]), unit_name])

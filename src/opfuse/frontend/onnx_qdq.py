@@ -1,12 +1,14 @@
 """Integer convolutions recognized in QDQ models, before import (while the int8 weights are visible).
 
     x_q -> DequantizeLinear(xs, xz) ----------------+
-    W_q -> DequantizeLinear(ws, wz, axis=0) --------+-> Conv -> [Relu] -> QuantizeLinear(ys, yz) -> y_q
-    B_q -> DequantizeLinear(xs * ws, 0) (optional) -+
+    W_q -> DequantizeLinear(ws, wz, axis=0) --------+-> Conv -> [Add(DequantizeLinear(r_q, rs, rz))]
+    B_q -> DequantizeLinear(xs * ws, 0) (optional) -+        -> [Relu] -> QuantizeLinear(ys, yz) -> y_q
 
 becomes one ``QLinearConv(x_q, xs, xz, W_q, ws, wz, ys, yz, B_q)`` marked ``opfuse_requantize="fixed"``
 (imported as an int32 Conv, the int32 bias add and a fixed-point ``Requantize``: ``onnx_quantized``),
-with ``opfuse_relu=1`` when a Relu sat before the QuantizeLinear: ``Q(Relu(y)) = max(Q(y), yz)``,
+with ``opfuse_residual=1`` and the residual's ``r_q, rs, rz`` as inputs 9-11 when a residual Add of
+another 8-bit tensor (per tensor) sat after the Conv (its own scale: a second term of the fixed-point
+requantization), and ``opfuse_relu=1`` when a Relu sat before the QuantizeLinear: ``Q(Relu(y)) = max(Q(y), yz)``,
 since Q is monotone and ``Q(0) = yz``, so the Relu is the clamp's lower bound. This is the
 float model's arithmetic done in integers, as onnxruntime fuses the same pattern into QLinearConv:
 the float path rounds the float32 convolution of dequantized values, the integer one is exact, so
@@ -42,6 +44,19 @@ class _Model:
             for i in n.input:
                 self.consumers[i].append(n)
         self.outputs = {o.name for o in g.output}
+        self.shapes: dict[str, tuple] = {}
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model).graph
+        except Exception:  # noqa: BLE001 - an uninferable model keeps its residual Adds in float
+            inferred = g
+        for vi in list(inferred.value_info) + list(inferred.input) + list(inferred.output):
+            dims = vi.type.tensor_type.shape.dim
+            if vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
+                self.shapes[vi.name] = tuple(d.dim_value for d in dims)
+
+    def shape(self, name: str) -> tuple | None:
+        """The static shape of ``name`` as the model's value infos or shape inference give it."""
+        return self.shapes.get(name)
 
     def const(self, name: str) -> np.ndarray | None:
         t = self.consts.get(name)
@@ -109,11 +124,24 @@ def _match(m: _Model, conv: onnx.NodeProto):
             return "the bias scale is not input scale x weight scale"
         bias = b_q
     nxt = m.only_consumer(conv.output[0])
+    residual = None
+    if nxt is not None and nxt.op_type == "Add" and len(nxt.input) == 2 and nxt.input[0] != nxt.input[1]:
+        other = nxt.input[1] if nxt.input[0] == conv.output[0] else nxt.input[0]
+        r = _dq_parts(m, other, "the residual")
+        if isinstance(r, str):
+            return r
+        r_dq, r_q, rs, rz = r
+        if rs.size != 1 or rz is None or rz.size != 1 or rz.dtype not in QUANT_8BIT:
+            return "the residual is not quantized per tensor to int8 or uint8 with a zero point"
+        if m.shape(conv.output[0]) is None or m.shape(conv.output[0]) != m.shape(other):
+            return "the residual's shape is not known to be the Conv's output shape"
+        residual = {"r_q": r_q, "rs": r_dq.input[1], "rz": r_dq.input[2], "add": nxt}
+        nxt = m.only_consumer(nxt.output[0])
     relu = None
     if nxt is not None and nxt.op_type == "Relu":
         relu, nxt = nxt, m.only_consumer(nxt.output[0])
     if nxt is None or nxt.op_type != "QuantizeLinear":
-        return "the Conv's output is not quantized by its only reader (through a Relu at most)"
+        return "the Conv's output is not quantized by its only reader (through a residual Add and a Relu at most)"
     ys = m.const(nxt.input[1])
     yz = m.const(nxt.input[2]) if len(nxt.input) > 2 and nxt.input[2] else None
     if ys is None or yz is None or ys.size != 1 or yz.size != 1 or yz.dtype not in QUANT_8BIT:
@@ -122,7 +150,7 @@ def _match(m: _Model, conv: onnx.NodeProto):
         return "the QuantizeLinear has attributes opfuse does not fold into an integer conv"
     return {"x_q": x_q, "xs": x_dq.input[1], "xz": x_dq.input[2] if len(x_dq.input) > 2 else "", "w_q": w_q,
             "ws": w_dq.input[1], "wz": w_dq.input[2] if len(w_dq.input) > 2 else "", "ys": nxt.input[1],
-            "yz": nxt.input[2], "bias": bias, "relu": relu, "q": nxt}
+            "yz": nxt.input[2], "bias": bias, "relu": relu, "q": nxt, "residual": residual}
 
 
 def recognize_integer_convs(model: onnx.ModelProto, refusals: list | None = None) -> onnx.ModelProto:
@@ -152,14 +180,20 @@ def recognize_integer_convs(model: onnx.ModelProto, refusals: list | None = None
             assert w_arr is not None  # _match checked it is a constant
             g.initializer.append(numpy_helper.from_array(np.array(0, w_arr.dtype), wz))
         inputs = [found["x_q"], found["xs"], xz, found["w_q"], found["ws"], wz, found["ys"], found["yz"]]
-        if found["bias"] is not None:
-            inputs.append(found["bias"])
+        res = found["residual"]
+        if found["bias"] is not None or res is not None:
+            inputs.append(found["bias"] or "")
+        if res is not None:
+            inputs += [res["r_q"], res["rs"], res["rz"]]
         q = found["q"]
         node = helper.make_node("QLinearConv", inputs, list(q.output), name=conv.name or q.name,
-                                opfuse_requantize="fixed", opfuse_relu=int(found["relu"] is not None))
+                                opfuse_requantize="fixed", opfuse_relu=int(found["relu"] is not None),
+                                opfuse_residual=int(res is not None))
         node.attribute.extend(a for a in conv.attribute)
         replace[q.output[0]] = node
         drop.add(conv.output[0])
+        if res is not None:
+            drop.add(res["add"].output[0])
         if found["relu"] is not None:
             drop.add(found["relu"].output[0])
     if not replace:

@@ -24,12 +24,12 @@ from opfuse.errors import ShapeError, UnsupportedOpError
 from opfuse.frontend.onnx_canonical import canonicalizes
 from opfuse.frontend.onnx_decompose import QUANT_RANGES, _Writer
 from opfuse.ir.graph import Value
-from opfuse.ops.quantized import fixed_point_multiplier
+from opfuse.ops.quantized import fixed_point_multiplier, residual_multiplier
 
 I32 = np.dtype(np.int32)
 # Set by ``onnx_qdq`` on the QLinearConv it makes of a DQ -> Conv -> [Relu] -> Q: requantize in fixed
 # point (``Requantize``) rather than in float, and clamp at the zero point (the Relu).
-PRIVATE_ATTRS = ("opfuse_requantize", "opfuse_relu")
+PRIVATE_ATTRS = ("opfuse_requantize", "opfuse_relu", "opfuse_residual")
 F32 = np.dtype(np.float32)
 EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
 
@@ -125,14 +125,17 @@ def qlinear_conv(ctx, node, inputs):
             raise ShapeError(f"node '{node.name}' (QLinearConv): bias {bias.type} must be int32[{wt.shape[0]}]")
         acc = w.op("Add", [acc, _shaped(w, bias, len(acc.shape), 1, wt.shape[0], "bias")])
     if node.attrs.get("opfuse_requantize") == "fixed":
-        return _requantize_fixed(w, acc, xs, ws, ys, yz, relu=bool(node.attrs.get("opfuse_relu", 0)))
+        residual = tuple(inputs[9:12]) if node.attrs.get("opfuse_residual", 0) else None
+        return _requantize_fixed(w, acc, xs, ws, ys, yz, relu=bool(node.attrs.get("opfuse_relu", 0)),
+                                 residual=residual)
     return _requantize(w, acc, xs, ws, ys, yz, 1)
 
 
 def _requantize_fixed(w: _Writer, acc: Value, xs: Value, ws: Value, ys: Value, yz: Value | None, *,
-                      relu: bool) -> list:
+                      relu: bool, residual: tuple | None = None) -> list:
     """``Requantize`` with the per-channel fixed-point form of ``m = xs * ws / ys`` (exact, in float64, of
-    the float32 scales); ``relu`` raises the clamp's lower bound to the zero point."""
+    the float32 scales); ``relu`` raises the clamp's lower bound to the zero point; ``residual``
+    ``(r_q, rs, rz)`` adds ``int32(r_q) - rz`` with the multiplier ``rs / ys`` at the same shift."""
     if yz is None or any(v.const is None for v in (xs, ws, ys, yz)):
         raise UnsupportedOpError(w.node.op_type, w.node.name, w.ctx.opset, detail="fixed-point requantization of "
                                  "run-time scales")
@@ -145,7 +148,16 @@ def _requantize_fixed(w: _Writer, acc: Value, xs: Value, ws: Value, ys: Value, y
     mult, shift = mult.reshape(per_channel), shift.reshape(per_channel)
     zp = int(np.asarray(yz.const).reshape(()))
     lo, hi = QUANT_RANGES[yz.dtype]
-    return [w.op("Requantize", [acc, w.const("multiplier", mult), w.const("shift", shift)],
+    operands = [acc, w.const("multiplier", mult), w.const("shift", shift)]
+    if residual is not None:
+        r_q, rs, rz = residual
+        if rs.const is None or rz is None or rz.const is None or r_q.shape != acc.shape:
+            raise UnsupportedOpError(w.node.op_type, w.node.name, w.ctx.opset, detail="a residual of run-time "
+                                     "scale or of another shape than the output")
+        rm = float(np.asarray(rs.const, np.float64).reshape(())) / float(np.asarray(ys.const, np.float64).reshape(()))
+        rmult = np.array([residual_multiplier(rm, int(s)) for s in shift.ravel()], np.int64).reshape(shift.shape)
+        operands += [_centered(w, r_q, rz, 0, "residual"), w.const("residual_multiplier", rmult)]
+    return [w.op("Requantize", operands,
                  {"zero_point": zp, "lo": max(lo, zp) if relu else lo, "hi": hi,
                   "to": int(helper.np_dtype_to_tensor_dtype(yz.dtype))}, last=True)]
 

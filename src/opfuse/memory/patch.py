@@ -162,10 +162,15 @@ def bandable(group: FusionGroup, graph: Graph, static: dict) -> Bandable | str:
             inputs.append((v, RowMap(1, 1, 0, v.shape[2])))
     if not inputs:
         return "no run-time input"
-    if any(not np.issubdtype(v.dtype, np.floating) for v, _ in inputs) or not np.issubdtype(out.dtype, np.floating):
-        return "not floating point"
+    if any(not _bandable_type(v.dtype) for v, _ in inputs) or not _bandable_type(out.dtype):
+        return "neither floating point nor 8-bit"
     work = sum(get_spec(n.op_type, n).flops(n) for n in live)
     return Bandable(group, out, tuple(inputs), window, work / out.shape[2], window_input)
+
+
+def _bandable_type(dtype) -> bool:
+    """Float tensors, and the 8-bit ones of a quantized model (its readers dequantize them in the band)."""
+    return np.issubdtype(dtype, np.floating) or np.dtype(dtype) in (np.dtype(np.int8), np.dtype(np.uint8))
 
 
 def _kernel(node: Node) -> tuple[int, ...]:

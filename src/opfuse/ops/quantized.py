@@ -12,6 +12,15 @@ bits (``fixed_point_multiplier``), so the result equals the float requantization
 rounding tie: at most one step, and none for the accumulators of 8-bit convolutions in practice.
 This is the requantization of integer-only kernels (gemmlowp, TFLite, CMSIS-NN), with round half to
 even as ONNX's ``QuantizeLinear`` rounds.
+
+With a residual, ``Requantize(acc, multiplier, shift, res, res_multiplier)`` adds a second int8 tensor
+of its own scale before the one rounding (the residual Add of a ResNet block, done in integers):
+
+    y = clamp(round_half_even((acc * multiplier + res * res_multiplier) / 2^shift) + zero_point, lo, hi)
+
+``res`` is the centred residual ``int32(r_q) - r_zero_point`` and ``res_multiplier`` (int64) its real
+multiplier ``r_scale / y_scale`` at the same ``2^-shift``; both products and their sum stay below
+2^62 in magnitude (``residual_multiplier`` checks it for 8-bit residuals).
 """
 from __future__ import annotations
 
@@ -44,10 +53,25 @@ def fixed_point_multiplier(m: float) -> tuple[int, int]:
     return multiplier, shift
 
 
+RESIDUAL_BITS = 9  # a centred 8-bit residual lies in (-2^9, 2^9)
+
+
+def residual_multiplier(m: float, shift: int) -> int:
+    """``round(m * 2^shift)``, the residual's multiplier at the accumulator's shift."""
+    if not (np.isfinite(m) and m > 0):
+        raise InputError(f"a residual multiplier must be positive and finite, got {m}")
+    r = round(m * 2.0 ** shift)
+    if r >= 1 << (MAX_SHIFT - RESIDUAL_BITS):
+        raise InputError(f"residual multiplier {m} at shift {shift} leaves int64 once multiplied")
+    return r
+
+
 def requantize(acc: np.ndarray, multiplier: np.ndarray, shift: np.ndarray, zero_point: int, lo: int,
-               hi: int) -> np.ndarray:
+               hi: int, res: np.ndarray | None = None, res_multiplier: np.ndarray | None = None) -> np.ndarray:
     """The definition, in int64 (see the module docstring); returns int64."""
     p = acc.astype(np.int64) * multiplier.astype(np.int64)
+    if res is not None and res_multiplier is not None:
+        p = p + res.astype(np.int64) * res_multiplier.astype(np.int64)
     s = shift.astype(np.int64)
     q = p >> s  # floor division by 2^shift
     r = p - (q << s)  # in [0, 2^shift)
@@ -62,6 +86,16 @@ def _infer(node, a):
         raise shape_error(node, f"operands must be int32, got {acc.dtype}, {mult.dtype}, {shift.dtype}")
     if broadcast_shapes(node, acc.shape, mult.shape, shift.shape) != acc.shape:
         raise shape_error(node, f"multiplier {mult.shape} and shift {shift.shape} must broadcast to {acc.shape}")
+    if len(node.input_values()) == 5:
+        res, rmult = node.input(3), node.input(4)
+        if res.dtype != np.int32 or rmult.dtype != np.int64:
+            raise shape_error(node, f"residual and its multiplier must be int32 and int64, got {res.dtype}, "
+                                    f"{rmult.dtype}")
+        if broadcast_shapes(node, acc.shape, res.shape, rmult.shape) != acc.shape:
+            raise shape_error(node, f"residual {res.shape} and its multiplier {rmult.shape} must broadcast to "
+                                    f"{acc.shape}")
+    elif len(node.input_values()) != 3:
+        raise shape_error(node, "takes 3 operands, or 5 with a residual and its multiplier")
     dtype = np.dtype(helper.tensor_dtype_to_np_dtype(int(a["to"])))
     if dtype not in OUTPUT_TYPES:
         raise UnsupportedOpError("Requantize", node.name, detail=f"output type {dtype} (int8 or uint8)")
@@ -72,14 +106,19 @@ def _infer(node, a):
 
 
 def _compute(ins, a, node):
-    acc, mult, shift = ins
+    acc, mult, shift = ins[:3]
+    res, rmult = (ins[3], ins[4]) if len(ins) == 5 else (None, None)
     if np.any((shift < 1) | (shift > MAX_SHIFT)) or np.any((mult < 0)):
         raise InputError(f"node '{node.name}' (Requantize): shift outside [1, {MAX_SHIFT}] or a negative multiplier")
+    if rmult is not None and np.any((rmult < 0) | (rmult >= 1 << (MAX_SHIFT - RESIDUAL_BITS))):
+        raise InputError(f"node '{node.name}' (Requantize): residual multiplier outside [0, 2^"
+                         f"{MAX_SHIFT - RESIDUAL_BITS})")
     dtype = np.dtype(helper.tensor_dtype_to_np_dtype(int(a["to"])))
-    return [requantize(acc, mult, shift, int(a["zero_point"]), int(a["lo"]), int(a["hi"])).astype(dtype)]
+    return [requantize(acc, mult, shift, int(a["zero_point"]), int(a["lo"]), int(a["hi"]), res,
+                       rmult).astype(dtype)]
 
 
-register(OpSpec("Requantize", Category.BROADCAST, Mapping.ONE_TO_ONE, _infer, _compute, num_inputs=(3, 3),
+register(OpSpec("Requantize", Category.BROADCAST, Mapping.ONE_TO_ONE, _infer, _compute, num_inputs=(3, 5),
                 attrs={"zero_point": 0, "lo": -128, "hi": 127, "to": int(helper.np_dtype_to_tensor_dtype(
                     np.dtype(np.int8)))},
                 flops_per_element=4, tags=frozenset({"quantized"})))

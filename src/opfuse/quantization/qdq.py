@@ -65,6 +65,12 @@ class QuantizeResult:
         check_writable(str(path))
         onnx.save_model(self.model, str(path))
 
+    def compile(self, target: str = "host", **kwargs):
+        """The quantized model compiled (``opfuse.compile``): int8 tensors between kernels, integer
+        convolutions; the report's ``int8`` record says what runs in int8."""
+        from opfuse.compiler import compile as compile_model
+        return compile_model(self.model, target, **kwargs)
+
     def to_dict(self) -> dict:
         out: dict[str, Any] = {
             "method": self.method, "activation_type": self.activation_type, "calibration_samples": self.samples,

@@ -3,7 +3,8 @@
 The pipeline, top to bottom (each stage a named pass; every rule and pass can be disabled by
 name through the options):
 
-    simplify     remove Identity/Dropout, constant folding, CSE, dead-code elimination
+    simplify     remove Identity/Dropout, constant folding, CSE, data movement before a
+                 dequantization (``dequantize_late``), dead-code elimination
     recognize    decomposed LayerNorm, erf/tanh GELU, SiLU, hard-swish -> one op each
     fold_linear  BatchNorm and per-channel Mul/Div/Add/Sub folded into Conv/Gemm/MatMul weights
     merge_matmuls sibling MatMuls on one input -> one MatMul on concatenated weights + Split
@@ -36,6 +37,7 @@ from opfuse.rewrites.context import RewriteContext
 from opfuse.rewrites.conv_transpose import RULE as CONV_TRANSPOSE_AS_CONV, conv_transpose_as_conv
 from opfuse.rewrites.cse import eliminate_common_subexpressions
 from opfuse.rewrites.dce import eliminate_dead_code
+from opfuse.rewrites.dequantize_late import dequantize_late
 from opfuse.rewrites.edit import Provenance
 from opfuse.rewrites.engine import run_pattern_rules
 from opfuse.rewrites.float32_compute import RULE as FLOAT32_COMPUTE, compute_in_float32
@@ -55,11 +57,12 @@ def simplify(graph: Graph, rc: RewriteContext) -> bool:
     changed = remove_identities(graph, rc)
     changed |= fold_constants(graph, rc)
     changed |= eliminate_common_subexpressions(graph, rc)
+    changed |= dequantize_late(graph, rc)
     changed |= eliminate_dead_code(graph, rc)
     return changed
 
 
-SIMPLIFY_RULES = ("remove_identity", "constant_folding", "common_subexpression_elimination",
+SIMPLIFY_RULES = ("remove_identity", "constant_folding", "common_subexpression_elimination", "dequantize_late",
                   "dead_code_elimination")
 
 

@@ -8,7 +8,8 @@ replaced by ``a1``, ``f(a2)`` becomes ``f(a1)`` and meets its twin.
 Small constants with equal dtype, shape and bytes are merged first, so ``x * 0.5`` written
 twice with two separate ``0.5`` initializers is recognised as one expression. Only constants
 up to ``CSE_CONST_MAX_ELEMENTS`` are merged: weights stay separate tensors, so BatchNorm
-folding can still tell a shared weight from two equal ones.
+folding can still tell a shared weight from two equal ones. A Cast of an 8-bit tensor is left
+alone: it starts a dequantization that each reader runs as it reads (the tensor stays 8-bit).
 """
 from __future__ import annotations
 
@@ -58,6 +59,16 @@ def _merge_constants(graph: Graph) -> int:
     return merged
 
 
+EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
+
+
+def _reads_8bit(node: Node) -> bool:
+    """A Cast of an 8-bit tensor: each reader dequantizes it in its own prologue
+    (``rules/quantized.py``); one shared Cast would have to be stored in 32 bits."""
+    return node.op_type == "Cast" and bool(node.inputs) and node.inputs[0] is not None \
+        and node.inputs[0].dtype in EIGHT_BIT
+
+
 def eliminate_common_subexpressions(graph: Graph, rc: RewriteContext) -> bool:
     if rc.options.is_disabled(RULE):
         return False
@@ -65,6 +76,8 @@ def eliminate_common_subexpressions(graph: Graph, rc: RewriteContext) -> bool:
     seen: dict[tuple, Node] = {}
     removed: list[str] = []
     for node in list(graph.nodes):
+        if _reads_8bit(node):
+            continue
         key = _node_key(node)
         first = seen.get(key)
         if first is None:

@@ -12,9 +12,10 @@ two composite kernels the backend builds):
                    after it, applied per output element while the result is in registers
                    (pointwise ones: no Expand, which spreads one element over many):
                    epilogue ops have the anchor's output shape; side computations feeding them
-                   are elementwise; nothing in the group feeds the anchor (no prologue), and a
-                   second out-elementwise-fusable op or any reduction is refused (Conv -> Conv
-                   is never fused).
+                   are elementwise; nothing in the group feeds the anchor except a dequantizing
+                   prologue (an 8-bit tensor's Cast/Sub/Mul on the anchor's data operand,
+                   ``opfuse.rules.quantized``), and a second out-elementwise-fusable op or any
+                   reduction is refused (Conv -> Conv is never fused).
 ``reduction``      one reduction with an elementwise prologue (values read only by the group)
                    and a pointwise epilogue of the reduction's output shape.
 ``attention``      ``MatMul -> scale/mask -> Softmax -> MatMul`` with data-movement prologue and
@@ -30,6 +31,7 @@ from opfuse.rules.attention import attention_structure
 from opfuse.rules.categories import (category_name, is_elementwise, is_injective, is_oef, is_opaque,
                                       is_pointwise, is_reduction)
 from opfuse.rules.decisions import RefusalKind, Refusal
+from opfuse.rules.quantized import prologue_refusal, reads_8bit
 from opfuse.ir.graph import Graph, Node, Value
 from opfuse.ir.walk import ancestors_within, components_within, descendants_within
 
@@ -131,12 +133,18 @@ def _epilogue(nodes: list[Node], graph: Graph, anchor: Node, outputs: frozenset[
     down = descendants(anchor, ids)
     up = ancestors(anchor, ids)
     domain = anchor.outputs[0].shape
-    for n in nodes:
-        if n is anchor:
-            continue
-        if id(n) in up:
-            return _forbid(f"{_desc(n)} would feed {_desc(anchor)}: out-elementwise-fusable ops take an "
+    prologue = [n for n in nodes if id(n) in up]
+    if prologue:
+        r = prologue_refusal(prologue, anchor, ids)
+        if r is not None and not reads_8bit(prologue, ids):
+            return _forbid(f"{_desc(prologue[0])} would feed {_desc(anchor)}: out-elementwise-fusable ops take an "
                            f"epilogue, never a prologue")
+        if r is not None:
+            return _forbid(f"{_desc(prologue[0])} would feed {_desc(anchor)}: out-elementwise-fusable ops take "
+                           f"an epilogue, and a prologue only to dequantize an 8-bit operand ({r.reason})")
+    for n in nodes:
+        if n is anchor or id(n) in up:
+            continue
         if not is_elementwise(n):
             return _forbid(f"{_desc(n, True)} cannot follow {_desc(anchor)} in its kernel: "
                            f"only elementwise ops form an epilogue")
@@ -149,7 +157,10 @@ def _epilogue(nodes: list[Node], graph: Graph, anchor: Node, outputs: frozenset[
         if v.shape != domain:
             return _refuse(f"'{v.name}' leaves the group with shape {v.shape}, not the anchor's {domain}")
     epilogue = [n.name for n in nodes if id(n) in down]
-    return GroupShape(EPILOGUE_KINDS[anchor.op_type], anchor, {"epilogue": epilogue})
+    attrs: dict = {"epilogue": epilogue}
+    if prologue:
+        attrs["prologue"] = [n.name for n in prologue]
+    return GroupShape(EPILOGUE_KINDS[anchor.op_type], anchor, attrs)
 
 
 def _epilogue_op_refusal(n: Node, anchor: Node, domain: tuple, whose: str, why: str = "") -> Refusal | None:

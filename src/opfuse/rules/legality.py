@@ -175,6 +175,8 @@ RULE_OF_KIND = {"conv_epilogue": "epilogue", "gemm_epilogue": "epilogue", "eleme
 
 def rule_of_shape(shape: GroupShape) -> str | None:
     """The fusion rule whose groups have ``shape`` (``None`` for a single op)."""
+    if shape.kind in ("conv_epilogue", "gemm_epilogue") and shape.attrs.get("prologue"):
+        return "dequantize_prologue"
     if shape.kind == "reduction":
         if shape.attrs.get("prologue"):
             anchor = shape.anchor

@@ -5,6 +5,7 @@
 
       attention               MatMul -> scale/mask -> Softmax -> MatMul (+ head split/merge)
       normalization_prologue  bias/residual Adds -> into the LayerNorm/Softmax that follows
+      dequantize_prologue     int8 tensor -> Cast/Sub/Mul -> into the Conv/MatMul/Gemm reading it
       epilogue                Conv/MatMul/Gemm/reduction + the elementwise ops after it
                               (BatchNorm is folded into the Conv first, so Conv+BN+act is one)
       concat_alias            Concat inputs written in place by their producers
@@ -26,6 +27,7 @@ from opfuse.rules.attention import ATTENTION
 from opfuse.rules.gelu import ERF_GELU, TANH_GELU
 from opfuse.rules.horizontal import HORIZONTAL
 from opfuse.rules.normalization import LAYERNORM
+from opfuse.rules.quantized import DEQUANTIZE_PROLOGUE
 from opfuse.rules.rule import Rule
 from opfuse.rules.vertical import ELEMENTWISE_CHAIN, EPILOGUE, INJECTIVE, NORMALIZATION_PROLOGUE
 
@@ -35,7 +37,8 @@ def recognition_rules() -> list[Rule]:
 
 
 def fusion_rules() -> list[Rule]:
-    return [ATTENTION, NORMALIZATION_PROLOGUE, EPILOGUE, CONCAT_ALIAS, ELEMENTWISE_CHAIN, INJECTIVE, HORIZONTAL]
+    return [ATTENTION, NORMALIZATION_PROLOGUE, DEQUANTIZE_PROLOGUE, EPILOGUE,
+            CONCAT_ALIAS, ELEMENTWISE_CHAIN, INJECTIVE, HORIZONTAL]
 
 
 def fusion_rule_names() -> list[str]:

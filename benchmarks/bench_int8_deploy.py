@@ -1,0 +1,246 @@
+"""INT8 deployment: the MLPerf Tiny-shaped zoo models quantized (``opfuse quantize``) and compiled
+(``compile --int8``) for the emulated Cortex-M7 and the host.
+
+    python benchmarks/bench_int8_deploy.py                        # mobilenet_v1_025_96 resnet8 ds_cnn
+    python benchmarks/bench_int8_deploy.py ds_cnn --no-host
+
+Each model is quantized with minmax calibration on 8 seeded random inputs (int8 activations per
+tensor, int8 weights per channel), then:
+
+* **M7**: planned for ``cortex-m7`` unfused (``--no-fuse``), fused without patching
+  (``--patch-recompute-limit 0``) and with the target's default plan ("patched": patch-based
+  execution where it lowers the arena, recomputing halo rows), built as the standalone library and run
+  once on QEMU's mps2-an500 (``-icount``: exact, deterministic instruction counts). Checked against
+  the NumPy reference on the same inputs (max abs error of the float output, and the int8 logits
+  equal). MACs are the Conv/Gemm/MatMul multiply-accumulates of the graph. The arena includes the
+  kernels' scratch; beside it the plan's own tensor lower bound, the issue's layer-by-layer int8
+  bound and TensorFlow Lite Micro's reference arena for the MLPerf Tiny model of that shape.
+* **Host** (``--host-json``, from ``opfuse bench q.onnx --vs onnxruntime --threads 1 --json``): opfuse
+  on the QDQ model against onnxruntime on the same model (interleaved runs, medians), their ratio.
+
+Writes ``benchmarks/results/int8_deploy.json`` and the "INT8 deployment" section of
+``benchmarks/results/int8.md`` (between its markers; the accuracy tables above stay as they are).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from opfuse.compiler import CompileOptions, plan_model
+from opfuse.quantization import quantize
+from opfuse.runtime import mcu, reference
+from opfuse.runtime.toolchain import ToolchainError
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODELS = ("mobilenet_v1_025_96", "resnet8", "ds_cnn")
+CALIBRATION = 8
+# Issue 15: the layer-by-layer int8 bound (largest input + output of one layer) and TFLM's arenas.
+LAYER_BOUND_KIB = {"mobilenet_v1_025_96": 54.0, "resnet8": 48.0, "ds_cnn": 15.6}
+TFLM_ARENA_KIB = {"mobilenet_v1_025_96": 200, "resnet8": 100, "ds_cnn": 200}
+XCUBE_CYCLES_PER_MAC_VWW = 0.9
+BEGIN, END = "<!-- int8-deployment:begin -->", "<!-- int8-deployment:end -->"
+
+
+def macs(graph) -> int:
+    total = 0
+    for n in graph.nodes:
+        if n.op_type == "Conv":
+            w = n.input(1)
+            total += math.prod(n.outputs[0].shape) * math.prod(w.shape[1:])
+        elif n.op_type in ("Gemm", "MatMul"):
+            a = n.input(0)
+            k = a.shape[0] if n.op_type == "Gemm" and n.attrs.get("transA") else a.shape[-1]
+            total += math.prod(n.outputs[0].shape) * k
+    return total
+
+
+def m7_row(model, opts: dict, feeds: dict, want: dict, workdir: Path) -> dict:
+    comp = plan_model(model, CompileOptions(target="cortex-m7", **opts))
+    program = mcu.generate_mcu(comp.graph, comp.plan, comp.memory)
+    res = mcu.run_on_qemu(program, feeds, workdir)
+    err = max(float(np.abs(res.outputs[k].astype(np.float64) - v).max()) for k, v in want.items())
+    return {"kernels": comp.report["kernels_after"], "instructions": res.instructions,
+            "arena_bytes": program.arena_bytes, "arena_tensor_bytes": comp.memory.arena_bytes,
+            "arena_lower_bound_bytes": comp.memory.lower_bound_bytes, "max_abs_error": err,
+            "int8": comp.report.get("int8"), "smlad": "__smlad" in program.source,
+            "patching": (comp.report.get("patching") or {}).get("runs", [])}
+
+
+CASE_PLANS = {"unfused": {"fuse": False}, "fused": {"fuse": True, "patch_recompute_limit": 0.0},
+              "patched": {"fuse": True}}
+
+
+def int8_io(model):
+    """The QDQ model with an int8 input and an int8 output, as on the device (the camera's int8
+    image in, the int8 activation out): the input's QuantizeLinear goes, and the float output
+    (kept float by the quantizer) gets a QuantizeLinear of its observed range (after a ReLU:
+    ``[0, max]`` on int8's 256 steps)."""
+    from onnx import TensorProto, helper, numpy_helper
+    g = model.graph
+    (q,) = [n for n in g.node if n.op_type == "QuantizeLinear" and n.input[0] == g.input[0].name]
+    graph = plan_model(model, CompileOptions(fuse=False)).graph
+    y = reference.run(graph, reference.random_inputs(graph, 1))
+    name = g.output[0].name
+    scale = np.float32(max(float(np.abs(y[name]).max()), 1e-6) / 255.0)
+    g.initializer.extend([numpy_helper.from_array(np.array(scale, np.float32), "output_scale"),
+                          numpy_helper.from_array(np.array(-128, np.int8), "output_zero_point")])
+    g.node.append(helper.make_node("QuantizeLinear", [name, "output_scale", "output_zero_point"], [f"{name}_q"]))
+    shape = [d.dim_value for d in g.input[0].type.tensor_type.shape.dim]
+    new_in = helper.make_tensor_value_info(q.output[0], TensorProto.INT8, shape)
+    new_out = helper.make_tensor_value_info(f"{name}_q", TensorProto.INT8, None)
+    keep = [n for n in g.node if n is not q]
+    del g.node[:]
+    g.node.extend(keep)
+    del g.input[:]
+    g.input.append(new_in)
+    del g.output[:]
+    g.output.append(new_out)
+    return model
+
+
+def case_rows(size: int, run: bool) -> dict:
+    """The seed's first-layer case (MobileNetV1 conv 3x3 s2 32, depthwise, pointwise 64) in int8."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_mcu_case import first_layers
+    model = int8_io(quantize(first_layers(size), calibration_random=2).model)
+    rows: dict = {}
+    feeds = want = None
+    for label, opts in CASE_PLANS.items():
+        comp = plan_model(model, CompileOptions(target="cortex-m7", **opts))
+        program = mcu.generate_mcu(comp.graph, comp.plan, comp.memory)
+        inp = sum(v.nbytes for v in comp.graph.inputs)
+        out = sum(v.nbytes for v in comp.graph.outputs)
+        row = {"kernels": comp.plan.num_kernels, "arena_bytes": program.arena_bytes, "input_bytes": inp,
+               "output_bytes": out, "tensor_traffic_bytes": comp.report["bytes_after"],
+               "patching": (comp.report.get("patching") or {}).get("runs", [])}
+        if run:
+            if feeds is None:
+                feeds = reference.random_inputs(comp.graph, 0)
+                want = reference.run(comp.graph, feeds)
+            try:
+                with tempfile.TemporaryDirectory(prefix="bench-int8-case-") as tmp:
+                    res = mcu.run_on_qemu(program, feeds, Path(tmp))
+            except (ToolchainError, mcu.McuRunError) as e:  # beyond the emulated board's RAM
+                row["not_run"] = str(e).strip().splitlines()[-1][:200]
+            else:
+                row["instructions"] = res.instructions
+                row["bit_exact"] = all(np.array_equal(res.outputs[k], v) for k, v in want.items())
+        rows[label] = row
+        print(f"case {size} {label}: arena {row['arena_bytes']:,} instructions {row.get('instructions')}",
+              file=sys.stderr, flush=True)
+    return rows
+
+
+def case_markdown(size: int, rows: dict) -> str:
+    lines = [f"First layers of MobileNetV1 (conv 3x3 s2 32 + BN + ReLU, depthwise 3x3, pointwise 64) in int8 at "
+             f"{size}x{size} (int8 input {kib(rows['fused']['input_bytes'])} KiB, int8 output "
+             f"{kib(rows['fused']['output_bytes'])} KiB, both the caller's), emulated Cortex-M7; the seed: 401 KB "
+             f"-> 180 KB peak.", "",
+             "| plan | kernels | instructions | arena KiB | arena + input KiB | tensor traffic KiB | bit-exact |",
+             "|---|---|---|---|---|---|---|"]
+    for label, r in rows.items():
+        ins = f"{r['instructions']:,}" if "instructions" in r else "not run (RAM)"
+        lines.append(f"| {label} | {r['kernels']} | {ins} | {kib(r['arena_bytes'])} | "
+                     f"{kib(r['arena_bytes'] + r['input_bytes'])} | {kib(r['tensor_traffic_bytes'])} | "
+                     f"{r.get('bit_exact', '-')} |")
+    return "\n".join(lines)
+
+
+def kib(n: float) -> str:
+    return f"{n / 1024:.1f}"
+
+
+def markdown(rows: list[dict], case: str = "") -> str:
+    lines = [BEGIN, "## INT8 deployment (`compile --int8`): emulated Cortex-M7 and host", "",
+             "Quantized with minmax calibration on 8 seeded random inputs; QEMU mps2-an500 `-icount` (exact "
+             "instruction counts); the arena includes kernel scratch. Layer-by-layer bound and TFLM arena: "
+             "issue 15's figures. X-CUBE-AI reports 0.9 cycles/MAC on VWW (cycles, not instructions: the M7 "
+             "issues up to two instructions a cycle, so instructions/MAC is an upper bound on its cycles/MAC "
+             "only if nothing stalls).", "",
+             "| model | MACs | kernels | instr. unfused | instr. fused | instr./MAC fused | instr. patched "
+             "| arena KiB unfused / fused / patched | layer-by-layer bound KiB | TFLM arena KiB "
+             "| tensors between kernels | max abs err |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        u, f, p = r["unfused"], r["fused"], r["patched"]
+        q = f["int8"]["tensors_between_kernels"] if f.get("int8") else {}
+        lines.append(f"| {r['model']} | {r['macs']:,} | {u['kernels']} -> {f['kernels']} | {u['instructions']:,} | "
+                     f"{f['instructions']:,} | {f['instructions'] / r['macs']:.2f} | {p['instructions']:,} | "
+                     f"{kib(u['arena_bytes'])} / {kib(f['arena_bytes'])} / {kib(p['arena_bytes'])} | "
+                     f"{LAYER_BOUND_KIB[r['model']]} | {TFLM_ARENA_KIB[r['model']]} | "
+                     f"{q.get('int8', 0)} int8, {q.get('other', 0)} wider | "
+                     f"{max(x['max_abs_error'] for x in (u, f, p)):.1e} |")
+    host = [r for r in rows if r.get("host")]
+    if host:
+        lines += ["", "Host (1 thread, interleaved, medians): opfuse fused on the QDQ model vs onnxruntime on "
+                  "the same QDQ model.", "", "| model | opfuse ms | onnxruntime ms | opfuse / onnxruntime |",
+                  "|---|---|---|---|"]
+        for r in host:
+            h = r["host"]
+            lines.append(f"| {r['model']} | {h['opfuse_ms']:.3f} | {h['onnxruntime_ms']:.3f} | {h['ratio']:.2f} |")
+    if case:
+        lines += ["", case]
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def write_md(section: str) -> None:
+    path = RESULTS / "int8.md"
+    text = path.read_text() if path.exists() else "# INT8\n"
+    if BEGIN in text and END in text:
+        text = text[:text.index(BEGIN)] + section + text[text.index(END) + len(END):]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    path.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("models", nargs="*", default=list(MODELS))
+    ap.add_argument("--no-host", action="store_true", help="skip the host latency against onnxruntime")
+    ap.add_argument("--host-json", type=Path, help="host rows measured separately ({model: {opfuse_ms, ...}})")
+    ap.add_argument("--case-size", type=int, default=224, help="the first-layer case's input size (0: skip it)")
+    ap.add_argument("--case-no-run", action="store_true", help="plan the first-layer case without running it")
+    args = ap.parse_args(argv)
+    try:
+        mcu.find_tools()
+    except ToolchainError as e:
+        print(f"bench_int8_deploy: {e}", file=sys.stderr)
+        return 2
+    host = json.loads(args.host_json.read_text()) if args.host_json else {}
+    rows = []
+    for name in args.models:
+        qmodel = quantize(f"zoo:{name}", calibration_random=CALIBRATION).model
+        graph = plan_model(qmodel, CompileOptions(fuse=False)).graph
+        feeds = reference.random_inputs(graph, 0)
+        want = reference.run(graph, feeds)
+        row: dict = {"model": name, "macs": macs(graph)}
+        for label, opts in CASE_PLANS.items():
+            with tempfile.TemporaryDirectory(prefix=f"bench-int8-{name}-") as tmp:
+                row[label] = m7_row(qmodel, opts, feeds, want, Path(tmp))
+            print(f"{name} {label}: {row[label]['instructions']:,} instructions, arena {row[label]['arena_bytes']:,}",
+                  file=sys.stderr, flush=True)
+        if name in host:
+            row["host"] = host[name]
+        rows.append(row)
+    case = {}
+    if args.case_size:
+        case = case_rows(args.case_size, not args.case_no_run)
+    section = markdown(rows, case_markdown(args.case_size, case) if case else "")
+    (RESULTS / "int8_deploy.json").write_text(json.dumps({"target": "cortex-m7", "emulator": f"qemu-system-arm -M "
+                                                          f"{mcu.QEMU_MACHINE} -icount shift={mcu.ICOUNT_SHIFT}",
+                                                          "cflags": list(mcu.CFLAGS), "models": rows, "case": case,
+                                                          "table": section}, indent=1, default=str) + "\n")
+    write_md(section)
+    print(section)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
