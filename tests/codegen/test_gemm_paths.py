@@ -156,3 +156,27 @@ def test_cortex_m7_compiles_the_portable_path(simd, tmp_path):
                            "-std=c99", "-Werror=implicit-function-declaration", "-c", str(src), "-o",
                            str(tmp_path / "model.o")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("op,k,n", [("Gemm", 1024, 1000), ("Gemm", 37, 50), ("MatMul", 64, 48), ("MatMul", 5, 7)])
+def test_single_row_gemm_runs_the_one_row_micro_kernel(op, k, n, cache_dir):
+    """M = 1 (a classifier on one image): the 1 x gemm_gemv_nr micro-kernel with the intrinsics,
+    N padded to whole panels or not; the plain C99 build and gemm_gemv_nr=0 keep MR x NR, and all
+    three agree with the reference."""
+    b = GraphBuilder("gemv")
+    x = b.input("x", (1, k))
+    if op == "Gemm":
+        y = b.op("Gemm", x, _w(b, n, k), _w(b, n), transB=1, name="fc")
+    else:
+        y = b.op("MatMul", x, _w(b, k, n), name="fc")
+    g = b.build(b.op("Relu", y, name="relu"))
+    plan = group_by_names(g, [("gemm_epilogue", ["fc", "relu"])])
+    gemv, want, m = run_both(g, plan, cache_dir)
+    nr = CodegenOptions().gemm_gemv_nr
+    assert f"opfuse_ukr_1x{nr}_" in m.program.source
+    for options in (CodegenOptions(gemm_gemv_nr=0), CodegenOptions(simd="none")):
+        other, _, m_other = run_both(g, plan, cache_dir, options=options)
+        assert "opfuse_ukr_1x" not in m_other.program.source
+        assert_close(other, want)
+        assert_close(gemv, other)
+    assert_close(gemv, want)
