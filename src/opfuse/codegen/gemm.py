@@ -122,6 +122,13 @@ class BPacker(Protocol):
     def pack(self, kc, ev, p: GemmProblem, bp, b, n0, nc, pc, kb, NR) -> None: ...
 
 
+class APacker(Protocol):
+    """A specialised A packer: fills the tile's MR-row panels (``ap[ip * kb + k * MR + r]`` holds
+    ``A[m0 + ip + r, pc + k]``, rows past ``mc`` zero) for one K block."""
+
+    def pack(self, kc, ap: str, b: str, m0: str, mc: str, pc: str, kb: str, MR: int) -> None: ...
+
+
 @dataclass
 class GemmProblem:
     name: str
@@ -135,6 +142,7 @@ class GemmProblem:
     out_index: Callable[[str, str, str], Index]  # (b, m, n) -> index of out
     finish: Callable[[object, str, str, str, str], str] = lambda ev, acc, b, m, n: acc
     pack_b: BPacker | None = None                # specialised B packer (convolution's im2col)
+    pack_a: "APacker | None" = None              # specialised A packer (a 1x1 convolution's positions)
     dtype: np.dtype = np.dtype(np.float32)
     segments: list[Segment] | None = None        # horizontal merge: who owns which rows/columns
     out_contiguous: str = "n"                    # the output axis that is unit stride in memory
@@ -354,7 +362,10 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
         with w.block(f"for (long {pc} = 0; {pc} < {K}; {pc} += {KC})"):
             w.line(f"const long {kb} = {_min_expr(f'{K} - {pc}', KC)};")
             if ap is not None:
-                _pack_a(kc, ev, p, ap, b, m0, mc, pc, kb, MR)
+                if p.pack_a is not None:
+                    p.pack_a.pack(kc, ap, b, m0, mc, pc, kb, MR)
+                else:
+                    _pack_a(kc, ev, p, ap, b, m0, mc, pc, kb, MR)
             if bp is not None:
                 if extra is not None:
                     extra.pack(kc, ev, p, bp, b, n0, nc, pc, kb, NR)
