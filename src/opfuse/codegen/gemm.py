@@ -36,7 +36,7 @@ import numpy as np
 from opfuse.codegen.ctype import c_type, literal
 from opfuse.codegen.index import Index, add, delinearize
 from opfuse.codegen.epilogue import finish_element
-from opfuse.codegen.microkernel import fits_avx2, microkernel, transpose_helper
+from opfuse.codegen.microkernel import YMM_FLOATS, fits_avx2, microkernel, transpose_helper
 from opfuse.codegen.stages import GroupAnalysis, Stage
 from opfuse.ir.graph import Value
 from opfuse.ops.common import wrap_int
@@ -234,12 +234,15 @@ class Blocking:
 
 
 def register_block(p: GemmProblem, o) -> tuple[int, int]:
-    """The micro-kernel's MR x NR: the problem's own if it asks for one; 1 x ``gemm_gemv_nr``
-    for a single row with the intrinsics (``CodegenOptions.gemm_gemv_nr``); else the options'."""
+    """The micro-kernel's MR x NR: the problem's own if it asks for one; for a single row with the
+    intrinsics 1 x ``gemm_gemv_nr`` (``CodegenOptions.gemm_gemv_nr``), or N rounded up to whole
+    vectors where that is narrower (a panel no wider than the row); else the options'."""
     if p.register_block:
         return p.register_block
-    if p.M == 1 and o.simd == "auto" and o.gemm_gemv_nr and fits_avx2(1, o.gemm_gemv_nr):
-        return 1, o.gemm_gemv_nr
+    if p.M == 1 and o.simd == "auto" and o.gemm_gemv_nr:
+        nr = min(o.gemm_gemv_nr, _round_up(p.N, YMM_FLOATS))
+        if fits_avx2(1, nr):
+            return 1, nr
     return o.gemm_mr, o.gemm_nr
 
 
