@@ -156,3 +156,57 @@ def test_cortex_m7_compiles_the_portable_path(simd, tmp_path):
                            "-std=c99", "-Werror=implicit-function-declaration", "-c", str(src), "-o",
                            str(tmp_path / "model.o")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("op,k,n", [("Gemm", 1024, 1000), ("Gemm", 37, 50), ("MatMul", 64, 48), ("MatMul", 5, 7)])
+def test_single_row_gemm_runs_the_one_row_micro_kernel(op, k, n, cache_dir):
+    """M = 1 (a classifier on one image): the 1 x gemm_gemv_nr micro-kernel with the intrinsics,
+    N padded to whole panels or not; the plain C99 build and gemm_gemv_nr=0 keep MR x NR, and all
+    three agree with the reference."""
+    b = GraphBuilder("gemv")
+    x = b.input("x", (1, k))
+    if op == "Gemm":
+        y = b.op("Gemm", x, _w(b, n, k), _w(b, n), transB=1, name="fc")
+    else:
+        y = b.op("MatMul", x, _w(b, k, n), name="fc")
+    g = b.build(b.op("Relu", y, name="relu"))
+    plan = group_by_names(g, [("gemm_epilogue", ["fc", "relu"])])
+    gemv, want, m = run_both(g, plan, cache_dir)
+    nr = min(CodegenOptions().gemm_gemv_nr, -(-n // 8) * 8)  # no wider than the row, in whole vectors
+    assert f"opfuse_ukr_1x{nr}_" in m.program.source
+    for options in (CodegenOptions(gemm_gemv_nr=0), CodegenOptions(simd="none")):
+        other, _, m_other = run_both(g, plan, cache_dir, options=options)
+        assert "opfuse_ukr_1x" not in m_other.program.source
+        assert_close(other, want)
+        assert_close(gemv, other)
+    assert_close(gemv, want)
+
+
+@pytest.mark.parametrize("c,oc,hw,group,simd", [
+    (48, 36, 7, 1, "auto"),     # 49 positions: 8 whole 6-row panels and a tail of one
+    (300, 20, 10, 1, "auto"),   # K in two blocks, 100 positions (tail of four)
+    (24, 40, 7, 2, "auto"),     # two groups: each packs its own channels
+    (48, 36, 7, 1, "none"),     # the plain C99 build packs the same way
+])
+def test_1x1_windows_packing_positions_matches_reference(c, oc, hw, group, simd, cache_dir):
+    """1x1 convolutions at small spatial sizes run over their windows; with at least
+    windows_pack_min_channels output channels per group they pack A (positions x channels) per
+    tile instead of reading it through the offset table. Forced here on small shapes."""
+    g, plan = conv_relu(c, oc, hw, hw, 1, 1, [0, 0, 0, 0], group=group)
+    packed, want, m = run_both(g, plan, cache_dir, options=CodegenOptions(windows_pack_min_channels=1, simd=simd))
+    windows, _, m_w = run_both(g, plan, cache_dir, options=CodegenOptions(windows_pack_min_channels=10**6, simd=simd))
+    assert "_koff" not in m.program.source and "_koff" in m_w.program.source
+    assert_close(packed, want)
+    assert_close(windows, want)
+
+
+def test_1x1_windows_below_the_channel_threshold_keep_the_offset_table(cache_dir):
+    """The default threshold: 36 output channels stay on the windows; a padded 1x1 or a 3x3 never packs."""
+    g, plan = conv_relu(48, 36, 7, 7, 1, 1, [0, 0, 0, 0])
+    _, _, m = run_both(g, plan, cache_dir)
+    assert CodegenOptions().windows_pack_min_channels > 36 and "_koff" in m.program.source
+    for k, pads in ((1, [1, 1, 1, 1]), (3, [1, 1, 1, 1])):
+        g, plan = conv_relu(8, 16, 7, 7, k, 1, pads)
+        got, want, m = run_both(g, plan, cache_dir, options=CodegenOptions(windows_pack_min_channels=1))
+        assert "_koff" in m.program.source
+        assert_close(got, want)

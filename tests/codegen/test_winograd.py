@@ -121,6 +121,24 @@ def test_results_do_not_depend_on_threads(cache_dir):
         assert np.array_equal(one[k], two[k])
 
 
+def test_a_single_block_is_split_by_output_channels_for_threads(cache_dir):
+    """8x8 outputs with F(2x2) are 16 tiles, one block: its output channels are split into parts
+    so that the parallel loop has gemm_min_tiles iterations; one, two and three threads (one part,
+    two, three) give the same bits, and the reference's values."""
+    import re
+    g, plan = conv_block(1, 32, 40, 8, 8, [1, 1, 1, 1])
+    options = CodegenOptions(winograd="on")
+    results = [run_both(g, plan, cache_dir, options=options, threads=n) for n in (1, 2, 3)]
+    (one, want, model), others = results[0], results[1:]
+    assert any("Winograd F(2x2,3x3)" in n for n in _notes(model))
+    loops = re.findall(r"omp parallel for[^\n]*\n\s*for \(long \w+ = 0; \w+ < (\d+);", model.program.source)
+    assert loops and int(loops[0]) == CodegenOptions().gemm_min_tiles
+    assert_close(one, want)
+    for got, _, _ in others:
+        for k in one:
+            assert np.array_equal(one[k], got[k])
+
+
 @pytest.mark.parametrize("kw,reason", [
     (dict(stride=2), "strides [2, 2]"),
     (dict(dilation=2), "dilations [2, 2]"),

@@ -81,6 +81,73 @@ def test_non_contiguous_inputs_are_accepted_and_other_dtypes_only_with_cast(mode
         model.run({"image": np.full(as_f64.shape, 1e39)}, cast=True)
 
 
+class _Feeds(dict):
+    """A Mapping that is not a plain dict."""
+
+
+@pytest.mark.parametrize("variant", ["read_only", "dict_subclass", "big_endian", "list_of_lists", "array_subclass",
+                                     "fortran_order"])
+def test_inputs_bound_without_a_copy_and_every_other_kind_give_the_same_outputs(model, variant):
+    """run() binds plain contiguous arrays of the model's dtype by pointer and sends everything
+    else through check_inputs; both paths compute the same thing."""
+    feeds = reference.random_inputs(model.graph, 5)
+    x = feeds["image"]
+    want = model.run(feeds)["softmax"]
+    assert_close({"softmax": want}, reference.run(model.graph, feeds))
+    if variant == "read_only":
+        given = x.copy()
+        given.flags.writeable = False
+    elif variant == "big_endian":
+        given = x.astype(">f4")
+    elif variant == "list_of_lists":
+        given = x.tolist()
+    elif variant == "array_subclass":
+        given = x.view(np.recarray)
+    elif variant == "fortran_order":
+        given = np.asfortranarray(x)
+    else:
+        given = x
+    given_feeds = _Feeds(image=given) if variant == "dict_subclass" else {"image": given}
+    got = model.run(given_feeds, cast=variant == "list_of_lists")["softmax"]  # a list reads as float64
+    assert np.array_equal(got, want)
+    assert np.array_equal(np.asarray(given, np.float32), x)  # the caller's input is untouched
+    bound = model._binding.exact_inputs(given_feeds)
+    if variant in ("read_only", "dict_subclass"):
+        assert bound is not None and bound[0] is given  # bound by pointer, no copy
+    else:
+        assert bound is None  # converted by check_inputs first
+
+
+def test_outputs_of_earlier_calls_are_not_overwritten(model):
+    a, b = (reference.random_inputs(model.graph, s) for s in (6, 7))
+    first = model.run(a)["softmax"]
+    kept = first.copy()
+    second = model.run(b)["softmax"]
+    assert np.array_equal(first, kept) and not np.array_equal(first, second)
+
+
+def test_prepared_calls_and_runs_interleave(model):
+    """prepared() and run() fill the same pointer tables; each call points them at its own arrays."""
+    a, b = (reference.random_inputs(model.graph, s) for s in (8, 9))
+    call, outs = model.prepared(a)
+    want_a = model.run(a)["softmax"]
+    want_b = model.run(b)["softmax"]
+    outs["softmax"][...] = 0
+    call()
+    assert np.array_equal(outs["softmax"], want_a)
+    assert np.array_equal(model.run(b)["softmax"], want_b)
+
+
+def test_a_right_shape_under_a_wrong_name_is_refused(model):
+    x = reference.random_inputs(model.graph, 0)["image"]
+    with pytest.raises(InputError, match="unknown input.*imag"):
+        model.run({"imag": x})
+    with pytest.raises(InputError, match="image.*dtype"):
+        model.run({"image": x.astype(np.float64)})
+    with pytest.raises(InputError, match="image.*shape"):
+        model.run({"image": x[..., :-1]})
+
+
 def test_threads_do_not_change_results(model):
     feeds = reference.random_inputs(model.graph, 4)
     model.threads = 1

@@ -16,6 +16,12 @@ Where a window can leave the input (padding) or the input is computed by a prolo
 tile first copies the input rows its positions need, zero-padded, into scratch (the *band*:
 ``cg x rows x Wp`` floats), and the windows are read there; an unpadded input in memory is
 read where it is.
+
+A 1x1 convolution with many output channels per group (``CodegenOptions.windows_pack_min_channels``)
+packs A instead: per tile and K block, each input channel's run of the tile's positions is
+copied into the micro-kernel's k-major MR-row panels (``ChannelRowsPacker``), which the
+micro-kernel then reads sequentially; the copy is repeated per tile of channels, so it pays
+where a tile has many.
 """
 from __future__ import annotations
 
@@ -157,7 +163,12 @@ def windows_problem(kc, ev, node, geo, group: int, weights: np.ndarray, finish) 
         raise AssertionError("the windows GEMM has no loaded operand")
 
     positions = tile_positions(kc.program.options, mg)
-    a_op = Operand(no_load, rows=ConvWindows(kc, ev, node, geo, G, positions))
+    if _positions_packed(kc.program.options, ev, node, geo, mg):
+        a_op = Operand(no_load)
+        pack_a: ChannelRowsPacker | None = ChannelRowsPacker(kc, node, G)
+    else:
+        a_op = Operand(no_load, rows=ConvWindows(kc, ev, node, geo, G, positions))
+        pack_a = None
     wt = weights.astype(np.float32).reshape(G, mg, K).transpose(0, 2, 1)
     b_op = Operand(no_load, static=np.ascontiguousarray(wt),
                    batch_expr=(lambda b: f"({b} % {G})") if G > 1 else (lambda b: "0"))
@@ -167,4 +178,41 @@ def windows_problem(kc, ev, node, geo, group: int, weights: np.ndarray, finish) 
 
     return GemmProblem(node.name, nimg * G, P, mg, K, a_op, b_op, out, out_index, finish_swapped,
                        dtype=out.dtype, out_contiguous="m", weights_axis="n", mc=positions,
-                       register_block=register_block(kc.program.options, mg))
+                       register_block=register_block(kc.program.options, mg), pack_a=pack_a)
+
+
+def _positions_packed(o, ev, node, geo, channels: int) -> bool:
+    """A 1x1, stride-1, unpadded convolution of an input in memory with at least
+    ``windows_pack_min_channels`` output channels per group packs its A (positions x input
+    channels) per tile, k-major, instead of broadcasting each value from its window through the
+    offset table (``CodegenOptions.windows_pack_min_channels``)."""
+    return (all(k == 1 for k in geo.kernel) and all(s == 1 for s in geo.strides)
+            and not any(geo.pads_begin) and not any(geo.pads_end)
+            and channels >= o.windows_pack_min_channels and in_memory(ev, node.input(0)))
+
+
+class ChannelRowsPacker:
+    """A of a 1x1 convolution, ``A[p, c] = X[c, p]`` (NCHW: position ``p`` of channel ``c``), into
+    the tile's MR-row panels: one channel's run of the tile's positions at a time (unit stride)."""
+
+    def __init__(self, kc, node, group: int):
+        self.kc, self.x, self.group = kc, node.input(0), group
+
+    def pack(self, kc, ap: str, b: str, m0: str, mc: str, pc: str, kb: str, MR: int) -> None:
+        w = kc.w
+        _, C, H, W = self.x.shape
+        G = self.group
+        cg, P = C // G, H * W
+        img, g = (f"({b} / {G})", f"({b} % {G})") if G > 1 else (b, "0")
+        k, ip, r, src, dst, full = (kc.tmp(n) for n in ("k", "ip", "r", "src", "dst", "full"))
+        # Whole panels with a constant trip count (gcc unrolls the MR copies), then the last one.
+        w.line(f"const long {full} = {mc} / {MR} * {MR};")
+        with w.block(f"for (long {k} = 0; {k} < {kb}; ++{k})"):
+            first = mul(add(mul(img, C), mul(g, cg), f"{pc} + {k}"), P)
+            w.line(f"const float* restrict {src} = {kc.ptr(self.x)} + {first} + {m0};")
+            w.line(f"float* restrict {dst} = {ap} + {k} * {MR};")
+            with w.block(f"for (long {ip} = 0; {ip} < {full}; {ip} += {MR})"):
+                w.line(f"for (long {r} = 0; {r} < {MR}; ++{r}) {dst}[{ip} * {kb} + {r}] = {src}[{ip} + {r}];")
+            with w.block(f"if ({full} < {mc})"):
+                w.line(f"for (long {r} = 0; {r} < {MR}; ++{r}) "
+                       f"{dst}[{full} * {kb} + {r}] = {full} + {r} < {mc} ? {src}[{full} + {r}] : 0.0f;")

@@ -36,7 +36,7 @@ import numpy as np
 from opfuse.codegen.ctype import c_type, literal
 from opfuse.codegen.index import Index, add, delinearize
 from opfuse.codegen.epilogue import finish_element
-from opfuse.codegen.microkernel import microkernel, transpose_helper
+from opfuse.codegen.microkernel import YMM_FLOATS, fits_avx2, microkernel, transpose_helper
 from opfuse.codegen.stages import GroupAnalysis, Stage
 from opfuse.ir.graph import Value
 from opfuse.ops.common import wrap_int
@@ -122,6 +122,13 @@ class BPacker(Protocol):
     def pack(self, kc, ev, p: GemmProblem, bp, b, n0, nc, pc, kb, NR) -> None: ...
 
 
+class APacker(Protocol):
+    """A specialised A packer: fills the tile's MR-row panels (``ap[ip * kb + k * MR + r]`` holds
+    ``A[m0 + ip + r, pc + k]``, rows past ``mc`` zero) for one K block."""
+
+    def pack(self, kc, ap: str, b: str, m0: str, mc: str, pc: str, kb: str, MR: int) -> None: ...
+
+
 @dataclass
 class GemmProblem:
     name: str
@@ -135,6 +142,7 @@ class GemmProblem:
     out_index: Callable[[str, str, str], Index]  # (b, m, n) -> index of out
     finish: Callable[[object, str, str, str, str], str] = lambda ev, acc, b, m, n: acc
     pack_b: BPacker | None = None                # specialised B packer (convolution's im2col)
+    pack_a: "APacker | None" = None              # specialised A packer (a 1x1 convolution's positions)
     dtype: np.dtype = np.dtype(np.float32)
     segments: list[Segment] | None = None        # horizontal merge: who owns which rows/columns
     out_contiguous: str = "n"                    # the output axis that is unit stride in memory
@@ -226,8 +234,16 @@ class Blocking:
 
 
 def register_block(p: GemmProblem, o) -> tuple[int, int]:
-    """The micro-kernel's MR x NR: the options', unless the problem asks for its own."""
-    return p.register_block or (o.gemm_mr, o.gemm_nr)
+    """The micro-kernel's MR x NR: the problem's own if it asks for one; for a single row with the
+    intrinsics 1 x ``gemm_gemv_nr`` (``CodegenOptions.gemm_gemv_nr``), or N rounded up to whole
+    vectors where that is narrower (a panel no wider than the row); else the options'."""
+    if p.register_block:
+        return p.register_block
+    if p.M == 1 and o.simd == "auto" and o.gemm_gemv_nr:
+        nr = min(o.gemm_gemv_nr, _round_up(p.N, YMM_FLOATS))
+        if fits_avx2(1, nr):
+            return 1, nr
+    return o.gemm_mr, o.gemm_nr
 
 
 def choose_blocking(p: GemmProblem, o) -> Blocking:
@@ -349,7 +365,10 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
         with w.block(f"for (long {pc} = 0; {pc} < {K}; {pc} += {KC})"):
             w.line(f"const long {kb} = {_min_expr(f'{K} - {pc}', KC)};")
             if ap is not None:
-                _pack_a(kc, ev, p, ap, b, m0, mc, pc, kb, MR)
+                if p.pack_a is not None:
+                    p.pack_a.pack(kc, ap, b, m0, mc, pc, kb, MR)
+                else:
+                    _pack_a(kc, ev, p, ap, b, m0, mc, pc, kb, MR)
             if bp is not None:
                 if extra is not None:
                     extra.pack(kc, ev, p, bp, b, n0, nc, pc, kb, NR)

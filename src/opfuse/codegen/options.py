@@ -38,6 +38,20 @@ class CodegenOptions:
     gemm_tile_floats: int = 32768
     gemm_min_tiles: int = 4
     gemm_prefetch: int = 32
+    # A GEMM with a single row (M = 1: a classifier's Gemm on one image) runs a 1 x ``gemm_gemv_nr``
+    # micro-kernel (6 accumulators) with the intrinsics, instead of MR x NR whose MR - 1 rows
+    # would repeat the one row's work: mobilenet_v1's fc (1x1024 @ 1024x1000) 161 -> 85 us (1 x 32:
+    # 87, 1 x 16: 108; 1 thread, CPU time), 256 -> 1000 41 -> 23 us. A narrower row gets a narrower
+    # panel (N rounded up to whole vectors). 0 keeps MR x NR; the plain C99 build (simd="none") does.
+    gemm_gemv_nr: int = 48
+    # A 1x1 convolution computed over its windows (positions x channels, ``conv_windows.py``: the
+    # small spatial sizes whose positions leave NR-wide panels part empty, 7x7 and 10x10) with at
+    # least this many output channels per group packs its positions per tile and K block into
+    # k-major MR-row panels instead of broadcasting each value through the window offset table.
+    # The packing is repeated per tile of channels, so it pays only where a tile has many: at 7x7
+    # (1 thread, CPU time, against the windows) 1024 -> 1024 channels 0.86-0.90x, 512 -> 1024
+    # 0.90x, 512 -> 512 0.96-0.97x, but 256 -> 256 1.09-1.14x and 128 -> 128 1.3x.
+    windows_pack_min_channels: int = 512
     # Plain-C micro-kernel with named scalar accumulators (``codegen/microkernel.py``): for a
     # compiler without vector registers (the Cortex-M7), which keeps an accumulator array in memory.
     gemm_scalar_accumulators: bool = False

@@ -22,7 +22,11 @@ output in L2. Per block:
    edges are computed whole and clipped when stored.
 
 Blocks are independent and split across OpenMP threads (each has its own V and M in
-scratch); every output's sums run in a fixed order whatever the thread count.
+scratch); every output's sums run in a fixed order whatever the thread count. Where there are
+fewer blocks than threads (resnet18's 14x14 layers are one block of 16 tiles, which ran on one
+thread), each block's output channels are split into as many parts as the threads need, up to
+``gemm_min_tiles`` iterations in all, decided at run time: every part transforms the block's
+input itself, so one thread, which needs no split, does not pay for it.
 
 Which convolutions use it is decided here, once, at compile time (``winograd_choice``):
 legality (the shape above, float32, constant weights) and, with ``winograd="auto"``,
@@ -373,9 +377,26 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
 
     w.line(f"/* Winograd {t.name}: {TH}x{TW} tiles per image in blocks of {T}, {A2} GEMMs "
            f"[{OC} x {C}] x [{C} x tiles] per block (codegen/winograd.py). */")
-    blk = kc.tmp("blk")
+    # Fewer blocks than threads: each block's output channels are split in up to `most` parts,
+    # as many as the threads need (decided at run time: one thread transforms each block once).
+    units = nimg * nblk
+    most = min(max(1, -(-o.gemm_min_tiles // units)), OCp // MR)
+    it, blk, part, parts, span, lo, hi = (kc.tmp(n) for n in ("it", "blk", "part", "parts", "span", "lo", "hi"))
+    if most > 1:
+        w.line(f"const long {parts} = nt <= {units} ? 1 : (nt + {units - 1}) / {units} < {most} ? "
+               f"(nt + {units - 1}) / {units} : {most};")
+        w.line(f"const long {span} = ({OCp // MR} + {parts} - 1) / {parts} * {MR};")
     kc.parallel_for(2 * nimg * OC * C * 9 * OH * OW)
-    with w.block(f"for (long {blk} = 0; {blk} < {nimg * nblk}; ++{blk})"):
+    with w.block(f"for (long {it} = 0; {it} < {units * most}; ++{it})"):
+        if most > 1:
+            w.line(f"const long {blk} = {it} / {most};")
+            w.line(f"const long {part} = {it} % {most};")
+            w.line(f"if ({part} >= {parts}) continue;")
+            w.line(f"const long {lo} = {part} * {span};")
+            w.line(f"const long {hi} = {lo} + {span} < {OCp} ? {lo} + {span} : {OCp};")
+        else:
+            w.line(f"const long {blk} = {it};")
+            w.line(f"const long {lo} = 0, {hi} = {OCp};")
         b, t0, nt, ntp, ty0, ty1 = (kc.tmp(n) for n in ("b", "t0", "nt", "ntp", "ty0", "ty1"))
         w.line(f"const long {b} = {blk} / {nblk};")
         w.line(f"const long {t0} = ({blk} % {nblk}) * {T};")
@@ -462,7 +483,7 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
             with w.block(f"for (long {pc} = 0; {pc} < {C}; {pc} += {KC})"):
                 w.line(f"const long {kb} = {C} - {pc} < {KC} ? {C} - {pc} : {KC};")
                 with w.block(f"for (long {jr} = 0; {jr} < {ntp}; {jr} += {NR})"):
-                    with w.block(f"for (long {ir} = 0; {ir} < {OCp}; {ir} += {MR})"):
+                    with w.block(f"for (long {ir} = {lo}; {ir} < {hi}; {ir} += {MR})"):
                         a_ptr = f"{upack} + (({xi} * {mp} + {ir} / {MR}) * {C} + {pc}) * {MR}"
                         b_ptr = f"{V} + {xi} * {XV} + {pc} * {T} + {jr}"
                         c_ptr = f"{M} + {xi} * {XM} + {ir} * {T} + {jr}"
@@ -471,7 +492,7 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
         # 3. Output transform per output channel: A^T M A for LANES tiles at a time into the
         # strip, then the bias and the group's epilogue along each output row of the block.
         oc = kc.tmp("oc")
-        with w.block(f"for (long {oc} = 0; {oc} < {OC}; ++{oc})"):
+        with w.block(f"for (long {oc} = {lo}; {oc} < ({hi} < {OC} ? {hi} : {OC}); ++{oc})"):
             g0, lane, mo, dst = kc.tmp("g"), kc.tmp("l"), kc.tmp("mo"), kc.tmp("dst")
             with w.block(f"for (long {g0} = 0; {g0} < {ntp}; {g0} += {L})"):
                 w.line(f"const float* restrict {mo} = {M} + {oc} * {T} + {g0};")

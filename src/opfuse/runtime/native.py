@@ -87,6 +87,82 @@ def _load_library(path: Path) -> ctypes.CDLL:
     raise storage_error(failure, "load the compiled library", path)
 
 
+def _address(a: np.ndarray) -> int:
+    """The data pointer of the contiguous array ``a``. Through the buffer protocol where ``a`` is
+    writable and not empty (0.3 us), ``a.ctypes.data`` otherwise (1-1.6 us: it builds an object)."""
+    if a.flags.writeable and a.nbytes:
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))  # type: ignore[arg-type]  # numpy stubs lack Buffer
+    return a.ctypes.data
+
+
+class _CallBinding:
+    """What one call of ``opfuse_run`` needs, worked out once per model so that a call on a tiny
+    model costs microseconds of Python, not tens: the inputs' names, shapes and dtypes to accept
+    plain arrays by (``exact_inputs``), the outputs to allocate, the pointer tables the C entry
+    reads (filled in place under the model's lock, ``point``), and how each graph output is
+    taken from them (``results``)."""
+
+    def __init__(self, graph: Graph, program: CProgram, arena: int, weights: int):
+        self.input_names = tuple(v.name for v in graph.inputs)
+        self._expected = tuple((v.name, v.shape, v.dtype) for v in graph.inputs)
+        self.output_specs = tuple((tuple(spec.shape), spec.dtype) for spec in program.outputs)
+        self._inputs = (ctypes.c_void_p * max(len(self.input_names), 1))()
+        self._outputs = (ctypes.c_void_p * max(len(self.output_specs), 1))()
+        self.input_table = ctypes.addressof(self._inputs)
+        self.output_table = ctypes.addressof(self._outputs)
+        self.arena, self.weights = arena, weights
+        # Each graph output: ("slot", j) the kernels wrote outputs[j]; ("input", k) graph input k
+        # returned as is; ("static", data) a constant. A value listed twice reads its first slot.
+        index = {name: k for k, name in enumerate(self.input_names)}
+        first: dict[int, int] = {}
+        self._taken: list[tuple[str, str, object]] = []
+        for j, v in enumerate(graph.outputs):
+            if v.name in program.passthrough:
+                kind, src = program.passthrough[v.name]
+                if kind == "input":
+                    assert isinstance(src, str)
+                    self._taken.append((v.name, "input", index[src]))
+                else:
+                    self._taken.append((v.name, "static", np.array(src, dtype=v.dtype, copy=True)))
+            else:
+                self._taken.append((v.name, "slot", first.setdefault(id(v), j)))
+
+    def exact_inputs(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray] | None:
+        """The arrays of ``feeds`` in input order when each is a C-contiguous ``ndarray`` of exactly
+        the model's shape and dtype and no other name is given (what needs neither conversion nor
+        copy); ``None`` otherwise, and ``check_inputs`` then accepts, converts or says why not."""
+        if len(feeds) != len(self._expected):
+            return None
+        arrays = []
+        for name, shape, dtype in self._expected:
+            a = feeds.get(name)
+            if type(a) is not np.ndarray or a.shape != shape or a.dtype != dtype or not a.flags.c_contiguous:
+                return None
+            arrays.append(a)
+        return arrays
+
+    def point(self, ins: list[np.ndarray], outs: list[np.ndarray]) -> None:
+        """Fill the pointer tables with the arrays' addresses (hold the model's lock)."""
+        for k, a in enumerate(ins):
+            self._inputs[k] = _address(a)
+        for j, a in enumerate(outs):
+            self._outputs[j] = _address(a)
+
+    def results(self, ins: list[np.ndarray], outs: list[np.ndarray]) -> dict[str, np.ndarray]:
+        """Graph output name -> array, after a call that wrote ``outs``."""
+        result: dict[str, np.ndarray] = {}
+        for name, kind, src in self._taken:
+            if kind == "slot":
+                assert isinstance(src, int)
+                result[name] = outs[src]
+            elif kind == "input":  # a copy: the caller's array stays the caller's
+                assert isinstance(src, int)
+                result[name] = np.array(ins[src], copy=True)
+            else:
+                result[name] = np.array(src, copy=True)
+        return result
+
+
 class CompiledModel:
     """A model compiled to native code; see the module docstring."""
 
@@ -101,8 +177,9 @@ class CompiledModel:
         self._lib = _load_library(build.library)
         self._run = self._lib.opfuse_run
         self._run.restype = ctypes.c_int
-        self._run.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p),
-                              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+        # Every pointer as a plain address (the pointer tables too): ctypes converts ints fastest.
+        self._run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                              ctypes.c_int]
         abi = self._lib.opfuse_abi_version()
         if abi != ABI_VERSION:
             raise OpfuseError(f"compiled model has ABI {abi}, this opfuse expects {ABI_VERSION}; clear the "
@@ -115,6 +192,8 @@ class CompiledModel:
         self.compilation: object | None = None  # the opfuse.compiler.Compilation it was built from
         self._threads = 1
         self._scratch = _aligned(0)
+        self._scratch_at = self._scratch.ctypes.data
+        self._binding = _CallBinding(graph, program, self._arena.ctypes.data, self._weights.ctypes.data)
         self.threads = default_threads() if threads is None else threads
 
     # Threads -----------------------------------------------------------------------------
@@ -130,6 +209,7 @@ class CompiledModel:
         with getattr(self, "_lock", threading.Lock()):
             self._threads = n
             self._scratch = _aligned(self.program.scratch_stride * n)
+            self._scratch_at = self._scratch.ctypes.data
 
     @property
     def memory(self) -> MemoryPlan:
@@ -140,32 +220,18 @@ class CompiledModel:
         """Run the model; ``InputError`` (naming the input) for missing/misshaped/mistyped inputs
         (``cast=True`` converts inputs of another dtype whose values fit), and (naming the node) for
         values the model cannot compute: an integer division by zero, a Gather index out of range."""
-        checked = check_inputs(self.graph, feeds, cast=cast)
-        ins = [np.ascontiguousarray(checked[v.name]) for v in self.graph.inputs]
-        outs = [np.empty(spec.shape, dtype=spec.dtype) for spec in self.program.outputs]
-        in_ptrs = (ctypes.c_void_p * max(len(ins), 1))(*[a.ctypes.data for a in ins])
-        out_ptrs = (ctypes.c_void_p * max(len(outs), 1))(*[a.ctypes.data for a in outs])
+        b = self._binding
+        ins = b.exact_inputs(feeds)
+        if ins is None:  # not plain arrays of the model's shapes and dtypes: the full check says why
+            checked = check_inputs(self.graph, feeds, cast=cast)
+            ins = [np.ascontiguousarray(checked[name]) for name in b.input_names]
+        outs = [np.empty(shape, dtype=dtype) for shape, dtype in b.output_specs]
         with self._lock:
-            rc = self._run(in_ptrs, out_ptrs, self._arena.ctypes.data, self._weights.ctypes.data,
-                           self._scratch.ctypes.data, self._threads)
+            b.point(ins, outs)
+            rc = self._run(b.input_table, b.output_table, b.arena, b.weights, self._scratch_at, self._threads)
         if rc != 0:
             raise InputError(self.program.fault_message(rc))
-        result: dict[str, np.ndarray] = {}
-        first: dict[int, int] = {}
-        for j, v in enumerate(self.graph.outputs):
-            if v.name in self.program.passthrough:
-                kind, src = self.program.passthrough[v.name]
-                if kind == "input":  # src: the input's name
-                    assert isinstance(src, str)
-                    result[v.name] = np.array(checked[src], copy=True)
-                else:  # src: the constant's data
-                    result[v.name] = np.array(src, dtype=v.dtype, copy=True)
-            elif id(v) in first:  # the same value listed twice: kernels wrote the first slot
-                result[v.name] = outs[first[id(v)]]
-            else:
-                first[id(v)] = j
-                result[v.name] = outs[j]
-        return result
+        return b.results(ins, outs)
 
     __call__ = run
 
@@ -173,16 +239,15 @@ class CompiledModel:
         """``(call, outputs)``: ``call()`` runs the model on ``feeds`` into ``outputs``, arrays
         allocated and touched once here. For benchmarks: ``run`` allocates fresh outputs, and the
         kernel that first writes a large one pays its page faults inside its time."""
+        b = self._binding
         checked = check_inputs(self.graph, feeds)
-        ins = [np.ascontiguousarray(checked[v.name]) for v in self.graph.inputs]
-        outs = [np.zeros(spec.shape, dtype=spec.dtype) for spec in self.program.outputs]
-        in_ptrs = (ctypes.c_void_p * max(len(ins), 1))(*[a.ctypes.data for a in ins])
-        out_ptrs = (ctypes.c_void_p * max(len(outs), 1))(*[a.ctypes.data for a in outs])
+        ins = [np.ascontiguousarray(checked[name]) for name in b.input_names]
+        outs = [np.zeros(shape, dtype=dtype) for shape, dtype in b.output_specs]
 
-        def call(keep=(ins, outs)) -> None:  # the arrays live as long as the pointers to them
+        def call() -> None:  # the closure keeps ins and outs alive as long as the pointers to them
             with self._lock:
-                rc = self._run(in_ptrs, out_ptrs, self._arena.ctypes.data, self._weights.ctypes.data,
-                               self._scratch.ctypes.data, self._threads)
+                b.point(ins, outs)
+                rc = self._run(b.input_table, b.output_table, b.arena, b.weights, self._scratch_at, self._threads)
             if rc != 0:
                 raise InputError(self.program.fault_message(rc))
         call()
