@@ -288,6 +288,20 @@ def cmd_zoo(args) -> int:
     return 0
 
 
+def cmd_ops(args) -> int:
+    from opfuse.frontend import coverage
+    rows = coverage.coverage()
+    shown = [r for r in rows if not args.kind or r.kind in args.kind]
+    if args.json:
+        _print_json({"headline": coverage.headline(rows), "counts": coverage.summary(rows),
+                     "ops": [r.as_dict() for r in shown]})
+        return 0
+    for r in shown:
+        print(f"{r.op:<28}{r.kind:<11}{r.detail}".rstrip())
+    print(coverage.headline(rows))
+    return 0
+
+
 def _size(text: str) -> int:
     """Bytes from '524288', '512K', '512KiB', '1.5M' (K/M/G are powers of 1024)."""
     t = text.strip().upper().removesuffix("IB").removesuffix("B")
@@ -1099,6 +1113,12 @@ def build_parser() -> argparse.ArgumentParser:
     pe.add_argument("-o", "--output", help="output path (default NAME.onnx)")
     p.set_defaults(fn=cmd_zoo)
 
+    p = sub.add_parser("ops", help="every standard ONNX operator: how opfuse takes it, or why it is refused")
+    p.add_argument("--kind", nargs="+", choices=("op", "rewritten", "folded", "removed", "function", "refused"),
+                   help="only these kinds (e.g. --kind refused)")
+    _add_json(p)
+    p.set_defaults(fn=cmd_ops)
+
     p = sub.add_parser("fuzz", help="random models with hostile inputs: C fused and unfused against the reference")
     p.add_argument("--count", type=int, default=100, help="graphs to check (default 100)")
     p.add_argument("--seed", type=int, default=0, help="the first seed (the same seed, the same graphs)")
@@ -1150,6 +1170,7 @@ examples:
   opfuse profile --target cortex-m7                    a target's hardware profile
   opfuse quantize zoo:resnet8 --calibration-random 64 -o r8_int8.onnx --report   INT8 QDQ + accuracy
   opfuse zoo list; opfuse zoo export resnet8 -o r8.onnx
+  opfuse ops --kind refused                            standard ONNX operators refused, and why
   opfuse demo                                          the main job on MobileNetV1
 
 exit codes:
