@@ -17,7 +17,8 @@ def _close(got, want, rtol=RTOL, atol=ATOL):
 
 
 # GridSample ----------------------------------------------------------------------------------------
-GRID_CASES = [(mode, pad, align, d) for mode in ("linear", "nearest", "cubic") for pad in ("zeros", "border", "reflection")
+GRID_CASES = [(mode, pad, align, d) for mode in ("linear", "nearest", "cubic")
+              for pad in ("zeros", "border", "reflection")
               for align in (0, 1) for d in (2, 3) if not (mode == "cubic" and d == 3)]
 
 

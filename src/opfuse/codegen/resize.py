@@ -4,8 +4,8 @@ The source coordinate of every output position (``opfuse.ops.shape_ops.source_co
 the reference's own function) depends only on static facts, so it is evaluated once in
 Python: nearest mode stores the chosen input index per output position, linear mode the
 two neighbours and the weight, cubic and antialiased modes a window of taps (indices and
-weights, ``opfuse.ops.shape_ops.resize_taps``) per output position, summed in C loops. The kernel then reads ``x`` through those tables; linear
-interpolation combines the ``2^k`` neighbours in the reference's order (axis by axis,
+weights, ``opfuse.ops.shape_ops.resize_taps``) per output position, summed in C loops. The
+kernel then reads ``x`` through those tables; linear interpolation combines the ``2^k`` neighbours in the reference's order (axis by axis,
 lowest axis first) in double precision.
 """
 from __future__ import annotations

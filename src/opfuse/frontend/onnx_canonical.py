@@ -24,8 +24,8 @@ import numpy as np
 
 from opfuse.errors import ModelError, ShapeError, UnsupportedOpError
 from opfuse.frontend.onnx_opsets import (AXES_INPUT_SINCE, DROPOUT_INPUTS_SINCE, PAD_INPUTS_SINCE,
-                                         RESIZE_ROI_SINCE, SLICE_INPUTS_SINCE, SOFTMAX_LEGACY_DEFAULT_AXIS,
-                                         SOFTMAX_SINGLE_AXIS_SINCE, SPLIT_INPUT_SINCE, SPLIT_NUM_OUTPUTS_SINCE,
+                                         RESIZE_ROI_SINCE, ROI_ALIGN_CTM_SINCE, SLICE_INPUTS_SINCE,
+                                         SOFTMAX_LEGACY_DEFAULT_AXIS, SOFTMAX_SINGLE_AXIS_SINCE, SPLIT_INPUT_SINCE, SPLIT_NUM_OUTPUTS_SINCE,
                                          UPSAMPLE_SCALES_INPUT_SINCE)
 from opfuse.frontend.onnx_import_context import ImportContext, OnnxNode
 from opfuse.ir.graph import Value
@@ -334,3 +334,12 @@ def size(ctx, node, inputs):
 def scatter(ctx, node, inputs):
     """Scatter (opsets 9 and 10, deprecated at 11) is ScatterElements."""
     return ctx.emit("ScatterElements", inputs, dict(node.attrs), name=node.name, outputs=node.outputs)
+
+
+@canonicalizes("RoiAlign")
+def roi_align(ctx, node, inputs):
+    """RoiAlign-10 has no ``coordinate_transformation_mode``: it means ``output_half_pixel``."""
+    attrs = dict(node.attrs)
+    if node.version < ROI_ALIGN_CTM_SINCE:
+        attrs["coordinate_transformation_mode"] = "output_half_pixel"
+    return emit_as_is(ctx, node, inputs, attrs)

@@ -484,7 +484,7 @@ def _roi_align(ins, a, node):
         hy, hx = 1.0 - ly, 1.0 - lx
         img = x[b].astype(np.float64)                                                     # (C, H, W)
 
-        def corner(yi, xi):
+        def corner(yi, xi, img=img):
             return img[:, yi[:, :, None, None], xi[None, None]]                          # (C, oh, gh, ow, gw)
 
         ws = [hy[:, :, None, None] * hx[None, None], hy[:, :, None, None] * lx[None, None],
