@@ -5,8 +5,8 @@ the reference's own function) depends only on static facts, so it is evaluated o
 Python: nearest mode stores the chosen input index per output position, linear mode the
 two neighbours and the weight, cubic and antialiased modes a window of taps (indices and
 weights, ``opfuse.ops.shape_ops.resize_taps``) per output position, summed in C loops. The
-kernel then reads ``x`` through those tables; linear interpolation combines the ``2^k`` neighbours in the reference's order (axis by axis,
-lowest axis first) in double precision.
+kernel then reads ``x`` through those tables; linear interpolation combines the ``2^k``
+neighbours in the reference's order (axis by axis, lowest axis first) in double precision.
 """
 from __future__ import annotations
 

@@ -25,8 +25,8 @@ import numpy as np
 from opfuse.errors import ModelError, ShapeError, UnsupportedOpError
 from opfuse.frontend.onnx_opsets import (AXES_INPUT_SINCE, DROPOUT_INPUTS_SINCE, PAD_INPUTS_SINCE,
                                          RESIZE_ROI_SINCE, ROI_ALIGN_CTM_SINCE, SLICE_INPUTS_SINCE,
-                                         SOFTMAX_LEGACY_DEFAULT_AXIS, SOFTMAX_SINGLE_AXIS_SINCE, SPLIT_INPUT_SINCE, SPLIT_NUM_OUTPUTS_SINCE,
-                                         UPSAMPLE_SCALES_INPUT_SINCE)
+                                         SOFTMAX_LEGACY_DEFAULT_AXIS, SOFTMAX_SINGLE_AXIS_SINCE, SPLIT_INPUT_SINCE,
+                                         SPLIT_NUM_OUTPUTS_SINCE, UPSAMPLE_SCALES_INPUT_SINCE)
 from opfuse.frontend.onnx_import_context import ImportContext, OnnxNode
 from opfuse.ir.graph import Value
 
