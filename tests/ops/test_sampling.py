@@ -33,7 +33,9 @@ def test_grid_sample_matches_onnx_reference(mode, pad, align, d):
     grid += rng.uniform(-0.05, 0.05, grid.shape).astype(np.float32) * (mode != "nearest")
     attrs = dict(mode=mode, padding_mode=pad, align_corners=align)
     got = run_op("GridSample", [x, grid], **attrs)[0]
-    want = onnx_ref("GridSample", [x, grid], opset=22, **attrs)[0]
+    # Cubic with border padding: onnxruntime and PyTorch clamp every tap, ONNX's reference the point.
+    want = (ort_ref if (mode, pad) == ("cubic", "border") else onnx_ref)("GridSample", [x, grid], opset=20,
+                                                                          **attrs)[0]
     assert got.shape == want.shape
     _close(got, want)
 

@@ -124,7 +124,7 @@ def lower_grid_sample(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
             if mode == "nearest":
                 kc.w.line(f"{p} = {rint}({p});")
             lo, hi = (0.0, length - 1.0) if align else (-0.5, length - 0.5)
-            if padding == "border":
+            if padding == "border" and mode != "cubic":  # cubic clamps each tap (the reference's note)
                 kc.w.line(f"if ({p} < {literal(lo, gt)} || {p} > {literal(hi, gt)}) "
                           f"{p} = {p} < {literal(0, gt)} ? {literal(0, gt)} : "
                           f"({p} > {literal(length - 1, gt)} ? {literal(length - 1, gt)} : {p});")

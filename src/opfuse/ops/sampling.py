@@ -19,7 +19,9 @@ Semantics follow ``onnx.reference`` (and onnxruntime where they agree):
   the corners or the edges of the corner pixels. Coordinates are computed in the grid's element
   type (as the reference and PyTorch do). Nearest rounds half to even. Out-of-range taps read 0
   (``zeros``), the clamped edge (``border``) or the mirror image (``reflection``). Cubic uses
-  Keys' kernel with ``A = -0.75``.
+  Keys' kernel with ``A = -0.75``. Cubic with ``border`` clamps each of the 4 taps, not the point
+  first, as PyTorch and onnxruntime do (``onnx.reference`` moves an outside point onto the border
+  before taking its 4 x 4 neighbourhood, which drops the interior taps: onnxruntime issue 10607).
 * AffineGrid: base coordinates ``-1 + (2 i + 1) / L`` (or ``-1 + 2 i / (L - 1)`` with
   ``align_corners``); ``size`` decides the output shape and must be a constant.
 * Col2Im: ``image_shape`` and ``block_shape`` are constants; the output element sums the
@@ -127,7 +129,7 @@ def _grid_taps(x: np.ndarray, length: int, mode: str, padding: str, align: bool)
     if mode == "nearest":
         x = np.rint(x)
     out = (x < lo) | (x > hi)
-    if padding == "border":
+    if padding == "border" and mode != "cubic":
         x = np.where(out, np.clip(x, 0, length - 1), x)
     elif padding == "reflection":
         x = np.where(out, reflect(x, lo, hi), x)
