@@ -19,7 +19,8 @@ How one is run
    counts the whole suite as shipped: no conversion, no promoted inputs.)
 2. Static shapes: opfuse compiles static shapes, so operands that decide a shape (Reshape's
    shape, Slice's starts/ends/axes/steps, Expand's shape, Pad's pads/constant_value/axes,
-   Resize's roi/scales/sizes, ConstantOfShape's shape, Squeeze/Unsqueeze/Reduce* axes,
+   Resize's roi/scales/sizes, AffineGrid's size, Col2Im's image/block shapes, MaxUnpool's
+   output_shape, ConstantOfShape's shape, Squeeze/Unsqueeze/Reduce* axes,
    Split's sizes, CumSum's axis, OneHot's depth, Range's inputs, Tile's repeats, TopK's K) must be
    constants. A test that feeds them as graph inputs has them *promoted to initializers*
    holding the test's own input data -- the same values, now known at compile time. Graph
@@ -51,6 +52,7 @@ SHAPE_OPERANDS = {
     "ReduceSum": (1,), "ReduceMax": (1,), "Split": (1,), "ReduceMin": (1,), "ReduceProd": (1,),
     "ReduceL1": (1,), "ReduceL2": (1,), "ReduceLogSum": (1,), "ReduceLogSumExp": (1,), "ReduceSumSquare": (1,),
     "CumSum": (1,), "CumProd": (1,), "OneHot": (1,), "Range": (0, 1, 2), "Tile": (1,), "TopK": (1,),
+    "AffineGrid": (1,), "Col2Im": (1, 2), "MaxUnpool": (2,),
 }
 EXPANDED_MARK = "_expanded"
 DEFAULT_DOMAINS = ("", "ai.onnx")

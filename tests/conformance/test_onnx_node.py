@@ -29,14 +29,13 @@ NO_FLOAT4 = "float4e2m1 tensors are not supported"
 NO_SUB_BYTE_INT = "4-bit and 2-bit integer tensors are not supported"
 NO_STRING = "string tensors are not supported"
 NOT_A_TENSOR = "sequence and optional values are not supported (tensors only)"
-RESIZE_CUBIC = "Resize mode='cubic' is not implemented (nearest and linear are)"
-RESIZE_ANTIALIAS = "Resize antialias=1 is not implemented"
-MAXPOOL_INDICES = "MaxPool's second output (Indices) is not supported"
 BATCHNORM_TRAINING = "BatchNormalization training_mode=1: opfuse compiles inference graphs"
 DROPOUT_TRAINING = "Dropout in training mode (random mask): opfuse compiles inference graphs"
 EXPANDED_USES_LOOP = "the expanded function body is a Loop (control flow is not supported)"
+EXPANDED_USES_IF = "the expanded function body is an If on align_corners (control flow is not supported)"
 
 EXCLUSIONS: dict[str, str] = {
+    **{f"test_affine_grid_{d}d{a}_expanded": EXPANDED_USES_IF for d in (2, 3) for a in ("", "_align_corners")},
     "test_range_float_type_positive_delta_expanded": EXPANDED_USES_LOOP,
     "test_range_float16_type_positive_delta_expanded": EXPANDED_USES_LOOP,
     "test_range_int32_type_negative_delta_expanded": EXPANDED_USES_LOOP,
@@ -54,8 +53,6 @@ EXCLUSIONS: dict[str, str] = {
     "test_training_dropout_mask": DROPOUT_TRAINING,
     "test_training_dropout_zero_ratio": DROPOUT_TRAINING,
     "test_training_dropout_zero_ratio_mask": DROPOUT_TRAINING,
-    "test_maxpool_with_argmax_2d_precomputed_pads": MAXPOOL_INDICES,
-    "test_maxpool_with_argmax_2d_precomputed_strides": MAXPOOL_INDICES,
     "test_identity_opt": NOT_A_TENSOR,
     "test_identity_sequence": NOT_A_TENSOR,
     "test_cast_BFLOAT16_to_FLOAT": NO_BFLOAT16,
@@ -164,19 +161,6 @@ EXCLUSIONS: dict[str, str] = {
     "test_castlike_UINT4_to_FLOAT16_expanded": NO_SUB_BYTE_INT,
     "test_castlike_UINT4_to_FLOAT_expanded": NO_SUB_BYTE_INT,
     "test_castlike_UINT4_to_UINT8_expanded": NO_SUB_BYTE_INT,
-    "test_resize_downsample_scales_linear_antialias": RESIZE_ANTIALIAS,
-    "test_resize_downsample_sizes_linear_antialias": RESIZE_ANTIALIAS,
-    "test_resize_downsample_scales_cubic": RESIZE_CUBIC,
-    "test_resize_downsample_scales_cubic_A_n0p5_exclude_outside": RESIZE_CUBIC,
-    "test_resize_downsample_scales_cubic_align_corners": RESIZE_CUBIC,
-    "test_resize_downsample_scales_cubic_antialias": RESIZE_CUBIC,
-    "test_resize_downsample_sizes_cubic": RESIZE_CUBIC,
-    "test_resize_downsample_sizes_cubic_antialias": RESIZE_CUBIC,
-    "test_resize_upsample_scales_cubic": RESIZE_CUBIC,
-    "test_resize_upsample_scales_cubic_A_n0p5_exclude_outside": RESIZE_CUBIC,
-    "test_resize_upsample_scales_cubic_align_corners": RESIZE_CUBIC,
-    "test_resize_upsample_scales_cubic_asymmetric": RESIZE_CUBIC,
-    "test_resize_upsample_sizes_cubic": RESIZE_CUBIC,
 }
 
 # The onnx 1.23 suite runs 1007 selected tests; far fewer means the selection itself broke.
