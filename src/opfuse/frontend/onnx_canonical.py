@@ -343,3 +343,15 @@ def roi_align(ctx, node, inputs):
     if node.version < ROI_ALIGN_CTM_SINCE:
         attrs["coordinate_transformation_mode"] = "output_half_pixel"
     return emit_as_is(ctx, node, inputs, attrs)
+
+
+@canonicalizes("GridSample")
+def grid_sample(ctx, node, inputs):
+    """GridSample-16's mode names ``bilinear``/``bicubic`` are opset 20's ``linear``/``cubic``."""
+    attrs = dict(node.attrs)
+    mode = attrs.get("mode")
+    if isinstance(mode, bytes):
+        mode = mode.decode()
+    if mode is not None:
+        attrs["mode"] = {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode)
+    return emit_as_is(ctx, node, inputs, attrs)

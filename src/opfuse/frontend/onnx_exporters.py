@@ -292,15 +292,13 @@ def grid_sample(ctx, node):
     """Mode names as the target opset spells them; opset 16 to 19 take 4-D input only."""
     from opfuse.ops.sampling import GRID_MODES
     attrs = dict(node.attrs)
-    mode = GRID_MODES.get(str(attrs.get("mode", "linear")), str(attrs.get("mode")))
-    if ctx.opset >= GRID_SAMPLE_ND_SINCE:
-        attrs["mode"] = mode
-    else:
-        if len(node.input(0).shape) != 4:
-            raise UnsupportedOpError("GridSample", node.name, ctx.opset,
-                                     detail=f"a {len(node.input(0).shape)}-D GridSample cannot be written at opset "
-                                            f"{ctx.opset} (N-D from opset {GRID_SAMPLE_ND_SINCE})")
-        attrs["mode"] = GRID_SAMPLE_OLD_MODES.get(mode, mode)
+    if ctx.opset < GRID_SAMPLE_ND_SINCE and len(node.input(0).shape) != 4:
+        raise UnsupportedOpError("GridSample", node.name, ctx.opset,
+                                 detail=f"a {len(node.input(0).shape)}-D GridSample cannot be written at opset "
+                                        f"{ctx.opset} (N-D from opset {GRID_SAMPLE_ND_SINCE})")
+    if "mode" in attrs:  # (absent: the default, linear, at every opset)
+        mode = GRID_MODES.get(str(attrs["mode"]), str(attrs["mode"]))
+        attrs["mode"] = mode if ctx.opset >= GRID_SAMPLE_ND_SINCE else GRID_SAMPLE_OLD_MODES.get(mode, mode)
     ctx.emit(node, attrs=attrs)
 
 

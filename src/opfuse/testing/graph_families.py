@@ -18,7 +18,7 @@ from opfuse.testing.layout_families import (concat, concat_input, expand, flatte
                                             transpose)
 from opfuse.testing.more_families import (COMPARE_OPS, JUMP_OPS, LOGIC_OPS, REDUCE_OPS, SMOOTH_OPS, arg_topk,
                                            compare_logic, compare_logic_choices, cumulative, depth_space,
-                                           depth_space_ready, exact, gather_more, inverse_trig,
+                                           depth_space_ready, exact, gather_more, grid_sample, inverse_trig,
                                            inverse_trig_choices, jumps, prelu, reduce_choices, reduce_more,
                                            reverse_sequence, scatter, smooth_choices, smooth_unary, sum_mean,
                                            tile, trilu)
@@ -85,6 +85,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("scatter", scatter, ("ScatterElements", "ScatterND"), limit=math.inf),
     Family("reverse_sequence", reverse_sequence, ("ReverseSequence",), accepts=lambda v: len(v.shape) >= 2,
            limit=math.inf, ranks=(2, 3, 4)),
+    Family("grid_sample", grid_sample, ("GridSample",), optional=("AffineGrid",), accepts=rank_in(4),
+           limit=math.inf, ranks=(4,)),
     # Patterns.
     Family("silu_pattern", silu_pattern, ("Mul",), all_of=("Sigmoid",), min_cost=2, pattern=True),
     Family("gelu_pattern", gelu_pattern, ("Mul",), all_of=("Erf", "Add"), optional=("Div",),
