@@ -18,7 +18,7 @@ import math
 from opfuse.codegen.ctype import c_type, literal, lowest, math_fn
 from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.index import Index, add, contiguous_strides, delinearize, mul
-from opfuse.codegen.loops import emit_loop_nest, store
+from opfuse.codegen.loops import emit_loop_nest, lane_reduce, store
 from opfuse.codegen.rules import nan_max
 from opfuse.codegen.stages import GroupAnalysis, Stage
 from opfuse.ops.registry import get_spec
@@ -110,8 +110,11 @@ def lower_grid_sample(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     ct = c_type(out.dtype)
     rint = math_fn("rint", gt)
 
-    def body(oidx: Index):
-        n, c, o = oidx.dims[0], oidx.dims[1], oidx.dims[2:]
+    C = x.shape[1]
+
+    def body(pidx: Index):
+        """One output position of one image: its taps once, then every channel."""
+        n, o = pidx.dims[0], pidx.dims[1:]
         axes = []
         for i in range(d):
             length = x.shape[2 + i]
@@ -132,25 +135,27 @@ def lower_grid_sample(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
                 kc.w.line(f"if ({p} < {literal(lo, gt)} || {p} > {literal(hi, gt)}) "
                           f"{p} = ({gct}){_reflect(kc)}((double){p}, {lo!r}, {hi!r});")
             axes.append(_grid_taps(kc, f"(double){p}", length, mode, padding, align))
+        c = kc.tmp("c")
+        with kc.w.block(f"for (long {c} = 0; {c} < {C}; ++{c})"), ev.scope():
 
-        def combine(i: int, picks: list[str], oks: list[str]) -> str:
-            if i == d:
-                v = ev.at(x, Index(tuple(x.shape), (n, c) + tuple(picks)))
-                return f"({' && '.join(oks)} ? (double){v} : 0.0)"
-            cnt, ix, ok, wt = axes[i]
-            acc, t = kc.tmp("gacc"), kc.tmp("t")
-            kc.w.line(f"double {acc} = 0.0;")
-            with kc.w.block(f"for (int {t} = 0; {t} < {cnt}; ++{t})"), ev.scope():
-                inner = combine(i + 1, picks + [f"{ix}[{t}]"], oks + [f"{ok}[{t}]"])
-                kc.w.line(f"{acc} += {wt}[{t}] * {inner};")
-            return acc
+            def combine(i: int, picks: list[str], oks: list[str]) -> str:
+                if i == d:
+                    v = ev.at(x, Index(tuple(x.shape), (n, c) + tuple(picks)))
+                    return f"({' && '.join(oks)} ? (double){v} : 0.0)"
+                cnt, ix, ok, wt = axes[i]
+                acc, t = kc.tmp("gacc"), kc.tmp("t")
+                kc.w.line(f"double {acc} = 0.0;")
+                with kc.w.block(f"for (int {t} = 0; {t} < {cnt}; ++{t})"), ev.scope():
+                    inner = combine(i + 1, picks + [f"{ix}[{t}]"], oks + [f"{ok}[{t}]"])
+                    kc.w.line(f"{acc} += {wt}[{t}] * {inner};")
+                return acc
 
-        res = kc.tmp("gs")
-        kc.w.line(f"const {ct} {res} = ({ct}){combine(0, [], [])};")
-        finish_element(kc, ev, stage, out, oidx, res)
+            res = kc.tmp("gs")
+            kc.w.line(f"const {ct} {res} = ({ct}){combine(0, [], [])};")
+            finish_element(kc, ev, stage, out, Index(tuple(out.shape), (n, c) + tuple(o)), res)
 
     taps = {"nearest": 1, "linear": 2, "cubic": 4}[mode] ** d
-    emit_loop_nest(kc, ev, out.shape, body, cost_per_element=4 * taps + 8 * d)
+    emit_loop_nest(kc, ev, (x.shape[0],) + tuple(out.shape[2:]), body, cost_per_element=C * 4 * taps + 16 * d)
 
 
 # Col2Im ----------------------------------------------------------------------------------------
@@ -201,9 +206,10 @@ def lower_col2im(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
 
 # DeformConv ------------------------------------------------------------------------------------
 def lower_deform_conv(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
-    """Per output position: every input channel's taps sampled once (bilinear, zeros outside,
-    times the mask) into a per-thread column in scratch, then one dot product per output
-    channel with its group's weights (plus the bias), each finished through the epilogue."""
+    """Per output position: the taps of every (offset group, kernel offset) located once, every
+    input channel of the group sampled there (bilinear, zeros outside, times the mask) into a
+    per-thread column in scratch; then one dot product per output channel with its group's
+    weights (plus the bias), each finished through the epilogue."""
     from opfuse.ops.sampling import deform_geometry
     node = stage.anchor_node
     x, wgt, off = node.input(0), node.input(1), node.input(2)
@@ -222,10 +228,8 @@ def lower_deform_conv(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
         n, o = pidx.dims[0], pidx.dims[1:]
         cols = kc.tmp("cols")
         w.line(f"double* restrict {cols} = {kc.scratch_ptr('double', kc.scratch(C * K * 8))};")
-        c, k = kc.tmp("c"), kc.tmp("k")
-        with w.block(f"for (long {c} = 0; {c} < {C}; ++{c})"), ev.scope():
-            g = kc.tmp("og")
-            w.line(f"const long {g} = {c} / {cpg};")
+        g, k = kc.tmp("og"), kc.tmp("k")
+        with w.block(f"for (long {g} = 0; {g} < {og}; ++{g})"), ev.scope():
             with w.block(f"for (long {k} = 0; {k} < {K}; ++{k})"), ev.scope():
                 kpos = delinearize(k, kernel)
                 taps = []
@@ -236,40 +240,44 @@ def lower_deform_conv(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
                     base = add(mul(o[i], strides[i]), str(-pads[i]), mul(kpos[i], dilations[i]))
                     w.line(f"const double {p} = (double)({base}) + (double){dv};")
                     taps.append(_grid_taps(kc, p, x.shape[2 + i], "linear", "zeros", True))
-
-                def combine(i: int, picks: list[str], oks: list[str]) -> str:
-                    if i == d:
-                        v = ev.at(x, Index(tuple(x.shape), (n, c) + tuple(picks)))
-                        return f"({' && '.join(oks)} ? (double){v} : 0.0)"
-                    cnt, ix, ok, wt = taps[i]
-                    acc, t = kc.tmp("dacc"), kc.tmp("t")
-                    w.line(f"double {acc} = 0.0;")
-                    with w.block(f"for (int {t} = 0; {t} < {cnt}; ++{t})"), ev.scope():
-                        inner = combine(i + 1, picks + [f"{ix}[{t}]"], oks + [f"{ok}[{t}]"])
-                        w.line(f"{acc} += {wt}[{t}] * {inner};")
-                    return acc
-
-                val = combine(0, [], [])
+                mv = "1.0"
                 if mask is not None:
-                    mv = ev.at(mask, Index(tuple(mask.shape), (n, add(mul(g, K), k)) + tuple(o)))
-                    val = f"{val} * (double){mv}"
-                w.line(f"{cols}[{c} * {K} + {k}] = {val};")
+                    mv = kc.tmp("mk")
+                    mval = ev.at(mask, Index(tuple(mask.shape), (n, add(mul(g, K), k)) + tuple(o)))
+                    w.line(f"const double {mv} = (double){mval};")
+                c = kc.tmp("c")
+                with w.block(f"for (long {c} = {g} * {cpg}; {c} < ({g} + 1) * {cpg}; ++{c})"), ev.scope():
+
+                    def combine(i: int, picks: list[str], oks: list[str]) -> str:
+                        if i == d:
+                            v = ev.at(x, Index(tuple(x.shape), (n, c) + tuple(picks)))
+                            return f"({' && '.join(oks)} ? (double){v} : 0.0)"
+                        cnt, ix, ok, wt = taps[i]
+                        acc, t = kc.tmp("dacc"), kc.tmp("t")
+                        w.line(f"double {acc} = 0.0;")
+                        with w.block(f"for (int {t} = 0; {t} < {cnt}; ++{t})"), ev.scope():
+                            inner = combine(i + 1, picks + [f"{ix}[{t}]"], oks + [f"{ok}[{t}]"])
+                            w.line(f"{acc} += {wt}[{t}] * {inner};")
+                        return acc
+
+                    val = combine(0, [], [])
+                    w.line(f"{cols}[{c} * {K} + {k}] = {val}" + (f" * {mv};" if mask is not None else ";"))
         oc = kc.tmp("oc")
         with w.block(f"for (long {oc} = 0; {oc} < {OC}; ++{oc})"), ev.scope():
-            acc, j = kc.tmp("acc"), kc.tmp("j")
+            acc, col0 = kc.tmp("acc"), kc.tmp("col0")
             first = f"(double){ev.at(bias, Index(tuple(bias.shape), (oc,)))}" if bias is not None else "0.0"
-            w.line(f"double {acc} = 0.0;")
-            col0 = f"({oc} / {ocg}) * {icg * K}"
-            with w.block(f"for (long {j} = 0; {j} < {icg * K}; ++{j})"), ev.scope():
-                wv = ev.at(wgt, Index(tuple(wgt.shape), (oc, f"({j} / {K})") + tuple(
-                    delinearize(f"({j} % {K})", kernel))))
-                w.line(f"{acc} += (double){wv} * {cols}[{col0} + {j}];")
+            w.line(f"const long {col0} = ({oc} / {ocg}) * {icg * K};")
+
+            def term(j: str) -> str:
+                wv = ev.at(wgt, Index.linear(tuple(wgt.shape), f"{oc} * {icg * K} + {j}"))
+                return f"(double){wv} * {cols}[{col0} + {j}]"
+            lane_reduce(kc, "double", "0.0", lambda a_, b_: f"{a_} + {b_}", icg * K, term, acc, scope=ev.scope)
             res = kc.tmp("dc")
             w.line(f"const {ct} {res} = ({ct})({acc} + {first});")
             finish_element(kc, ev, stage, out, Index(tuple(out.shape), (n, oc) + tuple(o)), res)
 
     emit_loop_nest(kc, ev, (x.shape[0],) + tuple(oshape), body,
-                   cost_per_element=C * K * (8 + 4 * 2 ** d) + OC * icg * K * 2)
+                   cost_per_element=og * K * 16 + C * K * 4 * 2 ** d + OC * icg * K * 2)
 
 
 # RoiAlign --------------------------------------------------------------------------------------
