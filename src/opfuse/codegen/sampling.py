@@ -282,13 +282,16 @@ def lower_deform_conv(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
 
 # RoiAlign --------------------------------------------------------------------------------------
 def lower_roi_align(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
+    """Per box and bin: the box, the bin's sample points and their bilinear corners and weights
+    are computed once, and every channel accumulates its samples (in sample order, as the
+    reference) in a per-thread array; then each channel's value goes through the epilogue."""
     from opfuse.ops.sampling import roi_modes
     node = stage.anchor_node
     x, rois, bidx = node.input(0), node.input(1), node.input(2)
     out = node.outputs[0]
     a = _attrs(node)
     mode, half = roi_modes(node, a)
-    N, _, H, W = x.shape
+    N, C, H, W = x.shape
     oh, ow, sr = int(a["output_height"]), int(a["output_width"]), int(a["sampling_ratio"])
     rt = rois.dtype
     rct = c_type(rt)
@@ -298,8 +301,8 @@ def lower_roi_align(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     def L(v) -> str:
         return literal(v, rt)
 
-    def body(oidx: Index):
-        r, c, ph, pw = oidx.dims
+    def body(bin_idx: Index):
+        r, ph, pw = bin_idx.dims
         b = kc.tmp("b")
         bv = ev.at(bidx, Index(tuple(bidx.shape), (r,)))
         w.line(f"long {b} = (long){bv};")
@@ -317,8 +320,11 @@ def lower_roi_align(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
         ceil = math_fn("ceil", rt)
         w.line(f"const long {gh} = {sr if sr > 0 else f'(long){ceil}({rh} / {L(oh)})'};")
         w.line(f"const long {gw} = {sr if sr > 0 else f'(long){ceil}({rw} / {L(ow)})'};")
-        acc, seen = kc.tmp("acc"), kc.tmp("seen")
-        w.line(f"double {acc} = 0.0; int {seen} = 0;")
+        acc, c = kc.tmp("acc"), kc.tmp("c")
+        w.line(f"double* restrict {acc} = {kc.scratch_ptr('double', kc.scratch(C * 8))};")
+        w.line(f"for (long {c} = 0; {c} < {C}; ++{c}) {acc}[{c}] = 0.0;")
+        seen = kc.tmp("seen")
+        w.line(f"int {seen} = 0;")
         iy, ix = kc.tmp("iy"), kc.tmp("ix")
         with w.block(f"for (long {iy} = 0; {iy} < {gh}; ++{iy})"):
             yy = kc.tmp("yy")
@@ -327,49 +333,48 @@ def lower_roi_align(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
                 xx = kc.tmp("xx")
                 w.line(f"const {rct} {xx} = {x0} + ({rct}){pw} * {bw} + (({rct}){ix} + {L(0.5)}) * {bw} / "
                        f"({rct}){gw};")
-                val = kc.tmp("val")
-                w.line(f"double {val} = 0.0;")
-                inside = f"!({yy} < {L(-1)} || {yy} > {L(H)} || {xx} < {L(-1)} || {xx} > {L(W)})"
-                with w.block(f"if ({inside})"), ev.scope():
-                    lows = []
-                    for pos, size in ((yy, H), (xx, W)):
-                        p, lo, hi, fr = kc.tmp("p"), kc.tmp("lo"), kc.tmp("hi"), kc.tmp("fr")
-                        w.line(f"double {p} = {pos} < 0 ? 0.0 : (double){pos};")
-                        w.line(f"long {lo} = (long){p}, {hi};")
-                        w.line(f"if ({lo} >= {size - 1}) {{ {lo} = {hi} = {size - 1}; {p} = (double){lo}; }} "
-                               f"else {hi} = {lo} + 1;")
-                        w.line(f"const double {fr} = {p} - (double){lo};")
-                        lows.append((lo, hi, fr))
-                    (ylo, yhi, ly), (xlo, xhi, lx) = lows
-
+                # A point outside [-1, size] contributes 0 (all four weights 0, the corners at 0, 0).
+                skip = kc.tmp("skip")
+                w.line(f"const int {skip} = {yy} < {L(-1)} || {yy} > {L(H)} || {xx} < {L(-1)} || {xx} > {L(W)};")
+                lows = []
+                for pos, size in ((yy, H), (xx, W)):
+                    p, lo, hi, fr = kc.tmp("p"), kc.tmp("lo"), kc.tmp("hi"), kc.tmp("fr")
+                    w.line(f"double {p} = {skip} || {pos} < 0 ? 0.0 : (double){pos};")
+                    w.line(f"long {lo} = (long){p}, {hi};")
+                    w.line(f"if ({lo} >= {size - 1}) {{ {lo} = {hi} = {size - 1}; {p} = (double){lo}; }} "
+                           f"else {hi} = {lo} + 1;")
+                    w.line(f"const double {fr} = {p} - (double){lo};")
+                    lows.append((lo, hi, fr))
+                (ylo, yhi, ly), (xlo, xhi, lx) = lows
+                ws = [kc.tmp("w") for _ in range(4)]
+                for nm, e in zip(ws, (f"(1.0 - {ly}) * (1.0 - {lx})", f"(1.0 - {ly}) * {lx}", f"{ly} * (1.0 - {lx})",
+                                      f"{ly} * {lx}"), strict=True):
+                    w.line(f"const double {nm} = {skip} ? 0.0 : {e};")
+                with w.block(f"for (long {c} = 0; {c} < {C}; ++{c})"), ev.scope():
                     def at(yi: str, xi: str) -> str:
                         return f"(double){ev.at(x, Index(tuple(x.shape), (b, c, yi, xi)))}"
-                    t = [f"(1.0 - {ly}) * (1.0 - {lx}) * {at(ylo, xlo)}", f"(1.0 - {ly}) * {lx} * {at(ylo, xhi)}",
-                         f"{ly} * (1.0 - {lx}) * {at(yhi, xlo)}", f"{ly} * {lx} * {at(yhi, xhi)}"]
+                    t = [f"{ws[0]} * {at(ylo, xlo)}", f"{ws[1]} * {at(ylo, xhi)}", f"{ws[2]} * {at(yhi, xlo)}",
+                         f"{ws[3]} * {at(yhi, xhi)}"]
                     if mode == "avg":
-                        w.line(f"{val} = {t[0]} + {t[1]} + {t[2]} + {t[3]};")
+                        w.line(f"{acc}[{c}] += {t[0]} + {t[1]} + {t[2]} + {t[3]};")
                     else:
                         names = [kc.tmp("m") for _ in t]
                         for nm, e in zip(names, t, strict=True):
                             w.line(f"const double {nm} = {e};")
-                        m01, m23 = kc.tmp("m"), kc.tmp("m")
+                        m01, m23, val = kc.tmp("m"), kc.tmp("m"), kc.tmp("val")
                         w.line(f"const double {m01} = {names[1]} > {names[0]} ? {names[1]} : {names[0]};")
                         w.line(f"const double {m23} = {names[3]} > {names[2]} ? {names[3]} : {names[2]};")
-                        w.line(f"{val} = {m23} > {m01} ? {m23} : {m01};")
-                if mode == "avg":
-                    w.line(f"{acc} += {val};")
-                else:
-                    w.line(f"{acc} = !{seen} || {val} > {acc} ? {val} : {acc}; {seen} = 1;")
-        res = kc.tmp("roi")
-        if mode == "avg":
-            cnt = kc.tmp("cnt")
-            w.line(f"const long {cnt} = {gh} * {gw} > 1 ? {gh} * {gw} : 1;")
-            w.line(f"const {ct} {res} = ({ct})({acc} / (double){cnt});")
-        else:
-            w.line(f"const {ct} {res} = ({ct}){acc};")
-        finish_element(kc, ev, stage, out, oidx, res)
+                        w.line(f"const double {val} = {m23} > {m01} ? {m23} : {m01};")
+                        w.line(f"{acc}[{c}] = !{seen} || {val} > {acc}[{c}] ? {val} : {acc}[{c}];")
+                w.line(f"{seen} = 1;")
+        cnt = kc.tmp("cnt")
+        w.line(f"const double {cnt} = {gh} * {gw} > 1 ? (double)({gh} * {gw}) : 1.0;")
+        with w.block(f"for (long {c} = 0; {c} < {C}; ++{c})"), ev.scope():
+            res = kc.tmp("roi")
+            w.line(f"const {ct} {res} = ({ct})({acc}[{c}]" + (f" / {cnt});" if mode == "avg" else ");"))
+            finish_element(kc, ev, stage, out, Index(tuple(out.shape), (r, c, ph, pw)), res)
 
-    emit_loop_nest(kc, ev, out.shape, body, cost_per_element=64)
+    emit_loop_nest(kc, ev, (out.shape[0], oh, ow), body, cost_per_element=C * 16 + 64)
 
 
 # MaxUnpool -------------------------------------------------------------------------------------
