@@ -287,10 +287,25 @@ def layer_norm(ctx, node):
 
 # Spatial sampling --------------------------------------------------------------------------------
 
+def _refuse_before_introduced(ctx, node) -> None:
+    """An op with no expansion into older ops cannot be written before the opset that defines it."""
+    if not _native(ctx, node):
+        raise UnsupportedOpError(node.op_type, node.name, ctx.opset,
+                                 detail=f"{node.op_type} cannot be written at opset {ctx.opset} (an ONNX op from "
+                                        f"opset {INTRODUCED_AT[node.op_type]}, with no expansion into older ops)")
+
+
+@exports("Col2Im", "DeformConv")
+def native_only(ctx, node):
+    _refuse_before_introduced(ctx, node)
+    ctx.emit(node)
+
+
 @exports("GridSample")
 def grid_sample(ctx, node):
     """Mode names as the target opset spells them; opset 16 to 19 take 4-D input only."""
     from opfuse.ops.sampling import GRID_MODES
+    _refuse_before_introduced(ctx, node)
     attrs = dict(node.attrs)
     if ctx.opset < GRID_SAMPLE_ND_SINCE and len(node.input(0).shape) != 4:
         raise UnsupportedOpError("GridSample", node.name, ctx.opset,

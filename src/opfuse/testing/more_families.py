@@ -386,7 +386,7 @@ def grid_sample(d: GraphDraft) -> None:
         ho, wo = max(1, ho // 2), max(1, wo // 2)
     align = d.choice((0, 1))
     modes = list(GRID_MODES)
-    if "AffineGrid" in d.ops and d.can_add_input() and d.flag():
+    if "AffineGrid" in d.ops and d.nodes_left >= 2 and d.can_add_input() and d.flag():
         theta = d.new_input((n, 2, 3))  # (a constant theta would be folded at import)
         grid = d.op("AffineGrid", theta, d.ints("size", (n, x.shape[1], ho, wo)), bound=3 * d.bound(theta),
                     align_corners=align)
