@@ -148,3 +148,33 @@ def test_max_unpool_clamps_a_bad_index_instead_of_writing_outside(cache_dir):
     out = model.run({"x": np.ones((1, 1, 2, 2), F32), "i": np.array([0, 99, -5, 3], I64).reshape(1, 1, 2, 2)})
     y = out[g.outputs[0].name]
     assert y.shape == (1, 1, 4, 4) and y.reshape(-1)[[0, 3, 15]].tolist() == [1, 1, 1]
+
+
+def test_fusion_legality_of_the_sampling_ops():
+    """An elementwise op after GridSample/RoiAlign is its epilogue; AffineGrid before GridSample is
+    refused (a gather from a whole input takes no prologue), and so is a Resize after it (not
+    elementwise); MaxUnpool (a scatter) fuses with nothing."""
+    from opfuse.rules import PlanLegality, unfused_plan
+    b = GraphBuilder("legality")
+    x = b.input("x", (1, 2, 6, 6))
+    grid = b.op("AffineGrid", b.input("theta", (1, 2, 3)), b.const("size", np.array([1, 2, 4, 4], I64)),
+                name="affine")
+    gs = b.op("GridSample", x, grid, name="gs")
+    relu = b.op("Relu", gs, name="relu")
+    up = b.op("Resize", gs, None, b.const("sc", np.array([1, 1, 2, 2], F32)), name="up")
+    roi = b.op("RoiAlign", x, b.const("rois", np.array([[0, 0, 3, 3]], F32)), b.const("bi", np.zeros(1, I64)),
+               name="roi")
+    sig = b.op("Sigmoid", roi, name="sig")
+    p, i = b.op("MaxPool", x, kernel_shape=[2, 2], strides=[2, 2], num_outputs=2, name="pool")
+    un = b.op("MaxUnpool", p, i, kernel_shape=[2, 2], strides=[2, 2], name="unpool")
+    neg = b.op("Neg", un, name="neg")
+    legal = PlanLegality(unfused_plan(b.build(relu, up, sig, neg)))
+    g = {grp.name: grp for grp in legal.plan().groups}
+    assert legal.can_merge(g["gs"], g["relu"]) is None
+    assert legal.can_merge(g["roi"], g["sig"]) is None
+    r = legal.can_merge(g["affine"], g["gs"])
+    assert r.kind.label == "category forbids" and "epilogue, never a prologue" in r.reason
+    r = legal.can_merge(g["gs"], g["up"])
+    assert r is not None and "Resize" in r.reason
+    r = legal.can_merge(g["unpool"], g["neg"])
+    assert r is not None and "opaque" in r.reason
