@@ -61,6 +61,13 @@ def sampling_graph():
     doff1 = b.input("doff1", (2, 8, 4, 5))
     outs.append(b.op("DeformConv", dx, b.const("dw1", rng.standard_normal((3, 4, 2, 2)).astype(F32)), doff1,
                      name="deform_plain"))
+    cols3 = b.input("cols3", (1, 2 * 4, 3 * 2 * 4))
+    outs.append(b.op("Col2Im", cols3, b.const("img3", np.array([3, 4, 5], I64)),
+                     b.const("blk3", np.array([1, 2, 2], I64)), strides=[1, 2, 1], pads=[0, 1, 0, 0, 0, 0],
+                     name="col2im_3d"))
+    dx1 = b.input("dx1", (1, 3, 9))
+    outs.append(b.op("DeformConv", dx1, b.const("dw1d", rng.standard_normal((2, 3, 3)).astype(F32)),
+                     b.input("doff1d", (1, 3, 5)), pads=[1, 1], strides=[2], name="deform_1d"))
     rx = b.input("rx", (2, 3, 8, 9))
     lo = rng.uniform(-2, 6, (5, 2))
     rois = b.const("rois", np.concatenate([lo, lo + rng.uniform(0.3, 6, (5, 2))], axis=1).astype(F32))

@@ -248,3 +248,21 @@ def test_resize_refuses_unknown_modes():
         run_op("Resize", [x, None, np.array([1, 1, 2, 2], np.float32)], consts=[2], mode="area")
     with pytest.raises(UnsupportedOpError, match="antialias=2"):
         run_op("Resize", [x, None, np.array([1, 1, 2, 2], np.float32)], consts=[2], mode="cubic", antialias=2)
+
+
+@pytest.mark.parametrize("spatial,kernel,attrs", [
+    ((9,), (3,), {"pads": [1, 1], "strides": [2]}),
+    ((4, 5, 6), (2, 3, 2), {"pads": [1, 0, 1, 0, 1, 1], "dilations": [1, 2, 1]}),
+    ((6, 7), (3, 3), {"pads": [1, 1, 1, 1], "group": 2}),
+])
+def test_deform_conv_with_zero_offsets_is_a_conv(spatial, kernel, attrs):
+    """Any rank (ONNX's reference does 2-D only): zero offsets and no mask sample the grid points."""
+    rng = np.random.default_rng(len(spatial))
+    d = len(spatial)
+    x = rng.standard_normal((2, 4) + spatial).astype(np.float32)
+    w = rng.standard_normal((6, 4 // attrs.get("group", 1)) + kernel).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    want = run_op("Conv", [x, w, b], **attrs)[0]
+    off = np.zeros((2, int(np.prod(kernel)) * d) + want.shape[2:], np.float32)
+    got = run_op("DeformConv", [x, w, off, b], **attrs)[0]
+    _close(got, want)
