@@ -185,3 +185,12 @@ def test_fusion_legality_of_the_sampling_ops():
     assert r is not None and "Resize" in r.reason
     r = legal.can_merge(g["unpool"], g["neg"])
     assert r is not None and "opaque" in r.reason
+
+
+def test_generated_code_is_deterministic(graph):
+    from opfuse.codegen import generate
+    from opfuse.ir.plan import FusionPlan
+    again = sampling_graph()
+    a = generate(graph, FusionPlan.unfused(graph))
+    b = generate(again, FusionPlan.unfused(again))
+    assert a.source == b.source and a.weights == b.weights
