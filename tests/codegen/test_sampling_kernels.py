@@ -38,6 +38,11 @@ def sampling_graph():
                     g3 = b.const(f"g3_{tag}", _grid(rng, (1, 2, 3, 2, 3), mode == "nearest"))
                     outs.append(b.op("GridSample", x3, g3, mode=mode, padding_mode=pad, align_corners=align,
                                      name=f"gs3_{tag}"))
+    x64 = b.input("x64", (1, 2, 4, 5), np.float64)  # double: coordinates and values in double
+    outs.append(b.op("GridSample", x64, b.const("g64", _grid(rng, (1, 3, 2, 2), False).astype(np.float64)),
+                     mode="cubic", padding_mode="reflection", name="gs_f64"))
+    outs.append(b.op("RoiAlign", x64, b.const("rois64", np.array([[0.2, 0.5, 3.1, 2.7]], np.float64)),
+                     b.const("bidx64", np.zeros(1, I64)), output_height=2, output_width=3, name="roi_f64"))
     gi = b.input("grid_in", (2, 3, 4, 2))  # a grid that is a runtime input
     outs.append(b.op("GridSample", x2, gi, mode="bilinear", name="gs_runtime_grid"))
     theta = b.input("theta", (2, 2, 3))
