@@ -1,9 +1,12 @@
 """Kernels of the spatial sampling ops: GridSample, Col2Im, DeformConv, RoiAlign (each its own
 kernel, an elementwise epilogue fused), MaxUnpool (a scatter) and MaxPool with its Indices.
 
-Every kernel computes one output element at a time in the loop nest of ``loops.py`` (split
-across threads), reading its inputs from memory at positions computed from data, and hands
-the result to ``epilogue.finish_element``. Arithmetic follows the reference
+Each kernel is a loop nest of ``loops.py`` (split across threads) that reads its inputs from
+memory at positions computed from data and hands every result to ``epilogue.finish_element``.
+What depends only on the position is computed once for all channels: GridSample's taps per output
+position, DeformConv's per (offset group, kernel offset), RoiAlign's box and sample points per bin
+(its channels accumulate in a per-thread array); Col2Im, MaxUnpool and MaxPool go element by
+element. Arithmetic follows the reference
 (``opfuse.ops.sampling``): coordinates in the element type the reference computes them in
 (the grid's for GridSample, the boxes' for RoiAlign), interpolation weights and sums in double,
 taps combined in the reference's order (innermost axis first). Out-of-range reads are never

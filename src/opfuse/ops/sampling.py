@@ -98,10 +98,13 @@ def denormalize(g: np.ndarray, length: int, align_corners: bool) -> np.ndarray:
 
 
 def reflect(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
-    """Mirror ``x`` at ``lo`` and ``hi`` until it lies between them (PyTorch's reflect)."""
+    """Mirror ``x`` at ``lo`` and ``hi`` until it lies between them (PyTorch's reflect), computed in
+    double (as the reference) and returned in ``x``'s type."""
     span = hi - lo
     if span <= 0:
         return np.full_like(x, lo)
+    dtype = x.dtype
+    x = x.astype(np.float64)
     below = x < lo
     dx = np.where(below, lo - x, x - hi)
     n = np.trunc(dx / span)
@@ -110,7 +113,7 @@ def reflect(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
     inside_lo = lo + r
     inside_hi = hi - r
     flipped = np.where(below, np.where(even, inside_lo, inside_hi), np.where(even, inside_hi, inside_lo))
-    return np.where((x < lo) | (x > hi), flipped, x).astype(x.dtype, copy=False)
+    return np.where((x < lo) | (x > hi), flipped, x).astype(dtype, copy=False)
 
 
 def cubic_weights(t: np.ndarray, A: float) -> list[np.ndarray]:
