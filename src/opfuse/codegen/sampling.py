@@ -9,9 +9,10 @@ position, DeformConv's per (offset group, kernel offset), RoiAlign's box and sam
 element. Arithmetic follows the reference
 (``opfuse.ops.sampling``): coordinates in the element type the reference computes them in
 (the grid's for GridSample, the boxes' for RoiAlign), interpolation weights and sums in double,
-taps combined in the reference's order (innermost axis first). Out-of-range reads are never
-made: an index is clamped, mirrored or its tap skipped (a bad MaxUnpool index or RoiAlign
-batch index is clamped into range, where the reference refuses it).
+a window's taps summed in one loop (the reference nests the axes: the same sum up to double
+rounding). Out-of-range reads are never made: an index is clamped, mirrored or its tap skipped (a
+bad MaxUnpool index or RoiAlign batch index is clamped into range, where the reference refuses
+it).
 """
 from __future__ import annotations
 
@@ -100,6 +101,44 @@ def _grid_taps(kc, coord: str, length: int, mode: str, padding: str, align: bool
     return n, ix, ok, wt
 
 
+def _flatten_taps(kc, axes, spatial) -> tuple[int, str, str, str]:
+    """The taps of every axis combined: for each tap of the window (the first axis outermost) its
+    offset in a (image, channel) plane, its weight (the product of the axes' weights) and whether
+    every axis's tap is inside. Returns (count, offsets, weights, inside) arrays."""
+    w = kc.w
+    total = math.prod(a[0] for a in axes)
+    off, wt, ok, k = kc.tmp("toff"), kc.tmp("tw"), kc.tmp("tok"), kc.tmp("tk")
+    w.line(f"long {off}[{total}]; double {wt}[{total}]; int {ok}[{total}]; int {k} = 0;")
+    strides = contiguous_strides(spatial)
+    loops = []
+    for cnt, *_ in axes:
+        t = kc.tmp("t")
+        w.line(f"for (int {t} = 0; {t} < {cnt}; ++{t}) {{")
+        w.level += 1
+        loops.append(t)
+    terms = [(ax, t) for ax, t in zip(axes, loops, strict=True)]
+    w.line(f"{off}[{k}] = {add(*(mul(f'{ax[1]}[{t}]', st) for (ax, t), st in zip(terms, strides, strict=True)))};")
+    w.line(f"{wt}[{k}] = {' * '.join(f'{ax[3]}[{t}]' for ax, t in terms)};")
+    w.line(f"{ok}[{k}] = {' && '.join(f'{ax[2]}[{t}]' for ax, t in terms)};")
+    w.line(f"++{k};")
+    for _ in loops:
+        w.level -= 1
+        w.line("}")
+    return total, off, wt, ok
+
+
+def _gather(kc, ev, x, plane: str, taps: tuple[int, str, str, str]) -> str:
+    """``sum_k weight[k] * x[plane + offset[k]]`` over the taps inside (outside ones read as 0), in
+    double; ``plane`` is the element offset of the (image, channel) plane."""
+    total, off, wt, ok = taps
+    acc, k = kc.tmp("gacc"), kc.tmp("k")
+    kc.w.line(f"double {acc} = 0.0;")
+    with kc.w.block(f"for (int {k} = 0; {k} < {total}; ++{k})"), ev.scope():
+        v = ev.at(x, Index.linear(tuple(x.shape), f"{plane} + {off}[{k}]"))
+        kc.w.line(f"{acc} += {ok}[{k}] ? {wt}[{k}] * (double){v} : 0.0;")
+    return acc
+
+
 def lower_grid_sample(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     from opfuse.ops.sampling import grid_mode, grid_padding
     node = stage.anchor_node
@@ -138,23 +177,13 @@ def lower_grid_sample(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
                 kc.w.line(f"if ({p} < {literal(lo, gt)} || {p} > {literal(hi, gt)}) "
                           f"{p} = ({gct}){_reflect(kc)}((double){p}, {lo!r}, {hi!r});")
             axes.append(_grid_taps(kc, f"(double){p}", length, mode, padding, align))
+        window = _flatten_taps(kc, axes, tuple(x.shape[2:]))
+        plane = math.prod(x.shape[2:])
         c = kc.tmp("c")
         with kc.w.block(f"for (long {c} = 0; {c} < {C}; ++{c})"), ev.scope():
-
-            def combine(i: int, picks: list[str], oks: list[str]) -> str:
-                if i == d:
-                    v = ev.at(x, Index(tuple(x.shape), (n, c) + tuple(picks)))
-                    return f"({' && '.join(oks)} ? (double){v} : 0.0)"
-                cnt, ix, ok, wt = axes[i]
-                acc, t = kc.tmp("gacc"), kc.tmp("t")
-                kc.w.line(f"double {acc} = 0.0;")
-                with kc.w.block(f"for (int {t} = 0; {t} < {cnt}; ++{t})"), ev.scope():
-                    inner = combine(i + 1, picks + [f"{ix}[{t}]"], oks + [f"{ok}[{t}]"])
-                    kc.w.line(f"{acc} += {wt}[{t}] * {inner};")
-                return acc
-
+            acc = _gather(kc, ev, x, f"({n} * {C} + {c}) * {plane}", window)
             res = kc.tmp("gs")
-            kc.w.line(f"const {ct} {res} = ({ct}){combine(0, [], [])};")
+            kc.w.line(f"const {ct} {res} = ({ct}){acc};")
             finish_element(kc, ev, stage, out, Index(tuple(out.shape), (n, c) + tuple(o)), res)
 
     taps = {"nearest": 1, "linear": 2, "cubic": 4}[mode] ** d
@@ -248,22 +277,11 @@ def lower_deform_conv(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
                     mv = kc.tmp("mk")
                     mval = ev.at(mask, Index(tuple(mask.shape), (n, add(mul(g, K), k)) + tuple(o)))
                     w.line(f"const double {mv} = (double){mval};")
+                window = _flatten_taps(kc, taps, tuple(x.shape[2:]))
+                plane = math.prod(x.shape[2:])
                 c = kc.tmp("c")
                 with w.block(f"for (long {c} = {g} * {cpg}; {c} < ({g} + 1) * {cpg}; ++{c})"), ev.scope():
-
-                    def combine(i: int, picks: list[str], oks: list[str]) -> str:
-                        if i == d:
-                            v = ev.at(x, Index(tuple(x.shape), (n, c) + tuple(picks)))
-                            return f"({' && '.join(oks)} ? (double){v} : 0.0)"
-                        cnt, ix, ok, wt = taps[i]
-                        acc, t = kc.tmp("dacc"), kc.tmp("t")
-                        w.line(f"double {acc} = 0.0;")
-                        with w.block(f"for (int {t} = 0; {t} < {cnt}; ++{t})"), ev.scope():
-                            inner = combine(i + 1, picks + [f"{ix}[{t}]"], oks + [f"{ok}[{t}]"])
-                            w.line(f"{acc} += {wt}[{t}] * {inner};")
-                        return acc
-
-                    val = combine(0, [], [])
+                    val = _gather(kc, ev, x, f"({n} * {C} + {c}) * {plane}", window)
                     w.line(f"{cols}[{c} * {K} + {k}] = {val}" + (f" * {mv};" if mask is not None else ";"))
         oc = kc.tmp("oc")
         with w.block(f"for (long {oc} = 0; {oc} < {OC}; ++{oc})"), ev.scope():
