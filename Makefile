@@ -78,6 +78,19 @@ FUZZ_OUT ?= fuzz-findings
 fuzz: $(STAMP)
 	$(VENV)/bin/opfuse fuzz --count $(FUZZ_COUNT) --seed $(FUZZ_SEED) --out $(FUZZ_OUT)
 
+# Not part of `make test` (torch is an optional extra, so tests/torchmodels skip there): a BERT
+# from a transformers config and a CNN with BatchNormalization kept, exported by PyTorch at opsets
+# 13, 17 and the dynamo exporter's, compiled and run in C against onnxruntime (about 2 minutes).
+TORCH_STAMP := $(VENV)/.torch-installed
+
+$(TORCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[test,torch]'
+	touch $(TORCH_STAMP)
+
+.PHONY: test-torch
+test-torch: $(TORCH_STAMP)
+	$(PY) -m pytest -q -p no:logging tests/torchmodels
+
 # Mutation testing (mutmut; [tool.mutmut] in pyproject.toml): the fusion rules, the memory planner
 # and the code generator against the fast tests of those packages and the end-to-end ones. All of
 # it is about 13,800 mutants (days on 2 cores); MUTANTS picks a part by mutmut's names, e.g.

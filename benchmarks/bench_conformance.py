@@ -119,6 +119,8 @@ def _compare_value(test, got, want) -> str | None:
         return f"shape {list(g.shape)}, expected {list(want.shape)}"
     if g.dtype != want.dtype:
         return f"dtype {g.dtype}, expected {want.dtype}"
+    if want.dtype.kind == "V" and want.dtype.itemsize <= 2:  # ml_dtypes floats (bfloat16): compared as floats
+        g, want = g.astype(np.float32), want.astype(np.float32)
     if want.dtype.kind in "fc":
         ok = np.allclose(g, want, rtol=test.rtol, atol=test.atol, equal_nan=True)
     else:

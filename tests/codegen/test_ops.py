@@ -100,6 +100,8 @@ def linalg_suite() -> Suite:
     s.case("gemm_both_trans_C_col", "Gemm", s.b.input("gt2", (5, 6)), s.w(3, 5), s.w(6, 1), transA=1, transB=1)
     s.case("gemm_C_full_runtime_B", "Gemm", g, s.b.input("gb", (5, 3)), s.b.input("gc", (6, 3)))
     s.case("gemm_C_scalar", "Gemm", g, s.w(5, 3), s.c(np.float32(0.25)))
+    s.case("det_batched", "Det", s.b.input("dm", (2, 3, 4, 4)))  # LU with partial pivoting per matrix
+    s.case("det_one_matrix", "Det", s.b.input("d2", (6, 6)))
     return s
 
 
@@ -346,10 +348,11 @@ def test_every_registered_op_has_a_c_implementation():
     assert sorted(set(REGISTRY) - covered) == []
 
 
-def test_float16_is_refused_with_the_tensor_name(cache_dir):
-    from opfuse.errors import UnsupportedOpError
+def test_float16_computes_in_float32_between_casts(cache_dir):
+    """float16 is stored 16-bit and computed in float32 (``rewrites.float32_compute``, ``codegen.half``)."""
     b = GraphBuilder("f16")
     x = b.input("half_input", (2, 2), np.float16)
     g = b.build(b.op("Relu", x))
-    with pytest.raises(UnsupportedOpError, match="half_input"):
-        build(g, None, cache_dir=cache_dir)
+    feed = np.array([[-1.0, 0.5], [np.nan, 65504.0]], np.float16)
+    got = list(build(g, None, cache_dir=cache_dir).run({"half_input": feed}).values())[0]
+    np.testing.assert_array_equal(got, np.maximum(feed, np.float16(0)))

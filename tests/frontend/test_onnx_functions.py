@@ -33,16 +33,11 @@ def test_attention_becomes_the_chain_the_attention_rule_fuses():
     assert {"MatMul", "Softmax"} <= set(op_types(g))
 
 
-def test_an_op_the_body_needs_is_named(monkeypatch):
-    """An op imported through its body, whose body holds an op opfuse refuses, is refused naming both.
-    Every standard function op's body imports now, so AffineGrid's own kernel is hidden: its body
-    holds an If."""
-    from opfuse.ops.registry import REGISTRY
-    monkeypatch.delitem(REGISTRY, "AffineGrid")
-    nodes = [helper.make_node("AffineGrid", ["t", "size"], ["y"])]
-    m = model(nodes, [vi("t", [1, 2, 3])], [vi("y", None)], [init("size", np.array([1, 1, 4, 5], np.int64))],
-              opset=20)
-    with pytest.raises(UnsupportedOpError, match="AffineGrid.*function body.*If"):
+def test_an_op_the_body_needs_is_named():
+    """Bernoulli's body draws with RandomUniformLike: refused naming both."""
+    nodes = [helper.make_node("Bernoulli", ["p"], ["y"])]
+    m = model(nodes, [vi("p", [2, 3])], [vi("y", None)], opset=22)
+    with pytest.raises(UnsupportedOpError, match="Bernoulli.*function body.*RandomUniformLike"):
         import_model(m)
 
 

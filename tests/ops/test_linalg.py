@@ -80,3 +80,21 @@ def test_gemm_shape_errors_name_the_node():
         build_op("Gemm", [randn(2, 3, 3), randn(3, 5)], name="fc")
     with pytest.raises(ShapeError, match="fc"):
         build_op("Gemm", [randn(2, 3), randn(3, 5), randn(3)], name="fc")
+
+
+@pytest.mark.parametrize("shape", [(3, 3), (2, 4, 5, 5), (1, 1), (6, 2, 2)])
+def test_det_matches_the_onnx_reference(shape):
+    x = randn(*shape)
+    want = onnx_ref("Det", [x], opset=22)[0]
+    assert_close(run1("Det", x), want, rtol=1e-5, atol=1e-6)
+
+
+def test_det_of_singular_and_permutation_matrices():
+    x = np.array([[[0, 1], [1, 0]], [[1, 2], [2, 4]], [[0, 0], [0, 0]]], np.float32)
+    np.testing.assert_array_equal(run1("Det", x), np.array([-1, 0, 0], np.float32))
+
+
+@pytest.mark.parametrize("shape,dtype", [((3, 4), np.float32), ((3,), np.float32), ((2, 2), np.int32)])
+def test_det_needs_square_float_matrices(shape, dtype):
+    with pytest.raises(ShapeError, match=r"input must be floating point \(\.\.\., M, M\)"):
+        build_op("Det", [np.zeros(shape, dtype)])

@@ -95,6 +95,7 @@ EXPECTED = {
        for op in ("GridSample", "Col2Im", "DeformConv", "RoiAlign")},
     "AffineGrid": (Category.INJECTIVE, Mapping.ONE_TO_MANY),
     "MaxUnpool": (Category.OPAQUE, Mapping.MANY_TO_MANY),
+    "Det": (Category.OPAQUE, Mapping.MANY_TO_MANY),  # one LU per matrix, its own kernel
 }
 
 

@@ -102,9 +102,10 @@ def test_compile_errors_are_not_user_errors(tmp_path):
     assert os.listdir(tmp_path)  # the shard directory exists, but holds no entry
 
 
-def test_float16_in_c_names_the_type_and_the_value(cache_dir):
-    from opfuse.errors import UnsupportedDtypeError
+def test_float16_in_c_computes_in_float32(cache_dir):
+    """float16 ops run in the C backend (widened to float32 between Casts, ``rewrites.float32_compute``)."""
     b = GraphBuilder("f16")
     g = b.build(b.op("Relu", b.input("half_x", (2, 2), np.float16)))
-    with pytest.raises(UnsupportedDtypeError, match=r"^float16 is not supported by the C backend \(value 'half_x'\)"):
-        build(g, None, cache_dir=cache_dir)
+    x = np.array([[-1.5, 2.0], [0.0, -0.0]], np.float16)
+    y = build(g, None, cache_dir=cache_dir).run({"half_x": x})
+    np.testing.assert_array_equal(list(y.values())[0], np.maximum(x, 0))

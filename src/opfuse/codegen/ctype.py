@@ -11,8 +11,11 @@ import math
 import numpy as np
 
 from opfuse.errors import UnsupportedOpError
+from opfuse.ir.dtypes import BFLOAT16, FLOAT16, FLOAT8S, is_floating, is_narrow_float
 
-# bool is stored as one byte holding 0 or 1, as NumPy stores it.
+# bool is stored as one byte holding 0 or 1, as NumPy stores it. float16 and bfloat16 are their
+# bits in a uint16_t, float8 in a uint8_t: only Cast and data movement touch them
+# (``codegen.half``), every other op computes them in float32 (``rewrites.float32_compute``).
 _C_TYPES = {
     np.dtype(np.float32): "float",
     np.dtype(np.float64): "double",
@@ -25,6 +28,9 @@ _C_TYPES = {
     np.dtype(np.uint32): "uint32_t",
     np.dtype(np.uint64): "uint64_t",
     np.dtype(np.bool_): "uint8_t",
+    FLOAT16: "uint16_t",
+    BFLOAT16: "uint16_t",
+    **{t: "uint8_t" for t in FLOAT8S},
 }
 
 
@@ -38,7 +44,7 @@ def c_type(dtype, what: str = "") -> str:
 
 
 def is_float(dtype) -> bool:
-    return np.issubdtype(np.dtype(dtype), np.floating)
+    return is_floating(dtype)
 
 
 def math_fn(name: str, dtype) -> str:
@@ -49,6 +55,9 @@ def math_fn(name: str, dtype) -> str:
 def literal(value, dtype) -> str:
     """An exact C literal of ``value`` converted to ``dtype``."""
     dt = np.dtype(dtype)
+    if is_narrow_float(dt):  # its bits: only Cast, BitCast and data movement read narrow floats (codegen.half)
+        bits = np.asarray(value, dtype=dt).view(np.uint16 if dt.itemsize == 2 else np.uint8)
+        return f"0x{int(bits):0{2 * dt.itemsize}x}u"
     if dt == np.bool_:
         return "1" if bool(value) else "0"
     if is_float(dt):

@@ -7,7 +7,7 @@ from opfuse.codegen.stages import GroupAnalysis, Stage
 
 
 def _table() -> dict[str, Callable]:
-    from opfuse.codegen import concat, conv, gemm, norm, pool, reduce, sampling, scan, scatter, topk
+    from opfuse.codegen import concat, conv, det, gemm, norm, pool, reduce, sampling, scan, scatter, topk
     return {
         "Conv": conv.lower_conv,
         "ConvTranspose": conv.lower_conv_transpose,
@@ -37,6 +37,7 @@ def _table() -> dict[str, Callable]:
         "DeformConv": sampling.lower_deform_conv,
         "RoiAlign": sampling.lower_roi_align,
         "MaxUnpool": sampling.lower_max_unpool,
+        "Det": det.lower_det,
     }
 
 

@@ -8,6 +8,7 @@ inner loops.
 """
 from __future__ import annotations
 
+from opfuse.codegen import half
 from opfuse.codegen.loops import emit_loop_nest, is_view_store, store
 from opfuse.codegen.stages import GroupAnalysis, Stage
 from opfuse.ir.graph import Value
@@ -65,4 +66,11 @@ def lower_pointwise(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
         for v in outs:
             store(kc, ev, v, idx)
 
+    cast = half.f16c_cast(kc, ev, outs, analysis.inline)
+    if cast is not None:  # a float16 <-> float32 Cast alone: F16C's vector conversions where the target has them
+        kc.w.line(f"#if {half.F16C_GUARD}")
+        half.emit_f16c_cast(kc, *cast)
+        kc.w.line("#else")
     emit_loop_nest(kc, ev, shape, body, mergeable=mergeable, cost_per_element=cost)
+    if cast is not None:
+        kc.w.line("#endif")

@@ -39,10 +39,13 @@ from opfuse.codegen.names import NameTable, c_ident
 from opfuse.codegen.options import CodegenOptions
 from opfuse.codegen.stages import analyse
 from opfuse.codegen.weights import WeightsBlob
+from opfuse.errors import UnsupportedDtypeError
+from opfuse.ir.dtypes import is_narrow_float
 from opfuse.ir.graph import Graph
 from opfuse.ir.plan import FusionPlan
 from opfuse.memory.patch import PATCHED_KIND
 from opfuse.memory.plan import MemoryPlan, plan_memory
+from opfuse.rewrites.float32_compute import needs_float32
 
 if TYPE_CHECKING:
     from opfuse.codegen.mcu import McuSources
@@ -308,6 +311,12 @@ def generate(graph: Graph, plan: FusionPlan | None = None, *, memory: MemoryPlan
     plan.verify()
     for v in list(graph.inputs) + list(graph.outputs):
         c_type(v.dtype, v.name)  # unsupported dtypes fail here, naming the tensor
+    for node in graph.nodes:  # 16-bit floats are storage only: rewrites.float32_compute widens their ops
+        if needs_float32(node):
+            v = next(v for v in (*node.inputs, *node.outputs) if v is not None and is_narrow_float(v.dtype))
+            raise UnsupportedDtypeError(v.dtype.name, v.name, "C", f"node '{node.name}' ({node.op_type}) computes "
+                                        f"in it; the C backend computes {v.dtype.name} ops in float32 after the "
+                                        f"float32_compute rewrite, which did not apply to this op")
     memory = memory if memory is not None else plan_memory(plan)
     builder = ProgramBuilder(graph, plan, memory, options or CodegenOptions())
     for t, group in enumerate(plan.groups):

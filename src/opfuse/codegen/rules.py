@@ -39,9 +39,10 @@ from typing import Callable
 import numpy as np
 
 from opfuse.codegen.ctype import c_type, highest, is_float, literal, lowest, math_fn
-from opfuse.codegen import checks, vecmath
+from opfuse.codegen import checks, half, vecmath
 from opfuse.codegen.erf import require_erf
 from opfuse.codegen.index import Index, add, mod, mul
+from opfuse.ir.dtypes import is_narrow_float
 from opfuse.ir.graph import Node
 from opfuse.ops.registry import get_spec
 
@@ -226,6 +227,8 @@ def _dropout(ev, node, k, idx):
 def _cast(ev, node, k, idx):
     x = ev.operand(node, 0, idx)
     src, dst = node.input(0).dtype, node.outputs[0].dtype
+    if is_narrow_float(src) or is_narrow_float(dst):
+        return half.cast_expr(ev.kc.program, x, src, dst, saturate=bool(int(_attrs(node)["saturate"])))
     if dst == np.bool_:
         return f"({x} != 0)"
     return f"({c_type(dst)})({x})" if src != dst else x

@@ -39,7 +39,9 @@ REMOVED_OPS = frozenset({"Constant", "Identity", "Dropout"})
 REWRITTEN_OPS = frozenset({"Upsample", "Scatter", "CastLike", "Size", "DequantizeLinear", "QuantizeLinear",
                            "QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger",
                            "LpNormalization", "LpPool", "GlobalLpPool", "LRN", "InstanceNormalization",
-                           "EyeLike"})
+                           "EyeLike", "Einsum", "DFT", "STFT", "MelWeightMatrix", "Compress",
+                           "NonZero", "Unique", "NonMaxSuppression", "TensorScatter", "TfIdfVectorizer",
+                           "LinearAttention"})
 
 # Outputs from this index on are optional extras (masks, indices, training statistics):
 # dropped when nobody reads them, so the IR node has just the outputs opfuse computes.

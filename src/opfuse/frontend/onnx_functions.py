@@ -21,6 +21,10 @@ Inlining, per body node:
 * a body node that is itself a function op without an OpSpec is expanded in turn.
 
 An op the body needs and opfuse lacks is refused naming both ops.
+
+``canonicalize`` is the one entry for a node of the graph, of a function body or of a subgraph:
+If/Loop/Scan go to ``onnx_control`` (which imports their subgraphs' nodes through it in turn),
+and a sequence or optional (``onnx_sequences``) reaching an op that needs tensors is refused.
 """
 from __future__ import annotations
 
@@ -31,11 +35,14 @@ import onnx.defs
 from onnx import helper
 
 from opfuse.errors import ModelError, ShapeInputError, UnsupportedOpError
-from opfuse.frontend import onnx_decompose, onnx_quantized  # noqa: F401  (register their canonicalizers)
+from opfuse.frontend import (  # noqa: F401  (register their canonicalizers)
+    onnx_attention_ops, onnx_data_shapes, onnx_decompose, onnx_einsum, onnx_quantized, onnx_spectral, onnx_tfidf)
 from opfuse.frontend.onnx_canonical import CANONICALIZERS, REMOVED_OPS, REWRITTEN_OPS, emit_as_is
+from opfuse.frontend.onnx_control import CONTROL_FLOW
 from opfuse.frontend.onnx_import_context import ImportContext, OnnxNode
 from opfuse.frontend.onnx_opsets import DEFAULT_DOMAINS
-from opfuse.frontend.onnx_protos import NUMPY_TO_ONNX, attribute_value
+from opfuse.frontend.onnx_protos import NUMPY_TO_ONNX, attribute_value, outer_reads
+from opfuse.frontend.onnx_sequences import SEQUENCE_OPS, tensors_only
 from opfuse.ops.registry import is_supported
 
 # Expansions nested deeper than this are a malformed (recursive) definition.
@@ -51,19 +58,32 @@ def has_function(op_type: str, opset: int) -> bool:
     return not schema.deprecated and (schema.has_function or schema.has_context_dependent_function)
 
 
+# Ops whose inputs may be sequences or optionals (``onnx_sequences``): the sequence ops, the
+# control flow that carries them, and Identity.
+NON_TENSOR_OPS = SEQUENCE_OPS | set(CONTROL_FLOW) | {"Identity"}
+
+
 def is_importable(op_type: str) -> bool:
     """Ops the importer handles without a function body."""
-    return is_supported(op_type) or op_type in REMOVED_OPS or op_type in REWRITTEN_OPS
+    return (is_supported(op_type) or op_type in REMOVED_OPS or op_type in REWRITTEN_OPS or op_type in SEQUENCE_OPS
+            or op_type in CONTROL_FLOW)
 
 
 def canonicalize(ctx: ImportContext, node: OnnxNode, inputs: list, depth: int = 0, opset: int | None = None) -> list:
     """Import one ONNX node (of a graph at ``ctx.opset``, or of a function body at ``opset``): its
     canonicalizer, the op as it is, or its function body inlined."""
     opset = ctx.opset if opset is None else opset
+    if node.op_type in CONTROL_FLOW:
+        return CONTROL_FLOW[node.op_type](ctx, node, inputs, depth, opset, canonicalize)
+    inlined = not is_importable(node.op_type) and node.proto is not None and has_function(node.op_type, opset)
+    if node.op_type not in NON_TENSOR_OPS and not inlined:
+        tensors_only(ctx, node, inputs)
     if node.op_type in CANONICALIZERS:
         return CANONICALIZERS[node.op_type](ctx, node, inputs)
-    if not is_importable(node.op_type) and node.proto is not None and has_function(node.op_type, opset):
+    if inlined:
         return _inline(ctx, node, inputs, depth, opset)
+    if not is_importable(node.op_type):
+        raise UnsupportedOpError(node.op_type, node.name, opset, detail="not an op opfuse imports")
     return emit_as_is(ctx, node, inputs)
 
 
@@ -122,6 +142,7 @@ def _inline(ctx: ImportContext, node: OnnxNode, inputs: list, depth: int, opset:
     outputs = dict(zip(body.output, node.outputs, strict=False))
     renamed = _renamer(ctx, node, body, outputs)
     _count_uses(ctx, body, renamed)
+    outer_scope, ctx.scope = ctx.scope, env  # subgraphs in the body read the body's values
     try:
         for i, inner in enumerate(body.node):
             _import_body_node(ctx, node, schema, inner, i, env, renamed, body_opset, depth)
@@ -134,6 +155,8 @@ def _inline(ctx: ImportContext, node: OnnxNode, inputs: list, depth: int, opset:
             raise wrapped from None
         raise UnsupportedOpError(node.op_type, node.name, ctx.opset,
                                  detail=f"in its ONNX function body, {e}") from None
+    finally:
+        ctx.scope = outer_scope
     results = []
     for formal, actual in zip(body.output, node.outputs, strict=False):
         results.append(env.get(formal) if actual else None)
@@ -158,7 +181,7 @@ def _renamer(ctx: ImportContext, node: OnnxNode, body: onnx.FunctionProto, outpu
 def _count_uses(ctx: ImportContext, body: onnx.FunctionProto, rename) -> None:
     """Inner values read by body nodes count as used (optional outputs are kept for them)."""
     formals = set(body.input)
-    ctx.add_uses(rename(i) for n in body.node for i in n.input if i and i not in formals)
+    ctx.add_uses(rename(i) for n in body.node for i in list(n.input) + outer_reads(n) if i and i not in formals)
 
 
 def _import_body_node(ctx: ImportContext, caller: OnnxNode, schema, inner: onnx.NodeProto, index: int,

@@ -4,8 +4,9 @@ The import is one pass over a validated, topologically sorted node list:
 
 1. check the model (``onnx_files`` parsed it): a default-domain opset from 7 to the newest the
    installed onnx defines, every node a supported op of that opset (or an op ONNX defines as a
-   function, whose body is inlined: ``onnx_functions``), no subgraphs, every value defined once
-   and only read after it is defined somewhere, no cycle (nodes need not be sorted in the file);
+   function, whose body is inlined: ``onnx_functions``), subgraphs only on If, Loop and Scan,
+   every value defined once and only read after it is defined somewhere (a node with subgraphs
+   also reads the outer values they read), no cycle (nodes need not be sorted in the file);
 2. constants: initializers (external data read safely from the model folder) and Constant
    nodes become ``Value.const``; graph inputs get concrete shapes from the user's bindings;
 3. walk the nodes in topological order; each is rewritten to the canonical IR form
@@ -13,8 +14,12 @@ The import is one pass over a validated, topologically sorted node list:
    its outputs small, or when it is a ``Shape`` of a statically shaped value -- evaluated with
    the op's reference implementation and replaced by constants (``ImportContext.emit``, in
    ``onnx_import_context``). One walk therefore resolves PyTorch's
-   ``Shape -> Gather -> Unsqueeze -> Concat -> Reshape`` chains into a constant shape;
-4. graph outputs keep their ONNX names; dead nodes and unused constants are dropped.
+   ``Shape -> Gather -> Unsqueeze -> Concat -> Reshape`` chains into a constant shape. Control
+   flow whose conditions and trip counts are known by then is folded into the branch taken or
+   the unrolled iterations (``onnx_control``), and sequences and optionals inside the graph into
+   the tensors they hold (``onnx_sequences``);
+4. graph outputs keep their ONNX names (each must be a tensor); dead nodes and unused constants
+   are dropped.
 
 Every problem with the file is an ``OpfuseError`` with a one-line message, never a protobuf
 or onnx traceback.
@@ -22,7 +27,7 @@ or onnx traceback.
 from __future__ import annotations
 
 import os
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -31,12 +36,15 @@ import onnx.defs
 from opfuse.errors import InputError, ModelError, UnsupportedOpError
 from opfuse.frontend.input_shapes import Dim, bind_input_shapes, symbolic_dim
 from opfuse.frontend.onnx_files import read_model
+from opfuse.frontend.onnx_control import CONTROL_FLOW
 from opfuse.frontend.onnx_functions import canonicalize, has_function, is_importable
 from opfuse.frontend.onnx_import_context import ImportContext, OnnxNode
 from opfuse.frontend.onnx_opsets import DEFAULT_DOMAINS, MAX_OPSET, MIN_OPSET, REVIEWED_OPSET
+from opfuse.frontend.onnx_preview import expand_preview_ops
 from opfuse.frontend.onnx_qdq import recognize_integer_convs
-from opfuse.frontend.onnx_protos import (attribute_value, numpy_dtype, sparse_to_array,
+from opfuse.frontend.onnx_protos import (attribute_value, numpy_dtype, outer_reads, sparse_to_array,
                                          tensor_to_array)
+from opfuse.frontend.onnx_sequences import NON_TENSORS, kind_of
 from opfuse.ir.graph import Graph, Node, Value
 from opfuse.ops.limits import check_tensor_size
 
@@ -89,10 +97,12 @@ def _check_ops(graph: onnx.GraphProto, names: list[str], opset: int) -> list[int
                                      detail=f"domain '{n.domain}' is not supported (only the default "
                                             f"ONNX domain)")
         for a in n.attribute:
-            if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+            inlined = not is_importable(n.op_type) and has_function(n.op_type, opset)  # its body reads them
+            if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) and n.op_type not in CONTROL_FLOW \
+                    and not inlined:
                 raise UnsupportedOpError(n.op_type, name, opset,
-                                         detail=f"attribute '{a.name}' is a subgraph; control flow "
-                                                f"(If/Loop/Scan) is not supported")
+                                         detail=f"attribute '{a.name}' is a subgraph; control flow is supported "
+                                                f"on If, Loop and Scan only")
         version = None
         if is_importable(n.op_type) or has_function(n.op_type, opset):
             try:
@@ -163,6 +173,7 @@ def import_model(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int
         raise ModelError("the ONNX model has no graph")
     opset = default_opset(model)
     model = recognize_integer_convs(model)  # DQ -> Conv -> [Relu] -> Q as one integer conv (onnx_qdq)
+    model = expand_preview_ops(model)  # FlexAttention (ai.onnx.preview) as default-domain ops (onnx_preview)
     g = model.graph
     node_names = _node_names(g.node)
     versions = _check_ops(g, node_names, opset)
@@ -227,11 +238,12 @@ def _walk(graph: Graph, opset: int, nodes: list[OnnxNode], output_names: list[st
     names to the values that now carry them."""
     order = _topological_order(graph, nodes)
     use_counts: dict[str, int] = {}
-    for name in [i for n in nodes for i in n.inputs if i] + output_names:
+    for name in [i for n in nodes for i in n.inputs + _outer_reads(n) if i] + output_names:
         use_counts[name] = use_counts.get(name, 0) + 1
     reserved_values = set(graph.values) | {o for n in nodes for o in n.outputs if o}
     ctx = ImportContext(graph, opset, reserved_values, {n.name for n in nodes}, use_counts)
-    env: dict[str, Value] = dict(graph.values)
+    env: dict[str, Any] = dict(graph.values)  # Values, or sequences and optionals (onnx_sequences)
+    ctx.scope = env  # what subgraphs read from the graph
     for n in order:
         inputs = [env[i] if i else None for i in n.inputs]
         values = canonicalize(ctx, n, inputs)
@@ -239,6 +251,10 @@ def _walk(graph: Graph, opset: int, nodes: list[OnnxNode], output_names: list[st
             if name and v is not None:
                 env[name] = v
     return ctx, env
+
+
+def _outer_reads(n: OnnxNode) -> list[str]:
+    return outer_reads(n.proto) if n.proto is not None else []
 
 
 def _define(graph: Graph, name: str, kind: str) -> None:
@@ -285,12 +301,13 @@ def _topological_order(graph: Graph, nodes: list[OnnxNode]) -> list[OnnxNode]:
             skeleton.add_value(Value(o))
     record: dict[int, OnnxNode] = {}
     for n in nodes:
-        for i in n.inputs:
+        reads = n.inputs + _outer_reads(n)  # a node runs after the values its subgraphs read
+        for i in reads:
             if i and i not in skeleton.values:
                 raise ModelError(f"node '{n.name}' ({n.op_type}) reads '{i}', which no node, graph input "
                                  f"or initializer defines")
         outs = [skeleton.values[o] if o else Value("") for o in n.outputs]
-        node = Node(n.name, n.op_type, [skeleton.values[i] if i else None for i in n.inputs],
+        node = Node(n.name, n.op_type, [skeleton.values[i] if i else None for i in reads],
                     [v for v in outs if v.name])
         skeleton.insert_node(node)
         record[id(node)] = n
@@ -298,7 +315,7 @@ def _topological_order(graph: Graph, nodes: list[OnnxNode]) -> list[OnnxNode]:
     return [record[id(node)] for node in skeleton.nodes]
 
 
-def _graph_outputs(ctx: ImportContext, env: dict[str, Value], names: list[str]) -> list[Value]:
+def _graph_outputs(ctx: ImportContext, env: dict[str, Any], names: list[str]) -> list[Value]:
     """The output values, each carrying its ONNX output name.
 
     A removed Identity/Dropout leaves its output name mapped to its input value; that value is
@@ -314,6 +331,10 @@ def _graph_outputs(ctx: ImportContext, env: dict[str, Value], names: list[str]) 
         v = env.get(name)
         if v is None:
             raise ModelError(f"graph output '{name}' is not produced by any node, input or initializer")
+        if isinstance(v, NON_TENSORS):
+            raise ModelError(f"graph output '{name}' is {kind_of(v)}, not a tensor: opfuse compiles graphs whose "
+                             f"inputs and outputs are tensors (sequences and optionals inside the graph are folded "
+                             f"at import)")
         if v.name != name:
             if id(v) in input_ids or id(v) in claimed or v.name in named_elsewhere:
                 v = ctx.emit("Identity", [v], {}, name=ctx.fresh_node(name + "_identity"), outputs=[name])[0]

@@ -7,6 +7,7 @@ an IR node, infers its output types and folds it into constants when it is folda
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, MutableMapping
 
 import numpy as np
 import onnx
@@ -46,6 +47,12 @@ class ImportContext:
         self._reserved_nodes = reserved_nodes
         self._use_counts = use_counts
         self._counters: dict[str, int] = {}
+        # The values the nodes being imported can read by their ONNX names: the graph's, a
+        # function body's while it is inlined, a subgraph's (with its outer scopes) while it is.
+        # Values are ``Value``s, or the sequences and optionals of ``onnx_sequences``.
+        self.scope: MutableMapping[str, Any] = {}
+        # Subgraph nodes imported so far (every If branch taken, every unrolled Loop/Scan iteration).
+        self.subgraph_nodes = 0
 
     # Names ----------------------------------------------------------------------------------
     def _fresh(self, base: str, taken) -> str:

@@ -84,6 +84,10 @@ TOPK_K_INPUT_SINCE = 10
 # Pad: the optional 4th input ``axes`` (pads given for those axes only) appeared at 18.
 PAD_AXES_INPUT_SINCE = 18
 
+# Scan: before 9 axis 0 of every input is a batch axis and axis 1 the scanned one (with an optional
+# ``sequence_lens`` first input and per-input ``directions``); from 9 no batch, and per-input and
+# per-output ``scan_input_axes``/``scan_input_directions``/``scan_output_axes``/``scan_output_directions``.
+SCAN_AXES_SINCE = 9
 # Dropout: ``ratio`` and ``training_mode`` became inputs at 12.
 DROPOUT_INPUTS_SINCE = 12
 

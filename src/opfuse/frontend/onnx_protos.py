@@ -3,7 +3,10 @@
 * ``TensorProto`` <-> ``np.ndarray`` (external data is resolved by ``external_data``; sparse
   tensors are densified);
 * ``AttributeProto`` <-> plain Python (int, float, str, lists of those, ``np.ndarray`` for tensor
-  attributes), the canonical attribute values of the IR;
+  attributes), the canonical attribute values of the IR; a subgraph (If's branches, Loop's and
+  Scan's body) stays an ``onnx.GraphProto`` and a type (Optional's) an ``onnx.TypeProto``: the
+  importer folds those ops away, so neither reaches the IR (``outer_reads`` lists the outer
+  values a subgraph reads);
 * ONNX element types <-> NumPy dtypes, limited to the dtypes opfuse computes with.
 
 Every malformed message becomes a ``ModelError`` naming the tensor or attribute.
@@ -15,14 +18,21 @@ import onnx
 from onnx import AttributeProto, TensorProto, numpy_helper
 
 from opfuse.errors import ModelError, UnsupportedOpError
+from opfuse.ir.dtypes import BFLOAT16, FLOAT8E4M3FN, FLOAT8E4M3FNUZ, FLOAT8E5M2, FLOAT8E5M2FNUZ
 from opfuse.frontend.external_data import inline_external_data, uses_external_data
 
-# The ONNX element types opfuse supports (no bfloat16/float8/int4/strings/complex: the
-# reference executor and the C backend compute in these NumPy types only).
+# The ONNX element types opfuse supports (no float4/float8e8m0/int4/int2/strings/complex: the
+# reference executor and the C backend compute in these NumPy types only; bfloat16 and float8
+# are ml_dtypes' types, computed in float32 and rounded per op, ``opfuse.ir.dtypes``).
 ONNX_TO_NUMPY: dict[int, np.dtype] = {
     TensorProto.FLOAT: np.dtype(np.float32),
     TensorProto.DOUBLE: np.dtype(np.float64),
     TensorProto.FLOAT16: np.dtype(np.float16),
+    TensorProto.BFLOAT16: BFLOAT16,
+    TensorProto.FLOAT8E4M3FN: FLOAT8E4M3FN,
+    TensorProto.FLOAT8E4M3FNUZ: FLOAT8E4M3FNUZ,
+    TensorProto.FLOAT8E5M2: FLOAT8E5M2,
+    TensorProto.FLOAT8E5M2FNUZ: FLOAT8E5M2FNUZ,
     TensorProto.INT8: np.dtype(np.int8),
     TensorProto.INT16: np.dtype(np.int16),
     TensorProto.INT32: np.dtype(np.int32),
@@ -107,11 +117,9 @@ def array_to_tensor(arr: np.ndarray, name: str) -> TensorProto:
 # Attributes --------------------------------------------------------------------------------
 
 _UNSUPPORTED_ATTR_KINDS = {
-    AttributeProto.GRAPH: "a subgraph (control flow)",
-    AttributeProto.GRAPHS: "subgraphs (control flow)",
+    AttributeProto.GRAPHS: "a list of subgraphs",
     AttributeProto.TENSORS: "a list of tensors",
     AttributeProto.SPARSE_TENSORS: "a list of sparse tensors",
-    AttributeProto.TYPE_PROTO: "a type",
     AttributeProto.TYPE_PROTOS: "a list of types",
 }
 
@@ -146,7 +154,43 @@ def attribute_value(attr: AttributeProto, node: onnx.NodeProto, node_name: str, 
         return tensor_to_array(attr.t, base_dir, what)
     if kind == AttributeProto.SPARSE_TENSOR:
         return sparse_to_array(attr.sparse_tensor, base_dir, what)
+    if kind == AttributeProto.GRAPH:
+        return attr.g
+    if kind == AttributeProto.TYPE_PROTO:
+        return attr.tp
     raise ModelError(f"{what} has no valid type (AttributeProto type {kind})")
+
+
+def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The subgraphs a node carries as attributes (If's branches, Loop's and Scan's body)."""
+    graphs = [a.g for a in node.attribute if a.type == AttributeProto.GRAPH]
+    return graphs + [g for a in node.attribute if a.type == AttributeProto.GRAPHS for g in a.graphs]
+
+
+def outer_reads(node: onnx.NodeProto) -> list[str]:
+    """The values of the enclosing graph that ``node``'s subgraphs read (at any depth), in the
+    order first read: a subgraph sees every value of the scopes around it, and these implicit
+    inputs must be defined before the node runs."""
+    found: dict[str, None] = {}
+    for g in subgraphs(node):
+        for name in _graph_reads(g):
+            found.setdefault(name, None)
+    return list(found)
+
+
+def _graph_reads(g: onnx.GraphProto) -> list[str]:
+    defined = {vi.name for vi in g.input} | {t.name for t in g.initializer} | \
+        {st.values.name for st in g.sparse_initializer}
+    found: dict[str, None] = {}
+    for n in g.node:
+        for name in list(n.input) + outer_reads(n):
+            if name and name not in defined:
+                found.setdefault(name, None)
+        defined.update(o for o in n.output if o)
+    for o in g.output:
+        if o.name not in defined:
+            found.setdefault(o.name, None)
+    return list(found)
 
 
 def make_attribute(key: str, value, attr_type: int) -> AttributeProto:

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 
 from opfuse.errors import InputError, UnsupportedOpError
+from opfuse.ir.dtypes import BFLOAT16, FLOAT8S, is_floating
 from opfuse.ir.graph import TensorType
 from opfuse.ops.common import broadcast_shapes, out_type, same_type, shape_error
 from opfuse.ops.registry import Category, Mapping, OpSpec, register
@@ -29,8 +31,8 @@ def erf(x: np.ndarray) -> np.ndarray:
     return np.asarray(_erf(x.astype(np.float64))).astype(x.dtype)
 
 
-# ONNX's type constraints of the unary ops (bfloat16 aside, which opfuse does not compute).
-FLOATS = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64))
+# ONNX's type constraints of the unary ops (bfloat16 computed in float32, ``registry.run_node``).
+FLOATS = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64)) | {BFLOAT16}
 SIGNED = FLOATS | frozenset(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64))
 NUMERIC = SIGNED | frozenset(np.dtype(t) for t in (np.uint8, np.uint16, np.uint32, np.uint64))
 
@@ -221,11 +223,13 @@ register(OpSpec("Clip", Category.ELEMWISE, Mapping.ONE_TO_ONE, lambda n, a: same
 
 
 # Cast ----------------------------------------------------------------------------------
-# Element types opfuse computes with. Casting to others (bfloat16, float8, int4, ...) through
-# NumPy extension types would silently ignore ONNX's saturation and rounding rules.
+# Element types opfuse computes with. Casting to others (float4, float8e8m0, int4, ...) through
+# NumPy extension types would silently ignore ONNX's saturation and rounding rules; bfloat16 has
+# neither (ml_dtypes rounds to nearest even and overflows to infinity, as ONNX's Cast does), and
+# float8's saturation is applied here (``_cast``).
 CAST_TARGETS = frozenset(np.dtype(t) for t in (
     np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,
-    np.uint8, np.uint16, np.uint32, np.uint64, np.bool_))
+    np.uint8, np.uint16, np.uint32, np.uint64, np.bool_)) | {BFLOAT16} | FLOAT8S
 
 
 def _onnx_to_np(to) -> np.dtype:
@@ -247,7 +251,15 @@ def _cast_infer(node, a):
 
 
 def _cast(ins, a, node):
-    return [ins[0].astype(_onnx_to_np(a["to"]))]
+    """``x.astype(to)``; to a float8 type with ``saturate=1`` (the default), values beyond its range
+    (infinities too) clamp to its largest finite value first, NaN staying NaN (ONNX's Cast, as
+    ``onnx.numpy_helper.saturate_cast``); without, they overflow to infinity or NaN as the type has."""
+    to = _onnx_to_np(a["to"])
+    x = ins[0]
+    if to in FLOAT8S and int(a["saturate"]):
+        top = float(ml_dtypes.finfo(to).max)
+        x = np.clip(x.astype(np.float64 if x.dtype == np.float64 else np.float32), -top, top)
+    return [x.astype(to)]
 
 
 register(OpSpec("Cast", Category.ELEMWISE, Mapping.ONE_TO_ONE, _cast_infer, _cast,
@@ -330,7 +342,7 @@ def _pow(a, b, *, node):
     exponent gives the truncated real result, as onnxruntime: ``1`` for base 1, ``+-1`` for base
     -1 (by the exponent's parity), ``0`` for any other base; base 0 is an integer division by
     zero (an ``InputError`` naming the node). Positive powers wrap like the C integer type."""
-    if np.issubdtype(a.dtype, np.floating):
+    if is_floating(a.dtype):
         return np.power(a.astype(np.float64), b.astype(np.float64))
     if not np.issubdtype(b.dtype, np.integer):
         return np.power(a, b)

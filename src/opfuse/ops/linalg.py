@@ -1,4 +1,4 @@
-"""Matrix products: MatMul (NumPy ``matmul`` semantics) and Gemm.
+"""Matrix products: MatMul (NumPy ``matmul`` semantics) and Gemm; Det (opaque, one LU per matrix).
 
 Both are TVM ``OUT_ELEMWISE_FUSABLE`` (an elementwise epilogue can ride on the output
 tile) and DNNFusion many-to-many. FLOPs count one multiply and one add per
@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from opfuse.ir.dtypes import is_floating
 from opfuse.ir.graph import Node
 from opfuse.ops.common import broadcast_shapes, out_type, shape_error, wrap_int
 from opfuse.ops.registry import Category, Mapping, OpSpec, register
@@ -17,7 +18,7 @@ from opfuse.ops.registry import Category, Mapping, OpSpec, register
 
 def _acc(x: np.ndarray) -> np.ndarray:
     """Floats are multiplied in float64 so the reference is a trustworthy oracle."""
-    return x.astype(np.float64, copy=False) if np.issubdtype(x.dtype, np.floating) else x
+    return x.astype(np.float64, copy=False) if is_floating(x.dtype) else x
 
 
 # MatMul ---------------------------------------------------------------------------------
@@ -116,3 +117,28 @@ def _gemm_flops(node: Node, a: dict) -> int:
 register(OpSpec("Gemm", Category.OUT_ELEMWISE_FUSABLE, Mapping.MANY_TO_MANY, _gemm_infer, _gemm,
                 num_inputs=(2, 3), attrs={"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0},
                 flops_fn=_gemm_flops, tags=frozenset({"matmul"})))
+
+
+# Det --------------------------------------------------------------------------------------
+def _det_infer(node: Node, a: dict):
+    x = node.input(0)
+    if len(x.shape) < 2 or x.shape[-1] != x.shape[-2] or x.dtype.kind != "f":
+        raise shape_error(node, f"input must be floating point (..., M, M), got {x.dtype}{list(x.shape)}")
+    return out_type(x.shape[:-2], x.dtype)
+
+
+def _det(ins, a, node):
+    """det of each trailing ``M x M`` matrix, in float64 (LAPACK's LU) then the input's type."""
+    x = ins[0]
+    return [np.asarray(np.linalg.det(x.astype(np.float64))).astype(x.dtype)]
+
+
+def _det_flops(node: Node, a: dict) -> int:
+    x = node.input(0)
+    m = x.shape[-1]
+    return math.prod(x.shape[:-2]) * (2 * m ** 3 // 3 + m)  # LU elimination, then the diagonal's product
+
+
+# Opaque: one LU factorization per matrix (codegen/det.py); nothing fuses into it.
+register(OpSpec("Det", Category.OPAQUE, Mapping.MANY_TO_MANY, _det_infer, _det, num_inputs=(1, 1),
+                flops_fn=_det_flops))

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from opfuse.ir.dtypes import is_floating
 from opfuse.errors import UnsupportedOpError
 from opfuse.ir.graph import Node
 from opfuse.ops.common import out_type, shape_error
@@ -149,7 +150,7 @@ def _pad_input(x: np.ndarray, w: Window, value) -> np.ndarray:
 
 def _acc_dtype(dtype: np.dtype) -> np.dtype:
     """Accumulate floats in float64 (a trustworthy oracle); other dtypes in their own type."""
-    return np.dtype(np.float64) if np.issubdtype(dtype, np.floating) else np.dtype(dtype)
+    return np.dtype(np.float64) if is_floating(dtype) else np.dtype(dtype)
 
 
 def _spatial_input(node: Node, what: str = "X") -> tuple[int, ...]:
@@ -400,7 +401,7 @@ def _pool_infer(node: Node, a: dict):
 
 
 def _lowest(dtype: np.dtype):
-    return -np.inf if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).min
+    return -np.inf if is_floating(dtype) else np.iinfo(dtype).min
 
 
 def _max_pool(ins, a, node):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from opfuse.ir.dtypes import is_floating
 from opfuse.errors import UnsupportedOpError
 from opfuse.ir.graph import Node, TensorType
 from opfuse.ops.common import norm_axis, out_type, same_type, shape_error
@@ -22,7 +23,7 @@ _STASH_TYPES: dict[int, np.dtype] = {1: np.dtype(np.float32), 10: np.dtype(np.fl
 
 
 def _acc(x: np.ndarray) -> np.ndarray:
-    return x.astype(np.float64, copy=False) if np.issubdtype(x.dtype, np.floating) else x
+    return x.astype(np.float64, copy=False) if is_floating(x.dtype) else x
 
 
 def _input_size(node: Node, a: dict) -> int:
@@ -187,13 +188,13 @@ def _reduced_shape(shape, axes, keep):
 def _lowest(dtype: np.dtype):
     if dtype == np.bool_:
         return False
-    return -np.inf if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).min
+    return -np.inf if is_floating(dtype) else np.iinfo(dtype).min
 
 
 def _highest(dtype: np.dtype):
     if dtype == np.bool_:
         return True
-    return np.inf if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).max
+    return np.inf if is_floating(dtype) else np.iinfo(dtype).max
 
 
 _REDUCE_ATTRS = {"axes": None, "keepdims": 1, "noop_with_empty_axes": 0}

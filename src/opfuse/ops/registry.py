@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from opfuse.errors import ModelError, ShapeError, UnsupportedOpError
+from opfuse.ir.dtypes import EXTENSION_FLOATS
 from opfuse.ir.graph import Graph, Node, TensorType
 from opfuse.ir.verify import register_shape_checker
 from opfuse.ops.limits import check_tensor_size
@@ -178,8 +179,27 @@ def _check_node_shapes(graph: Graph, node: Node) -> None:
 register_shape_checker(_check_node_shapes)
 
 
+# Ops that read ml_dtypes' values as they are: a bit view, and Cast (its saturation and
+# rounding are its own, ``ops.elementwise``).
+_EXTENSION_AS_IS = frozenset({"BitCast", "Cast"})
+
+
 def run_node(node, args: list) -> list:
-    """The NumPy reference result of one node on ``args`` (its inputs, ``None`` for absent ones)."""
+    """The NumPy reference result of one node on ``args`` (its inputs, ``None`` for absent ones).
+
+    bfloat16 (and float8) is computed in float32 and rounded once per op (to nearest even, NaN
+    kept NaN), as onnxruntime's CPU kernels do: its inputs are widened exactly to float32, the
+    op's reference runs on those, and every such output is rounded from the result. (NumPy's
+    ufuncs on ml_dtypes' types do the same per ufunc, but linear algebra and libm-based
+    references do not take them.)"""
     spec = get_spec(node.op_type, node)
-    return list(spec.compute(args, spec.attrs_of(node), node))
+    if node.op_type in _EXTENSION_AS_IS or not any(isinstance(a, np.ndarray) and a.dtype in EXTENSION_FLOATS
+                                                   for a in args):
+        return list(spec.compute(args, spec.attrs_of(node), node))
+    wide = [a.astype(np.float32) if isinstance(a, np.ndarray) and a.dtype in EXTENSION_FLOATS else a for a in args]
+    outs = list(spec.compute(wide, spec.attrs_of(node), node))
+    for k, v in enumerate(node.outputs[:len(outs)]):
+        if v.type is not None and v.dtype in EXTENSION_FLOATS and isinstance(outs[k], np.ndarray):
+            outs[k] = outs[k].astype(v.dtype)
+    return outs
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from opfuse.ir.dtypes import is_floating
 from opfuse.errors import InputError, UnsupportedOpError
 from opfuse.ir.graph import Node, TensorType
 from opfuse.ops.common import const_input, norm_axis, same_type, shape_error
@@ -150,8 +151,8 @@ def _topk(ins, a, node):
     axis = norm_axis(int(a["axis"]), x.ndim, node)
     k = topk_k(node)
     position = np.indices(x.shape)[axis]
-    key = np.where(np.isnan(x), np.inf, x) if np.issubdtype(x.dtype, np.floating) else x
-    nan_rank = np.isnan(x).astype(np.int8) if np.issubdtype(x.dtype, np.floating) else np.zeros(x.shape, np.int8)
+    key = np.where(np.isnan(x), np.inf, x) if is_floating(x.dtype) else x
+    nan_rank = np.isnan(x).astype(np.int8) if is_floating(x.dtype) else np.zeros(x.shape, np.int8)
     if int(a["largest"]):  # descending value (NaN first), then ascending position
         order = np.lexsort((position, -key.astype(np.float64), -nan_rank), axis=axis)
     else:  # ascending value (NaN last), then ascending position

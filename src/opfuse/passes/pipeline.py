@@ -6,6 +6,7 @@
     fold_linear     BatchNorm and per-channel Mul/Add folded into Conv/Gemm/MatMul (pattern rules)
     merge_matmuls   sibling MatMuls on one input -> one MatMul + Split
     lower_conv_transpose  a ConvTranspose with one tap per output pixel -> 1x1 Conv + DepthToSpace
+    float32_compute float16/bfloat16 ops computed in float32 between Casts (also without fusion)
     cleanup         simplify again
     verify_rewrites the rewrites kept the IR well formed
     fuse            the fusion rules (``opfuse.rules.library.fusion_rules``) form the candidate
@@ -31,6 +32,7 @@ from opfuse.passes.instruments import DecisionLog, DumpIR, PassInstrument, PassT
 from opfuse.rewrites import rewrite_passes
 from opfuse.rewrites.context import RewriteContext
 from opfuse.rewrites.edit import Provenance
+from opfuse.rewrites.float32_compute import compute_in_float32
 from opfuse.rules.decisions import FUSE_PASS, Decision
 from opfuse.rules.driver import form_groups, unfused_plan
 from opfuse.rules.library import fusion_rule_names, fusion_rules
@@ -148,12 +150,15 @@ def fuse(graph: Graph, ctx: PassContext | None = None, *, enable: bool = True,
     provenance map. Returns ``(rewritten graph, verified FusionPlan, decisions)``; every group
     records the original ops it stands for in ``attrs["origin"]`` and the rule that formed it
     in ``attrs["rule"]``. With ``enable=False``: a copy of the graph and the unfused plan (one
-    kernel per op), the baseline.
+    kernel per op), the baseline; its float16/bfloat16 ops too compute in float32 between Casts
+    (``float32_compute``: the C backend's only way to run them), each Cast a kernel of its own.
     """
     ctx = ctx if ctx is not None else PassContext(options=options or FusionOptions())
     if not enable:
         g = graph.copy()
         ctx.origin = {n.name: [n.name] for n in g.nodes}
+        if "float32_compute" not in ctx.disabled_passes:
+            compute_in_float32(g, RewriteContext(ctx.options, Provenance(g)))
         ctx.plan = unfused_plan(g)
         return g, ctx.plan, []
     state = FusionState(ctx.options)

@@ -8,6 +8,8 @@ name through the options):
     fold_linear  BatchNorm and per-channel Mul/Div/Add/Sub folded into Conv/Gemm/MatMul weights
     merge_matmuls sibling MatMuls on one input -> one MatMul on concatenated weights + Split
     lower_conv_transpose  a ConvTranspose with one tap per output pixel -> 1x1 Conv + DepthToSpace
+    float32_compute  float16/bfloat16 ops computed in float32 between Casts (the C backend's
+                 16-bit floats are storage only)
     cleanup      simplify again: the rewrites leave dead constants and nodes behind
 
 One sweep suffices: each stage only enables later ones (recognition needs no folding, folding
@@ -36,6 +38,7 @@ from opfuse.rewrites.cse import eliminate_common_subexpressions
 from opfuse.rewrites.dce import eliminate_dead_code
 from opfuse.rewrites.edit import Provenance
 from opfuse.rewrites.engine import run_pattern_rules
+from opfuse.rewrites.float32_compute import RULE as FLOAT32_COMPUTE, compute_in_float32
 from opfuse.rewrites.identity import remove_identities
 from opfuse.rewrites.merge_parallel_matmul import RULE as HORIZONTAL_MATMUL, merge_parallel_matmuls
 from opfuse.rules.library import recognition_rules
@@ -69,6 +72,7 @@ def rewrite_passes() -> list[tuple[str, Pass, list[str]]]:
         ("fold_linear", lambda g, rc: run_pattern_rules(g, fold, rc, "fold_linear"), [r.name for r in fold]),
         ("merge_matmuls", merge_parallel_matmuls, [HORIZONTAL_MATMUL]),
         ("lower_conv_transpose", conv_transpose_as_conv, [CONV_TRANSPOSE_AS_CONV]),
+        ("float32_compute", compute_in_float32, [FLOAT32_COMPUTE]),
         ("cleanup", simplify, []),
     ]
 

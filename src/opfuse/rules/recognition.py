@@ -13,8 +13,8 @@ reason ("final factor 'half' is 0.6, not 0.5") instead of silently not matching.
 """
 from __future__ import annotations
 
-import numpy as np
 
+from opfuse.ir.dtypes import is_floating
 from opfuse.rules.rule import Replacement, close, outside_readers, scalar
 
 CONST_TOLERANCE = 1e-5
@@ -25,7 +25,7 @@ MIN_DERIVED_NAME = 3
 
 
 def float_reason(v) -> str | None:
-    if not np.issubdtype(v.dtype, np.floating):
+    if not is_floating(v.dtype):
         return f"'{v.name}' is {v.dtype.name}, not a float tensor"
     return None
 

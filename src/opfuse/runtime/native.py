@@ -38,6 +38,10 @@ from opfuse.files import atomic_write, storage_error
 from opfuse.ir.graph import Graph
 from opfuse.ir.plan import FusionPlan
 from opfuse.memory.plan import MemoryPlan
+from opfuse.rewrites.context import RewriteContext
+from opfuse.rewrites.edit import Provenance
+from opfuse.rewrites.float32_compute import compute_in_float32, needs_float32
+from opfuse.rules.options import FusionOptions
 from opfuse.runtime.reference import check_inputs
 from opfuse.runtime.threads import default_threads, passive_wait
 from opfuse.runtime.toolchain import LOAD_PREFIX, BuildResult, Toolchain, build_library
@@ -281,6 +285,9 @@ def build(graph: Graph, plan: FusionPlan | None = None, *, threads: int | None =
     ``~/.cache/opfuse``."""
     _check_dtypes(graph)
     tc = Toolchain.detect(native=native, fast_math=fast_math)
+    if plan is None and any(needs_float32(n) for n in graph.nodes):
+        graph = graph.copy()  # 16-bit float ops compute in float32 between Casts (as fuse(enable=False) does)
+        compute_in_float32(graph, RewriteContext(FusionOptions(), Provenance(graph)))
     plan = plan if plan is not None else FusionPlan.unfused(graph)
     program = generate(graph, plan, memory=memory, options=options)
     result = build_library(program.source, tc, cache_dir)

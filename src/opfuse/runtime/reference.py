@@ -10,6 +10,7 @@ from typing import Mapping
 import numpy as np
 
 from opfuse.errors import InputError
+from opfuse.ir.dtypes import is_floating
 from opfuse.ir.graph import Graph
 from opfuse.ops.limits import check_tensor_size
 from opfuse.ops.registry import run_node
@@ -25,22 +26,23 @@ def cast_input(name: str, a: np.ndarray, dtype: np.dtype) -> np.ndarray:
     dtype = np.dtype(dtype)
     a = np.asarray(a)
     kinds = "biuf"
-    if a.dtype.kind not in kinds or dtype.kind not in kinds:
+    src_kind, dst_kind = _kind(a.dtype), _kind(dtype)
+    if src_kind not in kinds or dst_kind not in kinds:
         raise InputError(f"input '{name}' has dtype {a.dtype}, which cannot be converted to {dtype}")
     bad: np.ndarray | None = None
-    if a.size == 0 or a.dtype.kind == "b":
+    if a.size == 0 or src_kind == "b":
         pass
-    elif dtype.kind == "b":
+    elif dst_kind == "b":
         bad = (a != 0) & (a != 1)
-    elif dtype.kind in "iu":
+    elif dst_kind in "iu":
         info = np.iinfo(dtype)
-        if a.dtype.kind == "f":
+        if src_kind == "f":
             with np.errstate(invalid="ignore"):
                 bad = ~np.isfinite(a) | (a != np.trunc(a)) | (a < float(info.min)) | (a >= float(info.max) + 1.0)
         else:  # a value fits when it survives the round trip with its sign
             b = a.astype(dtype)
             bad = (b.astype(a.dtype) != a) | ((a < 0) != (b < 0))
-    elif a.dtype.kind == "f":  # float to float: only finite values that overflow
+    elif src_kind == "f":  # float to float: only finite values that overflow
         with np.errstate(over="ignore", invalid="ignore"):
             bad = np.isfinite(a) & ~np.isfinite(a.astype(dtype))
     if bad is not None and np.any(bad):
@@ -48,6 +50,11 @@ def cast_input(name: str, a: np.ndarray, dtype: np.dtype) -> np.ndarray:
         at = f" at index {list(where)}" if where else ""
         raise InputError(f"input '{name}': value {a[where].item()!r}{at} does not fit the model's dtype {dtype}")
     return a.astype(dtype)
+
+
+def _kind(dtype: np.dtype) -> str:
+    """NumPy's kind letter, ``"f"`` for bfloat16 too (ml_dtypes' types are kind ``"V"``)."""
+    return "f" if is_floating(dtype) else dtype.kind
 
 
 def check_inputs(graph: Graph, feeds: Mapping[str, np.ndarray], *, cast: bool = False) -> dict[str, np.ndarray]:
@@ -128,9 +135,9 @@ def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     feeds = {}
     for v in graph.inputs:
-        check_tensor_size(v.shape, np.float64 if np.issubdtype(v.dtype, np.floating) else v.dtype,
+        check_tensor_size(v.shape, np.float64 if is_floating(v.dtype) else v.dtype,
                           f"random input '{v.name}'")  # floats are drawn in float64, then converted
-        if np.issubdtype(v.dtype, np.floating):
+        if is_floating(v.dtype):
             feeds[v.name] = rng.standard_normal(v.shape).astype(v.dtype)
         elif v.dtype == np.bool_:
             feeds[v.name] = rng.integers(0, 2, v.shape).astype(np.bool_)
