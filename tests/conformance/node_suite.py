@@ -19,7 +19,8 @@ How one is run
    counts the whole suite as shipped: no conversion, no promoted inputs.)
 2. Static shapes: opfuse compiles static shapes, so operands that decide a shape (Reshape's
    shape, Slice's starts/ends/axes/steps, Expand's shape, Pad's pads/constant_value/axes,
-   Resize's roi/scales/sizes, ConstantOfShape's shape, Squeeze/Unsqueeze/Reduce* axes,
+   Resize's roi/scales/sizes, AffineGrid's size, Col2Im's image/block shapes, MaxUnpool's
+   output_shape, ConstantOfShape's shape, Squeeze/Unsqueeze/Reduce* axes,
    Split's sizes, CumSum's axis, OneHot's depth, Range's inputs, Tile's repeats, TopK's K, DFT's
    length and axis, STFT's step and length, MelWeightMatrix's scalars, Compress's condition, and
    every input of NonZero, Unique and NonMaxSuppression, whose output shapes depend on values) must be
@@ -57,6 +58,7 @@ SHAPE_OPERANDS = {
     "ReduceSum": (1,), "ReduceMax": (1,), "Split": (1,), "ReduceMin": (1,), "ReduceProd": (1,),
     "ReduceL1": (1,), "ReduceL2": (1,), "ReduceLogSum": (1,), "ReduceLogSumExp": (1,), "ReduceSumSquare": (1,),
     "CumSum": (1,), "CumProd": (1,), "OneHot": (1,), "Range": (0, 1, 2), "Tile": (1,), "TopK": (1,),
+    "AffineGrid": (1,), "Col2Im": (1, 2), "MaxUnpool": (2,),
     "DFT": (1, 2), "STFT": (1, 3), "MelWeightMatrix": (0, 1, 2, 3, 4), "Compress": (1,),
     # Data-dependent output shapes (frontend/onnx_data_shapes.py): every input decides it.
     "NonZero": (0,), "Unique": (0,), "NonMaxSuppression": (0, 1, 2, 3, 4),

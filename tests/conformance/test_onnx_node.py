@@ -29,9 +29,6 @@ NO_SUB_BYTE_INT = "4-bit and 2-bit integer tensors are not supported"
 NO_STRING = "string tensors are not supported"
 NOT_A_TENSOR = ("sequence and optional graph inputs and outputs are not supported (tensors only; sequences and "
                 "optionals inside a graph are folded at import)")
-RESIZE_CUBIC = "Resize mode='cubic' is not implemented (nearest and linear are)"
-RESIZE_ANTIALIAS = "Resize antialias=1 is not implemented"
-MAXPOOL_INDICES = "MaxPool's second output (Indices) is not supported"
 BATCHNORM_TRAINING = "BatchNormalization training_mode=1: opfuse compiles inference graphs"
 DROPOUT_TRAINING = "Dropout in training mode (random mask): opfuse compiles inference graphs"
 DFT_ZERO_BINS = ("the expected data holds numpy.fft's float32 rounding (1.9e-7 where the exact value is 0), beyond "
@@ -49,8 +46,6 @@ EXCLUSIONS: dict[str, str] = {
     "test_training_dropout_mask": DROPOUT_TRAINING,
     "test_training_dropout_zero_ratio": DROPOUT_TRAINING,
     "test_training_dropout_zero_ratio_mask": DROPOUT_TRAINING,
-    "test_maxpool_with_argmax_2d_precomputed_pads": MAXPOOL_INDICES,
-    "test_maxpool_with_argmax_2d_precomputed_strides": MAXPOOL_INDICES,
     "test_identity_opt": NOT_A_TENSOR,
     "test_identity_sequence": NOT_A_TENSOR,
     "test_if_opt": NOT_A_TENSOR,
@@ -122,19 +117,6 @@ EXCLUSIONS: dict[str, str] = {
     "test_castlike_UINT4_to_FLOAT16_expanded": NO_SUB_BYTE_INT,
     "test_castlike_UINT4_to_FLOAT_expanded": NO_SUB_BYTE_INT,
     "test_castlike_UINT4_to_UINT8_expanded": NO_SUB_BYTE_INT,
-    "test_resize_downsample_scales_linear_antialias": RESIZE_ANTIALIAS,
-    "test_resize_downsample_sizes_linear_antialias": RESIZE_ANTIALIAS,
-    "test_resize_downsample_scales_cubic": RESIZE_CUBIC,
-    "test_resize_downsample_scales_cubic_A_n0p5_exclude_outside": RESIZE_CUBIC,
-    "test_resize_downsample_scales_cubic_align_corners": RESIZE_CUBIC,
-    "test_resize_downsample_scales_cubic_antialias": RESIZE_CUBIC,
-    "test_resize_downsample_sizes_cubic": RESIZE_CUBIC,
-    "test_resize_downsample_sizes_cubic_antialias": RESIZE_CUBIC,
-    "test_resize_upsample_scales_cubic": RESIZE_CUBIC,
-    "test_resize_upsample_scales_cubic_A_n0p5_exclude_outside": RESIZE_CUBIC,
-    "test_resize_upsample_scales_cubic_align_corners": RESIZE_CUBIC,
-    "test_resize_upsample_scales_cubic_asymmetric": RESIZE_CUBIC,
-    "test_resize_upsample_sizes_cubic": RESIZE_CUBIC,
 }
 
 # The onnx 1.23 suite runs 1007+ selected tests; far fewer means the selection itself broke.

@@ -89,6 +89,12 @@ EXPECTED = {
     "ReverseSequence": (Category.INJECTIVE, Mapping.ONE_TO_ONE),
     # Data-dependent writes: never fused.
     **{op: (Category.OPAQUE, Mapping.MANY_TO_MANY) for op in ("TopK", "ScatterND", "ScatterElements")},
+    # Spatial sampling: gathers from a whole input are their own kernel (an elementwise epilogue
+    # may follow); AffineGrid is elementwise-like over a constant base grid; MaxUnpool scatters.
+    **{op: (Category.OUT_ELEMWISE_FUSABLE, Mapping.MANY_TO_MANY)
+       for op in ("GridSample", "Col2Im", "DeformConv", "RoiAlign")},
+    "AffineGrid": (Category.INJECTIVE, Mapping.ONE_TO_MANY),
+    "MaxUnpool": (Category.OPAQUE, Mapping.MANY_TO_MANY),
     "Det": (Category.OPAQUE, Mapping.MANY_TO_MANY),  # one LU per matrix, its own kernel
     # Recurrent layers: their own kernel (a time loop), never fused.
     **{op: (Category.OPAQUE, Mapping.MANY_TO_MANY) for op in ("LSTM", "GRU", "RNN")},

@@ -287,13 +287,13 @@ def test_resize_tf_half_pixel_for_nearest_by_hand(nearest_mode, want):
     np.testing.assert_array_equal(got, x[want])
 
 
-def test_resize_refuses_cubic_antialias_and_bad_operands():
+def test_resize_refuses_unknown_modes_and_bad_operands():
     x = randn(1, 1, 4, 4)
     scales = np.array([1, 1, 2, 2], dtype=F32)
-    with pytest.raises(UnsupportedOpError, match="cubic"):
-        build_op("Resize", [x, None, scales], consts=(2,), mode="cubic")
-    with pytest.raises(UnsupportedOpError, match="antialias"):
-        build_op("Resize", [x, None, scales], consts=(2,), mode="linear", antialias=1)
+    with pytest.raises(UnsupportedOpError, match="mode='lanczos'"):
+        build_op("Resize", [x, None, scales], consts=(2,), mode="lanczos")
+    with pytest.raises(UnsupportedOpError, match="exclude_outside=3"):
+        build_op("Resize", [x, None, scales], consts=(2,), mode="cubic", exclude_outside=3)
     with pytest.raises(ShapeError, match="rz.*exactly one"):
         build_op("Resize", [x, None, scales, i64(1, 1, 8, 8)], consts=(2, 3), name="rz")
     with pytest.raises(ShapeError, match="rz.*scales"):

@@ -7,13 +7,13 @@ from opfuse.codegen.stages import GroupAnalysis, Stage
 
 
 def _table() -> dict[str, Callable]:
-    from opfuse.codegen import concat, conv, det, gemm, norm, pool, recurrent, reduce, scan, scatter, topk
+    from opfuse.codegen import concat, conv, det, gemm, norm, pool, recurrent, reduce, sampling, scan, scatter, topk
     return {
         "Conv": conv.lower_conv,
         "ConvTranspose": conv.lower_conv_transpose,
         "MatMul": gemm.lower_matmul,
         "Gemm": gemm.lower_gemm,
-        "MaxPool": pool.lower_pool,
+        "MaxPool": _max_pool,
         "AveragePool": pool.lower_pool,
         "GlobalAveragePool": reduce.lower_reduce,
         "ReduceMean": reduce.lower_reduce,
@@ -32,9 +32,22 @@ def _table() -> dict[str, Callable]:
         "ScatterND": scatter.lower_scatter,
         "ScatterElements": scatter.lower_scatter,
         "TopK": topk.lower_topk,
+        "GridSample": sampling.lower_grid_sample,
+        "Col2Im": sampling.lower_col2im,
+        "DeformConv": sampling.lower_deform_conv,
+        "RoiAlign": sampling.lower_roi_align,
+        "MaxUnpool": sampling.lower_max_unpool,
         "Det": det.lower_det,
         **{op: recurrent.lower_recurrent for op in ("LSTM", "GRU", "RNN")},
     }
+
+
+def _max_pool(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
+    """MaxPool: ``pool.py``'s kernels, or one that also finds the Indices when they are read."""
+    from opfuse.codegen import pool, sampling
+    if len(stage.anchor_node.outputs) > 1:
+        return sampling.lower_max_pool_indices(kc, ev, stage, analysis)
+    return pool.lower_pool(kc, ev, stage, analysis)
 
 
 _ANCHORS: dict[str, Callable] | None = None

@@ -3,9 +3,10 @@
 The source coordinate of every output position (``opfuse.ops.shape_ops.source_coordinates``,
 the reference's own function) depends only on static facts, so it is evaluated once in
 Python: nearest mode stores the chosen input index per output position, linear mode the
-two neighbours and the weight. The kernel then reads ``x`` through those tables; linear
-interpolation combines the ``2^k`` neighbours in the reference's order (axis by axis,
-lowest axis first) in double precision.
+two neighbours and the weight, cubic and antialiased modes a window of taps (indices and
+weights, ``opfuse.ops.shape_ops.resize_taps``) per output position, summed in C loops. The
+kernel then reads ``x`` through those tables; linear interpolation combines the ``2^k``
+neighbours in the reference's order (axis by axis, lowest axis first) in double precision.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def _nearest_index(coord: np.ndarray, mode: str) -> np.ndarray:
 
 
 def resize_rule(ev, node, idx: Index) -> str:
-    from opfuse.ops.shape_ops import resize_plan, source_coordinates
+    from opfuse.ops.shape_ops import resize_plan, resize_taps, source_coordinates, uses_taps
     a = get_spec(node.op_type, node).attrs_of(node)
     x = node.input(0)
     dt = node.outputs[0].dtype
@@ -38,6 +39,7 @@ def resize_rule(ev, node, idx: Index) -> str:
     kc = ev.kc
     dims = list(idx.dims)
     linear: list[tuple[int, str, str, str]] = []  # (axis, lo expr, hi expr, weight expr)
+    windows: list[tuple[int, int, str, str, str]] = []  # (axis, taps, index table, weight table, o)
     outside: list[str] = []
     for axis in range(rank):
         if out[axis] == x.shape[axis] and scale[axis] == 1.0 and roi is None:
@@ -53,7 +55,12 @@ def resize_rule(ev, node, idx: Index) -> str:
             if mask.any():
                 p = kc.const_array(("resize_out",) + tag, mask, f"{node.name}_out{axis}", np.uint8)
                 outside.append(f"{p}[{o}]")
-        if a["mode"] == "nearest":
+        if uses_taps(a):
+            tidx, tw = resize_taps(coord, scale[axis], x.shape[axis], a)
+            pi = kc.const_array(("resize_taps_idx",) + tag, tidx.astype(np.int32), f"{node.name}_ti{axis}", np.int32)
+            pw = kc.const_array(("resize_taps_w",) + tag, tw, f"{node.name}_tw{axis}", np.float64)
+            windows.append((axis, tidx.shape[1], pi, pw, o))
+        elif a["mode"] == "nearest":
             table = np.clip(_nearest_index(coord, a["nearest_mode"]), 0, last).astype(np.int32)
             p = kc.const_array(("resize_idx",) + tag, table, f"{node.name}_idx{axis}", np.int32)
             dims[axis] = f"{p}[{o}]"
@@ -79,16 +86,31 @@ def resize_rule(ev, node, idx: Index) -> str:
         ev.w.line(f"const double {name} = {v_lo} * (1.0 - {w}) + {v_hi} * {w};")
         return name
 
+    def window_value(dims_now: list[str], pending: list[tuple[int, int, str, str, str]]) -> str:
+        """Sum over the taps of the highest pending axis of its weight times the value of the
+        lower axes' window there: the lowest axis is combined first, as the reference resizes."""
+        if not pending:
+            return f"(double){ev.at(x, Index(tuple(x.shape), tuple(dims_now)))}"
+        axis, n, pi, pw, o = pending[-1]
+        acc, t = kc.tmp("racc"), kc.tmp("t")
+        ev.w.line(f"double {acc} = 0.0;")
+        with ev.w.block(f"for (int {t} = 0; {t} < {n}; ++{t})"), ev.scope():
+            d = list(dims_now)
+            d[axis] = f"{pi}[{o} * {n} + {t}]"
+            inner = window_value(d, pending[:-1])
+            ev.w.line(f"{acc} += {pw}[{o} * {n} + {t}] * {inner};")
+        return acc
+
     res = kc.tmp("rs")
     ct = c_type(dt)
     ev.w.line(f"{ct} {res} = ({ct}){literal(a['extrapolation_value'], np.float64)};" if outside
               else f"{ct} {res};")
     head = f"if (!({' || '.join(outside)}))" if outside else ""
     with ev.w.block(head), ev.scope():
-        if not linear:
+        if not linear and not windows:
             ev.w.line(f"{res} = {ev.at(x, Index(tuple(x.shape), tuple(dims)))};")
         else:
-            v = value(dims, linear)
+            v = window_value(dims, windows) if windows else value(dims, linear)
             if is_float(dt):
                 ev.w.line(f"{res} = ({ct}){v};")
             else:

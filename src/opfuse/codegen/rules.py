@@ -576,6 +576,29 @@ def _resize(ev, node, k, idx):
     return resize_rule(ev, node, idx)
 
 
+@_register("AffineGrid")
+def _affine_grid(ev, node, k, idx):
+    """``grid[n, ..., i] = theta[n, i, :] . (x, y, [z,] 1)`` with the base coordinates of the element's
+    position from constant tables (``opfuse.ops.sampling.base_coordinates``), in double."""
+    from opfuse.ops.sampling import affine_size, base_coordinates
+    theta, out = node.input(0), node.outputs[0]
+    align = bool(int(_attrs(node)["align_corners"]))
+    spatial = affine_size(node)[2:]
+    d = len(spatial)
+    n, pos, i = idx.dims[0], idx.dims[1:1 + d], idx.dims[-1]
+    terms = []
+    for j in range(d + 1):
+        t = ev.at(theta, Index(tuple(theta.shape), (n, i, str(j))))
+        if j == d:
+            terms.append(f"(double){t}")
+            continue
+        axis = d - 1 - j  # x runs along the last spatial axis
+        table = ev.kc.const_array(("affine_base", spatial[axis], align), base_coordinates(spatial[axis], align),
+                                  f"{node.name}_base{axis}", np.float64)
+        terms.append(f"(double){t} * {table}[{pos[axis]}]")
+    return f"({c_type(out.dtype)})({' + '.join(terms)})"
+
+
 # Issue 12's elementwise ops ------------------------------------------------------------------
 # Branch-free like the ones above: the exponential tails use the vectorised expm1/exp, rounding
 # to an integer is the "add and subtract 1.5 * 2^(p-1)" trick (exact, round-half-even under the

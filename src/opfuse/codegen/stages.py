@@ -226,7 +226,7 @@ def _merge_key(stage: Stage, static: dict) -> tuple | None:
         if int(a["group"]) == 1 and id(w) in static and id(x) not in static:
             geo = window_geometry(n, a, tuple(x.shape[2:]), tuple(w.shape[2:]))
             return ("conv", id(x), geo)
-    if n.op_type in ("MaxPool", "AveragePool"):
+    if n.op_type in ("MaxPool", "AveragePool") and len(n.outputs) == 1:  # (not with MaxPool's Indices)
         from opfuse.ops.nn import window_geometry
         a = get_spec(n.op_type, n).attrs_of(n)
         x = n.input(0)

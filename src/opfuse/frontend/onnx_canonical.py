@@ -24,9 +24,9 @@ import numpy as np
 
 from opfuse.errors import ModelError, ShapeError, UnsupportedOpError
 from opfuse.frontend.onnx_opsets import (AXES_INPUT_SINCE, DROPOUT_INPUTS_SINCE, PAD_INPUTS_SINCE,
-                                         RESIZE_ROI_SINCE, SLICE_INPUTS_SINCE, SOFTMAX_LEGACY_DEFAULT_AXIS,
-                                         SOFTMAX_SINGLE_AXIS_SINCE, SPLIT_INPUT_SINCE, SPLIT_NUM_OUTPUTS_SINCE,
-                                         UPSAMPLE_SCALES_INPUT_SINCE)
+                                         RESIZE_ROI_SINCE, ROI_ALIGN_CTM_SINCE, SLICE_INPUTS_SINCE,
+                                         SOFTMAX_LEGACY_DEFAULT_AXIS, SOFTMAX_SINGLE_AXIS_SINCE, SPLIT_INPUT_SINCE,
+                                         SPLIT_NUM_OUTPUTS_SINCE, UPSAMPLE_SCALES_INPUT_SINCE)
 from opfuse.frontend.onnx_import_context import ImportContext, OnnxNode
 from opfuse.ir.graph import Value
 
@@ -336,3 +336,24 @@ def size(ctx, node, inputs):
 def scatter(ctx, node, inputs):
     """Scatter (opsets 9 and 10, deprecated at 11) is ScatterElements."""
     return ctx.emit("ScatterElements", inputs, dict(node.attrs), name=node.name, outputs=node.outputs)
+
+
+@canonicalizes("RoiAlign")
+def roi_align(ctx, node, inputs):
+    """RoiAlign-10 has no ``coordinate_transformation_mode``: it means ``output_half_pixel``."""
+    attrs = dict(node.attrs)
+    if node.version < ROI_ALIGN_CTM_SINCE:
+        attrs["coordinate_transformation_mode"] = "output_half_pixel"
+    return emit_as_is(ctx, node, inputs, attrs)
+
+
+@canonicalizes("GridSample")
+def grid_sample(ctx, node, inputs):
+    """GridSample-16's mode names ``bilinear``/``bicubic`` are opset 20's ``linear``/``cubic``."""
+    attrs = dict(node.attrs)
+    mode = attrs.get("mode")
+    if isinstance(mode, bytes):
+        mode = mode.decode()
+    if mode is not None:
+        attrs["mode"] = {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode)
+    return emit_as_is(ctx, node, inputs, attrs)

@@ -17,7 +17,9 @@ are written as they are. Expansions state their math:
   14 in layout 0 between Transposes: X and the initial states swap their first two axes, Y is
   ``Transpose(perm=[2, 0, 1, 3])`` of the layout-0 Y and Y_h/Y_c swap their first two axes back;
 * Softmax (LogSoftmax, Hardmax) before opset 13 normalises a flattened trailing block, so one
-  along a non-last axis is written ``Transpose -> Softmax(last) -> Transpose``.
+  along a non-last axis is written ``Transpose -> Softmax(last) -> Transpose``;
+* ``AffineGrid(theta)`` (an ONNX op from opset 20) is ``Reshape(MatMul(B, Transpose(theta)))`` with
+  ``B`` the constant base grid, one row ``(x, y, [z,] 1)`` per position.
 """
 from __future__ import annotations
 
@@ -29,10 +31,10 @@ from onnx import TensorProto
 
 from opfuse.errors import UnsupportedOpError
 from opfuse.frontend.onnx_export_context import ExportContext
-from opfuse.frontend.onnx_opsets import (AXES_INPUT_SINCE, INTRODUCED_AT, NOOP_WITH_EMPTY_AXES_SINCE,
-                                         PAD_AXES_INPUT_SINCE, RECURRENT_LAYOUT_SINCE,
-                                         RESIZE_OPTIONAL_INPUTS_SINCE, SOFTMAX_SINGLE_AXIS_SINCE,
-                                         SPLIT_INPUT_SINCE)
+from opfuse.frontend.onnx_opsets import (AXES_INPUT_SINCE, GRID_SAMPLE_ND_SINCE, GRID_SAMPLE_OLD_MODES, INTRODUCED_AT,
+                                         NOOP_WITH_EMPTY_AXES_SINCE, PAD_AXES_INPUT_SINCE, RECURRENT_LAYOUT_SINCE,
+                                         RESIZE_OPTIONAL_INPUTS_SINCE, ROI_ALIGN_CTM_SINCE,
+                                         SOFTMAX_SINGLE_AXIS_SINCE, SPLIT_INPUT_SINCE)
 from opfuse.frontend.onnx_protos import onnx_elem_type
 from opfuse.ir.graph import Node
 
@@ -304,3 +306,67 @@ def layer_norm(ctx, node):
     if bias is not None:
         ctx.op(node, "Add", [y, bias.name], out=node.output.name)
 
+
+
+# Spatial sampling --------------------------------------------------------------------------------
+
+def _refuse_before_introduced(ctx, node) -> None:
+    """An op with no expansion into older ops cannot be written before the opset that defines it."""
+    if not _native(ctx, node):
+        raise UnsupportedOpError(node.op_type, node.name, ctx.opset,
+                                 detail=f"{node.op_type} cannot be written at opset {ctx.opset} (an ONNX op from "
+                                        f"opset {INTRODUCED_AT[node.op_type]}, with no expansion into older ops)")
+
+
+@exports("Col2Im", "DeformConv")
+def native_only(ctx, node):
+    _refuse_before_introduced(ctx, node)
+    ctx.emit(node)
+
+
+@exports("GridSample")
+def grid_sample(ctx, node):
+    """Mode names as the target opset spells them; opset 16 to 19 take 4-D input only."""
+    from opfuse.ops.sampling import GRID_MODES
+    _refuse_before_introduced(ctx, node)
+    attrs = dict(node.attrs)
+    if ctx.opset < GRID_SAMPLE_ND_SINCE and len(node.input(0).shape) != 4:
+        raise UnsupportedOpError("GridSample", node.name, ctx.opset,
+                                 detail=f"a {len(node.input(0).shape)}-D GridSample cannot be written at opset "
+                                        f"{ctx.opset} (N-D from opset {GRID_SAMPLE_ND_SINCE})")
+    if "mode" in attrs:  # (absent: the default, linear, at every opset)
+        mode = GRID_MODES.get(str(attrs["mode"]), str(attrs["mode"]))
+        attrs["mode"] = mode if ctx.opset >= GRID_SAMPLE_ND_SINCE else GRID_SAMPLE_OLD_MODES.get(mode, mode)
+    ctx.emit(node, attrs=attrs)
+
+
+@exports("AffineGrid")
+def affine_grid(ctx, node):
+    if _native(ctx, node):
+        ctx.emit(node)
+        return
+    from opfuse.ops.sampling import affine_size, base_coordinates
+    theta, out = node.input(0), node.output
+    size = affine_size(node)
+    spatial = size[2:]
+    align = bool(int(node.attrs.get("align_corners", 0)))
+    mesh = np.meshgrid(*[base_coordinates(n, align) for n in spatial], indexing="ij")
+    base = np.stack(list(reversed(mesh)) + [np.ones(spatial)], axis=-1).reshape(-1, len(spatial) + 1)
+    t = ctx.op(node, "Transpose", [theta.name], perm=[0, 2, 1])
+    mm = ctx.op(node, "MatMul", [ctx.const(f"{node.name}_base", base.astype(theta.dtype)), t])
+    ctx.op(node, "Reshape", [mm, ctx.const(f"{node.name}_shape", np.array(out.shape, np.int64))], out=out.name)
+
+
+@exports("RoiAlign")
+def roi_align(ctx, node):
+    """Before opset 16 RoiAlign has no ``coordinate_transformation_mode`` and means output_half_pixel."""
+    attrs = dict(node.attrs)
+    if ctx.opset < ROI_ALIGN_CTM_SINCE:
+        ctm = attrs.pop("coordinate_transformation_mode", "half_pixel")
+        if ctm != "output_half_pixel":
+            raise UnsupportedOpError("RoiAlign", node.name, ctx.opset,
+                                     detail=f"coordinate_transformation_mode={ctm!r} cannot be written at opset "
+                                            f"{ctx.opset} (RoiAlign-10 means output_half_pixel)")
+    else:
+        attrs.setdefault("coordinate_transformation_mode", "half_pixel")
+    ctx.emit(node, attrs=attrs)

@@ -102,4 +102,18 @@ INTRODUCED_AT = {
     "Mish": 18,
     "LayerNormalization": 17,
     "Gelu": 20,
+    "AffineGrid": 20,
+    # No expansion below these: exporting them at an older opset is refused.
+    "GridSample": 16,
+    "Col2Im": 18,
+    "DeformConv": 19,
 }
+
+# GridSample: opset 16 takes 4-D input only and names its modes bilinear/nearest/bicubic; 20 made it
+# N-D and renamed them linear/nearest/cubic (same meaning).
+GRID_SAMPLE_ND_SINCE = 20
+GRID_SAMPLE_OLD_MODES = {"linear": "bilinear", "cubic": "bicubic", "nearest": "nearest"}
+
+# RoiAlign: ``coordinate_transformation_mode`` appeared at 16 (default half_pixel); RoiAlign-10 has
+# none and means ``output_half_pixel`` (no half-pixel shift).
+ROI_ALIGN_CTM_SINCE = 16

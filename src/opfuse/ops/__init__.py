@@ -15,6 +15,7 @@ from opfuse.ops import indexing  # noqa: F401
 from opfuse.ops import scatter  # noqa: F401
 from opfuse.ops import quantized  # noqa: F401
 from opfuse.ops import recurrent  # noqa: F401
+from opfuse.ops import sampling  # noqa: F401
 from opfuse.ops.builder import GraphBuilder
 
 __all__ = ["REGISTRY", "Category", "Mapping", "OpSpec", "get_spec", "infer_node", "infer_shapes",

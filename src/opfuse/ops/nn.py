@@ -389,15 +389,15 @@ def _pool_geometry(node: Node, a: dict) -> Window:
 
 
 def _pool_infer(node: Node, a: dict):
-    if node.op_type == "MaxPool":
-        if len(node.outputs) > 1:
-            raise UnsupportedOpError("MaxPool", node.name, detail="the Indices output is not supported")
-        if int(a["storage_order"]) != 0:
-            raise UnsupportedOpError("MaxPool", node.name, detail="storage_order=1 (column major)")
+    if node.op_type == "MaxPool" and int(a["storage_order"]) not in (0, 1):
+        raise UnsupportedOpError("MaxPool", node.name, detail=f"storage_order={a['storage_order']!r} (0 or 1)")
     w = _pool_geometry(node, a)
     x = node.input(0)
     _check_padded_input(node, w)
-    return out_type(x.shape[:2] + w.out, x.dtype)
+    y = out_type(x.shape[:2] + w.out, x.dtype)
+    if len(node.outputs) > 1:
+        y += out_type(x.shape[:2] + w.out, np.int64)
+    return y
 
 
 def _lowest(dtype: np.dtype):
@@ -413,7 +413,44 @@ def _max_pool(ins, a, node):
     for _, sl in w.offsets():
         view = xp[(slice(None), slice(None)) + sl]
         y = view.copy() if y is None else np.maximum(y, view, out=y)
+    if len(node.outputs) > 1:
+        return [y, _max_pool_indices(x, w, int(a["storage_order"]))]
     return [y]
+
+
+def max_pool_index_strides(spatial: tuple[int, ...], storage_order: int) -> tuple[int, ...]:
+    """Strides of MaxPool's Indices over the spatial axes: row major (``storage_order=0``) or
+    column major (1); each (image, channel) plane adds its number of elements."""
+    n = len(spatial)
+    if storage_order == 0:
+        return tuple(math.prod(spatial[d + 1:]) for d in range(n))
+    return tuple(math.prod(spatial[:d]) for d in range(n))
+
+
+def _max_pool_indices(x: np.ndarray, w: Window, storage_order: int) -> np.ndarray:
+    """Where each window's maximum is (the first such in the window's row-major order; padding
+    never), as a flat index into ``x`` with the spatial axes in ``storage_order``."""
+    spatial = x.shape[2:]
+    xp = _pad_input(x, w, _lowest(x.dtype))
+    strides = max_pool_index_strides(spatial, storage_order)
+    best = None
+    where = np.zeros(x.shape[:2] + w.out, dtype=np.int64)
+    for kk, sl in w.offsets():
+        view = xp[(slice(None), slice(None)) + sl]
+        pos = np.zeros(w.out, dtype=np.int64)
+        for d, (k, o) in enumerate(zip(kk, w.out, strict=True)):
+            along = np.arange(o) * w.strides[d] - w.pads_begin[d] + k * w.dilations[d]
+            pos = pos + (along * strides[d]).reshape([o if j == d else 1 for j in range(len(w.out))])
+        if best is None:
+            best = view.copy()
+            where[...] = pos
+        else:
+            better = view > best
+            best = np.where(better, view, best)
+            where = np.where(better, pos, where)
+    plane = math.prod(spatial)
+    base = (np.arange(x.shape[0] * x.shape[1], dtype=np.int64) * plane).reshape(x.shape[:2] + (1,) * len(spatial))
+    return where + base
 
 
 def _avg_pool(ins, a, node):

@@ -335,6 +335,7 @@ _data_movement("Pad", Category.INJECTIVE, Mapping.ONE_TO_MANY, _pad_infer, _pad,
 RESIZE_COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
                       "asymmetric", "tf_half_pixel_for_nearest", "tf_crop_and_resize")
 NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+RESIZE_MODES = ("nearest", "linear", "cubic")
 _RESIZE_ATTRS = {"mode": "nearest", "coordinate_transformation_mode": "half_pixel",
                  "nearest_mode": "round_prefer_floor", "cubic_coeff_a": -0.75, "exclude_outside": 0,
                  "extrapolation_value": 0.0, "antialias": 0, "axes": None,
@@ -354,11 +355,13 @@ def resize_plan(node: Node, a: dict) -> tuple[tuple[int, ...], list[float], np.n
     """
     x = node.input(0).shape
     rank = len(x)
-    if a["mode"] not in ("nearest", "linear"):
-        raise UnsupportedOpError("Resize", node.name, detail=f"mode={a['mode']!r}: only nearest and "
-                                                             "linear interpolation are implemented")
-    if int(a["antialias"]):
-        raise UnsupportedOpError("Resize", node.name, detail="antialias=1 is not implemented")
+    if a["mode"] not in RESIZE_MODES:
+        raise UnsupportedOpError("Resize", node.name, detail=f"mode={a['mode']!r}: only nearest, linear and "
+                                                             "cubic interpolation are defined")
+    if int(a["antialias"]) not in (0, 1):
+        raise UnsupportedOpError("Resize", node.name, detail=f"antialias={a['antialias']!r} (0 or 1)")
+    if int(a["exclude_outside"]) not in (0, 1):
+        raise UnsupportedOpError("Resize", node.name, detail=f"exclude_outside={a['exclude_outside']!r} (0 or 1)")
     if a["coordinate_transformation_mode"] not in RESIZE_COORD_MODES:
         raise UnsupportedOpError("Resize", node.name, detail=f"coordinate_transformation_mode="
                                                              f"{a['coordinate_transformation_mode']!r}")
@@ -454,13 +457,86 @@ def _nearest_index(coord: np.ndarray, mode: str) -> np.ndarray:
     return idx.astype(np.int64)
 
 
-def _resize_axis(x: np.ndarray, axis: int, coord: np.ndarray, a: dict) -> np.ndarray:
+def uses_taps(a: dict) -> bool:
+    """Whether Resize weighs a window of taps per output position (cubic, or antialiased linear)
+    rather than nearest's one neighbour or plain linear's two."""
+    return a["mode"] == "cubic" or (a["mode"] == "linear" and bool(int(a["antialias"])))
+
+
+def _cubic_coeffs(r: np.ndarray, A: float) -> np.ndarray:
+    """Keys' weights of the taps at -1, 0, 1, 2 around a point at fraction ``r`` in (0, 1]."""
+    s = 1 - r
+    return np.stack([((A * (r + 1) - 5 * A) * (r + 1) + 8 * A) * (r + 1) - 4 * A,
+                     ((A + 2) * r - (A + 3)) * r * r + 1,
+                     ((A + 2) * s - (A + 3)) * s * s + 1,
+                     ((A * (s + 1) - 5 * A) * (s + 1) + 8 * A) * (s + 1) - 4 * A], axis=-1)
+
+
+def _cubic_kernel(x: np.ndarray, A: float) -> np.ndarray:
+    x = np.abs(x)
+    x2, x3 = x * x, x * x * x
+    return np.where(x <= 1, (A + 2) * x3 - (A + 3) * x2 + 1,
+                    np.where(x < 2, A * x3 - 5 * A * x2 + 8 * A * x - 4 * A, 0.0))
+
+
+def resize_taps(coord: np.ndarray, scale: float, in_len: int, a: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(input index, weight) of every tap of every output position along one axis: two arrays of
+    shape ``(out, taps)``, indices clamped to the edge (the ONNX reference's window and weights).
+
+    The window of ``taps`` neighbours prefers those left of the point; ``ratio`` is the point's
+    distance past the window's left centre, 1 (not 0) at an integer point. Cubic weighs with
+    Keys' kernel (``cubic_coeff_a``); antialias (when shrinking) stretches the kernel by
+    ``1 / scale`` and normalises the weights; ``exclude_outside`` zeroes taps outside the input
+    and renormalises.
+    """
+    lo = np.floor(coord)
+    ratio = np.where(coord == lo, 1.0, coord - lo)
+    A = float(a["cubic_coeff_a"])
+    antialias = bool(int(a["antialias"]))
+    s = min(scale, 1.0)
+    if a["mode"] == "cubic" and not antialias:
+        coeffs = _cubic_coeffs(ratio, A)
+    elif a["mode"] == "cubic":
+        start = int(np.floor(-2 / s) + 1)
+        offs = np.arange(start, 2 - start, dtype=np.float64)
+        coeffs = _cubic_kernel(s * (offs[None, :] - ratio[:, None]), A)
+        coeffs = coeffs / coeffs.sum(axis=-1, keepdims=True)
+    elif antialias:
+        start = int(np.floor(-1 / s) + 1)
+        offs = np.arange(start, start + 2 - 2 * start, dtype=np.float64)
+        coeffs = np.clip(1 - np.abs((offs[None, :] - ratio[:, None]) * s), 0, 1)
+        coeffs = coeffs / coeffs.sum(axis=-1, keepdims=True)
+    else:
+        coeffs = np.stack([1 - ratio, ratio], axis=-1)
+    n = coeffs.shape[-1]
+    pad = int(math.ceil(n / 2))
+    padded = coord + pad
+    p = np.floor(padded)
+    frac = padded - p
+    if n % 2 == 0:
+        offset = np.where(frac == 0, -(n // 2), -(n // 2) + 1)
+    else:
+        base = -((n - 1) // 2)
+        offset = np.where(frac <= 0.5, base, base + 1)
+    idx = (p + offset).astype(np.int64)[:, None] + np.arange(n)[None, :] - pad
+    if int(a["exclude_outside"]):
+        coeffs = np.where((idx < 0) | (idx >= in_len), 0.0, coeffs)
+        total = coeffs.sum(axis=-1, keepdims=True)
+        coeffs = coeffs / np.where(total == 0, 1.0, total)
+    return np.clip(idx, 0, in_len - 1), coeffs
+
+
+def _resize_axis(x: np.ndarray, axis: int, coord: np.ndarray, a: dict, scale: float = 1.0) -> np.ndarray:
     """Resample ``x`` along ``axis`` at ``coord``, clamping neighbours to the edge."""
     last = x.shape[axis] - 1
     shape = [1] * x.ndim
     shape[axis] = len(coord)
     if a["mode"] == "nearest":
         return np.take(x, np.clip(_nearest_index(coord, a["nearest_mode"]), 0, last), axis=axis)
+    if uses_taps(a):
+        idx, w = resize_taps(coord, scale, x.shape[axis], a)
+        gathered = np.take(x, idx, axis=axis)  # the taps axis follows ``axis``
+        return (gathered * w.reshape(w.shape + (1,) * (x.ndim - axis - 1))).sum(axis=axis + 1)
     lo = np.floor(coord)
     w = (coord - lo).reshape(shape)
     lo = lo.astype(np.int64)
@@ -485,14 +561,14 @@ def _resize(ins, a, node):
     out, scale, roi = resize_plan(node, a)
     ctm = a["coordinate_transformation_mode"]
     rank = x.ndim
-    y = x.astype(np.float64) if a["mode"] == "linear" else x
+    y = x.astype(np.float64) if a["mode"] != "nearest" else x
     for axis in range(rank):
         identity = out[axis] == x.shape[axis] and scale[axis] == 1.0 and roi is None
         if identity:
             continue
         axis_roi = (roi[axis], roi[rank + axis]) if roi is not None else None
         coord = source_coordinates(ctm, out[axis], x.shape[axis], scale[axis], axis_roi)
-        y = _resize_axis(y, axis, coord, a)
+        y = _resize_axis(y, axis, coord, a, scale[axis])
         if roi is not None:
             outside = ((coord < 0) | (coord > x.shape[axis] - 1)).reshape(
                 [len(coord) if i == axis else 1 for i in range(rank)])
@@ -504,11 +580,11 @@ def _resize(ins, a, node):
 
 
 def _resize_flops(node: Node, a: dict) -> int:
-    # Linear: one multiply-add per neighbour per resized axis; nearest only copies.
-    if a["mode"] != "linear":
+    # Linear: one multiply-add per neighbour per resized axis (cubic: four); nearest only copies.
+    if a["mode"] == "nearest":
         return 0
     resized = sum(1 for i, o in zip(node.input(0).shape, node.outputs[0].shape, strict=True) if i != o)
-    return 3 * node.outputs[0].size * resized
+    return (3 if a["mode"] == "linear" else 8) * node.outputs[0].size * resized
 
 
 _data_movement("Resize", Category.INJECTIVE, Mapping.ONE_TO_MANY, _resize_infer, _resize,

@@ -8,7 +8,8 @@ two composite kernels the backend builds):
                    loop's domain); values of other shapes inside are recomputed per element.
 ``injective``      data movement plus elementwise ops, evaluated through index maps; every
                    boundary output has one shape.
-``conv_epilogue``  one Conv/ConvTranspose (``gemm_epilogue``: MatMul/Gemm) and elementwise ops
+``conv_epilogue``  one Conv/ConvTranspose (``gemm_epilogue``: MatMul/Gemm; ``sampling_epilogue``:
+                   GridSample, Col2Im, DeformConv, RoiAlign) and elementwise ops
                    after it, applied per output element while the result is in registers
                    (pointwise ones: no Expand, which spreads one element over many):
                    epilogue ops have the anchor's output shape; side computations feeding them
@@ -36,7 +37,8 @@ from opfuse.ir.graph import Graph, Node, Value
 from opfuse.ir.walk import ancestors_within, components_within, descendants_within
 
 EPILOGUE_KINDS = {"Conv": "conv_epilogue", "ConvTranspose": "conv_epilogue",
-                  "MatMul": "gemm_epilogue", "Gemm": "gemm_epilogue"}
+                  "MatMul": "gemm_epilogue", "Gemm": "gemm_epilogue",
+                  **{op: "sampling_epilogue" for op in ("GridSample", "Col2Im", "DeformConv", "RoiAlign")}}
 
 
 @dataclass(frozen=True)

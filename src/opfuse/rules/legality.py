@@ -168,7 +168,8 @@ class Legality:
 
 
 # The rule whose groups have each kind (a planner-chosen group is credited to the rule of its shape).
-RULE_OF_KIND = {"conv_epilogue": "epilogue", "gemm_epilogue": "epilogue", "elementwise": "elementwise_chain",
+RULE_OF_KIND = {"conv_epilogue": "epilogue", "gemm_epilogue": "epilogue", "sampling_epilogue": "epilogue",
+                "elementwise": "elementwise_chain",
                 "injective": "injective", "attention": "attention", "horizontal": "horizontal",
                 "concat": "concat_alias"}
 

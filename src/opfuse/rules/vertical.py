@@ -35,7 +35,7 @@ from opfuse.rules.postdom import path_nodes
 from opfuse.rules.rule import Fuse, Rule
 from opfuse.rules.site import Site
 
-ANCHORED_KINDS = frozenset({"conv_epilogue", "gemm_epilogue", "reduction"})
+ANCHORED_KINDS = frozenset({"conv_epilogue", "gemm_epilogue", "sampling_epilogue", "reduction"})
 LOOP_KINDS = frozenset({"single", "elementwise", "injective"})
 
 

@@ -18,10 +18,10 @@ from opfuse.testing.layout_families import (concat, concat_input, expand, flatte
                                             transpose)
 from opfuse.testing.more_families import (COMPARE_OPS, JUMP_OPS, LOGIC_OPS, RECURRENT_OPS, REDUCE_OPS,
                                            SMOOTH_OPS, arg_topk, compare_logic, compare_logic_choices, cumulative,
-                                           depth_space, depth_space_ready, exact, gather_more, inverse_trig,
-                                           inverse_trig_choices, jumps, prelu, recurrent, reduce_choices,
-                                           reduce_more, reverse_sequence, scatter, smooth_choices, smooth_unary,
-                                           sum_mean, tile, trilu)
+                                           depth_space, depth_space_ready, exact, gather_more, grid_sample,
+                                           inverse_trig, inverse_trig_choices, jumps, prelu, recurrent,
+                                           reduce_choices, reduce_more, reverse_sequence, scatter, smooth_choices,
+                                           smooth_unary, sum_mean, tile, trilu)
 from opfuse.testing.nn_families import (MAX_REDUCTION, batch_norm, conv, conv_input, conv_transpose,
                                         gemm, layer_norm, matmul_const, pool, reduce, softmax)
 from opfuse.testing.pattern_families import (attention, attention_input, conv_bn_relu, conv_residual,
@@ -86,6 +86,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("reverse_sequence", reverse_sequence, ("ReverseSequence",), accepts=lambda v: len(v.shape) >= 2,
            limit=math.inf, ranks=(2, 3, 4)),
     Family("recurrent", recurrent, RECURRENT_OPS, accepts=rank_in(3), ranks=(3,)),
+    Family("grid_sample", grid_sample, ("GridSample",), optional=("AffineGrid",), accepts=rank_in(4),
+           limit=math.inf, ranks=(4,)),
     # Patterns.
     Family("silu_pattern", silu_pattern, ("Mul",), all_of=("Sigmoid",), min_cost=2, pattern=True),
     Family("gelu_pattern", gelu_pattern, ("Mul",), all_of=("Erf", "Add"), optional=("Div",),

@@ -238,22 +238,29 @@ RESIZE_VARIANTS = (
     {"mode": "linear", "coordinate_transformation_mode": "align_corners"},
     {"mode": "linear", "coordinate_transformation_mode": "pytorch_half_pixel"},
     {"mode": "linear", "coordinate_transformation_mode": "asymmetric"},
+    {"mode": "cubic"},
+    {"mode": "cubic", "antialias": 1},
+    {"mode": "linear", "antialias": 1},
 )
+# Cubic weights (Keys, A = -0.75) overshoot: |sum| <= 1.27 per resized axis, so 1.62 over two.
+CUBIC_RESIZE_GAIN = 1.7
 
 
 def resize(d: GraphDraft) -> None:
     """Resize of the spatial axes by scales 2 (upsampling, as in YOLO/FPN necks) or 0.5, or to
-    given sizes; linear interpolation is a convex combination, so the bound is kept."""
+    given sizes; linear interpolation is a convex combination, so the bound is kept (cubic's
+    weights overshoot by ``CUBIC_RESIZE_GAIN`` at most)."""
     x = d.pick(rank_in(3, 4))
     r = len(x.shape)
-    attrs = dict(d.choice(RESIZE_VARIANTS))
+    # (cubic of a 3-D tensor is valid ONNX, but onnxruntime, the differential oracle, takes 4-D only)
+    attrs = dict(d.choice([v for v in RESIZE_VARIANTS if r == 4 or v["mode"] != "cubic"]))
     factors = [1.0, 1.0] + [d.choice((2.0, 1.0, 0.5)) if L >= 2 else d.choice((2.0, 1.0))
                             for L in x.shape[2:]]
     out = [int(math.floor(f * L)) for f, L in zip(factors, x.shape, strict=True)]
     if not fits(out):
         factors, out = [1.0] * r, list(x.shape)
+    bound = d.bound(x) * (CUBIC_RESIZE_GAIN if attrs["mode"] == "cubic" else 1.0)
     if d.rarely():
-        d.op("Resize", x, None, None, d.ints("sizes", out), bound=d.bound(x), **attrs)
+        d.op("Resize", x, None, None, d.ints("sizes", out), bound=bound, **attrs)
     else:
-        d.op("Resize", x, None, d.const("scales", np.array(factors, dtype=np.float32)),
-             bound=d.bound(x), **attrs)
+        d.op("Resize", x, None, d.const("scales", np.array(factors, dtype=np.float32)), bound=bound, **attrs)

@@ -1,7 +1,8 @@
 """Families for the ops added after the first generator: more activations and trigonometry,
 rounding, comparisons and logic (bool values), more reductions, arg-reductions and TopK (int64
 indices), CumSum, data movement (Tile, Trilu, DepthToSpace, SpaceToDepth, GatherElements,
-GatherND, ScatterElements, ScatterND, ReverseSequence, OneHot) and the recurrent LSTM, GRU, RNN.
+GatherND, ScatterElements, ScatterND, ReverseSequence, OneHot), the recurrent LSTM, GRU, RNN, and
+spatial sampling (GridSample over a constant grid or one AffineGrid makes).
 
 Ops whose result jumps where the operand crosses a point (Floor, Ceil, Round, Sign, Mod,
 ThresholdedRelu, comparisons, ArgMax/ArgMin, TopK, Hardmax) read graph inputs only (``exact``):
@@ -399,3 +400,35 @@ def recurrent(d: GraphDraft) -> None:
         attrs["linear_before_reset"] = d.choice((0, 1))
     outputs = 3 if op == "LSTM" else 2
     d.op(op, *args, bound=[1.0, 1.0, float(T)][:outputs], num_outputs=outputs, **attrs)
+
+
+# Spatial sampling --------------------------------------------------------------------------------
+
+GRID_MODES = ("linear", "nearest", "cubic")
+GRID_PADDINGS = ("zeros", "border", "reflection")
+# |sum of a 2-D cubic tap window's weights| <= (sum of |Keys weights|)^2 < 1.62 (A = -0.75)
+CUBIC_2D_GAIN = 1.7
+
+
+def grid_sample(d: GraphDraft) -> None:
+    """GridSample of a 4-D value at a constant grid reaching past [-1, 1] (the padding modes), or
+    at a grid AffineGrid makes from a new graph input theta (then not ``nearest``: one
+    rounding of the grid may move a point across a rounding boundary, a jump, not an error)."""
+    x = d.pick(rank_in(4))
+    n = x.shape[0]
+    ho, wo = d.integer(1, 5), d.integer(1, 5)
+    while not fits((n, x.shape[1], ho, wo)):
+        ho, wo = max(1, ho // 2), max(1, wo // 2)
+    align = d.choice((0, 1))
+    modes = list(GRID_MODES)
+    if "AffineGrid" in d.ops and d.nodes_left >= 2 and d.can_add_input() and d.flag():
+        theta = d.new_input((n, 2, 3))  # (a constant theta would be folded at import)
+        grid = d.op("AffineGrid", theta, d.ints("size", (n, x.shape[1], ho, wo)), bound=3 * d.bound(theta),
+                    align_corners=align)
+        modes.remove("nearest")
+    else:
+        grid = d.const("grid", d.uniform((n, ho, wo, 2), -1.25, 1.25))
+    mode = d.choice(modes)
+    gain = CUBIC_2D_GAIN if mode == "cubic" else 1.0
+    d.op("GridSample", x, grid, bound=gain * d.bound(x), mode=mode, padding_mode=d.choice(GRID_PADDINGS),
+         align_corners=align)

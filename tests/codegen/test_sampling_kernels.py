@@ -1,0 +1,201 @@
+"""The C kernels of the spatial sampling ops against the reference executor: GridSample (N-D, every
+mode and padding), AffineGrid, Col2Im, DeformConv, RoiAlign, MaxUnpool, MaxPool's Indices and Resize
+cubic/antialias; unfused, fused with an epilogue through the whole compiler, and in the portable
+C99 path (``simd="none"``)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cg_support import assert_close, run_both
+from opfuse.codegen.options import CodegenOptions
+from opfuse.ops import GraphBuilder
+
+I64 = np.int64
+F32 = np.float32
+
+
+def _grid(rng, shape, nearest: bool):
+    g = (rng.integers(-10, 11, shape) / 4).astype(F32)  # quarter steps: ties for nearest, out of range
+    return g if nearest else g + rng.uniform(-0.05, 0.05, shape).astype(F32)
+
+
+def sampling_graph():
+    """One graph, one output per case (so one compiler run covers them all)."""
+    rng = np.random.default_rng(0)
+    b = GraphBuilder("sampling")
+    outs = []
+    x2 = b.input("x2", (2, 3, 5, 6))
+    x3 = b.input("x3", (1, 2, 3, 4, 5))
+    for mode in ("linear", "nearest", "cubic"):
+        for pad in ("zeros", "border", "reflection"):
+            for align in (0, 1):
+                tag = f"{mode}_{pad}_{align}"
+                g2 = b.const(f"g2_{tag}", _grid(rng, (2, 4, 3, 2), mode == "nearest"))
+                outs.append(b.op("GridSample", x2, g2, mode=mode, padding_mode=pad, align_corners=align,
+                                 name=f"gs2_{tag}"))
+                if mode != "cubic":
+                    g3 = b.const(f"g3_{tag}", _grid(rng, (1, 2, 3, 2, 3), mode == "nearest"))
+                    outs.append(b.op("GridSample", x3, g3, mode=mode, padding_mode=pad, align_corners=align,
+                                     name=f"gs3_{tag}"))
+    x64 = b.input("x64", (1, 2, 4, 5), np.float64)  # double: coordinates and values in double
+    outs.append(b.op("GridSample", x64, b.const("g64", _grid(rng, (1, 3, 2, 2), False).astype(np.float64)),
+                     mode="cubic", padding_mode="reflection", name="gs_f64"))
+    outs.append(b.op("RoiAlign", x64, b.const("rois64", np.array([[0.2, 0.5, 3.1, 2.7]], np.float64)),
+                     b.const("bidx64", np.zeros(1, I64)), output_height=2, output_width=3, name="roi_f64"))
+    gi = b.input("grid_in", (2, 3, 4, 2))  # a grid that is a runtime input
+    outs.append(b.op("GridSample", x2, gi, mode="bilinear", name="gs_runtime_grid"))
+    theta = b.input("theta", (2, 2, 3))
+    for align in (0, 1):
+        outs.append(b.op("AffineGrid", theta, b.const(f"size{align}", np.array([2, 3, 4, 5], I64)),
+                         align_corners=align, name=f"affine2d_{align}"))
+    theta3 = b.input("theta3", (1, 3, 4))
+    outs.append(b.op("AffineGrid", theta3, b.const("size3", np.array([1, 1, 2, 3, 4], I64)), name="affine3d"))
+    cols = b.input("cols", (2, 3 * 4, 9))
+    outs.append(b.op("Col2Im", cols, b.const("img", np.array([5, 6], I64)), b.const("blk", np.array([2, 2], I64)),
+                     strides=[2, 2], pads=[1, 0, 0, 1], name="col2im_s2"))
+    cols2 = b.input("cols2", (1, 2 * 6, 20))
+    outs.append(b.op("Col2Im", cols2, b.const("img2", np.array([6, 5], I64)), b.const("blk2", np.array([3, 2], I64)),
+                     dilations=[2, 1], pads=[1, 1, 1, 0], name="col2im_dil"))
+    dx = b.input("dx", (2, 4, 5, 6))
+    dw = b.const("dw", rng.standard_normal((4, 2, 3, 3)).astype(F32))
+    doff = b.input("doff", (2, 2 * 9 * 2, 3, 6))
+    dmask = b.input("dmask", (2, 2 * 9, 3, 6))
+    outs.append(b.op("DeformConv", dx, dw, doff, b.const("db", rng.standard_normal(4).astype(F32)), dmask,
+                     pads=[1, 1, 1, 1], strides=[2, 1], group=2, offset_group=2, name="deform_mask_bias"))
+    doff1 = b.input("doff1", (2, 8, 4, 5))
+    outs.append(b.op("DeformConv", dx, b.const("dw1", rng.standard_normal((3, 4, 2, 2)).astype(F32)), doff1,
+                     name="deform_plain"))
+    cols3 = b.input("cols3", (1, 2 * 4, 3 * 2 * 4))
+    outs.append(b.op("Col2Im", cols3, b.const("img3", np.array([3, 4, 5], I64)),
+                     b.const("blk3", np.array([1, 2, 2], I64)), strides=[1, 2, 1], pads=[0, 1, 0, 0, 0, 0],
+                     name="col2im_3d"))
+    dx1 = b.input("dx1", (1, 3, 9))
+    outs.append(b.op("DeformConv", dx1, b.const("dw1d", rng.standard_normal((2, 3, 3)).astype(F32)),
+                     b.input("doff1d", (1, 3, 5)), pads=[1, 1], strides=[2], name="deform_1d"))
+    rx = b.input("rx", (2, 3, 8, 9))
+    lo = rng.uniform(-2, 6, (5, 2))
+    rois = b.const("rois", np.concatenate([lo, lo + rng.uniform(0.3, 6, (5, 2))], axis=1).astype(F32))
+    bidx = b.const("bidx", np.array([0, 1, 1, 0, 1], I64))
+    for mode in ("avg", "max"):
+        for ctm in ("half_pixel", "output_half_pixel"):
+            for ratio in (0, 2):
+                outs.append(b.op("RoiAlign", rx, rois, bidx, mode=mode, coordinate_transformation_mode=ctm,
+                                 output_height=3, output_width=2, sampling_ratio=ratio, spatial_scale=0.9,
+                                 name=f"roi_{mode}_{ctm}_{ratio}"))
+    px = b.input("px", (2, 3, 6, 7))
+    for order in (0, 1):
+        y, i = b.op("MaxPool", px, kernel_shape=[3, 2], strides=[2, 2], pads=[1, 0, 1, 1], storage_order=order,
+                    num_outputs=2, name=f"maxpool_idx{order}")
+        outs += [y, i]
+    ux = b.input("ux", (2, 3, 6, 8))  # pools to 3 x 4, which unpools to 6 x 8: the indices fit
+    y, i = b.op("MaxPool", ux, kernel_shape=[2, 2], strides=[2, 2], num_outputs=2, name="maxpool_2x2")
+    outs.append(b.op("MaxUnpool", y, i, kernel_shape=[2, 2], strides=[2, 2], name="unpool"))
+    outs.append(b.op("MaxUnpool", y, i, b.const("ushape", np.array([2, 3, 7, 9], I64)), kernel_shape=[2, 2],
+                     strides=[2, 2], name="unpool_shape"))
+    rsx = b.input("rsx", (1, 2, 6, 7))
+    for mode, aa in (("cubic", 0), ("cubic", 1), ("linear", 1)):
+        for ctm, scales in (("half_pixel", [1, 1, 0.6, 1.7]), ("align_corners", [1, 1, 1.5, 0.45]),
+                            ("tf_crop_and_resize", [1, 1, 0.8, 1.3])):
+            roi = b.const(f"roi_{mode}{aa}{ctm}", np.array([0, 0, 0.1, 0.2, 1, 1, 0.8, 0.95], F32)) \
+                if ctm == "tf_crop_and_resize" else None
+            outs.append(b.op("Resize", rsx, roi, b.const(f"sc_{mode}{aa}{ctm}", np.array(scales, F32)), mode=mode,
+                             antialias=aa, coordinate_transformation_mode=ctm, exclude_outside=int(aa == 0),
+                             cubic_coeff_a=-0.5, extrapolation_value=0.25, name=f"resize_{mode}{aa}_{ctm}"))
+    ru8 = b.input("ru8", (1, 1, 5, 6), np.uint8)
+    outs.append(b.op("Resize", ru8, None, None, b.const("rsz", np.array([3, 9], I64)), mode="cubic", axes=[2, 3],
+                     name="resize_cubic_u8"))
+    return b.build(*outs)
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return sampling_graph()
+
+
+@pytest.mark.parametrize("simd", ["auto", "none"])
+def test_sampling_kernels_match_the_reference(graph, cache_dir, simd):
+    options = CodegenOptions(simd="none") if simd == "none" else None
+    got, want, model = run_both(graph, None, cache_dir, options=options)
+    for name in want:
+        if want[name].dtype.kind == "u":  # uint8 cubic: rounding of the float64 sum may differ by one
+            assert np.max(np.abs(got[name].astype(int) - want[name].astype(int))) <= 1, name
+        else:
+            assert_close({name: got[name]}, {name: want[name]})
+    assert model.report["kernels"] == len(graph.nodes)
+
+
+def test_fused_through_the_compiler(cache_dir):
+    """AffineGrid -> GridSample -> Relu and Col2Im -> Add: epilogues fuse into the sampling kernels."""
+    import opfuse
+    rng = np.random.default_rng(5)
+    b = GraphBuilder("fused_sampling")
+    x = b.input("x", (2, 3, 6, 7))
+    theta = b.input("theta", (2, 2, 3))
+    grid = b.op("AffineGrid", theta, b.const("size", np.array([2, 3, 5, 4], I64)), name="affine")
+    y = b.op("Relu", b.op("GridSample", x, grid, mode="cubic", padding_mode="border", name="gs"), name="relu")
+    cols = b.input("cols", (2, 3 * 4, 20))
+    z = b.op("Col2Im", cols, b.const("img", np.array([5, 6], I64)), b.const("blk", np.array([2, 2], I64)),
+             name="col2im")
+    z = b.op("Add", z, b.const("bias", rng.standard_normal((1, 3, 1, 1)).astype(F32)), name="add")
+    g = b.build(y, z)
+    feeds = {"x": rng.standard_normal((2, 3, 6, 7)).astype(F32), "theta": rng.standard_normal((2, 2, 3)).astype(F32),
+             "cols": rng.standard_normal((2, 12, 20)).astype(F32)}
+    from opfuse.runtime import reference
+    want = reference.run(g, feeds)
+    model = opfuse.compile(g, target="host", threads=1, planner="rules")
+    got = model.run(feeds)
+    assert_close({k: got[k] for k in want}, want)
+    groups = {tuple(sorted(n.name for n in grp.nodes)) for grp in model.plan.groups}
+    assert ("gs", "relu") in groups and ("add", "col2im") in groups
+
+
+def test_max_unpool_clamps_a_bad_index_instead_of_writing_outside(cache_dir):
+    b = GraphBuilder("unpool_bad")
+    x = b.input("x", (1, 1, 2, 2))
+    i = b.input("i", (1, 1, 2, 2), I64)
+    g = b.build(b.op("MaxUnpool", x, i, kernel_shape=[2, 2], strides=[2, 2], name="unpool"))
+    from opfuse.runtime.native import build
+    model = build(g, None, cache_dir=cache_dir)
+    out = model.run({"x": np.ones((1, 1, 2, 2), F32), "i": np.array([0, 99, -5, 3], I64).reshape(1, 1, 2, 2)})
+    y = out[g.outputs[0].name]
+    assert y.shape == (1, 1, 4, 4) and y.reshape(-1)[[0, 3, 15]].tolist() == [1, 1, 1]
+
+
+def test_fusion_legality_of_the_sampling_ops():
+    """An elementwise op after GridSample/RoiAlign is its epilogue; AffineGrid before GridSample is
+    refused (a gather from a whole input takes no prologue), and so is a Resize after it (not
+    elementwise); MaxUnpool (a scatter) fuses with nothing."""
+    from opfuse.rules import PlanLegality, unfused_plan
+    b = GraphBuilder("legality")
+    x = b.input("x", (1, 2, 6, 6))
+    grid = b.op("AffineGrid", b.input("theta", (1, 2, 3)), b.const("size", np.array([1, 2, 4, 4], I64)),
+                name="affine")
+    gs = b.op("GridSample", x, grid, name="gs")
+    relu = b.op("Relu", gs, name="relu")
+    up = b.op("Resize", gs, None, b.const("sc", np.array([1, 1, 2, 2], F32)), name="up")
+    roi = b.op("RoiAlign", x, b.const("rois", np.array([[0, 0, 3, 3]], F32)), b.const("bi", np.zeros(1, I64)),
+               name="roi")
+    sig = b.op("Sigmoid", roi, name="sig")
+    p, i = b.op("MaxPool", x, kernel_shape=[2, 2], strides=[2, 2], num_outputs=2, name="pool")
+    un = b.op("MaxUnpool", p, i, kernel_shape=[2, 2], strides=[2, 2], name="unpool")
+    neg = b.op("Neg", un, name="neg")
+    legal = PlanLegality(unfused_plan(b.build(relu, up, sig, neg)))
+    g = {grp.name: grp for grp in legal.plan().groups}
+    assert legal.can_merge(g["gs"], g["relu"]) is None
+    assert legal.can_merge(g["roi"], g["sig"]) is None
+    r = legal.can_merge(g["affine"], g["gs"])
+    assert r.kind.label == "category forbids" and "epilogue, never a prologue" in r.reason
+    r = legal.can_merge(g["gs"], g["up"])
+    assert r is not None and "Resize" in r.reason
+    r = legal.can_merge(g["unpool"], g["neg"])
+    assert r is not None and "opaque" in r.reason
+
+
+def test_generated_code_is_deterministic(graph):
+    from opfuse.codegen import generate
+    from opfuse.ir.plan import FusionPlan
+    again = sampling_graph()
+    a = generate(graph, FusionPlan.unfused(graph))
+    b = generate(again, FusionPlan.unfused(again))
+    assert a.source == b.source and a.weights == b.weights
