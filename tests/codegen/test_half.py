@@ -20,6 +20,7 @@ import pytest
 
 import opfuse
 from opfuse.codegen.options import CodegenOptions
+from opfuse.compiler import build_native, plan_model
 from opfuse.errors import UnsupportedDtypeError
 from opfuse.ir.dtypes import BFLOAT16, FLOAT8S
 from opfuse.ir.plan import FusionPlan
@@ -305,3 +306,25 @@ def test_cortex_m7_float16_conv_and_float8_cast_match_the_reference():
     got, want = opfuse.compile(g, target="cortex-m7").run(feeds), run(g, feeds)
     for k in want:
         assert_half_close(got[k], want[k], BFLOAT16)
+
+
+@pytest.mark.parametrize("half", HALVES, ids=IDS)
+def test_fused_round_trip_is_one_helper_with_the_same_bits(half):
+    """float32 -> 16 bits -> float32 inside a fused loop is ``opfuse_f16_round``/``opfuse_bf16_round``:
+    the same bits as the two conversions (NumPy/ml_dtypes), and as the unfused build's stand-alone
+    Cast kernels and the plain C99 build, NaN payloads included."""
+    x = _sweep_f32()
+    b = GraphBuilder("trip")
+    h = b.op("Cast", b.input("x", x.shape, np.float32), to=10 if half == np.float16 else 16, name="down")
+    g = b.build(b.op("Cast", h, to=1, name="c"))
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = x.astype(half).astype(np.float32)
+    got = {}
+    for fuse, simd in ((True, "auto"), (True, "none"), (False, "auto")):
+        model = build_native(plan_model(g, fuse=fuse), codegen_options=CodegenOptions(simd=simd))
+        assert ("_round(" in model.program.source) == fuse
+        got[fuse, simd] = model.run({"x": x})["c"]
+        _same_bits_or_nan(got[fuse, simd], want)
+    assert opfuse.compile(g).report["kernels_after"] == 1
+    for k in got:
+        np.testing.assert_array_equal(got[k].view(np.uint32), got[True, "auto"].view(np.uint32))

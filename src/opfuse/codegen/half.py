@@ -96,6 +96,28 @@ static inline uint16_t opfuse_f32_to_bf16(float f) {
   return (uint16_t)opfuse_sel((x & 0x7fffffffu) > 0x7f800000u, (x >> 16) | 0x40u, nearest);
 }
 """, (BITS_HELPER,)),
+    "opfuse_f16_round": ("""\
+/* float -> float16 -> float in one step (opfuse_f16_to_f32(opfuse_f32_to_f16(f)), same bits, fewer
+   operations and no 16-bit lanes): the float rounded to float16's precision and range in place. */
+static inline float opfuse_f16_round(float f) {
+  const uint32_t x = opfuse_f32_bits(f), s = x & 0x80000000u, a = x & 0x7fffffffu, e = a >> 23;
+  const uint32_t sh = opfuse_sel(e < 101u, 31u, opfuse_sel(e > 125u, 1u, 126u - e));
+  const uint32_t m = (a & 0x7fffffu) | 0x800000u;
+  const uint32_t k = (m + (1u << (sh - 1u)) - 1u + ((m >> sh) & 1u)) >> sh; /* subnormal result: k * 2^-24 */
+  const uint32_t sub = opfuse_f32_bits((float)k * 0x1p-24f);
+  const uint32_t nrm = (a + 0xfffu + ((a >> 13) & 1u)) & 0xffffe000u;
+  const uint32_t fin = opfuse_sel(a >= 0x477ff000u, 0x7f800000u, opfuse_sel(a >= 0x38800000u, nrm, sub));
+  return opfuse_f32_of_bits(s | opfuse_sel(a > 0x7f800000u, 0x7fc00000u | (a & 0x7fe000u), fin));
+}
+""", (BITS_HELPER,)),
+    "opfuse_bf16_round": ("""\
+/* float -> bfloat16 -> float in one step (same bits as the two conversions). */
+static inline float opfuse_bf16_round(float f) {
+  const uint32_t x = opfuse_f32_bits(f);
+  const uint32_t nearest = (x + 0x7fffu + ((x >> 16) & 1u)) & 0xffff0000u;
+  return opfuse_f32_of_bits(opfuse_sel((x & 0x7fffffffu) > 0x7f800000u, (x | 0x400000u) & 0xffff0000u, nearest));
+}
+""", (BITS_HELPER,)),
     "opfuse_f64_to_f32_odd": ("""\
 /* double -> float rounded to odd (truncate, set the last bit when inexact): rounding that to a
    16-bit float is the correct rounding of the double. */
@@ -109,6 +131,8 @@ static inline float opfuse_f64_to_f32_odd(double d) {
 
 TO_F32 = {FLOAT16: "opfuse_f16_to_f32", BFLOAT16: "opfuse_bf16_to_f32"}
 FROM_F32 = {FLOAT16: "opfuse_f32_to_f16", BFLOAT16: "opfuse_f32_to_bf16"}
+# float32 -> 16 bits -> float32 as one helper (``round_trip_expr``)
+ROUND_F32 = {FLOAT16: "opfuse_f16_round", BFLOAT16: "opfuse_bf16_round"}
 FLOAT8_NAMES = {FLOAT8E4M3FN: "e4m3fn", FLOAT8E4M3FNUZ: "e4m3fnuz", FLOAT8E5M2: "e5m2", FLOAT8E5M2FNUZ: "e5m2fnuz"}
 for _t, _n in FLOAT8_NAMES.items():
     TO_F32[_t] = f"opfuse_{_n}_to_f32"
@@ -146,6 +170,19 @@ def cast_expr(program, x: str, src, dst, saturate: bool = True) -> str:
         x = f"{require(program, 'opfuse_f64_to_f32_odd')}((double)({x}))"
     name = FROM_F32[dst] + ("_sat" if dst in FLOAT8_NAMES and saturate else "")
     return f"{require(program, name)}({x})"
+
+
+def round_trip_expr(program, node, ev_inline: set[int]) -> tuple[object, str] | None:
+    """For a widening ``Cast`` (float16/bfloat16 -> float32) whose input is an inline ``Cast`` from
+    float32 (the round-back ``rewrites.float32_compute`` puts after every op): ``(x, helper)``, the
+    float32 value ``x`` and the helper that rounds it in place (``opfuse_f16_round``), same bits as
+    the two conversions; else None."""
+    narrow = node.input(0)
+    back = narrow.producer
+    if (np.dtype(node.outputs[0].dtype) != FLOAT32 or np.dtype(narrow.dtype) not in ROUND_F32 or back is None
+            or back.op_type != "Cast" or id(back) not in ev_inline or np.dtype(back.input(0).dtype) != FLOAT32):
+        return None
+    return back.input(0), require(program, ROUND_F32[np.dtype(narrow.dtype)])
 
 
 # float8 ----------------------------------------------------------------------------------------
