@@ -8,11 +8,18 @@ inner loops.
 """
 from __future__ import annotations
 
+import math
+
 from opfuse.codegen import half
-from opfuse.codegen.loops import emit_loop_nest, is_view_store, store
+from opfuse.codegen.index import Index
+from opfuse.codegen.loops import emit_loop_nest, is_view_store, loop_groups, store
 from opfuse.codegen.stages import GroupAnalysis, Stage
 from opfuse.ir.graph import Value
 from opfuse.ops.registry import Category, get_spec
+
+# Elements per block of a fused loop whose float16 loads and stores F16C converts (``emit_f16c_blocks``):
+# two 8-lane conversions per operand, one AVX-512 vector (two AVX2 ones) for the block's element loop.
+F16C_BLOCK = 16
 
 
 def broadcast_masks(outputs: list[Value], inline: set[int], static: dict, rank: int) -> list[tuple[bool, ...]] | None:
@@ -71,6 +78,79 @@ def lower_pointwise(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
         kc.w.line(f"#if {half.F16C_GUARD}")
         half.emit_f16c_cast(kc, *cast)
         kc.w.line("#else")
-    emit_loop_nest(kc, ev, shape, body, mergeable=mergeable, cost_per_element=cost)
-    if cast is not None:
+        emit_loop_nest(kc, ev, shape, body, mergeable=mergeable, cost_per_element=cost)
         kc.w.line("#endif")
+        return
+    blocks = half.f16c_blocks(kc, ev, outs, analysis.inline, shape) if shape and masks is not None else None
+    groups = loop_groups(shape, mergeable) if blocks is not None else []
+    if blocks is not None and math.prod(shape[groups[-1][0]:groups[-1][1]]) >= F16C_BLOCK:
+        # float16 in and out of a fused loop: F16C's 8-lane conversions where the target has them
+        kc.w.line(f"#if {half.F16C_GUARD}")
+        with ev.scope():
+            emit_f16c_blocks(kc, ev, tuple(shape), groups, *blocks, outs, body, cost)
+        kc.w.line("#else")
+        with ev.scope():
+            emit_loop_nest(kc, ev, shape, body, mergeable=mergeable, cost_per_element=cost)
+        kc.w.line("#endif")
+        return
+    emit_loop_nest(kc, ev, shape, body, mergeable=mergeable, cost_per_element=cost)
+
+
+def emit_f16c_blocks(kc, ev, shape, groups, loads, stores, outs, body, cost: int) -> None:
+    """The loop nest of ``emit_loop_nest`` with its innermost loop in blocks of ``F16C_BLOCK``
+    elements: the dense float16 operands of ``loads`` widened and the float16 outputs of ``stores``
+    rounded by F16C, 8 lanes at a time, into and out of float arrays that the block's element loop
+    (which gcc vectorises) reads and writes; the remainder of the innermost loop (and every other
+    conversion) with the portable helpers. Same bits (``codegen.half``)."""
+    from opfuse.codegen.microkernel import AVX2_GUARD
+    w = kc.w
+    kc.program.require_helper("opfuse_immintrin", f"#if {AVX2_GUARD}\n#include <immintrin.h>\n#endif\n")
+    outer = [(a, b, kc.tmp("i")) for a, b in groups[:-1]]
+    a_in, b_in = groups[-1]
+    extent = math.prod(shape[a_in:b_in])
+    full = extent // F16C_BLOCK * F16C_BLOCK
+    for depth, (a, b, var) in enumerate(outer):
+        if depth == 0:
+            kc.parallel_for(math.prod(shape) * cost, 2 if (len(outer) > 1 and full == extent and math.prod(
+                shape[a:b]) < kc.program.options.parallel_min_outer) else 1)
+        w.line(f"for (long {var} = 0; {var} < {math.prod(shape[a:b])}; ++{var}) {{")
+        w.level += 1
+    blk, lane = kc.tmp("ib"), kc.tmp("l")
+    if not outer:
+        kc.parallel_for(math.prod(shape) * cost)
+    base = Index.loops(shape, [*outer, (a_in, b_in, blk)])
+    idx = Index.loops(shape, [*outer, (a_in, b_in, f"({blk} + {lane})")])
+    with w.block(f"for (long {blk} = 0; {blk} < {full}; {blk} += {F16C_BLOCK})"), ev.scope():
+        wide = {}
+        for node in loads:
+            x, buf = node.input(0), kc.tmp("xb")
+            wide[id(node)] = buf
+            w.line(f"float {buf}[{F16C_BLOCK}];")
+            src = f"{kc.ptr(x)} + {base.offset()}"
+            for k in range(0, F16C_BLOCK, 8):
+                w.line(f"_mm256_storeu_ps({buf} + {k}, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)({src} + {k}))));")
+        narrow = {id(v): kc.tmp("yb") for v in stores}
+        for v in stores:
+            w.line(f"float {narrow[id(v)]}[{F16C_BLOCK}];")
+        with w.block(f"for (int {lane} = 0; {lane} < {F16C_BLOCK}; ++{lane})"), ev.scope():
+            for node in loads:
+                ev.remember(node.outputs[0], idx, f"{wide[id(node)]}[{lane}]")
+            for v in outs:
+                if id(v) in narrow:
+                    f = v.producer.input(0)
+                    w.line(f"{narrow[id(v)]}[{lane}] = {ev.at(f, idx.broadcast_to(f.shape))};")
+                else:
+                    store(kc, ev, v, idx)
+        for v in stores:
+            dst = f"{kc.ptr(v, write=True)} + {base.offset()}"
+            for k in range(0, F16C_BLOCK, 8):
+                w.line(f"_mm_storeu_si128((__m128i*)({dst} + {k}), "
+                       f"_mm256_cvtps_ph(_mm256_loadu_ps({narrow[id(v)]} + {k}), _MM_FROUND_TO_NEAREST_INT));")
+            kc.stored.add(id(v))
+    if full < extent:
+        j = kc.tmp("i")
+        with w.block(f"for (long {j} = {full}; {j} < {extent}; ++{j})"), ev.scope():
+            body(Index.loops(shape, [*outer, (a_in, b_in, j)]))
+    for _ in outer:
+        w.level -= 1
+        w.line("}")
