@@ -185,32 +185,45 @@ def round_trip_expr(program, node, ev_inline: set[int]) -> tuple[object, str] | 
     return back.input(0), require(program, ROUND_F32[np.dtype(narrow.dtype)])
 
 
-def f16c_blocks(kc, ev, outs, inline: set[int], shape) -> tuple[list, list] | None:
+def f16c_blocks(kc, ev, outs, inline: set[int], shape) -> tuple[list, list, list] | None:
     """The float16 conversions of a fused pointwise loop over ``shape`` that F16C can do 8 lanes at a
-    time (``emit_f16c_blocks``): ``(loads, stores)``, the inline widening Casts of dense float16
-    operands read from memory (shape ``shape``) and the outputs in ``outs`` that are the rounding
-    Cast of a float32; None when there are none or the code may not use intrinsics (``simd="none"``)."""
+    time (``emit_f16c_blocks``): ``(loads, trips, stores)``, the inline widening Casts of dense float16
+    operands read from memory (shape ``shape``), the widening Casts of inline round-backs from float32
+    (``round_trip_expr``) in an order where each comes after those it depends on, and the outputs in
+    ``outs`` that are the rounding Cast of a float32; None when there are none or the code may not use
+    intrinsics (``simd="none"``)."""
     if kc.program.options.simd != "auto":
         return None
     shape = tuple(shape)
-    loads, stores, seen = [], [], set()
-    todo = list(outs)
-    while todo:
-        v = todo.pop()
+    loads: list = []
+    trips: list = []
+    stores: list = []
+    seen: set[int] = set()
+
+    def visit(v) -> None:
         node = v.producer
         if id(v) in seen or node is None or id(node) not in inline:
-            continue
+            return
         seen.add(id(v))
         pair = (np.dtype(node.input(0).dtype), np.dtype(v.dtype)) if node.op_type == "Cast" else None
         x = node.input(0)
-        if (pair == (FLOAT16, FLOAT32) and tuple(x.shape) == shape and id(x) in ev.loadable
-                and id(x) not in ev.static and (x.producer is None or id(x.producer) not in inline)):
-            loads.append(node)
-            continue
+        if pair == (FLOAT16, FLOAT32) and tuple(x.shape) == shape:
+            if id(x) in ev.loadable and id(x) not in ev.static and (x.producer is None or id(x.producer) not in inline):
+                loads.append(node)
+                return
+            trip = round_trip_expr(kc.program, node, inline)
+            if trip is not None:
+                visit(trip[0])
+                trips.append(node)
+                return
         if pair == (FLOAT32, FLOAT16) and tuple(v.shape) == shape and any(v is o for o in outs):
             stores.append(v)
-        todo.extend(node.input_values())
-    return (loads, stores) if loads or stores else None
+        for u in node.input_values():
+            visit(u)
+
+    for v in outs:
+        visit(v)
+    return (loads, trips, stores) if loads or trips or stores else None
 
 
 # float8 ----------------------------------------------------------------------------------------
