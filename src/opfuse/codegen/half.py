@@ -23,12 +23,22 @@ NumPy/ml_dtypes over every float16 and every 9973rd float32 pattern plus the rou
 ``tests/codegen/test_half.py``).
 
 x86's F16C instructions (``_mm256_cvtph_ps``/``_mm256_cvtps_ph``, 8 lanes) give the same bits and
-are faster (65536-element loops, gcc 12 -O3 -march=native on this host, 3 runs: to float32 0.7-1.0
-vs 1.6-2.2 ns per element, to float16 0.5-0.7 vs 4.2-5.5), but gcc does not vectorise a loop of their scalar
-forms, so a fused loop keeps the helpers (a scalar intrinsic would make the whole fused loop
-scalar). A kernel that is a float16 <-> float32 Cast alone (the widening before a Conv or MatMul,
-every Cast of an unfused build) uses them under ``#if defined(__F16C__) && defined(__AVX2__)``
-when ``simd="auto"`` (``f16c_cast``); the plain C99 build (``simd="none"``) never does.
+are faster (65536-element loops, gcc 12 -O3 -march=native on this host: to float32 0.07 vs 0.25 ns per
+element, to float16 0.12 vs 0.5, a round trip through float16 0.9 with the two helpers), but gcc
+vectorises neither their scalar forms nor (before AVX512-FP16) ``_Float16`` conversions, so they run
+on whole vectors, under ``#if defined(__F16C__) && defined(__AVX2__)`` with ``simd="auto"`` (the plain
+C99 build, ``simd="none"``, never uses them):
+
+* a kernel that is one float16 <-> float32 Cast (``f16c_cast``);
+* a fused pointwise loop (``f16c_blocks``, ``codegen/pointwise.py:emit_f16c_blocks``): its innermost
+  loop runs in blocks of elements (``CodegenOptions.f16c_block``), its dense float16 operands widened
+  into float arrays before the block's element loops, each round trip to float16 between two ops
+  (float32 -> float16 -> float32) done in place on an array between two element loops, and its
+  float16 outputs rounded from an array after them.
+
+Elsewhere (an anchor's epilogue, the remainder of a blocked loop) a round trip is one helper,
+``opfuse_f16_round``/``opfuse_bf16_round`` (``round_trip_expr``: the same bits as the two conversions,
+with fewer operations), and the other conversions the helpers above.
 
 float8 (e4m3fn, e4m3fnuz, e5m2, e5m2fnuz) is a ``uint8_t``; ONNX makes it only by Cast. Its
 helpers are tables made from ml_dtypes, the reference's own conversions: decoding is the float32
