@@ -44,6 +44,8 @@ def test_float16_casts_cost_f16c_in_pointwise_groups_and_the_helpers_with_an_anc
     n_round = len(conv_casts) - n_widen
     assert anchored.flops - conv_plain.flops == N * (n_widen * widen + n_round * rnd)
     assert anchored.duplicated_flops == conv_plain.duplicated_flops == 0
+    # an anchor's epilogue conversions are priced at the scalar rate; a pointwise group's are not
+    assert anchored.scalar_flops == N * (n_widen * widen + n_round * rnd) and a.scalar_flops == 0
     f32 = _chain(np.float32, conv=True)
     assert CostModel(toy_profile()).group_cost(c, group).t_compute > \
         CostModel(toy_profile()).group_cost(f32, f32.nodes).t_compute

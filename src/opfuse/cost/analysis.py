@@ -67,7 +67,12 @@ WINDOW_OPS = frozenset({"AveragePool", "MaxPool"})  # their run is the window, n
 # select operations, counted from the C), is counted with the group's float32 FLOPs. float16 <-> float32
 # runs on F16C (one vector instruction per 8 elements, ``NARROW_CAST_HW_OPS``) in a group without an
 # anchor (a Cast kernel, or a fused pointwise loop: ``codegen/pointwise.py:emit_f16c_blocks``); inside
-# an anchor's epilogue or operand loads, and for every other type, the portable helpers run.
+# an anchor's epilogue or operand loads, and for every other type, the portable helpers run; in an
+# anchor's group they are priced at the scalar rate (``GroupAnalysis.scalar_flops``): its epilogue loops
+# are short (a Winograd or direct-convolution tile row, at most 56 elements on a 56x56 output) and ran
+# mostly in gcc's scalar remainder (perf: the helpers' scalar instructions were the hot ones). Measured
+# (Conv-Relu-Conv-Add-Relu, 32x56x56, 1 thread, kernel timers): the second Conv with its float16
+# epilogue fused 2.5x the same ops unfused, with its bfloat16 one 1.35x.
 NARROW_CAST_OPS = {"widen_float16": 12, "round_float16": 22, "widen_bfloat16": 1, "round_bfloat16": 6,
                    "widen_float8": 1, "round_float8": 30}
 NARROW_CAST_ROUND_FROM_OTHER = 8  # a source other than float32 first goes to float32 rounded to odd
@@ -306,6 +311,9 @@ def analyze_group(graph: Graph, nodes, cache: dict | None = None) -> GroupAnalys
             by_class["elementwise"] = by_class.get("elementwise", 0.0) + ops * execs[id(n)]
     scalar = _scalar_prologue(nodes, inlined, member, specs)
     scalar_flops = sum(infos[id(n)][1] * execs[id(n)] for n in nodes if id(n) in scalar)
+    if anchored:  # an anchor's epilogue conversions run at the scalar rate (``NARROW_CAST_OPS``)
+        scalar_flops += sum(narrow_cast_ops(n, True) * numel(n.outputs[0]) * execs[id(n)] for n in nodes
+                            if n.op_type == "Cast")
 
     buffered, streams = [], []
     for v in internal.values():
