@@ -158,12 +158,30 @@ def test_group_check_sets_each_fused_group_against_its_ops_unfused():
     assert fused, "ds_cnn has fused groups (Conv+BN+Relu)"
     for r in rows:
         assert r["fused_s"] > 0 and r["unfused_s"] > 0
-        assert r["slower"] == (len(r["origin"]) > 1 and r["fused_s"] > r["unfused_s"] * (1 + GROUP_SLOWER_TOLERANCE))
+        assert set(r["origin"]) <= set(r["unfused_kernels"])
+        assert r["slower"] == (len(r["unfused_kernels"]) > 1
+                               and r["fused_s"] > r["unfused_s"] * (1 + GROUP_SLOWER_TOLERANCE))
         assert r["ratio"] == pytest.approx(r["fused_s"] / r["unfused_s"])
     assert res["slower"] == [r["group"] for r in rows if r["slower"]]
     assert res["fused_s"] == pytest.approx(sum(r["fused_s"] for r in rows))
     with pytest.raises(OpfuseError, match="repeat"):
         group_check("zoo:ds_cnn", repeat=0)
+
+
+def test_group_check_counts_the_casts_a_float16_op_is_rewritten_with():
+    """float32_compute's Casts have no original op: their unfused kernels still count for the fused
+    group that holds them, so a float16 chain is set against all 7 unfused kernels, not 3."""
+    from opfuse.measure import group_check
+    from opfuse.ops import GraphBuilder
+    b = GraphBuilder("chain16")
+    x = b.input("x", (4, 64), np.float16)
+    y = b.op("Sigmoid", b.op("Mul", b.op("Relu", x, name="relu"), b.const("w", np.ones(64, np.float16)), name="mul"),
+             name="sigmoid")
+    res = group_check(b.build(y), repeat=1)
+    [row] = res["groups"]
+    assert sorted(row["origin"]) == ["mul", "relu", "sigmoid"]
+    assert len(row["unfused_kernels"]) == 7 and set(row["origin"]) <= set(row["unfused_kernels"])
+    assert row["unfused_s"] > 0
 
 
 def test_bench_groups_flag_prints_the_per_group_table(capsys):

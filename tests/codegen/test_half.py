@@ -20,6 +20,7 @@ import pytest
 
 import opfuse
 from opfuse.codegen.options import CodegenOptions
+from opfuse.compiler import build_native, plan_model
 from opfuse.errors import UnsupportedDtypeError
 from opfuse.ir.dtypes import BFLOAT16, FLOAT8S
 from opfuse.ir.plan import FusionPlan
@@ -305,3 +306,56 @@ def test_cortex_m7_float16_conv_and_float8_cast_match_the_reference():
     got, want = opfuse.compile(g, target="cortex-m7").run(feeds), run(g, feeds)
     for k in want:
         assert_half_close(got[k], want[k], BFLOAT16)
+
+
+@pytest.mark.parametrize("half", HALVES, ids=IDS)
+def test_fused_round_trip_is_one_helper_with_the_same_bits(half):
+    """float32 -> 16 bits -> float32 inside a fused loop is ``opfuse_f16_round``/``opfuse_bf16_round``:
+    the same bits as the two conversions (NumPy/ml_dtypes), and as the unfused build's stand-alone
+    Cast kernels and the plain C99 build, NaN payloads included."""
+    x = _sweep_f32()
+    b = GraphBuilder("trip")
+    h = b.op("Cast", b.input("x", x.shape, np.float32), to=10 if half == np.float16 else 16, name="down")
+    g = b.build(b.op("Cast", h, to=1, name="c"))
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = x.astype(half).astype(np.float32)
+    got = {}
+    for fuse, simd in ((True, "auto"), (True, "none"), (False, "auto")):
+        model = build_native(plan_model(g, fuse=fuse), codegen_options=CodegenOptions(simd=simd))
+        assert ("_round(" in model.program.source) == fuse
+        got[fuse, simd] = model.run({"x": x})["c"]
+        _same_bits_or_nan(got[fuse, simd], want)
+    assert opfuse.compile(g).report["kernels_after"] == 1
+    for k in got:
+        np.testing.assert_array_equal(got[k].view(np.uint32), got[True, "auto"].view(np.uint32))
+
+
+def _blocked_chain(n: int):
+    """float16 Relu -> Mul -> Abs + x -> Neg: reads x twice, rounds to float16 after each op."""
+    b = GraphBuilder("blocked")
+    x = b.input("x", (3, n), np.float16)
+    w = b.const("w", (rng.standard_normal(n) * 4).astype(np.float16))
+    y = b.op("Abs", b.op("Mul", b.op("Relu", x), w))
+    return b.build(b.op("Neg", b.op("Add", y, x)))
+
+
+@pytest.mark.parametrize("n", [131, 40, 24])
+def test_f16c_blocks_in_fused_loops_give_the_portable_bits(n):
+    """A fused float16 loop on an F16C target converts its loads, round trips and stores 8 lanes at
+    a time in blocks (64 elements for a row of 131: two blocks and a remainder of 3; 32 for 40; none
+    for 24, shorter than ``f16c_min_block``); its bits are the plain C99 build's (portable helpers),
+    over every float16 pattern (NaN, infinities, subnormals), and the reference's where not NaN."""
+    g = _blocked_chain(n)
+    every16 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    plan = plan_model(g)
+    assert plan.report["kernels_after"] == 1
+    vec = build_native(plan, codegen_options=CodegenOptions(simd="auto"))
+    plain = build_native(plan, codegen_options=CodegenOptions(simd="none"))
+    assert ("_mm256_cvtps_ph(_mm256_loadu_ps" in vec.program.source) == (n >= 32)
+    assert "_mm256" not in plain.program.source
+    for start in range(0, 65536, 3 * n):
+        feed = {"x": np.resize(np.roll(every16, -start), (3, n))}
+        a, b = vec.run(feed)["neg"], plain.run(feed)["neg"]
+        np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16))
+    with np.errstate(all="ignore"):
+        _same_bits_or_nan(a, run(g, feed)["neg"])

@@ -23,12 +23,22 @@ NumPy/ml_dtypes over every float16 and every 9973rd float32 pattern plus the rou
 ``tests/codegen/test_half.py``).
 
 x86's F16C instructions (``_mm256_cvtph_ps``/``_mm256_cvtps_ph``, 8 lanes) give the same bits and
-are faster (65536-element loops, gcc 12 -O3 -march=native on this host, 3 runs: to float32 0.7-1.0
-vs 1.6-2.2 ns per element, to float16 0.5-0.7 vs 4.2-5.5), but gcc does not vectorise a loop of their scalar
-forms, so a fused loop keeps the helpers (a scalar intrinsic would make the whole fused loop
-scalar). A kernel that is a float16 <-> float32 Cast alone (the widening before a Conv or MatMul,
-every Cast of an unfused build) uses them under ``#if defined(__F16C__) && defined(__AVX2__)``
-when ``simd="auto"`` (``f16c_cast``); the plain C99 build (``simd="none"``) never does.
+are faster (65536-element loops, gcc 12 -O3 -march=native on this host: to float32 0.07 vs 0.25 ns per
+element, to float16 0.12 vs 0.5, a round trip through float16 0.9 with the two helpers), but gcc
+vectorises neither their scalar forms nor (before AVX512-FP16) ``_Float16`` conversions, so they run
+on whole vectors, under ``#if defined(__F16C__) && defined(__AVX2__)`` with ``simd="auto"`` (the plain
+C99 build, ``simd="none"``, never uses them):
+
+* a kernel that is one float16 <-> float32 Cast (``f16c_cast``);
+* a fused pointwise loop (``f16c_blocks``, ``codegen/pointwise.py:emit_f16c_blocks``): its innermost
+  loop runs in blocks of elements (``CodegenOptions.f16c_block``), its dense float16 operands widened
+  into float arrays before the block's element loops, each round trip to float16 between two ops
+  (float32 -> float16 -> float32) done in place on an array between two element loops, and its
+  float16 outputs rounded from an array after them.
+
+Elsewhere (an anchor's epilogue, the remainder of a blocked loop) a round trip is one helper,
+``opfuse_f16_round``/``opfuse_bf16_round`` (``round_trip_expr``: the same bits as the two conversions,
+with fewer operations), and the other conversions the helpers above.
 
 float8 (e4m3fn, e4m3fnuz, e5m2, e5m2fnuz) is a ``uint8_t``; ONNX makes it only by Cast. Its
 helpers are tables made from ml_dtypes, the reference's own conversions: decoding is the float32
@@ -96,6 +106,28 @@ static inline uint16_t opfuse_f32_to_bf16(float f) {
   return (uint16_t)opfuse_sel((x & 0x7fffffffu) > 0x7f800000u, (x >> 16) | 0x40u, nearest);
 }
 """, (BITS_HELPER,)),
+    "opfuse_f16_round": ("""\
+/* float -> float16 -> float in one step (opfuse_f16_to_f32(opfuse_f32_to_f16(f)), same bits, fewer
+   operations and no 16-bit lanes): the float rounded to float16's precision and range in place. */
+static inline float opfuse_f16_round(float f) {
+  const uint32_t x = opfuse_f32_bits(f), s = x & 0x80000000u, a = x & 0x7fffffffu, e = a >> 23;
+  const uint32_t sh = opfuse_sel(e < 101u, 31u, opfuse_sel(e > 125u, 1u, 126u - e));
+  const uint32_t m = (a & 0x7fffffu) | 0x800000u;
+  const uint32_t k = (m + (1u << (sh - 1u)) - 1u + ((m >> sh) & 1u)) >> sh; /* subnormal result: k * 2^-24 */
+  const uint32_t sub = opfuse_f32_bits((float)k * 0x1p-24f);
+  const uint32_t nrm = (a + 0xfffu + ((a >> 13) & 1u)) & 0xffffe000u;
+  const uint32_t fin = opfuse_sel(a >= 0x477ff000u, 0x7f800000u, opfuse_sel(a >= 0x38800000u, nrm, sub));
+  return opfuse_f32_of_bits(s | opfuse_sel(a > 0x7f800000u, 0x7fc00000u | (a & 0x7fe000u), fin));
+}
+""", (BITS_HELPER,)),
+    "opfuse_bf16_round": ("""\
+/* float -> bfloat16 -> float in one step (same bits as the two conversions). */
+static inline float opfuse_bf16_round(float f) {
+  const uint32_t x = opfuse_f32_bits(f);
+  const uint32_t nearest = (x + 0x7fffu + ((x >> 16) & 1u)) & 0xffff0000u;
+  return opfuse_f32_of_bits(opfuse_sel((x & 0x7fffffffu) > 0x7f800000u, (x | 0x400000u) & 0xffff0000u, nearest));
+}
+""", (BITS_HELPER,)),
     "opfuse_f64_to_f32_odd": ("""\
 /* double -> float rounded to odd (truncate, set the last bit when inexact): rounding that to a
    16-bit float is the correct rounding of the double. */
@@ -109,6 +141,8 @@ static inline float opfuse_f64_to_f32_odd(double d) {
 
 TO_F32 = {FLOAT16: "opfuse_f16_to_f32", BFLOAT16: "opfuse_bf16_to_f32"}
 FROM_F32 = {FLOAT16: "opfuse_f32_to_f16", BFLOAT16: "opfuse_f32_to_bf16"}
+# float32 -> 16 bits -> float32 as one helper (``round_trip_expr``)
+ROUND_F32 = {FLOAT16: "opfuse_f16_round", BFLOAT16: "opfuse_bf16_round"}
 FLOAT8_NAMES = {FLOAT8E4M3FN: "e4m3fn", FLOAT8E4M3FNUZ: "e4m3fnuz", FLOAT8E5M2: "e5m2", FLOAT8E5M2FNUZ: "e5m2fnuz"}
 for _t, _n in FLOAT8_NAMES.items():
     TO_F32[_t] = f"opfuse_{_n}_to_f32"
@@ -146,6 +180,60 @@ def cast_expr(program, x: str, src, dst, saturate: bool = True) -> str:
         x = f"{require(program, 'opfuse_f64_to_f32_odd')}((double)({x}))"
     name = FROM_F32[dst] + ("_sat" if dst in FLOAT8_NAMES and saturate else "")
     return f"{require(program, name)}({x})"
+
+
+def round_trip_expr(program, node, ev_inline: set[int]) -> tuple[object, str] | None:
+    """For a widening ``Cast`` (float16/bfloat16 -> float32) whose input is an inline ``Cast`` from
+    float32 (the round-back ``rewrites.float32_compute`` puts after every op): ``(x, helper)``, the
+    float32 value ``x`` and the helper that rounds it in place (``opfuse_f16_round``), same bits as
+    the two conversions; else None."""
+    narrow = node.input(0)
+    back = narrow.producer
+    if (np.dtype(node.outputs[0].dtype) != FLOAT32 or np.dtype(narrow.dtype) not in ROUND_F32 or back is None
+            or back.op_type != "Cast" or id(back) not in ev_inline or np.dtype(back.input(0).dtype) != FLOAT32):
+        return None
+    return back.input(0), require(program, ROUND_F32[np.dtype(narrow.dtype)])
+
+
+def f16c_blocks(kc, ev, outs, inline: set[int], shape) -> tuple[list, list, list] | None:
+    """The float16 conversions of a fused pointwise loop over ``shape`` that F16C can do 8 lanes at a
+    time (``emit_f16c_blocks``): ``(loads, trips, stores)``, the inline widening Casts of dense float16
+    operands read from memory (shape ``shape``), the widening Casts of inline round-backs from float32
+    (``round_trip_expr``) in an order where each comes after those it depends on, and the outputs in
+    ``outs`` that are the rounding Cast of a float32; None when there are none or the code may not use
+    intrinsics (``simd="none"``)."""
+    if kc.program.options.simd != "auto":
+        return None
+    shape = tuple(shape)
+    loads: list = []
+    trips: list = []
+    stores: list = []
+    seen: set[int] = set()
+
+    def visit(v) -> None:
+        node = v.producer
+        if id(v) in seen or node is None or id(node) not in inline:
+            return
+        seen.add(id(v))
+        pair = (np.dtype(node.input(0).dtype), np.dtype(v.dtype)) if node.op_type == "Cast" else None
+        x = node.input(0)
+        if pair == (FLOAT16, FLOAT32) and tuple(x.shape) == shape:
+            if id(x) in ev.loadable and id(x) not in ev.static and (x.producer is None or id(x.producer) not in inline):
+                loads.append(node)
+                return
+            trip = round_trip_expr(kc.program, node, inline)
+            if trip is not None:
+                visit(trip[0])
+                trips.append(node)
+                return
+        if pair == (FLOAT32, FLOAT16) and tuple(v.shape) == shape and any(v is o for o in outs):
+            stores.append(v)
+        for u in node.input_values():
+            visit(u)
+
+    for v in outs:
+        visit(v)
+    return (loads, trips, stores) if loads or trips or stores else None
 
 
 # float8 ----------------------------------------------------------------------------------------

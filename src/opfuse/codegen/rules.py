@@ -225,8 +225,11 @@ def _dropout(ev, node, k, idx):
 
 @_register("Cast")
 def _cast(ev, node, k, idx):
-    x = ev.operand(node, 0, idx)
     src, dst = node.input(0).dtype, node.outputs[0].dtype
+    trip = half.round_trip_expr(ev.kc.program, node, ev.inline) if is_narrow_float(src) else None
+    if trip is not None:  # float32 -> 16 bits -> float32: one helper, no 16-bit lanes in the loop
+        return f"{trip[1]}({ev.at(trip[0], idx.broadcast_to(trip[0].shape))})"
+    x = ev.operand(node, 0, idx)
     if is_narrow_float(src) or is_narrow_float(dst):
         return half.cast_expr(ev.kc.program, x, src, dst, saturate=bool(int(_attrs(node)["saturate"])))
     if dst == np.bool_:

@@ -45,6 +45,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from opfuse.ir.dtypes import BFLOAT16, FLOAT16, FLOAT32, is_narrow_float
 from opfuse.ir.graph import Graph, Node, Value
 from opfuse.ops.registry import Category, Mapping, OpSpec, get_spec, is_supported
 from opfuse.rules.aliasing import aliasable_inputs, is_view
@@ -60,6 +63,44 @@ VECTORISED_REDUCTION_MIN_RUN = 32
 # (``codegen/pool.py``; MaxPool is not here: a Relu before it is applied once per output, after the max).
 SCALAR_WINDOW_OPS = frozenset({"AveragePool"})
 WINDOW_OPS = frozenset({"AveragePool", "MaxPool"})  # their run is the window, not |input| / |output|
+
+# Narrow-float Casts (float16, bfloat16, float8: ``codegen/half.py``) are no free renames: each element
+# is converted by integer code. Their price, in operations per element (the helpers' integer and
+# select operations, counted from the C), is counted with the group's float32 FLOPs. float16 <-> float32
+# runs on F16C (one vector instruction per 8 elements, ``NARROW_CAST_HW_OPS``) in a group without an
+# anchor (a Cast kernel, or a fused pointwise loop: ``codegen/pointwise.py:emit_f16c_blocks``); inside
+# an anchor's epilogue or operand loads, and for every other type, the portable helpers run; in an
+# anchor's group they are priced at the scalar rate (``GroupAnalysis.scalar_flops``): its epilogue loops
+# are short (a Winograd or direct-convolution tile row, at most 56 elements on a 56x56 output) and ran
+# mostly in gcc's scalar remainder (perf: the helpers' scalar instructions were the hot ones). Measured
+# (Conv-Relu-Conv-Add-Relu, 32x56x56, 1 thread, kernel timers): the second Conv with its float16
+# epilogue fused 2.5x the same ops unfused, with its bfloat16 one 1.35x.
+NARROW_CAST_OPS = {"widen_float16": 12, "round_float16": 22, "widen_bfloat16": 1, "round_bfloat16": 6,
+                   "widen_float8": 1, "round_float8": 30}
+NARROW_CAST_ROUND_FROM_OTHER = 8  # a source other than float32 first goes to float32 rounded to odd
+NARROW_CAST_HW_OPS = 1
+
+
+def narrow_cast_ops(node: Node, anchored: bool) -> int:
+    """Operations per output element of ``node`` when it is a Cast from or to a narrow float (0 for any
+    other node): widening the source, then rounding to the destination (``NARROW_CAST_OPS``);
+    float16 <-> float32 outside an anchor's group (``anchored`` False) at F16C's ``NARROW_CAST_HW_OPS``."""
+    if node.op_type != "Cast" or not node.inputs or node.inputs[0] is None or not node.outputs:
+        return 0
+    src, dst = np.dtype(node.inputs[0].dtype), np.dtype(node.outputs[0].dtype)
+    if src == dst or not (is_narrow_float(src) or is_narrow_float(dst)):
+        return 0
+    if not anchored and {src, dst} == {FLOAT16, FLOAT32}:
+        return NARROW_CAST_HW_OPS
+
+    def kind(dt) -> str:
+        return "float16" if dt == FLOAT16 else "bfloat16" if dt == BFLOAT16 else "float8"
+    ops = NARROW_CAST_OPS["widen_" + kind(src)] if is_narrow_float(src) else 0
+    if is_narrow_float(dst):
+        ops += NARROW_CAST_OPS["round_" + kind(dst)]
+        if src != FLOAT32 and not is_narrow_float(src):
+            ops += NARROW_CAST_ROUND_FROM_OTHER
+    return ops
 
 
 def category_of(node: Node) -> Category:
@@ -269,8 +310,18 @@ def analyze_group(graph: Graph, nodes, cache: dict | None = None) -> GroupAnalys
         if f:
             cls = op_class(n)
             by_class[cls] = by_class.get(cls, 0.0) + f * execs[id(n)]
+    anchored = any(specs[id(n)] is None or specs[id(n)].category > Category.INJECTIVE for n in nodes)
+    for n in nodes:  # narrow-float conversions: integer work the FLOP counts leave out
+        ops = narrow_cast_ops(n, anchored) * numel(n.outputs[0]) if n.op_type == "Cast" else 0
+        if ops:
+            base += ops  # counted as FLOPs of the node: recomputation only beyond one execution
+            executed["float32"] = executed.get("float32", 0.0) + ops * execs[id(n)]
+            by_class["elementwise"] = by_class.get("elementwise", 0.0) + ops * execs[id(n)]
     scalar = _scalar_prologue(nodes, inlined, member, specs)
     scalar_flops = sum(infos[id(n)][1] * execs[id(n)] for n in nodes if id(n) in scalar)
+    if anchored:  # an anchor's epilogue conversions run at the scalar rate (``NARROW_CAST_OPS``)
+        scalar_flops += sum(narrow_cast_ops(n, True) * numel(n.outputs[0]) * execs[id(n)] for n in nodes
+                            if n.op_type == "Cast")
 
     buffered, streams = [], []
     for v in internal.values():
