@@ -295,10 +295,57 @@ static inline int32_t opfuse_requantize_residual(int32_t acc, int32_t mult, int3
 """
 
 
+# Per-channel shifts known at build time: the shift's powers of two come in precomputed
+# (``half = 2^(shift-1)``, ``bias = 2^(63-shift)``), so that an element pays one variable 64-bit
+# shift instead of four. A loop over elements of one channel hoists those powers itself (the
+# unfused Requantize kernel); a fused conv epilogue walks the channels innermost and cannot.
+REQUANTIZE_PC_HELPER = "opfuse_requantize_pc"
+REQUANTIZE_PC_C = """
+/* opfuse_requantize with half = 2^(shift - 1) and bias = 2^(63 - shift) given (constant per channel):
+   the same arithmetic, bit for bit. */
+static inline int32_t opfuse_requantize_pc(int64_t p, int32_t shift, uint64_t half, uint64_t bias, int32_t zp,
+                                           int32_t lo, int32_t hi) {
+  const uint64_t u = (uint64_t)p + ((uint64_t)1 << 63);
+  const uint64_t r = u & (half + (half - 1u));
+  const uint64_t qu = u >> shift;
+  const int64_t q = (int64_t)(qu - bias) + (int64_t)((r > half) | ((r == half) & (qu & 1u))) + zp;
+  return (int32_t)(q < lo ? lo : (q > hi ? hi : q));
+}
+"""
+
+
+def _shift_powers(ev, node, idx) -> tuple[str, str] | None:
+    """``(half, bias)`` C expressions for ``node``'s static per-channel shift at ``idx`` (None: a scalar
+    shift, which the compiler folds anyway, or a shift not known at build time or out of range)."""
+    shift = node.input(2)
+    arr = ev.static.get(id(shift))
+    if arr is None or arr.size == 1:
+        return None
+    s = arr.astype(np.int64)
+    if s.min() < 1 or s.max() > 62:  # the reference refuses it; keep the plain helper's behaviour
+        return None
+    one = np.uint64(1)
+    halves = np.left_shift(one, (s - 1).astype(np.uint64))
+    biases = np.left_shift(one, (63 - s).astype(np.uint64))
+    off = idx.broadcast_to(shift.shape).offset()
+    hp = ev.kc.const_array(("requantize_half", node.name), halves, f"{shift.name}_half", np.uint64)
+    bp = ev.kc.const_array(("requantize_bias", node.name), biases, f"{shift.name}_bias", np.uint64)
+    return f"{hp}[{off}]", f"{bp}[{off}]"
+
+
 @_register("Requantize")
 def _requantize(ev, node, k, idx):
     a = _attrs(node)
     tail = f"{int(a['zero_point'])}, {int(a['lo'])}, {int(a['hi'])})"
+    powers = _shift_powers(ev, node, idx)
+    if powers is not None:
+        fn = ev.kc.program.require_helper(REQUANTIZE_PC_HELPER, REQUANTIZE_PC_C)
+        acc, mult, shift = (ev.operand(node, i, idx) for i in range(3))
+        p = f"(int64_t){acc} * (int64_t){mult}"
+        if len(node.input_values()) == 5:
+            res, rmult = ev.operand(node, 3, idx), ev.operand(node, 4, idx)
+            p += f" + (int64_t){res} * {rmult}"
+        return f"({c_type(node.outputs[0].dtype)}){fn}({p}, {shift}, {powers[0]}, {powers[1]}, {tail}"
     if len(node.input_values()) == 5:
         acc, mult, shift, res, rmult = (ev.operand(node, i, idx) for i in range(5))
         fn = ev.kc.program.require_helper(REQUANTIZE_RESIDUAL_HELPER, REQUANTIZE_RESIDUAL_C)
