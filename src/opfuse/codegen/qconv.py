@@ -45,7 +45,14 @@ DOT_C = """
 /* acc0 = a0 . b, acc1 = a1 . b over 2 * pairs int16 values (exact in int32 for |a|, |b| <= 255
    and fewer than 2^15 pairs); on the Arm DSP extension two multiply-accumulates per SMLAD, two
    pairs per iteration. */
-static inline void opfuse_dot2_s16(const int16_t* restrict a0, const int16_t* restrict a1,
+#ifndef OPFUSE_NOINLINE
+#if defined(__GNUC__)
+#define OPFUSE_NOINLINE __attribute__((noinline))
+#else
+#define OPFUSE_NOINLINE
+#endif
+#endif
+OPFUSE_NOINLINE static void opfuse_dot2_s16(const int16_t* restrict a0, const int16_t* restrict a1,
                                    const int16_t* restrict b, long pairs, int32_t* acc0, int32_t* acc1) {
   int32_t s0 = 0, s1 = 0;
 #if defined(__ARM_FEATURE_DSP)
