@@ -171,3 +171,36 @@ def test_residual_exported_as_int64_onnx_runs_in_onnxruntime_exactly():
     (theirs,) = sess.run(None, feeds)
     (ours,) = run(g, feeds).values()
     np.testing.assert_array_equal(theirs, ours)
+
+
+def _per_channel_ties_graph(shifts):
+    """m = 1/2 in every channel (multiplier 2^(s-1) at shift s): odd accumulators are ties."""
+    b = GraphBuilder("ties_pc")
+    acc = b.input("acc", (1, len(shifts), 8), "int32")
+    s = np.array(shifts, np.int32).reshape(1, -1, 1)
+    m = np.array([1 << 30] * len(shifts), np.int32).reshape(1, -1, 1)
+    shift = b.const("s", s)
+    y = b.op("Requantize", acc, b.const("m", m), shift, zero_point=0, lo=-128, hi=127, to=TensorProto.INT8)
+    return b.build(y)
+
+
+@pytest.mark.parametrize("simd", ["auto", "none"])
+def test_per_channel_shift_takes_precomputed_powers_bit_exactly(simd):
+    """A static per-channel shift: the C uses ``opfuse_requantize_pc`` (its powers of two from the
+    weights) and equals the reference, ties and the extreme shifts 31 and 62 included."""
+    from opfuse.codegen.program import generate
+    g = _per_channel_ties_graph([31, 62, 40])
+    assert "opfuse_requantize_pc(" in generate(g).source
+    x = np.array([1, 3, 5, -1, -3, -5, 2 ** 31 - 1, -2 ** 31], np.int32)
+    feeds = {"acc": np.stack([x, x, x])[None]}
+    want = next(iter(run(g, feeds).values()))
+    np.testing.assert_array_equal(want[0, 0], [0, 2, 2, 0, -2, -2, 127, -128])
+    got = next(iter(build(g, options=CodegenOptions(simd=simd)).run(feeds).values()))
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_scalar_shift_keeps_the_plain_helper():
+    """Refused for the precomputed powers: a scalar shift is a literal the C compiler folds already."""
+    from opfuse.codegen.program import generate
+    src = generate(_graph(False)).source
+    assert "opfuse_requantize_pc(" not in src and "opfuse_requantize(" in src
