@@ -45,14 +45,7 @@ DOT_C = """
 /* acc0 = a0 . b, acc1 = a1 . b over 2 * pairs int16 values (exact in int32 for |a|, |b| <= 255
    and fewer than 2^15 pairs); on the Arm DSP extension two multiply-accumulates per SMLAD, two
    pairs per iteration. */
-#ifndef OPFUSE_NOINLINE
-#if defined(__GNUC__)
-#define OPFUSE_NOINLINE __attribute__((noinline))
-#else
-#define OPFUSE_NOINLINE
-#endif
-#endif
-OPFUSE_NOINLINE static void opfuse_dot2_s16(const int16_t* restrict a0, const int16_t* restrict a1,
+static inline void opfuse_dot2_s16(const int16_t* restrict a0, const int16_t* restrict a1,
                                    const int16_t* restrict b, long pairs, int32_t* acc0, int32_t* acc1) {
   int32_t s0 = 0, s1 = 0;
 #if defined(__ARM_FEATURE_DSP)
@@ -102,6 +95,28 @@ static inline int32_t opfuse_dot_s16(const int16_t* restrict a, const int16_t* r
   for (long i = 0; i < 2 * pairs; ++i) s += (int32_t)a[i] * b[i];
 #endif
   return s;
+}
+"""
+
+
+# Kernels with a fused epilogue call the dot product out of line: inlined beside the epilogue's
+# live values (multiplier, shift powers, residual, zero-point correction), gcc spills in the SMLAD loop
+# (emulated M7, resnet8: 3 loads/stores more per 4 SMLADs); a bare Conv kernel keeps it inline, where
+# the call would cost more than it saves (mobilenet's 1x1 convs of 8-64 channels).
+DOT_CALL_HELPER = "opfuse_dot2_s16_call"
+DOT_CALL_C = """
+#ifndef OPFUSE_NOINLINE
+#if defined(__GNUC__)
+#define OPFUSE_NOINLINE __attribute__((noinline))
+#else
+#define OPFUSE_NOINLINE
+#endif
+#endif
+/* opfuse_dot2_s16 out of line: its loop gets registers of its own (see codegen/qconv.py). */
+OPFUSE_NOINLINE static void opfuse_dot2_s16_call(const int16_t* restrict a0, const int16_t* restrict a1,
+                                                 const int16_t* restrict b, long pairs, int32_t* acc0,
+                                                 int32_t* acc1) {
+  opfuse_dot2_s16(a0, a1, b, pairs, acc0, acc1);
 }
 """
 
@@ -264,7 +279,10 @@ def _channel_pairs(kc, ev, stage: Stage, node: Node, bias_term, dims: tuple, whe
         a0, a1 = kc.tmp("acc"), kc.tmp("acc")
         row = f"{wq} + ({mul(g, mg_p)} + {m}) * {Kp}" if G > 1 else f"{wq} + {m} * {Kp}"
         w.line(f"int32_t {a0}, {a1};")
-        w.line(f"opfuse_dot2_s16({row}, {row} + {Kp}, {col}, {Kp // 2}, &{a0}, &{a1});")
+        dot = "opfuse_dot2_s16"
+        if stage.epilogue:
+            dot = kc.program.require_helper(DOT_CALL_HELPER, DOT_CALL_C)
+        w.line(f"{dot}({row}, {row} + {Kp}, {col}, {Kp // 2}, &{a0}, &{a1});")
         for j, acc in enumerate((a0, a1)):
             mm = f"{m} + {j}" if j else m
             guard = f"if ({mm} < {mg})" if mg % CHANNELS_PER_PASS and j else None
