@@ -314,6 +314,35 @@ static inline int32_t opfuse_requantize_pc(int64_t p, int32_t shift, uint64_t ha
 """
 
 
+# Every shift known at build time and in [33, 62] (multipliers below 1/4, the usual case): the
+# rounding reads only the product's high word; with ``u = p + 2^63 = H * 2^32 + L`` and
+# ``t = shift - 32``: ``floor(u / 2^shift) = H >> t``, the remainder ``(H mod 2^t) * 2^32 + L``
+# compared with ``half = 2^(t-1) * 2^32``, and the bias ``2^(63-shift) = 2^(31-t)``: 32-bit
+# arithmetic, no 64-bit variable shift.
+REQUANTIZE_HI_HELPER = "opfuse_requantize_hi"
+REQUANTIZE_HI_MIN_SHIFT = 33
+REQUANTIZE_HI_C = """
+/* opfuse_requantize for p = acc * mult (+ res * rmult) and shift in [33, 62]: the same result, bit
+   for bit, from the high and low words of p + 2^63 (codegen/rules.py). */
+static inline int32_t opfuse_requantize_hi(int64_t p, int32_t shift, int32_t zp, int32_t lo, int32_t hi) {
+  const uint64_t u = (uint64_t)p + ((uint64_t)1 << 63);
+  const uint32_t H = (uint32_t)(u >> 32), L = (uint32_t)u;
+  const int32_t t = shift - 32;
+  const uint32_t h = (uint32_t)1 << (t - 1);
+  const uint32_t qu = H >> t, hr = H & (h + (h - 1u));
+  const int32_t up = (hr > h) | ((hr == h) & ((L != 0u) | (qu & 1u)));
+  const int32_t q = (int32_t)qu - ((int32_t)1 << (31 - t)) + up + zp;
+  return q < lo ? lo : (q > hi ? hi : q);
+}
+"""
+
+
+def _high_word_shift(ev, node) -> bool:
+    """``node``'s shift is known at build time and every element lies in [33, 62]."""
+    arr = ev.static.get(id(node.input(2)))
+    return arr is not None and arr.size > 0 and int(arr.min()) >= REQUANTIZE_HI_MIN_SHIFT and int(arr.max()) <= 62
+
+
 def _shift_powers(ev, node, idx) -> tuple[str, str] | None:
     """``(half, bias)`` C expressions for ``node``'s static per-channel shift at ``idx`` (None: a scalar
     shift, which the compiler folds anyway, or a shift not known at build time or out of range)."""
@@ -337,14 +366,18 @@ def _shift_powers(ev, node, idx) -> tuple[str, str] | None:
 def _requantize(ev, node, k, idx):
     a = _attrs(node)
     tail = f"{int(a['zero_point'])}, {int(a['lo'])}, {int(a['hi'])})"
-    powers = _shift_powers(ev, node, idx)
-    if powers is not None:
-        fn = ev.kc.program.require_helper(REQUANTIZE_PC_HELPER, REQUANTIZE_PC_C)
+    high = _high_word_shift(ev, node)
+    powers = None if high else _shift_powers(ev, node, idx)
+    if high or powers is not None:
         acc, mult, shift = (ev.operand(node, i, idx) for i in range(3))
         p = f"(int64_t){acc} * (int64_t){mult}"
         if len(node.input_values()) == 5:
             res, rmult = ev.operand(node, 3, idx), ev.operand(node, 4, idx)
             p += f" + (int64_t){res} * {rmult}"
+        if powers is None:
+            fn = ev.kc.program.require_helper(REQUANTIZE_HI_HELPER, REQUANTIZE_HI_C)
+            return f"({c_type(node.outputs[0].dtype)}){fn}({p}, {shift}, {tail}"
+        fn = ev.kc.program.require_helper(REQUANTIZE_PC_HELPER, REQUANTIZE_PC_C)
         return f"({c_type(node.outputs[0].dtype)}){fn}({p}, {shift}, {powers[0]}, {powers[1]}, {tail}"
     if len(node.input_values()) == 5:
         acc, mult, shift, res, rmult = (ev.operand(node, i, idx) for i in range(5))
