@@ -99,10 +99,11 @@ static inline int32_t opfuse_dot_s16(const int16_t* restrict a, const int16_t* r
 """
 
 
-# Kernels with a fused epilogue call the dot product out of line: inlined beside the epilogue's
-# live values (multiplier, shift powers, residual, zero-point correction), gcc spills in the SMLAD loop
-# (emulated M7, resnet8: 3 loads/stores more per 4 SMLADs); a bare Conv kernel keeps it inline, where
-# the call would cost more than it saves (mobilenet's 1x1 convs of 8-64 channels).
+# Kernels with a fused epilogue call the dot product out of line when it is long enough
+# (``CodegenOptions.int8_dot_call_min_pairs``): inlined beside the epilogue's live values (multiplier,
+# shift, residual, zero-point correction), gcc spills in the SMLAD loop (emulated M7, resnet8: 3
+# loads/stores more per 4 SMLADs); a bare Conv kernel keeps it inline, where the call would cost more
+# than it saves (mobilenet's 1x1 convs of 8-64 channels).
 DOT_CALL_HELPER = "opfuse_dot2_s16_call"
 DOT_CALL_C = """
 #ifndef OPFUSE_NOINLINE
@@ -280,7 +281,7 @@ def _channel_pairs(kc, ev, stage: Stage, node: Node, bias_term, dims: tuple, whe
         row = f"{wq} + ({mul(g, mg_p)} + {m}) * {Kp}" if G > 1 else f"{wq} + {m} * {Kp}"
         w.line(f"int32_t {a0}, {a1};")
         dot = "opfuse_dot2_s16"
-        if stage.epilogue:
+        if stage.epilogue and Kp // 2 >= kc.program.options.int8_dot_call_min_pairs:
             dot = kc.program.require_helper(DOT_CALL_HELPER, DOT_CALL_C)
         w.line(f"{dot}({row}, {row} + {Kp}, {col}, {Kp // 2}, &{a0}, &{a1});")
         for j, acc in enumerate((a0, a1)):
