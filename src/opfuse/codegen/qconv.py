@@ -13,7 +13,10 @@ The Conv of a quantized model reads ``x = int32(x_q) - x_zp`` (its dequantizing 
 2. for each output channel ``m`` of the group takes ``acc = sum_k w16[m, k] * col[k]`` over the
    weights packed at build time as int16 rows of ``Kp``, two output channels per pass so that
    each column word is loaded once for both;
-3. hands ``acc`` (plus the bias) to the fused epilogue (bias Add, ``Requantize``, residual).
+3. hands ``acc`` (plus the bias) to the fused epilogue (bias Add, ``Requantize``, residual). The
+   epilogue runs per element with the channel innermost, so nothing per channel is hoisted out of
+   it: ``Requantize`` takes its cheap forms for shifts known at build time (``codegen/rules.py``),
+   and a long dot product is called out of line beside it (``CodegenOptions.int8_dot_call_min_pairs``).
 
 The dot product (``opfuse_dot2_s16``) is plain C99 that gcc vectorises on the host
 (``vpmaddwd``); with the Arm DSP extension (``__ARM_FEATURE_DSP``: the Cortex-M7) each pair of
