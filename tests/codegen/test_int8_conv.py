@@ -136,3 +136,24 @@ def test_int8_layers_run_patched_within_a_small_arena_bit_exact():
     want = run(g, feeds)
     (name,) = want
     np.testing.assert_array_equal(got[name], want[name])
+
+
+@pytest.mark.parametrize("simd", ["none", "auto"])
+def test_long_dot_products_beside_a_fused_epilogue_are_called_out_of_line(simd):
+    """K = 8 * 3 * 3 = 72 > 2 * int8_dot_call_min_pairs (lowered here to 16): the fused kernel calls
+    opfuse_dot2_s16_call, bit-exactly; the same conv unfused (no epilogue beside it) and a fused 1x1 conv
+    of 8 channels (4 pairs) keep the dot product inline."""
+    opts = CodegenOptions(simd=simd, int8_dot_call_min_pairs=16)
+    g = qconv_graph(cin=8, cout=6)
+    comp = plan_model(g)
+    program = generate(comp.plan.graph, comp.plan, options=opts)
+    assert "opfuse_dot2_s16_call(" in program.source
+    feeds = _feeds(g)
+    got = build(comp.plan.graph, comp.plan, options=opts).run(feeds)
+    want = run(g, feeds)
+    (name,) = want
+    np.testing.assert_array_equal(got[name], want[name])
+    unfused = plan_model(g, CompileOptions(fuse=False))
+    assert "opfuse_dot2_s16_call" not in generate(unfused.plan.graph, unfused.plan, options=opts).source
+    short = plan_model(qconv_graph(cin=8, cout=6, k=1, pad=0))
+    assert "opfuse_dot2_s16_call" not in generate(short.plan.graph, short.plan, options=opts).source

@@ -171,3 +171,69 @@ def test_residual_exported_as_int64_onnx_runs_in_onnxruntime_exactly():
     (theirs,) = sess.run(None, feeds)
     (ours,) = run(g, feeds).values()
     np.testing.assert_array_equal(theirs, ours)
+
+
+def _per_channel_ties_graph(shifts):
+    """m = 1/2 in every channel (multiplier 2^(s-1) at shift s): odd accumulators are ties."""
+    b = GraphBuilder("ties_pc")
+    acc = b.input("acc", (1, len(shifts), 8), "int32")
+    s = np.array(shifts, np.int32).reshape(1, -1, 1)
+    m = np.array([1 << 30] * len(shifts), np.int32).reshape(1, -1, 1)
+    shift = b.const("s", s)
+    y = b.op("Requantize", acc, b.const("m", m), shift, zero_point=0, lo=-128, hi=127, to=TensorProto.INT8)
+    return b.build(y)
+
+
+@pytest.mark.parametrize("simd", ["auto", "none"])
+def test_per_channel_shift_takes_precomputed_powers_bit_exactly(simd):
+    """A static per-channel shift: the C uses ``opfuse_requantize_pc`` (its powers of two from the
+    weights) and equals the reference, ties and the extreme shifts 31 and 62 included."""
+    from opfuse.codegen.program import generate
+    g = _per_channel_ties_graph([31, 62, 40])
+    assert "opfuse_requantize_pc(" in generate(g).source
+    x = np.array([1, 3, 5, -1, -3, -5, 2 ** 31 - 1, -2 ** 31], np.int32)
+    feeds = {"acc": np.stack([x, x, x])[None]}
+    want = next(iter(run(g, feeds).values()))
+    np.testing.assert_array_equal(want[0, 0], [0, 2, 2, 0, -2, -2, 127, -128])
+    got = next(iter(build(g, options=CodegenOptions(simd=simd)).run(feeds).values()))
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_scalar_shift_below_33_keeps_the_plain_helper():
+    """Refused for both faster forms: a scalar shift (the C compiler folds its powers) under 33 (the
+    high word alone cannot round it)."""
+    from opfuse.codegen.program import generate
+    b = GraphBuilder("rq")
+    acc = b.input("acc", (4,), "int32")
+    g = b.build(b.op("Requantize", acc, b.const("m", np.int32(1 << 30)), b.const("s", np.int32(32)),
+                     zero_point=0, lo=-128, hi=127, to=TensorProto.INT8))
+    src = generate(g).source
+    assert "opfuse_requantize(" in src and "opfuse_requantize_pc(" not in src and "opfuse_requantize_hi(" not in src
+
+
+@pytest.mark.parametrize("simd", ["auto", "none"])
+@pytest.mark.parametrize("shifts", [[33], [33, 62, 40], [47, 34]])
+def test_shifts_from_33_round_on_the_high_word_bit_exactly(shifts, simd):
+    """Every shift in [33, 62]: ``opfuse_requantize_hi`` (32-bit arithmetic), equal to exact rounding
+    half to even: ties (m = 2^30 / 2^s), values just off a tie (low word nonzero), the int32 extremes."""
+    from opfuse.codegen.program import generate
+    g = _per_channel_ties_graph(shifts) if len(shifts) > 1 else None
+    if g is None:
+        b = GraphBuilder("hi")
+        acc = b.input("acc", (1, 1, 8), "int32")
+        g = b.build(b.op("Requantize", acc, b.const("m", np.int32(1 << 30)), b.const("s", np.int32(shifts[0])),
+                         zero_point=-3, lo=-128, hi=127, to=TensorProto.INT8))
+    src = generate(g).source
+    assert "opfuse_requantize_hi(" in src and "opfuse_requantize_pc(" not in src
+    rows = []
+    for s in shifts:
+        tie = 1 << (s - 31)  # acc * 2^30 / 2^s = acc / 2^(s-30): a tie at odd multiples of 2^(s-31)
+        rows.append([tie, 3 * tie, -tie, -3 * tie, tie + 1, 3 * tie - 1, 2 ** 31 - 1, -2 ** 31])
+    x = np.array(rows, np.int64).clip(-2 ** 31, 2 ** 31 - 1).astype(np.int32)[None]
+    want = next(iter(run(g, {"acc": x}).values()))
+    zp = -3 if len(shifts) == 1 else 0
+    for c, s in enumerate(shifts):
+        exact = [_exact(int(a), 1 << 30, s, zp, -128, 127) for a in x[0, c]]
+        assert list(want[0, c]) == exact
+    got = next(iter(build(g, options=CodegenOptions(simd=simd)).run({"acc": x}).values()))
+    np.testing.assert_array_equal(got, want)

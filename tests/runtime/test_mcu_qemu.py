@@ -170,7 +170,10 @@ def test_int8_resnet8_on_the_m7_int8_between_kernels_exact(tmp_path):
     record = comp.report["int8"]
     assert record["tensors_between_kernels"]["other"] <= 1  # the flattened pool output's dequantization aside
     program = mcu.generate_mcu(comp.graph, comp.plan, comp.memory)
-    assert "__smlad" in program.source and "opfuse_requantize_residual" in program.source
+    # per-channel shifts: opfuse_requantize_hi (all shifts >= 33) or _pc, the residual's product in its argument
+    assert "__smlad" in program.source
+    assert "opfuse_requantize_hi(" in program.source or "opfuse_requantize_pc(" in program.source
+    assert "_residual_multiplier[" in program.source
     feeds = reference.random_inputs(comp.graph, 4)
     got = mcu.run_on_qemu(program, feeds, tmp_path).outputs
     want = reference.run(comp.graph, feeds)

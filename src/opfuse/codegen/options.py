@@ -57,6 +57,12 @@ class CodegenOptions:
     gemm_scalar_accumulators: bool = False
     # Keys tiles of the attention kernel's online softmax.
     attention_block: int = 64
+    # Integer conv (``codegen/qconv.py``) with a fused epilogue: its dot products over at least this
+    # many int16 pairs are called out of line (their SMLAD loop then does not spill beside the
+    # epilogue's live values); shorter ones stay inline, where the call would cost more. Measured on
+    # the emulated M7 (instructions, fused int8 zoo models): 8 or 16 slows mobilenet's 1x1 convs of
+    # 16-64 channels, 33 (K > 64: resnet8's 3x3x16 convs out of line) is the best of 8/16/32/33/65.
+    int8_dot_call_min_pairs: int = 33
     # Recurrent layers (``codegen/recurrent.py``) project the input one block of this many time
     # steps at a time: the block's gate pre-activations (steps x batch x gates x hidden floats)
     # stay in cache until the time loop reads them, and a long sequence needs no T-sized scratch.

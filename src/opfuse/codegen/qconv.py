@@ -13,7 +13,10 @@ The Conv of a quantized model reads ``x = int32(x_q) - x_zp`` (its dequantizing 
 2. for each output channel ``m`` of the group takes ``acc = sum_k w16[m, k] * col[k]`` over the
    weights packed at build time as int16 rows of ``Kp``, two output channels per pass so that
    each column word is loaded once for both;
-3. hands ``acc`` (plus the bias) to the fused epilogue (bias Add, ``Requantize``, residual).
+3. hands ``acc`` (plus the bias) to the fused epilogue (bias Add, ``Requantize``, residual). The
+   epilogue runs per element with the channel innermost, so nothing per channel is hoisted out of
+   it: ``Requantize`` takes its cheap forms for shifts known at build time (``codegen/rules.py``),
+   and a long dot product is called out of line beside it (``CodegenOptions.int8_dot_call_min_pairs``).
 
 The dot product (``opfuse_dot2_s16``) is plain C99 that gcc vectorises on the host
 (``vpmaddwd``); with the Arm DSP extension (``__ARM_FEATURE_DSP``: the Cortex-M7) each pair of
@@ -95,6 +98,29 @@ static inline int32_t opfuse_dot_s16(const int16_t* restrict a, const int16_t* r
   for (long i = 0; i < 2 * pairs; ++i) s += (int32_t)a[i] * b[i];
 #endif
   return s;
+}
+"""
+
+
+# Kernels with a fused epilogue call the dot product out of line when it is long enough
+# (``CodegenOptions.int8_dot_call_min_pairs``): inlined beside the epilogue's live values (multiplier,
+# shift, residual, zero-point correction), gcc spills in the SMLAD loop (emulated M7, resnet8: 3
+# loads/stores more per 4 SMLADs); a bare Conv kernel keeps it inline, where the call would cost more
+# than it saves (mobilenet's 1x1 convs of 8-64 channels).
+DOT_CALL_HELPER = "opfuse_dot2_s16_call"
+DOT_CALL_C = """
+#ifndef OPFUSE_NOINLINE
+#if defined(__GNUC__)
+#define OPFUSE_NOINLINE __attribute__((noinline))
+#else
+#define OPFUSE_NOINLINE
+#endif
+#endif
+/* opfuse_dot2_s16 out of line: its loop gets registers of its own (see codegen/qconv.py). */
+OPFUSE_NOINLINE static void opfuse_dot2_s16_call(const int16_t* restrict a0, const int16_t* restrict a1,
+                                                 const int16_t* restrict b, long pairs, int32_t* acc0,
+                                                 int32_t* acc1) {
+  opfuse_dot2_s16(a0, a1, b, pairs, acc0, acc1);
 }
 """
 
@@ -257,7 +283,10 @@ def _channel_pairs(kc, ev, stage: Stage, node: Node, bias_term, dims: tuple, whe
         a0, a1 = kc.tmp("acc"), kc.tmp("acc")
         row = f"{wq} + ({mul(g, mg_p)} + {m}) * {Kp}" if G > 1 else f"{wq} + {m} * {Kp}"
         w.line(f"int32_t {a0}, {a1};")
-        w.line(f"opfuse_dot2_s16({row}, {row} + {Kp}, {col}, {Kp // 2}, &{a0}, &{a1});")
+        dot = "opfuse_dot2_s16"
+        if stage.epilogue and Kp // 2 >= kc.program.options.int8_dot_call_min_pairs:
+            dot = kc.program.require_helper(DOT_CALL_HELPER, DOT_CALL_C)
+        w.line(f"{dot}({row}, {row} + {Kp}, {col}, {Kp // 2}, &{a0}, &{a1});")
         for j, acc in enumerate((a0, a1)):
             mm = f"{m} + {j}" if j else m
             guard = f"if ({mm} < {mg})" if mg % CHANNELS_PER_PASS and j else None

@@ -298,10 +298,90 @@ static inline int32_t opfuse_requantize_residual(int32_t acc, int32_t mult, int3
 """
 
 
+# Per-channel shifts known at build time: the shift's powers of two come in precomputed
+# (``half = 2^(shift-1)``, ``bias = 2^(63-shift)``), so that an element pays one variable 64-bit
+# shift instead of four. A loop over elements of one channel hoists those powers itself (the
+# unfused Requantize kernel); a fused conv epilogue walks the channels innermost and cannot.
+REQUANTIZE_PC_HELPER = "opfuse_requantize_pc"
+REQUANTIZE_PC_C = """
+/* opfuse_requantize with half = 2^(shift - 1) and bias = 2^(63 - shift) given (constant per channel):
+   the same arithmetic, bit for bit. */
+static inline int32_t opfuse_requantize_pc(int64_t p, int32_t shift, uint64_t half, uint64_t bias, int32_t zp,
+                                           int32_t lo, int32_t hi) {
+  const uint64_t u = (uint64_t)p + ((uint64_t)1 << 63);
+  const uint64_t r = u & (half + (half - 1u));
+  const uint64_t qu = u >> shift;
+  const int64_t q = (int64_t)(qu - bias) + (int64_t)((r > half) | ((r == half) & (qu & 1u))) + zp;
+  return (int32_t)(q < lo ? lo : (q > hi ? hi : q));
+}
+"""
+
+
+# Every shift known at build time and in [33, 62] (multipliers below 1/4, the usual case): the
+# rounding reads only the product's high word; with ``u = p + 2^63 = H * 2^32 + L`` and
+# ``t = shift - 32``: ``floor(u / 2^shift) = H >> t``, the remainder ``(H mod 2^t) * 2^32 + L``
+# compared with ``half = 2^(t-1) * 2^32``, and the bias ``2^(63-shift) = 2^(31-t)``: 32-bit
+# arithmetic, no 64-bit variable shift.
+REQUANTIZE_HI_HELPER = "opfuse_requantize_hi"
+REQUANTIZE_HI_MIN_SHIFT = 33
+REQUANTIZE_HI_C = """
+/* opfuse_requantize for p = acc * mult (+ res * rmult) and shift in [33, 62]: the same result, bit
+   for bit, from the high and low words of p + 2^63 (codegen/rules.py). */
+static inline int32_t opfuse_requantize_hi(int64_t p, int32_t shift, int32_t zp, int32_t lo, int32_t hi) {
+  const uint64_t u = (uint64_t)p + ((uint64_t)1 << 63);
+  const uint32_t H = (uint32_t)(u >> 32), L = (uint32_t)u;
+  const int32_t t = shift - 32;
+  const uint32_t h = (uint32_t)1 << (t - 1);
+  const uint32_t qu = H >> t, hr = H & (h + (h - 1u));
+  const int32_t up = (hr > h) | ((hr == h) & ((L != 0u) | (qu & 1u)));
+  const int32_t q = (int32_t)qu - ((int32_t)1 << (31 - t)) + up + zp;
+  return q < lo ? lo : (q > hi ? hi : q);
+}
+"""
+
+
+def _high_word_shift(ev, node) -> bool:
+    """``node``'s shift is known at build time and every element lies in [33, 62]."""
+    arr = ev.static.get(id(node.input(2)))
+    return arr is not None and arr.size > 0 and int(arr.min()) >= REQUANTIZE_HI_MIN_SHIFT and int(arr.max()) <= 62
+
+
+def _shift_powers(ev, node, idx) -> tuple[str, str] | None:
+    """``(half, bias)`` C expressions for ``node``'s static per-channel shift at ``idx`` (None: a scalar
+    shift, which the compiler folds anyway, or a shift not known at build time or out of range)."""
+    shift = node.input(2)
+    arr = ev.static.get(id(shift))
+    if arr is None or arr.size == 1:
+        return None
+    s = arr.astype(np.int64)
+    if s.min() < 1 or s.max() > 62:  # the reference refuses it; keep the plain helper's behaviour
+        return None
+    one = np.uint64(1)
+    halves = np.left_shift(one, (s - 1).astype(np.uint64))
+    biases = np.left_shift(one, (63 - s).astype(np.uint64))
+    off = idx.broadcast_to(shift.shape).offset()
+    hp = ev.kc.const_array(("requantize_half", node.name), halves, f"{shift.name}_half", np.uint64)
+    bp = ev.kc.const_array(("requantize_bias", node.name), biases, f"{shift.name}_bias", np.uint64)
+    return f"{hp}[{off}]", f"{bp}[{off}]"
+
+
 @_register("Requantize")
 def _requantize(ev, node, k, idx):
     a = _attrs(node)
     tail = f"{int(a['zero_point'])}, {int(a['lo'])}, {int(a['hi'])})"
+    high = _high_word_shift(ev, node)
+    powers = None if high else _shift_powers(ev, node, idx)
+    if high or powers is not None:
+        acc, mult, shift = (ev.operand(node, i, idx) for i in range(3))
+        p = f"(int64_t){acc} * (int64_t){mult}"
+        if len(node.input_values()) == 5:
+            res, rmult = ev.operand(node, 3, idx), ev.operand(node, 4, idx)
+            p += f" + (int64_t){res} * {rmult}"
+        if powers is None:
+            fn = ev.kc.program.require_helper(REQUANTIZE_HI_HELPER, REQUANTIZE_HI_C)
+            return f"({c_type(node.outputs[0].dtype)}){fn}({p}, {shift}, {tail}"
+        fn = ev.kc.program.require_helper(REQUANTIZE_PC_HELPER, REQUANTIZE_PC_C)
+        return f"({c_type(node.outputs[0].dtype)}){fn}({p}, {shift}, {powers[0]}, {powers[1]}, {tail}"
     if len(node.input_values()) == 5:
         acc, mult, shift, res, rmult = (ev.operand(node, i, idx) for i in range(5))
         fn = ev.kc.program.require_helper(REQUANTIZE_RESIDUAL_HELPER, REQUANTIZE_RESIDUAL_C)
