@@ -169,6 +169,65 @@ def test_gather_negative_indices_in_range_stay_valid(plan, cache_dir):
     _same(got, reference.run(g, feeds))
 
 
+# Other run-time indices ------------------------------------------------------------------------
+
+def _indexed_case(op: str):
+    """A graph whose ``op`` takes run-time indices (then Neg, a fusable consumer), the good feeds,
+    and the name of the index input with a bad value for it."""
+    b = GraphBuilder(op.lower())
+    f = np.float32
+    if op == "GatherElements":
+        y = b.op(op, b.input("x", (3, 4), f), b.input("i", (3, 2), I64), axis=1, name="the_op")
+        feeds = {"x": np.arange(12, dtype=f).reshape(3, 4), "i": np.array([[0, 3], [-4, 1], [2, 2]], I64)}
+        bad = ("i", (1, 1), 4)
+    elif op == "GatherND":
+        y = b.op(op, b.input("x", (3, 4), f), b.input("i", (2, 2), I64), name="the_op")
+        feeds = {"x": np.arange(12, dtype=f).reshape(3, 4), "i": np.array([[0, 3], [-1, -4]], I64)}
+        bad = ("i", (0, 1), 5)
+    elif op == "ScatterElements":
+        y = b.op(op, b.input("x", (3, 4), f), b.input("i", (1, 2), I64), b.input("u", (1, 2), f), axis=1,
+                 name="the_op")
+        feeds = {"x": np.zeros((3, 4), f), "i": np.array([[1, -1]], I64), "u": np.ones((1, 2), f)}
+        bad = ("i", (0, 0), -5)
+    elif op == "ScatterND":
+        y = b.op(op, b.input("x", (4, 3), f), b.input("i", (2, 1), I64), b.input("u", (2, 3), f), name="the_op")
+        feeds = {"x": np.zeros((4, 3), f), "i": np.array([[1], [-1]], I64), "u": np.ones((2, 3), f)}
+        bad = ("i", (1, 0), 4)
+    elif op == "MaxUnpool":
+        y = b.op(op, b.input("x", (1, 1, 2, 2), f), b.input("i", (1, 1, 2, 2), I64), kernel_shape=[2, 2],
+                 strides=[2, 2], name="the_op")
+        feeds = {"x": np.ones((1, 1, 2, 2), f), "i": np.array([0, 3, 9, 15], I64).reshape(1, 1, 2, 2)}
+        bad = ("i", (0, 0, 1, 1), 16)
+    else:  # RoiAlign
+        y = b.op(op, b.input("x", (2, 1, 4, 4), f), b.input("r", (1, 4), f), b.input("i", (1,), I64),
+                 output_height=1, output_width=1, name="the_op")
+        feeds = {"x": np.arange(32, dtype=f).reshape(2, 1, 4, 4), "r": np.array([[0, 0, 3, 3]], f),
+                 "i": np.array([1], I64)}
+        bad = ("i", (0,), 2)
+    return b.build(b.op("Neg", y)), feeds, bad
+
+
+@pytest.mark.parametrize("op", ["GatherElements", "GatherND", "ScatterElements", "ScatterND", "MaxUnpool",
+                                "RoiAlign"])
+def test_run_time_indices_out_of_range_are_an_input_error(op, cache_dir):
+    """As Gather: the C kernels clamp a bad index (nothing outside a tensor is touched) and fail
+    the run with an InputError naming the node, as the reference does; good indices (negative
+    ones counting from the end where the op allows them) give the reference's values."""
+    g, feeds, (name, where, value) = _indexed_case(op)
+    from opfuse.compiler import CompileOptions, plan_model
+    comp = plan_model(g, CompileOptions())
+    models = [build(g, None, cache_dir=cache_dir), build(comp.graph, comp.plan, cache_dir=cache_dir)]
+    for model in models:
+        _same(model.run(feeds), reference.run(g, feeds))
+    feeds[name] = feeds[name].copy()
+    feeds[name][where] = value
+    with pytest.raises(InputError, match="the_op"):
+        reference.run(g, feeds)
+    for model in models:
+        with pytest.raises(InputError, match=f"node 'the_op' \\({op}\\): indices out of range"):
+            model.run(feeds)
+
+
 # NaN and infinities ----------------------------------------------------------------------------
 
 def _specials(shape, seed=0):

@@ -150,16 +150,20 @@ def test_fused_through_the_compiler(cache_dir):
     assert ("gs", "relu") in groups and ("add", "col2im") in groups
 
 
-def test_max_unpool_clamps_a_bad_index_instead_of_writing_outside(cache_dir):
+def test_max_unpool_bad_index_fails_the_run_without_writing_outside(cache_dir):
     b = GraphBuilder("unpool_bad")
     x = b.input("x", (1, 1, 2, 2))
     i = b.input("i", (1, 1, 2, 2), I64)
     g = b.build(b.op("MaxUnpool", x, i, kernel_shape=[2, 2], strides=[2, 2], name="unpool"))
     from opfuse.runtime.native import build
     model = build(g, None, cache_dir=cache_dir)
-    out = model.run({"x": np.ones((1, 1, 2, 2), F32), "i": np.array([0, 99, -5, 3], I64).reshape(1, 1, 2, 2)})
-    y = out[g.outputs[0].name]
-    assert y.shape == (1, 1, 4, 4) and y.reshape(-1)[[0, 3, 15]].tolist() == [1, 1, 1]
+    from opfuse.errors import InputError
+    with pytest.raises(InputError, match="node 'unpool' \\(MaxUnpool\\): indices out of range \\[0, 15\\]"):
+        model.run({"x": np.ones((1, 1, 2, 2), F32), "i": np.array([0, 99, -5, 3], I64).reshape(1, 1, 2, 2)})
+    # the kernel clamped the bad indices meanwhile (nothing outside the output was written), and the
+    # model still runs on good ones
+    out = model.run({"x": np.ones((1, 1, 2, 2), F32), "i": np.array([0, 15, 5, 3], I64).reshape(1, 1, 2, 2)})
+    assert out[g.outputs[0].name].reshape(-1)[[0, 3, 5, 15]].tolist() == [1, 1, 1, 1]
 
 
 def test_fusion_legality_of_the_sampling_ops():

@@ -73,6 +73,19 @@ def check_of(node: Node) -> Check | None:
     return None
 
 
+def index_range_message(node: Node, lo: int, hi: int) -> str:
+    """The error for a run-time index outside ``[lo, hi]`` (GatherElements, GatherND, ScatterND,
+    ScatterElements, MaxUnpool, RoiAlign's batch index): the reference raises it too."""
+    return f"node '{node.name}' ({node.op_type}): indices out of range [{lo}, {hi}]"
+
+
+def index_fault(kc, node: Node, raw: str, lo: int, hi: int) -> None:
+    """Set ``node``'s fault flag when the run-time index ``raw`` lies outside ``[lo, hi]``: the
+    kernel computes on with a clamped index (nothing outside a tensor is touched) and
+    ``opfuse_run`` returns the fault, which the runtime raises as ``InputError``."""
+    kc.w.line(f"{kc.fault(node, index_range_message(node, lo, hi))} |= ({raw} < {lo} || {raw} > {hi});")
+
+
 def check_here(ev, node: Node, *xs: str) -> None:
     """Check ``node``'s operand elements ``xs`` where they are computed, unless checked whole before."""
     if id(node) in ev.kc.checked:

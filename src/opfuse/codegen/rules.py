@@ -868,9 +868,12 @@ def _space_to_depth(ev, node, k, idx):
     return ev.at(x, Index(tuple(x.shape), (n, c, add(mul(h, b), bh), add(mul(w, b), bw))))
 
 
-def _clamped_index(ev, raw: str, dim: int) -> str:
+def _clamped_index(ev, raw: str, dim: int, node=None) -> str:
     """A run-time index, negative counting from the end, clamped into [0, dim): a bad index must
-    never read outside the tensor (the reference refuses it)."""
+    never read outside the tensor. With ``node``, an index outside [-dim, dim) also sets the node's
+    fault flag, so the run fails as the reference does (``checks.index_fault``)."""
+    if node is not None:
+        checks.index_fault(ev.kc, node, raw, -dim, dim - 1)
     g0 = let(ev, np.int64, f"(int64_t)({raw} < 0 ? {raw} + {dim} : {raw})")
     return let(ev, np.int64, f"({g0} < 0 ? 0 : ({g0} >= {dim} ? {dim - 1} : {g0}))")
 
@@ -880,7 +883,7 @@ def _gather_elements(ev, node, k, idx):
     data, ind = node.input(0), node.input(1)
     axis = _attrs(node)["axis"]
     axis = axis + len(data.shape) if axis < 0 else axis
-    g = _clamped_index(ev, ev.at(ind, idx), data.shape[axis])
+    g = _clamped_index(ev, ev.at(ind, idx), data.shape[axis], node)
     dims = idx.dims[:axis] + (g,) + idx.dims[axis + 1:]
     return ev.at(data, Index(tuple(data.shape), dims))
 
@@ -892,7 +895,7 @@ def _gather_nd(ev, node, k, idx):
     b, depth = gathernd_geometry(node, _attrs(node))
     r = len(ind.shape) - 1  # output axes that walk the index tuples
     tuple_at = idx.dims[:r]
-    picks = [_clamped_index(ev, ev.at(ind, Index(tuple(ind.shape), tuple_at + (str(j),))), data.shape[b + j])
+    picks = [_clamped_index(ev, ev.at(ind, Index(tuple(ind.shape), tuple_at + (str(j),))), data.shape[b + j], node)
              for j in range(depth)]
     dims = tuple(idx.dims[:b]) + tuple(picks) + tuple(idx.dims[r:])
     return ev.at(data, Index(tuple(data.shape), dims))

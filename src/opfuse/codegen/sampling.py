@@ -10,15 +10,16 @@ element. Arithmetic follows the reference
 (``opfuse.ops.sampling``): coordinates in the element type the reference computes them in
 (the grid's for GridSample, the boxes' for RoiAlign), interpolation weights and sums in double,
 a window's taps summed in one loop (the reference nests the axes: the same sum up to double
-rounding). Out-of-range reads are never made: an index is clamped, mirrored or its tap skipped (a
-bad MaxUnpool index or RoiAlign batch index is clamped into range, where the reference refuses
-it).
+rounding). Out-of-range reads are never made: an index is clamped, mirrored or its tap skipped. A
+bad MaxUnpool index or RoiAlign batch index is clamped too, and sets the node's fault flag: the run
+fails with an ``InputError``, as the reference refuses it (``checks.index_fault``).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 
+from opfuse.codegen import checks
 from opfuse.codegen.ctype import c_type, literal, lowest, math_fn
 from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.index import Index, add, contiguous_strides, delinearize, mul
@@ -327,6 +328,7 @@ def lower_roi_align(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
         b = kc.tmp("b")
         bv = ev.at(bidx, Index(tuple(bidx.shape), (r,)))
         w.line(f"long {b} = (long){bv};")
+        checks.index_fault(kc, node, b, 0, N - 1)
         w.line(f"{b} = {b} < 0 ? 0 : ({b} >= {N} ? {N - 1} : {b});")
         box = [ev.at(rois, Index(tuple(rois.shape), (r, str(j)))) for j in range(4)]
         x0, y0, x1, y1, rw, rh = (kc.tmp(s) for s in ("rx0", "ry0", "rx1", "ry1", "rw", "rh"))
@@ -415,6 +417,7 @@ def lower_max_unpool(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
         where = Index.linear(x.shape, i)
         g = kc.tmp("g")
         kc.w.line(f"long {g} = (long){ev.at(ind, where)};")
+        checks.index_fault(kc, node, g, 0, total - 1)
         kc.w.line(f"{g} = {g} < 0 ? 0 : ({g} >= {total} ? {total - 1} : {g});")
         dims = delinearize(g, inferred)
         off = add(*(mul(dd, s) for dd, s in zip(dims, contiguous_strides(oshape), strict=True)))

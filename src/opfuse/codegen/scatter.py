@@ -3,13 +3,14 @@
 Two loop nests in one kernel: the copy (``out = data``, through the data's prologue, in
 parallel) and the scatter, one update at a time in index order (so duplicates combine in the
 reference's order and ``reduction="none"`` keeps the last). Indices are resolved (negative
-from the end) and clamped into range: a bad index never writes outside the output (the
-reference refuses it).
+from the end) and clamped into range: a bad index never writes outside the output, and it sets the
+node's fault flag, so the run fails with the reference's error (``checks.index_fault``).
 """
 from __future__ import annotations
 
 import math
 
+from opfuse.codegen import checks
 from opfuse.codegen.index import Index, contiguous_strides, delinearize
 from opfuse.codegen.loops import emit_loop_nest, store
 from opfuse.codegen.stages import GroupAnalysis, Stage
@@ -19,9 +20,10 @@ COMBINE = {"none": "{u}", "add": "{o} + {u}", "mul": "{o} * {u}",
            "max": "({u} > {o} ? {u} : {o})", "min": "({u} < {o} ? {u} : {o})"}
 
 
-def _resolved(kc, raw: str, dim: int) -> str:
+def _resolved(kc, node, raw: str, dim: int) -> str:
     g = kc.tmp("g")
     kc.w.line(f"long {g} = (long)({raw});")
+    checks.index_fault(kc, node, g, -dim, dim - 1)
     kc.w.line(f"{g} = {g} < 0 ? {g} + {dim} : {g};")
     kc.w.line(f"{g} = {g} < 0 ? 0 : ({g} >= {dim} ? {dim - 1} : {g});")
     return g
@@ -42,7 +44,7 @@ def lower_scatter(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
         count = math.prod(ind.shape)
         with kc.w.block(f"for (long {i} = 0; {i} < {count}; ++{i})"), ev.scope():
             where = Index.linear(ind.shape, i) if ind.shape else Index((), ())
-            g = _resolved(kc, ev.at(ind, where), out.shape[axis])
+            g = _resolved(kc, node, ev.at(ind, where), out.shape[axis])
             dims = list(where.dims)
             dims[axis] = g
             _write(kc, dst, strides, dims, combine, ev.at(upd, where))
@@ -52,7 +54,7 @@ def lower_scatter(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
         rest = out.shape[k:]
         with kc.w.block(f"for (long {i} = 0; {i} < {tuples}; ++{i})"), ev.scope():
             lead = delinearize(i, ind.shape[:-1]) if ind.shape[:-1] else []
-            picks = [_resolved(kc, ev.at(ind, Index(tuple(ind.shape), tuple(lead) + (str(j),))), out.shape[j])
+            picks = [_resolved(kc, node, ev.at(ind, Index(tuple(ind.shape), tuple(lead) + (str(j),))), out.shape[j])
                      for j in range(k)]
             r = kc.tmp("r")
             with kc.w.block(f"for (long {r} = 0; {r} < {math.prod(rest)}; ++{r})"), ev.scope():
