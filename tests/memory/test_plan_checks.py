@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from cg_support import group_by_names
 from opfuse.ir.plan import FusionPlan
 from opfuse.memory import plan_memory
 from opfuse.memory.plan import Alias, Location, MemoryPlan
@@ -153,3 +154,65 @@ def test_a_view_of_a_graph_input_or_output_lies_in_the_callers_buffer():
     assert mem.location(ry) == Location("output", 0, 0)
     assert {(a.value, a.base, a.offset, a.kind) for a in mem.aliases} == {("rx", "x", 0, "view"),
                                                                           ("ry", "relu", 0, "view")}
+
+
+def _concat_offsets(shapes, axis):
+    """Byte offsets, from the Concat output's, of its inputs' bytes (aliased Concat group)."""
+    b = GraphBuilder("cat")
+    parts = [b.op(op, b.input(f"x{i}", s), name=f"p{i}")
+             for i, (op, s) in enumerate(zip(["Relu", "Neg", "Sigmoid"], shapes, strict=False))]
+    g = b.build(b.op("Tanh", b.op("Concat", *parts, axis=axis, name="cat"), name="out"))
+    mem = plan_memory(group_by_names(g, [("concat", ["cat"])]))
+    base = mem.location(g.values["cat"]).offset
+    return [mem.location(p).offset - base for p in parts], mem.report()["concat_aliases"]
+
+
+def test_concat_inputs_lie_at_their_slices_on_any_axis():
+    # Along axis 0 every slice is contiguous: 1, 2 and 4 rows of 3 floats.
+    assert _concat_offsets([(1, 3), (2, 3), (4, 3)], 0) == ([0, 12, 36], 3)
+    # The last axis, counted from the end, after unit axes: 3 then 5 floats.
+    assert _concat_offsets([(1, 3), (1, 5)], -1) == ([0, 12], 2)
+
+
+def _split_offsets(shape, split, **axis):
+    b = GraphBuilder("split")
+    x = b.op("Relu", b.input("x", shape), name="relu")
+    parts = b.op("Split", x, split=split, num_outputs=len(split), name="split", **axis)
+    g = b.build(*[b.op("Neg", p, name=f"n{i}") for i, p in enumerate(parts)])
+    mem = plan_memory(FusionPlan.unfused(g))
+    return [mem.location(p).offset - mem.location(x).offset for p in parts]
+
+
+def test_split_outputs_are_views_at_their_slices():
+    assert _split_offsets((6, 2), [1, 2, 3]) == [0, 8, 24]  # no axis attribute: axis 0
+    assert _split_offsets((1, 6), [2, 4], axis=-1) == [0, 8]
+
+
+def test_concat_aliasing_skips_what_cannot_move_and_keeps_the_rest(tmp_path):
+    """x is the caller's, a is also a graph output (it stays in the caller's buffer) and d is read
+    twice (one value cannot lie at two slices): only c is written into its slice; the C code
+    copies the others and matches the reference."""
+    from opfuse.runtime.native import build
+    from opfuse.runtime.reference import random_inputs, run
+
+    b = GraphBuilder("cat_skip")
+    x = b.input("x", (1, 2))
+    a = b.op("Relu", b.input("x1", (1, 2)), name="a")
+    c = b.op("Neg", b.input("x2", (1, 2)), name="c")
+    d = b.op("Sigmoid", b.input("x3", (1, 2)), name="d")
+    k = b.op("Add", b.const("k1", np.ones((1, 2), np.float32)), b.const("k2", np.float32(2)), name="k")
+    g = b.build(b.op("Tanh", b.op("Concat", x, a, c, d, d, k, axis=1, name="cat"), name="out"), a)
+    by = {n.name: n for n in g.nodes}
+    plan = group_by_names(g, [("concat", ["k", "cat"])])  # a static node in the group changes nothing
+    for kind, attrs in (("concat", {}), ("single", {"alias_inputs": ["c"]})):  # kind or attribute
+        for grp in plan.groups:
+            if by["cat"] in grp.nodes:
+                grp.kind, grp.attrs = kind, attrs
+        mem = plan_memory(plan)
+        assert {(al.value, al.offset - mem.location(g.values["cat"]).offset) for al in mem.aliases
+                if al.kind == "concat"} == {("c", 16)}
+        assert mem.location(a).region == "output"
+        feeds = random_inputs(g, 0)
+        got, want = build(g, plan, memory=mem, cache_dir=tmp_path).run(feeds), run(g, feeds)
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-6)
