@@ -34,6 +34,9 @@ def _case(name):
         p = b.op("Tanh", b.input("p0", SHAPE), name="p")
         conv = b.op("Conv", b.op("Relu", p, name="rp"), _w(b), name="conv")
         return b.build(b.op("Add", conv, r, name="add")), ["rp", "conv", "add"], [("r", "add")]
+    if name == "operand read by an earlier kernel too":  # r also feeds the Conv, through a kernel before
+        conv = b.op("Conv", b.op("Neg", r, name="u"), _w(b), name="conv")
+        return b.build(b.op("Add", conv, r, name="add")), ["conv", "add"], [("r", "add")]
     if name == "graph input":  # a pointwise kernel over the caller's x and r
         return b.build(b.op("Add", x, r, name="add")), ["add"], [("r", "add")]
     if name == "two anchors":
@@ -55,7 +58,8 @@ def _case(name):
     raise AssertionError(name)
 
 
-@pytest.mark.parametrize("name", ["epilogue operand", "anchor output leaves too", "prologue operand", "graph input",
+@pytest.mark.parametrize("name", ["epilogue operand", "anchor output leaves too", "prologue operand",
+                                  "operand read by an earlier kernel too", "graph input",
                                   "two anchors", "data movement", "other element size", "one output per input",
                                   "outputs of two shapes"])
 def test_inplace_pairs_follow_the_documented_rule(name):
