@@ -216,3 +216,12 @@ def test_concat_aliasing_skips_what_cannot_move_and_keeps_the_rest(tmp_path):
         got, want = build(g, plan, memory=mem, cache_dir=tmp_path).run(feeds), run(g, feeds)
         for name in want:
             np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-6)
+
+
+def test_a_node_of_constants_with_an_omitted_optional_input_is_folded():
+    b = GraphBuilder("clip")
+    x = b.input("x", (3,))
+    c = b.op("Clip", b.const("c", np.array([-2.0, 0.5, 7.0], np.float32)), None, b.const("hi", np.float32(1.0)),
+             name="clip")
+    g = b.build(b.op("Add", x, c, name="add"))
+    np.testing.assert_array_equal(static_values(g)[id(g.values["clip"])], np.array([-2.0, 0.5, 1.0], np.float32))
