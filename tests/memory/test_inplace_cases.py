@@ -37,6 +37,9 @@ def _case(name):
     if name == "operand read by an earlier kernel too":  # r also feeds the Conv, through a kernel before
         conv = b.op("Conv", b.op("Neg", r, name="u"), _w(b), name="conv")
         return b.build(b.op("Add", conv, r, name="add")), ["conv", "add"], [("r", "add")]
+    if name == "constant node inside":  # folded at build time: not an anchor of the kernel
+        k = b.op("Transpose", b.const("k0", np.ones((1, 4, 5, 5), np.float32)), perm=[0, 1, 3, 2], name="k")
+        return b.build(b.op("Add", k, r, name="add")), ["k", "add"], [("r", "add")]
     if name == "graph input":  # a pointwise kernel over the caller's x and r
         return b.build(b.op("Add", x, r, name="add")), ["add"], [("r", "add")]
     if name == "two anchors":
@@ -59,7 +62,8 @@ def _case(name):
 
 
 @pytest.mark.parametrize("name", ["epilogue operand", "anchor output leaves too", "prologue operand",
-                                  "operand read by an earlier kernel too", "graph input",
+                                  "operand read by an earlier kernel too",
+                                  "constant node inside", "graph input",
                                   "two anchors", "data movement", "other element size", "one output per input",
                                   "outputs of two shapes"])
 def test_inplace_pairs_follow_the_documented_rule(name):
