@@ -40,6 +40,12 @@ def _case(name):
     if name == "constant node inside":  # folded at build time: not an anchor of the kernel
         k = b.op("Transpose", b.const("k0", np.ones((1, 4, 5, 5), np.float32)), perm=[0, 1, 3, 2], name="k")
         return b.build(b.op("Add", k, r, name="add")), ["k", "add"], [("r", "add")]
+    if name == "constant operand":  # the weights are never overwritten, and r still may be
+        k = b.const("k", np.ones(SHAPE, np.float32))
+        return b.build(b.op("Add", k, r, name="add")), ["add"], [("r", "add")]
+    if name == "constant output of another shape":  # sh is folded: no output of the kernel's pass;
+        sh = b.op("Shape", r, name="sh")             # r is read by a Shape (not elementwise): q takes add
+        return b.build(b.op("Add", r, q, name="add"), sh), ["sh", "add"], [("q", "add")]
     if name == "graph input":  # a pointwise kernel over the caller's x and r
         return b.build(b.op("Add", x, r, name="add")), ["add"], [("r", "add")]
     if name == "two anchors":
@@ -63,7 +69,8 @@ def _case(name):
 
 @pytest.mark.parametrize("name", ["epilogue operand", "anchor output leaves too", "prologue operand",
                                   "operand read by an earlier kernel too",
-                                  "constant node inside", "graph input",
+                                  "constant node inside", "constant operand",
+                                  "constant output of another shape", "graph input",
                                   "two anchors", "data movement", "other element size", "one output per input",
                                   "outputs of two shapes"])
 def test_inplace_pairs_follow_the_documented_rule(name):
