@@ -40,8 +40,8 @@ def _case(name):
     if name == "constant node inside":  # folded at build time: not an anchor of the kernel
         k = b.op("Transpose", b.const("k0", np.ones((1, 4, 5, 5), np.float32)), perm=[0, 1, 3, 2], name="k")
         return b.build(b.op("Add", k, r, name="add")), ["k", "add"], [("r", "add")]
-    if name == "constant operand":  # the weights are never overwritten, and r still may be
-        k = b.const("k", np.ones(SHAPE, np.float32))
+    if name == "constant operand":  # folded constants (weights) are never overwritten, and r still may be
+        k = b.op("Neg", b.const("k0", np.ones(SHAPE, np.float32)), name="k")
         return b.build(b.op("Add", k, r, name="add")), ["add"], [("r", "add")]
     if name == "constant output of another shape":  # sh is folded: no output of the kernel's pass;
         sh = b.op("Shape", r, name="sh")             # r is read by a Shape (not elementwise): q takes add
