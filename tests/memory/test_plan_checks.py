@@ -226,3 +226,15 @@ def test_a_node_of_constants_with_an_omitted_optional_input_is_folded():
              name="clip")
     g = b.build(b.op("Add", x, c, name="add"))
     np.testing.assert_array_equal(static_values(g)[id(g.values["clip"])], np.array([-2.0, 0.5, 1.0], np.float32))
+
+
+def test_a_group_with_a_folded_output_before_a_live_one_places_both():
+    b = GraphBuilder("folded_first")
+    k = b.op("Neg", b.const("k0", np.ones((2, 3), np.float32)), name="k")  # folded; also a graph output
+    add = b.op("Add", b.input("x", (2, 3)), k, name="add")
+    g = b.build(k, b.op("Relu", add, name="relu"))
+    plan = group_by_names(g, [("elementwise", ["k", "add"])])
+    assert [v.name for v in next(grp for grp in plan.groups if len(grp.nodes) == 2).outputs(g)] == ["k", "add"]
+    mem = plan_memory(plan)
+    assert mem.location(k) == Location("static")
+    assert mem.location(add).region == "arena" and mem.lifetimes["add"] == (0, 1)
