@@ -238,3 +238,14 @@ def test_a_group_with_a_folded_output_before_a_live_one_places_both():
     mem = plan_memory(plan)
     assert mem.location(k) == Location("static")
     assert mem.location(add).region == "arena" and mem.lifetimes["add"] == (0, 1)
+
+
+def test_a_view_group_with_a_folded_node_is_still_a_view():
+    b = GraphBuilder("folded_view")
+    r = b.op("Relu", b.input("x", (2, 3)), name="relu")
+    k = b.op("Neg", b.const("k0", np.ones((6,), np.float32)), name="k")  # folded at build time
+    rs = b.op("Reshape", r, b.const("s", np.array([6], np.int64)), name="rs")
+    g = b.build(b.op("Add", rs, k, name="add"))
+    mem = plan_memory(group_by_names(g, [("injective", ["k", "rs"])]))
+    assert mem.location(rs) == mem.location(r)
+    assert [(a.value, a.kind) for a in mem.aliases if a.kind == "view"] == [("rs", "view")]
