@@ -78,3 +78,10 @@ def test_scratch_placement_is_the_documented_best_fit(spec, needs, alignment):
     placed = place_scratch(_memory(blocks, arena, alignment), needs)
     assert (placed.offsets, placed.arena_bytes) == _scratch_reference(blocks, arena, alignment, needs)
     assert placed.tensor_bytes == arena
+
+
+def test_a_gap_up_to_the_arena_end_that_fits_exactly_is_the_best_fit():
+    # At kernel 0: a 192-byte gap between a and b, and exactly 128 bytes from b to the arena's end.
+    mem = _memory({"a": (0, 64, 0, 0), "b": (256, 64, 0, 0)}, 448)
+    placed = place_scratch(mem, [128])
+    assert placed.offsets == [320] and placed.growth_bytes == 0

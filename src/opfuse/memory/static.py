@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from opfuse.ir.graph import Graph, Node, Value
+from opfuse.ir.graph import Graph, Node
 from opfuse.ops.registry import get_spec
 
 # Ops whose output depends only on static facts (shapes, attributes), not on input data.
@@ -39,11 +39,3 @@ def static_values(graph: Graph) -> dict[int, np.ndarray]:
             static[id(v)] = np.ascontiguousarray(np.asarray(r).astype(v.dtype, copy=False))
     return static
 
-
-def is_static_node(node: Node, static: dict[int, np.ndarray]) -> bool:
-    """True when every output of ``node`` is known at compile time."""
-    return all(id(v) in static for v in node.outputs)
-
-
-def static_value(v: Value, static: dict[int, np.ndarray]) -> np.ndarray | None:
-    return static.get(id(v))
