@@ -12,6 +12,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -47,6 +48,8 @@ def _same(got: dict, want: dict) -> None:
 # Integer Div ---------------------------------------------------------------------------------
 
 _TRAP_SCRIPT = """
+import sys
+sys.path.insert(0, {src!r})  # the opfuse under test (a mutation run's copy too), not an installed one
 import numpy as np
 from opfuse.ops import GraphBuilder
 from opfuse.runtime.native import build
@@ -63,7 +66,8 @@ print(model.run({{"a": a, "b": d}})["div"].tolist())
 @pytest.mark.parametrize("dt", ["int32", "int64"])
 def test_int_min_div_minus_one_wraps_and_never_traps(dt, cache_dir):
     """In a child process: before the fix, x86's idiv raised SIGFPE and killed it (exit -8)."""
-    script = textwrap.dedent(_TRAP_SCRIPT.format(dt=dt, cache=str(cache_dir)))
+    src = str(Path(opfuse.__file__).resolve().parent.parent)
+    script = textwrap.dedent(_TRAP_SCRIPT.format(dt=dt, cache=str(cache_dir), src=src))
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-2000:]}"
     lo = int(np.iinfo(dt).min)
