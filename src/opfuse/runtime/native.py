@@ -89,8 +89,9 @@ def _load_library(path: Path) -> ctypes.CDLL:
 
 def _address(a: np.ndarray) -> int:
     """The data pointer of the contiguous array ``a``. Through the buffer protocol where ``a`` is
-    writable and not empty (0.3 us), ``a.ctypes.data`` otherwise (1-1.6 us: it builds an object)."""
-    if a.flags.writeable and a.nbytes:
+    writable and not empty (0.3 us), ``a.ctypes.data`` otherwise (1-1.6 us: it builds an object).
+    ml_dtypes' types (bfloat16, float8) cannot be exported as a buffer: they take the second way."""
+    if a.flags.writeable and a.nbytes and a.dtype.isbuiltin == 1:
         return ctypes.addressof(ctypes.c_char.from_buffer(a))  # type: ignore[arg-type]  # numpy stubs lack Buffer
     return a.ctypes.data
 
