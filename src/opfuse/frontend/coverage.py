@@ -46,7 +46,7 @@ REFUSED_REASONS: dict[str, str] = {
     "StringSplit": _STRING,
     "RegexFullMatch": _STRING,
     "ImageDecoder": "decodes compressed image bytes (JPEG, PNG, BMP...): a codec, not a tensor computation",
-    "MaxRoiPool": "not implemented (RoiAlign is): no exporter in use writes it",
+    "MaxRoiPool": "not implemented (RoiAlign, which replaced it in detection models, is)",
 }
 NOT_IMPLEMENTED = "not implemented"
 
