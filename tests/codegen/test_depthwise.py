@@ -138,3 +138,21 @@ def test_an_infinite_weight_next_to_padding_gives_nan_as_in_the_reference(case, 
     assert np.isnan(next(iter(want.values()))).any()
     assert_close(got, want)
     assert "_mm256_maskload_ps" not in model.program.source
+
+
+def test_an_output_vector_whose_taps_all_fall_in_the_padding(cache_dir):
+    """A 1x2 plane, a 3x3 kernel dilated by 2 with pads (1, 0, 3, 4): output row 0 reads input
+    rows -1, 1 and 3, all padding, so no tap reaches the only vector of the direct AVX2 path.
+    The vector is zero (the weights are finite); before, the generated C named an undeclared
+    variable and did not compile (found by the random end-to-end test)."""
+    b = GraphBuilder("dw_all_padding")
+    x = b.input("x", (1, 1, 1, 2), np.float32)
+    w = b.const("w", np.arange(1, 10, dtype=np.float32).reshape(1, 1, 3, 3))
+    y = b.op("Relu", b.op("Conv", x, w, dilations=[2, 2], pads=[1, 0, 3, 4], name="dw"), name="relu")
+    g = b.build(y)
+    plan = group_by_names(g, [("dw", ["dw", "relu"])])
+    simd, want, m1 = run_both(g, plan, cache_dir)
+    portable, _, _ = run_both(g, plan, cache_dir, options=CodegenOptions(simd="none"))
+    assert "_mm256_setzero_ps" in m1.program.source
+    assert_close(simd, want)
+    assert_close(portable, want)

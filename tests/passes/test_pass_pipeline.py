@@ -220,4 +220,4 @@ def test_known_names_cover_the_default_pipeline():
     assert passes == PASSES
     assert {r.name for r in recognition_rules()} | {r.name for r in fusion_rules()} <= set(rules)
     assert {"attention", "normalization_prologue", "epilogue", "concat_alias", "elementwise_chain", "injective",
-            "horizontal"} == {r.name for r in fusion_rules()}
+            "horizontal", "dequantize_prologue"} == {r.name for r in fusion_rules()}

@@ -372,6 +372,8 @@ def _direct_plane(kc, src: str, weights, geo, hw, dense: str) -> None:
             expr = f"_mm256_fmadd_ps({wvs[t]}, {load}, {v})" if started else f"_mm256_mul_ps({wvs[t]}, {load})"
             w.line(f"{'' if started else '__m256 '}{v} = {expr};")
             started = True
+        if not started:  # every tap of this vector falls in the padding (finite weights: 0 * w is 0)
+            w.line(f"const __m256 {v} = _mm256_setzero_ps();")
         w.line(f"_mm256_storeu_ps({dense} + {b * VECTOR}, {v});")
 
 
