@@ -78,3 +78,15 @@ def wrap_int(value: float, dtype) -> np.generic:
     wrapped modulo 2**bits as C's conversion to an unsigned type and ``-fwrapv`` arithmetic do."""
     dt = np.dtype(dtype)
     return np.uint64(int(value) % (1 << (8 * dt.itemsize))).astype(dt)
+
+
+def int_attrs(node: Node, a: dict, name: str, n: int, default: int) -> tuple[int, ...]:
+    """Integer-list attribute ``name`` of ``n`` entries (``default`` each when absent): strides,
+    dilations, pads, kernel_shape... A list of another length is a shape error naming the node."""
+    v = a.get(name)
+    if v is None:
+        return (default,) * n
+    v = tuple(int(x) for x in v)
+    if len(v) != n:
+        raise shape_error(node, f"attribute {name}={list(v)} needs {n} entries")
+    return v

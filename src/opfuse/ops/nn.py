@@ -28,7 +28,7 @@ import numpy as np
 from opfuse.ir.dtypes import is_floating
 from opfuse.errors import UnsupportedOpError
 from opfuse.ir.graph import Node
-from opfuse.ops.common import out_type, shape_error
+from opfuse.ops.common import int_attrs, out_type, shape_error
 from opfuse.ops.limits import check_tensor_size
 from opfuse.ops.registry import Category, Mapping, OpSpec, register
 
@@ -71,16 +71,6 @@ class Window:
                             for k, d, o, s in zip(kk, self.dilations, self.out, self.strides, strict=True))
 
 
-def _ints(node: Node, a: dict, name: str, n: int, default: int) -> tuple[int, ...]:
-    v = a.get(name)
-    if v is None:
-        return (default,) * n
-    v = tuple(int(x) for x in v)
-    if len(v) != n:
-        raise shape_error(node, f"attribute {name}={list(v)} needs {n} entries (one per spatial axis)")
-    return v
-
-
 def _auto_pad(node: Node, a: dict) -> str:
     mode = a["auto_pad"]
     if isinstance(mode, bytes):
@@ -103,15 +93,15 @@ def window_geometry(node: Node, a: dict, spatial: tuple[int, ...], kernel: tuple
                     *, ceil_mode: bool = False) -> Window:
     """Output size and pads of a Conv/pool window over ``spatial`` (see the module docstring)."""
     n = len(spatial)
-    strides = _ints(node, a, "strides", n, 1)
-    dilations = _ints(node, a, "dilations", n, 1)
+    strides = int_attrs(node, a, "strides", n, 1)
+    dilations = int_attrs(node, a, "dilations", n, 1)
     if min(strides + dilations + kernel, default=1) < 1:
         raise shape_error(node, f"kernel {list(kernel)}, strides {list(strides)} and dilations "
                                 f"{list(dilations)} must be positive")
     eff = tuple((k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True))
     mode = _auto_pad(node, a)
     if mode == "NOTSET":
-        pads = _ints(node, a, "pads", 2 * n, 0)
+        pads = int_attrs(node, a, "pads", 2 * n, 0)
         begin, end = pads[:n], pads[n:]
         out = []
         for i in range(n):
@@ -283,9 +273,9 @@ def convT_geometry(node: Node, a: dict) -> TransposedGeometry:
     _check_kernel_attr(node, a, kernel)
     m = wshape[1] * group
     _check_bias(node, m)
-    strides = _ints(node, a, "strides", n, 1)
-    dilations = _ints(node, a, "dilations", n, 1)
-    out_pad = _ints(node, a, "output_padding", n, 0)
+    strides = int_attrs(node, a, "strides", n, 1)
+    dilations = int_attrs(node, a, "dilations", n, 1)
+    out_pad = int_attrs(node, a, "output_padding", n, 0)
     eff = tuple((k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True))
     full = tuple(s * (length - 1) + op + e for s, length, op, e in zip(strides, x[2:], out_pad, eff, strict=True))
     mode = _auto_pad(node, a)
@@ -303,7 +293,7 @@ def convT_geometry(node: Node, a: dict) -> TransposedGeometry:
     elif mode == "VALID":
         begin, out = (0,) * n, full
     else:
-        pads = _ints(node, a, "pads", 2 * n, 0)
+        pads = int_attrs(node, a, "pads", 2 * n, 0)
         begin = pads[:n]
         out = tuple(f - b - e for f, b, e in zip(full, pads[:n], pads[n:], strict=True))
     if min(out) < 1:
@@ -380,7 +370,7 @@ def _pool_geometry(node: Node, a: dict) -> Window:
     if len(kernel) != len(x) - 2:
         raise shape_error(node, f"kernel_shape {list(kernel)} needs {len(x) - 2} entries for X {x}")
     if _auto_pad(node, a) == "NOTSET" and a.get("pads") is not None:
-        pads = _ints(node, a, "pads", len(kernel) * 2, 0)
+        pads = int_attrs(node, a, "pads", len(kernel) * 2, 0)
         if any(p >= k for p, k in zip(pads, kernel * 2, strict=True)):
             # a window entirely in the padding: -inf for MaxPool, 0/0 for AveragePool
             raise shape_error(node, f"pads {list(pads)} must be smaller than kernel_shape {list(kernel)} "

@@ -43,7 +43,7 @@ import numpy as np
 
 from opfuse.errors import InputError, UnsupportedOpError
 from opfuse.ir.graph import Node
-from opfuse.ops.common import const_input, out_type, shape_error
+from opfuse.ops.common import const_input, int_attrs, out_type, shape_error
 from opfuse.ops.registry import Category, Mapping, OpSpec, register
 
 FLOATS = frozenset({np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)})
@@ -264,9 +264,9 @@ def col2im_geometry(node: Node, a: dict):
     if len(block) != n or n < 1 or min(image + block) < 1:
         raise shape_error(node, f"image_shape {list(image)} and block_shape {list(block)} must be positive "
                                 f"and of one length")
-    strides = _ints(node, a, "strides", n, 1)
-    dilations = _ints(node, a, "dilations", n, 1)
-    pads = _ints(node, a, "pads", 2 * n, 0)
+    strides = int_attrs(node, a, "strides", n, 1)
+    dilations = int_attrs(node, a, "dilations", n, 1)
+    pads = int_attrs(node, a, "pads", 2 * n, 0)
     if min(strides + dilations) < 1 or min(pads) < 0:
         raise shape_error(node, f"strides {list(strides)} and dilations {list(dilations)} must be positive, "
                                 f"pads {list(pads)} not negative")
@@ -277,16 +277,6 @@ def col2im_geometry(node: Node, a: dict):
         raise shape_error(node, f"input {x.shape} must be (N, C * {k}, {math.prod(blocks)}) for image_shape "
                                 f"{list(image)}, block_shape {list(block)}")
     return image, block, strides, dilations, pads[:n], blocks
-
-
-def _ints(node: Node, a: dict, name: str, n: int, default: int) -> tuple[int, ...]:
-    v = a.get(name)
-    if v is None:
-        return (default,) * n
-    v = tuple(int(x) for x in v)
-    if len(v) != n:
-        raise shape_error(node, f"attribute {name}={list(v)} needs {n} entries")
-    return v
 
 
 def _col2im_infer(node: Node, a: dict):
@@ -332,9 +322,9 @@ def deform_geometry(node: Node, a: dict):
     kernel = tuple(w.shape[2:])
     if a.get("kernel_shape") is not None and tuple(int(k) for k in a["kernel_shape"]) != kernel:
         raise shape_error(node, f"kernel_shape {list(a['kernel_shape'])} does not match W {w.shape}")
-    strides = _ints(node, a, "strides", d, 1)
-    dilations = _ints(node, a, "dilations", d, 1)
-    pads = _ints(node, a, "pads", 2 * d, 0)
+    strides = int_attrs(node, a, "strides", d, 1)
+    dilations = int_attrs(node, a, "dilations", d, 1)
+    pads = int_attrs(node, a, "pads", 2 * d, 0)
     group, og = int(a["group"]), int(a["offset_group"])
     if min(strides + dilations) < 1 or group < 1 or og < 1:
         raise shape_error(node, "strides, dilations, group and offset_group must be positive")
@@ -522,9 +512,9 @@ def unpool_shapes(node: Node, a: dict) -> tuple[tuple[int, ...], tuple[int, ...]
                                 f"{ind.dtype}")
     if a.get("kernel_shape") is None:
         raise shape_error(node, "kernel_shape is required")
-    kernel = _ints(node, a, "kernel_shape", d, 1)
-    strides = _ints(node, a, "strides", d, 1)
-    pads = _ints(node, a, "pads", 2 * d, 0)
+    kernel = int_attrs(node, a, "kernel_shape", d, 1)
+    strides = int_attrs(node, a, "strides", d, 1)
+    pads = int_attrs(node, a, "pads", 2 * d, 0)
     inferred = tuple(x.shape[:2]) + tuple((x.shape[2 + i] - 1) * strides[i] - pads[i] - pads[d + i] + kernel[i]
                                           for i in range(d))
     if min(inferred) < 1:
