@@ -1,0 +1,649 @@
+"""Integer convolution on the host: register-blocked int16-pair GEMM and vectorised depthwise, with the
+requantizing epilogue in vector registers.
+
+The Cortex-M7 kernel (``qconv.py``) takes one dot product per output position and channel and finishes
+each element in scalar code; on an x86 host that leaves the vector units idle. Where the target has
+AVX2 (``#if defined(__AVX2__)``; ``CodegenOptions(simd="auto")``, platform "host") and the group is a
+quantized model's ``Cast/Sub -> Conv -> [Add bias] -> Requantize [+ residual]``, this module emits instead:
+
+1. **Pair image.** Per image and group the 8-bit input is centred once (``x - zp``, zero in the padding:
+   the padding's centred value, as in the unfused graph) into int32 words that each hold two int16 values
+   of consecutive input channels ``(x[2c], x[2c+1])``, laid out ``[channel pair][padded row][column phase]
+   [column / stride]``. For every tap ``(kh, kw)`` the words of ``8 * NV`` consecutive output positions of
+   one row are then ``8 * NV`` consecutive words: the convolution is an implicit GEMM, read in place,
+   with no per-tile packing (a 1x1 stride-1 convolution without padding is one row of all positions).
+2. **Micro-kernel.** ``MR`` output channels x ``NV`` vectors of 8 positions of int32 accumulators in
+   registers; per channel pair and tap: ``NV`` loads, ``MR`` broadcasts of the packed weight pair, and
+   ``MR * NV`` ``vpmaddwd`` + ``vpaddd`` (one ``vpdpwssd`` each where ``__AVX512VNNI__`` and
+   ``__AVX512VL__`` are defined). Both are exact: ``|x| <= 255`` and ``|w| <= 32767``, so a pair's sum
+   stays below 2^31 and no instruction saturates (``vpdpwssd``, not ``vpdpwssds``); the int32 sums wrap
+   as the reference's do.
+3. **Epilogue, 8 positions at a time** for one channel: bias (int32, wrapping), then ``Requantize``
+   (``ops/quantized.py``) in 64-bit lanes: ``vpmuldq`` on the even and the odd lanes gives
+   ``acc * multiplier`` exactly; the residual's ``res * rmult`` (``rmult < 2^53``) is
+   ``res * (rmult mod 2^31) + (res * (rmult >> 31)) * 2^31``, two more exact ``vpmuldq``;
+   round half to even is ``floor((p + 2^(s-1) - 1 + bit_s(p)) / 2^s)``, computed on ``p + 2^63`` as
+   unsigned (no arithmetic 64-bit shift in AVX2), then zero point, clamp (64-bit compares) and a saturating
+   pack to 8 bits that changes nothing (the values are already clamped). Bit for bit the reference's.
+4. **Depthwise** (one channel per group): per channel plane a padded int32 plane of centred values,
+   8 positions per vector, one ``vpmulld`` + ``vpaddd`` per tap, the same epilogue.
+
+The plain C99 path (``simd="none"``, the Cortex-M7 build) and targets without AVX2 keep ``qconv.py``'s
+kernel (``#else``), untouched. Anything else in the epilogue (another op, a second output) keeps it too.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from opfuse.codegen.ctype import c_type
+from opfuse.codegen.stages import Stage
+from opfuse.ir.graph import Node, Value
+from opfuse.ops.nn import conv_geometry
+from opfuse.ops.quantized import MAX_SHIFT, RESIDUAL_BITS
+from opfuse.ops.registry import get_spec
+
+EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
+HOST_GUARD = "defined(__AVX2__)"
+VNNI_GUARD = "defined(__AVX512VNNI__) && defined(__AVX512VL__)"
+LANES = 8  # int32 lanes of one AVX2 vector: output positions per vector
+# Register blocks (output channels MR x vectors of positions NV) the GEMM chooses from: each keeps at
+# most 12 accumulators so that with the NV loaded vectors, a broadcast weight and a product temporary
+# they fit AVX2's 16 ymm registers. Chosen per convolution by ``_block`` (least estimated work).
+BLOCKS = ((6, 2), (4, 3), (4, 2), (8, 1), (4, 1), (2, 2))
+
+
+@dataclass
+class QInput:
+    q: Value     # the 8-bit tensor in memory
+    zp: int      # x = int32(q) - zp
+
+
+@dataclass
+class QEpilogue:
+    """``out = Requantize(conv + bias, mult, shift[, int32(res) - res_zp, rmult])``, per channel."""
+    out: Value
+    bias: np.ndarray   # int32 per output channel (0 where none)
+    mult: np.ndarray   # int32 per output channel
+    shift: np.ndarray  # int32 per output channel
+    zp: int
+    lo: int
+    hi: int
+    res: QInput | None = None
+    rmult: np.ndarray | None = None  # int64 per output channel
+
+
+def _centred_input(v: Value, ev) -> QInput | None:
+    """``v = int32(q) [- zp]`` computed inline (``Cast``/``Sub`` in this kernel) from an 8-bit ``q`` in
+    memory, ``zp`` a constant scalar of 8-bit range."""
+    zp = 0
+    n = v.producer
+    if n is None or id(n) not in ev.inline:
+        return None
+    if n.op_type == "Sub":
+        z = ev.static.get(id(n.input(1)))
+        if z is None or z.size != 1 or not -255 <= int(z.reshape(-1)[0]) <= 255:
+            return None
+        zp = int(z.reshape(-1)[0])
+        n = n.input(0).producer
+        if n is None or id(n) not in ev.inline:
+            return None
+    if n.op_type != "Cast" or n.outputs[0].dtype != np.int32:
+        return None
+    q = n.input(0)
+    if q.dtype not in EIGHT_BIT or id(q) not in ev.loadable or id(q) in ev.static:
+        return None
+    if q.producer is not None and id(q.producer) in ev.inline:
+        return None
+    return QInput(q, zp)
+
+
+def _per_channel(arr: np.ndarray | None, shape: tuple, dtype) -> np.ndarray | None:
+    """``arr`` (broadcasting to the NCHW ``shape``) as one value per channel, or None when it varies
+    along another axis or is not known at build time."""
+    if arr is None or arr.ndim > len(shape):
+        return None
+    full = (1,) * (len(shape) - arr.ndim) + arr.shape
+    if any(d != 1 for i, d in enumerate(full) if i != 1):
+        return None
+    return np.broadcast_to(arr.reshape(full[1]), (shape[1],)).astype(dtype)
+
+
+def match_epilogue(ev, stage: Stage, node: Node) -> QEpilogue | None:
+    """The epilogue this module vectorises, or None (the group keeps the scalar epilogue)."""
+    acc = node.outputs[0]
+    shape = acc.shape
+    bias = np.zeros(shape[1], np.int64)
+    if len(node.inputs) > 2 and node.inputs[2] is not None:
+        b = _per_channel(ev.static.get(id(node.inputs[2])), shape[1:2], np.int64)
+        if b is None:
+            return None
+        bias += b
+    cur = acc
+    dependent = [n for n in stage.epilogue]
+    rq = None
+    for n in dependent:
+        if not any(v is cur for v in n.input_values()):
+            continue
+        if rq is not None:
+            return None  # something reads the Requantize's input besides it, or follows it
+        if n.op_type == "Add" and n.outputs[0].dtype == np.int32:
+            other = n.input(1) if n.input(0) is cur else n.input(0)
+            b = _per_channel(ev.static.get(id(other)), shape, np.int64)
+            if b is None or n.outputs[0].shape != shape:
+                return None
+            bias += b
+            cur = n.outputs[0]
+        elif n.op_type == "Requantize" and n.input(0) is cur:
+            rq = n
+        else:
+            return None
+    if rq is None or len(stage.outputs) != 1 or stage.outputs[0] is not rq.outputs[0]:
+        return None
+    out = rq.outputs[0]
+    if out.dtype not in EIGHT_BIT or out.shape != shape:
+        return None
+    mult = _per_channel(ev.static.get(id(rq.input(1))), shape, np.int64)
+    shift = _per_channel(ev.static.get(id(rq.input(2))), shape, np.int64)
+    if mult is None or shift is None or mult.min() < 0 or mult.max() >= 1 << 31:
+        return None
+    if shift.min() < 1 or shift.max() > MAX_SHIFT:
+        return None  # the reference refuses it at run time; the scalar path keeps that behaviour
+    a = get_spec(rq.op_type, rq).attrs_of(rq)
+    # bias wraps in int32 like the reference's Add
+    ep = QEpilogue(out, bias.astype(np.int32), mult.astype(np.int32), shift.astype(np.int32),
+                   int(a["zero_point"]), int(a["lo"]), int(a["hi"]))
+    if len(rq.input_values()) == 5:
+        res = _centred_input(rq.input(3), ev)
+        rmult = _per_channel(ev.static.get(id(rq.input(4))), shape, np.int64)
+        if res is None or rmult is None or res.q.shape != shape:
+            return None
+        if rmult.min() < 0 or rmult.max() >= 1 << (MAX_SHIFT - RESIDUAL_BITS):
+            return None
+        ep.res, ep.rmult = res, rmult
+    return ep
+
+
+def host_int8_conv_applies(kc, ev, stage: Stage) -> tuple[QInput, QEpilogue] | None:
+    """The host fast path's operands, or None where ``qconv.py``'s kernel stays alone."""
+    opts = kc.program.options
+    if opts.simd == "none" or opts.platform != "host":
+        return None
+    node = stage.anchor_node
+    if len(node.inputs[0].shape) != 4:
+        return None
+    w = ev.static.get(id(node.input(1)))
+    if w is None or np.abs(w.astype(np.int64)).max(initial=0) > 32767:
+        return None
+    x = _centred_input(node.input(0), ev)
+    if x is None:
+        return None
+    ep = match_epilogue(ev, stage, node)
+    if ep is None:
+        return None
+    return x, ep
+
+
+# C ---------------------------------------------------------------------------------------------------
+HELPER = "opfuse_q8_host"
+HELPER_C = """
+#if defined(__AVX2__)
+#include <immintrin.h>
+/* Requantize (ops/quantized.py) of 4 int64 products p in 64-bit lanes: round half to even of
+   p / 2^s as floor((p + 2^(s-1) - 1 + bit_s(p)) / 2^s), on p + 2^63 taken as unsigned (hm1 = 2^(s-1) - 1,
+   b63 = 2^(63-s)), plus the zero point, clamped to [lo, hi]. */
+static inline __m256i opfuse_q8_round(__m256i p, __m128i cnt, __m256i hm1, __m256i b63, __m256i zp, __m256i lo,
+                                      __m256i hi) {
+  const __m256i u = _mm256_xor_si256(p, _mm256_set1_epi64x((long long)0x8000000000000000ull));
+  const __m256i odd = _mm256_and_si256(_mm256_srl_epi64(u, cnt), _mm256_set1_epi64x(1));
+  const __m256i t = _mm256_add_epi64(_mm256_add_epi64(u, hm1), odd);
+  __m256i q = _mm256_add_epi64(_mm256_sub_epi64(_mm256_srl_epi64(t, cnt), b63), zp);
+#if defined(__AVX512VL__) && defined(__AVX512F__)
+  q = _mm256_min_epi64(_mm256_max_epi64(q, lo), hi);
+#else
+  q = _mm256_blendv_epi8(q, lo, _mm256_cmpgt_epi64(lo, q));
+  q = _mm256_blendv_epi8(q, hi, _mm256_cmpgt_epi64(q, hi));
+#endif
+  return q;
+}
+
+/* acc + the pairwise products of x and w (int16 pairs), exact: one vpdpwssd with AVX512-VNNI. */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define OPFUSE_Q8_DOT(acc, x, w) _mm256_dpwssd_epi32((acc), (x), (w))
+#else
+#define OPFUSE_Q8_DOT(acc, x, w) _mm256_add_epi32((acc), _mm256_madd_epi16((x), (w)))
+#endif
+
+/* Per output channel: the requantization's constants as 64-bit lanes. */
+typedef struct {
+  __m256i mult, hm1, b63, zp, lo, hi, rl, rh;
+  __m128i cnt;
+} opfuse_q8_chan;
+
+static inline opfuse_q8_chan opfuse_q8_chan_init(int32_t mult, int32_t shift, int64_t rmult, int32_t zp, int32_t lo,
+                                                 int32_t hi) {
+  opfuse_q8_chan c;
+  c.mult = _mm256_set1_epi64x(mult);
+  c.cnt = _mm_cvtsi32_si128(shift);
+  c.hm1 = _mm256_set1_epi64x((long long)(((uint64_t)1 << (shift - 1)) - 1u));
+  c.b63 = _mm256_set1_epi64x((long long)((uint64_t)1 << (63 - shift)));
+  c.zp = _mm256_set1_epi64x(zp);
+  c.lo = _mm256_set1_epi64x(lo);
+  c.hi = _mm256_set1_epi64x(hi);
+  c.rl = _mm256_set1_epi64x(rmult & 0x7fffffff);
+  c.rh = _mm256_set1_epi64x(rmult >> 31);
+  return c;
+}
+
+/* 8 int32 accumulators (bias added) -> 8 requantized int32 values; res: the centred residual or NULL. */
+static inline __m256i opfuse_q8_requantize(__m256i acc, const opfuse_q8_chan* c, const __m256i* res) {
+  __m256i pe = _mm256_mul_epi32(acc, c->mult);
+  __m256i po = _mm256_mul_epi32(_mm256_srli_epi64(acc, 32), c->mult);
+  if (res) {
+    const __m256i re = *res, ro = _mm256_srli_epi64(*res, 32);
+    pe = _mm256_add_epi64(pe, _mm256_add_epi64(_mm256_mul_epi32(re, c->rl),
+                                               _mm256_slli_epi64(_mm256_mul_epi32(re, c->rh), 31)));
+    po = _mm256_add_epi64(po, _mm256_add_epi64(_mm256_mul_epi32(ro, c->rl),
+                                               _mm256_slli_epi64(_mm256_mul_epi32(ro, c->rh), 31)));
+  }
+  const __m256i qe = opfuse_q8_round(pe, c->cnt, c->hm1, c->b63, c->zp, c->lo, c->hi);
+  const __m256i qo = opfuse_q8_round(po, c->cnt, c->hm1, c->b63, c->zp, c->lo, c->hi);
+  return _mm256_blend_epi32(qe, _mm256_slli_epi64(qo, 32), 0xAA);
+}
+
+/* 8 int32 values, already within the 8-bit type's range, to 8 bytes (the packs saturate nothing). */
+static inline __m128i opfuse_q8_pack_s8(__m256i v) {
+  const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  return _mm_packs_epi16(w, w);
+}
+static inline __m128i opfuse_q8_pack_u8(__m256i v) {
+  const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  return _mm_packus_epi16(w, w);
+}
+static inline void opfuse_q8_store(void* dst, __m128i b, long n) {
+  if (n >= 8) {
+    _mm_storel_epi64((__m128i*)dst, b);
+  } else {
+    unsigned char tmp[16];
+    _mm_storeu_si128((__m128i*)tmp, b);
+    memcpy(dst, tmp, (size_t)n);
+  }
+}
+/* 8 (or the first n) 8-bit values widened to int32, less zp. */
+static inline __m256i opfuse_q8_load_s8(const int8_t* src, long n, int32_t zp) {
+  __m128i b;
+  if (n >= 8) {
+    b = _mm_loadl_epi64((const __m128i*)src);
+  } else {
+    unsigned char tmp[16] = {0};
+    memcpy(tmp, src, (size_t)n);
+    b = _mm_loadu_si128((const __m128i*)tmp);
+  }
+  return _mm256_sub_epi32(_mm256_cvtepi8_epi32(b), _mm256_set1_epi32(zp));
+}
+static inline __m256i opfuse_q8_load_u8(const uint8_t* src, long n, int32_t zp) {
+  __m128i b;
+  if (n >= 8) {
+    b = _mm_loadl_epi64((const __m128i*)src);
+  } else {
+    unsigned char tmp[16] = {0};
+    memcpy(tmp, src, (size_t)n);
+    b = _mm_loadu_si128((const __m128i*)tmp);
+  }
+  return _mm256_sub_epi32(_mm256_cvtepu8_epi32(b), _mm256_set1_epi32(zp));
+}
+#endif
+"""
+
+PAIRS_C = """
+#if defined(__AVX2__)
+/* dst[j] = the int16 pair (a[i] - zp, b[i] - zp), i = first + j * step, for j < n: 0 where i lies
+   outside [0, len) or the row is NULL (a channel past the group's: the odd count's padding). */
+static void opfuse_q8_pairs_{s}(int16_t* restrict dst, const {T}* a, const {T}* b, long first, long n, long step,
+                                long len, int32_t zp) {{
+  long j = 0;
+  if (step == 1 && a && b) {{
+    long lo = first < 0 ? -first : 0, hi = len - first;
+    if (lo > n) lo = n;
+    if (hi > n) hi = n;
+    if (hi < lo) hi = lo;
+    for (; j < lo; ++j) dst[2 * j] = dst[2 * j + 1] = 0;
+    const __m128i z = _mm_set1_epi16((short)zp);
+    for (; j + 8 <= hi; j += 8) {{
+      const __m128i xa = _mm_sub_epi16(_mm_cvt{cvt}_epi16(_mm_loadl_epi64((const __m128i*)(a + first + j))), z);
+      const __m128i xb = _mm_sub_epi16(_mm_cvt{cvt}_epi16(_mm_loadl_epi64((const __m128i*)(b + first + j))), z);
+      _mm_storeu_si128((__m128i*)(dst + 2 * j), _mm_unpacklo_epi16(xa, xb));
+      _mm_storeu_si128((__m128i*)(dst + 2 * j + 8), _mm_unpackhi_epi16(xa, xb));
+    }}
+    for (; j < hi; ++j) {{
+      dst[2 * j] = (int16_t)(a[first + j] - zp);
+      dst[2 * j + 1] = (int16_t)(b[first + j] - zp);
+    }}
+    for (; j < n; ++j) dst[2 * j] = dst[2 * j + 1] = 0;
+    return;
+  }}
+  for (; j < n; ++j) {{
+    const long i = first + j * step;
+    const int in = i >= 0 && i < len;
+    dst[2 * j] = (int16_t)(in && a ? a[i] - zp : 0);
+    dst[2 * j + 1] = (int16_t)(in && b ? b[i] - zp : 0);
+  }}
+}}
+
+/* dst[j] = a[first + j * step] - zp as int32, 0 outside [0, len). */
+static void opfuse_q8_plane_row_{s}(int32_t* restrict dst, const {T}* a, long first, long n, long step, long len,
+                                    int32_t zp) {{
+  long j = 0;
+  if (step == 1) {{
+    long lo = first < 0 ? -first : 0, hi = len - first;
+    if (lo > n) lo = n;
+    if (hi > n) hi = n;
+    if (hi < lo) hi = lo;
+    for (; j < lo; ++j) dst[j] = 0;
+    const __m256i z = _mm256_set1_epi32(zp);
+    for (; j + 8 <= hi; j += 8)
+      _mm256_storeu_si256((__m256i*)(dst + j),
+                          _mm256_sub_epi32(_mm256_cvt{cvt}_epi32(_mm_loadl_epi64((const __m128i*)(a + first + j))), z));
+    for (; j < hi; ++j) dst[j] = a[first + j] - zp;
+    for (; j < n; ++j) dst[j] = 0;
+    return;
+  }}
+  for (; j < n; ++j) {{
+    const long i = first + j * step;
+    dst[j] = i >= 0 && i < len ? a[i] - zp : 0;
+  }}
+}}
+#endif
+"""
+
+
+def _pairs_helper(kc, dtype: np.dtype) -> str:
+    s, t, cvt = ("s8", "int8_t", "epi8") if dtype == np.int8 else ("u8", "uint8_t", "epu8")
+    kc.program.require_helper(f"opfuse_q8_pairs_{s}", PAIRS_C.format(s=s, T=t, cvt=cvt))
+    return s
+
+
+@dataclass
+class _Geometry:
+    """The padded, phase-split image every tap reads in place (see the module docstring)."""
+    H: int
+    W: int
+    OH: int
+    OW: int
+    KH: int
+    KW: int
+    SH: int
+    SW: int
+    DH: int
+    DW: int
+    PT: int
+    PL: int
+    NB: int   # positions per tile (a multiple of LANES)
+    Hp: int = 0
+    Wq: int = 0
+
+    def __post_init__(self):
+        ow_r = -(-self.OW // self.NB) * self.NB
+        self.Hp = (self.OH - 1) * self.SH + (self.KH - 1) * self.DH + 1
+        self.Wq = ow_r + (self.KW - 1) * self.DW // self.SW
+
+    @property
+    def plane(self) -> int:
+        """int32 words of one channel (pair) plane: rows x phases x columns."""
+        return self.Hp * self.SW * self.Wq
+
+    def tap(self, kh: int, kw: int) -> int:
+        """Word offset of tap ``(kh, kw)`` from the tile's first word."""
+        return (kh * self.DH * self.SW + (kw * self.DW) % self.SW) * self.Wq + (kw * self.DW) // self.SW
+
+
+def _geometry(node: Node, NB: int, flat_ok: bool) -> tuple[_Geometry, bool]:
+    geo, _ = conv_geometry(node)
+    _, _, H, W = node.input(0).shape
+    OH, OW = node.outputs[0].shape[2:]
+    (KH, KW), (SH, SW), (DH, DW) = geo.kernel, geo.strides, geo.dilations
+    PT, PL = geo.pads_begin
+    flat = (flat_ok and KH == KW == 1 and SH == SW == 1 and not any(geo.pads_begin) and not any(geo.pads_end)
+            and OH == H and OW == W)
+    if flat:  # one row of every position: X itself
+        return _Geometry(1, H * W, 1, H * W, 1, 1, 1, 1, 1, 1, 0, 0, NB), True
+    return _Geometry(H, W, OH, OW, KH, KW, SH, SW, DH, DW, PT, PL, NB), False
+
+
+def _block(mg: int, row: int, K2: int) -> tuple[int, int]:
+    """(MR, NV) of least estimated instructions: per channel pair and tap, NV loads, MR broadcasts and
+    2 MR NV multiply-adds per block, over the blocks covering ``mg`` channels and ``row`` positions
+    (remainders computed in full)."""
+    def cost(b):
+        mr, nv = b
+        return -(-mg // mr) * -(-row // (LANES * nv)) * (nv + mr + 2 * mr * nv)
+    return min(BLOCKS, key=cost)
+
+
+def _emit_build_row(w, fn: str, dst: str, rows: tuple[str, str] | str, g: _Geometry, zp: int, ph: str) -> None:
+    """One padded row (for every column phase) of the pair image (two source rows) or of a plane."""
+    first = f"{ph} - {g.PL}"
+    if isinstance(rows, tuple):
+        w.line(f"{fn}((int16_t*)({dst}), {rows[0]}, {rows[1]}, {first}, {g.Wq}, {g.SW}, {g.W}, {zp});")
+    else:
+        w.line(f"{fn}({dst}, {rows}, {first}, {g.Wq}, {g.SW}, {g.W}, {zp});")
+
+
+def _emit_epilogue(kc, ep: QEpilogue, accs: list[str], oc: str, out_row: str, ow0: str, valid: str,
+                   res_row: str | None) -> None:
+    """Requantize and store ``accs`` (vectors of 8 consecutive positions of channel ``oc``)."""
+    w = kc.w
+    sfx = "s8" if ep.out.dtype == np.int8 else "u8"
+    ch = kc.tmp("ch")
+    bias = kc.const_array(("q8_bias", ep.out.name), ep.bias, f"{ep.out.name}_bias", np.int32)
+    mult = kc.const_array(("q8_mult", ep.out.name), ep.mult, f"{ep.out.name}_mult", np.int32)
+    shift = kc.const_array(("q8_shift", ep.out.name), ep.shift, f"{ep.out.name}_shift", np.int32)
+    rmult = "0"
+    if ep.rmult is not None:
+        rm = kc.const_array(("q8_rmult", ep.out.name), ep.rmult, f"{ep.out.name}_rmult", np.int64)
+        rmult = f"{rm}[{oc}]"
+    w.line(f"const opfuse_q8_chan {ch} = opfuse_q8_chan_init({mult}[{oc}], {shift}[{oc}], {rmult}, {ep.zp}, "
+           f"{ep.lo}, {ep.hi});")
+    b = kc.tmp("bias")
+    w.line(f"const __m256i {b} = _mm256_set1_epi32({bias}[{oc}]);")
+    for v, acc in enumerate(accs):
+        n = kc.tmp("n")
+        w.line(f"const long {n} = {valid} - {ow0} - {v * LANES};")
+        with w.block(f"if ({n} > 0)"):
+            res = "NULL"
+            if ep.res is not None and res_row is not None:
+                r = kc.tmp("res")
+                rs = "s8" if ep.res.q.dtype == np.int8 else "u8"
+                w.line(f"const __m256i {r} = opfuse_q8_load_{rs}({res_row} + {ow0} + {v * LANES}, {n}, {ep.res.zp});")
+                res = f"&{r}"
+            w.line(f"opfuse_q8_store({out_row} + {ow0} + {v * LANES}, opfuse_q8_pack_{sfx}(opfuse_q8_requantize("
+                   f"_mm256_add_epi32({acc}, {b}), &{ch}, {res})), {n});")
+
+
+def _out_rows(kc, ep: QEpilogue, img: str, oc: str, row: str, shape: tuple) -> tuple[str, str | None]:
+    """Pointers to the output's (and the residual's) row ``row`` of channel ``oc``."""
+    _, OC, OH, OW = shape
+    w = kc.w
+    out = kc.tmp("orow")
+    off = f"(({img} * {OC} + {oc}) * {OH} + {row}) * {OW}"
+    w.line(f"{c_type(ep.out.dtype)}* restrict {out} = {kc.ptr(ep.out, write=True)} + {off};")
+    kc.stored.add(id(ep.out))
+    res = None
+    if ep.res is not None:
+        res = kc.tmp("rrow")
+        w.line(f"const {c_type(ep.res.q.dtype)}* {res} = {kc.ptr(ep.res.q)} + {off};")
+    return out, res
+
+
+def lower_host_int8_conv(kc, ev, stage: Stage, operands: tuple[QInput, QEpilogue], fallback) -> None:
+    """The AVX2 kernel under ``#if HOST_GUARD``, ``fallback()`` (qconv.py's kernel) under ``#else``. The
+    report's notes describe the host kernel (the one that runs where the host has AVX2)."""
+    w = kc.w
+    w.line(f"#if {HOST_GUARD}")
+    _host(kc, ev, stage, operands)
+    w.line("#else")
+    kept = len(kc.notes)
+    with ev.scope():
+        fallback()
+    del kc.notes[kept:]
+    del kc._comment_notes[kept:]
+    w.line("#endif")
+
+
+def _host(kc, ev, stage: Stage, operands: tuple[QInput, QEpilogue]) -> None:
+    node = stage.anchor_node
+    x, ep = operands
+    _, G = conv_geometry(node)
+    N, C, H, W = node.input(0).shape
+    OC = node.outputs[0].shape[1]
+    cg, mg = C // G, OC // G
+    kc.program.require_helper(HELPER, HELPER_C)
+    s = _pairs_helper(kc, x.q.dtype)
+    if cg == 1 and mg == 1:
+        return _depthwise(kc, ev, node, x, ep, s)
+    return _gemm(kc, ev, node, x, ep, s, G)
+
+
+def _gemm(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, G: int) -> None:
+    N, C, H, W = node.input(0).shape
+    out_shape = node.outputs[0].shape
+    OC, OH, OW = out_shape[1:]
+    cg, mg = C // G, OC // G
+    CP = -(-cg // 2)
+    probe, flat = _geometry(node, LANES, True)
+    MR, NV = _block(mg, probe.OW, CP * probe.KH * probe.KW)
+    g, _ = _geometry(node, LANES * NV, True)
+    MB = -(-mg // MR)
+    taps = g.KH * g.KW
+    # weights: [group][channel block][pair][kh][kw][r] int16 pairs, as int32 words
+    wt = ev.static[id(node.input(1))].astype(np.int64).reshape(G, mg, cg, taps)
+    packed = np.zeros((G, MB * MR, 2 * CP, taps), np.int16)
+    packed[:, :mg, :cg, :] = wt
+    packed = packed.reshape(G, MB, MR, CP, 2, taps).transpose(0, 1, 3, 5, 2, 4)  # g mb cp tap r pair
+    words = np.ascontiguousarray(packed).view(np.int32).reshape(-1)
+    wq = kc.const_array(("q8_gemm", node.name), words, f"{node.input(1).name}_pairs", np.int32)
+    plane = g.plane
+    xoff = kc.scratch(CP * plane * 4)
+    kc.note(lambda name: f"int8 conv '{name}': host int16-pair GEMM, {MR} channels x {8 * NV} positions (AVX2 "
+                         f"vpmaddwd, vpdpwssd with AVX512-VNNI), epilogue in vectors", node)
+    w = kc.w
+    qp = kc.ptr(x.q)
+    ct = c_type(x.q.dtype)
+    b, cp, r, ph = kc.tmp("b"), kc.tmp("cp"), kc.tmp("r"), kc.tmp("ph")
+    xp = kc.tmp("xp")
+    with w.block(f"for (long {b} = 0; {b} < {N * G}; ++{b})"):
+        img, grp = (f"({b} / {G})", f"({b} % {G})") if G > 1 else (b, "0")
+        w.line(f"int32_t* restrict {xp} = (int32_t*)(scratch + {xoff});  /* shared: thread 0's scratch */")
+        # the pair image, built once per image and group
+        kc.parallel_for(CP * plane * 4)
+        with w.block(f"for (long {cp} = 0; {cp} < {CP}; ++{cp})"):
+            c0 = kc.tmp("c")
+            w.line(f"const long {c0} = {grp} * {cg} + 2 * {cp};")
+            with w.block(f"for (long {r} = 0; {r} < {g.Hp}; ++{r})"):
+                ih = kc.tmp("ih")
+                w.line(f"const long {ih} = {r} - {g.PT};")
+                ra, rb = kc.tmp("ra"), kc.tmp("rb")
+                base = f"{qp} + (({img} * {C} + {c0}) * {H} + {ih}) * {W}" if not flat else \
+                    f"{qp} + ({img} * {C} + {c0}) * {H * W}"
+                inside = f"{ih} >= 0 && {ih} < {g.H}"
+                w.line(f"const {ct}* {ra} = {inside} ? {base} : NULL;")
+                second = f"{inside} && 2 * {cp} + 1 < {cg}"
+                w.line(f"const {ct}* {rb} = {second} ? {base} + {H * W} : NULL;")
+                with w.block(f"for (long {ph} = 0; {ph} < {g.SW}; ++{ph})"):
+                    dst = f"{xp} + (({cp} * {g.Hp} + {r}) * {g.SW} + {ph}) * {g.Wq}"
+                    _emit_build_row(w, f"opfuse_q8_pairs_{s}", dst, (ra, rb), g, x.zp, ph)
+        tiles_w = -(-g.OW // g.NB)
+        t = kc.tmp("t")
+        kc.parallel_for(g.OH * tiles_w * mg * CP * taps * 2 * g.NB)
+        with w.block(f"for (long {t} = 0; {t} < {g.OH * tiles_w}; ++{t})"):
+            oh, ow0 = kc.tmp("oh"), kc.tmp("ow")
+            w.line(f"const long {oh} = {t} / {tiles_w}, {ow0} = ({t} % {tiles_w}) * {g.NB};")
+            xt = kc.tmp("xt")
+            w.line(f"const int32_t* {xt} = {xp} + {oh} * {g.SH * g.SW * g.Wq} + {ow0};")
+            mb = kc.tmp("mb")
+            with w.block(f"for (long {mb} = 0; {mb} < {MB}; ++{mb})"):
+                accs = [[kc.tmp("a") for _ in range(NV)] for _ in range(MR)]
+                for row in accs:
+                    w.line("__m256i " + ", ".join(f"{a} = _mm256_setzero_si256()" for a in row) + ";")
+                wp = kc.tmp("wp")
+                w.line(f"const int32_t* {wp} = {wq} + ({grp} * {MB} + {mb}) * {CP * taps * MR};")
+                k = kc.tmp("k")
+                with w.block(f"for (long {k} = 0; {k} < {CP}; ++{k}, {wp} += {taps * MR})"):
+                    xc = kc.tmp("xc")
+                    w.line(f"const int32_t* {xc} = {xt} + {k} * {plane};")
+                    for kh in range(g.KH):
+                        for kw in range(g.KW):
+                            tap = kh * g.KW + kw
+                            xs = [kc.tmp("x") for _ in range(NV)]
+                            with w.block(""):
+                                for v, xv in enumerate(xs):
+                                    w.line(f"const __m256i {xv} = _mm256_loadu_si256((const __m256i*)({xc} + "
+                                           f"{g.tap(kh, kw) + v * LANES}));")
+                                for i in range(MR):
+                                    wb = kc.tmp("w")
+                                    w.line(f"const __m256i {wb} = _mm256_set1_epi32({wp}[{tap * MR + i}]);")
+                                    for v in range(NV):
+                                        a = accs[i][v]
+                                        w.line(f"{a} = OPFUSE_Q8_DOT({a}, {xs[v]}, {wb});")
+                for i in range(MR):
+                    m = kc.tmp("m")
+                    w.line(f"const long {m} = {mb} * {MR} + {i};")
+                    guard = f"if ({m} < {mg})" if mg % MR else ""
+                    with w.block(guard):
+                        oc = kc.tmp("oc")
+                        w.line(f"const long {oc} = {grp} * {mg} + {m};")
+                        if flat:
+                            orow, rrow = _out_rows(kc, ep, img, oc, "0", (N, OC, 1, OH * OW))
+                        else:
+                            orow, rrow = _out_rows(kc, ep, img, oc, oh, out_shape)
+                        _emit_epilogue(kc, ep, accs[i], oc, orow, ow0, str(g.OW), rrow)
+
+
+def _depthwise(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str) -> None:
+    N, C, H, W = node.input(0).shape
+    out_shape = node.outputs[0].shape
+    OH, OW = out_shape[2:]
+    NV = 2 if OW >= 2 * LANES else 1
+    g, _ = _geometry(node, LANES * NV, False)
+    taps = g.KH * g.KW
+    wt = ev.static[id(node.input(1))].astype(np.int32).reshape(C, taps)
+    wq = kc.const_array(("q8_dw", node.name), wt, f"{node.input(1).name}_dw", np.int32)
+    poff = kc.scratch(g.plane * 4)
+    kc.note(lambda name: f"int8 depthwise '{name}': host planes of int32, {8 * NV} positions per pass, "
+                         "epilogue in vectors", node)
+    w = kc.w
+    qp = kc.ptr(x.q)
+    ct = c_type(x.q.dtype)
+    pl, r, ph = kc.tmp("pl"), kc.tmp("r"), kc.tmp("ph")
+    kc.parallel_for(N * C * OH * OW * taps * 2)
+    with w.block(f"for (long {pl} = 0; {pl} < {N * C}; ++{pl})"):
+        img, c = f"({pl} / {C})", f"({pl} % {C})"
+        xp = kc.tmp("plane")
+        w.line(f"int32_t* restrict {xp} = {kc.scratch_ptr('int32_t', poff)};")
+        with w.block(f"for (long {r} = 0; {r} < {g.Hp}; ++{r})"):
+            ih = kc.tmp("ih")
+            w.line(f"const long {ih} = {r} - {g.PT};")
+            with w.block(f"for (long {ph} = 0; {ph} < {g.SW}; ++{ph})"):
+                dst = f"{xp} + ({r} * {g.SW} + {ph}) * {g.Wq}"
+                with w.block(f"if ({ih} >= 0 && {ih} < {H})"):
+                    _emit_build_row(w, f"opfuse_q8_plane_row_{s}", dst, f"{qp} + ({pl} * {H} + {ih}) * {W}", g,
+                                    x.zp, ph)
+                w.line(f"else memset({dst}, 0, sizeof(int32_t) * {g.Wq});")
+        wv = [kc.tmp("w") for _ in range(taps)]
+        for t_, name in enumerate(wv):
+            w.line(f"const __m256i {name} = _mm256_set1_epi32({wq}[{c} * {taps} + {t_}]);")
+        oh, ow0 = kc.tmp("oh"), kc.tmp("ow")
+        with w.block(f"for (long {oh} = 0; {oh} < {OH}; ++{oh})"):
+            orow, rrow = _out_rows(kc, ep, img, c, oh, out_shape)
+            with w.block(f"for (long {ow0} = 0; {ow0} < {OW}; {ow0} += {g.NB})"):
+                xt = kc.tmp("xt")
+                w.line(f"const int32_t* {xt} = {xp} + {oh} * {g.SH * g.SW * g.Wq} + {ow0};")
+                accs = [kc.tmp("a") for _ in range(NV)]
+                w.line("__m256i " + ", ".join(f"{a} = _mm256_setzero_si256()" for a in accs) + ";")
+                for kh in range(g.KH):
+                    for kw in range(g.KW):
+                        for v, a in enumerate(accs):
+                            w.line(f"{a} = _mm256_add_epi32({a}, _mm256_mullo_epi32(_mm256_loadu_si256("
+                                   f"(const __m256i*)({xt} + {g.tap(kh, kw) + v * LANES})), {wv[kh * g.KW + kw]}));")
+                _emit_epilogue(kc, ep, accs, c, orow, ow0, str(OW), rrow)
