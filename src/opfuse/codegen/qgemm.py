@@ -110,79 +110,84 @@ def _per_channel(arr: np.ndarray | None, shape: tuple, dtype) -> np.ndarray | No
     return np.broadcast_to(arr.reshape(full[1]), (shape[1],)).astype(dtype)
 
 
-def match_epilogue(ev, stage: Stage, node: Node) -> QEpilogue | None:
-    """The epilogue this module vectorises, or None (the group keeps the scalar epilogue)."""
+class _Refused(Exception):
+    """Why the host kernel does not take this convolution (reported in the kernel's notes)."""
+
+
+def _need(cond: bool, reason: str) -> None:
+    if not cond:
+        raise _Refused(reason)
+
+
+def match_epilogue(ev, stage: Stage, node: Node) -> QEpilogue:
+    """The epilogue this module vectorises; ``_Refused`` with the reason otherwise."""
     acc = node.outputs[0]
     shape = acc.shape
     bias = np.zeros(shape[1], np.int64)
     if len(node.inputs) > 2 and node.inputs[2] is not None:
         b = _per_channel(ev.static.get(id(node.inputs[2])), shape[1:2], np.int64)
-        if b is None:
-            return None
+        _need(b is not None, "the Conv's bias is not a constant")
         bias += b
     cur = acc
-    dependent = [n for n in stage.epilogue]
     rq = None
-    for n in dependent:
+    for n in stage.epilogue:
         if not any(v is cur for v in n.input_values()):
             continue
-        if rq is not None:
-            return None  # something reads the Requantize's input besides it, or follows it
-        if n.op_type == "Add" and n.outputs[0].dtype == np.int32:
+        _need(rq is None, f"a {n.op_type} reads the accumulator besides the Requantize")
+        if n.op_type == "Add" and n.outputs[0].dtype == np.int32 and n.outputs[0].shape == shape:
             other = n.input(1) if n.input(0) is cur else n.input(0)
             b = _per_channel(ev.static.get(id(other)), shape, np.int64)
-            if b is None or n.outputs[0].shape != shape:
-                return None
+            _need(b is not None, "the bias Add's operand is not a constant per channel")
             bias += b
             cur = n.outputs[0]
         elif n.op_type == "Requantize" and n.input(0) is cur:
             rq = n
         else:
-            return None
-    if rq is None or len(stage.outputs) != 1 or stage.outputs[0] is not rq.outputs[0]:
-        return None
+            raise _Refused(f"a {n.op_type} in the epilogue (only a bias Add and a Requantize are vectorised)")
+    _need(rq is not None, "the epilogue has no Requantize")
+    _need(len(stage.outputs) == 1 and stage.outputs[0] is rq.outputs[0],
+          "the kernel stores another tensor than the Requantize's output")
     out = rq.outputs[0]
-    if out.dtype not in EIGHT_BIT or out.shape != shape:
-        return None
+    _need(out.shape == shape, "the Requantize broadcasts the accumulator")
     mult = _per_channel(ev.static.get(id(rq.input(1))), shape, np.int64)
     shift = _per_channel(ev.static.get(id(rq.input(2))), shape, np.int64)
-    if mult is None or shift is None or mult.min() < 0 or mult.max() >= 1 << 31:
-        return None
-    if shift.min() < 1 or shift.max() > MAX_SHIFT:
-        return None  # the reference refuses it at run time; the scalar path keeps that behaviour
+    _need(mult is not None, "the Requantize's multiplier is not a constant per channel")
+    _need(shift is not None, "the Requantize's shift is not a constant per channel")
+    _need(mult.min() >= 0 and shift.min() >= 1 and shift.max() <= MAX_SHIFT,
+          f"the Requantize has a negative multiplier or a shift outside [1, {MAX_SHIFT}] (the reference refuses it)")
     a = get_spec(rq.op_type, rq).attrs_of(rq)
-    # bias wraps in int32 like the reference's Add
+    # the bias wraps in int32 like the reference's Add
     ep = QEpilogue(out, bias.astype(np.int32), mult.astype(np.int32), shift.astype(np.int32),
                    int(a["zero_point"]), int(a["lo"]), int(a["hi"]))
     if len(rq.input_values()) == 5:
         res = _centred_input(rq.input(3), ev)
         rmult = _per_channel(ev.static.get(id(rq.input(4))), shape, np.int64)
-        if res is None or rmult is None or res.q.shape != shape:
-            return None
-        if rmult.min() < 0 or rmult.max() >= 1 << (MAX_SHIFT - RESIDUAL_BITS):
-            return None
+        _need(res is not None and res.q.shape == shape,
+              "the Requantize's residual is not an 8-bit tensor in memory less a constant zero point")
+        _need(rmult is not None, "the Requantize's residual multiplier is not a constant per channel")
+        _need(rmult.min() >= 0 and rmult.max() < 1 << (MAX_SHIFT - RESIDUAL_BITS),
+              "the Requantize's residual multiplier is out of range (the reference refuses it)")
         ep.res, ep.rmult = res, rmult
     return ep
 
 
 def host_int8_conv_applies(kc, ev, stage: Stage) -> tuple[QInput, QEpilogue] | None:
-    """The host fast path's operands, or None where ``qconv.py``'s kernel stays alone."""
+    """The host kernel's operands, or None where ``qconv.py``'s kernel stays alone (on the host with
+    SIMD, the reason is in the kernel's notes)."""
     opts = kc.program.options
     if opts.simd == "none" or opts.platform != "host":
         return None
     node = stage.anchor_node
-    if len(node.inputs[0].shape) != 4:
+    try:
+        _need(len(node.inputs[0].shape) == 4, "not a 2-D convolution")
+        x = _centred_input(node.input(0), ev)
+        _need(x is not None, "the input is not an 8-bit tensor in memory less a constant zero point, "
+                             "dequantized in this kernel")
+        return x, match_epilogue(ev, stage, node)
+    except _Refused as e:
+        reason = str(e)
+        kc.note(lambda name: f"int8 conv '{name}': host int8 kernel not used: {reason}", node)
         return None
-    w = ev.static.get(id(node.input(1)))
-    if w is None or np.abs(w.astype(np.int64)).max(initial=0) > 32767:
-        return None
-    x = _centred_input(node.input(0), ev)
-    if x is None:
-        return None
-    ep = match_epilogue(ev, stage, node)
-    if ep is None:
-        return None
-    return x, ep
 
 
 # C ---------------------------------------------------------------------------------------------------

@@ -1,0 +1,206 @@
+"""The host's int8 convolution (``codegen/qgemm.py``): the int16-pair GEMM and the vectorised depthwise with
+the requantizing epilogue in AVX2 vectors. Integer arithmetic: bit-exact against the reference executor (no
+tolerance), with AVX512-VNNI (this host, ``-march=native``), with AVX2 alone (``-mno-avx512f``) and on the
+plain C99 path (``simd="none"``); shapes with remainders, 8-bit types in and out, residuals, clamps,
+per-channel shifts on both sides of 32; and where the host kernel is not used, the reason."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from onnx import TensorProto
+
+from opfuse.codegen import generate
+from opfuse.codegen.options import CodegenOptions
+from opfuse.compiler import CompileOptions, plan_model
+from opfuse.ops import GraphBuilder
+from opfuse.ops.quantized import fixed_point_multiplier, residual_multiplier
+from opfuse.runtime.native import CompiledModel, build
+from opfuse.runtime.reference import run
+from opfuse.runtime.toolchain import Toolchain, build_library
+
+HOST_KERNEL = "opfuse_q8_requantize("
+DTYPES = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8}
+
+
+def qconv(cin=6, cout=5, hw=(9, 7), k=3, stride=1, pad=1, dilation=1, group=1, x_dtype="int8", zp=-7,
+          out_dtype="int8", out_zp=3, relu=False, residual=False, res_dtype="int8", shifts=(1e-4, 3e-3),
+          wmax=128, bias=True, seed=0):
+    """x (8-bit) -> Cast/Sub(zp) -> Conv -> [Add(bias)] -> Requantize [+ residual r (8-bit)] -> y (8-bit)."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder("qconv")
+    x = b.input("x", (1, cin) + hw, x_dtype)
+    xc = b.op("Sub", b.op("Cast", x, to=int(TensorProto.INT32)), b.const("zp", np.array(zp, np.int32)))
+    w = rng.integers(-wmax, wmax, (cout, cin // group, k, k)).astype(np.int32)
+    acc = b.op("Conv", xc, b.const("w", w), name="conv", pads=[pad] * 4, strides=[stride] * 2,
+               dilations=[dilation] * 2, group=group)
+    if bias:
+        acc = b.op("Add", acc, b.const("bias", rng.integers(-3000, 3000, (1, cout, 1, 1)).astype(np.int32)))
+    pairs = [fixed_point_multiplier(float(m)) for m in rng.uniform(*shifts, cout)]
+    mult = np.array([p[0] for p in pairs], np.int32).reshape(1, cout, 1, 1)
+    shift = np.array([p[1] for p in pairs], np.int32).reshape(1, cout, 1, 1)
+    info = np.iinfo(np.dtype(out_dtype))
+    lo = out_zp if relu else int(info.min)
+    args = [acc, b.const("m", mult), b.const("s", shift)]
+    if residual:
+        oh = (hw[0] + 2 * pad - dilation * (k - 1) - 1) // stride + 1
+        ow = (hw[1] + 2 * pad - dilation * (k - 1) - 1) // stride + 1
+        r = b.input("r", (1, cout, oh, ow), res_dtype)
+        rzp = 5 if res_dtype == "int8" else 120
+        rc = b.op("Sub", b.op("Cast", r, to=int(TensorProto.INT32)), b.const("rzp", np.array(rzp, np.int32)))
+        rm = np.array([residual_multiplier(float(m), int(s)) for m, s in
+                       zip(rng.uniform(0.3, 1.5, cout), shift.reshape(-1))], np.int64).reshape(1, cout, 1, 1)
+        args += [rc, b.const("rm", rm)]
+    y = b.op("Requantize", *args, zero_point=out_zp, lo=lo, hi=int(info.max), to=int(DTYPES[out_dtype]))
+    return b.build(y)
+
+
+def _feeds(g, seed=1):
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for v in g.inputs:
+        info = np.iinfo(v.dtype)
+        feeds[v.name] = rng.integers(info.min, info.max + 1, v.shape).astype(v.dtype)
+    return feeds
+
+
+def _avx2_only(graph, plan) -> CompiledModel:
+    """The same C built without AVX-512 (an AVX2-only CI machine): vpmaddwd, 64-bit compare-and-blend clamps."""
+    tc = Toolchain.detect()
+    tc = dataclasses.replace(tc, flags=tc.flags + ("-mno-avx512f",), identity=tc.identity + " -mno-avx512f")
+    program = generate(graph, plan)
+    return CompiledModel(graph, plan, program, tc, build_library(program.source, tc, None), threads=1)
+
+
+def check(g, *, expect_host=True, avx2=True):
+    comp = plan_model(g)
+    assert len(comp.plan.groups) == 1  # Cast/Sub prologue, conv, bias, requantize (and residual): one kernel
+    feeds = _feeds(g)
+    want = run(g, feeds)
+    (name,) = want
+    source = generate(comp.plan.graph, comp.plan).source
+    assert (HOST_KERNEL in source.split("static", 1)[1] if expect_host else HOST_KERNEL not in source)
+    for opts in (CodegenOptions(), CodegenOptions(simd="none")):
+        got = build(comp.plan.graph, comp.plan, options=opts).run(feeds)
+        np.testing.assert_array_equal(got[name], want[name])
+    if avx2:
+        np.testing.assert_array_equal(_avx2_only(comp.plan.graph, comp.plan).run(feeds)[name], want[name])
+    return comp
+
+
+CASES = {
+    "3x3": {},
+    "1x1-flat": {"k": 1, "pad": 0, "cin": 16, "cout": 13, "hw": (5, 7)},
+    "1x1-stride2": {"k": 1, "pad": 0, "stride": 2, "cin": 8, "cout": 9, "hw": (9, 9)},
+    "stride2": {"stride": 2, "cout": 11, "hw": (13, 17)},
+    "dilation2": {"dilation": 2, "pad": 2, "cout": 7},
+    "odd-channels": {"cin": 3, "cout": 7, "pad": 0, "hw": (11, 20)},
+    "grouped-odd": {"group": 2, "cin": 6, "cout": 10},
+    "wide-row": {"cin": 5, "cout": 12, "hw": (4, 29)},
+    "rect-kernel": {"k": 5, "pad": 2, "cin": 1, "cout": 9, "hw": (12, 6)},
+    "uint8-in-out": {"x_dtype": "uint8", "zp": 128, "out_dtype": "uint8", "out_zp": 100},
+    "relu-clamp": {"relu": True, "cout": 8, "hw": (8, 16)},
+    "residual-int8": {"residual": True, "cout": 6, "hw": (8, 11)},
+    "residual-uint8-stride2": {"residual": True, "res_dtype": "uint8", "stride": 2, "cout": 13, "hw": (10, 19)},
+    "shifts-below-32": {"shifts": (0.05, 0.9)},
+    "shifts-mixed": {"shifts": (1e-9, 0.5), "cout": 16},
+    "wide-weights": {"wmax": 30000, "cin": 4, "cout": 6},
+    "no-bias": {"bias": False, "cout": 7},
+    "dw": {"group": 6, "cin": 6, "cout": 6},
+    "dw-stride2-odd": {"group": 5, "cin": 5, "cout": 5, "stride": 2, "hw": (13, 21)},
+    "dw-residual-uint8": {"group": 4, "cin": 4, "cout": 4, "residual": True, "x_dtype": "uint8", "zp": 130,
+                          "out_dtype": "uint8", "out_zp": 0, "relu": True, "hw": (6, 19)},
+    "dw-dilation": {"group": 3, "cin": 3, "cout": 3, "dilation": 2, "pad": 2, "hw": (7, 5)},
+}
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_host_int8_conv_is_bit_exact(case):
+    check(qconv(**CASES[case], seed=len(case)))
+
+
+def test_the_report_names_the_host_kernel_not_the_fallback():
+    """The notes describe the kernel that runs on this host (the #else branch's choice is not reported)."""
+    comp = plan_model(qconv())
+    program = generate(comp.plan.graph, comp.plan)
+    notes = [n for k in program.kernels for n in k.notes]
+    assert any("host int16-pair GEMM" in n for n in notes)
+    assert not any("int16 columns" in n for n in notes)
+    plain = generate(comp.plan.graph, comp.plan, options=CodegenOptions(simd="none"))
+    assert not any("host" in n for k in plain.kernels for n in k.notes)
+
+
+def test_plain_c_build_has_no_host_kernel():
+    comp = plan_model(qconv())
+    source = generate(comp.plan.graph, comp.plan, options=CodegenOptions(simd="none")).source
+    assert HOST_KERNEL not in source and "opfuse_dot2_s16" in source
+
+
+def test_unmatched_epilogue_keeps_the_scalar_kernel_with_a_reason():
+    """A Requantize whose multiplier is not per channel (it varies along a spatial axis) is not the
+    epilogue the host kernel vectorises: the group keeps qconv.py's kernel, exact, and the report says why."""
+    rng = np.random.default_rng(3)
+    b = GraphBuilder("q")
+    x = b.input("x", (1, 4, 6, 6), "int8")
+    xc = b.op("Sub", b.op("Cast", x, to=int(TensorProto.INT32)), b.const("zp", np.array(1, np.int32)))
+    acc = b.op("Conv", xc, b.const("w", rng.integers(-100, 100, (4, 4, 3, 3)).astype(np.int32)), name="conv",
+               pads=[1] * 4)
+    m, s = fixed_point_multiplier(1e-3)
+    mult = np.full((1, 1, 6, 1), m, np.int32)
+    g = b.build(b.op("Requantize", acc, b.const("m", mult), b.const("s", np.array(s, np.int32)), zero_point=0,
+                     lo=-128, hi=127, to=int(TensorProto.INT8)))
+    comp = check(g, expect_host=False, avx2=False)
+    program = generate(comp.plan.graph, comp.plan)
+    assert "host int8 kernel not used: the Requantize's multiplier is not" in program.source
+
+
+def test_int8_model_output_is_not_a_host_kernel_when_the_accumulator_is_stored():
+    """The int32 accumulator is also a graph output: two stores per element, the scalar epilogue's job."""
+    b = GraphBuilder("q")
+    x = b.input("x", (1, 2, 5, 5), "uint8")
+    xc = b.op("Sub", b.op("Cast", x, to=int(TensorProto.INT32)), b.const("zp", np.array(128, np.int32)))
+    acc = b.op("Conv", xc, b.const("w", np.ones((3, 2, 3, 3), np.int32)), name="conv", pads=[1] * 4)
+    m, s = fixed_point_multiplier(1e-2)
+    y = b.op("Requantize", acc, b.const("m", np.array(m, np.int32)), b.const("s", np.array(s, np.int32)),
+             zero_point=0, lo=-128, hi=127, to=int(TensorProto.INT8))
+    g = b.build(y, acc)
+    comp = plan_model(g)
+    source = generate(comp.plan.graph, comp.plan).source
+    assert HOST_KERNEL not in source
+    assert "host int8 kernel not used" in source
+    feeds = _feeds(g)
+    want = run(g, feeds)
+    got = build(comp.plan.graph, comp.plan).run(feeds)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+
+
+def test_same_c_twice():
+    g = qconv(residual=True, group=2, cin=6, cout=4)
+    pa, pb = plan_model(g).plan, plan_model(g).plan
+    a, b = generate(pa.graph, pa), generate(pb.graph, pb)
+    assert a.source == b.source and a.weights == b.weights
+
+
+def test_quantized_zoo_model_fused_is_bit_exact_on_the_host_kernel():
+    """resnet8 quantized (residual blocks, strided 3x3 and 1x1 shortcuts) up to its last int8 tensor: the fused
+    host kernels equal the reference on the unfused graph (the float tail after it rounds differently in C)."""
+    from onnx import helper
+
+    from opfuse.quantization import quantize
+    from opfuse.runtime.reference import random_inputs
+    qmodel = quantize("zoo:resnet8", calibration_random=2).model
+    last = "stack3_relu_quantized"
+    cut = next(i for i, n in enumerate(qmodel.graph.node) if last in n.output)
+    del qmodel.graph.node[cut + 1:]
+    del qmodel.graph.output[:]
+    qmodel.graph.output.append(helper.make_tensor_value_info(last, TensorProto.INT8, None))
+    comp = plan_model(qmodel)
+    program = generate(comp.plan.graph, comp.plan, memory=comp.memory)
+    assert sum("host int16-pair GEMM" in n for k in program.kernels for n in k.notes) == 9
+    feeds = random_inputs(comp.graph, 0)
+    want = run(plan_model(qmodel, CompileOptions(fuse=False)).graph, feeds)
+    got = build(comp.plan.graph, comp.plan, memory=comp.memory).run(feeds)
+    assert want[last].dtype == np.int8 and want[last].std() > 1  # not all clamped
+    np.testing.assert_array_equal(got[last], want[last])
