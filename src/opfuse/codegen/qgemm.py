@@ -204,12 +204,8 @@ static inline __m256i opfuse_q8_round(__m256i p, __m128i cnt, __m256i hm1, __m25
   const __m256i odd = _mm256_and_si256(_mm256_srl_epi64(u, cnt), _mm256_set1_epi64x(1));
   const __m256i t = _mm256_add_epi64(_mm256_add_epi64(u, hm1), odd);
   __m256i q = _mm256_add_epi64(_mm256_sub_epi64(_mm256_srl_epi64(t, cnt), b63), zp);
-#if defined(__AVX512VL__) && defined(__AVX512F__)
-  q = _mm256_min_epi64(_mm256_max_epi64(q, lo), hi);
-#else
   q = _mm256_blendv_epi8(q, lo, _mm256_cmpgt_epi64(lo, q));
   q = _mm256_blendv_epi8(q, hi, _mm256_cmpgt_epi64(q, hi));
-#endif
   return q;
 }
 
@@ -221,6 +217,43 @@ static inline __m256i opfuse_q8_round(__m256i p, __m128i cnt, __m256i hm1, __m25
 #endif
 
 /* Per output channel: the requantization's constants as 64-bit lanes. */
+#if defined(__AVX512F__)
+typedef struct {
+  __m512i mult, hm1, zp, lo, hi, rl, rh;
+  __m128i cnt;
+} opfuse_q8_chan;
+
+static inline opfuse_q8_chan opfuse_q8_chan_init(int32_t mult, int32_t shift, int64_t rmult, int32_t zp, int32_t lo,
+                                                 int32_t hi) {
+  opfuse_q8_chan c;
+  c.mult = _mm512_set1_epi64(mult);
+  c.cnt = _mm_cvtsi32_si128(shift);
+  c.hm1 = _mm512_set1_epi64((long long)(((uint64_t)1 << (shift - 1)) - 1u));
+  c.zp = _mm512_set1_epi64(zp);
+  c.lo = _mm512_set1_epi64(lo);
+  c.hi = _mm512_set1_epi64(hi);
+  c.rl = _mm512_set1_epi64(rmult & 0x7fffffff);
+  c.rh = _mm512_set1_epi64(rmult >> 31);
+  return c;
+}
+
+/* 8 int32 accumulators (bias added) -> 8 requantized 8-bit values (the low 8 bytes); res: the centred
+   residual or NULL. AVX-512: all 8 products in one register, arithmetic 64-bit shifts, min/max and a
+   truncating narrowing (the values are already clamped to the 8-bit type). */
+static inline __m128i opfuse_q8_requantize(__m256i acc, const opfuse_q8_chan* c, const __m256i* res, int is_unsigned) {
+  (void)is_unsigned;
+  __m512i p = _mm512_mul_epi32(_mm512_cvtepi32_epi64(acc), c->mult);
+  if (res) {
+    const __m512i r = _mm512_cvtepi32_epi64(*res);
+    p = _mm512_add_epi64(p, _mm512_add_epi64(_mm512_mul_epi32(r, c->rl),
+                                             _mm512_slli_epi64(_mm512_mul_epi32(r, c->rh), 31)));
+  }
+  const __m512i odd = _mm512_and_si512(_mm512_srl_epi64(p, c->cnt), _mm512_set1_epi64(1));
+  __m512i q = _mm512_sra_epi64(_mm512_add_epi64(_mm512_add_epi64(p, c->hm1), odd), c->cnt);
+  q = _mm512_min_epi64(_mm512_max_epi64(_mm512_add_epi64(q, c->zp), c->lo), c->hi);
+  return _mm512_cvtepi64_epi8(q);
+}
+#else
 typedef struct {
   __m256i mult, hm1, b63, zp, lo, hi, rl, rh;
   __m128i cnt;
@@ -241,8 +274,10 @@ static inline opfuse_q8_chan opfuse_q8_chan_init(int32_t mult, int32_t shift, in
   return c;
 }
 
-/* 8 int32 accumulators (bias added) -> 8 requantized int32 values; res: the centred residual or NULL. */
-static inline __m256i opfuse_q8_requantize(__m256i acc, const opfuse_q8_chan* c, const __m256i* res) {
+/* 8 int32 accumulators (bias added) -> 8 requantized 8-bit values (the low 8 bytes); res: the centred
+   residual or NULL. The even and the odd lanes' 64-bit products apart; the packs saturate nothing (the
+   values are already clamped). */
+static inline __m128i opfuse_q8_requantize(__m256i acc, const opfuse_q8_chan* c, const __m256i* res, int is_unsigned) {
   __m256i pe = _mm256_mul_epi32(acc, c->mult);
   __m256i po = _mm256_mul_epi32(_mm256_srli_epi64(acc, 32), c->mult);
   if (res) {
@@ -254,18 +289,12 @@ static inline __m256i opfuse_q8_requantize(__m256i acc, const opfuse_q8_chan* c,
   }
   const __m256i qe = opfuse_q8_round(pe, c->cnt, c->hm1, c->b63, c->zp, c->lo, c->hi);
   const __m256i qo = opfuse_q8_round(po, c->cnt, c->hm1, c->b63, c->zp, c->lo, c->hi);
-  return _mm256_blend_epi32(qe, _mm256_slli_epi64(qo, 32), 0xAA);
+  const __m256i v = _mm256_blend_epi32(qe, _mm256_slli_epi64(qo, 32), 0xAA);
+  const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  return is_unsigned ? _mm_packus_epi16(w, w) : _mm_packs_epi16(w, w);
 }
+#endif
 
-/* 8 int32 values, already within the 8-bit type's range, to 8 bytes (the packs saturate nothing). */
-static inline __m128i opfuse_q8_pack_s8(__m256i v) {
-  const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  return _mm_packs_epi16(w, w);
-}
-static inline __m128i opfuse_q8_pack_u8(__m256i v) {
-  const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  return _mm_packus_epi16(w, w);
-}
 static inline void opfuse_q8_store(void* dst, __m128i b, long n) {
   if (n >= 8) {
     _mm_storel_epi64((__m128i*)dst, b);
@@ -435,11 +464,9 @@ def _emit_build_row(w, fn: str, dst: str, rows: tuple[str, str] | str, g: _Geome
         w.line(f"{fn}({dst}, {rows}, {first}, {g.Wq}, {g.SW}, {g.W}, {zp});")
 
 
-def _emit_epilogue(kc, ep: QEpilogue, accs: list[str], oc: str, out_row: str, ow0: str, valid: str,
-                   res_row: str | None) -> None:
-    """Requantize and store ``accs`` (vectors of 8 consecutive positions of channel ``oc``)."""
+def _emit_channel(kc, ep: QEpilogue, oc: str) -> tuple[str, str]:
+    """The requantization constants and the bias of channel ``oc`` in vector registers: (chan, bias)."""
     w = kc.w
-    sfx = "s8" if ep.out.dtype == np.int8 else "u8"
     ch = kc.tmp("ch")
     bias = kc.const_array(("q8_bias", ep.out.name), ep.bias, f"{ep.out.name}_bias", np.int32)
     mult = kc.const_array(("q8_mult", ep.out.name), ep.mult, f"{ep.out.name}_mult", np.int32)
@@ -452,6 +479,15 @@ def _emit_epilogue(kc, ep: QEpilogue, accs: list[str], oc: str, out_row: str, ow
            f"{ep.lo}, {ep.hi});")
     b = kc.tmp("bias")
     w.line(f"const __m256i {b} = _mm256_set1_epi32({bias}[{oc}]);")
+    return ch, b
+
+
+def _emit_epilogue(kc, ep: QEpilogue, accs: list[str], chan: tuple[str, str], out_row: str, ow0: str, valid: str,
+                   res_row: str | None) -> None:
+    """Requantize and store ``accs`` (vectors of 8 consecutive positions of one channel, ``chan``'s)."""
+    w = kc.w
+    unsigned = int(ep.out.dtype == np.uint8)
+    ch, b = chan
     for v, acc in enumerate(accs):
         n = kc.tmp("n")
         w.line(f"const long {n} = {valid} - {ow0} - {v * LANES};")
@@ -462,8 +498,8 @@ def _emit_epilogue(kc, ep: QEpilogue, accs: list[str], oc: str, out_row: str, ow
                 rs = "s8" if ep.res.q.dtype == np.int8 else "u8"
                 w.line(f"const __m256i {r} = opfuse_q8_load_{rs}({res_row} + {ow0} + {v * LANES}, {n}, {ep.res.zp});")
                 res = f"&{r}"
-            w.line(f"opfuse_q8_store({out_row} + {ow0} + {v * LANES}, opfuse_q8_pack_{sfx}(opfuse_q8_requantize("
-                   f"_mm256_add_epi32({acc}, {b}), &{ch}, {res})), {n});")
+            w.line(f"opfuse_q8_store({out_row} + {ow0} + {v * LANES}, opfuse_q8_requantize("
+                   f"_mm256_add_epi32({acc}, {b}), &{ch}, {res}, {unsigned}), {n});")
 
 
 def _out_rows(kc, ep: QEpilogue, img: str, oc: str, row: str, shape: tuple) -> tuple[str, str | None]:
@@ -602,7 +638,7 @@ def _gemm(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, G: int) -> None:
                             orow, rrow = _out_rows(kc, ep, img, oc, "0", (N, OC, 1, OH * OW))
                         else:
                             orow, rrow = _out_rows(kc, ep, img, oc, oh, out_shape)
-                        _emit_epilogue(kc, ep, accs[i], oc, orow, ow0, str(g.OW), rrow)
+                        _emit_epilogue(kc, ep, accs[i], _emit_channel(kc, ep, oc), orow, ow0, str(g.OW), rrow)
 
 
 def _depthwise(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str) -> None:
@@ -638,6 +674,7 @@ def _depthwise(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str) -> None:
         wv = [kc.tmp("w") for _ in range(taps)]
         for t_, name in enumerate(wv):
             w.line(f"const __m256i {name} = _mm256_set1_epi32({wq}[{c} * {taps} + {t_}]);")
+        chan = _emit_channel(kc, ep, c)
         oh, ow0 = kc.tmp("oh"), kc.tmp("ow")
         with w.block(f"for (long {oh} = 0; {oh} < {OH}; ++{oh})"):
             orow, rrow = _out_rows(kc, ep, img, c, oh, out_shape)
@@ -651,4 +688,4 @@ def _depthwise(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str) -> None:
                         for v, a in enumerate(accs):
                             w.line(f"{a} = _mm256_add_epi32({a}, _mm256_mullo_epi32(_mm256_loadu_si256("
                                    f"(const __m256i*)({xt} + {g.tap(kh, kw) + v * LANES})), {wv[kh * g.KW + kw]}));")
-                _emit_epilogue(kc, ep, accs, c, orow, ow0, str(OW), rrow)
+                _emit_epilogue(kc, ep, accs, chan, orow, ow0, str(OW), rrow)
