@@ -65,27 +65,27 @@ def _feeds(g, seed=1):
     return feeds
 
 
-def _avx2_only(graph, plan) -> CompiledModel:
+def _avx2_only(graph, plan, options: CodegenOptions) -> CompiledModel:
     """The same C built without AVX-512 (an AVX2-only CI machine): vpmaddwd, 64-bit compare-and-blend clamps."""
     tc = Toolchain.detect()
     tc = dataclasses.replace(tc, flags=tc.flags + ("-mno-avx512f",), identity=tc.identity + " -mno-avx512f")
-    program = generate(graph, plan)
+    program = generate(graph, plan, options=options)
     return CompiledModel(graph, plan, program, tc, build_library(program.source, tc, None), threads=1)
 
 
-def check(g, *, expect_host=True, avx2=True):
+def check(g, *, expect_host=True, avx2=True, options: CodegenOptions = CodegenOptions()):
     comp = plan_model(g)
     assert len(comp.plan.groups) == 1  # Cast/Sub prologue, conv, bias, requantize (and residual): one kernel
     feeds = _feeds(g)
     want = run(g, feeds)
     (name,) = want
-    source = generate(comp.plan.graph, comp.plan).source
+    source = generate(comp.plan.graph, comp.plan, options=options).source
     assert (HOST_KERNEL in source.split("static", 1)[1] if expect_host else HOST_KERNEL not in source)
-    for opts in (CodegenOptions(), CodegenOptions(simd="none")):
+    for opts in (options, options.with_(simd="none")):
         got = build(comp.plan.graph, comp.plan, options=opts).run(feeds)
         np.testing.assert_array_equal(got[name], want[name])
     if avx2:
-        np.testing.assert_array_equal(_avx2_only(comp.plan.graph, comp.plan).run(feeds)[name], want[name])
+        np.testing.assert_array_equal(_avx2_only(comp.plan.graph, comp.plan, options).run(feeds)[name], want[name])
     return comp
 
 
@@ -118,6 +118,27 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
 def test_host_int8_conv_is_bit_exact(case):
     check(qconv(**CASES[case], seed=len(case)))
+
+
+DEPTHWISE = {
+    "3x3": {"group": 11, "cin": 11, "cout": 11, "hw": (7, 9)},
+    "stride2-residual": {"group": 9, "cin": 9, "cout": 9, "stride": 2, "residual": True, "hw": (10, 21)},
+    "uint8-relu-5x5": {"group": 8, "cin": 8, "cout": 8, "k": 5, "pad": 2, "x_dtype": "uint8", "zp": 131,
+                       "out_dtype": "uint8", "out_zp": 7, "relu": True, "hw": (6, 18), "shifts": (1e-6, 0.4)},
+    "no-pad-dilation": {"group": 3, "cin": 3, "cout": 3, "pad": 0, "dilation": 2, "hw": (9, 12)},
+}
+
+
+@pytest.mark.parametrize("mode", ["positions", "channels"])
+@pytest.mark.parametrize("case", list(DEPTHWISE), ids=list(DEPTHWISE))
+def test_host_int8_depthwise_both_layouts_are_bit_exact(case, mode):
+    """Both depthwise kernels (8 positions of a row per vector, or 8 channels per vector: the channel count
+    not a multiple of 8 here), whichever the width threshold would pick."""
+    below = 1 if mode == "positions" else 1 << 20
+    options = CodegenOptions(int8_depthwise_channels_below=below)
+    comp = check(qconv(**DEPTHWISE[case], seed=len(case)), options=options)
+    notes = [n for k in generate(comp.plan.graph, comp.plan, options=options).kernels for n in k.notes]
+    assert any(("8 channels per vector" in n) == (mode == "channels") and "depthwise" in n for n in notes)
 
 
 def test_the_report_names_the_host_kernel_not_the_fallback():

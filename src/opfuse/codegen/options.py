@@ -63,6 +63,10 @@ class CodegenOptions:
     # the emulated M7 (instructions, fused int8 zoo models): 8 or 16 slows mobilenet's 1x1 convs of
     # 16-64 channels, 33 (K > 64: resnet8's 3x3x16 convs out of line) is the best of 8/16/32/33/65.
     int8_dot_call_min_pairs: int = 33
+    # Host int8 depthwise convolution (``codegen/qgemm.py``, AVX2): output rows narrower than this many
+    # positions are computed 8 channels per vector (channels innermost in a padded copy), wider ones 8
+    # positions of a row per vector (a narrow row leaves most lanes of its last vector idle).
+    int8_depthwise_channels_below: int = 16
     # Recurrent layers (``codegen/recurrent.py``) project the input one block of this many time
     # steps at a time: the block's gate pre-activations (steps x batch x gates x hidden floats)
     # stay in cache until the time loop reads them, and a long sequence needs no T-sized scratch.

@@ -195,20 +195,6 @@ HELPER = "opfuse_q8_host"
 HELPER_C = """
 #if defined(__AVX2__)
 #include <immintrin.h>
-/* Requantize (ops/quantized.py) of 4 int64 products p in 64-bit lanes: round half to even of
-   p / 2^s as floor((p + 2^(s-1) - 1 + bit_s(p)) / 2^s), on p + 2^63 taken as unsigned (hm1 = 2^(s-1) - 1,
-   b63 = 2^(63-s)), plus the zero point, clamped to [lo, hi]. */
-static inline __m256i opfuse_q8_round(__m256i p, __m128i cnt, __m256i hm1, __m256i b63, __m256i zp, __m256i lo,
-                                      __m256i hi) {
-  const __m256i u = _mm256_xor_si256(p, _mm256_set1_epi64x((long long)0x8000000000000000ull));
-  const __m256i odd = _mm256_and_si256(_mm256_srl_epi64(u, cnt), _mm256_set1_epi64x(1));
-  const __m256i t = _mm256_add_epi64(_mm256_add_epi64(u, hm1), odd);
-  __m256i q = _mm256_add_epi64(_mm256_sub_epi64(_mm256_srl_epi64(t, cnt), b63), zp);
-  q = _mm256_blendv_epi8(q, lo, _mm256_cmpgt_epi64(lo, q));
-  q = _mm256_blendv_epi8(q, hi, _mm256_cmpgt_epi64(q, hi));
-  return q;
-}
-
 /* acc + the pairwise products of x and w (int16 pairs), exact: one vpdpwssd with AVX512-VNNI. */
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define OPFUSE_Q8_DOT(acc, x, w) _mm256_dpwssd_epi32((acc), (x), (w))
@@ -216,30 +202,41 @@ static inline __m256i opfuse_q8_round(__m256i p, __m128i cnt, __m256i hm1, __m25
 #define OPFUSE_Q8_DOT(acc, x, w) _mm256_add_epi32((acc), _mm256_madd_epi16((x), (w)))
 #endif
 
-/* Per output channel: the requantization's constants as 64-bit lanes. */
+/* The requantization's constants for 8 lanes: one output channel in every lane (opfuse_q8_chan_init) or one
+   channel per lane (opfuse_q8_chan_lanes: 8 consecutive channels, the depthwise kernel over channels). */
 #if defined(__AVX512F__)
 typedef struct {
-  __m512i mult, hm1, zp, lo, hi, rl, rh;
-  __m128i cnt;
+  __m512i mult, cnt, hm1, zp, lo, hi, rl, rh;
 } opfuse_q8_chan;
 
-static inline opfuse_q8_chan opfuse_q8_chan_init(int32_t mult, int32_t shift, int64_t rmult, int32_t zp, int32_t lo,
-                                                 int32_t hi) {
+static inline opfuse_q8_chan opfuse_q8_chan_vec(__m256i mult, __m256i shift, __m512i rmult, int32_t zp, int32_t lo,
+                                                int32_t hi) {
   opfuse_q8_chan c;
-  c.mult = _mm512_set1_epi64(mult);
-  c.cnt = _mm_cvtsi32_si128(shift);
-  c.hm1 = _mm512_set1_epi64((long long)(((uint64_t)1 << (shift - 1)) - 1u));
+  c.mult = _mm512_cvtepi32_epi64(mult);
+  c.cnt = _mm512_cvtepi32_epi64(shift);
+  c.hm1 = _mm512_sub_epi64(_mm512_sllv_epi64(_mm512_set1_epi64(1), _mm512_sub_epi64(c.cnt, _mm512_set1_epi64(1))),
+                           _mm512_set1_epi64(1));
   c.zp = _mm512_set1_epi64(zp);
   c.lo = _mm512_set1_epi64(lo);
   c.hi = _mm512_set1_epi64(hi);
-  c.rl = _mm512_set1_epi64(rmult & 0x7fffffff);
-  c.rh = _mm512_set1_epi64(rmult >> 31);
+  c.rl = _mm512_and_si512(rmult, _mm512_set1_epi64(0x7fffffff));
+  c.rh = _mm512_srli_epi64(rmult, 31);
   return c;
+}
+static inline opfuse_q8_chan opfuse_q8_chan_init(int32_t mult, int32_t shift, int64_t rmult, int32_t zp, int32_t lo,
+                                                 int32_t hi) {
+  return opfuse_q8_chan_vec(_mm256_set1_epi32(mult), _mm256_set1_epi32(shift), _mm512_set1_epi64(rmult), zp, lo, hi);
+}
+static inline opfuse_q8_chan opfuse_q8_chan_lanes(const int32_t* mult, const int32_t* shift, const int64_t* rmult,
+                                                  int32_t zp, int32_t lo, int32_t hi) {
+  return opfuse_q8_chan_vec(_mm256_loadu_si256((const __m256i*)mult), _mm256_loadu_si256((const __m256i*)shift),
+                            rmult ? _mm512_loadu_si512(rmult) : _mm512_setzero_si512(), zp, lo, hi);
 }
 
 /* 8 int32 accumulators (bias added) -> 8 requantized 8-bit values (the low 8 bytes); res: the centred
-   residual or NULL. AVX-512: all 8 products in one register, arithmetic 64-bit shifts, min/max and a
-   truncating narrowing (the values are already clamped to the 8-bit type). */
+   residual or NULL. Round half to even of p / 2^s is floor((p + 2^(s-1) - 1 + bit_s(p)) / 2^s). AVX-512: all
+   8 products in one register, arithmetic 64-bit shifts, min/max and a truncating narrowing (the values are
+   already clamped to the 8-bit type). */
 static inline __m128i opfuse_q8_requantize(__m256i acc, const opfuse_q8_chan* c, const __m256i* res, int is_unsigned) {
   (void)is_unsigned;
   __m512i p = _mm512_mul_epi32(_mm512_cvtepi32_epi64(acc), c->mult);
@@ -248,47 +245,84 @@ static inline __m128i opfuse_q8_requantize(__m256i acc, const opfuse_q8_chan* c,
     p = _mm512_add_epi64(p, _mm512_add_epi64(_mm512_mul_epi32(r, c->rl),
                                              _mm512_slli_epi64(_mm512_mul_epi32(r, c->rh), 31)));
   }
-  const __m512i odd = _mm512_and_si512(_mm512_srl_epi64(p, c->cnt), _mm512_set1_epi64(1));
-  __m512i q = _mm512_sra_epi64(_mm512_add_epi64(_mm512_add_epi64(p, c->hm1), odd), c->cnt);
+  const __m512i odd = _mm512_and_si512(_mm512_srlv_epi64(p, c->cnt), _mm512_set1_epi64(1));
+  __m512i q = _mm512_srav_epi64(_mm512_add_epi64(_mm512_add_epi64(p, c->hm1), odd), c->cnt);
   q = _mm512_min_epi64(_mm512_max_epi64(_mm512_add_epi64(q, c->zp), c->lo), c->hi);
   return _mm512_cvtepi64_epi8(q);
 }
 #else
+/* AVX2: the even lanes' and the odd lanes' 64-bit products apart (vpmuldq reads the low dword of each 64-bit
+   lane); mult, rl, rh: 32-bit per lane (_o: the odd lanes' in the low dwords); cnt, hm1 = 2^(s-1) - 1 and
+   b63 = 2^(63-s): 64-bit, even and odd lanes. */
 typedef struct {
-  __m256i mult, hm1, b63, zp, lo, hi, rl, rh;
-  __m128i cnt;
+  __m256i mult, mult_o, rl, rl_o, rh, rh_o, cnt_e, cnt_o, hm1_e, hm1_o, b63_e, b63_o, zp, lo, hi;
 } opfuse_q8_chan;
 
-static inline opfuse_q8_chan opfuse_q8_chan_init(int32_t mult, int32_t shift, int64_t rmult, int32_t zp, int32_t lo,
-                                                 int32_t hi) {
+static inline opfuse_q8_chan opfuse_q8_chan_vec(__m256i mult, __m256i shift, __m256i rl, __m256i rh, int32_t zp,
+                                                int32_t lo, int32_t hi) {
   opfuse_q8_chan c;
-  c.mult = _mm256_set1_epi64x(mult);
-  c.cnt = _mm_cvtsi32_si128(shift);
-  c.hm1 = _mm256_set1_epi64x((long long)(((uint64_t)1 << (shift - 1)) - 1u));
-  c.b63 = _mm256_set1_epi64x((long long)((uint64_t)1 << (63 - shift)));
+  const __m256i one = _mm256_set1_epi64x(1), low = _mm256_set1_epi64x(0xffffffff);
+  c.mult = mult;
+  c.mult_o = _mm256_srli_epi64(mult, 32);
+  c.rl = rl;
+  c.rl_o = _mm256_srli_epi64(rl, 32);
+  c.rh = rh;
+  c.rh_o = _mm256_srli_epi64(rh, 32);
+  c.cnt_e = _mm256_and_si256(shift, low);
+  c.cnt_o = _mm256_srli_epi64(shift, 32);
+  c.hm1_e = _mm256_sub_epi64(_mm256_sllv_epi64(one, _mm256_sub_epi64(c.cnt_e, one)), one);
+  c.hm1_o = _mm256_sub_epi64(_mm256_sllv_epi64(one, _mm256_sub_epi64(c.cnt_o, one)), one);
+  c.b63_e = _mm256_sllv_epi64(one, _mm256_sub_epi64(_mm256_set1_epi64x(63), c.cnt_e));
+  c.b63_o = _mm256_sllv_epi64(one, _mm256_sub_epi64(_mm256_set1_epi64x(63), c.cnt_o));
   c.zp = _mm256_set1_epi64x(zp);
   c.lo = _mm256_set1_epi64x(lo);
   c.hi = _mm256_set1_epi64x(hi);
-  c.rl = _mm256_set1_epi64x(rmult & 0x7fffffff);
-  c.rh = _mm256_set1_epi64x(rmult >> 31);
   return c;
+}
+static inline opfuse_q8_chan opfuse_q8_chan_init(int32_t mult, int32_t shift, int64_t rmult, int32_t zp, int32_t lo,
+                                                 int32_t hi) {
+  return opfuse_q8_chan_vec(_mm256_set1_epi32(mult), _mm256_set1_epi32(shift),
+                            _mm256_set1_epi32((int32_t)(rmult & 0x7fffffff)), _mm256_set1_epi32((int32_t)(rmult >> 31)),
+                            zp, lo, hi);
+}
+static inline opfuse_q8_chan opfuse_q8_chan_lanes(const int32_t* mult, const int32_t* shift, const int64_t* rmult,
+                                                  int32_t zp, int32_t lo, int32_t hi) {
+  int32_t rl[8] = {0}, rh[8] = {0};
+  for (int j = 0; rmult && j < 8; ++j) {
+    rl[j] = (int32_t)(rmult[j] & 0x7fffffff);
+    rh[j] = (int32_t)(rmult[j] >> 31);
+  }
+  return opfuse_q8_chan_vec(_mm256_loadu_si256((const __m256i*)mult), _mm256_loadu_si256((const __m256i*)shift),
+                            _mm256_loadu_si256((const __m256i*)rl), _mm256_loadu_si256((const __m256i*)rh), zp, lo, hi);
+}
+
+/* Round half to even of 4 int64 products p / 2^s as floor((p + 2^(s-1) - 1 + bit_s(p)) / 2^s), on p + 2^63
+   taken as unsigned (no arithmetic 64-bit shift in AVX2), plus the zero point, clamped to [lo, hi]. */
+static inline __m256i opfuse_q8_round(__m256i p, __m256i cnt, __m256i hm1, __m256i b63, const opfuse_q8_chan* c) {
+  const __m256i u = _mm256_xor_si256(p, _mm256_set1_epi64x((long long)0x8000000000000000ull));
+  const __m256i odd = _mm256_and_si256(_mm256_srlv_epi64(u, cnt), _mm256_set1_epi64x(1));
+  const __m256i t = _mm256_add_epi64(_mm256_add_epi64(u, hm1), odd);
+  __m256i q = _mm256_add_epi64(_mm256_sub_epi64(_mm256_srlv_epi64(t, cnt), b63), c->zp);
+  q = _mm256_blendv_epi8(q, c->lo, _mm256_cmpgt_epi64(c->lo, q));
+  q = _mm256_blendv_epi8(q, c->hi, _mm256_cmpgt_epi64(q, c->hi));
+  return q;
 }
 
 /* 8 int32 accumulators (bias added) -> 8 requantized 8-bit values (the low 8 bytes); res: the centred
-   residual or NULL. The even and the odd lanes' 64-bit products apart; the packs saturate nothing (the
-   values are already clamped). */
+   residual or NULL. The packs saturate nothing (the values are already clamped). */
 static inline __m128i opfuse_q8_requantize(__m256i acc, const opfuse_q8_chan* c, const __m256i* res, int is_unsigned) {
+  const __m256i acc_o = _mm256_srli_epi64(acc, 32);
   __m256i pe = _mm256_mul_epi32(acc, c->mult);
-  __m256i po = _mm256_mul_epi32(_mm256_srli_epi64(acc, 32), c->mult);
+  __m256i po = _mm256_mul_epi32(acc_o, c->mult_o);
   if (res) {
     const __m256i re = *res, ro = _mm256_srli_epi64(*res, 32);
     pe = _mm256_add_epi64(pe, _mm256_add_epi64(_mm256_mul_epi32(re, c->rl),
                                                _mm256_slli_epi64(_mm256_mul_epi32(re, c->rh), 31)));
-    po = _mm256_add_epi64(po, _mm256_add_epi64(_mm256_mul_epi32(ro, c->rl),
-                                               _mm256_slli_epi64(_mm256_mul_epi32(ro, c->rh), 31)));
+    po = _mm256_add_epi64(po, _mm256_add_epi64(_mm256_mul_epi32(ro, c->rl_o),
+                                               _mm256_slli_epi64(_mm256_mul_epi32(ro, c->rh_o), 31)));
   }
-  const __m256i qe = opfuse_q8_round(pe, c->cnt, c->hm1, c->b63, c->zp, c->lo, c->hi);
-  const __m256i qo = opfuse_q8_round(po, c->cnt, c->hm1, c->b63, c->zp, c->lo, c->hi);
+  const __m256i qe = opfuse_q8_round(pe, c->cnt_e, c->hm1_e, c->b63_e, c);
+  const __m256i qo = opfuse_q8_round(po, c->cnt_o, c->hm1_o, c->b63_o, c);
   const __m256i v = _mm256_blend_epi32(qe, _mm256_slli_epi64(qo, 32), 0xAA);
   const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   return is_unsigned ? _mm_packus_epi16(w, w) : _mm_packs_epi16(w, w);
@@ -542,6 +576,8 @@ def _host(kc, ev, stage: Stage, operands: tuple[QInput, QEpilogue]) -> None:
     kc.program.require_helper(HELPER, HELPER_C)
     s = _pairs_helper(kc, x.q.dtype)
     if cg == 1 and mg == 1:
+        if node.outputs[0].shape[3] < kc.program.options.int8_depthwise_channels_below:
+            return _depthwise_channels(kc, ev, node, x, ep)
         return _depthwise(kc, ev, node, x, ep, s)
     return _gemm(kc, ev, node, x, ep, s, G)
 
@@ -689,3 +725,97 @@ def _depthwise(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str) -> None:
                             w.line(f"{a} = _mm256_add_epi32({a}, _mm256_mullo_epi32(_mm256_loadu_si256("
                                    f"(const __m256i*)({xt} + {g.tap(kh, kw) + v * LANES})), {wv[kh * g.KW + kw]}));")
                 _emit_epilogue(kc, ep, accs, chan, orow, ow0, str(OW), rrow)
+
+
+def _lanes(arr: np.ndarray, pad, dtype) -> np.ndarray:
+    """``arr`` (one value per channel) padded with ``pad`` to whole vectors of LANES channels."""
+    out = np.full(-(-arr.shape[0] // LANES) * LANES, pad, dtype)
+    out[:arr.shape[0]] = arr
+    return out
+
+
+def _depthwise_channels(kc, ev, node: Node, x: QInput, ep: QEpilogue) -> None:
+    """Depthwise over 8 channels per vector (small planes, where 8 positions of a row would not fill one):
+    per image and block of 8 channels a padded image of int32 with the channels innermost, one ``vpmulld`` +
+    ``vpaddd`` per tap and output position, the epilogue with one channel's constants per lane."""
+    N, C, H, W = node.input(0).shape
+    OH, OW = node.outputs[0].shape[2:]
+    geo, _ = conv_geometry(node)
+    (KH, KW), (SH, SW), (DH, DW) = geo.kernel, geo.strides, geo.dilations
+    PT, PL = geo.pads_begin
+    taps = KH * KW
+    CB = -(-C // LANES)
+    Hp, Wp = (OH - 1) * SH + (KH - 1) * DH + 1, (OW - 1) * SW + (KW - 1) * DW + 1
+    wt = np.zeros((CB * LANES, taps), np.int32)
+    wt[:C] = ev.static[id(node.input(1))].astype(np.int32).reshape(C, taps)
+    wq = kc.const_array(("q8_dwc", node.name), wt.reshape(CB, LANES, taps).transpose(0, 2, 1), f"{node.input(1).name}_dwc",
+                        np.int32)
+    name = ep.out.name
+    mult = kc.const_array(("q8_mult8", name), _lanes(ep.mult, 0, np.int32), f"{name}_mult8", np.int32)
+    shift = kc.const_array(("q8_shift8", name), _lanes(ep.shift, 1, np.int32), f"{name}_shift8", np.int32)
+    bias = kc.const_array(("q8_bias8", name), _lanes(ep.bias, 0, np.int32), f"{name}_bias8", np.int32)
+    rmult = "NULL"
+    if ep.rmult is not None:
+        rmult = kc.const_array(("q8_rmult8", name), _lanes(ep.rmult, 0, np.int64), f"{name}_rmult8", np.int64)
+    off = kc.scratch(Hp * Wp * LANES * 4)
+    kc.note(lambda nm: f"int8 depthwise '{nm}': host, 8 channels per vector (rows of {OW} positions), epilogue in "
+                       "vectors", node)
+    w = kc.w
+    qp, ct = kc.ptr(x.q), c_type(x.q.dtype)
+    out = kc.ptr(ep.out, write=True)
+    kc.stored.add(id(ep.out))
+    unsigned = int(ep.out.dtype == np.uint8)
+    blk, j, r, col = kc.tmp("blk"), kc.tmp("j"), kc.tmp("r"), kc.tmp("col")
+    kc.parallel_for(N * C * OH * OW * taps * 2)
+    with w.block(f"for (long {blk} = 0; {blk} < {N * CB}; ++{blk})"):
+        img, c0 = kc.tmp("img"), kc.tmp("c0")
+        w.line(f"const long {img} = {blk} / {CB}, {c0} = ({blk} % {CB}) * {LANES};")
+        nch = kc.tmp("nch")
+        w.line(f"const long {nch} = {C} - {c0} < {LANES} ? {C} - {c0} : {LANES};")
+        xp = kc.tmp("xp")
+        w.line(f"int32_t* restrict {xp} = {kc.scratch_ptr('int32_t', off)};")
+        with w.block(f"for (long {j} = 0; {j} < {LANES}; ++{j})"):
+            src = kc.tmp("src")
+            w.line(f"const {ct}* {src} = {qp} + ({img} * {C} + {c0} + {j}) * {H * W};")
+            with w.block(f"for (long {r} = 0; {r} < {Hp}; ++{r})"):
+                ih = kc.tmp("ih")
+                w.line(f"const long {ih} = {r} - {PT};")
+                with w.block(f"for (long {col} = 0; {col} < {Wp}; ++{col})"):
+                    iw = kc.tmp("iw")
+                    w.line(f"const long {iw} = {col} - {PL};")
+                    w.line(f"{xp}[({r} * {Wp} + {col}) * {LANES} + {j}] = {j} < {nch} && {ih} >= 0 && {ih} < {H} && "
+                           f"{iw} >= 0 && {iw} < {W} ? (int32_t){src}[{ih} * {W} + {iw}] - {x.zp} : 0;")
+        ch, b = kc.tmp("ch"), kc.tmp("bias")
+        rm = f"{rmult} + {c0}" if ep.rmult is not None else "NULL"
+        w.line(f"const opfuse_q8_chan {ch} = opfuse_q8_chan_lanes({mult} + {c0}, {shift} + {c0}, {rm}, {ep.zp}, "
+               f"{ep.lo}, {ep.hi});")
+        w.line(f"const __m256i {b} = _mm256_loadu_si256((const __m256i*)({bias} + {c0}));")
+        wv = [kc.tmp("w") for _ in range(taps)]
+        for t_, nm in enumerate(wv):
+            w.line(f"const __m256i {nm} = _mm256_loadu_si256((const __m256i*)({wq} + ({c0} * {taps} + {t_ * LANES})));")
+        oh, ow = kc.tmp("oh"), kc.tmp("ow")
+        with w.block(f"for (long {oh} = 0; {oh} < {OH}; ++{oh})"):
+            with w.block(f"for (long {ow} = 0; {ow} < {OW}; ++{ow})"):
+                xt, acc = kc.tmp("xt"), kc.tmp("acc")
+                w.line(f"const int32_t* {xt} = {xp} + ({oh} * {SH * Wp} + {ow} * {SW}) * {LANES};")
+                w.line(f"__m256i {acc} = _mm256_setzero_si256();")
+                for kh in range(KH):
+                    for kw in range(KW):
+                        o = (kh * DH * Wp + kw * DW) * LANES
+                        w.line(f"{acc} = _mm256_add_epi32({acc}, _mm256_mullo_epi32(_mm256_loadu_si256((const __m256i*)"
+                               f"({xt} + {o})), {wv[kh * KW + kw]}));")
+                at = f"(({img} * {C} + {c0}) * {OH} + {oh}) * {OW} + {ow}"
+                res = "NULL"
+                if ep.res is not None:
+                    rv, rt = kc.tmp("res"), kc.tmp("rt")
+                    w.line(f"int32_t {rt}[{LANES}] = {{0}};")
+                    w.line(f"for (long {j} = 0; {j} < {nch}; ++{j}) {rt}[{j}] = (int32_t){kc.ptr(ep.res.q)}[{at} + "
+                           f"{j} * {OH * OW}] - {ep.res.zp};")
+                    w.line(f"const __m256i {rv} = _mm256_loadu_si256((const __m256i*){rt});")
+                    res = f"&{rv}"
+                bt = kc.tmp("bytes")
+                w.line(f"unsigned char {bt}[16];")
+                w.line(f"_mm_storeu_si128((__m128i*){bt}, opfuse_q8_requantize(_mm256_add_epi32({acc}, {b}), &{ch}, "
+                       f"{res}, {unsigned}));")
+                w.line(f"for (long {j} = 0; {j} < {nch}; ++{j}) {out}[{at} + {j} * {OH * OW}] = "
+                       f"({c_type(ep.out.dtype)}){bt}[{j}];")
