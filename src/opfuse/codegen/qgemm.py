@@ -391,6 +391,18 @@ static void opfuse_q8_pairs_{s}(int16_t* restrict dst, const {T}* a, const {T}* 
     for (; j < n; ++j) dst[2 * j] = dst[2 * j + 1] = 0;
     return;
   }}
+  if (step == 2 && a && b) {{ /* every other value: the even bytes of 16 gathered by one shuffle */
+    const __m128i z = _mm_set1_epi16((short)zp);
+    const __m128i even = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1);
+    for (; j < n && first + 2 * j < 0; ++j) dst[2 * j] = dst[2 * j + 1] = 0;
+    for (; j + 8 <= n && first + 2 * j + 16 <= len; j += 8) {{
+      const long i = first + 2 * j;
+      const __m128i xa = _mm_sub_epi16(_mm_cvt{cvt}_epi16(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i*)(a + i)), even)), z);
+      const __m128i xb = _mm_sub_epi16(_mm_cvt{cvt}_epi16(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i*)(b + i)), even)), z);
+      _mm_storeu_si128((__m128i*)(dst + 2 * j), _mm_unpacklo_epi16(xa, xb));
+      _mm_storeu_si128((__m128i*)(dst + 2 * j + 8), _mm_unpackhi_epi16(xa, xb));
+    }}
+  }}
   for (; j < n; ++j) {{
     const long i = first + j * step;
     const int in = i >= 0 && i < len;
@@ -416,6 +428,14 @@ static void opfuse_q8_plane_row_{s}(int32_t* restrict dst, const {T}* a, long fi
     for (; j < hi; ++j) dst[j] = a[first + j] - zp;
     for (; j < n; ++j) dst[j] = 0;
     return;
+  }}
+  if (step == 2) {{ /* every other value: the even bytes of 16 gathered by one shuffle */
+    const __m256i z = _mm256_set1_epi32(zp);
+    const __m128i even = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1);
+    for (; j < n && first + 2 * j < 0; ++j) dst[j] = 0;
+    for (; j + 8 <= n && first + 2 * j + 16 <= len; j += 8)
+      _mm256_storeu_si256((__m256i*)(dst + j), _mm256_sub_epi32(_mm256_cvt{cvt}_epi32(
+          _mm_shuffle_epi8(_mm_loadu_si128((const __m128i*)(a + first + 2 * j)), even)), z));
   }}
   for (; j < n; ++j) {{
     const long i = first + j * step;
@@ -774,17 +794,19 @@ def _depthwise_channels(kc, ev, node: Node, x: QInput, ep: QEpilogue) -> None:
         w.line(f"const long {nch} = {C} - {c0} < {LANES} ? {C} - {c0} : {LANES};")
         xp = kc.tmp("xp")
         w.line(f"int32_t* restrict {xp} = {kc.scratch_ptr('int32_t', off)};")
-        with w.block(f"for (long {j} = 0; {j} < {LANES}; ++{j})"):
+        # the padding (and the channels past C) zero, then each channel's rows into its lane
+        w.line(f"memset({xp}, 0, sizeof(int32_t) * {Hp * Wp * LANES});")
+        r0, r1 = max(0, PT), min(Hp, H + PT)
+        c_lo, c_hi = max(0, PL), min(Wp, W + PL)
+        with w.block(f"for (long {j} = 0; {j} < {nch}; ++{j})"):
             src = kc.tmp("src")
             w.line(f"const {ct}* {src} = {qp} + ({img} * {C} + {c0} + {j}) * {H * W};")
-            with w.block(f"for (long {r} = 0; {r} < {Hp}; ++{r})"):
-                ih = kc.tmp("ih")
-                w.line(f"const long {ih} = {r} - {PT};")
-                with w.block(f"for (long {col} = 0; {col} < {Wp}; ++{col})"):
-                    iw = kc.tmp("iw")
-                    w.line(f"const long {iw} = {col} - {PL};")
-                    w.line(f"{xp}[({r} * {Wp} + {col}) * {LANES} + {j}] = {j} < {nch} && {ih} >= 0 && {ih} < {H} && "
-                           f"{iw} >= 0 && {iw} < {W} ? (int32_t){src}[{ih} * {W} + {iw}] - {x.zp} : 0;")
+            with w.block(f"for (long {r} = {r0}; {r} < {r1}; ++{r})"):
+                row, dst = kc.tmp("row"), kc.tmp("dst")
+                w.line(f"const {ct}* {row} = {src} + ({r} - {PT}) * {W};")
+                w.line(f"int32_t* {dst} = {xp} + {r} * {Wp * LANES} + {j};")
+                w.line(f"for (long {col} = {c_lo}; {col} < {c_hi}; ++{col}) {dst}[{col} * {LANES}] = "
+                       f"(int32_t){row}[{col} - {PL}] - {x.zp};")
         ch, b = kc.tmp("ch"), kc.tmp("bias")
         rm = f"{rmult} + {c0}" if ep.rmult is not None else "NULL"
         w.line(f"const opfuse_q8_chan {ch} = opfuse_q8_chan_lanes({mult} + {c0}, {shift} + {c0}, {rm}, {ep.zp}, "
