@@ -49,8 +49,8 @@ def qconv(cin=6, cout=5, hw=(9, 7), k=3, stride=1, pad=1, dilation=1, group=1, x
         r = b.input("r", (1, cout, oh, ow), res_dtype)
         rzp = 5 if res_dtype == "int8" else 120
         rc = b.op("Sub", b.op("Cast", r, to=int(TensorProto.INT32)), b.const("rzp", np.array(rzp, np.int32)))
-        rm = np.array([residual_multiplier(float(m), int(s)) for m, s in
-                       zip(rng.uniform(0.3, 1.5, cout), shift.reshape(-1))], np.int64).reshape(1, cout, 1, 1)
+        ms = zip(rng.uniform(0.3, 1.5, cout), shift.reshape(-1), strict=True)
+        rm = np.array([residual_multiplier(float(m), int(s)) for m, s in ms], np.int64).reshape(1, cout, 1, 1)
         args += [rc, b.const("rm", rm)]
     y = b.op("Requantize", *args, zero_point=out_zp, lo=lo, hi=int(info.max), to=int(DTYPES[out_dtype]))
     return b.build(y)
@@ -73,7 +73,10 @@ def _avx2_only(graph, plan, options: CodegenOptions) -> CompiledModel:
     return CompiledModel(graph, plan, program, tc, build_library(program.source, tc, None), threads=1)
 
 
-def check(g, *, expect_host=True, avx2=True, options: CodegenOptions = CodegenOptions()):
+HOST = CodegenOptions()
+
+
+def check(g, *, expect_host=True, avx2=True, options: CodegenOptions = HOST):
     comp = plan_model(g)
     assert len(comp.plan.groups) == 1  # Cast/Sub prologue, conv, bias, requantize (and residual): one kernel
     feeds = _feeds(g)

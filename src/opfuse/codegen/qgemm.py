@@ -34,6 +34,7 @@ kernel (``#else``), untouched. Anything else in the epilogue (another op, a seco
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
@@ -44,6 +45,7 @@ from opfuse.ops.nn import conv_geometry
 from opfuse.ops.quantized import MAX_SHIFT, RESIDUAL_BITS
 from opfuse.ops.registry import get_spec
 
+T = TypeVar("T")
 EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
 HOST_GUARD = "defined(__AVX2__)"
 VNNI_GUARD = "defined(__AVX512VNNI__) && defined(__AVX512VL__)"
@@ -119,40 +121,45 @@ def _need(cond: bool, reason: str) -> None:
         raise _Refused(reason)
 
 
+def _must(value: T | None, reason: str) -> T:
+    """``value``, or ``_Refused(reason)`` when it is None."""
+    if value is None:
+        raise _Refused(reason)
+    return value
+
+
 def match_epilogue(ev, stage: Stage, node: Node) -> QEpilogue:
     """The epilogue this module vectorises; ``_Refused`` with the reason otherwise."""
     acc = node.outputs[0]
     shape = acc.shape
     bias = np.zeros(shape[1], np.int64)
     if len(node.inputs) > 2 and node.inputs[2] is not None:
-        b = _per_channel(ev.static.get(id(node.inputs[2])), shape[1:2], np.int64)
-        _need(b is not None, "the Conv's bias is not a constant")
-        bias += b
+        bias += _must(_per_channel(ev.static.get(id(node.inputs[2])), shape[1:2], np.int64),
+                      "the Conv's bias is not a constant")
     cur = acc
-    rq = None
+    rq: Node | None = None
     for n in stage.epilogue:
         if not any(v is cur for v in n.input_values()):
             continue
         _need(rq is None, f"a {n.op_type} reads the accumulator besides the Requantize")
         if n.op_type == "Add" and n.outputs[0].dtype == np.int32 and n.outputs[0].shape == shape:
             other = n.input(1) if n.input(0) is cur else n.input(0)
-            b = _per_channel(ev.static.get(id(other)), shape, np.int64)
-            _need(b is not None, "the bias Add's operand is not a constant per channel")
-            bias += b
+            bias += _must(_per_channel(ev.static.get(id(other)), shape, np.int64),
+                          "the bias Add's operand is not a constant per channel")
             cur = n.outputs[0]
         elif n.op_type == "Requantize" and n.input(0) is cur:
             rq = n
         else:
             raise _Refused(f"a {n.op_type} in the epilogue (only a bias Add and a Requantize are vectorised)")
-    _need(rq is not None, "the epilogue has no Requantize")
+    rq = _must(rq, "the epilogue has no Requantize")
     _need(len(stage.outputs) == 1 and stage.outputs[0] is rq.outputs[0],
           "the kernel stores another tensor than the Requantize's output")
     out = rq.outputs[0]
     _need(out.shape == shape, "the Requantize broadcasts the accumulator")
-    mult = _per_channel(ev.static.get(id(rq.input(1))), shape, np.int64)
-    shift = _per_channel(ev.static.get(id(rq.input(2))), shape, np.int64)
-    _need(mult is not None, "the Requantize's multiplier is not a constant per channel")
-    _need(shift is not None, "the Requantize's shift is not a constant per channel")
+    mult = _must(_per_channel(ev.static.get(id(rq.input(1))), shape, np.int64),
+                 "the Requantize's multiplier is not a constant per channel")
+    shift = _must(_per_channel(ev.static.get(id(rq.input(2))), shape, np.int64),
+                  "the Requantize's shift is not a constant per channel")
     _need(mult.min() >= 0 and shift.min() >= 1 and shift.max() <= MAX_SHIFT,
           f"the Requantize has a negative multiplier or a shift outside [1, {MAX_SHIFT}] (the reference refuses it)")
     a = get_spec(rq.op_type, rq).attrs_of(rq)
@@ -160,11 +167,11 @@ def match_epilogue(ev, stage: Stage, node: Node) -> QEpilogue:
     ep = QEpilogue(out, bias.astype(np.int32), mult.astype(np.int32), shift.astype(np.int32),
                    int(a["zero_point"]), int(a["lo"]), int(a["hi"]))
     if len(rq.input_values()) == 5:
-        res = _centred_input(rq.input(3), ev)
-        rmult = _per_channel(ev.static.get(id(rq.input(4))), shape, np.int64)
-        _need(res is not None and res.q.shape == shape,
-              "the Requantize's residual is not an 8-bit tensor in memory less a constant zero point")
-        _need(rmult is not None, "the Requantize's residual multiplier is not a constant per channel")
+        res = _must(_centred_input(rq.input(3), ev),
+                    "the Requantize's residual is not an 8-bit tensor in memory less a constant zero point")
+        _need(res.q.shape == shape, "the Requantize broadcasts its residual")
+        rmult = _must(_per_channel(ev.static.get(id(rq.input(4))), shape, np.int64),
+                      "the Requantize's residual multiplier is not a constant per channel")
         _need(rmult.min() >= 0 and rmult.max() < 1 << (MAX_SHIFT - RESIDUAL_BITS),
               "the Requantize's residual multiplier is out of range (the reference refuses it)")
         ep.res, ep.rmult = res, rmult
@@ -179,10 +186,9 @@ def host_int8_conv_applies(kc, ev, stage: Stage) -> tuple[QInput, QEpilogue] | N
         return None
     node = stage.anchor_node
     try:
-        _need(len(node.inputs[0].shape) == 4, "not a 2-D convolution")
-        x = _centred_input(node.input(0), ev)
-        _need(x is not None, "the input is not an 8-bit tensor in memory less a constant zero point, "
-                             "dequantized in this kernel")
+        _need(len(node.input(0).shape) == 4, "not a 2-D convolution")
+        x = _must(_centred_input(node.input(0), ev), "the input is not an 8-bit tensor in memory less a "
+                                                     "constant zero point, dequantized in this kernel")
         return x, match_epilogue(ev, stage, node)
     except _Refused as e:
         reason = str(e)
@@ -397,8 +403,9 @@ static void opfuse_q8_pairs_{s}(int16_t* restrict dst, const {T}* a, const {T}* 
     for (; j < n && first + 2 * j < 0; ++j) dst[2 * j] = dst[2 * j + 1] = 0;
     for (; j + 8 <= n && first + 2 * j + 16 <= len; j += 8) {{
       const long i = first + 2 * j;
-      const __m128i xa = _mm_sub_epi16(_mm_cvt{cvt}_epi16(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i*)(a + i)), even)), z);
-      const __m128i xb = _mm_sub_epi16(_mm_cvt{cvt}_epi16(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i*)(b + i)), even)), z);
+      const __m128i ea = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i*)(a + i)), even);
+      const __m128i eb = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i*)(b + i)), even);
+      const __m128i xa = _mm_sub_epi16(_mm_cvt{cvt}_epi16(ea), z), xb = _mm_sub_epi16(_mm_cvt{cvt}_epi16(eb), z);
       _mm_storeu_si128((__m128i*)(dst + 2 * j), _mm_unpacklo_epi16(xa, xb));
       _mm_storeu_si128((__m128i*)(dst + 2 * j + 8), _mm_unpackhi_epi16(xa, xb));
     }}
@@ -711,7 +718,6 @@ def _depthwise(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str) -> None:
                          "epilogue in vectors", node)
     w = kc.w
     qp = kc.ptr(x.q)
-    ct = c_type(x.q.dtype)
     pl, r, ph = kc.tmp("pl"), kc.tmp("r"), kc.tmp("ph")
     kc.parallel_for(N * C * OH * OW * taps * 2)
     with w.block(f"for (long {pl} = 0; {pl} < {N * C}; ++{pl})"):
@@ -768,8 +774,8 @@ def _depthwise_channels(kc, ev, node: Node, x: QInput, ep: QEpilogue) -> None:
     Hp, Wp = (OH - 1) * SH + (KH - 1) * DH + 1, (OW - 1) * SW + (KW - 1) * DW + 1
     wt = np.zeros((CB * LANES, taps), np.int32)
     wt[:C] = ev.static[id(node.input(1))].astype(np.int32).reshape(C, taps)
-    wq = kc.const_array(("q8_dwc", node.name), wt.reshape(CB, LANES, taps).transpose(0, 2, 1), f"{node.input(1).name}_dwc",
-                        np.int32)
+    wq = kc.const_array(("q8_dwc", node.name), wt.reshape(CB, LANES, taps).transpose(0, 2, 1),
+                        f"{node.input(1).name}_dwc", np.int32)
     name = ep.out.name
     mult = kc.const_array(("q8_mult8", name), _lanes(ep.mult, 0, np.int32), f"{name}_mult8", np.int32)
     shift = kc.const_array(("q8_shift8", name), _lanes(ep.shift, 1, np.int32), f"{name}_shift8", np.int32)
