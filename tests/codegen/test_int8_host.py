@@ -109,6 +109,9 @@ CASES = {
     "shifts-below-32": {"shifts": (0.05, 0.9)},
     "shifts-mixed": {"shifts": (1e-9, 0.5), "cout": 16},
     "wide-weights": {"wmax": 30000, "cin": 4, "cout": 6},
+    "weights-int8-edge": {"wmax": 129, "cin": 9, "cout": 6},
+    "uint8-zero-point-outside": {"x_dtype": "uint8", "zp": -3, "cin": 5},
+    "int8-zero-point-extremes": {"zp": 127, "cin": 7, "stride": 2, "hw": (9, 33)},
     "no-bias": {"bias": False, "cout": 7},
     "dw": {"group": 6, "cin": 6, "cout": 6},
     "dw-stride2-odd": {"group": 5, "cin": 5, "cout": 5, "stride": 2, "hw": (13, 21)},
@@ -149,10 +152,21 @@ def test_the_report_names_the_host_kernel_not_the_fallback():
     comp = plan_model(qconv())
     program = generate(comp.plan.graph, comp.plan)
     notes = [n for k in program.kernels for n in k.notes]
-    assert any("host int16-pair GEMM" in n for n in notes)
+    assert len(notes) == 1 and "host u8 x s8 GEMM" in notes[0]  # the VNNI kernel's; not the #else branches'
     assert not any("int16 columns" in n for n in notes)
     plain = generate(comp.plan.graph, comp.plan, options=CodegenOptions(simd="none"))
     assert not any("host" in n for k in plain.kernels for n in k.notes)
+
+
+@pytest.mark.parametrize(("params", "kind"), [({}, "u8 x s8"), ({"wmax": 200}, "int16-pair"),
+                                             ({"x_dtype": "uint8", "zp": -40}, "int16-pair")])
+def test_quads_where_weights_fit_int8_and_the_zero_point_is_an_8_bit_value(params, kind):
+    """vpdpbusd multiplies unsigned by signed bytes: weights beyond int8 or a zero point no uint8 value can
+    hold (its padding value) keep the int16 pairs (vpdpwssd), exact either way."""
+    g = qconv(**params)
+    comp = check(g, avx2=False)
+    notes = [n for k in generate(comp.plan.graph, comp.plan).kernels for n in k.notes]
+    assert any(f"host {kind} GEMM" in n for n in notes)
 
 
 def test_plain_c_build_has_no_host_kernel():
@@ -222,7 +236,7 @@ def test_quantized_zoo_model_fused_is_bit_exact_on_the_host_kernel():
     qmodel.graph.output.append(helper.make_tensor_value_info(last, TensorProto.INT8, None))
     comp = plan_model(qmodel)
     program = generate(comp.plan.graph, comp.plan, memory=comp.memory)
-    assert sum("host int16-pair GEMM" in n for k in program.kernels for n in k.notes) == 9
+    assert sum("host u8 x s8 GEMM" in n for k in program.kernels for n in k.notes) == 9
     feeds = random_inputs(comp.graph, 0)
     want = run(plan_model(qmodel, CompileOptions(fuse=False)).graph, feeds)
     got = build(comp.plan.graph, comp.plan, memory=comp.memory).run(feeds)

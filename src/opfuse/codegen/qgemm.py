@@ -453,6 +453,54 @@ static void opfuse_q8_plane_row_{s}(int32_t* restrict dst, const {T}* a, long fi
 """
 
 
+QUADS_C = """
+#if defined(__AVX2__)
+/* dst[j] = the 4 bytes u(r0[i]), u(r1[i]), u(r2[i]), u(r3[i]), i = first + j * step, for j < n, where u(v) = v ^ flip
+   (int8: v + 128 as unsigned; uint8: v); fill (the zero point as unsigned: the centred zero) where i lies outside
+   [0, len) or the row is NULL (a channel past the group's). */
+static void opfuse_q8_quads_{s}(uint8_t* restrict dst, const {T}* r0, const {T}* r1, const {T}* r2, const {T}* r3,
+                                long first, long n, long step, long len, uint8_t fill) {{
+  const uint8_t flip = {flip};
+  const {T}* rows[4] = {{r0, r1, r2, r3}};
+  long j = 0;
+  if (step <= 2) {{
+    const __m128i f = _mm_set1_epi8((char)flip), fv = _mm_set1_epi8((char)fill);
+    const __m128i even = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1);
+    for (; j < n && first + step * j < 0; ++j) dst[4 * j] = dst[4 * j + 1] = dst[4 * j + 2] = dst[4 * j + 3] = fill;
+    if (step == 1) {{
+      for (; j + 16 <= n && first + j + 16 <= len; j += 16) {{
+        __m128i v[4];
+        for (int q = 0; q < 4; ++q)
+          v[q] = rows[q] ? _mm_xor_si128(_mm_loadu_si128((const __m128i*)(rows[q] + first + j)), f) : fv;
+        const __m128i ab0 = _mm_unpacklo_epi8(v[0], v[1]), ab1 = _mm_unpackhi_epi8(v[0], v[1]);
+        const __m128i cd0 = _mm_unpacklo_epi8(v[2], v[3]), cd1 = _mm_unpackhi_epi8(v[2], v[3]);
+        _mm_storeu_si128((__m128i*)(dst + 4 * j), _mm_unpacklo_epi16(ab0, cd0));
+        _mm_storeu_si128((__m128i*)(dst + 4 * j + 16), _mm_unpackhi_epi16(ab0, cd0));
+        _mm_storeu_si128((__m128i*)(dst + 4 * j + 32), _mm_unpacklo_epi16(ab1, cd1));
+        _mm_storeu_si128((__m128i*)(dst + 4 * j + 48), _mm_unpackhi_epi16(ab1, cd1));
+      }}
+    }} else {{
+      for (; j + 8 <= n && first + 2 * j + 16 <= len; j += 8) {{
+        __m128i v[4];
+        for (int q = 0; q < 4; ++q)
+          v[q] = rows[q] ? _mm_xor_si128(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i*)(rows[q] + first + 2 * j)),
+                                                          even), f) : fv;
+        const __m128i ab = _mm_unpacklo_epi8(v[0], v[1]), cd = _mm_unpacklo_epi8(v[2], v[3]);
+        _mm_storeu_si128((__m128i*)(dst + 4 * j), _mm_unpacklo_epi16(ab, cd));
+        _mm_storeu_si128((__m128i*)(dst + 4 * j + 16), _mm_unpackhi_epi16(ab, cd));
+      }}
+    }}
+  }}
+  for (; j < n; ++j) {{
+    const long i = first + j * step;
+    const int in = i >= 0 && i < len;
+    for (int q = 0; q < 4; ++q) dst[4 * j + q] = in && rows[q] ? (uint8_t)((uint8_t)rows[q][i] ^ flip) : fill;
+  }}
+}}
+#endif
+"""
+
+
 def _pairs_helper(kc, dtype: np.dtype) -> str:
     s, t, cvt = ("s8", "int8_t", "epi8") if dtype == np.int8 else ("u8", "uint8_t", "epu8")
     kc.program.require_helper(f"opfuse_q8_pairs_{s}", PAIRS_C.format(s=s, T=t, cvt=cvt))
@@ -525,11 +573,15 @@ def _emit_build_row(w, fn: str, dst: str, rows: tuple[str, str] | str, g: _Geome
         w.line(f"{fn}({dst}, {rows}, {first}, {g.Wq}, {g.SW}, {g.W}, {zp});")
 
 
-def _emit_channel(kc, ep: QEpilogue, oc: str) -> tuple[str, str]:
-    """The requantization constants and the bias of channel ``oc`` in vector registers: (chan, bias)."""
+def _emit_channel(kc, ep: QEpilogue, oc: str, bias_values: np.ndarray | None = None) -> tuple[str, str]:
+    """The requantization constants and the bias (``ep.bias`` unless ``bias_values``) of channel ``oc`` in
+    vector registers: (chan, bias)."""
     w = kc.w
     ch = kc.tmp("ch")
-    bias = kc.const_array(("q8_bias", ep.out.name), ep.bias, f"{ep.out.name}_bias", np.int32)
+    if bias_values is None:
+        bias = kc.const_array(("q8_bias", ep.out.name), ep.bias, f"{ep.out.name}_bias", np.int32)
+    else:
+        bias = kc.const_array(("q8_bias_quads", ep.out.name), bias_values, f"{ep.out.name}_qbias", np.int32)
     mult = kc.const_array(("q8_mult", ep.out.name), ep.mult, f"{ep.out.name}_mult", np.int32)
     shift = kc.const_array(("q8_shift", ep.out.name), ep.shift, f"{ep.out.name}_shift", np.int32)
     rmult = "0"
@@ -609,54 +661,100 @@ def _host(kc, ev, stage: Stage, operands: tuple[QInput, QEpilogue]) -> None:
     return _gemm(kc, ev, node, x, ep, s, G)
 
 
+def _quads_zero_point(x: QInput, w: np.ndarray) -> int | None:
+    """The unsigned zero point of the u8 x s8 quads (vpdpbusd), or None where they do not apply: weights
+    beyond int8, or a zero point that is no 8-bit value of the input's type."""
+    if w.min(initial=0) < -128 or w.max(initial=0) > 127:
+        return None
+    zu = x.zp + 128 if x.q.dtype == np.int8 else x.zp
+    return zu if 0 <= zu <= 255 else None
+
+
 def _gemm(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, G: int) -> None:
+    """The AVX512-VNNI u8 x s8 quads kernel (``vpdpbusd``: 4 channels per 32-bit word) where the weights fit
+    int8, the int16 pairs kernel otherwise and on AVX2 alone."""
+    wt = ev.static[id(node.input(1))].astype(np.int64)
+    zu = _quads_zero_point(x, wt)
+    if zu is None:
+        _gemm_words(kc, ev, node, x, ep, s, G, None)
+        return
+    kc.w.line(f"#if {VNNI_GUARD}")
+    _gemm_words(kc, ev, node, x, ep, s, G, zu)
+    kc.w.line("#else")
+    kept = len(kc.notes)
+    _gemm_words(kc, ev, node, x, ep, s, G, None)
+    del kc.notes[kept:]
+    del kc._comment_notes[kept:]
+    kc.w.line("#endif")
+
+
+def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, G: int, zu: int | None) -> None:
+    """The GEMM over words of ``per`` input channels: int16 pairs (``zu`` None) or u8 quads with the unsigned
+    zero point ``zu`` (the padding's value; ``zu * sum(w)`` comes off through the bias)."""
     N, C, H, W = node.input(0).shape
     out_shape = node.outputs[0].shape
     OC, OH, OW = out_shape[1:]
     cg, mg = C // G, OC // G
-    CP = -(-cg // 2)
+    per = 2 if zu is None else 4
+    CP = -(-cg // per)
     probe, flat = _geometry(node, LANES, True)
     MR, NV = _block(mg, probe.OW, CP * probe.KH * probe.KW)
     g, _ = _geometry(node, LANES * NV, True)
     MB = -(-mg // MR)
     taps = g.KH * g.KW
-    # weights: [group][channel block][pair][kh][kw][r] int16 pairs, as int32 words
+    # weights: [group][channel block][word][kh][kw][r] words of `per` channels' weights
     wt = ev.static[id(node.input(1))].astype(np.int64).reshape(G, mg, cg, taps)
-    packed = np.zeros((G, MB * MR, 2 * CP, taps), np.int16)
+    packed = np.zeros((G, MB * MR, per * CP, taps), np.int16 if zu is None else np.int8)
     packed[:, :mg, :cg, :] = wt
-    packed = packed.reshape(G, MB, MR, CP, 2, taps).transpose(0, 1, 3, 5, 2, 4)  # g mb cp tap r pair
+    packed = packed.reshape(G, MB, MR, CP, per, taps).transpose(0, 1, 3, 5, 2, 4)  # g mb word tap r channel
     words = np.ascontiguousarray(packed).view(np.int32).reshape(-1)
-    wq = kc.const_array(("q8_gemm", node.name), words, f"{node.input(1).name}_pairs", np.int32)
+    kind = "pairs" if zu is None else "quads"
+    wq = kc.const_array((f"q8_gemm_{kind}", node.name), words, f"{node.input(1).name}_{kind}", np.int32)
+    bias = None
+    if zu is not None:  # sum w (u - zu) = sum w u - zu sum w: the correction joins the bias (int32, wrapping)
+        corrected = ep.bias.astype(np.int64) - zu * wt.reshape(OC, cg * taps).sum(axis=1)
+        bias = ((corrected + (1 << 31)) % (1 << 32) - (1 << 31)).astype(np.int32)
     plane = g.plane
     xoff = kc.scratch(CP * plane * 4)
-    kc.note(lambda name: f"int8 conv '{name}': host int16-pair GEMM, {MR} channels x {8 * NV} positions (AVX2 "
-                         f"vpmaddwd, vpdpwssd with AVX512-VNNI), epilogue in vectors", node)
+    if zu is None:
+        kc.note(lambda name: f"int8 conv '{name}': host int16-pair GEMM, {MR} channels x {8 * NV} positions (AVX2 "
+                             f"vpmaddwd, vpdpwssd with AVX512-VNNI), epilogue in vectors", node)
+    else:
+        kc.note(lambda name: f"int8 conv '{name}': host u8 x s8 GEMM, {MR} channels x {8 * NV} positions "
+                             f"(vpdpbusd with AVX512-VNNI, int16 pairs with AVX2 alone), epilogue in vectors", node)
     w = kc.w
     qp = kc.ptr(x.q)
     ct = c_type(x.q.dtype)
+    if zu is not None:
+        flip = "0x80" if x.q.dtype == np.int8 else "0"
+        kc.program.require_helper(f"opfuse_q8_quads_{s}", QUADS_C.format(s=s, T=ct, flip=flip))
     b, cp, r, ph = kc.tmp("b"), kc.tmp("cp"), kc.tmp("r"), kc.tmp("ph")
     xp = kc.tmp("xp")
     with w.block(f"for (long {b} = 0; {b} < {N * G}; ++{b})"):
         img, grp = (f"({b} / {G})", f"({b} % {G})") if G > 1 else (b, "0")
         w.line(f"int32_t* restrict {xp} = (int32_t*)(scratch + {xoff});  /* shared: thread 0's scratch */")
-        # the pair image, built once per image and group
+        # the image of words, built once per image and group
         kc.parallel_for(CP * plane * 4)
         with w.block(f"for (long {cp} = 0; {cp} < {CP}; ++{cp})"):
             c0 = kc.tmp("c")
-            w.line(f"const long {c0} = {grp} * {cg} + 2 * {cp};")
+            w.line(f"const long {c0} = {grp} * {cg} + {per} * {cp};")
             with w.block(f"for (long {r} = 0; {r} < {g.Hp}; ++{r})"):
                 ih = kc.tmp("ih")
                 w.line(f"const long {ih} = {r} - {g.PT};")
-                ra, rb = kc.tmp("ra"), kc.tmp("rb")
+                rows = [kc.tmp("row") for _ in range(per)]
                 base = f"{qp} + (({img} * {C} + {c0}) * {H} + {ih}) * {W}" if not flat else \
                     f"{qp} + ({img} * {C} + {c0}) * {H * W}"
                 inside = f"{ih} >= 0 && {ih} < {g.H}"
-                w.line(f"const {ct}* {ra} = {inside} ? {base} : NULL;")
-                second = f"{inside} && 2 * {cp} + 1 < {cg}"
-                w.line(f"const {ct}* {rb} = {second} ? {base} + {H * W} : NULL;")
+                for q, row in enumerate(rows):
+                    cond = inside if q == 0 else f"{inside} && {per} * {cp} + {q} < {cg}"
+                    w.line(f"const {ct}* {row} = {cond} ? {base} + {q * H * W} : NULL;")
                 with w.block(f"for (long {ph} = 0; {ph} < {g.SW}; ++{ph})"):
                     dst = f"{xp} + (({cp} * {g.Hp} + {r}) * {g.SW} + {ph}) * {g.Wq}"
-                    _emit_build_row(w, f"opfuse_q8_pairs_{s}", dst, (ra, rb), g, x.zp, ph)
+                    if zu is None:
+                        _emit_build_row(w, f"opfuse_q8_pairs_{s}", dst, (rows[0], rows[1]), g, x.zp, ph)
+                    else:
+                        w.line(f"opfuse_q8_quads_{s}((uint8_t*)({dst}), {', '.join(rows)}, {ph} - {g.PL}, {g.Wq}, "
+                               f"{g.SW}, {g.W}, {zu});")
         tiles_w = -(-g.OW // g.NB)
         t = kc.tmp("t")
         kc.parallel_for(g.OH * tiles_w * mg * CP * taps * 2 * g.NB)
@@ -673,6 +771,7 @@ def _gemm(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, G: int) -> None:
                 wp = kc.tmp("wp")
                 w.line(f"const int32_t* {wp} = {wq} + ({grp} * {MB} + {mb}) * {CP * taps * MR};")
                 k = kc.tmp("k")
+                dot = "OPFUSE_Q8_DOT" if zu is None else "_mm256_dpbusd_epi32"
                 with w.block(f"for (long {k} = 0; {k} < {CP}; ++{k}, {wp} += {taps * MR})"):
                     xc = kc.tmp("xc")
                     w.line(f"const int32_t* {xc} = {xt} + {k} * {plane};")
@@ -689,7 +788,7 @@ def _gemm(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, G: int) -> None:
                                     w.line(f"const __m256i {wb} = _mm256_set1_epi32({wp}[{tap * MR + i}]);")
                                     for v in range(NV):
                                         a = accs[i][v]
-                                        w.line(f"{a} = OPFUSE_Q8_DOT({a}, {xs[v]}, {wb});")
+                                        w.line(f"{a} = {dot}({a}, {xs[v]}, {wb});")
                 for i in range(MR):
                     m = kc.tmp("m")
                     w.line(f"const long {m} = {mb} * {MR} + {i};")
@@ -701,7 +800,8 @@ def _gemm(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, G: int) -> None:
                             orow, rrow = _out_rows(kc, ep, img, oc, "0", (N, OC, 1, OH * OW))
                         else:
                             orow, rrow = _out_rows(kc, ep, img, oc, oh, out_shape)
-                        _emit_epilogue(kc, ep, accs[i], _emit_channel(kc, ep, oc), orow, ow0, str(g.OW), rrow)
+                        chan = _emit_channel(kc, ep, oc, bias)
+                        _emit_epilogue(kc, ep, accs[i], chan, orow, ow0, str(g.OW), rrow)
 
 
 def _depthwise(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str) -> None:
