@@ -113,6 +113,7 @@ CASES = {
     "uint8-zero-point-outside": {"x_dtype": "uint8", "zp": -3, "cin": 5},
     "int8-zero-point-extremes": {"zp": 127, "cin": 7, "stride": 2, "hw": (9, 33)},
     "no-bias": {"bias": False, "cout": 7},
+    "deep-small-plane": {"cin": 20, "cout": 40, "hw": (3, 3), "residual": True},  # weights in the outer loop
     "dw": {"group": 6, "cin": 6, "cout": 6},
     "dw-stride2-odd": {"group": 5, "cin": 5, "cout": 5, "stride": 2, "hw": (13, 21)},
     "dw-residual-uint8": {"group": 4, "cin": 4, "cout": 4, "residual": True, "x_dtype": "uint8", "zp": 130,

@@ -688,6 +688,13 @@ def _gemm(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, G: int) -> None:
     kc.w.line("#endif")
 
 
+def _weights_outer(weight_words: int, image_words: int) -> bool:
+    """Loop over blocks of output channels outside the tiles of positions: whichever of the weights and the
+    image is the larger is walked once, in the outer loop; the other (a block of MR channels' weights, or a
+    tile's words) is reread from cache for every iteration."""
+    return weight_words > image_words
+
+
 def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, G: int, zu: int | None) -> None:
     """The GEMM over words of ``per`` input channels: int16 pairs (``zu`` None) or u8 quads with the unsigned
     zero point ``zu`` (the padding's value; ``zu * sum(w)`` comes off through the bias)."""
@@ -756,52 +763,52 @@ def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, G: int, zu
                         w.line(f"opfuse_q8_quads_{s}((uint8_t*)({dst}), {', '.join(rows)}, {ph} - {g.PL}, {g.Wq}, "
                                f"{g.SW}, {g.W}, {zu});")
         tiles_w = -(-g.OW // g.NB)
-        t = kc.tmp("t")
+        t, mb = kc.tmp("t"), kc.tmp("mb")
         kc.parallel_for(g.OH * tiles_w * mg * CP * taps * 2 * g.NB)
-        with w.block(f"for (long {t} = 0; {t} < {g.OH * tiles_w}; ++{t})"):
+        weights_outer = _weights_outer(MB * MR * CP * taps, CP * plane)
+        loops = [f"for (long {t} = 0; {t} < {g.OH * tiles_w}; ++{t})", f"for (long {mb} = 0; {mb} < {MB}; ++{mb})"]
+        with w.block(loops[weights_outer]), w.block(loops[not weights_outer]):
             oh, ow0 = kc.tmp("oh"), kc.tmp("ow")
             w.line(f"const long {oh} = {t} / {tiles_w}, {ow0} = ({t} % {tiles_w}) * {g.NB};")
             xt = kc.tmp("xt")
             w.line(f"const int32_t* {xt} = {xp} + {oh} * {g.SH * g.SW * g.Wq} + {ow0};")
-            mb = kc.tmp("mb")
-            with w.block(f"for (long {mb} = 0; {mb} < {MB}; ++{mb})"):
-                accs = [[kc.tmp("a") for _ in range(NV)] for _ in range(MR)]
-                for row in accs:
-                    w.line("__m256i " + ", ".join(f"{a} = _mm256_setzero_si256()" for a in row) + ";")
-                wp = kc.tmp("wp")
-                w.line(f"const int32_t* {wp} = {wq} + ({grp} * {MB} + {mb}) * {CP * taps * MR};")
-                k = kc.tmp("k")
-                dot = "OPFUSE_Q8_DOT" if zu is None else "_mm256_dpbusd_epi32"
-                with w.block(f"for (long {k} = 0; {k} < {CP}; ++{k}, {wp} += {taps * MR})"):
-                    xc = kc.tmp("xc")
-                    w.line(f"const int32_t* {xc} = {xt} + {k} * {plane};")
-                    for kh in range(g.KH):
-                        for kw in range(g.KW):
-                            tap = kh * g.KW + kw
-                            xs = [kc.tmp("x") for _ in range(NV)]
-                            with w.block(""):
-                                for v, xv in enumerate(xs):
-                                    w.line(f"const __m256i {xv} = _mm256_loadu_si256((const __m256i*)({xc} + "
-                                           f"{g.tap(kh, kw) + v * LANES}));")
-                                for i in range(MR):
-                                    wb = kc.tmp("w")
-                                    w.line(f"const __m256i {wb} = _mm256_set1_epi32({wp}[{tap * MR + i}]);")
-                                    for v in range(NV):
-                                        a = accs[i][v]
-                                        w.line(f"{a} = {dot}({a}, {xs[v]}, {wb});")
-                for i in range(MR):
-                    m = kc.tmp("m")
-                    w.line(f"const long {m} = {mb} * {MR} + {i};")
-                    guard = f"if ({m} < {mg})" if mg % MR else ""
-                    with w.block(guard):
-                        oc = kc.tmp("oc")
-                        w.line(f"const long {oc} = {grp} * {mg} + {m};")
-                        if flat:
-                            orow, rrow = _out_rows(kc, ep, img, oc, "0", (N, OC, 1, OH * OW))
-                        else:
-                            orow, rrow = _out_rows(kc, ep, img, oc, oh, out_shape)
-                        chan = _emit_channel(kc, ep, oc, bias)
-                        _emit_epilogue(kc, ep, accs[i], chan, orow, ow0, str(g.OW), rrow)
+            accs = [[kc.tmp("a") for _ in range(NV)] for _ in range(MR)]
+            for row in accs:
+                w.line("__m256i " + ", ".join(f"{a} = _mm256_setzero_si256()" for a in row) + ";")
+            wp = kc.tmp("wp")
+            w.line(f"const int32_t* {wp} = {wq} + ({grp} * {MB} + {mb}) * {CP * taps * MR};")
+            k = kc.tmp("k")
+            dot = "OPFUSE_Q8_DOT" if zu is None else "_mm256_dpbusd_epi32"
+            with w.block(f"for (long {k} = 0; {k} < {CP}; ++{k}, {wp} += {taps * MR})"):
+                xc = kc.tmp("xc")
+                w.line(f"const int32_t* {xc} = {xt} + {k} * {plane};")
+                for kh in range(g.KH):
+                    for kw in range(g.KW):
+                        tap = kh * g.KW + kw
+                        xs = [kc.tmp("x") for _ in range(NV)]
+                        with w.block(""):
+                            for v, xv in enumerate(xs):
+                                w.line(f"const __m256i {xv} = _mm256_loadu_si256((const __m256i*)({xc} + "
+                                       f"{g.tap(kh, kw) + v * LANES}));")
+                            for i in range(MR):
+                                wb = kc.tmp("w")
+                                w.line(f"const __m256i {wb} = _mm256_set1_epi32({wp}[{tap * MR + i}]);")
+                                for v in range(NV):
+                                    a = accs[i][v]
+                                    w.line(f"{a} = {dot}({a}, {xs[v]}, {wb});")
+            for i in range(MR):
+                m = kc.tmp("m")
+                w.line(f"const long {m} = {mb} * {MR} + {i};")
+                guard = f"if ({m} < {mg})" if mg % MR else ""
+                with w.block(guard):
+                    oc = kc.tmp("oc")
+                    w.line(f"const long {oc} = {grp} * {mg} + {m};")
+                    if flat:
+                        orow, rrow = _out_rows(kc, ep, img, oc, "0", (N, OC, 1, OH * OW))
+                    else:
+                        orow, rrow = _out_rows(kc, ep, img, oc, oh, out_shape)
+                    chan = _emit_channel(kc, ep, oc, bias)
+                    _emit_epilogue(kc, ep, accs[i], chan, orow, ow0, str(g.OW), rrow)
 
 
 def _depthwise(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str) -> None:
