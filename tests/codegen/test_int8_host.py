@@ -26,13 +26,14 @@ DTYPES = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8}
 
 def qconv(cin=6, cout=5, hw=(9, 7), k=3, stride=1, pad=1, dilation=1, group=1, x_dtype="int8", zp=-7,
           out_dtype="int8", out_zp=3, relu=False, residual=False, res_dtype="int8", shifts=(1e-4, 3e-3),
-          wmax=128, bias=True, seed=0):
+          wmax=128, bias=True, seed=0, kw=None):
     """x (8-bit) -> Cast/Sub(zp) -> Conv -> [Add(bias)] -> Requantize [+ residual r (8-bit)] -> y (8-bit)."""
     rng = np.random.default_rng(seed)
     b = GraphBuilder("qconv")
     x = b.input("x", (1, cin) + hw, x_dtype)
     xc = b.op("Sub", b.op("Cast", x, to=int(TensorProto.INT32)), b.const("zp", np.array(zp, np.int32)))
-    w = rng.integers(-wmax, wmax, (cout, cin // group, k, k)).astype(np.int32)
+    kw = k if kw is None else kw
+    w = rng.integers(-wmax, wmax, (cout, cin // group, k, kw)).astype(np.int32)
     acc = b.op("Conv", xc, b.const("w", w), name="conv", pads=[pad] * 4, strides=[stride] * 2,
                dilations=[dilation] * 2, group=group)
     if bias:
@@ -45,7 +46,7 @@ def qconv(cin=6, cout=5, hw=(9, 7), k=3, stride=1, pad=1, dilation=1, group=1, x
     args = [acc, b.const("m", mult), b.const("s", shift)]
     if residual:
         oh = (hw[0] + 2 * pad - dilation * (k - 1) - 1) // stride + 1
-        ow = (hw[1] + 2 * pad - dilation * (k - 1) - 1) // stride + 1
+        ow = (hw[1] + 2 * pad - dilation * (kw - 1) - 1) // stride + 1
         r = b.input("r", (1, cout, oh, ow), res_dtype)
         rzp = 5 if res_dtype == "int8" else 120
         rc = b.op("Sub", b.op("Cast", r, to=int(TensorProto.INT32)), b.const("rzp", np.array(rzp, np.int32)))
@@ -102,6 +103,10 @@ CASES = {
     "grouped-odd": {"group": 2, "cin": 6, "cout": 10},
     "wide-row": {"cin": 5, "cout": 12, "hw": (4, 29)},
     "rect-kernel": {"k": 5, "pad": 2, "cin": 1, "cout": 9, "hw": (12, 6)},
+    "mono-10x4-stride2": {"k": 10, "kw": 4, "pad": 4, "stride": 2, "cin": 1, "cout": 12, "hw": (29, 10)},
+    "mono-dilated-uint8": {"k": 3, "kw": 7, "dilation": 2, "pad": 3, "cin": 1, "cout": 5, "hw": (9, 23),
+                           "x_dtype": "uint8", "zp": 200},
+    "grouped-mono": {"group": 2, "cin": 2, "cout": 6, "kw": 6, "pad": 2, "hw": (7, 13)},
     "uint8-in-out": {"x_dtype": "uint8", "zp": 128, "out_dtype": "uint8", "out_zp": 100},
     "relu-clamp": {"relu": True, "cout": 8, "hw": (8, 16)},
     "residual-int8": {"residual": True, "cout": 6, "hw": (8, 11)},

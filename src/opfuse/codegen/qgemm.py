@@ -457,12 +457,23 @@ QUADS_C = """
 #if defined(__AVX2__)
 /* dst[j] = the 4 bytes u(r0[i]), u(r1[i]), u(r2[i]), u(r3[i]), i = first + j * step, for j < n, where u(v) = v ^ flip
    (int8: v + 128 as unsigned; uint8: v); fill (the zero point as unsigned: the centred zero) where i lies outside
-   [0, len) or the row is NULL (a channel past the group's). */
+   [0, len) or the row is NULL (a channel past the group's). shift != 0: row q is read at i + q * shift (4 taps of
+   one input row per word). */
 static void opfuse_q8_quads_{s}(uint8_t* restrict dst, const {T}* r0, const {T}* r1, const {T}* r2, const {T}* r3,
-                                long first, long n, long step, long len, uint8_t fill) {{
+                                long first, long n, long step, long len, uint8_t fill, long shift) {{
   const uint8_t flip = {flip};
   const {T}* rows[4] = {{r0, r1, r2, r3}};
   long j = 0;
+  if (shift) {{ /* one row's 4 taps per word: row q read at i + q * shift */
+    for (; j < n; ++j) {{
+      const long i = first + j * step;
+      for (int q = 0; q < 4; ++q) {{
+        const long iq = i + q * shift;
+        dst[4 * j + q] = iq >= 0 && iq < len && rows[q] ? (uint8_t)((uint8_t)rows[q][iq] ^ flip) : fill;
+      }}
+    }}
+    return;
+  }}
   if (step <= 2) {{
     const __m128i f = _mm_set1_epi8((char)flip), fv = _mm_set1_epi8((char)fill);
     const __m128i even = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1);
@@ -705,21 +716,28 @@ def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, G: int, zu
     per = 2 if zu is None else 4
     CP = -(-cg // per)
     probe, flat = _geometry(node, LANES, True)
-    MR, NV = _block(mg, probe.OW, CP * probe.KH * probe.KW)
+    # one input channel (a first layer on a mono input): a quad holds 4 taps of a kernel row, not 4 channels
+    tap_words = zu is not None and cg == 1 and probe.KW > 1
+    KWw = -(-probe.KW // per) if tap_words else probe.KW  # words per kernel row
+    MR, NV = _block(mg, probe.OW, CP * probe.KH * KWw)
     g, _ = _geometry(node, LANES * NV, True)
     MB = -(-mg // MR)
-    taps = g.KH * g.KW
-    # weights: [group][channel block][word][kh][kw][r] words of `per` channels' weights
-    wt = ev.static[id(node.input(1))].astype(np.int64).reshape(G, mg, cg, taps)
-    packed = np.zeros((G, MB * MR, per * CP, taps), np.int16 if zu is None else np.int8)
-    packed[:, :mg, :cg, :] = wt
-    packed = packed.reshape(G, MB, MR, CP, per, taps).transpose(0, 1, 3, 5, 2, 4)  # g mb word tap r channel
+    taps = g.KH * KWw
+    wt = ev.static[id(node.input(1))].astype(np.int64).reshape(G, mg, cg, g.KH * g.KW)
+    if tap_words:  # [group][channel block][kh][word][r] words of 4 taps
+        packed = np.zeros((G, MB * MR, g.KH, KWw * per), np.int8)
+        packed[:, :mg, :, :g.KW] = wt.reshape(G, mg, g.KH, g.KW)
+        packed = packed.reshape(G, MB, MR, g.KH, KWw, per).transpose(0, 1, 3, 4, 2, 5)
+    else:  # [group][channel block][word][kh][kw][r] words of `per` channels' weights
+        packed = np.zeros((G, MB * MR, per * CP, g.KH * g.KW), np.int16 if zu is None else np.int8)
+        packed[:, :mg, :cg, :] = wt
+        packed = packed.reshape(G, MB, MR, CP, per, taps).transpose(0, 1, 3, 5, 2, 4)  # g mb word tap r channel
     words = np.ascontiguousarray(packed).view(np.int32).reshape(-1)
     kind = "pairs" if zu is None else "quads"
     wq = kc.const_array((f"q8_gemm_{kind}", node.name), words, f"{node.input(1).name}_{kind}", np.int32)
     bias = None
     if zu is not None:  # sum w (u - zu) = sum w u - zu sum w: the correction joins the bias (int32, wrapping)
-        corrected = ep.bias.astype(np.int64) - zu * wt.reshape(OC, cg * taps).sum(axis=1)
+        corrected = ep.bias.astype(np.int64) - zu * wt.reshape(OC, -1).sum(axis=1)
         bias = ((corrected + (1 << 31)) % (1 << 32) - (1 << 31)).astype(np.int32)
     plane = g.plane
     xoff = kc.scratch(CP * plane * 4)
@@ -727,8 +745,10 @@ def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, G: int, zu
         kc.note(lambda name: f"int8 conv '{name}': host int16-pair GEMM, {MR} channels x {8 * NV} positions (AVX2 "
                              f"vpmaddwd, vpdpwssd with AVX512-VNNI), epilogue in vectors", node)
     else:
-        kc.note(lambda name: f"int8 conv '{name}': host u8 x s8 GEMM, {MR} channels x {8 * NV} positions "
-                             f"(vpdpbusd with AVX512-VNNI, int16 pairs with AVX2 alone), epilogue in vectors", node)
+        words_of = "4 taps of a kernel row" if tap_words else "4 channels"
+        kc.note(lambda name: f"int8 conv '{name}': host u8 x s8 GEMM, {MR} channels x {8 * NV} positions, words of "
+                             f"{words_of} (vpdpbusd with AVX512-VNNI, int16 pairs with AVX2 alone), epilogue in "
+                             f"vectors", node)
     w = kc.w
     qp = kc.ptr(x.q)
     ct = c_type(x.q.dtype)
@@ -753,6 +773,9 @@ def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, G: int, zu
                     f"{qp} + ({img} * {C} + {c0}) * {H * W}"
                 inside = f"{ih} >= 0 && {ih} < {g.H}"
                 for q, row in enumerate(rows):
+                    if tap_words:  # the same row, read 4 taps apart
+                        w.line(f"const {ct}* {row} = {inside} ? {base} : NULL;")
+                        continue
                     cond = inside if q == 0 else f"{inside} && {per} * {cp} + {q} < {cg}"
                     w.line(f"const {ct}* {row} = {cond} ? {base} + {q * H * W} : NULL;")
                 with w.block(f"for (long {ph} = 0; {ph} < {g.SW}; ++{ph})"):
@@ -761,7 +784,7 @@ def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, G: int, zu
                         _emit_build_row(w, f"opfuse_q8_pairs_{s}", dst, (rows[0], rows[1]), g, x.zp, ph)
                     else:
                         w.line(f"opfuse_q8_quads_{s}((uint8_t*)({dst}), {', '.join(rows)}, {ph} - {g.PL}, {g.Wq}, "
-                               f"{g.SW}, {g.W}, {zu});")
+                               f"{g.SW}, {g.W}, {zu}, {g.DW if tap_words else 0});")
         tiles_w = -(-g.OW // g.NB)
         t, mb = kc.tmp("t"), kc.tmp("mb")
         kc.parallel_for(g.OH * tiles_w * mg * CP * taps * 2 * g.NB)
@@ -783,13 +806,14 @@ def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, G: int, zu
                 xc = kc.tmp("xc")
                 w.line(f"const int32_t* {xc} = {xt} + {k} * {plane};")
                 for kh in range(g.KH):
-                    for kw in range(g.KW):
-                        tap = kh * g.KW + kw
+                    for kw in range(KWw):
+                        tap = kh * KWw + kw
                         xs = [kc.tmp("x") for _ in range(NV)]
+                        offset = g.tap(kh, per * kw if tap_words else kw)
                         with w.block(""):
                             for v, xv in enumerate(xs):
                                 w.line(f"const __m256i {xv} = _mm256_loadu_si256((const __m256i*)({xc} + "
-                                       f"{g.tap(kh, kw) + v * LANES}));")
+                                       f"{offset + v * LANES}));")
                             for i in range(MR):
                                 wb = kc.tmp("w")
                                 w.line(f"const __m256i {wb} = _mm256_set1_epi32({wp}[{tap * MR + i}]);")
