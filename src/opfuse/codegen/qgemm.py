@@ -335,6 +335,32 @@ static inline __m128i opfuse_q8_requantize(__m256i acc, const opfuse_q8_chan* c,
 }
 #endif
 
+/* v0..v7: 8 positions' 8 bytes (8 channels each, the low half); stores channel j's 8 positions (the first n)
+   at dst + j * stride, for the first nch channels: an 8 x 8 byte transpose. */
+static inline void opfuse_q8_store_8x8(void* dst, long stride, long nch, long n, __m128i v0, __m128i v1, __m128i v2,
+                                       __m128i v3, __m128i v4, __m128i v5, __m128i v6, __m128i v7) {
+  const __m128i t0 = _mm_unpacklo_epi8(v0, v1), t1 = _mm_unpacklo_epi8(v2, v3);
+  const __m128i t2 = _mm_unpacklo_epi8(v4, v5), t3 = _mm_unpacklo_epi8(v6, v7);
+  const __m128i u0 = _mm_unpacklo_epi16(t0, t1), u1 = _mm_unpackhi_epi16(t0, t1);
+  const __m128i u2 = _mm_unpacklo_epi16(t2, t3), u3 = _mm_unpackhi_epi16(t2, t3);
+  __m128i w[4];
+  w[0] = _mm_unpacklo_epi32(u0, u2);
+  w[1] = _mm_unpackhi_epi32(u0, u2);
+  w[2] = _mm_unpacklo_epi32(u1, u3);
+  w[3] = _mm_unpackhi_epi32(u1, u3);
+  unsigned char* d = (unsigned char*)dst;
+  if (nch == 8 && n == 8) {
+    for (int i = 0; i < 4; ++i) {
+      _mm_storel_epi64((__m128i*)(d + (2 * i) * stride), w[i]);
+      _mm_storeh_pd((double*)(d + (2 * i + 1) * stride), _mm_castsi128_pd(w[i]));
+    }
+    return;
+  }
+  unsigned char tmp[64];
+  for (int i = 0; i < 4; ++i) _mm_storeu_si128((__m128i*)(tmp + 16 * i), w[i]);
+  for (long j = 0; j < nch; ++j) memcpy(d + j * stride, tmp + 8 * j, (size_t)n);
+}
+
 static inline void opfuse_q8_store(void* dst, __m128i b, long n) {
   if (n >= 8) {
     _mm_storel_epi64((__m128i*)dst, b);
@@ -882,6 +908,110 @@ def _depthwise(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str) -> None:
                             w.line(f"{a} = _mm256_add_epi32({a}, _mm256_mullo_epi32(_mm256_loadu_si256("
                                    f"(const __m256i*)({xt} + {g.tap(kh, kw) + v * LANES})), {wv[kh * g.KW + kw]}));")
                 _emit_epilogue(kc, ep, accs, chan, orow, ow0, str(OW), rrow)
+
+
+def _lanes(arr: np.ndarray, pad, dtype) -> np.ndarray:
+    """``arr`` (one value per channel) padded with ``pad`` to whole vectors of LANES channels."""
+    out = np.full(-(-arr.shape[0] // LANES) * LANES, pad, dtype)
+    out[:arr.shape[0]] = arr
+    return out
+
+
+def _depthwise_channels(kc, ev, node: Node, x: QInput, ep: QEpilogue) -> None:
+    """Depthwise over 8 channels per vector (small planes, where 8 positions of a row would not fill one):
+    per image and block of 8 channels a padded image of int32 with the channels innermost, one ``vpmulld`` +
+    ``vpaddd`` per tap and output position, the epilogue with one channel's constants per lane."""
+    N, C, H, W = node.input(0).shape
+    OH, OW = node.outputs[0].shape[2:]
+    geo, _ = conv_geometry(node)
+    (KH, KW), (SH, SW), (DH, DW) = geo.kernel, geo.strides, geo.dilations
+    PT, PL = geo.pads_begin
+    taps = KH * KW
+    CB = -(-C // LANES)
+    Hp, Wp = (OH - 1) * SH + (KH - 1) * DH + 1, (OW - 1) * SW + (KW - 1) * DW + 1
+    wt = np.zeros((CB * LANES, taps), np.int32)
+    wt[:C] = ev.static[id(node.input(1))].astype(np.int32).reshape(C, taps)
+    wq = kc.const_array(("q8_dwc", node.name), wt.reshape(CB, LANES, taps).transpose(0, 2, 1),
+                        f"{node.input(1).name}_dwc", np.int32)
+    name = ep.out.name
+    mult = kc.const_array(("q8_mult8", name), _lanes(ep.mult, 0, np.int32), f"{name}_mult8", np.int32)
+    shift = kc.const_array(("q8_shift8", name), _lanes(ep.shift, 1, np.int32), f"{name}_shift8", np.int32)
+    bias = kc.const_array(("q8_bias8", name), _lanes(ep.bias, 0, np.int32), f"{name}_bias8", np.int32)
+    rmult = "NULL"
+    if ep.rmult is not None:
+        rmult = kc.const_array(("q8_rmult8", name), _lanes(ep.rmult, 0, np.int64), f"{name}_rmult8", np.int64)
+    off = kc.scratch(Hp * Wp * LANES * 4)
+    kc.note(lambda nm: f"int8 depthwise '{nm}': host, 8 channels per vector (rows of {OW} positions), epilogue in "
+                       "vectors", node)
+    w = kc.w
+    qp, ct = kc.ptr(x.q), c_type(x.q.dtype)
+    out = kc.ptr(ep.out, write=True)
+    kc.stored.add(id(ep.out))
+    unsigned = int(ep.out.dtype == np.uint8)
+    blk, j, r, col = kc.tmp("blk"), kc.tmp("j"), kc.tmp("r"), kc.tmp("col")
+    kc.parallel_for(N * C * OH * OW * taps * 2)
+    with w.block(f"for (long {blk} = 0; {blk} < {N * CB}; ++{blk})"):
+        img, c0 = kc.tmp("img"), kc.tmp("c0")
+        w.line(f"const long {img} = {blk} / {CB}, {c0} = ({blk} % {CB}) * {LANES};")
+        nch = kc.tmp("nch")
+        w.line(f"const long {nch} = {C} - {c0} < {LANES} ? {C} - {c0} : {LANES};")
+        xp = kc.tmp("xp")
+        w.line(f"int32_t* restrict {xp} = {kc.scratch_ptr('int32_t', off)};")
+        # the padding (and the channels past C) zero, then each channel's rows into its lane
+        w.line(f"memset({xp}, 0, sizeof(int32_t) * {Hp * Wp * LANES});")
+        r0, r1 = max(0, PT), min(Hp, H + PT)
+        c_lo, c_hi = max(0, PL), min(Wp, W + PL)
+        with w.block(f"for (long {j} = 0; {j} < {nch}; ++{j})"):
+            src = kc.tmp("src")
+            w.line(f"const {ct}* {src} = {qp} + ({img} * {C} + {c0} + {j}) * {H * W};")
+            with w.block(f"for (long {r} = {r0}; {r} < {r1}; ++{r})"):
+                row, dst = kc.tmp("row"), kc.tmp("dst")
+                w.line(f"const {ct}* {row} = {src} + ({r} - {PT}) * {W};")
+                w.line(f"int32_t* {dst} = {xp} + {r} * {Wp * LANES} + {j};")
+                w.line(f"for (long {col} = {c_lo}; {col} < {c_hi}; ++{col}) {dst}[{col} * {LANES}] = "
+                       f"(int32_t){row}[{col} - {PL}] - {x.zp};")
+        ch, b = kc.tmp("ch"), kc.tmp("bias")
+        rm = f"{rmult} + {c0}" if ep.rmult is not None else "NULL"
+        w.line(f"const opfuse_q8_chan {ch} = opfuse_q8_chan_lanes({mult} + {c0}, {shift} + {c0}, {rm}, {ep.zp}, "
+               f"{ep.lo}, {ep.hi});")
+        w.line(f"const __m256i {b} = _mm256_loadu_si256((const __m256i*)({bias} + {c0}));")
+        wv = [kc.tmp("w") for _ in range(taps)]
+        for t_, nm in enumerate(wv):
+            w.line(f"const __m256i {nm} = _mm256_loadu_si256((const __m256i*)({wq} + ({c0} * {taps} + {t_ * LANES})));")
+        # 8 output positions (consecutive in each channel's plane, across rows) per pass: their 8 vectors of
+        # 8 channels are transposed into 8 bytes per channel
+        P = OH * OW
+        p0, n = kc.tmp("p0"), kc.tmp("n")
+        with w.block(f"for (long {p0} = 0; {p0} < {P}; {p0} += {LANES})"):
+            w.line(f"const long {n} = {P} - {p0} < {LANES} ? {P} - {p0} : {LANES};")
+            vs = [kc.tmp("v") for _ in range(LANES)]
+            w.line(f"__m128i {', '.join(vs)};")
+            for u, vname in enumerate(vs):
+                with w.block(""):
+                    pp, oh, ow = kc.tmp("p"), kc.tmp("oh"), kc.tmp("ow")
+                    # past the plane's end (the last pass): the last position again, not stored
+                    w.line(f"const long {pp} = {p0} + {u} < {P} ? {p0} + {u} : {P - 1};")
+                    w.line(f"const long {oh} = {pp} / {OW}, {ow} = {pp} % {OW};")
+                    xt, acc = kc.tmp("xt"), kc.tmp("acc")
+                    w.line(f"const int32_t* {xt} = {xp} + ({oh} * {SH * Wp} + {ow} * {SW}) * {LANES};")
+                    w.line(f"__m256i {acc} = _mm256_setzero_si256();")
+                    for kh in range(KH):
+                        for kw in range(KW):
+                            o = (kh * DH * Wp + kw * DW) * LANES
+                            w.line(f"{acc} = _mm256_add_epi32({acc}, _mm256_mullo_epi32(_mm256_loadu_si256("
+                                   f"(const __m256i*)({xt} + {o})), {wv[kh * KW + kw]}));")
+                    res = "NULL"
+                    if ep.res is not None:
+                        at = f"({img} * {C} + {c0}) * {P} + {pp}"
+                        rv, rt = kc.tmp("res"), kc.tmp("rt")
+                        w.line(f"int32_t {rt}[{LANES}] = {{0}};")
+                        w.line(f"for (long {j} = 0; {j} < {nch}; ++{j}) {rt}[{j}] = (int32_t){kc.ptr(ep.res.q)}[{at} + "
+                               f"{j} * {P}] - {ep.res.zp};")
+                        w.line(f"const __m256i {rv} = _mm256_loadu_si256((const __m256i*){rt});")
+                        res = f"&{rv}"
+                    w.line(f"{vname} = opfuse_q8_requantize(_mm256_add_epi32({acc}, {b}), &{ch}, {res}, {unsigned});")
+            w.line(f"opfuse_q8_store_8x8({out} + ({img} * {C} + {c0}) * {P} + {p0}, {P}, {nch}, {n}, "
+                   f"{', '.join(vs)});")
 
 
 def _lanes(arr: np.ndarray, pad, dtype) -> np.ndarray:
