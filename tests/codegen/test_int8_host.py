@@ -248,3 +248,20 @@ def test_quantized_zoo_model_fused_is_bit_exact_on_the_host_kernel():
     got = build(comp.plan.graph, comp.plan, memory=comp.memory).run(feeds)
     assert want[last].dtype == np.int8 and want[last].std() > 1  # not all clamped
     np.testing.assert_array_equal(got[last], want[last])
+
+
+@pytest.mark.parametrize("params", [{"cin": 16, "cout": 24, "hw": (40, 36), "residual": True},
+                                    {"cin": 24, "cout": 24, "group": 24, "hw": (40, 36)},
+                                    {"cin": 24, "cout": 24, "group": 24, "hw": (60, 5), "stride": 2}],
+                         ids=["gemm", "depthwise-rows", "depthwise-channels"])
+def test_threads_share_the_image_and_split_the_tiles_bit_exactly(params):
+    """With 2 threads the image (built by all threads into thread 0's scratch) is shared by every tile."""
+    g = qconv(**params)
+    comp = plan_model(g)
+    feeds = _feeds(g)
+    want = run(g, feeds)
+    (name,) = want
+    model = build(comp.plan.graph, comp.plan, threads=2)
+    assert model.threads == 2 and "OPFUSE_PRAGMA(omp parallel for" in model.program.source
+    for _ in range(3):
+        np.testing.assert_array_equal(model.run(feeds)[name], want[name])
