@@ -490,22 +490,25 @@ static void opfuse_q8_quads_{s}(uint8_t* restrict dst, const {T}* r0, const {T}*
   const uint8_t flip = {flip};
   const {T}* rows[4] = {{r0, r1, r2, r3}};
   long j = 0;
-  if (step <= 2) {{
-    const __m128i f = _mm_set1_epi8((char)flip), fv = _mm_set1_epi8((char)fill);
-    const __m128i even = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1);
-    const long reach = 3 * shift + 16;  /* bytes one vector pass reads past i */
-    for (; j < n && first + step * j < 0; ++j) {{
+  if (shift) {{ /* one row's 4 taps per word: row q read at i + q * shift */
+    for (; j < n; ++j) {{
       const long i = first + j * step;
       for (int q = 0; q < 4; ++q) {{
         const long iq = i + q * shift;
         dst[4 * j + q] = iq >= 0 && iq < len && rows[q] ? (uint8_t)((uint8_t)rows[q][iq] ^ flip) : fill;
       }}
     }}
+    return;
+  }}
+  if (step <= 2) {{
+    const __m128i f = _mm_set1_epi8((char)flip), fv = _mm_set1_epi8((char)fill);
+    const __m128i even = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1);
+    for (; j < n && first + step * j < 0; ++j) dst[4 * j] = dst[4 * j + 1] = dst[4 * j + 2] = dst[4 * j + 3] = fill;
     if (step == 1) {{
-      for (; j + 16 <= n && first + j + reach <= len; j += 16) {{
+      for (; j + 16 <= n && first + j + 16 <= len; j += 16) {{
         __m128i v[4];
         for (int q = 0; q < 4; ++q)
-          v[q] = rows[q] ? _mm_xor_si128(_mm_loadu_si128((const __m128i*)(rows[q] + first + j + q * shift)), f) : fv;
+          v[q] = rows[q] ? _mm_xor_si128(_mm_loadu_si128((const __m128i*)(rows[q] + first + j)), f) : fv;
         const __m128i ab0 = _mm_unpacklo_epi8(v[0], v[1]), ab1 = _mm_unpackhi_epi8(v[0], v[1]);
         const __m128i cd0 = _mm_unpacklo_epi8(v[2], v[3]), cd1 = _mm_unpackhi_epi8(v[2], v[3]);
         _mm_storeu_si128((__m128i*)(dst + 4 * j), _mm_unpacklo_epi16(ab0, cd0));
@@ -514,11 +517,11 @@ static void opfuse_q8_quads_{s}(uint8_t* restrict dst, const {T}* r0, const {T}*
         _mm_storeu_si128((__m128i*)(dst + 4 * j + 48), _mm_unpackhi_epi16(ab1, cd1));
       }}
     }} else {{
-      for (; j + 8 <= n && first + 2 * j + reach <= len; j += 8) {{
+      for (; j + 8 <= n && first + 2 * j + 16 <= len; j += 8) {{
         __m128i v[4];
         for (int q = 0; q < 4; ++q)
-          v[q] = rows[q] ? _mm_xor_si128(_mm_shuffle_epi8(
-                               _mm_loadu_si128((const __m128i*)(rows[q] + first + 2 * j + q * shift)), even), f) : fv;
+          v[q] = rows[q] ? _mm_xor_si128(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i*)(rows[q] + first + 2 * j)),
+                                                          even), f) : fv;
         const __m128i ab = _mm_unpacklo_epi8(v[0], v[1]), cd = _mm_unpacklo_epi8(v[2], v[3]);
         _mm_storeu_si128((__m128i*)(dst + 4 * j), _mm_unpacklo_epi16(ab, cd));
         _mm_storeu_si128((__m128i*)(dst + 4 * j + 16), _mm_unpackhi_epi16(ab, cd));
@@ -527,10 +530,8 @@ static void opfuse_q8_quads_{s}(uint8_t* restrict dst, const {T}* r0, const {T}*
   }}
   for (; j < n; ++j) {{
     const long i = first + j * step;
-    for (int q = 0; q < 4; ++q) {{
-      const long iq = i + q * shift;
-      dst[4 * j + q] = iq >= 0 && iq < len && rows[q] ? (uint8_t)((uint8_t)rows[q][iq] ^ flip) : fill;
-    }}
+    const int in = i >= 0 && i < len;
+    for (int q = 0; q < 4; ++q) dst[4 * j + q] = in && rows[q] ? (uint8_t)((uint8_t)rows[q][i] ^ flip) : fill;
   }}
 }}
 #endif
@@ -861,48 +862,17 @@ def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, G: int, zu
 
 
 def _depthwise(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str) -> None:
-    """8 positions of a row per vector: with AVX512-VNNI (weights of int8, an 8-bit zero point) words of 4 taps
-    of a kernel row, one vpdpbusd per word; otherwise int32 planes, one vpmulld per tap."""
-    zu = _quads_zero_point(x, ev.static[id(node.input(1))].astype(np.int64))
-    if zu is None:
-        _depthwise_positions(kc, ev, node, x, ep, s, None)
-        return
-    kc.w.line(f"#if {VNNI_GUARD}")
-    _depthwise_positions(kc, ev, node, x, ep, s, zu)
-    kc.w.line("#else")
-    kept = len(kc.notes)
-    _depthwise_positions(kc, ev, node, x, ep, s, None)
-    del kc.notes[kept:]
-    del kc._comment_notes[kept:]
-    kc.w.line("#endif")
-
-
-def _depthwise_positions(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, zu: int | None) -> None:
     N, C, H, W = node.input(0).shape
     out_shape = node.outputs[0].shape
     OH, OW = out_shape[2:]
     NV = 2 if OW >= 2 * LANES else 1
     g, _ = _geometry(node, LANES * NV, False)
-    KWw = -(-g.KW // 4) if zu is not None else g.KW  # words per kernel row
-    taps = g.KH * KWw
-    wt = ev.static[id(node.input(1))].astype(np.int32).reshape(C, g.KH, g.KW)
-    bias = None
-    if zu is None:
-        wq = kc.const_array(("q8_dw", node.name), wt.reshape(C, taps), f"{node.input(1).name}_dw", np.int32)
-        kc.note(lambda name: f"int8 depthwise '{name}': host planes of int32, {8 * NV} positions per pass, "
-                             "epilogue in vectors", node)
-    else:
-        quads = np.zeros((C, g.KH, KWw * 4), np.int8)
-        quads[:, :, :g.KW] = wt
-        wq = kc.const_array(("q8_dw_quads", node.name), quads.view(np.int32).reshape(C, taps),
-                            f"{node.input(1).name}_dwq", np.int32)
-        corrected = ep.bias.astype(np.int64) - zu * wt.reshape(C, -1).astype(np.int64).sum(axis=1)
-        bias = ((corrected + (1 << 31)) % (1 << 32) - (1 << 31)).astype(np.int32)
-        kc.note(lambda name: f"int8 depthwise '{name}': host planes of words of 4 taps (vpdpbusd with AVX512-VNNI), "
-                             f"{8 * NV} positions per pass, epilogue in vectors", node)
-        flip = "0x80" if x.q.dtype == np.int8 else "0"
-        kc.program.require_helper(f"opfuse_q8_quads_{s}", QUADS_C.format(s=s, T=c_type(x.q.dtype), flip=flip))
+    taps = g.KH * g.KW
+    wt = ev.static[id(node.input(1))].astype(np.int32).reshape(C, taps)
+    wq = kc.const_array(("q8_dw", node.name), wt, f"{node.input(1).name}_dw", np.int32)
     poff = kc.scratch(g.plane * 4)
+    kc.note(lambda name: f"int8 depthwise '{name}': host planes of int32, {8 * NV} positions per pass, "
+                         "epilogue in vectors", node)
     w = kc.w
     qp = kc.ptr(x.q)
     pl, r, ph = kc.tmp("pl"), kc.tmp("r"), kc.tmp("ph")
@@ -916,20 +886,14 @@ def _depthwise_positions(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, z
             w.line(f"const long {ih} = {r} - {g.PT};")
             with w.block(f"for (long {ph} = 0; {ph} < {g.SW}; ++{ph})"):
                 dst = f"{xp} + ({r} * {g.SW} + {ph}) * {g.Wq}"
-                src = f"{qp} + ({pl} * {H} + {ih}) * {W}"
-                if zu is not None:  # the 4 taps kw..kw+3 of the row, DW apart, in one word
-                    row = kc.tmp("row")
-                    w.line(f"const {c_type(x.q.dtype)}* {row} = {ih} >= 0 && {ih} < {H} ? {src} : NULL;")
-                    w.line(f"opfuse_q8_quads_{s}((uint8_t*)({dst}), {row}, {row}, {row}, {row}, {ph} - {g.PL}, "
-                           f"{g.Wq}, {g.SW}, {W}, {zu}, {g.DW});")
-                else:
-                    with w.block(f"if ({ih} >= 0 && {ih} < {H})"):
-                        _emit_build_row(w, f"opfuse_q8_plane_row_{s}", dst, src, g, x.zp, ph)
-                    w.line(f"else memset({dst}, 0, sizeof(int32_t) * {g.Wq});")
+                with w.block(f"if ({ih} >= 0 && {ih} < {H})"):
+                    _emit_build_row(w, f"opfuse_q8_plane_row_{s}", dst, f"{qp} + ({pl} * {H} + {ih}) * {W}", g,
+                                    x.zp, ph)
+                w.line(f"else memset({dst}, 0, sizeof(int32_t) * {g.Wq});")
         wv = [kc.tmp("w") for _ in range(taps)]
         for t_, name in enumerate(wv):
             w.line(f"const __m256i {name} = _mm256_set1_epi32({wq}[{c} * {taps} + {t_}]);")
-        chan = _emit_channel(kc, ep, c, bias)
+        chan = _emit_channel(kc, ep, c)
         oh, ow0 = kc.tmp("oh"), kc.tmp("ow")
         with w.block(f"for (long {oh} = 0; {oh} < {OH}; ++{oh})"):
             orow, rrow = _out_rows(kc, ep, img, c, oh, out_shape)
@@ -939,14 +903,10 @@ def _depthwise_positions(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, z
                 accs = [kc.tmp("a") for _ in range(NV)]
                 w.line("__m256i " + ", ".join(f"{a} = _mm256_setzero_si256()" for a in accs) + ";")
                 for kh in range(g.KH):
-                    for kw in range(KWw):
+                    for kw in range(g.KW):
                         for v, a in enumerate(accs):
-                            if zu is None:
-                                w.line(f"{a} = _mm256_add_epi32({a}, _mm256_mullo_epi32(_mm256_loadu_si256("
-                                       f"(const __m256i*)({xt} + {g.tap(kh, kw) + v * LANES})), {wv[kh * KWw + kw]}));")
-                            else:
-                                w.line(f"{a} = _mm256_dpbusd_epi32({a}, _mm256_loadu_si256((const __m256i*)({xt} + "
-                                       f"{g.tap(kh, 4 * kw) + v * LANES})), {wv[kh * KWw + kw]});")
+                            w.line(f"{a} = _mm256_add_epi32({a}, _mm256_mullo_epi32(_mm256_loadu_si256("
+                                   f"(const __m256i*)({xt} + {g.tap(kh, kw) + v * LANES})), {wv[kh * g.KW + kw]}));")
                 _emit_epilogue(kc, ep, accs, chan, orow, ow0, str(OW), rrow)
 
 
