@@ -1,4 +1,4 @@
-"""Integer convolution on the host: register-blocked int16-pair GEMM and vectorised depthwise, with the
+"""Integer convolution on the host: register-blocked integer GEMM and vectorised depthwise, with the
 requantizing epilogue in vector registers.
 
 The Cortex-M7 kernel (``qconv.py``) takes one dot product per output position and channel and finishes
@@ -6,30 +6,42 @@ each element in scalar code; on an x86 host that leaves the vector units idle. W
 AVX2 (``#if defined(__AVX2__)``; ``CodegenOptions(simd="auto")``, platform "host") and the group is a
 quantized model's ``Cast/Sub -> Conv -> [Add bias] -> Requantize [+ residual]``, this module emits instead:
 
-1. **Pair image.** Per image and group the 8-bit input is centred once (``x - zp``, zero in the padding:
-   the padding's centred value, as in the unfused graph) into int32 words that each hold two int16 values
-   of consecutive input channels ``(x[2c], x[2c+1])``, laid out ``[channel pair][padded row][column phase]
-   [column / stride]``. For every tap ``(kh, kw)`` the words of ``8 * NV`` consecutive output positions of
-   one row are then ``8 * NV`` consecutive words: the convolution is an implicit GEMM, read in place,
-   with no per-tile packing (a 1x1 stride-1 convolution without padding is one row of all positions).
+1. **Word image.** Per image and group the 8-bit input is rewritten once into 32-bit words, laid out
+   ``[channel word][padded row][column phase][column / stride]``, so that for every tap ``(kh, kw)`` the
+   words of ``8 * NV`` consecutive output positions of one row are ``8 * NV`` consecutive words: the
+   convolution is an implicit GEMM read in place, with no per-tile packing (a 1x1 stride-1 convolution
+   without padding is one row of all positions). Two kinds of words:
+
+   * **int16 pairs** (AVX2): ``(x[2c] - zp, x[2c+1] - zp)``, 0 in the padding (the padding's centred value, as
+     in the unfused graph);
+   * **u8 quads** (``__AVX512VNNI__`` and ``__AVX512VL__``, weights within int8, zero point an 8-bit value):
+     4 channels' bytes as unsigned (int8 ``+ 128``), the unsigned zero point ``zu`` in the padding; as
+     ``sum w (u - zu) = sum w u - zu sum w``, ``zu sum w`` comes off through the bias. A single input channel
+     (a first layer on a mono input) puts 4 taps of a kernel row in a word instead.
+
 2. **Micro-kernel.** ``MR`` output channels x ``NV`` vectors of 8 positions of int32 accumulators in
-   registers; per channel pair and tap: ``NV`` loads, ``MR`` broadcasts of the packed weight pair, and
-   ``MR * NV`` ``vpmaddwd`` + ``vpaddd`` (one ``vpdpwssd`` each where ``__AVX512VNNI__`` and
-   ``__AVX512VL__`` are defined). Both are exact: ``|x| <= 255`` and ``|w| <= 32767``, so a pair's sum
-   stays below 2^31 and no instruction saturates (``vpdpwssd``, not ``vpdpwssds``); the int32 sums wrap
-   as the reference's do.
+   registers; per word and tap: ``NV`` loads, ``MR`` broadcasts of the packed weight word, and ``MR * NV``
+   ``vpmaddwd`` + ``vpaddd`` (pairs; one ``vpdpwssd`` each with VNNI) or ``vpdpbusd`` (quads). All exact:
+   ``|x| <= 255`` and ``|w| <= 32767`` keep a pair's sum below 2^31, a quad's four ``u8 * s8`` products sum
+   below 2^17, and none of these instructions saturates (not ``vpmaddubsw``, nor the ``s`` forms of the
+   VNNI ones); the int32 sums wrap as the reference's do. Channel blocks run outside the position tiles
+   where the weights outweigh the image (each is then walked once).
 3. **Epilogue, 8 positions at a time** for one channel: bias (int32, wrapping), then ``Requantize``
-   (``ops/quantized.py``) in 64-bit lanes: ``vpmuldq`` on the even and the odd lanes gives
-   ``acc * multiplier`` exactly; the residual's ``res * rmult`` (``rmult < 2^53``) is
-   ``res * (rmult mod 2^31) + (res * (rmult >> 31)) * 2^31``, two more exact ``vpmuldq``;
-   round half to even is ``floor((p + 2^(s-1) - 1 + bit_s(p)) / 2^s)``, computed on ``p + 2^63`` as
-   unsigned (no arithmetic 64-bit shift in AVX2), then zero point, clamp (64-bit compares) and a saturating
-   pack to 8 bits that changes nothing (the values are already clamped). Bit for bit the reference's.
-4. **Depthwise** (one channel per group): per channel plane a padded int32 plane of centred values,
-   8 positions per vector, one ``vpmulld`` + ``vpaddd`` per tap, the same epilogue.
+   (``ops/quantized.py``) in 64-bit lanes, bit for bit the reference's: ``acc * multiplier`` exactly
+   (``vpmuldq``); the residual's ``res * rmult`` (``rmult < 2^53``) as ``res * (rmult mod 2^31) + (res *
+   (rmult >> 31)) * 2^31``, two more exact ``vpmuldq``; round half to even as ``floor((p + 2^(s-1) - 1 +
+   bit_s(p)) / 2^s)``; zero point, clamp, narrowing to 8 bits. AVX-512: all 8 lanes in one register with
+   arithmetic 64-bit shifts and min/max; AVX2: the even and the odd lanes apart, the shift done on
+   ``p + 2^63`` as unsigned (AVX2 has no arithmetic 64-bit shift), clamps by 64-bit compares.
+4. **Depthwise** (one channel per group): rows of at least ``CodegenOptions.int8_depthwise_channels_below``
+   positions per channel plane (a padded int32 plane of centred values, 8 positions per vector, one
+   ``vpmulld`` + ``vpaddd`` per tap); narrower ones 8 channels per vector (a padded image with the channels
+   innermost, the epilogue with one channel's constants per lane, 8 positions stored through an 8x8 byte
+   transpose).
 
 The plain C99 path (``simd="none"``, the Cortex-M7 build) and targets without AVX2 keep ``qconv.py``'s
-kernel (``#else``), untouched. Anything else in the epilogue (another op, a second output) keeps it too.
+kernel (``#else``), untouched. Anything else in the epilogue (another op, a second output) keeps it too,
+and the kernel's notes say why.
 """
 from __future__ import annotations
 
