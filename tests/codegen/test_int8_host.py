@@ -26,11 +26,11 @@ DTYPES = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8}
 
 def qconv(cin=6, cout=5, hw=(9, 7), k=3, stride=1, pad=1, dilation=1, group=1, x_dtype="int8", zp=-7,
           out_dtype="int8", out_zp=3, relu=False, residual=False, res_dtype="int8", shifts=(1e-4, 3e-3),
-          wmax=128, bias=True, seed=0, kw=None):
+          wmax=128, bias=True, seed=0, kw=None, batch=1):
     """x (8-bit) -> Cast/Sub(zp) -> Conv -> [Add(bias)] -> Requantize [+ residual r (8-bit)] -> y (8-bit)."""
     rng = np.random.default_rng(seed)
     b = GraphBuilder("qconv")
-    x = b.input("x", (1, cin) + hw, x_dtype)
+    x = b.input("x", (batch, cin) + hw, x_dtype)
     xc = b.op("Sub", b.op("Cast", x, to=int(TensorProto.INT32)), b.const("zp", np.array(zp, np.int32)))
     kw = k if kw is None else kw
     w = rng.integers(-wmax, wmax, (cout, cin // group, k, kw)).astype(np.int32)
@@ -47,7 +47,7 @@ def qconv(cin=6, cout=5, hw=(9, 7), k=3, stride=1, pad=1, dilation=1, group=1, x
     if residual:
         oh = (hw[0] + 2 * pad - dilation * (k - 1) - 1) // stride + 1
         ow = (hw[1] + 2 * pad - dilation * (kw - 1) - 1) // stride + 1
-        r = b.input("r", (1, cout, oh, ow), res_dtype)
+        r = b.input("r", (batch, cout, oh, ow), res_dtype)
         rzp = 5 if res_dtype == "int8" else 120
         rc = b.op("Sub", b.op("Cast", r, to=int(TensorProto.INT32)), b.const("rzp", np.array(rzp, np.int32)))
         ms = zip(rng.uniform(0.3, 1.5, cout), shift.reshape(-1), strict=True)
@@ -118,6 +118,10 @@ CASES = {
     "uint8-zero-point-outside": {"x_dtype": "uint8", "zp": -3, "cin": 5},
     "int8-zero-point-extremes": {"zp": 127, "cin": 7, "stride": 2, "hw": (9, 33)},
     "no-bias": {"bias": False, "cout": 7},
+    "batch3-residual": {"batch": 3, "residual": True, "cout": 9, "stride": 2, "hw": (8, 12)},
+    "batch2-grouped-uint8": {"batch": 2, "group": 3, "cin": 6, "cout": 9, "x_dtype": "uint8", "zp": 99},
+    "batch2-dw-channels": {"batch": 2, "group": 10, "cin": 10, "cout": 10, "residual": True, "hw": (5, 6)},
+    "batch2-dw-rows": {"batch": 2, "group": 4, "cin": 4, "cout": 4, "hw": (5, 17)},
     "deep-small-plane": {"cin": 20, "cout": 40, "hw": (3, 3), "residual": True},  # weights in the outer loop
     "dw": {"group": 6, "cin": 6, "cout": 6},
     "dw-stride2-odd": {"group": 5, "cin": 5, "cout": 5, "stride": 2, "hw": (13, 21)},

@@ -670,7 +670,8 @@ def _out_rows(kc, ep: QEpilogue, img: str, oc: str, row: str, shape: tuple) -> t
     w = kc.w
     out = kc.tmp("orow")
     off = f"(({img} * {OC} + {oc}) * {OH} + {row}) * {OW}"
-    w.line(f"{c_type(ep.out.dtype)}* restrict {out} = {kc.ptr(ep.out, write=True)} + {off};")
+    # no restrict: the residual may share the output's storage (an in-place plan), read before written
+    w.line(f"{c_type(ep.out.dtype)}* {out} = {kc.ptr(ep.out, write=True)} + {off};")
     kc.stored.add(id(ep.out))
     res = None
     if ep.res is not None:
