@@ -66,9 +66,9 @@ class CodegenOptions:
     # Host int8 depthwise convolution (``codegen/qgemm.py``, AVX2): output rows narrower than this many
     # positions are computed 8 channels per vector (channels innermost in a padded copy), wider ones 8
     # positions of a row per vector (a narrow row leaves most lanes of its last vector idle). Measured
-    # (kernel timers, 1 thread, int8 mobilenet_v1_025_96 and ds_cnn): channels 2.5 vs 8.5 us at 3x3
-    # (128 ch), 5.1 vs 8.7 us at 6x6 stride 2, 8.9 vs 10.5 us at 25x5 (64 ch); positions 7.6 vs 10.1 us at
-    # 12x12 (64 ch), 11.1 vs 20.0 us at 24x24 (32 ch).
+    # (kernel timers, 1 thread, int8 mobilenet_v1_025_96 and ds_cnn, channels vs positions): 3.5 vs 12.5 us
+    # at 3x3, 5.6 vs 6.7-11.3 us at 6x6, 8.2 vs 11.1 us at 25x5 (64 channels); but 11.4 vs 9.1 us at 12x12
+    # (64 channels, stride 1) and 13.2 vs 12.6 us at 24x24.
     int8_depthwise_channels_below: int = 8
     # Recurrent layers (``codegen/recurrent.py``) project the input one block of this many time
     # steps at a time: the block's gate pre-activations (steps x batch x gates x hidden floats)
