@@ -45,6 +45,7 @@ and the kernel's notes say why.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -680,6 +681,16 @@ def _out_rows(kc, ep: QEpilogue, img: str, oc: str, row: str, shape: tuple) -> t
     return out, res
 
 
+@contextmanager
+def _unreported(kc):
+    """Code emitted inside is an ``#else`` branch that does not run where the ``#if`` one does (this host):
+    the notes it adds are dropped, so that the report describes the kernel that runs."""
+    kept = len(kc.notes)
+    yield
+    del kc.notes[kept:]
+    del kc._comment_notes[kept:]
+
+
 def lower_host_int8_conv(kc, ev, stage: Stage, operands: tuple[QInput, QEpilogue], fallback) -> None:
     """The AVX2 kernel under ``#if HOST_GUARD``, ``fallback()`` (qconv.py's kernel) under ``#else``. The
     report's notes describe the host kernel (the one that runs where the host has AVX2)."""
@@ -687,11 +698,8 @@ def lower_host_int8_conv(kc, ev, stage: Stage, operands: tuple[QInput, QEpilogue
     w.line(f"#if {HOST_GUARD}")
     _host(kc, ev, stage, operands)
     w.line("#else")
-    kept = len(kc.notes)
-    with ev.scope():
+    with ev.scope(), _unreported(kc):
         fallback()
-    del kc.notes[kept:]
-    del kc._comment_notes[kept:]
     w.line("#endif")
 
 
@@ -731,10 +739,8 @@ def _gemm(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, G: int) -> None:
     kc.w.line(f"#if {VNNI_GUARD}")
     _gemm_words(kc, ev, node, x, ep, s, G, zu)
     kc.w.line("#else")
-    kept = len(kc.notes)
-    _gemm_words(kc, ev, node, x, ep, s, G, None)
-    del kc.notes[kept:]
-    del kc._comment_notes[kept:]
+    with _unreported(kc):
+        _gemm_words(kc, ev, node, x, ep, s, G, None)
     kc.w.line("#endif")
 
 
