@@ -142,6 +142,7 @@ DEPTHWISE = {
     "uint8-relu-5x5": {"group": 8, "cin": 8, "cout": 8, "k": 5, "pad": 2, "x_dtype": "uint8", "zp": 131,
                        "out_dtype": "uint8", "out_zp": 7, "relu": True, "hw": (6, 18), "shifts": (1e-6, 0.4)},
     "no-pad-dilation": {"group": 3, "cin": 3, "cout": 3, "pad": 0, "dilation": 2, "hw": (9, 12)},
+    "unread-last-column": {"group": 12, "cin": 12, "cout": 12, "pad": 0, "stride": 2, "hw": (10, 14)},
 }
 
 

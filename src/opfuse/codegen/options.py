@@ -64,12 +64,13 @@ class CodegenOptions:
     # 16-64 channels, 33 (K > 64: resnet8's 3x3x16 convs out of line) is the best of 8/16/32/33/65.
     int8_dot_call_min_pairs: int = 33
     # Host int8 depthwise convolution (``codegen/qgemm.py``, AVX2): output rows narrower than this many
-    # positions are computed 8 channels per vector (channels innermost in a padded copy), wider ones 8
-    # positions of a row per vector (a narrow row leaves most lanes of its last vector idle). Measured
-    # (kernel timers, 1 thread, int8 mobilenet_v1_025_96 and ds_cnn, channels vs positions): 3.5 vs 12.5 us
-    # at 3x3, 5.6 vs 6.7-11.3 us at 6x6, 8.2 vs 11.1 us at 25x5 (64 channels); but 11.4 vs 9.1 us at 12x12
-    # (64 channels, stride 1) and 13.2 vs 12.6 us at 24x24.
-    int8_depthwise_channels_below: int = 8
+    # positions are computed 8 channels per vector (channels innermost in a padded copy built by 8x8 byte
+    # transposes), wider ones 8 positions of a row per vector (a narrow row leaves lanes of its last vector
+    # idle). Measured (kernel timers, 1 thread, int8 mobilenet_v1_025_96 and ds_cnn, channels vs positions):
+    # 2.6 vs 17.0 us at 3x3, 5.3 vs 7.7 us at 6x6, 7.7 vs 13.6 us at 25x5 (64 channels), 7.3 vs 17.3 us at
+    # 12x12 stride 2, but 10.5 vs 9.7 us at 12x12 stride 1; the whole mobilenet's kernels 260 us with 16,
+    # 276 with 8, 316 with positions everywhere.
+    int8_depthwise_channels_below: int = 16
     # Recurrent layers (``codegen/recurrent.py``) project the input one block of this many time
     # steps at a time: the block's gate pre-activations (steps x batch x gates x hidden floats)
     # stay in cache until the time loop reads them, and a long sequence needs no T-sized scratch.

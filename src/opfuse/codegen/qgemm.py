@@ -36,8 +36,8 @@ quantized model's ``Cast/Sub -> Conv -> [Add bias] -> Requantize [+ residual]``,
 4. **Depthwise** (one channel per group): rows of at least ``CodegenOptions.int8_depthwise_channels_below``
    positions per channel plane (a padded int32 plane of centred values, 8 positions per vector, one
    ``vpmulld`` + ``vpaddd`` per tap); narrower ones 8 channels per vector (a padded image with the channels
-   innermost, the epilogue with one channel's constants per lane, 8 positions stored through an 8x8 byte
-   transpose).
+   innermost, built and stored through 8x8 byte transposes, the epilogue with one channel's constants per
+   lane).
 
 The plain C99 path (``simd="none"``, the Cortex-M7 build) and targets without AVX2 keep ``qconv.py``'s
 kernel (``#else``), untouched. Anything else in the epilogue (another op, a second output) keeps it too,
@@ -551,6 +551,41 @@ static void opfuse_q8_quads_{s}(uint8_t* restrict dst, const {T}* r0, const {T}*
 """
 
 
+DW_ROWS_C = """
+#if defined(__AVX2__)
+/* One row of the depthwise image with the channels innermost: dst[c * 8 + j] = src[j * plane + c] - zp for
+   c < W and channels j < nch (the lanes of the others get -zp: their weights are 0). 8 columns of 8
+   channels at a time through an 8 x 8 byte transpose, where the 8-byte loads stay before end. */
+static void opfuse_q8_dw_row_{s}(int32_t* restrict dst, const {T}* src, long plane, long nch, long W, int32_t zp,
+                                 const {T}* end) {{
+  const __m256i z = _mm256_set1_epi32(zp);
+  long c = 0;
+  for (; c < W && src + (nch - 1) * plane + c + 8 <= end; c += 8) {{
+    __m128i v[8];
+    for (int j = 0; j < 8; ++j)
+      v[j] = j < nch ? _mm_loadl_epi64((const __m128i*)(src + j * plane + c)) : _mm_setzero_si128();
+    const __m128i t0 = _mm_unpacklo_epi8(v[0], v[1]), t1 = _mm_unpacklo_epi8(v[2], v[3]);
+    const __m128i t2 = _mm_unpacklo_epi8(v[4], v[5]), t3 = _mm_unpacklo_epi8(v[6], v[7]);
+    const __m128i u0 = _mm_unpacklo_epi16(t0, t1), u1 = _mm_unpackhi_epi16(t0, t1);
+    const __m128i u2 = _mm_unpacklo_epi16(t2, t3), u3 = _mm_unpackhi_epi16(t2, t3);
+    __m128i w[4];
+    w[0] = _mm_unpacklo_epi32(u0, u2);
+    w[1] = _mm_unpackhi_epi32(u0, u2);
+    w[2] = _mm_unpacklo_epi32(u1, u3);
+    w[3] = _mm_unpackhi_epi32(u1, u3);
+    const long n = W - c < 8 ? W - c : 8;
+    for (long k = 0; k < n; ++k) {{
+      const __m128i b = (k & 1) ? _mm_srli_si128(w[k >> 1], 8) : w[k >> 1];
+      _mm256_storeu_si256((__m256i*)(dst + (c + k) * 8), _mm256_sub_epi32(_mm256_cvt{cvt}_epi32(b), z));
+    }}
+  }}
+  for (; c < W; ++c)
+    for (long j = 0; j < nch; ++j) dst[c * 8 + j] = (int32_t)src[j * plane + c] - zp;
+}}
+#endif
+"""
+
+
 def _pairs_helper(kc, dtype: np.dtype) -> str:
     s, t, cvt = ("s8", "int8_t", "epi8") if dtype == np.int8 else ("u8", "uint8_t", "epu8")
     kc.program.require_helper(f"opfuse_q8_pairs_{s}", PAIRS_C.format(s=s, T=t, cvt=cvt))
@@ -964,10 +999,12 @@ def _depthwise_channels(kc, ev, node: Node, x: QInput, ep: QEpilogue) -> None:
                        "vectors", node)
     w = kc.w
     qp, ct = kc.ptr(x.q), c_type(x.q.dtype)
+    sfx, cvt = ("s8", "epi8") if x.q.dtype == np.int8 else ("u8", "epu8")
+    kc.program.require_helper(f"opfuse_q8_dw_row_{sfx}", DW_ROWS_C.format(s=sfx, T=ct, cvt=cvt))
     out = kc.ptr(ep.out, write=True)
     kc.stored.add(id(ep.out))
     unsigned = int(ep.out.dtype == np.uint8)
-    blk, j, r, col = kc.tmp("blk"), kc.tmp("j"), kc.tmp("r"), kc.tmp("col")
+    blk, j, r = kc.tmp("blk"), kc.tmp("j"), kc.tmp("r")
     kc.parallel_for(N * C * OH * OW * taps * 2)
     with w.block(f"for (long {blk} = 0; {blk} < {N * CB}; ++{blk})"):
         img, c0 = kc.tmp("img"), kc.tmp("c0")
@@ -979,16 +1016,12 @@ def _depthwise_channels(kc, ev, node: Node, x: QInput, ep: QEpilogue) -> None:
         # the padding (and the channels past C) zero, then each channel's rows into its lane
         w.line(f"memset({xp}, 0, sizeof(int32_t) * {Hp * Wp * LANES});")
         r0, r1 = max(0, PT), min(Hp, H + PT)
-        c_lo, c_hi = max(0, PL), min(Wp, W + PL)
-        with w.block(f"for (long {j} = 0; {j} < {nch}; ++{j})"):
-            src = kc.tmp("src")
-            w.line(f"const {ct}* {src} = {qp} + ({img} * {C} + {c0} + {j}) * {H * W};")
-            with w.block(f"for (long {r} = {r0}; {r} < {r1}; ++{r})"):
-                row, dst = kc.tmp("row"), kc.tmp("dst")
-                w.line(f"const {ct}* {row} = {src} + ({r} - {PT}) * {W};")
-                w.line(f"int32_t* {dst} = {xp} + {r} * {Wp * LANES} + {j};")
-                w.line(f"for (long {col} = {c_lo}; {col} < {c_hi}; ++{col}) {dst}[{col} * {LANES}] = "
-                       f"(int32_t){row}[{col} - {PL}] - {x.zp};")
+        cols = min(W, Wp - PL)  # the input columns the windows reach
+        src = kc.tmp("src")
+        w.line(f"const {ct}* {src} = {qp} + ({img} * {C} + {c0}) * {H * W};")
+        with w.block(f"for (long {r} = {r0}; {r} < {r1}; ++{r})"):
+            w.line(f"opfuse_q8_dw_row_{sfx}({xp} + ({r} * {Wp} + {PL}) * {LANES}, {src} + ({r} - {PT}) * {W}, "
+                   f"{H * W}, {nch}, {cols}, {x.zp}, {qp} + {N * C * H * W});")
         ch, b = kc.tmp("ch"), kc.tmp("bias")
         rm = f"{rmult} + {c0}" if ep.rmult is not None else "NULL"
         w.line(f"const opfuse_q8_chan {ch} = opfuse_q8_chan_lanes({mult} + {c0}, {shift} + {c0}, {rm}, {ep.zp}, "
