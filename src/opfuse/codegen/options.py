@@ -63,6 +63,11 @@ class CodegenOptions:
     # the emulated M7 (instructions, fused int8 zoo models): 8 or 16 slows mobilenet's 1x1 convs of
     # 16-64 channels, 33 (K > 64: resnet8's 3x3x16 convs out of line) is the best of 8/16/32/33/65.
     int8_dot_call_min_pairs: int = 33
+    # Integer depthwise conv (``codegen/qdepthwise.py``): outputs of one row computed per pass, so that
+    # each of the channel's taps (in registers or spilled) is read once for all of them. Measured on the
+    # emulated M7 (instructions per MAC, int8 mobilenet_v1_025_96's 13 depthwise layers): 1: 7.00, 2: 6.27,
+    # 3: 6.19, 4: 6.51 (more accumulators spill); 2 for the smaller code at about the same count.
+    int8_depthwise_outputs_per_pass: int = 2
     # Recurrent layers (``codegen/recurrent.py``) project the input one block of this many time
     # steps at a time: the block's gate pre-activations (steps x batch x gates x hidden floats)
     # stay in cache until the time loop reads them, and a long sequence needs no T-sized scratch.

@@ -31,6 +31,7 @@ import numpy as np
 
 from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.index import Index, add, mul
+from opfuse.codegen.qdepthwise import int8_depthwise_applies, lower_int8_depthwise
 from opfuse.codegen.stages import Stage
 from opfuse.ir.graph import Node, Value
 from opfuse.ops.nn import conv_geometry
@@ -205,6 +206,8 @@ def _gather(kc, ev, x: Value, col: str, where: tuple, geo, G: int, checked: bool
 
 def lower_int8_conv(kc, ev, stage: Stage, bias_term) -> None:
     node = stage.anchor_node
+    if int8_depthwise_applies(node):  # one channel per group: a window of rows per plane (qdepthwise.py)
+        return lower_int8_depthwise(kc, ev, stage, bias_term)
     geo, G = conv_geometry(node)
     x, wt = node.input(0), node.input(1)
     out = node.outputs[0]
