@@ -311,7 +311,8 @@ def _match_matmul(m: _Model, mm: onnx.NodeProto):
     if any(a.name in ("output_dtype", "saturate", "precision") for a in nxt.attribute):
         return "the QuantizeLinear has attributes opfuse does not fold into an integer matmul"
     return {"reshape": reshape, "x_q": x_q, "xs": x_dq.input[1], "xz": x_dq.input[2],
-            "w": w_arr.T if trans_b else w_arr, "w_name": w_q, "ws": w_dq.input[1], "wz": w_dq.input[2] if len(w_dq.input) > 2 else "", "bias": bias,
+            "w": w_arr.T if trans_b else w_arr, "w_name": w_q, "ws": w_dq.input[1],
+            "wz": w_dq.input[2] if len(w_dq.input) > 2 else "", "bias": bias,
             "bias_add": bias_add, "relu": relu, "q": nxt}
 
 
