@@ -101,19 +101,23 @@ def test_refusals_say_why_and_keep_the_requantizing_concat(kwargs, reason):
     np.testing.assert_array_equal(got["cat_q"], want["cat_q"])
 
 
-def test_an_input_of_another_type_is_refused():
+@pytest.mark.parametrize("types, lo, reason", [
+    (("uint8", "int8"), -128, "'a' is uint8, the Concat's output int8"),
+    (("int8", "int8"), 0, "'Clip' clamps to other bounds than int8's range"),  # a ReLU folded into the clamp
+])
+def test_builder_graph_refusals(types, lo, reason):
     from opfuse.ops import GraphBuilder
     from opfuse.patterns import find_matches
     from opfuse.rules.qconcat import concat_refusal, int8_concat_pattern
     b = GraphBuilder("mixed")
-    xs = [b.input("a", (1, 2, 3), "uint8"), b.input("b", (1, 2, 3), "int8")]
+    xs = [b.input(name, (1, 2, 3), t) for name, t in zip("ab", types, strict=True)]
     deq = [b.op("Mul", b.op("Cast", x, to=int(F)), b.const(f"s{i}", np.float32(0.5))) for i, x in enumerate(xs)]
     cat = b.op("Concat", *deq, axis=1)
     q = b.op("Div", cat, b.const("s", np.float32(0.5)))
-    q = b.op("Clip", b.op("Round", q), b.const("lo", np.float32(-128)), b.const("hi", np.float32(127)))
+    q = b.op("Clip", b.op("Round", q), b.const("lo", np.float32(lo)), b.const("hi", np.float32(127)), name="Clip")
     g = b.build(b.op("Cast", q, to=int(I8)))
     (m,) = find_matches(g, int8_concat_pattern())
-    assert concat_refusal(m) == "'a' is uint8, the Concat's output int8"
+    assert concat_refusal(m) == reason
 
 
 @pytest.mark.skipif(not mcu.tools_available(), reason="needs arm-none-eabi-gcc, newlib and qemu-system-arm")

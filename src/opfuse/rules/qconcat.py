@@ -45,14 +45,6 @@ def _const_scalar(v: Value | None) -> np.ndarray | None:
     return np.asarray(v.const).reshape(())
 
 
-def _other(n: Node, v: Value) -> Value | None:
-    """``n``'s operand other than ``v`` (binary ops)."""
-    ins = n.input_values()
-    if len(ins) != 2:
-        return None
-    return ins[1] if ins[0] is v else ins[0]
-
-
 def _dequantized(v: Value) -> tuple[Value, np.ndarray, np.ndarray | None] | str:
     """``(q, scale, zero point or None)`` of ``v = (float(q) [- zp]) * s``, or why it is not one."""
     mul = v.producer
@@ -98,14 +90,16 @@ def concat_refusal(m) -> str | None:
         return f"'{div.name}' divides by no constant scalar scale"
     if not (np.isfinite(s) and float(s) >= MIN_SCALE and float(s) * 255 < np.finfo(np.float32).max):
         return f"the output scale {float(s):g} is below {MIN_SCALE:g} or too large for an exact round trip"
+    zp = np.asarray(np.float32(0))
     add = _one(m, "add")
-    zp = _const_scalar(_other(add, add.input_values()[0])) if add is not None else np.float32(0)
-    if zp is None:
-        return f"'{add.name}' adds no constant scalar zero point"
+    if add is not None:
+        consts = [c for c in (_const_scalar(v) for v in add.input_values()) if c is not None]
+        if len(consts) != 1:
+            return f"'{add.name}' adds no constant scalar zero point"
+        zp = consts[0]
     clip = m["clip"]
-    bounds = [_const_scalar(v) for v in clip.input_values()[1:]]
-    if len(bounds) != 2 or any(b is None for b in bounds) or \
-            (float(bounds[0]), float(bounds[1])) != tuple(float(b) for b in EIGHT_BIT[out_t]):
+    bounds = [b for b in (_const_scalar(v) for v in clip.input_values()[1:]) if b is not None]
+    if len(bounds) != 2 or (float(bounds[0]), float(bounds[1])) != tuple(float(b) for b in EIGHT_BIT[out_t]):
         return f"'{clip.name}' clamps to other bounds than {out_t.name}'s range"
     for v in concat.input_values():
         got = _dequantized(v)
