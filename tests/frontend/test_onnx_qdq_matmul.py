@@ -146,3 +146,16 @@ def test_zoo_classifiers_fc_is_an_integer_matmul():
     mm = [n for n in g.nodes if n.op_type == "MatMul"]
     assert len(mm) == 1 and mm[0].outputs[0].dtype == np.int32
     assert "Gemm" not in op_types(g)
+
+
+def test_the_decision_log_and_report_show_the_recognitions_and_refusals():
+    """The importer's recognitions (and refusals, with the reason) open the decision log (pass ``import``),
+    and the fusion report counts them among the rewrites."""
+    taken = plan_model(import_model(qdq_matmul(relu=True)))
+    (d,) = [d for d in taken.decisions if d.pass_name == "import"]
+    assert (d.rule, d.verdict, d.nodes[0]) == ("integer_matmul", "rewritten", "mm")
+    assert "Gemm -> Add(bias) -> Relu -> QuantizeLinear as one integer matmul" in d.reason
+    assert taken.fusion_report.rewrites.get("integer_matmul") == 1
+    refused = plan_model(import_model(qdq_matmul(alpha=2.0)))
+    (d,) = [d for d in refused.decisions if d.pass_name == "import"]
+    assert str(d) == "[import] integer_matmul refused (condition) at mm: a Gemm with transA or alpha, beta other than 1"

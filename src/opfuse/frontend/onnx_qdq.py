@@ -163,9 +163,17 @@ def _match(m: _Model, conv: onnx.NodeProto):
             "yz": nxt.input[2], "bias": bias, "relu": relu, "q": nxt, "residual": residual}
 
 
-def recognize_integer_convs(model: onnx.ModelProto, refusals: list | None = None) -> onnx.ModelProto:
+INTEGER_CONV = "integer_conv"  # the recognitions' names in the decision log (``import_log``)
+INTEGER_MATMUL = "integer_matmul"
+
+
+def recognize_integer_convs(model: onnx.ModelProto, refusals: list | None = None,
+                            log: list | None = None) -> onnx.ModelProto:
     """``model`` with each DQ -> Conv -> [Relu] -> Q replaced (see the module docstring); the model
-    itself when nothing matches. ``refusals`` collects ``(conv name, reason)`` for the rest."""
+    itself when nothing matches. ``refusals`` collects ``(conv name, reason)`` for the rest; ``log`` every
+    decision as ``(rule, "rewritten" | "refused", node names, what was done or why not)``, which the
+    importer keeps on the graph (``Graph.import_log``) for the decision log, the report and ``explain``."""
+
     if not any(n.op_type in ("Conv",) + MATMUL_OPS for n in model.graph.node) \
             or not any(n.op_type == "QuantizeLinear" for n in model.graph.node):
         return model
@@ -178,7 +186,7 @@ def recognize_integer_convs(model: onnx.ModelProto, refusals: list | None = None
     before: dict[str, list[onnx.NodeProto]] = defaultdict(list)  # nodes to insert before a replaced one
     for conv in g.node:
         if conv.op_type in MATMUL_OPS:
-            _recognize_matmul(m, conv, (replace, drop, before), refusals)
+            _recognize_matmul(m, conv, (replace, drop, before), refusals, log)
             continue
         if conv.op_type != "Conv":
             continue
@@ -186,6 +194,8 @@ def recognize_integer_convs(model: onnx.ModelProto, refusals: list | None = None
         if isinstance(found, str):
             if refusals is not None:
                 refusals.append((conv.name or conv.output[0], found))
+            if log is not None:
+                log.append((INTEGER_CONV, "refused", (conv.name or conv.output[0],), found))
             continue
         xz, wz = found["xz"], found["wz"]
         if not wz:  # QLinearConv needs every operand: an absent zero point is 0 of the weight's type
@@ -205,6 +215,11 @@ def recognize_integer_convs(model: onnx.ModelProto, refusals: list | None = None
                                 opfuse_residual=int(res is not None))
         node.attribute.extend(a for a in conv.attribute)
         replace[q.output[0]] = node
+        if log is not None:
+            parts = ["DequantizeLinear", conv.op_type] + (["Add(residual)"] if res is not None else []) \
+                + (["Relu"] if found["relu"] is not None else []) + ["QuantizeLinear"]
+            log.append((INTEGER_CONV, "rewritten", (conv.name or conv.output[0], q.name or q.output[0]),
+                        f"{' -> '.join(parts)} as one integer conv (int32 accumulator, fixed-point Requantize)"))
         drop.add(conv.output[0])
         if res is not None:
             drop.add(res["add"].output[0])
@@ -316,7 +331,8 @@ def _match_matmul(m: _Model, mm: onnx.NodeProto):
             "bias_add": bias_add, "relu": relu, "q": nxt}
 
 
-def _recognize_matmul(m: _Model, mm: onnx.NodeProto, edits: tuple, refusals: list | None) -> None:
+def _recognize_matmul(m: _Model, mm: onnx.NodeProto, edits: tuple, refusals: list | None,
+                      log: list | None = None) -> None:
     """One ``QLinearMatMul`` (``opfuse_requantize="fixed"``, the int32 bias as input 8) for the pattern at
     ``mm``: the weight as ``K x N`` (a Gemm's ``transB`` applied to the constant), the 8-bit input's
     Flatten / Reshape moved before the dequantization (the same per-tensor scale either way)."""
@@ -326,6 +342,8 @@ def _recognize_matmul(m: _Model, mm: onnx.NodeProto, edits: tuple, refusals: lis
     if isinstance(found, str):
         if refusals is not None:
             refusals.append((name, found))
+        if log is not None:
+            log.append((INTEGER_MATMUL, "refused", (name,), found))
         return
     g_init = m.model_graph.initializer
     base = mm.output[0]
@@ -354,6 +372,13 @@ def _recognize_matmul(m: _Model, mm: onnx.NodeProto, edits: tuple, refusals: lis
         b_name = f"{base}_opfuse_bias"
         g_init.append(numpy_helper.from_array(found["bias"].astype(np.int32), b_name))
         inputs.append(b_name)
+    if log is not None:
+        parts = ["DequantizeLinear"] + (["Flatten" if found["reshape"].op_type == "Flatten" else "Reshape"]
+                                        if found["reshape"] is not None else []) + [mm.op_type] \
+            + (["Add(bias)"] if found["bias"] is not None else []) + (["Relu"] if found["relu"] is not None else []) \
+            + ["QuantizeLinear"]
+        log.append((INTEGER_MATMUL, "rewritten", (name, q.name or q.output[0]),
+                    f"{' -> '.join(parts)} as one integer matmul (int32 accumulator, fixed-point Requantize)"))
     replace[q.output[0]] = helper.make_node("QLinearMatMul", inputs, list(q.output), name=name,
                                             opfuse_requantize="fixed", opfuse_relu=int(found["relu"] is not None))
     drop.add(mm.output[0])
