@@ -63,6 +63,14 @@ class CodegenOptions:
     # the emulated M7 (instructions, fused int8 zoo models): 8 or 16 slows mobilenet's 1x1 convs of
     # 16-64 channels, 33 (K > 64: resnet8's 3x3x16 convs out of line) is the best of 8/16/32/33/65.
     int8_dot_call_min_pairs: int = 33
+    # Integer conv (``codegen/qconv.py``, two or more output channels per group): output positions per pass
+    # over the weights. 2: two int16 columns, each weight and column word loaded once for two SMLADs
+    # (``opfuse_dot22_s16``); 1: one column, two channels (``opfuse_dot2_s16``). The Cortex-M7 takes 2
+    # (``CORTEX_M7``; emulated, instructions: mobilenet_v1_025_96 22.74M -> 20.43M, resnet8 29.57M ->
+    # 25.57M, ds_cnn 7.49M -> 6.56M); the host keeps 1, where gcc's vectorised plain C of the 2x2 form
+    # is slower (1 thread, CPU time medians: mobilenet_v1_025_96 1.10x, ds_cnn 1.05x the time of 1).
+    # With 2 the threshold above was re-measured (8/16/33/65/never: totals within 0.5%, 33 kept).
+    int8_conv_positions_per_pass: int = 1
     # Integer depthwise conv (``codegen/qdepthwise.py``): outputs of one row computed per pass, so that
     # each of the channel's taps (in registers or spilled) is read once for all of them. Measured on the
     # emulated M7 (instructions per MAC, int8 mobilenet_v1_025_96's 13 depthwise layers): 1: 7.00, 2: 6.27,
@@ -161,7 +169,8 @@ class CodegenOptions:
 # under QEMU on resnet8, mobilenet_v1_025_96 and ds_cnn. No loop is worth threads: no OpenMP.
 CORTEX_M7 = CodegenOptions(platform="mcu", weights="embed", simd="none", gemm_scalar_accumulators=True,
                            gemm_mr=4, gemm_nr=4, gemm_mc=64, gemm_nc=16, gemm_kc=64, gemm_wide=32,
-                           gemm_tile_floats=512, gemm_min_tiles=1, parallel_min_work=1 << 62)
+                           gemm_tile_floats=512, gemm_min_tiles=1, parallel_min_work=1 << 62,
+                           int8_conv_positions_per_pass=2)
 # The host build without intrinsics: the plain C99 the microcontroller runs, so the emulated
 # Cortex-M7 gives the same bits as this (AVX2 FMA rounds once per multiply-add, the C twice).
 PORTABLE = CodegenOptions(simd="none")

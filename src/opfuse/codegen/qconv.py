@@ -103,6 +103,62 @@ static inline int32_t opfuse_dot_s16(const int16_t* restrict a, const int16_t* r
 """
 
 
+DOT22_HELPER = "opfuse_dot22_s16"
+DOT22_C = """
+#if defined(__ARM_FEATURE_DSP)
+#include <arm_acle.h>
+#endif
+/* Two output channels (weight rows a0, a1) at two positions (columns b0, b1) over 2 * pairs int16 values:
+   acc = {a0 . b0, a1 . b0, a0 . b1, a1 . b1}, exact in int32. Each loaded word feeds two SMLADs on the
+   Arm DSP extension: four loads per four SMLADs (opfuse_dot2_s16: six per four). */
+static inline void opfuse_dot22_s16(const int16_t* restrict a0, const int16_t* restrict a1,
+                                    const int16_t* restrict b0, const int16_t* restrict b1, long pairs,
+                                    int32_t* restrict acc) {
+  int32_t s00 = 0, s10 = 0, s01 = 0, s11 = 0;
+#if defined(__ARM_FEATURE_DSP)
+  for (long i = 0; i < pairs; ++i) {
+    uint32_t x0, x1, y0, y1;
+    memcpy(&x0, a0 + 2 * i, 4);
+    memcpy(&x1, a1 + 2 * i, 4);
+    memcpy(&y0, b0 + 2 * i, 4);
+    memcpy(&y1, b1 + 2 * i, 4);
+    s00 = __smlad(x0, y0, s00);
+    s10 = __smlad(x1, y0, s10);
+    s01 = __smlad(x0, y1, s01);
+    s11 = __smlad(x1, y1, s11);
+  }
+#else
+  for (long i = 0; i < 2 * pairs; ++i) {
+    s00 += (int32_t)a0[i] * b0[i];
+    s10 += (int32_t)a1[i] * b0[i];
+    s01 += (int32_t)a0[i] * b1[i];
+    s11 += (int32_t)a1[i] * b1[i];
+  }
+#endif
+  acc[0] = s00;
+  acc[1] = s10;
+  acc[2] = s01;
+  acc[3] = s11;
+}
+"""
+DOT22_CALL_HELPER = "opfuse_dot22_s16_call"
+DOT22_CALL_C = """
+#ifndef OPFUSE_NOINLINE
+#if defined(__GNUC__)
+#define OPFUSE_NOINLINE __attribute__((noinline))
+#else
+#define OPFUSE_NOINLINE
+#endif
+#endif
+/* opfuse_dot22_s16 out of line: its loop gets registers of its own (see codegen/qconv.py). */
+OPFUSE_NOINLINE static void opfuse_dot22_s16_call(const int16_t* restrict a0, const int16_t* restrict a1,
+                                                  const int16_t* restrict b0, const int16_t* restrict b1,
+                                                  long pairs, int32_t* restrict acc) {
+  opfuse_dot22_s16(a0, a1, b0, b1, pairs, acc);
+}
+"""
+
+
 # Kernels with a fused epilogue call the dot product out of line when it is long enough
 # (``CodegenOptions.int8_dot_call_min_pairs``): inlined beside the epilogue's live values (multiplier,
 # shift, residual, zero-point correction), gcc spills in the SMLAD loop (emulated M7, resnet8: 3
@@ -214,7 +270,6 @@ def lower_int8_conv(kc, ev, stage: Stage, bias_term) -> None:
     N, C, H, W = x.shape
     OC, OH, OW = out.shape[1], out.shape[2], out.shape[3]
     KH, KW = geo.kernel
-    (SH, SW), (DH, DW), (PT, PL) = geo.strides, geo.dilations, geo.pads_begin
     cg, mg = C // G, OC // G
     K = cg * KH * KW
     Kp = K + (K & 1)
@@ -232,48 +287,101 @@ def lower_int8_conv(kc, ev, stage: Stage, bias_term) -> None:
     if raw is not None:  # sum of each output channel's weights, for the zero point folded out
         wsum = kc.const_array(("int8_conv_wsum", node.name), per_group.reshape(OC, K).sum(axis=1).astype(np.int32),
                               f"{wt.name}_sum", np.int32)
-    col_off = kc.scratch(Kp * 2)
+    pairs = mg > 1 and OH * OW > 1 and kc.program.options.int8_conv_positions_per_pass >= 2
+    col_off = kc.scratch(Kp * 2 * (2 if pairs else 1))
     w = kc.w
-    padded = any(geo.pads_begin) or any(geo.pads_end)
     kc.parallel_for(N * G * OH * OW * mg * K, collapse=2)
     b, p = kc.tmp("b"), kc.tmp("p")
+    P = OH * OW
     with w.block(f"for (long {b} = 0; {b} < {N * G}; ++{b})"):
         img, g = (f"({b} / {G})", f"({b} % {G})") if G > 1 else (b, "0")
-        col = kc.tmp("col")
-        with w.block(f"for (long {p} = 0; {p} < {OH * OW}; ++{p})"):
-            w.line(f"int16_t* restrict {col} = {kc.scratch_ptr('int16_t', col_off)};")
-            if Kp != K:
-                w.line(f"{col}[{K}] = 0;")
-            oh, ow = kc.tmp("oh"), kc.tmp("ow")
-            w.line(f"const long {oh} = {p} / {OW}, {ow} = {p} % {OW};")
-            where = (img, g, cg, oh, ow)
-            zc = None
-            if raw is not None:
-                zc = kc.tmp("zc")
-                w.line(f"int32_t {zc} = {raw[1]};")
-            if padded:  # windows wholly inside the input gather without a test per tap
-                (hlo, hhi), (wlo, whi) = (_inside(OH, H, SH, DH * (KH - 1), PT),
-                                          _inside(OW, W, SW, DW * (KW - 1), PL))
-                with w.block(f"if ({oh} >= {hlo} && {oh} < {hhi} && {ow} >= {wlo} && {ow} < {whi})"):
-                    _gather(kc, ev, x, col, where, geo, G, checked=False, raw=raw[0] if raw else None)
-                with w.block("else"):
-                    _gather(kc, ev, x, col, where, geo, G, checked=True)
-                    if zc is not None:
-                        w.line(f"{zc} = 0;")
-            else:
-                _gather(kc, ev, x, col, where, geo, G, checked=False, raw=raw[0] if raw else None)
+        column = (x, geo, G, (H, W, OH, OW), raw, wsum, (img, g, cg))
+        if pairs:
+            # two positions per pass; with an odd count the last pass computes the last position twice (the
+            # same values stored twice), so the loop stays one canonical loop for OpenMP's collapse
+            with w.block(f"for (long {p} = 0; {p} < {(P + 1) // 2}; ++{p})"):
+                p0, p1 = kc.tmp("p"), kc.tmp("p")
+                w.line(f"const long {p0} = 2 * {p};")
+                w.line(f"const long {p1} = {p0} + 1 < {P} ? {p0} + 1 : {p0};" if P % 2 else
+                       f"const long {p1} = {p0} + 1;")
+                c0, at0, corr0 = _column(kc, ev, column, col_off, p0)
+                c1, at1, corr1 = _column(kc, ev, column, col_off + Kp * 2, p1)
+                _channel_pairs2(kc, ev, stage, node, bias_term, (wq, (c0, c1), Kp, mg, mg_p, G), (img, g),
+                                (at0, at1), (corr0, corr1))
+        else:
+            with w.block(f"for (long {p} = 0; {p} < {P}; ++{p})"):
+                col, (oh, ow), corrected = _column(kc, ev, column, col_off, p)
+                if mg == 1:  # one output channel per group (not depthwise: several input channels each)
+                    acc = kc.tmp("acc")
+                    row = f"{wq} + {g} * {Kp}" if G > 1 else wq
+                    oc = g if G > 1 else "0"
+                    w.line(f"const int32_t {acc} = opfuse_dot_s16({row}, {col}, {Kp // 2});")
+                    _finish(kc, ev, stage, node, bias_term, corrected(acc, oc), oc, (img, oh, ow))
+                else:
+                    _channel_pairs(kc, ev, stage, node, bias_term, (wq, col, Kp, mg, mg_p, G), (img, g, oh, ow),
+                                   corrected)
 
-            def corrected(acc: str, oc: str) -> str:
-                return acc if zc is None else f"({acc} - {zc} * {wsum}[{oc}])"
-            if mg == 1:  # depthwise: one output channel per group
-                acc = kc.tmp("acc")
-                row = f"{wq} + {g} * {Kp}" if G > 1 else wq
-                oc = g if G > 1 else "0"
-                w.line(f"const int32_t {acc} = opfuse_dot_s16({row}, {col}, {Kp // 2});")
-                _finish(kc, ev, stage, node, bias_term, corrected(acc, oc), oc, (img, oh, ow))
-            else:
-                _channel_pairs(kc, ev, stage, node, bias_term, (wq, col, Kp, mg, mg_p, G), (img, g, oh, ow),
-                               corrected)
+
+def _column(kc, ev, column: tuple, off: int, p: str):
+    """Gather the window of output position ``p`` into an int16 column at scratch offset ``off``:
+    ``(column pointer, (oh, ow), corrected)``, ``corrected(acc, oc)`` the accumulator with the
+    zero point's share taken off where the window gathered the raw 8-bit values."""
+    x, geo, G, (H, W, OH, OW), raw, wsum, (img, g, cg) = column
+    w = kc.w
+    KH, KW = geo.kernel
+    (SH, SW), (DH, DW), (PT, PL) = geo.strides, geo.dilations, geo.pads_begin
+    K = cg * KH * KW
+    col = kc.tmp("col")
+    w.line(f"int16_t* restrict {col} = {kc.scratch_ptr('int16_t', off)};")
+    if K & 1:
+        w.line(f"{col}[{K}] = 0;")
+    oh, ow = kc.tmp("oh"), kc.tmp("ow")
+    w.line(f"const long {oh} = {p} / {OW}, {ow} = {p} % {OW};")
+    where = (img, g, cg, oh, ow)
+    zc = None
+    if raw is not None:
+        zc = kc.tmp("zc")
+        w.line(f"int32_t {zc} = {raw[1]};")
+    if any(geo.pads_begin) or any(geo.pads_end):  # windows wholly inside the input gather without a test per tap
+        (hlo, hhi), (wlo, whi) = (_inside(OH, H, SH, DH * (KH - 1), PT),
+                                  _inside(OW, W, SW, DW * (KW - 1), PL))
+        with w.block(f"if ({oh} >= {hlo} && {oh} < {hhi} && {ow} >= {wlo} && {ow} < {whi})"):
+            _gather(kc, ev, x, col, where, geo, G, checked=False, raw=raw[0] if raw else None)
+        with w.block("else"):
+            _gather(kc, ev, x, col, where, geo, G, checked=True)
+            if zc is not None:
+                w.line(f"{zc} = 0;")
+    else:
+        _gather(kc, ev, x, col, where, geo, G, checked=False, raw=raw[0] if raw else None)
+
+    def corrected(acc: str, oc: str) -> str:
+        return acc if zc is None else f"({acc} - {zc} * {wsum}[{oc}])"
+    return col, (oh, ow), corrected
+
+
+def _channel_pairs2(kc, ev, stage: Stage, node: Node, bias_term, dims: tuple, where: tuple, at: tuple,
+                    corrected: tuple) -> None:
+    """Two output channels at two positions per pass over the columns (``opfuse_dot22_s16``)."""
+    wq, (c0, c1), Kp, mg, mg_p, G = dims
+    img, g = where
+    w = kc.w
+    kc.program.require_helper(DOT22_HELPER, DOT22_C)
+    dot = "opfuse_dot22_s16"
+    if stage.epilogue and Kp // 2 >= kc.program.options.int8_dot_call_min_pairs:
+        dot = kc.program.require_helper(DOT22_CALL_HELPER, DOT22_CALL_C)
+    m = kc.tmp("m")
+    with w.block(f"for (long {m} = 0; {m} < {mg_p}; {m} += {CHANNELS_PER_PASS})"):
+        acc = kc.tmp("acc")
+        row = f"{wq} + ({mul(g, mg_p)} + {m}) * {Kp}" if G > 1 else f"{wq} + {m} * {Kp}"
+        w.line(f"int32_t {acc}[4];")
+        w.line(f"{dot}({row}, {row} + {Kp}, {c0}, {c1}, {Kp // 2}, {acc});")
+        for k, (j, pos) in enumerate(((0, 0), (1, 0), (0, 1), (1, 1))):
+            mm = f"{m} + {j}" if j else m
+            guard = f"if ({mm} < {mg})" if mg % CHANNELS_PER_PASS and j else None
+            with w.block(guard) if guard else nullcontext():
+                oc = add(mul(g, mg), mm) if G > 1 else mm
+                oh, ow = at[pos]
+                _finish(kc, ev, stage, node, bias_term, corrected[pos](f"{acc}[{k}]", oc), oc, (img, oh, ow))
 
 
 def _channel_pairs(kc, ev, stage: Stage, node: Node, bias_term, dims: tuple, where: tuple, corrected) -> None:
