@@ -162,17 +162,18 @@ def test_long_dot_products_beside_a_fused_epilogue_are_called_out_of_line(simd):
 
 @pytest.mark.parametrize("geo", GEOMETRIES + [{"hw": (5, 3)}, {"hw": (1, 1), "pad": 0, "k": 1}],
                          ids=[str(g) or "3x3" for g in GEOMETRIES] + ["odd positions", "one position"])
-@pytest.mark.parametrize("simd", ["none", "auto"])
-def test_two_positions_per_pass_are_bit_exact(geo, simd):
-    """The Cortex-M7's form (``int8_conv_positions_per_pass=2``, ``opfuse_dot22_s16``): two columns, two channels
-    per pass; with an odd number of positions the last is computed twice, the same bits."""
+@pytest.mark.parametrize("simd, channels", [("none", 2), ("auto", 2), ("none", 4), ("auto", 4)])
+def test_two_positions_per_pass_are_bit_exact(geo, simd, channels):
+    """The Cortex-M7's form (``int8_conv_positions_per_pass=2``, ``opfuse_dot22_s16`` / ``opfuse_dot42_s16``):
+    two columns, two or four channels per pass (the packed rows padded to a multiple, the padding's results
+    never stored); with an odd number of positions the last is computed twice, the same bits."""
     g = qconv_graph(**geo)
     comp = plan_model(g)
-    opts = CodegenOptions(simd=simd, int8_conv_positions_per_pass=2)
+    opts = CodegenOptions(simd=simd, int8_conv_positions_per_pass=2, int8_conv_channels_per_pass=channels)
     program = generate(comp.plan.graph, comp.plan, options=opts)
     depthwise = geo.get("group", 1) == geo.get("cin", 6) == geo.get("cout", 5)
     positions = comp.plan.graph.node("conv").outputs[0].shape[2:]
-    assert ("opfuse_dot22_s16(" in program.source) == (not depthwise and positions != (1, 1))
+    assert (f"opfuse_dot{channels}2_s16(" in program.source) == (not depthwise and positions != (1, 1))
     feeds = _feeds(g)
     got = build(comp.plan.graph, comp.plan, options=opts).run(feeds)
     want = run(g, feeds)
@@ -180,11 +181,13 @@ def test_two_positions_per_pass_are_bit_exact(geo, simd):
     np.testing.assert_array_equal(got[name], want[name])
 
 
-def test_two_positions_per_pass_call_the_long_dot_product_out_of_line():
-    opts = CodegenOptions(simd="none", int8_dot_call_min_pairs=16, int8_conv_positions_per_pass=2)
+@pytest.mark.parametrize("channels", [2, 4])
+def test_two_positions_per_pass_call_the_long_dot_product_out_of_line(channels):
+    opts = CodegenOptions(simd="none", int8_dot_call_min_pairs=16, int8_conv_positions_per_pass=2,
+                          int8_conv_channels_per_pass=channels)
     g = qconv_graph(cin=8, cout=6)
     comp = plan_model(g)
-    assert "opfuse_dot22_s16_call(" in generate(comp.plan.graph, comp.plan, options=opts).source
+    assert f"opfuse_dot{channels}2_s16_call(" in generate(comp.plan.graph, comp.plan, options=opts).source
     feeds = _feeds(g)
     got = build(comp.plan.graph, comp.plan, options=opts).run(feeds)
     (name,) = want = run(g, feeds)

@@ -71,6 +71,13 @@ class CodegenOptions:
     # is slower (1 thread, CPU time medians: mobilenet_v1_025_96 1.10x, ds_cnn 1.05x the time of 1).
     # With 2 the threshold above was re-measured (8/16/33/65/never: totals within 0.5%, 33 kept).
     int8_conv_positions_per_pass: int = 1
+    # With two positions per pass: output channels per pass, 2 (``opfuse_dot22_s16``) or 4 (``opfuse_dot42_s16``:
+    # two column words and four weight words per eight SMLADs). The Cortex-M7 takes 4, and calls the dot
+    # product out of line from 65 pairs (``CORTEX_M7``; emulated, instructions, mobilenet_v1_025_96 / resnet8 /
+    # ds_cnn: 2 channels 20.43M / 25.57M / 6.56M; 4 channels with the threshold at 8: 20.35M / 24.21M / 6.57M,
+    # 33: 19.57M / 24.29M / 5.92M, 65: 18.55M / 24.29M / 5.92M, 100: 18.55M / 26.00M / 5.92M, never: 18.46M /
+    # 24.50M / 5.92M).
+    int8_conv_channels_per_pass: int = 2
     # Integer depthwise conv (``codegen/qdepthwise.py``): outputs of one row computed per pass, so that
     # each of the channel's taps (in registers or spilled) is read once for all of them. Measured on the
     # emulated M7 (instructions per MAC, int8 mobilenet_v1_025_96's 13 depthwise layers): 1: 7.00, 2: 6.27,
@@ -170,7 +177,8 @@ class CodegenOptions:
 CORTEX_M7 = CodegenOptions(platform="mcu", weights="embed", simd="none", gemm_scalar_accumulators=True,
                            gemm_mr=4, gemm_nr=4, gemm_mc=64, gemm_nc=16, gemm_kc=64, gemm_wide=32,
                            gemm_tile_floats=512, gemm_min_tiles=1, parallel_min_work=1 << 62,
-                           int8_conv_positions_per_pass=2)
+                           int8_conv_positions_per_pass=2, int8_conv_channels_per_pass=4,
+                           int8_dot_call_min_pairs=65)
 # The host build without intrinsics: the plain C99 the microcontroller runs, so the emulated
 # Cortex-M7 gives the same bits as this (AVX2 FMA rounds once per multiply-add, the C twice).
 PORTABLE = CodegenOptions(simd="none")

@@ -159,6 +159,69 @@ OPFUSE_NOINLINE static void opfuse_dot22_s16_call(const int16_t* restrict a0, co
 """
 
 
+DOT42_HELPER = "opfuse_dot42_s16"
+DOT42_C = """
+#if defined(__ARM_FEATURE_DSP)
+#include <arm_acle.h>
+#endif
+/* Four output channels (weight rows a, a + lda, a + 2 lda, a + 3 lda) at two positions (columns b0, b1)
+   over 2 * pairs int16 values: acc[2 j + k] = row j . column k, exact in int32. Per pair of taps two
+   column words and four weight words feed eight SMLADs on the Arm DSP extension. */
+static inline void opfuse_dot42_s16(const int16_t* restrict a, long lda, const int16_t* restrict b0,
+                                    const int16_t* restrict b1, long pairs, int32_t* restrict acc) {
+  int32_t s00 = 0, s01 = 0, s10 = 0, s11 = 0, s20 = 0, s21 = 0, s30 = 0, s31 = 0;
+#if defined(__ARM_FEATURE_DSP)
+  for (long i = 0; i < pairs; ++i) {
+    uint32_t x, y0, y1;
+    memcpy(&y0, b0 + 2 * i, 4);
+    memcpy(&y1, b1 + 2 * i, 4);
+    memcpy(&x, a + 2 * i, 4);
+    s00 = __smlad(x, y0, s00);
+    s01 = __smlad(x, y1, s01);
+    memcpy(&x, a + lda + 2 * i, 4);
+    s10 = __smlad(x, y0, s10);
+    s11 = __smlad(x, y1, s11);
+    memcpy(&x, a + 2 * lda + 2 * i, 4);
+    s20 = __smlad(x, y0, s20);
+    s21 = __smlad(x, y1, s21);
+    memcpy(&x, a + 3 * lda + 2 * i, 4);
+    s30 = __smlad(x, y0, s30);
+    s31 = __smlad(x, y1, s31);
+  }
+#else
+  for (long i = 0; i < 2 * pairs; ++i) {
+    const int32_t y0 = b0[i], y1 = b1[i];
+    s00 += (int32_t)a[i] * y0;
+    s01 += (int32_t)a[i] * y1;
+    s10 += (int32_t)a[lda + i] * y0;
+    s11 += (int32_t)a[lda + i] * y1;
+    s20 += (int32_t)a[2 * lda + i] * y0;
+    s21 += (int32_t)a[2 * lda + i] * y1;
+    s30 += (int32_t)a[3 * lda + i] * y0;
+    s31 += (int32_t)a[3 * lda + i] * y1;
+  }
+#endif
+  acc[0] = s00; acc[1] = s01; acc[2] = s10; acc[3] = s11;
+  acc[4] = s20; acc[5] = s21; acc[6] = s30; acc[7] = s31;
+}
+"""
+DOT42_CALL_HELPER = "opfuse_dot42_s16_call"
+DOT42_CALL_C = """
+#ifndef OPFUSE_NOINLINE
+#if defined(__GNUC__)
+#define OPFUSE_NOINLINE __attribute__((noinline))
+#else
+#define OPFUSE_NOINLINE
+#endif
+#endif
+/* opfuse_dot42_s16 out of line: its loop gets registers of its own (see codegen/qconv.py). */
+OPFUSE_NOINLINE static void opfuse_dot42_s16_call(const int16_t* restrict a, long lda, const int16_t* restrict b0,
+                                                  const int16_t* restrict b1, long pairs, int32_t* restrict acc) {
+  opfuse_dot42_s16(a, lda, b0, b1, pairs, acc);
+}
+"""
+
+
 # Kernels with a fused epilogue call the dot product out of line when it is long enough
 # (``CodegenOptions.int8_dot_call_min_pairs``): inlined beside the epilogue's live values (multiplier,
 # shift, residual, zero-point correction), gcc spills in the SMLAD loop (emulated M7, resnet8: 3
@@ -273,7 +336,8 @@ def lower_int8_conv(kc, ev, stage: Stage, bias_term) -> None:
     cg, mg = C // G, OC // G
     K = cg * KH * KW
     Kp = K + (K & 1)
-    per_pass = 1 if mg == 1 else CHANNELS_PER_PASS
+    pairs = mg > 1 and OH * OW > 1 and kc.program.options.int8_conv_positions_per_pass >= 2
+    per_pass = 1 if mg == 1 else (kc.program.options.int8_conv_channels_per_pass if pairs else CHANNELS_PER_PASS)
     mg_p = -(-mg // per_pass) * per_pass
     per_group = ev.static[id(wt)].reshape(G, mg, K)
     packed = np.concatenate([_packed_weights(per_group[g], K, Kp, mg_p) for g in range(G)])
@@ -287,7 +351,6 @@ def lower_int8_conv(kc, ev, stage: Stage, bias_term) -> None:
     if raw is not None:  # sum of each output channel's weights, for the zero point folded out
         wsum = kc.const_array(("int8_conv_wsum", node.name), per_group.reshape(OC, K).sum(axis=1).astype(np.int32),
                               f"{wt.name}_sum", np.int32)
-    pairs = mg > 1 and OH * OW > 1 and kc.program.options.int8_conv_positions_per_pass >= 2
     col_off = kc.scratch(Kp * 2 * (2 if pairs else 1))
     w = kc.w
     kc.parallel_for(N * G * OH * OW * mg * K, collapse=2)
@@ -306,8 +369,8 @@ def lower_int8_conv(kc, ev, stage: Stage, bias_term) -> None:
                        f"const long {p1} = {p0} + 1;")
                 c0, at0, corr0 = _column(kc, ev, column, col_off, p0)
                 c1, at1, corr1 = _column(kc, ev, column, col_off + Kp * 2, p1)
-                _channel_pairs2(kc, ev, stage, node, bias_term, (wq, (c0, c1), Kp, mg, mg_p, G), (img, g),
-                                (at0, at1), (corr0, corr1))
+                _channel_pairs2(kc, ev, stage, node, bias_term, (wq, (c0, c1), Kp, mg, mg_p, G, per_pass),
+                                (img, g), (at0, at1), (corr0, corr1))
         else:
             with w.block(f"for (long {p} = 0; {p} < {P}; ++{p})"):
                 col, (oh, ow), corrected = _column(kc, ev, column, col_off, p)
@@ -361,23 +424,31 @@ def _column(kc, ev, column: tuple, off: int, p: str):
 
 def _channel_pairs2(kc, ev, stage: Stage, node: Node, bias_term, dims: tuple, where: tuple, at: tuple,
                     corrected: tuple) -> None:
-    """Two output channels at two positions per pass over the columns (``opfuse_dot22_s16``)."""
-    wq, (c0, c1), Kp, mg, mg_p, G = dims
+    """``ch`` (2 or 4) output channels at two positions per pass over the columns (``opfuse_dot22_s16`` /
+    ``opfuse_dot42_s16``)."""
+    wq, (c0, c1), Kp, mg, mg_p, G, ch = dims
     img, g = where
     w = kc.w
-    kc.program.require_helper(DOT22_HELPER, DOT22_C)
-    dot = "opfuse_dot22_s16"
+    helper, text, call, call_text = ((DOT22_HELPER, DOT22_C, DOT22_CALL_HELPER, DOT22_CALL_C) if ch == 2 else
+                                     (DOT42_HELPER, DOT42_C, DOT42_CALL_HELPER, DOT42_CALL_C))
+    kc.program.require_helper(helper, text)
+    dot = helper
     if stage.epilogue and Kp // 2 >= kc.program.options.int8_dot_call_min_pairs:
-        dot = kc.program.require_helper(DOT22_CALL_HELPER, DOT22_CALL_C)
+        dot = kc.program.require_helper(call, call_text)
     m = kc.tmp("m")
-    with w.block(f"for (long {m} = 0; {m} < {mg_p}; {m} += {CHANNELS_PER_PASS})"):
+    with w.block(f"for (long {m} = 0; {m} < {mg_p}; {m} += {ch})"):
         acc = kc.tmp("acc")
         row = f"{wq} + ({mul(g, mg_p)} + {m}) * {Kp}" if G > 1 else f"{wq} + {m} * {Kp}"
-        w.line(f"int32_t {acc}[4];")
-        w.line(f"{dot}({row}, {row} + {Kp}, {c0}, {c1}, {Kp // 2}, {acc});")
-        for k, (j, pos) in enumerate(((0, 0), (1, 0), (0, 1), (1, 1))):
+        w.line(f"int32_t {acc}[{2 * ch}];")
+        if ch == 2:
+            w.line(f"{dot}({row}, {row} + {Kp}, {c0}, {c1}, {Kp // 2}, {acc});")
+            order: tuple[tuple[int, int], ...] = ((0, 0), (1, 0), (0, 1), (1, 1))  # dot22's: channel, position
+        else:
+            w.line(f"{dot}({row}, {Kp}, {c0}, {c1}, {Kp // 2}, {acc});")
+            order = tuple((j, pos) for j in range(ch) for pos in range(2))
+        for k, (j, pos) in enumerate(order):
             mm = f"{m} + {j}" if j else m
-            guard = f"if ({mm} < {mg})" if mg % CHANNELS_PER_PASS and j else None
+            guard = f"if ({mm} < {mg})" if mg % ch and j else None
             with w.block(guard) if guard else nullcontext():
                 oc = add(mul(g, mg), mm) if G > 1 else mm
                 oh, ow = at[pos]
@@ -390,7 +461,8 @@ def _channel_pairs(kc, ev, stage: Stage, node: Node, bias_term, dims: tuple, whe
     img, g, oh, ow = where
     w = kc.w
     m = kc.tmp("m")
-    with w.block(f"for (long {m} = 0; {m} < {mg_p}; {m} += {CHANNELS_PER_PASS})"):
+    mg_2 = -(-mg // CHANNELS_PER_PASS) * CHANNELS_PER_PASS  # mg_p is the packed rows' stride (2 or 4 a pass)
+    with w.block(f"for (long {m} = 0; {m} < {mg_2}; {m} += {CHANNELS_PER_PASS})"):
         a0, a1 = kc.tmp("acc"), kc.tmp("acc")
         row = f"{wq} + ({mul(g, mg_p)} + {m}) * {Kp}" if G > 1 else f"{wq} + {m} * {Kp}"
         w.line(f"int32_t {a0}, {a1};")
