@@ -71,12 +71,12 @@ class CodegenOptions:
     # is slower (1 thread, CPU time medians: mobilenet_v1_025_96 1.10x, ds_cnn 1.05x the time of 1).
     # With 2 the threshold above was re-measured (8/16/33/65/never: totals within 0.5%, 33 kept).
     int8_conv_positions_per_pass: int = 1
-    # With two positions per pass: output channels per pass, 2 (``opfuse_dot22_s16``) or 4 (``opfuse_dot42_s16``:
-    # two column words and four weight words per eight SMLADs). The Cortex-M7 takes 4, and calls the dot
-    # product out of line from 65 pairs (``CORTEX_M7``; emulated, instructions, mobilenet_v1_025_96 / resnet8 /
-    # ds_cnn: 2 channels 20.43M / 25.57M / 6.56M; 4 channels with the threshold at 8: 20.35M / 24.21M / 6.57M,
-    # 33: 19.57M / 24.29M / 5.92M, 65: 18.55M / 24.29M / 5.92M, 100: 18.55M / 26.00M / 5.92M, never: 18.46M /
-    # 24.50M / 5.92M).
+    # With two positions per pass: output channels per pass, 2 (``opfuse_dot22_s16``) or 4 (``opfuse_dot42_s16``,
+    # the four channels' weights interleaved by tap pair: two column words and four consecutive weight words
+    # per eight SMLADs). The Cortex-M7 takes 4, and calls the dot product out of line from 65 pairs
+    # (``CORTEX_M7``; emulated, instructions, mobilenet_v1_025_96 / resnet8 / ds_cnn: 2 channels 20.43M /
+    # 25.57M / 6.56M; 4 channels with the threshold at 17: 18.69M / 21.21M / 5.95M, 33: 18.64M / 21.21M /
+    # 5.92M, 65: 18.62M / 21.21M / 5.92M, never: 18.57M / 24.46M / 5.92M).
     int8_conv_channels_per_pass: int = 2
     # Integer depthwise conv (``codegen/qdepthwise.py``): outputs of one row computed per pass, so that
     # each of the channel's taps (in registers or spilled) is read once for all of them. Measured on the

@@ -164,41 +164,44 @@ DOT42_C = """
 #if defined(__ARM_FEATURE_DSP)
 #include <arm_acle.h>
 #endif
-/* Four output channels (weight rows a, a + lda, a + 2 lda, a + 3 lda) at two positions (columns b0, b1)
-   over 2 * pairs int16 values: acc[2 j + k] = row j . column k, exact in int32. Per pair of taps two
-   column words and four weight words feed eight SMLADs on the Arm DSP extension. */
-static inline void opfuse_dot42_s16(const int16_t* restrict a, long lda, const int16_t* restrict b0,
+/* Four output channels at two positions (columns b0, b1) over 2 * pairs int16 values, the four channels'
+   weights interleaved by tap pair (a[8 i + 2 j + t]: channel j, tap 2 i + t): acc[2 j + k] = channel j .
+   column k, exact in int32. Per pair of taps two column words and four consecutive weight words feed
+   eight SMLADs on the Arm DSP extension. */
+static inline void opfuse_dot42_s16(const int16_t* restrict a, const int16_t* restrict b0,
                                     const int16_t* restrict b1, long pairs, int32_t* restrict acc) {
   int32_t s00 = 0, s01 = 0, s10 = 0, s11 = 0, s20 = 0, s21 = 0, s30 = 0, s31 = 0;
 #if defined(__ARM_FEATURE_DSP)
   for (long i = 0; i < pairs; ++i) {
-    uint32_t x, y0, y1;
+    uint32_t x0, x1, x2, x3, y0, y1;
     memcpy(&y0, b0 + 2 * i, 4);
     memcpy(&y1, b1 + 2 * i, 4);
-    memcpy(&x, a + 2 * i, 4);
-    s00 = __smlad(x, y0, s00);
-    s01 = __smlad(x, y1, s01);
-    memcpy(&x, a + lda + 2 * i, 4);
-    s10 = __smlad(x, y0, s10);
-    s11 = __smlad(x, y1, s11);
-    memcpy(&x, a + 2 * lda + 2 * i, 4);
-    s20 = __smlad(x, y0, s20);
-    s21 = __smlad(x, y1, s21);
-    memcpy(&x, a + 3 * lda + 2 * i, 4);
-    s30 = __smlad(x, y0, s30);
-    s31 = __smlad(x, y1, s31);
+    memcpy(&x0, a + 8 * i, 4);
+    memcpy(&x1, a + 8 * i + 2, 4);
+    memcpy(&x2, a + 8 * i + 4, 4);
+    memcpy(&x3, a + 8 * i + 6, 4);
+    s00 = __smlad(x0, y0, s00);
+    s01 = __smlad(x0, y1, s01);
+    s10 = __smlad(x1, y0, s10);
+    s11 = __smlad(x1, y1, s11);
+    s20 = __smlad(x2, y0, s20);
+    s21 = __smlad(x2, y1, s21);
+    s30 = __smlad(x3, y0, s30);
+    s31 = __smlad(x3, y1, s31);
   }
 #else
-  for (long i = 0; i < 2 * pairs; ++i) {
-    const int32_t y0 = b0[i], y1 = b1[i];
-    s00 += (int32_t)a[i] * y0;
-    s01 += (int32_t)a[i] * y1;
-    s10 += (int32_t)a[lda + i] * y0;
-    s11 += (int32_t)a[lda + i] * y1;
-    s20 += (int32_t)a[2 * lda + i] * y0;
-    s21 += (int32_t)a[2 * lda + i] * y1;
-    s30 += (int32_t)a[3 * lda + i] * y0;
-    s31 += (int32_t)a[3 * lda + i] * y1;
+  for (long i = 0; i < pairs; ++i) {
+    for (int t = 0; t < 2; ++t) {
+      const int32_t y0 = b0[2 * i + t], y1 = b1[2 * i + t];
+      s00 += (int32_t)a[8 * i + t] * y0;
+      s01 += (int32_t)a[8 * i + t] * y1;
+      s10 += (int32_t)a[8 * i + 2 + t] * y0;
+      s11 += (int32_t)a[8 * i + 2 + t] * y1;
+      s20 += (int32_t)a[8 * i + 4 + t] * y0;
+      s21 += (int32_t)a[8 * i + 4 + t] * y1;
+      s30 += (int32_t)a[8 * i + 6 + t] * y0;
+      s31 += (int32_t)a[8 * i + 6 + t] * y1;
+    }
   }
 #endif
   acc[0] = s00; acc[1] = s01; acc[2] = s10; acc[3] = s11;
@@ -215,9 +218,9 @@ DOT42_CALL_C = """
 #endif
 #endif
 /* opfuse_dot42_s16 out of line: its loop gets registers of its own (see codegen/qconv.py). */
-OPFUSE_NOINLINE static void opfuse_dot42_s16_call(const int16_t* restrict a, long lda, const int16_t* restrict b0,
+OPFUSE_NOINLINE static void opfuse_dot42_s16_call(const int16_t* restrict a, const int16_t* restrict b0,
                                                   const int16_t* restrict b1, long pairs, int32_t* restrict acc) {
-  opfuse_dot42_s16(a, lda, b0, b1, pairs, acc);
+  opfuse_dot42_s16(a, b0, b1, pairs, acc);
 }
 """
 
@@ -272,6 +275,12 @@ def _packed_weights(w: np.ndarray, K: int, Kp: int, OCp: int) -> np.ndarray:
     out = np.zeros((OCp, Kp), np.int16)
     out[:w.shape[0], :K] = w.reshape(w.shape[0], K).astype(np.int16)
     return out
+
+
+def _interleaved(packed: np.ndarray, Kp: int) -> np.ndarray:
+    """Rows of ``Kp`` int16 in blocks of 4 (channels ``4q .. 4q + 3``) reordered to ``[q][pair][channel][2]``:
+    the block keeps its place and size (``4 * Kp`` values from row ``4q``), its pairs run channel-minor."""
+    return np.ascontiguousarray(packed.reshape(-1, 4, Kp // 2, 2).transpose(0, 2, 1, 3)).reshape(packed.shape)
 
 
 def _inside(out_len: int, in_len: int, stride: int, span: int, pad: int) -> tuple[int, int]:
@@ -341,6 +350,8 @@ def lower_int8_conv(kc, ev, stage: Stage, bias_term) -> None:
     mg_p = -(-mg // per_pass) * per_pass
     per_group = ev.static[id(wt)].reshape(G, mg, K)
     packed = np.concatenate([_packed_weights(per_group[g], K, Kp, mg_p) for g in range(G)])
+    if per_pass == 4:  # opfuse_dot42_s16 reads each 4 channels' weights interleaved by tap pair
+        packed = _interleaved(packed, Kp)
     wq = kc.const_array(("int8_conv", node.name), packed, f"{wt.name}_s16", np.int16)
     kc.note(lambda name: f"int8 conv '{name}': int16 columns of {Kp}, SMLAD with the DSP extension", node)
     kc.program.require_helper(DOT_HELPER, DOT_C)
@@ -444,7 +455,7 @@ def _channel_pairs2(kc, ev, stage: Stage, node: Node, bias_term, dims: tuple, wh
             w.line(f"{dot}({row}, {row} + {Kp}, {c0}, {c1}, {Kp // 2}, {acc});")
             order: tuple[tuple[int, int], ...] = ((0, 0), (1, 0), (0, 1), (1, 1))  # dot22's: channel, position
         else:
-            w.line(f"{dot}({row}, {Kp}, {c0}, {c1}, {Kp // 2}, {acc});")
+            w.line(f"{dot}({row}, {c0}, {c1}, {Kp // 2}, {acc});")
             order = tuple((j, pos) for j in range(ch) for pos in range(2))
         for k, (j, pos) in enumerate(order):
             mm = f"{m} + {j}" if j else m
