@@ -12,11 +12,17 @@ The Conv of a quantized model reads ``x = int32(x_q) - x_zp`` (its dequantizing 
    than one per tap;
 2. for each output channel ``m`` of the group takes ``acc = sum_k w16[m, k] * col[k]`` over the
    weights packed at build time as int16 rows of ``Kp``, two output channels per pass so that
-   each column word is loaded once for both;
+   each column word is loaded once for both; on the Cortex-M7 (``int8_conv_positions_per_pass`` /
+   ``int8_conv_channels_per_pass``: 2 and 4 there) two positions' columns at a time against four
+   channels whose weights are interleaved by tap pair (``opfuse_dot42_s16``: each column word feeds
+   four SMLADs, each weight word two; an odd last position is computed twice, the same values);
 3. hands ``acc`` (plus the bias) to the fused epilogue (bias Add, ``Requantize``, residual). The
    epilogue runs per element with the channel innermost, so nothing per channel is hoisted out of
    it: ``Requantize`` takes its cheap forms for shifts known at build time (``codegen/rules.py``),
    and a long dot product is called out of line beside it (``CodegenOptions.int8_dot_call_min_pairs``).
+
+A depthwise conv (one input and one output channel per group) takes ``qdepthwise.py``'s window of rows
+instead; an int8 MatMul ``qmatmul.py``, which reuses this module's dot products.
 
 The dot product (``opfuse_dot2_s16``) is plain C99 that gcc vectorises on the host
 (``vpmaddwd``); with the Arm DSP extension (``__ARM_FEATURE_DSP``: the Cortex-M7) each pair of
