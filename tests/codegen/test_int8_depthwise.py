@@ -149,3 +149,11 @@ def test_int8_depthwise_on_the_m7_is_bit_exact(tmp_path):
         want = run(g, feeds)
         (name,) = want
         np.testing.assert_array_equal(got[name], want[name], err_msg=str(geo))
+
+
+def test_same_c_twice():
+    g = dw_graph(stride=(2, 1), k=(5, 3), pads=(2, 1, 2, 1))
+    pa, pb = plan_model(g).plan, plan_model(g).plan
+    opts = CodegenOptions(simd="none")
+    a, b = generate(pa.graph, pa, options=opts), generate(pb.graph, pb, options=opts)
+    assert a.source == b.source and a.weights == b.weights
