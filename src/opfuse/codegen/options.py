@@ -71,6 +71,26 @@ class CodegenOptions:
     # 12x12 stride 2, but 10.5 vs 9.7 us at 12x12 stride 1; the whole mobilenet's kernels 260 us with 16,
     # 276 with 8, 316 with positions everywhere.
     int8_depthwise_channels_below: int = 16
+    # Integer conv (``codegen/qconv.py``, two or more output channels per group): output positions per pass
+    # over the weights. 2: two int16 columns, each weight and column word loaded once for two SMLADs
+    # (``opfuse_dot22_s16``); 1: one column, two channels (``opfuse_dot2_s16``). The Cortex-M7 takes 2
+    # (``CORTEX_M7``; emulated, instructions: mobilenet_v1_025_96 22.74M -> 20.43M, resnet8 29.57M ->
+    # 25.57M, ds_cnn 7.49M -> 6.56M); the host keeps 1, where gcc's vectorised plain C of the 2x2 form
+    # is slower (1 thread, CPU time medians: mobilenet_v1_025_96 1.10x, ds_cnn 1.05x the time of 1).
+    # With 2 the threshold above was re-measured (8/16/33/65/never: totals within 0.5%, 33 kept).
+    int8_conv_positions_per_pass: int = 1
+    # With two positions per pass: output channels per pass, 2 (``opfuse_dot22_s16``) or 4 (``opfuse_dot42_s16``,
+    # the four channels' weights interleaved by tap pair: two column words and four consecutive weight words
+    # per eight SMLADs). The Cortex-M7 takes 4, and calls the dot product out of line from 65 pairs
+    # (``CORTEX_M7``; emulated, instructions, mobilenet_v1_025_96 / resnet8 / ds_cnn: 2 channels 20.43M /
+    # 25.57M / 6.56M; 4 channels with the threshold at 17: 18.69M / 21.21M / 5.95M, 33: 18.64M / 21.21M /
+    # 5.92M, 65: 18.62M / 21.21M / 5.92M, never: 18.57M / 24.46M / 5.92M).
+    int8_conv_channels_per_pass: int = 2
+    # Integer depthwise conv (``codegen/qdepthwise.py``): outputs of one row computed per pass, so that
+    # each of the channel's taps (in registers or spilled) is read once for all of them. Measured on the
+    # emulated M7 (instructions per MAC, int8 mobilenet_v1_025_96's 13 depthwise layers): 1: 7.00, 2: 6.27,
+    # 3: 6.19, 4: 6.51 (more accumulators spill); 2 for the smaller code at about the same count.
+    int8_depthwise_outputs_per_pass: int = 2
     # Recurrent layers (``codegen/recurrent.py``) project the input one block of this many time
     # steps at a time: the block's gate pre-activations (steps x batch x gates x hidden floats)
     # stay in cache until the time loop reads them, and a long sequence needs no T-sized scratch.
@@ -164,7 +184,9 @@ class CodegenOptions:
 # under QEMU on resnet8, mobilenet_v1_025_96 and ds_cnn. No loop is worth threads: no OpenMP.
 CORTEX_M7 = CodegenOptions(platform="mcu", weights="embed", simd="none", gemm_scalar_accumulators=True,
                            gemm_mr=4, gemm_nr=4, gemm_mc=64, gemm_nc=16, gemm_kc=64, gemm_wide=32,
-                           gemm_tile_floats=512, gemm_min_tiles=1, parallel_min_work=1 << 62)
+                           gemm_tile_floats=512, gemm_min_tiles=1, parallel_min_work=1 << 62,
+                           int8_conv_positions_per_pass=2, int8_conv_channels_per_pass=4,
+                           int8_dot_call_min_pairs=65)
 # The host build without intrinsics: the plain C99 the microcontroller runs, so the emulated
 # Cortex-M7 gives the same bits as this (AVX2 FMA rounds once per multiply-add, the C twice).
 PORTABLE = CodegenOptions(simd="none")
