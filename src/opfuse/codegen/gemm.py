@@ -191,7 +191,8 @@ def pack_b_panels(b: np.ndarray, nr: int) -> np.ndarray:
 def _microkernel(kc, mr: int, nr: int, a: str = "packed", b: str = "packed") -> str:
     """Register the MR x NR micro-kernel (``microkernel.py``) with the program; its name."""
     o = kc.program.options
-    name, text = microkernel(mr, nr, a, b, o.simd, o.gemm_prefetch, o.gemm_scalar_accumulators)
+    name, text = microkernel(mr, nr, a, b, o.simd, o.gemm_prefetch, o.gemm_scalar_accumulators,
+                             o.vector_isa == "avx512")
     return kc.program.require_helper(name, text)
 
 

@@ -11,6 +11,13 @@ WEIGHT_MODES = ("blob", "embed")
 # "mcu": a standalone C99 library for a microcontroller (see ``codegen/mcu.py``).
 PLATFORMS = ("host", "mcu")
 SIMD_MODES = ("auto", "none")
+# "host": the widest vector ISA of this machine's CPU (the host profile's vector width,
+# ``opfuse.targets``), resolved when code is generated; "avx2" or "avx512": that ISA's register
+# block and panels whatever the CPU (the C still runs anywhere: every intrinsics body sits
+# behind ``#if`` on the compiler's target macros, with the narrower ones and plain C after it).
+VECTOR_ISAS = ("host", "avx2", "avx512")
+# The GEMM register block (MR, NR) of each ISA where ``gemm_mr`` / ``gemm_nr`` are 0.
+REGISTER_BLOCKS = {"avx2": (6, 16), "avx512": (8, 32)}
 WINOGRAD_MODES = ("auto", "off", "on")
 
 
@@ -23,14 +30,20 @@ class CodegenOptions:
     # FMA (``#if``), plain C99 elsewhere; "none": plain C99 only (the microcontroller build,
     # and the reference the intrinsics are tested against).
     simd: str = "auto"
-    # GEMM register block (MR x NR accumulators): 6 x 16 is 12 ymm accumulators, 2 B vectors
-    # and a broadcast (117 GFLOP/s per core on this host, as fast as 512-bit code). Cache
+    # Which intrinsics the micro-kernels are written for (``VECTOR_ISAS``): "avx512" adds an
+    # AVX-512F body (``#if defined(__AVX512F__)``) to each micro-kernel whose block fits the 32
+    # zmm registers, and makes ``REGISTER_BLOCKS["avx512"]`` the default block; the packed
+    # weights follow the block, so the same model, options and ISA give the same C and blob.
+    vector_isa: str = "host"
+    # GEMM register block (MR x NR accumulators; 0: the ISA's, ``REGISTER_BLOCKS``). AVX2: 6 x 16
+    # is 12 ymm accumulators, 2 B vectors and a broadcast (117 GFLOP/s per core on this host).
+    # AVX-512: 8 x 32 is 16 zmm accumulators, 2 B vectors and a broadcast. Cache
     # blocks: K in blocks of at most KC; tiles of MC x NC outputs, at most ``gemm_tile_floats``
     # of C tile (it stays in L2); a side whose other operand is packed per tile spans up to
     # ``gemm_wide`` (one packing serves that many outputs); problems are cut into at least
     # ``gemm_min_tiles`` tiles where they can be, so threads have work to share.
-    gemm_mr: int = 6
-    gemm_nr: int = 16
+    gemm_mr: int = 0
+    gemm_nr: int = 0
     gemm_mc: int = 96
     gemm_nc: int = 256
     gemm_kc: int = 256
@@ -140,11 +153,35 @@ class CodegenOptions:
             raise OpfuseError("depthwise_chunk_planes and depthwise_min_chunks must be at least 1")
         if self.f16c_min_block < 8 or self.f16c_min_block % 8 or self.f16c_block < self.f16c_min_block:
             raise OpfuseError("f16c_min_block must be a multiple of 8 and f16c_block at least f16c_min_block")
-        if self.gemm_mc % self.gemm_mr or self.gemm_nc % self.gemm_nr:
+        if self.vector_isa not in VECTOR_ISAS:
+            raise OpfuseError(f"vector ISA {self.vector_isa!r}: expected one of {', '.join(VECTOR_ISAS)}")
+        if self.gemm_mr < 0 or self.gemm_nr < 0:
+            raise OpfuseError("gemm_mr and gemm_nr must be positive (0: the vector ISA's register block)")
+        if self.resolved_block_ok() is False:
             raise OpfuseError("gemm_mc must be a multiple of gemm_mr and gemm_nc of gemm_nr")
+
+    def resolved_block_ok(self) -> bool | None:
+        """Whether MC and NC are whole register blocks (None while the block is still the ISA's)."""
+        if not (self.gemm_mr and self.gemm_nr):
+            return None
+        return not (self.gemm_mc % self.gemm_mr or self.gemm_nc % self.gemm_nr)
 
     def with_(self, **kw) -> "CodegenOptions":
         return replace(self, **kw)
+
+    def resolved(self, host_isa: str) -> "CodegenOptions":
+        """These options with ``vector_isa`` concrete ("host" -> ``host_isa``) and the register
+        block filled in from it. The plain C build (simd="none") keeps the AVX2 block where none
+        is given, so its results do not depend on the machine that generated it."""
+        isa = host_isa if self.vector_isa == "host" else self.vector_isa
+        if self.simd == "none":
+            isa = "avx2"
+        mr, nr = REGISTER_BLOCKS[isa]
+        out = replace(self, vector_isa=isa, gemm_mr=self.gemm_mr or mr, gemm_nr=self.gemm_nr or nr)
+        if not out.resolved_block_ok():
+            raise OpfuseError(f"gemm_mc ({out.gemm_mc}) must be a multiple of gemm_mr ({out.gemm_mr}) and gemm_nc "
+                              f"({out.gemm_nc}) of gemm_nr ({out.gemm_nr})")
+        return out
 
 
 # Cortex-M7: one thread, no cache worth blocking for, 32 single-precision registers. The 4 x 4

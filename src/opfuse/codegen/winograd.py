@@ -359,7 +359,8 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
     BT, AT = t.BT, t.AT
     L = LANES
 
-    name, text = microkernel(MR, NR, "packed", "strided", o.simd, o.gemm_prefetch, o.gemm_scalar_accumulators)
+    name, text = microkernel(MR, NR, "packed", "strided", o.simd, o.gemm_prefetch, o.gemm_scalar_accumulators,
+                             o.vector_isa == "avx512")
     ukr = kc.program.require_helper(name, text)
     u = filter_transform(kc.program.memory.static[id(wt)], t).astype(np.float32)
     upack = kc.const_array(("winograd_u", node.name, m, MR), pack_a_panels(u, MR), node.name + "_U", np.float32)
