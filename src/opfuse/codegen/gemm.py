@@ -36,7 +36,7 @@ import numpy as np
 from opfuse.codegen.ctype import c_type, literal
 from opfuse.codegen.index import Index, add, delinearize
 from opfuse.codegen.epilogue import finish_element
-from opfuse.codegen.microkernel import YMM_FLOATS, fits_avx2, microkernel, transpose_helper
+from opfuse.codegen.microkernel import YMM_FLOATS, fits_avx2, fits_avx512, microkernel, transpose_helper
 from opfuse.codegen.stages import GroupAnalysis, Stage
 from opfuse.ir.graph import Value
 from opfuse.ops.common import wrap_int
@@ -242,7 +242,7 @@ def register_block(p: GemmProblem, o) -> tuple[int, int]:
         return p.register_block
     if p.M == 1 and o.simd == "auto" and o.gemm_gemv_nr:
         nr = min(o.gemm_gemv_nr, _round_up(p.N, YMM_FLOATS))
-        if fits_avx2(1, nr):
+        if fits_avx2(1, nr) or (o.vector_isa == "avx512" and fits_avx512(1, nr)):
             return 1, nr
     return o.gemm_mr, o.gemm_nr
 

@@ -39,6 +39,11 @@ YMM_FLOATS = 8
 YMM_REGISTERS = 16
 ZMM_FLOATS = 16
 ZMM_REGISTERS = 32
+# Fewest zmm accumulators for the AVX-512 body: with fewer independent multiply-add chains than
+# the FMA latency times the FMA ports (4 x 2 on Zen 4), the loop waits on its own results. A
+# single-row block (1 x 48: 3 zmm chains) keeps the AVX2 body (6 ymm chains): mobilenet_v1's fc
+# (1x1024 @ 1024x1000) ran 1.13-1.28x slower with 3 zmm chains (1 thread, CPU time).
+MIN_ZMM_ACCUMULATORS = 8
 
 # Never inlined: a micro-kernel inlined into a kernel's loop nest had its accumulators spilled
 # to the stack when the nest was itself inlined (no OpenMP outlining): 3.6 ms instead of 2.1
@@ -66,11 +71,12 @@ def fits_avx2(mr: int, nr: int) -> bool:
 
 
 def fits_avx512(mr: int, nr: int) -> bool:
-    """MR x NR/16 accumulators, NR/16 B vectors and one broadcast fit the 32 zmm registers."""
+    """MR x NR/16 accumulators, NR/16 B vectors and one broadcast fit the 32 zmm registers, and
+    there are at least ``MIN_ZMM_ACCUMULATORS`` accumulators."""
     if nr % ZMM_FLOATS:
         return False
     nv = nr // ZMM_FLOATS
-    return mr * nv + nv + 1 <= ZMM_REGISTERS
+    return MIN_ZMM_ACCUMULATORS <= mr * nv and mr * nv + nv + 1 <= ZMM_REGISTERS
 
 
 def name(mr: int, nr: int, a: str = "packed", b: str = "packed") -> str:
@@ -201,18 +207,24 @@ def _avx2(mr: int, nr: int, a: str, b: str, prefetch: int = 0) -> list[str]:
 
 
 def avx2_split(mr: int, nr: int) -> tuple[int, int]:
-    """(rows, columns) of the largest sub-block of an MR x NR block that fits AVX2 (NR a
-    multiple of 8): the fewest passes over k, then the most columns per pass."""
+    """(rows, columns) of the sub-blocks an MR x NR block (NR a multiple of 8) is computed in with
+    AVX2: the fewest passes over k, rows split evenly (no short last pass with too few
+    accumulators to hide the FMA latency), then the most accumulators per pass, then the fewest
+    loads and broadcasts per k. 8 x 32: four passes of 4 x 16; 12 x 32: four of 6 x 16."""
     best = None
     for cs in range(YMM_FLOATS, nr + 1, YMM_FLOATS):
         if nr % cs:
             continue
-        for rs in range(mr, 0, -1):
-            if fits_avx2(rs, cs):
-                key = (-(-mr // rs) * (nr // cs), -cs)
-                if best is None or key < best[0]:
-                    best = (key, (rs, cs))
-                break
+        nv = cs // YMM_FLOATS
+        rs_max = max((r for r in range(1, mr + 1) if fits_avx2(r, cs)), default=0)
+        if not rs_max:
+            continue
+        groups = -(-mr // rs_max)
+        rs = -(-mr // groups)
+        passes = groups * (nr // cs)
+        key = (passes, -rs * nv, passes * (rs + nv), cs)
+        if best is None or key < best[0]:
+            best = (key, (rs, cs))
     assert best is not None, (mr, nr)
     return best[1]
 

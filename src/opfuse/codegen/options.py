@@ -157,14 +157,10 @@ class CodegenOptions:
             raise OpfuseError(f"vector ISA {self.vector_isa!r}: expected one of {', '.join(VECTOR_ISAS)}")
         if self.gemm_mr < 0 or self.gemm_nr < 0:
             raise OpfuseError("gemm_mr and gemm_nr must be positive (0: the vector ISA's register block)")
-        if self.resolved_block_ok() is False:
-            raise OpfuseError("gemm_mc must be a multiple of gemm_mr and gemm_nc of gemm_nr")
-
-    def resolved_block_ok(self) -> bool | None:
-        """Whether MC and NC are whole register blocks (None while the block is still the ISA's)."""
-        if not (self.gemm_mr and self.gemm_nr):
-            return None
-        return not (self.gemm_mc % self.gemm_mr or self.gemm_nc % self.gemm_nr)
+        mr, nr = self.gemm_mr, self.gemm_nr
+        if (mr and self.gemm_mc % mr) or (nr and self.gemm_nc % nr):
+            raise OpfuseError(f"gemm_mc ({self.gemm_mc}) must be a multiple of gemm_mr ({mr}) and gemm_nc "
+                              f"({self.gemm_nc}) of gemm_nr ({nr})")
 
     def with_(self, **kw) -> "CodegenOptions":
         return replace(self, **kw)
@@ -177,11 +173,7 @@ class CodegenOptions:
         if self.simd == "none":
             isa = "avx2"
         mr, nr = REGISTER_BLOCKS[isa]
-        out = replace(self, vector_isa=isa, gemm_mr=self.gemm_mr or mr, gemm_nr=self.gemm_nr or nr)
-        if not out.resolved_block_ok():
-            raise OpfuseError(f"gemm_mc ({out.gemm_mc}) must be a multiple of gemm_mr ({out.gemm_mr}) and gemm_nc "
-                              f"({out.gemm_nc}) of gemm_nr ({out.gemm_nr})")
-        return out
+        return replace(self, vector_isa=isa, gemm_mr=self.gemm_mr or mr, gemm_nr=self.gemm_nr or nr)
 
 
 # Cortex-M7: one thread, no cache worth blocking for, 32 single-precision registers. The 4 x 4
