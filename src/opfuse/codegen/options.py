@@ -65,6 +65,10 @@ class CodegenOptions:
     # (1 thread, CPU time, against the windows) 1024 -> 1024 channels 0.86-0.90x, 512 -> 1024
     # 0.90x, 512 -> 512 0.96-0.97x, but 256 -> 256 1.09-1.14x and 128 -> 128 1.3x.
     windows_pack_min_channels: int = 512
+    # The windows GEMM's MR with the AVX-512 block (``conv_windows.register_block``): the one in
+    # [windows_mr_min, windows_mr_max] that pads the positions least (0: the options' MR).
+    windows_mr_min: int = 6
+    windows_mr_max: int = 8
     # Plain-C micro-kernel with named scalar accumulators (``codegen/microkernel.py``): for a
     # compiler without vector registers (the Cortex-M7), which keeps an accumulator array in memory.
     gemm_scalar_accumulators: bool = False
@@ -120,6 +124,11 @@ class CodegenOptions:
     winograd_f4: bool = True
     winograd_f4_min_spatial: int = 12
     winograd_block_floats: int = 1 << 18
+    # Winograd's batched GEMMs on the AVX-512 block (where it pads the tiles no further than the
+    # AVX2 block; ``winograd._register_block``) instead of AVX2's 6 x 16. Off: it did not pay on
+    # resnet18 (1 thread, min of 16 interleaved runs, CPU time, against 6 x 16): layer1's F(4x4)
+    # convolutions (64 ch, 56x56) 1.02-1.10x, layer2's (128 ch, 28x28) 0.98-1.04x.
+    winograd_avx512: bool = False
     # A fused pointwise loop that reads or writes float16 (or rounds to it between ops) on a target with
     # F16C runs its innermost loop in blocks (``codegen/pointwise.py:emit_f16c_blocks``): F16C converts
     # 8 lanes at a time into and out of float arrays of ``f16c_block`` elements (fewer, a power of two,
