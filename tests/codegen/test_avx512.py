@@ -231,7 +231,7 @@ def test_micro_kernels_compiled_each_way_match_numpy(isa, tmp_path):
         names.append(fn)
         texts.append(text)
     lib = _compile(tmp_path, "\n".join(texts).replace("static void", "void"), flags, isa)
-    for (mr, nr, a, b), fn in zip(KERNELS, names):
+    for (mr, nr, a, b), fn in zip(KERNELS, names, strict=True):
         for kc, load_c in ((37, False), (5, True), (1, True)):
             got, want = _call(lib, fn, mr, nr, a, b, kc, load_c)
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(kc), err_msg=f"{fn} kc={kc}")

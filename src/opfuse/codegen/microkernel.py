@@ -162,7 +162,7 @@ def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, 
     else:
         lines += [f"  const float* restrict a{i} = ar[{i0 + i}];" for i in range(rows)]
     lines.append("  if (load_c) {")
-    lines += [f"    {x} = {ps}_loadu_ps({p});" for x, p in zip(flat, ci)]
+    lines += [f"    {x} = {ps}_loadu_ps({p});" for x, p in zip(flat, ci, strict=True)]
     lines.append("  } else {")
     lines += [f"    {x} = {ps}_setzero_ps();" for x in flat]
     lines.append("  }")
@@ -186,7 +186,7 @@ def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, 
     if a == "packed":
         lines.append(f"    ak += {mr};")
     lines.append("  }")
-    lines += [f"  {ps}_storeu_ps({p}, {x});" for x, p in zip(flat, ci)]
+    lines += [f"  {ps}_storeu_ps({p}, {x});" for x, p in zip(flat, ci, strict=True)]
     return lines
 
 

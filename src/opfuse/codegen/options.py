@@ -16,7 +16,8 @@ SIMD_MODES = ("auto", "none")
 # block and panels whatever the CPU (the C still runs anywhere: every intrinsics body sits
 # behind ``#if`` on the compiler's target macros, with the narrower ones and plain C after it).
 VECTOR_ISAS = ("host", "avx2", "avx512")
-# The GEMM register block (MR, NR) of each ISA where ``gemm_mr`` / ``gemm_nr`` are 0.
+# The GEMM register block (MR, NR) of each ISA where ``gemm_mr`` / ``gemm_nr`` are 0 (measured:
+# ``CodegenOptions.gemm_mr``).
 REGISTER_BLOCKS = {"avx2": (6, 16), "avx512": (8, 32)}
 WINOGRAD_MODES = ("auto", "off", "on")
 
@@ -37,7 +38,14 @@ class CodegenOptions:
     vector_isa: str = "host"
     # GEMM register block (MR x NR accumulators; 0: the ISA's, ``REGISTER_BLOCKS``). AVX2: 6 x 16
     # is 12 ymm accumulators, 2 B vectors and a broadcast (117 GFLOP/s per core on this host).
-    # AVX-512: 8 x 32 is 16 zmm accumulators, 2 B vectors and a broadcast. Cache
+    # AVX-512: 8 x 32 is 16 zmm accumulators, 2 B vectors and a broadcast. Measured on this Zen 4
+    # host (1 thread, CPU time). Micro-kernel alone (K = 128-512, 96-516 x 224, B's panel in L1):
+    # 6x16 ymm 111-117 GFLOP/s, 6x32 / 8x32 / 12x32 / 14x32 zmm 109-118: all at the core's peak
+    # (Zen 4 runs a zmm FMA as two 256-bit halves, so 512-bit code does not raise it). In the
+    # model (mobilenet_v1, 20 interleaved runs, per-kernel medians): 32-wide panels take half the
+    # calls, panels and packing loops of 16-wide ones: pw7-pw11 (512 ch, 14x14) 0.76-0.85x the
+    # time of 6 x 16, pw2-pw6 0.84-0.93x, whole model 0.88-0.91x; 6x32, 8x32 and 12x32 within
+    # noise of each other. 8 rows: channel counts are multiples of 8 (12 would pad 64 to 72). Cache
     # blocks: K in blocks of at most KC; tiles of MC x NC outputs, at most ``gemm_tile_floats``
     # of C tile (it stays in L2); a side whose other operand is packed per tile spans up to
     # ``gemm_wide`` (one packing serves that many outputs); problems are cut into at least

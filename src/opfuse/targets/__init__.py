@@ -43,5 +43,6 @@ def get_profile(name: str) -> HardwareProfile:
 
 
 __all__ = ["M7_FIT_COMMAND", "M7_FIT_SOURCE", "HardwareProfile", "ProfileError", "calibrate_host", "describe_profile",
-           "format_profile", "get_profile", "host_profile", "host_simd_isa", "list_profiles", "load_profile", "m7_profile",
-           "nominal_host_profile", "save_m7_fit", "save_profile", "saved_host_calibration", "saved_m7_fit"]
+           "format_profile", "get_profile", "host_profile", "host_simd_isa", "list_profiles", "load_profile",
+           "m7_profile", "nominal_host_profile", "save_m7_fit", "save_profile", "saved_host_calibration",
+           "saved_m7_fit"]
