@@ -6,6 +6,7 @@ host; the host's ISA chosen from the target, deterministically."""
 from __future__ import annotations
 
 import ctypes
+import re
 import shlex
 import subprocess
 from pathlib import Path
@@ -118,6 +119,10 @@ def test_avx2_block_on_request(cache_dir):
     assert (m2.program.options.gemm_mr, m2.program.options.gemm_nr) == (6, 16)
     assert (m5.program.options.gemm_mr, m5.program.options.gemm_nr) == (8, 32)
     assert m2.program.weights != m5.program.weights
+    notes2 = " ".join(n for k in m2.program.kernels for n in k.notes)
+    notes5 = " ".join(n for k in m5.program.kernels for n in k.notes)
+    assert "6x16 micro-kernel, AVX2 / plain C" in notes2 and "AVX-512F" not in notes2
+    assert re.search(r"GEMM 'conv': [678]x32 micro-kernel, AVX-512F / AVX2 / plain C", notes5), notes5
     assert_close(narrow, want)
     assert_close(wide, want)
 

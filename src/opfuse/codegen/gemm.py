@@ -196,6 +196,14 @@ def _microkernel(kc, mr: int, nr: int, a: str = "packed", b: str = "packed") -> 
     return kc.program.require_helper(name, text)
 
 
+def microkernel_bodies(mr: int, nr: int, simd: str, avx512: bool) -> str:
+    """Which bodies the MR x NR micro-kernel has (the first whose ``#if`` holds is compiled)."""
+    if simd == "none":
+        return "plain C"
+    bodies = (["AVX-512F"] if avx512 and fits_avx512(mr, nr) else []) + (["AVX2"] if nr % YMM_FLOATS == 0 else [])
+    return " / ".join(bodies + ["plain C"]) + " by the compiler's target"
+
+
 def require_outlined_microkernel(kc) -> tuple[str, int, int]:
     """Register the options' MR x NR micro-kernel and a wrapper with the program; ``(wrapper
     name, MR, NR)``. The wrapper adds to C: ``f(kc, a panel, b panel, c, ldc)``. For kernels
@@ -314,6 +322,9 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
     a_mode = "packed" if rows is None else ("rows" if rows.koff is None else "koff")
     b_mode = "strided" if cols is not None else "packed"
     ukr = _microkernel(kc, MR, NR, a_mode, b_mode)
+    if stage.anchor_node is not None:
+        bodies = microkernel_bodies(MR, NR, o.simd, o.vector_isa == "avx512")
+        kc.note(lambda name: f"GEMM '{name}': {MR}x{NR} micro-kernel, {bodies}", stage.anchor_node)
     w = kc.w
     fl = 4
     off_c = kc.scratch(MC * NC * fl)

@@ -55,7 +55,7 @@ import numpy as np
 
 from opfuse.codegen.ctype import literal
 from opfuse.codegen.epilogue import finish_element
-from opfuse.codegen.gemm import pack_a_panels
+from opfuse.codegen.gemm import microkernel_bodies, pack_a_panels
 from opfuse.codegen.index import Index
 from opfuse.codegen.microkernel import AVX2_GUARD, microkernel
 from opfuse.codegen.options import REGISTER_BLOCKS
@@ -384,6 +384,8 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
 
     name, text = microkernel(MR, NR, "packed", "strided", o.simd, o.gemm_prefetch, o.gemm_scalar_accumulators, wide)
     ukr = kc.program.require_helper(name, text)
+    bodies = microkernel_bodies(MR, NR, o.simd, wide)
+    kc.note(lambda nm: f"Winograd GEMMs '{nm}': {MR}x{NR} micro-kernel, {bodies}", node)
     u = filter_transform(kc.program.memory.static[id(wt)], t).astype(np.float32)
     upack = kc.const_array(("winograd_u", node.name, m, MR), pack_a_panels(u, MR), node.name + "_U", np.float32)
     mp = OCp // MR
