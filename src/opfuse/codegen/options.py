@@ -133,9 +133,10 @@ class CodegenOptions:
     winograd_f4_min_spatial: int = 12
     winograd_block_floats: int = 1 << 18
     # Winograd's batched GEMMs on the AVX-512 block (where it pads the tiles no further than the
-    # AVX2 block; ``winograd._register_block``) instead of AVX2's 6 x 16. Off: it did not pay on
-    # resnet18 (1 thread, min of 16 interleaved runs, CPU time, against 6 x 16): layer1's F(4x4)
-    # convolutions (64 ch, 56x56) 1.02-1.10x, layer2's (128 ch, 28x28) 0.98-1.04x.
+    # AVX2 block; ``winograd._register_block``) instead of AVX2's 6 x 16. Off: it does not pay on
+    # resnet18 (1 thread, per-kernel CPU time, medians of 16 interleaved runs, against 6 x 16):
+    # layer1's F(4x4) convolutions (64 ch, 56x56) 0.94-1.09x, layer2's (128 ch, 28x28)
+    # 0.91-1.04x, whole model 1.00x; the transforms, not the GEMMs, bound these layers.
     winograd_avx512: bool = False
     # A fused pointwise loop that reads or writes float16 (or rounds to it between ops) on a target with
     # F16C runs its innermost loop in blocks (``codegen/pointwise.py:emit_f16c_blocks``): F16C converts
