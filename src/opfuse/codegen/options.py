@@ -136,7 +136,7 @@ class CodegenOptions:
     # AVX2 block; ``winograd._register_block``) instead of AVX2's 6 x 16. Off: it does not pay on
     # resnet18 (1 thread, per-kernel CPU time, medians of 16 interleaved runs, against 6 x 16):
     # layer1's F(4x4) convolutions (64 ch, 56x56) 0.94-1.09x, layer2's (128 ch, 28x28)
-    # 0.91-1.04x, whole model 1.00x; the transforms, not the GEMMs, bound these layers.
+    # 0.91-1.04x, whole model 1.00x (within the noise of a shared machine).
     winograd_avx512: bool = False
     # A fused pointwise loop that reads or writes float16 (or rounds to it between ops) on a target with
     # F16C runs its innermost loop in blocks (``codegen/pointwise.py:emit_f16c_blocks``): F16C converts
