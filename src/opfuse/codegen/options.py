@@ -42,10 +42,12 @@ class CodegenOptions:
     # host (1 thread, CPU time). Micro-kernel alone (K = 128-512, 96-516 x 224, B's panel in L1):
     # 6x16 ymm 111-117 GFLOP/s, 6x32 / 8x32 / 12x32 / 14x32 zmm 109-118: all at the core's peak
     # (Zen 4 runs a zmm FMA as two 256-bit halves, so 512-bit code does not raise it). In the
-    # model (mobilenet_v1, 20 interleaved runs, per-kernel medians): 32-wide panels take half the
-    # calls, panels and packing loops of 16-wide ones: pw7-pw11 (512 ch, 14x14) 0.76-0.85x the
-    # time of 6 x 16, pw2-pw6 0.84-0.93x, whole model 0.88-0.91x; 6x32, 8x32 and 12x32 within
-    # noise of each other. 8 rows: channel counts are multiples of 8 (12 would pad 64 to 72). Cache
+    # model (mobilenet_v1, 30 interleaved runs, per-kernel CPU-time medians): 32-wide panels take
+    # half the calls, panels and packing loops of 16-wide ones: pw7-pw11 (512 ch, 14x14) 0.86-0.90x
+    # the time of 6 x 16 (89-93 -> 102-105 GFLOP/s), pw12/pw13 (7x7, with ``windows_mr_max``)
+    # 0.83-0.84x, pw1-pw6 0.96-1.03x, whole model 0.915x (resnet18 0.89x, bert_layer 0.94x,
+    # yolo_block 0.96x); 6x32, 8x32 and 12x32 within noise of each other (20 runs). 8 rows:
+    # channel counts are multiples of 8 (12 would pad 64 to 72). Cache
     # blocks: K in blocks of at most KC; tiles of MC x NC outputs, at most ``gemm_tile_floats``
     # of C tile (it stays in L2); a side whose other operand is packed per tile spans up to
     # ``gemm_wide`` (one packing serves that many outputs); problems are cut into at least
