@@ -17,6 +17,7 @@ import pytest
 
 from cg_support import assert_close, group_by_names, run_both
 from opfuse.codegen import CodegenOptions, generate
+from opfuse.codegen.gemm import transposed_ld
 from opfuse.codegen.microkernel import avx2_split, fits_avx2, fits_avx512, microkernel
 from opfuse.errors import OpfuseError
 from opfuse.ops import GraphBuilder
@@ -87,6 +88,17 @@ def test_avx512_matmul_with_batch(shape, cache_dir):
     g = b.build(b.op("Add", z, _w(b, 19), name="add"))
     plan = group_by_names(g, [("gemm_epilogue", ["mm2", "add"])])
     _three_ways(g, plan, cache_dir)
+
+
+@pytest.mark.parametrize("c,oc,hw,stride", [(8, 24, 16, 1), (3, 32, 64, 2)])
+def test_transposed_tile_of_a_power_of_two_positions_is_padded(c, oc, hw, stride, cache_dir):
+    """256 and 1024 positions per tile (8-row panels): the transposed copy's rows are one cache
+    line longer than the tile (``gemm.transposed_ld``), and the results still match."""
+    g, plan = _conv_graph(c, oc, hw, hw, 3, stride, [1, 1, 1, 1])
+    m = _three_ways(g, plan, cache_dir)
+    positions = (hw // stride) ** 2
+    assert transposed_ld(positions) == positions + 16
+    assert re.search(rf"opfuse_transpose\(\w+, \w+, \w+ \+ \w+, 32, \w+, {positions + 16}\);", m.program.source)
 
 
 def test_avx512_epilogues_in_registers(cache_dir):
