@@ -1,0 +1,186 @@
+"""Details of ``rules.legality`` that the plan-level tests cannot see, each expectation worked out by hand
+from the docstrings (found by mutation testing, tests/MUTATION.md): which rule a kernel shape belongs to,
+what ``annotate_plan`` writes on each group, and the horizontal conditions at their limits with their
+exact refusal texts."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from opfuse.errors import ModelError
+from opfuse.ir.plan import FusionGroup, FusionPlan
+from opfuse.ops import GraphBuilder
+from opfuse.rules import FusionOptions, PlanLegality, unfused_plan
+from opfuse.rules.kernel_shape import GroupShape
+from opfuse.rules.legality import annotate_plan, rule_of_shape
+from fusion_cases import plan_of, randn, refusals
+
+
+def _anchors():
+    b = GraphBuilder("anchors")
+    x = b.input("x", (2, 8))
+    g = b.build(b.op("Softmax", x, axis=-1, name="sm"), b.op("ReduceSum", x, axes=[1], name="rs"))
+    return g.node("sm"), g.node("rs")
+
+
+def test_rule_of_each_kernel_shape():
+    sm, rs = _anchors()
+    conv = object()  # the anchor of an epilogue is not looked at
+    cases = [
+        (GroupShape("conv_epilogue", conv, {"prologue": ["dq"]}), "dequantize_prologue"),
+        (GroupShape("gemm_epilogue", conv, {"prologue": ["dq"]}), "dequantize_prologue"),
+        (GroupShape("conv_epilogue", conv, {"prologue": []}), "epilogue"),
+        (GroupShape("gemm_epilogue", conv, {}), "epilogue"),
+        (GroupShape("sampling_epilogue", conv, {}), "epilogue"),
+        (GroupShape("reduction", sm, {"prologue": ["mul"]}), "normalization_prologue"),  # a row normalization
+        (GroupShape("reduction", rs, {"prologue": ["mul"]}), "elementwise_chain"),  # any other reduction
+        (GroupShape("reduction", rs, {"prologue": []}), "epilogue"),
+        (GroupShape("reduction", sm, {"epilogue": ["relu"]}), "epilogue"),
+        (GroupShape("elementwise", None), "elementwise_chain"),
+        (GroupShape("injective", None), "injective"),
+        (GroupShape("attention", None), "attention"),
+        (GroupShape("horizontal", None), "horizontal"),
+        (GroupShape("concat", None), "concat_alias"),
+        (GroupShape("single", None), None),
+    ]
+    assert [rule_of_shape(s) for s, _ in cases] == [want for _, want in cases]
+
+
+def _conv_concat():
+    """x -> Conv c1 -> Relu r1 \\
+       x -> Conv c2 ----------- Concat cat (axis 1) -> Conv c3 (the output)."""
+    b = GraphBuilder("conv_concat")
+    x = b.input("x", (1, 3, 6, 6))
+    r1 = b.op("Relu", b.op("Conv", x, b.const("w1", randn((4, 3, 1, 1))), name="c1"), name="r1")
+    c2 = b.op("Conv", x, b.const("w2", randn((2, 3, 3, 3), 1)), pads=[1, 1, 1, 1], name="c2")
+    cat = b.op("Concat", r1, c2, axis=1, name="cat")
+    return b.build(b.op("Conv", cat, b.const("w3", randn((2, 6, 1, 1), 2)), name="c3"))
+
+
+def _hand_plan(g, **attrs):
+    n = {x.name: x for x in g.nodes}
+    return FusionPlan(g, [FusionGroup("k1", [n["c1"], n["r1"]], attrs=dict(attrs)),
+                          FusionGroup("k2", [n["c2"]], attrs=dict(attrs)),
+                          FusionGroup("k3", [n["cat"]], attrs=dict(attrs)),
+                          FusionGroup("k4", [n["c3"]], attrs=dict(attrs))])
+
+
+def _summary(plan):
+    return [(gr.name, gr.kind, gr.anchor.name, {k: v for k, v in gr.attrs.items() if k != "inputs"})
+            for gr in plan.groups]
+
+
+def test_annotate_plan_writes_kind_anchor_rule_origin_aliasing_and_boundary():
+    g = _conv_concat()
+    n = {x.name: x for x in g.nodes}
+    # the rule of a group that is one of the candidates' is the candidates' rule, not its shape's
+    candidates = FusionPlan(g, [FusionGroup("other", [n["c1"], n["r1"]], attrs={"rule": "my_rule"})])
+    out = annotate_plan(_hand_plan(g), candidates=candidates, origin={"r1": ["relu_a", "relu_b"]})
+    assert _summary(out) == [
+        ("k1", "conv_epilogue", "c1", {"epilogue": ["r1"], "origin": ["c1", "relu_a", "relu_b"], "rule": "my_rule",
+                                       "outputs": ["r1"]}),
+        ("k2", "single", "c2", {"origin": ["c2"], "outputs": ["c2"]}),
+        ("k3", "concat", "cat", {"origin": ["cat"], "alias_inputs": ["r1", "c2"], "zero_copy": "concat",
+                                 "rule": "concat_alias", "outputs": ["cat"]}),
+        ("k4", "single", "c3", {"origin": ["c3"], "outputs": ["c3"]}),
+    ]
+    assert [gr.attrs["inputs"] for gr in out.groups] == [["x", "w1"], ["x", "w2"], ["r1", "c2"], ["cat", "w3"]]
+    assert all(gr.anchor is n[a] for gr, a in zip(out.groups, ["c1", "c2", "cat", "c3"]))
+
+
+def test_annotate_plan_keeps_the_groups_origin_and_ignores_candidates_of_another_graph():
+    g = _conv_concat()
+    other = _conv_concat()  # the same model, another graph object: its groups are not this graph's
+    candidates = FusionPlan(other, [FusionGroup("other", [x for x in other.nodes if x.name in ("c1", "r1")],
+                                                attrs={"rule": "my_rule"})])
+    out = annotate_plan(_hand_plan(g, origin=["from_before"]), candidates=candidates)
+    assert [(gr.attrs["rule"] if "rule" in gr.attrs else None, gr.attrs["origin"]) for gr in out.groups] == \
+        [("epilogue", ["from_before"]), (None, ["from_before"]), ("concat_alias", ["from_before"]),
+         (None, ["from_before"])]
+
+
+def test_annotate_plan_with_concat_aliasing_disabled_makes_the_concat_a_single_op():
+    g = _conv_concat()
+    out = annotate_plan(_hand_plan(g), FusionOptions(disabled=frozenset({"concat_alias"})))
+    k3 = out.groups[2]
+    assert (k3.name, k3.kind, k3.anchor.name) == ("k3", "single", "cat")
+    assert not {"alias_inputs", "zero_copy", "rule"} & set(k3.attrs)
+
+
+def test_annotate_plan_drops_the_attention_anchor_attribute():
+    """The attention shape carries its QK MatMul as ``qk``: the group's anchor, not an attribute."""
+    b = GraphBuilder("attn")
+    q, k, v = (b.input(s, (2, 4, 8)) for s in "qkv")
+    s = b.op("MatMul", q, b.op("Transpose", k, perm=[0, 2, 1], name="kt"), name="qk")
+    p = b.op("Softmax", b.op("Mul", s, b.const("scale", np.array(0.35, np.float32)), name="scale"), axis=-1,
+             name="sm")
+    g = b.build(b.op("MatMul", p, v, name="pv"))
+    out = annotate_plan(FusionPlan(g, [FusionGroup("att", list(g.nodes))]))
+    (att,) = out.groups
+    assert (att.kind, att.anchor.name, att.attrs["rule"]) == ("attention", "qk", "attention")
+    assert "qk" not in att.attrs and att.attrs["softmax"] == "sm"
+
+
+def test_annotate_plan_refuses_an_illegal_group_naming_it():
+    g = _conv_concat()
+    n = {x.name: x for x in g.nodes}
+    bad = FusionPlan(g, [FusionGroup("two_convs", [n["c2"], n["cat"], n["c3"]]),
+                         FusionGroup("k1", [n["c1"], n["r1"]])])
+    with pytest.raises(ModelError, match="^fusion group 'two_convs' is not a legal kernel: .*out-elementwise-fusable"):
+        annotate_plan(bad)
+
+
+# Horizontal conditions at their limits --------------------------------------------------------
+
+def _pools(b, x, n):
+    return [b.op("MaxPool", x, kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1], name=f"p{i}")
+            for i in range(n)]
+
+
+def test_horizontal_member_limit_is_inclusive():
+    """``max_horizontal_members`` siblings fit; one more is refused with the count."""
+    b = GraphBuilder("members")
+    x = b.input("x", (1, 2, 8, 8))
+    g = b.build(*_pools(b, x, 3))
+    plan, dec = plan_of(g, max_horizontal_members=3)
+    assert [(gr.kind, gr.attrs.get("members")) for gr in plan.groups] == [("horizontal", [["p0"], ["p1"], ["p2"]])]
+    plan, dec = plan_of(g, max_horizontal_members=2)
+    assert len(plan.groups) == 2
+    assert "resource limit: 3 siblings exceed the limit of 2" in refusals(dec, "horizontal")
+
+
+def test_horizontal_group_size_limit_counts_every_op():
+    """Two siblings of two ops each: 4 ops fit in a kernel of 4, not of 3 (``max_ops_per_group``)."""
+    b = GraphBuilder("size")
+    x = b.input("x", (4, 4))
+    g = b.build(b.op("Neg", b.op("Relu", x, name="r0"), name="n0"), b.op("Neg", b.op("Exp", x, name="e1"), name="n1"))
+    legal = PlanLegality(unfused_plan(g), FusionOptions(max_ops_per_group=3))
+    by = {gr.name: gr for gr in legal.plan().groups}
+    a = legal.merge(by["r0"], by["n0"])
+    c = legal.merge(by["e1"], by["n1"])
+    r = legal.can_merge(a, c)
+    assert r is not None and str(r) == "resource limit: 4 ops exceed the limit of 3 per kernel"
+    legal = PlanLegality(unfused_plan(g), FusionOptions(max_ops_per_group=4))
+    by = {gr.name: gr for gr in legal.plan().groups}
+    a, c = legal.merge(by["r0"], by["n0"]), legal.merge(by["e1"], by["n1"])
+    assert legal.can_merge(a, c) is None
+    h = legal.merge(a, c)
+    assert h.kind == "horizontal" and h.anchor.name == "r0" and h.attrs["members"] == [["r0", "n0"], ["e1", "n1"]]
+    assert h.attrs["member_kinds"] == ["elementwise", "elementwise"]
+
+
+def test_horizontal_refusal_texts():
+    b = GraphBuilder("windows")
+    x = b.input("x", (1, 2, 8, 8))
+    g = b.build(b.op("MaxPool", x, kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1], name="m3"),
+                b.op("MaxPool", x, kernel_shape=[5, 5], strides=[1, 1], pads=[2, 2, 2, 2], name="m5"))
+    _, dec = plan_of(g)
+    assert "rule refused: the siblings iterate over different domains (window or shape differ)" in \
+        refusals(dec, "horizontal")
+    b = GraphBuilder("path")
+    x = b.input("x", (4, 4))
+    g = b.build(b.op("Add", x, b.op("Neg", b.op("Relu", x, name="a"), name="c"), name="d"))
+    legal = PlanLegality(unfused_plan(g))
+    by = {gr.name: gr for gr in legal.plan().groups}
+    r = legal.can_merge(by["a"], by["d"])
+    assert r is not None and r.reason == "a path connects the siblings (they are not independent)"
