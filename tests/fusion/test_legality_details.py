@@ -11,6 +11,7 @@ from opfuse.errors import ModelError
 from opfuse.ir.plan import FusionGroup, FusionPlan
 from opfuse.ops import GraphBuilder
 from opfuse.rules import FusionOptions, PlanLegality, unfused_plan
+from opfuse.rules.decisions import RefusalKind
 from opfuse.rules.kernel_shape import GroupShape
 from opfuse.rules.legality import annotate_plan, rule_of_shape
 from fusion_cases import plan_of, randn, refusals
@@ -167,6 +168,7 @@ def test_horizontal_group_size_limit_counts_every_op():
     h = legal.merge(a, c)
     assert h.kind == "horizontal" and h.anchor.name == "r0" and h.attrs["members"] == [["r0", "n0"], ["e1", "n1"]]
     assert h.attrs["member_kinds"] == ["elementwise", "elementwise"]
+    assert h.attrs["domain"] == ("elementwise", (4, 4)) and h.attrs["shared_input"] == "x"
 
 
 def test_horizontal_refusal_texts():
@@ -184,3 +186,40 @@ def test_horizontal_refusal_texts():
     by = {gr.name: gr for gr in legal.plan().groups}
     r = legal.can_merge(by["a"], by["d"])
     assert r is not None and r.reason == "a path connects the siblings (they are not independent)"
+
+
+def _by_name(legal):
+    return {gr.name: gr for gr in legal.plan().groups}
+
+
+def test_merge_refusal_texts():
+    b = GraphBuilder("pairs")
+    x, y = b.input("x", (4, 4)), b.input("y", (4, 4))
+    a = b.op("Relu", x, name="a")
+    g = b.build(b.op("Add", a, b.op("Neg", a, name="c"), name="d"), b.op("Neg", y, name="e"))
+    legal = PlanLegality(unfused_plan(g))
+    by = _by_name(legal)
+    refusals_ = {pair: legal.can_merge(by[pair[0]], by[pair[1]]) for pair in (("a", "a"), ("a", "e"), ("a", "d"))}
+    assert {k: (r.kind, r.reason) for k, r in refusals_.items()} == {
+        ("a", "a"): (RefusalKind.CONDITION, "the groups are the same"),
+        ("a", "e"): (RefusalKind.CONDITION, "the groups are neither adjacent nor siblings of one input"),
+        ("a", "d"): (RefusalKind.DEPENDENCY, "a path leaves the groups and comes back through another group"),
+    }
+
+
+def test_a_horizontal_group_or_an_elided_concat_takes_no_vertical_fusion():
+    b = GraphBuilder("sealed")
+    x = b.input("x", (1, 2, 8, 8))
+    p0, p1 = _pools(b, x, 2)
+    g = b.build(b.op("Add", p0, p1, name="s"))
+    legal = PlanLegality(unfused_plan(g))
+    by = _by_name(legal)
+    h = legal.merge(by["p0"], by["p1"])
+    r = legal.can_merge(h, _by_name(legal)["s"])
+    assert (r.kind, r.reason) == (RefusalKind.CONDITION, "group 'p0' is a horizontal group: it takes no vertical fusion")
+    plan, _ = plan_of(_conv_concat())
+    legal = PlanLegality(plan)
+    by = {gr.nodes[0].name: gr for gr in legal.plan().groups}
+    assert by["cat"].attrs.get("zero_copy") == "concat"
+    r = legal.can_merge(by["cat"], by["c3"])
+    assert (r.kind, r.reason) == (RefusalKind.CONDITION, "Concat 'cat' is elided (its producers write into its slices)")
