@@ -223,3 +223,66 @@ def test_a_horizontal_group_or_an_elided_concat_takes_no_vertical_fusion():
     assert by["cat"].attrs.get("zero_copy") == "concat"
     r = legal.can_merge(by["cat"], by["c3"])
     assert (r.kind, r.reason) == (RefusalKind.CONDITION, "Concat 'cat' is elided (its producers write into its slices)")
+
+
+def test_annotate_plan_anchors_and_rules_of_chains_and_prologues():
+    """An elementwise chain has no anchor op: its group's anchor is its first node. A reduction with a
+    prologue is credited to ``elementwise_chain``, or to ``normalization_prologue`` for a row normalization."""
+    b = GraphBuilder("chains")
+    x = b.input("x", (2, 8))
+    k = b.const("k", np.full((2, 8), 0.5, np.float32))
+    neg = b.op("Neg", b.op("Relu", x, name="relu"), name="neg")
+    rs = b.op("ReduceSum", b.op("Mul", x, k, name="mul"), axes=[1], name="rs")
+    sm = b.op("Softmax", b.op("Add", x, k, name="add"), axis=-1, name="sm")
+    g = b.build(neg, rs, sm)
+    n = {v.name: v for v in g.nodes}
+    plan = FusionPlan(g, [FusionGroup("ew", [n["relu"], n["neg"]]), FusionGroup("red", [n["mul"], n["rs"]]),
+                          FusionGroup("norm", [n["add"], n["sm"]])])
+    out = annotate_plan(plan)
+    assert [(gr.name, gr.kind, gr.anchor.name, gr.attrs["rule"]) for gr in out.groups] == [
+        ("ew", "elementwise", "relu", "elementwise_chain"),
+        ("red", "reduction", "rs", "elementwise_chain"),
+        ("norm", "reduction", "sm", "normalization_prologue"),
+    ]
+    assert [gr.attrs.get("prologue") for gr in out.groups] == [None, ["mul"], ["add"]]
+
+
+def test_two_concats_of_the_same_values_alias_them_once():
+    """A value can live in one Concat's slice only: the second Concat of the same inputs copies them."""
+    b = GraphBuilder("two_concats")
+    x = b.input("x", (1, 2, 4, 4))
+    r, ng = b.op("Relu", x, name="r"), b.op("Neg", x, name="ng")
+    c1 = b.op("Concat", r, ng, axis=1, name="cat1")
+    c2 = b.op("Concat", r, ng, axis=1, name="cat2")
+    g = b.build(b.op("Add", c1, c2, name="s"))
+    out = annotate_plan(FusionPlan(g, [FusionGroup(v.name, [v]) for v in g.nodes]))
+    by = {gr.name: gr for gr in out.groups}
+    assert (by["cat1"].kind, by["cat1"].attrs.get("alias_inputs")) == ("concat", ["r", "ng"])
+    assert (by["cat2"].kind, by["cat2"].attrs.get("alias_inputs")) == ("single", None)
+
+
+def test_horizontal_refusal_when_a_member_does_not_read_the_shared_value():
+    """A horizontal group {p0 = Relu(x), p1 = Add(x, y)} and q = Neg(y) share y only through p1."""
+    b = GraphBuilder("members")
+    x, y = b.input("x", (4, 4)), b.input("y", (4, 4))
+    g = b.build(b.op("Relu", x, name="p0"), b.op("Add", x, y, name="p1"), b.op("Neg", y, name="q"))
+    legal = PlanLegality(unfused_plan(g))
+    by = _by_name(legal)
+    h = legal.merge(by["p0"], by["p1"])
+    r = legal.can_merge(h, _by_name(legal)["q"])
+    assert (r.kind, r.reason) == (RefusalKind.CONDITION, "'p0' does not read 'y' (no shared input)")
+
+
+def test_an_elided_concat_takes_no_horizontal_fusion():
+    b = GraphBuilder("concat_sibling")
+    x = b.input("x", (1, 3, 6, 6))
+    r1 = b.op("Relu", b.op("Conv", x, b.const("w1", randn((4, 3, 1, 1))), name="c1"), name="r1")
+    c2 = b.op("Conv", x, b.const("w2", randn((2, 3, 3, 3), 1)), pads=[1, 1, 1, 1], name="c2")
+    cat = b.op("Concat", r1, c2, axis=1, name="cat")
+    g = b.build(b.op("Conv", cat, b.const("w3", randn((2, 6, 1, 1), 2)), name="c3"), b.op("Neg", c2, name="ng"))
+    plan, _ = plan_of(g)
+    legal = PlanLegality(plan)
+    by = {gr.nodes[0].name: gr for gr in legal.plan().groups}
+    assert by["cat"].attrs.get("zero_copy") == "concat"
+    r = legal.can_merge(by["cat"], by["ng"])
+    assert (r.kind, r.reason) == (RefusalKind.CONDITION, "'cat' moves no data")
