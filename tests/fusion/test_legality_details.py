@@ -86,7 +86,7 @@ def test_annotate_plan_writes_kind_anchor_rule_origin_aliasing_and_boundary():
         ("k4", "single", "c3", {"origin": ["c3"], "outputs": ["c3"]}),
     ]
     assert [gr.attrs["inputs"] for gr in out.groups] == [["x", "w1"], ["x", "w2"], ["r1", "c2"], ["cat", "w3"]]
-    assert all(gr.anchor is n[a] for gr, a in zip(out.groups, ["c1", "c2", "cat", "c3"]))
+    assert all(gr.anchor is n[a] for gr, a in zip(out.groups, ["c1", "c2", "cat", "c3"], strict=True))
 
 
 def test_annotate_plan_keeps_the_groups_origin_and_ignores_candidates_of_another_graph():
@@ -216,7 +216,8 @@ def test_a_horizontal_group_or_an_elided_concat_takes_no_vertical_fusion():
     by = _by_name(legal)
     h = legal.merge(by["p0"], by["p1"])
     r = legal.can_merge(h, _by_name(legal)["s"])
-    assert (r.kind, r.reason) == (RefusalKind.CONDITION, "group 'p0' is a horizontal group: it takes no vertical fusion")
+    assert (r.kind, r.reason) == (RefusalKind.CONDITION,
+                                  "group 'p0' is a horizontal group: it takes no vertical fusion")
     plan, _ = plan_of(_conv_concat())
     legal = PlanLegality(plan)
     by = {gr.nodes[0].name: gr for gr in legal.plan().groups}
