@@ -287,3 +287,56 @@ def test_an_elided_concat_takes_no_horizontal_fusion():
     assert by["cat"].attrs.get("zero_copy") == "concat"
     r = legal.can_merge(by["cat"], by["ng"])
     assert (r.kind, r.reason) == (RefusalKind.CONDITION, "'cat' moves no data")
+
+
+# PlanLegality: candidates, disabled rules, the partition it covers ------------------------------
+
+def _fan():
+    """x -> a = Relu, b = Neg, c = Exp; d = Add(a, b); e = Mul(a, d)."""
+    b = GraphBuilder("fan")
+    x = b.input("x", (4, 4))
+    a = b.op("Relu", x, name="a")
+    nb = b.op("Neg", x, name="b")
+    c = b.op("Exp", x, name="c")
+    d = b.op("Add", a, nb, name="d")
+    return b.build(c, b.op("Mul", a, d, name="e"))
+
+
+def test_candidate_merges_are_every_adjacent_and_sibling_pair_in_plan_order():
+    g = _fan()
+    legal = PlanLegality(unfused_plan(g))
+    pairs = [(x.name, y.name) for x, y in legal.candidate_merges()]
+    # adjacent: a-d, b-d, a-e, d-e; siblings of x: a-b, a-c, b-c; of a: d-e (already adjacent)
+    assert pairs == [("a", "b"), ("a", "c"), ("a", "d"), ("a", "e"), ("b", "c"), ("b", "d"), ("d", "e")]
+    by = _by_name(legal)
+    legal.merge(by["a"], by["d"])  # group "a" = {a, d} reads b's output, so the plan order is b, a, c, e
+    assert [gr.name for gr in legal.plan().groups] == ["b", "a", "c", "e"]
+    # adjacent: b-a, a-e; siblings of x: b-a, b-c, a-c; a's and d's readers are inside the group or e
+    assert [(x.name, y.name) for x, y in legal.candidate_merges()] == [("b", "a"), ("b", "c"), ("a", "c"),
+                                                                        ("a", "e")]
+
+
+def test_can_merge_refuses_a_disabled_rule_and_merge_an_illegal_pair():
+    g = _fan()
+    legal = PlanLegality(unfused_plan(g), FusionOptions(disabled=frozenset({"elementwise_chain"})))
+    by = _by_name(legal)
+    r = legal.can_merge(by["a"], by["d"])
+    assert str(r) == "disabled by user: rule 'elementwise_chain' is disabled"
+    assert legal.can_merge(by["a"], by["b"]) is None  # horizontal is not disabled
+    with pytest.raises(ValueError, match="^illegal merge of 'b' and 'e': .*neither adjacent nor siblings"):
+        legal.merge(by["b"], by["e"])
+
+
+def test_plan_legality_covers_only_its_own_unchanged_plan():
+    g = _fan()
+    plan = unfused_plan(g)
+    legal = PlanLegality(plan)
+    assert legal.covers(plan) and legal.covers(plan, plan.groups)
+    assert not legal.covers(unfused_plan(g))  # another plan object of the same size
+    n = {v.name: v for v in g.nodes}
+    assert not legal.covers(plan, [FusionGroup("ad", [n["a"], n["d"]])])  # not one of its groups
+    shorter = FusionPlan(g, plan.groups[:-1])
+    assert not legal.covers(shorter)
+    by = _by_name(legal)
+    legal.merge(by["a"], by["d"])
+    assert not legal.covers(plan, [by["a"]])  # a is now part of a two-op group
