@@ -1,0 +1,42 @@
+"""Refusal texts of ``rules.kernel_shape.classify`` worked out by hand from the module's messages (found by
+mutation testing, tests/MUTATION.md): which condition a group breaks first is what the decision log and
+``explain`` tell the user."""
+from __future__ import annotations
+
+import numpy as np
+
+from opfuse.ops import GraphBuilder
+from opfuse.rules.decisions import RefusalKind
+from opfuse.rules.kernel_shape import classify
+from fusion_cases import randn
+
+
+def test_an_epilogue_op_wider_than_the_anchor_is_refused_by_its_own_condition():
+    """Conv (1, 4, 4, 4) -> Add with a (2, 4, 4, 4) operand: the Add's output is not the anchor's shape. The
+    refusal names the Add (the first epilogue op that breaks the condition), not the value leaving the group."""
+    b = GraphBuilder("wide")
+    x = b.input("x", (1, 3, 4, 4))
+    y = b.input("y", (2, 4, 4, 4))
+    conv = b.op("Conv", x, b.const("w", randn((4, 3, 1, 1))), name="conv")
+    g = b.build(b.op("Relu", b.op("Add", conv, y, name="add"), name="relu"))
+    r = classify(list(g.nodes), g)
+    assert (r.kind, r.reason) == (RefusalKind.CONDITION,
+                                  "epilogue op 'add' (Add) has output shape (2, 4, 4, 4), not the anchor's "
+                                  "(1, 4, 4, 4): the epilogue runs once per output element")
+
+
+def test_a_sibling_branch_joining_the_epilogue_is_checked_too():
+    """Conv -> Relu and Conv -> Neg joined by Add: every node after the anchor is an epilogue op."""
+    b = GraphBuilder("diamond")
+    x = b.input("x", (1, 3, 4, 4))
+    conv = b.op("Conv", x, b.const("w", randn((4, 3, 1, 1))), name="conv")
+    g = b.build(b.op("Add", b.op("Relu", conv, name="relu"), b.op("Neg", conv, name="neg"), name="add"))
+    shape = classify(list(g.nodes), g)
+    assert (shape.kind, shape.anchor.name, shape.attrs) == ("conv_epilogue", "conv",
+                                                            {"epilogue": ["relu", "neg", "add"]})
+    k = b.const("k", np.ones((2, 4, 4, 4), np.float32))
+    g2 = b.build(b.op("Mul", b.op("Add", g.node("relu").outputs[0], k, name="wide"), k, name="mul"))
+    nodes = [n for n in g2.nodes if n.name in ("conv", "relu", "wide", "mul")]
+    r = classify(nodes, g2)
+    assert r.reason == ("epilogue op 'wide' (Add) has output shape (2, 4, 4, 4), not the anchor's (1, 4, 4, 4): "
+                        "the epilogue runs once per output element")
