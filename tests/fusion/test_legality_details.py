@@ -13,7 +13,7 @@ from opfuse.ops import GraphBuilder
 from opfuse.rules import FusionOptions, PlanLegality, unfused_plan
 from opfuse.rules.decisions import RefusalKind
 from opfuse.rules.kernel_shape import GroupShape
-from opfuse.rules.legality import annotate_plan, rule_of_shape
+from opfuse.rules.legality import RuleLegality, annotate_plan, rule_of_shape
 from fusion_cases import plan_of, randn, refusals
 
 
@@ -340,3 +340,13 @@ def test_plan_legality_covers_only_its_own_unchanged_plan():
     by = _by_name(legal)
     legal.merge(by["a"], by["d"])
     assert not legal.covers(plan, [by["a"]])  # a is now part of a two-op group
+
+
+def test_rule_legality_offers_the_legal_pairs_only():
+    """The planner's candidates: PlanLegality's pairs less a-e (the path a -> d -> e would leave the group)."""
+    plan = unfused_plan(_fan())
+    pairs = [(x.name, y.name) for x, y in RuleLegality().candidate_merges(plan)]
+    assert pairs == [("a", "b"), ("a", "c"), ("a", "d"), ("b", "c"), ("b", "d"), ("d", "e")]
+    pairs = [(x.name, y.name) for x, y in RuleLegality(FusionOptions(disabled=frozenset({"horizontal"})))
+             .candidate_merges(plan)]
+    assert pairs == [("a", "d"), ("b", "d"), ("d", "e")]
