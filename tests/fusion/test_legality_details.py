@@ -350,3 +350,13 @@ def test_rule_legality_offers_the_legal_pairs_only():
     pairs = [(x.name, y.name) for x, y in RuleLegality(FusionOptions(disabled=frozenset({"horizontal"})))
              .candidate_merges(plan)]
     assert pairs == [("a", "d"), ("b", "d"), ("d", "e")]
+
+
+def test_candidate_merges_look_past_constants():
+    """a = Add(x, k) with a constant k; c and d read a: the siblings of a are found after the constant."""
+    b = GraphBuilder("const")
+    x = b.input("x", (4, 4))
+    a = b.op("Add", x, b.const("k", np.ones((4, 4), np.float32)), name="a")
+    g = b.build(b.op("Relu", a, name="c"), b.op("Neg", a, name="d"))
+    pairs = [(p.name, q.name) for p, q in PlanLegality(unfused_plan(g)).candidate_merges()]
+    assert pairs == [("a", "c"), ("a", "d"), ("c", "d")]
