@@ -360,3 +360,22 @@ def test_candidate_merges_look_past_constants():
     g = b.build(b.op("Relu", a, name="c"), b.op("Neg", a, name="d"))
     pairs = [(p.name, q.name) for p, q in PlanLegality(unfused_plan(g)).candidate_merges()]
     assert pairs == [("a", "c"), ("a", "d"), ("c", "d")]
+
+
+def test_rule_legality_check_group_and_describe():
+    g = _conv_concat()
+    n = {v.name: v for v in g.nodes}
+    legal = RuleLegality(FusionOptions(disabled=frozenset({"concat_alias", "epilogue"})))
+    assert legal.check_group(g, [n["cat"]]) is None  # one op is always a kernel, whatever is disabled
+    assert legal.check_group(g, [n["c1"], n["r1"]]) == "disabled by user: rule 'epilogue' is disabled"
+    assert legal.check_group(g, [n["c2"], n["cat"]]) == (
+        "category forbids: 'cat' (Concat, injective) cannot follow 'c2' (Conv) in its kernel: only elementwise ops "
+        "form an epilogue")
+    assert legal.describe(g, [n["c1"], n["r1"]]) == ("conv_epilogue", n["c1"])
+    x = GraphBuilder("chain")
+    v = x.input("x", (4,))
+    chain = x.build(x.op("Neg", x.op("Relu", v, name="relu"), name="neg"))
+    kind, anchor = legal.describe(chain, list(chain.nodes))
+    assert (kind, anchor.name) == ("elementwise", "relu")  # no anchor op: the first node
+    with pytest.raises(ModelError, match="^not a legal kernel: category forbids: 'cat' \\(Concat"):
+        legal.describe(g, [n["c2"], n["cat"]])
