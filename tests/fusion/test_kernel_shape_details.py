@@ -40,3 +40,15 @@ def test_a_sibling_branch_joining_the_epilogue_is_checked_too():
     r = classify(nodes, g2)
     assert r.reason == ("epilogue op 'wide' (Add) has output shape (2, 4, 4, 4), not the anchor's (1, 4, 4, 4): "
                         "the epilogue runs once per output element")
+
+
+def test_an_expand_after_the_anchor_is_refused_naming_both():
+    """Expand is broadcast but not pointwise: it would spread one anchor element over several outputs."""
+    b = GraphBuilder("expand")
+    x = b.input("x", (1, 3, 4, 4))
+    conv = b.op("Conv", x, b.const("w", randn((4, 3, 1, 1))), name="conv")
+    g = b.build(b.op("Expand", conv, b.const("shape", np.array([2, 4, 4, 4], np.int64)), name="ex"))
+    r = classify([g.node("conv"), g.node("ex")], g)
+    assert (r.kind, r.reason) == (RefusalKind.CATEGORY,
+                                  "'ex' (Expand) after 'conv' (Conv) would spread one result of the anchor over "
+                                  "several output elements: an epilogue maps each anchor element to one element")
