@@ -52,3 +52,16 @@ def test_an_expand_after_the_anchor_is_refused_naming_both():
     assert (r.kind, r.reason) == (RefusalKind.CATEGORY,
                                   "'ex' (Expand) after 'conv' (Conv) would spread one result of the anchor over "
                                   "several output elements: an epilogue maps each anchor element to one element")
+
+
+def test_a_refused_8_bit_prologue_names_its_first_op():
+    """x (int8) -> Cast -> Sub(a run-time zero point) -> Conv: the prologue reads a non-constant int32."""
+    b = GraphBuilder("q")
+    x = b.input("x", (1, 2, 5, 5), "int8")
+    s = b.op("Sub", b.op("Cast", x, name="cast", to=6), b.input("zpv", (), "int32"), name="sub")
+    g = b.build(b.op("Conv", s, b.const("w", np.ones((2, 2, 3, 3), np.int32)), name="conv", pads=[1, 1, 1, 1]))
+    r = classify([g.node("cast"), g.node("sub"), g.node("conv")], g)
+    assert (r.kind, r.reason) == (RefusalKind.CATEGORY,
+                                  "'cast' (Cast) would feed 'conv' (Conv): out-elementwise-fusable ops take an "
+                                  "epilogue, and a prologue only to dequantize an 8-bit operand ('sub' (Sub) reads "
+                                  "'zpv' (int32): a prologue reads an 8-bit tensor and constants only)")
