@@ -379,3 +379,57 @@ def test_rule_legality_check_group_and_describe():
     assert (kind, anchor.name) == ("elementwise", "relu")  # no anchor op: the first node
     with pytest.raises(ModelError, match="^not a legal kernel: category forbids: 'cat' \\(Concat"):
         legal.describe(g, [n["c2"], n["cat"]])
+
+
+# siblings.node_set_shape: the horizontal shape of any node set (the planner's and annotate_plan's path) -------
+
+def _siblings_graph():
+    """x -> y = Relu; y -> p0, p1 = MaxPool 3x3; y -> a5 = AveragePool 5x5; y -> r = Sigmoid -> n = Neg; y -> e = Exp;
+    d = Add(y, Neg(r)) (a path from r to d); z -> q = Abs (another input)."""
+    b = GraphBuilder("siblings")
+    x, z = b.input("x", (1, 2, 8, 8)), b.input("z", (1, 2, 8, 8))
+    y = b.op("Relu", x, name="y")
+    pools = [b.op("MaxPool", y, kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1], name=f"p{i}") for i in (0, 1)]
+    a5 = b.op("AveragePool", y, kernel_shape=[5, 5], strides=[1, 1], pads=[2, 2, 2, 2], name="a5")
+    r = b.op("Sigmoid", y, name="r")
+    n = b.op("Neg", r, name="n")
+    d = b.op("Add", y, b.op("Neg", r, name="m"), name="d")
+    return b.build(*pools, a5, n, d, b.op("Exp", y, name="e"), b.op("Abs", z, name="q"))
+
+
+def test_node_set_shape_of_siblings():
+    from opfuse.rules.siblings import node_set_shape
+    g = _siblings_graph()
+    n = {v.name: v for v in g.nodes}
+    s = node_set_shape(g, [n["p1"], n["p0"]])  # any order: the kernel follows the graph's
+    assert (s.kind, s.anchor.name) == ("horizontal", "p0")
+    assert {k: v for k, v in s.attrs.items() if k != "domain"} == {
+        "members": [["p0"], ["p1"]], "member_kinds": ["single", "single"], "shared_input": "y"}
+    assert s.attrs["domain"][:3] == ("window", (1, 2, 8, 8), (1, 2, 8, 8))
+    assert ("kernel_shape", (3, 3)) in s.attrs["domain"][3]
+    s = node_set_shape(g, [n["r"], n["n"], n["e"]])  # an elementwise chain and an op: no anchor op
+    assert (s.kind, s.anchor.name) == ("horizontal", "r")
+    assert s.attrs == {"members": [["r", "n"], ["e"]], "member_kinds": ["elementwise", "single"],
+                       "shared_input": "y", "domain": ("elementwise", (1, 2, 8, 8))}
+    assert node_set_shape(g, [n["r"], n["n"]]).kind == "elementwise"  # one component: a vertical kernel
+
+
+def test_node_set_shape_refusals():
+    from opfuse.rules.siblings import node_set_shape
+    g = _siblings_graph()
+    n = {v.name: v for v in g.nodes}
+
+    def why(names, **options):
+        r = node_set_shape(g, [n[k] for k in names], FusionOptions(**options))
+        return r.kind, r.reason
+
+    assert why(["p0", "a5"]) == (RefusalKind.CONDITION, "the siblings iterate over different domains "
+                                                        "(window or shape differ)")
+    assert why(["e", "q"]) == (RefusalKind.CONDITION, "the sibling kernels share no input")
+    assert why(["r", "d"]) == (RefusalKind.DEPENDENCY, "a path connects the siblings (they are not independent)")
+    assert why(["p0", "p1", "e"], max_horizontal_members=2) == (RefusalKind.RESOURCE,
+                                                                 "3 siblings exceed the limit of 2")
+    # within the limit the three are refused for their domains (two windows and an elementwise loop)
+    assert why(["p0", "p1", "e"], max_horizontal_members=3)[1].startswith("the siblings iterate over different")
+    assert node_set_shape(g, [n["p0"], n["p1"]], FusionOptions(max_horizontal_members=2)).kind == "horizontal"
+    assert why(["p0", "p1"], max_ops_per_group=1) == (RefusalKind.RESOURCE, "2 ops exceed the limit of 1 per kernel")
