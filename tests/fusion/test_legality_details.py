@@ -433,3 +433,27 @@ def test_node_set_shape_refusals():
     assert why(["p0", "p1", "e"], max_horizontal_members=3)[1].startswith("the siblings iterate over different")
     assert node_set_shape(g, [n["p0"], n["p1"]], FusionOptions(max_horizontal_members=2)).kind == "horizontal"
     assert why(["p0", "p1"], max_ops_per_group=1) == (RefusalKind.RESOURCE, "2 ops exceed the limit of 1 per kernel")
+
+
+def test_member_domains_of_pooling_epilogues_broadcasts_and_convs():
+    from opfuse.rules.siblings import node_set_shape
+    b = GraphBuilder("domains")
+    v = b.input("v", (1, 2, 8, 8))
+    u = b.input("u", (8, 8))
+    w = b.const("w", np.ones((1, 2, 8, 8), np.float32))
+    p0 = b.op("Relu", b.op("MaxPool", v, kernel_shape=[2, 2], strides=[2, 2], name="p0"), name="r0")
+    p1 = b.op("Neg", b.op("MaxPool", v, kernel_shape=[2, 2], strides=[2, 2], name="p1"), name="n1")
+    wide = b.op("Add", b.op("Relu", u, name="ru"), w, name="wide")  # (8, 8) grows to (1, 2, 8, 8)
+    g = b.build(p0, p1, wide, b.op("Neg", u, name="nu"),
+                b.op("Conv", v, b.const("k", randn((2, 2, 1, 1))), name="conv"), b.op("Exp", v, name="ev"))
+    n = {x.name: x for x in g.nodes}
+    s = node_set_shape(g, [n["p0"], n["r0"], n["p1"], n["n1"]])  # poolings with an epilogue share their window
+    assert (s.kind, s.attrs["member_kinds"]) == ("horizontal", ["reduction", "reduction"])
+    assert s.attrs["domain"][:3] == ("window", (1, 2, 8, 8), (1, 2, 4, 4))
+    # an elementwise member iterates over its largest output, (1, 2, 8, 8), not the (8, 8) of Neg(u)
+    r = node_set_shape(g, [n["ru"], n["wide"], n["nu"]])
+    assert r.reason == "the siblings iterate over different domains (window or shape differ)"
+    r = node_set_shape(g, [n["conv"], n["ev"]])
+    assert (r.kind, r.reason) == (RefusalKind.CONDITION,
+                                  "'conv' (single) has no shared iteration domain: only poolings/reductions over one "
+                                  "window and elementwise loops fuse horizontally")
