@@ -65,3 +65,17 @@ def test_a_refused_8_bit_prologue_names_its_first_op():
                                   "'cast' (Cast) would feed 'conv' (Conv): out-elementwise-fusable ops take an "
                                   "epilogue, and a prologue only to dequantize an 8-bit operand ('sub' (Sub) reads "
                                   "'zpv' (int32): a prologue reads an 8-bit tensor and constants only)")
+
+
+def test_a_side_branch_leaving_with_another_shape_is_refused_naming_the_value():
+    """x1 (1, 1, 4, 4) -> Relu joins Conv (1, 4, 4, 4) by a broadcasting Add, and Relu's result is also a graph
+    output: it leaves the kernel with its own shape, not the anchor's."""
+    b = GraphBuilder("side")
+    x = b.input("x", (1, 3, 4, 4))
+    x1 = b.input("x1", (1, 1, 4, 4))
+    conv = b.op("Conv", x, b.const("w", randn((4, 3, 1, 1))), name="conv")
+    relu = b.op("Relu", x1, name="relu")
+    g = b.build(b.op("Add", conv, relu, name="add"), relu)
+    r = classify([g.node("conv"), g.node("relu"), g.node("add")], g)
+    assert (r.kind, r.reason) == (RefusalKind.CONDITION,
+                                  "'relu' leaves the group with shape (1, 1, 4, 4), not the anchor's (1, 4, 4, 4)")

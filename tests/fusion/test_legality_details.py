@@ -457,3 +457,13 @@ def test_member_domains_of_pooling_epilogues_broadcasts_and_convs():
     assert (r.kind, r.reason) == (RefusalKind.CONDITION,
                                   "'conv' (single) has no shared iteration domain: only poolings/reductions over one "
                                   "window and elementwise loops fuse horizontally")
+
+
+def test_rule_legality_merge_refusal_texts():
+    plan = unfused_plan(_fan())
+    by = {gr.name: gr for gr in plan.groups}
+    legal = RuleLegality(FusionOptions(disabled=frozenset({"elementwise_chain"})))
+    r = legal.merge_refusal(plan, by["a"], by["a"])
+    assert (r.kind, r.reason) == (RefusalKind.CONDITION, "a group cannot merge with itself")
+    assert str(legal.merge_refusal(plan, by["a"], by["d"])) == "disabled by user: rule 'elementwise_chain' is disabled"
+    assert legal.merge_refusal(plan, by["a"], by["b"]) is None
