@@ -79,3 +79,20 @@ def test_a_side_branch_leaving_with_another_shape_is_refused_naming_the_value():
     r = classify([g.node("conv"), g.node("relu"), g.node("add")], g)
     assert (r.kind, r.reason) == (RefusalKind.CONDITION,
                                   "'relu' leaves the group with shape (1, 1, 4, 4), not the anchor's (1, 4, 4, 4)")
+
+
+def test_elementwise_outputs_of_two_shapes_and_an_expand_after_a_reduction():
+    b = GraphBuilder("shapes")
+    x = b.input("x", (4, 4))
+    relu = b.op("Relu", x, name="relu")
+    g = b.build(relu, b.op("Add", relu, b.const("w", np.ones((2, 4, 4), np.float32)), name="add"))
+    r = classify(list(g.nodes), g)
+    assert (r.kind, r.reason) == (RefusalKind.CONDITION, "elementwise outputs of different shapes "
+                                                         "[(2, 4, 4), (4, 4)] cannot share one loop")
+    b = GraphBuilder("rexp")
+    rs = b.op("ReduceSum", b.input("x", (4, 4)), axes=[1], keepdims=1, name="rs")
+    g = b.build(b.op("Expand", rs, b.const("shape", np.array([4, 4], np.int64)), name="ex"))
+    r = classify(list(g.nodes), g)
+    assert (r.kind, r.reason) == (RefusalKind.CATEGORY,
+                                  "'ex' (Expand) after 'rs' (ReduceSum) would spread one result of the anchor over "
+                                  "several output elements: an epilogue maps each anchor element to one element")

@@ -467,3 +467,13 @@ def test_rule_legality_merge_refusal_texts():
     assert (r.kind, r.reason) == (RefusalKind.CONDITION, "a group cannot merge with itself")
     assert str(legal.merge_refusal(plan, by["a"], by["d"])) == "disabled by user: rule 'elementwise_chain' is disabled"
     assert legal.merge_refusal(plan, by["a"], by["b"]) is None
+
+
+def test_rule_legality_proposes_the_candidates_of_its_own_graph_only():
+    g = _fan()
+    plan, _ = plan_of(g)
+    assert any(len(gr.nodes) > 1 for gr in plan.groups)
+    assert RuleLegality().proposed_groups(g) == []
+    assert RuleLegality(candidates=plan).proposed_groups(_fan()) == []  # another graph object
+    assert [[v.name for v in grp] for grp in RuleLegality(candidates=plan).proposed_groups(g)] == \
+        [[v.name for v in gr.nodes] for gr in plan.groups if len(gr.nodes) > 1]
