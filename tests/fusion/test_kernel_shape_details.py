@@ -96,3 +96,10 @@ def test_elementwise_outputs_of_two_shapes_and_an_expand_after_a_reduction():
     assert (r.kind, r.reason) == (RefusalKind.CATEGORY,
                                   "'ex' (Expand) after 'rs' (ReduceSum) would spread one result of the anchor over "
                                   "several output elements: an epilogue maps each anchor element to one element")
+
+
+def test_an_opaque_op_is_never_fused():
+    b = GraphBuilder("det")
+    g = b.build(b.op("Relu", b.op("Det", b.input("x", (3, 2, 2)), name="det"), name="relu"))
+    r = classify(list(g.nodes), g)
+    assert (r.kind, r.reason) == (RefusalKind.CATEGORY, "'det' (Det) is opaque: never fused")
