@@ -103,3 +103,11 @@ def test_an_opaque_op_is_never_fused():
     g = b.build(b.op("Relu", b.op("Det", b.input("x", (3, 2, 2)), name="det"), name="relu"))
     r = classify(list(g.nodes), g)
     assert (r.kind, r.reason) == (RefusalKind.CATEGORY, "'det' (Det) is opaque: never fused")
+
+
+def test_unconnected_ops_are_not_one_vertical_kernel():
+    b = GraphBuilder("apart")
+    g = b.build(b.op("Relu", b.input("x", (4,)), name="r"), b.op("Neg", b.input("y", (4,)), name="n"))
+    r = classify(list(g.nodes), g)
+    assert (r.kind, r.reason) == (RefusalKind.CONDITION, "the ops are not connected by producer-consumer edges "
+                                                         "(siblings fuse horizontally)")
