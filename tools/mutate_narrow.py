@@ -6,11 +6,24 @@ of tests/codegen and tests/e2e per surviving mutant, hours on 2 cores. This runs
 against chosen tests, the way mutmut does (the mutated tree in ``mutants/``, one forked pytest per
 mutant, ``MUTANT_UNDER_TEST`` naming it), so a module can be triaged against the tests that are about
 it. A mutant that survives here may still die in the full selection: rerun the survivors with
-``mutmut run NAMES`` before calling one equivalent. ``mutants/`` must exist (``mutmut run`` made it).
+``mutmut run NAMES`` before calling one equivalent.
 
+``mutants/`` must exist: ``mutmut run`` makes it (for every configured file, then runs them all), or
+``--generate FILE...`` makes it with mutmut's own generator for the named source files only (seconds),
+the other files copied unmutated:
+
+    python tools/mutate_narrow.py --generate src/opfuse/codegen/checks.py
     python tools/mutate_narrow.py --tests tests/codegen/test_checks.py -- 'opfuse.codegen.checks.*'
 
-Prints ``name status`` per mutant (killed / survived / timeout) and a count; ``--json FILE`` saves them.
+``--per-test`` first runs the selection once recording which tests reach which function (mutmut's
+"stats" mode), then runs each mutant only against the tests that reach its function (cheapest
+first, ``-x``), as mutmut does: a mutant whose function no test reaches is ``not reached`` without a
+run. ``--recheck`` reruns every survivor of the short run against the whole selection (a test that only
+reads a cached result of the function is not recorded as reaching it).
+``--jobs N`` runs N mutants at once.
+
+Prints ``name status`` per mutant (killed / survived / timeout / not reached) and a count; ``--json FILE``
+saves them.
 """
 from __future__ import annotations
 
@@ -20,8 +33,11 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+_OUTSIDE = "<outside a test>"  # a function reached while collecting (module level): every test may need it
 
 
 def mutant_names(root: Path) -> list[str]:
@@ -32,57 +48,182 @@ def mutant_names(root: Path) -> list[str]:
     return sorted(names)
 
 
-def run_one(name: str, tests: list[str], timeout: float) -> str:
+def function_of(mutant: str) -> str:
+    """The mangled name of the function a mutant belongs to (``mod.x_f__mutmut_3`` -> ``mod.x_f``)."""
+    return mutant.partition("__mutmut_")[0]
+
+
+def generate(files: list[str]) -> int:
+    """Write ``mutants/`` with mutmut's generator: the named files mutated, every other file copied."""
+    from mutmut.__main__ import create_file_mutants
+    from mutmut.configuration import config
+    from mutmut.mutation.trampoline import set_mutant_under_test
+    from mutmut.utils.file_utils import copy_also_copy_files, copy_src_dir
+
+    config().only_mutate[:] = files
+    set_mutant_under_test("mutant_generation")
+    Path("mutants").mkdir(exist_ok=True)
+    copy_src_dir()
+    copy_also_copy_files()
+    for f in files:
+        result = create_file_mutants(Path(f))
+        if result.error:
+            raise result.error
+    return 0
+
+
+def _pytest_child(tests: list[str], extra: list[str]) -> int:
+    import pytest
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    return int(pytest.main(["--rootdir=.", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", *extra, *tests]))
+
+
+def start_one(name: str, tests: list[str]) -> int:
     pid = os.fork()
     if pid == 0:  # child: the mutant is chosen per call by the trampolines
         os.environ["MUTANT_UNDER_TEST"] = name
+        try:
+            code = _pytest_child(tests, ["-x"])
+        except BaseException:
+            code = 3
+        os._exit(code)
+    return pid
+
+
+def status_of(exit_status: int) -> str:
+    code = os.waitstatus_to_exitcode(exit_status)
+    return "survived" if code == 0 else ("killed" if code in (1, 2, 3) or code < 0 else f"error {code}")
+
+
+def run_many(jobs: list[tuple[str, list[str]]], timeout: float, width: int) -> dict[str, str]:
+    """Run each (mutant, tests) in its own fork, ``width`` at a time; name -> status."""
+    results: dict[str, str] = {}
+    todo = list(jobs)
+    running: dict[int, tuple[str, float]] = {}
+    while todo or running:
+        while todo and len(running) < width:
+            name, tests = todo.pop(0)
+            running[start_one(name, tests)] = (name, time.monotonic())
+        time.sleep(0.05)
+        for pid, (name, start) in list(running.items()):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                results[name] = status_of(status)
+            elif time.monotonic() - start > timeout:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                results[name] = "timeout"
+            else:
+                continue
+            del running[pid]
+            if name not in ("", "fail"):
+                print(name, results[name], flush=True)
+    return results
+
+
+def tests_by_function(tests: list[str]) -> tuple[int, dict[str, list[str]]]:
+    """Run ``tests`` once unmutated in a fork, recording per function the test ids that reach it
+    (cheapest first, by the CPU time each took)."""
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    pid = os.fork()
+    if pid == 0:
         import pytest
+        from mutmut.mutation import trampoline
+
+        os.environ["MUTANT_UNDER_TEST"] = "stats"
+        current: list[str] = [_OUTSIDE]
+        seconds: dict[str, float] = {_OUTSIDE: -1.0}
+        hits: dict[str, set[str]] = {}
+
+        def record(name: str, caller: str | None = None) -> None:
+            hits.setdefault(name, set()).add(current[0])
+
+        class Recorder:
+            @pytest.hookimpl(hookwrapper=True)
+            def pytest_runtest_protocol(self, item, nextitem):  # type: ignore[no-untyped-def]
+                current[0] = item.nodeid
+                start = time.process_time()
+                yield
+                seconds[item.nodeid] = time.process_time() - start
+                current[0] = _OUTSIDE
+
+        trampoline.record_trampoline_hit = record  # type: ignore[assignment]
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
-        code = pytest.main(["--rootdir=.", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", *tests])
-        os._exit(int(code))
-    start = time.monotonic()
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            code = os.waitstatus_to_exitcode(status)
-            return "survived" if code == 0 else ("killed" if code in (1, 2, 3) or code < 0 else f"error {code}")
-        if time.monotonic() - start > timeout:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            return "timeout"
-        time.sleep(0.05)
+        code = int(pytest.main(["--rootdir=.", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", *tests],
+                               plugins=[Recorder()]))
+        # cheapest first: with -x a killed mutant stops at its first failing test
+        Path(path).write_text(json.dumps({f: sorted(ts, key=lambda t: (seconds.get(t, 0.0), t))
+                                          for f, ts in hits.items()}))
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    by_function = json.loads(Path(path).read_text() or "{}")
+    os.unlink(path)
+    return code, by_function
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tests", action="append", required=True, help="pytest argument (repeatable)")
+    ap.add_argument("--tests", action="append", help="pytest argument (repeatable)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant")
     ap.add_argument("--json", type=Path, help="write {name: status} here")
+    ap.add_argument("--per-test", action="store_true", help="run each mutant against the tests that reach it")
+    ap.add_argument("--recheck", action="store_true", help="with --per-test: rerun survivors on every test")
+    ap.add_argument("--jobs", type=int, default=1, help="mutants run at once")
+    ap.add_argument("--generate", action="store_true", help="the arguments are source files: generate mutants/")
+    ap.add_argument("--resume", type=Path, help="skip the mutants this earlier output (``name status`` lines) has")
     ap.add_argument("patterns", nargs="+", help="mutant names or globs (fnmatch)")
     args = ap.parse_args(argv)
+    if args.generate:
+        return generate(args.patterns)
+    if not args.tests:
+        ap.error("--tests is required")
     root = Path("mutants").resolve()
     out = args.json.resolve() if args.json else None
     if not (root / "src").is_dir():
-        print("mutate_narrow: no mutants/ here: run `mutmut run` (at least until it has generated them)")
+        print("mutate_narrow: no mutants/ here: run `mutmut run` or `--generate FILE...` first")
         return 2
     names = [n for n in mutant_names(root) if any(fnmatch.fnmatch(n, p) for p in args.patterns)]
+    if args.resume:
+        done = {line.split()[0] for line in args.resume.read_text().splitlines() if line.startswith("opfuse.")}
+        names = [n for n in names if n not in done]
     os.chdir(root)
     sys.path[:] = [str(root / "src")] + [p for p in sys.path if not p.rstrip("/").endswith("/src")]
     import pytest  # imported once, before forking, like mutmut
 
     pytest.main(["--rootdir=.", "--collect-only", "-q", "-p", "no:cacheprovider", *args.tests])
-    for sanity, want in (("", "survived"), ("fail", "killed")):
-        got = run_one(sanity, args.tests, args.timeout)
-        if got != want:
-            print(f"mutate_narrow: the tests {'fail unmutated' if sanity == '' else 'miss a forced failure'} "
-                  f"({got}); fix that first")
+    sanity = run_many([("", args.tests), ("fail", args.tests)], args.timeout, 1)
+    for which, want in (("", "survived"), ("fail", "killed")):
+        if sanity[which] != want:
+            print(f"mutate_narrow: the tests {'fail unmutated' if which == '' else 'miss a forced failure'} "
+                  f"({sanity[which]}); fix that first")
             return 2
-    results = {}
-    for name in names:
-        results[name] = run_one(name, args.tests, args.timeout)
-        print(name, results[name], flush=True)
+    results: dict[str, str] = {}
+    if args.per_test:
+        code, reach = tests_by_function(args.tests)
+        if code != 0:
+            print(f"mutate_narrow: the recording run failed (pytest exit {code})")
+            return 2
+        jobs = []
+        for name in names:
+            tests = reach.get(function_of(name))
+            if not tests:
+                results[name] = "not reached"
+                print(name, "not reached", flush=True)
+            else:
+                jobs.append((name, args.tests if _OUTSIDE in tests else tests))
+        results.update(run_many(jobs, args.timeout, args.jobs))
+        again = [(n, args.tests) for n, t in jobs if results[n] == "survived" and t != args.tests and args.recheck]
+        if again:
+            print(f"mutate_narrow: {len(again)} survivors rerun against the whole selection", flush=True)
+            results.update(run_many(again, args.timeout, args.jobs))
+    else:
+        results = run_many([(n, args.tests) for n in names], args.timeout, args.jobs)
     counts = {s: sum(1 for v in results.values() if v == s) for s in sorted(set(results.values()))}
     print("mutate_narrow:", len(results), "mutants", counts)
     if out is not None:

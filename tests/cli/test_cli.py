@@ -77,7 +77,7 @@ def _write_model(tmp_path, nodes, inputs, outputs, inits=(), opset=17, name="m.o
     return p
 
 
-@pytest.mark.parametrize("case", ["not_onnx", "truncated", "empty", "unsupported", "cycle", "missing"])
+@pytest.mark.parametrize("case", ["not_onnx", "truncated", "empty", "unsupported", "cycle", "missing", "mixed_types"])
 def test_bad_models_exit_2_with_one_line(capsys, tmp_path, case):
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
@@ -98,6 +98,9 @@ def test_bad_models_exit_2_with_one_line(capsys, tmp_path, case):
         p = _write_model(tmp_path, [helper.make_node("Relu", ["b"], ["a"], name="n1"),
                                     helper.make_node("Relu", ["a"], ["b"], name="n2"),
                                     helper.make_node("Add", ["x", "b"], ["y"], name="n3")], [x], [y])
+    elif case == "mixed_types":  # onnxruntime refuses it too: Div's type T bound to int32 and float
+        k = helper.make_tensor_value_info("k", TensorProto.INT32, [1, 4])
+        p = _write_model(tmp_path, [helper.make_node("Div", ["k", "x"], ["y"], name="dv")], [k, x], [y])
     else:
         p = tmp_path / "nope.onnx"
     code, out, err = run_cli(capsys, "info", str(p))
@@ -108,6 +111,8 @@ def test_bad_models_exit_2_with_one_line(capsys, tmp_path, case):
         assert "Unique" in err and "hm0" in err and "17" in err
     if case == "cycle":
         assert "cycle" in err
+    if case == "mixed_types":
+        assert "'dv' (Div): operand dtypes differ: int32, float32" in err
 
 
 def test_bad_input_shape_spec(capsys):

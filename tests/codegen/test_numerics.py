@@ -93,6 +93,28 @@ def test_int_div_matches_the_reference_on_every_integer_type(dt, cache_dir):
         np.testing.assert_array_equal(got["div"], want["div"])
 
 
+def _trunc_div(a: int, b: int) -> int:
+    """Integer division truncated toward zero, in Python's exact integers."""
+    q = abs(a) // abs(b)
+    return q if (a < 0) == (b < 0) else -q
+
+
+@pytest.mark.parametrize("dt,k", [(I64, -3), (I64, 7), (np.uint64, 7)])
+def test_64_bit_div_by_a_constant_divisor(dt, k, cache_dir):
+    """A 64-bit constant divisor is an expression in C (``INT64_C(-3)``, ``UINT64_C(7)``), which the code
+    generator first copies to a temporary (``codegen.checks.div``, the path of mutants ``div`` 16-22)."""
+    b = GraphBuilder("cdiv")
+    y = b.op("Div", b.input("a", (8,), dt), b.const("k", np.array(k, dt)), name="div")
+    g = b.build(y)
+    info = np.iinfo(dt)
+    vals = [int(info.max), int(info.min) + 1, 7, -7, 0, 5, -5, 1] if info.min < 0 else \
+        [int(info.max), 0, 7, 6, 13, 1, 2**63, 2**64 - 7]
+    want = np.array([_trunc_div(v, k) for v in vals], dt)
+    for plan in _plans(g).values():
+        got = build(g, plan, cache_dir=cache_dir).run({"a": np.array(vals, dt)})
+        np.testing.assert_array_equal(got["div"], want)
+
+
 def _div_graph():
     """q = (a - 1) / b, then a Slice that keeps only q[0:2]: the zero divisor at b[3] is in an
     element no fused loop computes, but the reference (and so every backend) still rejects it."""

@@ -53,3 +53,25 @@ def test_element_types_outside_the_op_constraint(op, dtype):
 def test_element_types_inside_the_op_constraint(op, dtype):
     b = GraphBuilder()
     b.build(b.op(op, b.input("x", (4,), dtype), name="n"))
+
+
+@pytest.mark.parametrize("op,dtypes", [("Div", ("int32", "float32")), ("Div", ("float32", "int32")),
+                                       ("Add", ("float32", "float64")), ("Mul", ("int64", "int32")),
+                                       ("Sub", ("uint8", "int8")), ("Mod", ("int32", "float32")),
+                                       ("Sum", ("float32", "float32", "int32")), ("Max", ("float32", "float16"))])
+def test_binary_operands_of_different_types(op, dtypes):
+    """ONNX binds one type T to every operand of these ops; onnxruntime refuses ``Div(int32, float32)``
+    when it loads the model ("Type parameter (T) of Optype (Div) bound to different types"). opfuse
+    used to accept it (an int32 quotient of a float divisor), and its C code guarded only the integer
+    dividend's zero check (codegen.checks mutant ``check_of__mutmut_13`` looked at the divisor's type)."""
+    b = GraphBuilder()
+    xs = [b.input(f"x{i}", (4,), dt) for i, dt in enumerate(dtypes)]
+    with pytest.raises(ShapeError, match=f"'n' \\({op}\\): operand dtypes differ: {', '.join(dtypes)}"):
+        b.op(op, *xs, name="n")
+
+
+@pytest.mark.parametrize("dtypes", [("float32", "int32"), ("int32", "int64"), ("float64", "float32")])
+def test_pow_exponent_has_its_own_type(dtypes):
+    """Pow's exponent has its own type parameter T1: mixed operands stay valid."""
+    b = GraphBuilder()
+    b.build(b.op("Pow", b.input("x", (4,), dtypes[0]), b.input("e", (4,), dtypes[1]), name="n"))

@@ -292,9 +292,13 @@ register(OpSpec("Dropout", Category.ELEMWISE, Mapping.ONE_TO_ONE, _dropout_infer
 
 
 # Binary / n-ary broadcast ops ---------------------------------------------------------
-def _broadcast_infer(dtype=None):
+def _broadcast_infer(dtype=None, *, one_type: bool = False):
+    """Broadcast the inputs' shapes; with ``one_type`` every input must have the same dtype (ONNX's
+    single type parameter ``T``: onnxruntime refuses ``Div(int32, float32)`` when it loads the model)."""
     def infer(node, a):
         ins = node.input_values()
+        if one_type and any(v.dtype != ins[0].dtype for v in ins[1:]):
+            raise shape_error(node, f"operand dtypes differ: {', '.join(str(v.dtype) for v in ins)}")
         shape = broadcast_shapes(node, *[v.shape for v in ins])
         return out_type(shape, dtype if dtype is not None else ins[-1 if node.op_type == "Where" else 0].dtype)
     return infer
@@ -307,7 +311,8 @@ def _binary(name, fn, *, flops=1.0, commutative=False, out_dtype=None, arity=(2,
         return [np.asarray(res).astype(dt, copy=False)]
 
     tags = {"binary", "arith"} | ({"commutative"} if commutative else set())
-    register(OpSpec(name, Category.BROADCAST, Mapping.ONE_TO_ONE, _broadcast_infer(out_dtype), compute,
+    infer = _broadcast_infer(out_dtype, one_type=name != "Pow")  # Pow's exponent has its own type T1
+    register(OpSpec(name, Category.BROADCAST, Mapping.ONE_TO_ONE, infer, compute,
                     num_inputs=arity, flops_per_element=flops, tags=frozenset(tags)))
 
 
@@ -411,7 +416,7 @@ def _mod(ins, a, node):
 def _mod_infer(node, a):
     if int(a["fmod"]) not in (0, 1):
         raise UnsupportedOpError("Mod", node.name, detail=f"fmod={a['fmod']} (0 or 1)")
-    return _broadcast_infer()(node, a)
+    return _broadcast_infer(one_type=True)(node, a)
 
 
 register(OpSpec("Mod", Category.BROADCAST, Mapping.ONE_TO_ONE, _mod_infer, _mod, num_inputs=(2, 2),

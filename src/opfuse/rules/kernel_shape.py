@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from opfuse.rules.attention import attention_structure
-from opfuse.rules.categories import (category_name, is_elementwise, is_injective, is_oef, is_opaque,
+from opfuse.rules.categories import (category_name, is_elementwise, is_oef, is_opaque,
                                       is_pointwise, is_reduction)
 from opfuse.rules.decisions import RefusalKind, Refusal
 from opfuse.rules.quantized import prologue_refusal, reads_8bit
@@ -123,9 +123,7 @@ def classify(nodes: list[Node], graph: Graph, outputs: frozenset[int] | None = N
     if all(is_elementwise(n) for n in nodes):
         r = _one_domain(nodes, graph, "elementwise", outputs)
         return r or GroupShape("elementwise", None)
-    for n in nodes:
-        if not (is_elementwise(n) or is_injective(n)):
-            return _forbid(f"{_desc(n, True)} cannot join data-movement ops")
+    # every op left is elementwise or injective: opaque ops, anchors and reductions have returned above
     r = _one_domain(nodes, graph, "injective", outputs)
     return r or GroupShape("injective", None)
 
