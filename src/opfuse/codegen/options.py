@@ -37,6 +37,10 @@ class CodegenOptions:
     gemm_wide: int = 512
     gemm_tile_floats: int = 32768
     gemm_min_tiles: int = 4
+    # Thread counts the tiles of a parallel GEMM, convolution or Winograd loop are balanced for
+    # (``gemm.balance_tiles``): the run's thread count is known only at run time, so the cuts aim at
+    # these (on this 2-core host: 2; 4 for a larger one). Empty: the cache blocking as it is.
+    balance_threads: tuple[int, ...] = (2, 4)
     gemm_prefetch: int = 32
     # A GEMM with a single row (M = 1: a classifier's Gemm on one image) runs a 1 x ``gemm_gemv_nr``
     # micro-kernel (6 accumulators) with the intrinsics, instead of MR x NR whose MR - 1 rows
@@ -156,7 +160,8 @@ class CodegenOptions:
 # under QEMU on resnet8, mobilenet_v1_025_96 and ds_cnn. No loop is worth threads: no OpenMP.
 CORTEX_M7 = CodegenOptions(platform="mcu", weights="embed", simd="none", gemm_scalar_accumulators=True,
                            gemm_mr=4, gemm_nr=4, gemm_mc=64, gemm_nc=16, gemm_kc=64, gemm_wide=32,
-                           gemm_tile_floats=512, gemm_min_tiles=1, parallel_min_work=1 << 62)
+                           gemm_tile_floats=512, gemm_min_tiles=1, parallel_min_work=1 << 62,
+                           balance_threads=())
 # The host build without intrinsics: the plain C99 the microcontroller runs, so the emulated
 # Cortex-M7 gives the same bits as this (AVX2 FMA rounds once per multiply-add, the C twice).
 PORTABLE = CodegenOptions(simd="none")

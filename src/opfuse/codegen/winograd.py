@@ -55,7 +55,7 @@ import numpy as np
 
 from opfuse.codegen.ctype import literal
 from opfuse.codegen.epilogue import finish_element
-from opfuse.codegen.gemm import pack_a_panels
+from opfuse.codegen.gemm import BALANCE_EXTRA_CUTS, BALANCE_MIN_GAIN, balance_speedups, pack_a_panels
 from opfuse.codegen.index import Index
 from opfuse.codegen.microkernel import AVX2_GUARD, microkernel
 from opfuse.codegen.stages import Stage
@@ -315,13 +315,27 @@ def _scatter_avx2(m: int, srcs: list[str], dst: str) -> list[str]:
 def _tiles_per_block(options, C: int, OCp: int, tiles: int, nimg: int, alpha: int, nr: int) -> int:
     """Tiles per block: V and M of a block (alpha^2 (Cin + Cout) floats per tile) within
     ``winograd_block_floats``, a multiple of NR, and at least ``gemm_min_tiles`` blocks over
-    the batch where there are tiles enough (threads need blocks to share)."""
+    the batch where there are tiles enough (threads need blocks to share); of up to
+    ``gemm.BALANCE_EXTRA_CUTS`` more blocks, the count the threads of ``balance_threads`` share best
+    (resnet18's 56x56 layers: 196 tiles in 5 blocks of 48 are 4 full blocks and one of 4 tiles)."""
     per_tile = alpha * alpha * (C + OCp)
     most = max(nr, options.winograd_block_floats // per_tile // nr * nr)
     nblk = -(-tiles // most)
     nblk = max(nblk, min(-(-options.gemm_min_tiles // nimg), -(-tiles // nr)))
     T = -(-tiles // nblk)
-    return -(-T // nr) * nr
+    T = -(-T // nr) * nr
+    threads = tuple(t for t in options.balance_threads if t > 1)
+    if not threads or nimg * -(-tiles // T) < max(threads):
+        return T  # fewer blocks than threads: the blocks' output channels are split (lower_winograd)
+
+    def key(size: int) -> tuple:
+        """Balance of the blocks over ``balance_threads`` (as ``gemm.balance_tiles``), then fewer blocks."""
+        costs = [float(-(-min(size, tiles - t0) // nr) * nr) for t0 in range(0, tiles, size)] * nimg
+        steps = tuple(int(v / t / BALANCE_MIN_GAIN + 1e-9) for v, t in zip(balance_speedups(costs, threads), threads))
+        return steps + (-len(costs),)
+
+    sizes = {T} | {-(-(-(-tiles // n)) // nr) * nr for n in range(nblk, nblk + BALANCE_EXTRA_CUTS + 1)}
+    return max(sorted(sizes, reverse=True), key=key)
 
 
 LANES = 8  # tiles transformed together: one ymm per transform value (constant-trip loops gcc vectorises)
@@ -386,7 +400,9 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
         w.line(f"const long {parts} = nt <= {units} ? 1 : (nt + {units - 1}) / {units} < {most} ? "
                f"(nt + {units - 1}) / {units} : {most};")
         w.line(f"const long {span} = ({OCp // MR} + {parts} - 1) / {parts} * {MR};")
-    kc.parallel_for(2 * nimg * OC * C * 9 * OH * OW)
+    # Each iteration's cost: its block's tiles (rounded up to whole lane groups), a part's share.
+    block_tiles = [-(-min(T, tiles - t0) // Q) * Q for t0 in range(0, tiles, T)] * nimg
+    kc.parallel_for(2 * nimg * OC * C * 9 * OH * OW, costs=[float(n) / most for n in block_tiles for _ in range(most)])
     with w.block(f"for (long {it} = 0; {it} < {units * most}; ++{it})"):
         if most > 1:
             w.line(f"const long {blk} = {it} / {most};")
