@@ -42,7 +42,7 @@ class ConvWindows(RowAccess):
         _, C, H, W = self.x.shape
         OW = node.outputs[0].shape[3]
         KH, KW = geo.kernel
-        SW, (DH, DW), PL = geo.strides[1], geo.dilations, geo.pads_begin[1]
+        SW, DW, PL = geo.strides[1], geo.dilations[1], geo.pads_begin[1]
         self.cg = C // group
         padded = any(geo.pads_begin) or any(geo.pads_end)
         self.in_place = in_memory(ev, self.x) and not padded

@@ -293,12 +293,13 @@ BALANCE_EXTRA_CUTS = 3  # tiles per side the balancing may add to what the cache
 BALANCE_MIN_GAIN = 0.02  # efficiency (speed-up / threads) a new cut must add to be taken
 
 
-def balance_speedups(costs: Sequence[float], threads: Sequence[int]) -> list[float]:
-    """Per thread count, the speed-up the tiles allow on that many cores, the tiles handed out
-    in order as ``schedule(dynamic, 1)`` does."""
+def balance_steps(costs: Sequence[float], threads: Sequence[int]) -> tuple[int, ...]:
+    """Per thread count, the efficiency (speed-up / threads) the iterations allow on that many cores
+    in whole steps of ``BALANCE_MIN_GAIN``, the iterations handed out in order as
+    ``schedule(dynamic, 1)`` does: the sort key of ``balance_tiles`` and Winograd's blocks."""
     from opfuse.codegen.kernel import ParallelLoop
     loop = ParallelLoop(len(costs), 0, "dynamic", tuple(costs))
-    return [loop.speedup(t) for t in threads]
+    return tuple(int(loop.speedup(t) / t / BALANCE_MIN_GAIN + 1e-9) for t in threads)
 
 
 def balance_tiles(p: GemmProblem, o, MR: int, NR: int, MC: int, NC: int) -> tuple[int, int]:
@@ -334,7 +335,7 @@ def balance_tiles(p: GemmProblem, o, MR: int, NR: int, MC: int, NC: int) -> tupl
     def key(mc: int, nc: int) -> tuple:
         costs = tile_costs(M, N, mc, nc, MR, NR) * p.nb
         repeated = (-(-M // mc) if b_per_tile else 1) * (-(-N // nc) if a_per_tile else 1)
-        steps = tuple(int(s / t / BALANCE_MIN_GAIN + 1e-9) for s, t in zip(balance_speedups(costs, threads), threads))
+        steps = balance_steps(costs, threads)
         whole = (M % mc == 0 or mc >= M) + (N % nc == 0 or nc >= N)
         return (len(costs) >= o.gemm_min_tiles, -repeated) + steps + ((mc, nc) == (MC, NC), whole, -len(costs))
 

@@ -55,7 +55,7 @@ import numpy as np
 
 from opfuse.codegen.ctype import literal
 from opfuse.codegen.epilogue import finish_element
-from opfuse.codegen.gemm import BALANCE_EXTRA_CUTS, BALANCE_MIN_GAIN, balance_speedups, pack_a_panels
+from opfuse.codegen.gemm import BALANCE_EXTRA_CUTS, balance_steps, pack_a_panels
 from opfuse.codegen.index import Index
 from opfuse.codegen.microkernel import AVX2_GUARD, microkernel
 from opfuse.codegen.stages import Stage
@@ -331,11 +331,14 @@ def _tiles_per_block(options, C: int, OCp: int, tiles: int, nimg: int, alpha: in
     def key(size: int) -> tuple:
         """Balance of the blocks over ``balance_threads`` (as ``gemm.balance_tiles``), then fewer blocks."""
         costs = [float(-(-min(size, tiles - t0) // nr) * nr) for t0 in range(0, tiles, size)] * nimg
-        steps = tuple(int(v / t / BALANCE_MIN_GAIN + 1e-9) for v, t in zip(balance_speedups(costs, threads), threads))
-        return steps + (-len(costs),)
+        return balance_steps(costs, threads) + (-len(costs),)
 
-    sizes = {T} | {-(-(-(-tiles // n)) // nr) * nr for n in range(nblk, nblk + BALANCE_EXTRA_CUTS + 1)}
+    sizes = {T} | {_round_up(-(-tiles // n), nr) for n in range(nblk, nblk + BALANCE_EXTRA_CUTS + 1)}
     return max(sorted(sizes, reverse=True), key=key)
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
 
 
 LANES = 8  # tiles transformed together: one ymm per transform value (constant-trip loops gcc vectorises)
