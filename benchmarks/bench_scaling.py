@@ -104,12 +104,12 @@ def scale(name: str, threads: int, repeat: int) -> dict:
             "kernels": kernels}
 
 
-def static(name: str, threads: int) -> dict:
+def static(name: str, threads: int, options: CodegenOptions | None = None) -> dict:
     """The split alone, from the generated code (nothing runs): each kernel's parallel loops, the
     FLOPs of one iteration, and the model's bound weighing each kernel by its predicted time."""
     from opfuse.codegen.program import generate
     comp = plan_model(f"zoo:{name}")
-    program = generate(comp.graph, comp.plan, memory=comp.memory)
+    program = generate(comp.graph, comp.plan, memory=comp.memory, options=options)
     groups = {g["name"]: g for g in comp.report["groups"]}
     kernels = []
     for info in program.kernels:
@@ -163,11 +163,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--top", type=int, default=12, help="kernels listed per model")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--static", action="store_true", help="only the split from the generated code (runs nothing)")
+    ap.add_argument("--no-balance", action="store_true",
+                    help="with --static: the cache blocking's tiles alone (CodegenOptions(balance_threads=()))")
     args = ap.parse_args(argv)
     rows = []
     if args.static:
+        options = CodegenOptions(balance_threads=()) if args.no_balance else None
         for name in args.models:
-            print(static_table(static(name, args.threads)), flush=True)
+            print(static_table(static(name, args.threads, options)), flush=True)
         return
     for name in args.models:
         rows.append(scale(name, args.threads, args.repeat))
