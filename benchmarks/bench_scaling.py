@@ -140,6 +140,32 @@ def static_table(r: dict) -> str:
     return "\n".join(lines)
 
 
+def split_markdown(names: list[str], threads: int) -> str:
+    """Per model and kernel, the parallel split before balancing (the cache blocking alone) and
+    after: iterations, MFLOP per iteration and the speed-up bound on ``threads`` free cores."""
+    out = [f"# Work split at {threads} threads, from the generated code (`bench_scaling.py --static --markdown`)", "",
+           "Bound: what the loop's iterations allow on free cores (tiles handed out in order, costs from the "
+           "tiles' padded sizes); the model's weighs each kernel by its predicted time. It does not see memory "
+           "bandwidth, fork/join or wake-up costs, or data moving between cores. MFLOP are the direct "
+           "convolution's (Winograd does fewer). A Winograd convolution with fewer blocks than threads lists "
+           "gemm_min_tiles iterations (a block's output channels in parts): at 2 threads 2 of them run, and "
+           "each transforms the block's input again, which the bound does not count.", ""]
+    for name in names:
+        before, after = static(name, threads, CodegenOptions(balance_threads=())), static(name, threads)
+        out += [f"## {name}: x{before['tile_bound_speedup']:.2f} -> x{after['tile_bound_speedup']:.2f}", "",
+                "| kernel | ops | algorithm | pred ms | iterations | MFLOP/it | bound "
+                "| balanced: iterations | MFLOP/it | bound |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for b, a in zip(before["kernels"], after["kernels"], strict=True):
+            def cols(k: dict) -> str:
+                its = k["loops"][0]["iterations"] if k["loops"] else "one thread"
+                return f"{its} | {k['mflop_per_iteration']:.2f} | {k['tile_bound']:.2f}"
+            algo = next((n.split(": ", 1)[1].split(" (")[0] for n in a["notes"] if ": " in n), "")
+            ops = "+".join(a["ops"])
+            out.append(f"| {a['group']} | {ops} | {algo} | {a['predicted_ms']:.3f} | {cols(b)} | {cols(a)} |")
+        out.append("")
+    return "\n".join(out)
+
+
 def table(r: dict, top: int) -> str:
     t = r["threads"]
     lines = [f"{r['model']}: wall {r['wall_ms_1']:.2f} -> {r[f'wall_ms_{t}']:.2f} ms "
@@ -163,11 +189,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--top", type=int, default=12, help="kernels listed per model")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--static", action="store_true", help="only the split from the generated code (runs nothing)")
+    ap.add_argument("--markdown", type=Path, help="with --static: write the before/after split of every model here")
     ap.add_argument("--no-balance", action="store_true",
                     help="with --static: the cache blocking's tiles alone (CodegenOptions(balance_threads=()))")
     args = ap.parse_args(argv)
     rows = []
     if args.static:
+        if args.markdown:
+            args.markdown.write_text(split_markdown(args.models, args.threads) + "\n")
+            print(f"wrote {args.markdown}", file=sys.stderr)
+            return
         options = CodegenOptions(balance_threads=()) if args.no_balance else None
         for name in args.models:
             print(static_table(static(name, args.threads, options)), flush=True)
