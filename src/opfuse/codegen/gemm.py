@@ -293,13 +293,21 @@ BALANCE_EXTRA_CUTS = 3  # tiles per side the balancing may add to what the cache
 BALANCE_MIN_GAIN = 0.02  # efficiency (speed-up / threads) a new cut must add to be taken
 
 
-def balance_steps(costs: Sequence[float], threads: Sequence[int]) -> tuple[int, ...]:
-    """Per thread count, the efficiency (speed-up / threads) the iterations allow on that many cores
-    in whole steps of ``BALANCE_MIN_GAIN``, the iterations handed out in order as
-    ``schedule(dynamic, 1)`` does: the sort key of ``balance_tiles`` and Winograd's blocks."""
+def balance_efficiency(costs: Sequence[float], threads: Sequence[int]) -> tuple[float, ...]:
+    """Per thread count, the efficiency (speed-up / threads) the iterations allow on that many
+    cores, the iterations handed out in order as ``schedule(dynamic, 1)`` does."""
     from opfuse.codegen.kernel import ParallelLoop
     loop = ParallelLoop(len(costs), 0, "dynamic", tuple(costs))
-    return tuple(int(loop.speedup(t) / t / BALANCE_MIN_GAIN + 1e-9) for t in threads)
+    return tuple(loop.speedup(t) / t for t in threads)
+
+
+def balance_gain(new: Sequence[float], old: Sequence[float]) -> bool:
+    """Whether efficiencies ``new`` (per ``balance_threads``, in order) are worth a change from ``old``:
+    at the first thread count where they differ by ``BALANCE_MIN_GAIN`` or more, ``new`` is higher."""
+    for n, o in zip(new, old, strict=True):
+        if abs(n - o) >= BALANCE_MIN_GAIN:
+            return n > o
+    return False
 
 
 def balance_tiles(p: GemmProblem, o, MR: int, NR: int, MC: int, NC: int) -> tuple[int, int]:
@@ -308,13 +316,15 @@ def balance_tiles(p: GemmProblem, o, MR: int, NR: int, MC: int, NC: int) -> tupl
     of tiles is 2 rows high spends a thread on almost nothing, and a problem of one tile (N too
     narrow to cut: a convolution with 16 output channels) runs on one thread. Candidates split each
     side into up to ``BALANCE_EXTRA_CUTS`` more near-equal tiles, never larger than the cache
-    blocking's. Preferred, in order: ``gemm_min_tiles`` tiles where the blocking had fewer; no more
-    repeats of a per-tile packing (the side whose tiles each pack the other operand again is not cut
-    further: M when B is packed per tile, N when A is packed or its windows staged per tile); the
-    efficiency (speed-up / threads) at each of ``balance_threads`` in turn, in steps of
-    ``BALANCE_MIN_GAIN``; then the cache blocking as it was. Loops that stay on one thread
-    (``parallel_min_work``) keep the cache blocking. Results do not change: each output's sum runs
-    over the same K blocks in the same order whatever the tiles."""
+    blocking's. One is taken where it reaches ``gemm_min_tiles`` tiles and the blocking did not, or
+    where its efficiency (speed-up / threads) gains ``BALANCE_MIN_GAIN`` (``balance_gain``: the
+    first of ``balance_threads`` decides) without more repeats of a per-tile packing (M is not cut
+    further when B is packed per tile, N when A is packed or its windows staged per tile) and, for a
+    gain at a later thread count only, without losing whole tiles (constant trip counts: yolo_block's
+    1x1 convolutions were 4-9% slower on one thread with a remainder tile). Of those: the fewest
+    repeats of a per-tile packing, the best efficiency, whole tiles, fewer tiles. Loops that stay on
+    one thread (``parallel_min_work``) keep the cache blocking. Results do not change: each output's
+    sum runs over the same K blocks in the same order whatever the tiles."""
     threads = tuple(t for t in o.balance_threads if t > 1)
     if not threads or 2 * p.nb * p.M * p.N * p.K < o.parallel_min_work:
         return MC, NC
@@ -332,14 +342,23 @@ def balance_tiles(p: GemmProblem, o, MR: int, NR: int, MC: int, NC: int) -> tupl
                 out.add(c)
         return sorted(out, reverse=True)
 
-    def key(mc: int, nc: int) -> tuple:
+    def facts(mc: int, nc: int) -> tuple[bool, int, tuple[float, ...], int, int]:
         costs = tile_costs(M, N, mc, nc, MR, NR) * p.nb
         repeated = (-(-M // mc) if b_per_tile else 1) * (-(-N // nc) if a_per_tile else 1)
-        steps = balance_steps(costs, threads)
         whole = (M % mc == 0 or mc >= M) + (N % nc == 0 or nc >= N)
-        return (len(costs) >= o.gemm_min_tiles, -repeated) + steps + ((mc, nc) == (MC, NC), whole, -len(costs))
+        return len(costs) >= o.gemm_min_tiles, repeated, balance_efficiency(costs, threads), whole, len(costs)
 
-    return max(((mc, nc) for mc in sides(M, MC, MR, mt0) for nc in sides(N, NC, NR, nt0)), key=lambda c: key(*c))
+    reach0, repeated0, eff0, whole0, _ = facts(MC, NC)
+    taken = []
+    for mc in sides(M, MC, MR, mt0):
+        for nc in sides(N, NC, NR, nt0):
+            reach, repeated, eff, whole, tiles = facts(mc, nc)
+            first_gains = eff[0] - eff0[0] >= BALANCE_MIN_GAIN
+            if (reach and not reach0) or (reach == reach0 and repeated <= repeated0 and balance_gain(eff, eff0)
+                                          and (first_gains or whole >= whole0)):
+                taken.append(((reach, -repeated, tuple(round(e / BALANCE_MIN_GAIN) for e in eff), whole, -tiles),
+                              (mc, nc)))
+    return max(taken)[1] if taken else (MC, NC)
 
 
 def tile_costs(M: int, N: int, MC: int, NC: int, MR: int, NR: int) -> list[float]:

@@ -55,7 +55,7 @@ import numpy as np
 
 from opfuse.codegen.ctype import literal
 from opfuse.codegen.epilogue import finish_element
-from opfuse.codegen.gemm import BALANCE_EXTRA_CUTS, balance_steps, pack_a_panels
+from opfuse.codegen.gemm import BALANCE_EXTRA_CUTS, BALANCE_MIN_GAIN, balance_efficiency, balance_gain, pack_a_panels
 from opfuse.codegen.index import Index
 from opfuse.codegen.microkernel import AVX2_GUARD, microkernel
 from opfuse.codegen.stages import Stage
@@ -328,13 +328,16 @@ def _tiles_per_block(options, C: int, OCp: int, tiles: int, nimg: int, alpha: in
     if not threads or nimg * -(-tiles // T) < max(threads):
         return T  # fewer blocks than threads: the blocks' output channels are split (lower_winograd)
 
-    def key(size: int) -> tuple:
-        """Balance of the blocks over ``balance_threads`` (as ``gemm.balance_tiles``), then fewer blocks."""
+    def facts(size: int) -> tuple[tuple[float, ...], int]:
         costs = [float(-(-min(size, tiles - t0) // nr) * nr) for t0 in range(0, tiles, size)] * nimg
-        return balance_steps(costs, threads) + (-len(costs),)
+        return balance_efficiency(costs, threads), len(costs)
 
-    sizes = {T} | {_round_up(-(-tiles // n), nr) for n in range(nblk, nblk + BALANCE_EXTRA_CUTS + 1)}
-    return max(sorted(sizes, reverse=True), key=key)
+    eff0 = facts(T)[0]
+    better = [size for size in {_round_up(-(-tiles // n), nr) for n in range(nblk, nblk + BALANCE_EXTRA_CUTS + 1)}
+              if size <= T and balance_gain(facts(size)[0], eff0)]
+    # the most efficient of those (in steps of BALANCE_MIN_GAIN), then the fewest blocks
+    return max(better, key=lambda size: (tuple(round(e / BALANCE_MIN_GAIN) for e in facts(size)[0]), size),
+               default=T)
 
 
 def _round_up(x: int, m: int) -> int:
