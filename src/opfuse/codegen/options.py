@@ -71,7 +71,12 @@ class CodegenOptions:
     # steps at a time: the block's gate pre-activations (steps x batch x gates x hidden floats)
     # stay in cache until the time loop reads them, and a long sequence needs no T-sized scratch.
     recurrent_block_steps: int = 32
-    # Below this many elementary operations a loop runs on one thread (spawning costs more).
+    # Below this many elementary operations a loop runs on one thread (spawning costs more). Measured
+    # here (2-core VM, libgomp, GOMP_SPINCOUNT=10000, 2 threads): a parallel region costs 0.6-0.7 us
+    # when the workers are still spinning (within ~0.1-0.3 ms of their last region), 20-40 us when they
+    # have gone to sleep (the first kernel of an inference that follows other work), 0.3 us for a
+    # barrier inside one region. A GEMM's 2^15 FLOP are about 0.3-0.6 us of one core, so for GEMMs
+    # the bound is low by ~4x, for elementwise loops (tens of us per 2^15 elements) it is right.
     parallel_min_work: int = 1 << 15
     # Depthwise convolution (``codegen/depthwise.py``) walks its channel planes in chunks of up to
     # ``depthwise_chunk_planes`` (the padded plane's zero border is written once per chunk, not
