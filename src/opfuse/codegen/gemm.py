@@ -291,6 +291,7 @@ def choose_blocking(p: GemmProblem, o) -> Blocking:
 
 BALANCE_EXTRA_CUTS = 3  # tiles per side the balancing may add to what the cache blocking chose
 BALANCE_MIN_GAIN = 0.02  # efficiency (speed-up / threads) a new cut must add to be taken
+BALANCE_ENOUGH = 0.95  # efficiency past which more tiles buy nothing: then the fewest tiles win
 
 
 def balance_efficiency(costs: Sequence[float], threads: Sequence[int]) -> tuple[float, ...]:
@@ -322,9 +323,10 @@ def balance_tiles(p: GemmProblem, o, MR: int, NR: int, MC: int, NC: int) -> tupl
     further when B is packed per tile, N when A is packed or its windows staged per tile) and, for a
     gain at a later thread count only, without losing whole tiles (constant trip counts: yolo_block's
     1x1 convolutions were 4-9% slower on one thread with a remainder tile). Of those: the fewest
-    repeats of a per-tile packing, the best efficiency, whole tiles, fewer tiles. Loops that stay on
-    one thread (``parallel_min_work``) keep the cache blocking. Results do not change: each output's
-    sum runs over the same K blocks in the same order whatever the tiles."""
+    repeats of a per-tile packing, the best efficiency up to ``BALANCE_ENOUGH``, the fewest tiles
+    (a 64 x 80 MatMul in 10 tiles of 16 columns left its HardSwish epilogue unvectorised), whole
+    tiles. Loops that stay on one thread (``parallel_min_work``) keep the cache blocking. Results do
+    not change: each output's sum runs over the same K blocks in the same order whatever the tiles."""
     threads = tuple(t for t in o.balance_threads if t > 1)
     if not threads or 2 * p.nb * p.M * p.N * p.K < o.parallel_min_work:
         return MC, NC
@@ -356,8 +358,8 @@ def balance_tiles(p: GemmProblem, o, MR: int, NR: int, MC: int, NC: int) -> tupl
             first_gains = eff[0] - eff0[0] >= BALANCE_MIN_GAIN
             if (reach and not reach0) or (reach == reach0 and repeated <= repeated0 and balance_gain(eff, eff0)
                                           and (first_gains or whole >= whole0)):
-                taken.append(((reach, -repeated, tuple(round(e / BALANCE_MIN_GAIN) for e in eff), whole, -tiles),
-                              (mc, nc)))
+                enough = tuple(round(min(e, BALANCE_ENOUGH) / BALANCE_MIN_GAIN) for e in eff)
+                taken.append(((reach, -repeated, enough, -tiles, whole), (mc, nc)))
     return max(taken)[1] if taken else (MC, NC)
 
 

@@ -37,10 +37,12 @@ class CodegenOptions:
     gemm_wide: int = 512
     gemm_tile_floats: int = 32768
     gemm_min_tiles: int = 4
-    # Thread counts the tiles of a parallel GEMM, convolution or Winograd loop are balanced for
-    # (``gemm.balance_tiles``): the run's thread count is known only at run time, so the cuts aim at
-    # these (on this 2-core host: 2; 4 for a larger one). Empty: the cache blocking as it is.
-    balance_threads: tuple[int, ...] = (2, 4)
+    # Thread counts the tiles of a parallel GEMM, convolution or Winograd loop are balanced for, the
+    # first first (``gemm.balance_tiles``): the run's thread count is known only at run time, so the
+    # cuts aim at these; 2, the cores of this host (``gemm_min_tiles`` already gives most loops 4
+    # tiles or more; balancing for 4 as well cut small problems into many tiny tiles). Empty: the
+    # cache blocking as it is.
+    balance_threads: tuple[int, ...] = (2,)
     gemm_prefetch: int = 32
     # A GEMM with a single row (M = 1: a classifier's Gemm on one image) runs a 1 x ``gemm_gemv_nr``
     # micro-kernel (6 accumulators) with the intrinsics, instead of MR x NR whose MR - 1 rows

@@ -55,7 +55,8 @@ import numpy as np
 
 from opfuse.codegen.ctype import literal
 from opfuse.codegen.epilogue import finish_element
-from opfuse.codegen.gemm import BALANCE_EXTRA_CUTS, BALANCE_MIN_GAIN, balance_efficiency, balance_gain, pack_a_panels
+from opfuse.codegen.gemm import (BALANCE_ENOUGH, BALANCE_EXTRA_CUTS, BALANCE_MIN_GAIN, balance_efficiency, balance_gain,
+                                 pack_a_panels)
 from opfuse.codegen.index import Index
 from opfuse.codegen.microkernel import AVX2_GUARD, microkernel
 from opfuse.codegen.stages import Stage
@@ -335,9 +336,9 @@ def _tiles_per_block(options, C: int, OCp: int, tiles: int, nimg: int, alpha: in
     eff0 = facts(T)[0]
     better = [size for size in {_round_up(-(-tiles // n), nr) for n in range(nblk, nblk + BALANCE_EXTRA_CUTS + 1)}
               if size <= T and balance_gain(facts(size)[0], eff0)]
-    # the most efficient of those (in steps of BALANCE_MIN_GAIN), then the fewest blocks
-    return max(better, key=lambda size: (tuple(round(e / BALANCE_MIN_GAIN) for e in facts(size)[0]), size),
-               default=T)
+    # the most efficient of those (in steps of BALANCE_MIN_GAIN, up to BALANCE_ENOUGH), then the fewest blocks
+    return max(better, key=lambda size: (tuple(round(min(e, BALANCE_ENOUGH) / BALANCE_MIN_GAIN)
+                                               for e in facts(size)[0]), size), default=T)
 
 
 def _round_up(x: int, m: int) -> int:
