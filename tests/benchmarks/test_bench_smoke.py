@@ -80,3 +80,17 @@ def test_bench_int8_smoke(tmp_path):
     _run("bench_int8.py", "--merge", str(out), str(out), "--out", str(merged))
     assert len(json.loads(merged.read_text())["rows"]) == 2
     assert "| resnet8 | minmax |" in merged.with_suffix(".md").read_text()
+
+
+def test_bench_scaling_smoke(tmp_path):
+    """The split from the generated code (--static --markdown) and a short interleaved run."""
+    md = tmp_path / "split.md"
+    _run("bench_scaling.py", "resnet8", "--static", "--markdown", str(md))
+    text = md.read_text()
+    assert "## resnet8: x1.77 -> x" in text  # two one-tile convolutions before balancing
+    assert "| conv1 | Conv+Relu | direct |" in text
+    out = tmp_path / "scaling.json"
+    printed = _run("bench_scaling.py", "ds_cnn", "--repeat", "2", "--out", str(out))
+    row = json.loads(out.read_text())[0]
+    assert row["model"] == "ds_cnn" and len(row["cpu_ms_2"]) == 2 and row["kernels"]
+    assert all(k["tile_bound"] >= 1.0 for k in row["kernels"]) and "tile bound" in printed
