@@ -102,11 +102,11 @@ def test_seven_tiles_become_a_count_the_threads_share():
 
 
 def test_no_threads_no_rebalancing():
-    """Where nothing runs in parallel the cache blocking stays: the Cortex-M7 (no threads, balance_threads
-    empty) and loops below parallel_min_work."""
+    """Where nothing runs in parallel the cache blocking stays: the Cortex-M7 (no threads: every loop below
+    its parallel_min_work), loops below parallel_min_work, and no balance_threads."""
     p = _pointwise_problem(256, 784, 128)
-    assert balance_tiles(p, CORTEX_M7.with_(gemm_min_tiles=4, balance_threads=(2,)).with_(
-        parallel_min_work=1 << 62), 6, 16, 258, 112) == (258, 112)
+    assert balance_tiles(p, CORTEX_M7.with_(gemm_min_tiles=4), 6, 16, 258, 112) == (258, 112)
+    assert balance_tiles(p, CodegenOptions(parallel_min_work=1 << 40), 6, 16, 258, 112) == (258, 112)
     assert balance_tiles(p, CodegenOptions(balance_threads=()), 6, 16, 258, 112) == (258, 112)
     assert balance_tiles(p, CodegenOptions(), 6, 16, 258, 112) != (258, 112)
 

@@ -55,8 +55,8 @@ import numpy as np
 
 from opfuse.codegen.ctype import literal
 from opfuse.codegen.epilogue import finish_element
-from opfuse.codegen.gemm import (BALANCE_ENOUGH, BALANCE_EXTRA_CUTS, BALANCE_MIN_GAIN, balance_efficiency, balance_gain,
-                                 pack_a_panels)
+from opfuse.codegen.gemm import pack_a_panels
+from opfuse.codegen.gemm import BALANCE_ENOUGH, BALANCE_EXTRA_CUTS, BALANCE_MIN_GAIN, balance_efficiency, balance_gain
 from opfuse.codegen.index import Index
 from opfuse.codegen.microkernel import AVX2_GUARD, microkernel
 from opfuse.codegen.stages import Stage
@@ -326,7 +326,10 @@ def _tiles_per_block(options, C: int, OCp: int, tiles: int, nimg: int, alpha: in
     T = -(-tiles // nblk)
     T = -(-T // nr) * nr
     threads = tuple(t for t in options.balance_threads if t > 1)
-    if not threads or nimg * -(-tiles // T) < max(threads):
+    m = alpha - 2
+    if not threads or 2 * nimg * OCp * C * 9 * tiles * m * m < options.parallel_min_work:
+        return T  # the loop runs on one thread (lower_winograd prices it at its direct FLOPs, about these)
+    if nimg * -(-tiles // T) < max(threads):
         return T  # fewer blocks than threads: the blocks' output channels are split (lower_winograd)
 
     def facts(size: int) -> tuple[tuple[float, ...], int]:
