@@ -56,7 +56,6 @@ import numpy as np
 from opfuse.codegen.ctype import literal
 from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.gemm import pack_a_panels
-from opfuse.codegen.gemm import BALANCE_ENOUGH, BALANCE_EXTRA_CUTS, BALANCE_MIN_GAIN, balance_efficiency, balance_gain
 from opfuse.codegen.index import Index
 from opfuse.codegen.microkernel import AVX2_GUARD, microkernel
 from opfuse.codegen.stages import Stage
@@ -319,6 +318,8 @@ def _tiles_per_block(options, C: int, OCp: int, tiles: int, nimg: int, alpha: in
     the batch where there are tiles enough (threads need blocks to share); of up to
     ``gemm.BALANCE_EXTRA_CUTS`` more blocks, the count the threads of ``balance_threads`` share best
     (resnet18's 56x56 layers: 196 tiles in 5 blocks of 48 are 4 full blocks and one of 4 tiles)."""
+    from opfuse.codegen.gemm import (BALANCE_ENOUGH, BALANCE_EXTRA_CUTS, BALANCE_MIN_GAIN, balance_efficiency,
+                                     balance_gain)
     per_tile = alpha * alpha * (C + OCp)
     most = max(nr, options.winograd_block_floats // per_tile // nr * nr)
     nblk = -(-tiles // most)
