@@ -17,7 +17,10 @@ Three views, because the machine is shared:
 * wall clock, next to ``others``: the cores' worth of CPU other processes took meanwhile
   (``opfuse.bench.OtherLoad``).
 
-Writes ``benchmarks/results/scaling.json``.
+``--ab`` interleaves the builds without and with tile balancing (``CodegenOptions.balance_threads``)
+instead; ``--static`` runs nothing and prints the split alone (``--markdown FILE``: before and after).
+
+Writes ``benchmarks/results/scaling.json`` (``--out``).
 """
 from __future__ import annotations
 
@@ -140,6 +143,58 @@ def static_table(r: dict) -> str:
     return "\n".join(lines)
 
 
+def balance_ab(name: str, threads: int, repeat: int) -> dict:
+    """Interleaved, per round: the build without balancing (``balance_threads=()``) and with it, each at 1
+    thread, then at ``threads`` right after (the workers asleep: "cold"), then again at once ("warm");
+    medians of wall time and of each thread's CPU time in the cold run."""
+    comp = plan_model(f"zoo:{name}")
+    feeds = random_inputs(comp.original, 0)
+    builds = {"cache blocking": build_native(comp, threads=1, codegen_options=CodegenOptions(balance_threads=())),
+              "balanced": build_native(comp, threads=1)}
+    got: dict[str, dict[str, list]] = {k: {"1": [], "cold": [], "warm": [], "cpu": []} for k in builds}
+    for model in builds.values():
+        for t in (1, threads):
+            model.threads = t
+            model.run(feeds)
+    with OtherLoad() as others:
+        for _ in range(repeat):
+            for key, model in builds.items():
+                r = got[key]
+                model.threads = 1
+                t0 = time.perf_counter()
+                model.run(feeds)
+                r["1"].append(time.perf_counter() - t0)
+                model.threads = threads
+                before = thread_cpu_ms()
+                t0 = time.perf_counter()
+                model.run(feeds)
+                r["cold"].append(time.perf_counter() - t0)
+                after = thread_cpu_ms()
+                r["cpu"].append(sorted((after[k] - before.get(k, 0.0) for k in after), reverse=True)[:threads])
+                t0 = time.perf_counter()
+                model.run(feeds)
+                r["warm"].append(time.perf_counter() - t0)
+    out: dict = {"model": name, "threads": threads, "repeat": repeat, "others_cores": others.cores,
+                 "loadavg": os.getloadavg()[0]}
+    for key, r in got.items():
+        ms = {k: 1e3 * float(np.median(r[k])) for k in ("1", "cold", "warm")}
+        cpu = np.median(np.array([c + [0.0] * (threads - len(c)) for c in r["cpu"]]), axis=0)
+        out[key] = {"ms_1": ms["1"], "ms_cold": ms["cold"], "ms_warm": ms["warm"], "cpu_ms": [float(c) for c in cpu]}
+    return out
+
+
+def ab_table(r: dict) -> str:
+    t = r["threads"]
+    lines = [f"{r['model']} (others took {r['others_cores'] or 0:.2f} cores, load average {r['loadavg']:.1f}):"]
+    for key in ("cache blocking", "balanced"):
+        v = r[key]
+        lines.append(f"  {key:<15} 1t {v['ms_1']:9.3f} ms  {t}t cold {v['ms_cold']:9.3f} "
+                     f"(x{v['ms_1'] / v['ms_cold']:.2f})  warm {v['ms_warm']:9.3f} (x{v['ms_1'] / v['ms_warm']:.2f})"
+                     "  CPU per thread (cold) "
+                     + " + ".join(f"{c:.2f}" for c in v["cpu_ms"]) + " ms")
+    return "\n".join(lines)
+
+
 def split_markdown(names: list[str], threads: int) -> str:
     """Per model and kernel, the parallel split before balancing (the cache blocking alone) and
     after: iterations, MFLOP per iteration and the speed-up bound on ``threads`` free cores."""
@@ -190,6 +245,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--static", action="store_true", help="only the split from the generated code (runs nothing)")
     ap.add_argument("--markdown", type=Path, help="with --static: write the before/after split of every model here")
+    ap.add_argument("--ab", action="store_true",
+                    help="interleave the builds without and with balancing (1 thread, then --threads cold and warm)")
     ap.add_argument("--no-balance", action="store_true",
                     help="with --static: the cache blocking's tiles alone (CodegenOptions(balance_threads=()))")
     args = ap.parse_args(argv)
@@ -202,6 +259,13 @@ def main(argv: list[str] | None = None) -> None:
         options = CodegenOptions(balance_threads=()) if args.no_balance else None
         for name in args.models:
             print(static_table(static(name, args.threads, options)), flush=True)
+        return
+    if args.ab:
+        for name in args.models:
+            rows.append(balance_ab(name, args.threads, args.repeat))
+            print(ab_table(rows[-1]), flush=True)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(rows, indent=1))
         return
     for name in args.models:
         rows.append(scale(name, args.threads, args.repeat))

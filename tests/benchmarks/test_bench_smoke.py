@@ -94,3 +94,11 @@ def test_bench_scaling_smoke(tmp_path):
     row = json.loads(out.read_text())[0]
     assert row["model"] == "ds_cnn" and len(row["cpu_ms_2"]) == 2 and row["kernels"]
     assert all(k["tile_bound"] >= 1.0 for k in row["kernels"]) and "tile bound" in printed
+
+
+def test_bench_scaling_ab_smoke(tmp_path):
+    out = tmp_path / "ab.json"
+    printed = _run("bench_scaling.py", "resnet8", "--ab", "--repeat", "2", "--out", str(out))
+    row = json.loads(out.read_text())[0]
+    assert {"cache blocking", "balanced"} <= row.keys() and "balanced" in printed
+    assert all(row[k]["ms_1"] > 0 and len(row[k]["cpu_ms"]) == 2 for k in ("cache blocking", "balanced"))
