@@ -15,8 +15,9 @@ tensor, int8 weights per channel), then:
   equal). MACs are the Conv/Gemm/MatMul multiply-accumulates of the graph. The arena includes the
   kernels' scratch; beside it the plan's own tensor lower bound, the issue's layer-by-layer int8
   bound and TensorFlow Lite Micro's reference arena for the MLPerf Tiny model of that shape.
-* **Host** (``--host-json``, from ``opfuse bench q.onnx --vs onnxruntime --threads 1 --json``): opfuse
-  on the QDQ model against onnxruntime on the same model (interleaved runs, medians), their ratio.
+* **Host** (unless ``--no-host``; ``--host-json`` takes rows measured separately, ``--host-only`` measures
+  them and keeps the M7 rows already recorded): ``opfuse bench`` of the same QDQ model, 1 thread, opfuse
+  fused and unfused against onnxruntime (interleaved runs, medians of wall and of process CPU time).
 
 Writes ``benchmarks/results/int8_deploy.json`` and the "INT8 deployment" section of
 ``benchmarks/results/int8.md`` (between its markers; the accuracy tables above stay as they are).
@@ -178,16 +179,72 @@ def markdown(rows: list[dict], case: str = "") -> str:
                      f"{max(x['max_abs_error'] for x in (u, f, p)):.1e} |")
     host = [r for r in rows if r.get("host")]
     if host:
-        lines += ["", "Host (1 thread, interleaved, medians): opfuse fused on the QDQ model vs onnxruntime on "
-                  "the same QDQ model.", "", "| model | opfuse ms | onnxruntime ms | opfuse / onnxruntime |",
-                  "|---|---|---|---|"]
-        for r in host:
-            h = r["host"]
-            lines.append(f"| {r['model']} | {h['opfuse_ms']:.3f} | {h['onnxruntime_ms']:.3f} | {h['ratio']:.2f} |")
+        lines += ["", host_markdown([(r["model"], r["host"]) for r in host])]
     if case:
         lines += ["", case]
     lines.append(END)
     return "\n".join(lines)
+
+
+def host_markdown(rows: list[tuple[str, dict]]) -> str:
+    """The host table: opfuse fused and unfused on the QDQ model and onnxruntime on the same model."""
+    lines = ["Host (`opfuse bench q.onnx --vs onnxruntime --threads 1`: 1 thread, interleaved runs, medians; CPU ms "
+             "is the median process CPU time of a run, what it cost where other processes shared the 2 cores): "
+             "opfuse fused and unfused on the QDQ model, onnxruntime (ORT_ENABLE_ALL, no spinning) on the same QDQ "
+             "model.", "",
+             "| model | fused ms | unfused ms | onnxruntime ms | fused / unfused | fused / onnxruntime | fused CPU ms "
+             "| onnxruntime CPU ms | CPU fused / onnxruntime | other load (cores) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for model, h in rows:
+        if "unfused_ms" not in h:  # an older row: fused and onnxruntime only
+            lines.append(f"| {model} | {h['opfuse_ms']:.3f} | - | {h['onnxruntime_ms']:.3f} | - | {h['ratio']:.2f} "
+                         f"| - | - | - | - |")
+            continue
+        lines.append(f"| {model} | {h['opfuse_ms']:.3f} | {h['unfused_ms']:.3f} | {h['onnxruntime_ms']:.3f} | "
+                     f"{h['opfuse_ms'] / h['unfused_ms']:.2f} | {h['ratio']:.2f} | {h['opfuse_cpu_ms']:.3f} | "
+                     f"{h['onnxruntime_cpu_ms']:.3f} | {h['opfuse_cpu_ms'] / h['onnxruntime_cpu_ms']:.2f} | "
+                     f"{h['other_cores']:.2f} |")
+    return "\n".join(lines)
+
+
+def host_row(name: str, repeat: int) -> dict:
+    """``opfuse bench`` of the QDQ model (the M7 rows' quantization) against onnxruntime, 1 thread."""
+    from opfuse.bench import bench
+    qmodel = quantize(f"zoo:{name}", calibration_random=CALIBRATION).model
+    r = bench(qmodel, vs="onnxruntime", threads=1, repeat=repeat, yardsticks=False)
+    c = r["contenders"]
+    f, u, o = c["opfuse_fused"], c["opfuse_unfused"], c["onnxruntime"]
+    row = {"opfuse_ms": f["median_ms"], "unfused_ms": u["median_ms"], "onnxruntime_ms": o["median_ms"],
+           "ratio": f["median_ms"] / o["median_ms"], "opfuse_cpu_ms": f["cpu_median_ms"],
+           "unfused_cpu_ms": u["cpu_median_ms"], "onnxruntime_cpu_ms": o["cpu_median_ms"],
+           "other_cores": r["other_processes_cores"] or 0.0, "repeat": repeat,
+           "max_abs_error": {k: v["max_abs_error"] for k, v in c.items()}}
+    print(f"{name} host: fused {row['opfuse_ms']:.3f} ms, unfused {row['unfused_ms']:.3f}, onnxruntime "
+          f"{row['onnxruntime_ms']:.3f} (CPU {row['opfuse_cpu_ms']:.3f} / {row['onnxruntime_cpu_ms']:.3f})",
+          file=sys.stderr, flush=True)
+    return row
+
+
+def host_only(models: list[str], repeat: int) -> int:
+    """Measure the host rows and rewrite the section around the M7 rows and case already recorded in
+    ``int8_deploy.json`` (no emulator run: those rows stay as they are)."""
+    path = RESULTS / "int8_deploy.json"
+    record = json.loads(path.read_text())
+    rows = {r["model"]: r for r in record["models"]}
+    for name in models:
+        if name not in rows:
+            print(f"bench_int8_deploy: no M7 row for '{name}' in {path.name}; run without --host-only first",
+                  file=sys.stderr)
+            return 2
+        rows[name]["host"] = host_row(name, repeat)
+    case = record.get("case") or {}
+    size = round((next(iter(case.values()))["input_bytes"] / 3) ** 0.5) if case else 0  # a 3-channel int8 image
+    section = markdown(list(rows.values()), case_markdown(size, case) if case else "")
+    record["table"] = section
+    path.write_text(json.dumps(record, indent=1, default=str) + "\n")
+    write_md(section)
+    print(section)
+    return 0
 
 
 def write_md(section: str) -> None:
@@ -207,7 +264,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host-json", type=Path, help="host rows measured separately ({model: {opfuse_ms, ...}})")
     ap.add_argument("--case-size", type=int, default=224, help="the first-layer case's input size (0: skip it)")
     ap.add_argument("--case-no-run", action="store_true", help="plan the first-layer case without running it")
+    ap.add_argument("--host-only", action="store_true",
+                    help="measure only the host rows (opfuse bench vs onnxruntime, 1 thread); keep the M7 rows "
+                         "and case recorded in results/int8_deploy.json")
+    ap.add_argument("--host-repeat", type=int, default=30, help="timed runs per contender on the host")
     args = ap.parse_args(argv)
+    if args.host_only:
+        return host_only(args.models, args.host_repeat)
     try:
         mcu.find_tools()
     except ToolchainError as e:
@@ -228,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr, flush=True)
         if name in host:
             row["host"] = host[name]
+        elif not args.no_host:
+            row["host"] = host_row(name, args.host_repeat)
         rows.append(row)
     case = {}
     if args.case_size:

@@ -42,10 +42,12 @@ CONVS = {
 }
 
 
+@pytest.mark.parametrize("isa", ["host", "avx2"])
 @pytest.mark.parametrize("name", sorted(CONVS))
-def test_conv_paths_match_reference(name, cache_dir):
+def test_conv_paths_match_reference(name, isa, cache_dir):
+    """Every path with the host's register block and with AVX2's 6 x 16 (forced on an AVX-512 host)."""
     g, plan = conv_relu(*CONVS[name])
-    got, want, _ = run_both(g, plan, cache_dir)
+    got, want, _ = run_both(g, plan, cache_dir, options=CodegenOptions(vector_isa=isa))
     assert_close(got, want)
 
 

@@ -57,7 +57,8 @@ def test_int8_conv_kernel_is_bit_exact(geo, simd):
     comp = plan_model(g)
     assert len(comp.plan.groups) == 1  # Cast/Sub prologue, conv, bias, requantize: one kernel
     program = generate(comp.plan.graph, comp.plan, options=CodegenOptions(simd=simd))
-    assert "opfuse_dot2_s16" in program.source and "__smlad" in program.source
+    depthwise = geo.get("group", 1) == geo.get("cin", 6) == geo.get("cout", 5)  # qdepthwise.py's window of rows
+    assert ("opfuse_mac2_s16" if depthwise else "opfuse_dot2_s16") in program.source and "__smlad" in program.source
     feeds = _feeds(g)
     got = build(comp.plan.graph, comp.plan, options=CodegenOptions(simd=simd)).run(feeds)
     want = run(g, feeds)
@@ -157,3 +158,37 @@ def test_long_dot_products_beside_a_fused_epilogue_are_called_out_of_line(simd):
     assert "opfuse_dot2_s16_call" not in generate(unfused.plan.graph, unfused.plan, options=opts).source
     short = plan_model(qconv_graph(cin=8, cout=6, k=1, pad=0))
     assert "opfuse_dot2_s16_call" not in generate(short.plan.graph, short.plan, options=opts).source
+
+
+@pytest.mark.parametrize("geo", GEOMETRIES + [{"hw": (5, 3)}, {"hw": (1, 1), "pad": 0, "k": 1}],
+                         ids=[str(g) or "3x3" for g in GEOMETRIES] + ["odd positions", "one position"])
+@pytest.mark.parametrize("simd, channels", [("none", 2), ("auto", 2), ("none", 4), ("auto", 4)])
+def test_two_positions_per_pass_are_bit_exact(geo, simd, channels):
+    """The Cortex-M7's form (``int8_conv_positions_per_pass=2``, ``opfuse_dot22_s16`` / ``opfuse_dot42_s16``):
+    two columns, two or four channels per pass (the packed rows padded to a multiple, the padding's results
+    never stored); with an odd number of positions the last is computed twice, the same bits."""
+    g = qconv_graph(**geo)
+    comp = plan_model(g)
+    opts = CodegenOptions(simd=simd, int8_conv_positions_per_pass=2, int8_conv_channels_per_pass=channels)
+    program = generate(comp.plan.graph, comp.plan, options=opts)
+    depthwise = geo.get("group", 1) == geo.get("cin", 6) == geo.get("cout", 5)
+    positions = comp.plan.graph.node("conv").outputs[0].shape[2:]
+    assert (f"opfuse_dot{channels}2_s16(" in program.source) == (not depthwise and positions != (1, 1))
+    feeds = _feeds(g)
+    got = build(comp.plan.graph, comp.plan, options=opts).run(feeds)
+    want = run(g, feeds)
+    (name,) = want
+    np.testing.assert_array_equal(got[name], want[name])
+
+
+@pytest.mark.parametrize("channels", [2, 4])
+def test_two_positions_per_pass_call_the_long_dot_product_out_of_line(channels):
+    opts = CodegenOptions(simd="none", int8_dot_call_min_pairs=16, int8_conv_positions_per_pass=2,
+                          int8_conv_channels_per_pass=channels)
+    g = qconv_graph(cin=8, cout=6)
+    comp = plan_model(g)
+    assert f"opfuse_dot{channels}2_s16_call(" in generate(comp.plan.graph, comp.plan, options=opts).source
+    feeds = _feeds(g)
+    got = build(comp.plan.graph, comp.plan, options=opts).run(feeds)
+    (name,) = want = run(g, feeds)
+    np.testing.assert_array_equal(got[name], want[name])

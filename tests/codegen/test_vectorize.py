@@ -47,9 +47,13 @@ def test_elementwise_chain_and_microkernel_vectorise(tmp_path):
     assert loop_line in vectorised
     ukr = _lines_of(src, "acc[0][j] += ai * bk[j]")[0]
     assert ukr in vectorised or any(abs(v - ukr) <= 1 for v in vectorised)
-    # By default the micro-kernel is AVX2/FMA intrinsics, behind the compiler's target macros.
-    auto = generate(g, plan).source
+    # By default the micro-kernel is AVX2/FMA intrinsics, behind the compiler's target macros (after
+    # an AVX-512F body, behind its own, where the host has AVX-512: ``CodegenOptions.vector_isa``).
+    auto = generate(g, plan, options=CodegenOptions(vector_isa="avx2")).source
     assert "#if defined(__AVX2__) && defined(__FMA__)" in auto and "_mm256_fmadd_ps" in auto
+    wide = generate(g, plan, options=CodegenOptions(vector_isa="avx512")).source
+    assert "#if defined(__AVX512F__)" in wide and "_mm512_fmadd_ps" in wide
+    assert "#elif defined(__AVX2__) && defined(__FMA__)" in wide and "_mm256_fmadd_ps" in wide
 
 
 @pytest.mark.parametrize("anchor", ["conv1x1", "conv3x3", "depthwise", "matmul"])

@@ -142,3 +142,14 @@ def test_opfuse_quantized_resnet8_runs_integer_convs_close_to_onnxruntime():
     theirs = ort_run(r.model, x)["output"]
     ours = opfuse.compile(r.model).run(x)["output"]
     assert np.abs(ours - theirs).max() <= float(r.activations["fc"].scale)
+
+
+def test_the_decision_log_shows_the_recognized_and_the_refused_conv():
+    taken = plan_model(import_model(qdq_conv(residual=True)))
+    (d,) = [d for d in taken.decisions if d.pass_name == "import"]
+    assert (d.rule, d.verdict, d.nodes[0]) == ("integer_conv", "rewritten", "conv")
+    assert "Conv -> Add(residual) -> Relu -> QuantizeLinear as one integer conv" in d.reason
+    refused = plan_model(import_model(qdq_conv(bias_scale_factor=1.5)))
+    (d,) = [d for d in refused.decisions if d.pass_name == "import"]
+    assert str(d) == ("[import] integer_conv refused (condition) at conv: the bias scale is not input scale x "
+                      "weight scale")

@@ -139,8 +139,9 @@ def test_per_kernel_counts_add_up_and_do_not_change_the_bits(tmp_path):
 
 @needs_tools
 def test_integer_convs_on_the_m7_match_the_reference_exactly(tmp_path):
-    """A QDQ model's DQ -> Conv -> [Relu] -> Q become int32 Convs with the fixed-point Requantize
-    (frontend/onnx_qdq.py): the plain C, int64 products included, on the emulated M7."""
+    """A QDQ model's DQ -> Conv -> [Relu] -> Q become int32 Convs with the fixed-point Requantize, and its
+    fc's DQ -> Flatten -> Gemm -> Q an int32 MatMul with one (frontend/onnx_qdq.py): the plain C, int64
+    products included, on the emulated M7."""
     from onnx import TensorProto, helper
 
     from opfuse.quantization import quantize
@@ -149,7 +150,7 @@ def test_integer_convs_on_the_m7_match_the_reference_exactly(tmp_path):
     quantized = [n.output[0] for n in model.graph.node if n.op_type == "QuantizeLinear"]
     model.graph.output.extend(helper.make_tensor_value_info(q, TensorProto.INT8, None) for q in quantized)
     comp = plan_model(model, CompileOptions(target="cortex-m7"))
-    assert sum(n.op_type == "Requantize" for n in comp.graph.nodes) == 9
+    assert sum(n.op_type == "Requantize" for n in comp.graph.nodes) == 10  # 9 convs and the fc
     program = mcu.generate_mcu(comp.graph, comp.plan, comp.memory)
     feeds = reference.random_inputs(comp.graph, 3)
     got = mcu.run_on_qemu(program, feeds, tmp_path).outputs

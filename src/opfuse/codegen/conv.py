@@ -14,7 +14,9 @@
   (``depthwise.py``): per channel plane, a zero-padded copy of the plane and one vectorised
   pass per output row with every tap's weight in a register.
 * Integer Conv of 8-bit activations (a quantized model's, int32 accumulators): int16 columns and
-  weights, two output channels per pass, ``SMLAD`` on the Arm DSP extension (``qconv.py``).
+  weights, two output channels per pass, ``SMLAD`` on the Arm DSP extension (``qconv.py``); on a host
+  with AVX2, a register-blocked int16-pair GEMM (depthwise: vectors of positions) with the requantizing
+  epilogue in vectors (``qgemm.py``).
 * ConvTranspose is a direct gather: output ``o`` reads input ``i = (o + pad - k * d) / s``
   where that division is exact.
 """
@@ -28,6 +30,7 @@ from opfuse.codegen.ctype import c_type, literal
 from opfuse.codegen.conv_windows import windows_problem
 from opfuse.codegen.depthwise import lower_depthwise
 from opfuse.codegen.qconv import int8_conv_applies, lower_int8_conv
+from opfuse.codegen.qgemm import host_int8_conv_applies, lower_host_int8_conv
 from opfuse.codegen.gemm import BPacker, GemmProblem, Operand, emit_gemm
 from opfuse.codegen.index import Index, add, delinearize, mul
 from opfuse.codegen.epilogue import finish_element
@@ -281,6 +284,9 @@ def lower_conv(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     if G == C and OC == C and len(geo.kernel) == 2 and out.dtype == np.float32:
         return lower_depthwise(kc, ev, stage, node, geo, _bias_term)
     if int8_conv_applies(node, ev.static):
+        host = host_int8_conv_applies(kc, ev, stage)
+        if host is not None:  # AVX2 on the host, qconv.py's kernel under #else
+            return lower_host_int8_conv(kc, ev, stage, host, lambda: lower_int8_conv(kc, ev, stage, _bias_term))
         return lower_int8_conv(kc, ev, stage, _bias_term)
     choice = winograd_choice(node, kc.program.options, ev.static)
     if len(x.shape) == 4:

@@ -6,12 +6,20 @@ from typing import Callable
 from opfuse.codegen.stages import GroupAnalysis, Stage
 
 
+def _matmul(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
+    """An int8 MatMul (8-bit activations, constant weights: ``qmatmul.py``) or the GEMM."""
+    from opfuse.codegen import gemm, qmatmul
+    if qmatmul.int8_matmul_applies(stage.anchor_node, ev.static):
+        return qmatmul.lower_int8_matmul(kc, ev, stage)
+    return gemm.lower_matmul(kc, ev, stage, analysis)
+
+
 def _table() -> dict[str, Callable]:
     from opfuse.codegen import concat, conv, det, gemm, norm, pool, recurrent, reduce, sampling, scan, scatter, topk
     return {
         "Conv": conv.lower_conv,
         "ConvTranspose": conv.lower_conv_transpose,
-        "MatMul": gemm.lower_matmul,
+        "MatMul": _matmul,
         "Gemm": gemm.lower_gemm,
         "MaxPool": _max_pool,
         "AveragePool": pool.lower_pool,

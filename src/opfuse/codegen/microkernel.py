@@ -34,8 +34,16 @@ A_ACCESS = ("packed", "rows", "koff")
 B_ACCESS = ("packed", "strided")
 SIMD_MODES = ("auto", "none")
 AVX2_GUARD = "defined(__AVX2__) && defined(__FMA__)"
+AVX512_GUARD = "defined(__AVX512F__)"
 YMM_FLOATS = 8
 YMM_REGISTERS = 16
+ZMM_FLOATS = 16
+ZMM_REGISTERS = 32
+# Fewest zmm accumulators for the AVX-512 body: with fewer independent multiply-add chains than
+# the FMA latency times the FMA ports (4 x 2 on Zen 4), the loop waits on its own results. A
+# single-row block (1 x 48: 3 zmm chains) keeps the AVX2 body (6 ymm chains): mobilenet_v1's fc
+# (1x1024 @ 1024x1000) ran 1.13-1.28x slower with 3 zmm chains (1 thread, CPU time).
+MIN_ZMM_ACCUMULATORS = 8
 
 # Never inlined: a micro-kernel inlined into a kernel's loop nest had its accumulators spilled
 # to the stack when the nest was itself inlined (no OpenMP outlining): 3.6 ms instead of 2.1
@@ -60,6 +68,15 @@ def fits_avx2(mr: int, nr: int) -> bool:
         return False
     nv = nr // YMM_FLOATS
     return mr * nv + nv + 1 <= YMM_REGISTERS
+
+
+def fits_avx512(mr: int, nr: int) -> bool:
+    """MR x NR/16 accumulators, NR/16 B vectors and one broadcast fit the 32 zmm registers, and
+    there are at least ``MIN_ZMM_ACCUMULATORS`` accumulators."""
+    if nr % ZMM_FLOATS:
+        return False
+    nv = nr // ZMM_FLOATS
+    return MIN_ZMM_ACCUMULATORS <= mr * nv and mr * nv + nv + 1 <= ZMM_REGISTERS
 
 
 def name(mr: int, nr: int, a: str = "packed", b: str = "packed") -> str:
@@ -129,62 +146,118 @@ def _plain_scalars(mr: int, nr: int, a: str, b: str) -> list[str]:
     return lines
 
 
-def _avx2(mr: int, nr: int, a: str, b: str, prefetch: int = 0) -> list[str]:
-    nv = nr // YMM_FLOATS
-    acc = [[f"c{i}_{v}" for v in range(nv)] for i in range(mr)]
-    lines = [f"  __m256 {', '.join(x for row in acc for x in row)};"]
-    if a != "packed":
-        lines += [f"  const float* restrict a{i} = ar[{i}];" for i in range(mr)]
+def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, i0: int = 0, rows: int = 0,
+                 j0: int = 0, cols: int = 0) -> list[str]:
+    """Intrinsics for the sub-block rows ``[i0, i0 + rows)`` x columns ``[j0, j0 + cols)`` of the
+    MR x NR block (all of it by default): accumulators in ``isa``'s registers, one k loop."""
+    vec, ps, width = ("__m512", "_mm512", ZMM_FLOATS) if isa == "avx512" else ("__m256", "_mm256", YMM_FLOATS)
+    rows, cols = rows or mr, cols or nr
+    nv = cols // width
+    acc = [[f"c{i}_{v}" for v in range(nv)] for i in range(rows)]
+    ci = [f"c + {i0 + i} * ldc + {j0 + v * width}" for i in range(rows) for v in range(nv)]
+    flat = [x for row in acc for x in row]
+    lines = [f"  {vec} {', '.join(flat)};"]
+    if a == "packed":
+        lines.append(f"  const float* restrict ak = a + {i0};")
+    else:
+        lines += [f"  const float* restrict a{i} = ar[{i0 + i}];" for i in range(rows)]
     lines.append("  if (load_c) {")
-    lines += [f"    {acc[i][v]} = _mm256_loadu_ps(c + {i} * ldc + {v * YMM_FLOATS});"
-              for i in range(mr) for v in range(nv)]
+    lines += [f"    {x} = {ps}_loadu_ps({p});" for x, p in zip(flat, ci, strict=True)]
     lines.append("  } else {")
-    lines += [f"    {acc[i][v]} = _mm256_setzero_ps();" for i in range(mr) for v in range(nv)]
+    lines += [f"    {x} = {ps}_setzero_ps();" for x in flat]
     lines.append("  }")
     lines.append("  for (long k = 0; k < kc; ++k) {")
     if a == "koff":
         lines.append("    const long o = koff[k];")
         if prefetch:  # the first and last rows' windows: the lines the next steps broadcast from
             lines += [f"    _mm_prefetch((const char*)(a0 + koff[k + {prefetch}]), _MM_HINT_T0);",
-                      f"    _mm_prefetch((const char*)(a{mr - 1} + koff[k + {prefetch}]), _MM_HINT_T0);"]
-    lines.append(f"    const float* restrict bk = {_b_row(b, nr)};")
+                      f"    _mm_prefetch((const char*)(a{rows - 1} + koff[k + {prefetch}]), _MM_HINT_T0);"]
+    lines.append(f"    const float* restrict bk = {_b_row(b, nr)}{f' + {j0}' if j0 else ''};")
     if prefetch:
         ahead = f"{prefetch} * ldb" if b == "strided" else str(prefetch * nr)
         lines += [f"    _mm_prefetch((const char*)(bk + {ahead} + {16 * v}), _MM_HINT_T0);"
-                  for v in range(-(-nr // 16))]
-    lines += [f"    const __m256 b{v} = _mm256_loadu_ps(bk + {v * YMM_FLOATS});" for v in range(nv)]
-    for i in range(mr):
-        fmas = " ".join(f"{acc[i][v]} = _mm256_fmadd_ps(ai, b{v}, {acc[i][v]});" for v in range(nv))
-        lines.append(f"    {{ const __m256 ai = _mm256_broadcast_ss({_a_ptr(a, mr, i)}); {fmas} }}")
+                  for v in range(-(-cols // 16))]
+    lines += [f"    const {vec} b{v} = {ps}_loadu_ps(bk + {v * width});" for v in range(nv)]
+    bcast = "_mm512_set1_ps(*({p}))" if isa == "avx512" else "_mm256_broadcast_ss({p})"
+    for i in range(rows):
+        ptr = "ak + " + str(i) if a == "packed" else _a_ptr(a, mr, i)
+        fmas = " ".join(f"{acc[i][v]} = {ps}_fmadd_ps(ai, b{v}, {acc[i][v]});" for v in range(nv))
+        lines.append(f"    {{ const {vec} ai = {bcast.format(p=ptr)}; {fmas} }}")
     if a == "packed":
-        lines.append(f"    a += {mr};")
+        lines.append(f"    ak += {mr};")
     lines.append("  }")
-    lines += [f"  _mm256_storeu_ps(c + {i} * ldc + {v * YMM_FLOATS}, {acc[i][v]});"
-              for i in range(mr) for v in range(nv)]
+    lines += [f"  {ps}_storeu_ps({p}, {x});" for x, p in zip(flat, ci, strict=True)]
     return lines
 
 
+def _avx2(mr: int, nr: int, a: str, b: str, prefetch: int = 0) -> list[str]:
+    """The AVX2/FMA body: one pass over k when the block fits the 16 ymm registers
+    (``fits_avx2``), else one pass per sub-block of ``avx2_split`` (a block laid out for
+    AVX-512, compiled where the C compiler does not target it: the same panels, read by
+    parts; each element still sums its products in increasing k)."""
+    if fits_avx2(mr, nr):
+        return _vector_body("avx2", mr, nr, a, b, prefetch)
+    rs, cs = avx2_split(mr, nr)
+    lines: list[str] = []
+    for i0 in range(0, mr, rs):
+        for j0 in range(0, nr, cs):
+            lines += ["  {", *("  " + x for x in _vector_body("avx2", mr, nr, a, b, prefetch, i0, min(rs, mr - i0),
+                                                               j0, cs)), "  }"]
+    return lines
+
+
+def avx2_split(mr: int, nr: int) -> tuple[int, int]:
+    """(rows, columns) of the sub-blocks an MR x NR block (NR a multiple of 8) is computed in with
+    AVX2: the fewest passes over k, rows split evenly (no short last pass with too few
+    accumulators to hide the FMA latency), then the most accumulators per pass, then the fewest
+    loads and broadcasts per k. 8 x 32: four passes of 4 x 16; 12 x 32: four of 6 x 16."""
+    best = None
+    for cs in range(YMM_FLOATS, nr + 1, YMM_FLOATS):
+        if nr % cs:
+            continue
+        nv = cs // YMM_FLOATS
+        rs_max = max((r for r in range(1, mr + 1) if fits_avx2(r, cs)), default=0)
+        if not rs_max:
+            continue
+        groups = -(-mr // rs_max)
+        rs = -(-mr // groups)
+        passes = groups * (nr // cs)
+        key = (passes, -rs * nv, passes * (rs + nv), cs)
+        if best is None or key < best[0]:
+            best = (key, (rs, cs))
+    assert best is not None, (mr, nr)
+    return best[1]
+
+
 def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: str = "auto",
-                prefetch: int = 0, scalar_accumulators: bool = False) -> tuple[str, str]:
+                prefetch: int = 0, scalar_accumulators: bool = False, avx512: bool = False) -> tuple[str, str]:
     """``(function name, C text)`` of the MR x NR micro-kernel with the given operand access;
     ``prefetch`` > 0: the intrinsics prefetch B, and A's windows (``koff``: the table then
     needs ``prefetch`` readable entries past the last k), that many k steps ahead.
+    ``avx512``: where the block fits the 32 zmm registers (``fits_avx512``), an AVX-512F body
+    comes first, under ``#if defined(__AVX512F__)``; the AVX2 body (``_avx2``: by sub-blocks
+    where the block does not fit 16 ymm) and the plain C follow under ``#elif`` / ``#else``, so
+    the same C runs wherever it is compiled. An NR that no vector width divides gets plain C.
     ``scalar_accumulators``: the plain C names each accumulator (``c0_0 ...``) instead of an
     ``acc[MR][NR]`` array, so a compiler without vector registers keeps them in its FPU
     registers (the Cortex-M7: gcc -O2 keeps the array in memory, a load and a store per
     multiply-add); each accumulator gets the same products in the same order."""
     assert a in A_ACCESS and b in B_ACCESS and simd in SIMD_MODES, (a, b, simd)
-    fn = name(mr, nr, a, b) + (f"_pf{prefetch}" if prefetch else "")
+    wide = simd == "auto" and avx512 and fits_avx512(mr, nr)
+    fn = name(mr, nr, a, b) + (f"_pf{prefetch}" if prefetch else "") + ("_z" if wide else "")
     head = [f"/* C[0:{mr}, 0:{nr}] (+)= A ({a}) * B ({b}), kc steps; see codegen/microkernel.py. */",
             f"OPFUSE_NOINLINE static void {fn}{SIGNATURE} {{",
             "  (void)a; (void)ar; (void)koff; (void)ldb;"]
-    if simd == "auto" and fits_avx2(mr, nr):
-        body = [f"#if {AVX2_GUARD}", *_avx2(mr, nr, a, b, prefetch), "#else", *_plain(mr, nr, a, b), "#endif"]
-        pre = f"#if {AVX2_GUARD}\n#include <immintrin.h>\n#endif\n"
-    elif scalar_accumulators:
-        body, pre = _plain_scalars(mr, nr, a, b), ""
-    else:
-        body, pre = _plain(mr, nr, a, b), ""
+    plain = _plain_scalars(mr, nr, a, b) if scalar_accumulators else _plain(mr, nr, a, b)
+    body, guards = [], []
+    if wide:
+        body += [f"#if {AVX512_GUARD}", *_vector_body("avx512", mr, nr, a, b, prefetch)]
+        guards.append(AVX512_GUARD)
+    if simd == "auto" and nr % YMM_FLOATS == 0:
+        body += [f"#{'el' if body else ''}if {AVX2_GUARD}", *_avx2(mr, nr, a, b, prefetch)]
+        guards.append(AVX2_GUARD)
+    body += ["#else", *plain, "#endif"] if body else plain
+    pre = f"#if {' || '.join(f'({g})' for g in guards)}\n#include <immintrin.h>\n#endif\n" if guards else ""
     return fn, NOINLINE + pre + "\n".join(head + body + ["}"]) + "\n"
 
 

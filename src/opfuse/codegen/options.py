@@ -11,6 +11,14 @@ WEIGHT_MODES = ("blob", "embed")
 # "mcu": a standalone C99 library for a microcontroller (see ``codegen/mcu.py``).
 PLATFORMS = ("host", "mcu")
 SIMD_MODES = ("auto", "none")
+# "host": the widest vector ISA of this machine's CPU (the host profile's vector width,
+# ``opfuse.targets``), resolved when code is generated; "avx2" or "avx512": that ISA's register
+# block and panels whatever the CPU (the C still runs anywhere: every intrinsics body sits
+# behind ``#if`` on the compiler's target macros, with the narrower ones and plain C after it).
+VECTOR_ISAS = ("host", "avx2", "avx512")
+# The GEMM register block (MR, NR) of each ISA where ``gemm_mr`` / ``gemm_nr`` are 0 (measured:
+# ``CodegenOptions.gemm_mr``).
+REGISTER_BLOCKS = {"avx2": (6, 16), "avx512": (8, 32)}
 WINOGRAD_MODES = ("auto", "off", "on")
 
 
@@ -23,14 +31,29 @@ class CodegenOptions:
     # FMA (``#if``), plain C99 elsewhere; "none": plain C99 only (the microcontroller build,
     # and the reference the intrinsics are tested against).
     simd: str = "auto"
-    # GEMM register block (MR x NR accumulators): 6 x 16 is 12 ymm accumulators, 2 B vectors
-    # and a broadcast (117 GFLOP/s per core on this host, as fast as 512-bit code). Cache
+    # Which intrinsics the micro-kernels are written for (``VECTOR_ISAS``): "avx512" adds an
+    # AVX-512F body (``#if defined(__AVX512F__)``) to each micro-kernel whose block fits the 32
+    # zmm registers, and makes ``REGISTER_BLOCKS["avx512"]`` the default block; the packed
+    # weights follow the block, so the same model, options and ISA give the same C and blob.
+    vector_isa: str = "host"
+    # GEMM register block (MR x NR accumulators; 0: the ISA's, ``REGISTER_BLOCKS``). AVX2: 6 x 16
+    # is 12 ymm accumulators, 2 B vectors and a broadcast (117 GFLOP/s per core on this host).
+    # AVX-512: 8 x 32 is 16 zmm accumulators, 2 B vectors and a broadcast. Measured on this Zen 4
+    # host (1 thread, CPU time). Micro-kernel alone (K = 128-512, 96-516 x 224, B's panel in L1):
+    # 6x16 ymm 111-117 GFLOP/s, 6x32 / 8x32 / 12x32 / 14x32 zmm 109-118: all at the core's peak
+    # (Zen 4 runs a zmm FMA as two 256-bit halves, so 512-bit code does not raise it). In the
+    # model (mobilenet_v1, 30 interleaved runs, per-kernel CPU-time medians): 32-wide panels take
+    # half the calls, panels and packing loops of 16-wide ones: pw7-pw11 (512 ch, 14x14) 0.86-0.90x
+    # the time of 6 x 16 (89-93 -> 102-105 GFLOP/s), pw12/pw13 (7x7, with ``windows_mr_max``)
+    # 0.83-0.84x, pw1-pw6 0.96-1.03x, whole model 0.915x (resnet18 0.89x, bert_layer 0.94x,
+    # yolo_block 0.96x); 6x32, 8x32 and 12x32 within noise of each other (20 runs). 8 rows:
+    # channel counts are multiples of 8 (12 would pad 64 to 72). Cache
     # blocks: K in blocks of at most KC; tiles of MC x NC outputs, at most ``gemm_tile_floats``
     # of C tile (it stays in L2); a side whose other operand is packed per tile spans up to
     # ``gemm_wide`` (one packing serves that many outputs); problems are cut into at least
     # ``gemm_min_tiles`` tiles where they can be, so threads have work to share.
-    gemm_mr: int = 6
-    gemm_nr: int = 16
+    gemm_mr: int = 0
+    gemm_nr: int = 0
     gemm_mc: int = 96
     gemm_nc: int = 256
     gemm_kc: int = 256
@@ -58,6 +81,12 @@ class CodegenOptions:
     # (1 thread, CPU time, against the windows) 1024 -> 1024 channels 0.86-0.90x, 512 -> 1024
     # 0.90x, 512 -> 512 0.96-0.97x, but 256 -> 256 1.09-1.14x and 128 -> 128 1.3x.
     windows_pack_min_channels: int = 512
+    # The windows GEMM's MR with the AVX-512 block (``conv_windows.register_block``): the one in
+    # [windows_mr_min, windows_mr_max] that pads the positions least (0: the options' MR).
+    # mobilenet_v1 (20 interleaved runs, against MR = 8): pw12/pw13 (7x7: 7 rows of 7) 0.90x and
+    # 0.89x; a range up to 14 (14x14 in rows of 14) measured the same as up to 8.
+    windows_mr_min: int = 6
+    windows_mr_max: int = 8
     # Plain-C micro-kernel with named scalar accumulators (``codegen/microkernel.py``): for a
     # compiler without vector registers (the Cortex-M7), which keeps an accumulator array in memory.
     gemm_scalar_accumulators: bool = False
@@ -69,6 +98,34 @@ class CodegenOptions:
     # the emulated M7 (instructions, fused int8 zoo models): 8 or 16 slows mobilenet's 1x1 convs of
     # 16-64 channels, 33 (K > 64: resnet8's 3x3x16 convs out of line) is the best of 8/16/32/33/65.
     int8_dot_call_min_pairs: int = 33
+    # Host int8 depthwise convolution (``codegen/qgemm.py``, AVX2): output rows narrower than this many
+    # positions are computed 8 channels per vector (channels innermost in a padded copy built by 8x8 byte
+    # transposes), wider ones 8 positions of a row per vector (a narrow row leaves lanes of its last vector
+    # idle). Measured (kernel timers, 1 thread, int8 mobilenet_v1_025_96 and ds_cnn, channels vs positions):
+    # 2.6 vs 17.0 us at 3x3, 5.3 vs 7.7 us at 6x6, 7.7 vs 13.6 us at 25x5 (64 channels), 7.3 vs 17.3 us at
+    # 12x12 stride 2, but 10.5 vs 9.7 us at 12x12 stride 1; the whole mobilenet's kernels 260 us with 16,
+    # 276 with 8, 316 with positions everywhere.
+    int8_depthwise_channels_below: int = 16
+    # Integer conv (``codegen/qconv.py``, two or more output channels per group): output positions per pass
+    # over the weights. 2: two int16 columns, each weight and column word loaded once for two SMLADs
+    # (``opfuse_dot22_s16``); 1: one column, two channels (``opfuse_dot2_s16``). The Cortex-M7 takes 2
+    # (``CORTEX_M7``; emulated, instructions: mobilenet_v1_025_96 22.74M -> 20.43M, resnet8 29.57M ->
+    # 25.57M, ds_cnn 7.49M -> 6.56M); the host keeps 1, where gcc's vectorised plain C of the 2x2 form
+    # is slower (1 thread, CPU time medians: mobilenet_v1_025_96 1.10x, ds_cnn 1.05x the time of 1).
+    # With 2 the threshold above was re-measured (8/16/33/65/never: totals within 0.5%, 33 kept).
+    int8_conv_positions_per_pass: int = 1
+    # With two positions per pass: output channels per pass, 2 (``opfuse_dot22_s16``) or 4 (``opfuse_dot42_s16``,
+    # the four channels' weights interleaved by tap pair: two column words and four consecutive weight words
+    # per eight SMLADs). The Cortex-M7 takes 4, and calls the dot product out of line from 65 pairs
+    # (``CORTEX_M7``; emulated, instructions, mobilenet_v1_025_96 / resnet8 / ds_cnn: 2 channels 20.43M /
+    # 25.57M / 6.56M; 4 channels with the threshold at 17: 18.69M / 21.21M / 5.95M, 33: 18.64M / 21.21M /
+    # 5.92M, 65: 18.62M / 21.21M / 5.92M, never: 18.57M / 24.46M / 5.92M).
+    int8_conv_channels_per_pass: int = 2
+    # Integer depthwise conv (``codegen/qdepthwise.py``): outputs of one row computed per pass, so that
+    # each of the channel's taps (in registers or spilled) is read once for all of them. Measured on the
+    # emulated M7 (instructions per MAC, int8 mobilenet_v1_025_96's 13 depthwise layers): 1: 7.00, 2: 6.27,
+    # 3: 6.19, 4: 6.51 (more accumulators spill); 2 for the smaller code at about the same count.
+    int8_depthwise_outputs_per_pass: int = 2
     # Recurrent layers (``codegen/recurrent.py``) project the input one block of this many time
     # steps at a time: the block's gate pre-activations (steps x batch x gates x hidden floats)
     # stay in cache until the time loop reads them, and a long sequence needs no T-sized scratch.
@@ -118,6 +175,12 @@ class CodegenOptions:
     winograd_f4: bool = True
     winograd_f4_min_spatial: int = 12
     winograd_block_floats: int = 1 << 18
+    # Winograd's batched GEMMs on the AVX-512 block (where it pads the tiles no further than the
+    # AVX2 block; ``winograd._register_block``) instead of AVX2's 6 x 16. Off: it does not pay on
+    # resnet18 (1 thread, per-kernel CPU time, medians of 16 interleaved runs, against 6 x 16):
+    # layer1's F(4x4) convolutions (64 ch, 56x56) 0.94-1.09x, layer2's (128 ch, 28x28)
+    # 0.91-1.04x, whole model 1.00x (within the noise of a shared machine).
+    winograd_avx512: bool = False
     # A fused pointwise loop that reads or writes float16 (or rounds to it between ops) on a target with
     # F16C runs its innermost loop in blocks (``codegen/pointwise.py:emit_f16c_blocks``): F16C converts
     # 8 lanes at a time into and out of float arrays of ``f16c_block`` elements (fewer, a power of two,
@@ -151,11 +214,27 @@ class CodegenOptions:
             raise OpfuseError("depthwise_chunk_planes and depthwise_min_chunks must be at least 1")
         if self.f16c_min_block < 8 or self.f16c_min_block % 8 or self.f16c_block < self.f16c_min_block:
             raise OpfuseError("f16c_min_block must be a multiple of 8 and f16c_block at least f16c_min_block")
-        if self.gemm_mc % self.gemm_mr or self.gemm_nc % self.gemm_nr:
-            raise OpfuseError("gemm_mc must be a multiple of gemm_mr and gemm_nc of gemm_nr")
+        if self.vector_isa not in VECTOR_ISAS:
+            raise OpfuseError(f"vector ISA {self.vector_isa!r}: expected one of {', '.join(VECTOR_ISAS)}")
+        if self.gemm_mr < 0 or self.gemm_nr < 0:
+            raise OpfuseError("gemm_mr and gemm_nr must be positive (0: the vector ISA's register block)")
+        mr, nr = self.gemm_mr, self.gemm_nr
+        if (mr and self.gemm_mc % mr) or (nr and self.gemm_nc % nr):
+            raise OpfuseError(f"gemm_mc ({self.gemm_mc}) must be a multiple of gemm_mr ({mr}) and gemm_nc "
+                              f"({self.gemm_nc}) of gemm_nr ({nr})")
 
     def with_(self, **kw) -> "CodegenOptions":
         return replace(self, **kw)
+
+    def resolved(self, host_isa: str) -> "CodegenOptions":
+        """These options with ``vector_isa`` concrete ("host" -> ``host_isa``) and the register
+        block filled in from it. The plain C build (simd="none") keeps the AVX2 block where none
+        is given, so its results do not depend on the machine that generated it."""
+        isa = host_isa if self.vector_isa == "host" else self.vector_isa
+        if self.simd == "none":
+            isa = "avx2"
+        mr, nr = REGISTER_BLOCKS[isa]
+        return replace(self, vector_isa=isa, gemm_mr=self.gemm_mr or mr, gemm_nr=self.gemm_nr or nr)
 
 
 # Cortex-M7: one thread, no cache worth blocking for, 32 single-precision registers. The 4 x 4
@@ -167,7 +246,9 @@ class CodegenOptions:
 # under QEMU on resnet8, mobilenet_v1_025_96 and ds_cnn. No loop is worth threads: no OpenMP.
 CORTEX_M7 = CodegenOptions(platform="mcu", weights="embed", simd="none", gemm_scalar_accumulators=True,
                            gemm_mr=4, gemm_nr=4, gemm_mc=64, gemm_nc=16, gemm_kc=64, gemm_wide=32,
-                           gemm_tile_floats=512, gemm_min_tiles=1, parallel_min_work=1 << 62)
+                           gemm_tile_floats=512, gemm_min_tiles=1, parallel_min_work=1 << 62,
+                           int8_conv_positions_per_pass=2, int8_conv_channels_per_pass=4,
+                           int8_dot_call_min_pairs=65)
 # The host build without intrinsics: the plain C99 the microcontroller runs, so the emulated
 # Cortex-M7 gives the same bits as this (AVX2 FMA rounds once per multiply-add, the C twice).
 PORTABLE = CodegenOptions(simd="none")

@@ -46,6 +46,7 @@ from opfuse.ir.plan import FusionPlan
 from opfuse.memory.patch import PATCHED_KIND
 from opfuse.memory.plan import MemoryPlan, plan_memory
 from opfuse.rewrites.float32_compute import needs_float32
+from opfuse.targets import host_simd_isa
 
 if TYPE_CHECKING:
     from opfuse.codegen.mcu import McuSources
@@ -320,7 +321,9 @@ def generate(graph: Graph, plan: FusionPlan | None = None, *, memory: MemoryPlan
                                         f"in it; the C backend computes {v.dtype.name} ops in float32 after the "
                                         f"float32_compute rewrite, which did not apply to this op")
     memory = memory if memory is not None else plan_memory(plan)
-    builder = ProgramBuilder(graph, plan, memory, options or CodegenOptions())
+    options = options or CodegenOptions()
+    host_isa = host_simd_isa() if options.vector_isa == "host" and options.platform == "host" else "avx2"
+    builder = ProgramBuilder(graph, plan, memory, options.resolved(host_isa))
     for t, group in enumerate(plan.groups):
         builder.kernel(t, group)
     return builder.finish()

@@ -12,11 +12,17 @@ The Conv of a quantized model reads ``x = int32(x_q) - x_zp`` (its dequantizing 
    than one per tap;
 2. for each output channel ``m`` of the group takes ``acc = sum_k w16[m, k] * col[k]`` over the
    weights packed at build time as int16 rows of ``Kp``, two output channels per pass so that
-   each column word is loaded once for both;
+   each column word is loaded once for both; on the Cortex-M7 (``int8_conv_positions_per_pass`` /
+   ``int8_conv_channels_per_pass``: 2 and 4 there) two positions' columns at a time against four
+   channels whose weights are interleaved by tap pair (``opfuse_dot42_s16``: each column word feeds
+   four SMLADs, each weight word two; an odd last position is computed twice, the same values);
 3. hands ``acc`` (plus the bias) to the fused epilogue (bias Add, ``Requantize``, residual). The
    epilogue runs per element with the channel innermost, so nothing per channel is hoisted out of
    it: ``Requantize`` takes its cheap forms for shifts known at build time (``codegen/rules.py``),
    and a long dot product is called out of line beside it (``CodegenOptions.int8_dot_call_min_pairs``).
+
+A depthwise conv (one input and one output channel per group) takes ``qdepthwise.py``'s window of rows
+instead; an int8 MatMul ``qmatmul.py``, which reuses this module's dot products.
 
 The dot product (``opfuse_dot2_s16``) is plain C99 that gcc vectorises on the host
 (``vpmaddwd``); with the Arm DSP extension (``__ARM_FEATURE_DSP``: the Cortex-M7) each pair of
@@ -31,6 +37,7 @@ import numpy as np
 
 from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.index import Index, add, mul
+from opfuse.codegen.qdepthwise import int8_depthwise_applies, lower_int8_depthwise
 from opfuse.codegen.stages import Stage
 from opfuse.ir.graph import Node, Value
 from opfuse.ops.nn import conv_geometry
@@ -102,6 +109,128 @@ static inline int32_t opfuse_dot_s16(const int16_t* restrict a, const int16_t* r
 """
 
 
+DOT22_HELPER = "opfuse_dot22_s16"
+DOT22_C = """
+#if defined(__ARM_FEATURE_DSP)
+#include <arm_acle.h>
+#endif
+/* Two output channels (weight rows a0, a1) at two positions (columns b0, b1) over 2 * pairs int16 values:
+   acc = {a0 . b0, a1 . b0, a0 . b1, a1 . b1}, exact in int32. Each loaded word feeds two SMLADs on the
+   Arm DSP extension: four loads per four SMLADs (opfuse_dot2_s16: six per four). */
+static inline void opfuse_dot22_s16(const int16_t* restrict a0, const int16_t* restrict a1,
+                                    const int16_t* restrict b0, const int16_t* restrict b1, long pairs,
+                                    int32_t* restrict acc) {
+  int32_t s00 = 0, s10 = 0, s01 = 0, s11 = 0;
+#if defined(__ARM_FEATURE_DSP)
+  for (long i = 0; i < pairs; ++i) {
+    uint32_t x0, x1, y0, y1;
+    memcpy(&x0, a0 + 2 * i, 4);
+    memcpy(&x1, a1 + 2 * i, 4);
+    memcpy(&y0, b0 + 2 * i, 4);
+    memcpy(&y1, b1 + 2 * i, 4);
+    s00 = __smlad(x0, y0, s00);
+    s10 = __smlad(x1, y0, s10);
+    s01 = __smlad(x0, y1, s01);
+    s11 = __smlad(x1, y1, s11);
+  }
+#else
+  for (long i = 0; i < 2 * pairs; ++i) {
+    s00 += (int32_t)a0[i] * b0[i];
+    s10 += (int32_t)a1[i] * b0[i];
+    s01 += (int32_t)a0[i] * b1[i];
+    s11 += (int32_t)a1[i] * b1[i];
+  }
+#endif
+  acc[0] = s00;
+  acc[1] = s10;
+  acc[2] = s01;
+  acc[3] = s11;
+}
+"""
+DOT22_CALL_HELPER = "opfuse_dot22_s16_call"
+DOT22_CALL_C = """
+#ifndef OPFUSE_NOINLINE
+#if defined(__GNUC__)
+#define OPFUSE_NOINLINE __attribute__((noinline))
+#else
+#define OPFUSE_NOINLINE
+#endif
+#endif
+/* opfuse_dot22_s16 out of line: its loop gets registers of its own (see codegen/qconv.py). */
+OPFUSE_NOINLINE static void opfuse_dot22_s16_call(const int16_t* restrict a0, const int16_t* restrict a1,
+                                                  const int16_t* restrict b0, const int16_t* restrict b1,
+                                                  long pairs, int32_t* restrict acc) {
+  opfuse_dot22_s16(a0, a1, b0, b1, pairs, acc);
+}
+"""
+
+
+DOT42_HELPER = "opfuse_dot42_s16"
+DOT42_C = """
+#if defined(__ARM_FEATURE_DSP)
+#include <arm_acle.h>
+#endif
+/* Four output channels at two positions (columns b0, b1) over 2 * pairs int16 values, the four channels'
+   weights interleaved by tap pair (a[8 i + 2 j + t]: channel j, tap 2 i + t): acc[2 j + k] = channel j .
+   column k, exact in int32. Per pair of taps two column words and four consecutive weight words feed
+   eight SMLADs on the Arm DSP extension. */
+static inline void opfuse_dot42_s16(const int16_t* restrict a, const int16_t* restrict b0,
+                                    const int16_t* restrict b1, long pairs, int32_t* restrict acc) {
+  int32_t s00 = 0, s01 = 0, s10 = 0, s11 = 0, s20 = 0, s21 = 0, s30 = 0, s31 = 0;
+#if defined(__ARM_FEATURE_DSP)
+  for (long i = 0; i < pairs; ++i) {
+    uint32_t x0, x1, x2, x3, y0, y1;
+    memcpy(&y0, b0 + 2 * i, 4);
+    memcpy(&y1, b1 + 2 * i, 4);
+    memcpy(&x0, a + 8 * i, 4);
+    memcpy(&x1, a + 8 * i + 2, 4);
+    memcpy(&x2, a + 8 * i + 4, 4);
+    memcpy(&x3, a + 8 * i + 6, 4);
+    s00 = __smlad(x0, y0, s00);
+    s01 = __smlad(x0, y1, s01);
+    s10 = __smlad(x1, y0, s10);
+    s11 = __smlad(x1, y1, s11);
+    s20 = __smlad(x2, y0, s20);
+    s21 = __smlad(x2, y1, s21);
+    s30 = __smlad(x3, y0, s30);
+    s31 = __smlad(x3, y1, s31);
+  }
+#else
+  for (long i = 0; i < pairs; ++i) {
+    for (int t = 0; t < 2; ++t) {
+      const int32_t y0 = b0[2 * i + t], y1 = b1[2 * i + t];
+      s00 += (int32_t)a[8 * i + t] * y0;
+      s01 += (int32_t)a[8 * i + t] * y1;
+      s10 += (int32_t)a[8 * i + 2 + t] * y0;
+      s11 += (int32_t)a[8 * i + 2 + t] * y1;
+      s20 += (int32_t)a[8 * i + 4 + t] * y0;
+      s21 += (int32_t)a[8 * i + 4 + t] * y1;
+      s30 += (int32_t)a[8 * i + 6 + t] * y0;
+      s31 += (int32_t)a[8 * i + 6 + t] * y1;
+    }
+  }
+#endif
+  acc[0] = s00; acc[1] = s01; acc[2] = s10; acc[3] = s11;
+  acc[4] = s20; acc[5] = s21; acc[6] = s30; acc[7] = s31;
+}
+"""
+DOT42_CALL_HELPER = "opfuse_dot42_s16_call"
+DOT42_CALL_C = """
+#ifndef OPFUSE_NOINLINE
+#if defined(__GNUC__)
+#define OPFUSE_NOINLINE __attribute__((noinline))
+#else
+#define OPFUSE_NOINLINE
+#endif
+#endif
+/* opfuse_dot42_s16 out of line: its loop gets registers of its own (see codegen/qconv.py). */
+OPFUSE_NOINLINE static void opfuse_dot42_s16_call(const int16_t* restrict a, const int16_t* restrict b0,
+                                                  const int16_t* restrict b1, long pairs, int32_t* restrict acc) {
+  opfuse_dot42_s16(a, b0, b1, pairs, acc);
+}
+"""
+
+
 # Kernels with a fused epilogue call the dot product out of line when it is long enough
 # (``CodegenOptions.int8_dot_call_min_pairs``): inlined beside the epilogue's live values (multiplier,
 # shift, residual, zero-point correction), gcc spills in the SMLAD loop (emulated M7, resnet8: 3
@@ -152,6 +281,12 @@ def _packed_weights(w: np.ndarray, K: int, Kp: int, OCp: int) -> np.ndarray:
     out = np.zeros((OCp, Kp), np.int16)
     out[:w.shape[0], :K] = w.reshape(w.shape[0], K).astype(np.int16)
     return out
+
+
+def _interleaved(packed: np.ndarray, Kp: int) -> np.ndarray:
+    """Rows of ``Kp`` int16 in blocks of 4 (channels ``4q .. 4q + 3``) reordered to ``[q][pair][channel][2]``:
+    the block keeps its place and size (``4 * Kp`` values from row ``4q``), its pairs run channel-minor."""
+    return np.ascontiguousarray(packed.reshape(-1, 4, Kp // 2, 2).transpose(0, 2, 1, 3)).reshape(packed.shape)
 
 
 def _inside(out_len: int, in_len: int, stride: int, span: int, pad: int) -> tuple[int, int]:
@@ -205,20 +340,24 @@ def _gather(kc, ev, x: Value, col: str, where: tuple, geo, G: int, checked: bool
 
 def lower_int8_conv(kc, ev, stage: Stage, bias_term) -> None:
     node = stage.anchor_node
+    if int8_depthwise_applies(node):  # one channel per group: a window of rows per plane (qdepthwise.py)
+        return lower_int8_depthwise(kc, ev, stage, bias_term)
     geo, G = conv_geometry(node)
     x, wt = node.input(0), node.input(1)
     out = node.outputs[0]
     N, C, H, W = x.shape
     OC, OH, OW = out.shape[1], out.shape[2], out.shape[3]
     KH, KW = geo.kernel
-    (SH, SW), (DH, DW), (PT, PL) = geo.strides, geo.dilations, geo.pads_begin
     cg, mg = C // G, OC // G
     K = cg * KH * KW
     Kp = K + (K & 1)
-    per_pass = 1 if mg == 1 else CHANNELS_PER_PASS
+    pairs = mg > 1 and OH * OW > 1 and kc.program.options.int8_conv_positions_per_pass >= 2
+    per_pass = 1 if mg == 1 else (kc.program.options.int8_conv_channels_per_pass if pairs else CHANNELS_PER_PASS)
     mg_p = -(-mg // per_pass) * per_pass
     per_group = ev.static[id(wt)].reshape(G, mg, K)
     packed = np.concatenate([_packed_weights(per_group[g], K, Kp, mg_p) for g in range(G)])
+    if per_pass == 4:  # opfuse_dot42_s16 reads each 4 channels' weights interleaved by tap pair
+        packed = _interleaved(packed, Kp)
     wq = kc.const_array(("int8_conv", node.name), packed, f"{wt.name}_s16", np.int16)
     kc.note(lambda name: f"int8 conv '{name}': int16 columns of {Kp}, SMLAD with the DSP extension", node)
     kc.program.require_helper(DOT_HELPER, DOT_C)
@@ -229,48 +368,108 @@ def lower_int8_conv(kc, ev, stage: Stage, bias_term) -> None:
     if raw is not None:  # sum of each output channel's weights, for the zero point folded out
         wsum = kc.const_array(("int8_conv_wsum", node.name), per_group.reshape(OC, K).sum(axis=1).astype(np.int32),
                               f"{wt.name}_sum", np.int32)
-    col_off = kc.scratch(Kp * 2)
+    col_off = kc.scratch(Kp * 2 * (2 if pairs else 1))
     w = kc.w
-    padded = any(geo.pads_begin) or any(geo.pads_end)
     kc.parallel_for(N * G * OH * OW * mg * K, collapse=2)
     b, p = kc.tmp("b"), kc.tmp("p")
+    P = OH * OW
     with w.block(f"for (long {b} = 0; {b} < {N * G}; ++{b})"):
         img, g = (f"({b} / {G})", f"({b} % {G})") if G > 1 else (b, "0")
-        col = kc.tmp("col")
-        with w.block(f"for (long {p} = 0; {p} < {OH * OW}; ++{p})"):
-            w.line(f"int16_t* restrict {col} = {kc.scratch_ptr('int16_t', col_off)};")
-            if Kp != K:
-                w.line(f"{col}[{K}] = 0;")
-            oh, ow = kc.tmp("oh"), kc.tmp("ow")
-            w.line(f"const long {oh} = {p} / {OW}, {ow} = {p} % {OW};")
-            where = (img, g, cg, oh, ow)
-            zc = None
-            if raw is not None:
-                zc = kc.tmp("zc")
-                w.line(f"int32_t {zc} = {raw[1]};")
-            if padded:  # windows wholly inside the input gather without a test per tap
-                (hlo, hhi), (wlo, whi) = (_inside(OH, H, SH, DH * (KH - 1), PT),
-                                          _inside(OW, W, SW, DW * (KW - 1), PL))
-                with w.block(f"if ({oh} >= {hlo} && {oh} < {hhi} && {ow} >= {wlo} && {ow} < {whi})"):
-                    _gather(kc, ev, x, col, where, geo, G, checked=False, raw=raw[0] if raw else None)
-                with w.block("else"):
-                    _gather(kc, ev, x, col, where, geo, G, checked=True)
-                    if zc is not None:
-                        w.line(f"{zc} = 0;")
-            else:
-                _gather(kc, ev, x, col, where, geo, G, checked=False, raw=raw[0] if raw else None)
+        column = (x, geo, G, (H, W, OH, OW), raw, wsum, (img, g, cg))
+        if pairs:
+            # two positions per pass; with an odd count the last pass computes the last position twice (the
+            # same values stored twice), so the loop stays one canonical loop for OpenMP's collapse
+            with w.block(f"for (long {p} = 0; {p} < {(P + 1) // 2}; ++{p})"):
+                p0, p1 = kc.tmp("p"), kc.tmp("p")
+                w.line(f"const long {p0} = 2 * {p};")
+                w.line(f"const long {p1} = {p0} + 1 < {P} ? {p0} + 1 : {p0};" if P % 2 else
+                       f"const long {p1} = {p0} + 1;")
+                c0, at0, corr0 = _column(kc, ev, column, col_off, p0)
+                c1, at1, corr1 = _column(kc, ev, column, col_off + Kp * 2, p1)
+                _channel_pairs2(kc, ev, stage, node, bias_term, (wq, (c0, c1), Kp, mg, mg_p, G, per_pass),
+                                (img, g), (at0, at1), (corr0, corr1))
+        else:
+            with w.block(f"for (long {p} = 0; {p} < {P}; ++{p})"):
+                col, (oh, ow), corrected = _column(kc, ev, column, col_off, p)
+                if mg == 1:  # one output channel per group (not depthwise: several input channels each)
+                    acc = kc.tmp("acc")
+                    row = f"{wq} + {g} * {Kp}" if G > 1 else wq
+                    oc = g if G > 1 else "0"
+                    w.line(f"const int32_t {acc} = opfuse_dot_s16({row}, {col}, {Kp // 2});")
+                    _finish(kc, ev, stage, node, bias_term, corrected(acc, oc), oc, (img, oh, ow))
+                else:
+                    _channel_pairs(kc, ev, stage, node, bias_term, (wq, col, Kp, mg, mg_p, G), (img, g, oh, ow),
+                                   corrected)
 
-            def corrected(acc: str, oc: str) -> str:
-                return acc if zc is None else f"({acc} - {zc} * {wsum}[{oc}])"
-            if mg == 1:  # depthwise: one output channel per group
-                acc = kc.tmp("acc")
-                row = f"{wq} + {g} * {Kp}" if G > 1 else wq
-                oc = g if G > 1 else "0"
-                w.line(f"const int32_t {acc} = opfuse_dot_s16({row}, {col}, {Kp // 2});")
-                _finish(kc, ev, stage, node, bias_term, corrected(acc, oc), oc, (img, oh, ow))
-            else:
-                _channel_pairs(kc, ev, stage, node, bias_term, (wq, col, Kp, mg, mg_p, G), (img, g, oh, ow),
-                               corrected)
+
+def _column(kc, ev, column: tuple, off: int, p: str):
+    """Gather the window of output position ``p`` into an int16 column at scratch offset ``off``:
+    ``(column pointer, (oh, ow), corrected)``, ``corrected(acc, oc)`` the accumulator with the
+    zero point's share taken off where the window gathered the raw 8-bit values."""
+    x, geo, G, (H, W, OH, OW), raw, wsum, (img, g, cg) = column
+    w = kc.w
+    KH, KW = geo.kernel
+    (SH, SW), (DH, DW), (PT, PL) = geo.strides, geo.dilations, geo.pads_begin
+    K = cg * KH * KW
+    col = kc.tmp("col")
+    w.line(f"int16_t* restrict {col} = {kc.scratch_ptr('int16_t', off)};")
+    if K & 1:
+        w.line(f"{col}[{K}] = 0;")
+    oh, ow = kc.tmp("oh"), kc.tmp("ow")
+    w.line(f"const long {oh} = {p} / {OW}, {ow} = {p} % {OW};")
+    where = (img, g, cg, oh, ow)
+    zc = None
+    if raw is not None:
+        zc = kc.tmp("zc")
+        w.line(f"int32_t {zc} = {raw[1]};")
+    if any(geo.pads_begin) or any(geo.pads_end):  # windows wholly inside the input gather without a test per tap
+        (hlo, hhi), (wlo, whi) = (_inside(OH, H, SH, DH * (KH - 1), PT),
+                                  _inside(OW, W, SW, DW * (KW - 1), PL))
+        with w.block(f"if ({oh} >= {hlo} && {oh} < {hhi} && {ow} >= {wlo} && {ow} < {whi})"):
+            _gather(kc, ev, x, col, where, geo, G, checked=False, raw=raw[0] if raw else None)
+        with w.block("else"):
+            _gather(kc, ev, x, col, where, geo, G, checked=True)
+            if zc is not None:
+                w.line(f"{zc} = 0;")
+    else:
+        _gather(kc, ev, x, col, where, geo, G, checked=False, raw=raw[0] if raw else None)
+
+    def corrected(acc: str, oc: str) -> str:
+        return acc if zc is None else f"({acc} - {zc} * {wsum}[{oc}])"
+    return col, (oh, ow), corrected
+
+
+def _channel_pairs2(kc, ev, stage: Stage, node: Node, bias_term, dims: tuple, where: tuple, at: tuple,
+                    corrected: tuple) -> None:
+    """``ch`` (2 or 4) output channels at two positions per pass over the columns (``opfuse_dot22_s16`` /
+    ``opfuse_dot42_s16``)."""
+    wq, (c0, c1), Kp, mg, mg_p, G, ch = dims
+    img, g = where
+    w = kc.w
+    helper, text, call, call_text = ((DOT22_HELPER, DOT22_C, DOT22_CALL_HELPER, DOT22_CALL_C) if ch == 2 else
+                                     (DOT42_HELPER, DOT42_C, DOT42_CALL_HELPER, DOT42_CALL_C))
+    kc.program.require_helper(helper, text)
+    dot = helper
+    if stage.epilogue and Kp // 2 >= kc.program.options.int8_dot_call_min_pairs:
+        dot = kc.program.require_helper(call, call_text)
+    m = kc.tmp("m")
+    with w.block(f"for (long {m} = 0; {m} < {mg_p}; {m} += {ch})"):
+        acc = kc.tmp("acc")
+        row = f"{wq} + ({mul(g, mg_p)} + {m}) * {Kp}" if G > 1 else f"{wq} + {m} * {Kp}"
+        w.line(f"int32_t {acc}[{2 * ch}];")
+        if ch == 2:
+            w.line(f"{dot}({row}, {row} + {Kp}, {c0}, {c1}, {Kp // 2}, {acc});")
+            order: tuple[tuple[int, int], ...] = ((0, 0), (1, 0), (0, 1), (1, 1))  # dot22's: channel, position
+        else:
+            w.line(f"{dot}({row}, {c0}, {c1}, {Kp // 2}, {acc});")
+            order = tuple((j, pos) for j in range(ch) for pos in range(2))
+        for k, (j, pos) in enumerate(order):
+            mm = f"{m} + {j}" if j else m
+            guard = f"if ({mm} < {mg})" if mg % ch and j else None
+            with w.block(guard) if guard else nullcontext():
+                oc = add(mul(g, mg), mm) if G > 1 else mm
+                oh, ow = at[pos]
+                _finish(kc, ev, stage, node, bias_term, corrected[pos](f"{acc}[{k}]", oc), oc, (img, oh, ow))
 
 
 def _channel_pairs(kc, ev, stage: Stage, node: Node, bias_term, dims: tuple, where: tuple, corrected) -> None:
@@ -279,7 +478,8 @@ def _channel_pairs(kc, ev, stage: Stage, node: Node, bias_term, dims: tuple, whe
     img, g, oh, ow = where
     w = kc.w
     m = kc.tmp("m")
-    with w.block(f"for (long {m} = 0; {m} < {mg_p}; {m} += {CHANNELS_PER_PASS})"):
+    mg_2 = -(-mg // CHANNELS_PER_PASS) * CHANNELS_PER_PASS  # mg_p is the packed rows' stride (2 or 4 a pass)
+    with w.block(f"for (long {m} = 0; {m} < {mg_2}; {m} += {CHANNELS_PER_PASS})"):
         a0, a1 = kc.tmp("acc"), kc.tmp("acc")
         row = f"{wq} + ({mul(g, mg_p)} + {m}) * {Kp}" if G > 1 else f"{wq} + {m} * {Kp}"
         w.line(f"int32_t {a0}, {a1};")

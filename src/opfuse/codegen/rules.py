@@ -318,25 +318,77 @@ static inline int32_t opfuse_requantize_pc(int64_t p, int32_t shift, uint64_t ha
 
 
 # Every shift known at build time and in [33, 62] (multipliers below 1/4, the usual case): the
-# rounding reads only the product's high word; with ``u = p + 2^63 = H * 2^32 + L`` and
-# ``t = shift - 32``: ``floor(u / 2^shift) = H >> t``, the remainder ``(H mod 2^t) * 2^32 + L``
-# compared with ``half = 2^(t-1) * 2^32``, and the bias ``2^(63-shift) = 2^(31-t)``: 32-bit
-# arithmetic, no 64-bit variable shift.
+# rounding reads only the product's high word. With ``u = p + 2^63 = H * 2^32 + L`` (no shift of a
+# negative value), ``s`` the shift, ``t = s - 32`` and ``b`` bit ``s`` of ``u`` (the parity of
+# ``floor(p / 2^s)``), round half to even is ``floor((u + 2^(s-1) - 1 + b) / 2^s) - 2^(63-s)``
+# (remainder below half: the floor; above: one more; a tie: one more exactly when ``b``), and the
+# floor's high word is ``(H + 2^(t-1) - 1 + (b | L != 0)) >> t`` (the low word's carry: ``L + 2^32 - 1``
+# carries unless ``L`` is 0; with ``b`` the low part of the addend is 0): 32-bit arithmetic, no 64-bit
+# variable shift, about half the instructions of comparing the remainder with half (emulated M7). No
+# overflow: ``|p| < 2^62`` (a 32-bit accumulator times a 31-bit multiplier, or the residual sum below
+# 2^62), so ``H < 3 * 2^30``.
 REQUANTIZE_HI_HELPER = "opfuse_requantize_hi"
 REQUANTIZE_HI_MIN_SHIFT = 33
 REQUANTIZE_HI_C = """
-/* opfuse_requantize for p = acc * mult (+ res * rmult) and shift in [33, 62]: the same result, bit
-   for bit, from the high and low words of p + 2^63 (codegen/rules.py). */
+/* opfuse_requantize for p = acc * mult (+ res * rmult), |p| < 2^62, and shift in [33, 62]: the same
+   result, bit for bit, from the high and low words of p + 2^63 (codegen/rules.py). */
 static inline int32_t opfuse_requantize_hi(int64_t p, int32_t shift, int32_t zp, int32_t lo, int32_t hi) {
   const uint64_t u = (uint64_t)p + ((uint64_t)1 << 63);
   const uint32_t H = (uint32_t)(u >> 32), L = (uint32_t)u;
   const int32_t t = shift - 32;
-  const uint32_t h = (uint32_t)1 << (t - 1);
-  const uint32_t qu = H >> t, hr = H & (h + (h - 1u));
-  const int32_t up = (hr > h) | ((hr == h) & ((L != 0u) | (qu & 1u)));
-  const int32_t q = (int32_t)qu - ((int32_t)1 << (31 - t)) + up + zp;
+  const uint32_t up = ((H >> t) & 1u) | (uint32_t)(L != 0u);
+  const uint32_t qu = (H + (((uint32_t)1 << (t - 1)) - 1u) + up) >> t;
+  const int32_t q = (int32_t)qu - ((int32_t)1 << (31 - t)) + zp;
   return q < lo ? lo : (q > hi ? hi : q);
 }
+"""
+
+
+# The clamp of an 8-bit result to its type's whole range (what Requantize's lo/hi are without an
+# activation, and the upper bound with a ReLU): one SSAT / USAT on an Arm core with the saturating
+# instructions (ACLE's ``__ssat``/``__usat``: the Cortex-M7). gcc finds it from the two compares alone
+# only where neither bound is a register already (in a conv's output loop it keeps the zero point,
+# often -128, in one and compares against it: six instructions instead of one, emulated M7).
+SAT8_HELPER = "opfuse_sat8"
+SAT8_C = """
+#if defined(__ARM_FEATURE_SAT)
+#include <arm_acle.h>
+#endif
+/* q clamped to [-128, 127] (opfuse_sat_s8) or [0, 255] (opfuse_sat_u8): SSAT / USAT where the core has them. */
+static inline int32_t opfuse_sat_s8(int32_t q) {
+#if defined(__ARM_FEATURE_SAT)
+  return __ssat(q, 8);
+#else
+  return q < -128 ? -128 : (q > 127 ? 127 : q);
+#endif
+}
+static inline int32_t opfuse_sat_u8(int32_t q) {
+#if defined(__ARM_FEATURE_SAT)
+  return (int32_t)__usat(q, 8);
+#else
+  return q < 0 ? 0 : (q > 255 ? 255 : q);
+#endif
+}
+"""
+INT32_RANGE = "-2147483647 - 1, 2147483647)"  # a clamp that is none (the compiler drops it)
+
+
+def _saturated(ev, dtype: np.dtype, lo: int, hi: int, call: str) -> str | None:
+    """``call`` (an int32 requantized value, unclamped) clamped to ``[lo, hi]`` through ``opfuse_sat_s8``/``_u8``
+    when ``hi`` is the 8-bit type's maximum and ``lo`` at least its minimum (a ReLU's bound: one compare more)."""
+    kind = {np.dtype(np.int8): ("s8", -128, 127), np.dtype(np.uint8): ("u8", 0, 255)}.get(np.dtype(dtype))
+    if kind is None or hi != kind[2] or lo < kind[1]:
+        return None
+    ev.kc.program.require_helper(SAT8_HELPER, SAT8_C)
+    y = f"opfuse_sat_{kind[0]}({call})"
+    if lo > kind[1]:
+        y = f"opfuse_max_i32({y}, {lo})"
+        ev.kc.program.require_helper("opfuse_max_i32", MAX_I32_C)
+    return y
+
+
+MAX_I32_C = """
+static inline int32_t opfuse_max_i32(int32_t a, int32_t b) { return a < b ? b : a; }
 """
 
 
@@ -379,6 +431,10 @@ def _requantize(ev, node, k, idx):
             p += f" + (int64_t){res} * {rmult}"
         if powers is None:
             fn = ev.kc.program.require_helper(REQUANTIZE_HI_HELPER, REQUANTIZE_HI_C)
+            sat = _saturated(ev, node.outputs[0].dtype, int(a["lo"]), int(a["hi"]),
+                             f"{fn}({p}, {shift}, {int(a['zero_point'])}, {INT32_RANGE}")
+            if sat is not None:
+                return f"({c_type(node.outputs[0].dtype)}){sat}"
             return f"({c_type(node.outputs[0].dtype)}){fn}({p}, {shift}, {tail}"
         fn = ev.kc.program.require_helper(REQUANTIZE_PC_HELPER, REQUANTIZE_PC_C)
         return f"({c_type(node.outputs[0].dtype)}){fn}({p}, {shift}, {powers[0]}, {powers[1]}, {tail}"

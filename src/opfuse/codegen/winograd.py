@@ -55,9 +55,10 @@ import numpy as np
 
 from opfuse.codegen.ctype import literal
 from opfuse.codegen.epilogue import finish_element
-from opfuse.codegen.gemm import pack_a_panels
+from opfuse.codegen.gemm import microkernel_bodies, pack_a_panels
 from opfuse.codegen.index import Index
 from opfuse.codegen.microkernel import AVX2_GUARD, microkernel
+from opfuse.codegen.options import REGISTER_BLOCKS
 from opfuse.codegen.stages import Stage
 
 
@@ -349,6 +350,28 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
+def _register_block(o, C: int, OC: int, tiles: int, nimg: int, alpha: int) -> tuple[int, int, bool]:
+    """(MR, NR, AVX-512 body) of the batched GEMMs. Their B (the transformed input) is built per
+    block and U is packed for this convolution alone, so the block is free per convolution: the
+    AVX2 6 x 16 unless ``winograd_avx512`` (``CodegenOptions``) allows the AVX-512 block, and
+    then only where its wider panels pad the block's tiles no further (a 14x14 output has 16
+    F(4x4) tiles: 32 with NR = 32, twice the multiplications)."""
+    mr2, nr2 = REGISTER_BLOCKS["avx2"]
+    if o.vector_isa != "avx512":
+        return o.gemm_mr, o.gemm_nr, False
+    if not o.winograd_avx512:
+        return mr2, nr2, False
+
+    def padded(mr: int, nr: int) -> int:
+        ocp = -(-OC // mr) * mr
+        T = _tiles_per_block(o, C, ocp, tiles, nimg, alpha, math.lcm(nr, LANES))
+        return -(-tiles // T) * T * ocp
+
+    if padded(o.gemm_mr, o.gemm_nr) > padded(mr2, nr2):
+        return mr2, nr2, False
+    return o.gemm_mr, o.gemm_nr, True
+
+
 LANES = 8  # tiles transformed together: one ymm per transform value (constant-trip loops gcc vectorises)
 
 
@@ -369,11 +392,11 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
     PT, PL = geo.pads_begin
     m, alpha = t.m, t.alpha
     A2 = alpha * alpha
-    MR, NR = o.gemm_mr, o.gemm_nr
-    Q = math.lcm(NR, LANES)
-    OCp = -(-OC // MR) * MR
     TH, TW = -(-OH // m), -(-OW // m)
     tiles = TH * TW
+    MR, NR, wide = _register_block(o, C, OC, tiles, nimg, alpha)
+    Q = math.lcm(NR, LANES)
+    OCp = -(-OC // MR) * MR
     T = _tiles_per_block(o, C, OCp, tiles, nimg, alpha, Q)
     nblk = -(-tiles // T)
     R = _block_rows(tiles, T, TW)
@@ -384,8 +407,10 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
     BT, AT = t.BT, t.AT
     L = LANES
 
-    name, text = microkernel(MR, NR, "packed", "strided", o.simd, o.gemm_prefetch, o.gemm_scalar_accumulators)
+    name, text = microkernel(MR, NR, "packed", "strided", o.simd, o.gemm_prefetch, o.gemm_scalar_accumulators, wide)
     ukr = kc.program.require_helper(name, text)
+    bodies = microkernel_bodies(MR, NR, o.simd, wide)
+    kc.note(lambda nm: f"Winograd GEMMs '{nm}': {MR}x{NR} micro-kernel, {bodies}", node)
     u = filter_transform(kc.program.memory.static[id(wt)], t).astype(np.float32)
     upack = kc.const_array(("winograd_u", node.name, m, MR), pack_a_panels(u, MR), node.name + "_U", np.float32)
     mp = OCp // MR

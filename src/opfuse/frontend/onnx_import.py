@@ -172,7 +172,8 @@ def import_model(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int
     if not model.HasField("graph"):
         raise ModelError("the ONNX model has no graph")
     opset = default_opset(model)
-    model = recognize_integer_convs(model)  # DQ -> Conv -> [Relu] -> Q as one integer conv (onnx_qdq)
+    import_log: list = []  # DQ -> Conv/Gemm/MatMul -> [Relu] -> Q as one integer op (onnx_qdq), and refusals
+    model = recognize_integer_convs(model, log=import_log)
     model = expand_preview_ops(model)  # FlexAttention (ai.onnx.preview) as default-domain ops (onnx_preview)
     g = model.graph
     node_names = _node_names(g.node)
@@ -180,6 +181,7 @@ def import_model(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int
 
     graph = Graph(g.name or "graph")
     graph.opset = opset
+    graph.import_log = import_log
     _add_constants(graph, g, base_dir)
     _add_inputs(graph, g, dict(input_shapes or {}), dict(input_values or {}))
     nodes = _onnx_nodes(g, node_names, versions, opset, base_dir)

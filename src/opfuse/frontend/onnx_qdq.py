@@ -14,6 +14,15 @@ float model's arithmetic done in integers, as onnxruntime fuses the same pattern
 the float path rounds the float32 convolution of dequantized values, the integer one is exact, so
 they differ by at most one quantization step where a value lies near a rounding tie.
 
+Likewise ``DQ(a_q) -> [Flatten/Reshape] -> Gemm/MatMul(DQ(W_q)) -> [Add(DQ(B_q))] -> [Relu] -> Q`` (a
+classifier's fc; the quantizer leaves the Flatten between the pool's DQ and the Gemm, the same per-tensor
+scale on either side) becomes ``QLinearMatMul(a_q', as, az, W_kn, ws, wz, ys, yz, B_q)`` marked the same
+way, ``a_q'`` the Flatten/Reshape applied to the 8-bit tensor, ``W_kn`` the weight as ``K x N`` (a Gemm's
+``transB`` applied to the constant), the int32 bias as a private ninth input; imported as an int32
+MatMul, the bias Add and a fixed-point ``Requantize`` per output column (``codegen/qmatmul.py``). A Gemm
+needs ``alpha = beta = 1`` and no ``transA``, the input a matrix, the weight quantized per tensor or per
+output column.
+
 The rewritten model is the importer's own (its private attributes make it invalid ONNX to others).
 
 Conditions, each refusal with its reason (``recognize_integer_convs(..., refusals=list)``): the
@@ -37,6 +46,7 @@ BIAS_SCALE_RTOL = 1e-6  # the bias scale must be xs * ws to float32 rounding
 class _Model:
     def __init__(self, model: onnx.ModelProto):
         g = model.graph
+        self.model_graph = g
         self.consts = {i.name: i for i in g.initializer}
         self.producer = {o: n for n in g.node for o in n.output}
         self.consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
@@ -153,10 +163,18 @@ def _match(m: _Model, conv: onnx.NodeProto):
             "yz": nxt.input[2], "bias": bias, "relu": relu, "q": nxt, "residual": residual}
 
 
-def recognize_integer_convs(model: onnx.ModelProto, refusals: list | None = None) -> onnx.ModelProto:
+INTEGER_CONV = "integer_conv"  # the recognitions' names in the decision log (``import_log``)
+INTEGER_MATMUL = "integer_matmul"
+
+
+def recognize_integer_convs(model: onnx.ModelProto, refusals: list | None = None,
+                            log: list | None = None) -> onnx.ModelProto:
     """``model`` with each DQ -> Conv -> [Relu] -> Q replaced (see the module docstring); the model
-    itself when nothing matches. ``refusals`` collects ``(conv name, reason)`` for the rest."""
-    if not any(n.op_type == "Conv" for n in model.graph.node) \
+    itself when nothing matches. ``refusals`` collects ``(conv name, reason)`` for the rest; ``log`` every
+    decision as ``(rule, "rewritten" | "refused", node names, what was done or why not)``, which the
+    importer keeps on the graph (``Graph.import_log``) for the decision log, the report and ``explain``."""
+
+    if not any(n.op_type in ("Conv",) + MATMUL_OPS for n in model.graph.node) \
             or not any(n.op_type == "QuantizeLinear" for n in model.graph.node):
         return model
     out = onnx.ModelProto()
@@ -165,13 +183,19 @@ def recognize_integer_convs(model: onnx.ModelProto, refusals: list | None = None
     m = _Model(out)
     replace: dict[str, onnx.NodeProto] = {}  # the QuantizeLinear's output -> the QLinearConv standing for it
     drop: set[str] = set()  # first outputs of the Conv and Relu nodes that go
+    before: dict[str, list[onnx.NodeProto]] = defaultdict(list)  # nodes to insert before a replaced one
     for conv in g.node:
+        if conv.op_type in MATMUL_OPS:
+            _recognize_matmul(m, conv, (replace, drop, before), refusals, log)
+            continue
         if conv.op_type != "Conv":
             continue
         found = _match(m, conv)
         if isinstance(found, str):
             if refusals is not None:
                 refusals.append((conv.name or conv.output[0], found))
+            if log is not None:
+                log.append((INTEGER_CONV, "refused", (conv.name or conv.output[0],), found))
             continue
         xz, wz = found["xz"], found["wz"]
         if not wz:  # QLinearConv needs every operand: an absent zero point is 0 of the weight's type
@@ -191,6 +215,11 @@ def recognize_integer_convs(model: onnx.ModelProto, refusals: list | None = None
                                 opfuse_residual=int(res is not None))
         node.attribute.extend(a for a in conv.attribute)
         replace[q.output[0]] = node
+        if log is not None:
+            parts = ["DequantizeLinear", conv.op_type] + (["Add(residual)"] if res is not None else []) \
+                + (["Relu"] if found["relu"] is not None else []) + ["QuantizeLinear"]
+            log.append((INTEGER_CONV, "rewritten", (conv.name or conv.output[0], q.name or q.output[0]),
+                        f"{' -> '.join(parts)} as one integer conv (int32 accumulator, fixed-point Requantize)"))
         drop.add(conv.output[0])
         if res is not None:
             drop.add(res["add"].output[0])
@@ -201,6 +230,8 @@ def recognize_integer_convs(model: onnx.ModelProto, refusals: list | None = None
     kept = []
     for n in g.node:
         if n.output[0] not in drop:
+            for extra in before.get(n.output[0], ()):  # the 8-bit input's Flatten / Reshape
+                kept.append(extra)
             c = onnx.NodeProto()
             c.CopyFrom(replace.get(n.output[0], n))
             kept.append(c)
@@ -210,3 +241,148 @@ def recognize_integer_convs(model: onnx.ModelProto, refusals: list | None = None
     del g.node[:]
     g.node.extend(kept)
     return out
+
+
+# Gemm / MatMul ---------------------------------------------------------------------------------------
+MATMUL_OPS = ("Gemm", "MatMul")
+RESHAPES = ("Flatten", "Reshape")  # data movement the quantizer leaves between a DQ and a Gemm (same scale)
+
+
+def _gemm_attrs(node: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _dq_through_reshape(m: _Model, name: str):
+    """``(reshape node or None, dq parts)`` of an activation that is ``DQ(q)`` or ``Flatten/Reshape(DQ(q))``."""
+    prod = m.producer.get(name)
+    if prod is not None and prod.op_type in RESHAPES:
+        if prod.op_type == "Reshape" and m.const(prod.input[1]) is None:
+            return "the input is reshaped to a run-time shape"
+        parts = _dq_parts(m, prod.input[0], "the input")
+        return parts if isinstance(parts, str) else (prod, parts)
+    parts = _dq_parts(m, name, "the input")
+    return parts if isinstance(parts, str) else (None, parts)
+
+
+def _match_matmul(m: _Model, mm: onnx.NodeProto):
+    """The DQ -> Gemm/MatMul -> [Add(DQ bias)] -> [Relu] -> Q pattern at ``mm``, or the reason it is not one."""
+    attrs = _gemm_attrs(mm)
+    if mm.op_type == "Gemm" and (attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0
+                                 or attrs.get("beta", 1.0) != 1.0):
+        return "a Gemm with transA or alpha, beta other than 1"
+    x = _dq_through_reshape(m, mm.input[0])
+    if isinstance(x, str):
+        return x
+    reshape, (x_dq, x_q, xs, xz) = x
+    if xs.size != 1 or xz is None or xz.size != 1:
+        return "the input is not quantized per tensor with a zero point"
+    shape = m.shape(mm.input[0])
+    if shape is None or len(shape) != 2:
+        return "the input is not known to be a matrix"
+    w = _dq_parts(m, mm.input[1], "the weight")
+    if isinstance(w, str):
+        return w
+    w_dq, w_q, ws, wz = w
+    w_arr = m.const(w_q)
+    if w_arr is None or w_arr.dtype not in QUANT_8BIT or w_arr.ndim != 2:
+        return "the weight is not an int8 or uint8 constant matrix"
+    trans_b = mm.op_type == "Gemm" and bool(attrs.get("transB", 0))
+    n_axis = 0 if trans_b else 1
+    N = w_arr.shape[n_axis]
+    for what, v in (("scale", ws), ("zero point", wz)):
+        if v is not None and v.size != 1 and (v.shape != (N,) or _axis(w_dq) % 2 != n_axis):
+            return f"the weight's {what} is not per tensor or per output column"
+    bias_name, bias_add, nxt = None, None, m.only_consumer(mm.output[0])
+    if mm.op_type == "Gemm" and len(mm.input) > 2 and mm.input[2]:
+        bias_name = mm.input[2]
+    elif nxt is not None and nxt.op_type == "Add" and len(nxt.input) == 2:
+        other = nxt.input[1] if nxt.input[0] == mm.output[0] else nxt.input[0]
+        if isinstance(_dq_parts(m, other, "the bias"), tuple):
+            bias_name, bias_add, nxt = other, nxt, m.only_consumer(nxt.output[0])
+    bias = None
+    if bias_name is not None:
+        b = _dq_parts(m, bias_name, "the bias")
+        if isinstance(b, str):
+            return b
+        b_dq, b_q, bs, bz = b
+        b_arr = m.const(b_q)
+        if b_arr is None or b_arr.dtype != np.int32 or b_arr.shape not in ((N,), (1, N)):
+            return "the bias is not an int32 constant of one value per output column"
+        if bz is not None and np.any(bz != 0):
+            return "the bias has a non-zero zero point"
+        want = (np.float32(xs.reshape(())) * ws.astype(np.float32)).astype(np.float64)
+        if not np.allclose(bs.astype(np.float64), np.broadcast_to(want, bs.shape), rtol=BIAS_SCALE_RTOL, atol=0):
+            return "the bias scale is not input scale x weight scale"
+        bias = b_arr.reshape(N)
+    relu = None
+    if nxt is not None and nxt.op_type == "Relu":
+        relu, nxt = nxt, m.only_consumer(nxt.output[0])
+    if nxt is None or nxt.op_type != "QuantizeLinear":
+        return "the product is not quantized by its only reader (through a bias Add and a Relu at most)"
+    ys = m.const(nxt.input[1])
+    yz = m.const(nxt.input[2]) if len(nxt.input) > 2 and nxt.input[2] else None
+    if ys is None or yz is None or ys.size != 1 or yz.size != 1 or yz.dtype not in QUANT_8BIT:
+        return "the output is not quantized per tensor to int8 or uint8 with constant parameters"
+    if any(a.name in ("output_dtype", "saturate", "precision") for a in nxt.attribute):
+        return "the QuantizeLinear has attributes opfuse does not fold into an integer matmul"
+    return {"reshape": reshape, "x_q": x_q, "xs": x_dq.input[1], "xz": x_dq.input[2],
+            "w": w_arr.T if trans_b else w_arr, "w_name": w_q, "ws": w_dq.input[1],
+            "wz": w_dq.input[2] if len(w_dq.input) > 2 else "", "bias": bias,
+            "bias_add": bias_add, "relu": relu, "q": nxt}
+
+
+def _recognize_matmul(m: _Model, mm: onnx.NodeProto, edits: tuple, refusals: list | None,
+                      log: list | None = None) -> None:
+    """One ``QLinearMatMul`` (``opfuse_requantize="fixed"``, the int32 bias as input 8) for the pattern at
+    ``mm``: the weight as ``K x N`` (a Gemm's ``transB`` applied to the constant), the 8-bit input's
+    Flatten / Reshape moved before the dequantization (the same per-tensor scale either way)."""
+    replace, drop, before = edits
+    found = _match_matmul(m, mm)
+    name = mm.name or mm.output[0]
+    if isinstance(found, str):
+        if refusals is not None:
+            refusals.append((name, found))
+        if log is not None:
+            log.append((INTEGER_MATMUL, "refused", (name,), found))
+        return
+    g_init = m.model_graph.initializer
+    base = mm.output[0]
+    x_q = found["x_q"]
+    q = found["q"]
+    if found["reshape"] is not None:
+        r = onnx.NodeProto()
+        r.CopyFrom(found["reshape"])
+        del r.input[:]
+        r.input.extend([x_q, *found["reshape"].input[1:]])
+        del r.output[:]
+        x_q = f"{base}_opfuse_input_q"
+        r.output.append(x_q)
+        r.name = f"{name}_opfuse_input_reshape"
+        before[q.output[0]].append(r)
+        if m.only_consumer(found["reshape"].output[0]) is mm:  # the float reshape goes (and its DQ, unread)
+            drop.add(found["reshape"].output[0])
+    w_name = f"{base}_opfuse_weight_kn"
+    g_init.append(numpy_helper.from_array(np.ascontiguousarray(found["w"]), w_name))
+    wz = found["wz"]
+    if not wz:
+        wz = f"{base}_opfuse_w_zero_point"
+        g_init.append(numpy_helper.from_array(np.array(0, found["w"].dtype), wz))
+    inputs = [x_q, found["xs"], found["xz"], w_name, found["ws"], wz, q.input[1], q.input[2]]
+    if found["bias"] is not None:
+        b_name = f"{base}_opfuse_bias"
+        g_init.append(numpy_helper.from_array(found["bias"].astype(np.int32), b_name))
+        inputs.append(b_name)
+    if log is not None:
+        parts = ["DequantizeLinear"] + (["Flatten" if found["reshape"].op_type == "Flatten" else "Reshape"]
+                                        if found["reshape"] is not None else []) + [mm.op_type] \
+            + (["Add(bias)"] if found["bias"] is not None else []) + (["Relu"] if found["relu"] is not None else []) \
+            + ["QuantizeLinear"]
+        log.append((INTEGER_MATMUL, "rewritten", (name, q.name or q.output[0]),
+                    f"{' -> '.join(parts)} as one integer matmul (int32 accumulator, fixed-point Requantize)"))
+    replace[q.output[0]] = helper.make_node("QLinearMatMul", inputs, list(q.output), name=name,
+                                            opfuse_requantize="fixed", opfuse_relu=int(found["relu"] is not None))
+    drop.add(mm.output[0])
+    if found["bias_add"] is not None:
+        drop.add(found["bias_add"].output[0])
+    if found["relu"] is not None:
+        drop.add(found["relu"].output[0])

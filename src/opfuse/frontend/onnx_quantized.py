@@ -132,10 +132,11 @@ def qlinear_conv(ctx, node, inputs):
 
 
 def _requantize_fixed(w: _Writer, acc: Value, xs: Value, ws: Value, ys: Value, yz: Value | None, *,
-                      relu: bool, residual: tuple | None = None) -> list:
+                      relu: bool, residual: tuple | None = None, axis: int = 1) -> list:
     """``Requantize`` with the per-channel fixed-point form of ``m = xs * ws / ys`` (exact, in float64, of
     the float32 scales); ``relu`` raises the clamp's lower bound to the zero point; ``residual``
-    ``(r_q, rs, rz)`` adds ``int32(r_q) - rz`` with the multiplier ``rs / ys`` at the same shift."""
+    ``(r_q, rs, rz)`` adds ``int32(r_q) - rz`` with the multiplier ``rs / ys`` at the same shift; the
+    channels (of a per-channel ``ws``) lie along ``axis`` of ``acc`` (a Conv's 1, a MatMul's columns -1)."""
     if yz is None or any(v.const is None for v in (xs, ws, ys, yz)):
         raise UnsupportedOpError(w.node.op_type, w.node.name, w.ctx.opset, detail="fixed-point requantization of "
                                  "run-time scales")
@@ -144,7 +145,8 @@ def _requantize_fixed(w: _Writer, acc: Value, xs: Value, ws: Value, ys: Value, y
     pairs = [fixed_point_multiplier(float(v)) for v in m]
     mult = np.array([p[0] for p in pairs], np.int32)
     shift = np.array([p[1] for p in pairs], np.int32)
-    per_channel = (1, -1) + (1,) * (len(acc.shape) - 2) if mult.size > 1 else ()
+    rank = len(acc.shape)
+    per_channel = tuple(-1 if i == axis % rank else 1 for i in range(rank)) if mult.size > 1 else ()
     mult, shift = mult.reshape(per_channel), shift.reshape(per_channel)
     zp = int(np.asarray(yz.const).reshape(()))
     lo, hi = QUANT_RANGES[yz.dtype]
@@ -167,4 +169,13 @@ def qlinear_matmul(ctx, node, inputs):
     a, a_s, az, b, bs, bz, ys = inputs[:7]
     yz = _opt(inputs, 7)
     w = _Writer(ctx, node)
-    return _requantize(w, _matmul_integer(w, a, b, az, bz), a_s, bs, ys, yz, -1)
+    acc = _matmul_integer(w, a, b, az, bz)
+    if node.attrs.get("opfuse_requantize") == "fixed":  # onnx_qdq's DQ -> Gemm/MatMul -> [bias] -> [Relu] -> Q
+        bias = _opt(inputs, 8)
+        N = b.shape[-1]
+        if bias is not None:
+            if bias.dtype != I32 or bias.shape != (N,):
+                raise ShapeError(f"node '{node.name}' (QLinearMatMul): bias {bias.type} must be int32[{N}]")
+            acc = w.op("Add", [acc, _shaped(w, bias, len(acc.shape), -1, N, "bias")])
+        return _requantize_fixed(w, acc, a_s, bs, ys, yz, relu=bool(node.attrs.get("opfuse_relu", 0)), axis=-1)
+    return _requantize(w, acc, a_s, bs, ys, yz, -1)

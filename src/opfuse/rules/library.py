@@ -15,7 +15,8 @@
 
 * ``recognition_rules()``: rewrites that turn decomposed formulas into single ops
   (LayerNorm, erf- and tanh-GELU, SiLU, hard-swish), so the fusion rules and codegen see one
-  op each (the pipeline's ``recognize`` stage runs these very rules).
+  op each (the pipeline's ``recognize`` stage runs these very rules); and ``int8_concat``, a
+  dequantize -> Concat -> quantize at one scale rewritten to a Concat of the 8-bit tensors.
 
 Rule names are what ``--disable`` takes.
 """
@@ -27,13 +28,14 @@ from opfuse.rules.attention import ATTENTION
 from opfuse.rules.gelu import ERF_GELU, TANH_GELU
 from opfuse.rules.horizontal import HORIZONTAL
 from opfuse.rules.normalization import LAYERNORM
+from opfuse.rules.qconcat import INT8_CONCAT
 from opfuse.rules.quantized import DEQUANTIZE_PROLOGUE
 from opfuse.rules.rule import Rule
 from opfuse.rules.vertical import ELEMENTWISE_CHAIN, EPILOGUE, INJECTIVE, NORMALIZATION_PROLOGUE
 
 
 def recognition_rules() -> list[Rule]:
-    return [LAYERNORM, ERF_GELU, TANH_GELU, SILU, HARD_SWISH]
+    return [LAYERNORM, ERF_GELU, TANH_GELU, SILU, HARD_SWISH, INT8_CONCAT]
 
 
 def fusion_rules() -> list[Rule]:

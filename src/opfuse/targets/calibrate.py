@@ -38,6 +38,7 @@ What is measured and what is read from the OS:
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import platform
 from datetime import datetime, timezone
@@ -155,6 +156,13 @@ def vector_isa() -> tuple[int, int, str]:
     if "avx" in flags:
         return 16 * 32, 32, "AVX (16 x 256-bit)"
     return 16 * 16, 16, "SSE2 (16 x 128-bit)"
+
+
+@functools.lru_cache(maxsize=None)
+def host_simd_isa() -> str:
+    """The code generator's name for this CPU's widest x86 vector ISA (what the host profile's
+    ``vector_bytes`` says): "avx512" where it has AVX-512F, else "avx2"."""
+    return "avx512" if vector_isa()[1] >= 64 and platform.machine().lower() in ("x86_64", "amd64") else "avx2"
 
 
 def numa_topology() -> tuple[int, float]:

@@ -1,0 +1,1066 @@
+"""Integer convolution on the host: register-blocked integer GEMM and vectorised depthwise, with the
+requantizing epilogue in vector registers.
+
+The Cortex-M7 kernel (``qconv.py``) takes one dot product per output position and channel and finishes
+each element in scalar code; on an x86 host that leaves the vector units idle. Where the target has
+AVX2 (``#if defined(__AVX2__)``; ``CodegenOptions(simd="auto")``, platform "host") and the group is a
+quantized model's ``Cast/Sub -> Conv -> [Add bias] -> Requantize [+ residual]``, this module emits instead:
+
+1. **Word image.** Per image and group the 8-bit input is rewritten once into 32-bit words, laid out
+   ``[channel word][padded row][column phase][column / stride]``, so that for every tap ``(kh, kw)`` the
+   words of ``8 * NV`` consecutive output positions of one row are ``8 * NV`` consecutive words: the
+   convolution is an implicit GEMM read in place, with no per-tile packing (a 1x1 stride-1 convolution
+   without padding is one row of all positions). Two kinds of words:
+
+   * **int16 pairs** (AVX2): ``(x[2c] - zp, x[2c+1] - zp)``, 0 in the padding (the padding's centred value, as
+     in the unfused graph);
+   * **u8 quads** (``__AVX512VNNI__`` and ``__AVX512VL__``, weights within int8, zero point an 8-bit value):
+     4 channels' bytes as unsigned (int8 ``+ 128``), the unsigned zero point ``zu`` in the padding; as
+     ``sum w (u - zu) = sum w u - zu sum w``, ``zu sum w`` comes off through the bias. A single input channel
+     (a first layer on a mono input) puts 4 taps of a kernel row in a word instead.
+
+2. **Micro-kernel.** ``MR`` output channels x ``NV`` vectors of 8 positions of int32 accumulators in
+   registers; per word and tap: ``NV`` loads, ``MR`` broadcasts of the packed weight word, and ``MR * NV``
+   ``vpmaddwd`` + ``vpaddd`` (pairs; one ``vpdpwssd`` each with VNNI) or ``vpdpbusd`` (quads). All exact:
+   ``|x| <= 255`` and ``|w| <= 32767`` keep a pair's sum below 2^31, a quad's four ``u8 * s8`` products sum
+   below 2^17, and none of these instructions saturates (not ``vpmaddubsw``, nor the ``s`` forms of the
+   VNNI ones); the int32 sums wrap as the reference's do. Channel blocks run outside the position tiles
+   where the weights outweigh the image (each is then walked once).
+3. **Epilogue, 8 positions at a time** for one channel: bias (int32, wrapping), then ``Requantize``
+   (``ops/quantized.py``) in 64-bit lanes, bit for bit the reference's: ``acc * multiplier`` exactly
+   (``vpmuldq``); the residual's ``res * rmult`` (``rmult < 2^53``) as ``res * (rmult mod 2^31) + (res *
+   (rmult >> 31)) * 2^31``, two more exact ``vpmuldq``; round half to even as ``floor((p + 2^(s-1) - 1 +
+   bit_s(p)) / 2^s)``; zero point, clamp, narrowing to 8 bits. AVX-512: all 8 lanes in one register with
+   arithmetic 64-bit shifts and min/max; AVX2: the even and the odd lanes apart, the shift done on
+   ``p + 2^63`` as unsigned (AVX2 has no arithmetic 64-bit shift), clamps by 64-bit compares.
+4. **Depthwise** (one channel per group): rows of at least ``CodegenOptions.int8_depthwise_channels_below``
+   positions per channel plane (a padded int32 plane of centred values, 8 positions per vector, one
+   ``vpmulld`` + ``vpaddd`` per tap); narrower ones 8 channels per vector (a padded image with the channels
+   innermost, built and stored through 8x8 byte transposes, the epilogue with one channel's constants per
+   lane).
+
+The plain C99 path (``simd="none"``, the Cortex-M7 build) and targets without AVX2 keep ``qconv.py``'s
+kernel (``#else``), untouched. Anything else in the epilogue (another op, a second output) keeps it too,
+and the kernel's notes say why.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+
+from opfuse.codegen.ctype import c_type
+from opfuse.codegen.stages import Stage
+from opfuse.ir.graph import Node, Value
+from opfuse.ops.nn import conv_geometry
+from opfuse.ops.quantized import MAX_SHIFT, RESIDUAL_BITS
+from opfuse.ops.registry import get_spec
+
+T = TypeVar("T")
+EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
+HOST_GUARD = "defined(__AVX2__)"
+VNNI_GUARD = "defined(__AVX512VNNI__) && defined(__AVX512VL__)"
+LANES = 8  # int32 lanes of one AVX2 vector: output positions per vector
+# Register blocks (output channels MR x vectors of positions NV) the GEMM chooses from: each keeps at
+# most 12 accumulators so that with the NV loaded vectors, a broadcast weight and a product temporary
+# they fit AVX2's 16 ymm registers. Chosen per convolution by ``_block`` (least estimated work).
+BLOCKS = ((6, 2), (4, 3), (4, 2), (8, 1), (4, 1), (2, 2))
+
+
+@dataclass
+class QInput:
+    q: Value     # the 8-bit tensor in memory
+    zp: int      # x = int32(q) - zp
+
+
+@dataclass
+class QEpilogue:
+    """``out = Requantize(conv + bias, mult, shift[, int32(res) - res_zp, rmult])``, per channel."""
+    out: Value
+    bias: np.ndarray   # int32 per output channel (0 where none)
+    mult: np.ndarray   # int32 per output channel
+    shift: np.ndarray  # int32 per output channel
+    zp: int
+    lo: int
+    hi: int
+    res: QInput | None = None
+    rmult: np.ndarray | None = None  # int64 per output channel
+
+
+def _centred_input(v: Value, ev) -> QInput | None:
+    """``v = int32(q) [- zp]`` computed inline (``Cast``/``Sub`` in this kernel) from an 8-bit ``q`` in
+    memory, ``zp`` a constant scalar of 8-bit range."""
+    zp = 0
+    n = v.producer
+    if n is None or id(n) not in ev.inline:
+        return None
+    if n.op_type == "Sub":
+        z = ev.static.get(id(n.input(1)))
+        if z is None or z.size != 1 or not -255 <= int(z.reshape(-1)[0]) <= 255:
+            return None
+        zp = int(z.reshape(-1)[0])
+        n = n.input(0).producer
+        if n is None or id(n) not in ev.inline:
+            return None
+    if n.op_type != "Cast" or n.outputs[0].dtype != np.int32:
+        return None
+    q = n.input(0)
+    if q.dtype not in EIGHT_BIT or id(q) not in ev.loadable or id(q) in ev.static:
+        return None
+    if q.producer is not None and id(q.producer) in ev.inline:
+        return None
+    return QInput(q, zp)
+
+
+def _per_channel(arr: np.ndarray | None, shape: tuple, dtype) -> np.ndarray | None:
+    """``arr`` (broadcasting to the NCHW ``shape``) as one value per channel, or None when it varies
+    along another axis or is not known at build time."""
+    if arr is None or arr.ndim > len(shape):
+        return None
+    full = (1,) * (len(shape) - arr.ndim) + arr.shape
+    if any(d != 1 for i, d in enumerate(full) if i != 1):
+        return None
+    return np.broadcast_to(arr.reshape(full[1]), (shape[1],)).astype(dtype)
+
+
+class _Refused(Exception):
+    """Why the host kernel does not take this convolution (reported in the kernel's notes)."""
+
+
+def _need(cond: bool, reason: str) -> None:
+    if not cond:
+        raise _Refused(reason)
+
+
+def _must(value: T | None, reason: str) -> T:
+    """``value``, or ``_Refused(reason)`` when it is None."""
+    if value is None:
+        raise _Refused(reason)
+    return value
+
+
+def match_epilogue(ev, stage: Stage, node: Node) -> QEpilogue:
+    """The epilogue this module vectorises; ``_Refused`` with the reason otherwise."""
+    acc = node.outputs[0]
+    shape = acc.shape
+    bias = np.zeros(shape[1], np.int64)
+    if len(node.inputs) > 2 and node.inputs[2] is not None:
+        bias += _must(_per_channel(ev.static.get(id(node.inputs[2])), shape[1:2], np.int64),
+                      "the Conv's bias is not a constant")
+    cur = acc
+    rq: Node | None = None
+    for n in stage.epilogue:
+        if not any(v is cur for v in n.input_values()):
+            continue
+        _need(rq is None, f"a {n.op_type} reads the accumulator besides the Requantize")
+        if n.op_type == "Add" and n.outputs[0].dtype == np.int32 and n.outputs[0].shape == shape:
+            other = n.input(1) if n.input(0) is cur else n.input(0)
+            bias += _must(_per_channel(ev.static.get(id(other)), shape, np.int64),
+                          "the bias Add's operand is not a constant per channel")
+            cur = n.outputs[0]
+        elif n.op_type == "Requantize" and n.input(0) is cur:
+            rq = n
+        else:
+            raise _Refused(f"a {n.op_type} in the epilogue (only a bias Add and a Requantize are vectorised)")
+    rq = _must(rq, "the epilogue has no Requantize")
+    _need(len(stage.outputs) == 1 and stage.outputs[0] is rq.outputs[0],
+          "the kernel stores another tensor than the Requantize's output")
+    out = rq.outputs[0]
+    _need(out.shape == shape, "the Requantize broadcasts the accumulator")
+    mult = _must(_per_channel(ev.static.get(id(rq.input(1))), shape, np.int64),
+                 "the Requantize's multiplier is not a constant per channel")
+    shift = _must(_per_channel(ev.static.get(id(rq.input(2))), shape, np.int64),
+                  "the Requantize's shift is not a constant per channel")
+    _need(mult.min() >= 0 and shift.min() >= 1 and shift.max() <= MAX_SHIFT,
+          f"the Requantize has a negative multiplier or a shift outside [1, {MAX_SHIFT}] (the reference refuses it)")
+    a = get_spec(rq.op_type, rq).attrs_of(rq)
+    # the bias wraps in int32 like the reference's Add
+    ep = QEpilogue(out, bias.astype(np.int32), mult.astype(np.int32), shift.astype(np.int32),
+                   int(a["zero_point"]), int(a["lo"]), int(a["hi"]))
+    if len(rq.input_values()) == 5:
+        res = _must(_centred_input(rq.input(3), ev),
+                    "the Requantize's residual is not an 8-bit tensor in memory less a constant zero point")
+        _need(res.q.shape == shape, "the Requantize broadcasts its residual")
+        rmult = _must(_per_channel(ev.static.get(id(rq.input(4))), shape, np.int64),
+                      "the Requantize's residual multiplier is not a constant per channel")
+        _need(rmult.min() >= 0 and rmult.max() < 1 << (MAX_SHIFT - RESIDUAL_BITS),
+              "the Requantize's residual multiplier is out of range (the reference refuses it)")
+        ep.res, ep.rmult = res, rmult
+    return ep
+
+
+def host_int8_conv_applies(kc, ev, stage: Stage) -> tuple[QInput, QEpilogue] | None:
+    """The host kernel's operands, or None where ``qconv.py``'s kernel stays alone (on the host with
+    SIMD, the reason is in the kernel's notes)."""
+    opts = kc.program.options
+    if opts.simd == "none" or opts.platform != "host":
+        return None
+    node = stage.anchor_node
+    try:
+        _need(len(node.input(0).shape) == 4, "not a 2-D convolution")
+        x = _must(_centred_input(node.input(0), ev), "the input is not an 8-bit tensor in memory less a "
+                                                     "constant zero point, dequantized in this kernel")
+        return x, match_epilogue(ev, stage, node)
+    except _Refused as e:
+        reason = str(e)
+        kc.note(lambda name: f"int8 conv '{name}': host int8 kernel not used: {reason}", node)
+        return None
+
+
+# C ---------------------------------------------------------------------------------------------------
+HELPER = "opfuse_q8_host"
+HELPER_C = """
+#if defined(__AVX2__)
+#include <immintrin.h>
+/* acc + the pairwise products of x and w (int16 pairs), exact: one vpdpwssd with AVX512-VNNI. */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define OPFUSE_Q8_DOT(acc, x, w) _mm256_dpwssd_epi32((acc), (x), (w))
+#else
+#define OPFUSE_Q8_DOT(acc, x, w) _mm256_add_epi32((acc), _mm256_madd_epi16((x), (w)))
+#endif
+
+/* The requantization's constants for 8 lanes: one output channel in every lane (opfuse_q8_chan_init) or one
+   channel per lane (opfuse_q8_chan_lanes: 8 consecutive channels, the depthwise kernel over channels). */
+#if defined(__AVX512F__)
+typedef struct {
+  __m512i mult, cnt, hm1, zp, lo, hi, rl, rh;
+} opfuse_q8_chan;
+
+static inline opfuse_q8_chan opfuse_q8_chan_vec(__m256i mult, __m256i shift, __m512i rmult, int32_t zp, int32_t lo,
+                                                int32_t hi) {
+  opfuse_q8_chan c;
+  c.mult = _mm512_cvtepi32_epi64(mult);
+  c.cnt = _mm512_cvtepi32_epi64(shift);
+  c.hm1 = _mm512_sub_epi64(_mm512_sllv_epi64(_mm512_set1_epi64(1), _mm512_sub_epi64(c.cnt, _mm512_set1_epi64(1))),
+                           _mm512_set1_epi64(1));
+  c.zp = _mm512_set1_epi64(zp);
+  c.lo = _mm512_set1_epi64(lo);
+  c.hi = _mm512_set1_epi64(hi);
+  c.rl = _mm512_and_si512(rmult, _mm512_set1_epi64(0x7fffffff));
+  c.rh = _mm512_srli_epi64(rmult, 31);
+  return c;
+}
+static inline opfuse_q8_chan opfuse_q8_chan_init(int32_t mult, int32_t shift, int64_t rmult, int32_t zp, int32_t lo,
+                                                 int32_t hi) {
+  return opfuse_q8_chan_vec(_mm256_set1_epi32(mult), _mm256_set1_epi32(shift), _mm512_set1_epi64(rmult), zp, lo, hi);
+}
+static inline opfuse_q8_chan opfuse_q8_chan_lanes(const int32_t* mult, const int32_t* shift, const int64_t* rmult,
+                                                  int32_t zp, int32_t lo, int32_t hi) {
+  return opfuse_q8_chan_vec(_mm256_loadu_si256((const __m256i*)mult), _mm256_loadu_si256((const __m256i*)shift),
+                            rmult ? _mm512_loadu_si512(rmult) : _mm512_setzero_si512(), zp, lo, hi);
+}
+
+/* 8 int32 accumulators (bias added) -> 8 requantized 8-bit values (the low 8 bytes); res: the centred
+   residual or NULL. Round half to even of p / 2^s is floor((p + 2^(s-1) - 1 + bit_s(p)) / 2^s). AVX-512: all
+   8 products in one register, arithmetic 64-bit shifts, min/max and a truncating narrowing (the values are
+   already clamped to the 8-bit type). */
+static inline __m128i opfuse_q8_requantize(__m256i acc, const opfuse_q8_chan* c, const __m256i* res, int is_unsigned) {
+  (void)is_unsigned;
+  __m512i p = _mm512_mul_epi32(_mm512_cvtepi32_epi64(acc), c->mult);
+  if (res) {
+    const __m512i r = _mm512_cvtepi32_epi64(*res);
+    p = _mm512_add_epi64(p, _mm512_add_epi64(_mm512_mul_epi32(r, c->rl),
+                                             _mm512_slli_epi64(_mm512_mul_epi32(r, c->rh), 31)));
+  }
+  const __m512i odd = _mm512_and_si512(_mm512_srlv_epi64(p, c->cnt), _mm512_set1_epi64(1));
+  __m512i q = _mm512_srav_epi64(_mm512_add_epi64(_mm512_add_epi64(p, c->hm1), odd), c->cnt);
+  q = _mm512_min_epi64(_mm512_max_epi64(_mm512_add_epi64(q, c->zp), c->lo), c->hi);
+  return _mm512_cvtepi64_epi8(q);
+}
+#else
+/* AVX2: the even lanes' and the odd lanes' 64-bit products apart (vpmuldq reads the low dword of each 64-bit
+   lane); mult, rl, rh: 32-bit per lane (_o: the odd lanes' in the low dwords); cnt, hm1 = 2^(s-1) - 1 and
+   b63 = 2^(63-s): 64-bit, even and odd lanes. */
+typedef struct {
+  __m256i mult, mult_o, rl, rl_o, rh, rh_o, cnt_e, cnt_o, hm1_e, hm1_o, b63_e, b63_o, zp, lo, hi;
+} opfuse_q8_chan;
+
+static inline opfuse_q8_chan opfuse_q8_chan_vec(__m256i mult, __m256i shift, __m256i rl, __m256i rh, int32_t zp,
+                                                int32_t lo, int32_t hi) {
+  opfuse_q8_chan c;
+  const __m256i one = _mm256_set1_epi64x(1), low = _mm256_set1_epi64x(0xffffffff);
+  c.mult = mult;
+  c.mult_o = _mm256_srli_epi64(mult, 32);
+  c.rl = rl;
+  c.rl_o = _mm256_srli_epi64(rl, 32);
+  c.rh = rh;
+  c.rh_o = _mm256_srli_epi64(rh, 32);
+  c.cnt_e = _mm256_and_si256(shift, low);
+  c.cnt_o = _mm256_srli_epi64(shift, 32);
+  c.hm1_e = _mm256_sub_epi64(_mm256_sllv_epi64(one, _mm256_sub_epi64(c.cnt_e, one)), one);
+  c.hm1_o = _mm256_sub_epi64(_mm256_sllv_epi64(one, _mm256_sub_epi64(c.cnt_o, one)), one);
+  c.b63_e = _mm256_sllv_epi64(one, _mm256_sub_epi64(_mm256_set1_epi64x(63), c.cnt_e));
+  c.b63_o = _mm256_sllv_epi64(one, _mm256_sub_epi64(_mm256_set1_epi64x(63), c.cnt_o));
+  c.zp = _mm256_set1_epi64x(zp);
+  c.lo = _mm256_set1_epi64x(lo);
+  c.hi = _mm256_set1_epi64x(hi);
+  return c;
+}
+static inline opfuse_q8_chan opfuse_q8_chan_init(int32_t mult, int32_t shift, int64_t rmult, int32_t zp, int32_t lo,
+                                                 int32_t hi) {
+  return opfuse_q8_chan_vec(_mm256_set1_epi32(mult), _mm256_set1_epi32(shift),
+                            _mm256_set1_epi32((int32_t)(rmult & 0x7fffffff)), _mm256_set1_epi32((int32_t)(rmult >> 31)),
+                            zp, lo, hi);
+}
+static inline opfuse_q8_chan opfuse_q8_chan_lanes(const int32_t* mult, const int32_t* shift, const int64_t* rmult,
+                                                  int32_t zp, int32_t lo, int32_t hi) {
+  int32_t rl[8] = {0}, rh[8] = {0};
+  for (int j = 0; rmult && j < 8; ++j) {
+    rl[j] = (int32_t)(rmult[j] & 0x7fffffff);
+    rh[j] = (int32_t)(rmult[j] >> 31);
+  }
+  return opfuse_q8_chan_vec(_mm256_loadu_si256((const __m256i*)mult), _mm256_loadu_si256((const __m256i*)shift),
+                            _mm256_loadu_si256((const __m256i*)rl), _mm256_loadu_si256((const __m256i*)rh), zp, lo, hi);
+}
+
+/* Round half to even of 4 int64 products p / 2^s as floor((p + 2^(s-1) - 1 + bit_s(p)) / 2^s), on p + 2^63
+   taken as unsigned (no arithmetic 64-bit shift in AVX2), plus the zero point, clamped to [lo, hi]. */
+static inline __m256i opfuse_q8_round(__m256i p, __m256i cnt, __m256i hm1, __m256i b63, const opfuse_q8_chan* c) {
+  const __m256i u = _mm256_xor_si256(p, _mm256_set1_epi64x((long long)0x8000000000000000ull));
+  const __m256i odd = _mm256_and_si256(_mm256_srlv_epi64(u, cnt), _mm256_set1_epi64x(1));
+  const __m256i t = _mm256_add_epi64(_mm256_add_epi64(u, hm1), odd);
+  __m256i q = _mm256_add_epi64(_mm256_sub_epi64(_mm256_srlv_epi64(t, cnt), b63), c->zp);
+  q = _mm256_blendv_epi8(q, c->lo, _mm256_cmpgt_epi64(c->lo, q));
+  q = _mm256_blendv_epi8(q, c->hi, _mm256_cmpgt_epi64(q, c->hi));
+  return q;
+}
+
+/* 8 int32 accumulators (bias added) -> 8 requantized 8-bit values (the low 8 bytes); res: the centred
+   residual or NULL. The packs saturate nothing (the values are already clamped). */
+static inline __m128i opfuse_q8_requantize(__m256i acc, const opfuse_q8_chan* c, const __m256i* res, int is_unsigned) {
+  const __m256i acc_o = _mm256_srli_epi64(acc, 32);
+  __m256i pe = _mm256_mul_epi32(acc, c->mult);
+  __m256i po = _mm256_mul_epi32(acc_o, c->mult_o);
+  if (res) {
+    const __m256i re = *res, ro = _mm256_srli_epi64(*res, 32);
+    pe = _mm256_add_epi64(pe, _mm256_add_epi64(_mm256_mul_epi32(re, c->rl),
+                                               _mm256_slli_epi64(_mm256_mul_epi32(re, c->rh), 31)));
+    po = _mm256_add_epi64(po, _mm256_add_epi64(_mm256_mul_epi32(ro, c->rl_o),
+                                               _mm256_slli_epi64(_mm256_mul_epi32(ro, c->rh_o), 31)));
+  }
+  const __m256i qe = opfuse_q8_round(pe, c->cnt_e, c->hm1_e, c->b63_e, c);
+  const __m256i qo = opfuse_q8_round(po, c->cnt_o, c->hm1_o, c->b63_o, c);
+  const __m256i v = _mm256_blend_epi32(qe, _mm256_slli_epi64(qo, 32), 0xAA);
+  const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  return is_unsigned ? _mm_packus_epi16(w, w) : _mm_packs_epi16(w, w);
+}
+#endif
+
+/* v0..v7: 8 positions' 8 bytes (8 channels each, the low half); stores channel j's 8 positions (the first n)
+   at dst + j * stride, for the first nch channels: an 8 x 8 byte transpose. */
+static inline void opfuse_q8_store_8x8(void* dst, long stride, long nch, long n, __m128i v0, __m128i v1, __m128i v2,
+                                       __m128i v3, __m128i v4, __m128i v5, __m128i v6, __m128i v7) {
+  const __m128i t0 = _mm_unpacklo_epi8(v0, v1), t1 = _mm_unpacklo_epi8(v2, v3);
+  const __m128i t2 = _mm_unpacklo_epi8(v4, v5), t3 = _mm_unpacklo_epi8(v6, v7);
+  const __m128i u0 = _mm_unpacklo_epi16(t0, t1), u1 = _mm_unpackhi_epi16(t0, t1);
+  const __m128i u2 = _mm_unpacklo_epi16(t2, t3), u3 = _mm_unpackhi_epi16(t2, t3);
+  __m128i w[4];
+  w[0] = _mm_unpacklo_epi32(u0, u2);
+  w[1] = _mm_unpackhi_epi32(u0, u2);
+  w[2] = _mm_unpacklo_epi32(u1, u3);
+  w[3] = _mm_unpackhi_epi32(u1, u3);
+  unsigned char* d = (unsigned char*)dst;
+  if (nch == 8 && n == 8) {
+    for (int i = 0; i < 4; ++i) {
+      _mm_storel_epi64((__m128i*)(d + (2 * i) * stride), w[i]);
+      _mm_storeh_pd((double*)(d + (2 * i + 1) * stride), _mm_castsi128_pd(w[i]));
+    }
+    return;
+  }
+  unsigned char tmp[64];
+  for (int i = 0; i < 4; ++i) _mm_storeu_si128((__m128i*)(tmp + 16 * i), w[i]);
+  for (long j = 0; j < nch; ++j) memcpy(d + j * stride, tmp + 8 * j, (size_t)n);
+}
+
+static inline void opfuse_q8_store(void* dst, __m128i b, long n) {
+  if (n >= 8) {
+    _mm_storel_epi64((__m128i*)dst, b);
+  } else {
+    unsigned char tmp[16];
+    _mm_storeu_si128((__m128i*)tmp, b);
+    memcpy(dst, tmp, (size_t)n);
+  }
+}
+/* 8 (or the first n) 8-bit values widened to int32, less zp. */
+static inline __m256i opfuse_q8_load_s8(const int8_t* src, long n, int32_t zp) {
+  __m128i b;
+  if (n >= 8) {
+    b = _mm_loadl_epi64((const __m128i*)src);
+  } else {
+    unsigned char tmp[16] = {0};
+    memcpy(tmp, src, (size_t)n);
+    b = _mm_loadu_si128((const __m128i*)tmp);
+  }
+  return _mm256_sub_epi32(_mm256_cvtepi8_epi32(b), _mm256_set1_epi32(zp));
+}
+static inline __m256i opfuse_q8_load_u8(const uint8_t* src, long n, int32_t zp) {
+  __m128i b;
+  if (n >= 8) {
+    b = _mm_loadl_epi64((const __m128i*)src);
+  } else {
+    unsigned char tmp[16] = {0};
+    memcpy(tmp, src, (size_t)n);
+    b = _mm_loadu_si128((const __m128i*)tmp);
+  }
+  return _mm256_sub_epi32(_mm256_cvtepu8_epi32(b), _mm256_set1_epi32(zp));
+}
+#endif
+"""
+
+PAIRS_C = """
+#if defined(__AVX2__)
+/* dst[j] = the int16 pair (a[i] - zp, b[i] - zp), i = first + j * step, for j < n: 0 where i lies
+   outside [0, len) or the row is NULL (a channel past the group's: the odd count's padding). */
+static void opfuse_q8_pairs_{s}(int16_t* restrict dst, const {T}* a, const {T}* b, long first, long n, long step,
+                                long len, int32_t zp) {{
+  long j = 0;
+  if (step == 1 && a && b) {{
+    long lo = first < 0 ? -first : 0, hi = len - first;
+    if (lo > n) lo = n;
+    if (hi > n) hi = n;
+    if (hi < lo) hi = lo;
+    for (; j < lo; ++j) dst[2 * j] = dst[2 * j + 1] = 0;
+    const __m128i z = _mm_set1_epi16((short)zp);
+    for (; j + 8 <= hi; j += 8) {{
+      const __m128i xa = _mm_sub_epi16(_mm_cvt{cvt}_epi16(_mm_loadl_epi64((const __m128i*)(a + first + j))), z);
+      const __m128i xb = _mm_sub_epi16(_mm_cvt{cvt}_epi16(_mm_loadl_epi64((const __m128i*)(b + first + j))), z);
+      _mm_storeu_si128((__m128i*)(dst + 2 * j), _mm_unpacklo_epi16(xa, xb));
+      _mm_storeu_si128((__m128i*)(dst + 2 * j + 8), _mm_unpackhi_epi16(xa, xb));
+    }}
+    for (; j < hi; ++j) {{
+      dst[2 * j] = (int16_t)(a[first + j] - zp);
+      dst[2 * j + 1] = (int16_t)(b[first + j] - zp);
+    }}
+    for (; j < n; ++j) dst[2 * j] = dst[2 * j + 1] = 0;
+    return;
+  }}
+  if (step == 2 && a && b) {{ /* every other value: the even bytes of 16 gathered by one shuffle */
+    const __m128i z = _mm_set1_epi16((short)zp);
+    const __m128i even = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1);
+    for (; j < n && first + 2 * j < 0; ++j) dst[2 * j] = dst[2 * j + 1] = 0;
+    for (; j + 8 <= n && first + 2 * j + 16 <= len; j += 8) {{
+      const long i = first + 2 * j;
+      const __m128i ea = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i*)(a + i)), even);
+      const __m128i eb = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i*)(b + i)), even);
+      const __m128i xa = _mm_sub_epi16(_mm_cvt{cvt}_epi16(ea), z), xb = _mm_sub_epi16(_mm_cvt{cvt}_epi16(eb), z);
+      _mm_storeu_si128((__m128i*)(dst + 2 * j), _mm_unpacklo_epi16(xa, xb));
+      _mm_storeu_si128((__m128i*)(dst + 2 * j + 8), _mm_unpackhi_epi16(xa, xb));
+    }}
+  }}
+  for (; j < n; ++j) {{
+    const long i = first + j * step;
+    const int in = i >= 0 && i < len;
+    dst[2 * j] = (int16_t)(in && a ? a[i] - zp : 0);
+    dst[2 * j + 1] = (int16_t)(in && b ? b[i] - zp : 0);
+  }}
+}}
+
+/* dst[j] = a[first + j * step] - zp as int32, 0 outside [0, len). */
+static void opfuse_q8_plane_row_{s}(int32_t* restrict dst, const {T}* a, long first, long n, long step, long len,
+                                    int32_t zp) {{
+  long j = 0;
+  if (step == 1) {{
+    long lo = first < 0 ? -first : 0, hi = len - first;
+    if (lo > n) lo = n;
+    if (hi > n) hi = n;
+    if (hi < lo) hi = lo;
+    for (; j < lo; ++j) dst[j] = 0;
+    const __m256i z = _mm256_set1_epi32(zp);
+    for (; j + 8 <= hi; j += 8)
+      _mm256_storeu_si256((__m256i*)(dst + j),
+                          _mm256_sub_epi32(_mm256_cvt{cvt}_epi32(_mm_loadl_epi64((const __m128i*)(a + first + j))), z));
+    for (; j < hi; ++j) dst[j] = a[first + j] - zp;
+    for (; j < n; ++j) dst[j] = 0;
+    return;
+  }}
+  if (step == 2) {{ /* every other value: the even bytes of 16 gathered by one shuffle */
+    const __m256i z = _mm256_set1_epi32(zp);
+    const __m128i even = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1);
+    for (; j < n && first + 2 * j < 0; ++j) dst[j] = 0;
+    for (; j + 8 <= n && first + 2 * j + 16 <= len; j += 8)
+      _mm256_storeu_si256((__m256i*)(dst + j), _mm256_sub_epi32(_mm256_cvt{cvt}_epi32(
+          _mm_shuffle_epi8(_mm_loadu_si128((const __m128i*)(a + first + 2 * j)), even)), z));
+  }}
+  for (; j < n; ++j) {{
+    const long i = first + j * step;
+    dst[j] = i >= 0 && i < len ? a[i] - zp : 0;
+  }}
+}}
+#endif
+"""
+
+
+QUADS_C = """
+#if defined(__AVX2__)
+/* dst[j] = the 4 bytes u(r0[i]), u(r1[i]), u(r2[i]), u(r3[i]), i = first + j * step, for j < n, where u(v) = v ^ flip
+   (int8: v + 128 as unsigned; uint8: v); fill (the zero point as unsigned: the centred zero) where i lies outside
+   [0, len) or the row is NULL (a channel past the group's). shift != 0: row q is read at i + q * shift (4 taps of
+   one input row per word). */
+static void opfuse_q8_quads_{s}(uint8_t* restrict dst, const {T}* r0, const {T}* r1, const {T}* r2, const {T}* r3,
+                                long first, long n, long step, long len, uint8_t fill, long shift) {{
+  const uint8_t flip = {flip};
+  const {T}* rows[4] = {{r0, r1, r2, r3}};
+  long j = 0;
+  if (shift) {{ /* one row's 4 taps per word: row q read at i + q * shift */
+    for (; j < n; ++j) {{
+      const long i = first + j * step;
+      for (int q = 0; q < 4; ++q) {{
+        const long iq = i + q * shift;
+        dst[4 * j + q] = iq >= 0 && iq < len && rows[q] ? (uint8_t)((uint8_t)rows[q][iq] ^ flip) : fill;
+      }}
+    }}
+    return;
+  }}
+  if (step <= 2) {{
+    const __m128i f = _mm_set1_epi8((char)flip), fv = _mm_set1_epi8((char)fill);
+    const __m128i even = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1);
+    for (; j < n && first + step * j < 0; ++j) dst[4 * j] = dst[4 * j + 1] = dst[4 * j + 2] = dst[4 * j + 3] = fill;
+    if (step == 1) {{
+      for (; j + 16 <= n && first + j + 16 <= len; j += 16) {{
+        __m128i v[4];
+        for (int q = 0; q < 4; ++q)
+          v[q] = rows[q] ? _mm_xor_si128(_mm_loadu_si128((const __m128i*)(rows[q] + first + j)), f) : fv;
+        const __m128i ab0 = _mm_unpacklo_epi8(v[0], v[1]), ab1 = _mm_unpackhi_epi8(v[0], v[1]);
+        const __m128i cd0 = _mm_unpacklo_epi8(v[2], v[3]), cd1 = _mm_unpackhi_epi8(v[2], v[3]);
+        _mm_storeu_si128((__m128i*)(dst + 4 * j), _mm_unpacklo_epi16(ab0, cd0));
+        _mm_storeu_si128((__m128i*)(dst + 4 * j + 16), _mm_unpackhi_epi16(ab0, cd0));
+        _mm_storeu_si128((__m128i*)(dst + 4 * j + 32), _mm_unpacklo_epi16(ab1, cd1));
+        _mm_storeu_si128((__m128i*)(dst + 4 * j + 48), _mm_unpackhi_epi16(ab1, cd1));
+      }}
+    }} else {{
+      for (; j + 8 <= n && first + 2 * j + 16 <= len; j += 8) {{
+        __m128i v[4];
+        for (int q = 0; q < 4; ++q)
+          v[q] = rows[q] ? _mm_xor_si128(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i*)(rows[q] + first + 2 * j)),
+                                                          even), f) : fv;
+        const __m128i ab = _mm_unpacklo_epi8(v[0], v[1]), cd = _mm_unpacklo_epi8(v[2], v[3]);
+        _mm_storeu_si128((__m128i*)(dst + 4 * j), _mm_unpacklo_epi16(ab, cd));
+        _mm_storeu_si128((__m128i*)(dst + 4 * j + 16), _mm_unpackhi_epi16(ab, cd));
+      }}
+    }}
+  }}
+  for (; j < n; ++j) {{
+    const long i = first + j * step;
+    const int in = i >= 0 && i < len;
+    for (int q = 0; q < 4; ++q) dst[4 * j + q] = in && rows[q] ? (uint8_t)((uint8_t)rows[q][i] ^ flip) : fill;
+  }}
+}}
+#endif
+"""
+
+
+DW_ROWS_C = """
+#if defined(__AVX2__)
+/* One row of the depthwise image with the channels innermost: dst[c * 8 + j] = src[j * plane + c] - zp for
+   c < W and channels j < nch (the lanes of the others get -zp: their weights are 0). 8 columns of 8
+   channels at a time through an 8 x 8 byte transpose, where the 8-byte loads stay before end. */
+static void opfuse_q8_dw_row_{s}(int32_t* restrict dst, const {T}* src, long plane, long nch, long W, int32_t zp,
+                                 const {T}* end) {{
+  const __m256i z = _mm256_set1_epi32(zp);
+  long c = 0;
+  for (; c < W && src + (nch - 1) * plane + c + 8 <= end; c += 8) {{
+    __m128i v[8];
+    for (int j = 0; j < 8; ++j)
+      v[j] = j < nch ? _mm_loadl_epi64((const __m128i*)(src + j * plane + c)) : _mm_setzero_si128();
+    const __m128i t0 = _mm_unpacklo_epi8(v[0], v[1]), t1 = _mm_unpacklo_epi8(v[2], v[3]);
+    const __m128i t2 = _mm_unpacklo_epi8(v[4], v[5]), t3 = _mm_unpacklo_epi8(v[6], v[7]);
+    const __m128i u0 = _mm_unpacklo_epi16(t0, t1), u1 = _mm_unpackhi_epi16(t0, t1);
+    const __m128i u2 = _mm_unpacklo_epi16(t2, t3), u3 = _mm_unpackhi_epi16(t2, t3);
+    __m128i w[4];
+    w[0] = _mm_unpacklo_epi32(u0, u2);
+    w[1] = _mm_unpackhi_epi32(u0, u2);
+    w[2] = _mm_unpacklo_epi32(u1, u3);
+    w[3] = _mm_unpackhi_epi32(u1, u3);
+    const long n = W - c < 8 ? W - c : 8;
+    for (long k = 0; k < n; ++k) {{
+      const __m128i b = (k & 1) ? _mm_srli_si128(w[k >> 1], 8) : w[k >> 1];
+      _mm256_storeu_si256((__m256i*)(dst + (c + k) * 8), _mm256_sub_epi32(_mm256_cvt{cvt}_epi32(b), z));
+    }}
+  }}
+  for (; c < W; ++c)
+    for (long j = 0; j < nch; ++j) dst[c * 8 + j] = (int32_t)src[j * plane + c] - zp;
+}}
+#endif
+"""
+
+
+def _pairs_helper(kc, dtype: np.dtype) -> str:
+    s, t, cvt = ("s8", "int8_t", "epi8") if dtype == np.int8 else ("u8", "uint8_t", "epu8")
+    kc.program.require_helper(f"opfuse_q8_pairs_{s}", PAIRS_C.format(s=s, T=t, cvt=cvt))
+    return s
+
+
+@dataclass
+class _Geometry:
+    """The padded, phase-split image every tap reads in place (see the module docstring)."""
+    H: int
+    W: int
+    OH: int
+    OW: int
+    KH: int
+    KW: int
+    SH: int
+    SW: int
+    DH: int
+    DW: int
+    PT: int
+    PL: int
+    NB: int   # positions per tile (a multiple of LANES)
+    Hp: int = 0
+    Wq: int = 0
+
+    def __post_init__(self):
+        ow_r = -(-self.OW // self.NB) * self.NB
+        self.Hp = (self.OH - 1) * self.SH + (self.KH - 1) * self.DH + 1
+        self.Wq = ow_r + (self.KW - 1) * self.DW // self.SW
+
+    @property
+    def plane(self) -> int:
+        """int32 words of one channel (pair) plane: rows x phases x columns."""
+        return self.Hp * self.SW * self.Wq
+
+    def tap(self, kh: int, kw: int) -> int:
+        """Word offset of tap ``(kh, kw)`` from the tile's first word."""
+        return (kh * self.DH * self.SW + (kw * self.DW) % self.SW) * self.Wq + (kw * self.DW) // self.SW
+
+
+def _geometry(node: Node, NB: int, flat_ok: bool) -> tuple[_Geometry, bool]:
+    geo, _ = conv_geometry(node)
+    _, _, H, W = node.input(0).shape
+    OH, OW = node.outputs[0].shape[2:]
+    (KH, KW), (SH, SW), (DH, DW) = geo.kernel, geo.strides, geo.dilations
+    PT, PL = geo.pads_begin
+    flat = (flat_ok and KH == KW == 1 and SH == SW == 1 and not any(geo.pads_begin) and not any(geo.pads_end)
+            and OH == H and OW == W)
+    if flat:  # one row of every position: X itself
+        return _Geometry(1, H * W, 1, H * W, 1, 1, 1, 1, 1, 1, 0, 0, NB), True
+    return _Geometry(H, W, OH, OW, KH, KW, SH, SW, DH, DW, PT, PL, NB), False
+
+
+def _block(mg: int, row: int, K2: int) -> tuple[int, int]:
+    """(MR, NV) of least estimated instructions: per channel pair and tap, NV loads, MR broadcasts and
+    2 MR NV multiply-adds per block, over the blocks covering ``mg`` channels and ``row`` positions
+    (remainders computed in full)."""
+    def cost(b):
+        mr, nv = b
+        return -(-mg // mr) * -(-row // (LANES * nv)) * (nv + mr + 2 * mr * nv)
+    return min(BLOCKS, key=cost)
+
+
+def _emit_build_row(w, fn: str, dst: str, rows: tuple[str, str] | str, g: _Geometry, zp: int, ph: str) -> None:
+    """One padded row (for every column phase) of the pair image (two source rows) or of a plane."""
+    first = f"{ph} - {g.PL}"
+    if isinstance(rows, tuple):
+        w.line(f"{fn}((int16_t*)({dst}), {rows[0]}, {rows[1]}, {first}, {g.Wq}, {g.SW}, {g.W}, {zp});")
+    else:
+        w.line(f"{fn}({dst}, {rows}, {first}, {g.Wq}, {g.SW}, {g.W}, {zp});")
+
+
+def _emit_channel(kc, ep: QEpilogue, oc: str, bias_values: np.ndarray | None = None) -> tuple[str, str]:
+    """The requantization constants and the bias (``ep.bias`` unless ``bias_values``) of channel ``oc`` in
+    vector registers: (chan, bias)."""
+    w = kc.w
+    ch = kc.tmp("ch")
+    if bias_values is None:
+        bias = kc.const_array(("q8_bias", ep.out.name), ep.bias, f"{ep.out.name}_bias", np.int32)
+    else:
+        bias = kc.const_array(("q8_bias_quads", ep.out.name), bias_values, f"{ep.out.name}_qbias", np.int32)
+    mult = kc.const_array(("q8_mult", ep.out.name), ep.mult, f"{ep.out.name}_mult", np.int32)
+    shift = kc.const_array(("q8_shift", ep.out.name), ep.shift, f"{ep.out.name}_shift", np.int32)
+    rmult = "0"
+    if ep.rmult is not None:
+        rm = kc.const_array(("q8_rmult", ep.out.name), ep.rmult, f"{ep.out.name}_rmult", np.int64)
+        rmult = f"{rm}[{oc}]"
+    w.line(f"const opfuse_q8_chan {ch} = opfuse_q8_chan_init({mult}[{oc}], {shift}[{oc}], {rmult}, {ep.zp}, "
+           f"{ep.lo}, {ep.hi});")
+    b = kc.tmp("bias")
+    w.line(f"const __m256i {b} = _mm256_set1_epi32({bias}[{oc}]);")
+    return ch, b
+
+
+def _emit_epilogue(kc, ep: QEpilogue, accs: list[str], chan: tuple[str, str], out_row: str, ow0: str, valid: str,
+                   res_row: str | None) -> None:
+    """Requantize and store ``accs`` (vectors of 8 consecutive positions of one channel, ``chan``'s)."""
+    w = kc.w
+    unsigned = int(ep.out.dtype == np.uint8)
+    ch, b = chan
+    for v, acc in enumerate(accs):
+        n = kc.tmp("n")
+        w.line(f"const long {n} = {valid} - {ow0} - {v * LANES};")
+        with w.block(f"if ({n} > 0)"):
+            res = "NULL"
+            if ep.res is not None and res_row is not None:
+                r = kc.tmp("res")
+                rs = "s8" if ep.res.q.dtype == np.int8 else "u8"
+                w.line(f"const __m256i {r} = opfuse_q8_load_{rs}({res_row} + {ow0} + {v * LANES}, {n}, {ep.res.zp});")
+                res = f"&{r}"
+            w.line(f"opfuse_q8_store({out_row} + {ow0} + {v * LANES}, opfuse_q8_requantize("
+                   f"_mm256_add_epi32({acc}, {b}), &{ch}, {res}, {unsigned}), {n});")
+
+
+def _out_rows(kc, ep: QEpilogue, img: str, oc: str, row: str, shape: tuple) -> tuple[str, str | None]:
+    """Pointers to the output's (and the residual's) row ``row`` of channel ``oc``."""
+    _, OC, OH, OW = shape
+    w = kc.w
+    out = kc.tmp("orow")
+    off = f"(({img} * {OC} + {oc}) * {OH} + {row}) * {OW}"
+    # no restrict: the residual may share the output's storage (an in-place plan), read before written
+    w.line(f"{c_type(ep.out.dtype)}* {out} = {kc.ptr(ep.out, write=True)} + {off};")
+    kc.stored.add(id(ep.out))
+    res = None
+    if ep.res is not None:
+        res = kc.tmp("rrow")
+        w.line(f"const {c_type(ep.res.q.dtype)}* {res} = {kc.ptr(ep.res.q)} + {off};")
+    return out, res
+
+
+@contextmanager
+def _unreported(kc):
+    """Code emitted inside is an ``#else`` branch that does not run where the ``#if`` one does (this host):
+    the notes it adds are dropped, so that the report describes the kernel that runs."""
+    kept = len(kc.notes)
+    yield
+    del kc.notes[kept:]
+    del kc._comment_notes[kept:]
+
+
+def lower_host_int8_conv(kc, ev, stage: Stage, operands: tuple[QInput, QEpilogue], fallback) -> None:
+    """The AVX2 kernel under ``#if HOST_GUARD``, ``fallback()`` (qconv.py's kernel) under ``#else``. The
+    report's notes describe the host kernel (the one that runs where the host has AVX2)."""
+    w = kc.w
+    w.line(f"#if {HOST_GUARD}")
+    _host(kc, ev, stage, operands)
+    w.line("#else")
+    with ev.scope(), _unreported(kc):
+        fallback()
+    w.line("#endif")
+
+
+def _host(kc, ev, stage: Stage, operands: tuple[QInput, QEpilogue]) -> None:
+    node = stage.anchor_node
+    x, ep = operands
+    _, G = conv_geometry(node)
+    N, C, H, W = node.input(0).shape
+    OC = node.outputs[0].shape[1]
+    cg, mg = C // G, OC // G
+    kc.program.require_helper(HELPER, HELPER_C)
+    s = _pairs_helper(kc, x.q.dtype)
+    if cg == 1 and mg == 1:
+        if node.outputs[0].shape[3] < kc.program.options.int8_depthwise_channels_below:
+            return _depthwise_channels(kc, ev, node, x, ep)
+        return _depthwise(kc, ev, node, x, ep, s)
+    return _gemm(kc, ev, node, x, ep, s, G)
+
+
+def _quads_zero_point(x: QInput, w: np.ndarray) -> int | None:
+    """The unsigned zero point of the u8 x s8 quads (vpdpbusd), or None where they do not apply: weights
+    beyond int8, or a zero point that is no 8-bit value of the input's type."""
+    if w.min(initial=0) < -128 or w.max(initial=0) > 127:
+        return None
+    zu = x.zp + 128 if x.q.dtype == np.int8 else x.zp
+    return zu if 0 <= zu <= 255 else None
+
+
+def _gemm(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, G: int) -> None:
+    """The AVX512-VNNI u8 x s8 quads kernel (``vpdpbusd``: 4 channels per 32-bit word) where the weights fit
+    int8, the int16 pairs kernel otherwise and on AVX2 alone."""
+    wt = ev.static[id(node.input(1))].astype(np.int64)
+    zu = _quads_zero_point(x, wt)
+    if zu is None:
+        _gemm_words(kc, ev, node, x, ep, s, G, None)
+        return
+    kc.w.line(f"#if {VNNI_GUARD}")
+    _gemm_words(kc, ev, node, x, ep, s, G, zu)
+    kc.w.line("#else")
+    with _unreported(kc):
+        _gemm_words(kc, ev, node, x, ep, s, G, None)
+    kc.w.line("#endif")
+
+
+def _weights_outer(weight_words: int, image_words: int) -> bool:
+    """Loop over blocks of output channels outside the tiles of positions: whichever of the weights and the
+    image is the larger is walked once, in the outer loop; the other (a block of MR channels' weights, or a
+    tile's words) is reread from cache for every iteration."""
+    return weight_words > image_words
+
+
+def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, G: int, zu: int | None) -> None:
+    """The GEMM over words of ``per`` input channels: int16 pairs (``zu`` None) or u8 quads with the unsigned
+    zero point ``zu`` (the padding's value; ``zu * sum(w)`` comes off through the bias)."""
+    N, C, H, W = node.input(0).shape
+    out_shape = node.outputs[0].shape
+    OC, OH, OW = out_shape[1:]
+    cg, mg = C // G, OC // G
+    per = 2 if zu is None else 4
+    CP = -(-cg // per)
+    probe, flat = _geometry(node, LANES, True)
+    # one input channel (a first layer on a mono input): a quad holds 4 taps of a kernel row, not 4 channels
+    tap_words = zu is not None and cg == 1 and probe.KW > 1
+    KWw = -(-probe.KW // per) if tap_words else probe.KW  # words per kernel row
+    MR, NV = _block(mg, probe.OW, CP * probe.KH * KWw)
+    g, _ = _geometry(node, LANES * NV, True)
+    MB = -(-mg // MR)
+    taps = g.KH * KWw
+    wt = ev.static[id(node.input(1))].astype(np.int64).reshape(G, mg, cg, g.KH * g.KW)
+    if tap_words:  # [group][channel block][kh][word][r] words of 4 taps
+        packed = np.zeros((G, MB * MR, g.KH, KWw * per), np.int8)
+        packed[:, :mg, :, :g.KW] = wt.reshape(G, mg, g.KH, g.KW)
+        packed = packed.reshape(G, MB, MR, g.KH, KWw, per).transpose(0, 1, 3, 4, 2, 5)
+    else:  # [group][channel block][word][kh][kw][r] words of `per` channels' weights
+        packed = np.zeros((G, MB * MR, per * CP, g.KH * g.KW), np.int16 if zu is None else np.int8)
+        packed[:, :mg, :cg, :] = wt
+        packed = packed.reshape(G, MB, MR, CP, per, taps).transpose(0, 1, 3, 5, 2, 4)  # g mb word tap r channel
+    words = np.ascontiguousarray(packed).view(np.int32).reshape(-1)
+    kind = "pairs" if zu is None else "quads"
+    wq = kc.const_array((f"q8_gemm_{kind}", node.name), words, f"{node.input(1).name}_{kind}", np.int32)
+    bias = None
+    if zu is not None:  # sum w (u - zu) = sum w u - zu sum w: the correction joins the bias (int32, wrapping)
+        corrected = ep.bias.astype(np.int64) - zu * wt.reshape(OC, -1).sum(axis=1)
+        bias = ((corrected + (1 << 31)) % (1 << 32) - (1 << 31)).astype(np.int32)
+    plane = g.plane
+    xoff = kc.scratch(CP * plane * 4)
+    if zu is None:
+        kc.note(lambda name: f"int8 conv '{name}': host int16-pair GEMM, {MR} channels x {8 * NV} positions (AVX2 "
+                             f"vpmaddwd, vpdpwssd with AVX512-VNNI), epilogue in vectors", node)
+    else:
+        words_of = "4 taps of a kernel row" if tap_words else "4 channels"
+        kc.note(lambda name: f"int8 conv '{name}': host u8 x s8 GEMM, {MR} channels x {8 * NV} positions, words of "
+                             f"{words_of} (vpdpbusd with AVX512-VNNI, int16 pairs with AVX2 alone), epilogue in "
+                             f"vectors", node)
+    w = kc.w
+    qp = kc.ptr(x.q)
+    ct = c_type(x.q.dtype)
+    if zu is not None:
+        flip = "0x80" if x.q.dtype == np.int8 else "0"
+        kc.program.require_helper(f"opfuse_q8_quads_{s}", QUADS_C.format(s=s, T=ct, flip=flip))
+    b, cp, r, ph = kc.tmp("b"), kc.tmp("cp"), kc.tmp("r"), kc.tmp("ph")
+    xp = kc.tmp("xp")
+    with w.block(f"for (long {b} = 0; {b} < {N * G}; ++{b})"):
+        img, grp = (f"({b} / {G})", f"({b} % {G})") if G > 1 else (b, "0")
+        w.line(f"int32_t* restrict {xp} = (int32_t*)(scratch + {xoff});  /* shared: thread 0's scratch */")
+        # the image of words, built once per image and group
+        kc.parallel_for(CP * plane * 4)
+        with w.block(f"for (long {cp} = 0; {cp} < {CP}; ++{cp})"):
+            c0 = kc.tmp("c")
+            w.line(f"const long {c0} = {grp} * {cg} + {per} * {cp};")
+            with w.block(f"for (long {r} = 0; {r} < {g.Hp}; ++{r})"):
+                ih = kc.tmp("ih")
+                w.line(f"const long {ih} = {r} - {g.PT};")
+                rows = [kc.tmp("row") for _ in range(per)]
+                base = f"{qp} + (({img} * {C} + {c0}) * {H} + {ih}) * {W}" if not flat else \
+                    f"{qp} + ({img} * {C} + {c0}) * {H * W}"
+                inside = f"{ih} >= 0 && {ih} < {g.H}"
+                for q, row in enumerate(rows):
+                    if tap_words:  # the same row, read 4 taps apart
+                        w.line(f"const {ct}* {row} = {inside} ? {base} : NULL;")
+                        continue
+                    cond = inside if q == 0 else f"{inside} && {per} * {cp} + {q} < {cg}"
+                    w.line(f"const {ct}* {row} = {cond} ? {base} + {q * H * W} : NULL;")
+                with w.block(f"for (long {ph} = 0; {ph} < {g.SW}; ++{ph})"):
+                    dst = f"{xp} + (({cp} * {g.Hp} + {r}) * {g.SW} + {ph}) * {g.Wq}"
+                    if zu is None:
+                        _emit_build_row(w, f"opfuse_q8_pairs_{s}", dst, (rows[0], rows[1]), g, x.zp, ph)
+                    else:
+                        w.line(f"opfuse_q8_quads_{s}((uint8_t*)({dst}), {', '.join(rows)}, {ph} - {g.PL}, {g.Wq}, "
+                               f"{g.SW}, {g.W}, {zu}, {g.DW if tap_words else 0});")
+        tiles_w = -(-g.OW // g.NB)
+        t, mb = kc.tmp("t"), kc.tmp("mb")
+        kc.parallel_for(g.OH * tiles_w * mg * CP * taps * 2 * g.NB)
+        weights_outer = _weights_outer(MB * MR * CP * taps, CP * plane)
+        loops = [f"for (long {t} = 0; {t} < {g.OH * tiles_w}; ++{t})", f"for (long {mb} = 0; {mb} < {MB}; ++{mb})"]
+        with w.block(loops[weights_outer]), w.block(loops[not weights_outer]):
+            oh, ow0 = kc.tmp("oh"), kc.tmp("ow")
+            w.line(f"const long {oh} = {t} / {tiles_w}, {ow0} = ({t} % {tiles_w}) * {g.NB};")
+            xt = kc.tmp("xt")
+            w.line(f"const int32_t* {xt} = {xp} + {oh} * {g.SH * g.SW * g.Wq} + {ow0};")
+            accs = [[kc.tmp("a") for _ in range(NV)] for _ in range(MR)]
+            for row in accs:
+                w.line("__m256i " + ", ".join(f"{a} = _mm256_setzero_si256()" for a in row) + ";")
+            wp = kc.tmp("wp")
+            w.line(f"const int32_t* {wp} = {wq} + ({grp} * {MB} + {mb}) * {CP * taps * MR};")
+            k = kc.tmp("k")
+            dot = "OPFUSE_Q8_DOT" if zu is None else "_mm256_dpbusd_epi32"
+            with w.block(f"for (long {k} = 0; {k} < {CP}; ++{k}, {wp} += {taps * MR})"):
+                xc = kc.tmp("xc")
+                w.line(f"const int32_t* {xc} = {xt} + {k} * {plane};")
+                for kh in range(g.KH):
+                    for kw in range(KWw):
+                        tap = kh * KWw + kw
+                        xs = [kc.tmp("x") for _ in range(NV)]
+                        offset = g.tap(kh, per * kw if tap_words else kw)
+                        with w.block(""):
+                            for v, xv in enumerate(xs):
+                                w.line(f"const __m256i {xv} = _mm256_loadu_si256((const __m256i*)({xc} + "
+                                       f"{offset + v * LANES}));")
+                            for i in range(MR):
+                                wb = kc.tmp("w")
+                                w.line(f"const __m256i {wb} = _mm256_set1_epi32({wp}[{tap * MR + i}]);")
+                                for v in range(NV):
+                                    a = accs[i][v]
+                                    w.line(f"{a} = {dot}({a}, {xs[v]}, {wb});")
+            for i in range(MR):
+                m = kc.tmp("m")
+                w.line(f"const long {m} = {mb} * {MR} + {i};")
+                guard = f"if ({m} < {mg})" if mg % MR else ""
+                with w.block(guard):
+                    oc = kc.tmp("oc")
+                    w.line(f"const long {oc} = {grp} * {mg} + {m};")
+                    if flat:
+                        orow, rrow = _out_rows(kc, ep, img, oc, "0", (N, OC, 1, OH * OW))
+                    else:
+                        orow, rrow = _out_rows(kc, ep, img, oc, oh, out_shape)
+                    chan = _emit_channel(kc, ep, oc, bias)
+                    _emit_epilogue(kc, ep, accs[i], chan, orow, ow0, str(g.OW), rrow)
+
+
+def _depthwise(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str) -> None:
+    N, C, H, W = node.input(0).shape
+    out_shape = node.outputs[0].shape
+    OH, OW = out_shape[2:]
+    NV = 2 if OW >= 2 * LANES else 1
+    g, _ = _geometry(node, LANES * NV, False)
+    taps = g.KH * g.KW
+    wt = ev.static[id(node.input(1))].astype(np.int32).reshape(C, taps)
+    wq = kc.const_array(("q8_dw", node.name), wt, f"{node.input(1).name}_dw", np.int32)
+    poff = kc.scratch(g.plane * 4)
+    kc.note(lambda name: f"int8 depthwise '{name}': host planes of int32, {8 * NV} positions per pass, "
+                         "epilogue in vectors", node)
+    w = kc.w
+    qp = kc.ptr(x.q)
+    pl, r, ph = kc.tmp("pl"), kc.tmp("r"), kc.tmp("ph")
+    kc.parallel_for(N * C * OH * OW * taps * 2)
+    with w.block(f"for (long {pl} = 0; {pl} < {N * C}; ++{pl})"):
+        img, c = f"({pl} / {C})", f"({pl} % {C})"
+        xp = kc.tmp("plane")
+        w.line(f"int32_t* restrict {xp} = {kc.scratch_ptr('int32_t', poff)};")
+        with w.block(f"for (long {r} = 0; {r} < {g.Hp}; ++{r})"):
+            ih = kc.tmp("ih")
+            w.line(f"const long {ih} = {r} - {g.PT};")
+            with w.block(f"for (long {ph} = 0; {ph} < {g.SW}; ++{ph})"):
+                dst = f"{xp} + ({r} * {g.SW} + {ph}) * {g.Wq}"
+                with w.block(f"if ({ih} >= 0 && {ih} < {H})"):
+                    _emit_build_row(w, f"opfuse_q8_plane_row_{s}", dst, f"{qp} + ({pl} * {H} + {ih}) * {W}", g,
+                                    x.zp, ph)
+                w.line(f"else memset({dst}, 0, sizeof(int32_t) * {g.Wq});")
+        wv = [kc.tmp("w") for _ in range(taps)]
+        for t_, name in enumerate(wv):
+            w.line(f"const __m256i {name} = _mm256_set1_epi32({wq}[{c} * {taps} + {t_}]);")
+        chan = _emit_channel(kc, ep, c)
+        oh, ow0 = kc.tmp("oh"), kc.tmp("ow")
+        with w.block(f"for (long {oh} = 0; {oh} < {OH}; ++{oh})"):
+            orow, rrow = _out_rows(kc, ep, img, c, oh, out_shape)
+            with w.block(f"for (long {ow0} = 0; {ow0} < {OW}; {ow0} += {g.NB})"):
+                xt = kc.tmp("xt")
+                w.line(f"const int32_t* {xt} = {xp} + {oh} * {g.SH * g.SW * g.Wq} + {ow0};")
+                accs = [kc.tmp("a") for _ in range(NV)]
+                w.line("__m256i " + ", ".join(f"{a} = _mm256_setzero_si256()" for a in accs) + ";")
+                for kh in range(g.KH):
+                    for kw in range(g.KW):
+                        for v, a in enumerate(accs):
+                            w.line(f"{a} = _mm256_add_epi32({a}, _mm256_mullo_epi32(_mm256_loadu_si256("
+                                   f"(const __m256i*)({xt} + {g.tap(kh, kw) + v * LANES})), {wv[kh * g.KW + kw]}));")
+                _emit_epilogue(kc, ep, accs, chan, orow, ow0, str(OW), rrow)
+
+
+def _lanes(arr: np.ndarray, pad, dtype) -> np.ndarray:
+    """``arr`` (one value per channel) padded with ``pad`` to whole vectors of LANES channels."""
+    out = np.full(-(-arr.shape[0] // LANES) * LANES, pad, dtype)
+    out[:arr.shape[0]] = arr
+    return out
+
+
+def _depthwise_channels(kc, ev, node: Node, x: QInput, ep: QEpilogue) -> None:
+    """Depthwise over 8 channels per vector (small planes, where 8 positions of a row would not fill one):
+    per image and block of 8 channels a padded image of int32 with the channels innermost, one ``vpmulld`` +
+    ``vpaddd`` per tap and output position, the epilogue with one channel's constants per lane."""
+    N, C, H, W = node.input(0).shape
+    OH, OW = node.outputs[0].shape[2:]
+    geo, _ = conv_geometry(node)
+    (KH, KW), (SH, SW), (DH, DW) = geo.kernel, geo.strides, geo.dilations
+    PT, PL = geo.pads_begin
+    taps = KH * KW
+    CB = -(-C // LANES)
+    Hp, Wp = (OH - 1) * SH + (KH - 1) * DH + 1, (OW - 1) * SW + (KW - 1) * DW + 1
+    wt = np.zeros((CB * LANES, taps), np.int32)
+    wt[:C] = ev.static[id(node.input(1))].astype(np.int32).reshape(C, taps)
+    wq = kc.const_array(("q8_dwc", node.name), wt.reshape(CB, LANES, taps).transpose(0, 2, 1),
+                        f"{node.input(1).name}_dwc", np.int32)
+    name = ep.out.name
+    mult = kc.const_array(("q8_mult8", name), _lanes(ep.mult, 0, np.int32), f"{name}_mult8", np.int32)
+    shift = kc.const_array(("q8_shift8", name), _lanes(ep.shift, 1, np.int32), f"{name}_shift8", np.int32)
+    bias = kc.const_array(("q8_bias8", name), _lanes(ep.bias, 0, np.int32), f"{name}_bias8", np.int32)
+    rmult = "NULL"
+    if ep.rmult is not None:
+        rmult = kc.const_array(("q8_rmult8", name), _lanes(ep.rmult, 0, np.int64), f"{name}_rmult8", np.int64)
+    off = kc.scratch(Hp * Wp * LANES * 4)
+    kc.note(lambda nm: f"int8 depthwise '{nm}': host, 8 channels per vector (rows of {OW} positions), epilogue in "
+                       "vectors", node)
+    w = kc.w
+    qp, ct = kc.ptr(x.q), c_type(x.q.dtype)
+    sfx, cvt = ("s8", "epi8") if x.q.dtype == np.int8 else ("u8", "epu8")
+    kc.program.require_helper(f"opfuse_q8_dw_row_{sfx}", DW_ROWS_C.format(s=sfx, T=ct, cvt=cvt))
+    out = kc.ptr(ep.out, write=True)
+    kc.stored.add(id(ep.out))
+    unsigned = int(ep.out.dtype == np.uint8)
+    blk, j, r = kc.tmp("blk"), kc.tmp("j"), kc.tmp("r")
+    kc.parallel_for(N * C * OH * OW * taps * 2)
+    with w.block(f"for (long {blk} = 0; {blk} < {N * CB}; ++{blk})"):
+        img, c0 = kc.tmp("img"), kc.tmp("c0")
+        w.line(f"const long {img} = {blk} / {CB}, {c0} = ({blk} % {CB}) * {LANES};")
+        nch = kc.tmp("nch")
+        w.line(f"const long {nch} = {C} - {c0} < {LANES} ? {C} - {c0} : {LANES};")
+        xp = kc.tmp("xp")
+        w.line(f"int32_t* restrict {xp} = {kc.scratch_ptr('int32_t', off)};")
+        # the padding (and the channels past C) zero, then each channel's rows into its lane
+        w.line(f"memset({xp}, 0, sizeof(int32_t) * {Hp * Wp * LANES});")
+        r0, r1 = max(0, PT), min(Hp, H + PT)
+        cols = min(W, Wp - PL)  # the input columns the windows reach
+        src = kc.tmp("src")
+        w.line(f"const {ct}* {src} = {qp} + ({img} * {C} + {c0}) * {H * W};")
+        with w.block(f"for (long {r} = {r0}; {r} < {r1}; ++{r})"):
+            w.line(f"opfuse_q8_dw_row_{sfx}({xp} + ({r} * {Wp} + {PL}) * {LANES}, {src} + ({r} - {PT}) * {W}, "
+                   f"{H * W}, {nch}, {cols}, {x.zp}, {qp} + {N * C * H * W});")
+        ch, b = kc.tmp("ch"), kc.tmp("bias")
+        rm = f"{rmult} + {c0}" if ep.rmult is not None else "NULL"
+        w.line(f"const opfuse_q8_chan {ch} = opfuse_q8_chan_lanes({mult} + {c0}, {shift} + {c0}, {rm}, {ep.zp}, "
+               f"{ep.lo}, {ep.hi});")
+        w.line(f"const __m256i {b} = _mm256_loadu_si256((const __m256i*)({bias} + {c0}));")
+        wv = [kc.tmp("w") for _ in range(taps)]
+        for t_, nm in enumerate(wv):
+            w.line(f"const __m256i {nm} = _mm256_loadu_si256((const __m256i*)({wq} + ({c0} * {taps} + {t_ * LANES})));")
+        # 8 output positions (consecutive in each channel's plane, across rows) per pass: their 8 vectors of
+        # 8 channels are transposed into 8 bytes per channel
+        P = OH * OW
+        p0, n = kc.tmp("p0"), kc.tmp("n")
+        with w.block(f"for (long {p0} = 0; {p0} < {P}; {p0} += {LANES})"):
+            w.line(f"const long {n} = {P} - {p0} < {LANES} ? {P} - {p0} : {LANES};")
+            vs = [kc.tmp("v") for _ in range(LANES)]
+            w.line(f"__m128i {', '.join(vs)};")
+            for u, vname in enumerate(vs):
+                with w.block(""):
+                    pp, oh, ow = kc.tmp("p"), kc.tmp("oh"), kc.tmp("ow")
+                    # past the plane's end (the last pass): the last position again, not stored
+                    w.line(f"const long {pp} = {p0} + {u} < {P} ? {p0} + {u} : {P - 1};")
+                    w.line(f"const long {oh} = {pp} / {OW}, {ow} = {pp} % {OW};")
+                    xt, acc = kc.tmp("xt"), kc.tmp("acc")
+                    w.line(f"const int32_t* {xt} = {xp} + ({oh} * {SH * Wp} + {ow} * {SW}) * {LANES};")
+                    w.line(f"__m256i {acc} = _mm256_setzero_si256();")
+                    for kh in range(KH):
+                        for kw in range(KW):
+                            o = (kh * DH * Wp + kw * DW) * LANES
+                            w.line(f"{acc} = _mm256_add_epi32({acc}, _mm256_mullo_epi32(_mm256_loadu_si256("
+                                   f"(const __m256i*)({xt} + {o})), {wv[kh * KW + kw]}));")
+                    res = "NULL"
+                    if ep.res is not None:
+                        at = f"({img} * {C} + {c0}) * {P} + {pp}"
+                        rv, rt = kc.tmp("res"), kc.tmp("rt")
+                        w.line(f"int32_t {rt}[{LANES}] = {{0}};")
+                        w.line(f"for (long {j} = 0; {j} < {nch}; ++{j}) {rt}[{j}] = (int32_t){kc.ptr(ep.res.q)}[{at} + "
+                               f"{j} * {P}] - {ep.res.zp};")
+                        w.line(f"const __m256i {rv} = _mm256_loadu_si256((const __m256i*){rt});")
+                        res = f"&{rv}"
+                    w.line(f"{vname} = opfuse_q8_requantize(_mm256_add_epi32({acc}, {b}), &{ch}, {res}, {unsigned});")
+            w.line(f"opfuse_q8_store_8x8({out} + ({img} * {C} + {c0}) * {P} + {p0}, {P}, {nch}, {n}, "
+                   f"{', '.join(vs)});")

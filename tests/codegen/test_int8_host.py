@@ -1,0 +1,272 @@
+"""The host's int8 convolution (``codegen/qgemm.py``): the int16-pair GEMM and the vectorised depthwise with
+the requantizing epilogue in AVX2 vectors. Integer arithmetic: bit-exact against the reference executor (no
+tolerance), with AVX512-VNNI (this host, ``-march=native``), with AVX2 alone (``-mno-avx512f``) and on the
+plain C99 path (``simd="none"``); shapes with remainders, 8-bit types in and out, residuals, clamps,
+per-channel shifts on both sides of 32; and where the host kernel is not used, the reason."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from onnx import TensorProto
+
+from opfuse.codegen import generate
+from opfuse.codegen.options import CodegenOptions
+from opfuse.compiler import CompileOptions, plan_model
+from opfuse.ops import GraphBuilder
+from opfuse.ops.quantized import fixed_point_multiplier, residual_multiplier
+from opfuse.runtime.native import CompiledModel, build
+from opfuse.runtime.reference import run
+from opfuse.runtime.toolchain import Toolchain, build_library
+
+HOST_KERNEL = "opfuse_q8_requantize("
+DTYPES = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8}
+
+
+def qconv(cin=6, cout=5, hw=(9, 7), k=3, stride=1, pad=1, dilation=1, group=1, x_dtype="int8", zp=-7,
+          out_dtype="int8", out_zp=3, relu=False, residual=False, res_dtype="int8", shifts=(1e-4, 3e-3),
+          wmax=128, bias=True, seed=0, kw=None, batch=1):
+    """x (8-bit) -> Cast/Sub(zp) -> Conv -> [Add(bias)] -> Requantize [+ residual r (8-bit)] -> y (8-bit)."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder("qconv")
+    x = b.input("x", (batch, cin) + hw, x_dtype)
+    xc = b.op("Sub", b.op("Cast", x, to=int(TensorProto.INT32)), b.const("zp", np.array(zp, np.int32)))
+    kw = k if kw is None else kw
+    w = rng.integers(-wmax, wmax, (cout, cin // group, k, kw)).astype(np.int32)
+    acc = b.op("Conv", xc, b.const("w", w), name="conv", pads=[pad] * 4, strides=[stride] * 2,
+               dilations=[dilation] * 2, group=group)
+    if bias:
+        acc = b.op("Add", acc, b.const("bias", rng.integers(-3000, 3000, (1, cout, 1, 1)).astype(np.int32)))
+    pairs = [fixed_point_multiplier(float(m)) for m in rng.uniform(*shifts, cout)]
+    mult = np.array([p[0] for p in pairs], np.int32).reshape(1, cout, 1, 1)
+    shift = np.array([p[1] for p in pairs], np.int32).reshape(1, cout, 1, 1)
+    info = np.iinfo(np.dtype(out_dtype))
+    lo = out_zp if relu else int(info.min)
+    args = [acc, b.const("m", mult), b.const("s", shift)]
+    if residual:
+        oh = (hw[0] + 2 * pad - dilation * (k - 1) - 1) // stride + 1
+        ow = (hw[1] + 2 * pad - dilation * (kw - 1) - 1) // stride + 1
+        r = b.input("r", (batch, cout, oh, ow), res_dtype)
+        rzp = 5 if res_dtype == "int8" else 120
+        rc = b.op("Sub", b.op("Cast", r, to=int(TensorProto.INT32)), b.const("rzp", np.array(rzp, np.int32)))
+        ms = zip(rng.uniform(0.3, 1.5, cout), shift.reshape(-1), strict=True)
+        rm = np.array([residual_multiplier(float(m), int(s)) for m, s in ms], np.int64).reshape(1, cout, 1, 1)
+        args += [rc, b.const("rm", rm)]
+    y = b.op("Requantize", *args, zero_point=out_zp, lo=lo, hi=int(info.max), to=int(DTYPES[out_dtype]))
+    return b.build(y)
+
+
+def _feeds(g, seed=1):
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for v in g.inputs:
+        info = np.iinfo(v.dtype)
+        feeds[v.name] = rng.integers(info.min, info.max + 1, v.shape).astype(v.dtype)
+    return feeds
+
+
+def _avx2_only(graph, plan, options: CodegenOptions) -> CompiledModel:
+    """The same C built without AVX-512 (an AVX2-only CI machine): vpmaddwd, 64-bit compare-and-blend clamps."""
+    tc = Toolchain.detect()
+    tc = dataclasses.replace(tc, flags=tc.flags + ("-mno-avx512f",), identity=tc.identity + " -mno-avx512f")
+    program = generate(graph, plan, options=options)
+    return CompiledModel(graph, plan, program, tc, build_library(program.source, tc, None), threads=1)
+
+
+HOST = CodegenOptions()
+
+
+def check(g, *, expect_host=True, avx2=True, options: CodegenOptions = HOST):
+    comp = plan_model(g)
+    assert len(comp.plan.groups) == 1  # Cast/Sub prologue, conv, bias, requantize (and residual): one kernel
+    feeds = _feeds(g)
+    want = run(g, feeds)
+    (name,) = want
+    source = generate(comp.plan.graph, comp.plan, options=options).source
+    assert (HOST_KERNEL in source.split("static", 1)[1] if expect_host else HOST_KERNEL not in source)
+    for opts in (options, options.with_(simd="none")):
+        got = build(comp.plan.graph, comp.plan, options=opts).run(feeds)
+        np.testing.assert_array_equal(got[name], want[name])
+    if avx2:
+        np.testing.assert_array_equal(_avx2_only(comp.plan.graph, comp.plan, options).run(feeds)[name], want[name])
+    return comp
+
+
+CASES = {
+    "3x3": {},
+    "1x1-flat": {"k": 1, "pad": 0, "cin": 16, "cout": 13, "hw": (5, 7)},
+    "1x1-stride2": {"k": 1, "pad": 0, "stride": 2, "cin": 8, "cout": 9, "hw": (9, 9)},
+    "stride2": {"stride": 2, "cout": 11, "hw": (13, 17)},
+    "dilation2": {"dilation": 2, "pad": 2, "cout": 7},
+    "odd-channels": {"cin": 3, "cout": 7, "pad": 0, "hw": (11, 20)},
+    "grouped-odd": {"group": 2, "cin": 6, "cout": 10},
+    "wide-row": {"cin": 5, "cout": 12, "hw": (4, 29)},
+    "rect-kernel": {"k": 5, "pad": 2, "cin": 1, "cout": 9, "hw": (12, 6)},
+    "mono-10x4-stride2": {"k": 10, "kw": 4, "pad": 4, "stride": 2, "cin": 1, "cout": 12, "hw": (29, 10)},
+    "mono-dilated-uint8": {"k": 3, "kw": 7, "dilation": 2, "pad": 3, "cin": 1, "cout": 5, "hw": (9, 23),
+                           "x_dtype": "uint8", "zp": 200},
+    "grouped-mono": {"group": 2, "cin": 2, "cout": 6, "kw": 6, "pad": 2, "hw": (7, 13)},
+    "uint8-in-out": {"x_dtype": "uint8", "zp": 128, "out_dtype": "uint8", "out_zp": 100},
+    "relu-clamp": {"relu": True, "cout": 8, "hw": (8, 16)},
+    "residual-int8": {"residual": True, "cout": 6, "hw": (8, 11)},
+    "residual-uint8-stride2": {"residual": True, "res_dtype": "uint8", "stride": 2, "cout": 13, "hw": (10, 19)},
+    "shifts-below-32": {"shifts": (0.05, 0.9)},
+    "shifts-mixed": {"shifts": (1e-9, 0.5), "cout": 16},
+    "wide-weights": {"wmax": 30000, "cin": 4, "cout": 6},
+    "weights-int8-edge": {"wmax": 129, "cin": 9, "cout": 6},
+    "uint8-zero-point-outside": {"x_dtype": "uint8", "zp": -3, "cin": 5},
+    "int8-zero-point-extremes": {"zp": 127, "cin": 7, "stride": 2, "hw": (9, 33)},
+    "no-bias": {"bias": False, "cout": 7},
+    "batch3-residual": {"batch": 3, "residual": True, "cout": 9, "stride": 2, "hw": (8, 12)},
+    "batch2-grouped-uint8": {"batch": 2, "group": 3, "cin": 6, "cout": 9, "x_dtype": "uint8", "zp": 99},
+    "batch2-dw-channels": {"batch": 2, "group": 10, "cin": 10, "cout": 10, "residual": True, "hw": (5, 6)},
+    "batch2-dw-rows": {"batch": 2, "group": 4, "cin": 4, "cout": 4, "hw": (5, 17)},
+    "deep-small-plane": {"cin": 20, "cout": 40, "hw": (3, 3), "residual": True},  # weights in the outer loop
+    "dw": {"group": 6, "cin": 6, "cout": 6},
+    "dw-stride2-odd": {"group": 5, "cin": 5, "cout": 5, "stride": 2, "hw": (13, 21)},
+    "dw-residual-uint8": {"group": 4, "cin": 4, "cout": 4, "residual": True, "x_dtype": "uint8", "zp": 130,
+                          "out_dtype": "uint8", "out_zp": 0, "relu": True, "hw": (6, 19)},
+    "dw-dilation": {"group": 3, "cin": 3, "cout": 3, "dilation": 2, "pad": 2, "hw": (7, 5)},
+}
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_host_int8_conv_is_bit_exact(case):
+    check(qconv(**CASES[case], seed=len(case)))
+
+
+DEPTHWISE = {
+    "3x3": {"group": 11, "cin": 11, "cout": 11, "hw": (7, 9)},
+    "stride2-residual": {"group": 9, "cin": 9, "cout": 9, "stride": 2, "residual": True, "hw": (10, 21)},
+    "uint8-relu-5x5": {"group": 8, "cin": 8, "cout": 8, "k": 5, "pad": 2, "x_dtype": "uint8", "zp": 131,
+                       "out_dtype": "uint8", "out_zp": 7, "relu": True, "hw": (6, 18), "shifts": (1e-6, 0.4)},
+    "no-pad-dilation": {"group": 3, "cin": 3, "cout": 3, "pad": 0, "dilation": 2, "hw": (9, 12)},
+    "unread-last-column": {"group": 12, "cin": 12, "cout": 12, "pad": 0, "stride": 2, "hw": (10, 14)},
+}
+
+
+@pytest.mark.parametrize("mode", ["positions", "channels"])
+@pytest.mark.parametrize("case", list(DEPTHWISE), ids=list(DEPTHWISE))
+def test_host_int8_depthwise_both_layouts_are_bit_exact(case, mode):
+    """Both depthwise kernels (8 positions of a row per vector, or 8 channels per vector: the channel count
+    not a multiple of 8 here), whichever the width threshold would pick."""
+    below = 1 if mode == "positions" else 1 << 20
+    options = CodegenOptions(int8_depthwise_channels_below=below)
+    comp = check(qconv(**DEPTHWISE[case], seed=len(case)), options=options)
+    notes = [n for k in generate(comp.plan.graph, comp.plan, options=options).kernels for n in k.notes]
+    assert any(("8 channels per vector" in n) == (mode == "channels") and "depthwise" in n for n in notes)
+
+
+def test_the_report_names_the_host_kernel_not_the_fallback():
+    """The notes describe the kernel that runs on this host (the #else branch's choice is not reported)."""
+    comp = plan_model(qconv())
+    program = generate(comp.plan.graph, comp.plan)
+    notes = [n for k in program.kernels for n in k.notes]
+    assert len(notes) == 1 and "host u8 x s8 GEMM" in notes[0]  # the VNNI kernel's; not the #else branches'
+    assert not any("int16 columns" in n for n in notes)
+    plain = generate(comp.plan.graph, comp.plan, options=CodegenOptions(simd="none"))
+    assert not any("host" in n for k in plain.kernels for n in k.notes)
+
+
+@pytest.mark.parametrize(("params", "kind"), [({}, "u8 x s8"), ({"wmax": 200}, "int16-pair"),
+                                             ({"x_dtype": "uint8", "zp": -40}, "int16-pair")])
+def test_quads_where_weights_fit_int8_and_the_zero_point_is_an_8_bit_value(params, kind):
+    """vpdpbusd multiplies unsigned by signed bytes: weights beyond int8 or a zero point no uint8 value can
+    hold (its padding value) keep the int16 pairs (vpdpwssd), exact either way."""
+    g = qconv(**params)
+    comp = check(g, avx2=False)
+    notes = [n for k in generate(comp.plan.graph, comp.plan).kernels for n in k.notes]
+    assert any(f"host {kind} GEMM" in n for n in notes)
+
+
+def test_plain_c_build_has_no_host_kernel():
+    comp = plan_model(qconv())
+    source = generate(comp.plan.graph, comp.plan, options=CodegenOptions(simd="none")).source
+    assert HOST_KERNEL not in source and "opfuse_dot2_s16" in source
+
+
+def test_unmatched_epilogue_keeps_the_scalar_kernel_with_a_reason():
+    """A Requantize whose multiplier is not per channel (it varies along a spatial axis) is not the
+    epilogue the host kernel vectorises: the group keeps qconv.py's kernel, exact, and the report says why."""
+    rng = np.random.default_rng(3)
+    b = GraphBuilder("q")
+    x = b.input("x", (1, 4, 6, 6), "int8")
+    xc = b.op("Sub", b.op("Cast", x, to=int(TensorProto.INT32)), b.const("zp", np.array(1, np.int32)))
+    acc = b.op("Conv", xc, b.const("w", rng.integers(-100, 100, (4, 4, 3, 3)).astype(np.int32)), name="conv",
+               pads=[1] * 4)
+    m, s = fixed_point_multiplier(1e-3)
+    mult = np.full((1, 1, 6, 1), m, np.int32)
+    g = b.build(b.op("Requantize", acc, b.const("m", mult), b.const("s", np.array(s, np.int32)), zero_point=0,
+                     lo=-128, hi=127, to=int(TensorProto.INT8)))
+    comp = check(g, expect_host=False, avx2=False)
+    program = generate(comp.plan.graph, comp.plan)
+    assert "host int8 kernel not used: the Requantize's multiplier is not" in program.source
+
+
+def test_int8_model_output_is_not_a_host_kernel_when_the_accumulator_is_stored():
+    """The int32 accumulator is also a graph output: two stores per element, the scalar epilogue's job."""
+    b = GraphBuilder("q")
+    x = b.input("x", (1, 2, 5, 5), "uint8")
+    xc = b.op("Sub", b.op("Cast", x, to=int(TensorProto.INT32)), b.const("zp", np.array(128, np.int32)))
+    acc = b.op("Conv", xc, b.const("w", np.ones((3, 2, 3, 3), np.int32)), name="conv", pads=[1] * 4)
+    m, s = fixed_point_multiplier(1e-2)
+    y = b.op("Requantize", acc, b.const("m", np.array(m, np.int32)), b.const("s", np.array(s, np.int32)),
+             zero_point=0, lo=-128, hi=127, to=int(TensorProto.INT8))
+    g = b.build(y, acc)
+    comp = plan_model(g)
+    source = generate(comp.plan.graph, comp.plan).source
+    assert HOST_KERNEL not in source
+    assert "host int8 kernel not used" in source
+    feeds = _feeds(g)
+    want = run(g, feeds)
+    got = build(comp.plan.graph, comp.plan).run(feeds)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+
+
+def test_same_c_twice():
+    g = qconv(residual=True, group=2, cin=6, cout=4)
+    pa, pb = plan_model(g).plan, plan_model(g).plan
+    a, b = generate(pa.graph, pa), generate(pb.graph, pb)
+    assert a.source == b.source and a.weights == b.weights
+
+
+def test_quantized_zoo_model_fused_is_bit_exact_on_the_host_kernel():
+    """resnet8 quantized (residual blocks, strided 3x3 and 1x1 shortcuts) up to its last int8 tensor: the fused
+    host kernels equal the reference on the unfused graph (the float tail after it rounds differently in C)."""
+    from onnx import helper
+
+    from opfuse.quantization import quantize
+    from opfuse.runtime.reference import random_inputs
+    qmodel = quantize("zoo:resnet8", calibration_random=2).model
+    last = "stack3_relu_quantized"
+    cut = next(i for i, n in enumerate(qmodel.graph.node) if last in n.output)
+    del qmodel.graph.node[cut + 1:]
+    del qmodel.graph.output[:]
+    qmodel.graph.output.append(helper.make_tensor_value_info(last, TensorProto.INT8, None))
+    comp = plan_model(qmodel)
+    program = generate(comp.plan.graph, comp.plan, memory=comp.memory)
+    assert sum("host u8 x s8 GEMM" in n for k in program.kernels for n in k.notes) == 9
+    feeds = random_inputs(comp.graph, 0)
+    want = run(plan_model(qmodel, CompileOptions(fuse=False)).graph, feeds)
+    got = build(comp.plan.graph, comp.plan, memory=comp.memory).run(feeds)
+    assert want[last].dtype == np.int8 and want[last].std() > 1  # not all clamped
+    np.testing.assert_array_equal(got[last], want[last])
+
+
+@pytest.mark.parametrize("params", [{"cin": 16, "cout": 24, "hw": (40, 36), "residual": True},
+                                    {"cin": 24, "cout": 24, "group": 24, "hw": (40, 36)},
+                                    {"cin": 24, "cout": 24, "group": 24, "hw": (60, 5), "stride": 2}],
+                         ids=["gemm", "depthwise-rows", "depthwise-channels"])
+def test_threads_share_the_image_and_split_the_tiles_bit_exactly(params):
+    """With 2 threads the image (built by all threads into thread 0's scratch) is shared by every tile."""
+    g = qconv(**params)
+    comp = plan_model(g)
+    feeds = _feeds(g)
+    want = run(g, feeds)
+    (name,) = want
+    model = build(comp.plan.graph, comp.plan, threads=2)
+    assert model.threads == 2 and "OPFUSE_PRAGMA(omp parallel for" in model.program.source
+    for _ in range(3):
+        np.testing.assert_array_equal(model.run(feeds)[name], want[name])
