@@ -87,7 +87,9 @@ def test_bench_scaling_smoke(tmp_path):
     md = tmp_path / "split.md"
     _run("bench_scaling.py", "resnet8", "--static", "--markdown", str(md))
     text = md.read_text()
-    assert "## resnet8: x1.77 -> x" in text  # two one-tile convolutions before balancing
+    import re
+    before, after = (float(v) for v in re.search(r"## resnet8: x([\d.]+) -> x([\d.]+)", text).groups())
+    assert before < 1.9 <= after  # convolutions of one or two tiles before balancing
     assert "| conv1 | Conv+Relu | direct |" in text
     out = tmp_path / "scaling.json"
     printed = _run("bench_scaling.py", "ds_cnn", "--repeat", "2", "--out", str(out))
