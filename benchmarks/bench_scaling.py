@@ -11,13 +11,16 @@ Three views, because the machine is shared:
   6 x 24 micro-kernel), tiles are handed out in order to whichever thread is free (what
   ``schedule(dynamic, 1)`` does) or in static halves; the model's bound weighs each kernel by its
   time at 1 thread. It does not see memory bandwidth or the cost of waking threads.
-* ``cpu``: each thread's on-CPU time per run (``/proc/self/task/*/schedstat``); with dynamic
+* ``cpu``: each thread's on-CPU time per run (per-thread CPU clocks); with dynamic
   schedules the split follows which thread got a core, so it is only a clean measure when the
   machine is quiet.
 * wall clock, next to ``others``: the cores' worth of CPU other processes took meanwhile
   (``opfuse.bench.OtherLoad``).
 
-Writes ``benchmarks/results/scaling.json``.
+``--ab`` interleaves the builds without and with tile balancing (``CodegenOptions.balance_threads``)
+instead; ``--static`` runs nothing and prints the split alone (``--markdown FILE``: before and after).
+
+Writes ``benchmarks/results/scaling.json`` (``--out``).
 """
 from __future__ import annotations
 
@@ -25,7 +28,6 @@ import argparse
 import ctypes
 import json
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -38,71 +40,28 @@ from opfuse.compiler import build_native, plan_model
 from opfuse.runtime.reference import random_inputs
 
 RESULTS = Path(__file__).resolve().parent / "results" / "scaling.json"
-_TILE_M = re.compile(r"const long \w+ = \((\d+) - \w+ < (\d+) \? \d+ - \w+ : \d+\);")  # mc = min(M - m0, MC)
-MR, NR = 6, 24  # the micro-kernel's register block (CodegenOptions.gemm_mr, gemm_nr)
-_LOOP = re.compile(r"omp parallel for num_threads\(nt\) schedule\(([^)]*)\)(?: collapse\((\d+)\))?.*\n"
-                   r"\s*for \(long \w+ = 0; \w+ < (\d+);")
 
 
 def thread_cpu_ms() -> dict[str, float]:
+    """CPU time of each thread of this process so far (ms): Linux's per-thread CPU clock
+    (``clock_gettime`` on ``MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)``), exact to the call, where
+    ``/proc/*/schedstat`` is brought up to date only when the thread is descheduled."""
     out = {}
     for tid in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{tid}/schedstat") as f:
-            out[tid] = int(f.read().split()[0]) / 1e6
+        try:
+            out[tid] = time.clock_gettime((~int(tid) << 3) | 6) * 1e3
+        except OSError:  # the thread has exited
+            pass
     return out
 
 
-def parallel_loops(source: str, threads: int) -> dict[str, dict]:
-    """Function name -> its parallel loops (schedule, collapse, iterations of the outer loop) and
-    the tile bound on ``threads`` cores."""
-    out: dict[str, dict] = {}
-    for chunk in re.split(r"\n(?=/\* group )", source):
-        m = re.search(r"static void (\w+)\(", chunk)
-        if m:
-            loops = [{"schedule": s, "collapse": int(c or 1), "iterations": int(n)} for s, c, n in _LOOP.findall(chunk)]
-            out[m.group(1)] = {"loops": loops, "tile_bound": tile_bound(chunk, loops, threads)}
-    return out
-
-
-def _pad(n: int, to: int) -> int:
-    return -(-n // to) * to
-
-
-def tile_works(chunk: str, iterations: int) -> list[float] | None:
-    """Work of each tile of a GEMM/conv tile loop (padded ``mc * nc``), in loop order; ``None``
-    when the loop is not one (its iterations are then taken as equal)."""
-    dims = _TILE_M.findall(chunk)
-    if len(dims) < 2:
-        return None
-    (m, mc), (n, nc) = (int(v) for v in dims[0]), (int(v) for v in dims[1])
-    mt, nt = -(-m // mc), -(-n // nc)
-    if iterations % (mt * nt):
-        return None
-    rows = [_pad(min(mc, m - i * mc), MR) for i in range(mt)]
-    cols = [_pad(min(nc, n - j * nc), NR) for j in range(nt)]
-    return [float(rows[(t // nt) % mt] * cols[t % nt]) for t in range(iterations)]
-
-
-def makespan(works: list[float], threads: int, schedule: str) -> float:
-    """Time to finish ``works`` on ``threads`` threads: in order to the first free thread
-    (dynamic), or in contiguous near-equal chunks (static)."""
-    if schedule.startswith("static"):
-        size = -(-len(works) // threads)
-        return max(sum(works[i:i + size]) for i in range(0, len(works), size))
-    free = [0.0] * threads
-    for w in works:
-        i = free.index(min(free))
-        free[i] += w
-    return max(free)
-
-
-def tile_bound(chunk: str, loops: list[dict], threads: int) -> float:
-    """Speed-up the kernel's first parallel loop allows on ``threads`` free cores (1 when serial)."""
-    if not loops:
-        return 1.0
-    lp = loops[0]
-    works = tile_works(chunk, lp["iterations"]) or [1.0] * lp["iterations"]
-    return sum(works) / makespan(works, threads, lp["schedule"])
+def split(info, threads: int) -> dict:
+    """A kernel's parallel loops (iterations, schedule, costs) from the code generator
+    (``KernelInfo.parallel``) and the speed-up they allow on ``threads`` free cores."""
+    loops = [{"schedule": lp.schedule, "iterations": lp.iterations, "work": lp.work,
+              "uneven": bool(lp.costs) and min(lp.costs) != max(lp.costs), "bound": lp.speedup(threads)}
+             for lp in info.parallel]
+    return {"loops": loops, "tile_bound": min((lp["bound"] for lp in loops), default=1.0)}
 
 
 def scale(name: str, threads: int, repeat: int) -> dict:
@@ -130,12 +89,11 @@ def scale(name: str, threads: int, repeat: int) -> dict:
                 model._lib.opfuse_profile(ns, grp, n)
                 per_kernel[t].append(np.array(ns[:n], dtype=np.float64) / 1e6)
                 cpu[t].append(sorted((after[k] - before.get(k, 0.0) for k in after), reverse=True)[:threads])
-    loops = parallel_loops(model.program.source, threads)
     k1, kn = np.median(per_kernel[1], axis=0), np.median(per_kernel[threads], axis=0)
     kernels = []
     for k in range(n):
         info = model.program.kernels[grp[k]]
-        par = loops.get(info.function or "", {"loops": [], "tile_bound": 1.0})
+        par = split(info, threads)
         kernels.append({"group": info.group, "ops": info.ops, "ms_1": float(k1[k]), f"ms_{threads}": float(kn[k]),
                         "speedup": float(k1[k] / kn[k]) if kn[k] else None, **par})
     c1 = np.median(np.array([c[0] for c in cpu[1]]))
@@ -147,6 +105,120 @@ def scale(name: str, threads: int, repeat: int) -> dict:
             "tile_bound_speedup": float(sum(k["ms_1"] for k in kernels)
                                         / sum(k["ms_1"] / k["tile_bound"] for k in kernels)),
             "kernels": kernels}
+
+
+def static(name: str, threads: int, options: CodegenOptions | None = None) -> dict:
+    """The split alone, from the generated code (nothing runs): each kernel's parallel loops, the
+    FLOPs of one iteration, and the model's bound weighing each kernel by its predicted time."""
+    from opfuse.codegen.program import generate
+    comp = plan_model(f"zoo:{name}")
+    program = generate(comp.graph, comp.plan, memory=comp.memory, options=options)
+    groups = {g["name"]: g for g in comp.report["groups"]}
+    kernels = []
+    for info in program.kernels:
+        if info.function is None:
+            continue
+        g = groups.get(info.group, {})
+        par = split(info, threads)
+        its = par["loops"][0]["iterations"] if par["loops"] else 1
+        kernels.append({"group": info.group, "ops": info.ops, "predicted_ms": 1e3 * g.get("predicted_latency_s", 0.0),
+                        "mflop_per_iteration": g.get("flops", 0) / its / 1e6, "notes": list(info.notes), **par})
+    total = sum(k["predicted_ms"] for k in kernels)
+    return {"model": name, "threads": threads, "kernels": kernels,
+            "tile_bound_speedup": total / sum(k["predicted_ms"] / k["tile_bound"] for k in kernels)}
+
+
+def static_table(r: dict) -> str:
+    t = r["threads"]
+    lines = [f"{r['model']}: bound at {t} threads x{r['tile_bound_speedup']:.2f} (kernels weighed by predicted time)",
+             f"  {'group':<26}{'ops':<24}{'pred ms':>8}{'share':>7}{'its':>5}{'MFLOP/it':>9}{'bound':>7}  schedule"]
+    total = sum(k["predicted_ms"] for k in r["kernels"]) or 1.0
+    for k in r["kernels"]:
+        lp = k["loops"][0] if k["loops"] else None
+        its = f"{lp['iterations']}" if lp else "-"
+        sched = (f"{lp['schedule']}{', uneven' if lp['uneven'] else ''}" if lp else "one thread")
+        lines.append(f"  {k['group'][:25]:<26}{'+'.join(k['ops'])[:23]:<24}{k['predicted_ms']:8.3f}"
+                     f"{100 * k['predicted_ms'] / total:6.1f}%{its:>5}{k['mflop_per_iteration']:9.2f}"
+                     f"{k['tile_bound']:7.2f}  {sched}")
+    return "\n".join(lines)
+
+
+def balance_ab(name: str, threads: int, repeat: int) -> dict:
+    """Interleaved, per round: the build without balancing (``balance_threads=()``) and with it, each at 1
+    thread, then at ``threads`` right after (the workers asleep: "cold"), then again at once ("warm");
+    medians of wall time and of each thread's CPU time in the cold run."""
+    comp = plan_model(f"zoo:{name}")
+    feeds = random_inputs(comp.original, 0)
+    builds = {"cache blocking": build_native(comp, threads=1, codegen_options=CodegenOptions(balance_threads=())),
+              "balanced": build_native(comp, threads=1)}
+    got: dict[str, dict[str, list]] = {k: {"1": [], "cold": [], "warm": [], "cpu": []} for k in builds}
+    for model in builds.values():
+        for t in (1, threads):
+            model.threads = t
+            model.run(feeds)
+    with OtherLoad() as others:
+        for _ in range(repeat):
+            for key, model in builds.items():
+                r = got[key]
+                model.threads = 1
+                t0 = time.perf_counter()
+                model.run(feeds)
+                r["1"].append(time.perf_counter() - t0)
+                model.threads = threads
+                before = thread_cpu_ms()
+                t0 = time.perf_counter()
+                model.run(feeds)
+                r["cold"].append(time.perf_counter() - t0)
+                after = thread_cpu_ms()
+                r["cpu"].append(sorted((after[k] - before.get(k, 0.0) for k in after), reverse=True)[:threads])
+                t0 = time.perf_counter()
+                model.run(feeds)
+                r["warm"].append(time.perf_counter() - t0)
+    out: dict = {"model": name, "threads": threads, "repeat": repeat, "others_cores": others.cores,
+                 "loadavg": os.getloadavg()[0]}
+    for key, r in got.items():
+        ms = {k: 1e3 * float(np.median(r[k])) for k in ("1", "cold", "warm")}
+        cpu = np.median(np.array([c + [0.0] * (threads - len(c)) for c in r["cpu"]]), axis=0)
+        out[key] = {"ms_1": ms["1"], "ms_cold": ms["cold"], "ms_warm": ms["warm"], "cpu_ms": [float(c) for c in cpu]}
+    return out
+
+
+def ab_table(r: dict) -> str:
+    t = r["threads"]
+    lines = [f"{r['model']} (others took {r['others_cores'] or 0:.2f} cores, load average {r['loadavg']:.1f}):"]
+    for key in ("cache blocking", "balanced"):
+        v = r[key]
+        lines.append(f"  {key:<15} 1t {v['ms_1']:9.3f} ms  {t}t cold {v['ms_cold']:9.3f} "
+                     f"(x{v['ms_1'] / v['ms_cold']:.2f})  warm {v['ms_warm']:9.3f} (x{v['ms_1'] / v['ms_warm']:.2f})"
+                     "  CPU per thread (cold) "
+                     + " + ".join(f"{c:.2f}" for c in v["cpu_ms"]) + " ms")
+    return "\n".join(lines)
+
+
+def split_markdown(names: list[str], threads: int) -> str:
+    """Per model and kernel, the parallel split before balancing (the cache blocking alone) and
+    after: iterations, MFLOP per iteration and the speed-up bound on ``threads`` free cores."""
+    out = [f"# Work split at {threads} threads, from the generated code (`bench_scaling.py --static --markdown`)", "",
+           "Bound: what the loop's iterations allow on free cores (tiles handed out in order, costs from the "
+           "tiles' padded sizes); the model's weighs each kernel by its predicted time. It does not see memory "
+           "bandwidth, fork/join or wake-up costs, or data moving between cores. MFLOP are the direct "
+           "convolution's (Winograd does fewer). A Winograd convolution with fewer blocks than threads lists "
+           "gemm_min_tiles iterations (a block's output channels in parts): at 2 threads 2 of them run, and "
+           "each transforms the block's input again, which the bound does not count.", ""]
+    for name in names:
+        before, after = static(name, threads, CodegenOptions(balance_threads=())), static(name, threads)
+        out += [f"## {name}: x{before['tile_bound_speedup']:.2f} -> x{after['tile_bound_speedup']:.2f}", "",
+                "| kernel | ops | algorithm | pred ms | iterations | MFLOP/it | bound "
+                "| balanced: iterations | MFLOP/it | bound |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for b, a in zip(before["kernels"], after["kernels"], strict=True):
+            def cols(k: dict) -> str:
+                its = k["loops"][0]["iterations"] if k["loops"] else "one thread"
+                return f"{its} | {k['mflop_per_iteration']:.2f} | {k['tile_bound']:.2f}"
+            algo = next((n.split(": ", 1)[1].split(" (")[0] for n in a["notes"] if ": " in n), "")
+            ops = "+".join(a["ops"])
+            out.append(f"| {a['group']} | {ops} | {algo} | {a['predicted_ms']:.3f} | {cols(b)} | {cols(a)} |")
+        out.append("")
+    return "\n".join(out)
 
 
 def table(r: dict, top: int) -> str:
@@ -171,8 +243,30 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--top", type=int, default=12, help="kernels listed per model")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--static", action="store_true", help="only the split from the generated code (runs nothing)")
+    ap.add_argument("--markdown", type=Path, help="with --static: write the before/after split of every model here")
+    ap.add_argument("--ab", action="store_true",
+                    help="interleave the builds without and with balancing (1 thread, then --threads cold and warm)")
+    ap.add_argument("--no-balance", action="store_true",
+                    help="with --static: the cache blocking's tiles alone (CodegenOptions(balance_threads=()))")
     args = ap.parse_args(argv)
     rows = []
+    if args.static:
+        if args.markdown:
+            args.markdown.write_text(split_markdown(args.models, args.threads) + "\n")
+            print(f"wrote {args.markdown}", file=sys.stderr)
+            return
+        options = CodegenOptions(balance_threads=()) if args.no_balance else None
+        for name in args.models:
+            print(static_table(static(name, args.threads, options)), flush=True)
+        return
+    if args.ab:
+        for name in args.models:
+            rows.append(balance_ab(name, args.threads, args.repeat))
+            print(ab_table(rows[-1]), flush=True)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(rows, indent=1))
+        return
     for name in args.models:
         rows.append(scale(name, args.threads, args.repeat))
         print(table(rows[-1], args.top), flush=True)

@@ -80,3 +80,27 @@ def test_bench_int8_smoke(tmp_path):
     _run("bench_int8.py", "--merge", str(out), str(out), "--out", str(merged))
     assert len(json.loads(merged.read_text())["rows"]) == 2
     assert "| resnet8 | minmax |" in merged.with_suffix(".md").read_text()
+
+
+def test_bench_scaling_smoke(tmp_path):
+    """The split from the generated code (--static --markdown) and a short interleaved run."""
+    md = tmp_path / "split.md"
+    _run("bench_scaling.py", "resnet8", "--static", "--markdown", str(md))
+    text = md.read_text()
+    import re
+    before, after = (float(v) for v in re.search(r"## resnet8: x([\d.]+) -> x([\d.]+)", text).groups())
+    assert before < 1.9 <= after  # convolutions of one or two tiles before balancing
+    assert "| conv1 | Conv+Relu | direct |" in text
+    out = tmp_path / "scaling.json"
+    printed = _run("bench_scaling.py", "ds_cnn", "--repeat", "2", "--out", str(out))
+    row = json.loads(out.read_text())[0]
+    assert row["model"] == "ds_cnn" and len(row["cpu_ms_2"]) == 2 and row["kernels"]
+    assert all(k["tile_bound"] >= 1.0 for k in row["kernels"]) and "tile bound" in printed
+
+
+def test_bench_scaling_ab_smoke(tmp_path):
+    out = tmp_path / "ab.json"
+    printed = _run("bench_scaling.py", "resnet8", "--ab", "--repeat", "2", "--out", str(out))
+    row = json.loads(out.read_text())[0]
+    assert {"cache blocking", "balanced"} <= row.keys() and "balanced" in printed
+    assert all(row[k]["ms_1"] > 0 and len(row[k]["cpu_ms"]) == 2 for k in ("cache blocking", "balanced"))

@@ -46,10 +46,11 @@ def _conv_graph(c, oc, h, w, k, stride, pads, group=1, act="Relu"):
     return g, group_by_names(g, [("conv_epilogue", ["conv", "act"])])
 
 
-def _three_ways(g, plan, cache_dir):
-    """AVX-512 block, plain C99 and the reference: all agree; the AVX-512 source has zmm bodies."""
-    wide, want, m = run_both(g, plan, cache_dir, options=AVX512)
-    portable, _, m_p = run_both(g, plan, cache_dir, options=PORTABLE)
+def _three_ways(g, plan, cache_dir, **options):
+    """AVX-512 block, plain C99 and the reference: all agree; the AVX-512 source has zmm bodies.
+    ``options``: more ``CodegenOptions`` fields for both builds."""
+    wide, want, m = run_both(g, plan, cache_dir, options=AVX512.with_(**options))
+    portable, _, m_p = run_both(g, plan, cache_dir, options=PORTABLE.with_(**options))
     assert "_mm512_fmadd_ps" in m.program.source and "_mm512_fmadd_ps" not in m_p.program.source
     assert m.program.options.gemm_nr == 32 and m_p.program.options.gemm_nr == 16
     assert_close(wide, want)
@@ -93,9 +94,10 @@ def test_avx512_matmul_with_batch(shape, cache_dir):
 @pytest.mark.parametrize("c,oc,hw,stride", [(8, 24, 16, 1), (3, 32, 64, 2)])
 def test_transposed_tile_of_a_power_of_two_positions_is_padded(c, oc, hw, stride, cache_dir):
     """256 and 1024 positions per tile (8-row panels): the transposed copy's rows are one cache
-    line longer than the tile (``gemm.transposed_ld``), and the results still match."""
+    line longer than the tile (``gemm.transposed_ld``), and the results still match. The cache
+    blocking's one tile (balanced for 2 threads these convolutions are 4 tiles of other sizes)."""
     g, plan = _conv_graph(c, oc, hw, hw, 3, stride, [1, 1, 1, 1])
-    m = _three_ways(g, plan, cache_dir)
+    m = _three_ways(g, plan, cache_dir, balance_threads=())
     positions = (hw // stride) ** 2
     assert transposed_ld(positions) == positions + 16
     assert re.search(rf"opfuse_transpose\(\w+, \w+, \w+ \+ \w+, 32, \w+, {positions + 16}\);", m.program.source)

@@ -43,7 +43,7 @@ class ConvWindows(RowAccess):
         _, C, H, W = self.x.shape
         OW = node.outputs[0].shape[3]
         KH, KW = geo.kernel
-        SW, (DH, DW), PL = geo.strides[1], geo.dilations, geo.pads_begin[1]
+        SW, DW, PL = geo.strides[1], geo.dilations[1], geo.pads_begin[1]
         self.cg = C // group
         padded = any(geo.pads_begin) or any(geo.pads_end)
         self.in_place = in_memory(ev, self.x) and not padded
@@ -52,12 +52,18 @@ class ConvWindows(RowAccess):
         else:
             self.row_len = max(W + PL + geo.pads_end[1], (OW - 1) * SW + (KW - 1) * DW + 1)
             self.rows = self._band_rows(tile_positions)
-        plane = self.rows * self.row_len
-        c, kh, kw = np.meshgrid(np.arange(self.cg), np.arange(KH), np.arange(KW), indexing="ij")
-        self.koff = (c * plane + kh * DH * self.row_len + kw * DW).reshape(-1).astype(np.int64)
+        self._offsets()
         self.base = ""
         self.first_row = ""
         self.offset = 0
+
+    def _offsets(self) -> None:
+        """``koff``: each (channel, tap) pair's offset from its window's origin in the band (or input)."""
+        KH, KW = self.geo.kernel
+        DH, DW = self.geo.dilations
+        plane = self.rows * self.row_len
+        c, kh, kw = np.meshgrid(np.arange(self.cg), np.arange(KH), np.arange(KW), indexing="ij")
+        self.koff = (c * plane + kh * DH * self.row_len + kw * DW).reshape(-1).astype(np.int64)
 
     def _band_rows(self, tile_positions: int) -> int:
         """Most input rows one tile's band holds: its output rows' span plus the window's."""
@@ -71,7 +77,9 @@ class ConvWindows(RowAccess):
         return most + (KH - 1) * DH + 1
 
     def prepare(self, kc, MC: int) -> None:
-        if not self.in_place:
+        if not self.in_place:  # the band holds what a tile of the blocking's MC positions reads
+            self.rows = self._band_rows(MC)
+            self._offsets()
             self.offset = kc.scratch(self.cg * self.rows * self.row_len * 4)
 
     def per_tile(self, kc, ev, b: str, m0: str, mc: str) -> None:

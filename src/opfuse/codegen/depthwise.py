@@ -120,7 +120,8 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
     per_chunk = plane_chunk(planes, kc.program.options)
     chunks = -(-planes // per_chunk)
     chunk, plane, first = kc.tmp("chunk"), kc.tmp("plane"), kc.tmp("first")
-    kc.parallel_for(2 * nimg * C * OH * OW * KH * KW)
+    kc.parallel_for(2 * nimg * C * OH * OW * KH * KW,
+                    costs=[float(min(per_chunk, planes - c0)) for c0 in range(0, planes, per_chunk)])
     with w.block(f"for (long {chunk} = 0; {chunk} < {chunks}; ++{chunk})"):
         xp, acc = kc.tmp("xpad"), kc.tmp("acc")
         dense = kc.tmp("dense") if off_dense != off_acc else acc

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -303,7 +303,90 @@ def choose_blocking(p: GemmProblem, o) -> Blocking:
         NC = cols(budget // MC)
     while p.nb * -(-p.M // MC) * -(-p.N // NC) < o.gemm_min_tiles and NC >= 4 * NR:
         NC = cols(NC // 2)
+    MC, NC = balance_tiles(p, o, MR, NR, MC, NC)
     return Blocking(MC, NC, KC)
+
+
+BALANCE_EXTRA_CUTS = 3  # tiles per side the balancing may add to what the cache blocking chose
+BALANCE_MIN_GAIN = 0.02  # efficiency (speed-up / threads) a new cut must add to be taken
+BALANCE_ENOUGH = 0.95  # efficiency past which more tiles buy nothing: then the fewest tiles win
+
+
+def balance_efficiency(costs: Sequence[float], threads: Sequence[int]) -> tuple[float, ...]:
+    """Per thread count, the efficiency (speed-up / threads) the iterations allow on that many
+    cores, the iterations handed out in order as ``schedule(dynamic, 1)`` does."""
+    from opfuse.codegen.kernel import ParallelLoop
+    loop = ParallelLoop(len(costs), 0, "dynamic", tuple(costs))
+    return tuple(loop.speedup(t) / t for t in threads)
+
+
+def balance_gain(new: Sequence[float], old: Sequence[float]) -> bool:
+    """Whether efficiencies ``new`` (per ``balance_threads``, in order) are worth a change from ``old``:
+    at the first thread count where they differ by ``BALANCE_MIN_GAIN`` or more, ``new`` is higher."""
+    for n, o in zip(new, old, strict=True):
+        if abs(n - o) >= BALANCE_MIN_GAIN:
+            return n > o
+    return False
+
+
+def balance_tiles(p: GemmProblem, o, MR: int, NR: int, MC: int, NC: int) -> tuple[int, int]:
+    """Cut the tiles again so that the threads finish together (``CodegenOptions.balance_threads``):
+    a cache blocking of 7 tiles keeps 2 threads busy for 4 tiles' time (1.75x), one whose last row
+    of tiles is 2 rows high spends a thread on almost nothing, and a problem of one tile (N too
+    narrow to cut: a convolution with 16 output channels) runs on one thread. Candidates split each
+    side into up to ``BALANCE_EXTRA_CUTS`` more near-equal tiles, never larger than the cache
+    blocking's. One is taken where it reaches ``gemm_min_tiles`` tiles and the blocking did not, or
+    where its efficiency (speed-up / threads) gains ``BALANCE_MIN_GAIN`` (``balance_gain``: the
+    first of ``balance_threads`` decides) without more repeats of a per-tile packing (M is not cut
+    further when B is packed per tile, N when A is packed or its windows staged per tile) and, for a
+    gain at a later thread count only, without losing whole tiles (constant trip counts: yolo_block's
+    1x1 convolutions were 4-9% slower on one thread with a remainder tile). Of those: the fewest
+    repeats of a per-tile packing, the best efficiency up to ``BALANCE_ENOUGH``, the fewest tiles
+    (a 64 x 80 MatMul in 10 tiles of 16 columns left its HardSwish epilogue unvectorised), whole
+    tiles. Loops that stay on one thread (``parallel_min_work``) keep the cache blocking. Results do
+    not change: each output's sum runs over the same K blocks in the same order whatever the tiles."""
+    threads = tuple(t for t in o.balance_threads if t > 1)
+    if not threads or 2 * p.nb * p.M * p.N * p.K < o.parallel_min_work:
+        return MC, NC
+    M, N = p.M, p.N
+    mt0, nt0 = -(-M // MC), -(-N // NC)
+    need = -(-o.gemm_min_tiles // p.nb)  # tiles per batch for gemm_min_tiles in all
+    b_per_tile = p.b.static is None and p.b.cols is None
+    a_per_tile = p.a.static is None and (p.a.rows is None or type(p.a.rows).per_tile is not RowAccess.per_tile)
+
+    def sides(size: int, block: int, unit: int, cuts0: int) -> list[int]:
+        out = {block}
+        for cuts in range(cuts0, cuts0 + max(BALANCE_EXTRA_CUTS, need - cuts0) + 1):
+            c = _round_up(-(-size // cuts), unit)
+            if unit <= c <= block:
+                out.add(c)
+        return sorted(out, reverse=True)
+
+    def facts(mc: int, nc: int) -> tuple[bool, int, tuple[float, ...], int, int]:
+        costs = tile_costs(M, N, mc, nc, MR, NR) * p.nb
+        repeated = (-(-M // mc) if b_per_tile else 1) * (-(-N // nc) if a_per_tile else 1)
+        whole = (M % mc == 0 or mc >= M) + (N % nc == 0 or nc >= N)
+        return len(costs) >= o.gemm_min_tiles, repeated, balance_efficiency(costs, threads), whole, len(costs)
+
+    reach0, repeated0, eff0, whole0, _ = facts(MC, NC)
+    taken = []
+    for mc in sides(M, MC, MR, mt0):
+        for nc in sides(N, NC, NR, nt0):
+            reach, repeated, eff, whole, tiles = facts(mc, nc)
+            first_gains = eff[0] - eff0[0] >= BALANCE_MIN_GAIN
+            if (reach and not reach0) or (reach == reach0 and repeated <= repeated0 and balance_gain(eff, eff0)
+                                          and (first_gains or whole >= whole0)):
+                enough = tuple(round(min(e, BALANCE_ENOUGH) / BALANCE_MIN_GAIN) for e in eff)
+                taken.append(((reach, -repeated, enough, -tiles, whole), (mc, nc)))
+    return max(taken)[1] if taken else (MC, NC)
+
+
+def tile_costs(M: int, N: int, MC: int, NC: int, MR: int, NR: int) -> list[float]:
+    """Relative cost of each tile in loop order (row tiles outer): the micro-kernel calls it makes,
+    its rows and columns rounded up to whole MR x NR blocks."""
+    rows = [_round_up(min(MC, M - m0), MR) for m0 in range(0, M, MC)]
+    cols = [_round_up(min(NC, N - n0), NR) for n0 in range(0, N, NC)]
+    return [float(r * c) for r in rows for c in cols]
 
 
 def emit_epilogue(kc, ev, stage: Stage, p: GemmProblem, acc: str, b: str, m: str, n: str) -> None:
@@ -356,7 +439,7 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
 
     tiles = p.nb * MT * NT
     t = kc.tmp("tile")
-    kc.parallel_for(2 * p.nb * M * N * K)
+    kc.parallel_for(2 * p.nb * M * N * K, costs=tile_costs(M, N, MC, NC, MR, NR) * p.nb)
     with w.block(f"for (long {t} = 0; {t} < {tiles}; ++{t})"):
         b, mt, nt_ = kc.tmp("b"), kc.tmp("mt"), kc.tmp("nt")
         w.line(f"const long {b} = {t} / {MT * NT};")

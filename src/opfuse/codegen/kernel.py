@@ -14,9 +14,10 @@ returns that code at once (``program.py``).
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -31,6 +32,33 @@ SCRATCH_ALIGN = 64  # bytes between scratch regions of one kernel (cache-line al
 _LOOP_HEAD = re.compile(r"\s*for \(long (\w+) = 0; \1 < (\d+); \+\+\1\)")
 _STATIC = "schedule(static)"
 _DYNAMIC = "schedule(dynamic, 1)"
+
+
+@dataclass(frozen=True)
+class ParallelLoop:
+    """A loop of a kernel split across threads: its iterations (all collapsed loops'), the work it
+    was priced at (``parallel_for``), its OpenMP schedule, and each iteration's relative cost where
+    the generator knows they differ (``costs``; empty: equal). ``speedup(n)``: what the split allows
+    on ``n`` free cores, from the code alone (no memory bandwidth, no fork/join cost)."""
+
+    iterations: int
+    work: int
+    schedule: str
+    costs: tuple[float, ...] = ()
+
+    def speedup(self, threads: int) -> float:
+        costs = list(self.costs) or [1.0] * self.iterations
+        if not costs or threads <= 1:
+            return 1.0
+        if self.schedule == "static":  # contiguous near-equal chunks
+            size = -(-len(costs) // threads)
+            span = max(sum(costs[i:i + size]) for i in range(0, len(costs), size))
+        else:  # in order, each to the first thread that is free
+            free = [0.0] * threads
+            for c in costs:
+                free[free.index(min(free))] += c
+            span = max(free)
+        return sum(costs) / span if span else 1.0
 
 
 class UnsupportedGroupError(UnsupportedOpError):
@@ -61,7 +89,8 @@ class KernelContext:
         self.scratch_bytes = 0
         self.uses_threads = False
         self.stored: set[int] = set()  # ids of values this kernel has written
-        self._parallel: list[tuple[int, int, int]] = []  # (line index of the pragma, work, collapse)
+        self._parallel: list[tuple[int, int, int, tuple[float, ...]]] = []  # (pragma's line, work, collapse, costs)
+        self.loops: list[ParallelLoop] = []  # the parallel loops written (``_schedules``)
         self.faults: dict[int, tuple[int, str, int]] = {}  # id(node) -> (node position, flag, fault code)
         self.checked: set[int] = set()  # ids of nodes whose operands were checked before the loops
         self.notes: list[str] = []  # algorithm choices (Winograd or direct ...), for the report
@@ -133,24 +162,28 @@ class KernelContext:
         return hit[1]
 
     # Parallel loops -----------------------------------------------------------------------
-    def parallel_for(self, work: int, collapse: int = 1) -> None:
+    def parallel_for(self, work: int, collapse: int = 1, costs: Sequence[float] = ()) -> None:
         """An OpenMP pragma for the next loop, if ``work`` (elementary operations) is worth threads.
-        Its schedule is chosen once the loop is written (``_schedules``)."""
+        Its schedule is chosen once the loop is written (``_schedules``). ``costs``: each iteration's
+        relative cost, where they differ (``ParallelLoop``)."""
         if work < self.program.options.parallel_min_work:
             return
         self.uses_threads = True
         col = f" collapse({collapse})" if collapse > 1 else ""
-        self._parallel.append((len(self.w.lines), work, collapse))
+        self._parallel.append((len(self.w.lines), work, collapse, tuple(costs)))
         self.w.line(f"OPFUSE_PRAGMA(omp parallel for num_threads(nt) {_STATIC}{col} if(nt > 1))")
 
     def _schedules(self) -> None:
         """One iteration at a time (``schedule(dynamic, 1)``) for a loop of ``n`` iterations each worth
         at least ``parallel_dynamic_min_work`` (see ``CodegenOptions``); static chunks otherwise."""
         lines = self.w.lines
-        for at, work, collapse in self._parallel:
+        for at, work, collapse, costs in self._parallel:
             head = _LOOP_HEAD.match(lines[at + 1]) if at + 1 < len(lines) else None
             if collapse == 1 and head and work // int(head.group(2)) >= self.program.options.parallel_dynamic_min_work:
                 lines[at] = lines[at].replace(_STATIC, _DYNAMIC)
+            heads = [_LOOP_HEAD.match(ln) for ln in lines[at + 1:at + 1 + collapse]]
+            iterations = math.prod(int(h.group(2)) for h in heads if h) if all(heads) else len(costs)
+            self.loops.append(ParallelLoop(iterations, work, "dynamic" if _DYNAMIC in lines[at] else "static", costs))
         self._parallel.clear()
 
     # Assembly -----------------------------------------------------------------------------

@@ -60,6 +60,12 @@ class CodegenOptions:
     gemm_wide: int = 512
     gemm_tile_floats: int = 32768
     gemm_min_tiles: int = 4
+    # Thread counts the tiles of a parallel GEMM, convolution or Winograd loop are balanced for, the
+    # first first (``gemm.balance_tiles``): the run's thread count is known only at run time, so the
+    # cuts aim at these; 2, the cores of this host (``gemm_min_tiles`` already gives most loops 4
+    # tiles or more; balancing for 4 as well cut small problems into many tiny tiles). Empty: the
+    # cache blocking as it is.
+    balance_threads: tuple[int, ...] = (2,)
     gemm_prefetch: int = 32
     # A GEMM with a single row (M = 1: a classifier's Gemm on one image) runs a 1 x ``gemm_gemv_nr``
     # micro-kernel (6 accumulators) with the intrinsics, instead of MR x NR whose MR - 1 rows
@@ -124,7 +130,12 @@ class CodegenOptions:
     # steps at a time: the block's gate pre-activations (steps x batch x gates x hidden floats)
     # stay in cache until the time loop reads them, and a long sequence needs no T-sized scratch.
     recurrent_block_steps: int = 32
-    # Below this many elementary operations a loop runs on one thread (spawning costs more).
+    # Below this many elementary operations a loop runs on one thread (spawning costs more). Measured
+    # here (2-core VM, libgomp, GOMP_SPINCOUNT=10000, 2 threads): a parallel region costs 0.6-0.7 us
+    # when the workers are still spinning (within ~0.1-0.3 ms of their last region), 20-40 us when they
+    # have gone to sleep (the first kernel of an inference that follows other work), 0.3 us for a
+    # barrier inside one region. A GEMM's 2^15 FLOP are about 0.3-0.6 us of one core, so for GEMMs
+    # the bound is low by ~4x, for elementwise loops (tens of us per 2^15 elements) it is right.
     parallel_min_work: int = 1 << 15
     # Depthwise convolution (``codegen/depthwise.py``) walks its channel planes in chunks of up to
     # ``depthwise_chunk_planes`` (the padded plane's zero border is written once per chunk, not

@@ -171,7 +171,8 @@ def _lower_rows(kc, ev, stage: Stage, x, out, geo, is_max: bool, include_pad: bo
     divisor = None if is_max else _divisor(kc, geo, (H, W), (OH, OW), span, include_pad)
     op = "max" if is_max else "sum"
     assert not (separable and divisor is not None)
-    kc.parallel_for(nimg * C * OH * OW * KH * KW)
+    kc.parallel_for(nimg * C * OH * OW * KH * KW,
+                    costs=[float(min(per_chunk, planes - c0)) for c0 in range(0, planes, per_chunk)])
     with w.block(f"for (long {chunk} = 0; {chunk} < {chunks}; ++{chunk})"):
         xp, rm, dense = kc.tmp("xpad"), kc.tmp("rmax"), kc.tmp("dense")
         w.line(f"float* restrict {xp} = {kc.scratch_ptr('float', off_plane)};")

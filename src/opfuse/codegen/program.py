@@ -34,7 +34,7 @@ import numpy as np
 from opfuse.codegen.prechecks import emit_prechecks
 from opfuse.codegen.ctype import c_type
 from opfuse.codegen.evaluator import Evaluator
-from opfuse.codegen.kernel import KernelContext, UnsupportedGroupError
+from opfuse.codegen.kernel import KernelContext, ParallelLoop, UnsupportedGroupError
 from opfuse.codegen.names import NameTable, c_ident
 from opfuse.codegen.options import CodegenOptions
 from opfuse.codegen.stages import analyse
@@ -104,6 +104,7 @@ class KernelInfo:
     scratch_bytes: int = 0
     scratch_offset: int | None = None  # mcu: where its scratch lies in the arena
     notes: tuple[str, ...] = ()        # algorithm choices (e.g. "Conv 'c': Winograd F(4x4,3x3) (...)")
+    parallel: tuple[ParallelLoop, ...] = ()  # its loops split across threads (none: it runs on one)
 
 
 @dataclass(frozen=True)
@@ -217,6 +218,7 @@ class ProgramBuilder:
         info.function = kc.name
         self.scratch_stride = max(self.scratch_stride, kc.scratch_bytes)
         self.functions.append(kc.function_text(comment))
+        info.parallel = tuple(kc.loops)
         args = [self._arg(p) for p in kc.params.values()]
         self.launches.append(Launch(kc.name, args, index, bool(kc.faults)))
         args = args + ["scratch", "nt"]

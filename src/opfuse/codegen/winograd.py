@@ -316,13 +316,38 @@ def _scatter_avx2(m: int, srcs: list[str], dst: str) -> list[str]:
 def _tiles_per_block(options, C: int, OCp: int, tiles: int, nimg: int, alpha: int, nr: int) -> int:
     """Tiles per block: V and M of a block (alpha^2 (Cin + Cout) floats per tile) within
     ``winograd_block_floats``, a multiple of NR, and at least ``gemm_min_tiles`` blocks over
-    the batch where there are tiles enough (threads need blocks to share)."""
+    the batch where there are tiles enough (threads need blocks to share); of up to
+    ``gemm.BALANCE_EXTRA_CUTS`` more blocks, the count the threads of ``balance_threads`` share best
+    (resnet18's 56x56 layers: 196 tiles in 5 blocks of 48 are 4 full blocks and one of 4 tiles)."""
+    from opfuse.codegen.gemm import (BALANCE_ENOUGH, BALANCE_EXTRA_CUTS, BALANCE_MIN_GAIN, balance_efficiency,
+                                     balance_gain)
     per_tile = alpha * alpha * (C + OCp)
     most = max(nr, options.winograd_block_floats // per_tile // nr * nr)
     nblk = -(-tiles // most)
     nblk = max(nblk, min(-(-options.gemm_min_tiles // nimg), -(-tiles // nr)))
     T = -(-tiles // nblk)
-    return -(-T // nr) * nr
+    T = -(-T // nr) * nr
+    threads = tuple(t for t in options.balance_threads if t > 1)
+    m = alpha - 2
+    if not threads or 2 * nimg * OCp * C * 9 * tiles * m * m < options.parallel_min_work:
+        return T  # the loop runs on one thread (lower_winograd prices it at its direct FLOPs, about these)
+    if nimg * -(-tiles // T) < max(threads):
+        return T  # fewer blocks than threads: the blocks' output channels are split (lower_winograd)
+
+    def facts(size: int) -> tuple[tuple[float, ...], int]:
+        costs = [float(-(-min(size, tiles - t0) // nr) * nr) for t0 in range(0, tiles, size)] * nimg
+        return balance_efficiency(costs, threads), len(costs)
+
+    eff0 = facts(T)[0]
+    better = [size for size in {_round_up(-(-tiles // n), nr) for n in range(nblk, nblk + BALANCE_EXTRA_CUTS + 1)}
+              if size <= T and balance_gain(facts(size)[0], eff0)]
+    # the most efficient of those (in steps of BALANCE_MIN_GAIN, up to BALANCE_ENOUGH), then the fewest blocks
+    return max(better, key=lambda size: (tuple(round(min(e, BALANCE_ENOUGH) / BALANCE_MIN_GAIN)
+                                               for e in facts(size)[0]), size), default=T)
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
 
 
 def _register_block(o, C: int, OC: int, tiles: int, nimg: int, alpha: int) -> tuple[int, int, bool]:
@@ -411,7 +436,9 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
         w.line(f"const long {parts} = nt <= {units} ? 1 : (nt + {units - 1}) / {units} < {most} ? "
                f"(nt + {units - 1}) / {units} : {most};")
         w.line(f"const long {span} = ({OCp // MR} + {parts} - 1) / {parts} * {MR};")
-    kc.parallel_for(2 * nimg * OC * C * 9 * OH * OW)
+    # Each iteration's cost: its block's tiles (rounded up to whole lane groups), a part's share.
+    block_tiles = [-(-min(T, tiles - t0) // Q) * Q for t0 in range(0, tiles, T)] * nimg
+    kc.parallel_for(2 * nimg * OC * C * 9 * OH * OW, costs=[float(n) / most for n in block_tiles for _ in range(most)])
     with w.block(f"for (long {it} = 0; {it} < {units * most}; ++{it})"):
         if most > 1:
             w.line(f"const long {blk} = {it} / {most};")
