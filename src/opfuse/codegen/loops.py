@@ -5,7 +5,6 @@ import math
 from contextlib import nullcontext
 from typing import Callable, ContextManager, Sequence
 
-from opfuse.codegen.ctype import c_type
 from opfuse.codegen.index import Index
 from opfuse.cost.analysis import VECTORISED_REDUCTION_MIN_RUN
 from opfuse.ir.graph import Value
@@ -126,7 +125,3 @@ def lane_reduce(kc, ctype: str, init: str, combine: Callable[[str, str], str], l
         with w.block(f"for (long {j} = {full}; {j} < {length}; ++{j})"), scope():
             e = element(j)
             w.line(f"{result} = {combine(result, e)};")
-
-
-def value_ctype(v: Value) -> str:
-    return c_type(v.dtype, v.name)
