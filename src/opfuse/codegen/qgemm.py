@@ -384,27 +384,18 @@ static inline void opfuse_q8_store(void* dst, __m128i b, long n) {
   }
 }
 /* 8 (or the first n) 8-bit values widened to int32, less zp. */
+/* 8 (or the first n, the rest zero) bytes in the low half of an xmm. */
+static inline __m128i opfuse_q8_load8(const void* src, long n) {
+  if (n >= 8) return _mm_loadl_epi64((const __m128i*)src);
+  unsigned char tmp[16] = {0};
+  memcpy(tmp, src, (size_t)n);
+  return _mm_loadu_si128((const __m128i*)tmp);
+}
 static inline __m256i opfuse_q8_load_s8(const int8_t* src, long n, int32_t zp) {
-  __m128i b;
-  if (n >= 8) {
-    b = _mm_loadl_epi64((const __m128i*)src);
-  } else {
-    unsigned char tmp[16] = {0};
-    memcpy(tmp, src, (size_t)n);
-    b = _mm_loadu_si128((const __m128i*)tmp);
-  }
-  return _mm256_sub_epi32(_mm256_cvtepi8_epi32(b), _mm256_set1_epi32(zp));
+  return _mm256_sub_epi32(_mm256_cvtepi8_epi32(opfuse_q8_load8(src, n)), _mm256_set1_epi32(zp));
 }
 static inline __m256i opfuse_q8_load_u8(const uint8_t* src, long n, int32_t zp) {
-  __m128i b;
-  if (n >= 8) {
-    b = _mm_loadl_epi64((const __m128i*)src);
-  } else {
-    unsigned char tmp[16] = {0};
-    memcpy(tmp, src, (size_t)n);
-    b = _mm_loadu_si128((const __m128i*)tmp);
-  }
-  return _mm256_sub_epi32(_mm256_cvtepu8_epi32(b), _mm256_set1_epi32(zp));
+  return _mm256_sub_epi32(_mm256_cvtepu8_epi32(opfuse_q8_load8(src, n)), _mm256_set1_epi32(zp));
 }
 #endif
 """

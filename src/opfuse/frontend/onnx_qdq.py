@@ -98,6 +98,23 @@ def _dq_parts(m: _Model, name: str, what: str):
     return dq, dq.input[0], scale, zp
 
 
+def _relu_then_quantize(m: _Model, nxt: onnx.NodeProto | None, not_quantized: str, kernel: str):
+    """(Relu or None, the QuantizeLinear) that end an integer kernel's pattern from ``nxt`` (an optional
+    Relu, then a QuantizeLinear per tensor to 8 bits with constant parameters), or the refusal."""
+    relu = None
+    if nxt is not None and nxt.op_type == "Relu":
+        relu, nxt = nxt, m.only_consumer(nxt.output[0])
+    if nxt is None or nxt.op_type != "QuantizeLinear":
+        return not_quantized
+    ys = m.const(nxt.input[1])
+    yz = m.const(nxt.input[2]) if len(nxt.input) > 2 and nxt.input[2] else None
+    if ys is None or yz is None or ys.size != 1 or yz.size != 1 or yz.dtype not in QUANT_8BIT:
+        return "the output is not quantized per tensor to int8 or uint8 with constant parameters"
+    if any(a.name in ("output_dtype", "saturate", "precision") for a in nxt.attribute):
+        return f"the QuantizeLinear has attributes opfuse does not fold into {kernel}"
+    return relu, nxt
+
+
 def _match(m: _Model, conv: onnx.NodeProto):
     """The pattern's nodes and operands at ``conv``, or the reason it is not one."""
     if len(conv.input) < 2:
@@ -147,17 +164,11 @@ def _match(m: _Model, conv: onnx.NodeProto):
             return "the residual's shape is not known to be the Conv's output shape"
         residual = {"r_q": r_q, "rs": r_dq.input[1], "rz": r_dq.input[2], "add": nxt}
         nxt = m.only_consumer(nxt.output[0])
-    relu = None
-    if nxt is not None and nxt.op_type == "Relu":
-        relu, nxt = nxt, m.only_consumer(nxt.output[0])
-    if nxt is None or nxt.op_type != "QuantizeLinear":
-        return "the Conv's output is not quantized by its only reader (through a residual Add and a Relu at most)"
-    ys = m.const(nxt.input[1])
-    yz = m.const(nxt.input[2]) if len(nxt.input) > 2 and nxt.input[2] else None
-    if ys is None or yz is None or ys.size != 1 or yz.size != 1 or yz.dtype not in QUANT_8BIT:
-        return "the output is not quantized per tensor to int8 or uint8 with constant parameters"
-    if any(a.name in ("output_dtype", "saturate", "precision") for a in nxt.attribute):
-        return "the QuantizeLinear has attributes opfuse does not fold into an integer conv"
+    tail = _relu_then_quantize(m, nxt, "the Conv's output is not quantized by its only reader (through a "
+                                        "residual Add and a Relu at most)", "an integer conv")
+    if isinstance(tail, str):
+        return tail
+    relu, nxt = tail
     return {"x_q": x_q, "xs": x_dq.input[1], "xz": x_dq.input[2] if len(x_dq.input) > 2 else "", "w_q": w_q,
             "ws": w_dq.input[1], "wz": w_dq.input[2] if len(w_dq.input) > 2 else "", "ys": nxt.input[1],
             "yz": nxt.input[2], "bias": bias, "relu": relu, "q": nxt, "residual": residual}
@@ -314,17 +325,11 @@ def _match_matmul(m: _Model, mm: onnx.NodeProto):
         if not np.allclose(bs.astype(np.float64), np.broadcast_to(want, bs.shape), rtol=BIAS_SCALE_RTOL, atol=0):
             return "the bias scale is not input scale x weight scale"
         bias = b_arr.reshape(N)
-    relu = None
-    if nxt is not None and nxt.op_type == "Relu":
-        relu, nxt = nxt, m.only_consumer(nxt.output[0])
-    if nxt is None or nxt.op_type != "QuantizeLinear":
-        return "the product is not quantized by its only reader (through a bias Add and a Relu at most)"
-    ys = m.const(nxt.input[1])
-    yz = m.const(nxt.input[2]) if len(nxt.input) > 2 and nxt.input[2] else None
-    if ys is None or yz is None or ys.size != 1 or yz.size != 1 or yz.dtype not in QUANT_8BIT:
-        return "the output is not quantized per tensor to int8 or uint8 with constant parameters"
-    if any(a.name in ("output_dtype", "saturate", "precision") for a in nxt.attribute):
-        return "the QuantizeLinear has attributes opfuse does not fold into an integer matmul"
+    tail = _relu_then_quantize(m, nxt, "the product is not quantized by its only reader (through a bias Add "
+                                        "and a Relu at most)", "an integer matmul")
+    if isinstance(tail, str):
+        return tail
+    relu, nxt = tail
     return {"reshape": reshape, "x_q": x_q, "xs": x_dq.input[1], "xz": x_dq.input[2],
             "w": w_arr.T if trans_b else w_arr, "w_name": w_q, "ws": w_dq.input[1],
             "wz": w_dq.input[2] if len(w_dq.input) > 2 else "", "bias": bias,
