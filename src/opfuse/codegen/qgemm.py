@@ -348,19 +348,25 @@ static inline __m128i opfuse_q8_requantize(__m256i acc, const opfuse_q8_chan* c,
 }
 #endif
 
-/* v0..v7: 8 positions' 8 bytes (8 channels each, the low half); stores channel j's 8 positions (the first n)
-   at dst + j * stride, for the first nch channels: an 8 x 8 byte transpose. */
-static inline void opfuse_q8_store_8x8(void* dst, long stride, long nch, long n, __m128i v0, __m128i v1, __m128i v2,
-                                       __m128i v3, __m128i v4, __m128i v5, __m128i v6, __m128i v7) {
-  const __m128i t0 = _mm_unpacklo_epi8(v0, v1), t1 = _mm_unpacklo_epi8(v2, v3);
-  const __m128i t2 = _mm_unpacklo_epi8(v4, v5), t3 = _mm_unpacklo_epi8(v6, v7);
+/* The 8 x 8 byte transpose of the low halves of v[0..7]: w[i] holds rows 2i (low half) and 2i + 1 (high half)
+   of the transpose, row j being byte j of every v. */
+static inline void opfuse_q8_transpose_8x8(const __m128i v[8], __m128i w[4]) {
+  const __m128i t0 = _mm_unpacklo_epi8(v[0], v[1]), t1 = _mm_unpacklo_epi8(v[2], v[3]);
+  const __m128i t2 = _mm_unpacklo_epi8(v[4], v[5]), t3 = _mm_unpacklo_epi8(v[6], v[7]);
   const __m128i u0 = _mm_unpacklo_epi16(t0, t1), u1 = _mm_unpackhi_epi16(t0, t1);
   const __m128i u2 = _mm_unpacklo_epi16(t2, t3), u3 = _mm_unpackhi_epi16(t2, t3);
-  __m128i w[4];
   w[0] = _mm_unpacklo_epi32(u0, u2);
   w[1] = _mm_unpackhi_epi32(u0, u2);
   w[2] = _mm_unpacklo_epi32(u1, u3);
   w[3] = _mm_unpackhi_epi32(u1, u3);
+}
+/* v0..v7: 8 positions' 8 bytes (8 channels each, the low half); stores channel j's 8 positions (the first n)
+   at dst + j * stride, for the first nch channels: an 8 x 8 byte transpose. */
+static inline void opfuse_q8_store_8x8(void* dst, long stride, long nch, long n, __m128i v0, __m128i v1, __m128i v2,
+                                       __m128i v3, __m128i v4, __m128i v5, __m128i v6, __m128i v7) {
+  const __m128i v[8] = {v0, v1, v2, v3, v4, v5, v6, v7};
+  __m128i w[4];
+  opfuse_q8_transpose_8x8(v, w);
   unsigned char* d = (unsigned char*)dst;
   if (nch == 8 && n == 8) {
     for (int i = 0; i < 4; ++i) {
@@ -555,15 +561,8 @@ static void opfuse_q8_dw_row_{s}(int32_t* restrict dst, const {T}* src, long pla
     __m128i v[8];
     for (int j = 0; j < 8; ++j)
       v[j] = j < nch ? _mm_loadl_epi64((const __m128i*)(src + j * plane + c)) : _mm_setzero_si128();
-    const __m128i t0 = _mm_unpacklo_epi8(v[0], v[1]), t1 = _mm_unpacklo_epi8(v[2], v[3]);
-    const __m128i t2 = _mm_unpacklo_epi8(v[4], v[5]), t3 = _mm_unpacklo_epi8(v[6], v[7]);
-    const __m128i u0 = _mm_unpacklo_epi16(t0, t1), u1 = _mm_unpackhi_epi16(t0, t1);
-    const __m128i u2 = _mm_unpacklo_epi16(t2, t3), u3 = _mm_unpackhi_epi16(t2, t3);
     __m128i w[4];
-    w[0] = _mm_unpacklo_epi32(u0, u2);
-    w[1] = _mm_unpackhi_epi32(u0, u2);
-    w[2] = _mm_unpacklo_epi32(u1, u3);
-    w[3] = _mm_unpackhi_epi32(u1, u3);
+    opfuse_q8_transpose_8x8(v, w);
     const long n = W - c < 8 ? W - c : 8;
     for (long k = 0; k < n; ++k) {{
       const __m128i b = (k & 1) ? _mm_srli_si128(w[k >> 1], 8) : w[k >> 1];
