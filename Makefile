@@ -54,8 +54,12 @@ browser-tools:
 	  echo "browser-tools: no chromium/dot and no apt-get: the HTML report's browser test will skip"; \
 	fi
 
+# The suite runs on every core (pytest-xdist, one worker per core; a test file stays on one worker so
+# its module fixtures are built once). TEST_JOBS=0 runs it in this process, serially.
+TEST_JOBS ?= auto
+
 test: lint mcu-tools browser-tools
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 # Not part of `make test`: the zoo through `opfuse bench` at 1 and 2 threads (about 6-10 minutes on
 # 2 cores), written to benchmarks/results/bench_*.json and bench.md. Needs the bench extra (OpenVINO).

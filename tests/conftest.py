@@ -1,11 +1,21 @@
-"""Shared test configuration: a per-session build cache so tests never touch ~/.cache."""
+"""Shared test configuration: one build cache per test run so tests never touch ~/.cache.
+
+Under pytest-xdist (`make test` runs `-n auto --dist loadfile`) every worker gets its own base temp
+folder; the cache lives in their common parent so a model compiled by one worker is a cache hit for
+the others (the build cache is safe for concurrent writers: tests/runtime covers that).
+"""
 import os
 
 import pytest
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _opfuse_cache_dir(tmp_path_factory):
+def _opfuse_cache_dir(tmp_path_factory, worker_id):
     if "OPFUSE_CACHE_DIR" not in os.environ:
-        os.environ["OPFUSE_CACHE_DIR"] = str(tmp_path_factory.mktemp("opfuse-cache"))
+        if worker_id == "master":
+            cache = tmp_path_factory.mktemp("opfuse-cache")
+        else:
+            cache = tmp_path_factory.getbasetemp().parent / "opfuse-cache"
+            cache.mkdir(exist_ok=True)
+        os.environ["OPFUSE_CACHE_DIR"] = str(cache)
     yield
