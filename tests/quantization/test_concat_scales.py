@@ -103,3 +103,13 @@ def test_an_unquantized_input_keeps_the_concat_apart_with_the_reason():
     params, shared, apart = share_concat_params(g, given, {})
     assert params == given and shared == {}
     assert apart == {names["c2"]: f"input '{names['b']}' is not quantized"}
+
+
+def test_the_cli_says_which_tensors_take_a_concats_parameters(capsys, tmp_path):
+    from opfuse.cli import main
+    assert main(["quantize", "zoo:yolo_block", "--calibration-random", "1", "-o", str(tmp_path / "q.onnx")]) == 0
+    out = capsys.readouterr().out
+    assert "concat: cv1_silu takes the parameters of 'concat' (an exact int8 Concat)" in out
+    assert main(["quantize", "zoo:yolo_block", "--calibration-random", "1", "--own-concat-scales", "-o",
+                 str(tmp_path / "own.onnx")]) == 0
+    assert "takes the parameters" not in capsys.readouterr().out
