@@ -252,7 +252,7 @@ def cmd_quantize(args) -> int:
     result = quantize(args.model, args.calibration, calibration_random=args.calibration_random, method=args.method,
                       activation_type=args.activation_type, percentile=args.percentile,
                       input_shapes=_input_shapes(args), report=want_report, report_samples=args.report_samples,
-                      report_inputs=args.report_inputs)
+                      report_inputs=args.report_inputs, share_concat_scales=not args.own_concat_scales)
     result.save(args.output)
     data = result.to_dict()
     data["output"] = args.output
@@ -268,6 +268,10 @@ def cmd_quantize(args) -> int:
           f"(int32)")
     for tensor, why in result.kept_float.items():
         print(f"  float: {tensor}: {why}")
+    for tensor, concat in result.shared.items():
+        print(f"  concat: {tensor} takes the parameters of '{concat}' (an exact int8 Concat)")
+    for concat, why in result.kept_apart.items():
+        print(f"  concat: '{concat}' requantizes its inputs: {why}")
     if result.report is not None:
         print(format_report(result.report, result))
     print(f"wrote {args.output}")
@@ -324,6 +328,9 @@ def _add_calibration_args(p, required: bool) -> None:
                    help=f"activation type (default {DEFAULT_ACTIVATION_TYPE}, as onnxruntime's QDQ default)")
     p.add_argument("--percentile", type=float, default=DEFAULT_PERCENTILE,
                    help=f"percentile method: the values kept, in percent (default {DEFAULT_PERCENTILE})")
+    p.add_argument("--own-concat-scales", action="store_true",
+                   help="keep each Concat input's own scale (default: the inputs take the Concat's, so it is an "
+                        "exact int8 Concat)")
 
 
 def _add_int8_args(p) -> None:
@@ -345,7 +352,7 @@ def _int8_model(args):
     from opfuse.quantization import quantize
     result = quantize(args.model, args.calibration, calibration_random=args.calibration_random, method=args.method,
                       activation_type=args.activation_type, percentile=args.percentile,
-                      input_shapes=_input_shapes(args))
+                      input_shapes=_input_shapes(args), share_concat_scales=not args.own_concat_scales)
     return result.model
 
 

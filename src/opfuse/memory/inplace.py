@@ -18,15 +18,39 @@ kernel) if, for every element ``j``, the kernel reads ``i[j]`` only while comput
   memoises them), before ``o[j]`` is stored. With several outputs, a reader of ``i`` that
   only feeds another output may be evaluated after ``o[j]`` was stored over ``i[j]``.
 
+One anchor reads its input in place too (``int8_conv_pair``): a quantized model's integer
+convolution ``Cast(x_q) -> [Sub(zp)] -> Conv -> ... -> Requantize`` whose 8-bit output has
+``x_q``'s shape, stride 1, and is either depthwise (one channel per group) or 1x1 with one group.
+Its kernels read every input element an output element needs before storing over it, in every
+form the code generator emits for it (the conditions below are the ones under which it emits
+them: an int32 Conv of constant weights of int16 range, ``codegen/qconv.py``'s test):
+
+* depthwise (``codegen/qdepthwise.py``, plane by plane): an input row goes into the ring of int16
+  rows before the output row of the same index is stored, and is never read from the tensor
+  again; a plane's outputs land only on the same plane (the host's AVX2 kernels, ``qgemm.py``,
+  copy a whole plane or image into their padded buffer before computing it);
+* 1x1 (``qconv.py``: the column of every input channel at a position, then every output
+  channel at that position; ``qgemm.py``: the whole image rewritten into words first): output
+  ``(c, p)`` lands on input ``(c, p)``, whose column was gathered before.
+
+On a microcontroller this is what takes a depthwise-separable network's arena below the
+layer-by-layer bound: a layer's input and output no longer both live in full.
+
 The facts come from op categories only, so this module does not depend on the code
 generator; the generator honours the decision by passing one pointer for both.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from opfuse.ir.graph import Graph, Node, Value
 from opfuse.ir.plan import FusionGroup
 from opfuse.ir.walk import ancestors_within, descendants_within
+from opfuse.ops.nn import conv_geometry
 from opfuse.ops.registry import Category, get_spec
+
+EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
+INT16_MAX = 32767  # the integer conv kernels' weights are int16 (codegen/qconv.py's INT16_MAX)
 
 
 def is_pointwise(node: Node) -> bool:
@@ -67,6 +91,10 @@ def inplace_candidates(group: FusionGroup, graph: Graph, static: dict) -> list[t
         after = set().union(*(_downstream(group, v) for v in anchor.outputs)) | {id(anchor)}
         if any(id(o.producer) not in after for o in outputs):
             return []
+    if anchor is not None and len(outputs) == 1:
+        pair = int8_conv_pair(group, anchor, outputs[0], static)
+        if pair is not None:
+            return [pair]
     pairs = []
     taken: set[int] = set()
     for i in group.inputs():
@@ -84,3 +112,39 @@ def inplace_candidates(group: FusionGroup, graph: Graph, static: dict) -> list[t
                 taken.add(id(o))
                 break
     return pairs
+
+
+def int8_conv_pair(group: FusionGroup, anchor: Node, out: Value, static: dict) -> tuple[Value, Value] | None:
+    """``(x_q, out)`` when the integer conv ``anchor`` may store ``out`` over its 8-bit input ``x_q``
+    (see the module docstring), else None."""
+    if anchor.op_type != "Conv" or anchor.outputs[0].dtype != np.int32 or len(anchor.outputs[0].shape) != 4:
+        return None
+    w = static.get(id(anchor.input(1)))
+    if w is None or np.abs(w.astype(np.int64)).max(initial=0) > INT16_MAX:
+        return None
+    # the prologue: x_q -> Cast(int32) -> [Sub(constant zero point)] -> the Conv's input 0, each read once
+    ids = group.node_ids()
+    v = anchor.input(0)
+    sub = v.producer
+    if sub is not None and sub.op_type == "Sub" and id(sub) in ids and id(sub.input(1)) in static:
+        v = sub.input(0)
+    else:
+        sub = None
+    cast = v.producer
+    if cast is None or cast.op_type != "Cast" or id(cast) not in ids:
+        return None
+    x_q = cast.input(0)
+    if x_q.dtype not in EIGHT_BIT or id(x_q) in static or x_q.producer is None or id(x_q.producer) in ids:
+        return None
+    if [u for u, _ in x_q.uses if id(u) in ids] != [cast] or any(len(n.outputs[0].uses) != 1
+                                                                 for n in (cast, sub) if n is not None):
+        return None
+    if out.dtype.itemsize != 1 or out.shape != x_q.shape or out.producer is None:
+        return None
+    geo, G = conv_geometry(anchor)
+    C = x_q.shape[1]
+    if any(s != 1 for s in geo.strides) or anchor.outputs[0].shape != x_q.shape:
+        return None
+    depthwise = G == C and len(geo.kernel) == 2
+    pointwise = G == 1 and tuple(geo.kernel) == (1, 1)
+    return (x_q, out) if depthwise or pointwise else None

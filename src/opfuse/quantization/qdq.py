@@ -19,6 +19,17 @@ bias an int32 one (scale ``x_scale * w_scale``) when the op's input is quantized
 the reason recorded: the graph outputs (a caller wants real values), outputs of data-movement ops
 whose input is quantized (they carry its scale: ``SCALE_PRESERVING``), non-float tensors, and
 biases whose op input has no scale.
+
+A Concat's inputs take the Concat's output parameters (``share_concat_params``, as TensorFlow Lite's
+converter restricts CONCATENATION to one input and output scale; onnxruntime's QDQ quantizer gives each
+input its own): dequantizing at the output's scale and zero point and quantizing again is then exact,
+so the import's ``int8_concat`` rule turns the float Concat into a Concat of the 8-bit tensors, which the
+producers write in place (no dequantize / copy / requantize kernel). The output's range covers every
+input's (minmax: it is their union), so an input only loses resolution: at most the ratio of the two
+scales. An input that carries another tensor's scale (a Split's part) moves that tensor's parameters;
+the parameters a tensor takes from a Concat are recorded (``QuantizeResult.shared``), and a Concat
+whose inputs cannot all take them keeps its own (``QuantizeResult.kept_apart``, with the reason).
+``share_concat_scales=False`` keeps every tensor's own parameters.
 """
 from __future__ import annotations
 
@@ -59,6 +70,8 @@ class QuantizeResult:
     kept_float: dict[str, str]  # tensor -> why it is not quantized
     fused_graph: Graph = field(repr=False)
     report: dict | None = None  # the accuracy report, when asked for
+    shared: dict[str, str] = field(default_factory=dict)  # tensor -> the Concat output whose parameters it took
+    kept_apart: dict[str, str] = field(default_factory=dict)  # Concat output -> why its inputs keep their own
 
     def save(self, path) -> None:
         from opfuse.files import check_writable
@@ -77,7 +90,8 @@ class QuantizeResult:
             "activations": {t: {"scale": float(p.scale), "zero_point": p.zero_point, "lo": self.ranges[t].lo,
                                 "hi": self.ranges[t].hi, "min": self.ranges[t].min, "max": self.ranges[t].max}
                             for t, p in self.activations.items()},
-            "inherited": dict(self.inherited), "weights": list(self.weights), "kept_float": dict(self.kept_float)}
+            "inherited": dict(self.inherited), "weights": list(self.weights), "kept_float": dict(self.kept_float),
+            "concat_shared": dict(self.shared), "concat_kept_apart": dict(self.kept_apart)}
         if self.report is not None:
             out["accuracy"] = self.report
         return out
@@ -112,6 +126,40 @@ def select_tensors(graph: Graph, plan) -> tuple[list[str], dict[str, str], dict[
         else:
             quantized.append(v.name)
     return quantized, inherited, kept
+
+
+def share_concat_params(graph: Graph, params: dict[str, ActivationParams], inherited: Mapping[str, str]
+                        ) -> tuple[dict[str, ActivationParams], dict[str, str], dict[str, str]]:
+    """``(params, shared, kept_apart)``: every quantized Concat's inputs (through ``inherited``, the tensor
+    whose scale each carries) take the Concat output's parameters. Concats are visited consumers first,
+    so a Concat feeding another passes the outer one's parameters on to its own inputs. A tensor takes
+    one Concat's parameters at most: a second Concat reading it keeps its own (``kept_apart``)."""
+    out = dict(params)
+    shared: dict[str, str] = {}
+    apart: dict[str, str] = {}
+    concats = [n for n in graph.nodes if n.op_type == "Concat" and n.outputs[0].name in params]
+    for node in reversed(concats):
+        c = node.outputs[0].name
+        sources = []
+        reason = None
+        for v in node.input_values():
+            src = inherited.get(v.name, v.name)
+            if src not in out:
+                reason = f"input '{v.name}' is not quantized"
+            elif src in shared and shared[src] != c:
+                reason = f"input '{v.name}' already takes the parameters of '{shared[src]}'"
+            elif src == c:
+                reason = f"input '{v.name}' is the Concat's own output"
+            if reason is not None:
+                break
+            sources.append(src)
+        if reason is not None:
+            apart[c] = reason
+            continue
+        for src in sources:
+            out[src] = out[c]
+            shared[src] = c
+    return out, shared, apart
 
 
 # Building the QDQ model ---------------------------------------------------------------------------
@@ -295,13 +343,14 @@ def _refuse_quantized(model) -> None:
 def quantize(model, calibration=None, *, calibration_random: int | None = None, method: str = "minmax",
              activation_type: str = DEFAULT_ACTIVATION_TYPE, percentile: float = DEFAULT_PERCENTILE,
              input_shapes=None, report: bool = False, report_samples: int = DEFAULT_REPORT_SAMPLES,
-             report_inputs=None) -> QuantizeResult:
+             report_inputs=None, share_concat_scales: bool = True) -> QuantizeResult:
     """Quantize ``model`` (``zoo:NAME``, a path, a ModelProto or a Graph); see the module docstring.
 
     ``calibration``: an ``.npz`` path (arrays keyed by input name, ``S`` samples each), a dict of
     such stacks, or a list of feeds; or ``calibration_random=N`` seeded random samples.
     ``report=True`` adds the accuracy report (``opfuse.quantization.accuracy``) over
-    ``report_samples`` random inputs and ``report_inputs`` (given as ``calibration`` is)."""
+    ``report_samples`` random inputs and ``report_inputs`` (given as ``calibration`` is).
+    ``share_concat_scales``: a Concat's inputs take its output's parameters (``share_concat_params``)."""
     from opfuse.compiler import CompileOptions, plan_model
     from opfuse.frontend.onnx import export_model
     from opfuse.runtime.reference import run
@@ -317,13 +366,17 @@ def quantize(model, calibration=None, *, calibration_random: int | None = None, 
     ranges = collect_ranges(lambda feeds: run(graph, feeds, keep=True), samples, tensors, method, percentile)
     dtype = ACTIVATION_TYPES[activation_type]
     params = {t: activation_params(ranges[t].lo, ranges[t].hi, dtype) for t in tensors}
+    shared: dict[str, str] = {}
+    apart: dict[str, str] = {}
+    if share_concat_scales:
+        params, shared, apart = share_concat_params(graph, params, inherited)
     qmodel, weights, bias_kept = build_qdq_model(export_model(graph), params, inherited)
     kept.update(bias_kept)
     helper.set_model_props(qmodel, {"opfuse.quantize.method": method,
                                     "opfuse.quantize.activation_type": activation_type,
                                     "opfuse.quantization.calibration_samples": str(len(samples))})
     result = QuantizeResult(qmodel, method, activation_type, len(samples), params, ranges, inherited, weights, kept,
-                            graph)
+                            graph, shared=shared, kept_apart=apart)
     if report:
         from opfuse.api import load
         from opfuse.quantization.accuracy import accuracy_report
