@@ -589,8 +589,10 @@ def _group_table(check: dict):
     from rich import box
     from rich.table import Table
     n = len(check["slower"])
-    title = (f"per group, kernel timers, medians of {check['repeat']} runs: fused {check['fused_s'] * 1e3:.3f} ms, "
-             f"its ops unfused {check['unfused_s'] * 1e3:.3f} ms; fusion slower (by > "
+    clock = {"thread_cpu": "thread CPU time", "wall": "wall time"}.get(check.get("clock", "wall"), "wall time")
+    title = (f"per group, kernel timers ({clock}), medians of {check['repeat']} runs: "
+             f"fused {check['fused_s'] * 1e3:.3f} ms, its ops unfused {check['unfused_s'] * 1e3:.3f} ms; "
+             f"fusion slower (by > "
              f"{check['tolerance']:.0%}) in {n} group{'' if n == 1 else 's'}")
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
     for col in ("group", "ops", "fused us", "unfused us", "fused / unfused", ""):

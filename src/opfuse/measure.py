@@ -120,7 +120,7 @@ def group_check(model, *, threads: int = 1, repeat: int = MEASURE_REPEAT, seed: 
     unfused, both with kernel timers, and run in turn; each fused group's median time is set
     against the sum of the medians of the unfused kernels of the original ops it stands for.
     Returns ``{"groups": [{"group", "ops", "origin", "fused_s", "unfused_s", "unfused_kernels", "ratio",
-    "slower"}...], "fused_s", "unfused_s", "slower": [names], "tolerance"}``; ``slower`` when the
+    "slower"}...], "fused_s", "unfused_s", "slower": [names], "tolerance", "clock"}``; ``slower`` when the
     group fuses (stands for more than one original op) and ``fused_s > unfused_s * (1 +
     GROUP_SLOWER_TOLERANCE)``. Host target only."""
     from dataclasses import replace
@@ -133,7 +133,10 @@ def group_check(model, *, threads: int = 1, repeat: int = MEASURE_REPEAT, seed: 
         raise OpfuseError(f"the per-group check needs the host target, not '{options.target}'")
     fused = plan_model(model, replace(options, fuse=True))
     unfused = plan_model(fused.original, replace(options, fuse=False, dump_ir=None, log_decisions=None))
-    timed = CodegenOptions(profile=True)
+    # One thread runs every kernel on the calling thread: its CPU time leaves out the time other
+    # processes held the core (``CodegenOptions.profile_clock``); more threads need the wall clock.
+    clock = "thread_cpu" if threads == 1 else "wall"
+    timed = CodegenOptions(profile=True, profile_clock=clock)
     natives = [build_native(c, threads=threads, codegen_options=timed) for c in (fused, unfused)]
     feeds = random_inputs(fused.original, seed)
     t_fused, t_unfused = interleaved_kernel_medians(natives, feeds, repeat)
@@ -154,7 +157,7 @@ def group_check(model, *, threads: int = 1, repeat: int = MEASURE_REPEAT, seed: 
                      "slower": len(counted) > 1 and f > u * (1 + GROUP_SLOWER_TOLERANCE)})
     return {"groups": rows, "fused_s": sum(r["fused_s"] for r in rows), "unfused_s": sum(r["unfused_s"] for r in rows),
             "slower": [r["group"] for r in rows if r["slower"]], "tolerance": GROUP_SLOWER_TOLERANCE,
-            "repeat": repeat, "threads": threads}
+            "repeat": repeat, "threads": threads, "clock": clock}
 
 
 def _best_seconds(fn, repeat: int) -> float:

@@ -154,6 +154,7 @@ def test_group_check_sets_each_fused_group_against_its_ops_unfused():
     res = group_check("zoo:ds_cnn", repeat=3)
     rows = res["groups"]
     assert rows and res["tolerance"] == GROUP_SLOWER_TOLERANCE
+    assert res["clock"] == "thread_cpu"  # one thread: kernel timers on the thread's CPU clock
     fused = [r for r in rows if len(r["origin"]) > 1]
     assert fused, "ds_cnn has fused groups (Conv+BN+Relu)"
     for r in rows:
