@@ -20,6 +20,10 @@ Timing: outputs are allocated once (``CompiledModel.prepared``), so page faults 
 arrays are not timed; the contenders (memcpy, fused, unfused) are called in turn, ``--repeat``
 rounds, and medians are reported. Writes ``benchmarks/results/epilogues.json``.
 
+``--op-counts`` counts, instead of timing, the vector instructions of each op's one-op kernel
+loop (``objdump``; less what an Add's loop has beyond its one add): what
+``opfuse.ops.elementwise.OPS_PER_ELEMENT`` holds, unaffected by the machine's load.
+
 ``--op-costs`` also measures what each elementwise op costs per element as the C backend
 emits it: a one-op kernel over ``OP_COST_ELEMENTS`` floats (in cache, so compute-bound) run
 ``OP_COST_CALLS`` times from C, best of ``OP_COST_TRIALS``; printed as ns per element and as
@@ -225,6 +229,63 @@ def op_cost(op: str, attrs: dict, tc, workdir: Path) -> float:
     return fn(ins, outs, arena.ctypes.data, scratch.ctypes.data, OP_COST_CALLS, OP_COST_TRIALS) / OP_COST_ELEMENTS
 
 
+COUNT_OPS = (("Add", {}), ("HardSigmoid", {}), ("HardSwish", {}), ("Exp", {}), ("Log", {}), ("Sigmoid", {}),
+             ("Silu", {}), ("Tanh", {}), ("Erf", {}), ("Gelu", {}), ("Gelu", {"approximate": "tanh"}),
+             ("Softplus", {}), ("Elu", {}), ("Selu", {}), ("Celu", {}), ("Mish", {}))
+
+
+def _first_vector_loop(objdump: str) -> int:
+    """Instructions of the first backward-jumping loop that uses ymm/zmm registers in ``opfuse_run``
+    or a kernel function (the one-op kernel's vectorised main loop)."""
+    import re
+    funcs: dict[str, list[tuple[int, str, str]]] = {}
+    cur = None
+    for line in objdump.splitlines():
+        m = re.match(r"^[0-9a-f]+ <([\w.]+)>:", line)
+        if m:
+            cur = m.group(1)
+            funcs[cur] = []
+            continue
+        m = re.match(r"^\s+([0-9a-f]+):\s+(\S+)\s*(.*)$", line)
+        if m and cur:
+            funcs[cur].append((int(m.group(1), 16), m.group(2), m.group(3)))
+    for name, ins in funcs.items():
+        if not (name.startswith("opfuse_run") or name.startswith("k0_")):
+            continue
+        for at, op, arg in ins:
+            t = re.match(r"([0-9a-f]+)", arg) if op.startswith("j") else None
+            if t and int(t.group(1), 16) < at:
+                body = [x for x in ins if int(t.group(1), 16) <= x[0] <= at]
+                if any("ymm" in x[2] or "zmm" in x[2] for x in body):
+                    return len(body)
+    raise RuntimeError("no vectorised loop found")
+
+
+def op_counts() -> list[dict]:
+    """Vector instructions per element of each op in ``COUNT_OPS`` (see ``--op-counts``)."""
+    import subprocess
+    import tempfile
+
+    from opfuse.codegen import generate
+    from opfuse.runtime.toolchain import Toolchain
+    tc = Toolchain.detect(openmp=False)
+    loops = {}
+    with tempfile.TemporaryDirectory(prefix="opfuse-opcount-") as d:
+        for op, attrs in COUNT_OPS:
+            b = GraphBuilder(f"count_{op.lower()}")
+            x = b.input("x", (OP_COST_ELEMENTS,))
+            g = b.build(b.op(op, x, x) if op == "Add" else b.op(op, x, **attrs))
+            name = op + (f"({attrs['approximate']})" if attrs else "")
+            src, lib = Path(d) / "k.c", Path(d) / "k.so"
+            src.write_text(generate(g, FusionPlan.unfused(g)).source)
+            subprocess.run([tc.cc, *tc.flags, "-o", str(lib), str(src), "-lm"], check=True, capture_output=True)
+            dump = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(lib)], check=True, capture_output=True,
+                                  text=True).stdout
+            loops[name] = _first_vector_loop(dump)
+    base = loops["Add"] - 1
+    return [{"op": k, "loop_instructions": v, "ops_per_element": v - base} for k, v in loops.items()]
+
+
 def op_costs() -> list[dict]:
     import tempfile
 
@@ -267,7 +328,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--cache-dir", default=os.environ.get("OPFUSE_CACHE_DIR"))
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--op-costs", action="store_true", help="also measure each op's cost per element")
+    ap.add_argument("--op-counts", action="store_true",
+                    help="only count each op's vector instructions per element (objdump) and print them")
     args = ap.parse_args(argv)
+    if args.op_counts:
+        for r in op_counts():
+            print(f"{r['op']:16s} {r['ops_per_element']:5d}")
+        return []
     src = np.ones(COPY_BYTES // 4, np.float32)
     dst = np.zeros_like(src)
 
