@@ -608,7 +608,7 @@ def _moved_note(moved: dict | None) -> str:
     """Why a group over the tolerance is not flagged: with the groups producing its inputs it is not slower."""
     if not moved:
         return ""
-    return f"with {'+'.join(moved['producers'])}: {moved['ratio']:.2f} (moved, not slower)"
+    return f"moved: {moved['ratio']:.2f} with producer{'s' if len(moved['producers']) > 1 else ''}"
 
 
 def cmd_bench(args) -> int:

@@ -213,6 +213,8 @@ def test_group_slower_only_by_its_producers_time_is_moved_not_slower():
     assert rows[1]["moved"]["producers"] == ["conv"]
     assert rows[1]["moved"]["ratio"] == pytest.approx(2.64 / 2.78)
     assert rows[1]["fused_s"] == 0.24  # its own numbers stay
+    from opfuse.cli import _moved_note
+    assert _moved_note(rows[1]["moved"]) == "moved: 0.95 with producer" and _moved_note(None) == ""
 
 
 def test_group_slower_with_its_producers_stays_slower():
