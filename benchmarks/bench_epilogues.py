@@ -18,7 +18,9 @@ interleaved with the kernels (bytes read + bytes written).
 
 Timing: outputs are allocated once (``CompiledModel.prepared``), so page faults on fresh output
 arrays are not timed; the contenders (memcpy, fused, unfused) are called in turn, ``--repeat``
-rounds, and medians are reported. Writes ``benchmarks/results/epilogues.json``.
+rounds, and medians are reported, of wall time and of the thread's CPU time (the builds run on
+one thread; on a shared machine the CPU time leaves out the waits for the core). Writes
+``benchmarks/results/epilogues.json``.
 
 ``--op-counts`` counts, instead of timing, the vector instructions of each op's one-op kernel
 loop (``objdump``; less what an Add's loop has beyond its one add): what
@@ -137,18 +139,24 @@ def predicted_s(graph: Graph, plan: FusionPlan) -> float:
     return sum(cm.group_cost(graph, g).latency_s for g in plan.groups)
 
 
-def time_interleaved(fns: dict[str, Callable[[], object]], repeat: int, warmup: int) -> dict[str, float]:
-    """Median seconds per callable, the calls interleaved round by round."""
+def time_interleaved(fns: dict[str, Callable[[], object]], repeat: int,
+                     warmup: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Median wall seconds and median CPU seconds (this thread: every contender runs on one) per
+    callable, the calls interleaved round by round. On the shared host the wall clock counts the
+    time other processes held the core; the CPU time does not."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
-    samples: dict[str, list[float]] = {k: [] for k in fns}
+    wall: dict[str, list[float]] = {k: [] for k in fns}
+    cpu: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeat):
         for k, fn in fns.items():
-            t0 = time.perf_counter()
+            c0, t0 = time.thread_time(), time.perf_counter()
             fn()
-            samples[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in samples.items()}
+            t1, c1 = time.perf_counter(), time.thread_time()
+            wall[k].append(t1 - t0)
+            cpu[k].append(c1 - c0)
+    return ({k: statistics.median(v) for k, v in wall.items()}, {k: statistics.median(v) for k, v in cpu.items()})
 
 
 def bench_case(name: str, graph: Graph, copy: Callable[[], None], *, repeat: int, warmup: int,
@@ -162,22 +170,27 @@ def bench_case(name: str, graph: Graph, copy: Callable[[], None], *, repeat: int
     calls: dict[str, Callable[[], object]] = {"memcpy": copy}
     row: dict = {"case": name, "ops": [n.op_type for n in g.nodes], "planner_fuses": len(chosen.groups) == 1}
     for label, plan in plans.items():
-        model = build(g, plan, cache_dir=cache_dir)
+        model = build(g, plan, cache_dir=cache_dir, threads=1)  # the default would be every core
         call, outs = model.prepared(feeds)
         err = max(float(np.max(np.abs(outs[k].astype(np.float64) - want[k]) / (1.0 + np.abs(want[k]))))
                   for k in want)
         calls[label] = call
         row[label] = {"kernels": len(plan.groups), "predicted_ms": predicted_s(g, plan) * 1e3,
                       "max_rel_error": err}
-    t = time_interleaved(calls, repeat, warmup)
+    t, c = time_interleaved(calls, repeat, warmup)
     nbytes = boundary_bytes(g)
     row["bytes"] = nbytes
     row["memcpy_gbs"] = 2 * COPY_BYTES / t["memcpy"] / 1e9
+    row["memcpy_cpu_gbs"] = 2 * COPY_BYTES / c["memcpy"] / 1e9
     for label in plans:
         row[label]["median_ms"] = t[label] * 1e3
+        row[label]["cpu_median_ms"] = c[label] * 1e3
         row[label]["gbs"] = nbytes / t[label] / 1e9
+        row[label]["cpu_gbs"] = nbytes / c[label] / 1e9
     row["fused_over_unfused"] = t["fused"] / t["unfused"]
     row["fused_of_copy_bandwidth"] = row["fused"]["gbs"] / row["memcpy_gbs"]
+    row["cpu_fused_over_unfused"] = c["fused"] / c["unfused"]
+    row["cpu_fused_of_copy_bandwidth"] = row["fused"]["cpu_gbs"] / row["memcpy_cpu_gbs"]
     return row
 
 
@@ -317,6 +330,14 @@ def table(rows: list[dict]) -> str:
                      f"{f['predicted_ms']:8.2f} {u['predicted_ms']:8.2f} "
                      f"{'fuse' if r['planner_fuses'] else 'split':>5s} {f['gbs']:10.1f} {r['memcpy_gbs']:11.1f} "
                      f"{r['fused_of_copy_bandwidth']:7.0%}")
+    lines += ["", "CPU time (this thread; what the runs cost, waits for the core left out):",
+              f"{'case':10s} {'fused ms':>9s} {'unfused ms':>10s} {'f/u':>6s} {'fused GB/s':>10s} {'memcpy GB/s':>11s} "
+              f"{'of copy':>8s}"]
+    for r in rows:
+        f, u = r["fused"], r["unfused"]
+        lines.append(f"{r['case']:10s} {f['cpu_median_ms']:9.2f} {u['cpu_median_ms']:10.2f} "
+                     f"{r['cpu_fused_over_unfused']:6.2f} {f['cpu_gbs']:10.1f} {r['memcpy_cpu_gbs']:11.1f} "
+                     f"{r['cpu_fused_of_copy_bandwidth']:7.0%}")
     return "\n".join(lines)
 
 
