@@ -18,7 +18,13 @@ interleaved with the kernels (bytes read + bytes written).
 
 Timing: outputs are allocated once (``CompiledModel.prepared``), so page faults on fresh output
 arrays are not timed; the contenders (memcpy, fused, unfused) are called in turn, ``--repeat``
-rounds, and medians are reported. Writes ``benchmarks/results/epilogues.json``.
+rounds, and medians are reported, of wall time and of the thread's CPU time (the builds run on
+one thread; on a shared machine the CPU time leaves out the waits for the core). Writes
+``benchmarks/results/epilogues.json``.
+
+``--op-counts`` counts, instead of timing, the vector instructions of each op's one-op kernel
+loop (``objdump``; less what an Add's loop has beyond its one add): what
+``opfuse.ops.elementwise.OPS_PER_ELEMENT`` holds, unaffected by the machine's load.
 
 ``--op-costs`` also measures what each elementwise op costs per element as the C backend
 emits it: a one-op kernel over ``OP_COST_ELEMENTS`` floats (in cache, so compute-bound) run
@@ -133,18 +139,24 @@ def predicted_s(graph: Graph, plan: FusionPlan) -> float:
     return sum(cm.group_cost(graph, g).latency_s for g in plan.groups)
 
 
-def time_interleaved(fns: dict[str, Callable[[], object]], repeat: int, warmup: int) -> dict[str, float]:
-    """Median seconds per callable, the calls interleaved round by round."""
+def time_interleaved(fns: dict[str, Callable[[], object]], repeat: int,
+                     warmup: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Median wall seconds and median CPU seconds (this thread: every contender runs on one) per
+    callable, the calls interleaved round by round. On the shared host the wall clock counts the
+    time other processes held the core; the CPU time does not."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
-    samples: dict[str, list[float]] = {k: [] for k in fns}
+    wall: dict[str, list[float]] = {k: [] for k in fns}
+    cpu: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeat):
         for k, fn in fns.items():
-            t0 = time.perf_counter()
+            c0, t0 = time.thread_time(), time.perf_counter()
             fn()
-            samples[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in samples.items()}
+            t1, c1 = time.perf_counter(), time.thread_time()
+            wall[k].append(t1 - t0)
+            cpu[k].append(c1 - c0)
+    return ({k: statistics.median(v) for k, v in wall.items()}, {k: statistics.median(v) for k, v in cpu.items()})
 
 
 def bench_case(name: str, graph: Graph, copy: Callable[[], None], *, repeat: int, warmup: int,
@@ -158,22 +170,27 @@ def bench_case(name: str, graph: Graph, copy: Callable[[], None], *, repeat: int
     calls: dict[str, Callable[[], object]] = {"memcpy": copy}
     row: dict = {"case": name, "ops": [n.op_type for n in g.nodes], "planner_fuses": len(chosen.groups) == 1}
     for label, plan in plans.items():
-        model = build(g, plan, cache_dir=cache_dir)
+        model = build(g, plan, cache_dir=cache_dir, threads=1)  # the default would be every core
         call, outs = model.prepared(feeds)
         err = max(float(np.max(np.abs(outs[k].astype(np.float64) - want[k]) / (1.0 + np.abs(want[k]))))
                   for k in want)
         calls[label] = call
         row[label] = {"kernels": len(plan.groups), "predicted_ms": predicted_s(g, plan) * 1e3,
                       "max_rel_error": err}
-    t = time_interleaved(calls, repeat, warmup)
+    t, c = time_interleaved(calls, repeat, warmup)
     nbytes = boundary_bytes(g)
     row["bytes"] = nbytes
     row["memcpy_gbs"] = 2 * COPY_BYTES / t["memcpy"] / 1e9
+    row["memcpy_cpu_gbs"] = 2 * COPY_BYTES / c["memcpy"] / 1e9
     for label in plans:
         row[label]["median_ms"] = t[label] * 1e3
+        row[label]["cpu_median_ms"] = c[label] * 1e3
         row[label]["gbs"] = nbytes / t[label] / 1e9
+        row[label]["cpu_gbs"] = nbytes / c[label] / 1e9
     row["fused_over_unfused"] = t["fused"] / t["unfused"]
     row["fused_of_copy_bandwidth"] = row["fused"]["gbs"] / row["memcpy_gbs"]
+    row["cpu_fused_over_unfused"] = c["fused"] / c["unfused"]
+    row["cpu_fused_of_copy_bandwidth"] = row["fused"]["cpu_gbs"] / row["memcpy_cpu_gbs"]
     return row
 
 
@@ -225,6 +242,63 @@ def op_cost(op: str, attrs: dict, tc, workdir: Path) -> float:
     return fn(ins, outs, arena.ctypes.data, scratch.ctypes.data, OP_COST_CALLS, OP_COST_TRIALS) / OP_COST_ELEMENTS
 
 
+COUNT_OPS = (("Add", {}), ("HardSigmoid", {}), ("HardSwish", {}), ("Exp", {}), ("Log", {}), ("Sigmoid", {}),
+             ("Silu", {}), ("Tanh", {}), ("Erf", {}), ("Gelu", {}), ("Gelu", {"approximate": "tanh"}),
+             ("Softplus", {}), ("Elu", {}), ("Selu", {}), ("Celu", {}), ("Mish", {}))
+
+
+def _first_vector_loop(objdump: str) -> int:
+    """Instructions of the first backward-jumping loop that uses ymm/zmm registers in ``opfuse_run``
+    or a kernel function (the one-op kernel's vectorised main loop)."""
+    import re
+    funcs: dict[str, list[tuple[int, str, str]]] = {}
+    cur = None
+    for line in objdump.splitlines():
+        m = re.match(r"^[0-9a-f]+ <([\w.]+)>:", line)
+        if m:
+            cur = m.group(1)
+            funcs[cur] = []
+            continue
+        m = re.match(r"^\s+([0-9a-f]+):\s+(\S+)\s*(.*)$", line)
+        if m and cur:
+            funcs[cur].append((int(m.group(1), 16), m.group(2), m.group(3)))
+    for name, ins in funcs.items():
+        if not (name.startswith("opfuse_run") or name.startswith("k0_")):
+            continue
+        for at, op, arg in ins:
+            t = re.match(r"([0-9a-f]+)", arg) if op.startswith("j") else None
+            if t and int(t.group(1), 16) < at:
+                body = [x for x in ins if int(t.group(1), 16) <= x[0] <= at]
+                if any("ymm" in x[2] or "zmm" in x[2] for x in body):
+                    return len(body)
+    raise RuntimeError("no vectorised loop found")
+
+
+def op_counts() -> list[dict]:
+    """Vector instructions per element of each op in ``COUNT_OPS`` (see ``--op-counts``)."""
+    import subprocess
+    import tempfile
+
+    from opfuse.codegen import generate
+    from opfuse.runtime.toolchain import Toolchain
+    tc = Toolchain.detect(openmp=False)
+    loops = {}
+    with tempfile.TemporaryDirectory(prefix="opfuse-opcount-") as d:
+        for op, attrs in COUNT_OPS:
+            b = GraphBuilder(f"count_{op.lower()}")
+            x = b.input("x", (OP_COST_ELEMENTS,))
+            g = b.build(b.op(op, x, x) if op == "Add" else b.op(op, x, **attrs))
+            name = op + (f"({attrs['approximate']})" if attrs else "")
+            src, lib = Path(d) / "k.c", Path(d) / "k.so"
+            src.write_text(generate(g, FusionPlan.unfused(g)).source)
+            subprocess.run([tc.cc, *tc.flags, "-o", str(lib), str(src), "-lm"], check=True, capture_output=True)
+            dump = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(lib)], check=True, capture_output=True,
+                                  text=True).stdout
+            loops[name] = _first_vector_loop(dump)
+    base = loops["Add"] - 1
+    return [{"op": k, "loop_instructions": v, "ops_per_element": v - base} for k, v in loops.items()]
+
+
 def op_costs() -> list[dict]:
     import tempfile
 
@@ -256,6 +330,14 @@ def table(rows: list[dict]) -> str:
                      f"{f['predicted_ms']:8.2f} {u['predicted_ms']:8.2f} "
                      f"{'fuse' if r['planner_fuses'] else 'split':>5s} {f['gbs']:10.1f} {r['memcpy_gbs']:11.1f} "
                      f"{r['fused_of_copy_bandwidth']:7.0%}")
+    lines += ["", "CPU time (this thread; what the runs cost, waits for the core left out):",
+              f"{'case':10s} {'fused ms':>9s} {'unfused ms':>10s} {'f/u':>6s} {'fused GB/s':>10s} {'memcpy GB/s':>11s} "
+              f"{'of copy':>8s}"]
+    for r in rows:
+        f, u = r["fused"], r["unfused"]
+        lines.append(f"{r['case']:10s} {f['cpu_median_ms']:9.2f} {u['cpu_median_ms']:10.2f} "
+                     f"{r['cpu_fused_over_unfused']:6.2f} {f['cpu_gbs']:10.1f} {r['memcpy_cpu_gbs']:11.1f} "
+                     f"{r['cpu_fused_of_copy_bandwidth']:7.0%}")
     return "\n".join(lines)
 
 
@@ -267,7 +349,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--cache-dir", default=os.environ.get("OPFUSE_CACHE_DIR"))
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--op-costs", action="store_true", help="also measure each op's cost per element")
+    ap.add_argument("--op-counts", action="store_true",
+                    help="only count each op's vector instructions per element (objdump) and print them")
     args = ap.parse_args(argv)
+    if args.op_counts:
+        for r in op_counts():
+            print(f"{r['op']:16s} {r['ops_per_element']:5d}")
+        return []
     src = np.ones(COPY_BYTES // 4, np.float32)
     dst = np.zeros_like(src)
 

@@ -7,8 +7,11 @@ OpenVINO, timed in one process, with the machine's yardsticks and a cross-check 
 
 How it measures, so the numbers survive a shared machine:
 
-* every contender runs the same seeded inputs, and the calls are interleaved, A B C A B C ..., after
-  ``warmup`` untimed rounds, so a change of load hits all of them alike;
+* every contender runs the same seeded inputs, and the calls are interleaved, A B C B C A C A B ...
+  (each round starts one contender later), after ``warmup`` untimed rounds, so a change of load hits
+  all of them alike and each follows each of the others equally often: a model that ran right after
+  OpenVINO in every round paid for the caches OpenVINO left (ds_cnn at 1 thread: opfuse fused 0.103
+  ms after OpenVINO, 0.078 ms after opfuse unfused; unfused 0.092 and 0.084 after fused);
 * every contender gets ``threads`` threads and none may busy-wait when idle: opfuse's OpenMP workers
   spin at most ``GOMP_SPINCOUNT=10000`` iterations (0.1-0.2 ms) after a kernel, then sleep
   (``opfuse.runtime.threads``); onnxruntime runs with ``ORT_ENABLE_ALL``,
@@ -148,7 +151,8 @@ PEER_BUILDERS: Mapping[str, Callable[[bytes, Outputs, int], Contender]] = {
 def time_interleaved(contenders: list[Contender], repeat: int, warmup: int,
                      progress: Callable[[int, int], None] | None = None,
                      cpu: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
-    """Wall seconds of each contender's ``repeat`` timed calls, in rounds A B C A B C ... after
+    """Wall seconds of each contender's ``repeat`` timed calls, in rounds A B C, B C A, C A B, ...
+    (round ``r`` starts at contender ``r mod n``, so each follows each other as often) after
     ``warmup`` untimed rounds; ``progress(round, rounds)`` after each round. ``cpu``, when given,
     receives each call's process CPU seconds (all threads) by name: on a loaded machine a
     one-thread contender's CPU time is what it cost, where its wall time includes the waits."""
@@ -157,7 +161,8 @@ def time_interleaved(contenders: list[Contender], repeat: int, warmup: int,
         cpu.update({c.name: [] for c in contenders})
     rounds = warmup + repeat
     for r in range(rounds):
-        for c in contenders:
+        k = r % len(contenders) if contenders else 0
+        for c in contenders[k:] + contenders[:k]:
             c0, t0 = time.process_time(), time.perf_counter()
             c.run()
             t1, c1 = time.perf_counter(), time.process_time()

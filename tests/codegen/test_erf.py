@@ -11,7 +11,7 @@ import pytest
 
 from cg_support import assert_close, group_by_names, run_both
 from opfuse.codegen import generate
-from opfuse.codegen.erf import ERF_HELPER, ERF_HELPER_TEXT
+from opfuse.codegen.erf import ERF_HELPER, erf_text
 from opfuse.ir.plan import FusionPlan
 from opfuse.ops import GraphBuilder
 from opfuse.runtime.toolchain import Toolchain, ToolchainError
@@ -22,16 +22,17 @@ DENSE_RANGE = 4.5      # plus a uniform grid over [-4.5, 4.5], where erf is not 
 DENSE_POINTS = 200_001
 
 
-@pytest.fixture(scope="module")
-def erf_c(tmp_path_factory):
-    """The helper compiled with the backend's flags, as ``f(x: float32 array) -> array``."""
+@pytest.fixture(scope="module", params=["auto", "none"])
+def erf_c(tmp_path_factory, request):
+    """The helper compiled with the backend's flags, as ``f(x: float32 array) -> array``; with the
+    ``OPFUSE_FMAF`` of ``simd="auto"`` (fused where the CPU has FMA) and of the plain C99 build."""
     try:
         tc = Toolchain.detect(openmp=False)
     except ToolchainError:
         pytest.skip("no C compiler")
     d = tmp_path_factory.mktemp("erf")
     src = d / "erf.c"
-    src.write_text("#include <math.h>\n#include <stdint.h>\n" + ERF_HELPER_TEXT +
+    src.write_text("#include <math.h>\n#include <stdint.h>\n" + erf_text(request.param) +
                    f"void erf_many(const float* x, float* y, long n) {{\n"
                    f"  for (long i = 0; i < n; ++i) y[i] = {ERF_HELPER}(x[i]);\n}}\n")
     lib = d / "erf.so"

@@ -53,16 +53,18 @@ def _toolchain() -> Toolchain:
         pytest.skip("no C compiler")
 
 
-@pytest.fixture(scope="module")
-def helpers_c(tmp_path_factory):
+@pytest.fixture(scope="module", params=["auto", "none"])
+def helpers_c(tmp_path_factory, request):
     """Every helper compiled with the backend's flags, as ``{name: f(float32 array) -> array}``,
-    plus the compiler's vectorisation report of the loops calling them."""
+    plus the compiler's vectorisation report of the loops calling them; once with the
+    ``OPFUSE_FMAF`` of ``simd="auto"`` (fused multiply-adds where this CPU has them) and once
+    with the plain C99 build's (a multiply and an add)."""
     tc = _toolchain()
     d = tmp_path_factory.mktemp("vecmath")
     src = d / "vecmath.c"
     loops = "".join(f"void many_{h}(const float* restrict x, float* restrict y, long n) {{\n"
                     f"  for (long i = 0; i < n; ++i) y[i] = {h}(x[i]);\n}}\n" for h in HELPERS)
-    src.write_text("#include <math.h>\n#include <stdint.h>\n" + vecmath.all_helpers_text() + loops)
+    src.write_text("#include <math.h>\n#include <stdint.h>\n" + vecmath.all_helpers_text(request.param) + loops)
     lib = d / "vecmath.so"
     proc = subprocess.run([tc.cc, *tc.flags, "-fopt-info-vec-optimized", "-o", str(lib), str(src), "-lm"],
                           check=True, capture_output=True, text=True)
@@ -121,6 +123,46 @@ def test_helper_special_values_as_numpy(helpers_c, helper):
     assert np.all(ulp_error(got[finite], want[finite].astype(np.float64)) <= 1.0), (SPECIAL, got, want)
     zeros = finite & (want == 0)
     assert np.array_equal(np.signbit(got[zeros]), np.signbit(want[zeros]))  # tanh(-0) = -0
+
+
+@pytest.mark.parametrize("simd", ["auto", "none"])
+def test_fma_macro_follows_simd_mode(simd):
+    """The generated program defines ``OPFUSE_FMAF`` once, before the helpers: ``fmaf`` behind the
+    target's FMA macros for ``simd="auto"``, a plain multiply and add for the C99 build."""
+    from opfuse.codegen.options import CodegenOptions
+    g = _activation_graph("Sigmoid", {}, 16)
+    src = generate(g, FusionPlan.unfused(g), options=CodegenOptions(simd=simd)).source
+    assert src.count(f"#define {vecmath.FMA}(") == (2 if simd == "auto" else 1)
+    assert src.index(f"#define {vecmath.FMA}(") < src.index(f"static inline float {vecmath.EXP}(")
+    assert ("fmaf(" in src) == (simd == "auto")
+    assert f"{vecmath.FMA}(" in src.split(f"static inline float {vecmath.EXP}(")[1].split("}")[0]
+
+
+def test_fma_and_plain_paths_agree(tmp_path):
+    """Both builds of each helper, on the same inputs: within the sum of their stated bounds
+    (each is checked against float64 above; this pins the two against each other directly)."""
+    tc = _toolchain()
+    runs = {}
+    for simd in ("auto", "none"):
+        src = tmp_path / f"v_{simd}.c"
+        src.write_text("#include <math.h>\n#include <stdint.h>\n" + vecmath.all_helpers_text(simd) +
+                       "".join(f"void many_{h}(const float* restrict x, float* restrict y, long n) {{\n"
+                               f"  for (long i = 0; i < n; ++i) y[i] = {h}(x[i]);\n}}\n" for h in HELPERS))
+        lib = tmp_path / f"v_{simd}.so"
+        subprocess.run([tc.cc, *tc.flags, "-o", str(lib), str(src), "-lm"], check=True, capture_output=True)
+        runs[simd] = ctypes.CDLL(str(lib))
+    x = sweep()
+    for h, (_ref, bound) in HELPERS.items():
+        ys = []
+        for dll in runs.values():
+            fn = getattr(dll, f"many_{h}")
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
+            y = np.empty_like(x)
+            fn(x.ctypes.data, y.ctypes.data, x.size)
+            ys.append(y)
+        with np.errstate(all="ignore"):
+            err = ulp_error(ys[0], ys[1].astype(np.float64))
+        assert np.max(err) <= 2 * bound, f"{h}: the FMA and plain builds differ by {np.max(err):.2f} ulp"
 
 
 def test_helper_loops_vectorise(helpers_c):
@@ -251,13 +293,18 @@ OP_ERRORS = {
 }
 
 
+@pytest.mark.parametrize("simd", ["auto", "none"])
 @pytest.mark.parametrize("name", list(OP_ERRORS))
-def test_activation_within_stated_error(name, cache_dir):
+def test_activation_within_stated_error(name, simd, cache_dir):
+    """Each activation's kernel, with fused multiply-adds where this CPU has them ("auto") and as
+    the plain C99 build ("none"): within the same bounds."""
+    from opfuse.codegen.options import CodegenOptions
     from opfuse.runtime.native import build
     attrs, ref, lo, max_ulp, max_rel_x = OP_ERRORS[name]
     x = sweep()
     g = _activation_graph("Gelu" if name == "GeluTanh" else name, attrs, x.size)
-    got = build(g, FusionPlan.unfused(g), cache_dir=cache_dir).run({"x": x})[g.outputs[0].name]
+    model = build(g, FusionPlan.unfused(g), cache_dir=cache_dir, options=CodegenOptions(simd=simd))
+    got = model.run({"x": x})[g.outputs[0].name]
     with np.errstate(all="ignore"):
         exact = ref(x.astype(np.float64))
         err = ulp_error(got, exact)
@@ -269,3 +316,27 @@ def test_activation_within_stated_error(name, cache_dir):
     worst = int(np.argmax(np.where(finite & ~in_range, rel_x, 0.0)))
     assert rel_x[worst] <= max_rel_x, f"{name}({x[worst]!r}): |err| / |x| = {rel_x[worst]:.3g}"
     assert np.array_equal(np.isnan(got), np.isnan(exact))
+
+
+@pytest.mark.parametrize("simd", ["auto", "none"])
+def test_attention_exp_within_one_ulp_of_exp_on_nonpositive_inputs(simd, tmp_path):
+    """The attention kernel's exp for x <= 0 (``attention.EXP_HELPER``), with and without fused
+    multiply-adds: within 1 ulp over [-87, 0] (flushed to 0 below), NaN kept, -inf -> 0."""
+    from opfuse.codegen.attention import EXP_FLUSH, EXP_HELPER, EXP_HELPER_TEXT
+    tc = _toolchain()
+    src = tmp_path / "e.c"
+    src.write_text("#include <math.h>\n#include <stdint.h>\n" + vecmath.FMA_TEXT[simd] + EXP_HELPER_TEXT +
+                   f"void many(const float* restrict x, float* restrict y, long n) {{\n"
+                   f"  for (long i = 0; i < n; ++i) y[i] = {EXP_HELPER}(x[i]);\n}}\n")
+    lib = tmp_path / "e.so"
+    subprocess.run([tc.cc, *tc.flags, "-o", str(lib), str(src), "-lm"], check=True, capture_output=True)
+    fn = ctypes.CDLL(str(lib)).many
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
+    x = np.concatenate([np.linspace(EXP_FLUSH + 1e-3, 0, 400_001, dtype=np.float32),
+                        np.array([np.nan, -np.inf, -1000.0, 0.0], np.float32)])
+    y = np.empty_like(x)
+    fn(x.ctypes.data, y.ctypes.data, x.size)
+    n = x.size - 4
+    with np.errstate(all="ignore"):
+        assert np.max(ulp_error(y[:n], np.exp(x[:n].astype(np.float64)))) <= 1.0
+    assert np.isnan(y[n]) and y[n + 1] == 0.0 and y[n + 2] == 0.0 and y[n + 3] == 1.0

@@ -235,6 +235,27 @@ def test_profile_reports_every_kernel(cache_dir):
         build(g, None, cache_dir=cache_dir).profile({}, 1)
 
 
+def test_profile_on_the_thread_cpu_clock(cache_dir):
+    """``profile_clock="thread_cpu"``: the timers read the calling thread's CPU clock, so at one
+    thread the kernels' times add up to at most the CPU time the thread spent in the runs."""
+    import time
+    from opfuse.codegen import CodegenOptions, generate
+    g = _small()
+    opts = CodegenOptions(profile=True, profile_clock="thread_cpu")
+    src = generate(g, epilogue_plan(g), options=opts).source
+    assert "CLOCK_THREAD_CPUTIME_ID" in src and "CLOCK_MONOTONIC" not in src
+    assert "CLOCK_MONOTONIC" in generate(g, epilogue_plan(g), options=CodegenOptions(profile=True)).source
+    m = build(g, epilogue_plan(g), cache_dir=cache_dir, options=opts, threads=1)
+    feeds = reference.random_inputs(g, 0)
+    t0 = time.thread_time()
+    rows = m.profile(feeds, repeat=5)
+    spent_ms = (time.thread_time() - t0) * 1e3 / 5
+    assert len(rows) == m.report["functions"] and all(r["ms"] >= 0 for r in rows)
+    assert sum(r["ms"] for r in rows) <= spent_ms
+    with pytest.raises(OpfuseError, match="profile clock"):
+        CodegenOptions(profile_clock="tsc")
+
+
 def test_bad_codegen_options_are_user_errors():
     from opfuse.codegen import CodegenOptions
     with pytest.raises(OpfuseError, match="layout"):

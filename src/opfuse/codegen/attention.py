@@ -40,6 +40,7 @@ from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.gemm import require_outlined_microkernel
 from opfuse.codegen.index import Index
 from opfuse.codegen.stages import GroupAnalysis, Stage
+from opfuse.codegen.vecmath import EXP_POLY, LN2_HEAD, LN2_TAIL_NEG, fma, horner, require_fma
 
 # Query rows sharing one packing of K and V (fewer rows per tile: more tiles to spread
 # over threads, more repacking).
@@ -54,28 +55,26 @@ def _batch_index(batch: tuple[int, ...], b: str) -> Index:
 # 3 ns each: two thirds of this kernel's time on bert before). Cody-Waite reduction
 # x = n ln2 + r, |r| <= ln2/2, n rounded to nearest by the 1.5 * 2^23 trick; a degree-7
 # polynomial (Cephes expf's coefficients) for exp(r); 2^n built in the exponent bits.
-# Measured within 1 ulp of glibc's expf over [-100, 0]. Below EXP_FLUSH the result
+# Measured within 1 ulp of glibc's expf over [-100, 0]; multiply-adds are ``vecmath``'s
+# ``OPFUSE_FMAF`` (fused where the target has FMA, as the plain C99 build otherwise). Below EXP_FLUSH the result
 # (< 1.7e-38) is flushed to 0; -inf gives 0 and NaN stays NaN, as expf does.
 EXP_FLUSH = -87.0
 EXP_HELPER = "opfuse_exp_nonpos"
-EXP_HELPER_TEXT = f"""\
-/* exp(x) for x <= 0 (1 ulp of expf); vectorisable. */
-static inline float {EXP_HELPER}(float x) {{
-  const float xc = x > {EXP_FLUSH:.1f}f ? x : {EXP_FLUSH:.1f}f;
-  const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
-  union {{ uint32_t u; float f; }} scale = {{ (uint32_t)((int32_t)n + 127) << 23 }};
-  const float y = p * scale.f;
-  return x != x ? x : (x > {EXP_FLUSH:.1f}f ? y : 0.0f);
-}}
-"""
+EXP_HELPER_TEXT = "\n".join([
+    "/* exp(x) for x <= 0 (1 ulp of expf); vectorisable. */",
+    f"static inline float {EXP_HELPER}(float x) {{",
+    f"  const float xc = x > {EXP_FLUSH:.1f}f ? x : {EXP_FLUSH:.1f}f;",
+    f"  const float n = {fma('xc', '1.44269504088896341f', '12582912.0f')} - 12582912.0f;",
+    f"  float r = {fma('n', '-' + LN2_HEAD, 'xc')};",
+    f"  r = {fma('n', LN2_TAIL_NEG, 'r')};",
+    *horner("p", EXP_POLY, "r"),
+    f"  p = {fma('p', 'r * r', 'r')} + 1.0f;",
+    "  union { uint32_t u; float f; } scale = { (uint32_t)((int32_t)n + 127) << 23 };",
+    "  const float y = p * scale.f;",
+    f"  return x != x ? x : (x > {EXP_FLUSH:.1f}f ? y : 0.0f);",
+    "}",
+    "",
+])
 
 
 def _round_up(x: int, m: int) -> int:
@@ -147,6 +146,7 @@ def lower_attention(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     batch = tuple(out.shape[:-2])
     nb = math.prod(batch)
     ukr, MR, NR = require_outlined_microkernel(kc)
+    require_fma(kc.program)
     exp = kc.program.require_helper(EXP_HELPER, EXP_HELPER_TEXT)
     # Key blocks start on MR-panel boundaries of the packed K.
     BT = _round_up(min(kc.program.options.attention_block, T), MR)

@@ -18,13 +18,15 @@ rounded to float32, stored here as exact hex. Measured against ``math.erf`` (flo
 every 61st positive float32 bit pattern: at most 0.95 ulp (``tests/codegen/test_erf.py``
 checks a sweep at 2 ulp). All three pieces are computed for every element and one is
 selected with ternaries, so gcc vectorises the loop around it (no fast-math needed, and
-the result does not depend on the CPU: ``-ffp-contract=off``, no FMA).
+each multiply-add is ``OPFUSE_FMAF``: one fused multiply-add where the target has FMA units,
+a multiply and an add in the plain C99 build, ``vecmath.FMA_TEXT``; both within the bound).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from opfuse.codegen.ctype import literal
+from opfuse.codegen.vecmath import FMA_TEXT, fma, horner, require_fma
 
 SMALL_END = 0.75
 MID_END = 1.75
@@ -45,13 +47,6 @@ TAIL_POLY = ("0x1.feda76p-15", "-0x1.7e2bfap-12", "0x1.0f0fb2p-10", "-0x1.e1709c
 ERF_HELPER = "opfuse_erff"
 
 
-def _horner(name: str, coefs: tuple[str, ...], var: str) -> list[str]:
-    """C lines computing ``name = sum coefs[i] * var^i`` by Horner's rule."""
-    lines = [f"  float {name} = {coefs[-1]}f;"]
-    lines += [f"  {name} = {name} * {var} + {c}f;" for c in coefs[-2::-1]]
-    return lines
-
-
 def _float(v: float) -> str:
     return literal(v, np.float32)
 
@@ -63,10 +58,10 @@ ERF_HELPER_TEXT = "\n".join([
     "  const float s = a * a;",
     f"  const float tm = a - {_float(MID_CENTRE)};",
     f"  const float tt = a - {_float(TAIL_CENTRE)};",
-    *_horner("p", SMALL_POLY, "s"),
-    *_horner("q", MID_POLY, "tm"),
-    *_horner("r", TAIL_POLY, "tt"),
-    f"  const float y = a < {_float(SMALL_END)} ? a + a * p"
+    *horner("p", SMALL_POLY, "s"),
+    *horner("q", MID_POLY, "tm"),
+    *horner("r", TAIL_POLY, "tt"),
+    f"  const float y = a < {_float(SMALL_END)} ? {fma('a', 'p', 'a')}"
     f" : (a < {_float(MID_END)} ? 1.0f - q : (a < {_float(ONE_FROM)} ? 1.0f - r : 1.0f));",
     "  return x != x ? x : copysignf(y, x);",
     "}",
@@ -75,5 +70,11 @@ ERF_HELPER_TEXT = "\n".join([
 
 
 def require_erf(program) -> str:
-    """Add the helper to ``program`` (once) and return the name to call."""
+    """Add the helper to ``program`` (once, after the ``OPFUSE_FMAF`` macro) and return the name to call."""
+    require_fma(program)
     return program.require_helper(ERF_HELPER, ERF_HELPER_TEXT)
+
+
+def erf_text(simd: str = "auto") -> str:
+    """The helper after the ``OPFUSE_FMAF`` macro of ``simd`` (for tests that compile it alone)."""
+    return FMA_TEXT[simd] + ERF_HELPER_TEXT

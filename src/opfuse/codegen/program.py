@@ -36,7 +36,7 @@ from opfuse.codegen.ctype import c_type
 from opfuse.codegen.evaluator import Evaluator
 from opfuse.codegen.kernel import KernelContext, ParallelLoop, UnsupportedGroupError
 from opfuse.codegen.names import NameTable, c_ident
-from opfuse.codegen.options import CodegenOptions
+from opfuse.codegen.options import PROFILE_CLOCKS, CodegenOptions
 from opfuse.codegen.stages import analyse
 from opfuse.codegen.weights import WeightsBlob
 from opfuse.errors import UnsupportedDtypeError
@@ -55,13 +55,13 @@ ABI_VERSION = 1
 EMBEDDED_WEIGHTS = "opfuse_weights_data"
 
 _PROFILE_PREAMBLE = "#define _POSIX_C_SOURCE 199309L\n#include <time.h>\n"
-# Per-kernel wall time, accumulated over calls (CodegenOptions(profile=True)).
+# Per-kernel time on the ``profile_clock``, accumulated over calls (CodegenOptions(profile=True)).
 _PROFILE_HELPERS = """\
 static uint64_t opfuse_profile_ns[{n}];
 static int opfuse_profile_group[{n}];
 static uint64_t opfuse_now_ns(void) {{
   struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
+  clock_gettime({clock}, &ts);
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }}
 int opfuse_profile(uint64_t* ns, int* group, int n) {{
@@ -268,7 +268,7 @@ class ProgramBuilder:
             parts.append(self.weights.c_array(EMBEDDED_WEIGHTS))
         if self.options.profile:
             n = max(len(self.calls), 1)
-            parts.append(_PROFILE_HELPERS.format(n=n))
+            parts.append(_PROFILE_HELPERS.format(n=n, clock=PROFILE_CLOCKS[self.options.profile_clock]))
         parts.extend(self.helpers[k] for k in self.helpers)
         parts.extend(self.functions)
         run = ["int opfuse_run(void* const* inputs, void* const* outputs, char* arena, const char* weights, "

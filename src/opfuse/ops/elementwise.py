@@ -39,26 +39,27 @@ NUMERIC = SIGNED | frozenset(np.dtype(t) for t in (np.uint8, np.uint16, np.uint3
 
 # Operations per element of the float32 code the C backend emits for each op: the vector
 # instructions of the op's vectorised loop (a one-op kernel, gcc 12 -O3 -march=native, AVX-512;
-# objdump of the loop body, less the load, store and loop control an Add also has). One
-# operation is one vector instruction's share of an element, the unit the host's peak FLOP/s
-# is measured in (the GEMM micro-kernel: one vector mul or add per lane-FLOP, no FMA).
-# ``benchmarks/bench_epilogues.py --op-costs`` times the same kernels: on the shared 2-core
-# host, time x peak came out at 0.6x to 1.5x these counts, depending on the load.
+# objdump of the loop body, less the load, store and loop control an Add also has:
+# ``benchmarks/bench_epilogues.py --op-counts``). One operation is one vector instruction's share
+# of an element, the unit the host's peak FLOP/s is measured in; a fused multiply-add is one
+# (the vecmath helpers use them where the target has FMA: exp 40 -> 31, erf 71 -> 48, counted
+# again then). ``--op-costs`` times the same kernels: on the shared 2-core host, time x peak
+# came out at 0.6x to 1.5x these counts, depending on the load.
 OPS_PER_ELEMENT = {
     "HardSigmoid": 8,
     "HardSwish": 10,
-    "Exp": 40,
-    "Log": 95,
-    "Sigmoid": 50,  # exp, one division, a select
-    "Silu": 51,
-    "Tanh": 63,  # both pieces (polynomial, exp form) computed, one selected
-    "Erf": 71,  # three polynomials computed, one selected
-    "Gelu": 75,  # the erf form; the tanh form (x * sigmoid(2z)) is 56
-    "Softplus": 169,  # exp, log and a division
+    "Exp": 31,
+    "Log": 85,
+    "Sigmoid": 40,  # exp, one division, a select
+    "Silu": 41,
+    "Tanh": 50,  # both pieces (polynomial, exp form) computed, one selected
+    "Erf": 48,  # three polynomials computed, one selected
+    "Gelu": 51,  # the erf form; the tanh form (x * sigmoid(2z)) is 46
+    "Softplus": 146,  # exp, log and a division
     "Elu": 45,  # expm1: a polynomial and an exp, one selected
-    "Selu": 46,
-    "Celu": 47,
-    "Mish": 50,  # one exp and a division
+    "Selu": 47,
+    "Celu": 45,
+    "Mish": 37,  # one exp and a division
     "Sin": 40,  # not measured: libm call per element (the float64 reduction is counted)
     "Cos": 40,
 }

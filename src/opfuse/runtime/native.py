@@ -256,7 +256,8 @@ class CompiledModel:
         return call, named
 
     def profile(self, feeds: Mapping[str, np.ndarray], repeat: int = 10) -> list[dict]:
-        """Mean wall time per kernel over ``repeat`` runs (needs ``CodegenOptions(profile=True)``),
+        """Mean time per kernel over ``repeat`` runs (needs ``CodegenOptions(profile=True)``; wall or
+        calling thread's CPU time as its ``profile_clock`` says),
         slowest first: ``[{"group", "kind", "ops", "ms"}]``."""
         if not self.program.options.profile:
             raise OpfuseError("this model was built without profiling: pass CodegenOptions(profile=True)")

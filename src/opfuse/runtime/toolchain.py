@@ -55,7 +55,9 @@ LIBRARY_NAME = "libmodel.so"
 SOURCE_NAME = "model.c"
 META_NAME = "meta.json"
 CACHE_FORMAT = 1
-# -ffp-contract=off: no fused multiply-add, so results do not depend on the CPU's FMA units.
+# -ffp-contract=off: the compiler fuses no multiply-add on its own; the code asks for one where it
+# wants it (the micro-kernels' FMA intrinsics, vecmath's OPFUSE_FMAF), behind the target's FMA
+# macros and never in the plain C99 build (simd="none"), whose results then depend on no FMA unit.
 # -fno-math-errno: libm calls never set errno (lets sqrtf inline); no effect on values.
 # -fno-trapping-math: floating-point exceptions never trap (they do not: nothing enables them),
 # so gcc may compute both arms of a ternary and select (the vectorised exp, log, tanh...); no
