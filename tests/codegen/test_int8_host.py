@@ -66,18 +66,26 @@ def _feeds(g, seed=1):
     return feeds
 
 
-def _avx2_only(graph, plan, options: CodegenOptions) -> CompiledModel:
-    """The same C built without AVX-512 (an AVX2-only CI machine): vpmaddwd, 64-bit compare-and-blend clamps."""
+def _built_with(graph, plan, options: CodegenOptions, flag: str) -> CompiledModel:
+    """The same C built with ``flag`` added: ``-mno-avx512f`` (an AVX2-only CI machine: vpmaddwd, the quads by
+    two vpmaddwd, 64-bit compare-and-blend clamps) or ``-mno-avx2`` (a compiler without AVX2: the plain C
+    ``#else`` branch over the same packed weights)."""
     tc = Toolchain.detect()
-    tc = dataclasses.replace(tc, flags=tc.flags + ("-mno-avx512f",), identity=tc.identity + " -mno-avx512f")
+    tc = dataclasses.replace(tc, flags=tc.flags + (flag,), identity=tc.identity + " " + flag)
     program = generate(graph, plan, options=options)
     return CompiledModel(graph, plan, program, tc, build_library(program.source, tc, None), threads=1)
 
 
-HOST = CodegenOptions()
+def _avx2_only(graph, plan, options: CodegenOptions) -> CompiledModel:
+    return _built_with(graph, plan, options, "-mno-avx512f")
 
 
-def check(g, *, expect_host=True, avx2=True, options: CodegenOptions = HOST):
+# The ISA fixed (not this machine's): the packed weights follow it, so the C, the notes and the blob are the same
+# on any machine; compiled here with the machine's own flags (and without AVX-512, and without AVX2, below).
+HOST = CodegenOptions(vector_isa="avx512")
+
+
+def check(g, *, expect_host=True, avx2=True, plain_else=True, options: CodegenOptions = HOST):
     comp = plan_model(g)
     assert len(comp.plan.groups) == 1  # Cast/Sub prologue, conv, bias, requantize (and residual): one kernel
     feeds = _feeds(g)
@@ -90,6 +98,9 @@ def check(g, *, expect_host=True, avx2=True, options: CodegenOptions = HOST):
         np.testing.assert_array_equal(got[name], want[name])
     if avx2:
         np.testing.assert_array_equal(_avx2_only(comp.plan.graph, comp.plan, options).run(feeds)[name], want[name])
+    if plain_else:
+        got = _built_with(comp.plan.graph, comp.plan, options, "-mno-avx2").run(feeds)
+        np.testing.assert_array_equal(got[name], want[name])
     return comp
 
 
@@ -136,6 +147,39 @@ def test_host_int8_conv_is_bit_exact(case):
     check(qconv(**CASES[case], seed=len(case)))
 
 
+PAIRS_CASES = ("3x3", "1x1-flat", "stride2", "odd-channels", "grouped-odd", "rect-kernel", "mono-10x4-stride2",
+               "uint8-in-out", "residual-uint8-stride2", "int8-zero-point-extremes", "batch2-grouped-uint8")
+
+
+@pytest.mark.parametrize("case", PAIRS_CASES, ids=PAIRS_CASES)
+def test_host_int8_conv_for_avx2_is_int16_pairs_and_bit_exact(case):
+    """Built for AVX2 (``vector_isa="avx2"``) the weights are packed once as int16 pairs (vpmaddwd; vpdpwssd
+    where the compiler has AVX512-VNNI), whatever their range."""
+    options = CodegenOptions(vector_isa="avx2")
+    comp = check(qconv(**CASES[case], seed=len(case)), options=options)
+    notes = [n for k in generate(comp.plan.graph, comp.plan, options=options).kernels for n in k.notes]
+    assert notes and all("host int16-pair GEMM" in n for n in notes)
+
+
+@pytest.mark.parametrize(("isa", "bytes_per_weight"), [("avx512", 1), ("avx2", 2)])
+def test_one_copy_of_the_packed_weights_per_isa(isa, bytes_per_weight):
+    """The host build embeds the packed weights once, in the resolved ISA's layout (u8 x s8 quads: a byte per
+    weight; int16 pairs: two), read by every #if branch; the plain C99 build keeps qconv.py's own int16 rows.
+    Same model and ISA, same C and blob; another ISA, another blob."""
+    g = qconv(cin=32, cout=48, hw=(6, 6))
+    comp = plan_model(g)
+    options = CodegenOptions(vector_isa=isa)
+    a, b = (generate(comp.plan.graph, comp.plan, options=options) for _ in range(2))
+    assert a.source == b.source and a.weights == b.weights
+    weights = 48 * 32 * 9
+    per_channel = 48 * 4 * 4  # bias (and the quads' corrected bias), multiplier, shift: int32 per channel
+    assert weights * bytes_per_weight <= len(a.weights) <= weights * bytes_per_weight + per_channel + 512
+    assert "opfuse_dot2_s16" not in a.source and "_s16" not in a.source  # no qconv.py weights under #else
+    other = generate(comp.plan.graph, comp.plan, options=CodegenOptions(vector_isa="avx2" if isa == "avx512" else
+                                                                       "avx512"))
+    assert other.weights != a.weights
+
+
 DEPTHWISE = {
     "3x3": {"group": 11, "cin": 11, "cout": 11, "hw": (7, 9)},
     "stride2-residual": {"group": 9, "cin": 9, "cout": 9, "stride": 2, "residual": True, "hw": (10, 21)},
@@ -161,7 +205,7 @@ def test_host_int8_depthwise_both_layouts_are_bit_exact(case, mode):
 def test_the_report_names_the_host_kernel_not_the_fallback():
     """The notes describe the kernel that runs on this host (the #else branch's choice is not reported)."""
     comp = plan_model(qconv())
-    program = generate(comp.plan.graph, comp.plan)
+    program = generate(comp.plan.graph, comp.plan, options=HOST)
     notes = [n for k in program.kernels for n in k.notes]
     assert len(notes) == 1 and "host u8 x s8 GEMM" in notes[0]  # the VNNI kernel's; not the #else branches'
     assert not any("int16 columns" in n for n in notes)
@@ -176,7 +220,7 @@ def test_quads_where_weights_fit_int8_and_the_zero_point_is_an_8_bit_value(param
     hold (its padding value) keep the int16 pairs (vpdpwssd), exact either way."""
     g = qconv(**params)
     comp = check(g, avx2=False)
-    notes = [n for k in generate(comp.plan.graph, comp.plan).kernels for n in k.notes]
+    notes = [n for k in generate(comp.plan.graph, comp.plan, options=HOST).kernels for n in k.notes]
     assert any(f"host {kind} GEMM" in n for n in notes)
 
 
@@ -246,11 +290,11 @@ def test_quantized_zoo_model_fused_is_bit_exact_on_the_host_kernel():
     del qmodel.graph.output[:]
     qmodel.graph.output.append(helper.make_tensor_value_info(last, TensorProto.INT8, None))
     comp = plan_model(qmodel)
-    program = generate(comp.plan.graph, comp.plan, memory=comp.memory)
+    program = generate(comp.plan.graph, comp.plan, memory=comp.memory, options=HOST)
     assert sum("host u8 x s8 GEMM" in n for k in program.kernels for n in k.notes) == 9
     feeds = random_inputs(comp.graph, 0)
     want = run(plan_model(qmodel, CompileOptions(fuse=False)).graph, feeds)
-    got = build(comp.plan.graph, comp.plan, memory=comp.memory).run(feeds)
+    got = build(comp.plan.graph, comp.plan, memory=comp.memory, options=HOST).run(feeds)
     assert want[last].dtype == np.int8 and want[last].std() > 1  # not all clamped
     np.testing.assert_array_equal(got[last], want[last])
 

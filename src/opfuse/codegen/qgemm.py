@@ -47,11 +47,12 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Callable, TypeVar
 
 import numpy as np
 
 from opfuse.codegen.ctype import c_type
+from opfuse.codegen.rules import REQUANTIZE_RESIDUAL_C, REQUANTIZE_RESIDUAL_HELPER
 from opfuse.codegen.stages import Stage
 from opfuse.ir.graph import Node, Value
 from opfuse.ops.nn import conv_geometry
@@ -220,6 +221,19 @@ HELPER_C = """
 #else
 #define OPFUSE_Q8_DOT(acc, x, w) _mm256_add_epi32((acc), _mm256_madd_epi16((x), (w)))
 #endif
+/* acc + the 4 products of each u8 quad of x by the s8 quad of w, exact and wrapping (no saturation): one vpdpbusd
+   with AVX512-VNNI; with AVX2 alone the even and the odd bytes widened to int16 (x zero-, w sign-extended) and two
+   vpmaddwd (|u * w| <= 32640: a pair's sum fits int32, and vpmaddwd saturates nothing here). The compiler
+   shares the widening of a loaded x among the block's channels and of a broadcast w among its vectors. */
+static inline __m256i opfuse_q8_dpbusd(__m256i acc, __m256i x, __m256i w) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, x, w);
+#else
+  const __m256i xe = _mm256_and_si256(x, _mm256_set1_epi16(0x00ff)), xo = _mm256_srli_epi16(x, 8);
+  const __m256i we = _mm256_srai_epi16(_mm256_slli_epi16(w, 8), 8), wo = _mm256_srai_epi16(w, 8);
+  return _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(xe, we), _mm256_madd_epi16(xo, wo)));
+#endif
+}
 
 /* The requantization's constants for 8 lanes: one output channel in every lane (opfuse_q8_chan_init) or one
    channel per lane (opfuse_q8_chan_lanes: 8 consecutive channels, the depthwise kernel over channels). */
@@ -706,42 +720,38 @@ def _out_rows(kc, ep: QEpilogue, img: str, oc: str, row: str, shape: tuple) -> t
     return out, res
 
 
-@contextmanager
-def _unreported(kc):
-    """Code emitted inside is an ``#else`` branch that does not run where the ``#if`` one does (this host):
-    the notes it adds are dropped, so that the report describes the kernel that runs."""
-    kept = len(kc.notes)
-    yield
-    del kc.notes[kept:]
-    del kc._comment_notes[kept:]
-
-
-def lower_host_int8_conv(kc, ev, stage: Stage, operands: tuple[QInput, QEpilogue], fallback) -> None:
-    """The AVX2 kernel under ``#if HOST_GUARD``, ``fallback()`` (qconv.py's kernel) under ``#else``. The
-    report's notes describe the host kernel (the one that runs where the host has AVX2)."""
-    w = kc.w
-    w.line(f"#if {HOST_GUARD}")
-    _host(kc, ev, stage, operands)
-    w.line("#else")
-    with ev.scope(), _unreported(kc):
-        fallback()
-    w.line("#endif")
-
-
-def _host(kc, ev, stage: Stage, operands: tuple[QInput, QEpilogue]) -> None:
+def lower_host_int8_conv(kc, ev, stage: Stage, operands: tuple[QInput, QEpilogue]) -> None:
+    """The AVX2 kernel under ``#if HOST_GUARD``, plain C over the same packed weights under ``#else`` (a
+    compiler without AVX2): one copy of the weights, laid out for the resolved ``CodegenOptions.vector_isa``.
+    The report's notes describe the vector kernel."""
     node = stage.anchor_node
     x, ep = operands
     _, G = conv_geometry(node)
-    N, C, H, W = node.input(0).shape
-    OC = node.outputs[0].shape[1]
-    cg, mg = C // G, OC // G
+    C, OC = node.input(0).shape[1], node.outputs[0].shape[1]
     kc.program.require_helper(HELPER, HELPER_C)
-    s = _pairs_helper(kc, x.q.dtype)
-    if cg == 1 and mg == 1:
+    w = kc.w
+    w.line(f"#if {HOST_GUARD}")
+    if C // G == 1 and OC // G == 1:
         if node.outputs[0].shape[3] < kc.program.options.int8_depthwise_channels_below:
-            return _depthwise_channels(kc, ev, node, x, ep)
-        return _depthwise(kc, ev, node, x, ep, s)
-    return _gemm(kc, ev, node, x, ep, s, G)
+            portable = _depthwise_channels(kc, ev, node, x, ep)
+        else:
+            portable = _depthwise(kc, ev, node, x, ep, _pairs_helper(kc, x.q.dtype))
+    else:
+        portable = _gemm(kc, ev, node, x, ep, G)
+    w.line("#else")
+    _portable(kc, node, x, ep, G, portable)
+    w.line("#endif")
+
+
+@dataclass
+class _Packed:
+    """How the ``#else`` branch reads the vector kernel's packed weights: ``index(grp, m, c, kh, kw)`` is the C
+    index of the weight of output channel ``m`` and input channel ``c`` of group ``grp`` in ``array``, elements
+    of ``bits`` bits; ``arrays``: the epilogue's per-channel constants where the vector kernel has them."""
+    array: str
+    bits: int
+    index: Callable[[str, str, str, str, str], str]
+    arrays: dict[str, str]
 
 
 def _quads_zero_point(x: QInput, w: np.ndarray) -> int | None:
@@ -753,20 +763,15 @@ def _quads_zero_point(x: QInput, w: np.ndarray) -> int | None:
     return zu if 0 <= zu <= 255 else None
 
 
-def _gemm(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, G: int) -> None:
-    """The AVX512-VNNI u8 x s8 quads kernel (``vpdpbusd``: 4 channels per 32-bit word) where the weights fit
-    int8, the int16 pairs kernel otherwise and on AVX2 alone."""
+def _gemm(kc, ev, node: Node, x: QInput, ep: QEpilogue, G: int) -> _Packed:
+    """The u8 x s8 quads kernel (4 channels per 32-bit word: ``vpdpbusd`` with AVX512-VNNI, two ``vpmaddwd``
+    with AVX2 alone) where the build targets AVX-512 (``vector_isa``) and the weights fit int8; the int16 pairs
+    kernel otherwise (``vpmaddwd``, ``vpdpwssd`` with AVX512-VNNI). One packed copy of the weights, the one
+    the resolved ISA's kernel reads."""
     wt = ev.static[id(node.input(1))].astype(np.int64)
-    zu = _quads_zero_point(x, wt)
-    if zu is None:
-        _gemm_words(kc, ev, node, x, ep, s, G, None)
-        return
-    kc.w.line(f"#if {VNNI_GUARD}")
-    _gemm_words(kc, ev, node, x, ep, s, G, zu)
-    kc.w.line("#else")
-    with _unreported(kc):
-        _gemm_words(kc, ev, node, x, ep, s, G, None)
-    kc.w.line("#endif")
+    quads = kc.program.options.vector_isa == "avx512"
+    zu = _quads_zero_point(x, wt) if quads else None
+    return _gemm_words(kc, ev, node, x, ep, G, zu)
 
 
 def _weights_outer(weight_words: int, image_words: int) -> bool:
@@ -776,7 +781,7 @@ def _weights_outer(weight_words: int, image_words: int) -> bool:
     return weight_words > image_words
 
 
-def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, G: int, zu: int | None) -> None:
+def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, G: int, zu: int | None) -> _Packed:
     """The GEMM over words of ``per`` input channels: int16 pairs (``zu`` None) or u8 quads with the unsigned
     zero point ``zu`` (the padding's value; ``zu * sum(w)`` comes off through the bias)."""
     N, C, H, W = node.input(0).shape
@@ -817,12 +822,15 @@ def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, G: int, zu
     else:
         words_of = "4 taps of a kernel row" if tap_words else "4 channels"
         kc.note(lambda name: f"int8 conv '{name}': host u8 x s8 GEMM, {MR} channels x {8 * NV} positions, words of "
-                             f"{words_of} (vpdpbusd with AVX512-VNNI, int16 pairs with AVX2 alone), epilogue in "
+                             f"{words_of} (vpdpbusd with AVX512-VNNI, two vpmaddwd with AVX2 alone), epilogue in "
                              f"vectors", node)
     w = kc.w
     qp = kc.ptr(x.q)
     ct = c_type(x.q.dtype)
-    if zu is not None:
+    if zu is None:
+        s = _pairs_helper(kc, x.q.dtype)
+    else:
+        s = "s8" if x.q.dtype == np.int8 else "u8"
         flip = "0x80" if x.q.dtype == np.int8 else "0"
         kc.program.require_helper(f"opfuse_q8_quads_{s}", QUADS_C.format(s=s, T=ct, flip=flip))
     b, cp, r, ph = kc.tmp("b"), kc.tmp("cp"), kc.tmp("r"), kc.tmp("ph")
@@ -871,7 +879,7 @@ def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, G: int, zu
             wp = kc.tmp("wp")
             w.line(f"const int32_t* {wp} = {wq} + ({grp} * {MB} + {mb}) * {CP * taps * MR};")
             k = kc.tmp("k")
-            dot = "OPFUSE_Q8_DOT" if zu is None else "_mm256_dpbusd_epi32"
+            dot = "OPFUSE_Q8_DOT" if zu is None else "opfuse_q8_dpbusd"
             with w.block(f"for (long {k} = 0; {k} < {CP}; ++{k}, {wp} += {taps * MR})"):
                 xc = kc.tmp("xc")
                 w.line(f"const int32_t* {xc} = {xt} + {k} * {plane};")
@@ -903,9 +911,22 @@ def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, G: int, zu
                         orow, rrow = _out_rows(kc, ep, img, oc, oh, out_shape)
                     chan = _emit_channel(kc, ep, oc, bias)
                     _emit_epilogue(kc, ep, accs[i], chan, orow, ow0, str(g.OW), rrow)
+    return _Packed(wq, 16 if zu is None else 8, _word_index(MB, MR, CP, taps, per, g.KW, KWw if tap_words else 0),
+                   {})
 
 
-def _depthwise(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str) -> None:
+def _word_index(MB: int, MR: int, CP: int, taps: int, per: int, KW: int, KWw: int):
+    """C index of a weight in the words ``[group][channel block][word][tap][channel MR][r]`` (``r``: the
+    word's input channel; ``KWw`` > 0: words of ``per`` taps of a kernel row, ``r`` the tap in the word)."""
+    def index(grp: str, m: str, c: str, kh: str, kw: str) -> str:
+        word, cp, r = ((f"{kh} * {KWw} + {kw} / {per}", "0", f"{kw} % {per}") if KWw else
+                       (f"{kh} * {KW} + {kw}", f"{c} / {per}", f"{c} % {per}"))
+        return (f"(((({grp} * {MB} + {m} / {MR}) * {CP} + {cp}) * {taps} + {word}) * {MR} + {m} % {MR}) * {per} "
+                f"+ {r}")
+    return index
+
+
+def _depthwise(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str) -> _Packed:
     N, C, H, W = node.input(0).shape
     out_shape = node.outputs[0].shape
     OH, OW = out_shape[2:]
@@ -952,6 +973,7 @@ def _depthwise(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str) -> None:
                             w.line(f"{a} = _mm256_add_epi32({a}, _mm256_mullo_epi32(_mm256_loadu_si256("
                                    f"(const __m256i*)({xt} + {g.tap(kh, kw) + v * LANES})), {wv[kh * g.KW + kw]}));")
                 _emit_epilogue(kc, ep, accs, chan, orow, ow0, str(OW), rrow)
+    return _Packed(wq, 32, lambda grp, m, c, kh, kw: f"{grp} * {taps} + {kh} * {g.KW} + {kw}", {})
 
 
 def _lanes(arr: np.ndarray, pad, dtype) -> np.ndarray:
@@ -961,7 +983,7 @@ def _lanes(arr: np.ndarray, pad, dtype) -> np.ndarray:
     return out
 
 
-def _depthwise_channels(kc, ev, node: Node, x: QInput, ep: QEpilogue) -> None:
+def _depthwise_channels(kc, ev, node: Node, x: QInput, ep: QEpilogue) -> _Packed:
     """Depthwise over 8 channels per vector (small planes, where 8 positions of a row would not fill one):
     per image and block of 8 channels a padded image of int32 with the channels innermost, one ``vpmulld`` +
     ``vpaddd`` per tap and output position, the epilogue with one channel's constants per lane."""
@@ -1054,3 +1076,76 @@ def _depthwise_channels(kc, ev, node: Node, x: QInput, ep: QEpilogue) -> None:
                     w.line(f"{vname} = opfuse_q8_requantize(_mm256_add_epi32({acc}, {b}), &{ch}, {res}, {unsigned});")
             w.line(f"opfuse_q8_store_8x8({out} + ({img} * {C} + {c0}) * {P} + {p0}, {P}, {nch}, {n}, "
                    f"{', '.join(vs)});")
+    arrays = {"bias": bias, "mult": mult, "shift": shift} | ({"rmult": rmult} if ep.rmult is not None else {})
+    return _Packed(wq, 32, lambda grp, m, c, kh, kw: f"(({grp} / {LANES}) * {taps} + {kh} * {KW} + {kw}) * {LANES} + "
+                               f"{grp} % {LANES}", arrays)
+
+
+PORTABLE_C = """
+/* Weight i of a packed array of 8-, 16- or 32-bit elements (memcpy: no aliasing of the blob's type). */
+static inline int32_t opfuse_q8_w8(const void* p, long i) { return ((const int8_t*)p)[i]; }
+static inline int32_t opfuse_q8_w16(const void* p, long i) {
+  int16_t v;
+  memcpy(&v, (const char*)p + 2 * i, 2);
+  return v;
+}
+static inline int32_t opfuse_q8_w32(const void* p, long i) {
+  int32_t v;
+  memcpy(&v, (const char*)p + 4 * i, 4);
+  return v;
+}
+"""
+
+
+def _portable(kc, node: Node, x: QInput, ep: QEpilogue, G: int, packed: _Packed) -> None:
+    """Plain C99 over the vector kernel's packed weights (``packed``), the ``#else`` of a host build (a compiler
+    without AVX2): per output, the centred window's products summed in uint32 (wrapping as the reference's
+    int32), the bias, then ``opfuse_requantize_residual``. The plain build (``simd="none"``, the Cortex-M7)
+    keeps qconv.py's kernel and its own weights; this branch only reads the host build's single copy."""
+    kc.program.require_helper("opfuse_q8_weights", PORTABLE_C)
+    rq = kc.program.require_helper(REQUANTIZE_RESIDUAL_HELPER, REQUANTIZE_RESIDUAL_C)
+    N, C, H, W = node.input(0).shape
+    out_shape = node.outputs[0].shape
+    OC, OH, OW = out_shape[1:]
+    geo, _ = conv_geometry(node)
+    (KH, KW), (SH, SW), (DH, DW) = geo.kernel, geo.strides, geo.dilations
+    PT, PL = geo.pads_begin
+    cg, mg = C // G, OC // G
+    name = ep.out.name
+    arrays = dict(packed.arrays)
+    for key, values, dt in (("bias", ep.bias, np.int32), ("mult", ep.mult, np.int32), ("shift", ep.shift, np.int32),
+                            ("rmult", ep.rmult, np.int64)):
+        if key not in arrays and values is not None:
+            arrays[key] = kc.const_array((f"q8_{key}", name), values, f"{name}_{key}", dt)
+    w = kc.w
+    qp, out = kc.ptr(x.q), kc.ptr(ep.out, write=True)
+    kc.stored.add(id(ep.out))
+    b, m, oh, ow, c, kh, kw = (kc.tmp(t) for t in ("b", "m", "oh", "ow", "c", "kh", "kw"))
+    with w.block(f"for (long {b} = 0; {b} < {N * G}; ++{b})"):
+        img, grp = (f"({b} / {G})", f"({b} % {G})") if G > 1 else (b, "0")
+        with w.block(f"for (long {m} = 0; {m} < {mg}; ++{m})"):
+            oc = kc.tmp("oc")
+            w.line(f"const long {oc} = {grp} * {mg} + {m};")
+            with w.block(f"for (long {oh} = 0; {oh} < {OH}; ++{oh})"), \
+                    w.block(f"for (long {ow} = 0; {ow} < {OW}; ++{ow})"):
+                acc = kc.tmp("acc")
+                w.line(f"uint32_t {acc} = (uint32_t){arrays['bias']}[{oc}];")
+                with w.block(f"for (long {c} = 0; {c} < {cg}; ++{c})"), \
+                        w.block(f"for (long {kh} = 0; {kh} < {KH}; ++{kh})"):
+                    ih = kc.tmp("ih")
+                    w.line(f"const long {ih} = {oh} * {SH} - {PT} + {kh} * {DH};")
+                    w.line(f"if ({ih} < 0 || {ih} >= {H}) continue;")
+                    with w.block(f"for (long {kw} = 0; {kw} < {KW}; ++{kw})"):
+                        iw = kc.tmp("iw")
+                        w.line(f"const long {iw} = {ow} * {SW} - {PL} + {kw} * {DW};")
+                        w.line(f"if ({iw} < 0 || {iw} >= {W}) continue;")
+                        wv = f"opfuse_q8_w{packed.bits}({packed.array}, {packed.index(grp, m, c, kh, kw)})"
+                        xv = f"((int32_t){qp}[(({img} * {C} + {grp} * {cg} + {c}) * {H} + {ih}) * {W} + {iw}] - {x.zp})"
+                        w.line(f"{acc} += (uint32_t)({wv} * {xv});")
+                at = f"(({img} * {OC} + {oc}) * {OH} + {oh}) * {OW} + {ow}"
+                res, rmult = "0", "0"
+                if ep.res is not None:
+                    res = f"(int32_t){kc.ptr(ep.res.q)}[{at}] - {ep.res.zp}"
+                    rmult = f"{arrays['rmult']}[{oc}]"
+                w.line(f"{out}[{at}] = ({c_type(ep.out.dtype)}){rq}((int32_t){acc}, {arrays['mult']}[{oc}], "
+                       f"{arrays['shift']}[{oc}], {res}, {rmult}, {ep.zp}, {ep.lo}, {ep.hi});")
