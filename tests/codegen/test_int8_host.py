@@ -147,6 +147,67 @@ def test_host_int8_conv_is_bit_exact(case):
     check(qconv(**CASES[case], seed=len(case)))
 
 
+INT64_CASES = ("3x3", "1x1-flat", "residual-int8", "residual-uint8-stride2", "shifts-below-32", "shifts-mixed",
+               "uint8-in-out", "relu-clamp", "int8-zero-point-extremes", "batch2-dw-channels", "dw-residual-uint8",
+               "dw-stride2-odd")
+
+
+def _kernel_body(source: str) -> str:
+    return source[source.index("static void k0_"):]
+
+
+@pytest.mark.parametrize("case", INT64_CASES, ids=INT64_CASES)
+def test_host_int8_conv_with_the_64_bit_requantization_is_bit_exact(case):
+    """With the requantization in double off (``int8_requantize_double=False``) every channel takes the 64-bit
+    integer sequence (vpmuldq, rounding by shifts), exact too."""
+    options = HOST.with_(int8_requantize_double=False)
+    comp = check(qconv(**CASES[case], seed=len(case)), options=options)
+    body = _kernel_body(generate(comp.plan.graph, comp.plan, options=options).source)
+    assert "opfuse_q8_requantize(" in body and "opfuse_q8_requantize_d(" not in body
+
+
+@pytest.mark.parametrize(("params", "double"), [({}, True), ({"residual": True, "group": 4, "cin": 4, "cout": 4}, True),
+                                                 ({"wmax": 30000, "cin": 4, "cout": 6}, False),
+                                                 ({"cin": 64, "cout": 8, "k": 3}, False)],
+                         ids=["short-sum", "depthwise-residual", "wide-weights", "long-sum"])
+def test_requantization_in_double_only_where_exact_for_every_input(params, double):
+    """The double path needs |acc * mult| + |res * rmult| < 2^53 for every accumulator the weights allow (the
+    bound uses the weights' absolute sums and the 8-bit types' extremes): short sums take it, 64 input channels
+    of 3x3 int8 weights (a bound near 2^24, times a 31-bit multiplier) or int16-wide weights do not."""
+    g = qconv(**params)
+    comp = check(g, avx2=False, plain_else=False)
+    body = _kernel_body(generate(comp.plan.graph, comp.plan, options=HOST).source)
+    assert ("opfuse_q8_requantize_d(" in body) == double
+    assert ("opfuse_q8_requantize(" in body) == (not double)
+
+
+def test_requantization_in_double_at_its_bound_is_bit_exact():
+    """Inputs at the 8-bit extremes (the largest accumulators the bound allows) and multipliers whose products
+    come within a factor 2 of 2^53, with shifts from 1 (ties at every odd accumulator) to 50."""
+    rng = np.random.default_rng(7)
+    b = GraphBuilder("q")
+    x = b.input("x", (1, 14, 6, 6), "int8")
+    xc = b.op("Sub", b.op("Cast", x, to=int(TensorProto.INT32)), b.const("zp", np.array(127, np.int32)))
+    w = np.where(rng.random((24, 14, 3, 3)) < 0.5, -127, 127).astype(np.int32)
+    acc = b.op("Conv", xc, b.const("w", w), name="conv", pads=[1] * 4)
+    shift = np.concatenate([np.arange(1, 13), rng.integers(13, 51, 12)]).astype(np.int32)
+    mult = rng.integers(1 << 30, 1 << 31, 24).astype(np.int32)
+    y = b.op("Requantize", acc, b.const("m", mult.reshape(1, 24, 1, 1)), b.const("s", shift.reshape(1, 24, 1, 1)),
+             zero_point=0, lo=-128, hi=127, to=int(TensorProto.INT8))
+    g = b.build(y)
+    comp = plan_model(g)
+    body = _kernel_body(generate(comp.plan.graph, comp.plan, options=HOST).source)
+    assert "opfuse_q8_requantize_d(" in body  # 14 * 9 * 127 * 255 * 2^31 < 2^53
+    feeds = {"x": np.where(rng.random((1, 14, 6, 6)) < 0.5, -128, 127).astype(np.int8)}
+    want = run(g, feeds)
+    (name,) = want
+    assert np.abs(want[name]).max() < 127 or np.unique(want[name]).size > 3  # not everything clamped
+    for flag in ("", "-mno-avx512f"):
+        model = (build(comp.plan.graph, comp.plan, options=HOST) if not flag else
+                 _built_with(comp.plan.graph, comp.plan, HOST, flag))
+        np.testing.assert_array_equal(model.run(feeds)[name], want[name])
+
+
 PAIRS_CASES = ("3x3", "1x1-flat", "stride2", "odd-channels", "grouped-odd", "rect-kernel", "mono-10x4-stride2",
                "uint8-in-out", "residual-uint8-stride2", "int8-zero-point-extremes", "batch2-grouped-uint8")
 
