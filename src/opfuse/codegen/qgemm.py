@@ -45,6 +45,7 @@ and the kernel's notes say why.
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
@@ -996,31 +997,14 @@ def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, G: int, zu: int | 
             w.line(f"const long {oh} = {t} / {tiles_w}, {ow0} = ({t} % {tiles_w}) * {g.NB};")
             xt = kc.tmp("xt")
             w.line(f"const int32_t* {xt} = {xp} + {oh} * {g.SH * g.SW * g.Wq} + {ow0};")
-            accs = [[kc.tmp("a") for _ in range(NV)] for _ in range(MR)]
-            for row in accs:
-                w.line("__m256i " + ", ".join(f"{a} = _mm256_setzero_si256()" for a in row) + ";")
             wp = kc.tmp("wp")
             w.line(f"const int32_t* {wp} = {wq} + ({grp} * {MB} + {mb}) * {CP * taps * MR};")
-            k = kc.tmp("k")
-            dot = "OPFUSE_Q8_DOT" if zu is None else "opfuse_q8_dpbusd"
-            with w.block(f"for (long {k} = 0; {k} < {CP}; ++{k}, {wp} += {taps * MR})"):
-                xc = kc.tmp("xc")
-                w.line(f"const int32_t* {xc} = {xt} + {k} * {plane};")
-                for kh in range(g.KH):
-                    for kw in range(KWw):
-                        tap = kh * KWw + kw
-                        xs = [kc.tmp("x") for _ in range(NV)]
-                        offset = g.tap(kh, per * kw if tap_words else kw)
-                        with w.block(""):
-                            for v, xv in enumerate(xs):
-                                w.line(f"const __m256i {xv} = _mm256_loadu_si256((const __m256i*)({xc} + "
-                                       f"{offset + v * LANES}));")
-                            for i in range(MR):
-                                wb = kc.tmp("w")
-                                w.line(f"const __m256i {wb} = _mm256_set1_epi32({wp}[{tap * MR + i}]);")
-                                for v in range(NV):
-                                    a = accs[i][v]
-                                    w.line(f"{a} = {dot}({a}, {xs[v]}, {wb});")
+            offsets = [g.tap(kh, per * kw if tap_words else kw) for kh in range(g.KH) for kw in range(KWw)]
+            mk = _micro_kernel(kc, MR, NV, offsets, "OPFUSE_Q8_DOT" if zu is None else "opfuse_q8_dpbusd")
+            buf = kc.tmp("acc")
+            w.line(f"__m256i {buf}[{MR * NV}];")
+            w.line(f"{mk}({xt}, {wp}, {CP}, {plane}, {buf});")
+            accs = [[f"{buf}[{i * NV + v}]" for v in range(NV)] for i in range(MR)]
             for i in range(MR):
                 m = kc.tmp("m")
                 w.line(f"const long {m} = {mb} * {MR} + {i};")
@@ -1036,6 +1020,43 @@ def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, G: int, zu: int | 
                     _emit_epilogue(kc, ep, accs[i], chan, orow, ow0, str(g.OW), rrow)
     return _Packed(wq, 16 if zu is None else 8, _word_index(MB, MR, CP, taps, per, g.KW, KWw if tap_words else 0),
                    {})
+
+
+def _micro_kernel(kc, MR: int, NV: int, offsets: list[int], dot: str) -> str:
+    """The GEMM's inner loop as a function of its own (not inlined, no constant propagated into it), shared by
+    the convolutions of the same block and taps: ``acc[i * NV + v]`` (MR channels x NV vectors of 8 positions)
+    = the sum over the ``words`` (``plane`` apart) and the taps (``offsets``, words from the tile's first) of
+    ``dot`` (``vpdpbusd`` or the pairs' multiply-add) of the tile's words by the channel's broadcast weight
+    word. Inlined beside the epilogue, or with the depth a constant, gcc 12 rewrote the loop's exit test onto
+    the weight pointer and moved every accumulator twice per multiply-add (24 register moves per 12
+    ``vpdpbusd`` in mobilenet_v1's pw7 loop); out of line with the depth an argument the loop is its 12
+    multiply-adds, 3 loads and 4 broadcasts (pw1-pw13 shapes 0.81-0.91x the time)."""
+    key = f"{MR}x{NV}|{','.join(map(str, offsets))}|{dot}"
+    name = f"opfuse_q8_mk_{MR}x{NV}_{hashlib.sha1(key.encode()).hexdigest()[:12]}"
+    taps = len(offsets)
+    lines = ["#if defined(__AVX2__)", "#ifndef OPFUSE_Q8_OUT_OF_LINE", "#if defined(__GNUC__) && !defined(__clang__)",
+             "#define OPFUSE_Q8_OUT_OF_LINE __attribute__((noipa))", "#elif defined(__GNUC__)",
+             "#define OPFUSE_Q8_OUT_OF_LINE __attribute__((noinline))", "#else", "#define OPFUSE_Q8_OUT_OF_LINE",
+             "#endif", "#endif",
+             f"/* {MR} channels x {8 * NV} positions over words x {taps} taps (words: planes apart) */",
+             f"OPFUSE_Q8_OUT_OF_LINE static void {name}(const int32_t* restrict xt, const int32_t* restrict wp, "
+             "long words, long plane, __m256i* restrict acc) {"]
+    accs = [[f"a{i}_{v}" for v in range(NV)] for i in range(MR)]
+    lines += ["  __m256i " + ", ".join(f"{a} = _mm256_setzero_si256()" for a in row) + ";" for row in accs]
+    lines.append(f"  for (long k = 0; k < words; ++k, wp += {taps * MR}) {{")
+    lines.append("    const int32_t* xc = xt + k * plane;")
+    for t, off in enumerate(offsets):
+        lines.append("    {")
+        lines += [f"      const __m256i x{v} = _mm256_loadu_si256((const __m256i*)(xc + {off + v * LANES}));"
+                  for v in range(NV)]
+        for i in range(MR):
+            lines.append(f"      const __m256i w{i} = _mm256_set1_epi32(wp[{t * MR + i}]);")
+            lines += [f"      {accs[i][v]} = {dot}({accs[i][v]}, x{v}, w{i});" for v in range(NV)]
+        lines.append("    }")
+    lines.append("  }")
+    lines += [f"  acc[{i * NV + v}] = {accs[i][v]};" for i in range(MR) for v in range(NV)]
+    lines += ["}", "#endif", ""]
+    return kc.program.require_helper(name, "\n".join(lines))
 
 
 def _word_index(MB: int, MR: int, CP: int, taps: int, per: int, KW: int, KWw: int):
