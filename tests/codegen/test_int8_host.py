@@ -257,10 +257,20 @@ def test_host_int8_depthwise_both_layouts_are_bit_exact(case, mode):
     """Both depthwise kernels (8 positions of a row per vector, or 8 channels per vector: the channel count
     not a multiple of 8 here), whichever the width threshold would pick."""
     below = 1 if mode == "positions" else 1 << 20
-    options = CodegenOptions(int8_depthwise_channels_below=below)
+    options = CodegenOptions(int8_depthwise_channels_below=below, int8_depthwise_strided_channels_below=below)
     comp = check(qconv(**DEPTHWISE[case], seed=len(case)), options=options)
     notes = [n for k in generate(comp.plan.graph, comp.plan, options=options).kernels for n in k.notes]
     assert any(("8 channels per vector" in n) == (mode == "channels") and "depthwise" in n for n in notes)
+
+
+@pytest.mark.parametrize(("stride", "channels"), [(1, False), (2, True)])
+def test_strided_depthwise_takes_the_channels_kernel_below_its_own_width(stride, channels):
+    """Output rows 20 wide: at stride 1 the positions kernel (``int8_depthwise_channels_below`` 16), at stride 2
+    8 channels per vector (``int8_depthwise_strided_channels_below`` 64)."""
+    g = qconv(group=8, cin=8, cout=8, hw=(6, 20 * stride), stride=stride, seed=3)
+    comp = check(g, avx2=False, plain_else=False)
+    notes = [n for k in generate(comp.plan.graph, comp.plan, options=HOST).kernels for n in k.notes]
+    assert any(("8 channels per vector" in n) == channels and "depthwise" in n for n in notes)
 
 
 def test_the_report_names_the_host_kernel_not_the_fallback():

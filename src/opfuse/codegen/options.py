@@ -106,6 +106,11 @@ class CodegenOptions:
     # 12x12 stride 2, but 10.5 vs 9.7 us at 12x12 stride 1; the whole mobilenet's kernels 260 us with 16,
     # 276 with 8, 316 with positions everywhere.
     int8_depthwise_channels_below: int = 16
+    # The same threshold for a strided depthwise convolution (the positions kernel builds a plane of every input
+    # row and column phase, 4 words per output at stride 2): measured (1 thread, CPU time, interleaved, int8
+    # mobilenet_v1's stride-2 layers, channels / positions): dw2 (56 wide) 0.80, dw4 (28 wide) 0.71, dw6 (14 wide,
+    # channels already) 1.01.
+    int8_depthwise_strided_channels_below: int = 64
     # Host int8 kernels (``codegen/qgemm.py``): requantize in double (``acc * mult 2^-shift`` converted with round
     # half to even: 5 vector operations per 8 outputs) where the generator proves it exact for every input
     # (``qgemm.exact_in_double``: the channel's accumulator bound times its multiplier below 2^53; short sums:

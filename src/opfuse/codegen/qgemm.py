@@ -14,10 +14,17 @@ quantized model's ``Cast/Sub -> Conv -> [Add bias] -> Requantize [+ residual]``,
 
    * **int16 pairs** (AVX2): ``(x[2c] - zp, x[2c+1] - zp)``, 0 in the padding (the padding's centred value, as
      in the unfused graph);
-   * **u8 quads** (``__AVX512VNNI__`` and ``__AVX512VL__``, weights within int8, zero point an 8-bit value):
+   * **u8 quads** (built for AVX-512, weights within int8, zero point an 8-bit value):
      4 channels' bytes as unsigned (int8 ``+ 128``), the unsigned zero point ``zu`` in the padding; as
      ``sum w (u - zu) = sum w u - zu sum w``, ``zu sum w`` comes off through the bias. A single input channel
      (a first layer on a mono input) puts 4 taps of a kernel row in a word instead.
+
+   **One copy of the weights.** The packed weights follow the resolved ``CodegenOptions.vector_isa`` alone
+   (as the float GEMM's do): "avx512" packs quads, "avx2" pairs, once, and every ``#if`` branch reads that
+   copy: ``vpdpbusd`` where the compiler has AVX512-VNNI, two ``vpmaddwd`` on the widened even and odd bytes
+   with AVX2 alone (exact: ``|u * w| <= 32640``), and under ``#else`` (a compiler without AVX2) plain C over
+   the same words (``_portable``). The plain build (``simd="none"``, the Cortex-M7) keeps ``qconv.py``'s
+   kernel and its own int16 rows. Same model, options and ISA: the same C and blob.
 
 2. **Micro-kernel.** ``MR`` output channels x ``NV`` vectors of 8 positions of int32 accumulators in
    registers; per word and tap: ``NV`` loads, ``MR`` broadcasts of the packed weight word, and ``MR * NV``
@@ -25,23 +32,27 @@ quantized model's ``Cast/Sub -> Conv -> [Add bias] -> Requantize [+ residual]``,
    ``|x| <= 255`` and ``|w| <= 32767`` keep a pair's sum below 2^31, a quad's four ``u8 * s8`` products sum
    below 2^17, and none of these instructions saturates (not ``vpmaddubsw``, nor the ``s`` forms of the
    VNNI ones); the int32 sums wrap as the reference's do. Channel blocks run outside the position tiles
-   where the weights outweigh the image (each is then walked once).
+   where the weights outweigh the image (each is then walked once). The loop over words and taps is a
+   function of its own (``_micro_kernel``): inlined, gcc 12 moved every accumulator twice per multiply-add.
 3. **Epilogue, 8 positions at a time** for one channel: bias (int32, wrapping), then ``Requantize``
    (``ops/quantized.py``) in 64-bit lanes, bit for bit the reference's: ``acc * multiplier`` exactly
    (``vpmuldq``); the residual's ``res * rmult`` (``rmult < 2^53``) as ``res * (rmult mod 2^31) + (res *
    (rmult >> 31)) * 2^31``, two more exact ``vpmuldq``; round half to even as ``floor((p + 2^(s-1) - 1 +
    bit_s(p)) / 2^s)``; zero point, clamp, narrowing to 8 bits. AVX-512: all 8 lanes in one register with
    arithmetic 64-bit shifts and min/max; AVX2: the even and the odd lanes apart, the shift done on
-   ``p + 2^63`` as unsigned (AVX2 has no arithmetic 64-bit shift), clamps by 64-bit compares.
+   ``p + 2^63`` as unsigned (AVX2 has no arithmetic 64-bit shift), clamps by 64-bit compares. Where the
+   generator proves ``|acc * mult| + |res * rmult| < 2^53`` for every input (``exact_in_double``: short sums,
+   such as depthwise, first layers and 1x1 convolutions of few channels) the requantization runs in double
+   instead: ``acc * (mult 2^-s)`` is then exact, clamped and rounded half to even by the conversion (5
+   operations per 8 outputs instead of 11).
 4. **Depthwise** (one channel per group): rows of at least ``CodegenOptions.int8_depthwise_channels_below``
    positions per channel plane (a padded int32 plane of centred values, 8 positions per vector, one
    ``vpmulld`` + ``vpaddd`` per tap); narrower ones 8 channels per vector (a padded image with the channels
    innermost, built and stored through 8x8 byte transposes, the epilogue with one channel's constants per
-   lane).
+   lane); a strided one below ``int8_depthwise_strided_channels_below`` too.
 
-The plain C99 path (``simd="none"``, the Cortex-M7 build) and targets without AVX2 keep ``qconv.py``'s
-kernel (``#else``), untouched. Anything else in the epilogue (another op, a second output) keeps it too,
-and the kernel's notes say why.
+The plain C99 path (``simd="none"``, the Cortex-M7 build) keeps ``qconv.py``'s kernel, untouched. Anything else
+in the epilogue (another op, a second output) keeps it too, and the kernel's notes say why.
 """
 from __future__ import annotations
 
@@ -855,7 +866,12 @@ def lower_host_int8_conv(kc, ev, stage: Stage, operands: tuple[QInput, QEpilogue
     w = kc.w
     w.line(f"#if {HOST_GUARD}")
     if C // G == 1 and OC // G == 1:
-        if node.outputs[0].shape[3] < kc.program.options.int8_depthwise_channels_below:
+        opts = kc.program.options
+        geo, _ = conv_geometry(node)
+        below = opts.int8_depthwise_channels_below
+        if max(geo.strides) > 1:
+            below = max(below, opts.int8_depthwise_strided_channels_below)
+        if node.outputs[0].shape[3] < below:
             portable = _depthwise_channels(kc, ev, node, x, ep)
         else:
             portable = _depthwise(kc, ev, node, x, ep, _pairs_helper(kc, x.q.dtype))
