@@ -115,7 +115,9 @@ class CodegenOptions:
     # half to even: 5 vector operations per 8 outputs) where the generator proves it exact for every input
     # (``qgemm.exact_in_double``: the channel's accumulator bound times its multiplier below 2^53; short sums:
     # 1x1 convs of few channels, depthwise, first layers), the 64-bit integer sequence (11) elsewhere. Both are
-    # bit-exact. Measured (1 thread, CPU time, int8 mobilenet_v1 shapes, True / False): MEASURED.
+    # bit-exact. Measured (1 thread, CPU time medians of 40 interleaved runs, single int8 convs of mobilenet_v1's
+    # shapes, the 64-bit path's time over the double's; 2 cores shared, load ~13): conv1 1.09, pw1 1.10, pw3 1.04,
+    # dw1 1.05, dw3 1.03, dw5 1.05 (pw7-pw13 take the 64-bit path: their sums are long).
     int8_requantize_double: bool = True
     # Integer conv (``codegen/qconv.py``, two or more output channels per group): output positions per pass
     # over the weights. 2: two int16 columns, each weight and column word loaded once for two SMLADs
