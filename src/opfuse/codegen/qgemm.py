@@ -1086,7 +1086,45 @@ def _word_index(MB: int, MR: int, CP: int, taps: int, per: int, KW: int, KWw: in
     return index
 
 
+TAP_PAIRS_C = """
+#if defined(__AVX2__)
+/* dst[j] = the int16 pair (X(i), X(i + d)), i = first + j, for j < n, where X(i) = a[i] - zp inside [0, len) and
+   0 outside (the padding's centred value): two taps of a kernel row d columns apart in one word. */
+static void opfuse_q8_tap_pairs_{s}(int16_t* restrict dst, const {T}* a, long first, long n, long len, long d,
+                                    int32_t zp) {{
+  long lo = first < 0 ? -first : 0, hi = len - d - first;  /* j in [lo, hi): both values inside */
+  if (lo > n) lo = n;
+  if (hi > n) hi = n;
+  if (hi < lo) hi = lo;
+  long j = 0;
+  for (; j < lo; ++j) {{
+    const long i = first + j;
+    dst[2 * j] = (int16_t)(i >= 0 && i < len ? a[i] - zp : 0);
+    dst[2 * j + 1] = (int16_t)(i + d >= 0 && i + d < len ? a[i + d] - zp : 0);
+  }}
+  const __m128i z = _mm_set1_epi16((short)zp);
+  for (; j + 8 <= hi; j += 8) {{
+    const __m128i xa = _mm_sub_epi16(_mm_cvt{cvt}_epi16(_mm_loadl_epi64((const __m128i*)(a + first + j))), z);
+    const __m128i xb = _mm_sub_epi16(_mm_cvt{cvt}_epi16(_mm_loadl_epi64((const __m128i*)(a + first + j + d))), z);
+    _mm_storeu_si128((__m128i*)(dst + 2 * j), _mm_unpacklo_epi16(xa, xb));
+    _mm_storeu_si128((__m128i*)(dst + 2 * j + 8), _mm_unpackhi_epi16(xa, xb));
+  }}
+  for (; j < n; ++j) {{
+    const long i = first + j;
+    dst[2 * j] = (int16_t)(i >= 0 && i < len ? a[i] - zp : 0);
+    dst[2 * j + 1] = (int16_t)(i + d >= 0 && i + d < len ? a[i + d] - zp : 0);
+  }}
+}}
+#endif
+"""
+
+
 def _depthwise(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str) -> _Packed:
+    """Depthwise over planes of one channel, 8 positions of an output row per vector. At column stride 1 with
+    weights within int16 a plane word holds two taps of a kernel row (``(X(j), X(j + DW))``, int16): one
+    ``vpmaddwd`` (``vpdpwssd`` with VNNI) per pair of taps, ``ceil(KW / 2)`` per kernel row (a 3x3 kernel: 6
+    multiply-adds per 8 outputs instead of 9 ``vpmulld`` + ``vpaddd``); otherwise (strided) a plane of int32
+    per column phase and one ``vpmulld`` per tap."""
     N, C, H, W = node.input(0).shape
     out_shape = node.outputs[0].shape
     OH, OW = out_shape[2:]
@@ -1094,9 +1132,20 @@ def _depthwise(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str) -> _Packed:
     g, _ = _geometry(node, LANES * NV, False)
     taps = g.KH * g.KW
     wt = ev.static[id(node.input(1))].astype(np.int32).reshape(C, taps)
-    wq = kc.const_array(("q8_dw", node.name), wt, f"{node.input(1).name}_dw", np.int32)
+    pairs = g.SW == 1 and wt.min(initial=0) >= -32767 and wt.max(initial=0) <= 32767
+    P = -(-g.KW // 2)  # tap pairs per kernel row
+    if pairs:
+        packed = np.zeros((C, g.KH, 2 * P), np.int16)
+        packed[:, :, :g.KW] = wt.reshape(C, g.KH, g.KW)
+        wq = kc.const_array(("q8_dw_pairs", node.name), packed.reshape(-1).view(np.int32), f"{node.input(1).name}_dwp",
+                            np.int32)
+        ct, cvt = ("int8_t", "epi8") if x.q.dtype == np.int8 else ("uint8_t", "epu8")
+        kc.program.require_helper(f"opfuse_q8_tap_pairs_{s}", TAP_PAIRS_C.format(s=s, T=ct, cvt=cvt))
+    else:
+        wq = kc.const_array(("q8_dw", node.name), wt, f"{node.input(1).name}_dw", np.int32)
     poff = kc.scratch(g.plane * 4)
-    kc.note(lambda name: f"int8 depthwise '{name}': host planes of int32, {8 * NV} positions per pass, "
+    kind = "tap pairs of int16 (vpmaddwd)" if pairs else "int32"
+    kc.note(lambda name: f"int8 depthwise '{name}': host planes of {kind}, {8 * NV} positions per pass, "
                          "epilogue in vectors", node)
     w = kc.w
     qp = kc.ptr(x.q)
@@ -1111,13 +1160,20 @@ def _depthwise(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str) -> _Packed:
             w.line(f"const long {ih} = {r} - {g.PT};")
             with w.block(f"for (long {ph} = 0; {ph} < {g.SW}; ++{ph})"):
                 dst = f"{xp} + ({r} * {g.SW} + {ph}) * {g.Wq}"
+                row = f"{qp} + ({pl} * {H} + {ih}) * {W}"
                 with w.block(f"if ({ih} >= 0 && {ih} < {H})"):
-                    _emit_build_row(w, f"opfuse_q8_plane_row_{s}", dst, f"{qp} + ({pl} * {H} + {ih}) * {W}", g,
-                                    x.zp, ph)
+                    if pairs:
+                        w.line(f"opfuse_q8_tap_pairs_{s}((int16_t*)({dst}), {row}, -{g.PL}, {g.Wq}, {W}, {g.DW}, "
+                               f"{x.zp});")
+                    else:
+                        _emit_build_row(w, f"opfuse_q8_plane_row_{s}", dst, row, g, x.zp, ph)
                 w.line(f"else memset({dst}, 0, sizeof(int32_t) * {g.Wq});")
-        wv = [kc.tmp("w") for _ in range(taps)]
+        # (kh, kw) of each weight register: a pair's first tap, or every tap
+        regs = [(kh, 2 * q) for kh in range(g.KH) for q in range(P)] if pairs else \
+            [(kh, kw) for kh in range(g.KH) for kw in range(g.KW)]
+        wv = [kc.tmp("w") for _ in regs]
         for t_, name in enumerate(wv):
-            w.line(f"const __m256i {name} = _mm256_set1_epi32({wq}[{c} * {taps} + {t_}]);")
+            w.line(f"const __m256i {name} = _mm256_set1_epi32({wq}[{c} * {len(regs)} + {t_}]);")
         chan = _emit_channel(kc, ep, c, None, exact_in_double(kc, ep, x, np.abs(wt).sum(axis=1)))
         oh, ow0 = kc.tmp("oh"), kc.tmp("ow")
         with w.block(f"for (long {oh} = 0; {oh} < {OH}; ++{oh})"):
@@ -1127,12 +1183,16 @@ def _depthwise(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str) -> _Packed:
                 w.line(f"const int32_t* {xt} = {xp} + {oh} * {g.SH * g.SW * g.Wq} + {ow0};")
                 accs = [kc.tmp("a") for _ in range(NV)]
                 w.line("__m256i " + ", ".join(f"{a} = _mm256_setzero_si256()" for a in accs) + ";")
-                for kh in range(g.KH):
-                    for kw in range(g.KW):
-                        for v, a in enumerate(accs):
-                            w.line(f"{a} = _mm256_add_epi32({a}, _mm256_mullo_epi32(_mm256_loadu_si256("
-                                   f"(const __m256i*)({xt} + {g.tap(kh, kw) + v * LANES})), {wv[kh * g.KW + kw]}));")
+                for (kh, kw), wr in zip(regs, wv, strict=True):
+                    for v, a in enumerate(accs):
+                        xv = f"_mm256_loadu_si256((const __m256i*)({xt} + {g.tap(kh, kw) + v * LANES}))"
+                        if pairs:
+                            w.line(f"{a} = OPFUSE_Q8_DOT({a}, {xv}, {wr});")
+                        else:
+                            w.line(f"{a} = _mm256_add_epi32({a}, _mm256_mullo_epi32({xv}, {wr}));")
                 _emit_epilogue(kc, ep, accs, chan, orow, ow0, str(OW), rrow)
+    if pairs:
+        return _Packed(wq, 16, lambda grp, m, c, kh, kw: f"({grp} * {g.KH} + {kh}) * {2 * P} + {kw}", {})
     return _Packed(wq, 32, lambda grp, m, c, kh, kw: f"{grp} * {taps} + {kh} * {g.KW} + {kw}", {})
 
 
