@@ -248,7 +248,6 @@ DEPTHWISE = {
                        "out_dtype": "uint8", "out_zp": 7, "relu": True, "hw": (6, 18), "shifts": (1e-6, 0.4)},
     "no-pad-dilation": {"group": 3, "cin": 3, "cout": 3, "pad": 0, "dilation": 2, "hw": (9, 12)},
     "unread-last-column": {"group": 12, "cin": 12, "cout": 12, "pad": 0, "stride": 2, "hw": (10, 14)},
-    "weights-beyond-int16": {"group": 4, "cin": 4, "cout": 4, "wmax": 40000, "hw": (5, 17)},  # int32 planes
 }
 
 

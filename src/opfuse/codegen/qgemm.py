@@ -46,8 +46,9 @@ quantized model's ``Cast/Sub -> Conv -> [Add bias] -> Requantize [+ residual]``,
    instead: ``acc * (mult 2^-s)`` is then exact, clamped and rounded half to even by the conversion (5
    operations per 8 outputs instead of 11).
 4. **Depthwise** (one channel per group): rows of at least ``CodegenOptions.int8_depthwise_channels_below``
-   positions per channel plane (a padded int32 plane of centred values, 8 positions per vector, one
-   ``vpmulld`` + ``vpaddd`` per tap); narrower ones 8 channels per vector (a padded image with the channels
+   positions per channel plane (a padded plane of centred values, 8 positions per vector: at stride 1 words
+   of two taps of a kernel row as int16, one ``vpmaddwd`` per pair; strided, int32 and one ``vpmulld`` +
+   ``vpaddd`` per tap); narrower ones 8 channels per vector (a padded image with the channels
    innermost, built and stored through 8x8 byte transposes, the epilogue with one channel's constants per
    lane); a strided one below ``int8_depthwise_strided_channels_below`` too.
 
@@ -1120,11 +1121,12 @@ static void opfuse_q8_tap_pairs_{s}(int16_t* restrict dst, const {T}* a, long fi
 
 
 def _depthwise(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str) -> _Packed:
-    """Depthwise over planes of one channel, 8 positions of an output row per vector. At column stride 1 with
-    weights within int16 a plane word holds two taps of a kernel row (``(X(j), X(j + DW))``, int16): one
+    """Depthwise over planes of one channel, 8 positions of an output row per vector. At column stride 1 a plane
+    word holds two taps of a kernel row (``(X(j), X(j + DW))``, int16): one
     ``vpmaddwd`` (``vpdpwssd`` with VNNI) per pair of taps, ``ceil(KW / 2)`` per kernel row (a 3x3 kernel: 6
-    multiply-adds per 8 outputs instead of 9 ``vpmulld`` + ``vpaddd``); otherwise (strided) a plane of int32
-    per column phase and one ``vpmulld`` per tap."""
+    multiply-adds per 8 outputs instead of 9 ``vpmulld`` + ``vpaddd``; the weights are within int16, and
+    ``|x| <= 383``: no pair's sum saturates); strided, a plane of int32 per column phase and one ``vpmulld``
+    per tap."""
     N, C, H, W = node.input(0).shape
     out_shape = node.outputs[0].shape
     OH, OW = out_shape[2:]
@@ -1132,7 +1134,7 @@ def _depthwise(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str) -> _Packed:
     g, _ = _geometry(node, LANES * NV, False)
     taps = g.KH * g.KW
     wt = ev.static[id(node.input(1))].astype(np.int32).reshape(C, taps)
-    pairs = g.SW == 1 and wt.min(initial=0) >= -32767 and wt.max(initial=0) <= 32767
+    pairs = g.SW == 1  # the weights are within int16 (qconv.int8_conv_applies)
     P = -(-g.KW // 2)  # tap pairs per kernel row
     if pairs:
         packed = np.zeros((C, g.KH, 2 * P), np.int16)
