@@ -66,18 +66,26 @@ def _feeds(g, seed=1):
     return feeds
 
 
-def _avx2_only(graph, plan, options: CodegenOptions) -> CompiledModel:
-    """The same C built without AVX-512 (an AVX2-only CI machine): vpmaddwd, 64-bit compare-and-blend clamps."""
+def _built_with(graph, plan, options: CodegenOptions, flag: str) -> CompiledModel:
+    """The same C built with ``flag`` added: ``-mno-avx512f`` (an AVX2-only CI machine: vpmaddwd, the quads by
+    two vpmaddwd, 64-bit compare-and-blend clamps) or ``-mno-avx2`` (a compiler without AVX2: the plain C
+    ``#else`` branch over the same packed weights)."""
     tc = Toolchain.detect()
-    tc = dataclasses.replace(tc, flags=tc.flags + ("-mno-avx512f",), identity=tc.identity + " -mno-avx512f")
+    tc = dataclasses.replace(tc, flags=tc.flags + (flag,), identity=tc.identity + " " + flag)
     program = generate(graph, plan, options=options)
     return CompiledModel(graph, plan, program, tc, build_library(program.source, tc, None), threads=1)
 
 
-HOST = CodegenOptions()
+def _avx2_only(graph, plan, options: CodegenOptions) -> CompiledModel:
+    return _built_with(graph, plan, options, "-mno-avx512f")
 
 
-def check(g, *, expect_host=True, avx2=True, options: CodegenOptions = HOST):
+# The ISA fixed (not this machine's): the packed weights follow it, so the C, the notes and the blob are the same
+# on any machine; compiled here with the machine's own flags (and without AVX-512, and without AVX2, below).
+HOST = CodegenOptions(vector_isa="avx512")
+
+
+def check(g, *, expect_host=True, avx2=True, plain_else=True, options: CodegenOptions = HOST):
     comp = plan_model(g)
     assert len(comp.plan.groups) == 1  # Cast/Sub prologue, conv, bias, requantize (and residual): one kernel
     feeds = _feeds(g)
@@ -90,6 +98,9 @@ def check(g, *, expect_host=True, avx2=True, options: CodegenOptions = HOST):
         np.testing.assert_array_equal(got[name], want[name])
     if avx2:
         np.testing.assert_array_equal(_avx2_only(comp.plan.graph, comp.plan, options).run(feeds)[name], want[name])
+    if plain_else:
+        got = _built_with(comp.plan.graph, comp.plan, options, "-mno-avx2").run(feeds)
+        np.testing.assert_array_equal(got[name], want[name])
     return comp
 
 
@@ -136,6 +147,100 @@ def test_host_int8_conv_is_bit_exact(case):
     check(qconv(**CASES[case], seed=len(case)))
 
 
+INT64_CASES = ("3x3", "1x1-flat", "residual-int8", "residual-uint8-stride2", "shifts-below-32", "shifts-mixed",
+               "uint8-in-out", "relu-clamp", "int8-zero-point-extremes", "batch2-dw-channels", "dw-residual-uint8",
+               "dw-stride2-odd")
+
+
+def _kernel_body(source: str) -> str:
+    return source[source.index("static void k0_"):]
+
+
+@pytest.mark.parametrize("case", INT64_CASES, ids=INT64_CASES)
+def test_host_int8_conv_with_the_64_bit_requantization_is_bit_exact(case):
+    """With the requantization in double off (``int8_requantize_double=False``) every channel takes the 64-bit
+    integer sequence (vpmuldq, rounding by shifts), exact too."""
+    options = HOST.with_(int8_requantize_double=False)
+    comp = check(qconv(**CASES[case], seed=len(case)), options=options)
+    body = _kernel_body(generate(comp.plan.graph, comp.plan, options=options).source)
+    assert "opfuse_q8_requantize(" in body and "opfuse_q8_requantize_d(" not in body
+
+
+@pytest.mark.parametrize(("params", "double"), [({}, True), ({"residual": True, "group": 4, "cin": 4, "cout": 4}, True),
+                                                 ({"wmax": 30000, "cin": 4, "cout": 6}, False),
+                                                 ({"cin": 64, "cout": 8, "k": 3}, False)],
+                         ids=["short-sum", "depthwise-residual", "wide-weights", "long-sum"])
+def test_requantization_in_double_only_where_exact_for_every_input(params, double):
+    """The double path needs |acc * mult| + |res * rmult| < 2^53 for every accumulator the weights allow (the
+    bound uses the weights' absolute sums and the 8-bit types' extremes): short sums take it, 64 input channels
+    of 3x3 int8 weights (a bound near 2^24, times a 31-bit multiplier) or int16-wide weights do not."""
+    g = qconv(**params)
+    comp = check(g, avx2=False, plain_else=False)
+    body = _kernel_body(generate(comp.plan.graph, comp.plan, options=HOST).source)
+    assert ("opfuse_q8_requantize_d(" in body) == double
+    assert ("opfuse_q8_requantize(" in body) == (not double)
+
+
+def test_requantization_in_double_at_its_bound_is_bit_exact():
+    """Inputs at the 8-bit extremes (the largest accumulators the bound allows) and multipliers whose products
+    come within a factor 2 of 2^53, with shifts from 1 (ties at every odd accumulator) to 50."""
+    rng = np.random.default_rng(7)
+    b = GraphBuilder("q")
+    x = b.input("x", (1, 14, 6, 6), "int8")
+    xc = b.op("Sub", b.op("Cast", x, to=int(TensorProto.INT32)), b.const("zp", np.array(127, np.int32)))
+    w = np.where(rng.random((24, 14, 3, 3)) < 0.5, -127, 127).astype(np.int32)
+    acc = b.op("Conv", xc, b.const("w", w), name="conv", pads=[1] * 4)
+    shift = np.concatenate([np.arange(1, 13), rng.integers(13, 51, 12)]).astype(np.int32)
+    mult = rng.integers(1 << 30, 1 << 31, 24).astype(np.int32)
+    y = b.op("Requantize", acc, b.const("m", mult.reshape(1, 24, 1, 1)), b.const("s", shift.reshape(1, 24, 1, 1)),
+             zero_point=0, lo=-128, hi=127, to=int(TensorProto.INT8))
+    g = b.build(y)
+    comp = plan_model(g)
+    body = _kernel_body(generate(comp.plan.graph, comp.plan, options=HOST).source)
+    assert "opfuse_q8_requantize_d(" in body  # 14 * 9 * 127 * 255 * 2^31 < 2^53
+    feeds = {"x": np.where(rng.random((1, 14, 6, 6)) < 0.5, -128, 127).astype(np.int8)}
+    want = run(g, feeds)
+    (name,) = want
+    assert np.abs(want[name]).max() < 127 or np.unique(want[name]).size > 3  # not everything clamped
+    for flag in ("", "-mno-avx512f"):
+        model = (build(comp.plan.graph, comp.plan, options=HOST) if not flag else
+                 _built_with(comp.plan.graph, comp.plan, HOST, flag))
+        np.testing.assert_array_equal(model.run(feeds)[name], want[name])
+
+
+PAIRS_CASES = ("3x3", "1x1-flat", "stride2", "odd-channels", "grouped-odd", "rect-kernel", "mono-10x4-stride2",
+               "uint8-in-out", "residual-uint8-stride2", "int8-zero-point-extremes", "batch2-grouped-uint8")
+
+
+@pytest.mark.parametrize("case", PAIRS_CASES, ids=PAIRS_CASES)
+def test_host_int8_conv_for_avx2_is_int16_pairs_and_bit_exact(case):
+    """Built for AVX2 (``vector_isa="avx2"``) the weights are packed once as int16 pairs (vpmaddwd; vpdpwssd
+    where the compiler has AVX512-VNNI), whatever their range."""
+    options = CodegenOptions(vector_isa="avx2")
+    comp = check(qconv(**CASES[case], seed=len(case)), options=options)
+    notes = [n for k in generate(comp.plan.graph, comp.plan, options=options).kernels for n in k.notes]
+    assert notes and all("host int16-pair GEMM" in n for n in notes)
+
+
+@pytest.mark.parametrize(("isa", "bytes_per_weight"), [("avx512", 1), ("avx2", 2)])
+def test_one_copy_of_the_packed_weights_per_isa(isa, bytes_per_weight):
+    """The host build embeds the packed weights once, in the resolved ISA's layout (u8 x s8 quads: a byte per
+    weight; int16 pairs: two), read by every #if branch; the plain C99 build keeps qconv.py's own int16 rows.
+    Same model and ISA, same C and blob; another ISA, another blob."""
+    g = qconv(cin=32, cout=48, hw=(6, 6))
+    comp = plan_model(g)
+    options = CodegenOptions(vector_isa=isa)
+    a, b = (generate(comp.plan.graph, comp.plan, options=options) for _ in range(2))
+    assert a.source == b.source and a.weights == b.weights
+    weights = 48 * 32 * 9
+    per_channel = 48 * 4 * 4  # bias (and the quads' corrected bias), multiplier, shift: int32 per channel
+    assert weights * bytes_per_weight <= len(a.weights) <= weights * bytes_per_weight + per_channel + 512
+    assert "opfuse_dot2_s16" not in a.source and "_s16" not in a.source  # no qconv.py weights under #else
+    other = generate(comp.plan.graph, comp.plan, options=CodegenOptions(vector_isa="avx2" if isa == "avx512" else
+                                                                       "avx512"))
+    assert other.weights != a.weights
+
+
 DEPTHWISE = {
     "3x3": {"group": 11, "cin": 11, "cout": 11, "hw": (7, 9)},
     "stride2-residual": {"group": 9, "cin": 9, "cout": 9, "stride": 2, "residual": True, "hw": (10, 21)},
@@ -152,16 +257,26 @@ def test_host_int8_depthwise_both_layouts_are_bit_exact(case, mode):
     """Both depthwise kernels (8 positions of a row per vector, or 8 channels per vector: the channel count
     not a multiple of 8 here), whichever the width threshold would pick."""
     below = 1 if mode == "positions" else 1 << 20
-    options = CodegenOptions(int8_depthwise_channels_below=below)
+    options = CodegenOptions(int8_depthwise_channels_below=below, int8_depthwise_strided_channels_below=below)
     comp = check(qconv(**DEPTHWISE[case], seed=len(case)), options=options)
     notes = [n for k in generate(comp.plan.graph, comp.plan, options=options).kernels for n in k.notes]
     assert any(("8 channels per vector" in n) == (mode == "channels") and "depthwise" in n for n in notes)
 
 
+@pytest.mark.parametrize(("stride", "channels"), [(1, False), (2, True)])
+def test_strided_depthwise_takes_the_channels_kernel_below_its_own_width(stride, channels):
+    """Output rows 20 wide: at stride 1 the positions kernel (``int8_depthwise_channels_below`` 16), at stride 2
+    8 channels per vector (``int8_depthwise_strided_channels_below`` 64)."""
+    g = qconv(group=8, cin=8, cout=8, hw=(6, 20 * stride), stride=stride, seed=3)
+    comp = check(g, avx2=False, plain_else=False)
+    notes = [n for k in generate(comp.plan.graph, comp.plan, options=HOST).kernels for n in k.notes]
+    assert any(("8 channels per vector" in n) == channels and "depthwise" in n for n in notes)
+
+
 def test_the_report_names_the_host_kernel_not_the_fallback():
     """The notes describe the kernel that runs on this host (the #else branch's choice is not reported)."""
     comp = plan_model(qconv())
-    program = generate(comp.plan.graph, comp.plan)
+    program = generate(comp.plan.graph, comp.plan, options=HOST)
     notes = [n for k in program.kernels for n in k.notes]
     assert len(notes) == 1 and "host u8 x s8 GEMM" in notes[0]  # the VNNI kernel's; not the #else branches'
     assert not any("int16 columns" in n for n in notes)
@@ -176,7 +291,7 @@ def test_quads_where_weights_fit_int8_and_the_zero_point_is_an_8_bit_value(param
     hold (its padding value) keep the int16 pairs (vpdpwssd), exact either way."""
     g = qconv(**params)
     comp = check(g, avx2=False)
-    notes = [n for k in generate(comp.plan.graph, comp.plan).kernels for n in k.notes]
+    notes = [n for k in generate(comp.plan.graph, comp.plan, options=HOST).kernels for n in k.notes]
     assert any(f"host {kind} GEMM" in n for n in notes)
 
 
@@ -246,11 +361,11 @@ def test_quantized_zoo_model_fused_is_bit_exact_on_the_host_kernel():
     del qmodel.graph.output[:]
     qmodel.graph.output.append(helper.make_tensor_value_info(last, TensorProto.INT8, None))
     comp = plan_model(qmodel)
-    program = generate(comp.plan.graph, comp.plan, memory=comp.memory)
+    program = generate(comp.plan.graph, comp.plan, memory=comp.memory, options=HOST)
     assert sum("host u8 x s8 GEMM" in n for k in program.kernels for n in k.notes) == 9
     feeds = random_inputs(comp.graph, 0)
     want = run(plan_model(qmodel, CompileOptions(fuse=False)).graph, feeds)
-    got = build(comp.plan.graph, comp.plan, memory=comp.memory).run(feeds)
+    got = build(comp.plan.graph, comp.plan, memory=comp.memory, options=HOST).run(feeds)
     assert want[last].dtype == np.int8 and want[last].std() > 1  # not all clamped
     np.testing.assert_array_equal(got[last], want[last])
 

@@ -285,8 +285,8 @@ def lower_conv(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
         return lower_depthwise(kc, ev, stage, node, geo, _bias_term)
     if int8_conv_applies(node, ev.static):
         host = host_int8_conv_applies(kc, ev, stage)
-        if host is not None:  # AVX2 on the host, qconv.py's kernel under #else
-            return lower_host_int8_conv(kc, ev, stage, host, lambda: lower_int8_conv(kc, ev, stage, _bias_term))
+        if host is not None:  # AVX2 on the host, plain C over the same packed weights under #else
+            return lower_host_int8_conv(kc, ev, stage, host)
         return lower_int8_conv(kc, ev, stage, _bias_term)
     choice = winograd_choice(node, kc.program.options, ev.static)
     if len(x.shape) == 4:

@@ -107,6 +107,19 @@ class CodegenOptions:
     # 12x12 stride 2, but 10.5 vs 9.7 us at 12x12 stride 1; the whole mobilenet's kernels 260 us with 16,
     # 276 with 8, 316 with positions everywhere.
     int8_depthwise_channels_below: int = 16
+    # The same threshold for a strided depthwise convolution (the positions kernel builds a plane of every input
+    # row and column phase, 4 words per output at stride 2): measured (1 thread, CPU time, interleaved, int8
+    # mobilenet_v1's stride-2 layers, channels / positions): dw2 (56 wide) 0.80, dw4 (28 wide) 0.71, dw6 (14 wide,
+    # channels already) 1.01.
+    int8_depthwise_strided_channels_below: int = 64
+    # Host int8 kernels (``codegen/qgemm.py``): requantize in double (``acc * mult 2^-shift`` converted with round
+    # half to even: 5 vector operations per 8 outputs) where the generator proves it exact for every input
+    # (``qgemm.exact_in_double``: the channel's accumulator bound times its multiplier below 2^53; short sums:
+    # 1x1 convs of few channels, depthwise, first layers), the 64-bit integer sequence (11) elsewhere. Both are
+    # bit-exact. Measured (1 thread, CPU time medians of 40 interleaved runs, single int8 convs of mobilenet_v1's
+    # shapes, the 64-bit path's time over the double's; 2 cores shared, load ~13): conv1 1.09, pw1 1.10, pw3 1.04,
+    # dw1 1.05, dw3 1.03, dw5 1.05 (pw7-pw13 take the 64-bit path: their sums are long).
+    int8_requantize_double: bool = True
     # Integer conv (``codegen/qconv.py``, two or more output channels per group): output positions per pass
     # over the weights. 2: two int16 columns, each weight and column word loaded once for two SMLADs
     # (``opfuse_dot22_s16``); 1: one column, two channels (``opfuse_dot2_s16``). The Cortex-M7 takes 2

@@ -14,10 +14,17 @@ quantized model's ``Cast/Sub -> Conv -> [Add bias] -> Requantize [+ residual]``,
 
    * **int16 pairs** (AVX2): ``(x[2c] - zp, x[2c+1] - zp)``, 0 in the padding (the padding's centred value, as
      in the unfused graph);
-   * **u8 quads** (``__AVX512VNNI__`` and ``__AVX512VL__``, weights within int8, zero point an 8-bit value):
+   * **u8 quads** (built for AVX-512, weights within int8, zero point an 8-bit value):
      4 channels' bytes as unsigned (int8 ``+ 128``), the unsigned zero point ``zu`` in the padding; as
      ``sum w (u - zu) = sum w u - zu sum w``, ``zu sum w`` comes off through the bias. A single input channel
      (a first layer on a mono input) puts 4 taps of a kernel row in a word instead.
+
+   **One copy of the weights.** The packed weights follow the resolved ``CodegenOptions.vector_isa`` alone
+   (as the float GEMM's do): "avx512" packs quads, "avx2" pairs, once, and every ``#if`` branch reads that
+   copy: ``vpdpbusd`` where the compiler has AVX512-VNNI, two ``vpmaddwd`` on the widened even and odd bytes
+   with AVX2 alone (exact: ``|u * w| <= 32640``), and under ``#else`` (a compiler without AVX2) plain C over
+   the same words (``_portable``). The plain build (``simd="none"``, the Cortex-M7) keeps ``qconv.py``'s
+   kernel and its own int16 rows. Same model, options and ISA: the same C and blob.
 
 2. **Micro-kernel.** ``MR`` output channels x ``NV`` vectors of 8 positions of int32 accumulators in
    registers; per word and tap: ``NV`` loads, ``MR`` broadcasts of the packed weight word, and ``MR * NV``
@@ -25,33 +32,39 @@ quantized model's ``Cast/Sub -> Conv -> [Add bias] -> Requantize [+ residual]``,
    ``|x| <= 255`` and ``|w| <= 32767`` keep a pair's sum below 2^31, a quad's four ``u8 * s8`` products sum
    below 2^17, and none of these instructions saturates (not ``vpmaddubsw``, nor the ``s`` forms of the
    VNNI ones); the int32 sums wrap as the reference's do. Channel blocks run outside the position tiles
-   where the weights outweigh the image (each is then walked once).
+   where the weights outweigh the image (each is then walked once). The loop over words and taps is a
+   function of its own (``_micro_kernel``): inlined, gcc 12 moved every accumulator twice per multiply-add.
 3. **Epilogue, 8 positions at a time** for one channel: bias (int32, wrapping), then ``Requantize``
    (``ops/quantized.py``) in 64-bit lanes, bit for bit the reference's: ``acc * multiplier`` exactly
    (``vpmuldq``); the residual's ``res * rmult`` (``rmult < 2^53``) as ``res * (rmult mod 2^31) + (res *
    (rmult >> 31)) * 2^31``, two more exact ``vpmuldq``; round half to even as ``floor((p + 2^(s-1) - 1 +
    bit_s(p)) / 2^s)``; zero point, clamp, narrowing to 8 bits. AVX-512: all 8 lanes in one register with
    arithmetic 64-bit shifts and min/max; AVX2: the even and the odd lanes apart, the shift done on
-   ``p + 2^63`` as unsigned (AVX2 has no arithmetic 64-bit shift), clamps by 64-bit compares.
+   ``p + 2^63`` as unsigned (AVX2 has no arithmetic 64-bit shift), clamps by 64-bit compares. Where the
+   generator proves ``|acc * mult| + |res * rmult| < 2^53`` for every input (``exact_in_double``: short sums,
+   such as depthwise, first layers and 1x1 convolutions of few channels) the requantization runs in double
+   instead: ``acc * (mult 2^-s)`` is then exact, clamped and rounded half to even by the conversion (5
+   operations per 8 outputs instead of 11).
 4. **Depthwise** (one channel per group): rows of at least ``CodegenOptions.int8_depthwise_channels_below``
-   positions per channel plane (a padded int32 plane of centred values, 8 positions per vector, one
-   ``vpmulld`` + ``vpaddd`` per tap); narrower ones 8 channels per vector (a padded image with the channels
+   positions per channel plane (a padded plane of centred values, 8 positions per vector: at stride 1 words
+   of two taps of a kernel row as int16, one ``vpmaddwd`` per pair; strided, int32 and one ``vpmulld`` +
+   ``vpaddd`` per tap); narrower ones 8 channels per vector (a padded image with the channels
    innermost, built and stored through 8x8 byte transposes, the epilogue with one channel's constants per
-   lane).
+   lane); a strided one below ``int8_depthwise_strided_channels_below`` too.
 
-The plain C99 path (``simd="none"``, the Cortex-M7 build) and targets without AVX2 keep ``qconv.py``'s
-kernel (``#else``), untouched. Anything else in the epilogue (another op, a second output) keeps it too,
-and the kernel's notes say why.
+The plain C99 path (``simd="none"``, the Cortex-M7 build) keeps ``qconv.py``'s kernel, untouched. Anything else
+in the epilogue (another op, a second output) keeps it too, and the kernel's notes say why.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
+import hashlib
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Callable, TypeVar
 
 import numpy as np
 
 from opfuse.codegen.ctype import c_type
+from opfuse.codegen.rules import REQUANTIZE_RESIDUAL_C, REQUANTIZE_RESIDUAL_HELPER
 from opfuse.codegen.stages import Stage
 from opfuse.ir.graph import Node, Value
 from opfuse.ops.nn import conv_geometry
@@ -67,6 +80,11 @@ LANES = 8  # int32 lanes of one AVX2 vector: output positions per vector
 # most 12 accumulators so that with the NV loaded vectors, a broadcast weight and a product temporary
 # they fit AVX2's 16 ymm registers. Chosen per convolution by ``_block`` (least estimated work).
 BLOCKS = ((6, 2), (4, 3), (4, 2), (8, 1), (4, 1), (2, 2))
+# Built for AVX-512 (``vector_isa``), the 32 registers take larger blocks too (at most 24 accumulators, 3 loaded
+# vectors and a broadcast): measured (1 thread, CPU time, 40 interleaved runs, single convs of mobilenet_v1's
+# shapes, against the blocks above): 8 x 3 0.95 (pw1), 0.94 (pw3), 0.93 (pw7), 0.96 (pw13); 8 x 2 0.94, 0.96,
+# 0.94, 0.95. Compiled without AVX-512 they spill a few registers (exact, slower).
+BLOCKS_AVX512 = ((8, 3), (6, 4), (8, 2)) + BLOCKS
 
 
 @dataclass
@@ -220,6 +238,19 @@ HELPER_C = """
 #else
 #define OPFUSE_Q8_DOT(acc, x, w) _mm256_add_epi32((acc), _mm256_madd_epi16((x), (w)))
 #endif
+/* acc + the 4 products of each u8 quad of x by the s8 quad of w, exact and wrapping (no saturation): one vpdpbusd
+   with AVX512-VNNI; with AVX2 alone the even and the odd bytes widened to int16 (x zero-, w sign-extended) and two
+   vpmaddwd (|u * w| <= 32640: a pair's sum fits int32, and vpmaddwd saturates nothing here). The compiler
+   shares the widening of a loaded x among the block's channels and of a broadcast w among its vectors. */
+static inline __m256i opfuse_q8_dpbusd(__m256i acc, __m256i x, __m256i w) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, x, w);
+#else
+  const __m256i xe = _mm256_and_si256(x, _mm256_set1_epi16(0x00ff)), xo = _mm256_srli_epi16(x, 8);
+  const __m256i we = _mm256_srai_epi16(_mm256_slli_epi16(w, 8), 8), wo = _mm256_srai_epi16(w, 8);
+  return _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(xe, we), _mm256_madd_epi16(xo, wo)));
+#endif
+}
 
 /* The requantization's constants for 8 lanes: one output channel in every lane (opfuse_q8_chan_init) or one
    channel per lane (opfuse_q8_chan_lanes: 8 consecutive channels, the depthwise kernel over channels). */
@@ -344,6 +375,92 @@ static inline __m128i opfuse_q8_requantize(__m256i acc, const opfuse_q8_chan* c,
   const __m256i qo = opfuse_q8_round(po, c->cnt_o, c->hm1_o, c->b63_o, c);
   const __m256i v = _mm256_blend_epi32(qe, _mm256_slli_epi64(qo, 32), 0xAA);
   const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  return is_unsigned ? _mm_packus_epi16(w, w) : _mm_packs_epi16(w, w);
+}
+#endif
+
+/* The requantization in double where the generator has found it exact (opfuse_q8_dchan; ``exact_in_double``):
+   for every accumulator the channel can produce, |acc * mult| + |res * rmult| < 2^53, so acc * (mult 2^-s)
+   [+ res * (rmult 2^-s)] is the exact value of (acc * mult + res * rmult) / 2^s; clamped to [lo - zp, hi - zp]
+   (integers: clamping before the rounding is clamping after it) and rounded half to even by the conversion
+   (round to nearest even, explicit). 5 operations per 8 lanes instead of 11 in 64-bit integers. */
+#if defined(__AVX512F__)
+typedef struct {
+  __m512d scale, rscale, lo, hi;
+  __m256i zp;
+} opfuse_q8_dchan;
+
+static inline opfuse_q8_dchan opfuse_q8_dchan_vec(__m512d scale, __m512d rscale, int32_t zp, int32_t lo, int32_t hi) {
+  opfuse_q8_dchan c;
+  c.scale = scale;
+  c.rscale = rscale;
+  c.lo = _mm512_set1_pd((double)(lo - zp));
+  c.hi = _mm512_set1_pd((double)(hi - zp));
+  c.zp = _mm256_set1_epi32(zp);
+  return c;
+}
+static inline opfuse_q8_dchan opfuse_q8_dchan_init(double scale, double rscale, int32_t zp, int32_t lo, int32_t hi) {
+  return opfuse_q8_dchan_vec(_mm512_set1_pd(scale), _mm512_set1_pd(rscale), zp, lo, hi);
+}
+static inline opfuse_q8_dchan opfuse_q8_dchan_lanes(const double* scale, const double* rscale, int32_t zp, int32_t lo,
+                                                    int32_t hi) {
+  return opfuse_q8_dchan_vec(_mm512_loadu_pd(scale), rscale ? _mm512_loadu_pd(rscale) : _mm512_setzero_pd(), zp, lo,
+                             hi);
+}
+static inline __m128i opfuse_q8_requantize_d(__m256i acc, const opfuse_q8_dchan* c, const __m256i* res,
+                                             int is_unsigned) {
+  __m512d d = _mm512_mul_pd(_mm512_cvtepi32_pd(acc), c->scale);
+  if (res) d = _mm512_add_pd(d, _mm512_mul_pd(_mm512_cvtepi32_pd(*res), c->rscale));
+  d = _mm512_min_pd(_mm512_max_pd(d, c->lo), c->hi);
+  const __m256i q = _mm256_add_epi32(_mm512_cvt_roundpd_epi32(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), c->zp);
+  const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+  return is_unsigned ? _mm_packus_epi16(w, w) : _mm_packs_epi16(w, w);
+}
+#else
+typedef struct {
+  __m256d scale0, scale1, rscale0, rscale1, lo, hi;
+  __m128i zp;
+} opfuse_q8_dchan;
+
+static inline opfuse_q8_dchan opfuse_q8_dchan_vec(__m256d s0, __m256d s1, __m256d r0, __m256d r1, int32_t zp,
+                                                  int32_t lo, int32_t hi) {
+  opfuse_q8_dchan c;
+  c.scale0 = s0;
+  c.scale1 = s1;
+  c.rscale0 = r0;
+  c.rscale1 = r1;
+  c.lo = _mm256_set1_pd((double)(lo - zp));
+  c.hi = _mm256_set1_pd((double)(hi - zp));
+  c.zp = _mm_set1_epi32(zp);
+  return c;
+}
+static inline opfuse_q8_dchan opfuse_q8_dchan_init(double scale, double rscale, int32_t zp, int32_t lo, int32_t hi) {
+  const __m256d s = _mm256_set1_pd(scale), r = _mm256_set1_pd(rscale);
+  return opfuse_q8_dchan_vec(s, s, r, r, zp, lo, hi);
+}
+static inline opfuse_q8_dchan opfuse_q8_dchan_lanes(const double* scale, const double* rscale, int32_t zp, int32_t lo,
+                                                    int32_t hi) {
+  const __m256d z = _mm256_setzero_pd();
+  return opfuse_q8_dchan_vec(_mm256_loadu_pd(scale), _mm256_loadu_pd(scale + 4), rscale ? _mm256_loadu_pd(rscale) : z,
+                             rscale ? _mm256_loadu_pd(rscale + 4) : z, zp, lo, hi);
+}
+static inline __m128i opfuse_q8_dhalf(__m128i acc, __m256d scale, const __m128i* res, __m256d rscale,
+                                      const opfuse_q8_dchan* c) {
+  __m256d d = _mm256_mul_pd(_mm256_cvtepi32_pd(acc), scale);
+  if (res) d = _mm256_add_pd(d, _mm256_mul_pd(_mm256_cvtepi32_pd(*res), rscale));
+  d = _mm256_round_pd(_mm256_min_pd(_mm256_max_pd(d, c->lo), c->hi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  return _mm_add_epi32(_mm256_cvtpd_epi32(d), c->zp);  /* an integer value: converted exactly */
+}
+static inline __m128i opfuse_q8_requantize_d(__m256i acc, const opfuse_q8_dchan* c, const __m256i* res,
+                                             int is_unsigned) {
+  __m128i r0 = _mm_setzero_si128(), r1 = r0;
+  if (res) {
+    r0 = _mm256_castsi256_si128(*res);
+    r1 = _mm256_extracti128_si256(*res, 1);
+  }
+  const __m128i q0 = opfuse_q8_dhalf(_mm256_castsi256_si128(acc), c->scale0, res ? &r0 : NULL, c->rscale0, c);
+  const __m128i q1 = opfuse_q8_dhalf(_mm256_extracti128_si256(acc, 1), c->scale1, res ? &r1 : NULL, c->rscale1, c);
+  const __m128i w = _mm_packs_epi32(q0, q1);
   return is_unsigned ? _mm_packus_epi16(w, w) : _mm_packs_epi16(w, w);
 }
 #endif
@@ -629,14 +746,14 @@ def _geometry(node: Node, NB: int, flat_ok: bool) -> tuple[_Geometry, bool]:
     return _Geometry(H, W, OH, OW, KH, KW, SH, SW, DH, DW, PT, PL, NB), False
 
 
-def _block(mg: int, row: int, K2: int) -> tuple[int, int]:
+def _block(mg: int, row: int, K2: int, blocks: tuple = BLOCKS) -> tuple[int, int]:
     """(MR, NV) of least estimated instructions: per channel pair and tap, NV loads, MR broadcasts and
     2 MR NV multiply-adds per block, over the blocks covering ``mg`` channels and ``row`` positions
     (remainders computed in full)."""
     def cost(b):
         mr, nv = b
         return -(-mg // mr) * -(-row // (LANES * nv)) * (nv + mr + 2 * mr * nv)
-    return min(BLOCKS, key=cost)
+    return min(blocks, key=cost)
 
 
 def _emit_build_row(w, fn: str, dst: str, rows: tuple[str, str] | str, g: _Geometry, zp: int, ph: str) -> None:
@@ -648,34 +765,71 @@ def _emit_build_row(w, fn: str, dst: str, rows: tuple[str, str] | str, g: _Geome
         w.line(f"{fn}({dst}, {rows}, {first}, {g.Wq}, {g.SW}, {g.W}, {zp});")
 
 
-def _emit_channel(kc, ep: QEpilogue, oc: str, bias_values: np.ndarray | None = None) -> tuple[str, str]:
+def _centred_bound(q: QInput) -> int:
+    """The largest ``|int32(q) - zp|`` of the 8-bit tensor's type (0 in the padding)."""
+    info = np.iinfo(q.q.dtype)
+    return max(abs(int(info.min) - q.zp), abs(int(info.max) - q.zp))
+
+
+def exact_in_double(kc, ep: QEpilogue, x: QInput, wabs: np.ndarray) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """The per-channel doubles ``(mult 2^-shift, rmult 2^-shift)`` of the requantization in double
+    (``opfuse_q8_requantize_d``) where it is exact for every input: with ``wabs`` the sum of a channel's
+    ``|weights|``, its accumulators (bias added) are bounded by ``B = wabs |x|max + |bias|``; ``B < 2^31``
+    (the int32 sum does not wrap) and ``B mult + |res|max rmult < 2^53`` make the products and their sum
+    exact doubles. None where a channel fails it (long sums of wide weights) or the option is off
+    (``CodegenOptions.int8_requantize_double``): the 64-bit integer path."""
+    if not kc.program.options.int8_requantize_double:
+        return None
+    xb, rb = _centred_bound(x), _centred_bound(ep.res) if ep.res is not None else 0
+    rmult = ep.rmult if ep.rmult is not None else np.zeros(len(ep.mult), np.int64)
+    for a, b, m, r in zip(wabs.tolist(), ep.bias.tolist(), ep.mult.tolist(), rmult.tolist(), strict=True):
+        bound = int(a) * xb + abs(int(b))
+        if bound >= 1 << 31 or bound * int(m) + rb * int(r) >= 1 << 53:
+            return None
+    unit = np.ldexp(1.0, -ep.shift.astype(np.int64))  # 2^-shift, exact
+    scale = ep.mult.astype(np.float64) * unit
+    return scale, (ep.rmult.astype(np.float64) * unit if ep.rmult is not None else None)
+
+
+def _emit_channel(kc, ep: QEpilogue, oc: str, bias_values: np.ndarray | None = None,
+                  dscale: tuple[np.ndarray, np.ndarray | None] | None = None) -> tuple[str, str, str]:
     """The requantization constants and the bias (``ep.bias`` unless ``bias_values``) of channel ``oc`` in
-    vector registers: (chan, bias)."""
+    vector registers, in double where ``dscale`` (``exact_in_double``) is given: (chan, bias, the
+    requantizing function)."""
     w = kc.w
     ch = kc.tmp("ch")
     if bias_values is None:
         bias = kc.const_array(("q8_bias", ep.out.name), ep.bias, f"{ep.out.name}_bias", np.int32)
     else:
         bias = kc.const_array(("q8_bias_quads", ep.out.name), bias_values, f"{ep.out.name}_qbias", np.int32)
-    mult = kc.const_array(("q8_mult", ep.out.name), ep.mult, f"{ep.out.name}_mult", np.int32)
-    shift = kc.const_array(("q8_shift", ep.out.name), ep.shift, f"{ep.out.name}_shift", np.int32)
-    rmult = "0"
-    if ep.rmult is not None:
-        rm = kc.const_array(("q8_rmult", ep.out.name), ep.rmult, f"{ep.out.name}_rmult", np.int64)
-        rmult = f"{rm}[{oc}]"
-    w.line(f"const opfuse_q8_chan {ch} = opfuse_q8_chan_init({mult}[{oc}], {shift}[{oc}], {rmult}, {ep.zp}, "
-           f"{ep.lo}, {ep.hi});")
+    if dscale is not None:
+        sc = kc.const_array(("q8_scale", ep.out.name), dscale[0], f"{ep.out.name}_scale", np.float64)
+        rs = "0.0"
+        if dscale[1] is not None:
+            rs = kc.const_array(("q8_rscale", ep.out.name), dscale[1], f"{ep.out.name}_rscale", np.float64) + f"[{oc}]"
+        w.line(f"const opfuse_q8_dchan {ch} = opfuse_q8_dchan_init({sc}[{oc}], {rs}, {ep.zp}, {ep.lo}, {ep.hi});")
+        fn = "opfuse_q8_requantize_d"
+    else:
+        mult = kc.const_array(("q8_mult", ep.out.name), ep.mult, f"{ep.out.name}_mult", np.int32)
+        shift = kc.const_array(("q8_shift", ep.out.name), ep.shift, f"{ep.out.name}_shift", np.int32)
+        rmult = "0"
+        if ep.rmult is not None:
+            rm = kc.const_array(("q8_rmult", ep.out.name), ep.rmult, f"{ep.out.name}_rmult", np.int64)
+            rmult = f"{rm}[{oc}]"
+        w.line(f"const opfuse_q8_chan {ch} = opfuse_q8_chan_init({mult}[{oc}], {shift}[{oc}], {rmult}, {ep.zp}, "
+               f"{ep.lo}, {ep.hi});")
+        fn = "opfuse_q8_requantize"
     b = kc.tmp("bias")
     w.line(f"const __m256i {b} = _mm256_set1_epi32({bias}[{oc}]);")
-    return ch, b
+    return ch, b, fn
 
 
-def _emit_epilogue(kc, ep: QEpilogue, accs: list[str], chan: tuple[str, str], out_row: str, ow0: str, valid: str,
-                   res_row: str | None) -> None:
+def _emit_epilogue(kc, ep: QEpilogue, accs: list[str], chan: tuple[str, str, str], out_row: str, ow0: str,
+                   valid: str, res_row: str | None) -> None:
     """Requantize and store ``accs`` (vectors of 8 consecutive positions of one channel, ``chan``'s)."""
     w = kc.w
     unsigned = int(ep.out.dtype == np.uint8)
-    ch, b = chan
+    ch, b, fn = chan
     for v, acc in enumerate(accs):
         n = kc.tmp("n")
         w.line(f"const long {n} = {valid} - {ow0} - {v * LANES};")
@@ -686,7 +840,7 @@ def _emit_epilogue(kc, ep: QEpilogue, accs: list[str], chan: tuple[str, str], ou
                 rs = "s8" if ep.res.q.dtype == np.int8 else "u8"
                 w.line(f"const __m256i {r} = opfuse_q8_load_{rs}({res_row} + {ow0} + {v * LANES}, {n}, {ep.res.zp});")
                 res = f"&{r}"
-            w.line(f"opfuse_q8_store({out_row} + {ow0} + {v * LANES}, opfuse_q8_requantize("
+            w.line(f"opfuse_q8_store({out_row} + {ow0} + {v * LANES}, {fn}("
                    f"_mm256_add_epi32({acc}, {b}), &{ch}, {res}, {unsigned}), {n});")
 
 
@@ -706,42 +860,43 @@ def _out_rows(kc, ep: QEpilogue, img: str, oc: str, row: str, shape: tuple) -> t
     return out, res
 
 
-@contextmanager
-def _unreported(kc):
-    """Code emitted inside is an ``#else`` branch that does not run where the ``#if`` one does (this host):
-    the notes it adds are dropped, so that the report describes the kernel that runs."""
-    kept = len(kc.notes)
-    yield
-    del kc.notes[kept:]
-    del kc._comment_notes[kept:]
-
-
-def lower_host_int8_conv(kc, ev, stage: Stage, operands: tuple[QInput, QEpilogue], fallback) -> None:
-    """The AVX2 kernel under ``#if HOST_GUARD``, ``fallback()`` (qconv.py's kernel) under ``#else``. The
-    report's notes describe the host kernel (the one that runs where the host has AVX2)."""
-    w = kc.w
-    w.line(f"#if {HOST_GUARD}")
-    _host(kc, ev, stage, operands)
-    w.line("#else")
-    with ev.scope(), _unreported(kc):
-        fallback()
-    w.line("#endif")
-
-
-def _host(kc, ev, stage: Stage, operands: tuple[QInput, QEpilogue]) -> None:
+def lower_host_int8_conv(kc, ev, stage: Stage, operands: tuple[QInput, QEpilogue]) -> None:
+    """The AVX2 kernel under ``#if HOST_GUARD``, plain C over the same packed weights under ``#else`` (a
+    compiler without AVX2): one copy of the weights, laid out for the resolved ``CodegenOptions.vector_isa``.
+    The report's notes describe the vector kernel."""
     node = stage.anchor_node
     x, ep = operands
     _, G = conv_geometry(node)
-    N, C, H, W = node.input(0).shape
-    OC = node.outputs[0].shape[1]
-    cg, mg = C // G, OC // G
+    C, OC = node.input(0).shape[1], node.outputs[0].shape[1]
     kc.program.require_helper(HELPER, HELPER_C)
-    s = _pairs_helper(kc, x.q.dtype)
-    if cg == 1 and mg == 1:
-        if node.outputs[0].shape[3] < kc.program.options.int8_depthwise_channels_below:
-            return _depthwise_channels(kc, ev, node, x, ep)
-        return _depthwise(kc, ev, node, x, ep, s)
-    return _gemm(kc, ev, node, x, ep, s, G)
+    w = kc.w
+    w.line(f"#if {HOST_GUARD}")
+    if C // G == 1 and OC // G == 1:
+        opts = kc.program.options
+        geo, _ = conv_geometry(node)
+        below = opts.int8_depthwise_channels_below
+        if max(geo.strides) > 1:
+            below = max(below, opts.int8_depthwise_strided_channels_below)
+        if node.outputs[0].shape[3] < below:
+            portable = _depthwise_channels(kc, ev, node, x, ep)
+        else:
+            portable = _depthwise(kc, ev, node, x, ep, _pairs_helper(kc, x.q.dtype))
+    else:
+        portable = _gemm(kc, ev, node, x, ep, G)
+    w.line("#else")
+    _portable(kc, node, x, ep, G, portable)
+    w.line("#endif")
+
+
+@dataclass
+class _Packed:
+    """How the ``#else`` branch reads the vector kernel's packed weights: ``index(grp, m, c, kh, kw)`` is the C
+    index of the weight of output channel ``m`` and input channel ``c`` of group ``grp`` in ``array``, elements
+    of ``bits`` bits; ``arrays``: the epilogue's per-channel constants where the vector kernel has them."""
+    array: str
+    bits: int
+    index: Callable[[str, str, str, str, str], str]
+    arrays: dict[str, str]
 
 
 def _quads_zero_point(x: QInput, w: np.ndarray) -> int | None:
@@ -753,20 +908,15 @@ def _quads_zero_point(x: QInput, w: np.ndarray) -> int | None:
     return zu if 0 <= zu <= 255 else None
 
 
-def _gemm(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, G: int) -> None:
-    """The AVX512-VNNI u8 x s8 quads kernel (``vpdpbusd``: 4 channels per 32-bit word) where the weights fit
-    int8, the int16 pairs kernel otherwise and on AVX2 alone."""
+def _gemm(kc, ev, node: Node, x: QInput, ep: QEpilogue, G: int) -> _Packed:
+    """The u8 x s8 quads kernel (4 channels per 32-bit word: ``vpdpbusd`` with AVX512-VNNI, two ``vpmaddwd``
+    with AVX2 alone) where the build targets AVX-512 (``vector_isa``) and the weights fit int8; the int16 pairs
+    kernel otherwise (``vpmaddwd``, ``vpdpwssd`` with AVX512-VNNI). One packed copy of the weights, the one
+    the resolved ISA's kernel reads."""
     wt = ev.static[id(node.input(1))].astype(np.int64)
-    zu = _quads_zero_point(x, wt)
-    if zu is None:
-        _gemm_words(kc, ev, node, x, ep, s, G, None)
-        return
-    kc.w.line(f"#if {VNNI_GUARD}")
-    _gemm_words(kc, ev, node, x, ep, s, G, zu)
-    kc.w.line("#else")
-    with _unreported(kc):
-        _gemm_words(kc, ev, node, x, ep, s, G, None)
-    kc.w.line("#endif")
+    quads = kc.program.options.vector_isa == "avx512"
+    zu = _quads_zero_point(x, wt) if quads else None
+    return _gemm_words(kc, ev, node, x, ep, G, zu)
 
 
 def _weights_outer(weight_words: int, image_words: int) -> bool:
@@ -776,7 +926,7 @@ def _weights_outer(weight_words: int, image_words: int) -> bool:
     return weight_words > image_words
 
 
-def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, G: int, zu: int | None) -> None:
+def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, G: int, zu: int | None) -> _Packed:
     """The GEMM over words of ``per`` input channels: int16 pairs (``zu`` None) or u8 quads with the unsigned
     zero point ``zu`` (the padding's value; ``zu * sum(w)`` comes off through the bias)."""
     N, C, H, W = node.input(0).shape
@@ -789,7 +939,8 @@ def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, G: int, zu
     # one input channel (a first layer on a mono input): a quad holds 4 taps of a kernel row, not 4 channels
     tap_words = zu is not None and cg == 1 and probe.KW > 1
     KWw = -(-probe.KW // per) if tap_words else probe.KW  # words per kernel row
-    MR, NV = _block(mg, probe.OW, CP * probe.KH * KWw)
+    blocks = BLOCKS_AVX512 if kc.program.options.vector_isa == "avx512" else BLOCKS
+    MR, NV = _block(mg, probe.OW, CP * probe.KH * KWw, blocks)
     g, _ = _geometry(node, LANES * NV, True)
     MB = -(-mg // MR)
     taps = g.KH * KWw
@@ -811,18 +962,22 @@ def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, G: int, zu
         bias = ((corrected + (1 << 31)) % (1 << 32) - (1 << 31)).astype(np.int32)
     plane = g.plane
     xoff = kc.scratch(CP * plane * 4)
+    dscale = exact_in_double(kc, ep, x, np.abs(wt).reshape(OC, -1).sum(axis=1))
     if zu is None:
         kc.note(lambda name: f"int8 conv '{name}': host int16-pair GEMM, {MR} channels x {8 * NV} positions (AVX2 "
                              f"vpmaddwd, vpdpwssd with AVX512-VNNI), epilogue in vectors", node)
     else:
         words_of = "4 taps of a kernel row" if tap_words else "4 channels"
         kc.note(lambda name: f"int8 conv '{name}': host u8 x s8 GEMM, {MR} channels x {8 * NV} positions, words of "
-                             f"{words_of} (vpdpbusd with AVX512-VNNI, int16 pairs with AVX2 alone), epilogue in "
+                             f"{words_of} (vpdpbusd with AVX512-VNNI, two vpmaddwd with AVX2 alone), epilogue in "
                              f"vectors", node)
     w = kc.w
     qp = kc.ptr(x.q)
     ct = c_type(x.q.dtype)
-    if zu is not None:
+    if zu is None:
+        s = _pairs_helper(kc, x.q.dtype)
+    else:
+        s = "s8" if x.q.dtype == np.int8 else "u8"
         flip = "0x80" if x.q.dtype == np.int8 else "0"
         kc.program.require_helper(f"opfuse_q8_quads_{s}", QUADS_C.format(s=s, T=ct, flip=flip))
     b, cp, r, ph = kc.tmp("b"), kc.tmp("cp"), kc.tmp("r"), kc.tmp("ph")
@@ -865,31 +1020,14 @@ def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, G: int, zu
             w.line(f"const long {oh} = {t} / {tiles_w}, {ow0} = ({t} % {tiles_w}) * {g.NB};")
             xt = kc.tmp("xt")
             w.line(f"const int32_t* {xt} = {xp} + {oh} * {g.SH * g.SW * g.Wq} + {ow0};")
-            accs = [[kc.tmp("a") for _ in range(NV)] for _ in range(MR)]
-            for row in accs:
-                w.line("__m256i " + ", ".join(f"{a} = _mm256_setzero_si256()" for a in row) + ";")
             wp = kc.tmp("wp")
             w.line(f"const int32_t* {wp} = {wq} + ({grp} * {MB} + {mb}) * {CP * taps * MR};")
-            k = kc.tmp("k")
-            dot = "OPFUSE_Q8_DOT" if zu is None else "_mm256_dpbusd_epi32"
-            with w.block(f"for (long {k} = 0; {k} < {CP}; ++{k}, {wp} += {taps * MR})"):
-                xc = kc.tmp("xc")
-                w.line(f"const int32_t* {xc} = {xt} + {k} * {plane};")
-                for kh in range(g.KH):
-                    for kw in range(KWw):
-                        tap = kh * KWw + kw
-                        xs = [kc.tmp("x") for _ in range(NV)]
-                        offset = g.tap(kh, per * kw if tap_words else kw)
-                        with w.block(""):
-                            for v, xv in enumerate(xs):
-                                w.line(f"const __m256i {xv} = _mm256_loadu_si256((const __m256i*)({xc} + "
-                                       f"{offset + v * LANES}));")
-                            for i in range(MR):
-                                wb = kc.tmp("w")
-                                w.line(f"const __m256i {wb} = _mm256_set1_epi32({wp}[{tap * MR + i}]);")
-                                for v in range(NV):
-                                    a = accs[i][v]
-                                    w.line(f"{a} = {dot}({a}, {xs[v]}, {wb});")
+            offsets = [g.tap(kh, per * kw if tap_words else kw) for kh in range(g.KH) for kw in range(KWw)]
+            mk = _micro_kernel(kc, MR, NV, offsets, "OPFUSE_Q8_DOT" if zu is None else "opfuse_q8_dpbusd")
+            buf = kc.tmp("acc")
+            w.line(f"__m256i {buf}[{MR * NV}];")
+            w.line(f"{mk}({xt}, {wp}, {CP}, {plane}, {buf});")
+            accs = [[f"{buf}[{i * NV + v}]" for v in range(NV)] for i in range(MR)]
             for i in range(MR):
                 m = kc.tmp("m")
                 w.line(f"const long {m} = {mb} * {MR} + {i};")
@@ -901,11 +1039,100 @@ def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str, G: int, zu
                         orow, rrow = _out_rows(kc, ep, img, oc, "0", (N, OC, 1, OH * OW))
                     else:
                         orow, rrow = _out_rows(kc, ep, img, oc, oh, out_shape)
-                    chan = _emit_channel(kc, ep, oc, bias)
+                    chan = _emit_channel(kc, ep, oc, bias, dscale)
                     _emit_epilogue(kc, ep, accs[i], chan, orow, ow0, str(g.OW), rrow)
+    return _Packed(wq, 16 if zu is None else 8, _word_index(MB, MR, CP, taps, per, g.KW, KWw if tap_words else 0),
+                   {})
 
 
-def _depthwise(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str) -> None:
+def _micro_kernel(kc, MR: int, NV: int, offsets: list[int], dot: str) -> str:
+    """The GEMM's inner loop as a function of its own (not inlined, no constant propagated into it), shared by
+    the convolutions of the same block and taps: ``acc[i * NV + v]`` (MR channels x NV vectors of 8 positions)
+    = the sum over the ``words`` (``plane`` apart) and the taps (``offsets``, words from the tile's first) of
+    ``dot`` (``vpdpbusd`` or the pairs' multiply-add) of the tile's words by the channel's broadcast weight
+    word. Inlined beside the epilogue, or with the depth a constant, gcc 12 rewrote the loop's exit test onto
+    the weight pointer and moved every accumulator twice per multiply-add (24 register moves per 12
+    ``vpdpbusd`` in mobilenet_v1's pw7 loop); out of line with the depth an argument the loop is its 12
+    multiply-adds, 3 loads and 4 broadcasts (pw1-pw13 shapes 0.81-0.91x the time)."""
+    key = f"{MR}x{NV}|{','.join(map(str, offsets))}|{dot}"
+    name = f"opfuse_q8_mk_{MR}x{NV}_{hashlib.sha1(key.encode()).hexdigest()[:12]}"
+    taps = len(offsets)
+    lines = ["#if defined(__AVX2__)", "#ifndef OPFUSE_Q8_OUT_OF_LINE", "#if defined(__GNUC__) && !defined(__clang__)",
+             "#define OPFUSE_Q8_OUT_OF_LINE __attribute__((noipa))", "#elif defined(__GNUC__)",
+             "#define OPFUSE_Q8_OUT_OF_LINE __attribute__((noinline))", "#else", "#define OPFUSE_Q8_OUT_OF_LINE",
+             "#endif", "#endif",
+             f"/* {MR} channels x {8 * NV} positions over words x {taps} taps (words: planes apart) */",
+             f"OPFUSE_Q8_OUT_OF_LINE static void {name}(const int32_t* restrict xt, const int32_t* restrict wp, "
+             "long words, long plane, __m256i* restrict acc) {"]
+    accs = [[f"a{i}_{v}" for v in range(NV)] for i in range(MR)]
+    lines += ["  __m256i " + ", ".join(f"{a} = _mm256_setzero_si256()" for a in row) + ";" for row in accs]
+    lines.append(f"  for (long k = 0; k < words; ++k, wp += {taps * MR}) {{")
+    lines.append("    const int32_t* xc = xt + k * plane;")
+    for t, off in enumerate(offsets):
+        lines.append("    {")
+        lines += [f"      const __m256i x{v} = _mm256_loadu_si256((const __m256i*)(xc + {off + v * LANES}));"
+                  for v in range(NV)]
+        for i in range(MR):
+            lines.append(f"      const __m256i w{i} = _mm256_set1_epi32(wp[{t * MR + i}]);")
+            lines += [f"      {accs[i][v]} = {dot}({accs[i][v]}, x{v}, w{i});" for v in range(NV)]
+        lines.append("    }")
+    lines.append("  }")
+    lines += [f"  acc[{i * NV + v}] = {accs[i][v]};" for i in range(MR) for v in range(NV)]
+    lines += ["}", "#endif", ""]
+    return kc.program.require_helper(name, "\n".join(lines))
+
+
+def _word_index(MB: int, MR: int, CP: int, taps: int, per: int, KW: int, KWw: int):
+    """C index of a weight in the words ``[group][channel block][word][tap][channel MR][r]`` (``r``: the
+    word's input channel; ``KWw`` > 0: words of ``per`` taps of a kernel row, ``r`` the tap in the word)."""
+    def index(grp: str, m: str, c: str, kh: str, kw: str) -> str:
+        word, cp, r = ((f"{kh} * {KWw} + {kw} / {per}", "0", f"{kw} % {per}") if KWw else
+                       (f"{kh} * {KW} + {kw}", f"{c} / {per}", f"{c} % {per}"))
+        return (f"(((({grp} * {MB} + {m} / {MR}) * {CP} + {cp}) * {taps} + {word}) * {MR} + {m} % {MR}) * {per} "
+                f"+ {r}")
+    return index
+
+
+TAP_PAIRS_C = """
+#if defined(__AVX2__)
+/* dst[j] = the int16 pair (X(i), X(i + d)), i = first + j, for j < n, where X(i) = a[i] - zp inside [0, len) and
+   0 outside (the padding's centred value): two taps of a kernel row d columns apart in one word. */
+static void opfuse_q8_tap_pairs_{s}(int16_t* restrict dst, const {T}* a, long first, long n, long len, long d,
+                                    int32_t zp) {{
+  long lo = first < 0 ? -first : 0, hi = len - d - first;  /* j in [lo, hi): both values inside */
+  if (lo > n) lo = n;
+  if (hi > n) hi = n;
+  if (hi < lo) hi = lo;
+  long j = 0;
+  for (; j < lo; ++j) {{
+    const long i = first + j;
+    dst[2 * j] = (int16_t)(i >= 0 && i < len ? a[i] - zp : 0);
+    dst[2 * j + 1] = (int16_t)(i + d >= 0 && i + d < len ? a[i + d] - zp : 0);
+  }}
+  const __m128i z = _mm_set1_epi16((short)zp);
+  for (; j + 8 <= hi; j += 8) {{
+    const __m128i xa = _mm_sub_epi16(_mm_cvt{cvt}_epi16(_mm_loadl_epi64((const __m128i*)(a + first + j))), z);
+    const __m128i xb = _mm_sub_epi16(_mm_cvt{cvt}_epi16(_mm_loadl_epi64((const __m128i*)(a + first + j + d))), z);
+    _mm_storeu_si128((__m128i*)(dst + 2 * j), _mm_unpacklo_epi16(xa, xb));
+    _mm_storeu_si128((__m128i*)(dst + 2 * j + 8), _mm_unpackhi_epi16(xa, xb));
+  }}
+  for (; j < n; ++j) {{
+    const long i = first + j;
+    dst[2 * j] = (int16_t)(i >= 0 && i < len ? a[i] - zp : 0);
+    dst[2 * j + 1] = (int16_t)(i + d >= 0 && i + d < len ? a[i + d] - zp : 0);
+  }}
+}}
+#endif
+"""
+
+
+def _depthwise(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str) -> _Packed:
+    """Depthwise over planes of one channel, 8 positions of an output row per vector. At column stride 1 a plane
+    word holds two taps of a kernel row (``(X(j), X(j + DW))``, int16): one
+    ``vpmaddwd`` (``vpdpwssd`` with VNNI) per pair of taps, ``ceil(KW / 2)`` per kernel row (a 3x3 kernel: 6
+    multiply-adds per 8 outputs instead of 9 ``vpmulld`` + ``vpaddd``; the weights are within int16, and
+    ``|x| <= 383``: no pair's sum saturates); strided, a plane of int32 per column phase and one ``vpmulld``
+    per tap."""
     N, C, H, W = node.input(0).shape
     out_shape = node.outputs[0].shape
     OH, OW = out_shape[2:]
@@ -913,9 +1140,20 @@ def _depthwise(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str) -> None:
     g, _ = _geometry(node, LANES * NV, False)
     taps = g.KH * g.KW
     wt = ev.static[id(node.input(1))].astype(np.int32).reshape(C, taps)
-    wq = kc.const_array(("q8_dw", node.name), wt, f"{node.input(1).name}_dw", np.int32)
+    pairs = g.SW == 1  # the weights are within int16 (qconv.int8_conv_applies)
+    P = -(-g.KW // 2)  # tap pairs per kernel row
+    if pairs:
+        packed = np.zeros((C, g.KH, 2 * P), np.int16)
+        packed[:, :, :g.KW] = wt.reshape(C, g.KH, g.KW)
+        wq = kc.const_array(("q8_dw_pairs", node.name), packed.reshape(-1).view(np.int32), f"{node.input(1).name}_dwp",
+                            np.int32)
+        ct, cvt = ("int8_t", "epi8") if x.q.dtype == np.int8 else ("uint8_t", "epu8")
+        kc.program.require_helper(f"opfuse_q8_tap_pairs_{s}", TAP_PAIRS_C.format(s=s, T=ct, cvt=cvt))
+    else:
+        wq = kc.const_array(("q8_dw", node.name), wt, f"{node.input(1).name}_dw", np.int32)
     poff = kc.scratch(g.plane * 4)
-    kc.note(lambda name: f"int8 depthwise '{name}': host planes of int32, {8 * NV} positions per pass, "
+    kind = "tap pairs of int16 (vpmaddwd)" if pairs else "int32"
+    kc.note(lambda name: f"int8 depthwise '{name}': host planes of {kind}, {8 * NV} positions per pass, "
                          "epilogue in vectors", node)
     w = kc.w
     qp = kc.ptr(x.q)
@@ -930,14 +1168,21 @@ def _depthwise(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str) -> None:
             w.line(f"const long {ih} = {r} - {g.PT};")
             with w.block(f"for (long {ph} = 0; {ph} < {g.SW}; ++{ph})"):
                 dst = f"{xp} + ({r} * {g.SW} + {ph}) * {g.Wq}"
+                row = f"{qp} + ({pl} * {H} + {ih}) * {W}"
                 with w.block(f"if ({ih} >= 0 && {ih} < {H})"):
-                    _emit_build_row(w, f"opfuse_q8_plane_row_{s}", dst, f"{qp} + ({pl} * {H} + {ih}) * {W}", g,
-                                    x.zp, ph)
+                    if pairs:
+                        w.line(f"opfuse_q8_tap_pairs_{s}((int16_t*)({dst}), {row}, -{g.PL}, {g.Wq}, {W}, {g.DW}, "
+                               f"{x.zp});")
+                    else:
+                        _emit_build_row(w, f"opfuse_q8_plane_row_{s}", dst, row, g, x.zp, ph)
                 w.line(f"else memset({dst}, 0, sizeof(int32_t) * {g.Wq});")
-        wv = [kc.tmp("w") for _ in range(taps)]
+        # (kh, kw) of each weight register: a pair's first tap, or every tap
+        regs = [(kh, 2 * q) for kh in range(g.KH) for q in range(P)] if pairs else \
+            [(kh, kw) for kh in range(g.KH) for kw in range(g.KW)]
+        wv = [kc.tmp("w") for _ in regs]
         for t_, name in enumerate(wv):
-            w.line(f"const __m256i {name} = _mm256_set1_epi32({wq}[{c} * {taps} + {t_}]);")
-        chan = _emit_channel(kc, ep, c)
+            w.line(f"const __m256i {name} = _mm256_set1_epi32({wq}[{c} * {len(regs)} + {t_}]);")
+        chan = _emit_channel(kc, ep, c, None, exact_in_double(kc, ep, x, np.abs(wt).sum(axis=1)))
         oh, ow0 = kc.tmp("oh"), kc.tmp("ow")
         with w.block(f"for (long {oh} = 0; {oh} < {OH}; ++{oh})"):
             orow, rrow = _out_rows(kc, ep, img, c, oh, out_shape)
@@ -946,12 +1191,17 @@ def _depthwise(kc, ev, node: Node, x: QInput, ep: QEpilogue, s: str) -> None:
                 w.line(f"const int32_t* {xt} = {xp} + {oh} * {g.SH * g.SW * g.Wq} + {ow0};")
                 accs = [kc.tmp("a") for _ in range(NV)]
                 w.line("__m256i " + ", ".join(f"{a} = _mm256_setzero_si256()" for a in accs) + ";")
-                for kh in range(g.KH):
-                    for kw in range(g.KW):
-                        for v, a in enumerate(accs):
-                            w.line(f"{a} = _mm256_add_epi32({a}, _mm256_mullo_epi32(_mm256_loadu_si256("
-                                   f"(const __m256i*)({xt} + {g.tap(kh, kw) + v * LANES})), {wv[kh * g.KW + kw]}));")
+                for (kh, kw), wr in zip(regs, wv, strict=True):
+                    for v, a in enumerate(accs):
+                        xv = f"_mm256_loadu_si256((const __m256i*)({xt} + {g.tap(kh, kw) + v * LANES}))"
+                        if pairs:
+                            w.line(f"{a} = OPFUSE_Q8_DOT({a}, {xv}, {wr});")
+                        else:
+                            w.line(f"{a} = _mm256_add_epi32({a}, _mm256_mullo_epi32({xv}, {wr}));")
                 _emit_epilogue(kc, ep, accs, chan, orow, ow0, str(OW), rrow)
+    if pairs:
+        return _Packed(wq, 16, lambda grp, m, c, kh, kw: f"({grp} * {g.KH} + {kh}) * {2 * P} + {kw}", {})
+    return _Packed(wq, 32, lambda grp, m, c, kh, kw: f"{grp} * {taps} + {kh} * {g.KW} + {kw}", {})
 
 
 def _lanes(arr: np.ndarray, pad, dtype) -> np.ndarray:
@@ -961,7 +1211,7 @@ def _lanes(arr: np.ndarray, pad, dtype) -> np.ndarray:
     return out
 
 
-def _depthwise_channels(kc, ev, node: Node, x: QInput, ep: QEpilogue) -> None:
+def _depthwise_channels(kc, ev, node: Node, x: QInput, ep: QEpilogue) -> _Packed:
     """Depthwise over 8 channels per vector (small planes, where 8 positions of a row would not fill one):
     per image and block of 8 channels a padded image of int32 with the channels innermost, one ``vpmulld`` +
     ``vpaddd`` per tap and output position, the epilogue with one channel's constants per lane."""
@@ -978,12 +1228,23 @@ def _depthwise_channels(kc, ev, node: Node, x: QInput, ep: QEpilogue) -> None:
     wq = kc.const_array(("q8_dwc", node.name), wt.reshape(CB, LANES, taps).transpose(0, 2, 1),
                         f"{node.input(1).name}_dwc", np.int32)
     name = ep.out.name
-    mult = kc.const_array(("q8_mult8", name), _lanes(ep.mult, 0, np.int32), f"{name}_mult8", np.int32)
-    shift = kc.const_array(("q8_shift8", name), _lanes(ep.shift, 1, np.int32), f"{name}_shift8", np.int32)
     bias = kc.const_array(("q8_bias8", name), _lanes(ep.bias, 0, np.int32), f"{name}_bias8", np.int32)
-    rmult = "NULL"
-    if ep.rmult is not None:
-        rmult = kc.const_array(("q8_rmult8", name), _lanes(ep.rmult, 0, np.int64), f"{name}_rmult8", np.int64)
+    arrays = {"bias": bias}
+    dscale = exact_in_double(kc, ep, x, np.abs(wt[:C]).sum(axis=1))
+    if dscale is not None:
+        scale = kc.const_array(("q8_scale8", name), _lanes(dscale[0], 0.0, np.float64), f"{name}_scale8", np.float64)
+        rscale = "NULL"
+        if dscale[1] is not None:
+            rscale = kc.const_array(("q8_rscale8", name), _lanes(dscale[1], 0.0, np.float64), f"{name}_rscale8",
+                                    np.float64)
+    else:
+        mult = kc.const_array(("q8_mult8", name), _lanes(ep.mult, 0, np.int32), f"{name}_mult8", np.int32)
+        shift = kc.const_array(("q8_shift8", name), _lanes(ep.shift, 1, np.int32), f"{name}_shift8", np.int32)
+        arrays |= {"mult": mult, "shift": shift}
+        rmult = "NULL"
+        if ep.rmult is not None:
+            rmult = kc.const_array(("q8_rmult8", name), _lanes(ep.rmult, 0, np.int64), f"{name}_rmult8", np.int64)
+            arrays["rmult"] = rmult
     off = kc.scratch(Hp * Wp * LANES * 4)
     kc.note(lambda nm: f"int8 depthwise '{nm}': host, 8 channels per vector (rows of {OW} positions), epilogue in "
                        "vectors", node)
@@ -1013,9 +1274,15 @@ def _depthwise_channels(kc, ev, node: Node, x: QInput, ep: QEpilogue) -> None:
             w.line(f"opfuse_q8_dw_row_{sfx}({xp} + ({r} * {Wp} + {PL}) * {LANES}, {src} + ({r} - {PT}) * {W}, "
                    f"{H * W}, {nch}, {cols}, {x.zp}, {qp} + {N * C * H * W});")
         ch, b = kc.tmp("ch"), kc.tmp("bias")
-        rm = f"{rmult} + {c0}" if ep.rmult is not None else "NULL"
-        w.line(f"const opfuse_q8_chan {ch} = opfuse_q8_chan_lanes({mult} + {c0}, {shift} + {c0}, {rm}, {ep.zp}, "
-               f"{ep.lo}, {ep.hi});")
+        if dscale is not None:
+            rs = f"{rscale} + {c0}" if dscale[1] is not None else "NULL"
+            w.line(f"const opfuse_q8_dchan {ch} = opfuse_q8_dchan_lanes({scale} + {c0}, {rs}, {ep.zp}, {ep.lo}, "
+                   f"{ep.hi});")
+        else:
+            rm = f"{rmult} + {c0}" if ep.rmult is not None else "NULL"
+            w.line(f"const opfuse_q8_chan {ch} = opfuse_q8_chan_lanes({mult} + {c0}, {shift} + {c0}, {rm}, {ep.zp}, "
+                   f"{ep.lo}, {ep.hi});")
+        fn = "opfuse_q8_requantize" if dscale is None else "opfuse_q8_requantize_d"
         w.line(f"const __m256i {b} = _mm256_loadu_si256((const __m256i*)({bias} + {c0}));")
         wv = [kc.tmp("w") for _ in range(taps)]
         for t_, nm in enumerate(wv):
@@ -1051,6 +1318,78 @@ def _depthwise_channels(kc, ev, node: Node, x: QInput, ep: QEpilogue) -> None:
                                f"{j} * {P}] - {ep.res.zp};")
                         w.line(f"const __m256i {rv} = _mm256_loadu_si256((const __m256i*){rt});")
                         res = f"&{rv}"
-                    w.line(f"{vname} = opfuse_q8_requantize(_mm256_add_epi32({acc}, {b}), &{ch}, {res}, {unsigned});")
+                    w.line(f"{vname} = {fn}(_mm256_add_epi32({acc}, {b}), &{ch}, {res}, {unsigned});")
             w.line(f"opfuse_q8_store_8x8({out} + ({img} * {C} + {c0}) * {P} + {p0}, {P}, {nch}, {n}, "
                    f"{', '.join(vs)});")
+    return _Packed(wq, 32, lambda grp, m, c, kh, kw: f"(({grp} / {LANES}) * {taps} + {kh} * {KW} + {kw}) * {LANES} + "
+                               f"{grp} % {LANES}", arrays)
+
+
+PORTABLE_C = """
+/* Weight i of a packed array of 8-, 16- or 32-bit elements (memcpy: no aliasing of the blob's type). */
+static inline int32_t opfuse_q8_w8(const void* p, long i) { return ((const int8_t*)p)[i]; }
+static inline int32_t opfuse_q8_w16(const void* p, long i) {
+  int16_t v;
+  memcpy(&v, (const char*)p + 2 * i, 2);
+  return v;
+}
+static inline int32_t opfuse_q8_w32(const void* p, long i) {
+  int32_t v;
+  memcpy(&v, (const char*)p + 4 * i, 4);
+  return v;
+}
+"""
+
+
+def _portable(kc, node: Node, x: QInput, ep: QEpilogue, G: int, packed: _Packed) -> None:
+    """Plain C99 over the vector kernel's packed weights (``packed``), the ``#else`` of a host build (a compiler
+    without AVX2): per output, the centred window's products summed in uint32 (wrapping as the reference's
+    int32), the bias, then ``opfuse_requantize_residual``. The plain build (``simd="none"``, the Cortex-M7)
+    keeps qconv.py's kernel and its own weights; this branch only reads the host build's single copy."""
+    kc.program.require_helper("opfuse_q8_weights", PORTABLE_C)
+    rq = kc.program.require_helper(REQUANTIZE_RESIDUAL_HELPER, REQUANTIZE_RESIDUAL_C)
+    N, C, H, W = node.input(0).shape
+    out_shape = node.outputs[0].shape
+    OC, OH, OW = out_shape[1:]
+    geo, _ = conv_geometry(node)
+    (KH, KW), (SH, SW), (DH, DW) = geo.kernel, geo.strides, geo.dilations
+    PT, PL = geo.pads_begin
+    cg, mg = C // G, OC // G
+    name = ep.out.name
+    arrays = dict(packed.arrays)
+    for key, values, dt in (("bias", ep.bias, np.int32), ("mult", ep.mult, np.int32), ("shift", ep.shift, np.int32),
+                            ("rmult", ep.rmult, np.int64)):
+        if key not in arrays and values is not None:
+            arrays[key] = kc.const_array((f"q8_{key}", name), values, f"{name}_{key}", dt)
+    w = kc.w
+    qp, out = kc.ptr(x.q), kc.ptr(ep.out, write=True)
+    kc.stored.add(id(ep.out))
+    b, m, oh, ow, c, kh, kw = (kc.tmp(t) for t in ("b", "m", "oh", "ow", "c", "kh", "kw"))
+    with w.block(f"for (long {b} = 0; {b} < {N * G}; ++{b})"):
+        img, grp = (f"({b} / {G})", f"({b} % {G})") if G > 1 else (b, "0")
+        with w.block(f"for (long {m} = 0; {m} < {mg}; ++{m})"):
+            oc = kc.tmp("oc")
+            w.line(f"const long {oc} = {grp} * {mg} + {m};")
+            with w.block(f"for (long {oh} = 0; {oh} < {OH}; ++{oh})"), \
+                    w.block(f"for (long {ow} = 0; {ow} < {OW}; ++{ow})"):
+                acc = kc.tmp("acc")
+                w.line(f"uint32_t {acc} = (uint32_t){arrays['bias']}[{oc}];")
+                with w.block(f"for (long {c} = 0; {c} < {cg}; ++{c})"), \
+                        w.block(f"for (long {kh} = 0; {kh} < {KH}; ++{kh})"):
+                    ih = kc.tmp("ih")
+                    w.line(f"const long {ih} = {oh} * {SH} - {PT} + {kh} * {DH};")
+                    w.line(f"if ({ih} < 0 || {ih} >= {H}) continue;")
+                    with w.block(f"for (long {kw} = 0; {kw} < {KW}; ++{kw})"):
+                        iw = kc.tmp("iw")
+                        w.line(f"const long {iw} = {ow} * {SW} - {PL} + {kw} * {DW};")
+                        w.line(f"if ({iw} < 0 || {iw} >= {W}) continue;")
+                        wv = f"opfuse_q8_w{packed.bits}({packed.array}, {packed.index(grp, m, c, kh, kw)})"
+                        xv = f"((int32_t){qp}[(({img} * {C} + {grp} * {cg} + {c}) * {H} + {ih}) * {W} + {iw}] - {x.zp})"
+                        w.line(f"{acc} += (uint32_t)({wv} * {xv});")
+                at = f"(({img} * {OC} + {oc}) * {OH} + {oh}) * {OW} + {ow}"
+                res, rmult = "0", "0"
+                if ep.res is not None:
+                    res = f"(int32_t){kc.ptr(ep.res.q)}[{at}] - {ep.res.zp}"
+                    rmult = f"{arrays['rmult']}[{oc}]"
+                w.line(f"{out}[{at}] = ({c_type(ep.out.dtype)}){rq}((int32_t){acc}, {arrays['mult']}[{oc}], "
+                       f"{arrays['shift']}[{oc}], {res}, {rmult}, {ep.zp}, {ep.lo}, {ep.hi});")
