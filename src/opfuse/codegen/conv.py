@@ -27,6 +27,7 @@ import math
 import numpy as np
 
 from opfuse.codegen.ctype import c_type, literal
+from opfuse.codegen.conv_direct import direct_conv_refusal, direct_problem
 from opfuse.codegen.conv_windows import windows_problem
 from opfuse.codegen.depthwise import lower_depthwise
 from opfuse.codegen.qconv import int8_conv_applies, lower_int8_conv
@@ -246,6 +247,10 @@ def conv_problem(kc, ev, node) -> GemmProblem:
     nr = kc.program.options.gemm_nr
     one_by_one = all(k == 1 for k in geo.kernel) and not any(geo.pads_begin) and not any(geo.pads_end)
     packed_rows = one_by_one and -(-P // nr) * nr <= PACKED_WASTE * P
+    direct_refusal = direct_conv_refusal(kc.program.options, node, geo, G, sw, out.dtype)
+    if direct_refusal is None and not packed_rows:
+        kc.note(lambda name: f"Conv '{name}': direct kernel (channels x positions over a phase-split band)", node)
+        return direct_problem(kc, ev, node, geo, sw, finish)
     if sw is not None and nsp == 2 and out.dtype == np.float32 and not packed_rows:
         return windows_problem(kc, ev, node, geo, G, sw, finish)
 

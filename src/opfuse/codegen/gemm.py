@@ -80,10 +80,24 @@ class PointerRows(RowAccess):
 class ColAccess:
     """B read in place: ``ptr(b, k, n)`` is a C pointer to ``B[k, n]``, row ``k + 1`` is ``ldb``
     floats further and a row's columns are contiguous (an NCHW input of a 1x1 convolution).
-    Used only when N is a multiple of NR, so no panel reads past the end of a row."""
+    Used only when N is a multiple of NR, so no panel reads past the end of a row. With ``koff``
+    (``conv_direct.py``), row ``k`` of an NR-column panel is ``koff[k]`` floats past
+    ``ptr(b, 0, n)`` instead; ``per_tile`` may first stage what the tile reads (a zero-padded,
+    phase-split copy of the input rows), and ``prepare`` reserves its scratch and fixes ``koff``."""
 
     ptr: Callable[[str, str, str], str]
     ldb: int
+    koff: np.ndarray | None = None
+
+    def prepare(self, kc, NC: int) -> None:
+        return None
+
+    def per_tile(self, kc, ev, b: str, n0: str, nc: str) -> None:
+        return None
+
+    def stages_per_tile(self) -> bool:
+        """Whether ``per_tile`` copies anything (then cutting M repeats the copy)."""
+        return type(self).per_tile is not ColAccess.per_tile
 
 
 @dataclass
@@ -148,6 +162,7 @@ class GemmProblem:
     out_contiguous: str = "n"                    # the output axis that is unit stride in memory
     weights_axis: str = "m"                      # "m": A holds the weights, "n": B does
     mc: int | None = None                        # the tile's rows, when the problem knows better
+    nc: int | None = None                        # the tile's columns at most, when it knows better
     register_block: tuple[int, int] | None = None  # (MR, NR) instead of the options' (no constant A)
 
 
@@ -289,6 +304,9 @@ def choose_blocking(p: GemmProblem, o) -> Blocking:
     if p.mc is not None:
         MC = rows(p.mc)
         NC = cols(budget // MC)
+    elif p.nc is not None:
+        MC = rows(o.gemm_wide)
+        NC = cols(min(p.nc, budget // MC))
     elif pack_b and not pack_a:
         MC = rows(o.gemm_wide)
         NC = cols(min(budget // MC, o.gemm_nc))
@@ -351,7 +369,7 @@ def balance_tiles(p: GemmProblem, o, MR: int, NR: int, MC: int, NC: int) -> tupl
     M, N = p.M, p.N
     mt0, nt0 = -(-M // MC), -(-N // NC)
     need = -(-o.gemm_min_tiles // p.nb)  # tiles per batch for gemm_min_tiles in all
-    b_per_tile = p.b.static is None and p.b.cols is None
+    b_per_tile = p.b.static is None and (p.b.cols is None or p.b.cols.stages_per_tile())
     a_per_tile = p.a.static is None and (p.a.rows is None or type(p.a.rows).per_tile is not RowAccess.per_tile)
 
     def sides(size: int, block: int, unit: int, cuts0: int) -> list[int]:
@@ -412,7 +430,7 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
     rows = p.a.rows if not a_static else None
     cols = p.b.cols if not b_static else None
     a_mode = "packed" if rows is None else ("rows" if rows.koff is None else "koff")
-    b_mode = "strided" if cols is not None else "packed"
+    b_mode = "packed" if cols is None else "strided" if cols.koff is None else "koff"
     ukr = _microkernel(kc, MR, NR, a_mode, b_mode)
     if stage.anchor_node is not None:
         bodies = microkernel_bodies(MR, NR, o.simd, o.vector_isa == "avx512")
@@ -435,6 +453,12 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
         if rows.koff is not None:  # padded: the micro-kernel reads it gemm_prefetch steps ahead
             table = np.concatenate([rows.koff, np.repeat(rows.koff[-1:], o.gemm_prefetch)]).astype(np.int32)
             koff = kc.const_array(("gemm_koff", p.name), table, p.name + "_koff", np.int32)
+    bkoff = None
+    if cols is not None:
+        cols.prepare(kc, NC)
+        if cols.koff is not None:  # read gemm_prefetch steps ahead, as A's table
+            table = np.concatenate([cols.koff, np.repeat(cols.koff[-1:], o.gemm_prefetch)]).astype(np.int32)
+            bkoff = kc.const_array(("gemm_bkoff", p.name), table, p.name + "_bkoff", np.int32)
     extra = p.pack_b.prepare(kc, NC) if p.pack_b is not None and off_b is not None else None
 
     tiles = p.nb * MT * NT
@@ -464,6 +488,8 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
             w.line(f"float* restrict {bp} = {kc.scratch_ptr('float', off_b)};")
         if rows is not None:
             rows.per_tile(kc, ev, b, m0, mc)
+        if cols is not None:
+            cols.per_tile(kc, ev, b, n0, nc)
         if extra is not None:
             extra.per_tile(kc, n0, nc)
         pc, kb = kc.tmp("pc"), kc.tmp("kc")
@@ -516,6 +542,8 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                 args = a_args() if a_outer else None
                 with w.block(over_n if a_outer else over_m):
                     a_ptr, ar, kp = args or a_args()
+                    if bkoff is not None:  # A is packed: the offset table is B's
+                        kp = f"{bkoff} + {pc}"
                     w.line(f"{ukr}({kb}, {a_ptr}, {ar}, {kp}, {b_ptr}, {ldb}, {ctile} + {ir} * {NC} + {jr}, {NC}, "
                            f"{pc} > 0);")
         if transposed:  # TRANSPOSE_COLUMNS columns at a time, so the transposed copy stays in L1

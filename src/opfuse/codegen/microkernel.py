@@ -16,7 +16,10 @@ How A is read (the side whose elements are broadcast, one row per accumulator ro
 How B is read (the vector side, NR consecutive columns per k):
 
 * ``packed``: an NR-column panel, k-major (``b[k * NR + j]``);
-* ``strided``: in place, row ``k`` at ``b + k * ldb`` (a 1x1 convolution reads its input so).
+* ``strided``: in place, row ``k`` at ``b + k * ldb`` (a 1x1 convolution reads its input so);
+* ``koff``: in place, row ``k`` at ``b + koff[k]`` (a convolution computed channels x positions
+  over its phase-split input band, ``conv_direct.py``: ``b`` is the NR positions' first window,
+  ``koff[k]`` the (channel, tap) offset; A is then packed, so ``koff`` is B's).
 
 ``load_c`` = 0 starts the accumulators at zero (the first K block), 1 adds to ``c``.
 
@@ -31,7 +34,7 @@ The text relies on the program preamble (``OPFUSE_PRAGMA``, ``<stdint.h>``).
 from __future__ import annotations
 
 A_ACCESS = ("packed", "rows", "koff")
-B_ACCESS = ("packed", "strided")
+B_ACCESS = ("packed", "strided", "koff")
 SIMD_MODES = ("auto", "none")
 AVX2_GUARD = "defined(__AVX2__) && defined(__FMA__)"
 AVX512_GUARD = "defined(__AVX512F__)"
@@ -102,6 +105,8 @@ def _a_ptr(a: str, mr: int, i: int) -> str:
 
 
 def _b_row(b: str, nr: int) -> str:
+    if b == "koff":
+        return "b + koff[k]"
     return "b + k * ldb" if b == "strided" else f"b + k * {nr}"
 
 
@@ -173,7 +178,10 @@ def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, 
             lines += [f"    _mm_prefetch((const char*)(a0 + koff[k + {prefetch}]), _MM_HINT_T0);",
                       f"    _mm_prefetch((const char*)(a{rows - 1} + koff[k + {prefetch}]), _MM_HINT_T0);"]
     lines.append(f"    const float* restrict bk = {_b_row(b, nr)}{f' + {j0}' if j0 else ''};")
-    if prefetch:
+    if prefetch and b == "koff":  # the row the table names ``prefetch`` steps ahead
+        lines += [f"    _mm_prefetch((const char*)(b + koff[k + {prefetch}] + {j0 + 16 * v}), _MM_HINT_T0);"
+                  for v in range(-(-cols // 16))]
+    elif prefetch:
         ahead = f"{prefetch} * ldb" if b == "strided" else str(prefetch * nr)
         lines += [f"    _mm_prefetch((const char*)(bk + {ahead} + {16 * v}), _MM_HINT_T0);"
                   for v in range(-(-cols // 16))]
@@ -232,8 +240,8 @@ def avx2_split(mr: int, nr: int) -> tuple[int, int]:
 def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: str = "auto",
                 prefetch: int = 0, scalar_accumulators: bool = False, avx512: bool = False) -> tuple[str, str]:
     """``(function name, C text)`` of the MR x NR micro-kernel with the given operand access;
-    ``prefetch`` > 0: the intrinsics prefetch B, and A's windows (``koff``: the table then
-    needs ``prefetch`` readable entries past the last k), that many k steps ahead.
+    ``prefetch`` > 0: the intrinsics prefetch B, and A's windows, that many k steps ahead (an
+    offset table, A's or B's ``koff``, then needs ``prefetch`` readable entries past the last k).
     ``avx512``: where the block fits the 32 zmm registers (``fits_avx512``), an AVX-512F body
     comes first, under ``#if defined(__AVX512F__)``; the AVX2 body (``_avx2``: by sub-blocks
     where the block does not fit 16 ymm) and the plain C follow under ``#elif`` / ``#else``, so
@@ -243,6 +251,7 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
     registers (the Cortex-M7: gcc -O2 keeps the array in memory, a load and a store per
     multiply-add); each accumulator gets the same products in the same order."""
     assert a in A_ACCESS and b in B_ACCESS and simd in SIMD_MODES, (a, b, simd)
+    assert not (a == "koff" and b == "koff"), "one offset table per micro-kernel"
     wide = simd == "auto" and avx512 and fits_avx512(mr, nr)
     fn = name(mr, nr, a, b) + (f"_pf{prefetch}" if prefetch else "") + ("_z" if wide else "")
     head = [f"/* C[0:{mr}, 0:{nr}] (+)= A ({a}) * B ({b}), kc steps; see codegen/microkernel.py. */",

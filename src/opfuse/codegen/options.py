@@ -87,6 +87,16 @@ class CodegenOptions:
     # 0.89x; a range up to 14 (14x14 in rows of 14) measured the same as up to 8.
     windows_mr_min: int = 6
     windows_mr_max: int = 8
+    # A 2-D convolution with constant weights and at most ``conv_direct_max_k`` input channels x taps
+    # (a network's first layer) is computed channels x positions over a phase-split copy of its input
+    # rows (``codegen/conv_direct.py``) instead of over its windows: NR = ``conv_direct_nr`` positions of
+    # one output row per vector (the output width must be a multiple), MR = up to ``conv_direct_mr``
+    # output channels with the AVX-512 body (the AVX2 block's rows otherwise), the C tile (channels x
+    # positions) within ``conv_direct_tile_floats`` so that it stays in L1. 0 turns it off.
+    conv_direct_max_k: int = 64
+    conv_direct_nr: int = 16
+    conv_direct_mr: int = 16
+    conv_direct_tile_floats: int = 8192
     # Plain-C micro-kernel with named scalar accumulators (``codegen/microkernel.py``): for a
     # compiler without vector registers (the Cortex-M7), which keeps an accumulator array in memory.
     gemm_scalar_accumulators: bool = False
