@@ -32,7 +32,7 @@ from opfuse.codegen.conv_windows import windows_problem
 from opfuse.codegen.depthwise import lower_depthwise
 from opfuse.codegen.qconv import int8_conv_applies, lower_int8_conv
 from opfuse.codegen.qgemm import host_int8_conv_applies, lower_host_int8_conv
-from opfuse.codegen.gemm import BPacker, GemmProblem, Operand, emit_gemm
+from opfuse.codegen.gemm import BPacker, GemmProblem, Operand, emit_gemm, in_memory
 from opfuse.codegen.index import Index, add, delinearize, mul
 from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.loops import emit_loop_nest
@@ -269,6 +269,8 @@ def conv_problem(kc, ev, node) -> GemmProblem:
         return ev.at(x, x_index(b, k, n))
 
     b_op = Operand(x_direct)
+    if pointwise and in_memory(ev, x):
+        b_op.row_ptr = lambda b, k, n: f"{kc.ptr(x)} + {x_index(b, k, n).offset()}"
     packer: BPacker | None
     if pointwise:
         packer = None

@@ -111,6 +111,9 @@ class Operand:
     batch_expr: Callable[[str], str] = lambda b: "0"
     rows: RowAccess | None = None
     cols: ColAccess | None = None
+    # B packed per tile whose rows lie in memory with unit stride: ``row_ptr(b, k, n)`` is a C pointer
+    # to ``B[k, n]``; the packing copies each panel row as one block (``_pack_b``).
+    row_ptr: Callable[[str, str, str], str] | None = None
 
 
 @dataclass
@@ -606,8 +609,24 @@ def _pack_a(kc, ev, p: GemmProblem, ap, b, m0, mc, pc, kb, MR) -> None:
 
 
 def _pack_b(kc, ev, p: GemmProblem, bp, b, n0, nc, pc, kb, NR) -> None:
+    """B's KC x NC slice into NR-column panels. Where every panel is whole (N a multiple of NR) the
+    copy has a constant trip count, so gcc moves it in vectors: with the run-time count it called
+    ``memmove`` for each 32-float row, 20% of a 1x1 convolution's time (mobilenet's pw1, K = 32)."""
     w = kc.w
     jp, k, c = kc.tmp("jp"), kc.tmp("k"), kc.tmp("c")
+    if p.N % NR == 0:
+        with w.block(f"for (long {jp} = 0; {jp} < {nc}; {jp} += {NR})"):
+            with w.block(f"for (long {k} = 0; {k} < {kb}; ++{k})"):
+                dst = kc.tmp("dst")
+                w.line(f"float* restrict {dst} = {bp} + {jp} * {kb} + {k} * {NR};")
+                if p.b.row_ptr is not None:  # a constant-size memcpy: gcc moves it in vector registers
+                    w.line(f"memcpy({dst}, {p.b.row_ptr(b, add(pc, k), f'{n0} + {jp}')}, sizeof(float) * {NR});")
+                else:
+                    with w.block(f"for (long {c} = 0; {c} < {NR}; ++{c})"), ev.scope():
+                        n = kc.tmp("n")
+                        w.line(f"const long {n} = {n0} + {jp} + {c};")
+                        w.line(f"{dst}[{c}] = {p.b.load(ev, b, add(pc, k), n)};")
+        return
     with w.block(f"for (long {jp} = 0; {jp} < {nc}; {jp} += {NR})"):
         cols = kc.tmp("cols")
         w.line(f"const long {cols} = {_min_expr(f'{p.N} - {n0} - {jp}', NR)};")
