@@ -4,6 +4,8 @@ the AVX2 block; strides, dilations, paddings, several images, fused epilogues (R
 Add), 2 threads bitwise equal to 1; and the refusals, each with its reason."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -132,3 +134,71 @@ def test_register_block():
     assert direct_block(AVX512.resolved("avx512"), 8) == (8, 16)   # at least 8 zmm chains
     assert direct_block(AVX2.resolved("avx2"), 32) == (6, 16)
     assert direct_block(PORTABLE.resolved("avx512"), 32) == (6, 16)
+
+
+# The micro-kernel's own epilogue (``gemm.register_epilogue``) ------------------------------------
+def _pointwise_graph(c, oc, h, w, epilogue="Relu", bias=True, stride=1):
+    b = GraphBuilder("pw")
+    x = b.input("x", (1, c, h, w))
+    ins = [x, _w(b, oc, c, 1, 1)] + ([_w(b, oc)] if bias else [])
+    y = b.op("Conv", *ins, kernel_shape=[1, 1], strides=[stride, stride], name="conv")
+    names = ["conv"]
+    if epilogue == "Relu":
+        y = b.op("Relu", y, name="act")
+        names.append("act")
+    elif epilogue == "Clip":
+        y = b.op("Clip", y, b.const("lo", np.float32(0.0)), b.const("hi", np.float32(6.0)), name="act")
+        names.append("act")
+    g = b.build(y)
+    return g, group_by_names(g, [("conv_epilogue", names)])
+
+
+# (c, oc, h, w, epilogue, bias, stride, whether the storing micro-kernel is taken)
+STORE_CASES = [
+    (32, 64, 32, 32, "Relu", True, 1, True),     # whole panels (1024 positions)
+    (40, 24, 28, 28, "Relu", True, 1, True),     # 784 positions: a part last panel via the epilogue
+    (300, 16, 16, 16, "none", False, 1, True),   # K = 300 > KC: the store after the last K block
+    (16, 32, 32, 32, "none", True, 2, True),     # strided 1x1 (256 positions)
+    (32, 64, 32, 32, "Clip", True, 1, False),    # Clip: the tile epilogue
+    (20, 12, 32, 32, "Relu", True, 1, True),     # 12 channels: a part 8-row block via the epilogue
+]
+
+
+@pytest.mark.parametrize("case", STORE_CASES, ids=[f"{c[0]}x{c[1]}_{c[2]}x{c[3]}_{c[4]}_b{int(c[5])}_s{c[6]}"
+                                                   for c in STORE_CASES])
+@pytest.mark.parametrize("options", [AVX512, AVX2, PORTABLE], ids=["avx512", "avx2", "portable"])
+def test_register_epilogue_same_bits_as_the_tile_epilogue(case, options, tmp_path):
+    c, oc, h, w, epi, bias, stride, taken = case
+    g, plan = _pointwise_graph(c, oc, h, w, epi, bias, stride)
+    got, want, m = run_both(g, plan, tmp_path, options=options)
+    old, _, m0 = run_both(g, plan, tmp_path, options=options.with_(gemm_register_epilogue=False))
+    assert bool(re.search(r"opfuse_ukr_\w+_st(b|r|br)?\(", m.program.source)) == taken
+    assert "_st(" not in m0.program.source and "_stb" not in m0.program.source and "_str(" not in m0.program.source
+    assert_close(got, want)
+    for name in got:
+        assert np.array_equal(got[name], old[name])
+
+
+def test_register_epilogue_two_threads_bitwise_equal_to_one(tmp_path):
+    g, plan = _pointwise_graph(40, 24, 28, 28)
+    one, _, m1 = run_both(g, plan, tmp_path, threads=1)
+    two, _, _ = run_both(g, plan, tmp_path, threads=2)
+    assert "_stbr(" in m1.program.source
+    for name in one:
+        assert np.array_equal(one[name], two[name])
+
+
+def test_register_epilogue_keeps_nan_and_negative_zero(tmp_path):
+    """max(0, y) in the vector bodies returns y where y is NaN or -0, as the C epilogue does."""
+    g, plan = _pointwise_graph(8, 16, 4, 8, "Relu", bias=False)
+    from opfuse.runtime.native import build
+    x = np.zeros((1, 8, 4, 8), np.float32)
+    x[0, :, 0, 0] = np.nan
+    x[0, :, 0, 1] = -0.0
+    outs = [build(g, plan, cache_dir=tmp_path, options=o.with_(gemm_register_epilogue=e)).run({"x": x})
+            for o in (AVX512, AVX2, PORTABLE) for e in (True, False)]
+    first = list(outs[0].values())[0]
+    assert np.isnan(first[0, :, 0, 0]).all()
+    for o in outs[1:]:
+        v = list(o.values())[0]
+        assert np.array_equal(np.signbit(v), np.signbit(first)) and np.array_equal(v, first, equal_nan=True)

@@ -278,8 +278,9 @@ def conv_problem(kc, ev, node) -> GemmProblem:
         packer = _RowSegmentPacker(node, geo, G)
     else:
         packer = _Im2colPacker(node, geo, G)
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
     return GemmProblem(node.name, nimg * G, mg, P, K, a_op, b_op, out, out_index, finish, pack_b=packer,
-                       dtype=out.dtype)
+                       dtype=out.dtype, store_ld=P if G == 1 and sw is not None else None, row_bias=bias)
 
 
 def lower_conv(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:

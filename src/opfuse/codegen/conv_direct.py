@@ -188,6 +188,7 @@ def direct_problem(kc, ev, node, geo, weights: np.ndarray, finish) -> GemmProble
     nc = max(nr, o.conv_direct_tile_floats // (-(-OC // mr) * mr) // nr * nr)
     if nc >= OW:
         nc = nc // OW * OW
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
     return GemmProblem(node.name, nimg, OC, P, K, a_op, b_op, out, out_index, finish, dtype=out.dtype,
-                       register_block=(mr, nr), nc=nc)
+                       register_block=(mr, nr), nc=nc, store_ld=P, row_bias=bias)
 

@@ -166,6 +166,11 @@ class GemmProblem:
     weights_axis: str = "m"                      # "m": A holds the weights, "n": B does
     mc: int | None = None                        # the tile's rows, when the problem knows better
     nc: int | None = None                        # the tile's columns at most, when it knows better
+    # The output's rows (m) are ``store_ld`` floats apart, its columns (n) contiguous, and ``finish`` is
+    # ``acc`` plus ``row_bias[m]`` (a constant) where given: the micro-kernel may then finish the block
+    # in registers and store it (``register_epilogue``).
+    store_ld: int | None = None
+    row_bias: Value | None = None
     register_block: tuple[int, int] | None = None  # (MR, NR) instead of the options' (no constant A)
 
 
@@ -206,11 +211,11 @@ def pack_b_panels(b: np.ndarray, nr: int) -> np.ndarray:
     return np.ascontiguousarray(pad.reshape(nb, k, np_, nr).transpose(0, 2, 1, 3))
 
 
-def _microkernel(kc, mr: int, nr: int, a: str = "packed", b: str = "packed") -> str:
+def _microkernel(kc, mr: int, nr: int, a: str = "packed", b: str = "packed", epilogue: str | None = None) -> str:
     """Register the MR x NR micro-kernel (``microkernel.py``) with the program; its name."""
     o = kc.program.options
     name, text = microkernel(mr, nr, a, b, o.simd, o.gemm_prefetch, o.gemm_scalar_accumulators,
-                             o.vector_isa == "avx512")
+                             o.vector_isa == "avx512", epilogue)
     return kc.program.require_helper(name, text)
 
 
@@ -420,6 +425,32 @@ def emit_epilogue(kc, ev, stage: Stage, p: GemmProblem, acc: str, b: str, m: str
     finish_element(kc, ev, stage, p.out, idx, name)
 
 
+def register_epilogue(kc, ev, stage: Stage, p: GemmProblem, MR: int, NR: int) -> tuple[str, Value] | None:
+    """``(epilogue, stored value)`` where the micro-kernel finishes and stores the output itself
+    (``microkernel.EPILOGUES``: row bias, Relu) instead of the tile epilogue: one output, the
+    anchor's or its Relu's, stored with unit stride along n (``GemmProblem.store_ld``), no merged
+    siblings, array accumulators; a part block (past M or N) goes through the C tile and the epilogue. The tile then never goes through the C tile
+    after its last K block, nor through the epilogue's loads: mobilenet_v1's pw1 (K = 32) spent a
+    fifth of its time there. The operations are the epilogue's, in its order: same bits."""
+    o = kc.program.options
+    if (not o.gemm_register_epilogue or p.store_ld is None or p.segments or p.out_contiguous != "n"
+            or o.gemm_scalar_accumulators):
+        return None
+    ops = stage.epilogue
+    if len(ops) > 1 or (ops and not (ops[0].op_type == "Relu" and ops[0].input(0) is p.out)):
+        return None
+    final = ops[0].outputs[0] if ops else p.out
+    if [id(v) for v in stage.outputs] != [id(final)] or final.dtype != np.float32 or id(final) in ev.static:
+        return None
+    code = "r" if ops else ""
+    if p.row_bias is not None:
+        arr = ev.static.get(id(p.row_bias))
+        if arr is None or arr.size != p.M:
+            return None
+        code = "b" + code
+    return code, final
+
+
 def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
     if p.dtype != np.float32 or 0 in (p.M, p.N, p.K):  # empty problems have nothing to tile
         return emit_naive(kc, ev, stage, p)
@@ -435,6 +466,8 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
     a_mode = "packed" if rows is None else ("rows" if rows.koff is None else "koff")
     b_mode = "packed" if cols is None else "strided" if cols.koff is None else "koff"
     ukr = _microkernel(kc, MR, NR, a_mode, b_mode)
+    direct = register_epilogue(kc, ev, stage, p, MR, NR)
+    ukr_store = _microkernel(kc, MR, NR, a_mode, b_mode, direct[0]) if direct is not None else ""
     if stage.anchor_node is not None:
         bodies = microkernel_bodies(MR, NR, o.simd, o.vector_isa == "avx512")
         kc.note(lambda name: f"GEMM '{name}': {MR}x{NR} micro-kernel, {bodies}", stage.anchor_node)
@@ -547,9 +580,34 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                     a_ptr, ar, kp = args or a_args()
                     if bkoff is not None:  # A is packed: the offset table is B's
                         kp = f"{bkoff} + {pc}"
-                    w.line(f"{ukr}({kb}, {a_ptr}, {ar}, {kp}, {b_ptr}, {ldb}, {ctile} + {ir} * {NC} + {jr}, {NC}, "
-                           f"{pc} > 0);")
-        if transposed:  # TRANSPOSE_COLUMNS columns at a time, so the transposed copy stays in L1
+                    args = f"{kb}, {a_ptr}, {ar}, {kp}, {b_ptr}, {ldb}, {ctile} + {ir} * {NC} + {jr}, {NC}, {pc} > 0"
+                    if direct is None:
+                        w.line(f"{ukr}({args});")
+                    else:
+                        bias = f"{kc.static_ptr(p.row_bias)} + {m0} + {ir}" if p.row_bias is not None else "0"
+                        out = f"{kc.ptr(direct[1], write=True)} + " \
+                              f"{p.out_index(b, f'{m0} + {ir}', f'{n0} + {jr}').offset()}"
+                        call = f"{ukr_store}({args}, {bias}, {out}, {p.store_ld});"
+                        last = [f"{pc} + {kb} >= {K}"] if KC < K else []
+                        inside = ([f"{m0} + {ir} + {MR} <= {M}"] if M % MR else []) + \
+                            ([f"{n0} + {jr} + {NR} <= {N}"] if N % NR else [])
+                        if not last + inside:
+                            w.line(call)
+                        else:
+                            with w.block(f"if ({' && '.join(last + inside)})"):
+                                w.line(call)
+                            with w.block("else"):
+                                w.line(f"{ukr}({args});")
+                                if inside:  # a part block: through the C tile and the epilogue
+                                    cond = " && ".join(last + [f"!({' && '.join(inside)})"])
+                                    with w.block(f"if ({cond})"):
+                                        _emit_tile_epilogue(kc, ev, stage, p, f"({ctile} + {ir} * {NC} + {jr})", NC, b,
+                                                            f"({m0} + {ir})", f"({n0} + {jr})",
+                                                            _min_expr(f"{M} - {m0} - {ir}", MR),
+                                                            _min_expr(f"{N} - {n0} - {jr}", NR))
+        if direct is not None:  # stored by the micro-kernel
+            kc.stored.add(id(direct[1]))
+        elif transposed:  # TRANSPOSE_COLUMNS columns at a time, so the transposed copy stays in L1
             tr, text = transpose_helper(o.simd)
             kc.program.require_helper(tr, text)
             ttile, jc, cw = kc.tmp("ttile"), kc.tmp("jc"), kc.tmp("cw")
@@ -633,6 +691,10 @@ def _pack_b(kc, ev, p: GemmProblem, bp, b, n0, nc, pc, kb, NR) -> None:
         with w.block(f"for (long {k} = 0; {k} < {kb}; ++{k})"):
             dst = kc.tmp("dst")
             w.line(f"float* restrict {dst} = {bp} + {jp} * {kb} + {k} * {NR};")
+            if p.b.row_ptr is not None:  # whole panels by a constant-size memcpy
+                with w.block(f"if ({cols} == {NR})"):
+                    w.line(f"memcpy({dst}, {p.b.row_ptr(b, add(pc, k), f'{n0} + {jp}')}, sizeof(float) * {NR});")
+                    w.line("continue;")
             with w.block(f"for (long {c} = 0; {c} < {cols}; ++{c})"), ev.scope():
                 n = kc.tmp("n")
                 w.line(f"const long {n} = {n0} + {jp} + {c};")

@@ -97,6 +97,10 @@ class CodegenOptions:
     conv_direct_nr: int = 16
     conv_direct_mr: int = 16
     conv_direct_tile_floats: int = 8192
+    # A GEMM whose output is the anchor's, or its Relu's, with a row bias at most, stored along its
+    # unit-stride rows in whole register blocks, is finished and stored by the micro-kernel after its
+    # last K block (``gemm.register_epilogue``) instead of through the C tile and the epilogue loop.
+    gemm_register_epilogue: bool = True
     # Plain-C micro-kernel with named scalar accumulators (``codegen/microkernel.py``): for a
     # compiler without vector registers (the Cortex-M7), which keeps an accumulator array in memory.
     gemm_scalar_accumulators: bool = False
