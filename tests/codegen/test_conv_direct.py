@@ -57,15 +57,15 @@ CASES = [
     (3, 32, 64, 64, 3, 2, [1, 1, 1, 1], 1, "Relu", 1),     # mobilenet's stem, smaller
     (3, 24, 32, 32, 3, 1, [1, 1, 1, 1], 1, "Clip", 1),     # stride 1, 24 channels (a part MR panel)
     (3, 8, 36, 33, 5, 2, [2, 1, 2, 2], 1, "Relu", 2),      # 5x5, asymmetric pads, odd width, 2 images
-    (3, 40, 70, 64, 7, 2, [3, 3, 3, 3], 1, "Add", 1),      # resnet's 7x7 stem (K = 147 > the default)
+    (3, 40, 70, 64, 7, 2, [3, 3, 3, 3], 1, "Add", 1),      # resnet's 7x7 stem (K = 147)
     (2, 17, 40, 32, 3, 1, [2, 2, 2, 2], 2, "Relu", 1),     # dilation 2, 17 channels
     (4, 16, 47, 48, 3, 3, [0, 1, 0, 0], 1, "none", 1),     # stride 3, no epilogue, padding on one side
 ]
 
 
 def _case_options(case):
-    # Let the 7x7 case in (its K is above the profitable bound, not the legal one).
-    return {"conv_direct_max_k": 200}
+    # Let every case in (the profitable bounds are not the legal ones).
+    return {"conv_direct_max_k": 200, "conv_direct_one_panel_max_k": 200}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}x{c[1]}_{c[2]}x{c[3]}_k{c[4]}s{c[5]}_{c[8]}" for c in CASES])
@@ -112,7 +112,11 @@ def _refusal(c, oc, h, w, k, s, pads, group=1, **opts):
 def test_refusals_have_reasons():
     assert _refusal(3, 32, 64, 64, 3, 2, [1, 1, 1, 1]) is None
     assert "not a multiple of 16" in _refusal(3, 32, 30, 30, 3, 1, [1, 1, 1, 1])
-    assert "K = 147 > conv_direct_max_k = 64" in _refusal(3, 32, 64, 64, 7, 2, [3, 3, 3, 3])
+    assert _refusal(3, 32, 64, 64, 7, 2, [3, 3, 3, 3]) is None  # resnet's stem, K = 147
+    assert "K = 288 > conv_direct_max_k = 160" in _refusal(32, 32, 64, 64, 3, 2, [1, 1, 1, 1])
+    assert "one panel a row and K = 144 > conv_direct_one_panel_max_k = 96" in _refusal(16, 32, 32, 32, 3, 2,
+                                                                                        [1, 1, 1, 1])
+    assert _refusal(8, 16, 32, 32, 3, 2, [1, 1, 1, 1]) is None  # one panel a row, K = 72
     assert _refusal(4, 8, 32, 32, 3, 1, [1, 1, 1, 1], group=2) == "grouped"
     assert "off" in _refusal(3, 32, 64, 64, 3, 2, [1, 1, 1, 1], conv_direct_max_k=0)
 

@@ -53,7 +53,8 @@ def direct_block(o, channels: int) -> tuple[int, int]:
 def direct_conv_refusal(o, node, geo, group: int, weights, out_dtype) -> str | None:
     """Why the direct kernel does not take this convolution (None: it does). Legal: 2-D, one group,
     constant float32 weights, the output width a multiple of NR. Profitable: K (input channels x
-    taps) at most ``conv_direct_max_k`` (``CodegenOptions``)."""
+    taps) at most ``conv_direct_max_k``, ``conv_direct_one_panel_max_k`` where an output row is one
+    panel (``CodegenOptions``)."""
     x = node.input(0)
     if len(x.shape) != 4 or weights is None or out_dtype != np.float32:
         return "not a 2-D float32 convolution with constant weights"
@@ -67,6 +68,8 @@ def direct_conv_refusal(o, node, geo, group: int, weights, out_dtype) -> str | N
     K = x.shape[1] * math.prod(geo.kernel)
     if K > o.conv_direct_max_k:
         return f"K = {K} > conv_direct_max_k = {o.conv_direct_max_k}"
+    if OW == o.conv_direct_nr and K > o.conv_direct_one_panel_max_k:
+        return f"one panel a row and K = {K} > conv_direct_one_panel_max_k = {o.conv_direct_one_panel_max_k}"
     return None
 
 

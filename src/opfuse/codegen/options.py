@@ -88,15 +88,23 @@ class CodegenOptions:
     windows_mr_min: int = 6
     windows_mr_max: int = 8
     # A 2-D convolution with constant weights and at most ``conv_direct_max_k`` input channels x taps
-    # (a network's first layer) is computed channels x positions over a phase-split copy of its input
+    # (a network's first layers) is computed channels x positions over a phase-split copy of its input
     # rows (``codegen/conv_direct.py``) instead of over its windows: NR = ``conv_direct_nr`` positions of
     # one output row per vector (the output width must be a multiple), MR = up to ``conv_direct_mr``
     # output channels with the AVX-512 body (the AVX2 block's rows otherwise), the C tile (channels x
-    # positions) within ``conv_direct_tile_floats`` so that it stays in L1. 0 turns it off.
-    conv_direct_max_k: int = 64
+    # positions) within ``conv_direct_tile_floats``. Where an output row is a single panel, K at most
+    # ``conv_direct_one_panel_max_k``. 0 turns it off. Measured (1 thread, per-kernel thread CPU time,
+    # 40 interleaved runs, medians against the windows, Conv+Relu): mobilenet_v1's stem (3 -> 32, 3x3 s2,
+    # 112x112 out) 0.86x, and 0.76x with the micro-kernel's own epilogue; mobilenet_v1_025_96's (3 -> 8,
+    # 48x48) 0.65x; resnet8's (3 -> 16, 32x32) 0.47x; resnet18's (3 -> 64, 7x7 s2, K = 147) 0.90x; 8 -> 32
+    # 3x3 at 64x64 0.88x; 16 -> 32 3x3 s2 at 32x32 out 0.97x, but at 16x16 out (one panel a row) 1.07x
+    # (K = 144), where 3 -> 16 and 8 -> 16 (K = 27, 72) are 0.68x and 0.69x. C tiles of 16384 floats
+    # measured 0.96-0.98x of 8192, 4096 the same as 8192; MR = 16 against 8 and 12: 0.96x and 0.93x.
+    conv_direct_max_k: int = 160
+    conv_direct_one_panel_max_k: int = 96
     conv_direct_nr: int = 16
     conv_direct_mr: int = 16
-    conv_direct_tile_floats: int = 8192
+    conv_direct_tile_floats: int = 16384
     # A GEMM whose output is the anchor's, or its Relu's, with a row bias at most, stored along its
     # unit-stride rows in whole register blocks, is finished and stored by the micro-kernel after its
     # last K block (``gemm.register_epilogue``) instead of through the C tile and the epilogue loop.
