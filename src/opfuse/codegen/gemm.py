@@ -429,9 +429,10 @@ def register_epilogue(kc, ev, stage: Stage, p: GemmProblem, MR: int, NR: int) ->
     """``(epilogue, stored value)`` where the micro-kernel finishes and stores the output itself
     (``microkernel.EPILOGUES``: row bias, Relu) instead of the tile epilogue: one output, the
     anchor's or its Relu's, stored with unit stride along n (``GemmProblem.store_ld``), no merged
-    siblings, array accumulators; a part block (past M or N) goes through the C tile and the epilogue. The tile then never goes through the C tile
-    after its last K block, nor through the epilogue's loads: mobilenet_v1's pw1 (K = 32) spent a
-    fifth of its time there. The operations are the epilogue's, in its order: same bits."""
+    siblings, array accumulators; a part block (past M or N) goes through the C tile and the
+    epilogue. The tile then never goes through the C tile after its last K block, nor through the
+    epilogue's loads: mobilenet_v1's pw1 (K = 32) spent a fifth of its time there (0.86x with it, 1
+    thread, per-kernel CPU time). The operations are the epilogue's, in its order: same bits."""
     o = kc.program.options
     if (not o.gemm_register_epilogue or p.store_ld is None or p.segments or p.out_contiguous != "n"
             or o.gemm_scalar_accumulators):
@@ -465,9 +466,10 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
     cols = p.b.cols if not b_static else None
     a_mode = "packed" if rows is None else ("rows" if rows.koff is None else "koff")
     b_mode = "packed" if cols is None else "strided" if cols.koff is None else "koff"
-    ukr = _microkernel(kc, MR, NR, a_mode, b_mode)
     direct = register_epilogue(kc, ev, stage, p, MR, NR)
     ukr_store = _microkernel(kc, MR, NR, a_mode, b_mode, direct[0]) if direct is not None else ""
+    # The storing micro-kernel alone where every block is whole and K one block.
+    ukr = _microkernel(kc, MR, NR, a_mode, b_mode) if direct is None or KC < K or M % MR or N % NR else ""
     if stage.anchor_node is not None:
         bodies = microkernel_bodies(MR, NR, o.simd, o.vector_isa == "avx512")
         kc.note(lambda name: f"GEMM '{name}': {MR}x{NR} micro-kernel, {bodies}", stage.anchor_node)
@@ -580,14 +582,14 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                     a_ptr, ar, kp = args or a_args()
                     if bkoff is not None:  # A is packed: the offset table is B's
                         kp = f"{bkoff} + {pc}"
-                    args = f"{kb}, {a_ptr}, {ar}, {kp}, {b_ptr}, {ldb}, {ctile} + {ir} * {NC} + {jr}, {NC}, {pc} > 0"
+                    cargs = f"{kb}, {a_ptr}, {ar}, {kp}, {b_ptr}, {ldb}, {ctile} + {ir} * {NC} + {jr}, {NC}, {pc} > 0"
                     if direct is None:
-                        w.line(f"{ukr}({args});")
+                        w.line(f"{ukr}({cargs});")
                     else:
                         bias = f"{kc.static_ptr(p.row_bias)} + {m0} + {ir}" if p.row_bias is not None else "0"
                         out = f"{kc.ptr(direct[1], write=True)} + " \
                               f"{p.out_index(b, f'{m0} + {ir}', f'{n0} + {jr}').offset()}"
-                        call = f"{ukr_store}({args}, {bias}, {out}, {p.store_ld});"
+                        call = f"{ukr_store}({cargs}, {bias}, {out}, {p.store_ld});"
                         last = [f"{pc} + {kb} >= {K}"] if KC < K else []
                         inside = ([f"{m0} + {ir} + {MR} <= {M}"] if M % MR else []) + \
                             ([f"{n0} + {jr} + {NR} <= {N}"] if N % NR else [])
@@ -597,7 +599,7 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                             with w.block(f"if ({' && '.join(last + inside)})"):
                                 w.line(call)
                             with w.block("else"):
-                                w.line(f"{ukr}({args});")
+                                w.line(f"{ukr}({cargs});")
                                 if inside:  # a part block: through the C tile and the epilogue
                                     cond = " && ".join(last + [f"!({' && '.join(inside)})"])
                                     with w.block(f"if ({cond})"):
