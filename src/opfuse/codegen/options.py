@@ -265,12 +265,13 @@ class CodegenOptions:
 # in the arena here: with the host's (a 128 KiB C tile, 512-wide panels) resnet8's arena was
 # 360 KiB and mobilenet_v1_025_96's 543 KiB; with these, 140 and 217.5 KiB, for 1-2% more
 # executed instructions than 1024-float tiles and 64-wide panels (148.5 and 217.5 KiB). Measured
-# under QEMU on resnet8, mobilenet_v1_025_96 and ds_cnn. No loop is worth threads: no OpenMP.
+# under QEMU on resnet8, mobilenet_v1_025_96 and ds_cnn. No loop is worth threads: no OpenMP. The
+# direct convolution kernel (host-tuned, its C tile alone 64 KiB of scratch) is off.
 CORTEX_M7 = CodegenOptions(platform="mcu", weights="embed", simd="none", gemm_scalar_accumulators=True,
                            gemm_mr=4, gemm_nr=4, gemm_mc=64, gemm_nc=16, gemm_kc=64, gemm_wide=32,
                            gemm_tile_floats=512, gemm_min_tiles=1, parallel_min_work=1 << 62,
                            int8_conv_positions_per_pass=2, int8_conv_channels_per_pass=4,
-                           int8_dot_call_min_pairs=65)
+                           int8_dot_call_min_pairs=65, conv_direct_max_k=0)
 # The host build without intrinsics: the plain C99 the microcontroller runs, so the emulated
 # Cortex-M7 gives the same bits as this (AVX2 FMA rounds once per multiply-add, the C twice).
 PORTABLE = CodegenOptions(simd="none")
