@@ -177,6 +177,7 @@ def test_register_epilogue_same_bits_as_the_tile_epilogue(case, options, tmp_pat
     got, want, m = run_both(g, plan, tmp_path, options=options)
     old, _, m0 = run_both(g, plan, tmp_path, options=options.with_(gemm_register_epilogue=False))
     assert bool(re.search(r"opfuse_ukr_\w+_st(b|r|br)?\(", m.program.source)) == taken
+    assert ("by the micro-kernel" in _notes(m)) == taken and "by the micro-kernel" not in _notes(m0)
     assert "_st(" not in m0.program.source and "_stb" not in m0.program.source and "_str(" not in m0.program.source
     assert_close(got, want)
     for name in got:

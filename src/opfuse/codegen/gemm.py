@@ -467,6 +467,10 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
     a_mode = "packed" if rows is None else ("rows" if rows.koff is None else "koff")
     b_mode = "packed" if cols is None else "strided" if cols.koff is None else "koff"
     direct = register_epilogue(kc, ev, stage, p, MR, NR)
+    if direct is not None and stage.anchor_node is not None:
+        what = {"": "stored", "b": "bias added and stored", "r": "Relu applied and stored",
+                "br": "bias and Relu applied and stored"}[direct[0]]
+        kc.note(lambda name: f"GEMM '{name}': output {what} by the micro-kernel", stage.anchor_node)
     ukr_store = _microkernel(kc, MR, NR, a_mode, b_mode, direct[0]) if direct is not None else ""
     # The storing micro-kernel alone where every block is whole and K one block.
     ukr = _microkernel(kc, MR, NR, a_mode, b_mode) if direct is None or KC < K or M % MR or N % NR else ""
