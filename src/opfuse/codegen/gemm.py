@@ -674,22 +674,30 @@ def _pack_a(kc, ev, p: GemmProblem, ap, b, m0, mc, pc, kb, MR) -> None:
 
 def _pack_b(kc, ev, p: GemmProblem, bp, b, n0, nc, pc, kb, NR) -> None:
     """B's KC x NC slice into NR-column panels. Where every panel is whole (N a multiple of NR) the
-    copy has a constant trip count, so gcc moves it in vectors: with the run-time count it called
+    copy has a constant trip count, a constant-size ``memcpy`` where B's rows are in memory
+    (``Operand.row_ptr``), so gcc moves it in vector registers: with the run-time count it called
     ``memmove`` for each 32-float row, 20% of a 1x1 convolution's time (mobilenet's pw1, K = 32)."""
     w = kc.w
     jp, k, c = kc.tmp("jp"), kc.tmp("k"), kc.tmp("c")
+    if p.N % NR == 0 and p.b.row_ptr is not None:
+        # Rows of B outermost: each is read as one sequential run (the tile's columns), which the
+        # hardware prefetchers follow; panel-first interleaved 128-byte pieces of K rows. mobilenet_v1
+        # (30 interleaved runs, per-kernel CPU time, two runs each): pw2 0.90-0.94x, pw3 0.93-0.96x,
+        # pw1 0.90-1.04x in medians; minimums unchanged.
+        with w.block(f"for (long {k} = 0; {k} < {kb}; ++{k})"):
+            with w.block(f"for (long {jp} = 0; {jp} < {nc}; {jp} += {NR})"):
+                w.line(f"memcpy({bp} + {jp} * {kb} + {k} * {NR}, {p.b.row_ptr(b, add(pc, k), f'{n0} + {jp}')}, "
+                       f"sizeof(float) * {NR});")
+        return
     if p.N % NR == 0:
         with w.block(f"for (long {jp} = 0; {jp} < {nc}; {jp} += {NR})"):
             with w.block(f"for (long {k} = 0; {k} < {kb}; ++{k})"):
                 dst = kc.tmp("dst")
                 w.line(f"float* restrict {dst} = {bp} + {jp} * {kb} + {k} * {NR};")
-                if p.b.row_ptr is not None:  # a constant-size memcpy: gcc moves it in vector registers
-                    w.line(f"memcpy({dst}, {p.b.row_ptr(b, add(pc, k), f'{n0} + {jp}')}, sizeof(float) * {NR});")
-                else:
-                    with w.block(f"for (long {c} = 0; {c} < {NR}; ++{c})"), ev.scope():
-                        n = kc.tmp("n")
-                        w.line(f"const long {n} = {n0} + {jp} + {c};")
-                        w.line(f"{dst}[{c}] = {p.b.load(ev, b, add(pc, k), n)};")
+                with w.block(f"for (long {c} = 0; {c} < {NR}; ++{c})"), ev.scope():
+                    n = kc.tmp("n")
+                    w.line(f"const long {n} = {n0} + {jp} + {c};")
+                    w.line(f"{dst}[{c}] = {p.b.load(ev, b, add(pc, k), n)};")
         return
     with w.block(f"for (long {jp} = 0; {jp} < {nc}; {jp} += {NR})"):
         cols = kc.tmp("cols")
