@@ -207,3 +207,19 @@ def test_register_epilogue_keeps_nan_and_negative_zero(tmp_path):
     for o in outs[1:]:
         v = list(o.values())[0]
         assert np.array_equal(np.signbit(v), np.signbit(first)) and np.array_equal(v, first, equal_nan=True)
+
+
+def test_direct_conv_with_a_prologue(tmp_path):
+    """The input computed in the group (x * scale + shift, a normalisation): the band is filled through it."""
+    b = GraphBuilder("pre")
+    x = b.input("x", (1, 3, 64, 64))
+    pre = b.op("Add", b.op("Mul", x, b.const("scale", np.float32(0.5)), name="mul"), b.const("shift", np.float32(-1.0)),
+               name="add")
+    y = b.op("Conv", pre, _w(b, 32, 3, 3, 3), _w(b, 32), kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+             name="conv")
+    g = b.build(b.op("Relu", y, name="act"))
+    plan = group_by_names(g, [("conv_epilogue", ["mul", "add", "conv", "act"])])
+    for options in (AVX512, PORTABLE):
+        got, want, m = run_both(g, plan, tmp_path, options=options)
+        assert NOTE in _notes(m) and m.report["kernels"] == 1
+        assert_close(got, want)
