@@ -69,13 +69,13 @@ def _case_options(case):
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}x{c[1]}_{c[2]}x{c[3]}_k{c[4]}s{c[5]}_{c[8]}" for c in CASES])
-def test_direct_conv_matches_reference_portable_and_avx2(case, tmp_path):
+def test_direct_conv_matches_reference_portable_and_avx2(case, cache_dir):
     c, oc, h, w, k, s, pads, dil, epi, n = case
     g, plan = _conv_graph(c, oc, h, w, k, s, pads, dil, epi, n)
     extra = _case_options(case)
-    wide, want, m = run_both(g, plan, tmp_path, options=AVX512.with_(**extra))
-    narrow, _, m2 = run_both(g, plan, tmp_path, options=AVX2.with_(**extra))
-    portable, _, m3 = run_both(g, plan, tmp_path, options=PORTABLE.with_(**extra))
+    wide, want, m = run_both(g, plan, cache_dir, options=AVX512.with_(**extra))
+    narrow, _, m2 = run_both(g, plan, cache_dir, options=AVX2.with_(**extra))
+    portable, _, m3 = run_both(g, plan, cache_dir, options=PORTABLE.with_(**extra))
     for model in (m, m2, m3):
         assert NOTE in _notes(model), _notes(model)
     assert "_packed_koff_" in m.program.source and "_mm512_fmadd_ps" in m.program.source
@@ -86,10 +86,10 @@ def test_direct_conv_matches_reference_portable_and_avx2(case, tmp_path):
     assert_close(wide, portable)
 
 
-def test_two_threads_bitwise_equal_to_one(tmp_path):
+def test_two_threads_bitwise_equal_to_one(cache_dir):
     g, plan = _conv_graph(3, 32, 96, 96, 3, 2, [1, 1, 1, 1])
-    one, _, m1 = run_both(g, plan, tmp_path, threads=1)
-    two, _, m2 = run_both(g, plan, tmp_path, threads=2)
+    one, _, m1 = run_both(g, plan, cache_dir, threads=1)
+    two, _, m2 = run_both(g, plan, cache_dir, threads=2)
     assert NOTE in _notes(m1)
     for name in one:
         assert np.array_equal(one[name], two[name])
@@ -121,14 +121,14 @@ def test_refusals_have_reasons():
     assert "off" in _refusal(3, 32, 64, 64, 3, 2, [1, 1, 1, 1], conv_direct_max_k=0)
 
 
-def test_refused_convolutions_take_the_windows_kernel(tmp_path):
+def test_refused_convolutions_take_the_windows_kernel(cache_dir):
     """An output width that no panel divides, or the kernel turned off: the windows GEMM, same results."""
     g, plan = _conv_graph(3, 16, 30, 30, 3, 1, [1, 1, 1, 1])
-    got, want, m = run_both(g, plan, tmp_path)
+    got, want, m = run_both(g, plan, cache_dir)
     assert NOTE not in _notes(m) and "_packed_koff_" not in m.program.source
     assert_close(got, want)
     g, plan = _conv_graph(3, 32, 64, 64, 3, 2, [1, 1, 1, 1])
-    got, want, m = run_both(g, plan, tmp_path, options=CodegenOptions(conv_direct_max_k=0))
+    got, want, m = run_both(g, plan, cache_dir, options=CodegenOptions(conv_direct_max_k=0))
     assert NOTE not in _notes(m)
     assert_close(got, want)
 
@@ -171,11 +171,11 @@ STORE_CASES = [
 @pytest.mark.parametrize("case", STORE_CASES, ids=[f"{c[0]}x{c[1]}_{c[2]}x{c[3]}_{c[4]}_b{int(c[5])}_s{c[6]}"
                                                    for c in STORE_CASES])
 @pytest.mark.parametrize("options", [AVX512, AVX2, PORTABLE], ids=["avx512", "avx2", "portable"])
-def test_register_epilogue_same_bits_as_the_tile_epilogue(case, options, tmp_path):
+def test_register_epilogue_same_bits_as_the_tile_epilogue(case, options, cache_dir):
     c, oc, h, w, epi, bias, stride, taken = case
     g, plan = _pointwise_graph(c, oc, h, w, epi, bias, stride)
-    got, want, m = run_both(g, plan, tmp_path, options=options)
-    old, _, m0 = run_both(g, plan, tmp_path, options=options.with_(gemm_register_epilogue=False))
+    got, want, m = run_both(g, plan, cache_dir, options=options)
+    old, _, m0 = run_both(g, plan, cache_dir, options=options.with_(gemm_register_epilogue=False))
     assert bool(re.search(r"opfuse_ukr_\w+_st(b|r|br)?\(", m.program.source)) == taken
     assert ("by the micro-kernel" in _notes(m)) == taken and "by the micro-kernel" not in _notes(m0)
     assert "_st(" not in m0.program.source and "_stb" not in m0.program.source and "_str(" not in m0.program.source
@@ -184,23 +184,23 @@ def test_register_epilogue_same_bits_as_the_tile_epilogue(case, options, tmp_pat
         assert np.array_equal(got[name], old[name])
 
 
-def test_register_epilogue_two_threads_bitwise_equal_to_one(tmp_path):
+def test_register_epilogue_two_threads_bitwise_equal_to_one(cache_dir):
     g, plan = _pointwise_graph(40, 24, 28, 28)
-    one, _, m1 = run_both(g, plan, tmp_path, threads=1)
-    two, _, _ = run_both(g, plan, tmp_path, threads=2)
+    one, _, m1 = run_both(g, plan, cache_dir, threads=1)
+    two, _, _ = run_both(g, plan, cache_dir, threads=2)
     assert "_stbr(" in m1.program.source
     for name in one:
         assert np.array_equal(one[name], two[name])
 
 
-def test_register_epilogue_keeps_nan_and_negative_zero(tmp_path):
+def test_register_epilogue_keeps_nan_and_negative_zero(cache_dir):
     """max(0, y) in the vector bodies returns y where y is NaN or -0, as the C epilogue does."""
     g, plan = _pointwise_graph(8, 16, 4, 8, "Relu", bias=False)
     from opfuse.runtime.native import build
     x = np.zeros((1, 8, 4, 8), np.float32)
     x[0, :, 0, 0] = np.nan
     x[0, :, 0, 1] = -0.0
-    outs = [build(g, plan, cache_dir=tmp_path, options=o.with_(gemm_register_epilogue=e)).run({"x": x})
+    outs = [build(g, plan, cache_dir=cache_dir, options=o.with_(gemm_register_epilogue=e)).run({"x": x})
             for o in (AVX512, AVX2, PORTABLE) for e in (True, False)]
     first = list(outs[0].values())[0]
     assert np.isnan(first[0, :, 0, 0]).all()
@@ -209,7 +209,7 @@ def test_register_epilogue_keeps_nan_and_negative_zero(tmp_path):
         assert np.array_equal(np.signbit(v), np.signbit(first)) and np.array_equal(v, first, equal_nan=True)
 
 
-def test_direct_conv_with_a_prologue(tmp_path):
+def test_direct_conv_with_a_prologue(cache_dir):
     """The input computed in the group (x * scale + shift, a normalisation): the band is filled through it."""
     b = GraphBuilder("pre")
     x = b.input("x", (1, 3, 64, 64))
@@ -220,6 +220,6 @@ def test_direct_conv_with_a_prologue(tmp_path):
     g = b.build(b.op("Relu", y, name="act"))
     plan = group_by_names(g, [("conv_epilogue", ["mul", "add", "conv", "act"])])
     for options in (AVX512, PORTABLE):
-        got, want, m = run_both(g, plan, tmp_path, options=options)
+        got, want, m = run_both(g, plan, cache_dir, options=options)
         assert NOTE in _notes(m) and m.report["kernels"] == 1
         assert_close(got, want)
