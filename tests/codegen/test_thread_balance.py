@@ -57,13 +57,15 @@ def test_tile_costs_round_remainders_up_to_whole_register_blocks():
 def test_a_one_tile_convolution_is_cut_along_its_positions(cache_dir):
     """3 -> 16 channels at 32x32 (resnet8's first convolution): N (16 channels) is one panel, so the
     cache blocking made one tile of 1024 positions; now gemm_min_tiles tiles of positions, the
-    windows' band sized for them, and 1, 2 and 3 threads give the reference's values, bitwise the same."""
+    windows' band sized for them, and 1, 2 and 3 threads give the reference's values, bitwise the same.
+    (Kept on the windows: by default K = 27 takes the direct kernel, ``test_conv_direct.py``.)"""
     g, plan = conv_relu(3, 16, 32, 32)
-    loop = _conv_loop(generate(g, plan))
+    windows = CodegenOptions(conv_direct_max_k=0)
+    loop = _conv_loop(generate(g, plan, options=windows))
     assert loop.iterations >= CodegenOptions().gemm_min_tiles and loop.speedup(2) > 1.9
-    kept = _conv_loop(generate(g, plan, options=CodegenOptions(balance_threads=())))
+    kept = _conv_loop(generate(g, plan, options=windows.with_(balance_threads=())))
     assert kept.iterations == 1  # the cache blocking alone: one tile, one thread
-    results = [run_both(g, plan, cache_dir, threads=n) for n in (1, 2, 3)]
+    results = [run_both(g, plan, cache_dir, threads=n, options=windows) for n in (1, 2, 3)]
     one, want, _ = results[0]
     assert_close(one, want)
     for got, _, _ in results[1:]:

@@ -27,11 +27,12 @@ import math
 import numpy as np
 
 from opfuse.codegen.ctype import c_type, literal
+from opfuse.codegen.conv_direct import direct_conv_refusal, direct_problem
 from opfuse.codegen.conv_windows import windows_problem
 from opfuse.codegen.depthwise import lower_depthwise
 from opfuse.codegen.qconv import int8_conv_applies, lower_int8_conv
 from opfuse.codegen.qgemm import host_int8_conv_applies, lower_host_int8_conv
-from opfuse.codegen.gemm import BPacker, GemmProblem, Operand, emit_gemm
+from opfuse.codegen.gemm import BPacker, GemmProblem, Operand, emit_gemm, in_memory
 from opfuse.codegen.index import Index, add, delinearize, mul
 from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.loops import emit_loop_nest
@@ -246,6 +247,10 @@ def conv_problem(kc, ev, node) -> GemmProblem:
     nr = kc.program.options.gemm_nr
     one_by_one = all(k == 1 for k in geo.kernel) and not any(geo.pads_begin) and not any(geo.pads_end)
     packed_rows = one_by_one and -(-P // nr) * nr <= PACKED_WASTE * P
+    direct_refusal = direct_conv_refusal(kc.program.options, node, geo, G, sw, out.dtype)
+    if direct_refusal is None and not packed_rows:
+        kc.note(lambda name: f"Conv '{name}': direct kernel (channels x positions over a phase-split band)", node)
+        return direct_problem(kc, ev, node, geo, sw, finish)
     if sw is not None and nsp == 2 and out.dtype == np.float32 and not packed_rows:
         return windows_problem(kc, ev, node, geo, G, sw, finish)
 
@@ -264,6 +269,8 @@ def conv_problem(kc, ev, node) -> GemmProblem:
         return ev.at(x, x_index(b, k, n))
 
     b_op = Operand(x_direct)
+    if pointwise and in_memory(ev, x):
+        b_op.row_ptr = lambda b, k, n: f"{kc.ptr(x)} + {x_index(b, k, n).offset()}"
     packer: BPacker | None
     if pointwise:
         packer = None
@@ -271,8 +278,9 @@ def conv_problem(kc, ev, node) -> GemmProblem:
         packer = _RowSegmentPacker(node, geo, G)
     else:
         packer = _Im2colPacker(node, geo, G)
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
     return GemmProblem(node.name, nimg * G, mg, P, K, a_op, b_op, out, out_index, finish, pack_b=packer,
-                       dtype=out.dtype)
+                       dtype=out.dtype, store_ld=P if G == 1 and sw is not None else None, row_bias=bias)
 
 
 def lower_conv(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:

@@ -16,7 +16,10 @@ How A is read (the side whose elements are broadcast, one row per accumulator ro
 How B is read (the vector side, NR consecutive columns per k):
 
 * ``packed``: an NR-column panel, k-major (``b[k * NR + j]``);
-* ``strided``: in place, row ``k`` at ``b + k * ldb`` (a 1x1 convolution reads its input so).
+* ``strided``: in place, row ``k`` at ``b + k * ldb`` (a 1x1 convolution reads its input so);
+* ``koff``: in place, row ``k`` at ``b + koff[k]`` (a convolution computed channels x positions
+  over its phase-split input band, ``conv_direct.py``: ``b`` is the NR positions' first window,
+  ``koff[k]`` the (channel, tap) offset; A is then packed, so ``koff`` is B's).
 
 ``load_c`` = 0 starts the accumulators at zero (the first K block), 1 adds to ``c``.
 
@@ -31,7 +34,7 @@ The text relies on the program preamble (``OPFUSE_PRAGMA``, ``<stdint.h>``).
 from __future__ import annotations
 
 A_ACCESS = ("packed", "rows", "koff")
-B_ACCESS = ("packed", "strided")
+B_ACCESS = ("packed", "strided", "koff")
 SIMD_MODES = ("auto", "none")
 AVX2_GUARD = "defined(__AVX2__) && defined(__FMA__)"
 AVX512_GUARD = "defined(__AVX512F__)"
@@ -60,6 +63,21 @@ NOINLINE = """\
 
 SIGNATURE = ("(long kc, const float* restrict a, const float* const* restrict ar, const int32_t* restrict koff, "
              "const float* restrict b, long ldb, float* restrict c, long ldc, int load_c)")
+# The storing variant (``epilogue``): the block's last K steps, then ``y = acc (+ bias[i])``, Relu where
+# asked, stored to ``out[i * ldo + j]`` instead of ``c`` (which ``load_c`` still reads from).
+SIGNATURE_STORE = SIGNATURE[:-1] + ", const float* restrict bias, float* restrict out, long ldo)"
+EPILOGUES = ("", "b", "r", "br")  # none / row bias / Relu / row bias then Relu
+
+
+def _finish_plain(epi: str, value: str, i: str) -> list[str]:
+    """Plain C of the storing variant's epilogue on ``value`` (row ``i``): the same operations, in the
+    same order, as the generated epilogue (``acc + bias``, then ``y < 0 ? 0 : y``), so the bits agree."""
+    lines = [f"float y = {value};"]
+    if "b" in epi:
+        lines.append(f"y = y + bias[{i}];")
+    if "r" in epi:
+        lines.append("y = (y < 0.0f ? 0.0f : y);")
+    return lines
 
 
 def fits_avx2(mr: int, nr: int) -> bool:
@@ -102,10 +120,12 @@ def _a_ptr(a: str, mr: int, i: int) -> str:
 
 
 def _b_row(b: str, nr: int) -> str:
+    if b == "koff":
+        return "b + koff[k]"
     return "b + k * ldb" if b == "strided" else f"b + k * {nr}"
 
 
-def _plain(mr: int, nr: int, a: str, b: str) -> list[str]:
+def _plain(mr: int, nr: int, a: str, b: str, epi: str | None = None) -> list[str]:
     lines = [f"  float acc[{mr}][{nr}];"]
     if a == "koff":
         lines += [f"  const float* restrict a{i} = ar[{i}];" for i in range(mr)]
@@ -121,9 +141,14 @@ def _plain(mr: int, nr: int, a: str, b: str) -> list[str]:
         lines += [f"    {{ const float ai = {_a_elem(a, mr, i, 'k')};",
                   "      OPFUSE_PRAGMA(GCC unroll 1)",
                   f"      for (int j = 0; j < {nr}; ++j) acc[{i}][j] += ai * bk[j]; }}"]
-    lines += ["  }",
-              f"  for (int i = 0; i < {mr}; ++i)",
-              f"    for (int j = 0; j < {nr}; ++j) c[i * ldc + j] = acc[i][j];"]
+    lines.append("  }")
+    if epi is None:
+        lines += [f"  for (int i = 0; i < {mr}; ++i)",
+                  f"    for (int j = 0; j < {nr}; ++j) c[i * ldc + j] = acc[i][j];"]
+    else:
+        lines += [f"  for (int i = 0; i < {mr}; ++i)",
+                  f"    for (int j = 0; j < {nr}; ++j) {{ {' '.join(_finish_plain(epi, 'acc[i][j]', 'i'))} "
+                  "out[i * ldo + j] = y; }"]
     return lines
 
 
@@ -147,7 +172,7 @@ def _plain_scalars(mr: int, nr: int, a: str, b: str) -> list[str]:
 
 
 def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, i0: int = 0, rows: int = 0,
-                 j0: int = 0, cols: int = 0) -> list[str]:
+                 j0: int = 0, cols: int = 0, epi: str | None = None) -> list[str]:
     """Intrinsics for the sub-block rows ``[i0, i0 + rows)`` x columns ``[j0, j0 + cols)`` of the
     MR x NR block (all of it by default): accumulators in ``isa``'s registers, one k loop."""
     vec, ps, width = ("__m512", "_mm512", ZMM_FLOATS) if isa == "avx512" else ("__m256", "_mm256", YMM_FLOATS)
@@ -173,7 +198,10 @@ def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, 
             lines += [f"    _mm_prefetch((const char*)(a0 + koff[k + {prefetch}]), _MM_HINT_T0);",
                       f"    _mm_prefetch((const char*)(a{rows - 1} + koff[k + {prefetch}]), _MM_HINT_T0);"]
     lines.append(f"    const float* restrict bk = {_b_row(b, nr)}{f' + {j0}' if j0 else ''};")
-    if prefetch:
+    if prefetch and b == "koff":  # the row the table names ``prefetch`` steps ahead
+        lines += [f"    _mm_prefetch((const char*)(b + koff[k + {prefetch}] + {j0 + 16 * v}), _MM_HINT_T0);"
+                  for v in range(-(-cols // 16))]
+    elif prefetch:
         ahead = f"{prefetch} * ldb" if b == "strided" else str(prefetch * nr)
         lines += [f"    _mm_prefetch((const char*)(bk + {ahead} + {16 * v}), _MM_HINT_T0);"
                   for v in range(-(-cols // 16))]
@@ -186,23 +214,38 @@ def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, 
     if a == "packed":
         lines.append(f"    ak += {mr};")
     lines.append("  }")
-    lines += [f"  {ps}_storeu_ps({p}, {x});" for x, p in zip(flat, ci, strict=True)]
+    if epi is None:
+        lines += [f"  {ps}_storeu_ps({p}, {x});" for x, p in zip(flat, ci, strict=True)]
+        return lines
+    # The storing variant: max(0, y) returns y where y is NaN or -0, as ``y < 0 ? 0 : y`` does.
+    if "r" in epi:
+        lines.append(f"  const {vec} zero = {ps}_setzero_ps();")
+    for i in range(rows):
+        if "b" in epi:
+            lines.append(f"  const {vec} bias{i} = {ps}_set1_ps(bias[{i0 + i}]);")
+        for v in range(nv):
+            y = acc[i][v]
+            if "b" in epi:
+                y = f"{ps}_add_ps({y}, bias{i})"
+            if "r" in epi:
+                y = f"{ps}_max_ps(zero, {y})"
+            lines.append(f"  {ps}_storeu_ps(out + {i0 + i} * ldo + {j0 + v * width}, {y});")
     return lines
 
 
-def _avx2(mr: int, nr: int, a: str, b: str, prefetch: int = 0) -> list[str]:
+def _avx2(mr: int, nr: int, a: str, b: str, prefetch: int = 0, epi: str | None = None) -> list[str]:
     """The AVX2/FMA body: one pass over k when the block fits the 16 ymm registers
     (``fits_avx2``), else one pass per sub-block of ``avx2_split`` (a block laid out for
     AVX-512, compiled where the C compiler does not target it: the same panels, read by
     parts; each element still sums its products in increasing k)."""
     if fits_avx2(mr, nr):
-        return _vector_body("avx2", mr, nr, a, b, prefetch)
+        return _vector_body("avx2", mr, nr, a, b, prefetch, epi=epi)
     rs, cs = avx2_split(mr, nr)
     lines: list[str] = []
     for i0 in range(0, mr, rs):
         for j0 in range(0, nr, cs):
             lines += ["  {", *("  " + x for x in _vector_body("avx2", mr, nr, a, b, prefetch, i0, min(rs, mr - i0),
-                                                               j0, cs)), "  }"]
+                                                               j0, cs, epi)), "  }"]
     return lines
 
 
@@ -230,10 +273,11 @@ def avx2_split(mr: int, nr: int) -> tuple[int, int]:
 
 
 def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: str = "auto",
-                prefetch: int = 0, scalar_accumulators: bool = False, avx512: bool = False) -> tuple[str, str]:
+                prefetch: int = 0, scalar_accumulators: bool = False, avx512: bool = False,
+                epilogue: str | None = None) -> tuple[str, str]:
     """``(function name, C text)`` of the MR x NR micro-kernel with the given operand access;
-    ``prefetch`` > 0: the intrinsics prefetch B, and A's windows (``koff``: the table then
-    needs ``prefetch`` readable entries past the last k), that many k steps ahead.
+    ``prefetch`` > 0: the intrinsics prefetch B, and A's windows, that many k steps ahead (an
+    offset table, A's or B's ``koff``, then needs ``prefetch`` readable entries past the last k).
     ``avx512``: where the block fits the 32 zmm registers (``fits_avx512``), an AVX-512F body
     comes first, under ``#if defined(__AVX512F__)``; the AVX2 body (``_avx2``: by sub-blocks
     where the block does not fit 16 ymm) and the plain C follow under ``#elif`` / ``#else``, so
@@ -241,20 +285,29 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
     ``scalar_accumulators``: the plain C names each accumulator (``c0_0 ...``) instead of an
     ``acc[MR][NR]`` array, so a compiler without vector registers keeps them in its FPU
     registers (the Cortex-M7: gcc -O2 keeps the array in memory, a load and a store per
-    multiply-add); each accumulator gets the same products in the same order."""
+    multiply-add); each accumulator gets the same products in the same order.
+    ``epilogue`` (one of ``EPILOGUES``; None: C is stored): the storing variant (``SIGNATURE_STORE``),
+    which finishes the block in registers and stores it to ``out`` (row bias, Relu); not with
+    ``scalar_accumulators``."""
     assert a in A_ACCESS and b in B_ACCESS and simd in SIMD_MODES, (a, b, simd)
+    assert epilogue is None or (epilogue in EPILOGUES and not scalar_accumulators), (epilogue, scalar_accumulators)
+    assert not (a == "koff" and b == "koff"), "one offset table per micro-kernel"
     wide = simd == "auto" and avx512 and fits_avx512(mr, nr)
     fn = name(mr, nr, a, b) + (f"_pf{prefetch}" if prefetch else "") + ("_z" if wide else "")
-    head = [f"/* C[0:{mr}, 0:{nr}] (+)= A ({a}) * B ({b}), kc steps; see codegen/microkernel.py. */",
-            f"OPFUSE_NOINLINE static void {fn}{SIGNATURE} {{",
-            "  (void)a; (void)ar; (void)koff; (void)ldb;"]
-    plain = _plain_scalars(mr, nr, a, b) if scalar_accumulators else _plain(mr, nr, a, b)
+    sig, unused = SIGNATURE, "(void)a; (void)ar; (void)koff; (void)ldb;"
+    if epilogue is not None:
+        fn += f"_st{epilogue}"
+        sig, unused = SIGNATURE_STORE, unused + " (void)bias; (void)ldc;"
+    what = "C" if epilogue is None else f"out = epilogue '{epilogue}' of C"
+    head = [f"/* {what}[0:{mr}, 0:{nr}] (+)= A ({a}) * B ({b}), kc steps; see codegen/microkernel.py. */",
+            f"OPFUSE_NOINLINE static void {fn}{sig} {{", "  " + unused]
+    plain = _plain_scalars(mr, nr, a, b) if scalar_accumulators else _plain(mr, nr, a, b, epilogue)
     body, guards = [], []
     if wide:
-        body += [f"#if {AVX512_GUARD}", *_vector_body("avx512", mr, nr, a, b, prefetch)]
+        body += [f"#if {AVX512_GUARD}", *_vector_body("avx512", mr, nr, a, b, prefetch, epi=epilogue)]
         guards.append(AVX512_GUARD)
     if simd == "auto" and nr % YMM_FLOATS == 0:
-        body += [f"#{'el' if body else ''}if {AVX2_GUARD}", *_avx2(mr, nr, a, b, prefetch)]
+        body += [f"#{'el' if body else ''}if {AVX2_GUARD}", *_avx2(mr, nr, a, b, prefetch, epilogue)]
         guards.append(AVX2_GUARD)
     body += ["#else", *plain, "#endif"] if body else plain
     pre = f"#if {' || '.join(f'({g})' for g in guards)}\n#include <immintrin.h>\n#endif\n" if guards else ""

@@ -57,7 +57,14 @@ class CodegenOptions:
     gemm_nr: int = 0
     gemm_mc: int = 96
     gemm_nc: int = 256
-    gemm_kc: int = 256
+    # K blocks of at most ``gemm_kc`` (512, was 256): every 1x1 layer of mobilenet_v1 up to 512 input
+    # channels in one block, 1024 in two. Measured (1 thread, per-kernel thread CPU time, 30 interleaved
+    # runs in rotating order, against two runs of 256 as controls): pw7-pw11 (512 -> 512, 14x14) 0.96-0.98x
+    # (minimums 925-930 against 955-1000 us), pw12 0.93x, pw13 0.98x, fc 0.90x, others within the
+    # controls' spread; whole model 0.975x (minimum sum 11.43 against 11.68 and 11.90 ms); resnet18,
+    # bert_layer, yolo_block: minimum sums 0.99x, 0.99x, 0.96x. Results do not change (each sum runs
+    # over k in the same order, a block's partial sums stored exactly).
+    gemm_kc: int = 512
     gemm_wide: int = 512
     gemm_tile_floats: int = 32768
     gemm_min_tiles: int = 4
@@ -88,6 +95,28 @@ class CodegenOptions:
     # 0.89x; a range up to 14 (14x14 in rows of 14) measured the same as up to 8.
     windows_mr_min: int = 6
     windows_mr_max: int = 8
+    # A 2-D convolution with constant weights and at most ``conv_direct_max_k`` input channels x taps
+    # (a network's first layers) is computed channels x positions over a phase-split copy of its input
+    # rows (``codegen/conv_direct.py``) instead of over its windows: NR = ``conv_direct_nr`` positions of
+    # one output row per vector (the output width must be a multiple), MR = up to ``conv_direct_mr``
+    # output channels with the AVX-512 body (the AVX2 block's rows otherwise), the C tile (channels x
+    # positions) within ``conv_direct_tile_floats``. Where an output row is a single panel, K at most
+    # ``conv_direct_one_panel_max_k``. 0 turns it off. Measured (1 thread, per-kernel thread CPU time,
+    # 40 interleaved runs, medians against the windows, Conv+Relu): mobilenet_v1's stem (3 -> 32, 3x3 s2,
+    # 112x112 out) 0.86x, and 0.76x with the micro-kernel's own epilogue; mobilenet_v1_025_96's (3 -> 8,
+    # 48x48) 0.65x; resnet8's (3 -> 16, 32x32) 0.47x; resnet18's (3 -> 64, 7x7 s2, K = 147) 0.90x; 8 -> 32
+    # 3x3 at 64x64 0.88x; 16 -> 32 3x3 s2 at 32x32 out 0.97x, but at 16x16 out (one panel a row) 1.07x
+    # (K = 144), where 3 -> 16 and 8 -> 16 (K = 27, 72) are 0.68x and 0.69x. C tiles of 16384 floats
+    # measured 0.96-0.98x of 8192, 4096 the same as 8192; MR = 16 against 8 and 12: 0.96x and 0.93x.
+    conv_direct_max_k: int = 160
+    conv_direct_one_panel_max_k: int = 96
+    conv_direct_nr: int = 16
+    conv_direct_mr: int = 16
+    conv_direct_tile_floats: int = 16384
+    # A GEMM whose output is the anchor's, or its Relu's, with a row bias at most, stored along its
+    # unit-stride rows in whole register blocks, is finished and stored by the micro-kernel after its
+    # last K block (``gemm.register_epilogue``) instead of through the C tile and the epilogue loop.
+    gemm_register_epilogue: bool = True
     # Plain-C micro-kernel with named scalar accumulators (``codegen/microkernel.py``): for a
     # compiler without vector registers (the Cortex-M7), which keeps an accumulator array in memory.
     gemm_scalar_accumulators: bool = False
@@ -266,12 +295,13 @@ class CodegenOptions:
 # in the arena here: with the host's (a 128 KiB C tile, 512-wide panels) resnet8's arena was
 # 360 KiB and mobilenet_v1_025_96's 543 KiB; with these, 140 and 217.5 KiB, for 1-2% more
 # executed instructions than 1024-float tiles and 64-wide panels (148.5 and 217.5 KiB). Measured
-# under QEMU on resnet8, mobilenet_v1_025_96 and ds_cnn. No loop is worth threads: no OpenMP.
+# under QEMU on resnet8, mobilenet_v1_025_96 and ds_cnn. No loop is worth threads: no OpenMP. The
+# direct convolution kernel (host-tuned, its C tile alone 64 KiB of scratch) is off.
 CORTEX_M7 = CodegenOptions(platform="mcu", weights="embed", simd="none", gemm_scalar_accumulators=True,
                            gemm_mr=4, gemm_nr=4, gemm_mc=64, gemm_nc=16, gemm_kc=64, gemm_wide=32,
                            gemm_tile_floats=512, gemm_min_tiles=1, parallel_min_work=1 << 62,
                            int8_conv_positions_per_pass=2, int8_conv_channels_per_pass=4,
-                           int8_dot_call_min_pairs=65)
+                           int8_dot_call_min_pairs=65, conv_direct_max_k=0)
 # The host build without intrinsics: the plain C99 the microcontroller runs, so the emulated
 # Cortex-M7 gives the same bits as this (AVX2 FMA rounds once per multiply-add, the C twice).
 PORTABLE = CodegenOptions(simd="none")
