@@ -27,18 +27,25 @@ def _w(b, *shape):
     return b.const(f"w{len(b.graph.values)}", (rng.standard_normal(shape) / np.sqrt(fan_in)).astype(np.float32))
 
 
-def _conv_graph(c, oc, h, w, k, stride, pads, dil=1, epilogue="Relu", n=1, group=1):
-    b = GraphBuilder("conv")
-    x = b.input("x", (n, c, h, w))
-    y = b.op("Conv", x, _w(b, oc, c // group, k, k), _w(b, oc), kernel_shape=[k, k], strides=[stride, stride],
-             pads=pads, dilations=[dil, dil], group=group, name="conv")
-    names = ["conv"]
+def _activation(b, y, epilogue, names):
+    """``y`` through Relu or Clip(0, 6) when ``epilogue`` names one (its node named 'act', added to ``names``)."""
     if epilogue == "Relu":
         y = b.op("Relu", y, name="act")
         names.append("act")
     elif epilogue == "Clip":
         y = b.op("Clip", y, b.const("lo", np.float32(0.0)), b.const("hi", np.float32(6.0)), name="act")
         names.append("act")
+    return y
+
+
+def _conv_graph(c, oc, h, w, k, stride, pads, dil=1, epilogue="Relu", n=1, group=1):
+    b = GraphBuilder("conv")
+    x = b.input("x", (n, c, h, w))
+    y = b.op("Conv", x, _w(b, oc, c // group, k, k), _w(b, oc), kernel_shape=[k, k], strides=[stride, stride],
+             pads=pads, dilations=[dil, dil], group=group, name="conv")
+    names = ["conv"]
+    if epilogue in ("Relu", "Clip"):
+        y = _activation(b, y, epilogue, names)
     elif epilogue == "Add":  # residual: a second input of the output's shape
         r = b.input("r", (n, oc, (h + pads[0] + pads[2] - dil * (k - 1) - 1) // stride + 1,
                           (w + pads[1] + pads[3] - dil * (k - 1) - 1) // stride + 1))
@@ -147,12 +154,7 @@ def _pointwise_graph(c, oc, h, w, epilogue="Relu", bias=True, stride=1):
     ins = [x, _w(b, oc, c, 1, 1)] + ([_w(b, oc)] if bias else [])
     y = b.op("Conv", *ins, kernel_shape=[1, 1], strides=[stride, stride], name="conv")
     names = ["conv"]
-    if epilogue == "Relu":
-        y = b.op("Relu", y, name="act")
-        names.append("act")
-    elif epilogue == "Clip":
-        y = b.op("Clip", y, b.const("lo", np.float32(0.0)), b.const("hi", np.float32(6.0)), name="act")
-        names.append("act")
+    y = _activation(b, y, epilogue, names)
     g = b.build(y)
     return g, group_by_names(g, [("conv_epilogue", names)])
 

@@ -29,6 +29,7 @@ import math
 
 import numpy as np
 
+from opfuse.codegen.conv_windows import band_rows
 from opfuse.codegen.gemm import ColAccess, GemmProblem, Operand
 from opfuse.codegen.index import Index, add, delinearize, mul
 from opfuse.codegen.microkernel import fits_avx2, fits_avx512
@@ -104,19 +105,8 @@ class PhaseBand(ColAccess):
         off = ((c * R + kh * DH) * SW + (kw * DW) % SW) * Wq + (kw * DW) // SW
         return off.reshape(-1).astype(np.int64)
 
-    def _band_rows(self, tile_positions: int) -> int:
-        """Most input rows one tile's band holds: its output rows' span plus the window's."""
-        OH, OW = self.node.outputs[0].shape[2:]
-        P = OH * OW
-        SH, DH, KH = self.geo.strides[0], self.geo.dilations[0], self.geo.kernel[0]
-        most = 0
-        for n0 in range(0, P, tile_positions):
-            first, last = n0 // OW, (min(P, n0 + tile_positions) - 1) // OW
-            most = max(most, (last - first) * SH)
-        return most + (KH - 1) * DH + 1
-
     def prepare(self, kc, NC: int) -> None:
-        self.rows = self._band_rows(NC)
+        self.rows = band_rows(self.node, self.geo, NC)
         self.koff = self._offsets()
         SW = self.geo.strides[1]
         self.offset = kc.scratch(self.x.shape[1] * self.rows * SW * self.phase_len * 4)

@@ -34,6 +34,20 @@ from opfuse.codegen.index import Index, add, delinearize, mul
 from opfuse.codegen.microkernel import fits_avx512
 
 
+
+def band_rows(node, geo, tile_positions: int) -> int:
+    """Most input rows one tile of ``tile_positions`` output positions reads (a conv ``node`` of window
+    geometry ``geo``): its output rows' span times the row stride, plus the window's height."""
+    OH, OW = node.outputs[0].shape[2:]
+    P = OH * OW
+    SH, DH, KH = geo.strides[0], geo.dilations[0], geo.kernel[0]
+    most = 0
+    for m0 in range(0, P, tile_positions):
+        first, last = m0 // OW, (min(P, m0 + tile_positions) - 1) // OW
+        most = max(most, (last - first) * SH)
+    return most + (KH - 1) * DH + 1
+
+
 class ConvWindows(RowAccess):
     """``RowAccess`` of a 2-D convolution's windows (see the module docstring)."""
 
@@ -51,7 +65,7 @@ class ConvWindows(RowAccess):
             self.row_len, self.rows = W, H
         else:
             self.row_len = max(W + PL + geo.pads_end[1], (OW - 1) * SW + (KW - 1) * DW + 1)
-            self.rows = self._band_rows(tile_positions)
+            self.rows = band_rows(self.node, self.geo, tile_positions)
         self._offsets()
         self.base = ""
         self.first_row = ""
@@ -65,20 +79,9 @@ class ConvWindows(RowAccess):
         c, kh, kw = np.meshgrid(np.arange(self.cg), np.arange(KH), np.arange(KW), indexing="ij")
         self.koff = (c * plane + kh * DH * self.row_len + kw * DW).reshape(-1).astype(np.int64)
 
-    def _band_rows(self, tile_positions: int) -> int:
-        """Most input rows one tile's band holds: its output rows' span plus the window's."""
-        OH, OW = self.node.outputs[0].shape[2:]
-        P = OH * OW
-        SH, DH, KH = self.geo.strides[0], self.geo.dilations[0], self.geo.kernel[0]
-        most = 0
-        for m0 in range(0, P, tile_positions):
-            first, last = m0 // OW, (min(P, m0 + tile_positions) - 1) // OW
-            most = max(most, (last - first) * SH)
-        return most + (KH - 1) * DH + 1
-
     def prepare(self, kc, MC: int) -> None:
         if not self.in_place:  # the band holds what a tile of the blocking's MC positions reads
-            self.rows = self._band_rows(MC)
+            self.rows = band_rows(self.node, self.geo, MC)
             self._offsets()
             self.offset = kc.scratch(self.cg * self.rows * self.row_len * 4)
 
