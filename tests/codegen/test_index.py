@@ -196,6 +196,7 @@ def _check(idx: Index, groups, out_shape, expected_offsets: np.ndarray) -> None:
     ((2, 3, 4), [(0, 2, "i"), (2, 3, "j")]),
     ((2, 1, 4), [(0, 3, "i")]),
     ((5,), [(0, 1, "i")]),
+    ((4, 5), [(0, 2, "i")]),
 ])
 def test_loops_and_linear_address_every_element_in_order(shape, groups):
     idx = Index.loops(shape, groups)
@@ -239,6 +240,9 @@ RESHAPES = [
     ((4,), (1, 2, 1, 2), [(0, 1, "i")]),
     ((2, 6), (2, 2, 3), [(0, 1, "i"), (1, 2, "j")]),
     ((3, 2, 2), (3, 4), [(0, 1, "i"), (1, 3, "j")]),
+    # a run that starts at a block's start but ends inside the next block: not a run of the input
+    ((2, 3, 4), (2, 12), [(0, 2, "i"), (2, 3, "j")]),
+    ((2, 3, 4), (6, 2, 2), [(0, 1, "i"), (1, 3, "j")]),
 ]
 
 
@@ -260,6 +264,10 @@ def test_reshape_to_keeps_a_run_of_whole_blocks():
     idx = Index.loops((2, 3, 4), [(0, 2, "i"), (2, 3, "j")]).reshape_to((6, 4))
     assert idx.dims == ("i", "j")
     assert idx.offset() == "i * 4 + j"
+    # one output axis read as two input axes: they form a run of that axis's loop variable
+    idx = Index.loops((6, 4), [(0, 1, "i"), (1, 2, "j")]).reshape_to((2, 3, 4))
+    assert idx.runs == ((0, 2, "i"),)
+    assert idx.offset() == "i * 4 + j"
 
 
 @pytest.mark.parametrize("in_shape,perm,groups", [
@@ -269,6 +277,8 @@ def test_reshape_to_keeps_a_run_of_whole_blocks():
     ((2, 3, 4), (0, 2, 1), [(0, 1, "i"), (1, 2, "j"), (2, 3, "k")]),
     ((2, 3, 4, 5), (0, 3, 1, 2), [(0, 1, "i"), (1, 2, "j"), (2, 4, "k")]),
     ((2, 3, 4, 5), (2, 3, 0, 1), [(0, 2, "i"), (2, 4, "j")]),
+    ((2, 3, 4), (1, 0, 2), [(0, 3, "i")]),
+    ((2, 3, 4, 5), (0, 1, 3, 2), [(0, 3, "i"), (3, 4, "j")]),
 ])
 def test_transpose_from_reads_numpys_element(in_shape, perm, groups):
     out_shape = tuple(in_shape[p] for p in perm)
@@ -282,6 +292,8 @@ def test_transpose_from_reads_numpys_element(in_shape, perm, groups):
     ((2, 3, 4), (1, 2, 0), [(0, 2, "i"), (2, 3, "j")]),
     ((2, 3, 4, 5), (0, 3, 1, 2), [(0, 1, "i"), (1, 3, "j"), (3, 4, "k")]),
     ((2, 3, 4, 5), (2, 3, 0, 1), [(0, 2, "i"), (2, 4, "j")]),
+    ((2, 3, 4), (1, 0, 2), [(0, 3, "i")]),
+    ((2, 3, 4, 5), (0, 1, 3, 2), [(0, 3, "i"), (3, 4, "j")]),
 ])
 def test_transpose_to_writes_where_numpy_puts_the_element(in_shape, perm, groups):
     """The output offset of each input element: the inverse permutation's gather."""
@@ -297,6 +309,10 @@ def test_transpose_keeps_runs_over_axes_that_stay_consecutive():
     assert set(idx.runs) == {(0, 2, "j"), (2, 4, "i")}
     idx = Index.loops((2, 3, 4), [(0, 3, "i")]).transpose_from((0, 2, 1), (2, 4, 3))
     assert idx.runs == ()
+    idx = Index.loops((2, 3, 4), [(0, 3, "i")]).transpose_from((0, 1, 2), (2, 3, 4))
+    assert idx.runs == ((0, 3, "i"),)
+    idx = Index.loops((2, 3, 4), [(0, 3, "i")]).transpose_to((0, 1, 2), (2, 3, 4))
+    assert idx.runs == ((0, 3, "i"),)
     idx = Index.loops((4, 5, 2, 3), [(0, 2, "i"), (2, 4, "j")]).transpose_to((2, 3, 0, 1), (2, 3, 4, 5))
     assert set(idx.runs) == {(0, 2, "j"), (2, 4, "i")}
     idx = Index.loops((2, 3, 4), [(0, 2, "i"), (2, 3, "j")]).transpose_to((1, 0, 2), (3, 2, 4))
@@ -330,6 +346,11 @@ def test_broadcast_to_keeps_a_run_only_where_the_shapes_agree():
     assert Index.loops((2, 3, 4), [(0, 3, "i")]).broadcast_to((3, 4)).runs == ()
     assert Index.loops((2, 3, 4), [(0, 1, "i"), (1, 3, "j")]).broadcast_to((3, 4)).runs == ((0, 2, "j"),)
     assert Index.loops((2, 3, 4), [(0, 3, "i")]).broadcast_to((2, 1, 4)).runs == ()
+    # a run starting below the dropped leading axes keeps its part over the operand's axes when the axes
+    # it loses are all of extent 1, whatever the axes before it
+    assert Index.loops((2, 1, 3, 4), [(0, 1, "i"), (1, 4, "j")]).broadcast_to((3, 4)).runs == ((0, 2, "j"),)
+    # a run that cannot be kept does not stop the next one from being kept
+    assert Index.loops((2, 3, 4, 5), [(0, 2, "i"), (2, 4, "j")]).broadcast_to((4, 5)).runs == ((0, 2, "j"),)
     with pytest.raises(AssertionError):
         Index.loops((3, 4), [(0, 2, "i")]).broadcast_to((2, 3, 4))
 
