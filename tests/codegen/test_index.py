@@ -364,6 +364,7 @@ def test_broadcast_to_keeps_a_run_only_where_the_shapes_agree():
     ((2, 3, 4), 1, 1, 5, [(0, 1, "i"), (1, 3, "j")]),
     ((2, 3, 4), 0, 1, 3, [(0, 1, "i"), (1, 3, "j")]),
     ((2, 3, 4), 2, 0, 4, [(0, 3, "i")]),
+    ((1, 1, 4), 2, 1, 6, [(0, 2, "i"), (2, 3, "j")]),  # a run just before the axis, over extent-1 axes
 ])
 def test_with_axis_shift_reads_the_slice(out_shape, axis, start, in_extent, groups):
     """``out = x[..., start:start + n, ...]`` along ``axis``: the input index is the output's with that
@@ -393,6 +394,9 @@ def test_with_axis_keeps_runs_as_documented():
     assert base.with_axis(0, add(base.dims[0], "1"), (3, 3, 4), shift=1).runs == ((0, 3, "i + 12"),)
     # a later axis of the run changes extent (not a slice of the shifted axis alone): dropped
     assert base.with_axis(0, add(base.dims[0], "1"), (3, 3, 5), shift=1).runs == ()
+    # only the run's own axes before the shifted one must be of extent 1
+    base = Index.loops((2, 3, 4), [(0, 1, "i"), (1, 3, "j")])
+    assert base.with_axis(1, add(base.dims[1], "2"), (2, 7, 4), shift=2).runs == ((1, 3, "j + 8"),)
     # a run that does not cover the replaced axis keeps its expression
     base = Index.loops((2, 3, 4), [(0, 1, "i"), (1, 3, "j")])
     idx = base.with_axis(0, "k", (5, 3, 4))
