@@ -1,0 +1,135 @@
+"""``memory.patch`` without a compiler (mutation testing: tests/MUTATION.md): row maps, the 8-bit/float rule,
+row sizes, refusals of ``bandable`` and when a run may write its output over its input (``_inplace_ok``),
+each expectation worked out by hand from the module docstring. The bit-exact runs are in
+tests/codegen/test_patch.py."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from opfuse.compiler import CompileOptions, plan_model
+from opfuse.memory.patch import RowMap, _bandable_type, _kernel, _range, _row_bytes, bandable, schedule
+from opfuse.memory.static import static_values
+from opfuse.ops import GraphBuilder
+
+
+def _w(b, name, *shape):
+    return b.const(name, (np.arange(np.prod(shape)) % 7 * 0.1 - 0.3).astype(np.float32).reshape(shape))
+
+
+def _infos(graph):
+    comp = plan_model(graph, CompileOptions(target="cortex-m7", patch_recompute_limit=0.0))
+    static = static_values(comp.graph)
+    return comp, [bandable(g, comp.graph, static) for g in comp.plan.groups]
+
+
+def test_row_map_needs_the_window_rows_and_pads_what_it_clips():
+    # output rows [a, e) of kernel k, stride s, top pad p need input rows [a*s - p, (e-1)*s - p + k)
+    rm = RowMap(kernel=3, stride=2, pad=1, rows=10)
+    assert rm.need(0, 3) == (0, 6, 1, 0)     # [-1, 6): one row of top pad
+    assert rm.need(3, 5) == (5, 10, 0, 0)    # [5, 10)
+    assert RowMap(3, 2, 1, 9).need(3, 5) == (5, 9, 0, 1)  # [5, 10) past 9 rows: one row of bottom pad
+    assert RowMap(5, 1, 2, 4).need(0, 4) == (0, 4, 2, 2)
+    assert RowMap(1, 1, 0, 8).need(2, 5) == (2, 5, 0, 0)  # pointwise: the same rows
+    assert RowMap(3, 1, 0, 8).need(1, 2) == (1, 4, 0, 0)
+
+
+def test_bandable_types_are_float_and_8_bit():
+    for dt in (np.float32, np.float16, np.float64, np.int8, np.uint8):
+        assert _bandable_type(dt) and _bandable_type(np.dtype(dt).name)
+    for dt in (np.int16, np.int32, np.int64, np.uint16, np.bool_):
+        assert not _bandable_type(dt)
+
+
+def test_row_bytes_and_kernel():
+    b = GraphBuilder("rows")
+    x = b.input("x", (1, 2, 5, 3))
+    y = b.op("MaxPool", x, kernel_shape=[3, 2], pads=[1, 0, 1, 0], name="pool")
+    c = b.op("Conv", x, _w(b, "w", 4, 2, 3, 1), name="conv")
+    g = b.build(y, c)
+    assert _row_bytes(x) == 2 * 3 * 4 and isinstance(_row_bytes(x), int)  # C x W x 4 bytes
+    pool = next(n for n in g.nodes if n.name == "pool")
+    conv = next(n for n in g.nodes if n.name == "conv")
+    assert _kernel(pool) == (3, 2) and _kernel(conv) == (3, 1)
+
+
+def test_a_group_with_two_outputs_is_not_bandable():
+    b = GraphBuilder("two")
+    x = b.input("x", (1, 2, 6, 4))
+    r = b.op("Relu", x, name="relu")
+    s = b.op("Sigmoid", r, name="sig")
+    comp, infos = _infos(b.build(r, s))
+    (group,) = comp.plan.groups
+    assert infos == ["a group with several outputs"]
+    assert len(group.nodes) == 2
+
+
+def _depthwise(k: int, height: int = 12, channels: int = 4):
+    """x (1, C, height, 3) -> depthwise k x k, pad k // 2 (same shape) -> ReLU."""
+    b = GraphBuilder(f"dw{k}")
+    x = b.input("x", (1, channels, height, 3))
+    p = k // 2
+    y = b.op("Conv", x, _w(b, "w", channels, 1, k, k), group=channels, pads=[p, p, p, p], name="dw")
+    return b.build(b.op("Relu", y, name="relu"))
+
+
+def test_output_over_input_only_when_no_later_band_reads_a_written_row():
+    """Band j of r rows reads x rows [j*r - 2, (j+1)*r + 2) of a 5 x 5 window; band i wrote [i*r, (i+1)*r).
+    Band i + 1 copies its rows before band i's go out; from i + 2 on they overlap iff (j - i) * r < r + 2,
+    i.e. for r = 1 (band i + 2 reads row i) and never for r = 2 (band i + 2 starts at row 2i + 2 = e)."""
+    comp, infos = _infos(_depthwise(5))
+    assert len(infos) == 1 and not isinstance(infos[0], str)
+    one, two, three = (schedule(infos, r) for r in (1, 2, 3))
+    assert not one.inplace
+    assert two.inplace and three.inplace
+    assert len(two.bands) == 6
+    # the range of x that band 3 of 2 rows holds: rows [6 - 2, 8 + 2)
+    assert _range(two.bands[3], "x") == (4, 10)
+    assert _range(two.bands[0], "x") == (0, 4)
+    # a 3 x 3 window reads one halo row: output over input at every height
+    _, infos3 = _infos(_depthwise(3))
+    assert all(schedule(infos3, r).inplace for r in (1, 2, 5))
+
+
+def test_no_output_over_input_with_two_inputs_or_another_shape():
+    b = GraphBuilder("add")
+    x = b.input("x", (1, 2, 6, 4))
+    y = b.input("y", (1, 2, 6, 4))
+    _, infos = _infos(b.build(b.op("Relu", b.op("Add", x, y, name="add"), name="relu")))
+    assert len(infos) == 1 and not isinstance(infos[0], str)
+    sched = schedule(infos, 2)
+    assert len(sched.inputs) == 2 and not sched.inplace
+    b = GraphBuilder("pw")
+    x = b.input("x", (1, 2, 6, 4))
+    _, infos = _infos(b.build(b.op("Conv", x, _w(b, "w", 3, 2, 1, 1), name="pw")))
+    assert not schedule(infos, 2).inplace  # 3 channels out of 2: not the input's shape
+
+
+def test_streamed_run_with_an_idle_first_layer_keeps_its_input():
+    """Two 3 x 3 depthwise layers, line buffers, bands of 2 rows over 6: the second layer lags one row
+    (its window needs a row below), so the last band has only its work: the first layer copies nothing
+    then, and the output may not be written over the input."""
+    b = GraphBuilder("dw2")
+    x = b.input("x", (1, 4, 6, 3))
+    y = b.op("Conv", x, _w(b, "w1", 4, 1, 3, 3), group=4, pads=[1, 1, 1, 1], name="dw1")
+    y = b.op("Relu", y, name="r1")
+    y = b.op("Conv", y, _w(b, "w2", 4, 1, 3, 3), group=4, pads=[1, 1, 1, 1], name="dw2")
+    _, infos = _infos(b.build(b.op("Relu", y, name="r2")))
+    assert len(infos) == 2 and not any(isinstance(i, str) for i in infos)
+    sched = schedule(infos, 2, stream=True)
+    assert [b.steps[0].rows for b in sched.bands] == [(0, 2), (2, 4), (4, 6), (6, 6)]
+    assert [b.steps[1].rows for b in sched.bands] == [(0, 1), (1, 3), (3, 5), (5, 6)]
+    assert not sched.bands[-1].steps[0].needs
+    assert not sched.inplace
+    # recomputed halos instead: every band copies its input first, and none reads rows two bands back
+    assert schedule(infos, 2).inplace
+
+
+@pytest.mark.parametrize("to", [10, 3])  # ONNX float16, int8: a bandable type of another size
+def test_a_cast_run_keeps_its_input(to):
+    b = GraphBuilder("cast")
+    x = b.input("x", (1, 2, 6, 4))
+    _, infos = _infos(b.build(b.op("Cast", b.op("Relu", x, name="relu"), to=to, name="cast")))
+    assert len(infos) == 1 and not isinstance(infos[0], str)
+    sched = schedule(infos, 2)
+    assert sched.output.dtype != sched.inputs[0].dtype and not sched.inplace
