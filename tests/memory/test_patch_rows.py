@@ -133,3 +133,72 @@ def test_a_cast_run_keeps_its_input(to):
     assert len(infos) == 1 and not isinstance(infos[0], str)
     sched = schedule(infos, 2)
     assert sched.output.dtype != sched.inputs[0].dtype and not sched.inplace
+
+
+def _one(build, *, expect_groups: int = 1):
+    b = GraphBuilder("one")
+    graph = b.build(*build(b))
+    comp, infos = _infos(graph)
+    assert len(infos) == expect_groups, [g.name for g in comp.plan.groups]
+    return comp, infos
+
+
+def test_pools_that_cannot_run_on_a_band_are_refused_with_their_reason():
+    _, (r,) = _one(lambda b: [b.op("MaxPool", b.input("x", (1, 2, 7, 4)), kernel_shape=[2, 2], strides=[2, 2],
+                                   ceil_mode=1, name="pool")])
+    assert r == "MaxPool 'pool' has ceil_mode=1"
+    _, (r,) = _one(lambda b: [b.op("AveragePool", b.input("x", (1, 2, 8, 16)), kernel_shape=[8, 1], name="pool")])
+    assert r == "AveragePool 'pool' pools the whole feature map"
+    _, (r,) = _one(lambda b: [b.op("MaxPool", b.input("x", (1, 2, 8, 1)), kernel_shape=[8, 1], name="pool")])
+    assert r == "MaxPool 'pool' pools the whole feature map"
+    _, (r,) = _one(lambda b: [b.op("MaxPool", b.input("x", (1, 2, 2, 5)), kernel_shape=[2, 1], name="pool")])
+    assert r == "MaxPool 'pool' pools the whole feature map"
+
+
+def test_windows_that_can_run_on_a_band():
+    # a pool without ceil_mode, a window narrower than the rows (however wide the map), one row of one row
+    _, (r,) = _one(lambda b: [b.op("MaxPool", b.input("x", (1, 2, 8, 2)), kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+                                   name="pool")])
+    assert not isinstance(r, str) and r.inputs[0][1] == RowMap(3, 1, 1, 8) and r.window_input == 0
+    _, (r,) = _one(lambda b: [b.op("MaxPool", b.input("x", (1, 2, 1, 6)), kernel_shape=[1, 2], name="pool")])
+    assert not isinstance(r, str) and r.inputs[0][1] == RowMap(1, 1, 0, 1)
+    # a Conv whose window is as tall as its input is no whole-map op: padding keeps every row its own
+    _, (r,) = _one(lambda b: [b.op("Conv", b.input("x", (1, 2, 3, 5)), _w(b, "w", 4, 2, 3, 3), pads=[1, 1, 1, 1],
+                                   name="conv")])
+    assert not isinstance(r, str) and r.inputs[0][1] == RowMap(3, 1, 1, 3)
+
+
+def test_the_row_map_of_a_window_is_along_the_rows_only():
+    """kernel (3, 1) with dilation (2, 1): effective 5 rows; stride 2 and top pad 1 on the rows, the width's
+    own (1, 0) ignored."""
+    _, (r,) = _one(lambda b: [b.op("Conv", b.input("x", (1, 2, 11, 6)), _w(b, "w", 4, 2, 3, 1), strides=[2, 1],
+                                   pads=[1, 0, 1, 0], dilations=[2, 1], name="conv")])
+    assert not isinstance(r, str)
+    assert r.inputs[0][1] == RowMap(5, 2, 1, 11)
+    assert r.window is not None and r.window.name == "conv" and r.window_input == 0
+
+
+def test_an_input_read_after_the_window_keeps_its_rows():
+    """conv + a residual input added after it: the residual's rows are the output's (kernel 1, stride 1)."""
+    def build(b):
+        x, y = b.input("x", (1, 2, 7, 5)), b.input("y", (1, 4, 7, 5))
+        c = b.op("Conv", x, _w(b, "w", 4, 2, 3, 3), pads=[1, 1, 1, 1], name="conv")
+        return [b.op("Add", c, y, name="add")]
+    comp, (r,) = _one(build)
+    assert not isinstance(r, str)
+    maps = {v.name: rm for v, rm in r.inputs}
+    assert maps == {"x": RowMap(3, 1, 1, 7), "y": RowMap(1, 1, 0, 7)}
+    assert r.window_input == [v.name for v, _ in r.inputs].index("x")
+    assert r.output.shape == (1, 4, 7, 5)
+    # work per output row: the group's flops over its 7 rows (not its 5 columns)
+    from opfuse.ops.registry import get_spec
+    total = sum(get_spec(n.op_type, n).flops(n) for n in comp.plan.groups[0].nodes)
+    assert r.work_per_row * 7 == pytest.approx(total) and total > 0
+
+
+@pytest.mark.parametrize("src, to", [("int32", 1), ("float32", 6)])  # Cast to ONNX float32, int32
+def test_neither_float_nor_8_bit_is_refused(src, to):
+    """The input's type and the output's are both checked."""
+    _, (r,) = _one(lambda b: [b.op("Cast", b.op("Abs", b.input("x", (1, 2, 6, 4), src), name="abs"), to=to,
+                                   name="cast")])
+    assert r == "neither floating point nor 8-bit"
