@@ -202,3 +202,14 @@ def test_neither_float_nor_8_bit_is_refused(src, to):
     _, (r,) = _one(lambda b: [b.op("Cast", b.op("Abs", b.input("x", (1, 2, 6, 4), src), name="abs"), to=to,
                                    name="cast")])
     assert r == "neither floating point nor 8-bit"
+
+
+def test_a_pointwise_group_has_no_window_and_skips_constants_in_any_position():
+    def build(b):
+        x = b.input("x", (1, 2, 6, 4))
+        scale = b.const("scale", np.full((1, 2, 1, 1), 2.0, np.float32))
+        return [b.op("Relu", b.op("Mul", scale, x, name="mul"), name="relu")]  # the constant is read first
+    _, (r,) = _one(build)
+    assert not isinstance(r, str)
+    assert r.window is None and r.window_input == -1
+    assert [(v.name, rm) for v, rm in r.inputs] == [("x", RowMap(1, 1, 0, 6))]
