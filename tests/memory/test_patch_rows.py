@@ -213,3 +213,12 @@ def test_a_pointwise_group_has_no_window_and_skips_constants_in_any_position():
     assert not isinstance(r, str)
     assert r.window is None and r.window_input == -1
     assert [(v.name, rm) for v, rm in r.inputs] == [("x", RowMap(1, 1, 0, 6))]
+
+
+def test_same_padding_comes_from_the_input_rows():
+    """auto_pad SAME_UPPER, kernel 3, stride 2 over 12 rows: 6 output rows, (6 - 1) * 2 + 3 - 12 = 1 row of
+    padding in all, at the bottom (the top gets the floor of half): top pad 0."""
+    _, (r,) = _one(lambda b: [b.op("Conv", b.input("x", (1, 2, 12, 5)), _w(b, "w", 4, 2, 3, 3), strides=[2, 2],
+                                   auto_pad="SAME_UPPER", name="conv")])
+    assert not isinstance(r, str) and r.inputs[0][1] == RowMap(3, 2, 0, 12)
+    assert r.output.shape == (1, 4, 6, 3)
