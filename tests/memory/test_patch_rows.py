@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from opfuse.compiler import CompileOptions, plan_model
-from opfuse.memory.patch import RowMap, _bandable_type, _kernel, _range, _row_bytes, bandable, schedule
+from opfuse.memory.patch import (PATCHED_KIND, RowMap, _bandable_type, _kernel, _range, _row_bytes, bandable, merge_run,
+                                 schedule)
 from opfuse.memory.static import static_values
 from opfuse.ops import GraphBuilder
 
@@ -222,3 +223,23 @@ def test_same_padding_comes_from_the_input_rows():
                                    auto_pad="SAME_UPPER", name="conv")])
     assert not isinstance(r, str) and r.inputs[0][1] == RowMap(3, 2, 0, 12)
     assert r.output.shape == (1, 4, 6, 3)
+
+
+def test_merge_run_makes_one_patched_group_named_after_its_ends():
+    b = GraphBuilder("dw3")
+    x = b.input("x", (1, 4, 6, 3))
+    y = x
+    for i in (1, 2, 3):
+        y = b.op("Relu", b.op("Conv", y, _w(b, f"w{i}", 4, 1, 3, 3), group=4, pads=[1, 1, 1, 1], name=f"dw{i}"),
+                 name=f"r{i}")
+    comp, infos = _infos(b.build(y))
+    names = [g.name for g in comp.plan.groups]
+    assert len(names) == 3
+    sched = schedule(infos[1:], 2)  # the last two layers
+    plan = merge_run(comp.plan, 1, sched)
+    assert [g.name for g in plan.groups] == [names[0], f"patch_{names[1]}_{names[2]}"]
+    merged = plan.groups[1]
+    assert merged.kind == PATCHED_KIND and merged.attrs["rule"] == "patch" and merged.attrs["patch"] is sched
+    assert merged.anchor is not None and merged.anchor.name == "dw2"
+    assert [n.name for n in merged.nodes] == [n.name for g in comp.plan.groups[1:] for n in g.nodes]
+    assert plan.groups[0] is comp.plan.groups[0]
