@@ -243,3 +243,7 @@ def test_merge_run_makes_one_patched_group_named_after_its_ends():
     assert merged.anchor is not None and merged.anchor.name == "dw2"
     assert [n.name for n in merged.nodes] == [n.name for g in comp.plan.groups[1:] for n in g.nodes]
     assert plan.groups[0] is comp.plan.groups[0]
+    # the whole chain: named after its first and last groups
+    whole = merge_run(comp.plan, 0, schedule(infos, 2))
+    assert [g.name for g in whole.groups] == [f"patch_{names[0]}_{names[2]}"]
+    assert whole.groups[0].anchor is not None and whole.groups[0].anchor.name == "dw1"
