@@ -50,10 +50,6 @@ def add(*terms: str) -> str:
     return text.replace("+ - ", "- ")
 
 
-def add_const(expr: str, k: int) -> str:
-    return add(expr, str(k))
-
-
 def div(expr: str, k: int) -> str:
     if k == 1 or expr == "0":
         return expr
@@ -133,10 +129,6 @@ class Index:
         object.__setattr__(self, "runs", tuple(r for r in self.runs if r[1] - r[0] > 1))
 
     # Construction -----------------------------------------------------------------------
-    @classmethod
-    def of(cls, shape: Sequence[int], dims: Sequence[str]) -> "Index":
-        return cls(tuple(shape), tuple(dims))
-
     @classmethod
     def linear(cls, shape: Sequence[int], lin: str) -> "Index":
         """The element at row-major position ``lin`` of a tensor of ``shape``."""
