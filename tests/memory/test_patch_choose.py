@@ -262,3 +262,19 @@ def test_report_without_model_work():
     assert report.extra_work == 10.0
     report.model_work = 40.0
     assert report.to_json()["recompute_of_model"] == 0.25
+
+
+def test_a_run_after_a_group_that_needs_the_whole_map():
+    """A Softmax over the channels (not bandable) before the chain: the run starts after it, at conv1."""
+    b = GraphBuilder("soft")
+    x = b.op("Softmax", b.input("x", (1, 1, 16, 4)), axis=1, name="soft")
+    r1 = b.op("Relu", b.op("Conv", x, _w(b, "w1", 8, 1, 3, 3), pads=[1, 1, 1, 1], name="conv1"), name="r1")
+    r2 = b.op("Relu", b.op("Conv", r1, _w(b, "w2", 8, 1, 3, 3), group=8, pads=[1, 1, 1, 1], name="dw"), name="r2")
+    pw = b.op("Relu", b.op("Conv", r2, _w(b, "w3", 2, 8, 1, 1), name="pw"), name="pw")
+    comp = plan_model(b.build(b.op("GlobalAveragePool", pw, name="gap")),
+                      CompileOptions(target="cortex-m7", patch_recompute_limit=0.0))
+    assert [g.name for g in comp.plan.groups] == ["soft", "conv1", "dw", "pw", "gap"]
+    plan, report = choose_patches(comp.plan, 0.5)
+    assert [r["groups"] for r in report.runs] == [["conv1", "dw", "pw"]]
+    assert report.arena_before == 4096 and report.arena_after < 4096
+    assert plan.groups[0].name == "soft" and plan.groups[1].kind == PATCHED_KIND
