@@ -38,14 +38,14 @@ def _w(b, name, *shape):
     return b.const(name, (np.arange(np.prod(shape)) % 7 * 0.1 - 0.3).astype(np.float32).reshape(shape))
 
 
-def _chain(r1_out: bool = False):
+def _chain(r1_out: bool = False, r2_out: bool = False):
     b = GraphBuilder("chain")
     x = b.input("x", (1, 1, 16, 4))
     r1 = b.op("Relu", b.op("Conv", x, _w(b, "w1", 8, 1, 3, 3), pads=[1, 1, 1, 1], name="conv1"), name="r1")
     r2 = b.op("Relu", b.op("Conv", r1, _w(b, "w2", 8, 1, 3, 3), group=8, pads=[1, 1, 1, 1], name="dw"), name="r2")
     pw = b.op("Relu", b.op("Conv", r2, _w(b, "w3", 2, 8, 1, 1), name="pw"), name="pw")
     gap = b.op("GlobalAveragePool", pw, name="gap")
-    graph = b.build(gap, r1) if r1_out else b.build(gap)
+    graph = b.build(gap, *([r1] if r1_out else []), *([r2] if r2_out else []))
     comp = plan_model(graph, CompileOptions(target="cortex-m7", patch_recompute_limit=0.0))
     assert [g.name for g in comp.plan.groups] == ["conv1", "dw", "pw", "gap"]
     info = [bandable(g, comp.graph, static_values(comp.graph)) for g in comp.plan.groups]
@@ -173,11 +173,33 @@ def test_a_run_ends_where_a_tensor_leaves_it():
     assert _run_ok(comp.plan, 1, 3, info) and _run_ok(comp.plan, 2, 3, info)
 
 
-def test_a_tensor_read_outside_keeps_its_layers_out_of_a_run():
-    comp, _ = _chain(r1_out=True)
+@pytest.mark.parametrize("out", ["r1", "r2"])
+def test_a_tensor_read_outside_keeps_its_layers_out_of_a_run(out):
+    """A graph output may end a run, never sit inside one (its producer is conv1 for r1, dw for r2)."""
+    comp, _ = _chain(r1_out=out == "r1", r2_out=out == "r2")
     chosen, report = choose_patches(comp.plan, 0.5)
+    producer = {"r1": "conv1", "r2": "dw"}[out]
+    assert report.runs
     for run in report.runs:
-        assert run["groups"][:-1].count("conv1") == 0
+        assert producer not in run["groups"][:-1]
+    for g in chosen.groups:
+        if g.kind == PATCHED_KIND:
+            assert producer not in [m.group.name for m in g.attrs["patch"].members][:-1]
+
+
+def test_a_run_of_two_groups():
+    """conv1 -> depthwise -> pool: r1 and r2 (2048 bytes each) live at once unpatched; a run over the two
+    layers keeps only r2 whole (2048) beside its workspace."""
+    b = GraphBuilder("two")
+    x = b.input("x", (1, 1, 16, 4))
+    r1 = b.op("Relu", b.op("Conv", x, _w(b, "w1", 8, 1, 3, 3), pads=[1, 1, 1, 1], name="conv1"), name="r1")
+    r2 = b.op("Relu", b.op("Conv", r1, _w(b, "w2", 8, 1, 3, 3), group=8, pads=[1, 1, 1, 1], name="dw"), name="r2")
+    comp = plan_model(b.build(b.op("GlobalAveragePool", r2, name="gap")),
+                      CompileOptions(target="cortex-m7", patch_recompute_limit=0.0))
+    assert [g.name for g in comp.plan.groups] == ["conv1", "dw", "gap"]
+    plan, report = choose_patches(comp.plan, 0.5)
+    assert [r["groups"] for r in report.runs] == [["conv1", "dw"]]
+    assert report.arena_before == 4096 and report.arena_after == 2048 + plan.groups[0].attrs["patch"].workspace_bytes
 
 
 def test_no_budget_no_runs(chain):
