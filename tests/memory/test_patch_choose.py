@@ -96,6 +96,8 @@ def test_recomputed_bands_of_two_rows(chain):
     offsets, total = sched.layout([0, 1000, 0])
     assert offsets == {"k1": 0, "v:r1": 1024, "v:r2": 1536, "v:x": 0, "v:pw": 0} and total == 1792
     assert schedule(members, 2, [0, 1000, 0]).workspace_bytes == 1792
+    # one byte of scratch is scratch too (64 aligned): above r1 and r2 at step 1
+    assert sched.layout([0, 1, 0]) == ({"v:r1": 0, "v:r2": 512, "v:x": 512, "k1": 768, "v:pw": 0}, 832)
     # 1024-byte alignment: every buffer takes 1024; r1 at 0, x and r2 (each live with r1) at 1024, pw with r2: 0
     assert sched.layout(alignment=1024) == ({"v:r1": 0, "v:x": 1024, "v:r2": 1024, "v:pw": 0}, 2048)
     assert sched.describe() == {
