@@ -302,3 +302,20 @@ def test_a_run_after_a_group_that_needs_the_whole_map():
     assert [r["groups"] for r in report.runs] == [["conv1", "dw", "pw"]]
     assert report.arena_before == 4096 and report.arena_after < 4096
     assert plan.groups[0].name == "soft" and plan.groups[1].kind == PATCHED_KIND
+
+
+def test_a_residual_read_by_the_next_group_keeps_its_producer_out_of_a_shorter_run():
+    """r1 is added back after the pointwise layer (in the pool's group): a run conv1..pw would leave r1 read
+    outside it (by the group just after); groups 0..3 hold every reader."""
+    b = GraphBuilder("res")
+    x = b.input("x", (1, 1, 16, 4))
+    r1 = b.op("Relu", b.op("Conv", x, _w(b, "w1", 8, 1, 3, 3), pads=[1, 1, 1, 1], name="conv1"), name="r1")
+    r2 = b.op("Relu", b.op("Conv", r1, _w(b, "w2", 8, 1, 3, 3), group=8, pads=[1, 1, 1, 1], name="dw"), name="r2")
+    y = b.op("Add", b.op("Conv", r2, _w(b, "w3", 8, 8, 1, 1), name="pw"), r1, name="add")
+    comp = plan_model(b.build(b.op("GlobalAveragePool", y, name="gap")),
+                      CompileOptions(target="cortex-m7", patch_recompute_limit=0.0))
+    assert [[n.name for n in g.nodes] for g in comp.plan.groups] == [["conv1", "r1"], ["dw", "r2"], ["pw"],
+                                                                     ["add", "gap"]]
+    info = [bandable(g, comp.graph, static_values(comp.graph)) for g in comp.plan.groups]
+    assert not _run_ok(comp.plan, 0, 1, info) and not _run_ok(comp.plan, 0, 2, info)
+    assert _run_ok(comp.plan, 0, 3, info) and _run_ok(comp.plan, 1, 2, info) and _run_ok(comp.plan, 1, 3, info)
