@@ -20,6 +20,7 @@ from opfuse.memory.patch import (
     Need,
     PatchReport,
     _estimate,
+    _prune,
     _run_ok,
     _workspace,
     bandable,
@@ -319,3 +320,21 @@ def test_a_residual_read_by_the_next_group_keeps_its_producer_out_of_a_shorter_r
     info = [bandable(g, comp.graph, static_values(comp.graph)) for g in comp.plan.groups]
     assert not _run_ok(comp.plan, 0, 1, info) and not _run_ok(comp.plan, 0, 2, info)
     assert _run_ok(comp.plan, 0, 3, info) and _run_ok(comp.plan, 1, 2, info) and _run_ok(comp.plan, 1, 3, info)
+
+
+def test_prune_undoes_a_run_that_the_arena_does_not_need(chain):
+    """``_prune`` undoes a run whose undoing keeps the arena it is given, and keeps one that lowers it."""
+    comp, info = chain
+    sched = schedule(_members(info)[1:], 2)  # dw..pw, at index 1
+    plan = merge_run(comp.plan, 1, sched)
+    runs = [{**sched.describe(), "arena_estimate": 0}]
+    assert [g.name for g in plan.groups] == ["conv1", "patch_dw_pw", "gap"]
+    lowered = estimate_arena(plan)
+    assert lowered < 4096
+    # the arena asked for is the unpatched one (4096): the run is not needed
+    pruned, left = _prune(plan, runs, 4096)
+    assert [g.name for g in pruned.groups] == ["conv1", "dw", "pw", "gap"] and left == []
+    assert all(a is b for a, b in zip(pruned.groups, comp.plan.groups, strict=True))
+    # the arena the run gives: undoing it would go back to 4096
+    kept, left = _prune(plan, runs, lowered)
+    assert kept is plan and left == runs
