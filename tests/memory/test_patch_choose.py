@@ -104,7 +104,8 @@ def test_recomputed_bands_of_two_rows(chain):
     assert sched.describe() == {
         "groups": ["conv1", "dw", "pw"], "band_rows": 2, "bands": 8, "output": "pw", "inputs": ["x"],
         "workspace_bytes": 768, "output_over_input": False, "line_buffers": False,
-        "work_unpatched": round(16 * sum(rows_work)), "work_patched": round(30 * rows_work[0] + 16 * sum(rows_work[1:])),
+        "work_unpatched": round(16 * sum(rows_work)),
+        "work_patched": round(30 * rows_work[0] + 16 * sum(rows_work[1:])),
         "recompute": round(14 * rows_work[0] / (16 * sum(rows_work)), 4)}
 
 
