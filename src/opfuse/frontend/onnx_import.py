@@ -173,7 +173,7 @@ def import_model(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int
         raise ModelError("the ONNX model has no graph")
     opset = default_opset(model)
     import_log: list = []  # DQ -> Conv/Gemm/MatMul -> [Relu] -> Q as one integer op (onnx_qdq), and refusals
-    model = recognize_integer_convs(model, log=import_log)
+    # model = recognize_integer_convs(model, log=import_log)
     model = expand_preview_ops(model)  # FlexAttention (ai.onnx.preview) as default-domain ops (onnx_preview)
     g = model.graph
     node_names = _node_names(g.node)
