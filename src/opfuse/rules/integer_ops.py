@@ -159,9 +159,21 @@ def quantize_tail():
 # integer_conv ----------------------------------------------------------------------------------
 
 def conv_pattern():
-    """``Conv -> [Add] -> [Relu] -> Div -> Round -> [Add] -> Clip -> Cast``, each read only by the next."""
-    return Op("Conv").named("conv") >> Op("Add").named("residual").opt() >> Op("Relu").named("relu").opt() \
-        >> quantize_tail()
+    """``Conv -> [Add] -> [Relu] -> Div -> Round -> [Add] -> Clip -> Cast``; the Conv, Add and Relu may have
+    other readers (``keep``), so that the condition refuses such a match with its reason."""
+    return Op("Conv").named("conv").keep() >> Op("Add").named("residual").keep().opt() \
+        >> Op("Relu").named("relu").keep().opt() >> quantize_tail()
+
+
+def _escapes(m, keys: tuple[str, ...]) -> bool:
+    """Is the output of a captured node (other than the last) read outside the match or a graph output?"""
+    inside = {id(n) for n in m.nodes}
+    for key in keys:
+        n = _one(m, key)
+        if n is not None and any(v in m.graph.outputs or any(id(u) not in inside for u, _ in v.uses)
+                                 for v in n.outputs):
+            return True
+    return False
 
 
 def _conv_match(m) -> dict | str:
@@ -169,6 +181,8 @@ def _conv_match(m) -> dict | str:
     conv = m["conv"]
     if len(conv.inputs) < 2 or conv.inputs[1] is None:
         return "not a Conv with a weight"
+    if _escapes(m, ("conv", "residual", "relu")):
+        return "the Conv's output is not quantized by its only reader (through a residual Add and a Relu at most)"
     x = dequantized(conv.inputs[0], "the input")
     if isinstance(x, str):
         return x
@@ -298,8 +312,8 @@ INTEGER_CONV_RULE = Rule(
 
 def matmul_pattern():
     """``Gemm | MatMul -> [Add] -> [Relu] -> Div -> Round -> [Add] -> Clip -> Cast``."""
-    return Op(*MATMUL_OPS).named("mm") >> Op("Add").named("bias_add").opt() >> Op("Relu").named("relu").opt() \
-        >> quantize_tail()
+    return Op(*MATMUL_OPS).named("mm").keep() >> Op("Add").named("bias_add").keep().opt() \
+        >> Op("Relu").named("relu").keep().opt() >> quantize_tail()
 
 
 def _matmul_match(m) -> dict | str:
@@ -308,6 +322,8 @@ def _matmul_match(m) -> dict | str:
     if mm.op_type == "Gemm" and (attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0
                                  or attrs.get("beta", 1.0) != 1.0):
         return "a Gemm with transA or alpha, beta other than 1"
+    if _escapes(m, ("mm", "bias_add", "relu")):
+        return "the product is not quantized by its only reader (through a bias Add and a Relu at most)"
     a = mm.inputs[0]
     reshape = a.producer if a is not None and a.producer is not None and a.producer.op_type in RESHAPES else None
     if reshape is not None:
