@@ -41,7 +41,6 @@ from opfuse.frontend.onnx_functions import canonicalize, has_function, is_import
 from opfuse.frontend.onnx_import_context import ImportContext, OnnxNode
 from opfuse.frontend.onnx_opsets import DEFAULT_DOMAINS, MAX_OPSET, MIN_OPSET, REVIEWED_OPSET
 from opfuse.frontend.onnx_preview import expand_preview_ops
-from opfuse.frontend.onnx_qdq import recognize_integer_convs
 from opfuse.frontend.onnx_protos import (attribute_value, numpy_dtype, outer_reads, sparse_to_array,
                                          tensor_to_array)
 from opfuse.frontend.onnx_sequences import NON_TENSORS, kind_of
@@ -172,8 +171,6 @@ def import_model(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int
     if not model.HasField("graph"):
         raise ModelError("the ONNX model has no graph")
     opset = default_opset(model)
-    import_log: list = []  # DQ -> Conv/Gemm/MatMul -> [Relu] -> Q as one integer op (onnx_qdq), and refusals
-    # model = recognize_integer_convs(model, log=import_log)
     model = expand_preview_ops(model)  # FlexAttention (ai.onnx.preview) as default-domain ops (onnx_preview)
     g = model.graph
     node_names = _node_names(g.node)
@@ -181,7 +178,6 @@ def import_model(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int
 
     graph = Graph(g.name or "graph")
     graph.opset = opset
-    graph.import_log = import_log
     _add_constants(graph, g, base_dir)
     _add_inputs(graph, g, dict(input_shapes or {}), dict(input_values or {}))
     nodes = _onnx_nodes(g, node_names, versions, opset, base_dir)

@@ -36,7 +36,7 @@ from opfuse.rewrites.context import RewriteContext
 from opfuse.rewrites.dequantized_constants import fold_dequantized_constants
 from opfuse.rewrites.edit import Provenance
 from opfuse.rewrites.float32_compute import compute_in_float32
-from opfuse.rules.decisions import FUSE_PASS, REWRITTEN, Decision, RefusalKind
+from opfuse.rules.decisions import FUSE_PASS, Decision
 from opfuse.rules.driver import form_groups, unfused_plan
 from opfuse.rules.library import fusion_rule_names, fusion_rules
 from opfuse.rules.options import FusionOptions
@@ -173,16 +173,7 @@ def fuse(graph: Graph, ctx: PassContext | None = None, *, enable: bool = True,
     if plan is None or plan.graph is not g:  # the "fuse" pass was disabled
         plan = unfused_plan(g)
         ctx.plan = plan
-    return g, plan, _import_decisions(graph) + state.decisions
-
-
-IMPORT_PASS = "import"  # the importer's recognitions (``Graph.import_log``), first in the decision log
-
-
-def _import_decisions(graph: Graph) -> list[Decision]:
-    return [Decision(pass_name=IMPORT_PASS, rule=rule, verdict=verdict, nodes=tuple(nodes),
-                     kind="" if verdict == REWRITTEN else RefusalKind.CONDITION.value, reason=reason)
-            for rule, verdict, nodes, reason in graph.import_log]
+    return g, plan, state.decisions
 
 
 def known_names(passes: list[Pass] | None = None) -> tuple[list[str], list[str]]:

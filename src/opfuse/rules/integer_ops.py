@@ -110,7 +110,8 @@ def dequantized(v: Value | None, what: str) -> Dequantized | str:
         return f"{what} is dequantized in blocks"
     axis = scale[1] if scale[1] is not None else zero[1]
     z = None if zero[0] is None else np.asarray(zero[0]).astype(q.dtype)
-    return Dequantized(q, np.asarray(scale[0], np.float32), z, axis, tuple(n for n in (cast, sub, mul) if n is not None))
+    chain = tuple(n for n in (cast, sub, mul) if n is not None)
+    return Dequantized(q, np.asarray(scale[0], np.float32), z, axis, chain)
 
 
 def _per(d: Dequantized, param: np.ndarray | None, axis: int, length: int) -> bool:
@@ -221,7 +222,7 @@ def _conv_match(m) -> dict | str:
             return r
         if r.scale.size != 1 or r.zero is None or r.zero.size != 1 or r.q.dtype not in EIGHT_BIT:
             return "the residual is not quantized per tensor to int8 or uint8 with a zero point"
-        if other.shape != conv.outputs[0].shape:
+        if other is None or other.shape != conv.outputs[0].shape:
             return "the residual's shape is not known to be the Conv's output shape"
         residual = r
     tail = _quantized(m)
@@ -325,6 +326,8 @@ def _matmul_match(m) -> dict | str:
     if _escapes(m, ("mm", "bias_add", "relu")):
         return "the product is not quantized by its only reader (through a bias Add and a Relu at most)"
     a = mm.inputs[0]
+    if a is None:
+        return "the input is not the output of a DequantizeLinear"
     reshape = a.producer if a is not None and a.producer is not None and a.producer.op_type in RESHAPES else None
     if reshape is not None:
         if reshape.op_type == "Reshape" and (len(reshape.inputs) < 2 or reshape.inputs[1] is None

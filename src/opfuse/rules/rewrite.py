@@ -130,7 +130,7 @@ def apply_subgraph(graph, m: Match, rep: Subgraph, pos: dict[int, int]) -> Appli
         graph.remove_node(n)
     mapped: dict[int, Value] = dict(bound)
     for k, n in enumerate(new_nodes):
-        inputs = []
+        inputs: list[Value | None] = []
         for v in n.inputs:
             if v is None:
                 inputs.append(None)

@@ -31,6 +31,7 @@ from typing import Callable
 
 import numpy as np
 
+from opfuse.ir.graph import Graph, Value
 from opfuse.patterns.match import Match
 from opfuse.patterns.pattern import Pattern
 from opfuse.rules.decisions import Refusal, refuse
@@ -71,9 +72,9 @@ class Subgraph:
     decision log says of the rewrite.
     """
 
-    graph: object
+    graph: Graph
     bindings: dict
-    output: object
+    output: Value
     reason: str = ""
     replaces: object | None = None
     name: str | None = None
@@ -81,7 +82,7 @@ class Subgraph:
 
     @property
     def op_type(self) -> str:
-        return self.output.producer.op_type
+        return self.output.producer.op_type if self.output.producer is not None else ""
 
 
 def internal_bytes(m: Match) -> int:
@@ -190,6 +191,6 @@ def rule_names(rules) -> list[str]:
     return [r.name for r in rules]
 
 
-__all__ = ["Rule", "Fuse", "Refusal", "refuse", "Replacement", "Subgraph", "default_benefit", "default_cost", "internal_bytes",
-           "scalar",
+__all__ = ["Rule", "Fuse", "Refusal", "refuse", "Replacement", "Subgraph", "default_benefit", "default_cost",
+           "internal_bytes", "scalar",
            "close", "outside_readers", "rule_names", "TRAFFIC_PER_INTERNAL_BYTE", "MIN_COST"]
