@@ -115,6 +115,11 @@ def apply_subgraph(graph, m: Match, rep: Subgraph, pos: dict[int, int]) -> Appli
             return f"stand-in '{stand_in}' is not bound to a value of the graph of its type"
         bound[id(v)] = real
     new_nodes = list(scratch.nodes)
+    made = {id(v) for n in new_nodes for v in n.outputs}
+    for n in new_nodes:
+        for v in n.input_values():
+            if id(v) not in made and id(v) not in bound and v.const is None:
+                return f"stand-in '{v.name}' is not bound to a value of the graph"
     # Commit: unhook the replaced value, remove the match, then insert the new nodes where it was.
     readers = list(target.uses)
     for u, i in readers:
