@@ -329,10 +329,7 @@ def _matmul_match(m) -> dict | str:
     if a is None:
         return "the input is not the output of a DequantizeLinear"
     reshape = a.producer if a is not None and a.producer is not None and a.producer.op_type in RESHAPES else None
-    if reshape is not None:
-        if reshape.op_type == "Reshape" and (len(reshape.inputs) < 2 or reshape.inputs[1] is None
-                                             or reshape.inputs[1].const is None):
-            return "the input is reshaped to a run-time shape"
+    if reshape is not None:  # (a Reshape's shape is a constant: the IR's shapes are static)
         x = dequantized(reshape.inputs[0], "the input")
     else:
         x = dequantized(a, "the input")
