@@ -7,17 +7,19 @@
 Each model is quantized with minmax calibration on 8 seeded random inputs (int8 activations per
 tensor, int8 weights per channel), then:
 
-* **M7**: planned for ``cortex-m7`` unfused (``--no-fuse``: the float QDQ graph as imported, one kernel
-  per op -- float Conv/Gemm on dequantized tensors, each Q and DQ as its Cast/Sub/Mul/Div/Round/Clip ops,
-  weights dequantized at compile time; the integer recognition is a fusion and does not run), fused without patching
-  (``--patch-recompute-limit 0``) and with the target's default plan ("patched": patch-based
-  execution where it lowers the arena, recomputing halo rows), built as the standalone library and run
-  once on QEMU's mps2-an500 (``-icount``: exact, deterministic instruction counts). Checked against
-  the oracle, the NumPy reference on the unfused (float QDQ) graph with the same inputs: max abs error of
-  the float output; in the first-layer case the largest difference of the int8 output in quantization
-  steps (the integer kernels are within one step of the float QDQ arithmetic). MACs are the Conv/Gemm/MatMul multiply-accumulates of the graph. The arena includes the
-  kernels' scratch; beside it the plan's own tensor lower bound, the issue's layer-by-layer int8
-  bound and TensorFlow Lite Micro's reference arena for the MLPerf Tiny model of that shape.
+* **M7**: planned for ``cortex-m7`` unfused (``--no-fuse``: the float QDQ graph as imported, one
+  kernel per op -- float Conv/Gemm on dequantized tensors, each Q and DQ as its Cast/Sub/Mul/Div/
+  Round/Clip ops, weights dequantized at compile time; the integer recognition is a fusion and does
+  not run), fused without patching (``--patch-recompute-limit 0``) and with the target's default
+  plan ("patched": patch-based execution where it lowers the arena, recomputing halo rows), built
+  as the standalone library and run once on QEMU's mps2-an500 (``-icount``: exact, deterministic
+  instruction counts). Checked against the oracle, the NumPy reference on the unfused (float QDQ)
+  graph with the same inputs: max abs error of the float output; in the first-layer case the
+  largest difference of the int8 output in quantization steps (the integer kernels are within one
+  step of the float QDQ arithmetic). MACs are the Conv/Gemm/MatMul multiply-accumulates of the
+  graph. The arena includes the kernels' scratch; beside it the plan's own tensor lower bound, the
+  issue's layer-by-layer int8 bound and TensorFlow Lite Micro's reference arena for the MLPerf
+  Tiny model of that shape.
 * **Host** (unless ``--no-host``; ``--host-json`` takes rows measured separately, ``--host-only`` measures
   them and keeps the M7 rows already recorded): ``opfuse bench`` of the same QDQ model, 1 thread, opfuse
   fused and unfused (the float QDQ graph, as above) against onnxruntime (interleaved runs, medians of wall

@@ -26,8 +26,8 @@ def default_passes():
     return fusion_passes()
 
 
-PASSES = ["verify", "recognize_integer", "simplify", "recognize", "fold_linear", "merge_matmuls", "lower_conv_transpose", "float32_compute",
-          "cleanup", "verify_rewrites", "fuse"]
+PASSES = ["verify", "recognize_integer", "simplify", "recognize", "fold_linear", "merge_matmuls",
+          "lower_conv_transpose", "float32_compute", "cleanup", "verify_rewrites", "fuse"]
 
 
 @pytest.fixture(scope="module")
