@@ -48,8 +48,8 @@ from opfuse.rewrites.engine import run_pattern_rules
 from opfuse.rewrites.float32_compute import RULE as FLOAT32_COMPUTE, compute_in_float32
 from opfuse.rewrites.identity import remove_identities
 from opfuse.rewrites.merge_parallel_matmul import RULE as HORIZONTAL_MATMUL, merge_parallel_matmuls
-from opfuse.rules.integer_ops import integer_rules, quantizes
-from opfuse.rules.library import recognition_rules
+from opfuse.rules.integer_ops import quantizes
+from opfuse.rules.library import integer_rules, recognition_rules
 from opfuse.rules.rule import Rule
 
 Pass = Callable[[Graph, RewriteContext], bool]
