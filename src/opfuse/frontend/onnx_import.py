@@ -14,7 +14,11 @@ The import is one pass over a validated, topologically sorted node list:
    its outputs small, or when it is a ``Shape`` of a statically shaped value -- evaluated with
    the op's reference implementation and replaced by constants (``ImportContext.emit``, in
    ``onnx_import_context``). One walk therefore resolves PyTorch's
-   ``Shape -> Gather -> Unsqueeze -> Concat -> Reshape`` chains into a constant shape. Control
+   ``Shape -> Gather -> Unsqueeze -> Concat -> Reshape`` chains into a constant shape. A
+   DequantizeLinear of a constant integer tensor (a QDQ model's int8 weight, int32 bias) is the
+   exception: it stays ``Cast -> Sub -> Mul`` over the integer constant, so the pipeline's integer
+   rules (``rules/integer_ops``) see the 8-bit weights; the pipeline, or the unfused build, folds
+   the chains they leave as this walk would have (``rewrites/dequantized_constants``). Control
    flow whose conditions and trip counts are known by then is folded into the branch taken or
    the unrolled iterations (``onnx_control``), and sequences and optionals inside the graph into
    the tensors they hold (``onnx_sequences``);
