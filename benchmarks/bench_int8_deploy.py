@@ -7,17 +7,23 @@
 Each model is quantized with minmax calibration on 8 seeded random inputs (int8 activations per
 tensor, int8 weights per channel), then:
 
-* **M7**: planned for ``cortex-m7`` unfused (``--no-fuse``), fused without patching
-  (``--patch-recompute-limit 0``) and with the target's default plan ("patched": patch-based
-  execution where it lowers the arena, recomputing halo rows), built as the standalone library and run
-  once on QEMU's mps2-an500 (``-icount``: exact, deterministic instruction counts). Checked against
-  the NumPy reference on the same inputs (max abs error of the float output, and the int8 logits
-  equal). MACs are the Conv/Gemm/MatMul multiply-accumulates of the graph. The arena includes the
-  kernels' scratch; beside it the plan's own tensor lower bound, the issue's layer-by-layer int8
-  bound and TensorFlow Lite Micro's reference arena for the MLPerf Tiny model of that shape.
+* **M7**: planned for ``cortex-m7`` unfused (``--no-fuse``: the float QDQ graph as imported, one
+  kernel per op -- float Conv/Gemm on dequantized tensors, each Q and DQ as its Cast/Sub/Mul/Div/
+  Round/Clip ops, weights dequantized at compile time; the integer recognition is a fusion and does
+  not run), fused without patching (``--patch-recompute-limit 0``) and with the target's default
+  plan ("patched": patch-based execution where it lowers the arena, recomputing halo rows), built
+  as the standalone library and run once on QEMU's mps2-an500 (``-icount``: exact, deterministic
+  instruction counts). Checked against the oracle, the NumPy reference on the unfused (float QDQ)
+  graph with the same inputs: max abs error of the float output; in the first-layer case the
+  largest difference of the int8 output in quantization steps (the integer kernels are within one
+  step of the float QDQ arithmetic). MACs are the Conv/Gemm/MatMul multiply-accumulates of the
+  graph. The arena includes the kernels' scratch; beside it the plan's own tensor lower bound, the
+  issue's layer-by-layer int8 bound and TensorFlow Lite Micro's reference arena for the MLPerf
+  Tiny model of that shape.
 * **Host** (unless ``--no-host``; ``--host-json`` takes rows measured separately, ``--host-only`` measures
   them and keeps the M7 rows already recorded): ``opfuse bench`` of the same QDQ model, 1 thread, opfuse
-  fused and unfused against onnxruntime (interleaved runs, medians of wall and of process CPU time).
+  fused and unfused (the float QDQ graph, as above) against onnxruntime (interleaved runs, medians of wall
+  and of process CPU time).
 
 Writes ``benchmarks/results/int8_deploy.json`` and the "INT8 deployment" section of
 ``benchmarks/results/int8.md`` (between its markers; the accuracy tables above stay as they are).
@@ -131,7 +137,8 @@ def case_rows(size: int, run: bool) -> dict:
                 row["not_run"] = str(e).strip().splitlines()[-1][:200]
             else:
                 row["instructions"] = res.instructions
-                row["bit_exact"] = all(np.array_equal(res.outputs[k], v) for k, v in want.items())
+                row["max_steps"] = max(int(np.abs(res.outputs[k].astype(np.int64) - v.astype(np.int64)).max())
+                                       for k, v in want.items())
         rows[label] = row
         print(f"case {size} {label}: arena {row['arena_bytes']:,} instructions {row.get('instructions')}",
               file=sys.stderr, flush=True)
@@ -143,13 +150,14 @@ def case_markdown(size: int, rows: dict) -> str:
              f"{size}x{size} (int8 input {kib(rows['fused']['input_bytes'])} KiB, int8 output "
              f"{kib(rows['fused']['output_bytes'])} KiB, both the caller's), emulated Cortex-M7; the seed: 401 KB "
              f"-> 180 KB peak.", "",
-             "| plan | kernels | instructions | arena KiB | arena + input KiB | tensor traffic KiB | bit-exact |",
+             "| plan | kernels | instructions | arena KiB | arena + input KiB | tensor traffic KiB "
+             "| max steps vs unfused |",
              "|---|---|---|---|---|---|---|"]
     for label, r in rows.items():
         ins = f"{r['instructions']:,}" if "instructions" in r else "not run (RAM)"
         lines.append(f"| {label} | {r['kernels']} | {ins} | {kib(r['arena_bytes'])} | "
                      f"{kib(r['arena_bytes'] + r['input_bytes'])} | {kib(r['tensor_traffic_bytes'])} | "
-                     f"{r.get('bit_exact', '-')} |")
+                     f"{r.get('max_steps', r.get('bit_exact', '-'))} |")
     return "\n".join(lines)
 
 

@@ -220,6 +220,7 @@ def plan_model(model, options: CompileOptions | None = None, **kwargs) -> Compil
     from opfuse.memory import plan_memory
     from opfuse.passes import fuse
     from opfuse.report.fusion import build_report
+    from opfuse.rewrites.dequantized_constants import fold_dequantized_constants
     opts = options or CompileOptions(**kwargs)
     original = load(model, opts.input_shapes, opts.input_values)
     ctx = _context(opts)
@@ -228,7 +229,10 @@ def plan_model(model, options: CompileOptions | None = None, **kwargs) -> Compil
     chooser = "fusion rules" if plan_result is None else f"{plan_result.method} planner"
     if plan_result is not None:
         decisions = reconcile_decisions(decisions, plan, chooser)
-    fusion_report = build_report(original, graph, plan, decisions, options=ctx.options, chooser=chooser)
+    # "before" is the unfused build: the graph as imported, its dequantized constants folded (fuse(enable=False))
+    baseline = original.copy()
+    fold_dequantized_constants(baseline)
+    fusion_report = build_report(baseline, graph, plan, decisions, options=ctx.options, chooser=chooser)
     limit = patch_recompute_limit(opts)
     if opts.target in SRAM_TARGETS:
         plan, patching, memory, budget_record = fit_sram(graph, plan, opts, limit)

@@ -250,7 +250,7 @@ def test_compile_int8_quantizes_then_says_what_runs_in_int8(capsys, tmp_path):
     code, out, _ = run_cli(capsys, "compile", "zoo:ds_cnn", "--int8", "--calibration-random", "2", "-q",
                            "--report-json", str(path))
     assert code == 0
-    # 9 convs and the fc (an integer MatMul, frontend/onnx_qdq.py) accumulate in int32
+    # 9 convs and the fc (an integer MatMul, the integer_matmul rule) accumulate in int32
     assert "int8: 10 of 13 kernels read and write only 8-bit tensors, 10 accumulate in int32" in out
     assert "not int8 at the boundary: input_QuantizeLinear/Div, fc/MatMul, softmax" in out  # float in, float logits
     import json

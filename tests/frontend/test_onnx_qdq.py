@@ -1,6 +1,8 @@
-"""DQ -> Conv -> [Relu] -> Q recognized as one integer conv (``frontend/onnx_qdq.py``): int32 Conv,
-int32 bias and a fixed-point ``Requantize`` in the conv's epilogue; against onnxruntime (which fuses
-the same pattern into QLinearConv) and between the reference and C."""
+"""DQ -> Conv -> [Add(residual)] -> [Relu] -> Q recognized as one integer conv by the pattern rule
+``integer_conv`` (``rules/integer_ops.py``, the pipeline's ``recognize_integer`` stage): int32 Conv, int32
+bias and a fixed-point ``Requantize`` in the conv's epilogue. Against the oracle (the NumPy reference on
+the float QDQ graph as imported, which the unfused build runs) and onnxruntime (which fuses the same
+pattern into QLinearConv) within one quantization step, and between the reference and C bit for bit."""
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
@@ -10,7 +12,7 @@ from onnx_builders import init, model, op_types, ort_run, vi
 from opfuse.codegen.options import CodegenOptions
 from opfuse.compiler import plan_model
 from opfuse.frontend.onnx import import_model
-from opfuse.frontend.onnx_qdq import recognize_integer_convs
+from opfuse.passes import fuse
 from opfuse.runtime.native import build
 from opfuse.runtime.reference import run
 
@@ -63,45 +65,58 @@ def _x():
     return {"x": (RNG.standard_normal((1, 8, 10, 9)) * 2).astype(np.float32)}
 
 
+def recognized(m):
+    """The pipeline's graph of ``m`` and the decisions of its ``recognize_integer`` stage."""
+    g, _, decisions = fuse(import_model(m))
+    return g, [d for d in decisions if d.pass_name == "recognize_integer"]
+
+
 @pytest.mark.parametrize("act, relu, per_channel, bias, group, residual", [
     (np.int8, True, True, True, 1, False), (np.uint8, True, True, True, 1, False),
     (np.int8, False, False, True, 1, False), (np.int8, True, True, False, 1, False),
     (np.uint8, False, True, True, 8, False), (np.int8, True, True, True, 1, True),
     (np.uint8, False, True, False, 8, True),
 ])
-def test_recognized_conv_matches_onnxruntime_within_one_step(act, relu, per_channel, bias, group, residual):
+def test_recognized_conv_matches_the_oracle_and_onnxruntime_within_one_step(act, relu, per_channel, bias, group,
+                                                                             residual):
     m = qdq_conv(act, relu, per_channel, bias, group=group, residual=residual)
-    refusals = []
-    rewritten = recognize_integer_convs(m, refusals)
-    assert refusals == [] and "QLinearConv" in [n.op_type for n in rewritten.graph.node]
-    assert "Relu" not in [n.op_type for n in rewritten.graph.node]
-    g = import_model(m)
-    assert "Requantize" in op_types(g)
+    g, decisions = recognized(m)
+    assert [(d.rule, d.verdict) for d in decisions] == [("integer_conv", "rewritten")]
+    assert "Requantize" in op_types(g) and "Relu" not in op_types(g)
+    assert op_types(g).count("Round") == 1  # the input's quantization; the output's is the Requantize
     x = _x()
     theirs = ort_run(m, x)["y_q"].astype(int)
+    oracle = run(import_model(m), x)["y_q"].astype(int)  # the float QDQ graph, as the unfused build runs it
     ours = run(g, x)["y_q"].astype(int)
-    assert np.abs(ours - theirs).max() <= 1
-    assert np.mean(ours == theirs) >= 0.99  # a step apart only near a rounding tie
+    for other in (theirs, oracle):
+        assert np.abs(ours - other).max() <= 1
+        assert np.mean(ours == other) >= 0.99  # a step apart only near a rounding tie
     for simd in ("auto", "none"):
-        plan = plan_model(g).plan
+        plan = plan_model(m).plan
         native = build(plan.graph, plan, options=CodegenOptions(simd=simd)).run(x)["y_q"]
         np.testing.assert_array_equal(native, ours.astype(native.dtype))
 
 
 def test_the_requantize_runs_in_the_convs_kernel():
-    g = import_model(qdq_conv())
-    plan = plan_model(g).plan
-    (conv_group,) = [grp for grp in plan.groups if "Conv" in grp.op_types]
+    comp = plan_model(qdq_conv())
+    (conv_group,) = [grp for grp in comp.plan.groups if "Conv" in grp.op_types]
     assert "Requantize" in conv_group.op_types and "Add" in conv_group.op_types  # bias and requantize epilogue
-    requant = next(n for n in g.nodes if n.op_type == "Requantize")
+    requant = next(n for n in comp.plan.graph.nodes if n.op_type == "Requantize")
     assert requant.attrs["lo"] == -20  # the Relu became the clamp at the zero point
 
 
-def test_the_callers_model_is_left_as_it_is():
-    m = qdq_conv()
-    before = m.SerializeToString()
-    recognize_integer_convs(m)
-    assert m.SerializeToString() == before
+def test_the_import_keeps_the_int8_weight_and_the_unfused_build_folds_it():
+    """The importer keeps DQ(W_q) as Cast -> Sub -> Mul over the int8 constant (the rule needs it); the unfused
+    build folds it as the importer folds constants, so it computes no weight at run time."""
+    g = import_model(qdq_conv())
+    (cast,) = [n for n in g.nodes if n.op_type == "Cast" and n.inputs[0].is_const and n.inputs[0].dtype == np.int8]
+    assert cast.inputs[0].name == "w_q"
+    unfused, plan, decisions = fuse(g, enable=False)
+    assert decisions == [] and "Requantize" not in op_types(unfused) and "Conv" in op_types(unfused)
+    assert not any(all(v.is_const for v in n.input_values()) for n in unfused.nodes)
+    assert unfused.values["w_dq"].const.dtype == np.float32  # the dequantized weight, under its ONNX name
+    x = _x()
+    np.testing.assert_array_equal(run(unfused, x)["y"], run(g, x)["y"])
 
 
 @pytest.mark.parametrize("kwargs, reason", [
@@ -111,33 +126,41 @@ def test_the_callers_model_is_left_as_it_is():
 ])
 def test_refusals_keep_the_float_path_and_say_why(kwargs, reason):
     m = qdq_conv(**kwargs)
-    refusals = []
-    assert recognize_integer_convs(m, refusals) is m
-    assert refusals == [("conv", reason)]
-    g = import_model(m)
+    g, decisions = recognized(m)
+    assert [(d.rule, d.verdict, d.nodes[0], d.reason) for d in decisions] == [("integer_conv", "refused", "conv",
+                                                                                reason)]
     assert "Requantize" not in op_types(g)
     x = _x()
     theirs = ort_run(m, x)
     np.testing.assert_array_equal(run(g, x)["y_q"].astype(int), theirs["y_q"].astype(int))
 
 
-def test_a_float_conv_is_not_touched():
+def test_a_float_conv_is_refused_with_its_reason():
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
              helper.make_node("QuantizeLinear", ["c", "s"], ["y"])]
     m = model(nodes, [vi("x", [1, 2, 4, 4])], [vi("y", None, U8)],
               [init("w", np.ones((2, 2, 1, 1), np.float32)), init("s", np.float32(0.1))], opset=13)
-    refusals = []
-    assert recognize_integer_convs(m, refusals) is m
-    assert refusals == [("conv", "the input is not the output of a DequantizeLinear")]
+    g, decisions = recognized(m)
+    assert [(d.verdict, d.reason) for d in decisions] == [("refused", "the input is not the output of a "
+                                                                      "DequantizeLinear")]
+    assert "Requantize" not in op_types(g)
+
+
+def test_a_float_model_is_not_looked_at():
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"), helper.make_node("Relu", ["c"], ["y"])]
+    m = model(nodes, [vi("x", [1, 2, 4, 4])], [vi("y", None)], [init("w", np.ones((2, 2, 1, 1), np.float32))],
+              opset=13)
+    _, decisions = recognized(m)
+    assert decisions == []
 
 
 def test_opfuse_quantized_resnet8_runs_integer_convs_close_to_onnxruntime():
     r = opfuse.quantize("zoo:resnet8", calibration_random=4)
-    refusals = []
-    rewritten = recognize_integer_convs(r.model, refusals)
+    g, decisions = recognized(r.model)
     # all nine, the three that end in a residual Add too (a second term of the requantization)
-    assert sum(n.op_type == "QLinearConv" for n in rewritten.graph.node) == 9 and refusals == []
-    assert sum(n.op_type == "Add" for n in rewritten.graph.node) == 0
+    assert [d.rule for d in decisions if d.verdict == "rewritten"].count("integer_conv") == 9
+    assert [d for d in decisions if d.verdict != "rewritten"] == []
+    assert sum("Add(residual)" in d.reason for d in decisions) == 3
     x = {"input": RNG.standard_normal((1, 3, 32, 32)).astype(np.float32)}
     theirs = ort_run(r.model, x)["output"]
     ours = opfuse.compile(r.model).run(x)["output"]
@@ -145,11 +168,18 @@ def test_opfuse_quantized_resnet8_runs_integer_convs_close_to_onnxruntime():
 
 
 def test_the_decision_log_shows_the_recognized_and_the_refused_conv():
-    taken = plan_model(import_model(qdq_conv(residual=True)))
-    (d,) = [d for d in taken.decisions if d.pass_name == "import"]
+    taken = plan_model(qdq_conv(residual=True))
+    (d,) = [d for d in taken.decisions if d.pass_name == "recognize_integer"]
     assert (d.rule, d.verdict, d.nodes[0]) == ("integer_conv", "rewritten", "conv")
     assert "Conv -> Add(residual) -> Relu -> QuantizeLinear as one integer conv" in d.reason
-    refused = plan_model(import_model(qdq_conv(bias_scale_factor=1.5)))
-    (d,) = [d for d in refused.decisions if d.pass_name == "import"]
-    assert str(d) == ("[import] integer_conv refused (condition) at conv: the bias scale is not input scale x "
-                      "weight scale")
+    assert taken.fusion_report.rewrites.get("integer_conv") == 1
+    refused = plan_model(qdq_conv(bias_scale_factor=1.5))
+    (d,) = [d for d in refused.decisions if d.pass_name == "recognize_integer"]
+    assert str(d).startswith("[recognize_integer] integer_conv refused (condition) at conv")
+    assert str(d).endswith(": the bias scale is not input scale x weight scale")
+
+
+def test_the_rule_can_be_disabled_and_the_float_path_runs():
+    comp = plan_model(qdq_conv(), disable=["integer_conv"])
+    assert "Requantize" not in op_types(comp.plan.graph)
+    assert not [d for d in comp.decisions if d.rule == "integer_conv" and d.verdict == "rewritten"]

@@ -1,7 +1,8 @@
-"""DQ -> Gemm/MatMul -> [Add bias] -> [Relu] -> Q recognized as one integer matmul (``frontend/onnx_qdq.py``):
-int32 MatMul, int32 bias and a fixed-point ``Requantize`` per output column, lowered by ``codegen/qmatmul.py``
-(SMLAD on the M7). Against onnxruntime running the QDQ model (within one quantization step), between the
-reference and C (bit for bit), and the refusals with their reasons."""
+"""DQ -> [Flatten] -> Gemm/MatMul -> [Add bias] -> [Relu] -> Q recognized as one integer matmul by the pattern
+rule ``integer_matmul`` (``rules/integer_ops.py``): int32 MatMul, int32 bias and a fixed-point ``Requantize`` per
+output column, lowered by ``codegen/qmatmul.py`` (SMLAD on the M7). Against the oracle (the reference on the float
+QDQ graph) and onnxruntime running the QDQ model (within one quantization step), between the reference and C
+(bit for bit), and the refusals with their reasons."""
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
@@ -11,7 +12,7 @@ from opfuse.codegen import generate
 from opfuse.codegen.options import CodegenOptions
 from opfuse.compiler import plan_model
 from opfuse.frontend.onnx import import_model
-from opfuse.frontend.onnx_qdq import recognize_integer_convs
+from opfuse.passes import fuse
 from opfuse.runtime.native import build
 from opfuse.runtime.reference import run
 
@@ -75,6 +76,12 @@ def _x(m):
     return {"x": (RNG.standard_normal(shape) * 2).astype(np.float32)}
 
 
+def recognized(m):
+    """The pipeline's graph of ``m`` and the decisions of its ``recognize_integer`` stage."""
+    g, _, decisions = fuse(import_model(m))
+    return g, [d for d in decisions if d.pass_name == "recognize_integer"]
+
+
 @pytest.mark.parametrize("op, act, relu, per_channel, bias, flatten, trans_b", [
     ("Gemm", np.int8, False, True, True, True, 1), ("Gemm", np.uint8, True, True, True, True, 1),
     ("Gemm", np.int8, True, False, False, False, 0), ("MatMul", np.int8, False, True, True, False, 0),
@@ -82,18 +89,19 @@ def _x(m):
 ])
 def test_recognized_matmul_matches_onnxruntime_and_c_is_bit_exact(op, act, relu, per_channel, bias, flatten, trans_b):
     m = qdq_matmul(op, act, relu, per_channel, bias, flatten, trans_b=trans_b)
-    refusals = []
-    rewritten = recognize_integer_convs(m, refusals)
-    kept = [n.op_type for n in rewritten.graph.node]
-    assert refusals == [] and "QLinearMatMul" in kept and op not in kept and "Relu" not in kept
-    g = import_model(m)
-    assert "Requantize" in op_types(g) and "MatMul" in op_types(g)
+    g, decisions = recognized(m)
+    assert [(d.rule, d.verdict) for d in decisions] == [("integer_matmul", "rewritten")]
+    kept = op_types(g)
+    assert "Requantize" in kept and "MatMul" in kept and "Gemm" not in kept and "Relu" not in kept
+    assert g.values["y_q"].producer.op_type == "Requantize"
     x = _x(m)
     theirs = ort_run(m, x)["y_q"].astype(int)
+    oracle = run(import_model(m), x)["y_q"].astype(int)
     ours = run(g, x)["y_q"].astype(int)
-    assert np.abs(ours - theirs).max() <= 1
-    assert np.mean(ours == theirs) >= 0.9  # a step apart only near a rounding tie
-    plan = plan_model(g).plan
+    for other in (theirs, oracle):
+        assert np.abs(ours - other).max() <= 1
+        assert np.mean(ours == other) >= 0.9  # a step apart only near a rounding tie
+    plan = plan_model(m).plan
     (mm,) = [grp for grp in plan.groups if "MatMul" in grp.op_types]
     assert "Requantize" in mm.op_types  # the requantize is the matmul kernel's epilogue
     for simd in ("auto", "none"):
@@ -124,38 +132,36 @@ def test_refusals_keep_the_float_path_and_say_why(kwargs, reason):
                 t.CopyFrom(init("bs", np.float32(0.04 * 0.005)))
     else:
         m = qdq_matmul(**kwargs)
-    refusals = []
-    assert recognize_integer_convs(m, refusals) is m
-    assert refusals == [("mm", reason)]
-    g = import_model(m)
+    g, decisions = recognized(m)
+    assert [(d.rule, d.verdict, d.nodes[0], d.reason) for d in decisions] == [("integer_matmul", "refused", "mm",
+                                                                                reason)]
     assert "Requantize" not in op_types(g)
-
-
-def test_the_callers_model_is_left_as_it_is():
-    m = qdq_matmul()
-    before = m.SerializeToString()
-    recognize_integer_convs(m)
-    assert m.SerializeToString() == before
+    x = _x(m)  # the float path: the oracle's own values
+    np.testing.assert_array_equal(run(g, x)["y_q"], run(import_model(m), x)["y_q"])
 
 
 def test_zoo_classifiers_fc_is_an_integer_matmul():
     """The quantizer's own output (Flatten between the pool's DQ and the fc): the fc becomes the integer matmul."""
     import opfuse
     r = opfuse.quantize("zoo:ds_cnn", calibration_random=2)
-    g = import_model(r.model)
+    g, decisions = recognized(r.model)
+    assert [d.reason for d in decisions if d.rule == "integer_matmul"] == [
+        "DequantizeLinear -> Flatten -> Gemm -> Add(bias) -> QuantizeLinear as one integer matmul (int32 "
+        "accumulator, fixed-point Requantize)"]
     mm = [n for n in g.nodes if n.op_type == "MatMul"]
     assert len(mm) == 1 and mm[0].outputs[0].dtype == np.int32
     assert "Gemm" not in op_types(g)
 
 
 def test_the_decision_log_and_report_show_the_recognitions_and_refusals():
-    """The importer's recognitions (and refusals, with the reason) open the decision log (pass ``import``),
-    and the fusion report counts them among the rewrites."""
-    taken = plan_model(import_model(qdq_matmul(relu=True)))
-    (d,) = [d for d in taken.decisions if d.pass_name == "import"]
+    """The rule's recognitions (and refusals, with the reason) are in the decision log under its pass
+    (``recognize_integer``), and the fusion report counts them among the rewrites."""
+    taken = plan_model(qdq_matmul(relu=True))
+    (d,) = [d for d in taken.decisions if d.pass_name == "recognize_integer"]
     assert (d.rule, d.verdict, d.nodes[0]) == ("integer_matmul", "rewritten", "mm")
     assert "Gemm -> Add(bias) -> Relu -> QuantizeLinear as one integer matmul" in d.reason
     assert taken.fusion_report.rewrites.get("integer_matmul") == 1
-    refused = plan_model(import_model(qdq_matmul(alpha=2.0)))
-    (d,) = [d for d in refused.decisions if d.pass_name == "import"]
-    assert str(d) == "[import] integer_matmul refused (condition) at mm: a Gemm with transA or alpha, beta other than 1"
+    refused = plan_model(qdq_matmul(alpha=2.0))
+    (d,) = [d for d in refused.decisions if d.pass_name == "recognize_integer"]
+    assert str(d).startswith("[recognize_integer] integer_matmul refused (condition) at mm")
+    assert str(d).endswith(": a Gemm with transA or alpha, beta other than 1")

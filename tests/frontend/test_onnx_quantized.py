@@ -146,7 +146,7 @@ def test_opfuse_qdq_model_in_c_matches_onnxruntime_within_one_step():
         m.graph.output.append(helper.make_tensor_value_info(name, I8, None))
     theirs, native = ort_run(m, x), opfuse.compile(m).run(x)
     diffs = [np.abs(native[n].astype(int) - theirs[n].astype(int)).ravel() for n in q_outputs]
-    # Each integer conv (onnx_qdq: exact int32, fixed-point requantization) is within one step of
+    # Each integer conv (the integer_conv rule: exact int32, fixed-point requantization) is within one step of
     # onnxruntime's given the same input (test_onnx_qdq); through the network a one-step difference
     # feeds the next layer, which can then differ by two (measured: at most 2, over 98.9% equal per tensor).
     assert max(d.max() for d in diffs) <= 2

@@ -26,8 +26,8 @@ def default_passes():
     return fusion_passes()
 
 
-PASSES = ["verify", "simplify", "recognize", "fold_linear", "merge_matmuls", "lower_conv_transpose", "float32_compute",
-          "cleanup", "verify_rewrites", "fuse"]
+PASSES = ["verify", "recognize_integer", "simplify", "recognize", "fold_linear", "merge_matmuls",
+          "lower_conv_transpose", "float32_compute", "cleanup", "verify_rewrites", "fuse"]
 
 
 @pytest.fixture(scope="module")
@@ -70,13 +70,13 @@ def test_ir_dumps_are_numbered_per_pass(tmp_path, bert):
     names = known_names()[0]
     want = [f"{i:02d}_{n}_{w}.ir" for i, n in enumerate(names) for w in ("after", "before")]
     assert files == sorted(want + [f"{len(names) - 1:02d}_fuse_plan.txt"])
-    before = (d / "02_recognize_before.ir").read_text()
-    after = (d / "02_recognize_after.ir").read_text()
+    before = (d / "03_recognize_before.ir").read_text()
+    after = (d / "03_recognize_after.ir").read_text()
     assert "= Erf(" in before and "= Erf(" not in after and "= Gelu[approximate='none']" in after
-    plan = (d / "09_fuse_plan.txt").read_text()
+    plan = (d / "10_fuse_plan.txt").read_text()
     assert plan.startswith("plan: ") and "attention" in plan
     assert ctx.instrument(DumpIR).files == [str(d / f"{i:02d}_{n}_{w}.ir") for i, n in enumerate(names)
-                                            for w in ("before", "after")] + [str(d / "09_fuse_plan.txt")]
+                                            for w in ("before", "after")] + [str(d / "10_fuse_plan.txt")]
 
 
 def test_timing_instrument(bert):

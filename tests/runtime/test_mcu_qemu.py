@@ -140,7 +140,7 @@ def test_per_kernel_counts_add_up_and_do_not_change_the_bits(tmp_path):
 @needs_tools
 def test_integer_convs_on_the_m7_match_the_reference_exactly(tmp_path):
     """A QDQ model's DQ -> Conv -> [Relu] -> Q become int32 Convs with the fixed-point Requantize, and its
-    fc's DQ -> Flatten -> Gemm -> Q an int32 MatMul with one (frontend/onnx_qdq.py): the plain C, int64
+    fc's DQ -> Flatten -> Gemm -> Q an int32 MatMul with one (the integer_matmul rule): the plain C, int64
     products included, on the emulated M7."""
     from onnx import TensorProto, helper
 

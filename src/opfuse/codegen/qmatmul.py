@@ -1,6 +1,6 @@
 """Integer MatMul of 8-bit activations and constant weights: the portable kernel (SMLAD on the M7).
 
-A QDQ ``DQ -> Gemm/MatMul -> [Add bias] -> [Relu] -> Q`` (``frontend/onnx_qdq.py``) imports as
+A QDQ ``DQ -> Gemm/MatMul -> [Add bias] -> [Relu] -> Q`` (the ``integer_matmul`` rule) becomes
 ``MatMul(int32(a_q) - a_zp, int32(W_q) - w_zp)`` (int32), the int32 bias Add and a fixed-point
 ``Requantize`` per output column. Per row ``m`` of ``A`` (``M x K``) the kernel
 

@@ -37,6 +37,7 @@ from opfuse.ir.graph import Value
 
 QUANT_RANGES = {np.dtype(t): (np.iinfo(t).min, np.iinfo(t).max) for t in (np.uint8, np.int8, np.uint16, np.int16)}
 F32 = np.dtype(np.float32)
+KEPT_DEQUANTIZED = (np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int32))  # constants DQ keeps unfolded
 
 
 class _Writer:
@@ -48,17 +49,20 @@ class _Writer:
     def const(self, tag: str, data) -> Value:
         return self.ctx.const(self.ctx.fresh_value(f"{self.node.name}_{tag}"), np.asarray(data))
 
-    def op(self, op_type: str, inputs: list, attrs: dict | None = None, *, last: bool = False) -> Value:
-        """One node; ``last`` gives it the ONNX node's name and output name."""
+    def op(self, op_type: str, inputs: list, attrs: dict | None = None, *, last: bool = False,
+           fold: bool = True) -> Value:
+        """One node; ``last`` gives it the ONNX node's name and output name; ``fold=False`` keeps it a
+        node even when its inputs are constants."""
         ctx, node = self.ctx, self.node
         name = node.name if last else ctx.fresh_node(f"{node.name}/{op_type}")
         out = node.outputs[0] if last else ctx.fresh_value(f"{node.outputs[0]}_{op_type.lower()}")
-        return ctx.emit(op_type, inputs, dict(attrs or {}), name=name, outputs=[out])[0]
+        return ctx.emit(op_type, inputs, dict(attrs or {}), name=name, outputs=[out], fold=fold)[0]
 
-    def cast(self, v: Value, dtype, *, last: bool = False) -> Value:
+    def cast(self, v: Value, dtype, *, last: bool = False, fold: bool = True) -> Value:
         if np.dtype(dtype) == v.dtype and not last:
             return v
-        return self.op("Cast", [v], {"to": int(helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))}, last=last)
+        return self.op("Cast", [v], {"to": int(helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))}, last=last,
+                       fold=fold)
 
 
 def _per_axis(w: _Writer, param: Value, x: Value, axis: int, block: int) -> Value:
@@ -106,7 +110,10 @@ def dequantize_linear(ctx, node, inputs):
     axis, block = _q_attrs(node)
     out_dtype = np.dtype(helper.tensor_dtype_to_np_dtype(node.attrs["output_dtype"])) \
         if node.attrs.get("output_dtype") else scale.dtype
-    y = w.cast(x, F32)
+    # A constant integer tensor (a weight, a bias) stays integer here: its Cast is not folded, so the
+    # integer rules (``rules/integer_ops``) still see it; the pipeline folds the chains they leave.
+    keep = ctx.keep_dequantized_constants and x.const is not None and x.dtype in KEPT_DEQUANTIZED
+    y = w.cast(x, F32, fold=not keep)
     if zp is not None:
         y = w.op("Sub", [y, w.cast(_per_axis(w, zp, x, axis, block), F32)])
     y = w.op("Mul", [y, w.cast(_per_axis(w, scale, x, axis, block), F32)], last=out_dtype == F32)

@@ -14,7 +14,11 @@ The import is one pass over a validated, topologically sorted node list:
    its outputs small, or when it is a ``Shape`` of a statically shaped value -- evaluated with
    the op's reference implementation and replaced by constants (``ImportContext.emit``, in
    ``onnx_import_context``). One walk therefore resolves PyTorch's
-   ``Shape -> Gather -> Unsqueeze -> Concat -> Reshape`` chains into a constant shape. Control
+   ``Shape -> Gather -> Unsqueeze -> Concat -> Reshape`` chains into a constant shape. A
+   DequantizeLinear of a constant integer tensor (a QDQ model's int8 weight, int32 bias) is the
+   exception: it stays ``Cast -> Sub -> Mul`` over the integer constant, so the pipeline's integer
+   rules (``rules/integer_ops``) see the 8-bit weights; the pipeline, or the unfused build, folds
+   the chains they leave as this walk would have (``rewrites/dequantized_constants``). Control
    flow whose conditions and trip counts are known by then is folded into the branch taken or
    the unrolled iterations (``onnx_control``), and sequences and optionals inside the graph into
    the tensors they hold (``onnx_sequences``);
@@ -41,7 +45,6 @@ from opfuse.frontend.onnx_functions import canonicalize, has_function, is_import
 from opfuse.frontend.onnx_import_context import ImportContext, OnnxNode
 from opfuse.frontend.onnx_opsets import DEFAULT_DOMAINS, MAX_OPSET, MIN_OPSET, REVIEWED_OPSET
 from opfuse.frontend.onnx_preview import expand_preview_ops
-from opfuse.frontend.onnx_qdq import recognize_integer_convs
 from opfuse.frontend.onnx_protos import (attribute_value, numpy_dtype, outer_reads, sparse_to_array,
                                          tensor_to_array)
 from opfuse.frontend.onnx_sequences import NON_TENSORS, kind_of
@@ -172,8 +175,6 @@ def import_model(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int
     if not model.HasField("graph"):
         raise ModelError("the ONNX model has no graph")
     opset = default_opset(model)
-    import_log: list = []  # DQ -> Conv/Gemm/MatMul -> [Relu] -> Q as one integer op (onnx_qdq), and refusals
-    model = recognize_integer_convs(model, log=import_log)
     model = expand_preview_ops(model)  # FlexAttention (ai.onnx.preview) as default-domain ops (onnx_preview)
     g = model.graph
     node_names = _node_names(g.node)
@@ -181,7 +182,6 @@ def import_model(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int
 
     graph = Graph(g.name or "graph")
     graph.opset = opset
-    graph.import_log = import_log
     _add_constants(graph, g, base_dir)
     _add_inputs(graph, g, dict(input_shapes or {}), dict(input_values or {}))
     nodes = _onnx_nodes(g, node_names, versions, opset, base_dir)

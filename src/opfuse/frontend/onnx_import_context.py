@@ -53,6 +53,10 @@ class ImportContext:
         self.scope: MutableMapping[str, Any] = {}
         # Subgraph nodes imported so far (every If branch taken, every unrolled Loop/Scan iteration).
         self.subgraph_nodes = 0
+        # DequantizeLinear of a constant integer tensor stays ``Cast -> Sub -> Mul`` over the integer
+        # constant (``onnx_decompose``), so the pipeline's integer rules see the 8-bit weights; the
+        # pipeline (or the unfused build) folds what they leave (``rewrites/dequantized_constants``).
+        self.keep_dequantized_constants = True
 
     # Names ----------------------------------------------------------------------------------
     def _fresh(self, base: str, taken) -> str:
@@ -102,8 +106,10 @@ class ImportContext:
         return v.const
 
     # Nodes ----------------------------------------------------------------------------------
-    def emit(self, op_type: str, inputs: list, attrs: dict, *, name: str, outputs: list[str]) -> list[Value]:
-        """Add a node, infer its output types, and fold it into constants when it is foldable.
+    def emit(self, op_type: str, inputs: list, attrs: dict, *, name: str, outputs: list[str],
+             fold: bool = True) -> list[Value]:
+        """Add a node, infer its output types, and fold it into constants when it is foldable
+        (never with ``fold=False``: a dequantized constant kept for the integer rules).
 
         Empty output names (ONNX's "unused optional output") get fresh names.
         """
@@ -112,7 +118,7 @@ class ImportContext:
         node = Node(name, op_type, list(inputs), [Value(o) for o in out_names], dict(attrs))
         for v, t in zip(node.outputs, infer_node(node), strict=True):
             v.type = t
-        if _foldable(node):
+        if fold and _foldable(node):
             return [self.const(v.name, a) for v, a in zip(node.outputs, _evaluate(node), strict=False)]
         self.graph.insert_node(node)
         return list(node.outputs)

@@ -13,8 +13,8 @@ they resolve there). When the head counts differ, or are not known from the mode
 or inferred shapes, K and V are repeated over the query heads of their group (``Expand`` of
 shapes read with ``Shape``, folded at import since shapes are static).
 
-The rewrite is on the ModelProto, before the importer checks ops and domains (as
-``onnx_qdq``'s is), so nothing else needs to know the preview domain. A model without
+The rewrite is on the ModelProto, before the importer checks ops and domains, so nothing
+else needs to know the preview domain. A model without
 ``FlexAttention`` is returned as it is.
 """
 from __future__ import annotations

@@ -27,8 +27,9 @@ from opfuse.ir.graph import Value
 from opfuse.ops.quantized import fixed_point_multiplier, residual_multiplier
 
 I32 = np.dtype(np.int32)
-# Set by ``onnx_qdq`` on the QLinearConv it makes of a DQ -> Conv -> [Relu] -> Q: requantize in fixed
-# point (``Requantize``) rather than in float, and clamp at the zero point (the Relu).
+# Set by the ``integer_conv`` / ``integer_matmul`` rules (``rules/integer_ops``, which write a DQ -> Conv ->
+# [Add] -> [Relu] -> Q as this QLinearConv through ``onnx_writer``): requantize in fixed point (``Requantize``)
+# rather than in float, clamp at the zero point (the Relu), add the residual (inputs 9-11) as a second term.
 PRIVATE_ATTRS = ("opfuse_requantize", "opfuse_relu", "opfuse_residual")
 F32 = np.dtype(np.float32)
 EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
@@ -170,7 +171,7 @@ def qlinear_matmul(ctx, node, inputs):
     yz = _opt(inputs, 7)
     w = _Writer(ctx, node)
     acc = _matmul_integer(w, a, b, az, bz)
-    if node.attrs.get("opfuse_requantize") == "fixed":  # onnx_qdq's DQ -> Gemm/MatMul -> [bias] -> [Relu] -> Q
+    if node.attrs.get("opfuse_requantize") == "fixed":  # integer_matmul's DQ -> Gemm/MatMul -> [bias] -> [Relu] -> Q
         bias = _opt(inputs, 8)
         N = b.shape[-1]
         if bias is not None:

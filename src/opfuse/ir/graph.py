@@ -145,9 +145,6 @@ class Graph:
         self.opset: int = 17
         self._name_counter: dict[str, int] = {}
         self._node_names: set[str] = set()
-        # Decisions the importer took on the model before this graph existed (``frontend/onnx_qdq``'s
-        # recognitions): ``(rule, "rewritten" | "refused", node names, detail)``; the decision log starts with them.
-        self.import_log: list[tuple[str, str, tuple[str, ...], str]] = []
 
     # Names -------------------------------------------------------------------------
     def unique_name(self, base: str, *, for_node: bool = False) -> str:
@@ -355,7 +352,6 @@ class Graph:
             g.insert_node(nn)
         g.outputs = [vmap[id(v)] for v in self.outputs]
         g._name_counter = dict(self._name_counter)
-        g.import_log = list(self.import_log)
         return g
 
     def __str__(self) -> str:

@@ -1,6 +1,8 @@
 """The one fusion pipeline, top to bottom, and the runner that instruments it.
 
     verify          the imported graph is well formed
+    recognize_integer  a QDQ model's DQ -> Conv/Gemm/MatMul -> [Add] -> [Relu] -> Q -> one integer op
+                    (pattern rules ``integer_conv``, ``integer_matmul``); dequantized constants folded
     simplify        Identity/Dropout removal, constant folding, CSE, dead code
     recognize       LayerNorm, erf/tanh GELU, SiLU, hard-swish -> one op each (pattern rules)
     fold_linear     BatchNorm and per-channel Mul/Add folded into Conv/Gemm/MatMul (pattern rules)
@@ -31,9 +33,10 @@ from opfuse.passes.context import OptionError, PassContext
 from opfuse.passes.instruments import DecisionLog, DumpIR, PassInstrument, PassTiming, RuleStatistics
 from opfuse.rewrites import rewrite_passes
 from opfuse.rewrites.context import RewriteContext
+from opfuse.rewrites.dequantized_constants import fold_dequantized_constants
 from opfuse.rewrites.edit import Provenance
 from opfuse.rewrites.float32_compute import compute_in_float32
-from opfuse.rules.decisions import FUSE_PASS, REWRITTEN, Decision, RefusalKind
+from opfuse.rules.decisions import FUSE_PASS, Decision
 from opfuse.rules.driver import form_groups, unfused_plan
 from opfuse.rules.library import fusion_rule_names, fusion_rules
 from opfuse.rules.options import FusionOptions
@@ -156,6 +159,7 @@ def fuse(graph: Graph, ctx: PassContext | None = None, *, enable: bool = True,
     ctx = ctx if ctx is not None else PassContext(options=options or FusionOptions())
     if not enable:
         g = graph.copy()
+        fold_dequantized_constants(g)  # as the importer folds constants: no weight computed at run time
         ctx.origin = {n.name: [n.name] for n in g.nodes}
         if "float32_compute" not in ctx.disabled_passes:
             compute_in_float32(g, RewriteContext(ctx.options, Provenance(g)))
@@ -169,16 +173,7 @@ def fuse(graph: Graph, ctx: PassContext | None = None, *, enable: bool = True,
     if plan is None or plan.graph is not g:  # the "fuse" pass was disabled
         plan = unfused_plan(g)
         ctx.plan = plan
-    return g, plan, _import_decisions(graph) + state.decisions
-
-
-IMPORT_PASS = "import"  # the importer's recognitions (``Graph.import_log``), first in the decision log
-
-
-def _import_decisions(graph: Graph) -> list[Decision]:
-    return [Decision(pass_name=IMPORT_PASS, rule=rule, verdict=verdict, nodes=tuple(nodes),
-                     kind="" if verdict == REWRITTEN else RefusalKind.CONDITION.value, reason=reason)
-            for rule, verdict, nodes, reason in graph.import_log]
+    return g, plan, state.decisions
 
 
 def known_names(passes: list[Pass] | None = None) -> tuple[list[str], list[str]]:

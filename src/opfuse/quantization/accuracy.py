@@ -131,7 +131,7 @@ def _output_metrics(f: np.ndarray, q: np.ndarray) -> dict[str, Any]:
 
 def _quantized_names(model) -> dict[str, str]:
     """Quantized tensor -> the output of its QuantizeLinear (the integers: the name survives the
-    import's integer convs, ``onnx_qdq``, which absorb the DequantizeLinear after it)."""
+    pipeline's integer convs, ``rules/integer_ops``, which absorb the DequantizeLinear after it)."""
     return {n.input[0]: n.output[0] for n in model.graph.node if n.op_type == "QuantizeLinear"}
 
 

@@ -340,6 +340,15 @@ def _refuse_quantized(model) -> None:
         raise ModelError(f"the model is already quantized (it has {', '.join(found)} nodes)")
 
 
+def _as_deployed(graph):
+    """The QDQ graph with its integer ops recognized (the ``recognize_integer`` stage: what the fused build
+    computes, within one step of the float QDQ graph), for the accuracy report."""
+    from opfuse.rewrites import Provenance, RewriteContext, recognize_integer
+    from opfuse.rules.options import FusionOptions
+    recognize_integer(graph, RewriteContext(FusionOptions(), Provenance(graph)))
+    return graph
+
+
 def quantize(model, calibration=None, *, calibration_random: int | None = None, method: str = "minmax",
              activation_type: str = DEFAULT_ACTIVATION_TYPE, percentile: float = DEFAULT_PERCENTILE,
              input_shapes=None, report: bool = False, report_samples: int = DEFAULT_REPORT_SAMPLES,
@@ -385,5 +394,6 @@ def quantize(model, calibration=None, *, calibration_random: int | None = None, 
         given = _samples(comp.original, report_inputs, None) if report_inputs is not None else []
         if report_samples == 0 and not given:
             raise InputError("the accuracy report needs inputs: random ones (a positive count) or given ones")
-        result.report = accuracy_report(comp.original, load(qmodel), result, count=report_samples, samples=given)
+        result.report = accuracy_report(comp.original, _as_deployed(load(qmodel)), result, count=report_samples,
+                                        samples=given)
     return result

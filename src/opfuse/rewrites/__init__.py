@@ -3,6 +3,10 @@
 The pipeline, top to bottom (each stage a named pass; every rule and pass can be disabled by
 name through the options):
 
+    recognize_integer  a QDQ model's DQ -> Conv/Gemm/MatMul -> [residual Add] -> [Relu] -> Q as one
+                 integer op (``integer_conv``, ``integer_matmul``: int32 accumulator, fixed-point
+                 Requantize); then the dequantized constants they left are folded (the importer keeps
+                 them unfolded for these rules: ``dequantized_constants``)
     simplify     remove Identity/Dropout, constant folding, CSE, data movement before a
                  dequantization (``dequantize_late``), dead-code elimination
     recognize    decomposed LayerNorm, erf/tanh GELU, SiLU, hard-swish -> one op each
@@ -38,12 +42,14 @@ from opfuse.rewrites.conv_transpose import RULE as CONV_TRANSPOSE_AS_CONV, conv_
 from opfuse.rewrites.cse import eliminate_common_subexpressions
 from opfuse.rewrites.dce import eliminate_dead_code
 from opfuse.rewrites.dequantize_late import dequantize_late
+from opfuse.rewrites.dequantized_constants import fold_dequantized_constants
 from opfuse.rewrites.edit import Provenance
 from opfuse.rewrites.engine import run_pattern_rules
 from opfuse.rewrites.float32_compute import RULE as FLOAT32_COMPUTE, compute_in_float32
 from opfuse.rewrites.identity import remove_identities
 from opfuse.rewrites.merge_parallel_matmul import RULE as HORIZONTAL_MATMUL, merge_parallel_matmuls
-from opfuse.rules.library import recognition_rules
+from opfuse.rules.integer_ops import quantizes
+from opfuse.rules.library import integer_rules, recognition_rules
 from opfuse.rules.rule import Rule
 
 Pass = Callable[[Graph, RewriteContext], bool]
@@ -66,10 +72,22 @@ SIMPLIFY_RULES = ("remove_identity", "constant_folding", "common_subexpression_e
                   "dead_code_elimination")
 
 
+RECOGNIZE_INTEGER = "recognize_integer"
+
+
+def recognize_integer(graph: Graph, rc: RewriteContext, rules: list[Rule] | None = None) -> bool:
+    """The integer rules on a graph that quantizes somewhere, then the dequantized constants folded."""
+    changed = False
+    if quantizes(graph):
+        changed = run_pattern_rules(graph, rules if rules is not None else integer_rules(), rc, RECOGNIZE_INTEGER)
+    return fold_dequantized_constants(graph) or changed
+
+
 def rewrite_passes() -> list[tuple[str, Pass, list[str]]]:
     """The pipeline as (pass name, function, rule names) triples; read it top to bottom."""
-    recognize, fold = recognition_rules(), folding_rules()
+    recognize, fold, integer = recognition_rules(), folding_rules(), integer_rules()
     return [
+        (RECOGNIZE_INTEGER, lambda g, rc: recognize_integer(g, rc, integer), [r.name for r in integer]),
         ("simplify", simplify, list(SIMPLIFY_RULES)),
         ("recognize", lambda g, rc: run_pattern_rules(g, recognize, rc, "recognize"), [r.name for r in recognize]),
         ("fold_linear", lambda g, rc: run_pattern_rules(g, fold, rc, "fold_linear"), [r.name for r in fold]),
@@ -106,5 +124,5 @@ def rewrite(graph: Graph, options: FusionOptions | None = None,
     return RewriteResult(graph, rc.decisions, rc.provenance, timings, rc.rule_stats)
 
 
-__all__ = ["RewriteResult", "rewrite", "rewrite_passes", "folding_rules", "simplify",
+__all__ = ["RewriteResult", "rewrite", "rewrite_passes", "folding_rules", "simplify", "recognize_integer",
            "Provenance", "RewriteContext"]

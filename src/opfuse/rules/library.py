@@ -13,6 +13,10 @@
       injective               data movement into data-movement/elementwise consumers
       horizontal              siblings on one input with one iteration domain -> one pass
 
+* ``integer_rules()``: a QDQ model's DQ -> Conv / Gemm / MatMul -> [Add] -> [Relu] -> Q rewritten into
+  the integer op it stands for (``integer_conv``, ``integer_matmul``: int32 accumulator, fixed-point
+  Requantize), several ops each (a ``Subgraph``); the pipeline's first stage, ``recognize_integer``;
+
 * ``recognition_rules()``: rewrites that turn decomposed formulas into single ops
   (LayerNorm, erf- and tanh-GELU, SiLU, hard-swish), so the fusion rules and codegen see one
   op each (the pipeline's ``recognize`` stage runs these very rules); and ``int8_concat``, a
@@ -27,6 +31,7 @@ from opfuse.rules.aliasing import CONCAT_ALIAS
 from opfuse.rules.attention import ATTENTION
 from opfuse.rules.gelu import ERF_GELU, TANH_GELU
 from opfuse.rules.horizontal import HORIZONTAL
+from opfuse.rules.integer_ops import integer_rules
 from opfuse.rules.normalization import LAYERNORM
 from opfuse.rules.qconcat import INT8_CONCAT
 from opfuse.rules.quantized import DEQUANTIZE_PROLOGUE
@@ -48,7 +53,7 @@ def fusion_rule_names() -> list[str]:
 
 
 def default_rules() -> list[Rule]:
-    return recognition_rules() + fusion_rules()
+    return integer_rules() + recognition_rules() + fusion_rules()
 
 
 def rule_by_name(name: str, rules: list[Rule] | None = None) -> Rule:
@@ -58,4 +63,4 @@ def rule_by_name(name: str, rules: list[Rule] | None = None) -> Rule:
     raise KeyError(name)
 
 
-__all__ = ["recognition_rules", "fusion_rules", "fusion_rule_names", "default_rules", "rule_by_name"]
+__all__ = ["integer_rules", "recognition_rules", "fusion_rules", "fusion_rule_names", "default_rules", "rule_by_name"]

@@ -31,7 +31,7 @@ from opfuse.rules.conflicts import DependencyRules, check_dependencies, check_re
 from opfuse.rules.decisions import REFUSED, REWRITTEN, Decision, RefusalKind, RuleStats
 from opfuse.rules.options import FusionOptions
 from opfuse.rules.rewrite import apply_replacement
-from opfuse.rules.rule import Fuse, Replacement, Rule
+from opfuse.rules.rule import Fuse, Replacement, Rule, Subgraph
 
 # Rewrites applied by one run before it stops with an error: a rule set whose rewrites keep
 # matching their own output never reaches a fixed point; this bounds it per graph node.
@@ -197,7 +197,7 @@ class _Engine:
         t0 = time.perf_counter()
         assert not isinstance(rule.action, Fuse)  # the engine takes rewrite rules only (checked at start)
         rep = rule.action(m)
-        if not isinstance(rep, Replacement):
+        if not isinstance(rep, (Replacement, Subgraph)):
             reason = rep if isinstance(rep, str) else f"rule '{rule.name}' produced no replacement"
             self.record(rule, m, REFUSED, RefusalKind.REWRITE, reason, score)
             self.matcher.ban(rule.pattern, m)
@@ -211,10 +211,13 @@ class _Engine:
             self.matcher.ban(rule.pattern, m)
             return
         self.out.rewrites += 1
-        self.record(rule, m, REWRITTEN, None, f"replaced by {rep.op_type} '{done.node.name}'", score)
+        said = rep.reason if isinstance(rep, Subgraph) and rep.reason else \
+            f"replaced by {rep.op_type} '{done.node.name}'"
+        self.record(rule, m, REWRITTEN, None, said, score)
         self.displace(m.nodes, rule, None, "was rewritten")
-        self.matcher.update(added=[done.node], removed=done.removed, touched=done.touched,
-                            positions={id(done.node): done.position})
+        # Several new nodes have no one position to reuse: the matcher renumbers the graph.
+        self.matcher.update(added=done.nodes, removed=done.removed, touched=done.touched,
+                            positions={id(done.node): done.position} if len(done.nodes) == 1 else None)
 
 
 class _Stale:

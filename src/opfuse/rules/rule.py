@@ -13,7 +13,8 @@ Two kinds of rule share this shape:
 
 * **rewrite rules** (recognition of LayerNorm/GELU/SiLU, BatchNorm folding): the ``action`` is
   a pure function of the match returning a ``Replacement`` (one new op replacing the match's
-  escaping output) or a reason string when it declines; the ``condition`` takes the ``Match``.
+  escaping output), a ``Subgraph`` (several new ops: the integer conv and matmul) or a reason
+  string when it declines; the ``condition`` takes the ``Match``.
   The rewrite engine (``opfuse.rules.resolve``) resolves conflicting matches by
   ``score(m) = benefit(m) / cost(m) * priority`` (the seed's greedy, 7.2.3). The default
   benefit is the main-memory traffic removed: every byte of a value that stays inside is
@@ -30,6 +31,7 @@ from typing import Callable
 
 import numpy as np
 
+from opfuse.ir.graph import Graph, Value
 from opfuse.patterns.match import Match
 from opfuse.patterns.pattern import Pattern
 from opfuse.rules.decisions import Refusal, refuse
@@ -54,6 +56,33 @@ class Replacement:
     attrs: dict = field(default_factory=dict)
     replaces: object | None = None
     name: str | None = None
+
+
+@dataclass
+class Subgraph:
+    """What a rewrite puts in place of a match when one op is not enough: several ops computing the
+    match's escaping output (an integer conv is ``Cast -> Sub -> Conv -> Add -> Requantize``).
+
+    ``graph`` is a scratch ``Graph`` holding the new nodes in topological order, the constants they
+    read, and stand-ins for the values of the real graph they read; ``bindings`` maps each
+    stand-in's name to the real value. ``output`` (a value of ``graph``) takes over the escaping
+    output ``replaces`` (by default the one output of the match read outside it) and its name.
+    The new nodes and values keep their names where the real graph (without the match) leaves them
+    free, so a rule can name them as another path (the importer) would. ``reason`` is what the
+    decision log says of the rewrite.
+    """
+
+    graph: Graph
+    bindings: dict
+    output: Value
+    reason: str = ""
+    replaces: object | None = None
+    name: str | None = None
+    absorbs: tuple = ()  # names of nodes outside the match the rewrite leaves dead (the new ops stand for them)
+
+    @property
+    def op_type(self) -> str:
+        return self.output.producer.op_type if self.output.producer is not None else ""
 
 
 def internal_bytes(m: Match) -> int:
@@ -85,7 +114,7 @@ class Rule:
     name: str
     pattern: Pattern
     condition: Callable | None = None   # Match -> Refusal|str|None (rewrite); Site -> Refusal|None (fusion)
-    action: "Callable[[Match], Replacement | str | None] | Fuse" = None  # type: ignore[assignment]
+    action: "Callable[[Match], Replacement | Subgraph | str | None] | Fuse" = None  # type: ignore[assignment]
     priority: float = 1.0
     benefit: Callable[[Match], float] = default_benefit
     cost: Callable[[Match], float] = default_cost
@@ -162,6 +191,6 @@ def rule_names(rules) -> list[str]:
     return [r.name for r in rules]
 
 
-__all__ = ["Rule", "Fuse", "Refusal", "refuse", "Replacement", "default_benefit", "default_cost", "internal_bytes",
-           "scalar",
+__all__ = ["Rule", "Fuse", "Refusal", "refuse", "Replacement", "Subgraph", "default_benefit", "default_cost",
+           "internal_bytes", "scalar",
            "close", "outside_readers", "rule_names", "TRAFFIC_PER_INTERNAL_BYTE", "MIN_COST"]

@@ -1,0 +1,451 @@
+"""``integer_conv`` and ``integer_matmul``: a QDQ model's float Conv / Gemm / MatMul between dequantized
+8-bit tensors and a quantization of its result is the integer op it stands for.
+
+A QDQ model imported (``onnx_decompose``; the importer keeps a dequantized *constant* as
+``Cast -> Sub -> Mul`` over the integer constant for these rules) reads
+
+    x_q -> Cast -> Sub(xz) -> Mul(xs) ----------------+
+    W_q -> Cast -> Sub(wz) -> Mul(ws)   (per tensor or -+-> Conv -> [Add(r_q -> Cast -> Sub(rz) -> Mul(rs))]
+           per output channel)                        |        -> [Relu] -> Div(ys) -> Round -> Add(yz)
+    B_q -> Cast -> Sub(0) -> Mul(xs * ws) (optional) -+        -> Clip(lo, hi) -> Cast(int8 | uint8) -> y_q
+
+and ``integer_conv`` rewrites the match ``Conv -> [Add] -> [Relu] -> Div -> Round -> Add -> Clip -> Cast``
+into what ``QLinearConv(x_q, xs, xz, W_q, ws, wz, ys, yz, B_q)`` with the fixed-point requantization is
+(``frontend/onnx_quantized``): ``Cast -> Sub(xz)`` centring the 8-bit input, an int32 Conv over the
+centred int32 weight, the int32 bias Add and one ``Requantize`` (multiplier and shift per output
+channel; a residual's centred 8-bit tensor and its own multiplier as a second term; a Relu as the
+clamp's lower bound at the zero point: ``Q(Relu(y)) = max(Q(y), yz)``, Q being monotone with
+``Q(0) = yz``). The ops are written by the importer's own QLinearConv definition
+(``frontend/onnx_writer``), so the integer graph is the one onnx_quantized defines, names included.
+This is the float model's arithmetic in integers, as onnxruntime fuses the same pattern: the float
+path rounds the float32 convolution of dequantized values, the integer one is exact, so the two differ
+by at most one quantization step where a value lies near a rounding tie. The rewrite is a fusion: the
+unfused build keeps the float QDQ graph, which is the oracle.
+
+``integer_matmul`` does the same for ``Gemm | MatMul -> [Add(bias)] -> [Relu] -> quantize`` whose input
+is ``DQ(a_q)`` or ``Flatten/Reshape(DQ(a_q))`` (a classifier's fc: the quantizer leaves the Flatten
+between the pool's DQ and the Gemm, one per-tensor scale on either side): ``QLinearMatMul`` of the
+Flatten/Reshape of the 8-bit tensor and the weight as ``K x N`` (a Gemm's ``transB`` applied to the
+constant), the int32 bias a ninth input, requantized per output column. A Gemm needs ``alpha = beta
+= 1`` and no ``transA``, the input a matrix, the weight per tensor or per output column.
+
+Conditions, each refusal with its reason (the wording of the importer's former recognizer): the
+scales and zero points constants, the activations per tensor, the weight an int8 or uint8 constant
+quantized per tensor or along its output channels, the bias (if any) an int32 constant with zero
+point 0 and scale ``xs * ws`` (to ``BIAS_SCALE_RTOL``), the quantization per tensor to 8 bits; the
+pattern's *only used by* keeps every intermediate inside the match. The stage runs them only on a
+graph that quantizes somewhere (a Cast to 8 bits), as a float model has nothing for them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from opfuse.frontend.onnx_import_context import OnnxNode
+from opfuse.frontend.onnx_writer import write_onnx_nodes
+from opfuse.ir.graph import Node, Value
+from opfuse.patterns import Op
+from opfuse.rules.rule import Rule, Subgraph
+
+INTEGER_CONV = "integer_conv"
+INTEGER_MATMUL = "integer_matmul"
+EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
+QUANT_RANGES = {np.dtype(t): (np.iinfo(t).min, np.iinfo(t).max) for t in (np.int8, np.uint8)}
+INTEGER_SOURCES = EIGHT_BIT + (np.dtype(np.int32),)  # what a DequantizeLinear dequantizes here
+BIAS_SCALE_RTOL = 1e-6  # the bias scale must be xs * ws to float32 rounding
+MATMUL_OPS = ("Gemm", "MatMul")
+RESHAPES = ("Flatten", "Reshape")
+QLINEAR_VERSION = 10  # QLinearConv / QLinearMatMul's since_version
+PRIORITY = 1.0  # the two never claim the same ops
+
+
+# Reading a dequantization back ---------------------------------------------------------------
+
+@dataclass
+class Dequantized:
+    """``v = (float(q) - zero) * scale`` as the importer writes a DequantizeLinear; ``scale`` and
+    ``zero`` as the DequantizeLinear had them (a size-1 one in its own shape, one per ``axis`` as a
+    vector), ``zero`` in ``q``'s type (None: no zero point)."""
+
+    q: Value
+    scale: np.ndarray
+    zero: np.ndarray | None
+    axis: int | None  # the axis a vector scale runs along (None: per tensor)
+    nodes: tuple = ()  # Cast, [Sub], Mul
+
+
+def _param(c: np.ndarray, rank: int) -> tuple[np.ndarray, int | None] | None:
+    """A DequantizeLinear parameter back from its broadcast form: size 1 as it is, or a vector along
+    one axis of a rank-``rank`` tensor (None when it is neither)."""
+    if c.size == 1:
+        return c, None
+    axes = [i for i, d in enumerate(c.shape) if d != 1]
+    if len(c.shape) != rank or len(axes) != 1:
+        return None
+    return c.reshape(-1), axes[0]
+
+
+def dequantized(v: Value | None, what: str) -> Dequantized | str:
+    """The dequantization producing ``v``, or the reason it is not one."""
+    mul = v.producer if v is not None else None
+    if mul is None or mul.op_type != "Mul" or len(mul.input_values()) != 2:
+        return f"{what} is not the output of a DequantizeLinear"
+    a, s = mul.inputs
+    if a is None or s is None:
+        return f"{what} is not the output of a DequantizeLinear"
+    sub = a.producer if a.producer is not None and a.producer.op_type == "Sub" else None
+    cast = (sub.inputs[0].producer if sub is not None and sub.inputs[0] is not None else a.producer)
+    if cast is None or cast.op_type != "Cast" or cast.input(0).dtype not in INTEGER_SOURCES \
+            or cast.outputs[0].dtype != np.float32 or s.dtype != np.float32:
+        return f"{what} is not the output of a DequantizeLinear"
+    q = cast.input(0)
+    zp = sub.inputs[1] if sub is not None else None
+    if s.const is None or (zp is not None and zp.const is None):
+        return f"{what}'s scale or zero point is not a constant"
+    rank = len(q.shape)
+    scale = _param(np.asarray(s.const), rank)
+    zero = _param(np.asarray(zp.const), rank) if zp is not None else (None, None)
+    if scale is None or zero is None or (scale[1] is not None and zero[1] is not None and scale[1] != zero[1]):
+        return f"{what} is dequantized in blocks"
+    axis = scale[1] if scale[1] is not None else zero[1]
+    z = None if zero[0] is None else np.asarray(zero[0]).astype(q.dtype)
+    chain = tuple(n for n in (cast, sub, mul) if n is not None)
+    return Dequantized(q, np.asarray(scale[0], np.float32), z, axis, chain)
+
+
+def _per(d: Dequantized, param: np.ndarray | None, axis: int, length: int) -> bool:
+    """``param`` of ``d`` is one value, or one per index of ``axis`` (of ``length``)."""
+    return param is None or param.size == 1 or (param.shape == (length,) and d.axis == axis)
+
+
+def _bias_scale_reason(bs: np.ndarray, xs: np.ndarray, ws: np.ndarray) -> str | None:
+    want = (np.float32(xs.reshape(())) * ws.astype(np.float32)).astype(np.float64)
+    if not np.allclose(bs.astype(np.float64), np.broadcast_to(want, bs.shape), rtol=BIAS_SCALE_RTOL, atol=0):
+        return "the bias scale is not input scale x weight scale"
+    return None
+
+
+def _one(m, key: str) -> Node | None:
+    got = m.get(key)
+    if isinstance(got, list):
+        return got[0] if got else None
+    return got
+
+
+def _quantized(m) -> tuple[np.ndarray, np.ndarray] | str:
+    """``(ys, yz)`` of the match's quantization (Div -> Round -> Add -> Clip -> Cast), or why it is not
+    one per tensor to 8 bits with constant parameters."""
+    bad = "the output is not quantized per tensor to int8 or uint8 with constant parameters"
+    div, add, clip, q = m["div"], _one(m, "zp"), m["clip"], m["q"]
+    target = q.outputs[0].dtype
+    ys = div.inputs[1] if len(div.inputs) == 2 else None
+    if target not in EIGHT_BIT or add is None or ys is None or ys.const is None or ys.size != 1:
+        return bad
+    zps = [v for v in add.input_values() if v.is_const]
+    if len(zps) != 1 or zps[0].size != 1:
+        return bad
+    bounds = [v.const for v in clip.inputs[1:] if v is not None and v.const is not None]
+    if len(bounds) != 2 or (float(bounds[0]), float(bounds[1])) != tuple(float(b) for b in QUANT_RANGES[target]):
+        return bad
+    return np.asarray(ys.const), np.asarray(zps[0].const).astype(target)
+
+
+def quantize_tail():
+    """``Div(scale) -> Round -> Add(zero point) -> Clip -> Cast``: a QuantizeLinear as imported."""
+    return Op("Div").named("div") >> Op("Round") >> Op("Add").named("zp").opt() >> Op("Clip").named("clip") \
+        >> Op("Cast").named("q")
+
+
+# integer_conv ----------------------------------------------------------------------------------
+
+def conv_pattern():
+    """``Conv -> [Add] -> [Relu] -> Div -> Round -> [Add] -> Clip -> Cast``; the Conv, Add and Relu may have
+    other readers (``keep``), so that the condition refuses such a match with its reason."""
+    return Op("Conv").named("conv").keep() >> Op("Add").named("residual").keep().opt() \
+        >> Op("Relu").named("relu").keep().opt() >> quantize_tail()
+
+
+def _escapes(m, keys: tuple[str, ...]) -> bool:
+    """Is the output of a captured node (other than the last) read outside the match or a graph output?"""
+    inside = {id(n) for n in m.nodes}
+    for key in keys:
+        n = _one(m, key)
+        if n is not None and any(v in m.graph.outputs or any(id(u) not in inside for u, _ in v.uses)
+                                 for v in n.outputs):
+            return True
+    return False
+
+
+def _conv_match(m) -> dict | str:
+    """The operands of the integer conv at ``m``, or the reason it is not one."""
+    conv = m["conv"]
+    if len(conv.inputs) < 2 or conv.inputs[1] is None:
+        return "not a Conv with a weight"
+    if _escapes(m, ("conv", "residual", "relu")):
+        return "the Conv's output is not quantized by its only reader (through a residual Add and a Relu at most)"
+    x = dequantized(conv.inputs[0], "the input")
+    if isinstance(x, str):
+        return x
+    if x.scale.size != 1 or x.zero is None or x.zero.size != 1 or x.q.dtype not in EIGHT_BIT:
+        return "the input is not quantized per tensor with a zero point"
+    w = dequantized(conv.inputs[1], "the weight")
+    if isinstance(w, str):
+        return w
+    if w.q.const is None or w.q.dtype not in EIGHT_BIT:
+        return "the weight is not an int8 or uint8 constant"
+    channels = w.q.shape[0]
+    if not (_per(w, w.scale, 0, channels) and _per(w, w.zero, 0, channels)):
+        return "the weight is not quantized per tensor or per output channel"
+    bias = None
+    if len(conv.inputs) > 2 and conv.inputs[2] is not None:
+        b = dequantized(conv.inputs[2], "the bias")
+        if isinstance(b, str):
+            return b
+        if b.q.const is None or b.q.dtype != np.int32 or b.q.shape != (channels,):
+            return "the bias is not an int32 constant of one value per output channel"
+        if b.zero is not None and np.any(b.zero != 0):
+            return "the bias has a non-zero zero point"
+        reason = _bias_scale_reason(b.scale, x.scale, w.scale)
+        if reason:
+            return reason
+        bias = b.q
+    residual = None
+    add = _one(m, "residual")
+    if add is not None:
+        ins = add.inputs
+        if len(ins) != 2 or ins[0] is ins[1]:
+            return "the residual is not the output of a DequantizeLinear"
+        other = ins[1] if ins[0] is conv.outputs[0] else ins[0]
+        r = dequantized(other, "the residual")
+        if isinstance(r, str):
+            return r
+        if r.scale.size != 1 or r.zero is None or r.zero.size != 1 or r.q.dtype not in EIGHT_BIT:
+            return "the residual is not quantized per tensor to int8 or uint8 with a zero point"
+        if other is None or other.shape != conv.outputs[0].shape:
+            return "the residual's shape is not known to be the Conv's output shape"
+        residual = r
+    tail = _quantized(m)
+    if isinstance(tail, str):
+        return tail
+    return {"x": x, "w": w, "bias": bias, "residual": residual, "y": tail}
+
+
+def conv_refusal(m) -> str | None:
+    got = _conv_match(m)
+    return got if isinstance(got, str) else None
+
+
+def _absorbed(m, candidates: list[Node]) -> tuple[str, ...]:
+    """The ``candidates`` (dequantizations, a Flatten before the match) read only by the match or by
+    each other: the rewrite leaves them dead, and the new ops stand for them in the report."""
+    inside = {id(n) for n in m.nodes} | {id(n) for n in candidates}
+    return tuple(n.name for n in candidates
+                 if all(id(u) in inside for v in n.outputs for u, _ in v.uses) and n.outputs[0] not in m.graph.outputs)
+
+
+def _write(m, ops: list[OnnxNode], inputs: dict, bound: dict[str, Value], reason: str, name: str,
+           absorbs: tuple[str, ...] = ()) -> Subgraph:
+    """The ops written as the importer writes them, in a scratch graph whose names are fresh against
+    the graph without the match (the match's nodes and values go: their names are free again)."""
+    graph = m.graph
+    gone_values = {v.name for n in m.nodes for v in n.outputs}
+    gone_nodes = {n.name for n in m.nodes}
+    target = m["q"].outputs[0]
+    scratch, env = write_onnx_nodes(ops, inputs, opset=graph.opset,
+                                    reserved_values=set(graph.values) - gone_values,
+                                    reserved_nodes={n.name for n in graph.nodes} - gone_nodes)
+    return Subgraph(scratch, bound, env[target.name], reason=reason, name=name, absorbs=absorbs)
+
+
+def _params(prefix: str, d: Dequantized, what: str, zero_dtype=None) -> dict:
+    """The scale and zero point of ``d`` as arrays named ``prefix``_scale / _zero_point (an absent zero
+    point is 0 of ``zero_dtype``: the QLinear ops take every operand)."""
+    zero = d.zero if d.zero is not None else np.array(0, zero_dtype or d.q.dtype)
+    return {f"{prefix}_{what}_scale": d.scale, f"{prefix}_{what}_zero_point": zero}
+
+
+def _conv_action(m):
+    found = _conv_match(m)
+    if isinstance(found, str):
+        return found
+    conv, q = m["conv"], m["q"]
+    target = q.outputs[0]
+    x, w, res = found["x"], found["w"], found["residual"]
+    ys, yz = found["y"]
+    base = conv.outputs[0].name
+    inputs: dict = {x.q.name: x.q, w.q.name: w.q}
+    bound = {x.q.name: x.q, w.q.name: w.q}
+    xp, wp = _params(base, x, "x"), _params(base, w, "w")
+    inputs.update(xp)
+    inputs.update(wp)
+    yp = {f"{base}_y_scale": ys, f"{base}_y_zero_point": yz}
+    inputs.update(yp)
+    names = [x.q.name, *xp, w.q.name, *wp, *yp]
+    if found["bias"] is not None or res is not None:
+        names.append(found["bias"].name if found["bias"] is not None else "")
+        if found["bias"] is not None:
+            inputs[found["bias"].name] = bound[found["bias"].name] = found["bias"]
+    if res is not None:
+        rp = _params(base, res, "r")
+        inputs.update(rp)
+        inputs[res.q.name] = bound[res.q.name] = res.q
+        names += [res.q.name, *rp]
+    relu = _one(m, "relu")
+    attrs = {"opfuse_requantize": "fixed", "opfuse_relu": int(relu is not None),
+             "opfuse_residual": int(res is not None), **conv.attrs}
+    op = OnnxNode(conv.name, "QLinearConv", QLINEAR_VERSION, names, [target.name], attrs)
+    parts = ["DequantizeLinear", "Conv"] + (["Add(residual)"] if res is not None else []) \
+        + (["Relu"] if relu is not None else []) + ["QuantizeLinear"]
+    reason = f"{' -> '.join(parts)} as one integer conv (int32 accumulator, fixed-point Requantize)"
+    chains = list(x.nodes) + (list(res.nodes) if res is not None else [])
+    return _write(m, [op], inputs, bound, reason, conv.name, _absorbed(m, chains))
+
+
+INTEGER_CONV_RULE = Rule(
+    INTEGER_CONV, conv_pattern(), condition=conv_refusal, action=_conv_action, priority=PRIORITY,
+    kind="conv_epilogue",
+    description="DequantizeLinear -> Conv -> [Add(residual)] -> [Relu] -> QuantizeLinear -> one integer conv "
+                "(int32 accumulator, fixed-point Requantize)")
+
+
+# integer_matmul --------------------------------------------------------------------------------
+
+def matmul_pattern():
+    """``Gemm | MatMul -> [Add] -> [Relu] -> Div -> Round -> [Add] -> Clip -> Cast``."""
+    return Op(*MATMUL_OPS).named("mm").keep() >> Op("Add").named("bias_add").keep().opt() \
+        >> Op("Relu").named("relu").keep().opt() >> quantize_tail()
+
+
+def _matmul_match(m) -> dict | str:
+    mm = m["mm"]
+    attrs = mm.attrs
+    if mm.op_type == "Gemm" and (attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0
+                                 or attrs.get("beta", 1.0) != 1.0):
+        return "a Gemm with transA or alpha, beta other than 1"
+    if _escapes(m, ("mm", "bias_add", "relu")):
+        return "the product is not quantized by its only reader (through a bias Add and a Relu at most)"
+    a = mm.inputs[0]
+    if a is None:
+        return "the input is not the output of a DequantizeLinear"
+    reshape = a.producer if a is not None and a.producer is not None and a.producer.op_type in RESHAPES else None
+    if reshape is not None:  # (a Reshape's shape is a constant: the IR's shapes are static)
+        x = dequantized(reshape.inputs[0], "the input")
+    else:
+        x = dequantized(a, "the input")
+    if isinstance(x, str):
+        return x
+    if x.scale.size != 1 or x.zero is None or x.zero.size != 1 or x.q.dtype not in EIGHT_BIT:
+        return "the input is not quantized per tensor with a zero point"
+    if len(a.shape) != 2:
+        return "the input is not known to be a matrix"
+    w = dequantized(mm.inputs[1], "the weight")
+    if isinstance(w, str):
+        return w
+    if w.q.const is None or w.q.dtype not in EIGHT_BIT or len(w.q.shape) != 2:
+        return "the weight is not an int8 or uint8 constant matrix"
+    trans_b = mm.op_type == "Gemm" and bool(attrs.get("transB", 0))
+    n_axis = 0 if trans_b else 1
+    N = w.q.shape[n_axis]
+    for what, v in (("scale", w.scale), ("zero point", w.zero)):
+        if not _per(w, v, n_axis, N):
+            return f"the weight's {what} is not per tensor or per output column"
+    bias_value = mm.inputs[2] if mm.op_type == "Gemm" and len(mm.inputs) > 2 else None
+    add = _one(m, "bias_add")
+    if add is not None:
+        if bias_value is not None or len(add.inputs) != 2:
+            return "the product is not quantized by its only reader (through a bias Add and a Relu at most)"
+        other = add.inputs[1] if add.inputs[0] is mm.outputs[0] else add.inputs[0]
+        if isinstance(dequantized(other, "the bias"), str):
+            return "the product is not quantized by its only reader (through a bias Add and a Relu at most)"
+        bias_value = other
+    bias = None
+    if bias_value is not None:
+        b = dequantized(bias_value, "the bias")
+        if isinstance(b, str):
+            return b
+        if b.q.const is None or b.q.dtype != np.int32 or b.q.shape not in ((N,), (1, N)):
+            return "the bias is not an int32 constant of one value per output column"
+        if b.zero is not None and np.any(b.zero != 0):
+            return "the bias has a non-zero zero point"
+        reason = _bias_scale_reason(b.scale, x.scale, w.scale)
+        if reason:
+            return reason
+        bias = np.asarray(b.q.const).reshape(N)
+    tail = _quantized(m)
+    if isinstance(tail, str):
+        return tail
+    w_kn = np.asarray(w.q.const)
+    return {"reshape": reshape, "x": x, "w": w, "w_kn": np.ascontiguousarray(w_kn.T if trans_b else w_kn),
+            "bias": bias, "y": tail}
+
+
+def matmul_refusal(m) -> str | None:
+    got = _matmul_match(m)
+    return got if isinstance(got, str) else None
+
+
+def _matmul_action(m):
+    found = _matmul_match(m)
+    if isinstance(found, str):
+        return found
+    mm, q = m["mm"], m["q"]
+    target = q.outputs[0]
+    x, w = found["x"], found["w"]
+    ys, yz = found["y"]
+    name, base = mm.name, mm.outputs[0].name
+    inputs: dict = {x.q.name: x.q}
+    bound = {x.q.name: x.q}
+    ops = []
+    x_name = x.q.name
+    reshape = found["reshape"]
+    if reshape is not None:  # the data movement on the 8-bit tensor (one per-tensor scale either side)
+        rest = [v for v in reshape.inputs[1:] if v is not None]
+        for v in rest:
+            inputs[v.name] = bound[v.name] = v
+        x_name = f"{base}_opfuse_input_q"
+        ops.append(OnnxNode(f"{name}_opfuse_input_reshape", reshape.op_type, 13 if reshape.op_type == "Flatten"
+                            else 14, [x.q.name, *(v.name for v in rest)], [x_name], dict(reshape.attrs)))
+    xp = _params(base, x, "x")
+    w_name = f"{base}_opfuse_weight_kn"
+    wp = {f"{base}_w_scale": w.scale,
+          f"{base}_opfuse_w_zero_point": w.zero if w.zero is not None else np.array(0, w.q.dtype)}
+    yp = {f"{base}_y_scale": ys, f"{base}_y_zero_point": yz}
+    inputs.update(xp)
+    inputs[w_name] = found["w_kn"]
+    inputs.update(wp)
+    inputs.update(yp)
+    names = [x_name, *xp, w_name, *wp, *yp]
+    if found["bias"] is not None:
+        inputs[f"{base}_opfuse_bias"] = found["bias"].astype(np.int32)
+        names.append(f"{base}_opfuse_bias")
+    relu = _one(m, "relu")
+    ops.append(OnnxNode(name, "QLinearMatMul", QLINEAR_VERSION, names, [target.name],
+                        {"opfuse_requantize": "fixed", "opfuse_relu": int(relu is not None)}))
+    parts = ["DequantizeLinear"] + ([reshape.op_type] if reshape is not None else []) + [mm.op_type] \
+        + (["Add(bias)"] if found["bias"] is not None else []) + (["Relu"] if relu is not None else []) \
+        + ["QuantizeLinear"]
+    reason = f"{' -> '.join(parts)} as one integer matmul (int32 accumulator, fixed-point Requantize)"
+    return _write(m, ops, inputs, bound, reason, name, _absorbed(m, list(x.nodes) + ([reshape] if reshape else [])))
+
+
+INTEGER_MATMUL_RULE = Rule(
+    INTEGER_MATMUL, matmul_pattern(), condition=matmul_refusal, action=_matmul_action, priority=PRIORITY,
+    kind="matmul_epilogue",
+    description="DequantizeLinear -> [Flatten/Reshape] -> Gemm/MatMul -> [bias] -> [Relu] -> QuantizeLinear -> "
+                "one integer matmul (int32 accumulator, fixed-point Requantize)")
+
+
+def integer_rules() -> list[Rule]:
+    return [INTEGER_CONV_RULE, INTEGER_MATMUL_RULE]
+
+
+def quantizes(graph) -> bool:
+    """Does the graph quantize anywhere (a Cast from a float to 8 bits)? The integer rules have nothing
+    to match otherwise."""
+    return any(n.op_type == "Cast" and n.outputs[0].dtype in EIGHT_BIT and n.inputs[0] is not None
+               and n.inputs[0].dtype.kind == "f" for n in graph.nodes)
+
+
+__all__ = ["INTEGER_CONV", "INTEGER_MATMUL", "INTEGER_CONV_RULE", "INTEGER_MATMUL_RULE", "integer_rules",
+           "quantizes", "dequantized", "Dequantized", "conv_pattern", "matmul_pattern", "BIAS_SCALE_RTOL"]
