@@ -85,6 +85,15 @@ BLOCKS = ((6, 2), (4, 3), (4, 2), (8, 1), (4, 1), (2, 2))
 # shapes, against the blocks above): 8 x 3 0.95 (pw1), 0.94 (pw3), 0.93 (pw7), 0.96 (pw13); 8 x 2 0.94, 0.96,
 # 0.94, 0.95. Compiled without AVX-512 they spill a few registers (exact, slower).
 BLOCKS_AVX512 = ((8, 3), (6, 4), (8, 2)) + BLOCKS
+# Built for aarch64 (``vector_isa="neon"``, ``neon_gemm``): ``sdot`` where the compiler targets the dot product
+# (Armv8.2-A+dotprod), plain C over the same words otherwise.
+NEON_DOT_GUARD = "defined(__aarch64__) && defined(__ARM_NEON) && defined(__ARM_FEATURE_DOTPROD)"
+NEON_LANES = 4  # int32 lanes of a q register: output positions per vector
+# (MR output channels, NV vectors of 4 positions) of the NEON GEMM: MR a multiple of 4 (4 channels' weight words in
+# one q register, multiplied in by lane: ``vdotq_laneq_s32``); at most 24 accumulators, with the NV loaded
+# vectors and MR / 4 weight registers within the 32. Not measured (no Arm host here): chosen by ``_block``'s
+# estimate as on x86.
+NEON_BLOCKS = ((8, 3), (12, 2), (8, 2), (4, 4), (4, 2), (4, 1))
 
 
 @dataclass
@@ -220,6 +229,8 @@ def host_int8_conv_applies(kc, ev, stage: Stage) -> tuple[QInput, QEpilogue] | N
         _need(len(node.input(0).shape) == 4, "not a 2-D convolution")
         x = _must(_centred_input(node.input(0), ev), "the input is not an 8-bit tensor in memory less a "
                                                      "constant zero point, dequantized in this kernel")
+        if opts.vector_isa == "neon":
+            _neon_applies(ev, node, x)
         return x, match_epilogue(ev, stage, node)
     except _Refused as e:
         reason = str(e)
@@ -746,13 +757,13 @@ def _geometry(node: Node, NB: int, flat_ok: bool) -> tuple[_Geometry, bool]:
     return _Geometry(H, W, OH, OW, KH, KW, SH, SW, DH, DW, PT, PL, NB), False
 
 
-def _block(mg: int, row: int, K2: int, blocks: tuple = BLOCKS) -> tuple[int, int]:
+def _block(mg: int, row: int, K2: int, blocks: tuple = BLOCKS, lanes: int = LANES) -> tuple[int, int]:
     """(MR, NV) of least estimated instructions: per channel pair and tap, NV loads, MR broadcasts and
     2 MR NV multiply-adds per block, over the blocks covering ``mg`` channels and ``row`` positions
-    (remainders computed in full)."""
+    (remainders computed in full); ``lanes`` positions per vector."""
     def cost(b):
         mr, nv = b
-        return -(-mg // mr) * -(-row // (LANES * nv)) * (nv + mr + 2 * mr * nv)
+        return -(-mg // mr) * -(-row // (lanes * nv)) * (nv + mr + 2 * mr * nv)
     return min(blocks, key=cost)
 
 
@@ -868,8 +879,15 @@ def lower_host_int8_conv(kc, ev, stage: Stage, operands: tuple[QInput, QEpilogue
     x, ep = operands
     _, G = conv_geometry(node)
     C, OC = node.input(0).shape[1], node.outputs[0].shape[1]
-    kc.program.require_helper(HELPER, HELPER_C)
     w = kc.w
+    if kc.program.options.vector_isa == "neon":  # sdot on aarch64 with the dot product, plain C otherwise
+        w.line(f"#if {NEON_DOT_GUARD}")
+        portable = neon_gemm(kc, ev, node, x, ep, G)
+        w.line("#else")
+        _portable(kc, node, x, ep, G, portable)
+        w.line("#endif")
+        return
+    kc.program.require_helper(HELPER, HELPER_C)
     w.line(f"#if {HOST_GUARD}")
     if C // G == 1 and OC // G == 1:
         opts = kc.program.options
@@ -1393,3 +1411,221 @@ def _portable(kc, node: Node, x: QInput, ep: QEpilogue, G: int, packed: _Packed)
                     rmult = f"{arrays['rmult']}[{oc}]"
                 w.line(f"{out}[{at}] = ({c_type(ep.out.dtype)}){rq}((int32_t){acc}, {arrays['mult']}[{oc}], "
                        f"{arrays['shift']}[{oc}], {res}, {rmult}, {ep.zp}, {ep.lo}, {ep.hi});")
+
+
+# NEON (aarch64) ----------------------------------------------------------------------------------------------
+def _neon_applies(ev, node: Node, x: QInput) -> None:
+    """``_Refused`` where the NEON kernel does not apply: depthwise (no NEON depthwise kernel yet: qconv.py's
+    plain kernel, which gcc vectorises for AdvSIMD as it can), weights beyond int8 or a zero point that is no
+    8-bit value (``sdot`` multiplies int8 by int8)."""
+    _, G = conv_geometry(node)
+    C, OC = node.input(0).shape[1], node.outputs[0].shape[1]
+    _need(not (C // G == 1 and OC // G == 1), "depthwise on NEON keeps the plain kernel (no NEON depthwise yet)")
+    wt = ev.static.get(id(node.input(1)))
+    _need(wt is not None and _quads_zero_point(x, np.asarray(wt).astype(np.int64)) is not None,
+          "NEON sdot needs int8 weights and an 8-bit zero point")
+
+
+NEON_INCLUDE = f"#if {NEON_DOT_GUARD}\n#include <arm_neon.h>\n#endif\n"
+
+QUADS_NEON_C = """
+#if defined(__aarch64__) && defined(__ARM_NEON) && defined(__ARM_FEATURE_DOTPROD)
+/* dst[j] = the 4 bytes s(r0[i]), s(r1[i]), s(r2[i]), s(r3[i]), i = first + j * step, for j < n, where s(v) = v ^ flip
+   (int8: v; uint8: v - 128, as int8): the signed bytes sdot multiplies; fill (the zero point less 128 for uint8: the
+   centred zero) where i lies outside [0, len) or the row is NULL. shift != 0: row q is read at i + q * shift (4
+   taps of one input row per word). 16 positions of 4 rows interleaved by one vst4q_u8 at column stride 1 (every
+   other byte of vld2q_u8 at stride 2). */
+static void opfuse_q8n_quads_{s}(uint8_t* restrict dst, const {T}* r0, const {T}* r1, const {T}* r2, const {T}* r3,
+                                 long first, long n, long step, long len, uint8_t fill, long shift) {{
+  const uint8_t flip = {flip};
+  const {T}* rows[4] = {{r0, r1, r2, r3}};
+  long j = 0;
+  if (shift) {{
+    for (; j < n; ++j) {{
+      const long i = first + j * step;
+      for (int q = 0; q < 4; ++q) {{
+        const long iq = i + q * shift;
+        dst[4 * j + q] = iq >= 0 && iq < len && rows[q] ? (uint8_t)((uint8_t)rows[q][iq] ^ flip) : fill;
+      }}
+    }}
+    return;
+  }}
+  if (step <= 2) {{
+    const uint8x16_t f = vdupq_n_u8(flip), fv = vdupq_n_u8(fill);
+    for (; j < n && first + step * j < 0; ++j) dst[4 * j] = dst[4 * j + 1] = dst[4 * j + 2] = dst[4 * j + 3] = fill;
+    if (step == 1) {{
+      for (; j + 16 <= n && first + j + 16 <= len; j += 16) {{
+        uint8x16x4_t v;
+        for (int q = 0; q < 4; ++q)
+          v.val[q] = rows[q] ? veorq_u8(vld1q_u8((const uint8_t*)(rows[q] + first + j)), f) : fv;
+        vst4q_u8(dst + 4 * j, v);
+      }}
+    }} else {{
+      for (; j + 16 <= n && first + 2 * j + 32 <= len; j += 16) {{
+        uint8x16x4_t v;
+        for (int q = 0; q < 4; ++q)
+          v.val[q] = rows[q] ? veorq_u8(vld2q_u8((const uint8_t*)(rows[q] + first + 2 * j)).val[0], f) : fv;
+        vst4q_u8(dst + 4 * j, v);
+      }}
+    }}
+  }}
+  for (; j < n; ++j) {{
+    const long i = first + j * step;
+    const int in = i >= 0 && i < len;
+    for (int q = 0; q < 4; ++q) dst[4 * j + q] = in && rows[q] ? (uint8_t)((uint8_t)rows[q][i] ^ flip) : fill;
+  }}
+}}
+#endif
+"""
+
+
+def _neon_micro_kernel(kc, MR: int, NV: int, offsets: list[int]) -> str:
+    """The NEON GEMM's inner loop, out of line as on x86 (``_micro_kernel``): ``acc[(i * NV + v) * 4 + l]`` (MR
+    channels x NV vectors of 4 positions) = the sum over the words (``plane`` apart) and taps (``offsets``) of the
+    signed quads of 4 positions times channel ``i``'s weight word: per tap NV loads, MR / 4 weight loads and
+    MR NV ``sdot`` by lane (``vdotq_laneq_s32``: four int8 products per lane, summed into int32, exact and
+    wrapping as the reference's int32)."""
+    key = f"neon|{MR}x{NV}|{','.join(map(str, offsets))}"
+    name = f"opfuse_q8n_mk_{MR}x{NV}_{hashlib.sha1(key.encode()).hexdigest()[:12]}"
+    taps = len(offsets)
+    accs = [[f"a{i}_{v}" for v in range(NV)] for i in range(MR)]
+    lines = [f"#if {NEON_DOT_GUARD}", f"/* {MR} channels x {NEON_LANES * NV} positions over words x {taps} taps */",
+             f"__attribute__((noinline)) static void {name}(const int32_t* restrict xt, const int32_t* restrict wp, "
+             "long words, long plane, int32_t* restrict acc) {"]
+    lines += ["  int32x4_t " + ", ".join(f"{a} = vdupq_n_s32(0)" for a in row) + ";" for row in accs]
+    lines.append(f"  for (long k = 0; k < words; ++k, wp += {taps * MR}) {{")
+    lines.append("    const int32_t* xc = xt + k * plane;")
+    for t, off in enumerate(offsets):
+        lines.append("    {")
+        lines += [f"      const int8x16_t x{v} = vreinterpretq_s8_s32(vld1q_s32(xc + {off + v * NEON_LANES}));"
+                  for v in range(NV)]
+        for g4 in range(MR // 4):
+            lines.append(f"      const int8x16_t w{g4} = vreinterpretq_s8_s32(vld1q_s32(wp + {t * MR + 4 * g4}));")
+            for lane in range(4):
+                i = 4 * g4 + lane
+                lines.append("      " + " ".join(f"{accs[i][v]} = vdotq_laneq_s32({accs[i][v]}, x{v}, w{g4}, {lane});"
+                                                 for v in range(NV)))
+        lines.append("    }")
+    lines.append("  }")
+    lines += [f"  vst1q_s32(acc + {(i * NV + v) * NEON_LANES}, {accs[i][v]});" for i in range(MR) for v in range(NV)]
+    lines += ["}", "#endif", ""]
+    kc.program.require_helper("opfuse_arm_neon_dot", NEON_INCLUDE)
+    return kc.program.require_helper(name, "\n".join(lines))
+
+
+def neon_gemm(kc, ev, node: Node, x: QInput, ep: QEpilogue, G: int) -> _Packed:
+    """The aarch64 int8 GEMM (``vector_isa="neon"``): the word image of signed quads (4 input channels' int8
+    bytes per word, ``x ^ flip``: int8 as is, uint8 less 128; 4 taps of a kernel row on a single input channel),
+    the weights packed as the AVX-512 build packs its quads, ``sdot`` by lane (``_neon_micro_kernel``), and the
+    epilogue in scalar C: bias, then ``opfuse_requantize_residual``, the plain build's exact requantization (not
+    yet in vectors). ``sum w (s - zs) = sum w s - zs sum w`` with ``zs`` the zero point in the signed bytes: the
+    correction joins the bias (int32, wrapping). Returns how the ``#else`` branch reads the same weights."""
+    N, C, H, W = node.input(0).shape
+    out_shape = node.outputs[0].shape
+    OC, OH, OW = out_shape[1:]
+    cg, mg = C // G, OC // G
+    per = 4
+    CP = -(-cg // per)
+    wt = ev.static[id(node.input(1))].astype(np.int64)
+    zu = _quads_zero_point(x, wt)
+    assert zu is not None, "_neon_applies checked it"
+    zs = zu - 128  # the centred zero as a signed byte: int8 zp, or uint8 zp - 128
+    probe, flat = _geometry(node, NEON_LANES, True)
+    tap_words = cg == 1 and probe.KW > 1
+    KWw = -(-probe.KW // per) if tap_words else probe.KW
+    MR, NV = _block(mg, probe.OW, CP * probe.KH * KWw, NEON_BLOCKS, NEON_LANES)
+    g, _ = _geometry(node, NEON_LANES * NV, True)
+    MB = -(-mg // MR)
+    taps = g.KH * KWw
+    wt = wt.reshape(G, mg, cg, g.KH * g.KW)
+    if tap_words:
+        packed = np.zeros((G, MB * MR, g.KH, KWw * per), np.int8)
+        packed[:, :mg, :, :g.KW] = wt.reshape(G, mg, g.KH, g.KW)
+        packed = packed.reshape(G, MB, MR, g.KH, KWw, per).transpose(0, 1, 3, 4, 2, 5)
+    else:
+        packed = np.zeros((G, MB * MR, per * CP, g.KH * g.KW), np.int8)
+        packed[:, :mg, :cg, :] = wt
+        packed = packed.reshape(G, MB, MR, CP, per, taps).transpose(0, 1, 3, 5, 2, 4)
+    words = np.ascontiguousarray(packed).view(np.int32).reshape(-1)
+    wq = kc.const_array(("q8_gemm_quads", node.name), words, f"{node.input(1).name}_quads", np.int32)
+    corrected = ep.bias.astype(np.int64) - zs * wt.reshape(OC, -1).sum(axis=1)
+    bias = kc.const_array(("q8_neon_bias", ep.out.name), ((corrected + (1 << 31)) % (1 << 32) - (1 << 31))
+                          .astype(np.int32), f"{ep.out.name}_neon_bias", np.int32)
+    arrays = {key: kc.const_array((f"q8_{key}", ep.out.name), values, f"{ep.out.name}_{key}", dt)
+              for key, values, dt in (("mult", ep.mult, np.int32), ("shift", ep.shift, np.int32),
+                                      ("rmult", ep.rmult, np.int64)) if values is not None}
+    rq = kc.program.require_helper(REQUANTIZE_RESIDUAL_HELPER, REQUANTIZE_RESIDUAL_C)
+    plane = g.plane
+    xoff = kc.scratch(CP * plane * 4)
+    words_of = "4 taps of a kernel row" if tap_words else "4 channels"
+    kc.note(lambda name: f"int8 conv '{name}': NEON s8 x s8 GEMM (sdot by lane), {MR} channels x "
+                         f"{NEON_LANES * NV} positions, words of {words_of}, epilogue in scalar C", node)
+    w = kc.w
+    qp = kc.ptr(x.q)
+    ct = c_type(x.q.dtype)
+    s = "s8" if x.q.dtype == np.int8 else "u8"
+    flip = "0" if x.q.dtype == np.int8 else "0x80"
+    kc.program.require_helper("opfuse_arm_neon_dot", NEON_INCLUDE)
+    kc.program.require_helper(f"opfuse_q8n_quads_{s}", QUADS_NEON_C.format(s=s, T=ct, flip=flip))
+    b, cp, r, ph, xp = kc.tmp("b"), kc.tmp("cp"), kc.tmp("r"), kc.tmp("ph"), kc.tmp("xp")
+    with w.block(f"for (long {b} = 0; {b} < {N * G}; ++{b})"):
+        img, grp = (f"({b} / {G})", f"({b} % {G})") if G > 1 else (b, "0")
+        w.line(f"int32_t* restrict {xp} = (int32_t*)(scratch + {xoff});  /* shared: thread 0's scratch */")
+        kc.parallel_for(CP * plane * 4)
+        with w.block(f"for (long {cp} = 0; {cp} < {CP}; ++{cp})"):
+            c0 = kc.tmp("c")
+            w.line(f"const long {c0} = {grp} * {cg} + {per} * {cp};")
+            with w.block(f"for (long {r} = 0; {r} < {g.Hp}; ++{r})"):
+                ih = kc.tmp("ih")
+                w.line(f"const long {ih} = {r} - {g.PT};")
+                rows = [kc.tmp("row") for _ in range(per)]
+                base = f"{qp} + (({img} * {C} + {c0}) * {H} + {ih}) * {W}" if not flat else \
+                    f"{qp} + ({img} * {C} + {c0}) * {H * W}"
+                inside = f"{ih} >= 0 && {ih} < {g.H}"
+                for q, row in enumerate(rows):
+                    if tap_words:
+                        w.line(f"const {ct}* {row} = {inside} ? {base} : NULL;")
+                        continue
+                    cond = inside if q == 0 else f"{inside} && {per} * {cp} + {q} < {cg}"
+                    w.line(f"const {ct}* {row} = {cond} ? {base} + {q * H * W} : NULL;")
+                with w.block(f"for (long {ph} = 0; {ph} < {g.SW}; ++{ph})"):
+                    dst = f"{xp} + (({cp} * {g.Hp} + {r}) * {g.SW} + {ph}) * {g.Wq}"
+                    w.line(f"opfuse_q8n_quads_{s}((uint8_t*)({dst}), {', '.join(rows)}, {ph} - {g.PL}, {g.Wq}, "
+                           f"{g.SW}, {g.W}, {zs & 0xFF}, {g.DW if tap_words else 0});")
+        tiles_w = -(-g.OW // g.NB)
+        t, mb = kc.tmp("t"), kc.tmp("mb")
+        kc.parallel_for(g.OH * tiles_w * mg * CP * taps * 2 * g.NB)
+        weights_outer = _weights_outer(MB * MR * CP * taps, CP * plane)
+        loops = [f"for (long {t} = 0; {t} < {g.OH * tiles_w}; ++{t})", f"for (long {mb} = 0; {mb} < {MB}; ++{mb})"]
+        with w.block(loops[weights_outer]), w.block(loops[not weights_outer]):
+            oh, ow0 = kc.tmp("oh"), kc.tmp("ow")
+            w.line(f"const long {oh} = {t} / {tiles_w}, {ow0} = ({t} % {tiles_w}) * {g.NB};")
+            xt, wp, buf = kc.tmp("xt"), kc.tmp("wp"), kc.tmp("acc")
+            w.line(f"const int32_t* {xt} = {xp} + {oh} * {g.SH * g.SW * g.Wq} + {ow0};")
+            w.line(f"const int32_t* {wp} = {wq} + ({grp} * {MB} + {mb}) * {CP * taps * MR};")
+            offsets = [g.tap(kh, per * kw if tap_words else kw) for kh in range(g.KH) for kw in range(KWw)]
+            mk = _neon_micro_kernel(kc, MR, NV, offsets)
+            w.line(f"int32_t {buf}[{MR * g.NB}];")
+            w.line(f"{mk}({xt}, {wp}, {CP}, {plane}, {buf});")
+            n = kc.tmp("n")
+            w.line(f"const long {n} = {g.OW} - {ow0} < {g.NB} ? {g.OW} - {ow0} : {g.NB};")
+            for i in range(MR):
+                m = kc.tmp("m")
+                w.line(f"const long {m} = {mb} * {MR} + {i};")
+                with w.block(f"if ({m} < {mg})" if mg % MR else ""):
+                    oc = kc.tmp("oc")
+                    w.line(f"const long {oc} = {grp} * {mg} + {m};")
+                    if flat:
+                        orow, rrow = _out_rows(kc, ep, img, oc, "0", (N, OC, 1, OH * OW))
+                    else:
+                        orow, rrow = _out_rows(kc, ep, img, oc, oh, out_shape)
+                    p = kc.tmp("p")
+                    with w.block(f"for (long {p} = 0; {p} < {n}; ++{p})"):
+                        res, rmult = "0", "0"
+                        if ep.res is not None and rrow is not None:
+                            res = f"(int32_t){rrow}[{ow0} + {p}] - {ep.res.zp}"
+                            rmult = f"{arrays['rmult']}[{oc}]"
+                        acc = f"(int32_t)((uint32_t){buf}[{i * g.NB} + {p}] + (uint32_t){bias}[{oc}])"
+                        w.line(f"{orow}[{ow0} + {p}] = ({c_type(ep.out.dtype)}){rq}({acc}, {arrays['mult']}[{oc}], "
+                               f"{arrays['shift']}[{oc}], {res}, {rmult}, {ep.zp}, {ep.lo}, {ep.hi});")
+    return _Packed(wq, 8, _word_index(MB, MR, CP, taps, per, g.KW, KWw if tap_words else 0), {})
