@@ -1361,7 +1361,8 @@ static inline int32_t opfuse_q8_w32(const void* p, long i) {
 
 def _portable(kc, node: Node, x: QInput, ep: QEpilogue, G: int, packed: _Packed) -> None:
     """Plain C99 over the vector kernel's packed weights (``packed``), the ``#else`` of a host build (a compiler
-    without AVX2): per output, the centred window's products summed in uint32 (wrapping as the reference's
+    without AVX2, or without the dot product on aarch64): per image and group its input channels copied to scratch
+    (the output may be stored over them), then per output, the centred window's products summed in uint32 (wrapping as the reference's
     int32), the bias, then ``opfuse_requantize_residual``. The plain build (``simd="none"``, the Cortex-M7)
     keeps qconv.py's kernel and its own weights; this branch only reads the host build's single copy."""
     kc.program.require_helper("opfuse_q8_weights", PORTABLE_C)
@@ -1383,8 +1384,14 @@ def _portable(kc, node: Node, x: QInput, ep: QEpilogue, G: int, packed: _Packed)
     qp, out = kc.ptr(x.q), kc.ptr(ep.out, write=True)
     kc.stored.add(id(ep.out))
     b, m, oh, ow, c, kh, kw = (kc.tmp(t) for t in ("b", "m", "oh", "ow", "c", "kh", "kw"))
+    # The output may be stored over the input (memory/inplace.py: a 1x1 or depthwise conv, which the vector
+    # kernels read whole into their word image first): the group's input channels are copied first here too.
+    ct, xs = c_type(x.q.dtype), kc.tmp("xs")
+    xoff = kc.scratch(cg * H * W * x.q.dtype.itemsize)
     with w.block(f"for (long {b} = 0; {b} < {N * G}; ++{b})"):
         img, grp = (f"({b} / {G})", f"({b} % {G})") if G > 1 else (b, "0")
+        w.line(f"{ct}* restrict {xs} = ({ct}*)(scratch + {xoff});")
+        w.line(f"memcpy({xs}, {qp} + ({img} * {C} + {grp} * {cg}) * {H * W}, sizeof({ct}) * {cg * H * W});")
         with w.block(f"for (long {m} = 0; {m} < {mg}; ++{m})"):
             oc = kc.tmp("oc")
             w.line(f"const long {oc} = {grp} * {mg} + {m};")
@@ -1402,7 +1409,7 @@ def _portable(kc, node: Node, x: QInput, ep: QEpilogue, G: int, packed: _Packed)
                         w.line(f"const long {iw} = {ow} * {SW} - {PL} + {kw} * {DW};")
                         w.line(f"if ({iw} < 0 || {iw} >= {W}) continue;")
                         wv = f"opfuse_q8_w{packed.bits}({packed.array}, {packed.index(grp, m, c, kh, kw)})"
-                        xv = f"((int32_t){qp}[(({img} * {C} + {grp} * {cg} + {c}) * {H} + {ih}) * {W} + {iw}] - {x.zp})"
+                        xv = f"((int32_t){xs}[({c} * {H} + {ih}) * {W} + {iw}] - {x.zp})"
                         w.line(f"{acc} += (uint32_t)({wv} * {xv});")
                 at = f"(({img} * {OC} + {oc}) * {OH} + {oh}) * {OW} + {ow}"
                 res, rmult = "0", "0"
