@@ -82,8 +82,9 @@ def _mm(m=37, k=70, n=50, seed=0):
 def _conv(k=3, cin=13, cout=20, hw=(17, 15), seed=0):
     rng = np.random.default_rng(seed)
     b = GraphBuilder("conv")
-    y = b.op("Conv", b.input("x", (1, cin) + hw), b.const("w", rng.standard_normal((cout, cin, k, k)).astype(np.float32)),
-             b.const("b", rng.standard_normal((cout,)).astype(np.float32)), pads=[k // 2] * 4)
+    w = b.const("w", rng.standard_normal((cout, cin, k, k)).astype(np.float32))
+    y = b.op("Conv", b.input("x", (1, cin) + hw), w, b.const("b", rng.standard_normal((cout,)).astype(np.float32)),
+             pads=[k // 2] * 4)
     return b.build(b.op("Relu", y))
 
 

@@ -302,8 +302,9 @@ def _neon_body(mr: int, nr: int, a: str, b: str, i0: int = 0, rows: int = 0, epi
                 lines.append(f"    {{ const float av = ak[{i}];")
                 fma = "vfmaq_n_f32({acc}, b{v}, av)"
             for lane in range(n):
-                lines.append("      " + " ".join(f"{acc[i + lane][v]} = {fma.format(acc=acc[i + lane][v], v=v, lane=lane)};"
-                                                 for v in range(nv)))
+                row = acc[i + lane]
+                lines.append("      " + " ".join([f"{row[v]} = {fma.format(acc=row[v], v=v, lane=lane)};"
+                                                      for v in range(nv)]))
             lines.append("    }")
             i += n
         lines.append(f"    ak += {mr};")
@@ -327,8 +328,9 @@ def _neon_body(mr: int, nr: int, a: str, b: str, i0: int = 0, rows: int = 0, epi
             if "b" in epi:
                 y = f"vaddq_f32({y}, bias{i})"
             if "r" in epi:
-                lines.append(f"  {{ const float32x4_t y = {y}; "
-                             f"vst1q_f32(out + {i0 + i} * ldo + {v * NEON_FLOATS}, vbslq_f32(vcltq_f32(y, zero), zero, y)); }}")
+                at = f"out + {i0 + i} * ldo + {v * NEON_FLOATS}"
+                relu = "vbslq_f32(vcltq_f32(y, zero), zero, y)"
+                lines.append(f"  {{ const float32x4_t y = {y}; vst1q_f32({at}, {relu}); }}")
             else:
                 lines.append(f"  vst1q_f32(out + {i0 + i} * ldo + {v * NEON_FLOATS}, {y});")
     return lines
@@ -407,7 +409,8 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
         head[1] = f"OPFUSE_NOINLINE static void {fn}{sig} {{"
         body += [f"#if {NEON_GUARD}", *_neon(mr, nr, a, b, epilogue)]
     if wide:
-        body += [f"#{'el' if body else ''}if {AVX512_GUARD}", *_vector_body("avx512", mr, nr, a, b, prefetch, epi=epilogue)]
+        body += [f"#{'el' if body else ''}if {AVX512_GUARD}",
+                 *_vector_body("avx512", mr, nr, a, b, prefetch, epi=epilogue)]
         guards.append(AVX512_GUARD)
     if simd == "auto" and nr % YMM_FLOATS == 0:
         body += [f"#{'el' if body else ''}if {AVX2_GUARD}", *_avx2(mr, nr, a, b, prefetch, epilogue)]

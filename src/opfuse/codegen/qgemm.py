@@ -1362,9 +1362,10 @@ static inline int32_t opfuse_q8_w32(const void* p, long i) {
 def _portable(kc, node: Node, x: QInput, ep: QEpilogue, G: int, packed: _Packed) -> None:
     """Plain C99 over the vector kernel's packed weights (``packed``), the ``#else`` of a host build (a compiler
     without AVX2, or without the dot product on aarch64): per image and group its input channels copied to scratch
-    (the output may be stored over them), then per output, the centred window's products summed in uint32 (wrapping as the reference's
-    int32), the bias, then ``opfuse_requantize_residual``. The plain build (``simd="none"``, the Cortex-M7)
-    keeps qconv.py's kernel and its own weights; this branch only reads the host build's single copy."""
+    (the output may be stored over them), then per output, the centred window's products summed in uint32
+    (wrapping as the reference's int32), the bias, then ``opfuse_requantize_residual``. The plain build
+    (``simd="none"``, the Cortex-M7) keeps qconv.py's kernel and its own weights; this branch only reads the host
+    build's single copy."""
     kc.program.require_helper("opfuse_q8_weights", PORTABLE_C)
     rq = kc.program.require_helper(REQUANTIZE_RESIDUAL_HELPER, REQUANTIZE_RESIDUAL_C)
     N, C, H, W = node.input(0).shape
