@@ -3,8 +3,9 @@
 Float: the AdvSIMD micro-kernels (6 x 16, ``vfmaq_laneq_f32``) give the same bits as the AVX2/FMA ones (one fused
 multiply-add per product, the same panels, k in the same order); whole zoo models equal the reference within the
 x86 tests' tolerance, and the plain C99 build (``simd="none"``) compiled for aarch64 gives the same bits as on x86.
-Int8: the ``sdot`` GEMM is bit-exact against the reference, as is its ``#else`` (plain C over the same packed words,
-compiled without the dot product), and the NEON build equals the plain build bit for bit.
+Int8: the ``sdot`` GEMM is bit-exact against the reference, as are its Armv8.0 form (``vmull_s8`` + ``vpadalq_s16``,
+compiled without the dot product) and its ``#else`` (plain C over the same packed words, what x86 compiles of it),
+and the NEON build equals the plain build bit for bit.
 
 The QEMU tests need aarch64-linux-gnu-gcc and qemu-aarch64 (``make aarch64-tools``) and skip without them. QEMU's
 run time is no measure of an Arm core's speed: nothing here times anything."""
@@ -105,7 +106,7 @@ def test_the_neon_c_compiled_for_x86_takes_its_plain_branches():
     feeds = _feeds(g)
     want = reference.run(g, feeds)
     program = generate(comp.plan.graph, comp.plan, options=NEON)
-    assert any("NEON s8 x s8 GEMM (sdot by lane)" in n for k in program.kernels for n in k.notes)
+    assert any("NEON s8 x s8 GEMM (sdot by lane;" in n for k in program.kernels for n in k.notes)
     got = build(comp.plan.graph, comp.plan, options=NEON).run(feeds)
     np.testing.assert_array_equal(got["y"] if "y" in got else next(iter(got.values())), next(iter(want.values())))
     f = _mm()
@@ -183,7 +184,7 @@ def test_int8_conv_with_sdot_is_bit_exact(case):
 @needs_tools
 @pytest.mark.parametrize("case", INT8_QEMU_PLAIN, ids=INT8_QEMU_PLAIN)
 def test_int8_conv_without_the_dot_product_is_bit_exact(case):
-    """Armv8-A without FEAT_DotProd: the plain C over the same packed words (the ``#else`` branch)."""
+    """Armv8.0-A without FEAT_DotProd: ``vmull_s8`` + ``vpadalq_s16`` over the same signed quads."""
     g = qconv(**CASES[case])
     comp = plan_model(g)
     feeds = _feeds(g)
@@ -201,6 +202,9 @@ def test_the_executable_runs_sdot_and_fmla_by_lane(tmp_path):
     objdump = aarch64.find_tools().gcc.replace("-gcc", "-objdump")
     text = subprocess.run([objdump, "-d", str(exe.path)], capture_output=True, text=True, check=True).stdout
     assert "sdot\tv" in text
+    exe = aarch64.build_executable(program, tmp_path / "v8", arch="neon")
+    text = subprocess.run([objdump, "-d", str(exe.path)], capture_output=True, text=True, check=True).stdout
+    assert "sdot\tv" not in text and "smull\tv" in text and "sadalp\tv" in text
     f = _conv()
     fc = plan_model(f)
     exe = aarch64.build_executable(aarch64.generate_aarch64(fc.plan.graph, fc.plan), tmp_path / "f")
@@ -251,13 +255,14 @@ INT8_ZOO = [("resnet8", "stack3_relu_quantized", 9), ("ds_cnn", "pw4_relu_quanti
 @needs_tools
 @pytest.mark.parametrize("name, last, gemms", INT8_ZOO)
 def test_int8_zoo_model_under_qemu_is_bit_exact(name, last, gemms):
-    """The fused int8 model up to its last int8 tensor: the sdot kernels equal the reference on the unfused graph,
-    and the NEON build the plain C99 build (``simd="none"``) compiled for aarch64."""
+    """The fused int8 model up to its last int8 tensor: the sdot kernels (and the Armv8.0 ones) equal the reference
+    on the unfused graph, and the NEON build the plain C99 build (``simd="none"``) compiled for aarch64."""
     comp, feeds, want = _quantized_to_last_int8(name, last)
     program = aarch64.generate_aarch64(comp.plan.graph, comp.plan, comp.memory)
     assert sum("NEON s8 x s8 GEMM" in n for k in program.kernels for n in k.notes) == gemms
     neon = aarch64.run_on_qemu(program, feeds).outputs
     np.testing.assert_array_equal(neon[last], want[last])
+    np.testing.assert_array_equal(aarch64.run_on_qemu(program, feeds, arch="neon").outputs[last], want[last])
     plain = _qemu(comp.plan.graph, comp.plan, feeds, options=PORTABLE, memory=comp.memory)
     np.testing.assert_array_equal(neon[last], plain[last])
 

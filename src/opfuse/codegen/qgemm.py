@@ -87,7 +87,8 @@ BLOCKS = ((6, 2), (4, 3), (4, 2), (8, 1), (4, 1), (2, 2))
 BLOCKS_AVX512 = ((8, 3), (6, 4), (8, 2)) + BLOCKS
 # Built for aarch64 (``vector_isa="neon"``, ``neon_gemm``): ``sdot`` where the compiler targets the dot product
 # (Armv8.2-A+dotprod), plain C over the same words otherwise.
-NEON_DOT_GUARD = "defined(__aarch64__) && defined(__ARM_NEON) && defined(__ARM_FEATURE_DOTPROD)"
+NEON_GUARD = "defined(__aarch64__) && defined(__ARM_NEON)"
+NEON_DOT_GUARD = NEON_GUARD + " && defined(__ARM_FEATURE_DOTPROD)"
 NEON_LANES = 4  # int32 lanes of a q register: output positions per vector
 # (MR output channels, NV vectors of 4 positions) of the NEON GEMM: MR a multiple of 4 (4 channels' weight words in
 # one q register, multiplied in by lane: ``vdotq_laneq_s32``); at most 24 accumulators, with the NV loaded
@@ -880,8 +881,8 @@ def lower_host_int8_conv(kc, ev, stage: Stage, operands: tuple[QInput, QEpilogue
     _, G = conv_geometry(node)
     C, OC = node.input(0).shape[1], node.outputs[0].shape[1]
     w = kc.w
-    if kc.program.options.vector_isa == "neon":  # sdot on aarch64 with the dot product, plain C otherwise
-        w.line(f"#if {NEON_DOT_GUARD}")
+    if kc.program.options.vector_isa == "neon":  # AdvSIMD on aarch64 (sdot with the dot product), plain C otherwise
+        w.line(f"#if {NEON_GUARD}")
         portable = neon_gemm(kc, ev, node, x, ep, G)
         w.line("#else")
         _portable(kc, node, x, ep, G, portable)
@@ -1434,10 +1435,10 @@ def _neon_applies(ev, node: Node, x: QInput) -> None:
           "NEON sdot needs int8 weights and an 8-bit zero point")
 
 
-NEON_INCLUDE = f"#if {NEON_DOT_GUARD}\n#include <arm_neon.h>\n#endif\n"
+NEON_INCLUDE = f"#if {NEON_GUARD}\n#include <arm_neon.h>\n#endif\n"
 
 QUADS_NEON_C = """
-#if defined(__aarch64__) && defined(__ARM_NEON) && defined(__ARM_FEATURE_DOTPROD)
+#if defined(__aarch64__) && defined(__ARM_NEON)
 /* dst[j] = the 4 bytes s(r0[i]), s(r1[i]), s(r2[i]), s(r3[i]), i = first + j * step, for j < n, where s(v) = v ^ flip
    (int8: v; uint8: v - 128, as int8): the signed bytes sdot multiplies; fill (the zero point less 128 for uint8: the
    centred zero) where i lies outside [0, len) or the row is NULL. shift != 0: row q is read at i + q * shift (4
@@ -1487,19 +1488,28 @@ static void opfuse_q8n_quads_{s}(uint8_t* restrict dst, const {T}* r0, const {T}
 """
 
 
+def _neon_pass_channels(NV: int) -> int:
+    """Channels per pass of the kernel without the dot product: 2 int32x4 accumulators per channel and vector, the
+    NV vectors' 2 halves and the weight word within the 32 registers."""
+    return max(p for p in (4, 2, 1) if 2 * p * NV + 2 * NV + 1 <= 32)
+
+
 def _neon_micro_kernel(kc, MR: int, NV: int, offsets: list[int]) -> str:
     """The NEON GEMM's inner loop, out of line as on x86 (``_micro_kernel``): ``acc[(i * NV + v) * 4 + l]`` (MR
     channels x NV vectors of 4 positions) = the sum over the words (``plane`` apart) and taps (``offsets``) of the
-    signed quads of 4 positions times channel ``i``'s weight word: per tap NV loads, MR / 4 weight loads and
-    MR NV ``sdot`` by lane (``vdotq_laneq_s32``: four int8 products per lane, summed into int32, exact and
-    wrapping as the reference's int32)."""
+    signed quads of 4 positions times channel ``i``'s weight word. With the dot product (``__ARM_FEATURE_DOTPROD``):
+    per tap NV loads, MR / 4 weight loads and MR NV ``sdot`` by lane (``vdotq_laneq_s32``: four int8 products per
+    lane summed into int32). Without it (Armv8.0-A): ``vmull_s8`` of each half vector (2 positions x 4 channels) by
+    the weight word twice, ``vpadalq_s16`` into int32 pairs, one ``vpaddq_s32`` per vector at the end; channels in
+    passes of ``_neon_pass_channels`` (its accumulators are twice as many). Both exact (an int8 product fits int16)
+    and wrapping as the reference's int32."""
     key = f"neon|{MR}x{NV}|{','.join(map(str, offsets))}"
     name = f"opfuse_q8n_mk_{MR}x{NV}_{hashlib.sha1(key.encode()).hexdigest()[:12]}"
     taps = len(offsets)
     accs = [[f"a{i}_{v}" for v in range(NV)] for i in range(MR)]
-    lines = [f"#if {NEON_DOT_GUARD}", f"/* {MR} channels x {NEON_LANES * NV} positions over words x {taps} taps */",
+    lines = [f"#if {NEON_GUARD}", f"/* {MR} channels x {NEON_LANES * NV} positions over words x {taps} taps */",
              f"__attribute__((noinline)) static void {name}(const int32_t* restrict xt, const int32_t* restrict wp, "
-             "long words, long plane, int32_t* restrict acc) {"]
+             "long words, long plane, int32_t* restrict acc) {", "#if defined(__ARM_FEATURE_DOTPROD)"]
     lines += ["  int32x4_t " + ", ".join(f"{a} = vdupq_n_s32(0)" for a in row) + ";" for row in accs]
     lines.append(f"  for (long k = 0; k < words; ++k, wp += {taps * MR}) {{")
     lines.append("    const int32_t* xc = xt + k * plane;")
@@ -1516,8 +1526,35 @@ def _neon_micro_kernel(kc, MR: int, NV: int, offsets: list[int]) -> str:
         lines.append("    }")
     lines.append("  }")
     lines += [f"  vst1q_s32(acc + {(i * NV + v) * NEON_LANES}, {accs[i][v]});" for i in range(MR) for v in range(NV)]
-    lines += ["}", "#endif", ""]
-    kc.program.require_helper("opfuse_arm_neon_dot", NEON_INCLUDE)
+    lines.append("#else")
+    P = _neon_pass_channels(NV)
+    for i0 in range(0, MR, P):
+        chans = range(i0, min(i0 + P, MR))
+        lines.append("  {")
+        lines += ["    int32x4_t " + ", ".join(f"{h}{i}_{v} = vdupq_n_s32(0)" for v in range(NV) for h in ("lo", "hi"))
+                  + ";" for i in chans]
+        lines.append("    const int32_t* w = wp;")
+        lines.append(f"    for (long k = 0; k < words; ++k, w += {taps * MR}) {{")
+        lines.append("      const int32_t* xc = xt + k * plane;")
+        for t, off in enumerate(offsets):
+            lines.append("      {")
+            for v in range(NV):
+                at = off + v * NEON_LANES
+                lines.append(f"        const int8x16_t x{v} = vreinterpretq_s8_s32(vld1q_s32(xc + {at}));")
+                lines.append(f"        const int8x8_t xl{v} = vget_low_s8(x{v}), xh{v} = vget_high_s8(x{v});")
+            for i in chans:
+                lines.append(f"        {{ const int8x8_t wv = vreinterpret_s8_s32(vdup_n_s32(w[{t * MR + i}]));")
+                for v in range(NV):
+                    lines.append(f"          lo{i}_{v} = vpadalq_s16(lo{i}_{v}, vmull_s8(xl{v}, wv)); "
+                                 f"hi{i}_{v} = vpadalq_s16(hi{i}_{v}, vmull_s8(xh{v}, wv));")
+                lines.append("        }")
+            lines.append("      }")
+        lines.append("    }")
+        lines += [f"    vst1q_s32(acc + {(i * NV + v) * NEON_LANES}, vpaddq_s32(lo{i}_{v}, hi{i}_{v}));"
+                  for i in chans for v in range(NV)]
+        lines.append("  }")
+    lines += ["#endif", "}", "#endif", ""]
+    kc.program.require_helper("opfuse_arm_neon", NEON_INCLUDE)
     return kc.program.require_helper(name, "\n".join(lines))
 
 
@@ -1566,14 +1603,15 @@ def neon_gemm(kc, ev, node: Node, x: QInput, ep: QEpilogue, G: int) -> _Packed:
     plane = g.plane
     xoff = kc.scratch(CP * plane * 4)
     words_of = "4 taps of a kernel row" if tap_words else "4 channels"
-    kc.note(lambda name: f"int8 conv '{name}': NEON s8 x s8 GEMM (sdot by lane), {MR} channels x "
-                         f"{NEON_LANES * NV} positions, words of {words_of}, epilogue in scalar C", node)
+    kc.note(lambda name: f"int8 conv '{name}': NEON s8 x s8 GEMM (sdot by lane; vmull_s8 + vpadalq_s16 without "
+                         f"the dot product), {MR} channels x {NEON_LANES * NV} positions, words of {words_of}, "
+                         "epilogue in scalar C", node)
     w = kc.w
     qp = kc.ptr(x.q)
     ct = c_type(x.q.dtype)
     s = "s8" if x.q.dtype == np.int8 else "u8"
     flip = "0" if x.q.dtype == np.int8 else "0x80"
-    kc.program.require_helper("opfuse_arm_neon_dot", NEON_INCLUDE)
+    kc.program.require_helper("opfuse_arm_neon", NEON_INCLUDE)
     kc.program.require_helper(f"opfuse_q8n_quads_{s}", QUADS_NEON_C.format(s=s, T=ct, flip=flip))
     b, cp, r, ph, xp = kc.tmp("b"), kc.tmp("cp"), kc.tmp("r"), kc.tmp("ph"), kc.tmp("xp")
     with w.block(f"for (long {b} = 0; {b} < {N * G}; ++{b})"):
