@@ -1360,10 +1360,22 @@ static inline int32_t opfuse_q8_w32(const void* p, long i) {
 """
 
 
+def _shares_storage(kc, a: Value, b: Value) -> bool:
+    """Whether the memory plan lays ``a`` and ``b`` over common bytes (an output computed in place)."""
+    mem = kc.program.memory
+    if mem.is_static(a) or mem.is_static(b):
+        return False
+    la, lb = mem.location(a), mem.location(b)
+    if (la.region, la.index) != (lb.region, lb.index):
+        return False
+    na, nb = (int(np.prod(v.shape)) * v.dtype.itemsize for v in (a, b))
+    return la.offset < lb.offset + nb and lb.offset < la.offset + na
+
+
 def _portable(kc, node: Node, x: QInput, ep: QEpilogue, G: int, packed: _Packed) -> None:
     """Plain C99 over the vector kernel's packed weights (``packed``), the ``#else`` of a host build (a compiler
-    without AVX2, or without the dot product on aarch64): per image and group its input channels copied to scratch
-    (the output may be stored over them), then per output, the centred window's products summed in uint32
+    without AVX2, or AdvSIMD on aarch64): per image and group its input channels copied to scratch where the
+    output is stored over them (``_shares_storage``), then per output, the centred window's products summed in uint32
     (wrapping as the reference's int32), the bias, then ``opfuse_requantize_residual``. The plain build
     (``simd="none"``, the Cortex-M7) keeps qconv.py's kernel and its own weights; this branch only reads the host
     build's single copy."""
@@ -1386,14 +1398,18 @@ def _portable(kc, node: Node, x: QInput, ep: QEpilogue, G: int, packed: _Packed)
     qp, out = kc.ptr(x.q), kc.ptr(ep.out, write=True)
     kc.stored.add(id(ep.out))
     b, m, oh, ow, c, kh, kw = (kc.tmp(t) for t in ("b", "m", "oh", "ow", "c", "kh", "kw"))
-    # The output may be stored over the input (memory/inplace.py: a 1x1 or depthwise conv, which the vector
-    # kernels read whole into their word image first): the group's input channels are copied first here too.
+    # The output stored over the input (memory/inplace.py: a 1x1 or depthwise conv, which the vector kernels read
+    # whole into their word image first): the group's input channels are copied to scratch first here too.
     ct, xs = c_type(x.q.dtype), kc.tmp("xs")
-    xoff = kc.scratch(cg * H * W * x.q.dtype.itemsize)
+    copy = _shares_storage(kc, x.q, ep.out)
+    xoff = kc.scratch(cg * H * W * x.q.dtype.itemsize) if copy else 0
     with w.block(f"for (long {b} = 0; {b} < {N * G}; ++{b})"):
         img, grp = (f"({b} / {G})", f"({b} % {G})") if G > 1 else (b, "0")
-        w.line(f"{ct}* restrict {xs} = ({ct}*)(scratch + {xoff});")
-        w.line(f"memcpy({xs}, {qp} + ({img} * {C} + {grp} * {cg}) * {H * W}, sizeof({ct}) * {cg * H * W});")
+        if copy:
+            w.line(f"{ct}* restrict {xs} = ({ct}*)(scratch + {xoff});")
+            w.line(f"memcpy({xs}, {qp} + ({img} * {C} + {grp} * {cg}) * {H * W}, sizeof({ct}) * {cg * H * W});")
+        else:
+            w.line(f"const {ct}* {xs} = {qp} + ({img} * {C} + {grp} * {cg}) * {H * W};")
         with w.block(f"for (long {m} = 0; {m} < {mg}; ++{m})"):
             oc = kc.tmp("oc")
             w.line(f"const long {oc} = {grp} * {mg} + {m};")
