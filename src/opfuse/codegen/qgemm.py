@@ -1578,9 +1578,9 @@ def neon_gemm(kc, ev, node: Node, x: QInput, ep: QEpilogue, G: int) -> _Packed:
     """The aarch64 int8 GEMM (``vector_isa="neon"``): the word image of signed quads (4 input channels' int8
     bytes per word, ``x ^ flip``: int8 as is, uint8 less 128; 4 taps of a kernel row on a single input channel),
     the weights packed as the AVX-512 build packs its quads, ``sdot`` by lane (``_neon_micro_kernel``), and the
-    epilogue in scalar C: bias, then ``opfuse_requantize_residual``, the plain build's exact requantization (not
-    yet in vectors). ``sum w (s - zs) = sum w s - zs sum w`` with ``zs`` the zero point in the signed bytes: the
-    correction joins the bias (int32, wrapping). Returns how the ``#else`` branch reads the same weights."""
+    requantizing epilogue 4 positions at a time (``_neon_epilogue``). ``sum w (s - zs) = sum w s - zs sum w``
+    with ``zs`` the zero point in the signed bytes: the correction joins the bias (int32, wrapping). Returns how
+    the ``#else`` branch reads the same weights."""
     N, C, H, W = node.input(0).shape
     out_shape = node.outputs[0].shape
     OC, OH, OW = out_shape[1:]
@@ -1615,13 +1615,14 @@ def neon_gemm(kc, ev, node: Node, x: QInput, ep: QEpilogue, G: int) -> _Packed:
     arrays = {key: kc.const_array((f"q8_{key}", ep.out.name), values, f"{ep.out.name}_{key}", dt)
               for key, values, dt in (("mult", ep.mult, np.int32), ("shift", ep.shift, np.int32),
                                       ("rmult", ep.rmult, np.int64)) if values is not None}
-    rq = kc.program.require_helper(REQUANTIZE_RESIDUAL_HELPER, REQUANTIZE_RESIDUAL_C)
+    kc.program.require_helper("opfuse_arm_neon", NEON_INCLUDE)
+    kc.program.require_helper("opfuse_q8n_requantize", REQUANTIZE_NEON_C)
     plane = g.plane
     xoff = kc.scratch(CP * plane * 4)
     words_of = "4 taps of a kernel row" if tap_words else "4 channels"
     kc.note(lambda name: f"int8 conv '{name}': NEON s8 x s8 GEMM (sdot by lane; vmull_s8 + vpadalq_s16 without "
                          f"the dot product), {MR} channels x {NEON_LANES * NV} positions, words of {words_of}, "
-                         "epilogue in scalar C", node)
+                         "requantizing epilogue in vectors (exact, 64-bit lanes)", node)
     w = kc.w
     qp = kc.ptr(x.q)
     ct = c_type(x.q.dtype)
@@ -1681,13 +1682,62 @@ def neon_gemm(kc, ev, node: Node, x: QInput, ep: QEpilogue, G: int) -> _Packed:
                         orow, rrow = _out_rows(kc, ep, img, oc, "0", (N, OC, 1, OH * OW))
                     else:
                         orow, rrow = _out_rows(kc, ep, img, oc, oh, out_shape)
-                    p = kc.tmp("p")
-                    with w.block(f"for (long {p} = 0; {p} < {n}; ++{p})"):
-                        res, rmult = "0", "0"
-                        if ep.res is not None and rrow is not None:
-                            res = f"(int32_t){rrow}[{ow0} + {p}] - {ep.res.zp}"
-                            rmult = f"{arrays['rmult']}[{oc}]"
-                        acc = f"(int32_t)((uint32_t){buf}[{i * g.NB} + {p}] + (uint32_t){bias}[{oc}])"
-                        w.line(f"{orow}[{ow0} + {p}] = ({c_type(ep.out.dtype)}){rq}({acc}, {arrays['mult']}[{oc}], "
-                               f"{arrays['shift']}[{oc}], {res}, {rmult}, {ep.zp}, {ep.lo}, {ep.hi});")
+                    _neon_epilogue(kc, ep, buf, i * g.NB, NV, bias, arrays, oc, orow, rrow, ow0, n)
     return _Packed(wq, 8, _word_index(MB, MR, CP, taps, per, g.KW, KWw if tap_words else 0), {})
+
+
+REQUANTIZE_NEON_C = """
+#if defined(__aarch64__) && defined(__ARM_NEON)
+/* opfuse_requantize_residual on 4 lanes of one channel, bit for bit: p = acc * mult + res * rmult in int64 lanes
+   (vmull_s32, exact; rmult = rh 2^31 + rl with 0 <= rl < 2^31, so res * rmult = res * rl + (res * rh) 2^31, each
+   exact below 2^62), rounded half to even as floor((p + 2^(s-1) - 1 + bit_s(p)) / 2^s) by arithmetic shifts
+   (vshlq_s64 by -s), plus the zero point, clamped to [lo, hi]. */
+static inline int64x2_t opfuse_q8n_round(int64x2_t p, int64x2_t ns, int64x2_t rnd, int32_t zp, int32_t lo,
+                                         int32_t hi) {
+  const int64x2_t bit = vandq_s64(vshlq_s64(p, ns), vdupq_n_s64(1));
+  int64x2_t q = vaddq_s64(vshlq_s64(vaddq_s64(vaddq_s64(p, rnd), bit), ns), vdupq_n_s64(zp));
+  const int64x2_t l = vdupq_n_s64(lo), h = vdupq_n_s64(hi);
+  q = vbslq_s64(vcltq_s64(q, l), l, q);
+  return vbslq_s64(vcgtq_s64(q, h), h, q);
+}
+static inline int32x4_t opfuse_q8n_requantize(int32x4_t acc, int32_t mult, int32_t shift, const int32x4_t* res,
+                                              int64_t rmult, int32_t zp, int32_t lo, int32_t hi) {
+  int64x2_t p0 = vmull_n_s32(vget_low_s32(acc), mult), p1 = vmull_high_n_s32(acc, mult);
+  if (res) {
+    const int32_t rl = (int32_t)(rmult & 0x7fffffff), rh = (int32_t)(rmult >> 31);
+    p0 = vaddq_s64(vaddq_s64(p0, vmull_n_s32(vget_low_s32(*res), rl)),
+                   vshlq_n_s64(vmull_n_s32(vget_low_s32(*res), rh), 31));
+    p1 = vaddq_s64(vaddq_s64(p1, vmull_high_n_s32(*res, rl)), vshlq_n_s64(vmull_high_n_s32(*res, rh), 31));
+  }
+  const int64x2_t ns = vdupq_n_s64(-(int64_t)shift), rnd = vdupq_n_s64(((int64_t)1 << (shift - 1)) - 1);
+  return vcombine_s32(vmovn_s64(opfuse_q8n_round(p0, ns, rnd, zp, lo, hi)),
+                      vmovn_s64(opfuse_q8n_round(p1, ns, rnd, zp, lo, hi)));
+}
+#endif
+"""
+
+
+def _neon_epilogue(kc, ep: QEpilogue, buf: str, at: int, NV: int, bias: str, arrays: dict[str, str], oc: str,
+                   orow: str, rrow: str | None, ow0: str, n: str) -> None:
+    """Channel ``oc``'s ``4 NV`` accumulators (``buf`` from ``at``): bias (int32, wrapping), then
+    ``opfuse_q8n_requantize`` 4 at a time; the first ``n`` stored to ``orow + ow0`` (narrowed to 8 bits: the
+    clamp keeps them in range). The residual's row is centred into ``4 NV`` int32 first (0 past ``n``)."""
+    w = kc.w
+    nb = NEON_LANES * NV
+    q, rb, p = kc.tmp("q"), kc.tmp("rb"), kc.tmp("p")
+    w.line(f"int32_t {q}[{nb}];")
+    res = "NULL"
+    if ep.res is not None and rrow is not None:
+        w.line(f"int32_t {rb}[{nb}];")
+        w.line(f"for (long {p} = 0; {p} < {nb}; ++{p}) {rb}[{p}] = {p} < {n} ? (int32_t){rrow}[{ow0} + {p}] - "
+               f"{ep.res.zp} : 0;")
+    rmult = f"{arrays['rmult']}[{oc}]" if ep.res is not None else "0"
+    w.line(f"const int32x4_t {q}_b = vdupq_n_s32({bias}[{oc}]);")
+    for v in range(NV):
+        if ep.res is not None and rrow is not None:
+            w.line(f"const int32x4_t {q}_r{v} = vld1q_s32({rb} + {v * NEON_LANES});")
+            res = f"&{q}_r{v}"
+        w.line(f"vst1q_s32({q} + {v * NEON_LANES}, opfuse_q8n_requantize(vaddq_s32(vld1q_s32({buf} + "
+               f"{at + v * NEON_LANES}), {q}_b), {arrays['mult']}[{oc}], {arrays['shift']}[{oc}], {res}, {rmult}, "
+               f"{ep.zp}, {ep.lo}, {ep.hi}));")
+    w.line(f"for (long {p} = 0; {p} < {n}; ++{p}) {orow}[{ow0} + {p}] = ({c_type(ep.out.dtype)}){q}[{p}];")
