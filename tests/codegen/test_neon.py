@@ -194,6 +194,36 @@ def test_int8_conv_without_the_dot_product_is_bit_exact(case):
 
 
 @needs_tools
+def test_int8_requantization_in_vectors_at_its_extremes_is_bit_exact():
+    """Inputs at the 8-bit extremes, multipliers near 2^31, shifts from 1 (a tie at every odd accumulator) to 62
+    and residual multipliers up to 2^52 (both halves of the split ``rmult``): every lane as the reference's."""
+    rng = np.random.default_rng(11)
+    b = GraphBuilder("q")
+    x = b.input("x", (1, 14, 6, 6), "int8")
+    xc = b.op("Sub", b.op("Cast", x, to=int(TensorProto.INT32)), b.const("zp", np.array(127, np.int32)))
+    w = np.where(rng.random((24, 14, 3, 3)) < 0.5, -127, 127).astype(np.int32)
+    acc = b.op("Conv", xc, b.const("w", w), name="conv", pads=[1] * 4)
+    shift = np.concatenate([np.arange(1, 13), rng.integers(40, 63, 12)]).astype(np.int32)
+    mult = rng.integers(1 << 30, 1 << 31, 24).astype(np.int32)
+    r = b.input("r", (1, 24, 6, 6), "int8")
+    rc = b.op("Sub", b.op("Cast", r, to=int(TensorProto.INT32)), b.const("rzp", np.array(-128, np.int32)))
+    rm = rng.integers(1, 1 << 52, 24, dtype=np.int64) >> rng.integers(0, 40, 24)
+    y = b.op("Requantize", acc, b.const("m", mult.reshape(1, 24, 1, 1)), b.const("s", shift.reshape(1, 24, 1, 1)),
+             rc, b.const("rm", rm.reshape(1, 24, 1, 1)), zero_point=-3, lo=-128, hi=127, to=int(TensorProto.INT8))
+    g = b.build(y)
+    comp = plan_model(g)
+    feeds = {"x": np.where(rng.random((1, 14, 6, 6)) < 0.5, -128, 127).astype(np.int8),
+             "r": rng.integers(-128, 128, (1, 24, 6, 6)).astype(np.int8)}
+    want = reference.run(g, feeds)
+    (name,) = want
+    assert np.unique(want[name]).size > 3  # not everything clamped
+    program = aarch64.generate_aarch64(comp.plan.graph, comp.plan)
+    assert "opfuse_q8n_requantize(" in program.source.split("static void k0_", 1)[-1]
+    for arch in ("dotprod", "neon"):
+        np.testing.assert_array_equal(aarch64.run_on_qemu(program, feeds, arch=arch).outputs[name], want[name])
+
+
+@needs_tools
 def test_the_executable_runs_sdot_and_fmla_by_lane(tmp_path):
     g = qconv(cin=16, cout=24, hw=(8, 12))
     comp = plan_model(g)
