@@ -298,6 +298,24 @@ def test_int8_zoo_model_under_qemu_is_bit_exact(name, last, gemms):
 
 
 @needs_tools
+def test_int8_ds_cnn_whole_model_under_qemu():
+    """The quantized DS-CNN whole (the fc and the float tail too), every int8 activation an output: each equal to
+    the reference's, the logits within the M7 test's tolerance (``tests/runtime/test_mcu_qemu.py``)."""
+    from opfuse.quantization import quantize
+    model = quantize("zoo:ds_cnn", calibration_random=2).model
+    quantized = [n.output[0] for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    model.graph.output.extend(helper.make_tensor_value_info(q, TensorProto.INT8, None) for q in quantized)
+    comp = plan_model(model)
+    program = aarch64.generate_aarch64(comp.graph, comp.plan, comp.memory)
+    feeds = reference.random_inputs(comp.graph, 3)
+    got = aarch64.run_on_qemu(program, feeds).outputs
+    want = reference.run(comp.graph, feeds)
+    for name in quantized:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    np.testing.assert_allclose(got["output"], want["output"], rtol=1e-5, atol=1e-7)
+
+
+@needs_tools
 def test_the_harness_refuses_a_wrong_input_file_in_one_line(tmp_path):
     b = GraphBuilder("relu")
     g = b.build(b.op("Relu", b.input("x", (2, 3))))
