@@ -115,11 +115,22 @@ def test_the_neon_c_compiled_for_x86_takes_its_plain_branches():
     assert_close(build(fc.plan.graph, fc.plan, options=NEON).run(ff), reference.run(f, ff))
 
 
+@pytest.mark.parametrize("params, note", [
+    ({"group": 6, "cin": 6, "cout": 6}, "NEON int16 planes (vmlal_n_s16)"),
+    ({"group": 5, "cin": 5, "cout": 5, "wmax": 30000, "stride": 2}, "NEON int16 planes (vmlal_n_s16)"),
+    ({"cin": 7, "cout": 5}, "NEON s8 x s8 GEMM"),
+], ids=["depthwise", "depthwise-int16-weights", "gemm"])
+def test_the_neon_int8_kernels_and_their_notes(params, note):
+    g = qconv(**params)
+    comp = plan_model(g)
+    notes = [n for k in generate(comp.plan.graph, comp.plan, options=NEON).kernels for n in k.notes]
+    assert any(note in n for n in notes) and not any("not used" in n for n in notes), notes
+
+
 @pytest.mark.parametrize("params, reason", [
-    ({"group": 6, "cin": 6, "cout": 6}, "depthwise on NEON keeps the plain kernel"),
     ({"wmax": 30000, "cin": 4, "cout": 6}, "NEON sdot needs int8 weights"),
     ({"x_dtype": "uint8", "zp": -3, "cin": 5}, "an 8-bit zero point"),
-], ids=["depthwise", "wide-weights", "zero-point"])
+], ids=["wide-weights", "zero-point"])
 def test_where_the_neon_int8_gemm_is_not_used_the_notes_say_why(params, reason):
     g = qconv(**params)
     comp = plan_model(g)
@@ -166,8 +177,10 @@ def _qemu(graph, plan, feeds, options=NEON, arch="dotprod", memory=None, workdir
 
 INT8_QEMU = ["3x3", "1x1-flat", "stride2", "dilation2", "odd-channels", "grouped-odd", "rect-kernel",
              "mono-10x4-stride2", "mono-dilated-uint8", "uint8-in-out", "residual-uint8-stride2", "shifts-mixed",
-             "int8-zero-point-extremes", "batch3-residual", "deep-small-plane", "dw"]
-INT8_QEMU_PLAIN = ["3x3", "mono-10x4-stride2", "uint8-in-out", "residual-uint8-stride2", "batch2-grouped-uint8"]
+             "int8-zero-point-extremes", "batch3-residual", "deep-small-plane", "dw", "dw-stride2-odd",
+             "dw-residual-uint8", "dw-dilation", "batch2-dw-rows"]
+INT8_QEMU_PLAIN = ["3x3", "mono-10x4-stride2", "uint8-in-out", "residual-uint8-stride2", "batch2-grouped-uint8",
+                   "dw-stride2-odd"]
 
 
 @needs_tools
@@ -278,18 +291,19 @@ def test_float_zoo_model_under_qemu(name):
         np.testing.assert_array_equal(plain[out], x86[out])
 
 
-INT8_ZOO = [("resnet8", "stack3_relu_quantized", 9), ("ds_cnn", "pw4_relu_quantized", 5),
-            pytest.param("mobilenet_v1_025_96", "pw13_relu_quantized", 14, marks=pytest.mark.slow)]
+INT8_ZOO = [("resnet8", "stack3_relu_quantized", 9, 0), ("ds_cnn", "pw4_relu_quantized", 5, 4),
+            pytest.param("mobilenet_v1_025_96", "pw13_relu_quantized", 14, 13, marks=pytest.mark.slow)]
 
 
 @needs_tools
-@pytest.mark.parametrize("name, last, gemms", INT8_ZOO)
-def test_int8_zoo_model_under_qemu_is_bit_exact(name, last, gemms):
+@pytest.mark.parametrize("name, last, gemms, depthwise", INT8_ZOO)
+def test_int8_zoo_model_under_qemu_is_bit_exact(name, last, gemms, depthwise):
     """The fused int8 model up to its last int8 tensor: the sdot kernels (and the Armv8.0 ones) equal the reference
     on the unfused graph, and the NEON build the plain C99 build (``simd="none"``) compiled for aarch64."""
     comp, feeds, want = _quantized_to_last_int8(name, last)
     program = aarch64.generate_aarch64(comp.plan.graph, comp.plan, comp.memory)
     assert sum("NEON s8 x s8 GEMM" in n for k in program.kernels for n in k.notes) == gemms
+    assert sum("NEON int16 planes" in n for k in program.kernels for n in k.notes) == depthwise
     neon = aarch64.run_on_qemu(program, feeds).outputs
     np.testing.assert_array_equal(neon[last], want[last])
     np.testing.assert_array_equal(aarch64.run_on_qemu(program, feeds, arch="neon").outputs[last], want[last])

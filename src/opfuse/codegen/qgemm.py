@@ -883,7 +883,8 @@ def lower_host_int8_conv(kc, ev, stage: Stage, operands: tuple[QInput, QEpilogue
     w = kc.w
     if kc.program.options.vector_isa == "neon":  # AdvSIMD on aarch64 (sdot with the dot product), plain C otherwise
         w.line(f"#if {NEON_GUARD}")
-        portable = neon_gemm(kc, ev, node, x, ep, G)
+        depthwise = C // G == 1 and OC // G == 1
+        portable = neon_depthwise(kc, ev, node, x, ep) if depthwise else neon_gemm(kc, ev, node, x, ep, G)
         w.line("#else")
         _portable(kc, node, x, ep, G, portable)
         w.line("#endif")
@@ -1440,12 +1441,12 @@ def _portable(kc, node: Node, x: QInput, ep: QEpilogue, G: int, packed: _Packed)
 
 # NEON (aarch64) ----------------------------------------------------------------------------------------------
 def _neon_applies(ev, node: Node, x: QInput) -> None:
-    """``_Refused`` where the NEON kernel does not apply: depthwise (no NEON depthwise kernel yet: qconv.py's
-    plain kernel, which gcc vectorises for AdvSIMD as it can), weights beyond int8 or a zero point that is no
-    8-bit value (``sdot`` multiplies int8 by int8)."""
+    """``_Refused`` where the NEON GEMM does not apply: weights beyond int8 or a zero point that is no 8-bit value
+    (``sdot`` multiplies int8 by int8). Depthwise (int16 planes, ``neon_depthwise``) takes any int16 weights."""
     _, G = conv_geometry(node)
     C, OC = node.input(0).shape[1], node.outputs[0].shape[1]
-    _need(not (C // G == 1 and OC // G == 1), "depthwise on NEON keeps the plain kernel (no NEON depthwise yet)")
+    if C // G == 1 and OC // G == 1:
+        return
     wt = ev.static.get(id(node.input(1)))
     _need(wt is not None and _quads_zero_point(x, np.asarray(wt).astype(np.int64)) is not None,
           "NEON sdot needs int8 weights and an 8-bit zero point")
@@ -1741,3 +1742,69 @@ def _neon_epilogue(kc, ep: QEpilogue, buf: str, at: int, NV: int, bias: str, arr
                f"{at + v * NEON_LANES}), {q}_b), {arrays['mult']}[{oc}], {arrays['shift']}[{oc}], {res}, {rmult}, "
                f"{ep.zp}, {ep.lo}, {ep.hi}));")
     w.line(f"for (long {p} = 0; {p} < {n}; ++{p}) {orow}[{ow0} + {p}] = ({c_type(ep.out.dtype)}){q}[{p}];")
+
+
+def neon_depthwise(kc, ev, node: Node, x: QInput, ep: QEpilogue) -> _Packed:
+    """Depthwise on aarch64 (``vector_isa="neon"``), one channel plane at a time: the plane copied centred into
+    int16, padded and split by column phase (``_Geometry``: every tap's 4 consecutive outputs of a row are then
+    4 consecutive values, at any stride), ``vmlal_n_s16`` per tap and 4 positions (exact: an int16 product fits
+    int32, the sums wrap as the reference's), 16 positions of a row per pass, and the requantizing epilogue in
+    vectors (``_neon_epilogue``). The plane is read whole before any output of it is stored, so the output may
+    lie over the input (memory/inplace.py)."""
+    N, C, H, W = node.input(0).shape
+    out_shape = node.outputs[0].shape
+    OH, OW = out_shape[2:]
+    NV = 4 if OW > 2 * NEON_LANES else -(-OW // NEON_LANES)
+    g, _ = _geometry(node, NEON_LANES * NV, False)
+    taps = g.KH * g.KW
+    wt = ev.static[id(node.input(1))].astype(np.int64).reshape(C, taps)
+    wq = kc.const_array(("q8_dw16", node.name), wt.astype(np.int16), f"{node.input(1).name}_dw16", np.int16)
+    arrays = {key: kc.const_array((f"q8_{key}", ep.out.name), values, f"{ep.out.name}_{key}", dt)
+              for key, values, dt in (("bias", ep.bias, np.int32), ("mult", ep.mult, np.int32),
+                                      ("shift", ep.shift, np.int32), ("rmult", ep.rmult, np.int64))
+              if values is not None}
+    kc.program.require_helper("opfuse_arm_neon", NEON_INCLUDE)
+    kc.program.require_helper("opfuse_q8n_requantize", REQUANTIZE_NEON_C)
+    poff = kc.scratch(g.plane * 2)
+    kc.note(lambda name: f"int8 depthwise '{name}': NEON int16 planes (vmlal_n_s16), {NEON_LANES * NV} positions "
+                         "per pass, requantizing epilogue in vectors (exact, 64-bit lanes)", node)
+    w = kc.w
+    qp = kc.ptr(x.q)
+    pl, r, ph, j = kc.tmp("pl"), kc.tmp("r"), kc.tmp("ph"), kc.tmp("j")
+    kc.parallel_for(N * C * OH * OW * taps * 2)
+    with w.block(f"for (long {pl} = 0; {pl} < {N * C}; ++{pl})"):
+        img, c = f"({pl} / {C})", f"({pl} % {C})"
+        xp = kc.tmp("plane")
+        w.line(f"int16_t* restrict {xp} = {kc.scratch_ptr('int16_t', poff)};")
+        with w.block(f"for (long {r} = 0; {r} < {g.Hp}; ++{r})"):
+            ih = kc.tmp("ih")
+            w.line(f"const long {ih} = {r} - {g.PT};")
+            with w.block(f"for (long {ph} = 0; {ph} < {g.SW}; ++{ph})"):
+                dst, row = kc.tmp("dst"), kc.tmp("row")
+                w.line(f"int16_t* {dst} = {xp} + ({r} * {g.SW} + {ph}) * {g.Wq};")
+                w.line(f"const {c_type(x.q.dtype)}* {row} = {ih} >= 0 && {ih} < {H} ? {qp} + ({pl} * {H} + {ih}) * "
+                       f"{W} : NULL;")
+                with w.block(f"for (long {j} = 0; {j} < {g.Wq}; ++{j})"):
+                    iw = kc.tmp("iw")
+                    w.line(f"const long {iw} = {ph} - {g.PL} + {j} * {g.SW};")
+                    w.line(f"{dst}[{j}] = (int16_t)({row} && {iw} >= 0 && {iw} < {W} ? (int32_t){row}[{iw}] - "
+                           f"{x.zp} : 0);")
+        wv = [kc.tmp("w") for _ in range(taps)]
+        w.line("const int16_t " + ", ".join(f"{name} = {wq}[{c} * {taps} + {t}]" for t, name in enumerate(wv)) + ";")
+        oh, ow0, n, buf = kc.tmp("oh"), kc.tmp("ow"), kc.tmp("n"), kc.tmp("acc")
+        with w.block(f"for (long {oh} = 0; {oh} < {OH}; ++{oh})"):
+            orow, rrow = _out_rows(kc, ep, img, c, oh, out_shape)
+            with w.block(f"for (long {ow0} = 0; {ow0} < {OW}; {ow0} += {g.NB})"):
+                xt = kc.tmp("xt")
+                w.line(f"const int16_t* {xt} = {xp} + {oh} * {g.SH * g.SW * g.Wq} + {ow0};")
+                w.line(f"const long {n} = {OW} - {ow0} < {g.NB} ? {OW} - {ow0} : {g.NB};")
+                accs = [kc.tmp("a") for _ in range(NV)]
+                w.line("int32x4_t " + ", ".join(f"{a} = vdupq_n_s32(0)" for a in accs) + ";")
+                for t, wr in enumerate(wv):
+                    kh, kw = divmod(t, g.KW)
+                    w.line(" ".join(f"{a} = vmlal_n_s16({a}, vld1_s16({xt} + {g.tap(kh, kw) + v * NEON_LANES}), {wr});"
+                                    for v, a in enumerate(accs)))
+                w.line(f"int32_t {buf}[{g.NB}];")
+                w.line(" ".join(f"vst1q_s32({buf} + {v * NEON_LANES}, {a});" for v, a in enumerate(accs)))
+                _neon_epilogue(kc, ep, buf, 0, NV, arrays["bias"], arrays, c, orow, rrow, ow0, n)
+    return _Packed(wq, 16, lambda grp, m, c, kh, kw: f"{grp} * {taps} + {kh} * {g.KW} + {kw}", {})
