@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint venv clean bench mcu-tools browser-tools fuzz
+.PHONY: demo test lint venv clean bench mcu-tools aarch64-tools browser-tools fuzz
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,22 @@ mcu-tools:
 	  echo "mcu-tools: no arm-none-eabi-gcc/qemu-system-arm and no apt-get: the Cortex-M7 tests will skip"; \
 	fi
 
+# The aarch64 cross compiler and user-mode emulator (Debian packages) that build and run the generated C
+# with its NEON bodies (``opfuse run MODEL --target aarch64``, tests/codegen/test_neon.py), installed only
+# when missing and apt-get is there; otherwise a note, and the aarch64 tests skip saying what is missing.
+AARCH64_PACKAGES := gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user
+
+aarch64-tools:
+	@if command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/null; then \
+	  echo "aarch64-tools: aarch64-linux-gnu-gcc and qemu-aarch64 found"; \
+	elif command -v apt-get >/dev/null; then \
+	  echo "aarch64-tools: installing $(AARCH64_PACKAGES)"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $(AARCH64_PACKAGES); \
+	else \
+	  echo "aarch64-tools: no aarch64-linux-gnu-gcc/qemu-aarch64 and no apt-get: the aarch64 tests will skip"; \
+	fi
+
 # Headless Chromium (the HTML report's browser test) and Graphviz (the report's graph layout; the
 # report falls back to its own SVG layout without it), installed only when missing and apt-get is
 # there; otherwise a note, and the browser test skips saying what is missing.
@@ -58,7 +74,7 @@ browser-tools:
 # its module fixtures are built once). TEST_JOBS=0 runs it in this process, serially.
 TEST_JOBS ?= auto
 
-test: lint mcu-tools browser-tools
+test: lint mcu-tools aarch64-tools browser-tools
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 # Not part of `make test`: the zoo through `opfuse bench` at 1 and 2 threads (about 6-10 minutes on

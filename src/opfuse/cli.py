@@ -135,6 +135,8 @@ def cmd_run(args) -> int:
         outputs = run(graph, feeds)
     elif args.backend == "cortex-m7":
         outputs = _run_mcu(args, graph, feeds, say)
+    elif args.backend == "aarch64":
+        outputs = _run_aarch64(args, graph, feeds, say)
     else:
         from opfuse.compiler import compile as compile_model
         debug = _debug_dir(args)
@@ -215,6 +217,19 @@ def _check_groups(comp, feeds: dict, threads, say=print) -> list[dict]:
             say(f"debug: group '{grp.name}' ({ops}): matches the reference")
     say(f"debug: {sum(1 for r in out if r['mismatches'])} of {len(out)} kernels differ from the reference executor")
     return out
+
+
+def _run_aarch64(args, graph, feeds: dict, say=print) -> dict[str, np.ndarray]:
+    """Plan for the host, generate the NEON build, cross-compile and run it under qemu-aarch64."""
+    from opfuse.compiler import CompileOptions, plan_model
+    from opfuse.runtime.aarch64 import find_tools, generate_aarch64, run_on_qemu
+    find_tools()  # a missing toolchain is one line, before any planning
+    comp = plan_model(graph, CompileOptions(fuse=not args.no_fuse, corrections=not args.no_corrections))
+    res = run_on_qemu(generate_aarch64(comp.graph, comp.plan, comp.memory), feeds)
+    say(f"aarch64 (qemu-aarch64 -cpu max, NEON with dotprod, 1 thread): {comp.report['kernels_after']} kernels "
+        f"({'fused' if not args.no_fuse else 'unfused'}), arena {comp.memory.arena_bytes:,} bytes; emulated: the "
+        "time below is QEMU's, not an Arm core's")
+    return res.outputs
 
 
 def _run_mcu(args, graph, feeds: dict, say=print) -> dict[str, np.ndarray]:
@@ -992,8 +1007,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run a model and print its outputs")
     _add_model(p)
-    p.add_argument("--backend", choices=["reference", "c", "cortex-m7"], default="reference",
-                   help="cortex-m7: cross-compile and run on an emulated Cortex-M7 (QEMU)")
+    p.add_argument("--backend", choices=["reference", "c", "cortex-m7", "aarch64"], default="reference",
+                   help="cortex-m7: cross-compile and run on an emulated Cortex-M7 (QEMU); aarch64: the host C with "
+                        "its NEON kernels, cross-compiled and run under qemu-aarch64")
     p.add_argument("--inputs", help="npz file keyed by input names (default: seeded random inputs); its arrays' "
                    "shapes bind the model's symbolic dims that --input-shape leaves open")
     p.add_argument("--cast-inputs", action="store_true",
@@ -1182,6 +1198,7 @@ examples:
   opfuse ab zoo:resnet8 --a "--no-fuse" --b ""         A/B latency (median, p90, p99) and a verdict
   opfuse debug model.onnx --inputs x.npz --bisect      which fusions break an output
   opfuse run model.onnx --backend c --debug            IR after every pass; every group checked vs the reference
+  opfuse run model.onnx --backend aarch64 --compare reference   the NEON build under qemu-aarch64
   opfuse bench zoo:resnet8 --threads 2                 fused and unfused vs onnxruntime and OpenVINO
   opfuse profile --target cortex-m7                    a target's hardware profile
   opfuse quantize zoo:resnet8 --calibration-random 64 -o r8_int8.onnx --report   INT8 QDQ + accuracy

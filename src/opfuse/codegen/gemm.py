@@ -36,7 +36,7 @@ import numpy as np
 from opfuse.codegen.ctype import c_type, literal
 from opfuse.codegen.index import Index, add, delinearize
 from opfuse.codegen.epilogue import finish_element
-from opfuse.codegen.microkernel import YMM_FLOATS, fits_avx2, fits_avx512, microkernel, transpose_helper
+from opfuse.codegen.microkernel import YMM_FLOATS, fits_avx2, fits_avx512, fits_neon, microkernel, transpose_helper
 from opfuse.codegen.stages import GroupAnalysis, Stage
 from opfuse.ir.graph import Value
 from opfuse.ops.common import wrap_int
@@ -215,15 +215,16 @@ def _microkernel(kc, mr: int, nr: int, a: str = "packed", b: str = "packed", epi
     """Register the MR x NR micro-kernel (``microkernel.py``) with the program; its name."""
     o = kc.program.options
     name, text = microkernel(mr, nr, a, b, o.simd, o.gemm_prefetch, o.gemm_scalar_accumulators,
-                             o.vector_isa == "avx512", epilogue)
+                             o.vector_isa == "avx512", epilogue, o.vector_isa == "neon")
     return kc.program.require_helper(name, text)
 
 
-def microkernel_bodies(mr: int, nr: int, simd: str, avx512: bool) -> str:
+def microkernel_bodies(mr: int, nr: int, simd: str, avx512: bool, neon: bool = False) -> str:
     """Which bodies the MR x NR micro-kernel has (the first whose ``#if`` holds is compiled)."""
     if simd == "none":
         return "plain C"
-    bodies = (["AVX-512F"] if avx512 and fits_avx512(mr, nr) else []) + (["AVX2"] if nr % YMM_FLOATS == 0 else [])
+    bodies = (["NEON"] if neon and nr % 4 == 0 else []) + (["AVX-512F"] if avx512 and fits_avx512(mr, nr) else []) + \
+        (["AVX2"] if nr % YMM_FLOATS == 0 else [])
     return " / ".join(bodies + ["plain C"]) + " by the compiler's target"
 
 
@@ -282,7 +283,8 @@ def register_block(p: GemmProblem, o) -> tuple[int, int]:
         return p.register_block
     if p.M == 1 and o.simd == "auto" and o.gemm_gemv_nr:
         nr = min(o.gemm_gemv_nr, _round_up(p.N, YMM_FLOATS))
-        if fits_avx2(1, nr) or (o.vector_isa == "avx512" and fits_avx512(1, nr)):
+        if fits_avx2(1, nr) or (o.vector_isa == "avx512" and fits_avx512(1, nr)) or \
+                (o.vector_isa == "neon" and fits_neon(1, nr)):
             return 1, nr
     return o.gemm_mr, o.gemm_nr
 
@@ -475,7 +477,7 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
     # The storing micro-kernel alone where every block is whole and K one block.
     ukr = _microkernel(kc, MR, NR, a_mode, b_mode) if direct is None or KC < K or M % MR or N % NR else ""
     if stage.anchor_node is not None:
-        bodies = microkernel_bodies(MR, NR, o.simd, o.vector_isa == "avx512")
+        bodies = microkernel_bodies(MR, NR, o.simd, o.vector_isa == "avx512", o.vector_isa == "neon")
         kc.note(lambda name: f"GEMM '{name}': {MR}x{NR} micro-kernel, {bodies}", stage.anchor_node)
     w = kc.w
     fl = 4

@@ -38,6 +38,11 @@ B_ACCESS = ("packed", "strided", "koff")
 SIMD_MODES = ("auto", "none")
 AVX2_GUARD = "defined(__AVX2__) && defined(__FMA__)"
 AVX512_GUARD = "defined(__AVX512F__)"
+# aarch64 AdvSIMD (``vector_isa="neon"``): 32 registers of 4 floats; ``vfmaq_laneq_f32`` multiplies B's
+# vector by one lane of a loaded A vector, so 4 rows of a packed A panel cost one load, no broadcast.
+NEON_GUARD = "defined(__aarch64__) && defined(__ARM_NEON)"
+NEON_FLOATS = 4
+NEON_REGISTERS = 32
 YMM_FLOATS = 8
 YMM_REGISTERS = 16
 ZMM_FLOATS = 16
@@ -95,6 +100,14 @@ def fits_avx512(mr: int, nr: int) -> bool:
         return False
     nv = nr // ZMM_FLOATS
     return MIN_ZMM_ACCUMULATORS <= mr * nv and mr * nv + nv + 1 <= ZMM_REGISTERS
+
+
+def fits_neon(mr: int, nr: int) -> bool:
+    """MR x NR/4 accumulators, NR/4 B vectors and the A values (ceil(MR/4) vectors) fit the 32 q registers."""
+    if nr % NEON_FLOATS:
+        return False
+    nv = nr // NEON_FLOATS
+    return mr * nv + nv + -(-mr // NEON_FLOATS) <= NEON_REGISTERS
 
 
 def name(mr: int, nr: int, a: str = "packed", b: str = "packed") -> str:
@@ -249,6 +262,93 @@ def _avx2(mr: int, nr: int, a: str, b: str, prefetch: int = 0, epi: str | None =
     return lines
 
 
+def _neon_body(mr: int, nr: int, a: str, b: str, i0: int = 0, rows: int = 0, epi: str | None = None) -> list[str]:
+    """AdvSIMD intrinsics for the rows ``[i0, i0 + rows)`` of the MR x NR block (all of it by default): NR/4
+    q-register accumulators per row, one k loop. A packed panel's values are loaded 4 (``vld1q_f32``), 2
+    (``vld1_f32``) or 1 at a time and multiplied in by lane (``vfmaq_laneq_f32`` / ``vfmaq_lane_f32``), never
+    read past the row's MR values; A read in place (rows, offset table) is one scalar per row
+    (``vfmaq_n_f32``). Each is one fused multiply-add per element, as AVX2's ``vfmadd``: the same bits."""
+    rows = rows or mr
+    nv = nr // NEON_FLOATS
+    acc = [[f"c{i}_{v}" for v in range(nv)] for i in range(rows)]
+    flat = [x for row in acc for x in row]
+    ci = [f"c + {i0 + i} * ldc + {v * NEON_FLOATS}" for i in range(rows) for v in range(nv)]
+    lines = [f"  float32x4_t {', '.join(flat)};"]
+    if a == "packed":
+        lines.append(f"  const float* restrict ak = a + {i0};")
+    else:
+        lines += [f"  const float* restrict a{i} = ar[{i0 + i}];" for i in range(rows)]
+    lines.append("  if (load_c) {")
+    lines += [f"    {x} = vld1q_f32({p});" for x, p in zip(flat, ci, strict=True)]
+    lines.append("  } else {")
+    lines += [f"    {x} = vdupq_n_f32(0.0f);" for x in flat]
+    lines.append("  }")
+    lines.append("  for (long k = 0; k < kc; ++k) {")
+    if a == "koff":
+        lines.append("    const long o = koff[k];")
+    lines.append(f"    const float* restrict bk = {_b_row(b, nr)};")
+    lines += [f"    const float32x4_t b{v} = vld1q_f32(bk + {v * NEON_FLOATS});" for v in range(nv)]
+    if a == "packed":
+        i = 0
+        while i < rows:
+            n = 4 if rows - i >= 4 else 2 if rows - i >= 2 else 1
+            if n == 4:
+                lines.append(f"    {{ const float32x4_t av = vld1q_f32(ak + {i});")
+                fma = "vfmaq_laneq_f32({acc}, b{v}, av, {lane})"
+            elif n == 2:
+                lines.append(f"    {{ const float32x2_t av = vld1_f32(ak + {i});")
+                fma = "vfmaq_lane_f32({acc}, b{v}, av, {lane})"
+            else:
+                lines.append(f"    {{ const float av = ak[{i}];")
+                fma = "vfmaq_n_f32({acc}, b{v}, av)"
+            for lane in range(n):
+                row = acc[i + lane]
+                lines.append("      " + " ".join([f"{row[v]} = {fma.format(acc=row[v], v=v, lane=lane)};"
+                                                      for v in range(nv)]))
+            lines.append("    }")
+            i += n
+        lines.append(f"    ak += {mr};")
+    else:
+        for i in range(rows):
+            ptr = _a_ptr(a, mr, i)
+            fmas = " ".join(f"{acc[i][v]} = vfmaq_n_f32({acc[i][v]}, b{v}, ai);" for v in range(nv))
+            lines.append(f"    {{ const float ai = *({ptr}); {fmas} }}")
+    lines.append("  }")
+    if epi is None:
+        lines += [f"  vst1q_f32({p}, {x});" for x, p in zip(flat, ci, strict=True)]
+        return lines
+    # The storing variant: Relu as ``y < 0 ? 0 : y`` by a compare and a select (FMAX would turn -0 into +0).
+    if "r" in epi:
+        lines.append("  const float32x4_t zero = vdupq_n_f32(0.0f);")
+    for i in range(rows):
+        if "b" in epi:
+            lines.append(f"  const float32x4_t bias{i} = vdupq_n_f32(bias[{i0 + i}]);")
+        for v in range(nv):
+            y = acc[i][v]
+            if "b" in epi:
+                y = f"vaddq_f32({y}, bias{i})"
+            if "r" in epi:
+                at = f"out + {i0 + i} * ldo + {v * NEON_FLOATS}"
+                relu = "vbslq_f32(vcltq_f32(y, zero), zero, y)"
+                lines.append(f"  {{ const float32x4_t y = {y}; vst1q_f32({at}, {relu}); }}")
+            else:
+                lines.append(f"  vst1q_f32(out + {i0 + i} * ldo + {v * NEON_FLOATS}, {y});")
+    return lines
+
+
+def _neon(mr: int, nr: int, a: str, b: str, epi: str | None = None) -> list[str]:
+    """The AdvSIMD body: one pass over k where the block fits the 32 q registers (``fits_neon``), else one pass
+    per group of rows that does (a block laid out for AVX-512 compiled for aarch64: the same panels)."""
+    if fits_neon(mr, nr):
+        return _neon_body(mr, nr, a, b, epi=epi)
+    rs = max(r for r in range(1, mr + 1) if fits_neon(r, nr))
+    rs = -(-mr // -(-mr // rs))  # the rows split evenly
+    lines: list[str] = []
+    for i0 in range(0, mr, rs):
+        lines += ["  {", *("  " + x for x in _neon_body(mr, nr, a, b, i0, min(rs, mr - i0), epi)), "  }"]
+    return lines
+
+
 def avx2_split(mr: int, nr: int) -> tuple[int, int]:
     """(rows, columns) of the sub-blocks an MR x NR block (NR a multiple of 8) is computed in with
     AVX2: the fewest passes over k, rows split evenly (no short last pass with too few
@@ -274,7 +374,7 @@ def avx2_split(mr: int, nr: int) -> tuple[int, int]:
 
 def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: str = "auto",
                 prefetch: int = 0, scalar_accumulators: bool = False, avx512: bool = False,
-                epilogue: str | None = None) -> tuple[str, str]:
+                epilogue: str | None = None, neon: bool = False) -> tuple[str, str]:
     """``(function name, C text)`` of the MR x NR micro-kernel with the given operand access;
     ``prefetch`` > 0: the intrinsics prefetch B, and A's windows, that many k steps ahead (an
     offset table, A's or B's ``koff``, then needs ``prefetch`` readable entries past the last k).
@@ -288,7 +388,8 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
     multiply-add); each accumulator gets the same products in the same order.
     ``epilogue`` (one of ``EPILOGUES``; None: C is stored): the storing variant (``SIGNATURE_STORE``),
     which finishes the block in registers and stores it to ``out`` (row bias, Relu); not with
-    ``scalar_accumulators``."""
+    ``scalar_accumulators``. ``neon`` (the build for aarch64, ``vector_isa="neon"``): an AdvSIMD body first,
+    under ``#if NEON_GUARD`` (``_neon``), where NR is a multiple of 4; x86 bodies and plain C after it."""
     assert a in A_ACCESS and b in B_ACCESS and simd in SIMD_MODES, (a, b, simd)
     assert epilogue is None or (epilogue in EPILOGUES and not scalar_accumulators), (epilogue, scalar_accumulators)
     assert not (a == "koff" and b == "koff"), "one offset table per micro-kernel"
@@ -303,14 +404,21 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
             f"OPFUSE_NOINLINE static void {fn}{sig} {{", "  " + unused]
     plain = _plain_scalars(mr, nr, a, b) if scalar_accumulators else _plain(mr, nr, a, b, epilogue)
     body, guards = [], []
+    if simd == "auto" and neon and nr % NEON_FLOATS == 0:
+        fn += "_n"
+        head[1] = f"OPFUSE_NOINLINE static void {fn}{sig} {{"
+        body += [f"#if {NEON_GUARD}", *_neon(mr, nr, a, b, epilogue)]
     if wide:
-        body += [f"#if {AVX512_GUARD}", *_vector_body("avx512", mr, nr, a, b, prefetch, epi=epilogue)]
+        body += [f"#{'el' if body else ''}if {AVX512_GUARD}",
+                 *_vector_body("avx512", mr, nr, a, b, prefetch, epi=epilogue)]
         guards.append(AVX512_GUARD)
     if simd == "auto" and nr % YMM_FLOATS == 0:
         body += [f"#{'el' if body else ''}if {AVX2_GUARD}", *_avx2(mr, nr, a, b, prefetch, epilogue)]
         guards.append(AVX2_GUARD)
     body += ["#else", *plain, "#endif"] if body else plain
     pre = f"#if {' || '.join(f'({g})' for g in guards)}\n#include <immintrin.h>\n#endif\n" if guards else ""
+    if body and body[0] == f"#if {NEON_GUARD}":
+        pre += f"#if {NEON_GUARD}\n#include <arm_neon.h>\n#endif\n"
     return fn, NOINLINE + pre + "\n".join(head + body + ["}"]) + "\n"
 
 

@@ -15,10 +15,18 @@ SIMD_MODES = ("auto", "none")
 # ``opfuse.targets``), resolved when code is generated; "avx2" or "avx512": that ISA's register
 # block and panels whatever the CPU (the C still runs anywhere: every intrinsics body sits
 # behind ``#if`` on the compiler's target macros, with the narrower ones and plain C after it).
-VECTOR_ISAS = ("host", "avx2", "avx512")
+# "neon": aarch64 AdvSIMD (``#if defined(__aarch64__) && defined(__ARM_NEON)``; int8 with ``sdot`` where
+# ``__ARM_FEATURE_DOTPROD``): an aarch64 host resolves "host" to it; on x86 it generates C to cross-compile
+# (``runtime/aarch64.py``), whose x86 branches are then the plain C.
+VECTOR_ISAS = ("host", "avx2", "avx512", "neon")
 # The GEMM register block (MR, NR) of each ISA where ``gemm_mr`` / ``gemm_nr`` are 0 (measured:
 # ``CodegenOptions.gemm_mr``).
-REGISTER_BLOCKS = {"avx2": (6, 16), "avx512": (8, 32)}
+# NEON: 6 x 16 is 24 q-register accumulators, 4 B vectors and 2 A registers (4 + 2 rows, multiplied in by
+# lane): 30 of the 32. Paddle-Lite and the Arm Compute Library take 8 x 12 (24 accumulators, 3 + 2 loads per
+# k step against 4 + 2 here); 6 x 16 keeps the AVX2 build's panels, so the NEON and the plain C builds pack
+# the same blob, and every NR-multiple-of-8 assumption of the GEMM code holds. Not measured: there is no Arm
+# host here (QEMU counts are not timings); to be measured on one against 8 x 12 and 4 x 16.
+REGISTER_BLOCKS = {"avx2": (6, 16), "avx512": (8, 32), "neon": (6, 16)}
 WINOGRAD_MODES = ("auto", "off", "on")
 PROFILE_CLOCKS = {"wall": "CLOCK_MONOTONIC", "thread_cpu": "CLOCK_THREAD_CPUTIME_ID"}
 

@@ -85,6 +85,16 @@ BLOCKS = ((6, 2), (4, 3), (4, 2), (8, 1), (4, 1), (2, 2))
 # shapes, against the blocks above): 8 x 3 0.95 (pw1), 0.94 (pw3), 0.93 (pw7), 0.96 (pw13); 8 x 2 0.94, 0.96,
 # 0.94, 0.95. Compiled without AVX-512 they spill a few registers (exact, slower).
 BLOCKS_AVX512 = ((8, 3), (6, 4), (8, 2)) + BLOCKS
+# Built for aarch64 (``vector_isa="neon"``, ``neon_gemm``): ``sdot`` where the compiler targets the dot product
+# (Armv8.2-A+dotprod), plain C over the same words otherwise.
+NEON_GUARD = "defined(__aarch64__) && defined(__ARM_NEON)"
+NEON_DOT_GUARD = NEON_GUARD + " && defined(__ARM_FEATURE_DOTPROD)"
+NEON_LANES = 4  # int32 lanes of a q register: output positions per vector
+# (MR output channels, NV vectors of 4 positions) of the NEON GEMM: MR a multiple of 4 (4 channels' weight words in
+# one q register, multiplied in by lane: ``vdotq_laneq_s32``); at most 24 accumulators, with the NV loaded
+# vectors and MR / 4 weight registers within the 32. Not measured (no Arm host here): chosen by ``_block``'s
+# estimate as on x86.
+NEON_BLOCKS = ((8, 3), (12, 2), (8, 2), (4, 4), (4, 2), (4, 1))
 
 
 @dataclass
@@ -220,6 +230,8 @@ def host_int8_conv_applies(kc, ev, stage: Stage) -> tuple[QInput, QEpilogue] | N
         _need(len(node.input(0).shape) == 4, "not a 2-D convolution")
         x = _must(_centred_input(node.input(0), ev), "the input is not an 8-bit tensor in memory less a "
                                                      "constant zero point, dequantized in this kernel")
+        if opts.vector_isa == "neon":
+            _neon_applies(ev, node, x)
         return x, match_epilogue(ev, stage, node)
     except _Refused as e:
         reason = str(e)
@@ -746,13 +758,13 @@ def _geometry(node: Node, NB: int, flat_ok: bool) -> tuple[_Geometry, bool]:
     return _Geometry(H, W, OH, OW, KH, KW, SH, SW, DH, DW, PT, PL, NB), False
 
 
-def _block(mg: int, row: int, K2: int, blocks: tuple = BLOCKS) -> tuple[int, int]:
+def _block(mg: int, row: int, K2: int, blocks: tuple = BLOCKS, lanes: int = LANES) -> tuple[int, int]:
     """(MR, NV) of least estimated instructions: per channel pair and tap, NV loads, MR broadcasts and
     2 MR NV multiply-adds per block, over the blocks covering ``mg`` channels and ``row`` positions
-    (remainders computed in full)."""
+    (remainders computed in full); ``lanes`` positions per vector."""
     def cost(b):
         mr, nv = b
-        return -(-mg // mr) * -(-row // (LANES * nv)) * (nv + mr + 2 * mr * nv)
+        return -(-mg // mr) * -(-row // (lanes * nv)) * (nv + mr + 2 * mr * nv)
     return min(blocks, key=cost)
 
 
@@ -868,8 +880,16 @@ def lower_host_int8_conv(kc, ev, stage: Stage, operands: tuple[QInput, QEpilogue
     x, ep = operands
     _, G = conv_geometry(node)
     C, OC = node.input(0).shape[1], node.outputs[0].shape[1]
-    kc.program.require_helper(HELPER, HELPER_C)
     w = kc.w
+    if kc.program.options.vector_isa == "neon":  # AdvSIMD on aarch64 (sdot with the dot product), plain C otherwise
+        w.line(f"#if {NEON_GUARD}")
+        depthwise = C // G == 1 and OC // G == 1
+        portable = neon_depthwise(kc, ev, node, x, ep) if depthwise else neon_gemm(kc, ev, node, x, ep, G)
+        w.line("#else")
+        _portable(kc, node, x, ep, G, portable)
+        w.line("#endif")
+        return
+    kc.program.require_helper(HELPER, HELPER_C)
     w.line(f"#if {HOST_GUARD}")
     if C // G == 1 and OC // G == 1:
         opts = kc.program.options
@@ -1341,11 +1361,25 @@ static inline int32_t opfuse_q8_w32(const void* p, long i) {
 """
 
 
+def _shares_storage(kc, a: Value, b: Value) -> bool:
+    """Whether the memory plan lays ``a`` and ``b`` over common bytes (an output computed in place)."""
+    mem = kc.program.memory
+    if mem.is_static(a) or mem.is_static(b):
+        return False
+    la, lb = mem.location(a), mem.location(b)
+    if (la.region, la.index) != (lb.region, lb.index):
+        return False
+    na, nb = (int(np.prod(v.shape)) * v.dtype.itemsize for v in (a, b))
+    return la.offset < lb.offset + nb and lb.offset < la.offset + na
+
+
 def _portable(kc, node: Node, x: QInput, ep: QEpilogue, G: int, packed: _Packed) -> None:
     """Plain C99 over the vector kernel's packed weights (``packed``), the ``#else`` of a host build (a compiler
-    without AVX2): per output, the centred window's products summed in uint32 (wrapping as the reference's
-    int32), the bias, then ``opfuse_requantize_residual``. The plain build (``simd="none"``, the Cortex-M7)
-    keeps qconv.py's kernel and its own weights; this branch only reads the host build's single copy."""
+    without AVX2, or AdvSIMD on aarch64): per image and group its input channels copied to scratch where the
+    output is stored over them (``_shares_storage``), then per output, the centred window's products summed in uint32
+    (wrapping as the reference's int32), the bias, then ``opfuse_requantize_residual``. The plain build
+    (``simd="none"``, the Cortex-M7) keeps qconv.py's kernel and its own weights; this branch only reads the host
+    build's single copy."""
     kc.program.require_helper("opfuse_q8_weights", PORTABLE_C)
     rq = kc.program.require_helper(REQUANTIZE_RESIDUAL_HELPER, REQUANTIZE_RESIDUAL_C)
     N, C, H, W = node.input(0).shape
@@ -1365,8 +1399,18 @@ def _portable(kc, node: Node, x: QInput, ep: QEpilogue, G: int, packed: _Packed)
     qp, out = kc.ptr(x.q), kc.ptr(ep.out, write=True)
     kc.stored.add(id(ep.out))
     b, m, oh, ow, c, kh, kw = (kc.tmp(t) for t in ("b", "m", "oh", "ow", "c", "kh", "kw"))
+    # The output stored over the input (memory/inplace.py: a 1x1 or depthwise conv, which the vector kernels read
+    # whole into their word image first): the group's input channels are copied to scratch first here too.
+    ct, xs = c_type(x.q.dtype), kc.tmp("xs")
+    copy = _shares_storage(kc, x.q, ep.out)
+    xoff = kc.scratch(cg * H * W * x.q.dtype.itemsize) if copy else 0
     with w.block(f"for (long {b} = 0; {b} < {N * G}; ++{b})"):
         img, grp = (f"({b} / {G})", f"({b} % {G})") if G > 1 else (b, "0")
+        if copy:
+            w.line(f"{ct}* restrict {xs} = ({ct}*)(scratch + {xoff});")
+            w.line(f"memcpy({xs}, {qp} + ({img} * {C} + {grp} * {cg}) * {H * W}, sizeof({ct}) * {cg * H * W});")
+        else:
+            w.line(f"const {ct}* {xs} = {qp} + ({img} * {C} + {grp} * {cg}) * {H * W};")
         with w.block(f"for (long {m} = 0; {m} < {mg}; ++{m})"):
             oc = kc.tmp("oc")
             w.line(f"const long {oc} = {grp} * {mg} + {m};")
@@ -1384,7 +1428,7 @@ def _portable(kc, node: Node, x: QInput, ep: QEpilogue, G: int, packed: _Packed)
                         w.line(f"const long {iw} = {ow} * {SW} - {PL} + {kw} * {DW};")
                         w.line(f"if ({iw} < 0 || {iw} >= {W}) continue;")
                         wv = f"opfuse_q8_w{packed.bits}({packed.array}, {packed.index(grp, m, c, kh, kw)})"
-                        xv = f"((int32_t){qp}[(({img} * {C} + {grp} * {cg} + {c}) * {H} + {ih}) * {W} + {iw}] - {x.zp})"
+                        xv = f"((int32_t){xs}[({c} * {H} + {ih}) * {W} + {iw}] - {x.zp})"
                         w.line(f"{acc} += (uint32_t)({wv} * {xv});")
                 at = f"(({img} * {OC} + {oc}) * {OH} + {oh}) * {OW} + {ow}"
                 res, rmult = "0", "0"
@@ -1393,3 +1437,374 @@ def _portable(kc, node: Node, x: QInput, ep: QEpilogue, G: int, packed: _Packed)
                     rmult = f"{arrays['rmult']}[{oc}]"
                 w.line(f"{out}[{at}] = ({c_type(ep.out.dtype)}){rq}((int32_t){acc}, {arrays['mult']}[{oc}], "
                        f"{arrays['shift']}[{oc}], {res}, {rmult}, {ep.zp}, {ep.lo}, {ep.hi});")
+
+
+# NEON (aarch64) ----------------------------------------------------------------------------------------------
+def _neon_applies(ev, node: Node, x: QInput) -> None:
+    """``_Refused`` where the NEON GEMM does not apply: weights beyond int8 or a zero point that is no 8-bit value
+    (``sdot`` multiplies int8 by int8). Depthwise (int16 planes, ``neon_depthwise``) takes any int16 weights."""
+    _, G = conv_geometry(node)
+    C, OC = node.input(0).shape[1], node.outputs[0].shape[1]
+    if C // G == 1 and OC // G == 1:
+        return
+    wt = ev.static.get(id(node.input(1)))
+    _need(wt is not None and _quads_zero_point(x, np.asarray(wt).astype(np.int64)) is not None,
+          "NEON sdot needs int8 weights and an 8-bit zero point")
+
+
+NEON_INCLUDE = f"#if {NEON_GUARD}\n#include <arm_neon.h>\n#endif\n"
+
+QUADS_NEON_C = """
+#if defined(__aarch64__) && defined(__ARM_NEON)
+/* dst[j] = the 4 bytes s(r0[i]), s(r1[i]), s(r2[i]), s(r3[i]), i = first + j * step, for j < n, where s(v) = v ^ flip
+   (int8: v; uint8: v - 128, as int8): the signed bytes sdot multiplies; fill (the zero point less 128 for uint8: the
+   centred zero) where i lies outside [0, len) or the row is NULL. shift != 0: row q is read at i + q * shift (4
+   taps of one input row per word). 16 positions of 4 rows interleaved by one vst4q_u8 at column stride 1 (every
+   other byte of vld2q_u8 at stride 2). */
+static void opfuse_q8n_quads_{s}(uint8_t* restrict dst, const {T}* r0, const {T}* r1, const {T}* r2, const {T}* r3,
+                                 long first, long n, long step, long len, uint8_t fill, long shift) {{
+  const uint8_t flip = {flip};
+  const {T}* rows[4] = {{r0, r1, r2, r3}};
+  long j = 0;
+  if (shift) {{
+    for (; j < n; ++j) {{
+      const long i = first + j * step;
+      for (int q = 0; q < 4; ++q) {{
+        const long iq = i + q * shift;
+        dst[4 * j + q] = iq >= 0 && iq < len && rows[q] ? (uint8_t)((uint8_t)rows[q][iq] ^ flip) : fill;
+      }}
+    }}
+    return;
+  }}
+  if (step <= 2) {{
+    const uint8x16_t f = vdupq_n_u8(flip), fv = vdupq_n_u8(fill);
+    for (; j < n && first + step * j < 0; ++j) dst[4 * j] = dst[4 * j + 1] = dst[4 * j + 2] = dst[4 * j + 3] = fill;
+    if (step == 1) {{
+      for (; j + 16 <= n && first + j + 16 <= len; j += 16) {{
+        uint8x16x4_t v;
+        for (int q = 0; q < 4; ++q)
+          v.val[q] = rows[q] ? veorq_u8(vld1q_u8((const uint8_t*)(rows[q] + first + j)), f) : fv;
+        vst4q_u8(dst + 4 * j, v);
+      }}
+    }} else {{
+      for (; j + 16 <= n && first + 2 * j + 32 <= len; j += 16) {{
+        uint8x16x4_t v;
+        for (int q = 0; q < 4; ++q)
+          v.val[q] = rows[q] ? veorq_u8(vld2q_u8((const uint8_t*)(rows[q] + first + 2 * j)).val[0], f) : fv;
+        vst4q_u8(dst + 4 * j, v);
+      }}
+    }}
+  }}
+  for (; j < n; ++j) {{
+    const long i = first + j * step;
+    const int in = i >= 0 && i < len;
+    for (int q = 0; q < 4; ++q) dst[4 * j + q] = in && rows[q] ? (uint8_t)((uint8_t)rows[q][i] ^ flip) : fill;
+  }}
+}}
+#endif
+"""
+
+
+def _neon_pass_channels(NV: int) -> int:
+    """Channels per pass of the kernel without the dot product: 2 int32x4 accumulators per channel and vector, the
+    NV vectors' 2 halves and the weight word within the 32 registers."""
+    return max(p for p in (4, 2, 1) if 2 * p * NV + 2 * NV + 1 <= 32)
+
+
+def _neon_micro_kernel(kc, MR: int, NV: int, offsets: list[int]) -> str:
+    """The NEON GEMM's inner loop, out of line as on x86 (``_micro_kernel``): ``acc[(i * NV + v) * 4 + l]`` (MR
+    channels x NV vectors of 4 positions) = the sum over the words (``plane`` apart) and taps (``offsets``) of the
+    signed quads of 4 positions times channel ``i``'s weight word. With the dot product (``__ARM_FEATURE_DOTPROD``):
+    per tap NV loads, MR / 4 weight loads and MR NV ``sdot`` by lane (``vdotq_laneq_s32``: four int8 products per
+    lane summed into int32). Without it (Armv8.0-A): ``vmull_s8`` of each half vector (2 positions x 4 channels) by
+    the weight word twice, ``vpadalq_s16`` into int32 pairs, one ``vpaddq_s32`` per vector at the end; channels in
+    passes of ``_neon_pass_channels`` (its accumulators are twice as many). Both exact (an int8 product fits int16)
+    and wrapping as the reference's int32."""
+    key = f"neon|{MR}x{NV}|{','.join(map(str, offsets))}"
+    name = f"opfuse_q8n_mk_{MR}x{NV}_{hashlib.sha1(key.encode()).hexdigest()[:12]}"
+    taps = len(offsets)
+    accs = [[f"a{i}_{v}" for v in range(NV)] for i in range(MR)]
+    lines = [f"#if {NEON_GUARD}", f"/* {MR} channels x {NEON_LANES * NV} positions over words x {taps} taps */",
+             f"__attribute__((noinline)) static void {name}(const int32_t* restrict xt, const int32_t* restrict wp, "
+             "long words, long plane, int32_t* restrict acc) {", "#if defined(__ARM_FEATURE_DOTPROD)"]
+    lines += ["  int32x4_t " + ", ".join(f"{a} = vdupq_n_s32(0)" for a in row) + ";" for row in accs]
+    lines.append(f"  for (long k = 0; k < words; ++k, wp += {taps * MR}) {{")
+    lines.append("    const int32_t* xc = xt + k * plane;")
+    for t, off in enumerate(offsets):
+        lines.append("    {")
+        lines += [f"      const int8x16_t x{v} = vreinterpretq_s8_s32(vld1q_s32(xc + {off + v * NEON_LANES}));"
+                  for v in range(NV)]
+        for g4 in range(MR // 4):
+            lines.append(f"      const int8x16_t w{g4} = vreinterpretq_s8_s32(vld1q_s32(wp + {t * MR + 4 * g4}));")
+            for lane in range(4):
+                i = 4 * g4 + lane
+                lines.append("      " + " ".join(f"{accs[i][v]} = vdotq_laneq_s32({accs[i][v]}, x{v}, w{g4}, {lane});"
+                                                 for v in range(NV)))
+        lines.append("    }")
+    lines.append("  }")
+    lines += [f"  vst1q_s32(acc + {(i * NV + v) * NEON_LANES}, {accs[i][v]});" for i in range(MR) for v in range(NV)]
+    lines.append("#else")
+    P = _neon_pass_channels(NV)
+    for i0 in range(0, MR, P):
+        chans = range(i0, min(i0 + P, MR))
+        lines.append("  {")
+        lines += ["    int32x4_t " + ", ".join(f"{h}{i}_{v} = vdupq_n_s32(0)" for v in range(NV) for h in ("lo", "hi"))
+                  + ";" for i in chans]
+        lines.append("    const int32_t* w = wp;")
+        lines.append(f"    for (long k = 0; k < words; ++k, w += {taps * MR}) {{")
+        lines.append("      const int32_t* xc = xt + k * plane;")
+        for t, off in enumerate(offsets):
+            lines.append("      {")
+            for v in range(NV):
+                at = off + v * NEON_LANES
+                lines.append(f"        const int8x16_t x{v} = vreinterpretq_s8_s32(vld1q_s32(xc + {at}));")
+                lines.append(f"        const int8x8_t xl{v} = vget_low_s8(x{v}), xh{v} = vget_high_s8(x{v});")
+            for i in chans:
+                lines.append(f"        {{ const int8x8_t wv = vreinterpret_s8_s32(vdup_n_s32(w[{t * MR + i}]));")
+                for v in range(NV):
+                    lines.append(f"          lo{i}_{v} = vpadalq_s16(lo{i}_{v}, vmull_s8(xl{v}, wv)); "
+                                 f"hi{i}_{v} = vpadalq_s16(hi{i}_{v}, vmull_s8(xh{v}, wv));")
+                lines.append("        }")
+            lines.append("      }")
+        lines.append("    }")
+        lines += [f"    vst1q_s32(acc + {(i * NV + v) * NEON_LANES}, vpaddq_s32(lo{i}_{v}, hi{i}_{v}));"
+                  for i in chans for v in range(NV)]
+        lines.append("  }")
+    lines += ["#endif", "}", "#endif", ""]
+    kc.program.require_helper("opfuse_arm_neon", NEON_INCLUDE)
+    return kc.program.require_helper(name, "\n".join(lines))
+
+
+def neon_gemm(kc, ev, node: Node, x: QInput, ep: QEpilogue, G: int) -> _Packed:
+    """The aarch64 int8 GEMM (``vector_isa="neon"``): the word image of signed quads (4 input channels' int8
+    bytes per word, ``x ^ flip``: int8 as is, uint8 less 128; 4 taps of a kernel row on a single input channel),
+    the weights packed as the AVX-512 build packs its quads, ``sdot`` by lane (``_neon_micro_kernel``), and the
+    requantizing epilogue 4 positions at a time (``_neon_epilogue``). ``sum w (s - zs) = sum w s - zs sum w``
+    with ``zs`` the zero point in the signed bytes: the correction joins the bias (int32, wrapping). Returns how
+    the ``#else`` branch reads the same weights."""
+    N, C, H, W = node.input(0).shape
+    out_shape = node.outputs[0].shape
+    OC, OH, OW = out_shape[1:]
+    cg, mg = C // G, OC // G
+    per = 4
+    CP = -(-cg // per)
+    wt = ev.static[id(node.input(1))].astype(np.int64)
+    zu = _quads_zero_point(x, wt)
+    assert zu is not None, "_neon_applies checked it"
+    zs = zu - 128  # the centred zero as a signed byte: int8 zp, or uint8 zp - 128
+    probe, flat = _geometry(node, NEON_LANES, True)
+    tap_words = cg == 1 and probe.KW > 1
+    KWw = -(-probe.KW // per) if tap_words else probe.KW
+    MR, NV = _block(mg, probe.OW, CP * probe.KH * KWw, NEON_BLOCKS, NEON_LANES)
+    g, _ = _geometry(node, NEON_LANES * NV, True)
+    MB = -(-mg // MR)
+    taps = g.KH * KWw
+    wt = wt.reshape(G, mg, cg, g.KH * g.KW)
+    if tap_words:
+        packed = np.zeros((G, MB * MR, g.KH, KWw * per), np.int8)
+        packed[:, :mg, :, :g.KW] = wt.reshape(G, mg, g.KH, g.KW)
+        packed = packed.reshape(G, MB, MR, g.KH, KWw, per).transpose(0, 1, 3, 4, 2, 5)
+    else:
+        packed = np.zeros((G, MB * MR, per * CP, g.KH * g.KW), np.int8)
+        packed[:, :mg, :cg, :] = wt
+        packed = packed.reshape(G, MB, MR, CP, per, taps).transpose(0, 1, 3, 5, 2, 4)
+    words = np.ascontiguousarray(packed).view(np.int32).reshape(-1)
+    wq = kc.const_array(("q8_gemm_quads", node.name), words, f"{node.input(1).name}_quads", np.int32)
+    corrected = ep.bias.astype(np.int64) - zs * wt.reshape(OC, -1).sum(axis=1)
+    bias = kc.const_array(("q8_neon_bias", ep.out.name), ((corrected + (1 << 31)) % (1 << 32) - (1 << 31))
+                          .astype(np.int32), f"{ep.out.name}_neon_bias", np.int32)
+    arrays = {key: kc.const_array((f"q8_{key}", ep.out.name), values, f"{ep.out.name}_{key}", dt)
+              for key, values, dt in (("mult", ep.mult, np.int32), ("shift", ep.shift, np.int32),
+                                      ("rmult", ep.rmult, np.int64)) if values is not None}
+    kc.program.require_helper("opfuse_arm_neon", NEON_INCLUDE)
+    kc.program.require_helper("opfuse_q8n_requantize", REQUANTIZE_NEON_C)
+    plane = g.plane
+    xoff = kc.scratch(CP * plane * 4)
+    words_of = "4 taps of a kernel row" if tap_words else "4 channels"
+    kc.note(lambda name: f"int8 conv '{name}': NEON s8 x s8 GEMM (sdot by lane; vmull_s8 + vpadalq_s16 without "
+                         f"the dot product), {MR} channels x {NEON_LANES * NV} positions, words of {words_of}, "
+                         "requantizing epilogue in vectors (exact, 64-bit lanes)", node)
+    w = kc.w
+    qp = kc.ptr(x.q)
+    ct = c_type(x.q.dtype)
+    s = "s8" if x.q.dtype == np.int8 else "u8"
+    flip = "0" if x.q.dtype == np.int8 else "0x80"
+    kc.program.require_helper("opfuse_arm_neon", NEON_INCLUDE)
+    kc.program.require_helper(f"opfuse_q8n_quads_{s}", QUADS_NEON_C.format(s=s, T=ct, flip=flip))
+    b, cp, r, ph, xp = kc.tmp("b"), kc.tmp("cp"), kc.tmp("r"), kc.tmp("ph"), kc.tmp("xp")
+    with w.block(f"for (long {b} = 0; {b} < {N * G}; ++{b})"):
+        img, grp = (f"({b} / {G})", f"({b} % {G})") if G > 1 else (b, "0")
+        w.line(f"int32_t* restrict {xp} = (int32_t*)(scratch + {xoff});  /* shared: thread 0's scratch */")
+        kc.parallel_for(CP * plane * 4)
+        with w.block(f"for (long {cp} = 0; {cp} < {CP}; ++{cp})"):
+            c0 = kc.tmp("c")
+            w.line(f"const long {c0} = {grp} * {cg} + {per} * {cp};")
+            with w.block(f"for (long {r} = 0; {r} < {g.Hp}; ++{r})"):
+                ih = kc.tmp("ih")
+                w.line(f"const long {ih} = {r} - {g.PT};")
+                rows = [kc.tmp("row") for _ in range(per)]
+                base = f"{qp} + (({img} * {C} + {c0}) * {H} + {ih}) * {W}" if not flat else \
+                    f"{qp} + ({img} * {C} + {c0}) * {H * W}"
+                inside = f"{ih} >= 0 && {ih} < {g.H}"
+                for q, row in enumerate(rows):
+                    if tap_words:
+                        w.line(f"const {ct}* {row} = {inside} ? {base} : NULL;")
+                        continue
+                    cond = inside if q == 0 else f"{inside} && {per} * {cp} + {q} < {cg}"
+                    w.line(f"const {ct}* {row} = {cond} ? {base} + {q * H * W} : NULL;")
+                with w.block(f"for (long {ph} = 0; {ph} < {g.SW}; ++{ph})"):
+                    dst = f"{xp} + (({cp} * {g.Hp} + {r}) * {g.SW} + {ph}) * {g.Wq}"
+                    w.line(f"opfuse_q8n_quads_{s}((uint8_t*)({dst}), {', '.join(rows)}, {ph} - {g.PL}, {g.Wq}, "
+                           f"{g.SW}, {g.W}, {zs & 0xFF}, {g.DW if tap_words else 0});")
+        tiles_w = -(-g.OW // g.NB)
+        t, mb = kc.tmp("t"), kc.tmp("mb")
+        kc.parallel_for(g.OH * tiles_w * mg * CP * taps * 2 * g.NB)
+        weights_outer = _weights_outer(MB * MR * CP * taps, CP * plane)
+        loops = [f"for (long {t} = 0; {t} < {g.OH * tiles_w}; ++{t})", f"for (long {mb} = 0; {mb} < {MB}; ++{mb})"]
+        with w.block(loops[weights_outer]), w.block(loops[not weights_outer]):
+            oh, ow0 = kc.tmp("oh"), kc.tmp("ow")
+            w.line(f"const long {oh} = {t} / {tiles_w}, {ow0} = ({t} % {tiles_w}) * {g.NB};")
+            xt, wp, buf = kc.tmp("xt"), kc.tmp("wp"), kc.tmp("acc")
+            w.line(f"const int32_t* {xt} = {xp} + {oh} * {g.SH * g.SW * g.Wq} + {ow0};")
+            w.line(f"const int32_t* {wp} = {wq} + ({grp} * {MB} + {mb}) * {CP * taps * MR};")
+            offsets = [g.tap(kh, per * kw if tap_words else kw) for kh in range(g.KH) for kw in range(KWw)]
+            mk = _neon_micro_kernel(kc, MR, NV, offsets)
+            w.line(f"int32_t {buf}[{MR * g.NB}];")
+            w.line(f"{mk}({xt}, {wp}, {CP}, {plane}, {buf});")
+            n = kc.tmp("n")
+            w.line(f"const long {n} = {g.OW} - {ow0} < {g.NB} ? {g.OW} - {ow0} : {g.NB};")
+            for i in range(MR):
+                m = kc.tmp("m")
+                w.line(f"const long {m} = {mb} * {MR} + {i};")
+                with w.block(f"if ({m} < {mg})" if mg % MR else ""):
+                    oc = kc.tmp("oc")
+                    w.line(f"const long {oc} = {grp} * {mg} + {m};")
+                    if flat:
+                        orow, rrow = _out_rows(kc, ep, img, oc, "0", (N, OC, 1, OH * OW))
+                    else:
+                        orow, rrow = _out_rows(kc, ep, img, oc, oh, out_shape)
+                    _neon_epilogue(kc, ep, buf, i * g.NB, NV, bias, arrays, oc, orow, rrow, ow0, n)
+    return _Packed(wq, 8, _word_index(MB, MR, CP, taps, per, g.KW, KWw if tap_words else 0), {})
+
+
+REQUANTIZE_NEON_C = """
+#if defined(__aarch64__) && defined(__ARM_NEON)
+/* opfuse_requantize_residual on 4 lanes of one channel, bit for bit: p = acc * mult + res * rmult in int64 lanes
+   (vmull_s32, exact; rmult = rh 2^31 + rl with 0 <= rl < 2^31, so res * rmult = res * rl + (res * rh) 2^31, each
+   exact below 2^62), rounded half to even as floor((p + 2^(s-1) - 1 + bit_s(p)) / 2^s) by arithmetic shifts
+   (vshlq_s64 by -s), plus the zero point, clamped to [lo, hi]. */
+static inline int64x2_t opfuse_q8n_round(int64x2_t p, int64x2_t ns, int64x2_t rnd, int32_t zp, int32_t lo,
+                                         int32_t hi) {
+  const int64x2_t bit = vandq_s64(vshlq_s64(p, ns), vdupq_n_s64(1));
+  int64x2_t q = vaddq_s64(vshlq_s64(vaddq_s64(vaddq_s64(p, rnd), bit), ns), vdupq_n_s64(zp));
+  const int64x2_t l = vdupq_n_s64(lo), h = vdupq_n_s64(hi);
+  q = vbslq_s64(vcltq_s64(q, l), l, q);
+  return vbslq_s64(vcgtq_s64(q, h), h, q);
+}
+static inline int32x4_t opfuse_q8n_requantize(int32x4_t acc, int32_t mult, int32_t shift, const int32x4_t* res,
+                                              int64_t rmult, int32_t zp, int32_t lo, int32_t hi) {
+  int64x2_t p0 = vmull_n_s32(vget_low_s32(acc), mult), p1 = vmull_high_n_s32(acc, mult);
+  if (res) {
+    const int32_t rl = (int32_t)(rmult & 0x7fffffff), rh = (int32_t)(rmult >> 31);
+    p0 = vaddq_s64(vaddq_s64(p0, vmull_n_s32(vget_low_s32(*res), rl)),
+                   vshlq_n_s64(vmull_n_s32(vget_low_s32(*res), rh), 31));
+    p1 = vaddq_s64(vaddq_s64(p1, vmull_high_n_s32(*res, rl)), vshlq_n_s64(vmull_high_n_s32(*res, rh), 31));
+  }
+  const int64x2_t ns = vdupq_n_s64(-(int64_t)shift), rnd = vdupq_n_s64(((int64_t)1 << (shift - 1)) - 1);
+  return vcombine_s32(vmovn_s64(opfuse_q8n_round(p0, ns, rnd, zp, lo, hi)),
+                      vmovn_s64(opfuse_q8n_round(p1, ns, rnd, zp, lo, hi)));
+}
+#endif
+"""
+
+
+def _neon_epilogue(kc, ep: QEpilogue, buf: str, at: int, NV: int, bias: str, arrays: dict[str, str], oc: str,
+                   orow: str, rrow: str | None, ow0: str, n: str) -> None:
+    """Channel ``oc``'s ``4 NV`` accumulators (``buf`` from ``at``): bias (int32, wrapping), then
+    ``opfuse_q8n_requantize`` 4 at a time; the first ``n`` stored to ``orow + ow0`` (narrowed to 8 bits: the
+    clamp keeps them in range). The residual's row is centred into ``4 NV`` int32 first (0 past ``n``)."""
+    w = kc.w
+    nb = NEON_LANES * NV
+    q, rb, p = kc.tmp("q"), kc.tmp("rb"), kc.tmp("p")
+    w.line(f"int32_t {q}[{nb}];")
+    res = "NULL"
+    if ep.res is not None and rrow is not None:
+        w.line(f"int32_t {rb}[{nb}];")
+        w.line(f"for (long {p} = 0; {p} < {nb}; ++{p}) {rb}[{p}] = {p} < {n} ? (int32_t){rrow}[{ow0} + {p}] - "
+               f"{ep.res.zp} : 0;")
+    rmult = f"{arrays['rmult']}[{oc}]" if ep.res is not None else "0"
+    w.line(f"const int32x4_t {q}_b = vdupq_n_s32({bias}[{oc}]);")
+    for v in range(NV):
+        if ep.res is not None and rrow is not None:
+            w.line(f"const int32x4_t {q}_r{v} = vld1q_s32({rb} + {v * NEON_LANES});")
+            res = f"&{q}_r{v}"
+        w.line(f"vst1q_s32({q} + {v * NEON_LANES}, opfuse_q8n_requantize(vaddq_s32(vld1q_s32({buf} + "
+               f"{at + v * NEON_LANES}), {q}_b), {arrays['mult']}[{oc}], {arrays['shift']}[{oc}], {res}, {rmult}, "
+               f"{ep.zp}, {ep.lo}, {ep.hi}));")
+    w.line(f"for (long {p} = 0; {p} < {n}; ++{p}) {orow}[{ow0} + {p}] = ({c_type(ep.out.dtype)}){q}[{p}];")
+
+
+def neon_depthwise(kc, ev, node: Node, x: QInput, ep: QEpilogue) -> _Packed:
+    """Depthwise on aarch64 (``vector_isa="neon"``), one channel plane at a time: the plane copied centred into
+    int16, padded and split by column phase (``_Geometry``: every tap's 4 consecutive outputs of a row are then
+    4 consecutive values, at any stride), ``vmlal_n_s16`` per tap and 4 positions (exact: an int16 product fits
+    int32, the sums wrap as the reference's), 16 positions of a row per pass, and the requantizing epilogue in
+    vectors (``_neon_epilogue``). The plane is read whole before any output of it is stored, so the output may
+    lie over the input (memory/inplace.py)."""
+    N, C, H, W = node.input(0).shape
+    out_shape = node.outputs[0].shape
+    OH, OW = out_shape[2:]
+    NV = 4 if OW > 2 * NEON_LANES else -(-OW // NEON_LANES)
+    g, _ = _geometry(node, NEON_LANES * NV, False)
+    taps = g.KH * g.KW
+    wt = ev.static[id(node.input(1))].astype(np.int64).reshape(C, taps)
+    wq = kc.const_array(("q8_dw16", node.name), wt.astype(np.int16), f"{node.input(1).name}_dw16", np.int16)
+    arrays = {key: kc.const_array((f"q8_{key}", ep.out.name), values, f"{ep.out.name}_{key}", dt)
+              for key, values, dt in (("bias", ep.bias, np.int32), ("mult", ep.mult, np.int32),
+                                      ("shift", ep.shift, np.int32), ("rmult", ep.rmult, np.int64))
+              if values is not None}
+    kc.program.require_helper("opfuse_arm_neon", NEON_INCLUDE)
+    kc.program.require_helper("opfuse_q8n_requantize", REQUANTIZE_NEON_C)
+    poff = kc.scratch(g.plane * 2)
+    kc.note(lambda name: f"int8 depthwise '{name}': NEON int16 planes (vmlal_n_s16), {NEON_LANES * NV} positions "
+                         "per pass, requantizing epilogue in vectors (exact, 64-bit lanes)", node)
+    w = kc.w
+    qp = kc.ptr(x.q)
+    pl, r, ph, j = kc.tmp("pl"), kc.tmp("r"), kc.tmp("ph"), kc.tmp("j")
+    kc.parallel_for(N * C * OH * OW * taps * 2)
+    with w.block(f"for (long {pl} = 0; {pl} < {N * C}; ++{pl})"):
+        img, c = f"({pl} / {C})", f"({pl} % {C})"
+        xp = kc.tmp("plane")
+        w.line(f"int16_t* restrict {xp} = {kc.scratch_ptr('int16_t', poff)};")
+        with w.block(f"for (long {r} = 0; {r} < {g.Hp}; ++{r})"):
+            ih = kc.tmp("ih")
+            w.line(f"const long {ih} = {r} - {g.PT};")
+            with w.block(f"for (long {ph} = 0; {ph} < {g.SW}; ++{ph})"):
+                dst, row = kc.tmp("dst"), kc.tmp("row")
+                w.line(f"int16_t* {dst} = {xp} + ({r} * {g.SW} + {ph}) * {g.Wq};")
+                w.line(f"const {c_type(x.q.dtype)}* {row} = {ih} >= 0 && {ih} < {H} ? {qp} + ({pl} * {H} + {ih}) * "
+                       f"{W} : NULL;")
+                with w.block(f"for (long {j} = 0; {j} < {g.Wq}; ++{j})"):
+                    iw = kc.tmp("iw")
+                    w.line(f"const long {iw} = {ph} - {g.PL} + {j} * {g.SW};")
+                    w.line(f"{dst}[{j}] = (int16_t)({row} && {iw} >= 0 && {iw} < {W} ? (int32_t){row}[{iw}] - "
+                           f"{x.zp} : 0);")
+        wv = [kc.tmp("w") for _ in range(taps)]
+        w.line("const int16_t " + ", ".join(f"{name} = {wq}[{c} * {taps} + {t}]" for t, name in enumerate(wv)) + ";")
+        oh, ow0, n, buf = kc.tmp("oh"), kc.tmp("ow"), kc.tmp("n"), kc.tmp("acc")
+        with w.block(f"for (long {oh} = 0; {oh} < {OH}; ++{oh})"):
+            orow, rrow = _out_rows(kc, ep, img, c, oh, out_shape)
+            with w.block(f"for (long {ow0} = 0; {ow0} < {OW}; {ow0} += {g.NB})"):
+                xt = kc.tmp("xt")
+                w.line(f"const int16_t* {xt} = {xp} + {oh} * {g.SH * g.SW * g.Wq} + {ow0};")
+                w.line(f"const long {n} = {OW} - {ow0} < {g.NB} ? {OW} - {ow0} : {g.NB};")
+                accs = [kc.tmp("a") for _ in range(NV)]
+                w.line("int32x4_t " + ", ".join(f"{a} = vdupq_n_s32(0)" for a in accs) + ";")
+                for t, wr in enumerate(wv):
+                    kh, kw = divmod(t, g.KW)
+                    w.line(" ".join(f"{a} = vmlal_n_s16({a}, vld1_s16({xt} + {g.tap(kh, kw) + v * NEON_LANES}), {wr});"
+                                    for v, a in enumerate(accs)))
+                w.line(f"int32_t {buf}[{g.NB}];")
+                w.line(" ".join(f"vst1q_s32({buf} + {v * NEON_LANES}, {a});" for v, a in enumerate(accs)))
+                _neon_epilogue(kc, ep, buf, 0, NV, arrays["bias"], arrays, c, orow, rrow, ow0, n)
+    return _Packed(wq, 16, lambda grp, m, c, kh, kw: f"{grp} * {taps} + {kh} * {g.KW} + {kw}", {})

@@ -407,9 +407,11 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
     BT, AT = t.BT, t.AT
     L = LANES
 
-    name, text = microkernel(MR, NR, "packed", "strided", o.simd, o.gemm_prefetch, o.gemm_scalar_accumulators, wide)
+    neon = o.vector_isa == "neon"
+    name, text = microkernel(MR, NR, "packed", "strided", o.simd, o.gemm_prefetch, o.gemm_scalar_accumulators, wide,
+                             neon=neon)
     ukr = kc.program.require_helper(name, text)
-    bodies = microkernel_bodies(MR, NR, o.simd, wide)
+    bodies = microkernel_bodies(MR, NR, o.simd, wide, neon)
     kc.note(lambda nm: f"Winograd GEMMs '{nm}': {MR}x{NR} micro-kernel, {bodies}", node)
     u = filter_transform(kc.program.memory.static[id(wt)], t).astype(np.float32)
     upack = kc.const_array(("winograd_u", node.name, m, MR), pack_a_panels(u, MR), node.name + "_U", np.float32)

@@ -160,9 +160,17 @@ def vector_isa() -> tuple[int, int, str]:
 
 @functools.lru_cache(maxsize=None)
 def host_simd_isa() -> str:
-    """The code generator's name for this CPU's widest x86 vector ISA (what the host profile's
-    ``vector_bytes`` says): "avx512" where it has AVX-512F, else "avx2"."""
-    return "avx512" if vector_isa()[1] >= 64 and platform.machine().lower() in ("x86_64", "amd64") else "avx2"
+    """The code generator's name for this CPU's widest vector ISA (what the host profile's
+    ``vector_bytes`` says): "neon" on an aarch64 host, "avx512" where an x86 CPU has AVX-512F, else "avx2"."""
+    return simd_isa_of(platform.machine(), vector_isa()[1])
+
+
+def simd_isa_of(machine: str, vector_bytes: int) -> str:
+    """``host_simd_isa`` of a machine name (``platform.machine()``) and its vector width in bytes."""
+    machine = machine.lower()
+    if machine in ("aarch64", "arm64"):
+        return "neon"
+    return "avx512" if vector_bytes >= 64 and machine in ("x86_64", "amd64") else "avx2"
 
 
 def numa_topology() -> tuple[int, float]:

@@ -1,0 +1,208 @@
+"""Run a model's generated host C on aarch64 under QEMU's user-mode emulator (the NEON build).
+
+    program = generate_aarch64(graph, plan)                   # CodegenOptions(vector_isa="neon")
+    result = run_on_qemu(program, {"input": x})               # outputs, build and run seconds
+    opfuse run MODEL --backend aarch64                        # the same from the command line
+
+The program is the host one (``platform="host"``), its micro-kernels built for ``vector_isa="neon"``: AdvSIMD
+bodies under ``#if defined(__aarch64__) && defined(__ARM_NEON)``, the int8 GEMM with ``sdot`` under
+``__ARM_FEATURE_DOTPROD``, plain C elsewhere. It is cross-compiled with ``aarch64-linux-gnu-gcc`` into a static
+executable, single-threaded (no ``-fopenmp``: the OpenMP pragmas are ignored, ``OPFUSE_TID()`` is 0), with a
+small harness (``aarch64_support/harness.c``) that reads the weights and inputs from raw files and writes the
+outputs to raw files, so the values come back bit for bit, and runs under ``qemu-aarch64 -cpu max`` (which has
+FEAT_DotProd). ``arch`` picks the compiler's target: "dotprod" (Armv8.2-A with the dot product: ``sdot``),
+"neon" (Armv8-A: AdvSIMD without it, the int8 kernels' plain C branch), "none" (``+nosimd``: no
+AdvSIMD at all, the float micro-kernels' plain C branch too, where gcc's auto-vectoriser cannot reach for it).
+
+The emulator translates instructions; its run time is no measure of an Arm core's speed, and nothing here
+reports one. The same flags as the host build (``-ffp-contract=off``: no multiply-add the source did not ask
+for), so the plain C99 build (``simd="none"``) gives the same bits here as on x86 wherever libm does.
+"""
+from __future__ import annotations
+
+import functools
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from opfuse.codegen.options import CodegenOptions
+from opfuse.codegen.program import CProgram, generate
+from opfuse.errors import InputError, OpfuseError
+from opfuse.ir.graph import Graph
+from opfuse.ir.plan import FusionPlan
+from opfuse.memory.plan import MemoryPlan
+from opfuse.runtime.reference import check_inputs
+from opfuse.runtime.toolchain import ToolchainError
+
+TARGET = "aarch64"
+APT_PACKAGES = ("gcc-aarch64-linux-gnu", "libc6-dev-arm64-cross", "qemu-user")
+# The host build's flags (runtime/toolchain.py BASE_FLAGS) for a static executable instead of a shared library.
+CFLAGS = ("-O3", "-std=c99", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fwrapv")
+ARCH_FLAGS = {"dotprod": ("-march=armv8.2-a+dotprod",), "neon": ("-march=armv8-a",),
+              "none": ("-march=armv8-a+nosimd",)}
+LDFLAGS = ("-static",)
+QEMU_CPU = "max"
+COMPILE_TIMEOUT_S = 300
+RUN_TIMEOUT_S = 600
+NEON = CodegenOptions(vector_isa="neon")
+_FAULT = "opfuse-aarch64: fault "
+
+
+class Aarch64RunError(RuntimeError):
+    """The executable failed to build, crashed or timed out (a bug, not user error)."""
+
+
+@dataclass(frozen=True)
+class Aarch64Tools:
+    gcc: str
+    qemu: str
+
+
+@functools.lru_cache(maxsize=1)
+def find_tools() -> Aarch64Tools:
+    """The cross compiler and the user-mode emulator; ``ToolchainError`` (one line) naming what is missing."""
+    found = {name: shutil.which(name) for name in ("aarch64-linux-gnu-gcc", "qemu-aarch64")}
+    missing = [name for name, path in found.items() if path is None]
+    if missing:
+        raise ToolchainError(f"the {TARGET} backend needs {', '.join(missing)}: run `make aarch64-tools`, or "
+                             f"`apt-get install -y --no-install-recommends {' '.join(APT_PACKAGES)}`")
+    gcc, qemu = found["aarch64-linux-gnu-gcc"], found["qemu-aarch64"]
+    assert gcc is not None and qemu is not None
+    return Aarch64Tools(gcc, qemu)
+
+
+def tools_available() -> bool:
+    try:
+        find_tools()
+    except ToolchainError:
+        return False
+    return True
+
+
+def generate_aarch64(graph: Graph, plan: FusionPlan | None, memory: MemoryPlan | None = None, *,
+                     options: CodegenOptions | None = None) -> CProgram:
+    """The host program of ``graph`` under ``plan`` (unfused when None) built for aarch64: ``options``
+    (default ``NEON``) with ``vector_isa="neon"`` unless they are the plain build (``simd="none"``)."""
+    options = options or NEON
+    if options.platform != "host":
+        raise OpfuseError(f"the {TARGET} backend runs host programs, not platform {options.platform!r}")
+    if options.simd != "none":
+        options = options.with_(vector_isa="neon")
+    return generate(graph, plan, memory=memory, options=options)
+
+
+def harness_io(program: CProgram) -> str:
+    """``harness_io.h``: the number of inputs and outputs and their sizes in bytes."""
+    ins = [int(np.prod(t.shape)) * t.dtype.itemsize for t in program.inputs]
+    outs = [int(np.prod(t.shape)) * t.dtype.itemsize for t in program.outputs]
+    return ("/* Generated by opfuse: the aarch64 harness's inputs and outputs. */\n#include <stddef.h>\n"
+            f"#define HARNESS_NUM_INPUTS {len(ins)}\n#define HARNESS_NUM_OUTPUTS {len(outs)}\n"
+            f"static const size_t harness_input_bytes[] = {{{', '.join(map(str, ins)) or '0'}}};\n"
+            f"static const size_t harness_output_bytes[] = {{{', '.join(map(str, outs)) or '0'}}};\n")
+
+
+def _run(cmd: list[str], timeout: float, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise Aarch64RunError(f"{Path(cmd[0]).name} did not finish within {timeout:.0f} s") from None
+
+
+@dataclass(frozen=True)
+class Executable:
+    path: Path
+    arch: str
+    build_seconds: float
+
+
+def build_executable(program: CProgram, workdir: str | Path, arch: str = "dotprod") -> Executable:
+    """Cross-compile ``program`` and the harness into ``workdir/model`` (static) and write ``weights.bin``."""
+    if program.mcu is not None:
+        raise OpfuseError(f"this program was generated for a microcontroller; the {TARGET} backend runs host programs")
+    if arch not in ARCH_FLAGS:
+        raise OpfuseError(f"aarch64 arch {arch!r}: expected one of {', '.join(ARCH_FLAGS)}")
+    tools = find_tools()
+    d = Path(workdir)
+    d.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    (d / "model.c").write_text(program.source)
+    (d / "model.h").write_text(program.header())
+    (d / "harness_io.h").write_text(harness_io(program))
+    (d / "harness.c").write_text(resources.files("opfuse.runtime").joinpath("aarch64_support", "harness.c")
+                                 .read_text())
+    (d / "weights.bin").write_bytes(program.weights)
+    exe = d / "model"
+    proc = _run([tools.gcc, *CFLAGS, *ARCH_FLAGS[arch], *LDFLAGS, "-I", str(d), str(d / "model.c"),
+                 str(d / "harness.c"), "-lm", "-o", str(exe)], COMPILE_TIMEOUT_S)
+    if proc.returncode != 0:
+        raise Aarch64RunError(f"aarch64-linux-gnu-gcc failed (exit {proc.returncode}):\n"
+                              + "\n".join(proc.stderr.splitlines()[:40]))
+    return Executable(exe, arch, time.perf_counter() - t0)
+
+
+def qemu_command(tools: Aarch64Tools, exe: Path, args: list[str]) -> list[str]:
+    return [tools.qemu, "-cpu", QEMU_CPU, str(exe), *args]
+
+
+@dataclass
+class Aarch64Result:
+    """One run of the model under ``qemu-aarch64``."""
+
+    outputs: dict[str, np.ndarray]
+    executable: Executable
+    run_seconds: float               # the emulator's, not an Arm core's: no measure of speed
+    qemu_command: list[str] = field(default_factory=list)
+
+
+def run_executable(program: CProgram, exe: Executable, feeds: Mapping[str, np.ndarray],
+                   timeout: float = RUN_TIMEOUT_S) -> Aarch64Result:
+    """Run a built executable on ``feeds`` (checked against the program's inputs) and read its outputs back."""
+    tools = find_tools()
+    d = exe.path.parent
+    ins, args = [], [str(d / "weights.bin")]
+    for i, spec in enumerate(program.inputs):
+        a = np.ascontiguousarray(np.asarray(feeds[spec.name], dtype=spec.dtype).reshape(spec.shape))
+        ins.append(a)
+        (d / f"in{i}.bin").write_bytes(a.tobytes())
+        args.append(str(d / f"in{i}.bin"))
+    args += [str(d / f"out{j}.bin") for j in range(len(program.outputs))]
+    cmd = qemu_command(tools, exe.path, args)
+    t0 = time.perf_counter()
+    proc = _run(cmd, timeout, cwd=d)
+    seconds = time.perf_counter() - t0
+    if proc.returncode == 3 and _FAULT in proc.stdout:
+        code = int(proc.stdout.split(_FAULT, 1)[1].split()[0])
+        raise InputError(program.fault_message(code))
+    if proc.returncode != 0:
+        raise Aarch64RunError(f"the model exited with {proc.returncode} under qemu-aarch64:\n"
+                              + "\n".join((proc.stdout + proc.stderr).splitlines()[-20:]))
+    outputs: dict[str, np.ndarray] = {}
+    names = {spec.name for spec in program.inputs}
+    for j, spec in enumerate(program.outputs):
+        if spec.name in program.passthrough:  # no kernel writes it: an input or a constant returned as is
+            kind, src = program.passthrough[spec.name]
+            if kind == "input" and isinstance(src, str) and src in names:
+                outputs[spec.name] = np.array(ins[[s.name for s in program.inputs].index(src)], copy=True)
+            else:
+                outputs[spec.name] = np.array(src, dtype=spec.dtype).reshape(spec.shape)
+            continue
+        data = (d / f"out{j}.bin").read_bytes()
+        outputs.setdefault(spec.name, np.frombuffer(data, dtype=spec.dtype).reshape(spec.shape).copy())
+    return Aarch64Result(outputs, exe, seconds, cmd)
+
+
+def run_on_qemu(program: CProgram, feeds: Mapping[str, np.ndarray], *, arch: str = "dotprod",
+                workdir: str | Path | None = None, timeout: float = RUN_TIMEOUT_S) -> Aarch64Result:
+    """Build ``program`` for aarch64 (``arch``: see the module docstring) and run it on ``feeds`` under QEMU."""
+    feeds = check_inputs(program.memory.graph, feeds)
+    if workdir is not None:
+        return run_executable(program, build_executable(program, workdir, arch), feeds, timeout)
+    with tempfile.TemporaryDirectory(prefix="opfuse-aarch64-") as tmp:
+        return run_executable(program, build_executable(program, tmp, arch), feeds, timeout)
