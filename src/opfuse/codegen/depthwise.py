@@ -34,14 +34,19 @@ channels a vector would gather from ``C`` planes.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
+from opfuse.codegen.ctype import literal
 from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.gemm import in_memory
 from opfuse.codegen.index import Index, add, mul
 from opfuse.codegen.microkernel import AVX2_GUARD
 from opfuse.codegen.stages import Stage
+from opfuse.ir.graph import Value
+from opfuse.ops.registry import get_spec
 
 VECTOR = 8     # floats per ymm register
 UNROLL = 4     # independent accumulators per row step (the FMA latency is 4 cycles)
@@ -96,6 +101,9 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
     # output row at a time, each row through the epilogue at once (``_direct_rows``).
     direct_rows = (simd_in_place and not direct and SW in (1, 2) and in_memory(ev, x)
                    and -(-OW // VECTOR) <= DIRECT_MAX_ROW_VECTORS)
+    # The in-place paths finish the bias and a Relu or Clip epilogue on the vectors and store them
+    # (``register_epilogue``); the copy path and the plain C run the scalar epilogue.
+    reg = register_epilogue(kc, ev, stage, node) if direct or direct_rows else None
     copy_simd = simd and not (direct or direct_rows)  # the copy path has AVX2 code (else it is only the #else)
     wide = SH == 1 and SW == 1 and Hp * Wp <= WIDE_MAX_FLOATS
     exact = (OH - 1) * Wp + OW if wide else OW
@@ -141,13 +149,17 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
             if direct:
                 w.line(f"#if {AVX2_GUARD}")
                 src = f"{kc.ptr(x)} + {Index(x.shape, (img, ch, '0', '0')).offset()}"
-                _direct_plane(kc, src, weights, geo, (H, W), dense)
+                if reg is None:
+                    _direct_plane(kc, src, weights, geo, (H, W), dense)
+                else:
+                    dst = f"{kc.ptr(reg.out, write=True)} + {Index(reg.out.shape, (img, ch, '0', '0')).offset()}"
+                    _direct_plane(kc, src, weights, geo, (H, W), dst, _finish_vectors(kc, ev, reg, node, ch))
                 w.line("#else")
             if direct_rows:
                 w.line(f"#if {AVX2_GUARD}")
                 src = f"{kc.ptr(x)} + {Index(x.shape, (img, ch, '0', '0')).offset()}"
                 _direct_rows(kc, ev, stage, node, bias_term, src, weights, geo, acc, (img, ch),
-                             OW < PLANE_EPILOGUE_MAX_ROW)
+                             OW < PLANE_EPILOGUE_MAX_ROW, reg)
                 w.line("#else")
             copy_plane(kc, ev, x, img, ch, xp, (H, W), (PT, PL), SW, Wh)
             taps = [(weights[kh][kw], kh * DH, (kw * DW % SW) * Wh + kw * DW // SW)
@@ -169,7 +181,7 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
                             w.line(f"const float* restrict {rows[r]} = {xp} + ({oh} * {SH} + {r}) * {row_len};")
                     _taps_pass(kc, [(wv, f"{rows[r]} + {c}") for wv, r, c in taps], f"({acc} + {oh} * {OW})",
                                span, exact, copy_simd)
-            if direct:
+            if direct and reg is None:
                 w.line("#endif")
             y = kc.tmp("y")
             if wide and not direct:
@@ -183,12 +195,15 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
                 with w.block(f"for (long {p} = 0; {p} < {OH * OW}; ++{p})"), ev.scope():
                     w.line(f"const float {y} = {bias_term(ev, node, f'{dense}[{p}]', ch)};")
                     finish_element(kc, ev, stage, out, Index.loops(out.shape, [(0, 1, img), (1, 2, ch), (2, 4, p)]), y)
-            if direct_rows:
+            if direct_rows or reg is not None:
                 w.line("#endif")
+    if reg is not None:
+        kc.stored.add(id(reg.out))
+        kc.note(lambda name: f"depthwise '{name}': epilogue finished in registers", node)
 
 
 def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, acc: str, where,
-                 plane_epilogue: bool) -> None:
+                 plane_epilogue: bool, reg: "RegisterEpilogue | None" = None) -> None:
     """AVX2, any row stride, column stride 1 or 2: each output row's vectors from the input rows
     in place, into ``acc``, then the row through the bias and the epilogue while it is in L1.
 
@@ -201,7 +216,8 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
     fall inside the input (the top and bottom rows leave some out); each group is one loop, over
     ``ROW_BLOCK`` rows at a time (``rows_body``).
     ``plane_epilogue``: the rows are written at ``oh * OW`` instead and the epilogue runs once,
-    over the dense plane (for short rows, whose epilogue loop would not be vectorised)."""
+    over the dense plane (for short rows, whose epilogue loop would not be vectorised).
+    ``reg``: the vectors are finished (``RegisterEpilogue``) and stored to the output instead."""
     w = kc.w
     img, ch = where
     out = node.outputs[0]
@@ -250,6 +266,9 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
     classes = row_classes(OH, KH, SH, DH, PT, H)
     oh = kc.tmp("oh")
     pitch = _round_up(OW, VECTOR)  # a row's results in ``acc`` (row by row epilogue)
+    finish = _finish_vectors(kc, ev, reg, node, ch) if reg is not None else None
+    dst = (f"{kc.ptr(reg.out, write=True)} + {Index(reg.out.shape, (img, ch, '0', '0')).offset()}"
+           if reg is not None else "")
 
     def rows_body(inside: tuple[int, ...], nrows: int) -> None:
         """Output rows ``oh .. oh + nrows - 1``: every input row they read is loaded once per vector
@@ -300,10 +319,15 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
                     w.line(f"__m256 {v} = _mm256_setzero_ps();")
                 elif SW == 2:  # 0 1 4 5 2 3 6 7 -> 0 .. 7: 64-bit pairs 0 2 1 3
                     w.line(f"{v} = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd({v}), 0xD8));")
-                if plane_epilogue:  # rows overlap by a vector's overrun: stored row after row, below
+                if finish is not None:
+                    at = add(dst, add(mul(oh, OW), str(j * OW + b * VECTOR)))
+                    _store_lanes(kc, at, finish(v), min(VECTOR, OW - b * VECTOR))
+                elif plane_epilogue:  # rows overlap by a vector's overrun: stored row after row, below
                     stores.append((j, b, v))
                 else:
                     w.line(f"_mm256_storeu_ps({acc} + {j * pitch + b * VECTOR}, {v});")
+        if finish is not None:
+            return
         if plane_epilogue:
             for j, b, v in sorted(stores):
                 w.line(f"_mm256_storeu_ps({acc} + {add(mul(oh, OW), str(j * OW + b * VECTOR))}, {v});")
@@ -322,20 +346,115 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
         if pair_end < hi:
             with w.block(f"for (long {oh} = {pair_end}; {oh} < {hi}; ++{oh})"):
                 rows_body(inside, 1)
-    if plane_epilogue:
+    if plane_epilogue and finish is None:
         p, y = kc.tmp("p"), kc.tmp("y")
         with w.block(f"for (long {p} = 0; {p} < {OH * OW}; ++{p})"), ev.scope():
             w.line(f"const float {y} = {bias_term(ev, node, f'{acc}[{p}]', ch)};")
             finish_element(kc, ev, stage, out, Index.loops(out.shape, [(0, 1, img), (1, 2, ch), (2, 4, p)]), y)
 
 
-def _direct_plane(kc, src: str, weights, geo, hw, dense: str) -> None:
+@dataclass(frozen=True)
+class RegisterEpilogue:
+    """The group's epilogue finished on the accumulator vectors and stored by them (no pass over
+    the results in L1): the bias, then each of ``bounds`` (``("max", lo)``: ``y < lo ? lo : y``, a
+    Relu or a Clip's minimum; ``("min", hi)``: ``y > hi ? hi : y``), the operations of the scalar
+    epilogue in its order, so the bits agree; ``out`` is the one value stored."""
+    out: Value
+    bias: Value | None
+    bounds: tuple[tuple[str, str], ...]
+
+
+def register_epilogue(kc, ev, stage: Stage, node) -> RegisterEpilogue | None:
+    """The ``RegisterEpilogue`` of ``stage`` where its epilogue is only Relu and Clips with constant
+    bounds (in any order) and stores one float32 value; None elsewhere (the scalar epilogue runs)."""
+    if not kc.program.options.depthwise_register_epilogue:
+        return None
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    if bias is not None and id(bias) not in ev.static:
+        return None
+    prev = node.outputs[0]
+    bounds: list[tuple[str, str]] = []
+    for n in stage.epilogue:
+        if n.input(0) is not prev or n.outputs[0].dtype != np.float32:
+            return None
+        if n.op_type == "Relu":
+            bounds.append(("max", literal(0.0, np.float32)))
+        elif n.op_type == "Clip":
+            attrs = get_spec(n.op_type, n).attrs_of(n)
+            for i, (attr, kind) in enumerate((("min", "max"), ("max", "min")), start=1):
+                v = n.inputs[i] if len(n.inputs) > i else None
+                if v is not None:
+                    arr = ev.static.get(id(v))
+                    if arr is None or arr.size != 1 or np.isnan(arr).any():
+                        return None
+                    bounds.append((kind, literal(float(np.asarray(arr).reshape(-1)[0]), np.float32)))
+                elif attrs.get(attr) is not None:
+                    bounds.append((kind, literal(float(attrs[attr]), np.float32)))
+        else:
+            return None
+        prev = n.outputs[0]
+    if [id(v) for v in stage.outputs] != [id(prev)] or prev.dtype != np.float32 or id(prev) in ev.static:
+        return None
+    return RegisterEpilogue(prev, bias, tuple(bounds))
+
+
+def _finish_vectors(kc, ev, reg: RegisterEpilogue, node, ch: str) -> Callable[[str], str]:
+    """Declare the epilogue's constant vectors (in the plane's scope); returns ``v -> finished v``."""
+    w = kc.w
+    consts: dict[str, str] = {}
+
+    def const(value: str) -> str:
+        if value not in consts:
+            consts[value] = kc.tmp("cv")
+            init = "_mm256_setzero_ps()" if value == literal(0.0, np.float32) else f"_mm256_set1_ps({value})"
+            w.line(f"const __m256 {consts[value]} = {init};")
+        return consts[value]
+
+    bias_v = const(ev.at(reg.bias, Index(reg.bias.shape, (ch,)))) if reg.bias is not None else None
+    ops = [(kind, const(value)) for kind, value in reg.bounds]
+
+    def finish(v: str) -> str:
+        if bias_v is not None:
+            v = f"_mm256_add_ps({v}, {bias_v})"
+        for kind, c in ops:  # max(c, y) is y < c ? c : y and min(c, y) is y > c ? c : y, NaN and -0 kept
+            v = f"_mm256_{kind}_ps({c}, {v})"
+        return v
+    return finish
+
+
+def _store_lanes(kc, ptr: str, v: str, lanes: int) -> None:
+    """The first ``lanes`` floats of ``v`` to ``ptr`` (no write past them)."""
+    w = kc.w
+    if lanes == VECTOR:
+        w.line(f"_mm256_storeu_ps({ptr}, {v});")
+        return
+    t = kc.tmp("t")
+    w.line(f"const __m256 {t} = {v};")
+    at = 0
+    if lanes >= 4:
+        w.line(f"_mm_storeu_ps({ptr}, _mm256_castps256_ps128({t}));")
+        at = 4
+    rest = lanes - at
+    if rest == 0:
+        return
+    q = kc.tmp("q")
+    w.line(f"const __m128 {q} = {'_mm256_extractf128_ps(' + t + ', 1)' if at else '_mm256_castps256_ps128(' + t + ')'};")
+    if rest >= 2:
+        w.line(f"_mm_storel_pi((__m64*)({add(ptr, str(at))}), {q});")
+    if rest == 3:
+        w.line(f"_mm_store_ss({add(ptr, str(at + 2))}, _mm_movehl_ps({q}, {q}));")
+    elif rest == 1:
+        w.line(f"_mm_store_ss({add(ptr, str(at))}, {q});")
+
+
+def _direct_plane(kc, src: str, weights, geo, hw, dense: str, finish: Callable[[str], str] | None = None) -> None:
     """AVX2: ``dense[i] = sum_taps w * x[i + shift(tap)]`` over the flat plane (stride 1, output
     as large as the input, so an output row's pitch is the input's), the input read in place.
     Which lanes of a vector a tap reads is known here for every vector: all (a plain load),
     none (the tap is left out) or some (a masked load, which reads nothing at the lanes masked
     off, so nothing before or after the plane, and gives 0 there, as the padding would). The
-    whole plane is unrolled (at most ``DIRECT_MAX_VECTORS`` vectors)."""
+    whole plane is unrolled (at most ``DIRECT_MAX_VECTORS`` vectors). ``finish``: the vectors are
+    finished by it and stored to ``dense``, the output plane, no further than its end."""
     w = kc.w
     H, W = hw
     KH, KW = geo.kernel
@@ -375,7 +494,10 @@ def _direct_plane(kc, src: str, weights, geo, hw, dense: str) -> None:
             started = True
         if not started:  # every tap of this vector falls in the padding (finite weights: 0 * w is 0)
             w.line(f"const __m256 {v} = _mm256_setzero_ps();")
-        w.line(f"_mm256_storeu_ps({dense} + {b * VECTOR}, {v});")
+        if finish is not None:
+            _store_lanes(kc, f"{dense} + {b * VECTOR}", finish(v), min(VECTOR, n - b * VECTOR))
+        else:
+            w.line(f"_mm256_storeu_ps({dense} + {b * VECTOR}, {v});")
 
 
 def row_classes(out_rows: int, kernel_rows: int, stride: int, dilation: int, pad_top: int,

@@ -186,6 +186,10 @@ class CodegenOptions:
     # ``depthwise_min_chunks`` chunks for the threads to share.
     depthwise_chunk_planes: int = 8
     depthwise_min_chunks: int = 16
+    # The in-place depthwise paths (AVX2) finish the bias and a Relu or Clip epilogue on the result
+    # vectors and store them to the output, instead of storing the results, then reading them back
+    # through the scalar epilogue loop (``depthwise.register_epilogue``).
+    depthwise_register_epilogue: bool = True
     # When the outermost loop has fewer iterations than this, OpenMP collapses two loops.
     parallel_min_outer: int = 16
     # A parallel loop whose every iteration is at least this much work (GEMM, conv and attention
