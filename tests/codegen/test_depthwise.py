@@ -156,3 +156,131 @@ def test_an_output_vector_whose_taps_all_fall_in_the_padding(cache_dir):
     assert "_mm256_setzero_ps" in m1.program.source
     assert_close(simd, want)
     assert_close(portable, want)
+
+
+# The register epilogue (``depthwise.register_epilogue``): the in-place paths finish bias, Relu and
+# Clips with constant bounds on the vectors and store them, the last vector of a row (or of a direct
+# plane) lane by lane. The same operations in the same order as the scalar epilogue: same bits.
+REGISTER_OFF = CodegenOptions(depthwise_register_epilogue=False)
+NOTE = "epilogue finished in registers"
+
+
+def act_graph(c, h, w, stride, acts, *, bias=True, n=1, weights=None, pads=(1, 1, 1, 1)):
+    """Depthwise 3x3 then ``acts`` (``"relu"``, ``("clip", lo, hi)``, ``"clip_input"``: a Clip whose
+    maximum is a model input, ``"add"``: a residual), all in one group."""
+    b = GraphBuilder("dw_act")
+    x = b.input("x", (n, c, h, w))
+    wt = b.const("w", weights if weights is not None else (rng.standard_normal((c, 1, 3, 3)) / 3).astype(np.float32))
+    ins = [x, wt] + ([_c(b, "bias", c)] if bias else [])
+    y = b.op("Conv", *ins, kernel_shape=[3, 3], strides=[stride, stride], pads=list(pads), group=c, name="dw")
+    names = ["dw"]
+    for i, a in enumerate(acts):
+        name = f"a{i}"
+        if a == "relu":
+            y = b.op("Relu", y, name=name)
+        elif a == "add":
+            y = b.op("Add", y, b.input("r", y.shape), name=name)
+        elif a == "clip_input":
+            y = b.op("Clip", y, b.const(f"lo{i}", np.float32(0)), b.input("hi", ()), name=name)
+        else:
+            _, lo, hi = a
+            y = b.op("Clip", y, *(b.const(f"{k}{i}", np.float32(v)) if v is not None else None
+                                  for k, v in (("lo", lo), ("hi", hi))), name=name)
+        names.append(name)
+    g = b.build(y)
+    return g, group_by_names(g, [("conv_epilogue", names)])
+
+
+# (C, H, W, stride): the last vector of a row (or a direct plane) keeps 1 to 7 lanes.
+TAILS = [
+    (3, 5, 5, 1),     # direct plane, 25 floats: a last vector of 1 lane
+    (2, 9, 11, 1),    # direct plane, 99 floats: 3 lanes
+    (2, 7, 9, 1),     # direct plane, 63 floats: 7 lanes
+    (2, 6, 6, 1),     # direct plane, 36 floats: 4 lanes
+    (2, 13, 18, 1),   # direct rows, 18 a row: 2 lanes
+    (2, 11, 27, 1),   # 3 lanes
+    (2, 12, 29, 1),   # 5 lanes
+    (2, 10, 31, 1),   # 7 lanes
+    (3, 28, 28, 1),   # mobilenet_v1's dw5, 4 lanes
+    (2, 9, 25, 2),    # stride 2: 13 a row, 5 lanes
+    (2, 13, 14, 2),   # 7 a row: 7 lanes (the plane epilogue of short rows)
+    (3, 56, 56, 2),   # dw4: 28 a row, 4 lanes
+]
+ACTS = [(), ("relu",), (("clip", 0.0, 6.0),), (("clip", None, 0.5), "relu"), (("clip", -0.25, None),)]
+
+
+@pytest.mark.parametrize("case", TAILS)
+@pytest.mark.parametrize("acts", ACTS)
+def test_register_epilogue_matches_the_scalar_one_bitwise(case, acts, cache_dir):
+    g, plan = act_graph(*case, acts, n=2)
+    on, want, m_on = run_both(g, plan, cache_dir)
+    off, _, m_off = run_both(g, plan, cache_dir, options=REGISTER_OFF)
+    portable, _, _ = run_both(g, plan, cache_dir, options=CodegenOptions(simd="none"))
+    assert_close(on, want)
+    assert_close(portable, want)
+    for k in on:
+        np.testing.assert_array_equal(on[k], off[k])
+    assert any(NOTE in note for k in m_on.program.kernels for note in k.notes)
+    assert not any(NOTE in note for k in m_off.program.kernels for note in k.notes)
+    # Written lane by lane at the end of a row: no whole vector past the output's end.
+    assert ("_mm_store_ss" in m_on.program.source or "_mm_storel_pi" in m_on.program.source
+            or "_mm_storeu_ps" in m_on.program.source)
+
+
+@pytest.mark.parametrize("case", [TAILS[0], TAILS[4], TAILS[9]])
+def test_register_epilogue_keeps_nan_and_negative_zero(case, cache_dir):
+    """``max(0, y)`` is ``y`` where ``y`` is NaN or -0, as ``y < 0 ? 0 : y``: an input with NaNs, and
+    a zero input through negative weights and no bias (every sum -0), give the scalar epilogue's
+    bits."""
+    from opfuse.runtime import reference
+    from opfuse.runtime.native import build
+    c = case[0]
+    for nan in (True, False):
+        weights = -np.abs(rng.standard_normal((c, 1, 3, 3))).astype(np.float32) - 0.1
+        g, plan = act_graph(*case, ("relu", ("clip", -1.0, 1.0)), bias=nan, weights=weights)
+        feeds = reference.random_inputs(g, 0)
+        if nan:
+            feeds["x"].reshape(-1)[::7] = np.nan
+        else:
+            feeds["x"][...] = 0.0
+        outs = [build(g, plan, cache_dir=cache_dir, options=o).run(feeds) for o in (CodegenOptions(), REGISTER_OFF)]
+        want = reference.run(g, feeds)
+        y, y_off = (next(iter(o.values())) for o in outs)
+        np.testing.assert_array_equal(y, y_off)
+        np.testing.assert_array_equal(np.signbit(y), np.signbit(y_off))
+        assert_close(outs[0], want)
+        if nan:
+            assert np.isnan(y).any()
+        else:
+            assert np.signbit(y).all() and not y.any()
+
+
+@pytest.mark.parametrize("acts, why", [
+    (("add",), "a residual Add reads a second input"),
+    (("clip_input",), "a Clip bound read at run time"),
+    (("relu", "add"), "an Add after the Relu"),
+])
+def test_register_epilogue_refused_where_the_epilogue_is_not_relu_or_constant_clip(acts, why, cache_dir):
+    g, plan = act_graph(*TAILS[4], acts, n=2)
+    got, want, m = run_both(g, plan, cache_dir)
+    assert_close(got, want)
+    assert not any(NOTE in note for k in m.program.kernels for note in k.notes), why
+    assert "_mm256_maskload_ps" in m.program.source  # still the in-place path
+
+
+def test_register_epilogue_refused_on_the_copy_path(cache_dir):
+    """The padded copy (rows longer than DIRECT_MAX_ROW_VECTORS vectors) keeps the scalar epilogue."""
+    g, plan = act_graph(2, 5, 140, 1, ("relu",))
+    got, want, m = run_both(g, plan, cache_dir)
+    assert_close(got, want)
+    assert "_mm256_maskload_ps" not in m.program.source
+    assert not any(NOTE in note for k in m.program.kernels for note in k.notes)
+
+
+@pytest.mark.parametrize("case", [TAILS[0], TAILS[6], TAILS[11]])
+def test_register_epilogue_two_threads_equal_one(case, cache_dir):
+    g, plan = act_graph(*case, ("relu",), n=3)
+    one, _, _ = run_both(g, plan, cache_dir, threads=1)
+    two, _, _ = run_both(g, plan, cache_dir, threads=2)
+    for k in one:
+        np.testing.assert_array_equal(one[k], two[k])
