@@ -134,7 +134,8 @@ def bench_model(model: str, repeat: int, warmup: int, codegen_options=None) -> l
     feeds = random_inputs(graph, 0)
     opts = codegen_options or CodegenOptions()
     # Wall clock, as onnxruntime's profiler times its nodes.
-    native = build_native(plan_model(graph), threads=1, codegen_options=replace(opts, profile=True, profile_clock="wall"))
+    timed = replace(opts, profile=True, profile_clock="wall")
+    native = build_native(plan_model(graph), threads=1, codegen_options=timed)
     with tempfile.TemporaryDirectory() as tmp:
         sess = ort_session(proto.SerializeToString(), os.path.join(tmp, "ort"))
         ours: dict[str, list[float]] = defaultdict(list)

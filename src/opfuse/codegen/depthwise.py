@@ -438,7 +438,8 @@ def _store_lanes(kc, ptr: str, v: str, lanes: int) -> None:
     if rest == 0:
         return
     q = kc.tmp("q")
-    w.line(f"const __m128 {q} = {'_mm256_extractf128_ps(' + t + ', 1)' if at else '_mm256_castps256_ps128(' + t + ')'};")
+    half = f"_mm256_extractf128_ps({t}, 1)" if at else f"_mm256_castps256_ps128({t})"
+    w.line(f"const __m128 {q} = {half};")
     if rest >= 2:
         w.line(f"_mm_storel_pi((__m64*)({add(ptr, str(at))}), {q});")
     if rest == 3:
