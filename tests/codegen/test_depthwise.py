@@ -284,3 +284,23 @@ def test_register_epilogue_two_threads_equal_one(case, cache_dir):
     two, _, _ = run_both(g, plan, cache_dir, threads=2)
     for k in one:
         np.testing.assert_array_equal(one[k], two[k])
+
+
+@pytest.mark.parametrize("row_block, block_group", [(1, 1), (3, 2), (4, 16)])
+def test_row_and_vector_blocking_change_no_bit(row_block, block_group, cache_dir):
+    """``depthwise_row_block`` and ``depthwise_block_group`` only reorder independent chains: each
+    element's taps are summed in the same order, so the bits are the default's."""
+    for case in (TAILS[8], TAILS[11], DIRECT_ROWS[3]):
+        g, plan = act_graph(*case[:4], ("relu",), n=2) if len(case) == 4 else dw_graph(*case)
+        base, want, _ = run_both(g, plan, cache_dir)
+        other, _, m = run_both(g, plan, cache_dir, options=CodegenOptions(depthwise_row_block=row_block,
+                                                                           depthwise_block_group=block_group))
+        assert_close(other, want)
+        for k in base:
+            np.testing.assert_array_equal(base[k], other[k])
+
+
+def test_bad_blocking_is_refused():
+    for field in ("depthwise_row_block", "depthwise_block_group"):
+        with pytest.raises(Exception, match=field):
+            CodegenOptions(**{field: 0})

@@ -11,7 +11,8 @@ The threads share chunks of channel planes (``plane_chunk``). Per plane, one of 
    the copy, and the vector loads that reread it at once (store forwarding fails), took two
    thirds of the time;
 2. **direct rows** (AVX2, column stride 1 or 2, output rows up to ``DIRECT_MAX_ROW_VECTORS``
-   vectors): the same a row at a time, ``ROW_BLOCK`` output rows together so that an input row
+   vectors): the same a row at a time, ``depthwise_row_block`` output rows together (and
+   ``depthwise_block_group`` vectors of each, their FMA chains interleaved) so that an input row
    they share is loaded once; stride 2 takes the even or odd floats of two loads (one
    ``shufps``; the sum is put back in order once, before the store) (``_direct_rows``);
 3. **copied** (everything else, and the plain C99 path): the plane is copied, through the
@@ -64,9 +65,6 @@ DIRECT_MAX_ROW_VECTORS = 16
 # Output rows shorter than this go through the epilogue as one plane, not row by row (a loop of a
 # few elements is not vectorised).
 PLANE_EPILOGUE_MAX_ROW = 16
-# Output rows computed together by the direct rows: an input row they share is loaded once
-# (3x3, stride 1: 12 loads for 18 FMAs instead of 18).
-ROW_BLOCK = 2
 
 
 def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
@@ -114,7 +112,7 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
     plane_floats = Hp * row_len + slack
     off_plane = kc.scratch(plane_floats * 4)
     off_acc = kc.scratch(max(span if wide else (OH - 1) * OW + span, (OH - 1) * OW + _round_up(OW, VECTOR),
-                             ROW_BLOCK * _round_up(OW, VECTOR)) * 4)
+                             kc.program.options.depthwise_row_block * _round_up(OW, VECTOR)) * 4)
     # The dense OH x OW results the epilogue reads: the row passes write them; the wide pass's
     # are squeezed into them only where the AVX2 code is direct (the plain path then squeezes, in
     # scalar code). Otherwise the epilogue reads the wide results row by row: squeezing them with
@@ -214,7 +212,8 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
     either end of the input row are masked (masked lanes read nothing and give 0, as padding
     would); taps whose lanes all fall outside are left out. Rows are grouped by which kernel rows
     fall inside the input (the top and bottom rows leave some out); each group is one loop, over
-    ``ROW_BLOCK`` rows at a time (``rows_body``).
+    ``CodegenOptions.depthwise_row_block`` rows at a time (``rows_body``), each row's vectors
+    ``depthwise_block_group`` at a time.
     ``plane_epilogue``: the rows are written at ``oh * OW`` instead and the epilogue runs once,
     over the dense plane (for short rows, whose epilogue loop would not be vectorised).
     ``reg``: the vectors are finished (``RegisterEpilogue``) and stored to the output instead."""
@@ -266,6 +265,7 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
     classes = row_classes(OH, KH, SH, DH, PT, H)
     oh = kc.tmp("oh")
     pitch = _round_up(OW, VECTOR)  # a row's results in ``acc`` (row by row epilogue)
+    row_block, block_group = kc.program.options.depthwise_row_block, kc.program.options.depthwise_block_group
     finish = _finish_vectors(kc, ev, reg, node, ch) if reg is not None else None
     dst = (f"{kc.ptr(reg.out, write=True)} + {Index(reg.out.shape, (img, ch, '0', '0')).offset()}"
            if reg is not None else "")
@@ -283,49 +283,54 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
             rows[d] = kc.tmp("row")
             w.line(f"const float* {rows[d]} = {base} + {add(mul(oh, SH * W), str(d * W))};")
         stores: list[tuple[int, int, str]] = []
-        for b in range(blocks):
-            vs = [kc.tmp("v") for _ in range(nrows)]
-            started = [False] * nrows
+        for group in [range(b0, min(b0 + block_group, blocks)) for b0 in range(0, blocks, block_group)]:
+            # The blocks of a group are computed together, input row by input row: their
+            # accumulators' chains of FMAs interleave (each element's taps in the same order).
+            vs = {b: [kc.tmp("v") for _ in range(nrows)] for b in group}
+            started = {b: [False] * nrows for b in group}
             for d in sorted(users):
-                pairs: dict[int, tuple[str, str]] = {}
-                for kw in range(KW):
-                    if (b, kw) not in taps:
-                        continue
-                    c = taps[b, kw]
-                    if SW == 1:
-                        x = load(rows[d], c)
+                for b in group:
+                    pairs: dict[int, tuple[str, str]] = {}
+                    for kw in range(KW):
+                        if (b, kw) not in taps:
+                            continue
+                        c = taps[b, kw]
+                        if SW == 1:
+                            x = load(rows[d], c)
+                        else:
+                            even = c - c % 2
+                            if even not in pairs:
+                                lo_v, hi_v = load(rows[d], even), load(rows[d], even + VECTOR)
+                                zero = "_mm256_setzero_ps()"
+                                pairs[even] = (kc.tmp("lo"), kc.tmp("hi"))
+                                w.line(f"const __m256 {pairs[even][0]} = {lo_v or zero}, "
+                                       f"{pairs[even][1]} = {hi_v or zero};")
+                            x = f"_mm256_shuffle_ps({pairs[even][0]}, {pairs[even][1]}, {0xDD if c % 2 else 0x88})"
+                        if x is None:
+                            continue
+                        if len(users[d]) > 1:
+                            t = kc.tmp("x")
+                            w.line(f"const __m256 {t} = {x};")
+                            x = t
+                        for j, kh in users[d]:
+                            v, wv = vs[b][j], wvs[kh][kw]
+                            first = not started[b][j]
+                            expr = f"_mm256_mul_ps({wv}, {x})" if first else f"_mm256_fmadd_ps({wv}, {x}, {v})"
+                            w.line(f"{'__m256 ' if first else ''}{v} = {expr};")
+                            started[b][j] = True
+            for b in group:
+                for j, v in enumerate(vs[b]):
+                    if not started[b][j]:
+                        w.line(f"__m256 {v} = _mm256_setzero_ps();")
+                    elif SW == 2:  # 0 1 4 5 2 3 6 7 -> 0 .. 7: 64-bit pairs 0 2 1 3
+                        w.line(f"{v} = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd({v}), 0xD8));")
+                    if finish is not None:
+                        at = add(dst, add(mul(oh, OW), str(j * OW + b * VECTOR)))
+                        _store_lanes(kc, at, finish(v), min(VECTOR, OW - b * VECTOR))
+                    elif plane_epilogue:  # rows overlap by a vector's overrun: stored row after row, below
+                        stores.append((j, b, v))
                     else:
-                        even = c - c % 2
-                        if even not in pairs:
-                            lo_v, hi_v = load(rows[d], even), load(rows[d], even + VECTOR)
-                            zero = "_mm256_setzero_ps()"
-                            pairs[even] = (kc.tmp("lo"), kc.tmp("hi"))
-                            w.line(f"const __m256 {pairs[even][0]} = {lo_v or zero}, "
-                                   f"{pairs[even][1]} = {hi_v or zero};")
-                        x = f"_mm256_shuffle_ps({pairs[even][0]}, {pairs[even][1]}, {0xDD if c % 2 else 0x88})"
-                    if x is None:
-                        continue
-                    if len(users[d]) > 1:
-                        t = kc.tmp("x")
-                        w.line(f"const __m256 {t} = {x};")
-                        x = t
-                    for j, kh in users[d]:
-                        v, wv = vs[j], wvs[kh][kw]
-                        expr = f"_mm256_fmadd_ps({wv}, {x}, {v})" if started[j] else f"_mm256_mul_ps({wv}, {x})"
-                        w.line(f"{'' if started[j] else '__m256 '}{v} = {expr};")
-                        started[j] = True
-            for j, v in enumerate(vs):
-                if not started[j]:
-                    w.line(f"__m256 {v} = _mm256_setzero_ps();")
-                elif SW == 2:  # 0 1 4 5 2 3 6 7 -> 0 .. 7: 64-bit pairs 0 2 1 3
-                    w.line(f"{v} = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd({v}), 0xD8));")
-                if finish is not None:
-                    at = add(dst, add(mul(oh, OW), str(j * OW + b * VECTOR)))
-                    _store_lanes(kc, at, finish(v), min(VECTOR, OW - b * VECTOR))
-                elif plane_epilogue:  # rows overlap by a vector's overrun: stored row after row, below
-                    stores.append((j, b, v))
-                else:
-                    w.line(f"_mm256_storeu_ps({acc} + {j * pitch + b * VECTOR}, {v});")
+                        w.line(f"_mm256_storeu_ps({acc} + {j * pitch + b * VECTOR}, {v});")
         if finish is not None:
             return
         if plane_epilogue:
@@ -339,10 +344,10 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
                 finish_element(kc, ev, stage, out, Index(out.shape, (img, ch, add(oh, str(j)), ow)), y)
 
     for lo, hi, inside in classes:
-        pair_end = lo + (hi - lo) // ROW_BLOCK * ROW_BLOCK
+        pair_end = lo + (hi - lo) // row_block * row_block
         if pair_end > lo:
-            with w.block(f"for (long {oh} = {lo}; {oh} < {pair_end}; {oh} += {ROW_BLOCK})"):
-                rows_body(inside, ROW_BLOCK)
+            with w.block(f"for (long {oh} = {lo}; {oh} < {pair_end}; {oh} += {row_block})"):
+                rows_body(inside, row_block)
         if pair_end < hi:
             with w.block(f"for (long {oh} = {pair_end}; {oh} < {hi}; ++{oh})"):
                 rows_body(inside, 1)
