@@ -123,7 +123,9 @@ def ort_layer(name: str, times: dict[str, list[float]]) -> list[float] | None:
     return times[hits[0]] if len(hits) == 1 else None
 
 
-def bench_model(model: str, repeat: int, warmup: int, codegen_options=None) -> list[dict]:
+def bench_model(model: str, repeat: int, warmup: int, codegen_options=None, baseline: dict | None = None) -> list[dict]:
+    """The depthwise layers of ``zoo:model``: opfuse (``codegen_options``) and onnxruntime, and with
+    ``baseline`` (``CodegenOptions`` fields) a second opfuse build with them, all interleaved."""
     from opfuse.api import load, onnx_proto
     from opfuse.codegen.options import CodegenOptions
     from opfuse.compiler import build_native, plan_model
@@ -135,25 +137,32 @@ def bench_model(model: str, repeat: int, warmup: int, codegen_options=None) -> l
     opts = codegen_options or CodegenOptions()
     # Wall clock, as onnxruntime's profiler times its nodes.
     timed = replace(opts, profile=True, profile_clock="wall")
-    native = build_native(plan_model(graph), threads=1, codegen_options=timed)
+    plan = plan_model(graph)
+    natives = {"opfuse": build_native(plan, threads=1, codegen_options=timed)}
+    if baseline:
+        natives["base"] = build_native(plan, threads=1, codegen_options=replace(timed, **baseline))
     with tempfile.TemporaryDirectory() as tmp:
         sess = ort_session(proto.SerializeToString(), os.path.join(tmp, "ort"))
-        ours: dict[str, list[float]] = defaultdict(list)
+        ours: dict[str, dict[str, list[float]]] = {k: defaultdict(list) for k in natives}
         for _ in range(warmup):
-            native.run(feeds)
+            for native in natives.values():
+                native.run(feeds)
             sess.run(None, feeds)
         for _ in range(repeat):
-            for r in native.profile(feeds, repeat=1):
-                ours[r["group"]].append(r["ms"] * 1e-3)
+            for k, native in natives.items():
+                for r in native.profile(feeds, repeat=1):
+                    ours[k][r["group"]].append(r["ms"] * 1e-3)
             sess.run(None, feeds)
         theirs = ort_node_times(sess.end_profiling())
     rows = []
     for name, facts in layers.items():
-        o = ours.get(name)
+        o = ours["opfuse"].get(name)
         t = ort_layer(name, theirs)
         if o is None:
             continue
         row = {"model": model, "layer": name, **facts, "opfuse_us": statistics.median(o) * 1e6}
+        if "base" in ours and name in ours["base"]:
+            row["base_us"] = statistics.median(ours["base"][name]) * 1e6
         # The kernel's timer covers its whole group: only groups of one depthwise layer and its epilogue.
         if t is not None:
             row["ort_us"] = statistics.median(t[warmup:] if len(t) > warmup else t) * 1e6
@@ -167,11 +176,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--repeat", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--baseline", nargs="*", default=[], metavar="FIELD=VALUE",
+                    help="also time a build with these CodegenOptions fields (ints or true/false), interleaved")
     args = ap.parse_args(argv)
+    baseline = {}
+    for item in args.baseline:
+        key, _, value = item.partition("=")
+        baseline[key] = {"true": True, "false": False}.get(value.lower(), value)
+        if isinstance(baseline[key], str):
+            baseline[key] = int(value)
     cold = copy_gbs(COLD_COPY_BYTES, 9)
     rows = []
     for m in args.models:
-        rows += bench_model(m, args.repeat, args.warmup)
+        rows += bench_model(m, args.repeat, args.warmup, baseline=baseline)
     warm_by_size: dict[int, float] = {}
     for r in rows:
         n = r["in_bytes"]
@@ -184,7 +201,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             r["ort_gbs"] = r["bytes"] / r["ort_us"] / 1e3
     head = (f"{'model':20s} {'layer':6s} {'C@HxW/s':>14s} {'KB':>6s} {'ours us':>8s} {'ORT us':>7s} {'ours/ORT':>8s} "
             f"{'ours GB/s':>9s} {'ORT GB/s':>8s} {'%cold ours':>10s} {'%cold ORT':>9s} {'%warm ours':>10s} "
-            f"{'%warm ORT':>9s}")
+            f"{'%warm ORT':>9s}" + (f" {'base us':>8s} {'ours/base':>8s}" if baseline else ""))
     print(f"copy yardstick: cold {cold:.1f} GB/s (memcpy 128 MiB, read + write); warm: memcpy of the layer's "
           f"input size, in cache")
     print(head)
@@ -197,7 +214,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(f"{r['model']:20s} {r['layer']:6s} {shape:>14s} {r['bytes'] / 1024:6.0f} {r['opfuse_us']:8.1f} "
               f"{ort_us:7.1f} {r['opfuse_us'] / ort_us:8.2f} {r['opfuse_gbs']:9.1f} {ort_gbs:8.1f} "
               f"{100 * r['opfuse_gbs'] / cold:9.0f}% {100 * ort_gbs / cold:8.0f}% "
-              f"{100 * r['opfuse_gbs'] / r['warm_copy_gbs']:9.0f}% {100 * ort_gbs / r['warm_copy_gbs']:8.0f}%")
+              f"{100 * r['opfuse_gbs'] / r['warm_copy_gbs']:9.0f}% {100 * ort_gbs / r['warm_copy_gbs']:8.0f}%"
+              + (f" {r['base_us']:8.1f} {r['opfuse_us'] / r['base_us']:8.2f}" if "base_us" in r else ""))
     if args.json:
         args.json.write_text(json.dumps({"cold_copy_gbs": cold, "rows": rows}, indent=1))
     return rows
