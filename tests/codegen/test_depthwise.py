@@ -304,3 +304,20 @@ def test_bad_blocking_is_refused():
     for field in ("depthwise_row_block", "depthwise_block_group"):
         with pytest.raises(Exception, match=field):
             CodegenOptions(**{field: 0})
+
+
+@pytest.mark.parametrize("case", [TAILS[1], TAILS[8], TAILS[11]])
+def test_the_else_branch_of_the_vector_source_without_avx2(case, cache_dir):
+    """The same "auto" source compiled without ``-march=native`` (no AVX2 macros) takes the ``#else``
+    branch of the in-place paths: the padded copy and the scalar epilogue, as the plain C99 build."""
+    from opfuse.runtime import reference
+    from opfuse.runtime.native import build
+    g, plan = act_graph(*case, (("clip", 0.0, 6.0),), n=2)
+    feeds = reference.random_inputs(g, 0)
+    generic = build(g, plan, cache_dir=cache_dir, native=False)
+    assert "_mm256_maskload_ps" in generic.program.source and "-march=native" not in generic.toolchain.flags
+    portable = build(g, plan, cache_dir=cache_dir, options=CodegenOptions(simd="none"))
+    got, plain = generic.run(feeds), portable.run(feeds)
+    assert_close(got, reference.run(g, feeds))
+    for k in got:
+        np.testing.assert_array_equal(got[k], plain[k])

@@ -415,7 +415,8 @@ def _finish_vectors(kc, ev, reg: RegisterEpilogue, node, ch: str) -> Callable[[s
             w.line(f"const __m256 {consts[value]} = {init};")
         return consts[value]
 
-    bias_v = const(ev.at(reg.bias, Index(reg.bias.shape, (ch,)))) if reg.bias is not None else None
+    with ev.scope():  # a temporary the bias read declares here is not seen by the #else branch
+        bias_v = const(ev.at(reg.bias, Index(reg.bias.shape, (ch,)))) if reg.bias is not None else None
     ops = [(kind, const(value)) for kind, value in reg.bounds]
 
     def finish(v: str) -> str:
