@@ -9,8 +9,9 @@ interleaved, one model call each in turn, and medians are quoted. Bytes are coun
 both: input, output, weights and bias once (float32).
 
 Yardsticks, timed in the same run: ``memcpy`` bandwidth counting bytes read + written, cold (128 MiB,
-from and to main memory, the ``bench_kernels.py`` yardstick) and warm (the layer's own input size
-copied again and again, so both buffers sit in the caches as a layer's input does in the model).
+from and to main memory, the ``bench_kernels.py`` yardstick; one copy a round, interleaved) and warm
+(the layer's own input size copied again and again, so both buffers sit in the caches as a layer's
+input does in the model).
 
     python benchmarks/bench_depthwise.py [--models mobilenet_v1 ds_cnn] [--repeat 40] [--json out.json]
 """
@@ -81,18 +82,25 @@ def copy_loop():
     return fn
 
 
-def copy_gbs(nbytes: int, repeat: int, inner: int = 1) -> float:
-    """Median read + write GB/s of ``memcpy`` over ``nbytes`` (``inner`` copies per sample)."""
+def copy_timer(nbytes: int, inner: int = 1):
+    """A callable that copies ``nbytes`` ``inner`` times and returns the read + write GB/s."""
     src = np.ones(nbytes // 4, np.float32)
     dst = np.ones_like(src)
     fn, d, s = copy_loop(), dst.ctypes.data, src.ctypes.data
     fn(d, s, nbytes, 1)
-    ts = []
-    for _ in range(repeat):
+
+    def timed() -> float:
         t0 = time.perf_counter()
         fn(d, s, nbytes, inner)
-        ts.append((time.perf_counter() - t0) / inner)
-    return 2 * nbytes / statistics.median(ts) / 1e9
+        keep = (src, dst)  # noqa: F841  (the buffers live as long as the timer)
+        return 2 * nbytes * inner / (time.perf_counter() - t0) / 1e9
+    return timed
+
+
+def copy_gbs(nbytes: int, repeat: int, inner: int = 1) -> float:
+    """Median read + write GB/s of ``memcpy`` over ``nbytes`` (``inner`` copies per sample)."""
+    timed = copy_timer(nbytes, inner)
+    return statistics.median(timed() for _ in range(repeat))
 
 
 def ort_session(proto_bytes: bytes, prefix: str):
@@ -123,9 +131,13 @@ def ort_layer(name: str, times: dict[str, list[float]]) -> list[float] | None:
     return times[hits[0]] if len(hits) == 1 else None
 
 
-def bench_model(model: str, repeat: int, warmup: int, codegen_options=None, baseline: dict | None = None) -> list[dict]:
+def bench_model(model: str, repeat: int, warmup: int, codegen_options=None, baseline: dict | None = None,
+                copies: list[float] | None = None) -> list[dict]:
     """The depthwise layers of ``zoo:model``: opfuse (``codegen_options``) and onnxruntime, and with
-    ``baseline`` (``CodegenOptions`` fields) a second opfuse build with them, all interleaved."""
+    ``baseline`` (``CodegenOptions`` fields) a second opfuse build with them, all interleaved, with
+    one cold copy a round (its GB/s appended to ``copies``)."""
+    copies = [] if copies is None else copies
+    cold_copy = copy_timer(COLD_COPY_BYTES)
     from opfuse.api import load, onnx_proto
     from opfuse.codegen.options import CodegenOptions
     from opfuse.compiler import build_native, plan_model
@@ -149,6 +161,7 @@ def bench_model(model: str, repeat: int, warmup: int, codegen_options=None, base
                 native.run(feeds)
             sess.run(None, feeds)
         for _ in range(repeat):
+            copies.append(cold_copy())
             for k, native in natives.items():
                 for r in native.profile(feeds, repeat=1):
                     ours[k][r["group"]].append(r["ms"] * 1e-3)
@@ -185,10 +198,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         baseline[key] = {"true": True, "false": False}.get(value.lower(), value)
         if isinstance(baseline[key], str):
             baseline[key] = int(value)
-    cold = copy_gbs(COLD_COPY_BYTES, 9)
-    rows = []
+    rows: list[dict] = []
+    copies: list[float] = []
     for m in args.models:
-        rows += bench_model(m, args.repeat, args.warmup, baseline=baseline)
+        rows += bench_model(m, args.repeat, args.warmup, baseline=baseline, copies=copies)
+    cold = statistics.median(copies)
     warm_by_size: dict[int, float] = {}
     for r in rows:
         n = r["in_bytes"]
