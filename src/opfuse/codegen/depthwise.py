@@ -104,9 +104,13 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
     # output row at a time, each row through the epilogue at once (``_direct_rows``).
     direct_rows = (simd_in_place and not direct and SW in (1, 2) and in_memory(ev, x)
                    and -(-OW // VECTOR) <= DIRECT_MAX_ROW_VECTORS)
-    # The in-place paths finish the bias and a Relu or Clip epilogue on the vectors and store them
-    # (``register_epilogue``); the copy path and the plain C run the scalar epilogue.
-    reg = register_epilogue(kc, ev, stage, node) if direct or direct_rows else None
+    # The rows path finishes the bias and a Relu or Clip epilogue on the vectors and stores them
+    # (``register_epilogue``) where its rows are long enough to be stored row by row; elsewhere the
+    # epilogue is one loop over the dense plane, which gcc vectorises whole (in the model, mobilenet_v1's
+    # 14 x 14 layers ran 1.06-1.14x slower with the register epilogue on the direct plane, or on
+    # rows of 7 or 14 floats stored a part vector each, than with the dense pass).
+    long_rows = direct_rows and OW >= PLANE_EPILOGUE_MAX_ROW
+    reg = register_epilogue(kc, ev, stage, node) if long_rows else None
     copy_simd = simd and not (direct or direct_rows)  # the copy path has AVX2 code (else it is only the #else)
     wide = SH == 1 and SW == 1 and Hp * Wp <= WIDE_MAX_FLOATS
     exact = (OH - 1) * Wp + OW if wide else OW
@@ -152,11 +156,7 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
             if direct:
                 w.line(f"#if {AVX2_GUARD}")
                 src = f"{kc.ptr(x)} + {Index(x.shape, (img, ch, '0', '0')).offset()}"
-                if reg is None:
-                    _direct_plane(kc, src, weights, geo, (H, W), dense)
-                else:
-                    dst = f"{kc.ptr(reg.out, write=True)} + {Index(reg.out.shape, (img, ch, '0', '0')).offset()}"
-                    _direct_plane(kc, src, weights, geo, (H, W), dst, _finish_vectors(kc, ev, reg, node, ch))
+                _direct_plane(kc, src, weights, geo, (H, W), dense)
                 w.line("#else")
             if direct_rows:
                 w.line(f"#if {AVX2_GUARD}")
@@ -184,7 +184,7 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
                             w.line(f"const float* restrict {rows[r]} = {xp} + ({oh} * {SH} + {r}) * {row_len};")
                     _taps_pass(kc, [(wv, f"{rows[r]} + {c}") for wv, r, c in taps], f"({acc} + {oh} * {OW})",
                                span, exact, copy_simd)
-            if direct and reg is None:
+            if direct:
                 w.line("#endif")
             y = kc.tmp("y")
             if wide and not direct:
@@ -198,7 +198,7 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
                 with w.block(f"for (long {p} = 0; {p} < {OH * OW}; ++{p})"), ev.scope():
                     w.line(f"const float {y} = {bias_term(ev, node, f'{dense}[{p}]', ch)};")
                     finish_element(kc, ev, stage, out, Index.loops(out.shape, [(0, 1, img), (1, 2, ch), (2, 4, p)]), y)
-            if direct_rows or reg is not None:
+            if direct_rows:
                 w.line("#endif")
     if reg is not None:
         kc.stored.add(id(reg.out))
@@ -459,14 +459,13 @@ def _store_lanes(kc, ptr: str, v: str, lanes: int) -> None:
         w.line(f"_mm_store_ss({add(ptr, str(at))}, {q});")
 
 
-def _direct_plane(kc, src: str, weights, geo, hw, dense: str, finish: Callable[[str], str] | None = None) -> None:
+def _direct_plane(kc, src: str, weights, geo, hw, dense: str) -> None:
     """AVX2: ``dense[i] = sum_taps w * x[i + shift(tap)]`` over the flat plane (stride 1, output
     as large as the input, so an output row's pitch is the input's), the input read in place.
     Which lanes of a vector a tap reads is known here for every vector: all (a plain load),
     none (the tap is left out) or some (a masked load, which reads nothing at the lanes masked
     off, so nothing before or after the plane, and gives 0 there, as the padding would). The
-    whole plane is unrolled (at most ``DIRECT_MAX_VECTORS`` vectors). ``finish``: the vectors are
-    finished by it and stored to ``dense``, the output plane, no further than its end."""
+    whole plane is unrolled (at most ``DIRECT_MAX_VECTORS`` vectors)."""
     w = kc.w
     H, W = hw
     KH, KW = geo.kernel
@@ -506,10 +505,7 @@ def _direct_plane(kc, src: str, weights, geo, hw, dense: str, finish: Callable[[
             started = True
         if not started:  # every tap of this vector falls in the padding (finite weights: 0 * w is 0)
             w.line(f"const __m256 {v} = _mm256_setzero_ps();")
-        if finish is not None:
-            _store_lanes(kc, f"{dense} + {b * VECTOR}", finish(v), min(VECTOR, n - b * VECTOR))
-        else:
-            w.line(f"_mm256_storeu_ps({dense} + {b * VECTOR}, {v});")
+        w.line(f"_mm256_storeu_ps({dense} + {b * VECTOR}, {v});")
 
 
 def row_classes(out_rows: int, kernel_rows: int, stride: int, dilation: int, pad_top: int,

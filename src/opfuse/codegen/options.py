@@ -186,9 +186,11 @@ class CodegenOptions:
     # ``depthwise_min_chunks`` chunks for the threads to share.
     depthwise_chunk_planes: int = 8
     depthwise_min_chunks: int = 16
-    # The in-place depthwise paths (AVX2) finish the bias and a Relu or Clip epilogue on the result
-    # vectors and store them to the output, instead of storing the results, then reading them back
-    # through the scalar epilogue loop (``depthwise.register_epilogue``).
+    # The in-place depthwise rows path (AVX2; rows of at least 16 floats) finishes the bias and a Relu
+    # or Clip epilogue on the result vectors and stores them to the output, instead of storing the
+    # results, then reading them back through a scalar epilogue loop per row
+    # (``depthwise.register_epilogue``). In mobilenet_v1 (1 thread, wall clock, interleaved, with
+    # ``depthwise_block_group``): dw1 0.62x, dw3 0.83x, dw5 0.62x, dw2 0.78x, dw4 0.75x the time.
     depthwise_register_epilogue: bool = True
     # The in-place rows path computes ``depthwise_row_block`` output rows together (an input row
     # they share is loaded once: 3x3 stride 1, 12 loads for 18 FMAs instead of 18) and the vectors
