@@ -28,11 +28,12 @@ The taps are summed in the same order (kernel row, then column) for every elemen
 go through the bias and the fused epilogue while they are in L1: row by row, or as one loop over
 the dense plane where rows are short (a loop of a few elements is not vectorised, and a scalar
 epilogue made the fused Conv+Relu slower than Conv, BatchNorm and Relu as three kernels). Where
-the epilogue is only Relu and Clips with constant bounds, the in-place paths finish the vectors
-themselves (bias add, ``max``/``min``: the scalar epilogue's operations in its order, so the same
-bits) and store them to the output, the last vector of a row lane by lane (``register_epilogue``):
-mobilenet_v1's dw5 (256@28) 0.65x, dw1 0.63x the time with the scalar pass (with the blocking
-above; in the model, 1 thread, wall clock, ``benchmarks/bench_depthwise.py --baseline``).
+the epilogue is only Relu and Clips with constant bounds, the rows path (rows of at least
+``PLANE_EPILOGUE_MAX_ROW`` floats) finishes the vectors itself (bias add, ``max``/``min``: the
+scalar epilogue's operations in its order, so the same bits) and stores them to the output, the
+last vector of a row lane by lane (``register_epilogue``): with the blocking above, mobilenet_v1's
+dw1 (32@112) and dw5 (256@28) took 0.62x the time of the scalar pass (in the model, 1 thread,
+wall clock, ``benchmarks/bench_depthwise.py --baseline``).
 
 In NCHW the plane's width is the unit-stride axis, so this is where the vectors go: across
 channels a vector would gather from ``C`` planes.
