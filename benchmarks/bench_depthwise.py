@@ -212,6 +212,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
             warm_by_size[n] = copy_gbs(n, 15, inner=max(1, (16 << 20) // n))
         r["warm_copy_gbs"] = warm_by_size[n]
         r["cold_copy_gbs"] = cold
+        # What fusing the layer into the next pointwise convolution by tiles could save at most: its
+        # output written and read back, timed as a warm memcpy of that size (read + write).
+        out_bytes = 4 * int(np.prod(r["out"]))
+        if out_bytes not in warm_by_size:
+            warm_by_size[out_bytes] = copy_gbs(out_bytes, 15, inner=max(1, (16 << 20) // out_bytes))
+        r["out_roundtrip_us"] = 2 * out_bytes / warm_by_size[out_bytes] / 1e3
         r["opfuse_gbs"] = r["bytes"] / r["opfuse_us"] / 1e3
         if "ort_us" in r:
             r["ort_gbs"] = r["bytes"] / r["ort_us"] / 1e3
@@ -232,6 +238,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
               f"{100 * r['opfuse_gbs'] / cold:9.0f}% {100 * ort_gbs / cold:8.0f}% "
               f"{100 * r['opfuse_gbs'] / r['warm_copy_gbs']:9.0f}% {100 * ort_gbs / r['warm_copy_gbs']:8.0f}%"
               + (f" {r['base_us']:8.1f} {r['opfuse_us'] / r['base_us']:8.2f}" if "base_us" in r else ""))
+    for m in args.models:
+        mine = [r for r in rows if r["model"] == m]
+        print(f"{m}: depthwise outputs {sum(4 * np.prod(r['out']) for r in mine) / 2**20:.2f} MiB, written and "
+              f"read back in {sum(r['out_roundtrip_us'] for r in mine):.0f} us at the warm memcpy rate (what "
+              f"depthwise -> pointwise fusion by tiles could save at most); the layers take "
+              f"{sum(r['opfuse_us'] for r in mine):.0f} us")
     if args.json:
         args.json.write_text(json.dumps({"cold_copy_gbs": cold, "rows": rows}, indent=1))
     return rows
