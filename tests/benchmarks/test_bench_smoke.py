@@ -57,7 +57,20 @@ def test_bench_kernels_smoke(tmp_path):
     rows = json.loads(out.read_text())["shapes"]
     assert [r["kind"] for r in rows] == ["conv", "depthwise"]
     assert all(r["kernels"] == 1 and r["max_abs_error"] < 1e-4 and r["fraction"] > 0 for r in rows)
+    assert rows[1]["warm_gbs"] > 0 and "warm_gbs" not in rows[0]
     assert "r18.ds" in text
+
+
+def test_bench_depthwise_smoke(tmp_path):
+    pytest.importorskip("onnxruntime")
+    out = tmp_path / "depthwise.json"
+    text = _run("bench_depthwise.py", "--models", "ds_cnn", "--repeat", "2", "--warmup", "1",
+                "--baseline", "depthwise_register_epilogue=false", "--json", str(out))
+    data = json.loads(out.read_text())
+    # ds_cnn's four depthwise layers (conv1 has one input channel: an ordinary convolution)
+    assert [r["layer"] for r in data["rows"]] == ["dw1", "dw2", "dw3", "dw4"]
+    assert all(r["opfuse_us"] > 0 and r["ort_us"] > 0 and r["base_us"] > 0 for r in data["rows"])
+    assert data["cold_copy_gbs"] > 0 and "dw4" in text
 
 
 def test_bench_conformance_smoke(tmp_path):

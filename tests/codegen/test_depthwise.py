@@ -156,3 +156,172 @@ def test_an_output_vector_whose_taps_all_fall_in_the_padding(cache_dir):
     assert "_mm256_setzero_ps" in m1.program.source
     assert_close(simd, want)
     assert_close(portable, want)
+
+
+# The register epilogue (``depthwise.register_epilogue``): the in-place paths finish bias, Relu and
+# Clips with constant bounds on the vectors and store them, the last vector of a row (or of a direct
+# plane) lane by lane. The same operations in the same order as the scalar epilogue: same bits.
+REGISTER_OFF = CodegenOptions(depthwise_register_epilogue=False)
+NOTE = "epilogue finished in registers"
+
+
+def act_graph(c, h, w, stride, acts, *, bias=True, n=1, weights=None, pads=(1, 1, 1, 1)):
+    """Depthwise 3x3 then ``acts`` (``"relu"``, ``("clip", lo, hi)``, ``"clip_input"``: a Clip whose
+    maximum is a model input, ``"add"``: a residual), all in one group."""
+    b = GraphBuilder("dw_act")
+    x = b.input("x", (n, c, h, w))
+    wt = b.const("w", weights if weights is not None else (rng.standard_normal((c, 1, 3, 3)) / 3).astype(np.float32))
+    ins = [x, wt] + ([_c(b, "bias", c)] if bias else [])
+    y = b.op("Conv", *ins, kernel_shape=[3, 3], strides=[stride, stride], pads=list(pads), group=c, name="dw")
+    names = ["dw"]
+    for i, a in enumerate(acts):
+        name = f"a{i}"
+        if a == "relu":
+            y = b.op("Relu", y, name=name)
+        elif a == "add":
+            y = b.op("Add", y, b.input("r", y.shape), name=name)
+        elif a == "clip_input":
+            y = b.op("Clip", y, b.const(f"lo{i}", np.float32(0)), b.input("hi", ()), name=name)
+        else:
+            _, lo, hi = a
+            y = b.op("Clip", y, *(b.const(f"{k}{i}", np.float32(v)) if v is not None else None
+                                  for k, v in (("lo", lo), ("hi", hi))), name=name)
+        names.append(name)
+    g = b.build(y)
+    return g, group_by_names(g, [("conv_epilogue", names)])
+
+
+# (C, H, W, stride), the rows path with rows of at least PLANE_EPILOGUE_MAX_ROW floats: the last
+# vector of a row keeps 1 to 7 lanes.
+TAILS = [
+    (2, 16, 17, 1),   # 17 a row: a last vector of 1 lane (272 floats: too many for the direct plane)
+    (2, 15, 18, 1),   # 2 lanes
+    (2, 11, 27, 1),   # 3 lanes
+    (3, 28, 28, 1),   # mobilenet_v1's dw5, 4 lanes
+    (2, 12, 29, 1),   # 5 lanes
+    (2, 9, 30, 1),    # 6 lanes
+    (2, 10, 31, 1),   # 7 lanes
+    (2, 9, 50, 2),    # stride 2: 25 a row, 1 lane
+    (2, 13, 45, 2),   # 23 a row, 7 lanes
+    (3, 56, 56, 2),   # dw4: 28 a row, 4 lanes
+]
+# In place, but the epilogue is one loop over the dense plane: the direct plane, and rows shorter
+# than PLANE_EPILOGUE_MAX_ROW.
+DENSE_EPILOGUE = [(3, 5, 5, 1), (2, 7, 9, 1), (2, 14, 14, 1), (2, 13, 14, 2), (2, 12, 12, 2)]
+ACTS = [(), ("relu",), (("clip", 0.0, 6.0),), (("clip", None, 0.5), "relu"), (("clip", -0.25, None),)]
+
+
+@pytest.mark.parametrize("case", TAILS + DENSE_EPILOGUE)
+@pytest.mark.parametrize("acts", ACTS)
+def test_register_epilogue_matches_the_scalar_one_bitwise(case, acts, cache_dir):
+    g, plan = act_graph(*case, acts, n=2)
+    on, want, m_on = run_both(g, plan, cache_dir)
+    off, _, m_off = run_both(g, plan, cache_dir, options=REGISTER_OFF)
+    portable, _, _ = run_both(g, plan, cache_dir, options=CodegenOptions(simd="none"))
+    assert_close(on, want)
+    assert_close(portable, want)
+    for k in on:
+        np.testing.assert_array_equal(on[k], off[k])
+    assert "_mm256_maskload_ps" in m_on.program.source  # in place
+    assert any(NOTE in note for k in m_on.program.kernels for note in k.notes) == (case in TAILS)
+    assert not any(NOTE in note for k in m_off.program.kernels for note in k.notes)
+    if case in TAILS and ((case[2] - 1) // case[3] + 1) % VECTOR:  # the row's last vector lane by lane
+        assert any(f"{store}(" in m_on.program.source for store in ("_mm_store_ss", "_mm_storel_pi", "_mm_storeu_ps"))
+    if case in DENSE_EPILOGUE:
+        assert m_on.program.source == m_off.program.source
+
+
+@pytest.mark.parametrize("case", [TAILS[0], TAILS[4], TAILS[8]])
+def test_register_epilogue_keeps_nan_and_negative_zero(case, cache_dir):
+    """``max(0, y)`` is ``y`` where ``y`` is NaN or -0, as ``y < 0 ? 0 : y``: an input with NaNs, and
+    a zero input through negative weights and no bias (every sum -0), give the scalar epilogue's
+    bits."""
+    from opfuse.runtime import reference
+    from opfuse.runtime.native import build
+    c = case[0]
+    for nan in (True, False):
+        weights = -np.abs(rng.standard_normal((c, 1, 3, 3))).astype(np.float32) - 0.1
+        g, plan = act_graph(*case, ("relu", ("clip", -1.0, 1.0)), bias=nan, weights=weights)
+        feeds = reference.random_inputs(g, 0)
+        if nan:
+            feeds["x"].reshape(-1)[::7] = np.nan
+        else:
+            feeds["x"][...] = 0.0
+        outs = [build(g, plan, cache_dir=cache_dir, options=o).run(feeds) for o in (CodegenOptions(), REGISTER_OFF)]
+        want = reference.run(g, feeds)
+        y, y_off = (next(iter(o.values())) for o in outs)
+        np.testing.assert_array_equal(y, y_off)
+        np.testing.assert_array_equal(np.signbit(y), np.signbit(y_off))
+        assert_close(outs[0], want)
+        if nan:
+            assert np.isnan(y).any()
+        else:
+            assert np.signbit(y).all() and not y.any()
+
+
+@pytest.mark.parametrize("acts, why", [
+    (("add",), "a residual Add reads a second input"),
+    (("clip_input",), "a Clip bound read at run time"),
+    (("relu", "add"), "an Add after the Relu"),
+])
+def test_register_epilogue_refused_where_the_epilogue_is_not_relu_or_constant_clip(acts, why, cache_dir):
+    g, plan = act_graph(*TAILS[1], acts, n=2)
+    got, want, m = run_both(g, plan, cache_dir)
+    assert_close(got, want)
+    assert not any(NOTE in note for k in m.program.kernels for note in k.notes), why
+    assert "_mm256_maskload_ps" in m.program.source  # still the in-place path
+
+
+def test_register_epilogue_refused_on_the_copy_path(cache_dir):
+    """The padded copy (rows longer than DIRECT_MAX_ROW_VECTORS vectors) keeps the scalar epilogue."""
+    g, plan = act_graph(2, 5, 140, 1, ("relu",))
+    got, want, m = run_both(g, plan, cache_dir)
+    assert_close(got, want)
+    assert "_mm256_maskload_ps" not in m.program.source
+    assert not any(NOTE in note for k in m.program.kernels for note in k.notes)
+
+
+@pytest.mark.parametrize("case", [TAILS[0], TAILS[6], TAILS[9]])
+def test_register_epilogue_two_threads_equal_one(case, cache_dir):
+    g, plan = act_graph(*case, ("relu",), n=3)
+    one, _, _ = run_both(g, plan, cache_dir, threads=1)
+    two, _, _ = run_both(g, plan, cache_dir, threads=2)
+    for k in one:
+        np.testing.assert_array_equal(one[k], two[k])
+
+
+@pytest.mark.parametrize("row_block, block_group", [(1, 1), (3, 2), (4, 16)])
+def test_row_and_vector_blocking_change_no_bit(row_block, block_group, cache_dir):
+    """``depthwise_row_block`` and ``depthwise_block_group`` only reorder independent chains: each
+    element's taps are summed in the same order, so the bits are the default's."""
+    for case in (TAILS[3], TAILS[9], DIRECT_ROWS[3]):
+        g, plan = act_graph(*case[:4], ("relu",), n=2) if len(case) == 4 else dw_graph(*case)
+        base, want, _ = run_both(g, plan, cache_dir)
+        other, _, m = run_both(g, plan, cache_dir, options=CodegenOptions(depthwise_row_block=row_block,
+                                                                           depthwise_block_group=block_group))
+        assert_close(other, want)
+        for k in base:
+            np.testing.assert_array_equal(base[k], other[k])
+
+
+def test_bad_blocking_is_refused():
+    for field in ("depthwise_row_block", "depthwise_block_group"):
+        with pytest.raises(Exception, match=field):
+            CodegenOptions(**{field: 0})
+
+
+@pytest.mark.parametrize("case", [TAILS[1], TAILS[3], TAILS[9]])
+def test_the_else_branch_of_the_vector_source_without_avx2(case, cache_dir):
+    """The same "auto" source compiled without ``-march=native`` (no AVX2 macros) takes the ``#else``
+    branch of the in-place paths: the padded copy and the scalar epilogue, as the plain C99 build."""
+    from opfuse.runtime import reference
+    from opfuse.runtime.native import build
+    g, plan = act_graph(*case, (("clip", 0.0, 6.0),), n=2)
+    feeds = reference.random_inputs(g, 0)
+    generic = build(g, plan, cache_dir=cache_dir, native=False)
+    assert "_mm256_maskload_ps" in generic.program.source and "-march=native" not in generic.toolchain.flags
+    portable = build(g, plan, cache_dir=cache_dir, options=CodegenOptions(simd="none"))
+    got, plain = generic.run(feeds), portable.run(feeds)
+    assert_close(got, reference.run(g, feeds))
+    for k in got:
+        np.testing.assert_array_equal(got[k], plain[k])

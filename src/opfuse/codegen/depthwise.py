@@ -11,7 +11,8 @@ The threads share chunks of channel planes (``plane_chunk``). Per plane, one of 
    the copy, and the vector loads that reread it at once (store forwarding fails), took two
    thirds of the time;
 2. **direct rows** (AVX2, column stride 1 or 2, output rows up to ``DIRECT_MAX_ROW_VECTORS``
-   vectors): the same a row at a time, ``ROW_BLOCK`` output rows together so that an input row
+   vectors): the same a row at a time, ``depthwise_row_block`` output rows together (and
+   ``depthwise_block_group`` vectors of each, their FMA chains interleaved) so that an input row
    they share is loaded once; stride 2 takes the even or odd floats of two loads (one
    ``shufps``; the sum is put back in order once, before the store) (``_direct_rows``);
 3. **copied** (everything else, and the plain C99 path): the plane is copied, through the
@@ -26,7 +27,13 @@ The threads share chunks of channel planes (``plane_chunk``). Per plane, one of 
 The taps are summed in the same order (kernel row, then column) for every element. The outputs
 go through the bias and the fused epilogue while they are in L1: row by row, or as one loop over
 the dense plane where rows are short (a loop of a few elements is not vectorised, and a scalar
-epilogue made the fused Conv+Relu slower than Conv, BatchNorm and Relu as three kernels).
+epilogue made the fused Conv+Relu slower than Conv, BatchNorm and Relu as three kernels). Where
+the epilogue is only Relu and Clips with constant bounds, the rows path (rows of at least
+``PLANE_EPILOGUE_MAX_ROW`` floats) finishes the vectors itself (bias add, ``max``/``min``: the
+scalar epilogue's operations in its order, so the same bits) and stores them to the output, the
+last vector of a row lane by lane (``register_epilogue``): with the blocking above, mobilenet_v1's
+dw1 (32@112) and dw5 (256@28) took 0.62x the time of the scalar pass (in the model, 1 thread,
+wall clock, ``benchmarks/bench_depthwise.py --baseline``).
 
 In NCHW the plane's width is the unit-stride axis, so this is where the vectors go: across
 channels a vector would gather from ``C`` planes.
@@ -34,14 +41,19 @@ channels a vector would gather from ``C`` planes.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
+from opfuse.codegen.ctype import literal
 from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.gemm import in_memory
 from opfuse.codegen.index import Index, add, mul
 from opfuse.codegen.microkernel import AVX2_GUARD
 from opfuse.codegen.stages import Stage
+from opfuse.ir.graph import Value
+from opfuse.ops.registry import get_spec
 
 VECTOR = 8     # floats per ymm register
 UNROLL = 4     # independent accumulators per row step (the FMA latency is 4 cycles)
@@ -59,9 +71,6 @@ DIRECT_MAX_ROW_VECTORS = 16
 # Output rows shorter than this go through the epilogue as one plane, not row by row (a loop of a
 # few elements is not vectorised).
 PLANE_EPILOGUE_MAX_ROW = 16
-# Output rows computed together by the direct rows: an input row they share is loaded once
-# (3x3, stride 1: 12 loads for 18 FMAs instead of 18).
-ROW_BLOCK = 2
 
 
 def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
@@ -96,6 +105,13 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
     # output row at a time, each row through the epilogue at once (``_direct_rows``).
     direct_rows = (simd_in_place and not direct and SW in (1, 2) and in_memory(ev, x)
                    and -(-OW // VECTOR) <= DIRECT_MAX_ROW_VECTORS)
+    # The rows path finishes the bias and a Relu or Clip epilogue on the vectors and stores them
+    # (``register_epilogue``) where its rows are long enough to be stored row by row; elsewhere the
+    # epilogue is one loop over the dense plane, which gcc vectorises whole (in the model, mobilenet_v1's
+    # 14 x 14 layers ran 1.06-1.14x slower with the register epilogue on the direct plane, or on
+    # rows of 7 or 14 floats stored a part vector each, than with the dense pass).
+    long_rows = direct_rows and OW >= PLANE_EPILOGUE_MAX_ROW
+    reg = register_epilogue(kc, ev, stage, node) if long_rows else None
     copy_simd = simd and not (direct or direct_rows)  # the copy path has AVX2 code (else it is only the #else)
     wide = SH == 1 and SW == 1 and Hp * Wp <= WIDE_MAX_FLOATS
     exact = (OH - 1) * Wp + OW if wide else OW
@@ -106,7 +122,7 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
     plane_floats = Hp * row_len + slack
     off_plane = kc.scratch(plane_floats * 4)
     off_acc = kc.scratch(max(span if wide else (OH - 1) * OW + span, (OH - 1) * OW + _round_up(OW, VECTOR),
-                             ROW_BLOCK * _round_up(OW, VECTOR)) * 4)
+                             kc.program.options.depthwise_row_block * _round_up(OW, VECTOR)) * 4)
     # The dense OH x OW results the epilogue reads: the row passes write them; the wide pass's
     # are squeezed into them only where the AVX2 code is direct (the plain path then squeezes, in
     # scalar code). Otherwise the epilogue reads the wide results row by row: squeezing them with
@@ -147,7 +163,7 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
                 w.line(f"#if {AVX2_GUARD}")
                 src = f"{kc.ptr(x)} + {Index(x.shape, (img, ch, '0', '0')).offset()}"
                 _direct_rows(kc, ev, stage, node, bias_term, src, weights, geo, acc, (img, ch),
-                             OW < PLANE_EPILOGUE_MAX_ROW)
+                             OW < PLANE_EPILOGUE_MAX_ROW, reg)
                 w.line("#else")
             copy_plane(kc, ev, x, img, ch, xp, (H, W), (PT, PL), SW, Wh)
             taps = [(weights[kh][kw], kh * DH, (kw * DW % SW) * Wh + kw * DW // SW)
@@ -185,10 +201,13 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
                     finish_element(kc, ev, stage, out, Index.loops(out.shape, [(0, 1, img), (1, 2, ch), (2, 4, p)]), y)
             if direct_rows:
                 w.line("#endif")
+    if reg is not None:
+        kc.stored.add(id(reg.out))
+        kc.note(lambda name: f"depthwise '{name}': epilogue finished in registers", node)
 
 
 def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, acc: str, where,
-                 plane_epilogue: bool) -> None:
+                 plane_epilogue: bool, reg: "RegisterEpilogue | None" = None) -> None:
     """AVX2, any row stride, column stride 1 or 2: each output row's vectors from the input rows
     in place, into ``acc``, then the row through the bias and the epilogue while it is in L1.
 
@@ -199,9 +218,11 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
     either end of the input row are masked (masked lanes read nothing and give 0, as padding
     would); taps whose lanes all fall outside are left out. Rows are grouped by which kernel rows
     fall inside the input (the top and bottom rows leave some out); each group is one loop, over
-    ``ROW_BLOCK`` rows at a time (``rows_body``).
+    ``CodegenOptions.depthwise_row_block`` rows at a time (``rows_body``), each row's vectors
+    ``depthwise_block_group`` at a time.
     ``plane_epilogue``: the rows are written at ``oh * OW`` instead and the epilogue runs once,
-    over the dense plane (for short rows, whose epilogue loop would not be vectorised)."""
+    over the dense plane (for short rows, whose epilogue loop would not be vectorised).
+    ``reg``: the vectors are finished (``RegisterEpilogue``) and stored to the output instead."""
     w = kc.w
     img, ch = where
     out = node.outputs[0]
@@ -250,6 +271,10 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
     classes = row_classes(OH, KH, SH, DH, PT, H)
     oh = kc.tmp("oh")
     pitch = _round_up(OW, VECTOR)  # a row's results in ``acc`` (row by row epilogue)
+    row_block, block_group = kc.program.options.depthwise_row_block, kc.program.options.depthwise_block_group
+    finish = _finish_vectors(kc, ev, reg, node, ch) if reg is not None else None
+    dst = (f"{kc.ptr(reg.out, write=True)} + {Index(reg.out.shape, (img, ch, '0', '0')).offset()}"
+           if reg is not None else "")
 
     def rows_body(inside: tuple[int, ...], nrows: int) -> None:
         """Output rows ``oh .. oh + nrows - 1``: every input row they read is loaded once per vector
@@ -264,46 +289,56 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
             rows[d] = kc.tmp("row")
             w.line(f"const float* {rows[d]} = {base} + {add(mul(oh, SH * W), str(d * W))};")
         stores: list[tuple[int, int, str]] = []
-        for b in range(blocks):
-            vs = [kc.tmp("v") for _ in range(nrows)]
-            started = [False] * nrows
+        for group in [range(b0, min(b0 + block_group, blocks)) for b0 in range(0, blocks, block_group)]:
+            # The blocks of a group are computed together, input row by input row: their
+            # accumulators' chains of FMAs interleave (each element's taps in the same order).
+            vs = {b: [kc.tmp("v") for _ in range(nrows)] for b in group}
+            started = {b: [False] * nrows for b in group}
             for d in sorted(users):
-                pairs: dict[int, tuple[str, str]] = {}
-                for kw in range(KW):
-                    if (b, kw) not in taps:
-                        continue
-                    c = taps[b, kw]
-                    if SW == 1:
-                        x = load(rows[d], c)
+                for b in group:
+                    pairs: dict[int, tuple[str, str]] = {}
+                    for kw in range(KW):
+                        if (b, kw) not in taps:
+                            continue
+                        c = taps[b, kw]
+                        if SW == 1:
+                            x = load(rows[d], c)
+                        else:
+                            even = c - c % 2
+                            if even not in pairs:
+                                lo_v, hi_v = load(rows[d], even), load(rows[d], even + VECTOR)
+                                zero = "_mm256_setzero_ps()"
+                                pairs[even] = (kc.tmp("lo"), kc.tmp("hi"))
+                                w.line(f"const __m256 {pairs[even][0]} = {lo_v or zero}, "
+                                       f"{pairs[even][1]} = {hi_v or zero};")
+                            x = f"_mm256_shuffle_ps({pairs[even][0]}, {pairs[even][1]}, {0xDD if c % 2 else 0x88})"
+                        if x is None:
+                            continue
+                        if len(users[d]) > 1:
+                            t = kc.tmp("x")
+                            w.line(f"const __m256 {t} = {x};")
+                            x = t
+                        for j, kh in users[d]:
+                            v, wv = vs[b][j], wvs[kh][kw]
+                            first = not started[b][j]
+                            expr = f"_mm256_mul_ps({wv}, {x})" if first else f"_mm256_fmadd_ps({wv}, {x}, {v})"
+                            w.line(f"{'__m256 ' if first else ''}{v} = {expr};")
+                            started[b][j] = True
+            for b in group:
+                for j, v in enumerate(vs[b]):
+                    if not started[b][j]:
+                        w.line(f"__m256 {v} = _mm256_setzero_ps();")
+                    elif SW == 2:  # 0 1 4 5 2 3 6 7 -> 0 .. 7: 64-bit pairs 0 2 1 3
+                        w.line(f"{v} = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd({v}), 0xD8));")
+                    if finish is not None:
+                        at = add(dst, add(mul(oh, OW), str(j * OW + b * VECTOR)))
+                        _store_lanes(kc, at, finish(v), min(VECTOR, OW - b * VECTOR))
+                    elif plane_epilogue:  # rows overlap by a vector's overrun: stored row after row, below
+                        stores.append((j, b, v))
                     else:
-                        even = c - c % 2
-                        if even not in pairs:
-                            lo_v, hi_v = load(rows[d], even), load(rows[d], even + VECTOR)
-                            zero = "_mm256_setzero_ps()"
-                            pairs[even] = (kc.tmp("lo"), kc.tmp("hi"))
-                            w.line(f"const __m256 {pairs[even][0]} = {lo_v or zero}, "
-                                   f"{pairs[even][1]} = {hi_v or zero};")
-                        x = f"_mm256_shuffle_ps({pairs[even][0]}, {pairs[even][1]}, {0xDD if c % 2 else 0x88})"
-                    if x is None:
-                        continue
-                    if len(users[d]) > 1:
-                        t = kc.tmp("x")
-                        w.line(f"const __m256 {t} = {x};")
-                        x = t
-                    for j, kh in users[d]:
-                        v, wv = vs[j], wvs[kh][kw]
-                        expr = f"_mm256_fmadd_ps({wv}, {x}, {v})" if started[j] else f"_mm256_mul_ps({wv}, {x})"
-                        w.line(f"{'' if started[j] else '__m256 '}{v} = {expr};")
-                        started[j] = True
-            for j, v in enumerate(vs):
-                if not started[j]:
-                    w.line(f"__m256 {v} = _mm256_setzero_ps();")
-                elif SW == 2:  # 0 1 4 5 2 3 6 7 -> 0 .. 7: 64-bit pairs 0 2 1 3
-                    w.line(f"{v} = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd({v}), 0xD8));")
-                if plane_epilogue:  # rows overlap by a vector's overrun: stored row after row, below
-                    stores.append((j, b, v))
-                else:
-                    w.line(f"_mm256_storeu_ps({acc} + {j * pitch + b * VECTOR}, {v});")
+                        w.line(f"_mm256_storeu_ps({acc} + {j * pitch + b * VECTOR}, {v});")
+        if finish is not None:
+            return
         if plane_epilogue:
             for j, b, v in sorted(stores):
                 w.line(f"_mm256_storeu_ps({acc} + {add(mul(oh, OW), str(j * OW + b * VECTOR))}, {v});")
@@ -315,18 +350,114 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
                 finish_element(kc, ev, stage, out, Index(out.shape, (img, ch, add(oh, str(j)), ow)), y)
 
     for lo, hi, inside in classes:
-        pair_end = lo + (hi - lo) // ROW_BLOCK * ROW_BLOCK
+        pair_end = lo + (hi - lo) // row_block * row_block
         if pair_end > lo:
-            with w.block(f"for (long {oh} = {lo}; {oh} < {pair_end}; {oh} += {ROW_BLOCK})"):
-                rows_body(inside, ROW_BLOCK)
+            with w.block(f"for (long {oh} = {lo}; {oh} < {pair_end}; {oh} += {row_block})"):
+                rows_body(inside, row_block)
         if pair_end < hi:
             with w.block(f"for (long {oh} = {pair_end}; {oh} < {hi}; ++{oh})"):
                 rows_body(inside, 1)
-    if plane_epilogue:
+    if plane_epilogue and finish is None:
         p, y = kc.tmp("p"), kc.tmp("y")
         with w.block(f"for (long {p} = 0; {p} < {OH * OW}; ++{p})"), ev.scope():
             w.line(f"const float {y} = {bias_term(ev, node, f'{acc}[{p}]', ch)};")
             finish_element(kc, ev, stage, out, Index.loops(out.shape, [(0, 1, img), (1, 2, ch), (2, 4, p)]), y)
+
+
+@dataclass(frozen=True)
+class RegisterEpilogue:
+    """The group's epilogue finished on the accumulator vectors and stored by them (no pass over
+    the results in L1): the bias, then each of ``bounds`` (``("max", lo)``: ``y < lo ? lo : y``, a
+    Relu or a Clip's minimum; ``("min", hi)``: ``y > hi ? hi : y``), the operations of the scalar
+    epilogue in its order, so the bits agree; ``out`` is the one value stored."""
+    out: Value
+    bias: Value | None
+    bounds: tuple[tuple[str, str], ...]
+
+
+def register_epilogue(kc, ev, stage: Stage, node) -> RegisterEpilogue | None:
+    """The ``RegisterEpilogue`` of ``stage`` where its epilogue is only Relu and Clips with constant
+    bounds (in any order) and stores one float32 value; None elsewhere (the scalar epilogue runs)."""
+    if not kc.program.options.depthwise_register_epilogue:
+        return None
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    if bias is not None and id(bias) not in ev.static:
+        return None
+    prev = node.outputs[0]
+    bounds: list[tuple[str, str]] = []
+    for n in stage.epilogue:
+        if n.input(0) is not prev or n.outputs[0].dtype != np.float32:
+            return None
+        if n.op_type == "Relu":
+            bounds.append(("max", literal(0.0, np.float32)))
+        elif n.op_type == "Clip":
+            attrs = get_spec(n.op_type, n).attrs_of(n)
+            for i, (attr, kind) in enumerate((("min", "max"), ("max", "min")), start=1):
+                v = n.inputs[i] if len(n.inputs) > i else None
+                if v is not None:
+                    arr = ev.static.get(id(v))
+                    if arr is None or arr.size != 1 or np.isnan(arr).any():
+                        return None
+                    bounds.append((kind, literal(float(np.asarray(arr).reshape(-1)[0]), np.float32)))
+                elif attrs.get(attr) is not None:
+                    bounds.append((kind, literal(float(attrs[attr]), np.float32)))
+        else:
+            return None
+        prev = n.outputs[0]
+    if [id(v) for v in stage.outputs] != [id(prev)] or prev.dtype != np.float32 or id(prev) in ev.static:
+        return None
+    return RegisterEpilogue(prev, bias, tuple(bounds))
+
+
+def _finish_vectors(kc, ev, reg: RegisterEpilogue, node, ch: str) -> Callable[[str], str]:
+    """Declare the epilogue's constant vectors (in the plane's scope); returns ``v -> finished v``."""
+    w = kc.w
+    consts: dict[str, str] = {}
+
+    def const(value: str) -> str:
+        if value not in consts:
+            consts[value] = kc.tmp("cv")
+            init = "_mm256_setzero_ps()" if value == literal(0.0, np.float32) else f"_mm256_set1_ps({value})"
+            w.line(f"const __m256 {consts[value]} = {init};")
+        return consts[value]
+
+    with ev.scope():  # a temporary the bias read declares here is not seen by the #else branch
+        bias_v = const(ev.at(reg.bias, Index(reg.bias.shape, (ch,)))) if reg.bias is not None else None
+    ops = [(kind, const(value)) for kind, value in reg.bounds]
+
+    def finish(v: str) -> str:
+        if bias_v is not None:
+            v = f"_mm256_add_ps({v}, {bias_v})"
+        for kind, c in ops:  # max(c, y) is y < c ? c : y and min(c, y) is y > c ? c : y, NaN and -0 kept
+            v = f"_mm256_{kind}_ps({c}, {v})"
+        return v
+    return finish
+
+
+def _store_lanes(kc, ptr: str, v: str, lanes: int) -> None:
+    """The first ``lanes`` floats of ``v`` to ``ptr`` (no write past them)."""
+    w = kc.w
+    if lanes == VECTOR:
+        w.line(f"_mm256_storeu_ps({ptr}, {v});")
+        return
+    t = kc.tmp("t")
+    w.line(f"const __m256 {t} = {v};")
+    at = 0
+    if lanes >= 4:
+        w.line(f"_mm_storeu_ps({ptr}, _mm256_castps256_ps128({t}));")
+        at = 4
+    rest = lanes - at
+    if rest == 0:
+        return
+    q = kc.tmp("q")
+    half = f"_mm256_extractf128_ps({t}, 1)" if at else f"_mm256_castps256_ps128({t})"
+    w.line(f"const __m128 {q} = {half};")
+    if rest >= 2:
+        w.line(f"_mm_storel_pi((__m64*)({add(ptr, str(at))}), {q});")
+    if rest == 3:
+        w.line(f"_mm_store_ss({add(ptr, str(at + 2))}, _mm_movehl_ps({q}, {q}));")
+    elif rest == 1:
+        w.line(f"_mm_store_ss({add(ptr, str(at))}, {q});")
 
 
 def _direct_plane(kc, src: str, weights, geo, hw, dense: str) -> None:
