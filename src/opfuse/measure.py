@@ -16,6 +16,7 @@ import time
 from typing import Sequence
 
 from opfuse.compiler import CompileOptions, Compilation, build_native, plan_model
+from opfuse.cost.roofline import MEMORY_BOUND
 from opfuse.errors import OpfuseError
 
 MEASURE_REPEAT = 20  # timed runs per measurement (medians are reported: the machine is shared)
@@ -123,10 +124,14 @@ def group_check(model, *, threads: int = 1, repeat: int = MEASURE_REPEAT, seed: 
     "slower", "moved"}...], "fused_s", "unfused_s", "slower": [names], "moved": [names], "tolerance",
     "clock"}``; ``slower`` when the group fuses (stands for more than one original op) and ``fused_s >
     unfused_s * (1 + GROUP_SLOWER_TOLERANCE)``, unless the time only moved to it from the groups that
-    produce its inputs (``moved``, ``_with_producers``). Host target only."""
+    produce its inputs (``moved``, ``_with_producers``); ``"memory_bound"``: the share of the unfused
+    build's memory-bound kernel time that the fused build removes (``memory_bound_removed``). Host
+    target only."""
     from dataclasses import replace
     from opfuse.codegen.options import CodegenOptions
+    from opfuse.cost.model import CostModel
     from opfuse.runtime.reference import random_inputs
+    from opfuse.targets import get_profile
     if repeat < 1:
         raise OpfuseError(f"repeat must be at least 1, got {repeat}")
     options = options or CompileOptions()
@@ -157,9 +162,51 @@ def group_check(model, *, threads: int = 1, repeat: int = MEASURE_REPEAT, seed: 
                      "unfused_s": u, "unfused_kernels": counted, "ratio": f / u if u > 0 else None,
                      "slower": len(counted) > 1 and f > u * (1 + GROUP_SLOWER_TOLERANCE), "moved": None})
     _with_producers(rows, fused.plan.groups)
+    cm = CostModel(get_profile(options.target))  # the roofline's verdict, no measured corrections
+    bound = {g.name: cm.group_cost(unfused.graph, g).bound for g in unfused.plan.groups}
     return {"groups": rows, "fused_s": sum(r["fused_s"] for r in rows), "unfused_s": sum(r["unfused_s"] for r in rows),
             "slower": [r["group"] for r in rows if r["slower"]], "moved": [r["group"] for r in rows if r["moved"]],
-            "tolerance": GROUP_SLOWER_TOLERANCE, "repeat": repeat, "threads": threads, "clock": clock}
+            "tolerance": GROUP_SLOWER_TOLERANCE, "repeat": repeat, "threads": threads, "clock": clock,
+            "memory_bound": memory_bound_removed(rows, t_unfused, bound)}
+
+
+def memory_bound_removed(rows: list[dict], t_unfused: dict[str, float], bound: dict[str, str | None]) -> dict:
+    """How much of the time the unfused build spends in memory-bound kernels the fused build removes.
+
+    An unfused kernel is memory-bound when the cost model's roofline says so for its group
+    (``bound``: its report's ``"bound"``, ``"memory"`` or ``"compute"``; elementwise ops, pools,
+    normalisations, reorders, and small convolutions whose bytes outweigh their FLOPs).
+
+    * ``unfused_s``: the sum of the medians of every memory-bound unfused kernel;
+    * ``left_s``: what the fused build still spends on that work. For each fused group (row of
+      ``group_check``) that stands for at least one memory-bound unfused kernel, its measured time
+      less the unfused time of the compute-bound kernels it stands for (its anchor: a Conv's
+      epilogue costs what the fused kernel takes beyond the Conv alone), at least 0. A memory-bound
+      kernel left standalone counts in full; one with no fused kernel at all (a Reshape become a
+      view, a BatchNorm folded into weights) counts 0; a fused kernel that stands for no unfused
+      kernel (a copy where the unfused build had views) counts in full;
+    * ``removed``: ``1 - left_s / unfused_s`` (``None`` with no memory-bound kernel). Negative when
+      fusion made the memory-bound work slower.
+
+    Per row, ``memory_unfused_s`` and ``memory_left_s`` (``None`` for a group of compute-bound
+    kernels only) are added; ``uncounted_s``: the memory-bound unfused kernels in no row."""
+    counted: set[str] = set()
+    left = 0.0
+    for r in rows:
+        kernels = r.get("unfused_kernels", [])
+        counted.update(kernels)
+        mem = sum(t_unfused[k] for k in kernels if bound.get(k) == MEMORY_BOUND)
+        compute = sum(t_unfused[k] for k in kernels if bound.get(k) != MEMORY_BOUND)
+        if not kernels:  # work the unfused build does not do (a copy where it had views): all left
+            mem, mine = 0.0, r["fused_s"]
+        else:
+            mine = max(r["fused_s"] - compute, 0.0) if mem > 0 else None
+        r["memory_unfused_s"], r["memory_left_s"] = (mem, mine) if mine is not None else (None, None)
+        left += mine or 0.0
+    total = sum(t for k, t in t_unfused.items() if bound.get(k) == MEMORY_BOUND)
+    uncounted = sum(t for k, t in t_unfused.items() if bound.get(k) == MEMORY_BOUND and k not in counted)
+    return {"unfused_s": total, "left_s": left, "removed": 1.0 - left / total if total > 0 else None,
+            "uncounted_s": uncounted, "kernels": sum(1 for k in t_unfused if bound.get(k) == MEMORY_BOUND)}
 
 
 def _with_producers(rows: list[dict], groups) -> None:

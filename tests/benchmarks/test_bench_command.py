@@ -145,8 +145,14 @@ def test_make_bench_lists_the_groups_fusion_made_slower(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     md = (tmp_path / "bench.md").read_text()
-    assert "| a | 1 | 0.003 | 0.004 | g2 (Relu+GlobalAveragePool) 2.0 vs 1.0 us |" in md
+    assert "| a | 1 | 0.003 | 0.004 | - | - | - | g2 (Relu+GlobalAveragePool) 2.0 vs 1.0 us |" in md
     assert "g1 (" not in md
+    res["group_check"]["memory_bound"] = {"unfused_s": 4e-6, "left_s": 1e-6, "removed": 0.75}
+    (tmp_path / "bench_a_t1.json").write_text(json.dumps(res))
+    r = subprocess.run([sys.executable, str(script), "a", "--threads", "1", "--results", str(tmp_path), "--table-only"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "| a | 1 | 0.003 | 0.004 | 0.004 | 0.001 | 75% | g2 (" in (tmp_path / "bench.md").read_text()
 
 
 def test_group_check_sets_each_fused_group_against_its_ops_unfused():
@@ -165,8 +171,35 @@ def test_group_check_sets_each_fused_group_against_its_ops_unfused():
         assert r["ratio"] == pytest.approx(r["fused_s"] / r["unfused_s"])
     assert res["slower"] == [r["group"] for r in rows if r["slower"]]
     assert res["fused_s"] == pytest.approx(sum(r["fused_s"] for r in rows))
+    mem = res["memory_bound"]  # ds_cnn's BatchNorm and Relu kernels are memory-bound unfused
+    assert mem["kernels"] > 0 and mem["unfused_s"] > 0
+    assert mem["left_s"] == pytest.approx(sum(r["memory_left_s"] or 0.0 for r in rows))
+    assert mem["removed"] == pytest.approx(1 - mem["left_s"] / mem["unfused_s"])
     with pytest.raises(OpfuseError, match="repeat"):
         group_check("zoo:ds_cnn", repeat=0)
+
+
+def test_memory_bound_removed_charges_each_group_its_time_beyond_its_compute_kernels():
+    from opfuse.measure import memory_bound_removed
+    t_unfused = {"conv": 10e-6, "bn": 3e-6, "relu": 2e-6, "pool": 4e-6, "reshape": 1e-6, "fc": 5e-6}
+    bound = {"conv": "compute", "bn": "memory", "relu": "memory", "pool": "memory", "reshape": "memory",
+             "fc": "compute"}
+    rows = [{"group": "conv", "fused_s": 11e-6, "unfused_kernels": ["conv", "bn", "relu"]},  # 1 us over the conv
+            {"group": "pool", "fused_s": 4.5e-6, "unfused_kernels": ["pool"]},  # standalone: counts in full
+            {"group": "fc", "fused_s": 5e-6, "unfused_kernels": ["fc"]}]  # compute only: not counted
+    res = memory_bound_removed(rows, t_unfused, bound)  # "reshape" became a view: no fused kernel
+    assert res["unfused_s"] == pytest.approx(10e-6) and res["kernels"] == 4
+    assert res["left_s"] == pytest.approx(5.5e-6) and res["removed"] == pytest.approx(0.45)
+    assert res["uncounted_s"] == pytest.approx(1e-6)
+    assert (rows[0]["memory_unfused_s"], rows[0]["memory_left_s"]) == pytest.approx((5e-6, 1e-6))
+    assert rows[2]["memory_unfused_s"] is None and rows[2]["memory_left_s"] is None
+    rows[0]["fused_s"] = 9e-6  # the fused conv ran faster than the unfused one: nothing left, not less
+    assert memory_bound_removed(rows, t_unfused, bound)["left_s"] == pytest.approx(4.5e-6)
+    copy = [*rows, {"group": "split", "fused_s": 2e-6, "unfused_kernels": []}]  # views unfused, a copy fused
+    res = memory_bound_removed(copy, t_unfused, bound)
+    assert res["left_s"] == pytest.approx(6.5e-6) and copy[-1]["memory_left_s"] == 2e-6
+    none = memory_bound_removed(rows[2:], {"fc": 5e-6}, {"fc": "compute"})
+    assert none["removed"] is None and none["unfused_s"] == 0
 
 
 def test_group_check_counts_the_casts_a_float16_op_is_rewritten_with():
@@ -190,6 +223,7 @@ def test_bench_groups_flag_prints_the_per_group_table(capsys):
     out, _ = capsys.readouterr()
     assert code == 0
     assert "per group, kernel timers" in out and "fused / unfused" in out and "dw1" in out
+    assert "memory-bound kernels:" in out and "removed" in out
 
 
 def _row(name: str, f: float, u: float) -> dict:
