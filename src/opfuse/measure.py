@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from opfuse.compiler import CompileOptions, Compilation, build_native, plan_model
 from opfuse.cost.roofline import MEMORY_BOUND
@@ -170,7 +170,7 @@ def group_check(model, *, threads: int = 1, repeat: int = MEASURE_REPEAT, seed: 
             "memory_bound": memory_bound_removed(rows, t_unfused, bound)}
 
 
-def memory_bound_removed(rows: list[dict], t_unfused: dict[str, float], bound: dict[str, str | None]) -> dict:
+def memory_bound_removed(rows: list[dict], t_unfused: Mapping[str, float], bound: Mapping[str, str | None]) -> dict:
     """How much of the time the unfused build spends in memory-bound kernels the fused build removes.
 
     An unfused kernel is memory-bound when the cost model's roofline says so for its group
@@ -189,7 +189,8 @@ def memory_bound_removed(rows: list[dict], t_unfused: dict[str, float], bound: d
       fusion made the memory-bound work slower.
 
     Per row, ``memory_unfused_s`` and ``memory_left_s`` (``None`` for a group of compute-bound
-    kernels only) are added; ``uncounted_s``: the memory-bound unfused kernels in no row."""
+    kernels only) are added; ``uncounted_s``: the memory-bound unfused kernels in no row;
+    ``unfused_kernels``: every unfused kernel's median seconds (``s``) and ``bound``."""
     counted: set[str] = set()
     left = 0.0
     for r in rows:
@@ -206,7 +207,8 @@ def memory_bound_removed(rows: list[dict], t_unfused: dict[str, float], bound: d
     total = sum(t for k, t in t_unfused.items() if bound.get(k) == MEMORY_BOUND)
     uncounted = sum(t for k, t in t_unfused.items() if bound.get(k) == MEMORY_BOUND and k not in counted)
     return {"unfused_s": total, "left_s": left, "removed": 1.0 - left / total if total > 0 else None,
-            "uncounted_s": uncounted, "kernels": sum(1 for k in t_unfused if bound.get(k) == MEMORY_BOUND)}
+            "uncounted_s": uncounted, "kernels": sum(1 for k in t_unfused if bound.get(k) == MEMORY_BOUND),
+            "unfused_kernels": {k: {"s": t, "bound": bound.get(k)} for k, t in t_unfused.items()}}
 
 
 def _with_producers(rows: list[dict], groups) -> None:

@@ -122,7 +122,8 @@ def test_max_through_a_padded_copy(cache_dir, geometry):
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["alone", "relu_mul"])
-@pytest.mark.parametrize("kernel,ceil", [((25, 5), 0), ((25, 5), 1), ((24, 5), 0)], ids=["whole", "whole_ceil", "ds_cnn"])
+@pytest.mark.parametrize("kernel,ceil", [((25, 5), 0), ((25, 5), 1), ((24, 5), 0)],
+                         ids=["whole", "whole_ceil", "ds_cnn"])
 def test_one_window_average_pool_is_a_mean_over_a_run(cache_dir, fused, ceil, kernel):
     """ds_cnn's AveragePool 24x5 stride 24x5 over a 25x5 map: one window, the first 24 full rows, no
     padding, so it is computed as GlobalAveragePool is (``pool.single_window_run``: one contiguous run
