@@ -150,6 +150,7 @@ def group_check(model, *, threads: int = 1, repeat: int = MEASURE_REPEAT, seed: 
     # all its nodes are in the group (the nodes rewrites add, a float16 op's Casts, have no origin).
     fused_nodes = {g.name: {n.name for n in g.nodes} for g in fused.plan.groups}
     unfused_nodes = {g.name: {n.name for n in g.nodes} for g in unfused.plan.groups}
+    anchor_of = {g.name: g.anchor.name for g in fused.plan.groups if g.anchor is not None}
     rows = []
     for g in fused.report.get("groups", []):
         if g["name"] not in t_fused:
@@ -158,9 +159,11 @@ def group_check(model, *, threads: int = 1, repeat: int = MEASURE_REPEAT, seed: 
         counted = sorted({o for o in g.get("origin", []) if o in t_unfused}
                          | {u for u, ns in unfused_nodes.items() if ns and ns <= mine and u in t_unfused})
         f, u = t_fused[g["name"]], sum(t_unfused[k] for k in counted)
+        anchor = anchor_of.get(g["name"])
         rows.append({"group": g["name"], "ops": g.get("ops", []), "origin": g.get("origin", []), "fused_s": f,
                      "unfused_s": u, "unfused_kernels": counted, "ratio": f / u if u > 0 else None,
-                     "slower": len(counted) > 1 and f > u * (1 + GROUP_SLOWER_TOLERANCE), "moved": None})
+                     "slower": len(counted) > 1 and f > u * (1 + GROUP_SLOWER_TOLERANCE), "moved": None,
+                     "anchor_kernels": [k for k in counted if anchor is not None and anchor in unfused_nodes[k]]})
     _with_producers(rows, fused.plan.groups)
     cm = CostModel(get_profile(options.target))  # the roofline's verdict, no measured corrections
     bound = {g.name: cm.group_cost(unfused.graph, g).bound for g in unfused.plan.groups}
@@ -174,40 +177,51 @@ def memory_bound_removed(rows: list[dict], t_unfused: Mapping[str, float], bound
     """How much of the time the unfused build spends in memory-bound kernels the fused build removes.
 
     An unfused kernel is memory-bound when the cost model's roofline says so for its group
-    (``bound``: its report's ``"bound"``, ``"memory"`` or ``"compute"``; elementwise ops, pools,
-    normalisations, reorders, and small convolutions whose bytes outweigh their FLOPs).
+    (``bound``: ``"memory"`` or ``"compute"``): elementwise ops, pools, normalisations, reorders, and
+    convolutions whose bytes outweigh their FLOPs (small or depthwise ones). A fused group's *anchor
+    kernels* are the unfused kernels of the op its loop is built around (a row's ``anchor_kernels``,
+    when it stands for more than one kernel) and its compute-bound kernels: the work fusion keeps.
 
-    * ``unfused_s``: the sum of the medians of every memory-bound unfused kernel;
-    * ``left_s``: what the fused build still spends on that work. For each fused group (row of
-      ``group_check``) that stands for at least one memory-bound unfused kernel, its measured time
-      less the unfused time of the compute-bound kernels it stands for (its anchor: a Conv's
-      epilogue costs what the fused kernel takes beyond the Conv alone), at least 0. A memory-bound
+    * ``unfused_s``: the medians of the memory-bound unfused kernels summed, anchors left out (a
+      depthwise convolution that the roofline calls memory-bound still runs when fused: no fusion
+      removes it, so it is on neither side);
+    * ``left_s``: what the fused build still spends on that work: for each fused group that stands
+      for a memory-bound kernel, its measured time less its anchor kernels' unfused time, at least 0
+      (a Conv's epilogue costs what the fused kernel takes beyond the Conv alone). A memory-bound
       kernel left standalone counts in full; one with no fused kernel at all (a Reshape become a
       view, a BatchNorm folded into weights) counts 0; a fused kernel that stands for no unfused
       kernel (a copy where the unfused build had views) counts in full;
     * ``removed``: ``1 - left_s / unfused_s`` (``None`` with no memory-bound kernel). Negative when
       fusion made the memory-bound work slower.
 
-    Per row, ``memory_unfused_s`` and ``memory_left_s`` (``None`` for a group of compute-bound
-    kernels only) are added; ``uncounted_s``: the memory-bound unfused kernels in no row;
+    Per row, ``memory_unfused_s`` and ``memory_left_s`` (``None`` when it stands for no memory-bound
+    kernel) are added; ``uncounted_s``: the memory-bound unfused kernels in no row;
     ``unfused_kernels``: every unfused kernel's median seconds (``s``) and ``bound``."""
     counted: set[str] = set()
+    anchors: set[str] = set()
     left = 0.0
     for r in rows:
         kernels = r.get("unfused_kernels", [])
         counted.update(kernels)
-        mem = sum(t_unfused[k] for k in kernels if bound.get(k) == MEMORY_BOUND)
-        compute = sum(t_unfused[k] for k in kernels if bound.get(k) != MEMORY_BOUND)
         if not kernels:  # work the unfused build does not do (a copy where it had views): all left
-            mem, mine = 0.0, r["fused_s"]
+            r["memory_unfused_s"], r["memory_left_s"] = 0.0, r["fused_s"]
+            left += r["fused_s"]
+            continue
+        mine = {k for k in kernels if bound.get(k) != MEMORY_BOUND}
+        if len(kernels) > 1:
+            mine |= set(r.get("anchor_kernels", []))
+        anchors |= mine
+        mem = sum(t_unfused[k] for k in kernels if k not in mine)
+        if mem > 0:
+            r["memory_unfused_s"] = mem
+            r["memory_left_s"] = max(r["fused_s"] - sum(t_unfused[k] for k in mine), 0.0)
+            left += r["memory_left_s"]
         else:
-            mine = max(r["fused_s"] - compute, 0.0) if mem > 0 else None
-        r["memory_unfused_s"], r["memory_left_s"] = (mem, mine) if mine is not None else (None, None)
-        left += mine or 0.0
-    total = sum(t for k, t in t_unfused.items() if bound.get(k) == MEMORY_BOUND)
-    uncounted = sum(t for k, t in t_unfused.items() if bound.get(k) == MEMORY_BOUND and k not in counted)
+            r["memory_unfused_s"] = r["memory_left_s"] = None
+    memory = [k for k in t_unfused if bound.get(k) == MEMORY_BOUND and k not in anchors]
+    total = sum(t_unfused[k] for k in memory)
     return {"unfused_s": total, "left_s": left, "removed": 1.0 - left / total if total > 0 else None,
-            "uncounted_s": uncounted, "kernels": sum(1 for k in t_unfused if bound.get(k) == MEMORY_BOUND),
+            "uncounted_s": sum(t_unfused[k] for k in memory if k not in counted), "kernels": len(memory),
             "unfused_kernels": {k: {"s": t, "bound": bound.get(k)} for k, t in t_unfused.items()}}
 
 

@@ -173,32 +173,39 @@ def test_group_check_sets_each_fused_group_against_its_ops_unfused():
     assert res["fused_s"] == pytest.approx(sum(r["fused_s"] for r in rows))
     mem = res["memory_bound"]  # ds_cnn's BatchNorm and Relu kernels are memory-bound unfused
     assert mem["kernels"] > 0 and mem["unfused_s"] > 0
+    assert all(r["anchor_kernels"] == [r["group"]] for r in fused)  # the Conv's own kernel
     assert mem["left_s"] == pytest.approx(sum(r["memory_left_s"] or 0.0 for r in rows))
     assert mem["removed"] == pytest.approx(1 - mem["left_s"] / mem["unfused_s"])
     with pytest.raises(OpfuseError, match="repeat"):
         group_check("zoo:ds_cnn", repeat=0)
 
 
-def test_memory_bound_removed_charges_each_group_its_time_beyond_its_compute_kernels():
+def test_memory_bound_removed_charges_each_group_its_time_beyond_its_anchor():
     from opfuse.measure import memory_bound_removed
-    t_unfused = {"conv": 10e-6, "bn": 3e-6, "relu": 2e-6, "pool": 4e-6, "reshape": 1e-6, "fc": 5e-6}
-    bound = {"conv": "compute", "bn": "memory", "relu": "memory", "pool": "memory", "reshape": "memory",
-             "fc": "compute"}
+    t_unfused = {"conv": 10e-6, "bn": 3e-6, "relu": 2e-6, "dw": 6e-6, "dw_relu": 1e-6, "pool": 4e-6, "reshape": 1e-6,
+                 "fc": 5e-6}
+    bound = {"conv": "compute", "bn": "memory", "relu": "memory", "dw": "memory", "dw_relu": "memory",
+             "pool": "memory", "reshape": "memory", "fc": "compute"}
     rows = [{"group": "conv", "fused_s": 11e-6, "unfused_kernels": ["conv", "bn", "relu"]},  # 1 us over the conv
-            {"group": "pool", "fused_s": 4.5e-6, "unfused_kernels": ["pool"]},  # standalone: counts in full
+            # a memory-bound anchor: it runs fused too, so it is on neither side
+            {"group": "dw", "fused_s": 6.5e-6, "unfused_kernels": ["dw", "dw_relu"], "anchor_kernels": ["dw"]},
+            {"group": "pool", "fused_s": 4.5e-6, "unfused_kernels": ["pool"], "anchor_kernels": ["pool"]},  # alone
             {"group": "fc", "fused_s": 5e-6, "unfused_kernels": ["fc"]}]  # compute only: not counted
     res = memory_bound_removed(rows, t_unfused, bound)  # "reshape" became a view: no fused kernel
-    assert res["unfused_s"] == pytest.approx(10e-6) and res["kernels"] == 4
-    assert res["left_s"] == pytest.approx(5.5e-6) and res["removed"] == pytest.approx(0.45)
+    assert res["unfused_s"] == pytest.approx(11e-6) and res["kernels"] == 5  # bn relu dw_relu pool reshape
+    assert res["left_s"] == pytest.approx(6e-6) and res["removed"] == pytest.approx(5 / 11)
     assert res["uncounted_s"] == pytest.approx(1e-6)
     assert (rows[0]["memory_unfused_s"], rows[0]["memory_left_s"]) == pytest.approx((5e-6, 1e-6))
-    assert rows[2]["memory_unfused_s"] is None and rows[2]["memory_left_s"] is None
+    assert (rows[1]["memory_unfused_s"], rows[1]["memory_left_s"]) == pytest.approx((1e-6, 0.5e-6))
+    assert (rows[2]["memory_unfused_s"], rows[2]["memory_left_s"]) == pytest.approx((4e-6, 4.5e-6))
+    assert rows[3]["memory_unfused_s"] is None and rows[3]["memory_left_s"] is None
+    assert res["unfused_kernels"]["dw"] == {"s": 6e-6, "bound": "memory"}
     rows[0]["fused_s"] = 9e-6  # the fused conv ran faster than the unfused one: nothing left, not less
-    assert memory_bound_removed(rows, t_unfused, bound)["left_s"] == pytest.approx(4.5e-6)
+    assert memory_bound_removed(rows, t_unfused, bound)["left_s"] == pytest.approx(5e-6)
     copy = [*rows, {"group": "split", "fused_s": 2e-6, "unfused_kernels": []}]  # views unfused, a copy fused
     res = memory_bound_removed(copy, t_unfused, bound)
-    assert res["left_s"] == pytest.approx(6.5e-6) and copy[-1]["memory_left_s"] == 2e-6
-    none = memory_bound_removed(rows[2:], {"fc": 5e-6}, {"fc": "compute"})
+    assert res["left_s"] == pytest.approx(7e-6) and copy[-1]["memory_left_s"] == 2e-6
+    none = memory_bound_removed(rows[3:], {"fc": 5e-6}, {"fc": "compute"})
     assert none["removed"] is None and none["unfused_s"] == 0
 
 
