@@ -13,10 +13,11 @@ import os
 import subprocess
 import sys
 import time
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 from opfuse.compiler import CompileOptions, Compilation, build_native, plan_model
 from opfuse.cost.roofline import MEMORY_BOUND
+from opfuse.ops.registry import Category, get_spec
 from opfuse.errors import OpfuseError
 
 MEASURE_REPEAT = 20  # timed runs per measurement (medians are reported: the machine is shared)
@@ -167,24 +168,28 @@ def group_check(model, *, threads: int = 1, repeat: int = MEASURE_REPEAT, seed: 
     _with_producers(rows, fused.plan.groups)
     cm = CostModel(get_profile(options.target))  # the roofline's verdict, no measured corrections
     bound = {g.name: cm.group_cost(unfused.graph, g).bound for g in unfused.plan.groups}
+    contractions = {g.name for g in unfused.plan.groups
+                    if any(get_spec(n.op_type, n).category == Category.OUT_ELEMWISE_FUSABLE for n in g.nodes)}
     return {"groups": rows, "fused_s": sum(r["fused_s"] for r in rows), "unfused_s": sum(r["unfused_s"] for r in rows),
             "slower": [r["group"] for r in rows if r["slower"]], "moved": [r["group"] for r in rows if r["moved"]],
             "tolerance": GROUP_SLOWER_TOLERANCE, "repeat": repeat, "threads": threads, "clock": clock,
-            "memory_bound": memory_bound_removed(rows, t_unfused, bound)}
+            "memory_bound": memory_bound_removed(rows, t_unfused, bound, contractions)}
 
 
-def memory_bound_removed(rows: list[dict], t_unfused: Mapping[str, float], bound: Mapping[str, str | None]) -> dict:
+def memory_bound_removed(rows: list[dict], t_unfused: Mapping[str, float], bound: Mapping[str, str | None],
+                         contractions: Collection[str] = ()) -> dict:
     """How much of the time the unfused build spends in memory-bound kernels the fused build removes.
 
     An unfused kernel is memory-bound when the cost model's roofline says so for its group
     (``bound``: ``"memory"`` or ``"compute"``): elementwise ops, pools, normalisations, reorders, and
     convolutions whose bytes outweigh their FLOPs (small or depthwise ones). A fused group's *anchor
     kernels* are the unfused kernels of the op its loop is built around (a row's ``anchor_kernels``,
-    when it stands for more than one kernel) and its compute-bound kernels: the work fusion keeps.
+    when it stands for more than one kernel), its compute-bound kernels and its ``contractions``
+    (Conv, MatMul, Gemm: a classifier's GEMV is memory-bound too): the work fusion keeps.
 
-    * ``unfused_s``: the medians of the memory-bound unfused kernels summed, anchors left out (a
-      depthwise convolution that the roofline calls memory-bound still runs when fused: no fusion
-      removes it, so it is on neither side);
+    * ``unfused_s``: the medians of the memory-bound unfused kernels summed, anchors and contractions
+      left out (a depthwise convolution that the roofline calls memory-bound still runs when fused:
+      no fusion removes it, so it is on neither side);
     * ``left_s``: what the fused build still spends on that work: for each fused group that stands
       for a memory-bound kernel, its measured time less its anchor kernels' unfused time, at least 0
       (a Conv's epilogue costs what the fused kernel takes beyond the Conv alone). A memory-bound
@@ -207,7 +212,7 @@ def memory_bound_removed(rows: list[dict], t_unfused: Mapping[str, float], bound
             r["memory_unfused_s"], r["memory_left_s"] = 0.0, r["fused_s"]
             left += r["fused_s"]
             continue
-        mine = {k for k in kernels if bound.get(k) != MEMORY_BOUND}
+        mine = {k for k in kernels if bound.get(k) != MEMORY_BOUND or k in contractions}
         if len(kernels) > 1:
             mine |= set(r.get("anchor_kernels", []))
         anchors |= mine
@@ -218,7 +223,7 @@ def memory_bound_removed(rows: list[dict], t_unfused: Mapping[str, float], bound
             left += r["memory_left_s"]
         else:
             r["memory_unfused_s"] = r["memory_left_s"] = None
-    memory = [k for k in t_unfused if bound.get(k) == MEMORY_BOUND and k not in anchors]
+    memory = [k for k in t_unfused if bound.get(k) == MEMORY_BOUND and k not in anchors and k not in contractions]
     total = sum(t_unfused[k] for k in memory)
     return {"unfused_s": total, "left_s": left, "removed": 1.0 - left / total if total > 0 else None,
             "uncounted_s": sum(t_unfused[k] for k in memory if k not in counted), "kernels": len(memory),

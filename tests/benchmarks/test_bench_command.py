@@ -207,6 +207,8 @@ def test_memory_bound_removed_charges_each_group_its_time_beyond_its_anchor():
     assert res["left_s"] == pytest.approx(7e-6) and copy[-1]["memory_left_s"] == 2e-6
     none = memory_bound_removed(rows[3:], {"fc": 5e-6}, {"fc": "compute"})
     assert none["removed"] is None and none["unfused_s"] == 0
+    gemv = memory_bound_removed(rows[3:], {"fc": 5e-6}, {"fc": "memory"}, contractions={"fc"})  # a classifier
+    assert gemv["removed"] is None and gemv["kernels"] == 0 and rows[3]["memory_left_s"] is None
 
 
 def test_group_check_counts_the_casts_a_float16_op_is_rewritten_with():
