@@ -167,7 +167,10 @@ def group_check(model, *, threads: int = 1, repeat: int = MEASURE_REPEAT, seed: 
                      "anchor_kernels": [k for k in counted if anchor is not None and anchor in unfused_nodes[k]]})
     _with_producers(rows, fused.plan.groups)
     cm = CostModel(get_profile(options.target))  # the roofline's verdict, no measured corrections
-    bound = {g.name: cm.group_cost(unfused.graph, g).bound for g in unfused.plan.groups}
+    # Data movement (Concat, Split, Transpose...) moves bytes and computes nothing, whatever the roofline
+    # says of a kernel it prices as zero-copy (the unfused build's Concat copies).
+    bound = {g.name: MEMORY_BOUND if all(get_spec(n.op_type, n).category == Category.INJECTIVE for n in g.nodes)
+             else cm.group_cost(unfused.graph, g).bound for g in unfused.plan.groups}
     contractions = {g.name for g in unfused.plan.groups
                     if any(get_spec(n.op_type, n).category == Category.OUT_ELEMWISE_FUSABLE for n in g.nodes)}
     return {"groups": rows, "fused_s": sum(r["fused_s"] for r in rows), "unfused_s": sum(r["unfused_s"] for r in rows),
@@ -181,8 +184,9 @@ def memory_bound_removed(rows: list[dict], t_unfused: Mapping[str, float], bound
     """How much of the time the unfused build spends in memory-bound kernels the fused build removes.
 
     An unfused kernel is memory-bound when the cost model's roofline says so for its group
-    (``bound``: ``"memory"`` or ``"compute"``): elementwise ops, pools, normalisations, reorders, and
-    convolutions whose bytes outweigh their FLOPs (small or depthwise ones). A fused group's *anchor
+    (``bound``: ``"memory"`` or ``"compute"``; ``group_check`` calls data movement memory-bound
+    always): elementwise ops, pools, normalisations, reorders, and convolutions whose bytes outweigh
+    their FLOPs (small or depthwise ones). A fused group's *anchor
     kernels* are the unfused kernels of the op its loop is built around (a row's ``anchor_kernels``,
     when it stands for more than one kernel), its compute-bound kernels and its ``contractions``
     (Conv, MatMul, Gemm: a classifier's GEMV is memory-bound too): the work fusion keeps.

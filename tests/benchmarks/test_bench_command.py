@@ -211,6 +211,19 @@ def test_memory_bound_removed_charges_each_group_its_time_beyond_its_anchor():
     assert gemv["removed"] is None and gemv["kernels"] == 0 and rows[3]["memory_left_s"] is None
 
 
+def test_group_check_calls_data_movement_memory_bound():
+    """An unfused Concat copies its inputs but the roofline prices it as zero-copy (no bytes, no FLOPs:
+    "compute"); ``group_check`` calls every data-movement kernel memory-bound."""
+    from opfuse.measure import group_check
+    from opfuse.ops import GraphBuilder
+    b = GraphBuilder("cat")
+    x, y = b.input("x", (1, 8, 16, 16)), b.input("y", (1, 8, 16, 16))
+    z = b.op("Concat", b.op("Relu", x, name="rx"), b.op("Relu", y, name="ry"), name="cat", axis=1)
+    res = group_check(b.build(b.op("Sigmoid", z, name="sig")), repeat=1)
+    kernels = res["memory_bound"]["unfused_kernels"]
+    assert kernels["cat"]["bound"] == "memory" and kernels["rx"]["bound"] == "memory"
+
+
 def test_group_check_counts_the_casts_a_float16_op_is_rewritten_with():
     """float32_compute's Casts have no original op: their unfused kernels still count for the fused
     group that holds them, so a float16 chain is set against all 7 unfused kernels, not 3."""
