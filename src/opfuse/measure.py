@@ -98,11 +98,16 @@ def measure_before(comp: Compilation, *, repeat: int = MEASURE_REPEAT, threads: 
 GROUP_SLOWER_TOLERANCE = 0.05
 
 
-def interleaved_kernel_medians(natives: Sequence, feeds, repeat: int, warmup: int = MEASURE_WARMUP) -> list[dict]:
+def interleaved_kernel_medians(natives: Sequence, feeds, repeat: int, warmup: int = MEASURE_WARMUP,
+                               samples: list[dict[str, list[float]]] | None = None) -> list[dict]:
     """Per build (each built with kernel timers), the median over ``repeat`` runs of each group's
-    time in one run (seconds); the builds run in turn, A B A B ..., so a change of load hits all."""
+    time in one run (seconds); the builds run in turn, A B A B ..., so a change of load hits all.
+    ``samples``, when given (an empty list), receives per build each group's ``repeat`` times in
+    round order (round ``r`` of one build ran next to round ``r`` of the others)."""
     from statistics import median
-    samples: list[dict[str, list[float]]] = [{} for _ in natives]
+    if samples is None:
+        samples = []
+    samples[:] = [{} for _ in natives]
     for r in range(warmup + repeat):
         for native, per in zip(natives, samples, strict=True):
             rows = native.profile(feeds, repeat=1)
@@ -146,7 +151,8 @@ def group_check(model, *, threads: int = 1, repeat: int = MEASURE_REPEAT, seed: 
     timed = CodegenOptions(profile=True, profile_clock=clock)
     natives = [build_native(c, threads=threads, codegen_options=timed) for c in (fused, unfused)]
     feeds = random_inputs(fused.original, seed)
-    t_fused, t_unfused = interleaved_kernel_medians(natives, feeds, repeat)
+    runs: list[dict[str, list[float]]] = []
+    t_fused, t_unfused = interleaved_kernel_medians(natives, feeds, repeat, samples=runs)
     # An unfused kernel counts for a fused group when it is one of the group's original ops, or when
     # all its nodes are in the group (the nodes rewrites add, a float16 op's Casts, have no origin).
     fused_nodes = {g.name: {n.name for n in g.nodes} for g in fused.plan.groups}
@@ -176,11 +182,11 @@ def group_check(model, *, threads: int = 1, repeat: int = MEASURE_REPEAT, seed: 
     return {"groups": rows, "fused_s": sum(r["fused_s"] for r in rows), "unfused_s": sum(r["unfused_s"] for r in rows),
             "slower": [r["group"] for r in rows if r["slower"]], "moved": [r["group"] for r in rows if r["moved"]],
             "tolerance": GROUP_SLOWER_TOLERANCE, "repeat": repeat, "threads": threads, "clock": clock,
-            "memory_bound": memory_bound_removed(rows, t_unfused, bound, contractions)}
+            "memory_bound": memory_bound_removed(rows, t_unfused, bound, contractions, runs=runs)}
 
 
 def memory_bound_removed(rows: list[dict], t_unfused: Mapping[str, float], bound: Mapping[str, str | None],
-                         contractions: Collection[str] = ()) -> dict:
+                         contractions: Collection[str] = (), runs: Sequence[Mapping[str, list[float]]] = ()) -> dict:
     """How much of the time the unfused build spends in memory-bound kernels the fused build removes.
 
     An unfused kernel is memory-bound when the cost model's roofline says so for its group
@@ -196,7 +202,11 @@ def memory_bound_removed(rows: list[dict], t_unfused: Mapping[str, float], bound
       no fusion removes it, so it is on neither side);
     * ``left_s``: what the fused build still spends on that work: for each fused group that stands
       for a memory-bound kernel, its measured time less its anchor kernels' unfused time, at least 0
-      (a Conv's epilogue costs what the fused kernel takes beyond the Conv alone). A memory-bound
+      (a Conv's epilogue costs what the fused kernel takes beyond the Conv alone). With ``runs`` (the
+      per-round times of both builds, ``interleaved_kernel_medians``), that difference is the median
+      over rounds of the fused group's time less its anchors' in the same round: a 2.4 ms Conv
+      varies by a few percent from run to run on a shared machine, more than its epilogue costs, and
+      the paired difference cancels what both builds' kernels met in that round. A memory-bound
       kernel left standalone counts in full; one with no fused kernel at all (a Reshape become a
       view, a BatchNorm folded into weights) counts 0; a fused kernel that stands for no unfused
       kernel (a copy where the unfused build had views) counts in full;
@@ -206,6 +216,7 @@ def memory_bound_removed(rows: list[dict], t_unfused: Mapping[str, float], bound
     Per row, ``memory_unfused_s`` and ``memory_left_s`` (``None`` when it stands for no memory-bound
     kernel) are added; ``uncounted_s``: the memory-bound unfused kernels in no row;
     ``unfused_kernels``: every unfused kernel's median seconds (``s``) and ``bound``."""
+    from statistics import median
     counted: set[str] = set()
     anchors: set[str] = set()
     left = 0.0
@@ -223,7 +234,11 @@ def memory_bound_removed(rows: list[dict], t_unfused: Mapping[str, float], bound
         mem = sum(t_unfused[k] for k in kernels if k not in mine)
         if mem > 0:
             r["memory_unfused_s"] = mem
-            r["memory_left_s"] = max(r["fused_s"] - sum(t_unfused[k] for k in mine), 0.0)
+            over = r["fused_s"] - sum(t_unfused[k] for k in mine)
+            fused = runs[0].get(r["group"], []) if runs else []
+            if fused and all(len(runs[1].get(k, ())) == len(fused) for k in mine):
+                over = median(f - sum(runs[1][k][i] for k in mine) for i, f in enumerate(fused))
+            r["memory_left_s"] = max(over, 0.0)
             left += r["memory_left_s"]
         else:
             r["memory_unfused_s"] = r["memory_left_s"] = None

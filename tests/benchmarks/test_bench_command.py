@@ -205,6 +205,12 @@ def test_memory_bound_removed_charges_each_group_its_time_beyond_its_anchor():
     copy = [*rows, {"group": "split", "fused_s": 2e-6, "unfused_kernels": []}]  # views unfused, a copy fused
     res = memory_bound_removed(copy, t_unfused, bound)
     assert res["left_s"] == pytest.approx(7e-6) and copy[-1]["memory_left_s"] == 2e-6
+    # Paired by round: the conv ran 10, 14, 10 us unfused and its group 11, 15, 11 fused: 1 us over it in
+    # each round, where the medians (11 and 10) would say 1 too but (15 - 10) had the 14 fallen elsewhere.
+    runs = [{"conv": [11e-6, 15e-6, 11e-6]}, {"conv": [10e-6, 14e-6, 10e-6], "bn": [3e-6] * 3, "relu": [2e-6] * 3}]
+    paired = [dict(rows[0], fused_s=15e-6)]  # a fused median that met the slow round
+    memory_bound_removed(paired, t_unfused, bound, runs=runs)
+    assert paired[0]["memory_left_s"] == pytest.approx(1e-6)
     none = memory_bound_removed(rows[3:], {"fc": 5e-6}, {"fc": "compute"})
     assert none["removed"] is None and none["unfused_s"] == 0
     gemv = memory_bound_removed(rows[3:], {"fc": 5e-6}, {"fc": "memory"}, contractions={"fc"})  # a classifier
