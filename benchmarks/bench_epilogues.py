@@ -22,13 +22,19 @@ rounds, and medians are reported, of wall time and of the thread's CPU time (the
 one thread; on a shared machine the CPU time leaves out the waits for the core). Writes
 ``benchmarks/results/epilogues.json``.
 
+For the chain cases, a second table states the bound on fused/unfused, measured (``chain_bound``): the
+fused kernel's compute floor (the same kernel over data in cache), the memcpy and an in-place stream of
+the chain's bytes, and the unfused time; the fused kernel cannot beat the larger of its compute floor
+and its stream (memcpy when it writes a fresh graph output, the in-place stream when it stores over an
+input that dies, as inside a model).
+
 ``--op-counts`` counts, instead of timing, the vector instructions of each op's one-op kernel
 loop (``objdump``; less what an Add's loop has beyond its one add): what
 ``opfuse.ops.elementwise.OPS_PER_ELEMENT`` holds, unaffected by the machine's load.
 
 ``--op-costs`` also measures what each elementwise op costs per element as the C backend
 emits it: a one-op kernel over ``OP_COST_ELEMENTS`` floats (in cache, so compute-bound) run
-``OP_COST_CALLS`` times from C, best of ``OP_COST_TRIALS``; printed as ns per element and as
+``OP_COST_CALLS`` times from C, best of ``OP_COST_TRIALS`` (thread CPU time); printed as ns per element and as
 *operations per element*, ns x the host profile's float32 peak (what the cost model's
 ``flops_per_element`` means: the op then costs ``elements x ops / peak`` seconds).
 """
@@ -86,11 +92,11 @@ def conv_graph(act: str) -> Graph:
     return b.build(y)
 
 
-def chain_graph() -> Graph:
+def chain_graph(elements: int = CHAIN_ELEMENTS) -> Graph:
     """x*0.5 + 0.25 -> Relu -> - 1 -> Sigmoid -> *x -> Clip(-2, 2) -> + 0.125: each op reads the
     previous result (and once ``x`` again), so the unfused build streams 16M floats eight times."""
     b = GraphBuilder("chain8")
-    x = b.input("x", (CHAIN_ELEMENTS,))
+    x = b.input("x", (elements,))
 
     def c(name: str, v: float):
         return b.const(name, np.float32(v))
@@ -107,12 +113,12 @@ def chain_graph() -> Graph:
     return g
 
 
-def arith_chain_graph() -> Graph:
+def arith_chain_graph(elements: int = CHAIN_ELEMENTS) -> Graph:
     """``chain8`` with its Sigmoid swapped for LeakyRelu and its last Add for HardSwish: no
     transcendental op, so the fused kernel can stream at memory speed (exp alone costs about
     0.5 ns per element here, more than a 16M-float copy's 0.35 ns)."""
     b = GraphBuilder("chain8_arith")
-    x = b.input("x", (CHAIN_ELEMENTS,))
+    x = b.input("x", (elements,))
 
     def c(name: str, v: float):
         return b.const(name, np.float32(v))
@@ -201,9 +207,9 @@ double opfuse_bench_seconds_per_call(void* const* ins, void* const* outs, char* 
   double best = 1e30;
   for (int t = 0; t < trials; ++t) {
     struct timespec a, b;
-    clock_gettime(CLOCK_MONOTONIC, &a);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
     for (long c = 0; c < calls; ++c) opfuse_run(ins, outs, arena, 0, scratch, 1);
-    clock_gettime(CLOCK_MONOTONIC, &b);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
     const double s = ((double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec)) / (double)calls;
     best = s < best ? s : best;
   }
@@ -214,15 +220,21 @@ double opfuse_bench_seconds_per_call(void* const* ins, void* const* outs, char* 
 
 def op_cost(op: str, attrs: dict, tc, workdir: Path) -> float:
     """Seconds per element of ``op`` alone (``Add`` as ``x + x``), timed in C (see ``--op-costs``)."""
+    b = GraphBuilder(f"cost_{op.lower()}")
+    x = b.input("x", (OP_COST_ELEMENTS,))
+    g = b.build(b.op(op, x, x) if op == "Add" else b.op(op, x, **attrs))
+    name = f"{op}{'_' + attrs['approximate'] if attrs else ''}"
+    return kernel_cost(g, FusionPlan.unfused(g), name, tc, workdir, positive=op in ("Log", "Sqrt"))
+
+
+def kernel_cost(g: Graph, plan: FusionPlan, name: str, tc, workdir: Path, *, positive: bool = False) -> float:
+    """Seconds per element of ``g`` (one float input and output of ``OP_COST_ELEMENTS``, in cache) built
+    with ``plan``, called ``OP_COST_CALLS`` times from C, best of ``OP_COST_TRIALS``."""
     import ctypes
     import subprocess
 
     from opfuse.codegen import generate
-    b = GraphBuilder(f"cost_{op.lower()}")
-    x = b.input("x", (OP_COST_ELEMENTS,))
-    g = b.build(b.op(op, x, x) if op == "Add" else b.op(op, x, **attrs))
-    prog = generate(g, FusionPlan.unfused(g))
-    name = f"{op}{'_' + attrs['approximate'] if attrs else ''}"
+    prog = generate(g, plan)
     src = workdir / f"{name}.c"
     src.write_text("#define _POSIX_C_SOURCE 199309L\n" + prog.source + _TIMER_C)
     lib = workdir / f"{name}.so"
@@ -232,7 +244,7 @@ def op_cost(op: str, attrs: dict, tc, workdir: Path) -> float:
     fn.restype = ctypes.c_double
     fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
     xs = (np.random.default_rng(0).standard_normal(OP_COST_ELEMENTS) * 3).astype(np.float32)
-    if op in ("Log", "Sqrt"):
+    if positive:
         xs = np.abs(xs) + np.float32(0.1)
     ys = np.empty_like(xs)
     arena = np.zeros(max(prog.arena_bytes, 64), np.uint8)
@@ -314,6 +326,39 @@ def op_costs() -> list[dict]:
     return rows
 
 
+def chain_bound(case: str, row: dict, inplace_copy_s: float) -> dict:
+    """What limits a chain case's fused kernel, measured: its compute floor (the same fused kernel over
+    ``OP_COST_ELEMENTS`` floats, in cache, so no memory traffic counts; per element times the chain's
+    elements), the memcpy of the run (a fresh destination: what a kernel writing a graph output moves)
+    and an in-place stream (``x = x * 0.5`` over 64 MiB: what a kernel storing over an input that dies
+    moves). The fused kernel takes at least the larger of its compute floor and its stream, so
+    fused/unfused is bounded below by that over the unfused time."""
+    import tempfile
+
+    from opfuse.runtime.toolchain import Toolchain
+    graphs = {"chain8": chain_graph, "chain8_arith": arith_chain_graph}
+    g = plan_model(graphs[case](OP_COST_ELEMENTS), CompileOptions(planner="rules"))
+    with tempfile.TemporaryDirectory(prefix="opfuse-bound-") as d:
+        per_element = kernel_cost(g.graph, g.plan, case, Toolchain.detect(openmp=False), Path(d))
+    compute_s = per_element * CHAIN_ELEMENTS
+    scale = CHAIN_ELEMENTS * 4 / COPY_BYTES  # the chain's bytes over the yardsticks' (1 as set)
+    copy_s = 2 * COPY_BYTES / (row["memcpy_cpu_gbs"] * 1e9) * scale
+    stream_s = inplace_copy_s * scale
+    unfused_s = row["unfused"]["cpu_median_ms"] / 1e3
+    return {"compute_floor_ms": compute_s * 1e3, "copy_ms": copy_s * 1e3, "inplace_stream_ms": stream_s * 1e3,
+            "unfused_ms": unfused_s * 1e3, "best_fused_over_unfused": max(compute_s, copy_s) / unfused_s,
+            "best_inplace_fused_over_unfused": max(compute_s, stream_s) / unfused_s}
+
+
+def bound_table(bounds: dict[str, dict]) -> str:
+    lines = [f"{'case':13s} {'compute floor':>13s} {'memcpy':>7s} {'in place':>8s} {'unfused':>8s} "
+             f"{'best f/u':>8s} {'in place':>8s}   (ms, CPU time; best f/u = max(floor, stream) / unfused)"]
+    lines += [f"{k:13s} {b['compute_floor_ms']:13.2f} {b['copy_ms']:7.2f} {b['inplace_stream_ms']:8.2f} "
+              f"{b['unfused_ms']:8.2f} {b['best_fused_over_unfused']:8.2f} {b['best_inplace_fused_over_unfused']:8.2f}"
+              for k, b in bounds.items()]
+    return "\n".join(lines)
+
+
 def op_cost_table(rows: list[dict]) -> str:
     lines = [f"{'op':16s} {'ns/elem':>8s} {'ops/elem':>9s}   (ops = ns x {rows[0]['peak_flops'] / 1e9:.1f} GFLOP/s)"]
     lines += [f"{r['op']:16s} {r['ns_per_element']:8.3f} {r['ops_per_element']:9.1f}" for r in rows]
@@ -361,6 +406,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     def copy() -> None:
         np.copyto(dst, src)
+
+    def inplace() -> None:
+        np.multiply(dst, np.float32(0.5), out=dst)
     rows = []
     for case in args.cases:
         chains = {"chain8": chain_graph, "chain8_arith": arith_chain_graph}
@@ -375,10 +423,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
             "arith_chain_ops": ARITH_CHAIN_OPS,
             "chain_elements": CHAIN_ELEMENTS, "copy_bytes": COPY_BYTES}
     result: dict = {"meta": meta, "cases": rows}
+    chains = [r for r in rows if r["case"] in ("chain8", "chain8_arith")]
+    if chains:  # the in-place stream timed as the memcpy is, in CPU time
+        _, c = time_interleaved({"inplace": inplace}, args.repeat, args.warmup)
+        result["bounds"] = {r["case"]: chain_bound(r["case"], r, c["inplace"]) for r in chains}
     if args.op_costs:
         result["op_costs"] = op_costs()
     args.out.write_text(json.dumps(result, indent=1, sort_keys=True))
     print(table(rows))
+    if result.get("bounds"):
+        print()
+        print(bound_table(result["bounds"]))
     if args.op_costs:
         print()
         print(op_cost_table(result["op_costs"]))

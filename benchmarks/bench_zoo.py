@@ -105,12 +105,16 @@ def groups_markdown(results: list[dict]) -> str:
         slow = [g for g in check["groups"] if g["slower"]]
         text = ", ".join(f"{g['group']} ({'+'.join(g['ops'])}) {g['fused_s'] * 1e6:.1f} vs "
                          f"{g['unfused_s'] * 1e6:.1f} us" for g in slow) or "none"
+        mem = check.get("memory_bound") or {}
+        removed = (f"{mem['unfused_s'] * 1e3:.3f} | {mem['left_s'] * 1e3:.3f} | {mem['removed']:.0%}"
+                   if mem.get("removed") is not None else "- | - | -")
         lines.append(f"| {res['graph']} | {res['threads']} | {check['fused_s'] * 1e3:.3f} | "
-                     f"{check['unfused_s'] * 1e3:.3f} | {text} |")
+                     f"{check['unfused_s'] * 1e3:.3f} | {removed} | {text} |")
     if not lines:
         return ""
-    return "\n".join(["| model | threads | fused groups ms | their ops unfused ms | fusion slower (> 5%) in |",
-                      "|---|---:|---:|---:|---|", *lines]) + "\n"
+    return "\n".join(["| model | threads | fused groups ms | their ops unfused ms | memory-bound unfused ms "
+                      "| left fused ms | memory-bound removed | fusion slower (> 5%) in |",
+                      "|---|---:|---:|---:|---:|---:|---:|---|", *lines]) + "\n"
 
 
 def report(results: list[dict]) -> str:
@@ -139,7 +143,10 @@ def report(results: list[dict]) -> str:
     groups = groups_markdown(results)
     if groups:
         parts += ["Per-group check (kernel timers, medians; each fused group against the sum of its original ops' "
-                  "unfused kernels):", "", groups]
+                  "unfused kernels). Memory-bound: the unfused kernels the cost model's roofline calls memory-bound "
+                  "(elementwise, pools, normalisations, reorders); left fused: the memory-bound kernels left "
+                  "standalone plus each fused group's time beyond its compute-bound kernels' unfused time "
+                  "(`opfuse.measure.memory_bound_removed`); removed: 1 - left / unfused.", "", groups]
     if skipped:
         parts += ["Skipped: " + "; ".join(skipped) + ".", ""]
     parts += [("Outputs disagree (max abs error above 1e-3 x max(1, |output|)): " + ", ".join(disagree) + ".")

@@ -616,13 +616,19 @@ def _group_table(check: dict):
              f"fused {check['fused_s'] * 1e3:.3f} ms, its ops unfused {check['unfused_s'] * 1e3:.3f} ms; "
              f"fusion slower (by > "
              f"{check['tolerance']:.0%}) in {n} group{'' if n == 1 else 's'}")
+    mem = check.get("memory_bound")
+    if mem and mem["removed"] is not None:
+        title += (f"; memory-bound kernels: {mem['unfused_s'] * 1e3:.3f} ms unfused, {mem['left_s'] * 1e3:.3f} ms "
+                  f"left fused, {mem['removed']:.0%} removed")
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
-    for col in ("group", "ops", "fused us", "unfused us", "fused / unfused", ""):
+    for col in ("group", "ops", "fused us", "unfused us", "fused / unfused", "mem. us", "left us", ""):
         table.add_column(col, justify="left" if col in ("group", "ops", "") else "right", no_wrap=True)
     for r in check["groups"]:
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
-        table.add_row(r["group"], "+".join(r["ops"])[:40], f"{r['fused_s'] * 1e6:.2f}", f"{r['unfused_s'] * 1e6:.2f}",
-                      ratio, "SLOWER" if r["slower"] else _moved_note(r.get("moved")))
+        mu, ml = r.get("memory_unfused_s"), r.get("memory_left_s")
+        table.add_row(r["group"], "+".join(r["ops"])[:32], f"{r['fused_s'] * 1e6:.2f}", f"{r['unfused_s'] * 1e6:.2f}",
+                      ratio, "-" if mu is None else f"{mu * 1e6:.2f}", "-" if ml is None else f"{ml * 1e6:.2f}",
+                      "SLOWER" if r["slower"] else _moved_note(r.get("moved")))
     return table
 
 

@@ -13,9 +13,11 @@ import os
 import subprocess
 import sys
 import time
-from typing import Sequence
+from typing import Collection, Mapping, Sequence
 
 from opfuse.compiler import CompileOptions, Compilation, build_native, plan_model
+from opfuse.cost.roofline import MEMORY_BOUND
+from opfuse.ops.registry import Category, get_spec
 from opfuse.errors import OpfuseError
 
 MEASURE_REPEAT = 20  # timed runs per measurement (medians are reported: the machine is shared)
@@ -96,11 +98,16 @@ def measure_before(comp: Compilation, *, repeat: int = MEASURE_REPEAT, threads: 
 GROUP_SLOWER_TOLERANCE = 0.05
 
 
-def interleaved_kernel_medians(natives: Sequence, feeds, repeat: int, warmup: int = MEASURE_WARMUP) -> list[dict]:
+def interleaved_kernel_medians(natives: Sequence, feeds, repeat: int, warmup: int = MEASURE_WARMUP,
+                               samples: list[dict[str, list[float]]] | None = None) -> list[dict]:
     """Per build (each built with kernel timers), the median over ``repeat`` runs of each group's
-    time in one run (seconds); the builds run in turn, A B A B ..., so a change of load hits all."""
+    time in one run (seconds); the builds run in turn, A B A B ..., so a change of load hits all.
+    ``samples``, when given (an empty list), receives per build each group's ``repeat`` times in
+    round order (round ``r`` of one build ran next to round ``r`` of the others)."""
     from statistics import median
-    samples: list[dict[str, list[float]]] = [{} for _ in natives]
+    if samples is None:
+        samples = []
+    samples[:] = [{} for _ in natives]
     for r in range(warmup + repeat):
         for native, per in zip(natives, samples, strict=True):
             rows = native.profile(feeds, repeat=1)
@@ -123,10 +130,14 @@ def group_check(model, *, threads: int = 1, repeat: int = MEASURE_REPEAT, seed: 
     "slower", "moved"}...], "fused_s", "unfused_s", "slower": [names], "moved": [names], "tolerance",
     "clock"}``; ``slower`` when the group fuses (stands for more than one original op) and ``fused_s >
     unfused_s * (1 + GROUP_SLOWER_TOLERANCE)``, unless the time only moved to it from the groups that
-    produce its inputs (``moved``, ``_with_producers``). Host target only."""
+    produce its inputs (``moved``, ``_with_producers``); ``"memory_bound"``: the share of the unfused
+    build's memory-bound kernel time that the fused build removes (``memory_bound_removed``). Host
+    target only."""
     from dataclasses import replace
     from opfuse.codegen.options import CodegenOptions
+    from opfuse.cost.model import CostModel
     from opfuse.runtime.reference import random_inputs
+    from opfuse.targets import get_profile
     if repeat < 1:
         raise OpfuseError(f"repeat must be at least 1, got {repeat}")
     options = options or CompileOptions()
@@ -140,11 +151,13 @@ def group_check(model, *, threads: int = 1, repeat: int = MEASURE_REPEAT, seed: 
     timed = CodegenOptions(profile=True, profile_clock=clock)
     natives = [build_native(c, threads=threads, codegen_options=timed) for c in (fused, unfused)]
     feeds = random_inputs(fused.original, seed)
-    t_fused, t_unfused = interleaved_kernel_medians(natives, feeds, repeat)
+    runs: list[dict[str, list[float]]] = []
+    t_fused, t_unfused = interleaved_kernel_medians(natives, feeds, repeat, samples=runs)
     # An unfused kernel counts for a fused group when it is one of the group's original ops, or when
     # all its nodes are in the group (the nodes rewrites add, a float16 op's Casts, have no origin).
     fused_nodes = {g.name: {n.name for n in g.nodes} for g in fused.plan.groups}
     unfused_nodes = {g.name: {n.name for n in g.nodes} for g in unfused.plan.groups}
+    anchor_of = {g.name: g.anchor.name for g in fused.plan.groups if g.anchor is not None}
     rows = []
     for g in fused.report.get("groups", []):
         if g["name"] not in t_fused:
@@ -153,13 +166,87 @@ def group_check(model, *, threads: int = 1, repeat: int = MEASURE_REPEAT, seed: 
         counted = sorted({o for o in g.get("origin", []) if o in t_unfused}
                          | {u for u, ns in unfused_nodes.items() if ns and ns <= mine and u in t_unfused})
         f, u = t_fused[g["name"]], sum(t_unfused[k] for k in counted)
+        anchor = anchor_of.get(g["name"])
         rows.append({"group": g["name"], "ops": g.get("ops", []), "origin": g.get("origin", []), "fused_s": f,
                      "unfused_s": u, "unfused_kernels": counted, "ratio": f / u if u > 0 else None,
-                     "slower": len(counted) > 1 and f > u * (1 + GROUP_SLOWER_TOLERANCE), "moved": None})
+                     "slower": len(counted) > 1 and f > u * (1 + GROUP_SLOWER_TOLERANCE), "moved": None,
+                     "anchor_kernels": [k for k in counted if anchor is not None and anchor in unfused_nodes[k]]})
     _with_producers(rows, fused.plan.groups)
+    cm = CostModel(get_profile(options.target))  # the roofline's verdict, no measured corrections
+    # Data movement (Concat, Split, Transpose...) moves bytes and computes nothing, whatever the roofline
+    # says of a kernel it prices as zero-copy (the unfused build's Concat copies).
+    bound = {g.name: MEMORY_BOUND if all(get_spec(n.op_type, n).category == Category.INJECTIVE for n in g.nodes)
+             else cm.group_cost(unfused.graph, g).bound for g in unfused.plan.groups}
+    contractions = {g.name for g in unfused.plan.groups
+                    if any(get_spec(n.op_type, n).category == Category.OUT_ELEMWISE_FUSABLE for n in g.nodes)}
     return {"groups": rows, "fused_s": sum(r["fused_s"] for r in rows), "unfused_s": sum(r["unfused_s"] for r in rows),
             "slower": [r["group"] for r in rows if r["slower"]], "moved": [r["group"] for r in rows if r["moved"]],
-            "tolerance": GROUP_SLOWER_TOLERANCE, "repeat": repeat, "threads": threads, "clock": clock}
+            "tolerance": GROUP_SLOWER_TOLERANCE, "repeat": repeat, "threads": threads, "clock": clock,
+            "memory_bound": memory_bound_removed(rows, t_unfused, bound, contractions, runs=runs)}
+
+
+def memory_bound_removed(rows: list[dict], t_unfused: Mapping[str, float], bound: Mapping[str, str | None],
+                         contractions: Collection[str] = (), runs: Sequence[Mapping[str, list[float]]] = ()) -> dict:
+    """How much of the time the unfused build spends in memory-bound kernels the fused build removes.
+
+    An unfused kernel is memory-bound when the cost model's roofline says so for its group
+    (``bound``: ``"memory"`` or ``"compute"``; ``group_check`` calls data movement memory-bound
+    always): elementwise ops, pools, normalisations, reorders, and convolutions whose bytes outweigh
+    their FLOPs (small or depthwise ones). A fused group's *anchor
+    kernels* are the unfused kernels of the op its loop is built around (a row's ``anchor_kernels``,
+    when it stands for more than one kernel), its compute-bound kernels and its ``contractions``
+    (Conv, MatMul, Gemm: a classifier's GEMV is memory-bound too): the work fusion keeps.
+
+    * ``unfused_s``: the medians of the memory-bound unfused kernels summed, anchors and contractions
+      left out (a depthwise convolution that the roofline calls memory-bound still runs when fused:
+      no fusion removes it, so it is on neither side);
+    * ``left_s``: what the fused build still spends on that work: for each fused group that stands
+      for a memory-bound kernel, its measured time less its anchor kernels' unfused time, at least 0
+      (a Conv's epilogue costs what the fused kernel takes beyond the Conv alone). With ``runs`` (the
+      per-round times of both builds, ``interleaved_kernel_medians``), that difference is the median
+      over rounds of the fused group's time less its anchors' in the same round: a 2.4 ms Conv
+      varies by a few percent from run to run on a shared machine, more than its epilogue costs, and
+      the paired difference cancels what both builds' kernels met in that round. A memory-bound
+      kernel left standalone counts in full; one with no fused kernel at all (a Reshape become a
+      view, a BatchNorm folded into weights) counts 0; a fused kernel that stands for no unfused
+      kernel (a copy where the unfused build had views) counts in full;
+    * ``removed``: ``1 - left_s / unfused_s`` (``None`` with no memory-bound kernel). Negative when
+      fusion made the memory-bound work slower.
+
+    Per row, ``memory_unfused_s`` and ``memory_left_s`` (``None`` when it stands for no memory-bound
+    kernel) are added; ``uncounted_s``: the memory-bound unfused kernels in no row;
+    ``unfused_kernels``: every unfused kernel's median seconds (``s``) and ``bound``."""
+    from statistics import median
+    counted: set[str] = set()
+    anchors: set[str] = set()
+    left = 0.0
+    for r in rows:
+        kernels = r.get("unfused_kernels", [])
+        counted.update(kernels)
+        if not kernels:  # work the unfused build does not do (a copy where it had views): all left
+            r["memory_unfused_s"], r["memory_left_s"] = 0.0, r["fused_s"]
+            left += r["fused_s"]
+            continue
+        mine = {k for k in kernels if bound.get(k) != MEMORY_BOUND or k in contractions}
+        if len(kernels) > 1:
+            mine |= set(r.get("anchor_kernels", []))
+        anchors |= mine
+        mem = sum(t_unfused[k] for k in kernels if k not in mine)
+        if mem > 0:
+            r["memory_unfused_s"] = mem
+            over = r["fused_s"] - sum(t_unfused[k] for k in mine)
+            fused = runs[0].get(r["group"], []) if runs else []
+            if fused and all(len(runs[1].get(k, ())) == len(fused) for k in mine):
+                over = median(f - sum(runs[1][k][i] for k in mine) for i, f in enumerate(fused))
+            r["memory_left_s"] = max(over, 0.0)
+            left += r["memory_left_s"]
+        else:
+            r["memory_unfused_s"] = r["memory_left_s"] = None
+    memory = [k for k in t_unfused if bound.get(k) == MEMORY_BOUND and k not in anchors and k not in contractions]
+    total = sum(t_unfused[k] for k in memory)
+    return {"unfused_s": total, "left_s": left, "removed": 1.0 - left / total if total > 0 else None,
+            "uncounted_s": sum(t_unfused[k] for k in memory if k not in counted), "kernels": len(memory),
+            "unfused_kernels": {k: {"s": t, "bound": bound.get(k)} for k, t in t_unfused.items()}}
 
 
 def _with_producers(rows: list[dict], groups) -> None:

@@ -145,8 +145,14 @@ def test_make_bench_lists_the_groups_fusion_made_slower(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     md = (tmp_path / "bench.md").read_text()
-    assert "| a | 1 | 0.003 | 0.004 | g2 (Relu+GlobalAveragePool) 2.0 vs 1.0 us |" in md
+    assert "| a | 1 | 0.003 | 0.004 | - | - | - | g2 (Relu+GlobalAveragePool) 2.0 vs 1.0 us |" in md
     assert "g1 (" not in md
+    res["group_check"]["memory_bound"] = {"unfused_s": 4e-6, "left_s": 1e-6, "removed": 0.75}
+    (tmp_path / "bench_a_t1.json").write_text(json.dumps(res))
+    r = subprocess.run([sys.executable, str(script), "a", "--threads", "1", "--results", str(tmp_path), "--table-only"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "| a | 1 | 0.003 | 0.004 | 0.004 | 0.001 | 75% | g2 (" in (tmp_path / "bench.md").read_text()
 
 
 def test_group_check_sets_each_fused_group_against_its_ops_unfused():
@@ -165,8 +171,63 @@ def test_group_check_sets_each_fused_group_against_its_ops_unfused():
         assert r["ratio"] == pytest.approx(r["fused_s"] / r["unfused_s"])
     assert res["slower"] == [r["group"] for r in rows if r["slower"]]
     assert res["fused_s"] == pytest.approx(sum(r["fused_s"] for r in rows))
+    mem = res["memory_bound"]  # ds_cnn's BatchNorm and Relu kernels are memory-bound unfused
+    assert mem["kernels"] > 0 and mem["unfused_s"] > 0
+    assert all(r["anchor_kernels"] == [r["group"]] for r in fused)  # the Conv's own kernel
+    assert mem["left_s"] == pytest.approx(sum(r["memory_left_s"] or 0.0 for r in rows))
+    assert mem["removed"] == pytest.approx(1 - mem["left_s"] / mem["unfused_s"])
     with pytest.raises(OpfuseError, match="repeat"):
         group_check("zoo:ds_cnn", repeat=0)
+
+
+def test_memory_bound_removed_charges_each_group_its_time_beyond_its_anchor():
+    from opfuse.measure import memory_bound_removed
+    t_unfused = {"conv": 10e-6, "bn": 3e-6, "relu": 2e-6, "dw": 6e-6, "dw_relu": 1e-6, "pool": 4e-6, "reshape": 1e-6,
+                 "fc": 5e-6}
+    bound = {"conv": "compute", "bn": "memory", "relu": "memory", "dw": "memory", "dw_relu": "memory",
+             "pool": "memory", "reshape": "memory", "fc": "compute"}
+    rows = [{"group": "conv", "fused_s": 11e-6, "unfused_kernels": ["conv", "bn", "relu"]},  # 1 us over the conv
+            # a memory-bound anchor: it runs fused too, so it is on neither side
+            {"group": "dw", "fused_s": 6.5e-6, "unfused_kernels": ["dw", "dw_relu"], "anchor_kernels": ["dw"]},
+            {"group": "pool", "fused_s": 4.5e-6, "unfused_kernels": ["pool"], "anchor_kernels": ["pool"]},  # alone
+            {"group": "fc", "fused_s": 5e-6, "unfused_kernels": ["fc"]}]  # compute only: not counted
+    res = memory_bound_removed(rows, t_unfused, bound)  # "reshape" became a view: no fused kernel
+    assert res["unfused_s"] == pytest.approx(11e-6) and res["kernels"] == 5  # bn relu dw_relu pool reshape
+    assert res["left_s"] == pytest.approx(6e-6) and res["removed"] == pytest.approx(5 / 11)
+    assert res["uncounted_s"] == pytest.approx(1e-6)
+    assert (rows[0]["memory_unfused_s"], rows[0]["memory_left_s"]) == pytest.approx((5e-6, 1e-6))
+    assert (rows[1]["memory_unfused_s"], rows[1]["memory_left_s"]) == pytest.approx((1e-6, 0.5e-6))
+    assert (rows[2]["memory_unfused_s"], rows[2]["memory_left_s"]) == pytest.approx((4e-6, 4.5e-6))
+    assert rows[3]["memory_unfused_s"] is None and rows[3]["memory_left_s"] is None
+    assert res["unfused_kernels"]["dw"] == {"s": 6e-6, "bound": "memory"}
+    rows[0]["fused_s"] = 9e-6  # the fused conv ran faster than the unfused one: nothing left, not less
+    assert memory_bound_removed(rows, t_unfused, bound)["left_s"] == pytest.approx(5e-6)
+    copy = [*rows, {"group": "split", "fused_s": 2e-6, "unfused_kernels": []}]  # views unfused, a copy fused
+    res = memory_bound_removed(copy, t_unfused, bound)
+    assert res["left_s"] == pytest.approx(7e-6) and copy[-1]["memory_left_s"] == 2e-6
+    # Paired by round: the conv ran 10, 14, 10 us unfused and its group 11, 15, 11 fused: 1 us over it in
+    # each round, where the medians (11 and 10) would say 1 too but (15 - 10) had the 14 fallen elsewhere.
+    runs = [{"conv": [11e-6, 15e-6, 11e-6]}, {"conv": [10e-6, 14e-6, 10e-6], "bn": [3e-6] * 3, "relu": [2e-6] * 3}]
+    paired = [dict(rows[0], fused_s=15e-6)]  # a fused median that met the slow round
+    memory_bound_removed(paired, t_unfused, bound, runs=runs)
+    assert paired[0]["memory_left_s"] == pytest.approx(1e-6)
+    none = memory_bound_removed(rows[3:], {"fc": 5e-6}, {"fc": "compute"})
+    assert none["removed"] is None and none["unfused_s"] == 0
+    gemv = memory_bound_removed(rows[3:], {"fc": 5e-6}, {"fc": "memory"}, contractions={"fc"})  # a classifier
+    assert gemv["removed"] is None and gemv["kernels"] == 0 and rows[3]["memory_left_s"] is None
+
+
+def test_group_check_calls_data_movement_memory_bound():
+    """An unfused Concat copies its inputs but the roofline prices it as zero-copy (no bytes, no FLOPs:
+    "compute"); ``group_check`` calls every data-movement kernel memory-bound."""
+    from opfuse.measure import group_check
+    from opfuse.ops import GraphBuilder
+    b = GraphBuilder("cat")
+    x, y = b.input("x", (1, 8, 16, 16)), b.input("y", (1, 8, 16, 16))
+    z = b.op("Concat", b.op("Relu", x, name="rx"), b.op("Relu", y, name="ry"), name="cat", axis=1)
+    res = group_check(b.build(b.op("Sigmoid", z, name="sig")), repeat=1)
+    kernels = res["memory_bound"]["unfused_kernels"]
+    assert kernels["cat"]["bound"] == "memory" and kernels["rx"]["bound"] == "memory"
 
 
 def test_group_check_counts_the_casts_a_float16_op_is_rewritten_with():
@@ -190,6 +251,7 @@ def test_bench_groups_flag_prints_the_per_group_table(capsys):
     out, _ = capsys.readouterr()
     assert code == 0
     assert "per group, kernel timers" in out and "fused / unfused" in out and "dw1" in out
+    assert "memory-bound kernels:" in out and "removed" in out
 
 
 def _row(name: str, f: float, u: float) -> dict:

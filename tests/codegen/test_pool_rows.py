@@ -119,3 +119,42 @@ def test_max_through_a_padded_copy(cache_dir, geometry):
     plain = build(g, plan, cache_dir=cache_dir, options=CodegenOptions(simd="none")).run(feeds)[g.outputs[0].name]
     np.testing.assert_array_equal(vec, want)
     np.testing.assert_array_equal(vec, plain)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["alone", "relu_mul"])
+@pytest.mark.parametrize("kernel,ceil", [((25, 5), 0), ((25, 5), 1), ((24, 5), 0)],
+                         ids=["whole", "whole_ceil", "ds_cnn"])
+def test_one_window_average_pool_is_a_mean_over_a_run(cache_dir, fused, ceil, kernel):
+    """ds_cnn's AveragePool 24x5 stride 24x5 over a 25x5 map: one window, the first 24 full rows, no
+    padding, so it is computed as GlobalAveragePool is (``pool.single_window_run``: one contiguous run
+    per plane, no padded copy of it), equal to the reference, NaN where the window holds one (and not
+    where only the row it leaves out does), the plain C99 path giving the same bits."""
+    from opfuse.codegen.pool import single_window_run
+    g, plan = _graph("AveragePool", (kernel, kernel, (0, 0, 0, 0), ceil, (25, 5)), prologue=fused, epilogue=fused)
+    assert single_window_run(g.node("pool")) == kernel[0] * kernel[1]
+    src = generate(g, plan).source
+    assert "xpad" not in src  # the window kernel's padded plane buffer
+    feeds = _input(g, nan=True)
+    feeds["x"][0, 0, -1, 0] = np.nan  # in the last row: outside the 24-row window
+    want = reference.run(g, feeds)
+    vec = build(g, plan, cache_dir=cache_dir).run(feeds)
+    plain = build(g, plan, cache_dir=cache_dir, options=CodegenOptions(simd="none")).run(feeds)
+    assert_close(vec, want)
+    name = g.outputs[0].name
+    np.testing.assert_array_equal(vec[name], plain[name])
+    assert np.isnan(vec[name]).any() and np.isnan(vec[name][0, 0]) == (kernel[0] == 25)
+
+
+@pytest.mark.parametrize("geometry", [((25, 5), (1, 1), (1, 0, 0, 0), 0, (25, 5)),  # padded
+                                      ((5, 5), (5, 5), (0, 0, 0, 0), 0, (10, 10)),  # four windows
+                                      ((24, 5), (1, 1), (0, 0, 0, 0), 0, (25, 5)),  # two windows
+                                      ((25, 4), (1, 4), (0, 0, 0, 0), 0, (25, 5)),  # not full rows
+                                      ((24, 5), (24, 5), (0, 0, 0, 0), 1, (25, 5))],  # ceil: a second window
+                         ids=["padded", "tiled", "two", "part_rows", "ceil_two"])
+def test_average_pool_over_part_of_the_plane_keeps_the_window_kernel(cache_dir, geometry):
+    from opfuse.codegen.pool import single_window_run
+    g, plan = _graph("AveragePool", geometry, prologue=False, epilogue=False, count_include_pad=0)
+    assert single_window_run(g.node("pool")) == 0
+    assert "xpad" in generate(g, plan).source
+    feeds = _input(g, nan=False)
+    assert_close(build(g, plan, cache_dir=cache_dir).run(feeds), reference.run(g, feeds))

@@ -133,9 +133,40 @@ def test_fma_macro_follows_simd_mode(simd):
     g = _activation_graph("Sigmoid", {}, 16)
     src = generate(g, FusionPlan.unfused(g), options=CodegenOptions(simd=simd)).source
     assert src.count(f"#define {vecmath.FMA}(") == (2 if simd == "auto" else 1)
-    assert src.index(f"#define {vecmath.FMA}(") < src.index(f"static inline float {vecmath.EXP}(")
+    exp = vecmath.EXP_NONPOS  # the exp the Sigmoid calls (exp(-|x|))
+    assert src.index(f"#define {vecmath.FMA}(") < src.index(f"static inline float {exp}(")
     assert ("fmaf(" in src) == (simd == "auto")
-    assert f"{vecmath.FMA}(" in src.split(f"static inline float {vecmath.EXP}(")[1].split("}")[0]
+    assert f"{vecmath.FMA}(" in src.split(f"static inline float {exp}(")[1].split("}")[0]
+
+
+@pytest.mark.parametrize("simd", ["auto", "none"])
+def test_exp_of_nonpositive_is_exp_bit_for_bit(simd, tmp_path):
+    """``opfuse_expf_nonpos`` (Sigmoid's and Softplus's exp(-|x|), without the overflow select) gives
+    ``opfuse_expf``'s bits on every input it gets: x <= 0 (-0 and -inf too) and NaN; so both helpers
+    keep their stated error. It does differ above 89 (where exp overflows): it is not a general exp."""
+    tc = _toolchain()
+    src = tmp_path / "e.c"
+    src.write_text("#include <math.h>\n#include <stdint.h>\n" + vecmath.all_helpers_text(simd) +
+                   "".join(f"void many_{h}(const float* restrict x, float* restrict y, long n) {{\n"
+                           f"  for (long i = 0; i < n; ++i) y[i] = {h}(x[i]);\n}}\n"
+                           for h in (vecmath.EXP, vecmath.EXP_NONPOS)))
+    lib = tmp_path / "e.so"
+    subprocess.run([tc.cc, *tc.flags, "-o", str(lib), str(src), "-lm"], check=True, capture_output=True)
+    dll = ctypes.CDLL(str(lib))
+    neg = np.arange(0x80000000, 0xFF800001, 997, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    x = np.concatenate([neg, np.array([-0.0, -np.inf, np.nan, -104.0, -103.99, -87.3], np.float32),
+                        -np.abs(np.linspace(-110, 110, 200_001, dtype=np.float32))])
+    ys = {}
+    for h in (vecmath.EXP, vecmath.EXP_NONPOS):
+        fn = getattr(dll, f"many_{h}")
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
+        ys[h] = np.empty_like(x)
+        fn(x.ctypes.data, ys[h].ctypes.data, x.size)
+    np.testing.assert_array_equal(ys[vecmath.EXP].view(np.uint32), ys[vecmath.EXP_NONPOS].view(np.uint32))
+    big = np.array([100.0], np.float32)  # the select it leaves out: a general exp would say inf
+    out = np.empty_like(big)
+    getattr(dll, f"many_{vecmath.EXP}")(big.ctypes.data, out.ctypes.data, 1)
+    assert out[0] == np.inf
 
 
 def test_fma_and_plain_paths_agree(tmp_path):

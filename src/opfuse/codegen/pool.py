@@ -27,10 +27,10 @@ import numpy as np
 from opfuse.codegen.ctype import c_type, literal, lowest
 from opfuse.codegen.depthwise import DIRECT_MAX_ROW_VECTORS, copy_plane, plane_chunk, planes_of_chunk, row_classes
 from opfuse.codegen.gemm import in_memory
-from opfuse.codegen.index import Index, add, mul
+from opfuse.codegen.index import Index, add, delinearize, mul
 from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.microkernel import AVX2_GUARD
-from opfuse.codegen.loops import emit_loop_nest
+from opfuse.codegen.loops import emit_loop_nest, lane_reduce
 from opfuse.codegen.rules import nan_max, relu
 from opfuse.codegen.stages import GroupAnalysis, Stage
 from opfuse.codegen.writer import CWriter
@@ -61,6 +61,49 @@ def _hoist_after_max(ev, analysis: GroupAnalysis, x):
     return x, chain
 
 
+def single_window_run(node) -> int:
+    """Elements of the one window of an AveragePool whose output plane is one element, when that
+    window is a contiguous run from the start of each input plane (no padding, no dilation, full
+    rows: ds_cnn's 24x5 window over a 25x5 map), else 0. Such a pool is a mean over the run,
+    computed as GlobalAveragePool is (``_lower_single_window``); the window kernel copied every plane
+    to a padded buffer first and ran 8 times slower."""
+    from opfuse.ops.nn import window_geometry
+    if node.op_type != "AveragePool":
+        return 0
+    x = node.input(0)
+    a = get_spec(node.op_type, node).attrs_of(node)
+    kernel = tuple(int(k) for k in a["kernel_shape"])
+    spatial = tuple(x.shape[2:])
+    if len(spatial) != len(kernel) or not spatial or not np.issubdtype(np.dtype(x.dtype), np.floating):
+        return 0
+    w = window_geometry(node, a, spatial, kernel, ceil_mode=bool(a["ceil_mode"]))
+    if set(w.out) != {1} or any(w.pads_begin + w.pads_end) or set(w.dilations) != {1} or kernel[1:] != spatial[1:]:
+        return 0
+    return int(np.prod(kernel))
+
+
+def _lower_single_window(kc, ev, stage: Stage, x, out, run: int) -> None:
+    """``out[n, c] = mean of the first run elements of plane (n, c)`` with ``lane_reduce``'s partial
+    sums (vectorised; the same order in the plain C99 path), then the fused epilogue."""
+    shape = tuple(x.shape)
+    rank = len(shape)
+    dt = out.dtype
+    ct = c_type(dt)
+
+    def body(oidx: Index):
+        total = kc.tmp("acc")
+
+        def element(j):
+            dims = [oidx.dims[0], oidx.dims[1], *delinearize(j, shape[2:])]
+            return ev.at(x, Index(shape, tuple(dims), ((2, rank, j),)))
+        lane_reduce(kc, ct, literal(0, dt), lambda a, b: f"{a} + {b}", run, element, total, scope=ev.scope)
+        res = kc.tmp("pool")
+        kc.w.line(f"const {ct} {res} = {total} / {literal(run, dt)};")
+        finish_element(kc, ev, stage, out, oidx, res)
+
+    emit_loop_nest(kc, ev, out.shape, body, cost_per_element=run)
+
+
 def lower_pool(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     from opfuse.ops.nn import window_geometry
     node = stage.anchor_node
@@ -73,6 +116,9 @@ def lower_pool(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     chain = []
     if is_max:
         x, chain = _hoist_after_max(ev, analysis, x)
+    run = single_window_run(node)
+    if run:
+        return _lower_single_window(kc, ev, stage, x, out, run)
     include_pad = not is_max and bool(int(a.get("count_include_pad", 0)))
     dt = out.dtype
     ct = c_type(dt)

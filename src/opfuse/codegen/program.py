@@ -85,6 +85,11 @@ _PREAMBLE = """\
 #define OPFUSE_TID() 0
 #endif
 #define OPFUSE_PRAGMA(x) _Pragma(#x)
+#if defined(__GNUC__) && !defined(__clang__)
+/* Jump threading duplicates an elementwise chain's select paths (Relu, Clip, LeakyRelu...) into
+   compare-and-mask chains that make the vectorised loop compute-bound (codegen/program.py). */
+#pragma GCC optimize("no-thread-jumps")
+#endif
 """
 
 
