@@ -197,9 +197,11 @@ def windows_problem(kc, ev, node, geo, group: int, weights: np.ndarray, finish) 
     def finish_swapped(ev, acc, b, m, n):
         return finish(ev, acc, b, n, m)
 
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
     return GemmProblem(node.name, nimg * G, P, mg, K, a_op, b_op, out, out_index, finish_swapped,
                        dtype=out.dtype, out_contiguous="m", weights_axis="n", mc=positions,
-                       register_block=register_block(kc.program.options, mg, P), pack_a=pack_a)
+                       register_block=register_block(kc.program.options, mg, P), pack_a=pack_a,
+                       store_ld=P, row_bias=bias, bias_index=oc_of)
 
 
 def _positions_packed(o, ev, node, geo, channels: int) -> bool:

@@ -64,14 +64,16 @@ NOINLINE = """\
 SIGNATURE = ("(long kc, const float* restrict a, const float* const* restrict ar, const int32_t* restrict koff, "
              "const float* restrict b, long ldb, float* restrict c, long ldc, int load_c)")
 # The storing variant (``epilogue``): the block's last K steps, then ``y = acc (+ bias[i])``, Relu where
-# asked, stored to ``out[i * ldo + j]`` instead of ``c`` (which ``load_c`` still reads from).
+# asked, stored to ``out[i * ldo + j]`` instead of ``c`` (which ``load_c`` still reads from). Its
+# ``transposed`` form adds ``bias[j]`` (a column's) and stores ``y`` to ``out[j * ldo + i]``: a GEMM of
+# positions x channels (a convolution over its windows) whose output runs along the positions.
 SIGNATURE_STORE = SIGNATURE[:-1] + ", const float* restrict bias, float* restrict out, long ldo)"
-EPILOGUES = ("", "b", "r", "br")  # none / row bias / Relu / row bias then Relu
+EPILOGUES = ("", "b", "r", "br")  # none / bias / Relu / bias then Relu
 
 
 def _finish_plain(epi: str, value: str, i: str) -> list[str]:
-    """Plain C of the storing variant's epilogue on ``value`` (row ``i``): the same operations, in the
-    same order, as the generated epilogue (``acc + bias``, then ``y < 0 ? 0 : y``), so the bits agree."""
+    """Plain C of the storing variant's epilogue on ``value`` (bias index ``i``): the same operations, in
+    the same order, as the generated epilogue (``acc + bias``, then ``y < 0 ? 0 : y``), so the bits agree."""
     lines = [f"float y = {value};"]
     if "b" in epi:
         lines.append(f"y = y + bias[{i}];")
@@ -125,7 +127,7 @@ def _b_row(b: str, nr: int) -> str:
     return "b + k * ldb" if b == "strided" else f"b + k * {nr}"
 
 
-def _plain(mr: int, nr: int, a: str, b: str, epi: str | None = None) -> list[str]:
+def _plain(mr: int, nr: int, a: str, b: str, epi: str | None = None, transposed: bool = False) -> list[str]:
     lines = [f"  float acc[{mr}][{nr}];"]
     if a == "koff":
         lines += [f"  const float* restrict a{i} = ar[{i}];" for i in range(mr)]
@@ -145,6 +147,10 @@ def _plain(mr: int, nr: int, a: str, b: str, epi: str | None = None) -> list[str
     if epi is None:
         lines += [f"  for (int i = 0; i < {mr}; ++i)",
                   f"    for (int j = 0; j < {nr}; ++j) c[i * ldc + j] = acc[i][j];"]
+    elif transposed:
+        lines += [f"  for (int j = 0; j < {nr}; ++j)",
+                  f"    for (int i = 0; i < {mr}; ++i) {{ {' '.join(_finish_plain(epi, 'acc[i][j]', 'j'))} "
+                  "out[j * ldo + i] = y; }"]
     else:
         lines += [f"  for (int i = 0; i < {mr}; ++i)",
                   f"    for (int j = 0; j < {nr}; ++j) {{ {' '.join(_finish_plain(epi, 'acc[i][j]', 'i'))} "
@@ -172,7 +178,7 @@ def _plain_scalars(mr: int, nr: int, a: str, b: str) -> list[str]:
 
 
 def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, i0: int = 0, rows: int = 0,
-                 j0: int = 0, cols: int = 0, epi: str | None = None) -> list[str]:
+                 j0: int = 0, cols: int = 0, epi: str | None = None, transposed: bool = False) -> list[str]:
     """Intrinsics for the sub-block rows ``[i0, i0 + rows)`` x columns ``[j0, j0 + cols)`` of the
     MR x NR block (all of it by default): accumulators in ``isa``'s registers, one k loop."""
     vec, ps, width = ("__m512", "_mm512", ZMM_FLOATS) if isa == "avx512" else ("__m256", "_mm256", YMM_FLOATS)
@@ -220,6 +226,8 @@ def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, 
     # The storing variant: max(0, y) returns y where y is NaN or -0, as ``y < 0 ? 0 : y`` does.
     if "r" in epi:
         lines.append(f"  const {vec} zero = {ps}_setzero_ps();")
+    if transposed:
+        return lines + _store_transposed(isa, acc, i0, j0, epi)
     for i in range(rows):
         if "b" in epi:
             lines.append(f"  const {vec} bias{i} = {ps}_set1_ps(bias[{i0 + i}]);")
@@ -233,19 +241,82 @@ def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, 
     return lines
 
 
-def _avx2(mr: int, nr: int, a: str, b: str, prefetch: int = 0, epi: str | None = None) -> list[str]:
+def _store_transposed(isa: str, acc: list[list[str]], i0: int, j0: int, epi: str) -> list[str]:
+    """The transposed storing variant's end: each accumulator (a vector of columns of one row) gets
+    its columns' bias and the Relu, then runs of 8 rows x 8 columns are transposed in ymm registers
+    (an AVX-512 accumulator gives two: its halves) and stored as 8 columns of up to 8 consecutive
+    rows, ``out[j * ldo + i]``; a run of fewer rows repeats its last row in the unused lanes and
+    stores only its own (a masked store)."""
+    vec, ps, width = ("__m512", "_mm512", ZMM_FLOATS) if isa == "avx512" else ("__m256", "_mm256", YMM_FLOATS)
+    rows, nv = len(acc), len(acc[0])
+    lines = []
+    for v in range(nv):
+        if "b" in epi:
+            lines.append(f"  const {vec} bias{v} = {ps}_loadu_ps(bias + {j0 + v * width});")
+        for i in range(rows):
+            y = acc[i][v]
+            if "b" in epi:
+                y = f"{ps}_add_ps({y}, bias{v})"
+            if "r" in epi:
+                y = f"{ps}_max_ps(zero, {y})"
+            if y != acc[i][v]:
+                lines.append(f"  {acc[i][v]} = {y};")
+
+    def half(x: str, h: int) -> str:  # 8 columns of an accumulator as a ymm register
+        if isa != "avx512":
+            return x
+        return f"_mm512_castps512_ps256({x})" if h == 0 else \
+            f"_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd({x}), 1))"
+
+    for g0 in range(0, rows, 8):
+        n = min(8, rows - g0)
+        if n < 8:  # the first n lanes of each stored column
+            if isa == "avx512":
+                lines += ["#if defined(__AVX512VL__)",
+                          f"#define OPFUSE_TSTORE(p, v) _mm256_mask_storeu_ps(p, (__mmask8){(1 << n) - 1}, v)",
+                          "#else"]
+            lines += [f"  const __m256i tmask{g0} = _mm256_setr_epi32({', '.join(['-1'] * n + ['0'] * (8 - n))});",
+                      f"#define OPFUSE_TSTORE(p, v) _mm256_maskstore_ps(p, tmask{g0}, v)"]
+            if isa == "avx512":
+                lines.append("#endif")
+        else:
+            lines.append("#define OPFUSE_TSTORE(p, v) _mm256_storeu_ps(p, v)")
+        for v in range(nv):
+            for h in range(width // YMM_FLOATS):
+                col = j0 + v * width + h * YMM_FLOATS
+                src = [half(acc[g0 + min(r, n - 1)][v], h) for r in range(8)]
+                lines += ["  {",
+                          *(f"    const __m256 r{r} = {src[r]};" for r in range(8)),
+                          *(f"    const __m256 t{2 * q} = _mm256_unpacklo_ps(r{2 * q}, r{2 * q + 1}), "
+                            f"t{2 * q + 1} = _mm256_unpackhi_ps(r{2 * q}, r{2 * q + 1});" for q in range(4)),
+                          *(f"    const __m256 u{4 * q + 2 * e} = _mm256_shuffle_ps(t{4 * q + e}, t{4 * q + e + 2}, 0x44), "
+                            f"u{4 * q + 2 * e + 1} = _mm256_shuffle_ps(t{4 * q + e}, t{4 * q + e + 2}, 0xEE);"
+                            for q in range(2) for e in range(2)),
+                          f"    float* restrict o = out + {col} * ldo + {i0 + g0};"]
+                # column c of the 8: u(c % 4) of rows 0-3 and u(c % 4 + 4) of rows 4-7
+                for c in range(8):
+                    sel = "0x20" if c < 4 else "0x31"
+                    lines.append(f"    OPFUSE_TSTORE(o + {c} * ldo, _mm256_permute2f128_ps(u{c % 4}, u{c % 4 + 4}, {sel}));")
+                lines.append("  }")
+        lines.append("#undef OPFUSE_TSTORE")
+    return lines
+
+
+def _avx2(mr: int, nr: int, a: str, b: str, prefetch: int = 0, epi: str | None = None,
+          transposed: bool = False) -> list[str]:
     """The AVX2/FMA body: one pass over k when the block fits the 16 ymm registers
     (``fits_avx2``), else one pass per sub-block of ``avx2_split`` (a block laid out for
     AVX-512, compiled where the C compiler does not target it: the same panels, read by
     parts; each element still sums its products in increasing k)."""
     if fits_avx2(mr, nr):
-        return _vector_body("avx2", mr, nr, a, b, prefetch, epi=epi)
+        return _vector_body("avx2", mr, nr, a, b, prefetch, epi=epi, transposed=transposed)
     rs, cs = avx2_split(mr, nr)
     lines: list[str] = []
     for i0 in range(0, mr, rs):
         for j0 in range(0, nr, cs):
-            lines += ["  {", *("  " + x for x in _vector_body("avx2", mr, nr, a, b, prefetch, i0, min(rs, mr - i0),
-                                                               j0, cs, epi)), "  }"]
+            lines += ["  {", *("  " + x if not x.startswith("#") else x
+                               for x in _vector_body("avx2", mr, nr, a, b, prefetch, i0, min(rs, mr - i0),
+                                                     j0, cs, epi, transposed)), "  }"]
     return lines
 
 
@@ -274,7 +345,7 @@ def avx2_split(mr: int, nr: int) -> tuple[int, int]:
 
 def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: str = "auto",
                 prefetch: int = 0, scalar_accumulators: bool = False, avx512: bool = False,
-                epilogue: str | None = None) -> tuple[str, str]:
+                epilogue: str | None = None, transposed: bool = False) -> tuple[str, str]:
     """``(function name, C text)`` of the MR x NR micro-kernel with the given operand access;
     ``prefetch`` > 0: the intrinsics prefetch B, and A's windows, that many k steps ahead (an
     offset table, A's or B's ``koff``, then needs ``prefetch`` readable entries past the last k).
@@ -288,26 +359,29 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
     multiply-add); each accumulator gets the same products in the same order.
     ``epilogue`` (one of ``EPILOGUES``; None: C is stored): the storing variant (``SIGNATURE_STORE``),
     which finishes the block in registers and stores it to ``out`` (row bias, Relu); not with
-    ``scalar_accumulators``."""
+    ``scalar_accumulators``. ``transposed`` (with ``epilogue``): column bias, stored to
+    ``out[j * ldo + i]`` (``_store_transposed``)."""
     assert a in A_ACCESS and b in B_ACCESS and simd in SIMD_MODES, (a, b, simd)
     assert epilogue is None or (epilogue in EPILOGUES and not scalar_accumulators), (epilogue, scalar_accumulators)
     assert not (a == "koff" and b == "koff"), "one offset table per micro-kernel"
     wide = simd == "auto" and avx512 and fits_avx512(mr, nr)
     fn = name(mr, nr, a, b) + (f"_pf{prefetch}" if prefetch else "") + ("_z" if wide else "")
     sig, unused = SIGNATURE, "(void)a; (void)ar; (void)koff; (void)ldb;"
+    assert not transposed or epilogue is not None, "the transposed store is the storing variant's"
     if epilogue is not None:
-        fn += f"_st{epilogue}"
+        fn += f"_st{'t' if transposed else ''}{epilogue}"
         sig, unused = SIGNATURE_STORE, unused + " (void)bias; (void)ldc;"
     what = "C" if epilogue is None else f"out = epilogue '{epilogue}' of C"
     head = [f"/* {what}[0:{mr}, 0:{nr}] (+)= A ({a}) * B ({b}), kc steps; see codegen/microkernel.py. */",
             f"OPFUSE_NOINLINE static void {fn}{sig} {{", "  " + unused]
-    plain = _plain_scalars(mr, nr, a, b) if scalar_accumulators else _plain(mr, nr, a, b, epilogue)
+    plain = _plain_scalars(mr, nr, a, b) if scalar_accumulators else _plain(mr, nr, a, b, epilogue, transposed)
     body, guards = [], []
     if wide:
-        body += [f"#if {AVX512_GUARD}", *_vector_body("avx512", mr, nr, a, b, prefetch, epi=epilogue)]
+        body += [f"#if {AVX512_GUARD}", *_vector_body("avx512", mr, nr, a, b, prefetch, epi=epilogue,
+                                                        transposed=transposed)]
         guards.append(AVX512_GUARD)
     if simd == "auto" and nr % YMM_FLOATS == 0:
-        body += [f"#{'el' if body else ''}if {AVX2_GUARD}", *_avx2(mr, nr, a, b, prefetch, epilogue)]
+        body += [f"#{'el' if body else ''}if {AVX2_GUARD}", *_avx2(mr, nr, a, b, prefetch, epilogue, transposed)]
         guards.append(AVX2_GUARD)
     body += ["#else", *plain, "#endif"] if body else plain
     pre = f"#if {' || '.join(f'({g})' for g in guards)}\n#include <immintrin.h>\n#endif\n" if guards else ""

@@ -117,6 +117,11 @@ class CodegenOptions:
     # unit-stride rows in whole register blocks, is finished and stored by the micro-kernel after its
     # last K block (``gemm.register_epilogue``) instead of through the C tile and the epilogue loop.
     gemm_register_epilogue: bool = True
+    # The same for a GEMM whose output runs along its rows (a convolution over its windows, positions x
+    # channels): the micro-kernel adds its columns' bias, applies the Relu, transposes 8 x 8 runs in
+    # registers and stores them along the positions (``microkernel._store_transposed``), instead of the
+    # C tile's copy, its transposition and the epilogue loop (``gemm_register_epilogue`` must be on too).
+    gemm_transposed_store: bool = True
     # Plain-C micro-kernel with named scalar accumulators (``codegen/microkernel.py``): for a
     # compiler without vector registers (the Cortex-M7), which keeps an accumulator array in memory.
     gemm_scalar_accumulators: bool = False
