@@ -169,3 +169,77 @@ def test_transposed_micro_kernels_compiled_each_way_match_numpy(isa, tmp_path):
             # nothing written past each column's MR rows, nor past the block
             assert np.array_equal(got[:, mr:], np.full((nr, ldo - mr), 7.0, np.float32)), fn
             assert np.array_equal(out[nr * ldo:], out0[nr * ldo:]), fn
+
+
+# Window rows one step apart (``CodegenOptions.gemm_window_step``, ``ConvWindows.row_step``) -----------
+# (c, oc, h, w, k, stride, pad, group, step taken): 7x7 outputs (MR 7), 14x14 (MR 7 or 14 for 8 channels
+# per group), stride 2 in place, padded bands, the input's own rows (1x1, stride 1: any block), and 10x10
+# outputs whose rows MR does not divide (no step).
+STEP_CASES = [
+    (64, 48, 7, 7, 3, 1, 1, 1, True),
+    (64, 32, 14, 14, 3, 2, 1, 1, True),
+    (32, 64, 28, 28, 1, 2, 0, 1, True),
+    (64, 64, 14, 14, 3, 1, 1, 8, True),
+    (48, 64, 10, 10, 1, 1, 0, 1, True),
+    (48, 40, 10, 10, 3, 1, 1, 1, False),
+]
+
+
+@pytest.mark.parametrize("case", STEP_CASES, ids=[f"{c[0]}x{c[1]}_{c[2]}x{c[3]}_k{c[4]}s{c[5]}p{c[6]}g{c[7]}"
+                                                  for c in STEP_CASES])
+@pytest.mark.parametrize("options", [AVX512, PORTABLE], ids=["avx512", "portable"])
+def test_window_step_same_bits_as_a_pointer_per_row(case, options, cache_dir):
+    c, oc, h, w, k, stride, pad, group, taken = case
+    g, plan = _graph(c, oc, h, w, k, stride, pad, group, "Relu", True, n=2)
+    got, want, m = run_both(g, plan, cache_dir, options=options)
+    old, _, m0 = run_both(g, plan, cache_dir, options=options.with_(gemm_window_step=False))
+    if options.simd == "auto":  # the plain C build has the AVX2 block: other MRs, other steps
+        assert bool(re.search(r"opfuse_ukr_\w+_koff_packed_s\d+", m.program.source)) == taken
+    assert "_koff_packed_s" not in m0.program.source
+    assert_close(got, want)
+    for name in got:
+        assert np.array_equal(got[name], old[name])
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "plain"])
+def test_stepped_window_micro_kernels_match_numpy(isa, tmp_path):
+    """Row ``i`` of A at ``ar[0] + i * step + koff[k]``: only ``ar[0]`` is passed."""
+    if isa == "avx512" and not HOST_HAS_AVX512:
+        pytest.skip(NO_AVX512_REASON)
+    if isa != "plain" and platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("not an x86-64 host: no AVX2 or AVX-512 to compile for")
+    flags = {"avx512": ["-march=native"], "avx2": ["-march=native", "-mno-avx512f"], "plain": []}[isa]
+    kernels = [(7, 32, 2), (14, 8, 1), (8, 32, 3)]
+    texts, names = [], []
+    for mr, nr, step in kernels:
+        fn, text = microkernel(mr, nr, "koff", "packed", "auto", 16, False, avx512=True, a_step=step)
+        assert f"_s{step}_" in fn
+        names.append(fn)
+        texts.append(text)
+    lib = _compile(tmp_path, "\n".join(texts).replace("static void", "void"), flags, "s" + isa)
+    fp = ctypes.POINTER(ctypes.c_float)
+    for (mr, nr, step), fn in zip(kernels, names, strict=True):
+        kc = 29
+        plane = mr * step + 5
+        x = rng.standard_normal(kc * plane + 64).astype(np.float32)
+        koff = np.concatenate([np.arange(kc) * plane, np.full(64, (kc - 1) * plane)]).astype(np.int32)
+        A = np.array([[x[i * step + koff[k]] for k in range(kc)] for i in range(mr)], np.float32)
+        B = rng.standard_normal((kc, nr)).astype(np.float32)
+        C = np.zeros((mr, nr), np.float32)
+        ar = (ctypes.c_void_p * mr)()
+        ar[0] = x.ctypes.data  # the others stay null: never read
+        f = getattr(lib, fn)
+        f.restype = None
+        f(ctypes.c_long(kc), None, ar, koff.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), B.ctypes.data_as(fp),
+          ctypes.c_long(nr), C.ctypes.data_as(fp), ctypes.c_long(nr), ctypes.c_int(0))
+        np.testing.assert_allclose(C, A.astype(np.float64) @ B, rtol=1e-4, atol=1e-4 * np.sqrt(kc), err_msg=fn)
+
+
+def test_narrow_register_block_pads_the_positions_least():
+    from opfuse.codegen.conv_windows import register_block
+    o = CodegenOptions().resolved("avx512")
+    assert register_block(o, 8, 196) == (14, 8)         # 14 rows of 14
+    assert register_block(o, 8, 49) == (13, 8)          # 52 rows padded, against 56 (14) or 60 (12)
+    assert register_block(o, 8, 144) == (12, 8)         # 144 = 12 x 12: the larger of the exact ones
+    assert register_block(o.with_(narrow_mr_max=12), 8, 196) == (12, 8)
+    assert register_block(o, 16, 196)[1] == 32          # more channels: the options' block

@@ -121,6 +121,16 @@ class ConvWindows(RowAccess):
                 if Wp > PL + W:
                     w.line(f"memset({dst} + {PL + W}, 0, sizeof(float) * {Wp - PL - W});")
 
+    def row_step(self, MR: int) -> int:
+        """Consecutive positions of one output row are ``SW`` floats apart, and every MR-position block
+        lies in one output row where MR divides the row (a row of the input itself where the windows
+        run over it contiguously: then any block)."""
+        OW = self.node.outputs[0].shape[3]
+        SH, SW = self.geo.strides
+        if self.in_place and SH == SW == 1 and OW == self.x.shape[3]:
+            return 1
+        return SW if OW % MR == 0 else 0
+
     def row(self, b: str, m: str) -> str:
         OW = self.node.outputs[0].shape[3]
         SH, SW = self.geo.strides
@@ -132,7 +142,8 @@ class ConvWindows(RowAccess):
 
 
 # Few channels per group (grouped convolutions): 12 positions x 8 channels per micro-kernel
-# (12 ymm accumulators) instead of 6 x 16, whose 16-channel panels would be half zeros.
+# (12 ymm accumulators) instead of 6 x 16, whose 16-channel panels would be half zeros; up to
+# ``CodegenOptions.narrow_mr_max`` positions where that pads the positions less.
 NARROW_BLOCK = (12, 8)
 
 
@@ -140,9 +151,13 @@ def register_block(o, channels: int, positions: int) -> tuple[int, int]:
     """MR x NR of the windows GEMM (positions x channels). Its A (the positions) is never packed at
     build time, so MR is free: with the AVX-512 block, the MR from ``windows_mr_min`` up to
     ``windows_mr_max`` (within the zmm registers) that pads the positions least, the larger on a
-    tie (7x7: 49 positions in 7 rows of 7 instead of 7 of 8; 14x14: 196 in 14 rows of 14)."""
+    tie (7x7: 49 positions in 7 rows of 7 instead of 7 of 8; 14x14: 196 in 14 rows of 14). Few channels
+    per group: ``NARROW_BLOCK``, its MR from 12 to ``narrow_mr_max`` by the same rule."""
     if channels <= NARROW_BLOCK[1] < o.gemm_nr:
-        return NARROW_BLOCK
+        if o.narrow_mr_max <= NARROW_BLOCK[0]:
+            return NARROW_BLOCK
+        mr = min(range(NARROW_BLOCK[0], o.narrow_mr_max + 1), key=lambda r: (-(-positions // r) * r, -r))
+        return mr, NARROW_BLOCK[1]
     if o.vector_isa != "avx512" or o.simd != "auto" or not o.windows_mr_max:
         return o.gemm_mr, o.gemm_nr
     fits = [mr for mr in range(o.windows_mr_min, o.windows_mr_max + 1) if fits_avx512(mr, o.gemm_nr)]

@@ -65,6 +65,12 @@ class RowAccess:
     def row(self, b: str, m: str) -> str:
         raise NotImplementedError
 
+    def row_step(self, MR: int) -> int:
+        """With ``koff``: ``s`` > 0 where every MR-row block the GEMM reads (tiles start on MR
+        boundaries) has row ``i`` at ``row(b, m) + i * s`` floats, no row past M (``microkernel``'s
+        ``a_step``); 0 where the rows are not so."""
+        return 0
+
 
 class PointerRows(RowAccess):
     """Rows of a tensor in memory: ``row(b, m)`` given by a function."""
@@ -215,11 +221,11 @@ def pack_b_panels(b: np.ndarray, nr: int) -> np.ndarray:
 
 
 def _microkernel(kc, mr: int, nr: int, a: str = "packed", b: str = "packed", epilogue: str | None = None,
-                 transposed: bool = False) -> str:
+                 transposed: bool = False, a_step: int = 0) -> str:
     """Register the MR x NR micro-kernel (``microkernel.py``) with the program; its name."""
     o = kc.program.options
     name, text = microkernel(mr, nr, a, b, o.simd, o.gemm_prefetch, o.gemm_scalar_accumulators,
-                             o.vector_isa == "avx512", epilogue, transposed)
+                             o.vector_isa == "avx512", epilogue, transposed, a_step)
     return kc.program.require_helper(name, text)
 
 
@@ -479,9 +485,11 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                 "br": "bias and Relu applied and stored"}[direct[0]]
         kc.note(lambda name: f"GEMM '{name}': output {what} by the micro-kernel", stage.anchor_node)
     transposed = p.out_contiguous == "m"
-    ukr_store = _microkernel(kc, MR, NR, a_mode, b_mode, direct[0], transposed) if direct is not None else ""
+    a_step = rows.row_step(MR) if rows is not None and rows.koff is not None and o.gemm_window_step else 0
+    ukr_store = _microkernel(kc, MR, NR, a_mode, b_mode, direct[0], transposed, a_step) if direct is not None else ""
     # The storing micro-kernel alone where every block is whole and K one block.
-    ukr = _microkernel(kc, MR, NR, a_mode, b_mode) if direct is None or KC < K or M % MR or N % NR else ""
+    ukr = _microkernel(kc, MR, NR, a_mode, b_mode, a_step=a_step) \
+        if direct is None or KC < K or M % MR or N % NR else ""
     if stage.anchor_node is not None:
         bodies = microkernel_bodies(MR, NR, o.simd, o.vector_isa == "avx512")
         kc.note(lambda name: f"GEMM '{name}': {MR}x{NR} micro-kernel, {bodies}", stage.anchor_node)
@@ -579,7 +587,7 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                 assert rows is not None
                 ar, shift = kc.tmp("ar"), f" + {pc}" if koff is None else ""
                 ptrs = []
-                for i in range(MR):  # rows past the tile repeat its last row (read, then dropped)
+                for i in range(1 if a_step else MR):  # rows past the tile repeat its last row (read, then dropped)
                     mi = f"{m0} + {_min_expr(f'{ir} + {i}', f'{mc} - 1')}" if i else f"{m0} + {ir}"
                     ptrs.append(f"{rows.row(b, mi)}{shift}")
                 w.line(f"const float* {ar}[{MR}] = {{{', '.join(ptrs)}}};")

@@ -112,6 +112,15 @@ def _a_elem(a: str, mr: int, i: int, k: str) -> str:
     return f"a{i}[koff[{k}]]"
 
 
+def _window_rows(first: int, count: int, step: int) -> list[str]:
+    """The ``koff`` access's row pointers ``a0``... for rows ``[first, first + count)``: ``ar[i]``, or with a
+    ``step`` ``ar[0] + i * step`` (the rows are one output row's positions, ``step`` floats apart: one
+    pointer register and constant displacements instead of a register per row)."""
+    if step:
+        return [f"  const float* restrict a{i} = ar[0] + {(first + i) * step};" for i in range(count)]
+    return [f"  const float* restrict a{i} = ar[{first + i}];" for i in range(count)]
+
+
 def _a_ptr(a: str, mr: int, i: int) -> str:
     """C expression of &A[i, k] inside the intrinsics' k loop (``k`` and ``o`` in scope)."""
     if a == "packed":
@@ -127,10 +136,11 @@ def _b_row(b: str, nr: int) -> str:
     return "b + k * ldb" if b == "strided" else f"b + k * {nr}"
 
 
-def _plain(mr: int, nr: int, a: str, b: str, epi: str | None = None, transposed: bool = False) -> list[str]:
+def _plain(mr: int, nr: int, a: str, b: str, epi: str | None = None, transposed: bool = False,
+           a_step: int = 0) -> list[str]:
     lines = [f"  float acc[{mr}][{nr}];"]
     if a == "koff":
-        lines += [f"  const float* restrict a{i} = ar[{i}];" for i in range(mr)]
+        lines += _window_rows(0, mr, a_step)
     lines += [
         f"  for (int i = 0; i < {mr}; ++i)",
         f"    for (int j = 0; j < {nr}; ++j) acc[i][j] = load_c ? c[i * ldc + j] : 0.0f;",
@@ -158,10 +168,10 @@ def _plain(mr: int, nr: int, a: str, b: str, epi: str | None = None, transposed:
     return lines
 
 
-def _plain_scalars(mr: int, nr: int, a: str, b: str) -> list[str]:
+def _plain_scalars(mr: int, nr: int, a: str, b: str, a_step: int = 0) -> list[str]:
     """``_plain`` with the accumulators and the k step's A values as named scalars."""
     acc = [[f"c{i}_{j}" for j in range(nr)] for i in range(mr)]
-    lines = [f"  const float* restrict a{i} = ar[{i}];" for i in range(mr)] if a == "koff" else []
+    lines = _window_rows(0, mr, a_step) if a == "koff" else []
     for i in range(mr):
         lines.append("  float " + ", ".join(f"{acc[i][j]} = load_c ? c[{i} * ldc + {j}] : 0.0f" for j in range(nr))
                      + ";")
@@ -178,7 +188,8 @@ def _plain_scalars(mr: int, nr: int, a: str, b: str) -> list[str]:
 
 
 def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, i0: int = 0, rows: int = 0,
-                 j0: int = 0, cols: int = 0, epi: str | None = None, transposed: bool = False) -> list[str]:
+                 j0: int = 0, cols: int = 0, epi: str | None = None, transposed: bool = False,
+                 a_step: int = 0) -> list[str]:
     """Intrinsics for the sub-block rows ``[i0, i0 + rows)`` x columns ``[j0, j0 + cols)`` of the
     MR x NR block (all of it by default): accumulators in ``isa``'s registers, one k loop."""
     vec, ps, width = ("__m512", "_mm512", ZMM_FLOATS) if isa == "avx512" else ("__m256", "_mm256", YMM_FLOATS)
@@ -190,6 +201,8 @@ def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, 
     lines = [f"  {vec} {', '.join(flat)};"]
     if a == "packed":
         lines.append(f"  const float* restrict ak = a + {i0};")
+    elif a == "koff":
+        lines += _window_rows(i0, rows, a_step)
     else:
         lines += [f"  const float* restrict a{i} = ar[{i0 + i}];" for i in range(rows)]
     lines.append("  if (load_c) {")
@@ -321,20 +334,20 @@ def _store_transposed(isa: str, acc: list[list[str]], i0: int, j0: int, epi: str
 
 
 def _avx2(mr: int, nr: int, a: str, b: str, prefetch: int = 0, epi: str | None = None,
-          transposed: bool = False) -> list[str]:
+          transposed: bool = False, a_step: int = 0) -> list[str]:
     """The AVX2/FMA body: one pass over k when the block fits the 16 ymm registers
     (``fits_avx2``), else one pass per sub-block of ``avx2_split`` (a block laid out for
     AVX-512, compiled where the C compiler does not target it: the same panels, read by
     parts; each element still sums its products in increasing k)."""
     if fits_avx2(mr, nr):
-        return _vector_body("avx2", mr, nr, a, b, prefetch, epi=epi, transposed=transposed)
+        return _vector_body("avx2", mr, nr, a, b, prefetch, epi=epi, transposed=transposed, a_step=a_step)
     rs, cs = avx2_split(mr, nr)
     lines: list[str] = []
     for i0 in range(0, mr, rs):
         for j0 in range(0, nr, cs):
             lines += ["  {", *("  " + x if not x.startswith("#") else x
                                for x in _vector_body("avx2", mr, nr, a, b, prefetch, i0, min(rs, mr - i0),
-                                                     j0, cs, epi, transposed)), "  }"]
+                                                     j0, cs, epi, transposed, a_step)), "  }"]
     return lines
 
 
@@ -363,7 +376,7 @@ def avx2_split(mr: int, nr: int) -> tuple[int, int]:
 
 def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: str = "auto",
                 prefetch: int = 0, scalar_accumulators: bool = False, avx512: bool = False,
-                epilogue: str | None = None, transposed: bool = False) -> tuple[str, str]:
+                epilogue: str | None = None, transposed: bool = False, a_step: int = 0) -> tuple[str, str]:
     """``(function name, C text)`` of the MR x NR micro-kernel with the given operand access;
     ``prefetch`` > 0: the intrinsics prefetch B, and A's windows, that many k steps ahead (an
     offset table, A's or B's ``koff``, then needs ``prefetch`` readable entries past the last k).
@@ -378,12 +391,15 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
     ``epilogue`` (one of ``EPILOGUES``; None: C is stored): the storing variant (``SIGNATURE_STORE``),
     which finishes the block in registers and stores it to ``out`` (row bias, Relu); not with
     ``scalar_accumulators``. ``transposed`` (with ``epilogue``): column bias, stored to
-    ``out[j * ldo + i]`` (``_store_transposed``)."""
+    ``out[j * ldo + i]`` (``_store_transposed``). ``a_step`` (with ``a="koff"``): row ``i``'s window is
+    ``ar[0] + i * a_step`` (``_window_rows``); only ``ar[0]`` is read."""
     assert a in A_ACCESS and b in B_ACCESS and simd in SIMD_MODES, (a, b, simd)
     assert epilogue is None or (epilogue in EPILOGUES and not scalar_accumulators), (epilogue, scalar_accumulators)
     assert not (a == "koff" and b == "koff"), "one offset table per micro-kernel"
     wide = simd == "auto" and avx512 and fits_avx512(mr, nr)
-    fn = name(mr, nr, a, b) + (f"_pf{prefetch}" if prefetch else "") + ("_z" if wide else "")
+    assert not a_step or a == "koff", "a row step is the window access's"
+    fn = name(mr, nr, a, b) + (f"_s{a_step}" if a_step else "") + (f"_pf{prefetch}" if prefetch else "") + \
+        ("_z" if wide else "")
     sig, unused = SIGNATURE, "(void)a; (void)ar; (void)koff; (void)ldb;"
     assert not transposed or epilogue is not None, "the transposed store is the storing variant's"
     if epilogue is not None:
@@ -392,14 +408,16 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
     what = "C" if epilogue is None else f"out = epilogue '{epilogue}' of C"
     head = [f"/* {what}[0:{mr}, 0:{nr}] (+)= A ({a}) * B ({b}), kc steps; see codegen/microkernel.py. */",
             f"OPFUSE_NOINLINE static void {fn}{sig} {{", "  " + unused]
-    plain = _plain_scalars(mr, nr, a, b) if scalar_accumulators else _plain(mr, nr, a, b, epilogue, transposed)
+    plain = _plain_scalars(mr, nr, a, b, a_step) if scalar_accumulators else \
+        _plain(mr, nr, a, b, epilogue, transposed, a_step)
     body, guards = [], []
     if wide:
         body += [f"#if {AVX512_GUARD}", *_vector_body("avx512", mr, nr, a, b, prefetch, epi=epilogue,
-                                                        transposed=transposed)]
+                                                        transposed=transposed, a_step=a_step)]
         guards.append(AVX512_GUARD)
     if simd == "auto" and nr % YMM_FLOATS == 0:
-        body += [f"#{'el' if body else ''}if {AVX2_GUARD}", *_avx2(mr, nr, a, b, prefetch, epilogue, transposed)]
+        body += [f"#{'el' if body else ''}if {AVX2_GUARD}", *_avx2(mr, nr, a, b, prefetch, epilogue, transposed,
+                                                                  a_step)]
         guards.append(AVX2_GUARD)
     body += ["#else", *plain, "#endif"] if body else plain
     pre = f"#if {' || '.join(f'({g})' for g in guards)}\n#include <immintrin.h>\n#endif\n" if guards else ""

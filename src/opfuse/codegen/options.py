@@ -95,6 +95,20 @@ class CodegenOptions:
     # 0.89x; a range up to 14 (14x14 in rows of 14) measured the same as up to 8.
     windows_mr_min: int = 6
     windows_mr_max: int = 8
+    # Few channels per group (``conv_windows.NARROW_BLOCK``, 8 channels in one ymm vector): MR from 12 up to
+    # ``narrow_mr_max`` (14: 14 ymm accumulators, a B vector and a broadcast fill the 16 ymm registers), the
+    # one that pads the positions least, the larger on a tie (14x14: 196 positions in 14 rows of 14).
+    # Measured (1 thread, kernel CPU time, 60 interleaved runs, 3x3 256 -> 256 at 14x14, 32 groups): 14
+    # instead of 12 0.96x; with ``gemm_window_step`` 0.82x of 12 without it.
+    narrow_mr_max: int = 14
+    # A convolution over its windows whose MR-position blocks each lie in one output row (MR divides the
+    # output width, or the windows are the input's own rows) reads the block's rows as one pointer and
+    # constant displacements (``ConvWindows.row_step``, ``microkernel._window_rows``) instead of a
+    # pointer per row: 14 row pointers did not fit the 16 general registers and were reloaded from the
+    # stack for every broadcast. Measured as above: the 32-group layer 0.85x (14 x 8 block); resnet18
+    # (16 interleaved runs, 7 x 32 blocks, whose 7 pointers fit): layer4 0.985-1.006x, the rest
+    # 0.99-1.01x (no change).
+    gemm_window_step: bool = True
     # A 2-D convolution with constant weights and at most ``conv_direct_max_k`` input channels x taps
     # (a network's first layers) is computed channels x positions over a phase-split copy of its input
     # rows (``codegen/conv_direct.py``) instead of over its windows: NR = ``conv_direct_nr`` positions of
