@@ -243,3 +243,25 @@ def test_narrow_register_block_pads_the_positions_least():
     assert register_block(o, 8, 144) == (12, 8)         # 144 = 12 x 12: the larger of the exact ones
     assert register_block(o.with_(narrow_mr_max=12), 8, 196) == (12, 8)
     assert register_block(o, 16, 196)[1] == 32          # more channels: the options' block
+
+
+def test_windows_register_block_prefers_a_divisor_of_the_output_row():
+    """Of MRs that pad the positions alike, one that divides the output width (then the blocks step)."""
+    from opfuse.codegen.conv_windows import register_block
+    o = CodegenOptions().resolved("avx512")
+    assert register_block(o, 128, 784) == (8, 32)       # 28x28 without the row: the larger
+    assert register_block(o, 128, 784, 28) == (7, 32)   # 28 = 4 x 7
+    assert register_block(o, 128, 49, 7) == (7, 32)
+    assert register_block(o, 128, 100, 10) == (6, 32)   # 102 padded beats 105 (7) and 104 (8)
+
+
+def test_strided_pointwise_reads_its_windows(cache_dir):
+    """A 1x1 stride-2 convolution whose positions would fill whole panels (28x28 out) reads its stride-2
+    windows in place, stepping 2 floats per position (``conv.PACKED_STRIDED``), the stride-1 one packs."""
+    g, plan = _graph(16, 64, 56, 56, 1, 2, 0, 1, "Relu", True)
+    got, want, m = run_both(g, plan, cache_dir, options=AVX512)
+    assert re.search(r"opfuse_ukr_7x32_koff_packed_s2_", m.program.source)
+    assert_close(got, want)
+    g1, plan1 = _graph(16, 64, 28, 28, 1, 1, 0, 1, "Relu", True)
+    _, _, m1 = run_both(g1, plan1, cache_dir, options=AVX512.with_(conv_direct_max_k=0))
+    assert "_koff_" not in m1.program.source
