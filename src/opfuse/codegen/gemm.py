@@ -17,7 +17,9 @@ MC x NC, ``choose_blocking``) at a time, GotoBLAS style:
   applies the anchor's own finishing (bias, ``alpha``/``beta``) and the group's fused
   elementwise ops while the tile is in cache, and stores the group outputs. A tile whose
   output runs along M in memory (a convolution computed as positions x channels) is
-  transposed first, so the epilogue's stores stay unit stride.
+  transposed first, so the epilogue's stores stay unit stride; with a bias and Relu at most,
+  the micro-kernel finishes its block and stores it transposed from its registers instead
+  (``register_epilogue``; ``microkernel._store_transposed``).
 
 Tiles are independent and split across OpenMP threads; each output element's sum runs over
 k in increasing order, in the same K blocks whatever the thread count, so results do not
