@@ -97,8 +97,10 @@ def test_transposed_store_off_with_the_register_epilogue(cache_dir):
     assert not STORED.search(m.program.source)
 
 
-def test_transposed_store_two_threads_bitwise_equal_to_one(cache_dir):
-    g, plan = _graph(48, 40, 10, 10, 3, 1, 1, 1, "Relu", True, n=2)
+@pytest.mark.parametrize("case", [(48, 40, 10, 10, 3, 1, 1, 1), (64, 64, 14, 14, 3, 2, 1, 1),
+                                  (64, 64, 14, 14, 3, 1, 1, 8)], ids=["part_blocks", "stepped_7x7", "stepped_groups"])
+def test_transposed_store_two_threads_bitwise_equal_to_one(case, cache_dir):
+    g, plan = _graph(*case, "Relu", True, n=2)
     one, _, m1 = run_both(g, plan, cache_dir, threads=1, options=AVX512)
     two, _, _ = run_both(g, plan, cache_dir, threads=2, options=AVX512)
     assert STORED.search(m1.program.source)
