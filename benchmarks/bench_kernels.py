@@ -313,6 +313,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                                 check=not args.no_check, yardsticks=yardsticks, clock=args.clock))
         print(f"{s.name}: {rows[-1]['opfuse_ms']:.3f} ms", file=sys.stderr)
     meta = {"host": os.uname().nodename, "cpus": os.cpu_count(), "repeat": args.repeat, "clock": args.clock,
+            "load_average": list(os.getloadavg()), "opfuse_time": "kernel timers",
             "sgemm": peak, "peak_n": PEAK_N, "copy_bytes": COPY_BYTES,
             "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS")}
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -320,6 +321,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print("square sgemm, 1 thread: " + ", ".join(f"n={n} {g:.1f}" for n, g in peak["gflops_by_n"].items())
           + " GFLOP/s")
     print(table(rows))
+    print("load average (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
     print(f"\nwritten {args.out}")
     return rows
 
