@@ -63,7 +63,7 @@ def _notes(m) -> str:
 CASES = [
     (64, 64, 10, 10, 1, 1, 0, 1, "Relu", True, 1, True),    # a 1x1 layer at 10x10 (100 positions)
     (48, 40, 10, 10, 3, 1, 1, 1, "Relu", True, 1, True),    # 40 channels, 100 positions: part blocks both ways
-    (600, 24, 7, 7, 1, 1, 0, 1, "none", False, 1, True),    # K = 600 > KC: stored after the last K block
+    (1100, 24, 7, 7, 1, 1, 0, 1, "none", False, 1, True),   # K = 1100 > KC: stored after the last K block
     (32, 64, 20, 20, 1, 2, 0, 1, "Relu", True, 2, True),    # strided 1x1, two images
     (32, 32, 12, 12, 3, 1, 1, 4, "Relu", True, 1, True),    # 8 channels per group: the 12 x 8 block, group bias
     (24, 48, 9, 9, 3, 2, 1, 3, "none", True, 1, True),      # grouped, strided, padded, bias only

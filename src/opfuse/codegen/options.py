@@ -63,8 +63,14 @@ class CodegenOptions:
     # (minimums 925-930 against 955-1000 us), pw12 0.93x, pw13 0.98x, fc 0.90x, others within the
     # controls' spread; whole model 0.975x (minimum sum 11.43 against 11.68 and 11.90 ms); resnet18,
     # bert_layer, yolo_block: minimum sums 0.99x, 0.99x, 0.96x. Results do not change (each sum runs
-    # over k in the same order, a block's partial sums stored exactly).
-    gemm_kc: int = 512
+    # over k in the same order, a block's partial sums stored exactly). 1024 (was 512): K up to 1024 in one
+    # block (mobilenet_v1's pw13, BERT's 768-deep MatMuls), resnet18's 3x3 layer4 (K = 4608) in 5 blocks
+    # instead of 9. Measured (1 thread, per-kernel thread CPU time, interleaved, 2 cores shared, load 6-7;
+    # against 512, two runs each in both orders): bert_layer's MatMuls 0.95-0.97x (sum of kernels 0.958x,
+    # 0.973x); resnet18's layer4 convolutions 0.94-0.99x (sums 0.978x and 0.97x); mobilenet_v1 pw13 0.92x,
+    # the rest within +-3% (sum 0.986x); yolo_block 1.00x. 1152 gained less (bert 0.976x, mobilenet
+    # 1.01x).
+    gemm_kc: int = 1024
     gemm_wide: int = 512
     gemm_tile_floats: int = 32768
     gemm_min_tiles: int = 4
