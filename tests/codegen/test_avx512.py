@@ -96,9 +96,10 @@ def test_transposed_tile_of_a_power_of_two_positions_is_padded(c, oc, hw, stride
     """256 and 1024 positions per tile (8-row panels): the transposed copy's rows are one cache
     line longer than the tile (``gemm.transposed_ld``), and the results still match. The cache
     blocking's one tile (balanced for 2 threads these convolutions are 4 tiles of other sizes). The
-    3-channel one would take the direct kernel (``conv_direct.py``): kept on the windows here."""
+    3-channel one would take the direct kernel (``conv_direct.py``): kept on the windows here, and the
+    tile transposed (not stored from the micro-kernel's registers, ``gemm_transposed_store``)."""
     g, plan = _conv_graph(c, oc, hw, hw, 3, stride, [1, 1, 1, 1])
-    m = _three_ways(g, plan, cache_dir, balance_threads=(), conv_direct_max_k=0)
+    m = _three_ways(g, plan, cache_dir, balance_threads=(), conv_direct_max_k=0, gemm_transposed_store=False)
     positions = (hw // stride) ** 2
     assert transposed_ld(positions) == positions + 16
     assert re.search(rf"opfuse_transpose\(\w+, \w+, \w+ \+ \w+, 32, \w+, {positions + 16}\);", m.program.source)

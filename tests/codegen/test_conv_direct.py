@@ -163,7 +163,7 @@ def _pointwise_graph(c, oc, h, w, epilogue="Relu", bias=True, stride=1):
 STORE_CASES = [
     (32, 64, 32, 32, "Relu", True, 1, True),     # whole panels (1024 positions)
     (40, 24, 28, 28, "Relu", True, 1, True),     # 784 positions: a part last panel via the epilogue
-    (300, 16, 16, 16, "none", False, 1, True),   # K = 300 > KC: the store after the last K block
+    (1100, 16, 16, 16, "none", False, 1, True),  # K = 1100 > KC: the store after the last K block
     (16, 32, 32, 32, "none", True, 2, True),     # strided 1x1 (256 positions)
     (32, 64, 32, 32, "Clip", True, 1, False),    # Clip: the tile epilogue
     (20, 12, 32, 32, "Relu", True, 1, True),     # 12 channels: a part 8-row block via the epilogue

@@ -78,7 +78,7 @@ CASES = {
     "pad1-odd-batch2": (2, 65, 67, 13, 11, [1, 1, 1, 1]),
     "pad0-odd": (1, 70, 66, 17, 19, [0, 0, 0, 0]),
     "asymmetric-pads": (1, 64, 80, 12, 9, [0, 1, 2, 0]),
-    "k-blocks": (1, 600, 64, 10, 10, [1, 1, 1, 1]),   # Cin > gemm_kc: two K blocks
+    "k-blocks": (1, 600, 64, 10, 10, [1, 1, 1, 1]),   # Cin 600: K blocks in test_winograd_k_blocks
     "many-blocks": (1, 64, 64, 40, 36, [1, 1, 1, 1]),  # several blocks of tiles per image
     # NudeNet (YOLOv8n) at 2x3x160x224, model.6: F(2x2) 5x7 tiles, blocks of 32 (12 band rows,
     # the first and last outside the image). The band copy's "outside: zero the row, continue"
@@ -210,3 +210,11 @@ def test_generated_c_is_deterministic():
     b = generate(g, plan, options=CodegenOptions(winograd_f4=True))
     assert a.source == b.source and a.weights == b.weights
     assert "Winograd F(4x4,3x3)" in a.source
+
+
+def test_winograd_k_blocks(cache_dir):
+    """Input channels past ``gemm_kc``: the transformed GEMMs in several K blocks (600 in 3 of 200)."""
+    g, plan = conv_block(1, 600, 64, 10, 10, [1, 1, 1, 1])
+    got, want, model = run_both(g, plan, cache_dir, options=CodegenOptions(gemm_kc=256))
+    assert_close(got, want)
+    assert any("Winograd" in n for n in _notes(model))

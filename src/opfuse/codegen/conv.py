@@ -5,7 +5,7 @@
   ``k = (c, kernel offset)`` and ``p`` the output position. The weights are packed at build
   time, and ``X_col`` is never materialised. In 2-D (constant weights, float32) the GEMM is
   implicit: the micro-kernel reads each window where it lies (``conv_windows.py``), except
-  1x1 convolutions whose positions nearly fill whole panels, which pack X's rows (20-35%
+  stride-1 1x1 convolutions whose positions nearly fill whole panels, which pack X's rows (20-35%
   faster than either read in place). Otherwise each tile packs the KC x NC
   slice of ``X_col`` it needs straight from the input (prologue applied; in 2-D whole
   output-row segments are copied and the padded columns zero-filled, other ranks decide
@@ -202,6 +202,11 @@ class _RowSegmentPacker:
 
 
 PACKED_WASTE = 1.07  # most padded columns per position for a 1x1 convolution to pack X
+# Whether a strided 1x1 convolution packs X's rows too (an element-wise gather of every other column
+# per K block), instead of reading its stride-2 windows in place. Off: resnet18's layer2 downsample
+# (64 -> 128, 56x56 stride 2, 784 positions) took 0.86x the time over its windows (1 thread, kernel
+# CPU time, 40 interleaved runs: 147 -> 127 us, 87 -> 101 GFLOP/s).
+PACKED_STRIDED = False
 
 
 def conv_problem(kc, ev, node) -> GemmProblem:
@@ -241,12 +246,14 @@ def conv_problem(kc, ev, node) -> GemmProblem:
     pointwise = (all(k == 1 for k in geo.kernel) and all(s == 1 for s in geo.strides)
                  and not any(geo.pads_begin) and not any(geo.pads_end))
     sw = ev.static.get(id(wt))
-    # A 1x1 convolution whose positions nearly fill whole NR-wide panels packs X's rows:
+    # A 1x1 convolution whose positions nearly fill whole NR-wide panels packs X's rows (not where
+    # it is strided, ``PACKED_STRIDED``):
     # 20-35% faster than the windows, or than reading X in place, at 28x28 to 112x112 (5-10%
     # at 14x14, 196 positions in 208 columns); at 7x7 (49 in 64) the windows win.
     nr = kc.program.options.gemm_nr
     one_by_one = all(k == 1 for k in geo.kernel) and not any(geo.pads_begin) and not any(geo.pads_end)
-    packed_rows = one_by_one and -(-P // nr) * nr <= PACKED_WASTE * P
+    packed_rows = one_by_one and -(-P // nr) * nr <= PACKED_WASTE * P and \
+        (PACKED_STRIDED or all(s == 1 for s in geo.strides))
     direct_refusal = direct_conv_refusal(kc.program.options, node, geo, G, sw, out.dtype)
     if direct_refusal is None and not packed_rows:
         kc.note(lambda name: f"Conv '{name}': direct kernel (channels x positions over a phase-split band)", node)

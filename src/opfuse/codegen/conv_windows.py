@@ -121,6 +121,16 @@ class ConvWindows(RowAccess):
                 if Wp > PL + W:
                     w.line(f"memset({dst} + {PL + W}, 0, sizeof(float) * {Wp - PL - W});")
 
+    def row_step(self, MR: int) -> int:
+        """Consecutive positions of one output row are ``SW`` floats apart, and every MR-position block
+        lies in one output row where MR divides the row (a row of the input itself where the windows
+        run over it contiguously: then any block)."""
+        OW = self.node.outputs[0].shape[3]
+        SH, SW = self.geo.strides
+        if self.in_place and SH == SW == 1 and OW == self.x.shape[3]:
+            return 1
+        return SW if OW % MR == 0 else 0
+
     def row(self, b: str, m: str) -> str:
         OW = self.node.outputs[0].shape[3]
         SH, SW = self.geo.strides
@@ -132,29 +142,40 @@ class ConvWindows(RowAccess):
 
 
 # Few channels per group (grouped convolutions): 12 positions x 8 channels per micro-kernel
-# (12 ymm accumulators) instead of 6 x 16, whose 16-channel panels would be half zeros.
+# (12 ymm accumulators) instead of 6 x 16, whose 16-channel panels would be half zeros; up to
+# ``CodegenOptions.narrow_mr_max`` positions where that pads the positions less.
 NARROW_BLOCK = (12, 8)
 
 
-def register_block(o, channels: int, positions: int) -> tuple[int, int]:
+def register_block(o, channels: int, positions: int, row: int = 0) -> tuple[int, int]:
     """MR x NR of the windows GEMM (positions x channels). Its A (the positions) is never packed at
     build time, so MR is free: with the AVX-512 block, the MR from ``windows_mr_min`` up to
     ``windows_mr_max`` (within the zmm registers) that pads the positions least, the larger on a
-    tie (7x7: 49 positions in 7 rows of 7 instead of 7 of 8; 14x14: 196 in 14 rows of 14)."""
+    tie (7x7: 49 positions in 7 rows of 7 instead of 7 of 8; 14x14: 196 in 14 rows of 14). Few channels
+    per group: ``NARROW_BLOCK``, its MR from 12 to ``narrow_mr_max`` by the same rule. Of MRs that pad
+    alike, one that divides the output ``row`` (its width) first: then every block lies in one output row
+    and reads its windows through one pointer (``ConvWindows.row_step``; 28x28: 7 rather than 8)."""
+
+    def key(mr: int) -> tuple[int, bool, int]:
+        return -(-positions // mr) * mr, bool(row) and row % mr != 0, -mr
+
     if channels <= NARROW_BLOCK[1] < o.gemm_nr:
-        return NARROW_BLOCK
+        if o.narrow_mr_max <= NARROW_BLOCK[0]:
+            return NARROW_BLOCK
+        mr = min(range(NARROW_BLOCK[0], o.narrow_mr_max + 1), key=key)
+        return mr, NARROW_BLOCK[1]
     if o.vector_isa != "avx512" or o.simd != "auto" or not o.windows_mr_max:
         return o.gemm_mr, o.gemm_nr
     fits = [mr for mr in range(o.windows_mr_min, o.windows_mr_max + 1) if fits_avx512(mr, o.gemm_nr)]
     if not fits:
         return o.gemm_mr, o.gemm_nr
-    return min(fits, key=lambda mr: (-(-positions // mr) * mr, -mr)), o.gemm_nr
+    return min(fits, key=key), o.gemm_nr
 
 
-def tile_positions(o, channels: int, positions: int) -> int:
+def tile_positions(o, channels: int, positions: int, row: int = 0) -> int:
     """Output positions per tile: the C tile holds ``gemm_tile_floats`` for all the channels
     (up to ``gemm_wide``), at least a few micro-kernel rows."""
-    mr, nr = register_block(o, channels, positions)
+    mr, nr = register_block(o, channels, positions, row)
     ch = min(-(-channels // nr) * nr, o.gemm_wide)
     return max(4 * mr, o.gemm_tile_floats // ch // mr * mr)
 
@@ -183,7 +204,7 @@ def windows_problem(kc, ev, node, geo, group: int, weights: np.ndarray, finish) 
     def no_load(ev, b, r, c):  # both operands are read in place or packed at build time
         raise AssertionError("the windows GEMM has no loaded operand")
 
-    positions = tile_positions(kc.program.options, mg, P)
+    positions = tile_positions(kc.program.options, mg, P, out_sp[-1])
     if _positions_packed(kc.program.options, ev, node, geo, mg):
         a_op = Operand(no_load)
         pack_a: ChannelRowsPacker | None = ChannelRowsPacker(kc, node, G)
@@ -197,9 +218,11 @@ def windows_problem(kc, ev, node, geo, group: int, weights: np.ndarray, finish) 
     def finish_swapped(ev, acc, b, m, n):
         return finish(ev, acc, b, n, m)
 
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
     return GemmProblem(node.name, nimg * G, P, mg, K, a_op, b_op, out, out_index, finish_swapped,
                        dtype=out.dtype, out_contiguous="m", weights_axis="n", mc=positions,
-                       register_block=register_block(kc.program.options, mg, P), pack_a=pack_a)
+                       register_block=register_block(kc.program.options, mg, P, out_sp[-1]), pack_a=pack_a,
+                       store_ld=P, row_bias=bias, bias_index=oc_of)
 
 
 def _positions_packed(o, ev, node, geo, channels: int) -> bool:

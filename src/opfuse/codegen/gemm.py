@@ -17,7 +17,9 @@ MC x NC, ``choose_blocking``) at a time, GotoBLAS style:
   applies the anchor's own finishing (bias, ``alpha``/``beta``) and the group's fused
   elementwise ops while the tile is in cache, and stores the group outputs. A tile whose
   output runs along M in memory (a convolution computed as positions x channels) is
-  transposed first, so the epilogue's stores stay unit stride.
+  transposed first, so the epilogue's stores stay unit stride; with a bias and Relu at most,
+  the micro-kernel finishes its block and stores it transposed from its registers instead
+  (``register_epilogue``; ``microkernel._store_transposed``).
 
 Tiles are independent and split across OpenMP threads; each output element's sum runs over
 k in increasing order, in the same K blocks whatever the thread count, so results do not
@@ -64,6 +66,12 @@ class RowAccess:
 
     def row(self, b: str, m: str) -> str:
         raise NotImplementedError
+
+    def row_step(self, MR: int) -> int:
+        """With ``koff``: ``s`` > 0 where every MR-row block the GEMM reads (tiles start on MR
+        boundaries) has row ``i`` at ``row(b, m) + i * s`` floats, no row past M (``microkernel``'s
+        ``a_step``); 0 where the rows are not so."""
+        return 0
 
 
 class PointerRows(RowAccess):
@@ -168,9 +176,12 @@ class GemmProblem:
     nc: int | None = None                        # the tile's columns at most, when it knows better
     # The output's rows (m) are ``store_ld`` floats apart, its columns (n) contiguous, and ``finish`` is
     # ``acc`` plus ``row_bias[m]`` (a constant) where given: the micro-kernel may then finish the block
-    # in registers and store it (``register_epilogue``).
+    # in registers and store it (``register_epilogue``). With ``out_contiguous == "m"`` the other way
+    # round: columns ``store_ld`` floats apart, rows contiguous, the bias a column's (``row_bias[n]``).
+    # ``bias_index(b, i)``: the bias element of row (or column) ``i`` of batch ``b`` (a group's channels).
     store_ld: int | None = None
     row_bias: Value | None = None
+    bias_index: Callable[[str, str], str] = lambda b, i: i
     register_block: tuple[int, int] | None = None  # (MR, NR) instead of the options' (no constant A)
 
 
@@ -211,11 +222,12 @@ def pack_b_panels(b: np.ndarray, nr: int) -> np.ndarray:
     return np.ascontiguousarray(pad.reshape(nb, k, np_, nr).transpose(0, 2, 1, 3))
 
 
-def _microkernel(kc, mr: int, nr: int, a: str = "packed", b: str = "packed", epilogue: str | None = None) -> str:
+def _microkernel(kc, mr: int, nr: int, a: str = "packed", b: str = "packed", epilogue: str | None = None,
+                 transposed: bool = False, a_step: int = 0) -> str:
     """Register the MR x NR micro-kernel (``microkernel.py``) with the program; its name."""
     o = kc.program.options
     name, text = microkernel(mr, nr, a, b, o.simd, o.gemm_prefetch, o.gemm_scalar_accumulators,
-                             o.vector_isa == "avx512", epilogue, o.vector_isa == "neon")
+                             o.vector_isa == "avx512", epilogue, transposed, a_step, o.vector_isa == "neon")
     return kc.program.require_helper(name, text)
 
 
@@ -430,14 +442,17 @@ def emit_epilogue(kc, ev, stage: Stage, p: GemmProblem, acc: str, b: str, m: str
 def register_epilogue(kc, ev, stage: Stage, p: GemmProblem, MR: int, NR: int) -> tuple[str, Value] | None:
     """``(epilogue, stored value)`` where the micro-kernel finishes and stores the output itself
     (``microkernel.EPILOGUES``: row bias, Relu) instead of the tile epilogue: one output, the
-    anchor's or its Relu's, stored with unit stride along n (``GemmProblem.store_ld``), no merged
-    siblings, array accumulators; a part block (past M or N) goes through the C tile and the
-    epilogue. The tile then never goes through the C tile after its last K block, nor through the
-    epilogue's loads: mobilenet_v1's pw1 (K = 32) spent a fifth of its time there (0.86x with it, 1
-    thread, per-kernel CPU time). The operations are the epilogue's, in its order: same bits."""
+    anchor's or its Relu's, stored with unit stride along n, or along m by the transposed store
+    (``GemmProblem.store_ld``), no merged siblings, array accumulators; a part block (past M or N)
+    goes through the C tile and the epilogue. The tile then never goes through the C tile after its
+    last K block, nor through the epilogue's loads: mobilenet_v1's pw1 (K = 32) spent a fifth of its
+    time there (0.86x with it, 1 thread, per-kernel CPU time). Transposed (a convolution over its
+    windows, positions x channels: mobilenet_v1's pw6-pw13 at 14x14 and 7x7), the tile's copy, its
+    transposition and the epilogue loop go (``CodegenOptions.gemm_register_epilogue``). The operations
+    are the epilogue's, in its order: same bits."""
     o = kc.program.options
-    if (not o.gemm_register_epilogue or p.store_ld is None or p.segments or p.out_contiguous != "n"
-            or o.gemm_scalar_accumulators):
+    if (not o.gemm_register_epilogue or p.store_ld is None or p.segments or o.gemm_scalar_accumulators
+            or (p.out_contiguous == "m" and (not o.gemm_transposed_store or o.vector_isa == "neon"))):
         return None
     ops = stage.epilogue
     if len(ops) > 1 or (ops and not (ops[0].op_type == "Relu" and ops[0].input(0) is p.out)):
@@ -448,7 +463,7 @@ def register_epilogue(kc, ev, stage: Stage, p: GemmProblem, MR: int, NR: int) ->
     code = "r" if ops else ""
     if p.row_bias is not None:
         arr = ev.static.get(id(p.row_bias))
-        if arr is None or arr.size != p.M:
+        if arr is None or arr.ndim != 1:
             return None
         code = "b" + code
     return code, final
@@ -473,18 +488,22 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
         what = {"": "stored", "b": "bias added and stored", "r": "Relu applied and stored",
                 "br": "bias and Relu applied and stored"}[direct[0]]
         kc.note(lambda name: f"GEMM '{name}': output {what} by the micro-kernel", stage.anchor_node)
-    ukr_store = _microkernel(kc, MR, NR, a_mode, b_mode, direct[0]) if direct is not None else ""
+    transposed = p.out_contiguous == "m"
+    # The AdvSIMD bodies read a window per row (no ``a_step``) and store along n only (no transposed store).
+    a_step = rows.row_step(MR) if rows is not None and rows.koff is not None and o.gemm_window_step \
+        and o.vector_isa != "neon" else 0
+    ukr_store = _microkernel(kc, MR, NR, a_mode, b_mode, direct[0], transposed, a_step) if direct is not None else ""
     # The storing micro-kernel alone where every block is whole and K one block.
-    ukr = _microkernel(kc, MR, NR, a_mode, b_mode) if direct is None or KC < K or M % MR or N % NR else ""
+    ukr = _microkernel(kc, MR, NR, a_mode, b_mode, a_step=a_step) \
+        if direct is None or KC < K or M % MR or N % NR else ""
     if stage.anchor_node is not None:
         bodies = microkernel_bodies(MR, NR, o.simd, o.vector_isa == "avx512", o.vector_isa == "neon")
         kc.note(lambda name: f"GEMM '{name}': {MR}x{NR} micro-kernel, {bodies}", stage.anchor_node)
     w = kc.w
     fl = 4
     off_c = kc.scratch(MC * NC * fl)
-    transposed = p.out_contiguous == "m"
     ldt = transposed_ld(MC)
-    off_t = kc.scratch(ldt * TRANSPOSE_COLUMNS * fl) if transposed else None
+    off_t = kc.scratch(ldt * TRANSPOSE_COLUMNS * fl) if transposed and direct is None else None
     off_a = kc.scratch(MC * KC * fl) if not a_static and rows is None else None
     off_b = kc.scratch(KC * NC * fl) if not b_static and cols is None else None
     pa = pb = koff = None
@@ -574,7 +593,7 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                 assert rows is not None
                 ar, shift = kc.tmp("ar"), f" + {pc}" if koff is None else ""
                 ptrs = []
-                for i in range(MR):  # rows past the tile repeat its last row (read, then dropped)
+                for i in range(1 if a_step else MR):  # rows past the tile repeat its last row (read, then dropped)
                     mi = f"{m0} + {_min_expr(f'{ir} + {i}', f'{mc} - 1')}" if i else f"{m0} + {ir}"
                     ptrs.append(f"{rows.row(b, mi)}{shift}")
                 w.line(f"const float* {ar}[{MR}] = {{{', '.join(ptrs)}}};")
@@ -592,7 +611,9 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                     if direct is None:
                         w.line(f"{ukr}({cargs});")
                     else:
-                        bias = f"{kc.static_ptr(p.row_bias)} + {m0} + {ir}" if p.row_bias is not None else "0"
+                        first = f"{n0} + {jr}" if transposed else f"{m0} + {ir}"
+                        bias = f"{kc.static_ptr(p.row_bias)} + {p.bias_index(b, first)}" \
+                            if p.row_bias is not None else "0"
                         out = f"{kc.ptr(direct[1], write=True)} + " \
                               f"{p.out_index(b, f'{m0} + {ir}', f'{n0} + {jr}').offset()}"
                         call = f"{ukr_store}({cargs}, {bias}, {out}, {p.store_ld});"

@@ -69,14 +69,16 @@ NOINLINE = """\
 SIGNATURE = ("(long kc, const float* restrict a, const float* const* restrict ar, const int32_t* restrict koff, "
              "const float* restrict b, long ldb, float* restrict c, long ldc, int load_c)")
 # The storing variant (``epilogue``): the block's last K steps, then ``y = acc (+ bias[i])``, Relu where
-# asked, stored to ``out[i * ldo + j]`` instead of ``c`` (which ``load_c`` still reads from).
+# asked, stored to ``out[i * ldo + j]`` instead of ``c`` (which ``load_c`` still reads from). Its
+# ``transposed`` form adds ``bias[j]`` (a column's) and stores ``y`` to ``out[j * ldo + i]``: a GEMM of
+# positions x channels (a convolution over its windows) whose output runs along the positions.
 SIGNATURE_STORE = SIGNATURE[:-1] + ", const float* restrict bias, float* restrict out, long ldo)"
-EPILOGUES = ("", "b", "r", "br")  # none / row bias / Relu / row bias then Relu
+EPILOGUES = ("", "b", "r", "br")  # none / bias / Relu / bias then Relu
 
 
 def _finish_plain(epi: str, value: str, i: str) -> list[str]:
-    """Plain C of the storing variant's epilogue on ``value`` (row ``i``): the same operations, in the
-    same order, as the generated epilogue (``acc + bias``, then ``y < 0 ? 0 : y``), so the bits agree."""
+    """Plain C of the storing variant's epilogue on ``value`` (bias index ``i``): the same operations, in
+    the same order, as the generated epilogue (``acc + bias``, then ``y < 0 ? 0 : y``), so the bits agree."""
     lines = [f"float y = {value};"]
     if "b" in epi:
         lines.append(f"y = y + bias[{i}];")
@@ -123,6 +125,15 @@ def _a_elem(a: str, mr: int, i: int, k: str) -> str:
     return f"a{i}[koff[{k}]]"
 
 
+def _window_rows(first: int, count: int, step: int) -> list[str]:
+    """The ``koff`` access's row pointers ``a0``... for rows ``[first, first + count)``: ``ar[i]``, or with a
+    ``step`` ``ar[0] + i * step`` (the rows are one output row's positions, ``step`` floats apart: one
+    pointer register and constant displacements instead of a register per row)."""
+    if step:
+        return [f"  const float* restrict a{i} = ar[0] + {(first + i) * step};" for i in range(count)]
+    return [f"  const float* restrict a{i} = ar[{first + i}];" for i in range(count)]
+
+
 def _a_ptr(a: str, mr: int, i: int) -> str:
     """C expression of &A[i, k] inside the intrinsics' k loop (``k`` and ``o`` in scope)."""
     if a == "packed":
@@ -138,10 +149,11 @@ def _b_row(b: str, nr: int) -> str:
     return "b + k * ldb" if b == "strided" else f"b + k * {nr}"
 
 
-def _plain(mr: int, nr: int, a: str, b: str, epi: str | None = None) -> list[str]:
+def _plain(mr: int, nr: int, a: str, b: str, epi: str | None = None, transposed: bool = False,
+           a_step: int = 0) -> list[str]:
     lines = [f"  float acc[{mr}][{nr}];"]
     if a == "koff":
-        lines += [f"  const float* restrict a{i} = ar[{i}];" for i in range(mr)]
+        lines += _window_rows(0, mr, a_step)
     lines += [
         f"  for (int i = 0; i < {mr}; ++i)",
         f"    for (int j = 0; j < {nr}; ++j) acc[i][j] = load_c ? c[i * ldc + j] : 0.0f;",
@@ -158,6 +170,10 @@ def _plain(mr: int, nr: int, a: str, b: str, epi: str | None = None) -> list[str
     if epi is None:
         lines += [f"  for (int i = 0; i < {mr}; ++i)",
                   f"    for (int j = 0; j < {nr}; ++j) c[i * ldc + j] = acc[i][j];"]
+    elif transposed:
+        lines += [f"  for (int j = 0; j < {nr}; ++j)",
+                  f"    for (int i = 0; i < {mr}; ++i) {{ {' '.join(_finish_plain(epi, 'acc[i][j]', 'j'))} "
+                  "out[j * ldo + i] = y; }"]
     else:
         lines += [f"  for (int i = 0; i < {mr}; ++i)",
                   f"    for (int j = 0; j < {nr}; ++j) {{ {' '.join(_finish_plain(epi, 'acc[i][j]', 'i'))} "
@@ -165,10 +181,10 @@ def _plain(mr: int, nr: int, a: str, b: str, epi: str | None = None) -> list[str
     return lines
 
 
-def _plain_scalars(mr: int, nr: int, a: str, b: str) -> list[str]:
+def _plain_scalars(mr: int, nr: int, a: str, b: str, a_step: int = 0) -> list[str]:
     """``_plain`` with the accumulators and the k step's A values as named scalars."""
     acc = [[f"c{i}_{j}" for j in range(nr)] for i in range(mr)]
-    lines = [f"  const float* restrict a{i} = ar[{i}];" for i in range(mr)] if a == "koff" else []
+    lines = _window_rows(0, mr, a_step) if a == "koff" else []
     for i in range(mr):
         lines.append("  float " + ", ".join(f"{acc[i][j]} = load_c ? c[{i} * ldc + {j}] : 0.0f" for j in range(nr))
                      + ";")
@@ -185,7 +201,8 @@ def _plain_scalars(mr: int, nr: int, a: str, b: str) -> list[str]:
 
 
 def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, i0: int = 0, rows: int = 0,
-                 j0: int = 0, cols: int = 0, epi: str | None = None) -> list[str]:
+                 j0: int = 0, cols: int = 0, epi: str | None = None, transposed: bool = False,
+                 a_step: int = 0) -> list[str]:
     """Intrinsics for the sub-block rows ``[i0, i0 + rows)`` x columns ``[j0, j0 + cols)`` of the
     MR x NR block (all of it by default): accumulators in ``isa``'s registers, one k loop."""
     vec, ps, width = ("__m512", "_mm512", ZMM_FLOATS) if isa == "avx512" else ("__m256", "_mm256", YMM_FLOATS)
@@ -197,6 +214,8 @@ def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, 
     lines = [f"  {vec} {', '.join(flat)};"]
     if a == "packed":
         lines.append(f"  const float* restrict ak = a + {i0};")
+    elif a == "koff":
+        lines += _window_rows(i0, rows, a_step)
     else:
         lines += [f"  const float* restrict a{i} = ar[{i0 + i}];" for i in range(rows)]
     lines.append("  if (load_c) {")
@@ -233,6 +252,8 @@ def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, 
     # The storing variant: max(0, y) returns y where y is NaN or -0, as ``y < 0 ? 0 : y`` does.
     if "r" in epi:
         lines.append(f"  const {vec} zero = {ps}_setzero_ps();")
+    if transposed:
+        return lines + _store_transposed(isa, acc, i0, j0, epi)
     for i in range(rows):
         if "b" in epi:
             lines.append(f"  const {vec} bias{i} = {ps}_set1_ps(bias[{i0 + i}]);")
@@ -246,19 +267,100 @@ def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, 
     return lines
 
 
-def _avx2(mr: int, nr: int, a: str, b: str, prefetch: int = 0, epi: str | None = None) -> list[str]:
+def _transpose8(src: list[str]) -> list[str]:
+    """C statements that turn the 8 ymm rows ``src`` into the 8 columns ``o0``-``o7`` (unpack, shuffle,
+    then 128-bit lane permutes, as ``transpose_helper``)."""
+    lines = [f"    const __m256 r{r} = {src[r]};" for r in range(8)]
+    for q in range(4):
+        a, b = 2 * q, 2 * q + 1
+        lines.append(f"    const __m256 t{a} = _mm256_unpacklo_ps(r{a}, r{b}), t{b} = _mm256_unpackhi_ps(r{a}, r{b});")
+    for q in range(2):  # rows 0-3, then 4-7
+        for e in range(2):
+            t0, t1, u = 4 * q + e, 4 * q + e + 2, 4 * q + 2 * e
+            lines.append(f"    const __m256 u{u} = _mm256_shuffle_ps(t{t0}, t{t1}, 0x44), "
+                         f"u{u + 1} = _mm256_shuffle_ps(t{t0}, t{t1}, 0xEE);")
+    # column c: u(c % 4) holds it for rows 0-3 and u(c % 4 + 4) for rows 4-7, in one 128-bit half each
+    for c in range(8):
+        lines.append(f"    const __m256 o{c} = _mm256_permute2f128_ps(u{c % 4}, u{c % 4 + 4}, "
+                     f"{'0x20' if c < 4 else '0x31'});")
+    return lines
+
+
+def _partial_store(n: int) -> str:
+    """A statement storing the first ``n`` (1-7) lanes of the ymm ``v`` to ``p``: by 4, 2 and 1 lanes
+    (plain SSE stores; masked stores measured slower: pw13's 7x7 layer 1.04x its time)."""
+    parts = ["const __m128 lo_ = _mm256_castps256_ps128(v), hi_ = _mm256_extractf128_ps(v, 1);"]
+    src, off, rest = "lo_", 0, n
+    if n >= 4:
+        parts.append("_mm_storeu_ps(p, lo_);")
+        src, off, rest = "hi_", 4, n - 4
+    if rest >= 2:
+        parts.append(f"_mm_storel_pi((__m64*)((p) + {off}), {src});")
+        src, off, rest = f"_mm_movehl_ps({src}, {src})", off + 2, rest - 2
+    if rest:
+        parts.append(f"_mm_store_ss((p) + {off}, {src});")
+    return "do { " + " ".join(parts) + " } while (0)"
+
+
+def _store_transposed(isa: str, acc: list[list[str]], i0: int, j0: int, epi: str) -> list[str]:
+    """The transposed storing variant's end: each accumulator (a vector of columns of one row) gets
+    its columns' bias and the Relu, then runs of 8 rows x 8 columns are transposed in ymm registers
+    (an AVX-512 accumulator gives two: its halves) and stored as 8 columns of up to 8 consecutive
+    rows, ``out[j * ldo + i]``; a run of fewer rows repeats its last row in the unused lanes and
+    stores only its own (``_partial_store``)."""
+    vec, ps, width = ("__m512", "_mm512", ZMM_FLOATS) if isa == "avx512" else ("__m256", "_mm256", YMM_FLOATS)
+    rows, nv = len(acc), len(acc[0])
+    lines = []
+    for v in range(nv):
+        if "b" in epi:
+            lines.append(f"  const {vec} bias{v} = {ps}_loadu_ps(bias + {j0 + v * width});")
+        for i in range(rows):
+            y = acc[i][v]
+            if "b" in epi:
+                y = f"{ps}_add_ps({y}, bias{v})"
+            if "r" in epi:
+                y = f"{ps}_max_ps(zero, {y})"
+            if y != acc[i][v]:
+                lines.append(f"  {acc[i][v]} = {y};")
+
+    def half(x: str, h: int) -> str:  # 8 columns of an accumulator as a ymm register
+        if isa != "avx512":
+            return x
+        return f"_mm512_castps512_ps256({x})" if h == 0 else \
+            f"_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd({x}), 1))"
+
+    for g0 in range(0, rows, 8):
+        n = min(8, rows - g0)
+        if n < 8:  # the first n lanes of each stored column
+            lines.append(f"#define OPFUSE_TSTORE(p, v) {_partial_store(n)}")
+        else:
+            lines.append("#define OPFUSE_TSTORE(p, v) _mm256_storeu_ps(p, v)")
+        for v in range(nv):
+            for h in range(width // YMM_FLOATS):
+                col = j0 + v * width + h * YMM_FLOATS
+                src = [half(acc[g0 + min(r, n - 1)][v], h) for r in range(8)]
+                lines += ["  {", *_transpose8(src), f"    float* restrict o = out + {col} * ldo + {i0 + g0};"]
+                lines += [f"    OPFUSE_TSTORE(o + {c} * ldo, o{c});" for c in range(8)]
+                lines.append("  }")
+        lines.append("#undef OPFUSE_TSTORE")
+    return lines
+
+
+def _avx2(mr: int, nr: int, a: str, b: str, prefetch: int = 0, epi: str | None = None,
+          transposed: bool = False, a_step: int = 0) -> list[str]:
     """The AVX2/FMA body: one pass over k when the block fits the 16 ymm registers
     (``fits_avx2``), else one pass per sub-block of ``avx2_split`` (a block laid out for
     AVX-512, compiled where the C compiler does not target it: the same panels, read by
     parts; each element still sums its products in increasing k)."""
     if fits_avx2(mr, nr):
-        return _vector_body("avx2", mr, nr, a, b, prefetch, epi=epi)
+        return _vector_body("avx2", mr, nr, a, b, prefetch, epi=epi, transposed=transposed, a_step=a_step)
     rs, cs = avx2_split(mr, nr)
     lines: list[str] = []
     for i0 in range(0, mr, rs):
         for j0 in range(0, nr, cs):
-            lines += ["  {", *("  " + x for x in _vector_body("avx2", mr, nr, a, b, prefetch, i0, min(rs, mr - i0),
-                                                               j0, cs, epi)), "  }"]
+            lines += ["  {", *("  " + x if not x.startswith("#") else x
+                               for x in _vector_body("avx2", mr, nr, a, b, prefetch, i0, min(rs, mr - i0),
+                                                     j0, cs, epi, transposed, a_step)), "  }"]
     return lines
 
 
@@ -374,7 +476,8 @@ def avx2_split(mr: int, nr: int) -> tuple[int, int]:
 
 def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: str = "auto",
                 prefetch: int = 0, scalar_accumulators: bool = False, avx512: bool = False,
-                epilogue: str | None = None, neon: bool = False) -> tuple[str, str]:
+                epilogue: str | None = None, transposed: bool = False, a_step: int = 0,
+                neon: bool = False) -> tuple[str, str]:
     """``(function name, C text)`` of the MR x NR micro-kernel with the given operand access;
     ``prefetch`` > 0: the intrinsics prefetch B, and A's windows, that many k steps ahead (an
     offset table, A's or B's ``koff``, then needs ``prefetch`` readable entries past the last k).
@@ -388,32 +491,42 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
     multiply-add); each accumulator gets the same products in the same order.
     ``epilogue`` (one of ``EPILOGUES``; None: C is stored): the storing variant (``SIGNATURE_STORE``),
     which finishes the block in registers and stores it to ``out`` (row bias, Relu); not with
-    ``scalar_accumulators``. ``neon`` (the build for aarch64, ``vector_isa="neon"``): an AdvSIMD body first,
-    under ``#if NEON_GUARD`` (``_neon``), where NR is a multiple of 4; x86 bodies and plain C after it."""
+    ``scalar_accumulators``. ``transposed`` (with ``epilogue``): column bias, stored to
+    ``out[j * ldo + i]`` (``_store_transposed``). ``a_step`` (with ``a="koff"``): row ``i``'s window is
+    ``ar[0] + i * a_step`` (``_window_rows``); only ``ar[0]`` is read. ``neon`` (the build for aarch64,
+    ``vector_isa="neon"``): an AdvSIMD body first, under ``#if NEON_GUARD`` (``_neon``), where NR is a
+    multiple of 4 and neither ``transposed`` nor ``a_step`` is asked (the GEMM emitter asks neither for
+    "neon"); x86 bodies and plain C after it."""
     assert a in A_ACCESS and b in B_ACCESS and simd in SIMD_MODES, (a, b, simd)
     assert epilogue is None or (epilogue in EPILOGUES and not scalar_accumulators), (epilogue, scalar_accumulators)
     assert not (a == "koff" and b == "koff"), "one offset table per micro-kernel"
     wide = simd == "auto" and avx512 and fits_avx512(mr, nr)
-    fn = name(mr, nr, a, b) + (f"_pf{prefetch}" if prefetch else "") + ("_z" if wide else "")
+    assert not a_step or a == "koff", "a row step is the window access's"
+    fn = name(mr, nr, a, b) + (f"_s{a_step}" if a_step else "") + (f"_pf{prefetch}" if prefetch else "") + \
+        ("_z" if wide else "")
     sig, unused = SIGNATURE, "(void)a; (void)ar; (void)koff; (void)ldb;"
+    assert not transposed or epilogue is not None, "the transposed store is the storing variant's"
     if epilogue is not None:
-        fn += f"_st{epilogue}"
+        fn += f"_st{'t' if transposed else ''}{epilogue}"
         sig, unused = SIGNATURE_STORE, unused + " (void)bias; (void)ldc;"
     what = "C" if epilogue is None else f"out = epilogue '{epilogue}' of C"
     head = [f"/* {what}[0:{mr}, 0:{nr}] (+)= A ({a}) * B ({b}), kc steps; see codegen/microkernel.py. */",
             f"OPFUSE_NOINLINE static void {fn}{sig} {{", "  " + unused]
-    plain = _plain_scalars(mr, nr, a, b) if scalar_accumulators else _plain(mr, nr, a, b, epilogue)
+    plain = _plain_scalars(mr, nr, a, b, a_step) if scalar_accumulators else \
+        _plain(mr, nr, a, b, epilogue, transposed, a_step)
     body, guards = [], []
+    assert not (neon and (transposed or a_step)), "the AdvSIMD bodies have no transposed store and no window step"
     if simd == "auto" and neon and nr % NEON_FLOATS == 0:
         fn += "_n"
         head[1] = f"OPFUSE_NOINLINE static void {fn}{sig} {{"
         body += [f"#if {NEON_GUARD}", *_neon(mr, nr, a, b, epilogue)]
     if wide:
         body += [f"#{'el' if body else ''}if {AVX512_GUARD}",
-                 *_vector_body("avx512", mr, nr, a, b, prefetch, epi=epilogue)]
+                 *_vector_body("avx512", mr, nr, a, b, prefetch, epi=epilogue, transposed=transposed, a_step=a_step)]
         guards.append(AVX512_GUARD)
     if simd == "auto" and nr % YMM_FLOATS == 0:
-        body += [f"#{'el' if body else ''}if {AVX2_GUARD}", *_avx2(mr, nr, a, b, prefetch, epilogue)]
+        body += [f"#{'el' if body else ''}if {AVX2_GUARD}", *_avx2(mr, nr, a, b, prefetch, epilogue, transposed,
+                                                                  a_step)]
         guards.append(AVX2_GUARD)
     body += ["#else", *plain, "#endif"] if body else plain
     pre = f"#if {' || '.join(f'({g})' for g in guards)}\n#include <immintrin.h>\n#endif\n" if guards else ""

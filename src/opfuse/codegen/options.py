@@ -71,8 +71,14 @@ class CodegenOptions:
     # (minimums 925-930 against 955-1000 us), pw12 0.93x, pw13 0.98x, fc 0.90x, others within the
     # controls' spread; whole model 0.975x (minimum sum 11.43 against 11.68 and 11.90 ms); resnet18,
     # bert_layer, yolo_block: minimum sums 0.99x, 0.99x, 0.96x. Results do not change (each sum runs
-    # over k in the same order, a block's partial sums stored exactly).
-    gemm_kc: int = 512
+    # over k in the same order, a block's partial sums stored exactly). 1024 (was 512): K up to 1024 in one
+    # block (mobilenet_v1's pw13, BERT's 768-deep MatMuls), resnet18's 3x3 layer4 (K = 4608) in 5 blocks
+    # instead of 9. Measured (1 thread, per-kernel thread CPU time, interleaved, 2 cores shared, load 6-7;
+    # against 512, two runs each in both orders): bert_layer's MatMuls 0.95-0.97x (sum of kernels 0.958x,
+    # 0.973x); resnet18's layer4 convolutions 0.94-0.99x (sums 0.978x and 0.97x); mobilenet_v1 pw13 0.92x,
+    # the rest within +-3% (sum 0.986x); yolo_block 1.00x. 1152 gained less (bert 0.976x, mobilenet
+    # 1.01x).
+    gemm_kc: int = 1024
     gemm_wide: int = 512
     gemm_tile_floats: int = 32768
     gemm_min_tiles: int = 4
@@ -103,6 +109,21 @@ class CodegenOptions:
     # 0.89x; a range up to 14 (14x14 in rows of 14) measured the same as up to 8.
     windows_mr_min: int = 6
     windows_mr_max: int = 8
+    # Few channels per group (``conv_windows.NARROW_BLOCK``, 8 channels in one ymm vector): MR from 12 up to
+    # ``narrow_mr_max`` (14: 14 ymm accumulators, a B vector and a broadcast fill the 16 ymm registers), the
+    # one that pads the positions least, the larger on a tie (14x14: 196 positions in 14 rows of 14).
+    # Measured (1 thread, kernel CPU time, 60 interleaved runs, 3x3 256 -> 256 at 14x14, 32 groups): 14
+    # instead of 12 0.96x; with ``gemm_window_step`` 0.82x of 12 without it.
+    narrow_mr_max: int = 14
+    # A convolution over its windows whose MR-position blocks each lie in one output row (MR divides the
+    # output width, or the windows are the input's own rows) reads the block's rows as one pointer and
+    # constant displacements (``ConvWindows.row_step``, ``microkernel._window_rows``) instead of a
+    # pointer per row: 14 row pointers did not fit the 16 general registers and were reloaded from the
+    # stack for every broadcast. Measured as above: the 32-group layer 0.85x (14 x 8 block); resnet18
+    # (16 interleaved runs, 7 x 32 blocks, whose 7 pointers fit): layer4 0.985-1.006x, the rest
+    # 0.99-1.01x (no change). The Cortex-M7 build (4 x 4 blocks, QEMU, float32 zoo models, instructions,
+    # outputs bitwise the same): resnet8 0.935x, mobilenet_v1_025_96 0.983x, ds_cnn 0.958x.
+    gemm_window_step: bool = True
     # A 2-D convolution with constant weights and at most ``conv_direct_max_k`` input channels x taps
     # (a network's first layers) is computed channels x positions over a phase-split copy of its input
     # rows (``codegen/conv_direct.py``) instead of over its windows: NR = ``conv_direct_nr`` positions of
@@ -125,6 +146,17 @@ class CodegenOptions:
     # unit-stride rows in whole register blocks, is finished and stored by the micro-kernel after its
     # last K block (``gemm.register_epilogue``) instead of through the C tile and the epilogue loop.
     gemm_register_epilogue: bool = True
+    # The same for a GEMM whose output runs along its rows (a convolution over its windows, positions x
+    # channels): the micro-kernel adds its columns' bias, applies the Relu, transposes 8 x 8 runs in
+    # registers and stores them along the positions (``microkernel._store_transposed``), instead of the
+    # C tile's copy, its transposition and the epilogue loop (``gemm_register_epilogue`` must be on too).
+    # Measured (1 thread, per-kernel thread CPU time, interleaved, against off; 2 cores shared, load 8):
+    # within the noise. mobilenet_v1 (40 runs) pw6-pw12 0.97-1.02x, pw13 1.01x, kernels' sum 0.986x;
+    # resnet18 (12 runs) layer4's 7x7 convolutions 0.99-1.02x; single layers (80 runs, twice) 512 -> 512 at
+    # 14x14 0.98x, 1024 -> 1024 at 7x7 1.01-1.05x, 3x3 256 -> 256 g32 at 14x14 1.00x. The columns of
+    # fewer than 8 rows are stored by 4, 2 and 1 lanes: with masked stores (AVX-512VL) the g32 layer
+    # took 1.12-1.15x and the 7x7 one 1.03-1.05x.
+    gemm_transposed_store: bool = True
     # Plain-C micro-kernel with named scalar accumulators (``codegen/microkernel.py``): for a
     # compiler without vector registers (the Cortex-M7), which keeps an accumulator array in memory.
     gemm_scalar_accumulators: bool = False

@@ -259,19 +259,28 @@ class CompiledModel:
         """Mean time per kernel over ``repeat`` runs (needs ``CodegenOptions(profile=True)``; wall or
         calling thread's CPU time as its ``profile_clock`` says),
         slowest first: ``[{"group", "kind", "ops", "ms"}]``."""
+        self.take_profile()  # reset
+        for _ in range(repeat):
+            self.run(feeds)
+        rows = self.take_profile()
+        for r in rows:
+            r["ms"] /= repeat
+        return rows
+
+    def take_profile(self) -> list[dict]:
+        """The kernel timers' totals since the last call, which resets them (needs
+        ``CodegenOptions(profile=True)``), slowest first: ``[{"group", "kind", "ops", "ms"}]``. For
+        benchmarks that time their own calls (``prepared``)."""
         if not self.program.options.profile:
             raise OpfuseError("this model was built without profiling: pass CodegenOptions(profile=True)")
         n = self.program.num_functions
         ns = (ctypes.c_uint64 * max(n, 1))()
         grp = (ctypes.c_int * max(n, 1))()
-        self._lib.opfuse_profile(ns, grp, n)  # reset
-        for _ in range(repeat):
-            self.run(feeds)
         self._lib.opfuse_profile(ns, grp, n)
         rows = []
         for k in range(n):
             info = self.program.kernels[grp[k]]
-            rows.append({"group": info.group, "kind": info.kind, "ops": info.ops, "ms": ns[k] / repeat / 1e6})
+            rows.append({"group": info.group, "kind": info.kind, "ops": info.ops, "ms": ns[k] / 1e6})
         return sorted(rows, key=lambda r: -r["ms"])
 
     # Reporting ---------------------------------------------------------------------------
