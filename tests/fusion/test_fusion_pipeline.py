@@ -9,7 +9,7 @@ from opfuse.passes import fuse
 from opfuse.passes import OptionError, PassTiming, make_context
 from opfuse.passes.pipeline import fusion_passes
 
-PASSES = ["verify", "simplify", "recognize", "fold_linear", "merge_matmuls", "lower_conv_transpose", "float32_compute",
+PASSES = ["verify", "recognize_integer", "simplify", "recognize", "fold_linear", "merge_matmuls", "lower_conv_transpose", "float32_compute",
           "cleanup", "verify_rewrites", "fuse"]
 
 
@@ -21,7 +21,7 @@ def test_instruments_see_every_pass_and_decision(tmp_path):
     assert ctx.plan is plan
     assert [row[1] for row in ctx.instrument(PassTiming).rows] == PASSES
     dumps = sorted(os.listdir(tmp_path / "ir"))
-    assert "02_recognize_after.ir" in dumps and "09_fuse_plan.txt" in dumps
+    assert "03_recognize_after.ir" in dumps and "10_fuse_plan.txt" in dumps
     logged = json.loads(log.read_text())
     entries = logged["decisions"] if isinstance(logged, dict) else logged
     assert len(entries) == len(decisions) > 0
