@@ -9,7 +9,8 @@ from opfuse.passes import fuse
 from opfuse.passes import OptionError, PassTiming, make_context
 from opfuse.passes.pipeline import fusion_passes
 
-PASSES = ["verify", "recognize_integer", "simplify", "recognize", "fold_linear", "merge_matmuls", "lower_conv_transpose", "float32_compute",
+PASSES = ["verify", "recognize_integer", "simplify", "recognize", "fold_linear", "merge_matmuls",
+          "lower_conv_transpose", "float32_compute",
           "cleanup", "verify_rewrites", "fuse"]
 
 
