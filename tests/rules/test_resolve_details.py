@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from opfuse.errors import ModelError
 from opfuse.ops import GraphBuilder
 from opfuse.patterns import Op
 from opfuse.rules import FusionOptions, Replacement, Rule, apply_rules
@@ -193,7 +194,7 @@ def test_a_rewrite_loop_stops_after_four_rewrites_per_node():
     def again(m):
         n.append(1)
         return Replacement("Relu", [m.nodes[0].inputs[0]])
-    with pytest.raises(Exception, match="did not reach a fixed point after 9 rewrites"):
+    with pytest.raises(ModelError, match="did not reach a fixed point after 9 rewrites"):
         apply_rules(g, [Rule("again", Op("Relu"), action=again)])
     assert len(n) == 9
 
