@@ -58,6 +58,8 @@ def test_plan_order_without_inversions_is_the_first_node_order():
     assert p.successors(p.gid(g.node("p"))) == {p.gid(g.node("s"))}
     assert p.predecessors(p.gid(g.node("s"))) == {p.gid(g.node("p")), p.gid(g.node("q"))}
     assert p.predecessors(p.gid(g.node("p"))) == set()
+    # by default every op is its own single group, anchored at itself, without attributes
+    assert all((p.kind(p.gid(n)), p.shape[p.gid(n)].anchor, p.attrs[p.gid(n)]) == ("single", n, {}) for n in g.nodes)
 
 
 def test_plan_order_follows_an_edge_from_a_later_first_node():
