@@ -177,3 +177,70 @@ def test_the_path_limit_is_a_resource_refusal_naming_both_ends():
     plan, dec = plan_of(b.build(j), max_ops_per_group=5)
     assert not any("ops between" in x for x in refusals(dec, "elementwise_chain"))
     assert len(plan.groups) == 1
+
+
+# the shared action and condition, built afresh (the library's rules are built when the module is imported) ----
+
+def _chain_rule(reverse=False, target=None):
+    from opfuse.patterns import Op
+    from opfuse.rules.rule import Rule
+    from opfuse.rules.vertical import ELEMENTWISE, grow_to_post_dominator, path_condition
+    return Rule("chain", Op(category=ELEMENTWISE), condition=path_condition(_accepts_chain),
+                action=grow_to_post_dominator(_starts_chain, reverse=reverse, target=target))
+
+
+def _run(graph, rule, **options):
+    from opfuse.rules import FusionOptions, form_groups
+    plan, dec = form_groups(graph, [rule], FusionOptions(**options))
+    return sorted(sorted(n.name for n in g.nodes) for g in plan.groups), \
+        [(d.verdict, d.kind, d.nodes, d.reason) for d in dec]
+
+
+def _line():
+    b = GraphBuilder("line")
+    x = b.input("x", (4,))
+    return b.build(b.op("Neg", b.op("Exp", b.op("Relu", x, name="a"), name="b"), name="c"))
+
+
+def _diamond():
+    """a feeds b and c, which meet in d (the output)."""
+    b = GraphBuilder("diamond")
+    x = b.input("x", (4,))
+    a = b.op("Relu", x, name="a")
+    return b.build(b.op("Add", b.op("Exp", a, name="b"), b.op("Neg", a, name="c"), name="d"))
+
+
+def test_grow_to_post_dominator_in_graph_order_and_reversed():
+    groups, dec = _run(_line(), _chain_rule())
+    assert groups == [["a", "b", "c"]]
+    assert dec == [("fused", "", ("a", "b"), "'a' fused into 'b'"), ("fused", "", ("b", "c"), "'b' fused into 'c'")]
+    groups, dec = _run(_line(), _chain_rule(reverse=True))
+    assert groups == [["a", "b", "c"]]
+    assert dec == [("fused", "", ("b", "c"), "'b' fused into 'c'"), ("fused", "", ("a", "b"), "'a' fused into 'b'")]
+    # only targets the rule wants
+    groups, dec = _run(_line(), _chain_rule(target=lambda p, d: d.op_type == "Neg"))
+    assert groups == [["a"], ["b", "c"]] and [d[2] for d in dec] == [("b", "c")]
+
+
+def test_grow_to_post_dominator_takes_the_paths_and_skips_a_target_already_in_the_group():
+    groups, dec = _run(_diamond(), _chain_rule())
+    assert groups == [["a", "b", "c", "d"]]
+    assert dec == [("fused", "", ("a", "d"), "'a' fused into 'd'")]
+
+
+def test_grow_to_post_dominator_refuses_paths_over_the_limit():
+    groups, dec = _run(_diamond(), _chain_rule(), max_ops_per_group=2)
+    assert dec == [("refused", "resource", ("a", "d"), "more than 2 ops between 'a' and 'd'"),
+                   ("fused", "", ("b", "d"), "'b' fused into 'd'"),
+                   ("refused", "resource", ("c", "d"), "3 ops exceed the limit of 2 per kernel")]
+    assert groups == [["a"], ["b", "d"], ["c"]]
+
+
+def test_path_condition_judges_the_site_with_the_rules_accepts():
+    b = GraphBuilder("into_matmul")
+    x = b.input("x", (4, 4))
+    g = b.build(b.op("MatMul", b.op("Relu", x, name="a"), b.const("w", randn((4, 4))), name="m"))
+    groups, dec = _run(g, _chain_rule())
+    assert groups == [["a"], ["m"]]
+    assert dec == [("refused", "category", ("a", "m"), "elementwise ops are not fused into the input of 'm' (MatMul): "
+                                                        "out-elementwise-fusable ops take epilogues only")]
