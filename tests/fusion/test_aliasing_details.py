@@ -126,10 +126,9 @@ def test_which_single_ops_are_views():
 def test_mark_views_skips_outputs_aliased_values_groups_of_several_ops_and_zero_copy_groups():
     g = _view_graph()
     node = g.node
-    groups = [FusionGroup(n.name, [n], "single", n) for n in g.nodes
-              if n.name not in ("r", "identity", "flatten")]
-    groups.append(FusionGroup("r", [node("r"), node("identity")], "elementwise", node("r")))
-    groups.append(FusionGroup("flatten", [node("flatten")], "single", node("flatten"), {"zero_copy": "concat"}))
+    groups = [FusionGroup("r", [node("r"), node("identity")], "elementwise", node("r")),
+              FusionGroup("flatten", [node("flatten")], "single", node("flatten"), {"zero_copy": "concat"})]
+    groups += [FusionGroup(n.name, [n], "single", n) for n in g.nodes if n.name not in ("r", "identity", "flatten")]
     groups.append(FusionGroup("cat", [], "concat", None, {"alias_inputs": [node("unsqueeze").outputs[0].name]}))
     plan = FusionPlan(g, groups)
     mark_views(plan)
@@ -139,3 +138,65 @@ def test_mark_views_skips_outputs_aliased_values_groups_of_several_ops_and_zero_
     assert z["flatten"] == "concat"       # already zero-copy: kept
     assert z["unsqueeze"] is None         # its output is aliased into a Concat
     assert z["squeeze"] is None and z["transpose"] is None and z["split_rows"] is None
+
+
+def test_the_concat_group_records_its_rule_and_a_value_is_aliased_into_one_concat_only():
+    b = GraphBuilder("two_cats")
+    x = b.input("x", (1, 2, 3, 3))
+    r1, r2 = b.op("Relu", x, name="r1"), b.op("Exp", x, name="r2")
+    c1 = b.op("Concat", r1, r2, axis=1, name="cat1")
+    c2 = b.op("Concat", r2, b.op("Neg", x, name="r3"), axis=1, name="cat2")
+    plan, dec = plan_of(b.build(b.op("Abs", c1, name="o1"), b.op("Sigmoid", c2, name="o2")),
+                        disabled=frozenset({"injective", "elementwise_chain", "epilogue", "horizontal"}))
+    cat1 = next(g for g in plan.groups if g.name == "cat1")
+    cat2 = next(g for g in plan.groups if g.name == "cat2")
+    assert (cat1.attrs["rule"], cat1.attrs["alias_inputs"], cat1.attrs["zero_copy"]) == \
+        ("concat_alias", ["r1", "r2"], "concat")
+    assert (cat2.attrs["rule"], cat2.attrs["alias_inputs"]) == ("concat_alias", ["r3"]) and \
+        "zero_copy" not in cat2.attrs
+    assert ("refused", ("cat2", "r2"), "'r2' is already aliased into another Concat") in \
+        [(d.verdict, d.nodes, d.reason) for d in dec if d.rule == "concat_alias"]
+
+
+def test_a_concat_with_nothing_to_alias_does_not_stop_the_next():
+    b = GraphBuilder("first_none")
+    x, y = b.input("x", (1, 2, 3, 3)), b.input("y", (1, 2, 3, 3))
+    c1 = b.op("Concat", x, y, axis=1, name="cat1")
+    c2 = b.op("Concat", b.op("Relu", x, name="r1"), b.op("Exp", y, name="r2"), axis=1, name="cat2")
+    plan, dec = plan_of(b.build(b.op("Abs", c1, name="o1"), b.op("Sigmoid", c2, name="o2")),
+                        disabled=frozenset({"injective", "elementwise_chain", "epilogue", "horizontal"}))
+    assert next(g for g in plan.groups if g.name == "cat2").attrs["zero_copy"] == "concat"
+    assert "alias_inputs" not in next(g for g in plan.groups if g.name == "cat1").attrs
+
+
+def test_a_concat_already_in_a_larger_group_is_skipped_and_the_next_is_proposed():
+    from types import SimpleNamespace
+
+    from opfuse.rules.aliasing import RULE, propose_aliasing
+    from opfuse.rules.kernel_shape import GroupShape
+    from opfuse.rules.partition import Partition
+    b = GraphBuilder("grouped")
+    x = b.input("x", (1, 2, 3, 3))
+    r1, r2 = b.op("Relu", x, name="r1"), b.op("Exp", x, name="r2")
+    c1 = b.op("Concat", r1, r2, axis=1, name="cat1")
+    c2 = b.op("Concat", b.op("Neg", x, name="r3"), b.op("Abs", x, name="r4"), axis=1, name="cat2")
+    g = b.build(c1, c2)
+    node = g.node
+    groups = [([node("r2"), node("cat1")], GroupShape("injective", None), {})]
+    groups += [([n], GroupShape("single", n), {}) for n in g.nodes if n.name not in ("r2", "cat1")]
+    grouping = SimpleNamespace(p=Partition(g, groups), facts={})
+    matches = [SimpleNamespace(nodes=[node("cat1")]), SimpleNamespace(nodes=[node("cat2")])]
+    sites = list(propose_aliasing(grouping, matches))
+    assert [(s.names, s.detail) for s in sites] == [(["cat2", "r3", "r4"], "2 of 2 inputs written in place; "
+                                                                            "Concat elided")]
+    assert grouping.facts == {RULE: set()}
+
+
+def test_a_constant_node_is_no_view():
+    b = GraphBuilder("const_node")
+    x = b.input("x", (2, 2))
+    k = b.op("Constant", value=randn((2, 2)), name="k")
+    g = b.build(b.op("Add", x, k, name="add"))
+    assert not is_view(g, g.node("k"))
+    plan, _ = plan_of(g, disabled=frozenset({"elementwise_chain", "injective", "epilogue"}))
+    assert all("zero_copy" not in grp.attrs for grp in plan.groups)
