@@ -229,3 +229,40 @@ def test_the_rule_refuses_with_the_reason():
     g = b.build(b.op("Softmax", b.op("Relu", x, name="relu"), axis=-1, name="sm"))
     plan, dec = plan_of(g)
     assert refusals(dec, "attention") == ["rule refused: Softmax 'sm' input is not a MatMul's scores"]
+
+
+def test_the_structure_stays_inside_the_node_set():
+    # without the scores MatMul in the set, the Softmax's input is no MatMul's scores of this kernel
+    g = attention()
+    whole = find_attention(g, g.node("sm"))
+    assert _reason(attention_structure([n for n in whole if n.name != "qk"], g)) == \
+        ("condition", "Softmax 'sm' input is not a MatMul's scores")
+
+
+def _small(q_shape, k_shape, v_shape, dtype=np.float32):
+    b = GraphBuilder("small")
+    q = b.input("q", q_shape, dtype)
+    sm = b.op("Softmax", b.op("MatMul", q, b.input("kt", k_shape, dtype), name="qk"), axis=-1, name="sm")
+    g = b.build(b.op("MatMul", sm, b.input("v", v_shape, dtype), name="pv"))
+    return g, [g.node("qk"), g.node("sm"), g.node("pv")]
+
+
+def test_float32_operands_of_rank_two_or_more_only():
+    g, nodes = _small((4, 3), (3, 4), (4, 2))          # rank 2 everywhere: accepted
+    got = attention_structure(nodes, g)
+    assert isinstance(got, dict) and (got["q"], got["k"], got["v"]) == ("q", "kt", "v")
+    for shapes, dtype in ((((4, 3), (3, 4), (4, 2)), np.float64), (((3,), (3, 4), (4, 2)), np.float32),
+                          (((4, 3), (3, 4), (4,)), np.float32)):
+        g, nodes = _small(*shapes, dtype=dtype)
+        assert _reason(attention_structure(nodes, g)) == \
+            ("condition", "the attention kernel computes float32 operands of rank >= 2 only")
+
+
+def test_the_prologue_looks_at_every_operand():
+    # Q is a graph input (no producer); K goes through a Transpose, which joins the prologue
+    b = GraphBuilder("q_input")
+    q = b.input("q", (2, 4, 3))
+    tk = b.op("Transpose", b.input("k", (2, 4, 3)), perm=[0, 2, 1], name="tk")
+    sm = b.op("Softmax", b.op("MatMul", q, tk, name="qk"), axis=-1, name="sm")
+    g = b.build(b.op("MatMul", sm, b.input("v", (2, 4, 3)), name="pv"))
+    assert _names(find_attention(g, g.node("sm"))) == ["tk", "qk", "sm", "pv"]
