@@ -8,9 +8,9 @@ functions reach which mutated function (one unmutated run, as ``--per-test`` doe
 calls those test functions directly (in file order, stopping at the first that raises, like ``-x``). Only plain
 test functions are run: ``pytest.mark.parametrize`` is expanded, a test that needs a fixture is skipped (listed
 at the start), ``--deselect TEXT`` skips the tests whose id holds TEXT; marks (``slow``) are not read. A mutant
-is ``killed`` when a test raises (an assertion or any error), ``timeout`` past ``--timeout``, ``not reached``
-when no test calls its function, else ``survived``; a survivor here should still be run with
-``tools/mutate_narrow.py`` against a wider selection before it is called equivalent.
+is ``killed`` when a test raises (an assertion or any error), ``timeout`` past ``--cpu-limit`` CPU seconds (or
+``--timeout`` wall seconds), ``not reached`` when no test calls its function, else ``survived``; a survivor here
+should still be run with ``tools/mutate_narrow.py`` against a wider selection before it is called equivalent.
 
 ``mutants/`` must exist (``tools/mutate_narrow.py --generate FILE...``); mutmut must be importable (its
 trampolines are in the mutated code). The named test files are copied into ``mutants/`` first.
@@ -25,6 +25,7 @@ import importlib.util
 import itertools
 import json
 import os
+import resource
 import shutil
 import signal
 import sys
@@ -85,9 +86,11 @@ def _run_tests(tests) -> int:
     return 0
 
 
-def _fork(mutant: str, tests) -> int:
+def _fork(mutant: str, tests, cpu_limit: int = 0) -> int:
     pid = os.fork()
     if pid == 0:
+        if cpu_limit:  # CPU seconds, not wall time: a starved job is not cut short, an endless loop is
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu_limit, cpu_limit + 1))
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
@@ -126,7 +129,8 @@ def reach(tests) -> dict[str, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tests", action="append", required=True, help="a test file (repeatable)")
-    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds (wall) per mutant")
+    ap.add_argument("--cpu-limit", type=int, default=30, help="CPU seconds per mutant (then: timeout)")
     ap.add_argument("--jobs", type=int, default=1, help="mutants run at once")
     ap.add_argument("--deselect", action="append", default=[], help="skip the tests whose id has this (repeatable)")
     ap.add_argument("--resume", type=Path, help="skip the mutants this earlier output (``name status`` lines) has")
@@ -170,12 +174,13 @@ def main(argv: list[str] | None = None) -> int:
     while jobs or running:
         while jobs and len(running) < args.jobs:
             n, ts = jobs.pop(0)
-            running[_fork(n, ts)] = (n, time.monotonic())
+            running[_fork(n, ts, args.cpu_limit)] = (n, time.monotonic())
         time.sleep(0.02)
         for pid, (n, start) in list(running.items()):
             finished, status = os.waitpid(pid, os.WNOHANG)
             if finished:
-                results[n] = status_of(status)
+                cpu_out = os.WIFSIGNALED(status) and os.WTERMSIG(status) in (signal.SIGXCPU, signal.SIGKILL)
+                results[n] = "timeout" if cpu_out else status_of(status)
             elif time.monotonic() - start > args.timeout:
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)

@@ -266,3 +266,32 @@ def test_the_prologue_looks_at_every_operand():
     sm = b.op("Softmax", b.op("MatMul", q, tk, name="qk"), axis=-1, name="sm")
     g = b.build(b.op("MatMul", sm, b.input("v", (2, 4, 3)), name="pv"))
     assert _names(find_attention(g, g.node("sm"))) == ["tk", "qk", "sm", "pv"]
+
+
+def test_the_walk_follows_the_scores_not_a_constant_or_an_input_as_wide():
+    for other in ("const", "input"):
+        b = GraphBuilder("wide")
+        x = b.input("x", (2, 4, 4))
+        o = b.const("c", randn((2, 4, 4))) if other == "const" else b.input("m", (2, 4, 4))
+        s = b.op("Add", o, b.op("MatMul", x, b.input("kt", (2, 4, 4)), name="mm"), name="add")
+        sm = b.op("Softmax", s, axis=-1, name="sm")
+        g = b.build(b.op("MatMul", sm, b.input("v", (2, 4, 3)), name="pv"))
+        assert score_chain(g.node("sm"), g) == (g.node("mm"), [g.node("add")])
+
+
+def test_the_rule_names_the_matmuls_and_the_softmax_and_goes_on_after_a_refusal():
+    b = GraphBuilder("two")
+    x = b.input("x", (2, 4, 4))
+    outs = []
+    for i in range(2):     # the first Softmax reads no scores: refused by the rule; the second grouped
+        s = b.op("Relu", x, name="relu") if i == 0 else b.op("MatMul", x, b.input("kt", (2, 4, 4)), name="qk1")
+        sm = b.op("Softmax", s, axis=-1, name=f"sm{i}")
+        outs.append(b.op("MatMul", sm, b.input(f"v{i}", (2, 4, 3)), name=f"pv{i}"))
+    plan, dec = plan_of(b.build(*outs))
+    got = [(d.verdict, d.nodes, d.reason) for d in dec if d.rule == "attention"]
+    assert got == [("refused", ("sm0",), "Softmax 'sm0' input is not a MatMul's scores"),
+                   ("fused", ("qk1", "sm1", "pv1"), "3 ops in one attention kernel")]
+    g = attention()
+    _, dec = plan_of(g)
+    assert [(d.verdict, d.nodes, d.reason) for d in dec if d.rule == "attention"] == \
+        [("fused", ("qk", "sm", "pv"), "14 ops in one attention kernel")]
