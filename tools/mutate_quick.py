@@ -143,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     for t in args.tests:
         (root / t).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(t, root / t)
-    names = [n for n in mutant_names(root) if any(fnmatch.fnmatch(n, p) for p in args.patterns)]
+    every = mutant_names(root)  # in the order of the patterns (the first to run first)
+    names = list(dict.fromkeys(n for p in args.patterns for n in every if fnmatch.fnmatch(n, p)))
     if args.resume:
         done = {line.split()[0] for line in args.resume.read_text().splitlines() if line.startswith("opfuse.")}
         names = [n for n in names if n not in done]
