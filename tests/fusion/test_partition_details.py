@@ -222,3 +222,53 @@ def test_a_cyclic_partition_is_refused():
     g = _graph([("a", "Relu", ["x"]), ("b", "Exp", ["a"]), ("c", "Neg", ["b"])], ["c"])
     with pytest.raises(ModelError, match="fusion partition has a cycle between groups"):
         Partition(g, _groups(g, "a+c", "b"))
+
+
+def test_a_merge_ranks_every_descendant_in_its_window_after_the_merged_group():
+    # a -> m1 -> m2 -> n and b -> n, in the order a, m1, m2, b, n: merging a and b must rank m1 and m2 (both
+    # descend from a) after the merged group, so that {a+b, m2} is seen to leave through m1 and come back
+    g = _graph([("a", "Relu", ["x"]), ("m1", "Exp", ["a"]), ("m2", "Neg", ["m1"]), ("b", "Abs", ["x"]),
+                ("n", "Add", ["m2", "b"])], ["n"])
+    p = Partition(g)
+    ids = _by_name(p)
+    ab = p.union([ids["a"], ids["b"]], GroupShape("elementwise", None))
+    assert p.creates_cycle([ab, ids["m2"]])
+    assert p.creates_cycle([ab, ids["n"]])
+    assert not p.creates_cycle([ab, ids["m1"]])
+    assert _names(p, p.groups_in_order()) == ["a+b", "m1", "m2", "n"]
+
+
+def test_the_plan_order_stays_right_while_inversions_come_and_go_two_at_a_time():
+    # p1, p2, q1, q2 read x; s1 reads p1, q1; s2 reads p2, q2. Groups {p1, s1}, {p2, s2} both read a later group.
+    g = _graph([("p1", "Relu", ["x"]), ("p2", "Exp", ["x"]), ("q1", "Neg", ["x"]), ("q2", "Abs", ["x"]),
+                ("s1", "Add", ["p1", "q1"]), ("s2", "Mul", ["p2", "q2"])], ["s1", "s2"])
+    p = Partition(g, _groups(g, "p1+s1", "p2+s2", "q1", "q2"))
+    assert _names(p, p.groups_in_order()) == ["q1", "p1+s1", "q2", "p2+s2"]
+    ids = _by_name(p)
+    # merging q1 into {p1, s1} removes one inversion; the other remains
+    p.union([ids["p1+s1"], ids["q1"]], GroupShape("elementwise", None))
+    assert _names(p, p.groups_in_order()) == ["p1+q1+s1", "q2", "p2+s2"]
+    assert _ordered_by_key(p) == ["p1+q1+s1", "q2", "p2+s2"]
+
+
+def test_union_takes_attributes_in_node_order_whatever_the_group_ids():
+    g = _graph([("a", "Relu", ["x"]), ("b", "Exp", ["a"])], ["b"])
+    groups = [([g.node("b")], GroupShape("single", g.node("b")), {"origin": ["B"], "keep": "b"}),
+              ([g.node("a")], GroupShape("single", g.node("a")), {"origin": ["A"], "keep": "a"})]
+    p = Partition(g, groups)
+    ids = _by_name(p)
+    assert ids["b"] < ids["a"]
+    gid = p.union([ids["a"], ids["b"]], GroupShape("elementwise", None))
+    assert p.attrs[gid] == {"origin": ["A", "B"], "keep": "b"}
+
+
+def test_the_cycle_errors_say_so_exactly():
+    g = _graph([("a", "Relu", ["x"]), ("b", "Exp", ["a"]), ("c", "Neg", ["b"])], ["c"])
+    with pytest.raises(ModelError) as e:
+        Partition(g, _groups(g, "a+c", "b"))
+    assert str(e.value) == "fusion partition has a cycle between groups"
+    p = Partition(g)
+    ids = _by_name(p)
+    with pytest.raises(ModelError) as e:
+        p.union([ids["a"], ids["c"]], GroupShape("elementwise", None))
+    assert str(e.value) == "fusion partition: merging these groups would create a cycle"
