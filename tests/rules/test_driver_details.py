@@ -162,7 +162,8 @@ def test_the_library_lists_the_families_in_their_order():
     rec = recognition_rules()
     assert len(rec) == 6 and rec[-1].name == "int8_concat" and all(r.is_rewrite for r in rec)
     assert len({r.name for r in rec}) == 6 and not any(r.is_rewrite for r in fusion_rules())
-    assert [r.name for r in default_rules()] == [r.name for r in recognition_rules()] + fusion_rule_names()
+    names = [r.name for r in default_rules()]   # other rewrite stages may come first
+    assert names[len(names) - 14:] == [r.name for r in recognition_rules()] + fusion_rule_names()
     assert rule_by_name("epilogue").name == "epilogue"
     mine = Rule("mine", Op("Relu"))
     assert rule_by_name("mine", [mine]) is mine
