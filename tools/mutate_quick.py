@@ -7,7 +7,8 @@ the cores, over 60 s of wall time a mutant). This tool imports the named test fi
 functions reach which mutated function (one unmutated run, as ``--per-test`` does), then forks per mutant and
 calls those test functions directly (in file order, stopping at the first that raises, like ``-x``). Only plain
 test functions are run: ``pytest.mark.parametrize`` is expanded, a test that needs a fixture is skipped (listed
-at the start), ``--deselect TEXT`` skips the tests whose id holds TEXT; marks (``slow``) are not read. A mutant
+at the start) unless it is one of the file's own fixtures without parameters (made once per mutant, module
+scope), ``--deselect TEXT`` skips the tests whose id holds TEXT; marks (``slow``) are not read. A mutant
 is ``killed`` when a test raises (an assertion or any error), ``timeout`` past ``--cpu-limit`` CPU seconds (or
 ``--timeout`` wall seconds), ``not reached`` when no test calls its function, else ``survived``; a survivor here
 should still be run with ``tools/mutate_narrow.py`` against a wider selection before it is called equivalent.
@@ -50,8 +51,8 @@ def _expand(fn) -> list[tuple[str, dict]]:
     return calls
 
 
-def collect(paths: list[str]) -> tuple[list[tuple[str, object, dict]], list[str]]:
-    """Import each test file; its plain test functions as (id, function, kwargs), and the ids skipped."""
+def collect(paths: list[str]) -> tuple[list[tuple[str, object, dict, dict]], list[str]]:
+    """Import each test file; its test functions as (id, function, kwargs, fixtures used), and the ids skipped."""
     import inspect
     tests, skipped = [], []
     for path in paths:
@@ -64,23 +65,40 @@ def collect(paths: list[str]) -> tuple[list[tuple[str, object, dict]], list[str]
         mod = importlib.util.module_from_spec(spec)
         sys.modules[p.stem] = mod
         spec.loader.exec_module(mod)
+        fixtures = {}  # the module's own fixtures without parameters, by name
+        for name, obj in vars(mod).items():
+            marker = getattr(obj, "_fixture_function_marker", None)
+            if marker is not None and not marker.params:
+                inner = obj._get_wrapped_function()
+                if not inspect.signature(inner).parameters:
+                    fixtures[name] = inner
         for name, fn in vars(mod).items():
             if not name.startswith("test_") or not callable(fn) or getattr(fn, "__module__", None) != p.stem:
                 continue
             for cid, kwargs in _expand(fn):
                 params = set(inspect.signature(fn).parameters)
                 tid = f"{path}::{name}{cid}"
-                if params - set(kwargs):
+                if params - set(kwargs) - set(fixtures):
                     skipped.append(tid)
                 else:
-                    tests.append((tid, fn, kwargs))
+                    uses = {k: fixtures[k] for k in params - set(kwargs)}
+                    tests.append((tid, fn, kwargs, uses))
     return tests, skipped
 
 
+def _call(fn, kwargs, uses, made: dict):
+    """Call a test, making the module fixtures it names once per process (module scope)."""
+    for k, f in uses.items():
+        if k not in made:
+            made[k] = f()
+    return fn(**kwargs, **{k: made[k] for k in uses})
+
+
 def _run_tests(tests) -> int:
-    for _, fn, kwargs in tests:
+    made: dict = {}
+    for _, fn, kwargs, uses in tests:
         try:
-            fn(**kwargs)
+            _call(fn, kwargs, uses, made)
         except BaseException:
             return 1
     return 0
@@ -110,10 +128,11 @@ def reach(tests) -> dict[str, list[str]]:
         current = [""]
         hits: dict[str, set[str]] = {}
         trampoline.record_trampoline_hit = lambda name, caller=None: hits.setdefault(name, set()).add(current[0])
-        for tid, fn, kwargs in tests:
+        made: dict = {}
+        for tid, fn, kwargs, uses in tests:
             current[0] = tid
             try:
-                fn(**kwargs)
+                _call(fn, kwargs, uses, made)
             except BaseException:
                 pass
         with os.fdopen(w, "w") as f:
@@ -161,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"mutate_quick: the tests {'fail unmutated' if not which else 'miss a forced failure'}")
             return 2
     hits = reach(tests)
-    order = {tid: i for i, (tid, _, _) in enumerate(tests)}
+    order = {tid: i for i, (tid, *_) in enumerate(tests)}
     jobs = []
     results: dict[str, str] = {}
     for n in names:
