@@ -946,6 +946,72 @@ def _weights_outer(weight_words: int, image_words: int) -> bool:
     return weight_words > image_words
 
 
+def _weight_words(wt: np.ndarray, g: _Geometry, MB: int, MR: int, CP: int, per: int, KWw: int, tap_words: bool,
+                  dtype) -> np.ndarray:
+    """A conv's weights ``wt`` (groups x channels x input channels x taps) as the int32 words the word GEMMs
+    read: ``[group][channel block][word][kh][kw][r]``, each word ``per`` input channels' weights of type
+    ``dtype`` (int16 pairs, int8 quads), or with ``tap_words`` (one input channel) ``[group][channel
+    block][kh][word][r]``, each word 4 taps of a kernel row; MB blocks of MR channels, zero past the last."""
+    G, mg, cg = wt.shape[:3]
+    if tap_words:
+        packed = np.zeros((G, MB * MR, g.KH, KWw * per), np.int8)
+        packed[:, :mg, :, :g.KW] = wt.reshape(G, mg, g.KH, g.KW)
+        packed = packed.reshape(G, MB, MR, g.KH, KWw, per).transpose(0, 1, 3, 4, 2, 5)
+    else:
+        packed = np.zeros((G, MB * MR, per * CP, g.KH * g.KW), dtype)
+        packed[:, :mg, :cg, :] = wt
+        packed = packed.reshape(G, MB, MR, CP, per, g.KH * KWw).transpose(0, 1, 3, 5, 2, 4)  # g mb word tap r ch.
+    return np.ascontiguousarray(packed).view(np.int32).reshape(-1)
+
+
+@dataclass(frozen=True)
+class _Image:
+    """The word image a word GEMM reads: geometry ``g``, the input's C x H x W, ``cg`` channels per group
+    in ``CP`` words of ``per``, ``flat`` (one row per plane), ``tap_words`` (4 taps of a row per word), at
+    ``xoff`` in the scratch."""
+    g: _Geometry
+    C: int
+    H: int
+    W: int
+    cg: int
+    CP: int
+    per: int
+    flat: bool
+    tap_words: bool
+    xoff: int
+
+
+def _emit_word_image(kc, im: _Image, q: Value, img: str, grp: str, names: tuple[str, str, str, str],
+                     build_row: Callable[[str, list[str]], None]) -> None:
+    """Inside the loop over images and groups: the image of words, built once per image and group into
+    thread 0's scratch (shared), every padded row of ``per`` input channels (or of one channel, read 4 taps
+    apart) and column phase written by ``build_row(dst, rows)``, the rows' pointers NULL in the padding."""
+    w, g = kc.w, im.g
+    xp, cp, r, ph = names
+    C, H, W, per = im.C, im.H, im.W, im.per
+    qp, ct = kc.ptr(q), c_type(q.dtype)
+    w.line(f"int32_t* restrict {xp} = (int32_t*)(scratch + {im.xoff});  /* shared: thread 0's scratch */")
+    kc.parallel_for(im.CP * g.plane * 4)
+    with w.block(f"for (long {cp} = 0; {cp} < {im.CP}; ++{cp})"):
+        c0 = kc.tmp("c")
+        w.line(f"const long {c0} = {grp} * {im.cg} + {per} * {cp};")
+        with w.block(f"for (long {r} = 0; {r} < {g.Hp}; ++{r})"):
+            ih = kc.tmp("ih")
+            w.line(f"const long {ih} = {r} - {g.PT};")
+            rows = [kc.tmp("row") for _ in range(per)]
+            base = f"{qp} + (({img} * {C} + {c0}) * {H} + {ih}) * {W}" if not im.flat else \
+                f"{qp} + ({img} * {C} + {c0}) * {H * W}"
+            inside = f"{ih} >= 0 && {ih} < {g.H}"
+            for k, row in enumerate(rows):
+                if im.tap_words:  # the same row, read 4 taps apart
+                    w.line(f"const {ct}* {row} = {inside} ? {base} : NULL;")
+                    continue
+                cond = inside if k == 0 else f"{inside} && {per} * {cp} + {k} < {im.cg}"
+                w.line(f"const {ct}* {row} = {cond} ? {base} + {k * H * W} : NULL;")
+            with w.block(f"for (long {ph} = 0; {ph} < {g.SW}; ++{ph})"):
+                build_row(f"{xp} + (({cp} * {g.Hp} + {r}) * {g.SW} + {ph}) * {g.Wq}", rows)
+
+
 def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, G: int, zu: int | None) -> _Packed:
     """The GEMM over words of ``per`` input channels: int16 pairs (``zu`` None) or u8 quads with the unsigned
     zero point ``zu`` (the padding's value; ``zu * sum(w)`` comes off through the bias)."""
@@ -965,15 +1031,7 @@ def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, G: int, zu: int | 
     MB = -(-mg // MR)
     taps = g.KH * KWw
     wt = ev.static[id(node.input(1))].astype(np.int64).reshape(G, mg, cg, g.KH * g.KW)
-    if tap_words:  # [group][channel block][kh][word][r] words of 4 taps
-        packed = np.zeros((G, MB * MR, g.KH, KWw * per), np.int8)
-        packed[:, :mg, :, :g.KW] = wt.reshape(G, mg, g.KH, g.KW)
-        packed = packed.reshape(G, MB, MR, g.KH, KWw, per).transpose(0, 1, 3, 4, 2, 5)
-    else:  # [group][channel block][word][kh][kw][r] words of `per` channels' weights
-        packed = np.zeros((G, MB * MR, per * CP, g.KH * g.KW), np.int16 if zu is None else np.int8)
-        packed[:, :mg, :cg, :] = wt
-        packed = packed.reshape(G, MB, MR, CP, per, taps).transpose(0, 1, 3, 5, 2, 4)  # g mb word tap r channel
-    words = np.ascontiguousarray(packed).view(np.int32).reshape(-1)
+    words = _weight_words(wt, g, MB, MR, CP, per, KWw, tap_words, np.int16 if zu is None else np.int8)
     kind = "pairs" if zu is None else "quads"
     wq = kc.const_array((f"q8_gemm_{kind}", node.name), words, f"{node.input(1).name}_{kind}", np.int32)
     bias = None
@@ -992,7 +1050,6 @@ def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, G: int, zu: int | 
                              f"{words_of} (vpdpbusd with AVX512-VNNI, two vpmaddwd with AVX2 alone), epilogue in "
                              f"vectors", node)
     w = kc.w
-    qp = kc.ptr(x.q)
     ct = c_type(x.q.dtype)
     if zu is None:
         s = _pairs_helper(kc, x.q.dtype)
@@ -1004,32 +1061,15 @@ def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, G: int, zu: int | 
     xp = kc.tmp("xp")
     with w.block(f"for (long {b} = 0; {b} < {N * G}; ++{b})"):
         img, grp = (f"({b} / {G})", f"({b} % {G})") if G > 1 else (b, "0")
-        w.line(f"int32_t* restrict {xp} = (int32_t*)(scratch + {xoff});  /* shared: thread 0's scratch */")
-        # the image of words, built once per image and group
-        kc.parallel_for(CP * plane * 4)
-        with w.block(f"for (long {cp} = 0; {cp} < {CP}; ++{cp})"):
-            c0 = kc.tmp("c")
-            w.line(f"const long {c0} = {grp} * {cg} + {per} * {cp};")
-            with w.block(f"for (long {r} = 0; {r} < {g.Hp}; ++{r})"):
-                ih = kc.tmp("ih")
-                w.line(f"const long {ih} = {r} - {g.PT};")
-                rows = [kc.tmp("row") for _ in range(per)]
-                base = f"{qp} + (({img} * {C} + {c0}) * {H} + {ih}) * {W}" if not flat else \
-                    f"{qp} + ({img} * {C} + {c0}) * {H * W}"
-                inside = f"{ih} >= 0 && {ih} < {g.H}"
-                for q, row in enumerate(rows):
-                    if tap_words:  # the same row, read 4 taps apart
-                        w.line(f"const {ct}* {row} = {inside} ? {base} : NULL;")
-                        continue
-                    cond = inside if q == 0 else f"{inside} && {per} * {cp} + {q} < {cg}"
-                    w.line(f"const {ct}* {row} = {cond} ? {base} + {q * H * W} : NULL;")
-                with w.block(f"for (long {ph} = 0; {ph} < {g.SW}; ++{ph})"):
-                    dst = f"{xp} + (({cp} * {g.Hp} + {r}) * {g.SW} + {ph}) * {g.Wq}"
-                    if zu is None:
-                        _emit_build_row(w, f"opfuse_q8_pairs_{s}", dst, (rows[0], rows[1]), g, x.zp, ph)
-                    else:
-                        w.line(f"opfuse_q8_quads_{s}((uint8_t*)({dst}), {', '.join(rows)}, {ph} - {g.PL}, {g.Wq}, "
-                               f"{g.SW}, {g.W}, {zu}, {g.DW if tap_words else 0});")
+
+        def build_row(dst: str, rows: list[str]) -> None:
+            if zu is None:
+                _emit_build_row(w, f"opfuse_q8_pairs_{s}", dst, (rows[0], rows[1]), g, x.zp, ph)
+            else:
+                w.line(f"opfuse_q8_quads_{s}((uint8_t*)({dst}), {', '.join(rows)}, {ph} - {g.PL}, {g.Wq}, "
+                       f"{g.SW}, {g.W}, {zu}, {g.DW if tap_words else 0});")
+        _emit_word_image(kc, _Image(g, C, H, W, cg, CP, per, flat, tap_words, xoff), x.q, img, grp, (xp, cp, r, ph),
+                         build_row)
         tiles_w = -(-g.OW // g.NB)
         t, mb = kc.tmp("t"), kc.tmp("mb")
         kc.parallel_for(g.OH * tiles_w * mg * CP * taps * 2 * g.NB)
@@ -1600,15 +1640,7 @@ def neon_gemm(kc, ev, node: Node, x: QInput, ep: QEpilogue, G: int) -> _Packed:
     MB = -(-mg // MR)
     taps = g.KH * KWw
     wt = wt.reshape(G, mg, cg, g.KH * g.KW)
-    if tap_words:
-        packed = np.zeros((G, MB * MR, g.KH, KWw * per), np.int8)
-        packed[:, :mg, :, :g.KW] = wt.reshape(G, mg, g.KH, g.KW)
-        packed = packed.reshape(G, MB, MR, g.KH, KWw, per).transpose(0, 1, 3, 4, 2, 5)
-    else:
-        packed = np.zeros((G, MB * MR, per * CP, g.KH * g.KW), np.int8)
-        packed[:, :mg, :cg, :] = wt
-        packed = packed.reshape(G, MB, MR, CP, per, taps).transpose(0, 1, 3, 5, 2, 4)
-    words = np.ascontiguousarray(packed).view(np.int32).reshape(-1)
+    words = _weight_words(wt, g, MB, MR, CP, per, KWw, tap_words, np.int8)
     wq = kc.const_array(("q8_gemm_quads", node.name), words, f"{node.input(1).name}_quads", np.int32)
     corrected = ep.bias.astype(np.int64) - zs * wt.reshape(OC, -1).sum(axis=1)
     bias = kc.const_array(("q8_neon_bias", ep.out.name), ((corrected + (1 << 31)) % (1 << 32) - (1 << 31))
@@ -1625,7 +1657,6 @@ def neon_gemm(kc, ev, node: Node, x: QInput, ep: QEpilogue, G: int) -> _Packed:
                          f"the dot product), {MR} channels x {NEON_LANES * NV} positions, words of {words_of}, "
                          "requantizing epilogue in vectors (exact, 64-bit lanes)", node)
     w = kc.w
-    qp = kc.ptr(x.q)
     ct = c_type(x.q.dtype)
     s = "s8" if x.q.dtype == np.int8 else "u8"
     flip = "0" if x.q.dtype == np.int8 else "0x80"
@@ -1634,28 +1665,12 @@ def neon_gemm(kc, ev, node: Node, x: QInput, ep: QEpilogue, G: int) -> _Packed:
     b, cp, r, ph, xp = kc.tmp("b"), kc.tmp("cp"), kc.tmp("r"), kc.tmp("ph"), kc.tmp("xp")
     with w.block(f"for (long {b} = 0; {b} < {N * G}; ++{b})"):
         img, grp = (f"({b} / {G})", f"({b} % {G})") if G > 1 else (b, "0")
-        w.line(f"int32_t* restrict {xp} = (int32_t*)(scratch + {xoff});  /* shared: thread 0's scratch */")
-        kc.parallel_for(CP * plane * 4)
-        with w.block(f"for (long {cp} = 0; {cp} < {CP}; ++{cp})"):
-            c0 = kc.tmp("c")
-            w.line(f"const long {c0} = {grp} * {cg} + {per} * {cp};")
-            with w.block(f"for (long {r} = 0; {r} < {g.Hp}; ++{r})"):
-                ih = kc.tmp("ih")
-                w.line(f"const long {ih} = {r} - {g.PT};")
-                rows = [kc.tmp("row") for _ in range(per)]
-                base = f"{qp} + (({img} * {C} + {c0}) * {H} + {ih}) * {W}" if not flat else \
-                    f"{qp} + ({img} * {C} + {c0}) * {H * W}"
-                inside = f"{ih} >= 0 && {ih} < {g.H}"
-                for q, row in enumerate(rows):
-                    if tap_words:
-                        w.line(f"const {ct}* {row} = {inside} ? {base} : NULL;")
-                        continue
-                    cond = inside if q == 0 else f"{inside} && {per} * {cp} + {q} < {cg}"
-                    w.line(f"const {ct}* {row} = {cond} ? {base} + {q * H * W} : NULL;")
-                with w.block(f"for (long {ph} = 0; {ph} < {g.SW}; ++{ph})"):
-                    dst = f"{xp} + (({cp} * {g.Hp} + {r}) * {g.SW} + {ph}) * {g.Wq}"
-                    w.line(f"opfuse_q8n_quads_{s}((uint8_t*)({dst}), {', '.join(rows)}, {ph} - {g.PL}, {g.Wq}, "
-                           f"{g.SW}, {g.W}, {zs & 0xFF}, {g.DW if tap_words else 0});")
+
+        def build_row(dst: str, rows: list[str]) -> None:
+            w.line(f"opfuse_q8n_quads_{s}((uint8_t*)({dst}), {', '.join(rows)}, {ph} - {g.PL}, {g.Wq}, "
+                   f"{g.SW}, {g.W}, {zs & 0xFF}, {g.DW if tap_words else 0});")
+        _emit_word_image(kc, _Image(g, C, H, W, cg, CP, per, flat, tap_words, xoff), x.q, img, grp, (xp, cp, r, ph),
+                         build_row)
         tiles_w = -(-g.OW // g.NB)
         t, mb = kc.tmp("t"), kc.tmp("mb")
         kc.parallel_for(g.OH * tiles_w * mg * CP * taps * 2 * g.NB)
