@@ -58,8 +58,9 @@ in the epilogue (another op, a second output) keeps it too, and the kernel's not
 from __future__ import annotations
 
 import hashlib
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import Callable, Iterator, TypeVar
 
 import numpy as np
 
@@ -982,7 +983,7 @@ class _Image:
 
 
 def _emit_word_image(kc, im: _Image, q: Value, img: str, grp: str, names: tuple[str, str, str, str],
-                     build_row: Callable[[str, list[str]], None]) -> None:
+                     build_row: Callable[[str, list[str], str], None]) -> None:
     """Inside the loop over images and groups: the image of words, built once per image and group into
     thread 0's scratch (shared), every padded row of ``per`` input channels (or of one channel, read 4 taps
     apart) and column phase written by ``build_row(dst, rows)``, the rows' pointers NULL in the padding."""
@@ -1009,7 +1010,36 @@ def _emit_word_image(kc, im: _Image, q: Value, img: str, grp: str, names: tuple[
                 cond = inside if k == 0 else f"{inside} && {per} * {cp} + {k} < {im.cg}"
                 w.line(f"const {ct}* {row} = {cond} ? {base} + {k * H * W} : NULL;")
             with w.block(f"for (long {ph} = 0; {ph} < {g.SW}; ++{ph})"):
-                build_row(f"{xp} + (({cp} * {g.Hp} + {r}) * {g.SW} + {ph}) * {g.Wq}", rows)
+                build_row(f"{xp} + (({cp} * {g.Hp} + {r}) * {g.SW} + {ph}) * {g.Wq}", rows, ph)
+
+
+@contextmanager
+def _word_tiles(kc, im: _Image, q: Value, N: int, G: int, mg: int, MB: int, MR: int, KWw: int, wq: str,
+                build_row: Callable[[str, list[str], str], None]) -> Iterator[tuple[str, ...]]:
+    """The word GEMMs' loops: per image and group the word image (``_emit_word_image``), then the output tiles
+    (NB positions of a row) x the blocks of MR of the group's ``mg`` channels, in the order that keeps the
+    larger of the weights and the image in cache (``_weights_outer``). Yields, at the tile's depth,
+    ``(img, grp, mb, oh, ow0, xt, wp)``: the tile's first word and the channel block's first weight word."""
+    w, g, CP = kc.w, im.g, im.CP
+    taps = g.KH * KWw
+    b, cp, r, ph = kc.tmp("b"), kc.tmp("cp"), kc.tmp("r"), kc.tmp("ph")
+    xp = kc.tmp("xp")
+    with w.block(f"for (long {b} = 0; {b} < {N * G}; ++{b})"):
+        img, grp = (f"({b} / {G})", f"({b} % {G})") if G > 1 else (b, "0")
+        _emit_word_image(kc, im, q, img, grp, (xp, cp, r, ph), build_row)
+        tiles_w = -(-g.OW // g.NB)
+        t, mb = kc.tmp("t"), kc.tmp("mb")
+        kc.parallel_for(g.OH * tiles_w * mg * CP * taps * 2 * g.NB)
+        weights_outer = _weights_outer(MB * MR * CP * taps, CP * g.plane)
+        loops = [f"for (long {t} = 0; {t} < {g.OH * tiles_w}; ++{t})", f"for (long {mb} = 0; {mb} < {MB}; ++{mb})"]
+        with w.block(loops[weights_outer]), w.block(loops[not weights_outer]):
+            oh, ow0 = kc.tmp("oh"), kc.tmp("ow")
+            w.line(f"const long {oh} = {t} / {tiles_w}, {ow0} = ({t} % {tiles_w}) * {g.NB};")
+            xt = kc.tmp("xt")
+            w.line(f"const int32_t* {xt} = {xp} + {oh} * {g.SH * g.SW * g.Wq} + {ow0};")
+            wp = kc.tmp("wp")
+            w.line(f"const int32_t* {wp} = {wq} + ({grp} * {MB} + {mb}) * {CP * taps * MR};")
+            yield img, grp, mb, oh, ow0, xt, wp
 
 
 def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, G: int, zu: int | None) -> _Packed:
@@ -1057,50 +1087,34 @@ def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, G: int, zu: int | 
         s = "s8" if x.q.dtype == np.int8 else "u8"
         flip = "0x80" if x.q.dtype == np.int8 else "0"
         kc.program.require_helper(f"opfuse_q8_quads_{s}", QUADS_C.format(s=s, T=ct, flip=flip))
-    b, cp, r, ph = kc.tmp("b"), kc.tmp("cp"), kc.tmp("r"), kc.tmp("ph")
-    xp = kc.tmp("xp")
-    with w.block(f"for (long {b} = 0; {b} < {N * G}; ++{b})"):
-        img, grp = (f"({b} / {G})", f"({b} % {G})") if G > 1 else (b, "0")
+    im = _Image(g, C, H, W, cg, CP, per, flat, tap_words, xoff)
 
-        def build_row(dst: str, rows: list[str]) -> None:
-            if zu is None:
-                _emit_build_row(w, f"opfuse_q8_pairs_{s}", dst, (rows[0], rows[1]), g, x.zp, ph)
-            else:
-                w.line(f"opfuse_q8_quads_{s}((uint8_t*)({dst}), {', '.join(rows)}, {ph} - {g.PL}, {g.Wq}, "
-                       f"{g.SW}, {g.W}, {zu}, {g.DW if tap_words else 0});")
-        _emit_word_image(kc, _Image(g, C, H, W, cg, CP, per, flat, tap_words, xoff), x.q, img, grp, (xp, cp, r, ph),
-                         build_row)
-        tiles_w = -(-g.OW // g.NB)
-        t, mb = kc.tmp("t"), kc.tmp("mb")
-        kc.parallel_for(g.OH * tiles_w * mg * CP * taps * 2 * g.NB)
-        weights_outer = _weights_outer(MB * MR * CP * taps, CP * plane)
-        loops = [f"for (long {t} = 0; {t} < {g.OH * tiles_w}; ++{t})", f"for (long {mb} = 0; {mb} < {MB}; ++{mb})"]
-        with w.block(loops[weights_outer]), w.block(loops[not weights_outer]):
-            oh, ow0 = kc.tmp("oh"), kc.tmp("ow")
-            w.line(f"const long {oh} = {t} / {tiles_w}, {ow0} = ({t} % {tiles_w}) * {g.NB};")
-            xt = kc.tmp("xt")
-            w.line(f"const int32_t* {xt} = {xp} + {oh} * {g.SH * g.SW * g.Wq} + {ow0};")
-            wp = kc.tmp("wp")
-            w.line(f"const int32_t* {wp} = {wq} + ({grp} * {MB} + {mb}) * {CP * taps * MR};")
-            offsets = [g.tap(kh, per * kw if tap_words else kw) for kh in range(g.KH) for kw in range(KWw)]
-            mk = _micro_kernel(kc, MR, NV, offsets, "OPFUSE_Q8_DOT" if zu is None else "opfuse_q8_dpbusd")
-            buf = kc.tmp("acc")
-            w.line(f"__m256i {buf}[{MR * NV}];")
-            w.line(f"{mk}({xt}, {wp}, {CP}, {plane}, {buf});")
-            accs = [[f"{buf}[{i * NV + v}]" for v in range(NV)] for i in range(MR)]
-            for i in range(MR):
-                m = kc.tmp("m")
-                w.line(f"const long {m} = {mb} * {MR} + {i};")
-                guard = f"if ({m} < {mg})" if mg % MR else ""
-                with w.block(guard):
-                    oc = kc.tmp("oc")
-                    w.line(f"const long {oc} = {grp} * {mg} + {m};")
-                    if flat:
-                        orow, rrow = _out_rows(kc, ep, img, oc, "0", (N, OC, 1, OH * OW))
-                    else:
-                        orow, rrow = _out_rows(kc, ep, img, oc, oh, out_shape)
-                    chan = _emit_channel(kc, ep, oc, bias, dscale)
-                    _emit_epilogue(kc, ep, accs[i], chan, orow, ow0, str(g.OW), rrow)
+    def build_row(dst: str, rows: list[str], ph: str) -> None:
+        if zu is None:
+            _emit_build_row(w, f"opfuse_q8_pairs_{s}", dst, (rows[0], rows[1]), g, x.zp, ph)
+        else:
+            w.line(f"opfuse_q8_quads_{s}((uint8_t*)({dst}), {', '.join(rows)}, {ph} - {g.PL}, {g.Wq}, "
+                   f"{g.SW}, {g.W}, {zu}, {g.DW if tap_words else 0});")
+    offsets = [g.tap(kh, per * kw if tap_words else kw) for kh in range(g.KH) for kw in range(KWw)]
+    with _word_tiles(kc, im, x.q, N, G, mg, MB, MR, KWw, wq, build_row) as (img, grp, mb, oh, ow0, xt, wp):
+        mk = _micro_kernel(kc, MR, NV, offsets, "OPFUSE_Q8_DOT" if zu is None else "opfuse_q8_dpbusd")
+        buf = kc.tmp("acc")
+        w.line(f"__m256i {buf}[{MR * NV}];")
+        w.line(f"{mk}({xt}, {wp}, {CP}, {plane}, {buf});")
+        accs = [[f"{buf}[{i * NV + v}]" for v in range(NV)] for i in range(MR)]
+        for i in range(MR):
+            m = kc.tmp("m")
+            w.line(f"const long {m} = {mb} * {MR} + {i};")
+            guard = f"if ({m} < {mg})" if mg % MR else ""
+            with w.block(guard):
+                oc = kc.tmp("oc")
+                w.line(f"const long {oc} = {grp} * {mg} + {m};")
+                if flat:
+                    orow, rrow = _out_rows(kc, ep, img, oc, "0", (N, OC, 1, OH * OW))
+                else:
+                    orow, rrow = _out_rows(kc, ep, img, oc, oh, out_shape)
+                chan = _emit_channel(kc, ep, oc, bias, dscale)
+                _emit_epilogue(kc, ep, accs[i], chan, orow, ow0, str(g.OW), rrow)
     return _Packed(wq, 16 if zu is None else 8, _word_index(MB, MR, CP, taps, per, g.KW, KWw if tap_words else 0),
                    {})
 
@@ -1662,43 +1676,30 @@ def neon_gemm(kc, ev, node: Node, x: QInput, ep: QEpilogue, G: int) -> _Packed:
     flip = "0" if x.q.dtype == np.int8 else "0x80"
     kc.program.require_helper("opfuse_arm_neon", NEON_INCLUDE)
     kc.program.require_helper(f"opfuse_q8n_quads_{s}", QUADS_NEON_C.format(s=s, T=ct, flip=flip))
-    b, cp, r, ph, xp = kc.tmp("b"), kc.tmp("cp"), kc.tmp("r"), kc.tmp("ph"), kc.tmp("xp")
-    with w.block(f"for (long {b} = 0; {b} < {N * G}; ++{b})"):
-        img, grp = (f"({b} / {G})", f"({b} % {G})") if G > 1 else (b, "0")
+    im = _Image(g, C, H, W, cg, CP, per, flat, tap_words, xoff)
 
-        def build_row(dst: str, rows: list[str]) -> None:
-            w.line(f"opfuse_q8n_quads_{s}((uint8_t*)({dst}), {', '.join(rows)}, {ph} - {g.PL}, {g.Wq}, "
-                   f"{g.SW}, {g.W}, {zs & 0xFF}, {g.DW if tap_words else 0});")
-        _emit_word_image(kc, _Image(g, C, H, W, cg, CP, per, flat, tap_words, xoff), x.q, img, grp, (xp, cp, r, ph),
-                         build_row)
-        tiles_w = -(-g.OW // g.NB)
-        t, mb = kc.tmp("t"), kc.tmp("mb")
-        kc.parallel_for(g.OH * tiles_w * mg * CP * taps * 2 * g.NB)
-        weights_outer = _weights_outer(MB * MR * CP * taps, CP * plane)
-        loops = [f"for (long {t} = 0; {t} < {g.OH * tiles_w}; ++{t})", f"for (long {mb} = 0; {mb} < {MB}; ++{mb})"]
-        with w.block(loops[weights_outer]), w.block(loops[not weights_outer]):
-            oh, ow0 = kc.tmp("oh"), kc.tmp("ow")
-            w.line(f"const long {oh} = {t} / {tiles_w}, {ow0} = ({t} % {tiles_w}) * {g.NB};")
-            xt, wp, buf = kc.tmp("xt"), kc.tmp("wp"), kc.tmp("acc")
-            w.line(f"const int32_t* {xt} = {xp} + {oh} * {g.SH * g.SW * g.Wq} + {ow0};")
-            w.line(f"const int32_t* {wp} = {wq} + ({grp} * {MB} + {mb}) * {CP * taps * MR};")
-            offsets = [g.tap(kh, per * kw if tap_words else kw) for kh in range(g.KH) for kw in range(KWw)]
-            mk = _neon_micro_kernel(kc, MR, NV, offsets)
-            w.line(f"int32_t {buf}[{MR * g.NB}];")
-            w.line(f"{mk}({xt}, {wp}, {CP}, {plane}, {buf});")
-            n = kc.tmp("n")
-            w.line(f"const long {n} = {g.OW} - {ow0} < {g.NB} ? {g.OW} - {ow0} : {g.NB};")
-            for i in range(MR):
-                m = kc.tmp("m")
-                w.line(f"const long {m} = {mb} * {MR} + {i};")
-                with w.block(f"if ({m} < {mg})" if mg % MR else ""):
-                    oc = kc.tmp("oc")
-                    w.line(f"const long {oc} = {grp} * {mg} + {m};")
-                    if flat:
-                        orow, rrow = _out_rows(kc, ep, img, oc, "0", (N, OC, 1, OH * OW))
-                    else:
-                        orow, rrow = _out_rows(kc, ep, img, oc, oh, out_shape)
-                    _neon_epilogue(kc, ep, buf, i * g.NB, NV, bias, arrays, oc, orow, rrow, ow0, n)
+    def build_row(dst: str, rows: list[str], ph: str) -> None:
+        w.line(f"opfuse_q8n_quads_{s}((uint8_t*)({dst}), {', '.join(rows)}, {ph} - {g.PL}, {g.Wq}, "
+               f"{g.SW}, {g.W}, {zs & 0xFF}, {g.DW if tap_words else 0});")
+    offsets = [g.tap(kh, per * kw if tap_words else kw) for kh in range(g.KH) for kw in range(KWw)]
+    with _word_tiles(kc, im, x.q, N, G, mg, MB, MR, KWw, wq, build_row) as (img, grp, mb, oh, ow0, xt, wp):
+        buf = kc.tmp("acc")
+        mk = _neon_micro_kernel(kc, MR, NV, offsets)
+        w.line(f"int32_t {buf}[{MR * g.NB}];")
+        w.line(f"{mk}({xt}, {wp}, {CP}, {plane}, {buf});")
+        n = kc.tmp("n")
+        w.line(f"const long {n} = {g.OW} - {ow0} < {g.NB} ? {g.OW} - {ow0} : {g.NB};")
+        for i in range(MR):
+            m = kc.tmp("m")
+            w.line(f"const long {m} = {mb} * {MR} + {i};")
+            with w.block(f"if ({m} < {mg})" if mg % MR else ""):
+                oc = kc.tmp("oc")
+                w.line(f"const long {oc} = {grp} * {mg} + {m};")
+                if flat:
+                    orow, rrow = _out_rows(kc, ep, img, oc, "0", (N, OC, 1, OH * OW))
+                else:
+                    orow, rrow = _out_rows(kc, ep, img, oc, oh, out_shape)
+                _neon_epilogue(kc, ep, buf, i * g.NB, NV, bias, arrays, oc, orow, rrow, ow0, n)
     return _Packed(wq, 8, _word_index(MB, MR, CP, taps, per, g.KW, KWw if tap_words else 0), {})
 
 
