@@ -4,27 +4,10 @@ from __future__ import annotations
 import numpy as np
 
 from opfuse.ir.graph import Graph, TensorType
-from opfuse.ops import GraphBuilder
 from opfuse.rules import DependencyRules, FusionOptions, check_dependencies, check_resources
 
 SHAPE = (2, 4)
 T = TensorType(SHAPE, np.float32)
-
-
-def cycle_graph():
-    """A -> B -> C and A -> C: B stays outside a group {A, C}."""
-    b = GraphBuilder("cycle")
-    x = b.input("x", SHAPE)
-    a = b.op("Relu", x, name="A")
-    bb = b.op("Exp", a, name="B")
-    c = b.op("Add", a, bb, name="C")
-    return b.build(c)
-
-
-
-
-
-
 
 
 def chain(n: int) -> Graph:
@@ -36,12 +19,6 @@ def chain(n: int) -> Graph:
     return g
 
 
-
-
-
-
-
-
 def test_working_set_and_input_budgets(decide):
     g = chain(3)
     nbytes = T.nbytes
@@ -51,23 +28,6 @@ def test_working_set_and_input_budgets(decide):
         f"working set of {2 * nbytes} bytes exceeds the on-chip budget of {nbytes} bytes"
     assert check_resources(g.nodes[:2], g, limits) is None
     assert "distinct inputs exceed" in check_resources(g.nodes, g, FusionOptions(max_group_inputs=0)).reason
-
-
-
-
-def rng_graph(between: bool):
-    g = Graph("rng")
-    x = g.add_input("x", SHAPE)
-    r1 = g.add_node("RandomUniformLike", [x], name="draw1", output_types=[T]).outputs[0]
-    nodes = [r1]
-    if between:
-        r2 = g.add_node("RandomNormalLike", [x], name="draw2", output_types=[T]).outputs[0]
-        nodes.append(r2)
-    y = g.add_node("Add", [r1, x], name="add", output_types=[T]).outputs[0]
-    g.outputs = [y] + ([nodes[1]] if between else [])
-    return g
-
-
 
 
 def test_in_place_dependency():

@@ -20,16 +20,6 @@ def relu_sig_tanh():
     return b.build(b.op("Tanh", b.op("Sigmoid", b.op("Relu", x, name="r"), name="s"), name="t"))
 
 
-
-
-
-
-
-
-
-
-
-
 def test_a_declining_rewrite_is_refused_with_its_reason():
     g = relu_sig_tanh()
     bad = Rule("to_cast", Op("Relu"), action=lambda m: Replacement("Cast", [m.nodes[0].inputs[0]], {"to": 7}))
@@ -48,9 +38,5 @@ def test_rewrites_that_never_settle_raise():
     loop = Rule("relu_again", Op("Relu"), action=lambda m: Replacement("Relu", [m.nodes[0].inputs[0]]))
     with pytest.raises(ModelError, match="did not reach a fixed point"):
         apply_rules(g, [loop])
-
-
-
-
 
 
