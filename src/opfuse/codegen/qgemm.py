@@ -619,15 +619,9 @@ static void opfuse_q8_plane_row_{s}(int32_t* restrict dst, const {T}* a, long fi
 """
 
 
-QUADS_C = """
-#if defined(__AVX2__)
-/* dst[j] = the 4 bytes u(r0[i]), u(r1[i]), u(r2[i]), u(r3[i]), i = first + j * step, for j < n, where u(v) = v ^ flip
-   (int8: v + 128 as unsigned; uint8: v); fill (the zero point as unsigned: the centred zero) where i lies outside
-   [0, len) or the row is NULL (a channel past the group's). shift != 0: row q is read at i + q * shift (4 taps of
-   one input row per word). */
-static void opfuse_q8_quads_{s}(uint8_t* restrict dst, const {T}* r0, const {T}* r1, const {T}* r2, const {T}* r3,
-                                long first, long n, long step, long len, uint8_t fill, long shift) {{
-  const uint8_t flip = {flip};
+# The word builders' shared C (``QUADS_C``, ``QUADS_NEON_C``, formatted with them): the prologue with the
+# one-input-channel case (4 taps of a row per word, scalar) and the scalar tail after the vector loops.
+_QUADS_HEAD = """  const uint8_t flip = {flip};
   const {T}* rows[4] = {{r0, r1, r2, r3}};
   long j = 0;
   if (shift) {{ /* one row's 4 taps per word: row q read at i + q * shift */
@@ -640,6 +634,25 @@ static void opfuse_q8_quads_{s}(uint8_t* restrict dst, const {T}* r0, const {T}*
     }}
     return;
   }}
+"""
+_QUADS_TAIL = """  for (; j < n; ++j) {{
+    const long i = first + j * step;
+    const int in = i >= 0 && i < len;
+    for (int q = 0; q < 4; ++q) dst[4 * j + q] = in && rows[q] ? (uint8_t)((uint8_t)rows[q][i] ^ flip) : fill;
+  }}
+}}
+#endif
+"""
+
+QUADS_C = """
+#if defined(__AVX2__)
+/* dst[j] = the 4 bytes u(r0[i]), u(r1[i]), u(r2[i]), u(r3[i]), i = first + j * step, for j < n, where u(v) = v ^ flip
+   (int8: v + 128 as unsigned; uint8: v); fill (the zero point as unsigned: the centred zero) where i lies outside
+   [0, len) or the row is NULL (a channel past the group's). shift != 0: row q is read at i + q * shift (4 taps of
+   one input row per word). */
+static void opfuse_q8_quads_{s}(uint8_t* restrict dst, const {T}* r0, const {T}* r1, const {T}* r2, const {T}* r3,
+                                long first, long n, long step, long len, uint8_t fill, long shift) {{
+""" + _QUADS_HEAD + """\
   if (step <= 2) {{
     const __m128i f = _mm_set1_epi8((char)flip), fv = _mm_set1_epi8((char)fill);
     const __m128i even = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1);
@@ -668,14 +681,7 @@ static void opfuse_q8_quads_{s}(uint8_t* restrict dst, const {T}* r0, const {T}*
       }}
     }}
   }}
-  for (; j < n; ++j) {{
-    const long i = first + j * step;
-    const int in = i >= 0 && i < len;
-    for (int q = 0; q < 4; ++q) dst[4 * j + q] = in && rows[q] ? (uint8_t)((uint8_t)rows[q][i] ^ flip) : fill;
-  }}
-}}
-#endif
-"""
+""" + _QUADS_TAIL
 
 
 DW_ROWS_C = """
@@ -1517,19 +1523,7 @@ QUADS_NEON_C = """
    other byte of vld2q_u8 at stride 2). */
 static void opfuse_q8n_quads_{s}(uint8_t* restrict dst, const {T}* r0, const {T}* r1, const {T}* r2, const {T}* r3,
                                  long first, long n, long step, long len, uint8_t fill, long shift) {{
-  const uint8_t flip = {flip};
-  const {T}* rows[4] = {{r0, r1, r2, r3}};
-  long j = 0;
-  if (shift) {{
-    for (; j < n; ++j) {{
-      const long i = first + j * step;
-      for (int q = 0; q < 4; ++q) {{
-        const long iq = i + q * shift;
-        dst[4 * j + q] = iq >= 0 && iq < len && rows[q] ? (uint8_t)((uint8_t)rows[q][iq] ^ flip) : fill;
-      }}
-    }}
-    return;
-  }}
+""" + _QUADS_HEAD + """\
   if (step <= 2) {{
     const uint8x16_t f = vdupq_n_u8(flip), fv = vdupq_n_u8(fill);
     for (; j < n && first + step * j < 0; ++j) dst[4 * j] = dst[4 * j + 1] = dst[4 * j + 2] = dst[4 * j + 3] = fill;
@@ -1549,14 +1543,7 @@ static void opfuse_q8n_quads_{s}(uint8_t* restrict dst, const {T}* r0, const {T}
       }}
     }}
   }}
-  for (; j < n; ++j) {{
-    const long i = first + j * step;
-    const int in = i >= 0 && i < len;
-    for (int q = 0; q < 4; ++q) dst[4 * j + q] = in && rows[q] ? (uint8_t)((uint8_t)rows[q][i] ^ flip) : fill;
-  }}
-}}
-#endif
-"""
+""" + _QUADS_TAIL
 
 
 def _neon_pass_channels(NV: int) -> int:
