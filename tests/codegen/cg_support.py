@@ -140,3 +140,19 @@ def fused_plan(name: str, graph: Graph) -> FusionPlan:
     if name == "bert_layer":
         return group_by_names(graph, BERT_SPEC)
     return epilogue_plan(graph)
+
+
+def assert_relu_keeps_nan_and_negative_zero(graph: Graph, plan, x, cache_dir, option_sets, flag: str) -> None:
+    """Build ``graph`` with each of ``option_sets`` and ``flag`` on and off, run it on ``x`` (NaN in column 0,
+    -0 in column 1 of the first row): max(0, y) must return y where y is NaN or -0 in every build, as the C
+    epilogue does: the first build's column 0 is NaN and every build has the first's bits, signs included."""
+    import numpy as np
+
+    from opfuse.runtime.native import build
+    outs = [build(graph, plan, cache_dir=cache_dir, options=o.with_(**{flag: e})).run({"x": x})
+            for o in option_sets for e in (True, False)]
+    first = list(outs[0].values())[0]
+    assert np.isnan(first[0, :, 0, 0]).all()
+    for o in outs[1:]:
+        v = list(o.values())[0]
+        assert np.array_equal(np.signbit(v), np.signbit(first)) and np.array_equal(v, first, equal_nan=True)

@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from cg_support import assert_close, group_by_names, run_both
+from cg_support import assert_close, group_by_names, run_both, assert_relu_keeps_nan_and_negative_zero
 from opfuse.codegen import CodegenOptions, generate
 from opfuse.codegen.conv_direct import direct_block, direct_conv_refusal
 from opfuse.ops import GraphBuilder
@@ -198,17 +198,10 @@ def test_register_epilogue_two_threads_bitwise_equal_to_one(cache_dir):
 def test_register_epilogue_keeps_nan_and_negative_zero(cache_dir):
     """max(0, y) in the vector bodies returns y where y is NaN or -0, as the C epilogue does."""
     g, plan = _pointwise_graph(8, 16, 4, 8, "Relu", bias=False)
-    from opfuse.runtime.native import build
     x = np.zeros((1, 8, 4, 8), np.float32)
     x[0, :, 0, 0] = np.nan
     x[0, :, 0, 1] = -0.0
-    outs = [build(g, plan, cache_dir=cache_dir, options=o.with_(gemm_register_epilogue=e)).run({"x": x})
-            for o in (AVX512, AVX2, PORTABLE) for e in (True, False)]
-    first = list(outs[0].values())[0]
-    assert np.isnan(first[0, :, 0, 0]).all()
-    for o in outs[1:]:
-        v = list(o.values())[0]
-        assert np.array_equal(np.signbit(v), np.signbit(first)) and np.array_equal(v, first, equal_nan=True)
+    assert_relu_keeps_nan_and_negative_zero(g, plan, x, cache_dir, (AVX512, AVX2, PORTABLE), "gemm_register_epilogue")
 
 
 def test_direct_conv_with_a_prologue(cache_dir):

@@ -14,7 +14,7 @@ import re
 import numpy as np
 import pytest
 
-from cg_support import assert_close, group_by_names, run_both
+from cg_support import assert_close, group_by_names, run_both, assert_relu_keeps_nan_and_negative_zero
 from opfuse.codegen import CodegenOptions
 from opfuse.codegen.microkernel import microkernel
 from opfuse.ops import GraphBuilder
@@ -110,18 +110,11 @@ def test_transposed_store_two_threads_bitwise_equal_to_one(case, cache_dir):
 
 def test_transposed_store_keeps_nan_and_negative_zero(cache_dir):
     """max(0, y) in the vector bodies returns y where y is NaN or -0, as the C epilogue does."""
-    from opfuse.runtime.native import build
     g, plan = _graph(16, 32, 7, 7, 1, 1, 0, 1, "Relu", False)
     x = np.zeros((1, 16, 7, 7), np.float32)
     x[0, :, 0, 0] = np.nan
     x[0, :, 0, 1] = -0.0
-    outs = [build(g, plan, cache_dir=cache_dir, options=o.with_(gemm_transposed_store=e)).run({"x": x})
-            for o in (AVX512, AVX2, PORTABLE) for e in (True, False)]
-    first = list(outs[0].values())[0]
-    assert np.isnan(first[0, :, 0, 0]).all()
-    for o in outs[1:]:
-        v = list(o.values())[0]
-        assert np.array_equal(np.signbit(v), np.signbit(first)) and np.array_equal(v, first, equal_nan=True)
+    assert_relu_keeps_nan_and_negative_zero(g, plan, x, cache_dir, (AVX512, AVX2, PORTABLE), "gemm_transposed_store")
 
 
 # The micro-kernels alone -------------------------------------------------------------------------
