@@ -119,6 +119,20 @@ def _per(d: Dequantized, param: np.ndarray | None, axis: int, length: int) -> bo
     return param is None or param.size == 1 or (param.shape == (length,) and d.axis == axis)
 
 
+def _int32_bias(value: Value | None, shapes: tuple[tuple[int, ...], ...], per: str, x: Dequantized,
+                w: Dequantized) -> Dequantized | str:
+    """The dequantized bias ``value`` if it is what the integer op adds as it is (an int32 constant of one value
+    per output ``per`` in one of ``shapes``, zero point 0, scale ``xs * ws``), else the refusal's reason."""
+    b = dequantized(value, "the bias")
+    if isinstance(b, str):
+        return b
+    if b.q.const is None or b.q.dtype != np.int32 or b.q.shape not in shapes:
+        return f"the bias is not an int32 constant of one value per output {per}"
+    if b.zero is not None and np.any(b.zero != 0):
+        return "the bias has a non-zero zero point"
+    return _bias_scale_reason(b.scale, x.scale, w.scale) or b
+
+
 def _bias_scale_reason(bs: np.ndarray, xs: np.ndarray, ws: np.ndarray) -> str | None:
     want = (np.float32(xs.reshape(())) * ws.astype(np.float32)).astype(np.float64)
     if not np.allclose(bs.astype(np.float64), np.broadcast_to(want, bs.shape), rtol=BIAS_SCALE_RTOL, atol=0):
@@ -199,16 +213,9 @@ def _conv_match(m) -> dict | str:
         return "the weight is not quantized per tensor or per output channel"
     bias = None
     if len(conv.inputs) > 2 and conv.inputs[2] is not None:
-        b = dequantized(conv.inputs[2], "the bias")
+        b = _int32_bias(conv.inputs[2], ((channels,),), "channel", x, w)
         if isinstance(b, str):
             return b
-        if b.q.const is None or b.q.dtype != np.int32 or b.q.shape != (channels,):
-            return "the bias is not an int32 constant of one value per output channel"
-        if b.zero is not None and np.any(b.zero != 0):
-            return "the bias has a non-zero zero point"
-        reason = _bias_scale_reason(b.scale, x.scale, w.scale)
-        if reason:
-            return reason
         bias = b.q
     residual = None
     add = _one(m, "residual")
@@ -361,16 +368,9 @@ def _matmul_match(m) -> dict | str:
         bias_value = other
     bias = None
     if bias_value is not None:
-        b = dequantized(bias_value, "the bias")
+        b = _int32_bias(bias_value, ((N,), (1, N)), "column", x, w)
         if isinstance(b, str):
             return b
-        if b.q.const is None or b.q.dtype != np.int32 or b.q.shape not in ((N,), (1, N)):
-            return "the bias is not an int32 constant of one value per output column"
-        if b.zero is not None and np.any(b.zero != 0):
-            return "the bias has a non-zero zero point"
-        reason = _bias_scale_reason(b.scale, x.scale, w.scale)
-        if reason:
-            return reason
         bias = np.asarray(b.q.const).reshape(N)
     tail = _quantized(m)
     if isinstance(tail, str):
