@@ -313,24 +313,33 @@ def vector_name(name: str, isa: VecIsa) -> str:
 
 
 def _vector_exp_text(name: str, isa: VecIsa, overflow: bool) -> str:
+    """The scalar ``_exp_text`` on ``isa``'s registers. AVX-512 scales by ``2^n`` in one ``vscalefps`` (``q 2^n``
+    rounded once, subnormals included: the scalar's ``(q 2^(n/2)) 2^(n - n/2)``, whose first product is exact,
+    bit for bit), AVX2 through the exponent bits as the scalar does."""
     v, p = isa.vt, isa.op
     c = isa.set1
     fma = functools.partial(p, "fmadd_ps")
     lines = [
         f"static inline {v} {vector_name(name, isa)}({v} x) {{",
         f"  const {v} z = {fma('x', c('1.44269504088896341f'), c('12582912.0f'))};",
-        f"  const {isa.it} k = {p('sub_epi32', p('castps_' + isa.si, 'z'), p('set1_epi32', '0x4B400000'))};",
         f"  const {v} n = {p('sub_ps', 'z', c('12582912.0f'))};",
         f"  {v} r = {fma('n', c('-' + LN2_HEAD), 'x')};",
         f"  r = {fma('n', c(LN2_TAIL_NEG), 'r')};",
         f"  {v} q = {c(EXP_POLY[-1] + 'f')};",
         *[f"  q = {fma('q', 'r', c(k + 'f'))};" for k in EXP_POLY[-2::-1]],
         f"  q = {p('add_ps', fma('q', p('mul_ps', 'r', 'r'), 'r'), c('1.0f'))};",
-        f"  const {isa.it} k1 = {p('srai_epi32', 'k', '1')}, k2 = {p('sub_epi32', 'k', 'k1')};",
-        f"  const {v} s1 = {p(f'castsi{isa.lanes * 32}_ps', p('slli_epi32', p('add_epi32', 'k1', p('set1_epi32', '127')), '23'))};",
-        f"  const {v} s2 = {p(f'castsi{isa.lanes * 32}_ps', p('slli_epi32', p('add_epi32', 'k2', p('set1_epi32', '127')), '23'))};",
-        f"  const {v} y = {p('mul_ps', p('mul_ps', 'q', 's1'), 's2')};",
     ]
+    if isa.lanes == 16:
+        lines.append(f"  const {v} y = _mm512_scalef_ps(q, n);")
+    else:
+        to_float = f"castsi{isa.lanes * 32}_ps"
+        lines += [
+            f"  const {isa.it} k = {p('sub_epi32', p('castps_' + isa.si, 'z'), p('set1_epi32', '0x4B400000'))};",
+            f"  const {isa.it} k1 = {p('srai_epi32', 'k', '1')}, k2 = {p('sub_epi32', 'k', 'k1')};",
+            f"  const {v} s1 = {p(to_float, p('slli_epi32', p('add_epi32', 'k1', p('set1_epi32', '127')), '23'))};",
+            f"  const {v} s2 = {p(to_float, p('slli_epi32', p('add_epi32', 'k2', p('set1_epi32', '127')), '23'))};",
+            f"  const {v} y = {p('mul_ps', p('mul_ps', 'q', 's1'), 's2')};",
+        ]
     y = isa.select("x", c(f"{EXP_HIGH:.1f}f"), "_CMP_GT_OQ", c("HUGE_VALF"), "y") if overflow else "y"
     lines += [f"  return {isa.select('x', c(f'{EXP_LOW:.1f}f'), '_CMP_LT_OQ', p('setzero_ps'), y)};", "}", ""]
     return "\n".join(lines)
