@@ -90,8 +90,9 @@ def lower_pointwise(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
             emit_loop_nest(kc, ev, shape, body, mergeable=mergeable, cost_per_element=cost)
         kc.w.line("#endif")
         return
-    if simdchain.emit(kc, ev, outs[0].producer or kc.group.nodes[0], outs, analysis.inline, ev.loadable, shape, cost, body, mergeable):
-        return
+    first = outs[0].producer or kc.group.nodes[0]
+    if simdchain.emit(kc, ev, first, outs, analysis.inline, ev.loadable, shape, cost, body, mergeable):
+        return  # dense float32 chain: AVX-512 / AVX2 intrinsics, this loop nest under #else
     emit_loop_nest(kc, ev, shape, body, mergeable=mergeable, cost_per_element=cost)
 
 
