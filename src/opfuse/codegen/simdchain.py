@@ -258,12 +258,17 @@ def refusal(kc, outs: list[Value], inline: set[int], loadable: set[int], total: 
 def emit(kc, ev, stage_node: Node, outs: list[Value], inline: set[int], loadable: set[int], shape, cost: int,
          body: Callable[[Index], None], mergeable) -> bool:
     """The stage as explicit-SIMD loops behind ``#if`` on each ISA of ``isas_for``, the scalar loop nest under
-    ``#else``; False (nothing written) where the stage is no dense chain (``refusal``) or the build has no
-    such ISA."""
+    ``#else``; False (only a note written, with ``refusal``'s reason) where the stage is no dense chain, and
+    where the build has no such ISA (nothing written)."""
     options = kc.program.options
     isas = isas_for(options)
     total = math.prod(shape)
-    if not isas or total < isas[-1].lanes or refusal(kc, outs, inline, loadable, total) is not None:
+    if not isas:
+        return False
+    reason = "fewer elements than one vector" if total < isas[-1].lanes else refusal(kc, outs, inline, loadable,
+                                                                                      total)
+    if reason is not None:
+        kc.note(lambda name: f"{name}: elementwise loop left to the C compiler's vectoriser ({reason})", stage_node)
         return False
     stream = _streams(kc, outs, inline)
     vecmath.require_immintrin(kc.program)
