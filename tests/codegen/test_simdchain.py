@@ -229,3 +229,29 @@ def test_note_names_the_intrinsics_and_streaming():
     g = _chain(4099, False)
     src = generate(g, _one_kernel(g), options=STREAM).source
     assert "elementwise loop in avx512 / avx2 intrinsics, non-temporal stores" in src
+
+
+def test_intrinsics_loop_is_shorter_than_the_c_loop(tmp_path):
+    """chain8_arith's vector loop, counted in instructions (objdump; no timing): the intrinsics' max/min for
+    the ternaries against gcc's compare-and-mask chains of the same C (``simd_elementwise=False``)."""
+    import shutil
+    import subprocess
+
+    from opfuse.runtime.toolchain import Toolchain, ToolchainError
+    from test_vectorize import _vector_loop_instructions
+    if shutil.which("objdump") is None:
+        pytest.skip("needs objdump")
+    try:
+        tc = Toolchain.detect(openmp=False)
+    except ToolchainError:
+        pytest.skip("no C compiler")
+    g = _chain(4096, False)
+    counts = {}
+    for name, options in (("intrinsics", CodegenOptions()), ("c", GCC)):
+        (tmp_path / f"{name}.c").write_text(generate(g, _one_kernel(g), options=options).source)
+        subprocess.run([tc.cc, *tc.flags, "-o", str(tmp_path / f"{name}.so"), str(tmp_path / f"{name}.c")],
+                       check=True, capture_output=True)
+        counts[name] = _vector_loop_instructions(tmp_path / f"{name}.so")
+    if "_mm" not in (tmp_path / "intrinsics.c").read_text() or not counts["intrinsics"]:
+        pytest.skip("no vector ISA on this host")
+    assert 0 < counts["intrinsics"] < counts["c"], counts
