@@ -293,15 +293,17 @@ class CodegenOptions:
     # A fused pointwise stage whose operands are all dense (the stage's whole domain) or float32 scalar constants,
     # over ops with a vector form, runs as AVX-512 / AVX2 intrinsics op by op (``codegen/simdchain.py``), the same
     # bits as the plain C loop gcc vectorises, which if-converts each Relu/Clip ternary into compare-and-mask
-    # chains: chain8_arith (Mul Add Relu Sub LeakyRelu Mul Clip HardSwish) 34 -> 15 instructions per 16 lanes,
-    # 7.8 -> 2.9 ms per 16M floats in cache (1 thread, CPU time). False: gcc's loop everywhere.
+    # sequences: chain8_arith (Mul Add Relu Sub LeakyRelu Mul Clip HardSwish) 26 -> 19 loop instructions per 16
+    # floats, 4.7 -> 2.9 ms per 16M floats in cache (1 thread, CPU time); chain8 (with a Sigmoid) 51 -> 36, 10.2 ->
+    # 7.8 ms. False: gcc's loop everywhere.
     simd_elementwise: bool = True
     # Such a stage storing one output of at least this many bytes, in storage none of its operands share, stores
     # it with non-temporal stores (``_mm512_stream_ps``; the plain C path is unchanged): a regular store reads
     # each line before writing it (write-allocate), 3 x the output's bytes of traffic instead of 2, and an
     # output larger than the last-level cache is evicted before anyone reads it anyway. 16 MiB: half this
     # host's 32 MiB L3 (glibc's memcpy streams above 3/4 of the cache share per thread). Measured (1 thread,
-    # CPU time, interleaved, 16M floats in and out): chain8_arith 6.1 -> 4.7-5.5 ms, a copy 8.3 -> 5.2 ms.
+    # CPU time, 15 interleaved runs, 16M floats in and out, fused kernels, regular stores -> streaming):
+    # chain8_arith 5.44 -> 4.35 ms, chain8 9.38 -> 8.19 ms (gcc's loop: 6.03 and 10.63).
     stream_store_min_bytes: int = 16 << 20
     # "blob": weights passed as one pointer at run time; "embed": a static const array.
     weights: str = "blob"
