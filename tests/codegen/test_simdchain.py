@@ -120,7 +120,7 @@ def test_streaming_output_at_every_alignment(cache_dir):
 OPS = [("Add", {}), ("Sub", {}), ("Mul", {}), ("Div", {}), ("Max", {}), ("Min", {}), ("Sum", {}), ("PRelu", {}),
        ("Relu", {}), ("LeakyRelu", {"alpha": 0.2}), ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}), ("HardSwish", {}),
        ("Clip", {}), ("Neg", {}), ("Abs", {}), ("Sqrt", {}), ("Reciprocal", {}), ("Identity", {}), ("Exp", {}),
-       ("Sigmoid", {}), ("Silu", {})]
+       ("Sigmoid", {}), ("Silu", {}), ("Tanh", {}), ("Gelu", {"approximate": "tanh"})]
 
 
 @pytest.mark.parametrize("op,attrs", OPS, ids=[o for o, _ in OPS])
@@ -171,18 +171,21 @@ def test_relu_keeps_nan_and_negative_zero(cache_dir):
                                             "simd_elementwise")
 
 
-@pytest.mark.parametrize("case", ["broadcast", "tanh", "int32", "clip_tensor_bounds"])
+@pytest.mark.parametrize("case", ["broadcast", "log", "gelu_erf", "int32", "clip_tensor_bounds"])
 def test_refused_stages_keep_the_c_loop(case, cache_dir):
-    """A broadcast operand, an op without a vector form, integers and run-time Clip bounds keep gcc's loop:
+    """A broadcast operand, ops without a vector form, integers and run-time Clip bounds keep gcc's loop:
     no intrinsics in the kernel, the reason (``simdchain.refusal``) in its notes, results as the reference."""
     b = GraphBuilder(f"refuse_{case}")
     if case == "broadcast":
         x = b.input("x", (4, 64, 33))
         y = b.op("Relu", b.op("Add", x, b.const("bias", np.ones((64, 1), np.float32))))
         reason = "operand 'bias' is broadcast"
-    elif case == "tanh":
-        y = b.op("Tanh", b.op("Relu", b.input("x", (4096,))))
-        reason = "op Tanh has no vector form"
+    elif case == "log":
+        y = b.op("Log", b.op("Relu", b.input("x", (4096,))))
+        reason = "op Log has no vector form"
+    elif case == "gelu_erf":
+        y = b.op("Gelu", b.op("Relu", b.input("x", (4096,))))
+        reason = "Gelu (erf) has no vector form"
     elif case == "int32":
         y = b.op("Add", b.input("x", (4096,), dtype=np.int32), b.input("s", (4096,), dtype=np.int32))
         reason = "an output is not float32 over the whole domain"

@@ -217,6 +217,21 @@ def _sigmoid(ve: VecEval, n: Node) -> str:
     return f"{vecmath.require_vector(ve.kc.program, vecmath.SIGMOID, ve.isa)}({ve.arg(n, 0)})"
 
 
+@_op("Tanh")
+def _tanh(ve: VecEval, n: Node) -> str:
+    return f"{vecmath.require_vector(ve.kc.program, vecmath.TANH, ve.isa)}({ve.arg(n, 0)})"
+
+
+@_op("Gelu")
+def _gelu_tanh(ve: VecEval, n: Node) -> str:
+    """``rules._gelu`` with approximate="tanh" (the only Gelu ``refusal`` lets through): x sigmoid(2z)."""
+    x = ve.arg(n, 0)
+    p = ve.isa.op
+    x3 = ve.assign(p("mul_ps", p("mul_ps", x, x), x))
+    z2 = p("mul_ps", ve.scalar(2 * math.sqrt(2 / math.pi)), p("add_ps", x, p("mul_ps", ve.scalar(0.044715), x3)))
+    return p("mul_ps", x, f"{vecmath.require_vector(ve.kc.program, vecmath.SIGMOID, ve.isa)}({z2})")
+
+
 @_op("Silu")
 def _silu(ve: VecEval, n: Node) -> str:
     x = ve.arg(n, 0)
@@ -247,6 +262,8 @@ def refusal(kc, outs: list[Value], inline: set[int], loadable: set[int], total: 
             if p.op_type == "Clip" and any(u is not None and not (id(u) in static and static[id(u)].size == 1)
                                            for u in p.inputs[1:]):
                 return "Clip's bounds are not constants"
+            if p.op_type == "Gelu" and _attrs(p)["approximate"] != "tanh":
+                return "Gelu (erf) has no vector form"
             todo.extend(p.input_values())
             continue
         if v.size != total:

@@ -306,6 +306,12 @@ class VecIsa:
                 f"{self.p}_set1_epi32({mask})))")
 
 
+    def combine(self, a: str, op: str, b: str) -> str:
+        """The bits of ``a`` ``op`` ("and", "or", "xor") those of ``b``."""
+        p, si = self.p, self.si
+        return f"{p}_castsi{self.lanes * 32}_ps({p}_{op}_{si}({p}_castps_{si}({a}), {p}_castps_{si}({b})))"
+
+
 AVX512_FLOAT = VecIsa("avx512", "defined(__AVX512F__) && defined(__FMA__)", 16, "__m512", "__m512i", "_mm512",
                       "si512")
 AVX2_FLOAT = VecIsa("avx2", "defined(__AVX2__) && defined(__FMA__)", 8, "__m256", "__m256i", "_mm256", "si256")
@@ -363,11 +369,32 @@ def _vector_sigmoid_text(isa: VecIsa) -> str:
     ])
 
 
+def _vector_tanh_text(isa: VecIsa) -> str:
+    v, p, c = isa.vt, isa.op, isa.set1
+    return "\n".join([
+        f"static inline {v} {vector_name(TANH, isa)}({v} x) {{",
+        f"  const {v} a = {isa.bits('x', 'and', ABS_BITS)};",
+        f"  const {v} z = {p('mul_ps', 'x', 'x')};",
+        f"  {v} q = {c(TANH_POLY[-1] + 'f')};",
+        *[f"  q = {p('fmadd_ps', 'q', 'z', c(k + 'f'))};" for k in TANH_POLY[-2::-1]],
+        f"  const {v} small = {p('fmadd_ps', p('mul_ps', 'a', 'z'), 'q', 'a')};",
+        f"  const {v} e = {vector_name(EXP, isa)}({p('mul_ps', c('2.0f'), 'a')});",
+        f"  const {v} big = {p('sub_ps', c('1.0f'), p('div_ps', c('2.0f'), p('add_ps', 'e', c('1.0f'))))};",
+        f"  const {v} m = {isa.select('a', c(f'{TANH_SMALL_END}f'), '_CMP_LT_OQ', 'small', 'big')};",
+        f"  const {v} y = {isa.combine(isa.bits('m', 'and', ABS_BITS), 'or', isa.bits('x', 'and', SIGN_BIT))};"
+        "  /* copysignf(m, x) */",
+        f"  return {isa.select('x', 'x', '_CMP_UNORD_Q', 'x', 'y')};",
+        "}",
+        "",
+    ])
+
+
 # scalar helper name -> (the vector helpers it calls, its vector C text for an ISA)
 VECTOR_HELPERS: dict[str, tuple[tuple[str, ...], Callable[[VecIsa], str]]] = {
     EXP: ((), lambda isa: _vector_exp_text(EXP, isa, True)),
     EXP_NONPOS: ((), lambda isa: _vector_exp_text(EXP_NONPOS, isa, False)),
     SIGMOID: ((EXP_NONPOS,), _vector_sigmoid_text),
+    TANH: ((EXP,), _vector_tanh_text),
 }
 
 
