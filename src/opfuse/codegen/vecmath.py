@@ -48,7 +48,7 @@ with fused multiply-adds (AVX2/FMA, the same sweep): exp 1.00, expm1 1.76, the o
 
 NaN in gives NaN out; +-inf give NumPy's limits.
 
-Vector forms (``require_vector``): ``opfuse_v16_*`` (AVX-512F) and ``opfuse_v8_*`` (AVX2) of exp, exp_nonpos and
+Vector forms (``require_vector``): ``opfuse_v16_*`` (AVX-512F) and ``opfuse_v8_*`` (AVX2) of exp, exp_nonpos, tanh and
 sigmoid for the explicit-SIMD elementwise loops (``codegen/simdchain.py``): the scalar helpers' operations in the
 same order on whole registers, so the same bits lane by lane as the scalar helpers of an FMA build (their bodies
 sit behind ``__FMA__``); ``tests/codegen/test_simdchain.py`` compares them over the same bit-pattern sweep. The
