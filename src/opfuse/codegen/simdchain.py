@@ -6,7 +6,8 @@ Clip, HardSigmoid... into compare-and-mask sequences. The x86 max and min instru
 operand when the compare is false), so ``x < lo ? lo : x`` (Relu, Clip's lower bound) is ``maxps(lo, x)`` and
 ``x > hi ? hi : x`` ``minps(hi, x)``, one instruction each. This emitter writes such a chain as intrinsics, op by
 op, each the scalar rule's own operations in the same order (``rules.py``; exp-based ops through ``vecmath``'s
-vector forms), so its results are the plain C path's bits lane by lane. Measured (gcc 12, AVX-512, Zen 4; loop
+vector forms), so its results are the plain C path's bits lane by lane (a NaN result is NaN, its sign and payload
+may differ: where two NaNs meet, x86 returns the first operand's, an order the C leaves to the compiler). Measured (gcc 12, AVX-512, Zen 4; loop
 instructions per 16 floats by objdump, compute floor = the kernel over 16K floats in cache, 1 thread, CPU time,
 per 16M floats): ``chain8_arith`` (Mul Add Relu Sub LeakyRelu Mul Clip HardSwish) 26 -> 19 instructions, 4.7 ->
 2.9 ms; ``chain8`` (its Sigmoid) 51 -> 36 instructions, 10.2 -> 7.8 ms.
