@@ -171,15 +171,16 @@ def test_relu_keeps_nan_and_negative_zero(cache_dir):
                                             "simd_elementwise")
 
 
-@pytest.mark.parametrize("case", ["broadcast", "log", "gelu_erf", "int32", "clip_tensor_bounds"])
+@pytest.mark.parametrize("case", ["short_inner_loop", "log", "gelu_erf", "int32", "clip_tensor_bounds"])
 def test_refused_stages_keep_the_c_loop(case, cache_dir):
-    """A broadcast operand, ops without a vector form, integers and run-time Clip bounds keep gcc's loop:
+    """An innermost loop shorter than a vector, ops without a vector form, integers and run-time Clip bounds keep
+    gcc's loop:
     no intrinsics in the kernel, the reason (``simdchain.refusal``) in its notes, results as the reference."""
     b = GraphBuilder(f"refuse_{case}")
-    if case == "broadcast":
-        x = b.input("x", (4, 64, 33))
+    if case == "short_inner_loop":  # a per-row bias splits the loops: 64 rows of 4
+        x = b.input("x", (64, 4))
         y = b.op("Relu", b.op("Add", x, b.const("bias", np.ones((64, 1), np.float32))))
-        reason = "operand 'bias' is broadcast"
+        reason = "the innermost loop is shorter than a vector"
     elif case == "log":
         y = b.op("Log", b.op("Relu", b.input("x", (4096,))))
         reason = "op Log has no vector form"
@@ -201,6 +202,37 @@ def test_refused_stages_keep_the_c_loop(case, cache_dir):
     feeds = reference.random_inputs(g, 0)
     m = build(g, plan, cache_dir=cache_dir, options=AVX512)
     assert_close(m.run(feeds), reference.run(g, feeds))
+
+
+@pytest.mark.parametrize("inner", [33, 8, 64])
+def test_broadcast_operands_vectorise_per_row(inner, cache_dir):
+    """[2, 64, inner] with a per-channel scale and bias ([64, 1], constant along the innermost loop: computed once
+    per row by the scalar rules, ``simdchain.hoist``) and a per-position weight ([inner], varying along it, the same
+    for every row): the rows in vectors and a remainder, bitwise the C loop with AVX-512 and AVX2, 1 and 2
+    threads, NaN and -0 included."""
+    rng = np.random.default_rng(3)
+    b = GraphBuilder("rows")
+    x = b.input("x", (2, 64, inner))
+    scale = b.const("scale", rng.standard_normal((64, 1)).astype(np.float32))
+    bias = b.const("bias", rng.standard_normal((64, 1)).astype(np.float32))
+    w = b.input("w", (inner,))
+    y = b.op("Add", b.op("Mul", x, b.op("Relu", scale)), b.op("Mul", bias, b.const("two", np.float32(2.0))))
+    y = b.op("Clip", b.op("Mul", b.op("Relu", y), w), b.const("lo", np.float32(-1)), b.const("hi", np.float32(1)))
+    g = b.build(b.op("Sigmoid", y))
+    plan = _one_kernel(g)
+    xv = (rng.standard_normal((2, 64, inner)) * 3).astype(np.float32)
+    xv.reshape(-1)[:len(SPECIAL)] = SPECIAL
+    wv = (rng.standard_normal(inner) * 2).astype(np.float32)
+    wv[:3] = [np.nan, -0.0, np.inf]
+    feeds = {"x": xv, "w": wv}
+    want = _outputs(g, plan, feeds, GCC, cache_dir)
+    assert_close({"y": want}, {"y": next(iter(reference.run(g, feeds).values()))})
+    for options in (AVX512, AVX2, STREAM):
+        src = generate(g, plan, options=options).source
+        p = "_mm512" if options.vector_isa == "avx512" else "_mm256"
+        assert f"{p}_loadu_ps" in src and "_stream_ps" not in src  # rows: no streaming stores
+        for threads in (1, 2):
+            assert _same_bits(_outputs(g, plan, feeds, options, cache_dir, threads), want), (options, threads)
 
 
 def test_plain_c_build_has_no_intrinsics(cache_dir):

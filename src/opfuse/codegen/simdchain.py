@@ -7,19 +7,21 @@ operand when the compare is false), so ``x < lo ? lo : x`` (Relu, Clip's lower b
 ``x > hi ? hi : x`` ``minps(hi, x)``, one instruction each. This emitter writes such a chain as intrinsics, op by
 op, each the scalar rule's own operations in the same order (``rules.py``; exp-based ops through ``vecmath``'s
 vector forms), so its results are the plain C path's bits lane by lane (a NaN result is NaN, its sign and payload
-may differ: where two NaNs meet, x86 returns the first operand's, an order the C leaves to the compiler). Measured (gcc 12, AVX-512, Zen 4; loop
-instructions per 16 floats by objdump, compute floor = the kernel over 16K floats in cache, 1 thread, CPU time,
-per 16M floats): ``chain8_arith`` (Mul Add Relu Sub LeakyRelu Mul Clip HardSwish) 26 -> 19 instructions, 4.7 ->
-2.9 ms; ``chain8`` (its Sigmoid) 51 -> 36 instructions, 10.2 -> 7.8 ms.
+may differ: where two NaNs meet, x86 returns the first operand's, an order the C leaves to the compiler).
+Measured (gcc 12, AVX-512, Zen 4; loop instructions per 16 floats by objdump, compute floor = the kernel over 16K
+floats in cache, 1 thread, CPU time, per 16M floats): ``chain8_arith`` (Mul Add Relu Sub LeakyRelu Mul Clip
+HardSwish) 26 -> 19 instructions, 4.7 -> 2.9 ms; ``chain8`` (its Sigmoid) 51 -> 36 instructions, 10.2 -> 7.8 ms.
 
-Where: a pointwise stage whose every operand is dense (the stage's whole domain, read at the same position) or a
-float32 scalar constant, and whose ops are all in ``VECTOR_OPS`` (float32 in and out); ``refusal`` says why
-not, and the stage keeps gcc's loop. The domain runs as one loop of whole vectors (split across threads), its
-remainder as the scalar loop; a build without the intrinsics' target (``#else``), and the plain C99 build
-(``simd="none"``), run the scalar loop nest alone.
+Where: a pointwise stage of ops in ``VECTOR_OPS`` (float32 in and out) whose every operand varies along the whole
+innermost loop of its loop nest (``loops.loop_groups``) or not at all (``refusal`` says why not, in the kernel's
+notes, and the stage keeps gcc's loop). The outer loops stay scalar loops (split across threads); the innermost
+one runs in whole vectors, operands that vary along it loaded there, the values constant along it (a
+per-channel scale, a bias) computed by the scalar rules once per pass (``hoist``) and broadcast, its remainder as
+the scalar loop body. A dense chain is one loop over the whole domain. A build without the intrinsics' target
+(``#else``), and the plain C99 build (``simd="none"``), run the scalar loop nest alone.
 
-Streaming stores: a stage storing one output of at least ``CodegenOptions.stream_store_min_bytes`` that no
-operand of the stage shares storage with stores it with non-temporal stores (``_mm512_stream_ps``): a regular
+Streaming stores: a dense stage (one loop) storing one output of at least ``CodegenOptions.stream_store_min_bytes``
+that no operand of the stage shares storage with stores it with non-temporal stores (``_mm512_stream_ps``): a regular
 store first reads the line it writes (write-allocate), so a kernel writing a fresh output larger than the cache
 moves three times its bytes where it could move two. The stores need the output's alignment: the elements before
 the first aligned address run as scalar code, the vectors split into ``STREAM_CHUNKS`` contiguous chunks across
@@ -35,7 +37,7 @@ import numpy as np
 from opfuse.codegen import vecmath
 from opfuse.codegen.ctype import literal
 from opfuse.codegen.index import Index
-from opfuse.codegen.loops import emit_loop_nest
+from opfuse.codegen.loops import emit_loop_nest, loop_groups
 from opfuse.codegen.vecmath import AVX2_FLOAT, AVX512_FLOAT, VecIsa
 from opfuse.ir.graph import Node, Value
 from opfuse.ops.registry import get_spec
@@ -62,13 +64,15 @@ def isas_for(options) -> tuple[VecIsa, ...]:
 
 
 class VecEval:
-    """Vector C for values of a dense chain at the vector starting at element ``i``: the ``Evaluator`` of
-    ``codegen/evaluator.py`` for whole registers (operands are dense, so every value is read at ``i``)."""
+    """Vector C for values of a chain at the vector of the innermost loop starting at ``idx`` (the ``Evaluator``
+    of ``codegen/evaluator.py`` for whole registers): an operand varying along that loop is loaded there
+    (``idx`` broadcast to its shape), values constant along it are broadcast from ``invariant`` (``hoist``)."""
 
-    def __init__(self, kc, isa: VecIsa, inline: set[int], loadable: set[int], i: str):
-        self.kc, self.isa, self.inline, self.loadable, self.i = kc, isa, inline, loadable, i
+    def __init__(self, kc, isa: VecIsa, inline: set[int], loadable: set[int], idx: Index,
+                 invariant: dict[int, str] | None = None):
+        self.kc, self.isa, self.inline, self.loadable, self.idx = kc, isa, inline, loadable, idx
         self.static = kc.program.memory.static
-        self.memo: dict[int, str] = {}
+        self.memo: dict[int, str] = dict(invariant or {})
 
     def assign(self, expr: str) -> str:
         name = self.kc.tmp("v")
@@ -83,15 +87,16 @@ class VecEval:
         if hit is not None:
             return hit
         p = self.isa.op
+        off = self.idx.broadcast_to(v.shape).offset()
         if id(v) in self.static:
             arr = self.static[id(v)]
             name = (self.scalar(arr.reshape(-1)[0]) if arr.size == 1
-                    else self.assign(p("loadu_ps", f"{self.kc.static_ptr(v)} + {self.i}")))
+                    else self.assign(p("loadu_ps", f"{self.kc.static_ptr(v)} + {off}")))
         elif v.producer is not None and id(v.producer) in self.inline:
             expr = VECTOR_OPS[v.producer.op_type](self, v.producer)
             name = expr if expr.isidentifier() else self.assign(expr)
         else:
-            name = self.assign(p("loadu_ps", f"{self.kc.ptr(v)} + {self.i}"))
+            name = self.assign(p("loadu_ps", f"{self.kc.ptr(v)} + {off}"))
         self.memo[id(v)] = name
         return name
 
@@ -239,13 +244,54 @@ def _silu(ve: VecEval, n: Node) -> str:
     return ve.isa.op("mul_ps", x, f"{vecmath.require_vector(ve.kc.program, vecmath.SIGMOID, ve.isa)}({x})")
 
 
-def refusal(kc, outs: list[Value], inline: set[int], loadable: set[int], total: int) -> str | None:
-    """Why the stage storing ``outs`` over ``total`` elements is no dense float32 chain of ``VECTOR_OPS``
-    (None: it is)."""
+def _varies(v: Value, shape, inner: tuple[int, int]) -> bool | None:
+    """Whether ``v`` (broadcast to ``shape``) varies along the axes ``inner`` of the innermost loop: True along
+    all of them, False along none, None partly (the loop groups keep that from happening)."""
+    rank = len(shape)
+    full = (1,) * (rank - len(v.shape)) + tuple(v.shape)
+    axes = [full[d] != 1 for d in range(*inner) if shape[d] != 1]
+    return True if all(axes) else (False if not any(axes) else None)
+
+
+def invariants(kc, outs: list[Value], inline: set[int], shape, inner: tuple[int, int]) -> list[Value]:
+    """The values the chain reads that are constant along the innermost loop (and not scalar constants), each
+    computed once per pass of it (``hoist``), outermost first: those of them a varying value or an output
+    reads."""
+    static = kc.program.memory.static
+    memo: dict[int, bool] = {}
+
+    def constant(v: Value) -> bool:
+        if id(v) not in memo:
+            p = v.producer
+            if id(v) in static and static[id(v)].size == 1:
+                memo[id(v)] = True
+            elif p is not None and id(p) in inline and id(v) not in static:
+                memo[id(v)] = all(constant(u) for u in p.input_values())
+            else:
+                memo[id(v)] = _varies(v, shape, inner) is False
+        return memo[id(v)]
+    found: dict[int, Value] = {}
+    seen: set[int] = set()
+    todo = list(outs)
+    while todo:
+        v = todo.pop()
+        if id(v) in seen or (id(v) in static and static[id(v)].size == 1):
+            continue
+        seen.add(id(v))
+        if constant(v):
+            found[id(v)] = v
+        elif v.producer is not None and id(v.producer) in inline and id(v) not in static:
+            todo.extend(v.producer.input_values())
+    return list(found.values())
+
+
+def refusal(kc, outs: list[Value], inline: set[int], loadable: set[int], shape, inner: tuple[int, int]) -> str | None:
+    """Why the stage storing ``outs`` over ``shape`` (its innermost loop over the axes ``inner``) is no float32
+    chain of ``VECTOR_OPS`` whose operands each vary along that whole loop or not at all (None: it is)."""
     static = kc.program.memory.static
     seen: set[int] = set()
     todo = list(outs)
-    if any(v.dtype != F32 or v.size != total for v in outs):
+    if any(v.dtype != F32 or v.size != math.prod(shape) for v in outs):
         return "an output is not float32 over the whole domain"
     while todo:
         v = todo.pop()
@@ -267,8 +313,8 @@ def refusal(kc, outs: list[Value], inline: set[int], loadable: set[int], total: 
                 return "Gelu (erf) has no vector form"
             todo.extend(p.input_values())
             continue
-        if v.size != total:
-            return f"operand '{v.name}' is broadcast"
+        if _varies(v, shape, inner) is None:
+            return f"operand '{v.name}' is broadcast along part of the innermost loop"
         if id(v) not in static and id(v) not in loadable:
             return f"value '{v.name}' is neither stored nor computable here"
     return None
@@ -277,30 +323,41 @@ def refusal(kc, outs: list[Value], inline: set[int], loadable: set[int], total: 
 def emit(kc, ev, stage_node: Node, outs: list[Value], inline: set[int], loadable: set[int], shape, cost: int,
          body: Callable[[Index], None], mergeable) -> bool:
     """The stage as explicit-SIMD loops behind ``#if`` on each ISA of ``isas_for``, the scalar loop nest under
-    ``#else``; False (only a note written, with ``refusal``'s reason) where the stage is no dense chain, and
+    ``#else``; False (only a note written, with ``refusal``'s reason) where the stage is no such chain, and
     where the build has no such ISA (nothing written)."""
-    options = kc.program.options
-    isas = isas_for(options)
-    total = math.prod(shape)
+    isas = isas_for(kc.program.options)
     if not isas:
         return False
-    reason = "fewer elements than one vector" if total < isas[-1].lanes else refusal(kc, outs, inline, loadable,
-                                                                                      total)
+    groups = loop_groups(shape, mergeable)
+    inner = groups[-1]
+    reason = ("the innermost loop is shorter than a vector" if math.prod(shape[inner[0]:inner[1]]) < isas[-1].lanes
+              else refusal(kc, outs, inline, loadable, shape, inner))
     if reason is not None:
         kc.note(lambda name: f"{name}: elementwise loop left to the C compiler's vectoriser ({reason})", stage_node)
         return False
-    stream = _streams(kc, outs, inline)
+    stream = len(groups) == 1 and _streams(kc, outs, inline)
     vecmath.require_immintrin(kc.program)
     kc.note(lambda name: f"{name}: elementwise loop in {' / '.join(i.name for i in isas)} intrinsics"
             + (f", non-temporal stores ({outs[0].nbytes >> 20} MiB output)" if stream else ""), stage_node)
+    hoisted = invariants(kc, outs, inline, shape, inner)
     for k, isa in enumerate(isas):
         kc.w.line(f"#{'if' if k == 0 else 'elif'} {isa.guard}")
-        with kc.w.block(""):
-            _emit_isa(kc, ev, isa, outs, inline, loadable, shape, cost, body, stream)
+        with kc.w.block(""), ev.scope():
+            _emit_isa(kc, ev, isa, outs, inline, loadable, shape, groups, hoisted, cost, body, stream)
     kc.w.line("#else")
     emit_loop_nest(kc, ev, shape, body, mergeable=mergeable, cost_per_element=cost)
     kc.w.line("#endif")
     return True
+
+
+def hoist(kc, ev, isa: VecIsa, values: list[Value], idx: Index) -> dict[int, str]:
+    """``values`` (constant along the innermost loop) at ``idx``, computed by the scalar rules (the C loop's bits)
+    and broadcast to every lane, before the loop: id -> vector name."""
+    names = {}
+    for v in values:
+        names[id(v)] = kc.tmp("u")
+        kc.w.line(f"const {isa.vt} {names[id(v)]} = {isa.set1(ev.at(v, idx.broadcast_to(v.shape)))};")
+    return names
 
 
 def _streams(kc, outs: list[Value], inline: set[int]) -> bool:
@@ -327,39 +384,67 @@ def _streams(kc, outs: list[Value], inline: set[int]) -> bool:
     return True
 
 
-def _parallel(kc, work: int) -> None:
+def _parallel(kc, work: int, collapse: int = 1) -> None:
     """The OpenMP pragma of ``KernelContext.parallel_for`` (static chunks), not recorded as another loop of the
     kernel: the scalar loop nest under ``#else`` records the split (``KernelInfo.parallel``)."""
     if work >= kc.program.options.parallel_min_work:
         kc.uses_threads = True
-        kc.w.line("OPFUSE_PRAGMA(omp parallel for num_threads(nt) schedule(static) if(nt > 1))")
+        col = f" collapse({collapse})" if collapse > 1 else ""
+        kc.w.line(f"OPFUSE_PRAGMA(omp parallel for num_threads(nt) schedule(static){col} if(nt > 1))")
 
 
-def _emit_isa(kc, ev, isa: VecIsa, outs, inline, loadable, shape, cost, body, stream: bool) -> None:
+def _emit_isa(kc, ev, isa: VecIsa, outs, inline, loadable, shape, groups, hoisted, cost, body, stream: bool) -> None:
+    """One ISA's loops: the outer loop groups as scalar loops, the innermost one in vectors (streaming: in
+    fenced chunks after a scalar peel to the output's alignment) and its remainder as the scalar body."""
     w = kc.w
     lanes, total = isa.lanes, math.prod(shape)
+    outer = [(a, b, kc.tmp("o")) for a, b in groups[:-1]]
+    a_in, b_in = groups[-1]
+    extent = math.prod(shape[a_in:b_in])
+
+    def at(i: str) -> Index:
+        return Index.loops(shape, [*outer, (a_in, b_in, i)])
 
     def scalar(lo: str, hi: str) -> None:
         i = kc.tmp("i")
         with w.block(f"for (long {i} = {lo}; {i} < {hi}; ++{i})"), ev.scope():
-            body(Index.loops(shape, [(0, len(shape), i)]))
+            body(at(i))
 
-    def vector(i: str) -> None:
-        ve = VecEval(kc, isa, inline, loadable, i)
+    def vector(i: str, invariant: dict[int, str]) -> None:
+        ve = VecEval(kc, isa, inline, loadable, at(i), invariant)
         for v in outs:
             op = "stream_ps" if stream else "storeu_ps"
-            w.line(f"{isa.op(op, f'{kc.ptr(v, write=True)} + {i}', ve.at(v))};")
+            w.line(f"{isa.op(op, f'{kc.ptr(v, write=True)} + {at(i).offset()}', ve.at(v))};")
             kc.stored.add(id(v))
 
-    if not stream:
-        nv, vi, i = total // lanes, kc.tmp("b"), kc.tmp("i")
-        _parallel(kc, total * cost)
-        with w.block(f"for (long {vi} = 0; {vi} < {nv}; ++{vi})"):
-            w.line(f"const long {i} = {vi} * {lanes};")
-            vector(i)
-        if nv * lanes < total:
-            scalar(str(nv * lanes), str(total))
-        return
+    for depth, (a, b, var) in enumerate(outer):
+        n = math.prod(shape[a:b])
+        if depth == 0:
+            _parallel(kc, total * cost, 2 if len(outer) > 1 and n < kc.program.options.parallel_min_outer else 1)
+        w.line(f"for (long {var} = 0; {var} < {n}; ++{var}) {{")
+        w.level += 1
+    with ev.scope():
+        invariant = hoist(kc, ev, isa, hoisted, at("0"))
+        if not stream:
+            nv, vi, i = extent // lanes, kc.tmp("b"), kc.tmp("i")
+            if not outer:
+                _parallel(kc, total * cost)
+            with w.block(f"for (long {vi} = 0; {vi} < {nv}; ++{vi})"):
+                w.line(f"const long {i} = {vi} * {lanes};")
+                vector(i, invariant)
+            if nv * lanes < extent:
+                scalar(str(nv * lanes), str(extent))
+        else:
+            _stream_loops(kc, isa, outs, total, scalar, lambda i: vector(i, invariant), cost)
+    for _ in outer:
+        w.level -= 1
+        w.line("}")
+
+
+def _stream_loops(kc, isa: VecIsa, outs, total: int, scalar, vector, cost: int) -> None:
+    """One dense loop over ``total`` elements with streaming stores: a scalar peel to the output's alignment,
+    the vectors in ``STREAM_CHUNKS`` chunks each fenced by the thread that wrote it, the scalar remainder."""
+    w, lanes = kc.w, isa.lanes
     out = kc.ptr(outs[0], write=True)
     head, nv, c, i, end = kc.tmp("h"), kc.tmp("n"), kc.tmp("c"), kc.tmp("i"), kc.tmp("e")
     align = lanes * 4
