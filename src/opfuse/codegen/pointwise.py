@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from opfuse.codegen import half
+from opfuse.codegen import half, simdchain
 from opfuse.codegen.index import Index
 from opfuse.codegen.loops import emit_loop_nest, is_view_store, loop_groups, store
 from opfuse.codegen.stages import GroupAnalysis, Stage
@@ -90,6 +90,9 @@ def lower_pointwise(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
             emit_loop_nest(kc, ev, shape, body, mergeable=mergeable, cost_per_element=cost)
         kc.w.line("#endif")
         return
+    first = outs[0].producer or kc.group.nodes[0]
+    if simdchain.emit(kc, ev, first, outs, analysis.inline, ev.loadable, shape, cost, body, mergeable):
+        return  # dense float32 chain: AVX-512 / AVX2 intrinsics, this loop nest under #else
     emit_loop_nest(kc, ev, shape, body, mergeable=mergeable, cost_per_element=cost)
 
 

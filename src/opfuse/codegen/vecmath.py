@@ -47,10 +47,19 @@ float32 result (the subnormal spacing 2^-149 below 2^-126):
 with fused multiply-adds (AVX2/FMA, the same sweep): exp 1.00, expm1 1.76, the others as above.
 
 NaN in gives NaN out; +-inf give NumPy's limits.
+
+Vector forms (``require_vector``): ``opfuse_v16_*`` (AVX-512F) and ``opfuse_v8_*`` (AVX2) of exp, exp_nonpos, tanh and
+sigmoid for the explicit-SIMD elementwise loops (``codegen/simdchain.py``): the scalar helpers' operations in the
+same order on whole registers, so the same bits lane by lane as the scalar helpers of an FMA build (their bodies
+sit behind ``__FMA__``); ``tests/codegen/test_simdchain.py`` compares them over the same bit-pattern sweep. The
+scalar helpers' names, signatures and results are unchanged.
 """
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
+from typing import Callable
 
 EXP = "opfuse_expf"
 EXP_NONPOS = "opfuse_expf_nonpos"
@@ -247,3 +256,159 @@ def all_helpers_text(simd: str = "auto") -> str:
     """Every helper, in dependency order, after the ``OPFUSE_FMAF`` macro of ``simd`` (for tests
     that compile them on their own)."""
     return FMA_TEXT[simd] + "".join(HELPERS[name][1] for name in (EXP, EXP_NONPOS, EXPM1, LOG, TANH, SIGMOID, SOFTPLUS))
+
+
+# Vector forms ---------------------------------------------------------------------------------------------------
+# The explicit-SIMD elementwise loops (``codegen/simdchain.py``) call these: opfuse_expf, opfuse_expf_nonpos and
+# opfuse_sigmoidf on a whole AVX-512 or AVX2 register, written as the scalar helpers' own operations in the same
+# order, each ``OPFUSE_FMAF`` one fused multiply-add (the vector bodies sit behind ``__FMA__``, where the scalar
+# macro is ``fmaf`` too): the same bits as the scalar helpers of that build, lane by lane, NaN and +-inf included.
+
+
+@dataclass(frozen=True)
+class VecIsa:
+    """One x86 vector ISA the explicit-SIMD loops are written for: its ``#if`` guard, float lanes, C vector
+    types and intrinsic prefix (``_mm512``/``_mm256``)."""
+    name: str
+    guard: str
+    lanes: int
+    vt: str
+    it: str
+    p: str
+    si: str
+
+    def set1(self, literal: str) -> str:
+        return f"{self.p}_set1_ps({literal})"
+
+    def op(self, name: str, *args: str) -> str:
+        """``<prefix>_<name>(args)``."""
+        return f"{self.p}_{name}({', '.join(args)})"
+
+    def select(self, a: str, b: str, predicate: str, t: str, f: str) -> str:
+        """``a PRED b ? t : f`` per lane (``predicate``: a ``_CMP_*`` constant, ordered where the C's
+        comparison is false on NaN)."""
+        if self.lanes == 16:
+            return f"_mm512_mask_blend_ps(_mm512_cmp_ps_mask({a}, {b}, {predicate}), {f}, {t})"
+        return f"_mm256_blendv_ps({f}, {t}, _mm256_cmp_ps({a}, {b}, {predicate}))"
+
+    def select_or_nan(self, a: str, b: str, predicate: str, t: str, f: str) -> str:
+        """``a PRED b || a != a ? t : f`` per lane (``rules.nan_max`` and ``nan_min``)."""
+        if self.lanes == 16:
+            return (f"_mm512_mask_blend_ps((__mmask16)(_mm512_cmp_ps_mask({a}, {b}, {predicate}) | "
+                    f"_mm512_cmp_ps_mask({a}, {a}, _CMP_UNORD_Q)), {f}, {t})")
+        return (f"_mm256_blendv_ps({f}, {t}, _mm256_or_ps(_mm256_cmp_ps({a}, {b}, {predicate}), "
+                f"_mm256_cmp_ps({a}, {a}, _CMP_UNORD_Q)))")
+
+    def bits(self, x: str, op: str, mask: str) -> str:
+        """``x`` with its bits ``op`` ("and", "or", "xor") a 32-bit integer ``mask`` in every lane (integer
+        intrinsics: AVX-512F has no float and/or/xor)."""
+        return (f"{self.p}_castsi{self.lanes * 32}_ps({self.p}_{op}_{self.si}({self.p}_castps_{self.si}({x}), "
+                f"{self.p}_set1_epi32({mask})))")
+
+
+    def combine(self, a: str, op: str, b: str) -> str:
+        """The bits of ``a`` ``op`` ("and", "or", "xor") those of ``b``."""
+        p, si = self.p, self.si
+        return f"{p}_castsi{self.lanes * 32}_ps({p}_{op}_{si}({p}_castps_{si}({a}), {p}_castps_{si}({b})))"
+
+
+AVX512_FLOAT = VecIsa("avx512", "defined(__AVX512F__) && defined(__FMA__)", 16, "__m512", "__m512i", "_mm512",
+                      "si512")
+AVX2_FLOAT = VecIsa("avx2", "defined(__AVX2__) && defined(__FMA__)", 8, "__m256", "__m256i", "_mm256", "si256")
+SIGN_BIT = "(int)(-2147483647 - 1)"
+ABS_BITS = "0x7fffffff"
+
+
+def vector_name(name: str, isa: VecIsa) -> str:
+    """The vector helper of scalar helper ``name`` on ``isa``: ``opfuse_expf`` -> ``opfuse_v16_expf``."""
+    return name.replace("opfuse_", f"opfuse_v{isa.lanes}_", 1)
+
+
+def _vector_exp_text(name: str, isa: VecIsa, overflow: bool) -> str:
+    """The scalar ``_exp_text`` on ``isa``'s registers. AVX-512 scales by ``2^n`` in one ``vscalefps`` (``q 2^n``
+    rounded once, subnormals included: the scalar's ``(q 2^(n/2)) 2^(n - n/2)``, whose first product is exact,
+    bit for bit), AVX2 through the exponent bits as the scalar does."""
+    v, p = isa.vt, isa.op
+    c = isa.set1
+    fma = functools.partial(p, "fmadd_ps")
+    lines = [
+        f"static inline {v} {vector_name(name, isa)}({v} x) {{",
+        f"  const {v} z = {fma('x', c('1.44269504088896341f'), c('12582912.0f'))};",
+        f"  const {v} n = {p('sub_ps', 'z', c('12582912.0f'))};",
+        f"  {v} r = {fma('n', c('-' + LN2_HEAD), 'x')};",
+        f"  r = {fma('n', c(LN2_TAIL_NEG), 'r')};",
+        f"  {v} q = {c(EXP_POLY[-1] + 'f')};",
+        *[f"  q = {fma('q', 'r', c(k + 'f'))};" for k in EXP_POLY[-2::-1]],
+        f"  q = {p('add_ps', fma('q', p('mul_ps', 'r', 'r'), 'r'), c('1.0f'))};",
+    ]
+    if isa.lanes == 16:
+        lines.append(f"  const {v} y = _mm512_scalef_ps(q, n);")
+    else:
+        to_float = f"castsi{isa.lanes * 32}_ps"
+        lines += [
+            f"  const {isa.it} k = {p('sub_epi32', p('castps_' + isa.si, 'z'), p('set1_epi32', '0x4B400000'))};",
+            f"  const {isa.it} k1 = {p('srai_epi32', 'k', '1')}, k2 = {p('sub_epi32', 'k', 'k1')};",
+            f"  const {v} s1 = {p(to_float, p('slli_epi32', p('add_epi32', 'k1', p('set1_epi32', '127')), '23'))};",
+            f"  const {v} s2 = {p(to_float, p('slli_epi32', p('add_epi32', 'k2', p('set1_epi32', '127')), '23'))};",
+            f"  const {v} y = {p('mul_ps', p('mul_ps', 'q', 's1'), 's2')};",
+        ]
+    y = isa.select("x", c(f"{EXP_HIGH:.1f}f"), "_CMP_GT_OQ", c("HUGE_VALF"), "y") if overflow else "y"
+    lines += [f"  return {isa.select('x', c(f'{EXP_LOW:.1f}f'), '_CMP_LT_OQ', p('setzero_ps'), y)};", "}", ""]
+    return "\n".join(lines)
+
+
+def _vector_sigmoid_text(isa: VecIsa) -> str:
+    v, p, c = isa.vt, isa.op, isa.set1
+    return "\n".join([
+        f"static inline {v} {vector_name(SIGMOID, isa)}({v} x) {{",
+        f"  const {v} e = {vector_name(EXP_NONPOS, isa)}({isa.bits('x', 'or', SIGN_BIT)});  /* exp(-|x|) */",
+        f"  const {v} d = {p('div_ps', c('1.0f'), p('add_ps', c('1.0f'), 'e'))};",
+        f"  return {isa.select('x', p('setzero_ps'), '_CMP_GE_OQ', 'd', p('mul_ps', 'e', 'd'))};",
+        "}",
+        "",
+    ])
+
+
+def _vector_tanh_text(isa: VecIsa) -> str:
+    v, p, c = isa.vt, isa.op, isa.set1
+    return "\n".join([
+        f"static inline {v} {vector_name(TANH, isa)}({v} x) {{",
+        f"  const {v} a = {isa.bits('x', 'and', ABS_BITS)};",
+        f"  const {v} z = {p('mul_ps', 'x', 'x')};",
+        f"  {v} q = {c(TANH_POLY[-1] + 'f')};",
+        *[f"  q = {p('fmadd_ps', 'q', 'z', c(k + 'f'))};" for k in TANH_POLY[-2::-1]],
+        f"  const {v} small = {p('fmadd_ps', p('mul_ps', 'a', 'z'), 'q', 'a')};",
+        f"  const {v} e = {vector_name(EXP, isa)}({p('mul_ps', c('2.0f'), 'a')});",
+        f"  const {v} big = {p('sub_ps', c('1.0f'), p('div_ps', c('2.0f'), p('add_ps', 'e', c('1.0f'))))};",
+        f"  const {v} m = {isa.select('a', c(f'{TANH_SMALL_END}f'), '_CMP_LT_OQ', 'small', 'big')};",
+        f"  const {v} y = {isa.combine(isa.bits('m', 'and', ABS_BITS), 'or', isa.bits('x', 'and', SIGN_BIT))};"
+        "  /* copysignf(m, x) */",
+        f"  return {isa.select('x', 'x', '_CMP_UNORD_Q', 'x', 'y')};",
+        "}",
+        "",
+    ])
+
+
+# scalar helper name -> (the vector helpers it calls, its vector C text for an ISA)
+VECTOR_HELPERS: dict[str, tuple[tuple[str, ...], Callable[[VecIsa], str]]] = {
+    EXP: ((), lambda isa: _vector_exp_text(EXP, isa, True)),
+    EXP_NONPOS: ((), lambda isa: _vector_exp_text(EXP_NONPOS, isa, False)),
+    SIGMOID: ((EXP_NONPOS,), _vector_sigmoid_text),
+    TANH: ((EXP,), _vector_tanh_text),
+}
+
+
+def require_vector(program, name: str, isa: VecIsa) -> str:
+    """Add the vector form of helper ``name`` on ``isa`` (behind ``isa.guard``, after the helpers it calls) to
+    ``program``, once; return its C name."""
+    deps, text = VECTOR_HELPERS[name]
+    for d in deps:
+        require_vector(program, d, isa)
+    key = vector_name(name, isa)
+    require_immintrin(program)
+    return program.require_helper(key, f"#if {isa.guard}\n{text(isa)}#endif\n")
+
+
+def require_immintrin(program) -> None:
+    """``#include <immintrin.h>`` where the target has AVX2 and FMA (every ISA of the vector forms), once."""
+    program.require_helper("opfuse_immintrin", f"#if {AVX2_FLOAT.guard}\n#include <immintrin.h>\n#endif\n")
