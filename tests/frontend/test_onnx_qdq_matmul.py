@@ -1,8 +1,8 @@
 """DQ -> [Flatten] -> Gemm/MatMul -> [Add bias] -> [Relu] -> Q recognized as one integer matmul by the pattern
 rule ``integer_matmul`` (``rules/integer_ops.py``): int32 MatMul, int32 bias and a fixed-point ``Requantize`` per
 output column, lowered by ``codegen/qmatmul.py`` (SMLAD on the M7; on the host ``codegen/qmatmul_host.py``).
-Against the oracle (the reference on the float QDQ graph) and onnxruntime running the QDQ model (within one quantization step), between the reference and C
-(bit for bit), and the refusals with their reasons."""
+Against the oracle (the reference on the float QDQ graph) and onnxruntime running the QDQ model (within one
+quantization step), between the reference and C (bit for bit), and the refusals with their reasons."""
 import numpy as np
 import pytest
 from onnx import TensorProto, helper

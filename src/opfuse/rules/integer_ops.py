@@ -27,7 +27,11 @@ is ``DQ(a_q)`` or ``Flatten/Reshape(DQ(a_q))`` (a classifier's fc: the quantizer
 between the pool's DQ and the Gemm, one per-tensor scale on either side): ``QLinearMatMul`` of the
 Flatten/Reshape of the 8-bit tensor and the weight as ``K x N`` (a Gemm's ``transB`` applied to the
 constant), the int32 bias a ninth input, requantized per output column. A Gemm needs ``alpha = beta
-= 1`` and no ``transA``, the input a matrix, the weight per tensor or per output column.
+= 1`` and no ``transA``, the input a matrix, the weight per tensor or per output column. A MatMul's
+input may be a batch of matrices (``[..., M, K]``, a transformer's ``[1, S, H]``) times the one weight:
+that is the product of its rows flattened into one matrix, so the rewrite reshapes the 8-bit input to
+``[prod(...) M, K]`` before the ``QLinearMatMul`` and its 8-bit result back after it (data movement on
+8-bit tensors, no arithmetic).
 
 Conditions, each refusal with its reason (the wording of the importer's former recognizer): the
 scales and zero points constants, the activations per tensor, the weight an int8 or uint8 constant
@@ -344,7 +348,7 @@ def _matmul_match(m) -> dict | str:
         return x
     if x.scale.size != 1 or x.zero is None or x.zero.size != 1 or x.q.dtype not in EIGHT_BIT:
         return "the input is not quantized per tensor with a zero point"
-    if len(a.shape) != 2:
+    if len(a.shape) != 2 and (reshape is not None or len(a.shape) < 2):
         return "the input is not known to be a matrix"
     w = dequantized(mm.inputs[1], "the weight")
     if isinstance(w, str):
@@ -368,7 +372,7 @@ def _matmul_match(m) -> dict | str:
         bias_value = other
     bias = None
     if bias_value is not None:
-        b = _int32_bias(bias_value, ((N,), (1, N)), "column", x, w)
+        b = _int32_bias(bias_value, ((N,), (1, N), (1,) * (len(a.shape) - 1) + (N,)), "column", x, w)
         if isinstance(b, str):
             return b
         bias = np.asarray(b.q.const).reshape(N)
@@ -377,7 +381,7 @@ def _matmul_match(m) -> dict | str:
         return tail
     w_kn = np.asarray(w.q.const)
     return {"reshape": reshape, "x": x, "w": w, "w_kn": np.ascontiguousarray(w_kn.T if trans_b else w_kn),
-            "bias": bias, "y": tail}
+            "bias": bias, "y": tail, "rows": tuple(a.shape[:-1]) if len(a.shape) > 2 else None}
 
 
 def matmul_refusal(m) -> str | None:
@@ -406,6 +410,12 @@ def _matmul_action(m):
         x_name = f"{base}_opfuse_input_q"
         ops.append(OnnxNode(f"{name}_opfuse_input_reshape", reshape.op_type, 13 if reshape.op_type == "Flatten"
                             else 14, [x.q.name, *(v.name for v in rest)], [x_name], dict(reshape.attrs)))
+    rows = found["rows"]
+    if rows is not None:  # a batch of matrices times one weight: the rows flattened into one matrix, and back
+        x_name = f"{base}_opfuse_input_q"
+        shape_name = f"{base}_opfuse_input_shape"
+        inputs[shape_name] = np.array([int(np.prod(rows)), x.q.shape[-1]], np.int64)
+        ops.append(OnnxNode(f"{name}_opfuse_input_reshape", "Reshape", 14, [x.q.name, shape_name], [x_name], {}))
     xp = _params(base, x, "x")
     w_name = f"{base}_opfuse_weight_kn"
     wp = {f"{base}_w_scale": w.scale,
@@ -420,12 +430,19 @@ def _matmul_action(m):
         inputs[f"{base}_opfuse_bias"] = found["bias"].astype(np.int32)
         names.append(f"{base}_opfuse_bias")
     relu = _one(m, "relu")
-    ops.append(OnnxNode(name, "QLinearMatMul", QLINEAR_VERSION, names, [target.name],
+    y_name = target.name if rows is None else f"{base}_opfuse_output_q"
+    ops.append(OnnxNode(name, "QLinearMatMul", QLINEAR_VERSION, names, [y_name],
                         {"opfuse_requantize": "fixed", "opfuse_relu": int(relu is not None)}))
+    if rows is not None:
+        shape_name = f"{base}_opfuse_output_shape"
+        inputs[shape_name] = np.array(target.shape, np.int64)
+        ops.append(OnnxNode(f"{name}_opfuse_output_reshape", "Reshape", 14, [y_name, shape_name], [target.name], {}))
     parts = ["DequantizeLinear"] + ([reshape.op_type] if reshape is not None else []) + [mm.op_type] \
         + (["Add(bias)"] if found["bias"] is not None else []) + (["Relu"] if relu is not None else []) \
         + ["QuantizeLinear"]
     reason = f"{' -> '.join(parts)} as one integer matmul (int32 accumulator, fixed-point Requantize)"
+    if rows is not None:
+        reason += f", its {len(rows) + 1}-D input's rows flattened into one matrix"
     return _write(m, ops, inputs, bound, reason, name, _absorbed(m, list(x.nodes) + ([reshape] if reshape else [])))
 
 
