@@ -16,10 +16,10 @@ quantization, so that
 Each quantized activation ``T`` becomes ``T -> QuantizeLinear -> DequantizeLinear -> consumers``;
 each Conv / Gemm / MatMul weight an int8 initializer behind a per-axis ``DequantizeLinear`` and its
 bias an int32 one (scale ``x_scale * w_scale``) when the op's input is quantized (a MatMul's bias: the
-constant vector of the Add that alone reads its unquantized product, as an exported ``Linear`` writes it). Kept in float, with
-the reason recorded: the graph outputs (a caller wants real values), outputs of data-movement ops
-whose input is quantized (they carry its scale: ``SCALE_PRESERVING``), non-float tensors, and
-biases whose op input has no scale.
+constant vector of the Add that alone reads its unquantized product, as an exported ``Linear`` writes
+it). Kept in float, with the reason recorded: the graph outputs (a caller wants real values), outputs
+of data-movement ops whose input is quantized (they carry its scale: ``SCALE_PRESERVING``), non-float
+tensors, and biases whose op input has no scale.
 
 A Concat's inputs take the Concat's output parameters (``share_concat_params``, as TensorFlow Lite's
 converter restricts CONCATENATION to one input and output scale; onnxruntime's QDQ quantizer gives each
