@@ -22,6 +22,7 @@ from test_int8_host import _avx2_only, _built_with, _feeds
 DTYPES = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8}
 HOST_NOTE = "host word GEMM, columns in lanes"
 AVX512, AVX2 = CodegenOptions(vector_isa="avx512"), CodegenOptions(vector_isa="avx2")
+NEON = CodegenOptions(vector_isa="neon")
 
 
 def qmatmul(M=5, K=37, N=11, x_dtype="int8", zp=-7, out_dtype="int8", out_zp=3, relu=False, bias=True,
@@ -123,25 +124,31 @@ def test_plain_c_build_keeps_the_portable_kernel():
     assert HOST_NOTE not in source and "opfuse_dot2_s16" in source
 
 
-def test_unmatched_epilogue_keeps_the_portable_kernel_with_a_reason():
-    """The accumulator also stored (a second reader): the portable kernel, the reason in the notes."""
+def test_other_epilogues_run_element_by_element_on_the_vector_gemm():
+    """The accumulator also read by another op (no Requantize in the matmul's group): the word GEMM still, its
+    accumulators handed to the stage's epilogue element by element; bit-exact in every build."""
     b = GraphBuilder("q")
-    x = b.input("x", (4, 9), "int8")
+    x = b.input("x", (9, 13), "uint8")
     xc = b.op("Sub", b.op("Cast", x, to=int(TensorProto.INT32)), b.const("zp", np.array(3, np.int32)))
-    acc = b.op("MatMul", xc, b.const("w", np.arange(-45, 45).reshape(9, 10).astype(np.int32)), name="mm")
+    acc = b.op("MatMul", xc, b.const("w", np.arange(-65, 65).reshape(13, 10).astype(np.int32)), name="mm")
     y = b.op("Requantize", acc, b.const("m", np.array(1 << 30, np.int32)), b.const("s", np.array(40, np.int32)),
              zero_point=0, lo=-128, hi=127, to=int(TensorProto.INT8))
     g = b.build(y, b.op("Neg", acc))
     comp = plan_model(g)
     assert [grp.op_types for grp in comp.plan.groups][0] == ["Cast", "Sub", "MatMul"]
     source = generate(comp.plan.graph, comp.plan, options=AVX512).source
-    assert "int8 matmul 'node_mm': host int8 kernel not used: the epilogue has no Requantize" in source
-    assert HOST_NOTE not in source and "opfuse_dot2_s16" in source
+    assert "int8 matmul 'node_mm': epilogue element by element (the epilogue has no Requantize)" in source
+    assert HOST_NOTE in source
     feeds = _feeds(g)
     want = run(g, feeds)
-    got = build(comp.plan.graph, comp.plan, options=AVX512).run(feeds)
-    for k in want:
-        np.testing.assert_array_equal(got[k], want[k])
+    for opts in (AVX512, AVX2, NEON):
+        got = build(comp.plan.graph, comp.plan, options=opts).run(feeds)
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k])
+    for flag in ("-mno-avx512f", "-mno-avx2"):
+        got = _built_with(comp.plan.graph, comp.plan, AVX512, flag).run(feeds)
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k])
 
 
 def test_same_c_twice():
@@ -153,7 +160,6 @@ def test_same_c_twice():
 
 # aarch64 (NEON sdot) under qemu-aarch64 ---------------------------------------------------------------------
 
-NEON = CodegenOptions(vector_isa="neon")
 NEON_CASES = ["odd", "gemv", "k-not-multiple-of-4", "wide", "per-tensor", "uint8-in-out", "residual-int8",
               "residual-uint8", "relu", "shifts-mixed"]
 

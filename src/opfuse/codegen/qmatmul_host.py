@@ -31,16 +31,19 @@ weights. The plain build (``simd="none"``, the Cortex-M7) keeps ``qmatmul.py``'s
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from opfuse.codegen.ctype import c_type
+from opfuse.codegen.epilogue import finish_element
+from opfuse.codegen.index import Index
 from opfuse.codegen.qgemm import (BLOCKS, BLOCKS_AVX512, HELPER, HELPER_C, HOST_GUARD, LANES, NEON_BLOCKS,
                                   NEON_GUARD, NEON_INCLUDE, NEON_LANES, PORTABLE_C, REQUANTIZE_NEON_C, QEpilogue,
                                   QInput, _block, _centred_input, _micro_kernel, _must, _neon_micro_kernel, _need,
                                   _quads_zero_point, _Refused, _shares_storage, exact_in_double, match_epilogue)
 from opfuse.codegen.rules import REQUANTIZE_RESIDUAL_C, REQUANTIZE_RESIDUAL_HELPER
 from opfuse.codegen.stages import Stage
-from opfuse.ir.graph import Node
 
 # A row vector (M = 1, a classifier's fc) wastes MR - 1 of every block's rows: one row of 4 vectors too.
 GEMV_BLOCKS = ((1, 4),)
@@ -101,10 +104,11 @@ static inline int32x4_t opfuse_q8n_requantize_lanes(int32x4_t acc, const int32_t
 """
 
 
-def host_int8_matmul_applies(kc, ev, stage: Stage) -> tuple[QInput, QEpilogue, int | None] | None:
+def host_int8_matmul_applies(kc, ev, stage: Stage) -> tuple[QInput, QEpilogue | None, int | None] | None:
     """The host kernel's operands ``(a, epilogue, zu)`` (``zu``: the quads' unsigned zero point, None for the int16
-    pairs), or None where ``qmatmul.py``'s portable kernel stays (on the host with SIMD, the reason in the kernel's
-    notes). ``qmatmul.int8_matmul_applies`` has already held (2-D, constant weights of int16 range)."""
+    pairs; ``epilogue`` None: any other epilogue, element by element), or None where ``qmatmul.py``'s portable
+    kernel stays (on the host with SIMD, the reason in the kernel's notes). ``qmatmul.int8_matmul_applies`` has
+    already held (2-D, constant weights of int16 range)."""
     opts = kc.program.options
     if opts.simd == "none" or opts.platform != "host":
         return None
@@ -113,7 +117,13 @@ def host_int8_matmul_applies(kc, ev, stage: Stage) -> tuple[QInput, QEpilogue, i
         x = _must(_centred_input(node.input(0), ev), "the input is not an 8-bit matrix in memory less a constant "
                                                      "zero point, dequantized in this kernel")
         _need(x.q.shape == node.input(0).shape, "the input is reshaped in this kernel")
-        ep = match_epilogue(ev, stage, node)
+        ep: QEpilogue | None
+        try:
+            ep = match_epilogue(ev, stage, node)
+        except _Refused as e:  # the stage's own epilogue on the accumulators, element by element (finish_element)
+            why = str(e)
+            kc.note(lambda name: f"int8 matmul '{name}': epilogue element by element ({why})", node)
+            ep = None
         w = ev.static[id(node.input(1))].astype(np.int64)
         zu = _quads_zero_point(x, w) if opts.vector_isa in ("avx512", "neon") else None
         if opts.vector_isa == "neon":
@@ -136,7 +146,7 @@ def _wrap32(v: np.ndarray) -> np.ndarray:
     return ((v.astype(np.int64) + (1 << 31)) % (1 << 32) - (1 << 31)).astype(np.int32)
 
 
-def lower_host_int8_matmul(kc, ev, stage: Stage, operands: tuple[QInput, QEpilogue, int | None]) -> None:
+def lower_host_int8_matmul(kc, ev, stage: Stage, operands: tuple[QInput, QEpilogue | None, int | None]) -> None:
     """The vector kernel under ``#if`` (AVX2 / AVX-512 on x86, AdvSIMD on aarch64), plain C over the same packed
     weights under ``#else``."""
     node = stage.anchor_node
@@ -162,23 +172,25 @@ def lower_host_int8_matmul(kc, ev, stage: Stage, operands: tuple[QInput, QEpilog
     w = kc.w
     guard = NEON_GUARD if neon else HOST_GUARD
     w.line(f"#if {guard}")
-    _vector(kc, node, x, ep, zu, wq, wt, (M, K, N, CP, per, MR, NV, NB, NT, MB))
+    _vector(kc, ev, stage, x, ep, zu, wq, wt, (M, K, N, CP, per, MR, NV, NB, NT, MB))
     w.line("#else")
-    _portable(kc, node, x, ep, wq, 8 if zu is not None else 16, (M, K, N, CP, per, NB))
+    _portable(kc, ev, stage, x, ep, wq, 8 if zu is not None else 16, (M, K, N, CP, per, NB))
     w.line("#endif")
 
 
-def _vector(kc, node: Node, x: QInput, ep: QEpilogue, zu: int | None, wq: str, wt: np.ndarray, dims: tuple) -> None:
+def _vector(kc, ev, stage: Stage, x: QInput, ep: QEpilogue | None, zu: int | None, wq: str, wt: np.ndarray,
+            dims: tuple) -> None:
     M, K, N, CP, per, MR, NV, NB, NT, MB = dims
+    node = stage.anchor_node
     neon = kc.program.options.vector_isa == "neon"
     w = kc.w
     Np = NT * NB
     s = "s8" if x.q.dtype == np.int8 else "u8"
     ct = c_type(x.q.dtype)
+    correction = np.zeros(N, np.int64)
     if zu is None:
         pack_kind, elem, value, what = "pairs", "int16_t", f"(int16_t)((int32_t)a[m * K + k] - {x.zp})", \
             f"int16 pairs less the zero point {x.zp}"
-        bias = ep.bias
     else:
         # x86: unsigned quads (int8 + 128); NEON: signed quads (uint8 - 128); the zero point moved alike
         flip = 0x80 if (x.q.dtype == np.int8) != neon else 0
@@ -186,12 +198,63 @@ def _vector(kc, node: Node, x: QInput, ep: QEpilogue, zu: int | None, wq: str, w
         pack_kind, elem = ("quads", "uint8_t") if not neon else ("squads", "int8_t")
         value = f"({elem})((uint8_t)a[m * K + k] ^ {flip})"
         what = "4 bytes " + ("as unsigned (int8 + 128)" if not neon else "as signed (uint8 - 128)")
-        bias = _wrap32(ep.bias.astype(np.int64) - z * wt.sum(axis=0))
+        correction = -z * wt.sum(axis=0)
     helper = f"opfuse_q8mm_pack_{pack_kind}_{s}"
     kc.program.require_helper(helper, PACK_C.format(guard=NEON_GUARD if neon else HOST_GUARD, kind=pack_kind, s=s,
                                                     T=ct, per=per, E=elem, value=value, what=what))
+    if neon:
+        kc.program.require_helper("opfuse_arm_neon", NEON_INCLUDE)
+        kc.note(lambda nm: f"int8 matmul '{nm}': NEON s8 x s8 GEMM, columns in lanes (sdot by lane; vmull_s8 + "
+                           f"vpadalq_s16 without the dot product), {MR} rows x {NB} columns", node)
+    else:
+        kc.program.require_helper(HELPER, HELPER_C)
+        if zu is not None:
+            kc.program.require_helper(DPBUSD_BX, DPBUSD_BX_C)
+        how = "u8 x s8 quads (vpdpbusd with AVX512-VNNI, two vpmaddwd with AVX2 alone)" if zu is not None else \
+            "int16 pairs (vpmaddwd, vpdpwssd with AVX512-VNNI)"
+        kc.note(lambda nm: f"int8 matmul '{nm}': host word GEMM, columns in lanes, {how}, {MR} rows x {NB} "
+                           f"columns", node)
+    if ep is not None:
+        finish = _requantize_tiles(kc, x, ep, zu, wt, correction, (N, NB, NV, Np))
+        kc.note(lambda nm: f"int8 matmul '{nm}': requantizing epilogue in vectors, one column's constants per lane",
+                node)
+    else:
+        finish = _element_tiles(kc, ev, stage, correction, (N, NB, Np))
+    ap = kc.tmp("ap")
+    aoff = kc.scratch(MB * CP * MR * 4)
+    w.line(f"int32_t* restrict {ap} = (int32_t*)(scratch + {aoff});  /* shared: thread 0's scratch */")
+    rb = kc.tmp("rb")
+    kc.parallel_for(M * K)
+    with w.block(f"for (long {rb} = 0; {rb} < {MB}; ++{rb})"):
+        w.line(f"{helper}({ap} + {rb} * {CP * MR}, {kc.ptr(x.q)}, {rb} * {MR}, {M}, {K}, {MR}, {CP});")
+    tile = kc.tmp("tile")
+    kc.parallel_for(M * N * K)
+    with w.block(f"for (long {tile} = 0; {tile} < {NT * MB}; ++{tile})"):
+        t, mb = kc.tmp("t"), kc.tmp("mb")
+        w.line(f"const long {t} = {tile} / {MB}, {mb} = {tile} % {MB};")
+        n0 = kc.tmp("n0")
+        w.line(f"const long {n0} = {t} * {NB};")
+        buf = kc.tmp("acc")
+        xt, wp = f"{wq} + {t} * {CP * NB}", f"{ap} + {mb} * {CP * MR}"
+        if neon:
+            mk = _neon_micro_kernel(kc, MR, NV, [0])
+            w.line(f"int32_t {buf}[{MR * NB}];")
+        else:
+            mk = _micro_kernel(kc, MR, NV, [0], "OPFUSE_Q8_DOT" if zu is None else DPBUSD_BX)
+            w.line(f"__m256i {buf}[{MR * NV}];")
+        w.line(f"{mk}({xt}, {wp}, {CP}, {NB}, {buf});")
+        finish(buf, n0, mb, MR, M)
+
+
+def _requantize_tiles(kc, x: QInput, ep: QEpilogue, zu: int | None, wt: np.ndarray, correction: np.ndarray,
+                      dims: tuple) -> Callable[[str, str, str, int, int], None]:
+    """The vectorised epilogue (bias, ``Requantize`` with one column's constants per lane, residual): its constants,
+    and the function that emits it for a tile's accumulators."""
+    N, NB, NV, Np = dims
+    neon = kc.program.options.vector_isa == "neon"
     name = ep.out.name
     tag = "neon" if neon else "x86"
+    bias = _wrap32(ep.bias.astype(np.int64) + correction)
     barr = kc.const_array((f"q8mm_bias_{tag}", name), _padded(bias, Np, 0, np.int32), f"{name}_mmbias", np.int32)
     mult = kc.const_array(("q8mm_mult", name), _padded(ep.mult, Np, 0, np.int32), f"{name}_mmmult", np.int32)
     shift = kc.const_array(("q8mm_shift", name), _padded(ep.shift, Np, 1, np.int32), f"{name}_mmshift", np.int32)
@@ -209,46 +272,15 @@ def _vector(kc, node: Node, x: QInput, ep: QEpilogue, zu: int | None, wq: str, w
                                 np.float64)
         dscale = (sc, rs)
     if neon:
-        kc.program.require_helper("opfuse_arm_neon", NEON_INCLUDE)
         kc.program.require_helper("opfuse_q8n_requantize", REQUANTIZE_NEON_C)
         kc.program.require_helper("opfuse_q8n_requantize_lanes", REQUANTIZE_NEON_LANES_C)
-        kc.note(lambda nm: f"int8 matmul '{nm}': NEON s8 x s8 GEMM, columns in lanes (sdot by lane; vmull_s8 + "
-                           f"vpadalq_s16 without the dot product), {MR} rows x {NB} columns, requantizing epilogue in "
-                           "vectors", node)
-    else:
-        kc.program.require_helper(HELPER, HELPER_C)
-        if zu is not None:
-            kc.program.require_helper(DPBUSD_BX, DPBUSD_BX_C)
-        how = "u8 x s8 quads (vpdpbusd with AVX512-VNNI, two vpmaddwd with AVX2 alone)" if zu is not None else \
-            "int16 pairs (vpmaddwd, vpdpwssd with AVX512-VNNI)"
-        kc.note(lambda nm: f"int8 matmul '{nm}': host word GEMM, columns in lanes, {how}, {MR} rows x {NB} "
-                           f"columns, epilogue in vectors", node)
-    ap = kc.tmp("ap")
-    aoff = kc.scratch(MB * CP * MR * 4)
-    w.line(f"int32_t* restrict {ap} = (int32_t*)(scratch + {aoff});  /* shared: thread 0's scratch */")
-    rb = kc.tmp("rb")
-    kc.parallel_for(M * K)
-    with w.block(f"for (long {rb} = 0; {rb} < {MB}; ++{rb})"):
-        w.line(f"{helper}({ap} + {rb} * {CP * MR}, {kc.ptr(x.q)}, {rb} * {MR}, {M}, {K}, {MR}, {CP});")
     out = kc.ptr(ep.out, write=True)
     kc.stored.add(id(ep.out))
     res = kc.ptr(ep.res.q) if ep.res is not None else None
-    tile = kc.tmp("tile")
-    kc.parallel_for(M * N * K)
-    with w.block(f"for (long {tile} = 0; {tile} < {NT * MB}; ++{tile})"):
-        t, mb = kc.tmp("t"), kc.tmp("mb")
-        w.line(f"const long {t} = {tile} / {MB}, {mb} = {tile} % {MB};")
-        n0 = kc.tmp("n0")
-        w.line(f"const long {n0} = {t} * {NB};")
-        buf = kc.tmp("acc")
-        xt, wp = f"{wq} + {t} * {CP * NB}", f"{ap} + {mb} * {CP * MR}"
-        if neon:
-            mk = _neon_micro_kernel(kc, MR, NV, [0])
-            w.line(f"int32_t {buf}[{MR * NB}];")
-        else:
-            mk = _micro_kernel(kc, MR, NV, [0], "OPFUSE_Q8_DOT" if zu is None else DPBUSD_BX)
-            w.line(f"__m256i {buf}[{MR * NV}];")
-        w.line(f"{mk}({xt}, {wp}, {CP}, {NB}, {buf});")
+    w = kc.w
+    lanes = NEON_LANES if neon else LANES
+
+    def finish(buf: str, n0: str, mb: str, MR: int, M: int) -> None:
         chans = _lane_constants(kc, ep, n0, NV, (mult, shift, rmult), dscale) if not neon else []
         for i in range(MR):
             m = kc.tmp("m")
@@ -256,7 +288,7 @@ def _vector(kc, node: Node, x: QInput, ep: QEpilogue, zu: int | None, wq: str, w
             with w.block(f"if ({m} < {M})" if M % MR else ""):
                 for v in range(NV):
                     n, nv = kc.tmp("n"), kc.tmp("nv")
-                    w.line(f"const long {n} = {n0} + {v * (NEON_LANES if neon else LANES)}, {nv} = {N} - {n};")
+                    w.line(f"const long {n} = {n0} + {v * lanes}, {nv} = {N} - {n};")
                     with w.block(f"if ({nv} > 0)"):
                         at = f"{m} * {N} + {n}"
                         if neon:
@@ -264,6 +296,39 @@ def _vector(kc, node: Node, x: QInput, ep: QEpilogue, zu: int | None, wq: str, w
                                         n, out, res, at, nv)
                         else:
                             _x86_store(kc, ep, f"{buf}[{i * NV + v}]", barr, chans[v], n, out, res, at, nv)
+    return finish
+
+
+def _element_tiles(kc, ev, stage: Stage, correction: np.ndarray, dims: tuple) -> Callable[[str, str, str, int, int],
+                                                                                           None]:
+    """The stage's own epilogue (``finish_element``: any elementwise ops, such as a dequantization to float and
+    the activation after it) on each accumulator of a tile, row by row over its columns (a loop gcc vectorises
+    where the ops allow); the quads' zero-point correction added first (int32, wrapping)."""
+    N, NB, Np = dims
+    node = stage.anchor_node
+    out = node.outputs[0]
+    corr = None
+    if correction.any():
+        corr = kc.const_array(("q8mm_correction", node.name), _padded(_wrap32(correction), Np, 0, np.int32),
+                              f"{node.name}_mmcorr", np.int32)
+    w = kc.w
+
+    def finish(buf: str, n0: str, mb: str, MR: int, M: int) -> None:
+        cols, row = kc.tmp("cols"), kc.tmp("row")
+        w.line(f"const long {cols} = {N} - {n0} < {NB} ? {N} - {n0} : {NB};")
+        w.line(f"const int32_t* {row} = (const int32_t*){buf};")
+        for i in range(MR):
+            m, j = kc.tmp("m"), kc.tmp("j")
+            w.line(f"const long {m} = {mb} * {MR} + {i};")
+            with w.block(f"if ({m} < {M})" if M % MR else ""), \
+                    w.block(f"for (long {j} = 0; {j} < {cols}; ++{j})"), ev.scope():
+                y = kc.tmp("y")
+                acc = f"{row}[{i * NB} + {j}]"
+                if corr is not None:
+                    acc = f"(int32_t)((uint32_t){acc} + (uint32_t){corr}[{n0} + {j}])"
+                w.line(f"const int32_t {y} = {acc};")
+                finish_element(kc, ev, stage, out, Index(out.shape, (m, f"{n0} + {j}")), y)
+    return finish
 
 
 def _lane_constants(kc, ep: QEpilogue, n0: str, NV: int, arrays: tuple[str, str, str],
@@ -324,23 +389,19 @@ def _neon_store(kc, ep: QEpilogue, acc: str, bias: str, arrays: tuple[str, str, 
            f"({c_type(ep.out.dtype)}){q}[{p}];")
 
 
-def _portable(kc, node: Node, x: QInput, ep: QEpilogue, wq: str, bits: int, dims: tuple) -> None:
+def _portable(kc, ev, stage: Stage, x: QInput, ep: QEpilogue | None, wq: str, bits: int, dims: tuple) -> None:
     """Plain C99 over the vector kernel's packed weights (a compiler without the ISA): per row and column the
-    centred products summed in uint32 (wrapping as the reference's int32), the bias, then
-    ``opfuse_requantize_residual``. ``A`` is copied to scratch first where the output lies over it."""
+    centred products summed in uint32 (wrapping as the reference's int32), then the bias and
+    ``opfuse_requantize_residual`` (or the stage's own epilogue, ``finish_element``). ``A`` is copied to scratch
+    first where the output lies over it."""
     M, K, N, CP, per, NB = dims
+    node = stage.anchor_node
     kc.program.require_helper("opfuse_q8_weights", PORTABLE_C)
-    rq = kc.program.require_helper(REQUANTIZE_RESIDUAL_HELPER, REQUANTIZE_RESIDUAL_C)
-    name = ep.out.name
-    arrays = {key: kc.const_array((f"q8_{key}", name), values, f"{name}_{key}", dt)
-              for key, values, dt in (("bias", ep.bias, np.int32), ("mult", ep.mult, np.int32),
-                                      ("shift", ep.shift, np.int32), ("rmult", ep.rmult, np.int64))
-              if values is not None}
     w = kc.w
-    qp, out = kc.ptr(x.q), kc.ptr(ep.out, write=True)
-    kc.stored.add(id(ep.out))
+    outs = [ep.out] if ep is not None else list(stage.outputs)
+    qp = kc.ptr(x.q)
     ct, xs = c_type(x.q.dtype), kc.tmp("xs")
-    if _shares_storage(kc, x.q, ep.out):
+    if any(_shares_storage(kc, x.q, o) for o in outs):
         xoff = kc.scratch(M * K * x.q.dtype.itemsize)
         w.line(f"{ct}* restrict {xs} = ({ct}*)(scratch + {xoff});")
         w.line(f"memcpy({xs}, {qp}, sizeof({ct}) * {M * K});")
@@ -348,15 +409,34 @@ def _portable(kc, node: Node, x: QInput, ep: QEpilogue, wq: str, bits: int, dims
         w.line(f"const {ct}* {xs} = {qp};")
     m, n, k, acc = kc.tmp("m"), kc.tmp("n"), kc.tmp("k"), kc.tmp("acc")
     with w.block(f"for (long {m} = 0; {m} < {M}; ++{m})"), w.block(f"for (long {n} = 0; {n} < {N}; ++{n})"):
-        w.line(f"uint32_t {acc} = (uint32_t){arrays['bias']}[{n}];")
+        w.line(f"uint32_t {acc} = 0;")
         with w.block(f"for (long {k} = 0; {k} < {K}; ++{k})"):
             index = f"((({n} / {NB}) * {CP} + {k} / {per}) * {NB} + {n} % {NB}) * {per} + {k} % {per}"
             w.line(f"{acc} += (uint32_t)(opfuse_q8_w{bits}({wq}, {index}) * ((int32_t){xs}[{m} * {K} + {k}] - "
                    f"{x.zp}));")
-        at = f"{m} * {N} + {n}"
-        res, rmult = "0", "0"
-        if ep.res is not None:
-            res = f"(int32_t){kc.ptr(ep.res.q)}[{at}] - {ep.res.zp}"
-            rmult = f"{arrays['rmult']}[{n}]"
-        w.line(f"{out}[{at}] = ({c_type(ep.out.dtype)}){rq}((int32_t){acc}, {arrays['mult']}[{n}], "
-               f"{arrays['shift']}[{n}], {res}, {rmult}, {ep.zp}, {ep.lo}, {ep.hi});")
+        if ep is None:
+            with ev.scope():
+                y = kc.tmp("y")
+                w.line(f"const int32_t {y} = (int32_t){acc};")
+                finish_element(kc, ev, stage, node.outputs[0], Index(node.outputs[0].shape, (m, n)), y)
+        else:
+            _requantize_element(kc, ep, acc, m, n, N)
+
+
+def _requantize_element(kc, ep: QEpilogue, acc: str, m: str, n: str, N: int) -> None:
+    """``out[m, n] = opfuse_requantize_residual(acc + bias[n], ...)`` (the plain branch's requantizing epilogue)."""
+    rq = kc.program.require_helper(REQUANTIZE_RESIDUAL_HELPER, REQUANTIZE_RESIDUAL_C)
+    name = ep.out.name
+    arrays = {key: kc.const_array((f"q8_{key}", name), values, f"{name}_{key}", dt)
+              for key, values, dt in (("bias", ep.bias, np.int32), ("mult", ep.mult, np.int32),
+                                      ("shift", ep.shift, np.int32), ("rmult", ep.rmult, np.int64))
+              if values is not None}
+    out = kc.ptr(ep.out, write=True)
+    kc.stored.add(id(ep.out))
+    at = f"{m} * {N} + {n}"
+    res, rmult = "0", "0"
+    if ep.res is not None:
+        res = f"(int32_t){kc.ptr(ep.res.q)}[{at}] - {ep.res.zp}"
+        rmult = f"{arrays['rmult']}[{n}]"
+    kc.w.line(f"{out}[{at}] = ({c_type(ep.out.dtype)}){rq}((int32_t)({acc} + (uint32_t){arrays['bias']}[{n}]), "
+              f"{arrays['mult']}[{n}], {arrays['shift']}[{n}], {res}, {rmult}, {ep.zp}, {ep.lo}, {ep.hi});")
