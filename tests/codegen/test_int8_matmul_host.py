@@ -124,16 +124,22 @@ def test_plain_c_build_keeps_the_portable_kernel():
     assert HOST_NOTE not in source and "opfuse_dot2_s16" in source
 
 
-def test_other_epilogues_run_element_by_element_on_the_vector_gemm():
-    """The accumulator also read by another op (no Requantize in the matmul's group): the word GEMM still, its
-    accumulators handed to the stage's epilogue element by element; bit-exact in every build."""
+def _two_readers():
+    """uint8 x -> Cast/Sub -> MatMul -> Requantize, the accumulator also read by a Neg: two groups, the matmul's
+    without its Requantize."""
     b = GraphBuilder("q")
     x = b.input("x", (9, 13), "uint8")
     xc = b.op("Sub", b.op("Cast", x, to=int(TensorProto.INT32)), b.const("zp", np.array(3, np.int32)))
     acc = b.op("MatMul", xc, b.const("w", np.arange(-65, 65).reshape(13, 10).astype(np.int32)), name="mm")
     y = b.op("Requantize", acc, b.const("m", np.array(1 << 30, np.int32)), b.const("s", np.array(40, np.int32)),
              zero_point=0, lo=-128, hi=127, to=int(TensorProto.INT8))
-    g = b.build(y, b.op("Neg", acc))
+    return b.build(y, b.op("Neg", acc))
+
+
+def test_other_epilogues_run_element_by_element_on_the_vector_gemm():
+    """The accumulator also read by another op (no Requantize in the matmul's group): the word GEMM still, its
+    accumulators handed to the stage's epilogue element by element; bit-exact in every build."""
+    g = _two_readers()
     comp = plan_model(g)
     assert [grp.op_types for grp in comp.plan.groups][0] == ["Cast", "Sub", "MatMul"]
     source = generate(comp.plan.graph, comp.plan, options=AVX512).source
@@ -243,3 +249,18 @@ def test_output_stored_over_its_residual_is_bit_exact():
                                       want[name])
     for flag in ("-mno-avx512f", "-mno-avx2"):
         np.testing.assert_array_equal(_built_with(gg, comp.plan, AVX512, flag).run(feeds)[name], want[name])
+
+
+@pytest.mark.parametrize("arch", ["dotprod", "neon"])
+def test_neon_element_by_element_epilogue_is_bit_exact(arch):
+    _needs_aarch64()
+    from opfuse.runtime import aarch64
+    g = _two_readers()
+    comp = plan_model(g)
+    feeds = _feeds(g)
+    want = run(g, feeds)
+    program = aarch64.generate_aarch64(comp.plan.graph, comp.plan, None, options=NEON)
+    assert "epilogue element by element" in program.source
+    got = aarch64.run_on_qemu(program, feeds, arch=arch).outputs
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
