@@ -264,3 +264,16 @@ def test_neon_element_by_element_epilogue_is_bit_exact(arch):
     got = aarch64.run_on_qemu(program, feeds, arch=arch).outputs
     for k in want:
         np.testing.assert_array_equal(got[k], want[k])
+
+
+@pytest.mark.parametrize("case", ["odd", "gemv", "wide", "residual-uint8", "relu"])
+def test_ymm_micro_kernel_without_the_zmm_option_is_bit_exact(case):
+    """``int8_matmul_zmm=False``: qgemm's ymm micro-kernel (8 columns a vector) instead of the zmm one."""
+    _, source = check(qmatmul(**CASES[case]), AVX512.with_(int8_matmul_zmm=False))
+    assert "opfuse_q8mm_mk16_" not in source and "16 columns per zmm" not in source
+
+
+def test_the_avx512_build_takes_the_zmm_micro_kernel():
+    comp = plan_model(qmatmul(M=16, K=40, N=50))
+    source = generate(comp.plan.graph, comp.plan, options=AVX512).source
+    assert "16 columns per zmm" in source and "_mm512_dpbusd_epi32" in source

@@ -189,6 +189,10 @@ class CodegenOptions:
     # shapes, the 64-bit path's time over the double's; 2 cores shared, load ~13): conv1 1.09, pw1 1.10, pw3 1.04,
     # dw1 1.05, dw3 1.03, dw5 1.05 (pw7-pw13 take the 64-bit path: their sums are long).
     int8_requantize_double: bool = True
+    # Host int8 MatMul built for AVX-512 (``codegen/qmatmul_host.py``, u8 x s8 quads): the micro-kernel on zmm
+    # (16 columns a vector, ``vpdpbusd`` zmm where the compiler has AVX512-VNNI) rather than ymm. Measured (1 thread,
+    # CPU time, interleaved, bert_layer's int8 MatMuls; Zen 4): see benchmarks/results/int8.md.
+    int8_matmul_zmm: bool = True
     # Integer conv (``codegen/qconv.py``, two or more output channels per group): output positions per pass
     # over the weights. 2: two int16 columns, each weight and column word loaded once for two SMLADs
     # (``opfuse_dot22_s16``); 1: one column, two channels (``opfuse_dot2_s16``). The Cortex-M7 takes 2
