@@ -39,19 +39,15 @@ from opfuse.codegen.ctype import c_type
 from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.index import Index
 from opfuse.codegen.qgemm import (BLOCKS, BLOCKS_AVX512, HELPER, HELPER_C, HOST_GUARD, LANES, NEON_BLOCKS,
-                                  NEON_GUARD, NEON_INCLUDE, NEON_LANES, PORTABLE_C, REQUANTIZE_NEON_C, QEpilogue,
-                                  QInput, _block, _centred_input, _micro_kernel, _must, _neon_micro_kernel, _need,
-                                  _quads_zero_point, _Refused, _shares_storage, exact_in_double, match_epilogue)
+                                  NEON_GUARD, NEON_INCLUDE, NEON_LANES, PORTABLE_C, REQUANTIZE_NEON_C, ZMM_BLOCKS,
+                                  QEpilogue, QInput, _block, _centred_input, _micro_kernel, _must, _neon_micro_kernel,
+                                  _need, _quads_zero_point, _Refused, _shares_storage, exact_in_double,
+                                  match_epilogue, zmm_micro_kernel)
 from opfuse.codegen.rules import REQUANTIZE_RESIDUAL_C, REQUANTIZE_RESIDUAL_HELPER
 from opfuse.codegen.stages import Stage
 
 # A row vector (M = 1, a classifier's fc) wastes MR - 1 of every block's rows: one row of 4 vectors too.
 GEMV_BLOCKS = ((1, 4),)
-# Built for AVX-512 (the quads), 16 columns per zmm (``CodegenOptions.int8_matmul_zmm``): MR rows x NV zmm, at most
-# 24 accumulators with the NV loads and a broadcast within the 32 registers. Zen 4 runs a zmm vpdpbusd as two
-# 256-bit halves, yet measured (this host, 12 independent chains, CPU time) 220-229 GMAC/s against 156-194 for ymm.
-ZMM_BLOCKS = ((8, 3), (6, 4), (8, 2), (4, 4), (4, 2), (1, 4), (2, 2))
-ZMM_GUARD = "defined(__AVX512F__) && defined(__AVX512VNNI__)"
 
 DPBUSD_BX = "OPFUSE_Q8_DPBUSD_BX"
 DPBUSD_BX_C = """
@@ -164,7 +160,7 @@ def lower_host_int8_matmul(kc, ev, stage: Stage, operands: tuple[QInput, QEpilog
     CP = -(-K // per)
     lanes = NEON_LANES if neon else LANES
     if _wide(kc, zu):  # 16 columns per zmm: NV counts the epilogue's vectors of 8 (two per zmm)
-        MR, NV16 = _block(M, N, CP, ZMM_BLOCKS, 2 * LANES)
+        MR, NV16 = _block(M, N, CP, ZMM_BLOCKS + GEMV_BLOCKS, 2 * LANES)
         NV = 2 * NV16
     else:
         blocks = NEON_BLOCKS if neon else (BLOCKS_AVX512 if isa == "avx512" else BLOCKS) + GEMV_BLOCKS
@@ -251,7 +247,7 @@ def _vector(kc, ev, stage: Stage, x: QInput, ep: QEpilogue | None, zu: int | Non
             mk = _neon_micro_kernel(kc, MR, NV, [0])
             w.line(f"int32_t {buf}[{MR * NB}];")
         else:
-            mk = _zmm_micro_kernel(kc, MR, NV // 2) if _wide(kc, zu) else \
+            mk = zmm_micro_kernel(kc, MR, NV // 2, [0], loaded_unsigned=False) if _wide(kc, zu) else \
                 _micro_kernel(kc, MR, NV, [0], "OPFUSE_Q8_DOT" if zu is None else DPBUSD_BX)
             w.line(f"__m256i {buf}[{MR * NV}];")
         w.line(f"{mk}({xt}, {wp}, {CP}, {NB}, {buf});")
@@ -347,44 +343,6 @@ def _wide(kc, zu: int | None) -> bool:
     """The zmm micro-kernel: built for AVX-512 with the quads, where ``CodegenOptions.int8_matmul_zmm``."""
     opts = kc.program.options
     return opts.vector_isa == "avx512" and zu is not None and opts.int8_matmul_zmm
-
-
-def _zmm_micro_kernel(kc, MR: int, NV: int) -> str:
-    """``acc`` (MR rows x 16 NV columns as 2 NV ymm a row, the layout of ``qgemm._micro_kernel``'s) = the sum over
-    the ``words`` (``plane`` apart) of the weight panel's 16 NV columns times each row's broadcast activation word:
-    ``vpdpbusd`` on zmm where the compiler has AVX512-VNNI; otherwise the same sums on ymm
-    (``opfuse_q8_dpbusd``: two ``vpmaddwd`` with AVX2 alone), a loop the compiler keeps in memory where its
-    accumulators outnumber the registers. Out of line as ``_micro_kernel`` is, for the same reason."""
-    name = f"opfuse_q8mm_mk16_{MR}x{NV}"
-    accs = [[f"a{i}_{v}" for v in range(NV)] for i in range(MR)]
-    lines = ["#if defined(__AVX2__)", "#ifndef OPFUSE_Q8_OUT_OF_LINE", "#if defined(__GNUC__) && !defined(__clang__)",
-             "#define OPFUSE_Q8_OUT_OF_LINE __attribute__((noipa))", "#elif defined(__GNUC__)",
-             "#define OPFUSE_Q8_OUT_OF_LINE __attribute__((noinline))", "#else", "#define OPFUSE_Q8_OUT_OF_LINE",
-             "#endif", "#endif",
-             f"/* {MR} rows x {16 * NV} columns: the weight panel's words (plane apart) x the rows' broadcast words */",
-             f"OPFUSE_Q8_OUT_OF_LINE static void {name}(const int32_t* restrict xt, const int32_t* restrict wp, "
-             "long words, long plane, __m256i* restrict acc) {", f"#if {ZMM_GUARD}"]
-    lines += ["  __m512i " + ", ".join(f"{a} = _mm512_setzero_si512()" for a in row) + ";" for row in accs]
-    lines.append(f"  for (long k = 0; k < words; ++k, wp += {MR}) {{")
-    lines.append("    const int32_t* xc = xt + k * plane;")
-    lines += [f"    const __m512i x{v} = _mm512_loadu_si512((const void*)(xc + {16 * v}));" for v in range(NV)]
-    for i in range(MR):
-        lines.append(f"    const __m512i w{i} = _mm512_set1_epi32(wp[{i}]);")
-        lines += [f"    {accs[i][v]} = _mm512_dpbusd_epi32({accs[i][v]}, w{i}, x{v});" for v in range(NV)]
-    lines.append("  }")
-    lines += [f"  _mm512_storeu_si512((void*)(acc + {(i * NV + v) * 2}), {accs[i][v]});" for i in range(MR)
-              for v in range(NV)]
-    lines += ["#else",
-              f"  for (long j = 0; j < {MR * 2 * NV}; ++j) acc[j] = _mm256_setzero_si256();",
-              f"  for (long k = 0; k < words; ++k, wp += {MR}) {{",
-              "    const int32_t* xc = xt + k * plane;",
-              f"    for (long i = 0; i < {MR}; ++i) {{",
-              "      const __m256i w = _mm256_set1_epi32(wp[i]);",
-              f"      for (long j = 0; j < {2 * NV}; ++j)",
-              f"        acc[i * {2 * NV} + j] = opfuse_q8_dpbusd(acc[i * {2 * NV} + j], w, "
-              "_mm256_loadu_si256((const __m256i*)(xc + 8 * j)));",
-              "    }", "  }", "#endif", "}", "#endif", ""]
-    return kc.program.require_helper(name, "\n".join(lines))
 
 
 def _lane_constants(kc, ep: QEpilogue, n0: str, NV: int, arrays: tuple[str, str, str],
