@@ -16,13 +16,18 @@ columns of one row, stored as they lie and requantized with one column's constan
    ``sum_k W (u - zu) = sum_k W u - zu colsum(W)`` with ``zu`` the unsigned zero point, the correction joining
    the bias (int32, wrapping); pairs ``(a[2k] - zp, a[2k+1] - zp)`` as int16. ``A`` is read whole before the
    first output is stored, so the output may lie over it.
-3. **Micro-kernel**: ``qgemm._micro_kernel`` itself (MR rows x NV vectors of 8 columns, out of line), its
-   loaded operand the weight panel and its broadcast the activation word: ``vpdpbusd`` takes its unsigned
-   operand first, so the quads' dot swaps the two (``OPFUSE_Q8_DPBUSD_BX``); the pairs' ``vpmaddwd`` is
-   symmetric. Exact as the convolution's (no saturating instruction, sums wrapping as the reference's int32).
+3. **Micro-kernel**: qgemm's own (MR rows x NV vectors, out of line), its loaded operand the weight panel and
+   its broadcast the activation word: ``qgemm.zmm_micro_kernel`` for the quads built for AVX-512 (16 columns
+   a zmm, ``CodegenOptions.int8_matmul_zmm``), ``qgemm._micro_kernel`` (8 a ymm) otherwise. ``vpdpbusd`` takes
+   its unsigned operand first, so the quads' dot swaps the two (``OPFUSE_Q8_DPBUSD_BX``); the pairs'
+   ``vpmaddwd`` is symmetric. Exact as the convolution's (no saturating instruction, sums wrapping as the
+   reference's int32).
 4. **Epilogue**: ``qgemm``'s requantization (``opfuse_q8_requantize``, or ``_d`` in double where
    ``exact_in_double`` proves it exact) with one column's multiplier, shift (and residual multiplier) per
-   lane (``opfuse_q8_chan_lanes``): per-tensor and per-column scales alike, bias, Relu clamp, residual.
+   lane (``opfuse_q8_chan_lanes``): per-tensor and per-column scales alike, bias, Relu clamp, residual. Any
+   other epilogue (``qgemm.match_epilogue`` refuses it: a dequantization to float from
+   ``integer_matmul_dequantized``, a second reader of the accumulator) runs as the stage defines it,
+   ``finish_element`` on each accumulator, row by row over a tile's columns.
 
 NEON (``vector_isa="neon"``): the same layout with signed quads (``s = a ^ 0x80`` for uint8, int8 as is),
 ``qgemm._neon_micro_kernel`` (``sdot`` by lane: MR a multiple of 4) and a per-lane requantization
