@@ -33,6 +33,14 @@ that is the product of its rows flattened into one matrix, so the rewrite reshap
 ``[prod(...) M, K]`` before the ``QLinearMatMul`` and its 8-bit result back after it (data movement on
 8-bit tensors, no arithmetic).
 
+``integer_matmul_dequantized`` takes a product of the same operands that is *not* quantized after it
+(``Gemm | MatMul -> [Add(int32 bias)]`` read as float: a classifier's logits, a transformer's FFN before
+its GELU): ``MatMulInteger`` of the 8-bit input and weight, the int32 bias, a ``Cast`` to float and one
+multiply by ``x_scale * w_scale`` (per tensor or per column: the bias's own scale). The float path sums
+float32 products; the integer one is exact and rounds once, so the two differ by float rounding. Its
+pattern only admits float products of two dequantizations whose result no quantization reads (those are
+``integer_matmul``'s), so other MatMuls are not refused in the log.
+
 Conditions, each refusal with its reason (the wording of the importer's former recognizer): the
 scales and zero points constants, the activations per tensor, the weight an int8 or uint8 constant
 quantized per tensor or along its output channels, the bias (if any) an int32 constant with zero
