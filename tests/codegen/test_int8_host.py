@@ -107,6 +107,8 @@ def check(g, *, expect_host=True, avx2=True, plain_else=True, options: CodegenOp
 CASES = {
     "3x3": {},
     "1x1-flat": {"k": 1, "pad": 0, "cin": 16, "cout": 13, "hw": (5, 7)},
+    "1x1-flat-zmm": {"k": 1, "pad": 0, "cin": 22, "cout": 13, "hw": (7, 9), "residual": True},  # rows >= 48: zmm
+    "3x3-wide-rows-zmm": {"cin": 9, "cout": 10, "hw": (5, 53), "x_dtype": "uint8", "zp": 140},
     "1x1-stride2": {"k": 1, "pad": 0, "stride": 2, "cin": 8, "cout": 9, "hw": (9, 9)},
     "stride2": {"stride": 2, "cout": 11, "hw": (13, 17)},
     "dilation2": {"dilation": 2, "pad": 2, "cout": 7},
@@ -385,3 +387,16 @@ def test_threads_share_the_image_and_split_the_tiles_bit_exactly(params):
     assert model.threads == 2 and "OPFUSE_PRAGMA(omp parallel for" in model.program.source
     for _ in range(3):
         np.testing.assert_array_equal(model.run(feeds)[name], want[name])
+
+
+@pytest.mark.parametrize("case, zmm", [("1x1-flat-zmm", True), ("3x3-wide-rows-zmm", True), ("1x1-flat", False),
+                                       ("wide-row", False)])
+def test_zmm_micro_kernel_where_rows_are_wide(case, zmm):
+    """Built for AVX-512, rows of at least ``int8_conv_zmm_min_row`` positions take the zmm micro-kernel (16
+    positions a vector); narrower ones keep ymm (lanes past the row would be wasted)."""
+    g = qconv(**CASES[case])
+    comp = plan_model(g)
+    source = generate(comp.plan.graph, comp.plan, options=HOST).source
+    assert ("16 positions per zmm" in source) == zmm
+    off = generate(comp.plan.graph, comp.plan, options=HOST.with_(int8_conv_zmm_min_row=0)).source
+    assert "16 positions per zmm" not in off

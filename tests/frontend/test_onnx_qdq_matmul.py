@@ -1,8 +1,8 @@
 """DQ -> [Flatten] -> Gemm/MatMul -> [Add bias] -> [Relu] -> Q recognized as one integer matmul by the pattern
 rule ``integer_matmul`` (``rules/integer_ops.py``): int32 MatMul, int32 bias and a fixed-point ``Requantize`` per
-output column, lowered by ``codegen/qmatmul.py`` (SMLAD on the M7). Against the oracle (the reference on the float
-QDQ graph) and onnxruntime running the QDQ model (within one quantization step), between the reference and C
-(bit for bit), and the refusals with their reasons."""
+output column, lowered by ``codegen/qmatmul.py`` (SMLAD on the M7; on the host ``codegen/qmatmul_host.py``).
+Against the oracle (the reference on the float QDQ graph) and onnxruntime running the QDQ model (within one
+quantization step), between the reference and C (bit for bit), and the refusals with their reasons."""
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
@@ -106,7 +106,9 @@ def test_recognized_matmul_matches_onnxruntime_and_c_is_bit_exact(op, act, relu,
     assert "Requantize" in mm.op_types  # the requantize is the matmul kernel's epilogue
     for simd in ("auto", "none"):
         program = generate(plan.graph, plan, options=CodegenOptions(simd=simd))
-        assert "opfuse_dot2_s16" in program.source and "int8 matmul" in program.source
+        # the host's word GEMM (codegen/qmatmul_host.py) with SIMD, the portable SMLAD kernel in the plain build
+        kernel = "host word GEMM, columns in lanes" if simd == "auto" else "opfuse_dot2_s16"
+        assert kernel in program.source and "int8 matmul" in program.source
         native = build(plan.graph, plan, options=CodegenOptions(simd=simd)).run(x)["y_q"]
         np.testing.assert_array_equal(native, ours.astype(native.dtype))
 
@@ -133,11 +135,16 @@ def test_refusals_keep_the_float_path_and_say_why(kwargs, reason):
     else:
         m = qdq_matmul(**kwargs)
     g, decisions = recognized(m)
-    assert [(d.rule, d.verdict, d.nodes[0], d.reason) for d in decisions] == [("integer_matmul", "refused", "mm",
-                                                                                reason)]
+    assert [(d.rule, d.verdict, d.nodes[0], d.reason) for d in decisions if d.rule == "integer_matmul"] == [
+        ("integer_matmul", "refused", "mm", reason)]
     assert "Requantize" not in op_types(g)
-    x = _x(m)  # the float path: the oracle's own values
-    np.testing.assert_array_equal(run(g, x)["y_q"], run(import_model(m), x)["y_q"])
+    x = _x(m)
+    if kwargs.get("extra_reader"):  # the float product read twice: integer_matmul_dequantized's (below)
+        assert [(d.rule, d.verdict) for d in decisions if d.rule != "integer_matmul"] == [
+            ("integer_matmul_dequantized", "rewritten")]
+        assert np.abs(run(g, x)["y_q"].astype(int) - run(import_model(m), x)["y_q"].astype(int)).max() <= 1
+        return
+    np.testing.assert_array_equal(run(g, x)["y_q"], run(import_model(m), x)["y_q"])  # the float path: the oracle's
 
 
 def test_zoo_classifiers_fc_is_an_integer_matmul():
@@ -165,3 +172,99 @@ def test_the_decision_log_and_report_show_the_recognitions_and_refusals():
     (d,) = [d for d in refused.decisions if d.pass_name == "recognize_integer"]
     assert str(d).startswith("[recognize_integer] integer_matmul refused (condition) at mm")
     assert str(d).endswith(": a Gemm with transA or alpha, beta other than 1")
+
+
+# A batch of matrices times one weight, and products left in float ---------------------------------------------
+
+def qdq_linear(rows=(1, 6), K=21, N=13, act=np.int8, quantize_output=True, bias_scale_factor=1.0, seed=5):
+    """x (float, rows x K) -> Q -> DQ -> MatMul(DQ(W)) -> Add(DQ(int32 bias)) [-> Q -> DQ] -> y: an exported
+    Linear on a batch of rows (a transformer's ``[1, S, H]``), its output quantized or left in float."""
+    rng = np.random.default_rng(seed)
+    xs, ws = np.float32(0.05), rng.uniform(0.002, 0.01, N).astype(np.float32)
+    xz = np.array(-3 if act == np.int8 else 125, act)
+    b_scale = (xs * ws * np.float32(bias_scale_factor)).astype(np.float32)
+    inits = [init("xs", xs), init("xz", xz), init("w_q", rng.integers(-127, 128, (K, N)).astype(np.int8)),
+             init("ws", ws), init("wz", np.zeros(N, np.int8)), init("b_q", rng.integers(-900, 900, N).astype(np.int32)),
+             init("bs", b_scale), init("bz", np.zeros(N, np.int32))]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["x_q"]),
+             helper.make_node("DequantizeLinear", ["x_q", "xs", "xz"], ["x_dq"]),
+             helper.make_node("DequantizeLinear", ["w_q", "ws", "wz"], ["w_dq"], axis=1),
+             helper.make_node("DequantizeLinear", ["b_q", "bs", "bz"], ["b_dq"], axis=0),
+             helper.make_node("MatMul", ["x_dq", "w_dq"], ["c"], name="mm"),
+             helper.make_node("Add", ["c", "b_dq"], ["cb"], name="bias_add")]
+    outputs = [vi("cb", None)]
+    if quantize_output:
+        inits += [init("ys", np.float32(0.09)), init("yz", np.array(4 if act == np.int8 else 128, act))]
+        nodes += [helper.make_node("QuantizeLinear", ["cb", "ys", "yz"], ["y_q"]),
+                  helper.make_node("DequantizeLinear", ["y_q", "ys", "yz"], ["y"])]
+        outputs = [vi("y", None), vi("y_q", None, I8 if act == np.int8 else U8)]
+    return model(nodes, [vi("x", list(rows) + [K])], outputs, inits, opset=13)
+
+
+@pytest.mark.parametrize("rows, act", [((1, 6), np.int8), ((2, 3, 5), np.uint8)])
+def test_a_batch_of_rows_is_one_integer_matmul_of_the_flattened_rows(rows, act):
+    """``[..., M, K] x [K, N]``: the 8-bit input reshaped to one matrix, the integer matmul, the 8-bit result
+    reshaped back; within one step of onnxruntime and of the oracle, the C bit-exact against the reference."""
+    m = qdq_linear(rows, act=act)
+    g, decisions = recognized(m)
+    assert [(d.rule, d.verdict, d.reason) for d in decisions] == [(
+        "integer_matmul", "rewritten", "DequantizeLinear -> MatMul -> Add(bias) -> QuantizeLinear as one integer "
+        f"matmul (int32 accumulator, fixed-point Requantize), its {len(rows) + 1}-D input's rows flattened into "
+        "one matrix")]
+    (mm,) = [n for n in g.nodes if n.op_type == "MatMul"]
+    assert mm.input(0).shape == (int(np.prod(rows)), 21) and mm.outputs[0].dtype == np.int32
+    assert g.values["y_q"].shape == tuple(rows) + (13,)
+    x = {"x": (RNG.standard_normal(list(rows) + [21]) * 2).astype(np.float32)}
+    ours = run(g, x)["y_q"].astype(int)
+    for other in (ort_run(m, x)["y_q"], run(import_model(m), x)["y_q"]):
+        assert np.abs(ours - other.astype(int)).max() <= 1
+    plan = plan_model(m).plan
+    for simd in ("auto", "none"):
+        got = build(plan.graph, plan, options=CodegenOptions(simd=simd)).run(x)["y_q"]
+        np.testing.assert_array_equal(got, ours.astype(got.dtype))
+
+
+@pytest.mark.parametrize("rows", [(1, 6), (4, 2, 3)])
+def test_a_product_left_in_float_is_an_integer_matmul_dequantized(rows):
+    """``DQ -> MatMul -> Add(DQ(int32 bias))`` read as float: the int32 matmul and bias, then one multiply by
+    ``x_scale * w_scale`` per column (the bias's scale). The oracle sums float32 products, so it differs by float
+    rounding; the C equals the reference on the rewritten graph bit for bit (the same Cast and multiply)."""
+    m = qdq_linear(rows, quantize_output=False)
+    g, decisions = recognized(m)
+    assert [(d.rule, d.verdict, d.reason) for d in decisions] == [(
+        "integer_matmul_dequantized", "rewritten", "DequantizeLinear -> MatMul -> Add(bias) as an integer matmul "
+        f"(int32 accumulator) dequantized to float, its {len(rows) + 1}-D input's rows flattened into one matrix")]
+    kept = op_types(g)
+    assert "MatMul" in kept and [n.outputs[0].dtype for n in g.nodes if n.op_type == "MatMul"] == [np.int32]
+    x = {"x": (RNG.standard_normal(list(rows) + [21]) * 2).astype(np.float32)}
+    ours = run(g, x)["cb"]
+    np.testing.assert_allclose(ours, run(import_model(m), x)["cb"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ours, ort_run(m, x)["cb"], rtol=1e-5, atol=1e-5)
+    plan = plan_model(m).plan
+    (mm,) = [grp for grp in plan.groups if "MatMul" in grp.op_types]
+    assert {"Add", "Cast", "Mul"} <= set(mm.op_types)  # bias and dequantization in the matmul's epilogue
+    for simd in ("auto", "none"):
+        program = generate(plan.graph, plan, options=CodegenOptions(simd=simd))
+        assert ("epilogue element by element" in program.source) == (simd == "auto")
+        np.testing.assert_array_equal(build(plan.graph, plan, options=CodegenOptions(simd=simd)).run(x)["cb"], ours)
+
+
+def test_a_product_left_in_float_with_a_wrong_bias_scale_keeps_its_bias_in_float():
+    """The bias Add refused with the reason; the MatMul alone is still the integer matmul dequantized, and the
+    float Add of the dequantized bias stays after it."""
+    m = qdq_linear(quantize_output=False, bias_scale_factor=1.5)
+    g, decisions = recognized(m)
+    assert [(d.rule, d.verdict, d.reason) for d in decisions] == [
+        ("integer_matmul_dequantized", "refused", "the bias scale is not input scale x weight scale"),
+        ("integer_matmul_dequantized", "rewritten", "DequantizeLinear -> MatMul as an integer matmul (int32 "
+                                                    "accumulator) dequantized to float, its 3-D input's rows flattened "
+                                                    "into one matrix")]
+    assert g.values["cb"].producer.op_type == "Add" and g.values["cb"].dtype == np.float32
+    x = {"x": (RNG.standard_normal((1, 6, 21)) * 2).astype(np.float32)}
+    np.testing.assert_allclose(run(g, x)["cb"], run(import_model(m), x)["cb"], rtol=1e-5, atol=1e-5)
+
+
+def test_a_quantized_product_is_left_to_integer_matmul():
+    """A product quantized by its only reader is integer_matmul's, refused or not: no second rule claims it."""
+    _, decisions = recognized(qdq_linear(bias_scale_factor=1.5))
+    assert [(d.rule, d.verdict) for d in decisions] == [("integer_matmul", "refused")]

@@ -220,3 +220,50 @@ def test_unknown_method_and_type_are_refused():
 def test_a_quantized_model_is_refused(r8):
     with pytest.raises(ModelError, match="already quantized"):
         quantize(r8.model, calibration_random=1)
+
+
+def _linear_model(bias_readers: int = 1):
+    """x [1, 4, 8] -> MatMul(W 8x5) -> Add(b) -> Relu -> y: an exported Linear (the bias in the Add after the
+    MatMul); ``bias_readers=2`` also reads the product elsewhere."""
+    from onnx import TensorProto, helper
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 5)).astype(np.float32), "W"),
+             numpy_helper.from_array(rng.standard_normal(5).astype(np.float32), "b")]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["p"], name="mm"), helper.make_node("Add", ["p", "b"], ["pb"],
+                                                                                       name="bias"),
+             helper.make_node("Relu", ["pb"], ["y"], name="relu")]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 5])]
+    if bias_readers == 2:
+        nodes.append(helper.make_node("Neg", ["p"], ["side"], name="neg"))
+        outputs.append(helper.make_tensor_value_info("side", TensorProto.FLOAT, [1, 4, 5]))
+    g = helper.make_graph(nodes, "linear", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8])],
+                          outputs, inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def test_a_matmul_bias_add_is_an_int32_constant_with_the_product_scale():
+    """The Add of a constant vector that alone reads a MatMul's product: its bias, quantized as a Gemm's (int32,
+    scale x_scale * w_scale per column) behind a DequantizeLinear that the Add reads."""
+    r = quantize(_linear_model(), calibration_random=4)
+    (mm,) = r.weights
+    assert mm["op"] == "MatMul" and mm["bias"] == "int32"
+    inits = _inits(r.model)
+    add = next(n for n in r.model.graph.node if n.op_type == "Add")
+    dq = next(n for n in r.model.graph.node if n.op_type == "DequantizeLinear" and add.input[1] in n.output)
+    b_q, b_s = inits[dq.input[0]], inits[dq.input[1]]
+    x_s = inits[next(n for n in r.model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "x").input[1]]
+    w_s = inits[f"{mm['weight']}_scale"]
+    assert b_q.dtype == np.int32 and b_q.shape == (5,)
+    np.testing.assert_allclose(b_s, np.float32(x_s) * w_s, rtol=1e-6)
+    b = _inits(_linear_model())["b"]
+    np.testing.assert_allclose(b_q * b_s, b, atol=float(b_s.max()))
+
+
+def test_a_product_read_elsewhere_keeps_its_add_in_float():
+    r = quantize(_linear_model(bias_readers=2), calibration_random=4)
+    (mm,) = r.weights
+    assert mm["bias"] is None
+    add = next(n for n in r.model.graph.node if n.op_type == "Add")
+    assert add.input[1] == "b"

@@ -7,9 +7,13 @@ from opfuse.codegen.stages import GroupAnalysis, Stage
 
 
 def _matmul(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
-    """An int8 MatMul (8-bit activations, constant weights: ``qmatmul.py``) or the GEMM."""
-    from opfuse.codegen import gemm, qmatmul
+    """An int8 MatMul (8-bit activations, constant weights: the host's word GEMM, ``qmatmul_host.py``, where
+    it applies; ``qmatmul.py``'s portable kernel otherwise) or the GEMM."""
+    from opfuse.codegen import gemm, qmatmul, qmatmul_host
     if qmatmul.int8_matmul_applies(stage.anchor_node, ev.static):
+        operands = qmatmul_host.host_int8_matmul_applies(kc, ev, stage)
+        if operands is not None:
+            return qmatmul_host.lower_host_int8_matmul(kc, ev, stage, operands)
         return qmatmul.lower_int8_matmul(kc, ev, stage)
     return gemm.lower_matmul(kc, ev, stage, analysis)
 

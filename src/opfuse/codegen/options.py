@@ -189,6 +189,14 @@ class CodegenOptions:
     # shapes, the 64-bit path's time over the double's; 2 cores shared, load ~13): conv1 1.09, pw1 1.10, pw3 1.04,
     # dw1 1.05, dw3 1.03, dw5 1.05 (pw7-pw13 take the 64-bit path: their sums are long).
     int8_requantize_double: bool = True
+    # Host int8 MatMul built for AVX-512 (``codegen/qmatmul_host.py``, u8 x s8 quads): the micro-kernel on zmm
+    # (16 columns a vector, ``vpdpbusd`` zmm where the compiler has AVX512-VNNI) rather than ymm. Measured (1 thread,
+    # CPU time medians of 40 interleaved runs, int8 bert_layer whole model, Zen 4, load ~15): zmm / ymm 0.96, 0.96.
+    int8_matmul_zmm: bool = True
+    # The same for the host int8 convolution's u8 x s8 GEMM (``codegen/qgemm.py``, 16 output positions per zmm)
+    # where a row of the GEMM (a 1x1 stride-1 conv's whole plane) has at least this many positions (0: never).
+    # Narrow rows waste lanes: int8 resnet8 (rows of 8-32) took 2.06x the time with zmm everywhere.
+    int8_conv_zmm_min_row: int = 48
     # Integer conv (``codegen/qconv.py``, two or more output channels per group): output positions per pass
     # over the weights. 2: two int16 columns, each weight and column word loaded once for two SMLADs
     # (``opfuse_dot22_s16``); 1: one column, two channels (``opfuse_dot2_s16``). The Cortex-M7 takes 2

@@ -86,6 +86,12 @@ BLOCKS = ((6, 2), (4, 3), (4, 2), (8, 1), (4, 1), (2, 2))
 # shapes, against the blocks above): 8 x 3 0.95 (pw1), 0.94 (pw3), 0.93 (pw7), 0.96 (pw13); 8 x 2 0.94, 0.96,
 # 0.94, 0.95. Compiled without AVX-512 they spill a few registers (exact, slower).
 BLOCKS_AVX512 = ((8, 3), (6, 4), (8, 2)) + BLOCKS
+# Built for AVX-512 with the quads, 16 positions (or a matmul's columns) per zmm (``CodegenOptions.int8_conv_zmm``,
+# ``int8_matmul_zmm``): MR x NV zmm, at most 24 accumulators with the NV loads and a broadcast within the 32
+# registers. Zen 4 runs a zmm vpdpbusd as two 256-bit halves, yet measured (this host, 12 independent chains, CPU
+# time, loaded) 220-229 GMAC/s against 156-194 for ymm.
+ZMM_BLOCKS = ((8, 3), (6, 4), (8, 2), (4, 4), (4, 2), (2, 2))
+ZMM_GUARD = "defined(__AVX512F__) && defined(__AVX512VNNI__)"
 # Built for aarch64 (``vector_isa="neon"``, ``neon_gemm``): ``sdot`` where the compiler targets the dot product
 # (Armv8.2-A+dotprod), plain C over the same words otherwise.
 NEON_GUARD = "defined(__aarch64__) && defined(__ARM_NEON)"
@@ -1061,8 +1067,14 @@ def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, G: int, zu: int | 
     # one input channel (a first layer on a mono input): a quad holds 4 taps of a kernel row, not 4 channels
     tap_words = zu is not None and cg == 1 and probe.KW > 1
     KWw = -(-probe.KW // per) if tap_words else probe.KW  # words per kernel row
-    blocks = BLOCKS_AVX512 if kc.program.options.vector_isa == "avx512" else BLOCKS
-    MR, NV = _block(mg, probe.OW, CP * probe.KH * KWw, blocks)
+    opts = kc.program.options
+    wide = zu is not None and opts.vector_isa == "avx512" and 0 < opts.int8_conv_zmm_min_row <= probe.OW
+    if wide:  # 16 positions per zmm: NV counts the epilogue's vectors of 8 (two per zmm)
+        MR, NV16 = _block(mg, probe.OW, CP * probe.KH * KWw, ZMM_BLOCKS, 2 * LANES)
+        NV = 2 * NV16
+    else:
+        blocks = BLOCKS_AVX512 if opts.vector_isa == "avx512" else BLOCKS
+        MR, NV = _block(mg, probe.OW, CP * probe.KH * KWw, blocks)
     g, _ = _geometry(node, LANES * NV, True)
     MB = -(-mg // MR)
     taps = g.KH * KWw
@@ -1081,7 +1093,8 @@ def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, G: int, zu: int | 
         kc.note(lambda name: f"int8 conv '{name}': host int16-pair GEMM, {MR} channels x {8 * NV} positions (AVX2 "
                              f"vpmaddwd, vpdpwssd with AVX512-VNNI), epilogue in vectors", node)
     else:
-        words_of = "4 taps of a kernel row" if tap_words else "4 channels"
+        words_of = ("4 taps of a kernel row" if tap_words else "4 channels") + (", 16 positions per zmm" if wide
+                                                                                 else "")
         kc.note(lambda name: f"int8 conv '{name}': host u8 x s8 GEMM, {MR} channels x {8 * NV} positions, words of "
                              f"{words_of} (vpdpbusd with AVX512-VNNI, two vpmaddwd with AVX2 alone), epilogue in "
                              f"vectors", node)
@@ -1103,7 +1116,8 @@ def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, G: int, zu: int | 
                    f"{g.SW}, {g.W}, {zu}, {g.DW if tap_words else 0});")
     offsets = [g.tap(kh, per * kw if tap_words else kw) for kh in range(g.KH) for kw in range(KWw)]
     with _word_tiles(kc, im, x.q, N, G, mg, MB, MR, KWw, wq, build_row) as (img, grp, mb, oh, ow0, xt, wp):
-        mk = _micro_kernel(kc, MR, NV, offsets, "OPFUSE_Q8_DOT" if zu is None else "opfuse_q8_dpbusd")
+        mk = zmm_micro_kernel(kc, MR, NV // 2, offsets, loaded_unsigned=True) if wide else \
+            _micro_kernel(kc, MR, NV, offsets, "OPFUSE_Q8_DOT" if zu is None else "opfuse_q8_dpbusd")
         buf = kc.tmp("acc")
         w.line(f"__m256i {buf}[{MR * NV}];")
         w.line(f"{mk}({xt}, {wp}, {CP}, {plane}, {buf});")
@@ -1159,6 +1173,59 @@ def _micro_kernel(kc, MR: int, NV: int, offsets: list[int], dot: str) -> str:
     lines.append("  }")
     lines += [f"  acc[{i * NV + v}] = {accs[i][v]};" for i in range(MR) for v in range(NV)]
     lines += ["}", "#endif", ""]
+    return kc.program.require_helper(name, "\n".join(lines))
+
+
+def zmm_micro_kernel(kc, MR: int, NV: int, offsets: list[int], loaded_unsigned: bool) -> str:
+    """``_micro_kernel`` on zmm for the u8 x s8 quads: ``acc`` (MR x 16 NV lanes as 2 NV ymm a row: the layout of
+    ``_micro_kernel``'s) = the sum over the ``words`` (``plane`` apart) and taps (``offsets``) of the loaded words
+    (16 consecutive per vector) times each row's broadcast word, ``vpdpbusd`` on zmm where the compiler has
+    AVX512-VNNI. ``loaded_unsigned``: the loaded words are the u8 operand (a convolution's image) or the s8 one (a
+    matmul's weight panel, its rows' activations broadcast). Without AVX512-VNNI the same sums on ymm
+    (``opfuse_q8_dpbusd``: two ``vpmaddwd`` with AVX2 alone), a loop the compiler may keep in memory where its
+    accumulators outnumber the registers. Out of line, as ``_micro_kernel`` is and for the same reason."""
+    key = f"zmm|{MR}x{NV}|{','.join(map(str, offsets))}|{int(loaded_unsigned)}"
+    name = f"opfuse_q8_mk16_{MR}x{NV}_{hashlib.sha1(key.encode()).hexdigest()[:12]}"
+    taps = len(offsets)
+    accs = [[f"a{i}_{v}" for v in range(NV)] for i in range(MR)]
+
+    def args(x: str, w: str) -> str:
+        return f"{x}, {w}" if loaded_unsigned else f"{w}, {x}"
+    lines = ["#if defined(__AVX2__)", "#ifndef OPFUSE_Q8_OUT_OF_LINE", "#if defined(__GNUC__) && !defined(__clang__)",
+             "#define OPFUSE_Q8_OUT_OF_LINE __attribute__((noipa))", "#elif defined(__GNUC__)",
+             "#define OPFUSE_Q8_OUT_OF_LINE __attribute__((noinline))", "#else", "#define OPFUSE_Q8_OUT_OF_LINE",
+             "#endif", "#endif",
+             f"/* {MR} rows x {16 * NV} lanes over words x {taps} taps (words: planes apart), zmm */",
+             f"OPFUSE_Q8_OUT_OF_LINE static void {name}(const int32_t* restrict xt, const int32_t* restrict wp, "
+             "long words, long plane, __m256i* restrict acc) {", f"#if {ZMM_GUARD}"]
+    lines += ["  __m512i " + ", ".join(f"{a} = _mm512_setzero_si512()" for a in row) + ";" for row in accs]
+    lines.append(f"  for (long k = 0; k < words; ++k, wp += {taps * MR}) {{")
+    lines.append("    const int32_t* xc = xt + k * plane;")
+    for t, off in enumerate(offsets):
+        lines.append("    {")
+        lines += [f"      const __m512i x{v} = _mm512_loadu_si512((const void*)(xc + {off + 16 * v}));"
+                  for v in range(NV)]
+        for i in range(MR):
+            lines.append(f"      const __m512i w{i} = _mm512_set1_epi32(wp[{t * MR + i}]);")
+            lines += [f"      {accs[i][v]} = _mm512_dpbusd_epi32({accs[i][v]}, {args(f'x{v}', f'w{i}')});"
+                      for v in range(NV)]
+        lines.append("    }")
+    lines.append("  }")
+    lines += [f"  _mm512_storeu_si512((void*)(acc + {(i * NV + v) * 2}), {accs[i][v]});" for i in range(MR)
+              for v in range(NV)]
+    offs = "{" + ", ".join(map(str, offsets)) + "}"
+    lines += ["#else",
+              f"  static const long offs[{taps}] = {offs};",
+              f"  for (long j = 0; j < {MR * 2 * NV}; ++j) acc[j] = _mm256_setzero_si256();",
+              f"  for (long k = 0; k < words; ++k, wp += {taps * MR}) {{",
+              "    const int32_t* xc = xt + k * plane;",
+              f"    for (long t = 0; t < {taps}; ++t)",
+              f"      for (long i = 0; i < {MR}; ++i) {{",
+              f"        const __m256i w = _mm256_set1_epi32(wp[t * {MR} + i]);",
+              f"        for (long j = 0; j < {2 * NV}; ++j) {{",
+              "          const __m256i x = _mm256_loadu_si256((const __m256i*)(xc + offs[t] + 8 * j));",
+              f"          acc[i * {2 * NV} + j] = opfuse_q8_dpbusd(acc[i * {2 * NV} + j], {args('x', 'w')});",
+              "        }", "      }", "  }", "#endif", "}", "#endif", ""]
     return kc.program.require_helper(name, "\n".join(lines))
 
 

@@ -11,8 +11,9 @@ A QDQ ``DQ -> Gemm/MatMul -> [Add bias] -> [Relu] -> Q`` (the ``integer_matmul``
    ``SMLAD`` (``opfuse_dot2_s16``, ``qconv.py``; plain C elsewhere, exact either way);
 3. hands each accumulator to the fused epilogue (the bias Add, ``Requantize``, the clamp).
 
-This is the M7 / portable path, for every target; a host SIMD int8 kernel may take the host's ahead
-of it. The values are exact integers: the C equals the reference executor bit for bit.
+This is the M7 / portable path (``simd="none"``, and the host where ``qmatmul_host.py``'s word GEMM
+refuses, the reason in the kernel's notes). The values are exact integers: the C equals the reference
+executor bit for bit.
 """
 from __future__ import annotations
 

@@ -15,10 +15,11 @@ quantization, so that
 
 Each quantized activation ``T`` becomes ``T -> QuantizeLinear -> DequantizeLinear -> consumers``;
 each Conv / Gemm / MatMul weight an int8 initializer behind a per-axis ``DequantizeLinear`` and its
-bias an int32 one (scale ``x_scale * w_scale``) when the op's input is quantized. Kept in float, with
-the reason recorded: the graph outputs (a caller wants real values), outputs of data-movement ops
-whose input is quantized (they carry its scale: ``SCALE_PRESERVING``), non-float tensors, and
-biases whose op input has no scale.
+bias an int32 one (scale ``x_scale * w_scale``) when the op's input is quantized (a MatMul's bias: the
+constant vector of the Add that alone reads its unquantized product, as an exported ``Linear`` writes
+it). Kept in float, with the reason recorded: the graph outputs (a caller wants real values), outputs
+of data-movement ops whose input is quantized (they carry its scale: ``SCALE_PRESERVING``), non-float
+tensors, and biases whose op input has no scale.
 
 A Concat's inputs take the Concat's output parameters (``share_concat_params``, as TensorFlow Lite's
 converter restricts CONCATENATION to one input and output scale; onnxruntime's QDQ quantizer gives each
@@ -230,6 +231,35 @@ def _weight_spec(node: onnx.NodeProto, consts: Mapping[str, np.ndarray]) -> tupl
     return axis, 2 if has_bias else None
 
 
+def _matmul_bias_adds(g: onnx.GraphProto, consts: Mapping[str, np.ndarray],
+                      activations: Mapping[str, ActivationParams]) -> dict[str, tuple[str, int]]:
+    """``{MatMul name: (Add name, the Add's bias input index)}`` for a MatMul with a constant 2-D weight whose
+    product (not quantized itself) is read only by an ``Add`` of a constant float vector of one value per
+    output column: the bias an exported ``Linear`` adds after its MatMul, which then becomes an int32 constant
+    behind a DequantizeLinear as a Gemm's bias does (the integer matmul adds it in its accumulator)."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in g.node:
+        for i in node.input:
+            readers.setdefault(i, []).append(node)
+    outputs = {o.name for o in g.output}
+    found = {}
+    for node in g.node:
+        if node.op_type != "MatMul" or len(node.input) < 2 or node.input[1] not in consts:
+            continue
+        w, y = consts[node.input[1]], node.output[0]
+        users = readers.get(y, [])
+        if w.ndim != 2 or y in activations or y in outputs or len(users) != 1 or users[0].op_type != "Add":
+            continue
+        add = users[0]
+        if not node.name or not add.name or len(add.input) != 2 or add.input[0] == add.input[1]:
+            continue
+        index = 1 if add.input[0] == y else 0
+        b = consts.get(add.input[index])
+        if b is not None and b.dtype == np.float32 and b.shape == (w.shape[1],):
+            found[node.name] = (add.name, index)
+    return found
+
+
 def build_qdq_model(float_model: onnx.ModelProto, activations: Mapping[str, ActivationParams],
                     inherited: Mapping[str, str]) -> tuple[onnx.ModelProto, list[dict], dict[str, str]]:
     """The QDQ model: activations as Q/DQ pairs, weights and biases as DQ of int8 / int32 constants."""
@@ -251,16 +281,22 @@ def build_qdq_model(float_model: onnx.ModelProto, activations: Mapping[str, Acti
     def params_of(tensor: str) -> ActivationParams | None:
         return activations.get(inherited.get(tensor, tensor))
 
+    bias_adds = _matmul_bias_adds(g, consts, activations)
+    add_bias: dict[str, tuple[int, str]] = {}  # Add name -> (input index, its int32 bias DQ's output)
     for v in g.input:
         if v.name in activations:
             emit_qdq(v.name)
     for node in g.node:
         new = onnx.NodeProto()
         new.CopyFrom(node)
+        if node.name in add_bias:
+            index, dq_out = add_bias[node.name]
+            new.input[index] = dq_out
         spec = _weight_spec(node, consts)
         if spec is not None:
             axis, bias_index = spec
             w_name = node.input[1]
+            bias_add = bias_adds.get(node.name)
             key = ("w", w_name, axis)
             w_q, w_scales = quantize_weight(consts[w_name], axis)
             if key not in quantized_consts:
@@ -270,8 +306,9 @@ def build_qdq_model(float_model: onnx.ModelProto, activations: Mapping[str, Acti
             new.input[1] = quantized_consts[key]
             x = params_of(node.input[0])
             bias_state = None
-            if bias_index is not None:
-                b_name = node.input[bias_index]
+            if bias_index is not None or bias_add is not None:
+                add_node = next(n for n in g.node if n.name == bias_add[0]) if bias_add is not None else node
+                b_name = add_node.input[bias_add[1] if bias_add is not None else bias_index]
                 if x is None:
                     kept[b_name] = f"bias of '{node.name}': its input '{node.input[0]}' has no scale (kept in float)"
                     bias_state = "float"
@@ -282,7 +319,10 @@ def build_qdq_model(float_model: onnx.ModelProto, activations: Mapping[str, Acti
                         dq, out = _dq_const(names, b_name, b_q, b_scales, 0, new_inits)
                         nodes.append(dq)
                         quantized_consts[bkey] = out
-                    new.input[bias_index] = quantized_consts[bkey]
+                    if bias_add is not None:
+                        add_bias[bias_add[0]] = (bias_add[1], quantized_consts[bkey])
+                    else:
+                        new.input[bias_index] = quantized_consts[bkey]
                     bias_state = "int32"
             weights.append({"node": node.name, "op": node.op_type, "weight": w_name, "axis": axis,
                             "channels": int(w_scales.size), "bias": bias_state})

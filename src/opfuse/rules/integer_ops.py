@@ -27,7 +27,19 @@ is ``DQ(a_q)`` or ``Flatten/Reshape(DQ(a_q))`` (a classifier's fc: the quantizer
 between the pool's DQ and the Gemm, one per-tensor scale on either side): ``QLinearMatMul`` of the
 Flatten/Reshape of the 8-bit tensor and the weight as ``K x N`` (a Gemm's ``transB`` applied to the
 constant), the int32 bias a ninth input, requantized per output column. A Gemm needs ``alpha = beta
-= 1`` and no ``transA``, the input a matrix, the weight per tensor or per output column.
+= 1`` and no ``transA``, the input a matrix, the weight per tensor or per output column. A MatMul's
+input may be a batch of matrices (``[..., M, K]``, a transformer's ``[1, S, H]``) times the one weight:
+that is the product of its rows flattened into one matrix, so the rewrite reshapes the 8-bit input to
+``[prod(...) M, K]`` before the ``QLinearMatMul`` and its 8-bit result back after it (data movement on
+8-bit tensors, no arithmetic).
+
+``integer_matmul_dequantized`` takes a product of the same operands that is *not* quantized after it
+(``Gemm | MatMul -> [Add(int32 bias)]`` read as float: a classifier's logits, a transformer's FFN before
+its GELU): ``MatMulInteger`` of the 8-bit input and weight, the int32 bias, a ``Cast`` to float and one
+multiply by ``x_scale * w_scale`` (per tensor or per column: the bias's own scale). The float path sums
+float32 products; the integer one is exact and rounds once, so the two differ by float rounding. Its
+pattern only admits float products of two dequantizations whose result no quantization reads (those are
+``integer_matmul``'s), so other MatMuls are not refused in the log.
 
 Conditions, each refusal with its reason (the wording of the importer's former recognizer): the
 scales and zero points constants, the activations per tensor, the weight an int8 or uint8 constant
@@ -41,15 +53,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from onnx import TensorProto
 
 from opfuse.frontend.onnx_import_context import OnnxNode
 from opfuse.frontend.onnx_writer import write_onnx_nodes
 from opfuse.ir.graph import Node, Value
-from opfuse.patterns import Op
+from opfuse.patterns import Op, check
 from opfuse.rules.rule import Rule, Subgraph
 
 INTEGER_CONV = "integer_conv"
 INTEGER_MATMUL = "integer_matmul"
+INTEGER_MATMUL_DEQUANTIZED = "integer_matmul_dequantized"
 EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
 QUANT_RANGES = {np.dtype(t): (np.iinfo(t).min, np.iinfo(t).max) for t in (np.int8, np.uint8)}
 INTEGER_SOURCES = EIGHT_BIT + (np.dtype(np.int32),)  # what a DequantizeLinear dequantizes here
@@ -252,13 +266,14 @@ def _absorbed(m, candidates: list[Node]) -> tuple[str, ...]:
 
 
 def _write(m, ops: list[OnnxNode], inputs: dict, bound: dict[str, Value], reason: str, name: str,
-           absorbs: tuple[str, ...] = ()) -> Subgraph:
+           absorbs: tuple[str, ...] = (), target: Value | None = None) -> Subgraph:
     """The ops written as the importer writes them, in a scratch graph whose names are fresh against
-    the graph without the match (the match's nodes and values go: their names are free again)."""
+    the graph without the match (the match's nodes and values go: their names are free again).
+    ``target``: the value the ops compute in the match's place (default: the quantization's output)."""
     graph = m.graph
     gone_values = {v.name for n in m.nodes for v in n.outputs}
     gone_nodes = {n.name for n in m.nodes}
-    target = m["q"].outputs[0]
+    target = target if target is not None else m["q"].outputs[0]
     scratch, env = write_onnx_nodes(ops, inputs, opset=graph.opset,
                                     reserved_values=set(graph.values) - gone_values,
                                     reserved_nodes={n.name for n in graph.nodes} - gone_nodes)
@@ -325,13 +340,24 @@ def matmul_pattern():
 
 
 def _matmul_match(m) -> dict | str:
+    if _escapes(m, ("mm", "bias_add", "relu")):
+        return "the product is not quantized by its only reader (through a bias Add and a Relu at most)"
+    found = _matmul_operands(m)
+    if isinstance(found, str):
+        return found
+    tail = _quantized(m)
+    if isinstance(tail, str):
+        return tail
+    return {**found, "y": tail}
+
+
+def _matmul_operands(m) -> dict | str:
+    """The integer matmul's operands at ``m`` (input, weight as ``K x N``, int32 bias), or why not."""
     mm = m["mm"]
     attrs = mm.attrs
     if mm.op_type == "Gemm" and (attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0
                                  or attrs.get("beta", 1.0) != 1.0):
         return "a Gemm with transA or alpha, beta other than 1"
-    if _escapes(m, ("mm", "bias_add", "relu")):
-        return "the product is not quantized by its only reader (through a bias Add and a Relu at most)"
     a = mm.inputs[0]
     if a is None:
         return "the input is not the output of a DequantizeLinear"
@@ -344,7 +370,7 @@ def _matmul_match(m) -> dict | str:
         return x
     if x.scale.size != 1 or x.zero is None or x.zero.size != 1 or x.q.dtype not in EIGHT_BIT:
         return "the input is not quantized per tensor with a zero point"
-    if len(a.shape) != 2:
+    if len(a.shape) != 2 and (reshape is not None or len(a.shape) < 2):
         return "the input is not known to be a matrix"
     w = dequantized(mm.inputs[1], "the weight")
     if isinstance(w, str):
@@ -368,16 +394,34 @@ def _matmul_match(m) -> dict | str:
         bias_value = other
     bias = None
     if bias_value is not None:
-        b = _int32_bias(bias_value, ((N,), (1, N)), "column", x, w)
+        b = _int32_bias(bias_value, ((N,), (1, N), (1,) * (len(a.shape) - 1) + (N,)), "column", x, w)
         if isinstance(b, str):
             return b
         bias = np.asarray(b.q.const).reshape(N)
-    tail = _quantized(m)
-    if isinstance(tail, str):
-        return tail
     w_kn = np.asarray(w.q.const)
     return {"reshape": reshape, "x": x, "w": w, "w_kn": np.ascontiguousarray(w_kn.T if trans_b else w_kn),
-            "bias": bias, "y": tail}
+            "bias": bias, "rows": tuple(a.shape[:-1]) if len(a.shape) > 2 else None}
+
+
+def _input_ops(found: dict, name: str, base: str, inputs: dict, bound: dict) -> tuple[list[OnnxNode], str]:
+    """The data movement on the 8-bit input before the integer matmul: the match's Flatten/Reshape, or a batch
+    of matrices' rows flattened into one matrix; returns the ops and the name of the matrix they give."""
+    x, reshape, rows = found["x"], found["reshape"], found["rows"]
+    ops = []
+    x_name = x.q.name
+    if reshape is not None:  # the data movement on the 8-bit tensor (one per-tensor scale either side)
+        rest = [v for v in reshape.inputs[1:] if v is not None]
+        for v in rest:
+            inputs[v.name] = bound[v.name] = v
+        x_name = f"{base}_opfuse_input_q"
+        ops.append(OnnxNode(f"{name}_opfuse_input_reshape", reshape.op_type, 13 if reshape.op_type == "Flatten"
+                            else 14, [x.q.name, *(v.name for v in rest)], [x_name], dict(reshape.attrs)))
+    if rows is not None:  # a batch of matrices times one weight: the rows flattened into one matrix, and back
+        x_name = f"{base}_opfuse_input_q"
+        shape_name = f"{base}_opfuse_input_shape"
+        inputs[shape_name] = np.array([int(np.prod(rows)), x.q.shape[-1]], np.int64)
+        ops.append(OnnxNode(f"{name}_opfuse_input_reshape", "Reshape", 14, [x.q.name, shape_name], [x_name], {}))
+    return ops, x_name
 
 
 def matmul_refusal(m) -> str | None:
@@ -396,16 +440,8 @@ def _matmul_action(m):
     name, base = mm.name, mm.outputs[0].name
     inputs: dict = {x.q.name: x.q}
     bound = {x.q.name: x.q}
-    ops = []
-    x_name = x.q.name
-    reshape = found["reshape"]
-    if reshape is not None:  # the data movement on the 8-bit tensor (one per-tensor scale either side)
-        rest = [v for v in reshape.inputs[1:] if v is not None]
-        for v in rest:
-            inputs[v.name] = bound[v.name] = v
-        x_name = f"{base}_opfuse_input_q"
-        ops.append(OnnxNode(f"{name}_opfuse_input_reshape", reshape.op_type, 13 if reshape.op_type == "Flatten"
-                            else 14, [x.q.name, *(v.name for v in rest)], [x_name], dict(reshape.attrs)))
+    ops, x_name = _input_ops(found, name, base, inputs, bound)
+    rows, reshape = found["rows"], found["reshape"]
     xp = _params(base, x, "x")
     w_name = f"{base}_opfuse_weight_kn"
     wp = {f"{base}_w_scale": w.scale,
@@ -420,12 +456,19 @@ def _matmul_action(m):
         inputs[f"{base}_opfuse_bias"] = found["bias"].astype(np.int32)
         names.append(f"{base}_opfuse_bias")
     relu = _one(m, "relu")
-    ops.append(OnnxNode(name, "QLinearMatMul", QLINEAR_VERSION, names, [target.name],
+    y_name = target.name if rows is None else f"{base}_opfuse_output_q"
+    ops.append(OnnxNode(name, "QLinearMatMul", QLINEAR_VERSION, names, [y_name],
                         {"opfuse_requantize": "fixed", "opfuse_relu": int(relu is not None)}))
+    if rows is not None:
+        shape_name = f"{base}_opfuse_output_shape"
+        inputs[shape_name] = np.array(target.shape, np.int64)
+        ops.append(OnnxNode(f"{name}_opfuse_output_reshape", "Reshape", 14, [y_name, shape_name], [target.name], {}))
     parts = ["DequantizeLinear"] + ([reshape.op_type] if reshape is not None else []) + [mm.op_type] \
         + (["Add(bias)"] if found["bias"] is not None else []) + (["Relu"] if relu is not None else []) \
         + ["QuantizeLinear"]
     reason = f"{' -> '.join(parts)} as one integer matmul (int32 accumulator, fixed-point Requantize)"
+    if rows is not None:
+        reason += f", its {len(rows) + 1}-D input's rows flattened into one matrix"
     return _write(m, ops, inputs, bound, reason, name, _absorbed(m, list(x.nodes) + ([reshape] if reshape else [])))
 
 
@@ -436,8 +479,106 @@ INTEGER_MATMUL_RULE = Rule(
                 "one integer matmul (int32 accumulator, fixed-point Requantize)")
 
 
+# integer_matmul_dequantized ----------------------------------------------------------------------
+
+def _dequantized_float_product(node: Node) -> bool:
+    """A float Gemm / MatMul of a dequantized input (through a Flatten/Reshape) and a dequantized weight whose
+    product (through an Add) is not quantized: the candidates, so that no other MatMul is refused in the log."""
+    out = node.outputs[0]
+    if out.dtype != np.float32 or len(node.inputs) < 2:
+        return False
+    a = node.inputs[0]
+    if a is not None and a.producer is not None and a.producer.op_type in RESHAPES:
+        a = a.producer.inputs[0]
+    if isinstance(dequantized(a, "the input"), str) or isinstance(dequantized(node.inputs[1], "the weight"), str):
+        return False
+    users = [u for u, _ in out.uses]
+    after = users[0].outputs[0] if len(users) == 1 and users[0].op_type == "Add" else out
+    return not _quantized_reader(after, ())
+
+
+def matmul_dequantized_pattern():
+    """``Gemm | MatMul -> [Add]``: a product of dequantized 8-bit operands left in float."""
+    return Op(*MATMUL_OPS).where(check(_dequantized_float_product, "dequantized_float_product")).named("mm").keep() \
+        >> Op("Add").named("bias_add").keep().opt()
+
+
+def _quantized_reader(v: Value, outputs) -> bool:
+    """Is ``v`` read only by a quantization, directly or through a Relu (``integer_matmul``'s match)?"""
+    users = [u for u, _ in v.uses]
+    if len(users) == 1 and users[0].op_type == "Relu" and users[0].outputs[0] not in outputs:
+        users = [u for u, _ in users[0].outputs[0].uses]
+    return len(users) == 1 and users[0].op_type == "Div"
+
+
+def _matmul_dequantized_match(m) -> dict | str:
+    add = _one(m, "bias_add")
+    last = (add if add is not None else m["mm"]).outputs[0]
+    if add is not None:
+        if _escapes(m, ("mm",)):
+            return "the product is read besides its bias Add"
+        other = add.inputs[1] if add.inputs[0] is m["mm"].outputs[0] else add.inputs[0]
+        if len(add.inputs) != 2 or isinstance(dequantized(other, "the bias"), str):
+            return "the bias is not an int32 constant behind a DequantizeLinear"
+    if last not in m.graph.outputs and _quantized_reader(last, m.graph.outputs):
+        return "the product is quantized (integer_matmul's match)"
+    return _matmul_operands(m)
+
+
+def matmul_dequantized_refusal(m) -> str | None:
+    got = _matmul_dequantized_match(m)
+    return got if isinstance(got, str) else None
+
+
+def _matmul_dequantized_action(m):
+    found = _matmul_dequantized_match(m)
+    if isinstance(found, str):
+        return found
+    mm, add = m["mm"], _one(m, "bias_add")
+    target = (add if add is not None else mm).outputs[0]
+    x, w, rows = found["x"], found["w"], found["rows"]
+    name, base = mm.name, mm.outputs[0].name
+    inputs: dict = {x.q.name: x.q}
+    bound = {x.q.name: x.q}
+    ops, x_name = _input_ops(found, name, base, inputs, bound)
+    w_name, az, wz = f"{base}_opfuse_weight_kn", f"{base}_x_zero_point", f"{base}_opfuse_w_zero_point"
+    inputs[w_name] = found["w_kn"]
+    inputs[az] = x.zero
+    inputs[wz] = w.zero if w.zero is not None else np.array(0, w.q.dtype)
+    acc = f"{base}_opfuse_acc"
+    ops.append(OnnxNode(name, "MatMulInteger", QLINEAR_VERSION, [x_name, w_name, az, wz], [acc], {}))
+    if found["bias"] is not None:
+        b_name = f"{base}_opfuse_bias"
+        inputs[b_name] = found["bias"].astype(np.int32)
+        ops.append(OnnxNode(f"{name}_opfuse_bias_add", "Add", 14, [acc, b_name], [f"{acc}_bias"], {}))
+        acc = f"{acc}_bias"
+    scale = f"{base}_opfuse_scale"  # x_scale * w_scale, per tensor or per output column, as the bias's scale
+    inputs[scale] = (np.float32(x.scale.reshape(())) * w.scale.astype(np.float32)).astype(np.float32)
+    ops.append(OnnxNode(f"{name}_opfuse_to_float", "Cast", 13, [acc], [f"{acc}_float"], {"to": TensorProto.FLOAT}))
+    y_name = target.name if rows is None else f"{base}_opfuse_dequantized"
+    ops.append(OnnxNode(f"{name}_opfuse_dequantize", "Mul", 14, [f"{acc}_float", scale], [y_name], {}))
+    if rows is not None:
+        shape_name = f"{base}_opfuse_output_shape"
+        inputs[shape_name] = np.array(target.shape, np.int64)
+        ops.append(OnnxNode(f"{name}_opfuse_output_reshape", "Reshape", 14, [y_name, shape_name], [target.name], {}))
+    parts = ["DequantizeLinear"] + ([found["reshape"].op_type] if found["reshape"] is not None else []) \
+        + [mm.op_type] + (["Add(bias)"] if found["bias"] is not None else [])
+    reason = f"{' -> '.join(parts)} as an integer matmul (int32 accumulator) dequantized to float"
+    if rows is not None:
+        reason += f", its {len(rows) + 1}-D input's rows flattened into one matrix"
+    absorbs = _absorbed(m, list(x.nodes) + ([found["reshape"]] if found["reshape"] else []))
+    return _write(m, ops, inputs, bound, reason, name, absorbs, target=target)
+
+
+INTEGER_MATMUL_DEQUANTIZED_RULE = Rule(
+    INTEGER_MATMUL_DEQUANTIZED, matmul_dequantized_pattern(), condition=matmul_dequantized_refusal,
+    action=_matmul_dequantized_action, priority=PRIORITY, kind="matmul_epilogue",
+    description="DequantizeLinear -> [Flatten/Reshape] -> Gemm/MatMul -> [bias] left in float -> an integer matmul "
+                "(int32 accumulator, int32 bias) dequantized to float (x_scale * w_scale per column)")
+
+
 def integer_rules() -> list[Rule]:
-    return [INTEGER_CONV_RULE, INTEGER_MATMUL_RULE]
+    return [INTEGER_CONV_RULE, INTEGER_MATMUL_RULE, INTEGER_MATMUL_DEQUANTIZED_RULE]
 
 
 def quantizes(graph) -> bool:
@@ -447,5 +588,6 @@ def quantizes(graph) -> bool:
                and n.inputs[0].dtype.kind == "f" for n in graph.nodes)
 
 
-__all__ = ["INTEGER_CONV", "INTEGER_MATMUL", "INTEGER_CONV_RULE", "INTEGER_MATMUL_RULE", "integer_rules",
-           "quantizes", "dequantized", "Dequantized", "conv_pattern", "matmul_pattern", "BIAS_SCALE_RTOL"]
+__all__ = ["INTEGER_CONV", "INTEGER_MATMUL", "INTEGER_MATMUL_DEQUANTIZED", "INTEGER_CONV_RULE", "INTEGER_MATMUL_RULE",
+           "INTEGER_MATMUL_DEQUANTIZED_RULE", "integer_rules", "quantizes", "dequantized", "Dequantized",
+           "conv_pattern", "matmul_pattern", "matmul_dequantized_pattern", "BIAS_SCALE_RTOL"]
