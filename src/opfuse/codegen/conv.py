@@ -257,7 +257,7 @@ def conv_problem(kc, ev, node) -> GemmProblem:
     direct_refusal = direct_conv_refusal(kc.program.options, node, geo, G, sw, out.dtype)
     if direct_refusal is None and not packed_rows:
         kc.note(lambda name: f"Conv '{name}': direct kernel (channels x positions over a phase-split band)", node)
-        return direct_problem(kc, ev, node, geo, sw, finish)
+        return direct_problem(kc, ev, node, geo, sw, finish, G)
     if sw is not None and nsp == 2 and out.dtype == np.float32 and not packed_rows:
         return windows_problem(kc, ev, node, geo, G, sw, finish)
 

@@ -142,6 +142,11 @@ class CodegenOptions:
     conv_direct_nr: int = 16
     conv_direct_mr: int = 16
     conv_direct_tile_floats: int = 16384
+    # Grouped convolutions with at most ``conv_direct_max_k`` input channels per group x taps take the direct
+    # kernel too, one GEMM per image and group (an output width NR does not divide: panels across output
+    # rows, ``conv_direct.ShiftedBand``), instead of the windows GEMM's 14 x 8 blocks of positions x channels,
+    # whose one-vector-wide panels broadcast an input value per multiply-add (load-bound).
+    conv_direct_grouped: bool = True
     # A GEMM whose output is the anchor's, or its Relu's, with a row bias at most, stored along its
     # unit-stride rows in whole register blocks, is finished and stored by the micro-kernel after its
     # last K block (``gemm.register_epilogue``) instead of through the C tile and the epilogue loop.
