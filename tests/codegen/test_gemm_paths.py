@@ -213,3 +213,23 @@ def test_1x1_windows_below_the_channel_threshold_keep_the_offset_table(cache_dir
         got, want, m = run_both(g, plan, cache_dir, options=CodegenOptions(windows_pack_min_channels=1))
         assert "_koff" in m.program.source
         assert_close(got, want)
+
+
+@pytest.mark.parametrize("simd", ["auto", "none"])
+@pytest.mark.parametrize("c,oc,hw", [(32, 64, 48), (24, 20, 30)], ids=["whole-blocks", "part-blocks"])
+def test_rows_outer_store_same_bits(c, oc, hw, simd, cache_dir):
+    """A 1x1 convolution of few input channels whose micro-kernel stores its output, B's packed K block small:
+    A's panels outermost (``gemm_rows_outer_store``), the same bits as B's panels outermost; a deep K (B's block
+    past ``ROWS_OUTER_STORE_BYTES``) keeps B's panels outermost."""
+    import re
+    g, plan = conv_relu(c, oc, hw, hw, 1, 1, [0, 0, 0, 0])
+    got, want, m = run_both(g, plan, cache_dir, options=CodegenOptions(simd=simd))
+    old, _, m0 = run_both(g, plan, cache_dir, options=CodegenOptions(simd=simd, gemm_rows_outer_store=False))
+    rows_first = re.compile(r"for \(long ir\d+ = 0;[^\n]*\n\s*for \(long jr\d+ = 0;")
+    assert rows_first.search(m.program.source) and not rows_first.search(m0.program.source)
+    assert_close(got, want)
+    for name in got:
+        assert np.array_equal(got[name], old[name])
+    g, plan = conv_relu(640, 32, 16, 16, 1, 1, [0, 0, 0, 0])  # K = 640: 640 x 256 floats of B per tile
+    _, _, m = run_both(g, plan, cache_dir, options=CodegenOptions(simd=simd))
+    assert not rows_first.search(m.program.source)
