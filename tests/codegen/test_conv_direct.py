@@ -179,6 +179,16 @@ def test_grouped_direct_conv_matches_reference_portable_and_avx2(case, column_st
     assert_close(wide, portable)
 
 
+def test_grouped_tiles_across_rows(cache_dir):
+    """Small C tiles (``conv_direct_tile_floats``): tiles of 32 positions start inside output rows of 37, so
+    each band starts at its first row and the panels' origins are off its start; same results."""
+    g, plan = _conv_graph(16, 16, 12, 37, 3, 1, [1, 1, 1, 1], group=2)
+    for options in (AVX512, AVX2, PORTABLE):
+        got, want, m = run_both(g, plan, cache_dir, options=options.with_(conv_direct_tile_floats=256))
+        assert NOTE in _notes(m)
+        assert_close(got, want)
+
+
 def test_grouped_two_threads_bitwise_equal_to_one(cache_dir):
     g, plan = _conv_graph(64, 64, 14, 14, 3, 1, [1, 1, 1, 1], group=8)
     one, _, m1 = run_both(g, plan, cache_dir, threads=1)
