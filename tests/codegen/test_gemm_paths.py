@@ -216,11 +216,11 @@ def test_1x1_windows_below_the_channel_threshold_keep_the_offset_table(cache_dir
 
 
 @pytest.mark.parametrize("simd", ["auto", "none"])
-@pytest.mark.parametrize("c,oc,hw", [(32, 64, 48), (24, 20, 30)], ids=["whole-blocks", "part-blocks"])
+@pytest.mark.parametrize("c,oc,hw", [(16, 64, 96), (24, 20, 180)], ids=["whole-blocks", "part-blocks"])
 def test_rows_outer_store_same_bits(c, oc, hw, simd, cache_dir):
-    """A 1x1 convolution of few input channels whose micro-kernel stores its output, B's packed K block small:
-    A's panels outermost (``gemm_rows_outer_store``), the same bits as B's panels outermost; a deep K (B's block
-    past ``ROWS_OUTER_STORE_BYTES``) keeps B's panels outermost."""
+    """A 1x1 convolution of few input channels whose micro-kernel stores its output (over 2 MB), B's packed K
+    block small: A's panels outermost (``gemm_rows_outer_store``), the same bits as B's panels outermost; a
+    deep K (B's block past ``ROWS_OUTER_STORE_BYTES``) or a small output keeps B's panels outermost."""
     import re
     g, plan = conv_relu(c, oc, hw, hw, 1, 1, [0, 0, 0, 0])
     got, want, m = run_both(g, plan, cache_dir, options=CodegenOptions(simd=simd))
@@ -230,6 +230,7 @@ def test_rows_outer_store_same_bits(c, oc, hw, simd, cache_dir):
     assert_close(got, want)
     for name in got:
         assert np.array_equal(got[name], old[name])
-    g, plan = conv_relu(640, 32, 16, 16, 1, 1, [0, 0, 0, 0])  # K = 640: 640 x 256 floats of B per tile
-    _, _, m = run_both(g, plan, cache_dir, options=CodegenOptions(simd=simd))
-    assert not rows_first.search(m.program.source)
+    for shape in ((640, 32, 96, 96), (16, 64, 48, 48)):  # K = 640: 640 x 256 floats of B per tile; 0.6 MB out
+        g, plan = conv_relu(shape[0], shape[1], shape[2], shape[3], 1, 1, [0, 0, 0, 0])
+        _, _, m = run_both(g, plan, cache_dir, options=CodegenOptions(simd=simd))
+        assert not rows_first.search(m.program.source)

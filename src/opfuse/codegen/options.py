@@ -167,9 +167,10 @@ class CodegenOptions:
     # took 1.12-1.15x and the 7x7 one 1.03-1.05x.
     gemm_transposed_store: bool = True
     # With the micro-kernel storing along n (above) and B packed per tile, A's panels outermost (B's packed K
-    # block, at most ``gemm.ROWS_OUTER_STORE_BYTES``, streamed from L2), so each MR-row block of output is
-    # written as MR runs of the tile's columns (``gemm.emit_gemm``): a 1x1 convolution of few input channels
-    # (64 -> 128 at 112x112) 0.90-0.96x the time with cold caches.
+    # block, at most ``gemm.ROWS_OUTER_STORE_BYTES``, streamed from L2) where the output is past a core's L2
+    # (``gemm.ROWS_OUTER_STORE_MIN_OUTPUT``), so each MR-row block of output is written as MR runs of the
+    # tile's columns (``gemm.emit_gemm``): a 1x1 convolution of few input channels (64 -> 128 at 112x112)
+    # 0.90-0.96x the time with cold caches, mobilenet_v1's pw1 0.87x.
     gemm_rows_outer_store: bool = True
     # Plain-C micro-kernel with named scalar accumulators (``codegen/microkernel.py``): for a
     # compiler without vector registers (the Cortex-M7), which keeps an accumulator array in memory.
