@@ -230,6 +230,9 @@ def test_register_block():
     assert direct_block(AVX512.resolved("avx512"), 8) == (8, 16)   # at least 8 zmm chains
     assert direct_block(AVX2.resolved("avx2"), 32) == (6, 16)
     assert direct_block(PORTABLE.resolved("avx512"), 32) == (6, 16)
+    assert direct_block(AVX2.resolved("avx2"), 8, least_padding=True) == (4, 16)  # a group's 8 channels
+    assert direct_block(AVX2.resolved("avx2"), 24, least_padding=True) == (6, 16)
+    assert direct_block(AVX512.resolved("avx512"), 8, least_padding=True) == (8, 16)
 
 
 # The micro-kernel's own epilogue (``gemm.register_epilogue``) ------------------------------------
