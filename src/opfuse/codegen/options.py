@@ -148,8 +148,8 @@ class CodegenOptions:
     # whose one-vector-wide panels broadcast an input value per multiply-add (load-bound). Measured on the 3x3
     # 256 -> 256 layer at 14x14 in 32 groups (1 thread, kernel CPU time, 40-60 interleaved runs, three rounds,
     # load 12-17): 0.84-0.91x the time after the benchmark's sgemm, 0.72-0.78x warm; alone in C (min of 2000)
-    # 81-86 against 91-93 us. The 4-group layer (K = 288) stays on the windows. Not the Cortex-M7's (no
-    # direct kernel there).
+    # 81-86 against 91-93 us; with the AVX2 block (``vector_isa="avx2"``, 4 x 16) 89 against 91 us. The 4-group
+    # layer (K = 288) stays on the windows. Not the Cortex-M7's (no direct kernel there).
     conv_direct_grouped: bool = True
     # A GEMM whose output is the anchor's, or its Relu's, with a row bias at most, stored along its
     # unit-stride rows in whole register blocks, is finished and stored by the micro-kernel after its
