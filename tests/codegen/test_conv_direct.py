@@ -169,9 +169,12 @@ def test_grouped_direct_conv_matches_reference_portable_and_avx2(case, column_st
     narrow, _, m2 = run_both(g, plan, cache_dir, options=AVX2)
     portable, _, m3 = run_both(g, plan, cache_dir, options=PORTABLE)
     old, _, m4 = run_both(g, plan, cache_dir, options=AVX512.with_(conv_direct_grouped=False))
+    crossing = case[3] % 16 != 0
     for model in (m, m2, m3):
         assert NOTE in _notes(model), _notes(model)
         assert model.report["kernels"] == 1
+        assert ("panels across output rows" in _notes(model)) == crossing
+        assert f"per group of {case[0] // case[10]} channels" in _notes(model)
     assert NOTE not in _notes(m4)
     assert "_packed_koff_" in m.program.source and "_mm512_fmadd_ps" in m.program.source
     for got in (wide, narrow, portable, old):
