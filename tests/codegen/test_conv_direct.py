@@ -130,6 +130,7 @@ def test_refusals_have_reasons():
                                                                                  group=8)
     assert "K = 288 > conv_direct_max_k" in _refusal(128, 128, 28, 28, 3, 1, [1, 1, 1, 1], group=4)
     assert "conv_direct_grouped off" in _refusal(4, 8, 32, 32, 3, 1, [1, 1, 1, 1], group=2, conv_direct_grouped=False)
+    assert "4 output channels per group < 8" in _refusal(16, 16, 14, 14, 3, 1, [1, 1, 1, 1], group=4)
     assert "off" in _refusal(3, 32, 64, 64, 3, 2, [1, 1, 1, 1], conv_direct_max_k=0)
 
 

@@ -62,6 +62,11 @@ def direct_block(o, channels: int, least_padding: bool = False) -> tuple[int, in
     return max(fits), nr
 
 
+# Fewest output channels per group for the direct kernel: the AVX-512 block has at least 8 rows (enough FMA
+# chains), so fewer channels would leave most of them padding; measured with 8 (``conv_direct_grouped``).
+GROUPED_MIN_CHANNELS = 8
+
+
 def row_crossing(node, geo, o) -> bool:
     """Whether the direct kernel reads this convolution's input as ``ShiftedBand`` (panels across output
     rows: the output width not a multiple of NR, and the rows not strided) rather than ``PhaseBand``."""
@@ -83,6 +88,9 @@ def direct_conv_refusal(o, node, geo, group: int, weights, out_dtype) -> str | N
         return "off (conv_direct_max_k = 0)"
     if group != 1 and not o.conv_direct_grouped:
         return "grouped (conv_direct_grouped off)"
+    if group != 1 and node.outputs[0].shape[1] // group < GROUPED_MIN_CHANNELS:
+        return (f"{node.outputs[0].shape[1] // group} output channels per group < {GROUPED_MIN_CHANNELS} "
+                f"(the block's rows would be mostly padding)")
     OW = node.outputs[0].shape[3]
     if OW % o.conv_direct_nr and (group == 1 or geo.strides[0] != 1):
         why = "" if group == 1 else " and the rows are strided"
