@@ -124,7 +124,7 @@ def test_refusals_have_reasons():
     assert "one panel a row and K = 144 > conv_direct_one_panel_max_k = 96" in _refusal(16, 32, 32, 32, 3, 2,
                                                                                         [1, 1, 1, 1])
     assert _refusal(8, 16, 32, 32, 3, 2, [1, 1, 1, 1]) is None  # one panel a row, K = 72
-    assert _refusal(4, 8, 32, 32, 3, 1, [1, 1, 1, 1], group=2) is None  # grouped, phase-split band
+    assert _refusal(4, 16, 32, 32, 3, 1, [1, 1, 1, 1], group=2) is None  # grouped, phase-split band
     assert _refusal(256, 256, 14, 14, 3, 1, [1, 1, 1, 1], group=32) is None  # 8 per group, panels across rows
     assert "not a multiple of 16 positions and the rows are strided" in _refusal(64, 64, 28, 28, 3, 2, [1, 1, 1, 1],
                                                                                  group=8)
