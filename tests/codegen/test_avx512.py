@@ -76,6 +76,8 @@ def test_avx512_convs_match_portable_and_reference(name, cache_dir):
     c, oc, h, w, k, s, pads, group = CONVS[name]
     g, plan = _conv_graph(c, oc, h, w, k, s, pads, group)
     _three_ways(g, plan, cache_dir)
+    if group > 1:  # the grouped ones take the direct kernel; the windows GEMM's blocks too
+        _three_ways(g, plan, cache_dir, conv_direct_grouped=False)
 
 
 @pytest.mark.parametrize("shape", [(3, 37, 70, 45), (1, 50, 129, 33), (2, 9, 17, 64)])

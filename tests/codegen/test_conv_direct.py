@@ -124,8 +124,97 @@ def test_refusals_have_reasons():
     assert "one panel a row and K = 144 > conv_direct_one_panel_max_k = 96" in _refusal(16, 32, 32, 32, 3, 2,
                                                                                         [1, 1, 1, 1])
     assert _refusal(8, 16, 32, 32, 3, 2, [1, 1, 1, 1]) is None  # one panel a row, K = 72
-    assert _refusal(4, 8, 32, 32, 3, 1, [1, 1, 1, 1], group=2) == "grouped"
+    assert _refusal(4, 16, 32, 32, 3, 1, [1, 1, 1, 1], group=2) is None  # grouped, phase-split band
+    assert _refusal(256, 256, 14, 14, 3, 1, [1, 1, 1, 1], group=32) is None  # 8 per group, panels across rows
+    assert "not a multiple of 16 positions and the rows are strided" in _refusal(64, 64, 28, 28, 3, 2, [1, 1, 1, 1],
+                                                                                 group=8)
+    assert "K = 288 > conv_direct_max_k" in _refusal(128, 128, 28, 28, 3, 1, [1, 1, 1, 1], group=4)
+    assert "conv_direct_grouped off" in _refusal(4, 8, 32, 32, 3, 1, [1, 1, 1, 1], group=2, conv_direct_grouped=False)
+    assert "4 output channels per group < 8" in _refusal(16, 16, 14, 14, 3, 1, [1, 1, 1, 1], group=4)
     assert "off" in _refusal(3, 32, 64, 64, 3, 2, [1, 1, 1, 1], conv_direct_max_k=0)
+
+
+# Grouped: (c, oc, h, w, k, stride, pads, dilation, epilogue, images, group). Widths 16 does not divide take
+# the band split by kernel column (panels across output rows), the others the phase-split band per group.
+GROUPED = [
+    (64, 64, 14, 14, 3, 1, [1, 1, 1, 1], 1, "Relu", 1, 8),    # 8 channels per group at 14x14 (a g32 layer's)
+    (48, 24, 13, 11, 3, 1, [1, 0, 1, 2], 1, "Add", 2, 3),     # odd sizes, asymmetric pads, 2 images, 8 out/group
+    (32, 32, 12, 21, 3, 1, [1, 1, 1, 1], 1, "Clip", 1, 4),    # a column stride below (case 3)
+    (16, 16, 15, 23, 3, 1, [2, 2, 2, 2], 2, "Relu", 1, 2),    # dilation 2
+    (24, 48, 10, 37, 5, 1, [2, 2, 2, 2], 1, "none", 1, 6),    # 5x5, 4 in 8 out per group, no epilogue
+    (16, 32, 20, 32, 3, 1, [1, 1, 1, 1], 1, "Relu", 1, 4),    # width 32: the phase-split band, per group
+    (16, 32, 20, 64, 3, 2, [1, 1, 1, 1], 1, "Relu", 1, 4),    # stride 2, width 32: phase-split
+]
+
+
+def _grouped_graph(case, column_stride=1):
+    c, oc, h, w, k, s, pads, dil, epi, n, group = case
+    if column_stride == 1:
+        return _conv_graph(c, oc, h, w, k, s, pads, dil, epi, n, group)
+    b = GraphBuilder("conv")
+    x = b.input("x", (n, c, h, w))
+    y = b.op("Conv", x, _w(b, oc, c // group, k, k), _w(b, oc), kernel_shape=[k, k], strides=[1, column_stride],
+             pads=pads, dilations=[dil, dil], group=group, name="conv")
+    g = b.build(b.op("Relu", y, name="act"))
+    return g, group_by_names(g, [("conv_epilogue", ["conv", "act"])])
+
+
+@pytest.mark.parametrize("column_stride", [1, 2])
+@pytest.mark.parametrize("case", GROUPED, ids=[f"{c[0]}x{c[1]}g{c[10]}_{c[2]}x{c[3]}_k{c[4]}s{c[5]}_{c[8]}"
+                                               for c in GROUPED])
+def test_grouped_direct_conv_matches_reference_portable_and_avx2(case, column_stride, cache_dir):
+    if column_stride != 1 and case[5] != 1:
+        pytest.skip("one stride at a time")
+    g, plan = _grouped_graph(case, column_stride)
+    wide, want, m = run_both(g, plan, cache_dir, options=AVX512)
+    narrow, _, m2 = run_both(g, plan, cache_dir, options=AVX2)
+    portable, _, m3 = run_both(g, plan, cache_dir, options=PORTABLE)
+    old, _, m4 = run_both(g, plan, cache_dir, options=AVX512.with_(conv_direct_grouped=False))
+    crossing = case[3] % 16 != 0
+    for model in (m, m2, m3):
+        assert NOTE in _notes(model), _notes(model)
+        assert model.report["kernels"] == 1
+        assert ("panels across output rows" in _notes(model)) == crossing
+        assert f"per group of {case[0] // case[10]} channels" in _notes(model)
+    assert NOTE not in _notes(m4)
+    assert "_packed_koff_" in m.program.source and "_mm512_fmadd_ps" in m.program.source
+    for got in (wide, narrow, portable, old):
+        assert_close(got, want)
+    assert_close(wide, portable)
+
+
+def test_grouped_tiles_across_rows(cache_dir):
+    """Small C tiles (``conv_direct_tile_floats``): tiles of 32 positions start inside output rows of 37, so
+    each band starts at its first row and the panels' origins are off its start; same results."""
+    g, plan = _conv_graph(16, 16, 12, 37, 3, 1, [1, 1, 1, 1], group=2)
+    for options in (AVX512, AVX2, PORTABLE):
+        got, want, m = run_both(g, plan, cache_dir, options=options.with_(conv_direct_tile_floats=256))
+        assert NOTE in _notes(m)
+        assert_close(got, want)
+
+
+def test_grouped_two_threads_bitwise_equal_to_one(cache_dir):
+    g, plan = _conv_graph(64, 64, 14, 14, 3, 1, [1, 1, 1, 1], group=8)
+    one, _, m1 = run_both(g, plan, cache_dir, threads=1)
+    two, _, _ = run_both(g, plan, cache_dir, threads=2)
+    assert NOTE in _notes(m1)
+    for name in one:
+        assert np.array_equal(one[name], two[name])
+
+
+def test_grouped_band_through_a_prologue(cache_dir):
+    """The input computed in the group (Relu of x): the band split by kernel column is filled element by element
+    through it (no memcpy from memory), same results."""
+    b = GraphBuilder("pre")
+    x = b.input("x", (1, 32, 14, 14))
+    y = b.op("Conv", b.op("Relu", x, name="pre"), _w(b, 32, 8, 3, 3), _w(b, 32), kernel_shape=[3, 3],
+             pads=[1, 1, 1, 1], group=4, name="conv")
+    g = b.build(b.op("Relu", y, name="act"))
+    plan = group_by_names(g, [("conv_epilogue", ["pre", "conv", "act"])])
+    for options in (AVX512, PORTABLE):
+        got, want, m = run_both(g, plan, cache_dir, options=options)
+        assert NOTE in _notes(m) and m.report["kernels"] == 1
+        assert_close(got, want)
 
 
 def test_refused_convolutions_take_the_windows_kernel(cache_dir):
@@ -145,6 +234,9 @@ def test_register_block():
     assert direct_block(AVX512.resolved("avx512"), 8) == (8, 16)   # at least 8 zmm chains
     assert direct_block(AVX2.resolved("avx2"), 32) == (6, 16)
     assert direct_block(PORTABLE.resolved("avx512"), 32) == (6, 16)
+    assert direct_block(AVX2.resolved("avx2"), 8, least_padding=True) == (4, 16)  # a group's 8 channels
+    assert direct_block(AVX2.resolved("avx2"), 24, least_padding=True) == (6, 16)
+    assert direct_block(AVX512.resolved("avx512"), 8, least_padding=True) == (8, 16)
 
 
 # The micro-kernel's own epilogue (``gemm.register_epilogue``) ------------------------------------

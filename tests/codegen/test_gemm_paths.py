@@ -195,8 +195,9 @@ def test_1x1_windows_packing_positions_matches_reference(c, oc, hw, group, simd,
     windows_pack_min_channels output channels per group they pack A (positions x channels) per
     tile instead of reading it through the offset table. Forced here on small shapes."""
     g, plan = conv_relu(c, oc, hw, hw, 1, 1, [0, 0, 0, 0], group=group)
-    packed, want, m = run_both(g, plan, cache_dir, options=CodegenOptions(windows_pack_min_channels=1, simd=simd))
-    windows, _, m_w = run_both(g, plan, cache_dir, options=CodegenOptions(windows_pack_min_channels=10**6, simd=simd))
+    base = CodegenOptions(simd=simd, conv_direct_grouped=False)  # two groups would take the direct kernel
+    packed, want, m = run_both(g, plan, cache_dir, options=base.with_(windows_pack_min_channels=1))
+    windows, _, m_w = run_both(g, plan, cache_dir, options=base.with_(windows_pack_min_channels=10**6))
     assert "_koff" not in m.program.source and "_koff" in m_w.program.source
     assert_close(packed, want)
     assert_close(windows, want)
@@ -212,3 +213,24 @@ def test_1x1_windows_below_the_channel_threshold_keep_the_offset_table(cache_dir
         got, want, m = run_both(g, plan, cache_dir, options=CodegenOptions(windows_pack_min_channels=1))
         assert "_koff" in m.program.source
         assert_close(got, want)
+
+
+@pytest.mark.parametrize("simd", ["auto", "none"])
+@pytest.mark.parametrize("c,oc,hw", [(16, 64, 96), (24, 20, 180)], ids=["whole-blocks", "part-blocks"])
+def test_rows_outer_store_same_bits(c, oc, hw, simd, cache_dir):
+    """A 1x1 convolution of few input channels whose micro-kernel stores its output (over 2 MB), B's packed K
+    block small: A's panels outermost (``gemm_rows_outer_store``), the same bits as B's panels outermost; a
+    deep K (B's block past ``ROWS_OUTER_STORE_BYTES``) or a small output keeps B's panels outermost."""
+    import re
+    g, plan = conv_relu(c, oc, hw, hw, 1, 1, [0, 0, 0, 0])
+    got, want, m = run_both(g, plan, cache_dir, options=CodegenOptions(simd=simd))
+    old, _, m0 = run_both(g, plan, cache_dir, options=CodegenOptions(simd=simd, gemm_rows_outer_store=False))
+    rows_first = re.compile(r"for \(long ir\d+ = 0;[^\n]*\n\s*for \(long jr\d+ = 0;")
+    assert rows_first.search(m.program.source) and not rows_first.search(m0.program.source)
+    assert_close(got, want)
+    for name in got:
+        assert np.array_equal(got[name], old[name])
+    for shape in ((640, 32, 96, 96), (16, 64, 48, 48)):  # K = 640: 640 x 256 floats of B per tile; 0.6 MB out
+        g, plan = conv_relu(shape[0], shape[1], shape[2], shape[3], 1, 1, [0, 0, 0, 0])
+        _, _, m = run_both(g, plan, cache_dir, options=CodegenOptions(simd=simd))
+        assert not rows_first.search(m.program.source)

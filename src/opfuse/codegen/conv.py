@@ -27,7 +27,7 @@ import math
 import numpy as np
 
 from opfuse.codegen.ctype import c_type, literal
-from opfuse.codegen.conv_direct import direct_conv_refusal, direct_problem
+from opfuse.codegen.conv_direct import direct_conv_refusal, direct_problem, row_crossing
 from opfuse.codegen.conv_windows import windows_problem
 from opfuse.codegen.depthwise import lower_depthwise
 from opfuse.codegen.qconv import int8_conv_applies, lower_int8_conv
@@ -256,8 +256,11 @@ def conv_problem(kc, ev, node) -> GemmProblem:
         (PACKED_STRIDED or all(s == 1 for s in geo.strides))
     direct_refusal = direct_conv_refusal(kc.program.options, node, geo, G, sw, out.dtype)
     if direct_refusal is None and not packed_rows:
-        kc.note(lambda name: f"Conv '{name}': direct kernel (channels x positions over a phase-split band)", node)
-        return direct_problem(kc, ev, node, geo, sw, finish)
+        band = "a band split by kernel column, panels across output rows" \
+            if row_crossing(node, geo, kc.program.options) else "a phase-split band"
+        groups = f", per group of {C // G} channels" if G > 1 else ""
+        kc.note(lambda name: f"Conv '{name}': direct kernel (channels x positions over {band}{groups})", node)
+        return direct_problem(kc, ev, node, geo, sw, finish, G)
     if sw is not None and nsp == 2 and out.dtype == np.float32 and not packed_rows:
         return windows_problem(kc, ev, node, geo, G, sw, finish)
 

@@ -47,6 +47,16 @@ from opfuse.ops.registry import get_spec
 Loader = Callable[[object, str, str, str], str]  # (ev, batch, row, col) -> C expression
 TRANSPOSE_COLUMNS = 32  # columns of a transposed C tile turned back per epilogue pass
 WINDOWS_ROWS_OUTER_BYTES = 256 << 10  # A's windows outermost only while a K block of B fits this
+# A's panels outermost where the micro-kernel stores the output, B's packed K block is at most
+# ``ROWS_OUTER_STORE_BYTES`` and the output at least ``ROWS_OUTER_STORE_MIN_OUTPUT`` (more than a core's L2:
+# its lines are written back to memory, and each A panel's rows are then written as long runs the prefetchers
+# follow; ``CodegenOptions.gemm_rows_outer_store``). Measured (1 thread, standalone C, min of 15-40 runs, four
+# rounds interleaved, after a 32 MB write): 1x1 64 -> 128 at 112x112 (64 KB, 6.4 MB out) 0.90-0.96x cold,
+# 0.91-1.05x warm; 128 -> 128 at 56x56 and 256 -> 256 at 28x28 (128 KB each) 0.98-1.04x. In mobilenet_v1
+# (kernel CPU time, 40 runs in alternating order, controls pw3/pw5/conv1 0.97-1.01x): pw1 (3.2 MB out) 0.87x,
+# pw2 (1.6 MB) 1.02x, pw4 (0.8 MB) 1.04x: those two left as they were.
+ROWS_OUTER_STORE_BYTES = 64 << 10
+ROWS_OUTER_STORE_MIN_OUTPUT = 2 << 20
 
 
 class RowAccess:
@@ -581,7 +591,13 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
             # A is read through windows and B's K block stays in L2: then A's rows stay in L1
             # and B's panels stream from L2 (sequential, where the windows are not): resnet18
             # 3.5% faster. A wide B (1024 channels) would be streamed from memory per A panel.
-            a_outer = koff is not None and KC * NC * fl <= WINDOWS_ROWS_OUTER_BYTES
+            # So too where the micro-kernel stores the output along n itself and B's packed K block stays in
+            # L2 (``CodegenOptions.gemm_rows_outer_store``): each A panel's MR output rows are then written
+            # as MR runs of the tile's NC columns, one after the other, instead of MR x NR pieces hopping
+            # over all the tile's rows between B panels (write-allocates the prefetchers can follow).
+            a_outer = (koff is not None and KC * NC * fl <= WINDOWS_ROWS_OUTER_BYTES) or \
+                (direct is not None and not transposed and o.gemm_rows_outer_store and bp is not None
+                 and KC * NC * fl <= ROWS_OUTER_STORE_BYTES and p.nb * M * N * fl >= ROWS_OUTER_STORE_MIN_OUTPUT)
 
             def a_args() -> tuple[str, str, str]:
                 """(A panel, row pointers, offset table) of the micro-kernel call at ``ir``."""

@@ -142,6 +142,15 @@ class CodegenOptions:
     conv_direct_nr: int = 16
     conv_direct_mr: int = 16
     conv_direct_tile_floats: int = 16384
+    # Grouped convolutions with at most ``conv_direct_max_k`` input channels per group x taps take the direct
+    # kernel too, one GEMM per image and group (an output width NR does not divide: panels across output
+    # rows, ``conv_direct.ShiftedBand``), instead of the windows GEMM's 14 x 8 blocks of positions x channels,
+    # whose one-vector-wide panels broadcast an input value per multiply-add (load-bound). Measured on the 3x3
+    # 256 -> 256 layer at 14x14 in 32 groups (1 thread, kernel CPU time, 40-60 interleaved runs, three rounds,
+    # load 12-17): 0.84-0.91x the time after the benchmark's sgemm, 0.72-0.78x warm; alone in C (min of 2000)
+    # 81-86 against 91-93 us; with the AVX2 block (``vector_isa="avx2"``, 4 x 16) 89 against 91 us. The 4-group
+    # layer (K = 288) stays on the windows. Not the Cortex-M7's (no direct kernel there).
+    conv_direct_grouped: bool = True
     # A GEMM whose output is the anchor's, or its Relu's, with a row bias at most, stored along its
     # unit-stride rows in whole register blocks, is finished and stored by the micro-kernel after its
     # last K block (``gemm.register_epilogue``) instead of through the C tile and the epilogue loop.
@@ -157,6 +166,12 @@ class CodegenOptions:
     # fewer than 8 rows are stored by 4, 2 and 1 lanes: with masked stores (AVX-512VL) the g32 layer
     # took 1.12-1.15x and the 7x7 one 1.03-1.05x.
     gemm_transposed_store: bool = True
+    # With the micro-kernel storing along n (above) and B packed per tile, A's panels outermost (B's packed K
+    # block, at most ``gemm.ROWS_OUTER_STORE_BYTES``, streamed from L2) where the output is past a core's L2
+    # (``gemm.ROWS_OUTER_STORE_MIN_OUTPUT``), so each MR-row block of output is written as MR runs of the
+    # tile's columns (``gemm.emit_gemm``): a 1x1 convolution of few input channels (64 -> 128 at 112x112)
+    # 0.90-0.96x the time with cold caches, mobilenet_v1's pw1 0.87x.
+    gemm_rows_outer_store: bool = True
     # Plain-C micro-kernel with named scalar accumulators (``codegen/microkernel.py``): for a
     # compiler without vector registers (the Cortex-M7), which keeps an accumulator array in memory.
     gemm_scalar_accumulators: bool = False
