@@ -619,7 +619,7 @@ def _group_table(check: dict):
     mem = check.get("memory_bound")
     if mem and mem["removed"] is not None:
         title += (f"; memory-bound kernels: {mem['unfused_s'] * 1e3:.3f} ms unfused, {mem['left_s'] * 1e3:.3f} ms "
-                  f"left fused, {mem['removed']:.0%} removed")
+                  f"left fused, {mem['removed']:.0%} removed{_interval_note(mem.get('interval'))}")
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
     for col in ("group", "ops", "fused us", "unfused us", "fused / unfused", "mem. us", "left us", ""):
         table.add_column(col, justify="left" if col in ("group", "ops", "") else "right", no_wrap=True)
@@ -630,6 +630,14 @@ def _group_table(check: dict):
                       ratio, "-" if mu is None else f"{mu * 1e6:.2f}", "-" if ml is None else f"{ml * 1e6:.2f}",
                       "SLOWER" if r["slower"] else _moved_note(r.get("moved")))
     return table
+
+
+def _interval_note(interval: dict | None) -> str:
+    """`` (90% of resampled rounds: 61% to 83%)``: how far the memory-bound figure moves with the rounds."""
+    if not interval:
+        return ""
+    return (f" ({interval['share']:.0%} of {interval['resamples']} resamples of the rounds: "
+            f"{interval['low']:.0%} to {interval['high']:.0%})")
 
 
 def _moved_note(moved: dict | None) -> str:

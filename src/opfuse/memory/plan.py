@@ -269,9 +269,10 @@ class _Builder:
                 continue
             x = split.inputs[0]
             views = {id(o): off for o, _, off in _view_outputs(split)}
+            at = {id(o): offsets.get(id(o)) for o in split.outputs}
             if (x is None or id(x) in self.static or not self._is_singleton_arena(x)
-                    or any(not self._is_singleton_arena(o) or offsets.get(id(o)) is None or id(o) not in views
-                           or offsets[id(o)] - views[id(o)] != offset for o in split.outputs)):
+                    or any(not self._is_singleton_arena(o) or id(o) not in views
+                           or at[id(o)] != offset + views[id(o)] for o in split.outputs)):
                 continue
             self._merge(x, target, target.members[out.name] + offset, "concat", out)
             done.update(id(o) for o in split.outputs)

@@ -167,10 +167,11 @@ def mark_views(plan: FusionPlan) -> None:
         if len(g.nodes) != 1 or g.nodes[0].op_type != "Split" or g.attrs.get("zero_copy") or not g.nodes[0].outputs:
             continue
         n = g.nodes[0]
+        x = n.inputs[0] if n.inputs else None
         concat = concat_of.get(n.outputs[0].name)
-        if concat is None or split_through_refusal(graph, n, concat, aliased, placed) is not None:
+        if x is None or concat is None or split_through_refusal(graph, n, concat, aliased, placed) is not None:
             continue
-        placed.add(n.inputs[0].name)
+        placed.add(x.name)
         g.attrs["zero_copy"] = "view"
         g.attrs["through_concat"] = concat.name
     aliased = placed
