@@ -654,7 +654,7 @@ def cmd_bench(args) -> int:
     from rich.console import Console
     with step("interleaved runs") as advance:  # one display: the C builds inside add their lines to it
         result = bench(args.model, vs=args.vs, threads=args.threads, repeat=args.repeat, warmup=args.warmup,
-                       input_shapes=_input_shapes(args), groups=args.groups,
+                       input_shapes=_input_shapes(args), groups=args.groups, group_repeat=args.group_repeat,
                        progress=lambda done, total: advance(completed=done, total=total))
     for peer, why in result["skipped"].items():
         print(f"opfuse bench: skipped {peer}: {why}", file=sys.stderr)
@@ -1009,7 +1009,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from opfuse.bench import DEFAULT_REPEAT, DEFAULT_WARMUP, PEERS
+    from opfuse.bench import DEFAULT_REPEAT, DEFAULT_WARMUP, GROUP_CHECK_REPEAT, PEERS
     parser = _Parser(prog="opfuse", description="An operator-fusion compiler for neural networks.",
                      epilog=HELP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -1076,6 +1076,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--groups", action="store_true",
                    help="also time every fused group against its ops run unfused (kernel timers) and flag the "
                         "groups fusion made slower")
+    p.add_argument("--group-repeat", type=int, default=None, metavar="N",
+                   help=f"rounds of the --groups check (default: --repeat, at least {GROUP_CHECK_REPEAT})")
     p.add_argument("--json", action="store_true", help="print the whole result as JSON")
     p.set_defaults(fn=cmd_bench)
 

@@ -51,6 +51,7 @@ def test_bench_resnet8_json_smoke():
     (["zoo:resnet8", "--vs", "onnxruntime,tvm"], "unknown peer 'tvm'"),
     (["zoo:resnet8", "--repeat", "0"], "repeat must be"),
     (["zoo:resnet8", "--threads", "0"], "threads must be"),
+    (["zoo:resnet8", "--groups", "--group-repeat", "0"], "group repeat must be"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, words):
     code = main(["bench", *argv])
@@ -308,3 +309,13 @@ def test_memory_bound_removed_states_how_far_the_figure_moves_with_the_rounds():
     assert res["removed"] == pytest.approx(0.8)
     assert iv["low"] < 0.8 <= iv["high"] and iv["low"] >= 1 - 4 / 5 - 1e-9 and iv["high"] <= 1.0
     assert memory_bound_removed([dict(rows[0])], t_unfused, bound, runs=noisy)["interval"] == iv  # same seed
+
+
+def test_the_group_check_runs_its_own_rounds():
+    from opfuse.bench import GROUP_CHECK_REPEAT, bench
+    res = bench("zoo:ds_cnn", vs="none", threads=1, repeat=1, warmup=0, yardsticks=False, groups=True,
+                group_repeat=2)
+    assert res["repeat"] == 1 and res["group_check"]["repeat"] == 2
+    assert res["group_check"]["memory_bound"]["interval"]["rounds"] == 2
+    res = bench("zoo:ds_cnn", vs="none", threads=1, repeat=1, warmup=0, yardsticks=False, groups=True)
+    assert res["group_check"]["repeat"] == GROUP_CHECK_REPEAT  # by default more rounds than a quick --repeat
