@@ -3,9 +3,9 @@
 For ``O = softmax(f(Q @ Kt)) @ V`` (``f``: the fused elementwise scale/mask chain, softmax
 over the keys axis), each tile is one batch entry (e.g. one head) and its query rows in blocks of
 up to ``QUERY_ROWS_PER_TILE``: all of them where the batch alone makes enough tiles to spread
-over threads (``CodegenOptions.attention_min_tiles``), else one block per tile. Both products run on the blocked GEMM's register
-micro-kernel (MR x NR), in transposed form so that one product's output is already packed
-as the next one's operand:
+over threads (``CodegenOptions.attention_min_tiles``), else one block per tile. Both products
+run on the blocked GEMM's register micro-kernel (MR x NR), in transposed form so that one
+product's output is already packed as the next one's operand:
 
     St = K @ Qt        keys x queries; A = K in MR-key panels, B = Qt in NR-query panels
     Ot = Vt @ Pt       values x queries; A = Vt in MR-value panels, B = Pt = the St block
