@@ -111,3 +111,61 @@ def test_unconnected_ops_are_not_one_vertical_kernel():
     r = classify(list(g.nodes), g)
     assert (r.kind, r.reason) == (RefusalKind.CONDITION, "the ops are not connected by producer-consumer edges "
                                                          "(siblings fuse horizontally)")
+
+
+def _projection_ln(axis: int = -1, stats: bool = False, side: bool = False, after_reads_before: bool = False,
+                   x_shape=(1, 6, 8), n: int = 12, feed: bool = False):
+    """x (1, 6, 8) @ w (8, 12) + bias + residual r -> LayerNormalization(axis) -> Relu."""
+    b = GraphBuilder("proj_ln")
+    x = b.input("x", x_shape)
+    src = b.op("Neg", x, name="neg") if feed else x
+    mm = b.op("MatMul", src, b.const("w", randn((x_shape[-1], n))), name="mm")
+    add = b.op("Add", mm, b.const("bias", randn((n,), 1)), name="bias_add")
+    res = b.op("Add", add, b.input("r", x_shape[:-1] + (n,)), name="residual")
+    ln_shape = x_shape[:-1] + (n,)
+    norm = ln_shape[axis:] if axis != -1 else (n,)
+    outs = b.op("LayerNormalization", res, b.const("gamma", randn(norm, 2)), b.const("beta", randn(norm, 3)),
+                axis=axis, name="ln", num_outputs=2 if stats else 1)
+    y = outs[0] if stats else outs
+    last = b.op("Add", y, res, name="again") if after_reads_before else b.op("Relu", y, name="relu")
+    extra = [outs[1]] if stats else []
+    extra += [b.op("Sigmoid", add, name="side")] if side else []
+    return b.build(last, *extra)
+
+
+def test_a_matmul_takes_a_layernorm_over_its_last_axis_and_the_ops_around_it():
+    g = _projection_ln()
+    shape = classify(list(g.nodes), g)
+    assert (shape.kind, shape.anchor.name, shape.attrs) == \
+        ("gemm_epilogue", "mm", {"epilogue": ["bias_add", "residual", "relu"], "row_norm": "ln"})
+
+
+def test_each_refusal_of_a_matmul_with_a_layernorm():
+    def reason(g, names=None):
+        nodes = [n for n in g.nodes if names is None or n.name in names]
+        r = classify(nodes, g)
+        return r.kind, r.reason
+    assert reason(_projection_ln(axis=-2)) == (RefusalKind.CONDITION, "'ln' (LayerNormalization) normalises axes "
+                                               "1.. of (1, 6, 12): a GEMM tile's rows are its last axis only")
+    assert reason(_projection_ln(stats=True)) == (RefusalKind.CONDITION, "the mean or inverse deviation of 'ln' "
+                                                  "(LayerNormalization) is read: the tile keeps no statistics")
+    g = _projection_ln(side=True)
+    assert reason(g, {"mm", "bias_add", "residual", "ln", "relu"}) == \
+        (RefusalKind.CONDITION, "'bias_add' leaves the group before 'ln' (LayerNormalization): the tile keeps the "
+                                "rows only until they are normalised")
+    assert reason(g) == (RefusalKind.CATEGORY, "'side' (Sigmoid) does not lead from 'mm' (MatMul) to 'ln' "
+                                               "(LayerNormalization): a GEMM with a LayerNormalization takes only "
+                                               "the ops between them and an epilogue after it")
+    assert reason(_projection_ln(after_reads_before=True)) == \
+        (RefusalKind.CONDITION, "'again' (Add) after 'ln' (LayerNormalization) reads a value from before it: the "
+                                "tile holds the rows once, normalised")
+    assert reason(_projection_ln(feed=True)) == \
+        (RefusalKind.CATEGORY, "'neg' (Neg) would feed 'mm' (MatMul): a GEMM with a LayerNormalization takes only "
+                               "the ops between them and an epilogue after it")
+    # A LayerNorm before the MatMul is no epilogue of it: the category refusal as before.
+    b = GraphBuilder("ln_mm")
+    x = b.input("x", (1, 6, 8))
+    ln = b.op("LayerNormalization", x, b.const("gamma", randn((8,))), name="ln")
+    g = b.build(b.op("MatMul", ln, b.const("w", randn((8, 4))), name="mm"))
+    assert reason(g) == (RefusalKind.CATEGORY, "reduction 'ln' (LayerNormalization) cannot share a kernel with "
+                                               "out-elementwise-fusable 'mm' (MatMul)")
