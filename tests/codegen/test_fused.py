@@ -245,39 +245,6 @@ def test_attention_packs_keys_and_values_once_per_head_when_heads_fill_the_threa
     assert len(tiles[9]) == 1 and "< 24; ++tile" in tiles[9][0]
 
 
-@pytest.mark.parametrize("rows, k, n, gemm", [(128, 96, 64, False), (13, 70, 40, False), (9, 33, 24, True)])
-def test_a_gemm_tile_finishes_a_layernorm_over_whole_rows(cache_dir, rows, k, n, gemm):
-    """Projection + bias + residual + LayerNorm + Relu as one kernel (``gemm_norm``): rows and columns that
-    are no multiple of the micro-kernel's (13 x 40), several row tiles (128), a Gemm; against the reference,
-    and the unfused build's LayerNorm within rounding (same operations, another tile order of the sums)."""
-    b = GraphBuilder("proj_ln")
-    x = b.input("x", (rows, k) if gemm else (1, rows, k))
-    mm = b.op("Gemm", x, W(b, k, n), name="mm") if gemm else b.op("MatMul", x, W(b, k, n), name="mm")
-    add = b.op("Add", mm, W(b, n), name="bias_add")
-    res = b.op("Add", add, b.input("r", (rows, n) if gemm else (1, rows, n)), name="residual")
-    ln = b.op("LayerNormalization", res, W(b, n), W(b, n), axis=-1, epsilon=1e-5, name="ln")
-    g = b.build(b.op("Relu", ln, name="relu"))
-    model = check(g, [("gemm_epilogue", ["mm", "bias_add", "residual", "ln", "relu"])], cache_dir, functions=1)
-    src = model.program.source
-    assert "ln" not in model.memory.locations and "residual" not in model.memory.locations
-    assert src.count("sqrtf(") == 1  # the rows' statistics in the GEMM's kernel
-    notes = [k for k in model.report["c_kernels"] if k["ops"] and "LayerNormalization" in k["ops"]]
-    assert len(notes) == 1 and notes[0]["ops"][0] in ("MatMul", "Gemm")
-
-
-def test_a_layernorm_over_two_axes_is_no_gemm_tile_row(cache_dir):
-    """The codegen side of the refusal: a plan that puts LayerNorm(axis=-2) after a MatMul fails with the
-    group's name (rules never form it: ``_gemm_norm``)."""
-    b = GraphBuilder("proj_ln2")
-    x = b.input("x", (1, 6, 8))
-    mm = b.op("MatMul", x, W(b, 8, 4), name="mm")
-    ln = b.op("LayerNormalization", mm, W(b, 6, 4), axis=-2, name="ln")
-    g = b.build(ln)
-    with pytest.raises(UnsupportedGroupError):
-        from opfuse.runtime.native import build
-        build(g, group_by_names(g, [("gemm_epilogue", ["mm", "ln"])]), cache_dir=cache_dir)
-
-
 def test_chained_anchors_are_refused_with_the_group_name(cache_dir):
     b = GraphBuilder("conv_conv")
     x = b.input("x", (1, 3, 5, 5))

@@ -148,9 +148,6 @@ def classify(nodes, graph):
     if len(oefs) >= 2:
         return Refusal(RefusalKind.CATEGORY, f"two out-elementwise-fusable ops {desc(oefs[0])} and "
                                              f"{desc(oefs[-1])} are never fused into one kernel (no Conv -> Conv)")
-    if (len(oefs) == 1 and len(reds) == 1 and oefs[0].op_type in ("MatMul", "Gemm")
-            and reds[0].op_type == "LayerNormalization" and id(reds[0]) in walk_within(oefs[0], nodes, True)):
-        return gemm_norm(nodes, graph, oefs[0], reds[0])
     if oefs and reds:
         return Refusal(RefusalKind.CATEGORY, f"reduction {desc(reds[0])} cannot share a kernel with "
                                              f"out-elementwise-fusable {desc(oefs[0])}")
@@ -173,59 +170,6 @@ def classify(nodes, graph):
         return Refusal(RefusalKind.CONDITION, f"{kind} outputs of different shapes {sorted(shapes)} cannot "
                                               f"share one loop")
     return Shape(kind, None)
-
-
-def gemm_norm(nodes, graph, anchor, ln):
-    """A MatMul/Gemm, pointwise ops, a LayerNormalization over its last axis only, pointwise ops after it:
-    the ops between anchor and normalisation lead from one to the other, nothing feeds the anchor, no
-    value before the normalisation leaves or is read after it, its statistics unread, float32."""
-    x = ln.input(0)
-    domain = anchor.outputs[0].shape
-    axis = norm_axis(int(get_spec(ln.op_type).attrs_of(ln)["axis"]), len(x.shape), ln)
-    if axis != len(x.shape) - 1:
-        return Refusal(RefusalKind.CONDITION, f"{desc(ln)} normalises axes {axis}.. of {x.shape}: a GEMM tile's "
-                                              f"rows are its last axis only")
-    if x.shape != domain:
-        return Refusal(RefusalKind.CONDITION, f"{desc(ln)} normalises shape {x.shape}, not the anchor's {domain}")
-    if x.dtype.name != "float32" or anchor.outputs[0].dtype.name != "float32":
-        return Refusal(RefusalKind.CONDITION, f"{desc(ln)} after {desc(anchor)} in one kernel: float32 only")
-    if any(len(v.uses) > 0 or any(v is o for o in graph.outputs) for v in ln.outputs[1:]):
-        return Refusal(RefusalKind.CONDITION, f"the mean or inverse deviation of {desc(ln)} is read: the tile "
-                                              f"keeps no statistics")
-    from_anchor = walk_within(anchor, nodes, forward=True)
-    to_ln = walk_within(ln, nodes, forward=False)
-    after = walk_within(ln, nodes, forward=True)
-    before = from_anchor & to_ln
-    feeds = walk_within(anchor, nodes, forward=False)
-    for n in nodes:
-        if n is anchor or n is ln:
-            continue
-        if id(n) not in before and id(n) not in after:
-            how = f"would feed {desc(anchor)}" if id(n) in feeds else f"does not lead from {desc(anchor)} to {desc(ln)}"
-            return Refusal(RefusalKind.CATEGORY, f"{desc(n)} {how}: a GEMM with a LayerNormalization takes only the "
-                                                 f"ops between them and an epilogue after it")
-        if not elementwise(n):
-            return Refusal(RefusalKind.CATEGORY, f"{desc(n, True)} cannot run between {desc(anchor)} and "
-                                                 f"{desc(ln)} or after them: only elementwise ops")
-        if not pointwise(n):
-            return Refusal(RefusalKind.CATEGORY, f"{desc(n)} after {desc(anchor)} would spread one result of "
-                                                 f"the anchor over several output elements: an epilogue maps "
-                                                 f"each anchor element to one element")
-        if n.outputs[0].shape != domain:
-            return Refusal(RefusalKind.CONDITION, f"epilogue op {desc(n)} has output shape {n.outputs[0].shape}, "
-                                                  f"not the anchor's {domain}")
-        if id(n) in after and any(v.producer is not None and id(v.producer) in before for v in n.input_values()):
-            return Refusal(RefusalKind.CONDITION, f"{desc(n)} after {desc(ln)} reads a value from before it: the "
-                                                  f"tile holds the rows once, normalised")
-    for v in leaving(nodes, graph):
-        if v.producer is None or (v.producer is not ln and id(v.producer) not in after):
-            return Refusal(RefusalKind.CONDITION, f"'{v.name}' leaves the group before {desc(ln)}: the tile "
-                                                  f"keeps the rows only until they are normalised")
-        if v.shape != domain:
-            return Refusal(RefusalKind.CONDITION, f"'{v.name}' leaves the group with shape {v.shape}, not the "
-                                                  f"anchor's {domain}")
-    return Shape(EPILOGUE_KINDS[anchor.op_type], anchor,
-                 {"epilogue": [n.name for n in nodes if id(n) in before or id(n) in after], "row_norm": ln.name})
 
 
 def anchored(nodes, graph, anchor, epilogue_only: bool):

@@ -40,7 +40,7 @@ from opfuse.codegen.index import Index, add, delinearize
 from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.microkernel import YMM_FLOATS, fits_avx2, fits_avx512, fits_neon, microkernel, transpose_helper
 from opfuse.codegen.stages import GroupAnalysis, Stage
-from opfuse.ir.graph import Node, Value
+from opfuse.ir.graph import Value
 from opfuse.ops.common import wrap_int
 from opfuse.ops.registry import get_spec
 
@@ -183,9 +183,6 @@ class GemmProblem:
     row_bias: Value | None = None
     bias_index: Callable[[str, str], str] = lambda b, i: i
     register_block: tuple[int, int] | None = None  # (MR, NR) instead of the options' (no constant A)
-    # A LayerNormalization over n the tile finishes (``gemm_norm`` stage): tiles then hold whole rows
-    # (NC >= N) and ``_emit_norm_epilogue`` replaces the per-element epilogue.
-    row_norm: Node | None = None
 
 
 def merge_problems(problems: list[GemmProblem], stages: list[Stage], axis: str | None = None) -> GemmProblem:
@@ -326,11 +323,6 @@ def choose_blocking(p: GemmProblem, o) -> Blocking:
                 return c
         return nc
 
-    if p.row_norm is not None:  # whole rows; as many as the C tile budget holds, a divisor of M when near
-        NC = Np
-        mc = rows(min(o.gemm_mc, budget // NC))
-        MC = next((c for c in range(mc, max(MR, mc * 3 // 4) - 1, -MR) if Mp % c == 0), mc)
-        return Blocking(MC, NC, KC)
     if p.mc is not None:
         MC = rows(p.mc)
         NC = cols(budget // MC)
@@ -460,7 +452,6 @@ def register_epilogue(kc, ev, stage: Stage, p: GemmProblem, MR: int, NR: int) ->
     are the epilogue's, in its order: same bits."""
     o = kc.program.options
     if (not o.gemm_register_epilogue or p.store_ld is None or p.segments or o.gemm_scalar_accumulators
-            or p.row_norm is not None
             or (p.out_contiguous == "m" and (not o.gemm_transposed_store or o.vector_isa == "neon"))):
         return None
     ops = stage.epilogue
@@ -654,41 +645,8 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                 w.line(f"const long {cw} = {_min_expr(f'{nc} - {jc}', TRANSPOSE_COLUMNS)};")
                 w.line(f"{tr}({mc}, {cw}, {ctile} + {jc}, {NC}, {ttile}, {ldt});")
                 _emit_tile_epilogue(kc, ev, stage, p, ttile, ldt, b, m0, f"({n0} + {jc})", mc, cw, transposed=True)
-        elif p.row_norm is not None:
-            _emit_norm_epilogue(kc, ev, stage, p, ctile, NC, b, m0, mc)
         else:
             _emit_tile_epilogue(kc, ev, stage, p, ctile, NC, b, m0, n0, mc, nc)
-
-
-def _emit_norm_epilogue(kc, ev, stage: Stage, p: GemmProblem, ctile: str, ld: int, b: str, m0: str, mc: str) -> None:
-    """A tile of whole rows finishing a LayerNormalization over n: per row, the anchor's result and
-    the ops before the normalisation (``p.finish``, then the group's inline nodes up to the
-    normalisation's input) written back into the tile; the row's mean and inverse deviation
-    (``norm.layernorm_statistics``, as the LayerNorm kernel computes them); then each element
-    normalised and run through the epilogue after it (``finish_element``), the group's outputs stored."""
-    from opfuse.codegen.norm import layernorm_element, layernorm_statistics
-    ln = p.row_norm
-    assert ln is not None
-    w = kc.w
-    x, y = ln.input(0), ln.outputs[0]
-    i, j = kc.tmp("i"), kc.tmp("j")
-    after = replace(stage, kind="anchor", anchor=ln, anchors=[])
-    with w.block(f"for (long {i} = 0; {i} < {mc}; ++{i})"):
-        m, row = kc.tmp("m"), kc.tmp("row")
-        w.line(f"const long {m} = {m0} + {i};")
-        w.line(f"float* restrict {row} = {ctile} + {i} * {ld};")
-        with w.block(f"for (long {j} = 0; {j} < {p.N}; ++{j})"), ev.scope():
-            idx = p.out_index(b, m, j)
-            acc = kc.tmp("acc")
-            w.line(f"const float {acc} = {p.finish(ev, f'{row}[{j}]', b, m, j)};")
-            ev.bind(p.out, idx, acc)
-            w.line(f"{row}[{j}] = {ev.at(x, idx)};")
-            ev.unbind(p.out)
-        mean, inv = layernorm_statistics(kc, ln, row, p.N)
-        with w.block(f"for (long {j} = 0; {j} < {p.N}; ++{j})"), ev.scope():
-            idx = p.out_index(b, m, j)
-            t = layernorm_element(kc, ev, ln, f"{row}[{j}]", mean, inv, idx)
-            finish_element(kc, ev, after, y, idx, t)
 
 
 def _emit_tile_epilogue(kc, ev, stage, p: GemmProblem, ctile, ld, b, m0, n0, mc, nc, transposed=False) -> None:
@@ -972,13 +930,4 @@ def gemm_problem(kc, ev, node) -> GemmProblem:
 
 def lower_gemm(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     emit_gemm(kc, ev, stage, gemm_problem(kc, ev, stage.anchor_node))
-
-
-def lower_gemm_norm(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
-    """A MatMul or Gemm whose tile finishes a LayerNormalization over its last axis (``gemm_norm``)."""
-    mm, ln = stage.anchors
-    p = matmul_problem(kc, ev, mm) if mm.op_type == "MatMul" else gemm_problem(kc, ev, mm)
-    if p.dtype != np.float32 or 0 in (p.M, p.N, p.K) or p.out_contiguous != "n" or p.segments:
-        raise kc.error(f"'{mm.name}' with LayerNormalization '{ln.name}': a float32 GEMM with rows along n only")
-    emit_gemm(kc, ev, stage, replace(p, row_norm=ln))
 

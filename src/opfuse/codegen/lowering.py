@@ -75,9 +75,6 @@ def lower_stage(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     if stage.kind == "horizontal":
         from opfuse.codegen.horizontal import lower_horizontal
         return lower_horizontal(kc, ev, stage, analysis)
-    if stage.kind == "gemm_norm":
-        from opfuse.codegen.gemm import lower_gemm_norm
-        return lower_gemm_norm(kc, ev, stage, analysis)
     if stage.kind == "attention":
         from opfuse.codegen.attention import lower_attention
         return lower_attention(kc, ev, stage, analysis)

@@ -95,58 +95,41 @@ def lower_layernorm(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     L = math.prod(shape[axis:])
     dt = out.dtype
     ct = c_type(dt)
+    scale = node.input(1)
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
 
     def body(ridx: Index):
         buf = _row_buffer(kc, ct, L, dt.itemsize)
         j = kc.tmp("j")
         with kc.w.block(f"for (long {j} = 0; {j} < {L}; ++{j})"), ev.scope():
             kc.w.line(f"{buf}[{j}] = {ev.at(x, _element(shape, ridx, axis, rank, j))};")
-        mean, inv = layernorm_statistics(kc, node, buf, L)
+        s = kc.tmp("sum")
+        lane_reduce(kc, ct, literal(0, dt), lambda p, q: f"{p} + {q}", L, lambda i: f"{buf}[{i}]", s)
+        mean = kc.tmp("mean")
+        kc.w.line(f"const {ct} {mean} = {s} / {literal(L, dt)};")
+        sq = kc.tmp("sq")
+
+        def centred(i):
+            d = kc.tmp("d")
+            kc.w.line(f"const {ct} {d} = {buf}[{i}] - {mean};")
+            return f"{d} * {d}"
+        lane_reduce(kc, ct, literal(0, dt), lambda p, q: f"{p} + {q}", L, centred, sq)
+        inv = kc.tmp("inv")
+        kc.w.line(f"const {ct} {inv} = {literal(1, dt)} / {math_fn('sqrt', dt)}({sq} / {literal(L, dt)} + "
+                  f"{literal(a['epsilon'], dt)});")
         for v in stats:  # Mean and InvStdDev: one per row, shaped like the row index
             stat = mean if v is node.outputs[1] else inv
             store(kc, ev, v, Index(ridx.shape, ridx.dims), f"({c_type(v.dtype)}){stat}")
         with kc.w.block(f"for (long {j} = 0; {j} < {L}; ++{j})"), ev.scope():
             eidx = _element(shape, ridx, axis, rank, j)
-            t = layernorm_element(kc, ev, node, f"{buf}[{j}]", mean, inv, eidx)
+            y = f"({buf}[{j}] - {mean}) * {inv} * {ev.at(scale, eidx.broadcast_to(scale.shape))}"
+            if bias is not None:
+                y += f" + {ev.at(bias, eidx.broadcast_to(bias.shape))}"
+            t = kc.tmp("y")
+            kc.w.line(f"const {ct} {t} = {y};")
             finish_element(kc, ev, per_element, out, eidx, t)
 
     _row_loop(kc, ev, shape, axis, rank, body)
-
-
-def layernorm_statistics(kc, node, buf: str, L: int) -> tuple[str, str]:
-    """``(mean, inv)``: C temporaries of the row ``buf[0:L]``'s mean and ``1 / sqrt(var + eps)``, two
-    passes over the row (no cancellation), each with lane accumulators. Shared by the LayerNorm kernel
-    and the GEMM tile that finishes one (``gemm.py``): the same operations in the same order."""
-    dt = node.outputs[0].dtype
-    ct = c_type(dt)
-    eps = get_spec(node.op_type, node).attrs_of(node)["epsilon"]
-    s = kc.tmp("sum")
-    lane_reduce(kc, ct, literal(0, dt), lambda p, q: f"{p} + {q}", L, lambda i: f"{buf}[{i}]", s)
-    mean = kc.tmp("mean")
-    kc.w.line(f"const {ct} {mean} = {s} / {literal(L, dt)};")
-    sq = kc.tmp("sq")
-
-    def centred(i):
-        d = kc.tmp("d")
-        kc.w.line(f"const {ct} {d} = {buf}[{i}] - {mean};")
-        return f"{d} * {d}"
-    lane_reduce(kc, ct, literal(0, dt), lambda p, q: f"{p} + {q}", L, centred, sq)
-    inv = kc.tmp("inv")
-    kc.w.line(f"const {ct} {inv} = {literal(1, dt)} / {math_fn('sqrt', dt)}({sq} / {literal(L, dt)} + "
-              f"{literal(eps, dt)});")
-    return mean, inv
-
-
-def layernorm_element(kc, ev, node, x: str, mean: str, inv: str, eidx: Index) -> str:
-    """A C temporary holding ``(x - mean) * inv * scale + bias`` at ``eidx`` of ``node``'s output."""
-    scale = node.input(1)
-    bias = node.inputs[2] if len(node.inputs) > 2 else None
-    y = f"({x} - {mean}) * {inv} * {ev.at(scale, eidx.broadcast_to(scale.shape))}"
-    if bias is not None:
-        y += f" + {ev.at(bias, eidx.broadcast_to(bias.shape))}"
-    t = kc.tmp("y")
-    kc.w.line(f"const {c_type(node.outputs[0].dtype)} {t} = {y};")
-    return t
 
 
 def lower_log_softmax(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:

@@ -12,8 +12,7 @@ structure and finishes output elements one tile or row at a time.
   must have the anchor's output shape (the epilogue runs over the anchor's elements).
 * Inline nodes feeding an anchor are its prologue: the anchor reads its operands through
   them (``Evaluator.at``), so they are never stored either.
-* An attention group (``MatMul -> scale/mask -> Softmax -> MatMul``) is one stage, and so is a
-  GEMM with a LayerNormalization after it (``gemm_norm``: the tile holds whole rows, ``gemm.py``).
+* An attention group (``MatMul -> scale/mask -> Softmax -> MatMul``) is one stage.
 * Sibling anchors that can share one pass over their common input (MatMuls/Gemms of one
   activation with constant weights, Convs of equal geometry, pools with one window) are
   merged into one ``horizontal`` stage (``merge_siblings``; lowered by ``horizontal.py``).
@@ -41,7 +40,7 @@ INLINE_CATEGORIES = (Category.ELEMWISE, Category.BROADCAST, Category.INJECTIVE)
 
 @dataclass
 class Stage:
-    kind: str                     # pointwise | anchor | attention | gemm_norm | horizontal
+    kind: str                     # pointwise | anchor | attention | horizontal
     anchor: Node | None = None    # for anchor stages
     anchors: list[Node] = field(default_factory=list)  # attention: mm1, softmax, mm2
     outputs: list[Value] = field(default_factory=list)  # group outputs this stage stores
@@ -103,35 +102,6 @@ def _attention_chain(group: FusionGroup, live: list[Node], out_ids: set[int]) ->
     return None
 
 
-def _norm_chain(live: list[Node], out_ids: set[int]) -> list[Node] | None:
-    """(MatMul or Gemm, LayerNormalization) when the group's only anchors are a GEMM and a
-    LayerNormalization it feeds through inline nodes whose values stay in the group
-    (``rules.kernel_shape._gemm_norm``): one ``gemm_norm`` stage, the tile holding whole rows."""
-    heavy = [n for n in live if not is_inline(n)]
-    if len(heavy) != 2 or heavy[0].op_type not in ("MatMul", "Gemm") or heavy[1].op_type != "LayerNormalization":
-        return None
-    mm, ln = heavy
-    x = ln.input(0)
-    axis = int(get_spec(ln.op_type, ln).attrs_of(ln)["axis"])
-    if any(v.uses or id(v) in out_ids for v in ln.outputs[1:]) or axis not in (-1, len(x.shape) - 1) \
-            or x.shape != mm.outputs[0].shape:
-        return None
-    ids = {id(n) for n in live}
-    frontier, reached = [ln.input(0)], False
-    while frontier:
-        v = frontier.pop()
-        p = v.producer
-        if p is None or id(p) not in ids:
-            continue
-        if id(v) in out_ids:
-            return None
-        if p is mm:
-            reached = True
-            continue
-        frontier.extend(p.input_values())
-    return [mm, ln] if reached else None
-
-
 def _epilogue_can_follow(anchor: Node, ids: set[int]) -> bool:
     """Whether every group node downstream of ``anchor`` can run in its epilogue: a relabelling
     (Reshape family, Transpose) or a pointwise op whose anchor-dependent operands have its shape
@@ -158,7 +128,6 @@ def analyse(group: FusionGroup, graph: Graph, static: dict) -> GroupAnalysis:
     outputs = [v for v in group.outputs(graph) if id(v) not in static]
     out_ids = {id(v) for v in outputs}
     attention = _attention_chain(group, live, out_ids) if group.kind != "single" else None
-    norm = _norm_chain(live, out_ids) if group.kind != "single" and attention is None else None
     att_ids = {id(n) for n in attention} if attention else set()
 
     def anchor_like(n: Node) -> bool:
@@ -191,12 +160,9 @@ def analyse(group: FusionGroup, graph: Graph, static: dict) -> GroupAnalysis:
     stages: list[Stage] = []
     by_anchor: dict[int, Stage] = {}
     att_stage = Stage("attention", anchors=list(attention)) if attention else None
-    norm_stage = Stage("gemm_norm", anchor=norm[0], anchors=list(norm)) if norm else None
     for n in anchors:
         if att_stage is not None and id(n) in att_ids:
             by_anchor[id(n)] = att_stage
-        elif norm_stage is not None and any(n is m for m in norm_stage.anchors):
-            by_anchor[id(n)] = norm_stage
         else:
             by_anchor[id(n)] = Stage("anchor", anchor=n)
     pointwise: dict[tuple, Stage] = {}

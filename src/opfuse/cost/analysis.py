@@ -291,14 +291,12 @@ def analyze_group(graph: Graph, nodes, cache: dict | None = None) -> GroupAnalys
     # Execution counts, consumers first (reverse topological order).
     execs: dict[int, float] = {}
     inlined: set[int] = set()
-    rows = _tile_rows(nodes, specs)
     for n in reversed(nodes):
         spec = specs[id(n)]
         cat = spec.category if spec is not None else Category.OPAQUE
         if cat <= Category.INJECTIVE and n.outputs and all(id(v) in internal for v in n.outputs):
             inlined.add(id(n))
-            execs[id(n)] = 1.0 if any(id(v) in rows for v in n.outputs) else \
-                max(_value_exec(v, execs, infos) for v in n.outputs)
+            execs[id(n)] = max(_value_exec(v, execs, infos) for v in n.outputs)
         else:
             execs[id(n)] = 1.0
 
@@ -350,26 +348,6 @@ def analyze_group(graph: Graph, nodes, cache: dict | None = None) -> GroupAnalys
                          max_category=max_cat, input_bytes=input_bytes, output_bytes=output_bytes,
                          working_set_bytes=sum(nbytes(v) for v in buffered), zero_copy=zero_copy,
                          scalar_flops=scalar_flops, executed_by_class=by_class)
-
-
-def _tile_rows(nodes, specs) -> set[int]:
-    """Ids of the values a GEMM's tile holds as whole rows for a LayerNormalization in its group
-    (``rules.kernel_shape._gemm_norm``): the ops between the MatMul/Gemm and the normalisation run once
-    per element, their results written back into the tile, however often the normalisation reads it."""
-    if not any(n.op_type in ("MatMul", "Gemm") and specs[id(n)] is not None
-               and specs[id(n)].category == Category.OUT_ELEMWISE_FUSABLE for n in nodes):
-        return set()
-    member = {id(n) for n in nodes}
-    rows: set[int] = set()
-    todo = [n.input(0) for n in nodes if n.op_type == "LayerNormalization"]
-    while todo:
-        v = todo.pop()
-        p = v.producer
-        if id(v) in rows or p is None or id(p) not in member or p.op_type in ("MatMul", "Gemm"):
-            continue
-        rows.add(id(v))
-        todo.extend(p.input_values())
-    return rows
 
 
 def _scalar_prologue(nodes, inlined: set[int], member: dict[int, int], specs) -> set[int]:

@@ -17,9 +17,6 @@ two composite kernels the backend builds):
                    prologue (an 8-bit tensor's Cast/Sub/Mul on the anchor's data operand,
                    ``opfuse.rules.quantized``), and a second out-elementwise-fusable op or any
                    reduction is refused (Conv -> Conv is never fused).
-                   One reduction may join a MatMul/Gemm: a LayerNormalization over the last axis
-                   (the GEMM's N) at the end of its epilogue (``attrs["row_norm"]``), the tile then
-                   holding whole rows (``_gemm_norm``: bert's output projection + residual + LN).
 ``reduction``      one reduction with an elementwise prologue (values read only by the group)
                    and a pointwise epilogue of the reduction's output shape.
 ``attention``      ``MatMul -> scale/mask -> Softmax -> MatMul`` with data-movement prologue and
@@ -38,8 +35,6 @@ from opfuse.rules.decisions import RefusalKind, Refusal
 from opfuse.rules.quantized import prologue_refusal, reads_8bit
 from opfuse.ir.graph import Graph, Node, Value
 from opfuse.ir.walk import ancestors_within, components_within, descendants_within
-from opfuse.ops.common import norm_axis
-from opfuse.ops.registry import get_spec
 
 EPILOGUE_KINDS = {"Conv": "conv_epilogue", "ConvTranspose": "conv_epilogue",
                   "MatMul": "gemm_epilogue", "Gemm": "gemm_epilogue",
@@ -114,9 +109,6 @@ def classify(nodes: list[Node], graph: Graph, outputs: frozenset[int] | None = N
     if len(oefs) >= 2:  # name the outermost pair: the producer's anchor and the consumer's
         return _forbid(f"two out-elementwise-fusable ops {_desc(oefs[0])} and {_desc(oefs[-1])} are never "
                        f"fused into one kernel (no Conv -> Conv)")
-    if len(oefs) == 1 and len(reds) == 1 and oefs[0].op_type in NORM_ANCHORS \
-            and reds[0].op_type == "LayerNormalization" and id(reds[0]) in descendants(oefs[0], {id(n) for n in nodes}):
-        return _gemm_norm(nodes, graph, oefs[0], reds[0], outputs)
     if oefs and reds:
         return _forbid(f"reduction {_desc(reds[0])} cannot share a kernel with out-elementwise-fusable "
                        f"{_desc(oefs[0])}")
@@ -169,59 +161,6 @@ def _epilogue(nodes: list[Node], graph: Graph, anchor: Node, outputs: frozenset[
     if prologue:
         attrs["prologue"] = [n.name for n in prologue]
     return GroupShape(EPILOGUE_KINDS[anchor.op_type], anchor, attrs)
-
-
-NORM_ANCHORS = frozenset({"MatMul", "Gemm"})
-
-
-def _gemm_norm(nodes: list[Node], graph: Graph, anchor: Node, ln: Node,
-               outputs: frozenset[int]) -> GroupShape | Refusal:
-    """MatMul/Gemm -> pointwise ops -> LayerNormalization over the last axis -> pointwise ops, in one
-    kernel: the GEMM's tile holds whole rows (N is the normalised axis), the pointwise ops before the
-    normalisation are written back into the tile, each row is normalised there, and the ops after it
-    run per element as an epilogue. Refused: a normalisation over more than the last axis or of
-    another shape than the anchor's output, its mean or inverse deviation read, a value before it
-    leaving the group or read after it, a prologue, and other dtypes than float32."""
-    ids = {id(n) for n in nodes}
-    domain = anchor.outputs[0].shape
-    x = ln.input(0)
-    axis = norm_axis(int(get_spec(ln.op_type, ln).attrs_of(ln)["axis"]), len(x.shape), ln)
-    if axis != len(x.shape) - 1:
-        return _refuse(f"{_desc(ln)} normalises axes {axis}.. of {x.shape}: a GEMM tile's rows are its last axis only")
-    if x.shape != domain:
-        return _refuse(f"{_desc(ln)} normalises shape {x.shape}, not the anchor's {domain}")
-    if any(v.dtype.name != "float32" for v in (x, anchor.outputs[0])):
-        return _refuse(f"{_desc(ln)} after {_desc(anchor)} in one kernel: float32 only")
-    if any(v.uses or id(v) in outputs for v in ln.outputs[1:]):
-        return _refuse(f"the mean or inverse deviation of {_desc(ln)} is read: the tile keeps no statistics")
-    before = descendants(anchor, ids) & ancestors(ln, ids)
-    after = descendants(ln, ids)
-    up = ancestors(anchor, ids)
-    for n in nodes:
-        if n is anchor or n is ln:
-            continue
-        if id(n) not in before and id(n) not in after:
-            where = f"would feed {_desc(anchor)}" if id(n) in up else \
-                f"does not lead from {_desc(anchor)} to {_desc(ln)}"
-            return _forbid(f"{_desc(n)} {where}: a GEMM with a LayerNormalization takes only the ops between them "
-                           f"and an epilogue after it")
-        if not is_elementwise(n):
-            return _forbid(f"{_desc(n, True)} cannot run between {_desc(anchor)} and {_desc(ln)} or after them: "
-                           f"only elementwise ops")
-        r = _epilogue_op_refusal(n, anchor, domain, "anchor's")
-        if r is not None:
-            return r
-        if id(n) in after and any(v.producer is not None and id(v.producer) in before for v in n.input_values()):
-            return _refuse(f"{_desc(n)} after {_desc(ln)} reads a value from before it: the tile holds the rows "
-                           f"once, normalised")
-    for v in boundary_outputs(nodes, graph, outputs):
-        if v.producer is None or (v.producer is not ln and id(v.producer) not in after):
-            return _refuse(f"'{v.name}' leaves the group before {_desc(ln)}: the tile keeps the rows only "
-                           f"until they are normalised")
-        if v.shape != domain:
-            return _refuse(f"'{v.name}' leaves the group with shape {v.shape}, not the anchor's {domain}")
-    epilogue = [n.name for n in nodes if id(n) in before or id(n) in after]
-    return GroupShape(EPILOGUE_KINDS[anchor.op_type], anchor, {"epilogue": epilogue, "row_norm": ln.name})
 
 
 def _epilogue_op_refusal(n: Node, anchor: Node, domain: tuple, whose: str, why: str = "") -> Refusal | None:
