@@ -245,6 +245,23 @@ def test_attention_packs_keys_and_values_once_per_head_when_heads_fill_the_threa
     assert len(tiles[9]) == 1 and "< 24; ++tile" in tiles[9][0]
 
 
+def test_a_layernorm_reads_a_row_in_memory_in_place_and_a_computed_one_through_its_buffer(cache_dir):
+    """LayerNorm over the last two axes of Relu(x): alone, it reads x's rows where they are (no copy into
+    scratch); with the Relu as its prologue, the row goes through the row buffer. Both as the reference."""
+    from opfuse.ir.plan import FusionPlan
+    b = GraphBuilder("ln_rows")
+    x = b.input("x", (3, 5, 4, 6))
+    r = b.op("Relu", x, name="relu")
+    g = b.build(b.op("LayerNormalization", r, W(b, 4, 6), W(b, 4, 6), axis=2, name="ln"))
+    got, want, model = run_both(g, FusionPlan.unfused(g), cache_dir)
+    assert_close(got, want)
+    ln = model.program.source.split("[ops_LayerNormalization]")[1]
+    assert "const float* restrict row" in ln and "scratch +" not in ln.split("lane")[0]
+    model = check(g, [("reduction", ["relu", "ln"])], cache_dir, functions=1)
+    ln = model.program.source.split("[ops_Relu_LayerNormalization]")[1]
+    assert "const float* restrict row" not in ln and "scratch +" in ln.split("lane")[0]
+
+
 def test_chained_anchors_are_refused_with_the_group_name(cache_dir):
     b = GraphBuilder("conv_conv")
     x = b.input("x", (1, 3, 5, 5))
