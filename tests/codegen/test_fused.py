@@ -260,6 +260,11 @@ def test_a_layernorm_reads_a_row_in_memory_in_place_and_a_computed_one_through_i
     model = check(g, [("reduction", ["relu", "ln"])], cache_dir, functions=1)
     ln = model.program.source.split("[ops_Relu_LayerNormalization]")[1]
     assert "const float* restrict row" not in ln and "scratch +" in ln.split("lane")[0]
+    # Its output kept inside the group (an epilogue after it, found by the e2e fuzzer): read in place too.
+    g = b.build(b.op("Neg", g.outputs[0], name="neg"))
+    model = check(g, [("reduction", ["ln", "neg"])], cache_dir, functions=2)
+    ln = model.program.source.split("[ops_LayerNormalization_Neg]")[1]
+    assert "const float* restrict row" in ln and "ln" not in model.memory.locations
 
 
 def test_chained_anchors_are_refused_with_the_group_name(cache_dir):

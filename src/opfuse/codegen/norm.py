@@ -102,8 +102,8 @@ def lower_layernorm(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     # A row read from memory as it is (no prologue, not written over by the output) is read in place:
     # its three passes then skip the copy into the row buffer (bert_layer's 128 x 768: 0.81-0.84x).
     mem = kc.program.memory
-    direct = in_memory(ev, x) and x.dtype == dt and not mem.is_static(out) \
-        and mem.location(x).key() != mem.location(out).key()
+    direct = in_memory(ev, x) and x.dtype == dt \
+        and all(mem.location(v).key() != mem.location(x).key() for v in stage.outputs if not mem.is_static(v))
 
     def body(ridx: Index):
         j = kc.tmp("j")
