@@ -20,7 +20,8 @@ def is_concat_alias(kc, v, out, axis: int, start: int) -> bool:
     placed there (a Split through the Concat). Aliased into another Concat's output, it is not:
     ``Concat(Concat(x, x), x)`` aliases x into the outer one, the inner one must copy it."""
     mem = kc.program.memory
-    if mem.is_static(v) or mem.is_static(out) or any(d != 1 for d in out.shape[:axis]):
+    if (mem.is_static(v) or mem.is_static(out) or any(d != 1 for d in out.shape[:axis])
+            or v.name not in mem.locations or out.name not in mem.locations):  # computed inside the group
         return False
     at, base = mem.location(v), mem.location(out)
     offset = start * math.prod(out.shape[axis + 1:]) * out.dtype.itemsize
