@@ -106,7 +106,9 @@ def groups_markdown(results: list[dict]) -> str:
         text = ", ".join(f"{g['group']} ({'+'.join(g['ops'])}) {g['fused_s'] * 1e6:.1f} vs "
                          f"{g['unfused_s'] * 1e6:.1f} us" for g in slow) or "none"
         mem = check.get("memory_bound") or {}
-        removed = (f"{mem['unfused_s'] * 1e3:.3f} | {mem['left_s'] * 1e3:.3f} | {mem['removed']:.0%}"
+        iv = mem.get("interval")
+        spread = f" ({iv['low']:.0%} to {iv['high']:.0%})" if iv else ""
+        removed = (f"{mem['unfused_s'] * 1e3:.3f} | {mem['left_s'] * 1e3:.3f} | {mem['removed']:.0%}{spread}"
                    if mem.get("removed") is not None else "- | - | -")
         lines.append(f"| {res['graph']} | {res['threads']} | {check['fused_s'] * 1e3:.3f} | "
                      f"{check['unfused_s'] * 1e3:.3f} | {removed} | {text} |")
@@ -146,7 +148,8 @@ def report(results: list[dict]) -> str:
                   "unfused kernels). Memory-bound: the unfused kernels the cost model's roofline calls memory-bound "
                   "(elementwise, pools, normalisations, reorders); left fused: the memory-bound kernels left "
                   "standalone plus each fused group's time beyond its compute-bound kernels' unfused time "
-                  "(`opfuse.measure.memory_bound_removed`); removed: 1 - left / unfused.", "", groups]
+                  "(`opfuse.measure.memory_bound_removed`); removed: 1 - left / unfused, in brackets the 5th to 95th "
+                  "percentile of the figure recomputed from 200 resamples of the measured rounds.", "", groups]
     if skipped:
         parts += ["Skipped: " + "; ".join(skipped) + ".", ""]
     parts += [("Outputs disagree (max abs error above 1e-3 x max(1, |output|)): " + ", ".join(disagree) + ".")

@@ -50,6 +50,11 @@ PEERS = ("onnxruntime", "openvino")
 FUSED, UNFUSED = "opfuse_fused", "opfuse_unfused"
 DEFAULT_REPEAT = 30
 DEFAULT_WARMUP = 3
+# Rounds of the per-group check (``groups``) when ``group_repeat`` is not given: at least this many, each one
+# run of either build with kernel timers. A ~1 ms convolution's paired round-to-round difference between the
+# builds spreads over +-50-100 us (interquartile, mobilenet_v1's pointwise convolutions at 1 thread), ten
+# times the 5-15 us epilogue it stands next to, so its median needs more rounds than a whole-model median.
+GROUP_CHECK_REPEAT = 100
 AGREE_RTOL = 1e-3  # float32 contenders that reorder sums differ by ~1e-6 relative; a wrong answer by far more
 INSTALL_HINT = "pip install 'opfuse[bench]'"
 
@@ -246,7 +251,8 @@ def cross_check(outputs: Mapping[str, Outputs]) -> dict:
 def bench(model, vs: str | Iterable[str] = PEERS, threads: int | None = None, repeat: int = DEFAULT_REPEAT,
           warmup: int = DEFAULT_WARMUP, *, seed: int = 0, input_shapes: Mapping[str, tuple[int, ...]] | None = None,
           yardsticks: bool = True, progress: Callable[[int, int], None] | None = None,
-          inputs: Mapping[str, np.ndarray] | None = None, groups: bool = False) -> dict:
+          inputs: Mapping[str, np.ndarray] | None = None, groups: bool = False,
+          group_repeat: int | None = None) -> dict:
     """Time ``model`` (``zoo:NAME``, an ``.onnx`` path, a ModelProto) fused and unfused against the
     peers ``vs``, with ``threads`` each (default: the cores available). Returns a JSON-ready dict:
     ``contenders`` (name -> ``median_ms``, ``p90_ms``, ``min_ms``, ``runs``, ``cpu_median_ms``: the
@@ -255,7 +261,8 @@ def bench(model, vs: str | Iterable[str] = PEERS, threads: int | None = None, re
     ``skipped`` (peer -> why), ``yardsticks`` and the settings. ``inputs`` replaces the seeded
     random inputs (checked against the model's). ``groups``: also ``group_check``
     (``opfuse.measure.group_check``): every fused group's time next to its ops' unfused kernels,
-    both built with kernel timers and run in turn, the groups that fusion made slower named.
+    both built with kernel timers and run in turn, the groups that fusion made slower named, in
+    ``group_repeat`` rounds (default: ``repeat``, at least ``GROUP_CHECK_REPEAT``).
     ``OpfuseError`` for an unknown model or peer and for counts below one."""
     from opfuse.api import load, onnx_proto
     from opfuse.measure import yardsticks as time_yardsticks
@@ -264,6 +271,8 @@ def bench(model, vs: str | Iterable[str] = PEERS, threads: int | None = None, re
     peers = parse_peers(vs)
     threads = default_threads() if threads is None else threads
     _check_counts(threads, repeat, warmup)
+    if group_repeat is not None and group_repeat < 1:
+        raise OpfuseError(f"group repeat must be at least 1, got {group_repeat}")
     graph = load(model, input_shapes)
     feeds = check_inputs(graph, inputs) if inputs is not None else random_inputs(graph, seed)
     contenders = [_opfuse(FUSED, graph, feeds, fuse=True, threads=threads),
@@ -291,7 +300,8 @@ def bench(model, vs: str | Iterable[str] = PEERS, threads: int | None = None, re
     checked = None
     if groups:
         from opfuse.measure import group_check
-        checked = group_check(graph, threads=threads, repeat=repeat, seed=seed)
+        rounds = max(repeat, GROUP_CHECK_REPEAT) if group_repeat is None else group_repeat
+        checked = group_check(graph, threads=threads, repeat=rounds, seed=seed)
     return {"model": spec, "graph": graph.name, "threads": threads, "repeat": repeat, "warmup": warmup, "seed": seed,
             "cpus_available": cpus_available(), "other_processes_cores": others.cores,
             "order": [c.name for c in contenders], "contenders": rows, "best_peer": best, "ratios": ratios,

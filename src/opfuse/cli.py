@@ -619,7 +619,7 @@ def _group_table(check: dict):
     mem = check.get("memory_bound")
     if mem and mem["removed"] is not None:
         title += (f"; memory-bound kernels: {mem['unfused_s'] * 1e3:.3f} ms unfused, {mem['left_s'] * 1e3:.3f} ms "
-                  f"left fused, {mem['removed']:.0%} removed")
+                  f"left fused, {mem['removed']:.0%} removed{_interval_note(mem.get('interval'))}")
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
     for col in ("group", "ops", "fused us", "unfused us", "fused / unfused", "mem. us", "left us", ""):
         table.add_column(col, justify="left" if col in ("group", "ops", "") else "right", no_wrap=True)
@@ -630,6 +630,14 @@ def _group_table(check: dict):
                       ratio, "-" if mu is None else f"{mu * 1e6:.2f}", "-" if ml is None else f"{ml * 1e6:.2f}",
                       "SLOWER" if r["slower"] else _moved_note(r.get("moved")))
     return table
+
+
+def _interval_note(interval: dict | None) -> str:
+    """`` (90% of resampled rounds: 61% to 83%)``: how far the memory-bound figure moves with the rounds."""
+    if not interval:
+        return ""
+    return (f" ({interval['share']:.0%} of {interval['resamples']} resamples of the rounds: "
+            f"{interval['low']:.0%} to {interval['high']:.0%})")
 
 
 def _moved_note(moved: dict | None) -> str:
@@ -646,7 +654,7 @@ def cmd_bench(args) -> int:
     from rich.console import Console
     with step("interleaved runs") as advance:  # one display: the C builds inside add their lines to it
         result = bench(args.model, vs=args.vs, threads=args.threads, repeat=args.repeat, warmup=args.warmup,
-                       input_shapes=_input_shapes(args), groups=args.groups,
+                       input_shapes=_input_shapes(args), groups=args.groups, group_repeat=args.group_repeat,
                        progress=lambda done, total: advance(completed=done, total=total))
     for peer, why in result["skipped"].items():
         print(f"opfuse bench: skipped {peer}: {why}", file=sys.stderr)
@@ -1001,7 +1009,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from opfuse.bench import DEFAULT_REPEAT, DEFAULT_WARMUP, PEERS
+    from opfuse.bench import DEFAULT_REPEAT, DEFAULT_WARMUP, GROUP_CHECK_REPEAT, PEERS
     parser = _Parser(prog="opfuse", description="An operator-fusion compiler for neural networks.",
                      epilog=HELP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -1068,6 +1076,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--groups", action="store_true",
                    help="also time every fused group against its ops run unfused (kernel timers) and flag the "
                         "groups fusion made slower")
+    p.add_argument("--group-repeat", type=int, default=None, metavar="N",
+                   help=f"rounds of the --groups check (default: --repeat, at least {GROUP_CHECK_REPEAT})")
     p.add_argument("--json", action="store_true", help="print the whole result as JSON")
     p.set_defaults(fn=cmd_bench)
 

@@ -215,38 +215,102 @@ def memory_bound_removed(rows: list[dict], t_unfused: Mapping[str, float], bound
 
     Per row, ``memory_unfused_s`` and ``memory_left_s`` (``None`` when it stands for no memory-bound
     kernel) are added; ``uncounted_s``: the memory-bound unfused kernels in no row;
-    ``unfused_kernels``: every unfused kernel's median seconds (``s``) and ``bound``."""
-    from statistics import median
-    counted: set[str] = set()
-    anchors: set[str] = set()
-    left = 0.0
-    for r in rows:
-        kernels = r.get("unfused_kernels", [])
-        counted.update(kernels)
-        if not kernels:  # work the unfused build does not do (a copy where it had views): all left
-            r["memory_unfused_s"], r["memory_left_s"] = 0.0, r["fused_s"]
-            left += r["fused_s"]
-            continue
-        mine = {k for k in kernels if bound.get(k) != MEMORY_BOUND or k in contractions}
-        if len(kernels) > 1:
-            mine |= set(r.get("anchor_kernels", []))
-        anchors |= mine
-        mem = sum(t_unfused[k] for k in kernels if k not in mine)
-        if mem > 0:
-            r["memory_unfused_s"] = mem
-            over = r["fused_s"] - sum(t_unfused[k] for k in mine)
-            fused = runs[0].get(r["group"], []) if runs else []
-            if fused and all(len(runs[1].get(k, ())) == len(fused) for k in mine):
-                over = median(f - sum(runs[1][k][i] for k in mine) for i, f in enumerate(fused))
-            r["memory_left_s"] = max(over, 0.0)
-            left += r["memory_left_s"]
-        else:
-            r["memory_unfused_s"] = r["memory_left_s"] = None
-    memory = [k for k in t_unfused if bound.get(k) == MEMORY_BOUND and k not in anchors and k not in contractions]
-    total = sum(t_unfused[k] for k in memory)
+    ``unfused_kernels``: every unfused kernel's median seconds (``s``) and ``bound``.
+
+    ``interval`` (with ``runs``; else ``None``): how far ``removed`` moves with the rounds that were
+    measured, where the memory-bound share of a model is small next to its convolutions' spread: the
+    same figure recomputed ``MEMORY_BOUND_RESAMPLES`` times from the rounds drawn with replacement
+    (every median and paired difference over the drawn rounds; a fixed seed, so the same samples give
+    the same interval), its ``MEMORY_BOUND_INTERVAL`` central range ``[low, high]``."""
+    rounds = _rounds(runs)
+    total, left, per_row = _memory_estimate(rows, t_unfused, bound, contractions, runs, None)
+    for r, (mem, over) in zip(rows, per_row, strict=True):
+        r["memory_unfused_s"], r["memory_left_s"] = mem, over
+    memory = _memory_kernels(rows, t_unfused, bound, contractions)
+    counted = {k for r in rows for k in r.get("unfused_kernels", [])}
+    interval = None
+    if total > 0 and rounds > 1:
+        import numpy as np
+        rng = np.random.default_rng(0)
+        figures = []
+        for _ in range(MEMORY_BOUND_RESAMPLES):
+            pick = [int(i) for i in rng.integers(0, rounds, rounds)]
+            t, lf, _ = _memory_estimate(rows, t_unfused, bound, contractions, runs, pick)
+            if t > 0:
+                figures.append(1.0 - lf / t)
+        if figures:
+            tail = (1.0 - MEMORY_BOUND_INTERVAL) / 2 * 100
+            low, high = np.percentile(figures, [tail, 100 - tail])
+            interval = {"low": float(low), "high": float(high), "share": MEMORY_BOUND_INTERVAL,
+                        "resamples": len(figures), "rounds": rounds}
     return {"unfused_s": total, "left_s": left, "removed": 1.0 - left / total if total > 0 else None,
+            "interval": interval,
             "uncounted_s": sum(t_unfused[k] for k in memory if k not in counted), "kernels": len(memory),
             "unfused_kernels": {k: {"s": t, "bound": bound.get(k)} for k, t in t_unfused.items()}}
+
+
+# ``memory_bound_removed``'s interval: the figure recomputed from this many resamples of the measured
+# rounds, and the central share of those figures it reports (5th to 95th percentile).
+MEMORY_BOUND_RESAMPLES = 200
+MEMORY_BOUND_INTERVAL = 0.9
+
+
+def _rounds(runs: Sequence[Mapping[str, list[float]]]) -> int:
+    """Rounds every per-round sample list of ``runs`` has (0 when there are none or they differ)."""
+    lengths = {len(v) for per in runs for v in per.values()}
+    return lengths.pop() if len(lengths) == 1 else 0
+
+
+def _anchor_kernels(r: dict, bound: Mapping[str, str | None], contractions: Collection[str]) -> set[str]:
+    kernels = r.get("unfused_kernels", [])
+    mine = {k for k in kernels if bound.get(k) != MEMORY_BOUND or k in contractions}
+    if len(kernels) > 1:
+        mine |= set(r.get("anchor_kernels", []))
+    return mine
+
+
+def _memory_kernels(rows: list[dict], t_unfused: Mapping[str, float], bound: Mapping[str, str | None],
+                    contractions: Collection[str]) -> list[str]:
+    anchors = {k for r in rows if r.get("unfused_kernels") for k in _anchor_kernels(r, bound, contractions)}
+    return [k for k in t_unfused if bound.get(k) == MEMORY_BOUND and k not in anchors and k not in contractions]
+
+
+def _memory_estimate(rows: list[dict], t_unfused: Mapping[str, float], bound: Mapping[str, str | None],
+                     contractions: Collection[str], runs: Sequence[Mapping[str, list[float]]],
+                     pick: list[int] | None) -> tuple[float, float, list[tuple[float | None, float | None]]]:
+    """``memory_bound_removed``'s (unfused_s, left_s, per row (memory_unfused_s, memory_left_s)): from the
+    medians given (``pick`` None), or from the rounds ``pick`` of ``runs`` (a resample)."""
+    from statistics import median
+    fused_runs, unfused_runs = (runs[0], runs[1]) if len(runs) == 2 else ({}, {})
+
+    def unfused(k: str) -> float:
+        if pick is None or k not in unfused_runs:
+            return t_unfused[k]
+        return median(unfused_runs[k][i] for i in pick)
+
+    left = 0.0
+    per_row: list[tuple[float | None, float | None]] = []
+    for r in rows:
+        samples = fused_runs.get(r["group"], [])
+        fused_s = r["fused_s"] if pick is None or not samples else median(samples[i] for i in pick)
+        kernels = r.get("unfused_kernels", [])
+        if not kernels:  # work the unfused build does not do (a copy where it had views): all left
+            per_row.append((0.0, fused_s))
+            left += fused_s
+            continue
+        mine = _anchor_kernels(r, bound, contractions)
+        mem = sum(unfused(k) for k in kernels if k not in mine)
+        if mem <= 0:
+            per_row.append((None, None))
+            continue
+        over = fused_s - sum(unfused(k) for k in mine)
+        if samples and all(len(unfused_runs.get(k, ())) == len(samples) for k in mine):
+            diffs = [f - sum(unfused_runs[k][i] for k in mine) for i, f in enumerate(samples)]
+            over = median(diffs if pick is None else [diffs[i] for i in pick])
+        per_row.append((mem, max(over, 0.0)))
+        left += max(over, 0.0)
+    total = sum(unfused(k) for k in _memory_kernels(rows, t_unfused, bound, contractions))
+    return total, left, per_row
 
 
 def _with_producers(rows: list[dict], groups) -> None:

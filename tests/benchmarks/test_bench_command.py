@@ -51,6 +51,7 @@ def test_bench_resnet8_json_smoke():
     (["zoo:resnet8", "--vs", "onnxruntime,tvm"], "unknown peer 'tvm'"),
     (["zoo:resnet8", "--repeat", "0"], "repeat must be"),
     (["zoo:resnet8", "--threads", "0"], "threads must be"),
+    (["zoo:resnet8", "--groups", "--group-repeat", "0"], "group repeat must be"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, words):
     code = main(["bench", *argv])
@@ -287,3 +288,34 @@ def test_group_slower_with_its_producers_stays_slower():
     rows = [_row("conv", 2.40, 2.60), _row("pool", 0.24, 0.18)]
     _with_producers(rows, _fake_groups()[1:])  # no producing group timed: nothing to set it against
     assert rows[1]["slower"] and rows[1]["moved"] is None
+
+
+def test_memory_bound_removed_states_how_far_the_figure_moves_with_the_rounds():
+    from opfuse.measure import MEMORY_BOUND_INTERVAL, memory_bound_removed
+    bound = {"conv": "compute", "bn": "memory", "relu": "memory"}
+    t_unfused = {"conv": 10e-6, "bn": 3e-6, "relu": 2e-6}
+    rows = [{"group": "conv", "fused_s": 11e-6, "unfused_kernels": ["conv", "bn", "relu"]}]
+    assert memory_bound_removed(rows, t_unfused, bound)["interval"] is None  # no rounds: nothing to resample
+    steady = [{"conv": [11e-6] * 5}, {"conv": [10e-6] * 5, "bn": [3e-6] * 5, "relu": [2e-6] * 5}]
+    iv = memory_bound_removed(rows, t_unfused, bound, runs=steady)["interval"]
+    assert iv["low"] == pytest.approx(0.8) and iv["high"] == pytest.approx(0.8)  # every round says 1 us of 5
+    assert (iv["share"], iv["rounds"], iv["resamples"]) == (MEMORY_BOUND_INTERVAL, 5, 200)
+    # The paired difference 1, 1, 1, 4, 0 us over a Conv: the point figure takes the median (1 us of 5 left);
+    # resampled rounds see 0 to 4 us left, so the interval spans the figure and is not a point.
+    noisy = [{"conv": [11e-6, 12e-6, 11e-6, 15e-6, 10e-6]},
+             {"conv": [10e-6, 11e-6, 10e-6, 11e-6, 10e-6], "bn": [3e-6] * 5, "relu": [2e-6] * 5}]
+    res = memory_bound_removed([dict(rows[0])], t_unfused, bound, runs=noisy)
+    iv = res["interval"]
+    assert res["removed"] == pytest.approx(0.8)
+    assert iv["low"] < 0.8 <= iv["high"] and iv["low"] >= 1 - 4 / 5 - 1e-9 and iv["high"] <= 1.0
+    assert memory_bound_removed([dict(rows[0])], t_unfused, bound, runs=noisy)["interval"] == iv  # same seed
+
+
+def test_the_group_check_runs_its_own_rounds():
+    from opfuse.bench import GROUP_CHECK_REPEAT, bench
+    res = bench("zoo:ds_cnn", vs="none", threads=1, repeat=1, warmup=0, yardsticks=False, groups=True,
+                group_repeat=2)
+    assert res["repeat"] == 1 and res["group_check"]["repeat"] == 2
+    assert res["group_check"]["memory_bound"]["interval"]["rounds"] == 2
+    res = bench("zoo:ds_cnn", vs="none", threads=1, repeat=1, warmup=0, yardsticks=False, groups=True)
+    assert res["group_check"]["repeat"] == GROUP_CHECK_REPEAT  # by default more rounds than a quick --repeat

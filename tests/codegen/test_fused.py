@@ -221,6 +221,52 @@ def test_attention_mask_hiding_leading_keys(cache_dir, masked):
     assert_close(got, want)
 
 
+@pytest.mark.parametrize("masked", [0, 70])
+def test_attention_packs_keys_and_values_once_per_head_when_heads_fill_the_threads(cache_dir, masked):
+    """8 heads of 150 queries (blocks of 64, 64 and 22): with ``attention_min_tiles`` at most the heads, a tile
+    takes a head's three query blocks (8 tiles, K and V packed once each); above it, a tile per block (24
+    tiles). Both agree with the reference, a mask over the first key block and a half included."""
+    from opfuse.codegen.options import CodegenOptions
+    from opfuse.runtime import reference
+    from opfuse.runtime.native import build
+    g, spec, (heads, seq) = _attention_graph(heads=8, seq=150, dim=8)
+    plan = group_by_names(g, spec)
+    feeds = reference.random_inputs(g, 0)
+    mask = np.zeros((1, 1, 1, seq), np.float32)
+    mask[..., :masked] = -np.inf
+    feeds["mask"] = mask
+    want = reference.run(g, feeds)
+    tiles = {}
+    for least in (8, 9):
+        model = build(g, plan, cache_dir=cache_dir, options=CodegenOptions(attention_min_tiles=least))
+        assert_close(model.run(feeds), want)
+        tiles[least] = [ln for ln in model.program.source.splitlines() if "< 8; ++tile" in ln or "< 24; ++tile" in ln]
+    assert len(tiles[8]) == 1 and "< 8; ++tile" in tiles[8][0]
+    assert len(tiles[9]) == 1 and "< 24; ++tile" in tiles[9][0]
+
+
+def test_a_layernorm_reads_a_row_in_memory_in_place_and_a_computed_one_through_its_buffer(cache_dir):
+    """LayerNorm over the last two axes of Relu(x): alone, it reads x's rows where they are (no copy into
+    scratch); with the Relu as its prologue, the row goes through the row buffer. Both as the reference."""
+    from opfuse.ir.plan import FusionPlan
+    b = GraphBuilder("ln_rows")
+    x = b.input("x", (3, 5, 4, 6))
+    r = b.op("Relu", x, name="relu")
+    g = b.build(b.op("LayerNormalization", r, W(b, 4, 6), W(b, 4, 6), axis=2, name="ln"))
+    got, want, model = run_both(g, FusionPlan.unfused(g), cache_dir)
+    assert_close(got, want)
+    ln = model.program.source.split("[ops_LayerNormalization]")[1]
+    assert "const float* restrict row" in ln and "scratch +" not in ln.split("lane")[0]
+    model = check(g, [("reduction", ["relu", "ln"])], cache_dir, functions=1)
+    ln = model.program.source.split("[ops_Relu_LayerNormalization]")[1]
+    assert "const float* restrict row" not in ln and "scratch +" in ln.split("lane")[0]
+    # Its output kept inside the group (an epilogue after it, found by the e2e fuzzer): read in place too.
+    g = b.build(b.op("Neg", g.outputs[0], name="neg"))
+    model = check(g, [("reduction", ["ln", "neg"])], cache_dir, functions=2)
+    ln = model.program.source.split("[ops_LayerNormalization_Neg]")[1]
+    assert "const float* restrict row" in ln and "ln" not in model.memory.locations
+
+
 def test_chained_anchors_are_refused_with_the_group_name(cache_dir):
     b = GraphBuilder("conv_conv")
     x = b.input("x", (1, 3, 5, 5))

@@ -200,3 +200,48 @@ def test_a_constant_node_is_no_view():
     assert not is_view(g, g.node("k"))
     plan, _ = plan_of(g, disabled=frozenset({"elementwise_chain", "injective", "epilogue"}))
     assert all("zero_copy" not in grp.attrs for grp in plan.groups)
+
+
+def _split_cat_graph(order=("a", "b", "m"), split_axis: int = 1, x_out: bool = False):
+    """c (Conv, 1x4x3x3) -> Split(a, b) on ``split_axis``; m = Neg(b); Concat of ``order`` on axis 1."""
+    b = GraphBuilder("split_cat")
+    x = b.input("x", (1, 2, 3, 3))
+    c = b.op("Conv", x, b.const("wc", randn((4, 2, 1, 1))), name="c")
+    sizes = [2, 2] if split_axis == 1 else [1, 2]
+    parts = b.op("Split", c, split=sizes, axis=split_axis, num_outputs=2, name="split")
+    vals = {"a": parts[0], "b": parts[1], "m": b.op("Neg", parts[1], name="m")}
+    cat = b.op("Concat", *[vals[k] for k in order], axis=split_axis, name="cat")
+    return b.build(b.op("Relu", cat, name="out"), *([c] if x_out else []))
+
+
+def test_a_split_moves_nothing_when_its_input_can_sit_in_the_concat():
+    from opfuse.rules.aliasing import split_through_refusal
+    g = _split_cat_graph()
+    split, cat = g.node("split"), g.node("cat")
+    assert split_through_refusal(g, split, cat, {"split_out0", "split_out1", "m"}) is None
+    assert _reason(split_through_refusal(g, split, cat, {"split_out0", "m"})) == \
+        ("condition", "not every output of Split 'split' is written in place into Concat 'cat'")
+    assert _reason(split_through_refusal(g, split, cat, {"split_out0", "split_out1"}, {"c"})) == \
+        ("condition", "'c' is already placed in another Concat")
+    for order in (("b", "a", "m"), ("a", "m", "b")):
+        g = _split_cat_graph(order)
+        assert _reason(split_through_refusal(g, g.node("split"), g.node("cat"), {"split_out0", "split_out1", "m"})) == \
+            ("condition", "the outputs of Split 'split' are not one run of consecutive inputs of Concat 'cat' "
+                          "in order")
+    g = _split_cat_graph(x_out=True)
+    assert _reason(split_through_refusal(g, g.node("split"), g.node("cat"), {"split_out0", "split_out1"})) == \
+        ("condition", "'c' is a graph output")
+    g = _split_cat_graph(split_axis=2)  # (1, 4, 3, 3) along axis 2: the parts interleave
+    assert _reason(split_through_refusal(g, g.node("split"), g.node("cat"), {"split_out0", "split_out1"})) == \
+        ("condition", "Split 'split' is not a view of its input")
+
+
+def test_the_plan_marks_a_split_through_its_concat_and_refuses_it_otherwise():
+    plan, _ = plan_of(_split_cat_graph(), disabled=frozenset({"injective", "elementwise_chain", "epilogue"}))
+    z = {g.name: (g.attrs.get("zero_copy"), g.attrs.get("through_concat")) for g in plan.groups}
+    assert z["split"] == ("view", "cat") and z["cat"] == ("concat", None)
+    # the Split's outputs in another order: the Concat still takes them in place, the Split copies
+    plan, _ = plan_of(_split_cat_graph(("b", "a", "m")), disabled=frozenset({"injective", "elementwise_chain",
+                                                                            "epilogue"}))
+    z = {g.name: (g.attrs.get("zero_copy"), g.attrs.get("through_concat")) for g in plan.groups}
+    assert z["split"] == (None, None) and z["cat"] == ("concat", None)

@@ -187,3 +187,53 @@ def test_the_plan_lifetimes_are_the_kernel_order_ones():
             for v, span in mem.lifetimes.items():
                 if mem.locations[v].region == "arena":
                     assert span == want[v], v
+
+
+def _c2f_like(order=("a", "b", "m")):
+    """A YOLO C2f block in small: Conv -> Split(a, b); m = Conv(b) + b; Concat(a, b, m) -> Conv."""
+    rng = np.random.default_rng(3)
+    b = GraphBuilder("c2f")
+    x = b.input("x", (1, 4, 6, 6))
+    c = b.op("Conv", x, b.const("w1", rng.standard_normal((8, 4, 1, 1)).astype(np.float32)), name="cv1")
+    s = b.op("Sigmoid", c, name="act")
+    a, bb = b.op("Split", s, split=[4, 4], axis=1, num_outputs=2, name="split")
+    m = b.op("Add", bb, b.op("Conv", bb, b.const("w2", rng.standard_normal((4, 4, 3, 3)).astype(np.float32)),
+                               pads=[1, 1, 1, 1], name="m_cv"), name="m_add")
+    vals = {"a": a, "b": bb, "m": m}
+    cat = b.op("Concat", *[vals[k] for k in order], axis=1, name="cat")
+    w3 = b.const("w3", rng.standard_normal((4, 12, 1, 1)).astype(np.float32))
+    return b.build(b.op("Conv", cat, w3, name="cv2"))
+
+
+def test_a_split_through_a_concat_has_its_input_written_into_the_concat(tmp_path):
+    from cg_support import assert_close, run_both
+    from opfuse.rules import FusionOptions, form_groups, fusion_rules
+    g = _c2f_like()
+    plan, _ = form_groups(g, fusion_rules(), FusionOptions())
+    split = next(grp for grp in plan.groups if [n.name for n in grp.nodes] == ["split"])
+    assert split.attrs["zero_copy"] == "view" and split.attrs["through_concat"] == "cat"
+    mem = plan_memory(plan)
+    assert mem.conflicts() == [] and arena_conflicts(mem) == []
+    cat, act = g.values["cat"], g.values["act"]
+    a, b = g.node("split").outputs
+    assert mem.location(act) == mem.location(cat) == mem.location(a)
+    assert mem.location(b).offset == mem.location(cat).offset + 4 * 36 * 4
+    got, want, model = run_both(g, plan, tmp_path)
+    assert_close(got, want)
+    # neither the Split nor the Concat runs a kernel
+    assert [k["function"] for k in model.report["c_kernels"] if k["ops"] in (["Split"], ["Concat"])] == [None, None]
+
+
+def test_a_split_whose_outputs_are_out_of_order_in_the_concat_copies(tmp_path):
+    from cg_support import assert_close, run_both
+    from opfuse.rules import FusionOptions, form_groups, fusion_rules
+    g = _c2f_like(("b", "a", "m"))
+    plan, _ = form_groups(g, fusion_rules(), FusionOptions())
+    split = next(grp for grp in plan.groups if [n.name for n in grp.nodes] == ["split"])
+    assert "zero_copy" not in split.attrs
+    mem = plan_memory(plan)
+    assert mem.conflicts() == [] and arena_conflicts(mem) == []
+    assert mem.location(g.values["act"]).offset != mem.location(g.values["cat"]).offset
+    got, want, model = run_both(g, plan, tmp_path)
+    assert_close(got, want)
+    assert [k["function"] is None for k in model.report["c_kernels"] if k["ops"] == ["Split"]] == [False]

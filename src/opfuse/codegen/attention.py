@@ -1,15 +1,17 @@
 """Attention as one tiled kernel with online softmax (the score matrix never hits memory).
 
 For ``O = softmax(f(Q @ Kt)) @ V`` (``f``: the fused elementwise scale/mask chain, softmax
-over the keys axis), each tile is one batch entry (e.g. one head) and a block of up to
-``QUERY_ROWS_PER_TILE`` query rows. Both products run on the blocked GEMM's register
-micro-kernel (MR x NR), in transposed form so that one product's output is already packed
-as the next one's operand:
+over the keys axis), each tile is one batch entry (e.g. one head) and its query rows in blocks of
+up to ``QUERY_ROWS_PER_TILE``: all of them where the batch alone makes enough tiles to spread
+over threads (``CodegenOptions.attention_min_tiles``), else one block per tile. Both products
+run on the blocked GEMM's register micro-kernel (MR x NR), in transposed form so that one
+product's output is already packed as the next one's operand:
 
     St = K @ Qt        keys x queries; A = K in MR-key panels, B = Qt in NR-query panels
     Ot = Vt @ Pt       values x queries; A = Vt in MR-value panels, B = Pt = the St block
 
-The tile packs K, Vt (whole key range) and Qt (its queries) into per-thread scratch once,
+The tile packs K and Vt (whole key range) once and Qt (a block's queries) per query block into
+per-thread scratch,
 reading them through any fused data movement (head split, transposes), then walks the keys
 in blocks of ``attention_block`` (rounded up to MR). Per block and per query column j,
 with the block's scores ``s_t = f(St[t, j])``:
@@ -166,13 +168,16 @@ def lower_attention(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     off_o = kc.scratch(DVP * MR * BQP * fl)
     off_stats = [kc.scratch(BQP * fl) for _ in range(4)]
 
+    # Query blocks per tile: all of a batch entry's (K and V packed once for them) where the batch
+    # entries alone make ``attention_min_tiles`` tiles; else one, so that few heads still spread.
+    per_tile = QB if nb >= kc.program.options.attention_min_tiles else 1
+    groups = QB // per_tile          # tiles per batch entry
+
     tile = kc.tmp("tile")
     kc.parallel_for(2 * nb * S * T * (D + Dv), collapse=1)
-    with w.block(f"for (long {tile} = 0; {tile} < {nb * QB}; ++{tile})"):
-        b, q0, bq = kc.tmp("b"), kc.tmp("q0"), kc.tmp("bq")
-        w.line(f"const long {b} = {tile} / {QB};")
-        w.line(f"const long {q0} = ({tile} % {QB}) * {BQ};")
-        w.line(f"const long {bq} = {S} - {q0} < {BQ} ? {S} - {q0} : {BQ};")
+    with w.block(f"for (long {tile} = 0; {tile} < {nb * groups}; ++{tile})"):
+        b, q0, bq, qb = kc.tmp("b"), kc.tmp("q0"), kc.tmp("bq"), kc.tmp("qb")
+        w.line(f"const long {b} = {tile} / {groups};")
         bidx = _batch_index(batch, b)
 
         def operand(v, row: str, col: str) -> str:
@@ -193,7 +198,6 @@ def lower_attention(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
         # Qt[d, c] at qp[(c / NR) * D * NR + d * NR + c % NR] for the tile's queries c.
         w.line(f"memset({kp}, 0, sizeof(float) * {TP * D * MR});")
         w.line(f"memset({vp}, 0, sizeof(float) * {DVP * T * MR});")
-        w.line(f"memset({qp}, 0, sizeof(float) * {QP * D * NR});")
         # Kt made by a Transpose in the group is a key-major tensor underneath: walk it
         # key by key.
         key_major = Kt.producer is not None and Kt.producer.op_type == "Transpose" \
@@ -211,6 +215,12 @@ def lower_attention(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
         with w.block(f"for (long {t} = 0; {t} < {T}; ++{t})"):
             _emit_panelled(kc, ev, Dv, MR, lambda p, r: f"{vp}[{p} * {T * MR} + {t} * {MR} + {r}] = "
                                                         f"{operand(V, t, f'{p} * {MR} + {r}')};")
+        # The tile's query blocks, each against the packed K and V.
+        w.line(f"for (long {qb} = 0; {qb} < {per_tile}; ++{qb}) {{")
+        w.level += 1
+        w.line(f"const long {q0} = (({tile} % {groups}) * {per_tile} + {qb}) * {BQ};")
+        w.line(f"const long {bq} = {S} - {q0} < {BQ} ? {S} - {q0} : {BQ};")
+        w.line(f"memset({qp}, 0, sizeof(float) * {QP * D * NR});")
         with w.block(f"for (long {c} = 0; {c} < {bq}; ++{c})"):
             i = kc.tmp("i")
             qd = kc.tmp("qd")
@@ -262,3 +272,5 @@ def lower_attention(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
                 w.line(f"const {ct} {y} = {ot}[{dv} * {BQP} + {c}] / {den}[{c}];")
                 oidx = Index(out.shape, tuple(bidx.dims) + (i, dv))
                 finish_element(kc, ev, stage, out, oidx, y)
+        w.level -= 1
+        w.line("}")

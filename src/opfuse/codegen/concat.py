@@ -6,16 +6,26 @@ Concat (e.g. ``Relu(Concat(...))`` kept as a second output).
 """
 from __future__ import annotations
 
+import math
+
 from opfuse.codegen.index import add
 from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.loops import emit_loop_nest
 from opfuse.codegen.stages import GroupAnalysis, Stage
 
 
-def is_concat_alias(kc, v, out) -> bool:
-    """Is ``v`` already in its slice of ``out``? (Aliased into another Concat's output, it is
-    not: ``Concat(Concat(x, x), x)`` aliases x into the outer one, the inner one must copy it.)"""
-    return any(a.value == v.name and a.kind == "concat" and a.base == out.name for a in kc.program.memory.aliases)
+def is_concat_alias(kc, v, out, axis: int, start: int) -> bool:
+    """Is ``v`` already in its slice of ``out`` (the one starting at ``start`` along ``axis``)? It is
+    when the memory plan put it at that slice's bytes: aliased into the Concat, or a view of a value
+    placed there (a Split through the Concat). Aliased into another Concat's output, it is not:
+    ``Concat(Concat(x, x), x)`` aliases x into the outer one, the inner one must copy it."""
+    mem = kc.program.memory
+    if (mem.is_static(v) or mem.is_static(out) or any(d != 1 for d in out.shape[:axis])
+            or v.name not in mem.locations or out.name not in mem.locations):  # computed inside the group
+        return False
+    at, base = mem.location(v), mem.location(out)
+    offset = start * math.prod(out.shape[axis + 1:]) * out.dtype.itemsize
+    return (at.region, at.index, at.offset) == (base.region, base.index, base.offset + offset)
 
 
 def lower_concat(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
@@ -27,7 +37,7 @@ def lower_concat(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     for v in node.input_values():
         lo = start
         start += v.shape[axis]
-        aliased = is_concat_alias(kc, v, out)
+        aliased = is_concat_alias(kc, v, out, axis, lo)
         todo = [o for o in stage.outputs if not (o is out and aliased)]
         if not todo:
             continue

@@ -177,6 +177,11 @@ class CodegenOptions:
     gemm_scalar_accumulators: bool = False
     # Keys tiles of the attention kernel's online softmax.
     attention_block: int = 64
+    # Attention (``codegen/attention.py``): where the batch (heads) alone makes at least this many tiles,
+    # a tile takes every query block of its head and packs K and V once for them; with fewer heads a
+    # tile per query block keeps the threads busy, each packing K and V again. bert_layer (12 heads, 2
+    # blocks of 64 queries), the kernel alone at 1 thread: packing K and V took ~110 of ~775 us.
+    attention_min_tiles: int = 8
     # Integer conv (``codegen/qconv.py``) with a fused epilogue: its dot products over at least this
     # many int16 pairs are called out of line (their SMLAD loop then does not spill beside the
     # epilogue's live values); shorter ones stay inline, where the call would cost more. Measured on

@@ -19,7 +19,9 @@ produces it to the last kernel that reads it, inclusive. Several values can shar
   output is the input's block at an offset and the kernel does nothing;
 * Concat aliasing: in a group of kind ``"concat"`` (or with ``attrs["alias_inputs"]``),
   each input whose slice of the output is contiguous is written by its producer straight
-  into that slice, and the Concat copies only the rest;
+  into that slice, and the Concat copies only the rest; the input of a Split marked
+  ``attrs["through_concat"]`` (``rules.aliasing.split_through_refusal``) is placed at its
+  outputs' slices, which become views of it;
 * in place: an output computed over an input that dies at that kernel (``inplace.py``).
 
 A block lives from its first member's birth to its last member's death; blocks get offsets
@@ -231,6 +233,10 @@ class _Builder:
 
     # Aliasing passes ---------------------------------------------------------------------
     def concat_aliases(self) -> None:
+        # Splits that move nothing through a Concat (``rules.aliasing.split_through_refusal``, judged
+        # when the plan was marked): their input goes where their outputs' run of the Concat starts.
+        through = {g.nodes[0].name: g.attrs["through_concat"] for g in self.plan.groups
+                   if self.use_views and g.attrs.get("through_concat") and len(g.nodes) == 1}
         for grp in self.plan.groups:
             live = [n for n in grp.nodes if not all(id(v) in self.static for v in n.outputs)]
             if not (len(live) == 1 and live[0].op_type == "Concat"
@@ -241,12 +247,36 @@ class _Builder:
             target = self._block(out)
             if target is None:
                 continue
-            for v, offset in _concat_slices(node):
-                if (offset is None or id(v) in self.static or v.producer is None
+            slices = _concat_slices(node)
+            placed = self._split_through(node, slices, target, through)
+            for v, offset in slices:
+                if (offset is None or id(v) in self.static or v.producer is None or id(v) in placed
                         or not self._is_singleton_arena(v)
                         or sum(1 for u in node.inputs if u is v) > 1):
                     continue
                 self._merge(v, target, target.members[out.name] + offset, "concat", out)
+
+    def _split_through(self, node: Node, slices: list[tuple[Value, int | None]], target: _Block,
+                       through: dict[str, str]) -> set[int]:
+        """Place the input of each Split marked through ``node`` at its outputs' slice of the Concat's
+        output; returns the ids of those outputs (the views pass makes them views of the input)."""
+        out = node.outputs[0]
+        done: set[int] = set()
+        offsets = {id(v): off for v, off in slices}
+        for v, offset in slices:
+            split = v.producer
+            if split is None or through.get(split.name) != node.name or v is not split.outputs[0] or offset is None:
+                continue
+            x = split.inputs[0]
+            views = {id(o): off for o, _, off in _view_outputs(split)}
+            at = {id(o): offsets.get(id(o)) for o in split.outputs}
+            if (x is None or id(x) in self.static or not self._is_singleton_arena(x)
+                    or any(not self._is_singleton_arena(o) or id(o) not in views
+                           or at[id(o)] != offset + views[id(o)] for o in split.outputs)):
+                continue
+            self._merge(x, target, target.members[out.name] + offset, "concat", out)
+            done.update(id(o) for o in split.outputs)
+        return done
 
     def views_and_inplace(self) -> None:
         g = self.graph

@@ -13,10 +13,18 @@ aliased inputs are listed in ``attrs["alias_inputs"]`` and the Concat copies the
 Views: a group that is one Reshape/Flatten/Squeeze/Unsqueeze (or a Split whose slices are
 contiguous) produces bytes that already exist; the memory planner makes its output a view of
 its input (``attrs["zero_copy"] = "view"``) unless the output is a graph output.
+
+Split through a Concat (YOLO's C2f: ``a, b = Split(x); Concat(a, b, m1, m2)``): when a Split
+alone in its group has every output aliased into one Concat, consecutive and in order, its input
+``x`` is the same bytes as that run of the Concat's output. The memory planner then places ``x``
+itself in the Concat's output (its producer writes there) and the Split's outputs are views of
+``x``: the Split moves nothing (``attrs["zero_copy"] = "view"``, ``attrs["through_concat"]``
+names the Concat). ``split_through_refusal`` says why a Split is not taken so.
 """
 from __future__ import annotations
 
 import math
+from typing import Collection
 
 from opfuse.ir.graph import Graph, Node, Value
 from opfuse.ir.plan import FusionPlan
@@ -72,6 +80,37 @@ def is_view(graph: Graph, node: Node) -> bool:
     return False
 
 
+def split_through_refusal(graph: Graph, split: Node, concat: Node, aliased: Collection[str],
+                          claimed: Collection[str] = ()) -> Refusal | None:
+    """Why the Split ``split`` cannot move nothing by having its input placed in the output of
+    ``concat`` (``aliased``: the Concat inputs its producers write in place; ``claimed``: values
+    already placed in some Concat's output), or ``None`` when it can: every output of the Split is
+    an aliased input of the Concat, all consecutive and in the Split's order; the Split's slices
+    are contiguous (``is_view``); its input is produced by a kernel (not a graph input, output or
+    constant, not a view itself) and placed in no other Concat."""
+    x = split.inputs[0] if split.inputs else None
+    if x is None or not is_view(graph, split):
+        return Refusal(RefusalKind.CONDITION, f"Split '{split.name}' is not a view of its input")
+    outs = list(split.outputs)
+    if any(v.name not in aliased for v in outs):
+        return Refusal(RefusalKind.CONDITION, f"not every output of Split '{split.name}' is written in place "
+                                              f"into Concat '{concat.name}'")
+    ins = list(concat.inputs)
+    starts = [i for i in range(len(ins) - len(outs) + 1) if all(ins[i + k] is v for k, v in enumerate(outs))]
+    if len(starts) != 1 or any(sum(1 for u in ins if u is v) != 1 for v in outs):
+        return Refusal(RefusalKind.CONDITION, f"the outputs of Split '{split.name}' are not one run of "
+                                              f"consecutive inputs of Concat '{concat.name}' in order")
+    if x.producer is None or x.is_const:
+        return Refusal(RefusalKind.CONDITION, f"'{x.name}' is a graph input or constant")
+    if x in graph.outputs:
+        return Refusal(RefusalKind.CONDITION, f"'{x.name}' is a graph output")
+    if is_view(graph, x.producer):
+        return Refusal(RefusalKind.CONDITION, f"'{x.name}' is produced by a view")
+    if x.name in claimed:
+        return Refusal(RefusalKind.CONDITION, f"'{x.name}' is already placed in another Concat")
+    return None
+
+
 def propose_aliasing(grouping, matches):
     """For each Concat still alone in its group: alias the inputs its producers can write in place."""
     p = grouping.p
@@ -115,10 +154,27 @@ CONCAT_ALIAS = Rule(RULE, Op("Concat").named("concat"), action=Fuse(propose_alia
 
 
 def mark_views(plan: FusionPlan) -> None:
-    """Set ``attrs["zero_copy"] = "view"`` on single-op groups whose output is a view."""
+    """Set ``attrs["zero_copy"] = "view"`` on single-op groups whose output is a view, and on
+    single-Split groups whose input can be placed in the output of the Concat their outputs are
+    aliased into (``split_through_refusal``; ``attrs["through_concat"]`` names that Concat)."""
     graph = plan.graph
     outs = {id(v) for v in graph.outputs}
     aliased = {name for g in plan.groups for name in g.attrs.get("alias_inputs", [])}
+    concat_of = {name: n for g in plan.groups for n in g.nodes if n.op_type == "Concat"
+                 for name in g.attrs.get("alias_inputs", [])}
+    placed = set(aliased)
+    for g in plan.groups:
+        if len(g.nodes) != 1 or g.nodes[0].op_type != "Split" or g.attrs.get("zero_copy") or not g.nodes[0].outputs:
+            continue
+        n = g.nodes[0]
+        x = n.inputs[0] if n.inputs else None
+        concat = concat_of.get(n.outputs[0].name)
+        if x is None or concat is None or split_through_refusal(graph, n, concat, aliased, placed) is not None:
+            continue
+        placed.add(x.name)
+        g.attrs["zero_copy"] = "view"
+        g.attrs["through_concat"] = concat.name
+    aliased = placed
     for g in plan.groups:
         if len(g.nodes) != 1 or g.attrs.get("zero_copy"):
             continue
@@ -128,4 +184,4 @@ def mark_views(plan: FusionPlan) -> None:
 
 
 __all__ = ["CONCAT_ALIAS", "VIEW_OPS", "aliasable_inputs", "is_view", "concat_input_refusal", "contiguous_slices",
-           "mark_views"]
+           "mark_views", "split_through_refusal"]
