@@ -236,12 +236,21 @@ def test_a_split_moves_nothing_when_its_input_can_sit_in_the_concat():
         ("condition", "Split 'split' is not a view of its input")
 
 
+def _split_decisions(decisions):
+    return [(d.verdict, d.nodes, d.kind, d.reason) for d in decisions if d.rule == "split_through_concat"]
+
+
 def test_the_plan_marks_a_split_through_its_concat_and_refuses_it_otherwise():
-    plan, _ = plan_of(_split_cat_graph(), disabled=frozenset({"injective", "elementwise_chain", "epilogue"}))
+    plan, decisions = plan_of(_split_cat_graph(), disabled=frozenset({"injective", "elementwise_chain", "epilogue"}))
     z = {g.name: (g.attrs.get("zero_copy"), g.attrs.get("through_concat")) for g in plan.groups}
     assert z["split"] == ("view", "cat") and z["cat"] == ("concat", None)
+    assert _split_decisions(decisions) == [
+        ("fused", ("split", "cat"), "", "'c' placed in the output of Concat 'cat'; the Split moves nothing")]
     # the Split's outputs in another order: the Concat still takes them in place, the Split copies
-    plan, _ = plan_of(_split_cat_graph(("b", "a", "m")), disabled=frozenset({"injective", "elementwise_chain",
-                                                                            "epilogue"}))
+    plan, decisions = plan_of(_split_cat_graph(("b", "a", "m")), disabled=frozenset({"injective", "elementwise_chain",
+                                                                                    "epilogue"}))
     z = {g.name: (g.attrs.get("zero_copy"), g.attrs.get("through_concat")) for g in plan.groups}
     assert z["split"] == (None, None) and z["cat"] == ("concat", None)
+    assert _split_decisions(decisions) == [
+        ("refused", ("split", "cat"), "condition", "the outputs of Split 'split' are not one run of consecutive "
+                                                   "inputs of Concat 'cat' in order")]

@@ -19,7 +19,9 @@ alone in its group has every output aliased into one Concat, consecutive and in 
 ``x`` is the same bytes as that run of the Concat's output. The memory planner then places ``x``
 itself in the Concat's output (its producer writes there) and the Split's outputs are views of
 ``x``: the Split moves nothing (``attrs["zero_copy"] = "view"``, ``attrs["through_concat"]``
-names the Concat). ``split_through_refusal`` says why a Split is not taken so.
+names the Concat). ``split_through_refusal`` says why a Split is not taken so; the fusion driver
+records each such Split, taken or refused with that reason, in the decision log (rule
+``split_through_concat``).
 """
 from __future__ import annotations
 
@@ -31,12 +33,13 @@ from opfuse.ir.plan import FusionPlan
 from opfuse.ops.common import norm_axis
 from opfuse.ops.registry import get_spec
 from opfuse.patterns import Op
-from opfuse.rules.decisions import Refusal, RefusalKind
+from opfuse.rules.decisions import FusionLog, Refusal, RefusalKind
 from opfuse.rules.kernel_shape import GroupShape
 from opfuse.rules.rule import Fuse, Rule
 from opfuse.rules.site import Site
 
 RULE = "concat_alias"
+SPLIT_RULE = "split_through_concat"  # the decision-log name of a Split placed through a Concat (``mark_views``)
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
 
 
@@ -153,10 +156,12 @@ CONCAT_ALIAS = Rule(RULE, Op("Concat").named("concat"), action=Fuse(propose_alia
                     description="Concat inputs written in place by their producers (the Concat is elided)")
 
 
-def mark_views(plan: FusionPlan) -> None:
+def mark_views(plan: FusionPlan, log: FusionLog | None = None) -> None:
     """Set ``attrs["zero_copy"] = "view"`` on single-op groups whose output is a view, and on
     single-Split groups whose input can be placed in the output of the Concat their outputs are
-    aliased into (``split_through_refusal``; ``attrs["through_concat"]`` names that Concat)."""
+    aliased into (``split_through_refusal``; ``attrs["through_concat"]`` names that Concat).
+    ``log`` receives a decision (``SPLIT_RULE``) for each single-Split group whose first output is
+    aliased into a Concat: taken, or refused with ``split_through_refusal``'s reason."""
     graph = plan.graph
     outs = {id(v) for v in graph.outputs}
     aliased = {name for g in plan.groups for name in g.attrs.get("alias_inputs", [])}
@@ -169,11 +174,19 @@ def mark_views(plan: FusionPlan) -> None:
         n = g.nodes[0]
         x = n.inputs[0] if n.inputs else None
         concat = concat_of.get(n.outputs[0].name)
-        if x is None or concat is None or split_through_refusal(graph, n, concat, aliased, placed) is not None:
+        if x is None or concat is None:
+            continue
+        refusal = split_through_refusal(graph, n, concat, aliased, placed)
+        if refusal is not None:
+            if log is not None:
+                log.refused(SPLIT_RULE, [n.name, concat.name], refusal)
             continue
         placed.add(x.name)
         g.attrs["zero_copy"] = "view"
         g.attrs["through_concat"] = concat.name
+        if log is not None:
+            log.taken(SPLIT_RULE, [n.name, concat.name], f"'{x.name}' placed in the output of Concat "
+                      f"'{concat.name}'; the Split moves nothing", group=g.name)
     aliased = placed
     for g in plan.groups:
         if len(g.nodes) != 1 or g.attrs.get("zero_copy"):
@@ -183,5 +196,5 @@ def mark_views(plan: FusionPlan) -> None:
             g.attrs["zero_copy"] = "view"
 
 
-__all__ = ["CONCAT_ALIAS", "VIEW_OPS", "aliasable_inputs", "is_view", "concat_input_refusal", "contiguous_slices",
-           "mark_views", "split_through_refusal"]
+__all__ = ["CONCAT_ALIAS", "SPLIT_RULE", "VIEW_OPS", "aliasable_inputs", "is_view", "concat_input_refusal",
+           "contiguous_slices", "mark_views", "split_through_refusal"]

@@ -112,7 +112,7 @@ def form_groups(graph: Graph, rules: Sequence[Rule], options: FusionOptions | No
     for i in ranked:
         grouping.run(rules[i])
     plan = grouping.p.to_plan(origin)
-    mark_views(plan)
+    mark_views(plan, grouping.log)
     verify_plan(plan)
     return plan, grouping.log.decisions
 
