@@ -29,8 +29,8 @@ integers are onnxruntime's:
   or, without ``ys``, the float32 ``acc * (alpha * as * bs)``: **bit-exact**.
 * ``QLinearSoftmax(x, xs, xz, ys, yz; axis, opset)``: onnxruntime's table of ``exp((q - 255 + s) * xs)``
   (float64, stored float32, ``s`` the headroom shift that keeps the sum finite) indexed by ``x - max(x) + 255``,
-  a float32 sum along the axis and ``rint(t * floor(1 / ys) / sum) + yz`` (saturated at 255; an int8 output
-  wraps as onnxruntime's cast does): **within one step** (the sum's order may differ from onnxruntime's
+  a float32 sum along the axis and ``rint(t * floor(1 / ys) / sum) + yz``, saturated (onnxruntime 1.32 saturates
+  an int8 output too): **within one step** (the sum's order may differ from onnxruntime's
   sequential one in the last bit).
 
 The scales and zero points must be constants (onnxruntime's quantizer writes them so; the tables and MLAS's
@@ -331,8 +331,6 @@ def qlinear_softmax(ctx, node, inputs):
     y_mul = np.float32(math.floor(np.float32(1.0) / ys))
     y = w.op("Round", [w.op("Div", [w.op("Mul", [e, w.const("inv_y_scale", np.array(y_mul, F32))]), total])])
     y = w.op("Add", [w.cast(y, I32), w.const("y_zero", np.array(yz, np.int32))])
-    y = w.op("Min", [y, w.const("top", np.array(255, np.int32))])
-    if x.dtype == np.int8:  # onnxruntime's int8_t cast of the int32 value: wraps above 127
-        y = w.op("Where", [w.op("Greater", [y, w.const("int8_max", np.array(127, np.int32))]),
-                           w.op("Sub", [y, w.const("wrap", np.array(256, np.int32))]), y])
+    lo, hi = QUANT_RANGES[x.dtype]
+    y = w.op("Clip", [y, w.const("lo", np.array(lo, np.int32)), w.const("hi", np.array(hi, np.int32))])
     return [w.cast(y, x.dtype, last=True)]
