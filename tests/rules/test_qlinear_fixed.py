@@ -55,14 +55,17 @@ def test_an_intermediate_read_elsewhere_is_no_match():
 
 def _qlinear_conv_model():
     cin, cout = 8, 16
-    inits = [helper.make_tensor("xs", TensorProto.FLOAT, [], [0.05]), helper.make_tensor("xz", TensorProto.UINT8, [], [128]),
+    inits = [helper.make_tensor("xs", TensorProto.FLOAT, [], [0.05]),
+             helper.make_tensor("xz", TensorProto.UINT8, [], [128]),
              helper.make_tensor("w", TensorProto.INT8, [cout, cin, 3, 3],
                                 RNG.integers(-128, 128, cout * cin * 9).tolist()),
              helper.make_tensor("ws", TensorProto.FLOAT, [cout], RNG.uniform(0.002, 0.02, cout).tolist()),
              helper.make_tensor("wz", TensorProto.INT8, [cout], [0] * cout),
-             helper.make_tensor("ys", TensorProto.FLOAT, [], [0.4]), helper.make_tensor("yz", TensorProto.UINT8, [], [100]),
+             helper.make_tensor("ys", TensorProto.FLOAT, [], [0.4]),
+             helper.make_tensor("yz", TensorProto.UINT8, [], [100]),
              helper.make_tensor("b", TensorProto.INT32, [cout], RNG.integers(-4000, 4000, cout).tolist())]
-    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["y"], pads=[1, 1, 1, 1])
+    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["y"],
+                            pads=[1, 1, 1, 1])
     g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, cin, 10, 10])],
                           [helper.make_tensor_value_info("y", TensorProto.UINT8, None)], inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
