@@ -45,7 +45,7 @@ from opfuse.frontend.onnx_functions import canonicalize, has_function, is_import
 from opfuse.frontend.onnx_import_context import ImportContext, OnnxNode
 from opfuse.frontend.onnx_opsets import DEFAULT_DOMAINS, MAX_OPSET, MIN_OPSET, REVIEWED_OPSET
 from opfuse.frontend.onnx_preview import expand_preview_ops
-from opfuse.frontend.onnx_qoperator import MS_DOMAIN, MS_VERSION, is_ms_op
+from opfuse.frontend.onnx_qoperator import MS_CANONICALIZERS as MS_OPS, MS_DOMAIN, MS_VERSION, is_ms_op
 from opfuse.frontend.onnx_protos import (attribute_value, numpy_dtype, outer_reads, sparse_to_array,
                                          tensor_to_array)
 from opfuse.frontend.onnx_sequences import NON_TENSORS, kind_of
@@ -99,6 +99,9 @@ def _check_ops(graph: onnx.GraphProto, names: list[str], opset: int) -> list[int
         if n.domain == MS_DOMAIN and is_ms_op(n.op_type):  # onnxruntime's QOperator ops (onnx_qoperator)
             versions.append(MS_VERSION)
             continue
+        if n.domain == MS_DOMAIN:
+            raise UnsupportedOpError(n.op_type, name, opset, detail=f"not one of the com.microsoft ops opfuse imports "
+                                                                    f"({', '.join(sorted(MS_OPS))})")
         if n.domain not in DEFAULT_DOMAINS:
             raise UnsupportedOpError(n.op_type, name, opset,
                                      detail=f"domain '{n.domain}' is not supported (only the default "
