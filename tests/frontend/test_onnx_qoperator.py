@@ -10,6 +10,7 @@ import opfuse
 from onnx_builders import init, op_types, ort_run, vi
 from opfuse.errors import ShapeError, UnsupportedOpError
 from opfuse.frontend.onnx import import_model
+from opfuse.rules.qlinear_fixed import QLINEAR_ADD_FLOAT32, QLINEAR_FIXED_POINT
 from opfuse.runtime.reference import run
 
 pytest.importorskip("onnxruntime")
@@ -17,6 +18,7 @@ U8, I8, I32 = TensorProto.UINT8, TensorProto.INT8, TensorProto.INT32
 ELEM = {np.dtype(np.uint8): U8, np.dtype(np.int8): I8}
 RNG = np.random.default_rng(15)
 MS = "com.microsoft"
+EXACT = (QLINEAR_FIXED_POINT, QLINEAR_ADD_FLOAT32)  # the fused build's rules that leave onnxruntime's arithmetic
 
 
 def ms_model(nodes, inputs, outputs, inits=()) -> onnx.ModelProto:
@@ -31,14 +33,18 @@ def every_value(dt, shape=None) -> np.ndarray:
 
 
 def _steps(m, feeds) -> dict[str, int]:
-    """Per output: the largest |ours - onnxruntime's| in the reference and in C (8-bit outputs compared as ints)."""
+    """Per output: the largest |ours - onnxruntime's| in the reference and in C with the float forms kept
+    (``EXACT`` disabled; 8-bit outputs compared as ints). The default fused build (its ``qlinear_*`` rules
+    rewrite QLinearAdd and the requantizations) is checked within one step on the way."""
     theirs = ort_run(m, feeds)
-    ours, native = run(import_model(m), feeds), opfuse.compile(m).run(feeds)
+    ours, native = run(import_model(m), feeds), opfuse.compile(m, disable=list(EXACT)).run(feeds)
+    fused = opfuse.compile(m).run(feeds)
     out = {}
     for name, t in theirs.items():
         assert ours[name].dtype == t.dtype and native[name].dtype == t.dtype
         out[name] = max(int(np.abs(ours[name].astype(np.int64) - t.astype(np.int64)).max()),
                         int(np.abs(native[name].astype(np.int64) - t.astype(np.int64)).max()))
+        assert np.abs(fused[name].astype(np.int64) - t.astype(np.int64)).max() <= max(out[name], 1)
     return out
 
 

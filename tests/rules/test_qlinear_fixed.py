@@ -10,7 +10,9 @@ import opfuse
 from opfuse.compiler import CompileOptions, plan_model
 from opfuse.ops import GraphBuilder
 from opfuse.patterns import find_matches
-from opfuse.rules.qlinear_fixed import QLINEAR_FIXED_POINT, pattern, refusal
+from opfuse.frontend.onnx import import_model
+from opfuse.rules.qlinear_fixed import (QLINEAR_ADD_FLOAT32, QLINEAR_FIXED_POINT, add_pattern, add_refusal, pattern,
+                                        refusal)
 
 F32, I32 = np.float32, np.int32
 UINT8, FLOAT = 2, 1
@@ -85,3 +87,41 @@ def test_fused_qlinear_conv_runs_requantize_within_one_step_and_disable_keeps_it
     assert "Requantize" not in [n.op_type for n in plan_model(m, exact).graph.nodes]
     np.testing.assert_array_equal(opfuse.compile(m, disable=[QLINEAR_FIXED_POINT]).run(x)["y"], theirs)
     np.testing.assert_array_equal(opfuse.compile(m, fuse=False).run(x)["y"], theirs)
+
+
+def _qlinear_add_model(b_shape=(1, 4, 3, 3)):
+    def scalar(name, elem, v):
+        return helper.make_tensor(name, elem, [], [v])
+    inits = [scalar("sa", TensorProto.FLOAT, 0.05), scalar("za", TensorProto.UINT8, 100),
+             scalar("sb", TensorProto.FLOAT, 0.03), scalar("zb", TensorProto.UINT8, 7),
+             scalar("sc", TensorProto.FLOAT, 0.07), scalar("zc", TensorProto.UINT8, 30)]
+    node = helper.make_node("QLinearAdd", ["a", "sa", "za", "b", "sb", "zb", "sc", "zc"], ["c"],
+                            domain="com.microsoft")
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", TensorProto.UINT8, [1, 4, 3, 3]),
+                                        helper.make_tensor_value_info("b", TensorProto.UINT8, list(b_shape))],
+                          [helper.make_tensor_value_info("c", TensorProto.UINT8, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+
+
+def test_qlinear_add_matches_and_a_broadcast_one_is_refused():
+    (m,) = find_matches(import_model(_qlinear_add_model()), add_pattern())
+    assert add_refusal(m) is None
+    (m,) = find_matches(import_model(_qlinear_add_model((1, 4, 1, 1))), add_pattern())
+    assert add_refusal(m) == "the operands broadcast (onnxruntime folds the scalar one differently)"
+    assert find_matches(requantized(), add_pattern()) == []
+
+
+def test_fused_qlinear_add_is_float32_within_one_step_and_disable_keeps_float64():
+    ort = pytest.importorskip("onnxruntime")
+    m = _qlinear_add_model()
+    a, b = np.meshgrid(np.arange(256), np.arange(256), indexing="ij")
+    m.graph.input[0].type.tensor_type.shape.dim[2].dim_value = 256 * 256
+    m.graph.input[1].type.tensor_type.shape.dim[2].dim_value = 256 * 256
+    x = {"a": np.repeat(a.reshape(1, 1, -1, 1), 4, 1).repeat(3, 3).astype(np.uint8),
+         "b": np.repeat(b.reshape(1, 1, -1, 1), 4, 1).repeat(3, 3).astype(np.uint8)}
+    theirs = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(["c"], x)[0]
+    fused = plan_model(m, CompileOptions())
+    assert any(d.rule == QLINEAR_ADD_FLOAT32 and d.taken for d in fused.decisions)
+    assert np.float64 not in {v.dtype for v in fused.graph.values.values()}
+    assert np.abs(opfuse.compile(m).run(x)["c"].astype(int) - theirs.astype(int)).max() <= 1
+    np.testing.assert_array_equal(opfuse.compile(m, disable=[QLINEAR_ADD_FLOAT32]).run(x)["c"], theirs)

@@ -8,10 +8,11 @@ integers are onnxruntime's:
 * ``QLinearAdd(a, as, az, b, bs, bz, cs, cz)``: MLAS's AVX2 kernel in float32 with fused multiply-adds,
   ``c = sat(rint(fma(a, ra, fma(b, rb, k))))`` with ``ra = as / cs``, ``rb = bs / cs`` and
   ``k = cz - fma(ra, az, rb * bz)`` (float32). A float32 fma of an 8-bit integer and a float32 is the float64
-  sum rounded once to float32 (the product and the sum are exact in float64), so the inner one, a function of
-  ``b`` alone, is a 256-entry float32 table looked up with ``Gather`` and the outer one float64 ``Mul`` / ``Add``
-  and a ``Cast`` to float32: **bit-exact** for operands of one size; where one operand broadcasts, onnxruntime
-  folds it into ``k`` first (within one step).
+  sum rounded once to float32 (the product and the sum are exact in float64), so it is written as float64
+  ``Mul`` / ``Add`` and a ``Cast`` to float32: **bit-exact** for operands of one size; where one operand
+  broadcasts, onnxruntime folds it into ``k`` first (within one step). In the fused build the rule
+  ``qlinear_add_float32`` (``rules/qlinear_fixed``) writes it in float32 as a QDQ model's residual Add, so that
+  it joins the producing conv's kernel (within one step).
 * ``QLinearMul``: MLAS's SSE2 kernel, ``c = sat(rint(float32((a - az) * (b - bz)) * m + cz))``,
   ``m = as * bs / cs`` (float32, in that order; the integer product is exact): **bit-exact**.
 * ``QLinearSigmoid``, ``QLinearLeakyRelu``: onnxruntime builds a 256-entry table
@@ -219,10 +220,9 @@ def qlinear_add(ctx, node, inputs):
     ra, rb = np.float32(sa / sc), np.float32(sb / sc)
     # MLAS's fixed part, its inner product-sum contracted into one fma: the float64 sum rounded once.
     k = np.float32(np.float32(zc) - np.float32(F64.type(ra) * za + F64.type(np.float32(rb * np.float32(zb)))))
-    # The inner fma depends on b alone: its 256 float32 values, looked up (one byte read per element).
-    lo, hi = QUANT_RANGES[b.dtype]
-    inner_table = (np.arange(lo, hi + 1, dtype=F64) * F64.type(rb) + F64.type(k)).astype(F32)
-    inner = w.cast(_lookup(w, b, inner_table, last=False), F64)
+    inner = w.op("Add", [w.op("Mul", [w.cast(b, F64), w.const("ratio_b", np.array(rb, F64))]),
+                         w.const("fixed", np.array(k, F64))])
+    inner = w.cast(w.cast(inner, F32), F64)  # the inner fma's rounding
     y = w.op("Add", [w.op("Mul", [w.cast(a, F64), w.const("ratio_a", np.array(ra, F64))]), inner])
     return [_saturate(w, w.op("Round", [w.cast(y, F32)]), a.dtype)]
 

@@ -35,7 +35,7 @@ from opfuse.rules.gelu import ERF_GELU, TANH_GELU
 from opfuse.rules.horizontal import HORIZONTAL
 from opfuse.rules.integer_ops import integer_rules as _qdq_integer_rules
 from opfuse.rules.normalization import LAYERNORM
-from opfuse.rules.qlinear_fixed import QLINEAR_FIXED_POINT_RULE
+from opfuse.rules.qlinear_fixed import QLINEAR_ADD_FLOAT32_RULE, QLINEAR_FIXED_POINT_RULE
 from opfuse.rules.qconcat import INT8_CONCAT
 from opfuse.rules.quantized import DEQUANTIZE_PROLOGUE
 from opfuse.rules.rule import Rule
@@ -43,7 +43,7 @@ from opfuse.rules.vertical import ELEMENTWISE_CHAIN, EPILOGUE, INJECTIVE, NORMAL
 
 
 def integer_rules() -> list[Rule]:
-    return _qdq_integer_rules() + [QLINEAR_FIXED_POINT_RULE]
+    return _qdq_integer_rules() + [QLINEAR_FIXED_POINT_RULE, QLINEAR_ADD_FLOAT32_RULE]
 
 
 def recognition_rules() -> list[Rule]:
