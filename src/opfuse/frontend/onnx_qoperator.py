@@ -53,8 +53,8 @@ from opfuse.ir.graph import Value
 MS_DOMAIN = "com.microsoft"
 MS_VERSION = 1  # every op below is version 1 of the domain
 F32, F64, I32 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int32)
-# onnxruntime's QLinearSoftmax: the table holds float32 values and keeps this many bits of headroom (e-folds)
-# below FLT_MAX / D, so that a sum of D entries stays finite.
+# onnxruntime's QLinearSoftmax: its table holds float32 values and keeps this much headroom (in e-folds, natural
+# log) below FLT_MAX / D, so that a sum of D entries stays finite.
 SOFTMAX_RESERVE = 5.0
 
 MS_CANONICALIZERS: dict = {}

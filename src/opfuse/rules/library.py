@@ -15,8 +15,9 @@
 
 * ``integer_rules()``: a QDQ model's DQ -> Conv / Gemm / MatMul -> [Add] -> [Relu] -> Q rewritten into
   the integer op it stands for (``integer_conv``, ``integer_matmul``: int32 accumulator, fixed-point
-  Requantize), several ops each (a ``Subgraph``), and ``qlinear_fixed_point``, a QOperator model's float
-  requantization of an int32 accumulator as one fixed-point Requantize; the pipeline's first stage,
+  Requantize), several ops each (a ``Subgraph``), and ``qlinear_fixed_point`` / ``qlinear_add_float32``, a
+  QOperator model's float requantization of an int32 accumulator as one fixed-point Requantize and its
+  QLinearAdd as a QDQ residual Add (``rules/qlinear_fixed``); the pipeline's first stage,
   ``recognize_integer``;
 
 * ``recognition_rules()``: rewrites that turn decomposed formulas into single ops
