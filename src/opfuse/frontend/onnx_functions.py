@@ -41,6 +41,7 @@ from opfuse.frontend.onnx_canonical import CANONICALIZERS, REMOVED_OPS, REWRITTE
 from opfuse.frontend.onnx_control import CONTROL_FLOW
 from opfuse.frontend.onnx_import_context import ImportContext, OnnxNode
 from opfuse.frontend.onnx_opsets import DEFAULT_DOMAINS
+from opfuse.frontend.onnx_qoperator import MS_CANONICALIZERS, MS_DOMAIN
 from opfuse.frontend.onnx_protos import NUMPY_TO_ONNX, attribute_value, outer_reads
 from opfuse.frontend.onnx_sequences import SEQUENCE_OPS, tensors_only
 from opfuse.ops.registry import is_supported
@@ -78,6 +79,8 @@ def canonicalize(ctx: ImportContext, node: OnnxNode, inputs: list, depth: int = 
     inlined = not is_importable(node.op_type) and node.proto is not None and has_function(node.op_type, opset)
     if node.op_type not in NON_TENSOR_OPS and not inlined:
         tensors_only(ctx, node, inputs)
+    if node.proto is not None and node.proto.domain == MS_DOMAIN:
+        return MS_CANONICALIZERS[node.op_type](ctx, node, inputs)
     if node.op_type in CANONICALIZERS:
         return CANONICALIZERS[node.op_type](ctx, node, inputs)
     if inlined:

@@ -45,6 +45,7 @@ from opfuse.frontend.onnx_functions import canonicalize, has_function, is_import
 from opfuse.frontend.onnx_import_context import ImportContext, OnnxNode
 from opfuse.frontend.onnx_opsets import DEFAULT_DOMAINS, MAX_OPSET, MIN_OPSET, REVIEWED_OPSET
 from opfuse.frontend.onnx_preview import expand_preview_ops
+from opfuse.frontend.onnx_qoperator import MS_CANONICALIZERS as MS_OPS, MS_DOMAIN, MS_VERSION, is_ms_op
 from opfuse.frontend.onnx_protos import (attribute_value, numpy_dtype, outer_reads, sparse_to_array,
                                          tensor_to_array)
 from opfuse.frontend.onnx_sequences import NON_TENSORS, kind_of
@@ -95,10 +96,16 @@ def _check_ops(graph: onnx.GraphProto, names: list[str], opset: int) -> list[int
     versions: list[int] = []
     problems: list[tuple[str, str]] = []
     for n, name in zip(graph.node, names, strict=True):
+        if n.domain == MS_DOMAIN and is_ms_op(n.op_type):  # onnxruntime's QOperator ops (onnx_qoperator)
+            versions.append(MS_VERSION)
+            continue
+        if n.domain == MS_DOMAIN:
+            raise UnsupportedOpError(n.op_type, name, opset, detail=f"not one of the com.microsoft ops opfuse imports "
+                                                                    f"({', '.join(sorted(MS_OPS))})")
         if n.domain not in DEFAULT_DOMAINS:
             raise UnsupportedOpError(n.op_type, name, opset,
                                      detail=f"domain '{n.domain}' is not supported (only the default "
-                                            f"ONNX domain)")
+                                            f"ONNX domain and onnxruntime's com.microsoft QLinear ops)")
         for a in n.attribute:
             inlined = not is_importable(n.op_type) and has_function(n.op_type, opset)  # its body reads them
             if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) and n.op_type not in CONTROL_FLOW \

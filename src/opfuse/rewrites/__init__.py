@@ -5,8 +5,10 @@ name through the options):
 
     recognize_integer  a QDQ model's DQ -> Conv/Gemm/MatMul -> [residual Add] -> [Relu] -> Q as one
                  integer op (``integer_conv``, ``integer_matmul``: int32 accumulator, fixed-point
-                 Requantize); then the dequantized constants they left are folded (the importer keeps
-                 them unfolded for these rules: ``dequantized_constants``)
+                 Requantize), a QOperator model's float requantizations as fixed-point Requantize and its
+                 QLinearAdds as QDQ residual Adds (``qlinear_fixed_point``, ``qlinear_add_float32``); then the
+                 dequantized constants they left are folded (the importer keeps them unfolded for these
+                 rules: ``dequantized_constants``)
     simplify     remove Identity/Dropout, constant folding, CSE, data movement before a
                  dequantization (``dequantize_late``), dead-code elimination
     recognize    decomposed LayerNorm, erf/tanh GELU, SiLU, hard-swish -> one op each

@@ -15,7 +15,10 @@
 
 * ``integer_rules()``: a QDQ model's DQ -> Conv / Gemm / MatMul -> [Add] -> [Relu] -> Q rewritten into
   the integer op it stands for (``integer_conv``, ``integer_matmul``: int32 accumulator, fixed-point
-  Requantize), several ops each (a ``Subgraph``); the pipeline's first stage, ``recognize_integer``;
+  Requantize), several ops each (a ``Subgraph``), and ``qlinear_fixed_point`` / ``qlinear_add_float32``, a
+  QOperator model's float requantization of an int32 accumulator as one fixed-point Requantize and its
+  QLinearAdd as a QDQ residual Add (``rules/qlinear_fixed``); the pipeline's first stage,
+  ``recognize_integer``;
 
 * ``recognition_rules()``: rewrites that turn decomposed formulas into single ops
   (LayerNorm, erf- and tanh-GELU, SiLU, hard-swish), so the fusion rules and codegen see one
@@ -31,12 +34,17 @@ from opfuse.rules.aliasing import CONCAT_ALIAS
 from opfuse.rules.attention import ATTENTION
 from opfuse.rules.gelu import ERF_GELU, TANH_GELU
 from opfuse.rules.horizontal import HORIZONTAL
-from opfuse.rules.integer_ops import integer_rules
+from opfuse.rules.integer_ops import integer_rules as _qdq_integer_rules
 from opfuse.rules.normalization import LAYERNORM
+from opfuse.rules.qlinear_fixed import QLINEAR_ADD_FLOAT32_RULE, QLINEAR_FIXED_POINT_RULE
 from opfuse.rules.qconcat import INT8_CONCAT
 from opfuse.rules.quantized import DEQUANTIZE_PROLOGUE
 from opfuse.rules.rule import Rule
 from opfuse.rules.vertical import ELEMENTWISE_CHAIN, EPILOGUE, INJECTIVE, NORMALIZATION_PROLOGUE
+
+
+def integer_rules() -> list[Rule]:
+    return _qdq_integer_rules() + [QLINEAR_FIXED_POINT_RULE, QLINEAR_ADD_FLOAT32_RULE]
 
 
 def recognition_rules() -> list[Rule]:
