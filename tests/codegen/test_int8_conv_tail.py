@@ -107,3 +107,24 @@ def test_conv_with_a_tail_after_the_requantize_is_bit_exact_on_the_host_kernel(c
 
 def test_a_tail_for_avx2_is_bit_exact():
     check(qconv_tail(), options=CodegenOptions(vector_isa="avx2"))
+
+
+def test_a_tail_reading_the_accumulator_keeps_the_portable_kernel_with_a_reason():
+    """The float tail adds the int32 accumulator itself (before the Requantize): not a function of the requantized
+    value alone, so the group keeps qconv.py's kernel, exact, and the kernel's notes say why."""
+    rng = np.random.default_rng(5)
+    b = GraphBuilder("q")
+    x = b.input("x", (1, 4, 6, 7), "int8")
+    xc = b.op("Sub", b.op("Cast", x, to=int(TensorProto.INT32)), b.const("zp", np.array(1, np.int32)))
+    acc = b.op("Conv", xc, b.const("w", rng.integers(-100, 100, (5, 4, 3, 3)).astype(np.int32)), name="conv",
+               pads=[1] * 4)
+    biased = b.op("Add", acc, b.const("bias", rng.integers(-300, 300, (1, 5, 1, 1)).astype(np.int32)))
+    m, s = fixed_point_multiplier(1e-3)
+    q = b.op("Requantize", biased, b.const("m", np.array(m, np.int32)), b.const("s", np.array(s, np.int32)),
+             zero_point=0, lo=-128, hi=127, to=int(TensorProto.INT8))
+    y = b.op("Add", _dq(b, q, 0, 0.5, "y"), b.op("Mul", b.op("Cast", acc, to=FLOAT),
+                                                  b.const("k", np.array(1e-3, np.float32))))
+    g = b.build(y)
+    _, source = check(g, expect_host=False)
+    assert "host int8 kernel not used: a Add after the Requantize reads the accumulator" in source
+

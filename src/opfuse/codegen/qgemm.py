@@ -910,7 +910,7 @@ def _emit_epilogue(kc, ep: QEpilogue, accs: list[str], chan: tuple[str, str, str
                 res = f"&{r}"
             w.line(f"opfuse_q8_store({out_row} + {ow0} + {v * LANES}, {fn}("
                    f"_mm256_add_epi32({acc}, {b}), &{ch}, {res}, {unsigned}), {n});")
-            _finish_tail(kc, ep, out_row, f"{ow0} + {v * LANES}", n)
+            _finish_tail(kc, ep, out_row, f"{ow0} + {v * LANES}", f"({n} < {LANES} ? {n} : {LANES})")
 
 
 def _finish_tail(kc, ep: QEpilogue, out_row: str, at: str, n: str) -> None:
