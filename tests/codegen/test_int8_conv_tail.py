@@ -18,7 +18,7 @@ from opfuse.ops.quantized import fixed_point_multiplier
 from opfuse.runtime.native import build
 from opfuse.runtime.reference import run
 from test_int8_host import _avx2_only, _built_with, _feeds
-from test_int8_matmul_host import _needs_aarch64, _qemu
+from test_int8_matmul_host import _needs_aarch64
 
 HOST = CodegenOptions(vector_isa="avx512")
 TAIL_NOTE = "element-wise epilogue after the vectorised Requantize"
@@ -128,3 +128,32 @@ def test_a_tail_reading_the_accumulator_keeps_the_portable_kernel_with_a_reason(
     _, source = check(g, expect_host=False)
     assert "host int8 kernel not used: a Add after the Requantize reads the accumulator" in source
 
+
+
+NEON = CodegenOptions(vector_isa="neon")
+
+
+@pytest.mark.parametrize("case", ["qdq-residual-3x3", "qdq-residual-1x1-flat", "dw-rows"])
+@pytest.mark.parametrize("arch", ["dotprod", "neon"])
+def test_neon_conv_with_a_tail_is_bit_exact(case, arch):
+    _needs_aarch64()
+    from opfuse.runtime import aarch64
+    g = qconv_tail(**CASES[case], seed=len(case))
+    comp = plan_model(g)
+    feeds = _feeds(g)
+    want = run(g, feeds)
+    (name,) = want
+    program = aarch64.generate_aarch64(comp.plan.graph, comp.plan, None, options=NEON)
+    assert TAIL_NOTE in program.source
+    np.testing.assert_array_equal(aarch64.run_on_qemu(program, feeds, arch=arch).outputs[name], want[name])
+
+
+def test_neon_build_with_a_tail_compiled_for_x86_takes_the_plain_branch():
+    g = qconv_tail(x_dtype="uint8", zp=100, cout=11)
+    comp = plan_model(g)
+    feeds = _feeds(g)
+    want = run(g, feeds)
+    (name,) = want
+    source = generate(comp.plan.graph, comp.plan, options=NEON).source
+    assert TAIL_NOTE in source
+    np.testing.assert_array_equal(build(comp.plan.graph, comp.plan, options=NEON).run(feeds)[name], want[name])
