@@ -894,7 +894,8 @@ def _emit_channel(kc, ep: QEpilogue, oc: str, bias_values: np.ndarray | None = N
 
 def _emit_epilogue(kc, ep: QEpilogue, accs: list[str], chan: tuple[str, str, str], out_row: str, ow0: str,
                    valid: str, res_row: str | None) -> None:
-    """Requantize and store ``accs`` (vectors of 8 consecutive positions of one channel, ``chan``'s)."""
+    """Requantize and store ``accs`` (vectors of 8 consecutive positions of one channel, ``chan``'s); with a tail
+    after the Requantize, the tail on them in one loop (``_finish_tail``: gcc can vectorise it)."""
     w = kc.w
     unsigned = int(ep.out.dtype == np.uint8)
     ch, b, fn = chan
@@ -910,7 +911,8 @@ def _emit_epilogue(kc, ep: QEpilogue, accs: list[str], chan: tuple[str, str, str
                 res = f"&{r}"
             w.line(f"opfuse_q8_store({out_row} + {ow0} + {v * LANES}, {fn}("
                    f"_mm256_add_epi32({acc}, {b}), &{ch}, {res}, {unsigned}), {n});")
-            _finish_tail(kc, ep, out_row, f"{ow0} + {v * LANES}", f"({n} < {LANES} ? {n} : {LANES})")
+    k = len(accs) * LANES
+    _finish_tail(kc, ep, out_row, ow0, f"({valid} - {ow0} < {k} ? {valid} - {ow0} : {k})")
 
 
 def _finish_tail(kc, ep: QEpilogue, out_row: str, at: str, n: str) -> None:
