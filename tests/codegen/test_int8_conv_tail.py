@@ -95,6 +95,9 @@ CASES = {
     "qdq-residual-relu": {"relu": True, "cout": 9, "hw": (6, 21)},
     "float-tail": {"residual": False, "quantize": False, "cout": 7},  # no residual: a float output
     "quantize-no-residual": {"residual": False, "cout": 10, "hw": (4, 30)},
+    "grouped-stride2": {"group": 2, "cin": 6, "cout": 10, "stride": 2, "hw": (11, 13)},
+    "deep-small-plane": {"cin": 20, "cout": 40, "hw": (3, 3)},  # weights in the outer loop
+    "wide-rows-zmm": {"cin": 9, "cout": 10, "hw": (5, 53), "x_dtype": "uint8", "zp": 140},
     "dw-rows": {"group": 4, "cin": 4, "cout": 4, "hw": (6, 19)},
     "dw-channels": {"group": 10, "cin": 10, "cout": 10, "hw": (5, 6)},
 }
@@ -157,3 +160,4 @@ def test_neon_build_with_a_tail_compiled_for_x86_takes_the_plain_branch():
     source = generate(comp.plan.graph, comp.plan, options=NEON).source
     assert TAIL_NOTE in source
     np.testing.assert_array_equal(build(comp.plan.graph, comp.plan, options=NEON).run(feeds)[name], want[name])
+
