@@ -52,8 +52,14 @@ quantized model's ``Cast/Sub -> Conv -> [Add bias] -> Requantize [+ residual]``,
    innermost, built and stored through 8x8 byte transposes, the epilogue with one channel's constants per
    lane); a strided one below ``int8_depthwise_strided_channels_below`` too.
 
+Element-wise ops after the Requantize (onnxruntime's QDQ form: the requantized value dequantized to float, a
+dequantized residual added, quantized again) are taken: the vectors are requantized into a row of scratch, then the
+tail runs on those values in one loop per epilogue call (``finish_element``; gcc vectorises it), its other operands
+read from memory at the same index, and stores the stage's outputs.
+
 The plain C99 path (``simd="none"``, the Cortex-M7 build) keeps ``qconv.py``'s kernel, untouched. Anything else
-in the epilogue (another op, a second output) keeps it too, and the kernel's notes say why.
+in the epilogue (another op on the accumulator, a relabelling or broadcasting op after the Requantize, a second
+output not computed from it) keeps it too, and the kernel's notes say why.
 """
 from __future__ import annotations
 
