@@ -712,7 +712,7 @@ static void opfuse_q8_dw_row_{s}(int32_t* restrict dst, const {T}* src, long pla
     }}
   }}
   for (; c < W; ++c)
-    for (long j = 0; j < nch; ++j) dst[c * 8 + j] = (int32_t)src[j * plane + c] - zp;
+    for (long j = 0; j < 8; ++j) dst[c * 8 + j] = j < nch ? (int32_t)src[j * plane + c] - zp : -zp;
 }}
 #endif
 """
@@ -1358,6 +1358,24 @@ def _lanes(arr: np.ndarray, pad, dtype) -> np.ndarray:
     return out
 
 
+def _emit_zero_border(kc, xp: str, size: tuple[int, int], rows: tuple[int, int], cols: tuple[int, int]) -> None:
+    """Zero the padding of a ``Hp x Wp`` image of ``LANES`` int32 per position at ``xp``: the rows outside
+    ``rows`` whole, the columns outside ``cols`` of the others (the interior is written after)."""
+    (Hp, Wp), (r0, r1), (c0, c1) = size, rows, cols
+    w = kc.w
+    for a, b in ((0, r0), (r1, Hp)):
+        if b > a:
+            w.line(f"memset({xp} + {a * Wp * LANES}, 0, sizeof(int32_t) * {(b - a) * Wp * LANES});")
+    if r1 <= r0 or (c0 <= 0 and c1 >= Wp):
+        return
+    r = kc.tmp("r")
+    with w.block(f"for (long {r} = {r0}; {r} < {r1}; ++{r})"):
+        if c0 > 0:
+            w.line(f"memset({xp} + {r} * {Wp * LANES}, 0, sizeof(int32_t) * {c0 * LANES});")
+        if c1 < Wp:
+            w.line(f"memset({xp} + ({r} * {Wp} + {c1}) * {LANES}, 0, sizeof(int32_t) * {(Wp - c1) * LANES});")
+
+
 def _depthwise_channels(kc, ev, node: Node, x: QInput, ep: QEpilogue) -> _Packed:
     """Depthwise over 8 channels per vector (small planes, where 8 positions of a row would not fill one):
     per image and block of 8 channels a padded image of int32 with the channels innermost, one ``vpmulld`` +
@@ -1411,10 +1429,11 @@ def _depthwise_channels(kc, ev, node: Node, x: QInput, ep: QEpilogue) -> _Packed
         w.line(f"const long {nch} = {C} - {c0} < {LANES} ? {C} - {c0} : {LANES};")
         xp = kc.tmp("xp")
         w.line(f"int32_t* restrict {xp} = {kc.scratch_ptr('int32_t', off)};")
-        # the padding (and the channels past C) zero, then each channel's rows into its lane
-        w.line(f"memset({xp}, 0, sizeof(int32_t) * {Hp * Wp * LANES});")
+        # the padding zero (only the border: the rows below write every column the input reaches, the lanes
+        # of the channels past C included), then each channel's rows into its lane
         r0, r1 = max(0, PT), min(Hp, H + PT)
         cols = min(W, Wp - PL)  # the input columns the windows reach
+        _emit_zero_border(kc, xp, (Hp, Wp), (r0, r1), (min(PL, Wp), min(Wp, PL + max(cols, 0))))
         src = kc.tmp("src")
         w.line(f"const {ct}* {src} = {qp} + ({img} * {C} + {c0}) * {H * W};")
         with w.block(f"for (long {r} = {r0}; {r} < {r1}; ++{r})"):
