@@ -442,6 +442,9 @@ static inline __m128i opfuse_q8_requantize_ds(__m256i acc, const opfuse_q8_dchan
   __m512d d = _mm512_mul_pd(_mm512_cvtepi32_pd(acc), c->scale);
   if (res) d = _mm512_add_pd(d, _mm512_mul_pd(_mm512_cvtepi32_pd(*res), c->rscale));
   const __m256i q = _mm256_add_epi32(_mm512_cvt_roundpd_epi32(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), c->zp);
+#if defined(__AVX512VL__)
+  if (!is_unsigned) return _mm256_cvtsepi32_epi8(q);  /* one saturating narrowing (vpmovsdb) */
+#endif
   const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
   return is_unsigned ? _mm_packus_epi16(w, w) : _mm_packs_epi16(w, w);
 }
