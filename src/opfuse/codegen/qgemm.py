@@ -44,7 +44,9 @@ quantized model's ``Cast/Sub -> Conv -> [Add bias] -> Requantize [+ residual]``,
    generator proves ``|acc * mult| + |res * rmult| < 2^53`` for every input (``exact_in_double``: short sums,
    such as depthwise, first layers and 1x1 convolutions of few channels) the requantization runs in double
    instead: ``acc * (mult 2^-s)`` is then exact, clamped and rounded half to even by the conversion (5
-   operations per 8 outputs instead of 11).
+   operations per 8 outputs instead of 11). Where the clamp is the output type's whole range (no activation bound)
+   and every value before rounding is below 2^30, the clamp in double goes too (``opfuse_q8_requantize_ds``): the
+   saturating narrowing (``vpmovsdb``, or the packs) clamps the rounded integer.
 4. **Depthwise** (one channel per group): rows of at least ``CodegenOptions.int8_depthwise_channels_below``
    positions per channel plane (a padded plane of centred values, 8 positions per vector: at stride 1 words
    of two taps of a kernel row as int16, one ``vpmaddwd`` per pair; strided, int32 and one ``vpmulld`` +
