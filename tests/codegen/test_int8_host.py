@@ -179,8 +179,39 @@ def test_requantization_in_double_only_where_exact_for_every_input(params, doubl
     g = qconv(**params)
     comp = check(g, avx2=False, plain_else=False)
     body = _kernel_body(generate(comp.plan.graph, comp.plan, options=HOST).source)
-    assert ("opfuse_q8_requantize_d(" in body) == double
+    assert ("opfuse_q8_requantize_d(" in body or "opfuse_q8_requantize_ds(" in body) == double
     assert ("opfuse_q8_requantize(" in body) == (not double)
+
+
+SATURATING = {
+    "int8-mostly-clamped": ({"shifts": (0.05, 0.3)}, True),
+    "uint8-mostly-clamped": ({"out_dtype": "uint8", "out_zp": 120, "shifts": (0.05, 0.3)}, True),
+    "1x1-zmm-residual": ({"k": 1, "pad": 0, "cin": 22, "cout": 13, "hw": (7, 9), "residual": True,
+                          "shifts": (0.01, 0.2)}, True),
+    "depthwise-positions": ({"group": 8, "cin": 8, "cout": 8, "hw": (6, 21), "shifts": (0.02, 0.3)}, True),
+    "depthwise-channels-uint8": ({"group": 8, "cin": 8, "cout": 8, "hw": (6, 10), "stride": 2, "out_dtype": "uint8",
+                                  "out_zp": 9, "shifts": (0.02, 0.3)}, True),
+    "relu-clamp": ({"relu": True, "shifts": (0.05, 0.3)}, False),  # lo above the type's minimum: clamped in double
+    "relu-depthwise": ({"group": 8, "cin": 8, "cout": 8, "hw": (6, 21), "relu": True, "shifts": (0.02, 0.3)}, False),
+}
+
+
+@pytest.mark.parametrize("case", list(SATURATING), ids=list(SATURATING))
+def test_requantization_in_double_leaves_the_types_clamp_to_the_saturating_packs(case):
+    """Where the clamp is the output type's whole range (no activation) and every value before rounding is below
+    2^30, ``opfuse_q8_requantize_ds`` skips the clamp in double: the int32 -> 16 -> 8-bit saturating packs do it.
+    Multipliers up to 0.3 put most outputs past the range, so both ends saturate; bit-exact with AVX-512, AVX2
+    alone, the plain ``#else`` and the plain C99 build. A narrower clamp (a ReLU's bound) keeps the clamp."""
+    params, saturating = SATURATING[case]
+    g = qconv(**params, seed=len(case))
+    comp = check(g)
+    body = _kernel_body(generate(comp.plan.graph, comp.plan, options=HOST).source)
+    assert ("opfuse_q8_requantize_ds(" in body) == saturating
+    assert ("opfuse_q8_requantize_d(" in body) == (not saturating)
+    want = run(g, _feeds(g))[g.outputs[0].name]
+    info = np.iinfo(want.dtype)
+    lo = info.min if saturating else int(params.get("out_zp", 3))
+    assert (want == lo).mean() > 0.1 and (want == info.max).mean() > 0.1  # both ends clamped
 
 
 def test_requantization_in_double_at_its_bound_is_bit_exact():
@@ -200,6 +231,7 @@ def test_requantization_in_double_at_its_bound_is_bit_exact():
     comp = plan_model(g)
     body = _kernel_body(generate(comp.plan.graph, comp.plan, options=HOST).source)
     assert "opfuse_q8_requantize_d(" in body  # 14 * 9 * 127 * 255 * 2^31 < 2^53
+    assert "opfuse_q8_requantize_ds(" not in body  # but values up to 2^52 / 2^s: past 2^30, clamped in double
     feeds = {"x": np.where(rng.random((1, 14, 6, 6)) < 0.5, -128, 127).astype(np.int8)}
     want = run(g, feeds)
     (name,) = want

@@ -44,7 +44,9 @@ quantized model's ``Cast/Sub -> Conv -> [Add bias] -> Requantize [+ residual]``,
    generator proves ``|acc * mult| + |res * rmult| < 2^53`` for every input (``exact_in_double``: short sums,
    such as depthwise, first layers and 1x1 convolutions of few channels) the requantization runs in double
    instead: ``acc * (mult 2^-s)`` is then exact, clamped and rounded half to even by the conversion (5
-   operations per 8 outputs instead of 11).
+   operations per 8 outputs instead of 11). Where the clamp is the output type's whole range (no activation bound)
+   and every value before rounding is below 2^30, the clamp in double goes too (``opfuse_q8_requantize_ds``): the
+   saturating narrowing (``vpmovsdb``, or the packs) clamps the rounded integer.
 4. **Depthwise** (one channel per group): rows of at least ``CodegenOptions.int8_depthwise_channels_below``
    positions per channel plane (a padded plane of centred values, 8 positions per vector: at stride 1 words
    of two taps of a kernel row as int16, one ``vpmaddwd`` per pair; strided, int32 and one ``vpmulld`` +
@@ -66,7 +68,7 @@ from __future__ import annotations
 import hashlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, Iterator, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -484,6 +486,19 @@ static inline __m128i opfuse_q8_requantize_d(__m256i acc, const opfuse_q8_dchan*
   const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
   return is_unsigned ? _mm_packus_epi16(w, w) : _mm_packs_epi16(w, w);
 }
+/* The same where [lo, hi] is the output type's range and |acc * scale + res * rscale| < 2^30 (``exact_in_double``
+   proves it): no clamp in double, the saturating packs clamp the rounded integer (+ zp, no int32 overflow). */
+static inline __m128i opfuse_q8_requantize_ds(__m256i acc, const opfuse_q8_dchan* c, const __m256i* res,
+                                              int is_unsigned) {
+  __m512d d = _mm512_mul_pd(_mm512_cvtepi32_pd(acc), c->scale);
+  if (res) d = _mm512_add_pd(d, _mm512_mul_pd(_mm512_cvtepi32_pd(*res), c->rscale));
+  const __m256i q = _mm256_add_epi32(_mm512_cvt_roundpd_epi32(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), c->zp);
+#if defined(__AVX512VL__)
+  if (!is_unsigned) return _mm256_cvtsepi32_epi8(q);  /* one saturating narrowing (vpmovsdb) */
+#endif
+  const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+  return is_unsigned ? _mm_packus_epi16(w, w) : _mm_packs_epi16(w, w);
+}
 #else
 typedef struct {
   __m256d scale0, scale1, rscale0, rscale1, lo, hi;
@@ -513,23 +528,34 @@ static inline opfuse_q8_dchan opfuse_q8_dchan_lanes(const double* scale, const d
                              rscale ? _mm256_loadu_pd(rscale + 4) : z, zp, lo, hi);
 }
 static inline __m128i opfuse_q8_dhalf(__m128i acc, __m256d scale, const __m128i* res, __m256d rscale,
-                                      const opfuse_q8_dchan* c) {
+                                      const opfuse_q8_dchan* c, int clamp) {
   __m256d d = _mm256_mul_pd(_mm256_cvtepi32_pd(acc), scale);
   if (res) d = _mm256_add_pd(d, _mm256_mul_pd(_mm256_cvtepi32_pd(*res), rscale));
-  d = _mm256_round_pd(_mm256_min_pd(_mm256_max_pd(d, c->lo), c->hi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  if (clamp) d = _mm256_min_pd(_mm256_max_pd(d, c->lo), c->hi);
+  d = _mm256_round_pd(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   return _mm_add_epi32(_mm256_cvtpd_epi32(d), c->zp);  /* an integer value: converted exactly */
 }
-static inline __m128i opfuse_q8_requantize_d(__m256i acc, const opfuse_q8_dchan* c, const __m256i* res,
-                                             int is_unsigned) {
+static inline __m128i opfuse_q8_requantize_dc(__m256i acc, const opfuse_q8_dchan* c, const __m256i* res,
+                                              int is_unsigned, int clamp) {
   __m128i r0 = _mm_setzero_si128(), r1 = r0;
   if (res) {
     r0 = _mm256_castsi256_si128(*res);
     r1 = _mm256_extracti128_si256(*res, 1);
   }
-  const __m128i q0 = opfuse_q8_dhalf(_mm256_castsi256_si128(acc), c->scale0, res ? &r0 : NULL, c->rscale0, c);
-  const __m128i q1 = opfuse_q8_dhalf(_mm256_extracti128_si256(acc, 1), c->scale1, res ? &r1 : NULL, c->rscale1, c);
+  const __m128i q0 = opfuse_q8_dhalf(_mm256_castsi256_si128(acc), c->scale0, res ? &r0 : NULL, c->rscale0, c, clamp);
+  const __m128i q1 = opfuse_q8_dhalf(_mm256_extracti128_si256(acc, 1), c->scale1, res ? &r1 : NULL, c->rscale1, c,
+                                     clamp);
   const __m128i w = _mm_packs_epi32(q0, q1);
   return is_unsigned ? _mm_packus_epi16(w, w) : _mm_packs_epi16(w, w);
+}
+static inline __m128i opfuse_q8_requantize_d(__m256i acc, const opfuse_q8_dchan* c, const __m256i* res,
+                                             int is_unsigned) {
+  return opfuse_q8_requantize_dc(acc, c, res, is_unsigned, 1);
+}
+/* Unclamped, where the saturating packs clamp (see the AVX-512 form). */
+static inline __m128i opfuse_q8_requantize_ds(__m256i acc, const opfuse_q8_dchan* c, const __m256i* res,
+                                              int is_unsigned) {
+  return opfuse_q8_requantize_dc(acc, c, res, is_unsigned, 0);
 }
 #endif
 
@@ -761,7 +787,7 @@ static void opfuse_q8_dw_row_{s}(int32_t* restrict dst, const {T}* src, long pla
     }}
   }}
   for (; c < W; ++c)
-    for (long j = 0; j < nch; ++j) dst[c * 8 + j] = (int32_t)src[j * plane + c] - zp;
+    for (long j = 0; j < 8; ++j) dst[c * 8 + j] = j < nch ? (int32_t)src[j * plane + c] - zp : -zp;
 }}
 #endif
 """
@@ -845,28 +871,50 @@ def _centred_bound(q: QInput) -> int:
     return max(abs(int(info.min) - q.zp), abs(int(info.max) - q.zp))
 
 
-def exact_in_double(kc, ep: QEpilogue, x: QInput, wabs: np.ndarray) -> tuple[np.ndarray, np.ndarray | None] | None:
+class DoubleRequant(NamedTuple):
+    """The requantization in double (``exact_in_double``): per channel ``mult 2^-shift`` and ``rmult 2^-shift``
+    (None without a residual), and the C function: ``opfuse_q8_requantize_ds`` (no clamp: the saturating packs
+    narrowing to the output type clamp) where ``[lo, hi]`` is the output type's range and every channel's
+    ``|acc * scale| + |res * rscale| < SATURATING_BOUND``, ``opfuse_q8_requantize_d`` (clamped in double)
+    elsewhere."""
+    scale: np.ndarray
+    rscale: np.ndarray | None
+    fn: str
+
+
+# |value before rounding| below which the rounded value plus a zero point (|zp| <= 255) is an int32 with no
+# overflow, so that the saturating int32 -> 16 -> 8-bit packs may do the clamp to the type's range.
+SATURATING_BOUND = 1 << 30
+
+
+def exact_in_double(kc, ep: QEpilogue, x: QInput, wabs: np.ndarray) -> DoubleRequant | None:
     """The per-channel doubles ``(mult 2^-shift, rmult 2^-shift)`` of the requantization in double
-    (``opfuse_q8_requantize_d``) where it is exact for every input: with ``wabs`` the sum of a channel's
-    ``|weights|``, its accumulators (bias added) are bounded by ``B = wabs |x|max + |bias|``; ``B < 2^31``
-    (the int32 sum does not wrap) and ``B mult + |res|max rmult < 2^53`` make the products and their sum
-    exact doubles. None where a channel fails it (long sums of wide weights) or the option is off
-    (``CodegenOptions.int8_requantize_double``): the 64-bit integer path."""
+    (``opfuse_q8_requantize_d``, or ``_ds`` unclamped: ``DoubleRequant``) where it is exact for every input:
+    with ``wabs`` the sum of a channel's ``|weights|``, its accumulators (bias added) are bounded by
+    ``B = wabs |x|max + |bias|``; ``B < 2^31`` (the int32 sum does not wrap) and ``B mult + |res|max rmult < 2^53``
+    make the products and their sum exact doubles. None where a channel fails it (long sums of wide weights) or
+    the option is off (``CodegenOptions.int8_requantize_double``): the 64-bit integer path."""
     if not kc.program.options.int8_requantize_double:
         return None
     xb, rb = _centred_bound(x), _centred_bound(ep.res) if ep.res is not None else 0
     rmult = ep.rmult if ep.rmult is not None else np.zeros(len(ep.mult), np.int64)
-    for a, b, m, r in zip(wabs.tolist(), ep.bias.tolist(), ep.mult.tolist(), rmult.tolist(), strict=True):
+    info = np.iinfo(ep.out.dtype)
+    saturating = (ep.lo, ep.hi) == (int(info.min), int(info.max))
+    rows = zip(wabs.tolist(), ep.bias.tolist(), ep.mult.tolist(), rmult.tolist(), ep.shift.tolist(), strict=True)
+    for a, b, m, r, s in rows:
         bound = int(a) * xb + abs(int(b))
-        if bound >= 1 << 31 or bound * int(m) + rb * int(r) >= 1 << 53:
+        total = bound * int(m) + rb * int(r)
+        if bound >= 1 << 31 or total >= 1 << 53:
             return None
+        saturating = saturating and total << max(0, -int(s)) < SATURATING_BOUND << max(0, int(s))  # total 2^-s
     unit = np.ldexp(1.0, -ep.shift.astype(np.int64))  # 2^-shift, exact
     scale = ep.mult.astype(np.float64) * unit
-    return scale, (ep.rmult.astype(np.float64) * unit if ep.rmult is not None else None)
+    rscale = ep.rmult.astype(np.float64) * unit if ep.rmult is not None else None
+    return DoubleRequant(scale, rscale, "opfuse_q8_requantize_ds" if saturating else "opfuse_q8_requantize_d")
 
 
 def _emit_channel(kc, ep: QEpilogue, oc: str, bias_values: np.ndarray | None = None,
-                  dscale: tuple[np.ndarray, np.ndarray | None] | None = None) -> tuple[str, str, str]:
+                  dscale: DoubleRequant | None = None) -> tuple[str, str, str]:
     """The requantization constants and the bias (``ep.bias`` unless ``bias_values``) of channel ``oc`` in
     vector registers, in double where ``dscale`` (``exact_in_double``) is given: (chan, bias, the
     requantizing function)."""
@@ -882,7 +930,7 @@ def _emit_channel(kc, ep: QEpilogue, oc: str, bias_values: np.ndarray | None = N
         if dscale[1] is not None:
             rs = kc.const_array(("q8_rscale", ep.out.name), dscale[1], f"{ep.out.name}_rscale", np.float64) + f"[{oc}]"
         w.line(f"const opfuse_q8_dchan {ch} = opfuse_q8_dchan_init({sc}[{oc}], {rs}, {ep.zp}, {ep.lo}, {ep.hi});")
-        fn = "opfuse_q8_requantize_d"
+        fn = dscale.fn
     else:
         mult = kc.const_array(("q8_mult", ep.out.name), ep.mult, f"{ep.out.name}_mult", np.int32)
         shift = kc.const_array(("q8_shift", ep.out.name), ep.shift, f"{ep.out.name}_shift", np.int32)
@@ -1428,6 +1476,24 @@ def _lanes(arr: np.ndarray, pad, dtype) -> np.ndarray:
     return out
 
 
+def _emit_zero_border(kc, xp: str, size: tuple[int, int], rows: tuple[int, int], cols: tuple[int, int]) -> None:
+    """Zero the padding of a ``Hp x Wp`` image of ``LANES`` int32 per position at ``xp``: the rows outside
+    ``rows`` whole, the columns outside ``cols`` of the others (the interior is written after)."""
+    (Hp, Wp), (r0, r1), (c0, c1) = size, rows, cols
+    w = kc.w
+    for a, b in ((0, r0), (r1, Hp)):
+        if b > a:
+            w.line(f"memset({xp} + {a * Wp * LANES}, 0, sizeof(int32_t) * {(b - a) * Wp * LANES});")
+    if r1 <= r0 or (c0 <= 0 and c1 >= Wp):
+        return
+    r = kc.tmp("r")
+    with w.block(f"for (long {r} = {r0}; {r} < {r1}; ++{r})"):
+        if c0 > 0:
+            w.line(f"memset({xp} + {r} * {Wp * LANES}, 0, sizeof(int32_t) * {c0 * LANES});")
+        if c1 < Wp:
+            w.line(f"memset({xp} + ({r} * {Wp} + {c1}) * {LANES}, 0, sizeof(int32_t) * {(Wp - c1) * LANES});")
+
+
 def _depthwise_channels(kc, ev, node: Node, x: QInput, ep: QEpilogue) -> _Packed:
     """Depthwise over 8 channels per vector (small planes, where 8 positions of a row would not fill one):
     per image and block of 8 channels a padded image of int32 with the channels innermost, one ``vpmulld`` +
@@ -1483,10 +1549,11 @@ def _depthwise_channels(kc, ev, node: Node, x: QInput, ep: QEpilogue) -> _Packed
         w.line(f"const long {nch} = {C} - {c0} < {LANES} ? {C} - {c0} : {LANES};")
         xp = kc.tmp("xp")
         w.line(f"int32_t* restrict {xp} = {kc.scratch_ptr('int32_t', off)};")
-        # the padding (and the channels past C) zero, then each channel's rows into its lane
-        w.line(f"memset({xp}, 0, sizeof(int32_t) * {Hp * Wp * LANES});")
+        # the padding zero (only the border: the rows below write every column the input reaches, the lanes
+        # of the channels past C included), then each channel's rows into its lane
         r0, r1 = max(0, PT), min(Hp, H + PT)
         cols = min(W, Wp - PL)  # the input columns the windows reach
+        _emit_zero_border(kc, xp, (Hp, Wp), (r0, r1), (min(PL, Wp), min(Wp, PL + max(cols, 0))))
         src = kc.tmp("src")
         w.line(f"const {ct}* {src} = {qp} + ({img} * {C} + {c0}) * {H * W};")
         with w.block(f"for (long {r} = {r0}; {r} < {r1}; ++{r})"):
@@ -1501,7 +1568,7 @@ def _depthwise_channels(kc, ev, node: Node, x: QInput, ep: QEpilogue) -> _Packed
             rm = f"{rmult} + {c0}" if ep.rmult is not None else "NULL"
             w.line(f"const opfuse_q8_chan {ch} = opfuse_q8_chan_lanes({mult} + {c0}, {shift} + {c0}, {rm}, {ep.zp}, "
                    f"{ep.lo}, {ep.hi});")
-        fn = "opfuse_q8_requantize" if dscale is None else "opfuse_q8_requantize_d"
+        fn = "opfuse_q8_requantize" if dscale is None else dscale.fn
         w.line(f"const __m256i {b} = _mm256_loadu_si256((const __m256i*)({bias} + {c0}));")
         wv = [kc.tmp("w") for _ in range(taps)]
         for t_, nm in enumerate(wv):
