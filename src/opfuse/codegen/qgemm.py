@@ -54,25 +54,33 @@ quantized model's ``Cast/Sub -> Conv -> [Add bias] -> Requantize [+ residual]``,
    innermost, built and stored through 8x8 byte transposes, the epilogue with one channel's constants per
    lane); a strided one below ``int8_depthwise_strided_channels_below`` too.
 
+Element-wise ops after the Requantize (onnxruntime's QDQ form: the requantized value dequantized to float, a
+dequantized residual added, quantized again) are taken: the vectors are requantized into a row of scratch, then the
+tail runs on those values in one loop per epilogue call (``finish_element``; gcc vectorises it), its other operands
+read from memory at the same index, and stores the stage's outputs.
+
 The plain C99 path (``simd="none"``, the Cortex-M7 build) keeps ``qconv.py``'s kernel, untouched. Anything else
-in the epilogue (another op, a second output) keeps it too, and the kernel's notes say why.
+in the epilogue (another op on the accumulator, a relabelling or broadcasting op after the Requantize, a second
+output not computed from it) keeps it too, and the kernel's notes say why.
 """
 from __future__ import annotations
 
 import hashlib
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterator, NamedTuple, TypeVar
 
 import numpy as np
 
 from opfuse.codegen.ctype import c_type
+from opfuse.codegen.epilogue import finish_element
+from opfuse.codegen.index import Index
 from opfuse.codegen.rules import REQUANTIZE_RESIDUAL_C, REQUANTIZE_RESIDUAL_HELPER
-from opfuse.codegen.stages import Stage
+from opfuse.codegen.stages import RELABEL_OPS, Stage
 from opfuse.ir.graph import Node, Value
 from opfuse.ops.nn import conv_geometry
 from opfuse.ops.quantized import MAX_SHIFT, RESIDUAL_BITS
-from opfuse.ops.registry import get_spec
+from opfuse.ops.registry import Category, get_spec
 
 T = TypeVar("T")
 EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
@@ -124,6 +132,13 @@ class QEpilogue:
     hi: int
     res: QInput | None = None
     rmult: np.ndarray | None = None  # int64 per output channel
+    # Element-wise ops after the Requantize (a dequantization to float, a residual Add, a QuantizeLinear: onnxruntime's
+    # QDQ form): ``out`` is then no tensor in memory. The kernel requantizes into a row of scratch (``_out_rows``) and
+    # ``finish(index, expr)`` (``finish_element``) runs the tail on each requantized value and stores the stage's
+    # outputs; ``rows`` maps each such row's C name to the output index of its column ``col``.
+    finish: Callable[[Index, str], None] | None = None
+    rows: dict[str, Callable[[str], Index]] = field(default_factory=dict)
+    outputs: tuple[Value, ...] = ()  # the stage's outputs (with a tail: what it stores)
 
 
 def _centred_input(v: Value, ev) -> QInput | None:
@@ -178,8 +193,9 @@ def _must(value: T | None, reason: str) -> T:
     return value
 
 
-def match_epilogue(ev, stage: Stage, node: Node) -> QEpilogue:
-    """The epilogue this module vectorises; ``_Refused`` with the reason otherwise."""
+def match_epilogue(ev, stage: Stage, node: Node, tail: bool = False) -> QEpilogue:
+    """The epilogue this module vectorises; ``_Refused`` with the reason otherwise. ``tail``: element-wise ops after
+    the Requantize are taken too (the conv kernel's ``QEpilogue.finish``), their nodes returned in ``ops``."""
     acc = node.outputs[0]
     shape = acc.shape
     bias = np.zeros(shape[1], np.int64)
@@ -188,8 +204,18 @@ def match_epilogue(ev, stage: Stage, node: Node) -> QEpilogue:
                       "the Conv's bias is not a constant")
     cur = acc
     rq: Node | None = None
+    pre = {id(acc)}  # the accumulator and what is computed from it before the Requantize
+    after: set[int] = set()  # the Requantize's output and the tail's values
     for n in stage.epilogue:
-        if not any(v is cur for v in n.input_values()):
+        ins = n.input_values()
+        if tail and rq is not None and any(id(v) in after for v in ins):
+            _need(not any(id(v) in pre for v in ins), f"a {n.op_type} after the Requantize reads the accumulator")
+            _tail_op(n, shape, after)
+            after.add(id(n.outputs[0]))
+            continue
+        if not any(v is cur for v in ins):
+            if any(id(v) in pre for v in ins):
+                pre.add(id(n.outputs[0]))
             continue
         _need(rq is None, f"a {n.op_type} reads the accumulator besides the Requantize")
         if n.op_type == "Add" and n.outputs[0].dtype == np.int32 and n.outputs[0].shape == shape:
@@ -197,13 +223,19 @@ def match_epilogue(ev, stage: Stage, node: Node) -> QEpilogue:
             bias += _must(_per_channel(ev.static.get(id(other)), shape, np.int64),
                           "the bias Add's operand is not a constant per channel")
             cur = n.outputs[0]
+            pre.add(id(cur))
         elif n.op_type == "Requantize" and n.input(0) is cur:
             rq = n
+            after.add(id(rq.outputs[0]))
         else:
             raise _Refused(f"a {n.op_type} in the epilogue (only a bias Add and a Requantize are vectorised)")
     rq = _must(rq, "the epilogue has no Requantize")
-    _need(len(stage.outputs) == 1 and stage.outputs[0] is rq.outputs[0],
-          "the kernel stores another tensor than the Requantize's output")
+    if len(after) == 1 or not tail:
+        _need(len(stage.outputs) == 1 and stage.outputs[0] is rq.outputs[0],
+              "the kernel stores another tensor than the Requantize's output")
+    else:
+        _need(all(id(v) in after for v in stage.outputs),
+              "the kernel stores another tensor than the Requantize's output and the element-wise ops after it")
     out = rq.outputs[0]
     _need(out.shape == shape, "the Requantize broadcasts the accumulator")
     mult = _must(_per_channel(ev.static.get(id(rq.input(1))), shape, np.int64),
@@ -228,6 +260,17 @@ def match_epilogue(ev, stage: Stage, node: Node) -> QEpilogue:
     return ep
 
 
+def _tail_op(n: Node, shape: tuple, after: set[int]) -> None:
+    """``_Refused`` unless ``n`` (after the Requantize) maps each requantized value to one element of its output
+    (``finish_element``'s sweep): element-wise, its requantized operands of the accumulator's shape, no broadcast
+    of them to more elements."""
+    _need(n.op_type not in RELABEL_OPS, f"a {n.op_type} after the Requantize (only element-wise ops are taken)")
+    cat = get_spec(n.op_type, n).category
+    _need(cat in (Category.ELEMWISE, Category.BROADCAST) and n.op_type != "Expand" and len(n.outputs) == 1
+          and n.outputs[0].shape == shape and all(v.shape == shape for v in n.input_values() if id(v) in after),
+          f"a {n.op_type} after the Requantize is not element-wise on the accumulator's shape")
+
+
 def host_int8_conv_applies(kc, ev, stage: Stage) -> tuple[QInput, QEpilogue] | None:
     """The host kernel's operands, or None where ``qconv.py``'s kernel stays alone (on the host with
     SIMD, the reason is in the kernel's notes)."""
@@ -241,7 +284,13 @@ def host_int8_conv_applies(kc, ev, stage: Stage) -> tuple[QInput, QEpilogue] | N
                                                      "constant zero point, dequantized in this kernel")
         if opts.vector_isa == "neon":
             _neon_applies(ev, node, x)
-        return x, match_epilogue(ev, stage, node)
+        ep = match_epilogue(ev, stage, node, tail=True)
+        if not (len(stage.outputs) == 1 and stage.outputs[0] is ep.out):
+            ep.finish = lambda idx, expr: finish_element(kc, ev, stage, ep.out, idx, expr)
+            ep.outputs = tuple(stage.outputs)
+            kc.note(lambda name: f"int8 conv '{name}': element-wise epilogue after the vectorised Requantize, "
+                                 "element by element on each requantized row", node)
+        return x, ep
     except _Refused as e:
         reason = str(e)
         kc.note(lambda name: f"int8 conv '{name}': host int8 kernel not used: {reason}", node)
@@ -899,7 +948,8 @@ def _emit_channel(kc, ep: QEpilogue, oc: str, bias_values: np.ndarray | None = N
 
 def _emit_epilogue(kc, ep: QEpilogue, accs: list[str], chan: tuple[str, str, str], out_row: str, ow0: str,
                    valid: str, res_row: str | None) -> None:
-    """Requantize and store ``accs`` (vectors of 8 consecutive positions of one channel, ``chan``'s)."""
+    """Requantize and store ``accs`` (vectors of 8 consecutive positions of one channel, ``chan``'s); with a tail
+    after the Requantize, the tail on them in one loop (``_finish_tail``: gcc can vectorise it)."""
     w = kc.w
     unsigned = int(ep.out.dtype == np.uint8)
     ch, b, fn = chan
@@ -915,6 +965,18 @@ def _emit_epilogue(kc, ep: QEpilogue, accs: list[str], chan: tuple[str, str, str
                 res = f"&{r}"
             w.line(f"opfuse_q8_store({out_row} + {ow0} + {v * LANES}, {fn}("
                    f"_mm256_add_epi32({acc}, {b}), &{ch}, {res}, {unsigned}), {n});")
+    k = len(accs) * LANES
+    _finish_tail(kc, ep, out_row, ow0, f"({valid} - {ow0} < {k} ? {valid} - {ow0} : {k})")
+
+
+def _finish_tail(kc, ep: QEpilogue, out_row: str, at: str, n: str) -> None:
+    """With a tail after the Requantize (``QEpilogue.finish``): the tail on the ``n`` requantized values of row
+    ``out_row`` (``_out_rows``'s scratch) from column ``at``, one at a time, storing the stage's outputs."""
+    if ep.finish is None:
+        return
+    j = kc.tmp("j")
+    with kc.w.block(f"for (long {j} = {at}; {j} < {at} + {n}; ++{j})"):
+        ep.finish(ep.rows[out_row](j), f"{out_row}[{j}]")
 
 
 def _out_rows(kc, ep: QEpilogue, img: str, oc: str, row: str, shape: tuple) -> tuple[str, str | None]:
@@ -923,9 +985,17 @@ def _out_rows(kc, ep: QEpilogue, img: str, oc: str, row: str, shape: tuple) -> t
     w = kc.w
     out = kc.tmp("orow")
     off = f"(({img} * {OC} + {oc}) * {OH} + {row}) * {OW}"
-    # no restrict: the residual may share the output's storage (an in-place plan), read before written
-    w.line(f"{c_type(ep.out.dtype)}* {out} = {kc.ptr(ep.out, write=True)} + {off};")
-    kc.stored.add(id(ep.out))
+    if ep.finish is not None:  # requantized into this row, then the tail element by element (``_finish_tail``)
+        w.line(f"{c_type(ep.out.dtype)} {out}[{OW}];")
+        full = ep.out.shape
+        if shape == full:
+            ep.rows[out] = lambda col: Index(full, (img, oc, row, col))
+        else:  # a flat row of all OH x OW positions
+            ep.rows[out] = lambda col: Index.loops(full, ((0, 1, img), (1, 2, oc), (2, 4, col)))
+    else:
+        # no restrict: the residual may share the output's storage (an in-place plan), read before written
+        w.line(f"{c_type(ep.out.dtype)}* {out} = {kc.ptr(ep.out, write=True)} + {off};")
+        kc.stored.add(id(ep.out))
     res = None
     if ep.res is not None:
         res = kc.tmp("rrow")
@@ -1465,8 +1535,10 @@ def _depthwise_channels(kc, ev, node: Node, x: QInput, ep: QEpilogue) -> _Packed
     qp, ct = kc.ptr(x.q), c_type(x.q.dtype)
     sfx, cvt = ("s8", "epi8") if x.q.dtype == np.int8 else ("u8", "epu8")
     kc.program.require_helper(f"opfuse_q8_dw_row_{sfx}", DW_ROWS_C.format(s=sfx, T=ct, cvt=cvt))
-    out = kc.ptr(ep.out, write=True)
-    kc.stored.add(id(ep.out))
+    out = ""
+    if ep.finish is None:
+        out = kc.ptr(ep.out, write=True)
+        kc.stored.add(id(ep.out))
     unsigned = int(ep.out.dtype == np.uint8)
     blk, j, r = kc.tmp("blk"), kc.tmp("j"), kc.tmp("r")
     kc.parallel_for(N * C * OH * OW * taps * 2)
@@ -1533,8 +1605,17 @@ def _depthwise_channels(kc, ev, node: Node, x: QInput, ep: QEpilogue) -> _Packed
                         w.line(f"const __m256i {rv} = _mm256_loadu_si256((const __m256i*){rt});")
                         res = f"&{rv}"
                     w.line(f"{vname} = {fn}(_mm256_add_epi32({acc}, {b}), &{ch}, {res}, {unsigned});")
-            w.line(f"opfuse_q8_store_8x8({out} + ({img} * {C} + {c0}) * {P} + {p0}, {P}, {nch}, {n}, "
-                   f"{', '.join(vs)});")
+            if ep.finish is None:
+                w.line(f"opfuse_q8_store_8x8({out} + ({img} * {C} + {c0}) * {P} + {p0}, {P}, {nch}, {n}, "
+                       f"{', '.join(vs)});")
+            else:  # 8 channels x 8 positions requantized into scratch, then the tail on each
+                tb, ci, u = kc.tmp("tb"), kc.tmp("ci"), kc.tmp("u")
+                w.line(f"{c_type(ep.out.dtype)} {tb}[{LANES * LANES}];")
+                w.line(f"opfuse_q8_store_8x8({tb}, {LANES}, {nch}, {n}, {', '.join(vs)});")
+                with w.block(f"for (long {ci} = 0; {ci} < {nch}; ++{ci})"), \
+                        w.block(f"for (long {u} = 0; {u} < {n}; ++{u})"):
+                    ep.finish(Index.loops(ep.out.shape, ((0, 1, img), (1, 2, f"{c0} + {ci}"), (2, 4, f"{p0} + {u}"))),
+                              f"{tb}[{ci} * {LANES} + {u}]")
     return _Packed(wq, 32, lambda grp, m, c, kh, kw: f"(({grp} / {LANES}) * {taps} + {kh} * {KW} + {kw}) * {LANES} + "
                                f"{grp} % {LANES}", arrays)
 
@@ -1590,13 +1671,16 @@ def _portable(kc, node: Node, x: QInput, ep: QEpilogue, G: int, packed: _Packed)
         if key not in arrays and values is not None:
             arrays[key] = kc.const_array((f"q8_{key}", name), values, f"{name}_{key}", dt)
     w = kc.w
-    qp, out = kc.ptr(x.q), kc.ptr(ep.out, write=True)
-    kc.stored.add(id(ep.out))
+    qp = kc.ptr(x.q)
+    out = ""
+    if ep.finish is None:
+        out = kc.ptr(ep.out, write=True)
+        kc.stored.add(id(ep.out))
     b, m, oh, ow, c, kh, kw = (kc.tmp(t) for t in ("b", "m", "oh", "ow", "c", "kh", "kw"))
     # The output stored over the input (memory/inplace.py: a 1x1 or depthwise conv, which the vector kernels read
     # whole into their word image first): the group's input channels are copied to scratch first here too.
     ct, xs = c_type(x.q.dtype), kc.tmp("xs")
-    copy = _shares_storage(kc, x.q, ep.out)
+    copy = any(_shares_storage(kc, x.q, v) for v in ([ep.out] if ep.finish is None else ep.outputs))
     xoff = kc.scratch(cg * H * W * x.q.dtype.itemsize) if copy else 0
     with w.block(f"for (long {b} = 0; {b} < {N * G}; ++{b})"):
         img, grp = (f"({b} / {G})", f"({b} % {G})") if G > 1 else (b, "0")
@@ -1629,8 +1713,14 @@ def _portable(kc, node: Node, x: QInput, ep: QEpilogue, G: int, packed: _Packed)
                 if ep.res is not None:
                     res = f"(int32_t){kc.ptr(ep.res.q)}[{at}] - {ep.res.zp}"
                     rmult = f"{arrays['rmult']}[{oc}]"
-                w.line(f"{out}[{at}] = ({c_type(ep.out.dtype)}){rq}((int32_t){acc}, {arrays['mult']}[{oc}], "
-                       f"{arrays['shift']}[{oc}], {res}, {rmult}, {ep.zp}, {ep.lo}, {ep.hi});")
+                y = (f"({c_type(ep.out.dtype)}){rq}((int32_t){acc}, {arrays['mult']}[{oc}], {arrays['shift']}[{oc}], "
+                     f"{res}, {rmult}, {ep.zp}, {ep.lo}, {ep.hi})")
+                if ep.finish is None:
+                    w.line(f"{out}[{at}] = {y};")
+                else:
+                    q = kc.tmp("q")
+                    w.line(f"const {c_type(ep.out.dtype)} {q} = {y};")
+                    ep.finish(Index(out_shape, (img, oc, oh, ow)), q)
 
 
 # NEON (aarch64) ----------------------------------------------------------------------------------------------
@@ -1879,6 +1969,7 @@ def _neon_epilogue(kc, ep: QEpilogue, buf: str, at: int, NV: int, bias: str, arr
                f"{at + v * NEON_LANES}), {q}_b), {arrays['mult']}[{oc}], {arrays['shift']}[{oc}], {res}, {rmult}, "
                f"{ep.zp}, {ep.lo}, {ep.hi}));")
     w.line(f"for (long {p} = 0; {p} < {n}; ++{p}) {orow}[{ow0} + {p}] = ({c_type(ep.out.dtype)}){q}[{p}];")
+    _finish_tail(kc, ep, orow, ow0, n)
 
 
 def neon_depthwise(kc, ev, node: Node, x: QInput, ep: QEpilogue) -> _Packed:
