@@ -10,8 +10,13 @@ conv1 [0, 8), [8, 16); dw [0, 7), [7, 15), [15, 16): 3 bands; h = 6: conv1 [0, 6
 [5, 11), [11, 16): 3 bands; h = 4: 5 bands; h = 3, 2: more."""
 from __future__ import annotations
 
-from opfuse.memory.patch import PATCHED_KIND, _polish, estimate_arena, merge_run, schedule
-from test_patch_choose import _chain, _members
+import pytest
+
+from opfuse.compiler import CompileOptions, plan_model
+from opfuse.memory.patch import PATCHED_KIND, Need, _polish, bandable, choose_patches, estimate_arena, merge_run, schedule
+from opfuse.memory.static import static_values
+from opfuse.ops import GraphBuilder
+from test_patch_choose import _chain, _members, _w
 
 HUGE = 1 << 40
 
@@ -81,3 +86,84 @@ def test_polish_takes_recomputed_bands_when_only_they_keep_the_arena():
     new_plan, _ = _polish(plan, [_run(old, 0)], arena, {})
     s = new_plan.groups[0].attrs["patch"]
     assert (s.stream, s.band_rows, len(s.bands)) == (False, 3, 6) and 0 < s.extra_work < old.extra_work
+
+
+def test_polish_of_a_run_after_an_unpatched_group_prefers_line_buffers_at_a_tie():
+    """dw -> pw after conv1 (index 1): r1 is the run's input, read whole, so no band recomputes anything, in either
+    mode; 8 rows make 2 bands in both, and at a tie the line buffers win. conv1 and gap stay."""
+    comp, info = _chain()
+    members = _members(info)[1:]
+    old = schedule(members, 2)
+    assert old.extra_work == 0 and len(old.bands) == 8
+    plan = merge_run(comp.plan, 1, old)
+    new_plan, new_runs = _polish(plan, [_run(old, 0)], HUGE, {})
+    assert [g.name for g in new_plan.groups] == ["conv1", "patch_dw_pw", "gap"]
+    assert new_plan.groups[0] is plan.groups[0] and new_plan.groups[2] is plan.groups[2]
+    s = new_plan.groups[1].attrs["patch"]
+    assert (s.stream, s.band_rows, len(s.bands), s.extra_work) == (True, 8, 2, 0)
+    assert new_runs == [_run(s, HUGE)]
+
+
+def test_polish_goes_down_to_bands_of_eight_pixels():
+    """Under the arena of 2-row line buffers (8 pixels: the smallest band allowed) only they and recomputed bands
+    of 2 or 3 rows fit; line buffers recompute nothing: 2 rows, 9 bands."""
+    comp, info = _chain()
+    members = _members(info)
+    old = schedule(members, 2)
+    plan = merge_run(comp.plan, 0, old)
+    arena = estimate_arena(merge_run(comp.plan, 0, schedule(members, 2, stream=True)))
+    assert estimate_arena(merge_run(comp.plan, 0, schedule(members, 3, stream=True))) > arena
+    new_plan, _ = _polish(plan, [_run(old, 0)], arena, {})
+    s = new_plan.groups[0].attrs["patch"]
+    assert (s.stream, s.band_rows, len(s.bands), s.extra_work) == (True, 2, 9, 0)
+
+
+def test_choose_patches_recomputes_when_the_budget_allows_it():
+    """Recomputed bands need less arena than line buffers on this chain (a band of recomputed rows is freed before
+    the next, line buffers keep each layer's window): with a budget of twice the model's work the chosen arena is
+    below the line-buffered one a 1% budget gets, and its run recomputes."""
+    comp, _ = _chain()
+    _, cheap = choose_patches(comp.plan, 0.01)
+    plan, rich = choose_patches(comp.plan, 2.0)
+    assert rich.arena_after < cheap.arena_after
+    assert any(not g.attrs["patch"].stream and g.attrs["patch"].extra_work > 0
+               for g in plan.groups if g.kind == PATCHED_KIND)
+
+
+def _chain_5x5():
+    """The chain with a 5 x 5 depthwise window (pad 2): dw's row j reads r1 rows [j - 2, j + 3)."""
+    b = GraphBuilder("chain5")
+    x = b.input("x", (1, 1, 16, 4))
+    r1 = b.op("Relu", b.op("Conv", x, _w(b, "w1", 8, 1, 3, 3), pads=[1, 1, 1, 1], name="conv1"), name="r1")
+    r2 = b.op("Relu", b.op("Conv", r1, _w(b, "w2", 8, 1, 5, 5), group=8, pads=[2, 2, 2, 2], name="dw"), name="r2")
+    pw = b.op("Relu", b.op("Conv", r2, _w(b, "w3", 2, 8, 1, 1), name="pw"), name="pw")
+    comp = plan_model(b.build(b.op("GlobalAveragePool", pw, name="gap")),
+                      CompileOptions(target="cortex-m7", patch_recompute_limit=0.0))
+    return [bandable(g, comp.graph, static_values(comp.graph)) for g in comp.plan.groups][:3]
+
+
+def test_line_buffers_wait_for_a_wide_window_and_keep_the_rows_it_will_read():
+    """2-row line buffers: conv1 computes [2k - 2, 2k); dw's row j needs r1 up to row j + 2, so in band 1 (r1 rows
+    0, 1) it computes nothing, then [2k - 4, 2k - 2); a ninth band finishes it. r1's window holds from the lowest
+    row dw reads now or next (row j - 2 of its next row j) to the last computed: in band 1, though dw is idle,
+    rows 0 and 1, which it reads in band 2."""
+    members = _chain_5x5()
+    sched = schedule(members, 2, stream=True)
+    assert [b.steps[0].rows for b in sched.bands] == [(a, a + 2) for a in range(0, 16, 2)] + [(16, 16)]
+    assert [b.steps[1].rows for b in sched.bands] == [(0, 0)] + [(a, a + 2) for a in range(0, 16, 2)]
+    assert not sched.bands[0].steps[1].needs
+    r1 = [(lo, hi) for b in sched.bands for n, lo, hi in b.ranges if n == "r1"]
+    assert r1 == [(0, 2), (0, 4), (0, 6), (2, 8), (4, 10), (6, 12), (8, 14), (10, 16), (12, 16)]
+
+
+def test_line_buffered_needs_carry_their_padding_and_a_zero_band_height_is_refused():
+    comp, info = _chain()
+    members = _members(info)
+    sched = schedule(members, 2, stream=True)
+    # conv1's rows [0, 2) read x [-1, 3): one row of top pad; [2, 4) read [1, 5)
+    assert sched.bands[0].steps[0].needs == (Need("x", 0, 3, 1, 0),)
+    assert sched.bands[1].steps[0].needs == (Need("x", 1, 5, 0, 0),)
+    # conv1's last rows [14, 16) read [13, 17): one row of bottom pad
+    assert sched.bands[7].steps[0].needs == (Need("x", 13, 16, 0, 1),)
+    with pytest.raises(ValueError, match="^a streamed run made no progress$"):
+        schedule(members, 0, stream=True)
