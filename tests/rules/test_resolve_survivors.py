@@ -205,3 +205,16 @@ def test_an_outgrown_match_popped_first_is_skipped_and_the_queue_goes_on():
     assert summary(out) == [
         ("p", "rewritten", ("c0",), "", "replaced by Relu 'c0_relu'", 100.0),
         ("relus", "rewritten", ("c0_relu", "c1"), "", "replaced by Neg 'c1_neg'", 0.5)]
+
+
+def test_a_match_read_by_no_one_is_declined_with_the_reason():
+    # d = Relu(x) is read by no one and is no graph output: a rewrite has no output of it to replace (its value,
+    # read by nothing outside, counts as kept inside: 2 * 32 over 1 op)
+    b = GraphBuilder("dead")
+    x = b.input("x", SHAPE)
+    b.op("Relu", x, name="d")
+    g = b.build(b.op("Sigmoid", x, name="s"))
+    out = apply_rules(g, [Rule("r", Op("Relu"), action=to_op("Neg"))])
+    assert summary(out) == [("r", "refused", ("d",), "rewrite",
+                             "a rewrite replaces exactly one escaping output; the match has none", 64.0)]
+    assert [n.name for n in g.nodes] == ["d", "s"]
