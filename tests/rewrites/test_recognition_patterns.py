@@ -1,0 +1,181 @@
+"""The recognition rules' patterns, built inside each test (mutation testing, tests/MUTATION.md: the library builds
+them when it is imported, which no mutant run reaches). Every form the modules' docstrings list is rewritten into
+its one op, and a near miss is not; expectations from the docstrings' formulas (opfuse.rules.activations, gelu,
+normalization), outputs checked against the reference executor."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from opfuse.ops import GraphBuilder
+from opfuse.rules import apply_rules
+from opfuse.rules.activations import HARD_SWISH, SILU, hard_swish_pattern, silu_pattern
+from opfuse.rules.gelu import ERF_GELU, TANH_GELU, erf_gelu_pattern, tanh_gelu_pattern
+from opfuse.rules.normalization import LAYERNORM, layernorm_pattern
+from rewrite_cases import assert_same_outputs, ops, randn
+
+SHAPE = (2, 8)
+
+
+def f32(v):
+    return np.float32(v)
+
+
+def run(graph, rule, pattern_fn):
+    """``rule`` with its pattern made now, applied to a copy of ``graph``: (copy, decisions)."""
+    g = graph.copy()
+    out = apply_rules(g, [dataclasses.replace(rule, pattern=pattern_fn())])
+    g.verify()
+    return g, out.decisions
+
+
+def recognised(graph, rule, pattern_fn, op: str):
+    g, decisions = run(graph, rule, pattern_fn)
+    assert ops(g) == [op], (ops(g), [(d.verdict, d.reason) for d in decisions])
+    assert [d.verdict for d in decisions] == ["rewritten"]
+    assert_same_outputs(graph, g)
+    return g
+
+
+# SiLU: x * Sigmoid(x) ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sigmoid_first", [False, True])
+def test_silu_in_either_operand_order(sigmoid_first):
+    b = GraphBuilder("silu")
+    x = b.input("x", SHAPE)
+    s = b.op("Sigmoid", x)
+    g = b.build(b.op("Mul", s, x) if sigmoid_first else b.op("Mul", x, s))
+    recognised(g, SILU, silu_pattern, "Silu")
+
+
+def test_silu_needs_the_same_x_twice():
+    b = GraphBuilder("not_silu")
+    x, y = b.input("x", SHAPE), b.input("y", SHAPE)
+    g = b.build(b.op("Mul", x, b.op("Sigmoid", y)))
+    assert ops(run(g, SILU, silu_pattern)[0]) == ["Sigmoid", "Mul"]
+
+
+# hard-swish: x * HardSigmoid(x, 1/6, 1/2), or x * Clip(x + 3, 0, 6) / 6 ---------------------------------------
+
+def _clip(b, x, shift=3.0, hi=6.0):
+    return b.op("Clip", b.op("Add", x, b.const("shift", f32(shift))), b.const("lo", f32(0.0)), b.const("hi", f32(hi)))
+
+
+def hard_swish(b, x, form: str):
+    if form == "hardsigmoid":
+        return b.op("Mul", x, b.op("HardSigmoid", x, alpha=1 / 6, beta=0.5, name="hsig"))
+    c = _clip(b, x)
+    six, sixth = b.const("six", f32(6.0)), b.const("sixth", f32(1 / 6))
+    return {"product_div": lambda: b.op("Div", b.op("Mul", x, c), six),
+            "product_mul": lambda: b.op("Mul", b.op("Mul", x, c), sixth),
+            "clip_div": lambda: b.op("Mul", x, b.op("Div", c, six)),
+            "clip_mul": lambda: b.op("Mul", x, b.op("Mul", c, sixth))}[form]()
+
+
+@pytest.mark.parametrize("form", ["hardsigmoid", "product_div", "product_mul", "clip_div", "clip_mul"])
+def test_hard_swish_in_every_exported_form(form):
+    b = GraphBuilder("hs")
+    x = b.input("x", SHAPE)
+    recognised(b.build(hard_swish(b, x, form)), HARD_SWISH, hard_swish_pattern, "HardSwish")
+
+
+def test_hard_swish_refusals_name_the_constant():
+    b = GraphBuilder("hs_default")
+    x = b.input("x", SHAPE)
+    g = b.build(b.op("Mul", x, b.op("HardSigmoid", x, name="hsig")))  # ONNX defaults: alpha 0.2, beta 0.5
+    g1, decisions = run(g, HARD_SWISH, hard_swish_pattern)
+    assert ops(g1) == ["HardSigmoid", "Mul"]
+    assert [d.reason for d in decisions] == ["HardSigmoid 'hsig' has alpha=0.2, beta=0.5; hard-swish needs 1/6 and 1/2"]
+    b = GraphBuilder("hs_relu7")
+    x = b.input("x", SHAPE)
+    g = b.build(b.op("Div", b.op("Mul", x, _clip(b, x, hi=7.0)), b.const("six", f32(6.0))))
+    g1, decisions = run(g, HARD_SWISH, hard_swish_pattern)
+    assert "HardSwish" not in ops(g1) and decisions and all(d.verdict == "refused" for d in decisions)
+    assert any("Clip max" in d.reason and "7" in d.reason for d in decisions)
+
+
+# GELU: 0.5 x (1 + erf(x / sqrt(2))) and 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) -------------------------
+
+def half_product(b, x, a, grouping: str):
+    half = b.const("half", f32(0.5))
+    return {"xa_half": lambda: b.op("Mul", b.op("Mul", x, a), half),
+            "x_ahalf": lambda: b.op("Mul", x, b.op("Mul", a, half)),
+            "xhalf_a": lambda: b.op("Mul", b.op("Mul", x, half), a)}[grouping]()
+
+
+GROUPINGS = ["xa_half", "x_ahalf", "xhalf_a"]
+
+
+@pytest.mark.parametrize("grouping", GROUPINGS)
+@pytest.mark.parametrize("scale", ["Div", "Mul"])
+def test_erf_gelu_in_every_grouping(grouping, scale):
+    b = GraphBuilder("gelu")
+    x = b.input("x", SHAPE)
+    k = b.const("k", f32(math.sqrt(2) if scale == "Div" else 1 / math.sqrt(2)))
+    a = b.op("Add", b.op("Erf", b.op(scale, x, k)), b.const("one", f32(1.0)))
+    g = recognised(b.build(half_product(b, x, a, grouping)), ERF_GELU, erf_gelu_pattern, "Gelu")
+    assert g.nodes[0].attrs["approximate"] == "none"
+
+
+@pytest.mark.parametrize("grouping", GROUPINGS)
+@pytest.mark.parametrize("cube", ["pow", "xx_x", "x_xx"])
+def test_tanh_gelu_in_every_grouping_and_cube(grouping, cube):
+    b = GraphBuilder("gelu_tanh")
+    x = b.input("x", SHAPE)
+    c = {"pow": lambda: b.op("Pow", x, b.const("three", f32(3.0))),
+         "xx_x": lambda: b.op("Mul", b.op("Mul", x, x), x),
+         "x_xx": lambda: b.op("Mul", x, b.op("Mul", x, x))}[cube]()
+    inner = b.op("Add", x, b.op("Mul", c, b.const("coef", f32(0.044715))))
+    t = b.op("Tanh", b.op("Mul", inner, b.const("k", f32(math.sqrt(2 / math.pi)))))
+    a = b.op("Add", t, b.const("one", f32(1.0)))
+    g = recognised(b.build(half_product(b, x, a, grouping)), TANH_GELU, tanh_gelu_pattern, "Gelu")
+    assert g.nodes[0].attrs["approximate"] == "tanh"
+
+
+def test_erf_gelu_near_misses_are_not_rewritten():
+    # Tanh where Erf belongs; Sub where the 1 is added
+    for op, add in (("Tanh", "Add"), ("Erf", "Sub")):
+        b = GraphBuilder("near")
+        x = b.input("x", SHAPE)
+        a = b.op(add, b.op(op, b.op("Div", x, b.const("k", f32(math.sqrt(2))))), b.const("one", f32(1.0)))
+        g = b.build(half_product(b, x, a, "xa_half"))
+        assert "Gelu" not in ops(run(g, ERF_GELU, erf_gelu_pattern)[0])
+
+
+# LayerNorm: (x - mean) / sqrt(var + eps) [* gamma [+ beta]] ------------------------------------------------------
+
+def layernorm(b, x, square: str, affine: str):
+    mean = b.op("ReduceMean", x, axes=[-1], keepdims=1, name="mean")
+    d = b.op("Sub", x, mean, name="centered")
+    sq = b.op("Pow", d, b.const("two", f32(2.0))) if square == "pow" else b.op("Mul", d, d)
+    var = b.op("ReduceMean", sq, axes=[-1], keepdims=1, name="variance")
+    y = b.op("Div", d, b.op("Sqrt", b.op("Add", var, b.const("eps", f32(1e-5)))), name="normalized")
+    if affine in ("scale", "shift"):
+        y = b.op("Mul", y, b.const("gamma", randn(SHAPE[-1], 3) + 1))
+    if affine == "shift":
+        y = b.op("Add", y, b.const("beta", randn(SHAPE[-1], 4)))
+    return y
+
+
+@pytest.mark.parametrize("affine", ["none", "scale", "shift"])
+@pytest.mark.parametrize("square", ["pow", "mul"])
+def test_layernorm_with_and_without_its_affine_part(square, affine):
+    b = GraphBuilder("ln")
+    x = b.input("x", SHAPE)
+    g = recognised(b.build(layernorm(b, x, square, affine)), LAYERNORM, layernorm_pattern, "LayerNormalization")
+    n = g.nodes[0]
+    assert n.attrs["axis"] == 1 and n.attrs["epsilon"] == pytest.approx(1e-5)
+
+
+def test_layernorm_near_miss_is_not_rewritten():
+    # Sqrt of the variance without eps: not the pattern
+    b = GraphBuilder("ln_no_eps")
+    x = b.input("x", SHAPE)
+    mean = b.op("ReduceMean", x, axes=[-1], keepdims=1)
+    d = b.op("Sub", x, mean)
+    var = b.op("ReduceMean", b.op("Mul", d, d), axes=[-1], keepdims=1)
+    g = b.build(b.op("Div", d, b.op("Sqrt", var)))
+    assert "LayerNormalization" not in ops(run(g, LAYERNORM, layernorm_pattern)[0])
