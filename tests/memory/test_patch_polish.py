@@ -167,3 +167,16 @@ def test_line_buffered_needs_carry_their_padding_and_a_zero_band_height_is_refus
     assert sched.bands[7].steps[0].needs == (Need("x", 13, 16, 0, 1),)
     with pytest.raises(ValueError, match="^a streamed run made no progress$"):
         schedule(members, 0, stream=True)
+
+
+def test_polish_of_a_run_after_an_unpatched_group_under_its_exact_arena():
+    """The same run under exactly the arena its best schedule (line buffers, 8 rows) needs: still chosen; the trial
+    plan the arena is estimated on is conv1, the new run, gap."""
+    comp, info = _chain()
+    members = _members(info)[1:]
+    plan = merge_run(comp.plan, 1, schedule(members, 2))
+    best = schedule(members, 8, stream=True)
+    arena = estimate_arena(merge_run(comp.plan, 1, best))
+    new_plan, _ = _polish(plan, [_run(plan.groups[1].attrs["patch"], 0)], arena, {})
+    s = new_plan.groups[1].attrs["patch"]
+    assert (s.stream, s.band_rows, len(s.bands)) == (True, 8, 2)
