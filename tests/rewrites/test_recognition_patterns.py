@@ -179,3 +179,15 @@ def test_layernorm_near_miss_is_not_rewritten():
     var = b.op("ReduceMean", b.op("Mul", d, d), axes=[-1], keepdims=1)
     g = b.build(b.op("Div", d, b.op("Sqrt", var)))
     assert "LayerNormalization" not in ops(run(g, LAYERNORM, layernorm_pattern)[0])
+
+
+def test_a_constant_broadcasting_the_output_is_refused():
+    # 0.5 as a (3, 1, 1) constant: the last Mul's output is (3, 2, 8), not x's (2, 8); one Gelu of x cannot be that
+    b = GraphBuilder("gelu_wide")
+    x = b.input("x", SHAPE)
+    a = b.op("Add", b.op("Erf", b.op("Div", x, b.const("k", f32(math.sqrt(2))))), b.const("one", f32(1.0)))
+    g = b.build(b.op("Mul", b.op("Mul", x, a), b.const("half", np.full((3, 1, 1), 0.5, np.float32))))
+    g1, decisions = run(g, ERF_GELU, erf_gelu_pattern)
+    assert ops(g1) == ops(g)
+    assert [(d.verdict, d.reason) for d in decisions] == [
+        ("refused", "the constants broadcast the output beyond the input shape")]
