@@ -191,3 +191,59 @@ def test_a_constant_broadcasting_the_output_is_refused():
     assert ops(g1) == ops(g)
     assert [(d.verdict, d.reason) for d in decisions] == [
         ("refused", "the constants broadcast the output beyond the input shape")]
+
+
+# Near misses: one of the formula's x is another input y (the same x must be read everywhere) --------------------
+
+def _xy():
+    b = GraphBuilder("xy")
+    return b, b.input("x", SHAPE), b.input("y", SHAPE)
+
+
+def test_silu_and_hard_swish_with_another_input_in_one_place_are_not_rewritten():
+    cases = []
+    b, x, y = _xy()
+    cases.append((b, b.op("Mul", y, b.op("HardSigmoid", x, alpha=1 / 6, beta=0.5))))
+    b, x, y = _xy()
+    cases.append((b, b.op("Mul", x, b.op("HardSigmoid", y, alpha=1 / 6, beta=0.5))))
+    for form in ("product_div", "clip_div"):
+        b, x, y = _xy()  # y + 3 clipped, times x
+        c = _clip(b, y)
+        six = b.const("six", f32(6.0))
+        cases.append((b, b.op("Div", b.op("Mul", x, c), six) if form == "product_div" else
+                      b.op("Mul", x, b.op("Div", c, six))))
+        b, x, y = _xy()  # x + 3 clipped, times y
+        c = _clip(b, x)
+        six = b.const("six", f32(6.0))
+        cases.append((b, b.op("Div", b.op("Mul", y, c), six) if form == "product_div" else
+                      b.op("Mul", y, b.op("Div", c, six))))
+    for b, out in cases:
+        g = b.build(out)
+        assert "HardSwish" not in ops(run(g, HARD_SWISH, hard_swish_pattern)[0]), ops(g)
+
+
+@pytest.mark.parametrize("grouping", GROUPINGS)
+def test_gelu_with_another_input_in_one_place_is_not_rewritten(grouping):
+    for where in ("product", "erf"):
+        b, x, y = _xy()
+        a = b.op("Add", b.op("Erf", b.op("Div", y if where == "erf" else x, b.const("k", f32(math.sqrt(2))))),
+                 b.const("one", f32(1.0)))
+        g = b.build(half_product(b, y if where == "product" else x, a, grouping))
+        assert "Gelu" not in ops(run(g, ERF_GELU, erf_gelu_pattern)[0]), (grouping, where)
+    for where in ("cube", "inner", "product"):
+        b, x, y = _xy()
+        c = b.op("Pow", y if where == "cube" else x, b.const("three", f32(3.0)))
+        inner = b.op("Add", y if where == "inner" else x, b.op("Mul", c, b.const("coef", f32(0.044715))))
+        t = b.op("Tanh", b.op("Mul", inner, b.const("k", f32(math.sqrt(2 / math.pi)))))
+        a = b.op("Add", t, b.const("one", f32(1.0)))
+        g = b.build(half_product(b, y if where == "product" else x, a, grouping))
+        assert "Gelu" not in ops(run(g, TANH_GELU, tanh_gelu_pattern)[0]), (grouping, where)
+
+
+def test_layernorm_centred_on_another_input_is_not_rewritten():
+    b, x, y = _xy()
+    mean = b.op("ReduceMean", x, axes=[-1], keepdims=1)
+    d = b.op("Sub", y, mean)
+    var = b.op("ReduceMean", b.op("Mul", d, d), axes=[-1], keepdims=1)
+    g = b.build(b.op("Div", d, b.op("Sqrt", b.op("Add", var, b.const("eps", f32(1e-5))))))
+    assert "LayerNormalization" not in ops(run(g, LAYERNORM, layernorm_pattern)[0])
