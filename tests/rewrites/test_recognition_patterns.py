@@ -247,3 +247,15 @@ def test_layernorm_centred_on_another_input_is_not_rewritten():
     var = b.op("ReduceMean", b.op("Mul", d, d), axes=[-1], keepdims=1)
     g = b.build(b.op("Div", d, b.op("Sqrt", b.op("Add", var, b.const("eps", f32(1e-5))))))
     assert "LayerNormalization" not in ops(run(g, LAYERNORM, layernorm_pattern)[0])
+
+
+def test_layernorm_with_means_over_different_axes_is_refused_naming_both():
+    b = GraphBuilder("ln_axes")
+    x = b.input("x", SHAPE)
+    mean = b.op("ReduceMean", x, axes=[-1], keepdims=1, name="mean")
+    d = b.op("Sub", x, mean)
+    var = b.op("ReduceMean", b.op("Mul", d, d), axes=[0], keepdims=1, name="variance")
+    g = b.build(b.op("Div", d, b.op("Sqrt", b.op("Add", var, b.const("eps", f32(1e-5))))))
+    g1, decisions = run(g, LAYERNORM, layernorm_pattern)
+    assert "LayerNormalization" not in ops(g1)
+    assert decisions[0].reason == "the two ReduceMeans reduce different axes ([1] and [0])"
