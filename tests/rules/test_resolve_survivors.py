@@ -3,7 +3,10 @@ survivors). Each expectation is worked out by hand from the module docstring and
 benefit / cost * priority, a kept 32-byte value is worth 2 * 32; ties by size, rule order, graph position)."""
 from __future__ import annotations
 
+import pytest
+
 import opfuse.rules.resolve as resolve
+from opfuse.errors import ModelError
 from opfuse.ops import GraphBuilder
 from opfuse.patterns import Op, par
 from opfuse.rules import Replacement, Rule, apply_rules
@@ -218,3 +221,45 @@ def test_a_match_read_by_no_one_is_declined_with_the_reason():
     assert summary(out) == [("r", "refused", ("d",), "rewrite",
                              "a rewrite replaces exactly one escaping output; the match has none", 64.0)]
     assert [n.name for n in g.nodes] == ["d", "s"]
+
+
+def test_an_outgrown_match_displaced_by_a_rewrite_taking_part_of_it_keeps_graph_order():
+    # c0 Exp -> c1 Relu -> c2 Relu -> c3 Sigmoid. p (100) makes c0 a Relu; relus' waiting [c1, c2] (32) is outgrown
+    # by [c0_relu, c1, c2] (2 * 2 * 32 / 3); pair (150 / 2 = 75; c2's output may escape) takes [c0_relu, c1] first
+    # (before [c1, c2] by position), displacing both relus matches and its own [c1, c2]: the outgrown one is named
+    # c1 (removed) then c2 (kept). Then relus rewrites c2 alone (its output read outside: score 0).
+    b = GraphBuilder("g")
+    x = b.input("x", SHAPE)
+    g = b.build(b.op("Sigmoid", b.op("Relu", b.op("Relu", b.op("Exp", x, name="c0"), name="c1"), name="c2"),
+                     name="c3"))
+    relus = Rule("relus", Op("Relu").plus(), action=to_op("Neg"))
+    pair = Rule("pair", Op("Relu") >> Op("Relu").keep(), action=to_op("Neg"), benefit=lambda m: 150.0)
+    out = apply_rules(g, [P, relus, pair])
+    assert summary(out) == [
+        ("p", "rewritten", ("c0",), "", "replaced by Relu 'c0_relu'", 100.0),
+        ("pair", "rewritten", ("c0_relu", "c1"), "", "replaced by Neg 'c1_neg'", 75.0),
+        ("relus", "refused", ("c0_relu", "c1", "c2"), "overlap", "node 'c0_relu' was rewritten by rule 'pair'", 128 / 3),
+        ("relus", "refused", ("c1", "c2"), "overlap", "node 'c1' was rewritten by rule 'pair'", 32.0),
+        ("pair", "refused", ("c1", "c2"), "overlap", "node 'c1' was rewritten by rule 'pair'", 75.0),
+        ("relus", "rewritten", ("c2",), "", "replaced by Neg 'c2_neg'", 0.0)]
+    assert [n.op_type for n in g.nodes] == ["Neg", "Neg", "Sigmoid"]
+
+
+def test_equal_matches_go_by_graph_position_even_when_offered_later():
+    # a0 Exp -> a1 Sigmoid and b0 Relu -> b1 Sigmoid: "r" waits on b; p makes a0 a Relu, and r's match on a
+    # (offered after b's, the same score and size) goes first: it is earlier in the graph
+    b = GraphBuilder("g")
+    x = b.input("x", SHAPE)
+    g = b.build(b.op("Sigmoid", b.op("Exp", x, name="a0"), name="a1"),
+                b.op("Sigmoid", b.op("Relu", x, name="b0"), name="b1"))
+    r = Rule("r", Op("Relu") >> Op("Sigmoid"), action=to_op("Neg"))
+    out = apply_rules(g, [P, r])
+    assert [(d.rule, d.verdict, d.nodes) for d in out.decisions] == [
+        ("p", "rewritten", ("a0",)), ("r", "rewritten", ("a0_relu", "a1")), ("r", "rewritten", ("b0", "b1"))]
+
+
+def test_a_one_node_graph_allows_four_rewrites():
+    def again(m):
+        return Replacement("Relu", [m.nodes[0].inputs[0]])
+    with pytest.raises(ModelError, match="did not reach a fixed point after 5 rewrites"):
+        apply_rules(chain("Relu"), [Rule("again", Op("Relu"), action=again)])
