@@ -13,7 +13,8 @@ from __future__ import annotations
 import pytest
 
 from opfuse.compiler import CompileOptions, plan_model
-from opfuse.memory.patch import PATCHED_KIND, Need, _polish, bandable, choose_patches, estimate_arena, merge_run, schedule
+from opfuse.memory.patch import (PATCHED_KIND, Need, _polish, bandable, choose_patches, estimate_arena, merge_run,
+                                 schedule)
 from opfuse.memory.static import static_values
 from opfuse.ops import GraphBuilder
 from test_patch_choose import _chain, _members, _w

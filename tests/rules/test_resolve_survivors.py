@@ -238,7 +238,8 @@ def test_an_outgrown_match_displaced_by_a_rewrite_taking_part_of_it_keeps_graph_
     assert summary(out) == [
         ("p", "rewritten", ("c0",), "", "replaced by Relu 'c0_relu'", 100.0),
         ("pair", "rewritten", ("c0_relu", "c1"), "", "replaced by Neg 'c1_neg'", 75.0),
-        ("relus", "refused", ("c0_relu", "c1", "c2"), "overlap", "node 'c0_relu' was rewritten by rule 'pair'", 128 / 3),
+        ("relus", "refused", ("c0_relu", "c1", "c2"), "overlap", "node 'c0_relu' was rewritten by rule 'pair'",
+         128 / 3),
         ("relus", "refused", ("c1", "c2"), "overlap", "node 'c1' was rewritten by rule 'pair'", 32.0),
         ("pair", "refused", ("c1", "c2"), "overlap", "node 'c1' was rewritten by rule 'pair'", 75.0),
         ("relus", "rewritten", ("c2",), "", "replaced by Neg 'c2_neg'", 0.0)]
