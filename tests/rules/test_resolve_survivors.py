@@ -9,7 +9,8 @@ import opfuse.rules.resolve as resolve
 from opfuse.errors import ModelError
 from opfuse.ops import GraphBuilder
 from opfuse.patterns import Op, par
-from opfuse.rules import Replacement, Rule, apply_rules
+from opfuse.rules import FusionOptions, Replacement, Rule, apply_rules
+from opfuse.rules.conflicts import DependencyRules
 
 SHAPE = (2, 4)  # float32: 32 bytes a value
 
@@ -264,3 +265,29 @@ def test_a_one_node_graph_allows_four_rewrites():
         return Replacement("Relu", [m.nodes[0].inputs[0]])
     with pytest.raises(ModelError, match="did not reach a fixed point after 5 rewrites"):
         apply_rules(chain("Relu"), [Rule("again", Op("Relu"), action=again)])
+
+
+def test_a_working_set_over_the_budget_is_refused_and_the_single_ops_fit():
+    # 3 Relus keep 2 values of 32 bytes inside, 2 keep one; a single op keeps none: only those fit 31 bytes
+    g = chain("Relu", "Relu", "Relu")
+    out = apply_rules(g, [Rule("relus", Op("Relu").plus(), action=to_op("Neg"))],
+                      limits=FusionOptions(max_working_set_bytes=31))
+    assert [(d.verdict, d.nodes, d.reason) for d in out.decisions] == [
+        ("refused", ("c0", "c1", "c2"), "working set of 64 bytes exceeds the on-chip budget of 31 bytes"),
+        ("refused", ("c0", "c1"), "working set of 32 bytes exceeds the on-chip budget of 31 bytes"),
+        ("refused", ("c1", "c2"), "working set of 32 bytes exceeds the on-chip budget of 31 bytes"),
+        ("rewritten", ("c0",), "replaced by Neg 'c0_neg'"), ("rewritten", ("c1",), "replaced by Neg 'c1_neg'"),
+        ("rewritten", ("c2",), "replaced by Neg 'c2_neg'")]
+
+
+def test_a_random_op_may_not_move_across_another():
+    # with Exp counted as a random op: m0 Exp -> m2 Relu would move m0's draw past m1's (an Exp between them)
+    b = GraphBuilder("rng")
+    x = b.input("x", SHAPE)
+    m0 = b.op("Exp", x, name="m0")
+    m1 = b.op("Exp", x, name="m1")
+    g = b.build(b.op("Relu", m0, name="m2"), m1)
+    out = apply_rules(g, [Rule("rr", Op("Exp") >> Op("Relu"), action=to_op("Neg"))],
+                      deps=DependencyRules(rng_ops=frozenset({"Exp"})))
+    assert summary(out) == [("rr", "refused", ("m0", "m2"), "dependency",
+                             "random op 'm0' would move across random op 'm1' and change the order of draws", 32.0)]
