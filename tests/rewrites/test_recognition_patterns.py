@@ -259,3 +259,10 @@ def test_layernorm_with_means_over_different_axes_is_refused_naming_both():
     g1, decisions = run(g, LAYERNORM, layernorm_pattern)
     assert "LayerNormalization" not in ops(g1)
     assert decisions[0].reason == "the two ReduceMeans reduce different axes ([1] and [0])"
+
+
+def test_derived_names_take_the_common_prefix_of_the_replaced_ops():
+    from opfuse.rules.recognition import derived_name
+    assert derived_name(["gelu_div", "gelu_erf", "gelu_mul"], "fallback") == "gelu"  # the docstring's example
+    assert derived_name(["ln_a_x", "ln_a_y"], "fallback") == "ln_a"
+    assert derived_name(["a", "b"], "fallback") == "fallback"
