@@ -266,3 +266,68 @@ def test_derived_names_take_the_common_prefix_of_the_replaced_ops():
     assert derived_name(["gelu_div", "gelu_erf", "gelu_mul"], "fallback") == "gelu"  # the docstring's example
     assert derived_name(["ln_a_x", "ln_a_y"], "fallback") == "ln_a"
     assert derived_name(["a", "b"], "fallback") == "fallback"
+
+
+# Each constant of a formula off, or a run-time input in its place: no rewrite, in every grouping ---------------
+
+def _const(b, name, value, off):
+    """The constant ``name`` (``value``); ``off[name]``: another value, or "input" for a run-time input."""
+    got = off.get(name, value)
+    if got == "input":
+        return b.input(name, SHAPE)
+    return b.const(name, f32(got))
+
+
+def _erf_gelu(b, x, grouping, scale, off):
+    k = _const(b, "k", math.sqrt(2) if scale == "Div" else 1 / math.sqrt(2), off)
+    a = b.op("Add", b.op("Erf", b.op(scale, x, k)), _const(b, "one", 1.0, off))
+    half = _const(b, "half", 0.5, off)
+    return {"xa_half": lambda: b.op("Mul", b.op("Mul", x, a), half),
+            "x_ahalf": lambda: b.op("Mul", x, b.op("Mul", a, half)),
+            "xhalf_a": lambda: b.op("Mul", b.op("Mul", x, half), a)}[grouping]()
+
+
+def _tanh_gelu(b, x, grouping, off):
+    c = b.op("Pow", x, _const(b, "three", 3.0, off))
+    inner = b.op("Add", x, b.op("Mul", c, _const(b, "coef", 0.044715, off)))
+    t = b.op("Tanh", b.op("Mul", inner, _const(b, "k", math.sqrt(2 / math.pi), off)))
+    a = b.op("Add", t, _const(b, "one", 1.0, off))
+    half = _const(b, "half", 0.5, off)
+    return {"xa_half": lambda: b.op("Mul", b.op("Mul", x, a), half),
+            "x_ahalf": lambda: b.op("Mul", x, b.op("Mul", a, half)),
+            "xhalf_a": lambda: b.op("Mul", b.op("Mul", x, half), a)}[grouping]()
+
+
+@pytest.mark.parametrize("grouping", GROUPINGS)
+@pytest.mark.parametrize("off", [{"half": 0.6}, {"half": "input"}, {"one": 1.5}, {"one": "input"}, {"k": 1.5},
+                                 {"k": "input"}])
+def test_erf_gelu_with_a_constant_off_is_not_rewritten(grouping, off):
+    for scale in ("Div", "Mul"):
+        b = GraphBuilder("gelu_off")
+        x = b.input("x", SHAPE)
+        g = b.build(_erf_gelu(b, x, grouping, scale, off))
+        assert "Gelu" not in ops(run(g, ERF_GELU, erf_gelu_pattern)[0]), (grouping, scale, off)
+
+
+@pytest.mark.parametrize("grouping", GROUPINGS)
+@pytest.mark.parametrize("off", [{"half": 0.6}, {"half": "input"}, {"one": 1.5}, {"one": "input"}, {"k": 1.5},
+                                 {"k": "input"}, {"coef": 0.05}, {"coef": "input"}, {"three": 2.0},
+                                 {"three": "input"}])
+def test_tanh_gelu_with_a_constant_off_is_not_rewritten(grouping, off):
+    b = GraphBuilder("gelu_tanh_off")
+    x = b.input("x", SHAPE)
+    g = b.build(_tanh_gelu(b, x, grouping, off))
+    assert "Gelu" not in ops(run(g, TANH_GELU, tanh_gelu_pattern)[0]), (grouping, off)
+
+
+@pytest.mark.parametrize("off", [{"shift": 4.0}, {"shift": "input"}, {"six": 5.0}, {"six": "input"}, {"hi": 7.0},
+                                 {"hi": "input"}, {"lo": 1.0}])
+@pytest.mark.parametrize("form", ["product_div", "clip_div"])
+def test_hard_swish_with_a_constant_off_is_not_rewritten(form, off):
+    b = GraphBuilder("hs_off")
+    x = b.input("x", SHAPE)
+    c = b.op("Clip", b.op("Add", x, _const(b, "shift", 3.0, off)), _const(b, "lo", 0.0, off),
+             _const(b, "hi", 6.0, off))
+    six = _const(b, "six", 6.0, off)
+    g = b.build(b.op("Div", b.op("Mul", x, c), six) if form == "product_div" else b.op("Mul", x, b.op("Div", c, six)))
+    assert "HardSwish" not in ops(run(g, HARD_SWISH, hard_swish_pattern)[0]), (form, off)
