@@ -331,3 +331,28 @@ def test_hard_swish_with_a_constant_off_is_not_rewritten(form, off):
     six = _const(b, "six", 6.0, off)
     g = b.build(b.op("Div", b.op("Mul", x, c), six) if form == "product_div" else b.op("Mul", x, b.op("Div", c, six)))
     assert "HardSwish" not in ops(run(g, HARD_SWISH, hard_swish_pattern)[0]), (form, off)
+
+
+def test_an_intermediate_that_is_a_graph_output_is_refused():
+    # the Sigmoid may be read outside the match (the pattern keeps it) but is a graph output: Silu would lose it
+    b = GraphBuilder("silu_out")
+    x = b.input("x", SHAPE)
+    s = b.op("Sigmoid", x)
+    g = b.build(b.op("Mul", x, s), s)
+    g1, decisions = run(g, SILU, silu_pattern)
+    assert ops(g1) == ["Sigmoid", "Mul"]
+    assert [(d.verdict, d.reason) for d in decisions] == [("refused", f"intermediate '{s.name}' is a graph output")]
+
+
+def test_constants_are_compared_relative_to_their_size_with_a_floor_of_one():
+    """CONST_TOLERANCE (1e-5) times max(|want|, 1): 0.5 off by 1.5e-5 is refused; 6 off by 3e-5 (5e-6 of it) is not."""
+    b = GraphBuilder("gelu_near")
+    x = b.input("x", SHAPE)
+    g = b.build(_erf_gelu(b, x, "xa_half", "Div", {"half": 0.5 + 1.5e-5}))
+    g1, decisions = run(g, ERF_GELU, erf_gelu_pattern)
+    assert "Gelu" not in ops(g1) and "final factor" in decisions[0].reason
+    b = GraphBuilder("hs_near")
+    x = b.input("x", SHAPE)
+    c = _clip(b, x)
+    g = b.build(b.op("Div", b.op("Mul", x, c), b.const("six", f32(6.00003))))
+    recognised(g, HARD_SWISH, hard_swish_pattern, "HardSwish")
