@@ -356,3 +356,66 @@ def test_constants_are_compared_relative_to_their_size_with_a_floor_of_one():
     c = _clip(b, x)
     g = b.build(b.op("Div", b.op("Mul", x, c), b.const("six", f32(6.00003))))
     recognised(g, HARD_SWISH, hard_swish_pattern, "HardSwish")
+
+
+def _ln_parts(b, x, *, square=None, num=None, exponent=2.0, eps=1e-5):
+    """mean, d = x - mean, var = mean(square(d)), d / sqrt(var + eps); ``square``/``num`` replace d where given."""
+    mean = b.op("ReduceMean", x, axes=[-1], keepdims=1, name="mean")
+    d = b.op("Sub", x, mean, name="centered")
+    sq = square(d) if square else b.op("Pow", d, b.const("exponent", f32(exponent)), name="square")
+    var = b.op("ReduceMean", sq, axes=[-1], keepdims=1, name="variance")
+    std = b.op("Sqrt", b.op("Add", var, b.const("eps", f32(eps)), name="add_eps"), name="std")
+    return b.op("Div", num if num is not None else d, std, name="normalized")
+
+
+def test_layernorm_near_misses_with_another_input_are_not_rewritten():
+    b, x, y = _xy()
+    g1 = b.build(_ln_parts(b, x, square=lambda d: b.op("Mul", d, y)))
+    b, x, y = _xy()
+    g2 = b.build(_ln_parts(b, x, square=lambda d: b.op("Pow", y, b.const("two", f32(2.0)))))
+    b, x, y = _xy()
+    g3 = b.build(_ln_parts(b, x, num=y))
+    for g in (g1, g2, g3):
+        assert "LayerNormalization" not in ops(run(g, LAYERNORM, layernorm_pattern)[0])
+
+
+def test_layernorm_refusals_name_what_is_off():
+    b = GraphBuilder("ln_cube")
+    x = b.input("x", SHAPE)
+    g1, decisions = run(b.build(_ln_parts(b, x, exponent=3.0)), LAYERNORM, layernorm_pattern)
+    assert "LayerNormalization" not in ops(g1) and decisions[0].reason == "Pow exponent 'exponent' is not 2"
+    b = GraphBuilder("ln_neg_eps")
+    x = b.input("x", SHAPE)
+    g1, decisions = run(b.build(_ln_parts(b, x, eps=-1.0)), LAYERNORM, layernorm_pattern)
+    assert "LayerNormalization" not in ops(g1)
+    assert decisions[0].reason == "epsilon 'eps' is not a non-negative constant scalar"
+    # gamma / beta varying along the leading axis: refused, the normalisation without them still recognised
+    for what, key in (("scale", "gamma"), ("bias", "beta")):
+        b = GraphBuilder("ln_wide")
+        x = b.input("x", SHAPE)
+        y = b.op("Mul", _ln_parts(b, x), b.const("gamma", randn(SHAPE, 3) if key == "gamma" else randn(SHAPE[-1], 3)))
+        y = b.op("Add", y, b.const("beta", randn(SHAPE, 4) if key == "beta" else randn(SHAPE[-1], 4)))
+        g1, decisions = run(b.build(y), LAYERNORM, layernorm_pattern)
+        assert decisions[0].verdict == "refused"
+        assert decisions[0].reason == f"{what} '{key}' (2, 8) varies outside the normalised axes"
+        assert "LayerNormalization" in ops(g1)
+
+
+def test_tanh_gelu_with_another_input_in_a_product_cube_is_not_rewritten():
+    for cube in (lambda b, x, y: b.op("Mul", b.op("Mul", x, x), y), lambda b, x, y: b.op("Mul", b.op("Mul", x, y), x),
+                 lambda b, x, y: b.op("Mul", x, b.op("Mul", y, x)), lambda b, x, y: b.op("Mul", y, b.op("Mul", x, x))):
+        b, x, y = _xy()
+        inner = b.op("Add", x, b.op("Mul", cube(b, x, y), b.const("coef", f32(0.044715))))
+        t = b.op("Tanh", b.op("Mul", inner, b.const("k", f32(math.sqrt(2 / math.pi)))))
+        g = b.build(half_product(b, x, b.op("Add", t, b.const("one", f32(1.0))), "xa_half"))
+        assert "Gelu" not in ops(run(g, TANH_GELU, tanh_gelu_pattern)[0])
+    b, x, y = _xy()  # erf GELU scaled by Mul(y, 1/sqrt(2))
+    a = b.op("Add", b.op("Erf", b.op("Mul", y, b.const("k", f32(1 / math.sqrt(2))))), b.const("one", f32(1.0)))
+    g = b.build(half_product(b, x, a, "xa_half"))
+    assert "Gelu" not in ops(run(g, ERF_GELU, erf_gelu_pattern)[0])
+
+
+def test_derived_names_of_unequal_lengths_and_at_the_shortest_length():
+    from opfuse.rules.recognition import derived_name
+    assert derived_name(["gelu_div", "gelu_erf_1"], "fallback") == "gelu"
+    assert derived_name(["abc_x", "abc_y"], "fallback") == "abc"  # 3 characters: long enough
