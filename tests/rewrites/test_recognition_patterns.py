@@ -419,3 +419,14 @@ def test_derived_names_of_unequal_lengths_and_at_the_shortest_length():
     from opfuse.rules.recognition import derived_name
     assert derived_name(["gelu_div", "gelu_erf_1"], "fallback") == "gelu"
     assert derived_name(["abc_x", "abc_y"], "fallback") == "abc"  # 3 characters: long enough
+
+
+def test_tanh_gelu_with_another_op_in_a_product_cube_is_not_rewritten():
+    for cube in (lambda b, x: b.op("Add", b.op("Mul", x, x), x), lambda b, x: b.op("Mul", b.op("Add", x, x), x),
+                 lambda b, x: b.op("Add", x, b.op("Mul", x, x)), lambda b, x: b.op("Mul", x, b.op("Add", x, x))):
+        b = GraphBuilder("not_cube")
+        x = b.input("x", SHAPE)
+        inner = b.op("Add", x, b.op("Mul", cube(b, x), b.const("coef", f32(0.044715))))
+        t = b.op("Tanh", b.op("Mul", inner, b.const("k", f32(math.sqrt(2 / math.pi)))))
+        g = b.build(half_product(b, x, b.op("Add", t, b.const("one", f32(1.0))), "xa_half"))
+        assert "Gelu" not in ops(run(g, TANH_GELU, tanh_gelu_pattern)[0])
