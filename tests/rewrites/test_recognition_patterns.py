@@ -418,6 +418,7 @@ def test_tanh_gelu_with_another_input_in_a_product_cube_is_not_rewritten():
 def test_derived_names_of_unequal_lengths_and_at_the_shortest_length():
     from opfuse.rules.recognition import derived_name
     assert derived_name(["gelu_div", "gelu_erf_1"], "fallback") == "gelu"
+    assert derived_name(["gelu", "gelu_erf"], "fallback") == "gelu"  # one name is the whole prefix
     assert derived_name(["abc_x", "abc_y"], "fallback") == "abc"  # 3 characters: long enough
 
 
