@@ -150,15 +150,16 @@ class _Engine:
 
     def displace(self, nodes, winner_rule: Rule, group: str | None, how: str) -> None:
         """Refuse every waiting match that uses one of ``nodes`` (an overlap)."""
+        pos = self.matcher.pos  # graph order (node ids are memory addresses: no order to record by)
         for n in nodes:
-            for k in sorted(self.live_by_node.get(id(n), ()), key=lambda x: (x[0], sorted(x[1]))):
+            for k in sorted(self.live_by_node.get(id(n), ()), key=lambda x: (x[0], sorted(pos[i] for i in x[1]))):
                 if k not in self.live:
                     continue
                 score = self.live[k]
                 self.unlive(k)
                 self.decided.add(k)
                 rule = self.rules[k[0]]
-                m = self.matcher.current(rule.pattern, k[1]) or _Stale(k[1], self.graph)
+                m = self.matcher.current(rule.pattern, k[1]) or _Stale(k[1], [*self.graph.nodes, *nodes], pos)
                 self.record(rule, m, REFUSED, RefusalKind.OVERLAP,
                             f"node '{n.name}' {how} by rule '{winner_rule.name}'"
                             + (f" (group '{group}')" if group else ""), score)
@@ -221,11 +222,12 @@ class _Engine:
 
 
 class _Stale:
-    """Stand-in for a match the graph no longer holds (only its node names are recorded)."""
+    """Stand-in for a waiting match the matcher no longer holds (only its node names are recorded): its
+    nodes, in graph order, among ``nodes`` (the graph's and those the rewrite displacing it just removed)."""
 
-    def __init__(self, key, graph):
+    def __init__(self, key, nodes, pos):
         ids = set(key)
-        self.nodes = [n for n in graph.nodes if id(n) in ids]
+        self.nodes = sorted({id(n): n for n in nodes if id(n) in ids}.values(), key=lambda n: pos[id(n)])
 
 
 def apply_rules(graph, rules: list[Rule], *, pass_name: str = "rules", limits: FusionOptions | None = None,
