@@ -5,7 +5,8 @@ machine).
 start and collection cost far more than the few fast tests a mutant needs (at load 10-14 with the job yielding
 the cores, over 60 s of wall time a mutant). This tool imports the named test files once, records which test
 functions reach which mutated function (one unmutated run, as ``--per-test`` does), then forks per mutant and
-calls those test functions directly (in file order, stopping at the first that raises, like ``-x``). Only plain
+calls those test functions directly (the cheapest first, by CPU time in the unmutated run, stopping at the first
+that raises, like ``-x``; ``--max-tests N`` keeps the N cheapest, for triage). Only plain
 test functions are run: ``pytest.mark.parametrize`` is expanded (``pytest.param`` marks read); fixtures without
 parameters defined in the test file or a ``conftest.py`` above it are made as pytest would (function scope per
 test, wider scopes once per mutant process, generator fixtures included), with ``tmp_path``,
@@ -344,9 +345,9 @@ def _fork(mutant: str, tests: list[Test], cache: Path, cpu_limit: int = 0, log_t
     return pid
 
 
-def reach(tests: list[Test], cache: Path) -> tuple[dict[str, list[str]], dict[str, list[str]], int]:
-    """Which test ids reach which mutated function, the build keys of each test, and how many programs
-    were compiled (one unmutated run in a fork)."""
+def reach(tests: list[Test], cache: Path) -> tuple[dict[str, list[str]], dict[str, list[str]], dict[str, float], int]:
+    """Which test ids reach which mutated function, the build keys and CPU seconds of each test, and how many
+    programs were compiled (one unmutated run in a fork)."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -360,23 +361,26 @@ def reach(tests: list[Test], cache: Path) -> tuple[dict[str, list[str]], dict[st
         log = BuildLog()
         log.install()
         keys: dict[str, list[str]] = {}
+        cost: dict[str, float] = {}
         for t in tests:
             current[0] = t.id
-            before = len(log.keys)
+            before, t0 = len(log.keys), time.process_time()
             try:
                 session.call(t)
             except BaseException:
                 pass
             keys[t.id] = sorted(set(log.keys[before:]))
+            cost[t.id] = time.process_time() - t0
         session.close()
         with os.fdopen(w, "w") as f:
-            json.dump({"hits": {k: sorted(v) for k, v in hits.items()}, "keys": keys, "compiled": log.compiled}, f)
+            json.dump({"hits": {k: sorted(v) for k, v in hits.items()}, "keys": keys, "cost": cost,
+                       "compiled": log.compiled}, f)
         os._exit(0)
     os.close(w)
     with os.fdopen(r) as f:
         data = json.loads(f.read() or "{}")
     os.waitpid(pid, 0)
-    return data.get("hits", {}), data.get("keys", {}), data.get("compiled", -1)
+    return data.get("hits", {}), data.get("keys", {}), data.get("cost", {}), data.get("compiled", -1)
 
 
 def classify(status: str, log: dict | None, baseline: set[str]) -> str:
@@ -384,6 +388,19 @@ def classify(status: str, log: dict | None, baseline: set[str]) -> str:
     if status != "survived" or log is None:
         return status
     return "survived (C unchanged)" if set(log["keys"]) <= baseline else "survived (C changed)"
+
+
+def preimport(root: Path) -> None:
+    """Import the mutated modules here, once, so that no forked process compiles them: a mutated file holds
+    every mutant's copy of its functions (gemm.py's 930 lines become 13 MB, half a minute of CPU to compile),
+    and a module a test imports lazily would otherwise be compiled again in every fork. Compiled code is also
+    cached outside the tree (``sys.pycache_prefix``) even where ``PYTHONDONTWRITEBYTECODE`` is set."""
+    import importlib
+    sys.dont_write_bytecode = False
+    sys.pycache_prefix = str(Path(tempfile.gettempdir()) / "mutate-quick-pycache")
+    for meta in sorted((root / "src").rglob("*.py.meta")):
+        rel = meta.relative_to(root / "src")
+        importlib.import_module(".".join((*rel.parts[:-1], rel.name.removesuffix(".py.meta"))))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -396,6 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--exclude-mark", action="append", default=None, help="skip tests with this mark (default: slow)")
     ap.add_argument("--build-cache", type=Path, default=Path(".opfuse-cache/mutation"),
                     help="the build cache shared by every mutant (content-addressed: unchanged C is not compiled)")
+    ap.add_argument("--max-tests", type=int, default=0,
+                    help="run each mutant against at most the N cheapest tests reaching it (triage; 0: all)")
     ap.add_argument("--resume", type=Path, help="skip the mutants this earlier output (``name status`` lines) has")
     ap.add_argument("patterns", nargs="+", help="mutant names or globs (fnmatch)")
     args = ap.parse_args(argv)
@@ -416,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         names = [n for n in names if n not in done]
     os.chdir(root)
     sys.path[:] = [str(root / "src")] + [p for p in sys.path if not p.rstrip("/").endswith("/src")]
+    preimport(root)
     tests, skipped = collect(args.tests, tuple(args.exclude_mark if args.exclude_mark is not None else ["slow"]))
     tests = [t for t in tests if not any(d in t.id for d in args.deselect)]
     for tid in skipped:
@@ -439,7 +459,7 @@ def _run(args, names: list[str], tests: list[Test], cache: Path, scratch: Path) 
             print(f"mutate_quick: the tests {'fail unmutated' if not which else 'miss a forced failure'}")
             return 2
     first = json.loads((scratch / "sanity.json").read_text())
-    hits, keys, compiled = reach(tests, cache)
+    hits, keys, cost, compiled = reach(tests, cache)
     baseline = {k for ks in keys.values() for k in ks}
     print(f"# {len(tests)} tests, {len(baseline)} programs built through the cache; the first unmutated run "
           f"compiled {first['compiled']}, the second {compiled} ({time.monotonic() - t0:.0f} s)", flush=True)
@@ -455,7 +475,8 @@ def _run(args, names: list[str], tests: list[Test], cache: Path, scratch: Path) 
             results[n] = "not reached"
             print(n, "not reached", flush=True)
         else:
-            jobs.append((n, [t for t in tests if t.id in ids]))
+            mine = sorted((t for t in tests if t.id in ids), key=lambda t: cost.get(t.id, 0.0))  # cheapest first
+            jobs.append((n, mine[:args.max_tests] if args.max_tests else mine))
     running: dict[int, tuple[str, float, Path]] = {}
     t1 = time.monotonic()
     while jobs or running:
