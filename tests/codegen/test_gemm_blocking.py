@@ -1,0 +1,146 @@
+"""The GEMM core's choices that need no compiler, against values worked out by hand from the docstrings of
+``codegen/gemm.py``: panel packing of constant operands, K blocks, the transposed tile's leading dimension, the
+register block, the cache blocking of each kind of problem (which operand is packed per tile) and the
+balancing's comparison of efficiencies. The options are AVX2's (6 x 16 register block) whatever the host:
+``gemm_mc`` 96, ``gemm_nc`` 256, ``gemm_kc`` 1024, ``gemm_wide`` 512, ``gemm_tile_floats`` 32768,
+``gemm_min_tiles`` 4; ``balance_threads=()`` keeps the balancing out where the cache blocking is checked."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from opfuse.codegen import CodegenOptions
+from opfuse.codegen.gemm import (
+    Blocking, GemmProblem, Operand, balance_efficiency, balance_gain, choose_blocking, k_blocks, microkernel_bodies,
+    pack_a_panels, pack_b_panels, register_block, transposed_ld,
+)
+
+AVX2 = CodegenOptions(vector_isa="avx2").resolved("avx2")
+NO_BALANCE = AVX2.with_(balance_threads=())
+
+
+def _load(ev, b, i, j):
+    return "0"
+
+
+def _problem(M: int, N: int, K: int, *, a_static: bool, b_static: bool, **kw) -> GemmProblem:
+    a = Operand(_load, static=np.zeros((1, M, K), np.float32) if a_static else None)
+    b = Operand(_load, static=np.zeros((1, K, N), np.float32) if b_static else None)
+    return GemmProblem("p", 1, M, N, K, a, b, None, None, **kw)  # type: ignore[arg-type]
+
+
+def test_options_are_the_ones_worked_out_below():
+    o = NO_BALANCE
+    assert (o.gemm_mr, o.gemm_nr, o.gemm_mc, o.gemm_nc, o.gemm_kc, o.gemm_wide, o.gemm_tile_floats,
+            o.gemm_min_tiles) == (6, 16, 96, 256, 1024, 512, 32768, 4)
+
+
+def test_pack_a_panels_interleaves_mr_rows_per_k_and_pads_with_zeros():
+    a = np.arange(1, 7, dtype=np.float32).reshape(1, 3, 2)  # rows [1 2] [3 4] [5 6]
+    got = pack_a_panels(a, 2)
+    assert got.shape == (1, 2, 2, 2) and got.flags.c_contiguous
+    assert got[0, 0].tolist() == [[1, 3], [2, 4]]  # panel 0: rows 0 and 1, k = 0 then k = 1
+    assert got[0, 1].tolist() == [[5, 0], [6, 0]]  # panel 1: row 2 and a zero row
+
+
+def test_pack_b_panels_interleaves_nr_columns_per_k_and_pads_with_zeros():
+    b = np.arange(1, 7, dtype=np.float32).reshape(1, 2, 3)  # rows [1 2 3] [4 5 6]
+    got = pack_b_panels(b, 2)
+    assert got.shape == (1, 2, 2, 2) and got.flags.c_contiguous
+    assert got[0, 0].tolist() == [[1, 2], [4, 5]]  # columns 0 and 1 per k
+    assert got[0, 1].tolist() == [[3, 0], [6, 0]]  # column 2 and a zero column
+
+
+def test_k_blocks_are_as_even_as_possible_and_at_most_kc():
+    assert k_blocks(10, 1024) == 10
+    assert k_blocks(1024, 512) == 512
+    assert k_blocks(1000, 512) == 500      # two blocks of 500, not 512 + 488
+    assert k_blocks(1025, 512) == 342      # three blocks: 342 + 342 + 341
+    assert k_blocks(513, 512) == 257
+
+
+def test_transposed_ld_pads_rows_that_are_a_multiple_of_1_kib():
+    assert transposed_ld(96) == 96         # 384 bytes
+    assert transposed_ld(256) == 272       # 1 KiB: one 64-byte line more
+    assert transposed_ld(512) == 528
+    assert transposed_ld(258) == 258
+
+
+def test_register_block():
+    assert register_block(_problem(5, 20, 3, a_static=True, b_static=False, register_block=(4, 8)), AVX2) == (4, 8)
+    # one row: 1 x gemm_gemv_nr (48), or N rounded up to whole 8-float vectors where narrower
+    assert register_block(_problem(1, 20, 3, a_static=False, b_static=True), AVX2) == (1, 24)
+    assert register_block(_problem(1, 100, 3, a_static=False, b_static=True), AVX2) == (1, 48)
+    assert register_block(_problem(1, 8, 3, a_static=False, b_static=True), AVX2) == (1, 8)
+    assert register_block(_problem(2, 100, 3, a_static=False, b_static=True), AVX2) == (6, 16)
+    assert register_block(_problem(1, 100, 3, a_static=False, b_static=True), AVX2.with_(gemm_gemv_nr=0)) == (6, 16)
+    assert register_block(_problem(1, 100, 3, a_static=False, b_static=True), AVX2.with_(simd="none")) == (6, 16)
+    # 1 x 200 needs 25 + 25 + 1 ymm registers: not an AVX2 block, so the options' one
+    assert register_block(_problem(1, 300, 3, a_static=False, b_static=True), AVX2.with_(gemm_gemv_nr=200)) == (6, 16)
+
+
+def test_microkernel_bodies():
+    assert microkernel_bodies(6, 16, "none", True) == "plain C"
+    assert microkernel_bodies(6, 16, "auto", False) == "AVX2 / plain C by the compiler's target"
+    assert microkernel_bodies(6, 12, "auto", False) == "plain C by the compiler's target"
+    assert microkernel_bodies(8, 32, "auto", True) == "AVX-512F / AVX2 / plain C by the compiler's target"
+    assert microkernel_bodies(1, 16, "auto", True) == "AVX2 / plain C by the compiler's target"  # 1 zmm: too few
+    assert microkernel_bodies(6, 16, "auto", False, neon=True) == "NEON / AVX2 / plain C by the compiler's target"
+    assert microkernel_bodies(6, 6, "auto", False, neon=True) == "plain C by the compiler's target"
+
+
+def test_blocking_when_the_problem_gives_the_tile_rows():
+    """``mc`` given (108): MC 108; NC from 32768 // 108 = 303: 288 columns, lowered to 240, a divisor of N = 720
+    within a quarter (272 and 256 are not); 3 tiles, so halved while fewer than 4: 120 -> 112 (neither 112 nor 96
+    divides 720): 7 tiles. K 2000 in two blocks of 1000. (Without the divisor: 288, then 144: 5 tiles.)"""
+    p = _problem(108, 720, 2000, a_static=True, b_static=False, mc=108)
+    assert choose_blocking(p, NO_BALANCE) == Blocking(108, 112, 1000)
+
+
+def test_blocking_when_the_problem_caps_the_tile_columns():
+    """``nc`` given (100): MC spans gemm_wide (M = 30: 30 rows), NC = min(100, 32768 // 30) -> 96, not a
+    divisor of N = 160, but 80 is (within a quarter of 96): 2 tiles, so halved: 40 -> 32 (160 = 5 x 32):
+    5 tiles."""
+    p = _problem(30, 160, 8, a_static=False, b_static=True, nc=100)
+    assert choose_blocking(p, NO_BALANCE) == Blocking(30, 32, 8)
+
+
+def test_blocking_b_packed_per_tile():
+    """A constant (weights), B packed per tile: MC spans gemm_wide (512, M = 64 rounds to 66, 11 panels);
+    NC = min(32768 // 66, 256) -> the 208 columns of N = 200, then halved for 4 tiles: 104 -> 96 (3
+    tiles), 48 (5 tiles)."""
+    p = _problem(64, 200, 100, a_static=True, b_static=False)
+    assert choose_blocking(p, NO_BALANCE) == Blocking(66, 48, 100)
+
+
+def test_blocking_a_packed_per_tile():
+    """B constant, A packed per tile: NC spans gemm_wide (N = 40: one 48-column tile), MC = min(32768 // 48,
+    96) -> the 30 rows; 1 tile, but 48 columns are fewer than 4 panels: not cut."""
+    p = _problem(30, 40, 8, a_static=False, b_static=True)
+    assert choose_blocking(p, NO_BALANCE) == Blocking(30, 48, 8)
+
+
+def test_blocking_both_packed():
+    """Both operands at run time (a MatMul of two activations): MC = gemm_mc (96), NC = 32768 // 96 -> the 64
+    columns; 2 tiles, so NC is halved to 32 (a divisor): 4 tiles."""
+    p = _problem(100, 64, 10, a_static=False, b_static=False)
+    assert choose_blocking(p, NO_BALANCE) == Blocking(96, 32, 10)
+
+
+def test_balance_gain_is_decided_at_the_first_thread_count_that_differs_enough():
+    assert balance_gain((0.90,), (0.85,))
+    assert not balance_gain((0.86,), (0.85,))           # below BALANCE_MIN_GAIN (0.02)
+    assert balance_gain((0.87,), (0.85,))               # exactly 0.02 counts
+    assert not balance_gain((0.80,), (0.85,))
+    assert balance_gain((0.85, 0.90), (0.85, 0.80))     # equal at 2 threads: 4 decides
+    assert not balance_gain((0.85, 0.70), (0.85, 0.80))
+    assert balance_gain((0.90, 0.50), (0.85, 0.90))     # the first count that differs decides
+    assert not balance_gain((0.85,), (0.85,))
+    with pytest.raises(ValueError):
+        balance_gain((0.85, 0.9), (0.85,))  # one efficiency per thread count, both sides
+
+
+def test_balance_efficiency_hands_tiles_out_in_order():
+    assert balance_efficiency([1.0, 1.0, 1.0], (2,)) == pytest.approx((0.75,))   # 3 tiles take 2 rounds
+    assert balance_efficiency([2.0, 1.0, 1.0], (2,)) == pytest.approx((1.0,))    # 2 || 1 + 1
+    assert balance_efficiency([1.0] * 4, (2, 3)) == pytest.approx((1.0, 2 / 3))  # 4 tiles on 3: 2 rounds
