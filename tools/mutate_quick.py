@@ -2,21 +2,21 @@
 machine).
 
 ``tools/mutate_narrow.py`` forks one pytest session per mutant, as mutmut does; on a loaded machine the session's
-start and collection cost far more than the few fast tests a mutant needs (at load 10-14 with the job yielding
-the cores, over 60 s of wall time a mutant). This tool imports the named test files once, records which test
-functions reach which mutated function (one unmutated run, as ``--per-test`` does), then forks per mutant and
-calls those test functions directly (the cheapest first, by CPU time in the unmutated run, stopping at the first
-that raises, like ``-x``; ``--max-tests N`` keeps the N cheapest, for triage). Only plain
-test functions are run: ``pytest.mark.parametrize`` is expanded (``pytest.param`` marks read); fixtures without
-parameters defined in the test file or a ``conftest.py`` above it are made as pytest would (function scope per
-test, wider scopes once per mutant process, generator fixtures included), with ``tmp_path``,
-``tmp_path_factory``, ``monkeypatch`` and ``worker_id`` built in; a test needing another fixture (``request``,
-``capsys``, a parametrized fixture) is skipped, listed at the start. Tests marked ``--exclude-mark`` (``slow`` by
-default), ``skip``, ``xfail`` or a true ``skipif`` are not run; ``pytest.skip()`` inside a test is a pass, as in
-pytest. ``--deselect TEXT`` skips the tests whose id holds TEXT. A mutant is ``killed`` when a test raises (an
-assertion or any error), ``timeout`` past ``--cpu-limit`` CPU seconds (or ``--timeout`` wall seconds), ``not
-reached`` when no test calls its function, else ``survived``; a survivor here should still be run with
-``tools/mutate_narrow.py`` against a wider selection before it is called equivalent.
+start and collection cost far more than the few fast tests a mutant needs (at load 10-14 with the job yielding the
+cores, over 60 s of wall time a mutant). This tool imports the named test files once, records which test functions
+reach which mutated function (one unmutated run, as ``--per-test`` does), then forks per mutant and calls those test
+functions directly (the cheapest first, by CPU time in the unmutated run, stopping at the first that raises, like
+``-x``; ``--max-tests N`` keeps the N cheapest, for triage). Only plain test functions are run:
+``pytest.mark.parametrize`` is expanded (``pytest.param`` marks read); fixtures without parameters defined in the
+test file or a ``conftest.py`` above it are made as pytest would (function scope per test, wider scopes once per
+mutant process, generator fixtures included), with ``tmp_path``, ``tmp_path_factory``, ``monkeypatch`` and
+``worker_id`` built in; a test needing another fixture (``request``, ``capsys``, a parametrized fixture) is skipped,
+listed at the start. Tests marked ``--exclude-mark`` (``slow`` by default), ``skip``, ``xfail`` or a true ``skipif``
+are not run; ``pytest.skip()`` inside a test is a pass, as in pytest. ``--deselect TEXT`` skips the tests whose id
+holds TEXT, ``--select TEXT`` keeps only those. A mutant is ``killed`` when a test raises (an assertion or any
+error), ``timeout`` past ``--cpu-limit`` CPU seconds (or ``--timeout`` wall seconds), ``not reached`` when no test
+calls its function, else ``survived``; a survivor here should still be run with ``tools/mutate_narrow.py`` against a
+wider selection before it is called equivalent.
 
 Generated C is compiled through opfuse's own build cache, which is content-addressed (the key hashes the C text,
 the compiler's identity and the flags: ``runtime/toolchain.build_key``). Every process of a run, and every run,
@@ -410,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpu-limit", type=int, default=30, help="CPU seconds per mutant (then: timeout)")
     ap.add_argument("--jobs", type=int, default=1, help="mutants run at once")
     ap.add_argument("--deselect", action="append", default=[], help="skip the tests whose id has this (repeatable)")
+    ap.add_argument("--select", action="append", default=[], help="keep only the tests whose id has one of these")
     ap.add_argument("--exclude-mark", action="append", default=None, help="skip tests with this mark (default: slow)")
     ap.add_argument("--build-cache", type=Path, default=Path(".opfuse-cache/mutation"),
                     help="the build cache shared by every mutant (content-addressed: unchanged C is not compiled)")
@@ -437,7 +438,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.path[:] = [str(root / "src")] + [p for p in sys.path if not p.rstrip("/").endswith("/src")]
     preimport(root)
     tests, skipped = collect(args.tests, tuple(args.exclude_mark if args.exclude_mark is not None else ["slow"]))
-    tests = [t for t in tests if not any(d in t.id for d in args.deselect)]
+    tests = [t for t in tests if not any(d in t.id for d in args.deselect)
+             and (not args.select or any(k in t.id for k in args.select))]
     for tid in skipped:
         print(f"# skipped: {tid}")
     from opfuse.runtime.toolchain import Toolchain
