@@ -11,11 +11,13 @@ import pytest
 
 from opfuse.codegen import CodegenOptions
 from opfuse.codegen.gemm import (
-    Blocking, GemmProblem, Operand, balance_efficiency, balance_gain, choose_blocking, k_blocks, microkernel_bodies,
+    Blocking, ColAccess, GemmProblem, Operand, balance_efficiency, balance_gain, choose_blocking, k_blocks, microkernel_bodies,
     pack_a_panels, pack_b_panels, register_block, transposed_ld,
 )
 
 AVX2 = CodegenOptions(vector_isa="avx2").resolved("avx2")
+AVX512 = CodegenOptions(vector_isa="avx512").resolved("avx512")
+NEON = CodegenOptions(vector_isa="neon").resolved("neon")
 NO_BALANCE = AVX2.with_(balance_threads=())
 
 
@@ -23,9 +25,11 @@ def _load(ev, b, i, j):
     return "0"
 
 
-def _problem(M: int, N: int, K: int, *, a_static: bool, b_static: bool, **kw) -> GemmProblem:
+def _problem(M: int, N: int, K: int, *, a_static: bool, b_static: bool, b_in_place: bool = False,
+             **kw) -> GemmProblem:
     a = Operand(_load, static=np.zeros((1, M, K), np.float32) if a_static else None)
-    b = Operand(_load, static=np.zeros((1, K, N), np.float32) if b_static else None)
+    b = Operand(_load, static=np.zeros((1, K, N), np.float32) if b_static else None,
+                cols=ColAccess(lambda b, k, n: "x", N) if b_in_place else None)
     return GemmProblem("p", 1, M, N, K, a, b, None, None, **kw)  # type: ignore[arg-type]
 
 
@@ -37,16 +41,16 @@ def test_options_are_the_ones_worked_out_below():
 
 def test_pack_a_panels_interleaves_mr_rows_per_k_and_pads_with_zeros():
     a = np.arange(1, 7, dtype=np.float32).reshape(1, 3, 2)  # rows [1 2] [3 4] [5 6]
-    got = pack_a_panels(a, 2)
-    assert got.shape == (1, 2, 2, 2) and got.flags.c_contiguous
+    got = pack_a_panels(a.astype(np.float64), 2)
+    assert got.shape == (1, 2, 2, 2) and got.flags.c_contiguous and got.dtype == np.float32
     assert got[0, 0].tolist() == [[1, 3], [2, 4]]  # panel 0: rows 0 and 1, k = 0 then k = 1
     assert got[0, 1].tolist() == [[5, 0], [6, 0]]  # panel 1: row 2 and a zero row
 
 
 def test_pack_b_panels_interleaves_nr_columns_per_k_and_pads_with_zeros():
     b = np.arange(1, 7, dtype=np.float32).reshape(1, 2, 3)  # rows [1 2 3] [4 5 6]
-    got = pack_b_panels(b, 2)
-    assert got.shape == (1, 2, 2, 2) and got.flags.c_contiguous
+    got = pack_b_panels(b.astype(np.float64), 2)
+    assert got.shape == (1, 2, 2, 2) and got.flags.c_contiguous and got.dtype == np.float32
     assert got[0, 0].tolist() == [[1, 2], [4, 5]]  # columns 0 and 1 per k
     assert got[0, 1].tolist() == [[3, 0], [6, 0]]  # column 2 and a zero column
 
@@ -77,6 +81,19 @@ def test_register_block():
     assert register_block(_problem(1, 100, 3, a_static=False, b_static=True), AVX2.with_(simd="none")) == (6, 16)
     # 1 x 200 needs 25 + 25 + 1 ymm registers: not an AVX2 block, so the options' one
     assert register_block(_problem(1, 300, 3, a_static=False, b_static=True), AVX2.with_(gemm_gemv_nr=200)) == (6, 16)
+
+
+def test_single_row_register_block_of_each_isa():
+    """1 x 128 is too wide for AVX2 (16 + 16 + 1 ymm) and fits AVX-512 (8 accumulators + 8 + 1 zmm); 1 x 12 is not
+    whole ymm vectors but 3 NEON q registers (3 + 3 + 1 of 32). Elsewhere the options' block."""
+    wide = _problem(1, 128, 3, a_static=False, b_static=True)
+    assert register_block(wide, AVX512.with_(gemm_gemv_nr=128)) == (1, 128)
+    assert register_block(wide, AVX2.with_(gemm_gemv_nr=128)) == (6, 16)
+    assert register_block(wide, NEON.with_(gemm_gemv_nr=128)) == (6, 16)
+    narrow = _problem(1, 20, 3, a_static=False, b_static=True)
+    assert register_block(narrow, NEON.with_(gemm_gemv_nr=12)) == (1, 12)
+    assert register_block(narrow, AVX2.with_(gemm_gemv_nr=12)) == (6, 16)
+    assert register_block(narrow, AVX512.with_(gemm_gemv_nr=12)) == (8, 32)
 
 
 def test_microkernel_bodies():
@@ -118,6 +135,24 @@ def test_blocking_a_packed_per_tile():
     96) -> the 30 rows; 1 tile, but 48 columns are fewer than 4 panels: not cut."""
     p = _problem(30, 40, 8, a_static=False, b_static=True)
     assert choose_blocking(p, NO_BALANCE) == Blocking(30, 48, 8)
+
+
+def test_blocking_constant_a_and_b_read_in_place():
+    """Weights (A) and B read in place, nothing packed per tile: each weight panel serves all it can, MC spans
+    gemm_wide (M = 200: 204 rows), NC = 32768 // 204 = 160 (no divisor of N = 200 among 160, 144, 128), 2 tiles,
+    halved: 80 (80 and 64 do not divide 200; 3 tiles), 40 -> 32: 7 tiles. (As the default branch, gemm_mc: MC
+    96 and NC 96.)"""
+    p = _problem(200, 200, 100, a_static=True, b_static=False, b_in_place=True)
+    assert choose_blocking(p, NO_BALANCE) == Blocking(204, 32, 100)
+
+
+def test_blocking_sizes_are_whole_numbers():
+    for p in (_problem(200, 200, 100, a_static=True, b_static=False, b_in_place=True),
+              _problem(30, 1000, 8, a_static=False, b_static=True),
+              _problem(64, 200, 100, a_static=True, b_static=False),
+              _problem(100, 64, 10, a_static=False, b_static=False)):
+        blk = choose_blocking(p, NO_BALANCE)
+        assert all(type(v) is int for v in (blk.MC, blk.NC, blk.KC)), blk
 
 
 def test_blocking_both_packed():
