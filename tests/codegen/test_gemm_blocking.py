@@ -11,8 +11,8 @@ import pytest
 
 from opfuse.codegen import CodegenOptions
 from opfuse.codegen.gemm import (
-    Blocking, ColAccess, GemmProblem, Operand, balance_efficiency, balance_gain, choose_blocking, k_blocks, microkernel_bodies,
-    pack_a_panels, pack_b_panels, register_block, transposed_ld,
+    Blocking, ColAccess, GemmProblem, Operand, balance_efficiency, balance_gain, choose_blocking, k_blocks,
+    microkernel_bodies, pack_a_panels, pack_b_panels, register_block, transposed_ld,
 )
 
 AVX2 = CodegenOptions(vector_isa="avx2").resolved("avx2")
@@ -148,7 +148,7 @@ def test_blocking_constant_a_and_b_read_in_place():
 
 def test_blocking_sizes_are_whole_numbers():
     for p in (_problem(200, 200, 100, a_static=True, b_static=False, b_in_place=True),
-              _problem(30, 1000, 8, a_static=False, b_static=True),
+              _problem(100, 1000, 8, a_static=False, b_static=True),
               _problem(64, 200, 100, a_static=True, b_static=False),
               _problem(100, 64, 10, a_static=False, b_static=False)):
         blk = choose_blocking(p, NO_BALANCE)
@@ -160,6 +160,19 @@ def test_blocking_both_packed():
     columns; 2 tiles, so NC is halved to 32 (a divisor): 4 tiles."""
     p = _problem(100, 64, 10, a_static=False, b_static=False)
     assert choose_blocking(p, NO_BALANCE) == Blocking(96, 32, 10)
+
+
+def test_blocking_stops_cutting_at_gemm_min_tiles_counting_every_tile():
+    """The tile count is batches x row tiles x column tiles, each rounded up, and cutting stops at 4 (not past it).
+    Both packed, M = 384 (4 row tiles of 96), N = 128 (one tile of 128): 4 tiles, no cut. M = 100 (2 row tiles,
+    the second 4 rows), N = 256: 2 tiles, then 128 columns: 4. A's packing per tile (B constant) with ``nc`` 64:
+    M = 30 in one tile, N = 200 in 64-column tiles: 4 (the last 8 columns), no cut; in 64 rows of 100 (M = 100,
+    N = 1000: NC 512, MC = 32768 // 512 = 64 -> 60 rows) 2 x 2 tiles."""
+    assert choose_blocking(_problem(384, 128, 10, a_static=False, b_static=False), NO_BALANCE) == Blocking(96, 128, 10)
+    assert choose_blocking(_problem(100, 256, 10, a_static=False, b_static=False), NO_BALANCE) == Blocking(96, 128, 10)
+    assert choose_blocking(_problem(30, 200, 8, a_static=False, b_static=True, nc=64), NO_BALANCE) == \
+        Blocking(30, 64, 8)
+    assert choose_blocking(_problem(100, 1000, 8, a_static=False, b_static=True), NO_BALANCE) == Blocking(60, 512, 8)
 
 
 def test_balance_gain_is_decided_at_the_first_thread_count_that_differs_enough():
