@@ -192,3 +192,29 @@ def test_balance_efficiency_hands_tiles_out_in_order():
     assert balance_efficiency([1.0, 1.0, 1.0], (2,)) == pytest.approx((0.75,))   # 3 tiles take 2 rounds
     assert balance_efficiency([2.0, 1.0, 1.0], (2,)) == pytest.approx((1.0,))    # 2 || 1 + 1
     assert balance_efficiency([1.0] * 4, (2, 3)) == pytest.approx((1.0, 2 / 3))  # 4 tiles on 3: 2 rounds
+
+
+@pytest.mark.parametrize("bias, relu, what", [(False, False, "stored"), (True, False, "bias added and stored"),
+                                              (False, True, "Relu applied and stored"),
+                                              (True, True, "bias and Relu applied and stored")])
+def test_the_report_says_what_the_micro_kernel_stores(bias, relu, what):
+    """A 1x1 convolution (16 -> 32 channels, 8x8: 64 positions, whole 6 x 16 blocks along N) finished in the
+    micro-kernel's registers: the kernel's notes (the report) and the C comment say what it applies before the
+    store, with the node's name."""
+    from cg_support import group_by_names
+    from opfuse.codegen.program import generate
+    from opfuse.ops import GraphBuilder
+    rng = np.random.default_rng(0)
+    b = GraphBuilder("g")
+    args = [b.input("x", (1, 16, 8, 8)), b.const("w", rng.standard_normal((32, 16, 1, 1)).astype(np.float32))]
+    if bias:
+        args.append(b.const("bias", rng.standard_normal(32).astype(np.float32)))
+    y = b.op("Conv", *args, kernel_shape=[1, 1], name="conv")
+    if relu:
+        y = b.op("Relu", y, name="relu")
+    g = b.build(y)
+    program = generate(g, group_by_names(g, [("k", ["conv", "relu"] if relu else ["conv"])]),
+                       options=CodegenOptions(vector_isa="avx2"))
+    note = f"GEMM 'conv': output {what} by the micro-kernel"
+    assert note in [n for k in program.kernels for n in k.notes]
+    assert f"GEMM 'node_conv': output {what} by the micro-kernel" in program.source  # c_ident(name, "node")
