@@ -11,8 +11,9 @@ import pytest
 
 from opfuse.codegen import CodegenOptions
 from opfuse.codegen.gemm import (
-    Blocking, ColAccess, GemmProblem, Operand, balance_efficiency, balance_gain, choose_blocking, k_blocks,
-    microkernel_bodies, pack_a_panels, pack_b_panels, register_block, transposed_ld,
+    BALANCE_MIN_GAIN, Blocking, ColAccess, GemmProblem, Operand, balance_efficiency, balance_gain, balance_tiles,
+    choose_blocking, k_blocks, microkernel_bodies, pack_a_panels, pack_b_panels, register_block, tile_costs,
+    transposed_ld,
 )
 
 AVX2 = CodegenOptions(vector_isa="avx2").resolved("avx2")
@@ -25,12 +26,12 @@ def _load(ev, b, i, j):
     return "0"
 
 
-def _problem(M: int, N: int, K: int, *, a_static: bool, b_static: bool, b_in_place: bool = False,
+def _problem(M: int, N: int, K: int, *, a_static: bool, b_static: bool, b_in_place: bool = False, nb: int = 1,
              **kw) -> GemmProblem:
-    a = Operand(_load, static=np.zeros((1, M, K), np.float32) if a_static else None)
-    b = Operand(_load, static=np.zeros((1, K, N), np.float32) if b_static else None,
+    a = Operand(_load, static=np.zeros((nb, M, K), np.float32) if a_static else None)
+    b = Operand(_load, static=np.zeros((nb, K, N), np.float32) if b_static else None,
                 cols=ColAccess(lambda b, k, n: "x", N) if b_in_place else None)
-    return GemmProblem("p", 1, M, N, K, a, b, None, None, **kw)  # type: ignore[arg-type]
+    return GemmProblem("p", nb, M, N, K, a, b, None, None, **kw)  # type: ignore[arg-type]
 
 
 def test_options_are_the_ones_worked_out_below():
@@ -178,7 +179,7 @@ def test_blocking_stops_cutting_at_gemm_min_tiles_counting_every_tile():
 def test_balance_gain_is_decided_at_the_first_thread_count_that_differs_enough():
     assert balance_gain((0.90,), (0.85,))
     assert not balance_gain((0.86,), (0.85,))           # below BALANCE_MIN_GAIN (0.02)
-    assert balance_gain((0.87,), (0.85,))               # exactly 0.02 counts
+    assert balance_gain((BALANCE_MIN_GAIN,), (0.0,))    # exactly the minimum gain counts
     assert not balance_gain((0.80,), (0.85,))
     assert balance_gain((0.85, 0.90), (0.85, 0.80))     # equal at 2 threads: 4 decides
     assert not balance_gain((0.85, 0.70), (0.85, 0.80))
@@ -218,3 +219,23 @@ def test_the_report_says_what_the_micro_kernel_stores(bias, relu, what):
     note = f"GEMM 'conv': output {what} by the micro-kernel"
     assert note in [n for k in program.kernels for n in k.notes]
     assert f"GEMM 'node_conv': output {what} by the micro-kernel" in program.source  # c_ident(name, "node")
+
+
+def test_tile_costs_count_every_tile_from_the_first_row_and_column():
+    # 13 rows in tiles of 6: 6, 6 and 1 (rounded up to a 6-row block); the same for 13 columns
+    assert tile_costs(13, 16, 6, 16, 6, 16) == [96.0, 96.0, 96.0]
+    assert tile_costs(16, 13, 16, 6, 16, 6) == [96.0, 96.0, 96.0]
+
+
+def test_balancing_starts_at_parallel_min_work():
+    """A 1x1 convolution as the GEMM core sees it (weights A 16 x K, activations B packed per tile, N = 64) in
+    one 18 x 64 tile. 2 x M x N x K flops: with K = 16 exactly ``parallel_min_work`` (32768), so it is balanced;
+    every candidate of 4 tiles or more beats the blocking's 1, and of those only 18 x 16 (4 column tiles) does
+    not cut M (B would be packed again per row tile): 18 x 16. With K = 15 (30720 flops) the blocking stays.
+    Two batches (K = 8: 32768 again): 2 tiles, and the fewest that reach 4 in all, without cutting M, are
+    18 x 32 (2 x 2 tiles, evenly loaded like 18 x 16's 2 x 4)."""
+    o = AVX2
+    assert o.parallel_min_work == 32768 and o.balance_threads == (2,)
+    assert balance_tiles(_problem(16, 64, 16, a_static=True, b_static=False), o, 6, 16, 18, 64) == (18, 16)
+    assert balance_tiles(_problem(16, 64, 15, a_static=True, b_static=False), o, 6, 16, 18, 64) == (18, 64)
+    assert balance_tiles(_problem(16, 64, 8, a_static=True, b_static=False, nb=2), o, 6, 16, 18, 64) == (18, 32)
