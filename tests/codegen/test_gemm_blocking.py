@@ -201,7 +201,7 @@ def test_balance_efficiency_hands_tiles_out_in_order():
 def test_the_report_says_what_the_micro_kernel_stores(bias, relu, what):
     """A 1x1 convolution (16 -> 32 channels, 8x8: 64 positions, whole 6 x 16 blocks along N) finished in the
     micro-kernel's registers: the kernel's notes (the report) and the C comment say what it applies before the
-    store, with the node's name."""
+    store, with the node's name, and which micro-kernel bodies it has (AVX2's options: the AVX2 one)."""
     from cg_support import group_by_names
     from opfuse.codegen.program import generate
     from opfuse.ops import GraphBuilder
@@ -217,7 +217,9 @@ def test_the_report_says_what_the_micro_kernel_stores(bias, relu, what):
     program = generate(g, group_by_names(g, [("k", ["conv", "relu"] if relu else ["conv"])]),
                        options=CodegenOptions(vector_isa="avx2"))
     note = f"GEMM 'conv': output {what} by the micro-kernel"
-    assert note in [n for k in program.kernels for n in k.notes]
+    notes = [n for k in program.kernels for n in k.notes]
+    assert note in notes
+    assert "GEMM 'conv': 6x16 micro-kernel, AVX2 / plain C by the compiler's target" in notes
     assert f"GEMM 'node_conv': output {what} by the micro-kernel" in program.source  # c_ident(name, "node")
 
 
