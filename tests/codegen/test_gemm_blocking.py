@@ -95,6 +95,10 @@ def test_single_row_register_block_of_each_isa():
     assert register_block(narrow, NEON.with_(gemm_gemv_nr=12)) == (1, 12)
     assert register_block(narrow, AVX2.with_(gemm_gemv_nr=12)) == (6, 16)
     assert register_block(narrow, AVX512.with_(gemm_gemv_nr=12)) == (8, 32)
+    # 1 x 64 is 4 zmm accumulators, fewer than MIN_ZMM_ACCUMULATORS (8): the options' block (2 rows would fit)
+    assert register_block(_problem(1, 64, 3, a_static=False, b_static=True), AVX512.with_(gemm_gemv_nr=64)) == (8, 32)
+    # 1 x 60 on NEON: 15 + 15 + 1 q registers of 32 (2 rows would need 46)
+    assert register_block(_problem(1, 60, 3, a_static=False, b_static=True), NEON.with_(gemm_gemv_nr=60)) == (1, 60)
 
 
 def test_microkernel_bodies():
@@ -131,6 +135,20 @@ def test_blocking_b_packed_per_tile():
     assert choose_blocking(p, NO_BALANCE) == Blocking(66, 48, 100)
 
 
+def test_blocking_b_packed_per_tile_caps_the_columns_at_gemm_nc():
+    """As above with N = 1000: NC = min(496, gemm_nc 256) -> 256 (no multiple of 16 divides 1000): 4 tiles, no cut.
+    (Without the cap: 496, then 240.)"""
+    p = _problem(64, 1000, 100, a_static=True, b_static=False)
+    assert choose_blocking(p, NO_BALANCE) == Blocking(66, 256, 100)
+
+
+def test_blocking_takes_a_divisor_three_quarters_down():
+    """``nc`` 64 and N = 144: 64 does not divide 144, 48 (= 64 x 3 / 4, the last candidate) does: 3 tiles, and 48
+    is fewer than 4 panels, so no cut."""
+    p = _problem(30, 144, 8, a_static=False, b_static=True, nc=64)
+    assert choose_blocking(p, NO_BALANCE) == Blocking(30, 48, 8)
+
+
 def test_blocking_a_packed_per_tile():
     """B constant, A packed per tile: NC spans gemm_wide (N = 40: one 48-column tile), MC = min(32768 // 48,
     96) -> the 30 rows; 1 tile, but 48 columns are fewer than 4 panels: not cut."""
@@ -151,7 +169,9 @@ def test_blocking_sizes_are_whole_numbers():
     for p in (_problem(200, 200, 100, a_static=True, b_static=False, b_in_place=True),
               _problem(100, 1000, 8, a_static=False, b_static=True),
               _problem(64, 200, 100, a_static=True, b_static=False),
-              _problem(100, 64, 10, a_static=False, b_static=False)):
+              _problem(100, 64, 10, a_static=False, b_static=False),
+              _problem(100, 1000, 10, a_static=False, b_static=False),
+              _problem(30, 1000, 8, a_static=False, b_static=True, nc=2000)):
         blk = choose_blocking(p, NO_BALANCE)
         assert all(type(v) is int for v in (blk.MC, blk.NC, blk.KC)), blk
 
