@@ -384,8 +384,9 @@ def reach(tests: list[Test], cache: Path) -> tuple[dict[str, list[str]], dict[st
 
 
 def classify(status: str, log: dict | None, baseline: set[str]) -> str:
-    """A survivor's kind: whether every program its tests built is one the unmutated tests built."""
-    if status != "survived" or log is None:
+    """A survivor's kind: whether every program its tests built is one the unmutated tests built (``baseline``:
+    the programs the same tests built unmutated); plain ``survived`` where neither built any."""
+    if status != "survived" or log is None or not (baseline or log["keys"]):
         return status
     return "survived (C unchanged)" if set(log["keys"]) <= baseline else "survived (C changed)"
 
@@ -479,6 +480,7 @@ def _run(args, names: list[str], tests: list[Test], cache: Path, scratch: Path) 
         else:
             mine = sorted((t for t in tests if t.id in ids), key=lambda t: cost.get(t.id, 0.0))  # cheapest first
             jobs.append((n, mine[:args.max_tests] if args.max_tests else mine))
+    built = {n: {k for t in ts for k in keys.get(t.id, ())} for n, ts in jobs}  # per mutant: its tests' programs
     running: dict[int, tuple[str, float, Path]] = {}
     t1 = time.monotonic()
     while jobs or running:
@@ -500,7 +502,7 @@ def _run(args, names: list[str], tests: list[Test], cache: Path, scratch: Path) 
                 continue
             del running[pid]
             log = json.loads(log_to.read_text()) if log_to.is_file() else None
-            results[n] = classify(results[n], log, baseline)
+            results[n] = classify(results[n], log, built[n])
             built = f"{log['compiled']} compiled" if log is not None else "?"
             print(n, results[n], f"# {time.monotonic() - start:.1f} s, {built}", flush=True)
     counts = {s: sum(1 for v in results.values() if v == s) for s in sorted(set(results.values()))}

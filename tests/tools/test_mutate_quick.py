@@ -120,3 +120,4 @@ def test_build_log_sees_compiles_and_unchanged_c(tmp_path, monkeypatch):
     assert mq.classify("survived", data, baseline) == "survived (C changed)"
     assert mq.classify("survived", {"keys": sorted(baseline), "compiled": 0}, baseline) == "survived (C unchanged)"
     assert mq.classify("killed", data, baseline) == "killed"
+    assert mq.classify("survived", {"keys": [], "compiled": 0}, set()) == "survived"  # no C built either way
