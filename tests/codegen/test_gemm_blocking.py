@@ -171,7 +171,7 @@ def test_blocking_sizes_are_whole_numbers():
               _problem(64, 200, 100, a_static=True, b_static=False),
               _problem(100, 64, 10, a_static=False, b_static=False),
               _problem(100, 1000, 10, a_static=False, b_static=False),
-              _problem(30, 1000, 8, a_static=False, b_static=True, nc=2000)):
+              _problem(30, 2000, 8, a_static=False, b_static=True, nc=4000)):
         blk = choose_blocking(p, NO_BALANCE)
         assert all(type(v) is int for v in (blk.MC, blk.NC, blk.KC)), blk
 
