@@ -261,3 +261,19 @@ def test_balancing_starts_at_parallel_min_work():
     assert balance_tiles(_problem(16, 64, 16, a_static=True, b_static=False), o, 6, 16, 18, 64) == (18, 16)
     assert balance_tiles(_problem(16, 64, 15, a_static=True, b_static=False), o, 6, 16, 18, 64) == (18, 64)
     assert balance_tiles(_problem(16, 64, 8, a_static=True, b_static=False, nb=2), o, 6, 16, 18, 64) == (18, 32)
+
+
+@pytest.mark.parametrize("isa, note", [("avx2", "6x16 micro-kernel, AVX2 / plain C by the compiler's target"),
+                                       ("avx512", "8x32 micro-kernel, AVX-512F / AVX2 / plain C by the compiler's "
+                                                  "target"),
+                                       ("neon", "6x16 micro-kernel, NEON / AVX2 / plain C by the compiler's target")])
+def test_the_report_names_the_micro_kernel_bodies_of_the_isa(isa, note):
+    """Each ISA's register block (REGISTER_BLOCKS) and the bodies its micro-kernel has: AVX-512's 8 x 32 (16 zmm
+    accumulators) also an AVX2 body (32 is whole ymm vectors), NEON's 6 x 16 a NEON body first."""
+    from opfuse.codegen.program import generate
+    from opfuse.ops import GraphBuilder
+    b = GraphBuilder("g")
+    w = b.const("w", np.ones((32, 16, 1, 1), np.float32))
+    g = b.build(b.op("Conv", b.input("x", (1, 16, 8, 8)), w, kernel_shape=[1, 1], name="conv"))
+    program = generate(g, None, options=CodegenOptions(vector_isa=isa))
+    assert f"GEMM 'conv': {note}" in [n for k in program.kernels for n in k.notes]
