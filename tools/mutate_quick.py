@@ -503,8 +503,8 @@ def _run(args, names: list[str], tests: list[Test], cache: Path, scratch: Path) 
             del running[pid]
             log = json.loads(log_to.read_text()) if log_to.is_file() else None
             results[n] = classify(results[n], log, built[n])
-            built = f"{log['compiled']} compiled" if log is not None else "?"
-            print(n, results[n], f"# {time.monotonic() - start:.1f} s, {built}", flush=True)
+            compiled_note = f"{log['compiled']} compiled" if log is not None else "?"
+            print(n, results[n], f"# {time.monotonic() - start:.1f} s, {compiled_note}", flush=True)
     counts = {s: sum(1 for v in results.values() if v == s) for s in sorted(set(results.values()))}
     print("mutate_quick:", len(results), "mutants", counts, f"in {time.monotonic() - t1:.0f} s")
     return 0
