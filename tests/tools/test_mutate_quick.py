@@ -1,0 +1,123 @@
+"""tools/mutate_quick.py without mutmut: how it runs test functions (fixtures from the file and the
+conftest.py files above it, built-in fixtures, marks) and how it sees whether a process compiled C
+(opfuse's build cache is content-addressed, so an unchanged program is a hit and costs no compile)."""
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+import mutate_quick as mq  # noqa: E402
+
+from opfuse.ir import Graph  # noqa: E402
+from opfuse.ops import GraphBuilder  # noqa: E402
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_fixtures_marks_and_skips(tmp_path):
+    root = tmp_path / "tests"
+    _write(root / "conftest.py", """
+        import pytest
+        CALLS = []
+
+        @pytest.fixture(scope="session")
+        def outer(tmp_path_factory):
+            CALLS.append("outer")
+            return tmp_path_factory.mktemp("outer")
+
+        @pytest.fixture(params=[1, 2])
+        def param_fixture():
+            return 0
+        """)
+    test = _write(root / "sub" / "test_mq_sample_a.py", """
+        import pytest
+
+        @pytest.fixture
+        def inner(outer, tmp_path):
+            yield (outer, tmp_path)
+            inner.torn_down = True
+
+        def test_uses(inner, cache_dir, monkeypatch, worker_id):
+            monkeypatch.setenv("MQ_SAMPLE", "1")
+            assert inner[0].is_dir() and inner[1].is_dir() and inner[0] != inner[1]
+            assert worker_id == "master"
+            assert cache_dir.name == "the-cache"
+
+        @pytest.mark.parametrize("a, b", [(1, 2), pytest.param(3, 4, marks=pytest.mark.slow)])
+        def test_param(a, b):
+            assert b == a + 1
+
+        @pytest.mark.skipif(True, reason="never")
+        def test_skipped():
+            raise AssertionError
+
+        def test_skips_itself():
+            pytest.skip("at run time")
+
+        def test_needs_param(param_fixture):
+            pass
+
+        def test_needs_request(request):
+            pass
+        """)
+    tests, skipped = mq.collect([str(test)])
+    ids = [t.id.split("::")[1] for t in tests]
+    assert ids == ["test_uses", "test_param[0]", "test_skips_itself"]
+    assert sorted(s.split("::")[1] for s in skipped) == [
+        "test_needs_param (needs a fixture)", "test_needs_request (needs a fixture)",
+        "test_param[1] (marked)", "test_skipped (marked)"]
+    session = mq._Session(tmp_path / "the-cache")
+    try:
+        for t in tests:
+            session.call(t)  # pytest.skip() inside a test is a pass, not a failure
+        session.call(tests[0])
+        conftest = sys.modules[next(n for n, m in sys.modules.items()
+                                    if n.startswith("conftest_") and hasattr(m, "CALLS"))]
+        assert conftest.CALLS == ["outer"]  # session scope: made once for both calls
+        import os
+        assert "MQ_SAMPLE" not in os.environ  # monkeypatch undone after the test
+    finally:
+        session.close()
+    assert not session.base.exists()
+    bad = next(t for t in tests if t.id.endswith("test_param[0]"))
+    wrong = mq.Test(bad.id, bad.fn, {"a": 1, "b": 5}, bad.fixtures, bad.autouse)
+    with pytest.raises(AssertionError):
+        mq._Session(tmp_path / "the-cache").call(wrong)
+
+
+def _graph(op: str) -> Graph:
+    b = GraphBuilder("mq")
+    return b.build(b.op(op, b.input("x", (4,))))
+
+
+def test_build_log_sees_compiles_and_unchanged_c(tmp_path, monkeypatch):
+    from opfuse.runtime import toolchain
+    from opfuse.runtime.native import build
+    monkeypatch.setattr(toolchain, "build_key", toolchain.build_key)  # BuildLog.install replaces both
+    monkeypatch.setattr(toolchain, "_build_entry", toolchain._build_entry)
+    log = mq.BuildLog()
+    log.install()
+    cache = tmp_path / "cache"
+    x = np.array([-1, 0, 1, 2], dtype=np.float32)
+    g = _graph("Relu")
+    assert np.array_equal(build(g, cache_dir=cache).run({"x": x})[g.outputs[0].name], [0, 0, 1, 2])
+    assert (len(set(log.keys)), log.compiled) == (1, 1)
+    build(_graph("Relu"), cache_dir=cache)  # the same C again: a cache hit
+    assert (len(set(log.keys)), log.compiled) == (1, 1)
+    baseline = set(log.keys)
+    build(_graph("Neg"), cache_dir=cache)  # another op: other C
+    assert (len(set(log.keys)), log.compiled) == (2, 2)
+    log.dump(tmp_path / "log.json")
+    import json
+    data = json.loads((tmp_path / "log.json").read_text())
+    assert mq.classify("survived", data, baseline) == "survived (C changed)"
+    assert mq.classify("survived", {"keys": sorted(baseline), "compiled": 0}, baseline) == "survived (C unchanged)"
+    assert mq.classify("killed", data, baseline) == "killed"
+    assert mq.classify("survived", {"keys": [], "compiled": 0}, set()) == "survived"  # no C built either way
