@@ -1257,6 +1257,14 @@ def _gemm_words(kc, ev, node: Node, x: QInput, ep: QEpilogue, G: int, zu: int | 
                    {})
 
 
+# Keeps the micro-kernels out of line (``_micro_kernel``'s docstring says why): gcc's ``noipa`` (no inlining and
+# no interprocedural assumptions), clang's ``noinline``; defined once per program, by the first kernel emitted.
+_OUT_OF_LINE = ("#ifndef OPFUSE_Q8_OUT_OF_LINE", "#if defined(__GNUC__) && !defined(__clang__)",
+                "#define OPFUSE_Q8_OUT_OF_LINE __attribute__((noipa))", "#elif defined(__GNUC__)",
+                "#define OPFUSE_Q8_OUT_OF_LINE __attribute__((noinline))", "#else", "#define OPFUSE_Q8_OUT_OF_LINE",
+                "#endif", "#endif")
+
+
 def _micro_kernel(kc, MR: int, NV: int, offsets: list[int], dot: str) -> str:
     """The GEMM's inner loop as a function of its own (not inlined, no constant propagated into it), shared by
     the convolutions of the same block and taps: ``acc[i * NV + v]`` (MR channels x NV vectors of 8 positions)
@@ -1269,10 +1277,7 @@ def _micro_kernel(kc, MR: int, NV: int, offsets: list[int], dot: str) -> str:
     key = f"{MR}x{NV}|{','.join(map(str, offsets))}|{dot}"
     name = f"opfuse_q8_mk_{MR}x{NV}_{hashlib.sha1(key.encode()).hexdigest()[:12]}"
     taps = len(offsets)
-    lines = ["#if defined(__AVX2__)", "#ifndef OPFUSE_Q8_OUT_OF_LINE", "#if defined(__GNUC__) && !defined(__clang__)",
-             "#define OPFUSE_Q8_OUT_OF_LINE __attribute__((noipa))", "#elif defined(__GNUC__)",
-             "#define OPFUSE_Q8_OUT_OF_LINE __attribute__((noinline))", "#else", "#define OPFUSE_Q8_OUT_OF_LINE",
-             "#endif", "#endif",
+    lines = ["#if defined(__AVX2__)", *_OUT_OF_LINE,
              f"/* {MR} channels x {8 * NV} positions over words x {taps} taps (words: planes apart) */",
              f"OPFUSE_Q8_OUT_OF_LINE static void {name}(const int32_t* restrict xt, const int32_t* restrict wp, "
              "long words, long plane, __m256i* restrict acc) {"]
@@ -1309,10 +1314,7 @@ def zmm_micro_kernel(kc, MR: int, NV: int, offsets: list[int], loaded_unsigned: 
 
     def args(x: str, w: str) -> str:
         return f"{x}, {w}" if loaded_unsigned else f"{w}, {x}"
-    lines = ["#if defined(__AVX2__)", "#ifndef OPFUSE_Q8_OUT_OF_LINE", "#if defined(__GNUC__) && !defined(__clang__)",
-             "#define OPFUSE_Q8_OUT_OF_LINE __attribute__((noipa))", "#elif defined(__GNUC__)",
-             "#define OPFUSE_Q8_OUT_OF_LINE __attribute__((noinline))", "#else", "#define OPFUSE_Q8_OUT_OF_LINE",
-             "#endif", "#endif",
+    lines = ["#if defined(__AVX2__)", *_OUT_OF_LINE,
              f"/* {MR} rows x {16 * NV} lanes over words x {taps} taps (words: planes apart), zmm */",
              f"OPFUSE_Q8_OUT_OF_LINE static void {name}(const int32_t* restrict xt, const int32_t* restrict wp, "
              "long words, long plane, __m256i* restrict acc) {", f"#if {ZMM_GUARD}"]
