@@ -59,7 +59,7 @@ from opfuse.frontend.onnx_import_context import OnnxNode
 from opfuse.frontend.onnx_writer import write_onnx_nodes
 from opfuse.ir.graph import Node, Value
 from opfuse.patterns import Op, check
-from opfuse.rules.rule import Rule, Subgraph
+from opfuse.rules.rule import Rule, Subgraph, refusal_of
 
 INTEGER_CONV = "integer_conv"
 INTEGER_MATMUL = "integer_matmul"
@@ -252,9 +252,7 @@ def _conv_match(m) -> dict | str:
     return {"x": x, "w": w, "bias": bias, "residual": residual, "y": tail}
 
 
-def conv_refusal(m) -> str | None:
-    got = _conv_match(m)
-    return got if isinstance(got, str) else None
+conv_refusal = refusal_of(_conv_match)
 
 
 def _absorbed(m, candidates: list[Node]) -> tuple[str, ...]:
@@ -424,9 +422,7 @@ def _input_ops(found: dict, name: str, base: str, inputs: dict, bound: dict) -> 
     return ops, x_name
 
 
-def matmul_refusal(m) -> str | None:
-    got = _matmul_match(m)
-    return got if isinstance(got, str) else None
+matmul_refusal = refusal_of(_matmul_match)
 
 
 def _matmul_action(m):
@@ -525,9 +521,7 @@ def _matmul_dequantized_match(m) -> dict | str:
     return _matmul_operands(m)
 
 
-def matmul_dequantized_refusal(m) -> str | None:
-    got = _matmul_dequantized_match(m)
-    return got if isinstance(got, str) else None
+matmul_dequantized_refusal = refusal_of(_matmul_dequantized_match)
 
 
 def _matmul_dequantized_action(m):

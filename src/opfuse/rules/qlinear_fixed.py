@@ -47,7 +47,7 @@ from opfuse.frontend.onnx_writer import write_onnx_nodes
 from opfuse.ir.graph import Value
 from opfuse.ops.quantized import fixed_point_multiplier
 from opfuse.patterns import Op
-from opfuse.rules.rule import Rule, Subgraph
+from opfuse.rules.rule import Rule, Subgraph, refusal_of
 
 QLINEAR_FIXED_POINT = "qlinear_fixed_point"
 QLINEAR_ADD_FLOAT32 = "qlinear_add_float32"
@@ -115,9 +115,7 @@ def _match(m) -> dict | str:
             "shift": np.array([p[1] for p in pairs], np.int32).reshape(shape)}
 
 
-def refusal(m) -> str | None:
-    got = _match(m)
-    return got if isinstance(got, str) else None
+refusal = refusal_of(_match)
 
 
 def _action(m):
@@ -193,9 +191,7 @@ def _add_match(m) -> dict | str:
             "chain": chain}
 
 
-def add_refusal(m) -> str | None:
-    got = _add_match(m)
-    return got if isinstance(got, str) else None
+add_refusal = refusal_of(_add_match)
 
 
 def _add_action(m):

@@ -191,6 +191,15 @@ def rule_names(rules) -> list[str]:
     return [r.name for r in rules]
 
 
+def refusal_of(match: Callable[[Match], object]) -> Callable[[Match], str | None]:
+    """A rule's condition from its ``match`` function (the matched operands, or a refusal's text): the
+    text, or ``None`` when the match holds."""
+    def condition(m: Match) -> str | None:
+        got = match(m)
+        return got if isinstance(got, str) else None
+    return condition
+
+
 __all__ = ["Rule", "Fuse", "Refusal", "refuse", "Replacement", "Subgraph", "default_benefit", "default_cost",
            "internal_bytes", "scalar",
-           "close", "outside_readers", "rule_names", "TRAFFIC_PER_INTERNAL_BYTE", "MIN_COST"]
+           "close", "outside_readers", "refusal_of", "rule_names", "TRAFFIC_PER_INTERNAL_BYTE", "MIN_COST"]
