@@ -85,14 +85,17 @@ def _avx2_only(graph, plan, options: CodegenOptions) -> CompiledModel:
 HOST = CodegenOptions(vector_isa="avx512")
 
 
-def check(g, *, expect_host=True, avx2=True, plain_else=True, options: CodegenOptions = HOST):
+def one_kernel_bit_exact(g, options: CodegenOptions, *, avx2=True, plain_else=True):
+    """``g`` planned as one kernel (the Cast/Sub prologue, the conv or matmul, bias, Requantize and what follows
+    it) whose outputs equal the reference's exactly: built with ``options``, plain (``simd="none"``), and unless
+    turned off without AVX-512 (``avx2``) and without AVX2 (``plain_else``, the ``#else`` branch). Returns the
+    plan and the C for ``options``."""
     comp = plan_model(g)
-    assert len(comp.plan.groups) == 1  # Cast/Sub prologue, conv, bias, requantize (and residual): one kernel
+    assert len(comp.plan.groups) == 1
     feeds = _feeds(g)
     want = run(g, feeds)
     (name,) = want
     source = generate(comp.plan.graph, comp.plan, options=options).source
-    assert (HOST_KERNEL in source.split("static", 1)[1] if expect_host else HOST_KERNEL not in source)
     for opts in (options, options.with_(simd="none")):
         got = build(comp.plan.graph, comp.plan, options=opts).run(feeds)
         np.testing.assert_array_equal(got[name], want[name])
@@ -101,6 +104,12 @@ def check(g, *, expect_host=True, avx2=True, plain_else=True, options: CodegenOp
     if plain_else:
         got = _built_with(comp.plan.graph, comp.plan, options, "-mno-avx2").run(feeds)
         np.testing.assert_array_equal(got[name], want[name])
+    return comp, source
+
+
+def check(g, *, expect_host=True, avx2=True, plain_else=True, options: CodegenOptions = HOST):
+    comp, source = one_kernel_bit_exact(g, options, avx2=avx2, plain_else=plain_else)
+    assert (HOST_KERNEL in source.split("static", 1)[1] if expect_host else HOST_KERNEL not in source)
     return comp
 
 
