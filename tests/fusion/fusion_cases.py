@@ -3,12 +3,24 @@ from __future__ import annotations
 
 import numpy as np
 
+from opfuse.ir.graph import Graph, TensorType
 from opfuse.passes import fuse
 from opfuse.rules import FusionOptions
 from opfuse.rules import form_groups, fusion_rules
 from opfuse.runtime.reference import random_inputs, run
 
 RTOL, ATOL = 1e-4, 1e-5
+
+
+def edge_graph(edges: list[tuple[str, str, list[str]]], outputs: list[str], t: TensorType) -> Graph:
+    """Nodes (name, op, input names) in this order, each of type ``t``; 'x' is the graph input, each node's
+    output is its name."""
+    g = Graph("t")
+    vals = {"x": g.add_input("x", t.shape)}
+    for name, op, ins in edges:
+        vals[name] = g.add_node(op, [vals[i] for i in ins], name=name, output_types=[t]).outputs[0]
+    g.outputs = [vals[o] for o in outputs]
+    return g
 
 
 def randn(shape, seed: int = 0, scale: float = 1.0) -> np.ndarray:

@@ -13,18 +13,13 @@ from opfuse.ir.graph import Graph, TensorType
 from opfuse.ir.plan import FusionGroup, FusionPlan
 from opfuse.rules.kernel_shape import GroupShape
 from opfuse.rules.partition import Partition
+from fusion_cases import edge_graph
 
 T = TensorType((4,), np.float32)
 
 
 def _graph(edges: list[tuple[str, str, list[str]]], outputs: list[str]) -> Graph:
-    """Nodes (name, op, input names) in this order; 'x' is the graph input, each node's output is its name."""
-    g = Graph("t")
-    vals = {"x": g.add_input("x", T.shape)}
-    for name, op, ins in edges:
-        vals[name] = g.add_node(op, [vals[i] for i in ins], name=name, output_types=[T]).outputs[0]
-    g.outputs = [vals[o] for o in outputs]
-    return g
+    return edge_graph(edges, outputs, T)
 
 
 def _groups(g: Graph, *groups: str, kind: str = "elementwise", attrs: dict | None = None):

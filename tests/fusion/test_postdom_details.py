@@ -7,17 +7,13 @@ import numpy as np
 
 from opfuse.ir.graph import Graph, TensorType
 from opfuse.rules.postdom import EXIT, immediate_post_dominators, path_nodes, successors
+from fusion_cases import edge_graph
 
 T = TensorType((4,), np.float32)
 
 
 def _graph(edges: list[tuple[str, str, list[str]]], outputs: list[str]) -> Graph:
-    g = Graph("t")
-    vals = {"x": g.add_input("x", T.shape)}
-    for name, op, ins in edges:
-        vals[name] = g.add_node(op, [vals[i] for i in ins], name=name, output_types=[T]).outputs[0]
-    g.outputs = [vals[o] for o in outputs]
-    return g
+    return edge_graph(edges, outputs, T)
 
 
 def _ipdom_names(g: Graph) -> dict[str, str | None]:
