@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import hashlib
 import importlib.util
 import itertools
 import inspect
@@ -404,6 +405,14 @@ def preimport(root: Path) -> None:
         importlib.import_module(".".join((*rel.parts[:-1], rel.name.removesuffix(".py.meta"))))
 
 
+def in_sample(name: str, fraction: float, seed: str) -> bool:
+    """Whether mutant ``name`` is in the ``fraction`` sample drawn with ``seed``: a hash of the two, so the
+    draw does not depend on which other mutants exist or on their order, and every function keeps about
+    ``fraction`` of its mutants."""
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") < fraction * 2.0**64
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tests", action="append", required=True, help="a test file (repeatable)")
@@ -418,8 +427,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tests", type=int, default=0,
                     help="run each mutant against at most the N cheapest tests reaching it (triage; 0: all)")
     ap.add_argument("--resume", type=Path, help="skip the mutants this earlier output (``name status`` lines) has")
+    ap.add_argument("--sample", type=float, default=1.0,
+                    help="run only this fraction of the matching mutants, drawn by a hash of each name (0 < F <= 1)")
+    ap.add_argument("--sample-seed", default="0", help="the draw's seed: the same seed and names, the same sample")
     ap.add_argument("patterns", nargs="+", help="mutant names or globs (fnmatch)")
     args = ap.parse_args(argv)
+    if not 0.0 < args.sample <= 1.0:
+        print(f"mutate_quick: --sample must be in (0, 1], not {args.sample}")
+        return 2
     root = Path("mutants").resolve()
     if not (root / "src").is_dir():
         print("mutate_quick: no mutants/ here: run `tools/mutate_narrow.py --generate FILE...` first")
@@ -432,6 +447,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copyfile(t, root / t)
     every = mutant_names(root)  # in the order of the patterns (the first to run first)
     names = list(dict.fromkeys(n for p in args.patterns for n in every if fnmatch.fnmatch(n, p)))
+    if args.sample < 1.0:
+        names = [n for n in names if in_sample(n, args.sample, args.sample_seed)]
     if args.resume:
         done = {line.split()[0] for line in args.resume.read_text().splitlines() if line.startswith("opfuse.")}
         names = [n for n in names if n not in done]

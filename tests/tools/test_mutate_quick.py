@@ -121,3 +121,13 @@ def test_build_log_sees_compiles_and_unchanged_c(tmp_path, monkeypatch):
     assert mq.classify("survived", {"keys": sorted(baseline), "compiled": 0}, baseline) == "survived (C unchanged)"
     assert mq.classify("killed", data, baseline) == "killed"
     assert mq.classify("survived", {"keys": [], "compiled": 0}, set()) == "survived"  # no C built either way
+
+
+def test_sample_is_a_stable_fraction_drawn_by_name():
+    names = [f"opfuse.codegen.conv.x_f{i % 7}__mutmut_{i}" for i in range(4000)]
+    picked = [n for n in names if mq.in_sample(n, 0.1, "0")]
+    assert 300 < len(picked) < 500  # about a tenth
+    assert picked == [n for n in reversed(names) if mq.in_sample(n, 0.1, "0")][::-1]  # order does not matter
+    assert set(picked) != {n for n in names if mq.in_sample(n, 0.1, "1")}  # another seed, another draw
+    assert all(mq.in_sample(n, 1.0, "0") for n in names[:50])
+    assert set(picked) <= {n for n in names if mq.in_sample(n, 0.2, "0")}  # a larger fraction contains it
