@@ -267,6 +267,27 @@ def test_a_layernorm_reads_a_row_in_memory_in_place_and_a_computed_one_through_i
     assert "const float* restrict row" in ln and "ln" not in model.memory.locations
 
 
+def test_layernorm_row_sums_run_in_two_chains_from_32_elements(cache_dir):
+    """A LayerNorm row of at least 32 elements sums in two arrays of 16 lanes (``norm.LAYERNORM_CHAINS``),
+    folded pairwise, its last elements past a multiple of 32 one by one; a shorter row in one array. Rows of
+    31, 32, 33 and 100 elements (off zero, so the mean matters), as the reference."""
+    from opfuse.ir.plan import FusionPlan
+    b = GraphBuilder("ln_chains")
+    outs = []
+    for n in (31, 32, 33, 100):
+        x = b.op("Add", b.input(f"x{n}", (3, n)), b.const(f"o{n}", np.full(n, 3.0, np.float32)), name=f"off{n}")
+        outs.append(b.op("LayerNormalization", x, W(b, n), W(b, n), name=f"ln{n}"))
+    g = b.build(*outs)
+    got, want, model = run_both(g, FusionPlan.unfused(g), cache_dir)
+    assert_close(got, want)
+    for n in (31, 32, 33, 100):
+        kernel = model.program.source.split(f"group g_ln{n}:")[1].split("/* group")[0]
+        assert ("[2][16];" in kernel) == ("+= 32)" in kernel) == (n >= 32), n
+    for n, rest_from in ((33, 32), (100, 96)):  # the rest of the row after the chained steps
+        kernel = model.program.source.split(f"group g_ln{n}:")[1].split("/* group")[0]
+        assert f" = {rest_from}; j" in kernel and f" < {n}; ++j" in kernel
+
+
 def test_chained_anchors_are_refused_with_the_group_name(cache_dir):
     b = GraphBuilder("conv_conv")
     x = b.input("x", (1, 3, 5, 5))

@@ -250,16 +250,16 @@ def microkernel_bodies(mr: int, nr: int, simd: str, avx512: bool, neon: bool = F
     return " / ".join(bodies + ["plain C"]) + " by the compiler's target"
 
 
-def require_outlined_microkernel(kc) -> tuple[str, int, int]:
+def require_outlined_microkernel(kc, load_c: bool = True) -> tuple[str, int, int]:
     """Register the options' MR x NR micro-kernel and a wrapper with the program; ``(wrapper
-    name, MR, NR)``. The wrapper adds to C: ``f(kc, a panel, b panel, c, ldc)``. For kernels
-    (attention) that drive the micro-kernel on panels they pack themselves."""
+    name, MR, NR)``. The wrapper adds to C (``load_c``) or sets it: ``f(kc, a panel, b panel, c,
+    ldc)``. For kernels (attention) that drive the micro-kernel on panels they pack themselves."""
     o = kc.program.options
     name = _microkernel(kc, o.gemm_mr, o.gemm_nr)
-    outlined = name + "_outlined"
+    outlined = name + ("_outlined" if load_c else "_outlined_set")
     kc.program.require_helper(outlined, f"""\
 static void {outlined}(long kc, const float* restrict a, const float* restrict b, float* restrict c, long ldc) {{
-  {name}(kc, a, 0, 0, b, {o.gemm_nr}, c, ldc, 1);
+  {name}(kc, a, 0, 0, b, {o.gemm_nr}, c, ldc, {int(load_c)});
 }}
 """)
     return outlined, o.gemm_mr, o.gemm_nr

@@ -87,7 +87,7 @@ def is_view_store(kc, v: Value) -> bool:
 
 def lane_reduce(kc, ctype: str, init: str, combine: Callable[[str, str], str], length: int,
                 element: Callable[[str], str], result: str, *, keep_lane_loop: bool = False,
-                scope: Callable[[], ContextManager] = nullcontext) -> None:
+                scope: Callable[[], ContextManager] = nullcontext, chains: int = 1) -> None:
     """Emit ``ctype result = combine(... element(j) ...)`` over ``j < length`` with
     ``REDUCTION_LANES`` partial results; ``element(j)`` returns an expression and may emit
     statements (each lane iteration is its own C scope). ``scope``: the evaluator's scope when
@@ -96,9 +96,18 @@ def lane_reduce(kc, ctype: str, init: str, combine: Callable[[str, str], str], l
 
     ``keep_lane_loop``: ask gcc not to unroll the loop over lanes. It vectorises that loop as is;
     unrolled, it must recognise 16 reduction chains, which it does for a sum but not for a
-    NaN-propagating max (``a > b || a != a ? a : b`` is no MAX_EXPR)."""
+    NaN-propagating max (``a > b || a != a ? a : b`` is no MAX_EXPR).
+
+    ``chains`` > 1: that many arrays of lanes; a step covers ``chains * REDUCTION_LANES`` elements,
+    array ``c`` taking the ``c``-th run of ``REDUCTION_LANES``, so that consecutive vector additions
+    do not wait on each other. Then the arrays are combined in order into the first, and its lanes
+    pairwise (lane ``l`` with ``l + h``, h = 8, 4, 2, 1: a vector operation each) instead of one
+    lane after another. Another fixed order: still deterministic, and the same in every build."""
     w = kc.w
     lanes = REDUCTION_LANES
+    if chains > 1 and length >= chains * lanes:
+        _chained_reduce(kc, ctype, init, combine, length, element, result, scope, chains)
+        return
     if length < VECTORISED_REDUCTION_MIN_RUN:  # what the cost model prices as scalar
         w.line(f"{ctype} {result} = {init};")
         j = kc.tmp("j")
@@ -125,3 +134,37 @@ def lane_reduce(kc, ctype: str, init: str, combine: Callable[[str, str], str], l
         with w.block(f"for (long {j} = {full}; {j} < {length}; ++{j})"), scope():
             e = element(j)
             w.line(f"{result} = {combine(result, e)};")
+
+
+def _chained_reduce(kc, ctype: str, init: str, combine: Callable[[str, str], str], length: int,
+                    element: Callable[[str], str], result: str, scope: Callable[[], ContextManager],
+                    chains: int) -> None:
+    """``lane_reduce`` with ``chains`` arrays of lanes and a pairwise fold (see there)."""
+    w = kc.w
+    lanes = REDUCTION_LANES
+    acc, base, lane, c = kc.tmp("lane"), kc.tmp("j"), kc.tmp("l"), kc.tmp("c")
+    w.line(f"{ctype} {acc}[{chains}][{lanes}];")
+    w.line(f"for (int {c} = 0; {c} < {chains}; ++{c}) for (int {lane} = 0; {lane} < {lanes}; ++{lane}) "
+           f"{acc}[{c}][{lane}] = {init};")
+    step = chains * lanes
+    full = length // step * step
+    with w.block(f"for (long {base} = 0; {base} < {full}; {base} += {step})"):
+        for k in range(chains):
+            with w.block(f"for (int {lane} = 0; {lane} < {lanes}; ++{lane})"), scope():
+                e = element(f"{base} + {k * lanes} + {lane}" if k else f"{base} + {lane}")
+                w.line(f"{acc}[{k}][{lane}] = {combine(f'{acc}[{k}][{lane}]', e)};")
+    for k in range(1, chains):
+        w.line(f"for (int {lane} = 0; {lane} < {lanes}; ++{lane}) "
+               f"{acc}[0][{lane}] = {combine(f'{acc}[0][{lane}]', f'{acc}[{k}][{lane}]')};")
+    h = lanes // 2
+    while h:
+        w.line(f"for (int {lane} = 0; {lane} < {h}; ++{lane}) "
+               f"{acc}[0][{lane}] = {combine(f'{acc}[0][{lane}]', f'{acc}[0][{lane} + {h}]')};")
+        h //= 2
+    w.line(f"{ctype} {result} = {acc}[0][0];")
+    if full < length:
+        j = kc.tmp("j")
+        with w.block(f"for (long {j} = {full}; {j} < {length}; ++{j})"), scope():
+            e = element(j)
+            w.line(f"{result} = {combine(result, e)};")
+
