@@ -9,7 +9,8 @@ a max, and AveragePool divides by the number of positions inside the input
 2-D float pools go plane by plane, vectorised along the output rows (``_lower_rows``). With
 AVX2, where the input is in memory (a hoisted Relu prologue included) and the column stride is
 1 or 2, the plane is read in place: masked loads at the row ends, stride 2 deinterleaved from
-two loads (``_in_place``). Otherwise (and in the plain C99 path) each
+two loads, the rows ahead prefetched into L2 (``_in_place``, ``CodegenOptions.pool_prefetch_bytes``).
+Otherwise (and in the plain C99 path) each
 (image, channel) plane is copied through the prologue into a padded buffer (padding ``-inf``
 for MaxPool, so it never wins, and 0 for AveragePool, whose divisor counts only what
 ``count_include_pad`` counts), each padded row stored as its column phases (the depthwise
