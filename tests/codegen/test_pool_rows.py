@@ -9,6 +9,7 @@ import pytest
 from cg_support import assert_close, group_by_names
 from opfuse.codegen import CodegenOptions, generate
 from opfuse.codegen.pool import _separable
+from opfuse.errors import OpfuseError
 from opfuse.ops import GraphBuilder
 from opfuse.runtime import reference
 from opfuse.runtime.native import build
@@ -77,6 +78,25 @@ def test_vectorised_and_plain_code_both_generated():
     assert "_mm256_max_ps" in src and "#if defined(__AVX2__) && defined(__FMA__)" in src
     plain = generate(g, plan, options=CodegenOptions(simd="none")).source
     assert "_mm256" not in plain
+
+
+@pytest.mark.parametrize("geometry", [GEOMETRIES[2], GEOMETRIES[6]], ids=["k3s2", "k5s1_separable"])
+def test_prefetching_the_rows_ahead_changes_no_bits(cache_dir, geometry):
+    """``pool_prefetch_bytes``: the in-place rows prefetch that far ahead, into the next plane and
+    never past the tensor (a distance of 64 bytes reaches both here); 0 emits no prefetch."""
+    g, plan = _graph("MaxPool", geometry, prologue=True, epilogue=True)
+    near = CodegenOptions(pool_prefetch_bytes=64)
+    assert "_mm_prefetch(" in generate(g, plan, options=near).source
+    assert "_mm_prefetch(" not in generate(g, plan, options=CodegenOptions(pool_prefetch_bytes=0)).source
+    assert "_mm_prefetch(" not in generate(g, plan, options=CodegenOptions(simd="none")).source
+    feeds = _input(g, nan=True)
+    name = g.outputs[0].name
+    got = build(g, plan, cache_dir=cache_dir, options=near).run(feeds)[name]
+    off = build(g, plan, cache_dir=cache_dir, options=CodegenOptions(pool_prefetch_bytes=0)).run(feeds)[name]
+    np.testing.assert_array_equal(got, off)
+    np.testing.assert_array_equal(got, reference.run(g, feeds)[name])
+    with pytest.raises(OpfuseError, match="pool_prefetch_bytes"):
+        CodegenOptions(pool_prefetch_bytes=-1)
 
 
 def test_separable_only_where_it_takes_fewer_maxima():

@@ -174,6 +174,45 @@ def test_multithreaded_big_kernels_are_bitwise_equal(cache_dir):
     assert_close(out1, reference.run(g, feeds))
 
 
+def test_large_buffers_lie_at_huge_page_boundaries_small_ones_on_ordinary_pages(monkeypatch):
+    import mmap
+
+    from opfuse.runtime import native
+    big, small = native._aligned(native.HUGE_PAGE_MIN_BYTES + 5), native._aligned(1000)
+    for a, n in ((big, native.HUGE_PAGE_MIN_BYTES + 5), (small, 1000)):
+        assert a.size == n and a.flags.writeable and not a.any() and a.ctypes.data % native.BUFFER_ALIGNMENT == 0
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        assert big.ctypes.data % native.HUGE_PAGE_BYTES == 0
+    big[:] = 7  # the whole buffer is ours to write
+    assert int(big[-1]) == 7 and int(big[0]) == 7
+    monkeypatch.delattr(mmap, "MADV_HUGEPAGE", raising=False)  # a platform without the advice
+    plain = native._aligned(native.HUGE_PAGE_MIN_BYTES)
+    assert plain.size == native.HUGE_PAGE_MIN_BYTES and not plain.any()
+    assert plain.ctypes.data % native.BUFFER_ALIGNMENT == 0
+
+
+def test_a_model_on_huge_page_buffers_gives_the_same_bits(cache_dir, monkeypatch):
+    from opfuse.runtime import native
+    rng = np.random.default_rng(1)
+    b = GraphBuilder("huge")
+    x = b.input("x", (1, 64, 72, 72))  # the tensor between the Convs (1.3 MB) lies in an arena over the threshold
+    for k in range(2):
+        w = b.const(f"w{k}", (rng.standard_normal((64, 64, 3, 3)) / 24).astype(np.float32))
+        x = b.op("Relu", b.op("Conv", x, w, pads=[1, 1, 1, 1]))
+    g = b.build(x)
+    feeds = reference.random_inputs(g, 0)
+    m1 = build(g, epilogue_plan(g), cache_dir=cache_dir, threads=1)
+    buffers = (m1._arena, m1._weights, m1._scratch)
+    assert any(a.size >= native.HUGE_PAGE_MIN_BYTES for a in buffers)
+    if hasattr(__import__("mmap"), "MADV_HUGEPAGE"):
+        assert all(a.ctypes.data % native.HUGE_PAGE_BYTES == 0 for a in buffers if a.size >= native.HUGE_PAGE_MIN_BYTES)
+    monkeypatch.setattr(native, "HUGE_PAGE_MIN_BYTES", 1 << 62)  # every buffer on ordinary pages
+    m2 = build(g, epilogue_plan(g), cache_dir=cache_dir, threads=1)
+    out1, out2 = m1.run(feeds), m2.run(feeds)
+    assert all(np.array_equal(out1[k], out2[k]) for k in out1)
+    assert_close(out1, reference.run(g, feeds))
+
+
 def test_outputs_no_kernel_writes(cache_dir):
     """A graph input returned as is, a constant output, the same value twice."""
     b = GraphBuilder("passthrough")

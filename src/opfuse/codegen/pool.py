@@ -9,7 +9,8 @@ a max, and AveragePool divides by the number of positions inside the input
 2-D float pools go plane by plane, vectorised along the output rows (``_lower_rows``). With
 AVX2, where the input is in memory (a hoisted Relu prologue included) and the column stride is
 1 or 2, the plane is read in place: masked loads at the row ends, stride 2 deinterleaved from
-two loads (``_in_place``). Otherwise (and in the plain C99 path) each
+two loads, the rows ahead prefetched into L2 (``_in_place``, ``CodegenOptions.pool_prefetch_bytes``).
+Otherwise (and in the plain C99 path) each
 (image, channel) plane is copied through the prologue into a padded buffer (padding ``-inf``
 for MaxPool, so it never wins, and 0 for AveragePool, whose divisor counts only what
 ``count_include_pad`` counts), each padded row stored as its column phases (the depthwise
@@ -235,8 +236,11 @@ def _lower_rows(kc, ev, stage: Stage, x, out, geo, is_max: bool, include_pad: bo
         with planes_of_chunk(kc, ev, (chunk, plane, first), per_chunk, planes, C) as (img, ch):
             if in_place:
                 w.line(f"#if {AVX2_GUARD}")
-                src = f"{kc.ptr(x)} + {Index(x.shape, (img, ch, '0', '0')).offset()}"
-                _in_place(kc, src, geo, (H, W), (OH, OW), rm if separable else None, dense, divisor)
+                at = Index(x.shape, (img, ch, '0', '0')).offset()
+                src = f"{kc.ptr(x)} + {at}"
+                ahead = kc.program.options.pool_prefetch_bytes // 4
+                prefetch = (kc.ptr(x), at, int(np.prod(x.shape)), ahead) if ahead else None
+                _in_place(kc, src, geo, (H, W), (OH, OW), rm if separable else None, dense, divisor, prefetch)
                 w.line("#else")
                 simd_rows = False
             else:
@@ -362,7 +366,8 @@ def _nan_max_avx(kc, acc: str, v: str) -> None:
     kc.w.line(f"{acc} = _mm256_blendv_ps(_mm256_max_ps({e}, {acc}), {e}, _mm256_cmp_ps({e}, {e}, _CMP_UNORD_Q));")
 
 
-def _in_place(kc, src: str, geo, hw, ohw, rm: str | None, dense: str, divisor) -> None:
+def _in_place(kc, src: str, geo, hw, ohw, rm: str | None, dense: str, divisor,
+              prefetch: tuple[str, str, int, int] | None = None) -> None:
     """AVX2 pool of one plane read in place (column stride 1 or 2), into ``dense`` (rows at
     ``oh * OW``). A tap's 8 inputs for outputs ``ow0..ow0+7`` start at column ``ow0 * SW + c``;
     stride 2 takes the even or odd floats of two loads (``shufps``, lanes in the order 0 1 4 5
@@ -374,7 +379,11 @@ def _in_place(kc, src: str, geo, hw, ohw, rm: str | None, dense: str, divisor) -
     0 where the plain path's padding is (a masked lane, a tap or a kernel row outside the input):
     ``-0 + 0`` is ``+0``, so leaving them out could change the sign of a zero.
     ``rm``: separable (``_separable``), each input row's max along ``KW`` into ``rm`` (pitch: the
-    rounded output row), then the max down ``KH`` of those rows; else all taps per output row."""
+    rounded output row), then the max down ``KH`` of those rows; else all taps per output row.
+    ``prefetch``: ``(tensor pointer, the plane's offset in it, the tensor's floats, floats ahead)``:
+    each step over the rows first prefetches the rows it advances by, that far past the first row
+    it reads (into the next plane at the plane's end, never past the tensor), see
+    ``CodegenOptions.pool_prefetch_bytes``."""
     saved = kc.w
     body = CWriter(saved.level)
     kc.w = body
@@ -449,6 +458,16 @@ def _in_place(kc, src: str, geo, hw, ohw, rm: str | None, dense: str, divisor) -
             w.line(f"{v} = _mm256_div_ps({v}, _mm256_mul_ps(_mm256_set1_ps({divisor[0](oh)}), {col}));")
         w.line(f"_mm256_storeu_ps({out_at}, {v});")
 
+    def ahead_rows(first: str, floats: int) -> None:
+        """Prefetch ``floats`` floats from ``prefetch``'s distance past plane offset ``first``."""
+        if prefetch is None:
+            return
+        tensor, plane, total, ahead = prefetch
+        pf, q = kc.tmp("pf"), kc.tmp("q")
+        w.line(f"const long {pf} = {plane} + {first} + {ahead};")
+        w.line(f"for (long {q} = {pf} < 0 ? 0 : {pf}; {q} < {pf} + {floats} && {q} < {total}; {q} += 16) "
+               f"_mm_prefetch((const char*)({tensor} + {q}), _MM_HINT_T1);")
+
     base = kc.tmp("src")
     w.line(f"const float* {base} = {src};")
     classes = row_classes(OH, KH, SH, DH, PT, H)
@@ -456,6 +475,7 @@ def _in_place(kc, src: str, geo, hw, ohw, rm: str | None, dense: str, divisor) -
     if rm is not None:
         ih = kc.tmp("ih")
         with w.block(f"for (long {ih} = 0; {ih} < {H}; ++{ih})"):
+            ahead_rows(f"{ih} * {W}", W)
             row = kc.tmp("row")
             w.line(f"const float* {row} = {base} + {mul(ih, W)};")
             for b in range(blocks):
@@ -482,6 +502,7 @@ def _in_place(kc, src: str, geo, hw, ohw, rm: str | None, dense: str, divisor) -
     else:
         for lo, hi, inside in classes:
             with w.block(f"for (long {oh} = {lo}; {oh} < {hi}; ++{oh})"):
+                ahead_rows(f"({oh} * {SH} - {PT}) * {W}", SH * W)
                 rows: dict[int, str] = {}
                 for kh in inside:
                     rows[kh] = kc.tmp("row")

@@ -5,8 +5,9 @@
     model.report                                 # kernels, arena bytes, lower bound, ...
     model.export_c("out/")                       # model.c, model.h, weights.bin
 
-Memory: the arena and per-thread scratch are allocated once per ``CompiledModel`` (64-byte
-aligned NumPy buffers); graph inputs are passed by pointer (no copy when already
+Memory: the arena, the weights and the per-thread scratch are allocated once per ``CompiledModel``
+(64-byte aligned NumPy buffers; from 1 MiB up on transparent huge pages where Linux offers them,
+``HUGE_PAGE_MIN_BYTES``); graph inputs are passed by pointer (no copy when already
 contiguous with the right dtype) and kernels write graph outputs straight into freshly
 allocated output arrays. ``run`` holds a lock: one model object runs one call at a time.
 
@@ -51,11 +52,53 @@ _GROUP_FIGURES = ("rule", "kernels_before", "kernels_after", "bytes_before", "by
                   "predicted_latency_s", "measured_latency_s")  # carried into save_onnx's metadata
 
 
+# The arena, the weights and the per-thread scratch from this size up lie on transparent huge pages
+# where the kernel offers them (Linux, ``madvise`` or ``always`` in
+# /sys/kernel/mm/transparent_hugepage/enabled): a 2 MiB page is physically contiguous, so a kernel's
+# buffers fall in the caches' sets as their addresses say, the same in every process. On 4 KiB pages
+# each build got other physical pages and other cache conflicts: in resnet18's per-group check
+# (``measure.group_check``, 300 rounds, 1 thread) a fused group's time over its Conv moved by 11.6-14.0 us
+# RMS (up to 40 us: the 14x14 Winograd layers, 1.2 MB of scratch) from one process to the next, beyond
+# the rounds' own spread (2-4 us); on huge pages by 4.0-4.9 us RMS (three processes each way). Whole
+# runs: no change beyond the noise (resnet18 fused and unfused, 1 thread, six interleaved A/Bs of
+# 100-150 runs at load 20-24: -0.15 to +0.11 ms in 16-19 ms). A smaller buffer stays on ordinary
+# pages: a huge page holds 2 MiB of memory however little of it is used.
+HUGE_PAGE_BYTES = 2 << 20
+HUGE_PAGE_MIN_BYTES = 1 << 20
+
+
 def _aligned(nbytes: int) -> np.ndarray:
-    """A zeroed uint8 buffer of ``nbytes`` whose data pointer is 64-byte aligned."""
-    raw = np.zeros(max(nbytes, 1) + BUFFER_ALIGNMENT, dtype=np.uint8)
+    """A zeroed uint8 buffer of ``nbytes`` whose data pointer is 64-byte aligned; from
+    ``HUGE_PAGE_MIN_BYTES`` up, 2 MiB aligned and advised onto transparent huge pages
+    (``_huge_page_buffer``) where the platform has them."""
+    n = max(nbytes, 1)
+    if n >= HUGE_PAGE_MIN_BYTES:
+        huge = _huge_page_buffer(n)
+        if huge is not None:
+            return huge
+    raw = np.zeros(n + BUFFER_ALIGNMENT, dtype=np.uint8)
     shift = (-raw.ctypes.data) % BUFFER_ALIGNMENT
-    return raw[shift:shift + max(nbytes, 1)]
+    return raw[shift:shift + n]
+
+
+def _huge_page_buffer(n: int) -> np.ndarray | None:
+    """``n`` zeroed bytes at a 2 MiB boundary of an anonymous mapping advised ``MADV_HUGEPAGE`` (the
+    mapping runs to the end of the buffer's last 2 MiB, so every page of it can be huge; pages never
+    touched take no memory), or ``None`` where ``mmap`` cannot advise it (not Linux, or refused).
+    The array keeps the mapping alive."""
+    import mmap
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is None:
+        return None
+    span = -(-n // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
+    try:
+        mapping = mmap.mmap(-1, span + HUGE_PAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        mapping.madvise(advice)
+    except (OSError, ValueError):
+        return None
+    raw = np.frombuffer(mapping, dtype=np.uint8)
+    shift = (-raw.ctypes.data) % HUGE_PAGE_BYTES
+    return raw[shift:shift + n]
 
 
 _LOAD_COUNTER = itertools.count()
