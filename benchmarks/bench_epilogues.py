@@ -32,7 +32,8 @@ stores (``CodegenOptions.stream_store_min_bytes``); the table also gives the com
 vectorises (``simd_elementwise=False``), the path before them.
 
 ``--op-counts`` counts, instead of timing, the vector instructions of each op's one-op kernel
-loop (``objdump``; less what an Add's loop has beyond its one add): what
+loop (``objdump``, one vector per iteration: ``CodegenOptions.simd_unroll=1``; less what an Add's loop has
+beyond its one add): what
 ``opfuse.ops.elementwise.OPS_PER_ELEMENT`` holds, unaffected by the machine's load.
 
 ``--op-costs`` also measures what each elementwise op costs per element as the C backend
@@ -73,7 +74,8 @@ ARITH_CHAIN_OPS = ("Mul", "Add", "Relu", "Sub", "LeakyRelu", "Mul", "Clip", "Har
 COPY_BYTES = 64 * 1024 * 1024
 OP_COST_OPS = (("Add", {}), ("Relu", {}), ("LeakyRelu", {}), ("HardSigmoid", {}), ("HardSwish", {}), ("Exp", {}),
                ("Log", {}), ("Tanh", {}), ("Sigmoid", {}), ("Silu", {}), ("Softplus", {}), ("Erf", {}), ("Gelu", {}),
-               ("Gelu", {"approximate": "tanh"}), ("Sqrt", {}), ("Reciprocal", {}))
+               ("Gelu", {"approximate": "tanh"}), ("Elu", {}), ("Selu", {}), ("Celu", {}), ("Mish", {}), ("Sqrt", {}),
+               ("Reciprocal", {}))
 OP_COST_ELEMENTS = 16384  # 64 KiB in, 64 KiB out: in L2, so the loop is compute-bound
 OP_COST_CALLS = 2000
 OP_COST_TRIALS = 15
@@ -296,7 +298,7 @@ def op_counts() -> list[dict]:
     import subprocess
     import tempfile
 
-    from opfuse.codegen import generate
+    from opfuse.codegen import CodegenOptions, generate
     from opfuse.runtime.toolchain import Toolchain
     tc = Toolchain.detect(openmp=False)
     loops = {}
@@ -307,7 +309,7 @@ def op_counts() -> list[dict]:
             g = b.build(b.op(op, x, x) if op == "Add" else b.op(op, x, **attrs))
             name = op + (f"({attrs['approximate']})" if attrs else "")
             src, lib = Path(d) / "k.c", Path(d) / "k.so"
-            src.write_text(generate(g, FusionPlan.unfused(g)).source)
+            src.write_text(generate(g, FusionPlan.unfused(g), options=CodegenOptions(simd_unroll=1)).source)
             subprocess.run([tc.cc, *tc.flags, "-o", str(lib), str(src), "-lm"], check=True, capture_output=True)
             dump = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(lib)], check=True, capture_output=True,
                                   text=True).stdout

@@ -46,6 +46,9 @@ HELPERS = {
 }
 
 
+EXP_NONPOS_ULP = 1.5  # opfuse_expf_nonpos on x <= 0: measured 0.88 (FMA) and 1.16 (plain C99), plus a margin
+
+
 def _toolchain() -> Toolchain:
     try:
         return Toolchain.detect(openmp=False)
@@ -140,10 +143,11 @@ def test_fma_macro_follows_simd_mode(simd):
 
 
 @pytest.mark.parametrize("simd", ["auto", "none"])
-def test_exp_of_nonpositive_is_exp_bit_for_bit(simd, tmp_path):
-    """``opfuse_expf_nonpos`` (Sigmoid's and Softplus's exp(-|x|), without the overflow select) gives
-    ``opfuse_expf``'s bits on every input it gets: x <= 0 (-0 and -inf too) and NaN; so both helpers
-    keep their stated error. It does differ above 89 (where exp overflows): it is not a general exp."""
+def test_exp_of_nonpositive_within_its_bound_next_to_exp(simd, tmp_path):
+    """``opfuse_expf_nonpos`` (Sigmoid's and Softplus's exp(-|x|): no overflow select, its own degree-6
+    polynomial) on every input it gets, x <= 0 (-0 and -inf too) and NaN: within ``EXP_NONPOS_ULP`` of float64
+    exp, within 1 ulp of ``opfuse_expf`` (not its bits: another polynomial), 1 at -0, 0 from -104 down and at
+    -inf, NaN kept. It does differ above 89 (where exp overflows): it is not a general exp."""
     tc = _toolchain()
     src = tmp_path / "e.c"
     src.write_text("#include <math.h>\n#include <stdint.h>\n" + vecmath.all_helpers_text(simd) +
@@ -154,15 +158,22 @@ def test_exp_of_nonpositive_is_exp_bit_for_bit(simd, tmp_path):
     subprocess.run([tc.cc, *tc.flags, "-o", str(lib), str(src), "-lm"], check=True, capture_output=True)
     dll = ctypes.CDLL(str(lib))
     neg = np.arange(0x80000000, 0xFF800001, 997, dtype=np.uint64).astype(np.uint32).view(np.float32)
-    x = np.concatenate([neg, np.array([-0.0, -np.inf, np.nan, -104.0, -103.99, -87.3], np.float32),
-                        -np.abs(np.linspace(-110, 110, 200_001, dtype=np.float32))])
+    special = np.array([-0.0, -np.inf, np.nan, -104.0, -104.5, -1e6, -103.99, -87.3], np.float32)
+    x = np.concatenate([special, neg, -np.abs(np.linspace(-110, 110, 200_001, dtype=np.float32))])
     ys = {}
     for h in (vecmath.EXP, vecmath.EXP_NONPOS):
         fn = getattr(dll, f"many_{h}")
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
         ys[h] = np.empty_like(x)
         fn(x.ctypes.data, ys[h].ctypes.data, x.size)
-    np.testing.assert_array_equal(ys[vecmath.EXP].view(np.uint32), ys[vecmath.EXP_NONPOS].view(np.uint32))
+    y = ys[vecmath.EXP_NONPOS]
+    with np.errstate(all="ignore"):
+        err = ulp_error(y, np.exp(x.astype(np.float64)))
+        near = ulp_error(y, ys[vecmath.EXP].astype(np.float64))
+    worst = int(np.argmax(err))
+    assert err[worst] <= EXP_NONPOS_ULP, f"expf_nonpos({x[worst]!r}) off by {err[worst]:.2f} ulp"
+    assert np.max(near) <= 1.0
+    assert y[0] == 1.0 and y[1] == 0.0 and np.isnan(y[2]) and np.all(y[3:6] == 0.0)
     big = np.array([100.0], np.float32)  # the select it leaves out: a general exp would say inf
     out = np.empty_like(big)
     getattr(dll, f"many_{vecmath.EXP}")(big.ctypes.data, out.ctypes.data, 1)

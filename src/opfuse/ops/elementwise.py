@@ -7,7 +7,7 @@ broadcast several inputs are ``BROADCAST``. ``flops_per_element`` is what one ou
 costs the C backend, in operations: used only to rank fusions, never to judge correctness.
 For the transcendental activations it is ``OPS_PER_ELEMENT`` below, measured on the
 vectorised implementations (``codegen/vecmath.py``, ``codegen/erf.py``), not a guess of "a
-few FLOPs": an exp is about 40 operations, a softplus 170.
+few FLOPs": an exp costs about 7 operations' time, a softplus 59.
 """
 from __future__ import annotations
 
@@ -37,29 +37,29 @@ SIGNED = FLOATS | frozenset(np.dtype(t) for t in (np.int8, np.int16, np.int32, n
 NUMERIC = SIGNED | frozenset(np.dtype(t) for t in (np.uint8, np.uint16, np.uint32, np.uint64))
 
 
-# Operations per element of the float32 code the C backend emits for each op: the vector
-# instructions of the op's vectorised loop (a one-op kernel, gcc 12 -O3 -march=native, AVX-512;
-# objdump of the loop body, less the load, store and loop control an Add also has:
-# ``benchmarks/bench_epilogues.py --op-counts``). One operation is one vector instruction's share
-# of an element, the unit the host's peak FLOP/s is measured in; a fused multiply-add is one
-# (the vecmath helpers use them where the target has FMA: exp 40 -> 31, erf 71 -> 48, counted
-# again then). ``--op-costs`` times the same kernels: on the shared 2-core host, time x peak
-# came out at 0.6x to 1.5x these counts, depending on the load.
+# Operations per element of the float32 code the C backend emits for each op, measured: the one-op kernel's
+# time per element over 16K floats in cache (so compute-bound; 1 thread, CPU time, best of 15) times the host
+# profile's float32 peak (``benchmarks/bench_epilogues.py --op-costs``), the unit the cost model divides by that
+# peak. Load, store and loop control are in the figures (an Add measures 2.7-3.0 there, where its price is 1:
+# the cheap ops are as fast as their loads). Measured after the explicit-SIMD chains (``simdchain.py``)
+# and exp_nonpos's degree-6 polynomial, Zen 5 host at load 20-26 (two runs, the lower kept, rounded): the
+# vector instructions per element (``--op-counts``) run about 2.4 to a cycle where the peak assumes one, so the
+# counts this table held before (Sigmoid 40, Exp 31, Softplus 146) priced the transcendental ops 2.5-5x high.
 OPS_PER_ELEMENT = {
-    "HardSigmoid": 8,
-    "HardSwish": 10,
-    "Exp": 31,
-    "Log": 85,
-    "Sigmoid": 40,  # exp, one division, a select
-    "Silu": 41,
-    "Tanh": 50,  # both pieces (polynomial, exp form) computed, one selected
-    "Erf": 48,  # three polynomials computed, one selected
-    "Gelu": 51,  # the erf form; the tanh form (x * sigmoid(2z)) is 46
-    "Softplus": 146,  # exp, log and a division
-    "Elu": 45,  # expm1: a polynomial and an exp, one selected
-    "Selu": 47,
-    "Celu": 45,
-    "Mish": 37,  # one exp and a division
+    "HardSigmoid": 3,  # max, min and a multiply-add: as fast as an Add
+    "HardSwish": 3,
+    "Exp": 7,
+    "Log": 19,
+    "Sigmoid": 8,  # exp_nonpos, one division, a select
+    "Silu": 9,
+    "Tanh": 17,  # both pieces (polynomial, exp form) computed, one selected
+    "Erf": 20,  # three polynomials computed, one selected
+    "Gelu": 23,  # the erf form; the tanh form (x * sigmoid(2z)) is 15
+    "Softplus": 59,  # exp, log and a division, gcc's loop (no vector form)
+    "Elu": 16,  # expm1: a polynomial and an exp, one selected
+    "Selu": 19,
+    "Celu": 16,
+    "Mish": 17,  # one exp and a division
     "Sin": 40,  # not measured: libm call per element (the float64 reduction is counted)
     "Cos": 40,
 }
