@@ -2,7 +2,6 @@
 padding at both ends, max and average (padding excluded and included), against the reference."""
 from __future__ import annotations
 
-
 from cg_support import assert_close
 from opfuse.ops import GraphBuilder
 from opfuse.runtime import reference
