@@ -292,3 +292,22 @@ def test_intrinsics_loop_is_shorter_than_the_c_loop(tmp_path):
     if "_mm" not in (tmp_path / "intrinsics.c").read_text() or not counts["intrinsics"]:
         pytest.skip("no vector ISA on this host")
     assert 0 < counts["intrinsics"] < counts["c"], counts
+
+
+def test_constant_operands_along_the_loop_are_read_per_lane(cache_dir):
+    """A constant that varies along the innermost loop ([40], in the weights) is loaded per vector, one constant
+    along it ([4, 1]) is computed once per row, a scalar is broadcast: bitwise the C loop, and the reference."""
+    rng = np.random.default_rng(8)
+    b = GraphBuilder("constants")
+    x = b.input("x", (4, 40))
+    w = b.const("w", rng.standard_normal(40).astype(np.float32))
+    r = b.const("r", rng.standard_normal((4, 1)).astype(np.float32))
+    y = b.op("Mul", b.op("Add", b.op("Mul", x, w), r), b.const("half", np.float32(0.5)))
+    g = b.build(b.op("Relu", y))
+    plan = _one_kernel(g)
+    feeds = {"x": (rng.standard_normal((4, 40)) * 3).astype(np.float32)}
+    want = _outputs(g, plan, feeds, GCC, cache_dir)
+    assert_close({"y": want}, {"y": next(iter(reference.run(g, feeds).values()))})
+    for options in (AVX512, AVX2):
+        assert "_loadu_ps" in generate(g, plan, options=options).source
+        assert _same_bits(_outputs(g, plan, feeds, options, cache_dir), want), options
