@@ -167,3 +167,39 @@ def test_layernorm_params_reach_layernormalization_in_the_normalised_shape(shape
             (1,) * (len(shape) - len(shape_of)) + shape_of)[(0,) * (len(shape) - len(normalized))], normalized)
         np.testing.assert_array_equal(v.const, want)
     assert_same_outputs(g0, g)
+
+
+# LayerNorm: each refusal one decision for the whole chain (its culprits ban the shorter chains too) ---------------
+
+def _ln_chain(shape=(2, 8), axes=(-1,), var_axes=None, keepdims=(1, 1), exponent=2.0, eps=1e-5):
+    b = GraphBuilder("ln")
+    x = b.input("x", shape)
+    mean = b.op("ReduceMean", x, axes=list(axes), keepdims=keepdims[0], name="mean")
+    d = b.op("Sub", x, mean, name="centered")
+    sq = b.op("Pow", d, b.const("exponent", f32(exponent)), name="square")
+    var = b.op("ReduceMean", sq, axes=list(var_axes or axes), keepdims=keepdims[1], name="variance")
+    std = b.op("Sqrt", b.op("Add", var, b.const("eps", f32(eps)), name="add_eps"), name="std")
+    y = b.op("Mul", b.op("Div", d, std, name="normalized"), b.const("gamma", randn(shape[-1], 3)), name="scale")
+    return b.build(b.op("Add", y, b.const("beta", randn(shape[-1], 4)), name="shift"))
+
+
+@pytest.mark.parametrize("kwargs, reason", [
+    ({"exponent": 3.0}, "Pow exponent 'exponent' is not 2"),
+    ({"eps": -1.0}, "epsilon 'eps' is not a non-negative constant scalar"),
+    ({"shape": (8, 8), "keepdims": (0, 0)}, "ReduceMean 'mean' drops the reduced axes (keepdims=0)"),
+    ({"shape": (8, 8), "keepdims": (1, 0)}, "ReduceMean 'variance' drops the reduced axes (keepdims=0)"),
+    ({"shape": (2, 8, 8), "axes": (1,)}, "ReduceMean axes [1] are not the trailing axes of a rank-3 tensor"),
+    ({"var_axes": (0,)}, "the two ReduceMeans reduce different axes ([1] and [0])"),
+])
+def test_a_refused_layernorm_is_one_decision(kwargs, reason):
+    """The refusal names the nodes at fault; every shorter chain (without beta, without gamma) holds them, so none
+    is offered again: one decision for the nine ops, none rewritten."""
+    g = _ln_chain(**kwargs)
+    g1, decisions = run(g, LAYERNORM, layernorm_pattern)
+    assert ops(g1) == ops(g)
+    assert [(d.verdict, d.reason, len(d.nodes)) for d in decisions] == [("refused", reason, 9)]
+
+
+def test_a_zero_epsilon_is_a_layernorm():
+    g = recognised(_ln_chain(eps=0.0), LAYERNORM, layernorm_pattern, "LayerNormalization")
+    assert g.nodes[0].attrs["epsilon"] == 0.0

@@ -547,7 +547,8 @@ def _matmul_dequantized_action(m):
         ops.append(OnnxNode(f"{name}_opfuse_bias_add", "Add", 14, [acc, b_name], [f"{acc}_bias"], {}))
         acc = f"{acc}_bias"
     scale = f"{base}_opfuse_scale"  # x_scale * w_scale, per tensor or per output column, as the bias's scale
-    inputs[scale] = (np.float32(x.scale.reshape(())) * w.scale.astype(np.float32)).astype(np.float32)
+    # an array even when both scales are per tensor (a NumPy scalar is not a constant to write_onnx_nodes)
+    inputs[scale] = np.asarray(np.float32(x.scale.reshape(())) * w.scale.astype(np.float32), np.float32)
     ops.append(OnnxNode(f"{name}_opfuse_to_float", "Cast", 13, [acc], [f"{acc}_float"], {"to": TensorProto.FLOAT}))
     y_name = target.name if rows is None else f"{base}_opfuse_dequantized"
     ops.append(OnnxNode(f"{name}_opfuse_dequantize", "Mul", 14, [f"{acc}_float", scale], [y_name], {}))
