@@ -203,3 +203,39 @@ def test_a_refused_layernorm_is_one_decision(kwargs, reason):
 def test_a_zero_epsilon_is_a_layernorm():
     g = recognised(_ln_chain(eps=0.0), LAYERNORM, layernorm_pattern, "LayerNormalization")
     assert g.nodes[0].attrs["epsilon"] == 0.0
+
+
+def test_a_layernorm_without_gamma_gets_ones_of_its_type_and_a_name_from_its_ops():
+    """No affine part: LayerNormalization's scale is ones of x's type in the normalised shape; the new op is named
+    after the ops' common prefix, or after the first ReduceMean when they share none."""
+    b = GraphBuilder("ln")
+    x = b.input("x", SHAPE)
+    mean = b.op("ReduceMean", x, axes=[-1], keepdims=1, name="block_mean")
+    d = b.op("Sub", x, mean, name="block_sub")
+    var = b.op("ReduceMean", b.op("Mul", d, d, name="block_sq"), axes=[-1], keepdims=1, name="block_var")
+    std = b.op("Sqrt", b.op("Add", var, b.const("eps", f32(1e-5)), name="block_add"), name="block_sqrt")
+    g = recognised(b.build(b.op("Div", d, std, name="block_div")), LAYERNORM, layernorm_pattern, "LayerNormalization")
+    n = g.nodes[0]
+    assert n.name == "block_layernormalization"  # the common prefix "block", the op type appended by the engine
+    gamma = n.inputs[1]
+    assert gamma.shape == (8,) and gamma.dtype == np.float32 and np.all(gamma.const == 1)
+    g = recognised(_ln_chain(), LAYERNORM, layernorm_pattern, "LayerNormalization")
+    assert g.nodes[0].name == "mean_layernorm_layernormalization"  # no common prefix: the fallback
+
+
+def test_gamma_varying_outside_the_normalised_axes_leaves_the_normalisation_to_be_recognised():
+    """Refused at its scale (the culprit): the chain without gamma and beta is then the LayerNorm, and nothing else
+    is offered (the chain with gamma holds the culprit)."""
+    b = GraphBuilder("ln_wide_gamma")
+    x = b.input("x", SHAPE)
+    mean = b.op("ReduceMean", x, axes=[-1], keepdims=1, name="mean")
+    d = b.op("Sub", x, mean)
+    var = b.op("ReduceMean", b.op("Mul", d, d), axes=[-1], keepdims=1, name="variance")
+    y = b.op("Div", d, b.op("Sqrt", b.op("Add", var, b.const("eps", f32(1e-5)))))
+    y = b.op("Mul", y, b.const("gamma", randn(SHAPE, 3)), name="scale")
+    g = b.build(b.op("Add", y, b.const("beta", randn(SHAPE[-1], 4)), name="shift"))
+    g1, decisions = run(g, LAYERNORM, layernorm_pattern)
+    assert [d.verdict for d in decisions] == ["refused", "rewritten"]
+    assert decisions[0].reason == "scale 'gamma' (2, 8) varies outside the normalised axes"
+    assert ops(g1) == ["LayerNormalization", "Mul", "Add"]
+    assert_same_outputs(g, g1)
