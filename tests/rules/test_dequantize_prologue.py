@@ -121,6 +121,20 @@ def test_quantized_resnet8_keeps_every_conv_boundary_int8():
             assert [v.dtype for v in grp.outputs(comp.graph)] == [np.dtype(np.int8)], grp.name
 
 
+def test_each_decision_names_the_8bit_tensor_and_its_reader():
+    """One ``dequantize_prologue`` decision per 8-bit tensor read, naming the chain's Cast, the reader and the tensor;
+    the float residual Add after two requantizations is no anchor's epilogue, so no anchor joins it."""
+    def prologues(m):
+        return [(d.nodes, d.reason) for d in plan_model(m).decisions if d.rule == "dequantize_prologue"]
+    assert prologues(two_convs()) == [
+        (("a/Cast", "a/Conv"), "'x_q' read as 8 bits by 'a/Conv'"),
+        (("b/Cast", "b/Conv"), "'a_q' read as 8 bits by 'b/Conv'")]
+    residual = prologues(two_convs(residual=True))
+    assert [r for _, r in residual] == ["'x_q' read as 8 bits by 'a/Conv'", "'a_q' read as 8 bits by 'b/Conv'",
+                                        "'bq_pre' read as 8 bits by 'add_0'", "'a_q' read as 8 bits by 'add_0'"]
+    assert [len(nodes) for nodes, _ in residual] == [2, 2, 2, 2] and residual[2][0][1] == "add_0"
+
+
 def test_a_float_model_is_planned_as_before():
     assert not is_quantized(opfuse.load("zoo:resnet8"))
 
