@@ -1,9 +1,9 @@
 """Every MatMul / Gemm form the GEMM lowering builds a problem for (``codegen/gemm.py``: ``matmul_problem``,
 ``gemm_problem``, ``emit_naive``), all in one program against the reference executor, every output checked by the
 same test: test_ops.py's linalg suite (1-D operands, batches broadcast, a constant B folding A's batch, transposes,
-alpha, beta, C) plus a constant A (2-D, batched, broadcast over B's batch), a constant A transposed in a Gemm and
-integer Gemms in the triple loop. One compile (mutation testing, tests/MUTATION.md: a mutant that changes one
-form's C is seen by the test that checks that form)."""
+alpha, beta, C) plus a constant A (2-D, batched, broadcast over B's batch, its batch folded into M), a run-time
+vector B, a constant A transposed in a Gemm and integer Gemms in the triple loop. One compile (mutation testing,
+tests/MUTATION.md: a mutant that changes one form's C is seen by the test that checks that form)."""
 from __future__ import annotations
 
 import numpy as np
@@ -20,6 +20,8 @@ def test_every_matmul_and_gemm_form_in_one_program(cache_dir):
     s.case("const_a_batched", "MatMul", s.w(3, 5, 7), s.b.input("rb3", (3, 7, 4)))
     s.case("const_a_broadcast", "MatMul", s.w(5, 7), s.b.input("rb2", (2, 7, 3)))
     s.case("const_a_batch_broadcast", "MatMul", s.w(2, 1, 5, 7), s.b.input("rb4", (3, 7, 4)))
+    s.case("const_a_batch_folded", "MatMul", s.w(3, 5, 7), s.b.input("rb5", (7, 4)))  # A's batch folded into M
+    s.case("runtime_vector_b", "MatMul", s.b.input("ra", (3, 7)), s.b.input("rv", (7,)))
     s.case("gemm_const_a_transA", "Gemm", s.w(6, 5), s.b.input("gb2", (6, 4)), transA=1, alpha=1.5)
     s.case("gemm_no_c", "Gemm", s.b.input("gn", (4, 6)), s.w(6, 3), beta=0.0)
     for dtype, alpha, beta in ((np.int32, 2.0, 0.5), (np.int64, 1.0, 1.0), (np.int32, 3.0, -2.0)):
