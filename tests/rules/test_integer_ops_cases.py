@@ -77,7 +77,7 @@ def quant(b, y, scale=0.1, zero=-3.0, to=INT8, lo=None, hi=None, zp_add=True, cl
 
 
 def conv_graph(*, x_dtype="int8", x_scale=0.05, x_zero=-1.0, w_scale=None, w_zero=0.0, w_dtype=I8, w_const=True,
-               bias="ok", residual=None, relu=False, q=None, conv_out=False, w_dq=True):
+               bias="ok", residual=None, relu=False, q=None, conv_out=False, w_dq=True, relu_out=False):
     """DQ(x_q) -> Conv(DQ(W_q) per output channel, [DQ(B_q)]) -> [Add(DQ(r_q))] -> [Relu] -> Q -> y_q."""
     b = GraphBuilder("qconv")
     x_q = b.input("x_q", (1, 3, 5, 5), x_dtype)
@@ -108,8 +108,9 @@ def conv_graph(*, x_dtype="int8", x_scale=0.05, x_zero=-1.0, w_scale=None, w_zer
             y = b.op("Add", y, r, name="res_add")
     if relu:
         y = b.op("Relu", y, name="relu")
+    r = y
     out = quant(b, y, **(q or {}))
-    return b.build(out, c) if conv_out else b.build(out)
+    return b.build(out, *([c] if conv_out else []), *([r] if relu_out else []))
 
 
 def _feeds(g, seed=RNG_SEED):
@@ -197,6 +198,10 @@ def test_a_quantized_conv_is_one_integer_conv_within_one_step(kwargs, parts):
      "the residual is not quantized per tensor to int8 or uint8 with a zero point"),
     ({"residual": (0.04, 2.0, (1, 1, 5, 5), False)}, "the residual's shape is not known to be the Conv's output shape"),
     ({"conv_out": True},
+     "the Conv's output is not quantized by its only reader (through a residual Add and a Relu at most)"),
+    ({"relu": True, "relu_out": True},
+     "the Conv's output is not quantized by its only reader (through a residual Add and a Relu at most)"),
+    ({"residual": (0.04, 2.0, (1, 4, 5, 5), False), "relu_out": True},  # the residual Add's output read elsewhere
      "the Conv's output is not quantized by its only reader (through a residual Add and a Relu at most)"),
 ])
 def test_conv_refusals_say_why(kwargs, reason):
