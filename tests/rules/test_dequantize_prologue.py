@@ -180,6 +180,28 @@ def test_prologue_refusals_say_why(kwargs, reason):
     assert got is not None and got.reason == reason
 
 
+def test_prologue_refusals_for_the_group_the_shape_and_the_source():
+    """A reader after the anchor inside the group, a broadcast before the anchor, only constants: each refused."""
+    g = _graph_conv_prologue(extra_reader=True)
+    cast, sub, conv, neg = _nodes(g, "cast", "sub", "conv", "neg")
+    r = prologue_refusal([cast, sub], conv, {id(n) for n in (cast, sub, conv, neg)})
+    assert r.reason == ("prologue value 'sub' is also read by 'neg' after the anchor: the anchor reads its prologue "
+                        "through registers only")
+    b = GraphBuilder("t")
+    x = b.input("x", (1, 2, 5, 1), "int8")
+    s = b.op("Sub", b.op("Cast", x, name="cast", to=I32), b.const("zp", np.full((1, 1, 1, 5), 3, np.int32)),
+             name="sub")
+    g = b.build(b.op("Conv", s, b.const("w", np.ones((2, 2, 3, 3), np.int32)), name="conv", pads=[1, 1, 1, 1]))
+    cast, sub, conv = _nodes(g, "cast", "sub", "conv")
+    r = prologue_refusal([cast, sub], conv, {id(n) for n in g.nodes})
+    assert r.reason == "'cast' (Cast) changes the shape before 'conv'"
+    b = GraphBuilder("t")
+    s = b.op("Cast", b.const("xq", np.ones((1, 2, 5, 5), np.int8)), name="cast", to=I32)
+    g = b.build(b.op("Conv", s, b.input("w", (2, 2, 3, 3), "int32"), name="conv", pads=[1, 1, 1, 1]))
+    r = prologue_refusal([g.node("cast")], g.node("conv"), {id(n) for n in g.nodes})
+    assert r.reason == "the prologue of 'conv' reads no 8-bit tensor"
+
+
 def test_a_prologue_on_the_weight_operand_is_refused():
     b = GraphBuilder("t")
     x = b.input("x", (1, 2, 5, 5), "int32")

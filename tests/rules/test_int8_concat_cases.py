@@ -126,6 +126,16 @@ def test_int8_concat_refusals_say_why(kwargs, reason):
     assert decisions == [("refused", reason)]
 
 
+def test_a_cast_to_another_type_is_no_quantization():
+    g = concat_graph(to=5, lo=-128, hi=127)  # int16
+    assert rewrite(g)[1] == [("refused", "'q_cast' does not quantize a float32 Concat to int8 or uint8")]
+
+
+def test_the_concat_of_8bit_tensors_is_named_after_the_float_one():
+    g1, _ = rewrite(concat_graph())
+    assert g1.outputs[0].producer.name.startswith("cat_int8")
+
+
 def test_a_requantizing_concat_into_uint8_is_refused_for_its_type():
     g = concat_graph(to=UINT8, lo=-128, hi=127)  # a uint8 output with int8's clamp
     assert rewrite(g)[1] == [("refused", "'q_clip' clamps to other bounds than uint8's range")]
