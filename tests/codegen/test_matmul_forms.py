@@ -24,11 +24,14 @@ def test_every_matmul_and_gemm_form_in_one_program(cache_dir):
     s.case("runtime_vector_b", "MatMul", s.b.input("ra", (3, 7)), s.b.input("rv", (7,)))
     s.case("gemm_const_a_transA", "Gemm", s.w(6, 5), s.b.input("gb2", (6, 4)), transA=1, alpha=1.5)
     s.case("gemm_no_c", "Gemm", s.b.input("gn", (4, 6)), s.w(6, 3), beta=0.0)
-    for dtype, alpha, beta in ((np.int32, 2.0, 0.5), (np.int64, 1.0, 1.0), (np.int32, 3.0, -2.0)):
-        name = f"gemm_{np.dtype(dtype).name}_{alpha:g}_{beta:g}".replace("-", "m").replace(".", "p")
+    for dtype, alpha, beta, with_c in ((np.int32, 2.0, 0.5, True), (np.int64, 1.0, 1.0, True),
+                                       (np.int32, 3.0, -2.0, True), (np.int32, 0.5, 1.0, True),
+                                       (np.int32, 0.5, 1.0, False)):
+        name = f"gemm_{np.dtype(dtype).name}_{alpha:g}_{beta:g}_{int(with_c)}".replace("-", "m").replace(".", "p")
         a = s.b.input(f"{name}_a", (5, 7), dtype)
         w = s.b.input(f"{name}_w", (4, 7), dtype)
-        s.case(name, "Gemm", a, w, s.b.input(f"{name}_c", (1, 4), dtype), transB=1, alpha=alpha, beta=beta)
+        c = [s.b.input(f"{name}_c", (1, 4), dtype)] if with_c else []
+        s.case(name, "Gemm", a, w, *c, transB=1, alpha=alpha, beta=beta)
     g = s.graph()
     feeds = reference.random_inputs(g, 3)
     model = build(g, None, cache_dir=cache_dir)
