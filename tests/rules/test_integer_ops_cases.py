@@ -77,7 +77,7 @@ def quant(b, y, scale=0.1, zero=-3.0, to=INT8, lo=None, hi=None, zp_add=True, cl
 
 
 def conv_graph(*, x_dtype="int8", x_scale=0.05, x_zero=-1.0, w_scale=None, w_zero=0.0, w_dtype=I8, w_const=True,
-               bias="ok", residual=None, relu=False, q=None, conv_out=False, w_dq=True, relu_out=False):
+               bias="ok", residual=None, relu=False, q=None, conv_out=False, w_dq=True, relu_out=False, x_side=False):
     """DQ(x_q) -> Conv(DQ(W_q) per output channel, [DQ(B_q)]) -> [Add(DQ(r_q))] -> [Relu] -> Q -> y_q."""
     b = GraphBuilder("qconv")
     x_q = b.input("x_q", (1, 3, 5, 5), x_dtype)
@@ -110,7 +110,8 @@ def conv_graph(*, x_dtype="int8", x_scale=0.05, x_zero=-1.0, w_scale=None, w_zer
         y = b.op("Relu", y, name="relu")
     r = y
     out = quant(b, y, **(q or {}))
-    return b.build(out, *([c] if conv_out else []), *([r] if relu_out else []))
+    side = [b.op("Relu", x, name="x_side")] if x_side else []  # another reader of the dequantized input
+    return b.build(out, *([c] if conv_out else []), *([r] if relu_out else []), *side)
 
 
 def _feeds(g, seed=RNG_SEED):
@@ -168,6 +169,17 @@ def test_a_quantized_conv_is_one_integer_conv_within_one_step(kwargs, parts):
     origin = prov.of("conv")
     assert {"x_cast", "x_mul", "conv", "q_cast"} <= set(origin)
     assert ("r_mul" in origin) == ("residual" in kwargs)
+    new = [n.name for n in g1.nodes if n.name not in {m.name for m in g.nodes}]
+    assert new and all(name.startswith("conv") for name in new), new  # the integer ops named after the Conv
+
+
+def test_a_dequantization_read_elsewhere_stays_outside_the_provenance():
+    g = conv_graph(x_side=True)
+    g1, _, prov = rewrite(g)
+    assert "Requantize" in ops(g1) and g1.values["x_mul"].producer is not None
+    origin = prov.of("conv")
+    assert "conv" in origin and not {"x_cast", "x_sub", "x_mul"} & set(origin)
+    assert_within_one_step(g, g1)
 
 
 @pytest.mark.parametrize("kwargs, reason", [
@@ -249,11 +261,12 @@ def test_a_bias_scale_within_float32_rounding_is_accepted_one_beyond_refused():
 # integer_matmul ------------------------------------------------------------------------------------------------
 
 def mm_graph(*, op="MatMul", a_shape=(2, 6), flatten=None, w_shape=(6, 5), trans_b=0, w_scale=0.02, w_zero=0.0,
-             w_dtype=I8, bias="none", relu=False, q=True, attrs=None, x_zero=2.0, x_dtype="int8", out_mm=False):
+             w_dtype=I8, bias="none", relu=False, q=True, attrs=None, x_zero=2.0, x_dtype="int8", out_mm=False,
+             relu_out=False, float_input=False):
     """DQ(a_q) -> [Flatten/Reshape] -> MatMul/Gemm(DQ(W_q)) -> [Add(DQ(B_q))] -> [Relu] -> [Q]."""
     b = GraphBuilder("qmm")
-    a_q = b.input("a_q", a_shape, x_dtype)
-    a = dq(b, a_q, 0.05, x_zero, "x")
+    a_q = b.input("a_q", a_shape, "float32" if float_input else x_dtype)
+    a = a_q if float_input else dq(b, a_q, 0.05, x_zero, "x")
     if flatten == "Flatten":
         a = b.op("Flatten", a, axis=1, name="flat")
     elif flatten == "Reshape":
@@ -277,8 +290,9 @@ def mm_graph(*, op="MatMul", a_shape=(2, 6), flatten=None, w_shape=(6, 5), trans
         y = b.op("Add", y, bias_v, name="bias_add")
     if relu:
         y = b.op("Relu", y, name="relu")
+    r = y
     out = quant(b, y) if q else y
-    return b.build(out, mm) if out_mm else b.build(out)
+    return b.build(out, *([mm] if out_mm else []), *([r] if relu_out else []))
 
 
 @pytest.mark.parametrize("kwargs, parts", [
@@ -333,7 +347,7 @@ MM_READER = "the product is not quantized by its only reader (through a bias Add
     ({"x_dtype": "int32"}, "the input is not quantized per tensor with a zero point"),
     ({"a_shape": (6,), "w_shape": (6, 5)}, "the input is not known to be a matrix"),
     ({"a_shape": (2, 3, 2), "flatten": "Reshape3d"}, "the input is not known to be a matrix"),
-    ({"op": "Gemm", "bias": "both"}, MM_READER),
+
     ({"w_dtype": I32}, "the weight is not an int8 or uint8 constant matrix"),
     ({"w_scale": np.linspace(0.01, 0.03, 6).astype(F32).reshape(6, 1)},
      "the weight's scale is not per tensor or per output column"),
@@ -341,6 +355,9 @@ MM_READER = "the product is not quantized by its only reader (through a bias Add
     ({"op": "Gemm", "w_shape": (5, 6), "trans_b": 1, "w_scale": np.full((1, 6), 0.02, F32)},
      "the weight's scale is not per tensor or per output column"),
     ({"out_mm": True}, MM_READER),
+    ({"relu": True, "relu_out": True}, MM_READER),
+    ({"a_shape": (2, 3, 1, 2), "flatten": "Flatten", "float_input": True},
+     "the input is not the output of a DequantizeLinear"),
     ({"op": "Gemm", "bias": "gemm", "relu": True, "attrs": {}, "out_mm": False, "q": True, "w_zero": 1.0}, None),
 ])
 def test_matmul_refusals_say_why(kwargs, reason):
@@ -469,3 +486,28 @@ def test_only_a_cast_from_a_float_to_8_bits_quantizes(src, to, want):
     b = GraphBuilder("g")
     x = b.input("x", (2, 2), src)
     assert quantizes(b.build(b.op("Cast", x, to=to))) is want
+
+
+def test_a_gemm_bias_and_a_bias_add_are_refused_for_the_add():
+    """A Gemm with its own bias then a bias Add: the whole match refused for the Add; the Gemm alone is then read by
+    that Add, outside the match: refused for the reader."""
+    assert refusals(mm_graph(op="Gemm", bias="both")) == [MM_READER]
+    g, decisions, _ = rewrite(mm_graph(op="Gemm", bias="both"))
+    assert [(d.rule, d.reason, len(d.nodes)) for d in decisions][0] == ("integer_matmul", MM_READER, 7)
+
+
+def test_a_batch_of_matrices_takes_a_bias_of_one_row():
+    g = mm_graph(a_shape=(2, 3, 6), bias="wide")  # bias (1, 5) on a (2, 3, 5) product
+    g1, decisions, _ = rewrite(g)
+    assert [d.verdict for d in decisions] == ["rewritten"]
+    assert_within_one_step(g, g1)
+
+
+def test_a_clip_without_its_lower_bound_is_refused():
+    b = GraphBuilder("no_lo")
+    x = b.input("x_q", (1, 3, 5, 5), "int8")
+    w = b.const("w_q", np.ones((4, 3, 1, 1), I8))
+    y = b.op("Conv", dq(b, x, 0.05, 1.0, "x"), dq(b, w, 0.01, 0.0, "w"), name="conv")
+    y = b.op("Add", b.op("Round", b.op("Div", y, b.const("ys", F32(0.1)))), b.const("yz", F32(0)))
+    g = b.build(b.op("Cast", b.op("Clip", y, None, b.const("hi", F32(127))), to=INT8))
+    assert refusals(g) == [BAD_Q]
