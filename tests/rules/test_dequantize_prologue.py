@@ -211,6 +211,17 @@ def test_a_prologue_on_the_weight_operand_is_refused():
     assert r is not None and "not its data" in r.reason
 
 
+def test_a_dequantized_runtime_weight_is_refused_in_the_plan():
+    """The fusion pass records the condition's refusal for the Conv reading a dequantized weight (operand 1)."""
+    b = GraphBuilder("t")
+    x = b.input("x", (1, 2, 5, 5), "int32")
+    wq = b.input("wq", (2, 2, 3, 3), "int8")
+    w = b.op("Sub", b.op("Cast", wq, name="cast", to=I32), b.const("zp", np.array(1, np.int32)), name="sub")
+    g = b.build(b.op("Conv", x, w, name="conv", pads=[1, 1, 1, 1]))
+    got = [(d.verdict, d.nodes, d.reason) for d in plan_model(g).decisions if d.rule == "dequantize_prologue"]
+    assert got == [("refused", ("cast", "conv"), "the prologue feeds operand [1] of 'conv' (Conv), not its data")]
+
+
 def test_a_float_prologue_into_a_conv_is_still_refused():
     b = GraphBuilder("t")
     x = b.input("x", (1, 2, 5, 5))
