@@ -288,6 +288,8 @@ def mm_graph(*, op="MatMul", a_shape=(2, 6), flatten=None, w_shape=(6, 5), trans
     mm = y
     if bias in ("add", "wide", "both"):
         y = b.op("Add", y, bias_v, name="bias_add")
+    elif bias == "float_add":  # a float bias, not behind a DequantizeLinear
+        y = b.op("Add", y, b.const("b_float", np.ones(n, F32)), name="bias_add")
     if relu:
         y = b.op("Relu", y, name="relu")
     r = y
@@ -494,6 +496,13 @@ def test_a_gemm_bias_and_a_bias_add_are_refused_for_the_add():
     assert refusals(mm_graph(op="Gemm", bias="both")) == [MM_READER]
     g, decisions, _ = rewrite(mm_graph(op="Gemm", bias="both"))
     assert [(d.rule, d.reason, len(d.nodes)) for d in decisions][0] == ("integer_matmul", MM_READER, 7)
+
+
+def test_a_float_bias_add_is_not_the_integer_matmuls():
+    """The Add's other operand is no dequantization: refused with the Add; the product alone is then read by it."""
+    g, decisions, _ = rewrite(mm_graph(bias="float_add"))
+    assert [(d.rule, d.verdict, d.reason, len(d.nodes)) for d in decisions] == [
+        ("integer_matmul", "refused", MM_READER, 7)]
 
 
 def test_a_batch_of_matrices_takes_a_bias_of_one_row():
