@@ -121,6 +121,20 @@ def test_quantized_resnet8_keeps_every_conv_boundary_int8():
             assert [v.dtype for v in grp.outputs(comp.graph)] == [np.dtype(np.int8)], grp.name
 
 
+def test_each_decision_names_the_8bit_tensor_and_its_reader():
+    """One ``dequantize_prologue`` decision per 8-bit tensor read, naming the chain's Cast, the reader and the tensor;
+    the float residual Add after two requantizations is no anchor's epilogue, so no anchor joins it."""
+    def prologues(m):
+        return [(d.nodes, d.reason) for d in plan_model(m).decisions if d.rule == "dequantize_prologue"]
+    assert prologues(two_convs()) == [
+        (("a/Cast", "a/Conv"), "'x_q' read as 8 bits by 'a/Conv'"),
+        (("b/Cast", "b/Conv"), "'a_q' read as 8 bits by 'b/Conv'")]
+    residual = prologues(two_convs(residual=True))
+    assert [r for _, r in residual] == ["'x_q' read as 8 bits by 'a/Conv'", "'a_q' read as 8 bits by 'b/Conv'",
+                                        "'bq_pre' read as 8 bits by 'add_0'", "'a_q' read as 8 bits by 'add_0'"]
+    assert [len(nodes) for nodes, _ in residual] == [2, 2, 2, 2] and residual[2][0][1] == "add_0"
+
+
 def test_a_float_model_is_planned_as_before():
     assert not is_quantized(opfuse.load("zoo:resnet8"))
 
@@ -166,6 +180,28 @@ def test_prologue_refusals_say_why(kwargs, reason):
     assert got is not None and got.reason == reason
 
 
+def test_prologue_refusals_for_the_group_the_shape_and_the_source():
+    """A reader after the anchor inside the group, a broadcast before the anchor, only constants: each refused."""
+    g = _graph_conv_prologue(extra_reader=True)
+    cast, sub, conv, neg = _nodes(g, "cast", "sub", "conv", "neg")
+    r = prologue_refusal([cast, sub], conv, {id(n) for n in (cast, sub, conv, neg)})
+    assert r.reason == ("prologue value 'sub' is also read by 'neg' after the anchor: the anchor reads its prologue "
+                        "through registers only")
+    b = GraphBuilder("t")
+    x = b.input("x", (1, 2, 5, 1), "int8")
+    s = b.op("Sub", b.op("Cast", x, name="cast", to=I32), b.const("zp", np.full((1, 1, 1, 5), 3, np.int32)),
+             name="sub")
+    g = b.build(b.op("Conv", s, b.const("w", np.ones((2, 2, 3, 3), np.int32)), name="conv", pads=[1, 1, 1, 1]))
+    cast, sub, conv = _nodes(g, "cast", "sub", "conv")
+    r = prologue_refusal([cast, sub], conv, {id(n) for n in g.nodes})
+    assert r.reason == "'cast' (Cast) changes the shape before 'conv'"
+    b = GraphBuilder("t")
+    s = b.op("Cast", b.const("xq", np.ones((1, 2, 5, 5), np.int8)), name="cast", to=I32)
+    g = b.build(b.op("Conv", s, b.input("w", (2, 2, 3, 3), "int32"), name="conv", pads=[1, 1, 1, 1]))
+    r = prologue_refusal([g.node("cast")], g.node("conv"), {id(n) for n in g.nodes})
+    assert r.reason == "the prologue of 'conv' reads no 8-bit tensor"
+
+
 def test_a_prologue_on_the_weight_operand_is_refused():
     b = GraphBuilder("t")
     x = b.input("x", (1, 2, 5, 5), "int32")
@@ -173,6 +209,17 @@ def test_a_prologue_on_the_weight_operand_is_refused():
     g = b.build(b.op("Conv", x, b.op("Cast", wq, name="cast", to=I32), name="conv"))
     r = prologue_refusal([g.node("cast")], g.node("conv"), {id(n) for n in g.nodes})
     assert r is not None and "not its data" in r.reason
+
+
+def test_a_dequantized_runtime_weight_is_refused_in_the_plan():
+    """The fusion pass records the condition's refusal for the Conv reading a dequantized weight (operand 1)."""
+    b = GraphBuilder("t")
+    x = b.input("x", (1, 2, 5, 5), "int32")
+    wq = b.input("wq", (2, 2, 3, 3), "int8")
+    w = b.op("Sub", b.op("Cast", wq, name="cast", to=I32), b.const("zp", np.array(1, np.int32)), name="sub")
+    g = b.build(b.op("Conv", x, w, name="conv", pads=[1, 1, 1, 1]))
+    got = [(d.verdict, d.nodes, d.reason) for d in plan_model(g).decisions if d.rule == "dequantize_prologue"]
+    assert got == [("refused", ("cast", "conv"), "the prologue feeds operand [1] of 'conv' (Conv), not its data")]
 
 
 def test_a_float_prologue_into_a_conv_is_still_refused():

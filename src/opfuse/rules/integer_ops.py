@@ -257,10 +257,19 @@ conv_refusal = refusal_of(_conv_match)
 
 def _absorbed(m, candidates: list[Node]) -> tuple[str, ...]:
     """The ``candidates`` (dequantizations, a Flatten before the match) read only by the match or by
-    each other: the rewrite leaves them dead, and the new ops stand for them in the report."""
-    inside = {id(n) for n in m.nodes} | {id(n) for n in candidates}
-    return tuple(n.name for n in candidates
-                 if all(id(u) in inside for v in n.outputs for u, _ in v.uses) and n.outputs[0] not in m.graph.outputs)
+    candidates left dead themselves: the rewrite leaves them dead, and the new ops stand for them in the
+    report. (A chain's Cast is not dead when its Mul has a reader outside: dropped until nothing changes.)"""
+    inside = {id(n) for n in m.nodes}
+    dead = {id(n) for n in candidates}
+    changed = True
+    while changed:
+        changed = False
+        for n in candidates:
+            if id(n) in dead and (n.outputs[0] in m.graph.outputs or any(
+                    id(u) not in inside and id(u) not in dead for v in n.outputs for u, _ in v.uses)):
+                dead.discard(id(n))
+                changed = True
+    return tuple(n.name for n in candidates if id(n) in dead)
 
 
 def _write(m, ops: list[OnnxNode], inputs: dict, bound: dict[str, Value], reason: str, name: str,
@@ -547,7 +556,8 @@ def _matmul_dequantized_action(m):
         ops.append(OnnxNode(f"{name}_opfuse_bias_add", "Add", 14, [acc, b_name], [f"{acc}_bias"], {}))
         acc = f"{acc}_bias"
     scale = f"{base}_opfuse_scale"  # x_scale * w_scale, per tensor or per output column, as the bias's scale
-    inputs[scale] = (np.float32(x.scale.reshape(())) * w.scale.astype(np.float32)).astype(np.float32)
+    # an array even when both scales are per tensor (a NumPy scalar is not a constant to write_onnx_nodes)
+    inputs[scale] = np.asarray(np.float32(x.scale.reshape(())) * w.scale.astype(np.float32), np.float32)
     ops.append(OnnxNode(f"{name}_opfuse_to_float", "Cast", 13, [acc], [f"{acc}_float"], {"to": TensorProto.FLOAT}))
     y_name = target.name if rows is None else f"{base}_opfuse_dequantized"
     ops.append(OnnxNode(f"{name}_opfuse_dequantize", "Mul", 14, [f"{acc}_float", scale], [y_name], {}))
