@@ -50,7 +50,7 @@ def _graph():
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
+def results(cache_dir):
     g, names = _graph()
     rng = np.random.default_rng(5)
     x = np.round(rng.standard_normal((2, 7, 5)) * 2).astype(np.float32) / 2  # halves: many ties
@@ -61,7 +61,7 @@ def results(tmp_path_factory):
     for v in g.inputs:
         if v.name != "x":
             feeds[v.name] = rng.standard_normal(v.shape).astype(np.float32)
-    model = build(g, None, cache_dir=tmp_path_factory.mktemp("select-ops-cache"))
+    model = build(g, None, cache_dir=cache_dir)
     return model.run(feeds), reference.run(g, feeds), {v.name: n for v, n in zip(g.outputs, names, strict=True)}
 
 
