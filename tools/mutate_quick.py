@@ -346,9 +346,13 @@ def _fork(mutant: str, tests: list[Test], cache: Path, cpu_limit: int = 0, log_t
     return pid
 
 
-def reach(tests: list[Test], cache: Path) -> tuple[dict[str, list[str]], dict[str, list[str]], dict[str, float], int]:
+def reach(tests: list[Test], cache: Path, fresh: bool = False
+          ) -> tuple[dict[str, list[str]], dict[str, list[str]], dict[str, float], int]:
     """Which test ids reach which mutated function, the build keys and CPU seconds of each test, and how many
-    programs were compiled (one unmutated run in a fork)."""
+    programs were compiled (one unmutated run in a fork). ``fresh``: every fixture of a wider scope is made
+    again for each test, so that the work a module fixture does once (a model built when it is made, or on
+    its first use through a getter) counts for every test that uses it, not only the first; else a mutant of
+    a function only that work reaches runs against the first test alone."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -365,6 +369,8 @@ def reach(tests: list[Test], cache: Path) -> tuple[dict[str, list[str]], dict[st
         cost: dict[str, float] = {}
         for t in tests:
             current[0] = t.id
+            if fresh:
+                session.made.clear()
             before, t0 = len(log.keys), time.process_time()
             try:
                 session.call(t)
@@ -430,6 +436,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sample", type=float, default=1.0,
                     help="run only this fraction of the matching mutants, drawn by a hash of each name (0 < F <= 1)")
     ap.add_argument("--sample-seed", default="0", help="the draw's seed: the same seed and names, the same sample")
+    ap.add_argument("--fresh-fixtures", action="store_true",
+                    help="in the run that finds which tests reach which function, make every module- or "
+                         "session-scoped fixture again per test (a fixture building a model once would "
+                         "otherwise count for the first test using it only)")
     ap.add_argument("patterns", nargs="+", help="mutant names or globs (fnmatch)")
     args = ap.parse_args(argv)
     if not 0.0 < args.sample <= 1.0:
@@ -479,7 +489,7 @@ def _run(args, names: list[str], tests: list[Test], cache: Path, scratch: Path) 
             print(f"mutate_quick: the tests {'fail unmutated' if not which else 'miss a forced failure'}")
             return 2
     first = json.loads((scratch / "sanity.json").read_text())
-    hits, keys, cost, compiled = reach(tests, cache)
+    hits, keys, cost, compiled = reach(tests, cache, fresh=args.fresh_fixtures)
     baseline = {k for ks in keys.values() for k in ks}
     print(f"# {len(tests)} tests, {len(baseline)} programs built through the cache; the first unmutated run "
           f"compiled {first['compiled']}, the second {compiled} ({time.monotonic() - t0:.0f} s)", flush=True)

@@ -115,3 +115,12 @@ def test_double_erf_keeps_libm(cache_dir):
     assert ERF_HELPER not in src and "erf(" in src
     got, want, _ = run_both(g, FusionPlan.unfused(g), cache_dir)
     assert_close(got, want)
+
+
+def test_erf_text_is_the_fma_macro_of_the_build_then_the_helper():
+    """What the compiled sweeps above test (their fixture compiles ``erf_text`` of both builds)."""
+    from opfuse.codegen.erf import ERF_HELPER_TEXT
+    from opfuse.codegen.vecmath import FMA_TEXT
+    assert erf_text("none") == FMA_TEXT["none"] + ERF_HELPER_TEXT
+    assert erf_text() == erf_text("auto") == FMA_TEXT["auto"] + ERF_HELPER_TEXT
+    assert "a < 0x1.8p-1f ?" in ERF_HELPER_TEXT  # SMALL_END = 0.75 as an exact float literal

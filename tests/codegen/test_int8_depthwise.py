@@ -161,3 +161,31 @@ def test_same_c_twice():
     opts = CodegenOptions(simd="none")
     a, b = generate(pa.graph, pa, options=opts), generate(pb.graph, pb, options=opts)
     assert a.source == b.source and a.weights == b.weights
+
+
+def test_two_depthwise_layers_keep_their_own_taps():
+    """Two int8 depthwise convolutions of one model (different taps, the same shapes): each kernel reads its
+    own packed taps (they are added to the weights once per node), bit-exact on the plain C99 path."""
+    rng = np.random.default_rng(4)
+    b = GraphBuilder("qdw2")
+    x = b.input("x", (1, 4, 7, 6), "int8")
+    xc = b.op("Sub", b.op("Cast", x, to=int(TensorProto.INT32)), b.const("zp", np.array(-5, np.int32)))
+    outs = []
+    for i in (1, 2):
+        w = rng.integers(-128, 128, (4, 1, 3, 3)).astype(np.int32)
+        acc = b.op("Conv", xc, b.const(f"w{i}", w), name=f"conv{i}", pads=[1, 1, 1, 1], group=4)
+        m, s = fixed_point_multiplier(0.004 * i)
+        outs.append(b.op("Requantize", acc, b.const(f"m{i}", np.full((1, 4, 1, 1), m, np.int32)),
+                         b.const(f"s{i}", np.full((1, 4, 1, 1), s, np.int32)), zero_point=0, lo=-128, hi=127,
+                         to=int(TensorProto.INT8), name=f"rq{i}"))
+    g = b.build(*outs)
+    assert all(int8_depthwise_applies(g.node(f"conv{i}")) for i in (1, 2))
+    comp = plan_model(g)
+    opts = CodegenOptions(simd="none")
+    assert generate(comp.plan.graph, comp.plan, options=opts).source.count("opfuse_mac2_s16(") >= 2
+    feeds = _feeds(g)
+    got = build(comp.plan.graph, comp.plan, options=opts).run(feeds)
+    want = run(g, feeds)
+    assert len(want) == 2
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])

@@ -53,3 +53,27 @@ def test_hostile_node_and_value_names_produce_safe_c(cache_dir):
         assert "system(" not in src and "evil" not in src and "#include <stdio.h>" not in src
         for name in HOSTILE[:3]:
             assert name not in src
+
+
+@pytest.mark.parametrize(("name", "prefix", "want"), [
+    ("conv1", "v", "v_conv1"),
+    ("a/b..c d", "k3", "k3_a_b_c_d"),  # each run of other characters is one underscore
+    ("__x__", "v", "v_x"),  # underscores at both ends dropped
+    ("X_y_X", "v", "v_X_y_X"),
+    ("yX", "v", "v_yX"),
+    ("  x\t", "v", "v_x"),
+    ("***", "v", "v"),  # nothing left: the prefix alone
+    ("", "node", "node"),
+    ("", "for", "for_"),  # a bare prefix that is a C keyword gets an underscore
+    ("a" * 39 + "/b", "v", "v_" + "a" * 39),  # cut at MAX_IDENT_CHARS, then no trailing underscore
+    ("b" * 50, "v", "v_" + "b" * MAX_IDENT_CHARS),
+])
+def test_c_ident_keeps_letters_digits_and_inner_underscores(name, prefix, want):
+    assert c_ident(name, prefix) == want
+
+
+def test_c_ident_and_name_table_default_to_the_v_prefix():
+    assert c_ident("x") == "v_x"
+    t = NameTable()
+    assert [t.fresh("x"), t.fresh("x"), t.fresh("x", "k"), t.fresh("x"), t.fresh("x_1")] == [
+        "v_x", "v_x_1", "k_x", "v_x_2", "v_x_1_1"]

@@ -131,3 +131,39 @@ def test_sample_is_a_stable_fraction_drawn_by_name():
     assert set(picked) != {n for n in names if mq.in_sample(n, 0.1, "1")}  # another seed, another draw
     assert all(mq.in_sample(n, 1.0, "0") for n in names[:50])
     assert set(picked) <= {n for n in names if mq.in_sample(n, 0.2, "0")}  # a larger fraction contains it
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_reach_with_fresh_fixtures_counts_a_module_fixture_for_every_test(tmp_path, fresh):
+    """A module fixture whose work reaches a function (here on its first use, as test_ops.py's suites) counts
+    for the first test alone, unless ``fresh`` makes it again for each test."""
+    pytest.importorskip("mutmut.mutation.trampoline")
+    test = _write(tmp_path / "tests" / f"test_mq_reach_{int(fresh)}.py", """
+        import pytest
+
+        @pytest.fixture(scope="module")
+        def built():
+            done = {}
+
+            def get():
+                if not done:
+                    from mutmut.mutation import trampoline
+                    trampoline.record_trampoline_hit("m.x_built")
+                    done["model"] = 1
+                return done["model"]
+            return get
+
+        def test_first(built):
+            assert built() == 1
+
+        def test_second(built):
+            assert built() == 1
+
+        def test_other():
+            pass
+        """)
+    tests, _ = mq.collect([str(test)])
+    hits, _, cost, compiled = mq.reach(tests, tmp_path / "cache", fresh=fresh)
+    first, second = (f"{test}::test_{n}" for n in ("first", "second"))
+    assert hits == {"m.x_built": [first, second] if fresh else [first]}
+    assert len(cost) == 3 and compiled == 0
