@@ -1,6 +1,6 @@
 """Conv in float64 (``conv.py``'s GEMM with its generic im2col loader: every column element read through
 its bounds test, no packed panels, no micro-kernel) against the reference, in 1-D, 2-D and 3-D, grouped,
-strided, dilated, padded unevenly, and a 1x1 one read in place; one graph, one compile. Tolerance: float64
+strided, dilated, padded unevenly, and 1x1 ones (one grouped) read in place; one graph, one compile. Tolerance: float64
 sums of at most 24 products of O(1) values, the same terms as the reference's in another order."""
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ def test_float64_convolutions_match_reference(cache_dir):
         b.op("Conv", x, _w(b, 6, 2, 3, 2), _w(b, 6), group=2, strides=[2, 1], pads=[1, 0, 2, 1],
              dilations=[1, 2], name="grouped"),
         b.op("Conv", x, _w(b, 5, 4, 1, 1), _w(b, 5), name="pointwise"),       # 1x1: X's rows are X_col
+        b.op("Conv", x, _w(b, 6, 2, 1, 1), group=2, name="grouped_pointwise"),  # each group its own channels
         b.op("Conv", x, _w(b, 3, 4, 2, 2), strides=[2, 2], name="valid"),   # no padding, no bias
     ]
     x1 = b.input("x1", (1, 3, 11), np.float64)
