@@ -1,10 +1,13 @@
 """Helpers for the rewrite tests: run the rewrites on a copy and compare with the reference."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from opfuse.rules.options import FusionOptions
 from opfuse.rewrites import rewrite
+from opfuse.rules import apply_rules
 from opfuse.runtime.reference import random_inputs, run
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -45,3 +48,20 @@ def applied(result, rule: str) -> int:
 
 def refusals(result, rule: str) -> list[str]:
     return [d.reason for d in result.decisions if d.rule == rule and not d.taken]
+
+
+def apply_rule(graph, rule, pattern_fn):
+    """``rule`` with its pattern made now (``pattern_fn()``), applied to a copy of ``graph``: (copy, decisions)."""
+    g = graph.copy()
+    out = apply_rules(g, [dataclasses.replace(rule, pattern=pattern_fn())])
+    g.verify()
+    return g, out.decisions
+
+
+def recognised(graph, rule, pattern_fn, op: str):
+    """``graph`` rewritten by ``rule`` into the one op ``op``, with the same outputs; the rewritten copy."""
+    g, decisions = apply_rule(graph, rule, pattern_fn)
+    assert ops(g) == [op], (ops(g), [(d.verdict, d.reason) for d in decisions])
+    assert [d.verdict for d in decisions] == ["rewritten"]
+    assert_same_outputs(graph, g)
+    return g

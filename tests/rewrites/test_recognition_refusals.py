@@ -4,40 +4,23 @@ normalised shape (mutation testing, tests/MUTATION.md: survivors of the conditio
 built inside the tests, as in test_recognition_patterns.py; outputs checked against the reference executor."""
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
 import pytest
 
 from opfuse.ops import GraphBuilder
-from opfuse.rules import apply_rules
 from opfuse.rules.activations import HARD_SWISH, hard_swish_pattern
 from opfuse.rules.gelu import ERF_GELU, TANH_GELU, erf_gelu_pattern, tanh_gelu_pattern
 from opfuse.rules.normalization import LAYERNORM, layernorm_pattern
-from rewrite_cases import assert_same_outputs, ops, randn
+from rewrite_cases import apply_rule as run
+from rewrite_cases import assert_same_outputs, ops, randn, recognised
 
 SHAPE = (2, 8)
 
 
 def f32(v):
     return np.float32(v)
-
-
-def run(graph, rule, pattern_fn):
-    """``rule`` with its pattern made now, applied to a copy of ``graph``: (copy, decisions)."""
-    g = graph.copy()
-    out = apply_rules(g, [dataclasses.replace(rule, pattern=pattern_fn())])
-    g.verify()
-    return g, out.decisions
-
-
-def recognised(graph, rule, pattern_fn, op: str):
-    g, decisions = run(graph, rule, pattern_fn)
-    assert ops(g) == [op], (ops(g), [(d.verdict, d.reason) for d in decisions])
-    assert [d.verdict for d in decisions] == ["rewritten"]
-    assert_same_outputs(graph, g)
-    return g
 
 
 def reasons(graph, rule, pattern_fn):

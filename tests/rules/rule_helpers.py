@@ -14,3 +14,16 @@ def same_outputs(before, after, seed: int = 0, rtol: float = 1e-5, atol: float =
     assert set(want) == set(got)
     for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=rtol, atol=atol, err_msg=k)
+
+
+def full_range_feeds(g, seed: int):
+    """Seeded inputs for ``g``: integers over their type's whole range, floats standard normal."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for v in g.inputs:
+        if v.dtype.kind in "iu":
+            info = np.iinfo(v.dtype)
+            feeds[v.name] = rng.integers(info.min, info.max + 1, v.shape).astype(v.dtype)
+        else:
+            feeds[v.name] = rng.standard_normal(v.shape).astype(v.dtype)
+    return feeds

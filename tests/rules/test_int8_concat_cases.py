@@ -13,6 +13,7 @@ from opfuse.ops import GraphBuilder
 from opfuse.rules import apply_rules
 from opfuse.rules.qconcat import INT8_CONCAT, int8_concat_pattern
 from opfuse.runtime.reference import run
+from rule_helpers import full_range_feeds
 
 F32 = np.float32
 FLOAT, INT8, UINT8 = 1, 3, 2  # ONNX element types
@@ -65,15 +66,7 @@ def rewrite(g):
 
 
 def _feeds(g, seed=3):
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for v in g.inputs:
-        if v.dtype.kind in "iu":
-            info = np.iinfo(v.dtype)
-            feeds[v.name] = rng.integers(info.min, info.max + 1, v.shape).astype(v.dtype)
-        else:
-            feeds[v.name] = rng.standard_normal(v.shape).astype(v.dtype)
-    return feeds
+    return full_range_feeds(g, seed)
 
 
 @pytest.mark.parametrize("kwargs", [

@@ -21,6 +21,7 @@ from opfuse.rules.integer_ops import (INTEGER_CONV_RULE, INTEGER_MATMUL_DEQUANTI
                                       quantizes)
 from opfuse.rules.options import FusionOptions
 from opfuse.runtime.reference import run
+from rule_helpers import full_range_feeds
 
 F32, I8, U8, I32 = np.float32, np.int8, np.uint8, np.int32
 FLOAT, INT8, UINT8, INT32 = 1, 3, 2, 6  # ONNX element types
@@ -115,15 +116,7 @@ def conv_graph(*, x_dtype="int8", x_scale=0.05, x_zero=-1.0, w_scale=None, w_zer
 
 
 def _feeds(g, seed=RNG_SEED):
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for v in g.inputs:
-        if v.dtype.kind in "iu":
-            info = np.iinfo(v.dtype)
-            feeds[v.name] = rng.integers(info.min, info.max + 1, v.shape).astype(v.dtype)
-        else:
-            feeds[v.name] = rng.standard_normal(v.shape).astype(v.dtype)
-    return feeds
+    return full_range_feeds(g, seed)
 
 
 def assert_within_one_step(g0, g1, seeds=(RNG_SEED, RNG_SEED + 1)):
