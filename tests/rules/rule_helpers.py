@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from opfuse.ops import GraphBuilder
+from opfuse.rules import Replacement
 from opfuse.runtime.reference import random_inputs, run
 
 
@@ -27,3 +29,26 @@ def full_range_feeds(g, seed: int):
         else:
             feeds[v.name] = rng.standard_normal(v.shape).astype(v.dtype)
     return feeds
+
+
+# A float32 [2, 4] value: 32 bytes (the resolve tests' graphs).
+RESOLVE_SHAPE = (2, 4)
+
+
+def chain(*ops: str, name: str = "c"):
+    """x -> ops[0] -> ops[1] -> ... (the last is the output); node i is named f"{name}{i}"."""
+    b = GraphBuilder("chain")
+    v = b.input("x", RESOLVE_SHAPE)
+    for i, op in enumerate(ops):
+        v = b.op(op, v, name=f"{name}{i}")
+    return b.build(v)
+
+
+def to_op(op: str, name: str | None = None):
+    """An action replacing the match by one ``op`` reading the match's first input."""
+    return lambda m: Replacement(op, [m.nodes[0].inputs[0]], name=name)
+
+
+def summary(out):
+    """Each decision of ``apply_rules``'s result as (rule, verdict, nodes, kind, reason, score)."""
+    return [(d.rule, d.verdict, d.nodes, d.kind, d.reason, d.score) for d in out.decisions]

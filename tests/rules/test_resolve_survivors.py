@@ -11,26 +11,9 @@ from opfuse.ops import GraphBuilder
 from opfuse.patterns import Op, par
 from opfuse.rules import FusionOptions, Replacement, Rule, apply_rules
 from opfuse.rules.conflicts import DependencyRules
+from rule_helpers import RESOLVE_SHAPE, chain, summary, to_op
 
-SHAPE = (2, 4)  # float32: 32 bytes a value
-
-
-def chain(*ops: str, name: str = "c"):
-    """x -> ops[0] -> ops[1] -> ... (the last is the output); node i is named f"{name}{i}"."""
-    b = GraphBuilder("chain")
-    v = b.input("x", SHAPE)
-    for i, op in enumerate(ops):
-        v = b.op(op, v, name=f"{name}{i}")
-    return b.build(v)
-
-
-def to_op(op: str):
-    """An action replacing the match by one ``op`` reading the match's first input."""
-    return lambda m: Replacement(op, [m.nodes[0].inputs[0]])
-
-
-def summary(out):
-    return [(d.rule, d.verdict, d.nodes, d.kind, d.reason, d.score) for d in out.decisions]
+SHAPE = RESOLVE_SHAPE  # float32: 32 bytes a value
 
 
 def test_decisions_default_to_the_pass_name_rules_and_stats_name_their_rule():

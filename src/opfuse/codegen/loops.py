@@ -110,10 +110,7 @@ def lane_reduce(kc, ctype: str, init: str, combine: Callable[[str, str], str], l
         return
     if length < VECTORISED_REDUCTION_MIN_RUN:  # what the cost model prices as scalar
         w.line(f"{ctype} {result} = {init};")
-        j = kc.tmp("j")
-        with w.block(f"for (long {j} = 0; {j} < {length}; ++{j})"), scope():
-            e = element(j)
-            w.line(f"{result} = {combine(result, e)};")
+        _fold_rest(kc, 0, length, combine, element, result, scope)
         return
     acc = kc.tmp("lane")
     base = kc.tmp("j")
@@ -130,10 +127,7 @@ def lane_reduce(kc, ctype: str, init: str, combine: Callable[[str, str], str], l
     w.line(f"{ctype} {result} = {acc}[0];")
     w.line(f"for (int {lane} = 1; {lane} < {lanes}; ++{lane}) {result} = {combine(result, f'{acc}[{lane}]')};")
     if full < length:
-        j = kc.tmp("j")
-        with w.block(f"for (long {j} = {full}; {j} < {length}; ++{j})"), scope():
-            e = element(j)
-            w.line(f"{result} = {combine(result, e)};")
+        _fold_rest(kc, full, length, combine, element, result, scope)
 
 
 def _chained_reduce(kc, ctype: str, init: str, combine: Callable[[str, str], str], length: int,
@@ -163,8 +157,13 @@ def _chained_reduce(kc, ctype: str, init: str, combine: Callable[[str, str], str
         h //= 2
     w.line(f"{ctype} {result} = {acc}[0][0];")
     if full < length:
-        j = kc.tmp("j")
-        with w.block(f"for (long {j} = {full}; {j} < {length}; ++{j})"), scope():
-            e = element(j)
-            w.line(f"{result} = {combine(result, e)};")
+        _fold_rest(kc, full, length, combine, element, result, scope)
 
+
+def _fold_rest(kc, start: int, length: int, combine: Callable[[str, str], str], element: Callable[[str], str],
+               result: str, scope: Callable[[], ContextManager]) -> None:
+    """``result = combine(result, element(j))`` for ``start <= j < length``, one element after another."""
+    j = kc.tmp("j")
+    with kc.w.block(f"for (long {j} = {start}; {j} < {length}; ++{j})"), scope():
+        e = element(j)
+        kc.w.line(f"{result} = {combine(result, e)};")

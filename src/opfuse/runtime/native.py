@@ -22,6 +22,7 @@ import contextlib
 import ctypes
 import itertools
 import json
+import mmap
 import os
 import shutil
 import tempfile
@@ -86,7 +87,6 @@ def _huge_page_buffer(n: int) -> np.ndarray | None:
     mapping runs to the end of the buffer's last 2 MiB, so every page of it can be huge; pages never
     touched take no memory), or ``None`` where ``mmap`` cannot advise it (not Linux, or refused).
     The array keeps the mapping alive."""
-    import mmap
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
     if advice is None:
         return None
