@@ -52,6 +52,8 @@ MR_NR = "gemm_mr and gemm_nr must be positive (0: the vector ISA's register bloc
     ({"gemm_nr": -1}, MR_NR),
     ({"gemm_mr": 5}, "gemm_mc (96) must be a multiple of gemm_mr (5) and gemm_nc (256) of gemm_nr (0)"),
     ({"gemm_nr": 24}, "gemm_mc (96) must be a multiple of gemm_mr (0) and gemm_nc (256) of gemm_nr (24)"),
+    ({"simd_unroll": 0}, "simd_unroll must be at least 1 (1: one vector per iteration)"),
+    ({"pool_prefetch_bytes": -1}, "pool_prefetch_bytes must be at least 0 (0: no prefetch)"),
 ])
 def test_out_of_range_numbers_are_refused(kw, message):
     with pytest.raises(OpfuseError, match=f"^{re.escape(message)}$"):
@@ -66,6 +68,7 @@ def test_out_of_range_numbers_are_refused(kw, message):
     {"gemm_mr": 6, "gemm_nr": 16, "gemm_mc": 96, "gemm_nc": 256},
     {"gemm_mr": 4, "gemm_nr": 4, "gemm_mc": 64, "gemm_nc": 16},
     {"gemm_mr": 1, "gemm_nr": 1, "gemm_mc": 3, "gemm_nc": 5},
+    {"simd_unroll": 1, "pool_prefetch_bytes": 0},
 ])
 def test_values_at_the_bounds_are_accepted(kw):
     opts = CodegenOptions(**kw)

@@ -384,6 +384,8 @@ class CodegenOptions:
             raise OpfuseError("depthwise_chunk_planes and depthwise_min_chunks must be at least 1")
         if self.depthwise_row_block < 1 or self.depthwise_block_group < 1:
             raise OpfuseError("depthwise_row_block and depthwise_block_group must be at least 1")
+        if self.simd_unroll < 1:
+            raise OpfuseError("simd_unroll must be at least 1 (1: one vector per iteration)")
         if self.pool_prefetch_bytes < 0:
             raise OpfuseError("pool_prefetch_bytes must be at least 0 (0: no prefetch)")
         if self.f16c_min_block < 8 or self.f16c_min_block % 8 or self.f16c_block < self.f16c_min_block:

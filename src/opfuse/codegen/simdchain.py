@@ -435,7 +435,7 @@ def _emit_isa(kc, ev, isa: VecIsa, outs, inline, loadable, shape, groups, hoiste
             w.line(f"const long {ik} = {i} + {k * lanes};")
             vector(ik, invariant)
 
-    unroll = max(1, kc.program.options.simd_unroll)
+    unroll = kc.program.options.simd_unroll
     with ev.scope():
         invariant = hoist(kc, ev, isa, hoisted, at("0"))
         if not stream:
