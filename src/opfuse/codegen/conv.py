@@ -236,8 +236,11 @@ def conv_problem(kc, ev, node) -> GemmProblem:
         dims = (split(b)[0], oc_of(b, m)) + tuple(delinearize(n, out_sp))
         return Index(out.shape, dims, ((2, 2 + nsp, n),) if nsp > 1 else ())
 
-    def finish(ev, acc, b, m, n):
-        return _bias_term(ev, node, acc, oc_of(b, m))
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+
+    def bias_at(ev, b, m, n):  # the GEMM's finish: acc + bias_at (conv_bias_term's term)
+        return ev.at(bias, Index(bias.shape, (oc_of(b, m),)))
+    finish_bias = bias_at if bias is not None else None
 
     def w_load(ev, b, m, k):
         dims = (oc_of(b, m),) + tuple(delinearize(k, wt.shape[1:]))
@@ -260,9 +263,9 @@ def conv_problem(kc, ev, node) -> GemmProblem:
             if row_crossing(node, geo, kc.program.options) else "a phase-split band"
         groups = f", per group of {C // G} channels" if G > 1 else ""
         kc.note(lambda name: f"Conv '{name}': direct kernel (channels x positions over {band}{groups})", node)
-        return direct_problem(kc, ev, node, geo, sw, finish, G)
+        return direct_problem(kc, ev, node, geo, sw, finish_bias, G)
     if sw is not None and nsp == 2 and out.dtype == np.float32 and not packed_rows:
-        return windows_problem(kc, ev, node, geo, G, sw, finish)
+        return windows_problem(kc, ev, node, geo, G, sw, finish_bias)
 
     a_op = Operand(w_load)
     if sw is not None:
@@ -288,9 +291,9 @@ def conv_problem(kc, ev, node) -> GemmProblem:
         packer = _RowSegmentPacker(node, geo, G)
     else:
         packer = _Im2colPacker(node, geo, G)
-    bias = node.inputs[2] if len(node.inputs) > 2 else None
-    return GemmProblem(node.name, nimg * G, mg, P, K, a_op, b_op, out, out_index, finish, pack_b=packer,
-                       dtype=out.dtype, store_ld=P if G == 1 and sw is not None else None, row_bias=bias)
+    return GemmProblem(node.name, nimg * G, mg, P, K, a_op, b_op, out, out_index, finish_bias=finish_bias,
+                       pack_b=packer, dtype=out.dtype, store_ld=P if G == 1 and sw is not None else None,
+                       row_bias=bias)
 
 
 def lower_conv(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:

@@ -275,7 +275,7 @@ class ShiftedBand(ColAccess):
         return f"{self.base} + ({n}) - {self.first_row} * {OW}"
 
 
-def direct_problem(kc, ev, node, geo, weights: np.ndarray, finish, group: int = 1) -> GemmProblem:
+def direct_problem(kc, ev, node, geo, weights: np.ndarray, finish_bias, group: int = 1) -> GemmProblem:
     """The convolution as (channels x K) @ (K x positions) per image and group, B read from the band."""
     x, out = node.input(0), node.outputs[0]
     nimg = x.shape[0]
@@ -310,6 +310,6 @@ def direct_problem(kc, ev, node, geo, weights: np.ndarray, finish, group: int = 
     if nc >= OW:
         nc = nc // OW * OW
     bias = node.inputs[2] if len(node.inputs) > 2 else None
-    # ``finish`` (conv.py's bias term) takes a group's channel m and finds its output channel itself.
-    return GemmProblem(node.name, nimg * G, mg, P, K, a_op, b_op, out, out_index, finish, dtype=out.dtype,
-                       register_block=(mr, nr), nc=nc, store_ld=P, row_bias=bias, bias_index=oc_of)
+    # ``finish_bias`` (conv.py's bias term) takes a group's channel m and finds its output channel itself.
+    return GemmProblem(node.name, nimg * G, mg, P, K, a_op, b_op, out, out_index, finish_bias=finish_bias,
+                       dtype=out.dtype, register_block=(mr, nr), nc=nc, store_ld=P, row_bias=bias, bias_index=oc_of)

@@ -180,7 +180,7 @@ def tile_positions(o, channels: int, positions: int, row: int = 0) -> int:
     return max(4 * mr, o.gemm_tile_floats // ch // mr * mr)
 
 
-def windows_problem(kc, ev, node, geo, group: int, weights: np.ndarray, finish) -> GemmProblem:
+def windows_problem(kc, ev, node, geo, group: int, weights: np.ndarray, finish_bias) -> GemmProblem:
     """The convolution as (positions x K) @ (K x channels) per image and group."""
     x, out = node.input(0), node.outputs[0]
     nimg = x.shape[0]
@@ -215,11 +215,12 @@ def windows_problem(kc, ev, node, geo, group: int, weights: np.ndarray, finish) 
     b_op = Operand(no_load, static=np.ascontiguousarray(wt),
                    batch_expr=(lambda b: f"({b} % {G})") if G > 1 else (lambda b: "0"))
 
-    def finish_swapped(ev, acc, b, m, n):
-        return finish(ev, acc, b, n, m)
+    def bias_swapped(ev, b, m, n):
+        return finish_bias(ev, b, n, m)
 
     bias = node.inputs[2] if len(node.inputs) > 2 else None
-    return GemmProblem(node.name, nimg * G, P, mg, K, a_op, b_op, out, out_index, finish_swapped,
+    return GemmProblem(node.name, nimg * G, P, mg, K, a_op, b_op, out, out_index,
+                       finish_bias=bias_swapped if finish_bias is not None else None,
                        dtype=out.dtype, out_contiguous="m", weights_axis="n", mc=positions,
                        register_block=register_block(kc.program.options, mg, P, out_sp[-1]), pack_a=pack_a,
                        store_ld=P, row_bias=bias, bias_index=oc_of)

@@ -14,15 +14,23 @@ order:
 Every stage output is then stored at the index the sweep reached it at. An epilogue op
 that spreads one anchor element to several places (Expand, broadcast against a bigger
 operand, Slice, ...) raises ``UnsupportedGroupError``.
+
+``VectorEpilogue``: the same epilogue a whole vector of anchor results at a time, where the
+anchor finishes its elements along a loop that is unit stride in every output (a GEMM tile's
+row): the ops of ``simdchain.VECTOR_OPS`` (AVX-512 / AVX2 intrinsics, the scalar rules'
+operations in the same order, so the same bits as this sweep), no relabelling op, every
+operand varying along the loop with unit stride or not at all (those computed once per pass,
+by the scalar rules, and broadcast).
 """
 from __future__ import annotations
 
-from opfuse.codegen.index import Index
+from opfuse.codegen import simdchain
+from opfuse.codegen.index import Index, stride_along
 from opfuse.codegen.loops import store
 from opfuse.codegen.stages import RELABEL_OPS, Stage
+from opfuse.codegen.vecmath import VecIsa
 from opfuse.ir.graph import Node, Value
 from opfuse.ops.registry import Category, get_spec
-
 
 
 def _perm(node: Node) -> tuple[int, ...]:
@@ -68,3 +76,51 @@ def finish_element(kc, ev, stage: Stage, anchor_out: Value, idx: Index, expr: st
         store(kc, ev, v, where[id(v)])
     for v in bound:
         ev.unbind(v)
+
+
+PROBE = "opfuse_lane0"  # the loop variable of the index ``VectorEpilogue.plan`` classifies the operands at
+
+
+class VectorEpilogue:
+    """``stage``'s epilogue on vectors of anchor results: ``idx(var)`` is the index of ``anchor_out`` whose
+    element the C variable ``var`` selects, each vector's lanes at ``var``, ``var + 1``, ...; build with ``plan``."""
+
+    def __init__(self, kc, ev, stage: Stage, anchor_out: Value, leaf: simdchain.Leaf):
+        self.kc, self.ev, self.stage, self.anchor_out = kc, ev, stage, anchor_out
+        self.hoisted = simdchain.chain_invariants(kc, stage.outputs, ev.inline, leaf)
+
+    @classmethod
+    def plan(cls, kc, ev, stage: Stage, anchor_out: Value, idx) -> "VectorEpilogue | str":
+        """The vector form of ``stage``'s epilogue, or why there is none (``simdchain.chain_refusal``'s reasons,
+        or an output or operand that is not unit stride along the loop)."""
+        probe = idx(PROBE)
+        outs = stage.outputs
+        if anchor_out.dtype != simdchain.F32 or any(v.dtype != simdchain.F32 or v.shape != anchor_out.shape
+                                                    for v in outs):
+            return "an output is not float32 of the anchor's shape"
+        if stride_along(probe.offset(), PROBE) != 1:
+            return "the output is not unit stride along the loop"
+        static, loadable = kc.program.memory.static, ev.loadable
+
+        def leaf(v: Value) -> bool | str:
+            if v is anchor_out:
+                return True
+            if id(v) not in static and id(v) not in loadable:
+                return f"value '{v.name}' is neither stored nor computable here"
+            stride = stride_along(probe.broadcast_to(v.shape).offset(), PROBE)
+            return f"operand '{v.name}' is not unit stride along the loop" if stride is None else stride == 1
+        reason = simdchain.chain_refusal(kc, outs, ev.inline, leaf)
+        return reason if reason is not None else cls(kc, ev, stage, anchor_out, leaf)
+
+    def hoist(self, isa: VecIsa, idx: Index) -> dict[int, str]:
+        """The operands constant along the loop, computed at ``idx`` by the scalar rules and broadcast."""
+        return simdchain.hoist(self.kc, self.ev, isa, self.hoisted, idx)
+
+    def store(self, isa: VecIsa, idx: Index, result: str, invariant: dict[int, str]) -> None:
+        """Finish the vector of anchor results ``result`` (lanes from ``idx`` on) and store every output."""
+        if not result.isidentifier():
+            name = self.kc.tmp("v")
+            self.kc.w.line(f"const {isa.vt} {name} = {result};")
+            result = name
+        known = {**invariant, id(self.anchor_out): result}
+        simdchain.store_vector(self.kc, isa, self.ev.inline, self.ev.loadable, idx, self.stage.outputs, known)

@@ -37,9 +37,11 @@ import numpy as np
 
 from opfuse.codegen.ctype import c_type, literal
 from opfuse.codegen.index import Index, add, delinearize
-from opfuse.codegen.epilogue import finish_element
+from opfuse.codegen import simdchain, vecmath
+from opfuse.codegen.epilogue import VectorEpilogue, finish_element
 from opfuse.codegen.microkernel import YMM_FLOATS, fits_avx2, fits_avx512, fits_neon, microkernel, transpose_helper
 from opfuse.codegen.stages import GroupAnalysis, Stage
+from opfuse.codegen.vecmath import VecIsa
 from opfuse.ir.graph import Value
 from opfuse.ops.common import wrap_int
 from opfuse.ops.registry import get_spec
@@ -175,7 +177,11 @@ class GemmProblem:
     b: Operand
     out: Value                                   # the anchor's output value
     out_index: Callable[[str, str, str], Index]  # (b, m, n) -> index of out
-    finish: Callable[[object, str, str, str, str], str] = lambda ev, acc, b, m, n: acc
+    # (ev, acc, b, m, n) -> the output element from its sum ``acc``; None: ``acc``, plus ``finish_bias``'s term
+    # where given (a convolution's bias, constant along the output's unit-stride axis): the vector tile epilogue
+    # (``_vector_epilogue``) computes only that form.
+    finish: Callable[[object, str, str, str, str], str] | None = None
+    finish_bias: Callable[[object, str, str, str], str] | None = None
     pack_b: BPacker | None = None                # specialised B packer (convolution's im2col)
     pack_a: "APacker | None" = None              # specialised A packer (a 1x1 convolution's positions)
     dtype: np.dtype = np.dtype(np.float32)
@@ -442,7 +448,8 @@ def tile_costs(M: int, N: int, MC: int, NC: int, MR: int, NR: int) -> list[float
 def emit_epilogue(kc, ev, stage: Stage, p: GemmProblem, acc: str, b: str, m: str, n: str) -> None:
     """Finish one output element and store every group output the stage owns."""
     idx = p.out_index(b, m, n)
-    val = p.finish(ev, acc, b, m, n)
+    val = p.finish(ev, acc, b, m, n) if p.finish is not None else \
+        acc if p.finish_bias is None else f"{acc} + {p.finish_bias(ev, b, m, n)}"
     ct = c_type(p.dtype)
     name = kc.tmp("y")
     kc.w.line(f"const {ct} {name} = {val};")
@@ -669,8 +676,9 @@ def _emit_tile_epilogue(kc, ev, stage, p: GemmProblem, ctile, ld, b, m0, n0, mc,
     """Finish every element of the tile; merged GEMMs route row or column ranges to their
     own output and epilogue (one loop per range, so the inner loop stays branch-free). The
     inner loop runs along the output's unit-stride axis: n, or m for a ``transposed`` tile
-    (then held column-major: element (i, j) at ``ctile[j * ld + i]``)."""
-    w = kc.w
+    (then held column-major: element (i, j) at ``ctile[j * ld + i]``), in vectors where the
+    epilogue has a vector form (``_vector_epilogue``), behind ``#if`` on each ISA of
+    ``simdchain.isas_for``, the scalar loops under ``#else``."""
     segments = p.segments or [Segment("n", 0, p.N, p, stage)]
     for seg in segments:
         lo_i, hi_i, lo_j, hi_j = "0", mc, "0", nc
@@ -680,20 +688,120 @@ def _emit_tile_epilogue(kc, ev, stage, p: GemmProblem, ctile, ld, b, m0, n0, mc,
         elif p.segments:
             lo_j = f"({seg.start} > {n0} ? {seg.start} - {n0} : 0)"
             hi_j = f"({seg.stop} - {n0} < {nc} ? {seg.stop} - {n0} : {nc})"
-        i, j = kc.tmp("i"), kc.tmp("j")
-        m_of = f"{m0} + {i}{f' - {seg.start}' if seg.axis == 'm' and seg.start else ''}"
-        n_of = f"{n0} + {j}{f' - {seg.start}' if seg.axis == 'n' and seg.start else ''}"
-        outer, inner = ((j, lo_j, hi_j, n_of), (i, lo_i, hi_i, m_of)) if transposed else \
-            ((i, lo_i, hi_i, m_of), (j, lo_j, hi_j, n_of))
-        elem = f"{ctile}[{j} * {ld} + {i}]" if transposed else f"{ctile}[{i} * {ld} + {j}]"
-        with w.block(f"for (long {outer[0]} = {outer[1]}; {outer[0]} < {outer[2]}; ++{outer[0]})"):
-            v_outer = kc.tmp("m" if not transposed else "n")
-            w.line(f"const long {v_outer} = {outer[3]};")
-            with w.block(f"for (long {inner[0]} = {inner[1]}; {inner[0]} < {inner[2]}; ++{inner[0]})"), ev.scope():
-                v_inner = kc.tmp("n" if not transposed else "m")
-                w.line(f"const long {v_inner} = {inner[3]};")
-                m, n = (v_inner, v_outer) if transposed else (v_outer, v_inner)
-                emit_epilogue(kc, ev, seg.stage, seg.problem, elem, b, m, n)
+        shift_m = f" - {seg.start}" if seg.axis == "m" and seg.start else ""
+        shift_n = f" - {seg.start}" if seg.axis == "n" and seg.start else ""
+        # (lo, hi, the problem's coordinate of a tile offset) of the rows and of the columns
+        rows = (lo_i, hi_i, lambda i, s=shift_m: f"{m0} + {i}{s}")
+        cols = (lo_j, hi_j, lambda j, s=shift_n: f"{n0} + {j}{s}")
+        outer, inner = (cols, rows) if transposed else (rows, cols)
+        vec = _vector_epilogue(kc, ev, seg, b, transposed)
+        if not isinstance(vec, VectorEpilogue):
+            if vec is not None and seg.stage.anchor_node is not None:
+                kc.note(lambda name, r=vec: f"GEMM '{name}': scalar epilogue loop ({r})", seg.stage.anchor_node)
+            _tile_loops(kc, ev, seg, ctile, ld, b, outer, inner, transposed)
+            continue
+        isas = simdchain.isas_for(kc.program.options)
+        vecmath.require_immintrin(kc.program)
+        names = " / ".join(i.name for i in isas)
+        if seg.stage.anchor_node is not None:
+            kc.note(lambda name, k=names: f"GEMM '{name}': epilogue in {k} intrinsics", seg.stage.anchor_node)
+        for k, isa in enumerate(isas):
+            kc.w.line(f"#{'if' if k == 0 else 'elif'} {isa.guard}")
+            with kc.w.block(""), ev.scope():
+                _tile_loops(kc, ev, seg, ctile, ld, b, outer, inner, transposed, (vec, isa))
+        kc.w.line("#else")
+        _tile_loops(kc, ev, seg, ctile, ld, b, outer, inner, transposed)
+        kc.w.line("#endif")
+
+
+def _tile_loops(kc, ev, seg: Segment, ctile, ld, b, outer, inner, transposed: bool,
+                vector: tuple[VectorEpilogue, VecIsa] | None = None) -> None:
+    """A segment's epilogue over the tile: the outer loop, and inside it the inner loop element by element, or
+    ``_vector_row`` (``vector``: the epilogue's vector form and the ISA)."""
+    w = kc.w
+    i, j = kc.tmp("i"), kc.tmp("j")
+    o, t = (j, i) if transposed else (i, j)
+    with w.block(f"for (long {o} = {outer[0]}; {o} < {outer[1]}; ++{o})"), ev.scope():
+        v_outer = kc.tmp("n" if transposed else "m")
+        w.line(f"const long {v_outer} = {outer[2](o)};")
+
+        def element(t: str) -> None:
+            """The scalar epilogue of the element at inner tile offset ``t``."""
+            v_inner = kc.tmp("m" if transposed else "n")
+            w.line(f"const long {v_inner} = {inner[2](t)};")
+            m, n = (v_inner, v_outer) if transposed else (v_outer, v_inner)
+            emit_epilogue(kc, ev, seg.stage, seg.problem, f"{ctile}[{o} * {ld} + {t}]", b, m, n)
+        if vector is None:
+            with w.block(f"for (long {t} = {inner[0]}; {t} < {inner[1]}; ++{t})"), ev.scope():
+                element(t)
+        else:
+            _vector_row(kc, ev, *vector, seg.problem, b, v_outer, f"{ctile} + {o} * {ld}", t, inner, transposed,
+                        element)
+
+
+def _vector_epilogue(kc, ev, seg: Segment, b: str, transposed: bool) -> "VectorEpilogue | str | None":
+    """The vector form of a segment's tile epilogue (``epilogue.VectorEpilogue``), or why it has none (a
+    string), or None where the build has no vector ISA for it (the plain C99 build, another target, or
+    ``CodegenOptions.gemm_vector_epilogue`` off): its finish is ``acc`` plus at most a bias constant along the
+    inner loop (``GemmProblem.finish_bias``), float32, and the epilogue has a vector form along the inner loop."""
+    o = kc.program.options
+    if not o.gemm_vector_epilogue or not simdchain.isas_for(o):
+        return None
+    p = seg.problem
+    if p.finish is not None or p.dtype != np.float32:
+        return "its finish has no vector form"
+    if transposed:
+        return VectorEpilogue.plan(kc, ev, seg.stage, p.out, lambda v: p.out_index(b, v, "0"))
+    return VectorEpilogue.plan(kc, ev, seg.stage, p.out, lambda v: p.out_index(b, "0", v))
+
+
+def _vector_row(kc, ev, vec: VectorEpilogue, isa: VecIsa, p: GemmProblem, b: str, outer: str, row: str, t: str,
+                inner, transposed: bool, element: Callable[[str], None]) -> None:
+    """One row of the tile (``row``: its first C tile element, the inner loop's tile offset 0) at the outer
+    coordinate ``outer``, the C variable ``t`` its inner tile offset: ``simd_unroll`` vectors an iteration, then
+    single vectors, then the scalar ``element``s. The bias (``finish_bias``) and the operands constant along the
+    row are computed once, by the scalar rules, and broadcast; the vector's lanes get the scalar path's
+    operations in its order."""
+    w = kc.w
+    lanes, unroll = isa.lanes, kc.program.options.simd_unroll
+    lo, hi, coord = inner
+
+    def index(pos: str) -> Index:
+        return p.out_index(b, pos, outer) if transposed else p.out_index(b, outer, pos)
+
+    def position(t: str) -> str:
+        v = kc.tmp("m" if transposed else "n")
+        w.line(f"const long {v} = {coord(t)};")
+        return v
+    w.line(f"long {t} = {lo};")
+    first = coord(lo)
+    invariant = vec.hoist(isa, index(first))
+    bias = None
+    if p.finish_bias is not None:
+        m, n = (first, outer) if transposed else (outer, first)
+        bias = kc.tmp("u")
+        w.line(f"const {isa.vt} {bias} = {isa.set1(p.finish_bias(ev, b, m, n))};")
+
+    def vector(tk: str) -> None:
+        acc = isa.op("loadu_ps", f"{row} + {tk}")
+        vec.store(isa, index(position(tk)), isa.op("add_ps", acc, bias) if bias is not None else acc, invariant)
+
+    def vectors(count: int) -> None:
+        for k in range(count):
+            if k:
+                tk = kc.tmp("j" if not transposed else "i")
+                w.line(f"const long {tk} = {t} + {k * lanes};")
+            else:
+                tk = t
+            with ev.scope():
+                vector(tk)
+    if unroll > 1:
+        with w.block(f"for (; {t} + {unroll * lanes} <= {hi}; {t} += {unroll * lanes})"):
+            vectors(unroll)
+    with w.block(f"for (; {t} + {lanes} <= {hi}; {t} += {lanes})"):
+        vectors(1)
+    with w.block(f"for (; {t} < {hi}; ++{t})"), ev.scope():
+        element(t)
 
 
 def _pack_a(kc, ev, p: GemmProblem, ap, b, m0, mc, pc, kb, MR) -> None:

@@ -14,6 +14,7 @@ keeps them affine.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -83,6 +84,23 @@ def _balanced_outer(expr: str) -> bool:
 
 def _paren(expr: str) -> str:
     return expr if _atomic(expr) else f"({expr})"
+
+
+def stride_along(expr: str, var: str) -> int | None:
+    """How an offset expression ``expr`` moves when the C variable ``var`` grows by one: 0 where ``var`` does
+    not occur in it, 1 where it occurs once, as a term of the outermost sum (``var + m * 64``), None otherwise
+    (a multiple, a quotient, a remainder, a subtraction: not known to be unit stride)."""
+    tokens = re.findall(r"[A-Za-z_][A-Za-z_0-9]*|[0-9]+|\S", expr)
+    hits = [i for i, t in enumerate(tokens) if t == var]
+    if not hits:
+        return 0
+    if len(hits) > 1:
+        return None
+    i = hits[0]
+    depth = sum(t == "(" for t in tokens[:i]) - sum(t == ")" for t in tokens[:i])
+    before = tokens[i - 1] if i else "+"
+    after = tokens[i + 1] if i + 1 < len(tokens) else "+"
+    return 1 if depth == 0 and before == "+" and after in ("+", "-") else None
 
 
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:

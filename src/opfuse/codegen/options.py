@@ -155,6 +155,12 @@ class CodegenOptions:
     # unit-stride rows in whole register blocks, is finished and stored by the micro-kernel after its
     # last K block (``gemm.register_epilogue``) instead of through the C tile and the epilogue loop.
     gemm_register_epilogue: bool = True
+    # A GEMM tile epilogue (a convolution's or a MatMul's fused elementwise ops, through the C tile) whose ops all
+    # have a vector form (``simdchain.VECTOR_OPS``) and whose inner loop is unit stride in every output runs a
+    # vector at a time in AVX-512 / AVX2 intrinsics, the scalar loop under ``#else`` (``gemm._emit_tile_epilogue``,
+    # ``epilogue.VectorEpilogue``): gcc does not vectorise the loop over the scalar exp-based helpers there.
+    # Same bits. Needs ``simd_elementwise`` too. False: the scalar loop everywhere.
+    gemm_vector_epilogue: bool = True
     # The same for a GEMM whose output runs along its rows (a convolution over its windows, positions x
     # channels): the micro-kernel adds its columns' bias, applies the Relu, transposes 8 x 8 runs in
     # registers and stores them along the positions (``microkernel._store_transposed``), instead of the

@@ -257,10 +257,16 @@ def _varies(v: Value, shape, inner: tuple[int, int]) -> bool | None:
     return True if all(axes) else (False if not any(axes) else None)
 
 
-def invariants(kc, outs: list[Value], inline: set[int], shape, inner: tuple[int, int]) -> list[Value]:
-    """The values the chain reads that are constant along the innermost loop (and not scalar constants), each
-    computed once per pass of it (``hoist``), outermost first: those of them a varying value or an output
-    reads."""
+# A value the chain reads from memory (or a bound one, an anchor's result), classified along the vector loop:
+# True: it varies along it (loaded a vector at a time); False: it is constant along it (computed once per pass,
+# ``hoist``); a string: why the chain cannot run in vectors.
+Leaf = Callable[[Value], "bool | str"]
+
+
+def chain_invariants(kc, outs: list[Value], inline: set[int], leaf: Leaf) -> list[Value]:
+    """The values the chain storing ``outs`` reads that are constant along its vector loop (and not scalar
+    constants), each computed once per pass of it (``hoist``), outermost first: those of them a varying value or
+    an output reads. ``leaf`` classifies the values it reads from memory (``chain_refusal`` accepted them)."""
     static = kc.program.memory.static
     memo: dict[int, bool] = {}
 
@@ -272,7 +278,7 @@ def invariants(kc, outs: list[Value], inline: set[int], shape, inner: tuple[int,
             elif p is not None and id(p) in inline and id(v) not in static:
                 memo[id(v)] = all(constant(u) for u in p.input_values())
             else:
-                memo[id(v)] = _varies(v, shape, inner) is False
+                memo[id(v)] = leaf(v) is False
         return memo[id(v)]
     found: dict[int, Value] = {}
     seen: set[int] = set()
@@ -289,14 +295,12 @@ def invariants(kc, outs: list[Value], inline: set[int], shape, inner: tuple[int,
     return list(found.values())
 
 
-def refusal(kc, outs: list[Value], inline: set[int], loadable: set[int], shape, inner: tuple[int, int]) -> str | None:
-    """Why the stage storing ``outs`` over ``shape`` (its innermost loop over the axes ``inner``) is no float32
-    chain of ``VECTOR_OPS`` whose operands each vary along that whole loop or not at all (None: it is)."""
+def chain_refusal(kc, outs: list[Value], inline: set[int], leaf: Leaf) -> str | None:
+    """Why the values ``outs`` are no float32 chain of ``VECTOR_OPS`` (computed from the ``inline`` nodes) over
+    values that ``leaf`` accepts (None: they are)."""
     static = kc.program.memory.static
     seen: set[int] = set()
     todo = list(outs)
-    if any(v.dtype != F32 or v.size != math.prod(shape) for v in outs):
-        return "an output is not float32 over the whole domain"
     while todo:
         v = todo.pop()
         if id(v) in seen:
@@ -317,11 +321,38 @@ def refusal(kc, outs: list[Value], inline: set[int], loadable: set[int], shape, 
                 return "Gelu (erf) has no vector form"
             todo.extend(p.input_values())
             continue
-        if _varies(v, shape, inner) is None:
+        kind = leaf(v)
+        if isinstance(kind, str):
+            return kind
+    return None
+
+
+def _loop_leaf(kc, loadable: set[int], shape, inner: tuple[int, int]) -> Leaf:
+    """``Leaf`` of a loop nest over ``shape`` whose innermost loop runs over the axes ``inner``: a value read
+    varies along the whole loop or not at all (``_varies``), and is stored or a weight."""
+    static = kc.program.memory.static
+
+    def leaf(v: Value) -> bool | str:
+        varies = _varies(v, shape, inner)
+        if varies is None:
             return f"operand '{v.name}' is broadcast along part of the innermost loop"
         if id(v) not in static and id(v) not in loadable:
             return f"value '{v.name}' is neither stored nor computable here"
-    return None
+        return varies
+    return leaf
+
+
+def invariants(kc, outs: list[Value], inline: set[int], shape, inner: tuple[int, int]) -> list[Value]:
+    """``chain_invariants`` of the loop nest over ``shape`` (its innermost loop over the axes ``inner``)."""
+    return chain_invariants(kc, outs, inline, lambda v: _varies(v, shape, inner) is not False)
+
+
+def refusal(kc, outs: list[Value], inline: set[int], loadable: set[int], shape, inner: tuple[int, int]) -> str | None:
+    """Why the stage storing ``outs`` over ``shape`` (its innermost loop over the axes ``inner``) is no float32
+    chain of ``VECTOR_OPS`` whose operands each vary along that whole loop or not at all (None: it is)."""
+    if any(v.dtype != F32 or v.size != math.prod(shape) for v in outs):
+        return "an output is not float32 over the whole domain"
+    return chain_refusal(kc, outs, inline, _loop_leaf(kc, loadable, shape, inner))
 
 
 def emit(kc, ev, stage_node: Node, outs: list[Value], inline: set[int], loadable: set[int], shape, cost: int,
@@ -352,6 +383,17 @@ def emit(kc, ev, stage_node: Node, outs: list[Value], inline: set[int], loadable
     emit_loop_nest(kc, ev, shape, body, mergeable=mergeable, cost_per_element=cost)
     kc.w.line("#endif")
     return True
+
+
+def store_vector(kc, isa: VecIsa, inline: set[int], loadable: set[int], idx: Index, outs: list[Value],
+                 known: dict[int, str], stream: bool = False) -> None:
+    """Compute the vector of each of ``outs`` at ``idx`` (``VecEval``; ``known``: vectors already computed, by
+    value id) and store it there (``stream``: with a non-temporal store)."""
+    ve = VecEval(kc, isa, inline, loadable, idx, known)
+    for v in outs:
+        op = "stream_ps" if stream else "storeu_ps"
+        kc.w.line(f"{isa.op(op, f'{kc.ptr(v, write=True)} + {idx.offset()}', ve.at(v))};")
+        kc.stored.add(id(v))
 
 
 def hoist(kc, ev, isa: VecIsa, values: list[Value], idx: Index) -> dict[int, str]:
@@ -415,11 +457,7 @@ def _emit_isa(kc, ev, isa: VecIsa, outs, inline, loadable, shape, groups, hoiste
             body(at(i))
 
     def vector(i: str, invariant: dict[int, str]) -> None:
-        ve = VecEval(kc, isa, inline, loadable, at(i), invariant)
-        for v in outs:
-            op = "stream_ps" if stream else "storeu_ps"
-            w.line(f"{isa.op(op, f'{kc.ptr(v, write=True)} + {at(i).offset()}', ve.at(v))};")
-            kc.stored.add(id(v))
+        store_vector(kc, isa, inline, loadable, at(i), outs, invariant, stream)
 
     for depth, (a, b, var) in enumerate(outer):
         n = math.prod(shape[a:b])

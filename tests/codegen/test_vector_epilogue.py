@@ -1,0 +1,139 @@
+"""Vector GEMM tile epilogues (``gemm._emit_tile_epilogue``, ``epilogue.VectorEpilogue``,
+``CodegenOptions.gemm_vector_epilogue``): a convolution's or a MatMul's fused elementwise ops (exp-based ones too)
+a vector at a time in AVX-512 / AVX2 intrinsics, bitwise the scalar epilogue of the same build
+(``gemm_vector_epilogue=False``), and against the reference; along the tile's rows (a 1x1 convolution over
+packed rows, the direct kernel, a MatMul) and along its transposed columns (the windows kernel); operands
+constant along the row (a per-channel scale, hoisted) and varying along it (a residual, a MatMul's bias);
+epilogues it refuses (erf Gelu, a Gemm's alpha), with their reasons; the plain C99 build without intrinsics."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cg_support import assert_close
+from opfuse.codegen import CodegenOptions, generate
+from opfuse.ir.plan import FusionGroup, FusionPlan
+from opfuse.ops import GraphBuilder
+from opfuse.runtime import reference
+from opfuse.runtime.native import build
+
+ACTIVATIONS = (("Sigmoid", {}), ("Silu", {}), ("Tanh", {}), ("Gelu", {"approximate": "tanh"}), ("HardSwish", {}),
+               ("LeakyRelu", {"alpha": 0.1}), ("Exp", {}))
+# Which kernel computes the convolution: the output (1, OC, H, W) from an input (1, C, H', W'), kernel, stride, pad.
+GEOMETRIES = {
+    "packed_1x1": dict(x=(1, 16, 23, 41), oc=24, k=1, stride=1, pad=0, options={}),  # rows of the tile
+    "windows": dict(x=(1, 16, 30, 26), oc=40, k=3, stride=2, pad=1, options=dict(conv_direct_max_k=0)),  # transposed
+    "direct": dict(x=(1, 8, 6, 32), oc=20, k=3, stride=1, pad=1, options=dict(winograd="off")),
+}
+
+
+def _conv(b: GraphBuilder, x, geo: dict, rng):
+    w = b.const("w", (rng.standard_normal((geo["oc"], geo["x"][1], geo["k"], geo["k"])) * 0.4).astype(np.float32))
+    bias = b.const("bias", (rng.standard_normal(geo["oc"]) * 2).astype(np.float32))
+    return b.op("Conv", x, w, bias, pads=[geo["pad"]] * 4, strides=[geo["stride"]] * 2, name="conv")
+
+
+def _activations_graph(geo: dict):
+    """Conv -> each activation, every one a graph output (one epilogue storing seven outputs)."""
+    rng = np.random.default_rng(7)
+    b = GraphBuilder("conv_acts")
+    y = _conv(b, b.input("x", geo["x"]), geo, rng)
+    outs = [b.op(op, y, name=f"act_{op.lower()}", **attrs) for op, attrs in ACTIVATIONS]
+    return b.build(*outs)
+
+
+def _one_kernel(g, kind: str = "conv_epilogue") -> FusionPlan:
+    anchor = next(n for n in g.nodes if n.op_type in ("Conv", "MatMul", "Gemm"))
+    return FusionPlan(g, [FusionGroup("g", list(g.nodes), kind, anchor)])
+
+
+def _feeds(g, scale: float = 3.0) -> dict:
+    feeds = reference.random_inputs(g, 0)
+    return {k: (v * scale).astype(v.dtype) for k, v in feeds.items()}  # wide: the exp-based ops saturate too
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    nan = np.isnan(a)
+    return bool(np.array_equal(nan, np.isnan(b)) and np.array_equal(a[~nan].view(np.uint32), b[~nan].view(np.uint32)))
+
+
+def _check(g, plan, cache_dir, base: dict, *, vectorised: bool = True, refused: str | None = None) -> None:
+    """The AVX-512 and AVX2 builds bitwise the scalar epilogue's (the same options, ``gemm_vector_epilogue``
+    off), which matches the reference; the source holds the vector loop (or the refusal's note)."""
+    feeds = _feeds(g)
+    scalar = CodegenOptions(gemm_vector_epilogue=False, **base)
+    want = build(g, plan, cache_dir=cache_dir, options=scalar, threads=1).run(feeds)
+    assert_close(want, reference.run(g, feeds))
+    for isa, prefix in (("avx512", "_mm512"), ("avx2", "_mm256")):
+        options = CodegenOptions(vector_isa=isa, **base)
+        src = generate(g, plan, options=options).source
+        assert ("epilogue in " in src and f"{prefix}_loadu_ps(" in src) == vectorised, isa
+        if refused is not None:
+            assert f"scalar epilogue loop ({refused}" in src, isa
+        for threads in (1, 2):
+            got = build(g, plan, cache_dir=cache_dir, options=options, threads=threads).run(feeds)
+            for k in want:
+                assert _same_bits(got[k], want[k]), (isa, threads, k)
+
+
+@pytest.mark.parametrize("geo", list(GEOMETRIES), ids=list(GEOMETRIES))
+def test_activations_are_the_scalar_epilogues_bits(geo, cache_dir):
+    g = _activations_graph(GEOMETRIES[geo])
+    plan = _one_kernel(g)
+    base = GEOMETRIES[geo]["options"]
+    src = generate(g, plan, options=CodegenOptions(**base)).source
+    assert ("ttile" in src) == (geo == "windows")  # the transposed tile: the loop runs along its columns
+    assert ("direct kernel" in src) == (geo == "direct")
+    _check(g, plan, cache_dir, base)
+
+
+@pytest.mark.parametrize("geo", ["packed_1x1", "windows"])
+def test_scale_residual_and_silu(geo, cache_dir):
+    """Conv -> Mul by a per-channel constant (constant along the row: computed once a row) -> Add of a residual
+    input (loaded a vector at a time) -> Silu; the Conv's own result stored too."""
+    spec = GEOMETRIES[geo]
+    rng = np.random.default_rng(3)
+    b = GraphBuilder("conv_res")
+    y = _conv(b, b.input("x", spec["x"]), spec, rng)
+    oh = (spec["x"][2] + 2 * spec["pad"] - spec["k"]) // spec["stride"] + 1
+    ow = (spec["x"][3] + 2 * spec["pad"] - spec["k"]) // spec["stride"] + 1
+    res = b.input("res", (1, spec["oc"], oh, ow))
+    scale = b.const("scale", rng.standard_normal((spec["oc"], 1, 1)).astype(np.float32))
+    z = b.op("Silu", b.op("Add", b.op("Mul", y, scale), res))
+    g = b.build(z, y)
+    _check(g, _one_kernel(g), cache_dir, spec["options"])
+
+
+def test_matmul_bias_gelu(cache_dir):
+    """MatMul (no finish) -> Add of a bias along the columns (a constant varying along the row) -> Gelu(tanh)."""
+    rng = np.random.default_rng(5)
+    b = GraphBuilder("mm_gelu")
+    x = b.input("x", (37, 48))
+    w = b.const("w", (rng.standard_normal((48, 70)) * 0.3).astype(np.float32))
+    bias = b.const("bias", rng.standard_normal(70).astype(np.float32))
+    y = b.op("Gelu", b.op("Add", b.op("MatMul", x, w), bias), approximate="tanh")
+    g = b.build(y)
+    _check(g, _one_kernel(g, "gemm_epilogue"), cache_dir, {})
+
+
+def test_refused_epilogues_keep_the_scalar_loop(cache_dir):
+    """erf Gelu has no vector form; a Gemm with alpha has a finish other than a bias: the scalar loop, noted."""
+    b = GraphBuilder("conv_erf")
+    spec = GEOMETRIES["packed_1x1"]
+    g = b.build(b.op("Gelu", _conv(b, b.input("x", spec["x"]), spec, np.random.default_rng(1))))
+    _check(g, _one_kernel(g), cache_dir, {}, vectorised=False, refused="Gelu (erf) has no vector form")
+    b = GraphBuilder("gemm_alpha")
+    w = b.const("w", np.random.default_rng(2).standard_normal((24, 40)).astype(np.float32))
+    g = b.build(b.op("Sigmoid", b.op("Gemm", b.input("x", (33, 24)), w, alpha=0.5)))
+    _check(g, _one_kernel(g, "gemm_epilogue"), cache_dir, {}, vectorised=False,
+           refused="its finish has no vector form")
+
+
+def test_plain_c_build_has_no_intrinsics(cache_dir):
+    g = _activations_graph(GEOMETRIES["packed_1x1"])
+    plan = _one_kernel(g)
+    options = CodegenOptions(simd="none")
+    src = generate(g, plan, options=options).source
+    assert "_mm512" not in src and "_mm256" not in src and "epilogue in" not in src
+    feeds = _feeds(g)
+    assert_close(build(g, plan, cache_dir=cache_dir, options=options, threads=1).run(feeds), reference.run(g, feeds))
