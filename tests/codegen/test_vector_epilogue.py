@@ -21,7 +21,7 @@ ACTIVATIONS = (("Sigmoid", {}), ("Silu", {}), ("Tanh", {}), ("Gelu", {"approxima
                ("LeakyRelu", {"alpha": 0.1}), ("Exp", {}))
 # Which kernel computes the convolution: the output (1, OC, H, W) from an input (1, C, H', W'), kernel, stride, pad.
 GEOMETRIES = {
-    "packed_1x1": dict(x=(1, 16, 23, 41), oc=24, k=1, stride=1, pad=0, options={}),  # rows of the tile
+    "packed_1x1": dict(x=(1, 16, 23, 41), oc=20, k=1, stride=1, pad=0, options={}),  # rows of the tile, strips
     "windows": dict(x=(1, 16, 30, 26), oc=40, k=3, stride=2, pad=1, options=dict(conv_direct_max_k=0)),  # transposed
     "direct": dict(x=(1, 8, 6, 32), oc=20, k=3, stride=1, pad=1, options=dict(winograd="off")),
 }
@@ -104,16 +104,22 @@ def test_scale_residual_and_silu(geo, cache_dir):
     _check(g, _one_kernel(g), cache_dir, spec["options"])
 
 
-def test_matmul_bias_gelu(cache_dir):
-    """MatMul (no finish) -> Add of a bias along the columns (a constant varying along the row) -> Gelu(tanh)."""
+@pytest.mark.parametrize("k", [48, 40], ids=["one_k_block", "k_blocks"])
+def test_matmul_bias_gelu(k, cache_dir):
+    """MatMul (no finish) -> Add of a bias along the columns (a constant varying along the row) -> Gelu(tanh):
+    finished strip by strip after one K block (the output lines prefetched), or over the tile after the last
+    of several (``gemm_kc=16``)."""
     rng = np.random.default_rng(5)
     b = GraphBuilder("mm_gelu")
-    x = b.input("x", (37, 48))
-    w = b.const("w", (rng.standard_normal((48, 70)) * 0.3).astype(np.float32))
+    x = b.input("x", (37, k))
+    w = b.const("w", (rng.standard_normal((k, 70)) * 0.3).astype(np.float32))
     bias = b.const("bias", rng.standard_normal(70).astype(np.float32))
     y = b.op("Gelu", b.op("Add", b.op("MatMul", x, w), bias), approximate="tanh")
     g = b.build(y)
-    _check(g, _one_kernel(g, "gemm_epilogue"), cache_dir, {})
+    base = {} if k == 48 else {"gemm_kc": 16}
+    src = generate(g, _one_kernel(g, "gemm_epilogue"), options=CodegenOptions(**base)).source
+    assert ("__builtin_prefetch" in src) == (k == 48)
+    _check(g, _one_kernel(g, "gemm_epilogue"), cache_dir, base)
 
 
 def test_refused_epilogues_keep_the_scalar_loop(cache_dir):

@@ -573,6 +573,10 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
         if extra is not None:
             extra.per_tile(kc, n0, nc)
         pc, kb = kc.tmp("pc"), kc.tmp("kc")
+        # One K block and a vector epilogue: each MR-row strip of the C tile is finished right after its
+        # micro-kernel calls, while it is in L1, not the whole tile after them (``gemm_strip_epilogue``).
+        strips = direct is None and not transposed and KC >= K and not p.segments and o.gemm_strip_epilogue \
+            and isinstance(_vector_epilogue(kc, ev, Segment("n", 0, N, p, stage), b, False), VectorEpilogue)
         with w.block(f"for (long {pc} = 0; {pc} < {K}; {pc} += {KC})"):
             w.line(f"const long {kb} = {_min_expr(f'{K} - {pc}', KC)};")
             if ap is not None:
@@ -604,7 +608,8 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
             # over all the tile's rows between B panels (write-allocates the prefetchers can follow).
             a_outer = (koff is not None and KC * NC * fl <= WINDOWS_ROWS_OUTER_BYTES) or \
                 (direct is not None and not transposed and o.gemm_rows_outer_store and bp is not None
-                 and KC * NC * fl <= ROWS_OUTER_STORE_BYTES and p.nb * M * N * fl >= ROWS_OUTER_STORE_MIN_OUTPUT)
+                 and KC * NC * fl <= ROWS_OUTER_STORE_BYTES and p.nb * M * N * fl >= ROWS_OUTER_STORE_MIN_OUTPUT) \
+                or strips
 
             def a_args() -> tuple[str, str, str]:
                 """(A panel, row pointers, offset table) of the micro-kernel call at ``ir``."""
@@ -633,6 +638,8 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                     cargs = f"{kb}, {a_ptr}, {ar}, {kp}, {b_ptr}, {ldb}, {ctile} + {ir} * {NC} + {jr}, {NC}, {pc} > 0"
                     if direct is None:
                         w.line(f"{ukr}({cargs});")
+                        if strips and o.gemm_strip_prefetch:
+                            _prefetch_strip(kc, stage, p, b, m0, n0, ir, jr, mc, nc, MR, NR)
                     else:
                         first = f"{n0} + {jr}" if transposed else f"{m0} + {ir}"
                         bias = f"{kc.static_ptr(p.row_bias)} + {p.bias_index(b, first)}" \
@@ -657,8 +664,13 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                                                             f"({m0} + {ir})", f"({n0} + {jr})",
                                                             _min_expr(f"{M} - {m0} - {ir}", MR),
                                                             _min_expr(f"{N} - {n0} - {jr}", NR))
+                if strips:  # the MR rows just computed, while they are in L1
+                    _emit_tile_epilogue(kc, ev, stage, p, f"({ctile} + {ir} * {NC})", NC, b, f"({m0} + {ir})", n0,
+                                        _min_expr(f"{mc} - {ir}", MR), nc)
         if direct is not None:  # stored by the micro-kernel
             kc.stored.add(id(direct[1]))
+        elif strips:  # finished strip by strip
+            pass
         elif transposed:  # TRANSPOSE_COLUMNS columns at a time, so the transposed copy stays in L1
             tr, text = transpose_helper(o.simd)
             kc.program.require_helper(tr, text)
@@ -670,6 +682,20 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                 _emit_tile_epilogue(kc, ev, stage, p, ttile, ldt, b, m0, f"({n0} + {jc})", mc, cw, transposed=True)
         else:
             _emit_tile_epilogue(kc, ev, stage, p, ctile, NC, b, m0, n0, mc, nc)
+
+
+def _prefetch_strip(kc, stage: Stage, p: GemmProblem, b, m0, n0, ir, jr, mc, nc, MR: int, NR: int) -> None:
+    """Prefetch the lines of every output the strip's epilogue will store in the block the micro-kernel just
+    computed (``CodegenOptions.gemm_strip_prefetch``), for writing (GCC's and Clang's builtin; the
+    strips are only made on the x86 builds): rows past the tile read its last row, columns past it its last
+    column (a prefetch never faults, but the address stays in the array)."""
+    for v in stage.outputs:
+        for r in range(MR):
+            m = f"{m0} + {_min_expr(f'{ir} + {r}', f'{mc} - 1')}" if r else f"{m0} + {ir}"
+            for c in range(0, NR, 16):
+                n = f"{n0} + {_min_expr(f'{jr} + {c}', f'{nc} - 1')}" if c else f"{n0} + {jr}"
+                off = p.out_index(b, m, n).offset()
+                kc.w.line(f"__builtin_prefetch({kc.ptr(v, write=True)} + {off}, 1, 3);")
 
 
 def _emit_tile_epilogue(kc, ev, stage, p: GemmProblem, ctile, ld, b, m0, n0, mc, nc, transposed=False) -> None:

@@ -161,6 +161,13 @@ class CodegenOptions:
     # ``epilogue.VectorEpilogue``): gcc does not vectorise the loop over the scalar exp-based helpers there.
     # Same bits. Needs ``simd_elementwise`` too. False: the scalar loop everywhere.
     gemm_vector_epilogue: bool = True
+    # Such a vector epilogue of a GEMM with one K block (K <= KC) and its output along n runs on each MR-row strip
+    # of the C tile right after the micro-kernel computed it (A's panels the outer loop), while the strip is in
+    # L1, instead of over the whole tile (64 x 256 floats: from L2) after the last micro-kernel call.
+    gemm_strip_epilogue: bool = True
+    # ... and prefetches the output lines of each block the micro-kernel computed, so that the strip's stores
+    # find them in L1 instead of waiting for memory (write-allocate) with no arithmetic left to hide it.
+    gemm_strip_prefetch: bool = True
     # The same for a GEMM whose output runs along its rows (a convolution over its windows, positions x
     # channels): the micro-kernel adds its columns' bias, applies the Relu, transposes 8 x 8 runs in
     # registers and stores them along the positions (``microkernel._store_transposed``), instead of the
