@@ -20,13 +20,18 @@ checks a sweep at 2 ulp). All three pieces are computed for every element and on
 selected with ternaries, so gcc vectorises the loop around it (no fast-math needed, and
 each multiply-add is ``OPFUSE_FMAF``: one fused multiply-add where the target has FMA units,
 a multiply and an add in the plain C99 build, ``vecmath.FMA_TEXT``; both within the bound).
+
+``require_vector_erf``: its AVX-512 / AVX2 forms for the explicit-SIMD loops (``codegen/simdchain.py``), the same
+operations in the same order on whole registers (each ternary a blend), so the same bits lane by lane as the helper
+in an FMA build.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from opfuse.codegen.ctype import literal
-from opfuse.codegen.vecmath import FMA_TEXT, fma, horner, require_fma
+from opfuse.codegen.vecmath import ABS_BITS, FMA_TEXT, SIGN_BIT, VecIsa, fma, horner, require_fma, require_immintrin, \
+    vector_name
 
 SMALL_END = 0.75
 MID_END = 1.75
@@ -67,6 +72,43 @@ ERF_HELPER_TEXT = "\n".join([
     "}",
     "",
 ])
+
+
+def _vector_erf_text(isa: VecIsa) -> str:
+    """``ERF_HELPER_TEXT`` on ``isa``'s registers: ``fabsf`` and ``copysignf`` as bit operations, each ternary a
+    blend on an ordered compare (false on NaN, whose lanes the last select returns as they came)."""
+    v, p, c = isa.vt, isa.op, isa.set1
+
+    def poly(name: str, coefs: tuple[str, ...], var: str) -> list[str]:
+        return [f"  {v} {name} = {c(coefs[-1] + 'f')};",
+                *[f"  {name} = {p('fmadd_ps', name, var, c(k + 'f'))};" for k in coefs[-2::-1]]]
+    one = c("1.0f")
+    tail = isa.select("a", c(_float(ONE_FROM)), "_CMP_LT_OQ", p("sub_ps", one, "r"), one)
+    mid = isa.select("a", c(_float(MID_END)), "_CMP_LT_OQ", p("sub_ps", one, "q"), "tail")
+    return "\n".join([
+        f"static inline {v} {vector_name(ERF_HELPER, isa)}({v} x) {{",
+        f"  const {v} a = {isa.bits('x', 'and', ABS_BITS)};",
+        f"  const {v} s = {p('mul_ps', 'a', 'a')};",
+        f"  const {v} tm = {p('sub_ps', 'a', c(_float(MID_CENTRE)))};",
+        f"  const {v} tt = {p('sub_ps', 'a', c(_float(TAIL_CENTRE)))};",
+        *poly("pp", SMALL_POLY, "s"),
+        *poly("q", MID_POLY, "tm"),
+        *poly("r", TAIL_POLY, "tt"),
+        f"  const {v} tail = {tail};",
+        f"  const {v} mid = {mid};",
+        f"  const {v} y = {isa.select('a', c(_float(SMALL_END)), '_CMP_LT_OQ', p('fmadd_ps', 'a', 'pp', 'a'), 'mid')};",
+        f"  const {v} m = {isa.combine(isa.bits('y', 'and', ABS_BITS), 'or', isa.bits('x', 'and', SIGN_BIT))};"
+        "  /* copysignf(y, x) */",
+        f"  return {isa.select('x', 'x', '_CMP_UNORD_Q', 'x', 'm')};",
+        "}",
+        "",
+    ])
+
+
+def require_vector_erf(program, isa: VecIsa) -> str:
+    """Add the vector form of the helper on ``isa`` (behind ``isa.guard``) to ``program``, once; its C name."""
+    require_immintrin(program)
+    return program.require_helper(vector_name(ERF_HELPER, isa), f"#if {isa.guard}\n{_vector_erf_text(isa)}#endif\n")
 
 
 def require_erf(program) -> str:

@@ -40,6 +40,7 @@ import numpy as np
 
 from opfuse.codegen import vecmath
 from opfuse.codegen.ctype import literal
+from opfuse.codegen.erf import require_vector_erf
 from opfuse.codegen.index import Index
 from opfuse.codegen.loops import emit_loop_nest, loop_groups
 from opfuse.codegen.vecmath import AVX2_FLOAT, AVX512_FLOAT, VecIsa
@@ -232,11 +233,19 @@ def _tanh(ve: VecEval, n: Node) -> str:
     return f"{vecmath.require_vector(ve.kc.program, vecmath.TANH, ve.isa)}({ve.arg(n, 0)})"
 
 
+@_op("Erf")
+def _erf(ve: VecEval, n: Node) -> str:
+    return f"{require_vector_erf(ve.kc.program, ve.isa)}({ve.arg(n, 0)})"
+
+
 @_op("Gelu")
-def _gelu_tanh(ve: VecEval, n: Node) -> str:
-    """``rules._gelu`` with approximate="tanh" (the only Gelu ``refusal`` lets through): x sigmoid(2z)."""
+def _gelu(ve: VecEval, n: Node) -> str:
+    """``rules._gelu``: with approximate="tanh" x sigmoid(2z), else 0.5 x (1 + erf(x / sqrt 2))."""
     x = ve.arg(n, 0)
     p = ve.isa.op
+    if _attrs(n)["approximate"] != "tanh":
+        erf = f"{require_vector_erf(ve.kc.program, ve.isa)}({p('mul_ps', x, ve.scalar(1 / math.sqrt(2)))})"
+        return p("mul_ps", p("mul_ps", ve.scalar(0.5), x), p("add_ps", ve.scalar(1.0), erf))
     x3 = ve.assign(p("mul_ps", p("mul_ps", x, x), x))
     z2 = p("mul_ps", ve.scalar(2 * math.sqrt(2 / math.pi)), p("add_ps", x, p("mul_ps", ve.scalar(0.044715), x3)))
     return p("mul_ps", x, f"{vecmath.require_vector(ve.kc.program, vecmath.SIGMOID, ve.isa)}({z2})")
@@ -317,8 +326,6 @@ def chain_refusal(kc, outs: list[Value], inline: set[int], leaf: Leaf) -> str | 
             if p.op_type == "Clip" and any(u is not None and not (id(u) in static and static[id(u)].size == 1)
                                            for u in p.inputs[1:]):
                 return "Clip's bounds are not constants"
-            if p.op_type == "Gelu" and _attrs(p)["approximate"] != "tanh":
-                return "Gelu (erf) has no vector form"
             todo.extend(p.input_values())
             continue
         kind = leaf(v)
