@@ -57,9 +57,11 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(np.array_equal(nan, np.isnan(b)) and np.array_equal(a[~nan].view(np.uint32), b[~nan].view(np.uint32)))
 
 
-def _check(g, plan, cache_dir, base: dict, *, vectorised: bool = True, refused: str | None = None) -> None:
+def _check(g, plan, cache_dir, base: dict, *, vectorised: bool = True, refused: str | None = None,
+           marker: str = "epilogue in ") -> None:
     """The AVX-512 and AVX2 builds bitwise the scalar epilogue's (the same options, ``gemm_vector_epilogue``
-    off), which matches the reference; the source holds the vector loop (or the refusal's note)."""
+    off), which matches the reference; the source holds the vector loop (its note ``marker``), or the refusal's
+    note."""
     feeds = _feeds(g)
     scalar = CodegenOptions(gemm_vector_epilogue=False, **base)
     want = build(g, plan, cache_dir=cache_dir, options=scalar, threads=1).run(feeds)
@@ -67,7 +69,7 @@ def _check(g, plan, cache_dir, base: dict, *, vectorised: bool = True, refused: 
     for isa, prefix in (("avx512", "_mm512"), ("avx2", "_mm256")):
         options = CodegenOptions(vector_isa=isa, **base)
         src = generate(g, plan, options=options).source
-        assert ("epilogue in " in src and f"{prefix}_loadu_ps(" in src) == vectorised, isa
+        assert (marker in src and f"{prefix}_loadu_ps(" in src) == vectorised, isa
         if refused is not None:
             assert f"scalar epilogue loop ({refused}" in src, isa
         for threads in (1, 2):
@@ -143,3 +145,36 @@ def test_plain_c_build_has_no_intrinsics(cache_dir):
     assert "_mm512" not in src and "_mm256" not in src and "epilogue in" not in src
     feeds = _feeds(g)
     assert_close(build(g, plan, cache_dir=cache_dir, options=options, threads=1).run(feeds), reference.run(g, feeds))
+
+
+@pytest.mark.parametrize("act", ["Sigmoid", "Silu", "Tanh"])
+@pytest.mark.parametrize("geo", ["packed_1x1", "windows"])
+def test_register_epilogue_activations(act, geo, cache_dir):
+    """Conv -> one activation of ``microkernel.ACTIVATIONS``: the storing micro-kernel adds the bias and applies it
+    in registers (along the rows, or before its transposed store), bitwise the scalar tile epilogue."""
+    spec = GEOMETRIES[geo]
+    b = GraphBuilder(f"conv_{act.lower()}")
+    g = b.build(b.op(act, _conv(b, b.input("x", spec["x"]), spec, np.random.default_rng(4))))
+    plan = _one_kernel(g)
+    src = generate(g, plan, options=CodegenOptions(**spec["options"])).source
+    assert f"output bias and {act} applied and stored by the micro-kernel" in src
+    assert ("epilogue in avx512" in src) == (geo == "packed_1x1")  # 20 channels: a part block, via the C tile
+    _check(g, plan, cache_dir, spec["options"], marker="by the micro-kernel")
+
+
+def test_register_activation_plain_c_body(cache_dir):
+    """Compiled for x86-64 without AVX (``native=False``): the storing micro-kernel's plain C body and the scalar
+    epilogue loops, bitwise the build without the vector epilogues, and against the reference."""
+    spec = GEOMETRIES["packed_1x1"]
+    b = GraphBuilder("conv_silu_plain")
+    g = b.build(b.op("Silu", _conv(b, b.input("x", spec["x"]), spec, np.random.default_rng(4))))
+    plan = _one_kernel(g)
+    feeds = _feeds(g)
+    want = build(g, plan, cache_dir=cache_dir, options=CodegenOptions(gemm_vector_epilogue=False), threads=1,
+                 native=False).run(feeds)
+    assert_close(want, reference.run(g, feeds))
+    got = build(g, plan, cache_dir=cache_dir, options=CodegenOptions(vector_isa="avx512"), threads=1,
+                native=False).run(feeds)
+    assert "by the micro-kernel" in generate(g, plan, options=CodegenOptions(vector_isa="avx512")).source
+    for k in want:
+        assert _same_bits(got[k], want[k]), k

@@ -39,7 +39,8 @@ from opfuse.codegen.ctype import c_type, literal
 from opfuse.codegen.index import Index, add, delinearize
 from opfuse.codegen import simdchain, vecmath
 from opfuse.codegen.epilogue import VectorEpilogue, finish_element
-from opfuse.codegen.microkernel import YMM_FLOATS, fits_avx2, fits_avx512, fits_neon, microkernel, transpose_helper
+from opfuse.codegen.microkernel import ACTIVATIONS, YMM_FLOATS, fits_avx2, fits_avx512, fits_neon, microkernel, \
+    transpose_helper
 from opfuse.codegen.stages import GroupAnalysis, Stage
 from opfuse.codegen.vecmath import VecIsa
 from opfuse.ir.graph import Value
@@ -472,18 +473,34 @@ def register_epilogue(kc, ev, stage: Stage, p: GemmProblem, MR: int, NR: int) ->
             or (p.out_contiguous == "m" and (not o.gemm_transposed_store or o.vector_isa == "neon"))):
         return None
     ops = stage.epilogue
-    if len(ops) > 1 or (ops and not (ops[0].op_type == "Relu" and ops[0].input(0) is p.out)):
+    codes = {"Relu": "r", **({op: k for k, (op, _) in ACTIVATIONS.items()} if _activations_in_registers(o) else {})}
+    if len(ops) > 1 or (ops and not (ops[0].op_type in codes and ops[0].input(0) is p.out)):
         return None
     final = ops[0].outputs[0] if ops else p.out
     if [id(v) for v in stage.outputs] != [id(final)] or final.dtype != np.float32 or id(final) in ev.static:
         return None
-    code = "r" if ops else ""
+    code = codes[ops[0].op_type] if ops else ""
     if p.row_bias is not None:
         arr = ev.static.get(id(p.row_bias))
         if arr is None or arr.ndim != 1:
             return None
         code = "b" + code
     return code, final
+
+
+def _activations_in_registers(o) -> bool:
+    """Whether the storing micro-kernel may apply an activation of ``microkernel.ACTIVATIONS``: on the builds
+    with the vector epilogues (x86, ``gemm_vector_epilogue``), whose bits it keeps."""
+    return o.gemm_vector_epilogue and bool(simdchain.isas_for(o))
+
+
+def _require_activation(kc, code: str) -> None:
+    """Define the helpers the storing micro-kernel's activation calls (scalar, and vector for each ISA) before it."""
+    if code[-1:] in ACTIVATIONS:
+        helper = ACTIVATIONS[code[-1]][1]
+        vecmath.require(kc.program, helper)
+        for isa in simdchain.isas_for(kc.program.options):
+            vecmath.require_vector(kc.program, helper, isa)
 
 
 def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
@@ -502,9 +519,12 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
     b_mode = "packed" if cols is None else "strided" if cols.koff is None else "koff"
     direct = register_epilogue(kc, ev, stage, p, MR, NR)
     if direct is not None and stage.anchor_node is not None:
-        what = {"": "stored", "b": "bias added and stored", "r": "Relu applied and stored",
-                "br": "bias and Relu applied and stored"}[direct[0]]
+        act = ACTIVATIONS[direct[0][-1]][0] if direct[0][-1:] in ACTIVATIONS else "Relu" if "r" in direct[0] else ""
+        what = " and ".join((["bias"] if "b" in direct[0] else []) + ([act] if act else []))
+        what = f"{what} applied and stored" if act else "bias added and stored" if what else "stored"
         kc.note(lambda name: f"GEMM '{name}': output {what} by the micro-kernel", stage.anchor_node)
+    if direct is not None:
+        _require_activation(kc, direct[0])
     transposed = p.out_contiguous == "m"
     # The AdvSIMD bodies read a window per row (no ``a_step``) and store along n only (no transposed store).
     a_step = rows.row_step(MR) if rows is not None and rows.koff is not None and o.gemm_window_step \

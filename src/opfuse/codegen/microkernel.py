@@ -33,6 +33,8 @@ The text relies on the program preamble (``OPFUSE_PRAGMA``, ``<stdint.h>``).
 """
 from __future__ import annotations
 
+from opfuse.codegen.vecmath import AVX2_FLOAT, AVX512_FLOAT, SIGMOID, TANH, vector_name
+
 A_ACCESS = ("packed", "rows", "koff")
 B_ACCESS = ("packed", "strided", "koff")
 SIMD_MODES = ("auto", "none")
@@ -74,6 +76,28 @@ SIGNATURE = ("(long kc, const float* restrict a, const float* const* restrict ar
 # positions x channels (a convolution over its windows) whose output runs along the positions.
 SIGNATURE_STORE = SIGNATURE[:-1] + ", const float* restrict bias, float* restrict out, long ldo)"
 EPILOGUES = ("", "b", "r", "br")  # none / bias / Relu / bias then Relu
+# Activations the storing variant applies after the bias instead of the Relu (an epilogue code's last letter;
+# x86 bodies and plain C only): the scalar rules' expressions of y (``rules.py``), and on the vector bodies the
+# vector forms of their helpers (``vecmath``: the same bits), which the program must define before the kernel
+# (``gemm.register_epilogue``). Letter -> (op, helper).
+ACTIVATIONS = {"s": ("Sigmoid", SIGMOID), "w": ("Silu", SIGMOID), "t": ("Tanh", TANH)}
+
+
+def valid_epilogue(epi: str) -> bool:
+    """An epilogue code: ``EPILOGUES``, or an optional bias ("b") then one letter of ``ACTIVATIONS``."""
+    return epi in EPILOGUES or (epi[-1:] in ACTIVATIONS and epi[:-1] in ("", "b"))
+
+
+def activation(epi: str, y: str, isa: str | None = None) -> str:
+    """``y`` through the epilogue's activation (none: ``y``), scalar C, or on ``isa``'s registers."""
+    if epi[-1:] not in ACTIVATIONS:
+        return y
+    op, helper = ACTIVATIONS[epi[-1]]
+    if isa is not None:
+        vi = AVX512_FLOAT if isa == "avx512" else AVX2_FLOAT
+        f = f"{vector_name(helper, vi)}({y})"
+        return f"{vi.p}_mul_ps({y}, {f})" if op == "Silu" else f
+    return f"{y} * {helper}({y})" if op == "Silu" else f"{helper}({y})"
 
 
 def _finish_plain(epi: str, value: str, i: str) -> list[str]:
@@ -84,6 +108,8 @@ def _finish_plain(epi: str, value: str, i: str) -> list[str]:
         lines.append(f"y = y + bias[{i}];")
     if "r" in epi:
         lines.append("y = (y < 0.0f ? 0.0f : y);")
+    if epi[-1:] in ACTIVATIONS:
+        lines.append(f"y = {activation(epi, 'y')};")
     return lines
 
 
@@ -263,6 +289,7 @@ def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, 
                 y = f"{ps}_add_ps({y}, bias{i})"
             if "r" in epi:
                 y = f"{ps}_max_ps(zero, {y})"
+            y = activation(epi, y, isa)
             lines.append(f"  {ps}_storeu_ps(out + {i0 + i} * ldo + {j0 + v * width}, {y});")
     return lines
 
@@ -320,6 +347,7 @@ def _store_transposed(isa: str, acc: list[list[str]], i0: int, j0: int, epi: str
                 y = f"{ps}_add_ps({y}, bias{v})"
             if "r" in epi:
                 y = f"{ps}_max_ps(zero, {y})"
+            y = activation(epi, y, isa)
             if y != acc[i][v]:
                 lines.append(f"  {acc[i][v]} = {y};")
 
@@ -498,7 +526,8 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
     multiple of 4 and neither ``transposed`` nor ``a_step`` is asked (the GEMM emitter asks neither for
     "neon"); x86 bodies and plain C after it."""
     assert a in A_ACCESS and b in B_ACCESS and simd in SIMD_MODES, (a, b, simd)
-    assert epilogue is None or (epilogue in EPILOGUES and not scalar_accumulators), (epilogue, scalar_accumulators)
+    assert epilogue is None or (valid_epilogue(epilogue) and not scalar_accumulators), (epilogue, scalar_accumulators)
+    assert not (neon and epilogue and epilogue[-1] in ACTIVATIONS), "the AdvSIMD bodies apply no activation"
     assert not (a == "koff" and b == "koff"), "one offset table per micro-kernel"
     wide = simd == "auto" and avx512 and fits_avx512(mr, nr)
     assert not a_step or a == "koff", "a row step is the window access's"
@@ -520,10 +549,11 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
         fn += "_n"
         head[1] = f"OPFUSE_NOINLINE static void {fn}{sig} {{"
         body += [f"#if {NEON_GUARD}", *_neon(mr, nr, a, b, epilogue)]
-    if wide:
-        body += [f"#{'el' if body else ''}if {AVX512_GUARD}",
+    if wide:  # the vector helpers of an activation are defined where FMA is too
+        g512 = AVX512_FLOAT.guard if epilogue and epilogue[-1] in ACTIVATIONS else AVX512_GUARD
+        body += [f"#{'el' if body else ''}if {g512}",
                  *_vector_body("avx512", mr, nr, a, b, prefetch, epi=epilogue, transposed=transposed, a_step=a_step)]
-        guards.append(AVX512_GUARD)
+        guards.append(g512)
     if simd == "auto" and nr % YMM_FLOATS == 0:
         body += [f"#{'el' if body else ''}if {AVX2_GUARD}", *_avx2(mr, nr, a, b, prefetch, epilogue, transposed,
                                                                   a_step)]
