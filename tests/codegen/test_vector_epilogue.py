@@ -1,10 +1,12 @@
-"""Vector GEMM tile epilogues (``gemm._emit_tile_epilogue``, ``epilogue.VectorEpilogue``,
-``CodegenOptions.gemm_vector_epilogue``): a convolution's or a MatMul's fused elementwise ops (exp-based ones too)
-a vector at a time in AVX-512 / AVX2 intrinsics, bitwise the scalar epilogue of the same build
-(``gemm_vector_epilogue=False``), and against the reference; along the tile's rows (a 1x1 convolution over
-packed rows, the direct kernel, a MatMul) and along its transposed columns (the windows kernel); operands
-constant along the row (a per-channel scale, hoisted) and varying along it (a residual, a MatMul's bias);
-epilogues it refuses (Softplus, a Gemm's alpha), with their reasons; the plain C99 build without intrinsics."""
+"""Vector epilogues (``epilogue.VectorEpilogue``, ``CodegenOptions.vector_epilogue``) of GEMM tiles
+(``gemm._emit_tile_epilogue``), the storing micro-kernel and Winograd's output transform: a convolution's or
+a MatMul's fused elementwise ops (exp-based ones too) a vector at a time in AVX-512 / AVX2 intrinsics, bitwise
+the scalar epilogue of the same build (``vector_epilogue=False``), and against the reference; along the tile's
+rows (a 1x1 convolution over packed rows, the direct kernel, a MatMul), along its transposed columns (the
+windows kernel) and along the output rows of the Winograd transform; operands constant along the row (a
+per-channel scale, hoisted) and varying along it (a residual, a MatMul's bias); Sigmoid, SiLU and Tanh in the
+micro-kernel's registers, its plain C body too; epilogues it refuses (Softplus, a Gemm's alpha), with their
+reasons; the plain C99 build without intrinsics."""
 from __future__ import annotations
 
 import numpy as np
@@ -24,11 +26,14 @@ GEOMETRIES = {
     "packed_1x1": dict(x=(1, 16, 23, 41), oc=20, k=1, stride=1, pad=0, options={}),  # rows of the tile, strips
     "windows": dict(x=(1, 16, 30, 26), oc=40, k=3, stride=2, pad=1, options=dict(conv_direct_max_k=0)),  # transposed
     "direct": dict(x=(1, 8, 6, 32), oc=20, k=3, stride=1, pad=1, options=dict(winograd="off")),
+    "winograd": dict(x=(1, 16, 21, 43), oc=20, k=3, stride=1, pad=1, options={}),  # along the output transform's rows
 }
 
 
 def _conv(b: GraphBuilder, x, geo: dict, rng):
-    w = b.const("w", (rng.standard_normal((geo["oc"], geo["x"][1], geo["k"], geo["k"])) * 0.4).astype(np.float32))
+    fan_in = geo["x"][1] * geo["k"] ** 2  # weights of unit gain (test_winograd's): Winograd's error grows with them
+    w = b.const("w", (rng.standard_normal((geo["oc"], geo["x"][1], geo["k"], geo["k"])) / np.sqrt(fan_in))
+                .astype(np.float32))
     bias = b.const("bias", (rng.standard_normal(geo["oc"]) * 2).astype(np.float32))
     return b.op("Conv", x, w, bias, pads=[geo["pad"]] * 4, strides=[geo["stride"]] * 2, name="conv")
 
@@ -58,12 +63,12 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def _check(g, plan, cache_dir, base: dict, *, vectorised: bool = True, refused: str | None = None,
-           marker: str = "epilogue in ") -> None:
-    """The AVX-512 and AVX2 builds bitwise the scalar epilogue's (the same options, ``gemm_vector_epilogue``
+           marker: str = "epilogue in ", scale: float = 3.0) -> None:
+    """The AVX-512 and AVX2 builds bitwise the scalar epilogue's (the same options, ``vector_epilogue``
     off), which matches the reference; the source holds the vector loop (its note ``marker``), or the refusal's
-    note."""
-    feeds = _feeds(g)
-    scalar = CodegenOptions(gemm_vector_epilogue=False, **base)
+    note. ``scale``: of the random inputs (1 for Winograd: its rounding error grows with the values)."""
+    feeds = _feeds(g, scale)
+    scalar = CodegenOptions(vector_epilogue=False, **base)
     want = build(g, plan, cache_dir=cache_dir, options=scalar, threads=1).run(feeds)
     assert_close(want, reference.run(g, feeds))
     for isa, prefix in (("avx512", "_mm512"), ("avx2", "_mm256")):
@@ -84,12 +89,16 @@ def test_activations_are_the_scalar_epilogues_bits(geo, cache_dir):
     plan = _one_kernel(g)
     base = GEOMETRIES[geo]["options"]
     src = generate(g, plan, options=CodegenOptions(**base)).source
-    assert ("ttile" in src) == (geo == "windows")  # the transposed tile: the loop runs along its columns
+    assert ("opfuse_transpose(" in src) == (geo == "windows")  # the transposed tile: the loop runs along its columns
     assert ("direct kernel" in src) == (geo == "direct")
-    _check(g, plan, cache_dir, base)
+    assert ("Winograd F" in src) == (geo == "winograd")
+    if geo == "winograd":
+        _check(g, plan, cache_dir, base, marker="Winograd", scale=1.0)
+    else:
+        _check(g, plan, cache_dir, base)
 
 
-@pytest.mark.parametrize("geo", ["packed_1x1", "windows"])
+@pytest.mark.parametrize("geo", ["packed_1x1", "windows", "winograd"])
 def test_scale_residual_and_silu(geo, cache_dir):
     """Conv -> Mul by a per-channel constant (constant along the row: computed once a row) -> Add of a residual
     input (loaded a vector at a time) -> Silu; the Conv's own result stored too."""
@@ -103,7 +112,8 @@ def test_scale_residual_and_silu(geo, cache_dir):
     scale = b.const("scale", rng.standard_normal((spec["oc"], 1, 1)).astype(np.float32))
     z = b.op("Silu", b.op("Add", b.op("Mul", y, scale), res))
     g = b.build(z, y)
-    _check(g, _one_kernel(g), cache_dir, spec["options"])
+    _check(g, _one_kernel(g), cache_dir, spec["options"], marker="Winograd" if geo == "winograd" else "epilogue in ",
+           scale=1.0 if geo == "winograd" else 3.0)
 
 
 @pytest.mark.parametrize("k", [48, 40], ids=["one_k_block", "k_blocks"])
@@ -170,7 +180,7 @@ def test_register_activation_plain_c_body(cache_dir):
     g = b.build(b.op("Silu", _conv(b, b.input("x", spec["x"]), spec, np.random.default_rng(4))))
     plan = _one_kernel(g)
     feeds = _feeds(g)
-    want = build(g, plan, cache_dir=cache_dir, options=CodegenOptions(gemm_vector_epilogue=False), threads=1,
+    want = build(g, plan, cache_dir=cache_dir, options=CodegenOptions(vector_epilogue=False), threads=1,
                  native=False).run(feeds)
     assert_close(want, reference.run(g, feeds))
     got = build(g, plan, cache_dir=cache_dir, options=CodegenOptions(vector_isa="avx512"), threads=1,

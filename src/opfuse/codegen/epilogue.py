@@ -116,6 +116,49 @@ class VectorEpilogue:
         """The operands constant along the loop, computed at ``idx`` by the scalar rules and broadcast."""
         return simdchain.hoist(self.kc, self.ev, isa, self.hoisted, idx)
 
+    def row(self, isa: VecIsa, t: str, lo: str, hi: str, src: str, position, index, bias: str | None,
+            element, names: str = "jn") -> None:
+        """A row of anchor results ``src[t]`` for the C variable ``t`` (declared here) from ``lo`` to ``hi``,
+        element ``t`` finishing the output element ``index(position(t))`` (``position``: C of the output coordinate
+        along the row): ``CodegenOptions.simd_unroll`` vectors an iteration, then single vectors, then the scalar
+        ``element(t)``s. ``bias``: a scalar C expression the anchor adds to each result first (None: none). The
+        operands constant along the row are computed once, at ``position(lo)``, by the scalar rules, and broadcast;
+        each lane gets the scalar path's operations in its order. ``names``: the temporaries' prefixes (offset,
+        coordinate)."""
+        kc, w = self.kc, self.kc.w
+        lanes, unroll = isa.lanes, kc.program.options.simd_unroll
+        w.line(f"long {t} = {lo};")
+        invariant = self.hoist(isa, index(position(lo)))
+        bvec = None
+        if bias is not None:
+            bvec = kc.tmp("u")
+            w.line(f"const {isa.vt} {bvec} = {isa.set1(bias)};")
+
+        def vector(tk: str) -> None:
+            pos = position(tk)
+            if not pos.isidentifier():
+                v = kc.tmp(names[1])
+                w.line(f"const long {v} = {pos};")
+                pos = v
+            acc = isa.op("loadu_ps", f"{src} + {tk}")
+            self.store(isa, index(pos), isa.op("add_ps", acc, bvec) if bvec is not None else acc, invariant)
+
+        def vectors(count: int) -> None:
+            for k in range(count):
+                tk = t
+                if k:
+                    tk = kc.tmp(names[0])
+                    w.line(f"const long {tk} = {t} + {k * lanes};")
+                with self.ev.scope():
+                    vector(tk)
+        if unroll > 1:
+            with w.block(f"for (; {t} + {unroll * lanes} <= {hi}; {t} += {unroll * lanes})"):
+                vectors(unroll)
+        with w.block(f"for (; {t} + {lanes} <= {hi}; {t} += {lanes})"):
+            vectors(1)
+        with w.block(f"for (; {t} < {hi}; ++{t})"), self.ev.scope():
+            element(t)
+
     def store(self, isa: VecIsa, idx: Index, result: str, invariant: dict[int, str]) -> None:
         """Finish the vector of anchor results ``result`` (lanes from ``idx`` on) and store every output."""
         if not result.isidentifier():

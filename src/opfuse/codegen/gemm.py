@@ -490,8 +490,8 @@ def register_epilogue(kc, ev, stage: Stage, p: GemmProblem, MR: int, NR: int) ->
 
 def _activations_in_registers(o) -> bool:
     """Whether the storing micro-kernel may apply an activation of ``microkernel.ACTIVATIONS``: on the builds
-    with the vector epilogues (x86, ``gemm_vector_epilogue``), whose bits it keeps."""
-    return o.gemm_vector_epilogue and bool(simdchain.isas_for(o))
+    with the vector epilogues (x86, ``vector_epilogue``), whose bits it keeps."""
+    return o.vector_epilogue and bool(simdchain.isas_for(o))
 
 
 def _require_activation(kc, code: str) -> None:
@@ -788,10 +788,10 @@ def _tile_loops(kc, ev, seg: Segment, ctile, ld, b, outer, inner, transposed: bo
 def _vector_epilogue(kc, ev, seg: Segment, b: str, transposed: bool) -> "VectorEpilogue | str | None":
     """The vector form of a segment's tile epilogue (``epilogue.VectorEpilogue``), or why it has none (a
     string), or None where the build has no vector ISA for it (the plain C99 build, another target, or
-    ``CodegenOptions.gemm_vector_epilogue`` off): its finish is ``acc`` plus at most a bias constant along the
+    ``CodegenOptions.vector_epilogue`` off): its finish is ``acc`` plus at most a bias constant along the
     inner loop (``GemmProblem.finish_bias``), float32, and the epilogue has a vector form along the inner loop."""
     o = kc.program.options
-    if not o.gemm_vector_epilogue or not simdchain.isas_for(o):
+    if not o.vector_epilogue or not simdchain.isas_for(o):
         return None
     p = seg.problem
     if p.finish is not None or p.dtype != np.float32:
@@ -804,50 +804,17 @@ def _vector_epilogue(kc, ev, seg: Segment, b: str, transposed: bool) -> "VectorE
 def _vector_row(kc, ev, vec: VectorEpilogue, isa: VecIsa, p: GemmProblem, b: str, outer: str, row: str, t: str,
                 inner, transposed: bool, element: Callable[[str], None]) -> None:
     """One row of the tile (``row``: its first C tile element, the inner loop's tile offset 0) at the outer
-    coordinate ``outer``, the C variable ``t`` its inner tile offset: ``simd_unroll`` vectors an iteration, then
-    single vectors, then the scalar ``element``s. The bias (``finish_bias``) and the operands constant along the
-    row are computed once, by the scalar rules, and broadcast; the vector's lanes get the scalar path's
-    operations in its order."""
-    w = kc.w
-    lanes, unroll = isa.lanes, kc.program.options.simd_unroll
+    coordinate ``outer``, the C variable ``t`` its inner tile offset (``VectorEpilogue.row``), plus the bias
+    (``finish_bias``) at the row's first element."""
     lo, hi, coord = inner
 
     def index(pos: str) -> Index:
         return p.out_index(b, pos, outer) if transposed else p.out_index(b, outer, pos)
-
-    def position(t: str) -> str:
-        v = kc.tmp("m" if transposed else "n")
-        w.line(f"const long {v} = {coord(t)};")
-        return v
-    w.line(f"long {t} = {lo};")
-    first = coord(lo)
-    invariant = vec.hoist(isa, index(first))
     bias = None
     if p.finish_bias is not None:
-        m, n = (first, outer) if transposed else (outer, first)
-        bias = kc.tmp("u")
-        w.line(f"const {isa.vt} {bias} = {isa.set1(p.finish_bias(ev, b, m, n))};")
-
-    def vector(tk: str) -> None:
-        acc = isa.op("loadu_ps", f"{row} + {tk}")
-        vec.store(isa, index(position(tk)), isa.op("add_ps", acc, bias) if bias is not None else acc, invariant)
-
-    def vectors(count: int) -> None:
-        for k in range(count):
-            if k:
-                tk = kc.tmp("j" if not transposed else "i")
-                w.line(f"const long {tk} = {t} + {k * lanes};")
-            else:
-                tk = t
-            with ev.scope():
-                vector(tk)
-    if unroll > 1:
-        with w.block(f"for (; {t} + {unroll * lanes} <= {hi}; {t} += {unroll * lanes})"):
-            vectors(unroll)
-    with w.block(f"for (; {t} + {lanes} <= {hi}; {t} += {lanes})"):
-        vectors(1)
-    with w.block(f"for (; {t} < {hi}; ++{t})"), ev.scope():
-        element(t)
+        m, n = (coord(lo), outer) if transposed else (outer, coord(lo))
+        bias = p.finish_bias(ev, b, m, n)
+    vec.row(isa, t, lo, hi, row, coord, index, bias, element, "im" if transposed else "jn")
 
 
 def _pack_a(kc, ev, p: GemmProblem, ap, b, m0, mc, pc, kb, MR) -> None:

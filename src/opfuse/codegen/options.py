@@ -155,12 +155,13 @@ class CodegenOptions:
     # unit-stride rows in whole register blocks, is finished and stored by the micro-kernel after its
     # last K block (``gemm.register_epilogue``) instead of through the C tile and the epilogue loop.
     gemm_register_epilogue: bool = True
-    # A GEMM tile epilogue (a convolution's or a MatMul's fused elementwise ops, through the C tile) whose ops all
-    # have a vector form (``simdchain.VECTOR_OPS``) and whose inner loop is unit stride in every output runs a
-    # vector at a time in AVX-512 / AVX2 intrinsics, the scalar loop under ``#else`` (``gemm._emit_tile_epilogue``,
-    # ``epilogue.VectorEpilogue``): gcc does not vectorise the loop over the scalar exp-based helpers there.
-    # Same bits. Needs ``simd_elementwise`` too. False: the scalar loop everywhere.
-    gemm_vector_epilogue: bool = True
+    # A fused epilogue (a convolution's or a MatMul's elementwise ops through the GEMM's C tile, or along the rows
+    # of Winograd's output transform) whose ops all have a vector form (``simdchain.VECTOR_OPS``) and whose loop is
+    # unit stride in every output runs a vector at a time in AVX-512 / AVX2 intrinsics, the scalar loop under
+    # ``#else`` (``epilogue.VectorEpilogue``); and the storing micro-kernel applies a Sigmoid, SiLU or Tanh after
+    # the bias (``microkernel.ACTIVATIONS``): gcc does not vectorise the loop over the scalar exp-based helpers
+    # there. Same bits. Needs ``simd_elementwise`` too. False: the scalar loops everywhere.
+    vector_epilogue: bool = True
     # Such a vector epilogue of a GEMM with one K block (K <= KC) and its output along n runs on each MR-row strip
     # of the C tile right after the micro-kernel computed it (A's panels the outer loop), while the strip is in
     # L1, instead of over the whole tile (64 x 256 floats: from L2) after the last micro-kernel call.

@@ -54,7 +54,8 @@ from fractions import Fraction
 import numpy as np
 
 from opfuse.codegen.ctype import literal
-from opfuse.codegen.epilogue import finish_element
+from opfuse.codegen import simdchain, vecmath
+from opfuse.codegen.epilogue import VectorEpilogue, finish_element
 from opfuse.codegen.gemm import microkernel_bodies, pack_a_panels
 from opfuse.codegen.index import Index
 from opfuse.codegen.microkernel import AVX2_GUARD, microkernel
@@ -576,14 +577,47 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
                 w.line(f"const long {txlo} = {t0} > {ty} * {TW} ? {t0} - {ty} * {TW} : 0;")
                 w.line(f"const long {txhi} = {t0} + {nt} - {ty} * {TW} < {TW} ? {t0} + {nt} - {ty} * {TW} : {TW};")
                 w.line(f"const long {oxe} = {txhi} * {m} < {OW} ? {txhi} * {m} : {OW};")
+                row = f"{ys} + (({ty} - {ty0}) * {m} + {a}) * {YB}"
+
+                def element(x: str) -> None:
+                    y = kc.tmp("y")
+                    acc = f"{ys}[(({ty} - {ty0}) * {m} + {a}) * {YB} + {x}]"
+                    w.line(f"const float {y} = {bias_term(ev, node, acc, oc)};")
+                    finish_element(kc, ev, stage, out, Index(out.shape, (b, oc, oy, x)), y)
                 with w.block(f"for (long {a} = 0; {a} < {m}; ++{a})"):
                     w.line(f"const long {oy} = {ty} * {m} + {a};")
                     w.line(f"if ({oy} >= {OH}) break;")
+                    vepi = _vector_epilogue(kc, ev, stage, out, b, oc, oy)
+                    for k, isa in enumerate(vepi[1] if vepi is not None else ()):
+                        w.line(f"#{'if' if k == 0 else 'elif'} {isa.guard}")
+                        with w.block(""), ev.scope():
+                            bias = node.inputs[2] if len(node.inputs) > 2 else None  # conv._bias_term's term
+                            vepi[0].row(isa, ox, f"{txlo} * {m}", oxe, row, lambda x: x,
+                                        lambda x: Index(out.shape, (b, oc, oy, x)),
+                                        ev.at(bias, Index(bias.shape, (oc,))) if bias is not None else None, element,
+                                        "xx")
+                    if vepi is not None:
+                        w.line("#else")
                     with w.block(f"for (long {ox} = {txlo} * {m}; {ox} < {oxe}; ++{ox})"), ev.scope():
-                        acc = f"{ys}[(({ty} - {ty0}) * {m} + {a}) * {YB} + {ox}]"
-                        y = kc.tmp("y")
-                        w.line(f"const float {y} = {bias_term(ev, node, acc, oc)};")
-                        finish_element(kc, ev, stage, out, Index(out.shape, (b, oc, oy, ox)), y)
+                        element(ox)
+                    if vepi is not None:
+                        w.line("#endif")
+
+
+def _vector_epilogue(kc, ev, stage: Stage, out, b: str, oc: str, oy: str):
+    """``(VectorEpilogue, ISAs)`` of the output transform's epilogue along an output row, or None (noted)."""
+    o = kc.program.options
+    isas = simdchain.isas_for(o)
+    if not o.vector_epilogue or not isas:
+        return None
+    vec = VectorEpilogue.plan(kc, ev, stage, out, lambda x: Index(out.shape, (b, oc, oy, x)))
+    if isinstance(vec, str):
+        kc.note(lambda name, r=vec: f"Winograd '{name}': scalar epilogue loop ({r})", stage.anchor_node)
+        return None
+    vecmath.require_immintrin(kc.program)
+    names = " / ".join(i.name for i in isas)
+    kc.note(lambda name: f"Winograd '{name}': epilogue in {names} intrinsics", stage.anchor_node)
+    return vec, isas
 
 
 def direct_flops(node) -> int:
