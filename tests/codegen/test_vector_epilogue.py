@@ -157,17 +157,21 @@ def test_plain_c_build_has_no_intrinsics(cache_dir):
     assert_close(build(g, plan, cache_dir=cache_dir, options=options, threads=1).run(feeds), reference.run(g, feeds))
 
 
-@pytest.mark.parametrize("act", ["Sigmoid", "Silu", "Tanh"])
+REGISTER_ACTIVATIONS = [("Sigmoid", {}, "Sigmoid"), ("Silu", {}, "Silu"), ("Tanh", {}, "Tanh"),
+                        ("Gelu", {"approximate": "tanh"}, "Gelu (tanh)"), ("Gelu", {}, "Gelu (erf)")]
+
+
+@pytest.mark.parametrize("act,attrs,what", REGISTER_ACTIVATIONS, ids=[a[2] for a in REGISTER_ACTIVATIONS])
 @pytest.mark.parametrize("geo", ["packed_1x1", "windows"])
-def test_register_epilogue_activations(act, geo, cache_dir):
+def test_register_epilogue_activations(act, attrs, what, geo, cache_dir):
     """Conv -> one activation of ``microkernel.ACTIVATIONS``: the storing micro-kernel adds the bias and applies it
     in registers (along the rows, or before its transposed store), bitwise the scalar tile epilogue."""
     spec = GEOMETRIES[geo]
-    b = GraphBuilder(f"conv_{act.lower()}")
-    g = b.build(b.op(act, _conv(b, b.input("x", spec["x"]), spec, np.random.default_rng(4))))
+    b = GraphBuilder(f"conv_{act.lower()}{len(attrs)}")
+    g = b.build(b.op(act, _conv(b, b.input("x", spec["x"]), spec, np.random.default_rng(4)), **attrs))
     plan = _one_kernel(g)
     src = generate(g, plan, options=CodegenOptions(**spec["options"])).source
-    assert f"output bias and {act} applied and stored by the micro-kernel" in src
+    assert f"output bias and {what} applied and stored by the micro-kernel" in src
     assert ("epilogue in avx512" in src) == (geo == "packed_1x1")  # 20 channels: a part block, via the C tile
     _check(g, plan, cache_dir, spec["options"], marker="by the micro-kernel")
 
@@ -176,8 +180,16 @@ def test_register_activation_plain_c_body(cache_dir):
     """Compiled for x86-64 without AVX (``native=False``): the storing micro-kernel's plain C body and the scalar
     epilogue loops, bitwise the build without the vector epilogues, and against the reference."""
     spec = GEOMETRIES["packed_1x1"]
-    b = GraphBuilder("conv_silu_plain")
-    g = b.build(b.op("Silu", _conv(b, b.input("x", spec["x"]), spec, np.random.default_rng(4))))
+    for attrs in ({}, {"approximate": "tanh"}):  # Gelu (erf), Gelu (tanh) by the micro-kernel
+        one = GraphBuilder(f"conv_gelu_plain{len(attrs)}")
+        y = _conv(one, one.input("x", spec["x"]), spec, np.random.default_rng(4))
+        _plain_body_check(one.build(one.op("Gelu", y, **attrs)), cache_dir)
+    two = GraphBuilder("conv_silu_gelu_plain")  # two outputs: through the C tile, the scalar loop
+    y = _conv(two, two.input("x", spec["x"]), spec, np.random.default_rng(4))
+    _plain_body_check(two.build(two.op("Silu", y), two.op("Gelu", y)), cache_dir)
+
+
+def _plain_body_check(g, cache_dir) -> None:
     plan = _one_kernel(g)
     feeds = _feeds(g)
     want = build(g, plan, cache_dir=cache_dir, options=CodegenOptions(vector_epilogue=False), threads=1,
@@ -185,6 +197,7 @@ def test_register_activation_plain_c_body(cache_dir):
     assert_close(want, reference.run(g, feeds))
     got = build(g, plan, cache_dir=cache_dir, options=CodegenOptions(vector_isa="avx512"), threads=1,
                 native=False).run(feeds)
-    assert "by the micro-kernel" in generate(g, plan, options=CodegenOptions(vector_isa="avx512")).source
+    src = generate(g, plan, options=CodegenOptions(vector_isa="avx512")).source
+    assert ("by the micro-kernel" in src) == (len(g.outputs) == 1)
     for k in want:
         assert _same_bits(got[k], want[k]), k

@@ -39,6 +39,7 @@ from opfuse.codegen.ctype import c_type, literal
 from opfuse.codegen.index import Index, add, delinearize
 from opfuse.codegen import simdchain, vecmath
 from opfuse.codegen.epilogue import VectorEpilogue, finish_element
+from opfuse.codegen.erf import ERF_HELPER, require_erf, require_vector_erf
 from opfuse.codegen.microkernel import ACTIVATIONS, YMM_FLOATS, fits_avx2, fits_avx512, fits_neon, microkernel, \
     transpose_helper
 from opfuse.codegen.stages import GroupAnalysis, Stage
@@ -473,13 +474,16 @@ def register_epilogue(kc, ev, stage: Stage, p: GemmProblem, MR: int, NR: int) ->
             or (p.out_contiguous == "m" and (not o.gemm_transposed_store or o.vector_isa == "neon"))):
         return None
     ops = stage.epilogue
-    codes = {"Relu": "r", **({op: k for k, (op, _) in ACTIVATIONS.items()} if _activations_in_registers(o) else {})}
-    if len(ops) > 1 or (ops and not (ops[0].op_type in codes and ops[0].input(0) is p.out)):
+    if len(ops) > 1 or (ops and ops[0].input(0) is not p.out):
+        return None
+    code: str | None = ""
+    if ops:
+        code = "r" if ops[0].op_type == "Relu" else _activation_code(ops[0]) if _activations_in_registers(o) else None
+    if code is None:
         return None
     final = ops[0].outputs[0] if ops else p.out
     if [id(v) for v in stage.outputs] != [id(final)] or final.dtype != np.float32 or id(final) in ev.static:
         return None
-    code = codes[ops[0].op_type] if ops else ""
     if p.row_bias is not None:
         arr = ev.static.get(id(p.row_bias))
         if arr is None or arr.ndim != 1:
@@ -494,12 +498,24 @@ def _activations_in_registers(o) -> bool:
     return o.vector_epilogue and bool(simdchain.isas_for(o))
 
 
+def _activation_code(node) -> str | None:
+    """The letter of ``microkernel.ACTIVATIONS`` that applies ``node`` (None: none does)."""
+    approximate = get_spec(node.op_type, node).attrs_of(node).get("approximate") if node.op_type == "Gelu" else None
+    return next((k for k, (op, a, _) in ACTIVATIONS.items() if (op, a) == (node.op_type, approximate)), None)
+
+
 def _require_activation(kc, code: str) -> None:
     """Define the helpers the storing micro-kernel's activation calls (scalar, and vector for each ISA) before it."""
     if code[-1:] in ACTIVATIONS:
-        helper = ACTIVATIONS[code[-1]][1]
+        helper = ACTIVATIONS[code[-1]][2]
+        isas = simdchain.isas_for(kc.program.options)
+        if helper == ERF_HELPER:
+            require_erf(kc.program)
+            for isa in isas:
+                require_vector_erf(kc.program, isa)
+            return
         vecmath.require(kc.program, helper)
-        for isa in simdchain.isas_for(kc.program.options):
+        for isa in isas:
             vecmath.require_vector(kc.program, helper, isa)
 
 
@@ -519,7 +535,8 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
     b_mode = "packed" if cols is None else "strided" if cols.koff is None else "koff"
     direct = register_epilogue(kc, ev, stage, p, MR, NR)
     if direct is not None and stage.anchor_node is not None:
-        act = ACTIVATIONS[direct[0][-1]][0] if direct[0][-1:] in ACTIVATIONS else "Relu" if "r" in direct[0] else ""
+        op, approximate, _ = ACTIVATIONS.get(direct[0][-1:], ("Relu" if "r" in direct[0] else "", None, None))
+        act = f"{op} ({'erf' if approximate == 'none' else approximate})" if approximate else op
         what = " and ".join((["bias"] if "b" in direct[0] else []) + ([act] if act else []))
         what = f"{what} applied and stored" if act else "bias added and stored" if what else "stored"
         kc.note(lambda name: f"GEMM '{name}': output {what} by the micro-kernel", stage.anchor_node)

@@ -33,6 +33,13 @@ The text relies on the program preamble (``OPFUSE_PRAGMA``, ``<stdint.h>``).
 """
 from __future__ import annotations
 
+import functools
+import math
+
+import numpy as np
+
+from opfuse.codegen.ctype import literal
+from opfuse.codegen.erf import ERF_HELPER
 from opfuse.codegen.vecmath import AVX2_FLOAT, AVX512_FLOAT, SIGMOID, TANH, vector_name
 
 A_ACCESS = ("packed", "rows", "koff")
@@ -77,10 +84,12 @@ SIGNATURE = ("(long kc, const float* restrict a, const float* const* restrict ar
 SIGNATURE_STORE = SIGNATURE[:-1] + ", const float* restrict bias, float* restrict out, long ldo)"
 EPILOGUES = ("", "b", "r", "br")  # none / bias / Relu / bias then Relu
 # Activations the storing variant applies after the bias instead of the Relu (an epilogue code's last letter;
-# x86 bodies and plain C only): the scalar rules' expressions of y (``rules.py``), and on the vector bodies the
-# vector forms of their helpers (``vecmath``: the same bits), which the program must define before the kernel
-# (``gemm.register_epilogue``). Letter -> (op, helper).
-ACTIVATIONS = {"s": ("Sigmoid", SIGMOID), "w": ("Silu", SIGMOID), "t": ("Tanh", TANH)}
+# x86 bodies and plain C only): the scalar rules' expressions of y (``rules.py``), and on the vector bodies the same
+# operations in the same order on the vector forms of their helpers (``simdchain``'s: the same bits), which the
+# program must define before the kernel (``gemm.register_epilogue``). Letter -> (op, Gelu's approximate, helper).
+ACTIVATIONS = {"s": ("Sigmoid", None, SIGMOID), "w": ("Silu", None, SIGMOID), "t": ("Tanh", None, TANH),
+               "g": ("Gelu", "tanh", SIGMOID), "e": ("Gelu", "none", ERF_HELPER)}
+GELU_TANH_SCALE, GELU_TANH_CUBE, GELU_ERF_SCALE = 2 * math.sqrt(2 / math.pi), 0.044715, 1 / math.sqrt(2)
 
 
 def valid_epilogue(epi: str) -> bool:
@@ -89,15 +98,29 @@ def valid_epilogue(epi: str) -> bool:
 
 
 def activation(epi: str, y: str, isa: str | None = None) -> str:
-    """``y`` through the epilogue's activation (none: ``y``), scalar C, or on ``isa``'s registers."""
+    """The variable ``y`` through the epilogue's activation (none: ``y``), scalar C, or on ``isa``'s registers."""
     if epi[-1:] not in ACTIVATIONS:
         return y
-    op, helper = ACTIVATIONS[epi[-1]]
-    if isa is not None:
-        vi = AVX512_FLOAT if isa == "avx512" else AVX2_FLOAT
-        f = f"{vector_name(helper, vi)}({y})"
-        return f"{vi.p}_mul_ps({y}, {f})" if op == "Silu" else f
-    return f"{y} * {helper}({y})" if op == "Silu" else f"{helper}({y})"
+    op, approximate, helper = ACTIVATIONS[epi[-1]]
+    c = functools.partial(literal, dtype=np.float32)
+    if isa is None:
+        f = helper
+        if op == "Gelu" and approximate == "tanh":  # rules._gelu: x sigmoid(2z)
+            return f"{y} * {f}({c(GELU_TANH_SCALE)} * ({y} + {c(GELU_TANH_CUBE)} * ({y} * {y} * {y})))"
+        if op == "Gelu":
+            return f"{c(0.5)} * {y} * ({c(1.0)} + {f}({y} * {c(GELU_ERF_SCALE)}))"
+        return f"{y} * {f}({y})" if op == "Silu" else f"{f}({y})"
+    vi = AVX512_FLOAT if isa == "avx512" else AVX2_FLOAT
+    p, s = vi.op, vi.set1
+    f = vector_name(helper, vi)
+    if op == "Gelu" and approximate == "tanh":  # simdchain._gelu, the same operations
+        x3 = p("mul_ps", p("mul_ps", y, y), y)
+        z2 = p("mul_ps", s(c(GELU_TANH_SCALE)), p("add_ps", y, p("mul_ps", s(c(GELU_TANH_CUBE)), x3)))
+        return p("mul_ps", y, f"{f}({z2})")
+    if op == "Gelu":
+        erf = f"{f}({p('mul_ps', y, s(c(GELU_ERF_SCALE)))})"
+        return p("mul_ps", p("mul_ps", s(c(0.5)), y), p("add_ps", s(c(1.0)), erf))
+    return p("mul_ps", y, f"{f}({y})") if op == "Silu" else f"{f}({y})"
 
 
 def _finish_plain(epi: str, value: str, i: str) -> list[str]:
@@ -289,8 +312,11 @@ def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, 
                 y = f"{ps}_add_ps({y}, bias{i})"
             if "r" in epi:
                 y = f"{ps}_max_ps(zero, {y})"
-            y = activation(epi, y, isa)
-            lines.append(f"  {ps}_storeu_ps(out + {i0 + i} * ldo + {j0 + v * width}, {y});")
+            at = f"out + {i0 + i} * ldo + {j0 + v * width}"
+            if epi[-1:] in ACTIVATIONS:  # y named: an activation reads it more than once
+                lines.append(f"  {{ const {vec} y = {y}; {ps}_storeu_ps({at}, {activation(epi, 'y', isa)}); }}")
+            else:
+                lines.append(f"  {ps}_storeu_ps({at}, {y});")
     return lines
 
 
@@ -347,9 +373,10 @@ def _store_transposed(isa: str, acc: list[list[str]], i0: int, j0: int, epi: str
                 y = f"{ps}_add_ps({y}, bias{v})"
             if "r" in epi:
                 y = f"{ps}_max_ps(zero, {y})"
-            y = activation(epi, y, isa)
             if y != acc[i][v]:
                 lines.append(f"  {acc[i][v]} = {y};")
+            if epi[-1:] in ACTIVATIONS:
+                lines.append(f"  {acc[i][v]} = {activation(epi, acc[i][v], isa)};")
 
     def half(x: str, h: int) -> str:  # 8 columns of an accumulator as a ymm register
         if isa != "avx512":
