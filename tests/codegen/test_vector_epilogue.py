@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cg_support import assert_close
+from cg_support import assert_close, group_by_names
 from opfuse.codegen import CodegenOptions, generate
 from opfuse.ir.plan import FusionGroup, FusionPlan
 from opfuse.ops import GraphBuilder
@@ -201,3 +201,27 @@ def _plain_body_check(g, cache_dir) -> None:
     assert ("by the micro-kernel" in src) == (len(g.outputs) == 1)
     for k in want:
         assert _same_bits(got[k], want[k]), k
+
+
+def test_horizontal_segments(cache_dir):
+    """Sibling MatMuls merged into one GEMM (``horizontal``: column ranges per sibling, each with its own epilogue)
+    and sibling convolutions (row or column ranges): each segment's loop in vectors, bitwise the scalar ones."""
+    rng = np.random.default_rng(9)
+    b = GraphBuilder("siblings")
+    a = b.input("a", (1, 37, 32))
+    outs = []
+    for k, (n, act) in enumerate(((16, "Sigmoid"), (40, "Silu"), (24, "Tanh"))):
+        w = b.const(f"w{k}", (rng.standard_normal((32, n)) * 0.3).astype(np.float32))
+        bias = b.const(f"b{k}", rng.standard_normal(n).astype(np.float32))
+        outs.append(b.op(act, b.op("Add", b.op("MatMul", a, w, name=f"mm{k}"), bias, name=f"add{k}"), name=f"act{k}"))
+    g = b.build(*outs)
+    names = [f"{p}{k}" for k in range(3) for p in ("mm", "add", "act")]
+    _check(g, group_by_names(g, [("horizontal", names)]), cache_dir, {})
+    b = GraphBuilder("sibling_convs")
+    x = b.input("x", (1, 6, 20, 21))
+    spec = dict(x=(1, 6, 20, 21), k=3, stride=1, pad=1)
+    c1 = b.op("Sigmoid", _conv(b, x, {**spec, "oc": 8}, rng), name="s1")
+    c2 = b.op("Silu", b.op("Conv", x, b.const("w2", (rng.standard_normal((12, 6, 3, 3)) * 0.2).astype(np.float32)),
+                           pads=[1, 1, 1, 1], name="c2"), name="s2")
+    g = b.build(c1, c2)
+    _check(g, group_by_names(g, [("horizontal", ["conv", "s1", "c2", "s2"])]), cache_dir, {})
