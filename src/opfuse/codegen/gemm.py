@@ -611,8 +611,11 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
             extra.per_tile(kc, n0, nc)
         pc, kb = kc.tmp("pc"), kc.tmp("kc")
         # One K block and a vector epilogue: each MR-row strip of the C tile is finished right after its
-        # micro-kernel calls, while it is in L1, not the whole tile after them (``gemm_strip_epilogue``).
+        # micro-kernel calls, while it is in L1, not the whole tile after them (``gemm_strip_epilogue``). A's
+        # panels are then the outer loop, so B's K block is read once per panel: only where it stays in L2
+        # (``ROWS_OUTER_STORE_BYTES``, as the storing micro-kernel's rows-outer order).
         strips = direct is None and not transposed and KC >= K and not p.segments and o.gemm_strip_epilogue \
+            and K * NC * fl <= ROWS_OUTER_STORE_BYTES \
             and isinstance(_vector_epilogue(kc, ev, Segment("n", 0, N, p, stage), b, False), VectorEpilogue)
         with w.block(f"for (long {pc} = 0; {pc} < {K}; {pc} += {KC})"):
             w.line(f"const long {kb} = {_min_expr(f'{K} - {pc}', KC)};")

@@ -168,7 +168,8 @@ class CodegenOptions:
     vector_epilogue: bool = True
     # Such a vector epilogue of a GEMM with one K block (K <= KC) and its output along n runs on each MR-row strip
     # of the C tile right after the micro-kernel computed it (A's panels the outer loop), while the strip is in
-    # L1, instead of over the whole tile (64 x 256 floats: from L2) after the last micro-kernel call.
+    # L1, instead of over the whole tile (64 x 256 floats: from L2) after the last micro-kernel call; only where
+    # B's K block is at most ``gemm.ROWS_OUTER_STORE_BYTES`` (64 KiB; it is re-read for each A panel).
     gemm_strip_epilogue: bool = True
     # ... and prefetches the output lines of each block the micro-kernel computed, so that the strip's stores
     # find them in L1 instead of waiting for memory (write-allocate) with no arithmetic left to hide it.
