@@ -190,20 +190,30 @@ def memory_bound_removed(rows: list[dict], t_unfused: Mapping[str, float], bound
       left out (a depthwise convolution that the roofline calls memory-bound still runs when fused:
       no fusion removes it, so it is on neither side);
     * ``left_s``: what the fused build still spends on that work: for each fused group that stands
-      for a memory-bound kernel, its measured time less its anchor kernels' unfused time, at least 0
-      (a Conv's epilogue costs what the fused kernel takes beyond the Conv alone). With ``runs`` (the
+      for a memory-bound kernel, its measured time less its anchor kernels' unfused time (a Conv's
+      epilogue costs what the fused kernel takes beyond the Conv alone). With ``runs`` (the
       per-round times of both builds, ``interleaved_kernel_medians``), that difference is the median
       over rounds of the fused group's time less its anchors' in the same round: a 2.4 ms Conv
       varies by a few percent from run to run on a shared machine, more than its epilogue costs, and
       the paired difference cancels what both builds' kernels met in that round. A memory-bound
       kernel left standalone counts in full; one with no fused kernel at all (a Reshape become a
       view, a BatchNorm folded into weights) counts 0; a fused kernel that stands for no unfused
-      kernel (a copy where the unfused build had views) counts in full;
+      kernel (a copy where the unfused build had views) counts in full. The rows are summed as they
+      are, below 0 too: an epilogue that costs nothing leaves a row's paired difference as often
+      below 0 as above it, and each row held at 0 would add that noise up into time left over: in
+      an A/A check (``benchmarks/bench_memory_aa.py``: the same fused build on both sides, where
+      nothing is truly left) resnet18's 22 rows held at 0 summed to 24-127 us (mean 82) in eight
+      processes, as they are to -59 to +103 us (mean +30; 300-430 us of memory-bound work, load 6-8).
+      A row below 0 by more than its noise is its anchors running faster fused than alone (caches,
+      another code path), a saving the fused build made, and it offsets what other rows have left:
+      the per-row figures show it;
     * ``removed``: ``1 - left_s / unfused_s`` (``None`` with no memory-bound kernel). Negative when
-      fusion made the memory-bound work slower.
+      fusion made the memory-bound work slower; above 1 when the fused groups took less, summed,
+      than their anchors unfused: all of it removed, within the noise the interval shows.
 
     Per row, ``memory_unfused_s`` and ``memory_left_s`` (``None`` when it stands for no memory-bound
-    kernel) are added; ``uncounted_s``: the memory-bound unfused kernels in no row;
+    kernel; below 0 when the group measured faster than its anchors unfused) are added;
+    ``uncounted_s``: the memory-bound unfused kernels in no row;
     ``unfused_kernels``: every unfused kernel's median seconds (``s``) and ``bound``.
 
     ``interval`` (with ``runs``; else ``None``): how far ``removed`` moves with the rounds that were
@@ -296,8 +306,8 @@ def _memory_estimate(rows: list[dict], t_unfused: Mapping[str, float], bound: Ma
         if samples and all(len(unfused_runs.get(k, ())) == len(samples) for k in mine):
             diffs = [f - sum(unfused_runs[k][i] for k in mine) for i, f in enumerate(samples)]
             over = median(diffs if pick is None else [diffs[i] for i in pick])
-        per_row.append((mem, max(over, 0.0)))
-        left += max(over, 0.0)
+        per_row.append((mem, over))
+        left += over
     total = sum(unfused(k) for k in _memory_kernels(rows, t_unfused, bound, contractions))
     return total, left, per_row
 
