@@ -169,7 +169,8 @@ def report(results: list[dict]) -> str:
         parts += ["Per-group check (kernel timers, medians; each fused group against the sum of its original ops' "
                   "unfused kernels). Memory-bound: the unfused kernels the cost model's roofline calls memory-bound "
                   "(elementwise, pools, normalisations, reorders); left fused: the memory-bound kernels left "
-                  "standalone plus each fused group's time beyond its compute-bound kernels' unfused time "
+                  "standalone plus each fused group's time beyond its compute-bound kernels' unfused time, summed "
+                  "as measured, below 0 too "
                   "(`opfuse.measure.memory_bound_removed`); removed: 1 - left / unfused, in brackets the 5th to 95th "
                   "percentile of the figure recomputed from 200 resamples of the measured rounds.", "", groups]
     if skipped:
