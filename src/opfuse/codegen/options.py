@@ -351,6 +351,16 @@ class CodegenOptions:
     # instead of waiting in order. Measured (16K floats in cache, 1 thread, CPU time, best of 15): Sigmoid alone
     # 0.146 -> 0.124 ns per element at 4 vectors. 1: one vector per iteration.
     simd_unroll: int = 4
+    # A dense such stage (one loop) with one Sigmoid or Silu whose input it computes runs in blocks of this many
+    # floats, each in two passes through two stack buffers in L1: the Sigmoid's input and its exp(-|x|) for the whole
+    # block, then its division and the rest of the chain (the same operations, so the same bits). In one pass each
+    # vector's ~90-cycle chain from load to store (the ops before the Sigmoid, exp's dependent steps, the division)
+    # fills the core's window: chain8 ran ~14.5 cycles per 16 floats where its ~25 vector operations need ~7.
+    # Measured (Zen 5, 1 thread, CPU time, medians of 41 interleaved rounds, load 11-13): chain8 over 16K floats in
+    # cache 0.262-0.266 -> 0.222-0.225 ns per element, over 16M floats (streaming stores, huge pages) 5.02-5.19 ->
+    # 4.44-4.58 ms; Mul Add Mul(Sigmoid) (a scale, a shift, SiLU) 0.193-0.197 -> 0.180; a lone Sigmoid, whose input
+    # is loaded, 0.150 -> 0.166 with blocks, so it keeps one pass. 0: one pass always.
+    simd_stage_block: int = 512
     # "blob": weights passed as one pointer at run time; "embed": a static const array.
     weights: str = "blob"
     # Time every kernel call (clock_gettime around it); read back with CompiledModel.profile. On the
@@ -386,6 +396,8 @@ class CodegenOptions:
             raise OpfuseError("depthwise_row_block and depthwise_block_group must be at least 1")
         if self.simd_unroll < 1:
             raise OpfuseError("simd_unroll must be at least 1 (1: one vector per iteration)")
+        if self.simd_stage_block < 0 or self.simd_stage_block % 16:
+            raise OpfuseError("simd_stage_block must be 0 (one pass) or a positive multiple of 16 floats")
         if self.pool_prefetch_bytes < 0:
             raise OpfuseError("pool_prefetch_bytes must be at least 0 (0: no prefetch)")
         if self.f16c_min_block < 8 or self.f16c_min_block % 8 or self.f16c_block < self.f16c_min_block:
