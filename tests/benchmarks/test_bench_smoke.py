@@ -120,3 +120,12 @@ def test_bench_scaling_ab_smoke(tmp_path):
     row = json.loads(out.read_text())[0]
     assert {"cache blocking", "balanced"} <= row.keys() and "balanced" in printed
     assert all(row[k]["ms_1"] > 0 and len(row[k]["cpu_ms"]) == 2 for k in ("cache blocking", "balanced"))
+
+
+def test_bench_memory_aa_smoke(tmp_path):
+    out = tmp_path / "aa.json"
+    text = _run("bench_memory_aa.py", "ds_cnn", "--repeat", "2", "--out", str(out))
+    [row] = json.loads(out.read_text())
+    assert row["model"] == "ds_cnn" and row["rows"] > 0 and row["memory_unfused_s"] > 0
+    assert row["rows_held_at_0_s"] >= row["rows_summed_s"] and row["left_s"] == row["rows_summed_s"]
+    assert "ds_cnn:" in text
