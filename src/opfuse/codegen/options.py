@@ -142,6 +142,17 @@ class CodegenOptions:
     conv_direct_nr: int = 16
     conv_direct_mr: int = 16
     conv_direct_tile_floats: int = 16384
+    # With the AVX-512 body the direct kernel's block is this many vectors of ``conv_direct_nr`` positions wide
+    # (2: MR x 32, MR from 8 to 14, the least padding; ``conv_direct.direct_block``), so a broadcast weight feeds
+    # two multiply-adds: MR x 16 takes a load per FMA, the load ports' limit once the FMA pipes are full-width
+    # (Zen 5). An output width 16 divides but 32 does not (112) reads each panel as two pieces of 16, each in one
+    # output row (``microkernel``'s ``b_split``). Measured on the Zen 5 host (1 thread, kernel timers in thread CPU
+    # time, 20-30 interleaved runs, against 1; 2 cores shared, load 5-9): the micro-kernel alone (packed, K = 147)
+    # 16 x 16 177 GFLOP/s, 8 x 32 215; resnet18's stem (64 channels, 8 x 32 in pieces) 0.85x the time (81 -> 95% of
+    # the sgemm peak), in the model 0.84x; mobilenet_v1's stem (32 channels) 0.75x, mobilenet_v1_025_96's (8, 48
+    # wide) 0.90x, resnet8's (16, 32 wide) 0.92x; the 32-group 3x3 layer at 14x14 (8 x 32 across rows) 0.89x.
+    # 1: MR x 16, as measured above.
+    conv_direct_vectors: int = 2
     # Grouped convolutions with at most ``conv_direct_max_k`` input channels per group x taps take the direct
     # kernel too, one GEMM per image and group (an output width NR does not divide: panels across output
     # rows, ``conv_direct.ShiftedBand``), instead of the windows GEMM's 14 x 8 blocks of positions x channels,
@@ -392,6 +403,8 @@ class CodegenOptions:
             raise OpfuseError("f16c_min_block must be a multiple of 8 and f16c_block at least f16c_min_block")
         if self.vector_isa not in VECTOR_ISAS:
             raise OpfuseError(f"vector ISA {self.vector_isa!r}: expected one of {', '.join(VECTOR_ISAS)}")
+        if self.conv_direct_vectors not in (1, 2):
+            raise OpfuseError("conv_direct_vectors must be 1 or 2 (vectors of conv_direct_nr positions)")
         if self.gemm_mr < 0 or self.gemm_nr < 0:
             raise OpfuseError("gemm_mr and gemm_nr must be positive (0: the vector ISA's register block)")
         mr, nr = self.gemm_mr, self.gemm_nr
