@@ -67,12 +67,19 @@ class RowAccess:
     zero-padded copy of the input rows); ``prepare`` reserves its scratch."""
 
     koff: np.ndarray | None = None
+    # Set by the GEMM before ``per_tile`` where tiles of the same rows follow one another: (a C lvalue, the
+    # tile's rows' key); the copy is skipped where the lvalue holds the key, and sets it (``gemm_reuse_band``).
+    reuse: tuple[str, str] | None = None
 
     def prepare(self, kc, MC: int) -> None:
         return None
 
     def per_tile(self, kc, ev, b: str, m0: str, mc: str) -> None:
         return None
+
+    def stages_per_tile(self) -> bool:
+        """Whether ``per_tile`` copies anything (which ``reuse`` may skip)."""
+        return False
 
     def row(self, b: str, m: str) -> str:
         raise NotImplementedError
@@ -545,6 +552,14 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
 
     tiles = p.nb * MT * NT
     t = kc.tmp("tile")
+    # The tiles of one row block (b, mt) are consecutive (nt fastest): a thread that staged A's rows for one
+    # skips the copy for the next (``CodegenOptions.gemm_reuse_band``); each thread's key starts at -1.
+    off_key = None
+    if rows is not None and rows.stages_per_tile() and NT > 1 and o.gemm_reuse_band and o.platform == "host":
+        off_key = kc.scratch(8)
+        th = kc.tmp("th")
+        w.line(f"for (int {th} = 0; {th} < nt; ++{th}) "
+               f"*(long*)(scratch + (size_t){th} * OPFUSE_SCRATCH_STRIDE + {off_key}) = -1;")
     kc.parallel_for(2 * p.nb * M * N * K, costs=tile_costs(M, N, MC, NC, MR, NR) * p.nb)
     with w.block(f"for (long {t} = 0; {t} < {tiles}; ++{t})"):
         b, mt, nt_ = kc.tmp("b"), kc.tmp("mt"), kc.tmp("nt")
@@ -569,6 +584,7 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
             bp = kc.tmp("bpack")
             w.line(f"float* restrict {bp} = {kc.scratch_ptr('float', off_b)};")
         if rows is not None:
+            rows.reuse = (f"*{kc.scratch_ptr('long', off_key)}", f"{b} * {MT} + {mt}") if off_key is not None else None
             rows.per_tile(kc, ev, b, m0, mc)
         if cols is not None:
             cols.per_tile(kc, ev, b, n0, nc)

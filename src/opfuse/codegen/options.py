@@ -89,6 +89,13 @@ class CodegenOptions:
     # cache blocking as it is.
     balance_threads: tuple[int, ...] = (2,)
     gemm_prefetch: int = 32
+    # A convolution over its windows that stages its input rows per tile (padding or a prologue:
+    # ``conv_windows.ConvWindows``) copies them once per thread and row block, not once per tile: the tiles
+    # of one block of positions (cut along the channels) follow one another, and a thread that staged a block
+    # skips the copy for the next tile of it. resnet18's layer4 on the Zen 5 host (1 thread, kernel CPU time, 40
+    # interleaved runs, against off, load 10): the strided 3x3 (4 tiles of 128 channels, a 245 KB band each)
+    # 0.98x, the 7x7 3x3 0.99x, layer2's strided 3x3 0.99x: small, but work that was repeated for nothing.
+    gemm_reuse_band: bool = True
     # A GEMM with a single row (M = 1: a classifier's Gemm on one image) runs a 1 x ``gemm_gemv_nr``
     # micro-kernel (6 accumulators) with the intrinsics, instead of MR x NR whose MR - 1 rows
     # would repeat the one row's work: mobilenet_v1's fc (1x1024 @ 1024x1000) 161 -> 85 us (1 x 32:
