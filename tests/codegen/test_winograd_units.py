@@ -13,6 +13,7 @@ from opfuse.codegen import CodegenOptions
 from opfuse.codegen.winograd import (F2, _block_rows, _register_block, _solve, _tiles_per_block, direct_flops,
                                      filter_transform, legality, toom_cook)
 from opfuse.ops import GraphBuilder
+from opfuse.targets.calibrate import full_width_fma_of
 
 H = Fraction(1, 2)
 
@@ -99,6 +100,24 @@ def test_register_block_of_the_batched_gemms():
     wide = avx512.with_(winograd_avx512=True)
     assert _register_block(wide, 64, 64, 16, 1, 6) == (6, 16, False)
     assert _register_block(wide, 64, 64, 64, 1, 6) == (8, 32, True)
+
+
+def test_avx512_block_follows_the_hosts_fma_width():
+    """``winograd_avx512`` None (the default) resolves to whether the host's FMA pipes are zmm-wide (Zen 5 on,
+    ``full_width_fma_of``); an explicit value wins; the plain C and the AVX2 block never take it."""
+    o = CodegenOptions(vector_isa="avx512")
+    assert o.winograd_avx512 is None
+    assert o.resolved("avx512", full_width_fma=True).winograd_avx512 is True
+    assert o.resolved("avx512").winograd_avx512 is False
+    assert o.with_(winograd_avx512=False).resolved("avx512", full_width_fma=True).winograd_avx512 is False
+    assert o.with_(winograd_avx512=True).resolved("avx512").winograd_avx512 is True
+    assert _register_block(o.resolved("avx512", True), 64, 64, 64, 1, 6) == (8, 32, True)
+    assert _register_block(CodegenOptions(vector_isa="avx2").resolved("avx2", True), 64, 64, 64, 1, 6)[2] is False
+    assert full_width_fma_of("AuthenticAMD", "26", "fma avx2 avx512f avx512bw")       # Zen 5
+    assert not full_width_fma_of("AuthenticAMD", "25", "fma avx2 avx512f avx512bw")   # Zen 4: two halves
+    assert not full_width_fma_of("AuthenticAMD", "26", "fma avx2")                    # no AVX-512F
+    assert not full_width_fma_of("GenuineIntel", "6", "fma avx2 avx512f")             # not known here
+    assert not full_width_fma_of("", "", "")
 
 
 def test_tiles_per_block():

@@ -56,7 +56,11 @@ class CodegenOptions:
     # the time of 6 x 16 (89-93 -> 102-105 GFLOP/s), pw12/pw13 (7x7, with ``windows_mr_max``)
     # 0.83-0.84x, pw1-pw6 0.96-1.03x, whole model 0.915x (resnet18 0.89x, bert_layer 0.94x,
     # yolo_block 0.96x); 6x32, 8x32 and 12x32 within noise of each other (20 runs). 8 rows:
-    # channel counts are multiples of 8 (12 would pad 64 to 72). Cache
+    # channel counts are multiples of 8 (12 would pad 64 to 72). On the Zen 5 host (two full-width zmm FMA
+    # pipes; ``benchmarks/bench_microkernel.py``, 1 thread, CPU time, 15 interleaved rounds, load 2.4, M = 96,
+    # N = 256, K = 128-1024): 8x32, 6x32, 12x32, 14x32, 6x64 and 8x48 all 234-242 GFLOP/s (the core's peak;
+    # OpenBLAS's square sgemm 198-207 in the same run), 4x64 187-190, 16x16 (one broadcast per FMA) 174-177;
+    # so 8 x 32 stays (the direct convolution's block changed: ``conv_direct_vectors``). Cache
     # blocks: K in blocks of at most KC; tiles of MC x NC outputs, at most ``gemm_tile_floats``
     # of C tile (it stays in L2); a side whose other operand is packed per tile spans up to
     # ``gemm_wide`` (one packing serves that many outputs); problems are cut into at least
@@ -334,11 +338,17 @@ class CodegenOptions:
     winograd_f4_min_spatial: int = 12
     winograd_block_floats: int = 1 << 18
     # Winograd's batched GEMMs on the AVX-512 block (where it pads the tiles no further than the
-    # AVX2 block; ``winograd._register_block``) instead of AVX2's 6 x 16. Off: it does not pay on
-    # resnet18 (1 thread, per-kernel CPU time, medians of 16 interleaved runs, against 6 x 16):
-    # layer1's F(4x4) convolutions (64 ch, 56x56) 0.94-1.09x, layer2's (128 ch, 28x28)
-    # 0.91-1.04x, whole model 1.00x (within the noise of a shared machine).
-    winograd_avx512: bool = False
+    # AVX2 block; ``winograd._register_block``) instead of AVX2's 6 x 16. None (the default): on where the
+    # host's FMA pipes are as wide as a zmm register (``opfuse.targets.host_full_width_fma``: AMD Zen 5 on),
+    # resolved when the code is generated (``resolved``), off elsewhere. On the Zen 4 host it did not pay
+    # (zmm FMAs in two halves; resnet18, 1 thread, per-kernel CPU time, medians of 16 interleaved runs,
+    # against 6 x 16): layer1's F(4x4) convolutions (64 ch, 56x56) 0.94-1.09x, layer2's (128 ch, 28x28)
+    # 0.91-1.04x, whole model 1.00x. On the Zen 5 host, where 6 x 16 ymm runs at half the zmm peak
+    # (``bench_kernels.py``, kernel CPU time, 30 interleaved runs against off, load 10): r18.l1 (64 ch, 56x56)
+    # 0.79x, r18.l2 (128 ch, 28x28) 0.85x, r18.l3 (14x14: 16 tiles, AVX2's block either way) 1.02x; in resnet18
+    # (kernels' sum, 1 thread, 20 interleaved runs against off, load 11-12) 0.92x, resnet8 0.90x (stack1's
+    # 16-channel 32x32 convolutions 0.73x), yolo_block 0.93x (its 3x3 convolutions 0.84-0.90x).
+    winograd_avx512: bool | None = None
     # A fused pointwise loop that reads or writes float16 (or rounds to it between ops) on a target with
     # F16C runs its innermost loop in blocks (``codegen/pointwise.py:emit_f16c_blocks``): F16C converts
     # 8 lanes at a time into and out of float arrays of ``f16c_block`` elements (fewer, a power of two,
@@ -422,15 +432,18 @@ class CodegenOptions:
     def with_(self, **kw) -> "CodegenOptions":
         return replace(self, **kw)
 
-    def resolved(self, host_isa: str) -> "CodegenOptions":
+    def resolved(self, host_isa: str, full_width_fma: bool = False) -> "CodegenOptions":
         """These options with ``vector_isa`` concrete ("host" -> ``host_isa``) and the register
         block filled in from it. The plain C build (simd="none") keeps the AVX2 block where none
-        is given, so its results do not depend on the machine that generated it."""
+        is given, so its results do not depend on the machine that generated it. ``full_width_fma``
+        (the host's, ``opfuse.targets.host_full_width_fma``) decides ``winograd_avx512`` where it is None."""
         isa = host_isa if self.vector_isa == "host" else self.vector_isa
         if self.simd == "none":
             isa = "avx2"
         mr, nr = REGISTER_BLOCKS[isa]
-        return replace(self, vector_isa=isa, gemm_mr=self.gemm_mr or mr, gemm_nr=self.gemm_nr or nr)
+        wino = full_width_fma if self.winograd_avx512 is None else self.winograd_avx512
+        return replace(self, vector_isa=isa, gemm_mr=self.gemm_mr or mr, gemm_nr=self.gemm_nr or nr,
+                       winograd_avx512=wino)
 
 
 # Cortex-M7: one thread, no cache worth blocking for, 32 single-precision registers. The 4 x 4
