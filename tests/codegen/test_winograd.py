@@ -84,6 +84,8 @@ CASES = {
     # the first and last outside the image). The band copy's "outside: zero the row, continue"
     # was miscompiled by gcc 12.2 -O3 -march=native (in-image rows zeroed): errors ~1e21.
     "batch2-band-12-rows": (2, 64, 64, 10, 14, [1, 1, 1, 1]),
+    # 16 F(4x4) tiles (14x14): with the AVX-512 block on, 67 channels in one zmm of tiles, 14 x 16 (70 rows)
+    "zmm-panels-14x14": (1, 40, 67, 14, 14, [1, 1, 1, 1]),
 }
 
 

@@ -349,6 +349,14 @@ class CodegenOptions:
     # (kernels' sum, 1 thread, 20 interleaved runs against off, load 11-12) 0.92x, resnet8 0.90x (stack1's
     # 16-channel 32x32 convolutions 0.73x), yolo_block 0.93x (its 3x3 convolutions 0.84-0.90x).
     winograd_avx512: bool | None = None
+    # With ``winograd_avx512``, where 8 x 32 pads the tiles more than AVX2's 6 x 16 (16 tiles, a 14x14 output):
+    # MR x 16 in zmm (``winograd.WINOGRAD_ZMM_ROWS``: 16 x 16 for 256 channels) instead of 6 x 16 in ymm, the
+    # same panel width at twice the lanes per FMA (the micro-kernel alone on the Zen 5 host, K = 256: 16 x 16 zmm
+    # 178 GFLOP/s, 6 x 16 ymm 108). Measured there (1 thread, kernel CPU time, 30-40 interleaved runs against
+    # False, load 12-13): r18.l3 (256 ch, 14x14) 0.73-0.78x; in resnet18 layer3's four 3x3 convolutions 0.70-0.72x,
+    # the model 0.93x; resnet8 (16 tiles at 8x8: stack2/stack3's conv2) 0.74-0.78x, the model 0.90x. False: AVX2's
+    # block there.
+    winograd_zmm_panels: bool = True
     # A fused pointwise loop that reads or writes float16 (or rounds to it between ops) on a target with
     # F16C runs its innermost loop in blocks (``codegen/pointwise.py:emit_f16c_blocks``): F16C converts
     # 8 lanes at a time into and out of float arrays of ``f16c_block`` elements (fewer, a power of two,
