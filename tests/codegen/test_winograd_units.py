@@ -92,8 +92,9 @@ def test_register_block_of_the_batched_gemms():
     block only where it pads no more, else MR x 16 in zmm (``winograd_zmm_panels``): 64 -> 64 channels, F(4x4)
     (alpha 6, 36 x 128 floats a tile).
     16 tiles (14x14): 8 x 32 takes one block of 16 tiles padded to 32, 32 x 64 = 2048 products per xi;
-    6 x 16 one block of 16, 16 x 66 = 1056: not 8 x 32, but 16 x 16 in zmm (16 x 64). 64 tiles (32x32): 8 x 32 two blocks of 32, 64 x 64 =
-    4096; 6 x 16 four blocks (``gemm_min_tiles``) of 16, 64 x 66 = 4224: AVX-512."""
+    6 x 16 one block of 16, 16 x 66 = 1056: not 8 x 32, but 16 x 16 in zmm (16 x 64). 64 tiles (32x32):
+    8 x 32 two blocks of 32, 64 x 64 = 4096; 6 x 16 four blocks (``gemm_min_tiles``) of 16, 64 x 66 = 4224:
+    AVX-512."""
     avx2 = CodegenOptions(vector_isa="avx2").resolved("avx2")
     assert _register_block(avx2, 64, 64, 64, 1, 6) == (6, 16, False)
     avx512 = CodegenOptions(vector_isa="avx512").resolved("avx512")
