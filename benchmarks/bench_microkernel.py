@@ -28,7 +28,10 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+import shlex  # noqa: E402
+
 from opfuse.codegen import microkernel as uk  # noqa: E402
+from opfuse.runtime.toolchain import find_compiler  # noqa: E402
 
 DRIVER = r"""
 #define _POSIX_C_SOURCE 200809L
@@ -123,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(d, "ukr.c").write_text(src)
         flags = ["-O3", "-std=c11", "-ffp-contract=off", "-march=native"] + (["-mno-avx512f"] if args.isa == "avx2"
                                                                             else [])
-        subprocess.run(["cc", *flags, "-o", f"{d}/ukr", f"{d}/ukr.c", "-lm"], check=True)
+        subprocess.run([*shlex.split(find_compiler()), *flags, "-o", f"{d}/ukr", f"{d}/ukr.c", "-lm"], check=True)
         peak_before = sgemm_peak()
         out = subprocess.run([f"{d}/ukr"], capture_output=True, text=True, check=False)
         peak_after = sgemm_peak()
