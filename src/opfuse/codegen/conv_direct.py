@@ -78,7 +78,7 @@ def wide_direct_block(o) -> bool:
     """Whether the direct kernel's block may be ``conv_direct_vectors`` (2) vectors of ``conv_direct_nr``
     positions wide: the AVX-512 body (two zmm of B a k step, so a broadcast of A feeds two multiply-adds)."""
     return o.simd == "auto" and o.vector_isa == "avx512" and o.conv_direct_vectors == 2 and \
-        fits_avx512(MIN_WIDE_ROWS, o.conv_direct_nr * 2)
+        o.conv_direct_mr >= MIN_WIDE_ROWS and fits_avx512(MIN_WIDE_ROWS, o.conv_direct_nr * 2)
 
 
 # Fewest output channels per group for the direct kernel: the AVX-512 block has at least 8 rows (enough FMA
@@ -337,6 +337,7 @@ def direct_problem(kc, ev, node, geo, weights: np.ndarray, finish, group: int = 
     mr, nr = direct_block(o, mg, least_padding=G > 1, wide=wide)
     band = ShiftedBand(kc, ev, node, geo, G, nr) if crossing else PhaseBand(kc, ev, node, geo, G)
     if not crossing and OW % nr:
+        assert nr == 2 * o.conv_direct_nr, (nr, o.conv_direct_nr)
         band.split = o.conv_direct_nr
     b_op = Operand(no_load, cols=band)
     # The C tile (all the channels x NC positions) within ``conv_direct_tile_floats``: it stays in L1

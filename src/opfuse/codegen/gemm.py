@@ -109,8 +109,8 @@ class ColAccess:
     (``conv_direct.py``), row ``k`` of an NR-column panel is ``koff[k]`` floats past
     ``ptr(b, 0, n)`` instead; ``per_tile`` may first stage what the tile reads (a zero-padded,
     phase-split copy of the input rows), and ``prepare`` reserves its scratch and fixes ``koff``.
-    ``split`` (with ``koff``; 0: none): a panel is NR / ``split`` pieces of ``split`` columns, each in one
-    output row, piece ``p`` of the panel at ``n`` ``p * split_ldb(b, n)`` floats past its first (the
+    ``split`` (with ``koff``; 0: none): a panel is two pieces of ``split`` columns (NR = 2 ``split``), each in
+    one output row, the second ``split_ldb(b, n)`` floats past the first for the panel at ``n`` (the
     micro-kernel's ``b_split``; the step goes in its ``ldb``)."""
 
     ptr: Callable[[str, str, str], str]
