@@ -258,6 +258,18 @@ def test_wide_block_where_its_panels_are_whole(h, w, block):
     assert "koff_h16" not in generate(g, plan, options=AVX512.with_(conv_direct_vectors=1)).source
 
 
+def test_wide_block_same_bits_as_the_narrow_one(cache_dir):
+    """Each output sums its products in increasing k with one FMA each whatever the block: 10 x 32 in pieces
+    (112 wide) gives the bits of 16 x 16."""
+    g, plan = _conv_graph(3, 20, 16, 224, 7, 2, [3, 3, 3, 3])
+    wide, want, m = run_both(g, plan, cache_dir, options=AVX512)
+    narrow, _, m1 = run_both(g, plan, cache_dir, options=AVX512.with_(conv_direct_vectors=1))
+    assert "koff_h16" in m.program.source and "koff_h16" not in m1.program.source
+    assert_close(wide, want)
+    for k in wide:
+        assert np.array_equal(wide[k], narrow[k])
+
+
 # The micro-kernel's own epilogue (``gemm.register_epilogue``) ------------------------------------
 def _pointwise_graph(c, oc, h, w, epilogue="Relu", bias=True, stride=1):
     b = GraphBuilder("pw")
