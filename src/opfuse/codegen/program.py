@@ -46,7 +46,7 @@ from opfuse.ir.plan import FusionPlan
 from opfuse.memory.patch import PATCHED_KIND
 from opfuse.memory.plan import MemoryPlan, plan_memory
 from opfuse.rewrites.float32_compute import needs_float32
-from opfuse.targets import host_simd_isa
+from opfuse.targets import host_full_width_fma, host_simd_isa
 
 if TYPE_CHECKING:
     from opfuse.codegen.mcu import McuSources
@@ -329,7 +329,8 @@ def generate(graph: Graph, plan: FusionPlan | None = None, *, memory: MemoryPlan
     memory = memory if memory is not None else plan_memory(plan)
     options = options or CodegenOptions()
     host_isa = host_simd_isa() if options.vector_isa == "host" and options.platform == "host" else "avx2"
-    builder = ProgramBuilder(graph, plan, memory, options.resolved(host_isa))
+    full_width = host_full_width_fma() if options.platform == "host" else False
+    builder = ProgramBuilder(graph, plan, memory, options.resolved(host_isa, full_width))
     for t, group in enumerate(plan.groups):
         builder.kernel(t, group)
     return builder.finish()
