@@ -21,6 +21,7 @@ built by ``opfuse.compile`` and timed next to its yardstick, measured in the sam
 
     python benchmarks/bench_kernels.py                  # every shape
     python benchmarks/bench_kernels.py --only r18 --repeat 40
+    python benchmarks/bench_kernels.py --only conv1 --set conv_direct_vectors=1   # a CodegenOptions variant
 
 Prints achieved GFLOP/s (GB/s for depthwise) and the fraction of the yardstick per shape, and
 writes ``benchmarks/results/kernels.json``. Calls are interleaved (opfuse, numpy, opfuse, ...)
@@ -356,6 +357,23 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def codegen_options(settings: list[str]):
+    """``CodegenOptions`` with the ``FIELD=VALUE`` settings (None: the defaults)."""
+    from opfuse.codegen.options import CodegenOptions
+    if not settings:
+        return None
+    kw: dict[str, object] = {}
+    for item in settings:
+        key, _, text = item.partition("=")
+        value: object = text
+        if text.lower() in ("true", "false"):
+            value = text.lower() == "true"
+        elif text.lstrip("-").isdigit():
+            value = int(text)
+        kw[key] = value
+    return CodegenOptions(**kw)
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="*", default=[], help="substrings of shape names to run")
@@ -367,6 +385,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--keep-blas-env", action="store_true",
                     help=f"keep {', '.join(BLAS_TUNING_ENVS)} (by default removed before NumPy loads)")
+    ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
+                    help="CodegenOptions fields for every shape (ints, true/false or text), e.g. gemm_mr=12")
     args = ap.parse_args(argv)
     if BLAS_ENV_REMOVED:
         print("OpenBLAS choosing its own kernels: removed " + ", ".join(f"{k}={v}" for k, v in BLAS_ENV_REMOVED.items())
@@ -375,7 +395,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if var in os.environ:
             print(f"warning: {var}={os.environ[var]} is set (--keep-blas-env, or NumPy was loaded before this script) "
                   f"and may slow NumPy's sgemm, the yardstick", file=sys.stderr)
-    options = None
+    options = codegen_options(args.set)
     shapes = [s for s in SHAPES if not args.only or any(o in s.name for o in args.only)]
     peak = sgemm_peak(args.repeat, CLOCKS[args.clock])
     yardsticks = {"peak": square_sgemm(PEAK_N), "copy": memcpy_call()}
@@ -384,7 +404,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows.append(bench_shape(s, repeat=args.repeat, warmup=args.warmup, codegen_options=options,
                                 check=not args.no_check, yardsticks=yardsticks, clock=args.clock))
         print(f"{s.name}: {rows[-1]['opfuse_ms']:.3f} ms", file=sys.stderr)
-    meta = {"host": os.uname().nodename, "cpus": os.cpu_count(), "repeat": args.repeat, "clock": args.clock,
+    meta = {"host": os.uname().nodename, "codegen_options": args.set, "cpus": os.cpu_count(), "repeat": args.repeat,
+            "clock": args.clock,
             "load_average": list(os.getloadavg()), "opfuse_time": "kernel timers",
             "sgemm": peak, "peak_n": PEAK_N, "copy_bytes": COPY_BYTES,
             "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS"), "blas": blas_kernels(),

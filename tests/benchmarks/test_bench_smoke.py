@@ -64,6 +64,22 @@ def test_bench_kernels_smoke(tmp_path):
     assert "r18.ds" in text
 
 
+def test_bench_kernels_options_smoke(tmp_path):
+    """``--set FIELD=VALUE``: a ``CodegenOptions`` variant for every shape, recorded in the JSON."""
+    out = tmp_path / "kernels.json"
+    _run("bench_kernels.py", "--only", "r18.conv1", "--repeat", "1", "--warmup", "0", "--set", "conv_direct_vectors=1",
+         "--out", str(out))
+    data = json.loads(out.read_text())
+    assert data["meta"]["codegen_options"] == ["conv_direct_vectors=1"] and data["shapes"][0]["max_abs_error"] < 1e-4
+
+
+def test_bench_microkernel_smoke():
+    """The micro-kernels alone, checked against a plain loop in the program, one line per (K, block)."""
+    text = _run("bench_microkernel.py", "--blocks", "8x32", "6x16", "--k", "64", "--rounds", "3")
+    lines = [x.split() for x in text.splitlines() if x.strip().startswith("64 ")]
+    assert [x[1] for x in lines] == ["8x32", "6x16"] and all(float(x[2]) > 0 for x in lines)
+
+
 def test_bench_depthwise_smoke(tmp_path):
     pytest.importorskip("onnxruntime")
     out = tmp_path / "depthwise.json"
