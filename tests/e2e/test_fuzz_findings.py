@@ -176,3 +176,16 @@ def test_the_generated_c_sets_no_gcc_optimize_pragma():
     g = b.build(b.op("Relu", b.input("x", (8,))))
     src = generate(g, FusionPlan(g, [FusionGroup("r", list(g.nodes), "single")])).source
     assert "#pragma GCC optimize" not in src
+
+
+def test_grid_sample_taps_outside_an_infinite_pixel_add_zero():
+    """Bicubic GridSample, zeros padding, over a 4x1 plane holding +inf and -inf: the reference read
+    each tap outside the plane at its clipped index and multiplied by 0, so inf * 0 made NaN where
+    onnxruntime and the C backend give +inf (the -inf tap has a negative weight)."""
+    b = GraphBuilder("grid_inf")
+    x = b.input("x", (1, 1, 4, 1))
+    grid = b.const("grid", np.array([[[[-0.7422012, -0.28940257]]]], np.float32))
+    g = b.build(b.op("GridSample", x, grid, mode="bicubic", padding_mode="zeros", align_corners=0))
+    feeds = {"x": np.array([0.38528848, np.inf, -np.inf, -0.29346916], np.float32).reshape(1, 1, 4, 1)}
+    assert np.isposinf(reference.run(g, feeds)[g.outputs[0].name]).all()
+    _agrees(g, feeds)
