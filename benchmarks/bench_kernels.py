@@ -19,15 +19,17 @@ built by ``opfuse.compile`` and timed next to its yardstick, measured in the sam
   ~0.1 ms, longer than its FLOPs take at the peak (0.08 ms), so 85% of the peak is out of reach
   there with caches as cold as the sgemm leaves them.
 
-    OPENBLAS_NUM_THREADS=1 env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \\
-        python benchmarks/bench_kernels.py                  # every shape
+    python benchmarks/bench_kernels.py                  # every shape
     python benchmarks/bench_kernels.py --only r18 --repeat 40
+    python benchmarks/bench_kernels.py --only conv1 --set conv_direct_vectors=1   # a CodegenOptions variant
 
 Prints achieved GFLOP/s (GB/s for depthwise) and the fraction of the yardstick per shape, and
 writes ``benchmarks/results/kernels.json``. Calls are interleaved (opfuse, numpy, opfuse, ...)
 so load changes on a shared machine hit both alike; medians are quoted, of this thread's CPU
 time by default (``--clock wall`` for elapsed time; both are in the JSON). OpenBLAS runs on
-one thread (``OPENBLAS_NUM_THREADS=1`` is set before NumPy loads unless the caller set it).
+one thread (``OPENBLAS_NUM_THREADS=1`` is set before NumPy loads unless the caller set it), with the
+kernels it picks for this CPU: ``OPENBLAS_CORETYPE``, ``OPENBLAS_L2_SIZE`` and ``OPENBLAS_BLOCK_FACTOR``
+are removed before NumPy loads (``--keep-blas-env`` keeps them; the JSON's ``meta`` says which).
 
 opfuse's time is the group's kernel, read from its kernel timer (``CodegenOptions(profile=True)``,
 the thread's CPU time, or the wall clock with ``--clock wall``) on calls whose outputs are allocated
@@ -40,16 +42,23 @@ sgemm at the same shape: 0.136 warm, 0.181 after it), which the table used to re
 from __future__ import annotations
 
 import os
+import sys
+
+from opfuse.yardsticks import BLAS_TUNING_ENVS, blas_kernels  # neither loads NumPy
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# OpenBLAS reads its tuning variables once, when NumPy loads it (below): removed before that, it runs the kernels
+# and block sizes it picks for this CPU, the machine's sgemm peak every shape is set against. --keep-blas-env keeps
+# them (the table then reads against the sgemm they hold).
+BLAS_ENV_REMOVED = ({} if "--keep-blas-env" in sys.argv or "numpy" in sys.modules
+                    else {k: os.environ.pop(k) for k in BLAS_TUNING_ENVS if k in os.environ})
 
 import argparse  # noqa: E402
 import ctypes  # noqa: E402
 import ctypes.util  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -348,6 +357,23 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def codegen_options(settings: list[str]):
+    """``CodegenOptions`` with the ``FIELD=VALUE`` settings (None: the defaults)."""
+    from opfuse.codegen.options import CodegenOptions
+    if not settings:
+        return None
+    kw: dict[str, object] = {}
+    for item in settings:
+        key, _, text = item.partition("=")
+        value: object = text
+        if text.lower() in ("true", "false"):
+            value = text.lower() == "true"
+        elif text.lstrip("-").isdigit():
+            value = int(text)
+        kw[key] = value
+    return CodegenOptions(**kw)
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="*", default=[], help="substrings of shape names to run")
@@ -357,12 +383,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="cpu",
                     help="cpu: this thread's CPU time (robust on a shared machine); wall: elapsed time")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--keep-blas-env", action="store_true",
+                    help=f"keep {', '.join(BLAS_TUNING_ENVS)} (by default removed before NumPy loads)")
+    ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
+                    help="CodegenOptions fields for every shape (ints, true/false or text), e.g. gemm_mr=12")
     args = ap.parse_args(argv)
-    for var in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
+    if BLAS_ENV_REMOVED:
+        print("OpenBLAS choosing its own kernels: removed " + ", ".join(f"{k}={v}" for k, v in BLAS_ENV_REMOVED.items())
+              + " before NumPy loaded (--keep-blas-env keeps them)", file=sys.stderr)
+    for var in BLAS_TUNING_ENVS:
         if var in os.environ:
-            print(f"warning: {var}={os.environ[var]} is set and may slow NumPy's sgemm; unset it for the "
-                  f"yardstick", file=sys.stderr)
-    options = None
+            print(f"warning: {var}={os.environ[var]} is set (--keep-blas-env, or NumPy was loaded before this script) "
+                  f"and may slow NumPy's sgemm, the yardstick", file=sys.stderr)
+    options = codegen_options(args.set)
     shapes = [s for s in SHAPES if not args.only or any(o in s.name for o in args.only)]
     peak = sgemm_peak(args.repeat, CLOCKS[args.clock])
     yardsticks = {"peak": square_sgemm(PEAK_N), "copy": memcpy_call()}
@@ -371,10 +404,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows.append(bench_shape(s, repeat=args.repeat, warmup=args.warmup, codegen_options=options,
                                 check=not args.no_check, yardsticks=yardsticks, clock=args.clock))
         print(f"{s.name}: {rows[-1]['opfuse_ms']:.3f} ms", file=sys.stderr)
-    meta = {"host": os.uname().nodename, "cpus": os.cpu_count(), "repeat": args.repeat, "clock": args.clock,
+    meta = {"host": os.uname().nodename, "codegen_options": args.set, "cpus": os.cpu_count(), "repeat": args.repeat,
+            "clock": args.clock,
             "load_average": list(os.getloadavg()), "opfuse_time": "kernel timers",
             "sgemm": peak, "peak_n": PEAK_N, "copy_bytes": COPY_BYTES,
-            "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS")}
+            "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS"), "blas": blas_kernels(),
+            "blas_env_removed": BLAS_ENV_REMOVED, "blas_env_kept": {k: os.environ[k] for k in BLAS_TUNING_ENVS
+                                                                    if k in os.environ}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "shapes": rows}, indent=1, sort_keys=True))
     print("square sgemm, 1 thread: " + ", ".join(f"n={n} {g:.1f}" for n, g in peak["gflops_by_n"].items())

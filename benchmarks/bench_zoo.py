@@ -119,6 +119,29 @@ def groups_markdown(results: list[dict]) -> str:
                       "|---|---:|---:|---:|---:|---:|---:|---|", *lines]) + "\n"
 
 
+def _span(rows: list[dict], key: str, spec: str) -> str:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return f"{min(values):{spec}} to {max(values):{spec}}" if values else "-"
+
+
+def sgemm_note(ys: list[dict]) -> str:
+    """Where the rows' sgemm yardstick comes from (``opfuse.yardsticks``): OpenBLAS's own kernels for
+    this CPU, and the tuning variables removed for it with what they hold it to (``""`` for results
+    from before this was recorded)."""
+    known = [y for y in ys if "sgemm_env_removed" in y]
+    if not known:
+        return ""
+    kernels = sorted({y["sgemm_blas"] for y in known if y.get("sgemm_blas")})
+    note = f" ({' / '.join(kernels) + ' kernels' if kernels else 'kernels'}: the BLAS's own choice for this CPU"
+    removed = sorted({f"{k}={v}" for y in known for k, v in y["sgemm_env_removed"].items()})
+    if removed:
+        held = sorted({y["sgemm_blas_as_set"] for y in known if y.get("sgemm_blas_as_set")})
+        note += (f", timed in a child process without {', '.join(removed)}, which this environment sets: with them "
+                 f"{_span(known, 'sgemm_gflops_as_set', '.0f')} GFLOP/s"
+                 + (f", {' / '.join(held)} kernels" if held else ""))
+    return note + ")"
+
+
 def report(results: list[dict]) -> str:
     first = results[0]
     ys = [r["yardsticks"] for r in results if r.get("yardsticks")]
@@ -135,9 +158,8 @@ def report(results: list[dict]) -> str:
              + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".", ""]
     if ys:
         parts += [f"Yardsticks timed in the same runs (min to max over the rows): NumPy sgemm n=1024 one thread "
-                  f"{min(y['sgemm_gflops'] for y in ys):.0f} to {max(y['sgemm_gflops'] for y in ys):.0f} GFLOP/s, "
-                  f"np.copyto {min(y['copy_gbps'] for y in ys):.1f} to {max(y['copy_gbps'] for y in ys):.1f} GB/s "
-                  f"(read + write).", ""]
+                  f"{_span(ys, 'sgemm_gflops', '.0f')} GFLOP/s{sgemm_note(ys)}, "
+                  f"np.copyto {_span(ys, 'copy_gbps', '.1f')} GB/s (read + write).", ""]
     parts += [markdown(results)]
     scaling = scaling_markdown(results)
     if scaling:
@@ -147,7 +169,8 @@ def report(results: list[dict]) -> str:
         parts += ["Per-group check (kernel timers, medians; each fused group against the sum of its original ops' "
                   "unfused kernels). Memory-bound: the unfused kernels the cost model's roofline calls memory-bound "
                   "(elementwise, pools, normalisations, reorders); left fused: the memory-bound kernels left "
-                  "standalone plus each fused group's time beyond its compute-bound kernels' unfused time "
+                  "standalone plus each fused group's time beyond its compute-bound kernels' unfused time, summed "
+                  "as measured, below 0 too "
                   "(`opfuse.measure.memory_bound_removed`); removed: 1 - left / unfused, in brackets the 5th to 95th "
                   "percentile of the figure recomputed from 200 resamples of the measured rounds.", "", groups]
     if skipped:

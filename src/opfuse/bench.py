@@ -28,7 +28,9 @@ How it measures, so the numbers survive a shared machine:
   timers, run in turn; each fused group's median against the sum of its original ops' unfused
   kernel medians, and the groups where fusion measured slower named (``group_check``);
 * the yardsticks (one-core NumPy sgemm, ``np.copyto`` bandwidth) are timed in the same run
-  (``opfuse.measure.yardsticks``), and ``other_processes_cores`` says how many cores' worth of
+  (``opfuse.yardsticks``: the sgemm with OpenBLAS choosing its kernels for this CPU, in a child
+  process without the environment's ``OPENBLAS_CORETYPE`` and the like, and the figure they hold
+  it to next to it), and ``other_processes_cores`` says how many cores' worth of
   CPU the rest of the machine took meanwhile (a shared machine's timings read against it).
 
 A peer that is not installed is skipped and named in ``skipped``.
@@ -265,7 +267,7 @@ def bench(model, vs: str | Iterable[str] = PEERS, threads: int | None = None, re
     ``group_repeat`` rounds (default: ``repeat``, at least ``GROUP_CHECK_REPEAT``).
     ``OpfuseError`` for an unknown model or peer and for counts below one."""
     from opfuse.api import load, onnx_proto
-    from opfuse.measure import yardsticks as time_yardsticks
+    from opfuse.yardsticks import yardsticks as time_yardsticks
     from opfuse.runtime.reference import check_inputs, random_inputs
     from opfuse.runtime.threads import default_threads
     peers = parse_peers(vs)

@@ -469,6 +469,7 @@ def _predicted_vs_measured(report: dict) -> str:
     """Per group: predicted and measured time, and the rate achieved (GFLOP/s of its FLOPs or GB/s
     of its boundary bytes) as a share of the machine's yardstick for that rate."""
     from opfuse.measure import achieved_rate
+    from opfuse.yardsticks import describe as describe_yardsticks
     ys = report["yardsticks"]
     peak = {"GFLOP/s": ys["sgemm_gflops"], "GB/s": ys["copy_gbps"]}
     lines = [f"{'group':<28}{'ops':<34}{'predicted':>12}{'measured':>12}{'ratio':>8}{'achieved':>18}"
@@ -492,8 +493,7 @@ def _predicted_vs_measured(report: dict) -> str:
     total = f"whole model: measured {m * 1e3:.3f} ms (median of {report['measured_repeat']} runs, kernel timers on)"
     if p:
         total += f", predicted {p * 1e3:.3f} ms, ratio {m / p:.2f}"
-    yard = (f"yardsticks (timed now): NumPy sgemm n={ys['sgemm_n']} one thread {ys['sgemm_gflops']:.1f} GFLOP/s, "
-            f"np.copyto {ys['copy_gbps']:.1f} GB/s (read + write)")
+    yard = describe_yardsticks(ys)
     notes = ["Winograd groups: rates count the direct convolution's FLOPs (effective GFLOP/s); the cost "
              "model prices them as direct convolutions"] if winograd else []
     return "\n".join(lines + [total, yard] + notes)
@@ -563,7 +563,8 @@ def cmd_compile(args) -> int:
 
 def _measure(comp, repeat: int, before: bool) -> None:
     """``--measure``: kernel timers on; ``before``: also the unfused build, per original op."""
-    from opfuse.measure import measure, measure_before, yardsticks
+    from opfuse.measure import measure, measure_before
+    from opfuse.yardsticks import yardsticks
     measure(comp, repeat=repeat)
     if before:
         measure_before(comp, repeat=repeat)
@@ -663,9 +664,9 @@ def cmd_bench(args) -> int:
     else:
         out = Console()
         (out if out.is_terminal else Console(width=120)).print(_bench_table(result))  # a pipe gets whole rows
-        ys = result["yardsticks"]
-        print(f"yardsticks (timed in this run): NumPy sgemm n={ys['sgemm_n']} one thread {ys['sgemm_gflops']:.1f} "
-              f"GFLOP/s, np.copyto {ys['copy_gbps']:.1f} GB/s (read + write)")
+        if result["yardsticks"] is not None:
+            from opfuse.yardsticks import describe as describe_yardsticks
+            print(describe_yardsticks(result["yardsticks"], "timed in this run"))
         if result["other_processes_cores"] is not None:
             print(f"other processes used {result['other_processes_cores']:.2f} of {os.cpu_count()} cores meanwhile")
         if result["group_check"] is not None:

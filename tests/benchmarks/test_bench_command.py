@@ -201,11 +201,13 @@ def test_memory_bound_removed_charges_each_group_its_time_beyond_its_anchor():
     assert (rows[2]["memory_unfused_s"], rows[2]["memory_left_s"]) == pytest.approx((4e-6, 4.5e-6))
     assert rows[3]["memory_unfused_s"] is None and rows[3]["memory_left_s"] is None
     assert res["unfused_kernels"]["dw"] == {"s": 6e-6, "bound": "memory"}
-    rows[0]["fused_s"] = 9e-6  # the fused conv ran faster than the unfused one: nothing left, not less
-    assert memory_bound_removed(rows, t_unfused, bound)["left_s"] == pytest.approx(5e-6)
+    rows[0]["fused_s"] = 9e-6  # the fused conv ran 1 us faster than the unfused one: it offsets the others' 5
+    assert memory_bound_removed(rows, t_unfused, bound)["left_s"] == pytest.approx(4e-6)
+    assert rows[0]["memory_left_s"] == pytest.approx(-1e-6)
+    rows[0]["fused_s"] = 11e-6
     copy = [*rows, {"group": "split", "fused_s": 2e-6, "unfused_kernels": []}]  # views unfused, a copy fused
     res = memory_bound_removed(copy, t_unfused, bound)
-    assert res["left_s"] == pytest.approx(7e-6) and copy[-1]["memory_left_s"] == 2e-6
+    assert res["left_s"] == pytest.approx(8e-6) and copy[-1]["memory_left_s"] == 2e-6
     # Paired by round: the conv ran 10, 14, 10 us unfused and its group 11, 15, 11 fused: 1 us over it in
     # each round, where the medians (11 and 10) would say 1 too but (15 - 10) had the 14 fallen elsewhere.
     runs = [{"conv": [11e-6, 15e-6, 11e-6]}, {"conv": [10e-6, 14e-6, 10e-6], "bn": [3e-6] * 3, "relu": [2e-6] * 3}]
@@ -216,6 +218,29 @@ def test_memory_bound_removed_charges_each_group_its_time_beyond_its_anchor():
     assert none["removed"] is None and none["unfused_s"] == 0
     gemv = memory_bound_removed(rows[3:], {"fc": 5e-6}, {"fc": "memory"}, contractions={"fc"})  # a classifier
     assert gemv["removed"] is None and gemv["kernels"] == 0 and rows[3]["memory_left_s"] is None
+
+
+def test_memory_bound_removed_sums_the_rows_as_they_are():
+    """Epilogues that cost nothing leave paired differences as often below 0 as above: summed as they are
+    they say nothing is left, where each row held at 0 would have added up to 4 us left (and 20% "removed")."""
+    from opfuse.measure import memory_bound_removed
+    t_unfused, bound, rows = {}, {}, []
+    runs: list[dict[str, list[float]]] = [{}, {}]
+    for i, noise in enumerate((1e-6, -1e-6) * 4):  # the same 10 us conv both sides, +-1 us in each round
+        conv, relu = f"conv{i}", f"relu{i}"
+        t_unfused.update({conv: 10e-6, relu: 1e-6})
+        bound.update({conv: "compute", relu: "memory"})
+        runs[0][conv], runs[1][conv], runs[1][relu] = [10e-6 + noise] * 3, [10e-6] * 3, [1e-6] * 3
+        rows.append({"group": conv, "fused_s": 10e-6 + noise, "unfused_kernels": [conv, relu]})
+    res = memory_bound_removed(rows, t_unfused, bound, runs=runs)
+    assert [r["memory_left_s"] for r in rows] == pytest.approx([1e-6, -1e-6] * 4)
+    assert res["left_s"] == pytest.approx(0.0, abs=1e-12) and res["removed"] == pytest.approx(1.0)
+    assert sum(max(r["memory_left_s"], 0.0) for r in rows) == pytest.approx(4e-6)  # what holding rows at 0 says
+    assert res["interval"]["low"] == pytest.approx(1.0) == res["interval"]["high"]  # every round says the same
+    rows[0]["fused_s"] = runs[0]["conv0"][0] = 7e-6  # 3 us faster than its conv: more than all, within the noise
+    runs[0]["conv0"] = [7e-6] * 3
+    res = memory_bound_removed(rows, t_unfused, bound, runs=runs)
+    assert res["left_s"] == pytest.approx(-4e-6) and res["removed"] == pytest.approx(1.5)
 
 
 def test_group_check_calls_data_movement_memory_bound():

@@ -64,6 +64,22 @@ def test_bench_kernels_smoke(tmp_path):
     assert "r18.ds" in text
 
 
+def test_bench_kernels_options_smoke(tmp_path):
+    """``--set FIELD=VALUE``: a ``CodegenOptions`` variant for every shape, recorded in the JSON."""
+    out = tmp_path / "kernels.json"
+    _run("bench_kernels.py", "--only", "r18.conv1", "--repeat", "1", "--warmup", "0", "--set", "conv_direct_vectors=1",
+         "--out", str(out))
+    data = json.loads(out.read_text())
+    assert data["meta"]["codegen_options"] == ["conv_direct_vectors=1"] and data["shapes"][0]["max_abs_error"] < 1e-4
+
+
+def test_bench_microkernel_smoke():
+    """The micro-kernels alone, checked against a plain loop in the program, one line per (K, block)."""
+    text = _run("bench_microkernel.py", "--blocks", "8x32", "6x16", "--k", "64", "--rounds", "3")
+    lines = [x.split() for x in text.splitlines() if x.strip().startswith("64 ")]
+    assert [x[1] for x in lines] == ["8x32", "6x16"] and all(float(x[2]) > 0 for x in lines)
+
+
 def test_bench_depthwise_smoke(tmp_path):
     pytest.importorskip("onnxruntime")
     out = tmp_path / "depthwise.json"
@@ -120,3 +136,12 @@ def test_bench_scaling_ab_smoke(tmp_path):
     row = json.loads(out.read_text())[0]
     assert {"cache blocking", "balanced"} <= row.keys() and "balanced" in printed
     assert all(row[k]["ms_1"] > 0 and len(row[k]["cpu_ms"]) == 2 for k in ("cache blocking", "balanced"))
+
+
+def test_bench_memory_aa_smoke(tmp_path):
+    out = tmp_path / "aa.json"
+    text = _run("bench_memory_aa.py", "ds_cnn", "--repeat", "2", "--out", str(out))
+    [row] = json.loads(out.read_text())
+    assert row["model"] == "ds_cnn" and row["rows"] > 0 and row["memory_unfused_s"] > 0
+    assert row["rows_held_at_0_s"] >= row["rows_summed_s"] and row["left_s"] == row["rows_summed_s"]
+    assert "ds_cnn:" in text

@@ -182,9 +182,10 @@ def test_register_fit_rules():
 
 # The micro-kernels alone, compiled three ways ----------------------------------------------------
 HARNESS = "#include <stdint.h>\n#define OPFUSE_PRAGMA(x) _Pragma(#x)\n"
-KERNELS = [(8, 32, "packed", "packed"), (8, 32, "koff", "packed"), (8, 32, "rows", "strided"),
-           (12, 32, "packed", "strided"), (6, 48, "packed", "packed"), (16, 16, "packed", "koff"),
-           (6, 16, "packed", "koff")]
+# (MR, NR, A access, B access, B's pieces: ``b_split``)
+KERNELS = [(8, 32, "packed", "packed", 0), (8, 32, "koff", "packed", 0), (8, 32, "rows", "strided", 0),
+           (12, 32, "packed", "strided", 0), (6, 48, "packed", "packed", 0), (16, 16, "packed", "koff", 0),
+           (6, 16, "packed", "koff", 0), (8, 32, "packed", "koff", 16), (10, 32, "packed", "koff", 16)]
 
 
 def _compile(tmp_path: Path, text: str, flags: list[str], tag: str) -> ctypes.CDLL:
@@ -202,8 +203,9 @@ def _compile(tmp_path: Path, text: str, flags: list[str], tag: str) -> ctypes.CD
     return ctypes.CDLL(str(lib))
 
 
-def _call(lib, fn: str, mr: int, nr: int, a_mode: str, b_mode: str, kc: int, load_c: bool):
-    """Run one micro-kernel on random operands; (result, NumPy's)."""
+def _call(lib, fn: str, mr: int, nr: int, a_mode: str, b_mode: str, kc: int, load_c: bool, split: int = 0):
+    """Run one micro-kernel on random operands; (result, NumPy's). ``split``: B's rows in two pieces, the
+    second ``ldb`` floats past the first (past all the first pieces)."""
     A = rng.standard_normal((mr, kc)).astype(np.float32)
     ldb = nr + 5 if b_mode == "strided" else nr
     B = rng.standard_normal((kc, ldb)).astype(np.float32)
@@ -235,9 +237,14 @@ def _call(lib, fn: str, mr: int, nr: int, a_mode: str, b_mode: str, kc: int, loa
     if b_mode == "koff":  # row k of B at b + koff[k]: rows in a shuffled order, a gap between them
         step = nr + 7
         order = rng.permutation(kc)
-        b_arg = np.zeros(kc * step, dtype=np.float32)
+        b_arg = np.zeros(kc * step * (2 if split else 1) + 11, dtype=np.float32)
+        ldb = kc * step + 11 if split else ldb
         for k in range(kc):
-            b_arg[order[k] * step:order[k] * step + nr] = B[k, :nr]
+            if split:  # the second piece of row k is ldb floats past its first
+                b_arg[order[k] * step:order[k] * step + split] = B[k, :split]
+                b_arg[order[k] * step + ldb:order[k] * step + ldb + nr - split] = B[k, split:nr]
+            else:
+                b_arg[order[k] * step:order[k] * step + nr] = B[k, :nr]
         koff[:kc] = order * step
         koff[kc:] = koff[kc - 1]
     f = getattr(lib, fn)
@@ -260,12 +267,12 @@ def test_micro_kernels_compiled_each_way_match_numpy(isa, tmp_path):
         pytest.skip("not an x86-64 host: no AVX2 or AVX-512 to compile for")
     flags = {"avx512": ["-march=native"], "avx2": ["-march=native", "-mno-avx512f"], "plain": []}[isa]
     texts, names = [], []
-    for mr, nr, a, b in KERNELS:
-        fn, text = microkernel(mr, nr, a, b, "auto", 16, False, avx512=True)
+    for mr, nr, a, b, split in KERNELS:
+        fn, text = microkernel(mr, nr, a, b, "auto", 16, False, avx512=True, b_split=split)
         names.append(fn)
         texts.append(text)
     lib = _compile(tmp_path, "\n".join(texts).replace("static void", "void"), flags, isa)
-    for (mr, nr, a, b), fn in zip(KERNELS, names, strict=True):
+    for (mr, nr, a, b, split), fn in zip(KERNELS, names, strict=True):
         for kc, load_c in ((37, False), (5, True), (1, True)):
-            got, want = _call(lib, fn, mr, nr, a, b, kc, load_c)
+            got, want = _call(lib, fn, mr, nr, a, b, kc, load_c, split)
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(kc), err_msg=f"{fn} kc={kc}")

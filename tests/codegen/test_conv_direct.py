@@ -67,6 +67,8 @@ CASES = [
     (3, 40, 70, 64, 7, 2, [3, 3, 3, 3], 1, "Add", 1),      # resnet's 7x7 stem (K = 147)
     (2, 17, 40, 32, 3, 1, [2, 2, 2, 2], 2, "Relu", 1),     # dilation 2, 17 channels
     (4, 16, 47, 48, 3, 3, [0, 1, 0, 0], 1, "none", 1),     # stride 3, no epilogue, padding on one side
+    (3, 20, 16, 224, 7, 2, [3, 3, 3, 3], 1, "Relu", 1),    # 112 wide: 32-position panels in two pieces
+    (3, 16, 48, 96, 3, 2, [1, 1, 1, 1], 1, "Clip", 2),     # 48 wide: every other panel's pieces in two rows
 ]
 
 
@@ -230,6 +232,11 @@ def test_refused_convolutions_take_the_windows_kernel(cache_dir):
 
 
 def test_register_block():
+    assert direct_block(AVX512.resolved("avx512"), 64, wide=True) == (8, 32)   # the least padding, not 14 rows
+    assert direct_block(AVX512.resolved("avx512"), 20, wide=True) == (10, 32)
+    assert direct_block(AVX512.resolved("avx512"), 4, wide=True) == (8, 32)    # at least 8 rows
+    assert direct_block(AVX512.resolved("avx512").with_(conv_direct_vectors=1), 32, wide=True) == (16, 16)
+    assert direct_block(AVX2.resolved("avx2"), 32, wide=True) == (6, 16)
     assert direct_block(AVX512.resolved("avx512"), 32) == (16, 16)
     assert direct_block(AVX512.resolved("avx512"), 8) == (8, 16)   # at least 8 zmm chains
     assert direct_block(AVX2.resolved("avx2"), 32) == (6, 16)
@@ -237,6 +244,30 @@ def test_register_block():
     assert direct_block(AVX2.resolved("avx2"), 8, least_padding=True) == (4, 16)  # a group's 8 channels
     assert direct_block(AVX2.resolved("avx2"), 24, least_padding=True) == (6, 16)
     assert direct_block(AVX512.resolved("avx512"), 8, least_padding=True) == (8, 16)
+
+
+@pytest.mark.parametrize("h, w, block", [(16, 224, "10x32_packed_koff_h16"), (48, 96, "10x32_packed_koff_h16"),
+                                         (32, 64, "10x32_packed_koff_pf"), (30, 32, "16x16_packed_koff_pf")])
+def test_wide_block_where_its_panels_are_whole(h, w, block):
+    """The 32-position block with the AVX-512 body: in two pieces where 32 does not divide the output width
+    (112, 48) but the positions are whole panels, in one where it divides it; 16 wide where 15 rows of 16
+    would leave a part panel (its second piece past the band)."""
+    g, plan = _conv_graph(3, 20, h, w, 3, 2, [1, 1, 1, 1])
+    source = generate(g, plan, options=AVX512).source
+    assert f"opfuse_ukr_{block}" in source
+    assert "koff_h16" not in generate(g, plan, options=AVX512.with_(conv_direct_vectors=1)).source
+
+
+def test_wide_block_same_bits_as_the_narrow_one(cache_dir):
+    """Each output sums its products in increasing k with one FMA each whatever the block: 10 x 32 in pieces
+    (112 wide) gives the bits of 16 x 16."""
+    g, plan = _conv_graph(3, 20, 16, 224, 7, 2, [3, 3, 3, 3])
+    wide, want, m = run_both(g, plan, cache_dir, options=AVX512)
+    narrow, _, m1 = run_both(g, plan, cache_dir, options=AVX512.with_(conv_direct_vectors=1))
+    assert "koff_h16" in m.program.source and "koff_h16" not in m1.program.source
+    assert_close(wide, want)
+    for k in wide:
+        assert np.array_equal(wide[k], narrow[k])
 
 
 # The micro-kernel's own epilogue (``gemm.register_epilogue``) ------------------------------------

@@ -89,6 +89,24 @@ def test_results_do_not_depend_on_threads(cache_dir):
         assert np.array_equal(one[k], two[k])
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_band_staged_once_per_row_block(threads, cache_dir):
+    """Several channel tiles per block of positions (600 channels at 5x5, 2 images): each thread copies a
+    block's band once (``gemm_reuse_band``), the key set before the loop; the same bits as a copy per tile,
+    also with a prologue whose values fill the band."""
+    b = GraphBuilder("bands")
+    x = b.input("x", (2, 12, 5, 5))
+    y = b.op("Conv", b.op("Relu", x, name="pre"), _w(b, 600, 12, 3, 3), _w(b, 600), pads=[1, 1, 1, 1], name="conv")
+    g = b.build(y)
+    plan = group_by_names(g, [("conv_epilogue", ["pre", "conv"])])
+    got, want, m = run_both(g, plan, cache_dir, threads=threads)
+    old, _, m0 = run_both(g, plan, cache_dir, threads=threads, options=CodegenOptions(gemm_reuse_band=False))
+    assert "= -1;" in m.program.source and "= -1;" not in m0.program.source
+    assert_close(got, want)
+    for k in got:
+        assert np.array_equal(got[k], old[k])
+
+
 def test_portable_micro_kernels_match_the_avx2_ones(cache_dir):
     """The plain C99 build (what the Cortex-M7 uses) and the intrinsics build of one model agree
     with each other and with the reference. They are not bitwise equal: the intrinsics round

@@ -93,7 +93,9 @@ def test_resolved_names_a_concrete_isa_and_its_register_block(isa, host, want):
     opts = CodegenOptions(vector_isa=isa).resolved(host)
     assert opts.vector_isa == want
     assert (opts.gemm_mr, opts.gemm_nr) == REGISTER_BLOCKS[want]
-    assert opts.with_(vector_isa=isa, gemm_mr=0, gemm_nr=0) == CodegenOptions(vector_isa=isa)  # nothing else moved
+    assert opts.winograd_avx512 is False  # None resolves to the host's FMA width, here not given: off
+    # nothing else moved
+    assert opts.with_(vector_isa=isa, gemm_mr=0, gemm_nr=0, winograd_avx512=None) == CodegenOptions(vector_isa=isa)
 
 
 @pytest.mark.parametrize("isa", ["host", "avx512", "neon"])

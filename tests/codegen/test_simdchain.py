@@ -11,6 +11,7 @@ import pytest
 from cg_support import assert_close, assert_relu_keeps_nan_and_negative_zero
 from opfuse.codegen import CodegenOptions, generate
 from opfuse.codegen import simdchain
+from opfuse.errors import OpfuseError
 from opfuse.ir.plan import FusionGroup, FusionPlan
 from opfuse.ops import GraphBuilder
 from opfuse.runtime import reference
@@ -311,3 +312,49 @@ def test_constant_operands_along_the_loop_are_read_per_lane(cache_dir):
     for options in (AVX512, AVX2):
         assert "_loadu_ps" in generate(g, plan, options=options).source
         assert _same_bits(_outputs(g, plan, feeds, options, cache_dir), want), options
+
+
+def _silu_chain(n: int):
+    """x -> Mul -> Silu -> Add: a Silu inside a chain, its input computed in the first pass."""
+    b = GraphBuilder("silu_chain")
+    x = b.input("x", (n,))
+    y = b.op("Add", b.op("Silu", b.op("Mul", x, b.const("k", np.float32(1.5)))), x)
+    return b.build(y)
+
+
+@pytest.mark.parametrize("chain", ["chain8", "silu"])
+def test_staged_blocks_are_the_one_pass_bits(chain, cache_dir):
+    """``simd_stage_block``: a chain with one Sigmoid (Silu) runs whole blocks in two passes (its input and
+    exp(-|x|) into L1 buffers, then the division and the rest), the vectors after the last block in one pass:
+    bitwise the one-pass loop and the C loop, with and without streaming stores, AVX-512 and AVX2, 1 and 2
+    threads, at blocks that divide the unrolled step and one that does not (48 floats: 3 AVX-512 vectors)."""
+    n = 3 * 512 + 4 * 16 + 5  # three blocks, leftover vectors, a scalar remainder
+    g = _chain(n, True) if chain == "chain8" else _silu_chain(n)
+    plan = _one_kernel(g)
+    feeds = {"x": _values(n)}
+    want = _outputs(g, plan, feeds, GCC, cache_dir)
+    for base in (AVX512, AVX2, STREAM, STREAM_AVX2):
+        one_pass = generate(g, plan, options=base.with_(simd_stage_block=0)).source
+        assert "sigmoidf_tail" not in one_pass
+        assert _same_bits(_outputs(g, plan, feeds, base.with_(simd_stage_block=0), cache_dir), want)
+        for block in (512, 48):
+            options = base.with_(simd_stage_block=block)
+            assert "sigmoidf_tail(" in generate(g, plan, options=options).source
+            for threads in (1, 2):
+                assert _same_bits(_outputs(g, plan, feeds, options, cache_dir, threads), want), (base, block, threads)
+
+
+def test_stages_only_a_lone_sigmoid_of_a_dense_loop():
+    """Two Sigmoids (or none) keep one pass; so does a loop nest with a broadcast operand (outer loops)."""
+    b = GraphBuilder("two")
+    x = b.input("x", (4096,))
+    g = b.build(b.op("Sigmoid", b.op("Sigmoid", x)))
+    assert "sigmoidf_tail" not in generate(g, _one_kernel(g), options=AVX512).source
+    g = _chain(4096, False)
+    assert "sigmoidf_tail" not in generate(g, _one_kernel(g), options=AVX512).source
+    b = GraphBuilder("rows")
+    x = b.input("x", (8, 1024))
+    g = b.build(b.op("Sigmoid", b.op("Mul", x, b.input("s", (8, 1)))))
+    assert "sigmoidf_tail" not in generate(g, _one_kernel(g), options=AVX512).source
+    with pytest.raises(OpfuseError, match="simd_stage_block"):
+        CodegenOptions(simd_stage_block=40)

@@ -129,33 +129,3 @@ def _vector_loop_instructions(so) -> int:
             if 2 * sum("ymm" in x[2] or "zmm" in x[2] for x in body) >= len(body):
                 loops.append(len(body))
     return min(loops, default=0)
-
-
-def test_elementwise_chain_of_selects_is_not_jump_threaded(tmp_path):
-    """The preamble turns gcc's jump threading off: with it, Relu, LeakyRelu and Clip in one loop came
-    out as chains of compares and masks that made an 8-op chain on 16M floats compute-bound (35
-    instructions per 16 floats instead of 26 with AVX-512, gcc 12). The same C with the pragma taken
-    out compiles to a longer vector loop. (The C loop, as a chain the intrinsics do not take compiles:
-    ``simd_elementwise=False``; test_simdchain counts the intrinsics' loop.)"""
-    import shutil
-    if shutil.which("objdump") is None:
-        pytest.skip("needs objdump")
-    b = GraphBuilder("selects")
-    x = b.input("x", (4096,))
-    y = b.op("Add", b.op("Mul", x, b.const("h", np.float32(0.5))), b.const("q", np.float32(0.25)))
-    y = b.op("LeakyRelu", b.op("Sub", b.op("Relu", y), b.const("one", np.float32(1.0))), alpha=0.1)
-    y = b.op("HardSwish", b.op("Clip", b.op("Mul", y, x), b.const("lo", np.float32(-2)), b.const("hi", np.float32(2))))
-    g = b.build(y)
-    src = generate(g, FusionPlan(g, [FusionGroup("chain", list(g.nodes), "elementwise")]),
-                   options=CodegenOptions(simd_elementwise=False)).source
-    pragma = '#pragma GCC optimize("no-thread-jumps")'
-    assert pragma in src
-    _vector_report(src, tmp_path)  # skips without gcc
-    tc = Toolchain.detect()
-    counts = []
-    for name, text in (("with", src), ("without", src.replace(pragma, ""))):
-        (tmp_path / f"{name}.c").write_text(text)
-        subprocess.run([tc.cc, *tc.flags, "-o", str(tmp_path / f"{name}.so"), str(tmp_path / f"{name}.c")],
-                       check=True, capture_output=True)
-        counts.append(_vector_loop_instructions(tmp_path / f"{name}.so"))
-    assert 0 < counts[0] < counts[1], counts

@@ -84,6 +84,8 @@ CASES = {
     # the first and last outside the image). The band copy's "outside: zero the row, continue"
     # was miscompiled by gcc 12.2 -O3 -march=native (in-image rows zeroed): errors ~1e21.
     "batch2-band-12-rows": (2, 64, 64, 10, 14, [1, 1, 1, 1]),
+    # 16 F(4x4) tiles (14x14): with the AVX-512 block on, 67 channels in one zmm of tiles, 14 x 16 (70 rows)
+    "zmm-panels-14x14": (1, 40, 67, 14, 14, [1, 1, 1, 1]),
 }
 
 
@@ -192,6 +194,20 @@ def test_portable_winograd_matches_the_vectorised_one(cache_dir):
         assert_close(portable, want)
         assert_close(simd, want)
         assert_close(simd, portable)
+
+
+def test_avx512_blocks_same_bits_as_avx2s(cache_dir):
+    """The batched GEMMs sum each output in increasing k with one FMA a product whatever the block: 8 x 32 and
+    MR x 16 in zmm (``winograd_avx512``, ``winograd_zmm_panels``) give the bits of AVX2's 6 x 16."""
+    for case in ((1, 40, 67, 14, 14, [1, 1, 1, 1]), (1, 64, 64, 40, 36, [1, 1, 1, 1])):
+        g, plan = conv_block(*case)
+        wide, want, m = run_both(g, plan, cache_dir, options=CodegenOptions(vector_isa="avx512", winograd_avx512=True))
+        ymm, _, m2 = run_both(g, plan, cache_dir, options=CodegenOptions(vector_isa="avx512", winograd_avx512=False))
+        assert "Winograd GEMMs 'node_conv': 6x16" in m2.program.source
+        assert "Winograd GEMMs 'node_conv': 6x16" not in m.program.source
+        assert_close(wide, want)
+        for k in wide:
+            assert np.array_equal(wide[k], ymm[k])
 
 
 def test_portable_build_keeps_the_direct_kernel_by_default():

@@ -13,6 +13,7 @@ from opfuse.codegen import CodegenOptions
 from opfuse.codegen.winograd import (F2, _block_rows, _register_block, _solve, _tiles_per_block, direct_flops,
                                      filter_transform, legality, toom_cook)
 from opfuse.ops import GraphBuilder
+from opfuse.targets.calibrate import full_width_fma_of
 
 H = Fraction(1, 2)
 
@@ -88,17 +89,39 @@ def test_legality_refusals():
 
 def test_register_block_of_the_batched_gemms():
     """AVX2: the options' block. AVX-512 without ``winograd_avx512``: AVX2's 6 x 16. With it, the 8 x 32
-    block only where it pads no more: 64 -> 64 channels, F(4x4) (alpha 6, 36 x 128 floats a tile).
+    block only where it pads no more, else MR x 16 in zmm (``winograd_zmm_panels``): 64 -> 64 channels, F(4x4)
+    (alpha 6, 36 x 128 floats a tile).
     16 tiles (14x14): 8 x 32 takes one block of 16 tiles padded to 32, 32 x 64 = 2048 products per xi;
-    6 x 16 one block of 16, 16 x 66 = 1056: AVX2. 64 tiles (32x32): 8 x 32 two blocks of 32, 64 x 64 =
-    4096; 6 x 16 four blocks (``gemm_min_tiles``) of 16, 64 x 66 = 4224: AVX-512."""
+    6 x 16 one block of 16, 16 x 66 = 1056: not 8 x 32, but 16 x 16 in zmm (16 x 64). 64 tiles (32x32):
+    8 x 32 two blocks of 32, 64 x 64 = 4096; 6 x 16 four blocks (``gemm_min_tiles``) of 16, 64 x 66 = 4224:
+    AVX-512."""
     avx2 = CodegenOptions(vector_isa="avx2").resolved("avx2")
     assert _register_block(avx2, 64, 64, 64, 1, 6) == (6, 16, False)
     avx512 = CodegenOptions(vector_isa="avx512").resolved("avx512")
     assert _register_block(avx512, 64, 64, 64, 1, 6) == (6, 16, False)
     wide = avx512.with_(winograd_avx512=True)
-    assert _register_block(wide, 64, 64, 16, 1, 6) == (6, 16, False)
+    assert _register_block(wide, 64, 64, 16, 1, 6) == (16, 16, True)   # one zmm of tiles, 16 rows (64 channels)
+    assert _register_block(wide, 64, 24, 16, 1, 6) == (12, 16, True)   # the rows that pad 24 channels least
+    assert _register_block(wide.with_(winograd_zmm_panels=False), 64, 64, 16, 1, 6) == (6, 16, False)
     assert _register_block(wide, 64, 64, 64, 1, 6) == (8, 32, True)
+
+
+def test_avx512_block_follows_the_hosts_fma_width():
+    """``winograd_avx512`` None (the default) resolves to whether the host's FMA pipes are zmm-wide (Zen 5 on,
+    ``full_width_fma_of``); an explicit value wins; the plain C and the AVX2 block never take it."""
+    o = CodegenOptions(vector_isa="avx512")
+    assert o.winograd_avx512 is None
+    assert o.resolved("avx512", full_width_fma=True).winograd_avx512 is True
+    assert o.resolved("avx512").winograd_avx512 is False
+    assert o.with_(winograd_avx512=False).resolved("avx512", full_width_fma=True).winograd_avx512 is False
+    assert o.with_(winograd_avx512=True).resolved("avx512").winograd_avx512 is True
+    assert _register_block(o.resolved("avx512", True), 64, 64, 64, 1, 6) == (8, 32, True)
+    assert _register_block(CodegenOptions(vector_isa="avx2").resolved("avx2", True), 64, 64, 64, 1, 6)[2] is False
+    assert full_width_fma_of("AuthenticAMD", "26", "fma avx2 avx512f avx512bw")       # Zen 5
+    assert not full_width_fma_of("AuthenticAMD", "25", "fma avx2 avx512f avx512bw")   # Zen 4: two halves
+    assert not full_width_fma_of("AuthenticAMD", "26", "fma avx2")                    # no AVX-512F
+    assert not full_width_fma_of("GenuineIntel", "6", "fma avx2 avx512f")             # not known here
+    assert not full_width_fma_of("", "", "")
 
 
 def test_tiles_per_block():

@@ -153,3 +153,39 @@ def test_reduce_log_sum_exp_over_an_axis_of_one(dt):
     x = b.input("x", (2, 1), dt)
     g = b.build(b.op("ReduceLogSumExp", x, axes=[-1], keepdims=1))
     _agrees(g, {"x": np.array([[0.5], [-3.0]], dt)})
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.int64])
+def test_constant_pad_reads_its_input_where_gcc_vectorises_the_loop(dt):
+    """Pad 2x12x3 by (1, 2, 2) before and (0, 1, 2) after: 24 of the 72 copied values came out as
+    whatever lay elsewhere in memory. The preamble's ``#pragma GCC optimize("no-thread-jumps")`` made
+    gcc 12's loop vectoriser (-O3, AVX2 or AVX-512) miscompile the kernel's masked loads; the pragma
+    is gone. Every value of the input is distinct, so a misplaced read cannot pass."""
+    b = GraphBuilder("pad_vect")
+    x = b.input("x", (2, 12, 3), dt)
+    g = b.build(b.op("Pad", x, b.const("pads", np.array([1, 2, 2, 0, 1, 2], np.int64))))
+    _agrees(g, {"x": (np.arange(72) + 1).reshape(2, 12, 3).astype(dt)})
+
+
+def test_the_generated_c_sets_no_gcc_optimize_pragma():
+    """``#pragma GCC optimize`` changes gcc's options for everything after it, in ways gcc's own manual
+    calls unfit for production code; one of them broke the Pad above. The flags are the toolchain's."""
+    from opfuse.codegen import generate
+    from opfuse.ir.plan import FusionGroup, FusionPlan
+    b = GraphBuilder("pragma")
+    g = b.build(b.op("Relu", b.input("x", (8,))))
+    src = generate(g, FusionPlan(g, [FusionGroup("r", list(g.nodes), "single")])).source
+    assert "#pragma GCC optimize" not in src
+
+
+def test_grid_sample_taps_outside_an_infinite_pixel_add_zero():
+    """Bicubic GridSample, zeros padding, over a 4x1 plane holding +inf and -inf: the reference read
+    each tap outside the plane at its clipped index and multiplied by 0, so inf * 0 made NaN where
+    onnxruntime and the C backend give +inf (the -inf tap has a negative weight)."""
+    b = GraphBuilder("grid_inf")
+    x = b.input("x", (1, 1, 4, 1))
+    grid = b.const("grid", np.array([[[[-0.7422012, -0.28940257]]]], np.float32))
+    g = b.build(b.op("GridSample", x, grid, mode="bicubic", padding_mode="zeros", align_corners=0))
+    feeds = {"x": np.array([0.38528848, np.inf, -np.inf, -0.29346916], np.float32).reshape(1, 1, 4, 1)}
+    assert np.isposinf(reference.run(g, feeds)[g.outputs[0].name]).all()
+    _agrees(g, feeds)

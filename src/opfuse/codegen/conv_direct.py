@@ -42,14 +42,21 @@ from opfuse.codegen.index import Index, add, delinearize, mul
 from opfuse.codegen.microkernel import fits_avx2, fits_avx512
 
 
-def direct_block(o, channels: int, least_padding: bool = False) -> tuple[int, int]:
+def direct_block(o, channels: int, least_padding: bool = False, wide: bool = False) -> tuple[int, int]:
     """MR x NR of the direct kernel: NR = ``conv_direct_nr`` positions (one zmm, or two ymm), and
     MR output channels: with the AVX-512 body, up to ``conv_direct_mr`` accumulators (fewer where the
     layer has fewer channels, but at least enough rows to hide the FMA latency); else the AVX2
     block's rows for that NR (6 x 16: 12 ymm), or with ``least_padding`` (a group's few channels) the
     rows that pad the channels least, the more on a tie (8 channels: 4 x 16; the 32-group layer's
-    6-row blocks, a third of their rows padding, took 1.38x the time of 4-row ones, alone in C)."""
+    6-row blocks, a third of their rows padding, took 1.38x the time of 4-row ones, alone in C).
+    ``wide`` (the caller's ``wide_direct_block``): with the AVX-512 body, ``conv_direct_vectors`` x NR
+    positions and the rows, from 8 up to ``conv_direct_mr`` and what fits the registers, that pad the
+    channels least (the more on a tie): 64 channels 8 x 32, not 14 x 32 (70 rows)."""
     nr = o.conv_direct_nr
+    if wide and wide_direct_block(o):
+        nr *= o.conv_direct_vectors
+        fits = [r for r in range(MIN_WIDE_ROWS, o.conv_direct_mr + 1) if fits_avx512(r, nr)]
+        return min(fits, key=lambda r: (-(-channels // r) * r, -r)), nr
     if o.simd == "auto" and o.vector_isa == "avx512" and fits_avx512(o.conv_direct_mr, nr):
         rounded = -(-channels // 2) * 2
         mr = max(8, min(o.conv_direct_mr, rounded))
@@ -60,6 +67,18 @@ def direct_block(o, channels: int, least_padding: bool = False) -> tuple[int, in
     if least_padding:
         return min(fits, key=lambda r: (-(-channels // r) * r, -r)), nr
     return max(fits), nr
+
+
+# Fewest rows of the wide block (``direct_block``): 8 rows of 2 zmm are 16 multiply-add chains, past the
+# FMA latency (4) times the pipes (2 on Zen 5).
+MIN_WIDE_ROWS = 8
+
+
+def wide_direct_block(o) -> bool:
+    """Whether the direct kernel's block may be ``conv_direct_vectors`` (2) vectors of ``conv_direct_nr``
+    positions wide: the AVX-512 body (two zmm of B a k step, so a broadcast of A feeds two multiply-adds)."""
+    return o.simd == "auto" and o.vector_isa == "avx512" and o.conv_direct_vectors == 2 and \
+        o.conv_direct_mr >= MIN_WIDE_ROWS and fits_avx512(MIN_WIDE_ROWS, o.conv_direct_nr * 2)
 
 
 # Fewest output channels per group for the direct kernel: the AVX-512 block has at least 8 rows (enough FMA
@@ -191,6 +210,15 @@ class PhaseBand(ColAccess):
         SH, SW = self.geo.strides
         return f"{self.base} + (({n}) / {OW} - {self.first_row}) * {SH * SW * self.phase_len} + ({n}) % {OW}"
 
+    def split_ldb(self, b: str, n: str) -> str:
+        """From the panel at ``n`` to its second piece (``split`` positions on): ``split`` floats in the
+        same output row, else the next row's start in the band (a row's pieces are whole: ``split``
+        divides the output width)."""
+        OW = self.node.outputs[0].shape[3]
+        SH, SW = self.geo.strides
+        step = SH * SW * self.phase_len - OW + self.split
+        return f"((({n}) + {self.split}) % {OW} == 0 ? {step} : {self.split})"
+
 
 class ShiftedBand(ColAccess):
     """B of the direct kernel where panels cross output rows (see the module docstring): per tile, plane
@@ -299,13 +327,22 @@ def direct_problem(kc, ev, node, geo, weights: np.ndarray, finish_bias, group: i
 
     a_op = Operand(no_load, static=weights.astype(np.float32).reshape(G, mg, K),
                    batch_expr=(lambda b: f"({b} % {G})") if G > 1 else (lambda b: "0"))
-    mr, nr = direct_block(o, mg, least_padding=G > 1)
-    band = ShiftedBand(kc, ev, node, geo, G, nr) if row_crossing(node, geo, o) else PhaseBand(kc, ev, node, geo, G)
+    crossing = row_crossing(node, geo, o)
+    # The wide block where its panels are whole: across rows (``ShiftedBand``: a part last panel is read
+    # from the band's zeroed tail), else rows a multiple of its width, or an even count of pieces (two of
+    # ``conv_direct_nr`` positions, in one row each).
+    OW = out_sp[1]
+    wide_nr = o.conv_direct_nr * o.conv_direct_vectors
+    wide = wide_direct_block(o) and (crossing or OW % wide_nr == 0 or P % wide_nr == 0)
+    mr, nr = direct_block(o, mg, least_padding=G > 1, wide=wide)
+    band = ShiftedBand(kc, ev, node, geo, G, nr) if crossing else PhaseBand(kc, ev, node, geo, G)
+    if not crossing and OW % nr:
+        assert nr == 2 * o.conv_direct_nr, (nr, o.conv_direct_nr)
+        band.split = o.conv_direct_nr
     b_op = Operand(no_load, cols=band)
     # The C tile (all the channels x NC positions) within ``conv_direct_tile_floats``: it stays in L1
     # between the micro-kernel's stores and the epilogue's loads. Whole output rows where one fits
     # (the band's rows then overlap the next tile's only by the window's extra rows).
-    OW = out_sp[1]
     nc = max(nr, o.conv_direct_tile_floats // (-(-mg // mr) * mr) // nr * nr)
     if nc >= OW:
         nc = nc // OW * OW

@@ -25,6 +25,7 @@ where a tile has many.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -96,15 +97,30 @@ class ConvWindows(RowAccess):
                    f"{mul(add(mul(img, C), mul(g, cg)), H * W)};")
             return
         OW = self.node.outputs[0].shape[3]
-        SH, PT, PL = self.geo.strides[0], self.geo.pads_begin[0], self.geo.pads_begin[1]
-        Wp, R = self.row_len, self.rows
+        SH = self.geo.strides[0]
         self.first_row = kc.tmp("oh0")
-        nrows, c, r, ih, dst, iw = (kc.tmp(n) for n in ("nrows", "c", "r", "ih", "dst", "iw"))
+        nrows = kc.tmp("nrows")
         w.line(f"float* restrict {self.base} = {kc.scratch_ptr('float', self.offset)};")
         w.line(f"const long {self.first_row} = {m0} / {OW};")
         # The tile's output rows span, times the stride, plus the window's rows.
         w.line(f"const long {nrows} = (({m0} + {mc} - 1) / {OW} - {self.first_row}) * {SH} + "
                f"{(self.geo.kernel[0] - 1) * self.geo.dilations[0] + 1};")
+        with contextlib.ExitStack() as guard:
+            if self.reuse is not None:  # this thread's band already holds these rows: no copy
+                staged, key = self.reuse
+                guard.enter_context(w.block(f"if ({staged} != {key})"))
+                w.line(f"{staged} = {key};")
+            self._copy_rows(kc, ev, b, nrows)
+
+    def _copy_rows(self, kc, ev, b: str, nrows: str) -> None:
+        """The band's rows: input rows ``first_row * SH - PT`` on, zero outside the input and in the padding."""
+        w = kc.w
+        G, cg = self.group, self.cg
+        _, C, H, W = self.x.shape
+        img, g = (f"({b} / {G})", f"({b} % {G})") if G > 1 else (b, "0")
+        SH, PT, PL = self.geo.strides[0], self.geo.pads_begin[0], self.geo.pads_begin[1]
+        Wp, R = self.row_len, self.rows
+        c, r, ih, dst, iw = (kc.tmp(n) for n in ("c", "r", "ih", "dst", "iw"))
         with w.block(f"for (long {c} = 0; {c} < {cg}; ++{c})"):
             ch = add(mul(g, cg), c) if G > 1 else c
             with w.block(f"for (long {r} = 0; {r} < {nrows}; ++{r})"):
@@ -120,6 +136,9 @@ class ConvWindows(RowAccess):
                     w.line(f"{dst}[{PL} + {iw}] = {ev.at(self.x, idx)};")
                 if Wp > PL + W:
                     w.line(f"memset({dst} + {PL + W}, 0, sizeof(float) * {Wp - PL - W});")
+
+    def stages_per_tile(self) -> bool:
+        return not self.in_place
 
     def row_step(self, MR: int) -> int:
         """Consecutive positions of one output row are ``SW`` floats apart, and every MR-position block

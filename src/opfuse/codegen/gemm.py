@@ -71,12 +71,19 @@ class RowAccess:
     zero-padded copy of the input rows); ``prepare`` reserves its scratch."""
 
     koff: np.ndarray | None = None
+    # Set by the GEMM before ``per_tile`` where tiles of the same rows follow one another: (a C lvalue, the
+    # tile's rows' key); the copy is skipped where the lvalue holds the key, and sets it (``gemm_reuse_band``).
+    reuse: tuple[str, str] | None = None
 
     def prepare(self, kc, MC: int) -> None:
         return None
 
     def per_tile(self, kc, ev, b: str, m0: str, mc: str) -> None:
         return None
+
+    def stages_per_tile(self) -> bool:
+        """Whether ``per_tile`` copies anything (which ``reuse`` may skip)."""
+        return False
 
     def row(self, b: str, m: str) -> str:
         raise NotImplementedError
@@ -105,11 +112,18 @@ class ColAccess:
     Used only when N is a multiple of NR, so no panel reads past the end of a row. With ``koff``
     (``conv_direct.py``), row ``k`` of an NR-column panel is ``koff[k]`` floats past
     ``ptr(b, 0, n)`` instead; ``per_tile`` may first stage what the tile reads (a zero-padded,
-    phase-split copy of the input rows), and ``prepare`` reserves its scratch and fixes ``koff``."""
+    phase-split copy of the input rows), and ``prepare`` reserves its scratch and fixes ``koff``.
+    ``split`` (with ``koff``; 0: none): a panel is two pieces of ``split`` columns (NR = 2 ``split``), each in
+    one output row, the second ``split_ldb(b, n)`` floats past the first for the panel at ``n`` (the
+    micro-kernel's ``b_split``; the step goes in its ``ldb``)."""
 
     ptr: Callable[[str, str, str], str]
     ldb: int
     koff: np.ndarray | None = None
+    split: int = 0
+
+    def split_ldb(self, b: str, n: str) -> str:
+        raise NotImplementedError("a B read in one piece per panel has no piece step")
 
     def prepare(self, kc, NC: int) -> None:
         return None
@@ -241,11 +255,11 @@ def pack_b_panels(b: np.ndarray, nr: int) -> np.ndarray:
 
 
 def _microkernel(kc, mr: int, nr: int, a: str = "packed", b: str = "packed", epilogue: str | None = None,
-                 transposed: bool = False, a_step: int = 0) -> str:
+                 transposed: bool = False, a_step: int = 0, b_split: int = 0) -> str:
     """Register the MR x NR micro-kernel (``microkernel.py``) with the program; its name."""
     o = kc.program.options
     name, text = microkernel(mr, nr, a, b, o.simd, o.gemm_prefetch, o.gemm_scalar_accumulators,
-                             o.vector_isa == "avx512", epilogue, transposed, a_step, o.vector_isa == "neon")
+                             o.vector_isa == "avx512", epilogue, transposed, a_step, o.vector_isa == "neon", b_split)
     return kc.program.require_helper(name, text)
 
 
@@ -546,9 +560,11 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
     # The AdvSIMD bodies read a window per row (no ``a_step``) and store along n only (no transposed store).
     a_step = rows.row_step(MR) if rows is not None and rows.koff is not None and o.gemm_window_step \
         and o.vector_isa != "neon" else 0
-    ukr_store = _microkernel(kc, MR, NR, a_mode, b_mode, direct[0], transposed, a_step) if direct is not None else ""
+    b_split = cols.split if cols is not None else 0
+    ukr_store = _microkernel(kc, MR, NR, a_mode, b_mode, direct[0], transposed, a_step, b_split) \
+        if direct is not None else ""
     # The storing micro-kernel alone where every block is whole and K one block.
-    ukr = _microkernel(kc, MR, NR, a_mode, b_mode, a_step=a_step) \
+    ukr = _microkernel(kc, MR, NR, a_mode, b_mode, a_step=a_step, b_split=b_split) \
         if direct is None or KC < K or M % MR or N % NR else ""
     if stage.anchor_node is not None:
         bodies = microkernel_bodies(MR, NR, o.simd, o.vector_isa == "avx512", o.vector_isa == "neon")
@@ -580,6 +596,14 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
 
     tiles = p.nb * MT * NT
     t = kc.tmp("tile")
+    # The tiles of one row block (b, mt) are consecutive (nt fastest): a thread that staged A's rows for one
+    # skips the copy for the next (``CodegenOptions.gemm_reuse_band``); each thread's key starts at -1.
+    off_key = None
+    if rows is not None and rows.stages_per_tile() and NT > 1 and o.gemm_reuse_band and o.platform == "host":
+        off_key = kc.scratch(8)
+        th = kc.tmp("th")
+        w.line(f"for (int {th} = 0; {th} < nt; ++{th}) "
+               f"*(long*)(scratch + (size_t){th} * OPFUSE_SCRATCH_STRIDE + {off_key}) = -1;")
     kc.parallel_for(2 * p.nb * M * N * K, costs=tile_costs(M, N, MC, NC, MR, NR) * p.nb)
     with w.block(f"for (long {t} = 0; {t} < {tiles}; ++{t})"):
         b, mt, nt_ = kc.tmp("b"), kc.tmp("mt"), kc.tmp("nt")
@@ -604,6 +628,7 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
             bp = kc.tmp("bpack")
             w.line(f"float* restrict {bp} = {kc.scratch_ptr('float', off_b)};")
         if rows is not None:
+            rows.reuse = (f"*{kc.scratch_ptr('long', off_key)}", f"{b} * {MT} + {mt}") if off_key is not None else None
             rows.per_tile(kc, ev, b, m0, mc)
         if cols is not None:
             cols.per_tile(kc, ev, b, n0, nc)
@@ -635,7 +660,8 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                 b_ptr = f"{pb} + (({p.b.batch_expr(b)} * {np_} + ({n0} + {jr}) / {NR}) * {K} + {pc}) * {NR}"
                 ldb = str(NR)
             elif cols is not None:
-                b_ptr, ldb = cols.ptr(b, pc, f"{n0} + {jr}"), str(cols.ldb)
+                b_ptr = cols.ptr(b, pc, f"{n0} + {jr}")
+                ldb = cols.split_ldb(b, f"{n0} + {jr}") if cols.split else str(cols.ldb)
             else:
                 b_ptr, ldb = f"{bp} + {jr} * {kb}", str(NR)
             # B's micro-panel outermost (it stays in L1 while the A panels stream past), unless

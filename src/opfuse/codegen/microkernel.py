@@ -19,7 +19,9 @@ How B is read (the vector side, NR consecutive columns per k):
 * ``strided``: in place, row ``k`` at ``b + k * ldb`` (a 1x1 convolution reads its input so);
 * ``koff``: in place, row ``k`` at ``b + koff[k]`` (a convolution computed channels x positions
   over its phase-split input band, ``conv_direct.py``: ``b`` is the NR positions' first window,
-  ``koff[k]`` the (channel, tap) offset; A is then packed, so ``koff`` is B's).
+  ``koff[k]`` the (channel, tap) offset; A is then packed, so ``koff`` is B's). With ``b_split``
+  (S floats), the panel is NR / S pieces of S columns, piece ``p`` at ``p * ldb`` floats past the first
+  (a panel of positions whose pieces lie in different output rows of the band: ``ldb`` is passed per call).
 
 ``load_c`` = 0 starts the accumulators at zero (the first K block), 1 adds to ``c``.
 
@@ -198,8 +200,16 @@ def _b_row(b: str, nr: int) -> str:
     return "b + k * ldb" if b == "strided" else f"b + k * {nr}"
 
 
+def _b_col(col: int, split: int) -> str:
+    """Offset of column ``col`` of a B row from ``bk`` (``b_split``: piece ``col / split`` is ``ldb`` floats on)."""
+    if not split or col < split:
+        return str(col)
+    piece, rest = divmod(col, split)
+    return f"{'' if piece == 1 else f'{piece} * '}ldb{f' + {rest}' if rest else ''}"
+
+
 def _plain(mr: int, nr: int, a: str, b: str, epi: str | None = None, transposed: bool = False,
-           a_step: int = 0) -> list[str]:
+           a_step: int = 0, b_split: int = 0) -> list[str]:
     lines = [f"  float acc[{mr}][{nr}];"]
     if a == "koff":
         lines += _window_rows(0, mr, a_step)
@@ -212,9 +222,10 @@ def _plain(mr: int, nr: int, a: str, b: str, epi: str | None = None, transposed:
     # "unroll 1" keeps gcc from unrolling the j loop into scalar statements and re-vectorising
     # them badly (6 x 16 ran at 2 GFLOP/s so, at 98 with the j loop kept as one vector loop).
     for i in range(mr):
+        bj = f"bk[(j / {b_split}) * ldb + j % {b_split}]" if b_split else "bk[j]"
         lines += [f"    {{ const float ai = {_a_elem(a, mr, i, 'k')};",
                   "      OPFUSE_PRAGMA(GCC unroll 1)",
-                  f"      for (int j = 0; j < {nr}; ++j) acc[{i}][j] += ai * bk[j]; }}"]
+                  f"      for (int j = 0; j < {nr}; ++j) acc[{i}][j] += ai * {bj}; }}"]
     lines.append("  }")
     if epi is None:
         lines += [f"  for (int i = 0; i < {mr}; ++i)",
@@ -251,9 +262,11 @@ def _plain_scalars(mr: int, nr: int, a: str, b: str, a_step: int = 0) -> list[st
 
 def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, i0: int = 0, rows: int = 0,
                  j0: int = 0, cols: int = 0, epi: str | None = None, transposed: bool = False,
-                 a_step: int = 0) -> list[str]:
+                 a_step: int = 0, b_split: int = 0) -> list[str]:
     """Intrinsics for the sub-block rows ``[i0, i0 + rows)`` x columns ``[j0, j0 + cols)`` of the
     MR x NR block (all of it by default): accumulators in ``isa``'s registers, one k loop."""
+    if b_split:
+        return _split_body(isa, mr, nr, a, b, prefetch, i0, rows, j0, cols, epi, transposed, a_step, b_split)
     vec, ps, width = ("__m512", "_mm512", ZMM_FLOATS) if isa == "avx512" else ("__m256", "_mm256", YMM_FLOATS)
     rows, cols = rows or mr, cols or nr
     nv = cols // width
@@ -318,6 +331,29 @@ def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, 
             else:
                 lines.append(f"  {ps}_storeu_ps({at}, {y});")
     return lines
+
+
+def _split_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int, i0: int, rows: int, j0: int, cols: int,
+                epi: str | None, transposed: bool, a_step: int, b_split: int) -> list[str]:
+    """``_vector_body`` with B's row in pieces of ``b_split`` columns, piece ``p`` at ``bk + p * ldb``: the
+    same text but for B's loads and prefetches (a vector never straddles two pieces)."""
+    width = ZMM_FLOATS if isa == "avx512" else YMM_FLOATS
+    assert b == "koff" and b_split % width == 0 and nr % b_split == 0, (b, b_split, nr)
+    lines = _vector_body(isa, mr, nr, a, b, 0, i0, rows, j0, cols, epi, transposed, a_step)
+    ps = "_mm512" if isa == "avx512" else "_mm256"
+    cols = cols or nr
+    head = f"    const float* restrict bk = {_b_row(b, nr)}{f' + {j0}' if j0 else ''};"
+    at = lines.index(head)
+    new = ["    const float* restrict bk = b + koff[k];"]
+    if prefetch:  # one line per piece's 16 floats, ``prefetch`` steps ahead
+        new += [f"    _mm_prefetch((const char*)(b + koff[k + {prefetch}] + {_b_col(j0 + c, b_split)}), _MM_HINT_T0);"
+                for c in range(0, cols, 16)]
+    new += [f"    const {'__m512' if isa == 'avx512' else '__m256'} b{v} = {ps}_loadu_ps(bk + "
+            f"{_b_col(j0 + v * width, b_split)});" for v in range(cols // width)]
+    end = at + 1
+    while lines[end].lstrip().startswith(("_mm_prefetch", "const __m")):
+        end += 1
+    return lines[:at] + new + lines[end:]
 
 
 def _transpose8(src: list[str]) -> list[str]:
@@ -402,20 +438,21 @@ def _store_transposed(isa: str, acc: list[list[str]], i0: int, j0: int, epi: str
 
 
 def _avx2(mr: int, nr: int, a: str, b: str, prefetch: int = 0, epi: str | None = None,
-          transposed: bool = False, a_step: int = 0) -> list[str]:
+          transposed: bool = False, a_step: int = 0, b_split: int = 0) -> list[str]:
     """The AVX2/FMA body: one pass over k when the block fits the 16 ymm registers
     (``fits_avx2``), else one pass per sub-block of ``avx2_split`` (a block laid out for
     AVX-512, compiled where the C compiler does not target it: the same panels, read by
     parts; each element still sums its products in increasing k)."""
     if fits_avx2(mr, nr):
-        return _vector_body("avx2", mr, nr, a, b, prefetch, epi=epi, transposed=transposed, a_step=a_step)
+        return _vector_body("avx2", mr, nr, a, b, prefetch, epi=epi, transposed=transposed, a_step=a_step,
+                            b_split=b_split)
     rs, cs = avx2_split(mr, nr)
     lines: list[str] = []
     for i0 in range(0, mr, rs):
         for j0 in range(0, nr, cs):
             lines += ["  {", *("  " + x if not x.startswith("#") else x
                                for x in _vector_body("avx2", mr, nr, a, b, prefetch, i0, min(rs, mr - i0),
-                                                     j0, cs, epi, transposed, a_step)), "  }"]
+                                                     j0, cs, epi, transposed, a_step, b_split)), "  }"]
     return lines
 
 
@@ -532,7 +569,7 @@ def avx2_split(mr: int, nr: int) -> tuple[int, int]:
 def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: str = "auto",
                 prefetch: int = 0, scalar_accumulators: bool = False, avx512: bool = False,
                 epilogue: str | None = None, transposed: bool = False, a_step: int = 0,
-                neon: bool = False) -> tuple[str, str]:
+                neon: bool = False, b_split: int = 0) -> tuple[str, str]:
     """``(function name, C text)`` of the MR x NR micro-kernel with the given operand access;
     ``prefetch`` > 0: the intrinsics prefetch B, and A's windows, that many k steps ahead (an
     offset table, A's or B's ``koff``, then needs ``prefetch`` readable entries past the last k).
@@ -551,15 +588,19 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
     ``ar[0] + i * a_step`` (``_window_rows``); only ``ar[0]`` is read. ``neon`` (the build for aarch64,
     ``vector_isa="neon"``): an AdvSIMD body first, under ``#if NEON_GUARD`` (``_neon``), where NR is a
     multiple of 4 and neither ``transposed`` nor ``a_step`` is asked (the GEMM emitter asks neither for
-    "neon"); x86 bodies and plain C after it."""
+    "neon"); x86 bodies and plain C after it. ``b_split`` (with ``b="koff"``, not with ``neon`` or
+    ``scalar_accumulators``): B's row is NR / ``b_split`` pieces, piece ``p`` at ``p * ldb`` floats past the
+    first (``_split_body``); every vector lies in one piece, so each sum is the same as without."""
     assert a in A_ACCESS and b in B_ACCESS and simd in SIMD_MODES, (a, b, simd)
     assert epilogue is None or (valid_epilogue(epilogue) and not scalar_accumulators), (epilogue, scalar_accumulators)
     assert not (neon and epilogue and epilogue[-1] in ACTIVATIONS), "the AdvSIMD bodies apply no activation"
     assert not (a == "koff" and b == "koff"), "one offset table per micro-kernel"
     wide = simd == "auto" and avx512 and fits_avx512(mr, nr)
     assert not a_step or a == "koff", "a row step is the window access's"
-    fn = name(mr, nr, a, b) + (f"_s{a_step}" if a_step else "") + (f"_pf{prefetch}" if prefetch else "") + \
-        ("_z" if wide else "")
+    assert not b_split or (b == "koff" and not neon and not scalar_accumulators and nr % b_split == 0
+                           and b_split % YMM_FLOATS == 0), (b, b_split, nr)
+    fn = name(mr, nr, a, b) + (f"_s{a_step}" if a_step else "") + (f"_h{b_split}" if b_split else "") + \
+        (f"_pf{prefetch}" if prefetch else "") + ("_z" if wide else "")
     sig, unused = SIGNATURE, "(void)a; (void)ar; (void)koff; (void)ldb;"
     assert not transposed or epilogue is not None, "the transposed store is the storing variant's"
     if epilogue is not None:
@@ -569,7 +610,7 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
     head = [f"/* {what}[0:{mr}, 0:{nr}] (+)= A ({a}) * B ({b}), kc steps; see codegen/microkernel.py. */",
             f"OPFUSE_NOINLINE static void {fn}{sig} {{", "  " + unused]
     plain = _plain_scalars(mr, nr, a, b, a_step) if scalar_accumulators else \
-        _plain(mr, nr, a, b, epilogue, transposed, a_step)
+        _plain(mr, nr, a, b, epilogue, transposed, a_step, b_split)
     body, guards = [], []
     assert not (neon and (transposed or a_step)), "the AdvSIMD bodies have no transposed store and no window step"
     if simd == "auto" and neon and nr % NEON_FLOATS == 0:
@@ -579,11 +620,12 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
     if wide:  # the vector helpers of an activation are defined where FMA is too
         g512 = AVX512_FLOAT.guard if epilogue and epilogue[-1] in ACTIVATIONS else AVX512_GUARD
         body += [f"#{'el' if body else ''}if {g512}",
-                 *_vector_body("avx512", mr, nr, a, b, prefetch, epi=epilogue, transposed=transposed, a_step=a_step)]
+                 *_vector_body("avx512", mr, nr, a, b, prefetch, epi=epilogue, transposed=transposed, a_step=a_step,
+                               b_split=b_split)]
         guards.append(g512)
     if simd == "auto" and nr % YMM_FLOATS == 0:
         body += [f"#{'el' if body else ''}if {AVX2_GUARD}", *_avx2(mr, nr, a, b, prefetch, epilogue, transposed,
-                                                                  a_step)]
+                                                                  a_step, b_split)]
         guards.append(AVX2_GUARD)
     body += ["#else", *plain, "#endif"] if body else plain
     pre = f"#if {' || '.join(f'({g})' for g in guards)}\n#include <immintrin.h>\n#endif\n" if guards else ""

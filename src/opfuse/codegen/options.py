@@ -56,7 +56,11 @@ class CodegenOptions:
     # the time of 6 x 16 (89-93 -> 102-105 GFLOP/s), pw12/pw13 (7x7, with ``windows_mr_max``)
     # 0.83-0.84x, pw1-pw6 0.96-1.03x, whole model 0.915x (resnet18 0.89x, bert_layer 0.94x,
     # yolo_block 0.96x); 6x32, 8x32 and 12x32 within noise of each other (20 runs). 8 rows:
-    # channel counts are multiples of 8 (12 would pad 64 to 72). Cache
+    # channel counts are multiples of 8 (12 would pad 64 to 72). On the Zen 5 host (two full-width zmm FMA
+    # pipes; ``benchmarks/bench_microkernel.py``, 1 thread, CPU time, 15 interleaved rounds, load 2.4, M = 96,
+    # N = 256, K = 128-1024): 8x32, 6x32, 12x32, 14x32, 6x64 and 8x48 all 234-242 GFLOP/s (the core's peak;
+    # OpenBLAS's square sgemm 198-207 in the same run), 4x64 187-190, 16x16 (one broadcast per FMA) 174-177;
+    # so 8 x 32 stays (the direct convolution's block changed: ``conv_direct_vectors``). Cache
     # blocks: K in blocks of at most KC; tiles of MC x NC outputs, at most ``gemm_tile_floats``
     # of C tile (it stays in L2); a side whose other operand is packed per tile spans up to
     # ``gemm_wide`` (one packing serves that many outputs); problems are cut into at least
@@ -89,6 +93,13 @@ class CodegenOptions:
     # cache blocking as it is.
     balance_threads: tuple[int, ...] = (2,)
     gemm_prefetch: int = 32
+    # A convolution over its windows that stages its input rows per tile (padding or a prologue:
+    # ``conv_windows.ConvWindows``) copies them once per thread and row block, not once per tile: the tiles
+    # of one block of positions (cut along the channels) follow one another, and a thread that staged a block
+    # skips the copy for the next tile of it. resnet18's layer4 on the Zen 5 host (1 thread, kernel CPU time, 40
+    # interleaved runs, against off, load 10): the strided 3x3 (4 tiles of 128 channels, a 245 KB band each)
+    # 0.98x, the 7x7 3x3 0.99x, layer2's strided 3x3 0.99x: small, but work that was repeated for nothing.
+    gemm_reuse_band: bool = True
     # A GEMM with a single row (M = 1: a classifier's Gemm on one image) runs a 1 x ``gemm_gemv_nr``
     # micro-kernel (6 accumulators) with the intrinsics, instead of MR x NR whose MR - 1 rows
     # would repeat the one row's work: mobilenet_v1's fc (1x1024 @ 1024x1000) 161 -> 85 us (1 x 32:
@@ -142,6 +153,17 @@ class CodegenOptions:
     conv_direct_nr: int = 16
     conv_direct_mr: int = 16
     conv_direct_tile_floats: int = 16384
+    # With the AVX-512 body the direct kernel's block is this many vectors of ``conv_direct_nr`` positions wide
+    # (2: MR x 32, MR from 8 to 14, the least padding; ``conv_direct.direct_block``), so a broadcast weight feeds
+    # two multiply-adds: MR x 16 takes a load per FMA, the load ports' limit once the FMA pipes are full-width
+    # (Zen 5). An output width 16 divides but 32 does not (112) reads each panel as two pieces of 16, each in one
+    # output row (``microkernel``'s ``b_split``). Measured on the Zen 5 host (1 thread, kernel timers in thread CPU
+    # time, 20-30 interleaved runs, against 1; 2 cores shared, load 5-9): the micro-kernel alone (packed, K = 147)
+    # 16 x 16 177 GFLOP/s, 8 x 32 215; resnet18's stem (64 channels, 8 x 32 in pieces) 0.85x the time (81 -> 95% of
+    # the sgemm peak), in the model 0.84x; mobilenet_v1's stem (32 channels) 0.75x, mobilenet_v1_025_96's (8, 48
+    # wide) 0.90x, resnet8's (16, 32 wide) 0.92x; the 32-group 3x3 layer at 14x14 (8 x 32 across rows) 0.89x.
+    # 1: MR x 16, as measured above.
+    conv_direct_vectors: int = 2
     # Grouped convolutions with at most ``conv_direct_max_k`` input channels per group x taps take the direct
     # kernel too, one GEMM per image and group (an output width NR does not divide: panels across output
     # rows, ``conv_direct.ShiftedBand``), instead of the windows GEMM's 14 x 8 blocks of positions x channels,
@@ -335,11 +357,25 @@ class CodegenOptions:
     winograd_f4_min_spatial: int = 12
     winograd_block_floats: int = 1 << 18
     # Winograd's batched GEMMs on the AVX-512 block (where it pads the tiles no further than the
-    # AVX2 block; ``winograd._register_block``) instead of AVX2's 6 x 16. Off: it does not pay on
-    # resnet18 (1 thread, per-kernel CPU time, medians of 16 interleaved runs, against 6 x 16):
-    # layer1's F(4x4) convolutions (64 ch, 56x56) 0.94-1.09x, layer2's (128 ch, 28x28)
-    # 0.91-1.04x, whole model 1.00x (within the noise of a shared machine).
-    winograd_avx512: bool = False
+    # AVX2 block; ``winograd._register_block``) instead of AVX2's 6 x 16. None (the default): on where the
+    # host's FMA pipes are as wide as a zmm register (``opfuse.targets.host_full_width_fma``: AMD Zen 5 on),
+    # resolved when the code is generated (``resolved``), off elsewhere. On the Zen 4 host it did not pay
+    # (zmm FMAs in two halves; resnet18, 1 thread, per-kernel CPU time, medians of 16 interleaved runs,
+    # against 6 x 16): layer1's F(4x4) convolutions (64 ch, 56x56) 0.94-1.09x, layer2's (128 ch, 28x28)
+    # 0.91-1.04x, whole model 1.00x. On the Zen 5 host, where 6 x 16 ymm runs at half the zmm peak
+    # (``bench_kernels.py``, kernel CPU time, 30 interleaved runs against off, load 10): r18.l1 (64 ch, 56x56)
+    # 0.79x, r18.l2 (128 ch, 28x28) 0.85x, r18.l3 (14x14: 16 tiles, AVX2's block either way) 1.02x; in resnet18
+    # (kernels' sum, 1 thread, 20 interleaved runs against off, load 11-12) 0.92x, resnet8 0.90x (stack1's
+    # 16-channel 32x32 convolutions 0.73x), yolo_block 0.93x (its 3x3 convolutions 0.84-0.90x).
+    winograd_avx512: bool | None = None
+    # With ``winograd_avx512``, where 8 x 32 pads the tiles more than AVX2's 6 x 16 (16 tiles, a 14x14 output):
+    # MR x 16 in zmm (``winograd.WINOGRAD_ZMM_ROWS``: 16 x 16 for 256 channels) instead of 6 x 16 in ymm, the
+    # same panel width at twice the lanes per FMA (the micro-kernel alone on the Zen 5 host, K = 256: 16 x 16 zmm
+    # 178 GFLOP/s, 6 x 16 ymm 108). Measured there (1 thread, kernel CPU time, 30-40 interleaved runs against
+    # False, load 12-13): r18.l3 (256 ch, 14x14) 0.73-0.78x; in resnet18 layer3's four 3x3 convolutions 0.70-0.72x,
+    # the model 0.93x; resnet8 (16 tiles at 8x8: stack2/stack3's conv2) 0.74-0.78x, the model 0.90x. False: AVX2's
+    # block there.
+    winograd_zmm_panels: bool = True
     # A fused pointwise loop that reads or writes float16 (or rounds to it between ops) on a target with
     # F16C runs its innermost loop in blocks (``codegen/pointwise.py:emit_f16c_blocks``): F16C converts
     # 8 lanes at a time into and out of float arrays of ``f16c_block`` elements (fewer, a power of two,
@@ -370,6 +406,16 @@ class CodegenOptions:
     # instead of waiting in order. Measured (16K floats in cache, 1 thread, CPU time, best of 15): Sigmoid alone
     # 0.146 -> 0.124 ns per element at 4 vectors. 1: one vector per iteration.
     simd_unroll: int = 4
+    # A dense such stage (one loop) with one Sigmoid or Silu whose input it computes runs in blocks of this many
+    # floats, each in two passes through two stack buffers in L1: the Sigmoid's input and its exp(-|x|) for the whole
+    # block, then its division and the rest of the chain (the same operations, so the same bits). In one pass each
+    # vector's ~90-cycle chain from load to store (the ops before the Sigmoid, exp's dependent steps, the division)
+    # fills the core's window: chain8 ran ~14.5 cycles per 16 floats where its ~25 vector operations need ~7.
+    # Measured (Zen 5, 1 thread, CPU time, medians of 41 interleaved rounds, load 11-13): chain8 over 16K floats in
+    # cache 0.262-0.266 -> 0.222-0.225 ns per element, over 16M floats (streaming stores, huge pages) 5.02-5.19 ->
+    # 4.44-4.58 ms; Mul Add Mul(Sigmoid) (a scale, a shift, SiLU) 0.193-0.197 -> 0.180; a lone Sigmoid, whose input
+    # is loaded, 0.150 -> 0.166 with blocks, so it keeps one pass. 0: one pass always.
+    simd_stage_block: int = 512
     # "blob": weights passed as one pointer at run time; "embed": a static const array.
     weights: str = "blob"
     # Time every kernel call (clock_gettime around it); read back with CompiledModel.profile. On the
@@ -405,12 +451,16 @@ class CodegenOptions:
             raise OpfuseError("depthwise_row_block and depthwise_block_group must be at least 1")
         if self.simd_unroll < 1:
             raise OpfuseError("simd_unroll must be at least 1 (1: one vector per iteration)")
+        if self.simd_stage_block < 0 or self.simd_stage_block % 16:
+            raise OpfuseError("simd_stage_block must be 0 (one pass) or a positive multiple of 16 floats")
         if self.pool_prefetch_bytes < 0:
             raise OpfuseError("pool_prefetch_bytes must be at least 0 (0: no prefetch)")
         if self.f16c_min_block < 8 or self.f16c_min_block % 8 or self.f16c_block < self.f16c_min_block:
             raise OpfuseError("f16c_min_block must be a multiple of 8 and f16c_block at least f16c_min_block")
         if self.vector_isa not in VECTOR_ISAS:
             raise OpfuseError(f"vector ISA {self.vector_isa!r}: expected one of {', '.join(VECTOR_ISAS)}")
+        if self.conv_direct_vectors not in (1, 2):
+            raise OpfuseError("conv_direct_vectors must be 1 or 2 (vectors of conv_direct_nr positions)")
         if self.gemm_mr < 0 or self.gemm_nr < 0:
             raise OpfuseError("gemm_mr and gemm_nr must be positive (0: the vector ISA's register block)")
         mr, nr = self.gemm_mr, self.gemm_nr
@@ -421,15 +471,18 @@ class CodegenOptions:
     def with_(self, **kw) -> "CodegenOptions":
         return replace(self, **kw)
 
-    def resolved(self, host_isa: str) -> "CodegenOptions":
+    def resolved(self, host_isa: str, full_width_fma: bool = False) -> "CodegenOptions":
         """These options with ``vector_isa`` concrete ("host" -> ``host_isa``) and the register
         block filled in from it. The plain C build (simd="none") keeps the AVX2 block where none
-        is given, so its results do not depend on the machine that generated it."""
+        is given, so its results do not depend on the machine that generated it. ``full_width_fma``
+        (the host's, ``opfuse.targets.host_full_width_fma``) decides ``winograd_avx512`` where it is None."""
         isa = host_isa if self.vector_isa == "host" else self.vector_isa
         if self.simd == "none":
             isa = "avx2"
         mr, nr = REGISTER_BLOCKS[isa]
-        return replace(self, vector_isa=isa, gemm_mr=self.gemm_mr or mr, gemm_nr=self.gemm_nr or nr)
+        wino = full_width_fma if self.winograd_avx512 is None else self.winograd_avx512
+        return replace(self, vector_isa=isa, gemm_mr=self.gemm_mr or mr, gemm_nr=self.gemm_nr or nr,
+                       winograd_avx512=wino)
 
 
 # Cortex-M7: one thread, no cache worth blocking for, 32 single-precision registers. The 4 x 4

@@ -46,7 +46,7 @@ from opfuse.ir.plan import FusionPlan
 from opfuse.memory.patch import PATCHED_KIND
 from opfuse.memory.plan import MemoryPlan, plan_memory
 from opfuse.rewrites.float32_compute import needs_float32
-from opfuse.targets import host_simd_isa
+from opfuse.targets import host_full_width_fma, host_simd_isa
 
 if TYPE_CHECKING:
     from opfuse.codegen.mcu import McuSources
@@ -85,12 +85,13 @@ _PREAMBLE = """\
 #define OPFUSE_TID() 0
 #endif
 #define OPFUSE_PRAGMA(x) _Pragma(#x)
-#if defined(__GNUC__) && !defined(__clang__)
-/* Jump threading duplicates an elementwise chain's select paths (Relu, Clip, LeakyRelu...) into
-   compare-and-mask chains that make the vectorised loop compute-bound (codegen/program.py). */
-#pragma GCC optimize("no-thread-jumps")
-#endif
 """
+# No ``#pragma GCC optimize`` in the preamble. A ``no-thread-jumps`` pragma (it kept gcc from turning an
+# elementwise chain's selects into compare-and-mask chains in loops gcc vectorises) made gcc 12's loop
+# vectoriser miscompile a constant Pad (2x12x3 -> 3x15x7: 24 interior values read from the wrong addresses,
+# at -O3 with AVX2 or AVX-512; found by ``opfuse fuzz``, tests/e2e/test_fuzz_findings.py). Dense chains
+# run as intrinsics (``simdchain``) now; without the pragma the zoo models measured 0.97-1.01x the time
+# with it (1 thread, thread CPU time, 30 interleaved calls).
 
 
 @dataclass(frozen=True)
@@ -328,7 +329,8 @@ def generate(graph: Graph, plan: FusionPlan | None = None, *, memory: MemoryPlan
     memory = memory if memory is not None else plan_memory(plan)
     options = options or CodegenOptions()
     host_isa = host_simd_isa() if options.vector_isa == "host" and options.platform == "host" else "avx2"
-    builder = ProgramBuilder(graph, plan, memory, options.resolved(host_isa))
+    full_width = host_full_width_fma() if options.platform == "host" else False
+    builder = ProgramBuilder(graph, plan, memory, options.resolved(host_isa, full_width))
     for t, group in enumerate(plan.groups):
         builder.kernel(t, group)
     return builder.finish()

@@ -21,8 +21,11 @@ the scalar loop body. The vector loop computes ``CodegenOptions.simd_unroll`` (4
 vectors one at a time: an exp-based op's chain is long (a Sigmoid's ~60 cycles from load to store) and four of them
 in flight at once keep the vector units busy (chain8's compute floor 0.307 -> 0.241 ns per element with the new
 exp_nonpos, Sigmoid alone 0.194 -> 0.129; one run each, load ~23). A dense chain is one loop over the whole
-domain. A build without the intrinsics' target (``#else``), and the plain C99 build (``simd="none"``), run the
-scalar loop nest alone.
+domain; with one Sigmoid (or Silu) whose input it computes, that loop runs in blocks of
+``CodegenOptions.simd_stage_block`` floats, each in two passes through two L1 stack buffers (the Sigmoid's input and
+its exp(-|x|), then its division and the rest: ``staged_node``), so the core's window holds many short chains
+instead of a few ~90-cycle ones (chain8's compute floor 0.26 -> 0.22 ns per element). A build without the
+intrinsics' target (``#else``), and the plain C99 build (``simd="none"``), run the scalar loop nest alone.
 
 Streaming stores: a dense stage (one loop) storing one output of at least ``CodegenOptions.stream_store_min_bytes``
 that no operand of the stage shares storage with stores it with non-temporal stores (``_mm512_stream_ps``): a regular
@@ -78,6 +81,8 @@ class VecEval:
         self.kc, self.isa, self.inline, self.loadable, self.idx = kc, isa, inline, loadable, idx
         self.static = kc.program.memory.static
         self.memo: dict[int, str] = dict(invariant or {})
+        # id of a Sigmoid or Silu node -> its input and exp(-|input|), computed by a staged block's first pass
+        self.staged: dict[int, tuple[str, str]] = {}
 
     def assign(self, expr: str) -> str:
         name = self.kc.tmp("v")
@@ -223,9 +228,17 @@ def _exp(ve: VecEval, n: Node) -> str:
     return f"{vecmath.require_vector(ve.kc.program, vecmath.EXP, ve.isa)}({ve.arg(n, 0)})"
 
 
+def _sigmoid_of(ve: VecEval, n: Node, x: str) -> str:
+    """sigmoid(x) of node ``n``'s input ``x``: in a staged block's second pass from the exp the first one stored."""
+    staged = ve.staged.get(id(n))
+    if staged is not None:
+        return f"{vecmath.require_vector(ve.kc.program, vecmath.SIGMOID_TAIL, ve.isa)}({staged[0]}, {staged[1]})"
+    return f"{vecmath.require_vector(ve.kc.program, vecmath.SIGMOID, ve.isa)}({x})"
+
+
 @_op("Sigmoid")
 def _sigmoid(ve: VecEval, n: Node) -> str:
-    return f"{vecmath.require_vector(ve.kc.program, vecmath.SIGMOID, ve.isa)}({ve.arg(n, 0)})"
+    return _sigmoid_of(ve, n, ve.arg(n, 0))
 
 
 @_op("Tanh")
@@ -254,7 +267,33 @@ def _gelu(ve: VecEval, n: Node) -> str:
 @_op("Silu")
 def _silu(ve: VecEval, n: Node) -> str:
     x = ve.arg(n, 0)
-    return ve.isa.op("mul_ps", x, f"{vecmath.require_vector(ve.kc.program, vecmath.SIGMOID, ve.isa)}({x})")
+    return ve.isa.op("mul_ps", x, _sigmoid_of(ve, n, x))
+
+
+STAGED_OPS = ("Sigmoid", "Silu")  # whose exp a staged block computes in its first pass
+
+
+def staged_node(outs: list[Value], inline: set[int]) -> Node | None:
+    """The one Sigmoid or Silu of the chain storing ``outs`` whose input the chain computes (None with none or
+    more, or one that reads its input from memory: one pass; a lone Sigmoid's chain is short enough as it is, and
+    the buffers cost it 5-10%)."""
+    found: dict[int, Node] = {}
+    seen: set[int] = set()
+    todo = list(outs)
+    while todo:
+        v = todo.pop()
+        p = v.producer
+        if id(v) in seen or p is None or id(p) not in inline:
+            continue
+        seen.add(id(v))
+        if p.op_type in STAGED_OPS:
+            found[id(p)] = p
+        todo.extend(p.input_values())
+    if len(found) != 1:
+        return None
+    node = next(iter(found.values()))
+    producer = node.input(0).producer
+    return node if producer is not None and id(producer) in inline else None
 
 
 def _varies(v: Value, shape, inner: tuple[int, int]) -> bool | None:
@@ -481,16 +520,58 @@ def _emit_isa(kc, ev, isa: VecIsa, outs, inline, loadable, shape, groups, hoiste
             vector(ik, invariant)
 
     unroll = kc.program.options.simd_unroll
+    staged = staged_node(outs, inline) if not outer else None
+    block = kc.program.options.simd_stage_block if staged is not None else 0
+
+    def staged_block(i0: str, invariant: dict[int, str]) -> None:
+        """``block`` elements from ``i0`` on in two passes through two stack buffers: the staged Sigmoid's input
+        and its exp(-|x|) for every vector of the block, then its division and the rest of the chain."""
+        assert staged is not None
+        bx, be = kc.tmp("sx"), kc.tmp("se")
+        w.line(f"float {bx}[{block}] __attribute__((aligned(64))), {be}[{block}] __attribute__((aligned(64)));")
+        step = lanes * unroll if block % (lanes * unroll) == 0 else lanes
+        exp = vecmath.require_vector(kc.program, vecmath.EXP_NONPOS, isa)
+        for second in (False, True):
+            j = kc.tmp("j")
+            with w.block(f"for (long {j} = 0; {j} < {block}; {j} += {step})"):
+                for k in range(step // lanes):
+                    jk = j
+                    if k:
+                        jk = kc.tmp("j")
+                        w.line(f"const long {jk} = {j} + {k * lanes};")
+                    i = kc.tmp("i")
+                    w.line(f"const long {i} = {i0} + {jk};")
+                    ve = VecEval(kc, isa, inline, loadable, at(i), invariant)
+                    if not second:
+                        x = ve.at(staged.input(0))
+                        e = ve.assign(f"{exp}({isa.bits(x, 'or', vecmath.SIGN_BIT)})")  # exp(-|x|)
+                        w.line(f"{isa.op('store_ps', f'{bx} + {jk}', x)}; {isa.op('store_ps', f'{be} + {jk}', e)};")
+                        continue
+                    x = ve.assign(isa.op("load_ps", f"{bx} + {jk}"))
+                    ve.memo[id(staged.input(0))] = x
+                    ve.staged[id(staged)] = (x, ve.assign(isa.op("load_ps", f"{be} + {jk}")))
+                    for v in outs:
+                        op = "stream_ps" if stream else "storeu_ps"
+                        w.line(f"{isa.op(op, f'{kc.ptr(v, write=True)} + {at(i).offset()}', ve.at(v))};")
+                        kc.stored.add(id(v))
+
     with ev.scope():
         invariant = hoist(kc, ev, isa, hoisted, at("0"))
         if not stream:
-            nv = extent // lanes
-            nu = nv // unroll * unroll
-            if not outer:
+            nb = extent // block if block else 0
+            if nb:
+                b = kc.tmp("k")
                 _parallel(kc, total * cost)
-            if nu:
+                with w.block(f"for (long {b} = 0; {b} < {nb}; ++{b})"):
+                    staged_block(f"{b} * {block}", invariant)
+            first = nb * block // lanes
+            nv = extent // lanes
+            nu = first + (nv - first) // unroll * unroll
+            if not outer and not nb:
+                _parallel(kc, total * cost)
+            if nu > first:
                 vi, i = kc.tmp("b"), kc.tmp("i")
-                with w.block(f"for (long {vi} = 0; {vi} < {nu}; {vi} += {unroll})"):
+                with w.block(f"for (long {vi} = {first}; {vi} < {nu}; {vi} += {unroll})"):
                     w.line(f"const long {i} = {vi} * {lanes};")
                     vectors(i, unroll, invariant)
             if nu < nv:
@@ -501,16 +582,19 @@ def _emit_isa(kc, ev, isa: VecIsa, outs, inline, loadable, shape, groups, hoiste
             if nv * lanes < extent:
                 scalar(str(nv * lanes), str(extent))
         else:
-            _stream_loops(kc, isa, outs, total, scalar, lambda i, count: vectors(i, count, invariant), cost, unroll)
+            _stream_loops(kc, isa, outs, total, scalar, lambda i, count: vectors(i, count, invariant), cost, unroll,
+                          (block, lambda i0: staged_block(i0, invariant)) if block else None)
     for _ in outer:
         w.level -= 1
         w.line("}")
 
 
-def _stream_loops(kc, isa: VecIsa, outs, total: int, scalar, vectors, cost: int, unroll: int) -> None:
+def _stream_loops(kc, isa: VecIsa, outs, total: int, scalar, vectors, cost: int, unroll: int,
+                  staged: tuple[int, Callable[[str], None]] | None = None) -> None:
     """One dense loop over ``total`` elements with streaming stores: a scalar peel to the output's alignment,
-    the vectors in ``STREAM_CHUNKS`` chunks each fenced by the thread that wrote it (``unroll`` vectors an
-    iteration, the chunk's leftover vectors one at a time), the scalar remainder."""
+    the vectors in ``STREAM_CHUNKS`` chunks each fenced by the thread that wrote it (``staged``: (block, emit) its
+    whole blocks first; ``unroll`` vectors an iteration, the chunk's leftover vectors one at a time), the scalar
+    remainder."""
     w, lanes = kc.w, isa.lanes
     out = kc.ptr(outs[0], write=True)
     head, nv, c, i, end = kc.tmp("h"), kc.tmp("n"), kc.tmp("c"), kc.tmp("i"), kc.tmp("e")
@@ -524,6 +608,9 @@ def _stream_loops(kc, isa: VecIsa, outs, total: int, scalar, vectors, cost: int,
     with w.block(f"for (long {c} = 0; {c} < {STREAM_CHUNKS}; ++{c})"):
         w.line(f"const long {end} = {head} + {nv} * ({c} + 1) / {STREAM_CHUNKS} * {lanes};")
         w.line(f"long {i} = {head} + {nv} * {c} / {STREAM_CHUNKS} * {lanes};")
+        if staged is not None:
+            with w.block(f"for (; {i} + {staged[0]} <= {end}; {i} += {staged[0]})"):
+                staged[1](i)
         if unroll > 1:
             with w.block(f"for (; {i} + {unroll * lanes} <= {end}; {i} += {unroll * lanes})"):
                 vectors(i, unroll)

@@ -76,6 +76,7 @@ LOG = "opfuse_logf"
 TANH = "opfuse_tanhf"
 SIGMOID = "opfuse_sigmoidf"
 SOFTPLUS = "opfuse_softplusf"
+SIGMOID_TAIL = "opfuse_sigmoidf_tail"  # vector form only: sigmoid given its exp(-|x|)
 
 EXP_LOW = -104.0  # exp(-103.98) < 2^-150 rounds to 0
 EXP_HIGH = 89.0  # exp(88.73) > FLT_MAX
@@ -398,6 +399,19 @@ def _vector_sigmoid_text(isa: VecIsa) -> str:
     ])
 
 
+def _vector_sigmoid_tail_text(isa: VecIsa) -> str:
+    """``opfuse_v16_sigmoidf`` after its ``exp(-|x|)``, given it: the blend and the division, the same operations
+    (``simdchain``'s staged blocks compute ``e`` for a block of vectors first, then this)."""
+    v, p, c = isa.vt, isa.op, isa.set1
+    return "\n".join([
+        f"static inline {v} {vector_name(SIGMOID_TAIL, isa)}({v} x, {v} e) {{  /* sigmoid(x), e = exp(-|x|) */",
+        f"  const {v} num = {isa.select('x', p('setzero_ps'), '_CMP_GE_OQ', c('1.0f'), 'e')};",
+        f"  return {p('div_ps', 'num', p('add_ps', c('1.0f'), 'e'))};",
+        "}",
+        "",
+    ])
+
+
 def _vector_tanh_text(isa: VecIsa) -> str:
     v, p, c = isa.vt, isa.op, isa.set1
     return "\n".join([
@@ -423,6 +437,7 @@ VECTOR_HELPERS: dict[str, tuple[tuple[str, ...], Callable[[VecIsa], str]]] = {
     EXP: ((), lambda isa: _vector_exp_text(EXP, isa, True)),
     EXP_NONPOS: ((), lambda isa: _vector_exp_text(EXP_NONPOS, isa, False)),
     SIGMOID: ((EXP_NONPOS,), _vector_sigmoid_text),
+    SIGMOID_TAIL: ((), _vector_sigmoid_tail_text),
     TANH: ((EXP,), _vector_tanh_text),
 }
 

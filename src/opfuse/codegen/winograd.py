@@ -58,7 +58,7 @@ from opfuse.codegen import simdchain, vecmath
 from opfuse.codegen.epilogue import VectorEpilogue, finish_element
 from opfuse.codegen.gemm import microkernel_bodies, pack_a_panels
 from opfuse.codegen.index import Index
-from opfuse.codegen.microkernel import AVX2_GUARD, microkernel
+from opfuse.codegen.microkernel import AVX2_GUARD, ZMM_FLOATS, fits_avx512, microkernel
 from opfuse.codegen.options import REGISTER_BLOCKS
 from opfuse.codegen.stages import Stage
 
@@ -368,9 +368,20 @@ def _register_block(o, C: int, OC: int, tiles: int, nimg: int, alpha: int) -> tu
         T = _tiles_per_block(o, C, ocp, tiles, nimg, alpha, math.lcm(nr, LANES))
         return -(-tiles // T) * T * ocp
 
-    if padded(o.gemm_mr, o.gemm_nr) > padded(mr2, nr2):
-        return mr2, nr2, False
-    return o.gemm_mr, o.gemm_nr, True
+    if padded(o.gemm_mr, o.gemm_nr) <= padded(mr2, nr2):
+        return o.gemm_mr, o.gemm_nr, True
+    # AVX2's panel width in one zmm (``WINOGRAD_ZMM_ROWS``): a broadcast per multiply-add, but twice AVX2's lanes.
+    rows = [r for r in WINOGRAD_ZMM_ROWS if fits_avx512(r, ZMM_FLOATS)]
+    if o.winograd_zmm_panels and rows:
+        mr = min(rows, key=lambda r: (-(-OC // r) * r, -r))
+        if padded(mr, ZMM_FLOATS) <= padded(mr2, nr2):
+            return mr, ZMM_FLOATS, True
+    return mr2, nr2, False
+
+
+# Rows of the one-zmm-wide block (``_register_block``): at least 8 multiply-add chains, the ones that pad the
+# output channels least, the more on a tie (256 channels: 16 x 16).
+WINOGRAD_ZMM_ROWS = range(8, 17)
 
 
 LANES = 8  # tiles transformed together: one ymm per transform value (constant-trip loops gcc vectorises)

@@ -180,7 +180,9 @@ def sample(x: np.ndarray, coords: list[np.ndarray], mode: str, padding: str, ali
     for i, p in enumerate(per_axis):
         valid = valid & spread(p[1], i)
     xt = np.moveaxis(x.astype(np.float64), 1, -1)  # (N, *S, C)
-    vals = xt[tuple(index)] * valid[..., None]       # (N, *O, T0, ..., C)
+    # A tap outside the input reads 0 (its index is clipped to a real pixel, which must not be multiplied by
+    # 0: an infinite pixel would make it NaN where onnxruntime and the C backend add 0).
+    vals = np.where(valid[..., None], xt[tuple(index)], 0.0)  # (N, *O, T0, ..., C)
     for i in reversed(range(d)):
         w = per_axis[i][2].reshape(lead + (1,) * i + (taps[i],) + (1,))
         vals = (vals * w).sum(axis=k + i)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from opfuse.targets.builtin import BUILTIN_PROFILES
 from opfuse.targets.fitted import M7_FIT_COMMAND, M7_FIT_SOURCE, m7_profile, save_m7_fit, saved_m7_fit
-from opfuse.targets.calibrate import (calibrate_host, describe_profile, host_profile, host_simd_isa,
-                                      nominal_host_profile, saved_host_calibration)
+from opfuse.targets.calibrate import (calibrate_host, describe_profile, host_full_width_fma, host_profile,
+                                      host_simd_isa, nominal_host_profile, saved_host_calibration)
 from opfuse.targets.profile import (HardwareProfile, ProfileError, format_profile, load_profile,
                                     save_profile)
 
@@ -43,6 +43,6 @@ def get_profile(name: str) -> HardwareProfile:
 
 
 __all__ = ["M7_FIT_COMMAND", "M7_FIT_SOURCE", "HardwareProfile", "ProfileError", "calibrate_host", "describe_profile",
-           "format_profile", "get_profile", "host_profile", "host_simd_isa", "list_profiles", "load_profile",
-           "m7_profile", "nominal_host_profile", "save_m7_fit", "save_profile", "saved_host_calibration",
-           "saved_m7_fit"]
+           "format_profile", "get_profile", "host_full_width_fma", "host_profile", "host_simd_isa", "list_profiles",
+           "load_profile", "m7_profile", "nominal_host_profile", "save_m7_fit", "save_profile",
+           "saved_host_calibration", "saved_m7_fit"]

@@ -165,6 +165,35 @@ def host_simd_isa() -> str:
     return simd_isa_of(platform.machine(), vector_isa()[1])
 
 
+@functools.lru_cache(maxsize=None)
+def host_full_width_fma() -> bool:
+    """Whether this CPU multiply-adds a whole zmm register per FMA pipe (``full_width_fma_of`` on
+    /proc/cpuinfo's vendor, family and flags)."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+            if not line.strip():
+                break
+    except OSError:
+        pass
+    return full_width_fma_of(fields.get("vendor_id", ""), fields.get("cpu family", ""), fields.get("flags", ""))
+
+
+# AMD's first family whose 512-bit FMAs run in full-width pipes (Zen 5, family 26 = 0x1A); Zen 4 (family
+# 25) splits each into two 256-bit halves, so a zmm multiply-add there costs what two ymm ones do.
+AMD_FULL_WIDTH_FAMILY = 26
+
+
+def full_width_fma_of(vendor: str, family: str, flags: str) -> bool:
+    """Whether a CPU (cpuinfo's ``vendor_id``, ``cpu family`` and ``flags``) has AVX-512F and FMA pipes as
+    wide as a zmm register, so 512-bit code doubles the peak of 256-bit code: AMD from Zen 5 on. False where
+    it is not known to (Zen 4; Intel, whose client cores fuse two 256-bit ports into one zmm pipe)."""
+    return "avx512f" in flags.split() and vendor == "AuthenticAMD" and family.isdigit() and \
+        int(family) >= AMD_FULL_WIDTH_FAMILY
+
+
 def simd_isa_of(machine: str, vector_bytes: int) -> str:
     """``host_simd_isa`` of a machine name (``platform.machine()``) and its vector width in bytes."""
     machine = machine.lower()
