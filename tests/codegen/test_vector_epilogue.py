@@ -26,6 +26,7 @@ GEOMETRIES = {
     "packed_1x1": dict(x=(1, 16, 23, 41), oc=20, k=1, stride=1, pad=0, options={}),  # rows of the tile, strips
     "windows": dict(x=(1, 16, 30, 26), oc=40, k=3, stride=2, pad=1, options=dict(conv_direct_max_k=0)),  # transposed
     "direct": dict(x=(1, 8, 6, 32), oc=20, k=3, stride=1, pad=1, options=dict(winograd="off")),
+    "direct_split": dict(x=(1, 8, 6, 48), oc=20, k=3, stride=1, pad=1, options=dict(winograd="off")),  # b_split
     "winograd": dict(x=(1, 16, 21, 43), oc=20, k=3, stride=1, pad=1, options={}),  # along the output transform's rows
 }
 
@@ -90,7 +91,7 @@ def test_activations_are_the_scalar_epilogues_bits(geo, cache_dir):
     base = GEOMETRIES[geo]["options"]
     src = generate(g, plan, options=CodegenOptions(**base)).source
     assert ("opfuse_transpose(" in src) == (geo == "windows")  # the transposed tile: the loop runs along its columns
-    assert ("direct kernel" in src) == (geo == "direct")
+    assert ("direct kernel" in src) == geo.startswith("direct")
     assert ("Winograd F" in src) == (geo == "winograd")
     if geo == "winograd":
         _check(g, plan, cache_dir, base, marker="Winograd", scale=1.0)
@@ -162,7 +163,7 @@ REGISTER_ACTIVATIONS = [("Sigmoid", {}, "Sigmoid"), ("Silu", {}, "Silu"), ("Tanh
 
 
 @pytest.mark.parametrize("act,attrs,what", REGISTER_ACTIVATIONS, ids=[a[2] for a in REGISTER_ACTIVATIONS])
-@pytest.mark.parametrize("geo", ["packed_1x1", "windows"])
+@pytest.mark.parametrize("geo", ["packed_1x1", "windows", "direct_split"])
 def test_register_epilogue_activations(act, attrs, what, geo, cache_dir):
     """Conv -> one activation of ``microkernel.ACTIVATIONS``: the storing micro-kernel adds the bias and applies it
     in registers (along the rows, or before its transposed store), bitwise the scalar tile epilogue."""
@@ -172,6 +173,7 @@ def test_register_epilogue_activations(act, attrs, what, geo, cache_dir):
     plan = _one_kernel(g)
     src = generate(g, plan, options=CodegenOptions(**spec["options"])).source
     assert f"output bias and {what} applied and stored by the micro-kernel" in src
+    assert ("_h16_" in src) == (geo == "direct_split")  # the direct kernel's two 16-position pieces
     assert ("epilogue in avx512" in src) == (geo == "packed_1x1")  # 20 channels: a part block, via the C tile
     _check(g, plan, cache_dir, spec["options"], marker="by the micro-kernel")
 
