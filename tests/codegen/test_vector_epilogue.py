@@ -227,3 +227,20 @@ def test_horizontal_segments(cache_dir):
                            pads=[1, 1, 1, 1], name="c2"), name="s2")
     g = b.build(c1, c2)
     _check(g, group_by_names(g, [("horizontal", ["conv", "s1", "c2", "s2"])]), cache_dir, {})
+
+
+@pytest.mark.parametrize("act", [None, "HardSigmoid"])
+def test_a_bias_along_the_loop_keeps_the_scalar_loop(act, cache_dir):
+    """A 1x1 convolution alone on one output position (PP-OCR's squeeze-and-excitation convs: 8 -> 32 channels on
+    1x1) runs over its windows with the tile along the channels, the bias's axis: the vector epilogue, which adds one
+    bias value a row, broadcast the first channel's bias to every channel (error 0.4-0.5 against the reference)."""
+    rng = np.random.default_rng(9)
+    b = GraphBuilder("se_conv")
+    y = b.op("Conv", b.input("x", (1, 8, 1, 1)), b.const("w", rng.standard_normal((32, 8, 1, 1)).astype(np.float32)),
+             b.const("bias", rng.standard_normal(32).astype(np.float32)), name="conv")
+    g = b.build(y if act is None else b.op(act, y, alpha=0.2, beta=0.5))
+    if act is None:  # alone: over its windows, the tile along the channels
+        plan = FusionPlan(g, [FusionGroup("g", list(g.nodes), "single")])
+        _check(g, plan, cache_dir, {}, vectorised=False, refused="its bias varies along the loop")
+    else:  # with an epilogue: over its packed rows, the tile along the one position (the bias constant along it)
+        _check(g, _one_kernel(g), cache_dir, {})

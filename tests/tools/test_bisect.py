@@ -7,6 +7,7 @@ import pytest
 from opfuse.bisect import bisect, check, split_plan
 from opfuse.cli import main
 from opfuse.codegen import rules as c_rules
+from opfuse.codegen import simdchain
 from opfuse.compiler import plan_model
 from opfuse.runtime.reference import random_inputs
 
@@ -19,7 +20,7 @@ def _fused_groups(comp):
 
 @pytest.fixture
 def planted(monkeypatch):
-    """Relu's C is wrong (``max(x, 0) + 0.5``) inside one fused Conv+Add+Relu group only."""
+    """Relu's C is wrong (``max(x, 0) + 0.5``, scalar and vector) inside one fused Conv+Add+Relu group only."""
     comp = plan_model(MODEL)
     target = next(g for g in _fused_groups(comp) if g.op_types == ["Conv", "Add", "Relu"])
     relu = c_rules.RULES["Relu"]
@@ -29,7 +30,16 @@ def planted(monkeypatch):
         group = ev.kc.group
         return f"(({expr}) + 0.5f)" if group.name == target.name and len(group.nodes) > 1 else expr
 
+    vrelu = simdchain.VECTOR_OPS["Relu"]
+
+    def vbroken(ve, node):  # the same bug in the Relu of vector epilogues (``epilogue.VectorEpilogue``)
+        expr = vrelu(ve, node)
+        group = ve.kc.group
+        return (ve.isa.op("add_ps", expr, ve.scalar(0.5)) if group.name == target.name and len(group.nodes) > 1
+                else expr)
+
     monkeypatch.setitem(c_rules.RULES, "Relu", broken)
+    monkeypatch.setitem(simdchain.VECTOR_OPS, "Relu", vbroken)
     return target
 
 

@@ -842,6 +842,10 @@ def _vector_epilogue(kc, ev, seg: Segment, b: str, transposed: bool) -> "VectorE
     p = seg.problem
     if p.finish is not None or p.dtype != np.float32:
         return "its finish has no vector form"
+    if p.finish_bias is not None and ("m" if transposed else "n") != p.out_contiguous:
+        # the bias is constant along the output's unit-stride axis only: a convolution over its windows with one
+        # output position (a squeeze-and-excitation 1x1 on 1x1) runs its tile along the channels, the bias's axis
+        return "its bias varies along the loop"
     if transposed:
         return VectorEpilogue.plan(kc, ev, seg.stage, p.out, lambda v: p.out_index(b, v, "0"))
     return VectorEpilogue.plan(kc, ev, seg.stage, p.out, lambda v: p.out_index(b, "0", v))
