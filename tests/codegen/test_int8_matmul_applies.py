@@ -43,3 +43,36 @@ def test_an_int8_matmul_in_int32_with_constant_int16_weights_is_taken():
 ], ids=["float", "batched", "runtime-weights", "wide-weights", "wide-negative-weights", "int16-input", "zero-point"])
 def test_anything_else_is_refused(params):
     assert not _applies(**params)
+
+
+def test_the_portable_kernel_writes_no_column_past_an_odd_n(tmp_path):
+    """``qmatmul.py`` takes two output columns per pass: with N odd the last pass's second column is past the row
+    and must not be stored (it would land on the next row's first element, and past the end after the last row).
+    The Cortex-M7 program, built for this host, run with poisoned bytes around its output: bit-exact, and nothing
+    written outside the output."""
+    import ctypes
+
+    from opfuse.codegen import generate
+    from opfuse.codegen.options import options_for_target
+    from opfuse.compiler import CompileOptions, plan_model
+    from opfuse.runtime.reference import run
+    from test_int8_matmul_host import qmatmul
+    from test_mcu_program import GUARD, POISON, HostRun
+
+    g = qmatmul(M=4, K=9, N=7, relu=False, scales=(0.02, 0.05))
+    comp = plan_model(g, CompileOptions(target="cortex-m7"))
+    program = generate(comp.graph, comp.plan, memory=comp.memory, options=options_for_target("cortex-m7"))
+    assert "int8 matmul" in program.source and "two output columns per pass" in program.source
+    host = HostRun(program, tmp_path)
+    x = np.random.default_rng(4).integers(-128, 128, (4, 9)).astype(np.int8)
+    (out,) = program.outputs
+    want = run(g, {"x": x})[out.name]
+    for fill in (POISON, 0x00, 0xFF):  # a stray store of any value shows against one of these
+        buf = np.full(want.nbytes + 2 * GUARD, fill, np.uint8)
+        arena = np.zeros(program.arena_bytes + 64, np.uint8)
+        ins = (ctypes.c_void_p * 1)(x.ctypes.data)
+        outs = (ctypes.c_void_p * 1)(buf.ctypes.data + GUARD)
+        assert host.lib.opfuse_run(ins, outs, ctypes.c_void_p(arena.ctypes.data + (-arena.ctypes.data % 64))) == 0
+        got = buf[GUARD:GUARD + want.nbytes].view(want.dtype).reshape(want.shape)
+        np.testing.assert_array_equal(got, want)
+        assert (buf[:GUARD] == fill).all() and (buf[GUARD + want.nbytes:] == fill).all(), "a store past the output"
