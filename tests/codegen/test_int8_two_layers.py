@@ -1,0 +1,67 @@
+"""Two int8 host kernels in one program whose 8-bit inputs differ in type (a uint8 input layer, an int8 one after it):
+each kernel's own packing helper (``qgemm.py``'s u8/s8 quads of the word image, ``qmatmul_host.py``'s u8/s8 row
+packing) is in the C, and both layers are bit-exact against the reference, built for AVX-512 (this host's
+``vpdpbusd``) and with AVX2 alone."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto
+
+from opfuse.codegen import generate
+from opfuse.codegen.options import CodegenOptions
+from opfuse.compiler import plan_model
+from opfuse.ops import GraphBuilder
+from opfuse.ops.quantized import fixed_point_multiplier
+from opfuse.runtime.native import build
+from opfuse.runtime.reference import run
+from test_int8_host import _built_with, _feeds
+
+AVX512 = CodegenOptions(vector_isa="avx512")
+
+
+def _layer(b, x, zp, w, op, **attrs):
+    """8-bit x -> Cast/Sub(zp) -> Conv or MatMul(w) -> Requantize to int8 (zero point 2)."""
+    tag = f"{op}{w.shape[0]}"
+    xc = b.op("Sub", b.op("Cast", x, to=int(TensorProto.INT32)), b.const(f"zp_{tag}", np.array(zp, np.int32)))
+    acc = b.op(op, xc, b.const(f"w_{tag}", w), **attrs)
+    m, s = fixed_point_multiplier(2e-3)
+    mult, shift = b.const(f"m_{tag}", np.array(m, np.int32)), b.const(f"s_{tag}", np.array(s, np.int32))
+    return b.op("Requantize", acc, mult, shift, zero_point=2, lo=-128, hi=127, to=int(TensorProto.INT8))
+
+
+def _convs():
+    rng = np.random.default_rng(21)
+    b = GraphBuilder("two_convs")
+    x = b.input("x", (1, 5, 7, 9), "uint8")
+    y = _layer(b, x, 128, rng.integers(-128, 128, (6, 5, 3, 3)).astype(np.int32), "Conv", pads=[1] * 4)
+    y = _layer(b, y, 2, rng.integers(-128, 128, (7, 6, 3, 3)).astype(np.int32), "Conv", pads=[1] * 4)
+    return b.build(y)
+
+
+def _matmuls():
+    rng = np.random.default_rng(22)
+    b = GraphBuilder("two_matmuls")
+    x = b.input("x", (6, 13), "uint8")
+    y = _layer(b, x, 128, rng.integers(-128, 128, (13, 11)).astype(np.int32), "MatMul")
+    y = _layer(b, y, 2, rng.integers(-128, 128, (11, 9)).astype(np.int32), "MatMul")
+    return b.build(y)
+
+
+@pytest.mark.parametrize(("make", "helpers"), [
+    (_convs, ("opfuse_q8_quads_u8(", "opfuse_q8_quads_s8(")),
+    (_matmuls, ("opfuse_q8mm_pack_quads_u8(", "opfuse_q8mm_pack_quads_s8(")),
+], ids=["conv", "matmul"])
+def test_uint8_then_int8_layers_in_one_program_are_bit_exact(make, helpers):
+    g = make()
+    comp = plan_model(g)
+    source = generate(comp.plan.graph, comp.plan, memory=comp.memory, options=AVX512).source
+    for h in helpers:
+        assert f"static void {h}" in source or f"static inline void {h}" in source, h
+    feeds = _feeds(g)
+    want = run(g, feeds)
+    (name,) = want
+    got = build(comp.plan.graph, comp.plan, memory=comp.memory, options=AVX512).run(feeds)
+    np.testing.assert_array_equal(got[name], want[name])
+    got = _built_with(comp.plan.graph, comp.plan, AVX512, "-mno-avx512f").run(feeds)
+    np.testing.assert_array_equal(got[name], want[name])
