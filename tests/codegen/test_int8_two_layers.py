@@ -1,8 +1,10 @@
 """Two int8 host kernels in one program whose 8-bit inputs differ in type (a uint8 input layer, an int8 one after it):
 each kernel's own packing helper (``qgemm.py``'s u8/s8 quads of the word image, ``qmatmul_host.py``'s u8/s8 row
-packing) is in the C, and both layers are bit-exact against the reference, built for AVX-512 (this host's
-``vpdpbusd``) and with AVX2 alone."""
+packing) is in the C once, and both layers are bit-exact against the reference, built for AVX-512 (this host's
+``vpdpbusd``), with AVX2 alone and without AVX2 (the plain ``#else``); likewise a conv and a matmul side by side."""
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
@@ -48,20 +50,34 @@ def _matmuls():
     return b.build(y)
 
 
+def _conv_and_matmul():
+    """A conv of one input and a matmul of another in one program: the plain branches of both kernels read their
+    packed weights through the same helpers (``opfuse_q8_w8`` ...), defined once."""
+    rng = np.random.default_rng(23)
+    b = GraphBuilder("conv_and_matmul")
+    y = _layer(b, b.input("x", (1, 5, 7, 9), "int8"), -3, rng.integers(-128, 128, (6, 5, 3, 3)).astype(np.int32),
+               "Conv", pads=[1] * 4)
+    z = _layer(b, b.input("a", (6, 13), "int8"), 4, rng.integers(-128, 128, (13, 11)).astype(np.int32), "MatMul")
+    return b.build(y, z)
+
+
 @pytest.mark.parametrize(("make", "helpers"), [
-    (_convs, ("opfuse_q8_quads_u8(", "opfuse_q8_quads_s8(")),
-    (_matmuls, ("opfuse_q8mm_pack_quads_u8(", "opfuse_q8mm_pack_quads_s8(")),
-], ids=["conv", "matmul"])
+    (_convs, ("opfuse_q8_quads_u8", "opfuse_q8_quads_s8")),
+    (_matmuls, ("opfuse_q8mm_pack_quads_u8", "opfuse_q8mm_pack_quads_s8")),
+    (_conv_and_matmul, ("opfuse_q8_w8",)),
+], ids=["conv", "matmul", "conv-and-matmul"])
 def test_uint8_then_int8_layers_in_one_program_are_bit_exact(make, helpers):
     g = make()
     comp = plan_model(g)
     source = generate(comp.plan.graph, comp.plan, memory=comp.memory, options=AVX512).source
     for h in helpers:
-        assert f"static void {h}" in source or f"static inline void {h}" in source, h
+        assert len(re.findall(rf"static (?:inline )?\w+ {h}\(", source)) == 1, h  # defined, once
     feeds = _feeds(g)
     want = run(g, feeds)
-    (name,) = want
-    got = build(comp.plan.graph, comp.plan, memory=comp.memory, options=AVX512).run(feeds)
-    np.testing.assert_array_equal(got[name], want[name])
-    got = _built_with(comp.plan.graph, comp.plan, AVX512, "-mno-avx512f").run(feeds)
-    np.testing.assert_array_equal(got[name], want[name])
+    models = (build(comp.plan.graph, comp.plan, memory=comp.memory, options=AVX512),
+              _built_with(comp.plan.graph, comp.plan, AVX512, "-mno-avx512f"),
+              _built_with(comp.plan.graph, comp.plan, AVX512, "-mno-avx2"))
+    for model in models:
+        got = model.run(feeds)
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name])
