@@ -23,11 +23,12 @@ AVX512 = CodegenOptions(vector_isa="avx512")
 
 
 def _layer(b, x, zp, w, op, **attrs):
-    """8-bit x -> Cast/Sub(zp) -> Conv or MatMul(w) -> Requantize to int8 (zero point 2)."""
+    """8-bit x -> Cast/Sub(zp) -> Conv or MatMul(w) -> Requantize to int8 (zero point 2), each layer's multiplier its
+    own (``w``'s first dimension sets it)."""
     tag = f"{op}{w.shape[0]}"
     xc = b.op("Sub", b.op("Cast", x, to=int(TensorProto.INT32)), b.const(f"zp_{tag}", np.array(zp, np.int32)))
     acc = b.op(op, xc, b.const(f"w_{tag}", w), **attrs)
-    m, s = fixed_point_multiplier(2e-3)
+    m, s = fixed_point_multiplier(1e-4 * w.shape[0])
     mult, shift = b.const(f"m_{tag}", np.array(m, np.int32)), b.const(f"s_{tag}", np.array(s, np.int32))
     return b.op("Requantize", acc, mult, shift, zero_point=2, lo=-128, hi=127, to=int(TensorProto.INT8))
 
