@@ -1,7 +1,8 @@
 """Two int8 host kernels in one program whose 8-bit inputs differ in type (a uint8 input layer, an int8 one after it):
 each kernel's own packing helper (``qgemm.py``'s u8/s8 quads of the word image, ``qmatmul_host.py``'s u8/s8 row
 packing) is in the C once, and both layers are bit-exact against the reference, built for AVX-512 (this host's
-``vpdpbusd``), with AVX2 alone and without AVX2 (the plain ``#else``); likewise a conv and a matmul side by side."""
+``vpdpbusd``), with AVX2 alone, without AVX2 (the plain ``#else``) and as plain C99 (``simd="none"``: the portable
+kernels, ``qconv.py`` and ``qmatmul.py``, two of a kind in one program); likewise a conv and a matmul side by side."""
 from __future__ import annotations
 
 import re
@@ -76,6 +77,7 @@ def test_uint8_then_int8_layers_in_one_program_are_bit_exact(make, helpers):
     feeds = _feeds(g)
     want = run(g, feeds)
     models = (build(comp.plan.graph, comp.plan, memory=comp.memory, options=AVX512),
+              build(comp.plan.graph, comp.plan, memory=comp.memory, options=AVX512.with_(simd="none")),
               _built_with(comp.plan.graph, comp.plan, AVX512, "-mno-avx512f"),
               _built_with(comp.plan.graph, comp.plan, AVX512, "-mno-avx2"))
     for model in models:
