@@ -23,13 +23,16 @@ from test_int8_host import _built_with, _feeds
 AVX512 = CodegenOptions(vector_isa="avx512")
 
 
-def _layer(b, x, zp, w, op, **attrs):
-    """8-bit x -> Cast/Sub(zp) -> Conv or MatMul(w) -> Requantize to int8 (zero point 2), each layer's multiplier its
-    own (``w``'s first dimension sets it)."""
-    tag = f"{op}{w.shape[0]}"
+def _layer(b, x, zp, w, op, tag=None, scale=None, **attrs):
+    """8-bit x -> Cast/Sub(zp) -> Conv or MatMul(w) -> Add(bias) -> Requantize to int8 (zero point 2), each layer's
+    bias and multiplier its own (``scale``, or set by ``w``'s first dimension); ``tag`` names the layer's constants."""
+    tag = tag or f"{op}{w.shape[0]}"
     xc = b.op("Sub", b.op("Cast", x, to=int(TensorProto.INT32)), b.const(f"zp_{tag}", np.array(zp, np.int32)))
     acc = b.op(op, xc, b.const(f"w_{tag}", w), **attrs)
-    m, s = fixed_point_multiplier(1e-4 * w.shape[0])
+    n = w.shape[0] if op == "Conv" else w.shape[1]
+    bias = (np.arange(n) * 53 - 40 * n + 11 * zp).astype(np.int32)  # each layer's own (its zero point differs)
+    acc = b.op("Add", acc, b.const(f"b_{tag}", bias.reshape((1, n, 1, 1) if op == "Conv" else (n,))))
+    m, s = fixed_point_multiplier(scale or 1e-4 * w.shape[0])
     mult, shift = b.const(f"m_{tag}", np.array(m, np.int32)), b.const(f"s_{tag}", np.array(s, np.int32))
     return b.op("Requantize", acc, mult, shift, zero_point=2, lo=-128, hi=127, to=int(TensorProto.INT8))
 
@@ -52,6 +55,17 @@ def _matmuls():
     return b.build(y)
 
 
+def _depthwise_pair():
+    """Two depthwise layers (rows of 6: 8 channels per vector), each its own taps, bias and multiplier."""
+    rng = np.random.default_rng(24)
+    b = GraphBuilder("two_depthwise")
+    y = b.input("x", (1, 8, 6, 6), "int8")
+    for i, zp in enumerate((-3, 2)):
+        w = rng.integers(-128, 128, (8, 1, 3, 3)).astype(np.int32)
+        y = _layer(b, y, zp, w, "Conv", tag=f"dw{i}", scale=(i + 2) * 1e-3, pads=[1] * 4, group=8)
+    return b.build(y)
+
+
 def _conv_and_matmul():
     """A conv of one input and a matmul of another in one program: the plain branches of both kernels read their
     packed weights through the same helpers (``opfuse_q8_w8`` ...), defined once."""
@@ -67,7 +81,8 @@ def _conv_and_matmul():
     (_convs, ("opfuse_q8_quads_u8", "opfuse_q8_quads_s8")),
     (_matmuls, ("opfuse_q8mm_pack_quads_u8", "opfuse_q8mm_pack_quads_s8")),
     (_conv_and_matmul, ("opfuse_q8_w8",)),
-], ids=["conv", "matmul", "conv-and-matmul"])
+    (_depthwise_pair, ("opfuse_q8_dw_row_s8",)),
+], ids=["conv", "matmul", "conv-and-matmul", "depthwise"])
 def test_uint8_then_int8_layers_in_one_program_are_bit_exact(make, helpers):
     g = make()
     comp = plan_model(g)
