@@ -101,9 +101,11 @@ def test_a_tail_for_avx2_is_bit_exact():
     check(qconv_tail(), options=CodegenOptions(vector_isa="avx2"))
 
 
-def test_a_tail_reading_the_accumulator_keeps_the_portable_kernel_with_a_reason():
-    """The float tail adds the int32 accumulator itself (before the Requantize): not a function of the requantized
-    value alone, so the group keeps qconv.py's kernel, exact, and the kernel's notes say why."""
+@pytest.mark.parametrize("after_bias", [False, True], ids=["conv-output", "after-the-bias"])
+def test_a_tail_reading_the_accumulator_keeps_the_portable_kernel_with_a_reason(after_bias):
+    """The float tail adds the int32 accumulator itself (the Conv's output, or the sum after the bias Add, which the
+    Requantize reads too): not a function of the requantized value alone, so the group keeps qconv.py's kernel,
+    exact, and the kernel's notes say why."""
     rng = np.random.default_rng(5)
     b = GraphBuilder("q")
     x = b.input("x", (1, 4, 6, 7), "int8")
@@ -114,11 +116,13 @@ def test_a_tail_reading_the_accumulator_keeps_the_portable_kernel_with_a_reason(
     m, s = fixed_point_multiplier(1e-3)
     q = b.op("Requantize", biased, b.const("m", np.array(m, np.int32)), b.const("s", np.array(s, np.int32)),
              zero_point=0, lo=-128, hi=127, to=int(TensorProto.INT8))
-    y = b.op("Add", _dq(b, q, 0, 0.5, "y"), b.op("Mul", b.op("Cast", acc, to=FLOAT),
+    y = b.op("Add", _dq(b, q, 0, 0.5, "y"), b.op("Mul", b.op("Cast", biased if after_bias else acc, to=FLOAT),
                                                   b.const("k", np.array(1e-3, np.float32))))
     g = b.build(y)
     _, source = check(g, expect_host=False)
-    assert "host int8 kernel not used: a Add after the Requantize reads the accumulator" in source
+    reason = "a Cast reads the accumulator besides the Requantize" if after_bias else \
+        "a Add after the Requantize reads the accumulator"
+    assert f"host int8 kernel not used: {reason}" in source
 
 
 

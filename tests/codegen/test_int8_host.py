@@ -26,18 +26,21 @@ DTYPES = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8}
 
 def qconv(cin=6, cout=5, hw=(9, 7), k=3, stride=1, pad=1, dilation=1, group=1, x_dtype="int8", zp=-7,
           out_dtype="int8", out_zp=3, relu=False, residual=False, res_dtype="int8", shifts=(1e-4, 3e-3),
-          wmax=128, bias=True, seed=0, kw=None, batch=1):
-    """x (8-bit) -> Cast/Sub(zp) -> Conv -> [Add(bias)] -> Requantize [+ residual r (8-bit)] -> y (8-bit)."""
+          wmax=128, bias=True, seed=0, kw=None, batch=1, bias_input=False):
+    """x (8-bit) -> Cast/Sub(zp) -> Conv -> [Add(bias)] -> Requantize [+ residual r (8-bit)] -> y (8-bit);
+    ``bias_input``: the bias as the Conv's third input (1-D) instead of an Add."""
     rng = np.random.default_rng(seed)
     b = GraphBuilder("qconv")
     x = b.input("x", (batch, cin) + hw, x_dtype)
     xc = b.op("Sub", b.op("Cast", x, to=int(TensorProto.INT32)), b.const("zp", np.array(zp, np.int32)))
     kw = k if kw is None else kw
     w = rng.integers(-wmax, wmax, (cout, cin // group, k, kw)).astype(np.int32)
-    acc = b.op("Conv", xc, b.const("w", w), name="conv", pads=[pad] * 4, strides=[stride] * 2,
+    bias_values = rng.integers(-3000, 3000, (1, cout, 1, 1)).astype(np.int32) if bias else None
+    conv_bias = [b.const("bias", bias_values.reshape(cout))] if bias and bias_input else []
+    acc = b.op("Conv", xc, b.const("w", w), *conv_bias, name="conv", pads=[pad] * 4, strides=[stride] * 2,
                dilations=[dilation] * 2, group=group)
-    if bias:
-        acc = b.op("Add", acc, b.const("bias", rng.integers(-3000, 3000, (1, cout, 1, 1)).astype(np.int32)))
+    if bias and not bias_input:
+        acc = b.op("Add", acc, b.const("bias", bias_values))
     pairs = [fixed_point_multiplier(float(m)) for m in rng.uniform(*shifts, cout)]
     mult = np.array([p[0] for p in pairs], np.int32).reshape(1, cout, 1, 1)
     shift = np.array([p[1] for p in pairs], np.int32).reshape(1, cout, 1, 1)
@@ -336,6 +339,16 @@ def test_quads_where_weights_fit_int8_and_the_zero_point_is_an_8_bit_value(param
     comp = check(g, avx2=False)
     notes = [n for k in generate(comp.plan.graph, comp.plan, options=HOST).kernels for n in k.notes]
     assert any(f"host {kind} GEMM" in n for n in notes)
+
+
+@pytest.mark.parametrize("params", [{}, {"group": 6, "cin": 6, "cout": 6, "residual": True}], ids=["3x3", "dw"])
+def test_the_convs_own_bias_input_takes_the_host_kernel(params):
+    """The int32 bias as the Conv's third input (1-D, one value per output channel) rather than an Add after it: the
+    host kernel takes it as it takes the Add, bit-exact in every build. (Before, the 1-D bias was read with its
+    channels on the wrong axis and refused as "the Conv's bias is not a constant".)"""
+    comp = check(qconv(**params, bias_input=True))
+    (conv,) = [n for n in comp.plan.graph.nodes if n.op_type == "Conv"]
+    assert len(conv.inputs) == 3
 
 
 def test_plain_c_build_has_no_host_kernel():

@@ -118,8 +118,9 @@ def test_the_neon_c_compiled_for_x86_takes_its_plain_branches():
 @pytest.mark.parametrize("params, note", [
     ({"group": 6, "cin": 6, "cout": 6}, "NEON int16 planes (vmlal_n_s16)"),
     ({"group": 5, "cin": 5, "cout": 5, "wmax": 30000, "stride": 2}, "NEON int16 planes (vmlal_n_s16)"),
+    ({"group": 3, "cin": 3, "cout": 3, "wmax": 30000, "hw": (16, 6)}, "NEON int16 planes (vmlal_n_s16)"),
     ({"cin": 7, "cout": 5}, "NEON s8 x s8 GEMM"),
-], ids=["depthwise", "depthwise-int16-weights", "gemm"])
+], ids=["depthwise", "depthwise-int16-weights", "depthwise-int16-weights-tall", "gemm"])
 def test_the_neon_int8_kernels_and_their_notes(params, note):
     g = qconv(**params)
     comp = plan_model(g)

@@ -200,7 +200,8 @@ def match_epilogue(ev, stage: Stage, node: Node, tail: bool = False) -> QEpilogu
     shape = acc.shape
     bias = np.zeros(shape[1], np.int64)
     if len(node.inputs) > 2 and node.inputs[2] is not None:
-        bias += _must(_per_channel(ev.static.get(id(node.inputs[2])), shape[1:2], np.int64),
+        # a Conv's bias is 1-D, one value per output channel: read as (batch, channels), channels on axis 1
+        bias += _must(_per_channel(ev.static.get(id(node.inputs[2])), shape[:2], np.int64),
                       "the Conv's bias is not a constant")
     cur = acc
     rq: Node | None = None
