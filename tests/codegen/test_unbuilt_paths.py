@@ -1,0 +1,45 @@
+"""Paths of the code generator that no other fast test builds (issue 13's survivors, tests/mutation/mutS.md):
+each test builds one such path and checks its results against the reference."""
+from __future__ import annotations
+
+import numpy as np
+
+from cg_support import assert_close, group_by_names, run_both
+from opfuse.ops import GraphBuilder
+
+rng = np.random.default_rng(13)
+
+
+def W(b, *shape, scale=0.3):
+    return b.const(f"w{len(b.graph.values)}", (rng.standard_normal(shape) * scale).astype(np.float32))
+
+
+def test_horizontal_pointwise_convs_merge_along_m(cache_dir):
+    """Two 1x1 Convs of one input whose positions fill whole panels are GEMMs with the weights in A
+    (``weights_axis`` "m"): the horizontal stage stacks their weights along M, one GEMM, each sibling its
+    own rows (3 and 5 channels, one with bias and Relu)."""
+    b = GraphBuilder("merge_m")
+    x = b.input("x", (1, 6, 16, 16))
+    c1 = b.op("Relu", b.op("Conv", x, W(b, 3, 6, 1, 1), W(b, 3), name="c1"), name="r1")
+    c2 = b.op("Conv", x, W(b, 5, 6, 1, 1), name="c2")
+    g = b.build(c1, c2)
+    plan = group_by_names(g, [("horizontal", ["c1", "r1", "c2"])])
+    got, want, model = run_both(g, plan, cache_dir)
+    assert_close(got, want)
+    assert model.report["functions"] == 1
+    assert model.program.source.count("opfuse_ukr_") == 2  # one GEMM: the micro-kernel and one call site
+
+
+def test_horizontal_gemms_merge_along_n(cache_dir):
+    """Gemms of one run-time A with constant Bs (one transposed, with alpha, beta and a C) stack their Bs along
+    N: one GEMM, each sibling its own columns and its own alpha/beta finish."""
+    b = GraphBuilder("merge_n_gemm")
+    a = b.input("a", (10, 12))
+    g1 = b.op("Gemm", a, W(b, 12, 7), W(b, 7), name="g1")
+    g2 = b.op("Gemm", a, W(b, 9, 12), W(b, 9), transB=1, alpha=0.5, beta=2.0, name="g2")
+    g = b.build(b.op("Relu", g1, name="r1"), g2)
+    plan = group_by_names(g, [("horizontal", ["g1", "r1", "g2"])])
+    got, want, model = run_both(g, plan, cache_dir)
+    assert_close(got, want)
+    assert model.report["functions"] == 1
+    assert model.program.source.count("opfuse_ukr_") == 2
