@@ -43,3 +43,18 @@ def test_horizontal_gemms_merge_along_n(cache_dir):
     assert_close(got, want)
     assert model.report["functions"] == 1
     assert model.program.source.count("opfuse_ukr_") == 2
+
+
+def test_batch_normalization_inside_a_pointwise_chain(cache_dir):
+    """A BatchNormalization with constant statistics inlined in an elementwise chain (no anchor): it broadcasts
+    its per-channel terms along the channel axis of the chain's domain, another operand a row (the last axis)."""
+    b = GraphBuilder("bn_chain")
+    x = b.input("x", (2, 5, 6, 7))
+    var = b.const("var", (rng.random(5) + 0.5).astype(np.float32))
+    bn = b.op("BatchNormalization", b.op("Sigmoid", x, name="sig"), W(b, 5), W(b, 5), W(b, 5), var, name="bn")
+    y = b.op("Relu", b.op("Mul", bn, W(b, 7), name="mul"), name="relu")
+    g = b.build(y)
+    plan = group_by_names(g, [("elementwise", ["sig", "bn", "mul", "relu"])])
+    got, want, model = run_both(g, plan, cache_dir)
+    assert_close(got, want)
+    assert model.report["functions"] == 1
