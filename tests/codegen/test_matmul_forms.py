@@ -2,9 +2,9 @@
 ``gemm_problem``, ``emit_naive``), all in one program against the reference executor, every output checked by the
 same test: test_ops.py's linalg suite (1-D operands, batches broadcast, a constant B folding A's batch, transposes,
 alpha, beta, C) plus a constant A (2-D, batched, broadcast over B's batch, its batch folded into M), a run-time
-vector B, a constant A transposed in a Gemm, integer Gemms and batched integer MatMuls in the
-triple loop. One compile (mutation testing,
-tests/MUTATION.md: a mutant that changes one form's C is seen by the test that checks that form)."""
+vector B, a constant A transposed in a Gemm, integer Gemms and batched integer MatMuls in the triple loop. One
+compile (mutation testing, tests/MUTATION.md: a mutant that changes one form's C is seen by the test that checks
+that form)."""
 from __future__ import annotations
 
 import numpy as np
