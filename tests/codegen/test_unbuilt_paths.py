@@ -58,3 +58,19 @@ def test_batch_normalization_inside_a_pointwise_chain(cache_dir):
     got, want, model = run_both(g, plan, cache_dir)
     assert_close(got, want)
     assert model.report["functions"] == 1
+
+
+def test_pointwise_chain_whose_innermost_loop_is_axes_of_two(cache_dir):
+    """An elementwise chain over (3, 2, 2, 2, 2): the innermost loop is the four axes of extent 2 (16 elements),
+    along which one operand varies and the other (one value per row) does not: in vector intrinsics, the
+    invariant operand hoisted, and the reference's values."""
+    b = GraphBuilder("twos")
+    x = b.input("x", (3, 2, 2, 2, 2))
+    y = b.op("Relu", b.op("Add", b.op("Mul", x, W(b, 3, 1, 1, 1, 1), name="mul"), W(b, 1, 2, 2, 2, 2), name="add"),
+             name="relu")
+    g = b.build(y)
+    plan = group_by_names(g, [("elementwise", ["mul", "add", "relu"])])
+    got, want, model = run_both(g, plan, cache_dir)
+    assert_close(got, want)
+    notes = [n for k in model.program.kernels for n in k.notes]
+    assert any("elementwise loop in" in n and "intrinsics" in n for n in notes), notes
