@@ -651,7 +651,7 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                                                             _min_expr(f"{M} - {m0} - {ir}", MR),
                                                             _min_expr(f"{N} - {n0} - {jr}", NR))
         if direct is not None:  # stored by the micro-kernel
-            kc.stored.add(id(direct[1]))
+            pass
         elif transposed:  # TRANSPOSE_COLUMNS columns at a time, so the transposed copy stays in L1
             tr, text = transpose_helper(o.simd)
             kc.program.require_helper(tr, text)

@@ -419,7 +419,6 @@ def _emit_isa(kc, ev, isa: VecIsa, outs, inline, loadable, shape, groups, hoiste
         for v in outs:
             op = "stream_ps" if stream else "storeu_ps"
             w.line(f"{isa.op(op, f'{kc.ptr(v, write=True)} + {at(i).offset()}', ve.at(v))};")
-            kc.stored.add(id(v))
 
     for depth, (a, b, var) in enumerate(outer):
         n = math.prod(shape[a:b])
