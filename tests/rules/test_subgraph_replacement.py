@@ -107,3 +107,13 @@ def test_new_ops_are_named_apart_from_the_nodes_not_the_values():
     assert [(n.op_type, n.name) for n in g.nodes] == [("Add", "relu_1"), ("Add", "x"), ("Relu", "relu")]
     g.verify()
     same_outputs(before, g, rtol=0, atol=0)
+
+
+def test_without_a_reason_the_decision_names_the_op_computing_the_output():
+    from dataclasses import replace
+    g = times_four()
+    x = Var("x")
+    rule = Rule("times_four", Op("Mul")(x, Const()).named("mul"),
+                action=lambda m: replace(_scratch(m["x"]), reason=""))
+    (d,) = apply_rules(g, [rule]).decisions
+    assert (d.verdict, d.reason) == ("rewritten", "replaced by Add 'twice'")
