@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import math
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -222,3 +223,16 @@ def test_mcu_options_are_checked():
         CodegenOptions(platform="rtos")
     assert options_for_target("host") == CodegenOptions()
     assert options_for_target("cortex-m7").platform == "mcu"
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler")
+def test_header_compiles_as_cpp_too(resnet8, tmp_path):
+    """The header declares C linkage for a C++ caller (``extern "C"``): a C++ translation unit including it and
+    calling ``opfuse_run`` compiles."""
+    _, program, _ = resnet8
+    (tmp_path / HEADER_NAME).write_text(program.mcu.header)
+    caller = tmp_path / "caller.cpp"
+    caller.write_text(f'#include "{HEADER_NAME}"\nint call(const float* const* i, float* const* o, uint8_t* a) '
+                      "{ return opfuse_run(i, o, a); }\n")
+    subprocess.run(["c++", "-std=c++11", "-fsyntax-only", "-I", str(tmp_path), str(caller)], check=True,
+                   capture_output=True, text=True)

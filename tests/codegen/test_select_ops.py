@@ -1,8 +1,8 @@
 """TopK, CumSum/CumProd, ScatterND and ScatterElements kernels (``codegen/topk.py``, ``scan.py``,
 ``scatter.py``) on the cases their docstrings single out, against the reference executor: NaN as the largest
-value, ties in index order, a TopK whose values (or indices) are not used, the smallest k along an inner axis; every flag of
-CumSum on an inner axis; every reduction of the scatters with negative and repeated indices. One graph, one
-compile."""
+value, ties in index order, a TopK whose values (or indices) are not used, the smallest k along an inner axis;
+every flag of CumSum on an inner axis; every reduction of the scatters with negative and repeated indices. One
+graph, one compile."""
 from __future__ import annotations
 
 import numpy as np
