@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -282,6 +283,8 @@ def test_a_block_past_the_32_q_registers_stores_finished_rows_under_qemu():
     program = aarch64.generate_aarch64(comp.plan.graph, comp.plan, None, options=o)
     notes = [n for k in program.kernels for n in k.notes]
     assert "GEMM 'conv': output bias and Relu applied and stored by the micro-kernel" in notes
+    ukr = re.search(r"static void opfuse_ukr_\w+\(.*?\n}\n", program.source, re.S)
+    assert ukr and "vfmaq_lane_f32" in ukr.group(0)  # the micro-kernel itself has its AdvSIMD body
     want = reference.run(g, feeds)
     assert (next(iter(want.values())) == 0).any()  # the Relu clips
     assert_close(_qemu(comp.plan.graph, comp.plan, feeds, options=o), want)
