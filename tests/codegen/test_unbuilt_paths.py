@@ -74,3 +74,15 @@ def test_pointwise_chain_whose_innermost_loop_is_axes_of_two(cache_dir):
     assert_close(got, want)
     notes = [n for k in model.program.kernels for n in k.notes]
     assert any("elementwise loop in" in n and "intrinsics" in n for n in notes), notes
+
+
+def test_integer_min_and_clip_with_run_time_bounds(cache_dir):
+    """Min of integer tensors and an integer Clip whose bounds are run-time values: the plain C comparisons (no
+    NaN to keep), the reference's values."""
+    b = GraphBuilder("int_min")
+    x, y = b.input("x", (3, 4), np.int32), b.input("y", (3, 4), np.int32)
+    lo, hi = b.input("lo", (), np.int32), b.input("hi", (), np.int32)
+    g = b.build(b.op("Min", x, y, name="min"), b.op("Clip", x, lo, hi, name="clip"))
+    got, want, _ = run_both(g, None, cache_dir)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
