@@ -190,13 +190,14 @@ def test_scalar_accumulator_microkernel_names_every_accumulator():
     assert len(re.findall(r"c\d_\d \+= v\d \* bj;", src)) == 16  # its one 4 x 4 micro-kernel
 
 
-@pytest.mark.parametrize("positions", [1, 2])
-def test_int8_conv_of_an_odd_channel_count_writes_only_its_output(positions, tmp_path):
+@pytest.mark.parametrize("positions, cout, group", [(1, 5, 1), (2, 5, 1), (2, 2, 2)])
+def test_int8_conv_of_an_odd_channel_count_writes_only_its_output(positions, cout, group, tmp_path):
     """The int8 convolution's channel passes (``qconv._channel_pairs``: 2 channels at one position;
     ``_channel_pairs2``: the Cortex-M7's 4 at two positions): with 5 output channels the last pass's channels past
-    the fifth do not exist, and nothing is written for them (past the output's end); bit-exact."""
+    the fifth do not exist, and nothing is written for them (past the output's end); one output channel per group
+    of 3 input channels takes the single dot product. Bit-exact."""
     from test_int8_conv import _feeds, qconv_graph
-    g = qconv_graph(cin=6, cout=5, hw=(9, 7))
+    g = qconv_graph(cin=6, cout=cout, hw=(9, 7), group=group)
     comp = plan_model(g, CompileOptions(target="cortex-m7"))
     options = options_for_target("cortex-m7").with_(int8_conv_positions_per_pass=positions)
     program = generate(comp.graph, comp.plan, memory=comp.memory, options=options)
