@@ -304,6 +304,9 @@ def test_host_int8_depthwise_both_layouts_are_bit_exact(case, mode):
     comp = check(qconv(**DEPTHWISE[case], seed=len(case)), options=options)
     notes = [n for k in generate(comp.plan.graph, comp.plan, options=options).kernels for n in k.notes]
     assert any(("8 channels per vector" in n) == (mode == "channels") and "depthwise" in n for n in notes)
+    if mode == "positions":  # planes of tap pairs at column stride 1, of int32 (one per column phase) strided
+        kind = "tap pairs of int16 (vpmaddwd)" if DEPTHWISE[case].get("stride", 1) == 1 else "int32"
+        assert any(f"host planes of {kind}," in n for n in notes), notes
 
 
 @pytest.mark.parametrize(("stride", "channels"), [(1, False), (2, True)])
