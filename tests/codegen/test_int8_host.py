@@ -341,6 +341,15 @@ def test_quads_where_weights_fit_int8_and_the_zero_point_is_an_8_bit_value(param
     assert any(f"host {kind} GEMM" in n for n in notes)
 
 
+@pytest.mark.parametrize(("case", "words"), [("3x3", "4 channels"), ("rect-kernel", "4 taps of a kernel row")])
+def test_the_quads_hold_channels_or_a_mono_inputs_taps(case, words):
+    """A quad word holds 4 input channels, or with one input channel (a first layer on a mono input) 4 taps of a
+    kernel row; the note says which (the cases' bits: ``test_host_int8_conv_is_bit_exact``)."""
+    comp = plan_model(qconv(**CASES[case]))
+    notes = [n for k in generate(comp.plan.graph, comp.plan, options=HOST).kernels for n in k.notes]
+    assert any("host u8 x s8 GEMM" in n and f"words of {words} (" in n for n in notes), notes
+
+
 def test_plain_c_build_has_no_host_kernel():
     comp = plan_model(qconv())
     source = generate(comp.plan.graph, comp.plan, options=CodegenOptions(simd="none")).source
