@@ -350,20 +350,28 @@ def test_the_quads_hold_channels_or_a_mono_inputs_taps(case, words):
     assert any("host u8 x s8 GEMM" in n and f"words of {words} (" in n for n in notes), notes
 
 
-def test_an_int8_and_a_uint8_input_in_one_program_have_their_own_quads_helper():
-    """Two convolutions in one program, the first reading int8 and writing uint8, the second reading that: each
-    builds its words with its own helper (``opfuse_q8_quads_s8`` / ``_u8``); bit-exact."""
+def test_int8_and_uint8_inputs_and_a_matmul_in_one_program():
+    """Two convolutions and a MatMul in one program, the first conv reading int8 and writing uint8, the second
+    reading that: each conv builds its words with its own helper (``opfuse_q8_quads_s8`` / ``_u8``), the conv and
+    the MatMul share the portable weight readers (one definition); bit-exact."""
     rng = np.random.default_rng(4)
-    b = GraphBuilder("two_types")
+    b = GraphBuilder("three_layers")
     y = b.input("x", (1, 6, 9, 7), "int8")
-    for k, (zp, out, out_zp, cout) in enumerate(((-7, "uint8", 120, 5), (130, "int8", 3, 4))):
+    for k, (zp, out, out_zp, cout) in enumerate(((-7, "uint8", 120, 5), (130, "int8", 3, 4), (3, "int8", -2, 6))):
+        if k == 2:  # the MatMul's rows: every position of every channel
+            y = b.op("Reshape", y, b.const("rows", np.array([36, 7], np.int64)))
         xc = b.op("Sub", b.op("Cast", y, to=int(TensorProto.INT32)), b.const(f"zp{k}", np.array(zp, np.int32)))
-        cin = 6 if k == 0 else 5
-        acc = b.op("Conv", xc, b.const(f"w{k}", rng.integers(-128, 128, (cout, cin, 3, 3)).astype(np.int32)),
-                   name=f"conv{k}", pads=[1] * 4)
+        if k < 2:
+            cin = 6 if k == 0 else 5
+            acc = b.op("Conv", xc, b.const(f"w{k}", rng.integers(-128, 128, (cout, cin, 3, 3)).astype(np.int32)),
+                       name=f"conv{k}", pads=[1] * 4)
+            shape = (1, cout, 1, 1)
+        else:
+            acc = b.op("MatMul", xc, b.const(f"w{k}", rng.integers(-128, 128, (7, cout)).astype(np.int32)), name="mm")
+            shape = (cout,)
         pairs = [fixed_point_multiplier(float(m)) for m in rng.uniform(1e-4, 3e-3, cout)]
-        mult = b.const(f"m{k}", np.array([p[0] for p in pairs], np.int32).reshape(1, cout, 1, 1))
-        shift = b.const(f"s{k}", np.array([p[1] for p in pairs], np.int32).reshape(1, cout, 1, 1))
+        mult = b.const(f"m{k}", np.array([p[0] for p in pairs], np.int32).reshape(shape))
+        shift = b.const(f"s{k}", np.array([p[1] for p in pairs], np.int32).reshape(shape))
         info = np.iinfo(np.dtype(out))
         y = b.op("Requantize", acc, mult, shift, zero_point=out_zp, lo=int(info.min), hi=int(info.max),
                  to=int(DTYPES[out]), name=f"rq{k}")
@@ -371,9 +379,12 @@ def test_an_int8_and_a_uint8_input_in_one_program_have_their_own_quads_helper():
     comp = plan_model(g)
     feeds = _feeds(g)
     got = build(comp.plan.graph, comp.plan, options=HOST).run(feeds)
-    np.testing.assert_array_equal(got["rq1"], run(g, feeds)["rq1"])
-    source = generate(comp.plan.graph, comp.plan, options=HOST).source
-    assert "opfuse_q8_quads_s8(" in source and "opfuse_q8_quads_u8(" in source
+    np.testing.assert_array_equal(got["rq2"], run(g, feeds)["rq2"])
+    program = generate(comp.plan.graph, comp.plan, options=HOST)
+    assert "opfuse_q8_quads_s8(" in program.source and "opfuse_q8_quads_u8(" in program.source
+    notes = " ".join(n for k in program.kernels for n in k.notes)
+    assert notes.count("host u8 x s8 GEMM") == 2 and "int8 matmul 'mm': host word GEMM" in notes, notes
+    assert program.source.count("static inline int32_t opfuse_q8_w8(") == 1
 
 
 def test_plain_c_build_has_no_host_kernel():
