@@ -387,6 +387,25 @@ def test_int8_and_uint8_inputs_and_a_matmul_in_one_program():
     assert program.source.count("static inline int32_t opfuse_q8_w8(") == 1
 
 
+def test_a_bias_given_to_the_conv_itself_is_added_as_an_add_would_be():
+    """The bias as the Conv's third input (int32) rather than an Add after it: the host kernel takes it, one value
+    per channel (it refused it as "not a constant" before: the 1-D bias was matched against one axis as if it
+    were NCHW); bit-exact with AVX-512, AVX2 alone and the plain builds."""
+    rng = np.random.default_rng(6)
+    b = GraphBuilder("conv_bias")
+    x = b.input("x", (1, 6, 9, 7), "int8")
+    xc = b.op("Sub", b.op("Cast", x, to=int(TensorProto.INT32)), b.const("zp", np.array(-7, np.int32)))
+    acc = b.op("Conv", xc, b.const("w", rng.integers(-128, 128, (5, 6, 3, 3)).astype(np.int32)),
+               b.const("bias", rng.integers(-3000, 3000, 5).astype(np.int32)), name="conv", pads=[1] * 4)
+    pairs = [fixed_point_multiplier(float(m)) for m in rng.uniform(1e-4, 3e-3, 5)]
+    y = b.op("Requantize", acc, b.const("m", np.array([p[0] for p in pairs], np.int32).reshape(1, 5, 1, 1)),
+             b.const("s", np.array([p[1] for p in pairs], np.int32).reshape(1, 5, 1, 1)), zero_point=3, lo=-128,
+             hi=127, to=int(TensorProto.INT8))
+    comp = check(b.build(y))
+    notes = [n for k in generate(comp.plan.graph, comp.plan, options=HOST).kernels for n in k.notes]
+    assert any("host u8 x s8 GEMM" in n for n in notes) and not any("not used" in n for n in notes), notes
+
+
 def test_plain_c_build_has_no_host_kernel():
     comp = plan_model(qconv())
     source = generate(comp.plan.graph, comp.plan, options=CodegenOptions(simd="none")).source

@@ -199,9 +199,10 @@ def match_epilogue(ev, stage: Stage, node: Node, tail: bool = False) -> QEpilogu
     acc = node.outputs[0]
     shape = acc.shape
     bias = np.zeros(shape[1], np.int64)
-    if len(node.inputs) > 2 and node.inputs[2] is not None:
-        bias += _must(_per_channel(ev.static.get(id(node.inputs[2])), shape[1:2], np.int64),
-                      "the Conv's bias is not a constant")
+    if len(node.inputs) > 2 and node.inputs[2] is not None:  # the Conv's own bias: 1-D, one value per channel
+        b = ev.static.get(id(node.inputs[2]))
+        b = None if b is None else b.reshape((1, -1) + (1,) * (len(shape) - 2))
+        bias += _must(_per_channel(b, shape, np.int64), "the Conv's bias is not a constant")
     cur = acc
     rq: Node | None = None
     pre = {id(acc)}  # the accumulator and what is computed from it before the Requantize
