@@ -406,6 +406,21 @@ def test_a_bias_given_to_the_conv_itself_is_added_as_an_add_would_be():
     assert any("host u8 x s8 GEMM" in n for n in notes) and not any("not used" in n for n in notes), notes
 
 
+def test_a_run_time_bias_of_the_conv_keeps_the_portable_kernel_with_a_reason():
+    b = GraphBuilder("conv_bias_input")
+    xc = b.op("Sub", b.op("Cast", b.input("x", (1, 6, 9, 7), "int8"), to=int(TensorProto.INT32)),
+              b.const("zp", np.array(-7, np.int32)))
+    acc = b.op("Conv", xc, b.const("w", np.ones((5, 6, 3, 3), np.int32)), b.input("bias", (5,), np.int32),
+               name="conv", pads=[1] * 4)
+    m, sh = fixed_point_multiplier(1e-3)
+    y = b.op("Requantize", acc, b.const("m", np.array(m, np.int32)), b.const("s", np.array(sh, np.int32)),
+             zero_point=3, lo=-128, hi=127, to=int(TensorProto.INT8))
+    g = b.build(y)
+    comp = plan_model(g)
+    notes = [n for k in generate(comp.plan.graph, comp.plan, options=HOST).kernels for n in k.notes]
+    assert "int8 conv 'conv': host int8 kernel not used: the Conv's bias is not a constant" in notes, notes
+
+
 def test_plain_c_build_has_no_host_kernel():
     comp = plan_model(qconv())
     source = generate(comp.plan.graph, comp.plan, options=CodegenOptions(simd="none")).source
