@@ -154,3 +154,29 @@ def test_neon_build_with_a_tail_compiled_for_x86_takes_the_plain_branch():
     assert TAIL_NOTE in source
     np.testing.assert_array_equal(build(comp.plan.graph, comp.plan, options=NEON).run(feeds)[name], want[name])
 
+
+
+def test_a_second_reader_of_the_accumulator_keeps_the_portable_kernel_with_a_reason():
+    """The int32 accumulator read by the Requantize and, after it, by a Relu whose result is stored too (one fused
+    group, planned by hand): the host kernel finishes the accumulator only through the Requantize, so the group
+    keeps qconv.py's kernel, exact, and the notes say why."""
+    from cg_support import group_by_names
+    rng = np.random.default_rng(6)
+    b = GraphBuilder("q")
+    x = b.input("x", (1, 4, 6, 7), "int8")
+    xc = b.op("Sub", b.op("Cast", x, to=int(TensorProto.INT32), name="cast"), b.const("zp", np.array(1, np.int32)),
+              name="sub")
+    acc = b.op("Conv", xc, b.const("w", rng.integers(-100, 100, (5, 4, 3, 3)).astype(np.int32)), name="conv",
+               pads=[1] * 4)
+    m, s = fixed_point_multiplier(1e-3)
+    q = b.op("Requantize", acc, b.const("m", np.array(m, np.int32)), b.const("s", np.array(s, np.int32)),
+             zero_point=0, lo=-128, hi=127, to=int(TensorProto.INT8), name="rq")
+    g = b.build(q, b.op("Relu", acc, name="relu"))
+    plan = group_by_names(g, [("conv_epilogue", ["cast", "sub", "conv", "rq", "relu"])])
+    feeds = _feeds(g)
+    want = run(g, feeds)
+    got = build(g, plan).run(feeds)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+    source = generate(g, plan).source
+    assert "host int8 kernel not used: a Relu reads the accumulator besides the Requantize" in source
