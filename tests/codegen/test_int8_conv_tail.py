@@ -101,9 +101,11 @@ def test_a_tail_for_avx2_is_bit_exact():
     check(qconv_tail(), options=CodegenOptions(vector_isa="avx2"))
 
 
-def test_a_tail_reading_the_accumulator_keeps_the_portable_kernel_with_a_reason():
-    """The float tail adds the int32 accumulator itself (before the Requantize): not a function of the requantized
-    value alone, so the group keeps qconv.py's kernel, exact, and the kernel's notes say why."""
+@pytest.mark.parametrize("after_bias", [False, True], ids=["conv-output", "after-the-bias"])
+def test_a_tail_reading_the_accumulator_keeps_the_portable_kernel_with_a_reason(after_bias):
+    """The float tail adds the int32 accumulator itself (the Conv's output, or the sum after the bias Add, which the
+    Requantize reads too): not a function of the requantized value alone, so the group keeps qconv.py's kernel,
+    exact, and the kernel's notes say why."""
     rng = np.random.default_rng(5)
     b = GraphBuilder("q")
     x = b.input("x", (1, 4, 6, 7), "int8")
@@ -114,11 +116,13 @@ def test_a_tail_reading_the_accumulator_keeps_the_portable_kernel_with_a_reason(
     m, s = fixed_point_multiplier(1e-3)
     q = b.op("Requantize", biased, b.const("m", np.array(m, np.int32)), b.const("s", np.array(s, np.int32)),
              zero_point=0, lo=-128, hi=127, to=int(TensorProto.INT8))
-    y = b.op("Add", _dq(b, q, 0, 0.5, "y"), b.op("Mul", b.op("Cast", acc, to=FLOAT),
+    y = b.op("Add", _dq(b, q, 0, 0.5, "y"), b.op("Mul", b.op("Cast", biased if after_bias else acc, to=FLOAT),
                                                   b.const("k", np.array(1e-3, np.float32))))
     g = b.build(y)
     _, source = check(g, expect_host=False)
-    assert "host int8 kernel not used: a Add after the Requantize reads the accumulator" in source
+    reason = "a Cast reads the accumulator besides the Requantize" if after_bias else \
+        "a Add after the Requantize reads the accumulator"
+    assert f"host int8 kernel not used: {reason}" in source
 
 
 
@@ -150,3 +154,29 @@ def test_neon_build_with_a_tail_compiled_for_x86_takes_the_plain_branch():
     assert TAIL_NOTE in source
     np.testing.assert_array_equal(build(comp.plan.graph, comp.plan, options=NEON).run(feeds)[name], want[name])
 
+
+
+def test_a_second_reader_of_the_accumulator_keeps_the_portable_kernel_with_a_reason():
+    """The int32 accumulator read by the Requantize and, after it, by a Relu whose result is stored too (one fused
+    group, planned by hand): the host kernel finishes the accumulator only through the Requantize, so the group
+    keeps qconv.py's kernel, exact, and the notes say why."""
+    from cg_support import group_by_names
+    rng = np.random.default_rng(6)
+    b = GraphBuilder("q")
+    x = b.input("x", (1, 4, 6, 7), "int8")
+    xc = b.op("Sub", b.op("Cast", x, to=int(TensorProto.INT32), name="cast"), b.const("zp", np.array(1, np.int32)),
+              name="sub")
+    acc = b.op("Conv", xc, b.const("w", rng.integers(-100, 100, (5, 4, 3, 3)).astype(np.int32)), name="conv",
+               pads=[1] * 4)
+    m, s = fixed_point_multiplier(1e-3)
+    q = b.op("Requantize", acc, b.const("m", np.array(m, np.int32)), b.const("s", np.array(s, np.int32)),
+             zero_point=0, lo=-128, hi=127, to=int(TensorProto.INT8), name="rq")
+    g = b.build(q, b.op("Relu", acc, name="relu"))
+    plan = group_by_names(g, [("conv_epilogue", ["cast", "sub", "conv", "rq", "relu"])])
+    feeds = _feeds(g)
+    want = run(g, feeds)
+    got = build(g, plan).run(feeds)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+    source = generate(g, plan).source
+    assert "host int8 kernel not used: a Relu reads the accumulator besides the Requantize" in source

@@ -26,18 +26,21 @@ DTYPES = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8}
 
 def qconv(cin=6, cout=5, hw=(9, 7), k=3, stride=1, pad=1, dilation=1, group=1, x_dtype="int8", zp=-7,
           out_dtype="int8", out_zp=3, relu=False, residual=False, res_dtype="int8", shifts=(1e-4, 3e-3),
-          wmax=128, bias=True, seed=0, kw=None, batch=1):
-    """x (8-bit) -> Cast/Sub(zp) -> Conv -> [Add(bias)] -> Requantize [+ residual r (8-bit)] -> y (8-bit)."""
+          wmax=128, bias=True, seed=0, kw=None, batch=1, bias_input=False):
+    """x (8-bit) -> Cast/Sub(zp) -> Conv -> [Add(bias)] -> Requantize [+ residual r (8-bit)] -> y (8-bit);
+    ``bias_input``: the bias as the Conv's third input (1-D) instead of an Add."""
     rng = np.random.default_rng(seed)
     b = GraphBuilder("qconv")
     x = b.input("x", (batch, cin) + hw, x_dtype)
     xc = b.op("Sub", b.op("Cast", x, to=int(TensorProto.INT32)), b.const("zp", np.array(zp, np.int32)))
     kw = k if kw is None else kw
     w = rng.integers(-wmax, wmax, (cout, cin // group, k, kw)).astype(np.int32)
-    acc = b.op("Conv", xc, b.const("w", w), name="conv", pads=[pad] * 4, strides=[stride] * 2,
+    bias_values = rng.integers(-3000, 3000, (1, cout, 1, 1)).astype(np.int32) if bias else None
+    conv_bias = [b.const("bias", bias_values.reshape(cout))] if bias and bias_input else []
+    acc = b.op("Conv", xc, b.const("w", w), *conv_bias, name="conv", pads=[pad] * 4, strides=[stride] * 2,
                dilations=[dilation] * 2, group=group)
-    if bias:
-        acc = b.op("Add", acc, b.const("bias", rng.integers(-3000, 3000, (1, cout, 1, 1)).astype(np.int32)))
+    if bias and not bias_input:
+        acc = b.op("Add", acc, b.const("bias", bias_values))
     pairs = [fixed_point_multiplier(float(m)) for m in rng.uniform(*shifts, cout)]
     mult = np.array([p[0] for p in pairs], np.int32).reshape(1, cout, 1, 1)
     shift = np.array([p[1] for p in pairs], np.int32).reshape(1, cout, 1, 1)
@@ -304,6 +307,9 @@ def test_host_int8_depthwise_both_layouts_are_bit_exact(case, mode):
     comp = check(qconv(**DEPTHWISE[case], seed=len(case)), options=options)
     notes = [n for k in generate(comp.plan.graph, comp.plan, options=options).kernels for n in k.notes]
     assert any(("8 channels per vector" in n) == (mode == "channels") and "depthwise" in n for n in notes)
+    if mode == "positions":  # planes of tap pairs at column stride 1, of int32 (one per column phase) strided
+        kind = "tap pairs of int16 (vpmaddwd)" if DEPTHWISE[case].get("stride", 1) == 1 else "int32"
+        assert any(f"host planes of {kind}," in n for n in notes), notes
 
 
 @pytest.mark.parametrize(("stride", "channels"), [(1, False), (2, True)])
@@ -336,6 +342,96 @@ def test_quads_where_weights_fit_int8_and_the_zero_point_is_an_8_bit_value(param
     comp = check(g, avx2=False)
     notes = [n for k in generate(comp.plan.graph, comp.plan, options=HOST).kernels for n in k.notes]
     assert any(f"host {kind} GEMM" in n for n in notes)
+
+
+@pytest.mark.parametrize("params", [{}, {"group": 6, "cin": 6, "cout": 6, "residual": True}], ids=["3x3", "dw"])
+def test_the_convs_own_bias_input_takes_the_host_kernel(params):
+    """The int32 bias as the Conv's third input (1-D, one value per output channel) rather than an Add after it: the
+    host kernel takes it as it takes the Add, bit-exact in every build. (Before, the 1-D bias was read with its
+    channels on the wrong axis and refused as "the Conv's bias is not a constant".)"""
+    comp = check(qconv(**params, bias_input=True))
+    (conv,) = [n for n in comp.plan.graph.nodes if n.op_type == "Conv"]
+    assert len(conv.inputs) == 3
+
+
+@pytest.mark.parametrize(("case", "words"), [("3x3", "4 channels"), ("rect-kernel", "4 taps of a kernel row")])
+def test_the_quads_hold_channels_or_a_mono_inputs_taps(case, words):
+    """A quad word holds 4 input channels, or with one input channel (a first layer on a mono input) 4 taps of a
+    kernel row; the note says which (the cases' bits: ``test_host_int8_conv_is_bit_exact``)."""
+    comp = plan_model(qconv(**CASES[case]))
+    notes = [n for k in generate(comp.plan.graph, comp.plan, options=HOST).kernels for n in k.notes]
+    assert any("host u8 x s8 GEMM" in n and f"words of {words} (" in n for n in notes), notes
+
+
+def test_int8_and_uint8_inputs_and_a_matmul_in_one_program():
+    """Two convolutions and a MatMul in one program, the first conv reading int8 and writing uint8, the second
+    reading that: each conv builds its words with its own helper (``opfuse_q8_quads_s8`` / ``_u8``), the conv and
+    the MatMul share the portable weight readers (one definition); bit-exact."""
+    rng = np.random.default_rng(4)
+    b = GraphBuilder("three_layers")
+    y = b.input("x", (1, 6, 9, 7), "int8")
+    for k, (zp, out, out_zp, cout) in enumerate(((-7, "uint8", 120, 5), (130, "int8", 3, 4), (3, "int8", -2, 6))):
+        if k == 2:  # the MatMul's rows: every position of every channel
+            y = b.op("Reshape", y, b.const("rows", np.array([36, 7], np.int64)))
+        xc = b.op("Sub", b.op("Cast", y, to=int(TensorProto.INT32)), b.const(f"zp{k}", np.array(zp, np.int32)))
+        if k < 2:
+            cin = 6 if k == 0 else 5
+            acc = b.op("Conv", xc, b.const(f"w{k}", rng.integers(-128, 128, (cout, cin, 3, 3)).astype(np.int32)),
+                       name=f"conv{k}", pads=[1] * 4)
+            shape = (1, cout, 1, 1)
+        else:
+            acc = b.op("MatMul", xc, b.const(f"w{k}", rng.integers(-128, 128, (7, cout)).astype(np.int32)), name="mm")
+            shape = (cout,)
+        pairs = [fixed_point_multiplier(float(m)) for m in rng.uniform(1e-4, 3e-3, cout)]
+        mult = b.const(f"m{k}", np.array([p[0] for p in pairs], np.int32).reshape(shape))
+        shift = b.const(f"s{k}", np.array([p[1] for p in pairs], np.int32).reshape(shape))
+        info = np.iinfo(np.dtype(out))
+        y = b.op("Requantize", acc, mult, shift, zero_point=out_zp, lo=int(info.min), hi=int(info.max),
+                 to=int(DTYPES[out]), name=f"rq{k}")
+    g = b.build(y)
+    comp = plan_model(g)
+    feeds = _feeds(g)
+    got = build(comp.plan.graph, comp.plan, options=HOST).run(feeds)
+    np.testing.assert_array_equal(got["rq2"], run(g, feeds)["rq2"])
+    program = generate(comp.plan.graph, comp.plan, options=HOST)
+    assert "opfuse_q8_quads_s8(" in program.source and "opfuse_q8_quads_u8(" in program.source
+    notes = " ".join(n for k in program.kernels for n in k.notes)
+    assert notes.count("host u8 x s8 GEMM") == 2 and "int8 matmul 'mm': host word GEMM" in notes, notes
+    assert program.source.count("static inline int32_t opfuse_q8_w8(") == 1
+
+
+def test_a_bias_given_to_the_conv_itself_is_added_as_an_add_would_be():
+    """The bias as the Conv's third input (int32) rather than an Add after it: the host kernel takes it, one value
+    per channel (it refused it as "not a constant" before: the 1-D bias was matched against one axis as if it
+    were NCHW); bit-exact with AVX-512, AVX2 alone and the plain builds."""
+    rng = np.random.default_rng(6)
+    b = GraphBuilder("conv_bias")
+    x = b.input("x", (1, 6, 9, 7), "int8")
+    xc = b.op("Sub", b.op("Cast", x, to=int(TensorProto.INT32)), b.const("zp", np.array(-7, np.int32)))
+    acc = b.op("Conv", xc, b.const("w", rng.integers(-128, 128, (5, 6, 3, 3)).astype(np.int32)),
+               b.const("bias", rng.integers(-3000, 3000, 5).astype(np.int32)), name="conv", pads=[1] * 4)
+    pairs = [fixed_point_multiplier(float(m)) for m in rng.uniform(1e-4, 3e-3, 5)]
+    y = b.op("Requantize", acc, b.const("m", np.array([p[0] for p in pairs], np.int32).reshape(1, 5, 1, 1)),
+             b.const("s", np.array([p[1] for p in pairs], np.int32).reshape(1, 5, 1, 1)), zero_point=3, lo=-128,
+             hi=127, to=int(TensorProto.INT8))
+    comp = check(b.build(y))
+    notes = [n for k in generate(comp.plan.graph, comp.plan, options=HOST).kernels for n in k.notes]
+    assert any("host u8 x s8 GEMM" in n for n in notes) and not any("not used" in n for n in notes), notes
+
+
+def test_a_run_time_bias_of_the_conv_keeps_the_portable_kernel_with_a_reason():
+    b = GraphBuilder("conv_bias_input")
+    xc = b.op("Sub", b.op("Cast", b.input("x", (1, 6, 9, 7), "int8"), to=int(TensorProto.INT32)),
+              b.const("zp", np.array(-7, np.int32)))
+    acc = b.op("Conv", xc, b.const("w", np.ones((5, 6, 3, 3), np.int32)), b.input("bias", (5,), np.int32),
+               name="conv", pads=[1] * 4)
+    m, sh = fixed_point_multiplier(1e-3)
+    y = b.op("Requantize", acc, b.const("m", np.array(m, np.int32)), b.const("s", np.array(sh, np.int32)),
+             zero_point=3, lo=-128, hi=127, to=int(TensorProto.INT8))
+    g = b.build(y)
+    comp = plan_model(g)
+    notes = [n for k in generate(comp.plan.graph, comp.plan, options=HOST).kernels for n in k.notes]
+    assert "int8 conv 'conv': host int8 kernel not used: the Conv's bias is not a constant" in notes, notes
 
 
 def test_plain_c_build_has_no_host_kernel():

@@ -113,11 +113,11 @@ def test_plain_c_build_keeps_the_portable_kernel():
     assert HOST_NOTE not in source and "opfuse_dot2_s16" in source
 
 
-def _two_readers():
-    """uint8 x -> Cast/Sub -> MatMul -> Requantize, the accumulator also read by a Neg: two groups, the matmul's
-    without its Requantize."""
+def _two_readers(M=9):
+    """uint8 x (M x 13) -> Cast/Sub -> MatMul -> Requantize, the accumulator also read by a Neg: two groups, the
+    matmul's without its Requantize."""
     b = GraphBuilder("q")
-    x = b.input("x", (9, 13), "uint8")
+    x = b.input("x", (M, 13), "uint8")
     xc = b.op("Sub", b.op("Cast", x, to=int(TensorProto.INT32)), b.const("zp", np.array(3, np.int32)))
     acc = b.op("MatMul", xc, b.const("w", np.arange(-65, 65).reshape(13, 10).astype(np.int32)), name="mm")
     y = b.op("Requantize", acc, b.const("m", np.array(1 << 30, np.int32)), b.const("s", np.array(40, np.int32)),
@@ -125,10 +125,11 @@ def _two_readers():
     return b.build(y, b.op("Neg", acc))
 
 
-def test_other_epilogues_run_element_by_element_on_the_vector_gemm():
+@pytest.mark.parametrize("M", [9, 24])  # 24 rows: a whole number of every register block's rows (no row guard)
+def test_other_epilogues_run_element_by_element_on_the_vector_gemm(M):
     """The accumulator also read by another op (no Requantize in the matmul's group): the word GEMM still, its
     accumulators handed to the stage's epilogue element by element; bit-exact in every build."""
-    g = _two_readers()
+    g = _two_readers(M)
     comp = plan_model(g)
     assert [grp.op_types for grp in comp.plan.groups][0] == ["Cast", "Sub", "MatMul"]
     source = generate(comp.plan.graph, comp.plan, options=AVX512).source

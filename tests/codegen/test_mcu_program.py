@@ -5,7 +5,9 @@ runs are in ``tests/runtime/test_mcu_qemu.py``.)"""
 from __future__ import annotations
 
 import ctypes
+import math
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -56,18 +58,36 @@ class HostRun:
         self.lib = ctypes.CDLL(str(lib))
         self.lib.opfuse_run.restype = ctypes.c_int
 
-    def run(self, feeds, fill: int = POISON):
+    def run(self, feeds, fill: int = POISON, faults: bool = False):
+        """The outputs of one run; asserts that ``opfuse_run`` returned a fault (nonzero) or not, as ``faults``
+        says, and that nothing was written outside the arena or outside any output (each output lies between
+        poisoned guards too)."""
         p = self.program
         ins = [np.ascontiguousarray(feeds[t.name], dtype=t.dtype) for t in p.inputs]
-        outs = [np.full(t.shape, np.nan, dtype=t.dtype) for t in p.outputs]
-        buf = np.full(p.arena_bytes + 2 * GUARD + 64, fill, dtype=np.uint8)
-        start = GUARD + (-(buf.ctypes.data + GUARD) % 64)
+        guarded = [_guarded(math.prod(t.shape) * np.dtype(t.dtype).itemsize) for t in p.outputs]
+        outs = []
+        for t, (obuf, ostart) in zip(p.outputs, guarded, strict=True):
+            nbytes = math.prod(t.shape) * np.dtype(t.dtype).itemsize
+            out = obuf[ostart:ostart + nbytes].view(t.dtype).reshape(t.shape)
+            out[...] = np.nan if np.dtype(t.dtype).kind == "f" else 0
+            outs.append(out)
+        buf, start = _guarded(p.arena_bytes, fill)
         in_ptrs = (ctypes.c_void_p * max(len(ins), 1))(*[a.ctypes.data for a in ins])
         out_ptrs = (ctypes.c_void_p * max(len(outs), 1))(*[a.ctypes.data for a in outs])
-        assert self.lib.opfuse_run(in_ptrs, out_ptrs, ctypes.c_void_p(buf.ctypes.data + start)) == 0
+        assert (self.lib.opfuse_run(in_ptrs, out_ptrs, ctypes.c_void_p(buf.ctypes.data + start)) != 0) == faults
         untouched = np.concatenate([buf[:start], buf[start + p.arena_bytes:]])
         assert (untouched == fill).all(), "a kernel wrote outside the arena"
-        return {t.name: a for t, a in zip(p.outputs, outs, strict=True)}
+        for t, out, (obuf, ostart) in zip(p.outputs, outs, guarded, strict=True):
+            around = np.concatenate([obuf[:ostart], obuf[ostart + out.nbytes:]])
+            assert (around == POISON).all(), f"a kernel wrote outside output '{t.name}'"
+        return {t.name: out.copy() for t, out in zip(p.outputs, outs, strict=True)}
+
+
+def _guarded(nbytes: int, fill: int = POISON) -> tuple[np.ndarray, int]:
+    """A buffer of ``fill`` bytes with room for ``nbytes`` at a 64-byte aligned offset, ``GUARD`` bytes or more
+    on either side: (the buffer, that offset)."""
+    buf = np.full(nbytes + 2 * GUARD + 64, fill, dtype=np.uint8)
+    return buf, GUARD + (-(buf.ctypes.data + GUARD) % 64)
 
 
 def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
@@ -164,6 +184,39 @@ def test_scalar_accumulator_microkernel_names_every_accumulator():
     assert len(re.findall(r"c\d_\d \+= v\d \* bj;", text)) == 16 and "acc[" not in text
     assert f"static void {name}(long kc" in text and "_mm256" not in text
     assert CORTEX_M7.simd == "none" and CORTEX_M7.gemm_scalar_accumulators
+    b = GraphBuilder("mm")  # and the Cortex-M7 program's GEMM is built with it
+    g = b.build(b.op("MatMul", b.input("a", (9, 13)), b.const("w", np.ones((13, 11), np.float32))))
+    src = generate(g, None, options=CORTEX_M7).source
+    assert len(re.findall(r"c\d_\d \+= v\d \* bj;", src)) == 16  # its one 4 x 4 micro-kernel
+
+
+@pytest.mark.parametrize("positions, cout, group", [(1, 5, 1), (2, 5, 1), (2, 2, 2)])
+def test_int8_conv_of_an_odd_channel_count_writes_only_its_output(positions, cout, group, tmp_path):
+    """The int8 convolution's channel passes (``qconv._channel_pairs``: 2 channels at one position;
+    ``_channel_pairs2``: the Cortex-M7's 4 at two positions): with 5 output channels the last pass's channels past
+    the fifth do not exist, and nothing is written for them (past the output's end); one output channel per group
+    of 3 input channels takes the single dot product. Bit-exact."""
+    from test_int8_conv import _feeds, qconv_graph
+    g = qconv_graph(cin=6, cout=cout, hw=(9, 7), group=group)
+    comp = plan_model(g, CompileOptions(target="cortex-m7"))
+    options = options_for_target("cortex-m7").with_(int8_conv_positions_per_pass=positions)
+    program = generate(comp.graph, comp.plan, memory=comp.memory, options=options)
+    feeds = _feeds(g)
+    got, want = HostRun(program, tmp_path).run(feeds), reference.run(g, feeds)
+    assert all(_same_bits(got[k], want[k]) for k in want)
+
+
+def test_a_faulting_scatter_index_writes_inside_the_output(tmp_path):
+    """ScatterElements with indices past the axis (one too far, and far): the run returns the fault, and the
+    writes, clamped to the axis' last row, stay inside the output."""
+    b = GraphBuilder("scatter")
+    data = b.input("data", (3, 4))
+    idx = b.input("idx", (2, 4), np.int64)
+    g = b.build(b.op("ScatterElements", data, idx, b.input("upd", (2, 4)), axis=0))
+    program = generate(g, None, options=CORTEX_M7)
+    feeds = {"data": np.zeros((3, 4), np.float32), "idx": np.array([[0, 1, 2, 3], [3, 3, 9, 2]], np.int64),
+             "upd": np.arange(1, 9, dtype=np.float32).reshape(2, 4)}
+    HostRun(program, tmp_path).run(feeds, faults=True)
 
 
 def test_mcu_options_are_checked():
@@ -171,3 +224,16 @@ def test_mcu_options_are_checked():
         CodegenOptions(platform="rtos")
     assert options_for_target("host") == CodegenOptions()
     assert options_for_target("cortex-m7").platform == "mcu"
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler")
+def test_header_compiles_as_cpp_too(resnet8, tmp_path):
+    """The header declares C linkage for a C++ caller (``extern "C"``): a C++ translation unit including it and
+    calling ``opfuse_run`` compiles."""
+    _, program, _ = resnet8
+    (tmp_path / HEADER_NAME).write_text(program.mcu.header)
+    caller = tmp_path / "caller.cpp"
+    caller.write_text(f'#include "{HEADER_NAME}"\nint call(const float* const* i, float* const* o, uint8_t* a) '
+                      "{ return opfuse_run(i, o, a); }\n")
+    subprocess.run(["c++", "-std=c++11", "-fsyntax-only", "-I", str(tmp_path), str(caller)], check=True,
+                   capture_output=True, text=True)

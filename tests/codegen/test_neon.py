@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -118,8 +119,9 @@ def test_the_neon_c_compiled_for_x86_takes_its_plain_branches():
 @pytest.mark.parametrize("params, note", [
     ({"group": 6, "cin": 6, "cout": 6}, "NEON int16 planes (vmlal_n_s16)"),
     ({"group": 5, "cin": 5, "cout": 5, "wmax": 30000, "stride": 2}, "NEON int16 planes (vmlal_n_s16)"),
+    ({"group": 3, "cin": 3, "cout": 3, "wmax": 30000, "hw": (16, 6)}, "NEON int16 planes (vmlal_n_s16)"),
     ({"cin": 7, "cout": 5}, "NEON s8 x s8 GEMM"),
-], ids=["depthwise", "depthwise-int16-weights", "gemm"])
+], ids=["depthwise", "depthwise-int16-weights", "depthwise-int16-weights-tall", "gemm"])
 def test_the_neon_int8_kernels_and_their_notes(params, note):
     g = qconv(**params)
     comp = plan_model(g)
@@ -268,6 +270,25 @@ def test_neon_micro_kernels_give_the_avx2_fma_bits(make):
     arm = _qemu(comp.plan.graph, comp.plan, feeds, options=o)
     for name in x86:
         np.testing.assert_array_equal(arm[name], x86[name])
+
+
+@needs_tools
+def test_a_block_past_the_32_q_registers_stores_finished_rows_under_qemu():
+    """A register block set by hand that does not fit the 32 q registers (8 x 32) is computed in groups of rows,
+    each group finishing its rows (bias, Relu) and storing them itself; results equal the reference."""
+    assert not fits_neon(8, 32)
+    g = _conv(1, 6, 20, (16, 16))  # 1x1 over 256 positions: whole 32-wide panels, the micro-kernel stores
+    comp = plan_model(g)
+    feeds = reference.random_inputs(g, 0)
+    o = NEON.with_(gemm_mr=8, gemm_nr=32)
+    program = aarch64.generate_aarch64(comp.plan.graph, comp.plan, None, options=o)
+    notes = [n for k in program.kernels for n in k.notes]
+    assert "GEMM 'conv': output bias and Relu applied and stored by the micro-kernel" in notes
+    ukr = re.search(r"static void opfuse_ukr_\w+\(.*?\n}\n", program.source, re.S)
+    assert ukr and "vfmaq_lane_f32" in ukr.group(0)  # the micro-kernel itself has its AdvSIMD body
+    want = reference.run(g, feeds)
+    assert (next(iter(want.values())) == 0).any()  # the Relu clips
+    assert_close(_qemu(comp.plan.graph, comp.plan, feeds, options=o), want)
 
 
 FLOAT_ZOO = ["resnet8", "ds_cnn", pytest.param("mobilenet_v1_025_96", marks=pytest.mark.slow),

@@ -143,3 +143,17 @@ def test_cortex_m7_build_under_qemu(op):
     got = opfuse.compile(g, target="cortex-m7").run(feeds)
     for v in g.outputs:
         np.testing.assert_allclose(got[v.name], want[v.name], rtol=RTOL, atol=ATOL, err_msg=v.name)
+
+
+def test_a_fused_prologue_is_refused_with_its_reason():
+    """The recurrent kernels read X from memory: a plan fusing the op computing X into the RNN's kernel is
+    refused, naming why."""
+    from cg_support import group_by_names
+    from opfuse.codegen import UnsupportedGroupError, generate
+    b = GraphBuilder("rnn_prologue", opset=14)
+    x = b.op("Relu", b.input("x", (3, 2, 4)), name="relu")
+    y = b.op("RNN", x, b.const("w", np.ones((1, 5, 4), np.float32)), b.const("r", np.ones((1, 5, 5), np.float32)),
+             hidden_size=5, name="rnn")
+    g = b.build(y)
+    with pytest.raises(UnsupportedGroupError, match=r"RNN reads its inputs from memory \(no fused prologue\)"):
+        generate(g, group_by_names(g, [("recurrent", ["relu", "rnn"])]))

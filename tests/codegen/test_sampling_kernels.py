@@ -1,7 +1,7 @@
 """The C kernels of the spatial sampling ops against the reference executor: GridSample (N-D, every
 mode and padding), AffineGrid, Col2Im, DeformConv, RoiAlign, MaxUnpool, MaxPool's Indices and Resize
-cubic/antialias; unfused, fused with an epilogue through the whole compiler, and in the portable
-C99 path (``simd="none"``)."""
+cubic/antialias (and nearest's rules on ties); unfused, fused with an epilogue through the whole compiler, and in
+the portable C99 path (``simd="none"``)."""
 from __future__ import annotations
 
 import numpy as np
@@ -102,6 +102,10 @@ def sampling_graph():
             outs.append(b.op("Resize", rsx, roi, b.const(f"sc_{mode}{aa}{ctm}", np.array(scales, F32)), mode=mode,
                              antialias=aa, coordinate_transformation_mode=ctm, exclude_outside=int(aa == 0),
                              cubic_coeff_a=-0.5, extrapolation_value=0.25, name=f"resize_{mode}{aa}_{ctm}"))
+    for nearest in ("round_prefer_ceil", "round_prefer_floor"):  # asymmetric x2: every odd output a tie
+        outs.append(b.op("Resize", rsx, None, b.const(f"sc_{nearest}", np.array([1, 1, 2, 2], F32)), mode="nearest",
+                         coordinate_transformation_mode="asymmetric", nearest_mode=nearest,
+                         name=f"resize_{nearest}"))
     ru8 = b.input("ru8", (1, 1, 5, 6), np.uint8)
     outs.append(b.op("Resize", ru8, None, None, b.const("rsz", np.array([3, 9], I64)), mode="cubic", axes=[2, 3],
                      name="resize_cubic_u8"))

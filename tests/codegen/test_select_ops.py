@@ -1,8 +1,8 @@
 """TopK, CumSum/CumProd, ScatterND and ScatterElements kernels (``codegen/topk.py``, ``scan.py``,
 ``scatter.py``) on the cases their docstrings single out, against the reference executor: NaN as the largest
-value, ties in index order, a TopK whose values are not used, the smallest k along an inner axis; every flag of
-CumSum on an inner axis; every reduction of the scatters with negative and repeated indices. One graph, one
-compile."""
+value, ties in index order, a TopK whose values (or indices) are not used, the smallest k along an inner axis;
+every flag of CumSum on an inner axis; every reduction of the scatters with negative and repeated indices. One
+graph, one compile."""
 from __future__ import annotations
 
 import numpy as np
@@ -25,6 +25,7 @@ def _graph():
     outs["low_vals"], outs["low_idx"] = b.op("TopK", x, b.const("k4", np.array([4], I64)), axis=-1, largest=0,
                                              num_outputs=2, name="low")
     _, outs["idx_only"] = b.op("TopK", x, k3, axis=0 + 2, num_outputs=2, name="idx_only")
+    outs["vals_only"], _ = b.op("TopK", x, k3, axis=2, num_outputs=2, name="vals_only")
     outs["all_vals"], outs["all_idx"] = b.op("TopK", x, b.const("k7", np.array([7], I64)), axis=1, num_outputs=2,
                                              name="all")
     axis1 = b.const("axis1", np.array(1, I64))
@@ -65,7 +66,7 @@ def results(cache_dir):
     return model.run(feeds), reference.run(g, feeds), {v.name: n for v, n in zip(g.outputs, names, strict=True)}
 
 
-@pytest.mark.parametrize("family", ["top", "low", "idx_only", "all", "cumsum", "cumprod", "nd_", "el_"])
+@pytest.mark.parametrize("family", ["top", "low", "idx_only", "vals_only", "all", "cumsum", "cumprod", "nd_", "el_"])
 def test_kernels_match_the_reference(results, family):
     got, want, label = results
     names = [v for v, n in label.items() if n.startswith(family)]

@@ -284,3 +284,17 @@ def test_dequantize_late_refuses_a_graph_output_and_a_vector_scale():
     assert all(n.input(0).dtype == np.float32 for n in flats)  # neither moved
     refused = [d for d in result.decisions if d.rule == "dequantize_late" and d.verdict != "rewritten"]
     assert any("graph output" in d.reason for d in refused)
+
+
+def test_the_anchor_is_found_past_an_operand_read_twice():
+    """An elementwise reader of an 8-bit tensor takes the anchor its other operand comes from along
+    (``_anchor_path``): ``add(DQ(q), mul(s, mm))`` with ``s`` also read by a Neg: the search passes over ``s``
+    (read twice, no path) and finds the MatMul through the Mul's other operand."""
+    b = GraphBuilder("g")
+    deq = b.op("Cast", b.input("q", (4, 6), "int8"), to=int(TensorProto.FLOAT), name="cast")
+    s = b.op("Sigmoid", b.input("z", (4, 6)), name="sig")
+    acc = b.op("MatMul", b.input("x", (4, 5)), b.const("w", np.ones((5, 6), np.float32)), name="mm")
+    y = b.op("Add", b.op("Mul", s, acc, name="mul"), deq, name="add")
+    decisions = plan_model(b.build(y, b.op("Neg", s, name="neg"))).decisions
+    assert [(d.nodes, d.reason) for d in decisions if d.rule == "dequantize_prologue"] == [
+        (("cast", "add", "mm"), "'q' read as 8 bits by 'add'")]

@@ -48,3 +48,16 @@ def test_a_replacement_for_a_value_that_does_not_escape_is_declined():
     assert [n.op_type for n in g.nodes] == ["Relu", "Neg"]
     assert [(d.verdict, d.reason) for d in out.decisions] == [
         ("refused", f"a rewrite replaces exactly one escaping output; the match has '{n.name}'")]
+
+
+def test_the_new_op_is_named_apart_from_the_nodes_not_the_values():
+    """The replacement's name (``<root>_<op>``: "neg_abs") is free among the values but taken by a node (whose
+    value is "other"): the new op takes the next free node name."""
+    b, x, r, n = _relu_neg()
+    g = b.build(n)
+    taken = g.add_node("Sigmoid", [x], name="neg_abs", output_names=["other"])
+    taken.outputs[0].type = x.type
+    g.outputs.append(taken.outputs[0])
+    apply_rules(g, [_rule()])
+    assert sorted((n.op_type, n.name) for n in g.nodes) == [("Abs", "neg_abs_1"), ("Sigmoid", "neg_abs")]
+    g.verify()

@@ -96,3 +96,24 @@ def test_an_unbound_stand_in_is_refused():
     (d,) = out.decisions
     assert (d.verdict, d.reason) == ("refused", "stand-in 'x' is not bound to a value of the graph")
     assert [n.op_type for n in g.nodes] == ["Mul", "Relu"]
+
+
+def test_new_ops_are_named_apart_from_the_nodes_not_the_values():
+    """A new op named like a remaining node ("relu", whose value is "y") takes the next free node name; one
+    named like a value but no node ("x", the input) keeps its name: node and value names are apart."""
+    g = times_four()
+    before = g.copy()
+    apply_rules(g, [_rule(names=("relu", "x"))])
+    assert [(n.op_type, n.name) for n in g.nodes] == [("Add", "relu_1"), ("Add", "x"), ("Relu", "relu")]
+    g.verify()
+    same_outputs(before, g, rtol=0, atol=0)
+
+
+def test_without_a_reason_the_decision_names_the_op_computing_the_output():
+    from dataclasses import replace
+    g = times_four()
+    x = Var("x")
+    rule = Rule("times_four", Op("Mul")(x, Const()).named("mul"),
+                action=lambda m: replace(_scratch(m["x"]), reason=""))
+    (d,) = apply_rules(g, [rule]).decisions
+    assert (d.verdict, d.reason) == ("rewritten", "replaced by Add 'twice'")

@@ -202,7 +202,6 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
             if direct_rows:
                 w.line("#endif")
     if reg is not None:
-        kc.stored.add(id(reg.out))
         kc.note(lambda name: f"depthwise '{name}': epilogue finished in registers", node)
 
 

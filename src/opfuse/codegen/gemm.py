@@ -733,9 +733,7 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                 if strips:  # the MR rows just computed, while they are in L1
                     _emit_tile_epilogue(kc, ev, stage, p, f"({ctile} + {ir} * {NC})", NC, b, f"({m0} + {ir})", n0,
                                         _min_expr(f"{mc} - {ir}", MR), nc)
-        if direct is not None:  # stored by the micro-kernel
-            kc.stored.add(id(direct[1]))
-        elif strips:  # finished strip by strip
+        if direct is not None or strips:  # stored by the micro-kernel, or finished strip by strip
             pass
         elif transposed:  # TRANSPOSE_COLUMNS columns at a time, so the transposed copy stays in L1
             tr, text = transpose_helper(o.simd)

@@ -346,7 +346,6 @@ def emit_f16c_cast(kc, x, y) -> None:
         tail = f"{require(kc.program, FROM_F32[FLOAT16])}({src}[{j}])"
     if n % 8:
         kc.w.line(f"for (long {j} = {n // 8 * 8}; {j} < {n}; ++{j}) {dst}[{j}] = {tail};")
-    kc.stored.add(id(y))
 
 
 def _c(dtype) -> str:

@@ -88,7 +88,6 @@ class KernelContext:
         self._tmp = 0
         self.scratch_bytes = 0
         self.uses_threads = False
-        self.stored: set[int] = set()  # ids of values this kernel has written
         self._parallel: list[tuple[int, int, int, tuple[float, ...]]] = []  # (pragma's line, work, collapse, costs)
         self.loops: list[ParallelLoop] = []  # the parallel loops written (``_schedules``)
         self.faults: dict[int, tuple[int, str, int]] = {}  # id(node) -> (node position, flag, fault code)

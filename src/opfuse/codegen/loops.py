@@ -73,7 +73,6 @@ def store(kc, ev, v: Value, idx: Index, expr: str | None = None) -> None:
     """``v[idx] = expr`` (default: ``v`` evaluated at ``idx``)."""
     val = ev.at(v, idx) if expr is None else expr
     kc.w.line(f"{kc.ptr(v, write=True)}[{idx.offset()}] = {val};")
-    kc.stored.add(id(v))
 
 
 def is_view_store(kc, v: Value) -> bool:

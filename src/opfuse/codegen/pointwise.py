@@ -176,7 +176,6 @@ def emit_f16c_blocks(kc, ev, shape, groups, loads, trips, stores, outs, body, co
             for k in lanes:
                 w.line(f"_mm_storeu_si128((__m128i*)({dst} + {k}), "
                        f"_mm256_cvtps_ph(_mm256_loadu_ps({narrow[id(v)]} + {k}), _MM_FROUND_TO_NEAREST_INT));")
-            kc.stored.add(id(v))
     if full < extent:
         j = kc.tmp("i")
         with w.block(f"for (long {j} = {full}; {j} < {extent}; ++{j})"), ev.scope():

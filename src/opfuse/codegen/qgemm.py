@@ -200,7 +200,8 @@ def match_epilogue(ev, stage: Stage, node: Node, tail: bool = False) -> QEpilogu
     shape = acc.shape
     bias = np.zeros(shape[1], np.int64)
     if len(node.inputs) > 2 and node.inputs[2] is not None:
-        bias += _must(_per_channel(ev.static.get(id(node.inputs[2])), shape[1:2], np.int64),
+        # a Conv's bias is 1-D, one value per output channel: read as (batch, channels), channels on axis 1
+        bias += _must(_per_channel(ev.static.get(id(node.inputs[2])), shape[:2], np.int64),
                       "the Conv's bias is not a constant")
     cur = acc
     rq: Node | None = None
@@ -995,7 +996,6 @@ def _out_rows(kc, ep: QEpilogue, img: str, oc: str, row: str, shape: tuple) -> t
     else:
         # no restrict: the residual may share the output's storage (an in-place plan), read before written
         w.line(f"{c_type(ep.out.dtype)}* {out} = {kc.ptr(ep.out, write=True)} + {off};")
-        kc.stored.add(id(ep.out))
     res = None
     if ep.res is not None:
         res = kc.tmp("rrow")
@@ -1540,7 +1540,6 @@ def _depthwise_channels(kc, ev, node: Node, x: QInput, ep: QEpilogue) -> _Packed
     out = ""
     if ep.finish is None:
         out = kc.ptr(ep.out, write=True)
-        kc.stored.add(id(ep.out))
     unsigned = int(ep.out.dtype == np.uint8)
     blk, j, r = kc.tmp("blk"), kc.tmp("j"), kc.tmp("r")
     kc.parallel_for(N * C * OH * OW * taps * 2)
@@ -1677,7 +1676,6 @@ def _portable(kc, node: Node, x: QInput, ep: QEpilogue, G: int, packed: _Packed)
     out = ""
     if ep.finish is None:
         out = kc.ptr(ep.out, write=True)
-        kc.stored.add(id(ep.out))
     b, m, oh, ow, c, kh, kw = (kc.tmp(t) for t in ("b", "m", "oh", "ow", "c", "kh", "kw"))
     # The output stored over the input (memory/inplace.py: a 1x1 or depthwise conv, which the vector kernels read
     # whole into their word image first): the group's input channels are copied to scratch first here too.

@@ -288,7 +288,6 @@ def _requantize_tiles(kc, x: QInput, ep: QEpilogue, zu: int | None, wt: np.ndarr
         kc.program.require_helper("opfuse_q8n_requantize", REQUANTIZE_NEON_C)
         kc.program.require_helper("opfuse_q8n_requantize_lanes", REQUANTIZE_NEON_LANES_C)
     out = kc.ptr(ep.out, write=True)
-    kc.stored.add(id(ep.out))
     res = kc.ptr(ep.res.q) if ep.res is not None else None
     w = kc.w
     lanes = NEON_LANES if neon else LANES
@@ -451,7 +450,6 @@ def _requantize_element(kc, ep: QEpilogue, acc: str, m: str, n: str, N: int) -> 
                                       ("shift", ep.shift, np.int32), ("rmult", ep.rmult, np.int64))
               if values is not None}
     out = kc.ptr(ep.out, write=True)
-    kc.stored.add(id(ep.out))
     at = f"{m} * {N} + {n}"
     res, rmult = "0", "0"
     if ep.res is not None:

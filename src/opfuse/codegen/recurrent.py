@@ -162,9 +162,6 @@ def lower_recurrent(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
         if v.producer is not None and id(v.producer) in analysis.inline:
             raise kc.error(f"{node.op_type} reads its inputs from memory (no fused prologue)")
     _Lowering(kc, node, cfg, {id(v) for v in stage.outputs}).emit()
-    for v in node.outputs:
-        if id(v) in {id(o) for o in stage.outputs}:
-            kc.stored.add(id(v))
 
 
 class _Lowering:

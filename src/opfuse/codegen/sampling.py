@@ -422,7 +422,6 @@ def lower_max_unpool(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
         dims = delinearize(g, inferred)
         off = add(*(mul(dd, s) for dd, s in zip(dims, contiguous_strides(oshape), strict=True)))
         kc.w.line(f"{dst}[{off}] = {ev.at(x, where)};")
-    kc.stored.add(id(out))
 
 
 # MaxPool with Indices --------------------------------------------------------------------------

@@ -61,7 +61,6 @@ def lower_scatter(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
                 tail = delinearize(r, rest) if rest else []
                 u = ev.at(upd, Index(tuple(upd.shape), tuple(lead) + tuple(tail)))
                 _write(kc, dst, strides, picks + tail, combine, u)
-    kc.stored.add(id(out))
 
 
 def _write(kc, dst: str, strides, dims, combine: str, u: str) -> None:

@@ -439,7 +439,6 @@ def store_vector(kc, isa: VecIsa, inline: set[int], loadable: set[int], idx: Ind
     for v in outs:
         op = "stream_ps" if stream else "storeu_ps"
         kc.w.line(f"{isa.op(op, f'{kc.ptr(v, write=True)} + {idx.offset()}', ve.at(v))};")
-        kc.stored.add(id(v))
 
 
 def hoist(kc, ev, isa: VecIsa, values: list[Value], idx: Index) -> dict[int, str]:
@@ -553,7 +552,6 @@ def _emit_isa(kc, ev, isa: VecIsa, outs, inline, loadable, shape, groups, hoiste
                     for v in outs:
                         op = "stream_ps" if stream else "storeu_ps"
                         w.line(f"{isa.op(op, f'{kc.ptr(v, write=True)} + {at(i).offset()}', ve.at(v))};")
-                        kc.stored.add(id(v))
 
     with ev.scope():
         invariant = hoist(kc, ev, isa, hoisted, at("0"))
