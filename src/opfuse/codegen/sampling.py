@@ -129,14 +129,15 @@ def _flatten_taps(kc, axes, spatial) -> tuple[int, str, str, str]:
 
 
 def _gather(kc, ev, x, plane: str, taps: tuple[int, str, str, str]) -> str:
-    """``sum_k weight[k] * x[plane + offset[k]]`` over the taps inside (outside ones read as 0), in
-    double; ``plane`` is the element offset of the (image, channel) plane."""
+    """``sum_k weight[k] * x[plane + offset[k]]`` over the taps, those outside reading 0, in double;
+    ``plane`` is the element offset of the (image, channel) plane."""
     total, off, wt, ok = taps
     acc, k = kc.tmp("gacc"), kc.tmp("k")
     kc.w.line(f"double {acc} = 0.0;")
     with kc.w.block(f"for (int {k} = 0; {k} < {total}; ++{k})"), ev.scope():
         v = ev.at(x, Index.linear(tuple(x.shape), f"{plane} + {off}[{k}]"))
-        kc.w.line(f"{acc} += {ok}[{k}] ? {wt}[{k}] * (double){v} : 0.0;")
+        # an outside tap reads 0, still times its weight: a NaN coordinate's NaN weights make NaN (onnxruntime's)
+        kc.w.line(f"{acc} += {ok}[{k}] ? {wt}[{k}] * (double){v} : 0.0 * {wt}[{k}];")
     return acc
 
 

@@ -157,6 +157,8 @@ def _grid_taps(x: np.ndarray, length: int, mode: str, padding: str, align: bool)
         else:
             valid.append(np.ones(p.shape, bool))
             idx.append(np.clip(np.trunc(reflect(p, lo, hi)), 0, length - 1))
+    # a NaN coordinate's taps are read at index 0 (not an int64 cast of NaN); its NaN weights make the result NaN
+    idx = [np.where(np.isnan(i), 0.0, i) for i in idx]
     return (np.stack(idx, -1).astype(np.int64), np.stack(valid, -1), np.stack(weights, -1))
 
 
