@@ -34,8 +34,11 @@ BLAS_THREAD_ENVS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"
 BLAS_TUNING_ENVS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_BLOCK_FACTOR")
 
 
-def _best_seconds(fn: Callable[[], object], repeat: int) -> float:
-    fn()  # warm: page faults, BLAS buffers
+def best_seconds(fn: Callable[[], object], repeat: int, warm: bool = True) -> float:
+    """The shortest of ``repeat`` timed calls of ``fn`` (wall clock), after one untimed call with ``warm``
+    (page faults, BLAS buffers)."""
+    if warm:
+        fn()
     best = float("inf")
     for _ in range(repeat):
         t0 = time.perf_counter()
@@ -51,7 +54,7 @@ def sgemm_gflops(n: int = SGEMM_N, repeat: int = SGEMM_REPEAT) -> float:
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
     out = np.empty((n, n), np.float32)
-    return 2 * n ** 3 / _best_seconds(lambda: np.matmul(a, b, out=out), repeat) / 1e9
+    return 2 * n ** 3 / best_seconds(lambda: np.matmul(a, b, out=out), repeat) / 1e9
 
 
 def blas_kernels() -> str | None:
@@ -106,7 +109,7 @@ def copy_gbps(nbytes: int = COPY_BYTES, repeat: int = COPY_REPEAT) -> float:
     import numpy as np
     src = np.ones(nbytes // 4, np.float32)
     dst = np.zeros_like(src)
-    return 2 * nbytes / _best_seconds(lambda: np.copyto(dst, src), repeat) / 1e9
+    return 2 * nbytes / best_seconds(lambda: np.copyto(dst, src), repeat) / 1e9
 
 
 def yardsticks() -> dict:

@@ -19,6 +19,7 @@ the GEMM, a one-element ufunc call for the per-kernel overhead); the profile's
 """
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -28,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from opfuse.yardsticks import best_seconds
 
 COMPILER_FLAGS = ("-O3", "-march=native", "-std=c11")
 COMPILE_TIMEOUT_S = 60
@@ -209,25 +212,16 @@ def measure_with_c(cc: str, sizes: BenchSizes = FULL) -> Measurement:
                        method=f"c: {compiler_version(cc)} {' '.join(COMPILER_FLAGS)}")
 
 
-def _best_time(fn, reps: int) -> float:
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def measure_with_numpy(sizes: BenchSizes = FULL) -> Measurement:
     """The fallback: the same quantities as NumPy sees them (no DRAM latency)."""
     n = sizes.stream_bytes // 8
     a, b = np.zeros(n), np.arange(n, dtype=np.float64)
-    t = _best_time(lambda: np.multiply(b, 1.0000001, out=a), sizes.stream_reps)
+    t = best_seconds(lambda: np.multiply(b, 1.0000001, out=a), sizes.stream_reps, warm=False)
     bandwidth = 2 * n * 8 / t
     peaks = {}
     for dtype in ("float32", "float64"):
         m = np.ones((sizes.gemm_n, sizes.gemm_n), dtype=dtype)
-        t = _best_time(lambda m=m: m @ m, sizes.gemm_reps)
+        t = best_seconds(functools.partial(np.matmul, m, m), sizes.gemm_reps, warm=False)
         peaks[dtype] = 2 * sizes.gemm_n ** 3 / t
     one, out = np.ones(1, np.float32), np.empty(1, np.float32)
     reps = max(1, sizes.call_reps // NUMPY_CALL_COST_RATIO)
