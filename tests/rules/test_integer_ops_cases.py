@@ -224,12 +224,19 @@ def test_a_quantization_not_per_tensor_to_8_bits_is_refused(q):
     assert refusals(conv_graph(q=q)) == [BAD_Q]
 
 
-def test_a_clip_with_one_bound_or_a_runtime_zero_point_is_refused():
-    b = GraphBuilder("one_bound")
+def _requantized_conv(b: GraphBuilder):
+    """A QDQ 1x1 Conv's float output divided by its scale, rounded and shifted by its zero point: what a Clip
+    and a Cast to int8 then quantize."""
     x = b.input("x_q", (1, 3, 5, 5), "int8")
     w = b.const("w_q", np.ones((4, 3, 1, 1), I8))
     y = b.op("Conv", dq(b, x, 0.05, 1.0, "x"), dq(b, w, 0.01, 0.0, "w"), name="conv")
     y = b.op("Add", b.op("Round", b.op("Div", y, b.const("ys", F32(0.1)))), b.const("yz", F32(0)))
+    return y
+
+
+def test_a_clip_with_one_bound_or_a_runtime_zero_point_is_refused():
+    b = GraphBuilder("one_bound")
+    y = _requantized_conv(b)
     g = b.build(b.op("Cast", b.op("Clip", y, b.const("lo", F32(-128))), to=INT8))  # Clip(y, lo): no upper bound
     assert refusals(g) == [BAD_Q]
     b = GraphBuilder("runtime_zp")
@@ -507,9 +514,6 @@ def test_a_batch_of_matrices_takes_a_bias_of_one_row():
 
 def test_a_clip_without_its_lower_bound_is_refused():
     b = GraphBuilder("no_lo")
-    x = b.input("x_q", (1, 3, 5, 5), "int8")
-    w = b.const("w_q", np.ones((4, 3, 1, 1), I8))
-    y = b.op("Conv", dq(b, x, 0.05, 1.0, "x"), dq(b, w, 0.01, 0.0, "w"), name="conv")
-    y = b.op("Add", b.op("Round", b.op("Div", y, b.const("ys", F32(0.1)))), b.const("yz", F32(0)))
+    y = _requantized_conv(b)
     g = b.build(b.op("Cast", b.op("Clip", y, None, b.const("hi", F32(127))), to=INT8))
     assert refusals(g) == [BAD_Q]
