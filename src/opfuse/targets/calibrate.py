@@ -128,13 +128,25 @@ def cache_line_bytes() -> int:
     return int(text) if text and text.isdigit() else DEFAULT_LINE_BYTES
 
 
-def cpu_model() -> str:
+@functools.lru_cache(maxsize=None)
+def _cpuinfo() -> dict[str, str]:
+    """/proc/cpuinfo's fields, each name's first value in file order (the first CPU's); empty where it cannot
+    be read."""
+    fields: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith(("model name", "hardware", "cpu model")):
-                return line.split(":", 1)[1].strip()
+            key, sep, value = line.partition(":")
+            if sep:
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    return fields
+
+
+def cpu_model() -> str:
+    for key, value in _cpuinfo().items():
+        if key.lower().startswith(("model name", "hardware", "cpu model")):
+            return value
     return platform.processor() or platform.machine()
 
 
@@ -143,14 +155,7 @@ def vector_isa() -> tuple[int, int, str]:
     machine = platform.machine().lower()
     if machine in ("aarch64", "arm64"):
         return 32 * 16, 16, "NEON (32 x 128-bit)"
-    flags: set[str] = set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
+    flags = set(_cpuinfo().get("flags", "").split())
     if "avx512f" in flags:
         return 32 * 64, 64, "AVX-512 (32 x 512-bit)"
     if "avx" in flags:
@@ -169,15 +174,7 @@ def host_simd_isa() -> str:
 def host_full_width_fma() -> bool:
     """Whether this CPU multiply-adds a whole zmm register per FMA pipe (``full_width_fma_of`` on
     /proc/cpuinfo's vendor, family and flags)."""
-    fields: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            fields.setdefault(key.strip(), value.strip())
-            if not line.strip():
-                break
-    except OSError:
-        pass
+    fields = _cpuinfo()
     return full_width_fma_of(fields.get("vendor_id", ""), fields.get("cpu family", ""), fields.get("flags", ""))
 
 
