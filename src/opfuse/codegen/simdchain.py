@@ -435,10 +435,14 @@ def store_vector(kc, isa: VecIsa, inline: set[int], loadable: set[int], idx: Ind
                  known: dict[int, str], stream: bool = False) -> None:
     """Compute the vector of each of ``outs`` at ``idx`` (``VecEval``; ``known``: vectors already computed, by
     value id) and store it there (``stream``: with a non-temporal store)."""
-    ve = VecEval(kc, isa, inline, loadable, idx, known)
+    _store(VecEval(kc, isa, inline, loadable, idx, known), outs, stream)
+
+
+def _store(ve: VecEval, outs: list[Value], stream: bool) -> None:
+    """Store each of ``outs``'s vectors at ``ve``'s index (``stream``: with a non-temporal store)."""
+    op = "stream_ps" if stream else "storeu_ps"
     for v in outs:
-        op = "stream_ps" if stream else "storeu_ps"
-        kc.w.line(f"{isa.op(op, f'{kc.ptr(v, write=True)} + {idx.offset()}', ve.at(v))};")
+        ve.kc.w.line(f"{ve.isa.op(op, f'{ve.kc.ptr(v, write=True)} + {ve.idx.offset()}', ve.at(v))};")
 
 
 def hoist(kc, ev, isa: VecIsa, values: list[Value], idx: Index) -> dict[int, str]:
@@ -549,9 +553,7 @@ def _emit_isa(kc, ev, isa: VecIsa, outs, inline, loadable, shape, groups, hoiste
                     x = ve.assign(isa.op("load_ps", f"{bx} + {jk}"))
                     ve.memo[id(staged.input(0))] = x
                     ve.staged[id(staged)] = (x, ve.assign(isa.op("load_ps", f"{be} + {jk}")))
-                    for v in outs:
-                        op = "stream_ps" if stream else "storeu_ps"
-                        w.line(f"{isa.op(op, f'{kc.ptr(v, write=True)} + {at(i).offset()}', ve.at(v))};")
+                    _store(ve, outs, stream)
 
     with ev.scope():
         invariant = hoist(kc, ev, isa, hoisted, at("0"))
