@@ -64,7 +64,7 @@ def test_read_pointers_are_const_and_written_ones_are_not():
     sig = kc.signature()
     assert f"const float* restrict {src}" in sig
     assert f"float* restrict {dst}" in sig and f"const float* restrict {dst}" not in sig
-    assert sig.endswith("char* restrict scratch, int nt)") and sig.startswith("static void ")
+    assert sig.endswith("char* restrict scratch, int nt)") and sig.startswith("OPFUSE_KERNEL static void ")
 
 
 def test_folded_values_are_weights_pointers_each_to_its_own_data():
@@ -95,7 +95,7 @@ def test_fault_flags_are_reduced_by_every_parallel_loop_and_returned_in_node_ord
     codes = {m: kc.program.fault_code(m) for m in ("neg failed", "relu failed")}
     assert text.index(f"if ({f_relu}) return {codes['relu failed']};") \
         < text.index(f"if ({f_neg}) return {codes['neg failed']};") < text.index("return 0;")
-    assert kc.signature().startswith("static int ")
+    assert kc.signature().startswith("OPFUSE_KERNEL static int ")
 
 
 def test_notes_name_the_node_in_the_report_and_its_c_identifier_in_the_comment():

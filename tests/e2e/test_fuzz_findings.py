@@ -204,3 +204,34 @@ def test_grid_sample_at_a_nan_coordinate_is_nan(mode, padding):
     want = reference.run(g, feeds)[g.outputs[0].name]
     assert np.isnan(want[..., 1:3]).all() and np.isfinite(want[..., 0]).all()
     _agrees(g, feeds)
+
+
+def test_a_kernel_reads_what_the_kernel_before_it_wrote_into_a_reused_buffer():
+    """Resize -> LayerNorm -> Split (axis -2) -> Split (axis 0), float64, fused: the outer Split's second
+    part reuses the Resize's arena buffer. With every kernel inlined into ``opfuse_run``, gcc 12.2's -O3
+    basic-block vectoriser took the kernels' ``restrict`` parameters as licence to load the inner Split's
+    input before the outer Split had stored it: 7 of 8 values were the Resize's. Kernels are out of line
+    now (``OPFUSE_KERNEL``); found by ``opfuse fuzz`` (seed 3602, graph 427)."""
+    dt = np.float64
+    b = GraphBuilder("nested_split")
+    x = b.input("x", (2, 4, 2), dt)
+    r = b.op("Resize", x, None, b.const("scales", np.array([1, 1, 2], np.float32)), mode="linear",
+             coordinate_transformation_mode="align_corners")
+    ln = b.op("LayerNormalization", r, b.const("s", np.ones(4, dt)), b.const("bias", np.zeros(4, dt)), epsilon=1e-3)
+    a0, a1 = b.op("Split", ln, axis=-2, split=[2, 2], num_outputs=2)
+    _, c1 = b.op("Split", a1, axis=0, split=[1, 1], num_outputs=2)
+    g = b.build(a0, b.op("Trilu", ln, b.const("k", np.array(-2, np.int64)), upper=0), c1)
+    _agrees(g, {"x": np.random.default_rng(0).normal(size=(2, 4, 2)).astype(dt)})
+
+
+def test_every_kernel_is_a_function_of_its_own():
+    """The guard of the test above, on the C text: each kernel carries ``OPFUSE_KERNEL`` (noinline)."""
+    from opfuse.codegen import generate
+    from opfuse.ir.plan import FusionGroup, FusionPlan
+    b = GraphBuilder("two_kernels")
+    x = b.input("x", (4, 8))
+    g = b.build(b.op("Softmax", b.op("ReduceSum", x, axes=[1], keepdims=1), axis=0), b.op("Relu", x))
+    src = generate(g, FusionPlan(g, [FusionGroup(f"g{k}", [n], "single") for k, n in enumerate(g.nodes)])).source
+    assert "#define OPFUSE_KERNEL __attribute__((noinline))" in src
+    heads = [ln for ln in src.splitlines() if ln.startswith(("static void k", "static int k", "OPFUSE_KERNEL"))]
+    assert len(heads) == len(g.nodes) and all(h.startswith("OPFUSE_KERNEL static ") for h in heads)

@@ -32,6 +32,20 @@ SCRATCH_ALIGN = 64  # bytes between scratch regions of one kernel (cache-line al
 _LOOP_HEAD = re.compile(r"\s*for \(long (\w+) = 0; \1 < (\d+); \+\+\1\)")
 _STATIC = "schedule(static)"
 _DYNAMIC = "schedule(dynamic, 1)"
+# Every kernel is a function of its own (``OPFUSE_KERNEL``), never inlined into ``opfuse_run``. Inlined,
+# each kernel's ``restrict`` parameters still describe only its own body, but gcc 12.2 at -O3 let the
+# basic-block (SLP) vectoriser of ``opfuse_run`` move one kernel's loads of an arena buffer above the
+# previous kernel's stores into that same buffer: a Split of a Split of a LayerNorm read the Resize values
+# the buffer held before (tests/e2e/repro/nested_split_of_a_layernorm; right at -O2, with
+# -fno-tree-slp-vectorize, without ``restrict``, or with kernels out of line). A call per kernel costs
+# nothing next to a kernel, and the micro-kernels learned the same of inlining (``microkernel.NOINLINE``).
+KERNEL_ATTRIBUTE = """\
+#if defined(__GNUC__)
+#define OPFUSE_KERNEL __attribute__((noinline))
+#else
+#define OPFUSE_KERNEL
+#endif
+"""
 
 
 @dataclass(frozen=True)
@@ -193,7 +207,7 @@ class KernelContext:
             args.append(f"{const}{p.ctype}* restrict {p.name}")
         args += ["char* restrict scratch", "int nt"]
         result = "int" if self.faults else "void"
-        return f"static {result} {self.name}({', '.join(args)})"
+        return f"OPFUSE_KERNEL static {result} {self.name}({', '.join(args)})"
 
     def _fault_flags(self) -> tuple[str, str]:
         """(declarations, returns) of the fault flags; every parallel loop reduces them."""

@@ -34,7 +34,7 @@ import numpy as np
 from opfuse.codegen.prechecks import emit_prechecks
 from opfuse.codegen.ctype import c_type
 from opfuse.codegen.evaluator import Evaluator
-from opfuse.codegen.kernel import KernelContext, ParallelLoop, UnsupportedGroupError
+from opfuse.codegen.kernel import KERNEL_ATTRIBUTE, KernelContext, ParallelLoop, UnsupportedGroupError
 from opfuse.codegen.names import NameTable, c_ident
 from opfuse.codegen.options import PROFILE_CLOCKS, CodegenOptions
 from opfuse.codegen.stages import analyse
@@ -268,6 +268,7 @@ class ProgramBuilder:
                  f"{len(self.plan.groups)} groups, layout {self.options.layout}. Do not edit. */\n",
                  _PROFILE_PREAMBLE if self.options.profile else "",
                  _PREAMBLE,
+                 KERNEL_ATTRIBUTE,
                  f"#define OPFUSE_SCRATCH_STRIDE ((size_t){stride})\n"]
         embed = self.options.weights == "embed"
         if embed:

@@ -55,12 +55,6 @@ INT_SCALE = 4  # float constants in [-2, 2] become integers in [-8, 8]
 # Known failures left to their owners, each with its reproducer under tests/e2e/repro/: the
 # generator steers clear of them so that a run finds what is new.
 KNOWN_ISSUES: dict[str, str] = {
-    # opfuse fuzz, seed 3602, graph 427 (2026-12-02 evening); also wrong at e4d5d8c, so not a regression of that
-    # session. `opfuse debug --bisect`: wrong with every group unfused too, right with --no-fuse: the compile
-    # path (a rewrite, or the memory plan's views for Split of Split) rather than a kernel. Not yet diagnosed.
-    "nested_split_of_a_layernorm": "Split along axis 0 of a Split along axis -2 of a LayerNorm's output, its parts "
-                                   "graph outputs: the fused pipeline returns wrong values in the inner Split's "
-                                   "second part (7 of 8 elements)",
 }
 INPUT_MODES = ("normal", "special", "extreme")
 FLOAT_SPECIALS = (np.nan, np.inf, -np.inf, -0.0, 1e-40, -1e-45, 1e-38)
