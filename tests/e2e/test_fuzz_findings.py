@@ -235,3 +235,17 @@ def test_every_kernel_is_a_function_of_its_own():
     assert "#define OPFUSE_KERNEL __attribute__((noinline))" in src
     heads = [ln for ln in src.splitlines() if ln.startswith(("static void k", "static int k", "OPFUSE_KERNEL"))]
     assert len(heads) == len(g.nodes) and all(h.startswith("OPFUSE_KERNEL static ") for h in heads)
+
+
+@pytest.mark.parametrize("dt", [np.float64, np.float32])
+def test_constant_pad_reads_no_input_under_a_condition(dt):
+    """Pad (constant 0.73) of a 1x6x2x1 input to 3x9x3x1 and its Relu, fused in one loop nest: gcc 12.2 at -O3
+    with -fwrapv vectorised the guarded read (``if (inside) pad = x[...]``) into masked gathers that returned
+    other memory in 2 of 81 values (2.0e-320; the same C is right at -O2 or without -fwrapv). The Pad now reads
+    the nearest position inside its input and selects the fill outside. Found by ``opfuse fuzz`` (seed 4202)."""
+    b = GraphBuilder("pad_select")
+    x = b.input("x", (1, 6, 2, 1), dt)
+    p = b.op("Pad", x, b.const("pads", np.array([1, 1, 0, 0, 1, 2, 1, 0], np.int64)),
+             b.const("value", np.array(0.7295951843261719, dt)), mode="constant")
+    g = b.build(p, b.op("Relu", p))
+    _agrees(g, {"x": np.random.default_rng(1).uniform(-1, 1, (1, 6, 2, 1)).astype(dt)})
