@@ -264,3 +264,20 @@ def test_generic_pool_reads_no_input_under_a_condition(op, include_pad, shape):
     kw = {"count_include_pad": include_pad} if op == "AveragePool" else {}
     g = b.build(b.op("Relu", b.op(op, x, kernel_shape=[3, 3], pads=[1, 1, 1, 1], **kw)))
     _agrees(g, {"x": np.random.default_rng(3).uniform(-3, 3, shape)})
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_sibling_pools_fused_horizontally_propagate_nan(dt):
+    """MaxPool and AveragePool over one input with one window, fused side by side (one loop over the windows):
+    the shared window kept ``v > max ? v : max``, which drops a NaN tap (issue 13: NaN propagates through
+    MaxPool as in onnxruntime); the single-pool path had it right. Now both use ``nan_max``, and the shared
+    window reads no input under a condition either (the pool path's gcc 12.2 miscompilation)."""
+    b = GraphBuilder("pool_siblings")
+    x = b.input("x", (1, 2, 9, 2), dt)
+    kw = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
+    g = b.build(b.op("Relu", b.op("MaxPool", x, **kw)), b.op("Relu", b.op("AveragePool", x, **kw)))
+    xv = np.random.default_rng(2).uniform(-3, 3, (1, 2, 9, 2)).astype(dt)
+    xv[0, 0, 4, 1] = np.nan
+    plan = opfuse.compile(g, planner="rules").plan
+    assert [grp.kind for grp in plan.groups] == ["horizontal"]
+    _agrees(g, {"x": xv}, planner="rules")

@@ -23,6 +23,7 @@ from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.gemm import emit_gemm, gemm_problem, matmul_problem, merge_problems
 from opfuse.codegen.index import Index, add, mul
 from opfuse.codegen.loops import emit_loop_nest
+from opfuse.codegen.rules import nan_max
 from opfuse.codegen.stages import GroupAnalysis, Stage
 from opfuse.ops.registry import get_spec
 
@@ -62,8 +63,10 @@ def _lower_pools(kc, ev, stage: Stage) -> None:
             w.line(f"{ct} {sm} = {literal(0, dt)};")
             w.line(f"long {cin} = 0, {cpad} = 0;")
         dims = [oidx.dims[0], oidx.dims[1]]
-        inside = []
+        inside, counted = [], []
         opened = 0
+        # Every tap reads a position inside the input and selects, as the single pools do (pool.py: a load
+        # under a condition is what gcc 12.2 miscompiled there); the max propagates NaN (``nan_max``).
         for s in range(len(kernel)):
             k, pos = kc.tmp("k"), kc.tmp("p")
             L = x.shape[2 + s]
@@ -72,18 +75,21 @@ def _lower_pools(kc, ev, stage: Stage) -> None:
             opened += 1
             start = add(mul(oidx.dims[2 + s], geo.strides[s]), str(-geo.pads_begin[s]))
             w.line(f"const long {pos} = {add(start, mul(k, geo.dilations[s]))};")
-            w.line(f"if (!({pos} >= {-geo.pads_begin[s]} && {pos} < {L + geo.pads_end[s]})) continue;")
-            inside.append(f"{pos} >= 0 && {pos} < {L}")
-            dims.append(pos)
+            counted.append(f"({pos} >= {-geo.pads_begin[s]} && {pos} < {L + geo.pads_end[s]})")
+            inside.append(f"({pos} >= 0 && {pos} < {L})")
+            dims.append(f"({pos} < 0 ? 0 : ({pos} >= {L} ? {L - 1} : {pos}))")
+        ok = kc.tmp("in")
+        w.line(f"const int {ok} = {' && '.join(inside)};")
         if need_sum:
-            w.line(f"++{cpad};")
-        with w.block(f"if ({' && '.join(inside)})"), ev.scope():
-            v = ev.at(x, Index(tuple(x.shape), tuple(dims)))
+            w.line(f"{cpad} += {' && '.join(counted)};")
+        with ev.scope():
+            v = kc.tmp("v")
+            w.line(f"const {ct} {v} = {ev.at(x, Index(tuple(x.shape), tuple(dims)))};")
             if need_max:
-                w.line(f"{mx} = {v} > {mx} ? {v} : {mx};")
+                w.line(f"{mx} = {ok} ? {nan_max(v, mx, dt)} : {mx};")
             if need_sum:
-                w.line(f"{sm} += {v};")
-                w.line(f"++{cin};")
+                w.line(f"{sm} += {ok} ? {v} : {literal(0, dt)};")
+                w.line(f"{cin} += {ok};")
         for _ in range(opened):
             w.level -= 1
             w.line("}")
