@@ -22,6 +22,7 @@ built by ``opfuse.compile`` and timed next to its yardstick, measured in the sam
     python benchmarks/bench_kernels.py                  # every shape
     python benchmarks/bench_kernels.py --only r18 --repeat 40
     python benchmarks/bench_kernels.py --only conv1 --set conv_direct_vectors=1   # a CodegenOptions variant
+    python benchmarks/bench_kernels.py --only r18 --vs windows_mr_max=8   # A/B: a second build, same rounds
 
 Prints achieved GFLOP/s (GB/s for depthwise) and the fraction of the yardstick per shape, and
 writes ``benchmarks/results/kernels.json``. Calls are interleaved (opfuse, numpy, opfuse, ...)
