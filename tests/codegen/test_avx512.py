@@ -188,7 +188,8 @@ HARNESS = "#include <stdint.h>\n#define OPFUSE_PRAGMA(x) _Pragma(#x)\n"
 # (MR, NR, A access, B access, B's pieces: ``b_split``)
 KERNELS = [(8, 32, "packed", "packed", 0), (8, 32, "koff", "packed", 0), (8, 32, "rows", "strided", 0),
            (12, 32, "packed", "strided", 0), (6, 48, "packed", "packed", 0), (16, 16, "packed", "koff", 0),
-           (6, 16, "packed", "koff", 0), (8, 32, "packed", "koff", 16), (10, 32, "packed", "koff", 16)]
+           (6, 16, "packed", "koff", 0), (8, 32, "packed", "koff", 16), (10, 32, "packed", "koff", 16),
+           (14, 32, "koff", "packed", 0)]  # the windows' 14-row block (``windows_mr_max`` on zmm-wide FMA hosts)
 
 
 def _compile(tmp_path: Path, text: str, flags: list[str], tag: str) -> ctypes.CDLL:
