@@ -226,6 +226,13 @@ class CodegenOptions:
     # tile's columns (``gemm.emit_gemm``): a 1x1 convolution of few input channels (64 -> 128 at 112x112)
     # 0.90-0.96x the time with cold caches, mobilenet_v1's pw1 0.87x.
     gemm_rows_outer_store: bool = True
+    # A GEMM whose B is packed per tile from rows in memory (a 1x1 convolution's input) in one K block: after
+    # each micro-kernel call, prefetch a share of the B rows of the tile the thread takes next, into L1
+    # (``gemm._next_pack``), so that its packing copy reads them from the caches: a tile's rows are K runs
+    # (64-512) too many for the hardware prefetchers to follow. Measured on the Zen 5 host (C alone, 1 thread,
+    # thread CPU time, 12 MB flushed between calls, load 12): 1x1 64 > 128 at 112x112 0.91-0.97x (into L2:
+    # 0.97-0.99x).
+    gemm_pack_prefetch: bool = True
     # Plain-C micro-kernel with named scalar accumulators (``codegen/microkernel.py``): for a
     # compiler without vector registers (the Cortex-M7), which keeps an accumulator array in memory.
     gemm_scalar_accumulators: bool = False
