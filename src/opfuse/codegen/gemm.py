@@ -781,7 +781,7 @@ def _next_pack(kc, o, p: GemmProblem, bp, extra, t: str, tiles: int, MT: int, NT
             with w.block(f"for (long {ln} = {q}; {ln} < {q} + {share} && {ln} < {lines}; ++{ln})"):
                 w.line(f"const long {k} = {ln} / {per_row}, {c} = {ln} % {per_row} * 16;")
                 with w.block(f"if ({n2} + {c} < {p.N})"):
-                    w.line(f"__builtin_prefetch({row_ptr(b2, k, f'{n2} + {c}')}, 0, 3);")
+                    w.line(f"__builtin_prefetch({row_ptr(b2, k, f'{n2} + {c}')}, 0, {o.gemm_pack_prefetch_locality});")
     return emit
 
 

@@ -227,12 +227,16 @@ class CodegenOptions:
     # 0.90-0.96x the time with cold caches, mobilenet_v1's pw1 0.87x.
     gemm_rows_outer_store: bool = True
     # A GEMM whose B is packed per tile from rows in memory (a 1x1 convolution's input) in one K block: after
-    # each micro-kernel call, prefetch a share of the B rows of the tile the thread takes next, into L1
+    # each micro-kernel call, prefetch a share of the B rows of the tile the thread takes next
     # (``gemm._next_pack``), so that its packing copy reads them from the caches: a tile's rows are K runs
-    # (64-512) too many for the hardware prefetchers to follow. Measured on the Zen 5 host (C alone, 1 thread,
-    # thread CPU time, 12 MB flushed between calls, load 12): 1x1 64 > 128 at 112x112 0.91-0.97x (into L2:
-    # 0.97-0.99x).
+    # (64-512) too many for the hardware prefetchers to follow. Measured on the Zen 5 host (kernel CPU time,
+    # 40 interleaved rounds after a 12 MB sgemm, two builds each way, load 12): 1x1 64 > 128 at 112x112
+    # 0.86-0.95x, 128@56 0.95-1.0x, 256@28 0.99-1.03x; in mobilenet_v1 (inputs warm from the layer before,
+    # kernels' sum, 60 rounds) 0.99-1.00x: pw1 0.96-0.97x, but pw2/pw3 1.03-1.05x.
     gemm_pack_prefetch: bool = True
+    # ... with this locality (``__builtin_prefetch``'s third argument; 3: into L1, 2: into L2; the Zen 5 host
+    # measured them alike: 64 > 128 at 112x112 0.92-0.95x and 0.91-0.92x, mobilenet_v1 1.00x both).
+    gemm_pack_prefetch_locality: int = 2
     # Plain-C micro-kernel with named scalar accumulators (``codegen/microkernel.py``): for a
     # compiler without vector registers (the Cortex-M7), which keeps an accumulator array in memory.
     gemm_scalar_accumulators: bool = False
