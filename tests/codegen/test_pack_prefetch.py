@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from opfuse.errors import OpfuseError
+
 from cg_support import assert_close, group_by_names, run_both
 from opfuse.codegen import CodegenOptions
 from opfuse.ops import GraphBuilder
@@ -51,3 +53,9 @@ def test_pack_prefetch_only_in_the_x86_intrinsics_builds(cache_dir):
     g7, plan7 = _pointwise(1, 64, 128, 7, 7)
     _, _, m7 = run_both(g7, plan7, cache_dir, options=CodegenOptions())
     assert "_koff" in m7.program.source and "__builtin_prefetch" not in m7.program.source
+
+
+def test_pack_prefetch_locality_is_checked():
+    assert CodegenOptions().gemm_pack_prefetch_locality == 2
+    with pytest.raises(OpfuseError, match="gemm_pack_prefetch_locality"):
+        CodegenOptions(gemm_pack_prefetch_locality=4)

@@ -487,6 +487,9 @@ class CodegenOptions:
             raise OpfuseError("conv_direct_vectors must be 1 or 2 (vectors of conv_direct_nr positions)")
         if self.gemm_mr < 0 or self.gemm_nr < 0:
             raise OpfuseError("gemm_mr and gemm_nr must be positive (0: the vector ISA's register block)")
+        if self.gemm_pack_prefetch_locality not in (0, 1, 2, 3):
+            raise OpfuseError(f"gemm_pack_prefetch_locality ({self.gemm_pack_prefetch_locality}) must be 0-3 "
+                              f"(__builtin_prefetch's locality)")
         mr, nr = self.gemm_mr, self.gemm_nr
         if (mr and self.gemm_mc % mr) or (nr and self.gemm_nc % nr):
             raise OpfuseError(f"gemm_mc ({self.gemm_mc}) must be a multiple of gemm_mr ({mr}) and gemm_nc "
