@@ -758,8 +758,9 @@ def _next_pack(kc, o, p: GemmProblem, bp, extra, t: str, tiles: int, MT: int, NT
     thread, about the next with ``schedule(dynamic, 1)``) and return the emitter that, after each micro-kernel
     call of the tile, prefetches its share of that tile's B rows (``CodegenOptions.gemm_pack_prefetch``): the
     copy then reads them from the caches. A tile's rows are K runs of up to NC floats, too many streams for the
-    hardware prefetchers to follow (mobilenet's pw1: 32 runs of 256 floats, 12544 floats apart). x86 builds only (GCC's and
-    Clang's builtin, as ``_prefetch_strip``); a prefetch never faults, but the addresses stay in B."""
+    hardware prefetchers to follow (mobilenet's pw1: 32 runs of 256 floats, 12544 floats apart). x86 builds
+    only (GCC's and Clang's builtin, as ``_prefetch_strip``); a prefetch never faults, but the addresses stay
+    in B."""
     if not o.gemm_pack_prefetch or bp is None or extra is not None or p.b.row_ptr is None or p.K > KC \
             or tiles < 2 or o.platform != "host" or o.simd != "auto" or o.vector_isa not in ("avx2", "avx512"):
         return None
