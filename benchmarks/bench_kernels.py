@@ -22,6 +22,7 @@ built by ``opfuse.compile`` and timed next to its yardstick, measured in the sam
     python benchmarks/bench_kernels.py                  # every shape
     python benchmarks/bench_kernels.py --only r18 --repeat 40
     python benchmarks/bench_kernels.py --only conv1 --set conv_direct_vectors=1   # a CodegenOptions variant
+    python benchmarks/bench_kernels.py --only r18 --vs windows_mr_max=8   # A/B: a second build, same rounds
 
 Prints achieved GFLOP/s (GB/s for depthwise) and the fraction of the yardstick per shape, and
 writes ``benchmarks/results/kernels.json``. Calls are interleaved (opfuse, numpy, opfuse, ...)
@@ -274,9 +275,11 @@ class KernelTimed:
 
 
 def bench_shape(s: Shape, *, repeat: int, warmup: int, codegen_options, check: bool, yardsticks: dict,
-                clock: str) -> dict:
+                clock: str, vs_options=None) -> dict:
     """Time ``s`` interleaved with NumPy at its M/N/K and with its yardstick (sgemm at the peak's
-    size, or the memcpy), so each fraction compares numbers taken under the same load."""
+    size, or the memcpy), so each fraction compares numbers taken under the same load. With
+    ``vs_options``, a second build of ``s`` is timed in the same rounds, after its own copy of the
+    yardstick and same-size copy (the caches as cold as for the first), for an A/B in one run."""
     from opfuse.runtime import reference
     graph, model = compile_shape(s, codegen_options, clock)
     feeds = reference.random_inputs(graph, 0)
@@ -296,6 +299,14 @@ def bench_shape(s: Shape, *, repeat: int, warmup: int, codegen_options, check: b
         fns["numpy"] = numpy_gemm(s)
         fns["peak"] = yardsticks["peak"]
         fns["copy_same"] = same = same_size_copy(s, yardsticks["peak"])
+    if vs_options is not None:
+        _, vs_model = compile_shape(s, vs_options, clock)
+        if check:
+            got = vs_model.run(feeds)
+            row["vs_max_abs_error"] = float(max(np.max(np.abs(got[k].astype(np.float64) - want[k])) for k in want))
+            row["vs_bitwise_equal"] = all(np.array_equal(got[k], model.run(feeds)[k]) for k in want)
+        fns["opfuse_vs"] = vs = KernelTimed(vs_model, feeds)
+        fns["copy_same_vs"] = same_size_copy(s, yardsticks["copy" if s.kind == "depthwise" else "peak"])
     medians = interleaved(fns, repeat, warmup)
     t = {k: m[clock] for k, m in medians.items()}
     row["call_ms"] = t["opfuse"] * 1e3  # the whole call from Python
@@ -306,6 +317,9 @@ def bench_shape(s: Shape, *, repeat: int, warmup: int, codegen_options, check: b
     row["wall_ms"] = {k: m["wall"] * 1e3 for k, m in medians.items()}
     row["opfuse_ms"] = t["opfuse"] * 1e3
     row["gflops"] = s.flops() / t["opfuse"] / 1e9
+    if vs_options is not None:
+        row["vs_ms"] = statistics.median(vs.ms[-repeat:])
+        row["vs_ratio"] = row["vs_ms"] / row["opfuse_ms"]  # the --vs build's time over the --set build's
     if s.kind == "depthwise":
         row["gbs"] = s.bytes() / t["opfuse"] / 1e9
         row["copy_gbs"] = copy_gbs(t["copy"])
@@ -351,9 +365,11 @@ def table(rows: list[dict]) -> str:
         warm = (f"  {r['warm_ms']:7.3f} {r['warm_gbs']:6.1f} {100 * r['warm_fraction']:5.1f}%"
                 f"  {r['same_copy_gbs']:5.1f} {100 * r['same_copy_fraction']:5.1f}%"
                 if "warm_ms" in r else f"{'':42s}  {r['floor_ms']:6.3f} {100 * r['floor_fraction']:5.1f}%")
+        vs = (f"  vs: {r['vs_ms']:7.3f} ms {r['vs_ratio']:5.3f}x"
+              f"{' bitwise equal' if r.get('vs_bitwise_equal') else ''}" if "vs_ms" in r else "")
         lines.append(f"{r['name']:24s} {s.flops() / 1e6:7.1f} {r['opfuse_ms']:7.3f} {r['call_ms']:7.3f} "
                      f"{r['gflops']:8.1f} {gbs} {npg} "
-                     f"{yard:10.1f} {100 * r['fraction']:5.1f}% {ok:>5s}{warm}")
+                     f"{yard:10.1f} {100 * r['fraction']:5.1f}% {ok:>5s}{warm}{vs}")
     return "\n".join(lines)
 
 
@@ -387,6 +403,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help=f"keep {', '.join(BLAS_TUNING_ENVS)} (by default removed before NumPy loads)")
     ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
                     help="CodegenOptions fields for every shape (ints, true/false or text), e.g. gemm_mr=12")
+    ap.add_argument("--vs", nargs="*", default=None, metavar="FIELD=VALUE",
+                    help="a second build of every shape with these CodegenOptions fields (none: the defaults), "
+                         "timed in the same rounds: its ms and its time over the --set build's (vs_ratio)")
     args = ap.parse_args(argv)
     if BLAS_ENV_REMOVED:
         print("OpenBLAS choosing its own kernels: removed " + ", ".join(f"{k}={v}" for k, v in BLAS_ENV_REMOVED.items())
@@ -396,15 +415,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
             print(f"warning: {var}={os.environ[var]} is set (--keep-blas-env, or NumPy was loaded before this script) "
                   f"and may slow NumPy's sgemm, the yardstick", file=sys.stderr)
     options = codegen_options(args.set)
+    vs_options = None
+    if args.vs is not None:
+        from opfuse.codegen.options import CodegenOptions
+        vs_options = codegen_options(args.vs) or CodegenOptions()
     shapes = [s for s in SHAPES if not args.only or any(o in s.name for o in args.only)]
     peak = sgemm_peak(args.repeat, CLOCKS[args.clock])
     yardsticks = {"peak": square_sgemm(PEAK_N), "copy": memcpy_call()}
     rows = []
     for s in shapes:
         rows.append(bench_shape(s, repeat=args.repeat, warmup=args.warmup, codegen_options=options,
-                                check=not args.no_check, yardsticks=yardsticks, clock=args.clock))
+                                check=not args.no_check, yardsticks=yardsticks, clock=args.clock,
+                                vs_options=vs_options))
         print(f"{s.name}: {rows[-1]['opfuse_ms']:.3f} ms", file=sys.stderr)
-    meta = {"host": os.uname().nodename, "codegen_options": args.set, "cpus": os.cpu_count(), "repeat": args.repeat,
+    meta = {"host": os.uname().nodename, "codegen_options": args.set, "vs_codegen_options": args.vs,
+            "cpus": os.cpu_count(), "repeat": args.repeat,
             "clock": args.clock,
             "load_average": list(os.getloadavg()), "opfuse_time": "kernel timers",
             "sgemm": peak, "peak_n": PEAK_N, "copy_bytes": COPY_BYTES,

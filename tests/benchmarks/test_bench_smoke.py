@@ -73,6 +73,20 @@ def test_bench_kernels_options_smoke(tmp_path):
     assert data["meta"]["codegen_options"] == ["conv_direct_vectors=1"] and data["shapes"][0]["max_abs_error"] < 1e-4
 
 
+def test_bench_kernels_vs_smoke(tmp_path):
+    """``--vs FIELD=VALUE``: a second build of each shape timed in the same rounds, its time over the first's and
+    whether its outputs are the first's bit for bit (the windows' MR changes no sum)."""
+    out = tmp_path / "kernels.json"
+    text = _run("bench_kernels.py", "--only", "r18.ds", "--repeat", "2", "--warmup", "0", "--vs", "windows_mr_max=8",
+                "--out", str(out))
+    data = json.loads(out.read_text())
+    row = data["shapes"][0]
+    assert data["meta"]["vs_codegen_options"] == ["windows_mr_max=8"]
+    assert row["vs_ms"] > 0 and row["vs_ratio"] == pytest.approx(row["vs_ms"] / row["opfuse_ms"])
+    assert row["vs_bitwise_equal"] and row["vs_max_abs_error"] < 1e-4
+    assert "vs:" in text and "bitwise equal" in text
+
+
 def test_bench_microkernel_smoke():
     """The micro-kernels alone, checked against a plain loop in the program, one line per (K, block)."""
     text = _run("bench_microkernel.py", "--blocks", "8x32", "6x16", "--k", "64", "--rounds", "3")

@@ -33,6 +33,7 @@ import numpy as np
 from opfuse.codegen.gemm import GemmProblem, Operand, RowAccess, in_memory
 from opfuse.codegen.index import Index, add, delinearize, mul
 from opfuse.codegen.microkernel import fits_avx512
+from opfuse.codegen.options import WINDOWS_MR_MAX
 
 
 
@@ -170,7 +171,8 @@ def register_block(o, channels: int, positions: int, row: int = 0) -> tuple[int,
     """MR x NR of the windows GEMM (positions x channels). Its A (the positions) is never packed at
     build time, so MR is free: with the AVX-512 block, the MR from ``windows_mr_min`` up to
     ``windows_mr_max`` (within the zmm registers) that pads the positions least, the larger on a
-    tie (7x7: 49 positions in 7 rows of 7 instead of 7 of 8; 14x14: 196 in 14 rows of 14). Few channels
+    tie (7x7: 49 positions in 7 rows of 7 instead of 7 of 8; 14x14: 196 in 14 rows of 14 where the
+    range reaches 14, as it does on hosts with zmm-wide FMA pipes). Few channels
     per group: ``NARROW_BLOCK``, its MR from 12 to ``narrow_mr_max`` by the same rule. Of MRs that pad
     alike, one that divides the output ``row`` (its width) first: then every block lies in one output row
     and reads its windows through one pointer (``ConvWindows.row_step``; 28x28: 7 rather than 8)."""
@@ -183,9 +185,11 @@ def register_block(o, channels: int, positions: int, row: int = 0) -> tuple[int,
             return NARROW_BLOCK
         mr = min(range(NARROW_BLOCK[0], o.narrow_mr_max + 1), key=key)
         return mr, NARROW_BLOCK[1]
-    if o.vector_isa != "avx512" or o.simd != "auto" or not o.windows_mr_max:
+    # None where the options are not resolved for a host (``CodegenOptions.resolved`` fills it in)
+    mr_max = WINDOWS_MR_MAX if o.windows_mr_max is None else o.windows_mr_max
+    if o.vector_isa != "avx512" or o.simd != "auto" or not mr_max:
         return o.gemm_mr, o.gemm_nr
-    fits = [mr for mr in range(o.windows_mr_min, o.windows_mr_max + 1) if fits_avx512(mr, o.gemm_nr)]
+    fits = [mr for mr in range(o.windows_mr_min, mr_max + 1) if fits_avx512(mr, o.gemm_nr)]
     if not fits:
         return o.gemm_mr, o.gemm_nr
     return min(fits, key=key), o.gemm_nr

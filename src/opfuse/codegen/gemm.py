@@ -635,6 +635,7 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
         if extra is not None:
             extra.per_tile(kc, n0, nc)
         pc, kb = kc.tmp("pc"), kc.tmp("kc")
+        ahead = _next_pack(kc, o, p, bp, extra, t, tiles, MT, NT, MC, NC, KC, MR, NR)
         # One K block and a vector epilogue: each MR-row strip of the C tile is finished right after its
         # micro-kernel calls, while it is in L1, not the whole tile after them (``gemm_strip_epilogue``). A's
         # panels are then the outer loop, so B's K block is read once per panel: only where it stays in L2
@@ -730,6 +731,8 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                                                             f"({m0} + {ir})", f"({n0} + {jr})",
                                                             _min_expr(f"{M} - {m0} - {ir}", MR),
                                                             _min_expr(f"{N} - {n0} - {jr}", NR))
+                    if ahead is not None:
+                        ahead(ir, jr)
                 if strips:  # the MR rows just computed, while they are in L1
                     _emit_tile_epilogue(kc, ev, stage, p, f"({ctile} + {ir} * {NC})", NC, b, f"({m0} + {ir})", n0,
                                         _min_expr(f"{mc} - {ir}", MR), nc)
@@ -746,6 +749,41 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                 _emit_tile_epilogue(kc, ev, stage, p, ttile, ldt, b, m0, f"({n0} + {jc})", mc, cw, transposed=True)
         else:
             _emit_tile_epilogue(kc, ev, stage, p, ctile, NC, b, m0, n0, mc, nc)
+
+
+def _next_pack(kc, o, p: GemmProblem, bp, extra, t: str, tiles: int, MT: int, NT: int, MC: int, NC: int, KC: int,
+               MR: int, NR: int) -> Callable[[str, str], None] | None:
+    """Where B is packed per tile from rows in memory (``_pack_b``'s row copies: a 1x1 convolution's input),
+    in one K block: declare the tile this thread is likely to take next (``t + nt``: the next one with one
+    thread, about the next with ``schedule(dynamic, 1)``) and return the emitter that, after each micro-kernel
+    call of the tile, prefetches its share of that tile's B rows (``CodegenOptions.gemm_pack_prefetch``): the
+    copy then reads them from the caches. A tile's rows are K runs of up to NC floats, too many streams for the
+    hardware prefetchers to follow (mobilenet's pw1: 32 runs of 256 floats, 12544 floats apart). x86 builds
+    only (GCC's and Clang's builtin, as ``_prefetch_strip``); a prefetch never faults, but the addresses stay
+    in B."""
+    if not o.gemm_pack_prefetch or bp is None or extra is not None or p.b.row_ptr is None or p.K > KC \
+            or tiles < 2 or o.platform != "host" or o.simd != "auto" or o.vector_isa not in ("avx2", "avx512"):
+        return None
+    w, row_ptr = kc.w, p.b.row_ptr
+    t2, b2, n2 = kc.tmp("next"), kc.tmp("nb"), kc.tmp("nn")
+    w.line(f"const long {t2} = {t} + nt;")
+    w.line(f"const long {b2} = {t2} / {MT * NT};")
+    w.line(f"(void){b2};")
+    w.line(f"const long {n2} = {t2} % {NT} * {NC};")
+    per_row = -(-NC // 16)  # lines of a row of the tile
+    lines = p.K * per_row
+    calls = -(-MC // MR) * -(-NC // NR)
+    share = -(-lines // calls)
+
+    def emit(ir: str, jr: str) -> None:
+        q, ln, k, c = kc.tmp("q"), kc.tmp("ln"), kc.tmp("k"), kc.tmp("c")
+        with w.block(f"if ({t2} < {tiles})"):
+            w.line(f"const long {q} = ({ir} / {MR} * {-(-NC // NR)} + {jr} / {NR}) * {share};")
+            with w.block(f"for (long {ln} = {q}; {ln} < {q} + {share} && {ln} < {lines}; ++{ln})"):
+                w.line(f"const long {k} = {ln} / {per_row}, {c} = {ln} % {per_row} * 16;")
+                with w.block(f"if ({n2} + {c} < {p.N})"):
+                    w.line(f"__builtin_prefetch({row_ptr(b2, k, f'{n2} + {c}')}, 0, {o.gemm_pack_prefetch_locality});")
+    return emit
 
 
 def _prefetch_strip(kc, stage: Stage, p: GemmProblem, b, m0, n0, ir, jr, mc, nc, MR: int, NR: int) -> None:

@@ -27,6 +27,10 @@ VECTOR_ISAS = ("host", "avx2", "avx512", "neon")
 # the same blob, and every NR-multiple-of-8 assumption of the GEMM code holds. Not measured: there is no Arm
 # host here (QEMU counts are not timings); to be measured on one against 8 x 12 and 4 x 16.
 REGISTER_BLOCKS = {"avx2": (6, 16), "avx512": (8, 32), "neon": (6, 16)}
+# The windows GEMM's largest MR with the AVX-512 block (``CodegenOptions.windows_mr_max`` None): where the
+# host's FMA pipes are zmm-wide, and elsewhere.
+WINDOWS_MR_MAX_FULL_WIDTH = 14
+WINDOWS_MR_MAX = 8
 WINOGRAD_MODES = ("auto", "off", "on")
 PROFILE_CLOCKS = {"wall": "CLOCK_MONOTONIC", "thread_cpu": "CLOCK_THREAD_CPUTIME_ID"}
 
@@ -117,9 +121,18 @@ class CodegenOptions:
     # The windows GEMM's MR with the AVX-512 block (``conv_windows.register_block``): the one in
     # [windows_mr_min, windows_mr_max] that pads the positions least (0: the options' MR).
     # mobilenet_v1 (20 interleaved runs, against MR = 8): pw12/pw13 (7x7: 7 rows of 7) 0.90x and
-    # 0.89x; a range up to 14 (14x14 in rows of 14) measured the same as up to 8.
+    # 0.89x; on the Zen 4 host a range up to 14 (14x14 in rows of 14) measured the same as up to 8.
+    # None (the default): 14 where the host's FMA pipes are as wide as a zmm register
+    # (``opfuse.targets.host_full_width_fma``, as ``winograd_avx512``), 8 elsewhere, resolved when the
+    # code is generated. There a 14 x 32 block (28 zmm accumulators) loads 14 broadcasts and 2 B vectors
+    # per 28 FMAs instead of 7 and 2 per 14 (the windows' reads, through the offset table, are what
+    # holds these kernels below the packed micro-kernel's peak). Measured on the Zen 5 host (1 thread,
+    # kernel CPU time, 40-50 interleaved rounds against 8, each after a 12 MB sgemm; load 9-10): resnet18's
+    # strided 3x3 64 > 128 at 28x28 out 0.96-0.97x, the 1x1/2 downsample 0.92-1.00x, the 4-group 3x3
+    # at 28x28 0.95-0.98x, 1x1 512 > 512 at 14x14 0.98-1.02x (7x7 outputs keep 7 rows of 7). Each output
+    # sums its products in increasing k, one FMA each, whatever the block: the results keep their bits.
     windows_mr_min: int = 6
-    windows_mr_max: int = 8
+    windows_mr_max: int | None = None
     # Few channels per group (``conv_windows.NARROW_BLOCK``, 8 channels in one ymm vector): MR from 12 up to
     # ``narrow_mr_max`` (14: 14 ymm accumulators, a B vector and a broadcast fill the 16 ymm registers), the
     # one that pads the positions least, the larger on a tie (14x14: 196 positions in 14 rows of 14).
@@ -213,6 +226,17 @@ class CodegenOptions:
     # tile's columns (``gemm.emit_gemm``): a 1x1 convolution of few input channels (64 -> 128 at 112x112)
     # 0.90-0.96x the time with cold caches, mobilenet_v1's pw1 0.87x.
     gemm_rows_outer_store: bool = True
+    # A GEMM whose B is packed per tile from rows in memory (a 1x1 convolution's input) in one K block: after
+    # each micro-kernel call, prefetch a share of the B rows of the tile the thread takes next
+    # (``gemm._next_pack``), so that its packing copy reads them from the caches: a tile's rows are K runs
+    # (64-512) too many for the hardware prefetchers to follow. Measured on the Zen 5 host (kernel CPU time,
+    # 40 interleaved rounds after a 12 MB sgemm, two builds each way, load 12): 1x1 64 > 128 at 112x112
+    # 0.86-0.95x, 128@56 0.95-1.0x, 256@28 0.99-1.03x; in mobilenet_v1 (inputs warm from the layer before,
+    # kernels' sum, 60 rounds) 0.99-1.00x: pw1 0.96-0.97x, but pw2/pw3 1.03-1.05x.
+    gemm_pack_prefetch: bool = True
+    # ... with this locality (``__builtin_prefetch``'s third argument; 3: into L1, 2: into L2; the Zen 5 host
+    # measured them alike: 64 > 128 at 112x112 0.92-0.95x and 0.91-0.92x, mobilenet_v1 1.00x both).
+    gemm_pack_prefetch_locality: int = 2
     # Plain-C micro-kernel with named scalar accumulators (``codegen/microkernel.py``): for a
     # compiler without vector registers (the Cortex-M7), which keeps an accumulator array in memory.
     gemm_scalar_accumulators: bool = False
@@ -463,6 +487,9 @@ class CodegenOptions:
             raise OpfuseError("conv_direct_vectors must be 1 or 2 (vectors of conv_direct_nr positions)")
         if self.gemm_mr < 0 or self.gemm_nr < 0:
             raise OpfuseError("gemm_mr and gemm_nr must be positive (0: the vector ISA's register block)")
+        if self.gemm_pack_prefetch_locality not in (0, 1, 2, 3):
+            raise OpfuseError(f"gemm_pack_prefetch_locality ({self.gemm_pack_prefetch_locality}) must be 0-3 "
+                              f"(__builtin_prefetch's locality)")
         mr, nr = self.gemm_mr, self.gemm_nr
         if (mr and self.gemm_mc % mr) or (nr and self.gemm_nc % nr):
             raise OpfuseError(f"gemm_mc ({self.gemm_mc}) must be a multiple of gemm_mr ({mr}) and gemm_nc "
@@ -475,14 +502,17 @@ class CodegenOptions:
         """These options with ``vector_isa`` concrete ("host" -> ``host_isa``) and the register
         block filled in from it. The plain C build (simd="none") keeps the AVX2 block where none
         is given, so its results do not depend on the machine that generated it. ``full_width_fma``
-        (the host's, ``opfuse.targets.host_full_width_fma``) decides ``winograd_avx512`` where it is None."""
+        (the host's, ``opfuse.targets.host_full_width_fma``) decides ``winograd_avx512`` and ``windows_mr_max``
+        where they are None."""
         isa = host_isa if self.vector_isa == "host" else self.vector_isa
         if self.simd == "none":
             isa = "avx2"
         mr, nr = REGISTER_BLOCKS[isa]
         wino = full_width_fma if self.winograd_avx512 is None else self.winograd_avx512
+        windows_mr = (WINDOWS_MR_MAX_FULL_WIDTH if full_width_fma else WINDOWS_MR_MAX) \
+            if self.windows_mr_max is None else self.windows_mr_max
         return replace(self, vector_isa=isa, gemm_mr=self.gemm_mr or mr, gemm_nr=self.gemm_nr or nr,
-                       winograd_avx512=wino)
+                       winograd_avx512=wino, windows_mr_max=windows_mr)
 
 
 # Cortex-M7: one thread, no cache worth blocking for, 32 single-precision registers. The 4 x 4
