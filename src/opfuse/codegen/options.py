@@ -376,6 +376,13 @@ class CodegenOptions:
     # the model 0.93x; resnet8 (16 tiles at 8x8: stack2/stack3's conv2) 0.74-0.78x, the model 0.90x. False: AVX2's
     # block there.
     winograd_zmm_panels: bool = True
+    # A parallel Winograd loop whose blocks leave a last round with fewer blocks than threads (at a thread
+    # count of ``balance_threads``) splits those blocks' output channels across the threads, as it splits a
+    # single block (``winograd.last_round_split``; each part transforms the block's input again): resnet18's
+    # 56x56 layers are 7 blocks (6 of 32 tiles and one of 4, its GEMMs padded to 32), which 2 threads ran
+    # in 4 rounds against 3 (bound 1.75); split, the last block's halves even them out (bound 2.0). The
+    # split is chosen at run time by the thread count: one thread runs every block whole. Same bits.
+    winograd_split_last_round: bool = True
     # A fused pointwise loop that reads or writes float16 (or rounds to it between ops) on a target with
     # F16C runs its innermost loop in blocks (``codegen/pointwise.py:emit_f16c_blocks``): F16C converts
     # 8 lanes at a time into and out of float arrays of ``f16c_block`` elements (fewer, a power of two,

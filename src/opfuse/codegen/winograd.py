@@ -392,6 +392,30 @@ def _block_rows(tiles: int, T: int, TW: int) -> int:
     return max((min(tiles, t0 + T) - 1) // TW - t0 // TW + 1 for t0 in range(0, tiles, T))
 
 
+def last_round_split(o, units: int, panels: int, work: int) -> int:
+    """Parts the blocks of a parallel loop's last round may be split in (0: no such split;
+    ``CodegenOptions.winograd_split_last_round``): where ``units`` blocks (two or more) leave some
+    thread count of ``balance_threads`` a last round with fewer blocks than threads (resnet18's
+    56x56 layers: 7 blocks on 2 threads, the last one alone), those blocks' output channels are
+    split as a single block's are, up to the largest of those thread counts (and the ``panels``
+    of MR output channels). The split is decided at run time (``last_round_parts``): one thread,
+    and thread counts that divide ``units``, transform every block once."""
+    if not o.winograd_split_last_round or units < 2 or work < o.parallel_min_work:
+        return 0
+    short = [t for t in o.balance_threads if 1 < t < units and units % t]
+    return min(max(short), panels) if short and panels > 1 else 0
+
+
+def last_round_parts(threads: int, units: int, most: int, block: int) -> int:
+    """Parts block ``block`` of ``units`` runs in on ``threads`` threads (the C the split emits):
+    the ``rem = units % threads`` blocks of the last round (every block where there are fewer
+    blocks than threads) in ``ceil(threads / rem)`` parts, at most ``most``; the others whole."""
+    rem = 0 if threads <= 1 else units if threads > units else units % threads
+    if rem == 0 or block < units - rem:
+        return 1
+    return min(-(-threads // rem), most)
+
+
 def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
     """Emit the Winograd convolution of ``node`` with the group's epilogue (module docstring)."""
     from opfuse.ops.nn import conv_geometry as _geometry
@@ -444,17 +468,39 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
     # Fewer blocks than threads: each block's output channels are split in up to `most` parts,
     # as many as the threads need (decided at run time: one thread transforms each block once).
     units = nimg * nblk
-    most = min(max(1, -(-o.gemm_min_tiles // units)), OCp // MR)
+    work = 2 * nimg * OC * C * 9 * OH * OW
+    # Each iteration's cost: its block's tiles (rounded up to whole lane groups), a part's share.
+    block_tiles = [-(-min(T, tiles - t0) // Q) * Q for t0 in range(0, tiles, T)] * nimg
+    split = last_round_split(o, units, OCp // MR, work)
+    most = split or min(max(1, -(-o.gemm_min_tiles // units)), OCp // MR)
     it, blk, part, parts, span, lo, hi = (kc.tmp(n) for n in ("it", "blk", "part", "parts", "span", "lo", "hi"))
-    if most > 1:
+    if split:
+        # The blocks of the last round, `rem` (fewer than the threads), split in `parts` each, the rest whole.
+        rem = kc.tmp("rem")
+        w.line(f"const long {rem} = nt <= 1 ? 0 : nt > {units} ? {units} : {units} % nt;")
+        w.line(f"const long {parts} = {rem} == 0 ? 1 : (nt + {rem} - 1) / {rem} < {most} ? "
+               f"(nt + {rem} - 1) / {rem} : {most};")
+        costs = [float(n) / p if k < p else 0.0 for i, n in enumerate(block_tiles)
+                 for p in [last_round_parts(o.balance_threads[0], units, most, i)] for k in range(most)]
+    elif most > 1:
         w.line(f"const long {parts} = nt <= {units} ? 1 : (nt + {units - 1}) / {units} < {most} ? "
                f"(nt + {units - 1}) / {units} : {most};")
         w.line(f"const long {span} = ({OCp // MR} + {parts} - 1) / {parts} * {MR};")
-    # Each iteration's cost: its block's tiles (rounded up to whole lane groups), a part's share.
-    block_tiles = [-(-min(T, tiles - t0) // Q) * Q for t0 in range(0, tiles, T)] * nimg
-    kc.parallel_for(2 * nimg * OC * C * 9 * OH * OW, costs=[float(n) / most for n in block_tiles for _ in range(most)])
+        costs = [float(n) / most for n in block_tiles for _ in range(most)]
+    else:
+        costs = [float(n) for n in block_tiles]
+    kc.parallel_for(work, costs=costs)
     with w.block(f"for (long {it} = 0; {it} < {units * most}; ++{it})"):
-        if most > 1:
+        if split:
+            bparts = kc.tmp("bparts")
+            w.line(f"const long {blk} = {it} / {most};")
+            w.line(f"const long {part} = {it} % {most};")
+            w.line(f"const long {bparts} = {blk} >= {units} - {rem} ? {parts} : 1;")
+            w.line(f"if ({part} >= {bparts}) continue;")
+            w.line(f"const long {span} = ({OCp // MR} + {bparts} - 1) / {bparts} * {MR};")
+            w.line(f"const long {lo} = {part} * {span};")
+            w.line(f"const long {hi} = {lo} + {span} < {OCp} ? {lo} + {span} : {OCp};")
+        elif most > 1:
             w.line(f"const long {blk} = {it} / {most};")
             w.line(f"const long {part} = {it} % {most};")
             w.line(f"if ({part} >= {parts}) continue;")
