@@ -123,22 +123,39 @@ def test_results_do_not_depend_on_threads(cache_dir):
         assert np.array_equal(one[k], two[k])
 
 
-def test_a_single_block_is_split_by_output_channels_for_threads(cache_dir):
+@pytest.mark.parametrize("shared", [True, False], ids=["shared_transform", "a_transform_per_part"])
+def test_a_single_block_is_split_by_output_channels_for_threads(shared, cache_dir):
     """8x8 outputs with F(2x2) are 16 tiles, one block: its output channels are split into parts
-    so that the parallel loop has gemm_min_tiles iterations; one, two and three threads (one part,
-    two, three) give the same bits, and the reference's values."""
+    (up to gemm_min_tiles) for the threads; one, two and three threads (one part, two, three) give
+    the same bits, and the reference's values, whether the parts share one input transform
+    (``winograd_shared_transform``: one region, the channels' transforms shared out, a barrier, the
+    parts) or each transforms the input itself (a loop of gemm_min_tiles iterations)."""
     import re
     g, plan = conv_block(1, 32, 40, 8, 8, [1, 1, 1, 1])
-    options = CodegenOptions(winograd="on")
+    options = CodegenOptions(winograd="on", winograd_shared_transform=shared)
     results = [run_both(g, plan, cache_dir, options=options, threads=n) for n in (1, 2, 3)]
     (one, want, model), others = results[0], results[1:]
     assert any("Winograd F(2x2,3x3)" in n for n in _notes(model))
-    loops = re.findall(r"omp parallel for[^\n]*\n\s*for \(long \w+ = 0; \w+ < (\d+);", model.program.source)
-    assert loops and int(loops[0]) == CodegenOptions().gemm_min_tiles
+    src = model.program.source
+    loops = re.findall(r"omp parallel for[^\n]*\n\s*for \(long \w+ = 0; \w+ < (\d+);", src)
+    recorded = next(k for k in model.program.kernels if k.parallel).parallel
+    if shared:
+        assert not loops and "omp parallel num_threads(nt))" in src
+        transform, parts = recorded
+        assert re.search(r"omp for schedule\(static\)\)\n\s*for \(long \w+ = 0; \w+ < 32;", src)
+        assert (transform.iterations, transform.schedule) == (32, "static")  # the input channels
+        assert (parts.iterations, parts.schedule) == (2, "dynamic") and parts.costs[0] == parts.costs[1]
+        assert sum(n.count("Winograd F(2x2,3x3)") for n in _notes(model)) == 1  # noted once, not per variant
+    else:
+        assert loops and int(loops[0]) == CodegenOptions().gemm_min_tiles
+        assert [lp.iterations for lp in recorded] == [CodegenOptions().gemm_min_tiles]
     assert_close(one, want)
     for got, _, _ in others:
         for k in one:
             assert np.array_equal(one[k], got[k])
+    if shared:  # the same bits as the parts that transform the input themselves
+        plain, _, _ = run_both(g, plan, cache_dir, options=options.with_(winograd_shared_transform=False), threads=2)
+        assert all(np.array_equal(one[k], plain[k]) for k in one)
 
 
 @pytest.mark.parametrize("threads,block,parts", [
