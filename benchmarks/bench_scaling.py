@@ -17,6 +17,15 @@ Three views, because the machine is shared:
 * wall clock, next to ``others``: the cores' worth of CPU other processes took meanwhile
   (``opfuse.bench.OtherLoad``).
 
+On a machine whose other users run at normal priority, a woken worker thread waits for a time slice
+on the second core (up to ~1.5 ms per region on this VM's kernel), which no code change can win back;
+``--fifo`` runs the timed part under ``SCHED_FIFO`` (priority 1; needs CAP_SYS_NICE), set after the
+builds and before the first parallel run, so that the OpenMP workers, created then, inherit it: the
+benchmark gets both cores as on a quiet machine (not the memory bandwidth and caches the others use).
+Each model's scratch is allocated once for the most threads (``NativeModel.threads`` only grows it):
+before, every switch between 1 and 2 threads allocated a fresh one, and the first kernels of the next
+run paid its page faults (resnet18's conv1 timed 1.4-5 ms at 2 threads against 0.6).
+
 ``--ab`` interleaves the builds without and with tile balancing (``CodegenOptions.balance_threads``)
 instead; ``--static`` runs nothing and prints the split alone (``--markdown FILE``: before and after).
 
@@ -64,9 +73,17 @@ def split(info, threads: int) -> dict:
     return {"loops": loops, "tile_bound": min((lp["bound"] for lp in loops), default=1.0)}
 
 
-def scale(name: str, threads: int, repeat: int) -> dict:
+def realtime(enabled: bool) -> None:
+    """``SCHED_FIFO`` for this thread and the threads it starts from now on (``--fifo``); after the
+    builds, so that the compiler it runs does not inherit it."""
+    if enabled:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+
+
+def scale(name: str, threads: int, repeat: int, fifo: bool = False) -> dict:
     comp = plan_model(f"zoo:{name}")
     model = build_native(comp, threads=1, codegen_options=CodegenOptions(profile=True))
+    realtime(fifo)
     feeds = random_inputs(comp.original, 0)
     n = model.program.num_functions
     ns, grp = (ctypes.c_uint64 * n)(), (ctypes.c_int * n)()
@@ -99,6 +116,7 @@ def scale(name: str, threads: int, repeat: int) -> dict:
     c1 = np.median(np.array([c[0] for c in cpu[1]]))
     cn = np.median(np.array([c + [0.0] * (threads - len(c)) for c in cpu[threads]]), axis=0)
     return {"model": name, "threads": threads, "repeat": repeat, "others_cores": others.cores,
+            "loadavg": os.getloadavg()[0], "fifo": fifo,
             "wall_ms_1": float(np.median(wall[1])), f"wall_ms_{threads}": float(np.median(wall[threads])),
             "cpu_ms_1": float(c1), f"cpu_ms_{threads}": [float(v) for v in cn],
             "cpu_bound_speedup": float(c1 / cn.max()),
@@ -143,7 +161,7 @@ def static_table(r: dict) -> str:
     return "\n".join(lines)
 
 
-def balance_ab(name: str, threads: int, repeat: int) -> dict:
+def balance_ab(name: str, threads: int, repeat: int, fifo: bool = False) -> dict:
     """Interleaved, per round: the build without balancing (``balance_threads=()``) and with it, each at 1
     thread, then at ``threads`` right after (the workers asleep: "cold"), then again at once ("warm");
     medians of wall time and of each thread's CPU time in the cold run."""
@@ -151,6 +169,7 @@ def balance_ab(name: str, threads: int, repeat: int) -> dict:
     feeds = random_inputs(comp.original, 0)
     builds = {"cache blocking": build_native(comp, threads=1, codegen_options=CodegenOptions(balance_threads=())),
               "balanced": build_native(comp, threads=1)}
+    realtime(fifo)
     got: dict[str, dict[str, list]] = {k: {"1": [], "cold": [], "warm": [], "cpu": []} for k in builds}
     for model in builds.values():
         for t in (1, threads):
@@ -224,7 +243,8 @@ def split_markdown(names: list[str], threads: int) -> str:
 def table(r: dict, top: int) -> str:
     t = r["threads"]
     lines = [f"{r['model']}: wall {r['wall_ms_1']:.2f} -> {r[f'wall_ms_{t}']:.2f} ms "
-             f"(x{r['wall_ms_1'] / r[f'wall_ms_{t}']:.2f}; others took {r['others_cores'] or 0:.2f} cores), "
+             f"(x{r['wall_ms_1'] / r[f'wall_ms_{t}']:.2f}; others took {r['others_cores'] or 0:.2f} cores, load "
+             f"{r['loadavg']:.1f}{', SCHED_FIFO' if r['fifo'] else ''}), "
              f"CPU {r['cpu_ms_1']:.2f} ms -> " + " + ".join(f"{v:.2f}" for v in r[f"cpu_ms_{t}"])
              + f" ms per thread (x{r['cpu_bound_speedup']:.2f}); tile bound x{r['tile_bound_speedup']:.2f}",
              f"  {'group':<26}{'ops':<28}{'1t ms':>8}{f'{t}t ms':>8}{'x':>6}{'share':>7}{'bound':>7}  parallel loop"]
@@ -247,6 +267,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--markdown", type=Path, help="with --static: write the before/after split of every model here")
     ap.add_argument("--ab", action="store_true",
                     help="interleave the builds without and with balancing (1 thread, then --threads cold and warm)")
+    ap.add_argument("--fifo", action="store_true",
+                    help="time under SCHED_FIFO (see above): both cores on a machine others keep busy")
     ap.add_argument("--no-balance", action="store_true",
                     help="with --static: the cache blocking's tiles alone (CodegenOptions(balance_threads=()))")
     args = ap.parse_args(argv)
@@ -262,13 +284,13 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.ab:
         for name in args.models:
-            rows.append(balance_ab(name, args.threads, args.repeat))
+            rows.append(balance_ab(name, args.threads, args.repeat, args.fifo))
             print(ab_table(rows[-1]), flush=True)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(rows, indent=1))
         return
     for name in args.models:
-        rows.append(scale(name, args.threads, args.repeat))
+        rows.append(scale(name, args.threads, args.repeat, args.fifo))
         print(table(rows[-1], args.top), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(rows, indent=1))

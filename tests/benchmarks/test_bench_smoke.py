@@ -142,6 +142,7 @@ def test_bench_scaling_smoke(tmp_path):
     row = json.loads(out.read_text())[0]
     assert row["model"] == "ds_cnn" and len(row["cpu_ms_2"]) == 2 and row["kernels"]
     assert all(k["tile_bound"] >= 1.0 for k in row["kernels"]) and "tile bound" in printed
+    assert row["fifo"] is False and row["loadavg"] >= 0 and ", load " in printed  # --fifo not asked for
 
 
 def test_bench_scaling_ab_smoke(tmp_path):

@@ -123,22 +123,89 @@ def test_results_do_not_depend_on_threads(cache_dir):
         assert np.array_equal(one[k], two[k])
 
 
-def test_a_single_block_is_split_by_output_channels_for_threads(cache_dir):
+@pytest.mark.parametrize("shared", [True, False], ids=["shared_transform", "a_transform_per_part"])
+def test_a_single_block_is_split_by_output_channels_for_threads(shared, cache_dir):
     """8x8 outputs with F(2x2) are 16 tiles, one block: its output channels are split into parts
-    so that the parallel loop has gemm_min_tiles iterations; one, two and three threads (one part,
-    two, three) give the same bits, and the reference's values."""
+    (up to gemm_min_tiles) for the threads; one, two and three threads (one part, two, three) give
+    the same bits, and the reference's values, whether the parts share one input transform
+    (``winograd_shared_transform``: one region, the channels' transforms shared out, a barrier, the
+    parts) or each transforms the input itself (a loop of gemm_min_tiles iterations)."""
     import re
     g, plan = conv_block(1, 32, 40, 8, 8, [1, 1, 1, 1])
-    options = CodegenOptions(winograd="on")
+    options = CodegenOptions(winograd="on", winograd_shared_transform=shared)
     results = [run_both(g, plan, cache_dir, options=options, threads=n) for n in (1, 2, 3)]
     (one, want, model), others = results[0], results[1:]
     assert any("Winograd F(2x2,3x3)" in n for n in _notes(model))
-    loops = re.findall(r"omp parallel for[^\n]*\n\s*for \(long \w+ = 0; \w+ < (\d+);", model.program.source)
-    assert loops and int(loops[0]) == CodegenOptions().gemm_min_tiles
+    src = model.program.source
+    loops = re.findall(r"omp parallel for[^\n]*\n\s*for \(long \w+ = 0; \w+ < (\d+);", src)
+    recorded = next(k for k in model.program.kernels if k.parallel).parallel
+    if shared:
+        assert not loops and "omp parallel num_threads(nt))" in src
+        transform, parts = recorded
+        assert re.search(r"omp for schedule\(static\)\)\n\s*for \(long \w+ = 0; \w+ < 32;", src)
+        assert (transform.iterations, transform.schedule) == (32, "static")  # the input channels
+        assert (parts.iterations, parts.schedule) == (2, "dynamic") and parts.costs[0] == parts.costs[1]
+        assert sum(n.count("Winograd F(2x2,3x3)") for n in _notes(model)) == 1  # noted once, not per variant
+    else:
+        assert loops and int(loops[0]) == CodegenOptions().gemm_min_tiles
+        assert [lp.iterations for lp in recorded] == [CodegenOptions().gemm_min_tiles]
     assert_close(one, want)
     for got, _, _ in others:
         for k in one:
             assert np.array_equal(one[k], got[k])
+    if shared:  # the same bits as the parts that transform the input themselves
+        plain, _, _ = run_both(g, plan, cache_dir, options=options.with_(winograd_shared_transform=False), threads=2)
+        assert all(np.array_equal(one[k], plain[k]) for k in one)
+
+
+@pytest.mark.parametrize("threads,block,parts", [
+    (1, 6, 1),                      # one thread: every block whole
+    (2, 5, 1), (2, 6, 2),           # 7 blocks on 2 threads: the seventh alone, in halves
+    (4, 3, 1), (4, 4, 2), (4, 6, 2),  # 7 on 4: 3 left for the last round, 2 parts each (at most `most`)
+    (3, 0, 3), (8, 0, 4),           # a single block: split as the threads need, up to `most`
+    (2, 1, 1),                      # 2 blocks on 2 threads: no last round to fill
+])
+def test_last_round_parts(threads, block, parts):
+    from opfuse.codegen.winograd import last_round_parts
+    units = 1 if (threads, block) in ((3, 0), (8, 0)) else 2 if (threads, block) == (2, 1) else 7
+    most = 4 if units == 1 else 2
+    assert last_round_parts(threads, units, most, block) == parts
+
+
+def test_the_last_round_of_blocks_is_split_for_threads(cache_dir):
+    """80 F(2x2) tiles in blocks of one panel width (32 or 16 tiles: 3 or 5 blocks, an odd count):
+    on 2 threads the last block would run alone, so its output channels are split in two parts
+    (``winograd_split_last_round``). The recorded loop says so (two slots a block, the last one's
+    halves costed, the other blocks' second slot empty), its bound at 2 threads is above the whole
+    blocks', and 1, 2, 3 and 4 threads give the same bits, the reference's values."""
+    import re
+    from opfuse.codegen.winograd import last_round_parts
+    g, plan = conv_block(1, 32, 40, 20, 16, [1, 1, 1, 1])
+    options = CodegenOptions(winograd="on", winograd_f4=False, winograd_block_floats=1)
+    model = None
+    results = []
+    for n in (1, 2, 3, 4):
+        got, want, built = run_both(g, plan, cache_dir, options=options, threads=n)
+        model = model or built
+        results.append(got)
+    T = int(re.search(r"tiles per image in blocks of (\d+)", model.program.source).group(1))
+    units = -(-80 // T)
+    assert units % 2 == 1 and units >= 3
+    loop = next(k for k in model.program.kernels if k.parallel).parallel[0]
+    assert loop.iterations == 2 * units and loop.schedule == "dynamic"
+    tiles = [float(min(T, 80 - t0)) for t0 in range(0, 80, T)]
+    tiles = [-(-t // T) * T for t in tiles]  # each block's lanes rounded up to the panel
+    assert list(loop.costs[:-2:2]) == tiles[:-1] and set(loop.costs[1:-2:2]) == {0.0}
+    assert loop.costs[-2:] == (tiles[-1] / 2, tiles[-1] / 2)
+    assert [last_round_parts(2, units, 2, b) for b in range(units)] == [1] * (units - 1) + [2]
+    whole = CodegenOptions(winograd="on", winograd_f4=False, winograd_block_floats=1, winograd_split_last_round=False)
+    _, _, plain = run_both(g, plan, cache_dir, options=whole, threads=2)
+    plain_loop = next(k for k in plain.program.kernels if k.parallel).parallel[0]
+    assert plain_loop.iterations == units and loop.speedup(2) > plain_loop.speedup(2)
+    assert_close(results[0], want)
+    for got in results[1:]:
+        for k in results[0]:
+            assert np.array_equal(results[0][k], got[k])
 
 
 @pytest.mark.parametrize("kw,reason", [

@@ -160,6 +160,20 @@ def test_threads_do_not_change_results(model):
         model.threads = 0
 
 
+def test_fewer_threads_keep_the_scratch(model):
+    """The per-thread scratch only grows: back to fewer threads, the buffer (its pages already
+    faulted in) stays, so a benchmark switching between 1 and 2 threads times no page faults."""
+    stride = model.program.scratch_stride
+    model.threads = 2
+    two = model._scratch
+    assert len(two) >= 2 * stride
+    model.threads = 1
+    assert model._scratch is two and model._scratch_at == two.ctypes.data
+    model.threads = 3
+    assert len(model._scratch) >= 3 * stride and model._scratch_at == model._scratch.ctypes.data
+    model.threads = 1
+
+
 def test_multithreaded_big_kernels_are_bitwise_equal(cache_dir):
     rng = np.random.default_rng(0)
     b = GraphBuilder("big")

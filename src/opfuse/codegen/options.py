@@ -400,6 +400,20 @@ class CodegenOptions:
     # the model 0.93x; resnet8 (16 tiles at 8x8: stack2/stack3's conv2) 0.74-0.78x, the model 0.90x. False: AVX2's
     # block there.
     winograd_zmm_panels: bool = True
+    # A parallel Winograd loop whose blocks leave a last round with fewer blocks than threads (at a thread
+    # count of ``balance_threads``) splits those blocks' output channels across the threads, as it splits a
+    # single block (``winograd.last_round_split``; each part transforms the block's input again): resnet18's
+    # 56x56 layers are 7 blocks (6 of 32 tiles and one of 4, its GEMMs padded to 32), which 2 threads ran
+    # in 4 rounds against 3 (bound 1.75); split, the last block's halves even them out (bound 2.0). The
+    # split is chosen at run time by the thread count: one thread runs every block whole. Same bits.
+    winograd_split_last_round: bool = True
+    # A single Winograd block split by output channels for the threads (resnet18's 14x14 layers: one block of 16
+    # tiles, 2 parts on 2 threads) transforms its input once, in one parallel region: the threads share out the
+    # input channels into one V (thread 0's scratch), then, after the barrier, run the parts' GEMMs and output
+    # transforms (``winograd.lower_winograd``). Before, every part transformed the whole input itself, which at 2
+    # threads was the transform's whole time on each thread (4 parts instead of 2 cost ~0.11 ms more per layer3
+    # convolution). One thread runs the plain loop. Same bits.
+    winograd_shared_transform: bool = True
     # A fused pointwise loop that reads or writes float16 (or rounds to it between ops) on a target with
     # F16C runs its innermost loop in blocks (``codegen/pointwise.py:emit_f16c_blocks``): F16C converts
     # 8 lanes at a time into and out of float arrays of ``f16c_block`` elements (fewer, a power of two,

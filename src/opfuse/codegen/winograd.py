@@ -48,6 +48,7 @@ GFLOP/s) and mark the Winograd groups.
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -58,6 +59,7 @@ from opfuse.codegen import simdchain, vecmath
 from opfuse.codegen.epilogue import VectorEpilogue, finish_element
 from opfuse.codegen.gemm import microkernel_bodies, pack_a_panels
 from opfuse.codegen.index import Index
+from opfuse.codegen.kernel import ParallelLoop
 from opfuse.codegen.microkernel import AVX2_GUARD, ZMM_FLOATS, fits_avx512, microkernel
 from opfuse.codegen.options import REGISTER_BLOCKS
 from opfuse.codegen.stages import Stage
@@ -392,6 +394,30 @@ def _block_rows(tiles: int, T: int, TW: int) -> int:
     return max((min(tiles, t0 + T) - 1) // TW - t0 // TW + 1 for t0 in range(0, tiles, T))
 
 
+def last_round_split(o, units: int, panels: int, work: int) -> int:
+    """Parts the blocks of a parallel loop's last round may be split in (0: no such split;
+    ``CodegenOptions.winograd_split_last_round``): where ``units`` blocks (two or more) leave some
+    thread count of ``balance_threads`` a last round with fewer blocks than threads (resnet18's
+    56x56 layers: 7 blocks on 2 threads, the last one alone), those blocks' output channels are
+    split as a single block's are, up to the largest of those thread counts (and the ``panels``
+    of MR output channels). The split is decided at run time (``last_round_parts``): one thread,
+    and thread counts that divide ``units``, transform every block once."""
+    if not o.winograd_split_last_round or units < 2 or work < o.parallel_min_work:
+        return 0
+    short = [t for t in o.balance_threads if 1 < t < units and units % t]
+    return min(max(short), panels) if short and panels > 1 else 0
+
+
+def last_round_parts(threads: int, units: int, most: int, block: int) -> int:
+    """Parts block ``block`` of ``units`` runs in on ``threads`` threads (the C the split emits):
+    the ``rem = units % threads`` blocks of the last round (every block where there are fewer
+    blocks than threads) in ``ceil(threads / rem)`` parts, at most ``most``; the others whole."""
+    rem = 0 if threads <= 1 else units if threads > units else units % threads
+    if rem == 0 or block < units - rem:
+        return 1
+    return min(-(-threads // rem), most)
+
+
 def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
     """Emit the Winograd convolution of ``node`` with the group's epilogue (module docstring)."""
     from opfuse.ops.nn import conv_geometry as _geometry
@@ -439,30 +465,11 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
     off_xo = kc.scratch(T * 8)
     off_yo = kc.scratch(T * 8)
 
-    w.line(f"/* Winograd {t.name}: {TH}x{TW} tiles per image in blocks of {T}, {A2} GEMMs "
-           f"[{OC} x {C}] x [{C} x tiles] per block (codegen/winograd.py). */")
-    # Fewer blocks than threads: each block's output channels are split in up to `most` parts,
-    # as many as the threads need (decided at run time: one thread transforms each block once).
-    units = nimg * nblk
-    most = min(max(1, -(-o.gemm_min_tiles // units)), OCp // MR)
-    it, blk, part, parts, span, lo, hi = (kc.tmp(n) for n in ("it", "blk", "part", "parts", "span", "lo", "hi"))
-    if most > 1:
-        w.line(f"const long {parts} = nt <= {units} ? 1 : (nt + {units - 1}) / {units} < {most} ? "
-               f"(nt + {units - 1}) / {units} : {most};")
-        w.line(f"const long {span} = ({OCp // MR} + {parts} - 1) / {parts} * {MR};")
-    # Each iteration's cost: its block's tiles (rounded up to whole lane groups), a part's share.
-    block_tiles = [-(-min(T, tiles - t0) // Q) * Q for t0 in range(0, tiles, T)] * nimg
-    kc.parallel_for(2 * nimg * OC * C * 9 * OH * OW, costs=[float(n) / most for n in block_tiles for _ in range(most)])
-    with w.block(f"for (long {it} = 0; {it} < {units * most}; ++{it})"):
-        if most > 1:
-            w.line(f"const long {blk} = {it} / {most};")
-            w.line(f"const long {part} = {it} % {most};")
-            w.line(f"if ({part} >= {parts}) continue;")
-            w.line(f"const long {lo} = {part} * {span};")
-            w.line(f"const long {hi} = {lo} + {span} < {OCp} ? {lo} + {span} : {OCp};")
-        else:
-            w.line(f"const long {blk} = {it};")
-            w.line(f"const long {lo} = 0, {hi} = {OCp};")
+    shared_v = f"((float*)(scratch + {off_v}))"  # thread 0's V, where the threads of one block's region meet
+
+    def emit_block(shared: bool) -> None:
+        """The block ``blk``: its input transform, GEMMs and output transform (``shared``: in the one region
+        of a single block, V shared by the threads, the GEMMs and the output transform per part)."""
         b, t0, nt, ntp, ty0, ty1 = (kc.tmp(n) for n in ("b", "t0", "nt", "ntp", "ty0", "ty1"))
         w.line(f"const long {b} = {blk} / {nblk};")
         w.line(f"const long {t0} = ({blk} % {nblk}) * {T};")
@@ -471,7 +478,7 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
         w.line(f"const long {ty0} = {t0} / {TW};")
         w.line(f"const long {ty1} = ({t0} + {nt} - 1) / {TW};")
         V, M, band, ys, D, E, xo, yo = (kc.tmp(n) for n in ("V", "M", "band", "ystrip", "D", "E", "xoff", "yoff"))
-        w.line(f"float* restrict {V} = {kc.scratch_ptr('float', off_v)};")
+        w.line(f"float* restrict {V} = {shared_v if shared else kc.scratch_ptr('float', off_v)};")
         w.line(f"float* restrict {M} = {kc.scratch_ptr('float', off_m)};")
         w.line(f"float* restrict {band} = {kc.scratch_ptr('float', off_band)};")
         w.line(f"float* restrict {ys} = {kc.scratch_ptr('float', off_y)};")
@@ -503,6 +510,8 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
                f"{H + PT} - {ty0} * {m} : {nrow};")
         w.line(f"for (long {j} = 0; {j} < {rlo} * {BW}; ++{j}) {band}[{j}] = 0.0f;")
         w.line(f"for (long {j} = {rhi} * {BW}; {j} < {nrow} * {BW}; ++{j}) {band}[{j}] = 0.0f;")
+        if shared:
+            w.line("OPFUSE_PRAGMA(omp for schedule(static))")
         with w.block(f"for (long {c} = 0; {c} < {C}; ++{c})"):
             with w.block(f"for (long {rr} = {rlo}; {rr} < {rhi}; ++{rr})"):
                 w.line(f"const long {ih} = {ty0} * {m} - {PT} + {rr};")
@@ -543,76 +552,150 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
                                                [f"{E} + {(i * alpha + q) * L}" for q in range(alpha)])
                                               for i in range(alpha) for k in range(alpha)])
 
-        # 2. alpha^2 GEMMs on the micro-kernel: M[xi] = U[xi] @ V[xi].
-        xi, pc, kb, jr, ir = (kc.tmp(n) for n in ("xi", "pc", "kb", "jr", "ir"))
-        with w.block(f"for (long {xi} = 0; {xi} < {A2}; ++{xi})"):
-            with w.block(f"for (long {pc} = 0; {pc} < {C}; {pc} += {KC})"):
-                w.line(f"const long {kb} = {C} - {pc} < {KC} ? {C} - {pc} : {KC};")
-                with w.block(f"for (long {jr} = 0; {jr} < {ntp}; {jr} += {NR})"):
-                    with w.block(f"for (long {ir} = {lo}; {ir} < {hi}; {ir} += {MR})"):
-                        a_ptr = f"{upack} + (({xi} * {mp} + {ir} / {MR}) * {C} + {pc}) * {MR}"
-                        b_ptr = f"{V} + {xi} * {XV} + {pc} * {T} + {jr}"
-                        c_ptr = f"{M} + {xi} * {XM} + {ir} * {T} + {jr}"
-                        w.line(f"{ukr}({kb}, {a_ptr}, 0, 0, {b_ptr}, {T}, {c_ptr}, {T}, {pc} > 0);")
+        if shared:
+            w.line("OPFUSE_PRAGMA(omp for schedule(dynamic, 1))")
+        with (w.block(f"for (long {part} = 0; {part} < {parts}; ++{part})") if shared else nullcontext()):
+            if shared:
+                w.line(f"const long {lo} = {part} * {span};")
+                w.line(f"const long {hi} = {lo} + {span} < {OCp} ? {lo} + {span} : {OCp};")
+            # 2. alpha^2 GEMMs on the micro-kernel: M[xi] = U[xi] @ V[xi].
+            xi, pc, kb, jr, ir = (kc.tmp(n) for n in ("xi", "pc", "kb", "jr", "ir"))
+            with w.block(f"for (long {xi} = 0; {xi} < {A2}; ++{xi})"):
+                with w.block(f"for (long {pc} = 0; {pc} < {C}; {pc} += {KC})"):
+                    w.line(f"const long {kb} = {C} - {pc} < {KC} ? {C} - {pc} : {KC};")
+                    with w.block(f"for (long {jr} = 0; {jr} < {ntp}; {jr} += {NR})"):
+                        with w.block(f"for (long {ir} = {lo}; {ir} < {hi}; {ir} += {MR})"):
+                            a_ptr = f"{upack} + (({xi} * {mp} + {ir} / {MR}) * {C} + {pc}) * {MR}"
+                            b_ptr = f"{V} + {xi} * {XV} + {pc} * {T} + {jr}"
+                            c_ptr = f"{M} + {xi} * {XM} + {ir} * {T} + {jr}"
+                            w.line(f"{ukr}({kb}, {a_ptr}, 0, 0, {b_ptr}, {T}, {c_ptr}, {T}, {pc} > 0);")
 
-        # 3. Output transform per output channel: A^T M A for LANES tiles at a time into the
-        # strip, then the bias and the group's epilogue along each output row of the block.
-        oc = kc.tmp("oc")
-        with w.block(f"for (long {oc} = {lo}; {oc} < ({hi} < {OC} ? {hi} : {OC}); ++{oc})"):
-            g0, lane, mo, dst = kc.tmp("g"), kc.tmp("l"), kc.tmp("mo"), kc.tmp("dst")
-            with w.block(f"for (long {g0} = 0; {g0} < {ntp}; {g0} += {L})"):
-                w.line(f"const float* restrict {mo} = {M} + {oc} * {T} + {g0};")
-                # M A along each row, then A^T (.) down the columns, LANES tiles per vector.
-                _lane_stage(w, o.simd, lane, [(f"{D} + {(i * m + jj) * L}", AT[jj],
-                                               [f"{mo} + {(i * alpha + k) * XM}" for k in range(alpha)])
-                                              for i in range(alpha) for jj in range(m)])
-                _lane_stage(w, o.simd, lane, [(f"{E} + {(a * m + jj) * L}", AT[a],
-                                               [f"{D} + {(i * m + jj) * L}" for i in range(alpha)])
-                                              for a in range(m) for jj in range(m)])
-                if vec:
-                    w.line(f"#if {AVX2_GUARD}")
-                    w.line(f"if ({yo}[{g0} + {L - 1}] - {yo}[{g0}] == {(L - 1) * m}) {{")
-                    for a in range(m):
-                        for ln in _scatter_avx2(m, [f"{E} + {(a * m + jj) * L}" for jj in range(m)],
-                                                f"{ys} + {yo}[{g0}] + {a * YB}"):
-                            w.line("  " + ln)
-                    w.line("} else")
-                    w.line("#endif")
-                with w.block(f"for (long {lane} = 0; {lane} < {L}; ++{lane})"):
-                    w.line(f"float* restrict {dst} = {ys} + {yo}[{g0} + {lane}];")
-                    for a in range(m):
-                        w.line(" ".join(f"{dst}[{a * YB + jj}] = {E}[{(a * m + jj) * L} + {lane}];"
-                                        for jj in range(m)))
-            ty, txlo, txhi, a, oy, ox, oxe = (kc.tmp(n) for n in ("ty", "txlo", "txhi", "a", "oy", "ox", "oxe"))
-            with w.block(f"for (long {ty} = {ty0}; {ty} <= {ty1}; ++{ty})"):
-                w.line(f"const long {txlo} = {t0} > {ty} * {TW} ? {t0} - {ty} * {TW} : 0;")
-                w.line(f"const long {txhi} = {t0} + {nt} - {ty} * {TW} < {TW} ? {t0} + {nt} - {ty} * {TW} : {TW};")
-                w.line(f"const long {oxe} = {txhi} * {m} < {OW} ? {txhi} * {m} : {OW};")
-                row = f"{ys} + (({ty} - {ty0}) * {m} + {a}) * {YB}"
-
-                def element(x: str) -> None:
-                    y = kc.tmp("y")
-                    acc = f"{ys}[(({ty} - {ty0}) * {m} + {a}) * {YB} + {x}]"
-                    w.line(f"const float {y} = {bias_term(ev, node, acc, oc)};")
-                    finish_element(kc, ev, stage, out, Index(out.shape, (b, oc, oy, x)), y)
-                with w.block(f"for (long {a} = 0; {a} < {m}; ++{a})"):
-                    w.line(f"const long {oy} = {ty} * {m} + {a};")
-                    w.line(f"if ({oy} >= {OH}) break;")
-                    vepi = _vector_epilogue(kc, ev, stage, out, b, oc, oy)
-                    for k, isa in enumerate(vepi[1] if vepi is not None else ()):
-                        w.line(f"#{'if' if k == 0 else 'elif'} {isa.guard}")
-                        with w.block(""), ev.scope():
-                            bias = node.inputs[2] if len(node.inputs) > 2 else None  # conv._bias_term's term
-                            vepi[0].row(isa, ox, f"{txlo} * {m}", oxe, row, lambda x: x,
-                                        lambda x: Index(out.shape, (b, oc, oy, x)),
-                                        ev.at(bias, Index(bias.shape, (oc,))) if bias is not None else None, element,
-                                        "xx")
-                    if vepi is not None:
-                        w.line("#else")
-                    with w.block(f"for (long {ox} = {txlo} * {m}; {ox} < {oxe}; ++{ox})"), ev.scope():
-                        element(ox)
-                    if vepi is not None:
+            # 3. Output transform per output channel: A^T M A for LANES tiles at a time into the
+            # strip, then the bias and the group's epilogue along each output row of the block.
+            oc = kc.tmp("oc")
+            with w.block(f"for (long {oc} = {lo}; {oc} < ({hi} < {OC} ? {hi} : {OC}); ++{oc})"):
+                g0, lane, mo, dst = kc.tmp("g"), kc.tmp("l"), kc.tmp("mo"), kc.tmp("dst")
+                with w.block(f"for (long {g0} = 0; {g0} < {ntp}; {g0} += {L})"):
+                    w.line(f"const float* restrict {mo} = {M} + {oc} * {T} + {g0};")
+                    # M A along each row, then A^T (.) down the columns, LANES tiles per vector.
+                    _lane_stage(w, o.simd, lane, [(f"{D} + {(i * m + jj) * L}", AT[jj],
+                                                   [f"{mo} + {(i * alpha + k) * XM}" for k in range(alpha)])
+                                                  for i in range(alpha) for jj in range(m)])
+                    _lane_stage(w, o.simd, lane, [(f"{E} + {(a * m + jj) * L}", AT[a],
+                                                   [f"{D} + {(i * m + jj) * L}" for i in range(alpha)])
+                                                  for a in range(m) for jj in range(m)])
+                    if vec:
+                        w.line(f"#if {AVX2_GUARD}")
+                        w.line(f"if ({yo}[{g0} + {L - 1}] - {yo}[{g0}] == {(L - 1) * m}) {{")
+                        for a in range(m):
+                            for ln in _scatter_avx2(m, [f"{E} + {(a * m + jj) * L}" for jj in range(m)],
+                                                    f"{ys} + {yo}[{g0}] + {a * YB}"):
+                                w.line("  " + ln)
+                        w.line("} else")
                         w.line("#endif")
+                    with w.block(f"for (long {lane} = 0; {lane} < {L}; ++{lane})"):
+                        w.line(f"float* restrict {dst} = {ys} + {yo}[{g0} + {lane}];")
+                        for a in range(m):
+                            w.line(" ".join(f"{dst}[{a * YB + jj}] = {E}[{(a * m + jj) * L} + {lane}];"
+                                            for jj in range(m)))
+                ty, txlo, txhi, a, oy, ox, oxe = (kc.tmp(n) for n in ("ty", "txlo", "txhi", "a", "oy", "ox", "oxe"))
+                with w.block(f"for (long {ty} = {ty0}; {ty} <= {ty1}; ++{ty})"):
+                    w.line(f"const long {txlo} = {t0} > {ty} * {TW} ? {t0} - {ty} * {TW} : 0;")
+                    w.line(f"const long {txhi} = {t0} + {nt} - {ty} * {TW} < {TW} ? {t0} + {nt} - {ty} * {TW} : {TW};")
+                    w.line(f"const long {oxe} = {txhi} * {m} < {OW} ? {txhi} * {m} : {OW};")
+                    row = f"{ys} + (({ty} - {ty0}) * {m} + {a}) * {YB}"
+
+                    def element(x: str) -> None:
+                        y = kc.tmp("y")
+                        acc = f"{ys}[(({ty} - {ty0}) * {m} + {a}) * {YB} + {x}]"
+                        w.line(f"const float {y} = {bias_term(ev, node, acc, oc)};")
+                        finish_element(kc, ev, stage, out, Index(out.shape, (b, oc, oy, x)), y)
+                    with w.block(f"for (long {a} = 0; {a} < {m}; ++{a})"):
+                        w.line(f"const long {oy} = {ty} * {m} + {a};")
+                        w.line(f"if ({oy} >= {OH}) break;")
+                        vepi = _vector_epilogue(kc, ev, stage, out, b, oc, oy)
+                        for k, isa in enumerate(vepi[1] if vepi is not None else ()):
+                            w.line(f"#{'if' if k == 0 else 'elif'} {isa.guard}")
+                            with w.block(""), ev.scope():
+                                bias = node.inputs[2] if len(node.inputs) > 2 else None  # conv._bias_term's term
+                                vepi[0].row(isa, ox, f"{txlo} * {m}", oxe, row, lambda x: x,
+                                            lambda x: Index(out.shape, (b, oc, oy, x)),
+                                            ev.at(bias, Index(bias.shape, (oc,))) if bias is not None else None,
+                                            element, "xx")
+                        if vepi is not None:
+                            w.line("#else")
+                        with w.block(f"for (long {ox} = {txlo} * {m}; {ox} < {oxe}; ++{ox})"), ev.scope():
+                            element(ox)
+                        if vepi is not None:
+                            w.line("#endif")
+
+    w.line(f"/* Winograd {t.name}: {TH}x{TW} tiles per image in blocks of {T}, {A2} GEMMs "
+           f"[{OC} x {C}] x [{C} x tiles] per block (codegen/winograd.py). */")
+    # Fewer blocks than threads: each block's output channels are split in up to `most` parts,
+    # as many as the threads need (decided at run time: one thread transforms each block once).
+    units = nimg * nblk
+    work = 2 * nimg * OC * C * 9 * OH * OW
+    # Each iteration's cost: its block's tiles (rounded up to whole lane groups), a part's share.
+    block_tiles = [-(-min(T, tiles - t0) // Q) * Q for t0 in range(0, tiles, T)] * nimg
+    split = last_round_split(o, units, OCp // MR, work)
+    most = split or min(max(1, -(-o.gemm_min_tiles // units)), OCp // MR)
+    it, blk, part, parts, span, lo, hi = (kc.tmp(n) for n in ("it", "blk", "part", "parts", "span", "lo", "hi"))
+    if split:
+        # The blocks of the last round, `rem` (fewer than the threads), split in `parts` each, the rest whole.
+        rem = kc.tmp("rem")
+        w.line(f"const long {rem} = nt <= 1 ? 0 : nt > {units} ? {units} : {units} % nt;")
+        w.line(f"const long {parts} = {rem} == 0 ? 1 : (nt + {rem} - 1) / {rem} < {most} ? "
+               f"(nt + {rem} - 1) / {rem} : {most};")
+        costs = [float(n) / p if k < p else 0.0 for i, n in enumerate(block_tiles)
+                 for p in [last_round_parts(o.balance_threads[0], units, most, i)] for k in range(most)]
+    elif most > 1:
+        w.line(f"const long {parts} = nt <= {units} ? 1 : (nt + {units - 1}) / {units} < {most} ? "
+               f"(nt + {units - 1}) / {units} : {most};")
+        w.line(f"const long {span} = ({OCp // MR} + {parts} - 1) / {parts} * {MR};")
+        costs = [float(n) / most for n in block_tiles for _ in range(most)]
+    else:
+        costs = [float(n) for n in block_tiles]
+    # A single block on several threads: one region, the input transform's channels shared out into one V (thread
+    # 0's), then the parts (``winograd_shared_transform``); one thread runs the loop below on its own.
+    shared = o.winograd_shared_transform and not split and units == 1 and most > 1 and work >= o.parallel_min_work
+    if shared:
+        kc.uses_threads = True
+        w.line("if (nt > 1)")
+        with w.block(""):
+            w.line("OPFUSE_PRAGMA(omp parallel num_threads(nt))")
+            with w.block(""):
+                w.line(f"const long {blk} = 0;")
+                emit_block(True)
+        w.line("else")
+        noted = len(kc.notes), len(kc._comment_notes)  # the plain loop below notes the same choices again
+        # The parts' loop runs min(threads, most) parts: recorded at the first of balance_threads (as the split's).
+        parts0 = min(max((o.balance_threads or (2,))[0], 1), most)
+        kc.loops += [ParallelLoop(C, work, "static"),
+                     ParallelLoop(parts0, work, "dynamic", (float(block_tiles[0]) / parts0,) * parts0)]
+    else:
+        kc.parallel_for(work, costs=costs)
+    with w.block(f"for (long {it} = 0; {it} < {units * most}; ++{it})"):
+        if split:
+            bparts = kc.tmp("bparts")
+            w.line(f"const long {blk} = {it} / {most};")
+            w.line(f"const long {part} = {it} % {most};")
+            w.line(f"const long {bparts} = {blk} >= {units} - {rem} ? {parts} : 1;")
+            w.line(f"if ({part} >= {bparts}) continue;")
+            w.line(f"const long {span} = ({OCp // MR} + {bparts} - 1) / {bparts} * {MR};")
+            w.line(f"const long {lo} = {part} * {span};")
+            w.line(f"const long {hi} = {lo} + {span} < {OCp} ? {lo} + {span} : {OCp};")
+        elif most > 1:
+            w.line(f"const long {blk} = {it} / {most};")
+            w.line(f"const long {part} = {it} % {most};")
+            w.line(f"if ({part} >= {parts}) continue;")
+            w.line(f"const long {lo} = {part} * {span};")
+            w.line(f"const long {hi} = {lo} + {span} < {OCp} ? {lo} + {span} : {OCp};")
+        else:
+            w.line(f"const long {blk} = {it};")
+            w.line(f"const long {lo} = 0, {hi} = {OCp};")
+        emit_block(False)
+    if shared:
+        del kc.notes[noted[0]:], kc._comment_notes[noted[1]:]
 
 
 def _vector_epilogue(kc, ev, stage: Stage, out, b: str, oc: str, oy: str):

@@ -252,8 +252,13 @@ class CompiledModel:
             raise OpfuseError(f"threads must be >= 1, got {n}")
         with getattr(self, "_lock", threading.Lock()):
             self._threads = n
-            self._scratch = _aligned(self.program.scratch_stride * n)
-            self._scratch_at = self._scratch.ctypes.data
+            # The scratch only grows: a fresh buffer's pages fault in on first touch, inside the next
+            # run's kernels, and a benchmark that switches between 1 and 2 threads (bench_scaling.py)
+            # paid ~300 faults per run, in the kernels whose threads first touch their scratch.
+            need = max(self.program.scratch_stride * n, 1)
+            if need > len(getattr(self, "_scratch", ())):
+                self._scratch = _aligned(need)
+                self._scratch_at = self._scratch.ctypes.data
 
     @property
     def memory(self) -> MemoryPlan:
