@@ -121,7 +121,8 @@ def test_streaming_output_at_every_alignment(cache_dir):
 OPS = [("Add", {}), ("Sub", {}), ("Mul", {}), ("Div", {}), ("Max", {}), ("Min", {}), ("Sum", {}), ("PRelu", {}),
        ("Relu", {}), ("LeakyRelu", {"alpha": 0.2}), ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}), ("HardSwish", {}),
        ("Clip", {}), ("Neg", {}), ("Abs", {}), ("Sqrt", {}), ("Reciprocal", {}), ("Identity", {}), ("Exp", {}),
-       ("Sigmoid", {}), ("Silu", {}), ("Tanh", {}), ("Gelu", {"approximate": "tanh"}), ("Gelu", {}), ("Erf", {})]
+       ("Sigmoid", {}), ("Silu", {}), ("Tanh", {}), ("Gelu", {"approximate": "tanh"}), ("Gelu", {}), ("Erf", {}),
+       ("Log", {}), ("Softplus", {})]
 
 
 @pytest.mark.parametrize("op,attrs", OPS, ids=[o + ("_tanh" if a else "") for o, a in OPS])

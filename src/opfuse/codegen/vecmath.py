@@ -432,6 +432,55 @@ def _vector_tanh_text(isa: VecIsa) -> str:
     ])
 
 
+def _vector_log_text(isa: VecIsa) -> str:
+    """``LOG_TEXT`` on ``isa``'s registers, the same operations: the exponent ``e`` as the float of the bits' exponent
+    field less 127, then less 23 for a subnormal and plus 1 for a mantissa past sqrt(2), where the scalar converts one
+    integer (small integers: exact either way, so the same ``e``)."""
+    v, p, c = isa.vt, isa.op, isa.set1
+    fma = functools.partial(p, "fmadd_ps")
+    tiny = c("0x1p-126f")
+    bits = p("castps_" + isa.si, "xs")
+    field = p("and_" + isa.si, p("srli_epi32", bits, "23"), p("set1_epi32", "0xff"))
+    return "\n".join([
+        f"static inline {v} {vector_name(LOG, isa)}({v} x) {{",
+        f"  const {v} xs = {isa.select('x', tiny, '_CMP_LT_OQ', p('mul_ps', 'x', c('0x1p23f')), 'x')};",
+        f"  const {v} mb = {isa.bits(isa.bits('xs', 'and', '0x007fffff'), 'or', '0x3f800000')};",
+        f"  const {v} m = {isa.select('mb', c('1.41421356f'), '_CMP_GT_OQ', p('mul_ps', c('0.5f'), 'mb'), 'mb')};",
+        f"  {v} e = {p('cvtepi32_ps', p('sub_epi32', field, p('set1_epi32', '127')))};",
+        f"  e = {isa.select('x', tiny, '_CMP_LT_OQ', p('sub_ps', 'e', c('23.0f')), 'e')};",
+        f"  e = {isa.select('mb', c('1.41421356f'), '_CMP_GT_OQ', p('add_ps', 'e', c('1.0f')), 'e')};",
+        f"  const {v} f = {p('sub_ps', 'm', c('1.0f'))};",
+        f"  const {v} z = {p('mul_ps', 'f', 'f')};",
+        f"  {v} q = {c(LOG_POLY[-1] + 'f')};",
+        *[f"  q = {fma('q', 'f', c(k + 'f'))};" for k in LOG_POLY[-2::-1]],
+        f"  {v} y = {fma(p('mul_ps', 'f', 'z'), 'q', p('mul_ps', 'e', c(LN2_TAIL)))};",
+        f"  y = {fma(c('-0.5f'), 'z', 'y')};",
+        f"  const {v} r = {fma('e', c(LN2_HEAD), p('add_ps', 'f', 'y'))};",
+        f"  const {v} pos = {isa.select('x', c('HUGE_VALF'), '_CMP_LT_OQ', 'r', 'x')};",
+        f"  const {v} other = {isa.select('x', p('setzero_ps'), '_CMP_EQ_OQ', c('-HUGE_VALF'), c('NAN'))};",
+        f"  return {isa.select('x', p('setzero_ps'), '_CMP_GT_OQ', 'pos', 'other')};",
+        "}",
+        "",
+    ])
+
+
+def _vector_softplus_text(isa: VecIsa) -> str:
+    """``SOFTPLUS_TEXT`` on ``isa``'s registers: ``max(x, 0) + log1p(exp(-|x|))``, the same operations."""
+    v, p, c = isa.vt, isa.op, isa.set1
+    one = c("1.0f")
+    log1p = p("mul_ps", f"{vector_name(LOG, isa)}(u)", p("div_ps", "t", p("sub_ps", "u", one)))
+    return "\n".join([
+        f"static inline {v} {vector_name(SOFTPLUS, isa)}({v} x) {{",
+        f"  const {v} t = {vector_name(EXP_NONPOS, isa)}({isa.bits('x', 'or', SIGN_BIT)});  /* exp(-|x|) */",
+        f"  const {v} u = {p('add_ps', one, 't')};",
+        f"  const {v} l = {isa.select('u', one, '_CMP_EQ_OQ', 't', log1p)};",
+        f"  const {v} y = {p('add_ps', isa.select('x', p('setzero_ps'), '_CMP_GT_OQ', 'x', p('setzero_ps')), 'l')};",
+        f"  return {isa.select('x', 'x', '_CMP_UNORD_Q', 'x', 'y')};",
+        "}",
+        "",
+    ])
+
+
 # scalar helper name -> (the vector helpers it calls, its vector C text for an ISA)
 VECTOR_HELPERS: dict[str, tuple[tuple[str, ...], Callable[[VecIsa], str]]] = {
     EXP: ((), lambda isa: _vector_exp_text(EXP, isa, True)),
@@ -439,6 +488,8 @@ VECTOR_HELPERS: dict[str, tuple[tuple[str, ...], Callable[[VecIsa], str]]] = {
     SIGMOID: ((EXP_NONPOS,), _vector_sigmoid_text),
     SIGMOID_TAIL: ((), _vector_sigmoid_tail_text),
     TANH: ((EXP,), _vector_tanh_text),
+    LOG: ((), _vector_log_text),
+    SOFTPLUS: ((EXP_NONPOS, LOG), _vector_softplus_text),
 }
 
 

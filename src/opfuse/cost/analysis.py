@@ -26,6 +26,10 @@ backend is expected to follow; fitted correction factors absorb the difference):
   ``VECTORISED_REDUCTION_MIN_RUN`` elements per output or by a ``SCALAR_WINDOW_OPS`` pooling
   (directly or through other such producers) runs in that reduction's scalar loop: its FLOPs
   are ``scalar_flops`` too, which the cost model prices at the scalar rate.
+* **Epilogues of a compute-bound anchor.** An elementwise op after a Conv/MatMul of its group that
+  ``EPILOGUE_STREAM_RATIO`` lists adds, on top of its FLOPs at peak, up to that ratio times its own
+  stream (``2 x |out| bytes``) of arithmetic (``epilogue_flops``, ``epilogue_stream_bytes``; the cost
+  model prices the larger of the two: ``opfuse.cost.model``).
 * **Register streams.** Streamed and inlined internal values each occupy one vector
   register while live (from producer to last consumer in group order); the most live at
   once is the group's register pressure.
@@ -49,6 +53,7 @@ import numpy as np
 
 from opfuse.ir.dtypes import BFLOAT16, FLOAT16, FLOAT32, is_narrow_float
 from opfuse.ir.graph import Graph, Node, Value
+from opfuse.ops.elementwise import epilogue_stream_ratio
 from opfuse.ops.registry import Category, Mapping, OpSpec, get_spec, is_supported
 from opfuse.rules.aliasing import aliasable_inputs, is_view
 
@@ -247,6 +252,10 @@ class GroupAnalysis:
     # FLOPs by op class (``op_class``), recomputation included: what an instruction-count model
     # (a fitted Cortex-M7 profile) prices per class.
     executed_by_class: dict[str, float] = field(default_factory=dict)
+    # Of executed_flops, those of the ops after an anchor (Conv, MatMul) that ``EPILOGUE_STREAM_RATIO`` prices, and
+    # their price as bytes of stream: ratio x (their output read once and written once), recomputation included.
+    epilogue_flops: float = 0.0
+    epilogue_stream_bytes: float = 0.0
 
     @property
     def boundary_bytes(self) -> int:
@@ -323,6 +332,8 @@ def analyze_group(graph: Graph, nodes, cache: dict | None = None) -> GroupAnalys
         scalar_flops += sum(narrow_cast_ops(n, True) * numel(n.outputs[0]) * execs[id(n)] for n in nodes
                             if n.op_type == "Cast")
 
+    epi_flops, epi_bytes = _epilogue_prices(nodes, member, specs, infos, execs)
+
     buffered, streams = [], []
     for v in internal.values():
         if id(v.producer) in inlined:
@@ -347,7 +358,29 @@ def analyze_group(graph: Graph, nodes, cache: dict | None = None) -> GroupAnalys
                          stream_elements=max((numel(v) for v in streams), default=0),
                          max_category=max_cat, input_bytes=input_bytes, output_bytes=output_bytes,
                          working_set_bytes=sum(nbytes(v) for v in buffered), zero_copy=zero_copy,
-                         scalar_flops=scalar_flops, executed_by_class=by_class)
+                         scalar_flops=scalar_flops, executed_by_class=by_class, epilogue_flops=epi_flops,
+                         epilogue_stream_bytes=epi_bytes)
+
+
+def _epilogue_prices(nodes, member: dict[int, int], specs, infos, execs) -> tuple[float, float]:
+    """(FLOPs, stream bytes x ratio) of the elementwise ops downstream of an ``OUT_ELEMWISE_FUSABLE`` anchor of the
+    group that ``EPILOGUE_STREAM_RATIO`` lists (module docstring)."""
+    after: set[int] = set()
+    flops = stream = 0.0
+    for n in nodes:
+        spec = specs[id(n)]
+        if spec is not None and spec.category == Category.OUT_ELEMWISE_FUSABLE:
+            after.add(id(n))
+            continue
+        if not any(v.producer is not None and id(v.producer) in member and id(v.producer) in after
+                   for v in n.input_values()):
+            continue
+        after.add(id(n))
+        ratio = epilogue_stream_ratio(n) if spec is not None and spec.category <= Category.BROADCAST else None
+        if ratio is not None and n.outputs:
+            flops += infos[id(n)][1] * execs[id(n)]
+            stream += ratio * 2 * nbytes(n.outputs[0]) * execs[id(n)]
+    return flops, stream
 
 
 def _scalar_prologue(nodes, inlined: set[int], member: dict[int, int], specs) -> set[int]:

@@ -24,6 +24,11 @@ Per group (see ``opfuse.cost.analysis`` for the execution model):
 * Register spill: beyond ``register_bytes // vector_bytes`` live streamed values, each
   extra value costs a store and a reload per element, counted as
   ``REGISTER_SPILL_OPS_PER_ELEMENT`` operations per element of compute time.
+* Epilogue of a compute-bound anchor: an op ``EPILOGUE_STREAM_RATIO`` lists, after a Conv/MatMul of
+  the group, costs ``max(FLOPs / P_peak, ratio * 2 * bytes / B)`` of compute time
+  (``GroupAnalysis.epilogue_stream_bytes``): its measured arithmetic as a multiple of the stream it
+  saves, so fused against unfused (``max(its stream, its FLOPs)`` alone) follows what was measured
+  whatever the profile's absolute bandwidth. Where the anchor is memory-bound it still hides.
 * ``T_numa``: remote boundary accesses (``opfuse.cost.numa``), when a placement is given.
 
 Per plan: ``total_latency_s`` is the sum over groups (kernels run one after another);
@@ -140,6 +145,8 @@ class CostModel:
             if a.executed_flops else "float32"
         # Scalar loops run one lane of the vector peak (``GroupAnalysis.scalar_flops``).
         t_compute += a.scalar_flops * (p.vector_bytes // 4 - 1) / p.peak_for(main_dtype)
+        # An epilogue on an anchor priced by its measured ratio to its stream (module docstring).
+        t_compute += max(0.0, a.epilogue_stream_bytes / p.mem_bandwidth - a.epilogue_flops / p.peak_for(main_dtype))
         excess_regs = max(0, a.register_pressure - p.vector_registers)
         t_compute += REGISTER_SPILL_OPS_PER_ELEMENT * excess_regs * a.stream_elements / p.peak_for(main_dtype)
 
