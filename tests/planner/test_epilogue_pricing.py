@@ -97,3 +97,21 @@ def test_gelu_forms_priced_apart():
         act = g.nodes[-1]
         a = analyze_group(g, [act])
         assert a.base_flops == OPS_PER_ELEMENT[key] * act.outputs[0].size
+
+
+def test_epilogue_of_a_deep_reduction_is_not_priced_so():
+    """Past ``EPILOGUE_EXPOSED_MAX_DEPTH`` multiply-adds per output (bert_layer's MatMul, K = 768) the epilogue
+    hides in part in the K loop and fusing measured faster: the planner keeps MatMul + Add + Gelu."""
+    from opfuse.cost.analysis import EPILOGUE_EXPOSED_MAX_DEPTH
+    rng = np.random.default_rng(0)
+    for k, fused in ((EPILOGUE_EXPOSED_MAX_DEPTH + 256, True), (EPILOGUE_EXPOSED_MAX_DEPTH, False)):
+        b = GraphBuilder("matmul_gelu")
+        x = b.input("x", (128, k))
+        w = b.const("w", (rng.standard_normal((k, 3072)) * 0.05).astype(np.float32))
+        bias = b.const("bias", rng.standard_normal(3072).astype(np.float32))
+        y = b.op("Gelu", b.op("Add", b.op("MatMul", x, w), bias))
+        g = b.build(y)
+        a = analyze_group(g, list(g.nodes))
+        assert (a.epilogue_stream_bytes == 0) == fused, k
+        comp = plan_model(g, CompileOptions())
+        assert (groups_of(comp) == [("MatMul", "Add", "Gelu")]) == fused, (k, groups_of(comp))

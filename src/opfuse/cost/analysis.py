@@ -29,7 +29,8 @@ backend is expected to follow; fitted correction factors absorb the difference):
 * **Epilogues of a compute-bound anchor.** An elementwise op after a Conv/MatMul of its group that
   ``EPILOGUE_STREAM_RATIO`` lists adds, on top of its FLOPs at peak, up to that ratio times its own
   stream (``2 x |out| bytes``) of arithmetic (``epilogue_flops``, ``epilogue_stream_bytes``; the cost
-  model prices the larger of the two: ``opfuse.cost.model``).
+  model prices the larger of the two: ``opfuse.cost.model``), where the anchor's reduction is at most
+  ``EPILOGUE_EXPOSED_MAX_DEPTH`` multiply-adds per output element.
 * **Register streams.** Streamed and inlined internal values each occupy one vector
   register while live (from producer to last consumer in group order); the most live at
   once is the group's register pressure.
@@ -84,6 +85,13 @@ NARROW_CAST_OPS = {"widen_float16": 12, "round_float16": 22, "widen_bfloat16": 1
                    "widen_float8": 1, "round_float8": 30}
 NARROW_CAST_ROUND_FROM_OTHER = 8  # a source other than float32 first goes to float32 rounded to odd
 NARROW_CAST_HW_OPS = 1
+# The deepest anchor reduction (multiply-adds per output element: a Conv's C/group x kernel size, a MatMul's K) whose
+# epilogue is priced by ``EPILOGUE_STREAM_RATIO``. Past it the epilogue partly hides in the anchor's long K loop and
+# fusing still paid: bert_layer's MatMul (K = 768) + Add + Gelu fused against MatMul | Add + Gelu, 1 thread, kernel
+# CPU time, 200 interleaved runs, four times at load 5-7: 0.98-0.99 (129 against 150 us for the Add and Gelu). Conv
+# 1x1 (K -> 64 at 200x152) + Gelu / Tanh, fused against unfused: K = 32 1.00-1.05, K = 128 1.02 / 1.03, K = 512
+# 1.01 / 1.00 (one run each, 21 rounds, load 5).
+EPILOGUE_EXPOSED_MAX_DEPTH = 512
 
 
 def narrow_cast_ops(node: Node, anchored: bool) -> int:
@@ -364,13 +372,16 @@ def analyze_group(graph: Graph, nodes, cache: dict | None = None) -> GroupAnalys
 
 def _epilogue_prices(nodes, member: dict[int, int], specs, infos, execs) -> tuple[float, float]:
     """(FLOPs, stream bytes x ratio) of the elementwise ops downstream of an ``OUT_ELEMWISE_FUSABLE`` anchor of the
-    group that ``EPILOGUE_STREAM_RATIO`` lists (module docstring)."""
+    group (one of at most ``EPILOGUE_EXPOSED_MAX_DEPTH`` multiply-adds per output) that ``EPILOGUE_STREAM_RATIO``
+    lists (module docstring)."""
     after: set[int] = set()
     flops = stream = 0.0
     for n in nodes:
         spec = specs[id(n)]
         if spec is not None and spec.category == Category.OUT_ELEMWISE_FUSABLE:
-            after.add(id(n))
+            outs = sum(numel(v) for v in n.outputs)
+            if outs and infos[id(n)][1] <= 2 * EPILOGUE_EXPOSED_MAX_DEPTH * outs:
+                after.add(id(n))
             continue
         if not any(v.producer is not None and id(v.producer) in member and id(v.producer) in after
                    for v in n.input_values()):
