@@ -33,8 +33,10 @@ arm holding float arithmetic "may trap" and the loop keeps a branch.
   scaled by 2^23 first), ``log(1 + f) = f - f^2/2 + f^3 P(f)`` (Cephes, degree 8),
   ``e ln2`` added in two parts. ``log(0) = -inf``, ``log(x < 0) = NaN``, ``log(inf) = inf``.
 * ``tanh``: odd, built for ``a = |x|`` and the sign copied back (``tanh(-0) = -0``):
-  ``a + a^3 P(a^2)`` (Cephes) for ``a < 0.625``, else ``1 - 2 / (exp(2a) + 1)``, which
-  reaches exactly 1 (and stays there through inf).
+  ``a + a^3 P(a^2)`` (Cephes) for ``a < 0.625``, else ``(1 - e) / (1 + e)``, ``e = exp_nonpos(-2a)``, which
+  reaches exactly 1 (and stays there through inf). (It was ``1 - 2 / (exp(2a) + 1)``: exp_nonpos takes two
+  polynomial operations and the overflow select fewer, 0.264 -> 0.228 ns per element in cache, 16K floats, 1
+  thread, CPU time, load 11; 1.31 -> 1.54 ulp.)
 * ``sigmoid``: ``e = exp(-|x|)``, ``(x >= 0 ? 1 : e) / (1 + e)`` (no overflow, no cancellation, one
   division and no multiply after it: a few ulp over the whole range).
 * ``softplus``: ``max(x, 0) + log1p(exp(-|x|))`` with ``log1p(t) = log(u) t / (u - 1)``,
@@ -45,11 +47,11 @@ plus a 2M-point grid over [-110, 110] (``tests/codegen/test_vecmath.py`` checks 
 pattern, the grid and the special values against these bounds plus a margin), in ulps of the
 float32 result (the subnormal spacing 2^-149 below 2^-126):
 
-    exp       <= 0.98 ulp     log       <= 0.82 ulp     tanh      <= 1.31 ulp
+    exp       <= 0.98 ulp     log       <= 0.82 ulp     tanh      <= 1.54 ulp
     sigmoid   <= 2.40 ulp     softplus  <= 2.76 ulp     expm1     <= 1.68 ulp
     exp_nonpos (x <= 0) <= 1.16 ulp
 
-with fused multiply-adds (AVX2/FMA, the same sweep): exp 1.00, expm1 1.76, exp_nonpos 0.88, the others as
+with fused multiply-adds (AVX2/FMA, the same sweep): exp 1.00, expm1 1.76, exp_nonpos 0.88, tanh 1.50, the others as
 above. (Before exp_nonpos had its own polynomial and sigmoid one division: exp_nonpos was exp, sigmoid 2.77.)
 
 NaN in gives NaN out; +-inf give NumPy's limits.
@@ -202,13 +204,14 @@ LOG_TEXT = "\n".join([
 ])
 
 TANH_TEXT = "\n".join([
-    "/* tanh(x) in float (<= 1.31 ulp, NaN -> NaN); branch-free, vectorisable. */",
+    "/* tanh(x) in float (<= 1.54 ulp, NaN -> NaN); branch-free, vectorisable. */",
     f"static inline float {TANH}(float x) {{",
     "  const float a = fabsf(x);",
     "  const float z = x * x;",
     *horner("p", TANH_POLY, "z"),
     f"  const float small = {fma('a * z', 'p', 'a')};",
-    f"  const float big = 1.0f - 2.0f / ({EXP}(2.0f * a) + 1.0f);",
+    f"  const float e = {EXP_NONPOS}(-2.0f * a);",
+    "  const float big = (1.0f - e) / (1.0f + e);",
     f"  const float y = copysignf(a < {TANH_SMALL_END}f ? small : big, x);",
     "  return x != x ? x : y;",
     "}",
@@ -257,7 +260,7 @@ HELPERS: dict[str, tuple[tuple[str, ...], str]] = {
     EXP_NONPOS: ((), EXP_NONPOS_TEXT),
     EXPM1: ((EXP,), EXPM1_TEXT),
     LOG: ((), LOG_TEXT),
-    TANH: ((EXP,), TANH_TEXT),
+    TANH: ((EXP_NONPOS,), TANH_TEXT),
     SIGMOID: ((EXP_NONPOS,), SIGMOID_TEXT),
     SOFTPLUS: ((EXP_NONPOS, LOG), SOFTPLUS_TEXT),
 }
@@ -424,8 +427,8 @@ def _vector_tanh_text(isa: VecIsa) -> str:
         f"  {v} q = {c(TANH_POLY[-1] + 'f')};",
         *[f"  q = {p('fmadd_ps', 'q', 'z', c(k + 'f'))};" for k in TANH_POLY[-2::-1]],
         f"  const {v} small = {p('fmadd_ps', p('mul_ps', 'a', 'z'), 'q', 'a')};",
-        f"  const {v} e = {vector_name(EXP, isa)}({p('mul_ps', c('2.0f'), 'a')});",
-        f"  const {v} big = {p('sub_ps', c('1.0f'), p('div_ps', c('2.0f'), p('add_ps', 'e', c('1.0f'))))};",
+        f"  const {v} e = {vector_name(EXP_NONPOS, isa)}({p('mul_ps', c('-2.0f'), 'a')});",
+        f"  const {v} big = {p('div_ps', p('sub_ps', c('1.0f'), 'e'), p('add_ps', c('1.0f'), 'e'))};",
         f"  const {v} m = {isa.select('a', c(f'{TANH_SMALL_END}f'), '_CMP_LT_OQ', 'small', 'big')};",
         f"  const {v} y = {isa.combine(isa.bits('m', 'and', ABS_BITS), 'or', isa.bits('x', 'and', SIGN_BIT))};"
         "  /* copysignf(m, x) */",
@@ -490,7 +493,7 @@ VECTOR_HELPERS: dict[str, tuple[tuple[str, ...], Callable[[VecIsa], str]]] = {
     EXP_NONPOS: ((), lambda isa: _vector_exp_text(EXP_NONPOS, isa, False)),
     SIGMOID: ((EXP_NONPOS,), _vector_sigmoid_text),
     SIGMOID_TAIL: ((), _vector_sigmoid_tail_text),
-    TANH: ((EXP,), _vector_tanh_text),
+    TANH: ((EXP_NONPOS,), _vector_tanh_text),
     LOG: ((), _vector_log_text),
     SOFTPLUS: ((EXP_NONPOS, LOG), _vector_softplus_text),
 }
