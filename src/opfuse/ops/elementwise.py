@@ -74,10 +74,10 @@ OPS_PER_ELEMENT = {
 # (``OPS_PER_ELEMENT``, ns x 60 GFLOP/s) against the nominal 22 GB/s stream, Tanh's 17 came out below its stream
 # (0.36 ns per element) where this host streams at ~41 GB/s (0.195 ns) and Tanh took 0.27: the planner fused
 # Tanh, Gelu and Softplus, which measured 1-5% slower. Priced so, in the nominal stream's units, a refused fusion's
-# predicted loss is overstated (by that ~1.9x) but the choice follows the measurement. Measured (``benchmarks/bench_epilogues.py``: Conv 1x1 32 ->
-# 64 on 200x152 + each op, 1 thread, CPU time, medians of 31 rounds each from cold caches, two runs at load 2-4,
-# 2026-12-02; their mean, rounded): (fused - the same Conv with a Relu) / (unfused Relu's kernel). Ops not listed
-# keep their FLOPs.
+# predicted loss is overstated (by that ~1.9x) but the choice follows the measurement. Measured
+# (``benchmarks/bench_epilogues.py``: Conv 1x1 32 -> 64 on 200x152 + each op, 1 thread, CPU time, medians of 31
+# rounds each from cold caches, two runs at load 2-4, 2026-12-02; their mean, rounded): (fused - the same Conv with
+# a Relu) / (unfused Relu's kernel). Ops not listed keep their FLOPs.
 EPILOGUE_STREAM_RATIO = {
     "HardSwish": 0.25,  # 0.34, 0.18
     "Sigmoid": 0.6,  # 0.66, 0.58
