@@ -217,7 +217,7 @@ def _apart_detail(cost_model, plan: FusionPlan, names, group_of) -> str:
     apart = sum(cost_model.group_cost(plan.graph, ns).latency_s for ns in parts.values())
     text = f": {fused.latency_s * 1e6:.1f} us fused against {apart * 1e6:.1f} us apart"
     a = analyze_group(plan.graph, nodes)
-    if a.epilogue_stream_bytes > 0 and fused.bound == COMPUTE_BOUND and not cost_model.profile.instruction_costs:
+    if cost_model.prices_epilogue(a) and fused.bound == COMPUTE_BOUND:
         anchor = next(n for n in nodes if category_of(n) == Category.OUT_ELEMWISE_FUSABLE)
         ops = [f"{n.op_type} {epilogue_stream_ratio(n):g}x" for n in nodes if epilogue_stream_ratio(n) is not None]
         text += (f"; the epilogue on the compute-bound {anchor.op_type} adds its arithmetic to the kernel's: "

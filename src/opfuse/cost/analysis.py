@@ -29,8 +29,8 @@ backend is expected to follow; fitted correction factors absorb the difference):
 * **Epilogues of a compute-bound anchor.** An elementwise op after a Conv/MatMul of its group that
   ``EPILOGUE_STREAM_RATIO`` lists adds, on top of its FLOPs at peak, up to that ratio times its own
   stream (``2 x |out| bytes``) of arithmetic (``epilogue_flops``, ``epilogue_stream_bytes``; the cost
-  model prices the larger of the two: ``opfuse.cost.model``), where the anchor's reduction is at most
-  ``EPILOGUE_EXPOSED_MAX_DEPTH`` multiply-adds per output element.
+  model prices the larger of the two where the anchor alone is compute-bound: ``opfuse.cost.model``),
+  where the anchor's reduction is at most ``EPILOGUE_EXPOSED_MAX_DEPTH`` multiply-adds per output element.
 * **Register streams.** Streamed and inlined internal values each occupy one vector
   register while live (from producer to last consumer in group order); the most live at
   once is the group's register pressure.
@@ -264,6 +264,10 @@ class GroupAnalysis:
     # their price as bytes of stream: ratio x (their output read once and written once), recomputation included.
     epilogue_flops: float = 0.0
     epilogue_stream_bytes: float = 0.0
+    # The anchors of those epilogues as ops alone: FLOPs, and bytes read (weights included) and written. The cost
+    # model prices the epilogues so only where these are compute-bound on its profile.
+    epilogue_anchor_flops: float = 0.0
+    epilogue_anchor_bytes: int = 0
 
     @property
     def boundary_bytes(self) -> int:
@@ -340,7 +344,7 @@ def analyze_group(graph: Graph, nodes, cache: dict | None = None) -> GroupAnalys
         scalar_flops += sum(narrow_cast_ops(n, True) * numel(n.outputs[0]) * execs[id(n)] for n in nodes
                             if n.op_type == "Cast")
 
-    epi_flops, epi_bytes = _epilogue_prices(nodes, member, specs, infos, execs)
+    epi_flops, epi_bytes, anchor_flops, anchor_bytes = _epilogue_prices(nodes, member, specs, infos, execs)
 
     buffered, streams = [], []
     for v in internal.values():
@@ -367,31 +371,37 @@ def analyze_group(graph: Graph, nodes, cache: dict | None = None) -> GroupAnalys
                          max_category=max_cat, input_bytes=input_bytes, output_bytes=output_bytes,
                          working_set_bytes=sum(nbytes(v) for v in buffered), zero_copy=zero_copy,
                          scalar_flops=scalar_flops, executed_by_class=by_class, epilogue_flops=epi_flops,
-                         epilogue_stream_bytes=epi_bytes)
+                         epilogue_stream_bytes=epi_bytes, epilogue_anchor_flops=anchor_flops,
+                         epilogue_anchor_bytes=anchor_bytes)
 
 
-def _epilogue_prices(nodes, member: dict[int, int], specs, infos, execs) -> tuple[float, float]:
+def _epilogue_prices(nodes, member: dict[int, int], specs, infos, execs) -> tuple[float, float, float, int]:
     """(FLOPs, stream bytes x ratio) of the elementwise ops downstream of an ``OUT_ELEMWISE_FUSABLE`` anchor of the
     group (one of at most ``EPILOGUE_EXPOSED_MAX_DEPTH`` multiply-adds per output) that ``EPILOGUE_STREAM_RATIO``
-    lists (module docstring)."""
-    after: set[int] = set()
+    lists (module docstring), and the FLOPs and bytes of those anchors alone."""
+    anchor_of: dict[int, Node] = {}  # node id -> the anchor it is downstream of
     flops = stream = 0.0
+    priced: dict[int, Node] = {}
     for n in nodes:
         spec = specs[id(n)]
         if spec is not None and spec.category == Category.OUT_ELEMWISE_FUSABLE:
             outs = sum(numel(v) for v in n.outputs)
             if outs and infos[id(n)][1] <= 2 * EPILOGUE_EXPOSED_MAX_DEPTH * outs:
-                after.add(id(n))
+                anchor_of[id(n)] = n
             continue
-        if not any(v.producer is not None and id(v.producer) in member and id(v.producer) in after
-                   for v in n.input_values()):
+        anchor = next((anchor_of[id(v.producer)] for v in n.input_values()
+                       if v.producer is not None and id(v.producer) in member and id(v.producer) in anchor_of), None)
+        if anchor is None:
             continue
-        after.add(id(n))
+        anchor_of[id(n)] = anchor
         ratio = epilogue_stream_ratio(n) if spec is not None and spec.category <= Category.BROADCAST else None
         if ratio is not None and n.outputs:
             flops += infos[id(n)][1] * execs[id(n)]
             stream += ratio * 2 * nbytes(n.outputs[0]) * execs[id(n)]
-    return flops, stream
+            priced[id(anchor)] = anchor
+    anchor_flops = sum(infos[id(a)][1] for a in priced.values())
+    anchor_bytes = sum(nbytes(v) for a in priced.values() for v in [*a.input_values(), *a.outputs])
+    return flops, stream, anchor_flops, anchor_bytes
 
 
 def _scalar_prologue(nodes, inlined: set[int], member: dict[int, int], specs) -> set[int]:
