@@ -33,6 +33,11 @@ explicit AVX-512 intrinsics (``codegen/simdchain.py``) storing their fresh 64 Mi
 stores (``CodegenOptions.stream_store_min_bytes``); the table also gives the compute floor of the C loop gcc
 vectorises (``simd_elementwise=False``), the path before them.
 
+With Relu among the cases, a last table gives each activation's epilogue cost as a multiple of the stream fusing
+saves, measured in the same run (CPU time): (its fused time - Relu's fused time) / (Relu's unfused - fused time),
+next to ``opfuse.ops.elementwise.EPILOGUE_STREAM_RATIO``, the price the cost model gives it on a compute-bound anchor
+(``epilogue_ratios``; the JSON's ``epilogue_stream_ratios``).
+
 ``--op-counts`` counts, instead of timing, the vector instructions of each op's one-op kernel
 loop (``objdump``, one vector per iteration: ``CodegenOptions.simd_unroll=1``; less what an Add's loop has
 beyond its one add): what
@@ -391,6 +396,25 @@ def bound_table(bounds: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def epilogue_ratios(rows: list[dict]) -> dict[str, float]:
+    """Each Conv + activation case's (fused - Conv + Relu fused) / (Conv + Relu unfused - fused), CPU time: the
+    activation's epilogue cost over the stream that fusing saves (empty without a Relu case)."""
+    relu = next((r for r in rows if r["case"] == "Relu"), None)
+    if relu is None:
+        return {}
+    base, stream = relu["fused"]["cpu_median_ms"], relu["unfused"]["cpu_median_ms"] - relu["fused"]["cpu_median_ms"]
+    return {r["case"]: (r["fused"]["cpu_median_ms"] - base) / stream for r in rows
+            if r["case"] in ACTIVATIONS and r["case"] != "Relu"}
+
+
+def epilogue_ratio_table(ratios: dict[str, float]) -> str:
+    from opfuse.ops.elementwise import EPILOGUE_STREAM_RATIO
+    lines = [f"{'case':10s} {'measured':>9s} {'priced':>7s}   "
+             "(epilogue / stream it saves; priced: EPILOGUE_STREAM_RATIO)"]
+    lines += [f"{k:10s} {v:9.2f} {EPILOGUE_STREAM_RATIO.get(k, float('nan')):7.2f}" for k, v in ratios.items()]
+    return "\n".join(lines)
+
+
 def op_cost_table(rows: list[dict]) -> str:
     lines = [f"{'op':16s} {'ns/elem':>8s} {'ops/elem':>9s}   (ops = ns x {rows[0]['peak_flops'] / 1e9:.1f} GFLOP/s)"]
     lines += [f"{r['op']:16s} {r['ns_per_element']:8.3f} {r['ops_per_element']:9.1f}" for r in rows]
@@ -461,6 +485,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         result["bounds"] = {r["case"]: chain_bound(r["case"], r, c["inplace"], c["stream"]) for r in chains}
     if args.op_costs:
         result["op_costs"] = op_costs()
+    result["epilogue_stream_ratios"] = epilogue_ratios(rows)
     args.out.write_text(json.dumps(result, indent=1, sort_keys=True))
     print(table(rows))
     if result.get("bounds"):
@@ -469,6 +494,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.op_costs:
         print()
         print(op_cost_table(result["op_costs"]))
+    if result["epilogue_stream_ratios"]:
+        print()
+        print(epilogue_ratio_table(result["epilogue_stream_ratios"]))
     print(f"\nwritten {args.out}")
     return rows
 

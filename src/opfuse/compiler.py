@@ -165,10 +165,18 @@ def _choose_plan(graph: Graph, candidates: FusionPlan, ctx, opts: CompileOptions
     return annotate_plan(result.plan, ctx.options, candidates, ctx.origin), result
 
 
-def reconcile_decisions(decisions: list[Decision], plan: FusionPlan, chooser: str) -> list[Decision]:
+def _planner_cost_model(opts: CompileOptions):
+    """The cost model the planner ran with (``plan_fusion``'s: the target's profile, corrections as asked)."""
+    from opfuse.planner.api import _cost_model
+    from opfuse.targets import get_profile
+    return _cost_model(get_profile(opts.target), None, opts.corrections)
+
+
+def reconcile_decisions(decisions: list[Decision], plan: FusionPlan, chooser: str, cost_model=None) -> list[Decision]:
     """The decision log of the plan that runs: a fusion the rules proposed but ``plan`` does not
-    hold becomes "not chosen" (naming the planner), and every group of ``plan`` that no rule
-    formed as such is recorded as fused by the planner under the rule of its shape."""
+    hold becomes "not chosen" (naming the planner, and with ``cost_model`` the predicted times of
+    the ops fused and apart, and an epilogue priced on a compute-bound anchor), and every group of
+    ``plan`` that no rule formed as such is recorded as fused by the planner under the rule of its shape."""
     group_of = {n.name: g for g in plan.groups for n in g.nodes}
     out: list[Decision] = []
     formed: set[frozenset] = set()
@@ -176,9 +184,10 @@ def reconcile_decisions(decisions: list[Decision], plan: FusionPlan, chooser: st
         if d.pass_name == FUSE_PASS and d.verdict == FUSED:
             groups = {id(group_of[x]) for x in d.nodes if x in group_of}
             if len(groups) > 1:
+                why = "" if cost_model is None else _apart_detail(cost_model, plan, d.nodes, group_of)
                 out.append(Decision(d.pass_name, d.rule, REFUSED, d.nodes, RefusalKind.NOT_CHOSEN.value,
                                     f"legal, but the {chooser} kept these ops in separate kernels "
-                                    f"(predicted faster)"))
+                                    f"(predicted faster{why})"))
                 continue
         out.append(d)
     for d in out:
@@ -190,6 +199,30 @@ def reconcile_decisions(decisions: list[Decision], plan: FusionPlan, chooser: st
             out.append(taken("plan", g.attrs.get("rule", g.kind), [n.name for n in g.nodes],
                              f"{len(g.nodes)} ops in one {g.kind} kernel, chosen by the {chooser}", group=g.name))
     return out
+
+
+def _apart_detail(cost_model, plan: FusionPlan, names, group_of) -> str:
+    """``": X us fused against Y us apart"``, the ops ``names`` as one group against them split as ``plan``
+    splits them, and what made the fused group dearer when it is an epilogue on a compute-bound anchor
+    (``EPILOGUE_STREAM_RATIO``)."""
+    from opfuse.cost.analysis import analyze_group, category_of
+    from opfuse.cost.roofline import COMPUTE_BOUND
+    from opfuse.ops.elementwise import epilogue_stream_ratio
+    from opfuse.ops.registry import Category
+    nodes = [n for n in plan.graph.nodes if n.name in set(names)]
+    parts: dict[int, list] = {}
+    for n in nodes:
+        parts.setdefault(id(group_of[n.name]), []).append(n)
+    fused = cost_model.group_cost(plan.graph, nodes)
+    apart = sum(cost_model.group_cost(plan.graph, ns).latency_s for ns in parts.values())
+    text = f": {fused.latency_s * 1e6:.1f} us fused against {apart * 1e6:.1f} us apart"
+    a = analyze_group(plan.graph, nodes)
+    if cost_model.prices_epilogue(a) and fused.bound == COMPUTE_BOUND:
+        anchor = next(n for n in nodes if category_of(n) == Category.OUT_ELEMWISE_FUSABLE)
+        ops = [f"{n.op_type} {epilogue_stream_ratio(n):g}x" for n in nodes if epilogue_stream_ratio(n) is not None]
+        text += (f"; the epilogue on the compute-bound {anchor.op_type} adds its arithmetic to the kernel's: "
+                 f"{', '.join(ops)} the time of the stream fusing saves (EPILOGUE_STREAM_RATIO)")
+    return text
 
 
 def _merge_planner_report(report: dict, plan_json: dict) -> None:
@@ -228,7 +261,7 @@ def plan_model(model, options: CompileOptions | None = None, **kwargs) -> Compil
     plan, plan_result = _choose_plan(graph, candidates, ctx, opts)
     chooser = "fusion rules" if plan_result is None else f"{plan_result.method} planner"
     if plan_result is not None:
-        decisions = reconcile_decisions(decisions, plan, chooser)
+        decisions = reconcile_decisions(decisions, plan, chooser, _planner_cost_model(opts))
     # "before" is the unfused build: the graph as imported, its dequantized constants folded (fuse(enable=False))
     baseline = original.copy()
     fold_dequantized_constants(baseline)

@@ -5,7 +5,7 @@ the scalar epilogue of the same build (``vector_epilogue=False``), and against t
 rows (a 1x1 convolution over packed rows, the direct kernel, a MatMul), along its transposed columns (the
 windows kernel) and along the output rows of the Winograd transform; operands constant along the row (a
 per-channel scale, hoisted) and varying along it (a residual, a MatMul's bias); Sigmoid, SiLU and Tanh in the
-micro-kernel's registers, its plain C body too; epilogues it refuses (Softplus, a Gemm's alpha), with their
+micro-kernel's registers, its plain C body too; epilogues it refuses (Mish, a Gemm's alpha), with their
 reasons; the plain C99 build without intrinsics."""
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from opfuse.runtime import reference
 from opfuse.runtime.native import build
 
 ACTIVATIONS = (("Sigmoid", {}), ("Silu", {}), ("Tanh", {}), ("Gelu", {"approximate": "tanh"}), ("Gelu", {}),
-               ("HardSwish", {}), ("LeakyRelu", {"alpha": 0.1}), ("Exp", {}))
+               ("HardSwish", {}), ("LeakyRelu", {"alpha": 0.1}), ("Exp", {}), ("Softplus", {}))
 # Which kernel computes the convolution: the output (1, OC, H, W) from an input (1, C, H', W'), kernel, stride, pad.
 GEOMETRIES = {
     "packed_1x1": dict(x=(1, 16, 23, 41), oc=20, k=1, stride=1, pad=0, options={}),  # rows of the tile, strips
@@ -136,11 +136,11 @@ def test_matmul_bias_gelu(k, cache_dir):
 
 
 def test_refused_epilogues_keep_the_scalar_loop(cache_dir):
-    """Softplus has no vector form; a Gemm with alpha has a finish other than a bias: the scalar loop, noted."""
-    b = GraphBuilder("conv_softplus")
+    """Mish has no vector form; a Gemm with alpha has a finish other than a bias: the scalar loop, noted."""
+    b = GraphBuilder("conv_mish")
     spec = GEOMETRIES["packed_1x1"]
-    g = b.build(b.op("Softplus", _conv(b, b.input("x", spec["x"]), spec, np.random.default_rng(1))))
-    _check(g, _one_kernel(g), cache_dir, {}, vectorised=False, refused="op Softplus has no vector form")
+    g = b.build(b.op("Mish", _conv(b, b.input("x", spec["x"]), spec, np.random.default_rng(1))))
+    _check(g, _one_kernel(g), cache_dir, {}, vectorised=False, refused="op Mish has no vector form")
     b = GraphBuilder("gemm_alpha")
     w = b.const("w", np.random.default_rng(2).standard_normal((24, 40)).astype(np.float32))
     g = b.build(b.op("Sigmoid", b.op("Gemm", b.input("x", (33, 24)), w, alpha=0.5)))

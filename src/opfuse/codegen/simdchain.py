@@ -246,6 +246,16 @@ def _tanh(ve: VecEval, n: Node) -> str:
     return f"{vecmath.require_vector(ve.kc.program, vecmath.TANH, ve.isa)}({ve.arg(n, 0)})"
 
 
+@_op("Log")
+def _log(ve: VecEval, n: Node) -> str:
+    return f"{vecmath.require_vector(ve.kc.program, vecmath.LOG, ve.isa)}({ve.arg(n, 0)})"
+
+
+@_op("Softplus")
+def _softplus(ve: VecEval, n: Node) -> str:
+    return f"{vecmath.require_vector(ve.kc.program, vecmath.SOFTPLUS, ve.isa)}({ve.arg(n, 0)})"
+
+
 @_op("Erf")
 def _erf(ve: VecEval, n: Node) -> str:
     return f"{require_vector_erf(ve.kc.program, ve.isa)}({ve.arg(n, 0)})"

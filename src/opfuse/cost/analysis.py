@@ -26,6 +26,11 @@ backend is expected to follow; fitted correction factors absorb the difference):
   ``VECTORISED_REDUCTION_MIN_RUN`` elements per output or by a ``SCALAR_WINDOW_OPS`` pooling
   (directly or through other such producers) runs in that reduction's scalar loop: its FLOPs
   are ``scalar_flops`` too, which the cost model prices at the scalar rate.
+* **Epilogues of a compute-bound anchor.** An elementwise op after a Conv/MatMul of its group that
+  ``EPILOGUE_STREAM_RATIO`` lists adds, on top of its FLOPs at peak, up to that ratio times its own
+  stream (``2 x |out| bytes``) of arithmetic (``epilogue_flops``, ``epilogue_stream_bytes``; the cost
+  model prices the larger of the two where the anchor alone is compute-bound: ``opfuse.cost.model``),
+  where the anchor's reduction is at most ``EPILOGUE_EXPOSED_MAX_DEPTH`` multiply-adds per output element.
 * **Register streams.** Streamed and inlined internal values each occupy one vector
   register while live (from producer to last consumer in group order); the most live at
   once is the group's register pressure.
@@ -49,6 +54,7 @@ import numpy as np
 
 from opfuse.ir.dtypes import BFLOAT16, FLOAT16, FLOAT32, is_narrow_float
 from opfuse.ir.graph import Graph, Node, Value
+from opfuse.ops.elementwise import epilogue_stream_ratio
 from opfuse.ops.registry import Category, Mapping, OpSpec, get_spec, is_supported
 from opfuse.rules.aliasing import aliasable_inputs, is_view
 
@@ -79,6 +85,13 @@ NARROW_CAST_OPS = {"widen_float16": 12, "round_float16": 22, "widen_bfloat16": 1
                    "widen_float8": 1, "round_float8": 30}
 NARROW_CAST_ROUND_FROM_OTHER = 8  # a source other than float32 first goes to float32 rounded to odd
 NARROW_CAST_HW_OPS = 1
+# The deepest anchor reduction (multiply-adds per output element: a Conv's C/group x kernel size, a MatMul's K) whose
+# epilogue is priced by ``EPILOGUE_STREAM_RATIO``. Past it the epilogue partly hides in the anchor's long K loop and
+# fusing still paid: bert_layer's MatMul (K = 768) + Add + Gelu fused against MatMul | Add + Gelu, 1 thread, kernel
+# CPU time, 200 interleaved runs, four times at load 5-7: 0.98-0.99 (129 against 150 us for the Add and Gelu). Conv
+# 1x1 (K -> 64 at 200x152) + Gelu / Tanh, fused against unfused: K = 32 1.00-1.05, K = 128 1.02 / 1.03, K = 512
+# 1.01 / 1.00 (one run each, 21 rounds, load 5).
+EPILOGUE_EXPOSED_MAX_DEPTH = 512
 
 
 def narrow_cast_ops(node: Node, anchored: bool) -> int:
@@ -247,6 +260,14 @@ class GroupAnalysis:
     # FLOPs by op class (``op_class``), recomputation included: what an instruction-count model
     # (a fitted Cortex-M7 profile) prices per class.
     executed_by_class: dict[str, float] = field(default_factory=dict)
+    # Of executed_flops, those of the ops after an anchor (Conv, MatMul) that ``EPILOGUE_STREAM_RATIO`` prices, and
+    # their price as bytes of stream: ratio x (their output read once and written once), recomputation included.
+    epilogue_flops: float = 0.0
+    epilogue_stream_bytes: float = 0.0
+    # The anchors of those epilogues as ops alone: FLOPs, and bytes read (weights included) and written. The cost
+    # model prices the epilogues so only where these are compute-bound on its profile.
+    epilogue_anchor_flops: float = 0.0
+    epilogue_anchor_bytes: int = 0
 
     @property
     def boundary_bytes(self) -> int:
@@ -323,6 +344,8 @@ def analyze_group(graph: Graph, nodes, cache: dict | None = None) -> GroupAnalys
         scalar_flops += sum(narrow_cast_ops(n, True) * numel(n.outputs[0]) * execs[id(n)] for n in nodes
                             if n.op_type == "Cast")
 
+    epi_flops, epi_bytes, anchor_flops, anchor_bytes = _epilogue_prices(nodes, member, specs, infos, execs)
+
     buffered, streams = [], []
     for v in internal.values():
         if id(v.producer) in inlined:
@@ -347,7 +370,38 @@ def analyze_group(graph: Graph, nodes, cache: dict | None = None) -> GroupAnalys
                          stream_elements=max((numel(v) for v in streams), default=0),
                          max_category=max_cat, input_bytes=input_bytes, output_bytes=output_bytes,
                          working_set_bytes=sum(nbytes(v) for v in buffered), zero_copy=zero_copy,
-                         scalar_flops=scalar_flops, executed_by_class=by_class)
+                         scalar_flops=scalar_flops, executed_by_class=by_class, epilogue_flops=epi_flops,
+                         epilogue_stream_bytes=epi_bytes, epilogue_anchor_flops=anchor_flops,
+                         epilogue_anchor_bytes=anchor_bytes)
+
+
+def _epilogue_prices(nodes, member: dict[int, int], specs, infos, execs) -> tuple[float, float, float, int]:
+    """(FLOPs, stream bytes x ratio) of the elementwise ops downstream of an ``OUT_ELEMWISE_FUSABLE`` anchor of the
+    group (one of at most ``EPILOGUE_EXPOSED_MAX_DEPTH`` multiply-adds per output) that ``EPILOGUE_STREAM_RATIO``
+    lists (module docstring), and the FLOPs and bytes of those anchors alone."""
+    anchor_of: dict[int, Node] = {}  # node id -> the anchor it is downstream of
+    flops = stream = 0.0
+    priced: dict[int, Node] = {}
+    for n in nodes:
+        spec = specs[id(n)]
+        if spec is not None and spec.category == Category.OUT_ELEMWISE_FUSABLE:
+            outs = sum(numel(v) for v in n.outputs)
+            if outs and infos[id(n)][1] <= 2 * EPILOGUE_EXPOSED_MAX_DEPTH * outs:
+                anchor_of[id(n)] = n
+            continue
+        anchor = next((anchor_of[id(v.producer)] for v in n.input_values()
+                       if v.producer is not None and id(v.producer) in member and id(v.producer) in anchor_of), None)
+        if anchor is None:
+            continue
+        anchor_of[id(n)] = anchor
+        ratio = epilogue_stream_ratio(n) if spec is not None and spec.category <= Category.BROADCAST else None
+        if ratio is not None and n.outputs:
+            flops += infos[id(n)][1] * execs[id(n)]
+            stream += ratio * 2 * nbytes(n.outputs[0]) * execs[id(n)]
+            priced[id(anchor)] = anchor
+    anchor_flops = sum(infos[id(a)][1] for a in priced.values())
+    anchor_bytes = sum(nbytes(v) for a in priced.values() for v in [*a.input_values(), *a.outputs])
+    return flops, stream, anchor_flops, anchor_bytes
 
 
 def _scalar_prologue(nodes, inlined: set[int], member: dict[int, int], specs) -> set[int]:

@@ -7,7 +7,7 @@ broadcast several inputs are ``BROADCAST``. ``flops_per_element`` is what one ou
 costs the C backend, in operations: used only to rank fusions, never to judge correctness.
 For the transcendental activations it is ``OPS_PER_ELEMENT`` below, measured on the
 vectorised implementations (``codegen/vecmath.py``, ``codegen/erf.py``), not a guess of "a
-few FLOPs": an exp costs about 7 operations' time, a softplus 59.
+few FLOPs": an exp costs about 7 operations' time, a softplus 46.
 """
 from __future__ import annotations
 
@@ -49,13 +49,14 @@ OPS_PER_ELEMENT = {
     "HardSigmoid": 3,  # max, min and a multiply-add: as fast as an Add
     "HardSwish": 3,
     "Exp": 7,
-    "Log": 19,
+    "Log": 16,  # vector form (``vecmath.opfuse_v16_logf``) since 2026-12-02 night: 0.62 -> 0.27 ns per element
     "Sigmoid": 8,  # exp_nonpos, one division, a select
     "Silu": 9,
-    "Tanh": 17,  # both pieces (polynomial, exp form) computed, one selected
+    "Tanh": 14,  # both pieces (polynomial, exp_nonpos form) computed, one selected (17 with exp(2a)'s form)
     "Erf": 20,  # three polynomials computed, one selected
-    "Gelu": 23,  # the erf form; the tanh form (x * sigmoid(2z)) is 15
-    "Softplus": 59,  # exp, log and a division, gcc's loop (no vector form)
+    "Gelu": 23,  # the erf form
+    "GeluTanh": 15,  # Gelu(approximate="tanh"): x * sigmoid(2z)
+    "Softplus": 46,  # exp, log and a division; a vector form since 2026-12-02 night (gcc's loop: 1.24 -> 0.76 ns)
     "Elu": 16,  # expm1: a polynomial and an exp, one selected
     "Selu": 19,
     "Celu": 16,
@@ -65,7 +66,38 @@ OPS_PER_ELEMENT = {
 }
 
 
-def _unary(name, fn, *, attrs=None, flops=1.0, tags=("activation",), dtypes=FLOATS, out_dtype=None):
+# What an op costs in a compute-bound anchor's epilogue (Conv, MatMul: ``Category.OUT_ELEMWISE_FUSABLE``), as a
+# multiple of the time the host profile streams its tensor once in and once out (the unfused kernel's memory time,
+# ``2 x bytes / B``). Fused, the anchor's own arithmetic leaves the epilogue's nothing to hide behind: it adds to
+# the kernel's time; unfused, it runs in its own kernel at max(its stream, its arithmetic). So whether fusing pays
+# turns on this ratio (below 1 it does), and it is priced as one: as operations per element at the profile's peak
+# (``OPS_PER_ELEMENT``, ns x 60 GFLOP/s) against the nominal 22 GB/s stream, Tanh's 17 came out below its stream
+# (0.36 ns per element) where this host streams at ~41 GB/s (0.195 ns) and Tanh took 0.27: the planner fused
+# Tanh, Gelu and Softplus, which measured 1-5% slower. Priced so, in the nominal stream's units, a refused fusion's
+# predicted loss is overstated (by that ~1.9x) but the choice follows the measurement. Measured
+# (``benchmarks/bench_epilogues.py``: Conv 1x1 32 -> 64 on 200x152 + each op, 1 thread, CPU time, medians of 31
+# rounds each from cold caches, two runs at load 2-4, 2026-12-02; their mean, rounded): (fused - the same Conv with
+# a Relu) / (unfused Relu's kernel). Ops not listed keep their FLOPs.
+EPILOGUE_STREAM_RATIO = {
+    "HardSwish": 0.25,  # 0.34, 0.18
+    "Sigmoid": 0.6,  # 0.66, 0.58
+    "Silu": 0.75,  # 0.68, 0.79
+    "Tanh": 1.25,  # exp_nonpos's form: 1.36, 1.11 at load 12 (before, exp(2a)'s: 1.37, 1.42)
+    "Gelu": 1.95,  # the erf form: 1.97, 1.94
+    "GeluTanh": 1.15,  # Gelu(approximate="tanh"), x * sigmoid(2z): 1.05, 1.27
+    "Softplus": 4.3,  # its vector form: 4.1, 4.6 at load 9-10 (gcc's loop over the scalar helper before: 6.3, 7.4)
+}
+
+
+def epilogue_stream_ratio(node) -> float | None:
+    """``EPILOGUE_STREAM_RATIO`` of ``node`` (Gelu's form by its ``approximate``), None for an op it does not list."""
+    key = node.op_type
+    if key == "Gelu" and node.attrs.get("approximate", "none") == "tanh":
+        key = "GeluTanh"
+    return EPILOGUE_STREAM_RATIO.get(key)
+
+
+def _unary(name, fn, *, attrs=None, flops=1.0, flops_fn=None, tags=("activation",), dtypes=FLOATS, out_dtype=None):
     """A unary elementwise op ``y = fn(x, attrs)``, in ``x``'s dtype unless ``out_dtype`` says."""
     def compute(ins, a, node):
         x = ins[0]
@@ -76,7 +108,7 @@ def _unary(name, fn, *, attrs=None, flops=1.0, tags=("activation",), dtypes=FLOA
         return same_type(node) if out_dtype is None else out_type(node.input(0).shape, out_dtype)
 
     register(OpSpec(name, Category.ELEMWISE, Mapping.ONE_TO_ONE, infer, compute,
-                    attrs=dict(attrs or {}), flops_per_element=flops, dtypes=dtypes,
+                    attrs=dict(attrs or {}), flops_fn=flops_fn, flops_per_element=flops, dtypes=dtypes,
                     tags=frozenset(("unary",) + tuple(tags))))
 
 
@@ -117,7 +149,9 @@ _unary("HardSigmoid", lambda x, a: _hardsigmoid(x, a["alpha"], a["beta"]), attrs
 _unary("HardSwish", lambda x, a: x.astype(np.float64) * _hardsigmoid(x, 1 / 6, 0.5),
        flops=OPS_PER_ELEMENT["HardSwish"])
 _unary("Tanh", lambda x, a: np.tanh(x), flops=OPS_PER_ELEMENT["Tanh"])
-_unary("Gelu", _gelu, attrs={"approximate": "none"}, flops=OPS_PER_ELEMENT["Gelu"])
+_unary("Gelu", _gelu, attrs={"approximate": "none"},  # each form at its own price
+       flops_fn=lambda node, a: OPS_PER_ELEMENT["GeluTanh" if a["approximate"] == "tanh" else "Gelu"]
+       * sum(v.size for v in node.outputs))
 _unary("Softplus", lambda x, a: _softplus(x), flops=OPS_PER_ELEMENT["Softplus"])
 # SiLU is not an ONNX op; the recognition pass creates it from x * Sigmoid(x).
 _unary("Silu", lambda x, a: x.astype(np.float64) * _sigmoid(x), flops=OPS_PER_ELEMENT["Silu"])

@@ -193,6 +193,7 @@ def _explain(plan: FusionPlan, decisions: list[Decision], legality: RuleLegality
     owner = {id(n): g for g in plan.groups for n in g.nodes}
     disabled_nodes = {name: d.rule for d in decisions if d.kind == RefusalKind.DISABLED.value
                       for name in d.nodes}
+    not_chosen = [d for d in decisions if d.kind == RefusalKind.NOT_CHOSEN.value]
     pairs: dict[tuple[int, int], tuple[FusionGroup, FusionGroup, list[str]]] = {}
     index = {id(g): i for i, g in enumerate(plan.groups)}
 
@@ -222,7 +223,7 @@ def _explain(plan: FusionPlan, decisions: list[Decision], legality: RuleLegality
         a, b, values = pairs[key]
         r = _elided(a, b) or legality.merge_refusal(plan, a, b)
         if r is None:
-            r = _not_chosen(graph, a, b, values, owner, disabled_nodes, chooser)
+            r = _not_chosen(graph, a, b, values, owner, disabled_nodes, chooser, not_chosen)
         out.append(PairExplanation(a.name, b.name, values, r.kind.label, r.reason))
     return out
 
@@ -235,12 +236,17 @@ def _elided(a: FusionGroup, b: FusionGroup) -> Refusal | None:
     return None
 
 
-def _not_chosen(graph, a, b, values, owner, disabled_nodes, chooser: str) -> Refusal:
+def _not_chosen(graph, a, b, values, owner, disabled_nodes, chooser: str, not_chosen=()) -> Refusal:
     """Why a legal merge was left alone: disabled, or what the chooser (the fusion rules or the
-    cost-model planner) saw."""
+    cost-model planner) saw: the reason of the "not chosen" decision (``not_chosen``) where the rules proposed
+    the merge and the planner did not choose it (its predicted times)."""
     for n in [*a.nodes, *b.nodes]:
         if n.name in disabled_nodes:
             return Refusal(RefusalKind.DISABLED, f"rule '{disabled_nodes[n.name]}' is disabled")
+    names_a, names_b = {n.name for n in a.nodes}, {n.name for n in b.nodes}
+    for d in not_chosen:
+        if names_a & set(d.nodes) and names_b & set(d.nodes):
+            return Refusal(RefusalKind.NOT_CHOSEN, d.reason)
     if chooser != "fusion rules":
         return Refusal(RefusalKind.NOT_CHOSEN, f"legal, but the {chooser}'s cost model predicts the plan "
                                                f"faster with these groups apart")
