@@ -312,6 +312,14 @@ class CodegenOptions:
     # 2 x 4 is 8 accumulators and 9 weights: 17 vector registers, one spilled where only 16 exist.
     depthwise_row_block: int = 2
     depthwise_block_group: int = 4
+    # The in-place depthwise paths (rows and whole plane) get an AVX-512F body, 16 floats a zmm, before
+    # their AVX2 one (``#if defined(__AVX512F__)``) where ``vector_isa`` is "avx512"; the same bits (each
+    # element's taps in the same order). None (the default): on where the host's FMA pipes are zmm wide
+    # (``opfuse.targets.host_full_width_fma``), resolved when the code is generated, as ``winograd_avx512``.
+    depthwise_avx512: bool | None = None
+    # ``depthwise_row_block`` and ``depthwise_block_group`` of the AVX-512 rows body (32 zmm registers).
+    depthwise_zmm_row_block: int = 2
+    depthwise_zmm_block_group: int = 4
     # A 2-D pool read in place (AVX2, ``pool._in_place``) prefetches its input into L2 this many bytes
     # past the first row each output row reads, the rows one step advances by, on into the next plane
     # (never past the tensor); 0: none. The hardware prefetcher left resnet18's fused Relu+MaxPool
@@ -449,6 +457,8 @@ class CodegenOptions:
             raise OpfuseError("depthwise_chunk_planes and depthwise_min_chunks must be at least 1")
         if self.depthwise_row_block < 1 or self.depthwise_block_group < 1:
             raise OpfuseError("depthwise_row_block and depthwise_block_group must be at least 1")
+        if self.depthwise_zmm_row_block < 1 or self.depthwise_zmm_block_group < 1:
+            raise OpfuseError("depthwise_zmm_row_block and depthwise_zmm_block_group must be at least 1")
         if self.simd_unroll < 1:
             raise OpfuseError("simd_unroll must be at least 1 (1: one vector per iteration)")
         if self.simd_stage_block < 0 or self.simd_stage_block % 16:
@@ -475,14 +485,16 @@ class CodegenOptions:
         """These options with ``vector_isa`` concrete ("host" -> ``host_isa``) and the register
         block filled in from it. The plain C build (simd="none") keeps the AVX2 block where none
         is given, so its results do not depend on the machine that generated it. ``full_width_fma``
-        (the host's, ``opfuse.targets.host_full_width_fma``) decides ``winograd_avx512`` where it is None."""
+        (the host's, ``opfuse.targets.host_full_width_fma``) decides ``winograd_avx512`` and
+        ``depthwise_avx512`` where they are None."""
         isa = host_isa if self.vector_isa == "host" else self.vector_isa
         if self.simd == "none":
             isa = "avx2"
         mr, nr = REGISTER_BLOCKS[isa]
         wino = full_width_fma if self.winograd_avx512 is None else self.winograd_avx512
+        dw = full_width_fma if self.depthwise_avx512 is None else self.depthwise_avx512
         return replace(self, vector_isa=isa, gemm_mr=self.gemm_mr or mr, gemm_nr=self.gemm_nr or nr,
-                       winograd_avx512=wino)
+                       winograd_avx512=wino, depthwise_avx512=dw)
 
 
 # Cortex-M7: one thread, no cache worth blocking for, 32 single-precision registers. The 4 x 4
