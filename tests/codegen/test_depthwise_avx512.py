@@ -7,7 +7,8 @@ multiply-adds) in the zmm and the ymm bodies, so the two give the same bits: che
 the AVX2 body built from the same options with ``depthwise_avx512=False`` and against the same
 source compiled with ``-mno-avx512f`` (its ``#elif`` AVX2 branch), and within float32 rounding
 against the reference and the plain C99 build. The cases cover stride 1 and 2, row widths that
-are no multiple of 16 (tails of 1 to 15 lanes, masked loads and stores), padding at every edge,
+are no multiple of 16 (tails of 1 to 15 lanes: masked stores; edge loads shifted by ``valignd``,
+or masked where a row is narrower than 16), rows narrower than a vector, padding at every edge,
 5x5 and dilated kernels, and each epilogue (none, Relu, Relu6, a Clip then a Relu, HardSwish and a
 residual Add, the last two through the scalar epilogue). The generated text is checked on any
 machine; the runs are skipped where the CPU has no AVX-512F. Several layers share one model (each
@@ -53,6 +54,8 @@ CASES = [
     (2, 13, 45, 3, 2, [1, 1, 1, 1], 1),     # stride 2, odd width, rows of 23
     (2, 9, 40, 5, 2, [2, 1, 2, 2], 2),      # 5x5, stride 2, dilated, asymmetric
     (2, 8, 64, 3, 2, [1, 1, 1, 1], 1),      # stride 2, rows of 32: 2 whole zmm
+    (2, 30, 10, 3, 1, [1, 1, 1, 1], 1),     # rows path, input rows narrower than a zmm: masked loads
+    (2, 40, 12, 3, 2, [1, 1, 1, 1], 1),     # the same, stride 2
 ]
 EPILOGUES = ["none", "relu", "relu6", "clip_relu", "hardswish", "add"]
 
@@ -115,7 +118,11 @@ def test_generated_text_has_the_zmm_bodies_before_the_avx2_ones():
     assert len(kernels) == len(CASES)
     for k in kernels:
         assert k.index(ZMM_GUARD) < k.index(AVX2_ELIF) < k.index("#else")
-        assert "_mm512_maskz_loadu_ps(" in k and "(__mmask16)0x" in k
+        assert "_mm512_fmadd_ps(" in k
+    # Whole vectors as two ymm loads (``zmm_load``), never one unaligned zmm load; row edges by ``valignd``
+    # where a row holds 16 floats, masked loads elsewhere (narrow rows, the whole-plane path).
+    assert "_mm512_loadu_ps(" not in src and "_mm512_insertf64x4(" in src
+    assert "_mm512_alignr_epi32(" in src and "_mm512_maskz_loadu_ps(" in src
     assert "_mm512_permutex2var_ps(" in src and "_mm512_mask_storeu_ps(" in src
     # A stride-1 row of 17 ends in a one-lane store; a 14-float row (stride 2 of 28) in 14 lanes.
     assert "(__mmask16)0x0001, " in src and "(__mmask16)0x3fff, " in src
