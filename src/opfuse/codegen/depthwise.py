@@ -274,6 +274,10 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
     row_block, block_group = ((o.depthwise_zmm_row_block, o.depthwise_zmm_block_group) if L == ZMM
                               else (o.depthwise_row_block, o.depthwise_block_group))
     finish = _finish_vectors(kc, ev, reg, node, ch, isa) if reg is not None else None
+    # AVX-512, stride 1: each input row's 16-float blocks loaded once, the taps' vectors shifted out of
+    # two neighbours (``_shifted_tap``) where every tap lies within a vector of the block.
+    shifted = L == ZMM and SW == 1 and o.depthwise_zmm_shifted_taps and all(
+        abs(kw * DW - PL) < L for kw in range(KW))
     dst = (f"{kc.ptr(reg.out, write=True)} + {Index(reg.out.shape, (img, ch, '0', '0')).offset()}"
            if reg is not None else "")
 
@@ -300,13 +304,16 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
             vs = {b: [kc.tmp("v") for _ in range(nrows)] for b in group}
             started = {b: [False] * nrows for b in group}
             for d in sorted(users):
+                centers: dict[int, str] = {}
                 for b in group:
                     pairs: dict[int, tuple[str, str]] = {}
                     for kw in range(KW):
                         if (b, kw) not in taps:
                             continue
                         c = taps[b, kw]
-                        if SW == 1:
+                        if shifted:
+                            x = _shifted_tap(kc, loader, rows[d], centers, b, c - b * L)
+                        elif SW == 1:
                             x = loader.load(rows[d], c)
                         else:
                             even = c - c % 2
@@ -426,6 +433,26 @@ def _zmm_edge_load(row: str, start: int, width: int, lanes) -> str:
     q = width - ZMM  # past the row's end: the last 16 floats moved down by start - q
     x = f"_mm512_castps_si512({zmm_load(add(row, str(q)))})"
     return f"_mm512_castsi512_ps(_mm512_alignr_epi32({zero}, {x}, {start - q}))"
+
+
+def _shifted_tap(kc, loader: "_Loads", row: str, centers: dict[int, str], b: int, shift: int) -> str:
+    """AVX-512: the 16 floats of input row ``row`` from column ``16 b + shift`` (zero-padded) as two
+    of the row's aligned-to-the-row 16-float blocks (``centers``: index -> C name, each loaded once per
+    row, zero outside the row) shifted together by ``valignd``: one load a block and row for every tap."""
+    def center(i: int) -> str:
+        if i not in centers:
+            x = loader.load(row, i * ZMM) if 0 <= i * ZMM < loader.width else None
+            if x is None:
+                centers[i] = "_mm512_setzero_ps()"
+            else:
+                centers[i] = kc.tmp("c")
+                kc.w.line(f"const __m512 {centers[i]} = {x};")
+        return centers[i]
+
+    if shift == 0:
+        return center(b)
+    hi, lo, by = (center(b + 1), center(b), shift) if shift > 0 else (center(b), center(b - 1), ZMM + shift)
+    return f"_mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512({hi}), _mm512_castps_si512({lo}), {by}))"
 
 
 def zmm_load(at: str) -> str:

@@ -320,6 +320,9 @@ class CodegenOptions:
     # ``depthwise_row_block`` and ``depthwise_block_group`` of the AVX-512 rows body (32 zmm registers).
     depthwise_zmm_row_block: int = 2
     depthwise_zmm_block_group: int = 4
+    # The AVX-512 rows body at stride 1 loads each input row's 16-float blocks once and shifts the taps'
+    # vectors out of two neighbours (``valignd``), instead of one (two-ymm) load per tap.
+    depthwise_zmm_shifted_taps: bool = True
     # A 2-D pool read in place (AVX2, ``pool._in_place``) prefetches its input into L2 this many bytes
     # past the first row each output row reads, the rows one step advances by, on into the next plane
     # (never past the tensor); 0: none. The hardware prefetcher left resnet18's fused Relu+MaxPool
