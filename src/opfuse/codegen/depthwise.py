@@ -311,6 +311,7 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
                         if (b, kw) not in taps:
                             continue
                         c = taps[b, kw]
+                        x: str | None
                         if shifted:
                             x = _shifted_tap(kc, loader, rows[d], centers, b, c - b * L)
                         elif SW == 1:
