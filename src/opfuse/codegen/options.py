@@ -317,9 +317,14 @@ class CodegenOptions:
     # element's taps in the same order). None (the default): on where the host's FMA pipes are zmm wide
     # (``opfuse.targets.host_full_width_fma``), resolved when the code is generated, as ``winograd_avx512``.
     depthwise_avx512: bool | None = None
-    # ``depthwise_row_block`` and ``depthwise_block_group`` of the AVX-512 rows body (32 zmm registers).
+    # ``depthwise_row_block`` and ``depthwise_block_group`` of the AVX-512 rows body (32 zmm registers). A
+    # group of 8 is a whole row (rows of at most 8 zmm take this path), whose 16-float blocks each input row
+    # then loads once (``depthwise_zmm_shifted_taps``). Measured on the Zen 5 host (1 thread, kernel CPU time,
+    # interleaved, medians of 25-30, load 12), rows x group against 2 x 4: dw 32@112 (7 zmm a row) 2 x 8 cold
+    # 0.85x, warm 0.87x (in mobilenet_v1 0.61x); 3 x 4, 3 x 2, 4 x 2 and 1 x 7 0.93-1.42x; the 56- and 28-float
+    # rows (4 and 2 zmm) within noise of each other with any of them.
     depthwise_zmm_row_block: int = 2
-    depthwise_zmm_block_group: int = 4
+    depthwise_zmm_block_group: int = 8
     # The AVX-512 rows body at stride 1 loads each input row's 16-float blocks once and shifts the taps'
     # vectors out of two neighbours (``valignd``), instead of one (two-ymm) load per tap.
     depthwise_zmm_shifted_taps: bool = True
