@@ -171,9 +171,12 @@ def test_zmm_bodies_give_the_avx2_bits_and_the_reference(shift, cache_dir):
     assert_close(_build(g, plan, cache_dir, PORTABLE).run(feeds), want)
     ymm = _build(g, plan, cache_dir, ZMM_OFF).run(feeds)
     elif_branch = _build(g, plan, cache_dir, ZMM_ON, ("-mno-avx512f",)).run(feeds)  # the same C's AVX2 branch
+    loads = _build(g, plan, cache_dir, ZMM_ON.with_(depthwise_zmm_shifted_taps=False, depthwise_zmm_block_group=3,
+                                                      depthwise_zmm_row_block=3)).run(feeds)  # a load per tap
     for k in want:
         np.testing.assert_array_equal(got[k], ymm[k], err_msg=k)
         np.testing.assert_array_equal(got[k], elif_branch[k], err_msg=k)
+        np.testing.assert_array_equal(got[k], loads[k], err_msg=k)
 
 
 @needs_avx512

@@ -281,10 +281,11 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
     row_block, block_group = ((o.depthwise_zmm_row_block, o.depthwise_zmm_block_group) if L == ZMM
                               else (o.depthwise_row_block, o.depthwise_block_group))
     finish = _finish_vectors(kc, ev, reg, node, ch, isa) if reg is not None else None
-    # AVX-512, stride 1: each input row's 16-float blocks loaded once, the taps' vectors shifted out of
-    # two neighbours (``_shifted_tap``) where every tap lies within a vector of the block.
-    shifted = L == ZMM and SW == 1 and o.depthwise_zmm_shifted_taps and all(
-        abs(kw * DW - PL) < L for kw in range(KW))
+    # AVX-512: each input row's 16-float blocks loaded once (stride 2: split into their even and odd
+    # floats once), the taps' vectors shifted out of two neighbours (``_shifted_tap``) where every tap
+    # lies within a vector of the block.
+    shifted = L == ZMM and o.depthwise_zmm_shifted_taps and all(
+        -L < (kw * DW - PL) // SW < L for kw in range(KW))
     dst = (f"{kc.ptr(reg.out, write=True)} + {Index(reg.out.shape, (img, ch, '0', '0')).offset()}"
            if reg is not None else "")
 
@@ -320,7 +321,7 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
                         c = taps[b, kw]
                         x: str | None
                         if shifted:
-                            x = _shifted_tap(kc, loader, rows[d], centers, b, c - b * L)
+                            x = _shifted_tap(kc, loader, rows[d], centers, b, c - b * L * SW, SW)
                         elif SW == 1:
                             x = loader.load(rows[d], c)
                         else:
@@ -443,23 +444,39 @@ def _zmm_edge_load(row: str, start: int, width: int, lanes) -> str:
     return f"_mm512_castsi512_ps(_mm512_alignr_epi32({zero}, {x}, {start - q}))"
 
 
-def _shifted_tap(kc, loader: "_Loads", row: str, centers: dict[int, str], b: int, shift: int) -> str:
-    """AVX-512: the 16 floats of input row ``row`` from column ``16 b + shift`` (zero-padded) as two
-    of the row's aligned-to-the-row 16-float blocks (``centers``: index -> C name, each loaded once per
-    row, zero outside the row) shifted together by ``valignd``: one load a block and row for every tap."""
-    def center(i: int) -> str:
-        if i not in centers:
-            x = loader.load(row, i * ZMM) if 0 <= i * ZMM < loader.width else None
-            if x is None:
-                centers[i] = "_mm512_setzero_ps()"
-            else:
-                centers[i] = kc.tmp("c")
-                kc.w.line(f"const __m512 {centers[i]} = {x};")
-        return centers[i]
+def _shifted_tap(kc, loader: "_Loads", row: str, cache: dict, b: int, offset: int, stride: int) -> str:
+    """AVX-512: the 16 floats of input row ``row`` at columns ``16 stride b + offset + stride i`` (zero
+    outside the row). The row is read as 16-float blocks ``V_k`` (columns ``16 k ..``), each loaded once
+    a row (``cache``: key -> C name, zero outside the row); stride 2 splits two blocks into their even
+    and odd floats once (``vpermt2ps``), ``E_k`` and ``O_k`` (columns ``32 k + 2 i`` and ``32 k + 1 + 2 i``).
+    The tap is its phase's vector of block ``b`` moved by ``m = offset // stride`` lanes, the lanes from
+    block ``b + 1`` (or ``b - 1``) shifted in by ``valignd``: one load a block and row for every tap."""
+    w = kc.w
 
-    if shift == 0:
-        return center(b)
-    hi, lo, by = (center(b + 1), center(b), shift) if shift > 0 else (center(b), center(b - 1), ZMM + shift)
+    def block(k: int) -> str:
+        if ("v", k) not in cache:
+            x = loader.load(row, k * ZMM) if 0 <= k * ZMM < loader.width else None
+            cache["v", k] = "_mm512_setzero_ps()" if x is None else kc.tmp("c")
+            if x is not None:
+                w.line(f"const __m512 {cache['v', k]} = {x};")
+        return cache["v", k]
+
+    def phase(par: int, k: int) -> str:
+        if stride == 1:
+            return block(k)
+        if ("p", par, k) not in cache:
+            if k < 0 or k * 2 * ZMM >= loader.width:
+                cache["p", par, k] = "_mm512_setzero_ps()"
+            else:
+                lo, hi = block(2 * k), block(2 * k + 1)
+                cache["p", par, k] = kc.tmp("ph")
+                w.line(f"const __m512 {cache['p', par, k]} = {loader.odd_even_of(lo, hi, par)};")
+        return cache["p", par, k]
+
+    par, m = offset % stride, offset // stride
+    if m == 0:
+        return phase(par, b)
+    hi, lo, by = (phase(par, b + 1), phase(par, b), m) if m > 0 else (phase(par, b), phase(par, b - 1), ZMM + m)
     return f"_mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512({hi}), _mm512_castps_si512({lo}), {by}))"
 
 
