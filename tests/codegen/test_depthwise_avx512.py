@@ -54,6 +54,7 @@ CASES = [
     (2, 13, 45, 3, 2, [1, 1, 1, 1], 1),     # stride 2, odd width, rows of 23
     (2, 9, 40, 5, 2, [2, 1, 2, 2], 2),      # 5x5, stride 2, dilated, asymmetric
     (2, 8, 64, 3, 2, [1, 1, 1, 1], 1),      # stride 2, rows of 32: 2 whole zmm
+    (2, 5, 19, 3, 1, [0, 0, 0, 0], 1),      # valid, 3 rows of 17 through the scalar epilogue (blocks of 3 rows below)
     (2, 30, 10, 3, 1, [1, 1, 1, 1], 1),     # rows path, input rows narrower than a zmm: masked loads
     (2, 40, 12, 3, 2, [1, 1, 1, 1], 1),     # the same, stride 2
 ]

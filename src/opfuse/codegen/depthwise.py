@@ -133,7 +133,8 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
     plane_floats = Hp * row_len + slack
     off_plane = kc.scratch(plane_floats * 4)
     off_acc = kc.scratch(max(span if wide else (OH - 1) * OW + span, (OH - 1) * OW + _round_up(OW, VECTOR),
-                             kc.program.options.depthwise_row_block * _round_up(OW, VECTOR)) * 4)
+                             max(kc.program.options.depthwise_row_block,
+                                 kc.program.options.depthwise_zmm_row_block if zmm else 0) * _round_up(OW, VECTOR)) * 4)
     # The dense OH x OW results the epilogue reads: the row passes write them; the wide pass's
     # are squeezed into them only where the AVX2 code is direct (the plain path then squeezes, in
     # scalar code). Otherwise the epilogue reads the wide results row by row: squeezing them with
