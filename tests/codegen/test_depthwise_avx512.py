@@ -34,7 +34,8 @@ PORTABLE = CodegenOptions(simd="none")
 HOST_HAS_AVX512 = host_simd_isa() == "avx512" and platform.machine().lower() in ("x86_64", "amd64")
 needs_avx512 = pytest.mark.skipif(not HOST_HAS_AVX512, reason="the CPU has no AVX-512F: the zmm bodies cannot run here")
 ZMM_GUARD = "#if defined(__AVX512F__) && defined(__FMA__)"
-AVX2_ELIF = "#elif defined(__AVX2__) && defined(__FMA__)"
+AVX2_GUARD = "if defined(__AVX2__) && defined(__FMA__)"
+AVX2_ELIF = "#el" + AVX2_GUARD
 
 # (C, H, W, kernel, stride, pads, dilation): in place, rows path unless H * W <= 256 (whole plane).
 CASES = [
@@ -122,16 +123,21 @@ def test_generated_text_has_the_zmm_bodies_before_the_avx2_ones():
     assert notes == ["depthwise 'dw11': AVX-512 body (zmm), its epilogue in registers"]
     kernels = [k for k in _kernel_sources(src) if "_mm256_" in k]
     assert len(kernels) == len(CASES)
-    for k in kernels:
-        assert k.index(ZMM_GUARD) < k.index(AVX2_ELIF) < k.index("#else")
+    for k in kernels:  # the whole-plane layers: #if zmm rows #else (#if AVX2 plane #else copy #endif) #endif
+        at = k.index(ZMM_GUARD)
+        assert at < k.index(AVX2_GUARD, at) < k.index("#else", k.index(AVX2_GUARD, at))
         assert "_mm512_fmadd_ps(" in k
-    # Whole vectors as two ymm loads (``zmm_load``), never one unaligned zmm load; row edges by ``valignd``
-    # where a row holds 16 floats, masked loads elsewhere (narrow rows, the whole-plane path).
-    assert "_mm512_loadu_ps(" not in src and "_mm512_insertf64x4(" in src
-    assert "_mm512_alignr_epi32(" in src and "_mm512_maskz_loadu_ps(" in src
-    assert "_mm512_permutex2var_ps(" in src and "_mm512_mask_storeu_ps(" in src
-    # A stride-1 row of 17 ends in a one-lane store; a 14-float row (stride 2 of 28) in 14 lanes.
-    assert "(__mmask16)0x0001, " in src and "(__mmask16)0x3fff, " in src
+    assert sum(AVX2_ELIF in k for k in kernels) == len(CASES) - 3
+    # Whole vectors as two ymm loads (``zmm_load``), never one unaligned or masked zmm load or store: row
+    # edges by ``valignd`` where a row holds 16 floats, AVX2's masked loads and stores by halves elsewhere.
+    zmm_text = "".join(k.split(ZMM_GUARD, 1)[1].split(AVX2_GUARD, 1)[0] for k in kernels)  # the zmm bodies
+    assert "_mm512_loadu_ps(" not in src and "_mm512_maskz_loadu_ps(" not in src and "_mm512_mask_storeu_ps(" not in src
+    assert "_mm512_insertf64x4(" in src and "_mm512_alignr_epi32(" in src and "_mm512_permutex2var_ps(" in src
+    assert "_mm256_maskload_ps(" in zmm_text
+    # A stride-1 row of 17 ends in a one-lane store (second half); a 14-float row in 8 + 6 lanes.
+    for n in (1, 6):
+        mask = ", ".join(["-1"] * n + ["0"] * (8 - n))
+        assert "_mm256_maskstore_ps(" in src and f"_mm256_setr_epi32({mask}), " in src
 
 
 def test_without_the_option_or_below_avx512_the_c_is_avx2s():
@@ -173,8 +179,11 @@ def test_zmm_bodies_give_the_avx2_bits_and_the_reference(shift, cache_dir):
     assert_close(_build(g, plan, cache_dir, PORTABLE).run(feeds), want)
     ymm = _build(g, plan, cache_dir, ZMM_OFF).run(feeds)
     elif_branch = _build(g, plan, cache_dir, ZMM_ON, ("-mno-avx512f",)).run(feeds)  # the same C's AVX2 branch
+    # A load per tap, 3 x 3 blocking, and the unrolled whole-plane zmm body for the small "same" planes.
     loads = _build(g, plan, cache_dir, ZMM_ON.with_(depthwise_zmm_shifted_taps=False, depthwise_zmm_block_group=3,
-                                                      depthwise_zmm_row_block=3)).run(feeds)  # a load per tap
+                                                      depthwise_zmm_row_block=3, depthwise_zmm_plane_rows=False))
+    assert sum(AVX2_ELIF in k for k in _kernel_sources(loads.program.source)) == len(CASES)  # zmm #elif AVX2 each
+    loads = loads.run(feeds)
     for k in want:
         np.testing.assert_array_equal(got[k], ymm[k], err_msg=k)
         np.testing.assert_array_equal(got[k], elif_branch[k], err_msg=k)

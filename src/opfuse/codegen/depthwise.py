@@ -124,6 +124,12 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
     # kernel CPU time, 30 interleaved runs), as it did with AVX2.
     zmm_reg = (register_epilogue(kc, ev, stage, node)
                if zmm and direct_rows and kc.program.options.depthwise_zmm_register_epilogue else reg)
+    # A whole-plane layer's zmm body runs the rows path instead (``depthwise_zmm_plane_rows``), in a branch
+    # of its own, its epilogue with it; the AVX2 body and the copy keep theirs in the ``#else``.
+    plane_rows = (zmm and direct and kc.program.options.depthwise_zmm_plane_rows
+                  and -(-OW // VECTOR) <= DIRECT_MAX_ROW_VECTORS)
+    plane_rows_reg = (register_epilogue(kc, ev, stage, node)
+                      if plane_rows and kc.program.options.depthwise_zmm_register_epilogue else None)
     wide = SH == 1 and SW == 1 and Hp * Wp <= WIDE_MAX_FLOATS
     exact = (OH - 1) * Wp + OW if wide else OW
     span = _round_up(exact, VECTOR)
@@ -168,7 +174,13 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
                        for kh in range(KH)]
             if direct or direct_rows:
                 src = f"{kc.ptr(x)} + {Index(x.shape, (img, ch, '0', '0')).offset()}"
-                for i, isa in enumerate((AVX512_FLOAT, AVX2_FLOAT) if zmm else (AVX2_FLOAT,)):
+                if plane_rows:
+                    w.line(f"#if {AVX512_FLOAT.guard}")
+                    with ev.scope():
+                        _direct_rows(kc, ev, stage, node, bias_term, src, weights, geo, acc, (img, ch),
+                                     OW < PLANE_EPILOGUE_MAX_ROW, plane_rows_reg, AVX512_FLOAT)
+                    w.line("#else")
+                for i, isa in enumerate((AVX512_FLOAT, AVX2_FLOAT) if zmm and not plane_rows else (AVX2_FLOAT,)):
                     w.line(f"#{'el' if i else ''}if {isa.guard}")
                     with ev.scope():  # each branch declares its own temporaries
                         if direct:
@@ -211,7 +223,7 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
                 with w.block(f"for (long {p} = 0; {p} < {OH * OW}; ++{p})"), ev.scope():
                     w.line(f"const float {y} = {bias_term(ev, node, f'{dense}[{p}]', ch)};")
                     finish_element(kc, ev, stage, out, Index.loops(out.shape, [(0, 1, img), (1, 2, ch), (2, 4, p)]), y)
-            if direct_rows:
+            if direct_rows or plane_rows:
                 w.line("#endif")
     if reg is not None:
         kc.note(lambda name: f"depthwise '{name}': epilogue finished in registers", node)
@@ -268,6 +280,13 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
             taps[b, kw] = c
     # Declare every mask (and AVX-512's even/odd index vectors) first, in one C scope: the plane's;
     # then emit the row loops.
+    # AVX-512: each input row's 16-float blocks loaded once (stride 2: split into their even and odd
+    # floats once), the taps' vectors shifted out of two neighbours (``_shifted_tap``) where every tap
+    # lies within a vector of the block.
+    shifted = L == ZMM and kc.program.options.depthwise_zmm_shifted_taps and all(
+        -L < (kw * DW - PL) // SW < L for kw in range(KW))
+    for k in range(-(-W // L) if shifted else 0):  # the blocks ``_shifted_tap`` loads
+        loader.load("row", k * L)
     for c in taps.values():
         if SW == 1:
             loader.load("row", c)
@@ -282,11 +301,6 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
     row_block, block_group = ((o.depthwise_zmm_row_block, o.depthwise_zmm_block_group) if L == ZMM
                               else (o.depthwise_row_block, o.depthwise_block_group))
     finish = _finish_vectors(kc, ev, reg, node, ch, isa) if reg is not None else None
-    # AVX-512: each input row's 16-float blocks loaded once (stride 2: split into their even and odd
-    # floats once), the taps' vectors shifted out of two neighbours (``_shifted_tap``) where every tap
-    # lies within a vector of the block.
-    shifted = L == ZMM and o.depthwise_zmm_shifted_taps and all(
-        -L < (kw * DW - PL) // SW < L for kw in range(KW))
     dst = (f"{kc.ptr(reg.out, write=True)} + {Index(reg.out.shape, (img, ch, '0', '0')).offset()}"
            if reg is not None else "")
 
@@ -407,13 +421,11 @@ class _Loads:
         at = add(row, str(start))
         if all(lanes):
             return zmm_load(at) if L == ZMM else f"{p}_loadu_ps({at})"
+        if L == ZMM and self.width < ZMM:
+            return _masked_zmm(self.kc, self.masks, at, lanes)
         if L == ZMM:
             return _zmm_edge_load(row, start, self.width, lanes)
-        if lanes not in self.masks:
-            self.masks[lanes] = self.kc.tmp("mask")
-            key = ", ".join("-1" if ok else "0" for ok in lanes)
-            self.kc.w.line(f"const __m256i {self.masks[lanes]} = _mm256_setr_epi32({key});")
-        return f"_mm256_maskload_ps({at}, {self.masks[lanes]})"
+        return _masked_ymm(self.kc, self.masks, at, lanes)
 
     def odd_even(self, odd: int) -> None:
         """Declare AVX-512's index vector of the even (``odd`` 0) or odd floats of a pair."""
@@ -429,13 +441,35 @@ class _Loads:
         return f"_mm256_shuffle_ps({lo}, {hi}, {0xDD if odd else 0x88})"
 
 
+def _masked_ymm(kc, masks: dict, at: str, lanes: tuple[bool, ...]) -> str:
+    """8 floats from ``at``, 0 in the lanes not in ``lanes``: a load, zero, or AVX2's masked load (which
+    reads nothing at the lanes masked off), its ``__m256i`` mask declared at first use (``masks``)."""
+    if all(lanes):
+        return f"_mm256_loadu_ps({at})"
+    if not any(lanes):
+        return "_mm256_setzero_ps()"
+    if lanes not in masks:
+        masks[lanes] = kc.tmp("mask")
+        key = ", ".join("-1" if ok else "0" for ok in lanes)
+        kc.w.line(f"const __m256i {masks[lanes]} = _mm256_setr_epi32({key});")
+    return f"_mm256_maskload_ps({at}, {masks[lanes]})"
+
+
+def _masked_zmm(kc, masks: dict, at: str, lanes: tuple[bool, ...]) -> str:
+    """16 floats from ``at``, 0 in the lanes not in ``lanes``, as two ``_masked_ymm`` halves: an AVX-512
+    masked load from a cold line stalls as an unaligned zmm load does (``zmm_load``): mobilenet_v1's
+    dw 512@14 (rows of 14) on the rows body took 100-105 us right after a 128 MiB copy with
+    ``vmovups zmm{k}{z}`` and 49-50 us with the halves (the AVX2 body 43-45; 1 thread, kernel CPU time,
+    interleaved, load 12)."""
+    lo, hi = (_masked_ymm(kc, masks, add(at, str(h)), lanes[h:h + VECTOR]) for h in (0, VECTOR))
+    return (f"_mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd({lo})), "
+            f"_mm256_castps_pd({hi}), 1))")
+
+
 def _zmm_edge_load(row: str, start: int, width: int, lanes) -> str:
-    """The 16 floats of row ``row`` (``width`` floats) from column ``start``, 0 in the lanes outside
-    it. Where the row holds 16 floats, the whole vector that ends (or starts) at the row's edge is
-    loaded (``zmm_load``) and its lanes shifted into place with zeros (``valignd``); else a masked
-    load (lanes masked off read nothing)."""
-    if width < ZMM:
-        return f"_mm512_maskz_loadu_ps({_mask16(lanes)}, {add(row, str(start))})"
+    """The 16 floats of row ``row`` (at least 16 floats) from column ``start``, 0 in the lanes outside
+    it: the whole vector that ends (or starts) at the row's edge, loaded (``zmm_load``) and its lanes
+    shifted into place with zeros (``valignd``). (Narrower rows: two ymm halves, ``_Loads.load``.)"""
     zero = "_mm512_setzero_si512()"
     if start < 0:  # lane i holds x[i + start], 0 below the row: x's lanes moved up by -start
         x = f"_mm512_castps_si512({zmm_load(row)})"
@@ -490,11 +524,6 @@ def zmm_load(at: str) -> str:
     none of it)."""
     lo, hi = (f"_mm256_castps_pd(_mm256_loadu_ps({a}))" for a in (at, add(at, "8")))
     return f"_mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512({lo}), {hi}, 1))"  # AVX-512F
-
-
-def _mask16(lanes) -> str:
-    """An ``__mmask16`` literal with bit ``i`` set where ``lanes[i]``."""
-    return f"(__mmask16)0x{sum(1 << i for i, ok in enumerate(lanes) if ok):04x}"
 
 
 @dataclass(frozen=True)
@@ -574,8 +603,17 @@ def _store_lanes(kc, ptr: str, v: str, lanes: int, isa: VecIsa = AVX2_FLOAT) -> 
     if lanes == isa.lanes:
         w.line(f"{isa.p}_storeu_ps({ptr}, {v});")
         return
-    if isa.lanes == ZMM:
-        w.line(f"_mm512_mask_storeu_ps({ptr}, {_mask16([i < lanes for i in range(ZMM)])}, {v});")
+    if isa.lanes == ZMM:  # ymm halves, the second through AVX2's masked store (as ``_masked_zmm``: a masked
+        t = kc.tmp("t")   # zmm store to a cold line stalls; with these dw 512@14's rows body took 40 us, not 49)
+        w.line(f"const __m512 {t} = {v};")
+        halves = (f"_mm512_castps512_ps256({t})", f"_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd({t}), 1))")
+        for h, x in zip((0, VECTOR), halves, strict=True):
+            n = min(VECTOR, lanes - h)
+            if n == VECTOR:
+                w.line(f"_mm256_storeu_ps({add(ptr, str(h))}, {x});")
+            elif n > 0:
+                key = ", ".join("-1" if i < n else "0" for i in range(VECTOR))
+                w.line(f"_mm256_maskstore_ps({add(ptr, str(h))}, _mm256_setr_epi32({key}), {x});")
         return
     t = kc.tmp("t")
     w.line(f"const __m256 {t} = {v};")
@@ -620,6 +658,7 @@ def _direct_plane(kc, src: str, weights, geo, hw, dense: str, isa: VecIsa = AVX2
             w.line(f"const {vt} {name} = {p}_set1_ps({wv});")
             wvs.append(name)
     masks: dict[tuple[int, ...], str] = {}
+    zmasks: dict[tuple[bool, ...], str] = {}
     n = H * W
     for b in range(-(-n // L)):
         v = kc.tmp("v")
@@ -636,7 +675,7 @@ def _direct_plane(kc, src: str, weights, geo, hw, dense: str, isa: VecIsa = AVX2
             if all(lanes):
                 load = zmm_load(at) if L == ZMM else f"{p}_loadu_ps({at})"
             elif L == ZMM:
-                load = f"_mm512_maskz_loadu_ps({_mask16(lanes)}, {at})"
+                load = _masked_zmm(kc, zmasks, at, tuple(lanes))
             else:
                 key = tuple(-1 if ok else 0 for ok in lanes)
                 if key not in masks:

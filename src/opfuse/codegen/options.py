@@ -332,6 +332,11 @@ class CodegenOptions:
     # rows shorter than 16 floats too, storing a part vector through a mask. In mobilenet_v1 (1 thread,
     # kernel CPU time, 30 interleaved runs against False, load 12): dw6 (14 a row) 0.80x, dw12 (7) 0.93x.
     depthwise_zmm_register_epilogue: bool = True
+    # Where the whole-plane path applies (stride 1, "same", at most 256 floats), the AVX-512 body runs the
+    # rows path instead (with the register epilogue above), not the unrolled plane. mobilenet_v1's 512@14
+    # layers (1 thread, kernel CPU time, interleaved, load 12): in the model 0.53-0.59x (dw7-dw11), alone
+    # 0.75x warm and 0.92x cold (against the zmm plane; 0.68x and 0.85x against AVX2's).
+    depthwise_zmm_plane_rows: bool = True
     # A 2-D pool read in place (AVX2, ``pool._in_place``) prefetches its input into L2 this many bytes
     # past the first row each output row reads, the rows one step advances by, on into the next plane
     # (never past the tensor); 0: none. The hardware prefetcher left resnet18's fused Relu+MaxPool
