@@ -121,6 +121,9 @@ def test_generated_text_has_the_zmm_bodies_before_the_avx2_ones():
     # Rows of 14 (stride 2 of 28) with a Relu: finished in registers by the zmm body only.
     notes = [n for k in program.kernels for n in k.notes if "dw11" in n]
     assert notes == ["depthwise 'dw11': AVX-512 body (zmm), its epilogue in registers"]
+    # HardSwish (dw8's epilogue) too, a multiply and an add as in the scalar C, no FMA.
+    assert any("'dw8': AVX-512 body (zmm), its epilogue in registers" in n for k in program.kernels for n in k.notes)
+    assert "_mm512_add_ps(_mm512_mul_ps(" in src
     kernels = [k for k in _kernel_sources(src) if "_mm256_" in k]
     assert len(kernels) == len(CASES)
     for k in kernels:  # the whole-plane layers: #if zmm rows #else (#if AVX2 plane #else copy #endif) #endif

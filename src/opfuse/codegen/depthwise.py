@@ -133,13 +133,13 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
     # registers on rows shorter than 16 floats too (``depthwise_zmm_register_epilogue``). Not on the
     # whole plane: there it ran 1.06x slower than the dense pass (mobilenet_v1's 512@14 layers, 1 thread,
     # kernel CPU time, 30 interleaved runs), as it did with AVX2.
-    zmm_reg = (register_epilogue(kc, ev, stage, node)
+    zmm_reg = (register_epilogue(kc, ev, stage, node, hardswish=True)
                if zmm and direct_rows and kc.program.options.depthwise_zmm_register_epilogue else reg)
     # A whole-plane layer's zmm body runs the rows path instead (``depthwise_zmm_plane_rows``), in a branch
     # of its own, its epilogue with it; the AVX2 body and the copy keep theirs in the ``#else``.
     plane_rows = (zmm and direct and kc.program.options.depthwise_zmm_plane_rows
                   and -(-OW // VECTOR) <= DIRECT_MAX_ROW_VECTORS)
-    plane_rows_reg = (register_epilogue(kc, ev, stage, node)
+    plane_rows_reg = (register_epilogue(kc, ev, stage, node, hardswish=True)
                       if plane_rows and kc.program.options.depthwise_zmm_register_epilogue else None)
     wide = SH == 1 and SW == 1 and Hp * Wp <= WIDE_MAX_FLOATS
     exact = (OH - 1) * Wp + OW if wide else OW
@@ -541,28 +541,32 @@ def zmm_load(at: str) -> str:
 class RegisterEpilogue:
     """The group's epilogue finished on the accumulator vectors and stored by them (no pass over
     the results in L1): the bias, then each of ``bounds`` (``("max", lo)``: ``y < lo ? lo : y``, a
-    Relu or a Clip's minimum; ``("min", hi)``: ``y > hi ? hi : y``), the operations of the scalar
-    epilogue in its order, so the bits agree; ``out`` is the one value stored."""
+    Relu or a Clip's minimum; ``("min", hi)``: ``y > hi ? hi : y``; ``("hardswish", alpha, beta)``:
+    ``y * min(max(alpha * y + beta, 0), 1)``, a multiply and an add as the scalar C's, not an FMA), the
+    operations of the scalar epilogue in its order, so the bits agree; ``out`` is the one value stored."""
     out: Value
     bias: Value | None
-    bounds: tuple[tuple[str, str], ...]
+    bounds: tuple[tuple[str, ...], ...]
 
 
-def register_epilogue(kc, ev, stage: Stage, node) -> RegisterEpilogue | None:
+def register_epilogue(kc, ev, stage: Stage, node, hardswish: bool = False) -> RegisterEpilogue | None:
     """The ``RegisterEpilogue`` of ``stage`` where its epilogue is only Relu and Clips with constant
-    bounds (in any order) and stores one float32 value; None elsewhere (the scalar epilogue runs)."""
+    bounds (and, with ``hardswish``, HardSwish; in any order) and stores one float32 value; None
+    elsewhere (the scalar epilogue runs)."""
     if not kc.program.options.depthwise_register_epilogue:
         return None
     bias = node.inputs[2] if len(node.inputs) > 2 else None
     if bias is not None and id(bias) not in ev.static:
         return None
     prev = node.outputs[0]
-    bounds: list[tuple[str, str]] = []
+    bounds: list[tuple[str, ...]] = []
     for n in stage.epilogue:
         if n.input(0) is not prev or n.outputs[0].dtype != np.float32:
             return None
         if n.op_type == "Relu":
             bounds.append(("max", literal(0.0, np.float32)))
+        elif n.op_type == "HardSwish" and hardswish:  # rules.py: x * HardSigmoid(x; 1/6, 1/2)
+            bounds.append(("hardswish", literal(1 / 6, np.float32), literal(0.5, np.float32)))
         elif n.op_type == "Clip":
             attrs = get_spec(n.op_type, n).attrs_of(n)
             for i, (attr, kind) in enumerate((("min", "max"), ("max", "min")), start=1):
@@ -596,13 +600,20 @@ def _finish_vectors(kc, ev, reg: RegisterEpilogue, node, ch: str, isa: VecIsa = 
 
     with ev.scope():  # a temporary the bias read declares here is not seen by the #else branch
         bias_v = const(ev.at(reg.bias, Index(reg.bias.shape, (ch,)))) if reg.bias is not None else None
-    ops = [(kind, const(value)) for kind, value in reg.bounds]
+    ops = [(kind, *map(const, values)) for kind, *values in reg.bounds]
+    if any(kind == "hardswish" for kind, *_ in ops):
+        zero, one = const(literal(0.0, np.float32)), const(literal(1.0, np.float32))
+    p = isa.p
 
     def finish(v: str) -> str:
         if bias_v is not None:
-            v = f"{isa.p}_add_ps({v}, {bias_v})"
-        for kind, c in ops:  # max(c, y) is y < c ? c : y and min(c, y) is y > c ? c : y, NaN and -0 kept
-            v = f"{isa.p}_{kind}_ps({c}, {v})"
+            v = f"{p}_add_ps({v}, {bias_v})"
+        for kind, *c in ops:  # max(c, y) is y < c ? c : y and min(c, y) is y > c ? c : y, NaN and -0 kept
+            if kind == "hardswish":
+                t = f"{p}_min_ps({one}, {p}_max_ps({zero}, {p}_add_ps({p}_mul_ps({c[0]}, {v}), {c[1]})))"
+                v = f"{p}_mul_ps({v}, {t})"
+            else:
+                v = f"{p}_{kind}_ps({c[0]}, {v})"
         return v
     return finish
 
