@@ -40,8 +40,9 @@ are zmm wide): the in-place paths get a zmm body, ``#if`` before the AVX2 one, 1
 element sums its taps in the same order as in the AVX2 body, so the bits are the same. Its rows body
 loads each input row's 16-float blocks once and shifts the taps' vectors out of two neighbours
 (``valignd``; stride 2 first splits a block pair into its even and odd floats, ``vpermt2ps``)
-(``_shifted_tap``), computes a whole row (up to 8 zmm) two rows at a time, finishes Relu/Clip epilogues
-in registers on short rows too, and also runs the small "same" planes (``depthwise_zmm_plane_rows``).
+(``_shifted_tap``), computes a whole row (up to 8 zmm) two rows at a time, finishes Relu, Clip and
+HardSwish epilogues in registers, on short rows too, and also runs the small "same" planes
+(``depthwise_zmm_plane_rows``).
 No zmm load or store is unaligned or masked: from or to a cold line those stalled the kernel (1.7x
 the AVX2 body's time right after a 128 MiB copy); two ymm halves (``zmm_load``, ``_masked_zmm``, AVX2's
 masked stores) do not. In mobilenet_v1, 1 thread: its depthwise layers 0.57-0.98x the AVX2 body's time.
