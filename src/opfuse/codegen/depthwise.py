@@ -35,6 +35,18 @@ last vector of a row lane by lane (``register_epilogue``): with the blocking abo
 dw1 (32@112) and dw5 (256@28) took 0.62x the time of the scalar pass (in the model, 1 thread,
 wall clock, ``benchmarks/bench_depthwise.py --baseline``).
 
+AVX-512 (``vector_isa`` "avx512" and ``CodegenOptions.depthwise_avx512``, on where the host's FMA pipes
+are zmm wide): the in-place paths get a zmm body, ``#if`` before the AVX2 one, 16 floats a vector. Each
+element sums its taps in the same order as in the AVX2 body, so the bits are the same. Its rows body
+loads each input row's 16-float blocks once and shifts the taps' vectors out of two neighbours
+(``valignd``; stride 2 first splits a block pair into its even and odd floats, ``vpermt2ps``)
+(``_shifted_tap``), computes a whole row (up to 8 zmm) two rows at a time, finishes Relu, Clip and
+HardSwish epilogues in registers, on short rows too, and also runs the small "same" planes
+(``depthwise_zmm_plane_rows``).
+No zmm load or store is unaligned or masked: from or to a cold line those stalled the kernel (1.7x
+the AVX2 body's time right after a 128 MiB copy); two ymm halves (``zmm_load``, ``_masked_zmm``, AVX2's
+masked stores) do not. In mobilenet_v1, 1 thread: its depthwise layers 0.57-0.98x the AVX2 body's time.
+
 In NCHW the plane's width is the unit-stride axis, so this is where the vectors go: across
 channels a vector would gather from ``C`` planes.
 """
@@ -52,10 +64,12 @@ from opfuse.codegen.gemm import in_memory
 from opfuse.codegen.index import Index, add, mul
 from opfuse.codegen.microkernel import AVX2_GUARD
 from opfuse.codegen.stages import Stage
+from opfuse.codegen.vecmath import AVX2_FLOAT, AVX512_FLOAT, VecIsa
 from opfuse.ir.graph import Value
 from opfuse.ops.registry import get_spec
 
 VECTOR = 8     # floats per ymm register
+ZMM = 16       # floats per zmm register (the AVX-512 bodies of the in-place paths)
 UNROLL = 4     # independent accumulators per row step (the FMA latency is 4 cycles)
 MAX_TAPS_IN_REGISTERS = 10  # beyond this the weights are broadcast from memory at each use
 # Padded planes up to this many floats are computed as one wide row: with the wide results
@@ -86,7 +100,7 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
     Wh = -(-Wp // SW)          # floats per column phase of a padded row
     row_len = SW * Wh          # floats per padded row
     simd = kc.program.options.simd == "auto"
-    # "direct" (AVX2 only): a small stride-1 plane that keeps its size reads the input in place,
+    # "direct" (AVX2, AVX-512): a small stride-1 plane that keeps its size reads the input in place,
     # no padded copy (see ``_direct_plane``). Otherwise the plane is copied into a padded buffer
     # and, for stride 1 and small planes, computed as one "wide" row (i = oh * Wp + ow; the
     # columns ow >= OW are computed and dropped), else one pass per output row, written at
@@ -101,7 +115,7 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
     simd_in_place = simd and finite_weights
     direct = (simd_in_place and (SH, SW) == (1, 1) and (OH, OW) == (H, W) and in_memory(ev, x)
               and -(-H * W // VECTOR) <= DIRECT_MAX_VECTORS)
-    # "direct rows" (AVX2 only): any other plane whose column stride is 1 or 2, in place too, one
+    # "direct rows" (AVX2, AVX-512): any other plane whose column stride is 1 or 2, in place too, one
     # output row at a time, each row through the epilogue at once (``_direct_rows``).
     direct_rows = (simd_in_place and not direct and SW in (1, 2) and in_memory(ev, x)
                    and -(-OW // VECTOR) <= DIRECT_MAX_ROW_VECTORS)
@@ -113,6 +127,21 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
     long_rows = direct_rows and OW >= PLANE_EPILOGUE_MAX_ROW
     reg = register_epilogue(kc, ev, stage, node) if long_rows else None
     copy_simd = simd and not (direct or direct_rows)  # the copy path has AVX2 code (else it is only the #else)
+    # The in-place paths get an AVX-512 body too (``#if`` before the AVX2 one) where the target's
+    # vector ISA is AVX-512 and ``depthwise_avx512`` (resolved from the host's FMA width) is on.
+    zmm = kc.program.options.vector_isa == "avx512" and bool(kc.program.options.depthwise_avx512)
+    # The zmm bodies store a part vector through a mask (one instruction), so they finish the epilogue in
+    # registers on rows shorter than 16 floats too (``depthwise_zmm_register_epilogue``). Not on the
+    # whole plane: there it ran 1.06x slower than the dense pass (mobilenet_v1's 512@14 layers, 1 thread,
+    # kernel CPU time, 30 interleaved runs), as it did with AVX2.
+    zmm_reg = (register_epilogue(kc, ev, stage, node, hardswish=True)
+               if zmm and direct_rows and kc.program.options.depthwise_zmm_register_epilogue else reg)
+    # A whole-plane layer's zmm body runs the rows path instead (``depthwise_zmm_plane_rows``), in a branch
+    # of its own, its epilogue with it; the AVX2 body and the copy keep theirs in the ``#else``.
+    plane_rows = (zmm and direct and kc.program.options.depthwise_zmm_plane_rows
+                  and -(-OW // VECTOR) <= DIRECT_MAX_ROW_VECTORS)
+    plane_rows_reg = (register_epilogue(kc, ev, stage, node, hardswish=True)
+                      if plane_rows and kc.program.options.depthwise_zmm_register_epilogue else None)
     wide = SH == 1 and SW == 1 and Hp * Wp <= WIDE_MAX_FLOATS
     exact = (OH - 1) * Wp + OW if wide else OW
     span = _round_up(exact, VECTOR)
@@ -122,7 +151,8 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
     plane_floats = Hp * row_len + slack
     off_plane = kc.scratch(plane_floats * 4)
     off_acc = kc.scratch(max(span if wide else (OH - 1) * OW + span, (OH - 1) * OW + _round_up(OW, VECTOR),
-                             kc.program.options.depthwise_row_block * _round_up(OW, VECTOR)) * 4)
+                             max(kc.program.options.depthwise_row_block,
+                                 kc.program.options.depthwise_zmm_row_block if zmm else 0) * _round_up(OW, VECTOR)) * 4)
     # The dense OH x OW results the epilogue reads: the row passes write them; the wide pass's
     # are squeezed into them only where the AVX2 code is direct (the plain path then squeezes, in
     # scalar code). Otherwise the epilogue reads the wide results row by row: squeezing them with
@@ -154,16 +184,22 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
         with planes_of_chunk(kc, ev, (chunk, plane, first), per_chunk, planes, C) as (img, ch):
             weights = [[ev.at(wt, Index(wt.shape, (ch, "0", str(kh), str(kw)))) for kw in range(KW)]
                        for kh in range(KH)]
-            if direct:
-                w.line(f"#if {AVX2_GUARD}")
+            if direct or direct_rows:
                 src = f"{kc.ptr(x)} + {Index(x.shape, (img, ch, '0', '0')).offset()}"
-                _direct_plane(kc, src, weights, geo, (H, W), dense)
-                w.line("#else")
-            if direct_rows:
-                w.line(f"#if {AVX2_GUARD}")
-                src = f"{kc.ptr(x)} + {Index(x.shape, (img, ch, '0', '0')).offset()}"
-                _direct_rows(kc, ev, stage, node, bias_term, src, weights, geo, acc, (img, ch),
-                             OW < PLANE_EPILOGUE_MAX_ROW, reg)
+                if plane_rows:
+                    w.line(f"#if {AVX512_FLOAT.guard}")
+                    with ev.scope():
+                        _direct_rows(kc, ev, stage, node, bias_term, src, weights, geo, acc, (img, ch),
+                                     OW < PLANE_EPILOGUE_MAX_ROW, plane_rows_reg, AVX512_FLOAT)
+                    w.line("#else")
+                for i, isa in enumerate((AVX512_FLOAT, AVX2_FLOAT) if zmm and not plane_rows else (AVX2_FLOAT,)):
+                    w.line(f"#{'el' if i else ''}if {isa.guard}")
+                    with ev.scope():  # each branch declares its own temporaries
+                        if direct:
+                            _direct_plane(kc, src, weights, geo, (H, W), dense, isa)
+                        else:
+                            _direct_rows(kc, ev, stage, node, bias_term, src, weights, geo, acc, (img, ch),
+                                         OW < PLANE_EPILOGUE_MAX_ROW, zmm_reg if isa is AVX512_FLOAT else reg, isa)
                 w.line("#else")
             copy_plane(kc, ev, x, img, ch, xp, (H, W), (PT, PL), SW, Wh)
             taps = [(weights[kh][kw], kh * DH, (kw * DW % SW) * Wh + kw * DW // SW)
@@ -199,30 +235,39 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
                 with w.block(f"for (long {p} = 0; {p} < {OH * OW}; ++{p})"), ev.scope():
                     w.line(f"const float {y} = {bias_term(ev, node, f'{dense}[{p}]', ch)};")
                     finish_element(kc, ev, stage, out, Index.loops(out.shape, [(0, 1, img), (1, 2, ch), (2, 4, p)]), y)
-            if direct_rows:
+            if direct_rows or plane_rows:
                 w.line("#endif")
     if reg is not None:
         kc.note(lambda name: f"depthwise '{name}': epilogue finished in registers", node)
+    if zmm and (direct or direct_rows):
+        kc.note(lambda name: f"depthwise '{name}': AVX-512 body (zmm)"
+                + (", its epilogue in registers" if zmm_reg is not None else ""), node)
 
 
 def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, acc: str, where,
-                 plane_epilogue: bool, reg: "RegisterEpilogue | None" = None) -> None:
-    """AVX2, any row stride, column stride 1 or 2: each output row's vectors from the input rows
-    in place, into ``acc``, then the row through the bias and the epilogue while it is in L1.
+                 plane_epilogue: bool, reg: "RegisterEpilogue | None" = None, isa: VecIsa = AVX2_FLOAT) -> None:
+    """AVX2 or AVX-512 (``isa``), any row stride, column stride 1 or 2: each output row's vectors
+    from the input rows in place, into ``acc``, then the row through the bias and the epilogue
+    while it is in L1.
 
-    A tap's 8 inputs for outputs ``ow0..ow0+7`` start at column ``ow0 * SW + c`` (``c = kw * DW -
-    PL``). Stride 1: one unaligned load. Stride 2: the even or odd floats of the 16 from the even
-    column below, two loads and one ``shufps``, which leaves the 8 in the order 0 1 4 5 2 3 6 7,
-    the same for every tap: the sum is put in order once, before the store. Loads that reach past
-    either end of the input row are masked (masked lanes read nothing and give 0, as padding
-    would); taps whose lanes all fall outside are left out. Rows are grouped by which kernel rows
-    fall inside the input (the top and bottom rows leave some out); each group is one loop, over
-    ``CodegenOptions.depthwise_row_block`` rows at a time (``rows_body``), each row's vectors
-    ``depthwise_block_group`` at a time.
+    A tap's ``L`` inputs (``L = isa.lanes``) for outputs ``ow0..ow0+L-1`` start at column ``ow0 * SW
+    + c`` (``c = kw * DW - PL``). Stride 1: one unaligned load. Stride 2: the even or odd floats of
+    the ``2L`` from the even column below, two loads and one shuffle: AVX2's ``shufps`` leaves the 8
+    in the order 0 1 4 5 2 3 6 7, the same for every tap, so the sum is put in order once, before
+    the store; AVX-512's ``vpermt2ps`` picks the 16 in order. Loads that reach past either end of
+    the input row are masked (masked lanes read nothing and give 0, as padding would); taps whose
+    lanes all fall outside are left out. Rows are grouped by which kernel rows fall inside the
+    input (the top and bottom rows leave some out); each group is one loop, over
+    ``depthwise_row_block`` rows at a time (``rows_body``), each row's vectors ``depthwise_block_group``
+    at a time. Every element sums its taps in kernel row, then column order, a multiply then
+    multiply-adds, whatever the ISA or blocking: the AVX-512 and AVX2 bodies give the same bits.
     ``plane_epilogue``: the rows are written at ``oh * OW`` instead and the epilogue runs once,
     over the dense plane (for short rows, whose epilogue loop would not be vectorised).
-    ``reg``: the vectors are finished (``RegisterEpilogue``) and stored to the output instead."""
+    ``reg``: the vectors are finished (``RegisterEpilogue``) and stored to the output instead.
+    The AVX-512 body stores a row's last vector through a mask (no write past the row); AVX2's
+    whole vectors run into the next row (or ``acc``'s slack) and are overwritten there."""
     w = kc.w
+    L, vt, p = isa.lanes, isa.vt, isa.p
     img, ch = where
     out = node.outputs[0]
     H, W = node.input(0).shape[2:]
@@ -234,46 +279,46 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
     wvs = [[kc.tmp("wv") for _ in row] for row in weights]
     for names, row in zip(wvs, weights, strict=True):
         for name, wv in zip(names, row, strict=True):
-            w.line(f"const __m256 {name} = _mm256_set1_ps({wv});")
-    masks: dict[tuple[int, ...], str] = {}
-
-    def load(row: str, start: int) -> str | None:
-        """The 8 floats of the input row from column ``start``, masked where outside it."""
-        lanes = [0 <= start + lane < W for lane in range(VECTOR)]
-        if not any(lanes):
-            return None
-        at = add(row, str(start))
-        if all(lanes):
-            return f"_mm256_loadu_ps({at})"
-        key = tuple(-1 if ok else 0 for ok in lanes)
-        if key not in masks:
-            masks[key] = kc.tmp("mask")
-            w.line(f"const __m256i {masks[key]} = _mm256_setr_epi32({', '.join(map(str, key))});")
-        return f"_mm256_maskload_ps({at}, {masks[key]})"
-
-    blocks = -(-OW // VECTOR)
-    taps = {}  # (block, kw) -> how the tap's 8 inputs are read from an input row: (row -> C expression)
+            w.line(f"const {vt} {name} = {p}_set1_ps({wv});")
+    loader = _Loads(kc, isa, W)
+    blocks = -(-OW // L)
+    taps = {}  # (block, kw) -> the column of the tap's first input (stride 2: of the even floats' pair below)
     for b in range(blocks):
         for kw in range(KW):
-            c = b * VECTOR * SW + kw * DW - PL
-            cols = [(b * VECTOR + lane) * SW + kw * DW - PL for lane in range(VECTOR)]
-            if not any(b * VECTOR + lane < OW and 0 <= col < W for lane, col in enumerate(cols)):
+            c = b * L * SW + kw * DW - PL
+            cols = [(b * L + lane) * SW + kw * DW - PL for lane in range(L)]
+            if not any(b * L + lane < OW and 0 <= col < W for lane, col in enumerate(cols)):
                 continue
             taps[b, kw] = c
-    # Declare every mask first (one C scope: the plane's), then emit the row loops.
+    # Declare every mask (and AVX-512's even/odd index vectors) first, in one C scope: the plane's;
+    # then emit the row loops.
+    # AVX-512: each input row's 16-float blocks loaded once (stride 2: split into their even and odd
+    # floats once), the taps' vectors shifted out of two neighbours (``_shifted_tap``) where every tap
+    # lies within a vector of the block.
+    shifted = L == ZMM and kc.program.options.depthwise_zmm_shifted_taps and all(
+        -L < (kw * DW - PL) // SW < L for kw in range(KW))
+    for k in range(-(-W // L) if shifted else 0):  # the blocks ``_shifted_tap`` loads
+        loader.load("row", k * L)
     for c in taps.values():
         if SW == 1:
-            load("row", c)
+            loader.load("row", c)
         else:
             even = c - c % 2
-            load("row", even), load("row", even + VECTOR)
+            loader.load("row", even), loader.load("row", even + L)
+            loader.odd_even(c % 2)
     classes = row_classes(OH, KH, SH, DH, PT, H)
     oh = kc.tmp("oh")
     pitch = _round_up(OW, VECTOR)  # a row's results in ``acc`` (row by row epilogue)
-    row_block, block_group = kc.program.options.depthwise_row_block, kc.program.options.depthwise_block_group
-    finish = _finish_vectors(kc, ev, reg, node, ch) if reg is not None else None
+    o = kc.program.options
+    row_block, block_group = ((o.depthwise_zmm_row_block, o.depthwise_zmm_block_group) if L == ZMM
+                              else (o.depthwise_row_block, o.depthwise_block_group))
+    finish = _finish_vectors(kc, ev, reg, node, ch, isa) if reg is not None else None
     dst = (f"{kc.ptr(reg.out, write=True)} + {Index(reg.out.shape, (img, ch, '0', '0')).offset()}"
            if reg is not None else "")
+
+    def store(at: str, v: str, b: int) -> None:
+        """Vector ``b`` of a row to ``at``: whole, or (AVX-512) its lanes inside the row."""
+        _store_lanes(kc, at, v, L if L == VECTOR else min(L, OW - b * L), isa)
 
     def rows_body(inside: tuple[int, ...], nrows: int) -> None:
         """Output rows ``oh .. oh + nrows - 1``: every input row they read is loaded once per vector
@@ -294,53 +339,57 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
             vs = {b: [kc.tmp("v") for _ in range(nrows)] for b in group}
             started = {b: [False] * nrows for b in group}
             for d in sorted(users):
+                centers: dict[int, str] = {}
                 for b in group:
                     pairs: dict[int, tuple[str, str]] = {}
                     for kw in range(KW):
                         if (b, kw) not in taps:
                             continue
                         c = taps[b, kw]
-                        if SW == 1:
-                            x = load(rows[d], c)
+                        x: str | None
+                        if shifted:
+                            x = _shifted_tap(kc, loader, rows[d], centers, b, c - b * L * SW, SW)
+                        elif SW == 1:
+                            x = loader.load(rows[d], c)
                         else:
                             even = c - c % 2
                             if even not in pairs:
-                                lo_v, hi_v = load(rows[d], even), load(rows[d], even + VECTOR)
-                                zero = "_mm256_setzero_ps()"
+                                lo_v, hi_v = loader.load(rows[d], even), loader.load(rows[d], even + L)
+                                zero = f"{p}_setzero_ps()"
                                 pairs[even] = (kc.tmp("lo"), kc.tmp("hi"))
-                                w.line(f"const __m256 {pairs[even][0]} = {lo_v or zero}, "
+                                w.line(f"const {vt} {pairs[even][0]} = {lo_v or zero}, "
                                        f"{pairs[even][1]} = {hi_v or zero};")
-                            x = f"_mm256_shuffle_ps({pairs[even][0]}, {pairs[even][1]}, {0xDD if c % 2 else 0x88})"
+                            x = loader.odd_even_of(*pairs[even], c % 2)
                         if x is None:
                             continue
                         if len(users[d]) > 1:
                             t = kc.tmp("x")
-                            w.line(f"const __m256 {t} = {x};")
+                            w.line(f"const {vt} {t} = {x};")
                             x = t
                         for j, kh in users[d]:
                             v, wv = vs[b][j], wvs[kh][kw]
                             first = not started[b][j]
-                            expr = f"_mm256_mul_ps({wv}, {x})" if first else f"_mm256_fmadd_ps({wv}, {x}, {v})"
-                            w.line(f"{'__m256 ' if first else ''}{v} = {expr};")
+                            expr = f"{p}_mul_ps({wv}, {x})" if first else f"{p}_fmadd_ps({wv}, {x}, {v})"
+                            w.line(f"{vt + ' ' if first else ''}{v} = {expr};")
                             started[b][j] = True
             for b in group:
                 for j, v in enumerate(vs[b]):
                     if not started[b][j]:
-                        w.line(f"__m256 {v} = _mm256_setzero_ps();")
-                    elif SW == 2:  # 0 1 4 5 2 3 6 7 -> 0 .. 7: 64-bit pairs 0 2 1 3
+                        w.line(f"{vt} {v} = {p}_setzero_ps();")
+                    elif SW == 2 and L == VECTOR:  # 0 1 4 5 2 3 6 7 -> 0 .. 7: 64-bit pairs 0 2 1 3
                         w.line(f"{v} = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd({v}), 0xD8));")
                     if finish is not None:
-                        at = add(dst, add(mul(oh, OW), str(j * OW + b * VECTOR)))
-                        _store_lanes(kc, at, finish(v), min(VECTOR, OW - b * VECTOR))
-                    elif plane_epilogue:  # rows overlap by a vector's overrun: stored row after row, below
+                        at = add(dst, add(mul(oh, OW), str(j * OW + b * L)))
+                        _store_lanes(kc, at, finish(v), min(L, OW - b * L), isa)
+                    elif plane_epilogue:  # AVX2: rows overlap by a vector's overrun: stored row after row, below
                         stores.append((j, b, v))
                     else:
-                        w.line(f"_mm256_storeu_ps({acc} + {j * pitch + b * VECTOR}, {v});")
+                        store(f"{acc} + {j * pitch + b * L}", v, b)
         if finish is not None:
             return
         if plane_epilogue:
             for j, b, v in sorted(stores):
-                w.line(f"_mm256_storeu_ps({acc} + {add(mul(oh, OW), str(j * OW + b * VECTOR))}, {v});")
+                store(f"{acc} + {add(mul(oh, OW), str(j * OW + b * L))}", v, b)
             return
         for j in range(nrows):
             ow, y = kc.tmp("ow"), kc.tmp("y")
@@ -357,38 +406,168 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
             with w.block(f"for (long {oh} = {pair_end}; {oh} < {hi}; ++{oh})"):
                 rows_body(inside, 1)
     if plane_epilogue and finish is None:
-        p, y = kc.tmp("p"), kc.tmp("y")
-        with w.block(f"for (long {p} = 0; {p} < {OH * OW}; ++{p})"), ev.scope():
-            w.line(f"const float {y} = {bias_term(ev, node, f'{acc}[{p}]', ch)};")
-            finish_element(kc, ev, stage, out, Index.loops(out.shape, [(0, 1, img), (1, 2, ch), (2, 4, p)]), y)
+        p_, y = kc.tmp("p"), kc.tmp("y")
+        with w.block(f"for (long {p_} = 0; {p_} < {OH * OW}; ++{p_})"), ev.scope():
+            w.line(f"const float {y} = {bias_term(ev, node, f'{acc}[{p_}]', ch)};")
+            finish_element(kc, ev, stage, out, Index.loops(out.shape, [(0, 1, img), (1, 2, ch), (2, 4, p_)]), y)
+
+
+class _Loads:
+    """Loads of ``isa.lanes`` floats from an input row of ``width`` floats, masked where they reach
+    outside it. AVX2's masks are ``__m256i`` constants declared at first use (so each is declared
+    once, in the scope of the first call: the caller makes one call per mask before its loops);
+    AVX-512's are ``__mmask16`` immediates. Stride 2's even/odd index vectors (AVX-512) likewise."""
+
+    def __init__(self, kc, isa: VecIsa, width: int) -> None:
+        self.kc, self.isa, self.width = kc, isa, width
+        self.masks: dict[tuple[bool, ...], str] = {}
+        self.index: dict[int, str] = {}
+
+    def load(self, row: str, start: int) -> str | None:
+        """The floats of row ``row`` from column ``start``, masked where outside it; None where
+        every lane is outside."""
+        L, p = self.isa.lanes, self.isa.p
+        lanes = tuple(0 <= start + lane < self.width for lane in range(L))
+        if not any(lanes):
+            return None
+        at = add(row, str(start))
+        if all(lanes):
+            return zmm_load(at) if L == ZMM else f"{p}_loadu_ps({at})"
+        if L == ZMM and self.width < ZMM:
+            return _masked_zmm(self.kc, self.masks, at, lanes)
+        if L == ZMM:
+            return _zmm_edge_load(row, start, self.width, lanes)
+        return _masked_ymm(self.kc, self.masks, at, lanes)
+
+    def odd_even(self, odd: int) -> None:
+        """Declare AVX-512's index vector of the even (``odd`` 0) or odd floats of a pair."""
+        if self.isa.lanes == ZMM and odd not in self.index:
+            self.index[odd] = self.kc.tmp("pick")
+            picks = ", ".join(str(2 * i + odd) for i in range(ZMM))
+            self.kc.w.line(f"const __m512i {self.index[odd]} = _mm512_setr_epi32({picks});")
+
+    def odd_even_of(self, lo: str, hi: str, odd: int) -> str:
+        """The even or odd floats of ``lo`` then ``hi``: AVX-512 in order, AVX2 as 0 1 4 5 2 3 6 7."""
+        if self.isa.lanes == ZMM:
+            return f"_mm512_permutex2var_ps({lo}, {self.index[odd]}, {hi})"
+        return f"_mm256_shuffle_ps({lo}, {hi}, {0xDD if odd else 0x88})"
+
+
+def _masked_ymm(kc, masks: dict, at: str, lanes: tuple[bool, ...]) -> str:
+    """8 floats from ``at``, 0 in the lanes not in ``lanes``: a load, zero, or AVX2's masked load (which
+    reads nothing at the lanes masked off), its ``__m256i`` mask declared at first use (``masks``)."""
+    if all(lanes):
+        return f"_mm256_loadu_ps({at})"
+    if not any(lanes):
+        return "_mm256_setzero_ps()"
+    if lanes not in masks:
+        masks[lanes] = kc.tmp("mask")
+        key = ", ".join("-1" if ok else "0" for ok in lanes)
+        kc.w.line(f"const __m256i {masks[lanes]} = _mm256_setr_epi32({key});")
+    return f"_mm256_maskload_ps({at}, {masks[lanes]})"
+
+
+def _masked_zmm(kc, masks: dict, at: str, lanes: tuple[bool, ...]) -> str:
+    """16 floats from ``at``, 0 in the lanes not in ``lanes``, as two ``_masked_ymm`` halves: an AVX-512
+    masked load from a cold line stalls as an unaligned zmm load does (``zmm_load``): mobilenet_v1's
+    dw 512@14 (rows of 14) on the rows body took 100-105 us right after a 128 MiB copy with
+    ``vmovups zmm{k}{z}`` and 49-50 us with the halves (the AVX2 body 43-45; 1 thread, kernel CPU time,
+    interleaved, load 12)."""
+    lo, hi = (_masked_ymm(kc, masks, add(at, str(h)), lanes[h:h + VECTOR]) for h in (0, VECTOR))
+    return (f"_mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd({lo})), "
+            f"_mm256_castps_pd({hi}), 1))")
+
+
+def _zmm_edge_load(row: str, start: int, width: int, lanes) -> str:
+    """The 16 floats of row ``row`` (at least 16 floats) from column ``start``, 0 in the lanes outside
+    it: the whole vector that ends (or starts) at the row's edge, loaded (``zmm_load``) and its lanes
+    shifted into place with zeros (``valignd``). (Narrower rows: two ymm halves, ``_Loads.load``.)"""
+    zero = "_mm512_setzero_si512()"
+    if start < 0:  # lane i holds x[i + start], 0 below the row: x's lanes moved up by -start
+        x = f"_mm512_castps_si512({zmm_load(row)})"
+        return f"_mm512_castsi512_ps(_mm512_alignr_epi32({x}, {zero}, {ZMM + start}))"
+    q = width - ZMM  # past the row's end: the last 16 floats moved down by start - q
+    x = f"_mm512_castps_si512({zmm_load(add(row, str(q)))})"
+    return f"_mm512_castsi512_ps(_mm512_alignr_epi32({zero}, {x}, {start - q}))"
+
+
+def _shifted_tap(kc, loader: "_Loads", row: str, cache: dict, b: int, offset: int, stride: int) -> str:
+    """AVX-512: the 16 floats of input row ``row`` at columns ``16 stride b + offset + stride i`` (zero
+    outside the row). The row is read as 16-float blocks ``V_k`` (columns ``16 k ..``), each loaded once
+    a row (``cache``: key -> C name, zero outside the row); stride 2 splits two blocks into their even
+    and odd floats once (``vpermt2ps``), ``E_k`` and ``O_k`` (columns ``32 k + 2 i`` and ``32 k + 1 + 2 i``).
+    The tap is its phase's vector of block ``b`` moved by ``m = offset // stride`` lanes, the lanes from
+    block ``b + 1`` (or ``b - 1``) shifted in by ``valignd``: one load a block and row for every tap."""
+    w = kc.w
+
+    def block(k: int) -> str:
+        if ("v", k) not in cache:
+            x = loader.load(row, k * ZMM) if 0 <= k * ZMM < loader.width else None
+            cache["v", k] = "_mm512_setzero_ps()" if x is None else kc.tmp("c")
+            if x is not None:
+                w.line(f"const __m512 {cache['v', k]} = {x};")
+        return cache["v", k]
+
+    def phase(par: int, k: int) -> str:
+        if stride == 1:
+            return block(k)
+        if ("p", par, k) not in cache:
+            if k < 0 or k * 2 * ZMM >= loader.width:
+                cache["p", par, k] = "_mm512_setzero_ps()"
+            else:
+                lo, hi = block(2 * k), block(2 * k + 1)
+                cache["p", par, k] = kc.tmp("ph")
+                w.line(f"const __m512 {cache['p', par, k]} = {loader.odd_even_of(lo, hi, par)};")
+        return cache["p", par, k]
+
+    par, m = offset % stride, offset // stride
+    if m == 0:
+        return phase(par, b)
+    hi, lo, by = (phase(par, b + 1), phase(par, b), m) if m > 0 else (phase(par, b), phase(par, b - 1), ZMM + m)
+    return f"_mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512({hi}), _mm512_castps_si512({lo}), {by}))"
+
+
+def zmm_load(at: str) -> str:
+    """16 floats from ``at`` as two 8-float loads put together (``vinsertf64x4``), not one 64-byte
+    load: an unaligned zmm load whose line comes from memory stalls far longer than two ymm loads do.
+    Measured on the Zen 5 host (dw 3x3 32@112 + Relu, 1 thread, kernel CPU time, interleaved, load 9-10,
+    medians of 30): the rows kernel right after a 128 MiB copy took 300 us with zmm loads, 149 us with
+    this, 170 us with AVX2's body; warm 110, 102 and 149 us (a masked edge load, or ymm stores, changed
+    none of it)."""
+    lo, hi = (f"_mm256_castps_pd(_mm256_loadu_ps({a}))" for a in (at, add(at, "8")))
+    return f"_mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512({lo}), {hi}, 1))"  # AVX-512F
 
 
 @dataclass(frozen=True)
 class RegisterEpilogue:
     """The group's epilogue finished on the accumulator vectors and stored by them (no pass over
     the results in L1): the bias, then each of ``bounds`` (``("max", lo)``: ``y < lo ? lo : y``, a
-    Relu or a Clip's minimum; ``("min", hi)``: ``y > hi ? hi : y``), the operations of the scalar
-    epilogue in its order, so the bits agree; ``out`` is the one value stored."""
+    Relu or a Clip's minimum; ``("min", hi)``: ``y > hi ? hi : y``; ``("hardswish", alpha, beta)``:
+    ``y * min(max(alpha * y + beta, 0), 1)``, a multiply and an add as the scalar C's, not an FMA), the
+    operations of the scalar epilogue in its order, so the bits agree; ``out`` is the one value stored."""
     out: Value
     bias: Value | None
-    bounds: tuple[tuple[str, str], ...]
+    bounds: tuple[tuple[str, ...], ...]
 
 
-def register_epilogue(kc, ev, stage: Stage, node) -> RegisterEpilogue | None:
+def register_epilogue(kc, ev, stage: Stage, node, hardswish: bool = False) -> RegisterEpilogue | None:
     """The ``RegisterEpilogue`` of ``stage`` where its epilogue is only Relu and Clips with constant
-    bounds (in any order) and stores one float32 value; None elsewhere (the scalar epilogue runs)."""
+    bounds (and, with ``hardswish``, HardSwish; in any order) and stores one float32 value; None
+    elsewhere (the scalar epilogue runs)."""
     if not kc.program.options.depthwise_register_epilogue:
         return None
     bias = node.inputs[2] if len(node.inputs) > 2 else None
     if bias is not None and id(bias) not in ev.static:
         return None
     prev = node.outputs[0]
-    bounds: list[tuple[str, str]] = []
+    bounds: list[tuple[str, ...]] = []
     for n in stage.epilogue:
         if n.input(0) is not prev or n.outputs[0].dtype != np.float32:
             return None
         if n.op_type == "Relu":
             bounds.append(("max", literal(0.0, np.float32)))
+        elif n.op_type == "HardSwish" and hardswish:  # rules.py: x * HardSigmoid(x; 1/6, 1/2)
+            bounds.append(("hardswish", literal(1 / 6, np.float32), literal(0.5, np.float32)))
         elif n.op_type == "Clip":
             attrs = get_spec(n.op_type, n).attrs_of(n)
             for i, (attr, kind) in enumerate((("min", "max"), ("max", "min")), start=1):
@@ -408,7 +587,7 @@ def register_epilogue(kc, ev, stage: Stage, node) -> RegisterEpilogue | None:
     return RegisterEpilogue(prev, bias, tuple(bounds))
 
 
-def _finish_vectors(kc, ev, reg: RegisterEpilogue, node, ch: str) -> Callable[[str], str]:
+def _finish_vectors(kc, ev, reg: RegisterEpilogue, node, ch: str, isa: VecIsa = AVX2_FLOAT) -> Callable[[str], str]:
     """Declare the epilogue's constant vectors (in the plane's scope); returns ``v -> finished v``."""
     w = kc.w
     consts: dict[str, str] = {}
@@ -416,28 +595,48 @@ def _finish_vectors(kc, ev, reg: RegisterEpilogue, node, ch: str) -> Callable[[s
     def const(value: str) -> str:
         if value not in consts:
             consts[value] = kc.tmp("cv")
-            init = "_mm256_setzero_ps()" if value == literal(0.0, np.float32) else f"_mm256_set1_ps({value})"
-            w.line(f"const __m256 {consts[value]} = {init};")
+            init = f"{isa.p}_setzero_ps()" if value == literal(0.0, np.float32) else f"{isa.p}_set1_ps({value})"
+            w.line(f"const {isa.vt} {consts[value]} = {init};")
         return consts[value]
 
     with ev.scope():  # a temporary the bias read declares here is not seen by the #else branch
         bias_v = const(ev.at(reg.bias, Index(reg.bias.shape, (ch,)))) if reg.bias is not None else None
-    ops = [(kind, const(value)) for kind, value in reg.bounds]
+    ops = [(kind, *map(const, values)) for kind, *values in reg.bounds]
+    if any(kind == "hardswish" for kind, *_ in ops):
+        zero, one = const(literal(0.0, np.float32)), const(literal(1.0, np.float32))
+    p = isa.p
 
     def finish(v: str) -> str:
         if bias_v is not None:
-            v = f"_mm256_add_ps({v}, {bias_v})"
-        for kind, c in ops:  # max(c, y) is y < c ? c : y and min(c, y) is y > c ? c : y, NaN and -0 kept
-            v = f"_mm256_{kind}_ps({c}, {v})"
+            v = f"{p}_add_ps({v}, {bias_v})"
+        for kind, *c in ops:  # max(c, y) is y < c ? c : y and min(c, y) is y > c ? c : y, NaN and -0 kept
+            if kind == "hardswish":
+                t = f"{p}_min_ps({one}, {p}_max_ps({zero}, {p}_add_ps({p}_mul_ps({c[0]}, {v}), {c[1]})))"
+                v = f"{p}_mul_ps({v}, {t})"
+            else:
+                v = f"{p}_{kind}_ps({c[0]}, {v})"
         return v
     return finish
 
 
-def _store_lanes(kc, ptr: str, v: str, lanes: int) -> None:
-    """The first ``lanes`` floats of ``v`` to ``ptr`` (no write past them)."""
+def _store_lanes(kc, ptr: str, v: str, lanes: int, isa: VecIsa = AVX2_FLOAT) -> None:
+    """The first ``lanes`` floats of ``v`` to ``ptr`` (no write past them): AVX-512 through a
+    mask, AVX2 in 4-, 2- and 1-float pieces."""
     w = kc.w
-    if lanes == VECTOR:
-        w.line(f"_mm256_storeu_ps({ptr}, {v});")
+    if lanes == isa.lanes:
+        w.line(f"{isa.p}_storeu_ps({ptr}, {v});")
+        return
+    if isa.lanes == ZMM:  # ymm halves, the second through AVX2's masked store (as ``_masked_zmm``: a masked
+        t = kc.tmp("t")   # zmm store to a cold line stalls; with these dw 512@14's rows body took 40 us, not 49)
+        w.line(f"const __m512 {t} = {v};")
+        halves = (f"_mm512_castps512_ps256({t})", f"_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd({t}), 1))")
+        for h, x in zip((0, VECTOR), halves, strict=True):
+            n = min(VECTOR, lanes - h)
+            if n == VECTOR:
+                w.line(f"_mm256_storeu_ps({add(ptr, str(h))}, {x});")
+            elif n > 0:
+                key = ", ".join("-1" if i < n else "0" for i in range(VECTOR))
+                w.line(f"_mm256_maskstore_ps({add(ptr, str(h))}, _mm256_setr_epi32({key}), {x});")
         return
     t = kc.tmp("t")
     w.line(f"const __m256 {t} = {v};")
@@ -459,14 +658,17 @@ def _store_lanes(kc, ptr: str, v: str, lanes: int) -> None:
         w.line(f"_mm_store_ss({add(ptr, str(at))}, {q});")
 
 
-def _direct_plane(kc, src: str, weights, geo, hw, dense: str) -> None:
-    """AVX2: ``dense[i] = sum_taps w * x[i + shift(tap)]`` over the flat plane (stride 1, output
-    as large as the input, so an output row's pitch is the input's), the input read in place.
-    Which lanes of a vector a tap reads is known here for every vector: all (a plain load),
-    none (the tap is left out) or some (a masked load, which reads nothing at the lanes masked
-    off, so nothing before or after the plane, and gives 0 there, as the padding would). The
-    whole plane is unrolled (at most ``DIRECT_MAX_VECTORS`` vectors)."""
+def _direct_plane(kc, src: str, weights, geo, hw, dense: str, isa: VecIsa = AVX2_FLOAT) -> None:
+    """AVX2 or AVX-512 (``isa``): ``dense[i] = sum_taps w * x[i + shift(tap)]`` over the flat plane
+    (stride 1, output as large as the input, so an output row's pitch is the input's), the input
+    read in place. Which lanes of a vector a tap reads is known here for every vector: all (a
+    plain load), none (the tap is left out) or some (a masked load, which reads nothing at the
+    lanes masked off, so nothing before or after the plane, and gives 0 there, as the padding
+    would). The whole plane is unrolled (at most ``DIRECT_MAX_VECTORS`` ymm). Each element's taps
+    in kernel order, as the rows path: the same bits with either ISA. AVX-512 stores the plane's
+    last vector through a mask; AVX2's runs into ``dense``'s slack."""
     w = kc.w
+    L, vt, p = isa.lanes, isa.vt, isa.p
     H, W = hw
     KH, KW = geo.kernel
     (DH, DW), (PT, PL) = geo.dilations, geo.pads_begin
@@ -476,36 +678,39 @@ def _direct_plane(kc, src: str, weights, geo, hw, dense: str) -> None:
     for row in weights:
         for wv in row:
             name = kc.tmp("wv")
-            w.line(f"const __m256 {name} = _mm256_set1_ps({wv});")
+            w.line(f"const {vt} {name} = {p}_set1_ps({wv});")
             wvs.append(name)
     masks: dict[tuple[int, ...], str] = {}
+    zmasks: dict[tuple[bool, ...], str] = {}
     n = H * W
-    for b in range(-(-n // VECTOR)):
+    for b in range(-(-n // L)):
         v = kc.tmp("v")
         started = False
         for t, (kh, kw) in enumerate((kh, kw) for kh in range(KH) for kw in range(KW)):
             dh, dw = kh * DH - PT, kw * DW - PL
             lanes = []
-            for i in range(b * VECTOR, b * VECTOR + VECTOR):
+            for i in range(b * L, b * L + L):
                 oh, ow = divmod(i, W)
                 lanes.append(i < n and 0 <= oh + dh < H and 0 <= ow + dw < W)
             if not any(lanes):
                 continue
-            at = add(base, str(b * VECTOR + dh * W + dw))
+            at = add(base, str(b * L + dh * W + dw))
             if all(lanes):
-                load = f"_mm256_loadu_ps({at})"
+                load = zmm_load(at) if L == ZMM else f"{p}_loadu_ps({at})"
+            elif L == ZMM:
+                load = _masked_zmm(kc, zmasks, at, tuple(lanes))
             else:
                 key = tuple(-1 if ok else 0 for ok in lanes)
                 if key not in masks:
                     masks[key] = kc.tmp("mask")
                     w.line(f"const __m256i {masks[key]} = _mm256_setr_epi32({', '.join(map(str, key))});")
                 load = f"_mm256_maskload_ps({at}, {masks[key]})"
-            expr = f"_mm256_fmadd_ps({wvs[t]}, {load}, {v})" if started else f"_mm256_mul_ps({wvs[t]}, {load})"
-            w.line(f"{'' if started else '__m256 '}{v} = {expr};")
+            expr = f"{p}_fmadd_ps({wvs[t]}, {load}, {v})" if started else f"{p}_mul_ps({wvs[t]}, {load})"
+            w.line(f"{'' if started else vt + ' '}{v} = {expr};")
             started = True
         if not started:  # every tap of this vector falls in the padding (finite weights: 0 * w is 0)
-            w.line(f"const __m256 {v} = _mm256_setzero_ps();")
-        w.line(f"_mm256_storeu_ps({dense} + {b * VECTOR}, {v});")
+            w.line(f"const {vt} {v} = {p}_setzero_ps();")
+        _store_lanes(kc, f"{dense} + {b * L}", v, L if L == VECTOR else min(L, n - b * L), isa)
 
 
 def row_classes(out_rows: int, kernel_rows: int, stride: int, dilation: int, pad_top: int,

@@ -336,6 +336,32 @@ class CodegenOptions:
     # 2 x 4 is 8 accumulators and 9 weights: 17 vector registers, one spilled where only 16 exist.
     depthwise_row_block: int = 2
     depthwise_block_group: int = 4
+    # The in-place depthwise paths (rows and whole plane) get an AVX-512F body, 16 floats a zmm, before
+    # their AVX2 one (``#if defined(__AVX512F__)``) where ``vector_isa`` is "avx512"; the same bits (each
+    # element's taps in the same order). None (the default): on where the host's FMA pipes are zmm wide
+    # (``opfuse.targets.host_full_width_fma``), resolved when the code is generated, as ``winograd_avx512``.
+    depthwise_avx512: bool | None = None
+    # ``depthwise_row_block`` and ``depthwise_block_group`` of the AVX-512 rows body (32 zmm registers). A
+    # group of 8 is a whole row (rows of at most 8 zmm take this path), whose 16-float blocks each input row
+    # then loads once (``depthwise_zmm_shifted_taps``). Measured on the Zen 5 host (1 thread, kernel CPU time,
+    # interleaved, medians of 25-30, load 12), rows x group against 2 x 4: dw 32@112 (7 zmm a row) 2 x 8 cold
+    # 0.85x, warm 0.87x (in mobilenet_v1 0.61x); 3 x 4, 3 x 2, 4 x 2 and 1 x 7 0.93-1.42x; the 56- and 28-float
+    # rows (4 and 2 zmm) within noise of each other with any of them.
+    depthwise_zmm_row_block: int = 2
+    depthwise_zmm_block_group: int = 8
+    # The AVX-512 rows body at stride 1 loads each input row's 16-float blocks once and shifts the taps'
+    # vectors out of two neighbours (``valignd``), instead of one (two-ymm) load per tap.
+    depthwise_zmm_shifted_taps: bool = True
+    # The AVX-512 rows body finishes a Relu/Clip epilogue in registers (``depthwise_register_epilogue``) on
+    # rows shorter than 16 floats too, storing a part vector by halves, and a HardSwish (the scalar C's
+    # multiply, add, max, min and multiply: the same bits). In mobilenet_v1 (1 thread,
+    # kernel CPU time, 30 interleaved runs against False, load 12): dw6 (14 a row) 0.80x, dw12 (7) 0.93x.
+    depthwise_zmm_register_epilogue: bool = True
+    # Where the whole-plane path applies (stride 1, "same", at most 256 floats), the AVX-512 body runs the
+    # rows path instead (with the register epilogue above), not the unrolled plane. mobilenet_v1's 512@14
+    # layers (1 thread, kernel CPU time, interleaved, load 12): in the model 0.53-0.59x (dw7-dw11), alone
+    # 0.75x warm and 0.92x cold (against the zmm plane; 0.68x and 0.85x against AVX2's).
+    depthwise_zmm_plane_rows: bool = True
     # A 2-D pool read in place (AVX2, ``pool._in_place``) prefetches its input into L2 this many bytes
     # past the first row each output row reads, the rows one step advances by, on into the next plane
     # (never past the tensor); 0: none. The hardware prefetcher left resnet18's fused Relu+MaxPool
@@ -487,6 +513,8 @@ class CodegenOptions:
             raise OpfuseError("depthwise_chunk_planes and depthwise_min_chunks must be at least 1")
         if self.depthwise_row_block < 1 or self.depthwise_block_group < 1:
             raise OpfuseError("depthwise_row_block and depthwise_block_group must be at least 1")
+        if self.depthwise_zmm_row_block < 1 or self.depthwise_zmm_block_group < 1:
+            raise OpfuseError("depthwise_zmm_row_block and depthwise_zmm_block_group must be at least 1")
         if self.simd_unroll < 1:
             raise OpfuseError("simd_unroll must be at least 1 (1: one vector per iteration)")
         if self.simd_stage_block < 0 or self.simd_stage_block % 16:
@@ -516,8 +544,8 @@ class CodegenOptions:
         """These options with ``vector_isa`` concrete ("host" -> ``host_isa``) and the register
         block filled in from it. The plain C build (simd="none") keeps the AVX2 block where none
         is given, so its results do not depend on the machine that generated it. ``full_width_fma``
-        (the host's, ``opfuse.targets.host_full_width_fma``) decides ``winograd_avx512`` and ``windows_mr_max``
-        where they are None."""
+        (the host's, ``opfuse.targets.host_full_width_fma``) decides ``winograd_avx512``, ``windows_mr_max`` and
+        ``depthwise_avx512`` where they are None."""
         isa = host_isa if self.vector_isa == "host" else self.vector_isa
         if self.simd == "none":
             isa = "avx2"
@@ -525,8 +553,9 @@ class CodegenOptions:
         wino = full_width_fma if self.winograd_avx512 is None else self.winograd_avx512
         windows_mr = (WINDOWS_MR_MAX_FULL_WIDTH if full_width_fma else WINDOWS_MR_MAX) \
             if self.windows_mr_max is None else self.windows_mr_max
+        dw = full_width_fma if self.depthwise_avx512 is None else self.depthwise_avx512
         return replace(self, vector_isa=isa, gemm_mr=self.gemm_mr or mr, gemm_nr=self.gemm_nr or nr,
-                       winograd_avx512=wino, windows_mr_max=windows_mr)
+                       winograd_avx512=wino, windows_mr_max=windows_mr, depthwise_avx512=dw)
 
 
 # Cortex-M7: one thread, no cache worth blocking for, 32 single-precision registers. The 4 x 4
