@@ -14,8 +14,11 @@ from opfuse.codegen.options import CodegenOptions
 from opfuse.compiler import plan_model
 from opfuse.errors import OpfuseError
 from opfuse.ops import GraphBuilder
+from opfuse.ops.quantized import fixed_point_multiplier
 from opfuse.runtime.native import build
 from opfuse.runtime.reference import run
+from test_int8_conv_tail import FLOAT, _dq
+from test_int8_conv_tail import check as tail_check
 from test_int8_host import _built_with, _feeds
 from test_int8_two_layers import _conv_and_matmul
 
@@ -88,7 +91,7 @@ def test_two_element_by_element_matmuls_keep_their_own_corrections():
 def test_the_portable_matmuls_column_stays_in_its_scratch(K):
     """qmatmul.py's kernel (plain C99) gathers a row into an int16 column of K rounded up to even: with K even (a
     column of exactly 64 bytes for K = 32) nothing is stored past it, with K odd the pad is zeroed; the scratch lies
-    between guard bytes."""
+    between guard bytes (one thread: another's scratch would follow it)."""
     rng = np.random.default_rng(32)
     b = GraphBuilder("portable")
     acc = _matmul(b, b.input("x", (5, K), "int8"), -7, rng.integers(-300, 300, (K, 6)).astype(np.int32), "p")
@@ -96,7 +99,7 @@ def test_the_portable_matmuls_column_stays_in_its_scratch(K):
     comp = plan_model(g)
     plain = CodegenOptions(simd="none")
     assert "opfuse_dot2_s16" in generate(comp.plan.graph, comp.plan, options=plain).source
-    _guarded_bit_exact(g, [build(comp.plan.graph, comp.plan, options=plain)])
+    _guarded_bit_exact(g, [build(comp.plan.graph, comp.plan, options=plain, threads=1)])
 
 
 def test_a_guarded_run_sees_a_store_past_an_output():
@@ -115,6 +118,31 @@ def test_a_guarded_run_sees_a_store_past_an_output():
     b.output_specs = ((shape[0] - 1, *shape[1:]), dtype), *b.output_specs[1:]
     with pytest.raises(OpfuseError, match=r"out of the bounds of output '.*' \(\d+ bytes\): 0 bytes past its end"):
         model.run_guarded(feeds)
+
+
+def test_a_tail_reading_the_first_of_two_bias_sums_keeps_the_portable_kernel_with_a_reason():
+    """Conv -> Add(bias) -> s1 -> Add(bias2) -> Requantize, and a float tail adding the dequantized result to a
+    function of s1 (not of the requantized value alone): the host kernel refuses it, the group keeps qconv.py's
+    kernel (bit-exact) and the notes say why."""
+    rng = np.random.default_rng(5)
+    b = GraphBuilder("two_biases")
+    x = b.input("x", (1, 4, 6, 7), "int8")
+    xc = b.op("Sub", b.op("Cast", x, to=int(TensorProto.INT32)), b.const("zp", np.array(1, np.int32)))
+    acc = b.op("Conv", xc, b.const("w", rng.integers(-100, 100, (5, 4, 3, 3)).astype(np.int32)), name="conv",
+               pads=[1] * 4)
+    s1 = b.op("Add", acc, b.const("bias", rng.integers(-300, 300, (1, 5, 1, 1)).astype(np.int32)))
+    s2 = b.op("Add", s1, b.const("bias2", rng.integers(-300, 300, (1, 5, 1, 1)).astype(np.int32)))
+    m, s = fixed_point_multiplier(1e-3)
+    q = b.op("Requantize", s2, b.const("m", np.array(m, np.int32)), b.const("s", np.array(s, np.int32)),
+             zero_point=0, lo=-128, hi=127, to=int(TensorProto.INT8))
+    y = b.op("Add", _dq(b, q, 0, 0.5, "y"), b.op("Mul", b.op("Cast", s1, to=FLOAT),
+                                                  b.const("k", np.array(1e-3, np.float32))))
+    g = b.build(y)
+    assert [grp.op_types for grp in plan_model(g).plan.groups] == [
+        ["Cast", "Sub", "Conv", "Add", "Add", "Requantize", "Cast", "Sub", "Mul", "Cast", "Mul", "Add"]]
+    _, source = tail_check(g, expect_host=False)
+    assert "int8 conv 'node_conv': host int8 kernel not used: a Add after the Requantize reads the accumulator" \
+        in source
 
 
 # aarch64 (NEON) under qemu-aarch64 -------------------------------------------------------------------------------
