@@ -1,0 +1,51 @@
+"""``codegen/qconv.py``'s portable int8 conv (the plain C99 build, the Cortex-M7's kernel) where mutation testing
+(tests/mutation/mutT.md, issue 13) found no test: a conv with one output channel per group (``opfuse_dot_s16``, one
+dot product per position), and the two columns of the two-positions-per-pass form kept within their scratch (a run
+with guard bytes, ``CompiledModel.run_guarded``). Bit-exact against the reference executor."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from opfuse.codegen import generate
+from opfuse.codegen.options import CodegenOptions
+from opfuse.compiler import plan_model
+from opfuse.runtime.native import build
+from opfuse.runtime.reference import run
+from test_int8_conv import _feeds, qconv_graph
+
+ONE_PER_GROUP = {
+    "one-output-channel": {"cin": 4, "cout": 1},
+    "grouped": {"cin": 6, "cout": 3, "group": 3},
+    "grouped-stride2-uint8": {"cin": 4, "cout": 2, "group": 2, "stride": 2, "x_dtype": "uint8", "zp": 120},
+    "one-output-channel-1x1": {"cin": 5, "cout": 1, "k": 1, "pad": 0},
+}
+
+
+def _guarded_bit_exact(g, opts):
+    comp = plan_model(g)
+    feeds = _feeds(g)
+    want = run(g, feeds)
+    got = build(comp.plan.graph, comp.plan, options=opts, threads=1).run_guarded(feeds)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+    return generate(comp.plan.graph, comp.plan, options=opts).source
+
+
+@pytest.mark.parametrize("case", list(ONE_PER_GROUP), ids=list(ONE_PER_GROUP))
+@pytest.mark.parametrize("positions", [1, 2])
+def test_one_output_channel_per_group_is_bit_exact(case, positions):
+    """One output channel per group, several input channels each (not depthwise): one dot product per position
+    and group, whatever the positions per pass asked for."""
+    opts = CodegenOptions(simd="none", int8_conv_positions_per_pass=positions)
+    source = _guarded_bit_exact(qconv_graph(**ONE_PER_GROUP[case]), opts)
+    assert "opfuse_dot_s16(" in source.split("OPFUSE_KERNEL static", 1)[1]  # called in the kernel
+
+
+@pytest.mark.parametrize("channels", [2, 4])
+def test_two_positions_per_pass_keep_both_columns_in_their_scratch(channels):
+    """Two int16 columns of Kp = 72 (8 input channels, 3x3) side by side in one thread's scratch: the second
+    starts where the first ends and nothing is stored past the pair (guard bytes after the scratch)."""
+    opts = CodegenOptions(simd="none", int8_conv_positions_per_pass=2, int8_conv_channels_per_pass=channels)
+    source = _guarded_bit_exact(qconv_graph(cin=8, cout=6), opts)
+    assert f"opfuse_dot{channels}2_s16(" in source
