@@ -49,3 +49,12 @@ def test_two_positions_per_pass_keep_both_columns_in_their_scratch(channels):
     opts = CodegenOptions(simd="none", int8_conv_positions_per_pass=2, int8_conv_channels_per_pass=channels)
     source = _guarded_bit_exact(qconv_graph(cin=8, cout=6), opts)
     assert f"opfuse_dot{channels}2_s16(" in source
+
+
+@pytest.mark.parametrize("k, pairs", [(2, 2), (4, 8), (3, 3)])
+def test_depthwise_rows_of_an_even_width_are_all_tap_pairs(k, pairs):
+    """qdepthwise.py packs adjacent taps of a kernel row in pairs (one SMLAD each): a row of 2 or 4 taps is all
+    pairs, a row of 3 one pair and a single tap; the kernel's note says how many, and the bits are the same."""
+    opts = CodegenOptions(simd="none")
+    source = _guarded_bit_exact(qconv_graph(cin=6, cout=6, group=6, k=k, pad=k // 2), opts)
+    assert f"{pairs} tap pairs (SMLAD with the DSP extension) and {k * k - 2 * pairs} single taps per output" in source
