@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from onnx import TensorProto
 
 from opfuse.codegen import generate
 from opfuse.codegen.options import CodegenOptions
 from opfuse.compiler import plan_model
+from opfuse.ops import GraphBuilder
+from opfuse.ops.quantized import fixed_point_multiplier
 from opfuse.runtime.native import build
 from opfuse.runtime.reference import run
 from test_int8_conv import _feeds, qconv_graph
@@ -58,3 +61,26 @@ def test_depthwise_rows_of_an_even_width_are_all_tap_pairs(k, pairs):
     opts = CodegenOptions(simd="none")
     source = _guarded_bit_exact(qconv_graph(cin=6, cout=6, group=6, k=k, pad=k // 2), opts)
     assert f"{pairs} tap pairs (SMLAD with the DSP extension) and {k * k - 2 * pairs} single taps per output" in source
+
+
+def _padded_on_one_side(pads, cin=4, cout=5, hw=(6, 7), seed=9):
+    """x (int8) -> Cast/Sub(zp) -> Conv 3x3 with ``pads`` (ONNX order: begins, then ends) -> Requantize."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder("qconv_pads")
+    x = b.input("x", (1, cin) + hw, "int8")
+    xc = b.op("Sub", b.op("Cast", x, to=int(TensorProto.INT32)), b.const("zp", np.array(-5, np.int32)))
+    acc = b.op("Conv", xc, b.const("w", rng.integers(-128, 128, (cout, cin, 3, 3)).astype(np.int32)), name="conv",
+               pads=list(pads))
+    m, s = fixed_point_multiplier(2e-3)
+    y = b.op("Requantize", acc, b.const("m", np.array(m, np.int32)), b.const("s", np.array(s, np.int32)),
+             zero_point=1, lo=-128, hi=127, to=int(TensorProto.INT8))
+    return b.build(y)
+
+
+@pytest.mark.parametrize("pads", [(1, 1, 0, 0), (0, 0, 1, 1), (0, 1, 2, 0)], ids=["begins", "ends", "mixed"])
+@pytest.mark.parametrize("positions", [1, 2])
+def test_padding_on_one_side_only_is_tested_per_tap_near_it(pads, positions):
+    """Padding at the start of an axis only, or at its end only: the windows that reach into it gather with a
+    test per tap (zero in the padding), the others without; bit-exact either side."""
+    opts = CodegenOptions(simd="none", int8_conv_positions_per_pass=positions)
+    _guarded_bit_exact(_padded_on_one_side(pads), opts)
