@@ -3,7 +3,7 @@ staged Sigmoid (Silu) that also reads a run-time scalar (a value constant along 
 with and without streaming stores: bitwise the C loop's results. The streaming loop runs staged blocks only inside
 each of its ``STREAM_CHUNKS`` chunks, so the output here is long enough for every chunk to hold one (test_simdchain.py's
 staged test, 1605 floats, runs none there); and an op without a vector form that the refusal walk reaches only after a
-scalar constant."""
+scalar constant; a few long rows with a per-row operand split by the threads within the rows."""
 from __future__ import annotations
 
 import numpy as np
@@ -46,3 +46,19 @@ def test_an_op_without_a_vector_form_after_a_scalar_constant_keeps_the_c_loop(ca
     assert "elementwise loop left to the C compiler's vectoriser (op Log has no vector form)" in src
     feeds = reference.random_inputs(g, 0)
     assert_close(build(g, plan, cache_dir=cache_dir, options=AVX512).run(feeds), reference.run(g, feeds))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_few_long_rows_with_a_row_operand_split_within_the_rows(threads, cache_dir):
+    """[3, 40000] times a per-row scale ([3, 1]: one outer loop of 3 rows, fewer than ``parallel_min_outer``, above
+    ``parallel_min_work``): the threads split each row's vectors (the outer loop is not collapsed into them);
+    bitwise the C loop with AVX-512 and AVX2."""
+    b = GraphBuilder("few_rows")
+    x = b.input("x", (3, 40000))
+    g = b.build(b.op("Relu", b.op("Mul", x, b.input("s", (3, 1)))))
+    plan = _one_kernel(g)
+    feeds = {"x": _values(3 * 40000).reshape(3, 40000), "s": np.array([[0.5], [-2.0], [3.0]], np.float32)}
+    want = _outputs(g, plan, feeds, GCC, cache_dir, threads)
+    for options in (AVX512, AVX2):
+        assert "_loadu_ps" in generate(g, plan, options=options).source
+        assert _same_bits(_outputs(g, plan, feeds, options, cache_dir, threads), want)
