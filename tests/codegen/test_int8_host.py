@@ -91,7 +91,8 @@ HOST = CodegenOptions(vector_isa="avx512")
 def one_kernel_bit_exact(g, options: CodegenOptions, *, avx2=True, plain_else=True):
     """``g`` planned as one kernel (the Cast/Sub prologue, the conv or matmul, bias, Requantize and what follows
     it) whose outputs equal the reference's exactly: built with ``options``, plain (``simd="none"``), and unless
-    turned off without AVX-512 (``avx2``) and without AVX2 (``plain_else``, the ``#else`` branch). Returns the
+    turned off without AVX-512 (``avx2``) and without AVX2 (``plain_else``, the ``#else`` branch); every run with
+    guard bytes around the outputs, arena and scratch (``run_guarded``: a store out of bounds fails). Returns the
     plan and the C for ``options``."""
     comp = plan_model(g)
     assert len(comp.plan.groups) == 1
@@ -100,12 +101,13 @@ def one_kernel_bit_exact(g, options: CodegenOptions, *, avx2=True, plain_else=Tr
     (name,) = want
     source = generate(comp.plan.graph, comp.plan, options=options).source
     for opts in (options, options.with_(simd="none")):
-        got = build(comp.plan.graph, comp.plan, options=opts).run(feeds)
+        got = build(comp.plan.graph, comp.plan, options=opts).run_guarded(feeds)
         np.testing.assert_array_equal(got[name], want[name])
     if avx2:
-        np.testing.assert_array_equal(_avx2_only(comp.plan.graph, comp.plan, options).run(feeds)[name], want[name])
+        got = _avx2_only(comp.plan.graph, comp.plan, options).run_guarded(feeds)
+        np.testing.assert_array_equal(got[name], want[name])
     if plain_else:
-        got = _built_with(comp.plan.graph, comp.plan, options, "-mno-avx2").run(feeds)
+        got = _built_with(comp.plan.graph, comp.plan, options, "-mno-avx2").run_guarded(feeds)
         np.testing.assert_array_equal(got[name], want[name])
     return comp, source
 

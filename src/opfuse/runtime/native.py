@@ -284,6 +284,49 @@ class CompiledModel:
 
     __call__ = run
 
+    def run_guarded(self, feeds: Mapping[str, np.ndarray], *, cast: bool = False, guard_bytes: int = 256,
+                    poison: int = 0xA5) -> dict[str, np.ndarray]:
+        """``run`` for tests that also see stores out of bounds: each output, the arena and the scratch lie in
+        the middle of fresh buffers filled with the byte ``poison`` and ``guard_bytes`` (rounded up to 64) wider
+        on both sides; after the call a changed guard byte raises ``OpfuseError`` naming the buffer and how far
+        past its end (or before its start) the first store fell. The outputs and the arena start poisoned too,
+        so a value read before any kernel wrote it shows in the results. ``run`` does none of this: it costs
+        nothing there."""
+        b = self._binding
+        ins = b.exact_inputs(feeds)
+        if ins is None:
+            checked = check_inputs(self.graph, feeds, cast=cast)
+            ins = [np.ascontiguousarray(checked[name]) for name in b.input_names]
+        g = -(-max(guard_bytes, 1) // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
+        buffers: list[tuple[str, np.ndarray, int]] = []
+
+        def guarded(what: str, nbytes: int) -> np.ndarray:
+            buf = _aligned(nbytes + 2 * g)
+            buf[:] = poison
+            buffers.append((what, buf, nbytes))
+            return buf[g:g + nbytes]
+
+        outs = []
+        for (shape, dtype), v in zip(b.output_specs, self.program.outputs, strict=True):
+            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            outs.append(guarded(f"output {v.name!r}", nbytes).view(dtype).reshape(shape))
+        arena = guarded("the arena", self.program.arena_bytes)
+        with self._lock:
+            scratch = guarded("the scratch", self.program.scratch_stride * self._threads)
+            b.point(ins, outs)
+            rc = self._run(b.input_table, b.output_table, arena.ctypes.data, b.weights, scratch.ctypes.data,
+                           self._threads)
+        if rc != 0:
+            raise InputError(self.program.fault_message(rc))
+        for what, buf, nbytes in buffers:
+            before = np.flatnonzero(buf[:g] != poison)
+            after = np.flatnonzero(buf[g + nbytes:] != poison)
+            if before.size or after.size:
+                where = f"{g - int(before[0])} bytes before its start" if before.size else \
+                    f"{int(after[0])} bytes past its end"
+                raise OpfuseError(f"a kernel stored out of the bounds of {what} ({nbytes} bytes): {where}")
+        return b.results(ins, outs)
+
     def prepared(self, feeds: Mapping[str, np.ndarray]) -> tuple[Callable[[], None], dict[str, np.ndarray]]:
         """``(call, outputs)``: ``call()`` runs the model on ``feeds`` into ``outputs``, arrays
         allocated and touched once here. For benchmarks: ``run`` allocates fresh outputs, and the
