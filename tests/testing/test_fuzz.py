@@ -108,3 +108,16 @@ def test_cli_runs_a_small_batch(tmp_path, capsys):
     assert re.search(r"3 graphs, \d+ op types, 0 mismatches, 0 crashes", out), out
     assert re.search(r"graphs per op: .*Add \d", out), out
     assert main(["fuzz", "--count", "1", "--ops", "NoSuchOp"]) == 2
+
+
+def test_hostile_inputs_for_a_role_input_cast_from_bool():
+    """``_cast_input`` may turn a divisor (or indices) input into ``Cast`` of a bool input that keeps the role's
+    name; the divisor branch asked ``np.iinfo`` about bool and ``opfuse fuzz`` stopped with a traceback."""
+    from opfuse.testing.fuzz_cases import DIVISOR, INDICES, hostile_inputs
+    b = GraphBuilder("bool_roles")
+    d = b.input(f"{DIVISOR}_0_raw", (3,), np.bool_)
+    i = b.input(f"{INDICES}_4_0_raw", (2,), np.bool_)
+    g = b.build(b.op("Cast", d, to=7), b.op("Cast", i, to=7))
+    for mode in ("normal", "special", "extreme"):
+        feeds = hostile_inputs(g, mode, 1)
+        assert {k: (a.dtype, a.shape) for k, a in feeds.items()} == {d.name: (np.bool_, (3,)), i.name: (np.bool_, (2,))}

@@ -213,7 +213,9 @@ def hostile_inputs(graph: Graph, mode: str, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     feeds = {}
     for v in graph.inputs:
-        if v.name.startswith(INDICES):  # mostly in [-dim, dim), sometimes just outside
+        if v.dtype == np.bool_:  # first: a role's input cast from bool (``_cast_input``) keeps the role's name
+            feeds[v.name] = rng.random(v.shape) < 0.5
+        elif v.name.startswith(INDICES):  # mostly in [-dim, dim), sometimes just outside
             dim = int(v.name[len(INDICES) + 1:].split("_")[0])
             a = rng.integers(-dim, dim, v.shape)
             if rng.random() < 0.2:
@@ -225,8 +227,6 @@ def hostile_inputs(graph: Graph, mode: str, seed: int) -> dict[str, np.ndarray]:
             if rng.random() < 0.2:
                 a.reshape(-1)[rng.integers(a.size)] = 0
             feeds[v.name] = a
-        elif v.dtype == np.bool_:
-            feeds[v.name] = rng.random(v.shape) < 0.5
         elif v.dtype.kind in "iu":
             feeds[v.name] = _integers(rng, v.dtype, mode, v.shape)
         else:
