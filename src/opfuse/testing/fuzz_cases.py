@@ -211,7 +211,7 @@ INTEGER_EXTRAS = ("div_by_input", "cast_input")
 def hostile_inputs(graph: Graph, mode: str, seed: int) -> dict[str, np.ndarray]:
     """Inputs for ``graph`` in input ``mode`` (see the module docstring), seeded."""
     rng = np.random.default_rng(seed)
-    feeds = {}
+    feeds: dict[str, np.ndarray] = {}
     for v in graph.inputs:
         if v.dtype == np.bool_:  # first: a role's input cast from bool (``_cast_input``) keeps the role's name
             feeds[v.name] = rng.random(v.shape) < 0.5
