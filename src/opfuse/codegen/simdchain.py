@@ -241,19 +241,15 @@ def _sigmoid(ve: VecEval, n: Node) -> str:
     return _sigmoid_of(ve, n, ve.arg(n, 0))
 
 
-@_op("Tanh")
-def _tanh(ve: VecEval, n: Node) -> str:
-    return f"{vecmath.require_vector(ve.kc.program, vecmath.TANH, ve.isa)}({ve.arg(n, 0)})"
+def _vecmath_call(fn: str) -> VectorOp:
+    """The op as a call of ``vecmath``'s vector form ``fn`` on its one operand."""
+    def emit(ve: VecEval, n: Node) -> str:
+        return f"{vecmath.require_vector(ve.kc.program, fn, ve.isa)}({ve.arg(n, 0)})"
+    return emit
 
 
-@_op("Log")
-def _log(ve: VecEval, n: Node) -> str:
-    return f"{vecmath.require_vector(ve.kc.program, vecmath.LOG, ve.isa)}({ve.arg(n, 0)})"
-
-
-@_op("Softplus")
-def _softplus(ve: VecEval, n: Node) -> str:
-    return f"{vecmath.require_vector(ve.kc.program, vecmath.SOFTPLUS, ve.isa)}({ve.arg(n, 0)})"
+for _name, _fn in (("Tanh", vecmath.TANH), ("Log", vecmath.LOG), ("Softplus", vecmath.SOFTPLUS)):
+    _op(_name)(_vecmath_call(_fn))
 
 
 @_op("Erf")
