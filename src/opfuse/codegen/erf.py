@@ -31,7 +31,7 @@ import numpy as np
 
 from opfuse.codegen.ctype import literal
 from opfuse.codegen.vecmath import ABS_BITS, FMA_TEXT, SIGN_BIT, VecIsa, fma, horner, require_fma, require_immintrin, \
-    vector_name
+    vector_horner, vector_name
 
 SMALL_END = 0.75
 MID_END = 1.75
@@ -79,9 +79,6 @@ def _vector_erf_text(isa: VecIsa) -> str:
     blend on an ordered compare (false on NaN, whose lanes the last select returns as they came)."""
     v, p, c = isa.vt, isa.op, isa.set1
 
-    def poly(name: str, coefs: tuple[str, ...], var: str) -> list[str]:
-        return [f"  {v} {name} = {c(coefs[-1] + 'f')};",
-                *[f"  {name} = {p('fmadd_ps', name, var, c(k + 'f'))};" for k in coefs[-2::-1]]]
     one = c("1.0f")
     tail = isa.select("a", c(_float(ONE_FROM)), "_CMP_LT_OQ", p("sub_ps", one, "r"), one)
     mid = isa.select("a", c(_float(MID_END)), "_CMP_LT_OQ", p("sub_ps", one, "q"), "tail")
@@ -91,9 +88,9 @@ def _vector_erf_text(isa: VecIsa) -> str:
         f"  const {v} s = {p('mul_ps', 'a', 'a')};",
         f"  const {v} tm = {p('sub_ps', 'a', c(_float(MID_CENTRE)))};",
         f"  const {v} tt = {p('sub_ps', 'a', c(_float(TAIL_CENTRE)))};",
-        *poly("pp", SMALL_POLY, "s"),
-        *poly("q", MID_POLY, "tm"),
-        *poly("r", TAIL_POLY, "tt"),
+        *vector_horner(isa, "pp", SMALL_POLY, "s"),
+        *vector_horner(isa, "q", MID_POLY, "tm"),
+        *vector_horner(isa, "r", TAIL_POLY, "tt"),
         f"  const {v} tail = {tail};",
         f"  const {v} mid = {mid};",
         f"  const {v} y = {isa.select('a', c(_float(SMALL_END)), '_CMP_LT_OQ', p('fmadd_ps', 'a', 'pp', 'a'), 'mid')};",

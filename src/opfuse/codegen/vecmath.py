@@ -125,6 +125,13 @@ def horner(name: str, coefs: tuple[str, ...], var: str) -> list[str]:
     return lines
 
 
+def vector_horner(isa: "VecIsa", name: str, coefs: tuple[str, ...], var: str) -> list[str]:
+    """``horner`` on ``isa``'s registers: ``name = sum coefs[i] * var^i``, each step one fused multiply-add
+    intrinsic (the vector forms of exp, tanh, log and erf)."""
+    return [f"  {isa.vt} {name} = {isa.set1(coefs[-1] + 'f')};",
+            *[f"  {name} = {isa.op('fmadd_ps', name, var, isa.set1(k + 'f'))};" for k in coefs[-2::-1]]]
+
+
 # exp(r) = 1 + r + r^2 P(r) on |r| <= ln2/2 (Cephes expf).
 EXP_POLY = ("5.0000001201e-1", "1.6666665459e-1", "4.1665795894e-2", "8.3334519073e-3",
             "1.3981999507e-3", "1.9875691500e-4")
@@ -370,8 +377,7 @@ def _vector_exp_text(name: str, isa: VecIsa, overflow: bool) -> str:
         f"  r = {fma('n', c(LN2_TAIL_NEG), 'r')};",
     ]
     poly = EXP_POLY if overflow else EXP_NONPOS_POLY
-    lines.append(f"  {v} q = {c(poly[-1] + 'f')};")
-    lines += [f"  q = {fma('q', 'r', c(k + 'f'))};" for k in poly[-2::-1]]
+    lines += vector_horner(isa, "q", poly, "r")
     if overflow:
         lines.append(f"  q = {p('add_ps', fma('q', p('mul_ps', 'r', 'r'), 'r'), c('1.0f'))};")
     low = c(f"{EXP_LOW:.1f}f")
@@ -424,8 +430,7 @@ def _vector_tanh_text(isa: VecIsa) -> str:
         f"static inline {v} {vector_name(TANH, isa)}({v} x) {{",
         f"  const {v} a = {isa.bits('x', 'and', ABS_BITS)};",
         f"  const {v} z = {p('mul_ps', 'x', 'x')};",
-        f"  {v} q = {c(TANH_POLY[-1] + 'f')};",
-        *[f"  q = {p('fmadd_ps', 'q', 'z', c(k + 'f'))};" for k in TANH_POLY[-2::-1]],
+        *vector_horner(isa, "q", TANH_POLY, "z"),
         f"  const {v} small = {p('fmadd_ps', p('mul_ps', 'a', 'z'), 'q', 'a')};",
         f"  const {v} e = {vector_name(EXP_NONPOS, isa)}({p('mul_ps', c('-2.0f'), 'a')});",
         f"  const {v} big = {p('div_ps', p('sub_ps', c('1.0f'), 'e'), p('add_ps', c('1.0f'), 'e'))};",
@@ -457,8 +462,7 @@ def _vector_log_text(isa: VecIsa) -> str:
         f"  e = {isa.select('mb', c('1.41421356f'), '_CMP_GT_OQ', p('add_ps', 'e', c('1.0f')), 'e')};",
         f"  const {v} f = {p('sub_ps', 'm', c('1.0f'))};",
         f"  const {v} z = {p('mul_ps', 'f', 'f')};",
-        f"  {v} q = {c(LOG_POLY[-1] + 'f')};",
-        *[f"  q = {fma('q', 'f', c(k + 'f'))};" for k in LOG_POLY[-2::-1]],
+        *vector_horner(isa, "q", LOG_POLY, "f"),
         f"  {v} y = {fma(p('mul_ps', 'f', 'z'), 'q', p('mul_ps', 'e', c(LN2_TAIL)))};",
         f"  y = {fma(c('-0.5f'), 'z', 'y')};",
         f"  const {v} r = {fma('e', c(LN2_HEAD), p('add_ps', 'f', 'y'))};",
