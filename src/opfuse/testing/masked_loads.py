@@ -1,0 +1,148 @@
+"""Find the masked loads gcc made of generated C, and the C line each came from (issue 13).
+
+gcc 12.2 at -O3 if-converts a load under a condition inside a loop it vectorises (``if (inside) v =
+x[...]``) into masked loads (``vmaskmovps/pd``, ``vpmaskmovd/q``, AVX-512 ``{%k}``-masked moves and
+gathers), and three times those loads returned other memory. ``scan`` compiles a C text with the
+toolchain's flags plus ``-g`` into an object, disassembles it with its line table (``objdump -d -l``) and
+returns every instruction that reads memory under a mask, with the function it is in and the C line
+it came from. A masked load whose C line is an intrinsic (``_mm256_maskload_ps``, ``_mm512_maskz_loadu_ps``:
+the kernel masks on purpose, with a mask it computed) is ``intrinsic``; any other is the compiler's
+(``compiler``): an if-converted load, or a masked vector epilogue.
+
+    from opfuse.testing.masked_loads import scan
+    for m in scan(model.program.source, model.toolchain):
+        print(m.function, m.line, m.text)
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from opfuse.runtime.toolchain import Toolchain
+
+# gcc options that make a library, not an object; the rest are the build's own.
+_LINK_ONLY = ("-shared",)
+_SYMBOL = re.compile(r"^[0-9a-f]+ <(?P<name>[^>]+)>:$")
+_LOCATION = re.compile(r"^(?P<file>\S+):(?P<line>\d+)(?: \(discriminator \d+\))?$")
+_INLINED = re.compile(r"^inlined by (?P<file>\S+):(?P<line>\d+)(?: \(discriminator \d+\))?(?: \(.*\))?$")
+_INSN = re.compile(r"^\s*[0-9a-f]+:\s+(?P<mnemonic>\S+)\s*(?P<operands>.*)$")
+# An intrinsic that loads under a mask the kernel computed itself.
+_MASKING_INTRINSIC = re.compile(r"_mm(256|512)?_mask[z]?_?(load|expandload|i32gather|i64gather|mov)|"
+                                r"_mm(256)?_maskload_|_mm(256|512)?_mask_i(32|64)gather")
+
+
+@dataclass(frozen=True)
+class MaskedLoad:
+    function: str      # the symbol the instruction is in (a kernel: ``k3_...``)
+    line: int          # the C line gcc attributes it to (0 when the line table has none)
+    text: str          # that line of the C, stripped
+    instruction: str   # mnemonic and operands as objdump prints them (AT&T)
+    origin: str        # "intrinsic" (the C masks on purpose) or "compiler"
+
+    @property
+    def mnemonic(self) -> str:
+        return self.instruction.split()[0]
+
+
+def _operands(text: str) -> list[str]:
+    """Split AT&T operands at the commas outside parentheses."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if cur:
+        out.append(cur)
+    return [o.strip() for o in out]
+
+
+def is_masked_load(mnemonic: str, operands: str) -> bool:
+    """Does this instruction read memory under a mask? AVX/AVX2 ``vmaskmov``/``vpmaskmov`` with a memory
+    source, AVX2 gathers (always masked), and any AVX-512 instruction with a memory source and a
+    ``{%k}``-masked register destination (moves, broadcasts, gathers, arithmetic)."""
+    ops = _operands(operands.split("#")[0])
+    if not ops:
+        return False
+    has_mem = any("(" in o for o in ops[:-1])
+    if mnemonic.startswith(("vmaskmov", "vpmaskmov")):
+        return "(" in ops[0]
+    if "gather" in mnemonic:
+        return True
+    return has_mem and ops[-1].startswith("%") and "{%k" in ops[-1]
+
+
+def disassemble(obj: Path) -> str:
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        raise RuntimeError("objdump (binutils) is needed to find masked loads")
+    proc = subprocess.run([objdump, "-d", "-l", "--inlines", "--no-show-raw-insn", str(obj)], capture_output=True,
+                          text=True, check=True)
+    return proc.stdout
+
+
+def parse(listing: str, source_lines: list[str]) -> list[MaskedLoad]:
+    """The masked loads of an ``objdump -d -l --inlines`` listing of an object compiled from ``source_lines``
+    (saved as ``model.c``). An instruction of an inlined header function (an intrinsic) is placed at the
+    innermost ``model.c`` line of its inline chain."""
+    found, function, line = [], "", 0
+    outside = False  # the innermost location is not in model.c: the next "inlined by" line places it
+    for raw in listing.splitlines():
+        text = raw.strip()
+        if m := _SYMBOL.match(raw):
+            function, line, outside = m["name"], 0, False
+            continue
+        if m := _INLINED.match(text):
+            if outside and m["file"].endswith("model.c"):
+                line, outside = int(m["line"]), False
+            continue
+        if m := _LOCATION.match(text):
+            outside = not m["file"].endswith("model.c")
+            line = 0 if outside else int(m["line"])
+            continue
+        m = _INSN.match(raw)
+        if m is None:
+            continue
+        if is_masked_load(m["mnemonic"], m["operands"]):
+            src = source_lines[line - 1].strip() if 0 < line <= len(source_lines) else ""
+            origin = "intrinsic" if _MASKING_INTRINSIC.search(src) else "compiler"
+            found.append(MaskedLoad(function, line, src, f"{m['mnemonic']} {m['operands'].strip()}", origin))
+        if line == 0:
+            outside = True  # still in a header function: a caller change comes as an "inlined by" line alone
+    return found
+
+
+def scan(source: str, toolchain: Toolchain, extra_flags: Iterable[str] = ()) -> list[MaskedLoad]:
+    """Compile ``source`` as the toolchain builds it (plus ``-g``) and list its masked loads."""
+    flags = [f for f in toolchain.flags if f not in _LINK_ONLY]
+    with tempfile.TemporaryDirectory(prefix="opfuse-masked-") as d:
+        c, obj = Path(d, "model.c"), Path(d, "model.o")
+        c.write_text(source)
+        subprocess.run([*toolchain.cc.split(), *flags, *extra_flags, "-g", "-c", "-o", str(obj), str(c)],
+                       check=True, capture_output=True, text=True)
+        return parse(disassemble(obj), source.splitlines())
+
+
+def by_line(loads: Iterable[MaskedLoad]) -> list[tuple[MaskedLoad, int]]:
+    """One entry per (function, line, mnemonic) with the number of instructions, in order of first appearance."""
+    counts: Counter = Counter()
+    first: dict = {}
+    for m in loads:
+        key = (m.function, m.line, m.mnemonic)
+        counts[key] += 1
+        first.setdefault(key, m)
+    return [(first[k], counts[k]) for k in first]
+
+
+__all__ = ["MaskedLoad", "scan", "parse", "is_masked_load", "by_line"]
