@@ -57,7 +57,7 @@ def fuzz_cases(per_op: int, seed: int, max_nodes: int) -> Iterator[Case]:
     for op in sorted(DEFAULT_OPS):
         drawn: list = []
 
-        def keep(case, drawn=drawn):
+        def keep(case):
             drawn.append(case)
         run = hypothesis_seed(seed)(settings(max_examples=per_op, database=None, phases=[Phase.generate],
                                              deadline=None, suppress_health_check=list(HealthCheck))(

@@ -20,103 +20,104 @@ def _weights(shape: tuple[int, ...], dt, seed: int = 7) -> np.ndarray:
     return np.random.default_rng(seed).uniform(-1, 1, shape).astype(dt)
 
 
-def concat_last_axis(dt=np.float32) -> Graph:
+def concat_last_axis(dt=np.float32, width: int = 5) -> Graph:
     """Concat of 5 and 6 columns along the last axis, then Relu (fused: one loop, a branch per input)."""
     b = GraphBuilder("concat_last")
-    c = b.op("Concat", b.input("a", (2, 3, 5), dt), b.input("b", (2, 3, 6), dt), axis=-1)
+    c = b.op("Concat", b.input("a", (2, 3, width), dt), b.input("b", (2, 3, width + 1), dt), axis=-1)
     return b.build(b.op("Relu", c))
 
 
-def concat_three(dt=np.float32) -> Graph:
+def concat_three(dt=np.float32, width: int = 7) -> Graph:
     """Concat of 3, 1 and 7 columns along the last axis, then Neg."""
     b = GraphBuilder("concat_three")
-    c = b.op("Concat", b.input("a", (3, 3), dt), b.input("b", (3, 1), dt), b.input("c", (3, 7), dt), axis=1)
+    c = b.op("Concat", b.input("a", (3, 3), dt), b.input("b", (3, 1), dt), b.input("c", (3, width), dt), axis=1)
     return b.build(b.op("Neg", c))
 
 
-def conv1d_padded(dt=np.float32) -> Graph:
+def conv1d_padded(dt=np.float32, width: int = 13) -> Graph:
     """A 1-D Conv (k=3, pads 1/2): the per-element im2col packer (``conv._Im2colPacker``; float64: the generic
     im2col load)."""
     b = GraphBuilder("conv1d")
-    x = b.input("x", (1, 3, 13), dt)
+    x = b.input("x", (1, 3, width), dt)
     y = b.op("Conv", x, b.const("w", _weights((5, 3, 3), dt)), b.const("bias", _weights((5,), dt, 8)),
              kernel_shape=[3], pads=[1, 2])
     return b.build(b.op("Relu", y))
 
 
-def conv3d_padded(dt=np.float32) -> Graph:
+def conv3d_padded(dt=np.float32, width: int = 7) -> Graph:
     """A 3-D Conv (3x3x3, pads 1): the per-element im2col packer."""
     b = GraphBuilder("conv3d")
-    x = b.input("x", (1, 2, 3, 5, 7), dt)
+    x = b.input("x", (1, 2, 3, 5, width), dt)
     y = b.op("Conv", x, b.const("w", _weights((3, 2, 3, 3, 3), dt)), kernel_shape=[3, 3, 3], pads=[1, 1, 1, 1, 1, 1])
     return b.build(b.op("Relu", y))
 
 
-def conv2d_padded(dt=np.float64) -> Graph:
+def conv2d_padded(dt=np.float64, width: int = 9) -> Graph:
     """A 2-D Conv (3x3, pads 1, stride 2) with run-time weights: the row-segment packer in float32, the generic
     im2col load in float64."""
     b = GraphBuilder("conv2d")
-    x = b.input("x", (1, 3, 7, 9), dt)
+    x = b.input("x", (1, 3, 7, width), dt)
     y = b.op("Conv", x, b.input("w", (4, 3, 3, 3), dt), kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2])
     return b.build(b.op("Relu", y))
 
 
-def conv_transpose(dt=np.float32) -> Graph:
+def conv_transpose(dt=np.float32, width: int = 7) -> Graph:
     """ConvTranspose 2-D, stride 2, pads 1: the direct gather skips taps with ``continue``."""
     b = GraphBuilder("convT")
-    x = b.input("x", (1, 3, 5, 7), dt)
+    x = b.input("x", (1, 3, 5, width), dt)
     y = b.op("ConvTranspose", x, b.const("w", _weights((3, 2, 3, 3), dt)), kernel_shape=[3, 3], strides=[2, 2],
              pads=[1, 1, 1, 1])
     return b.build(b.op("Relu", y))
 
 
-def conv_transpose_1d(dt=np.float32) -> Graph:
+def conv_transpose_1d(dt=np.float32, width: int = 11) -> Graph:
     """ConvTranspose 1-D, stride 3, dilation 2."""
     b = GraphBuilder("convT1")
-    x = b.input("x", (1, 2, 11), dt)
+    x = b.input("x", (1, 2, width), dt)
     y = b.op("ConvTranspose", x, b.const("w", _weights((2, 3, 3), dt)), kernel_shape=[3], strides=[3],
              dilations=[2], pads=[2, 1])
     return b.build(b.op("Relu", y))
 
 
-def max_pool_indices(dt=np.float32) -> Graph:
+def max_pool_indices(dt=np.float32, width: int = 9) -> Graph:
     """MaxPool 3x3, pads 1, with its indices output: the window skips taps outside with ``continue``."""
     b = GraphBuilder("maxpool_idx")
-    x = b.input("x", (1, 2, 5, 9), dt)
+    x = b.input("x", (1, 2, 5, width), dt)
     y, i = b.op("MaxPool", x, kernel_shape=[3, 3], pads=[1, 1, 1, 1], num_outputs=2)
     return b.build(b.op("Relu", y), i)
 
 
-def col2im(dt=np.float32) -> Graph:
+def col2im(dt=np.float32, width: int = 7) -> Graph:
     """Col2Im 3x3 blocks, pads 1, stride 2 onto a 5x7 image: the taps skip with ``continue``."""
     b = GraphBuilder("col2im")
-    x = b.input("x", (1, 2 * 9, 12), dt)
-    y = b.op("Col2Im", x, b.const("image", _i64(5, 7)), b.const("block", _i64(3, 3)), pads=[1, 1, 1, 1],
+    x = b.input("x", (1, 2 * 9, 3 * ((width - 1) // 2 + 1)), dt)
+    y = b.op("Col2Im", x, b.const("image", _i64(5, width)), b.const("block", _i64(3, 3)), pads=[1, 1, 1, 1],
              strides=[2, 2])
     return b.build(b.op("Relu", y))
 
 
-def pad_constant(dt=np.float32) -> Graph:
+def pad_constant(dt=np.float32, width: int = 2) -> Graph:
     """The constant Pad fixed for issue 13 (``rules._pad``): 1x6x2x1 to 3x9x3x1 and its Relu."""
     b = GraphBuilder("pad")
-    x = b.input("x", (1, 6, 2, 1), dt)
+    x = b.input("x", (1, 6, width, 1), dt)
     p = b.op("Pad", x, b.const("pads", _i64(1, 1, 0, 0, 1, 2, 1, 0)), b.const("value", np.array(0.73, dt)),
              mode="constant")
     return b.build(b.op("Relu", p))
 
 
-def average_pool(dt=np.float32) -> Graph:
+def average_pool(dt=np.float32, width: int = 2) -> Graph:
     """The generic pool path fixed for issue 13 (``pool.py``): AveragePool 3x3, pads 1, over 1x3x9x2."""
     b = GraphBuilder("avgpool")
-    x = b.input("x", (1, 3, 9, 2), dt)
+    x = b.input("x", (1, 3, 9, width), dt)
     return b.build(b.op("Relu", b.op("AveragePool", x, kernel_shape=[3, 3], pads=[1, 1, 1, 1])))
 
 
+MAKERS: dict[str, Callable[..., Graph]] = {m.__name__: m for m in (
+    concat_last_axis, concat_three, conv1d_padded, conv3d_padded, conv2d_padded, conv_transpose, conv_transpose_1d,
+    max_pool_indices, col2im, pad_constant, average_pool)}
 SITE_CASES: dict[str, Callable[[], Graph]] = {
-    f"{make.__name__}_{np.dtype(dt).name}": (lambda make=make, dt=dt: make(dt))
-    for make in (concat_last_axis, concat_three, conv1d_padded, conv3d_padded, conv2d_padded, conv_transpose,
-                 conv_transpose_1d, max_pool_indices, col2im, pad_constant, average_pool)
-    for dt in (np.float32, np.float64)
+    f"{name}_{np.dtype(dt).name}": (lambda make=make, dt=dt: make(dt))
+    for name, make in MAKERS.items() for dt in (np.float32, np.float64)
 }
 
 

@@ -6,8 +6,11 @@ gathers), and three times those loads returned other memory. ``scan`` compiles a
 toolchain's flags plus ``-g`` into an object, disassembles it with its line table (``objdump -d -l``) and
 returns every instruction that reads memory under a mask, with the function it is in and the C line
 it came from. A masked load whose C line is an intrinsic (``_mm256_maskload_ps``, ``_mm512_maskz_loadu_ps``:
-the kernel masks on purpose, with a mask it computed) is ``intrinsic``; any other is the compiler's
-(``compiler``): an if-converted load, or a masked vector epilogue.
+the kernel masks on purpose, with a mask it computed) is ``intrinsic``; one that reads a constant
+(``%rip``-relative: a literal vector, no index) is ``constant``; one that reads the stack (a spill) is
+``stack``; a gather whose mask was set to all ones (``kxnor k,k``, ``vpcmpeqd x,x``) reads every lane and is
+``unmasked``; any other is the compiler's (``compiler``): an if-converted load, or a masked vector epilogue.
+``COUNTED`` are the origins an audit counts.
 
     from opfuse.testing.masked_loads import scan
     for m in scan(model.program.source, model.toolchain):
@@ -37,13 +40,17 @@ _MASKING_INTRINSIC = re.compile(r"_mm(256|512)?_mask[z]?_?(load|expandload|i32ga
                                 r"_mm(256)?_maskload_|_mm(256|512)?_mask_i(32|64)gather")
 
 
+COUNTED = ("compiler",)
+_ALL_ONES = re.compile(r"^(kxnor[bwdq]|vpcmpeq[bwdq])$")
+
+
 @dataclass(frozen=True)
 class MaskedLoad:
     function: str      # the symbol the instruction is in (a kernel: ``k3_...``)
     line: int          # the C line gcc attributes it to (0 when the line table has none)
     text: str          # that line of the C, stripped
     instruction: str   # mnemonic and operands as objdump prints them (AT&T)
-    origin: str        # "intrinsic" (the C masks on purpose) or "compiler"
+    origin: str        # "intrinsic", "constant", "stack", "unmasked" or "compiler" (see the module docstring)
 
     @property
     def mnemonic(self) -> str:
@@ -92,11 +99,41 @@ def disassemble(obj: Path) -> str:
     return proc.stdout
 
 
+def _sets_all_ones(mnemonic: str, ops: list[str], ones: dict[str, bool]) -> bool:
+    """``kxnor k,k,k`` / ``vpcmpeqd x,x,x`` (equal sources), ``vpternlogd $0xff`` or a copy of such a register:
+    every bit set."""
+    if mnemonic.startswith("vpternlog"):
+        return ops[0] == "$0xff"
+    if mnemonic.startswith(("kmov", "vmovdq", "vmovap", "vmovup")) and len(ops) == 2 and ops[0].startswith("%"):
+        return ones.get(ops[0], False)  # a copy
+    return bool(_ALL_ONES.match(mnemonic)) and len(ops) == 3 and ops[0] == ops[1]
+
+
+def _gather_mask(ops: list[str]) -> str:
+    """AVX-512: the ``{%k}`` of the destination; AVX2: the first operand."""
+    return ops[-1].split("{")[1].rstrip("}") if "{%k" in ops[-1] else ops[0]
+
+
+def _origin(mnemonic: str, ops: list[str], src: str, ones: dict[str, bool]) -> str:
+    if _MASKING_INTRINSIC.search(src):
+        return "intrinsic"
+    mem = next((o for o in ops if "(" in o), "")
+    if "(%rip)" in mem:
+        return "constant"
+    if "(%rsp)" in mem or "(%rbp)" in mem:
+        return "stack"
+    if "gather" in mnemonic:
+        if ones.get(_gather_mask(ops), False):
+            return "unmasked"
+    return "compiler"
+
+
 def parse(listing: str, source_lines: list[str]) -> list[MaskedLoad]:
     """The masked loads of an ``objdump -d -l --inlines`` listing of an object compiled from ``source_lines``
     (saved as ``model.c``). An instruction of an inlined header function (an intrinsic) is placed at the
     innermost ``model.c`` line of its inline chain."""
     found, function, line = [], "", 0
+    ones: dict[str, bool] = {}  # register -> its last write set it to all ones
     outside = False  # the innermost location is not in model.c: the next "inlined by" line places it
     for raw in listing.splitlines():
         text = raw.strip()
@@ -114,10 +151,15 @@ def parse(listing: str, source_lines: list[str]) -> list[MaskedLoad]:
         m = _INSN.match(raw)
         if m is None:
             continue
-        if is_masked_load(m["mnemonic"], m["operands"]):
+        mnemonic, ops = m["mnemonic"], _operands(m["operands"].split("#")[0])
+        if is_masked_load(mnemonic, m["operands"]):
             src = source_lines[line - 1].strip() if 0 < line <= len(source_lines) else ""
-            origin = "intrinsic" if _MASKING_INTRINSIC.search(src) else "compiler"
-            found.append(MaskedLoad(function, line, src, f"{m['mnemonic']} {m['operands'].strip()}", origin))
+            found.append(MaskedLoad(function, line, src, f"{mnemonic} {m['operands'].strip()}",
+                                    _origin(mnemonic, ops, src, ones)))
+        if ops and ops[-1].startswith("%"):  # the register it writes: is it all ones now?
+            ones[ops[-1].split("{")[0]] = _sets_all_ones(mnemonic, ops, ones)
+        if "gather" in mnemonic:  # a gather clears its mask
+            ones[_gather_mask(ops)] = False
         if line == 0:
             outside = True  # still in a header function: a caller change comes as an "inlined by" line alone
     return found
@@ -135,11 +177,11 @@ def scan(source: str, toolchain: Toolchain, extra_flags: Iterable[str] = ()) -> 
 
 
 def by_line(loads: Iterable[MaskedLoad]) -> list[tuple[MaskedLoad, int]]:
-    """One entry per (function, line, mnemonic) with the number of instructions, in order of first appearance."""
+    """One entry per (function, line, mnemonic, origin) with the number of instructions, in order of first appearance."""
     counts: Counter = Counter()
     first: dict = {}
     for m in loads:
-        key = (m.function, m.line, m.mnemonic)
+        key = (m.function, m.line, m.mnemonic, m.origin)
         counts[key] += 1
         first.setdefault(key, m)
     return [(first[k], counts[k]) for k in first]
