@@ -48,6 +48,12 @@ def real_cases() -> Iterator[Case]:
         yield f"real:{key}", (lambda p=paths[key]: str(p)), {"input_shapes": {m.input_name: m.shape}}
 
 
+def _keeper(drawn: list) -> Callable[[object], None]:
+    def keep(case) -> None:
+        drawn.append(case)
+    return keep
+
+
 def fuzz_cases(per_op: int, seed: int, max_nodes: int) -> Iterator[Case]:
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hypothesis_seed
@@ -56,12 +62,9 @@ def fuzz_cases(per_op: int, seed: int, max_nodes: int) -> Iterator[Case]:
     from opfuse.testing.random_graphs import DEFAULT_OPS, focused_ops
     for op in sorted(DEFAULT_OPS):
         drawn: list = []
-
-        def keep(case):
-            drawn.append(case)
         run = hypothesis_seed(seed)(settings(max_examples=per_op, database=None, phases=[Phase.generate],
                                              deadline=None, suppress_health_check=list(HealthCheck))(
-            given(strategy(focused_ops(op), max_nodes))(keep)))
+            given(strategy(focused_ops(op), max_nodes))(_keeper(drawn))))
         try:
             run()
         except Exception as e:  # noqa: BLE001 - a family that cannot draw is reported, not fatal

@@ -33,7 +33,7 @@ from opfuse.codegen.depthwise import lower_depthwise
 from opfuse.codegen.qconv import int8_conv_applies, lower_int8_conv
 from opfuse.codegen.qgemm import host_int8_conv_applies, lower_host_int8_conv
 from opfuse.codegen.gemm import BPacker, GemmProblem, Operand, emit_gemm, in_memory
-from opfuse.codegen.index import Index, add, delinearize, mul
+from opfuse.codegen.index import Index, add, delinearize, inside_position, mul
 from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.loops import emit_loop_nest
 from opfuse.codegen.stages import GroupAnalysis, Stage
@@ -111,8 +111,7 @@ class _Im2colPacker:
                     if padded:  # read at the nearest position inside and select (``_generic_im2col_loader``)
                         cond = " && ".join(f"(unsigned long){q} < {x.shape[2 + s]}ul" for s, q in enumerate(pos))
                         inside = Index(x.shape, (img, ch) + tuple(
-                            f"(long)((unsigned long){q} < {x.shape[2 + s] - 1}ul ? (unsigned long){q} : "
-                            f"{x.shape[2 + s] - 1}ul)" for s, q in enumerate(pos)))
+                            inside_position(q, x.shape[2 + s]) for s, q in enumerate(pos)))
                         v = kc.tmp("v")
                         with w.block(""), ev.scope():
                             w.line(f"const float {v} = {ev.at(x, inside)};")
@@ -346,8 +345,7 @@ def _generic_im2col_loader(node, geo, G):
             name = ev.kc.tmp("q")
             w.line(f"const long {name} = {q};")
             inside.append(f"(unsigned long){name} < {x.shape[2 + s]}ul")
-            qs.append(f"(long)((unsigned long){name} < {x.shape[2 + s] - 1}ul ? (unsigned long){name} : "
-                      f"{x.shape[2 + s] - 1}ul)")
+            qs.append(inside_position(name, x.shape[2 + s]))
         t, v = ev.kc.tmp("t"), ev.kc.tmp("v")
         w.line(f"const {ct} {t} = {ev.at(x, Index(x.shape, (img, ch) + tuple(qs)))};")
         w.line(f"const {ct} {v} = ({' && '.join(inside)}) ? {t} : {literal(0, x.dtype)};")

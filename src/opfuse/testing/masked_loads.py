@@ -9,7 +9,11 @@ it came from. A masked load whose C line is an intrinsic (``_mm256_maskload_ps``
 the kernel masks on purpose, with a mask it computed) is ``intrinsic``; one that reads a constant
 (``%rip``-relative: a literal vector, no index) is ``constant``; one that reads the stack (a spill) is
 ``stack``; a gather whose mask was set to all ones (``kxnor k,k``, ``vpcmpeqd x,x``) reads every lane and is
-``unmasked``; any other is the compiler's (``compiler``): an if-converted load, or a masked vector epilogue.
+``unmasked``; one whose ``{%k}`` mask was loaded from a constant (``kmov (%rip)``: gcc knew at compile time which
+lanes a fully unrolled nest uses, and skips the others) is ``fixed-mask``; a ``vblendm``/``vpblendm`` with a
+memory operand is ``blend`` (gcc folds an ordinary vector load into the select; a masked load of its
+if-conversion is a masked move, never a blend); any other is the compiler's (``compiler``): an if-converted
+load, or a masked vector epilogue.
 ``COUNTED`` are the origins an audit counts.
 
     from opfuse.testing.masked_loads import scan
@@ -50,7 +54,7 @@ class MaskedLoad:
     line: int          # the C line gcc attributes it to (0 when the line table has none)
     text: str          # that line of the C, stripped
     instruction: str   # mnemonic and operands as objdump prints them (AT&T)
-    origin: str        # "intrinsic", "constant", "stack", "unmasked" or "compiler" (see the module docstring)
+    origin: str  # intrinsic, constant, stack, unmasked, fixed-mask, blend or compiler (module docstring)
 
     @property
     def mnemonic(self) -> str:
@@ -99,11 +103,13 @@ def disassemble(obj: Path) -> str:
     return proc.stdout
 
 
-def _sets_all_ones(mnemonic: str, ops: list[str], ones: dict[str, bool]) -> bool:
+def _sets_all_ones(mnemonic: str, ops: list[str], ones: dict[str, bool | str]) -> bool | str:
     """``kxnor k,k,k`` / ``vpcmpeqd x,x,x`` (equal sources), ``vpternlogd $0xff`` or a copy of such a register:
-    every bit set."""
+    every bit set (``"fixed"``: a ``{%k}`` mask loaded from the constant pool)."""
     if mnemonic.startswith("vpternlog"):
         return ops[0] == "$0xff"
+    if mnemonic.startswith("kmov") and len(ops) == 2 and "(%rip)" in ops[0]:
+        return "fixed"  # a mask from the constant pool
     if mnemonic.startswith(("kmov", "vmovdq", "vmovap", "vmovup")) and len(ops) == 2 and ops[0].startswith("%"):
         return ones.get(ops[0], False)  # a copy
     return bool(_ALL_ONES.match(mnemonic)) and len(ops) == 3 and ops[0] == ops[1]
@@ -114,7 +120,7 @@ def _gather_mask(ops: list[str]) -> str:
     return ops[-1].split("{")[1].rstrip("}") if "{%k" in ops[-1] else ops[0]
 
 
-def _origin(mnemonic: str, ops: list[str], src: str, ones: dict[str, bool]) -> str:
+def _origin(mnemonic: str, ops: list[str], src: str, ones: dict[str, bool | str]) -> str:
     if _MASKING_INTRINSIC.search(src):
         return "intrinsic"
     mem = next((o for o in ops if "(" in o), "")
@@ -122,9 +128,14 @@ def _origin(mnemonic: str, ops: list[str], src: str, ones: dict[str, bool]) -> s
         return "constant"
     if "(%rsp)" in mem or "(%rbp)" in mem:
         return "stack"
-    if "gather" in mnemonic:
-        if ones.get(_gather_mask(ops), False):
-            return "unmasked"
+    if mnemonic.startswith(("vblendm", "vpblendm")):
+        return "blend"
+    mask = _gather_mask(ops) if "gather" in mnemonic or "{%k" in ops[-1] else ""
+    state = ones.get(mask, False)
+    if state == "fixed":
+        return "fixed-mask"
+    if "gather" in mnemonic and state:
+        return "unmasked"
     return "compiler"
 
 
@@ -133,7 +144,7 @@ def parse(listing: str, source_lines: list[str]) -> list[MaskedLoad]:
     (saved as ``model.c``). An instruction of an inlined header function (an intrinsic) is placed at the
     innermost ``model.c`` line of its inline chain."""
     found, function, line = [], "", 0
-    ones: dict[str, bool] = {}  # register -> its last write set it to all ones
+    ones: dict[str, bool | str] = {}  # register -> its last write set it to all ones (or a constant mask)
     outside = False  # the innermost location is not in model.c: the next "inlined by" line places it
     for raw in listing.splitlines():
         text = raw.strip()
@@ -177,7 +188,7 @@ def scan(source: str, toolchain: Toolchain, extra_flags: Iterable[str] = ()) -> 
 
 
 def by_line(loads: Iterable[MaskedLoad]) -> list[tuple[MaskedLoad, int]]:
-    """One entry per (function, line, mnemonic, origin) with the number of instructions, in order of first appearance."""
+    """One entry per (function, line, mnemonic, origin) with its number of instructions, first seen first."""
     counts: Counter = Counter()
     first: dict = {}
     for m in loads:
