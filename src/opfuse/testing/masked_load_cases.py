@@ -4,6 +4,7 @@ audits them; ``tests/e2e/test_guarded_loads.py`` runs them against the reference
 graph whose input values are all distinct (``feeds``), so a misplaced read cannot pass."""
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import numpy as np
@@ -112,11 +113,24 @@ def average_pool(dt=np.float32, width: int = 2) -> Graph:
     return b.build(b.op("Relu", b.op("AveragePool", x, kernel_shape=[3, 3], pads=[1, 1, 1, 1])))
 
 
+def lstm(dt=np.float32, width: int = 3) -> Graph:
+    """An LSTM of hidden size ``width`` over 5 steps: its input projection starts at the bias, zero to the padded
+    width (``recurrent._project``)."""
+    b = GraphBuilder("lstm")
+    n_in = 4
+    x = b.input("x", (5, 1, n_in), dt)
+    w = b.const("W", _weights((1, 4 * width, n_in), dt) * 0.5)
+    r = b.const("R", _weights((1, 4 * width, width), dt, 8) * 0.5)
+    bias = b.const("B", _weights((1, 8 * width), dt, 9))
+    y = b.op("LSTM", x, w, r, bias, hidden_size=width, num_outputs=3)
+    return b.build(y[0], y[1])
+
+
 MAKERS: dict[str, Callable[..., Graph]] = {m.__name__: m for m in (
     concat_last_axis, concat_three, conv1d_padded, conv3d_padded, conv2d_padded, conv_transpose, conv_transpose_1d,
-    max_pool_indices, col2im, pad_constant, average_pool)}
+    max_pool_indices, col2im, pad_constant, average_pool, lstm)}
 SITE_CASES: dict[str, Callable[[], Graph]] = {
-    f"{name}_{np.dtype(dt).name}": (lambda make=make, dt=dt: make(dt))
+    f"{name}_{np.dtype(dt).name}": functools.partial(make, dt)
     for name, make in MAKERS.items() for dt in (np.float32, np.float64)
 }
 
