@@ -6,7 +6,8 @@ gathers), and three times those loads returned other memory. ``scan`` compiles a
 toolchain's flags plus ``-g`` into an object, disassembles it with its line table (``objdump -d -l``) and
 returns every instruction that reads memory under a mask, with the function it is in and the C line
 it came from. A masked load whose C line is an intrinsic (``_mm256_maskload_ps``, ``_mm512_maskz_loadu_ps``:
-the kernel masks on purpose, with a mask it computed) is ``intrinsic``; one that reads a constant
+the kernel masks on purpose, with a mask it computed; ``_mm512_mask_blend_ps`` of a vector it loaded whole,
+which gcc folds into a masked move) is ``intrinsic``; one that reads a constant
 (``%rip``-relative: a literal vector, no index) is ``constant``; one that reads the stack (a spill) is
 ``stack``; a gather whose mask was set to all ones (``kxnor k,k``, ``vpcmpeqd x,x``) reads every lane and is
 ``unmasked``; one whose ``{%k}`` mask was loaded from a constant (``kmov (%rip)``: gcc knew at compile time which
@@ -40,7 +41,7 @@ _LOCATION = re.compile(r"^(?P<file>\S+):(?P<line>\d+)(?: \(discriminator \d+\))?
 _INLINED = re.compile(r"^inlined by (?P<file>\S+):(?P<line>\d+)(?: \(discriminator \d+\))?(?: \(.*\))?$")
 _INSN = re.compile(r"^\s*[0-9a-f]+:\s+(?P<mnemonic>\S+)\s*(?P<operands>.*)$")
 # An intrinsic that loads under a mask the kernel computed itself.
-_MASKING_INTRINSIC = re.compile(r"_mm(256|512)?_mask[z]?_?(load|expandload|i32gather|i64gather|mov)|"
+_MASKING_INTRINSIC = re.compile(r"_mm(256|512)?_mask[z]?_?(load|expandload|i32gather|i64gather|mov|blend)|"
                                 r"_mm(256)?_maskload_|_mm(256|512)?_mask_i(32|64)gather")
 
 
