@@ -658,11 +658,19 @@ static void opfuse_q8_pairs_{s}(int16_t* restrict dst, const {T}* a, const {T}* 
       _mm_storeu_si128((__m128i*)(dst + 2 * j + 8), _mm_unpackhi_epi16(xa, xb));
     }}
   }}
+  /* No load under a condition (issue 13: gcc 12.2 -O3 made masked loads of such tails): each row is read at a
+     position inside it (a NULL row at its stand-in's only one) and the value selected. */
+  const {T} none = 0;
+  const {T}* ra = a ? a : &none;
+  const {T}* rb = b ? b : &none;
+  const long la = a ? len - 1 : 0, lb = b ? len - 1 : 0;
   for (; j < n; ++j) {{
     const long i = first + j * step;
     const int in = i >= 0 && i < len;
-    dst[2 * j] = (int16_t)(in && a ? a[i] - zp : 0);
-    dst[2 * j + 1] = (int16_t)(in && b ? b[i] - zp : 0);
+    const int32_t va = ra[(unsigned long)i < (unsigned long)la ? i : la] - zp;
+    const int32_t vb = rb[(unsigned long)i < (unsigned long)lb ? i : lb] - zp;
+    dst[2 * j] = (int16_t)(in && a ? va : 0);
+    dst[2 * j + 1] = (int16_t)(in && b ? vb : 0);
   }}
 }}
 
@@ -692,9 +700,10 @@ static void opfuse_q8_plane_row_{s}(int32_t* restrict dst, const {T}* a, long fi
       _mm256_storeu_si256((__m256i*)(dst + j), _mm256_sub_epi32(_mm256_cvt{cvt}_epi32(
           _mm_shuffle_epi8(_mm_loadu_si128((const __m128i*)(a + first + 2 * j)), even)), z));
   }}
-  for (; j < n; ++j) {{
+  for (; j < n; ++j) {{ /* read inside and select: no load under a condition (issue 13) */
     const long i = first + j * step;
-    dst[j] = i >= 0 && i < len ? a[i] - zp : 0;
+    const int32_t v = a[(unsigned long)i < (unsigned long)(len - 1) ? i : len - 1] - zp;
+    dst[j] = i >= 0 && i < len ? v : 0;
   }}
 }}
 #endif
@@ -705,13 +714,23 @@ static void opfuse_q8_plane_row_{s}(int32_t* restrict dst, const {T}* a, long fi
 # one-input-channel case (4 taps of a row per word, scalar) and the scalar tail after the vector loops.
 _QUADS_HEAD = """  const uint8_t flip = {flip};
   const {T}* rows[4] = {{r0, r1, r2, r3}};
+  /* The scalar loops read each row at a position inside it (a NULL row: its stand-in's only one) and select the
+     fill outside: no load under a condition (issue 13: gcc 12.2 -O3 made masked loads of the guarded form). */
+  const {T} none = 0;
+  const {T}* src[4];
+  long last[4];
+  for (int q = 0; q < 4; ++q) {{
+    src[q] = rows[q] ? rows[q] : &none;
+    last[q] = rows[q] ? len - 1 : 0;
+  }}
   long j = 0;
   if (shift) {{ /* one row's 4 taps per word: row q read at i + q * shift */
     for (; j < n; ++j) {{
       const long i = first + j * step;
       for (int q = 0; q < 4; ++q) {{
         const long iq = i + q * shift;
-        dst[4 * j + q] = iq >= 0 && iq < len && rows[q] ? (uint8_t)((uint8_t)rows[q][iq] ^ flip) : fill;
+        const uint8_t v = (uint8_t)((uint8_t)src[q][(unsigned long)iq < (unsigned long)last[q] ? iq : last[q]] ^ flip);
+        dst[4 * j + q] = iq >= 0 && iq < len && rows[q] ? v : fill;
       }}
     }}
     return;
@@ -720,7 +739,10 @@ _QUADS_HEAD = """  const uint8_t flip = {flip};
 _QUADS_TAIL = """  for (; j < n; ++j) {{
     const long i = first + j * step;
     const int in = i >= 0 && i < len;
-    for (int q = 0; q < 4; ++q) dst[4 * j + q] = in && rows[q] ? (uint8_t)((uint8_t)rows[q][i] ^ flip) : fill;
+    for (int q = 0; q < 4; ++q) {{
+      const uint8_t v = (uint8_t)((uint8_t)src[q][(unsigned long)i < (unsigned long)last[q] ? i : last[q]] ^ flip);
+      dst[4 * j + q] = in && rows[q] ? v : fill;
+    }}
   }}
 }}
 #endif
@@ -1372,9 +1394,11 @@ static void opfuse_q8_tap_pairs_{s}(int16_t* restrict dst, const {T}* a, long fi
   if (hi < lo) hi = lo;
   long j = 0;
   for (; j < lo; ++j) {{
-    const long i = first + j;
-    dst[2 * j] = (int16_t)(i >= 0 && i < len ? a[i] - zp : 0);
-    dst[2 * j + 1] = (int16_t)(i + d >= 0 && i + d < len ? a[i + d] - zp : 0);
+    const long i = first + j, e = i + d; /* read inside and select: no load under a condition (issue 13) */
+    const int32_t va = a[(unsigned long)i < (unsigned long)(len - 1) ? i : len - 1] - zp;
+    const int32_t vb = a[(unsigned long)e < (unsigned long)(len - 1) ? e : len - 1] - zp;
+    dst[2 * j] = (int16_t)(i >= 0 && i < len ? va : 0);
+    dst[2 * j + 1] = (int16_t)(e >= 0 && e < len ? vb : 0);
   }}
   const __m128i z = _mm_set1_epi16((short)zp);
   for (; j + 8 <= hi; j += 8) {{
@@ -1384,9 +1408,11 @@ static void opfuse_q8_tap_pairs_{s}(int16_t* restrict dst, const {T}* a, long fi
     _mm_storeu_si128((__m128i*)(dst + 2 * j + 8), _mm_unpackhi_epi16(xa, xb));
   }}
   for (; j < n; ++j) {{
-    const long i = first + j;
-    dst[2 * j] = (int16_t)(i >= 0 && i < len ? a[i] - zp : 0);
-    dst[2 * j + 1] = (int16_t)(i + d >= 0 && i + d < len ? a[i + d] - zp : 0);
+    const long i = first + j, e = i + d; /* read inside and select: no load under a condition (issue 13) */
+    const int32_t va = a[(unsigned long)i < (unsigned long)(len - 1) ? i : len - 1] - zp;
+    const int32_t vb = a[(unsigned long)e < (unsigned long)(len - 1) ? e : len - 1] - zp;
+    dst[2 * j] = (int16_t)(i >= 0 && i < len ? va : 0);
+    dst[2 * j + 1] = (int16_t)(e >= 0 && e < len ? vb : 0);
   }}
 }}
 #endif
