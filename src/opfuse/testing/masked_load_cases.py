@@ -126,21 +126,50 @@ def lstm(dt=np.float32, width: int = 3) -> Graph:
     return b.build(y[0], y[1])
 
 
+def qconv(dt=np.int8, width: int = 11) -> Graph:
+    """An int8 3x3 Conv (pads 1, 8 -> 6 channels) with its Requantize, dequantized: the host int8 conv
+    (``codegen/qgemm.py``), whose word builders' scalar loops read the input rows (``opfuse_q8_quads``)."""
+    from onnx import TensorProto
+
+    from opfuse.ops.quantized import fixed_point_multiplier
+    rng = np.random.default_rng(0)
+    cin, cout = 8, 6
+    b = GraphBuilder("qconv")
+    x = b.input("x", (1, cin, 9, width), dt)
+    xc = b.op("Sub", b.op("Cast", x, to=int(TensorProto.INT32)), b.const("zp", np.array(-7, np.int32)))
+    w = rng.integers(-128, 128, (cout, cin, 3, 3)).astype(np.int32)
+    acc = b.op("Conv", xc, b.const("w", w), pads=[1, 1, 1, 1])
+    acc = b.op("Add", acc, b.const("bias", rng.integers(-3000, 3000, (1, cout, 1, 1)).astype(np.int32)))
+    pairs = [fixed_point_multiplier(float(m)) for m in rng.uniform(1e-4, 3e-3, cout)]
+    mult = np.array([p[0] for p in pairs], np.int32).reshape(1, cout, 1, 1)
+    shift = np.array([p[1] for p in pairs], np.int32).reshape(1, cout, 1, 1)
+    q = b.op("Requantize", acc, b.const("m", mult), b.const("s", shift), zero_point=3, lo=-128, hi=127,
+             to=int(TensorProto.INT8))
+    y = b.op("Mul", b.op("Sub", b.op("Cast", q, to=int(TensorProto.FLOAT)), b.const("y_zp", np.array(3, np.float32))),
+             b.const("y_scale", np.array(0.05, np.float32)))
+    return b.build(y)
+
+
 MAKERS: dict[str, Callable[..., Graph]] = {m.__name__: m for m in (
     concat_last_axis, concat_three, conv1d_padded, conv3d_padded, conv2d_padded, conv_transpose, conv_transpose_1d,
-    max_pool_indices, col2im, pad_constant, average_pool, lstm)}
+    max_pool_indices, col2im, pad_constant, average_pool, lstm, qconv)}
 SITE_CASES: dict[str, Callable[[], Graph]] = {
     f"{name}_{np.dtype(dt).name}": functools.partial(make, dt)
-    for name, make in MAKERS.items() for dt in (np.float32, np.float64)
+    for name, make in MAKERS.items() for dt in ((np.int8,) if name == "qconv" else (np.float32, np.float64))
 }
 
 
 def feeds(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
-    """Distinct values for every graph input (a permutation of 1..n scaled into (-2, 2), never 0)."""
+    """Distinct values for every float graph input (a permutation of 1..n scaled into (-2, 2), never 0); integers
+    drawn over their whole range."""
     rng = np.random.default_rng(seed)
     out = {}
     for v in graph.inputs:
         n = int(np.prod(v.shape))
+        if v.dtype.kind in "iu":  # integers: the whole range, drawn
+            info = np.iinfo(v.dtype)
+            out[v.name] = rng.integers(info.min, info.max + 1, v.shape).astype(v.dtype)
+            continue
         vals = (rng.permutation(n) + 1) / (n + 1) * 4 - 2
         out[v.name] = (vals + 1e-3).reshape(v.shape).astype(v.dtype)
     return out
