@@ -724,8 +724,65 @@ _QUADS_HEAD = """  const uint8_t flip = {flip};
     last[q] = rows[q] ? len - 1 : 0;
   }}
   long j = 0;
-  if (shift) {{ /* one row's 4 taps per word: row q read at i + q * shift */
-    for (; j < n; ++j) {{
+  if (shift) {{ /* one row's 4 taps per word: row q read at i + q * shift, i = first + j * step */
+    /* [lo, hi): the j where every row's tap lies inside, read with no select (a NULL row reads a stand-in that
+       gives the fill); the j before and after read inside and select. */
+    const {T} blank = ({T})(uint8_t)(fill ^ flip);
+    const {T}* base[4];
+    long off[4], mul[4], lo = 0, hi = n, flo = n, fhi = 0; /* [0, flo) and [fhi, n): every tap outside, the fill */
+    for (int q = 0; q < 4; ++q) {{
+      base[q] = rows[q] ? rows[q] : &blank;
+      off[q] = rows[q] ? first + q * shift : 0;
+      mul[q] = rows[q] ? step : 0;
+      if (!rows[q]) continue;
+      const long a = off[q];
+      const long lq = a >= 0 ? 0 : (-a + step - 1) / step, hq = len - 1 - a >= 0 ? (len - 1 - a) / step + 1 : 0;
+      if (lq > lo) lo = lq;
+      if (hq < hi) hi = hq;
+      if (lq < flo) flo = lq;
+      if (hq > fhi) fhi = hq;
+    }}
+    if (lo > n) lo = n;
+    if (hi < lo) hi = lo;
+    if (flo > lo) flo = lo;
+    if (fhi < hi) fhi = hi;
+    if (fhi > n) fhi = n;
+    memset(dst, fill, (size_t)(4 * flo));
+    for (j = flo; j < n; ++j) {{
+      if (j == fhi) {{
+        memset(dst + 4 * j, fill, (size_t)(4 * (n - j)));
+        break;
+      }}
+      if (j == lo) {{
+        const {T}* p0 = base[0] + off[0];
+        const {T}* p1 = base[1] + off[1];
+        const {T}* p2 = base[2] + off[2];
+        const {T}* p3 = base[3] + off[3];
+        const long m0 = mul[0], m1 = mul[1], m2 = mul[2], m3 = mul[3];
+        if (step == 1 && m0 == 1 && m1 == 1 && m2 == 1) {{ /* stride 1: contiguous rows, vectorised */
+          if (m3 == 1)
+            for (; j < hi; ++j) {{
+              dst[4 * j] = (uint8_t)((uint8_t)p0[j] ^ flip);
+              dst[4 * j + 1] = (uint8_t)((uint8_t)p1[j] ^ flip);
+              dst[4 * j + 2] = (uint8_t)((uint8_t)p2[j] ^ flip);
+              dst[4 * j + 3] = (uint8_t)((uint8_t)p3[j] ^ flip);
+            }}
+          else if (!rows[3]) /* a 3-tap kernel row: the fourth byte is the fill */
+            for (; j < hi; ++j) {{
+              dst[4 * j] = (uint8_t)((uint8_t)p0[j] ^ flip);
+              dst[4 * j + 1] = (uint8_t)((uint8_t)p1[j] ^ flip);
+              dst[4 * j + 2] = (uint8_t)((uint8_t)p2[j] ^ flip);
+              dst[4 * j + 3] = fill;
+            }}
+        }}
+        for (; j < hi; ++j) {{
+          dst[4 * j] = (uint8_t)((uint8_t)p0[j * m0] ^ flip);
+          dst[4 * j + 1] = (uint8_t)((uint8_t)p1[j * m1] ^ flip);
+          dst[4 * j + 2] = (uint8_t)((uint8_t)p2[j * m2] ^ flip);
+          dst[4 * j + 3] = (uint8_t)((uint8_t)p3[j * m3] ^ flip);
+        }}
+        if (j == n) break;
+      }}
       const long i = first + j * step;
       for (int q = 0; q < 4; ++q) {{
         const long iq = i + q * shift;
