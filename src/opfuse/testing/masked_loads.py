@@ -13,8 +13,10 @@ which gcc folds into a masked move) is ``intrinsic``; one that reads a constant
 ``unmasked``; one whose ``{%k}`` mask was loaded from a constant (``kmov (%rip)``: gcc knew at compile time which
 lanes a fully unrolled nest uses, and skips the others) is ``fixed-mask``; a ``vblendm``/``vpblendm`` with a
 memory operand is ``blend`` (gcc folds an ordinary vector load into the select; a masked load of its
-if-conversion is a masked move, never a blend); any other is the compiler's (``compiler``): an if-converted
-load, or a masked vector epilogue.
+if-conversion is a masked move, never a blend), and masked arithmetic with a memory operand (``vmulps
+(mem),%zmm,%zmm{%k}``: PRelu's ``x < 0 ? x * slope : x``) is ``folded`` for the same reason; any other (masked
+moves, broadcasts, gathers, ``vmaskmov``) is the compiler's (``compiler``): an if-converted load, a masked vector
+epilogue, or an ordinary load merged into a select (Round's ``|x| < 2^23 ? ... : x``: the C line says which).
 ``COUNTED`` are the origins an audit counts.
 
     from opfuse.testing.masked_loads import scan
@@ -46,6 +48,7 @@ _MASKING_INTRINSIC = re.compile(r"_mm(256|512)?_mask[z]?_?(load|expandload|i32ga
 
 
 COUNTED = ("compiler",)
+_MOVES = ("vmov", "vbroadcast", "vpbroadcast", "vmaskmov", "vpmaskmov", "vexpand", "vpexpand", "vpmov")
 _ALL_ONES = re.compile(r"^(kxnor[bwdq]|vpcmpeq[bwdq])$")
 
 
@@ -55,7 +58,7 @@ class MaskedLoad:
     line: int          # the C line gcc attributes it to (0 when the line table has none)
     text: str          # that line of the C, stripped
     instruction: str   # mnemonic and operands as objdump prints them (AT&T)
-    origin: str  # intrinsic, constant, stack, unmasked, fixed-mask, blend or compiler (module docstring)
+    origin: str  # intrinsic, constant, stack, unmasked, fixed-mask, blend, folded or compiler (module docstring)
 
     @property
     def mnemonic(self) -> str:
@@ -131,6 +134,8 @@ def _origin(mnemonic: str, ops: list[str], src: str, ones: dict[str, bool | str]
         return "stack"
     if mnemonic.startswith(("vblendm", "vpblendm")):
         return "blend"
+    if not mnemonic.startswith(_MOVES) and "gather" not in mnemonic:
+        return "folded"
     mask = _gather_mask(ops) if "gather" in mnemonic or "{%k" in ops[-1] else ""
     state = ones.get(mask, False)
     if state == "fixed":
