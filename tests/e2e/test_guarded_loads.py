@@ -51,10 +51,10 @@ SITES = [
     ("max_pool_indices", F64, 9, r">= 9\) continue;", True),
     ("col2im", F32, 7, r"% 2 != 0\) continue;", True),
     ("qconv", np.int8, 11, r"dst\[4 \* j \+ q\] = in && rows\[q\] \? v : fill;", True),  # int8 word builders
-    # Concat's branch per input: gcc masks its loads at widths 6-19 (no wrong value found); read-both-and-select
-    # ran a fused Concat -> Relu 40x slower (gathers), so the branch stays until the loop is split by input.
-    ("concat_last_axis", F32, 7, r"if \(i\d+ < 7\)", False),
-    ("concat_last_axis", F64, 9, r"if \(i\d+ < 9\)", False),
+    # a fused Concat along its innermost axis: one loop per input (its branch per input gcc masked at widths 6-19)
+    ("concat_last_axis", F32, 7, r"for \(long (i\d+) = 7; \1 < 15; \+\+\1\)", True),
+    ("concat_last_axis", F64, 9, r"for \(long (i\d+) = 9; \1 < 19; \+\+\1\)", True),
+    ("concat_three", F32, 13, r"for \(long (i\d+) = 3; \1 < 4; \+\+\1\)", True),
 ]
 
 
