@@ -793,7 +793,10 @@ _QUADS_HEAD = """  const uint8_t flip = {flip};
     return;
   }}
 """
-_QUADS_TAIL = """  for (; j < n; ++j) {{
+_QUADS_TAIL = """  /* j >= end: past the row's end, the fill; before it, each row read inside and the value selected */
+  long end = len - first > 0 ? (len - first + step - 1) / step : 0;
+  if (end > n) end = n;
+  for (; j < end; ++j) {{
     const long i = first + j * step;
     const int in = i >= 0 && i < len;
     for (int q = 0; q < 4; ++q) {{
@@ -801,6 +804,7 @@ _QUADS_TAIL = """  for (; j < n; ++j) {{
       dst[4 * j + q] = in && rows[q] ? v : fill;
     }}
   }}
+  if (j < n) memset(dst + 4 * j, fill, (size_t)(4 * (n - j)));
 }}
 #endif
 """
