@@ -82,7 +82,8 @@ def emit_loop_nest(kc, ev, shape: Sequence[int], body: Callable[[Index], None], 
             if depth == at:
                 kc.loop_ranges[var] = (lo, hi)
             nest(depth + 1)
-            kc.loop_ranges.pop(var, None)
+            if depth == at:
+                del kc.loop_ranges[var]
             w.level -= 1
             w.line("}")
 

@@ -658,7 +658,7 @@ def _concat(ev, node, k, idx):
         for v, lo, hi in pieces:
             if lo <= int(d) < hi:
                 return at_piece(v, lo)
-    span = ev.kc.loop_ranges.get(d)
+    span = getattr(ev.kc, "loop_ranges", {}).get(d)
     if span is not None:  # a loop over one input's slice only (``concat_split``): no branch
         for v, lo, hi in pieces:
             if lo <= span[0] and span[1] <= hi:
