@@ -14,6 +14,25 @@ from opfuse.codegen.loops import emit_loop_nest
 from opfuse.codegen.stages import GroupAnalysis, Stage
 
 
+def concat_split(nodes, inline: set, shape) -> tuple[int, list[int]] | None:
+    """``(axis, bounds)`` for a loop nest over ``shape`` that holds an inline Concat of that shape: its loop
+    along the Concat's axis is written as one loop per input (``emit_loop_nest(split=...)``), so each reads
+    its own input with no branch between them; gcc 12.2 -O3 turned that branch into masked loads (issue 13,
+    the form that returned other memory in the Pad and the pools). ``None`` when there is none."""
+    for n in nodes:
+        if n.op_type != "Concat" or id(n) not in inline or tuple(n.outputs[0].shape) != tuple(shape):
+            continue
+        from opfuse.codegen.rules import _attrs
+        axis = int(_attrs(n)["axis"])
+        axis = axis + len(shape) if axis < 0 else axis
+        bounds, at = [], 0
+        for v in n.input_values():
+            at += v.shape[axis]
+            bounds.append(at)
+        return axis, bounds[:-1]
+    return None
+
+
 def is_concat_alias(kc, v, out, axis: int, start: int) -> bool:
     """Is ``v`` already in its slice of ``out`` (the one starting at ``start`` along ``axis``)? It is
     when the memory plan put it at that slice's bytes: aliased into the Concat, or a view of a value

@@ -33,7 +33,7 @@ from opfuse.codegen.depthwise import lower_depthwise
 from opfuse.codegen.qconv import int8_conv_applies, lower_int8_conv
 from opfuse.codegen.qgemm import host_int8_conv_applies, lower_host_int8_conv
 from opfuse.codegen.gemm import BPacker, GemmProblem, Operand, emit_gemm, in_memory
-from opfuse.codegen.index import Index, add, delinearize, mul
+from opfuse.codegen.index import Index, add, delinearize, inside_position, mul
 from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.loops import emit_loop_nest
 from opfuse.codegen.stages import GroupAnalysis, Stage
@@ -108,13 +108,14 @@ class _Im2colPacker:
                         w.line(f"const long {name} = {base}[{jp} + {c}] + {shifts[s]};")
                         pos.append(name)
                     idx = Index(x.shape, (img, ch) + tuple(pos))
-                    if padded:
+                    if padded:  # read at the nearest position inside and select (``_generic_im2col_loader``)
                         cond = " && ".join(f"(unsigned long){q} < {x.shape[2 + s]}ul" for s, q in enumerate(pos))
+                        inside = Index(x.shape, (img, ch) + tuple(
+                            inside_position(q, x.shape[2 + s]) for s, q in enumerate(pos)))
                         v = kc.tmp("v")
-                        w.line(f"float {v} = 0.0f;")
-                        with w.block(f"if ({cond})"), ev.scope():
-                            w.line(f"{v} = {ev.at(x, idx)};")
-                        w.line(f"{dst}[{c}] = {v};")
+                        with w.block(""), ev.scope():
+                            w.line(f"const float {v} = {ev.at(x, inside)};")
+                            w.line(f"{dst}[{c}] = ({cond}) ? {v} : 0.0f;")
                     else:
                         with w.block(""), ev.scope():
                             w.line(f"{dst}[{c}] = {ev.at(x, idx)};")
@@ -335,12 +336,19 @@ def _generic_im2col_loader(node, geo, G):
         opos = delinearize(n, out_sp)
         pos = [add(mul(opos[s], geo.strides[s]), str(-geo.pads_begin[s]), mul(koff[s], geo.dilations[s]))
                for s in range(len(geo.kernel))]
-        v = ev.kc.tmp("v")
+        # No load under a condition: read at the nearest position inside the input and select 0 outside
+        # (gcc 12.2 -O3 turned ``if (inside) v = x[..]`` here into masked loads, as it did in the Pad and the
+        # pools whose masked loads returned other memory: issue 13, tests/e2e/test_guarded_loads.py).
         ct = c_type(x.dtype)
-        w.line(f"{ct} {v} = {literal(0, x.dtype)};")
-        cond = " && ".join(f"(unsigned long)({q}) < {x.shape[2 + s]}ul" for s, q in enumerate(pos))
-        with w.block(f"if ({cond})"), ev.scope():
-            w.line(f"{v} = {ev.at(x, Index(x.shape, (img, ch) + tuple(pos)))};")
+        qs, inside = [], []
+        for s, q in enumerate(pos):
+            name = ev.kc.tmp("q")
+            w.line(f"const long {name} = {q};")
+            inside.append(f"(unsigned long){name} < {x.shape[2 + s]}ul")
+            qs.append(inside_position(name, x.shape[2 + s]))
+        t, v = ev.kc.tmp("t"), ev.kc.tmp("v")
+        w.line(f"const {ct} {t} = {ev.at(x, Index(x.shape, (img, ch) + tuple(qs)))};")
+        w.line(f"const {ct} {v} = ({' && '.join(inside)}) ? {t} : {literal(0, x.dtype)};")
         return v
     return load
 

@@ -21,7 +21,7 @@ from opfuse.codegen.conv import conv_problem
 from opfuse.codegen.ctype import c_type, literal, lowest
 from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.gemm import emit_gemm, gemm_problem, matmul_problem, merge_problems
-from opfuse.codegen.index import Index, add, mul
+from opfuse.codegen.index import Index, add, inside_position, mul
 from opfuse.codegen.loops import emit_loop_nest
 from opfuse.codegen.rules import nan_max
 from opfuse.codegen.stages import GroupAnalysis, Stage
@@ -77,7 +77,7 @@ def _lower_pools(kc, ev, stage: Stage) -> None:
             w.line(f"const long {pos} = {add(start, mul(k, geo.dilations[s]))};")
             counted.append(f"({pos} >= {-geo.pads_begin[s]} && {pos} < {L + geo.pads_end[s]})")
             inside.append(f"({pos} >= 0 && {pos} < {L})")
-            dims.append(f"({pos} < 0 ? 0 : ({pos} >= {L} ? {L - 1} : {pos}))")
+            dims.append(inside_position(pos, L))
         ok = kc.tmp("in")
         w.line(f"const int {ok} = {' && '.join(inside)};")
         if need_sum:

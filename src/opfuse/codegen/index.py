@@ -21,6 +21,20 @@ from typing import Sequence
 Run = tuple[int, int, str]
 
 
+def inside_position(q: str, length: int) -> str:
+    """A position in ``[0, length)`` that is ``q`` wherever ``q`` is in it: where a kernel reads an element that may
+    lie outside its tensor (a pad, a window's tap) and then selects another value there, it reads here
+    instead of under a condition (issue 13: gcc 12.2 at -O3 turned such guarded loads into masked vector loads
+    that returned other memory). Outside, the position is ``length - 1`` (negative ``q`` are huge unsigned):
+    any position inside serves. Written as an unsigned min because gcc folded the nearest-position clamp
+    (``q < 0 ? 0 : (q >= L ? L - 1 : q)``) back into a masked load under the select at some widths (a
+    float64 Pad, AveragePool and Conv; ``tools/masked_loads.py``); this form it has not."""
+    last = length - 1
+    if last == 0:
+        return "0"
+    return f"(long)((unsigned long)({q}) < {last}ul ? (unsigned long)({q}) : {last}ul)"
+
+
 def is_int(expr: str) -> bool:
     return expr.lstrip("-").isdigit()
 

@@ -108,6 +108,7 @@ class KernelContext:
         self.checked: set[int] = set()  # ids of nodes whose operands were checked before the loops
         self.notes: list[str] = []  # algorithm choices (Winograd or direct ...), for the report
         self._comment_notes: list[str] = []  # the same, in the C comment (names as C identifiers)
+        self.loop_ranges: dict[str, tuple[int, int]] = {}  # loop variable -> [lo, hi) of a split loop being written
 
     def note(self, describe: Callable[[str], str], node) -> None:
         """Record a choice this kernel made for ``node``: ``describe(name)`` with the node's own name

@@ -38,10 +38,13 @@ def loop_groups(shape: Sequence[int], mergeable: Callable[[int, int], bool] | No
 
 def emit_loop_nest(kc, ev, shape: Sequence[int], body: Callable[[Index], None], *,
                    mergeable: Callable[[int, int], bool] | None = None, cost_per_element: int = 1,
-                   parallel: bool = True, prefix: str = "i") -> None:
+                   parallel: bool = True, prefix: str = "i", split: tuple[int, Sequence[int]] | None = None) -> None:
     """``for`` loops over every element of ``shape``; ``body(idx)`` emits one element's work.
 
-    The outermost loop is split across threads when the nest is big enough."""
+    The outermost loop is split across threads when the nest is big enough. ``split = (axis, bounds)``: where
+    ``axis`` has a loop of its own below the outermost, that loop is written as one loop per range between the
+    ``bounds`` (each with the loops inside it and the body), and ``kc.loop_ranges`` holds its variable's range
+    while each body is written (a fused Concat then reads its input with no branch: ``rules._concat``)."""
     w = kc.w
     shape = tuple(shape)
     if not shape:
@@ -53,20 +56,38 @@ def emit_loop_nest(kc, ev, shape: Sequence[int], body: Callable[[Index], None], 
     for a, b in groups:
         var = kc.tmp(prefix)
         loops.append((a, b, var, math.prod(shape[a:b])))
+    at = None
+    if split is not None:
+        at = next((k for k, (a, b, _, n) in enumerate(loops) if a <= split[0] < b and n == shape[split[0]]), None)
+        at = at if at is not None and at >= 1 else None
     total = math.prod(shape)
-    opened = 0
-    for depth, (_, _, var, extent) in enumerate(loops):
+    index = Index.loops(shape, [(a, b, var) for a, b, var, _ in loops])
+
+    def nest(depth: int) -> None:
+        if depth == len(loops):
+            with ev.scope():
+                body(index)
+            return
+        _, _, var, extent = loops[depth]
         if depth == 0 and parallel:
-            collapse = 2 if len(loops) > 1 and extent < kc.program.options.parallel_min_outer else 1
+            collapse = 2 if len(loops) > 1 and extent < kc.program.options.parallel_min_outer and at != 1 else 1
             kc.parallel_for(total * cost_per_element, collapse)
-        w.line(f"for (long {var} = 0; {var} < {extent}; ++{var}) {{")
-        w.level += 1
-        opened += 1
-    with ev.scope():
-        body(Index.loops(shape, [(a, b, var) for a, b, var, _ in loops]))
-    for _ in range(opened):
-        w.level -= 1
-        w.line("}")
+        ranges = [(0, extent)]
+        if depth == at and split is not None:
+            cuts = sorted({0, extent, *(int(c) for c in split[1] if 0 < c < extent)})
+            ranges = list(zip(cuts[:-1], cuts[1:], strict=True))
+        for lo, hi in ranges:
+            w.line(f"for (long {var} = {lo}; {var} < {hi}; ++{var}) {{")
+            w.level += 1
+            if depth == at:
+                kc.loop_ranges[var] = (lo, hi)
+            nest(depth + 1)
+            if depth == at:
+                del kc.loop_ranges[var]
+            w.level -= 1
+            w.line("}")
+
+    nest(0)
 
 
 def store(kc, ev, v: Value, idx: Index, expr: str | None = None) -> None:

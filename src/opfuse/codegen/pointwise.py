@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from opfuse.codegen import half, simdchain
+from opfuse.codegen.concat import concat_split
 from opfuse.codegen.index import Index
 from opfuse.codegen.loops import emit_loop_nest, is_view_store, loop_groups, store
 from opfuse.codegen.stages import GroupAnalysis, Stage
@@ -93,7 +94,8 @@ def lower_pointwise(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     first = outs[0].producer or kc.group.nodes[0]
     if simdchain.emit(kc, ev, first, outs, analysis.inline, ev.loadable, shape, cost, body, mergeable):
         return  # dense float32 chain: AVX-512 / AVX2 intrinsics, this loop nest under #else
-    emit_loop_nest(kc, ev, shape, body, mergeable=mergeable, cost_per_element=cost)
+    split = concat_split(kc.group.nodes, analysis.inline, shape)
+    emit_loop_nest(kc, ev, shape, body, mergeable=mergeable, cost_per_element=cost, split=split)
 
 
 def f16c_block(options, extent: int) -> int:

@@ -28,7 +28,7 @@ import numpy as np
 from opfuse.codegen.ctype import c_type, literal, lowest
 from opfuse.codegen.depthwise import DIRECT_MAX_ROW_VECTORS, copy_plane, plane_chunk, planes_of_chunk, row_classes
 from opfuse.codegen.gemm import in_memory
-from opfuse.codegen.index import Index, add, delinearize, mul
+from opfuse.codegen.index import Index, add, delinearize, inside_position, mul
 from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.microkernel import AVX2_GUARD
 from opfuse.codegen.loops import emit_loop_nest, lane_reduce
@@ -154,7 +154,7 @@ def lower_pool(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
             kc.w.line(f"const long {pos} = {add(start, mul(k, w.dilations[s]))};")
             inside.append(f"{pos} >= 0 && {pos} < {L}")
             counted.append(f"{pos} >= {-w.pads_begin[s]} && {pos} < {L + w.pads_end[s]}")
-            dims.append(f"({pos} < 0 ? 0 : ({pos} >= {L} ? {L - 1} : {pos}))")
+            dims.append(inside_position(pos, L))
         ok = kc.tmp("in")
         kc.w.line(f"const int {ok} = {' && '.join(f'({c})' for c in inside)};")
         with ev.scope():

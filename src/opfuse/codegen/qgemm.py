@@ -658,11 +658,19 @@ static void opfuse_q8_pairs_{s}(int16_t* restrict dst, const {T}* a, const {T}* 
       _mm_storeu_si128((__m128i*)(dst + 2 * j + 8), _mm_unpackhi_epi16(xa, xb));
     }}
   }}
+  /* No load under a condition (issue 13: gcc 12.2 -O3 made masked loads of such tails): each row is read at a
+     position inside it (a NULL row at its stand-in's only one) and the value selected. */
+  const {T} none = 0;
+  const {T}* ra = a ? a : &none;
+  const {T}* rb = b ? b : &none;
+  const long la = a ? len - 1 : 0, lb = b ? len - 1 : 0;
   for (; j < n; ++j) {{
     const long i = first + j * step;
     const int in = i >= 0 && i < len;
-    dst[2 * j] = (int16_t)(in && a ? a[i] - zp : 0);
-    dst[2 * j + 1] = (int16_t)(in && b ? b[i] - zp : 0);
+    const int32_t va = ra[(unsigned long)i < (unsigned long)la ? i : la] - zp;
+    const int32_t vb = rb[(unsigned long)i < (unsigned long)lb ? i : lb] - zp;
+    dst[2 * j] = (int16_t)(in && a ? va : 0);
+    dst[2 * j + 1] = (int16_t)(in && b ? vb : 0);
   }}
 }}
 
@@ -692,9 +700,10 @@ static void opfuse_q8_plane_row_{s}(int32_t* restrict dst, const {T}* a, long fi
       _mm256_storeu_si256((__m256i*)(dst + j), _mm256_sub_epi32(_mm256_cvt{cvt}_epi32(
           _mm_shuffle_epi8(_mm_loadu_si128((const __m128i*)(a + first + 2 * j)), even)), z));
   }}
-  for (; j < n; ++j) {{
+  for (; j < n; ++j) {{ /* read inside and select: no load under a condition (issue 13) */
     const long i = first + j * step;
-    dst[j] = i >= 0 && i < len ? a[i] - zp : 0;
+    const int32_t v = a[(unsigned long)i < (unsigned long)(len - 1) ? i : len - 1] - zp;
+    dst[j] = i >= 0 && i < len ? v : 0;
   }}
 }}
 #endif
@@ -705,23 +714,97 @@ static void opfuse_q8_plane_row_{s}(int32_t* restrict dst, const {T}* a, long fi
 # one-input-channel case (4 taps of a row per word, scalar) and the scalar tail after the vector loops.
 _QUADS_HEAD = """  const uint8_t flip = {flip};
   const {T}* rows[4] = {{r0, r1, r2, r3}};
+  /* The scalar loops read each row at a position inside it (a NULL row: its stand-in's only one) and select the
+     fill outside: no load under a condition (issue 13: gcc 12.2 -O3 made masked loads of the guarded form). */
+  const {T} none = 0;
+  const {T}* src[4];
+  long last[4];
+  for (int q = 0; q < 4; ++q) {{
+    src[q] = rows[q] ? rows[q] : &none;
+    last[q] = rows[q] ? len - 1 : 0;
+  }}
   long j = 0;
-  if (shift) {{ /* one row's 4 taps per word: row q read at i + q * shift */
-    for (; j < n; ++j) {{
+  if (shift) {{ /* one row's 4 taps per word: row q read at i + q * shift, i = first + j * step */
+    /* [lo, hi): the j where every row's tap lies inside, read with no select (a NULL row reads a stand-in that
+       gives the fill); the j before and after read inside and select. */
+    const {T} blank = ({T})(uint8_t)(fill ^ flip);
+    const {T}* base[4];
+    long off[4], mul[4], lo = 0, hi = n, flo = n, fhi = 0; /* [0, flo) and [fhi, n): every tap outside, the fill */
+    for (int q = 0; q < 4; ++q) {{
+      base[q] = rows[q] ? rows[q] : &blank;
+      off[q] = rows[q] ? first + q * shift : 0;
+      mul[q] = rows[q] ? step : 0;
+      if (!rows[q]) continue;
+      const long a = off[q];
+      const long lq = a >= 0 ? 0 : (-a + step - 1) / step, hq = len - 1 - a >= 0 ? (len - 1 - a) / step + 1 : 0;
+      if (lq > lo) lo = lq;
+      if (hq < hi) hi = hq;
+      if (lq < flo) flo = lq;
+      if (hq > fhi) fhi = hq;
+    }}
+    if (lo > n) lo = n;
+    if (hi < lo) hi = lo;
+    if (flo > lo) flo = lo;
+    if (fhi < hi) fhi = hi;
+    if (fhi > n) fhi = n;
+    memset(dst, fill, (size_t)(4 * flo));
+    for (j = flo; j < n; ++j) {{
+      if (j == fhi) {{
+        memset(dst + 4 * j, fill, (size_t)(4 * (n - j)));
+        break;
+      }}
+      if (j == lo) {{
+        const {T}* p0 = base[0] + off[0];
+        const {T}* p1 = base[1] + off[1];
+        const {T}* p2 = base[2] + off[2];
+        const {T}* p3 = base[3] + off[3];
+        const long m0 = mul[0], m1 = mul[1], m2 = mul[2], m3 = mul[3];
+        if (step == 1 && m0 == 1 && m1 == 1 && m2 == 1) {{ /* stride 1: contiguous rows, vectorised */
+          if (m3 == 1)
+            for (; j < hi; ++j) {{
+              dst[4 * j] = (uint8_t)((uint8_t)p0[j] ^ flip);
+              dst[4 * j + 1] = (uint8_t)((uint8_t)p1[j] ^ flip);
+              dst[4 * j + 2] = (uint8_t)((uint8_t)p2[j] ^ flip);
+              dst[4 * j + 3] = (uint8_t)((uint8_t)p3[j] ^ flip);
+            }}
+          else if (!rows[3]) /* a 3-tap kernel row: the fourth byte is the fill */
+            for (; j < hi; ++j) {{
+              dst[4 * j] = (uint8_t)((uint8_t)p0[j] ^ flip);
+              dst[4 * j + 1] = (uint8_t)((uint8_t)p1[j] ^ flip);
+              dst[4 * j + 2] = (uint8_t)((uint8_t)p2[j] ^ flip);
+              dst[4 * j + 3] = fill;
+            }}
+        }}
+        for (; j < hi; ++j) {{
+          dst[4 * j] = (uint8_t)((uint8_t)p0[j * m0] ^ flip);
+          dst[4 * j + 1] = (uint8_t)((uint8_t)p1[j * m1] ^ flip);
+          dst[4 * j + 2] = (uint8_t)((uint8_t)p2[j * m2] ^ flip);
+          dst[4 * j + 3] = (uint8_t)((uint8_t)p3[j * m3] ^ flip);
+        }}
+        if (j == n) break;
+      }}
       const long i = first + j * step;
       for (int q = 0; q < 4; ++q) {{
         const long iq = i + q * shift;
-        dst[4 * j + q] = iq >= 0 && iq < len && rows[q] ? (uint8_t)((uint8_t)rows[q][iq] ^ flip) : fill;
+        const uint8_t v = (uint8_t)((uint8_t)src[q][(unsigned long)iq < (unsigned long)last[q] ? iq : last[q]] ^ flip);
+        dst[4 * j + q] = iq >= 0 && iq < len && rows[q] ? v : fill;
       }}
     }}
     return;
   }}
 """
-_QUADS_TAIL = """  for (; j < n; ++j) {{
+_QUADS_TAIL = """  /* j >= end: past the row's end, the fill; before it, each row read inside and the value selected */
+  long end = len - first > 0 ? (len - first + step - 1) / step : 0;
+  if (end > n) end = n;
+  for (; j < end; ++j) {{
     const long i = first + j * step;
     const int in = i >= 0 && i < len;
-    for (int q = 0; q < 4; ++q) dst[4 * j + q] = in && rows[q] ? (uint8_t)((uint8_t)rows[q][i] ^ flip) : fill;
+    for (int q = 0; q < 4; ++q) {{
+      const uint8_t v = (uint8_t)((uint8_t)src[q][(unsigned long)i < (unsigned long)last[q] ? i : last[q]] ^ flip);
+      dst[4 * j + q] = in && rows[q] ? v : fill;
+    }}
   }}
+  if (j < n) memset(dst + 4 * j, fill, (size_t)(4 * (n - j)));
 }}
 #endif
 """
@@ -1372,9 +1455,11 @@ static void opfuse_q8_tap_pairs_{s}(int16_t* restrict dst, const {T}* a, long fi
   if (hi < lo) hi = lo;
   long j = 0;
   for (; j < lo; ++j) {{
-    const long i = first + j;
-    dst[2 * j] = (int16_t)(i >= 0 && i < len ? a[i] - zp : 0);
-    dst[2 * j + 1] = (int16_t)(i + d >= 0 && i + d < len ? a[i + d] - zp : 0);
+    const long i = first + j, e = i + d; /* read inside and select: no load under a condition (issue 13) */
+    const int32_t va = a[(unsigned long)i < (unsigned long)(len - 1) ? i : len - 1] - zp;
+    const int32_t vb = a[(unsigned long)e < (unsigned long)(len - 1) ? e : len - 1] - zp;
+    dst[2 * j] = (int16_t)(i >= 0 && i < len ? va : 0);
+    dst[2 * j + 1] = (int16_t)(e >= 0 && e < len ? vb : 0);
   }}
   const __m128i z = _mm_set1_epi16((short)zp);
   for (; j + 8 <= hi; j += 8) {{
@@ -1384,9 +1469,11 @@ static void opfuse_q8_tap_pairs_{s}(int16_t* restrict dst, const {T}* a, long fi
     _mm_storeu_si128((__m128i*)(dst + 2 * j + 8), _mm_unpackhi_epi16(xa, xb));
   }}
   for (; j < n; ++j) {{
-    const long i = first + j;
-    dst[2 * j] = (int16_t)(i >= 0 && i < len ? a[i] - zp : 0);
-    dst[2 * j + 1] = (int16_t)(i + d >= 0 && i + d < len ? a[i + d] - zp : 0);
+    const long i = first + j, e = i + d; /* read inside and select: no load under a condition (issue 13) */
+    const int32_t va = a[(unsigned long)i < (unsigned long)(len - 1) ? i : len - 1] - zp;
+    const int32_t vb = a[(unsigned long)e < (unsigned long)(len - 1) ? e : len - 1] - zp;
+    dst[2 * j] = (int16_t)(i >= 0 && i < len ? va : 0);
+    dst[2 * j + 1] = (int16_t)(e >= 0 && e < len ? vb : 0);
   }}
 }}
 #endif

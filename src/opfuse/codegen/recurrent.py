@@ -302,7 +302,9 @@ class _Lowering:
         bp = self.kc.ptr(self.b)
         wb, rb = f"{bp}[{d * 2 * N} + {n}]", f"{bp}[{d * 2 * N + N} + {n}]"
         if lbr:  # the candidate's Rbh stays inside the reset product: kept at bias[N:]
-            w.line(f"for (long {n} = 0; {n} < {N}; ++{n}) {self.bias}[{n}] = {n} < {2 * H} ? {wb} + {rb} : {wb};")
+            # Two loops, not ``n < 2H ? wb + rb : wb``: no load under a condition (issue 13, ``_project``).
+            w.line(f"for (long {n} = 0; {n} < {2 * H}; ++{n}) {self.bias}[{n}] = {wb} + {rb};")
+            w.line(f"for (long {n} = {2 * H}; {n} < {N}; ++{n}) {self.bias}[{n}] = {wb};")
             w.line(f"for (long {n} = 0; {n} < {H}; ++{n}) {self.bias}[{N} + {n}] = "
                    f"{bp}[{d * 2 * N + N + 2 * H} + {n}];")
         else:
@@ -360,9 +362,13 @@ class _Lowering:
         MR, NR, NPAD = self.MR, self.NR, self.NPAD
         rows, m, n = kc.tmp("rows"), kc.tmp("m"), kc.tmp("n")
         w.line(f"const long {rows} = {steps} * {B};")
+        # The bias, then zeros to the padded width: two loops, no load under a condition (``n < N ? bias[n] : 0``
+        # was vectorised by gcc 12.2 -O3 into masked loads, the form that returned other memory in the Pad and
+        # the pools: issue 13, tests/e2e/test_guarded_loads.py).
         with w.block(f"for (long {m} = 0; {m} < {self.MP * MR}; ++{m})"):
-            w.line(f"for (long {n} = 0; {n} < {NPAD}; ++{n}) {self.xw}[{m} * {NPAD} + {n}] = "
-                   f"{n} < {N} ? {self.bias}[{n}] : 0.0f;")
+            w.line(f"for (long {n} = 0; {n} < {N}; ++{n}) {self.xw}[{m} * {NPAD} + {n}] = {self.bias}[{n}];")
+            if NPAD > N:
+                w.line(f"for (long {n} = {N}; {n} < {NPAD}; ++{n}) {self.xw}[{m} * {NPAD} + {n}] = 0.0f;")
         mp, np_ = kc.tmp("mp"), kc.tmp("np")
         if self.f32:
             self._pack_x(t0, rows)

@@ -45,7 +45,7 @@ import numpy as np
 from opfuse.codegen.ctype import c_type, highest, is_float, literal, lowest, math_fn
 from opfuse.codegen import checks, half, vecmath
 from opfuse.codegen.erf import require_erf
-from opfuse.codegen.index import Index, add, mod, mul
+from opfuse.codegen.index import Index, add, inside_position, mod, mul
 from opfuse.ir.dtypes import is_narrow_float
 from opfuse.ir.graph import Node
 from opfuse.ops.registry import get_spec
@@ -658,6 +658,11 @@ def _concat(ev, node, k, idx):
         for v, lo, hi in pieces:
             if lo <= int(d) < hi:
                 return at_piece(v, lo)
+    span = getattr(ev.kc, "loop_ranges", {}).get(d)
+    if span is not None:  # a loop over one input's slice only (``concat_split``): no branch
+        for v, lo, hi in pieces:
+            if lo <= span[0] and span[1] <= hi:
+                return at_piece(v, lo)
     res = ev.kc.tmp("sel")
     ev.w.line(f"{c_type(out.dtype)} {res};")
     for i, (v, lo, hi) in enumerate(pieces):
@@ -684,10 +689,10 @@ def _pad(ev, node, k, idx):
         if b <= 0 and e <= 0:
             dims.append(add(c, str(crop_lo)))
             continue
-        if mode == "constant":  # read at the edge's position, select the fill outside (below)
+        if mode == "constant":  # read at a position inside, select the fill outside (below)
             cc = let(ev, np.int64, f"(long)({c})")
             conds.append(f"{cc} >= 0 && {cc} < {length}")
-            dims.append(add(f"({cc} < 0 ? 0 : ({cc} >= {length} ? {length - 1} : {cc}))", str(crop_lo)))
+            dims.append(add(inside_position(cc, length), str(crop_lo)))
         elif mode == "edge":
             cc = let(ev, np.int64, f"(long)({c})")
             dims.append(add(f"({cc} < 0 ? 0 : ({cc} >= {length} ? {length - 1} : {cc}))", str(crop_lo)))
@@ -709,8 +714,8 @@ def _pad(ev, node, k, idx):
         fill = ev.at(v, Index.linear(v.shape, "0")) if v.shape else ev.at(v, Index((), ()))
     # No load under a condition: gcc 12.2 -O3 -fwrapv vectorised the guarded form (``if (inside) pad = x[..]``)
     # into masked gathers that returned other memory for some lanes (a 1x6x2x1 -> 3x9x3x1 Pad: 2 of 81 values,
-    # e.g. 2.0e-320; found by ``opfuse fuzz``, tests/e2e/test_fuzz_findings.py). The input is read at the
-    # nearest position inside it, a value the Pad reads anyway, and the fill selected where the output is outside.
+    # e.g. 2.0e-320; found by ``opfuse fuzz``, tests/e2e/test_fuzz_findings.py). The input is read at a
+    # position inside it (``index.inside_position``), and the fill selected where the output is outside.
     value = let(ev, dt, ev.at(x, src))  # a statement of its own: in the select's arm it would be conditional
     return let(ev, dt, f"(({' && '.join(conds)}) ? {value} : ({c_type(dt)}){fill})")
 
