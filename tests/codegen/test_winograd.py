@@ -314,3 +314,26 @@ def test_winograd_avx512_block_where_it_pads_no_more(hw, block, cache_dir):
     got, want, model = run_both(g, plan, cache_dir, options=o)
     assert_close(got, want, rtol=1e-3, atol=1e-4)
     assert any(n.startswith(f"Winograd GEMMs 'conv': {block} micro-kernel") for n in _notes(model)), _notes(model)
+
+
+def test_transformed_weights_prefetched_ahead_same_bits(cache_dir):
+    """``winograd_prefetch_u``: the batched GEMMs' micro-kernel prefetches the packed U that many bytes
+    ahead (``_pa`` and the k steps in its name: 12288 bytes over panels of 16 rows are 192 steps); 0
+    emits none. A prefetch reads nothing into a register: the same bits either way, at 1 and 2 threads
+    (a single 14x14 block, split by output channels for 2)."""
+    from opfuse.codegen.microkernel import microkernel
+    on_name, on = microkernel(16, 16, "packed", "strided", avx512=True, a_prefetch=192)
+    off_name, off = microkernel(16, 16, "packed", "strided", avx512=True)
+    assert on_name.endswith("_pa192_z") and off_name == on_name.replace("_pa192", "")
+    assert "_mm_prefetch((const char*)(ak + 3072), _MM_HINT_T0);" in on
+    assert "_mm_prefetch((const char*)(ak + " not in off
+    g, plan = conv_block(1, 64, 256, 14, 14, [1, 1, 1, 1])
+    for threads in (1, 2):
+        got, want, m = run_both(g, plan, cache_dir, options=CodegenOptions(winograd_prefetch_u=12288), threads=threads)
+        base, _, m0 = run_both(g, plan, cache_dir, options=CodegenOptions(winograd_prefetch_u=0), threads=threads)
+        assert "Winograd F(4x4,3x3)" in m.program.source
+        assert "_mm_prefetch((const char*)(ak + " in m.program.source
+        assert "_mm_prefetch((const char*)(ak + " not in m0.program.source
+        assert_close(got, want)
+        for k in got:
+            assert np.array_equal(got[k], base[k])
