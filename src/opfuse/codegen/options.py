@@ -452,6 +452,11 @@ class CodegenOptions:
     # 2-4 KB (64 k steps), 4096 and 24576 bytes gained about as much (each against 0; 4096 and 24576 against
     # 12288 within 3%). Same bits.
     winograd_prefetch_u: int = 12288
+    # ... where U is at least this many bytes (packed, output channels padded to the register block): a smaller U
+    # (resnet8's 36-256 KiB, yolo_block's 36 KiB) stays in the caches from one run to the next, and the prefetch
+    # would be one more instruction a k step for nothing (there within +-2% either way); resnet18's are 576 KiB
+    # (layer1, 1 thread -5% with it) to 9 MiB. The kernel's notes say which, with U's size.
+    winograd_prefetch_min_bytes: int = 512 << 10
     # A fused pointwise loop that reads or writes float16 (or rounds to it between ops) on a target with
     # F16C runs its innermost loop in blocks (``codegen/pointwise.py:emit_f16c_blocks``): F16C converts
     # 8 lanes at a time into and out of float arrays of ``f16c_block`` elements (fewer, a power of two,
