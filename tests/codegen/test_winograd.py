@@ -320,7 +320,8 @@ def test_transformed_weights_prefetched_ahead_same_bits(cache_dir):
     """``winograd_prefetch_u``: the batched GEMMs' micro-kernel prefetches the packed U that many bytes
     ahead (``_pa`` and the k steps in its name: 12288 bytes over panels of 16 rows are 192 steps) where U
     has ``winograd_prefetch_min_bytes`` or more (here 36 x 256 x 64 floats, 2304 KiB: prefetched by
-    default, not with a 4 MiB minimum), the kernel's notes saying which; 0 emits none. A prefetch reads
+    default, not with a 4 MiB minimum), the kernel's notes saying which; 0 emits none, nor does the plain C99
+    build (simd="none": its C is the same whatever the option). A prefetch reads
     nothing into a register: the same bits either way, at 1 and 2 threads (a single 14x14 block, split by
     output channels for 2)."""
     from opfuse.codegen.microkernel import microkernel
@@ -340,6 +341,10 @@ def test_transformed_weights_prefetched_ahead_same_bits(cache_dir):
         assert (prefetch in program.source) is fetched
         assert any(n.startswith("Winograd GEMMs 'conv'") and n.endswith(note)
                    for k in program.kernels for n in k.notes), [n for k in program.kernels for n in k.notes]
+    plain = generate(g, plan, options=CodegenOptions(simd="none", winograd="on"))  # no intrinsics, no prefetch
+    assert plain.source == generate(g, plan, options=CodegenOptions(simd="none", winograd="on",
+                                                                    winograd_prefetch_u=0)).source
+    assert "prefetched" not in plain.source and "_pa" not in plain.source.replace("_packed", "")
     for threads in (1, 2):
         got, want, m = run_both(g, plan, cache_dir, threads=threads)
         base, _, m0 = run_both(g, plan, cache_dir, options=CodegenOptions(winograd_prefetch_u=0), threads=threads)

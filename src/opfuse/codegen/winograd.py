@@ -449,15 +449,16 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
 
     neon = o.vector_isa == "neon"
     u_bytes = A2 * -(-OC // MR) * MR * C * 4
-    ahead = o.winograd_prefetch_u if u_bytes >= o.winograd_prefetch_min_bytes else 0
+    # the prefetch is an intrinsic: the plain C99 build (simd="none") has none, and its C stays as it was
+    ahead = o.winograd_prefetch_u if o.simd == "auto" and u_bytes >= o.winograd_prefetch_min_bytes else 0
     name, text = microkernel(MR, NR, "packed", "strided", o.simd, o.gemm_prefetch, o.gemm_scalar_accumulators, wide,
                              neon=neon, a_prefetch=-(-ahead // (4 * MR)))
     ukr = kc.program.require_helper(name, text)
     bodies = microkernel_bodies(MR, NR, o.simd, wide, neon)
-    fetch = f"U ({u_bytes >> 10} KiB) prefetched {ahead} bytes ahead" if ahead else \
-        f"U ({u_bytes >> 10} KiB) not prefetched (winograd_prefetch_min_bytes={o.winograd_prefetch_min_bytes})" \
-        if o.winograd_prefetch_u else "U not prefetched (winograd_prefetch_u=0)"
-    kc.note(lambda nm: f"Winograd GEMMs '{nm}': {MR}x{NR} micro-kernel, {bodies}; {fetch}", node)
+    fetch = "" if o.simd != "auto" else f"; U ({u_bytes >> 10} KiB) prefetched {ahead} bytes ahead" if ahead else \
+        f"; U ({u_bytes >> 10} KiB) not prefetched (winograd_prefetch_min_bytes={o.winograd_prefetch_min_bytes})" \
+        if o.winograd_prefetch_u else "; U not prefetched (winograd_prefetch_u=0)"
+    kc.note(lambda nm: f"Winograd GEMMs '{nm}': {MR}x{NR} micro-kernel, {bodies}{fetch}", node)
     u = filter_transform(kc.program.memory.static[id(wt)], t).astype(np.float32)
     upack = kc.const_array(("winograd_u", node.name, m, MR), pack_a_panels(u, MR), node.name + "_U", np.float32)
     mp = OCp // MR
