@@ -27,13 +27,16 @@ before, every switch between 1 and 2 threads allocated a fresh one, and the firs
 run paid its page faults (resnet18's conv1 timed 1.4-5 ms at 2 threads against 0.6).
 
 ``--ab`` interleaves the builds without and with tile balancing (``CodegenOptions.balance_threads``)
-instead; ``--static`` runs nothing and prints the split alone (``--markdown FILE``: before and after).
+instead; ``--vs FIELD=VALUE ...`` interleaves the default build with one built with those
+``CodegenOptions`` fields, per kernel at 1 and N threads (each round: both builds, each at 1 thread then
+N); ``--static`` runs nothing and prints the split alone (``--markdown FILE``: before and after).
 
 Writes ``benchmarks/results/scaling.json`` (``--out``).
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import ctypes
 import json
 import os
@@ -123,6 +126,70 @@ def scale(name: str, threads: int, repeat: int, fifo: bool = False) -> dict:
             "tile_bound_speedup": float(sum(k["ms_1"] for k in kernels)
                                         / sum(k["ms_1"] / k["tile_bound"] for k in kernels)),
             "kernels": kernels}
+
+
+def options_ab(name: str, threads: int, repeat: int, fields: dict, fifo: bool = False) -> dict:
+    """Interleaved, per round: the default build and the build with ``fields`` (``CodegenOptions``), each at
+    1 thread then at ``threads``; per kernel and whole run, the medians of each."""
+    comp = plan_model(f"zoo:{name}")
+    feeds = random_inputs(comp.original, 0)
+    builds = {"default": build_native(comp, threads=1, codegen_options=CodegenOptions(profile=True)),
+              "vs": build_native(comp, threads=1, codegen_options=CodegenOptions(profile=True, **fields))}
+    realtime(fifo)
+    ts = (1, threads)
+    per: dict[tuple[str, int], list[np.ndarray]] = {(k, t): [] for k in builds for t in ts}
+    wall: dict[tuple[str, int], list[float]] = {(k, t): [] for k in builds for t in ts}
+    groups: dict[str, list[str]] = {}
+    for model in builds.values():
+        for t in ts:
+            model.threads = t
+            model.run(feeds)
+    with OtherLoad() as others:
+        for _ in range(repeat):
+            for key, model in builds.items():
+                n = model.program.num_functions
+                ns, grp = (ctypes.c_uint64 * n)(), (ctypes.c_int * n)()
+                for t in ts:
+                    model.threads = t
+                    model._lib.opfuse_profile(ns, grp, n)
+                    t0 = time.perf_counter()
+                    model.run(feeds)
+                    wall[key, t].append((time.perf_counter() - t0) * 1e3)
+                    model._lib.opfuse_profile(ns, grp, n)
+                    per[key, t].append(np.array(ns[:n], dtype=np.float64) / 1e6)
+                groups[key] = [model.program.kernels[grp[k]].group for k in range(n)]
+    out: dict = {"model": name, "threads": threads, "repeat": repeat, "fields": {k: repr(v) for k, v in fields.items()},
+                 "others_cores": others.cores, "loadavg": os.getloadavg()[0], "fifo": fifo}
+    for key in builds:
+        med = {t: np.median(per[key, t], axis=0) for t in ts}
+        out[key] = {"wall_ms": {str(t): float(np.median(wall[key, t])) for t in ts},
+                    "kernels": {g: {str(t): float(med[t][k]) for t in ts} for k, g in enumerate(groups[key])}}
+    return out
+
+
+def options_ab_table(r: dict) -> str:
+    t = str(r["threads"])
+    d, v = r["default"], r["vs"]
+    fields = " ".join(f"{k}={x}" for k, x in r["fields"].items())
+    lines = [f"{r['model']} vs {fields} (others took {r['others_cores'] or 0:.2f} cores, load average "
+             f"{r['loadavg']:.1f}{', SCHED_FIFO' if r['fifo'] else ''}; medians of {r['repeat']} rounds):",
+             f"  wall 1t {d['wall_ms']['1']:.3f} -> {v['wall_ms']['1']:.3f} ms, {t}t {d['wall_ms'][t]:.3f} -> "
+             f"{v['wall_ms'][t]:.3f} ms; speed-up x{d['wall_ms']['1'] / d['wall_ms'][t]:.2f} -> "
+             f"x{v['wall_ms']['1'] / v['wall_ms'][t]:.2f}",
+             f"  {'group':<26}{'1t ms':>8}{'vs':>8}{f'{t}t ms':>8}{'vs':>8}{'x':>6}{'vs':>6}"]
+    for g, a in d["kernels"].items():
+        b = v["kernels"].get(g)
+        if b is None or (a == b):
+            continue
+        if abs(a["1"] - b["1"]) < 0.02 * a["1"] and abs(a[t] - b[t]) < 0.02 * a[t] and a["1"] < 0.05:
+            continue
+        lines.append(f"  {g[:25]:<26}{a['1']:8.3f}{b['1']:8.3f}{a[t]:8.3f}{b[t]:8.3f}"
+                     f"{a['1'] / a[t]:6.2f}{b['1'] / b[t]:6.2f}")
+    sa = {k: sum(x[k] for x in d["kernels"].values()) for k in ("1", t)}
+    sb = {k: sum(x[k] for x in v["kernels"].values()) for k in ("1", t)}
+    lines.append(f"  {'kernels summed':<26}{sa['1']:8.3f}{sb['1']:8.3f}{sa[t]:8.3f}{sb[t]:8.3f}"
+                 f"{sa['1'] / sa[t]:6.2f}{sb['1'] / sb[t]:6.2f}")
+    return "\n".join(lines)
 
 
 def static(name: str, threads: int, options: CodegenOptions | None = None) -> dict:
@@ -267,6 +334,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--markdown", type=Path, help="with --static: write the before/after split of every model here")
     ap.add_argument("--ab", action="store_true",
                     help="interleave the builds without and with balancing (1 thread, then --threads cold and warm)")
+    ap.add_argument("--vs", nargs="+", metavar="FIELD=VALUE",
+                    help="interleave the default build with one built with these CodegenOptions fields")
     ap.add_argument("--fifo", action="store_true",
                     help="time under SCHED_FIFO (see above): both cores on a machine others keep busy")
     ap.add_argument("--no-balance", action="store_true",
@@ -281,6 +350,17 @@ def main(argv: list[str] | None = None) -> None:
         options = CodegenOptions(balance_threads=()) if args.no_balance else None
         for name in args.models:
             print(static_table(static(name, args.threads, options)), flush=True)
+        return
+    if args.vs:
+        fields = {}
+        for item in args.vs:
+            key, _, value = item.partition("=")
+            fields[key] = ast.literal_eval(value) if value not in ("true", "false") else value == "true"
+        for name in args.models:
+            rows.append(options_ab(name, args.threads, args.repeat, fields, args.fifo))
+            print(options_ab_table(rows[-1]), flush=True)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(rows, indent=1))
         return
     if args.ab:
         for name in args.models:

@@ -153,6 +153,19 @@ def test_bench_scaling_ab_smoke(tmp_path):
     assert all(row[k]["ms_1"] > 0 and len(row[k]["cpu_ms"]) == 2 for k in ("cache blocking", "balanced"))
 
 
+def test_bench_scaling_vs_smoke(tmp_path):
+    """--vs: the default build against one with other CodegenOptions fields, per kernel at 1 and 2 threads."""
+    out = tmp_path / "vs.json"
+    printed = _run("bench_scaling.py", "ds_cnn", "--vs", "balance_even_panels=False", "gemm_min_tiles=2",
+                   "--repeat", "2", "--out", str(out))
+    row = json.loads(out.read_text())[0]
+    assert row["fields"] == {"balance_even_panels": "False", "gemm_min_tiles": "2"}
+    for key in ("default", "vs"):
+        assert set(row[key]["wall_ms"]) == {"1", "2"} and row[key]["kernels"]
+        assert all(set(k) == {"1", "2"} and min(k.values()) >= 0 for k in row[key]["kernels"].values())
+    assert "ds_cnn vs balance_even_panels=False gemm_min_tiles=2" in printed and "kernels summed" in printed
+
+
 def test_bench_memory_aa_smoke(tmp_path):
     out = tmp_path / "aa.json"
     text = _run("bench_memory_aa.py", "ds_cnn", "--repeat", "2", "--out", str(out))

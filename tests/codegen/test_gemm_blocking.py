@@ -277,3 +277,20 @@ def test_the_report_names_the_micro_kernel_bodies_of_the_isa(isa, note):
     g = b.build(b.op("Conv", b.input("x", (1, 16, 8, 8)), w, kernel_shape=[1, 1], name="conv"))
     program = generate(g, None, options=CodegenOptions(vector_isa=isa))
     assert f"GEMM 'conv': {note}" in [n for k in program.kernels for n in k.notes]
+
+
+def test_balancing_tries_tiles_that_give_each_thread_the_same_panels():
+    """mobilenet_v1's 14x14 pointwise layers as the GEMM core sees them (activations A packed per tile, M = 196
+    positions in 14 panels of MR = 14, weights B 512 x 512): the blocking's 4 tiles of 56 rows are 4, 4, 4 and 2
+    panels, 8 + 6 on 2 threads (efficiency 0.875), and the cuts near it (5-7 tiles) leave 8 + 6 too. With
+    ``balance_even_panels`` the candidates include the largest tile within the blocking's whose panels each
+    thread count divides evenly, 1 panel (14 tiles, 7 + 7; 7 panels would be larger than 56 rows): taken, as M
+    cut further repacks nothing. Without it, or where the blocking is balanced already (M = 224: 4 tiles of 4
+    panels) or no tile divides the panels evenly (M = 182: 13 panels), the balancing chooses as before."""
+    def tiles(m: int, even: bool) -> tuple[int, int]:
+        problem = _problem(m, 512, 512, a_static=False, b_static=True)
+        return balance_tiles(problem, AVX2.with_(balance_even_panels=even), 14, 32, 56, 512)
+    assert balance_efficiency(tile_costs(196, 512, 56, 512, 14, 32), (2,)) == pytest.approx((0.875,))
+    assert tiles(196, True) == (14, 512) and tiles(196, False) == (56, 512)
+    assert tiles(224, True) == tiles(224, False) == (56, 512)
+    assert tiles(182, True) == tiles(182, False) == (42, 512)

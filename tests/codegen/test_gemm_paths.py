@@ -252,3 +252,24 @@ def test_rows_outer_store_same_bits(c, oc, hw, simd, cache_dir):
         g, plan = conv_relu(shape[0], shape[1], shape[2], shape[3], 1, 1, [0, 0, 0, 0])
         _, _, m = run_both(g, plan, cache_dir, options=CodegenOptions(simd=simd))
         assert not rows_first.search(m.program.source)
+
+
+def test_pointwise_tiles_even_per_thread_same_bits(cache_dir):
+    """A 256 -> 512 1x1 convolution at 14x14 (mobilenet_v1's pw6 at AVX-512's 14 x 32 block): with
+    ``balance_even_panels`` its 14 position panels run as 14 tiles of one (the blocking's 4 tiles were 4, 4, 4
+    and 2 panels), recorded so in the kernel's parallel loop; the reference's values, and the bits of the
+    4-tile build at 1 and 2 threads (each output still sums its K products in order)."""
+    g, plan = conv_relu(256, 512, 14, 14, 1, 1, [0, 0, 0, 0])
+    even = CodegenOptions(vector_isa="avx512", balance_even_panels=True)
+    got = {}
+    for threads in (1, 2):
+        for option in (True, False):
+            out, want, model = run_both(g, plan, cache_dir, options=even.with_(balance_even_panels=option),
+                                        threads=threads)
+            loop = next(k for k in model.program.kernels if k.parallel).parallel[0]
+            costs = [7168.0] * 14 if option else [28672.0] * 3 + [14336.0]
+            assert (loop.iterations, list(loop.costs)) == (len(costs), costs)
+            assert_close(out, want)
+            got[threads, option] = out
+    for k in got[1, True]:
+        assert all(np.array_equal(got[1, True][k], v[k]) for v in got.values())

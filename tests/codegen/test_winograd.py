@@ -314,3 +314,42 @@ def test_winograd_avx512_block_where_it_pads_no_more(hw, block, cache_dir):
     got, want, model = run_both(g, plan, cache_dir, options=o)
     assert_close(got, want, rtol=1e-3, atol=1e-4)
     assert any(n.startswith(f"Winograd GEMMs 'conv': {block} micro-kernel") for n in _notes(model)), _notes(model)
+
+
+def test_transformed_weights_prefetched_ahead_same_bits(cache_dir):
+    """``winograd_prefetch_u``: the batched GEMMs' micro-kernel prefetches the packed U that many bytes
+    ahead (``_pa`` and the k steps in its name: 12288 bytes over panels of 16 rows are 192 steps) where U
+    has ``winograd_prefetch_min_bytes`` or more (here 36 x 256 x 64 floats, 2304 KiB: prefetched by
+    default, not with a 4 MiB minimum), the kernel's notes saying which; 0 emits none, nor does the plain C99
+    build (simd="none": its C is the same whatever the option). A prefetch reads
+    nothing into a register: the same bits either way, at 1 and 2 threads (a single 14x14 block, split by
+    output channels for 2)."""
+    from opfuse.codegen.microkernel import microkernel
+    on_name, on = microkernel(16, 16, "packed", "strided", avx512=True, a_prefetch=192)
+    off_name, off = microkernel(16, 16, "packed", "strided", avx512=True)
+    assert on_name.endswith("_pa192_z") and off_name == on_name.replace("_pa192", "")
+    assert "_mm_prefetch((const char*)(ak + 3072), _MM_HINT_T0);" in on
+    assert "_mm_prefetch((const char*)(ak + " not in off
+    g, plan = conv_block(1, 64, 256, 14, 14, [1, 1, 1, 1])
+    prefetch = "_mm_prefetch((const char*)(ak + "
+    for options, fetched, note in (
+            (CodegenOptions(), True, "U (2304 KiB) prefetched 12288 bytes ahead"),
+            (CodegenOptions(winograd_prefetch_min_bytes=4 << 20), False,
+             "U (2304 KiB) not prefetched (winograd_prefetch_min_bytes=4194304)"),
+            (CodegenOptions(winograd_prefetch_u=0), False, "U not prefetched (winograd_prefetch_u=0)")):
+        program = generate(g, plan, options=options)
+        assert (prefetch in program.source) is fetched
+        assert any(n.startswith("Winograd GEMMs 'conv'") and n.endswith(note)
+                   for k in program.kernels for n in k.notes), [n for k in program.kernels for n in k.notes]
+    plain = generate(g, plan, options=CodegenOptions(simd="none", winograd="on"))  # no intrinsics, no prefetch
+    assert plain.source == generate(g, plan, options=CodegenOptions(simd="none", winograd="on",
+                                                                    winograd_prefetch_u=0)).source
+    assert "prefetched" not in plain.source and "_pa" not in plain.source.replace("_packed", "")
+    for threads in (1, 2):
+        got, want, m = run_both(g, plan, cache_dir, threads=threads)
+        base, _, m0 = run_both(g, plan, cache_dir, options=CodegenOptions(winograd_prefetch_u=0), threads=threads)
+        assert "Winograd F(4x4,3x3)" in m.program.source
+        assert prefetch in m.program.source and prefetch not in m0.program.source
+        assert_close(got, want)
+        for k in got:
+            assert np.array_equal(got[k], base[k])

@@ -432,6 +432,15 @@ def balance_tiles(p: GemmProblem, o, MR: int, NR: int, MC: int, NC: int) -> tupl
             c = _round_up(-(-size // cuts), unit)
             if unit <= c <= block:
                 out.add(c)
+        panels = -(-size // unit)
+        for t, e in zip(threads, eff0, strict=True):
+            if not o.balance_even_panels or e >= BALANCE_ENOUGH:
+                continue
+            # the largest tile within the blocking's that gives each of t threads the same number of panels
+            c = max((panels // (t * j) * unit for j in range(1, panels // t + 1)
+                     if panels % (t * j) == 0 and panels // (t * j) * unit <= block), default=0)
+            if c:
+                out.add(c)
         return sorted(out, reverse=True)
 
     def facts(mc: int, nc: int) -> tuple[bool, int, tuple[float, ...], int, int]:

@@ -262,9 +262,10 @@ def _plain_scalars(mr: int, nr: int, a: str, b: str, a_step: int = 0) -> list[st
 
 def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, i0: int = 0, rows: int = 0,
                  j0: int = 0, cols: int = 0, epi: str | None = None, transposed: bool = False,
-                 a_step: int = 0, b_split: int = 0) -> list[str]:
+                 a_step: int = 0, b_split: int = 0, a_prefetch: int = 0) -> list[str]:
     """Intrinsics for the sub-block rows ``[i0, i0 + rows)`` x columns ``[j0, j0 + cols)`` of the
-    MR x NR block (all of it by default): accumulators in ``isa``'s registers, one k loop."""
+    MR x NR block (all of it by default): accumulators in ``isa``'s registers, one k loop.
+    ``a_prefetch`` (packed A): A's line ``a_prefetch`` k steps ahead, prefetched each step."""
     if b_split:
         return _split_body(isa, mr, nr, a, b, prefetch, i0, rows, j0, cols, epi, transposed, a_step, b_split)
     vec, ps, width = ("__m512", "_mm512", ZMM_FLOATS) if isa == "avx512" else ("__m256", "_mm256", YMM_FLOATS)
@@ -291,6 +292,8 @@ def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, 
         if prefetch:  # the first and last rows' windows: the lines the next steps broadcast from
             lines += [f"    _mm_prefetch((const char*)(a0 + koff[k + {prefetch}]), _MM_HINT_T0);",
                       f"    _mm_prefetch((const char*)(a{rows - 1} + koff[k + {prefetch}]), _MM_HINT_T0);"]
+    if a_prefetch and a == "packed":  # past this panel's end, the next one's (A's panels follow each other)
+        lines.append(f"    _mm_prefetch((const char*)(ak + {a_prefetch * mr}), _MM_HINT_T0);")
     lines.append(f"    const float* restrict bk = {_b_row(b, nr)}{f' + {j0}' if j0 else ''};")
     if prefetch and b == "koff":  # the row the table names ``prefetch`` steps ahead
         lines += [f"    _mm_prefetch((const char*)(b + koff[k + {prefetch}] + {j0 + 16 * v}), _MM_HINT_T0);"
@@ -438,14 +441,14 @@ def _store_transposed(isa: str, acc: list[list[str]], i0: int, j0: int, epi: str
 
 
 def _avx2(mr: int, nr: int, a: str, b: str, prefetch: int = 0, epi: str | None = None,
-          transposed: bool = False, a_step: int = 0, b_split: int = 0) -> list[str]:
+          transposed: bool = False, a_step: int = 0, b_split: int = 0, a_prefetch: int = 0) -> list[str]:
     """The AVX2/FMA body: one pass over k when the block fits the 16 ymm registers
     (``fits_avx2``), else one pass per sub-block of ``avx2_split`` (a block laid out for
     AVX-512, compiled where the C compiler does not target it: the same panels, read by
     parts; each element still sums its products in increasing k)."""
     if fits_avx2(mr, nr):
         return _vector_body("avx2", mr, nr, a, b, prefetch, epi=epi, transposed=transposed, a_step=a_step,
-                            b_split=b_split)
+                            b_split=b_split, a_prefetch=a_prefetch)
     rs, cs = avx2_split(mr, nr)
     lines: list[str] = []
     for i0 in range(0, mr, rs):
@@ -569,7 +572,7 @@ def avx2_split(mr: int, nr: int) -> tuple[int, int]:
 def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: str = "auto",
                 prefetch: int = 0, scalar_accumulators: bool = False, avx512: bool = False,
                 epilogue: str | None = None, transposed: bool = False, a_step: int = 0,
-                neon: bool = False, b_split: int = 0) -> tuple[str, str]:
+                neon: bool = False, b_split: int = 0, a_prefetch: int = 0) -> tuple[str, str]:
     """``(function name, C text)`` of the MR x NR micro-kernel with the given operand access;
     ``prefetch`` > 0: the intrinsics prefetch B, and A's windows, that many k steps ahead (an
     offset table, A's or B's ``koff``, then needs ``prefetch`` readable entries past the last k).
@@ -600,7 +603,7 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
     assert not b_split or (b == "koff" and not neon and not scalar_accumulators and nr % b_split == 0
                            and b_split % YMM_FLOATS == 0), (b, b_split, nr)
     fn = name(mr, nr, a, b) + (f"_s{a_step}" if a_step else "") + (f"_h{b_split}" if b_split else "") + \
-        (f"_pf{prefetch}" if prefetch else "") + ("_z" if wide else "")
+        (f"_pf{prefetch}" if prefetch else "") + (f"_pa{a_prefetch}" if a_prefetch else "") + ("_z" if wide else "")
     sig, unused = SIGNATURE, "(void)a; (void)ar; (void)koff; (void)ldb;"
     assert not transposed or epilogue is not None, "the transposed store is the storing variant's"
     if epilogue is not None:
@@ -621,11 +624,11 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
         g512 = AVX512_FLOAT.guard if epilogue and epilogue[-1] in ACTIVATIONS else AVX512_GUARD
         body += [f"#{'el' if body else ''}if {g512}",
                  *_vector_body("avx512", mr, nr, a, b, prefetch, epi=epilogue, transposed=transposed, a_step=a_step,
-                               b_split=b_split)]
+                               b_split=b_split, a_prefetch=a_prefetch)]
         guards.append(g512)
     if simd == "auto" and nr % YMM_FLOATS == 0:
         body += [f"#{'el' if body else ''}if {AVX2_GUARD}", *_avx2(mr, nr, a, b, prefetch, epilogue, transposed,
-                                                                  a_step, b_split)]
+                                                                  a_step, b_split, a_prefetch)]
         guards.append(AVX2_GUARD)
     body += ["#else", *plain, "#endif"] if body else plain
     pre = f"#if {' || '.join(f'({g})' for g in guards)}\n#include <immintrin.h>\n#endif\n" if guards else ""

@@ -96,6 +96,10 @@ class CodegenOptions:
     # tiles or more; balancing for 4 as well cut small problems into many tiny tiles). Empty: the
     # cache blocking as it is.
     balance_threads: tuple[int, ...] = (2,)
+    # Balancing also tries the largest tiles, within the cache blocking's, that give every thread of a thread count
+    # the same number of register panels (``gemm.balance_tiles``: mobilenet_v1's 14x14 pointwise layers, 14
+    # panels of 14 positions, in 14 tiles of one panel, where the cuts near the blocking's 4 left 8 + 6 panels).
+    balance_even_panels: bool = True
     gemm_prefetch: int = 32
     # A convolution over its windows that stages its input rows per tile (padding or a prologue:
     # ``conv_windows.ConvWindows``) copies them once per thread and row block, not once per tile: the tiles
@@ -440,6 +444,19 @@ class CodegenOptions:
     # threads was the transform's whole time on each thread (4 parts instead of 2 cost ~0.11 ms more per layer3
     # convolution). One thread runs the plain loop. Same bits.
     winograd_shared_transform: bool = True
+    # Winograd's batched GEMMs prefetch their packed transformed weights (U, the micro-kernel's A) this many bytes
+    # ahead of the line they read, one line a k step (0: none, the hardware's stream prefetcher alone). U is 4x the
+    # weights (F(4x4)) and streams from memory: resnet18's are 40 MB, its layer3 convolutions 9.4 MB each. On the
+    # Zen 5 host (resnet18, per-kernel medians of 20 interleaved rounds, SCHED_FIFO, load 5-6, others' memory
+    # traffic beside it), the ten Winograd kernels against 0: 12288 bytes 1 thread -12%, 2 threads -19%;
+    # 2-4 KB (64 k steps), 4096 and 24576 bytes gained about as much (each against 0; 4096 and 24576 against
+    # 12288 within 3%). Same bits.
+    winograd_prefetch_u: int = 12288
+    # ... where U is at least this many bytes (packed, output channels padded to the register block): a smaller U
+    # (resnet8's 36-256 KiB, yolo_block's 36 KiB) stays in the caches from one run to the next, and the prefetch
+    # would be one more instruction a k step for nothing (there within +-2% either way); resnet18's are 576 KiB
+    # (layer1, 1 thread -5% with it) to 9 MiB. The kernel's notes say which, with U's size.
+    winograd_prefetch_min_bytes: int = 512 << 10
     # A fused pointwise loop that reads or writes float16 (or rounds to it between ops) on a target with
     # F16C runs its innermost loop in blocks (``codegen/pointwise.py:emit_f16c_blocks``): F16C converts
     # 8 lanes at a time into and out of float arrays of ``f16c_block`` elements (fewer, a power of two,

@@ -14,7 +14,9 @@ output in L2. Per block:
 2. **alpha^2 GEMMs** ``M[xi] (Cout x T) = U[xi] (Cout x Cin) @ V[xi] (Cin x T)`` on the
    GEMM core's micro-kernel: ``U = G g G^T`` is computed at build time (in float64) and
    packed into the micro-kernel's MR-row panels in the weights blob; V is read in place
-   (B "strided", one row per input channel);
+   (B "strided", one row per input channel). U (alpha^2 / 9 times the weights' bytes) rarely
+   stays in the caches from one run to the next: the micro-kernel prefetches it
+   ``winograd_prefetch_u`` bytes ahead (``CodegenOptions``);
 3. **output transform** (per output channel and segment): ``A^T M A`` per tile into an
    m-row strip, then the anchor's bias and the group's epilogue (BN scale, residual Add,
    Relu, Clip, ...) run along each output row while the strip is in L1, and the group
@@ -446,11 +448,17 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
     L = LANES
 
     neon = o.vector_isa == "neon"
+    u_bytes = A2 * -(-OC // MR) * MR * C * 4
+    # the prefetch is an intrinsic: the plain C99 build (simd="none") has none, and its C stays as it was
+    ahead = o.winograd_prefetch_u if o.simd == "auto" and u_bytes >= o.winograd_prefetch_min_bytes else 0
     name, text = microkernel(MR, NR, "packed", "strided", o.simd, o.gemm_prefetch, o.gemm_scalar_accumulators, wide,
-                             neon=neon)
+                             neon=neon, a_prefetch=-(-ahead // (4 * MR)))
     ukr = kc.program.require_helper(name, text)
     bodies = microkernel_bodies(MR, NR, o.simd, wide, neon)
-    kc.note(lambda nm: f"Winograd GEMMs '{nm}': {MR}x{NR} micro-kernel, {bodies}", node)
+    fetch = "" if o.simd != "auto" else f"; U ({u_bytes >> 10} KiB) prefetched {ahead} bytes ahead" if ahead else \
+        f"; U ({u_bytes >> 10} KiB) not prefetched (winograd_prefetch_min_bytes={o.winograd_prefetch_min_bytes})" \
+        if o.winograd_prefetch_u else "; U not prefetched (winograd_prefetch_u=0)"
+    kc.note(lambda nm: f"Winograd GEMMs '{nm}': {MR}x{NR} micro-kernel, {bodies}{fetch}", node)
     u = filter_transform(kc.program.memory.static[id(wt)], t).astype(np.float32)
     upack = kc.const_array(("winograd_u", node.name, m, MR), pack_a_panels(u, MR), node.name + "_U", np.float32)
     mp = OCp // MR
