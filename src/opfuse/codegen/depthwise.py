@@ -316,6 +316,12 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
     dst = (f"{kc.ptr(reg.out, write=True)} + {Index(reg.out.shape, (img, ch, '0', '0')).offset()}"
            if reg is not None else "")
 
+    # Input prefetch (strided rows): the step's rows ``prefetch`` floats past the last row it reads.
+    prefetch = o.depthwise_prefetch_bytes // 4 if SH >= o.depthwise_prefetch_min_stride else 0
+    x = node.input(0)
+    x_ptr, x_floats = (kc.ptr(x), int(np.prod(x.shape))) if prefetch else ("", 0)
+    plane_at = Index(x.shape, (img, ch, "0", "0")).offset()
+
     def store(at: str, v: str, b: int) -> None:
         """Vector ``b`` of a row to ``at``: whole, or (AVX-512) its lanes inside the row."""
         _store_lanes(kc, at, v, L if L == VECTOR else min(L, OW - b * L), isa)
@@ -332,6 +338,9 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
         for d in sorted(users):
             rows[d] = kc.tmp("row")
             w.line(f"const float* {rows[d]} = {base} + {add(mul(oh, SH * W), str(d * W))};")
+        if prefetch:
+            _prefetch_rows(kc, x_ptr, f"{plane_at} + {mul(oh, SH * W)} + {max(users) * W}", nrows * SH * W,
+                           x_floats, prefetch)
         stores: list[tuple[int, int, str]] = []
         for group in [range(b0, min(b0 + block_group, blocks)) for b0 in range(0, blocks, block_group)]:
             # The blocks of a group are computed together, input row by input row: their
@@ -410,6 +419,15 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
         with w.block(f"for (long {p_} = 0; {p_} < {OH * OW}; ++{p_})"), ev.scope():
             w.line(f"const float {y} = {bias_term(ev, node, f'{acc}[{p_}]', ch)};")
             finish_element(kc, ev, stage, out, Index.loops(out.shape, [(0, 1, img), (1, 2, ch), (2, 4, p_)]), y)
+
+
+def _prefetch_rows(kc, tensor: str, first: str, floats: int, total: int, ahead: int) -> None:
+    """Prefetch into L2 the ``floats`` floats ``ahead`` floats past element ``first`` of ``tensor`` (``total``
+    floats; nothing past its end), a line (16 floats) at a time."""
+    pf, q = kc.tmp("pf"), kc.tmp("q")
+    kc.w.line(f"const long {pf} = {first} + {ahead};")
+    kc.w.line(f"for (long {q} = {pf}; {q} < {pf} + {floats} && {q} < {total}; {q} += 16) "
+              f"_mm_prefetch((const char*)({tensor} + {q}), _MM_HINT_T1);")
 
 
 class _Loads:

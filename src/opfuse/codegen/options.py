@@ -362,6 +362,17 @@ class CodegenOptions:
     # layers (1 thread, kernel CPU time, interleaved, load 12): in the model 0.53-0.59x (dw7-dw11), alone
     # 0.75x warm and 0.92x cold (against the zmm plane; 0.68x and 0.85x against AVX2's).
     depthwise_zmm_plane_rows: bool = True
+    # The in-place depthwise rows path (AVX2 and AVX-512 bodies) of a layer whose row stride is at least
+    # ``depthwise_prefetch_min_stride`` prefetches its input into L2 this many bytes past the last input row each
+    # step reads, the rows the step advances by, on into the next plane (never past the tensor); 0: none. A
+    # strided layer reads 4x the bytes it writes, and right after a 128 MiB copy the hardware prefetcher left it
+    # waiting on its input. Measured (Zen 5 host, 1 thread, kernel CPU time, the builds interleaved in random order
+    # right after the copy, 3 x 60 rounds, load 6): mobilenet_v1's stride-2 layers 64@112, 128@56, 256@28 and
+    # 512@14 cold 0.90-0.93x, 0.87-0.96x, 0.85-0.94x and 0.90-1.03x the time with 8 KiB (4 KiB 0.93-0.98x, 16 KiB
+    # 0.89-1.05x). Stride 1 reads as many bytes as it writes and runs at the speed of a copy of its own bytes
+    # between the same buffers already: there 2-8 KiB measured 1.01-1.13x (32@112, 256@28, 512@14).
+    depthwise_prefetch_bytes: int = 8192
+    depthwise_prefetch_min_stride: int = 2
     # A 2-D pool read in place (AVX2, ``pool._in_place``) prefetches its input into L2 this many bytes
     # past the first row each output row reads, the rows one step advances by, on into the next plane
     # (never past the tensor); 0: none. The hardware prefetcher left resnet18's fused Relu+MaxPool
@@ -515,6 +526,8 @@ class CodegenOptions:
             raise OpfuseError("depthwise_row_block and depthwise_block_group must be at least 1")
         if self.depthwise_zmm_row_block < 1 or self.depthwise_zmm_block_group < 1:
             raise OpfuseError("depthwise_zmm_row_block and depthwise_zmm_block_group must be at least 1")
+        if self.depthwise_prefetch_bytes < 0 or self.depthwise_prefetch_min_stride < 1:
+            raise OpfuseError("depthwise_prefetch_bytes must be at least 0, depthwise_prefetch_min_stride at least 1")
         if self.simd_unroll < 1:
             raise OpfuseError("simd_unroll must be at least 1 (1: one vector per iteration)")
         if self.simd_stage_block < 0 or self.simd_stage_block % 16:
