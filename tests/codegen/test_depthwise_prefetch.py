@@ -1,5 +1,5 @@
 """The input prefetch of depthwise convolution's strided rows path (``CodegenOptions.depthwise_prefetch_bytes``,
-from a row stride of ``depthwise_prefetch_min_stride``): each step over the output rows prefetches into L2
+off by default, from a row stride of ``depthwise_prefetch_min_stride``): each step over the output rows prefetches into L2
 the input rows it advances by, that many bytes past the last row it reads, into the next plane, never past
 the tensor. A prefetch changes no value: the outputs are bitwise those of the build without it, in the
 AVX-512 and the AVX2 bodies, at any distance (one line, or past the whole tensor), on one thread or two,
@@ -56,16 +56,20 @@ def test_strided_rows_prefetch_their_input_within_the_tensor(isa):
     """Each strided kernel's bodies prefetch into L2, bounded by its input's size; stride 1 does not (unless
     ``depthwise_prefetch_min_stride`` is 1); 0 bytes turns it off; the same C from the same options."""
     g, plan = layers_graph(STRIDED + STRIDE_ONE)
-    opts = CodegenOptions(vector_isa=isa, depthwise_avx512=isa == "avx512")
+    assert "_mm_prefetch" not in generate(g, plan, options=CodegenOptions(vector_isa=isa)).source  # off by default
+    opts = CodegenOptions(vector_isa=isa, depthwise_avx512=isa == "avx512", depthwise_prefetch_bytes=8192)
     src = generate(g, plan, options=opts).source
     assert src == generate(g, plan, options=opts).source
     kernels = [k for k in _kernels(src) if "_mm256_" in k]
     assert len(kernels) == len(STRIDED) + 1
     for k, (c, h, w, *_rest) in zip(kernels, STRIDED, strict=False):
         # into L2, a line at a time, never past the input (a batch of two: 2 C H W floats)
-        bounds = re.findall(r"&& q\d+ < (\d+); q\d+ \+= 16\) "
-                            r"_mm_prefetch\(\(const char\*\)\(\w+ \+ q\d+\), _MM_HINT_T1\);", k)
-        assert bounds and set(bounds) == {str(2 * c * h * w)}, k[:200]
+        bounds = re.findall(r"if \(pf\d+ \+ (\d+) <= (\d+)\)", k)
+        assert bounds and {total for _floats, total in bounds} == {str(2 * c * h * w)}, k[:200]
+        lines = re.findall(r"_mm_prefetch\(\(const char\*\)\(\w+ \+ pf\d+(?: \+ (\d+))?\), _MM_HINT_T1\);", k)
+        steps = [int(floats) for floats, _total in bounds]
+        assert len(lines) == sum(-(-f // 16) for f in steps)  # one a line of each step's rows
+        assert {int(x or 0) % 16 for x in lines} == {0}
         # 2048 floats past the last input row of the step
         assert re.search(r"const long pf\d+ = .* \+ 2048;", k)
     assert "_mm_prefetch" not in kernels[-1]
@@ -82,19 +86,20 @@ def test_prefetch_changes_no_bit(cache_dir):
     g, plan = layers_graph(STRIDED + STRIDE_ONE)
     feeds = reference.random_inputs(g, 4)
     want = reference.run(g, feeds)
-    base = build(g, plan, cache_dir=cache_dir, options=CodegenOptions(depthwise_prefetch_bytes=0)).run(feeds)
+    base = build(g, plan, cache_dir=cache_dir).run(feeds)
     assert_close(base, want)
-    variants = [CodegenOptions(),
+    on = CodegenOptions(depthwise_prefetch_bytes=8192)
+    variants = [on,
                 CodegenOptions(depthwise_prefetch_bytes=64, depthwise_prefetch_min_stride=1),  # a line ahead
                 CodegenOptions(depthwise_prefetch_bytes=1 << 20),                             # past every tensor
-                CodegenOptions(depthwise_avx512=False)]                                       # the AVX2 body
+                on.with_(depthwise_avx512=False)]                                             # the AVX2 body
     for opts in variants:
         model = build(g, plan, cache_dir=cache_dir, options=opts)
         assert "_mm_prefetch" in model.program.source
         got = model.run(feeds)
         for k in want:
             np.testing.assert_array_equal(got[k], base[k], err_msg=f"{k} {opts}")
-    two = build(g, plan, cache_dir=cache_dir, threads=2).run(feeds)
+    two = build(g, plan, cache_dir=cache_dir, threads=2, options=on).run(feeds)
     for k in want:
         np.testing.assert_array_equal(two[k], base[k], err_msg=k)
 

@@ -423,11 +423,13 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
 
 def _prefetch_rows(kc, tensor: str, first: str, floats: int, total: int, ahead: int) -> None:
     """Prefetch into L2 the ``floats`` floats ``ahead`` floats past element ``first`` of ``tensor`` (``total``
-    floats; nothing past its end), a line (16 floats) at a time."""
-    pf, q = kc.tmp("pf"), kc.tmp("q")
+    floats), one ``prefetcht1`` a line, unrolled (a loop of them cost more than the prefetch saved); where any
+    of them would fall past the tensor's end, none."""
+    pf = kc.tmp("pf")
     kc.w.line(f"const long {pf} = {first} + {ahead};")
-    kc.w.line(f"for (long {q} = {pf}; {q} < {pf} + {floats} && {q} < {total}; {q} += 16) "
-              f"_mm_prefetch((const char*)({tensor} + {q}), _MM_HINT_T1);")
+    with kc.w.block(f"if ({pf} + {floats} <= {total})"):
+        for i in range(0, floats, 16):
+            kc.w.line(f"_mm_prefetch((const char*)({tensor} + {add(pf, str(i))}), _MM_HINT_T1);")
 
 
 class _Loads:
