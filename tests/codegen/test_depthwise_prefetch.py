@@ -1,7 +1,7 @@
 """The input prefetch of depthwise convolution's strided rows path (``CodegenOptions.depthwise_prefetch_bytes``,
-off by default, from a row stride of ``depthwise_prefetch_min_stride``): each step over the output rows prefetches into L2
-the input rows it advances by, that many bytes past the last row it reads, into the next plane, never past
-the tensor. A prefetch changes no value: the outputs are bitwise those of the build without it, in the
+off by default, from a row stride of ``depthwise_prefetch_min_stride``): each step over the output rows
+prefetches into L2 the input rows it advances by, that many bytes past the last row it reads, into the next
+plane, never past the tensor. A prefetch changes no value: the outputs are bitwise those of the build without it, in the
 AVX-512 and the AVX2 bodies, at any distance (one line, or past the whole tensor), on one thread or two,
 and within float32 rounding of the reference. The cases: stride 2 with channel counts that are no multiple
 of 16, odd widths, padding at every edge, mobilenet's asymmetric padding, a 5x5 dilated kernel, a batch
