@@ -366,13 +366,14 @@ class CodegenOptions:
     # ``depthwise_prefetch_min_stride`` prefetches its input into L2 this many bytes past the last input row each
     # step reads (the rows the step advances by, one ``prefetcht1`` a line, on into the next plane, none past the
     # tensor); 0: none, the default: it won only right after a 128 MiB copy, never with the input just written by
-    # the layer before, as in a model. Measured (Zen 5 host, 1 thread, kernel CPU time, builds interleaved in
-    # random order, load 6-8), 8 KiB against none: right after a 128 MiB copy (``bench_kernels.py``'s cold case) mobilenet_v1's stride-2
-    # layers 64@112, 128@56, 256@28, 512@14 took 0.90-0.93x, 0.87-0.96x, 0.85-0.94x, 0.90-1.03x the time (3 x 60
-    # rounds; 4 KiB 0.93-0.98x, 16 KiB 0.89-1.05x); in mobilenet_v1, the input just written by the pointwise
-    # layer before, 1.13-1.21x (dw2, dw4, dw6; dw12 1.03x; ``bench_depthwise.py``, 60 rounds), after a 1x1 conv at batch
-    # 1, 4 and 16 (a 3, 12 and 49 MiB input) 1.27x, 1.09x and 1.12x. Stride 1 runs as fast as a plain loop over its
-    # own bytes already (``bench_kernels.py``'s ``loop``): there 2-8 KiB took 0.93-1.13x cold.
+    # the layer before, as in a model. Measured (Zen 5 host, 1 thread, kernel CPU time, builds interleaved in random
+    # order, load 6-8), 8 KiB against none: right after a 128 MiB copy (``bench_kernels.py``'s cold case)
+    # mobilenet_v1's stride-2 layers 64@112, 128@56, 256@28, 512@14 took 0.90-0.93x, 0.87-0.96x, 0.85-0.94x,
+    # 0.90-1.03x the time (3 x 60 rounds; 4 KiB 0.93-0.98x, 16 KiB 0.89-1.05x); in mobilenet_v1, the input just
+    # written by the pointwise layer before, 1.13-1.21x (dw2, dw4, dw6; dw12 1.03x; ``bench_depthwise.py``, 60
+    # rounds), after a 1x1 conv at batch 1, 4 and 16 (a 3, 12 and 49 MiB input) 1.27x, 1.09x and 1.12x. Stride 1
+    # runs as fast as a plain loop over its own bytes already (``bench_kernels.py``'s ``loop``): there 2-8 KiB took
+    # 0.93-1.13x cold.
     depthwise_prefetch_bytes: int = 0
     depthwise_prefetch_min_stride: int = 2
     # A 2-D pool read in place (AVX2, ``pool._in_place``) prefetches its input into L2 this many bytes
