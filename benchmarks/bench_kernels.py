@@ -65,6 +65,7 @@ BLAS_ENV_REMOVED = ({} if "--keep-blas-env" in sys.argv or "numpy" in sys.module
 import argparse  # noqa: E402
 import ctypes  # noqa: E402
 import ctypes.util  # noqa: E402
+import functools  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
@@ -250,9 +251,10 @@ void traffic(float* y, size_t ny, const float* x, size_t nx) {
 """
 
 
+@functools.cache
 def traffic_loop() -> Callable[..., object]:
-    """``traffic(y, ny, x, nx)`` (``TRAFFIC_C``) built with ``cc -O2 -march=native``; ``ny`` a multiple of 16
-    and of ``nx``'s share: ``nx = r ny``."""
+    """``traffic(y, ny, x, nx)`` (``TRAFFIC_C``) built with ``cc -O2 -march=native`` (once a process); ``ny`` a
+    multiple of 16 and of ``nx``'s share: ``nx = r ny``."""
     import subprocess
     import tempfile
     tmp = Path(tempfile.mkdtemp(prefix="opfuse_traffic_"))
