@@ -59,6 +59,7 @@ def test_bench_kernels_smoke(tmp_path):
     assert all(r["kernels"] == 1 and r["max_abs_error"] < 1e-4 and r["fraction"] > 0 for r in rows)
     assert rows[1]["warm_gbs"] > 0 and "warm_gbs" not in rows[0]
     assert rows[1]["same_copy_gbs"] > 0 and rows[1]["same_copy_fraction"] > 0 and "same_copy_gbs" not in rows[0]
+    assert rows[1]["loop_ms"] > 0 and rows[1]["loop_fraction"] > 0 and "loop_ms" not in rows[0]
     assert rows[0]["floor_ms"] >= rows[0]["same_copy_ms"] > 0 and 0 < rows[0]["floor_fraction"]
     assert all(0 < r["opfuse_ms"] <= r["call_ms"] for r in rows)  # the kernels, inside each timed call
     assert "r18.ds" in text

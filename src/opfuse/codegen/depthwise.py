@@ -47,6 +47,9 @@ No zmm load or store is unaligned or masked: from or to a cold line those stalle
 the AVX2 body's time right after a 128 MiB copy); two ymm halves (``zmm_load``, ``_masked_zmm``, AVX2's
 masked stores) do not. In mobilenet_v1, 1 thread: its depthwise layers 0.57-0.98x the AVX2 body's time.
 
+The strided rows can prefetch their input into L2 a distance ahead (``CodegenOptions.depthwise_prefetch_bytes``,
+off: it helped only right after a 128 MiB copy, and cost 1.03-1.21x in mobilenet_v1).
+
 In NCHW the plane's width is the unit-stride axis, so this is where the vectors go: across
 channels a vector would gather from ``C`` planes.
 """
@@ -316,6 +319,12 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
     dst = (f"{kc.ptr(reg.out, write=True)} + {Index(reg.out.shape, (img, ch, '0', '0')).offset()}"
            if reg is not None else "")
 
+    # Input prefetch (strided rows): the step's rows ``prefetch`` floats past the last row it reads.
+    prefetch = o.depthwise_prefetch_bytes // 4 if SH >= o.depthwise_prefetch_min_stride else 0
+    inp = node.input(0)
+    x_ptr, x_floats = (kc.ptr(inp), int(np.prod(inp.shape))) if prefetch else ("", 0)
+    plane_at = Index(inp.shape, (img, ch, "0", "0")).offset()
+
     def store(at: str, v: str, b: int) -> None:
         """Vector ``b`` of a row to ``at``: whole, or (AVX-512) its lanes inside the row."""
         _store_lanes(kc, at, v, L if L == VECTOR else min(L, OW - b * L), isa)
@@ -332,6 +341,9 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
         for d in sorted(users):
             rows[d] = kc.tmp("row")
             w.line(f"const float* {rows[d]} = {base} + {add(mul(oh, SH * W), str(d * W))};")
+        if prefetch:
+            _prefetch_rows(kc, x_ptr, f"{plane_at} + {mul(oh, SH * W)} + {max(users) * W}", nrows * SH * W,
+                           x_floats, prefetch)
         stores: list[tuple[int, int, str]] = []
         for group in [range(b0, min(b0 + block_group, blocks)) for b0 in range(0, blocks, block_group)]:
             # The blocks of a group are computed together, input row by input row: their
@@ -410,6 +422,17 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
         with w.block(f"for (long {p_} = 0; {p_} < {OH * OW}; ++{p_})"), ev.scope():
             w.line(f"const float {y} = {bias_term(ev, node, f'{acc}[{p_}]', ch)};")
             finish_element(kc, ev, stage, out, Index.loops(out.shape, [(0, 1, img), (1, 2, ch), (2, 4, p_)]), y)
+
+
+def _prefetch_rows(kc, tensor: str, first: str, floats: int, total: int, ahead: int) -> None:
+    """Prefetch into L2 the ``floats`` floats ``ahead`` floats past element ``first`` of ``tensor`` (``total``
+    floats), one ``prefetcht1`` a line, unrolled (in mobilenet_v1 the loop form cost its strided layers 1.18-1.29x,
+    this 1.13-1.21x); where any of them would fall past the tensor's end, none."""
+    pf = kc.tmp("pf")
+    kc.w.line(f"const long {pf} = {first} + {ahead};")
+    with kc.w.block(f"if ({pf} + {floats} <= {total})"):
+        for i in range(0, floats, 16):
+            kc.w.line(f"_mm_prefetch((const char*)({tensor} + {add(pf, str(i))}), _MM_HINT_T1);")
 
 
 class _Loads:

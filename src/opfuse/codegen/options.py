@@ -366,6 +366,20 @@ class CodegenOptions:
     # layers (1 thread, kernel CPU time, interleaved, load 12): in the model 0.53-0.59x (dw7-dw11), alone
     # 0.75x warm and 0.92x cold (against the zmm plane; 0.68x and 0.85x against AVX2's).
     depthwise_zmm_plane_rows: bool = True
+    # The in-place depthwise rows path (AVX2 and AVX-512 bodies) of a layer whose row stride is at least
+    # ``depthwise_prefetch_min_stride`` prefetches its input into L2 this many bytes past the last input row each
+    # step reads (the rows the step advances by, one ``prefetcht1`` a line, on into the next plane, none past the
+    # tensor); 0: none, the default: it won only right after a 128 MiB copy, never with the input just written by
+    # the layer before, as in a model. Measured (Zen 5 host, 1 thread, kernel CPU time, builds interleaved in random
+    # order, load 6-8), 8 KiB against none: right after a 128 MiB copy (``bench_kernels.py``'s cold case)
+    # mobilenet_v1's stride-2 layers 64@112, 128@56, 256@28, 512@14 took 0.90-0.93x, 0.87-0.96x, 0.85-0.94x,
+    # 0.90-1.03x the time (3 x 60 rounds; 4 KiB 0.93-0.98x, 16 KiB 0.89-1.05x); in mobilenet_v1, the input just
+    # written by the pointwise layer before, 1.13-1.21x (dw2, dw4, dw6; dw12 1.03x; ``bench_depthwise.py``, 60
+    # rounds), after a 1x1 conv at batch 1, 4 and 16 (a 3, 12 and 49 MiB input) 1.27x, 1.09x and 1.12x. Stride 1
+    # runs as fast as a plain loop over its own bytes already (``bench_kernels.py``'s ``loop``): there 2-8 KiB took
+    # 0.93-1.13x cold.
+    depthwise_prefetch_bytes: int = 0
+    depthwise_prefetch_min_stride: int = 2
     # A 2-D pool read in place (AVX2, ``pool._in_place``) prefetches its input into L2 this many bytes
     # past the first row each output row reads, the rows one step advances by, on into the next plane
     # (never past the tensor); 0: none. The hardware prefetcher left resnet18's fused Relu+MaxPool
@@ -532,6 +546,8 @@ class CodegenOptions:
             raise OpfuseError("depthwise_row_block and depthwise_block_group must be at least 1")
         if self.depthwise_zmm_row_block < 1 or self.depthwise_zmm_block_group < 1:
             raise OpfuseError("depthwise_zmm_row_block and depthwise_zmm_block_group must be at least 1")
+        if self.depthwise_prefetch_bytes < 0 or self.depthwise_prefetch_min_stride < 1:
+            raise OpfuseError("depthwise_prefetch_bytes must be at least 0, depthwise_prefetch_min_stride at least 1")
         if self.simd_unroll < 1:
             raise OpfuseError("simd_unroll must be at least 1 (1: one vector per iteration)")
         if self.simd_stage_block < 0 or self.simd_stage_block % 16:
