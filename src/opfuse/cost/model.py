@@ -34,11 +34,12 @@ Per group (see ``opfuse.cost.analysis`` for the execution model):
 * The same op in a group without an anchor (the unfused side of that decision: a standalone elementwise
   kernel) is priced by the same ratio, ``max(FLOPs / P_peak, ratio * 2 * bytes / B)`` of compute time
   (``GroupAnalysis.arithmetic_stream_bytes``), which its own stream overlaps: the kernel takes
-  ``max(stream, ratio * stream)``. Measured (``bench_epilogues.py``, the unfused build's activation kernel less
-  the stream a Relu's moves, in units of that stream, 31 rounds, CPU time, load 4-5): Tanh 1.69 (fused 1.58),
-  Gelu 2.29 (2.51), GeluTanh 1.43 (1.46), Softplus 4.03 (4.17): an exp-heavy op costs about the same fused and
-  alone, so an epilogue with a ratio >= 1 is predicted at parity, less the kernel launch fusing saves (before,
-  the kernel alone was priced as its stream, and such epilogues were refused).
+  ``max(stream, ratio * stream)``. Measured (``bench_epilogues.py``'s ``alone``: the unfused build's activation
+  kernel over the stream a Relu's moves, 31 rounds, CPU time, two runs at load 4-5 and 8): Tanh 1.69, 1.25 (fused
+  1.58, 1.19), Gelu 2.29, 1.94 (2.51, 1.99), GeluTanh 1.43, 1.45 (1.46, 1.36), Softplus 4.03, 4.61 (4.17, 4.55): an
+  exp-heavy op costs about the same fused and alone, so an epilogue with a ratio >= 1 is predicted at parity,
+  less the kernel launch fusing saves (before, the kernel alone was priced as its stream, and such epilogues
+  were refused).
 * ``T_numa``: remote boundary accesses (``opfuse.cost.numa``), when a placement is given.
 
 Per plan: ``total_latency_s`` is the sum over groups (kernels run one after another);

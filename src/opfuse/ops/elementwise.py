@@ -80,7 +80,8 @@ OPS_PER_ELEMENT = {
 # a Relu) / (unfused Relu's kernel). Ops not listed keep their FLOPs. The same ratio prices the op in a kernel
 # without an anchor (``GroupAnalysis.arithmetic_stream_bytes``: the unfused side of the decision), where its own
 # stream overlaps it: measured there the same way (the unfused build's kernel, ``bench_epilogues.py``'s ``alone``
-# column, load 4-5): Tanh 1.69, Gelu 2.29, GeluTanh 1.43, Softplus 4.03, Sigmoid 1.03 (its stream).
+# column, two runs at load 4-5 and 8): Tanh 1.69, 1.25, Gelu 2.29, 1.94, GeluTanh 1.43, 1.45, Softplus 4.03, 4.61,
+# Sigmoid 1.03, 1.18 (its stream, a little more).
 EPILOGUE_STREAM_RATIO = {
     "HardSwish": 0.25,  # 0.34, 0.18
     "Sigmoid": 0.6,  # 0.66, 0.58
