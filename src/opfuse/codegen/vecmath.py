@@ -66,6 +66,16 @@ thread, CPU time (Zen 5 host, load ~10-20, medians of 3 interleaved runs, each t
 0.128 ns, Silu 0.205 -> 0.141, Gelu(tanh) 0.30 -> 0.24 (with ``simdchain``'s 4 vectors per iteration); log and
 softplus (2026-12-02 night, gcc's loop over the scalar helper before, load 7): Log 0.62 -> 0.27, Softplus 1.24 -> 0.76
 (latency-bound: exp, then log, then a division, ~130 cycles from load to store).
+
+What bounds the AVX-512 Sigmoid (2026-12-02 late night, 16K floats in cache, 1 thread, CPU time, medians of 9
+interleaved rounds, load 6-7, host at ~3.65 GHz): 0.121 ns per element, 7.1 cycles per vector for its ~17
+operations (or, exp_nonpos's 9 multiply-adds, subtract, compare and ``vscalefps``, then compare, blend, add and
+divide); exp_nonpos alone 4.9 cycles, its 10 operations on the two FMA pipes at 2 a cycle. Not the division: a
+multiply in its place saved 4%, ``vrcp14ps`` with a Newton step and a correction (the same bits over a sweep of
+every 257th pattern) cost 50% more; not latency: 8 vectors an iteration -2%, two staged passes -2%; a sign-bit or
+``vpternlogd`` blend, a clamp for the underflow compare, the exponent added as an integer: +1-10%. Shorter forms
+change the bits or the error: a degree-5 polynomial errs by 1.1e-7 (~1 ulp of 1, against 4.7e-9); a 16-entry
+``vpermps`` table with a degree-3 polynomial saves one operation but is no longer the scalar helper's arithmetic.
 """
 from __future__ import annotations
 
