@@ -71,9 +71,10 @@ What bounds the AVX-512 Sigmoid (2026-12-02 late night, 16K floats in cache, 1 t
 interleaved rounds, load 6-7, host at ~3.65 GHz): 0.121 ns per element, 7.1 cycles per vector for its ~17
 operations (or, exp_nonpos's 9 multiply-adds, subtract, compare and ``vscalefps``, then compare, blend, add and
 divide); exp_nonpos alone 4.9 cycles, its 10 operations on the two FMA pipes at 2 a cycle. Not the division: a
-multiply in its place saved 4%, ``vrcp14ps`` with a Newton step and a correction (the same bits over a sweep of
-every 257th pattern) cost 50% more; not latency: 8 vectors an iteration -2%, two staged passes -2%; a sign-bit or
-``vpternlogd`` blend, a clamp for the underflow compare, the exponent added as an integer: +1-10%. Shorter forms
+multiply in its place saved 4%, ``vrcp14ps`` with a Newton step and a correction cost 50% more (and differed
+from the division in the last bit for 24480 of the 16.7M patterns of a sweep of every 257th); not latency: 8
+vectors an iteration -2%, two staged passes -2%; a sign-bit or ``vpternlogd`` blend, a clamp for the underflow
+compare (both the same bits over that sweep), the exponent added as an integer: +1-10%. Shorter forms
 change the bits or the error: a degree-5 polynomial errs by 1.1e-7 (~1 ulp of 1, against 4.7e-9); a 16-entry
 ``vpermps`` table with a degree-3 polynomial saves one operation but is no longer the scalar helper's arithmetic.
 """
