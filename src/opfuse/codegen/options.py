@@ -481,12 +481,14 @@ class CodegenOptions:
     # is loaded, 0.150 -> 0.166 with blocks, so it keeps one pass. 0: one pass always.
     simd_stage_block: int = 512
     # exp(x) for x <= 0 (``vecmath.opfuse_expf_nonpos``: Sigmoid, SiLU, Tanh, Softplus, Gelu(tanh)) by a 16-entry table
-    # of 2^(j/16) (one ``vpermps``) and a degree-3 polynomial instead of the degree-6 one, in the scalar helper and
-    # its vector forms alike (the same bits, all 2^32 inputs checked). In cache, 1 thread, CPU time (Zen 5, load 10):
-    # Sigmoid 0.128 -> 0.104 ns per element, SiLU 0.141 -> 0.115, Tanh 0.240 -> 0.206, Softplus 0.76 -> 0.68, the
-    # chain8 benchmark 0.182 -> 0.165. Off by default: gcc's loop over the scalar helper (depthwise epilogues, ops
-    # without a vector form such as Mish, ``simd_elementwise=False``) does not vectorise the table read (no gather
-    # on this tuning: lane inserts), Sigmoid 0.189 -> 0.410 ns there.
+    # of 2^(j/16) and its float32 tail (two ``vpermps``) and a degree-3 polynomial instead of the degree-6 one, in the
+    # scalar helper and its vector forms alike (the same bits: all 2^32 inputs checked; 0.77 ulp against 0.88 / 1.12).
+    # In cache, 1 thread, CPU time, medians of 9 interleaved rounds (Zen 5, load 15): Sigmoid 0.125 -> 0.113 ns per
+    # element, SiLU 0.137 -> 0.125, Tanh 0.235 -> 0.218, Softplus 0.76 -> 0.69, Gelu(tanh) 0.247 -> 0.223, the
+    # chain8 benchmark 0.183 -> 0.181 (one table without the tail: Sigmoid -18%, but 1.00 ulp and Sigmoid 3.00 ulp).
+    # Off by default: gcc's loop over the scalar helper (depthwise epilogues, ops without a vector form such as Mish,
+    # ``simd_elementwise=False``) does not vectorise the table read (no gather on this tuning: lane inserts), Sigmoid
+    # 0.189 -> 0.410 ns there (single table).
     exp_table: bool = False
     # "blob": weights passed as one pointer at run time; "embed": a static const array.
     weights: str = "blob"
