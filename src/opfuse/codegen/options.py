@@ -487,8 +487,8 @@ class CodegenOptions:
     # element, SiLU 0.137 -> 0.125, Tanh 0.235 -> 0.218, Softplus 0.76 -> 0.69, Gelu(tanh) 0.247 -> 0.223, the
     # chain8 benchmark 0.183 -> 0.181 (one table without the tail: Sigmoid -18%, but 1.00 ulp and Sigmoid 3.00 ulp).
     # Off by default: gcc's loop over the scalar helper (depthwise epilogues, ops without a vector form such as Mish,
-    # ``simd_elementwise=False``) does not vectorise the table read (no gather on this tuning: lane inserts), Sigmoid
-    # 0.189 -> 0.410 ns there (single table).
+    # ``simd_elementwise=False``) does not vectorise the table reads (no gather on this tuning: lane inserts), Sigmoid
+    # 0.200 -> 0.882 ns there (load 18).
     exp_table: bool = False
     # "blob": weights passed as one pointer at run time; "embed": a static const array.
     weights: str = "blob"
