@@ -152,3 +152,26 @@ def test_staged_chain_is_the_scalar_loops_bits(cache_dir):
         assert "sigmoidf_tail" in generate(g, plan, options=options).source
         got = next(iter(build(g, plan, cache_dir=cache_dir, options=options).run({"x": xv}).values()))
         assert _same_bits(got, want), name
+
+
+@pytest.mark.parametrize("act", ["Silu", "Sigmoid"])
+def test_conv_epilogues_are_the_scalar_epilogues_bits(act, cache_dir):
+    """Conv 1x1 (20 channels: full blocks by the storing micro-kernel, in registers, and a part block through the C
+    tile's vector epilogue) -> SiLU or Sigmoid: bitwise the scalar epilogue of the same options
+    (``vector_epilogue=False``), within float32 rounding of the default build."""
+    rng = np.random.default_rng(4)
+    b = GraphBuilder(f"conv_{act.lower()}")
+    w = b.const("w", (rng.standard_normal((20, 16, 1, 1)) / 4).astype(np.float32))
+    bias = b.const("bias", (rng.standard_normal(20) * 2).astype(np.float32))
+    g = b.build(b.op(act, b.op("Conv", b.input("x", (1, 16, 23, 41)), w, bias, name="conv")))
+    plan = FusionPlan(g, [FusionGroup("g", list(g.nodes), "conv_epilogue", g.nodes[0])])
+    x = (rng.standard_normal((1, 16, 23, 41)) * 12).astype(np.float32)
+    src = generate(g, plan, options=CodegenOptions(**TABLE)).source
+    assert "applied and stored by the micro-kernel" in src and "_mm512_permutexvar_ps" in src
+    want = next(iter(build(g, plan, cache_dir=cache_dir, threads=1,
+                           options=CodegenOptions(vector_epilogue=False, **TABLE)).run({"x": x}).values()))
+    default = next(iter(build(g, plan, cache_dir=cache_dir, threads=1).run({"x": x}).values()))
+    assert np.allclose(want, default, rtol=1e-6, atol=1e-37)
+    for name, options in VECTOR.items():
+        got = next(iter(build(g, plan, cache_dir=cache_dir, threads=1, options=options).run({"x": x}).values()))
+        assert _same_bits(got, want), name
