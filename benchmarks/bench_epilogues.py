@@ -36,7 +36,9 @@ vectorises (``simd_elementwise=False``), the path before them.
 With Relu among the cases, a last table gives each activation's epilogue cost as a multiple of the stream fusing
 saves, measured in the same run (CPU time): (its fused time - Relu's fused time) / (Relu's unfused - fused time),
 next to ``opfuse.ops.elementwise.EPILOGUE_STREAM_RATIO``, the price the cost model gives it on a compute-bound anchor
-(``epilogue_ratios``; the JSON's ``epilogue_stream_ratios``).
+(``epilogue_ratios``; the JSON's ``epilogue_stream_ratios``), and the same for its own kernel in the unfused build
+(``alone``: (its unfused time - Relu's fused time) / the same stream; the JSON's ``standalone_stream_ratios``), which
+the cost model prices at the same ratio, at least its stream.
 
 ``--op-counts`` counts, instead of timing, the vector instructions of each op's one-op kernel
 loop (``objdump``, one vector per iteration: ``CodegenOptions.simd_unroll=1``; less what an Add's loop has
@@ -396,22 +398,26 @@ def bound_table(bounds: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def epilogue_ratios(rows: list[dict]) -> dict[str, float]:
-    """Each Conv + activation case's (fused - Conv + Relu fused) / (Conv + Relu unfused - fused), CPU time: the
-    activation's epilogue cost over the stream that fusing saves (empty without a Relu case)."""
+def epilogue_ratios(rows: list[dict], build: str = "fused") -> dict[str, float]:
+    """Each Conv + activation case's (``build`` - Conv + Relu fused) / (Conv + Relu unfused - fused), CPU time: the
+    activation's cost over the stream that fusing saves, in its epilogue (``build="fused"``) or in its own kernel
+    (``"unfused"``: the cost model prices that kernel at ``max(1, EPILOGUE_STREAM_RATIO)`` streams); empty without a
+    Relu case."""
     relu = next((r for r in rows if r["case"] == "Relu"), None)
     if relu is None:
         return {}
     base, stream = relu["fused"]["cpu_median_ms"], relu["unfused"]["cpu_median_ms"] - relu["fused"]["cpu_median_ms"]
-    return {r["case"]: (r["fused"]["cpu_median_ms"] - base) / stream for r in rows
+    return {r["case"]: (r[build]["cpu_median_ms"] - base) / stream for r in rows
             if r["case"] in ACTIVATIONS and r["case"] != "Relu"}
 
 
-def epilogue_ratio_table(ratios: dict[str, float]) -> str:
+def epilogue_ratio_table(ratios: dict[str, float], alone: dict[str, float]) -> str:
     from opfuse.ops.elementwise import EPILOGUE_STREAM_RATIO
-    lines = [f"{'case':10s} {'measured':>9s} {'priced':>7s}   "
-             "(epilogue / stream it saves; priced: EPILOGUE_STREAM_RATIO)"]
-    lines += [f"{k:10s} {v:9.2f} {EPILOGUE_STREAM_RATIO.get(k, float('nan')):7.2f}" for k, v in ratios.items()]
+    lines = [f"{'case':10s} {'measured':>9s} {'alone':>6s} {'priced':>7s}   "
+             "(epilogue / stream it saves; alone: the activation's own kernel, the same way; priced: "
+             "EPILOGUE_STREAM_RATIO)"]
+    lines += [f"{k:10s} {v:9.2f} {alone.get(k, float('nan')):6.2f} {EPILOGUE_STREAM_RATIO.get(k, float('nan')):7.2f}"
+              for k, v in ratios.items()]
     return "\n".join(lines)
 
 
@@ -486,6 +492,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.op_costs:
         result["op_costs"] = op_costs()
     result["epilogue_stream_ratios"] = epilogue_ratios(rows)
+    result["standalone_stream_ratios"] = epilogue_ratios(rows, "unfused")
     args.out.write_text(json.dumps(result, indent=1, sort_keys=True))
     print(table(rows))
     if result.get("bounds"):
@@ -496,7 +503,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(op_cost_table(result["op_costs"]))
     if result["epilogue_stream_ratios"]:
         print()
-        print(epilogue_ratio_table(result["epilogue_stream_ratios"]))
+        print(epilogue_ratio_table(result["epilogue_stream_ratios"], result["standalone_stream_ratios"]))
     print(f"\nwritten {args.out}")
     return rows
 

@@ -53,6 +53,8 @@ float32 result (the subnormal spacing 2^-149 below 2^-126):
 
 with fused multiply-adds (AVX2/FMA, the same sweep): exp 1.00, expm1 1.76, exp_nonpos 0.88, tanh 1.50, the others as
 above. (Before exp_nonpos had its own polynomial and sigmoid one division: exp_nonpos was exp, sigmoid 2.77.)
+With ``CodegenOptions.exp_table`` (exp_nonpos by a 16-entry table, every 131st pattern and a 2M-point grid, either
+path): exp_nonpos 0.77 (0.766 over all 2^31 inputs x <= 0), sigmoid 2.28, tanh 1.50, softplus 2.76.
 
 NaN in gives NaN out; +-inf give NumPy's limits.
 
@@ -66,11 +68,25 @@ thread, CPU time (Zen 5 host, load ~10-20, medians of 3 interleaved runs, each t
 0.128 ns, Silu 0.205 -> 0.141, Gelu(tanh) 0.30 -> 0.24 (with ``simdchain``'s 4 vectors per iteration); log and
 softplus (2026-12-02 night, gcc's loop over the scalar helper before, load 7): Log 0.62 -> 0.27, Softplus 1.24 -> 0.76
 (latency-bound: exp, then log, then a division, ~130 cycles from load to store).
+
+What bounds the AVX-512 Sigmoid (2026-12-02 late night, 16K floats in cache, 1 thread, CPU time, medians of 9
+interleaved rounds, load 6-7, host at ~3.65 GHz): 0.121 ns per element, 7.1 cycles per vector for its ~17
+operations (or, exp_nonpos's 9 multiply-adds, subtract, compare and ``vscalefps``, then compare, blend, add and
+divide); exp_nonpos alone 4.9 cycles, its 10 operations on the two FMA pipes at 2 a cycle. Not the division: a
+multiply in its place saved 4%, ``vrcp14ps`` with a Newton step and a correction cost 50% more (and differed
+from the division in the last bit for 24480 of the 16.7M patterns of a sweep of every 257th); not latency: 8
+vectors an iteration -2%, two staged passes -2%; a sign-bit or ``vpternlogd`` blend, a clamp for the underflow
+compare (both the same bits over that sweep), the exponent added as an integer: +1-10%. Shorter forms
+change the error or the scalar helper: a degree-5 polynomial errs by 1.1e-7 (~1 ulp of 1, against 4.7e-9); a
+16-entry table of 2^(j/16) (``vpermps``) and a degree-3 polynomial, with the table's float32 tail added back, is
+``CodegenOptions.exp_table`` (``EXP_NONPOS_TABLE_TEXT``; off by default: gcc's loop over the scalar helper reads the
+tables lane by lane).
 """
 from __future__ import annotations
 
 import functools
 import math
+import struct
 from dataclasses import dataclass
 from typing import Callable
 
@@ -148,6 +164,22 @@ TANH_POLY = ("-3.33332819422e-1", "1.33314422036e-1", "-5.37397155531e-2", "2.06
 # error (3e-10) that the roundings around it hide.
 EXP_NONPOS_POLY = ("1.0", "1.0", "4.9999994040e-01", "1.6666515172e-01", "4.1668456048e-02", "8.3694243804e-03",
                    "1.3813120313e-03")
+# exp_nonpos with ``CodegenOptions.exp_table``: x = (k / 16) ln2 + r, |r| <= ln2 / 32,
+# exp(x) = 2^floor(k / 16) * 2^((k mod 16) / 16) * exp(r), the middle factor read from a 16-entry table
+# (``EXP16_TABLE``, 2^(j/16) rounded to float32, plus ``EXP16_TAIL``) and exp(r) = 1 + r + c2 r^2 + c3 r^3
+# (``EXP16_POLY``: minimax for the relative error on |r| <= 1.01 ln2/32, 1.7e-9 with these float32 coefficients).
+# The tables cost two permutes (``vpermps``, off the FMA pipes) and an add where the degree-6 polynomial on
+# |r| <= ln2/2 takes 3 more multiply-adds.
+def _f32(v: float) -> float:
+    return struct.unpack("f", struct.pack("f", v))[0]
+
+
+EXP16_TABLE = tuple(f"{_f32(2.0 ** (j / 16)):.9e}" for j in range(16))
+# 2^(j/16) less its float32 (exact in the double): the table's rounding, added back (0.50 -> 1.00 ulp without it).
+EXP16_TAIL = tuple(f"{_f32(2.0 ** (j / 16) - _f32(2.0 ** (j / 16))):.9e}" for j in range(16))
+EXP16_POLY = ("5.000164509e-01", "1.666674763e-01")  # c2, c3
+EXP16_MAGIC, EXP16_MAGIC_BITS = "786432.0f", "0x49400000"  # 1.5 * 2^19: ulp 1/16, so z - magic = k / 16
+LN2_HEAD16, LN2_TAIL16 = "0.693115234375f", "3.194618330e-05f"  # head: 12 significant bits, so (k / 16) head is exact
 LN2_HEAD, LN2_TAIL = "0.693359375f", "-2.12194440e-4f"  # head has 9 significant bits
 LN2_TAIL_NEG = LN2_TAIL[1:]
 
@@ -188,6 +220,30 @@ EXP_TEXT = _exp_text(EXP, "/* exp(x) in float (<= 1.0 ulp, NaN -> NaN); branch-f
 # polynomial takes 8 (Sigmoid 0.193 -> 0.171 ns per element alone, with the masked forms below).
 EXP_NONPOS_TEXT = _exp_text(EXP_NONPOS, "/* exp(x) for x <= 0 or NaN (<= 1.0 ulp, NaN -> NaN). */",
                             f"  return x < {EXP_LOW:.1f}f ? 0.0f : y;", nonpos=True)
+# The same with the 16-entry table (``CodegenOptions.exp_table``; ``EXP16_TABLE``): 8 operations on the FMA pipes
+# where the degree-6 form takes 10.
+EXP_NONPOS_TABLE_TEXT = "\n".join([
+    "/* exp(x) for x <= 0 or NaN (<= 0.6 ulp, NaN -> NaN): 16-entry table. */",
+    f"static inline float {EXP_NONPOS}(float x) {{",
+    f"  static const float table[16] = {{ {', '.join(t + 'f' for t in EXP16_TABLE)} }};  /* 2^(j/16) */",
+    f"  static const float tail[16] = {{ {', '.join(t + 'f' for t in EXP16_TAIL)} }};  /* 2^(j/16) - table */",
+    f"  const float z = {fma('x', '1.44269504088896341f', EXP16_MAGIC)};",
+    "  union { float f; uint32_t u; } t = { z };",
+    f"  const int32_t k = (int32_t)(t.u - {EXP16_MAGIC_BITS}u);",
+    f"  const float kf = z - {EXP16_MAGIC};  /* k / 16, exactly, wherever the result is used */",
+    f"  float r = {fma('kf', '-' + LN2_HEAD16, 'x')};",
+    f"  r = {fma('kf', '-' + LN2_TAIL16, 'r')};",
+    "  const float th = table[t.u & 15u], tl = tail[t.u & 15u];",
+    f"  float q = {fma(EXP16_POLY[1] + 'f', 'r', EXP16_POLY[0] + 'f')};",
+    f"  q = {fma('q', 'r', '1.0f')};",
+    f"  const float p = th + {fma('th * r', 'q', 'tl')};  /* 2^(j/16) exp(r) */",
+    "  const int32_t n = k >> 4, n1 = n >> 1, n2 = n - n1;  /* arithmetic shifts: n = floor(k / 16) */",
+    "  union { uint32_t u; float f; } s1 = { (uint32_t)(n1 + 127) << 23 }, s2 = { (uint32_t)(n2 + 127) << 23 };",
+    "  const float y = (p * s1.f) * s2.f;",
+    f"  return x < {EXP_LOW:.1f}f ? 0.0f : y;",
+    "}",
+    "",
+])
 
 LOG_TEXT = "\n".join([
     "/* log(x) in float (<= 0.82 ulp; 0 -> -inf, x < 0 -> NaN, NaN -> NaN); branch-free, vectorisable. */",
@@ -273,13 +329,17 @@ HELPERS: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 
+def _text(name: str, exp_table: bool) -> str:
+    """Scalar helper ``name``'s C: exp_nonpos by the 16-entry table with ``CodegenOptions.exp_table``."""
+    return EXP_NONPOS_TABLE_TEXT if name == EXP_NONPOS and exp_table else HELPERS[name][1]
+
+
 def require(program, name: str) -> str:
     """Add helper ``name`` (after the helpers it calls) to ``program``, once; return its name."""
     require_fma(program)
-    deps, text = HELPERS[name]
-    for d in deps:
+    for d in HELPERS[name][0]:
         require(program, d)
-    return program.require_helper(name, text)
+    return program.require_helper(name, _text(name, program.options.exp_table))
 
 
 def require_fma(program) -> str:
@@ -288,10 +348,11 @@ def require_fma(program) -> str:
     return FMA
 
 
-def all_helpers_text(simd: str = "auto") -> str:
+def all_helpers_text(simd: str = "auto", exp_table: bool = False) -> str:
     """Every helper, in dependency order, after the ``OPFUSE_FMAF`` macro of ``simd`` (for tests
-    that compile them on their own)."""
-    return FMA_TEXT[simd] + "".join(HELPERS[name][1] for name in (EXP, EXP_NONPOS, EXPM1, LOG, TANH, SIGMOID, SOFTPLUS))
+    that compile them on their own); exp_nonpos by the table with ``exp_table``."""
+    return FMA_TEXT[simd] + "".join(_text(name, exp_table)
+                                    for name in (EXP, EXP_NONPOS, EXPM1, LOG, TANH, SIGMOID, SOFTPLUS))
 
 
 # Vector forms ---------------------------------------------------------------------------------------------------
@@ -360,12 +421,31 @@ def vector_name(name: str, isa: VecIsa) -> str:
     return name.replace("opfuse_", f"opfuse_v{isa.lanes}_", 1)
 
 
+def _vector_scale(isa: VecIsa, q: str, n: str, k: str, shift: int) -> list[str]:
+    """C lines for ``y = q 2^floor(n)``, zero where ``x < -104``: AVX-512 in one ``vscalefps`` (``q 2^n`` rounded
+    once, subnormals included: the scalar's ``(q 2^(n/2)) 2^(n - n/2)``, whose first product is exact, bit for bit),
+    zero-masked where ``x < -104`` (the scalar's underflow select in the same instruction: unordered lanes keep the
+    NaN); AVX2 through the exponent bits as the scalar does, from the integer ``k`` (``n = k >> shift``)."""
+    v, p = isa.vt, isa.op
+    low = isa.set1(f"{EXP_LOW:.1f}f")
+    if isa.lanes == 16:
+        return [f"  const {v} y = _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, {low}, _CMP_NLT_UQ), {q}, {n});"]
+    to_float = f"castsi{isa.lanes * 32}_ps"
+    first = ""
+    if shift:  # n itself, as an integer
+        first, k = f"k0 = {p('srai_epi32', k, str(shift))}, ", "k0"
+    return [
+        f"  const {isa.it} {first}k1 = {p('srai_epi32', k, '1')}, k2 = {p('sub_epi32', k, 'k1')};",
+        f"  const {v} s1 = {p(to_float, p('slli_epi32', p('add_epi32', 'k1', p('set1_epi32', '127')), '23'))};",
+        f"  const {v} s2 = {p(to_float, p('slli_epi32', p('add_epi32', 'k2', p('set1_epi32', '127')), '23'))};",
+        f"  const {v} s = {p('mul_ps', p('mul_ps', q, 's1'), 's2')};",
+        f"  const {v} y = {isa.select('x', low, '_CMP_LT_OQ', p('setzero_ps'), 's')};",
+    ]
+
+
 def _vector_exp_text(name: str, isa: VecIsa, overflow: bool) -> str:
     """The scalar ``_exp_text`` on ``isa``'s registers (``overflow``: ``opfuse_expf``, else ``opfuse_expf_nonpos``
-    and its polynomial). AVX-512 scales by ``2^n`` in one ``vscalefps`` (``q 2^n`` rounded once, subnormals
-    included: the scalar's ``(q 2^(n/2)) 2^(n - n/2)``, whose first product is exact, bit for bit), zero-masked
-    where ``x < -104`` (the scalar's underflow select in the same instruction: unordered lanes keep the NaN), AVX2
-    through the exponent bits as the scalar does."""
+    and its polynomial), scaled by ``_vector_scale``."""
     v, p = isa.vt, isa.op
     c = isa.set1
     fma = functools.partial(p, "fmadd_ps")
@@ -375,27 +455,51 @@ def _vector_exp_text(name: str, isa: VecIsa, overflow: bool) -> str:
         f"  const {v} n = {p('sub_ps', 'z', c('12582912.0f'))};",
         f"  {v} r = {fma('n', c('-' + LN2_HEAD), 'x')};",
         f"  r = {fma('n', c(LN2_TAIL_NEG), 'r')};",
+        *vector_horner(isa, "q", EXP_POLY if overflow else EXP_NONPOS_POLY, "r"),
+        *([f"  q = {p('add_ps', fma('q', p('mul_ps', 'r', 'r'), 'r'), c('1.0f'))};"] if overflow else []),
+        f"  const {isa.it} k = {p('sub_epi32', p('castps_' + isa.si, 'z'), p('set1_epi32', '0x4B400000'))};",
+        *_vector_scale(isa, "q", "n", "k", 0),
+        f"  return {isa.select('x', c(f'{EXP_HIGH:.1f}f'), '_CMP_GT_OQ', c('HUGE_VALF'), 'y') if overflow else 'y'};",
+        "}",
+        "",
     ]
-    poly = EXP_POLY if overflow else EXP_NONPOS_POLY
-    lines += vector_horner(isa, "q", poly, "r")
-    if overflow:
-        lines.append(f"  q = {p('add_ps', fma('q', p('mul_ps', 'r', 'r'), 'r'), c('1.0f'))};")
-    low = c(f"{EXP_LOW:.1f}f")
-    if isa.lanes == 16:
-        lines.append(f"  const {v} y = _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, {low}, _CMP_NLT_UQ), q, n);")
-    else:
-        to_float = f"castsi{isa.lanes * 32}_ps"
-        lines += [
-            f"  const {isa.it} k = {p('sub_epi32', p('castps_' + isa.si, 'z'), p('set1_epi32', '0x4B400000'))};",
-            f"  const {isa.it} k1 = {p('srai_epi32', 'k', '1')}, k2 = {p('sub_epi32', 'k', 'k1')};",
-            f"  const {v} s1 = {p(to_float, p('slli_epi32', p('add_epi32', 'k1', p('set1_epi32', '127')), '23'))};",
-            f"  const {v} s2 = {p(to_float, p('slli_epi32', p('add_epi32', 'k2', p('set1_epi32', '127')), '23'))};",
-            f"  const {v} s = {p('mul_ps', p('mul_ps', 'q', 's1'), 's2')};",
-            f"  const {v} y = {isa.select('x', low, '_CMP_LT_OQ', p('setzero_ps'), 's')};",
-        ]
-    y = isa.select("x", c(f"{EXP_HIGH:.1f}f"), "_CMP_GT_OQ", c("HUGE_VALF"), "y") if overflow else "y"
-    lines += [f"  return {y};", "}", ""]
+    if isa.lanes == 16:  # vscalefps needs no integer k
+        lines.remove(next(line for line in lines if line.startswith(f"  const {isa.it} k = ")))
     return "\n".join(lines)
+
+
+def _vector_exp_nonpos_table_text(isa: VecIsa) -> str:
+    """``EXP_NONPOS_TABLE_TEXT`` on ``isa``'s registers, the same operations: each table read by one ``vpermps``
+    with ``z``'s low 4 bits as the index (AVX-512), or two ``vpermps`` of 8 entries and a blend on bit 3 (AVX2)."""
+    v, p = isa.vt, isa.op
+    c = isa.set1
+    fma = functools.partial(p, "fmadd_ps")
+    zi = p("castps_" + isa.si, "z")
+    if isa.lanes == 16:
+        table = [f"  const {v} {name} = _mm512_permutexvar_ps({zi}, _mm512_setr_ps({', '.join(t + 'f' for t in tab)}));"
+                 for name, tab in (("th", EXP16_TABLE), ("tl", EXP16_TAIL))]
+    else:
+        bit3 = f"_mm256_castsi256_ps(_mm256_slli_epi32({zi}, 28))"
+        table = []
+        for name, tab in (("th", EXP16_TABLE), ("tl", EXP16_TAIL)):
+            lo, hi = (", ".join(t + "f" for t in half) for half in (tab[:8], tab[8:]))
+            table.append(f"  const {v} {name} = _mm256_blendv_ps(_mm256_permutevar8x32_ps(_mm256_setr_ps({lo}), {zi}), "
+                         f"_mm256_permutevar8x32_ps(_mm256_setr_ps({hi}), {zi}), {bit3});  /* bit 3: the upper 8 */")
+    return "\n".join([
+        f"static inline {v} {vector_name(EXP_NONPOS, isa)}({v} x) {{",
+        f"  const {v} z = {fma('x', c('1.44269504088896341f'), c(EXP16_MAGIC))};",
+        f"  const {v} kf = {p('sub_ps', 'z', c(EXP16_MAGIC))};",
+        f"  {v} r = {fma('kf', c('-' + LN2_HEAD16), 'x')};",
+        f"  r = {fma('kf', c('-' + LN2_TAIL16), 'r')};",
+        *table,
+        f"  {v} q = {fma(c(EXP16_POLY[1] + 'f'), 'r', c(EXP16_POLY[0] + 'f'))};",
+        f"  q = {fma('q', 'r', c('1.0f'))};",
+        f"  const {v} q2 = {p('add_ps', 'th', fma(p('mul_ps', 'th', 'r'), 'q', 'tl'))};",
+        *_vector_scale(isa, "q2", "kf", p("sub_epi32", zi, p("set1_epi32", EXP16_MAGIC_BITS)), 4),
+        "  return y;",
+        "}",
+        "",
+    ])
 
 
 def _vector_sigmoid_text(isa: VecIsa) -> str:
@@ -507,6 +611,8 @@ def require_vector(program, name: str, isa: VecIsa) -> str:
     """Add the vector form of helper ``name`` on ``isa`` (behind ``isa.guard``, after the helpers it calls) to
     ``program``, once; return its C name."""
     deps, text = VECTOR_HELPERS[name]
+    if name == EXP_NONPOS and program.options.exp_table:
+        text = _vector_exp_nonpos_table_text
     for d in deps:
         require_vector(program, d, isa)
     key = vector_name(name, isa)

@@ -31,6 +31,10 @@ backend is expected to follow; fitted correction factors absorb the difference):
   stream (``2 x |out| bytes``) of arithmetic (``epilogue_flops``, ``epilogue_stream_bytes``; the cost
   model prices the larger of the two where the anchor alone is compute-bound: ``opfuse.cost.model``),
   where the anchor's reduction is at most ``EPILOGUE_EXPOSED_MAX_DEPTH`` multiply-adds per output element.
+* **The same ops without an anchor.** In a group with no anchor (a standalone elementwise kernel, a chain) such
+  an op's arithmetic is priced alike, ``arithmetic_flops`` and ``arithmetic_stream_bytes`` (the cost model takes
+  the larger of the two as compute time, which overlaps the kernel's own stream): so the unfused side of an
+  epilogue's decision carries the same measured arithmetic as the fused side.
 * **Register streams.** Streamed and inlined internal values each occupy one vector
   register while live (from producer to last consumer in group order); the most live at
   once is the group's register pressure.
@@ -268,6 +272,10 @@ class GroupAnalysis:
     # model prices the epilogues so only where these are compute-bound on its profile.
     epilogue_anchor_flops: float = 0.0
     epilogue_anchor_bytes: int = 0
+    # In a group without an anchor (a standalone elementwise kernel, a chain), the same: the listed ops' FLOPs and
+    # their measured arithmetic as bytes of stream (ratio x their output read once and written once).
+    arithmetic_flops: float = 0.0
+    arithmetic_stream_bytes: float = 0.0
 
     @property
     def boundary_bytes(self) -> int:
@@ -345,6 +353,7 @@ def analyze_group(graph: Graph, nodes, cache: dict | None = None) -> GroupAnalys
                             if n.op_type == "Cast")
 
     epi_flops, epi_bytes, anchor_flops, anchor_bytes = _epilogue_prices(nodes, member, specs, infos, execs)
+    alone_flops, alone_bytes = (0.0, 0.0) if anchored else _arithmetic_prices(nodes, infos, execs)
 
     buffered, streams = [], []
     for v in internal.values():
@@ -372,7 +381,20 @@ def analyze_group(graph: Graph, nodes, cache: dict | None = None) -> GroupAnalys
                          working_set_bytes=sum(nbytes(v) for v in buffered), zero_copy=zero_copy,
                          scalar_flops=scalar_flops, executed_by_class=by_class, epilogue_flops=epi_flops,
                          epilogue_stream_bytes=epi_bytes, epilogue_anchor_flops=anchor_flops,
-                         epilogue_anchor_bytes=anchor_bytes)
+                         epilogue_anchor_bytes=anchor_bytes, arithmetic_flops=alone_flops,
+                         arithmetic_stream_bytes=alone_bytes)
+
+
+def _arithmetic_prices(nodes, infos, execs) -> tuple[float, float]:
+    """(FLOPs, stream bytes x ratio) of the ops of an anchorless group that ``EPILOGUE_STREAM_RATIO`` lists: the
+    same measured arithmetic as an epilogue's (module docstring)."""
+    flops = stream = 0.0
+    for n in nodes:
+        ratio = epilogue_stream_ratio(n)
+        if ratio is not None and n.outputs:
+            flops += infos[id(n)][1] * execs[id(n)]
+            stream += ratio * 2 * nbytes(n.outputs[0]) * execs[id(n)]
+    return flops, stream
 
 
 def _epilogue_prices(nodes, member: dict[int, int], specs, infos, execs) -> tuple[float, float, float, int]:

@@ -31,6 +31,15 @@ Per group (see ``opfuse.cost.analysis`` for the execution model):
   stream, its FLOPs)`` alone) follows what was measured whatever the profile's absolute bandwidth.
   After a memory-bound anchor (a depthwise convolution) it hides in the anchor's stream: priced at its
   FLOPs (depthwise 3x3, 64 channels at 200x152, + Tanh / Gelu measured 0.88 / 0.91 fused/unfused).
+* The same op in a group without an anchor (the unfused side of that decision: a standalone elementwise
+  kernel) is priced by the same ratio, ``max(FLOPs / P_peak, ratio * 2 * bytes / B)`` of compute time
+  (``GroupAnalysis.arithmetic_stream_bytes``), which its own stream overlaps: the kernel takes
+  ``max(stream, ratio * stream)``. Measured (``bench_epilogues.py``'s ``alone``: the unfused build's activation
+  kernel over the stream a Relu's moves, 31 rounds, CPU time, two runs at load 4-5 and 8): Tanh 1.69, 1.25 (fused
+  1.58, 1.19), Gelu 2.29, 1.94 (2.51, 1.99), GeluTanh 1.43, 1.45 (1.46, 1.36), Softplus 4.03, 4.61 (4.17, 4.55): an
+  exp-heavy op costs about the same fused and alone, so an epilogue with a ratio >= 1 is predicted at parity,
+  less the kernel launch fusing saves (before, the kernel alone was priced as its stream, and such epilogues
+  were refused).
 * ``T_numa``: remote boundary accesses (``opfuse.cost.numa``), when a placement is given.
 
 Per plan: ``total_latency_s`` is the sum over groups (kernels run one after another);
@@ -157,6 +166,10 @@ class CostModel:
         # An epilogue on a compute-bound anchor priced by its measured ratio to its stream (module docstring).
         if self.prices_epilogue(a):
             t_compute += max(0.0, a.epilogue_stream_bytes / p.mem_bandwidth - a.epilogue_flops / p.peak_for(main_dtype))
+        # The same ops without an anchor, by the same measured ratio (module docstring).
+        if a.arithmetic_stream_bytes > 0 and not p.instruction_costs:
+            t_compute += max(0.0, a.arithmetic_stream_bytes / p.mem_bandwidth
+                             - a.arithmetic_flops / p.peak_for(main_dtype))
         excess_regs = max(0, a.register_pressure - p.vector_registers)
         t_compute += REGISTER_SPILL_OPS_PER_ELEMENT * excess_regs * a.stream_elements / p.peak_for(main_dtype)
 

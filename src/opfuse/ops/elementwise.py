@@ -77,7 +77,11 @@ OPS_PER_ELEMENT = {
 # predicted loss is overstated (by that ~1.9x) but the choice follows the measurement. Measured
 # (``benchmarks/bench_epilogues.py``: Conv 1x1 32 -> 64 on 200x152 + each op, 1 thread, CPU time, medians of 31
 # rounds each from cold caches, two runs at load 2-4, 2026-12-02; their mean, rounded): (fused - the same Conv with
-# a Relu) / (unfused Relu's kernel). Ops not listed keep their FLOPs.
+# a Relu) / (unfused Relu's kernel). Ops not listed keep their FLOPs. The same ratio prices the op in a kernel
+# without an anchor (``GroupAnalysis.arithmetic_stream_bytes``: the unfused side of the decision), where its own
+# stream overlaps it: measured there the same way (the unfused build's kernel, ``bench_epilogues.py``'s ``alone``
+# column, two runs at load 4-5 and 8): Tanh 1.69, 1.25, Gelu 2.29, 1.94, GeluTanh 1.43, 1.45, Softplus 4.03, 4.61,
+# Sigmoid 1.03, 1.18 (its stream, a little more).
 EPILOGUE_STREAM_RATIO = {
     "HardSwish": 0.25,  # 0.34, 0.18
     "Sigmoid": 0.6,  # 0.66, 0.58
