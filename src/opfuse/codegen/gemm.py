@@ -39,7 +39,7 @@ from opfuse.codegen.ctype import c_type, literal
 from opfuse.codegen.index import Index, add, delinearize
 from opfuse.codegen import simdchain, vecmath
 from opfuse.codegen.epilogue import VectorEpilogue, finish_element
-from opfuse.codegen.erf import ERF_HELPER, require_erf, require_vector_erf
+from opfuse.codegen.gelu import GELU_HELPER, require_gelu, require_vector_gelu
 from opfuse.codegen.microkernel import ACTIVATIONS, YMM_FLOATS, fits_avx2, fits_avx512, fits_neon, microkernel, \
     transpose_helper
 from opfuse.codegen.stages import GroupAnalysis, Stage
@@ -523,10 +523,10 @@ def _require_activation(kc, code: str) -> None:
     if code[-1:] in ACTIVATIONS:
         helper = ACTIVATIONS[code[-1]][2]
         isas = simdchain.isas_for(kc.program.options)
-        if helper == ERF_HELPER:
-            require_erf(kc.program)
+        if helper == GELU_HELPER:
+            require_gelu(kc.program)
             for isa in isas:
-                require_vector_erf(kc.program, isa)
+                require_vector_gelu(kc.program, isa)
             return
         vecmath.require(kc.program, helper)
         for isa in isas:

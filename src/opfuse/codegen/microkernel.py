@@ -41,7 +41,7 @@ import math
 import numpy as np
 
 from opfuse.codegen.ctype import literal
-from opfuse.codegen.erf import ERF_HELPER
+from opfuse.codegen.gelu import GELU_HELPER
 from opfuse.codegen.vecmath import AVX2_FLOAT, AVX512_FLOAT, SIGMOID, TANH, vector_name
 
 A_ACCESS = ("packed", "rows", "koff")
@@ -90,8 +90,8 @@ EPILOGUES = ("", "b", "r", "br")  # none / bias / Relu / bias then Relu
 # operations in the same order on the vector forms of their helpers (``simdchain``'s: the same bits), which the
 # program must define before the kernel (``gemm.register_epilogue``). Letter -> (op, Gelu's approximate, helper).
 ACTIVATIONS = {"s": ("Sigmoid", None, SIGMOID), "w": ("Silu", None, SIGMOID), "t": ("Tanh", None, TANH),
-               "g": ("Gelu", "tanh", SIGMOID), "e": ("Gelu", "none", ERF_HELPER)}
-GELU_TANH_SCALE, GELU_TANH_CUBE, GELU_ERF_SCALE = 2 * math.sqrt(2 / math.pi), 0.044715, 1 / math.sqrt(2)
+               "g": ("Gelu", "tanh", SIGMOID), "e": ("Gelu", "none", GELU_HELPER)}
+GELU_TANH_SCALE, GELU_TANH_CUBE = 2 * math.sqrt(2 / math.pi), 0.044715
 
 
 def valid_epilogue(epi: str) -> bool:
@@ -109,8 +109,6 @@ def activation(epi: str, y: str, isa: str | None = None) -> str:
         f = helper
         if op == "Gelu" and approximate == "tanh":  # rules._gelu: x sigmoid(2z)
             return f"{y} * {f}({c(GELU_TANH_SCALE)} * ({y} + {c(GELU_TANH_CUBE)} * ({y} * {y} * {y})))"
-        if op == "Gelu":
-            return f"{c(0.5)} * {y} * ({c(1.0)} + {f}({y} * {c(GELU_ERF_SCALE)}))"
         return f"{y} * {f}({y})" if op == "Silu" else f"{f}({y})"
     vi = AVX512_FLOAT if isa == "avx512" else AVX2_FLOAT
     p, s = vi.op, vi.set1
@@ -119,9 +117,6 @@ def activation(epi: str, y: str, isa: str | None = None) -> str:
         x3 = p("mul_ps", p("mul_ps", y, y), y)
         z2 = p("mul_ps", s(c(GELU_TANH_SCALE)), p("add_ps", y, p("mul_ps", s(c(GELU_TANH_CUBE)), x3)))
         return p("mul_ps", y, f"{f}({z2})")
-    if op == "Gelu":
-        erf = f"{f}({p('mul_ps', y, s(c(GELU_ERF_SCALE)))})"
-        return p("mul_ps", p("mul_ps", s(c(0.5)), y), p("add_ps", s(c(1.0)), erf))
     return p("mul_ps", y, f"{f}({y})") if op == "Silu" else f"{f}({y})"
 
 
