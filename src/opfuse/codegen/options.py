@@ -242,6 +242,11 @@ class CodegenOptions:
     gemm_scalar_accumulators: bool = False
     # Keys tiles of the attention kernel's online softmax.
     attention_block: int = 64
+    # Attention over at most this many keys runs them as one block (``attention.py``): the softmax in one pass
+    # (max; exp and sum), the second product setting Ot where the online form clears it, rescales it by
+    # exp(m - m') after each block and adds. Scratch: the whole score panel (bert_layer's 128 keys x 64 queries, 32
+    # KiB). 0: always the online form.
+    attention_one_pass_max_keys: int = 256
     # Attention (``codegen/attention.py``): where the batch (heads) alone makes at least this many tiles,
     # a tile takes every query block of its head and packs K and V once for them; with fewer heads a
     # tile per query block keeps the threads busy, each packing K and V again. bert_layer (12 heads, 2
