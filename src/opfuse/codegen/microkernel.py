@@ -84,7 +84,9 @@ SIGNATURE = ("(long kc, const float* restrict a, const float* const* restrict ar
 # ``transposed`` form adds ``bias[j]`` (a column's) and stores ``y`` to ``out[j * ldo + i]``: a GEMM of
 # positions x channels (a convolution over its windows) whose output runs along the positions.
 SIGNATURE_STORE = SIGNATURE[:-1] + ", const float* restrict bias, float* restrict out, long ldo)"
-EPILOGUES = ("", "b", "r", "br")  # none / bias / Relu / bias then Relu
+EPILOGUES = ("", "b", "r", "br", "c", "cr")  # none / row bias / Relu / row bias then Relu / column bias (x86, not
+# transposed: ``bias[j]`` of the block's columns, a MatMul's bias along N; the caller passes ``bias`` at the block's
+# first column) / column bias then Relu
 # Activations the storing variant applies after the bias instead of the Relu (an epilogue code's last letter;
 # x86 bodies and plain C only): the scalar rules' expressions of y (``rules.py``), and on the vector bodies the same
 # operations in the same order on the vector forms of their helpers (``simdchain``'s: the same bits), which the
@@ -95,8 +97,8 @@ GELU_TANH_SCALE, GELU_TANH_CUBE = 2 * math.sqrt(2 / math.pi), 0.044715
 
 
 def valid_epilogue(epi: str) -> bool:
-    """An epilogue code: ``EPILOGUES``, or an optional bias ("b") then one letter of ``ACTIVATIONS``."""
-    return epi in EPILOGUES or (epi[-1:] in ACTIVATIONS and epi[:-1] in ("", "b"))
+    """An epilogue code: ``EPILOGUES``, or an optional bias ("b" or "c") then one letter of ``ACTIVATIONS``."""
+    return epi in EPILOGUES or (epi[-1:] in ACTIVATIONS and epi[:-1] in ("", "b", "c"))
 
 
 def activation(epi: str, y: str, isa: str | None = None) -> str:
@@ -124,7 +126,7 @@ def _finish_plain(epi: str, value: str, i: str) -> list[str]:
     """Plain C of the storing variant's epilogue on ``value`` (bias index ``i``): the same operations, in
     the same order, as the generated epilogue (``acc + bias``, then ``y < 0 ? 0 : y``), so the bits agree."""
     lines = [f"float y = {value};"]
-    if "b" in epi:
+    if "b" in epi or "c" in epi:
         lines.append(f"y = y + bias[{i}];")
     if "r" in epi:
         lines.append("y = (y < 0.0f ? 0.0f : y);")
@@ -230,8 +232,9 @@ def _plain(mr: int, nr: int, a: str, b: str, epi: str | None = None, transposed:
                   f"    for (int i = 0; i < {mr}; ++i) {{ {' '.join(_finish_plain(epi, 'acc[i][j]', 'j'))} "
                   "out[j * ldo + i] = y; }"]
     else:
+        bi = "j" if "c" in epi else "i"
         lines += [f"  for (int i = 0; i < {mr}; ++i)",
-                  f"    for (int j = 0; j < {nr}; ++j) {{ {' '.join(_finish_plain(epi, 'acc[i][j]', 'i'))} "
+                  f"    for (int j = 0; j < {nr}; ++j) {{ {' '.join(_finish_plain(epi, 'acc[i][j]', bi))} "
                   "out[i * ldo + j] = y; }"]
     return lines
 
@@ -311,6 +314,8 @@ def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, 
         lines.append(f"  const {vec} zero = {ps}_setzero_ps();")
     if transposed:
         return lines + _store_transposed(isa, acc, i0, j0, epi)
+    if "c" in epi:  # the block's columns' bias, loaded once for every row
+        lines += [f"  const {vec} cbias{v} = {ps}_loadu_ps(bias + {j0 + v * width});" for v in range(nv)]
     for i in range(rows):
         if "b" in epi:
             lines.append(f"  const {vec} bias{i} = {ps}_set1_ps(bias[{i0 + i}]);")
@@ -318,6 +323,8 @@ def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, 
             y = acc[i][v]
             if "b" in epi:
                 y = f"{ps}_add_ps({y}, bias{i})"
+            if "c" in epi:
+                y = f"{ps}_add_ps({y}, cbias{v})"
             if "r" in epi:
                 y = f"{ps}_max_ps(zero, {y})"
             at = f"out + {i0 + i} * ldo + {j0 + v * width}"
@@ -589,6 +596,7 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
     assert a in A_ACCESS and b in B_ACCESS and simd in SIMD_MODES, (a, b, simd)
     assert epilogue is None or (valid_epilogue(epilogue) and not scalar_accumulators), (epilogue, scalar_accumulators)
     assert not (neon and epilogue and epilogue[-1] in ACTIVATIONS), "the AdvSIMD bodies apply no activation"
+    assert not (epilogue and "c" in epilogue and (neon or transposed)), "a column bias: x86, along the rows only"
     assert not (a == "koff" and b == "koff"), "one offset table per micro-kernel"
     wide = simd == "auto" and avx512 and fits_avx512(mr, nr)
     assert not a_step or a == "koff", "a row step is the window access's"

@@ -190,6 +190,11 @@ class CodegenOptions:
     # unit-stride rows in whole register blocks, is finished and stored by the micro-kernel after its
     # last K block (``gemm.register_epilogue``) instead of through the C tile and the epilogue loop.
     gemm_register_epilogue: bool = True
+    # ... also where the epilogue starts with the Add of a constant bias along N (a MatMul's bias, ``bias[n]``),
+    # then at most one activation: the micro-kernel adds the block's column bias vectors (x86, along the rows;
+    # ``microkernel.EPILOGUES`` "c"). bert_layer's QKV projection and its FFN's MatMul + bias + Gelu were
+    # finished through the C tile (128 x 224-256 floats, from L2) after the last micro-kernel call.
+    gemm_column_bias_epilogue: bool = True
     # A fused epilogue (a convolution's or a MatMul's elementwise ops through the GEMM's C tile, or along the rows
     # of Winograd's output transform) whose ops all have a vector form (``simdchain.VECTOR_OPS``) and whose loop is
     # unit stride in every output runs ``simd_unroll`` vectors at a time in AVX-512 / AVX2 intrinsics, the scalar
