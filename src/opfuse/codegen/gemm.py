@@ -477,8 +477,9 @@ def emit_epilogue(kc, ev, stage: Stage, p: GemmProblem, acc: str, b: str, m: str
 
 def register_epilogue(kc, ev, stage: Stage, p: GemmProblem, MR: int,
                       NR: int) -> tuple[str, Value, Value | None, int] | None:
-    """``(epilogue, stored value)`` where the micro-kernel finishes and stores the output itself
-    (``microkernel.EPILOGUES``: row bias, Relu) instead of the tile epilogue: one output, the
+    """``(epilogue, stored value, column bias or None, output row stride)`` where the micro-kernel finishes and
+    stores the output itself (``microkernel.EPILOGUES``: row bias, Relu; a MatMul's column bias: an Add of a
+    constant along N first, ``_column_bias``) instead of the tile epilogue: one output, the
     anchor's or its Relu's, stored with unit stride along n, or along m by the transposed store
     (``GemmProblem.store_ld``), no merged siblings, array accumulators; a part block (past M or N)
     goes through the C tile and the epilogue. The tile then never goes through the C tile after its
