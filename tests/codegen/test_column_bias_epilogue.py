@@ -1,8 +1,8 @@
 """The storing micro-kernel's column bias (``microkernel.EPILOGUES`` "c", ``gemm.register_epilogue``,
 ``CodegenOptions.gemm_column_bias_epilogue``): a MatMul + Add of a bias along N (+ Relu or an activation) finished
 in registers, the whole blocks stored by the micro-kernel and the part blocks (past M or N) through the C tile,
-bitwise the C tile's epilogue (the option off), with AVX-512, AVX2 and 2 threads; against the reference. Refused:
-a bias along M, a second Add (a residual), the plain C99 build (no storing variant with an activation there)."""
+bitwise the C tile's epilogue (the option off), with AVX-512, AVX2, 2 threads and the plain C99 build; against the
+reference. Refused: a bias along M, a second Add (a residual), an activation in the plain C99 build."""
 from __future__ import annotations
 
 import numpy as np
@@ -58,6 +58,20 @@ def test_column_bias_in_registers_is_the_tile_epilogues_bits(act, attrs, code, k
             got = build(g, plan, cache_dir=cache_dir, options=options, threads=threads).run(feeds)
             for name in want:
                 assert _same_bits(got[name], want[name]), (isa, threads, name)
+
+
+@pytest.mark.parametrize("act", [None, "Relu"])
+def test_column_bias_in_the_plain_c99_build(act, cache_dir):
+    """The plain C99 build's storing micro-kernel adds the column bias too (and a Relu; no other activation there):
+    the C tile's bits of the same build."""
+    g, plan = _graph(act)
+    feeds = reference.random_inputs(g, 0)
+    plain = CodegenOptions(simd="none")
+    assert ("stcr(" if act else "stc(") in generate(g, plan, options=plain).source
+    want = build(g, plan, cache_dir=cache_dir, options=CodegenOptions(simd="none", **OFF)).run(feeds)
+    got = build(g, plan, cache_dir=cache_dir, options=plain).run(feeds)
+    assert all(_same_bits(got[k], want[k]) for k in want)
+    assert_close(got, reference.run(g, feeds))
 
 
 @pytest.mark.parametrize("case", ["bias_along_m", "residual", "portable"])
