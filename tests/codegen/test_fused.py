@@ -1,6 +1,8 @@
 """Fused groups (hand-built plans) against the reference, with kernel and memory checks."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -198,15 +200,33 @@ def test_attention_online_softmax(cache_dir, mask):
     assert "scores" not in model.memory.locations
 
 
-def test_attention_longer_than_one_key_block(cache_dir):
+ONLINE = {"attention_one_pass_max_keys": 0}  # the online softmax over key blocks, whatever the key range
+
+
+@pytest.mark.parametrize("options", [ONLINE, {}], ids=["online", "one_pass"])
+def test_attention_longer_than_one_key_block(cache_dir, options):
+    """150 keys: three blocks of the online softmax, or (the default up to ``attention_one_pass_max_keys``) one
+    block in one pass, whose second product sets Ot: no clearing, no rescaling, no running max."""
+    from opfuse.codegen.options import CodegenOptions
+    from opfuse.runtime import reference
+    from opfuse.runtime.native import build
     g, spec, _ = _attention_graph(heads=2, seq=150, dim=8)
-    check(g, spec, cache_dir, functions=2)
+    plan = group_by_names(g, spec)
+    model = build(g, plan, cache_dir=cache_dir, options=CodegenOptions(**options))
+    feeds = reference.random_inputs(g, 0)
+    assert_close(model.run(feeds), reference.run(g, feeds))
+    kernel = model.program.source.split("attention [")[1]
+    online = options == ONLINE
+    assert ("memset(ot" in kernel) == online and ("*= a" in kernel) == online
+    assert re.search(r"< 150; t0\w* \+= (\d+)\)", kernel).group(1) == ("64" if online else "152")
 
 
+@pytest.mark.parametrize("options", [ONLINE, {}], ids=["online", "one_pass"])
 @pytest.mark.parametrize("masked", [0, 1, 64, 149])
-def test_attention_mask_hiding_leading_keys(cache_dir, masked):
+def test_attention_mask_hiding_leading_keys(cache_dir, masked, options):
     """A left-padding mask: the first ``masked`` keys (whole key blocks included) are -inf for
-    every query. The online softmax must not turn an all -inf block into NaN."""
+    every query. The online softmax must not turn an all -inf block into NaN, nor the one pass a row."""
+    from opfuse.codegen.options import CodegenOptions
     from opfuse.runtime import reference
     from opfuse.runtime.native import build
     g, spec, (heads, seq) = _attention_graph(heads=2, seq=150, dim=8)
@@ -215,7 +235,7 @@ def test_attention_mask_hiding_leading_keys(cache_dir, masked):
     mask = np.zeros((1, 1, 1, seq), np.float32)
     mask[..., :masked] = -np.inf
     feeds["mask"] = mask
-    model = build(g, plan, cache_dir=cache_dir)
+    model = build(g, plan, cache_dir=cache_dir, options=CodegenOptions(**options))
     got, want = model.run(feeds), reference.run(g, feeds)
     assert np.isfinite(want[g.outputs[0].name]).all()
     assert_close(got, want)

@@ -324,7 +324,7 @@ OP_ERRORS = {
     "Softplus": ({}, _softplus, -np.inf, 3.0, 1e-7),
     "Exp": ({}, np.exp, -np.inf, 1.5, np.inf),
     "Erf": ({}, _f64_erf, -np.inf, 1.5, 1e-7),
-    "Gelu": ({}, lambda x: 0.5 * x * (1 + _f64_erf(x / math.sqrt(2))), -1.0, 3.0, 6e-8),
+    "Gelu": ({}, lambda x: 0.5 * x * (1 + _f64_erf(x / math.sqrt(2))), -1.0, 2.5, 2.5e-8),  # codegen/gelu.py
     "GeluTanh": ({"approximate": "tanh"},
                  lambda x: x * _sigmoid(2 * math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)), -3.0, 16.0, 1e-7),
     "HardSigmoid": ({}, lambda x: _hardsigmoid(x, 0.2, 0.5), -2.0, 3.0, 1e-8),
@@ -360,25 +360,14 @@ def test_activation_within_stated_error(name, simd, cache_dir):
     assert np.array_equal(np.isnan(got), np.isnan(exact))
 
 
-@pytest.mark.parametrize("simd", ["auto", "none"])
-def test_attention_exp_within_one_ulp_of_exp_on_nonpositive_inputs(simd, tmp_path):
-    """The attention kernel's exp for x <= 0 (``attention.EXP_HELPER``), with and without fused
-    multiply-adds: within 1 ulp over [-87, 0] (flushed to 0 below), NaN kept, -inf -> 0."""
-    from opfuse.codegen.attention import EXP_FLUSH, EXP_HELPER, EXP_HELPER_TEXT
-    tc = _toolchain()
-    src = tmp_path / "e.c"
-    src.write_text("#include <math.h>\n#include <stdint.h>\n" + vecmath.FMA_TEXT[simd] + EXP_HELPER_TEXT +
-                   f"void many(const float* restrict x, float* restrict y, long n) {{\n"
-                   f"  for (long i = 0; i < n; ++i) y[i] = {EXP_HELPER}(x[i]);\n}}\n")
-    lib = tmp_path / "e.so"
-    subprocess.run([tc.cc, *tc.flags, "-o", str(lib), str(src), "-lm"], check=True, capture_output=True)
-    fn = ctypes.CDLL(str(lib)).many
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
-    x = np.concatenate([np.linspace(EXP_FLUSH + 1e-3, 0, 400_001, dtype=np.float32),
-                        np.array([np.nan, -np.inf, -1000.0, 0.0], np.float32)])
-    y = np.empty_like(x)
-    fn(x.ctypes.data, y.ctypes.data, x.size)
-    n = x.size - 4
-    with np.errstate(all="ignore"):
-        assert np.max(ulp_error(y[:n], np.exp(x[:n].astype(np.float64)))) <= 1.0
-    assert np.isnan(y[n]) and y[n + 1] == 0.0 and y[n + 2] == 0.0 and y[n + 3] == 1.0
+def test_attention_exp_is_the_nonpositive_helper():
+    """The attention kernel's softmax calls ``vecmath``'s exp for x <= 0 (its bound: ``EXP_NONPOS_ULP``, tested
+    above), defined once, and no libm exp."""
+    from opfuse.ir.plan import FusionGroup, FusionPlan
+    b = GraphBuilder("att")
+    q, k, v = b.input("q", (2, 8, 4)), b.input("k", (2, 4, 8)), b.input("v", (2, 8, 4))
+    g = b.build(b.op("MatMul", b.op("Softmax", b.op("MatMul", q, k, name="s"), axis=-1, name="p"), v, name="o"))
+    src = generate(g, FusionPlan(g, [FusionGroup("att", list(g.nodes), "attention")])).source
+    kernel = src.split("attention [")[1]
+    assert f"{vecmath.EXP_NONPOS}(" in kernel and src.count(f"static inline float {vecmath.EXP_NONPOS}(") == 1
+    assert not LIBM_CALL.search(src)

@@ -23,12 +23,14 @@ with the block's scores ``s_t = f(St[t, j])``:
 
 and finishes ``O[row] = Ot[:, row] / l`` through the epilogue (e.g. merge-heads
 Transpose+Reshape straight into the output). Only one key block of scores exists at a time.
+A key range of at most ``CodegenOptions.attention_one_pass_max_keys`` is one block: m and l in one pass
+(``_emit_one_pass_softmax``), Ot set by the second product, nothing rescaled.
 In the transposed layout the per-query statistics are unit-stride vectors over the NR
 queries of a panel, so the softmax bookkeeping vectorises as well as the products do; the
-exponential is an inline polynomial (``opfuse_exp_nonpos``, within 1 ulp of expf) instead
+exponential is an inline polynomial (``vecmath``'s ``opfuse_expf_nonpos``, within 1 ulp) instead
 of a libm call per score. Every output's sums run in a fixed order, whatever the thread
 count. Scratch per thread: the packed K, Vt and Qt, one St block (BT x tile queries), Ot
-and three per-query vectors; never the S x T score matrix.
+and three per-query vectors (one in one pass); never the S x T score matrix.
 """
 from __future__ import annotations
 
@@ -41,45 +43,24 @@ import numpy as np
 from opfuse.codegen.ctype import c_type
 from opfuse.codegen.epilogue import finish_element
 from opfuse.codegen.gemm import require_outlined_microkernel
+from opfuse.codegen.microkernel import transpose_helper
 from opfuse.codegen.index import Index
 from opfuse.codegen.stages import GroupAnalysis, Stage
-from opfuse.codegen.vecmath import EXP_POLY, LN2_HEAD, LN2_TAIL_NEG, fma, horner, require_fma
+from opfuse.codegen import vecmath
 
 # Query rows sharing one packing of K and V (fewer rows per tile: more tiles to spread
 # over threads, more repacking).
 QUERY_ROWS_PER_TILE = 64
-# The output (queries x values) is finished in square blocks of this side (see the store).
-STORE_BLOCK = 8
 
 
 def _batch_index(batch: tuple[int, ...], b: str) -> Index:
     return Index.loops(batch, [(0, len(batch), b)]) if batch else Index((), ())
 
 
-# exp(x) for x <= 0, in plain C that gcc vectorises (libm's expf is a call per element,
-# 3 ns each: two thirds of this kernel's time on bert before). Cody-Waite reduction
-# x = n ln2 + r, |r| <= ln2/2, n rounded to nearest by the 1.5 * 2^23 trick; a degree-7
-# polynomial (Cephes expf's coefficients) for exp(r); 2^n built in the exponent bits.
-# Measured within 1 ulp of glibc's expf over [-100, 0]; multiply-adds are ``vecmath``'s
-# ``OPFUSE_FMAF`` (fused where the target has FMA, as the plain C99 build otherwise). Below EXP_FLUSH the result
-# (< 1.7e-38) is flushed to 0; -inf gives 0 and NaN stays NaN, as expf does.
-EXP_FLUSH = -87.0
-EXP_HELPER = "opfuse_exp_nonpos"
-EXP_HELPER_TEXT = "\n".join([
-    "/* exp(x) for x <= 0 (1 ulp of expf); vectorisable. */",
-    f"static inline float {EXP_HELPER}(float x) {{",
-    f"  const float xc = x > {EXP_FLUSH:.1f}f ? x : {EXP_FLUSH:.1f}f;",
-    f"  const float n = {fma('xc', '1.44269504088896341f', '12582912.0f')} - 12582912.0f;",
-    f"  float r = {fma('n', '-' + LN2_HEAD, 'xc')};",
-    f"  r = {fma('n', LN2_TAIL_NEG, 'r')};",
-    *horner("p", EXP_POLY, "r"),
-    f"  p = {fma('p', 'r * r', 'r')} + 1.0f;",
-    "  union { uint32_t u; float f; } scale = { (uint32_t)((int32_t)n + 127) << 23 };",
-    "  const float y = p * scale.f;",
-    f"  return x != x ? x : (x > {EXP_FLUSH:.1f}f ? y : 0.0f);",
-    "}",
-    "",
-])
+# The exponential: ``vecmath``'s exp for x <= 0 (``opfuse_expf_nonpos``: degree-6 polynomial, <= 1 ulp, plain C
+# that gcc vectorises; libm's expf was a call per element, 3 ns each: two thirds of this kernel's time on bert
+# before). It replaced the kernel's own Cephes degree-7 form, the same reduction with one multiply-add more a
+# score: bert_layer's attention kernel alone 282 -> 275 us (3 interleaved runs of 200, load ~8).
 
 
 def _round_up(x: int, m: int) -> int:
@@ -152,6 +133,33 @@ def _emit_online_softmax(kc, exp: str, ct: str, st: str, stats: tuple[str, str, 
             w.line(f"{mp}[{j}] = {mx}[{j}];")
 
 
+def _emit_one_pass_softmax(kc, exp: str, ct: str, st: str, den: str, bq: str, bt: str, QP: int, BT: int,
+                           NR: int) -> None:
+    """The softmax of the whole key range at once, NR query columns (one St panel) at a time: ``m = max_t s_t``
+    (read as 0 while it is -inf), ``p_t = exp(s_t - m)`` over St in place and ``l = sum_t p_t`` (t ascending)
+    in the same loop. Only the ``bq`` real query columns are written, as in ``_emit_online_softmax``."""
+    w = kc.w
+    jp, t, j, nq = kc.tmp("jp"), kc.tmp("t"), kc.tmp("j"), kc.tmp("nq")
+    with w.block(f"for (long {jp} = 0; {jp} < {QP}; ++{jp})"):
+        sp, lp, mx, ls = (kc.tmp(n) for n in ("sp", "lp", "mx", "ls"))
+        w.line(f"const long {nq} = {bq} - {jp} * {NR} < {NR} ? {bq} - {jp} * {NR} : {NR};")
+        w.line(f"float* restrict {sp} = {st} + {jp} * {BT * NR};")
+        w.line(f"{ct}* restrict {lp} = {den} + {jp} * {NR};")
+        s_tj = f"{sp}[{t} * {NR} + {j}]"
+        w.line(f"{ct} {mx}[{NR}];")
+        w.line(f"for (long {j} = 0; {j} < {NR}; ++{j}) {mx}[{j}] = -HUGE_VALF;")
+        w.line(f"for (long {t} = 0; {t} < {bt}; ++{t})")
+        w.line(f"  for (long {j} = 0; {j} < {NR}; ++{j}) {mx}[{j}] = {s_tj} > {mx}[{j}] ? {s_tj} : {mx}[{j}];")
+        w.line(f"for (long {j} = 0; {j} < {NR}; ++{j}) {mx}[{j}] = {mx}[{j}] == -HUGE_VALF ? 0.0f : {mx}[{j}];")
+        w.line(f"{ct} {ls}[{NR}];")
+        w.line(f"for (long {j} = 0; {j} < {NR}; ++{j}) {ls}[{j}] = 0.0f;")
+        with w.block(f"for (long {t} = 0; {t} < {bt}; ++{t})"):
+            with w.block(f"for (long {j} = 0; {j} < {nq}; ++{j})"):
+                w.line(f"{s_tj} = {exp}({s_tj} - {mx}[{j}]);")
+                w.line(f"{ls}[{j}] += {s_tj};")
+        w.line(f"for (long {j} = 0; {j} < {nq}; ++{j}) {lp}[{j}] = {ls}[{j}];")
+
+
 def lower_attention(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     mm1, sm, mm2 = stage.anchors
     Q, Kt = mm1.input(0), mm1.input(1)
@@ -167,10 +175,10 @@ def lower_attention(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     nb = math.prod(batch)
     ukr, MR, NR = require_outlined_microkernel(kc)
     ukr_set, _, _ = require_outlined_microkernel(kc, load_c=False)  # St = K @ Qt: no memset first
-    require_fma(kc.program)
-    exp = kc.program.require_helper(EXP_HELPER, EXP_HELPER_TEXT)
-    # Key blocks start on MR-panel boundaries of the packed K.
-    BT = _round_up(min(kc.program.options.attention_block, T), MR)
+    exp = vecmath.require(kc.program, vecmath.EXP_NONPOS)
+    # Key blocks start on MR-panel boundaries of the packed K; a short key range is one block, in one pass.
+    one_pass = T <= kc.program.options.attention_one_pass_max_keys
+    BT = _round_up(T if one_pass else min(kc.program.options.attention_block, T), MR)
     BQ = min(QUERY_ROWS_PER_TILE, S)
     QB = -(-S // BQ)
     QP = -(-BQ // NR)               # NR-query panels per tile
@@ -185,7 +193,8 @@ def lower_attention(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     off_q = kc.scratch(QP * D * NR * fl)
     off_s = kc.scratch(QP * BT * NR * fl)
     off_o = kc.scratch(DVP * MR * BQP * fl)
-    off_stats = [kc.scratch(BQP * fl) for _ in range(3)]
+    off_x = off_s if QP * BT * NR >= BQP * Dv else kc.scratch(BQP * Dv * fl)  # O, once St is done with
+    off_stats = [kc.scratch(BQP * fl) for _ in range(1 if one_pass else 3)]  # l (and m, a: the online form's)
 
     # Query blocks per tile: all of a batch entry's (K and V packed once for them) where the batch
     # entries alone make ``attention_min_tiles`` tiles; else one, so that few heads still spread.
@@ -207,7 +216,7 @@ def lower_attention(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
         m, den, a = (kc.tmp(n) for n in ("m", "l", "a"))  # den: the running denominator l
         for name, off in ((kp, off_k), (vp, off_v), (qp, off_q), (st, off_s), (ot, off_o)):
             w.line(f"float* restrict {name} = {kc.scratch_ptr('float', off)};")
-        for name, off in zip((m, den, a), off_stats, strict=True):
+        for name, off in zip((den,) if one_pass else (m, den, a), off_stats, strict=True):
             w.line(f"{ct}* restrict {name} = {kc.scratch_ptr(ct, off)};")
         d, t, c, dv = kc.tmp("d"), kc.tmp("t"), kc.tmp("c"), kc.tmp("dv")
 
@@ -242,10 +251,11 @@ def lower_attention(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
             with w.block(f"for (long {d} = 0; {d} < {D}; ++{d})"), ev.scope():
                 w.line(f"{qd}[{d} * {NR}] = {operand(Q, i, d)};")
 
-        w.line(f"memset({ot}, 0, sizeof(float) * {DVP * MR * BQP});")
-        with w.block(f"for (long {c} = 0; {c} < {BQP}; ++{c})"):
-            w.line(f"{m}[{c}] = -HUGE_VALF;")
-            w.line(f"{den}[{c}] = 0.0f;")
+        if not one_pass:
+            w.line(f"memset({ot}, 0, sizeof(float) * {DVP * MR * BQP});")
+            with w.block(f"for (long {c} = 0; {c} < {BQP}; ++{c})"):
+                w.line(f"{m}[{c}] = -HUGE_VALF;")
+                w.line(f"{den}[{c}] = 0.0f;")
         t0, bt, nt, jp, tp, dp = (kc.tmp(n) for n in ("t0", "bt", "nt", "jp", "tp", "dp"))
         with w.block(f"for (long {t0} = 0; {t0} < {T}; {t0} += {BT})"):
             w.line(f"const long {bt} = {T} - {t0} < {BT} ? {T} - {t0} : {BT};")
@@ -270,26 +280,31 @@ def lower_attention(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
                         logit = ev.at(sm.input(0), sidx)
                         w.line(f"{sp}[{c}] = {logit};")
                         ev.unbind(scores)
-            _emit_online_softmax(kc, exp, ct, st, (m, den, a), bq, bt, QP, BT, NR)
-            # Ot = Ot * a + Vt[:, block] @ Pt.
-            with w.block(f"for (long {dv} = 0; {dv} < {DVP * MR}; ++{dv})"):
-                w.line(f"for (long {c} = 0; {c} < {bq}; ++{c}) {ot}[{dv} * {BQP} + {c}] *= {a}[{c}];")
+            if one_pass:  # Ot = Vt @ Pt
+                _emit_one_pass_softmax(kc, exp, ct, st, den, bq, bt, QP, BT, NR)
+            else:  # Ot = Ot * a + Vt[:, block] @ Pt
+                _emit_online_softmax(kc, exp, ct, st, (m, den, a), bq, bt, QP, BT, NR)
+                with w.block(f"for (long {dv} = 0; {dv} < {DVP * MR}; ++{dv})"):
+                    w.line(f"for (long {c} = 0; {c} < {bq}; ++{c}) {ot}[{dv} * {BQP} + {c}] *= {a}[{c}];")
+            pv = ukr_set if one_pass else ukr
             with w.block(f"for (long {jp} = 0; {jp} < {QP}; ++{jp})"):
-                w.line(f"for (long {dp} = 0; {dp} < {DVP}; ++{dp}) {ukr}({bt}, {vp} + {dp} * {T * MR} + {t0} * {MR}, "
+                w.line(f"for (long {dp} = 0; {dp} < {DVP}; ++{dp}) {pv}({bt}, {vp} + {dp} * {T * MR} + {t0} * {MR}, "
                        f"{st} + {jp} * {BT * NR}, {ot} + {dp} * {MR * BQP} + {jp} * {NR}, {BQP});")
-        # O[row] = Ot[:, row] / l in STORE_BLOCK x STORE_BLOCK blocks of (queries, values): Ot is
-        # read across its rows, and a row at a time that read missed L1 (bert_layer: -47 us of 450).
-        c0, v0 = kc.tmp("c0"), kc.tmp("v0")
-        SB = STORE_BLOCK
-        v_end = f"{v0} + {SB}" if Dv % SB == 0 else f"({v0} + {SB} < {Dv} ? {v0} + {SB} : {Dv})"
-        with w.block(f"for (long {c0} = 0; {c0} < {bq}; {c0} += {SB})"), \
-                w.block(f"for (long {v0} = 0; {v0} < {Dv}; {v0} += {SB})"), \
-                w.block(f"for (long {c} = {c0}; {c} < {c0} + {SB} && {c} < {bq}; ++{c})"):
+        # O = Ot transposed (8 x 8 blocks in ymm registers where AVX2 is there, ``microkernel.transpose_helper``)
+        # into the free St block, or scratch of its own, then O[row] = O[row] / l along the rows, which gcc
+        # vectorises; element by element across Ot's rows, in 8 x 8 blocks, it took 8 loads and 7 inserts a
+        # vector (bert_layer: -48 us of ~390, paired against it with the one pass, 60 rounds, load 7).
+        tr, text = transpose_helper(kc.program.options.simd)
+        kc.program.require_helper(tr, text)
+        ox = kc.tmp("ox")
+        w.line(f"float* restrict {ox} = {kc.scratch_ptr('float', off_x)};")
+        w.line(f"{tr}({Dv}, {bq}, {ot}, {BQP}, {ox}, {Dv});")
+        with w.block(f"for (long {c} = 0; {c} < {bq}; ++{c})"):
             i = kc.tmp("i")
             w.line(f"const long {i} = {q0} + {c};")
-            with w.block(f"for (long {dv} = {v0}; {dv} < {v_end}; ++{dv})"), ev.scope():
+            with w.block(f"for (long {dv} = 0; {dv} < {Dv}; ++{dv})"), ev.scope():
                 y = kc.tmp("y")
-                w.line(f"const {ct} {y} = {ot}[{dv} * {BQP} + {c}] / {den}[{c}];")
+                w.line(f"const {ct} {y} = {ox}[{c} * {Dv} + {dv}] / {den}[{c}];")
                 oidx = Index(out.shape, tuple(bidx.dims) + (i, dv))
                 finish_element(kc, ev, stage, out, oidx, y)
         w.level -= 1

@@ -39,7 +39,7 @@ from opfuse.codegen.ctype import c_type, literal
 from opfuse.codegen.index import Index, add, delinearize
 from opfuse.codegen import simdchain, vecmath
 from opfuse.codegen.epilogue import VectorEpilogue, finish_element
-from opfuse.codegen.erf import ERF_HELPER, require_erf, require_vector_erf
+from opfuse.codegen.gelu import GELU_HELPER, require_gelu, require_vector_gelu
 from opfuse.codegen.microkernel import ACTIVATIONS, YMM_FLOATS, fits_avx2, fits_avx512, fits_neon, microkernel, \
     transpose_helper
 from opfuse.codegen.stages import GroupAnalysis, Stage
@@ -212,6 +212,9 @@ class GemmProblem:
     # round: columns ``store_ld`` floats apart, rows contiguous, the bias a column's (``row_bias[n]``).
     # ``bias_index(b, i)``: the bias element of row (or column) ``i`` of batch ``b`` (a group's channels).
     store_ld: int | None = None
+    # ``store_ld`` for the storing variant with a column bias only (``register_epilogue``'s "c"): a MatMul's
+    # output rows, N floats apart; without a bias its blocks still go through the C tile.
+    bias_store_ld: int | None = None
     row_bias: Value | None = None
     bias_index: Callable[[str, str], str] = lambda b, i: i
     register_block: tuple[int, int] | None = None  # (MR, NR) instead of the options' (no constant A)
@@ -481,9 +484,11 @@ def emit_epilogue(kc, ev, stage: Stage, p: GemmProblem, acc: str, b: str, m: str
     finish_element(kc, ev, stage, p.out, idx, name)
 
 
-def register_epilogue(kc, ev, stage: Stage, p: GemmProblem, MR: int, NR: int) -> tuple[str, Value] | None:
-    """``(epilogue, stored value)`` where the micro-kernel finishes and stores the output itself
-    (``microkernel.EPILOGUES``: row bias, Relu) instead of the tile epilogue: one output, the
+def register_epilogue(kc, ev, stage: Stage, p: GemmProblem, MR: int,
+                      NR: int) -> tuple[str, Value, Value | None, int] | None:
+    """``(epilogue, stored value, column bias or None, output row stride)`` where the micro-kernel finishes and
+    stores the output itself (``microkernel.EPILOGUES``: row bias, Relu; a MatMul's column bias: an Add of a
+    constant along N first, ``_column_bias``) instead of the tile epilogue: one output, the
     anchor's or its Relu's, stored with unit stride along n, or along m by the transposed store
     (``GemmProblem.store_ld``), no merged siblings, array accumulators; a part block (past M or N)
     goes through the C tile and the epilogue. The tile then never goes through the C tile after its
@@ -493,18 +498,26 @@ def register_epilogue(kc, ev, stage: Stage, p: GemmProblem, MR: int, NR: int) ->
     transposition and the epilogue loop go (``CodegenOptions.gemm_register_epilogue``). The operations
     are the epilogue's, in its order: same bits."""
     o = kc.program.options
-    if (not o.gemm_register_epilogue or p.store_ld is None or p.segments or o.gemm_scalar_accumulators
+    if (not o.gemm_register_epilogue or (p.store_ld is None and p.bias_store_ld is None) or p.segments
+            or o.gemm_scalar_accumulators
             or (p.out_contiguous == "m" and (not o.gemm_transposed_store or o.vector_isa == "neon"))):
         return None
-    ops = stage.epilogue
-    if len(ops) > 1 or (ops and ops[0].input(0) is not p.out):
+    ops = list(stage.epilogue)
+    col_bias = _column_bias(ev, p, ops[0]) if ops and p.row_bias is None and p.out_contiguous == "n" \
+        and o.vector_isa != "neon" and o.gemm_column_bias_epilogue else None
+    if col_bias is not None:  # acc + bias[n], in registers before the activation
+        ops = ops[1:]
+    ld = p.store_ld if p.store_ld is not None else p.bias_store_ld if col_bias is not None else None
+    if ld is None:
+        return None
+    if len(ops) > 1 or (ops and ops[0].input(0) is not (p.out if col_bias is None else stage.epilogue[0].outputs[0])):
         return None
     code: str | None = ""
     if ops:
         code = "r" if ops[0].op_type == "Relu" else _activation_code(ops[0]) if _activations_in_registers(o) else None
     if code is None:
         return None
-    final = ops[0].outputs[0] if ops else p.out
+    final = ops[0].outputs[0] if ops else stage.epilogue[0].outputs[0] if col_bias is not None else p.out
     if [id(v) for v in stage.outputs] != [id(final)] or final.dtype != np.float32 or id(final) in ev.static:
         return None
     if p.row_bias is not None:
@@ -512,7 +525,27 @@ def register_epilogue(kc, ev, stage: Stage, p: GemmProblem, MR: int, NR: int) ->
         if arr is None or arr.ndim != 1:
             return None
         code = "b" + code
-    return code, final
+    if col_bias is not None:
+        if any(a.value == final.name and a.kind == "concat" for a in kc.program.memory.aliases):
+            return None  # rows inside a wider Concat's: not ``ld`` floats apart
+        code = "c" + code
+    return code, final, col_bias, ld
+
+
+def _column_bias(ev, p: GemmProblem, add) -> Value | None:
+    """The bias of ``add`` = ``p.out + bias`` (either order) where ``bias`` is a float32 constant that varies
+    along N only (shape ``(N,)``, or with leading 1s), so that ``bias[n]`` is its element ``n``; else None."""
+    if add.op_type != "Add" or len(add.inputs) != 2 or add.outputs[0].shape != p.out.shape:
+        return None
+    others = [v for v in add.inputs if v is not p.out]
+    if len(others) != 1 or p.out not in add.inputs:
+        return None
+    arr = ev.static.get(id(others[0]))
+    if arr is None or arr.dtype != np.float32 or arr.size != p.N or arr.shape[-1:] != (p.N,) or p.segments:
+        return None
+    if len(p.out.shape) < 2 or p.out.shape[-1] != p.N:
+        return None
+    return others[0]
 
 
 def _activations_in_registers(o) -> bool:
@@ -532,10 +565,10 @@ def _require_activation(kc, code: str) -> None:
     if code[-1:] in ACTIVATIONS:
         helper = ACTIVATIONS[code[-1]][2]
         isas = simdchain.isas_for(kc.program.options)
-        if helper == ERF_HELPER:
-            require_erf(kc.program)
+        if helper == GELU_HELPER:
+            require_gelu(kc.program)
             for isa in isas:
-                require_vector_erf(kc.program, isa)
+                require_vector_gelu(kc.program, isa)
             return
         vecmath.require(kc.program, helper)
         for isa in isas:
@@ -560,7 +593,7 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
     if direct is not None and stage.anchor_node is not None:
         op, approximate, _ = ACTIVATIONS.get(direct[0][-1:], ("Relu" if "r" in direct[0] else "", None, None))
         act = f"{op} ({'erf' if approximate == 'none' else approximate})" if approximate else op
-        what = " and ".join((["bias"] if "b" in direct[0] else []) + ([act] if act else []))
+        what = " and ".join((["bias"] if "b" in direct[0] or "c" in direct[0] else []) + ([act] if act else []))
         what = f"{what} applied and stored" if act else "bias added and stored" if what else "stored"
         kc.note(lambda name: f"GEMM '{name}': output {what} by the micro-kernel", stage.anchor_node)
     if direct is not None:
@@ -720,9 +753,11 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                         first = f"{n0} + {jr}" if transposed else f"{m0} + {ir}"
                         bias = f"{kc.static_ptr(p.row_bias)} + {p.bias_index(b, first)}" \
                             if p.row_bias is not None else "0"
+                        if direct[2] is not None:  # the block's first column's bias
+                            bias = f"{kc.static_ptr(direct[2])} + {n0} + {jr}"
                         out = f"{kc.ptr(direct[1], write=True)} + " \
                               f"{p.out_index(b, f'{m0} + {ir}', f'{n0} + {jr}').offset()}"
-                        call = f"{ukr_store}({cargs}, {bias}, {out}, {p.store_ld});"
+                        call = f"{ukr_store}({cargs}, {bias}, {out}, {direct[3]});"
                         last = [f"{pc} + {kb} >= {K}"] if KC < K else []
                         inside = ([f"{m0} + {ir} + {MR} <= {M}"] if M % MR else []) + \
                             ([f"{n0} + {jr} + {NR} <= {N}"] if N % NR else [])
@@ -1088,7 +1123,8 @@ def matmul_problem(kc, ev, node) -> GemmProblem:
         b_op.batch_expr = (lambda b: Index.loops(batch, [(0, rb, b)]).broadcast_to(b2[:-2]).offset()) \
             if nbb > 1 else (lambda b: "0")
     return GemmProblem(node.name, nb, Mf, N, K, a_op, b_op, out, out_index, dtype=out.dtype,
-                       weights_axis="m" if sa is not None and sb is None else "n")
+                       weights_axis="m" if sa is not None and sb is None else "n",
+                       bias_store_ld=N if not (a_vec or b_vec) else None)
 
 
 def lower_matmul(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:

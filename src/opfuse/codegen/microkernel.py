@@ -41,7 +41,7 @@ import math
 import numpy as np
 
 from opfuse.codegen.ctype import literal
-from opfuse.codegen.erf import ERF_HELPER
+from opfuse.codegen.gelu import GELU_HELPER
 from opfuse.codegen.vecmath import AVX2_FLOAT, AVX512_FLOAT, SIGMOID, TANH, vector_name
 
 A_ACCESS = ("packed", "rows", "koff")
@@ -84,19 +84,21 @@ SIGNATURE = ("(long kc, const float* restrict a, const float* const* restrict ar
 # ``transposed`` form adds ``bias[j]`` (a column's) and stores ``y`` to ``out[j * ldo + i]``: a GEMM of
 # positions x channels (a convolution over its windows) whose output runs along the positions.
 SIGNATURE_STORE = SIGNATURE[:-1] + ", const float* restrict bias, float* restrict out, long ldo)"
-EPILOGUES = ("", "b", "r", "br")  # none / bias / Relu / bias then Relu
+EPILOGUES = ("", "b", "r", "br", "c", "cr")  # none / row bias / Relu / row bias then Relu / column bias (x86, not
+# transposed: ``bias[j]`` of the block's columns, a MatMul's bias along N; the caller passes ``bias`` at the block's
+# first column) / column bias then Relu
 # Activations the storing variant applies after the bias instead of the Relu (an epilogue code's last letter;
 # x86 bodies and plain C only): the scalar rules' expressions of y (``rules.py``), and on the vector bodies the same
 # operations in the same order on the vector forms of their helpers (``simdchain``'s: the same bits), which the
 # program must define before the kernel (``gemm.register_epilogue``). Letter -> (op, Gelu's approximate, helper).
 ACTIVATIONS = {"s": ("Sigmoid", None, SIGMOID), "w": ("Silu", None, SIGMOID), "t": ("Tanh", None, TANH),
-               "g": ("Gelu", "tanh", SIGMOID), "e": ("Gelu", "none", ERF_HELPER)}
-GELU_TANH_SCALE, GELU_TANH_CUBE, GELU_ERF_SCALE = 2 * math.sqrt(2 / math.pi), 0.044715, 1 / math.sqrt(2)
+               "g": ("Gelu", "tanh", SIGMOID), "e": ("Gelu", "none", GELU_HELPER)}
+GELU_TANH_SCALE, GELU_TANH_CUBE = 2 * math.sqrt(2 / math.pi), 0.044715
 
 
 def valid_epilogue(epi: str) -> bool:
-    """An epilogue code: ``EPILOGUES``, or an optional bias ("b") then one letter of ``ACTIVATIONS``."""
-    return epi in EPILOGUES or (epi[-1:] in ACTIVATIONS and epi[:-1] in ("", "b"))
+    """An epilogue code: ``EPILOGUES``, or an optional bias ("b" or "c") then one letter of ``ACTIVATIONS``."""
+    return epi in EPILOGUES or (epi[-1:] in ACTIVATIONS and epi[:-1] in ("", "b", "c"))
 
 
 def activation(epi: str, y: str, isa: str | None = None) -> str:
@@ -109,8 +111,6 @@ def activation(epi: str, y: str, isa: str | None = None) -> str:
         f = helper
         if op == "Gelu" and approximate == "tanh":  # rules._gelu: x sigmoid(2z)
             return f"{y} * {f}({c(GELU_TANH_SCALE)} * ({y} + {c(GELU_TANH_CUBE)} * ({y} * {y} * {y})))"
-        if op == "Gelu":
-            return f"{c(0.5)} * {y} * ({c(1.0)} + {f}({y} * {c(GELU_ERF_SCALE)}))"
         return f"{y} * {f}({y})" if op == "Silu" else f"{f}({y})"
     vi = AVX512_FLOAT if isa == "avx512" else AVX2_FLOAT
     p, s = vi.op, vi.set1
@@ -119,9 +119,6 @@ def activation(epi: str, y: str, isa: str | None = None) -> str:
         x3 = p("mul_ps", p("mul_ps", y, y), y)
         z2 = p("mul_ps", s(c(GELU_TANH_SCALE)), p("add_ps", y, p("mul_ps", s(c(GELU_TANH_CUBE)), x3)))
         return p("mul_ps", y, f"{f}({z2})")
-    if op == "Gelu":
-        erf = f"{f}({p('mul_ps', y, s(c(GELU_ERF_SCALE)))})"
-        return p("mul_ps", p("mul_ps", s(c(0.5)), y), p("add_ps", s(c(1.0)), erf))
     return p("mul_ps", y, f"{f}({y})") if op == "Silu" else f"{f}({y})"
 
 
@@ -129,7 +126,7 @@ def _finish_plain(epi: str, value: str, i: str) -> list[str]:
     """Plain C of the storing variant's epilogue on ``value`` (bias index ``i``): the same operations, in
     the same order, as the generated epilogue (``acc + bias``, then ``y < 0 ? 0 : y``), so the bits agree."""
     lines = [f"float y = {value};"]
-    if "b" in epi:
+    if "b" in epi or "c" in epi:
         lines.append(f"y = y + bias[{i}];")
     if "r" in epi:
         lines.append("y = (y < 0.0f ? 0.0f : y);")
@@ -235,8 +232,9 @@ def _plain(mr: int, nr: int, a: str, b: str, epi: str | None = None, transposed:
                   f"    for (int i = 0; i < {mr}; ++i) {{ {' '.join(_finish_plain(epi, 'acc[i][j]', 'j'))} "
                   "out[j * ldo + i] = y; }"]
     else:
+        bi = "j" if "c" in epi else "i"
         lines += [f"  for (int i = 0; i < {mr}; ++i)",
-                  f"    for (int j = 0; j < {nr}; ++j) {{ {' '.join(_finish_plain(epi, 'acc[i][j]', 'i'))} "
+                  f"    for (int j = 0; j < {nr}; ++j) {{ {' '.join(_finish_plain(epi, 'acc[i][j]', bi))} "
                   "out[i * ldo + j] = y; }"]
     return lines
 
@@ -319,6 +317,8 @@ def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, 
         lines.append(f"  const {vec} zero = {ps}_setzero_ps();")
     if transposed:
         return lines + _store_transposed(isa, acc, i0, j0, epi)
+    if "c" in epi:  # the block's columns' bias, loaded once for every row
+        lines += [f"  const {vec} cbias{v} = {ps}_loadu_ps(bias + {j0 + v * width});" for v in range(nv)]
     for i in range(rows):
         if "b" in epi:
             lines.append(f"  const {vec} bias{i} = {ps}_set1_ps(bias[{i0 + i}]);")
@@ -326,6 +326,8 @@ def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, 
             y = acc[i][v]
             if "b" in epi:
                 y = f"{ps}_add_ps({y}, bias{i})"
+            if "c" in epi:
+                y = f"{ps}_add_ps({y}, cbias{v})"
             if "r" in epi:
                 y = f"{ps}_max_ps(zero, {y})"
             at = f"out + {i0 + i} * ldo + {j0 + v * width}"
@@ -597,6 +599,7 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
     assert a in A_ACCESS and b in B_ACCESS and simd in SIMD_MODES, (a, b, simd)
     assert epilogue is None or (valid_epilogue(epilogue) and not scalar_accumulators), (epilogue, scalar_accumulators)
     assert not (neon and epilogue and epilogue[-1] in ACTIVATIONS), "the AdvSIMD bodies apply no activation"
+    assert not (epilogue and "c" in epilogue and (neon or transposed)), "a column bias: x86, along the rows only"
     assert not (a == "koff" and b == "koff"), "one offset table per micro-kernel"
     wide = simd == "auto" and avx512 and fits_avx512(mr, nr)
     assert not a_step or a == "koff", "a row step is the window access's"

@@ -194,6 +194,11 @@ class CodegenOptions:
     # unit-stride rows in whole register blocks, is finished and stored by the micro-kernel after its
     # last K block (``gemm.register_epilogue``) instead of through the C tile and the epilogue loop.
     gemm_register_epilogue: bool = True
+    # ... also where the epilogue starts with the Add of a constant bias along N (a MatMul's bias, ``bias[n]``),
+    # then at most one activation: the micro-kernel adds the block's column bias vectors (x86, along the rows;
+    # ``microkernel.EPILOGUES`` "c"). bert_layer's QKV projection and its FFN's MatMul + bias + Gelu were
+    # finished through the C tile (128 x 224-256 floats, from L2) after the last micro-kernel call.
+    gemm_column_bias_epilogue: bool = True
     # A fused epilogue (a convolution's or a MatMul's elementwise ops through the GEMM's C tile, or along the rows
     # of Winograd's output transform) whose ops all have a vector form (``simdchain.VECTOR_OPS``) and whose loop is
     # unit stride in every output runs ``simd_unroll`` vectors at a time in AVX-512 / AVX2 intrinsics, the scalar
@@ -246,6 +251,11 @@ class CodegenOptions:
     gemm_scalar_accumulators: bool = False
     # Keys tiles of the attention kernel's online softmax.
     attention_block: int = 64
+    # Attention over at most this many keys runs them as one block (``attention.py``): the softmax in one pass
+    # (max; exp and sum), the second product setting Ot where the online form clears it, rescales it by
+    # exp(m - m') after each block and adds. Scratch: the whole score panel (bert_layer's 128 keys x 64 queries, 32
+    # KiB). 0: always the online form.
+    attention_one_pass_max_keys: int = 256
     # Attention (``codegen/attention.py``): where the batch (heads) alone makes at least this many tiles,
     # a tile takes every query block of its head and packs K and V once for them; with fewer heads a
     # tile per query block keeps the threads busy, each packing K and V again. bert_layer (12 heads, 2

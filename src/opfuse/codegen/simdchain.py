@@ -44,6 +44,7 @@ import numpy as np
 from opfuse.codegen import vecmath
 from opfuse.codegen.ctype import literal
 from opfuse.codegen.erf import require_vector_erf
+from opfuse.codegen.gelu import require_vector_gelu
 from opfuse.codegen.index import Index
 from opfuse.codegen.loops import emit_loop_nest, loop_groups
 from opfuse.codegen.vecmath import AVX2_FLOAT, AVX512_FLOAT, VecIsa
@@ -259,12 +260,11 @@ def _erf(ve: VecEval, n: Node) -> str:
 
 @_op("Gelu")
 def _gelu(ve: VecEval, n: Node) -> str:
-    """``rules._gelu``: with approximate="tanh" x sigmoid(2z), else 0.5 x (1 + erf(x / sqrt 2))."""
+    """``rules._gelu``: with approximate="tanh" x sigmoid(2z), else x Phi(x) by ``gelu.py``'s polynomial."""
     x = ve.arg(n, 0)
     p = ve.isa.op
     if _attrs(n)["approximate"] != "tanh":
-        erf = f"{require_vector_erf(ve.kc.program, ve.isa)}({p('mul_ps', x, ve.scalar(1 / math.sqrt(2)))})"
-        return p("mul_ps", p("mul_ps", ve.scalar(0.5), x), p("add_ps", ve.scalar(1.0), erf))
+        return f"{require_vector_gelu(ve.kc.program, ve.isa)}({x})"
     x3 = ve.assign(p("mul_ps", p("mul_ps", x, x), x))
     z2 = p("mul_ps", ve.scalar(2 * math.sqrt(2 / math.pi)), p("add_ps", x, p("mul_ps", ve.scalar(0.044715), x3)))
     return p("mul_ps", x, f"{vecmath.require_vector(ve.kc.program, vecmath.SIGMOID, ve.isa)}({z2})")
