@@ -59,7 +59,8 @@ float32 result (the subnormal spacing 2^-149 below 2^-126):
     silu      <= 2.38 ulp from -88.7 up (-0 below -88.73, within 2.7e-37)
 
 with fused multiply-adds (AVX2/FMA, the same sweep): exp 1.00, expm1 1.76, exp_nonpos 0.88 (0.83 on (0, 89]), tanh
-1.50, silu 2.31 (every 4099th pattern and a 2M-point grid over [-90, 105]), the others as above. (Before exp_nonpos had its own polynomial and sigmoid one division: exp_nonpos was exp, sigmoid 2.77.)
+1.50, silu 2.31 (silu's: every 4099th pattern and a 2M-point grid over [-90, 105]), the others as above. (Before
+exp_nonpos had its own polynomial and sigmoid one division: exp_nonpos was exp, sigmoid 2.77.)
 With ``CodegenOptions.exp_table`` (exp_nonpos by a 16-entry table, every 131st pattern and a 2M-point grid, either
 path): exp_nonpos 0.77 (0.766 over all 2^31 inputs x <= 0), sigmoid 2.28, tanh 1.50, softplus 2.76.
 
