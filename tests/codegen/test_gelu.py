@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from cg_support import assert_close, group_by_names, run_both
-from opfuse.codegen import generate
+from opfuse.codegen import CodegenOptions, generate
 from opfuse.codegen.erf import ERF_HELPER
 from opfuse.codegen.gelu import COEFFICIENTS, DEGREE, GELU_HELPER, INTERVALS, SCALE, U_MAX, gelu_text, \
     vector_gelu_text
@@ -160,11 +160,19 @@ def _gelu_graph(n: int):
 
 
 def test_gelu_kernels_call_the_helper_not_erf(cache_dir):
-    """A MatMul + Add + Gelu epilogue and a Gelu kernel alone: the helper (and its vector forms), no erf; both
+    """A MatMul + Add + Gelu epilogue and a Gelu kernel alone. The epilogue, in the storing micro-kernel's
+    registers, calls the helper's vector forms, and its part blocks' C loops the helper (the same bits); the kernel
+    alone, its explicit-SIMD loops and their remainders the helper, and its C loops under ``#else`` (no such ISA)
+    the erf form, which a C compiler vectorises, unless ``scalar_gelu_table``; the plain C99 build only erf; all
     match the reference."""
     g = _gelu_graph(40)
     for plan in (group_by_names(g, [("gemm_epilogue", ["mm", "add", "gelu"])]), FusionPlan.unfused(g)):
         src = generate(g, plan).source
-        assert f"{GELU_HELPER}(" in src and ERF_HELPER not in src
-        got, want, _ = run_both(g, plan, cache_dir)
-        assert_close(got, want)
+        assert f"{GELU_HELPER}(" in src and (f"{ERF_HELPER}(" in src) == (len(plan.groups) > 1)
+        table = generate(g, plan, options=CodegenOptions(scalar_gelu_table=True)).source
+        assert ERF_HELPER not in table
+        plain = generate(g, plan, options=CodegenOptions(simd="none")).source
+        assert GELU_HELPER not in plain and f"{ERF_HELPER}(" in plain
+        for options in (None, CodegenOptions(scalar_gelu_table=True), CodegenOptions(simd="none")):
+            got, want, _ = run_both(g, plan, cache_dir, options=options)
+            assert_close(got, want)

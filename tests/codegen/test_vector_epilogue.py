@@ -71,7 +71,7 @@ def _check(g, plan, cache_dir, base: dict, *, vectorised: bool = True, refused: 
     off), which matches the reference; the source holds the vector loop (its note ``marker``), or the refusal's
     note. ``scale``: of the random inputs (1 for Winograd: its rounding error grows with the values)."""
     feeds = _feeds(g, scale)
-    scalar = CodegenOptions(vector_epilogue=False, **base)
+    scalar = CodegenOptions(vector_epilogue=False, scalar_gelu_table=True, **base)  # Gelu: the vector forms' bits
     want = build(g, plan, cache_dir=cache_dir, options=scalar, threads=1).run(feeds)
     assert_close(want, reference.run(g, feeds))
     for isa, prefix in (("avx512", "_mm512"), ("avx2", "_mm256")):
@@ -217,11 +217,12 @@ def test_register_activation_plain_c_body(cache_dir):
 def _plain_body_check(g, cache_dir) -> None:
     plan = _one_kernel(g)
     feeds = _feeds(g)
-    want = build(g, plan, cache_dir=cache_dir, options=CodegenOptions(vector_epilogue=False), threads=1,
-                 native=False).run(feeds)
+    # Gelu by the table polynomial in the C loops too (``scalar_gelu_table``): the micro-kernel's plain C body's bits
+    scalar = CodegenOptions(vector_epilogue=False, scalar_gelu_table=True)
+    want = build(g, plan, cache_dir=cache_dir, options=scalar, threads=1, native=False).run(feeds)
     assert_close(want, reference.run(g, feeds))
-    got = build(g, plan, cache_dir=cache_dir, options=CodegenOptions(vector_isa="avx512"), threads=1,
-                native=False).run(feeds)
+    got = build(g, plan, cache_dir=cache_dir, options=CodegenOptions(vector_isa="avx512", scalar_gelu_table=True),
+                threads=1, native=False).run(feeds)
     src = generate(g, plan, options=CodegenOptions(vector_isa="avx512")).source
     assert ("by the micro-kernel" in src) == (len(g.outputs) == 1)
     for k in want:

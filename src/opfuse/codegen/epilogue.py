@@ -125,6 +125,11 @@ class VectorEpilogue:
         operands constant along the row are computed once, at ``position(lo)``, by the scalar rules, and broadcast;
         each lane gets the scalar path's operations in its order. ``names``: the temporaries' prefixes (offset,
         coordinate)."""
+        with self.ev.twin():
+            self._row(isa, t, lo, hi, src, position, index, bias, element, names)
+
+    def _row(self, isa: VecIsa, t: str, lo: str, hi: str, src: str, position, index, bias: str | None,
+             element, names: str) -> None:
         kc, w = self.kc, self.kc.w
         lanes, unroll = isa.lanes, kc.program.options.simd_unroll
         w.line(f"long {t} = {lo};")

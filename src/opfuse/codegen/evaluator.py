@@ -28,6 +28,10 @@ class Evaluator:
         self.static = kc.program.memory.static
         self._memo: list[dict] = [{}]
         self._bound: dict[int, tuple[tuple, str]] = {}
+        # Inside an explicit-SIMD loop (its remainder, its hoisted operands): the scalar rules then use the forms
+        # whose bits the vector forms keep lane by lane (Gelu's table polynomial, ``codegen/gelu.py``); elsewhere
+        # the forms a C compiler's vectoriser takes (no table lookups, which it would run lane by lane).
+        self.vector_twin = False
 
     # Scopes -------------------------------------------------------------------------------
     @contextmanager
@@ -38,6 +42,16 @@ class Evaluator:
             yield
         finally:
             self._memo.pop()
+
+    @contextmanager
+    def twin(self):
+        """The scalar code written inside is an explicit-SIMD loop's remainder or hoisted operand: the same bits as
+        the vector lanes (``vector_twin``)."""
+        before, self.vector_twin = self.vector_twin, True
+        try:
+            yield
+        finally:
+            self.vector_twin = before
 
     def bind(self, v: Value, idx: Index, expr: str) -> None:
         """``v`` at ``idx`` is the C expression ``expr`` (an anchor's result)."""

@@ -582,6 +582,17 @@ def _require_activation(kc, code: str) -> None:
 def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
     if p.dtype != np.float32 or 0 in (p.M, p.N, p.K):  # empty problems have nothing to tile
         return emit_naive(kc, ev, stage, p)
+    MR, NR = register_block(p, kc.program.options)
+    direct = register_epilogue(kc, ev, stage, p, MR, NR)
+    if direct is not None and direct[0][-1:] in ACTIVATIONS:
+        # the micro-kernel applies the activation in registers (its vector form's bits): the part blocks' C loops
+        # take the same scalar forms (``Evaluator.twin``: Gelu's table polynomial), so that every element has them
+        with ev.twin():
+            return _emit_gemm(kc, ev, stage, p)
+    return _emit_gemm(kc, ev, stage, p)
+
+
+def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
     o = kc.program.options
     MR, NR = register_block(p, o)
     M, N, K = p.M, p.N, p.K

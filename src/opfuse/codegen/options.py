@@ -541,6 +541,14 @@ class CodegenOptions:
     # ``simd_elementwise=False``) does not vectorise the table reads (no gather on this tuning: lane inserts), Sigmoid
     # 0.200 -> 0.882 ns there (load 18).
     exp_table: bool = False
+    # float Gelu (erf form) in the loops the C compiler vectorises itself by ``codegen/gelu.py``'s table polynomial too,
+    # the bits of its vector forms (which the explicit-SIMD loops, their remainders and the storing micro-kernel use
+    # whatever this says). Off by default: gcc reads the table lane by lane there (no gather on this tuning), where it
+    # vectorises ``0.5 x (1 + erf(x / sqrt 2))``: a depthwise 3x3 + Gelu kernel (64 x 200 x 152, its epilogue gcc's
+    # loop) 10.3 against 1.6 ms (1 thread, CPU time, medians of 41 interleaved rounds, load ~1.2). On for a target that
+    # runs no vectoriser (7 multiply-adds and 7 loads against erf's 26 multiply-adds), and for tests that compare the
+    # vector forms bitwise with the C loops.
+    scalar_gelu_table: bool = False
     # "blob": weights passed as one pointer at run time; "embed": a static const array.
     weights: str = "blob"
     # Time every kernel call (clock_gettime around it); read back with CompiledModel.profile. On the

@@ -178,7 +178,10 @@ def _gelu(ev, x, dt, a):
             return f"{x} * {vecmath.require(ev.kc.program, vecmath.SIGMOID)}({z2})"
         inner = f"{_L(math.sqrt(2 / math.pi), dt)} * ({x} + {_L(0.044715, dt)} * {x3})"
         return f"{_L(0.5, dt)} * {x} * ({_L(1, dt)} + {math_fn('tanh', dt)}({inner}))"
-    if _f32(dt):  # x Phi(x) by one piecewise polynomial (``gelu.py``), not erf's three
+    if _f32(dt) and (ev.vector_twin or ev.kc.program.options.scalar_gelu_table):
+        # x Phi(x) by one piecewise polynomial looked up by interval (``gelu.py``; the vector forms' bits), not erf's
+        # three. A C compiler's vectoriser would read its table lane by lane, so the loops it vectorises keep the erf
+        # form (``CodegenOptions.scalar_gelu_table``; the two within 2.7 ulp of each other).
         return f"{require_gelu(ev.kc.program)}({x})"
     return f"{_L(0.5, dt)} * {x} * ({_L(1, dt)} + {_erf(ev, dt)}({x} * {_L(1 / math.sqrt(2), dt)}))"
 

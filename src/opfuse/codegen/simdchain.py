@@ -444,7 +444,7 @@ def emit(kc, ev, stage_node: Node, outs: list[Value], inline: set[int], loadable
     hoisted = invariants(kc, outs, inline, shape, inner)
     for k, isa in enumerate(isas):
         kc.w.line(f"#{'if' if k == 0 else 'elif'} {isa.guard}")
-        with kc.w.block(""), ev.scope():
+        with kc.w.block(""), ev.scope(), ev.twin():
             _emit_isa(kc, ev, isa, outs, inline, loadable, shape, groups, hoisted, cost, body, stream)
     kc.w.line("#else")
     emit_loop_nest(kc, ev, shape, body, mergeable=mergeable, cost_per_element=cost)
