@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from opfuse.codegen.options import (CORTEX_M7, REGISTER_BLOCKS, CodegenOptions, options_for_target)
+from opfuse.codegen.options import (CORTEX_M7, PORTABLE, REGISTER_BLOCKS, CodegenOptions, options_for_target)
 from opfuse.errors import OpfuseError
 
 
@@ -117,5 +117,7 @@ def test_resolved_keeps_a_register_block_given():
 def test_options_for_target():
     assert options_for_target("cortex-m7") is CORTEX_M7
     assert (CORTEX_M7.platform, CORTEX_M7.simd, CORTEX_M7.weights) == ("mcu", "none", "embed")
+    # Silu stays x * sigmoid(x) on the microcontroller and its host twin (the emulated run's bits are PORTABLE's)
+    assert not CORTEX_M7.silu_direct and not PORTABLE.silu_direct and CodegenOptions().silu_direct
     assert options_for_target("host") == CodegenOptions()
     assert options_for_target("x86_64") == CodegenOptions()

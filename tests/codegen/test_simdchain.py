@@ -124,13 +124,17 @@ OPS = [("Add", {}), ("Sub", {}), ("Mul", {}), ("Div", {}), ("Max", {}), ("Min", 
        ("Relu", {}), ("LeakyRelu", {"alpha": 0.2}), ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}), ("HardSwish", {}),
        ("Clip", {}), ("Neg", {}), ("Abs", {}), ("Sqrt", {}), ("Reciprocal", {}), ("Identity", {}), ("Exp", {}),
        ("Sigmoid", {}), ("Silu", {}), ("Tanh", {}), ("Gelu", {"approximate": "tanh"}), ("Gelu", {}), ("Erf", {}),
-       ("Log", {}), ("Softplus", {})]
+       ("Log", {}), ("Softplus", {}), ("Silu", {"silu_direct": False})]
 
 
-@pytest.mark.parametrize("op,attrs", OPS, ids=[o + ("_tanh" if a else "") for o, a in OPS])
+@pytest.mark.parametrize("op,attrs", OPS, ids=[o + ("_tanh" if "approximate" in a else "_product" if a else "")
+                                               for o, a in OPS])
 def test_each_vector_op_is_the_c_rules_bits(op, attrs, cache_dir):
     """Every op of ``VECTOR_OPS`` on two dense operands with NaN, +-0, +-inf and subnormals in both (binary
-    ops) or over a sweep of bit patterns (unary ops), bitwise the C loop's result, with AVX-512 and AVX2."""
+    ops) or over a sweep of bit patterns (unary ops), bitwise the C loop's result, with AVX-512 and AVX2 (a Silu
+    in both forms: ``silu_direct`` on and off)."""
+    build_options = {k: attrs[k] for k in ("silu_direct",) if k in attrs}
+    attrs = {k: v for k, v in attrs.items() if k not in build_options}
     assert op in simdchain.VECTOR_OPS
     b = GraphBuilder(f"op_{op.lower()}")
     binary = op in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "PRelu")
@@ -154,14 +158,16 @@ def test_each_vector_op_is_the_c_rules_bits(op, attrs, cache_dir):
         feeds = {"x": xv}
     g = b.build(b.op("Relu", y) if op == "Identity" else y)
     plan = _one_kernel(g)
-    want = _outputs(g, plan, feeds, GCC, cache_dir)
+    want = _outputs(g, plan, feeds, GCC.with_(**build_options), cache_dir)
     ref = next(iter(reference.run(g, feeds).values()))
     finite = np.isfinite(ref) & np.isfinite(want)
     assert np.array_equal(np.isnan(want), np.isnan(ref))
     assert np.allclose(want[finite], ref[finite], rtol=1e-4, atol=1e-5)  # cg_support's tolerance
-    for options in (AVX512, AVX2):
+    for options in (AVX512.with_(**build_options), AVX2.with_(**build_options)):
         src = generate(g, plan, options=options).source
-        assert "_mm512_loadu_ps" in src if options is AVX512 else "_mm256_loadu_ps" in src
+        if op == "Silu":
+            assert ("siluf(" in src) == build_options.get("silu_direct", True)
+        assert "_mm512_loadu_ps" in src if options.vector_isa == "avx512" else "_mm256_loadu_ps" in src
         assert _same_bits(_outputs(g, plan, feeds, options, cache_dir), want), options.vector_isa
 
 
@@ -325,24 +331,28 @@ def _silu_chain(n: int):
     return b.build(y)
 
 
-@pytest.mark.parametrize("chain", ["chain8", "silu"])
+@pytest.mark.parametrize("chain", ["chain8", "silu", "silu_product"])
 def test_staged_blocks_are_the_one_pass_bits(chain, cache_dir):
     """``simd_stage_block``: a chain with one Sigmoid (Silu) runs whole blocks in two passes (its input and
-    exp(-|x|) into L1 buffers, then the division and the rest), the vectors after the last block in one pass:
+    its exp into L1 buffers, then the division and the rest), the vectors after the last block in one pass:
     bitwise the one-pass loop and the C loop, with and without streaming stores, AVX-512 and AVX2, 1 and 2
-    threads, at blocks that divide the unrolled step and one that does not (48 floats: 3 AVX-512 vectors)."""
+    threads, at blocks that divide the unrolled step and one that does not (48 floats: 3 AVX-512 vectors).
+    A Silu in either form (``silu_direct``: ``x / (1 + exp(-x))``; off: ``x * sigmoid(x)``)."""
     n = 3 * 512 + 4 * 16 + 5  # three blocks, leftover vectors, a scalar remainder
     g = _chain(n, True) if chain == "chain8" else _silu_chain(n)
+    direct = chain == "silu"
+    tail = "siluf_tail" if direct else "sigmoidf_tail"
     plan = _one_kernel(g)
     feeds = {"x": _values(n)}
-    want = _outputs(g, plan, feeds, GCC, cache_dir)
+    want = _outputs(g, plan, feeds, GCC.with_(silu_direct=direct), cache_dir)
     for base in (AVX512, AVX2, STREAM, STREAM_AVX2):
+        base = base.with_(silu_direct=direct)
         one_pass = generate(g, plan, options=base.with_(simd_stage_block=0)).source
-        assert "sigmoidf_tail" not in one_pass
+        assert "_tail" not in one_pass
         assert _same_bits(_outputs(g, plan, feeds, base.with_(simd_stage_block=0), cache_dir), want)
         for block in (512, 48):
             options = base.with_(simd_stage_block=block)
-            assert "sigmoidf_tail(" in generate(g, plan, options=options).source
+            assert f"{tail}(" in generate(g, plan, options=options).source
             for threads in (1, 2):
                 assert _same_bits(_outputs(g, plan, feeds, options, cache_dir, threads), want), (base, block, threads)
 

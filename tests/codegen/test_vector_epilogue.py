@@ -9,6 +9,8 @@ micro-kernel's registers, its plain C body too; epilogues it refuses (Mish, a Ge
 reasons; the plain C99 build without intrinsics."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -176,6 +178,27 @@ def test_register_epilogue_activations(act, attrs, what, geo, cache_dir):
     assert ("_h16_" in src) == (geo == "direct_split")  # the direct kernel's two 16-position pieces
     assert ("epilogue in avx512" in src) == (geo == "packed_1x1")  # 20 channels: a part block, via the C tile
     _check(g, plan, cache_dir, spec["options"], marker="by the micro-kernel")
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "product"])
+@pytest.mark.parametrize("geo", ["packed_1x1", "windows", "winograd"])
+def test_silu_forms_in_registers_and_epilogues(direct, geo, cache_dir):
+    """Conv -> Silu in each of its forms (``CodegenOptions.silu_direct``: ``x / (1 + exp(-x))``, else
+    ``x * sigmoid(x)``): the storing micro-kernel (its code "u" or "w") or the output transform's vector loop calls
+    that form's helper, bitwise the scalar epilogue of the same form, which matches the reference."""
+    spec = GEOMETRIES[geo]
+    b = GraphBuilder(f"conv_silu_{geo}_{direct}")
+    g = b.build(b.op("Silu", _conv(b, b.input("x", spec["x"]), spec, np.random.default_rng(5))))
+    plan = _one_kernel(g)
+    base = dict(spec["options"], silu_direct=direct)
+    src = generate(g, plan, options=CodegenOptions(**base)).source
+    assert ("opfuse_v16_siluf(" in src) == direct and ("opfuse_v16_sigmoidf(" in src) != direct
+    if geo != "winograd":
+        letter = "u" if direct else "w"  # the storing micro-kernel's name ends in its epilogue code
+        assert re.search(rf"static void opfuse_ukr_\w*_\w*{letter}\(", src), letter
+        assert "output bias and Silu applied and stored by the micro-kernel" in src
+    _check(g, plan, cache_dir, base, marker="by the micro-kernel" if geo != "winograd" else "epilogue in ",
+           scale=1.0 if geo == "winograd" else 3.0)
 
 
 def test_register_activation_plain_c_body(cache_dir):

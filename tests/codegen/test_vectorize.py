@@ -57,7 +57,7 @@ def test_elementwise_chain_and_microkernel_vectorise(tmp_path):
 
 
 @pytest.mark.parametrize("anchor", ["conv1x1", "conv3x3", "depthwise", "matmul"])
-@pytest.mark.parametrize("act", ["Sigmoid", "Gelu", "Softplus", "HardSwish"])
+@pytest.mark.parametrize("act", ["Sigmoid", "Silu", "Gelu", "Softplus", "HardSwish"])
 def test_tile_epilogue_with_transcendental_vectorises(tmp_path, anchor, act):
     """The loop a GEMM/conv tile's epilogue runs in (bias, activation, store) is vectorised by gcc,
     with the exp/erf/log-based activations too (their helpers are branch-free, no libm call): the scalar

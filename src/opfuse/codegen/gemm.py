@@ -514,7 +514,8 @@ def register_epilogue(kc, ev, stage: Stage, p: GemmProblem, MR: int,
         return None
     code: str | None = ""
     if ops:
-        code = "r" if ops[0].op_type == "Relu" else _activation_code(ops[0]) if _activations_in_registers(o) else None
+        in_registers = _activations_in_registers(o)
+        code = "r" if ops[0].op_type == "Relu" else _activation_code(ops[0], o) if in_registers else None
     if code is None:
         return None
     final = ops[0].outputs[0] if ops else stage.epilogue[0].outputs[0] if col_bias is not None else p.out
@@ -554,8 +555,11 @@ def _activations_in_registers(o) -> bool:
     return o.vector_epilogue and bool(simdchain.isas_for(o))
 
 
-def _activation_code(node) -> str | None:
-    """The letter of ``microkernel.ACTIVATIONS`` that applies ``node`` (None: none does)."""
+def _activation_code(node, o) -> str | None:
+    """The letter of ``microkernel.ACTIVATIONS`` that applies ``node`` (None: none does); a Silu's by
+    ``o.silu_direct`` (the form every other path of the build computes, so the bits agree)."""
+    if node.op_type == "Silu":
+        return "u" if o.silu_direct else "w"
     approximate = get_spec(node.op_type, node).attrs_of(node).get("approximate") if node.op_type == "Gelu" else None
     return next((k for k, (op, a, _) in ACTIVATIONS.items() if (op, a) == (node.op_type, approximate)), None)
 

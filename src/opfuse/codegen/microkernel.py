@@ -42,7 +42,7 @@ import numpy as np
 
 from opfuse.codegen.ctype import literal
 from opfuse.codegen.gelu import GELU_HELPER
-from opfuse.codegen.vecmath import AVX2_FLOAT, AVX512_FLOAT, SIGMOID, TANH, vector_name
+from opfuse.codegen.vecmath import AVX2_FLOAT, AVX512_FLOAT, SIGMOID, SILU, TANH, vector_name
 
 A_ACCESS = ("packed", "rows", "koff")
 B_ACCESS = ("packed", "strided", "koff")
@@ -91,8 +91,9 @@ EPILOGUES = ("", "b", "r", "br", "c", "cr")  # none / row bias / Relu / row bias
 # x86 bodies and plain C only): the scalar rules' expressions of y (``rules.py``), and on the vector bodies the same
 # operations in the same order on the vector forms of their helpers (``simdchain``'s: the same bits), which the
 # program must define before the kernel (``gemm.register_epilogue``). Letter -> (op, Gelu's approximate, helper).
-ACTIVATIONS = {"s": ("Sigmoid", None, SIGMOID), "w": ("Silu", None, SIGMOID), "t": ("Tanh", None, TANH),
-               "g": ("Gelu", "tanh", SIGMOID), "e": ("Gelu", "none", GELU_HELPER)}
+# Silu has two: "u" its direct form ``x / (1 + exp(-x))`` (``CodegenOptions.silu_direct``), "w" ``x * sigmoid(x)``.
+ACTIVATIONS = {"s": ("Sigmoid", None, SIGMOID), "u": ("Silu", None, SILU), "w": ("Silu", None, SIGMOID),
+               "t": ("Tanh", None, TANH), "g": ("Gelu", "tanh", SIGMOID), "e": ("Gelu", "none", GELU_HELPER)}
 GELU_TANH_SCALE, GELU_TANH_CUBE = 2 * math.sqrt(2 / math.pi), 0.044715
 
 
@@ -111,7 +112,7 @@ def activation(epi: str, y: str, isa: str | None = None) -> str:
         f = helper
         if op == "Gelu" and approximate == "tanh":  # rules._gelu: x sigmoid(2z)
             return f"{y} * {f}({c(GELU_TANH_SCALE)} * ({y} + {c(GELU_TANH_CUBE)} * ({y} * {y} * {y})))"
-        return f"{y} * {f}({y})" if op == "Silu" else f"{f}({y})"
+        return f"{y} * {f}({y})" if op == "Silu" and helper == SIGMOID else f"{f}({y})"
     vi = AVX512_FLOAT if isa == "avx512" else AVX2_FLOAT
     p, s = vi.op, vi.set1
     f = vector_name(helper, vi)
@@ -119,7 +120,7 @@ def activation(epi: str, y: str, isa: str | None = None) -> str:
         x3 = p("mul_ps", p("mul_ps", y, y), y)
         z2 = p("mul_ps", s(c(GELU_TANH_SCALE)), p("add_ps", y, p("mul_ps", s(c(GELU_TANH_CUBE)), x3)))
         return p("mul_ps", y, f"{f}({z2})")
-    return p("mul_ps", y, f"{f}({y})") if op == "Silu" else f"{f}({y})"
+    return p("mul_ps", y, f"{f}({y})") if op == "Silu" and helper == SIGMOID else f"{f}({y})"
 
 
 def _finish_plain(epi: str, value: str, i: str) -> list[str]:

@@ -158,6 +158,8 @@ def _sigmoid(ev, x, dt, a):
 
 
 def _silu(ev, x, dt, a):
+    if _f32(dt) and ev.kc.program.options.silu_direct:  # x / (1 + exp(-x)): CodegenOptions.silu_direct
+        return f"{vecmath.require(ev.kc.program, vecmath.SILU)}({x})"
     if _f32(dt):
         return f"{x} * {vecmath.require(ev.kc.program, vecmath.SIGMOID)}({x})"
     return f"{x} / ({_L(1, dt)} + {math_fn('exp', dt)}(-{x}))"

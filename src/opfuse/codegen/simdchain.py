@@ -82,7 +82,8 @@ class VecEval:
         self.kc, self.isa, self.inline, self.loadable, self.idx = kc, isa, inline, loadable, idx
         self.static = kc.program.memory.static
         self.memo: dict[int, str] = dict(invariant or {})
-        # id of a Sigmoid or Silu node -> its input and exp(-|input|), computed by a staged block's first pass
+        # id of a Sigmoid or Silu node -> its input and its exp (``staged_exp_argument``), computed by a staged
+        # block's first pass
         self.staged: dict[int, tuple[str, str]] = {}
 
     def assign(self, expr: str) -> str:
@@ -272,8 +273,22 @@ def _gelu(ve: VecEval, n: Node) -> str:
 
 @_op("Silu")
 def _silu(ve: VecEval, n: Node) -> str:
+    """``rules._silu``: ``x / (1 + exp(-x))`` with ``CodegenOptions.silu_direct``, else ``x * sigmoid(x)``."""
     x = ve.arg(n, 0)
-    return ve.isa.op("mul_ps", x, _sigmoid_of(ve, n, x))
+    if not ve.kc.program.options.silu_direct:
+        return ve.isa.op("mul_ps", x, _sigmoid_of(ve, n, x))
+    staged = ve.staged.get(id(n))
+    if staged is not None:
+        return f"{vecmath.require_vector(ve.kc.program, vecmath.SILU_TAIL, ve.isa)}({staged[0]}, {staged[1]})"
+    return f"{vecmath.require_vector(ve.kc.program, vecmath.SILU, ve.isa)}({x})"
+
+
+def staged_exp_argument(ve: VecEval, n: Node, x: str) -> str:
+    """What a staged block's first pass takes ``exp_nonpos`` of for node ``n`` (a ``STAGED_OPS`` op) with input
+    ``x``: ``-max(x, -89)`` for a direct Silu (``vecmath.silu_exp_argument``), else ``-|x|``."""
+    if n.op_type == "Silu" and ve.kc.program.options.silu_direct:
+        return vecmath.silu_exp_argument(ve.isa, x)
+    return ve.isa.bits(x, "or", vecmath.SIGN_BIT)
 
 
 STAGED_OPS = ("Sigmoid", "Silu")  # whose exp a staged block computes in its first pass
@@ -553,7 +568,7 @@ def _emit_isa(kc, ev, isa: VecIsa, outs, inline, loadable, shape, groups, hoiste
                     ve = VecEval(kc, isa, inline, loadable, at(i), invariant)
                     if not second:
                         x = ve.at(staged.input(0))
-                        e = ve.assign(f"{exp}({isa.bits(x, 'or', vecmath.SIGN_BIT)})")  # exp(-|x|)
+                        e = ve.assign(f"{exp}({staged_exp_argument(ve, staged, x)})")  # exp(-|x|) or silu's
                         w.line(f"{isa.op('store_ps', f'{bx} + {jk}', x)}; {isa.op('store_ps', f'{be} + {jk}', e)};")
                         continue
                     x = ve.assign(isa.op("load_ps", f"{bx} + {jk}"))

@@ -39,6 +39,12 @@ arm holding float arithmetic "may trap" and the loop keeps a branch.
   thread, CPU time, load 11; 1.31 -> 1.54 ulp.)
 * ``sigmoid``: ``e = exp(-|x|)``, ``(x >= 0 ? 1 : e) / (1 + e)`` (no overflow, no cancellation, one
   division and no multiply after it: a few ulp over the whole range).
+* ``silu`` (``x sigmoid(x)``, the fused form of PyTorch's ``Mul(x, Sigmoid(x))``): ``x / (1 + exp(-a))``,
+  ``a = max(x, -89)``, ``exp(-a)`` by ``exp_nonpos`` (which holds for arguments up to 89: its reduction and
+  scaling cover ``exp(89)``, which rounds to inf, as exp's does): one division and nothing after it, where
+  ``x * sigmoid(x)`` takes sigmoid's ``|x|``, select and division and a multiply after (18 vector operations
+  -> 16, 11 of them on the FMA pipes -> 10), and rounds once less. Below -88.73 the result is -0, where
+  ``|x sigmoid(x)| < 2.7e-37``.
 * ``softplus``: ``max(x, 0) + log1p(exp(-|x|))`` with ``log1p(t) = log(u) t / (u - 1)``,
   ``u = 1 + t`` (Goldberg; ``t`` itself where ``u`` rounds to 1).
 
@@ -49,17 +55,19 @@ float32 result (the subnormal spacing 2^-149 below 2^-126):
 
     exp       <= 0.98 ulp     log       <= 0.82 ulp     tanh      <= 1.54 ulp
     sigmoid   <= 2.40 ulp     softplus  <= 2.76 ulp     expm1     <= 1.68 ulp
-    exp_nonpos (x <= 0) <= 1.16 ulp
+    exp_nonpos (x <= 0) <= 1.16 ulp  (0 < x <= 89: <= 1.09 ulp, inf from 88.73)
+    silu      <= 2.38 ulp from -88.7 up (-0 below -88.73, within 2.7e-37)
 
-with fused multiply-adds (AVX2/FMA, the same sweep): exp 1.00, expm1 1.76, exp_nonpos 0.88, tanh 1.50, the others as
-above. (Before exp_nonpos had its own polynomial and sigmoid one division: exp_nonpos was exp, sigmoid 2.77.)
+with fused multiply-adds (AVX2/FMA, the same sweep): exp 1.00, expm1 1.76, exp_nonpos 0.88 (0.83 on (0, 89]), tanh
+1.50, silu 2.31 (silu's: every 4099th pattern and a 2M-point grid over [-90, 105]), the others as above. (Before
+exp_nonpos had its own polynomial and sigmoid one division: exp_nonpos was exp, sigmoid 2.77.)
 With ``CodegenOptions.exp_table`` (exp_nonpos by a 16-entry table, every 131st pattern and a 2M-point grid, either
 path): exp_nonpos 0.77 (0.766 over all 2^31 inputs x <= 0), sigmoid 2.28, tanh 1.50, softplus 2.76.
 
 NaN in gives NaN out; +-inf give NumPy's limits.
 
 Vector forms (``require_vector``): ``opfuse_v16_*`` (AVX-512F) and ``opfuse_v8_*`` (AVX2) of exp, exp_nonpos, tanh,
-sigmoid, log and softplus for the explicit-SIMD elementwise loops (``codegen/simdchain.py``): the scalar helpers'
+sigmoid, silu, log and softplus for the explicit-SIMD elementwise loops (``codegen/simdchain.py``): the scalar helpers'
 operations in the same order on whole registers, so the same bits lane by lane as the scalar helpers of an FMA build
 (their bodies sit behind ``__FMA__``); ``tests/codegen/test_simdchain.py`` and ``test_vector_log.py`` compare them
 over the same bit-pattern sweep. The
@@ -98,9 +106,12 @@ TANH = "opfuse_tanhf"
 SIGMOID = "opfuse_sigmoidf"
 SOFTPLUS = "opfuse_softplusf"
 SIGMOID_TAIL = "opfuse_sigmoidf_tail"  # vector form only: sigmoid given its exp(-|x|)
+SILU = "opfuse_siluf"
+SILU_TAIL = "opfuse_siluf_tail"  # vector form only: silu given its exp(-max(x, SILU_LOW))
 
 EXP_LOW = -104.0  # exp(-103.98) < 2^-150 rounds to 0
 EXP_HIGH = 89.0  # exp(88.73) > FLT_MAX
+SILU_LOW = -89.0  # silu's x clamped here: exp_nonpos(-x) takes x <= 89 (inf from 88.73 on: x / inf = -0)
 TANH_SMALL_END = 0.625
 
 
@@ -290,6 +301,15 @@ SIGMOID_TEXT = "\n".join([
     "",
 ])
 
+SILU_TEXT = "\n".join([
+    "/* x sigmoid(x) = x / (1 + exp(-x)) in float (-0 below -88.73, NaN -> NaN); branch-free, vectorisable. */",
+    f"static inline float {SILU}(float x) {{",
+    f"  const float a = x < {SILU_LOW:.1f}f ? {SILU_LOW:.1f}f : x;  /* exp(-a) <= exp(89): in exp_nonpos's range */",
+    f"  return x / (1.0f + {EXP_NONPOS}(-a));",
+    "}",
+    "",
+])
+
 SOFTPLUS_TEXT = "\n".join([
     "/* log(1 + exp(x)) in float (<= 2.76 ulp, NaN -> NaN); branch-free, vectorisable. */",
     f"static inline float {SOFTPLUS}(float x) {{",
@@ -325,6 +345,7 @@ HELPERS: dict[str, tuple[tuple[str, ...], str]] = {
     LOG: ((), LOG_TEXT),
     TANH: ((EXP_NONPOS,), TANH_TEXT),
     SIGMOID: ((EXP_NONPOS,), SIGMOID_TEXT),
+    SILU: ((EXP_NONPOS,), SILU_TEXT),
     SOFTPLUS: ((EXP_NONPOS, LOG), SOFTPLUS_TEXT),
 }
 
@@ -352,7 +373,7 @@ def all_helpers_text(simd: str = "auto", exp_table: bool = False) -> str:
     """Every helper, in dependency order, after the ``OPFUSE_FMAF`` macro of ``simd`` (for tests
     that compile them on their own); exp_nonpos by the table with ``exp_table``."""
     return FMA_TEXT[simd] + "".join(_text(name, exp_table)
-                                    for name in (EXP, EXP_NONPOS, EXPM1, LOG, TANH, SIGMOID, SOFTPLUS))
+                                    for name in (EXP, EXP_NONPOS, EXPM1, LOG, TANH, SIGMOID, SILU, SOFTPLUS))
 
 
 # Vector forms ---------------------------------------------------------------------------------------------------
@@ -528,6 +549,36 @@ def _vector_sigmoid_tail_text(isa: VecIsa) -> str:
     ])
 
 
+def silu_exp_argument(isa: VecIsa, x: str) -> str:
+    """``-max(x, SILU_LOW)`` on ``isa``'s registers, the argument of silu's ``exp_nonpos``: the scalar's
+    ``x < SILU_LOW ? SILU_LOW : x`` is ``maxps(SILU_LOW, x)`` (NaN kept: the second operand), then its sign
+    flipped."""
+    return isa.bits(isa.op("max_ps", isa.set1(f"{SILU_LOW:.1f}f"), x), "xor", SIGN_BIT)
+
+
+def _vector_silu_text(isa: VecIsa) -> str:
+    """``SILU_TEXT`` on ``isa``'s registers: ``x / (1 + exp_nonpos(-max(x, -89)))``, the same operations."""
+    v, p, c = isa.vt, isa.op, isa.set1
+    return "\n".join([
+        f"static inline {v} {vector_name(SILU, isa)}({v} x) {{",
+        f"  const {v} e = {vector_name(EXP_NONPOS, isa)}({silu_exp_argument(isa, 'x')});  /* exp(-max(x, -89)) */",
+        f"  return {p('div_ps', 'x', p('add_ps', c('1.0f'), 'e'))};",
+        "}",
+        "",
+    ])
+
+
+def _vector_silu_tail_text(isa: VecIsa) -> str:
+    """``opfuse_v16_siluf`` after its exp, given it (``simdchain``'s staged blocks compute ``e`` first)."""
+    v, p, c = isa.vt, isa.op, isa.set1
+    return "\n".join([
+        f"static inline {v} {vector_name(SILU_TAIL, isa)}({v} x, {v} e) {{  /* silu(x), e = exp(-max(x, -89)) */",
+        f"  return {p('div_ps', 'x', p('add_ps', c('1.0f'), 'e'))};",
+        "}",
+        "",
+    ])
+
+
 def _vector_tanh_text(isa: VecIsa) -> str:
     v, p, c = isa.vt, isa.op, isa.set1
     return "\n".join([
@@ -601,6 +652,8 @@ VECTOR_HELPERS: dict[str, tuple[tuple[str, ...], Callable[[VecIsa], str]]] = {
     EXP_NONPOS: ((), lambda isa: _vector_exp_text(EXP_NONPOS, isa, False)),
     SIGMOID: ((EXP_NONPOS,), _vector_sigmoid_text),
     SIGMOID_TAIL: ((), _vector_sigmoid_tail_text),
+    SILU: ((EXP_NONPOS,), _vector_silu_text),
+    SILU_TAIL: ((), _vector_silu_tail_text),
     TANH: ((EXP_NONPOS,), _vector_tanh_text),
     LOG: ((), _vector_log_text),
     SOFTPLUS: ((EXP_NONPOS, LOG), _vector_softplus_text),
