@@ -58,6 +58,7 @@ CASES = [
     (2, 5, 19, 3, 1, [0, 0, 0, 0], 1),      # valid, 3 rows of 17 through the scalar epilogue (blocks of 3 rows below)
     (2, 30, 10, 3, 1, [1, 1, 1, 1], 1),     # rows path, input rows narrower than a zmm: masked loads
     (2, 40, 12, 3, 2, [1, 1, 1, 1], 1),     # the same, stride 2
+    (2, 25, 5, 3, 1, [1, 1, 1, 1], 1),      # whole plane of many short rows (ds_cnn): the zmm plane, not rows
 ]
 EPILOGUES = ["none", "relu", "relu6", "clip_relu", "hardswish", "add"]
 
@@ -104,7 +105,7 @@ def _kernel_sources(source: str) -> list[str]:
 def test_the_cases_cover_both_in_place_paths_and_every_tail():
     plane = [(c, h, w) for c, h, w, k, s, p, d in CASES  # stride 1, output the input's size, at most 256 floats
              if s == 1 and p[0] + p[2] == p[1] + p[3] == (k - 1) * d and h * w <= DIRECT_MAX_VECTORS * VECTOR]
-    assert len(plane) == 3
+    assert len(plane) == 4
     widths = {(w + sum(p[1::2]) - (k - 1) * d - 1) // s + 1 for _c, _h, w, k, s, p, d in CASES}
     assert {w % ZMM for w in widths} >= {0, 1, 4, 7, 8, 14}
     assert any(w < ZMM for w in widths) and any(w > 2 * ZMM for w in widths)
@@ -157,6 +158,32 @@ def test_without_the_option_or_below_avx512_the_c_is_avx2s():
     assert CodegenOptions(depthwise_avx512=False).resolved("avx512", True).depthwise_avx512 is False
     with pytest.raises(Exception, match="depthwise_zmm_row_block"):
         CodegenOptions(depthwise_zmm_row_block=0)
+    with pytest.raises(Exception, match="depthwise_zmm_plane_rows_max_ratio"):
+        CodegenOptions(depthwise_zmm_plane_rows_max_ratio=0)
+    with pytest.raises(Exception, match="depthwise_zmm_plane_min_vectors"):
+        CodegenOptions(depthwise_zmm_plane_min_vectors=0)
+
+
+@pytest.mark.parametrize(("case", "plane"), [
+    ((2, 25, 5, 3, 1, [1, 1, 1, 1], 1), True),    # 25 rows of one zmm against 8 zmm: ratio 3.1
+    ((2, 64, 4, 3, 1, [1, 1, 1, 1], 1), True),    # 64 against 16: ratio 4
+    ((2, 32, 8, 3, 1, [1, 1, 1, 1], 1), False),   # 32 against 16: ratio 2
+    ((2, 12, 8, 3, 1, [1, 1, 1, 1], 1), False),   # 12 against 6
+    ((2, 4, 4, 3, 1, [1, 1, 1, 1], 1), False),    # one zmm: below depthwise_zmm_plane_min_vectors
+])
+def test_whole_planes_of_short_rows_run_the_zmm_plane(case, plane):
+    """A whole-plane layer's zmm body is the rows path, but where its rows would take at least
+    ``depthwise_zmm_plane_rows_max_ratio`` times the plane's vectors (and the plane has at least
+    ``depthwise_zmm_plane_min_vectors``): then it is the unrolled plane, the C that
+    ``depthwise_zmm_plane_rows=False`` gives; an infinite ratio keeps the rows everywhere."""
+    g, plan = multi_graph([case])
+    src = generate(g, plan, options=ZMM_ON).source
+    planes = generate(g, plan, options=ZMM_ON.with_(depthwise_zmm_plane_rows=False)).source
+    rows = generate(g, plan, options=ZMM_ON.with_(depthwise_zmm_plane_rows_max_ratio=float("inf"))).source
+    assert planes != rows
+    assert src == (planes if plane else rows)
+    if plane:
+        assert src != generate(g, plan, options=ZMM_ON.with_(depthwise_zmm_plane_min_vectors=100)).source
 
 
 def _build(g, plan, cache_dir, options, extra_flags=()):

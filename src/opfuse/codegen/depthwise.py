@@ -42,7 +42,8 @@ loads each input row's 16-float blocks once and shifts the taps' vectors out of 
 (``valignd``; stride 2 first splits a block pair into its even and odd floats, ``vpermt2ps``)
 (``_shifted_tap``), computes a whole row (up to 8 zmm) two rows at a time, finishes Relu, Clip and
 HardSwish epilogues in registers, on short rows too, and also runs the small "same" planes
-(``depthwise_zmm_plane_rows``).
+(``depthwise_zmm_plane_rows``), but for planes of many rows much shorter than a vector (ds_cnn's 25 x 5), where
+the unrolled plane uses the lanes the rows would leave empty (``depthwise_zmm_plane_rows_max_ratio``).
 No zmm load or store is unaligned or masked: from or to a cold line those stalled the kernel (1.7x
 the AVX2 body's time right after a 128 MiB copy); two ymm halves (``zmm_load``, ``_masked_zmm``, AVX2's
 masked stores) do not. In mobilenet_v1, 1 thread: its depthwise layers 0.57-0.98x the AVX2 body's time.
@@ -141,7 +142,13 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
                if zmm and direct_rows and kc.program.options.depthwise_zmm_register_epilogue else reg)
     # A whole-plane layer's zmm body runs the rows path instead (``depthwise_zmm_plane_rows``), in a branch
     # of its own, its epilogue with it; the AVX2 body and the copy keep theirs in the ``#else``.
-    plane_rows = (zmm and direct and kc.program.options.depthwise_zmm_plane_rows
+    # Not where the rows would waste most lanes on many short rows (``depthwise_zmm_plane_rows_max_ratio``).
+    opts = kc.program.options
+    zmm_plane = -(-OH * OW // AVX512_FLOAT.lanes)
+    zmm_rows = OH * -(-OW // AVX512_FLOAT.lanes)
+    short_rows = (zmm_plane >= opts.depthwise_zmm_plane_min_vectors
+                  and zmm_rows >= opts.depthwise_zmm_plane_rows_max_ratio * zmm_plane)
+    plane_rows = (zmm and direct and opts.depthwise_zmm_plane_rows and not short_rows
                   and -(-OW // VECTOR) <= DIRECT_MAX_ROW_VECTORS)
     plane_rows_reg = (register_epilogue(kc, ev, stage, node, hardswish=True)
                       if plane_rows and kc.program.options.depthwise_zmm_register_epilogue else None)

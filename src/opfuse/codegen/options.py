@@ -376,6 +376,15 @@ class CodegenOptions:
     # layers (1 thread, kernel CPU time, interleaved, load 12): in the model 0.53-0.59x (dw7-dw11), alone
     # 0.75x warm and 0.92x cold (against the zmm plane; 0.68x and 0.85x against AVX2's).
     depthwise_zmm_plane_rows: bool = True
+    # ... except where the rows would waste most of their lanes on a plane of many short rows: the unrolled
+    # plane runs where it has at least ``depthwise_zmm_plane_min_vectors`` zmm and the rows path would take
+    # ``depthwise_zmm_plane_rows_max_ratio`` times as many or more (OH x ceil(OW / 16) against
+    # ceil(OH x OW / 16)). Measured (Zen 5 host, 64 channels, 3x3 + bias + Relu, 1 thread, 300 interleaved
+    # rounds, quiet): plane / rows 0.66 (64x4), 0.73 (49x5), 0.74 (20x4), 0.82 (40x6), 0.88 (25x5), where the
+    # ratio is 2.67-4; 0.98-1.02 at ratio 2.0-2.5 (32x8, 8x8, 5x5), 1.06-1.45 below (6x6 to 16x16, 10x25) and
+    # on one-vector planes whatever the ratio (3x3 1.15, 4x4 1.10). ds_cnn's four 25x5 layers: 0.75x in the model.
+    depthwise_zmm_plane_rows_max_ratio: float = 2.6
+    depthwise_zmm_plane_min_vectors: int = 4
     # The in-place depthwise rows path (AVX2 and AVX-512 bodies) of a layer whose row stride is at least
     # ``depthwise_prefetch_min_stride`` prefetches its input into L2 this many bytes past the last input row each
     # step reads (the rows the step advances by, one ``prefetcht1`` a line, on into the next plane, none past the
@@ -584,6 +593,9 @@ class CodegenOptions:
             raise OpfuseError("depthwise_row_block and depthwise_block_group must be at least 1")
         if self.depthwise_zmm_row_block < 1 or self.depthwise_zmm_block_group < 1:
             raise OpfuseError("depthwise_zmm_row_block and depthwise_zmm_block_group must be at least 1")
+        if not self.depthwise_zmm_plane_rows_max_ratio > 0 or self.depthwise_zmm_plane_min_vectors < 1:
+            raise OpfuseError("depthwise_zmm_plane_rows_max_ratio must be above 0 (inf: the rows path always) and "
+                              "depthwise_zmm_plane_min_vectors at least 1")
         if self.depthwise_prefetch_bytes < 0 or self.depthwise_prefetch_min_stride < 1:
             raise OpfuseError("depthwise_prefetch_bytes must be at least 0, depthwise_prefetch_min_stride at least 1")
         if self.simd_unroll < 1:
