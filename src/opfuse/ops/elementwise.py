@@ -85,9 +85,10 @@ OPS_PER_ELEMENT = {
 EPILOGUE_STREAM_RATIO = {
     "HardSwish": 0.25,  # 0.34, 0.18
     "Sigmoid": 0.6,  # 0.66, 0.58
-    "Silu": 0.75,  # 0.68, 0.79
+    "Silu": 0.6,  # x / (1 + exp(-x)) (``CodegenOptions.silu_direct``): 0.54, 0.52, 0.67, 0.65 (2026-12-03, load 0.7-1)
     "Tanh": 1.25,  # exp_nonpos's form: 1.36, 1.11 at load 12 (before, exp(2a)'s: 1.37, 1.42)
-    "Gelu": 1.95,  # the erf form: 1.97, 1.94 (0.5 x (1 + erf); not re-measured with gelu.py's half-price form)
+    "Gelu": 0.9,  # gelu.py's table form in the micro-kernel: 0.48, 0.86, 1.19, 0.98 (2026-12-03, load 0.7-1;
+    # the erf form, 0.5 x (1 + erf), measured 1.97, 1.94)
     "GeluTanh": 1.15,  # Gelu(approximate="tanh"), x * sigmoid(2z): 1.05, 1.27
     "Softplus": 4.3,  # its vector form: 4.1, 4.6 at load 9-10 (gcc's loop over the scalar helper before: 6.3, 7.4)
 }
