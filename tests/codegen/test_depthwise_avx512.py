@@ -59,6 +59,8 @@ CASES = [
     (2, 30, 10, 3, 1, [1, 1, 1, 1], 1),     # rows path, input rows narrower than a zmm: masked loads
     (2, 40, 12, 3, 2, [1, 1, 1, 1], 1),     # the same, stride 2
     (2, 25, 5, 3, 1, [1, 1, 1, 1], 1),      # whole plane of many short rows (ds_cnn): the zmm plane, not rows
+    (2, 10, 10, 5, 1, [2, 2, 2, 2], 1),     # whole plane, 5x5: taps two blocks away
+    (2, 12, 12, 3, 1, [2, 2, 2, 2], 2),     # whole plane, dilated
 ]
 EPILOGUES = ["none", "relu", "relu6", "clip_relu", "hardswish", "add"]
 
@@ -105,7 +107,7 @@ def _kernel_sources(source: str) -> list[str]:
 def test_the_cases_cover_both_in_place_paths_and_every_tail():
     plane = [(c, h, w) for c, h, w, k, s, p, d in CASES  # stride 1, output the input's size, at most 256 floats
              if s == 1 and p[0] + p[2] == p[1] + p[3] == (k - 1) * d and h * w <= DIRECT_MAX_VECTORS * VECTOR]
-    assert len(plane) == 4
+    assert len(plane) == 6
     widths = {(w + sum(p[1::2]) - (k - 1) * d - 1) // s + 1 for _c, _h, w, k, s, p, d in CASES}
     assert {w % ZMM for w in widths} >= {0, 1, 4, 7, 8, 14}
     assert any(w < ZMM for w in widths) and any(w > 2 * ZMM for w in widths)
@@ -131,7 +133,10 @@ def test_generated_text_has_the_zmm_bodies_before_the_avx2_ones():
         at = k.index(ZMM_GUARD)
         assert at < k.index(AVX2_GUARD, at) < k.index("#else", k.index(AVX2_GUARD, at))
         assert "_mm512_fmadd_ps(" in k
-    assert sum(AVX2_ELIF in k for k in kernels) == len(CASES) - 3
+    # Of the six whole planes only the 14x14 runs the rows path (``depthwise_zmm_plane_rows_max_ratio``); the
+    # others the zmm plane, its taps moved out of whole blocks (``valignd``, masked where a tap meets the padding).
+    assert sum(AVX2_ELIF in k for k in kernels) == len(CASES) - 1
+    assert "_mm512_maskz_alignr_epi32((__mmask16)0x" in src
     # Whole vectors as two ymm loads (``zmm_load``), never one unaligned or masked zmm load or store: row
     # edges by ``valignd`` where a row holds 16 floats, AVX2's masked loads and stores by halves elsewhere.
     zmm_text = "".join(k.split(ZMM_GUARD, 1)[1].split(AVX2_GUARD, 1)[0] for k in kernels)  # the zmm bodies
@@ -167,9 +172,12 @@ def test_without_the_option_or_below_avx512_the_c_is_avx2s():
 @pytest.mark.parametrize(("case", "plane"), [
     ((2, 25, 5, 3, 1, [1, 1, 1, 1], 1), True),    # 25 rows of one zmm against 8 zmm: ratio 3.1
     ((2, 64, 4, 3, 1, [1, 1, 1, 1], 1), True),    # 64 against 16: ratio 4
-    ((2, 32, 8, 3, 1, [1, 1, 1, 1], 1), False),   # 32 against 16: ratio 2
-    ((2, 12, 8, 3, 1, [1, 1, 1, 1], 1), False),   # 12 against 6
-    ((2, 4, 4, 3, 1, [1, 1, 1, 1], 1), False),    # one zmm: below depthwise_zmm_plane_min_vectors
+    ((2, 32, 8, 3, 1, [1, 1, 1, 1], 1), True),    # 32 against 16: ratio 2
+    ((2, 12, 12, 3, 1, [1, 1, 1, 1], 1), True),   # 12 against 9: ratio 1.33
+    ((2, 14, 14, 3, 1, [1, 1, 1, 1], 1), False),  # 14 against 13: ratio 1.08 (mobilenet_v1's 14x14 layers)
+    ((2, 10, 25, 3, 1, [1, 1, 1, 1], 1), False),  # 20 against 16: ratio 1.25
+    ((2, 6, 6, 3, 1, [1, 1, 1, 1], 1), False),    # 3 zmm: below depthwise_zmm_plane_min_vectors
+    ((2, 4, 4, 3, 1, [1, 1, 1, 1], 1), False),    # one zmm
 ])
 def test_whole_planes_of_short_rows_run_the_zmm_plane(case, plane):
     """A whole-plane layer's zmm body is the rows path, but where its rows would take at least
@@ -209,9 +217,11 @@ def test_zmm_bodies_give_the_avx2_bits_and_the_reference(shift, cache_dir):
     assert_close(_build(g, plan, cache_dir, PORTABLE).run(feeds), want)
     ymm = _build(g, plan, cache_dir, ZMM_OFF).run(feeds)
     elif_branch = _build(g, plan, cache_dir, ZMM_ON, ("-mno-avx512f",)).run(feeds)  # the same C's AVX2 branch
-    # A load per tap, 3 x 3 blocking, and the unrolled whole-plane zmm body for the small "same" planes.
+    # A load per tap, 3 x 3 blocking, and the unrolled whole-plane zmm body with a masked load per tap and vector
+    # for the small "same" planes (ZMM_ON runs three of them as the shifted plane, the 14x14 as rows).
     loads = _build(g, plan, cache_dir, ZMM_ON.with_(depthwise_zmm_shifted_taps=False, depthwise_zmm_block_group=3,
-                                                      depthwise_zmm_row_block=3, depthwise_zmm_plane_rows=False))
+                                                      depthwise_zmm_row_block=3, depthwise_zmm_plane_rows=False,
+                                                      depthwise_zmm_plane_shifted=False))
     assert sum(AVX2_ELIF in k for k in _kernel_sources(loads.program.source)) == len(CASES)  # zmm #elif AVX2 each
     loads = loads.run(feeds)
     for k in want:

@@ -206,7 +206,10 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
                     w.line(f"#{'el' if i else ''}if {isa.guard}")
                     with ev.scope():  # each branch declares its own temporaries
                         if direct:
-                            _direct_plane(kc, src, weights, geo, (H, W), dense, isa)
+                            if isa is AVX512_FLOAT and kc.program.options.depthwise_zmm_plane_shifted:
+                                _direct_plane_shifted(kc, src, weights, geo, (H, W), dense)
+                            else:
+                                _direct_plane(kc, src, weights, geo, (H, W), dense, isa)
                         else:
                             _direct_rows(kc, ev, stage, node, bias_term, src, weights, geo, acc, (img, ch),
                                          OW < PLANE_EPILOGUE_MAX_ROW, zmm_reg if isa is AVX512_FLOAT else reg, isa)
@@ -741,6 +744,70 @@ def _direct_plane(kc, src: str, weights, geo, hw, dense: str, isa: VecIsa = AVX2
         if not started:  # every tap of this vector falls in the padding (finite weights: 0 * w is 0)
             w.line(f"const {vt} {v} = {p}_setzero_ps();")
         _store_lanes(kc, f"{dense} + {b * L}", v, L if L == VECTOR else min(L, n - b * L), isa)
+
+
+def _direct_plane_shifted(kc, src: str, weights, geo, hw, dense: str) -> None:
+    """AVX-512: ``_direct_plane``'s sums (the same taps in the same order, 0 at the same lanes, so the same
+    bits), each block of 16 floats of the flat plane loaded once (``zmm_load``, the last through
+    ``_masked_zmm``; 0 before and after the plane) and every tap's vector moved out of the two blocks it
+    straddles (``valignd``), the lanes that would read the padding zeroed by the same instruction's mask
+    (``_mm512_maskz_alignr_epi32``): one load per block instead of one masked load (two halves) per tap and
+    vector. ``depthwise_zmm_plane_shifted``."""
+    w = kc.w
+    H, W = hw
+    KH, KW = geo.kernel
+    (DH, DW), (PT, PL) = geo.dilations, geo.pads_begin
+    base = kc.tmp("src")
+    w.line(f"const float* {base} = {src};")
+    wvs = []
+    for row in weights:
+        for wv in row:
+            name = kc.tmp("wv")
+            w.line(f"const __m512 {name} = _mm512_set1_ps({wv});")
+            wvs.append(name)
+    n = H * W
+    nv = -(-n // ZMM)
+    zmasks: dict[tuple[bool, ...], str] = {}
+    blocks: dict[int, str] = {}
+
+    def block(k: int) -> str:
+        """Floats ``16 k ..`` of the plane as ``__m512i`` (0 past either end), loaded at first use."""
+        if k < 0 or k >= nv:
+            return "_mm512_setzero_si512()"
+        if k not in blocks:
+            valid = min(ZMM, n - k * ZMM)
+            at = add(base, str(k * ZMM))
+            load = zmm_load(at) if valid == ZMM else _masked_zmm(kc, zmasks, at, tuple(i < valid for i in range(ZMM)))
+            blocks[k] = kc.tmp("p")
+            w.line(f"const __m512i {blocks[k]} = _mm512_castps_si512({load});")
+        return blocks[k]
+
+    for b in range(nv):
+        v = kc.tmp("v")
+        started = False
+        for t, (kh, kw) in enumerate((kh, kw) for kh in range(KH) for kw in range(KW)):
+            dh, dw = kh * DH - PT, kw * DW - PL
+            lanes = []
+            for i in range(b * ZMM, b * ZMM + ZMM):
+                oh, ow = divmod(i, W)
+                lanes.append(i < n and 0 <= oh + dh < H and 0 <= ow + dw < W)
+            if not any(lanes):
+                continue
+            q, r = divmod(b * ZMM + dh * W + dw, ZMM)  # lane i reads plane[16 q + r + i]
+            mask = f"(__mmask16){sum(1 << i for i, ok in enumerate(lanes) if ok):#06x}"
+            if r == 0:
+                x = block(q) if all(lanes) else f"_mm512_maskz_mov_epi32({mask}, {block(q)})"
+            elif all(lanes):
+                x = f"_mm512_alignr_epi32({block(q + 1)}, {block(q)}, {r})"
+            else:
+                x = f"_mm512_maskz_alignr_epi32({mask}, {block(q + 1)}, {block(q)}, {r})"
+            x = f"_mm512_castsi512_ps({x})"
+            expr = f"_mm512_fmadd_ps({wvs[t]}, {x}, {v})" if started else f"_mm512_mul_ps({wvs[t]}, {x})"
+            w.line(f"{'' if started else '__m512 '}{v} = {expr};")
+            started = True
+        if not started:  # every tap of this vector falls in the padding (finite weights: 0 * w is 0)
+            w.line(f"const __m512 {v} = _mm512_setzero_ps();")
+        _store_lanes(kc, f"{dense} + {b * ZMM}", v, min(ZMM, n - b * ZMM), AVX512_FLOAT)
 
 
 def row_classes(out_rows: int, kernel_rows: int, stride: int, dilation: int, pad_top: int,

@@ -376,15 +376,22 @@ class CodegenOptions:
     # layers (1 thread, kernel CPU time, interleaved, load 12): in the model 0.53-0.59x (dw7-dw11), alone
     # 0.75x warm and 0.92x cold (against the zmm plane; 0.68x and 0.85x against AVX2's).
     depthwise_zmm_plane_rows: bool = True
-    # ... except where the rows would waste most of their lanes on a plane of many short rows: the unrolled
-    # plane runs where it has at least ``depthwise_zmm_plane_min_vectors`` zmm and the rows path would take
-    # ``depthwise_zmm_plane_rows_max_ratio`` times as many or more (OH x ceil(OW / 16) against
-    # ceil(OH x OW / 16)). Measured (Zen 5 host, 64 channels, 3x3 + bias + Relu, 1 thread, 300 interleaved
-    # rounds, quiet): plane / rows 0.66 (64x4), 0.73 (49x5), 0.74 (20x4), 0.82 (40x6), 0.88 (25x5), where the
-    # ratio is 2.67-4; 0.98-1.02 at ratio 2.0-2.5 (32x8, 8x8, 5x5), 1.06-1.45 below (6x6 to 16x16, 10x25) and
-    # on one-vector planes whatever the ratio (3x3 1.15, 4x4 1.10). ds_cnn's four 25x5 layers: 0.75x in the model.
-    depthwise_zmm_plane_rows_max_ratio: float = 2.6
+    # ... except where the rows would waste lanes on a plane of short rows: the unrolled plane runs where it has at
+    # least ``depthwise_zmm_plane_min_vectors`` zmm and the rows path would take ``depthwise_zmm_plane_rows_max_ratio``
+    # times as many or more (OH x ceil(OW / 16) against ceil(OH x OW / 16)). Measured (Zen 5 host, 64 channels, 3x3 +
+    # bias + Relu, 1 thread, thread CPU time, 300 interleaved rounds, load 1.2-1.3, with the shifted plane below):
+    # plane / rows 0.46 (64x4), 0.63-0.65 (40x6, 49x5, 20x4), 0.78 (25x5), 0.83 (32x8), 0.91-0.98 (8x8, 16x12,
+    # 12x12, 10x10, 7x7, 12x20) where the ratio is 1.33-4; 0.99-1.09 at 1.0-1.25 (16x16, 10x25, 14x14); 1.10-1.15
+    # on one-vector planes (3x3, 4x4), 0.98-1.00 on 5x5, 6x6. In the models: ds_cnn's four 25x5 layers 0.74x (the
+    # masked-load plane) and 0.77x again (shifted), mobilenet_v1's dw13 (7x7) 0.86x; mobilenet_v1's 14x14 layers
+    # and mobilenet_v1_025_96's 6x6 and 3x3 keep the rows.
+    depthwise_zmm_plane_rows_max_ratio: float = 1.3
     depthwise_zmm_plane_min_vectors: int = 4
+    # The zmm plane loads each 16-float block of the plane once and moves every tap's vector out of the two blocks it
+    # straddles (``valignd``, the padding's lanes zeroed by its mask: ``depthwise._direct_plane_shifted``) instead of
+    # a masked load (two ymm halves) per tap and vector; the same bits. Measured (as above): 0.75-0.88x the
+    # masked-load plane from 10x10 up and on the short-row planes, 0.95-1.05x on 3x3 to 8x8. False: the masked loads.
+    depthwise_zmm_plane_shifted: bool = True
     # The in-place depthwise rows path (AVX2 and AVX-512 bodies) of a layer whose row stride is at least
     # ``depthwise_prefetch_min_stride`` prefetches its input into L2 this many bytes past the last input row each
     # step reads (the rows the step advances by, one ``prefetcht1`` a line, on into the next plane, none past the
