@@ -152,6 +152,11 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
                   and -(-OW // VECTOR) <= DIRECT_MAX_ROW_VECTORS)
     plane_rows_reg = (register_epilogue(kc, ev, stage, node, hardswish=True)
                       if plane_rows and kc.program.options.depthwise_zmm_register_epilogue else None)
+    # The shifted zmm plane finishes a Relu/Clip/HardSwish epilogue on its vectors and stores them to the output
+    # (``depthwise_zmm_plane_register_epilogue``), in a branch of its own as the rows above.
+    plane_reg = (register_epilogue(kc, ev, stage, node, hardswish=True)
+                 if zmm and direct and not plane_rows and opts.depthwise_zmm_plane_shifted
+                 and opts.depthwise_zmm_plane_register_epilogue else None)
     wide = SH == 1 and SW == 1 and Hp * Wp <= WIDE_MAX_FLOATS
     exact = (OH - 1) * Wp + OW if wide else OW
     span = _round_up(exact, VECTOR)
@@ -196,13 +201,21 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
                        for kh in range(KH)]
             if direct or direct_rows:
                 src = f"{kc.ptr(x)} + {Index(x.shape, (img, ch, '0', '0')).offset()}"
-                if plane_rows:
+                if plane_rows or plane_reg is not None:
                     w.line(f"#if {AVX512_FLOAT.guard}")
                     with ev.scope():
-                        _direct_rows(kc, ev, stage, node, bias_term, src, weights, geo, acc, (img, ch),
-                                     OW < PLANE_EPILOGUE_MAX_ROW, plane_rows_reg, AVX512_FLOAT)
+                        if plane_rows:
+                            _direct_rows(kc, ev, stage, node, bias_term, src, weights, geo, acc, (img, ch),
+                                         OW < PLANE_EPILOGUE_MAX_ROW, plane_rows_reg, AVX512_FLOAT)
+                        else:
+                            assert plane_reg is not None
+                            out_plane = (f"{kc.ptr(plane_reg.out, write=True)} + "
+                                         f"{Index(plane_reg.out.shape, (img, ch, '0', '0')).offset()}")
+                            _direct_plane_shifted(kc, src, weights, geo, (H, W), out_plane,
+                                                  _finish_vectors(kc, ev, plane_reg, node, ch, AVX512_FLOAT))
                     w.line("#else")
-                for i, isa in enumerate((AVX512_FLOAT, AVX2_FLOAT) if zmm and not plane_rows else (AVX2_FLOAT,)):
+                own_zmm_branch = plane_rows or plane_reg is not None
+                for i, isa in enumerate((AVX512_FLOAT, AVX2_FLOAT) if zmm and not own_zmm_branch else (AVX2_FLOAT,)):
                     w.line(f"#{'el' if i else ''}if {isa.guard}")
                     with ev.scope():  # each branch declares its own temporaries
                         if direct:
@@ -248,13 +261,13 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
                 with w.block(f"for (long {p} = 0; {p} < {OH * OW}; ++{p})"), ev.scope():
                     w.line(f"const float {y} = {bias_term(ev, node, f'{dense}[{p}]', ch)};")
                     finish_element(kc, ev, stage, out, Index.loops(out.shape, [(0, 1, img), (1, 2, ch), (2, 4, p)]), y)
-            if direct_rows or plane_rows:
+            if direct_rows or plane_rows or plane_reg is not None:
                 w.line("#endif")
     if reg is not None:
         kc.note(lambda name: f"depthwise '{name}': epilogue finished in registers", node)
     if zmm and (direct or direct_rows):
         kc.note(lambda name: f"depthwise '{name}': AVX-512 body (zmm)"
-                + (", its epilogue in registers" if zmm_reg is not None else ""), node)
+                + (", its epilogue in registers" if zmm_reg is not None or plane_reg is not None else ""), node)
 
 
 def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, acc: str, where,
@@ -746,13 +759,15 @@ def _direct_plane(kc, src: str, weights, geo, hw, dense: str, isa: VecIsa = AVX2
         _store_lanes(kc, f"{dense} + {b * L}", v, L if L == VECTOR else min(L, n - b * L), isa)
 
 
-def _direct_plane_shifted(kc, src: str, weights, geo, hw, dense: str) -> None:
+def _direct_plane_shifted(kc, src: str, weights, geo, hw, dense: str,
+                          finish: Callable[[str], str] | None = None) -> None:
     """AVX-512: ``_direct_plane``'s sums (the same taps in the same order, 0 at the same lanes, so the same
     bits), each block of 16 floats of the flat plane loaded once (``zmm_load``, the last through
     ``_masked_zmm``; 0 before and after the plane) and every tap's vector moved out of the two blocks it
     straddles (``valignd``), the lanes that would read the padding zeroed by the same instruction's mask
     (``_mm512_maskz_alignr_epi32``): one load per block instead of one masked load (two halves) per tap and
-    vector. ``depthwise_zmm_plane_shifted``."""
+    vector. ``depthwise_zmm_plane_shifted``. With ``finish`` (``_finish_vectors``) each vector is finished and
+    stored to ``dense``, then the output plane, instead (``depthwise_zmm_plane_register_epilogue``)."""
     w = kc.w
     H, W = hw
     KH, KW = geo.kernel
@@ -807,7 +822,7 @@ def _direct_plane_shifted(kc, src: str, weights, geo, hw, dense: str) -> None:
             started = True
         if not started:  # every tap of this vector falls in the padding (finite weights: 0 * w is 0)
             w.line(f"const __m512 {v} = _mm512_setzero_ps();")
-        _store_lanes(kc, f"{dense} + {b * ZMM}", v, min(ZMM, n - b * ZMM), AVX512_FLOAT)
+        _store_lanes(kc, f"{dense} + {b * ZMM}", finish(v) if finish else v, min(ZMM, n - b * ZMM), AVX512_FLOAT)
 
 
 def row_classes(out_rows: int, kernel_rows: int, stride: int, dilation: int, pad_top: int,

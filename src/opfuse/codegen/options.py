@@ -392,6 +392,9 @@ class CodegenOptions:
     # a masked load (two ymm halves) per tap and vector; the same bits. Measured (as above): 0.75-0.88x the
     # masked-load plane from 10x10 up and on the short-row planes, 0.95-1.05x on 3x3 to 8x8. False: the masked loads.
     depthwise_zmm_plane_shifted: bool = True
+    # ... and finishes a Relu, Clip or HardSwish epilogue on its vectors, storing them to the output (no pass over
+    # the dense plane in L1 after it), as ``depthwise_zmm_register_epilogue`` does for the rows.
+    depthwise_zmm_plane_register_epilogue: bool = True
     # The in-place depthwise rows path (AVX2 and AVX-512 bodies) of a layer whose row stride is at least
     # ``depthwise_prefetch_min_stride`` prefetches its input into L2 this many bytes past the last input row each
     # step reads (the rows the step advances by, one ``prefetcht1`` a line, on into the next plane, none past the
