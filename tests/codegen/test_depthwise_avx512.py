@@ -133,13 +133,12 @@ def test_generated_text_has_the_zmm_bodies_before_the_avx2_ones():
         at = k.index(ZMM_GUARD)
         assert at < k.index(AVX2_GUARD, at) < k.index("#else", k.index(AVX2_GUARD, at))
         assert "_mm512_fmadd_ps(" in k
-    # Of the six whole planes only the 14x14 runs the rows path (``depthwise_zmm_plane_rows_max_ratio``); the
-    # others the zmm plane, its taps moved out of whole blocks (``valignd``, masked where a tap meets the padding).
-    # The rows and the four planes whose epilogue it finishes in registers (Relu6, HardSwish, Clip + Relu,
-    # HardSwish with this shift) have a zmm branch of their own; the dilated plane (a residual Add) the #elif.
+    # The six whole planes run the zmm plane, its taps moved out of whole blocks (``valignd``, masked where a tap
+    # meets the padding); the five whose epilogue it finishes in registers (Relu6, Clip + Relu, HardSwish, Clip +
+    # Relu, HardSwish with this shift) in a zmm branch of their own, the dilated one (a residual Add) in the #elif.
     assert sum(AVX2_ELIF in k for k in kernels) == len(CASES) - 5
-    assert [EPILOGUES[(i + 2) % len(EPILOGUES)] for i in (0, 2, 19, 20, 21)] == [
-        "relu6", "hardswish", "clip_relu", "hardswish", "add"]
+    assert [EPILOGUES[(i + 2) % len(EPILOGUES)] for i in (0, 1, 2, 19, 20, 21)] == [
+        "relu6", "clip_relu", "hardswish", "clip_relu", "hardswish", "add"]
     assert "_mm512_maskz_alignr_epi32((__mmask16)0x" in src
     # Whole vectors as two ymm loads (``zmm_load``), never one unaligned or masked zmm load or store: row
     # edges by ``valignd`` where a row holds 16 floats, AVX2's masked loads and stores by halves elsewhere.
@@ -173,7 +172,7 @@ def test_without_the_option_or_below_avx512_the_c_is_avx2s():
         CodegenOptions(depthwise_zmm_plane_min_vectors=0)
 
 
-@pytest.mark.parametrize(("case", "plane"), [
+SHORT_ROW_PLANES = [
     ((2, 25, 5, 3, 1, [1, 1, 1, 1], 1), True),    # 25 rows of one zmm against 8 zmm: ratio 3.1
     ((2, 64, 4, 3, 1, [1, 1, 1, 1], 1), True),    # 64 against 16: ratio 4
     ((2, 32, 8, 3, 1, [1, 1, 1, 1], 1), True),    # 32 against 16: ratio 2
@@ -182,13 +181,16 @@ def test_without_the_option_or_below_avx512_the_c_is_avx2s():
     ((2, 10, 25, 3, 1, [1, 1, 1, 1], 1), False),  # 20 against 16: ratio 1.25
     ((2, 6, 6, 3, 1, [1, 1, 1, 1], 1), False),    # 3 zmm: below depthwise_zmm_plane_min_vectors
     ((2, 4, 4, 3, 1, [1, 1, 1, 1], 1), False),    # one zmm
-])
-def test_whole_planes_of_short_rows_run_the_zmm_plane(case, plane):
-    """A whole-plane layer's zmm body is the rows path, but where its rows would take at least
-    ``depthwise_zmm_plane_rows_max_ratio`` times the plane's vectors (and the plane has at least
-    ``depthwise_zmm_plane_min_vectors``): then it is the unrolled plane, the C that
+]
+
+
+@pytest.mark.parametrize(("case", "plane"), SHORT_ROW_PLANES)
+def test_whole_planes_without_a_register_epilogue_run_the_rows_but_short_rows(case, plane):
+    """A whole-plane layer whose epilogue the zmm plane cannot finish in registers (here a residual Add) runs the
+    rows path, but where its rows would take at least ``depthwise_zmm_plane_rows_max_ratio`` times the plane's
+    vectors (and the plane has at least ``depthwise_zmm_plane_min_vectors``): then the zmm plane, the C that
     ``depthwise_zmm_plane_rows=False`` gives; an infinite ratio keeps the rows everywhere."""
-    g, plan = multi_graph([case])
+    g, plan = multi_graph([case], shift=EPILOGUES.index("add"))
     src = generate(g, plan, options=ZMM_ON).source
     planes = generate(g, plan, options=ZMM_ON.with_(depthwise_zmm_plane_rows=False)).source
     rows = generate(g, plan, options=ZMM_ON.with_(depthwise_zmm_plane_rows_max_ratio=float("inf"))).source
@@ -196,6 +198,22 @@ def test_whole_planes_of_short_rows_run_the_zmm_plane(case, plane):
     assert src == (planes if plane else rows)
     if plane:
         assert src != generate(g, plan, options=ZMM_ON.with_(depthwise_zmm_plane_min_vectors=100)).source
+
+
+@pytest.mark.parametrize(("case", "_plane"), SHORT_ROW_PLANES)
+def test_whole_planes_with_a_relu_run_the_zmm_plane_and_its_register_epilogue(case, _plane):
+    """With a Relu (any epilogue of Relus, Clips and HardSwish) the zmm plane finishes it in registers on every
+    whole plane, whatever the rows would take; without ``depthwise_zmm_plane_register_epilogue`` the rule above."""
+    g, plan = multi_graph([case], shift=EPILOGUES.index("relu"))
+    program = generate(g, plan, options=ZMM_ON)
+    rows = generate(g, plan, options=ZMM_ON.with_(depthwise_zmm_plane_register_epilogue=False,
+                                                  depthwise_zmm_plane_rows_max_ratio=float("inf"))).source
+    any_ratio = ZMM_ON.with_(depthwise_zmm_plane_rows_max_ratio=float("inf"))
+    assert program.source == generate(g, plan, options=any_ratio).source
+    assert program.source != rows
+    assert [n for k in program.kernels for n in k.notes if "zmm" in n] == [
+        "depthwise 'dw0': AVX-512 body (zmm), its epilogue in registers"]
+    assert "_mm512_max_ps(" in program.source.split(ZMM_GUARD, 1)[1].split("#else", 1)[0]
 
 
 def _build(g, plan, cache_dir, options, extra_flags=()):

@@ -41,9 +41,12 @@ element sums its taps in the same order as in the AVX2 body, so the bits are the
 loads each input row's 16-float blocks once and shifts the taps' vectors out of two neighbours
 (``valignd``; stride 2 first splits a block pair into its even and odd floats, ``vpermt2ps``)
 (``_shifted_tap``), computes a whole row (up to 8 zmm) two rows at a time, finishes Relu, Clip and
-HardSwish epilogues in registers, on short rows too, and also runs the small "same" planes
-(``depthwise_zmm_plane_rows``), but for planes of many rows much shorter than a vector (ds_cnn's 25 x 5), where
-the unrolled plane uses the lanes the rows would leave empty (``depthwise_zmm_plane_rows_max_ratio``).
+HardSwish epilogues in registers, on short rows too. The small "same" planes have a zmm body of their own
+(``_direct_plane_shifted``): each 16-float block of the flat plane loaded once, every tap's vector moved out of
+two blocks by ``valignd`` with the padding's lanes zeroed by its mask, and a Relu, Clip or HardSwish epilogue
+finished in registers; where that epilogue cannot be (a residual Add), the rows path runs those planes
+(``depthwise_zmm_plane_rows``), but for planes of short rows (ds_cnn's 25 x 5), where the plane uses the lanes
+the rows would leave empty (``depthwise_zmm_plane_rows_max_ratio``).
 No zmm load or store is unaligned or masked: from or to a cold line those stalled the kernel (1.7x
 the AVX2 body's time right after a 128 MiB copy); two ymm halves (``zmm_load``, ``_masked_zmm``, AVX2's
 masked stores) do not. In mobilenet_v1, 1 thread: its depthwise layers 0.57-0.98x the AVX2 body's time.
@@ -140,23 +143,23 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
     # kernel CPU time, 30 interleaved runs), as it did with AVX2.
     zmm_reg = (register_epilogue(kc, ev, stage, node, hardswish=True)
                if zmm and direct_rows and kc.program.options.depthwise_zmm_register_epilogue else reg)
-    # A whole-plane layer's zmm body runs the rows path instead (``depthwise_zmm_plane_rows``), in a branch
-    # of its own, its epilogue with it; the AVX2 body and the copy keep theirs in the ``#else``.
-    # Not where the rows would waste most lanes on many short rows (``depthwise_zmm_plane_rows_max_ratio``).
+    # A whole-plane layer's zmm body is the shifted plane, finishing a Relu/Clip/HardSwish epilogue on its vectors
+    # (``depthwise_zmm_plane_register_epilogue``) in a branch of its own. Where it cannot (a residual Add, or the
+    # options off), the rows path runs instead (``depthwise_zmm_plane_rows``), its epilogue with it, but not where
+    # the rows would waste most lanes on short rows (``depthwise_zmm_plane_rows_max_ratio``); the AVX2 body and the
+    # copy keep theirs in the ``#else``.
     opts = kc.program.options
+    plane_reg = (register_epilogue(kc, ev, stage, node, hardswish=True)
+                 if zmm and direct and opts.depthwise_zmm_plane_shifted
+                 and opts.depthwise_zmm_plane_register_epilogue else None)
     zmm_plane = -(-OH * OW // AVX512_FLOAT.lanes)
     zmm_rows = OH * -(-OW // AVX512_FLOAT.lanes)
     short_rows = (zmm_plane >= opts.depthwise_zmm_plane_min_vectors
                   and zmm_rows >= opts.depthwise_zmm_plane_rows_max_ratio * zmm_plane)
-    plane_rows = (zmm and direct and opts.depthwise_zmm_plane_rows and not short_rows
+    plane_rows = (zmm and direct and plane_reg is None and opts.depthwise_zmm_plane_rows and not short_rows
                   and -(-OW // VECTOR) <= DIRECT_MAX_ROW_VECTORS)
     plane_rows_reg = (register_epilogue(kc, ev, stage, node, hardswish=True)
                       if plane_rows and kc.program.options.depthwise_zmm_register_epilogue else None)
-    # The shifted zmm plane finishes a Relu/Clip/HardSwish epilogue on its vectors and stores them to the output
-    # (``depthwise_zmm_plane_register_epilogue``), in a branch of its own as the rows above.
-    plane_reg = (register_epilogue(kc, ev, stage, node, hardswish=True)
-                 if zmm and direct and not plane_rows and opts.depthwise_zmm_plane_shifted
-                 and opts.depthwise_zmm_plane_register_epilogue else None)
     wide = SH == 1 and SW == 1 and Hp * Wp <= WIDE_MAX_FLOATS
     exact = (OH - 1) * Wp + OW if wide else OW
     span = _round_up(exact, VECTOR)

@@ -371,30 +371,33 @@ class CodegenOptions:
     # multiply, add, max, min and multiply: the same bits). In mobilenet_v1 (1 thread,
     # kernel CPU time, 30 interleaved runs against False, load 12): dw6 (14 a row) 0.80x, dw12 (7) 0.93x.
     depthwise_zmm_register_epilogue: bool = True
-    # Where the whole-plane path applies (stride 1, "same", at most 256 floats), the AVX-512 body runs the
-    # rows path instead (with the register epilogue above), not the unrolled plane. mobilenet_v1's 512@14
-    # layers (1 thread, kernel CPU time, interleaved, load 12): in the model 0.53-0.59x (dw7-dw11), alone
-    # 0.75x warm and 0.92x cold (against the zmm plane; 0.68x and 0.85x against AVX2's).
+    # Where the whole-plane path applies (stride 1, "same", at most 256 floats), the AVX-512 body is the zmm plane:
+    # each 16-float block of the plane loaded once and every tap's vector moved out of the two blocks it straddles
+    # (``valignd``, the padding's lanes zeroed by its mask: ``depthwise._direct_plane_shifted``; False: a masked load,
+    # two ymm halves, per tap and vector), the same bits; measured against the masked-load plane (Zen 5 host, 64
+    # channels, 3x3 + bias + Relu, 1 thread, thread CPU time, 300 interleaved rounds, load 1.2-1.3): 0.75-0.88x from
+    # 10x10 up and on planes of short rows, 0.95-1.05x on 3x3 to 8x8.
+    depthwise_zmm_plane_shifted: bool = True
+    # ... and it finishes a Relu, Clip or HardSwish epilogue on its vectors and stores them to the output (no pass
+    # over the dense plane in L1), as ``depthwise_zmm_register_epilogue`` does for the rows. So it runs faster than
+    # the rows path on every plane measured (as above, load 5-6): 0.89-0.99x from 3x3 to 16x16 and 10x25; in the
+    # models (interleaved builds, kernel timers, load 2.7-5.4) ds_cnn's four 25x5 layers 0.83x of the plane with the
+    # dense pass (4.1 us on the rows, 2.05 now), mobilenet_v1's 14x14 layers 0.93-0.95x and its dw13 (7x7) 0.79x of
+    # the rows, mobilenet_v1_025_96's 6x6 and 3x3 layers 0.74-0.78x.
+    depthwise_zmm_plane_register_epilogue: bool = True
+    # Where the zmm plane cannot finish the epilogue (a residual Add; or the two options above off), the rows path
+    # (with the register epilogue of the rows) runs the whole plane instead, as it did for every plane before:
+    # mobilenet_v1's 512@14 layers (1 thread, kernel CPU time, interleaved, load 12) in the model 0.53-0.59x
+    # (dw7-dw11), alone 0.75x warm and 0.92x cold (against the masked-load zmm plane; 0.68x and 0.85x against AVX2's).
     depthwise_zmm_plane_rows: bool = True
-    # ... except where the rows would waste lanes on a plane of short rows: the unrolled plane runs where it has at
-    # least ``depthwise_zmm_plane_min_vectors`` zmm and the rows path would take ``depthwise_zmm_plane_rows_max_ratio``
-    # times as many or more (OH x ceil(OW / 16) against ceil(OH x OW / 16)). Measured (Zen 5 host, 64 channels, 3x3 +
-    # bias + Relu, 1 thread, thread CPU time, 300 interleaved rounds, load 1.2-1.3, with the shifted plane below):
-    # plane / rows 0.46 (64x4), 0.63-0.65 (40x6, 49x5, 20x4), 0.78 (25x5), 0.83 (32x8), 0.91-0.98 (8x8, 16x12,
-    # 12x12, 10x10, 7x7, 12x20) where the ratio is 1.33-4; 0.99-1.09 at 1.0-1.25 (16x16, 10x25, 14x14); 1.10-1.15
-    # on one-vector planes (3x3, 4x4), 0.98-1.00 on 5x5, 6x6. In the models: ds_cnn's four 25x5 layers 0.74x (the
-    # masked-load plane) and 0.77x again (shifted), mobilenet_v1's dw13 (7x7) 0.86x; mobilenet_v1's 14x14 layers
-    # and mobilenet_v1_025_96's 6x6 and 3x3 keep the rows.
+    # ... except where the rows would waste lanes on a plane of short rows: the plane runs where it has at least
+    # ``depthwise_zmm_plane_min_vectors`` zmm and the rows path would take ``depthwise_zmm_plane_rows_max_ratio``
+    # times as many or more (OH x ceil(OW / 16) against ceil(OH x OW / 16)). Measured (as above, the shifted plane
+    # with the dense pass): plane / rows 0.46 (64x4), 0.63-0.65 (40x6, 49x5, 20x4), 0.78 (25x5), 0.83 (32x8),
+    # 0.91-0.98 (8x8, 16x12, 12x12, 10x10, 7x7, 12x20) where the ratio is 1.33-4; 0.99-1.09 at 1.0-1.25 (16x16,
+    # 10x25, 14x14); 1.10-1.15 on one-vector planes (3x3, 4x4), 0.98-1.00 on 5x5, 6x6.
     depthwise_zmm_plane_rows_max_ratio: float = 1.3
     depthwise_zmm_plane_min_vectors: int = 4
-    # The zmm plane loads each 16-float block of the plane once and moves every tap's vector out of the two blocks it
-    # straddles (``valignd``, the padding's lanes zeroed by its mask: ``depthwise._direct_plane_shifted``) instead of
-    # a masked load (two ymm halves) per tap and vector; the same bits. Measured (as above): 0.75-0.88x the
-    # masked-load plane from 10x10 up and on the short-row planes, 0.95-1.05x on 3x3 to 8x8. False: the masked loads.
-    depthwise_zmm_plane_shifted: bool = True
-    # ... and finishes a Relu, Clip or HardSwish epilogue on its vectors, storing them to the output (no pass over
-    # the dense plane in L1 after it), as ``depthwise_zmm_register_epilogue`` does for the rows.
-    depthwise_zmm_plane_register_epilogue: bool = True
     # The in-place depthwise rows path (AVX2 and AVX-512 bodies) of a layer whose row stride is at least
     # ``depthwise_prefetch_min_stride`` prefetches its input into L2 this many bytes past the last input row each
     # step reads (the rows the step advances by, one ``prefetcht1`` a line, on into the next plane, none past the
