@@ -61,7 +61,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -717,6 +717,36 @@ def _direct_plane(kc, src: str, weights, geo, hw, dense: str, isa: VecIsa = AVX2
     in kernel order, as the rows path: the same bits with either ISA. AVX-512 stores the plane's
     last vector through a mask; AVX2's runs into ``dense``'s slack."""
     w = kc.w
+    L, p = isa.lanes, isa.p
+    H, W = hw
+    masks: dict[tuple[int, ...], str] = {}
+    zmasks: dict[tuple[bool, ...], str] = {}
+
+    def tap_vector(base: str, b: int, dh: int, dw: int, lanes: list[bool]) -> str:
+        at = add(base, str(b * L + dh * W + dw))
+        if all(lanes):
+            return zmm_load(at) if L == ZMM else f"{p}_loadu_ps({at})"
+        if L == ZMM:
+            return _masked_zmm(kc, zmasks, at, tuple(lanes))
+        key = tuple(-1 if ok else 0 for ok in lanes)
+        if key not in masks:
+            masks[key] = kc.tmp("mask")
+            w.line(f"const __m256i {masks[key]} = _mm256_setr_epi32({', '.join(map(str, key))});")
+        return f"_mm256_maskload_ps({at}, {masks[key]})"
+
+    n = H * W
+    for b, v in _plane_sums(kc, src, weights, geo, hw, isa, tap_vector):
+        _store_lanes(kc, f"{dense} + {b * L}", v, L if L == VECTOR else min(L, n - b * L), isa)
+
+
+def _plane_sums(kc, src: str, weights, geo, hw, isa: VecIsa,
+                tap_vector: Callable[[str, int, int, int, list[bool]], str]) -> Iterator[tuple[int, str]]:
+    """The flat plane's sums for the whole-plane bodies: declares the input's base pointer and the weights'
+    vectors, then for each vector ``b`` of ``isa.lanes`` outputs sums its taps in kernel order (a multiply, then
+    multiply-adds) of ``tap_vector(base, b, dh, dw, lanes)``: the input at offset ``(dh, dw)`` from each output, 0
+    in the lanes not in ``lanes`` (the padding, or past the plane); a tap with no lane inside is left out (finite
+    weights: 0 * w is 0). Yields ``(b, the sum's C name)`` for the caller to store."""
+    w = kc.w
     L, vt, p = isa.lanes, isa.vt, isa.p
     H, W = hw
     KH, KW = geo.kernel
@@ -729,8 +759,6 @@ def _direct_plane(kc, src: str, weights, geo, hw, dense: str, isa: VecIsa = AVX2
             name = kc.tmp("wv")
             w.line(f"const {vt} {name} = {p}_set1_ps({wv});")
             wvs.append(name)
-    masks: dict[tuple[int, ...], str] = {}
-    zmasks: dict[tuple[bool, ...], str] = {}
     n = H * W
     for b in range(-(-n // L)):
         v = kc.tmp("v")
@@ -743,23 +771,13 @@ def _direct_plane(kc, src: str, weights, geo, hw, dense: str, isa: VecIsa = AVX2
                 lanes.append(i < n and 0 <= oh + dh < H and 0 <= ow + dw < W)
             if not any(lanes):
                 continue
-            at = add(base, str(b * L + dh * W + dw))
-            if all(lanes):
-                load = zmm_load(at) if L == ZMM else f"{p}_loadu_ps({at})"
-            elif L == ZMM:
-                load = _masked_zmm(kc, zmasks, at, tuple(lanes))
-            else:
-                key = tuple(-1 if ok else 0 for ok in lanes)
-                if key not in masks:
-                    masks[key] = kc.tmp("mask")
-                    w.line(f"const __m256i {masks[key]} = _mm256_setr_epi32({', '.join(map(str, key))});")
-                load = f"_mm256_maskload_ps({at}, {masks[key]})"
-            expr = f"{p}_fmadd_ps({wvs[t]}, {load}, {v})" if started else f"{p}_mul_ps({wvs[t]}, {load})"
+            x = tap_vector(base, b, dh, dw, lanes)
+            expr = f"{p}_fmadd_ps({wvs[t]}, {x}, {v})" if started else f"{p}_mul_ps({wvs[t]}, {x})"
             w.line(f"{'' if started else vt + ' '}{v} = {expr};")
             started = True
         if not started:  # every tap of this vector falls in the padding (finite weights: 0 * w is 0)
             w.line(f"const {vt} {v} = {p}_setzero_ps();")
-        _store_lanes(kc, f"{dense} + {b * L}", v, L if L == VECTOR else min(L, n - b * L), isa)
+        yield b, v
 
 
 def _direct_plane_shifted(kc, src: str, weights, geo, hw, dense: str,
@@ -773,22 +791,12 @@ def _direct_plane_shifted(kc, src: str, weights, geo, hw, dense: str,
     stored to ``dense``, then the output plane, instead (``depthwise_zmm_plane_register_epilogue``)."""
     w = kc.w
     H, W = hw
-    KH, KW = geo.kernel
-    (DH, DW), (PT, PL) = geo.dilations, geo.pads_begin
-    base = kc.tmp("src")
-    w.line(f"const float* {base} = {src};")
-    wvs = []
-    for row in weights:
-        for wv in row:
-            name = kc.tmp("wv")
-            w.line(f"const __m512 {name} = _mm512_set1_ps({wv});")
-            wvs.append(name)
     n = H * W
     nv = -(-n // ZMM)
     zmasks: dict[tuple[bool, ...], str] = {}
     blocks: dict[int, str] = {}
 
-    def block(k: int) -> str:
+    def block(base: str, k: int) -> str:
         """Floats ``16 k ..`` of the plane as ``__m512i`` (0 past either end), loaded at first use."""
         if k < 0 or k >= nv:
             return "_mm512_setzero_si512()"
@@ -800,31 +808,18 @@ def _direct_plane_shifted(kc, src: str, weights, geo, hw, dense: str,
             w.line(f"const __m512i {blocks[k]} = _mm512_castps_si512({load});")
         return blocks[k]
 
-    for b in range(nv):
-        v = kc.tmp("v")
-        started = False
-        for t, (kh, kw) in enumerate((kh, kw) for kh in range(KH) for kw in range(KW)):
-            dh, dw = kh * DH - PT, kw * DW - PL
-            lanes = []
-            for i in range(b * ZMM, b * ZMM + ZMM):
-                oh, ow = divmod(i, W)
-                lanes.append(i < n and 0 <= oh + dh < H and 0 <= ow + dw < W)
-            if not any(lanes):
-                continue
-            q, r = divmod(b * ZMM + dh * W + dw, ZMM)  # lane i reads plane[16 q + r + i]
-            mask = f"(__mmask16){sum(1 << i for i, ok in enumerate(lanes) if ok):#06x}"
-            if r == 0:
-                x = block(q) if all(lanes) else f"_mm512_maskz_mov_epi32({mask}, {block(q)})"
-            elif all(lanes):
-                x = f"_mm512_alignr_epi32({block(q + 1)}, {block(q)}, {r})"
-            else:
-                x = f"_mm512_maskz_alignr_epi32({mask}, {block(q + 1)}, {block(q)}, {r})"
-            x = f"_mm512_castsi512_ps({x})"
-            expr = f"_mm512_fmadd_ps({wvs[t]}, {x}, {v})" if started else f"_mm512_mul_ps({wvs[t]}, {x})"
-            w.line(f"{'' if started else '__m512 '}{v} = {expr};")
-            started = True
-        if not started:  # every tap of this vector falls in the padding (finite weights: 0 * w is 0)
-            w.line(f"const __m512 {v} = _mm512_setzero_ps();")
+    def tap_vector(base: str, b: int, dh: int, dw: int, lanes: list[bool]) -> str:
+        q, r = divmod(b * ZMM + dh * W + dw, ZMM)  # lane i reads plane[16 q + r + i]
+        mask = f"(__mmask16){sum(1 << i for i, ok in enumerate(lanes) if ok):#06x}"
+        if r == 0:
+            x = block(base, q) if all(lanes) else f"_mm512_maskz_mov_epi32({mask}, {block(base, q)})"
+        elif all(lanes):
+            x = f"_mm512_alignr_epi32({block(base, q + 1)}, {block(base, q)}, {r})"
+        else:
+            x = f"_mm512_maskz_alignr_epi32({mask}, {block(base, q + 1)}, {block(base, q)}, {r})"
+        return f"_mm512_castsi512_ps({x})"
+
+    for b, v in _plane_sums(kc, src, weights, geo, hw, AVX512_FLOAT, tap_vector):
         _store_lanes(kc, f"{dense} + {b * ZMM}", finish(v) if finish else v, min(ZMM, n - b * ZMM), AVX512_FLOAT)
 
 
