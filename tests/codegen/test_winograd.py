@@ -353,3 +353,48 @@ def test_transformed_weights_prefetched_ahead_same_bits(cache_dir):
         assert_close(got, want)
         for k in got:
             assert np.array_equal(got[k], base[k])
+
+
+def _conv_with(epilogue: str, c: int = 32, oc: int = 48, h: int = 10, w: int = 10):
+    """Conv (bias) then ``epilogue``: "silu" (Sigmoid, Mul), "scale" (Mul by a per-channel constant, Relu),
+    "residual" (Add of an input of the output's shape, Relu) or "rows" (Add of a (1, 1, H, 1) input: broadcast
+    along the rows), one conv_epilogue group."""
+    b = GraphBuilder(f"wino_{epilogue}")
+    x = b.input("x", (1, c, h, w))
+    y = b.op("Conv", x, _w(b, oc, c, 3, 3), _w(b, oc), kernel_shape=[3, 3], pads=[1, 1, 1, 1], name="conv")
+    names = ["conv"]
+    if epilogue == "silu":
+        y = b.op("Mul", y, b.op("Sigmoid", y, name="sig"), name="mul")
+        names += ["sig", "mul"]
+    else:
+        other = {"scale": lambda: _w(b, 1, oc, 1, 1), "residual": lambda: b.input("res", (1, oc, h, w)),
+                 "rows": lambda: b.input("rows", (1, 1, h, 1))}[epilogue]()
+        y = b.op("Relu", b.op("Mul" if epilogue == "scale" else "Add", y, other, name="op"), name="relu")
+        names += ["op", "relu"]
+    g = b.build(y)
+    return g, group_by_names(g, [("conv_epilogue", names)])
+
+
+@pytest.mark.parametrize(("epilogue", "flat"), [("silu", True), ("scale", True), ("residual", True),
+                                                ("rows", False)])
+@pytest.mark.parametrize("hw", [(10, 10), (20, 20), (10, 11)])
+def test_flat_plane_epilogue_same_bits_as_row_by_row(epilogue, flat, hw, cache_dir):
+    """``winograd_flat_epilogue``: one block of every tile with whole-tile rows (10x10 in F(2x2), 20x20 in
+    F(4x4)) runs the bias and epilogue over each channel's plane as one row; not a width that is no multiple
+    of m (10x11), nor an operand broadcast along the rows (its index would run past a row). The same bits as
+    row by row (each element the same operations), at 1 and 2 threads, and the reference's values."""
+    from opfuse.runtime import reference
+    from opfuse.runtime.native import build
+    g, plan = _conv_with(epilogue, h=hw[0], w=hw[1])
+    feeds = reference.random_inputs(g, 0)
+    want = reference.run(g, feeds)
+    flat = flat and hw[1] % choose_transform(CodegenOptions(), *hw).m == 0
+    rows = build(g, plan, cache_dir=cache_dir, options=CodegenOptions(winograd_flat_epilogue=False)).run(feeds)
+    for threads in (1, 2):
+        model = build(g, plan, cache_dir=cache_dir, threads=threads)
+        assert any("Winograd" in n for n in _notes(model))
+        assert any("one row" in n for n in _notes(model)) is flat, _notes(model)
+        got = model.run(feeds)
+        assert_close(got, want)
+        for k in got:
+            np.testing.assert_array_equal(got[k], rows[k], err_msg=k)

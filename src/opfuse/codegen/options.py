@@ -503,6 +503,11 @@ class CodegenOptions:
     # would be one more instruction a k step for nothing (there within +-2% either way); resnet18's are 576 KiB
     # (layer1, 1 thread -5% with it) to 9 MiB. The kernel's notes say which, with U's size.
     winograd_prefetch_min_bytes: int = 512 << 10
+    # Where one block holds every tile of an image and the output rows are whole tiles (OW a multiple of the tile's
+    # m), the output transform's bias and epilogue run over each channel's plane as one row
+    # (``winograd._flat_plane_epilogue``) instead of row by row: nudenet's 10x10 F(2x2) Conv + SiLU layers ran their
+    # SiLU one 10-float vector a row. False: row by row.
+    winograd_flat_epilogue: bool = True
     # A fused pointwise loop that reads or writes float16 (or rounds to it between ops) on a target with
     # F16C runs its innermost loop in blocks (``codegen/pointwise.py:emit_f16c_blocks``): F16C converts
     # 8 lanes at a time into and out of float arrays of ``f16c_block`` elements (fewer, a power of two,

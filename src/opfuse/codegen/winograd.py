@@ -65,6 +65,7 @@ from opfuse.codegen.kernel import ParallelLoop
 from opfuse.codegen.microkernel import AVX2_GUARD, ZMM_FLOATS, fits_avx512, microkernel
 from opfuse.codegen.options import REGISTER_BLOCKS
 from opfuse.codegen.stages import Stage
+from opfuse.ir.graph import Value
 
 
 @dataclass(frozen=True)
@@ -443,6 +444,12 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
     BW = TW * m + 2            # band row: a whole tile row's input, padded
     BR = (R - 1) * m + alpha   # band rows
     YB = TW * m                # output strip row
+    # The bias and epilogue over each output channel's plane as one row (``winograd_flat_epilogue``) where one
+    # block holds every tile (the strip is then the whole plane), the strip's rows are the output's (OW a multiple
+    # of m, so no padding between them) and each operand of the epilogue is the output's shape or constant over
+    # the plane: nudenet's 10x10 F(2x2) layers ran SiLU on rows of 10 floats, a vector each.
+    flat_epilogue = (o.winograd_flat_epilogue and nblk == 1 and YB == OW and bool(stage.epilogue)
+                     and _plane_operands(ev, stage, out))
     KC = -(-C // -(-C // o.gemm_kc))  # K blocks as even as possible (gemm.k_blocks)
     BT, AT = t.BT, t.AT
     L = LANES
@@ -606,36 +613,40 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
                         for a in range(m):
                             w.line(" ".join(f"{dst}[{a * YB + jj}] = {E}[{(a * m + jj) * L} + {lane}];"
                                             for jj in range(m)))
-                ty, txlo, txhi, a, oy, ox, oxe = (kc.tmp(n) for n in ("ty", "txlo", "txhi", "a", "oy", "ox", "oxe"))
-                with w.block(f"for (long {ty} = {ty0}; {ty} <= {ty1}; ++{ty})"):
-                    w.line(f"const long {txlo} = {t0} > {ty} * {TW} ? {t0} - {ty} * {TW} : 0;")
-                    w.line(f"const long {txhi} = {t0} + {nt} - {ty} * {TW} < {TW} ? {t0} + {nt} - {ty} * {TW} : {TW};")
-                    w.line(f"const long {oxe} = {txhi} * {m} < {OW} ? {txhi} * {m} : {OW};")
-                    row = f"{ys} + (({ty} - {ty0}) * {m} + {a}) * {YB}"
+                if flat_epilogue:  # one block of whole rows, stored without padding: the plane is one row
+                    _flat_plane_epilogue(kc, ev, stage, node, bias_term, out, (b, oc), ys, OH * OW)
+                else:
+                    ty, txlo, txhi, a, oy, ox, oxe = (kc.tmp(n) for n in ("ty", "txlo", "txhi", "a", "oy", "ox", "oxe"))
+                    with w.block(f"for (long {ty} = {ty0}; {ty} <= {ty1}; ++{ty})"):
+                        w.line(f"const long {txlo} = {t0} > {ty} * {TW} ? {t0} - {ty} * {TW} : 0;")
+                        w.line(f"const long {txhi} = {t0} + {nt} - {ty} * {TW} < {TW} ? "
+                               f"{t0} + {nt} - {ty} * {TW} : {TW};")
+                        w.line(f"const long {oxe} = {txhi} * {m} < {OW} ? {txhi} * {m} : {OW};")
+                        row = f"{ys} + (({ty} - {ty0}) * {m} + {a}) * {YB}"
 
-                    def element(x: str) -> None:
-                        y = kc.tmp("y")
-                        acc = f"{ys}[(({ty} - {ty0}) * {m} + {a}) * {YB} + {x}]"
-                        w.line(f"const float {y} = {bias_term(ev, node, acc, oc)};")
-                        finish_element(kc, ev, stage, out, Index(out.shape, (b, oc, oy, x)), y)
-                    with w.block(f"for (long {a} = 0; {a} < {m}; ++{a})"):
-                        w.line(f"const long {oy} = {ty} * {m} + {a};")
-                        w.line(f"if ({oy} >= {OH}) break;")
-                        vepi = _vector_epilogue(kc, ev, stage, out, b, oc, oy)
-                        for k, isa in enumerate(vepi[1] if vepi is not None else ()):
-                            w.line(f"#{'if' if k == 0 else 'elif'} {isa.guard}")
-                            with w.block(""), ev.scope():
-                                bias = node.inputs[2] if len(node.inputs) > 2 else None  # conv._bias_term's term
-                                vepi[0].row(isa, ox, f"{txlo} * {m}", oxe, row, lambda x: x,
-                                            lambda x: Index(out.shape, (b, oc, oy, x)),
-                                            ev.at(bias, Index(bias.shape, (oc,))) if bias is not None else None,
-                                            element, "xx")
-                        if vepi is not None:
-                            w.line("#else")
-                        with w.block(f"for (long {ox} = {txlo} * {m}; {ox} < {oxe}; ++{ox})"), ev.scope():
-                            element(ox)
-                        if vepi is not None:
-                            w.line("#endif")
+                        def element(x: str) -> None:
+                            y = kc.tmp("y")
+                            acc = f"{ys}[(({ty} - {ty0}) * {m} + {a}) * {YB} + {x}]"
+                            w.line(f"const float {y} = {bias_term(ev, node, acc, oc)};")
+                            finish_element(kc, ev, stage, out, Index(out.shape, (b, oc, oy, x)), y)
+                        with w.block(f"for (long {a} = 0; {a} < {m}; ++{a})"):
+                            w.line(f"const long {oy} = {ty} * {m} + {a};")
+                            w.line(f"if ({oy} >= {OH}) break;")
+                            vepi = _vector_epilogue(kc, ev, stage, out, b, oc, oy)
+                            for k, isa in enumerate(vepi[1] if vepi is not None else ()):
+                                w.line(f"#{'if' if k == 0 else 'elif'} {isa.guard}")
+                                with w.block(""), ev.scope():
+                                    bias = node.inputs[2] if len(node.inputs) > 2 else None  # conv._bias_term's term
+                                    vepi[0].row(isa, ox, f"{txlo} * {m}", oxe, row, lambda x: x,
+                                                lambda x: Index(out.shape, (b, oc, oy, x)),
+                                                ev.at(bias, Index(bias.shape, (oc,))) if bias is not None else None,
+                                                element, "xx")
+                            if vepi is not None:
+                                w.line("#else")
+                            with w.block(f"for (long {ox} = {txlo} * {m}; {ox} < {oxe}; ++{ox})"), ev.scope():
+                                element(ox)
+                            if vepi is not None:
+                                w.line("#endif")
 
     w.line(f"/* Winograd {t.name}: {TH}x{TW} tiles per image in blocks of {T}, {A2} GEMMs "
            f"[{OC} x {C}] x [{C} x tiles] per block (codegen/winograd.py). */")
@@ -704,6 +715,53 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
         emit_block(False)
     if shared:
         del kc.notes[noted[0]:], kc._comment_notes[noted[1]:]
+
+
+def _plane_operands(ev, stage: Stage, out: Value) -> bool:
+    """Whether every value the epilogue reads besides the anchor's output and its own results is stored or
+    constant (not computed inline, whose inputs would be indexed through it) and, aligned to ``out``'s axes, has
+    ``out``'s shape or size 1 along the last two (so an index ``(b, c, 0, p)`` over the flat plane is right)."""
+    made = {id(out)} | {id(v) for n in stage.epilogue for v in n.outputs}
+    rank = len(out.shape)
+    for n in stage.epilogue:
+        for v in n.inputs:
+            if v is None or id(v) in made:
+                continue
+            if v.producer is not None and id(v.producer) in ev.inline and id(v) not in ev.static:
+                return False
+            shape = (1,) * (rank - len(v.shape)) + tuple(v.shape)
+            if len(shape) != rank or (shape != tuple(out.shape) and shape[-2:] != (1, 1)):
+                return False
+    return True
+
+
+def _flat_plane_epilogue(kc, ev, stage: Stage, node, bias_term, out: Value, where: tuple[str, str], ys: str,
+                         n: int) -> None:
+    """The bias and the epilogue of output channel ``where = (b, oc)``, its ``n`` results contiguous at ``ys``:
+    one row over the plane (``VectorEpilogue.row``, then the scalar elements), the output indexed ``(b, oc, 0,
+    p)``."""
+    w = kc.w
+    b, oc = where
+    px = kc.tmp("px")
+
+    def element(x: str) -> None:
+        y = kc.tmp("y")
+        w.line(f"const float {y} = {bias_term(ev, node, f'{ys}[{x}]', oc)};")
+        finish_element(kc, ev, stage, out, Index(out.shape, (b, oc, "0", x)), y)
+    vepi = _vector_epilogue(kc, ev, stage, out, b, oc, "0")
+    for k, isa in enumerate(vepi[1] if vepi is not None else ()):
+        w.line(f"#{'if' if k == 0 else 'elif'} {isa.guard}")
+        with w.block(""), ev.scope():
+            bias = node.inputs[2] if len(node.inputs) > 2 else None  # conv._bias_term's term
+            vepi[0].row(isa, px, "0", str(n), ys, lambda x: x, lambda x: Index(out.shape, (b, oc, "0", x)),
+                        ev.at(bias, Index(bias.shape, (oc,))) if bias is not None else None, element, "xx")
+    if vepi is not None:
+        w.line("#else")
+    with w.block(f"for (long {px} = 0; {px} < {n}; ++{px})"), ev.scope():
+        element(px)
+    if vepi is not None:
+        w.line("#endif")
+    kc.note(lambda name: f"Winograd '{name}': epilogue over each output plane as one row", stage.anchor_node)
 
 
 def _vector_epilogue(kc, ev, stage: Stage, out, b: str, oc: str, oy: str):
