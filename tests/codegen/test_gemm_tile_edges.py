@@ -1,0 +1,84 @@
+"""Shapes at the GEMM core's tile edges, against the reference (mutation testing of ``codegen/gemm.py``'s
+C-emitting functions, tests/MUTATION.md, mutG): a batched GEMM whose last column tile is one column wide
+(the batch index of a tile, the tile's column count), B packed per tile in K blocks from rows in memory (whole
+panels and a partial one), and sibling 1x1 convolutions stacked along M finished by the scalar tile epilogue (each
+sibling's columns are the output's columns: no shift by the sibling's first row). AVX2's options (6 x 16)
+with the balancing off, so the blocking asserted below is the one ``choose_blocking`` gives; a few seconds."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cg_support import assert_close, group_by_names, run_both
+from opfuse.codegen import CodegenOptions
+from opfuse.codegen.gemm import GemmProblem, Operand, choose_blocking
+from opfuse.ops import GraphBuilder
+
+rng = np.random.default_rng(2026)
+AVX2 = CodegenOptions(vector_isa="avx2", balance_threads=())
+
+
+def _w(b, *shape):
+    fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+    return b.const(f"w{len(b.graph.values)}", (rng.standard_normal(shape) / np.sqrt(fan_in)).astype(np.float32))
+
+
+def _blocking(nb, M, N, K, options):
+    """The cache blocking of a run-time x run-time problem of this shape (what the built kernel uses)."""
+    def load(ev, b, i, j):
+        return "0"
+    p = GemmProblem("p", nb, M, N, K, Operand(load), Operand(load), None, None)  # type: ignore[arg-type]
+    return choose_blocking(p, options.resolved("avx2"))
+
+
+@pytest.mark.parametrize("kc", [1024, 16], ids=["one-k-block", "k-blocks"])
+def test_batched_matmul_last_column_tile_of_one(kc, cache_dir):
+    """Two batches of 5 x 40 @ 40 x 257, both operands at run time: 257 = 256 + 1 columns are two column tiles,
+    the second one column wide; each tile's batch is t / (MT * NT); B (257 columns, not whole panels) packed per
+    tile, in three K blocks of at most 16 with ``gemm_kc`` 16 (each block's rows start at pc)."""
+    nb, M, K, N = 2, 5, 40, 257
+    options = AVX2.with_(gemm_kc=kc)
+    blk = _blocking(nb, M, N, K, options)
+    assert N > blk.NC and N % blk.NC == 1 and (blk.KC < K) == (kc == 16)
+    b = GraphBuilder("bmm")
+    y = b.op("MatMul", b.input("a", (nb, M, K)), b.input("b", (nb, K, N)), name="mm")
+    g = b.build(b.op("Relu", y, name="relu"))
+    plan = group_by_names(g, [("gemm_epilogue", ["mm", "relu"])])
+    for opts in (options, options.with_(simd="none")):
+        got, want, _ = run_both(g, plan, cache_dir, options=opts)
+        assert_close(got, want)
+
+
+@pytest.mark.parametrize("side", [16, 18], ids=["whole-panels", "partial-panel"])
+def test_1x1_conv_packs_rows_in_k_blocks(side, cache_dir):
+    """A 1x1 convolution of 64 channels packing its input rows per tile (B = channels x positions) in four K
+    blocks of 16: each block copies rows pc .. pc + 15. 16 x 16 = 256 positions are whole 16-column panels (one
+    memcpy per row and panel); 18 x 18 = 324 leave a partial panel of 4 (whole panels copied, the rest read and
+    padded). Both fill their panels closely enough (``conv.PACKED_WASTE``) to pack rows, not read windows."""
+    b = GraphBuilder("pw")
+    x = b.input("x", (1, 64, side, side))
+    y = b.op("Conv", x, _w(b, 24, 64, 1, 1), _w(b, 24), name="conv")
+    g = b.build(b.op("Relu", y, name="relu"))
+    plan = group_by_names(g, [("conv_epilogue", ["conv", "relu"])])
+    options = AVX2.with_(gemm_kc=16)
+    got, want, m = run_both(g, plan, cache_dir, options=options)
+    assert "memcpy(" in m.program.source  # B's rows copied from memory
+    assert_close(got, want)
+
+
+@pytest.mark.parametrize("options", [AVX2.with_(vector_epilogue=False), CodegenOptions(simd="none")],
+                         ids=["scalar-epilogue", "plain-c"])
+def test_sibling_1x1_convs_stacked_along_m_scalar_epilogue(options, cache_dir):
+    """Two 1x1 convolutions of one input (16 x 16 positions: rows packed, weights in A) in one horizontal stage:
+    one GEMM over their weights stacked along M (24 + 40 output channels), whose tile epilogue is the scalar loop
+    here; the second sibling's rows start at 24 (its channel is m - 24), its positions are the tile's columns."""
+    b = GraphBuilder("siblings_m")
+    x = b.input("x", (1, 16, 16, 16))
+    c1 = b.op("Relu", b.op("Conv", x, _w(b, 24, 16, 1, 1), _w(b, 24), name="c1"), name="r1")
+    c2 = b.op("Conv", x, _w(b, 40, 16, 1, 1), _w(b, 40), name="c2")
+    g = b.build(c1, c2)
+    plan = group_by_names(g, [("horizontal", ["c1", "r1", "c2"])])
+    got, want, model = run_both(g, plan, cache_dir, options=options)
+    assert model.report["functions"] == 1
+    assert " - 24" in model.program.source  # the second sibling's rows, from 24
+    assert_close(got, want)
