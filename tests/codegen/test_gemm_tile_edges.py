@@ -82,3 +82,49 @@ def test_sibling_1x1_convs_stacked_along_m_scalar_epilogue(options, cache_dir):
     assert model.report["functions"] == 1
     assert " - 24" in model.program.source  # the second sibling's rows, from 24
     assert_close(got, want)
+
+
+@pytest.mark.parametrize("side", [16, 18], ids=["whole-panels", "partial-panel"])
+def test_1x1_conv_of_computed_rows_packs_them_element_by_element(side, cache_dir):
+    """Relu -> 1x1 convolution in one kernel: X's rows are computed, not in memory, so B is packed per tile
+    by loading each element (16 x 16 positions: whole panels, the loop of constant trip count; 18 x 18: a
+    partial panel, padded with zeros), in two K blocks of 16."""
+    b = GraphBuilder("pw_pre")
+    x = b.input("x", (1, 32, side, side))
+    y = b.op("Conv", b.op("Relu", x, name="pre"), _w(b, 24, 32, 1, 1), _w(b, 24), name="conv")
+    g = b.build(y)
+    plan = group_by_names(g, [("conv_epilogue", ["pre", "conv"])])
+    got, want, _ = run_both(g, plan, cache_dir, options=AVX2.with_(gemm_kc=16))
+    assert_close(got, want)
+
+
+def test_convs_packing_b_through_their_packer(cache_dir):
+    """Convolutions whose B (the input's windows) is packed per tile by ``conv.py``'s packers: a 1-D
+    convolution (im2col) and a 2-D one whose weights are a run-time input (row segments), in K blocks."""
+    b = GraphBuilder("conv1d")
+    x = b.input("x", (2, 8, 40))
+    y = b.op("Conv", x, _w(b, 12, 8, 3), _w(b, 12), kernel_shape=[3], pads=[1, 1], name="conv")
+    g = b.build(b.op("Relu", y, name="relu"))
+    got, want, _ = run_both(g, group_by_names(g, [("conv_epilogue", ["conv", "relu"])]), cache_dir,
+                            options=AVX2.with_(gemm_kc=16))
+    assert_close(got, want)
+    b = GraphBuilder("conv_wx")
+    x, w = b.input("x", (1, 6, 9, 9)), b.input("w", (10, 6, 3, 3))
+    g = b.build(b.op("Relu", b.op("Conv", x, w, pads=[1, 1, 1, 1], name="conv"), name="relu"))
+    got, want, _ = run_both(g, group_by_names(g, [("conv_epilogue", ["conv", "relu"])]), cache_dir,
+                            options=AVX2.with_(gemm_kc=16))
+    assert_close(got, want)
+
+
+@pytest.mark.parametrize("const", ["a", "b"])
+def test_batched_matmul_with_a_constant_operand_per_batch(const, cache_dir):
+    """Two batches, each with its own constant operand (not folded: the batches' weights differ): the packed
+    panels of batch b start b x (panels x K x block) floats in."""
+    b = GraphBuilder("bconst")
+    if const == "a":
+        y = b.op("MatMul", _w(b, 2, 14, 20), b.input("x", (2, 20, 33)), name="mm")
+    else:
+        y = b.op("MatMul", b.input("x", (2, 5, 20)), _w(b, 2, 20, 33), name="mm")
+    g = b.build(b.op("Relu", y, name="relu"))
+    got, want, _ = run_both(g, group_by_names(g, [("gemm_epilogue", ["mm", "relu"])]), cache_dir, options=AVX2)
+    assert_close(got, want)
