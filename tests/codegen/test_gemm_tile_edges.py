@@ -128,3 +128,15 @@ def test_batched_matmul_with_a_constant_operand_per_batch(const, cache_dir):
     g = b.build(b.op("Relu", y, name="relu"))
     got, want, _ = run_both(g, group_by_names(g, [("gemm_epilogue", ["mm", "relu"])]), cache_dir, options=AVX2)
     assert_close(got, want)
+
+
+def test_batched_matmul_reads_b_in_place(cache_dir):
+    """Three batches of 4 x 24 @ 24 x 48, both at run time, with AVX2's 16-column panels: N a multiple of 16, so
+    B's rows are read in place (not packed), each tile's pointer into its own batch of B (an AVX-512 host's
+    32-column panels would pack this B; ``test_gemm_paths.test_matmul_activations_in_place`` builds with them)."""
+    b = GraphBuilder("bmm_in_place")
+    y = b.op("MatMul", b.input("a", (3, 4, 24)), b.input("b", (3, 24, 48)), name="mm")
+    g = b.build(b.op("Relu", y, name="relu"))
+    got, want, m = run_both(g, group_by_names(g, [("gemm_epilogue", ["mm", "relu"])]), cache_dir, options=AVX2)
+    assert "bpack" not in m.program.source  # B not packed
+    assert_close(got, want)
