@@ -88,9 +88,9 @@ def test_sibling_1x1_convs_stacked_along_m_scalar_epilogue(options, cache_dir):
 def test_1x1_conv_of_computed_rows_packs_them_element_by_element(side, cache_dir):
     """Relu -> 1x1 convolution in one kernel: X's rows are computed, not in memory, so B is packed per tile
     by loading each element (16 x 16 positions: whole panels, the loop of constant trip count; 18 x 18: a
-    partial panel, padded with zeros), in two K blocks of 16."""
+    partial panel, padded with zeros), in two K blocks of 16, for each of two images."""
     b = GraphBuilder("pw_pre")
-    x = b.input("x", (1, 32, side, side))
+    x = b.input("x", (2, 32, side, side))
     y = b.op("Conv", b.op("Relu", x, name="pre"), _w(b, 24, 32, 1, 1), _w(b, 24), name="conv")
     g = b.build(y)
     plan = group_by_names(g, [("conv_epilogue", ["pre", "conv"])])
