@@ -140,3 +140,14 @@ def test_batched_matmul_reads_b_in_place(cache_dir):
     got, want, m = run_both(g, group_by_names(g, [("gemm_epilogue", ["mm", "relu"])]), cache_dir, options=AVX2)
     assert "bpack" not in m.program.source  # B not packed
     assert_close(got, want)
+
+
+def test_batched_matmul_packs_a_computed_operand(cache_dir):
+    """Relu -> MatMul in one kernel over two batches: A's rows are computed, not in memory, so A is packed per
+    tile by loading each element of its own batch."""
+    b = GraphBuilder("bmm_pre")
+    a = b.op("Relu", b.input("a", (2, 7, 24)), name="pre")
+    g = b.build(b.op("MatMul", a, b.input("b", (2, 24, 20)), name="mm"))
+    got, want, m = run_both(g, group_by_names(g, [("gemm_epilogue", ["pre", "mm"])]), cache_dir, options=AVX2)
+    assert "apack" in m.program.source  # A packed per tile
+    assert_close(got, want)
