@@ -151,3 +151,13 @@ def test_batched_matmul_packs_a_computed_operand(cache_dir):
     got, want, m = run_both(g, group_by_names(g, [("gemm_epilogue", ["pre", "mm"])]), cache_dir, options=AVX2)
     assert "apack" in m.program.source  # A packed per tile
     assert_close(got, want)
+
+
+def test_conv_with_a_run_time_bias(cache_dir):
+    """A 1x1 convolution whose bias is a run-time input: the storing micro-kernel adds only a constant bias
+    (``register_epilogue``), so the bias goes through the tile epilogue; against the reference."""
+    b = GraphBuilder("conv_bias_input")
+    x, bias = b.input("x", (1, 16, 16, 16)), b.input("bias", (24,))
+    g = b.build(b.op("Relu", b.op("Conv", x, _w(b, 24, 16, 1, 1), bias, name="conv"), name="relu"))
+    got, want, _ = run_both(g, group_by_names(g, [("conv_epilogue", ["conv", "relu"])]), cache_dir, options=AVX2)
+    assert_close(got, want)
