@@ -161,3 +161,15 @@ def test_conv_with_a_run_time_bias(cache_dir):
     g = b.build(b.op("Relu", b.op("Conv", x, _w(b, 24, 16, 1, 1), bias, name="conv"), name="relu"))
     got, want, _ = run_both(g, group_by_names(g, [("conv_epilogue", ["conv", "relu"])]), cache_dir, options=AVX2)
     assert_close(got, want)
+
+
+def test_gemm_stage_with_two_outputs_keeps_the_tile_epilogue(cache_dir):
+    """Conv -> Relu in one kernel where the convolution's own output is a model output too: the stage has two
+    outputs, so the storing micro-kernel (one output) is refused and the tile epilogue stores both."""
+    b = GraphBuilder("two_outputs")
+    x = b.input("x", (1, 16, 16, 16))
+    y = b.op("Conv", x, _w(b, 24, 16, 1, 1), _w(b, 24), name="conv")
+    g = b.build(b.op("Relu", y, name="relu"), y)
+    got, want, _ = run_both(g, group_by_names(g, [("conv_epilogue", ["conv", "relu"])]), cache_dir, options=AVX2)
+    assert len(want) == 2
+    assert_close(got, want)
