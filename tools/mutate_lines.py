@@ -4,7 +4,8 @@ A wrapper for triage of C-generator mutants whose functions every test of a wide
 2026-12-03): ``--covering FILE`` is JSON ``{mutant name: [test ids]}``, the tests of the selection that run the
 mutated statement in the unmutated source (line coverage per test). A test that never executes the statement
 runs the mutant exactly as the original, so it cannot kill it: the verdicts are those of the whole selection.
-A mutant no test covers is printed ``not reached``. Every other option is ``mutate_quick.py``'s.
+A mutant no test covers is printed ``not reached``. The file may also be compact: ``{"tests": [ids], "covering":
+{mutant: [indices into tests]}}``. Every other option is ``mutate_quick.py``'s.
 
     python tools/mutate_lines.py --covering covering.json --jobs 2 --tests tests/codegen/test_fused.py -- NAMES
 """
@@ -20,7 +21,10 @@ import mutate_quick  # noqa: E402
 
 def main(argv: list[str]) -> int:
     i = argv.index("--covering")
-    covering: dict[str, list[str]] = json.loads(Path(argv[i + 1]).read_text())
+    covering: dict = json.loads(Path(argv[i + 1]).read_text())
+    if "covering" in covering:  # the compact form
+        ids = covering["tests"]
+        covering = {m: [ids[k] for k in ks] for m, ks in covering["covering"].items()}
     rest = argv[:i] + argv[i + 2:]
     reach = mutate_quick.reach
 
