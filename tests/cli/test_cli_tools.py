@@ -147,9 +147,15 @@ def test_debug_bad_input_is_one_line(tmp_path, argv, needle):
 
 
 def test_run_compare_mismatch_exits_1(monkeypatch, capsys):
+    """A C build whose outputs are off (here every Relu's scalar rule and every output shifted by 0.25: the
+    vector forms and the micro-kernels' register epilogues compute resnet8's Relus without the scalar rule)."""
     from opfuse.codegen import rules as c_rules
+    from opfuse.runtime.native import CompiledModel
     relu = c_rules.RULES["Relu"]
     monkeypatch.setitem(c_rules.RULES, "Relu", lambda ev, node, k, idx: f"({relu(ev, node, k, idx)} + 0.25f)")
+    run = CompiledModel.run
+    monkeypatch.setattr(CompiledModel, "run", lambda self, feeds, **kw: {
+        k: v + np.float32(0.25) for k, v in run(self, feeds, **kw).items()})
     code = main(["run", MODEL, "--backend", "c", "--compare", "reference", "--json"])
     res = json.loads(capsys.readouterr()[0])
     assert code == 1 and not res["compare"]["outputs"]["output"]["ok"]
