@@ -53,6 +53,7 @@ import math
 from contextlib import nullcontext
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Callable
 
 import numpy as np
 
@@ -632,21 +633,8 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
                         with w.block(f"for (long {a} = 0; {a} < {m}; ++{a})"):
                             w.line(f"const long {oy} = {ty} * {m} + {a};")
                             w.line(f"if ({oy} >= {OH}) break;")
-                            vepi = _vector_epilogue(kc, ev, stage, out, b, oc, oy)
-                            for k, isa in enumerate(vepi[1] if vepi is not None else ()):
-                                w.line(f"#{'if' if k == 0 else 'elif'} {isa.guard}")
-                                with w.block(""), ev.scope():
-                                    bias = node.inputs[2] if len(node.inputs) > 2 else None  # conv._bias_term's term
-                                    vepi[0].row(isa, ox, f"{txlo} * {m}", oxe, row, lambda x: x,
-                                                lambda x: Index(out.shape, (b, oc, oy, x)),
-                                                ev.at(bias, Index(bias.shape, (oc,))) if bias is not None else None,
-                                                element, "xx")
-                            if vepi is not None:
-                                w.line("#else")
-                            with w.block(f"for (long {ox} = {txlo} * {m}; {ox} < {oxe}; ++{ox})"), ev.scope():
-                                element(ox)
-                            if vepi is not None:
-                                w.line("#endif")
+                            _epilogue_row(kc, ev, stage, node, (b, oc, oy), (ox, f"{txlo} * {m}", oxe), row,
+                                          element)
 
     w.line(f"/* Winograd {t.name}: {TH}x{TW} tiles per image in blocks of {T}, {A2} GEMMs "
            f"[{OC} x {C}] x [{C} x tiles] per block (codegen/winograd.py). */")
@@ -748,20 +736,33 @@ def _flat_plane_epilogue(kc, ev, stage: Stage, node, bias_term, out: Value, wher
         y = kc.tmp("y")
         w.line(f"const float {y} = {bias_term(ev, node, f'{ys}[{x}]', oc)};")
         finish_element(kc, ev, stage, out, Index(out.shape, (b, oc, "0", x)), y)
-    vepi = _vector_epilogue(kc, ev, stage, out, b, oc, "0")
+    _epilogue_row(kc, ev, stage, node, (b, oc, "0"), (px, "0", str(n)), ys, element)
+    kc.note(lambda name: f"Winograd '{name}': epilogue over each output plane as one row", stage.anchor_node)
+
+
+def _epilogue_row(kc, ev, stage: Stage, node, at: tuple[str, str, str], span: tuple[str, str, str], src: str,
+                  element: Callable[[str], None]) -> None:
+    """The bias and epilogue of the results ``src[x]`` for ``x`` (the C variable ``span[0]``) from ``span[1]`` to
+    ``span[2]``, output element ``(b, oc, oy, x)`` for ``at = (b, oc, oy)``: the vector forms where the epilogue
+    has them (``VectorEpilogue.row``, each ISA ``#if``-ed), else (and in the plain C build) ``element(x)`` in a
+    loop."""
+    w = kc.w
+    out = node.outputs[0]
+    b, oc, oy = at
+    x, lo, hi = span
+    vepi = _vector_epilogue(kc, ev, stage, out, b, oc, oy)
     for k, isa in enumerate(vepi[1] if vepi is not None else ()):
         w.line(f"#{'if' if k == 0 else 'elif'} {isa.guard}")
         with w.block(""), ev.scope():
             bias = node.inputs[2] if len(node.inputs) > 2 else None  # conv._bias_term's term
-            vepi[0].row(isa, px, "0", str(n), ys, lambda x: x, lambda x: Index(out.shape, (b, oc, "0", x)),
+            vepi[0].row(isa, x, lo, hi, src, lambda v: v, lambda v: Index(out.shape, (b, oc, oy, v)),
                         ev.at(bias, Index(bias.shape, (oc,))) if bias is not None else None, element, "xx")
     if vepi is not None:
         w.line("#else")
-    with w.block(f"for (long {px} = 0; {px} < {n}; ++{px})"), ev.scope():
-        element(px)
+    with w.block(f"for (long {x} = {lo}; {x} < {hi}; ++{x})"), ev.scope():
+        element(x)
     if vepi is not None:
         w.line("#endif")
-    kc.note(lambda name: f"Winograd '{name}': epilogue over each output plane as one row", stage.anchor_node)
 
 
 def _vector_epilogue(kc, ev, stage: Stage, out, b: str, oc: str, oy: str):
