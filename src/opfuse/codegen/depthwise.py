@@ -159,7 +159,7 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
     plane_rows = (zmm and direct and plane_reg is None and opts.depthwise_zmm_plane_rows and not short_rows
                   and -(-OW // VECTOR) <= DIRECT_MAX_ROW_VECTORS)
     plane_rows_reg = (register_epilogue(kc, ev, stage, node, hardswish=True)
-                      if plane_rows and kc.program.options.depthwise_zmm_register_epilogue else None)
+                      if plane_rows and opts.depthwise_zmm_register_epilogue else None)
     wide = SH == 1 and SW == 1 and Hp * Wp <= WIDE_MAX_FLOATS
     exact = (OH - 1) * Wp + OW if wide else OW
     span = _round_up(exact, VECTOR)
@@ -787,8 +787,8 @@ def _direct_plane_shifted(kc, src: str, weights, geo, hw, dense: str,
     ``_masked_zmm``; 0 before and after the plane) and every tap's vector moved out of the two blocks it
     straddles (``valignd``), the lanes that would read the padding zeroed by the same instruction's mask
     (``_mm512_maskz_alignr_epi32``): one load per block instead of one masked load (two halves) per tap and
-    vector. ``depthwise_zmm_plane_shifted``. With ``finish`` (``_finish_vectors``) each vector is finished and
-    stored to ``dense``, then the output plane, instead (``depthwise_zmm_plane_register_epilogue``)."""
+    vector. ``depthwise_zmm_plane_shifted``. With ``finish`` (``_finish_vectors``) each vector is finished before
+    its store, and ``dense`` is then the output plane (``depthwise_zmm_plane_register_epilogue``)."""
     w = kc.w
     H, W = hw
     n = H * W

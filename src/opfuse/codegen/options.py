@@ -612,7 +612,7 @@ class CodegenOptions:
         if self.depthwise_zmm_row_block < 1 or self.depthwise_zmm_block_group < 1:
             raise OpfuseError("depthwise_zmm_row_block and depthwise_zmm_block_group must be at least 1")
         if not self.depthwise_zmm_plane_rows_max_ratio > 0 or self.depthwise_zmm_plane_min_vectors < 1:
-            raise OpfuseError("depthwise_zmm_plane_rows_max_ratio must be above 0 (inf: the rows path always) and "
+            raise OpfuseError("depthwise_zmm_plane_rows_max_ratio must be above 0 (inf: no plane by this rule) and "
                               "depthwise_zmm_plane_min_vectors at least 1")
         if self.depthwise_prefetch_bytes < 0 or self.depthwise_prefetch_min_stride < 1:
             raise OpfuseError("depthwise_prefetch_bytes must be at least 0, depthwise_prefetch_min_stride at least 1")
