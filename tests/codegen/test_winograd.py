@@ -86,6 +86,8 @@ CASES = {
     "batch2-band-12-rows": (2, 64, 64, 10, 14, [1, 1, 1, 1]),
     # 16 F(4x4) tiles (14x14): with the AVX-512 block on, 67 channels in one zmm of tiles, 14 x 16 (70 rows)
     "zmm-panels-14x14": (1, 40, 67, 14, 14, [1, 1, 1, 1]),
+    # below winograd_min_spatial with many channels (winograd_small_spatial): F(2x2) at 7x7, 4 partial tiles
+    "small-spatial-7x7": (1, 131, 128, 7, 7, [1, 1, 1, 1]),
 }
 
 
@@ -234,6 +236,9 @@ def test_illegal_convolutions_refuse_winograd(kw, reason, cache_dir):
     ((24, 64, 10, 10), CodegenOptions(), "fewer than winograd_f2_min_channels=32"),
     ((16, 64, 16, 16), CodegenOptions(winograd_f4=False), "fewer than winograd_f2_min_channels=32"),
     ((64, 64, 7, 7), CodegenOptions(), "smaller than winograd_min_spatial=8"),
+    ((128, 96, 7, 7), CodegenOptions(), "winograd_small_min_channels=128"),
+    ((512, 512, 5, 5), CodegenOptions(), "winograd_small_spatial=6"),
+    ((512, 512, 7, 7), CodegenOptions(winograd_small_min_channels=1024), "smaller than winograd_min_spatial=8"),
     ((64, 64, 14, 14), CodegenOptions(simd="none"), "plain C99 build"),
     ((64, 64, 14, 14), CodegenOptions(winograd="off"), "winograd='off'"),
 ])
@@ -245,6 +250,18 @@ def test_unprofitable_convolutions_stay_direct(shape, options, reason):
     assert choice.transform is None and reason in choice.reason
     forced = winograd_choice(_conv_node(g), options.with_(winograd="on"), static)
     assert forced.transform is choose_transform(options, h, w) and forced.reason == "winograd='on'"
+
+
+@pytest.mark.parametrize("shape", [(128, 128, 7, 7), (512, 512, 7, 7), (256, 256, 6, 6), (512, 128, 6, 9)])
+def test_small_outputs_with_many_channels_take_f2(shape):
+    """Under ``winograd_min_spatial`` but with both sides >= ``winograd_small_spatial`` and
+    >= ``winograd_small_min_channels`` channels each way (resnet18's layer4): F(2x2)."""
+    c, oc, h, w = shape
+    g, _ = conv_block(1, c, oc, h, w, [1, 1, 1, 1])
+    static = {id(v): None for v in g.values.values() if v.const is not None}
+    choice = winograd_choice(_conv_node(g), CodegenOptions(), static)
+    assert choice.transform is F2, choice.reason
+    assert choice.reason == f"{c} -> {oc} channels, output {h}x{w}"
 
 
 def test_portable_winograd_matches_the_vectorised_one(cache_dir):

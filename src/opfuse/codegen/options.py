@@ -453,6 +453,16 @@ class CodegenOptions:
     winograd_min_channels: int = 16
     winograd_f2_min_channels: int = 32
     winograd_min_spatial: int = 8
+    # Below ``winograd_min_spatial``, F(2x2) still where both output sides are at least
+    # ``winograd_small_spatial`` and the channels in and out at least ``winograd_small_min_channels``:
+    # there the GEMM, not the transforms or the padded tiles, carries the time. Measured on the Zen 5
+    # host (Conv 3x3 + Relu, C -> C channels, 1 thread, kernel CPU time, 40 interleaved runs, F(2x2) on
+    # AVX-512 panels against the direct kernel): at 7x7 512 ch 0.60x (resnet18's layer4), 1024 ch 0.58x,
+    # 256 ch 0.71x, 160 ch 0.80x, 128 ch 0.82-0.83x, 96 ch 0.91x, but 64 ch 1.03x and 32 ch 1.22x; at 6x6
+    # 512 ch 0.76x, 256 ch 0.89x, 128 ch 1.00x; at 5x5 512 ch 1.20x, at 4x4 1.60x. (The Zen 4 host with
+    # AVX2 panels measured 7x7 512 ch at 1.00x.)
+    winograd_small_spatial: int = 6
+    winograd_small_min_channels: int = 128
     winograd_f4: bool = True
     winograd_f4_min_spatial: int = 12
     winograd_block_floats: int = 1 << 18

@@ -200,10 +200,14 @@ def winograd_choice(node, options, static: dict) -> Choice:
     if min(C, OC) < options.winograd_min_channels:
         return Choice(None, f"{C} -> {OC} channels, fewer than winograd_min_channels="
                             f"{options.winograd_min_channels}: the transforms would dominate")
-    if min(OH, OW) < options.winograd_min_spatial:
+    small = (min(OH, OW) >= options.winograd_small_spatial
+             and min(C, OC) >= options.winograd_small_min_channels)
+    if min(OH, OW) < options.winograd_min_spatial and not small:
         return Choice(None, f"output {OH}x{OW}, smaller than winograd_min_spatial="
-                            f"{options.winograd_min_spatial}: partial tiles and the transformed weights' "
-                            f"size would dominate")
+                            f"{options.winograd_min_spatial} (and {C} -> {OC} channels at output sides below "
+                            f"winograd_small_spatial={options.winograd_small_spatial} or channels below "
+                            f"winograd_small_min_channels={options.winograd_small_min_channels}): partial "
+                            f"tiles and the transforms would dominate")
     if t is F2 and min(C, OC) < options.winograd_f2_min_channels:
         return Choice(None, f"{C} -> {OC} channels at output {OH}x{OW} (F(2x2,3x3)), fewer than "
                             f"winograd_f2_min_channels={options.winograd_f2_min_channels}: the transforms "
