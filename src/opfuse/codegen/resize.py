@@ -16,6 +16,7 @@ import numpy as np
 
 from opfuse.codegen.ctype import c_type, is_float, literal
 from opfuse.codegen.index import Index
+from opfuse.ir.graph import Node
 from opfuse.ops.registry import get_spec
 
 
@@ -64,7 +65,7 @@ def nearest_factors(node) -> tuple[int, ...] | None:
     return tuple(factors)
 
 
-def upsampling(inline_nodes, shape) -> tuple[object, int, int] | None:
+def upsampling(inline_nodes, shape) -> "tuple[Node, int, int] | None":
     """``(node, sh, sw)`` when exactly one Resize is computed inline in a stage over ``shape`` and it is a
     nearest upsampling by integer factors along the last two axes only (``nearest_factors``) whose output
     has the stage's shape; None otherwise."""
