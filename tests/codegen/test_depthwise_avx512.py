@@ -262,3 +262,74 @@ def test_zmm_two_threads_equal_one(cache_dir):
     two = build(g, plan, cache_dir=cache_dir, options=ZMM_ON, threads=2).run(feeds)
     for k in one:
         np.testing.assert_array_equal(one[k], two[k])
+
+
+# Epilogues of Mul/Add/Sub/Div by a constant scalar after the activations (PP-OCRv4's HardSwish then a scale and
+# a shift): finished in registers too, each op as the scalar C writes it (a multiply, then an add: no FMA).
+ARITH_CASES = [
+    ((2, 20, 20, 5, 1, [2, 2, 2, 2], 1), ["HardSwish", ("Mul", 0.94), ("Add", -0.85)]),   # rows of 20 (PP-OCRv4)
+    ((2, 14, 14, 3, 1, [1, 1, 1, 1], 1), ["Relu", ("Sub", 0.25), ("Div", 3.0)]),          # whole plane
+    ((3, 12, 8, 3, 1, [1, 1, 1, 1], 1), [("Mul", -2.0), ("rsub", 1.5), "Relu"]),           # whole plane, c - y
+    ((2, 9, 40, 3, 2, [1, 1, 1, 1], 1), [("Add", 0.5), "HardSwish", ("Div", 0.75)]),       # stride 2, rows of 20
+]
+
+
+def arith_graph():
+    b = GraphBuilder("dw_arith")
+    outs, spec = [], []
+    for i, ((c, h, w, k, s, pads, d), epi) in enumerate(ARITH_CASES):
+        x = b.input(f"x{i}", (1, c, h, w))
+        wt = b.const(f"w{i}", (rng.standard_normal((c, 1, k, k)) / 3).astype(np.float32))
+        bias = b.const(f"b{i}", (rng.standard_normal(c) / 3).astype(np.float32))
+        y = b.op("Conv", x, wt, bias, kernel_shape=[k, k], strides=[s, s], pads=pads, dilations=[d, d], group=c,
+                 name=f"dw{i}")
+        names = [f"dw{i}"]
+        for j, op in enumerate(epi):
+            name = f"e{i}_{j}"
+            if isinstance(op, str):
+                y = b.op(op, y, name=name)
+            elif op[0] == "rsub":
+                y = b.op("Sub", b.const(f"c{i}_{j}", np.float32(op[1])), y, name=name)
+            else:
+                y = b.op(op[0], y, b.const(f"c{i}_{j}", np.float32(op[1])), name=name)
+            names.append(name)
+        outs.append(y)
+        spec.append(("conv_epilogue", names))
+    g = b.build(*outs)
+    return g, group_by_names(g, spec)
+
+
+def test_constant_arithmetic_epilogues_are_finished_in_registers():
+    g, plan = arith_graph()
+    program = generate(g, plan, options=ZMM_ON)
+    for i in range(len(ARITH_CASES)):
+        assert any(f"'dw{i}': AVX-512 body (zmm), its epilogue in registers" in n
+                   for k in program.kernels for n in k.notes), i
+    assert "_mm512_div_ps(" in program.source and "_mm512_sub_ps(" in program.source
+    # A Div by a non-constant, or a Mul by a tensor, keeps the scalar epilogue.
+    b = GraphBuilder("dw_tensor")
+    x = b.input("x", (1, 2, 20, 20))
+    y = b.op("Conv", x, b.const("w", np.ones((2, 1, 3, 3), np.float32)), kernel_shape=[3, 3], pads=[1] * 4,
+             group=2, name="dw")
+    y = b.op("Mul", b.op("Relu", y, name="r"), b.const("m", np.ones((1, 2, 1, 1), np.float32)), name="m")
+    g2 = b.build(y)
+    p2 = group_by_names(g2, [("conv_epilogue", ["dw", "r", "m"])])
+    notes = [n for k in generate(g2, p2, options=ZMM_ON).kernels for n in k.notes]
+    assert notes == ["depthwise 'dw': AVX-512 body (zmm)"]
+
+
+@needs_avx512
+def test_constant_arithmetic_epilogues_same_bits(cache_dir):
+    from opfuse.runtime import reference
+    g, plan = arith_graph()
+    feeds = reference.random_inputs(g, 4)
+    want = reference.run(g, feeds)
+    zmm = _build(g, plan, cache_dir, ZMM_ON).run(feeds)
+    assert_close(zmm, want)
+    ymm = _build(g, plan, cache_dir, ZMM_OFF).run(feeds)
+    elif_branch = _build(g, plan, cache_dir, ZMM_ON, ("-mno-avx512f",)).run(feeds)
+    scalar = _build(g, plan, cache_dir, ZMM_ON.with_(depthwise_register_epilogue=False)).run(feeds)
+    for k in want:
+        np.testing.assert_array_equal(zmm[k], ymm[k], err_msg=k)
+        np.testing.assert_array_equal(zmm[k], elif_branch[k], err_msg=k)
+        np.testing.assert_array_equal(zmm[k], scalar[k], err_msg=k)
