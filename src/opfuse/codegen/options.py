@@ -543,15 +543,17 @@ class CodegenOptions:
     # CPU time, 15 interleaved runs, 16M floats in and out, fused kernels, regular stores -> streaming):
     # chain8_arith 5.44 -> 4.35 ms, chain8 9.38 -> 8.19 ms (gcc's loop: 6.03 and 10.63).
     stream_store_min_bytes: int = 16 << 20
-    # A stage whose one output is a nearest Resize upsampling by integer factors along the last two axes
-    # (``resize.nearest_factors``: output ``o`` reads input ``o // s``) evaluates the group's ops before the
-    # Resize once per input position, stores each value ``sw`` times along its output row and copies the
-    # finished row to the ``sh - 1`` rows that repeat it (``resize.emit_nearest_rows``), instead of
-    # evaluating them at every output position through the index tables. Same values. Measured on
-    # PP-OCRv4's text detector (1 x 3 x 640 x 640, 1 thread, kernel CPU time, 30 interleaved runs, against the
-    # tables; load 2.5): its FPN's HardSigmoid + Mul + Add + 2x Resize + Add group 2210 -> 432 us, the Mul + Add +
-    # 4x/8x Resize groups 0.21-0.26x, the Mul + Add + 2x Resize + Add ones 0.26-0.39x; the model 37.0 -> 33.9 ms.
-    resize_nearest_rows: bool = True
+    # A pointwise stage through one nearest Resize upsampling by integer factors along the last two axes
+    # (``resize.nearest_factors``: output ``o`` reads input ``o // s``) or one DepthToSpace (``codegen/rowmaps.py``)
+    # visits the output columns as ``sw`` neighbours per input column and finds the input row by a division per
+    # output row, instead of the map's index tables or ``/`` and ``%`` per element (a gather gcc did not
+    # vectorise); where the stage's one output is the Resize's, each input position is computed once and each
+    # output row copied to the ``sh - 1`` rows that repeat it. Same values. Measured on PP-OCRv4's text detector
+    # (1 x 3 x 640 x 640, 1 thread, kernel CPU time, 30 interleaved runs, against off; load 3-5): the head's two
+    # ConvTranspose shuffles (DepthToSpace + Relu, + Sigmoid) 2989 -> 442 us and 1055 -> 104 us, the FPN's
+    # HardSigmoid + Mul + Add + 2x Resize + Add 1732 -> 362 us, the Mul + Add + 2x-8x Resize groups 0.19-0.37x;
+    # the model 33.7 -> 26.8 ms.
+    row_maps: bool = True
     # Such a stage's vector loop computes this many vectors per iteration (the leftover vectors one at a time): the
     # independent chains of an exp-based op (Sigmoid: ~60 cycles from load to store) overlap in the core's window
     # instead of waiting in order. Measured (16K floats in cache, 1 thread, CPU time, best of 15): Sigmoid alone

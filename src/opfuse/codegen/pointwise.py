@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from opfuse.codegen import half, resize, simdchain
+from opfuse.codegen import half, rowmaps, simdchain
 from opfuse.codegen.concat import concat_split
 from opfuse.codegen.index import Index
 from opfuse.codegen.loops import emit_loop_nest, is_view_store, loop_groups, store
@@ -70,9 +70,9 @@ def lower_pointwise(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
         for v in outs:
             store(kc, ev, v, idx)
 
-    if all(tuple(v.shape) == tuple(shape) for v in outs) and resize.emit_upsampling(
+    if all(tuple(v.shape) == tuple(shape) for v in outs) and rowmaps.emit_row_maps(
             kc, ev, outs, shape, [n for n in kc.group.nodes if id(n) in analysis.inline], body, cost):
-        return  # through a nearest upsampling: its input once per sw output columns, no index tables
+        return  # through a nearest upsampling or a DepthToSpace: sw output columns per input column
 
     cast = half.f16c_cast(kc, ev, outs, analysis.inline)
     if cast is not None:  # a float16 <-> float32 Cast alone: F16C's vector conversions where the target has them

@@ -10,13 +10,10 @@ neighbours in the reference's order (axis by axis, lowest axis first) in double 
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from opfuse.codegen.ctype import c_type, is_float, literal
 from opfuse.codegen.index import Index
-from opfuse.ir.graph import Node
 from opfuse.ops.registry import get_spec
 
 
@@ -63,104 +60,6 @@ def nearest_factors(node) -> tuple[int, ...] | None:
             return None
         factors.append(s)
     return tuple(factors)
-
-
-def upsampling(inline_nodes, shape) -> "tuple[Node, int, int] | None":
-    """``(node, sh, sw)`` when exactly one Resize is computed inline in a stage over ``shape`` and it is a
-    nearest upsampling by integer factors along the last two axes only (``nearest_factors``) whose output
-    has the stage's shape; None otherwise."""
-    resizes = [n for n in inline_nodes if n.op_type == "Resize"]
-    if len(resizes) != 1 or len(shape) < 2:
-        return None
-    node = resizes[0]
-    if tuple(node.outputs[0].shape) != tuple(shape):
-        return None
-    f = nearest_factors(node)
-    if f is None or any(s != 1 for s in f[:-2]) or f[-2:] == (1, 1):
-        return None
-    return node, f[-2], f[-1]
-
-
-def _reads(outs, y, inline: set[int]) -> bool:
-    """Whether computing ``outs`` inline reads ``y`` (``y`` is one of them, or an operand of an inline op on
-    the way)."""
-    todo, seen = list(outs), set()
-    while todo:
-        v = todo.pop()
-        if v is y:
-            return True
-        if id(v) in seen or v.producer is None or id(v.producer) not in inline:
-            continue
-        seen.add(id(v))
-        todo.extend(v.producer.input_values())
-    return False
-
-
-def emit_upsampling(kc, ev, outs, shape, inline_nodes, body, cost: int) -> bool:
-    """A pointwise stage over ``shape`` that reads through one nearest Resize upsampling by integer factors
-    ``sh``, ``sw`` along the last two axes (``upsampling``), written without its index tables
-    (``CodegenOptions.resize_nearest_rows``):
-
-    * the Resize is the stage's one output: each input position is computed once (the group's ops
-      before the Resize at the input's size), stored ``sw`` times along its output row, and each finished
-      output row is copied to the ``sh - 1`` rows that repeat it;
-    * otherwise (ops after the Resize, other outputs): the output columns are visited as ``sw``
-      neighbours per input column, the Resize's value computed once for them, and the input row of an
-      output row is its index divided by ``sh``.
-
-    Same values as the tables give (every Resize output element is a copy of the element they read).
-    False (nothing written) where it does not apply."""
-    if not kc.program.options.resize_nearest_rows:
-        return False
-    found = upsampling(inline_nodes, shape)
-    if found is None:
-        return False
-    node, sh, sw = found
-    x, y = node.input(0), node.outputs[0]
-    if not _reads(outs, y, {id(n) for n in inline_nodes}):
-        return False
-    r = len(shape)
-    H, W = x.shape[-2:]
-    OH, OW = shape[-2:]
-    lead = math.prod(shape[:-2])
-    if lead * H * W == 0:
-        return False
-    w = kc.w
-    lv, oh, ih, iw = kc.tmp("i"), kc.tmp("oh"), kc.tmp("ih"), kc.tmp("iw")
-    groups = [(0, r - 2, lv)] if r > 2 else []
-    rows_only = len(outs) == 1 and outs[0] is y
-    row_var = ih if rows_only else oh
-    work = lead * OH * OW * cost
-    kc.parallel_for(work, 2 if lead < kc.program.options.parallel_min_outer else 1)
-    w.line(f"for (long {lv} = 0; {lv} < {lead}; ++{lv}) {{")
-    w.line(f"  for (long {row_var} = 0; {row_var} < {H if rows_only else OH}; ++{row_var}) {{")
-    w.level += 2
-    at_x = Index.loops(x.shape, [*groups, (r - 2, r - 1, ih), (r - 1, r, iw)])
-    if rows_only:
-        ct = c_type(y.dtype)
-        row, val, k = kc.tmp("row"), kc.tmp("v"), kc.tmp("k")
-        w.line(f"{ct}* restrict {row} = {kc.ptr(y, write=True)} + ({lv} * {OH} + {ih} * {sh}) * {OW};")
-        with w.block(f"for (long {iw} = 0; {iw} < {W}; ++{iw})"), ev.scope():
-            w.line(f"const {ct} {val} = {ev.at(x, at_x)};")
-            for j in range(sw):
-                w.line(f"{row}[{iw} * {sw} + {j}] = {val};" if sw > 1 else f"{row}[{iw}] = {val};")
-        if sh > 1:
-            w.line(f"for (int {k} = 1; {k} < {sh}; ++{k}) memcpy({row} + {k} * {OW}, {row}, {OW} * sizeof({ct}));")
-    else:
-        w.line(f"const long {ih} = {oh} / {sh};" if sh > 1 else f"const long {ih} = {oh};")
-        at_out = Index.loops(shape, [*groups, (r - 2, r - 1, oh), (r - 1, r, iw)])
-        with w.block(f"for (long {iw} = 0; {iw} < {W}; ++{iw})"), ev.scope():
-            val = ev.at(x, at_x)
-            for j in range(sw):
-                col = f"({iw} * {sw} + {j})" if sw > 1 else iw
-                idx = Index(at_out.shape, at_out.dims[:-1] + (col,), at_out.runs)
-                with w.block(""), ev.scope():
-                    ev.remember(y, idx, val)
-                    body(idx)
-    w.level -= 2
-    w.line("  }")
-    w.line("}")
-    return True
 
 
 def resize_rule(ev, node, idx: Index) -> str:

@@ -1,8 +1,10 @@
-"""Nearest Resize upsampling by integer factors (``codegen/resize.py``: ``nearest_factors``, ``emit_upsampling``,
-``CodegenOptions.resize_nearest_rows``): the ops before the Resize computed once per input position, output rows
+"""Row maps (``codegen/rowmaps.py``): a nearest Resize upsampling by integer factors (``resize.nearest_factors``,
+``CodegenOptions.row_maps``): the ops before the Resize computed once per input position, output rows
 copied where the Resize is the stage's output, no index tables. Results against the reference and bit for bit
 against the table form; the mappings that are not ``o // s`` keep the tables."""
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
@@ -50,7 +52,7 @@ def _node(g):
 
 def _builds(g, threads=1):
     plan = plan_model(g)
-    return {on: build_native(plan, threads=threads, codegen_options=CodegenOptions(resize_nearest_rows=on))
+    return {on: build_native(plan, threads=threads, codegen_options=CodegenOptions(row_maps=on))
             for on in (True, False)}
 
 
@@ -136,3 +138,41 @@ def test_half_pixel_floor_is_not_a_plain_division():
     assert nearest_factors(_node(g)) is None
     g = upsample_graph((1, 1, 4, 4), (1, 1, 2, 2), ctm="half_pixel", nearest="round_prefer_floor")
     assert nearest_factors(_node(g)) == (1, 1, 2, 2)
+
+
+def _dts_chain(b, tag, shape, block, mode, act):
+    """DepthToSpace (-> ``act``) of a Mul by a per-channel constant: one injective group, named ``m_<tag>``."""
+    x = b.input(f"x_{tag}", shape)
+    y = b.op("Mul", x, b.const(f"s_{tag}", np.linspace(-1, 1, shape[1], dtype=F32).reshape(shape[1], 1, 1)),
+             name=f"m_{tag}")
+    y = b.op("DepthToSpace", y, blocksize=block, mode=mode, name=f"d2s_{tag}")
+    return [b.op(act, y, name=f"a_{tag}")] if act else [y]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_depth_to_space_reads_its_rows_in_blocks(threads):
+    """DCR and CRD, blocks of 2 and 3, with an activation after and alone: the same values as the per-element
+    map (bit for bit: DepthToSpace only moves them) and the reference; no ``%`` per element left."""
+    b = GraphBuilder("d2s")
+    outs, tags = [], []
+    for shape, block in (((1, 8, 5, 7), 2), ((2, 18, 4, 3), 3)):
+        for mode in ("DCR", "CRD"):
+            for act in ("Relu", "Sigmoid", None):
+                tag = f"{block}_{mode}_{act}"
+                outs += _dts_chain(b, tag, shape, block, mode, act)
+                tags.append(tag)
+    g = b.build(*outs)
+    feeds = reference.random_inputs(g, 3)
+    want = reference.run(g, feeds)
+    builds = _builds(g, threads=threads)
+    got = {on: m.run(feeds) for on, m in builds.items()}
+    for k in want:
+        assert_close({k: got[True][k]}, {k: want[k]})
+        assert np.array_equal(got[True][k], got[False][k]), k
+    for tag in tags:
+        fast, plain = _kernel(builds[True].program.source, tag), _kernel(builds[False].program.source, tag)
+        # No division or remainder of the column variable (the row's block index once per row, the lead axes'
+        # outside the inner loop); the per-element map divides every column.
+        assert not re.search(r"iw\d+( \* \d+( \+ \d+)?)?\)* [%/]", fast), tag
+        inner = re.findall(r"for \(long (\w+) = 0", plain)[-1]
+        assert f"({inner} % " in plain and f"({inner} / " in plain, tag
