@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 from hypothesis import find, given
+from hypothesis.errors import FailedHealthCheck, Unsatisfiable
 
 from opfuse.errors import InputError
 from opfuse.ops import GraphBuilder
@@ -218,3 +219,27 @@ def test_patterns_can_be_left_out():
 def test_bad_arguments_raise_input_error(kwargs, message):
     with pytest.raises(InputError, match=message):
         graphs(**kwargs)
+
+
+@pytest.mark.parametrize("op", sorted(ALL_OPS))
+def test_any_single_op_draws_graphs_or_is_refused(op):
+    """``opfuse fuzz --ops OP`` with one op and none of its helpers: the generator draws graphs, or refuses an op
+    no family builds alone (InputError), or finds none where the op needs another to keep its inputs in its
+    domain (the ops ``focused_ops`` adds helpers for: ``fuzz`` turns that into an InputError naming them), and
+    never fails otherwise (``--ops DepthToSpace`` alone raised an IndexError: its family took values that only
+    SpaceToDepth, not allowed, had blocks for)."""
+    try:
+        seen = _collect(graphs(max_nodes=6, ops={op}), 5)
+    except InputError as e:
+        assert str(e) == f"no op family can be built from ops ['{op}']"
+        return
+    except (FailedHealthCheck, Unsatisfiable):
+        assert focused_ops(op) - {op}, op
+        return
+    assert len(seen) == 5
+
+
+def test_fuzz_refuses_an_op_set_it_cannot_draw_from_in_one_line():
+    from opfuse.testing.fuzz import fuzz
+    with pytest.raises(InputError, match=r"^no graph can be drawn from ops \['Tan'\] alone .*try --ops Tan Tanh$"):
+        fuzz(count=2, ops=["Tan"])

@@ -33,6 +33,7 @@ from typing import Callable, Iterable
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
+from hypothesis.errors import Unsatisfiable
 
 from opfuse.errors import InputError
 from opfuse.ir.graph import Graph
@@ -120,6 +121,15 @@ def fuzz(count: int = 100, seed: int = 0, ops: Iterable[str] | None = None, out:
     return report
 
 
+def _undrawable(ops: frozenset[str]) -> str:
+    """The one line for an op set no graph can be drawn from (an op whose inputs must be kept in its domain by
+    another op, Tan by Tanh, allowed alone), with the set that draws them (``focused_ops``)."""
+    from opfuse.testing.random_graphs import focused_ops
+    wider = sorted(set().union(*(focused_ops(op) for op in ops)) | ops)
+    return (f"no graph can be drawn from ops {sorted(ops)} alone (some need others to feed them inputs in "
+            f"their domain); try --ops {' '.join(wider)}")
+
+
 def _out_of_time(started: float, budget: float | None) -> bool:
     return budget is not None and time.monotonic() - started > budget
 
@@ -157,6 +167,8 @@ def _one_round(worker: Worker, round_seed: int, count: int, ops, max_nodes: int,
         run()
     except _Failed:
         pass
+    except Unsatisfiable:
+        raise InputError(_undrawable(ops)) from None
     if not failing:
         return
     case, verdict = failing[0]

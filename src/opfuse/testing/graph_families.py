@@ -18,7 +18,8 @@ from opfuse.testing.layout_families import (concat, concat_input, expand, flatte
                                             transpose)
 from opfuse.testing.more_families import (COMPARE_OPS, JUMP_OPS, LOGIC_OPS, RECURRENT_OPS, REDUCE_OPS,
                                            SMOOTH_OPS, arg_topk, compare_logic, compare_logic_choices, cumulative,
-                                           depth_space, depth_space_ready, exact, gather_more, grid_sample,
+                                           depth_space, depth_space_choices, depth_space_ready, exact, gather_more,
+                                           grid_sample,
                                            inverse_trig, inverse_trig_choices, jumps, prelu, recurrent,
                                            reduce_choices, reduce_more, reverse_sequence, scatter, smooth_choices,
                                            smooth_unary, sum_mean, tile, trilu)
@@ -79,7 +80,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("cumulative", cumulative, ("CumSum",)),
     Family("tile", tile, ("Tile",), limit=math.inf),
     Family("depth_space", depth_space, ("DepthToSpace", "SpaceToDepth"), accepts=depth_space_ready,
-           limit=math.inf, ranks=(4,)),
+           limit=math.inf, ranks=(4,), choices=depth_space_choices),
     Family("trilu", trilu, ("Trilu",), accepts=lambda v: len(v.shape) >= 2, limit=math.inf, ranks=(2, 3, 4)),
     Family("gather_more", gather_more, ("GatherElements", "GatherND"), limit=math.inf),
     Family("scatter", scatter, ("ScatterElements", "ScatterND"), limit=math.inf),

@@ -279,11 +279,19 @@ def _has_blocks(blocks: Callable[[Value], list[int]]) -> Callable[[Value], bool]
     return lambda v: bool(blocks(v))
 
 
+_DEPTH_SPACE_BLOCKS = {"DepthToSpace": _d2s_blocks, "SpaceToDepth": _s2d_blocks}
+
+
+def depth_space_choices(d: GraphDraft) -> list[str]:
+    """The allowed ones of DepthToSpace and SpaceToDepth that some value of the draft has a block for (with
+    only DepthToSpace allowed, a value whose sides SpaceToDepth could divide is no candidate)."""
+    return [op for op in d.available(_DEPTH_SPACE_BLOCKS) if d.candidates(_has_blocks(_DEPTH_SPACE_BLOCKS[op]))]
+
+
 def depth_space(d: GraphDraft) -> None:
     """DepthToSpace (DCR or CRD) or SpaceToDepth, where the shape allows a block of 2 or 3."""
-    by_op = {"DepthToSpace": _d2s_blocks, "SpaceToDepth": _s2d_blocks}
-    op = d.choice([op for op in d.available(by_op) if d.candidates(_has_blocks(by_op[op]))])
-    blocks = by_op[op]
+    op = d.choice(depth_space_choices(d))
+    blocks = _DEPTH_SPACE_BLOCKS[op]
     x = d.pick(lambda v: bool(blocks(v)))
     attrs = {"blocksize": d.choice(blocks(x))}
     if op == "DepthToSpace":
