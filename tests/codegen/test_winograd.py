@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+import re
+
 import numpy as np
 import pytest
 
@@ -415,3 +417,19 @@ def test_flat_plane_epilogue_same_bits_as_row_by_row(epilogue, flat, hw, cache_d
         assert_close(got, want)
         for k in got:
             np.testing.assert_array_equal(got[k], rows[k], err_msg=k)
+
+
+def test_band_copy_prefetches_the_next_channels_rows(cache_dir):
+    """``winograd_band_prefetch``: the band copy fetches the same input row of the channel that many ahead
+    (guarded at the last channel); not in the portable C, nor with 0; the same results either way."""
+    g, plan = conv_block(1, 20, 32, 16, 16, [1, 1, 1, 1])
+    on, want, m_on = run_both(g, plan, cache_dir, options=CodegenOptions(winograd_band_prefetch=2))
+    off, _, m_off = run_both(g, plan, cache_dir, options=CodegenOptions(winograd_band_prefetch=0))
+    assert_close(on, want)
+    for k in on:
+        assert np.array_equal(on[k], off[k])
+    assert re.search(r"if \(c\d+ \+ 2 < 20\) for \(long pj\d+ = 0; pj\d+ < 16; pj\d+ \+= 16\) __builtin_prefetch\(",
+                     m_on.program.source)
+    assert "__builtin_prefetch(" not in m_off.program.source
+    portable = generate(g, plan, options=CodegenOptions(simd="none", winograd="on")).source
+    assert "Winograd F(" in portable and "__builtin_prefetch(" not in portable

@@ -478,6 +478,12 @@ class CodegenOptions:
     # (kernels' sum, 1 thread, 20 interleaved runs against off, load 11-12) 0.92x, resnet8 0.90x (stack1's
     # 16-channel 32x32 convolutions 0.73x), yolo_block 0.93x (its 3x3 convolutions 0.84-0.90x).
     winograd_avx512: bool | None = None
+    # Channels ahead whose input rows the Winograd band copy prefetches (0: none; see ``winograd.lower_winograd``).
+    # Measured (1 thread, kernel CPU time, 20-30 interleaved runs against 0, load 4): PP-OCRv4 det's 96 -> 24 F(4x4)
+    # convolutions over 160x160 (9.8 MB inputs) 0.79x and 0.86x, its 80x80 one 0.90x, the model 27.9 -> 25.7 ms;
+    # the same conv alone 0.81x (2 channels ahead 0.83x); yolo_block's 3x3 ones 0.95-0.97x; resnet18's, whose inputs
+    # sit in L2, within the noise (+-8% at that load). Without the copy at all (wrong results, a bound): 0.66x.
+    winograd_band_prefetch: int = 1
     # With ``winograd_avx512``, where 8 x 32 pads the tiles more than AVX2's 6 x 16 (16 tiles, a 14x14 output):
     # MR x 16 in zmm (``winograd.WINOGRAD_ZMM_ROWS``: 16 x 16 for 256 channels) instead of 6 x 16 in ymm, the
     # same panel width at twice the lanes per FMA (the micro-kernel alone on the Zen 5 host, K = 256: 16 x 16 zmm

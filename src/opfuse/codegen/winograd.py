@@ -60,7 +60,7 @@ import numpy as np
 from opfuse.codegen.ctype import literal
 from opfuse.codegen import simdchain, vecmath
 from opfuse.codegen.epilogue import VectorEpilogue, finish_element
-from opfuse.codegen.gemm import microkernel_bodies, pack_a_panels
+from opfuse.codegen.gemm import in_memory, microkernel_bodies, pack_a_panels
 from opfuse.codegen.index import Index
 from opfuse.codegen.kernel import ParallelLoop
 from opfuse.codegen.microkernel import AVX2_GUARD, ZMM_FLOATS, fits_avx512, microkernel
@@ -486,6 +486,11 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
     off_yo = kc.scratch(T * 8)
 
     shared_v = f"((float*)(scratch + {off_v}))"  # thread 0's V, where the threads of one block's region meet
+    # The band copy reads each input row once per block, in short runs a channel apart that the hardware's
+    # prefetcher does not follow: the rows of the channel ``winograd_band_prefetch`` ahead are fetched meanwhile
+    # (an input read from memory, float32, the intrinsics build; the portable C is unchanged).
+    ahead_c = (o.winograd_band_prefetch if o.simd == "auto" and in_memory(ev, x) and x.dtype == np.float32
+               and C > 1 else 0)
 
     def emit_block(shared: bool) -> None:
         """The block ``blk``: its input transform, GEMMs and output transform (``shared``: in the one region
@@ -536,6 +541,11 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
             with w.block(f"for (long {rr} = {rlo}; {rr} < {rhi}; ++{rr})"):
                 w.line(f"const long {ih} = {ty0} * {m} - {PT} + {rr};")
                 w.line(f"float* restrict {row} = {band} + {rr} * {BW};")
+                if ahead_c:  # the same row of a channel ahead, a line at a time (``winograd_band_prefetch``)
+                    pj = kc.tmp("pj")
+                    at = Index(x.shape, (b, f"{c} + {ahead_c}", ih, pj)).offset()
+                    w.line(f"if ({c} + {ahead_c} < {C}) for (long {pj} = 0; {pj} < {W}; {pj} += 16) "
+                           f"__builtin_prefetch({kc.ptr(x)} + {at}, 0, 3);")
                 jhi = min(BW, W + PL)
                 if PL:
                     w.line(f"for (long {j} = 0; {j} < {min(PL, BW)}; ++{j}) {row}[{j}] = 0.0f;")
