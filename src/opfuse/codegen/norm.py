@@ -55,6 +55,12 @@ def _row_buffer(kc, ct: str, length: int, itemsize: int) -> str:
     return buf
 
 
+# A Softmax over an axis that is not the last (YOLOv8's DFL: 16 bins at stride 8400) runs ``SOFTMAX_COLUMNS``
+# neighbouring positions of the axes after it at once, one per lane (``lower_softmax``), where those axes hold at
+# least that many (``CodegenOptions.softmax_columns``).
+SOFTMAX_COLUMNS = 16
+
+
 def lower_softmax(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     node = stage.anchor_node
     x, out = node.input(0), node.outputs[0]
@@ -65,6 +71,9 @@ def lower_softmax(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     ct = c_type(dt)
     # The inline exp vectorises the row loop (libm's expf is a call per element).
     exp = vecmath.require(kc.program, vecmath.EXP) if dt == np.float32 else math_fn("exp", dt)
+    if kc.program.options.softmax_columns and math.prod(shape[axis + 1:]) >= SOFTMAX_COLUMNS:
+        _softmax_columns(kc, ev, stage, shape, axis, exp)
+        return
 
     def body(ridx: Index):
         buf = _row_buffer(kc, ct, L, dt.itemsize)
@@ -84,6 +93,57 @@ def lower_softmax(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
             finish_element(kc, ev, stage, out, eidx, y)
 
     _row_loop(kc, ev, shape, axis, axis + 1, body)
+
+
+def _softmax_columns(kc, ev, stage: Stage, shape, axis: int, exp: str) -> None:
+    """Softmax along ``axis`` of ``shape``, ``SOFTMAX_COLUMNS`` neighbouring positions of the axes after it at a
+    time: a block of the softmax axis's L x COLUMNS values read once (through the prologue) into a buffer, each
+    step over the axis a loop over the columns that gcc vectorises (the max, the exps, the sums in increasing
+    position along the axis, the divisions), instead of one strided row at a time with a scalar exp per element.
+    The last block of a row of columns holds the rest."""
+    node = stage.anchor_node
+    x, out = node.input(0), node.outputs[0]
+    dt = out.dtype
+    ct = c_type(dt)
+    w = kc.w
+    L, B = shape[axis], SOFTMAX_COLUMNS
+    outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
+    nblk = -(-inner // B)
+    o, blk, c0, n, j, lane = (kc.tmp(t) for t in ("o", "blk", "c0", "n", "j", "l"))
+    mx, s = kc.tmp("mx"), kc.tmp("sum")
+    kc.parallel_for(outer * inner * L * 4, 2 if outer < kc.program.options.parallel_min_outer else 1)
+    w.line(f"for (long {o} = 0; {o} < {outer}; ++{o}) {{")
+    w.line(f"  for (long {blk} = 0; {blk} < {nblk}; ++{blk}) {{")
+    w.level += 2
+    buf = _row_buffer(kc, ct, L * B, dt.itemsize)
+    off = kc.scratch(2 * B * dt.itemsize)
+    w.line(f"{ct}* restrict {mx} = {kc.scratch_ptr(ct, off)};")
+    w.line(f"{ct}* restrict {s} = {mx} + {B};")
+    w.line(f"const long {c0} = {blk} * {B};")
+    w.line(f"const long {n} = {inner} - {c0} < {B} ? {inner} - {c0} : {B};")
+    rank = len(shape)
+    groups = ([(0, axis, o)] if axis > 0 else []) + [(axis, axis + 1, j), (axis + 1, rank, f"({c0} + {lane})")]
+    idx = Index.loops(shape, groups)
+    lanes = f"for (long {lane} = 0; {lane} < {n}; ++{lane})"
+    w.line(f"{lanes} {mx}[{lane}] = {lowest(dt)};")
+    with w.block(f"for (long {j} = 0; {j} < {L}; ++{j})"), w.block(lanes), ev.scope():
+        v = kc.tmp("v")
+        w.line(f"const {ct} {v} = {ev.at(x, idx)};")
+        w.line(f"{buf}[{j} * {B} + {lane}] = {v};")
+        w.line(f"{mx}[{lane}] = {v} > {mx}[{lane}] ? {v} : {mx}[{lane}];")
+    w.line(f"{lanes} {s}[{lane}] = {literal(0, dt)};")
+    with w.block(f"for (long {j} = 0; {j} < {L}; ++{j})"), w.block(lanes):
+        e = kc.tmp("e")
+        w.line(f"const {ct} {e} = {exp}({buf}[{j} * {B} + {lane}] - {mx}[{lane}]);")
+        w.line(f"{buf}[{j} * {B} + {lane}] = {e};")
+        w.line(f"{s}[{lane}] = {s}[{lane}] + {e};")
+    with w.block(f"for (long {j} = 0; {j} < {L}; ++{j})"), w.block(lanes), ev.scope():
+        y = kc.tmp("y")
+        w.line(f"const {ct} {y} = {buf}[{j} * {B} + {lane}] / {s}[{lane}];")
+        finish_element(kc, ev, stage, out, idx, y)
+    w.level -= 2
+    w.line("  }")
+    w.line("}")
 
 
 def lower_layernorm(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
