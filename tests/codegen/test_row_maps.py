@@ -50,10 +50,17 @@ def _node(g):
     return next(n for n in g.nodes if n.op_type == "Resize")
 
 
-def _builds(g, threads=1):
+def _builds(g, threads=1, **options):
     plan = plan_model(g)
-    return {on: build_native(plan, threads=threads, codegen_options=CodegenOptions(row_maps=on))
+    return {on: build_native(plan, threads=threads, codegen_options=CodegenOptions(row_maps=on, **options))
             for on in (True, False)}
+
+
+def _parallel_as_planned(kernel: str, lead: int) -> bool:
+    """The row-map loop nest split across threads (every kernel is, with ``parallel_min_work=1``): the leading
+    axes' loop with the rows' under ``collapse(2)`` where it has fewer than ``parallel_min_outer`` iterations."""
+    pragma = re.search(r"omp parallel for[^\n]*", kernel)
+    return pragma is not None and ("collapse(2)" in pragma.group(0)) == (lead < CodegenOptions().parallel_min_outer)
 
 
 CASES = {
@@ -61,9 +68,12 @@ CASES = {
     "2x2-floor": ((2, 5, 7, 6), (1, 1, 2, 2), "asymmetric", "floor"),
     "4x4-floor": ((1, 3, 5, 9), (1, 1, 4, 4), "asymmetric", "floor"),
     "2x2-half-pixel": ((1, 4, 6, 5), (1, 1, 2, 2), "half_pixel", "round_prefer_floor"),
-    "rows-only": ((1, 3, 5, 8), (1, 1, 3, 1), "asymmetric", "floor"),
-    "columns-only": ((2, 3, 4, 7), (1, 1, 1, 3), "asymmetric", "floor"),
-    "rank-3": ((6, 5, 4), (1, 2, 2), "asymmetric", "floor"),
+    "rows-only": ((1, 3, 5, 8), (1, 1, 2, 1), "asymmetric", "floor"),
+    "columns-only": ((2, 3, 4, 7), (1, 1, 1, 2), "asymmetric", "floor"),
+    "3x2": ((1, 2, 4, 5), (1, 1, 3, 2), "asymmetric", "floor"),
+    "height-one": ((1, 3, 1, 5), (1, 1, 2, 2), "asymmetric", "floor"),
+    "rank-3": ((6, 5, 4), (1, 2, 3), "asymmetric", "floor"),
+    "rank-2": ((6, 5), (2, 3), "asymmetric", "floor"),
 }
 
 
@@ -83,7 +93,7 @@ def test_upsampling_matches_reference_and_the_tables():
             assert nearest_factors(n) == tuple(int(f) for f in scales)
     feeds = reference.random_inputs(g, 0)
     want = reference.run(g, feeds)
-    builds = _builds(g, threads=2)
+    builds = _builds(g, threads=2, parallel_min_work=1)
     got = {on: m.run(feeds) for on, m in builds.items()}
     for k in want:
         assert_close({k: got[True][k]}, {k: want[k]})
@@ -93,6 +103,8 @@ def test_upsampling_matches_reference_and_the_tables():
         fast, tables = _kernel(builds[True].program.source, tag), _kernel(builds[False].program.source, tag)
         assert "_idx" not in fast and "_idx" in tables, tag
         assert ("memcpy(" in fast) == (not after and scales[-2] > 1), tag
+        shape = CASES[tag.rsplit("_", 1)[0].replace("_", "-")][0]
+        assert _parallel_as_planned(fast, int(np.prod(shape[:-2]))), tag
 
 
 def test_resize_as_a_second_output_and_integers():
@@ -164,13 +176,17 @@ def test_depth_to_space_reads_its_rows_in_blocks(threads):
     g = b.build(*outs)
     feeds = reference.random_inputs(g, 3)
     want = reference.run(g, feeds)
-    builds = _builds(g, threads=threads)
+    builds = _builds(g, threads=threads, parallel_min_work=1)
     got = {on: m.run(feeds) for on, m in builds.items()}
     for k in want:
         assert_close({k: got[True][k]}, {k: want[k]})
         assert np.array_equal(got[True][k], got[False][k]), k
     for tag in tags:
         fast, plain = _kernel(builds[True].program.source, tag), _kernel(builds[False].program.source, tag)
+        block = int(tag.split("_")[0])
+        assert re.search(rf"const long bi\d+ = oh\d+ % {block};", fast), tag  # the row map, not the plain loop
+        n, c = next(shape for shape, b in ((((1, 8, 5, 7)), 2), (((2, 18, 4, 3)), 3)) if b == block)[:2]
+        assert _parallel_as_planned(fast, n * c // (block * block)), tag
         # No division or remainder of the column variable (the row's block index once per row, the lead axes'
         # outside the inner loop); the per-element map divides every column.
         assert not re.search(r"iw\d+( \* \d+( \+ \d+)?)?\)* [%/]", fast), tag

@@ -4,6 +4,8 @@ DFL: 16 bins at stride 8400). Against the reference and the row-at-a-time kernel
 in the group, a last block of fewer columns, float64, and 2 threads."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -38,8 +40,10 @@ def test_column_softmax_matches_the_reference_and_the_rows(case, threads):
     feeds = reference.random_inputs(g, case)
     feeds = {k: v * 4 for k, v in feeds.items()}  # exps far from 1: the max subtraction matters
     want = reference.run(g, feeds)
-    cols = build_native(plan, threads=threads, codegen_options=CodegenOptions(softmax_columns=True))
-    rows = build_native(plan, threads=threads, codegen_options=CodegenOptions(softmax_columns=False))
+    cols = build_native(plan, threads=threads, codegen_options=CodegenOptions(softmax_columns=True,
+                                                                              parallel_min_work=1))
+    rows = build_native(plan, threads=threads, codegen_options=CodegenOptions(softmax_columns=False,
+                                                                              parallel_min_work=1))
     got_c, got_r = cols.run(feeds), rows.run(feeds)
     assert_close(got_c, want)
     for k in want:
@@ -48,6 +52,9 @@ def test_column_softmax_matches_the_reference_and_the_rows(case, threads):
     src_c, src_r = cols.program.source, rows.program.source
     assert "* 16 + l" in src_c and "* 16 + l" not in src_r  # the lanes' buffer, columns in blocks of 16
     assert cols.report["kernels"] == 1  # prologue, Softmax and epilogue in one kernel
+    # the rows before the axis and the blocks of columns shared out, both loops where the first has few
+    pragma = re.search(r"omp parallel for[^\n]*\n *for \(long o\d+ = 0; o\d+ < (\d+);", src_c)
+    assert pragma and ("collapse(2)" in pragma.group(0)) == (int(pragma.group(1)) < CodegenOptions().parallel_min_outer)
 
 
 def test_few_columns_keep_the_rows():
