@@ -74,6 +74,7 @@ CASES = {
     "height-one": ((1, 3, 1, 5), (1, 1, 2, 2), "asymmetric", "floor"),
     "rank-3": ((6, 5, 4), (1, 2, 3), "asymmetric", "floor"),
     "rank-2": ((6, 5), (2, 3), "asymmetric", "floor"),
+    "lead-16": ((1, 16, 3, 4), (1, 1, 2, 2), "asymmetric", "floor"),  # parallel_min_outer: no collapse
 }
 
 
