@@ -1,8 +1,9 @@
 """``codegen/winograd.py`` where mutation testing (tests/mutation/mutW.md, issue 13) found no test: the block size's
 balancing for the threads (``_tiles_per_block``), the last round's split where no thread count leaves one
 (``last_round_split``), the whole-plane epilogue refused where an operand of the epilogue is computed inline from a
-value broadcast along the rows (``_plane_operands``), and the portable transforms' float32 arithmetic (``_combo``,
-compiled alone against NumPy's float32, bit for bit)."""
+value broadcast along the rows (``_plane_operands``), the last round's parts and a single block's parts for a
+thread count of ``balance_threads`` other than 2 (``lower_winograd``), and the portable transforms' float32
+arithmetic (``_combo``, compiled alone against NumPy's float32, bit for bit)."""
 from __future__ import annotations
 
 import ctypes
@@ -12,6 +13,7 @@ import pytest
 
 from cg_support import assert_close, group_by_names
 from opfuse.codegen import CodegenOptions
+from opfuse.codegen.program import generate
 from opfuse.codegen.winograd import F2, F4, LANES, _lane_stage, _tiles_per_block, last_round_split
 from opfuse.ops import GraphBuilder
 from test_avx512 import _compile
@@ -49,6 +51,49 @@ def test_no_last_round_split_where_no_thread_count_leaves_one():
     assert last_round_split(three, 3, 8, work) == 0
     assert last_round_split(two, 7, 1, work) == 0   # one panel: nothing to split
     assert last_round_split(two, 7, 8, work - 1) == 0  # the loop runs on one thread
+
+
+@pytest.mark.parametrize(("oc", "parts"), [(12, 2), (24, 3)])
+def test_the_last_round_on_three_threads_splits_into_at_most_the_panels(oc, parts, cache_dir):
+    """112 F(2x2) tiles (28x16 outputs) in blocks of 16 (``winograd_block_floats=1``: one panel width, AVX2's 6 x
+    16): 7 blocks, on 3 threads (``balance_threads``) the seventh alone in the last round, so it is split in up to
+    3 parts, at most its panels of 6 output channels: 12 channels are 2 panels, 2 parts; 24 are 4, 3 parts. The
+    recorded loop says so (``parts`` slots a block, the last one's split evenly, the others' extra slots empty); 12
+    channels on 1 and 3 threads give the same bits, the reference's values."""
+    from opfuse.runtime import reference
+    from opfuse.runtime.native import build
+    from test_winograd import conv_block
+    g, plan = conv_block(1, 32, oc, 28, 16, [1, 1, 1, 1])
+    o = CodegenOptions(vector_isa="avx2", winograd="on", winograd_f4=False, winograd_block_floats=1,
+                       balance_threads=(3,))
+    program = generate(g, plan, options=o)
+    assert "in blocks of 16" in program.source
+    loop = next(k for k in program.kernels if k.parallel).parallel[0]
+    assert loop.iterations == 7 * parts and loop.schedule == "dynamic"
+    whole = (16.0,) + (0.0,) * (parts - 1)
+    assert loop.costs == whole * 6 + (16.0 / parts,) * parts
+    if oc == 12:
+        feeds = reference.random_inputs(g, 0)
+        one = build(g, plan, cache_dir=cache_dir, options=o, threads=1).run(feeds)
+        three = build(g, plan, cache_dir=cache_dir, options=o, threads=3).run(feeds)
+        assert_close(one, reference.run(g, feeds))
+        for k in one:
+            np.testing.assert_array_equal(one[k], three[k])
+
+
+@pytest.mark.parametrize(("threads", "parts"), [((3,), 3), ((2, 3), 2), ((), 2)])
+def test_a_single_shared_block_records_its_parts_for_the_first_thread_count(threads, parts):
+    """8x8 outputs in F(2x2), 40 output channels: one block of 16 tiles, split by output channels into up to
+    ``gemm_min_tiles`` (4) parts that share one input transform (``winograd_shared_transform``); the parts' loop
+    runs min(threads, 4) of them, recorded at the first of ``balance_threads`` (2 where it is empty), each a part's
+    share of the block's 16 tiles."""
+    from test_winograd import conv_block
+    g, plan = conv_block(1, 32, 40, 8, 8, [1, 1, 1, 1])
+    o = CodegenOptions(winograd="on", winograd_shared_transform=True, balance_threads=threads)
+    program = generate(g, plan, options=o)
+    transform, split = next(k for k in program.kernels if k.parallel).parallel
+    assert (transform.iterations, transform.schedule) == (32, "static")
+    assert (split.iterations, split.schedule, split.costs) == (parts, "dynamic", (16.0 / parts,) * parts)
 
 
 def _residual_scaled_along_rows(h: int = 10, w: int = 10, c: int = 32, oc: int = 48):
