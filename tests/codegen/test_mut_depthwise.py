@@ -124,3 +124,24 @@ def test_taps_sixteen_columns_to_the_right_in_the_zmm_rows_body(cache_dir):
     assert sum("AVX-512 body (zmm)" in n for n in notes) == 2, notes
     feeds = reference.random_inputs(g, 0)
     assert_close(model.run(feeds), reference.run(g, feeds))
+
+
+@pytest.mark.parametrize("simd", ["none", "auto"])
+def test_row_stride_two_column_stride_one_on_a_small_plane(simd, cache_dir):
+    """Strides (2, 1) on a plane small enough for the padded copy's single wide row, which is for stride 1 both
+    ways only (its result ``i = oh * Wp + ow`` reads row ``oh``, not ``2 oh``): one pass per output row. The plain
+    C99 build copies every plane; the AVX2/AVX-512 build reads it in place (direct rows). Against the
+    reference."""
+    from opfuse.runtime import reference
+    from opfuse.runtime.native import build
+    rng = np.random.default_rng(6)
+    b = GraphBuilder("dw_strides_2_1")
+    x = b.input("x", (1, 3, 9, 10))
+    y = b.op("Conv", x, b.const("w", rng.standard_normal((3, 1, 3, 3)).astype(np.float32)),
+             b.const("bias", rng.standard_normal(3).astype(np.float32)), kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+             strides=[2, 1], group=3, name="dw")
+    g = b.build(y)
+    plan = group_by_names(g, [("conv_epilogue", ["dw"])])
+    model = build(g, plan, cache_dir=cache_dir, options=CodegenOptions(simd=simd))
+    feeds = reference.random_inputs(g, 0)
+    assert_close(model.run(feeds), reference.run(g, feeds))
