@@ -145,3 +145,17 @@ def test_row_stride_two_column_stride_one_on_a_small_plane(simd, cache_dir):
     model = build(g, plan, cache_dir=cache_dir, options=CodegenOptions(simd=simd))
     feeds = reference.random_inputs(g, 0)
     assert_close(model.run(feeds), reference.run(g, feeds))
+
+
+def test_a_plane_of_exactly_the_minimum_zmm_with_short_rows_takes_the_plane():
+    """8x8 outputs are 4 zmm as one plane (``depthwise_zmm_plane_min_vectors``, 4) and 8 as rows (ratio 2, above
+    ``depthwise_zmm_plane_rows_max_ratio``): with a residual Add (no register epilogue) the zmm plane, the C that
+    ``depthwise_zmm_plane_rows=False`` gives, not the rows; one vector fewer as a minimum of 5 keeps the rows."""
+    from opfuse.codegen import generate
+    from test_depthwise_avx512 import EPILOGUES, ZMM_ON, multi_graph
+    assert (ZMM_ON.depthwise_zmm_plane_min_vectors, ZMM_ON.depthwise_zmm_plane_rows_max_ratio) == (4, 1.3)
+    g, plan = multi_graph([(2, 8, 8, 3, 1, [1, 1, 1, 1], 1)], shift=EPILOGUES.index("add"))
+    src = generate(g, plan, options=ZMM_ON).source
+    planes = generate(g, plan, options=ZMM_ON.with_(depthwise_zmm_plane_rows=False)).source
+    rows = generate(g, plan, options=ZMM_ON.with_(depthwise_zmm_plane_min_vectors=5)).source
+    assert src == planes and src != rows
