@@ -159,3 +159,15 @@ def test_a_plane_of_exactly_the_minimum_zmm_with_short_rows_takes_the_plane():
     planes = generate(g, plan, options=ZMM_ON.with_(depthwise_zmm_plane_rows=False)).source
     rows = generate(g, plan, options=ZMM_ON.with_(depthwise_zmm_plane_min_vectors=5)).source
     assert src == planes and src != rows
+
+
+def test_the_report_says_where_the_epilogue_is_finished_in_registers():
+    """A zmm rows layer's note says "its epilogue in registers" where it is (a Relu), not where the epilogue runs
+    after the sums (a residual Add)."""
+    from opfuse.codegen import generate
+    from test_depthwise_avx512 import EPILOGUES, ZMM_ON, multi_graph
+    for epi, want in (("add", ["depthwise 'dw0': AVX-512 body (zmm)"]),
+                      ("relu", ["depthwise 'dw0': epilogue finished in registers",
+                                "depthwise 'dw0': AVX-512 body (zmm), its epilogue in registers"])):
+        g, plan = multi_graph([(2, 20, 24, 3, 1, [1, 1, 1, 1], 1)], shift=EPILOGUES.index(epi))
+        assert [n for k in generate(g, plan, options=ZMM_ON).kernels for n in k.notes] == want

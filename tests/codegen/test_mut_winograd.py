@@ -168,3 +168,18 @@ def test_portable_transform_stage_rounds_in_float32(t, tmp_path):
         lib.stage(src.ctypes.data_as(fp), out.ctypes.data_as(fp))
         want = np.stack([_combo_f32(row, list(src)) for row in rows])
         np.testing.assert_array_equal(out, want)
+
+
+def test_the_report_names_the_gemm_bodies_and_the_epilogue_isas():
+    """The kernel's notes (its comment and ``opfuse compile``'s report) say which micro-kernel bodies the batched
+    GEMMs have and in which ISAs the epilogue runs: AVX2's body and ``#if`` chain on an AVX2 target, and the
+    epilogue in AVX-512 then AVX2 intrinsics on an AVX-512 one (``winograd_avx512`` off: the GEMMs' 6 x 16)."""
+    from test_winograd import _conv_with
+    g, plan = _conv_with("silu")
+    gemm = "Winograd GEMMs 'conv': 6x16 micro-kernel, AVX2 / plain C by the compiler's target; U (96 KiB) "
+    for o, isas in ((CodegenOptions(vector_isa="avx2"), "avx2"),
+                    (CodegenOptions(vector_isa="avx512", winograd_avx512=False), "avx512 / avx2")):
+        notes = [n for k in generate(g, plan, options=o).kernels for n in k.notes]
+        assert len(notes) == 3 and notes[1].startswith(gemm), notes
+        assert notes[0] == "Conv 'conv': Winograd F(2x2,3x3) (32 -> 48 channels, output 10x10)"
+        assert notes[2] == f"Winograd 'conv': epilogue in {isas} intrinsics"
