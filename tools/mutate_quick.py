@@ -289,6 +289,7 @@ class BuildLog:
     def __init__(self) -> None:
         self.keys: list[str] = []
         self.compiled = 0
+        self.failure: str | None = None  # the test that failed (killing the mutant) and its exception, one line
 
     def install(self) -> None:
         from opfuse.runtime import toolchain
@@ -307,7 +308,8 @@ class BuildLog:
         toolchain._build_entry = entry  # type: ignore[assignment]
 
     def dump(self, path: Path) -> None:
-        path.write_text(json.dumps({"keys": sorted(set(self.keys)), "compiled": self.compiled}))
+        path.write_text(json.dumps({"keys": sorted(set(self.keys)), "compiled": self.compiled,
+                                    "failure": self.failure}))
 
 
 def _run_tests(tests: list[Test], cache: Path, log_to: Path | None = None) -> int:
@@ -319,8 +321,12 @@ def _run_tests(tests: list[Test], cache: Path, log_to: Path | None = None) -> in
         for t in tests:
             try:
                 session.call(t)
-            except BaseException:
+            except BaseException as e:
                 code = 1
+                # which test killed the mutant, and how: a kill that is not a real failure (an import error, a
+                # fixture's) shows in the log
+                last = (str(e).strip().splitlines() or [""])[0][:160]
+                log.failure = f"{t.id}: {type(e).__name__}{': ' + last if last else ''}"
                 break
     finally:
         if log_to is not None:
@@ -531,7 +537,8 @@ def _run(args, names: list[str], tests: list[Test], cache: Path, scratch: Path) 
             log = json.loads(log_to.read_text()) if log_to.is_file() else None
             results[n] = classify(results[n], log, built[n])
             compiled_note = f"{log['compiled']} compiled" if log is not None else "?"
-            print(n, results[n], f"# {time.monotonic() - start:.1f} s, {compiled_note}", flush=True)
+            by = f", by {log['failure']}" if log is not None and log.get("failure") and results[n] == "killed" else ""
+            print(n, results[n], f"# {time.monotonic() - start:.1f} s, {compiled_note}{by}", flush=True)
     counts = {s: sum(1 for v in results.values() if v == s) for s in sorted(set(results.values()))}
     print("mutate_quick:", len(results), "mutants", counts, f"in {time.monotonic() - t1:.0f} s")
     return 0

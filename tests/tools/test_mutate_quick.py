@@ -167,3 +167,26 @@ def test_reach_with_fresh_fixtures_counts_a_module_fixture_for_every_test(tmp_pa
     first, second = (f"{test}::test_{n}" for n in ("first", "second"))
     assert hits == {"m.x_built": [first, second] if fresh else [first]}
     assert len(cost) == 3 and compiled == 0
+
+
+def test_a_kill_records_the_failing_test_and_its_exception(tmp_path):
+    """The log of a killed mutant names the test that failed and the exception's first line (``--`` output:
+    ``killed # ..., by TEST: Type: message``), so a kill that is not a real failure can be told apart."""
+    test = _write(tmp_path / "tests" / "test_mq_kill.py", """
+        def test_passes():
+            assert 1 + 1 == 2
+
+        def test_fails():
+            assert [1, 2] == [1, 3], "the second element differs"
+
+        def test_never_run():
+            raise RuntimeError("after the first failure nothing else runs")
+        """)
+    tests, _ = mq.collect([str(test)])
+    log_to = tmp_path / "log.json"
+    assert mq._run_tests(tests, tmp_path / "cache", log_to) == 1
+    import json
+    failure = json.loads(log_to.read_text())["failure"]
+    assert failure == f"{test}::test_fails: AssertionError: the second element differs", failure
+    assert mq._run_tests([t for t in tests if t.id.endswith("test_passes")], tmp_path / "cache", log_to) == 0
+    assert json.loads(log_to.read_text())["failure"] is None
