@@ -27,7 +27,6 @@ from opfuse.codegen.depthwise import DIRECT_MAX_VECTORS, VECTOR, ZMM
 from opfuse.ops import GraphBuilder
 from opfuse.targets import host_simd_isa
 
-rng = np.random.default_rng(16)
 ZMM_ON = CodegenOptions(vector_isa="avx512", depthwise_avx512=True)
 ZMM_OFF = CodegenOptions(vector_isa="avx512", depthwise_avx512=False)
 PORTABLE = CodegenOptions(simd="none")
@@ -69,6 +68,7 @@ def multi_graph(cases, shift: int = 0):
     """One model of independent depthwise layers (each its own group and kernel), layer ``i`` with
     epilogue ``EPILOGUES[(i + shift) % len(EPILOGUES)]``."""
     b = GraphBuilder("dw_zmm")
+    rng = np.random.default_rng(16 + shift)  # per graph: the same constants whatever ran before (mutation runs)
     outs, spec = [], []
     for i, (c, h, w, k, s, pads, d) in enumerate(cases):
         x = b.input(f"x{i}", (1, c, h, w))
@@ -276,6 +276,7 @@ ARITH_CASES = [
 
 def arith_graph():
     b = GraphBuilder("dw_arith")
+    rng = np.random.default_rng(17)
     outs, spec = [], []
     for i, ((c, h, w, k, s, pads, d), epi) in enumerate(ARITH_CASES):
         x = b.input(f"x{i}", (1, c, h, w))
