@@ -271,26 +271,45 @@ ARITH_CASES = [
     ((2, 14, 14, 3, 1, [1, 1, 1, 1], 1), ["Relu", ("Sub", 0.25), ("Div", 3.0)]),          # whole plane
     ((3, 12, 8, 3, 1, [1, 1, 1, 1], 1), [("Mul", -2.0), ("rsub", 1.5), "Relu"]),           # whole plane, c - y
     ((2, 9, 40, 3, 2, [1, 1, 1, 1], 1), [("Add", 0.5), "HardSwish", ("Div", 0.75)]),       # stride 2, rows of 20
+    # the constant first (c * y, c + y), a Clip with its minimum only, one with attributes (opset 6)
+    ((2, 20, 24, 3, 1, [1, 1, 1, 1], 1),
+     [("cMul", 1.25), ("cAdd", -0.5), ("clip_min", -0.2), ("clip_attrs", 0.0, 0.6)]),
+]
+# Epilogues the register epilogue must refuse (the scalar epilogue runs them; same values): c / y, a Max by a
+# constant, and a stage that also stores the convolution's own output (a second output of the group).
+REFUSED_CASES = [
+    ((2, 20, 24, 3, 1, [1, 1, 1, 1], 1), ["Relu", ("rDiv", 2.0)]),
+    ((2, 14, 14, 3, 1, [1, 1, 1, 1], 1), [("Max", 0.1)]),
+    ((2, 20, 24, 3, 1, [1, 1, 1, 1], 1), ["Relu", "store_conv"]),
 ]
 
 
-def arith_graph():
+def arith_graph(cases=None):
     b = GraphBuilder("dw_arith")
     rng = np.random.default_rng(17)
     outs, spec = [], []
-    for i, ((c, h, w, k, s, pads, d), epi) in enumerate(ARITH_CASES):
+    for i, ((c, h, w, k, s, pads, d), epi) in enumerate(ARITH_CASES if cases is None else cases):
         x = b.input(f"x{i}", (1, c, h, w))
         wt = b.const(f"w{i}", (rng.standard_normal((c, 1, k, k)) / 3).astype(np.float32))
         bias = b.const(f"b{i}", (rng.standard_normal(c) / 3).astype(np.float32))
         y = b.op("Conv", x, wt, bias, kernel_shape=[k, k], strides=[s, s], pads=pads, dilations=[d, d], group=c,
                  name=f"dw{i}")
+        conv = y
         names = [f"dw{i}"]
         for j, op in enumerate(epi):
             name = f"e{i}_{j}"
+            if op == "store_conv":
+                outs.append(conv)
+                continue
             if isinstance(op, str):
                 y = b.op(op, y, name=name)
-            elif op[0] == "rsub":
-                y = b.op("Sub", b.const(f"c{i}_{j}", np.float32(op[1])), y, name=name)
+            elif op[0] == "clip_min":
+                y = b.op("Clip", y, b.const(f"c{i}_{j}", np.float32(op[1])), name=name)
+            elif op[0] == "clip_attrs":
+                y = b.op("Clip", y, min=op[1], max=op[2], name=name)
+            elif op[0] in ("rsub", "rDiv", "cMul", "cAdd"):
+                kind = {"rsub": "Sub", "rDiv": "Div", "cMul": "Mul", "cAdd": "Add"}[op[0]]
+                y = b.op(kind, b.const(f"c{i}_{j}", np.float32(op[1])), y, name=name)
             else:
                 y = b.op(op[0], y, b.const(f"c{i}_{j}", np.float32(op[1])), name=name)
             names.append(name)
@@ -319,10 +338,17 @@ def test_constant_arithmetic_epilogues_are_finished_in_registers():
     assert notes == ["depthwise 'dw': AVX-512 body (zmm)"]
 
 
+def test_register_epilogue_refuses_what_it_cannot_finish():
+    g, plan = arith_graph(REFUSED_CASES)
+    notes = [n for k in generate(g, plan, options=ZMM_ON).kernels for n in k.notes]
+    assert notes == [f"depthwise 'dw{i}': AVX-512 body (zmm)" for i in range(len(REFUSED_CASES))], notes
+
+
 @needs_avx512
-def test_constant_arithmetic_epilogues_same_bits(cache_dir):
+@pytest.mark.parametrize("cases", ["finished", "refused"])
+def test_constant_arithmetic_epilogues_same_bits(cases, cache_dir):
     from opfuse.runtime import reference
-    g, plan = arith_graph()
+    g, plan = arith_graph(None if cases == "finished" else REFUSED_CASES)
     feeds = reference.random_inputs(g, 4)
     want = reference.run(g, feeds)
     zmm = _build(g, plan, cache_dir, ZMM_ON).run(feeds)
