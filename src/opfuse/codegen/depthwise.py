@@ -629,8 +629,7 @@ def register_epilogue(kc, ev, stage: Stage, node, hardswish: bool = False) -> Re
             if arr is None or arr.size != 1 or (n.op_type == "Div" and not first):
                 return None
             c = literal(float(np.asarray(arr, dtype=np.float32).reshape(-1)[0]), np.float32)
-            bounds.append((_ARITHMETIC[n.op_type] if first else "rsub" if n.op_type == "Sub" else
-                           _ARITHMETIC[n.op_type], c))
+            bounds.append(("rsub" if n.op_type == "Sub" and not first else _ARITHMETIC[n.op_type], c))
             prev = n.outputs[0]
             continue
         if n.input(0) is not prev:
