@@ -81,6 +81,12 @@ def mod(expr: str, k: int) -> str:
     return f"({_paren(expr)} % {k})"
 
 
+def depth_to_space_channel(block: str, c: str, c_out: int, b: int, mode: str) -> str:
+    """The input channel DepthToSpace (``mode`` DCR or CRD, block size ``b``, ``c_out`` output channels) reads
+    for output channel ``c`` at position ``block = bh * b + bw`` within its ``b x b`` block."""
+    return add(mul(block, c_out), c) if mode == "DCR" else add(mul(c, b * b), block)
+
+
 def _atomic(expr: str) -> bool:
     return expr.replace("_", "").isalnum() or (expr.startswith("(") and expr.endswith(")")
                                                 and _balanced_outer(expr))

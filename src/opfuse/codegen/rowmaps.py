@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from opfuse.codegen.ctype import c_type
-from opfuse.codegen.index import Index, add, mul
+from opfuse.codegen.index import Index, add, depth_to_space_channel, mul
 from opfuse.codegen.resize import nearest_factors
 from opfuse.ir.graph import Node, Value
 from opfuse.ops.registry import get_spec
@@ -26,6 +26,7 @@ class RowMap:
     node: Node
     sh: int
     sw: int
+    mode: str = ""  # DepthToSpace's DCR or CRD
 
     @property
     def repeats(self) -> bool:
@@ -39,11 +40,7 @@ class RowMap:
             return Index(tuple(x.shape), (*lead, ih, iw))
         n, c = lead
         b = self.sh
-        block = add(mul(i, b), str(j))
-        a = get_spec(self.node.op_type, self.node).attrs_of(self.node)
-        c_out = self.node.outputs[0].shape[1]
-        ch = add(mul(block, c_out), c) if a["mode"] == "DCR" \
-            else add(mul(c, b * b), block)
+        ch = depth_to_space_channel(add(mul(i, b), str(j)), c, self.node.outputs[0].shape[1], b, self.mode)
         return Index(tuple(x.shape), (n, ch, ih, iw))
 
 
@@ -58,8 +55,9 @@ def row_map(inline_nodes, shape) -> RowMap | None:
     if tuple(node.outputs[0].shape) != tuple(shape):
         return None
     if node.op_type == "DepthToSpace":
-        b = int(get_spec(node.op_type, node).attrs_of(node)["blocksize"])
-        return RowMap(node, b, b) if len(shape) == 4 and b > 1 else None
+        a = get_spec(node.op_type, node).attrs_of(node)
+        b = int(a["blocksize"])
+        return RowMap(node, b, b, a["mode"]) if len(shape) == 4 and b > 1 else None
     f = nearest_factors(node)
     if f is None or any(s != 1 for s in f[:-2]) or f[-2:] == (1, 1):
         return None

@@ -47,7 +47,7 @@ from opfuse.codegen.ctype import c_type, highest, is_float, literal, lowest, mat
 from opfuse.codegen import checks, half, vecmath
 from opfuse.codegen.erf import require_erf
 from opfuse.codegen.gelu import require_gelu
-from opfuse.codegen.index import Index, add, inside_position, mod, mul
+from opfuse.codegen.index import Index, add, depth_to_space_channel, inside_position, mod, mul
 from opfuse.ir.dtypes import is_narrow_float
 from opfuse.ir.graph import Node
 from opfuse.ops.registry import get_spec
@@ -923,8 +923,7 @@ def _depth_to_space(ev, node, k, idx):
     c_out = idx.shape[1]
     n, c, h, w = idx.dims
     bh, bw = mod(h, b), mod(w, b)
-    block = add(mul(bh, b), bw)
-    ch = add(mul(block, c_out), c) if a["mode"] == "DCR" else add(mul(c, b * b), block)
+    ch = depth_to_space_channel(add(mul(bh, b), bw), c, c_out, b, a["mode"])
     return ev.at(x, Index(tuple(x.shape), (n, ch, div(h, b), div(w, b))))
 
 
