@@ -271,6 +271,51 @@ def test_no_streaming_below_the_threshold_or_in_place(cache_dir):
     assert _same_bits(_outputs(g2, plan2, feeds, STREAM, cache_dir), _outputs(g2, plan2, feeds, GCC, cache_dir))
 
 
+def _two_input_chain(n: int):
+    """Sigmoid(x * 0.5 + y) * x + w: two inputs and a constant array read densely, two scalar constants."""
+    b = GraphBuilder("two")
+    x, y = b.input("x", (n,)), b.input("y", (n,))
+    w = b.const("w", np.linspace(-1, 1, n, dtype=np.float32))
+    s = b.op("Sigmoid", b.op("Add", b.op("Mul", x, b.const("half", np.float32(0.5))), y))
+    return b.build(b.op("Add", b.op("Mul", s, x), w))
+
+
+def test_streaming_loop_prefetches_each_dense_input(cache_dir):
+    """``stream_prefetch_floats``: the streaming loop prefetches, that many floats ahead, exactly the arrays its
+    vectors load (both inputs and the constant array, not the scalar constants nor the output), in the staged
+    block's first pass and the unrolled loop, once per 64-byte line; none with 0 or without streaming stores;
+    the same bits either way, at 1 and 2 threads, an output of any alignment (the prefetch runs past the end)."""
+    import re
+    n = 4099
+    g = _two_input_chain(n)
+    plan = _one_kernel(g)
+    for stream in (STREAM, STREAM_AVX2):
+        src = generate(g, plan, options=stream).source
+        body = src[src.index("OPFUSE_KERNEL static void"):]
+        body = body[:body.index("#elif" if stream is STREAM else "#else")]  # the ISA's own loops
+        loaded = set(re.findall(r"_mm(?:256|512)_loadu_ps\((p\d+_\w+|w\w*) \+", body))
+        fetched = re.findall(r"_mm_prefetch\(\(const char\*\)\(\(uintptr_t\)\((\w+) \+ (\w+)\) \+ (\d+)u\)", body)
+        assert len(loaded) == 3 and {f[0] for f in fetched} == loaded, (loaded, fetched)
+        lines = 64 * 4 // 64 if stream is STREAM else 32 * 4 // 64  # lanes x simd_unroll floats a step
+        assert {int(f[2]) for f in fetched} == {4096 + 64 * k for k in range(lines)}  # 1024 floats on, by line
+        assert len(fetched) == 2 * 3 * lines  # staged first pass + unrolled loop, three arrays
+        assert "_mm_prefetch" not in generate(g, plan, options=stream.with_(stream_prefetch_floats=0)).source
+        assert "_mm_prefetch" not in generate(g, plan, options=stream.with_(stream_store_min_bytes=n * 4 + 1)).source
+    assert "_mm_prefetch((const char*)((uintptr_t)" in generate(
+        g, plan, options=STREAM.with_(stream_prefetch_floats=16)).source
+    x, y = _values(n), _values(n, 1)
+    want = _outputs(g, plan, {"x": x, "y": y}, GCC, cache_dir)
+    assert_close({"o": want}, {"o": next(iter(reference.run(g, {"x": x, "y": y}).values()))})
+    for options in (STREAM, STREAM_AVX2, STREAM.with_(stream_prefetch_floats=16)):
+        for threads in (1, 2):
+            assert _same_bits(_outputs(g, plan, {"x": x, "y": y}, options, cache_dir, threads), want)
+
+
+def test_stream_prefetch_floats_is_checked():
+    with pytest.raises(OpfuseError, match="stream_prefetch_floats"):
+        CodegenOptions(stream_prefetch_floats=-1)
+
+
 def test_note_names_the_intrinsics_and_streaming():
     g = _chain(4099, False)
     src = generate(g, _one_kernel(g), options=STREAM).source

@@ -32,7 +32,9 @@ that no operand of the stage shares storage with stores it with non-temporal sto
 store first reads the line it writes (write-allocate), so a kernel writing a fresh output larger than the cache
 moves three times its bytes where it could move two. The stores need the output's alignment: the elements before
 the first aligned address run as scalar code, the vectors split into ``STREAM_CHUNKS`` contiguous chunks across
-threads, each ending with ``_mm_sfence()`` on the thread that wrote it.
+threads, each ending with ``_mm_sfence()`` on the thread that wrote it. Such a loop reads its inputs from memory
+too: it prefetches each array it loads ``CodegenOptions.stream_prefetch_floats`` elements ahead, a line at a time
+(``_prefetch_lines``; chain8 over 16M floats 0.85-0.98x of the time without).
 """
 from __future__ import annotations
 
@@ -500,6 +502,36 @@ def _streams(kc, outs: list[Value], inline: set[int]) -> bool:
     return True
 
 
+def _dense_leaves(kc, outs: list[Value], inline: set[int], shape, inner: tuple[int, int]) -> list[Value]:
+    """The values the chain storing ``outs`` loads from memory a vector at a time (varying along its vector loop),
+    in the order a walk from the outputs meets them."""
+    static = kc.program.memory.static
+    found: list[Value] = []
+    seen: set[int] = set()
+    todo = list(outs)
+    while todo:
+        v = todo.pop()
+        if id(v) in seen or (id(v) in static and static[id(v)].size == 1):
+            continue
+        seen.add(id(v))
+        if v.producer is not None and id(v.producer) in inline and id(v) not in static:
+            todo.extend(reversed(v.producer.input_values()))
+        elif _varies(v, shape, inner) is True:
+            found.append(v)
+    return found
+
+
+def _prefetch_lines(kc, leaves: list[Value], idx: Index, floats: int) -> None:
+    """Prefetch (into L1) the 64-byte lines of each of ``leaves`` that the ``floats`` elements from ``idx`` on will
+    read ``CodegenOptions.stream_prefetch_floats`` elements later; the address is computed as an integer, so it may
+    run past the array's end (a prefetch never faults)."""
+    ahead = kc.program.options.stream_prefetch_floats
+    for v in leaves:
+        at = f"(uintptr_t)({kc.ptr(v)} + {idx.broadcast_to(v.shape).offset()})"
+        for k in range(0, floats, 16):
+            kc.w.line(f"_mm_prefetch((const char*)({at} + {(ahead + k) * 4}u), _MM_HINT_T0);")
+
+
 def _parallel(kc, work: int, collapse: int = 1) -> None:
     """The OpenMP pragma of ``KernelContext.parallel_for`` (static chunks), not recorded as another loop of the
     kernel: the scalar loop nest under ``#else`` records the split (``KernelInfo.parallel``)."""
@@ -546,6 +578,12 @@ def _emit_isa(kc, ev, isa: VecIsa, outs, inline, loadable, shape, groups, hoiste
     unroll = kc.program.options.simd_unroll
     staged = staged_node(outs, inline) if not outer else None
     block = kc.program.options.simd_stage_block if staged is not None else 0
+    leaves = (_dense_leaves(kc, outs, inline, shape, groups[-1])
+              if stream and kc.program.options.stream_prefetch_floats else [])
+
+    def prefetch(i: str, floats: int) -> None:
+        """The streaming loop's prefetches for the ``floats`` elements from ``i`` on."""
+        _prefetch_lines(kc, leaves, at(i), floats)
 
     def staged_block(i0: str, invariant: dict[int, str]) -> None:
         """``block`` elements from ``i0`` on in two passes through two stack buffers: the staged Sigmoid's input
@@ -558,6 +596,10 @@ def _emit_isa(kc, ev, isa: VecIsa, outs, inline, loadable, shape, groups, hoiste
         for second in (False, True):
             j = kc.tmp("j")
             with w.block(f"for (long {j} = 0; {j} < {block}; {j} += {step})"):
+                if leaves and not second:
+                    ij = kc.tmp("i")
+                    w.line(f"const long {ij} = {i0} + {j};")
+                    prefetch(ij, step)
                 for k in range(step // lanes):
                     jk = j
                     if k:
@@ -604,18 +646,20 @@ def _emit_isa(kc, ev, isa: VecIsa, outs, inline, loadable, shape, groups, hoiste
                 scalar(str(nv * lanes), str(extent))
         else:
             _stream_loops(kc, isa, outs, total, scalar, lambda i, count: vectors(i, count, invariant), cost, unroll,
-                          (block, lambda i0: staged_block(i0, invariant)) if block else None)
+                          (block, lambda i0: staged_block(i0, invariant)) if block else None,
+                          prefetch if leaves else None)
     for _ in outer:
         w.level -= 1
         w.line("}")
 
 
 def _stream_loops(kc, isa: VecIsa, outs, total: int, scalar, vectors, cost: int, unroll: int,
-                  staged: tuple[int, Callable[[str], None]] | None = None) -> None:
+                  staged: tuple[int, Callable[[str], None]] | None = None,
+                  prefetch: Callable[[str, int], None] | None = None) -> None:
     """One dense loop over ``total`` elements with streaming stores: a scalar peel to the output's alignment,
     the vectors in ``STREAM_CHUNKS`` chunks each fenced by the thread that wrote it (``staged``: (block, emit) its
-    whole blocks first; ``unroll`` vectors an iteration, the chunk's leftover vectors one at a time), the scalar
-    remainder."""
+    whole blocks first; ``unroll`` vectors an iteration, each iteration first calling ``prefetch`` (i, its
+    elements), the chunk's leftover vectors one at a time), the scalar remainder."""
     w, lanes = kc.w, isa.lanes
     out = kc.ptr(outs[0], write=True)
     head, nv, c, i, end = kc.tmp("h"), kc.tmp("n"), kc.tmp("c"), kc.tmp("i"), kc.tmp("e")
@@ -634,6 +678,8 @@ def _stream_loops(kc, isa: VecIsa, outs, total: int, scalar, vectors, cost: int,
                 staged[1](i)
         if unroll > 1:
             with w.block(f"for (; {i} + {unroll * lanes} <= {end}; {i} += {unroll * lanes})"):
+                if prefetch is not None:
+                    prefetch(i, unroll * lanes)
                 vectors(i, unroll)
         with w.block(f"for (; {i} < {end}; {i} += {lanes})"):
             vectors(i, 1)
