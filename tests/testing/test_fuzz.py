@@ -121,3 +121,48 @@ def test_hostile_inputs_for_a_role_input_cast_from_bool():
     for mode in ("normal", "special", "extreme"):
         feeds = hostile_inputs(g, mode, 1)
         assert {k: (a.dtype, a.shape) for k, a in feeds.items()} == {d.name: (np.bool_, (3,)), i.name: (np.bool_, (2,))}
+
+
+def _small_conv():
+    rng = np.random.default_rng(3)
+    b = GraphBuilder("conv")
+    x = b.input("x", (1, 4, 6, 6))
+    w = b.const("w", rng.standard_normal((4, 4, 3, 3)).astype(np.float32))
+    y = b.op("Sigmoid", b.op("Conv", x, w, kernel_shape=[3, 3], pads=[1, 1, 1, 1]))
+    return b.build(y), {"x": rng.standard_normal((1, 4, 6, 6)).astype(np.float32)}
+
+
+def test_codegen_profiles_take_the_large_size_kernels_on_a_small_graph():
+    """``thresholds`` puts a 4-channel 6x6 Conv on the Winograd kernel and a 144-float Sigmoid on streaming
+    stores (the defaults: direct, regular stores); ``portable`` builds without intrinsics; ``check`` builds
+    with the case's profile, and every profile agrees with the reference."""
+    from opfuse.codegen import generate
+    from opfuse.compiler import CompileOptions, plan_model
+    from opfuse.testing.fuzz_check import CODEGEN_PROFILES, codegen_options
+    g, feeds = _small_conv()
+    comp = plan_model(g, CompileOptions(fuse=False))
+    src = {name: generate(comp.graph, comp.plan, options=codegen_options(name)).source for name in CODEGEN_PROFILES}
+    assert "Winograd" not in src["default"] and "_stream_ps" not in src["default"]
+    assert "Winograd F(" in src["thresholds"] and "_stream_ps" in src["thresholds"]
+    assert "immintrin" in src["default"] and "immintrin" not in src["portable"]
+    for name in CODEGEN_PROFILES:
+        for threads in (1, 2):
+            assert check(_model(g), feeds, "auto", threads, name) == Verdict("ok"), (name, threads)
+    with pytest.raises(InputError, match="codegen profile 'fast'"):
+        codegen_options("fast")
+
+
+def test_a_reproducer_keeps_its_codegen_profile(tmp_path):
+    import json
+    g, feeds = _small_conv()
+    case = FuzzCase(g, feeds, "float32", "normal", "rules", 2, codegen="thresholds")
+    assert case.describe().endswith("2 threads, codegen thresholds")
+    folder = write_reproducer(case, Verdict("mismatch", "fused run", "was"), tmp_path / "case")
+    assert json.loads((folder / "case.json").read_text())["codegen"] == "thresholds"
+    assert "profile 'thresholds'" in (folder / "README.txt").read_text()
+    assert replay(folder) == Verdict("ok")
+    info = json.loads((folder / "case.json").read_text())
+    (folder / "case.json").write_text(json.dumps(dict(info, codegen="turbo")))
+    with pytest.raises(InputError, match="codegen profile 'turbo'"):
+        replay(folder)
+    assert main(["fuzz", "--replay", str(folder)]) == 2

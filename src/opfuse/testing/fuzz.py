@@ -38,7 +38,7 @@ from hypothesis.errors import Unsatisfiable
 from opfuse.errors import InputError
 from opfuse.ir.graph import Graph
 from opfuse.testing.fuzz_cases import FuzzCase, fuzz_cases
-from opfuse.testing.fuzz_check import CASE_TIMEOUT_S, Verdict, Worker, describe_error, pack_inputs
+from opfuse.testing.fuzz_check import CASE_TIMEOUT_S, CODEGEN_PROFILES, Verdict, Worker, describe_error, pack_inputs
 from opfuse.testing.fuzz_reduce import minimize
 from opfuse.testing.random_graphs import DEFAULT_OPS, _check_ops
 
@@ -87,12 +87,16 @@ def write_reproducer(case: FuzzCase, verdict: Verdict, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "model.onnx").write_bytes(_model_bytes(case.graph))
     (folder / "inputs.npz").write_bytes(pack_inputs(case.feeds))
-    info = {"verdict": verdict.to_json(), "case": case.describe(), "planner": case.planner, "threads": case.threads}
+    info = {"verdict": verdict.to_json(), "case": case.describe(), "planner": case.planner, "threads": case.threads,
+            "codegen": case.codegen}
     (folder / "case.json").write_text(json.dumps(info, indent=1) + "\n")
     (folder / "README.txt").write_text(
         f"opfuse fuzz found: {verdict.line()}\ncase: {case.describe()}\n\nreproduce:\n  "
         f"{REPLAY_COMMAND.format(path=folder)}\n\nor by hand: opfuse run {folder / 'model.onnx'} --backend c "
-        f"--inputs {folder / 'inputs.npz'} --compare reference{' --no-fuse' if 'unfused' in verdict.stage else ''}\n")
+        f"--inputs {folder / 'inputs.npz'} --compare reference{' --no-fuse' if 'unfused' in verdict.stage else ''}\n"
+        + (f"  (that runs the default code generation; the case was built with the profile '{case.codegen}', "
+           f"opfuse.testing.fuzz_check.CODEGEN_PROFILES: {CODEGEN_PROFILES[case.codegen]})\n"
+           if case.codegen != "default" else ""))
     return folder
 
 
@@ -150,7 +154,7 @@ def _one_round(worker: Worker, round_seed: int, count: int, ops, max_nodes: int,
         except Exception as e:  # noqa: BLE001  # the ONNX exporter failing on a valid graph is a finding
             verdict = Verdict("crash", "export", describe_error(e))
         else:
-            verdict = worker.check(model, pack_inputs(case.feeds), case.planner, case.threads)
+            verdict = worker.check(model, pack_inputs(case.feeds), case.planner, case.threads, case.codegen)
         if verdict.status == "unsupported":
             report.unsupported += 1
             reason = verdict.detail.split(":")[0][:120]
@@ -181,9 +185,9 @@ def _one_round(worker: Worker, round_seed: int, count: int, ops, max_nodes: int,
     if shrink:
         say(f"shrinking it ({len(case.graph.nodes)} nodes) ...")
         graph, feeds, verdict = minimize(case.graph, case.feeds, verdict, lambda g, f: worker.check(
-            _model_bytes(g), pack_inputs(f), case.planner, case.threads))
+            _model_bytes(g), pack_inputs(f), case.planner, case.threads, case.codegen))
         main = graph.outputs[0].dtype.name if graph.outputs else case.dtype  # the shrunk graph's, as fuzz_cases
-        case = FuzzCase(graph, feeds, main, case.inputs, case.planner, case.threads)
+        case = FuzzCase(graph, feeds, main, case.inputs, case.planner, case.threads, codegen=case.codegen)
     path = None
     if out is not None:
         path = write_reproducer(case, verdict, Path(out) / f"{verdict.status}-{report.mismatches + report.crashes}")
@@ -205,10 +209,14 @@ def replay(folder: str | Path, timeout: float = CASE_TIMEOUT_S) -> Verdict:
     except (OSError, ValueError) as e:
         raise InputError(f"'{folder}' is not a fuzz reproducer folder (model.onnx, inputs.npz, case.json): "
                          f"{e.strerror if isinstance(e, OSError) else e}") from None
+    codegen = str(info.get("codegen", "default"))
+    if codegen not in CODEGEN_PROFILES:
+        raise InputError(f"'{folder}': codegen profile '{codegen}' in case.json is none of "
+                         f"{', '.join(CODEGEN_PROFILES)}")
     cache = tempfile.mkdtemp(prefix="opfuse-fuzz-cache-")
     try:
         with Worker(cache, timeout) as worker:
-            return worker.check(model, npz, info.get("planner", "auto"), int(info.get("threads", 1)))
+            return worker.check(model, npz, info.get("planner", "auto"), int(info.get("threads", 1)), codegen)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
 

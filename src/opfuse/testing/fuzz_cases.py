@@ -14,7 +14,10 @@ included) and may then be
   (that plus NaN, +-Inf, -0.0, subnormals; integers over their whole range with INT_MIN, INT_MAX,
   0, -1), ``extreme`` (that plus huge finite floats up to FLT_MAX, only for graphs made of ops
   that round each element once, ``EXTREME_SAFE_OPS``: a float32 sum of huge values overflows
-  where the float64 reference does not, a float32 limit, not a bug).
+  where the float64 reference does not, a float32 limit, not a bug);
+* built with a *code-generation profile* (``fuzz_check.CODEGEN_PROFILES``, drawn from
+  ``CODEGEN_DRAW``): the host's defaults half the time, else the size thresholds lowered (the kernels
+  of large tensors on these small ones) or the plain C99 build.
 
 Every model is checked by ``onnx.checker`` (full check, with type constraints) before use. All
 choices are Hypothesis draws, so a failing case shrinks towards fewer nodes, float32, no extras
@@ -57,6 +60,7 @@ INT_SCALE = 4  # float constants in [-2, 2] become integers in [-8, 8]
 KNOWN_ISSUES: dict[str, str] = {
 }
 INPUT_MODES = ("normal", "special", "extreme")
+CODEGEN_DRAW = ("default", "thresholds", "default", "portable")  # profiles drawn, the defaults half the time
 FLOAT_SPECIALS = (np.nan, np.inf, -np.inf, -0.0, 1e-40, -1e-45, 1e-38)
 FLOAT_HUGE = (1e4, -3e8, 1e20, -1e30, 3e38, -3.4028235e38, 3.4028235e38)
 # Input roles the extras create; their values are drawn to mostly make sense.
@@ -74,12 +78,14 @@ class FuzzCase:
     planner: str = "auto"           # the fused build's planner: auto (cost model) | rules (maximal plan)
     threads: int = 1
     extras: list[str] = field(default_factory=list)
+    codegen: str = "default"        # the builds' code-generation profile (``fuzz_check.CODEGEN_PROFILES``)
 
     def describe(self) -> str:
         ops = sorted({n.op_type for n in self.graph.nodes})
         extra = f", extras {'+'.join(self.extras)}" if self.extras else ""
         return (f"{len(self.graph.nodes)} nodes {ops}, {self.dtype}, {self.inputs} inputs, "
-                f"planner {self.planner}, {self.threads} thread{'s' if self.threads > 1 else ''}{extra}")
+                f"planner {self.planner}, {self.threads} thread{'s' if self.threads > 1 else ''}{extra}"
+                + (f", codegen {self.codegen}" if self.codegen != "default" else ""))
 
 
 # Retyping -------------------------------------------------------------------------------------
@@ -303,4 +309,4 @@ def fuzz_cases(draw, ops: Iterable[str] = DEFAULT_OPS, max_nodes: int = 24) -> F
     mode = draw(st.sampled_from(modes))
     feeds = hostile_inputs(graph, mode, draw(st.integers(0, SEED_MAX)))
     return FuzzCase(graph, feeds, main, mode, draw(st.sampled_from(("auto", "rules"))),
-                    draw(st.sampled_from((1, 2))), extras)
+                    draw(st.sampled_from((1, 2))), extras, draw(st.sampled_from(CODEGEN_DRAW)))

@@ -2,7 +2,9 @@
 
 ``check`` imports the ONNX model (the exact file a reproducer holds), runs the reference on the
 imported graph, then compiles the model with ``opfuse.compile`` unfused and fused (the cost-model
-planner or the rules' maximal plan) and runs each build. The verdict is
+planner or the rules' maximal plan) and runs each build. A case names its code-generation profile
+(``CODEGEN_PROFILES``): the host's defaults, or the same with the size thresholds that choose kernels
+lowered, so that small graphs run the kernels large tensors get, or the plain C99 build. The verdict is
 
 * ``ok``: every build agrees with the reference, or both raise ``InputError`` (a zero divisor,
   an index out of range);
@@ -38,6 +40,36 @@ RTOL, ATOL = 1e-4, 1e-5
 # fused build and the reference overflow at different steps: 3e38 against inf.
 OVERFLOW_MARGIN = 256.0
 CASE_TIMEOUT_S = 300.0
+# Code generation a case is built with, over the host's options (``options_for_target("host")``). The
+# kernels are chosen by size: streaming stores from 16 MiB outputs, Winograd from 8x8 outputs and 16
+# channels, K blocks of 1024, several GEMM tiles from 32K floats, parallel loops from 32K operations,
+# staged Sigmoid blocks of 512 floats, attention blocks of 64 keys; the fuzzer's graphs are small, so with
+# the defaults they run the small-size paths only. ``thresholds`` lowers those limits (every such path
+# taken on a few dozen elements, with many tiles, blocks and threads' shares); ``portable`` is the plain
+# C99 build (``simd="none"``, the Cortex-M7's C on the host).
+CODEGEN_PROFILES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "thresholds": dict(
+        stream_store_min_bytes=0, stream_prefetch_floats=64, simd_stage_block=32, simd_unroll=2,
+        winograd_min_channels=1, winograd_f2_min_channels=1, winograd_min_spatial=2, winograd_f4_min_spatial=4,
+        winograd_small_spatial=1, winograd_small_min_channels=1, winograd_block_floats=1 << 12,
+        winograd_prefetch_min_bytes=0, gemm_mc=24, gemm_nc=64, gemm_kc=16, gemm_tile_floats=1024,
+        gemm_min_tiles=8, conv_direct_tile_floats=1024, windows_pack_min_channels=1,
+        parallel_min_work=0, parallel_dynamic_min_work=0, parallel_min_outer=1,
+        depthwise_chunk_planes=1, depthwise_min_chunks=1, depthwise_zmm_plane_min_vectors=1,
+        attention_block=16, attention_one_pass_max_keys=16, attention_min_tiles=1, recurrent_block_steps=2),
+    "portable": dict(simd="none", silu_direct=False),
+}
+
+
+def codegen_options(profile: str):
+    """The ``CodegenOptions`` of a profile of ``CODEGEN_PROFILES`` (None: the host's defaults)."""
+    from opfuse.codegen.options import options_for_target
+    from opfuse.errors import InputError
+    if profile not in CODEGEN_PROFILES:
+        raise InputError(f"codegen profile '{profile}': expected one of {', '.join(CODEGEN_PROFILES)}")
+    fields = CODEGEN_PROFILES[profile]
+    return options_for_target("host").with_(**fields) if fields else None
 
 
 @dataclass(frozen=True)
@@ -94,11 +126,14 @@ def compare(got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray]) -> st
     return None
 
 
-def check(model: bytes, feeds: Mapping[str, np.ndarray], planner: str = "auto", threads: int = 1) -> Verdict:
-    """The verdict on one model and its inputs (see the module docstring), in this process."""
+def check(model: bytes, feeds: Mapping[str, np.ndarray], planner: str = "auto", threads: int = 1,
+          codegen: str = "default") -> Verdict:
+    """The verdict on one model and its inputs (see the module docstring), in this process, its builds with
+    the code-generation profile ``codegen``."""
     import onnx
 
     import opfuse
+    from opfuse.compiler import CompileOptions, build_native, plan_model
     from opfuse.codegen import UnsupportedGroupError
     from opfuse.errors import InputError, UnsupportedOpError
     from opfuse.runtime import reference
@@ -118,7 +153,11 @@ def check(model: bytes, feeds: Mapping[str, np.ndarray], planner: str = "auto", 
         return Verdict("crash", "reference", describe_error(e))
     for variant, options in (("unfused", {"fuse": False}), ("fused", {"fuse": True, "planner": planner})):
         try:
-            built = opfuse.compile(proto, threads=threads, **options)
+            if codegen == "default":
+                built = opfuse.compile(proto, threads=threads, **options)
+            else:
+                built = build_native(plan_model(proto, CompileOptions(**options)), threads=threads,
+                                     codegen_options=codegen_options(codegen))
         except UnsupportedOpError as e:
             if isinstance(e, UnsupportedGroupError):  # the planner chose a group codegen cannot build
                 return Verdict("crash", f"{variant} compile", describe_error(e))
@@ -146,7 +185,7 @@ def check(model: bytes, feeds: Mapping[str, np.ndarray], planner: str = "auto", 
 # The child process ------------------------------------------------------------------------------
 
 def _serve(conn, cache_dir: str | None) -> None:
-    """The worker's loop: receive (model, feeds, planner, threads), send back the verdict."""
+    """The worker's loop: receive (model, feeds, planner, threads, codegen), send back the verdict."""
     if cache_dir:
         os.environ["OPFUSE_CACHE_DIR"] = cache_dir
     while True:
@@ -156,11 +195,11 @@ def _serve(conn, cache_dir: str | None) -> None:
             return
         if job is None:
             return
-        model, npz, planner, threads = job
+        model, npz, planner, threads, codegen = job
         with np.load(io.BytesIO(npz)) as data:
             feeds = {k: data[k] for k in data.files}
         try:
-            verdict = check(model, feeds, planner, threads)
+            verdict = check(model, feeds, planner, threads, codegen)
         except Exception as e:  # noqa: BLE001  # a bug in check itself must not hang the parent
             verdict = Verdict("crash", "check", describe_error(e))
         conn.send(verdict)
@@ -204,12 +243,13 @@ class Worker:
         child.close()
         self._conn = parent
 
-    def check(self, model: bytes, npz: bytes, planner: str = "auto", threads: int = 1) -> Verdict:
+    def check(self, model: bytes, npz: bytes, planner: str = "auto", threads: int = 1,
+              codegen: str = "default") -> Verdict:
         if self._proc is None or not self._proc.is_alive():
             self._start()
         assert self._conn is not None and self._proc is not None
         try:
-            self._conn.send((model, npz, planner, threads))
+            self._conn.send((model, npz, planner, threads, codegen))
             if self._conn.poll(self.timeout):
                 return self._conn.recv()
             self._stop(kill=True)
