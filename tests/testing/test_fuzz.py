@@ -145,6 +145,7 @@ def test_codegen_profiles_take_the_large_size_kernels_on_a_small_graph():
     assert "Winograd" not in src["default"] and "_stream_ps" not in src["default"]
     assert "Winograd F(" in src["thresholds"] and "_stream_ps" in src["thresholds"]
     assert "immintrin" in src["default"] and "immintrin" not in src["portable"]
+    assert "_mm512" not in src["avx2"] and "_mm256" in src["avx2"]
     for name in CODEGEN_PROFILES:
         for threads in (1, 2):
             assert check(_model(g), feeds, "auto", threads, name) == Verdict("ok"), (name, threads)

@@ -16,8 +16,8 @@ included) and may then be
   that round each element once, ``EXTREME_SAFE_OPS``: a float32 sum of huge values overflows
   where the float64 reference does not, a float32 limit, not a bug);
 * built with a *code-generation profile* (``fuzz_check.CODEGEN_PROFILES``, drawn from
-  ``CODEGEN_DRAW``): the host's defaults half the time, else the size thresholds lowered (the kernels
-  of large tensors on these small ones) or the plain C99 build.
+  ``CODEGEN_DRAW``): the host's defaults or the size thresholds lowered (the kernels of large tensors
+  on these small ones) a third of the time each, else the AVX2 kernels or the plain C99 build.
 
 Every model is checked by ``onnx.checker`` (full check, with type constraints) before use. All
 choices are Hypothesis draws, so a failing case shrinks towards fewer nodes, float32, no extras
@@ -60,7 +60,7 @@ INT_SCALE = 4  # float constants in [-2, 2] become integers in [-8, 8]
 KNOWN_ISSUES: dict[str, str] = {
 }
 INPUT_MODES = ("normal", "special", "extreme")
-CODEGEN_DRAW = ("default", "thresholds", "default", "portable")  # profiles drawn, the defaults half the time
+CODEGEN_DRAW = ("default", "thresholds", "default", "thresholds", "avx2", "portable")  # profiles drawn, by weight
 FLOAT_SPECIALS = (np.nan, np.inf, -np.inf, -0.0, 1e-40, -1e-45, 1e-38)
 FLOAT_HUGE = (1e4, -3e8, 1e20, -1e30, 3e38, -3.4028235e38, 3.4028235e38)
 # Input roles the extras create; their values are drawn to mostly make sense.

@@ -45,8 +45,9 @@ CASE_TIMEOUT_S = 300.0
 # channels, K blocks of 1024, several GEMM tiles from 32K floats, parallel loops from 32K operations,
 # staged Sigmoid blocks of 512 floats, attention blocks of 64 keys; the fuzzer's graphs are small, so with
 # the defaults they run the small-size paths only. ``thresholds`` lowers those limits (every such path
-# taken on a few dozen elements, with many tiles, blocks and threads' shares); ``portable`` is the plain
-# C99 build (``simd="none"``, the Cortex-M7's C on the host).
+# taken on a few dozen elements, with many tiles, blocks and threads' shares); ``avx2`` the AVX2 kernels
+# where the host has AVX-512 (what a machine without it runs); ``portable`` the plain C99 build
+# (``simd="none"``, the Cortex-M7's C on the host).
 CODEGEN_PROFILES: dict[str, dict[str, Any]] = {
     "default": {},
     "thresholds": dict(
@@ -58,6 +59,7 @@ CODEGEN_PROFILES: dict[str, dict[str, Any]] = {
         parallel_min_work=0, parallel_dynamic_min_work=0, parallel_min_outer=1,
         depthwise_chunk_planes=1, depthwise_min_chunks=1, depthwise_zmm_plane_min_vectors=1,
         attention_block=16, attention_one_pass_max_keys=16, attention_min_tiles=1, recurrent_block_steps=2),
+    "avx2": dict(vector_isa="avx2"),
     "portable": dict(simd="none", silu_direct=False),
 }
 
