@@ -351,7 +351,15 @@ def chain_invariants(kc, outs: list[Value], inline: set[int], leaf: Leaf) -> lis
             else:
                 memo[id(v)] = leaf(v) is False
         return memo[id(v)]
-    found: dict[int, Value] = {}
+    return [v for v in chain_stops(kc, outs, inline, constant) if constant(v)]
+
+
+def chain_stops(kc, outs: list[Value], inline: set[int], stop: Callable[[Value], bool]) -> list[Value]:
+    """The values where a walk from ``outs`` through the nodes computed inline stops, each once, in the walk's
+    order: those ``stop`` accepts and those the chain reads from memory (a value no inline node computes, or a
+    stored constant), scalar constants left out."""
+    static = kc.program.memory.static
+    found: list[Value] = []
     seen: set[int] = set()
     todo = list(outs)
     while todo:
@@ -359,11 +367,11 @@ def chain_invariants(kc, outs: list[Value], inline: set[int], leaf: Leaf) -> lis
         if id(v) in seen or (id(v) in static and static[id(v)].size == 1):
             continue
         seen.add(id(v))
-        if constant(v):
-            found[id(v)] = v
-        elif v.producer is not None and id(v.producer) in inline and id(v) not in static:
+        if stop(v) or v.producer is None or id(v.producer) not in inline or id(v) in static:
+            found.append(v)
+        else:
             todo.extend(v.producer.input_values())
-    return list(found.values())
+    return found
 
 
 def chain_refusal(kc, outs: list[Value], inline: set[int], leaf: Leaf) -> str | None:
@@ -505,20 +513,7 @@ def _streams(kc, outs: list[Value], inline: set[int]) -> bool:
 def _dense_leaves(kc, outs: list[Value], inline: set[int], shape, inner: tuple[int, int]) -> list[Value]:
     """The values the chain storing ``outs`` loads from memory a vector at a time (varying along its vector loop),
     in the order a walk from the outputs meets them."""
-    static = kc.program.memory.static
-    found: list[Value] = []
-    seen: set[int] = set()
-    todo = list(outs)
-    while todo:
-        v = todo.pop()
-        if id(v) in seen or (id(v) in static and static[id(v)].size == 1):
-            continue
-        seen.add(id(v))
-        if v.producer is not None and id(v.producer) in inline and id(v) not in static:
-            todo.extend(reversed(v.producer.input_values()))
-        elif _varies(v, shape, inner) is True:
-            found.append(v)
-    return found
+    return [v for v in chain_stops(kc, outs, inline, lambda v: False) if _varies(v, shape, inner) is True]
 
 
 def _prefetch_lines(kc, leaves: list[Value], idx: Index, floats: int) -> None:
