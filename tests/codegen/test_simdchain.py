@@ -311,6 +311,24 @@ def test_streaming_loop_prefetches_each_dense_input(cache_dir):
             assert _same_bits(_outputs(g, plan, {"x": x, "y": y}, options, cache_dir, threads), want)
 
 
+def test_each_streaming_kernel_prefetches_what_it_loads():
+    """Unfused, each kernel of Exp -> Neg -> Relu streams its own input: Relu prefetches Neg's output (which
+    another kernel computed), not what Neg read; Neg, storing over its dying input, neither streams nor
+    prefetches."""
+    import re
+    b = GraphBuilder("unfused")
+    g = b.build(b.op("Relu", b.op("Neg", b.op("Exp", b.input("x", (4099,))))))
+    for options in (STREAM, STREAM_AVX2):
+        src = generate(g, FusionPlan.unfused(g), options=options).source
+        kernels = src.split("/* group ")[1:]
+        assert len(kernels) == 3
+        for k, streams in zip(kernels, (True, False, True), strict=True):
+            body = k[:k.index("#elif" if options is STREAM else "#else")]
+            loaded = set(re.findall(r"_mm(?:256|512)_loadu_ps\((\w+) \+", body))
+            fetched = set(re.findall(r"_mm_prefetch\(\(const char\*\)\(\(uintptr_t\)\((\w+) \+", body))
+            assert len(loaded) == 1 and fetched == (loaded if streams else set()), (k[:40], loaded, fetched)
+
+
 def test_stream_prefetch_floats_is_checked():
     with pytest.raises(OpfuseError, match="stream_prefetch_floats"):
         CodegenOptions(stream_prefetch_floats=-1)
