@@ -2,7 +2,9 @@
 more than two pieces (``b_split``: piece ``p`` at ``p * ldb`` floats past the first, a panel of positions spread over
 three or four output rows of a convolution band), compiled the three ways against NumPy; the AdvSIMD storing
 micro-kernels with a one-letter epilogue (a Relu alone, a bias alone) under qemu-aarch64 against the reference, in
-one program (their function names must differ); the 32 q-register rule at a row count just past it."""
+one program (their function names must differ); the 32 q-register rule at a row count just past it; the transposed
+storing micro-kernels in one translation unit with ``-pedantic-errors -Werror`` (each defines and undefines its
+store macro: a macro defined again with another body is a constraint violation, C99 6.10.3p2)."""
 from __future__ import annotations
 
 import ctypes
@@ -18,6 +20,7 @@ from opfuse.ops import GraphBuilder
 from opfuse.runtime import aarch64, reference
 from test_avx512 import HOST_HAS_AVX512, NO_AVX512_REASON, _compile
 from test_neon import needs_tools
+from test_transposed_store import UKERNELS
 
 rng = np.random.default_rng(13)
 # (MR, NR, B's piece in floats, an AVX-512 body): three pieces of a zmm, three and four of a ymm (the zmm body needs
@@ -99,3 +102,15 @@ def test_neon_storing_kernels_with_a_relu_alone_and_a_bias_alone_under_qemu():
     feeds = reference.random_inputs(g, 0)
     want = reference.run(g, feeds)
     assert_close(aarch64.run_on_qemu(program, feeds).outputs, want)
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+def test_transposed_micro_kernels_compile_without_a_diagnostic(isa, tmp_path):
+    if isa == "avx512" and not HOST_HAS_AVX512:
+        pytest.skip(NO_AVX512_REASON)
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("not an x86-64 host: no AVX2 or AVX-512 to compile for")
+    flags = {"avx512": ["-march=native"], "avx2": ["-march=native", "-mno-avx512f"]}[isa]
+    texts = [microkernel(mr, nr, "packed", "packed", "auto", 16, avx512=True, epilogue=epi, transposed=True)[1]
+             for mr, nr, epi in UKERNELS if epi]
+    _compile(tmp_path, "\n".join(texts), [*flags, "-pedantic-errors", "-Werror"], "strict" + isa)
