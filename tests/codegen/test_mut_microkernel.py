@@ -4,20 +4,26 @@ three or four output rows of a convolution band), compiled the three ways agains
 micro-kernels with a one-letter epilogue (a Relu alone, a bias alone) under qemu-aarch64 against the reference, in
 one program (their function names must differ); the 32 q-register rule at a row count just past it; the transposed
 storing micro-kernels in one translation unit with ``-pedantic-errors -Werror`` (each defines and undefines its
-store macro: a macro defined again with another body is a constraint violation, C99 6.10.3p2)."""
+store macro: a macro defined again with another body is a constraint violation, C99 6.10.3p2); a transposed and a
+row-storing micro-kernel of one block in one program."""
 from __future__ import annotations
 
 import ctypes
+import os
 import platform
+import signal
+import time
 
 import numpy as np
 import pytest
 
 from cg_support import assert_close
+from opfuse.codegen import CodegenOptions, generate
 from opfuse.codegen.microkernel import fits_neon, microkernel
 from opfuse.compiler import plan_model
 from opfuse.ops import GraphBuilder
 from opfuse.runtime import aarch64, reference
+from opfuse.runtime.native import build
 from test_avx512 import HOST_HAS_AVX512, NO_AVX512_REASON, _compile
 from test_neon import needs_tools
 from test_transposed_store import UKERNELS
@@ -114,3 +120,42 @@ def test_transposed_micro_kernels_compile_without_a_diagnostic(isa, tmp_path):
     texts = [microkernel(mr, nr, "packed", "packed", "auto", 16, avx512=True, epilogue=epi, transposed=True)[1]
              for mr, nr, epi in UKERNELS if epi]
     _compile(tmp_path, "\n".join(texts), [*flags, "-pedantic-errors", "-Werror"], "strict" + isa)
+
+
+def _conv_relu(b, name, x, oc):
+    w = b.const(name + "_w", rng.standard_normal((oc, x.shape[1], 1, 1)).astype(np.float32))
+    return b.op("Relu", b.op("Conv", x, w, b.const(name + "_b", rng.standard_normal(oc).astype(np.float32)),
+                             name=name))
+
+
+def test_a_transposed_and_a_row_storing_kernel_of_one_block_in_one_program(cache_dir):
+    """Two 1x1 Convs with a bias and a Relu, both 6 x 16 packed x packed on the AVX2 target: at 7x7 over its
+    windows with the positions packed (stored transposed), at 16x16 over its packed rows (stored along the
+    rows). Two micro-kernels, each GEMM's results as the reference. Built and run in a forked child: where both
+    took one function name, one GEMM stored the other's way, past its output, and the process hung or crashed."""
+    b = GraphBuilder("two_stores")
+    g = b.build(_conv_relu(b, "c1", b.input("x", (1, 48, 7, 7)), 36),
+                _conv_relu(b, "c3", b.input("z", (1, 8, 16, 16)), 36))
+    comp = plan_model(g)
+    options = CodegenOptions(vector_isa="avx2", windows_pack_min_channels=1)
+    notes = [n for k in generate(comp.plan.graph, comp.plan, options=options).kernels for n in k.notes]
+    assert sum("output bias and Relu applied and stored by the micro-kernel" in n for n in notes) == 2
+    feeds = reference.random_inputs(g, 0)
+    want = reference.run(g, feeds)
+    pid = os.fork()
+    if pid == 0:  # the child: 0 when the results are the reference's
+        signal.alarm(120)
+        try:
+            got = build(comp.plan.graph, comp.plan, options=options, cache_dir=cache_dir, threads=1).run(feeds)
+            assert_close(got, want)
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    deadline = time.monotonic() + 150
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the program did not finish")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
