@@ -142,20 +142,50 @@ def test_a_transposed_and_a_row_storing_kernel_of_one_block_in_one_program(cache
     assert sum("output bias and Relu applied and stored by the micro-kernel" in n for n in notes) == 2
     feeds = reference.random_inputs(g, 0)
     want = reference.run(g, feeds)
+
+    def check() -> None:
+        got = build(comp.plan.graph, comp.plan, options=options, cache_dir=cache_dir, threads=1).run(feeds)
+        assert_close(got, want)
+    _in_child(check)
+
+
+def _in_child(check, timeout: float = 120.0) -> None:
+    """Run ``check`` in a forked child (a fault, or a hang past ``timeout`` seconds, fails the test, not pytest)."""
     pid = os.fork()
-    if pid == 0:  # the child: 0 when the results are the reference's
-        signal.alarm(120)
+    if pid == 0:
+        signal.alarm(int(timeout))
         try:
-            got = build(comp.plan.graph, comp.plan, options=options, cache_dir=cache_dir, threads=1).run(feeds)
-            assert_close(got, want)
+            check()
             os._exit(0)
         except BaseException:
             os._exit(1)
-    deadline = time.monotonic() + 150
+    deadline = time.monotonic() + timeout + 30
     while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
     if done[0] == 0:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-        pytest.fail("the program did not finish")
-    assert os.waitstatus_to_exitcode(done[1]) == 0
+        pytest.fail("the child did not finish")
+    assert os.waitstatus_to_exitcode(done[1]) == 0, "the check failed or faulted in the child"
+
+
+def test_scalar_accumulators_of_a_packed_a_read_no_row_pointer(tmp_path):
+    """The Cortex-M7's body (``scalar_accumulators``, plain C) over a packed A is called with ``ar`` = 0 (``gemm``'s
+    call for a packed panel): compiled without optimisation, so that a read of ``ar`` is not deleted as dead, it
+    reads none (in a forked child: such a read faults) and matches NumPy; the window access reads its rows there."""
+    texts = [microkernel(4, 4, a, "packed", "none", 0, True)[1] for a in ("packed", "koff")]
+    lib = _compile(tmp_path, texts[0].replace("static void", "void"), ["-O0"], "scalars")
+    fn = microkernel(4, 4, "packed", "packed", "none", 0, True)[0]
+
+    def check() -> None:
+        A = rng.standard_normal((4, 9)).astype(np.float32)
+        B = rng.standard_normal((9, 4)).astype(np.float32)
+        packed, C = np.ascontiguousarray(A.T), np.zeros((4, 4), np.float32)
+        fp = ctypes.POINTER(ctypes.c_float)
+        f = getattr(lib, fn)
+        f.restype = None
+        f(ctypes.c_long(9), packed.ctypes.data_as(fp), None, None, B.ctypes.data_as(fp), ctypes.c_long(4),
+          C.ctypes.data_as(fp), ctypes.c_long(4), ctypes.c_int(0))
+        np.testing.assert_allclose(C, A.astype(np.float64) @ B, rtol=1e-5, atol=1e-5)
+    _in_child(check, 30)
+    assert "ar[0]" not in texts[0] and "ar[0]" in texts[1]
