@@ -341,3 +341,15 @@ def test_direct_conv_with_a_prologue(cache_dir):
         got, want, m = run_both(g, plan, cache_dir, options=options)
         assert NOTE in _notes(m) and m.report["kernels"] == 1
         assert_close(got, want)
+
+
+@pytest.mark.parametrize("nr", [8, 24])
+def test_direct_block_of_part_zmm_pieces_on_avx512(nr, cache_dir):
+    """``conv_direct_nr`` positions that are not whole zmm vectors (8, 24) on the AVX-512 target: no wide block of
+    two pieces (each piece would be loaded a zmm at a time; the AVX-512 body asserted on it, found by mutation
+    testing, tests/mutation/mutM.md); an output width of 24 with 2 output rows, the direct kernel within
+    float32 rounding of the reference."""
+    g, plan = _conv_graph(3, 16, 4, 26, 3, 1, [0, 0, 0, 0])
+    got, want, m = run_both(g, plan, cache_dir, options=CodegenOptions(vector_isa="avx512", conv_direct_nr=nr))
+    assert NOTE in _notes(m)
+    assert_close(got, want)

@@ -39,7 +39,7 @@ import numpy as np
 from opfuse.codegen.conv_windows import band_rows
 from opfuse.codegen.gemm import ColAccess, GemmProblem, Operand, in_memory
 from opfuse.codegen.index import Index, add, delinearize, mul
-from opfuse.codegen.microkernel import fits_avx2, fits_avx512
+from opfuse.codegen.microkernel import ZMM_FLOATS, fits_avx2, fits_avx512
 
 
 def direct_block(o, channels: int, least_padding: bool = False, wide: bool = False) -> tuple[int, int]:
@@ -76,9 +76,12 @@ MIN_WIDE_ROWS = 8
 
 def wide_direct_block(o) -> bool:
     """Whether the direct kernel's block may be ``conv_direct_vectors`` (2) vectors of ``conv_direct_nr``
-    positions wide: the AVX-512 body (two zmm of B a k step, so a broadcast of A feeds two multiply-adds)."""
+    positions wide: the AVX-512 body (two zmm of B a k step, so a broadcast of A feeds two multiply-adds).
+    ``conv_direct_nr`` must then be whole zmm vectors: a panel read in two pieces (``b_split``) loads each
+    piece a zmm at a time (a ``conv_direct_nr`` of 8 or 24 made the AVX-512 body assert)."""
     return o.simd == "auto" and o.vector_isa == "avx512" and o.conv_direct_vectors == 2 and \
-        o.conv_direct_mr >= MIN_WIDE_ROWS and fits_avx512(MIN_WIDE_ROWS, o.conv_direct_nr * 2)
+        o.conv_direct_nr % ZMM_FLOATS == 0 and o.conv_direct_mr >= MIN_WIDE_ROWS and \
+        fits_avx512(MIN_WIDE_ROWS, o.conv_direct_nr * 2)
 
 
 # Fewest output channels per group for the direct kernel: the AVX-512 block has at least 8 rows (enough FMA
