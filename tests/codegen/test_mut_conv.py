@@ -1,0 +1,102 @@
+"""Cases the convolution generators (``codegen/conv.py``, ``conv_direct.py``, ``conv_windows.py``) had no test
+for, found by mutation testing (tests/mutation/mutK.md): windows that start exactly on the input's last column or
+entirely inside a padding wider than the input (``conv.valid_range`` and the row-segment packer of a convolution
+with run-time weights), 1-D convolutions padded at the end only or not at all (the im2col packer), the direct
+kernel's register blocks (``conv_direct.direct_block``: channel counts rounded up to even rows, a block too wide
+for 8 rows) and the least-padding block of a two-group convolution, and the notes naming the band the direct
+kernel reads. Each compiled case against the reference; few compiles."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cg_support import assert_close, group_by_names, run_both
+from opfuse.codegen import CodegenOptions, generate
+from opfuse.codegen.conv import valid_range
+from opfuse.codegen.conv_direct import direct_block
+from opfuse.ops import GraphBuilder
+
+rng = np.random.default_rng(113)
+AVX512 = CodegenOptions(vector_isa="avx512")
+AVX2 = CodegenOptions(vector_isa="avx2")
+
+
+def _w(b, name, *shape):
+    return b.const(name, (rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32))
+
+
+def _notes(m) -> str:
+    return " ".join(n for k in m.kernels for n in k.notes)
+
+
+def test_valid_range_at_the_input_edges():
+    # a window origin past every input column but the last few: o * 1 - 4 in [0, 3) for o = 4, 5
+    assert valid_range(6, 3, 1, -4) == (4, 6)
+    # the offset is the input's last column: only o = 0 reads it (o * 1 + 3 < 4)
+    assert valid_range(3, 4, 1, 3) == (0, 1)
+    # the same with a stride: o * 2 + 4 < 5 for o = 0 only
+    assert valid_range(4, 5, 2, 4) == (0, 1)
+
+
+def test_runtime_weight_convs_at_the_input_edges(cache_dir):
+    """2-D convolutions whose weights are a run-time input (the row-segment packer): one whose only output
+    column reads the input's last column at its last tap (3 columns, 3x3, unpadded), one padded 4 columns on
+    each side of a 3-column input (its first 4 output columns read padding at every tap but the last ones)."""
+    b = GraphBuilder("edges")
+    x, w = b.input("x", (1, 4, 6, 3)), b.input("w", (5, 4, 3, 3))
+    y1 = b.op("Conv", x, w, kernel_shape=[3, 3], name="tight")
+    y2 = b.op("Conv", x, w, kernel_shape=[3, 3], pads=[1, 4, 1, 4], name="wide_pad")
+    g = b.build(b.op("Relu", y1, name="r1"), b.op("Relu", y2, name="r2"))
+    assert g.nodes[0].outputs[0].shape == (1, 5, 4, 1) and g.nodes[1].outputs[0].shape == (1, 5, 6, 9)
+    plan = group_by_names(g, [("conv_epilogue", ["tight", "r1"]), ("conv_epilogue", ["wide_pad", "r2"])])
+    got, want, _ = run_both(g, plan, cache_dir, options=AVX2)
+    assert_close(got, want)
+
+
+def test_one_d_convolutions_padded_at_the_end_only_or_not_at_all(cache_dir):
+    """The im2col packer (1-D): padding at the end only (the padded test must look at the end pads too), and
+    none at all with a stride (no select)."""
+    b = GraphBuilder("conv1d")
+    x = b.input("x", (2, 6, 19))
+    y1 = b.op("Conv", x, _w(b, "w1", 10, 6, 3), kernel_shape=[3], pads=[0, 2], name="end_pad")
+    y2 = b.op("Conv", x, _w(b, "w2", 10, 6, 3), _w(b, "b2", 10), kernel_shape=[3], strides=[2], name="unpadded")
+    g = b.build(b.op("Relu", y1, name="r1"), b.op("Relu", y2, name="r2"))
+    plan = group_by_names(g, [("conv_epilogue", ["end_pad", "r1"]), ("conv_epilogue", ["unpadded", "r2"])])
+    got, want, _ = run_both(g, plan, cache_dir, options=AVX2.with_(gemm_kc=8))
+    assert_close(got, want)
+
+
+def test_direct_block_rows():
+    """The AVX-512 block (not wide): the channels rounded up to an even count of rows, at least 8, at most
+    ``conv_direct_mr``, and fewer where the rows would not fit the registers (64 positions: 4 zmm a row, so 8
+    rows do not fit, 6 do: the loop down from 8 stops there)."""
+    o = AVX512.resolved("avx512")
+    for channels, rows in ((9, 10), (11, 12), (20, 16), (3, 8)):
+        mr, nr = direct_block(o, channels)
+        assert (mr, nr) == (rows, 16) and type(mr) is int, (channels, mr, nr)
+    assert direct_block(o.with_(conv_direct_nr=64, conv_direct_mr=6), 32) == (6, 64)
+
+
+def test_two_groups_take_the_least_padding_rows():
+    """Two groups of 8 channels: the AVX2 block pads a group's channels least (4 rows, not 6), as for more
+    groups (``direct_block``'s ``least_padding``)."""
+    b = GraphBuilder("g2")
+    x = b.input("x", (1, 16, 15, 32))
+    y = b.op("Conv", x, _w(b, "w", 16, 8, 3, 3), kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=2, name="conv")
+    g = b.build(b.op("Relu", y, name="act"))
+    plan = group_by_names(g, [("conv_epilogue", ["conv", "act"])])
+    notes = _notes(generate(g, plan, options=AVX2))
+    assert "direct kernel" in notes and "4x16 micro-kernel" in notes, notes
+
+
+@pytest.mark.parametrize(("width", "band"), [
+    (32, "over a phase-split band"),
+    (30, "over a band split by kernel column, panels across output rows"),
+])
+def test_direct_kernel_notes_name_its_band(width, band):
+    b = GraphBuilder("band")
+    x = b.input("x", (1, 16, 14, width))
+    y = b.op("Conv", x, _w(b, "w", 32, 4, 3, 3), kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=4, name="conv")
+    g = b.build(y)
+    notes = _notes(generate(g, group_by_names(g, [("conv_epilogue", ["conv"])]), options=AVX512))
+    assert f"direct kernel (channels x positions {band}, per group of 4 channels)" in notes, notes
