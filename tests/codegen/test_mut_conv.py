@@ -54,14 +54,17 @@ def test_runtime_weight_convs_at_the_input_edges(cache_dir):
 
 
 def test_one_d_convolutions_padded_at_the_end_only_or_not_at_all(cache_dir):
-    """The im2col packer (1-D): padding at the end only (the padded test must look at the end pads too), and
-    none at all with a stride (no select)."""
+    """The im2col packer (1-D): padding at the end only (the padded test must look at the end pads too), none
+    at all with a stride (no select), and two groups (each group's channels from ``b % 2``)."""
     b = GraphBuilder("conv1d")
     x = b.input("x", (2, 6, 19))
     y1 = b.op("Conv", x, _w(b, "w1", 10, 6, 3), kernel_shape=[3], pads=[0, 2], name="end_pad")
     y2 = b.op("Conv", x, _w(b, "w2", 10, 6, 3), _w(b, "b2", 10), kernel_shape=[3], strides=[2], name="unpadded")
-    g = b.build(b.op("Relu", y1, name="r1"), b.op("Relu", y2, name="r2"))
-    plan = group_by_names(g, [("conv_epilogue", ["end_pad", "r1"]), ("conv_epilogue", ["unpadded", "r2"])])
+    y3 = b.op("Conv", x, _w(b, "w3", 8, 3, 3), _w(b, "b3", 8), kernel_shape=[3], pads=[1, 1], group=2,
+              name="grouped")
+    g = b.build(b.op("Relu", y1, name="r1"), b.op("Relu", y2, name="r2"), b.op("Relu", y3, name="r3"))
+    plan = group_by_names(g, [("conv_epilogue", ["end_pad", "r1"]), ("conv_epilogue", ["unpadded", "r2"]),
+                              ("conv_epilogue", ["grouped", "r3"])])
     got, want, _ = run_both(g, plan, cache_dir, options=AVX2.with_(gemm_kc=8))
     assert_close(got, want)
 
@@ -75,6 +78,8 @@ def test_direct_block_rows():
         mr, nr = direct_block(o, channels)
         assert (mr, nr) == (rows, 16) and type(mr) is int, (channels, mr, nr)
     assert direct_block(o.with_(conv_direct_nr=64, conv_direct_mr=6), 32) == (6, 64)
+    # 80 positions (5 zmm a row): 8, 7 and 6 rows do not fit, 5 do (one row at a time down from 8)
+    assert direct_block(o.with_(conv_direct_nr=80, conv_direct_mr=5), 32) == (5, 80)
 
 
 def test_two_groups_take_the_least_padding_rows():
@@ -100,3 +105,21 @@ def test_direct_kernel_notes_name_its_band(width, band):
     g = b.build(y)
     notes = _notes(generate(g, group_by_names(g, [("conv_epilogue", ["conv"])]), options=AVX512))
     assert f"direct kernel (channels x positions {band}, per group of 4 channels)" in notes, notes
+
+
+def test_depthwise_kernel_for_two_d_only(cache_dir):
+    """A depthwise Conv (groups = input = output channels) in 2-D takes the depthwise loop nest (no GEMM, no
+    micro-kernel); in 3-D the grouped GEMM, against the reference."""
+    b = GraphBuilder("dw2d")
+    x = b.input("x", (1, 8, 10, 10))
+    g = b.build(b.op("Conv", x, _w(b, "w", 8, 1, 3, 3), kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=8,
+                     name="dw"))
+    p = generate(g, group_by_names(g, [("conv_epilogue", ["dw"])]), options=AVX2)
+    assert "opfuse_ukr_" not in p.source and not any("GEMM" in n for k in p.kernels for n in k.notes), _notes(p)
+    b = GraphBuilder("dw3d")
+    x = b.input("x", (1, 4, 5, 6, 7))
+    y = b.op("Conv", x, _w(b, "w", 4, 1, 3, 3, 3), _w(b, "b", 4), kernel_shape=[3, 3, 3], pads=[1] * 6, group=4,
+             name="dw")
+    g = b.build(b.op("Relu", y, name="act"))
+    got, want, _ = run_both(g, group_by_names(g, [("conv_epilogue", ["dw", "act"])]), cache_dir, options=AVX2)
+    assert_close(got, want)
