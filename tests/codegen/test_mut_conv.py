@@ -105,6 +105,43 @@ def test_direct_kernel_notes_name_its_band(width, band):
     g = b.build(y)
     notes = _notes(generate(g, group_by_names(g, [("conv_epilogue", ["conv"])]), options=AVX512))
     assert f"direct kernel (channels x positions {band}, per group of 4 channels)" in notes, notes
+    # the wide block (2 zmm of positions) both ways: across rows (420 positions, a part last panel read from the
+    # band's zeroed tail) and in rows of 32
+    assert "8x32 micro-kernel" in notes, notes
+
+
+def _stem(c=3, oc=32, h=64, w=64, k=3, stride=2):
+    b = GraphBuilder("stem")
+    x = b.input("x", (1, c, h, w))
+    y = b.op("Conv", x, _w(b, "w", oc, c, k, k), kernel_shape=[k, k], strides=[stride, stride], pads=[1, 1, 1, 1],
+             name="conv")
+    g = b.build(y)
+    return g, group_by_names(g, [("conv_epilogue", ["conv"])])
+
+
+def test_direct_refusal_bounds_are_inclusive():
+    """K = 27 (3 channels x 3x3): taken with ``conv_direct_max_k`` 27, refused with 26; one panel a row (an
+    output width of 16) with ``conv_direct_one_panel_max_k`` 27, not 26."""
+    from opfuse.codegen.conv_direct import direct_conv_refusal
+    from opfuse.ops.nn import conv_geometry
+
+    for w, option in ((64, "conv_direct_max_k"), (32, "conv_direct_one_panel_max_k")):
+        g, _ = _stem(w=w)
+        node = g.nodes[0]
+        geo, G = conv_geometry(node)
+        wt = np.zeros(node.input(1).shape, np.float32)
+        assert direct_conv_refusal(CodegenOptions(**{option: 27}), node, geo, G, wt, np.dtype(np.float32)) is None
+        why = direct_conv_refusal(CodegenOptions(**{option: 26}), node, geo, G, wt, np.dtype(np.float32))
+        assert why is not None and "K = 27 > " in why, why
+
+
+def test_direct_tile_floats_bound_the_c_tile():
+    """``conv_direct_tile_floats`` sizes the C tile (all the channels x the tile's positions), so a smaller
+    bound leaves less scratch per thread."""
+    g, plan = _stem()
+    big, small = (generate(g, plan, options=AVX512.with_(conv_direct_tile_floats=n)) for n in (16384, 1024))
+    assert "direct kernel" in _notes(big) and "direct kernel" in _notes(small)
+    assert small.kernels[0].scratch_bytes < big.kernels[0].scratch_bytes
 
 
 def test_depthwise_kernel_for_two_d_only(cache_dir):
