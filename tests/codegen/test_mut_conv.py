@@ -160,3 +160,34 @@ def test_depthwise_kernel_for_two_d_only(cache_dir):
     g = b.build(b.op("Relu", y, name="act"))
     got, want, _ = run_both(g, group_by_names(g, [("conv_epilogue", ["dw", "act"])]), cache_dir, options=AVX2)
     assert_close(got, want)
+
+
+# (input channels, output channels, height, width, kernel, stride, pads, group, the kernel's note): each band the
+# convolutions copy their input rows into, with padding on the right that windows read
+BANDS = [
+    (3, 24, 32, 32, 3, 1, [1, 1, 1, 1], 1, "over a phase-split band"),
+    (3, 16, 20, 31, 5, 2, [2, 2, 2, 3], 1, "over a phase-split band"),
+    (16, 32, 14, 30, 3, 1, [1, 1, 1, 1], 4, "panels across output rows"),
+    (32, 48, 15, 15, 3, 2, [1, 1, 1, 1], 1, None),
+]
+
+
+@pytest.mark.parametrize("case", BANDS, ids=["phase_s1", "phase_s2", "shifted", "windows"])
+def test_bands_do_not_rely_on_zeroed_scratch(case, cache_dir):
+    """Every band element a window reads is written per tile (the padding zero-filled): run with the scratch,
+    arena and outputs first filled with 0x7F7F7F7F (3.4e38), against the reference."""
+    from opfuse.runtime import reference
+    from opfuse.runtime.native import build
+
+    c, oc, h, w, k, s, pads, group, note = case
+    b = GraphBuilder("band")
+    x = b.input("x", (1, c, h, w))
+    y = b.op("Conv", x, _w(b, "w", oc, c // group, k, k), _w(b, "b", oc), kernel_shape=[k, k], strides=[s, s],
+             pads=pads, group=group, name="conv")
+    g = b.build(b.op("Relu", y, name="act"))
+    model = build(g, group_by_names(g, [("conv_epilogue", ["conv", "act"])]), cache_dir=cache_dir,
+                  options=AVX512.with_(winograd="off"))
+    notes = _notes(model.program)
+    assert (note in notes) if note else ("direct kernel" not in notes), notes
+    feeds = reference.random_inputs(g, 0)
+    assert_close(model.run_guarded(feeds, poison=0x7F), reference.run(g, feeds))
