@@ -162,28 +162,32 @@ def test_depthwise_kernel_for_two_d_only(cache_dir):
     assert_close(got, want)
 
 
-# (input channels, output channels, height, width, kernel, stride, pads, group, the kernel's note): each band the
-# convolutions copy their input rows into, with padding on the right that windows read
+# (input channels, output channels, height, width, kernel, stride, pads, group, dilations, the kernel's note): each
+# band the convolutions copy their input rows into, with padding on the right that windows read
 BANDS = [
-    (3, 24, 32, 32, 3, 1, [1, 1, 1, 1], 1, "over a phase-split band"),
-    (3, 16, 20, 31, 5, 2, [2, 2, 2, 3], 1, "over a phase-split band"),
-    (16, 32, 14, 30, 3, 1, [1, 1, 1, 1], 4, "panels across output rows"),
-    (32, 48, 15, 15, 3, 2, [1, 1, 1, 1], 1, None),
+    (3, 24, 32, 32, 3, 1, [1, 1, 1, 1], 1, [1, 1], "over a phase-split band"),
+    (3, 16, 20, 31, 5, 2, [2, 2, 2, 3], 1, [1, 1], "over a phase-split band"),
+    (3, 16, 24, 32, 3, 1, [2, 1, 2, 1], 1, [2, 1], "over a phase-split band"),   # the window's rows: 2 apart
+    (3, 16, 24, 32, 3, 1, [1, 2, 1, 2], 1, [1, 2], "over a phase-split band"),   # its columns: 2 apart
+    (16, 32, 14, 30, 3, 1, [1, 1, 1, 1], 4, [1, 1], "panels across output rows"),
+    (16, 32, 14, 2, 3, 1, [1, 1, 1, 1], 4, [1, 1], "panels across output rows"),  # the last tap: the last column
+    (32, 48, 15, 15, 3, 2, [1, 1, 1, 1], 1, [1, 1], None),
 ]
 
 
-@pytest.mark.parametrize("case", BANDS, ids=["phase_s1", "phase_s2", "shifted", "windows"])
+@pytest.mark.parametrize("case", BANDS, ids=["phase_s1", "phase_s2", "phase_dh2", "phase_dw2", "shifted",
+                                             "shifted_w2", "windows"])
 def test_bands_do_not_rely_on_zeroed_scratch(case, cache_dir):
     """Every band element a window reads is written per tile (the padding zero-filled): run with the scratch,
     arena and outputs first filled with 0x7F7F7F7F (3.4e38), against the reference."""
     from opfuse.runtime import reference
     from opfuse.runtime.native import build
 
-    c, oc, h, w, k, s, pads, group, note = case
+    c, oc, h, w, k, s, pads, group, dil, note = case
     b = GraphBuilder("band")
     x = b.input("x", (1, c, h, w))
     y = b.op("Conv", x, _w(b, "w", oc, c // group, k, k), _w(b, "b", oc), kernel_shape=[k, k], strides=[s, s],
-             pads=pads, group=group, name="conv")
+             pads=pads, group=group, dilations=dil, name="conv")
     g = b.build(b.op("Relu", y, name="act"))
     model = build(g, group_by_names(g, [("conv_epilogue", ["conv", "act"])]), cache_dir=cache_dir,
                   options=AVX512.with_(winograd="off"))
