@@ -195,3 +195,14 @@ def test_bands_do_not_rely_on_zeroed_scratch(case, cache_dir):
     assert (note in notes) if note else ("direct kernel" not in notes), notes
     feeds = reference.random_inputs(g, 0)
     assert_close(model.run_guarded(feeds, poison=0x7F), reference.run(g, feeds))
+
+
+def test_windows_pack_threshold_is_inclusive():
+    """A 1x1 convolution of 36 output channels packs its positions with ``windows_pack_min_channels`` 36 (no
+    offset table), reads its windows with 37."""
+    b = GraphBuilder("pw")
+    x = b.input("x", (1, 48, 7, 7))
+    g = b.build(b.op("Relu", b.op("Conv", x, _w(b, "w", 36, 48, 1, 1), _w(b, "b", 36), name="conv"), name="act"))
+    plan = group_by_names(g, [("conv_epilogue", ["conv", "act"])])
+    at, above = (generate(g, plan, options=CodegenOptions(windows_pack_min_channels=n)).source for n in (36, 37))
+    assert "_koff" not in at and "_koff" in above
