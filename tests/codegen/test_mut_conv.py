@@ -172,14 +172,16 @@ BANDS = [
     (16, 32, 14, 30, 3, 1, [1, 1, 1, 1], 4, [1, 1], "panels across output rows"),
     (16, 32, 14, 2, 3, 1, [1, 1, 1, 1], 4, [1, 1], "panels across output rows"),  # the last tap: the last column
     (32, 48, 15, 15, 3, 2, [1, 1, 1, 1], 1, [1, 1], None),
+    (32, 48, 15, 15, 3, 2, [1, 1, 0, 0], 1, [1, 1], None),   # the stride skips the input's last column
 ]
 
 
 @pytest.mark.parametrize("case", BANDS, ids=["phase_s1", "phase_s2", "phase_dh2", "phase_dw2", "shifted",
-                                             "shifted_w2", "windows"])
+                                             "shifted_w2", "windows", "windows_skip"])
 def test_bands_do_not_rely_on_zeroed_scratch(case, cache_dir):
-    """Every band element a window reads is written per tile (the padding zero-filled): run with the scratch,
-    arena and outputs first filled with 0x7F7F7F7F (3.4e38), against the reference."""
+    """Every band element a window reads is written per tile (the padding zero-filled), and nothing past the
+    band: run on one thread with the scratch, arena and outputs first filled with 0x7F7F7F7F (3.4e38) between
+    guard bytes (``run_guarded``), against the reference."""
     from opfuse.runtime import reference
     from opfuse.runtime.native import build
 
@@ -189,7 +191,7 @@ def test_bands_do_not_rely_on_zeroed_scratch(case, cache_dir):
     y = b.op("Conv", x, _w(b, "w", oc, c // group, k, k), _w(b, "b", oc), kernel_shape=[k, k], strides=[s, s],
              pads=pads, group=group, dilations=dil, name="conv")
     g = b.build(b.op("Relu", y, name="act"))
-    model = build(g, group_by_names(g, [("conv_epilogue", ["conv", "act"])]), cache_dir=cache_dir,
+    model = build(g, group_by_names(g, [("conv_epilogue", ["conv", "act"])]), cache_dir=cache_dir, threads=1,
                   options=AVX512.with_(winograd="off"))
     notes = _notes(model.program)
     assert (note in notes) if note else ("direct kernel" not in notes), notes
