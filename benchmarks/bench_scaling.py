@@ -18,7 +18,8 @@ Three views, because the machine is shared:
   (``opfuse.bench.OtherLoad``).
 
 On a machine whose other users run at normal priority, a woken worker thread waits for a time slice
-on the second core (up to ~1.5 ms per region on this VM's kernel), which no code change can win back;
+on the second core (up to ~1.5 ms per region on this VM's kernel), and the region's end waits for it (see the
+README's "threads on a busy machine": a pool whose caller runs the chunks no worker has started would win it back);
 ``--fifo`` runs the timed part under ``SCHED_FIFO`` (priority 1; needs CAP_SYS_NICE), set after the
 builds and before the first parallel run, so that the OpenMP workers, created then, inherit it: the
 benchmark gets both cores as on a quiet machine (not the memory bandwidth and caches the others use).
