@@ -1,0 +1,36 @@
+"""Row-wise normalisations (``codegen.norm``) where mutation testing found them unguarded (issue 13, mutN): a
+Hardmax along an axis that is not the last (its row loop must walk every other axis), and a float32
+LogSoftmax's logarithm taken by ``vecmath``'s helper, not libm's ``logf`` (the same bits whatever the C
+library, as the exps beside it)."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from opfuse.codegen import vecmath
+from opfuse.codegen.program import generate
+from opfuse.ops import GraphBuilder
+from opfuse.runtime import reference
+from opfuse.runtime.native import build
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_hardmax_along_any_axis_matches_the_reference(cache_dir, axis):
+    b = GraphBuilder("hardmax")
+    g = b.build(b.op("Hardmax", b.input("x", (3, 5, 7)), axis=axis))
+    feeds = reference.random_inputs(g, 0)
+    got = next(iter(build(g, None, cache_dir=cache_dir).run(feeds).values()))
+    want = next(iter(reference.run(g, feeds).values()))
+    assert want.sum() == 3 * 5 * 7 // g.inputs[0].shape[axis]  # one 1 per row: the rows are the axis's
+    np.testing.assert_array_equal(got, want)
+
+
+def test_float32_log_softmax_takes_the_log_of_vecmath_not_libm():
+    b = GraphBuilder("log_softmax32")
+    g = b.build(b.op("LogSoftmax", b.input("x", (3, 50)), axis=-1))
+    src = generate(g, None).source
+    kernel = src.split("[ops_LogSoftmax]")[1]
+    assert f"{vecmath.LOG}(" in kernel and f"{vecmath.EXP}(" in kernel
+    assert not re.search(r"(?<![\w])(logf|expf)\(", kernel)
