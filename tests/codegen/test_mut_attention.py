@@ -54,3 +54,28 @@ def test_key_ranges_one_key_past_whole_panels(cache_dir, options):
     feeds = reference.random_inputs(g, 0)
     got, want = _run(g, plan, feeds, cache_dir, options)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("options", [ONLINE, {}], ids=["online", "one_pass"])
+def test_scores_far_above_the_float_exponents_range(cache_dir, options):
+    """Scores up to a few hundred (exp overflows float from 89): the softmax must shift each query's scores by
+    their running or whole-range max before the exponential, as the reference does."""
+    g, plan = _attention(2, 20, 40, 8, 8)
+    feeds = reference.random_inputs(g, 0)
+    feeds["q"] *= 60.0
+    got, want = _run(g, plan, feeds, cache_dir, options)
+    assert np.isfinite(want).all()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_refusal_says_what_is_missing():
+    """The whole refusal, after the group's name: what the kernel needs, not a prefix of it."""
+    from opfuse.codegen.kernel import UnsupportedGroupError
+    from opfuse.codegen.program import generate
+    b = GraphBuilder("att")
+    q, kt, v = b.input("q", (8,)), b.input("kt", (8, 6)), b.input("v", (6, 8))  # a query of rank 1
+    g = b.build(b.op("MatMul", b.op("Softmax", b.op("MatMul", q, kt, name="mm1"), name="sm"), v, name="mm2"))
+    plan = FusionPlan(g, [FusionGroup("att", list(g.nodes), "attention", None)])
+    with pytest.raises(UnsupportedGroupError) as e:
+        generate(g, plan)
+    assert str(e.value).endswith("(node 'att'): attention needs float32 operands of rank >= 2")
