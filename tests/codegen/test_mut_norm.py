@@ -1,0 +1,71 @@
+"""Row-wise normalisations (``codegen.norm``) where mutation testing found them unguarded (issue 13, mutN): a
+Hardmax along an axis that is not the last (its row loop must walk every other axis), and a float32
+LogSoftmax's logarithm taken by ``vecmath``'s helper, not libm's ``logf`` (the same bits whatever the C
+library, as the exps beside it)."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from opfuse.codegen import vecmath
+from opfuse.codegen.program import generate
+from opfuse.ops import GraphBuilder
+from opfuse.runtime import reference
+from opfuse.runtime.native import build
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_hardmax_along_any_axis_matches_the_reference(cache_dir, axis):
+    b = GraphBuilder("hardmax")
+    g = b.build(b.op("Hardmax", b.input("x", (3, 5, 7)), axis=axis))
+    feeds = reference.random_inputs(g, 0)
+    got = next(iter(build(g, None, cache_dir=cache_dir).run(feeds).values()))
+    want = next(iter(reference.run(g, feeds).values()))
+    assert want.sum() == 3 * 5 * 7 // g.inputs[0].shape[axis]  # one 1 per row: the rows are the axis's
+    np.testing.assert_array_equal(got, want)
+
+
+def test_float32_log_softmax_takes_the_log_of_vecmath_not_libm():
+    b = GraphBuilder("log_softmax32")
+    g = b.build(b.op("LogSoftmax", b.input("x", (3, 50)), axis=-1))
+    src = generate(g, None).source
+    kernel = src.split("[ops_LogSoftmax]")[1]
+    assert f"{vecmath.LOG}(" in kernel and f"{vecmath.EXP}(" in kernel
+    assert not re.search(r"(?<![\w])(logf|expf)\(", kernel)
+
+
+def test_float64_softmax_keeps_double_precision(cache_dir):
+    """libm's double exp, not the float32 inline helper: the reference's values to 1e-12."""
+    b = GraphBuilder("softmax64")
+    g = b.build(b.op("Softmax", b.input("x", (3, 50), np.float64), axis=-1))
+    feeds = {"x": np.random.default_rng(6).standard_normal((3, 50)) * 5}
+    got = next(iter(build(g, None, cache_dir=cache_dir).run(feeds).values()))
+    want = next(iter(reference.run(g, feeds).values()))
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("stat", [1, 2], ids=["mean", "inv_std"])
+def test_a_layernorm_statistic_feeding_its_group_is_refused(stat):
+    from opfuse.codegen.kernel import UnsupportedGroupError
+    from opfuse.ir.plan import FusionGroup, FusionPlan
+    b = GraphBuilder("ln_stats")
+    x = b.input("x", (2, 5, 32))
+    outs = b.op("LayerNormalization", x, b.const("s", np.ones(32, np.float32)), num_outputs=3, name="ln")
+    neg = b.op("Neg", outs[stat], name="neg")
+    g = b.build(outs[0], neg)
+    plan = FusionPlan(g, [FusionGroup("g", list(g.nodes), "reduction")])
+    with pytest.raises(UnsupportedGroupError, match="LayerNormalization 'ln': its mean / inv_std outputs feed the "
+                                                    "group; only storing them is supported"):
+        generate(g, plan)
+
+
+def test_both_layernorm_row_sums_run_in_two_chains():
+    """The mean's sum and the variance's (``norm.LAYERNORM_CHAINS``) each in two 16-lane arrays, for a 64 row."""
+    b = GraphBuilder("ln64")
+    x = b.input("x", (3, 64))
+    g = b.build(b.op("LayerNormalization", x, b.const("s", np.ones(64, np.float32)), name="ln"))
+    kernel = generate(g, None).source.split("[ops_LayerNormalization]")[1]
+    assert kernel.count("[2][16];") == 2
