@@ -62,9 +62,7 @@ def test_zoo_fused_with_the_size_thresholds_lowered(name, cache_dir):
     that take seconds: the kernels large tensors get (Winograd on every 3x3 convolution, streaming stores, K
     blocks of 16, many GEMM tiles, parallel loops everywhere, staged and attention blocks) on real layer shapes,
     at 2 threads."""
-    from opfuse.codegen.options import options_for_target
-    from opfuse.testing.fuzz_check import CODEGEN_PROFILES
+    from opfuse.testing.fuzz_check import codegen_options
     g, feeds, want = _model(name)
-    options = options_for_target("host").with_(**CODEGEN_PROFILES["thresholds"])
-    model = build(g, fused_plan(name, g), cache_dir=cache_dir, options=options, threads=2)
+    model = build(g, fused_plan(name, g), cache_dir=cache_dir, options=codegen_options("thresholds"), threads=2)
     assert_close(model.run(feeds), want)

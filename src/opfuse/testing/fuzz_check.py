@@ -3,8 +3,9 @@
 ``check`` imports the ONNX model (the exact file a reproducer holds), runs the reference on the
 imported graph, then compiles the model with ``opfuse.compile`` unfused and fused (the cost-model
 planner or the rules' maximal plan) and runs each build. A case names its code-generation profile
-(``CODEGEN_PROFILES``): the host's defaults, or the same with the size thresholds that choose kernels
-lowered, so that small graphs run the kernels large tensors get, or the plain C99 build. The verdict is
+(``CODEGEN_PROFILES``): the host's defaults, the same with the size thresholds that choose kernels
+lowered (so that small graphs run the kernels large tensors get), the AVX2 kernels, or the plain C99
+build. The verdict is
 
 * ``ok``: every build agrees with the reference, or both raise ``InputError`` (a zero divisor,
   an index out of range);
