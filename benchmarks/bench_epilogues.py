@@ -313,7 +313,7 @@ def op_counts() -> list[dict]:
 
     from opfuse.codegen import CodegenOptions, generate
     from opfuse.runtime.toolchain import Toolchain
-    tc = Toolchain.detect(openmp=False)
+    tc = Toolchain.detect(threads=False)
     loops = {}
     with tempfile.TemporaryDirectory(prefix="opfuse-opcount-") as d:
         for op, attrs in COUNT_OPS:
@@ -335,7 +335,7 @@ def op_costs() -> list[dict]:
     import tempfile
 
     from opfuse.runtime.toolchain import Toolchain
-    tc = Toolchain.detect(openmp=False)
+    tc = Toolchain.detect(threads=False)
     peak = get_profile("host").peak_for("float32")
     rows = []
     with tempfile.TemporaryDirectory(prefix="opfuse-opcost-") as d:
@@ -371,7 +371,7 @@ def chain_bound(case: str, row: dict, inplace_copy_s: float, stream_copy_s: floa
     graphs = {"chain8": chain_graph, "chain8_arith": arith_chain_graph}
     g = plan_model(graphs[case](OP_COST_ELEMENTS), CompileOptions(planner="rules"))
     with tempfile.TemporaryDirectory(prefix="opfuse-bound-") as d:
-        tc = Toolchain.detect(openmp=False)
+        tc = Toolchain.detect(threads=False)
         per_element = kernel_cost(g.graph, g.plan, case, tc, Path(d))
         compiler_loop = kernel_cost(g.graph, g.plan, f"{case}_c", tc, Path(d),
                                     options=CodegenOptions(simd_elementwise=False))

@@ -12,9 +12,8 @@ How it measures, so the numbers survive a shared machine:
   all of them alike and each follows each of the others equally often: a model that ran right after
   OpenVINO in every round paid for the caches OpenVINO left (ds_cnn at 1 thread: opfuse fused 0.103
   ms after OpenVINO, 0.078 ms after opfuse unfused; unfused 0.092 and 0.084 after fused);
-* every contender gets ``threads`` threads and none may busy-wait when idle: opfuse's OpenMP workers
-  spin at most ``GOMP_SPINCOUNT=10000`` iterations (0.1-0.2 ms) after a kernel, then sleep
-  (``opfuse.runtime.threads``); onnxruntime runs with ``ORT_ENABLE_ALL``,
+* every contender gets ``threads`` threads and none may busy-wait when idle: opfuse's pool workers
+  spin 0.1 ms after a parallel loop, then sleep (``opfuse.runtime.threads``); onnxruntime runs with ``ORT_ENABLE_ALL``,
   ``intra_op_num_threads = threads`` and ``session.intra_op.allow_spinning = 0``, or its idle
   workers would steal the cores from the next contender; OpenVINO runs with the latency hint,
   one stream, ``INFERENCE_NUM_THREADS = threads``, no CPU pinning and float32 precision (on CPUs
@@ -99,7 +98,7 @@ def _opfuse(name: str, graph, feeds: Outputs, *, fuse: bool, threads: int) -> Co
     model = compile_model(graph, fuse=fuse, threads=threads)
     rep = model.report
     info = {"kernels": rep["kernels_after"], "threads": model.threads, "cache_hit": rep["cache_hit"],
-            "build_seconds": rep["build_seconds"], "openmp_wait_policy": rep["openmp_wait_policy"]}
+            "build_seconds": rep["build_seconds"], "thread_pool": rep["thread_pool"]}
     return Contender(name, lambda: model.run(feeds), info)
 
 

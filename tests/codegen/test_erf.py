@@ -28,7 +28,7 @@ def erf_c(tmp_path_factory, request):
     """The helper compiled with the backend's flags, as ``f(x: float32 array) -> array``; with the
     ``OPFUSE_FMAF`` of ``simd="auto"`` (fused where the CPU has FMA) and of the plain C99 build."""
     try:
-        tc = Toolchain.detect(openmp=False)
+        tc = Toolchain.detect(threads=False)
     except ToolchainError:
         pytest.skip("no C compiler")
     d = tmp_path_factory.mktemp("erf")

@@ -82,7 +82,7 @@ def test_helpers_within_their_bounds(simd, tmp_path):
     """exp_nonpos on x <= 0 and NaN (1 at -0, 0 from -104 down and at -inf), and Sigmoid, Tanh and Softplus built
     on it, against float64 NumPy, with fused multiply-adds ("auto") and as the plain C99 build ("none")."""
     try:
-        tc = Toolchain.detect(openmp=False)
+        tc = Toolchain.detect(threads=False)
     except ToolchainError:
         pytest.skip("no C compiler")
     names = (vecmath.EXP_NONPOS, *BOUNDS)

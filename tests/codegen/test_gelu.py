@@ -48,7 +48,7 @@ def _inputs() -> np.ndarray:
 
 def _compile(tmp_path, name: str, text: str, fn: str):
     try:
-        tc = Toolchain.detect(openmp=False)
+        tc = Toolchain.detect(threads=False)
     except ToolchainError:
         pytest.skip("no C compiler")
     src = tmp_path / f"{name}.c"

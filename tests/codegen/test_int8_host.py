@@ -13,6 +13,7 @@ from onnx import TensorProto
 
 from opfuse.codegen import generate
 from opfuse.codegen.options import CodegenOptions
+from opfuse.codegen.outline import parallel_loops
 from opfuse.compiler import CompileOptions, plan_model
 from opfuse.ops import GraphBuilder
 from opfuse.ops.quantized import fixed_point_multiplier, residual_multiplier
@@ -523,7 +524,7 @@ def test_threads_share_the_image_and_split_the_tiles_bit_exactly(params):
     want = run(g, feeds)
     (name,) = want
     model = build(comp.plan.graph, comp.plan, threads=2)
-    assert model.threads == 2 and "OPFUSE_PRAGMA(omp parallel for" in model.program.source
+    assert model.threads == 2 and parallel_loops(model.program.source)
     for _ in range(3):
         np.testing.assert_array_equal(model.run(feeds)[name], want[name])
 

@@ -7,6 +7,7 @@ import numpy as np
 
 from opfuse.codegen.kernel import SCRATCH_ALIGN, KernelContext
 from opfuse.codegen.options import CodegenOptions
+from opfuse.codegen.outline import parallel_loops
 from opfuse.codegen.program import ProgramBuilder
 from opfuse.ir.plan import FusionGroup, FusionPlan
 from opfuse.memory import plan_memory
@@ -45,7 +46,7 @@ def test_a_loop_below_parallel_min_work_stays_on_one_thread():
     kc, _ = _context(parallel_min_work=100)
     _loop(kc, 99, 4)
     text = kc.function_text("c")
-    assert "omp parallel" not in text and kc.loops == [] and not kc.uses_threads
+    assert "opfuse_parallel" not in text and kc.loops == [] and not kc.uses_threads
 
 
 def test_scratch_regions_follow_each_other_at_cache_line_boundaries():
@@ -82,16 +83,20 @@ def test_folded_values_are_weights_pointers_each_to_its_own_data():
         assert np.array_equal(np.frombuffer(blob, np.float32, 32, offset), want)
 
 
-def test_fault_flags_are_reduced_by_every_parallel_loop_and_returned_in_node_order():
+def test_fault_flags_are_reduced_by_the_parallel_loops_that_set_them_and_returned_in_node_order():
     kc, g = _context(parallel_min_work=1)
     relu, neg = g.nodes
     f_neg = kc.fault(neg, "neg failed")
     f_relu = kc.fault(relu, "relu failed")
     assert kc.fault(neg, "neg failed") == f_neg  # one flag per node
-    _loop(kc, 10, 4)
-    _loop(kc, 10, 4)
+    for flags in ([f_neg], [f_relu, f_neg]):
+        kc.parallel_for(10)
+        with kc.w.block("for (long i = 0; i < 4; ++i)"):
+            kc.w.line(" ".join(f"{f} |= i > 2;" for f in flags))
     text = kc.function_text("c")
-    assert text.count(f"reduction(|:{f_relu},{f_neg}))") == 2  # flags in node order
+    # each loop ORs the flags it sets into its kernel's (outline.py)
+    assert [lp.reduces for lp in parallel_loops(text)] == [(f_neg,), (f_relu, f_neg)]  # flags in node order
+    assert text.count(f"{f_neg} |= c") == 2 and text.count(f"{f_relu} |= c") == 1
     codes = {m: kc.program.fault_code(m) for m in ("neg failed", "relu failed")}
     assert text.index(f"if ({f_relu}) return {codes['relu failed']};") \
         < text.index(f"if ({f_neg}) return {codes['neg failed']};") < text.index("return 0;")

@@ -2,13 +2,13 @@
 halves leave a thread idle), light iterations in static chunks; and threads never change results."""
 from __future__ import annotations
 
-import re
 
 import numpy as np
 import pytest
 
 from cg_support import epilogue_plan
 from opfuse.codegen.options import CodegenOptions
+from opfuse.codegen.outline import parallel_loops
 from opfuse.codegen.program import generate
 from opfuse.ops import GraphBuilder
 from opfuse.runtime import reference
@@ -27,8 +27,7 @@ def _graph():
 
 def _pragmas(source: str) -> list[tuple[str, int]]:
     """(schedule, iterations) of every parallel loop."""
-    return [(m.group(1), int(m.group(2))) for m in re.finditer(
-        r"omp parallel for num_threads\(nt\) (schedule\([^)]*\)).*\n\s*for \(long \w+ = 0; \w+ < (\d+);", source)]
+    return [(lp.schedule, int(lp.bound)) for lp in parallel_loops(source) if lp.bound.isdigit()]
 
 
 def test_tiles_go_one_at_a_time_and_light_iterations_in_static_chunks():
@@ -42,7 +41,8 @@ def test_tiles_go_one_at_a_time_and_light_iterations_in_static_chunks():
 def test_the_threshold_is_an_option():
     g = _graph()
     src = generate(g, epilogue_plan(g), options=CodegenOptions(parallel_dynamic_min_work=1 << 40)).source
-    assert "dynamic" not in src and "schedule(static)" in src
+    schedules = {lp.schedule for lp in parallel_loops(src)}
+    assert schedules == {"schedule(static)"}
 
 
 @pytest.mark.parametrize("threads", [2, 3])

@@ -11,6 +11,7 @@ import pytest
 
 from cg_support import assert_close
 from opfuse.codegen.options import CodegenOptions
+from opfuse.codegen.outline import parallel_loops
 from opfuse.codegen.resize import nearest_factors
 from opfuse.compiler import build_native, plan_model
 from opfuse.ops import GraphBuilder
@@ -59,8 +60,8 @@ def _builds(g, threads=1, **options):
 def _parallel_as_planned(kernel: str, lead: int) -> bool:
     """The row-map loop nest split across threads (every kernel is, with ``parallel_min_work=1``): the leading
     axes' loop with the rows' under ``collapse(2)`` where it has fewer than ``parallel_min_outer`` iterations."""
-    pragma = re.search(r"omp parallel for[^\n]*", kernel)
-    return pragma is not None and ("collapse(2)" in pragma.group(0)) == (lead < CodegenOptions().parallel_min_outer)
+    loops = parallel_loops(kernel)
+    return len(loops) > 0 and (loops[0].collapse == 2) == (lead < CodegenOptions().parallel_min_outer)
 
 
 CASES = {

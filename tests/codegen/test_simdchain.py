@@ -352,7 +352,7 @@ def test_intrinsics_loop_is_shorter_than_the_c_loop(tmp_path):
     if shutil.which("objdump") is None:
         pytest.skip("needs objdump")
     try:
-        tc = Toolchain.detect(openmp=False)
+        tc = Toolchain.detect(threads=False)
     except ToolchainError:
         pytest.skip("no C compiler")
     g = _chain(4096, False)

@@ -4,13 +4,13 @@ DFL: 16 bins at stride 8400). Against the reference and the row-at-a-time kernel
 in the group, a last block of fewer columns, float64, and 2 threads."""
 from __future__ import annotations
 
-import re
 
 import numpy as np
 import pytest
 
 from cg_support import assert_close
 from opfuse.codegen.options import CodegenOptions
+from opfuse.codegen.outline import parallel_loops
 from opfuse.compiler import build_native, plan_model
 from opfuse.ops import GraphBuilder
 from opfuse.runtime import reference
@@ -54,8 +54,8 @@ def test_column_softmax_matches_the_reference_and_the_rows(case, threads):
     assert "* 16 + l" in src_c and "* 16 + l" not in src_r  # the lanes' buffer, columns in blocks of 16
     assert cols.report["kernels"] == 1  # prologue, Softmax and epilogue in one kernel
     # the rows before the axis and the blocks of columns shared out, both loops where the first has few
-    pragma = re.search(r"omp parallel for[^\n]*\n *for \(long o\d+ = 0; o\d+ < (\d+);", src_c)
-    assert pragma and ("collapse(2)" in pragma.group(0)) == (int(pragma.group(1)) < CodegenOptions().parallel_min_outer)
+    loop = next(lp for lp in parallel_loops(src_c) if lp.heads[0].startswith("for (long o"))
+    assert (loop.collapse == 2) == (int(loop.bound) < CodegenOptions().parallel_min_outer)
 
 
 def test_few_columns_keep_the_rows():

@@ -51,7 +51,7 @@ EXP_NONPOS_ULP = 1.5  # opfuse_expf_nonpos on x <= 0: measured 0.88 (FMA) and 1.
 
 def _toolchain() -> Toolchain:
     try:
-        return Toolchain.detect(openmp=False)
+        return Toolchain.detect(threads=False)
     except ToolchainError:
         pytest.skip("no C compiler")
 

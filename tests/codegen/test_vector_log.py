@@ -27,7 +27,7 @@ def vector_c(tmp_path_factory):
     """Per ISA this CPU runs: ``{helper: (vector f, scalar f)}`` over float32 arrays (the scalar helpers of the FMA
     build, ``simd="auto"``)."""
     try:
-        tc = Toolchain.detect(openmp=False)
+        tc = Toolchain.detect(threads=False)
     except ToolchainError:
         pytest.skip("no C compiler")
     parts = ["#include <math.h>\n#include <stdint.h>\n", vecmath.all_helpers_text("auto"),

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from cg_support import assert_close, group_by_names, run_both
+from opfuse.codegen.outline import parallel_loops
 from opfuse.codegen import CodegenOptions
 from opfuse.codegen.program import generate
 from opfuse.codegen.winograd import F2, F4, choose_transform, winograd_choice
@@ -134,19 +135,19 @@ def test_a_single_block_is_split_by_output_channels_for_threads(shared, cache_di
     the same bits, and the reference's values, whether the parts share one input transform
     (``winograd_shared_transform``: one region, the channels' transforms shared out, a barrier, the
     parts) or each transforms the input itself (a loop of gemm_min_tiles iterations)."""
-    import re
     g, plan = conv_block(1, 32, 40, 8, 8, [1, 1, 1, 1])
     options = CodegenOptions(winograd="on", winograd_shared_transform=shared)
     results = [run_both(g, plan, cache_dir, options=options, threads=n) for n in (1, 2, 3)]
     (one, want, model), others = results[0], results[1:]
     assert any("Winograd F(2x2,3x3)" in n for n in _notes(model))
     src = model.program.source
-    loops = re.findall(r"omp parallel for[^\n]*\n\s*for \(long \w+ = 0; \w+ < (\d+);", src)
+    written = parallel_loops(src)
+    loops = [lp.bound for lp in written]
     recorded = next(k for k in model.program.kernels if k.parallel).parallel
-    if shared:
-        assert not loops and "omp parallel num_threads(nt))" in src
+    if shared:  # the region's two loops, one after the other: the channels' transforms, then the parts
+        assert [(lp.schedule, lp.bound) for lp in written][:1] == [("schedule(static)", "32")]
+        assert written[1].schedule == "schedule(dynamic, 1)" and len(written) == 2
         transform, parts = recorded
-        assert re.search(r"omp for schedule\(static\)\)\n\s*for \(long \w+ = 0; \w+ < 32;", src)
         assert (transform.iterations, transform.schedule) == (32, "static")  # the input channels
         assert (parts.iterations, parts.schedule) == (2, "dynamic") and parts.costs[0] == parts.costs[1]
         assert sum(n.count("Winograd F(2x2,3x3)") for n in _notes(model)) == 1  # noted once, not per variant

@@ -23,6 +23,7 @@ import numpy as np
 
 from opfuse.codegen.ctype import c_type
 from opfuse.codegen.names import c_ident
+from opfuse.codegen.outline import Outliner, strip
 from opfuse.codegen.writer import CWriter
 from opfuse.errors import UnsupportedOpError
 from opfuse.ir.graph import Value
@@ -211,22 +212,29 @@ class KernelContext:
         return f"OPFUSE_KERNEL static {result} {self.name}({', '.join(args)})"
 
     def _fault_flags(self) -> tuple[str, str]:
-        """(declarations, returns) of the fault flags; every parallel loop reduces them."""
+        """(declarations, returns) of the fault flags (the parallel loops reduce them: ``outline.py``)."""
         flags = sorted(self.faults.values())
         if not flags:
             return "", ""
-        names = ",".join(f for _, f, _ in flags)
-        for i, ln in enumerate(self.w.lines):
-            if ln.lstrip().startswith("OPFUSE_PRAGMA(omp parallel") and ln.endswith(")"):
-                self.w.lines[i] = f"{ln[:-1]} reduction(|:{names}))"
         decl = "".join(f"  int {f} = 0;\n" for _, f, _ in flags)
         returns = "".join(f"  if ({f}) return {code};\n" for _, f, code in flags) + "  return 0;\n"
         return decl, returns
 
     def function_text(self, comment: str) -> str:
+        """The kernel's C: on the host its parallel loops' functions first (``outline.py``), then the kernel."""
         self._schedules()
         decl, returns = self._fault_flags()
-        body = self.w.text()
-        unused = "  (void)scratch; (void)nt;\n"
+        helpers = ""
+        if self.program.options.platform == "mcu":
+            lines = strip(self.w.lines)
+            unused = "  (void)scratch; (void)nt;\n"
+        else:
+            params = [(f"{'' if p.writable else 'const '}{p.ctype}* restrict", p.name) for p in self.params.values()]
+            outliner = Outliner(self.name, params + [("char* restrict", "scratch"), ("int", "nt")],
+                                [f for _, f, _ in sorted(self.faults.values())])
+            lines = outliner.run(self.w.lines)
+            helpers = "".join(outliner.functions)
+            unused = "  (void)scratch; (void)nt;\n  const int opfuse_tid = 0; (void)opfuse_tid;\n"
+        body = "\n".join(lines) + "\n"
         notes = "".join(f"\n * {n}" for n in self._comment_notes)
-        return f"/* {comment}{notes} */\n{self.signature()} {{\n{unused}{decl}{body}{returns}}}\n"
+        return f"/* {comment}{notes} */\n{helpers}{self.signature()} {{\n{unused}{decl}{body}{returns}}}\n"

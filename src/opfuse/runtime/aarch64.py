@@ -7,7 +7,7 @@
 The program is the host one (``platform="host"``), its micro-kernels built for ``vector_isa="neon"``: AdvSIMD
 bodies under ``#if defined(__aarch64__) && defined(__ARM_NEON)``, the int8 GEMM with ``sdot`` under
 ``__ARM_FEATURE_DOTPROD``, plain C elsewhere. It is cross-compiled with ``aarch64-linux-gnu-gcc`` into a static
-executable, single-threaded (no ``-fopenmp``: the OpenMP pragmas are ignored, ``OPFUSE_TID()`` is 0), with a
+executable, single-threaded (no ``-DOPFUSE_THREADS``: the parallel loops run inline, ``OPFUSE_TID()`` is 0), with a
 small harness (``aarch64_support/harness.c``) that reads the weights and inputs from raw files and writes the
 outputs to raw files, so the values come back bit for bit, and runs under ``qemu-aarch64 -cpu max`` (which has
 FEAT_DotProd). ``arch`` picks the compiler's target: "dotprod" (Armv8.2-A with the dot product: ``sdot``),

@@ -12,9 +12,9 @@ contiguous with the right dtype) and kernels write graph outputs straight into f
 allocated output arrays. ``run`` holds a lock: one model object runs one call at a time.
 
 Threads: ``threads`` (default: the cores available to the process, or ``OMP_NUM_THREADS``) is
-passed to every OpenMP region at run time. Unless the environment says otherwise, OpenMP workers
-spin a bounded while (``GOMP_SPINCOUNT=10000``, about 0.1-0.2 ms) and then sleep; see
-``opfuse.runtime.threads``.
+passed to every parallel loop at run time; the loops run on the program's own thread pool, whose
+workers spin 0.1 ms after a loop and then sleep (``opfuse.codegen.threadpool``,
+``opfuse.runtime.threads``).
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ from opfuse.rewrites.edit import Provenance
 from opfuse.rewrites.float32_compute import compute_in_float32, needs_float32
 from opfuse.rules.options import FusionOptions
 from opfuse.runtime.reference import check_inputs
-from opfuse.runtime.threads import default_threads, passive_wait
+from opfuse.runtime.threads import POOL_DESCRIPTION, default_threads
 from opfuse.runtime.toolchain import LOAD_PREFIX, BuildResult, Toolchain, build_library
 
 BUFFER_ALIGNMENT = 64
@@ -217,7 +217,6 @@ class CompiledModel:
         self.program = program
         self.toolchain = toolchain
         self.build_result = build
-        self.openmp_wait_policy = passive_wait() if toolchain.openmp else None  # before libgomp loads
         self._lib = _load_library(build.library)
         self._run = self._lib.opfuse_run
         self._run.restype = ctypes.c_int
@@ -391,8 +390,7 @@ class CompiledModel:
             "source_bytes": len(p.source),
             "compiler": self.toolchain.identity,
             "flags": list(self.toolchain.flags),
-            "openmp": self.toolchain.openmp,
-            "openmp_wait_policy": self.openmp_wait_policy,
+            "thread_pool": POOL_DESCRIPTION if self.toolchain.threads else None,
             "build_seconds": round(self.build_result.seconds, 3),
             "cache_hit": self.build_result.cache_hit,
             "library": str(self.build_result.library),

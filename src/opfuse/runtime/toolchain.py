@@ -154,12 +154,19 @@ def compiler_identity(cc: str, native: bool) -> str:
     return ident
 
 
+# The flags of a threaded build: POSIX threads for the program's own pool (codegen/threadpool.py).
+THREAD_FLAGS = ("-pthread", "-DOPFUSE_THREADS")
+
+
 @functools.lru_cache(maxsize=None)
-def supports_openmp(cc: str) -> bool:
-    with tempfile.TemporaryDirectory(prefix="opfuse-omp-") as d:
+def supports_threads(cc: str) -> bool:
+    """Whether ``cc`` builds a shared library that starts a POSIX thread (``THREAD_FLAGS``)."""
+    with tempfile.TemporaryDirectory(prefix="opfuse-threads-") as d:
         src = Path(d, "t.c")
-        src.write_text("#include <omp.h>\nint f(void) { return omp_get_max_threads(); }\n")
-        return _run([*_argv(cc), "-fopenmp", "-fPIC", "-shared", "-o", str(Path(d, "t.so")), str(src)]).returncode == 0
+        src.write_text("#include <pthread.h>\nstatic void* g(void* p) { return p; }\n"
+                       "int f(void) { pthread_t t; return pthread_create(&t, 0, g, 0) || pthread_join(t, 0); }\n")
+        return _run([*_argv(cc), *THREAD_FLAGS, "-fPIC", "-shared", "-o", str(Path(d, "t.so")),
+                     str(src)]).returncode == 0
 
 
 @dataclass(frozen=True)
@@ -167,10 +174,10 @@ class Toolchain:
     cc: str
     flags: tuple[str, ...]
     identity: str
-    openmp: bool
+    threads: bool  # the build runs the parallel loops on the pool's threads (else inline, on one)
 
     @classmethod
-    def detect(cls, *, native: bool = True, fast_math: bool = False, openmp: bool = True) -> "Toolchain":
+    def detect(cls, *, native: bool = True, fast_math: bool = False, threads: bool = True) -> "Toolchain":
         cc = find_compiler()
         check_compiler(cc)
         flags = list(BASE_FLAGS)
@@ -178,10 +185,10 @@ class Toolchain:
             flags.append("-march=native")
         if fast_math:
             flags = [f for f in flags if f != "-ffp-contract=off"] + list(FAST_MATH_FLAGS)
-        omp = openmp and supports_openmp(cc)
-        if omp:
-            flags.append("-fopenmp")
-        return cls(cc, tuple(flags), compiler_identity(cc, native), omp)
+        pool = threads and supports_threads(cc)
+        if pool:
+            flags.extend(THREAD_FLAGS)
+        return cls(cc, tuple(flags), compiler_identity(cc, native), pool)
 
 
 def cache_root(cache_dir: str | os.PathLike | None) -> Path:
