@@ -53,7 +53,7 @@ PLAN_FNS = {"planner": compiler_plan, "rules": fusion_pipeline_plan}
 
 
 # "cpu": the calling thread's CPU time. Every contender runs on that thread at threads=1
-# (opfuse runs its OpenMP loops inline, onnxruntime with one intra-op thread runs in the
+# (opfuse runs its parallel loops inline, onnxruntime with one intra-op thread runs in the
 # caller), and it does not count the time slices other processes take on a shared machine.
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 

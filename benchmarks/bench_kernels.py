@@ -180,7 +180,7 @@ def numpy_gemm(s: Shape) -> Callable[[], object]:
 
 
 # The calling thread's CPU time: every contender here runs on this one thread (opfuse with
-# threads=1 runs its OpenMP loops inline; OpenBLAS is limited to one thread), and on a shared
+# threads=1 runs its parallel loops inline; OpenBLAS is limited to one thread), and on a shared
 # machine the CPU time does not count the slices another process held the core.
 CLOCKS = {"cpu": time.thread_time, "wall": time.perf_counter}
 

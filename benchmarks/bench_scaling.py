@@ -18,10 +18,10 @@ Three views, because the machine is shared:
   (``opfuse.bench.OtherLoad``).
 
 On a machine whose other users run at normal priority, a woken worker thread waits for a time slice
-on the second core (up to ~1.5 ms per region on this VM's kernel), and the region's end waits for it (see the
-README's "threads on a busy machine": a pool whose caller runs the chunks no worker has started would win it back);
-``--fifo`` runs the timed part under ``SCHED_FIFO`` (priority 1; needs CAP_SYS_NICE), set after the
-builds and before the first parallel run, so that the OpenMP workers, created then, inherit it: the
+on the second core (up to ~1.5 ms per region on this VM's kernel); the program's pool does not wait for it (the
+caller takes the pieces no worker has started: the README's "threads on a busy machine"), but the worker's share
+then runs on one core. ``--fifo`` runs the timed part under ``SCHED_FIFO`` (priority 1; needs CAP_SYS_NICE), set
+after the builds and before the first parallel run, so that the pool's workers, created then, inherit it: the
 benchmark gets both cores as on a quiet machine (not the memory bandwidth and caches the others use).
 Each model's scratch is allocated once for the most threads (``NativeModel.threads`` only grows it):
 before, every switch between 1 and 2 threads allocated a fresh one, and the first kernels of the next

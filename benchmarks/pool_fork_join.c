@@ -10,7 +10,10 @@
  * A job is published as one 64-bit word, its sequence number above its next unclaimed index, so a worker that
  * read an old job's number can never claim an index of the next one (its compare-and-swap fails). Each loop of
  * 2 chunks of a few ns, so the region's own cost is what is timed (medians of 1000 regions, after gaps of
- * caller work). Not used by the code generator yet. */
+ * caller work). The code generator's pool (src/opfuse/codegen/threadpool.py) grew from this prototype: a range per
+ * thread (OpenMP's static blocks) with pieces another thread may take from the back, the job's limits under a
+ * sequence lock (here a late worker could read the next job's size before its compare-and-swap), a time-bounded
+ * spin and a condition variable instead of the futex. */
 #define _GNU_SOURCE
 #include <linux/futex.h>
 #include <omp.h>

@@ -52,7 +52,7 @@ KERNEL_ATTRIBUTE = """\
 @dataclass(frozen=True)
 class ParallelLoop:
     """A loop of a kernel split across threads: its iterations (all collapsed loops'), the work it
-    was priced at (``parallel_for``), its OpenMP schedule, and each iteration's relative cost where
+    was priced at (``parallel_for``), its schedule (OpenMP's names), and each iteration's relative cost where
     the generator knows they differ (``costs``; empty: equal). ``speedup(n)``: what the split allows
     on ``n`` free cores, from the code alone (no memory bandwidth, no fork/join cost)."""
 
@@ -178,9 +178,10 @@ class KernelContext:
 
     # Parallel loops -----------------------------------------------------------------------
     def parallel_for(self, work: int, collapse: int = 1, costs: Sequence[float] = ()) -> None:
-        """An OpenMP pragma for the next loop, if ``work`` (elementary operations) is worth threads.
-        Its schedule is chosen once the loop is written (``_schedules``). ``costs``: each iteration's
-        relative cost, where they differ (``ParallelLoop``)."""
+        """Mark the next loop to split across threads, if ``work`` (elementary operations) is worth them: a
+        pragma in OpenMP's syntax that ``outline.py`` turns into a function on the program's thread pool
+        (the microcontroller drops it). Its schedule is chosen once the loop is written (``_schedules``).
+        ``costs``: each iteration's relative cost, where they differ (``ParallelLoop``)."""
         if work < self.program.options.parallel_min_work:
             return
         self.uses_threads = True

@@ -7,7 +7,7 @@ from opfuse.errors import OpfuseError
 
 LAYOUTS = ("NCHW",)
 WEIGHT_MODES = ("blob", "embed")
-# "host": a shared library for this machine (OpenMP, per-thread scratch outside the arena);
+# "host": a shared library for this machine (its own thread pool, per-thread scratch outside the arena);
 # "mcu": a standalone C99 library for a microcontroller (see ``codegen/mcu.py``).
 PLATFORMS = ("host", "mcu")
 SIMD_MODES = ("auto", "none")

@@ -35,7 +35,7 @@ _HEAD = re.compile(r"^(\s*)for \(long (\w+) = ([^;]+); \2 < ([^;]+); (?:\+\+\2|\
 _IDENT = re.compile(r"[A-Za-z_]\w*")
 _TYPE = (r"(?:unsigned\s+)?(?:long long|long|int|short|char|float|double|size_t|ptrdiff_t|"
          r"u?int(?:8|16|32|64)_t|__m\d+[a-z]*|__mmask\d+|_Float16|__fp16|\w+x\d+_t)")
-_DECL = re.compile(rf"^(?P<const>const\s+)?(?P<type>{_TYPE})\b\s*(?P<rest>[*\w].*);\s*$")
+_DECL = re.compile(rf"^(?:static\s+)?(?P<const>const\s+)?(?P<type>{_TYPE})\b\s*(?P<rest>[*\w].*);\s*$")
 _DECLARATOR = re.compile(r"^(?P<ptr>(?:\*\s*(?:const\s+|restrict\s+)*)*)(?P<name>[A-Za-z_]\w*)\s*"
                          r"(?P<arr>(?:\[[^\]]*\])*)\s*(?:=\s*(?P<init>.*))?$")
 _FOR_DECL = re.compile(r"^for \(long (\w+) = ")

@@ -528,7 +528,7 @@ def _prefetch_lines(kc, leaves: list[Value], idx: Index, floats: int) -> None:
 
 
 def _parallel(kc, work: int, collapse: int = 1) -> None:
-    """The OpenMP pragma of ``KernelContext.parallel_for`` (static chunks), not recorded as another loop of the
+    """The parallel-loop marker of ``KernelContext.parallel_for`` (static chunks), not recorded as another loop of the
     kernel: the scalar loop nest under ``#else`` records the split (``KernelInfo.parallel``)."""
     if work >= kc.program.options.parallel_min_work:
         kc.uses_threads = True
