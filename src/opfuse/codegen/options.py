@@ -325,7 +325,9 @@ class CodegenOptions:
     # when the workers are still spinning (within ~0.1-0.3 ms of their last region), 20-40 us when they
     # have gone to sleep (the first kernel of an inference that follows other work), 0.3 us for a
     # barrier inside one region. A GEMM's 2^15 FLOP are about 0.3-0.6 us of one core, so for GEMMs
-    # the bound is low by ~4x, for elementwise loops (tens of us per 2^15 elements) it is right.
+    # the bound is low by ~4x, for elementwise loops (tens of us per 2^15 elements) it is right. The
+    # program's own pool (threadpool.py, since 2026-12-03) costs 0.15-0.27 us per near-empty loop where
+    # libgomp took 0.69-0.99 us on the same 2-vCPU host (workers awake); the bound was not re-tuned.
     parallel_min_work: int = 1 << 15
     # Depthwise convolution (``codegen/depthwise.py``) walks its channel planes in chunks of up to
     # ``depthwise_chunk_planes`` (the padded plane's zero border is written once per chunk, not

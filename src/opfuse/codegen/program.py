@@ -160,7 +160,9 @@ class CProgram:
                          for i, t in enumerate(self.outputs))
         codes = "".join(f"\n *   {k} {c_ident(m, 'fault')}" for k, m in enumerate(self.faults, 1))
         faults = f"\n * opfuse_run returns 0, or one of these fault codes:{codes}" if codes else ""
-        return (f"/* opfuse generated model interface (ABI {ABI_VERSION}).\n{ins}\n{outs}{faults}\n */\n"
+        build = ("\n * Build: cc -O3 -std=c99 -fPIC -shared -pthread -DOPFUSE_THREADS model.c (without OPFUSE_THREADS"
+                 "\n * the parallel loops run on the calling thread; scratch holds threads * opfuse_scratch_stride()).")
+        return (f"/* opfuse generated model interface (ABI {ABI_VERSION}).\n{ins}\n{outs}{faults}{build}\n */\n"
                 "#include <stddef.h>\n"
                 "int opfuse_run(void* const* inputs, void* const* outputs, char* arena, "
                 "const char* weights, char* scratch, int threads);\n"
