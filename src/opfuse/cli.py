@@ -1039,7 +1039,7 @@ def build_parser() -> argparse.ArgumentParser:
                         f"group's outputs against the reference as the model runs (also {DEBUG_ENV}=1)")
     p.add_argument("--dump-ir", metavar="DIR", help="write the IR before/after every pass to numbered files")
     p.add_argument("--threads", type=int, default=None,
-                   help="C backend: OpenMP threads (default: the cores available, or $OMP_NUM_THREADS)")
+                   help="C backend: threads (default: the cores available, or $OMP_NUM_THREADS)")
     p.add_argument("--no-corrections", action="store_true",
                    help="plan with the plain roofline: ignore the correction factors saved by 'opfuse profile --fit'")
     _add_patch_option(p)

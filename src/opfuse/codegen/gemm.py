@@ -21,7 +21,7 @@ MC x NC, ``choose_blocking``) at a time, GotoBLAS style:
   the micro-kernel finishes its block and stores it transposed from its registers instead
   (``register_epilogue``; ``microkernel._store_transposed``).
 
-Tiles are independent and split across OpenMP threads; each output element's sum runs over
+Tiles are independent and split across threads (the program's pool, threadpool.py); each output element's sum runs over
 k in increasing order, in the same K blocks whatever the thread count, so results do not
 depend on it.
 

@@ -426,7 +426,7 @@ class CodegenOptions:
     # no gain fused; into L1 instead of L2: fused -27, unfused +22). yolo_block, resnet8, ds_cnn: no
     # kernel moved by more than 5 us.
     pool_prefetch_bytes: int = 8192
-    # When the outermost loop has fewer iterations than this, OpenMP collapses two loops.
+    # When the outermost loop has fewer iterations than this, the parallel loop collapses two loops.
     parallel_min_outer: int = 16
     # A parallel loop whose every iteration is at least this much work (GEMM, conv and attention
     # tiles) hands iterations out one at a time, schedule(dynamic, 1): tiles differ in size (the

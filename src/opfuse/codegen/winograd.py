@@ -23,7 +23,7 @@ output in L2. Per block:
    outputs are stored: no extra pass over memory. Partial tiles at the right and bottom
    edges are computed whole and clipped when stored.
 
-Blocks are independent and split across OpenMP threads (each has its own V and M in
+Blocks are independent and split across threads (each has its own V and M in
 scratch); every output's sums run in a fixed order whatever the thread count. Where there are
 fewer blocks than threads (resnet18's 14x14 layers are one block of 16 tiles, which ran on one
 thread), each block's output channels are split into as many parts as the threads need, up to

@@ -5,7 +5,7 @@ that kernel runs: it is a buffer with lifetime ``[t, t]``. The tensors are alrea
 (``MemoryPlan.blocks``), so each kernel's scratch goes into the smallest gap between the
 blocks live at ``t`` that fits (best fit, as ``arena.assign_offsets``), else just above them;
 the arena grows only when that is past its end. The host keeps its per-thread scratch apart
-instead (one region per OpenMP thread, reused by every kernel).
+instead (one region per thread, reused by every kernel).
 """
 from __future__ import annotations
 
