@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from opfuse.codegen.outline import OutlineError, Outliner, declarations, strip
+from opfuse.codegen.outline import OutlineError, Outliner, declarations, parallel_loops, strip
 from opfuse.codegen.threadpool import POOL_C
 from opfuse.runtime.toolchain import THREAD_FLAGS, Toolchain
 
@@ -155,6 +155,7 @@ def test_fault_flags_are_or_reduced():
   }
 """, faults=["fault0", "fault1"])
     assert "fault0 |= c0_.fault0;" in kernel and "fault1" not in kernel
+    assert "struct k0_par0_ctx c0_ = {p0_x, 0};" in kernel and parallel_loops(fn)[0].reduces == ("fault0",)
     assert "int fault0 = 0;" in fn and "__atomic_fetch_or(&c_->fault0, fault0, __ATOMIC_RELAXED)" in fn
 
 
@@ -222,3 +223,67 @@ def test_the_microcontroller_keeps_its_loops_in_place():
     lines = ["  OPFUSE_PRAGMA(omp parallel for num_threads(nt) schedule(static) if(nt > 1))",
              "  for (long i = 0; i < 4; ++i) y[i] = 0;"]
     assert strip(lines) == lines[1:]
+
+
+def test_a_loop_with_a_start_and_a_step_keeps_them():
+    kernel, fn = _outline("""
+  OPFUSE_PRAGMA(omp parallel for num_threads(nt) schedule(static) if(nt > 1))
+  for (long b1 = 2; b1 < 11; b1 += 2) p1_y[b1] = 0.0f;
+""")
+    assert "opfuse_parallel(k0_par0, &c0_, ((((11) - (2)) + 1) / 2), nt, OPFUSE_STATIC);" in kernel
+    assert "for (long b1 = (2) + lo_ * 2; b1 < (2) + hi_ * 2; b1 += 2) {" in fn
+    assert parallel_loops(fn)[0].heads == ("for (long b1 = 2; b1 < 11; b1 += 2)",)
+
+
+def test_braced_collapsed_loops_must_be_perfectly_nested():
+    kernel, fn = _outline("""
+  OPFUSE_PRAGMA(omp parallel for num_threads(nt) schedule(static) collapse(2) if(nt > 1))
+  for (long a1 = 0; a1 < 3; ++a1) {
+    for (long b2 = 0; b2 < 5; ++b2) {
+      p1_y[a1 * 5 + b2] = 1.0f;
+    }
+  }
+""")
+    assert "opfuse_parallel(k0_par0, &c0_, (3) * (5), nt, OPFUSE_STATIC);" in kernel
+    info, = parallel_loops(fn)
+    assert info.collapse == 2 and info.heads == ("for (long a1 = 0; a1 < 3; ++a1)", "for (long b2 = 0; b2 < 5; ++b2)")
+    with pytest.raises(OutlineError, match="perfectly nested"):
+        _outline("""
+  OPFUSE_PRAGMA(omp parallel for num_threads(nt) schedule(static) collapse(2) if(nt > 1))
+  for (long a1 = 0; a1 < 3; ++a1) {
+    p1_y[a1] = 0.0f;
+    for (long b2 = 0; b2 < 5; ++b2) p1_y[a1 * 5 + b2] = 1.0f;
+  }
+""")
+
+
+def test_a_loop_inside_a_serial_loop_gets_its_variable_and_the_region_loops_their_bounds():
+    kernel, fn = _outline("""
+  long n0 = 16;
+  for (long b1 = 0; b1 < 2; ++b1) {
+    OPFUSE_PRAGMA(omp parallel for num_threads(nt) schedule(static) if(nt > 1))
+    for (long i2 = 0; i2 < 8; ++i2) p1_y[b1 * 8 + i2] = 0.0f;
+  }
+  OPFUSE_PRAGMA(omp parallel num_threads(nt))
+  {
+    OPFUSE_PRAGMA(omp for schedule(static))
+    for (long c3 = 0; c3 < n0; ++c3) {
+      p1_y[c3] = 1.0f;
+    }
+  }
+""")
+    assert "struct k0_par0_ctx c0_ = {p1_y, b1};" in kernel and "const long b1 = c_->b1;" in fn
+    assert "struct k0_par1_ctx c1_ = {p1_y, n0};" in kernel and "long n0 = c_->n0;" in fn
+
+
+def test_pointers_and_arrays_are_shared_as_pointers():
+    p, = declarations("const float* restrict w3 = p0_x + 4;")
+    assert p.member == "const float* w3" and p.copy == "const float* restrict w3 = c_->w3;" and p.replica is None
+    grid, = declarations("float g5[4][8];")
+    assert grid.member == "float (*g5)[8]" and grid.copy == "float (*const g5)[8] = c_->g5;"
+    table, = declarations("static const int16_t zero1[7] = {0};")
+    assert table.member == "const int16_t* zero1" and table.copy == "const int16_t* const zero1 = c_->zero1;"
+    var, = declarations("for (long b1 = 0; b1 < 2; ++b1) {")
+    assert (var.name, var.member, var.copy) == ("b1", "long b1", "const long b1 = c_->b1;")
+    assert declarations("long x = (3);")[0].replica is None  # not const: copied, not declared again
+    assert declarations("const long y = x * 2;")[0].replica == "const long y = x * 2;"
