@@ -210,6 +210,8 @@ def test_loops_the_outliner_cannot_read_are_refused():
 
 def test_declarations_are_read_as_the_writer_writes_them():
     assert [d.name for d in declarations("const long lo6 = 0, hi7 = f(1, 2);")] == ["lo6", "hi7"]
+    assert [d.replica for d in declarations("const long a1 = f(1, g[2]), b2 = 3;")] == [
+        "const long a1 = f(1, g[2]);", "const long b2 = 3;"]
     assert [d.replica for d in declarations("const long lo6 = 0, hi7 = 18;")] == ["const long lo6 = 0;",
                                                                                  "const long hi7 = 18;"]
     arr, = declarations("long len7[4];")
