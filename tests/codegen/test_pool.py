@@ -206,6 +206,11 @@ def test_loops_the_outliner_cannot_read_are_refused():
   OPFUSE_PRAGMA(omp parallel for num_threads(nt) schedule(static) if(nt > 1))
   for (int i = 0; i < 8; i++) p1_y[i] = 0.0f;
 """)
+    with pytest.raises(OutlineError, match="one line"):
+        _outline("""
+  OPFUSE_PRAGMA(omp parallel for num_threads(nt) schedule(static) collapse(2) if(nt > 1))
+  for (long a1 = 0; a1 < 3; ++a1) for (long b2 = 0; b2 < 5; ++b2) p1_y[a1 * 5 + b2] = 1.0f;
+""")
 
 
 def test_declarations_are_read_as_the_writer_writes_them():

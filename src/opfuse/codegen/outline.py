@@ -183,6 +183,8 @@ def _loop(lines: list[str], j: int, collapse: int) -> tuple[list[_Head], list[st
                 lines, k = body, 0
                 continue
         elif rest:
+            if level + 1 < collapse:
+                raise OutlineError("collapsed loops written on one line")
             body = [m.group(1) + "  " + rest]
         else:
             body = lines[k + 1:_statement(lines, k + 1)]
