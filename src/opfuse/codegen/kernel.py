@@ -23,7 +23,7 @@ import numpy as np
 
 from opfuse.codegen.ctype import c_type
 from opfuse.codegen.names import c_ident
-from opfuse.codegen.outline import Outliner, strip
+from opfuse.codegen.outline import DYNAMIC_CLAUSE, STATIC_CLAUSE, Outliner, strip
 from opfuse.codegen.writer import CWriter
 from opfuse.errors import UnsupportedOpError
 from opfuse.ir.graph import Value
@@ -31,8 +31,6 @@ from opfuse.ir.plan import FusionGroup
 
 SCRATCH_ALIGN = 64  # bytes between scratch regions of one kernel (cache-line aligned tiles)
 _LOOP_HEAD = re.compile(r"\s*for \(long (\w+) = 0; \1 < (\d+); \+\+\1\)")
-_STATIC = "schedule(static)"
-_DYNAMIC = "schedule(dynamic, 1)"
 # Every kernel is a function of its own (``OPFUSE_KERNEL``), never inlined into ``opfuse_run``. Inlined,
 # each kernel's ``restrict`` parameters still describe only its own body, but gcc 12.2 at -O3 let the
 # basic-block (SLP) vectoriser of ``opfuse_run`` move one kernel's loads of an arena buffer above the
@@ -187,7 +185,7 @@ class KernelContext:
         self.uses_threads = True
         col = f" collapse({collapse})" if collapse > 1 else ""
         self._parallel.append((len(self.w.lines), work, collapse, tuple(costs)))
-        self.w.line(f"OPFUSE_PRAGMA(omp parallel for num_threads(nt) {_STATIC}{col} if(nt > 1))")
+        self.w.line(f"OPFUSE_PRAGMA(omp parallel for num_threads(nt) {STATIC_CLAUSE}{col} if(nt > 1))")
 
     def _schedules(self) -> None:
         """One iteration at a time (``schedule(dynamic, 1)``) for a loop of ``n`` iterations each worth
@@ -196,10 +194,11 @@ class KernelContext:
         for at, work, collapse, costs in self._parallel:
             head = _LOOP_HEAD.match(lines[at + 1]) if at + 1 < len(lines) else None
             if collapse == 1 and head and work // int(head.group(2)) >= self.program.options.parallel_dynamic_min_work:
-                lines[at] = lines[at].replace(_STATIC, _DYNAMIC)
+                lines[at] = lines[at].replace(STATIC_CLAUSE, DYNAMIC_CLAUSE)
             heads = [_LOOP_HEAD.match(ln) for ln in lines[at + 1:at + 1 + collapse]]
             iterations = math.prod(int(h.group(2)) for h in heads if h) if all(heads) else len(costs)
-            self.loops.append(ParallelLoop(iterations, work, "dynamic" if _DYNAMIC in lines[at] else "static", costs))
+            schedule = "dynamic" if DYNAMIC_CLAUSE in lines[at] else "static"
+            self.loops.append(ParallelLoop(iterations, work, schedule, costs))
         self._parallel.clear()
 
     # Assembly -----------------------------------------------------------------------------

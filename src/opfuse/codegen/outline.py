@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 PRAGMA = "OPFUSE_PRAGMA(omp parallel for"
+STATIC_CLAUSE = "schedule(static)"       # the markers' schedules (OpenMP's names), as KernelContext writes them
+DYNAMIC_CLAUSE = "schedule(dynamic, 1)"
 REGION = "OPFUSE_PRAGMA(omp parallel num_threads"
 SHARED_LOOP = "OPFUSE_PRAGMA(omp for"
 _SCHEDULE = re.compile(r"schedule\((static|dynamic)")
@@ -195,6 +197,20 @@ def _loop(lines: list[str], j: int, collapse: int) -> tuple[list[_Head], list[st
     return heads, body, end, indent
 
 
+def _visible(scopes: list[_Scope]) -> dict[str, Local]:
+    """The locals of the open scopes, inner ones hiding outer ones of the same name."""
+    visible: dict[str, Local] = {}
+    for sc in scopes:
+        visible.update(sc.names)
+    return visible
+
+
+def _schedule(marker: str) -> str:
+    """"dynamic" or "static": the schedule a marker line names."""
+    m = _SCHEDULE.search(marker)
+    return "dynamic" if m and m.group(1) == "dynamic" else "static"
+
+
 class Outliner:
     """Outlines the marked loops of one kernel: ``run(lines)`` gives the kernel's new lines, ``functions``
     the outlined functions' text (to be placed before the kernel)."""
@@ -228,14 +244,9 @@ class Outliner:
                 j = _statement(lines, j + 1)
                 continue
             if s.startswith(PRAGMA):
-                schedule = _SCHEDULE.search(s)
                 collapse = _COLLAPSE.search(s)
                 heads, body, end, indent = _loop(lines, j + 1, int(collapse.group(1)) if collapse else 1)
-                visible: dict[str, Local] = {}
-                for sc in scopes:
-                    visible.update(sc.names)
-                out.extend(self._outline(heads, body, indent, visible, lines[j + 1:end],
-                                         "dynamic" if schedule and schedule.group(1) == "dynamic" else "static",
+                out.extend(self._outline(heads, body, indent, _visible(scopes), lines[j + 1:end], _schedule(s),
                                          conds))
                 j = end
                 continue
@@ -265,23 +276,19 @@ class Outliner:
         thread's set-up (they write only the thread's own scratch). Each loop becomes a parallel loop of its
         own whose function runs the set-up first, once per piece; the loops run one after the other, as the
         region's barriers had them."""
+        if lines[j].strip() != "{":
+            raise OutlineError("an omp parallel region is not a block")
         end = _statement(lines, j)
         block = lines[j + 1:end - 1]
-        if not lines[j].strip() == "{":
-            raise OutlineError("an omp parallel region is not a block")
-        visible: dict[str, Local] = {}
-        for sc in scopes:
-            visible.update(sc.names)
+        visible = _visible(scopes)
         out = [lines[j]]
         pre: list[str] = []
         k = 0
         while k < len(block):
             s = block[k].strip()
             if s.startswith(SHARED_LOOP):
-                schedule = _SCHEDULE.search(s)
                 heads, body, stop, indent = _loop(block, k + 1, 1)
-                out.extend(self._outline(heads, body, indent, visible, pre + block[k + 1:stop],
-                                         "dynamic" if schedule and schedule.group(1) == "dynamic" else "static",
+                out.extend(self._outline(heads, body, indent, visible, pre + block[k + 1:stop], _schedule(s),
                                          conds, pre))
                 k = stop
                 continue
@@ -420,7 +427,7 @@ _LOOP_INFO = re.compile(rf"/\* {LOOP_COMMENT} \d+ of (\w+) \((.*)\):\n((?: \*   
 
 
 def schedule_clause(schedule: str) -> str:
-    return "schedule(dynamic, 1)" if schedule == "dynamic" else "schedule(static)"
+    return DYNAMIC_CLAUSE if schedule == "dynamic" else STATIC_CLAUSE
 
 
 @dataclass(frozen=True)
@@ -447,8 +454,7 @@ def parallel_loops(source: str) -> list[LoopInfo]:
         collapse = re.search(r"collapse\((\d+)\)", extra)
         reduces = re.search(r"reduces ([\w, ]+)", extra)
         heads = tuple(ln.strip()[1:].strip().removesuffix("*/").strip() for ln in m.group(3).splitlines())
-        schedule = "schedule(dynamic, 1)" if "schedule(dynamic, 1)" in extra else "schedule(static)"
-        out.append(LoopInfo(m.group(1), schedule, int(collapse.group(1)) if collapse else 1,
+        out.append(LoopInfo(m.group(1), schedule_clause(_schedule(extra)), int(collapse.group(1)) if collapse else 1,
                             tuple(f.strip() for f in reduces.group(1).split(",")) if reduces else (), heads))
     return out
 

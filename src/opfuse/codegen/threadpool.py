@@ -78,7 +78,6 @@ static struct {{
   char pad1[56];
   opfuse_body fn;
   void* arg;
-  long total;
   int nt, nranges, steal;       /* the job's threads, its ranges, whether other ranges may be taken */
   int busy;                     /* a caller holds the pool */
   int started, sleepers, quit;
@@ -213,7 +212,6 @@ static void opfuse_parallel(opfuse_body fn, void* arg, long n, int nt, int sched
   }}
   __atomic_store_n(&opfuse_pool.fn, fn, __ATOMIC_RELAXED);
   __atomic_store_n(&opfuse_pool.arg, arg, __ATOMIC_RELAXED);
-  __atomic_store_n(&opfuse_pool.total, n, __ATOMIC_RELAXED);
   __atomic_store_n(&opfuse_pool.nt, nt, __ATOMIC_RELAXED);
   __atomic_store_n(&opfuse_pool.nranges, nr, __ATOMIC_RELAXED);
   __atomic_store_n(&opfuse_pool.steal, !dynamic, __ATOMIC_RELAXED);
