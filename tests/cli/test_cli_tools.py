@@ -133,8 +133,12 @@ def test_debug_with_inputs_file_and_json(tmp_path):
     r = opfuse("debug", MODEL, "--inputs", str(x), "--bisect", "--json")
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
-    # 7: the last Relu fuses into the last convolution, not into the AveragePool (scalar there)
-    assert res["outputs_agree"] and res["fused_groups"] == 7 and "bisect" not in res
+    # the plan of this host's profile: 7 on an AVX-512 host (the last Relu fuses into the last convolution, not
+    # into the AveragePool, scalar there at 16x), 8 with AVX2 (the scalar Relu hides under the pool's memory time)
+    from opfuse.compiler import CompileOptions, plan_model
+    plan = plan_model(MODEL, CompileOptions()).plan
+    assert res["fused_groups"] == sum(1 for g in plan.groups if len(g.nodes) > 1) in (7, 8)
+    assert res["outputs_agree"] and "bisect" not in res
 
 
 @pytest.mark.parametrize("argv, needle", [

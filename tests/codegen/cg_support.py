@@ -6,11 +6,17 @@ elementwise consumers: Conv -> BN -> Relu, MatMul -> Add -> GELU chain, Conv -> 
 """
 from __future__ import annotations
 
+from opfuse.codegen.options import WINDOWS_MR_MAX_FULL_WIDTH
 from opfuse.ir.graph import Graph, Node
 from opfuse.ir.plan import FusionGroup, FusionPlan
 from opfuse.ops.registry import Category, get_spec
 
 POINTWISE = (Category.ELEMWISE, Category.BROADCAST)
+# ``CodegenOptions`` fields that generate the C an AVX-512 host with full-width FMA pipes (Zen 5) gets from
+# "host", whatever CPU runs the test: the AVX-512 register blocks and their structure (notes, blocks, tiles).
+# The C keeps its AVX2 and plain bodies behind the target's macros, so it builds and runs on any x86 host.
+WIDE_HOST = dict(vector_isa="avx512", winograd_avx512=True, depthwise_avx512=True,
+                 windows_mr_max=WINDOWS_MR_MAX_FULL_WIDTH)
 ANCHOR_KINDS = {"Conv": "conv_epilogue", "MatMul": "gemm_epilogue", "Gemm": "gemm_epilogue",
                 "Softmax": "reduction", "ReduceMean": "reduction", "MaxPool": "reduction",
                 "AveragePool": "reduction", "GlobalAveragePool": "reduction",

@@ -72,8 +72,10 @@ def test_off_by_default_on_in_scalar_and_vector_forms():
     default = generate(g, plan).source
     assert "table[16]" not in default and "permutexvar" not in default
     assert default == generate(g, plan, options=CodegenOptions(exp_table=False)).source
-    on = generate(g, plan, options=CodegenOptions(**TABLE)).source
+    on = generate(g, plan, options=CodegenOptions(vector_isa="avx512", **TABLE)).source  # with its AVX2 form
     assert "table[t.u & 15u]" in on and "_mm512_permutexvar_ps" in on and "_mm256_permutevar8x32_ps" in on
+    on = generate(g, plan, options=CodegenOptions(vector_isa="avx2", **TABLE)).source
+    assert "table[t.u & 15u]" in on and "_mm512" not in on and "_mm256_permutevar8x32_ps" in on
     assert "table[t.u & 15u]" in generate(g, plan, options=CodegenOptions(simd="none", **TABLE)).source
 
 
@@ -166,8 +168,9 @@ def test_conv_epilogues_are_the_scalar_epilogues_bits(act, cache_dir):
     g = b.build(b.op(act, b.op("Conv", b.input("x", (1, 16, 23, 41)), w, bias, name="conv")))
     plan = FusionPlan(g, [FusionGroup("g", list(g.nodes), "conv_epilogue", g.nodes[0])])
     x = (rng.standard_normal((1, 16, 23, 41)) * 12).astype(np.float32)
-    src = generate(g, plan, options=CodegenOptions(**TABLE)).source
-    assert "applied and stored by the micro-kernel" in src and "_mm512_permutexvar_ps" in src
+    for isa, permute in (("avx512", "_mm512_permutexvar_ps"), ("avx2", "_mm256_permutevar8x32_ps")):
+        src = generate(g, plan, options=CodegenOptions(vector_isa=isa, **TABLE)).source
+        assert "applied and stored by the micro-kernel" in src and permute in src, isa
     want = next(iter(build(g, plan, cache_dir=cache_dir, threads=1,
                            options=CodegenOptions(vector_epilogue=False, **TABLE)).run({"x": x}).values()))
     default = next(iter(build(g, plan, cache_dir=cache_dir, threads=1).run({"x": x}).values()))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cg_support import assert_close, group_by_names, run_both
+from cg_support import WIDE_HOST, assert_close, group_by_names, run_both
 from opfuse.codegen import CodegenOptions
 from opfuse.ops import GraphBuilder
 
@@ -260,7 +260,7 @@ def test_pointwise_tiles_even_per_thread_same_bits(cache_dir):
     and 2 panels), recorded so in the kernel's parallel loop; the reference's values, and the bits of the
     4-tile build at 1 and 2 threads (each output still sums its K products in order)."""
     g, plan = conv_relu(256, 512, 14, 14, 1, 1, [0, 0, 0, 0])
-    even = CodegenOptions(vector_isa="avx512", balance_even_panels=True)
+    even = CodegenOptions(**WIDE_HOST, balance_even_panels=True)
     got = {}
     for threads in (1, 2):
         for option in (True, False):

@@ -173,10 +173,14 @@ def test_register_epilogue_activations(act, attrs, what, geo, cache_dir):
     b = GraphBuilder(f"conv_{act.lower()}{len(attrs)}")
     g = b.build(b.op(act, _conv(b, b.input("x", spec["x"]), spec, np.random.default_rng(4)), **attrs))
     plan = _one_kernel(g)
-    src = generate(g, plan, options=CodegenOptions(**spec["options"])).source
+    src = generate(g, plan, options=CodegenOptions(vector_isa="avx512", **spec["options"])).source
     assert f"output bias and {what} applied and stored by the micro-kernel" in src
     assert ("_h16_" in src) == (geo == "direct_split")  # the direct kernel's two 16-position pieces
-    assert ("epilogue in avx512" in src) == (geo == "packed_1x1")  # 20 channels: a part block, via the C tile
+    # 20 channels: the packed kernel's 8-row AVX-512 blocks leave a part block, via the C tile (with AVX2's
+    # 6-row blocks the direct kernel's leave one too)
+    assert ("epilogue in avx512" in src) == (geo == "packed_1x1")
+    src = generate(g, plan, options=CodegenOptions(vector_isa="avx2", **spec["options"])).source
+    assert f"output bias and {what} applied and stored by the micro-kernel" in src
     _check(g, plan, cache_dir, spec["options"], marker="by the micro-kernel")
 
 
@@ -191,12 +195,13 @@ def test_silu_forms_in_registers_and_epilogues(direct, geo, cache_dir):
     g = b.build(b.op("Silu", _conv(b, b.input("x", spec["x"]), spec, np.random.default_rng(5))))
     plan = _one_kernel(g)
     base = dict(spec["options"], silu_direct=direct)
-    src = generate(g, plan, options=CodegenOptions(**base)).source
-    assert ("opfuse_v16_siluf(" in src) == direct and ("opfuse_v16_sigmoidf(" in src) != direct
-    if geo != "winograd":
-        letter = "u" if direct else "w"  # the storing micro-kernel's name ends in its epilogue code
-        assert re.search(rf"static void opfuse_ukr_\w*_\w*{letter}\(", src), letter
-        assert "output bias and Silu applied and stored by the micro-kernel" in src
+    for isa, lanes in (("avx512", 16), ("avx2", 8)):
+        src = generate(g, plan, options=CodegenOptions(vector_isa=isa, **base)).source
+        assert (f"opfuse_v{lanes}_siluf(" in src) == direct and (f"opfuse_v{lanes}_sigmoidf(" in src) != direct
+        if geo != "winograd":
+            letter = "u" if direct else "w"  # the storing micro-kernel's name ends in its epilogue code
+            assert re.search(rf"static void opfuse_ukr_\w*_\w*{letter}\(", src), letter
+            assert "output bias and Silu applied and stored by the micro-kernel" in src
     _check(g, plan, cache_dir, base, marker="by the micro-kernel" if geo != "winograd" else "epilogue in ",
            scale=1.0 if geo == "winograd" else 3.0)
 

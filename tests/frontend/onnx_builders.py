@@ -8,6 +8,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from opfuse.frontend.onnx import export_model, import_model
 from opfuse.runtime.reference import random_inputs, run
+from opfuse.testing import ort_oracle
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -38,12 +39,10 @@ def model(nodes, inputs, outputs, initializers=(), opset: int = 17, name: str = 
     return m
 
 
-def ort_run(m: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray]:
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(names, feeds), strict=True))
+def ort_run(m: onnx.ModelProto, feeds: dict, *, fused: bool = True) -> dict[str, np.ndarray]:
+    """onnxruntime's outputs, its 8-bit products with uint8 operands exact on every CPU (``ort_oracle``);
+    ``fused=False``: its graph optimizations off (a QDQ model in float, not as a saturating 8-bit product)."""
+    return ort_oracle.run(m, feeds, fused=fused)
 
 
 def assert_close(ours: dict, theirs: dict) -> None:
