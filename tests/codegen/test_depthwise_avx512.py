@@ -222,7 +222,8 @@ def _build(g, plan, cache_dir, options, extra_flags=()):
     tc = Toolchain.detect()
     tc = dataclasses.replace(tc, flags=(*tc.flags, *extra_flags))
     program = generate(g, plan, options=options)
-    return CompiledModel(g, plan, program, tc, build_library(program.source, tc, cache_dir), threads=1)
+    library = build_library(program.source, tc, cache_dir, prelude=program.prelude)
+    return CompiledModel(g, plan, program, tc, library, threads=1)
 
 
 @needs_avx512

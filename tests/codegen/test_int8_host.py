@@ -77,7 +77,8 @@ def _built_with(graph, plan, options: CodegenOptions, flag: str) -> CompiledMode
     tc = Toolchain.detect()
     tc = dataclasses.replace(tc, flags=tc.flags + (flag,), identity=tc.identity + " " + flag)
     program = generate(graph, plan, options=options)
-    return CompiledModel(graph, plan, program, tc, build_library(program.source, tc, None), threads=1)
+    library = build_library(program.source, tc, None, prelude=program.prelude)
+    return CompiledModel(graph, plan, program, tc, library, threads=1)
 
 
 def _avx2_only(graph, plan, options: CodegenOptions) -> CompiledModel:

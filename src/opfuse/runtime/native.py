@@ -455,5 +455,5 @@ def build(graph: Graph, plan: FusionPlan | None = None, *, threads: int | None =
         compute_in_float32(graph, RewriteContext(FusionOptions(), Provenance(graph)))
     plan = plan if plan is not None else FusionPlan.unfused(graph)
     program = generate(graph, plan, memory=memory, options=options)
-    result = build_library(program.source, tc, cache_dir)
+    result = build_library(program.source, tc, cache_dir, prelude=program.prelude)
     return CompiledModel(graph, plan, program, tc, result, threads=threads)
