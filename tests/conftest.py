@@ -5,6 +5,7 @@ folder; the cache lives in their common parent so a model compiled by one worker
 the others (the build cache is safe for concurrent writers: tests/runtime covers that).
 """
 import os
+from pathlib import Path
 
 import pytest
 
@@ -18,4 +19,6 @@ def _opfuse_cache_dir(tmp_path_factory, worker_id):
             cache = tmp_path_factory.getbasetemp().parent / "opfuse-cache"
             cache.mkdir(exist_ok=True)
         os.environ["OPFUSE_CACHE_DIR"] = str(cache)
+    # one folder of precompiled system headers for every cache the tests make (26 MB each otherwise)
+    os.environ.setdefault("OPFUSE_PCH_DIR", str(Path(os.environ["OPFUSE_CACHE_DIR"]) / "pch"))
     yield

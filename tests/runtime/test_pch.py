@@ -14,10 +14,17 @@ from opfuse.codegen.program import SYSTEM_HEADERS, generate, system_headers
 from opfuse.ops import GraphBuilder
 from opfuse.runtime import reference, toolchain
 from opfuse.runtime.native import build
-from opfuse.runtime.toolchain import PCH_ENV, PCH_FOLDER, PCH_HEADER, Toolchain, build_library, precompiled_prelude
+from opfuse.runtime.toolchain import (PCH_DIR_ENV, PCH_ENV, PCH_FOLDER, PCH_HEADER, Toolchain, build_library,
+                                      precompiled_prelude)
 
 pytestmark = pytest.mark.skipif(not toolchain.is_gcc(toolchain.find_compiler()),
                                 reason="precompiled headers are GCC's (.gch) here")
+
+
+@pytest.fixture(autouse=True)
+def _headers_in_each_cache(monkeypatch):
+    """The default place, ``<cache>/pch`` (the suite shares one folder, ``$OPFUSE_PCH_DIR``)."""
+    monkeypatch.delenv(PCH_DIR_ENV, raising=False)
 
 
 def _graph(scale: float):
@@ -84,3 +91,13 @@ def test_not_used_off_for_other_compilers_or_a_source_that_does_not_begin_with_i
     source = generate(_graph(2.0)).source.replace(SYSTEM_HEADERS, "#define OPFUSE_X 1\n" + SYSTEM_HEADERS)
     build_library(source, tc, tmp_path / "x", prelude=SYSTEM_HEADERS)
     assert not (tmp_path / "x" / PCH_FOLDER).exists()
+
+
+def test_one_folder_for_every_cache(tmp_path, monkeypatch):
+    """``$OPFUSE_PCH_DIR``: two caches, one precompiled header, none in either cache."""
+    monkeypatch.setenv(PCH_DIR_ENV, str(tmp_path / "shared"))
+    a = build(_graph(2.0), None, cache_dir=tmp_path / "a", threads=1)
+    b = build(_graph(2.0), None, cache_dir=tmp_path / "b", threads=1)
+    assert not a.report["cache_hit"] and not b.report["cache_hit"]
+    assert len(list((tmp_path / "shared").glob(f"*/{PCH_HEADER}.gch"))) == 1
+    assert not (tmp_path / "a" / PCH_FOLDER).exists() and not (tmp_path / "b" / PCH_FOLDER).exists()

@@ -328,8 +328,10 @@ def _compiler_failure(proc: subprocess.CompletedProcess, tc: Toolchain, tmp: Pat
 # guards: the same library, byte for byte (tests/runtime/test_pch.py), in 0.36 s. GCC only (clang names the
 # file otherwise); ``$OPFUSE_PCH=0`` turns it off. A precompiled header gcc cannot use (another compiler
 # build, a changed flag) is ignored by gcc, which reads the header itself; a build that fails with one is
-# retried without it, and the header removed.
+# retried without it, and the header removed. ``$OPFUSE_PCH_DIR`` puts the headers in one folder for every cache
+# (the test suite's many small caches share one, 26 MB each otherwise).
 PCH_ENV = "OPFUSE_PCH"
+PCH_DIR_ENV = "OPFUSE_PCH_DIR"
 PCH_FOLDER = "pch"
 PCH_HEADER = "prelude.h"
 
@@ -347,7 +349,8 @@ def _pch_flags(tc: Toolchain) -> list[str]:
 
 
 def precompiled_prelude(root: Path, tc: Toolchain, prelude: str) -> list[str]:
-    """``["-include", header]`` of ``prelude`` precompiled for ``tc`` under ``root`` (built once, under a lock,
+    """``["-include", header]`` of ``prelude`` precompiled for ``tc`` under ``root/pch`` or ``$OPFUSE_PCH_DIR``
+    (built once, under a lock,
     renamed into place), or ``[]`` where there is nothing to precompile, it is turned off, ``tc`` is not GCC,
     or the header cannot be built or trusted (the build then parses the headers itself)."""
     if not prelude or os.environ.get(PCH_ENV, "1").strip() == "0" or not is_gcc(tc.cc):
@@ -357,7 +360,9 @@ def precompiled_prelude(root: Path, tc: Toolchain, prelude: str) -> list[str]:
         h.update(part.encode())
         h.update(b"\0")
     try:
-        folder = _cache_folder(private_dir(root / PCH_FOLDER, "build cache") / h.hexdigest()[:32])
+        shared = os.environ.get(PCH_DIR_ENV, "").strip()
+        base = Path(shared).expanduser() if shared else root / PCH_FOLDER
+        folder = _cache_folder(private_dir(base, "build cache") / h.hexdigest()[:32])
         header, gch = folder / PCH_HEADER, folder / (PCH_HEADER + ".gch")
         with file_lock(folder.parent / f"{KEY_LOCK_PREFIX}{folder.name}"):
             for left in folder.glob(f"{BUILD_PREFIX}*"):  # a killed build's (the lock is ours)
