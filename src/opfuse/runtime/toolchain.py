@@ -350,9 +350,8 @@ def _pch_flags(tc: Toolchain) -> list[str]:
 
 def precompiled_prelude(root: Path, tc: Toolchain, prelude: str) -> list[str]:
     """``["-include", header]`` of ``prelude`` precompiled for ``tc`` under ``root/pch`` or ``$OPFUSE_PCH_DIR``
-    (built once, under a lock,
-    renamed into place), or ``[]`` where there is nothing to precompile, it is turned off, ``tc`` is not GCC,
-    or the header cannot be built or trusted (the build then parses the headers itself)."""
+    (built once, under a lock, renamed into place), or ``[]`` where there is nothing to precompile, it is turned
+    off, ``tc`` is not GCC, or the header cannot be built or trusted (the build then parses the headers itself)."""
     if not prelude or os.environ.get(PCH_ENV, "1").strip() == "0" or not is_gcc(tc.cc):
         return []
     h = hashlib.sha256()
