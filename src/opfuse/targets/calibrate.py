@@ -143,6 +143,11 @@ def _cpuinfo() -> dict[str, str]:
     return fields
 
 
+def cpu_flags() -> frozenset[str]:
+    """The first CPU's feature flags in /proc/cpuinfo (``avx512f``, ``avx512_vnni``, ...); empty where unreadable."""
+    return frozenset(_cpuinfo().get("flags", "").split())
+
+
 def cpu_model() -> str:
     for key, value in _cpuinfo().items():
         if key.lower().startswith(("model name", "hardware", "cpu model")):
@@ -155,7 +160,7 @@ def vector_isa() -> tuple[int, int, str]:
     machine = platform.machine().lower()
     if machine in ("aarch64", "arm64"):
         return 32 * 16, 16, "NEON (32 x 128-bit)"
-    flags = set(_cpuinfo().get("flags", "").split())
+    flags = cpu_flags()
     if "avx512f" in flags:
         return 32 * 64, 64, "AVX-512 (32 x 512-bit)"
     if "avx" in flags:

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import functools
 import platform
-from pathlib import Path
 
 import numpy as np
+
+from opfuse.targets.calibrate import cpu_flags
 
 # (op type, domain): (weight input, weight zero point input, the other operand's zero point input)
 _PRODUCTS = {("QLinearConv", ""): (3, 5, 2), ("QLinearMatMul", ""): (3, 5, 2), ("MatMulInteger", ""): (1, 3, 2),
@@ -32,12 +33,7 @@ def products_saturate() -> bool:
     """Whether onnxruntime's 8-bit products may saturate on this CPU: x86-64 without VNNI."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return True
-    flags = next((line.partition(":")[2].split() for line in text.splitlines() if line.startswith("flags")), [])
-    return not any(f in flags for f in _VNNI_FLAGS)
+    return not cpu_flags() & set(_VNNI_FLAGS)
 
 
 def u8_weights(model):
