@@ -222,6 +222,14 @@ class KernelContext:
 
     def function_text(self, comment: str) -> str:
         """The kernel's C: on the host its parallel loops' functions first (``outline.py``), then the kernel."""
+        return f"/* {self.comment_text(comment)} */\n{self.function_code()}"
+
+    def comment_text(self, comment: str) -> str:
+        """The text of the comment above the kernel: ``comment`` and the kernel's notes."""
+        return comment + "".join(f"\n * {n}" for n in self._comment_notes)
+
+    def function_code(self) -> str:
+        """The kernel's C without its comment (``function_text``). Call it once: it fixes the loops' schedules."""
         self._schedules()
         decl, returns = self._fault_flags()
         helpers = ""
@@ -236,5 +244,14 @@ class KernelContext:
             helpers = "".join(outliner.functions)
             unused = "  (void)scratch; (void)nt;\n  const int opfuse_tid = 0; (void)opfuse_tid;\n"
         body = "\n".join(lines) + "\n"
-        notes = "".join(f"\n * {n}" for n in self._comment_notes)
-        return f"/* {comment}{notes} */\n{helpers}{self.signature()} {{\n{unused}{decl}{body}{returns}}}\n"
+        return f"{helpers}{self.signature()} {{\n{unused}{decl}{body}{returns}}}\n"
+
+    def code_key(self, code: str) -> str:
+        """``code`` (``function_code``) with the kernel's name and its parameters' names replaced by their
+        roles: two kernels with one key compute the same function of their arguments, so one C function
+        serves both (``ProgramBuilder._register``)."""
+        roles = {self.name: "KERNEL_"} | {p.name: f"PARAM{i}_" for i, p in enumerate(self.params.values())}
+        # The kernel's name also begins its parallel loops' functions and contexts (``{name}_par0_ctx``).
+        pattern = "|".join(rf"\b{re.escape(n)}\b" for n in sorted(roles, key=len, reverse=True))
+        pattern += rf"|\b{re.escape(self.name)}(?=_par\d+(?:_ctx)?\b)"
+        return re.sub(pattern, lambda m: roles[m.group(0)], code)

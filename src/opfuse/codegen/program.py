@@ -177,7 +177,13 @@ class CProgram:
 
     @property
     def num_functions(self) -> int:
+        """The kernels that run code: one call each in ``opfuse_run`` (and one profile slot)."""
         return sum(1 for k in self.kernels if k.function)
+
+    @property
+    def c_functions(self) -> int:
+        """The C functions those kernels call: kernels with the same code share one (``ProgramBuilder._register``)."""
+        return len({k.function for k in self.kernels if k.function})
 
     def header(self) -> str:
         if self.mcu is not None:
@@ -213,6 +219,9 @@ class ProgramBuilder:
         self.launches: list[Launch] = []
         self.faults: list[str] = []
         self.scratch_stride = 0
+        # A kernel's code with its names replaced by their roles (``KernelContext.code_key``) -> the function
+        # generated for it first: layers with the same shapes and epilogue share one C function.
+        self._codes: dict[str, str] = {}
 
     def fault_code(self, message: str) -> int:
         """The code (1, 2, ...) ``opfuse_run`` returns for the fault described by ``message``."""
@@ -250,14 +259,19 @@ class ProgramBuilder:
         self.kernels.append(info)
         if not kc.w.lines:
             return
-        info.function = kc.name
         self.scratch_stride = max(self.scratch_stride, kc.scratch_bytes)
-        self.functions.append(kc.function_text(comment))
+        code = kc.function_code()
+        name = self._codes.setdefault(kc.code_key(code), kc.name)
+        if name == kc.name:
+            self.functions.append(f"/* {kc.comment_text(comment)} */\n{code}")
+        else:  # the same code as an earlier kernel: that function runs this group too
+            self.functions.append(f"/* {kc.comment_text(comment)}\n * runs as {name}: the same code */\n")
+        info.function = name
         info.parallel = tuple(kc.loops)
         args = [self._arg(p) for p in kc.params.values()]
-        self.launches.append(Launch(kc.name, args, index, bool(kc.faults)))
+        self.launches.append(Launch(name, args, index, bool(kc.faults)))
         args = args + ["scratch", "nt"]
-        call = f"{kc.name}({', '.join(args)});"
+        call = f"{name}({', '.join(args)});"
         if kc.faults:
             call = f"{{ const int fault_ = {call[:-1]}; if (fault_) return fault_; }}"
         if self.options.profile:

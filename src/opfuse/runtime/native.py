@@ -382,6 +382,7 @@ class CompiledModel:
             "backend": "c",
             "kernels": len(self.plan.groups),
             "functions": p.num_functions,
+            "c_functions": p.c_functions,
             "c_kernels": [{"name": k.group, "kind": k.kind, "ops": k.ops, "function": k.function,
                         "scratch_bytes": k.scratch_bytes, "notes": list(k.notes)} for k in p.kernels],
             "threads": self._threads,
