@@ -262,7 +262,8 @@ def _microkernel(kc, mr: int, nr: int, a: str = "packed", b: str = "packed", epi
     """Register the MR x NR micro-kernel (``microkernel.py``) with the program; its name."""
     o = kc.program.options
     name, text = microkernel(mr, nr, a, b, o.simd, o.gemm_prefetch, o.gemm_scalar_accumulators,
-                             o.vector_isa == "avx512", epilogue, transposed, a_step, o.vector_isa == "neon", b_split)
+                             o.vector_isa == "avx512", epilogue, transposed, a_step, o.vector_isa == "neon", b_split,
+                             k_unroll=o.gemm_k_unroll)
     return kc.program.require_helper(name, text)
 
 

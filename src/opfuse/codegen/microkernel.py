@@ -261,12 +261,14 @@ def _plain_scalars(mr: int, nr: int, a: str, b: str, a_step: int = 0) -> list[st
 
 def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, i0: int = 0, rows: int = 0,
                  j0: int = 0, cols: int = 0, epi: str | None = None, transposed: bool = False,
-                 a_step: int = 0, b_split: int = 0, a_prefetch: int = 0) -> list[str]:
+                 a_step: int = 0, b_split: int = 0, a_prefetch: int = 0, k_unroll: int = 0) -> list[str]:
     """Intrinsics for the sub-block rows ``[i0, i0 + rows)`` x columns ``[j0, j0 + cols)`` of the
-    MR x NR block (all of it by default): accumulators in ``isa``'s registers, one k loop.
+    MR x NR block (all of it by default): accumulators in ``isa``'s registers, one k loop, unrolled
+    ``k_unroll`` times where that is above 1 (``CodegenOptions.gemm_k_unroll``).
     ``a_prefetch`` (packed A): A's line ``a_prefetch`` k steps ahead, prefetched each step."""
     if b_split:
-        return _split_body(isa, mr, nr, a, b, prefetch, i0, rows, j0, cols, epi, transposed, a_step, b_split)
+        return _split_body(isa, mr, nr, a, b, prefetch, i0, rows, j0, cols, epi, transposed, a_step, b_split,
+                           k_unroll)
     vec, ps, width = ("__m512", "_mm512", ZMM_FLOATS) if isa == "avx512" else ("__m256", "_mm256", YMM_FLOATS)
     rows, cols = rows or mr, cols or nr
     nv = cols // width
@@ -285,6 +287,8 @@ def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, 
     lines.append("  } else {")
     lines += [f"    {x} = {ps}_setzero_ps();" for x in flat]
     lines.append("  }")
+    if k_unroll > 1:
+        lines.append(f"  OPFUSE_PRAGMA(GCC unroll {k_unroll})")
     lines.append("  for (long k = 0; k < kc; ++k) {")
     if a == "koff":
         lines.append("    const long o = koff[k];")
@@ -340,12 +344,12 @@ def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, 
 
 
 def _split_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int, i0: int, rows: int, j0: int, cols: int,
-                epi: str | None, transposed: bool, a_step: int, b_split: int) -> list[str]:
+                epi: str | None, transposed: bool, a_step: int, b_split: int, k_unroll: int = 0) -> list[str]:
     """``_vector_body`` with B's row in pieces of ``b_split`` columns, piece ``p`` at ``bk + p * ldb``: the
     same text but for B's loads and prefetches (a vector never straddles two pieces)."""
     width = ZMM_FLOATS if isa == "avx512" else YMM_FLOATS
     assert b == "koff" and b_split % width == 0 and nr % b_split == 0, (b, b_split, nr)
-    lines = _vector_body(isa, mr, nr, a, b, 0, i0, rows, j0, cols, epi, transposed, a_step)
+    lines = _vector_body(isa, mr, nr, a, b, 0, i0, rows, j0, cols, epi, transposed, a_step, k_unroll=k_unroll)
     ps = "_mm512" if isa == "avx512" else "_mm256"
     cols = cols or nr
     head = f"    const float* restrict bk = {_b_row(b, nr)}{f' + {j0}' if j0 else ''};"
@@ -444,21 +448,23 @@ def _store_transposed(isa: str, acc: list[list[str]], i0: int, j0: int, epi: str
 
 
 def _avx2(mr: int, nr: int, a: str, b: str, prefetch: int = 0, epi: str | None = None,
-          transposed: bool = False, a_step: int = 0, b_split: int = 0, a_prefetch: int = 0) -> list[str]:
+          transposed: bool = False, a_step: int = 0, b_split: int = 0, a_prefetch: int = 0,
+          k_unroll: int = 0) -> list[str]:
     """The AVX2/FMA body: one pass over k when the block fits the 16 ymm registers
     (``fits_avx2``), else one pass per sub-block of ``avx2_split`` (a block laid out for
     AVX-512, compiled where the C compiler does not target it: the same panels, read by
     parts; each element still sums its products in increasing k)."""
     if fits_avx2(mr, nr):
         return _vector_body("avx2", mr, nr, a, b, prefetch, epi=epi, transposed=transposed, a_step=a_step,
-                            b_split=b_split, a_prefetch=a_prefetch)
+                            b_split=b_split, a_prefetch=a_prefetch, k_unroll=k_unroll)
     rs, cs = avx2_split(mr, nr)
     lines: list[str] = []
     for i0 in range(0, mr, rs):
         for j0 in range(0, nr, cs):
             lines += ["  {", *("  " + x if not x.startswith("#") else x
                                for x in _vector_body("avx2", mr, nr, a, b, prefetch, i0, min(rs, mr - i0),
-                                                     j0, cs, epi, transposed, a_step, b_split)), "  }"]
+                                                     j0, cs, epi, transposed, a_step, b_split,
+                                                     k_unroll=k_unroll)), "  }"]
     return lines
 
 
@@ -575,7 +581,7 @@ def avx2_split(mr: int, nr: int) -> tuple[int, int]:
 def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: str = "auto",
                 prefetch: int = 0, scalar_accumulators: bool = False, avx512: bool = False,
                 epilogue: str | None = None, transposed: bool = False, a_step: int = 0,
-                neon: bool = False, b_split: int = 0, a_prefetch: int = 0) -> tuple[str, str]:
+                neon: bool = False, b_split: int = 0, a_prefetch: int = 0, k_unroll: int = 0) -> tuple[str, str]:
     """``(function name, C text)`` of the MR x NR micro-kernel with the given operand access;
     ``prefetch`` > 0: the intrinsics prefetch B, and A's windows, that many k steps ahead (an
     offset table, A's or B's ``koff``, then needs ``prefetch`` readable entries past the last k).
@@ -596,7 +602,9 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
     multiple of 4 and neither ``transposed`` nor ``a_step`` is asked (the GEMM emitter asks neither for
     "neon"); x86 bodies and plain C after it. ``b_split`` (with ``b="koff"``, not with ``neon`` or
     ``scalar_accumulators``): B's row is NR / ``b_split`` pieces, piece ``p`` at ``p * ldb`` floats past the
-    first (``_split_body``); every vector lies in one piece, so each sum is the same as without."""
+    first (``_split_body``); every vector lies in one piece, so each sum is the same as without.
+    ``k_unroll`` (above 1): the AVX2 body's k loop is unrolled that many times (``CodegenOptions.gemm_k_unroll``);
+    the same sums in the same order."""
     assert a in A_ACCESS and b in B_ACCESS and simd in SIMD_MODES, (a, b, simd)
     assert epilogue is None or (valid_epilogue(epilogue) and not scalar_accumulators), (epilogue, scalar_accumulators)
     assert not (neon and epilogue and epilogue[-1] in ACTIVATIONS), "the AdvSIMD bodies apply no activation"
@@ -607,7 +615,8 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
     assert not b_split or (b == "koff" and not neon and not scalar_accumulators and nr % b_split == 0
                            and b_split % YMM_FLOATS == 0), (b, b_split, nr)
     fn = name(mr, nr, a, b) + (f"_s{a_step}" if a_step else "") + (f"_h{b_split}" if b_split else "") + \
-        (f"_pf{prefetch}" if prefetch else "") + (f"_pa{a_prefetch}" if a_prefetch else "") + ("_z" if wide else "")
+        (f"_pf{prefetch}" if prefetch else "") + (f"_pa{a_prefetch}" if a_prefetch else "") + ("_z" if wide else "") + \
+        (f"_u{k_unroll}" if k_unroll > 1 and simd == "auto" and nr % YMM_FLOATS == 0 else "")
     sig, unused = SIGNATURE, "(void)a; (void)ar; (void)koff; (void)ldb;"
     assert not transposed or epilogue is not None, "the transposed store is the storing variant's"
     if epilogue is not None:
@@ -632,7 +641,7 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
         guards.append(g512)
     if simd == "auto" and nr % YMM_FLOATS == 0:
         body += [f"#{'el' if body else ''}if {AVX2_GUARD}", *_avx2(mr, nr, a, b, prefetch, epilogue, transposed,
-                                                                  a_step, b_split, a_prefetch)]
+                                                                  a_step, b_split, a_prefetch, k_unroll)]
         guards.append(AVX2_GUARD)
     body += ["#else", *plain, "#endif"] if body else plain
     pre = f"#if {' || '.join(f'({g})' for g in guards)}\n#include <immintrin.h>\n#endif\n" if guards else ""

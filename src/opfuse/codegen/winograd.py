@@ -464,7 +464,7 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
     # the prefetch is an intrinsic: the plain C99 build (simd="none") has none, and its C stays as it was
     ahead = o.winograd_prefetch_u if o.simd == "auto" and u_bytes >= o.winograd_prefetch_min_bytes else 0
     name, text = microkernel(MR, NR, "packed", "strided", o.simd, o.gemm_prefetch, o.gemm_scalar_accumulators, wide,
-                             neon=neon, a_prefetch=-(-ahead // (4 * MR)))
+                             neon=neon, a_prefetch=-(-ahead // (4 * MR)), k_unroll=o.gemm_k_unroll)
     ukr = kc.program.require_helper(name, text)
     bodies = microkernel_bodies(MR, NR, o.simd, wide, neon)
     fetch = "" if o.simd != "auto" else f"; U ({u_bytes >> 10} KiB) prefetched {ahead} bytes ahead" if ahead else \
