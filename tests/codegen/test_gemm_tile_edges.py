@@ -66,6 +66,21 @@ def test_1x1_conv_packs_rows_in_k_blocks(side, cache_dir):
     assert_close(got, want)
 
 
+@pytest.mark.parametrize("side", [14, 7])
+def test_1x1_conv_with_a_wasteful_last_panel_reads_windows(side, cache_dir):
+    """14 x 14 = 196 positions in 208 columns of AVX2's 16-column panels (6% padding), 7 x 7 = 49 in 64: above
+    ``conv.PACKED_WASTE``, so the positions are the GEMM's rows (196 in 198 rows of 6) and X's rows are not
+    copied into column panels; the same outputs."""
+    b = GraphBuilder("pw_windows")
+    x = b.input("x", (1, 64, side, side))
+    y = b.op("Conv", x, _w(b, 24, 64, 1, 1), _w(b, 24), name="conv")
+    g = b.build(b.op("Relu", y, name="relu"))
+    plan = group_by_names(g, [("conv_epilogue", ["conv", "relu"])])
+    got, want, m = run_both(g, plan, cache_dir, options=AVX2)
+    assert "memcpy(" not in m.program.source
+    assert_close(got, want)
+
+
 @pytest.mark.parametrize("options", [AVX2.with_(vector_epilogue=False), CodegenOptions(simd="none")],
                          ids=["scalar-epilogue", "plain-c"])
 def test_sibling_1x1_convs_stacked_along_m_scalar_epilogue(options, cache_dir):

@@ -202,7 +202,11 @@ class _RowSegmentPacker:
                    f"{bp}[({c} - {c} % {NR}) * {kb} + {k} * {NR} + {c} % {NR}] = 0.0f;")
 
 
-PACKED_WASTE = 1.07  # most padded columns per position for a 1x1 convolution to pack X
+# Most padded columns per position for a 1x1 convolution to pack X (else its windows: positions as rows). 1.07
+# until the AVX2 host: its 14x14 layers (196 positions in 208 columns of 6 x 16 panels: 1.061) then packed X, and over
+# their windows (196 in 198 rows) they run 0.90-0.91x (1x1 512 -> 512, 1 thread, both builds and onnxruntime
+# alternating, 150 runs, the same bits). 1.05 keeps every AVX-512 choice as it was (28x28: 800 in 784, 1.02).
+PACKED_WASTE = 1.05
 # Whether a strided 1x1 convolution packs X's rows too (an element-wise gather of every other column
 # per K block), instead of reading its stride-2 windows in place. Off: resnet18's layer2 downsample
 # (64 -> 128, 56x56 stride 2, 784 positions) took 0.86x the time over its windows (1 thread, kernel
@@ -252,8 +256,8 @@ def conv_problem(kc, ev, node) -> GemmProblem:
     sw = ev.static.get(id(wt))
     # A 1x1 convolution whose positions nearly fill whole NR-wide panels packs X's rows (not where
     # it is strided, ``PACKED_STRIDED``):
-    # 20-35% faster than the windows, or than reading X in place, at 28x28 to 112x112 (5-10%
-    # at 14x14, 196 positions in 208 columns); at 7x7 (49 in 64) the windows win.
+    # 20-35% faster than the windows, or than reading X in place, at 28x28 to 112x112; at 14x14 with AVX2's
+    # 16 columns (196 in 208) and at 7x7 (49 in 64) the windows win (``PACKED_WASTE``).
     nr = kc.program.options.gemm_nr
     one_by_one = all(k == 1 for k in geo.kernel) and not any(geo.pads_begin) and not any(geo.pads_end)
     packed_rows = one_by_one and -(-P // nr) * nr <= PACKED_WASTE * P and \
