@@ -93,9 +93,10 @@ def test_a_row_count_just_past_the_32_q_registers_is_split():
 def test_neon_storing_kernels_with_a_relu_alone_and_a_bias_alone_under_qemu():
     """Conv 1x1 (no bias) -> Relu -> Conv 1x1 with a bias: the first GEMM's micro-kernel applies the Relu alone and
     stores, the second adds the bias alone and stores; their AdvSIMD bodies under qemu within the x86 tests'
-    tolerance of the reference (a dropped Relu or bias, or two kernels under one name, are far off)."""
+    tolerance of the reference (a dropped Relu or bias, or two kernels under one name, are far off). 8 x 12 = 96
+    positions fill six 16-column panels, so both pack X's rows (``conv.PACKED_WASTE``) and store from registers."""
     b = GraphBuilder("relu_then_bias")
-    x = b.input("x", (1, 8, 10, 12))
+    x = b.input("x", (1, 8, 8, 12))
     y = b.op("Relu", b.op("Conv", x, b.const("w1", rng.standard_normal((20, 8, 1, 1)).astype(np.float32)),
                           name="c1"))
     b2 = b.const("b2", rng.standard_normal(16).astype(np.float32))

@@ -205,7 +205,8 @@ class _RowSegmentPacker:
 # Most padded columns per position for a 1x1 convolution to pack X (else its windows: positions as rows). 1.07
 # until the AVX2 host: its 14x14 layers (196 positions in 208 columns of 6 x 16 panels: 1.061) then packed X, and over
 # their windows (196 in 198 rows) they run 0.90-0.91x (1x1 512 -> 512, 1 thread, both builds and onnxruntime
-# alternating, 150 runs, the same bits). 1.05 keeps every AVX-512 choice as it was (28x28: 800 in 784, 1.02).
+# alternating, 150 runs, the same bits). 1.05 keeps every AVX-512 choice as it was (28x28: 800 in 784, 1.02);
+# NEON's 16-column panels change as AVX2's (not measured on Arm).
 PACKED_WASTE = 1.05
 # Whether a strided 1x1 convolution packs X's rows too (an element-wise gather of every other column
 # per K block), instead of reading its stride-2 windows in place. Off: resnet18's layer2 downsample
