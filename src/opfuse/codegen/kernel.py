@@ -222,11 +222,11 @@ class KernelContext:
 
     def function_text(self, comment: str) -> str:
         """The kernel's C: on the host its parallel loops' functions first (``outline.py``), then the kernel."""
-        return f"/* {self.comment_text(comment)} */\n{self.function_code()}"
+        return self.comment_block(comment) + self.function_code()
 
-    def comment_text(self, comment: str) -> str:
-        """The text of the comment above the kernel: ``comment`` and the kernel's notes."""
-        return comment + "".join(f"\n * {n}" for n in self._comment_notes)
+    def comment_block(self, comment: str, *more: str) -> str:
+        """The comment above the kernel: ``comment``, the kernel's notes and the lines ``more``."""
+        return f"/* {comment}" + "".join(f"\n * {n}" for n in (*self._comment_notes, *more)) + " */\n"
 
     def function_code(self) -> str:
         """The kernel's C without its comment (``function_text``). Call it once: it fixes the loops' schedules."""
@@ -252,6 +252,5 @@ class KernelContext:
         serves both (``ProgramBuilder._register``)."""
         roles = {self.name: "KERNEL_"} | {p.name: f"PARAM{i}_" for i, p in enumerate(self.params.values())}
         # The kernel's name also begins its parallel loops' functions and contexts (``{name}_par0_ctx``).
-        pattern = "|".join(rf"\b{re.escape(n)}\b" for n in sorted(roles, key=len, reverse=True))
-        pattern += rf"|\b{re.escape(self.name)}(?=_par\d+(?:_ctx)?\b)"
+        pattern = "|".join(rf"\b{re.escape(n)}\b" for n in roles) + rf"|\b{re.escape(self.name)}(?=_par\d)"
         return re.sub(pattern, lambda m: roles[m.group(0)], code)

@@ -614,9 +614,10 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
     assert not a_step or a == "koff", "a row step is the window access's"
     assert not b_split or (b == "koff" and not neon and not scalar_accumulators and nr % b_split == 0
                            and b_split % YMM_FLOATS == 0), (b, b_split, nr)
+    avx2 = simd == "auto" and nr % YMM_FLOATS == 0  # an AVX2 body (the only one ``k_unroll`` changes)
     fn = name(mr, nr, a, b) + (f"_s{a_step}" if a_step else "") + (f"_h{b_split}" if b_split else "") + \
         (f"_pf{prefetch}" if prefetch else "") + (f"_pa{a_prefetch}" if a_prefetch else "") + ("_z" if wide else "") + \
-        (f"_u{k_unroll}" if k_unroll > 1 and simd == "auto" and nr % YMM_FLOATS == 0 else "")
+        (f"_u{k_unroll}" if k_unroll > 1 and avx2 else "")
     sig, unused = SIGNATURE, "(void)a; (void)ar; (void)koff; (void)ldb;"
     assert not transposed or epilogue is not None, "the transposed store is the storing variant's"
     if epilogue is not None:
@@ -639,7 +640,7 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
                  *_vector_body("avx512", mr, nr, a, b, prefetch, epi=epilogue, transposed=transposed, a_step=a_step,
                                b_split=b_split, a_prefetch=a_prefetch)]
         guards.append(g512)
-    if simd == "auto" and nr % YMM_FLOATS == 0:
+    if avx2:
         body += [f"#{'el' if body else ''}if {AVX2_GUARD}", *_avx2(mr, nr, a, b, prefetch, epilogue, transposed,
                                                                   a_step, b_split, a_prefetch, k_unroll)]
         guards.append(AVX2_GUARD)

@@ -263,9 +263,9 @@ class ProgramBuilder:
         code = kc.function_code()
         name = self._codes.setdefault(kc.code_key(code), kc.name)
         if name == kc.name:
-            self.functions.append(f"/* {kc.comment_text(comment)} */\n{code}")
+            self.functions.append(kc.comment_block(comment) + code)
         else:  # the same code as an earlier kernel: that function runs this group too
-            self.functions.append(f"/* {kc.comment_text(comment)}\n * runs as {name}: the same code */\n")
+            self.functions.append(kc.comment_block(comment, f"runs as {name}: the same code"))
         info.function = name
         info.parallel = tuple(kc.loops)
         args = [self._arg(p) for p in kc.params.values()]
