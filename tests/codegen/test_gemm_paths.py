@@ -4,6 +4,8 @@ tiles and K blocks, groups and dilations; MatMuls with activations read in place
 independent of the thread count; the portable C99 micro-kernels next to the AVX2 ones."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -181,8 +183,8 @@ def test_cortex_m7_compiles_the_portable_path(simd, tmp_path):
 @pytest.mark.parametrize("op,k,n", [("Gemm", 1024, 1000), ("Gemm", 37, 50), ("MatMul", 64, 48), ("MatMul", 5, 7)])
 def test_single_row_gemm_runs_the_one_row_micro_kernel(op, k, n, cache_dir):
     """M = 1 (a classifier on one image): the 1 x gemm_gemv_nr micro-kernel with the intrinsics,
-    N padded to whole panels or not; the plain C99 build and gemm_gemv_nr=0 keep MR x NR, and all
-    three agree with the reference."""
+    N padded to whole panels or not; the plain C99 build and gemm_gemv_nr=0 keep MR x NR (without tail
+    panels: with them, gemm_gemv_nr=0 runs a one-row panel NR wide), and all agree with the reference."""
     b = GraphBuilder("gemv")
     x = b.input("x", (1, k))
     if op == "Gemm":
@@ -194,11 +196,14 @@ def test_single_row_gemm_runs_the_one_row_micro_kernel(op, k, n, cache_dir):
     gemv, want, m = run_both(g, plan, cache_dir)
     nr = min(CodegenOptions().gemm_gemv_nr, -(-n // 8) * 8)  # no wider than the row, in whole vectors
     assert f"opfuse_ukr_1x{nr}_" in m.program.source
-    for options in (CodegenOptions(gemm_gemv_nr=0), CodegenOptions(simd="none")):
+    for options in (CodegenOptions(gemm_gemv_nr=0, gemm_tail_panels=False), CodegenOptions(simd="none")):
         other, _, m_other = run_both(g, plan, cache_dir, options=options)
         assert "opfuse_ukr_1x" not in m_other.program.source
         assert_close(other, want)
         assert_close(gemv, other)
+    other, _, m_other = run_both(g, plan, cache_dir, options=CodegenOptions(gemm_gemv_nr=0))
+    assert re.search(r"opfuse_ukr_1x(16|32)_", m_other.program.source)  # the register block's NR
+    assert_close(other, want)
     assert_close(gemv, want)
 
 

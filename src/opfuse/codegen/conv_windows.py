@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import contextlib
 import math
+from typing import Sequence
 
 import numpy as np
 
-from opfuse.codegen.gemm import GemmProblem, Operand, RowAccess, in_memory
+from opfuse.codegen.gemm import GemmProblem, Operand, RowAccess, in_memory, tail_rows
 from opfuse.codegen.index import Index, add, delinearize, mul
 from opfuse.codegen.microkernel import fits_avx512
 from opfuse.codegen.options import WINDOWS_MR_MAX
@@ -266,21 +267,31 @@ class ChannelRowsPacker:
     def __init__(self, kc, node, group: int):
         self.kc, self.x, self.group = kc, node.input(0), group
 
-    def pack(self, kc, ap: str, b: str, m0: str, mc: str, pc: str, kb: str, MR: int) -> None:
+    def pack(self, kc, ap: str, b: str, m0: str, mc: str, pc: str, kb: str, MR: int,
+             tails: Sequence[int] = ()) -> None:
         w = kc.w
         _, C, H, W = self.x.shape
         G = self.group
         cg, P = C // G, H * W
         img, g = (f"({b} / {G})", f"({b} % {G})") if G > 1 else (b, "0")
         k, ip, r, src, dst, full = (kc.tmp(n) for n in ("k", "ip", "r", "src", "dst", "full"))
-        # Whole panels with a constant trip count (gcc unrolls the MR copies), then the last one.
-        w.line(f"const long {full} = {mc} / {MR} * {MR};")
+        # Whole panels with a constant trip count (gcc unrolls the MR copies), then the last one (or the tail
+        # panels, ``gemm.tail_panels``: in the last row tile, each its own width).
+        body = P - sum(tails)
+        w.line(f"const long {full} = {mc} / {MR} * {MR};" if not tails else
+               f"const long {full} = {body} - {m0} < {mc} ? {body} - {m0} : {mc};")
         with w.block(f"for (long {k} = 0; {k} < {kb}; ++{k})"):
             first = mul(add(mul(img, C), mul(g, cg), f"{pc} + {k}"), P)
             w.line(f"const float* restrict {src} = {kc.ptr(self.x)} + {first} + {m0};")
             w.line(f"float* restrict {dst} = {ap} + {k} * {MR};")
             with w.block(f"for (long {ip} = 0; {ip} < {full}; {ip} += {MR})"):
                 w.line(f"for (long {r} = 0; {r} < {MR}; ++{r}) {dst}[{ip} * {kb} + {r}] = {src}[{ip} + {r}];")
-            with w.block(f"if ({full} < {mc})"):
-                w.line(f"for (long {r} = 0; {r} < {MR}; ++{r}) "
-                       f"{dst}[{full} * {kb} + {r}] = {full} + {r} < {mc} ? {src}[{full} + {r}] : 0.0f;")
+            if tails:
+                with w.block(f"if ({m0} + {mc} == {P})"):
+                    for start, width in tail_rows(P, tails):
+                        w.line(f"for (long {r} = 0; {r} < {width}; ++{r}) "
+                               f"{ap}[({start} - {m0}) * {kb} + {k} * {width} + {r}] = {src}[{start} - {m0} + {r}];")
+            else:
+                with w.block(f"if ({full} < {mc})"):
+                    w.line(f"for (long {r} = 0; {r} < {MR}; ++{r}) "
+                           f"{dst}[{full} * {kb} + {r}] = {full} + {r} < {mc} ? {src}[{full} + {r}] : 0.0f;")

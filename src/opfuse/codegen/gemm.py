@@ -40,8 +40,8 @@ from opfuse.codegen.index import Index, add, delinearize
 from opfuse.codegen import simdchain, vecmath
 from opfuse.codegen.epilogue import VectorEpilogue, finish_element
 from opfuse.codegen.gelu import GELU_HELPER, require_gelu, require_vector_gelu
-from opfuse.codegen.microkernel import ACTIVATIONS, YMM_FLOATS, fits_avx2, fits_avx512, fits_neon, microkernel, \
-    transpose_helper
+from opfuse.codegen.microkernel import ACTIVATIONS, YMM_FLOATS, ZMM_FLOATS, fits_avx2, fits_avx512, fits_neon, \
+    microkernel, transpose_helper
 from opfuse.codegen.stages import GroupAnalysis, Stage
 from opfuse.codegen.vecmath import VecIsa
 from opfuse.ir.graph import Value
@@ -177,9 +177,12 @@ class BPacker(Protocol):
 
 class APacker(Protocol):
     """A specialised A packer: fills the tile's MR-row panels (``ap[ip * kb + k * MR + r]`` holds
-    ``A[m0 + ip + r, pc + k]``, rows past ``mc`` zero) for one K block."""
+    ``A[m0 + ip + r, pc + k]``, rows past ``mc`` zero) for one K block; with ``tails`` (``tail_panels``) the
+    rows before them only, and in the last row tile each tail panel of ``w`` rows from row ``f``
+    (``tail_rows``) at ``ap[(f - m0) * kb + k * w + r]``."""
 
-    def pack(self, kc, ap: str, b: str, m0: str, mc: str, pc: str, kb: str, MR: int) -> None: ...
+    def pack(self, kc, ap: str, b: str, m0: str, mc: str, pc: str, kb: str, MR: int,
+             tails: Sequence[int] = ()) -> None: ...
 
 
 @dataclass
@@ -239,13 +242,77 @@ def merge_problems(problems: list[GemmProblem], stages: list[Stage], axis: str |
     return replace(first, name=name, N=start, b=b, segments=segs)
 
 
-def pack_a_panels(a: np.ndarray, mr: int) -> np.ndarray:
-    """(nb, M, K) -> (nb, ceil(M/mr), K, mr): MR rows interleaved per k, zero-padded."""
+def pack_a_panels(a: np.ndarray, mr: int, tails: Sequence[int] = ()) -> np.ndarray:
+    """(nb, M, K) -> (nb, ceil(M/mr), K, mr): MR rows interleaved per k, zero-padded. With ``tails``
+    (``tail_panels``): the rows before them in MR-row panels, then each tail's rows in a panel of its own
+    width, no padding; the panel starting at row ``m`` with ``w`` rows is at ``m * K`` in its batch's
+    ``M * K`` floats, its column ``k`` at ``k * w`` in the panel."""
     nb, m, k = a.shape
+    if tails:
+        body = m - sum(tails)
+        parts = [pack_a_panels(a[:, :body], mr).reshape(nb, body * k)]
+        for start, width in tail_rows(m, tails):
+            parts.append(a[:, start:start + width].transpose(0, 2, 1).reshape(nb, k * width))
+        return np.ascontiguousarray(np.concatenate(parts, axis=1))
     mp = -(-m // mr)
     pad = np.zeros((nb, mp * mr, k), dtype=np.float32)
     pad[:, :m] = a
     return np.ascontiguousarray(pad.reshape(nb, mp, mr, k).transpose(0, 1, 3, 2))
+
+
+# Independent multiply-add chains the FMA pipes need to stay busy: latency 4 cycles x 2 pipes (Zen 3, Zen 4,
+# Skylake). A micro-kernel with fewer accumulators waits on its own results (``tail_panels``' cost).
+FMA_CHAINS = 8
+
+
+def tail_panels(M: int, MR: int, NR: int, MC: int, o) -> tuple[int, ...]:
+    """The widths of the panels that end M where MR does not divide it (``CodegenOptions.gemm_tail_panels``),
+    or ``()``: the last M mod MR rows in an MR-row panel padded with zero rows, computed and dropped.
+    A micro-kernel call of ``r`` rows costs ``max(r * vectors per row, FMA_CHAINS)`` FMA slots per k step, so
+    4 rows cost two thirds of 6 (8 ymm accumulators keep the pipes busy), 2 rows as much as 4: the last
+    T = M mod MR rows, or T + MR (one whole panel fewer), are split into the widths of least cost whose
+    micro-kernel has the vector body of the register block (``fits_avx2``, ``fits_avx512``), fewer panels on a
+    tie; kept only where that costs less than the padded panel. 6 x 16 on AVX2: 128 rows end in 4 + 4
+    (21 panels of 6 computed 132), 49 in 4 + 3, 196 in 4. Every tail lies in the last row tile (MC rows
+    from a multiple of MC). x86 vector builds only (AVX2, AVX-512)."""
+    R = M % MR
+    if not o.gemm_tail_panels or not R or o.simd != "auto" or o.vector_isa not in ("avx2", "avx512"):
+        return ()
+    fits, width = (fits_avx512, ZMM_FLOATS) if o.vector_isa == "avx512" and fits_avx512(MR, NR) else \
+        (fits_avx2, YMM_FLOATS)
+    if NR % width or not fits(MR, NR):
+        return ()
+    nv = NR // width
+
+    def cost(r: int) -> int:
+        return max(r * nv, FMA_CHAINS)
+    sizes = [r for r in range(MR, 0, -1) if fits(r, NR)]
+    last = M - (-(-M // MC) - 1) * MC  # rows of the last row tile
+    best: tuple[int, int, tuple[int, ...]] = (cost(MR), 1, ())  # (cost past the whole panels, panels, widths)
+    for T in (R, R + MR):
+        if T > min(last, M):
+            continue
+        split: dict[int, tuple[int, int, tuple[int, ...]]] = {0: (0, 0, ())}  # rows -> cheapest split
+        for t in range(1, T + 1):
+            ways = [(split[t - r][0] + cost(r), split[t - r][1] + 1, (*split[t - r][2], r))
+                    for r in sizes if r <= t and t - r in split]
+            if ways:
+                split[t] = min(ways)
+        if T in split:
+            c, n, widths = split[T]
+            cand = (c - (T - R) // MR * cost(MR), n, tuple(sorted(widths, reverse=True)))
+            if cand[:2] < best[:2]:
+                best = cand
+    return best[2]
+
+
+def tail_rows(M: int, tails: Sequence[int]) -> list[tuple[int, int]]:
+    """``(first row, rows)`` of each tail panel (``tail_panels``), in order, ending at M."""
+    start, out = M - sum(tails), []
+    for width in tails:
+        out.append((start, width))
+        start += width
+    return out
 
 
 def pack_b_panels(b: np.ndarray, nr: int) -> np.ndarray:
@@ -619,14 +686,32 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
     a_step = rows.row_step(MR) if rows is not None and rows.koff is not None and o.gemm_window_step \
         and o.vector_isa != "neon" else 0
     b_split = cols.split if cols is not None else 0
-    ukr_store = _microkernel(kc, MR, NR, a_mode, b_mode, direct[0], transposed, a_step, b_split) \
-        if direct is not None else ""
-    # The storing micro-kernel alone where every block is whole and K one block.
-    ukr = _microkernel(kc, MR, NR, a_mode, b_mode, a_step=a_step, b_split=b_split) \
-        if direct is None or KC < K or M % MR or N % NR else ""
+    # M's last rows in narrower panels of their own (``tail_panels``; a row step holds for them: M is a multiple of
+    # MR wherever a window's step needs MR-row blocks, ``RowAccess.row_step``).
+    tails = tail_panels(M, MR, NR, MC, o)
+    body = M - sum(tails)
+
+    made: dict[int, tuple[str, str]] = {}
+
+    def kernels(mr: int) -> tuple[str, str]:
+        """(the micro-kernel, its storing variant) of an ``mr``-row panel ("" where none is called)."""
+        if mr in made:
+            return made[mr]
+        store = _microkernel(kc, mr, NR, a_mode, b_mode, direct[0], transposed, a_step, b_split) \
+            if direct is not None else ""
+        # The storing micro-kernel alone where every block is whole and K one block.
+        plain = _microkernel(kc, mr, NR, a_mode, b_mode, a_step=a_step, b_split=b_split) \
+            if direct is None or KC < K or (M % MR and not tails) or N % NR else ""
+        made[mr] = plain, store
+        return plain, store
+    if body:
+        kernels(MR)  # the whole panels' (registered first, as before tail panels)
     if stage.anchor_node is not None:
         bodies = microkernel_bodies(MR, NR, o.simd, o.vector_isa == "avx512", o.vector_isa == "neon")
         kc.note(lambda name: f"GEMM '{name}': {MR}x{NR} micro-kernel, {bodies}", stage.anchor_node)
+        if tails:
+            last = " + ".join(f"{t}x{NR}" for t in tails) + (" panels" if len(tails) > 1 else " panel")
+            kc.note(lambda name: f"GEMM '{name}': the last {sum(tails)} of {M} rows in {last}", stage.anchor_node)
     w = kc.w
     fl = 4
     off_c = kc.scratch(MC * NC * fl)
@@ -636,7 +721,8 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
     off_b = kc.scratch(KC * NC * fl) if not b_static and cols is None else None
     pa = pb = koff = None
     if p.a.static is not None:
-        pa = kc.const_array(("gemm_a", p.name, MR), pack_a_panels(p.a.static, MR), p.name + "_A", np.float32)
+        pa = kc.const_array(("gemm_a", p.name, MR, tails), pack_a_panels(p.a.static, MR, tails), p.name + "_A",
+                            np.float32)
     if p.b.static is not None:
         pb = kc.const_array(("gemm_b", p.name, NR), pack_b_panels(p.b.static, NR), p.name + "_B", np.float32)
     if rows is not None:
@@ -705,9 +791,9 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
             w.line(f"const long {kb} = {_min_expr(f'{K} - {pc}', KC)};")
             if ap is not None:
                 if p.pack_a is not None:
-                    p.pack_a.pack(kc, ap, b, m0, mc, pc, kb, MR)
+                    p.pack_a.pack(kc, ap, b, m0, mc, pc, kb, MR, tails)
                 else:
-                    _pack_a(kc, ev, p, ap, b, m0, mc, pc, kb, MR)
+                    _pack_a(kc, ev, p, ap, b, m0, mc, pc, kb, MR, tails)
             if bp is not None:
                 if extra is not None:
                     extra.pack(kc, ev, p, bp, b, n0, nc, pc, kb, NR)
@@ -736,9 +822,11 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                  and KC * NC * fl <= ROWS_OUTER_STORE_BYTES and p.nb * M * N * fl >= ROWS_OUTER_STORE_MIN_OUTPUT) \
                 or strips
 
-            def a_args() -> tuple[str, str, str]:
-                """(A panel, row pointers, offset table) of the micro-kernel call at ``ir``."""
+            def a_args(ir: str, mr: int) -> tuple[str, str, str]:
+                """(A panel, row pointers, offset table) of the ``mr``-row micro-kernel call at ``ir``."""
                 if pa is not None:
+                    if tails:  # panels of different widths: the panel at row m is m * K floats in
+                        return f"{pa} + ({p.a.batch_expr(b)} * {M} + {m0} + {ir}) * {K} + {pc} * {mr}", "0", "0"
                     mp = -(-M // MR)
                     return f"{pa} + (({p.a.batch_expr(b)} * {mp} + ({m0} + {ir}) / {MR}) * {K} + {pc}) * {MR}", "0", "0"
                 if ap is not None:
@@ -746,56 +834,86 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                 assert rows is not None
                 ar, shift = kc.tmp("ar"), f" + {pc}" if koff is None else ""
                 ptrs = []
-                for i in range(1 if a_step else MR):  # rows past the tile repeat its last row (read, then dropped)
-                    mi = f"{m0} + {_min_expr(f'{ir} + {i}', f'{mc} - 1')}" if i else f"{m0} + {ir}"
+                for i in range(1 if a_step else mr):  # rows past the tile repeat its last row (read, then dropped)
+                    mi = f"{m0} + {ir} + {i}" if tails and i else \
+                        f"{m0} + {_min_expr(f'{ir} + {i}', f'{mc} - 1')}" if i else f"{m0} + {ir}"
                     ptrs.append(f"{rows.row(b, mi)}{shift}")
-                w.line(f"const float* {ar}[{MR}] = {{{', '.join(ptrs)}}};")
+                w.line(f"const float* {ar}[{mr}] = {{{', '.join(ptrs)}}};")
                 return "0", ar, f"{koff} + {pc}" if koff is not None else "0"
 
-            over_n = f"for (long {jr} = 0; {jr} < {nc}; {jr} += {NR})"
-            over_m = f"for (long {ir} = 0; {ir} < {mc}; {ir} += {MR})"
-            with w.block(over_m if a_outer else over_n):
-                args = a_args() if a_outer else None
-                with w.block(over_n if a_outer else over_m):
-                    a_ptr, ar, kp = args or a_args()
-                    if bkoff is not None:  # A is packed: the offset table is B's
-                        kp = f"{bkoff} + {pc}"
-                    cargs = f"{kb}, {a_ptr}, {ar}, {kp}, {b_ptr}, {ldb}, {ctile} + {ir} * {NC} + {jr}, {NC}, {pc} > 0"
-                    if direct is None:
-                        w.line(f"{ukr}({cargs});")
-                        if strips and o.gemm_strip_prefetch:
-                            _prefetch_strip(kc, stage, p, b, m0, n0, ir, jr, mc, nc, MR, NR)
+            def block(ir: str, mr: int, args: tuple[str, str, str]) -> None:
+                """The micro-kernel call(s) of the ``mr``-row block at ``(ir, jr)``."""
+                plain, store = kernels(mr)
+                a_ptr, ar, kp = args
+                if bkoff is not None:  # A is packed: the offset table is B's
+                    kp = f"{bkoff} + {pc}"
+                cargs = f"{kb}, {a_ptr}, {ar}, {kp}, {b_ptr}, {ldb}, {ctile} + {ir} * {NC} + {jr}, {NC}, {pc} > 0"
+                if direct is None:
+                    w.line(f"{plain}({cargs});")
+                    if strips and o.gemm_strip_prefetch:
+                        _prefetch_strip(kc, stage, p, b, m0, n0, ir, jr, mc, nc, mr, NR)
+                else:
+                    first = f"{n0} + {jr}" if transposed else f"{m0} + {ir}"
+                    bias = f"{kc.static_ptr(p.row_bias)} + {p.bias_index(b, first)}" \
+                        if p.row_bias is not None else "0"
+                    if direct[2] is not None:  # the block's first column's bias
+                        bias = f"{kc.static_ptr(direct[2])} + {n0} + {jr}"
+                    out = f"{kc.ptr(direct[1], write=True)} + " \
+                          f"{p.out_index(b, f'{m0} + {ir}', f'{n0} + {jr}').offset()}"
+                    call = f"{store}({cargs}, {bias}, {out}, {direct[3]});"
+                    last = [f"{pc} + {kb} >= {K}"] if KC < K else []
+                    inside = ([f"{m0} + {ir} + {MR} <= {M}"] if M % MR and not tails else []) + \
+                        ([f"{n0} + {jr} + {NR} <= {N}"] if N % NR else [])
+                    if not last + inside:
+                        w.line(call)
                     else:
-                        first = f"{n0} + {jr}" if transposed else f"{m0} + {ir}"
-                        bias = f"{kc.static_ptr(p.row_bias)} + {p.bias_index(b, first)}" \
-                            if p.row_bias is not None else "0"
-                        if direct[2] is not None:  # the block's first column's bias
-                            bias = f"{kc.static_ptr(direct[2])} + {n0} + {jr}"
-                        out = f"{kc.ptr(direct[1], write=True)} + " \
-                              f"{p.out_index(b, f'{m0} + {ir}', f'{n0} + {jr}').offset()}"
-                        call = f"{ukr_store}({cargs}, {bias}, {out}, {direct[3]});"
-                        last = [f"{pc} + {kb} >= {K}"] if KC < K else []
-                        inside = ([f"{m0} + {ir} + {MR} <= {M}"] if M % MR else []) + \
-                            ([f"{n0} + {jr} + {NR} <= {N}"] if N % NR else [])
-                        if not last + inside:
+                        with w.block(f"if ({' && '.join(last + inside)})"):
                             w.line(call)
-                        else:
-                            with w.block(f"if ({' && '.join(last + inside)})"):
-                                w.line(call)
-                            with w.block("else"):
-                                w.line(f"{ukr}({cargs});")
-                                if inside:  # a part block: through the C tile and the epilogue
-                                    cond = " && ".join(last + [f"!({' && '.join(inside)})"])
-                                    with w.block(f"if ({cond})"):
-                                        _emit_tile_epilogue(kc, ev, stage, p, f"({ctile} + {ir} * {NC} + {jr})", NC, b,
-                                                            f"({m0} + {ir})", f"({n0} + {jr})",
-                                                            _min_expr(f"{M} - {m0} - {ir}", MR),
-                                                            _min_expr(f"{N} - {n0} - {jr}", NR))
-                    if ahead is not None:
-                        ahead(ir, jr)
-                if strips:  # the MR rows just computed, while they are in L1
+                        with w.block("else"):
+                            w.line(f"{plain}({cargs});")
+                            if inside:  # a part block: through the C tile and the epilogue
+                                cond = " && ".join(last + [f"!({' && '.join(inside)})"])
+                                with w.block(f"if ({cond})"):
+                                    _emit_tile_epilogue(kc, ev, stage, p, f"({ctile} + {ir} * {NC} + {jr})", NC, b,
+                                                        f"({m0} + {ir})", f"({n0} + {jr})",
+                                                        str(mr) if tails else _min_expr(f"{M} - {m0} - {ir}", MR),
+                                                        _min_expr(f"{N} - {n0} - {jr}", NR))
+                if ahead is not None:
+                    ahead(ir, jr)
+
+            def strip(ir: str, mr: int) -> None:
+                """The strip's rows just computed, while they are in L1."""
+                if strips:
                     _emit_tile_epilogue(kc, ev, stage, p, f"({ctile} + {ir} * {NC})", NC, b, f"({m0} + {ir})", n0,
-                                        _min_expr(f"{mc} - {ir}", MR), nc)
+                                        str(mr) if tails else _min_expr(f"{mc} - {ir}", MR), nc)
+
+            def tail_blocks(each: Callable[[str, int], None]) -> None:
+                """``each(ir, rows)`` for the tail panels, in the last row tile (``tail_panels``)."""
+                if not tails:
+                    return
+                with w.block(f"if ({m0} + {mc} == {M})" if MT > 1 else ""):
+                    for first, width in tail_rows(M, tails):
+                        each(f"({first} - {m0})" if MT > 1 else str(first), width)
+
+            over_n = f"for (long {jr} = 0; {jr} < {nc}; {jr} += {NR})"
+            whole = mc if not tails else str(body) if MT == 1 else _min_expr(f"{body} - {m0}", mc)
+            over_m = f"for (long {ir} = 0; {ir} < {whole}; {ir} += {MR})"
+            if a_outer:
+                def row_panel(i: str, mr: int) -> None:
+                    args = a_args(i, mr)
+                    with w.block(over_n):
+                        block(i, mr, args)
+                    strip(i, mr)
+                if body:
+                    with w.block(over_m):
+                        row_panel(ir, MR)
+                tail_blocks(row_panel)
+            else:
+                with w.block(over_n):
+                    if body:
+                        with w.block(over_m):
+                            block(ir, MR, a_args(ir, MR))
+                    tail_blocks(lambda i, mr: block(i, mr, a_args(i, mr)))
         if direct is not None or strips:  # stored by the micro-kernel, or finished strip by strip
             pass
         elif transposed:  # TRANSPOSE_COLUMNS columns at a time, so the transposed copy stays in L1
@@ -963,10 +1081,12 @@ def _vector_row(kc, ev, vec: VectorEpilogue, isa: VecIsa, p: GemmProblem, b: str
     vec.row(isa, t, lo, hi, row, coord, index, bias, element, "im" if transposed else "jn")
 
 
-def _pack_a(kc, ev, p: GemmProblem, ap, b, m0, mc, pc, kb, MR) -> None:
+def _pack_a(kc, ev, p: GemmProblem, ap, b, m0, mc, pc, kb, MR, tails: Sequence[int] = ()) -> None:
+    """A's K block of the tile's rows into its panels (``APacker``)."""
     w = kc.w
     ip, r, k = kc.tmp("ip"), kc.tmp("r"), kc.tmp("k")
-    with w.block(f"for (long {ip} = 0; {ip} < {mc}; {ip} += {MR})"):
+    whole = mc if not tails else _min_expr(f"{p.M - sum(tails)} - {m0}", mc)
+    with w.block(f"for (long {ip} = 0; {ip} < {whole}; {ip} += {MR})"):
         with w.block(f"for (long {r} = 0; {r} < {MR}; ++{r})"):
             m, dst = kc.tmp("m"), kc.tmp("dst")
             w.line(f"const long {m} = {m0} + {ip} + {r};")
@@ -976,6 +1096,16 @@ def _pack_a(kc, ev, p: GemmProblem, ap, b, m0, mc, pc, kb, MR) -> None:
                     w.line(f"{dst}[{k} * {MR}] = {p.a.load(ev, b, m, add(pc, k))};")
             with w.block("else"):
                 w.line(f"for (long {k} = 0; {k} < {kb}; ++{k}) {dst}[{k} * {MR}] = 0.0f;")
+    if not tails:
+        return
+    with w.block(f"if ({m0} + {mc} == {p.M})"):  # the tail panels (``tail_panels``), each its own width
+        for first, width in tail_rows(p.M, tails):
+            with w.block(f"for (long {r} = 0; {r} < {width}; ++{r})"):
+                m, dst = kc.tmp("m"), kc.tmp("dst")
+                w.line(f"const long {m} = {first} + {r};")
+                w.line(f"float* restrict {dst} = {ap} + ({first} - {m0}) * {kb} + {r};")
+                with w.block(f"for (long {k} = 0; {k} < {kb}; ++{k})"), ev.scope():
+                    w.line(f"{dst}[{k} * {width}] = {p.a.load(ev, b, m, add(pc, k))};")
 
 
 def _pack_b(kc, ev, p: GemmProblem, bp, b, n0, nc, pc, kb, NR) -> None:

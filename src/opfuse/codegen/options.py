@@ -108,6 +108,11 @@ class CodegenOptions:
     # critical issue slots); mobilenet_v1's 1x1 512 -> 512 at 14x14 in C, both builds alternating, 300 runs:
     # median 1394-1432 against 1549-1564 us. The AVX-512 body is left as it was (not measured: no such host here).
     gemm_k_unroll: int = 4
+    # Where MR does not divide a GEMM's M, its last rows run in narrower panels of their own (``gemm.tail_panels``:
+    # 128 rows in 20 x 6 + 4 + 4 instead of 22 x 6, the last panel two thirds zeros), each with the micro-kernel of
+    # its width, instead of a padded panel whose result goes through the C tile and the tile epilogue. x86 vector
+    # builds. Same sums in the same order, so the same bits.
+    gemm_tail_panels: bool = True
     # A convolution over its windows that stages its input rows per tile (padding or a prologue:
     # ``conv_windows.ConvWindows``) copies them once per thread and row block, not once per tile: the tiles
     # of one block of positions (cut along the channels) follow one another, and a thread that staged a block
