@@ -160,3 +160,25 @@ def test_no_tails_where_mr_divides_m_or_plain_c(cache_dir):
     got, want, m = run_both(g, plan, cache_dir, options=AVX2.with_(simd="none"))
     assert "rows in" not in m.program.source and "opfuse_ukr_4x16" not in m.program.source
     assert_close(got, want)
+
+
+@pytest.mark.parametrize("cout,note", [(64, "the last 4 of 64 channels in a 4x16 panel"),
+                                       (50, "the last 2 of 50 channels in a 2x16 panel")])
+def test_winograd_tail_panel(cout, note, cache_dir):
+    """Winograd's GEMMs (output channels x tiles, U packed at build time): the last OC mod MR channels in one
+    panel of their own (the threads' parts stay whole MR panels), at 1 and 2 threads (the tail in the last
+    part only); bit-identical to the padded panel, close to the reference."""
+    from opfuse.runtime import reference
+    from opfuse.runtime.native import build
+    g, plan = _conv(32, cout, 12, 3)
+    feeds = reference.random_inputs(g, 0)
+    want = reference.run(g, feeds)
+    options = AVX2.with_(winograd="on")
+    before = build(g, plan, cache_dir=cache_dir, options=options.with_(gemm_tail_panels=False), threads=1).run(feeds)
+    for threads in (1, 2):
+        m = build(g, plan, cache_dir=cache_dir, options=options, threads=threads)
+        assert note in m.program.source and "Winograd" in m.program.source
+        got = m.run(feeds)
+        for k in want:
+            np.testing.assert_array_equal(got[k], before[k])
+        assert_close(got, want, rtol=1e-3, atol=1e-3)

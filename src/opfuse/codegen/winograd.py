@@ -60,7 +60,7 @@ import numpy as np
 from opfuse.codegen.ctype import literal
 from opfuse.codegen import simdchain, vecmath
 from opfuse.codegen.epilogue import VectorEpilogue, finish_element
-from opfuse.codegen.gemm import in_memory, microkernel_bodies, pack_a_panels
+from opfuse.codegen.gemm import in_memory, microkernel_bodies, pack_a_panels, tail_panels
 from opfuse.codegen.index import Index
 from opfuse.codegen.kernel import ParallelLoop
 from opfuse.codegen.microkernel import AVX2_GUARD, ZMM_FLOATS, fits_avx512, microkernel
@@ -460,19 +460,32 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
     L = LANES
 
     neon = o.vector_isa == "neon"
-    u_bytes = A2 * -(-OC // MR) * MR * C * 4
+    # The last OC mod MR output channels in a panel of their own width (``gemm.tail_panels``, one panel: the
+    # threads' parts of the channels are whole MR panels), not a zero-padded MR-row panel.
+    tails = tail_panels(OC, MR, NR, MR, o)
+    body = OC - sum(tails)
+    u_bytes = A2 * (OC if tails else OCp) * C * 4
     # the prefetch is an intrinsic: the plain C99 build (simd="none") has none, and its C stays as it was
     ahead = o.winograd_prefetch_u if o.simd == "auto" and u_bytes >= o.winograd_prefetch_min_bytes else 0
     name, text = microkernel(MR, NR, "packed", "strided", o.simd, o.gemm_prefetch, o.gemm_scalar_accumulators, wide,
                              neon=neon, a_prefetch=-(-ahead // (4 * MR)), k_unroll=o.gemm_k_unroll)
     ukr = kc.program.require_helper(name, text)
+    ukr_tail = ""
+    if tails:
+        name, text = microkernel(tails[0], NR, "packed", "strided", o.simd, o.gemm_prefetch, o.gemm_scalar_accumulators,
+                                 wide, neon=neon, a_prefetch=-(-ahead // (4 * tails[0])), k_unroll=o.gemm_k_unroll)
+        ukr_tail = kc.program.require_helper(name, text)
     bodies = microkernel_bodies(MR, NR, o.simd, wide, neon)
     fetch = "" if o.simd != "auto" else f"; U ({u_bytes >> 10} KiB) prefetched {ahead} bytes ahead" if ahead else \
         f"; U ({u_bytes >> 10} KiB) not prefetched (winograd_prefetch_min_bytes={o.winograd_prefetch_min_bytes})" \
         if o.winograd_prefetch_u else "; U not prefetched (winograd_prefetch_u=0)"
     kc.note(lambda nm: f"Winograd GEMMs '{nm}': {MR}x{NR} micro-kernel, {bodies}{fetch}", node)
+    if tails:
+        kc.note(lambda nm: f"Winograd GEMMs '{nm}': the last {tails[0]} of {OC} channels in a {tails[0]}x{NR} panel",
+                node)
     u = filter_transform(kc.program.memory.static[id(wt)], t).astype(np.float32)
-    upack = kc.const_array(("winograd_u", node.name, m, MR), pack_a_panels(u, MR), node.name + "_U", np.float32)
+    upack = kc.const_array(("winograd_u", node.name, m, MR, tails), pack_a_panels(u, MR, tails), node.name + "_U",
+                           np.float32)
     mp = OCp // MR
     # One GEMM operand (xi) to the next: a cache line more than its size, so the transforms'
     # alpha^2 streams do not all fall in one L1 set (C * T floats is often a multiple of 4 KiB).
@@ -594,11 +607,18 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
                 with w.block(f"for (long {pc} = 0; {pc} < {C}; {pc} += {KC})"):
                     w.line(f"const long {kb} = {C} - {pc} < {KC} ? {C} - {pc} : {KC};")
                     with w.block(f"for (long {jr} = 0; {jr} < {ntp}; {jr} += {NR})"):
-                        with w.block(f"for (long {ir} = {lo}; {ir} < {hi}; {ir} += {MR})"):
-                            a_ptr = f"{upack} + (({xi} * {mp} + {ir} / {MR}) * {C} + {pc}) * {MR}"
-                            b_ptr = f"{V} + {xi} * {XV} + {pc} * {T} + {jr}"
+                        b_ptr = f"{V} + {xi} * {XV} + {pc} * {T} + {jr}"
+                        end = hi if not tails else f"({hi} < {body} ? {hi} : {body})"
+                        with w.block(f"for (long {ir} = {lo}; {ir} < {end}; {ir} += {MR})"):
+                            a_ptr = f"{upack} + (({xi} * {mp} + {ir} / {MR}) * {C} + {pc}) * {MR}" if not tails \
+                                else f"{upack} + ({xi} * {OC} + {ir}) * {C} + {pc} * {MR}"
                             c_ptr = f"{M} + {xi} * {XM} + {ir} * {T} + {jr}"
                             w.line(f"{ukr}({kb}, {a_ptr}, 0, 0, {b_ptr}, {T}, {c_ptr}, {T}, {pc} > 0);")
+                        if tails:  # the last part's tail panel
+                            with w.block(f"if ({hi} > {body})"):
+                                a_ptr = f"{upack} + ({xi} * {OC} + {body}) * {C} + {pc} * {tails[0]}"
+                                c_ptr = f"{M} + {xi} * {XM} + {body} * {T} + {jr}"
+                                w.line(f"{ukr_tail}({kb}, {a_ptr}, 0, 0, {b_ptr}, {T}, {c_ptr}, {T}, {pc} > 0);")
 
             # 3. Output transform per output channel: A^T M A for LANES tiles at a time into the
             # strip, then the bias and the group's epilogue along each output row of the block.
