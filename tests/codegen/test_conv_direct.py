@@ -247,11 +247,12 @@ def test_register_block():
 
 
 @pytest.mark.parametrize("h, w, block", [(16, 224, "10x32_packed_koff_h16"), (48, 96, "10x32_packed_koff_h16"),
-                                         (32, 64, "10x32_packed_koff_pf"), (30, 32, "16x16_packed_koff_pf")])
+                                         (32, 64, "10x32_packed_koff_pf"), (30, 32, "12x16_packed_koff_pf")])
 def test_wide_block_where_its_panels_are_whole(h, w, block):
     """The 32-position block with the AVX-512 body: in two pieces where 32 does not divide the output width
     (112, 48) but the positions are whole panels, in one where it divides it; 16 wide where 15 rows of 16
-    would leave a part panel (its second piece past the band)."""
+    would leave a part panel (its second piece past the band): 16 x 16, whose 20 channels run as tail panels
+    of 12 and 8 rows (``gemm.tail_panels``)."""
     g, plan = _conv_graph(3, 20, h, w, 3, 2, [1, 1, 1, 1])
     source = generate(g, plan, options=AVX512).source
     assert f"opfuse_ukr_{block}" in source
