@@ -44,6 +44,8 @@ def test_tail_choice_avx2(M, MC, want):
 
 
 def test_tail_choice_other_builds():
+    assert tail_panels(23, 12, 8, 512, AVX2_R) == (11,)  # the narrow 12 x 8 block: 11 rows cost 11 slots, 12 padded
+    assert tail_panels(97, 8, 32, 512, AVX2_R.with_(gemm_mr=8, gemm_nr=32)) == ()  # a block without an AVX2 body
     assert tail_panels(100, 8, 32, 512, AVX512_R) == (4,)
     assert tail_panels(97, 8, 32, 512, AVX512_R) == (5, 4)  # no 1-row zmm block (too few chains): 9 = 5 + 4
     assert tail_panels(128, 6, 16, 512, AVX2_R.with_(gemm_tail_panels=False)) == ()
@@ -74,7 +76,7 @@ def _check(g, plan, cache_dir, options, note, access):
     got, want, m = run_both(g, plan, cache_dir, options=options)
     before, _, m0 = run_both(g, plan, cache_dir, options=options.with_(gemm_tail_panels=False))
     src = m.program.source
-    assert note in src and "rows in" not in m0.program.source
+    assert re.search(rf"{re.escape(note)}( \*/)?$", src, re.M) and "rows in" not in m0.program.source
     for width, nr in re.findall(r"(\d+)x(\d+)", note.split(" rows in ")[1]):
         assert f"opfuse_ukr_{width}x{nr}_" in src, width
     assert access in src
@@ -151,6 +153,23 @@ def test_matmul_activation_rows(prologue, access, cache_dir):
     _check(g, plan, cache_dir, AVX2, "the last 8 of 50 rows in 4x16 + 4x16 panels", access)
 
 
+def test_packed_rows_in_several_tiles_and_k_blocks(cache_dir):
+    """A packed per tile in row tiles of 12 (``gemm_mc``), K = 64 in blocks of 16, two batches: a batched MatMul
+    with a Relu prologue (the generic packer: 50 = 4 x 12 + 2 rows, the tail in the last tile only) and a 1x1
+    convolution on 10x10 through the 1x1 packer (100 = 4 x 24 + 4 in tiles of 24)."""
+    b = GraphBuilder("mmb")
+    y = b.op("MatMul", b.op("Relu", b.input("x", (2, 50, 64)), name="pre"), _w(b, 2, 64, 40), name="mm")
+    g = b.build(b.op("Sigmoid", y, name="sig"))
+    plan = group_by_names(g, [("gemm_epilogue", ["pre", "mm", "sig"])])
+    options = AVX2.with_(gemm_mc=12, gemm_kc=16, balance_threads=())
+    m = _check(g, plan, cache_dir, options, "the last 2 of 50 rows in 2x16 panel", "apack")
+    assert "== 50)" in m.program.source
+    g, plan = _conv(64, 32, 10)
+    options = AVX2.with_(windows_pack_min_channels=32, gemm_mc=24, balance_threads=())
+    m = _check(g, plan, cache_dir, options, "the last 4 of 100 rows in 4x16 panel", "apack")
+    assert "== 100)" in m.program.source
+
+
 def test_no_tails_where_mr_divides_m_or_plain_c(cache_dir):
     """48 output channels fill 8 panels of 6; the plain C99 build keeps its padded panel for 50."""
     g, plan = _conv(24, 48, 16)
@@ -177,8 +196,28 @@ def test_winograd_tail_panel(cout, note, cache_dir):
     before = build(g, plan, cache_dir=cache_dir, options=options.with_(gemm_tail_panels=False), threads=1).run(feeds)
     for threads in (1, 2):
         m = build(g, plan, cache_dir=cache_dir, options=options, threads=threads)
-        assert note in m.program.source and "Winograd" in m.program.source
+        assert re.search(rf"{re.escape(note)}( \*/)?$", m.program.source, re.M)
         got = m.run(feeds)
         for k in want:
             np.testing.assert_array_equal(got[k], before[k])
         assert_close(got, want, rtol=1e-3, atol=1e-3)
+
+
+def test_winograd_tail_panel_wide_host(cache_dir):
+    """The AVX-512 host's one-zmm Winograd block: 34 channels in 12-row panels (the least padding) end in a
+    10-row tail panel whose micro-kernel has the AVX-512 body (``_z``) and prefetches U as the others do
+    (``_pa``: 12288 bytes ahead over 10-float steps, 308 steps); its AVX2 body runs here."""
+    from opfuse.runtime import reference
+    from opfuse.runtime.native import build
+    g, plan = _conv(32, 34, 12, 3)
+    feeds = reference.random_inputs(g, 0)
+    options = CodegenOptions(**WIDE_HOST, winograd="on", winograd_prefetch_min_bytes=0)
+    m = build(g, plan, cache_dir=cache_dir, options=options, threads=1)
+    src = m.program.source
+    assert re.search(r"the last 10 of 34 channels in a 10x16 panel( \*/)?$", src, re.M)
+    assert re.search(r"opfuse_ukr_10x16_packed_strided\w*_pa308_z", src)
+    before = build(g, plan, cache_dir=cache_dir, options=options.with_(gemm_tail_panels=False), threads=1).run(feeds)
+    got = m.run(feeds)
+    for k in got:
+        np.testing.assert_array_equal(got[k], before[k])
+    assert_close(got, reference.run(g, feeds), rtol=1e-3, atol=1e-3)
