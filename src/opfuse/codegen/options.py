@@ -111,7 +111,9 @@ class CodegenOptions:
     # Where MR does not divide a GEMM's M, its last rows run in narrower panels of their own (``gemm.tail_panels``:
     # 128 rows in 20 x 6 + 4 + 4 instead of 22 x 6, the last panel two thirds zeros), each with the micro-kernel of
     # its width, instead of a padded panel whose result goes through the C tile and the tile epilogue. x86 vector
-    # builds. Same sums in the same order, so the same bits.
+    # builds. Same sums in the same order, so the same bits. Measured on the Zen 3 VM (1 thread, CPU time): a 1x1
+    # 128 -> 128 at 56x56 took 1828 us against 1665 for 126 output channels, 1695 with tails; mobilenet_v1 0.97x and
+    # resnet18 0.98x of their time without (200 interleaved rounds), its stem 0.88x and pw13 0.90x (per kernel).
     gemm_tail_panels: bool = True
     # A convolution over its windows that stages its input rows per tile (padding or a prologue:
     # ``conv_windows.ConvWindows``) copies them once per thread and row block, not once per tile: the tiles
