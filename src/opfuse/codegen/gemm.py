@@ -273,7 +273,7 @@ def tail_panels(M: int, MR: int, NR: int, MC: int, o) -> tuple[int, ...]:
     T = M mod MR rows, or T + MR (one whole panel fewer), are split into the widths of least cost whose
     micro-kernel has the vector body of the register block (``fits_avx2``, ``fits_avx512``), fewer panels on a
     tie; kept only where that costs less than the padded panel. 6 x 16 on AVX2: 128 rows end in 4 + 4
-    (21 panels of 6 computed 132), 49 in 4 + 3, 196 in 4. Every tail lies in the last row tile (MC rows
+    (22 panels of 6 computed 132), 49 in 4 + 3, 196 in 4. Every tail lies in the last row tile (MC rows
     from a multiple of MC). x86 vector builds only (AVX2, AVX-512)."""
     R = M % MR
     if not o.gemm_tail_panels or not R or o.simd != "auto" or o.vector_isa not in ("avx2", "avx512"):
