@@ -290,7 +290,7 @@ def tail_panels(M: int, MR: int, NR: int, MC: int, o) -> tuple[int, ...]:
     last = M - (-(-M // MC) - 1) * MC  # rows of the last row tile
     best: tuple[int, int, tuple[int, ...]] = (cost(MR), 1, ())  # (cost past the whole panels, panels, widths)
     for T in (R, R + MR):
-        if T > min(last, M):
+        if T > last:
             continue
         split: dict[int, tuple[int, int, tuple[int, ...]]] = {0: (0, 0, ())}  # rows -> cheapest split
         for t in range(1, T + 1):

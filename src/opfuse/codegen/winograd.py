@@ -467,14 +467,14 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
     u_bytes = A2 * (OC if tails else OCp) * C * 4
     # the prefetch is an intrinsic: the plain C99 build (simd="none") has none, and its C stays as it was
     ahead = o.winograd_prefetch_u if o.simd == "auto" and u_bytes >= o.winograd_prefetch_min_bytes else 0
-    name, text = microkernel(MR, NR, "packed", "strided", o.simd, o.gemm_prefetch, o.gemm_scalar_accumulators, wide,
-                             neon=neon, a_prefetch=-(-ahead // (4 * MR)), k_unroll=o.gemm_k_unroll)
-    ukr = kc.program.require_helper(name, text)
-    ukr_tail = ""
-    if tails:
-        name, text = microkernel(tails[0], NR, "packed", "strided", o.simd, o.gemm_prefetch, o.gemm_scalar_accumulators,
-                                 wide, neon=neon, a_prefetch=-(-ahead // (4 * tails[0])), k_unroll=o.gemm_k_unroll)
-        ukr_tail = kc.program.require_helper(name, text)
+
+    def kernel(mr: int) -> str:
+        """Register the ``mr``-row micro-kernel of the GEMMs (U prefetched ``ahead`` bytes on); its name."""
+        name, text = microkernel(mr, NR, "packed", "strided", o.simd, o.gemm_prefetch, o.gemm_scalar_accumulators,
+                                 wide, neon=neon, a_prefetch=-(-ahead // (4 * mr)), k_unroll=o.gemm_k_unroll)
+        return kc.program.require_helper(name, text)
+    ukr = kernel(MR)
+    ukr_tail = kernel(tails[0]) if tails else ""
     bodies = microkernel_bodies(MR, NR, o.simd, wide, neon)
     fetch = "" if o.simd != "auto" else f"; U ({u_bytes >> 10} KiB) prefetched {ahead} bytes ahead" if ahead else \
         f"; U ({u_bytes >> 10} KiB) not prefetched (winograd_prefetch_min_bytes={o.winograd_prefetch_min_bytes})" \
