@@ -64,6 +64,7 @@ class ConvWindows(RowAccess):
         self.cg = C // group
         padded = any(geo.pads_begin) or any(geo.pads_end)
         self.in_place = in_memory(ev, self.x) and not padded
+        self.scattered = any(k != 1 for k in geo.kernel) or any(s != 1 for s in geo.strides)
         if self.in_place:
             self.row_len, self.rows = W, H
         else:

@@ -51,6 +51,13 @@ from opfuse.ops.registry import get_spec
 Loader = Callable[[object, str, str, str], str]  # (ev, batch, row, col) -> C expression
 TRANSPOSE_COLUMNS = 32  # columns of a transposed C tile turned back per epilogue pass
 WINDOWS_ROWS_OUTER_BYTES = 256 << 10  # A's windows outermost only while a K block of B fits this
+# Windows gathered one panel at a time (A's panels outermost) while B's K block is at most this, else the whole
+# tile's K block before the channel panels (``CodegenOptions.gemm_pack_windows``).
+WINDOWS_PACK_PANEL_BYTES = 384 << 10
+# ... and only where a tile has at least this many panels of channels to share each gathered panel: each window
+# value gathered once replaces one broadcast per channel panel (grouped 3x3, 32 channels a group, 2 panels:
+# 1.04-1.11x slower gathered).
+WINDOWS_PACK_MIN_PANELS = 4
 # A's panels outermost where the micro-kernel stores the output, B's packed K block is at most
 # ``ROWS_OUTER_STORE_BYTES`` and the output at least ``ROWS_OUTER_STORE_MIN_OUTPUT`` (more than a core's L2:
 # its lines are written back to memory, and each A panel's rows are then written as long runs the prefetchers
@@ -74,6 +81,10 @@ class RowAccess:
     # Set by the GEMM before ``per_tile`` where tiles of the same rows follow one another: (a C lvalue, the
     # tile's rows' key); the copy is skipped where the lvalue holds the key, and sets it (``gemm_reuse_band``).
     reuse: tuple[str, str] | None = None
+    # With ``koff``: whether a row's values are scattered over its window's taps and strides, so that gathering
+    # them into panels pays (``CodegenOptions.gemm_pack_windows``); a 1x1 stride-1 window is a run of consecutive
+    # positions per channel, read in order already.
+    scattered: bool = False
 
     def prepare(self, kc, MC: int) -> None:
         return None
@@ -671,6 +682,14 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
     rows = p.a.rows if not a_static else None
     cols = p.b.cols if not b_static else None
     a_mode = "packed" if rows is None else ("rows" if rows.koff is None else "koff")
+    # A's windows gathered into k-major panels before the micro-kernel reads them (``gemm_pack_windows``)
+    gather = ""
+    if rows is not None and rows.koff is not None and rows.scattered and o.platform == "host" \
+            and o.gemm_pack_windows != "off" \
+            and -(-min(NC, N) // NR) >= WINDOWS_PACK_MIN_PANELS:
+        gather = o.gemm_pack_windows if o.gemm_pack_windows != "auto" else \
+            "panel" if KC * NC * 4 <= WINDOWS_PACK_PANEL_BYTES else "tile"
+        a_mode = "packed"
     b_mode = "packed" if cols is None else "strided" if cols.koff is None else "koff"
     direct = register_epilogue(kc, ev, stage, p, MR, NR)
     if direct is not None and stage.anchor_node is not None:
@@ -684,7 +703,7 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
     transposed = p.out_contiguous == "m"
     # The AdvSIMD bodies read a window per row (no ``a_step``) and store along n only (no transposed store).
     a_step = rows.row_step(MR) if rows is not None and rows.koff is not None and o.gemm_window_step \
-        and o.vector_isa != "neon" else 0
+        and o.vector_isa != "neon" and not gather else 0
     b_split = cols.split if cols is not None else 0
     # M's last rows in narrower panels of their own (``tail_panels``; a row step holds for them: M is a multiple of
     # MR wherever a window's step needs MR-row blocks, ``RowAccess.row_step``).
@@ -712,6 +731,9 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
         if tails:
             last = " + ".join(f"{t}x{NR}" for t in tails) + (" panels" if len(tails) > 1 else " panel")
             kc.note(lambda name: f"GEMM '{name}': the last {sum(tails)} of {M} rows in {last}", stage.anchor_node)
+        if gather:
+            how = "one panel at a time" if gather == "panel" else "per tile"
+            kc.note(lambda name: f"GEMM '{name}': windows gathered into k-major panels, {how}", stage.anchor_node)
     w = kc.w
     fl = 4
     off_c = kc.scratch(MC * NC * fl)
@@ -719,6 +741,7 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
     off_t = kc.scratch(ldt * TRANSPOSE_COLUMNS * fl) if transposed and direct is None else None
     off_a = kc.scratch(MC * KC * fl) if not a_static and rows is None else None
     off_b = kc.scratch(KC * NC * fl) if not b_static and cols is None else None
+    off_g = kc.scratch((MR if gather == "panel" else MC) * KC * fl) if gather else None
     pa = pb = koff = None
     if p.a.static is not None:
         pa = kc.const_array(("gemm_a", p.name, MR, tails), pack_a_panels(p.a.static, MR, tails), p.name + "_A",
@@ -771,6 +794,10 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
         if off_b is not None:
             bp = kc.tmp("bpack")
             w.line(f"float* restrict {bp} = {kc.scratch_ptr('float', off_b)};")
+        gp = None
+        if off_g is not None:
+            gp = kc.tmp("gather")
+            w.line(f"float* restrict {gp} = {kc.scratch_ptr('float', off_g)};")
         if rows is not None:
             rows.reuse = (f"*{kc.scratch_ptr('long', off_key)}", f"{b} * {MT} + {mt}") if off_key is not None else None
             rows.per_tile(kc, ev, b, m0, mc)
@@ -817,7 +844,8 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
             # L2 (``CodegenOptions.gemm_rows_outer_store``): each A panel's MR output rows are then written
             # as MR runs of the tile's NC columns, one after the other, instead of MR x NR pieces hopping
             # over all the tile's rows between B panels (write-allocates the prefetchers can follow).
-            a_outer = (koff is not None and KC * NC * fl <= WINDOWS_ROWS_OUTER_BYTES) or \
+            windows_outer = gather == "panel" or not gather and KC * NC * fl <= WINDOWS_ROWS_OUTER_BYTES
+            a_outer = (koff is not None and windows_outer) or \
                 (direct is not None and not transposed and o.gemm_rows_outer_store and bp is not None
                  and KC * NC * fl <= ROWS_OUTER_STORE_BYTES and p.nb * M * N * fl >= ROWS_OUTER_STORE_MIN_OUTPUT) \
                 or strips
@@ -831,15 +859,40 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                     return f"{pa} + (({p.a.batch_expr(b)} * {mp} + ({m0} + {ir}) / {MR}) * {K} + {pc}) * {MR}", "0", "0"
                 if ap is not None:
                     return f"{ap} + {ir} * {kb}", "0", "0"
+                if gather == "panel":
+                    assert gp is not None
+                    gather_panel(ir, mr, gp)
+                    return gp, "0", "0"
+                if gather == "tile":
+                    return f"{gp} + {ir} * {kb}", "0", "0"
+                ar = kc.tmp("ar")
+                ptrs = row_ptrs(ir, 1 if a_step else mr)
+                w.line(f"const float* {ar}[{mr}] = {{{', '.join(ptrs)}}};")
+                return "0", ar, f"{koff} + {pc}" if koff is not None else "0"
+
+            def row_ptrs(ir: str, count: int) -> list[str]:
+                """A's first ``count`` row pointers of the block at ``ir`` (rows past the tile repeat its last row:
+                read, then dropped)."""
                 assert rows is not None
-                ar, shift = kc.tmp("ar"), f" + {pc}" if koff is None else ""
+                shift = f" + {pc}" if koff is None else ""
                 ptrs = []
-                for i in range(1 if a_step else mr):  # rows past the tile repeat its last row (read, then dropped)
+                for i in range(count):
                     mi = f"{m0} + {ir} + {i}" if tails and i else \
                         f"{m0} + {_min_expr(f'{ir} + {i}', f'{mc} - 1')}" if i else f"{m0} + {ir}"
                     ptrs.append(f"{rows.row(b, mi)}{shift}")
-                w.line(f"const float* {ar}[{mr}] = {{{', '.join(ptrs)}}};")
-                return "0", ar, f"{koff} + {pc}" if koff is not None else "0"
+                return ptrs
+
+            def gather_panel(ir: str, mr: int, dst: str) -> None:
+                """The ``mr`` windows at ``ir``, K block ``pc``, into the k-major panel at ``dst``
+                (``gemm_pack_windows``)."""
+                g = [kc.tmp("g") for _ in range(mr)]
+                for name, ptr in zip(g, row_ptrs(ir, mr), strict=True):
+                    w.line(f"const float* restrict {name} = {ptr};")
+                k, off = kc.tmp("k"), kc.tmp("o")
+                with w.block(f"for (long {k} = 0; {k} < {kb}; ++{k})"):
+                    w.line(f"const long {off} = {koff}[{pc} + {k}];")
+                    for i, name in enumerate(g):
+                        w.line(f"{dst}[{k} * {mr} + {i}] = {name}[{off}];")
 
             def block(ir: str, mr: int, args: tuple[str, str, str]) -> None:
                 """The micro-kernel call(s) of the ``mr``-row block at ``(ir, jr)``."""
@@ -898,6 +951,12 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
             over_n = f"for (long {jr} = 0; {jr} < {nc}; {jr} += {NR})"
             whole = mc if not tails else str(body) if MT == 1 else _min_expr(f"{body} - {m0}", mc)
             over_m = f"for (long {ir} = 0; {ir} < {whole}; {ir} += {MR})"
+            if gather == "tile":  # the tile's K block, every panel, before the channel panels
+                ig = kc.tmp("ig")
+                if body:
+                    with w.block(f"for (long {ig} = 0; {ig} < {whole}; {ig} += {MR})"):
+                        gather_panel(ig, MR, f"({gp} + {ig} * {kb})")
+                tail_blocks(lambda i, mr: gather_panel(i, mr, f"({gp} + {i} * {kb})"))
             if a_outer:
                 def row_panel(i: str, mr: int) -> None:
                     args = a_args(i, mr)

@@ -32,6 +32,7 @@ REGISTER_BLOCKS = {"avx2": (6, 16), "avx512": (8, 32), "neon": (6, 16)}
 WINDOWS_MR_MAX_FULL_WIDTH = 14
 WINDOWS_MR_MAX = 8
 WINOGRAD_MODES = ("auto", "off", "on")
+PACK_WINDOWS_MODES = ("auto", "panel", "tile", "off")
 PROFILE_CLOCKS = {"wall": "CLOCK_MONOTONIC", "thread_cpu": "CLOCK_THREAD_CPUTIME_ID"}
 
 
@@ -122,6 +123,15 @@ class CodegenOptions:
     # interleaved runs, against off, load 10): the strided 3x3 (4 tiles of 128 channels, a 245 KB band each)
     # 0.98x, the 7x7 3x3 0.99x, layer2's strided 3x3 0.99x: small, but work that was repeated for nothing.
     gemm_reuse_band: bool = True
+    # A convolution read over its windows through the offset table (``conv_windows.ConvWindows``: the strided,
+    # padded and 7x7 convolutions that do not run as Winograd or the direct kernel) gathers each block of MR
+    # positions' K block once into a k-major panel, which the micro-kernel then reads in order for every panel of
+    # channels, instead of broadcasting each value from its window through the table in every call (host builds).
+    # "panel": one panel at a time, A's panels outermost (B's K block streamed from L2 per panel); "tile": the
+    # whole tile's K block before the channel panels (B's panel in L1, A's from L2); "auto": "panel" while B's K
+    # block is at most ``gemm.WINDOWS_PACK_PANEL_BYTES``, else "tile"; "off": the table read in place. Same
+    # values summed in the same order, so the same bits.
+    gemm_pack_windows: str = "auto"
     # A GEMM with a single row (M = 1: a classifier's Gemm on one image) runs a 1 x ``gemm_gemv_nr``
     # micro-kernel (6 accumulators) with the intrinsics, instead of MR x NR whose MR - 1 rows
     # would repeat the one row's work: mobilenet_v1's fc (1x1024 @ 1024x1000) 161 -> 85 us (1 x 32:
@@ -661,6 +671,9 @@ class CodegenOptions:
             raise OpfuseError(f"simd mode {self.simd!r}: expected one of {', '.join(SIMD_MODES)}")
         if self.winograd not in WINOGRAD_MODES:
             raise OpfuseError(f"winograd mode {self.winograd!r}: expected one of {', '.join(WINOGRAD_MODES)}")
+        if self.gemm_pack_windows not in PACK_WINDOWS_MODES:
+            raise OpfuseError(f"gemm_pack_windows {self.gemm_pack_windows!r}: expected one of "
+                              f"{', '.join(PACK_WINDOWS_MODES)}")
         if self.depthwise_chunk_planes < 1 or self.depthwise_min_chunks < 1:
             raise OpfuseError("depthwise_chunk_planes and depthwise_min_chunks must be at least 1")
         if self.depthwise_row_block < 1 or self.depthwise_block_group < 1:
