@@ -74,13 +74,14 @@ def test_strided_conv(mode, note, cache_dir):
 @pytest.mark.parametrize("mode,note", [("panel", PANEL), ("tile", TILE)])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_k_blocks_row_tiles_images_no_tails(mode, note, threads, cache_dir):
-    """K = 144 in blocks of 36 (40 balanced), row tiles of 30 positions (49 = 30 + 19), two images, no tail panels (the last
-    panel's rows past the tile repeat its last row, read and dropped), at 1 and 2 threads."""
+    """K = 144 in blocks of 36 (40, balanced), row tiles of 30 positions (49 = 30 + 19), two images, no tail panels
+    (the last panel's rows past the tile repeat its last row, read and dropped), at 1 and 2 threads."""
     g, plan = _conv(16, 64, 14, images=2)
     options = AVX2.with_(gemm_pack_windows=mode, gemm_kc=40, gemm_tile_floats=2048, gemm_tail_panels=False)
     m = _check(g, plan, cache_dir, options, note, threads=threads)
     assert "rows in" not in m.program.source
     assert re.search(r"const long \w+ = \(144 - \w+ < 36 \? 144 - \w+ : 36\);", m.program.source)  # K blocks
+    assert re.search(r"const long \w+ = \(\w+ / 1\) % 2;", m.program.source)  # two row tiles per image
 
 
 @pytest.mark.parametrize("mode,note", [("panel", PANEL), ("tile", TILE)])
