@@ -129,8 +129,16 @@ class CodegenOptions:
     # channels, instead of broadcasting each value from its window through the table in every call (host builds).
     # "panel": one panel at a time, A's panels outermost (B's K block streamed from L2 per panel); "tile": the
     # whole tile's K block before the channel panels (B's panel in L1, A's from L2); "auto": "panel" while B's K
-    # block is at most ``gemm.WINDOWS_PACK_PANEL_BYTES``, else "tile"; "off": the table read in place. Same
-    # values summed in the same order, so the same bits.
+    # block is at most ``gemm.WINDOWS_PACK_PANEL_BYTES``, else "tile"; "off": the table read in place. Only where
+    # a tile has ``gemm.WINDOWS_PACK_MIN_PANELS`` panels of channels, and not for 1x1 stride-1 windows (their
+    # positions are consecutive floats already). Same values summed in the same order, so the same bits. Measured on
+    # the Zen 3 VM (1 thread, kernel CPU time, interleaved against "off"): ``bench_kernels.py`` (20 rounds) the
+    # strided 3x3 64 -> 128 at 56x56 0.93x, 256 -> 512 at 14x14 0.96x, the 1x1 stride-2 128 -> 256 0.93x, a grouped
+    # 3x3 with 32 channels a group (2 panels) 1.04x slower (hence the panel minimum); in resnet18 (30 rounds) its
+    # strided 3x3 layers 0.86x, 0.88x, 0.94x and downsamples 0.86x, 0.88x, 0.81x, its kernels' sum 0.97x. "tile"
+    # against "panel" on the 56x56 layer: 0.97x, within the run's noise. A hand-made build of that layer that
+    # reads its panels without gathering them (wrong values) took 0.86x of the gathered one's time: what the
+    # gather costs.
     gemm_pack_windows: str = "auto"
     # A GEMM with a single row (M = 1: a classifier's Gemm on one image) runs a 1 x ``gemm_gemv_nr``
     # micro-kernel (6 accumulators) with the intrinsics, instead of MR x NR whose MR - 1 rows
