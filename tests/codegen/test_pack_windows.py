@@ -151,3 +151,47 @@ def test_not_gathered_on_the_microcontroller_off_or_without_windows():
 def test_unknown_mode_is_refused():
     with pytest.raises(OpfuseError, match="gemm_pack_windows 'rows': expected one of auto, panel, tile, off"):
         CodegenOptions(gemm_pack_windows="rows")
+
+
+def _loop_order(src):
+    """Where the kernel's first gather read, channel-panel loop and row-panel loop start in the C."""
+    gather = re.search(r"const long o\d+ = \w+_koff\[", src)
+    jr, ir = re.search(r"for \(long jr\d+ = 0;", src), re.search(r"for \(long ir\d+ = 0;", src)
+    assert jr and ir
+    return (gather.start() if gather else None), jr.start(), ir.start()
+
+
+def test_loop_orders():
+    """One panel at a time: each row panel gathered, then every channel panel reads it (row panels outermost);
+    per tile: the tile's panels gathered, then the channel panels outermost; read in place: row panels outermost
+    while B's K block fits ``WINDOWS_ROWS_OUTER_BYTES``, else channel panels outermost."""
+    g, plan = _conv(16, 64, 14)  # B's K block 144 x 64 floats
+    gather, jr, ir = _loop_order(_notes(g, plan, AVX2.with_(gemm_pack_windows="panel")))
+    assert ir < gather < jr
+    gather, jr, ir = _loop_order(_notes(g, plan, AVX2.with_(gemm_pack_windows="tile")))
+    assert gather < jr < ir
+    gather, jr, ir = _loop_order(_notes(g, plan, AVX2.with_(gemm_pack_windows="off")))
+    assert gather is None and ir < jr
+    g, plan = _conv(64, 512, 7, stride=1)  # 576 x 512 floats
+    options = AVX2.with_(winograd="off")
+    gather, jr, ir = _loop_order(_notes(g, plan, options))
+    assert gather < jr < ir
+    gather, jr, ir = _loop_order(_notes(g, plan, options.with_(gemm_pack_windows="off")))
+    assert gather is None and jr < ir
+
+
+def test_a_part_panel_of_channels_counts(cache_dir):
+    """50 output channels are 4 panels of 16, the last part filled: gathered."""
+    g, plan = _conv(16, 50, 14)
+    _check(g, plan, cache_dir, AVX2, PANEL)
+
+
+def test_auto_at_the_panel_bound():
+    """A 1x1 stride-2 convolution over 384 channels to 256: B's K block is 384 x 256 floats, exactly
+    ``WINDOWS_PACK_PANEL_BYTES``: still one panel at a time; 400 channels (K 400): the tile."""
+    from opfuse.codegen.gemm import WINDOWS_PACK_PANEL_BYTES
+    assert 384 * 256 * 4 == WINDOWS_PACK_PANEL_BYTES
+    g, plan = _conv(384, 256, 14, k=1, pad=0)
+    assert PANEL in _notes(g, plan, AVX2)
+    g, plan = _conv(400, 256, 14, k=1, pad=0)
+    assert TILE in _notes(g, plan, AVX2)
