@@ -178,6 +178,9 @@ def test_loop_orders():
     assert gather < jr < ir
     gather, jr, ir = _loop_order(_notes(g, plan, options.with_(gemm_pack_windows="off")))
     assert gather is None and jr < ir
+    g, plan = _conv(256, 256, 14, k=1, pad=0)  # read in place, B's K block exactly WINDOWS_ROWS_OUTER_BYTES
+    gather, jr, ir = _loop_order(_notes(g, plan, AVX2.with_(gemm_pack_windows="off")))
+    assert gather is None and ir < jr
 
 
 def test_a_part_panel_of_channels_counts(cache_dir):
