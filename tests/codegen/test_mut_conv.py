@@ -211,3 +211,47 @@ def test_windows_pack_threshold_is_inclusive():
     plan = group_by_names(g, [("conv_epilogue", ["conv", "act"])])
     at, above = (generate(g, plan, options=CodegenOptions(windows_pack_min_channels=n)).source for n in (36, 37))
     assert "_koff" not in at and "_koff" in above
+
+
+def test_windows_register_block_edges():
+    """The narrow block with ``narrow_mr_max`` below its own 12 rows stays 12 x 8 (no empty range of MRs to
+    choose from); the plain C build on an AVX-512 target keeps the options' block, not the windows' MR range
+    (tests/mutation/mutY.md)."""
+    from opfuse.codegen.conv_windows import NARROW_BLOCK, register_block
+    o = CodegenOptions(vector_isa="avx2").resolved("avx2")
+    assert register_block(o.with_(narrow_mr_max=10), 8, 49, 7) == NARROW_BLOCK
+    wide = CodegenOptions(vector_isa="avx512", windows_mr_max=14).resolved("avx512")
+    assert register_block(wide, 64, 196, 14) == (14, wide.gemm_nr)
+    plain = wide.with_(simd="none")
+    assert register_block(plain, 64, 196, 14) == (plain.gemm_mr, plain.gemm_nr)
+
+
+def test_channel_rows_packer_reads_each_image(cache_dir):
+    """A 1x1 convolution whose positions are packed per tile (``ChannelRowsPacker``) over two images: each
+    image's rows come from its own planes."""
+    b = GraphBuilder("pw2")
+    x = b.input("x", (2, 24, 7, 7))
+    g = b.build(b.op("Relu", b.op("Conv", x, _w(b, "w", 40, 24, 1, 1), _w(b, "b", 40), name="conv"), name="act"))
+    got, want, m = run_both(g, group_by_names(g, [("conv_epilogue", ["conv", "act"])]), cache_dir,
+                            options=AVX2.with_(windows_pack_min_channels=32))
+    assert "apack" in m.program.source
+    assert_close(got, want)
+
+
+@pytest.mark.parametrize("kernel,pads", [((3, 1), [1, 0, 1, 0]), ((1, 3), [0, 1, 0, 1])], ids=["3x1", "1x3"])
+def test_windows_band_of_a_non_square_kernel(kernel, pads, cache_dir):
+    """A padded convolution whose window is taller than wide (or wider than tall), over enough channels for the
+    windows GEMM (K > ``conv_direct_max_k``): each tile's band holds the rows its windows span by the kernel's
+    height (tests/mutation/mutY.md)."""
+    from opfuse.runtime import reference
+    from opfuse.runtime.native import build
+    b = GraphBuilder("tall")
+    x = b.input("x", (1, 64, 12, 10))
+    y = b.op("Conv", x, _w(b, "w", 32, 64, *kernel), _w(b, "b", 32), kernel_shape=list(kernel), pads=pads,
+             name="conv")
+    g = b.build(b.op("Relu", y, name="act"))
+    model = build(g, group_by_names(g, [("conv_epilogue", ["conv", "act"])]), cache_dir=cache_dir, threads=1,
+                  options=AVX2.with_(gemm_tile_floats=2048))
+    assert "direct kernel" not in _notes(model.program) and "_koff" in model.program.source
+    feeds = reference.random_inputs(g, 0)
+    assert_close(model.run_guarded(feeds, poison=0x7F), reference.run(g, feeds))
