@@ -255,3 +255,32 @@ def test_windows_band_of_a_non_square_kernel(kernel, pads, cache_dir):
     assert "direct kernel" not in _notes(model.program) and "_koff" in model.program.source
     feeds = reference.random_inputs(g, 0)
     assert_close(model.run_guarded(feeds, poison=0x7F), reference.run(g, feeds))
+
+
+def test_direct_refusal_reasons():
+    """The reasons the direct kernel gives, as the kernel's notes print them: weights known only at run time; an
+    output width NR does not divide, with one group, and with groups over strided rows (tests/mutation/mutY.md)."""
+    from opfuse.codegen.conv_direct import direct_conv_refusal
+    from opfuse.ops.nn import conv_geometry
+
+    def refusal(cin, cout, side, stride, group, weights=True):
+        b = GraphBuilder("why")
+        x = b.input("x", (1, cin, side, side))
+        g = b.build(b.op("Conv", x, _w(b, "w", cout, cin // group, 3, 3), pads=[1, 1, 1, 1], strides=[stride] * 2,
+                         group=group, name="conv"))
+        node = g.nodes[0]
+        geo, G = conv_geometry(node)
+        wt = np.zeros(node.input(1).shape, np.float32) if weights else None
+        return direct_conv_refusal(CodegenOptions(vector_isa="avx2"), node, geo, G, wt, np.dtype(np.float32))
+
+    assert refusal(3, 16, 16, 1, 1, weights=False) == "not a 2-D float32 convolution with constant weights"
+    assert refusal(3, 16, 14, 1, 1) == "output width 14 is not a multiple of 16 positions"
+    assert refusal(32, 64, 28, 2, 2) == "output width 14 is not a multiple of 16 positions and the rows are strided"
+    assert refusal(32, 64, 14, 1, 2) is None  # groups over unstrided rows: any width
+
+
+def test_direct_block_rows_for_other_widths():
+    """The AVX2 block's rows for ``conv_direct_nr`` 8 (one ymm: 12 rows, the range's last, though 13 would fit the
+    registers) and for a width no row count fits (the 4-row fallback) (tests/mutation/mutY.md)."""
+    assert direct_block(CodegenOptions(vector_isa="avx2", conv_direct_nr=8), 32) == (12, 8)
+    assert direct_block(CodegenOptions(vector_isa="avx2", conv_direct_nr=256), 32) == (4, 256)
