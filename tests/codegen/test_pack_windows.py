@@ -64,9 +64,9 @@ def _check(g, plan, cache_dir, options, note, threads=1):
 
 @pytest.mark.parametrize("mode,note", [("auto", PANEL), ("panel", PANEL), ("tile", TILE)])
 def test_strided_conv(mode, note, cache_dir):
-    """16 -> 64 channels (4 panels of 16), 3x3 stride 2 on 14x14: 49 positions, the last 7 in tail panels (4 + 3);
-    B's K block (144 x 64 floats) is small, so "auto" gathers one panel at a time."""
-    g, plan = _conv(16, 64, 14)
+    """16 -> 128 channels (8 panels of 16), 3x3 stride 2 on 14x14: 49 positions, the last 7 in tail panels (4 + 3);
+    B's K block (144 x 128 floats) is small, so "auto" gathers one panel at a time."""
+    g, plan = _conv(16, 128, 14)
     m = _check(g, plan, cache_dir, AVX2.with_(gemm_pack_windows=mode), note)
     assert "the last 7 of 49 rows in 4x16 + 3x16 panels" in m.program.source
 
@@ -76,8 +76,8 @@ def test_strided_conv(mode, note, cache_dir):
 def test_k_blocks_row_tiles_images_no_tails(mode, note, threads, cache_dir):
     """K = 144 in blocks of 36 (40, balanced), row tiles of 30 positions (49 = 30 + 19), two images, no tail panels
     (the last panel's rows past the tile repeat its last row, read and dropped), at 1 and 2 threads."""
-    g, plan = _conv(16, 64, 14, images=2)
-    options = AVX2.with_(gemm_pack_windows=mode, gemm_kc=40, gemm_tile_floats=2048, gemm_tail_panels=False)
+    g, plan = _conv(16, 128, 14, images=2)
+    options = AVX2.with_(gemm_pack_windows=mode, gemm_kc=40, gemm_tile_floats=4096, gemm_tail_panels=False)
     m = _check(g, plan, cache_dir, options, note, threads=threads)
     assert "rows in" not in m.program.source
     assert re.search(r"const long \w+ = \(144 - \w+ < 36 \? 144 - \w+ : 36\);", m.program.source)  # K blocks
@@ -87,19 +87,19 @@ def test_k_blocks_row_tiles_images_no_tails(mode, note, threads, cache_dir):
 @pytest.mark.parametrize("mode,note", [("panel", PANEL), ("tile", TILE)])
 def test_band_through_a_prologue(mode, note, cache_dir):
     """Relu -> Conv: the input rows are computed into the band per tile, and gathered from there."""
-    g, plan = _conv(16, 64, 12, prologue=True)
+    g, plan = _conv(16, 128, 12, prologue=True)
     _check(g, plan, cache_dir, AVX2.with_(gemm_pack_windows=mode), note)
 
 
 def test_grouped_conv(cache_dir):
-    """Two groups of 64 output channels: each group's GEMM has 4 panels of channels."""
-    g, plan = _conv(32, 128, 12, group=2)
+    """Two groups of 128 output channels: each group's GEMM has 8 panels of channels."""
+    g, plan = _conv(32, 256, 12, group=2)
     _check(g, plan, cache_dir, AVX2, PANEL)
 
 
 def test_1x1_stride2_read_in_place(cache_dir):
     """The downsample of a residual block: a 1x1 stride-2 convolution, its windows read where they lie (no band);
-    with the default options (196 positions, 256 channels in 4 tiles of 64)."""
+    with the default options (196 positions, 256 channels in tiles of 128)."""
     g, plan = _conv(64, 256, 28, k=1, pad=0)
     m = _check(g, plan, cache_dir, CodegenOptions(vector_isa="avx2"), PANEL)
     assert "band" not in m.program.source
@@ -114,7 +114,7 @@ def test_auto_takes_the_tile_for_a_large_b_block(cache_dir):
 
 def test_plain_c_build(cache_dir):
     """The plain C99 build (no intrinsics) gathers too, with the same bits as its own table read in place."""
-    g, plan = _conv(16, 64, 14)
+    g, plan = _conv(16, 128, 14)
     _check(g, plan, cache_dir, AVX2.with_(simd="none"), PANEL)
 
 
@@ -125,22 +125,22 @@ def _notes(g, plan, options):
 def test_not_gathered_with_few_channel_panels():
     """32 output channels are 2 panels of 16 (fewer than ``WINDOWS_PACK_MIN_PANELS``): one gathered value would
     replace only two broadcasts; the table is read in place."""
-    assert WINDOWS_PACK_MIN_PANELS == 4
+    assert WINDOWS_PACK_MIN_PANELS == 8
     g, plan = _conv(16, 32, 14)
     assert "windows gathered" not in _notes(g, plan, AVX2)
-    g, plan = _conv(16, 48, 14)  # 3 panels
+    g, plan = _conv(16, 112, 14)  # 7 panels
     assert "windows gathered" not in _notes(g, plan, AVX2)
-    g, plan = _conv(16, 64, 14)
+    g, plan = _conv(16, 128, 14)
     assert PANEL in _notes(g, plan, AVX2)
-    g, plan = _conv(64, 128, 14, group=4)  # 32 channels a group
+    g, plan = _conv(64, 256, 14, group=4)  # 64 channels a group
     assert "windows gathered" not in _notes(g, plan, AVX2)
 
 
 def test_not_gathered_on_the_microcontroller_off_or_without_windows():
-    g, plan = _conv(16, 64, 14)
+    g, plan = _conv(16, 128, 14)
     assert "windows gathered" not in _notes(g, plan, CodegenOptions(platform="mcu", simd="none", weights="embed"))
     assert "windows gathered" not in _notes(g, plan, AVX2.with_(gemm_pack_windows="off"))
-    g, plan = _conv(16, 64, 14, k=1, stride=1, pad=0)  # a 1x1 stride-1 window: consecutive positions, in order
+    g, plan = _conv(16, 128, 14, k=1, stride=1, pad=0)  # a 1x1 stride-1 window: consecutive positions, in order
     src = _notes(g, plan, AVX2)
     assert "windows gathered" not in src and re.search(r"opfuse_ukr_\d+x\d+_koff_", src)
     g, plan = _conv(16, 64, 56, k=1, stride=1, pad=0)  # 3136 positions: packed as B per tile
@@ -165,7 +165,7 @@ def test_loop_orders():
     """One panel at a time: each row panel gathered, then every channel panel reads it (row panels outermost);
     per tile: the tile's panels gathered, then the channel panels outermost; read in place: row panels outermost
     while B's K block fits ``WINDOWS_ROWS_OUTER_BYTES``, else channel panels outermost."""
-    g, plan = _conv(16, 64, 14)  # B's K block 144 x 64 floats
+    g, plan = _conv(16, 128, 14)  # B's K block 144 x 128 floats
     gather, jr, ir = _loop_order(_notes(g, plan, AVX2.with_(gemm_pack_windows="panel")))
     assert ir < gather < jr
     gather, jr, ir = _loop_order(_notes(g, plan, AVX2.with_(gemm_pack_windows="tile")))
@@ -184,8 +184,8 @@ def test_loop_orders():
 
 
 def test_a_part_panel_of_channels_counts(cache_dir):
-    """50 output channels are 4 panels of 16, the last part filled: gathered."""
-    g, plan = _conv(16, 50, 14)
+    """120 output channels are 8 panels of 16, the last half filled: gathered."""
+    g, plan = _conv(16, 120, 14)
     _check(g, plan, cache_dir, AVX2, PANEL)
 
 

@@ -55,9 +55,11 @@ WINDOWS_ROWS_OUTER_BYTES = 256 << 10  # A's windows outermost only while a K blo
 # tile's K block before the channel panels (``CodegenOptions.gemm_pack_windows``).
 WINDOWS_PACK_PANEL_BYTES = 384 << 10
 # ... and only where a tile has at least this many panels of channels to share each gathered panel: each window
-# value gathered once replaces one broadcast per channel panel (grouped 3x3, 32 channels a group, 2 panels:
-# 1.04-1.11x slower gathered).
-WINDOWS_PACK_MIN_PANELS = 4
+# value gathered once replaces one broadcast per channel panel. Measured (1 thread, CPU time, against the table
+# read in place): 2 panels (a grouped 3x3, 32 channels a group) 1.04-1.11x slower gathered, 4 panels (a 3x3
+# 256 -> 256 at 5x5, tiles of 64 channels) 1.07x slower (600 interleaved rounds); resnet18's strided layers, 8 panels
+# (tiles of 128 channels), 0.81-0.94x.
+WINDOWS_PACK_MIN_PANELS = 8
 # A's panels outermost where the micro-kernel stores the output, B's packed K block is at most
 # ``ROWS_OUTER_STORE_BYTES`` and the output at least ``ROWS_OUTER_STORE_MIN_OUTPUT`` (more than a core's L2:
 # its lines are written back to memory, and each A panel's rows are then written as long runs the prefetchers

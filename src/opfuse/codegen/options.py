@@ -134,7 +134,8 @@ class CodegenOptions:
     # positions are consecutive floats already). Same values summed in the same order, so the same bits. Measured on
     # the Zen 3 VM (1 thread, kernel CPU time, interleaved against "off"): ``bench_kernels.py`` (20 rounds) the
     # strided 3x3 64 -> 128 at 56x56 0.93x, 256 -> 512 at 14x14 0.96x, the 1x1 stride-2 128 -> 256 0.93x, a grouped
-    # 3x3 with 32 channels a group (2 panels) 1.04x slower (hence the panel minimum); in resnet18 (30 rounds) its
+    # 3x3 with 32 channels a group (2 panels) 1.04x slower and a 3x3 256 -> 256 at 5x5 in tiles of 64 channels (4
+    # panels) 1.07x slower (hence the minimum of 8 panels); in resnet18 (30 rounds) its
     # strided 3x3 layers 0.86x, 0.88x, 0.94x and downsamples 0.86x, 0.88x, 0.81x, its kernels' sum 0.97x. "tile"
     # against "panel" on the 56x56 layer: 0.97x, within the run's noise. A hand-made build of that layer that
     # reads its panels without gathering them (wrong values) took 0.86x of the gathered one's time: what the
