@@ -680,6 +680,7 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
     blk = choose_blocking(p, o)
     MC, NC, KC = blk.MC, blk.NC, blk.KC
     MT, NT = -(-M // MC), -(-N // NC)
+    fl = 4  # bytes per float
     a_static, b_static = p.a.static is not None, p.b.static is not None
     rows = p.a.rows if not a_static else None
     cols = p.b.cols if not b_static else None
@@ -690,7 +691,7 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
             and o.gemm_pack_windows != "off" \
             and -(-min(NC, N) // NR) >= WINDOWS_PACK_MIN_PANELS:
         gather = o.gemm_pack_windows if o.gemm_pack_windows != "auto" else \
-            "panel" if KC * NC * 4 <= WINDOWS_PACK_PANEL_BYTES else "tile"
+            "panel" if KC * NC * fl <= WINDOWS_PACK_PANEL_BYTES else "tile"
         a_mode = "packed"
     b_mode = "packed" if cols is None else "strided" if cols.koff is None else "koff"
     direct = register_epilogue(kc, ev, stage, p, MR, NR)
@@ -737,7 +738,6 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
             how = "one panel at a time" if gather == "panel" else "per tile"
             kc.note(lambda name: f"GEMM '{name}': windows gathered into k-major panels, {how}", stage.anchor_node)
     w = kc.w
-    fl = 4
     off_c = kc.scratch(MC * NC * fl)
     ldt = transposed_ld(MC)
     off_t = kc.scratch(ldt * TRANSPOSE_COLUMNS * fl) if transposed and direct is None else None
