@@ -293,6 +293,12 @@ def staged_exp_argument(ve: VecEval, n: Node, x: str) -> str:
     return ve.isa.bits(x, "or", vecmath.SIGN_BIT)
 
 
+def staged_exp_helper(kc, n: Node) -> str:
+    """The exp a staged block's first pass calls for node ``n``: silu's own (``vecmath.SILU_EXP``: its argument goes
+    up to 89) for a direct Silu, else ``exp_nonpos``."""
+    return vecmath.SILU_EXP if n.op_type == "Silu" and kc.program.options.silu_direct else vecmath.EXP_NONPOS
+
+
 STAGED_OPS = ("Sigmoid", "Silu")  # whose exp a staged block computes in its first pass
 
 
@@ -587,7 +593,7 @@ def _emit_isa(kc, ev, isa: VecIsa, outs, inline, loadable, shape, groups, hoiste
         bx, be = kc.tmp("sx"), kc.tmp("se")
         w.line(f"float {bx}[{block}] __attribute__((aligned(64))), {be}[{block}] __attribute__((aligned(64)));")
         step = lanes * unroll if block % (lanes * unroll) == 0 else lanes
-        exp = vecmath.require_vector(kc.program, vecmath.EXP_NONPOS, isa)
+        exp = vecmath.require_vector(kc.program, staged_exp_helper(kc, staged), isa)
         for second in (False, True):
             j = kc.tmp("j")
             with w.block(f"for (long {j} = 0; {j} < {block}; {j} += {step})"):
