@@ -18,7 +18,7 @@ from opfuse.ops import GraphBuilder
 from opfuse.runtime.native import build
 from opfuse.runtime.toolchain import Toolchain, ToolchainError
 
-TABLE = dict(exp_table=True)
+TABLE = dict(exp_table=True, gemm_register_activations="all")  # the table's forms in the micro-kernel too
 VECTOR = {"avx512": CodegenOptions(vector_isa="avx512", **TABLE), "avx2": CodegenOptions(vector_isa="avx2", **TABLE)}
 GCC_LOOP = CodegenOptions(simd_elementwise=False, **TABLE)
 SPECIAL = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -1e-45, 1.2e-38, -1.2e-38, 3.4e38, -3.4e38,

@@ -168,8 +168,11 @@ REGISTER_ACTIVATIONS = [("Sigmoid", {}, "Sigmoid"), ("Silu", {}, "Silu"), ("Tanh
 @pytest.mark.parametrize("geo", ["packed_1x1", "windows", "direct_split"])
 def test_register_epilogue_activations(act, attrs, what, geo, cache_dir):
     """Conv -> one activation of ``microkernel.ACTIVATIONS``: the storing micro-kernel adds the bias and applies it
-    in registers (along the rows, or before its transposed store), bitwise the scalar tile epilogue."""
-    spec = GEOMETRIES[geo]
+    in registers (along the rows, or before its transposed store), bitwise the scalar tile epilogue
+    (``gemm_register_activations="all"``: on AVX2 the default leaves the exp-based ones to the tile epilogue,
+    ``test_register_activations_mode``)."""
+    spec = dict(GEOMETRIES[geo])
+    spec["options"] = dict(spec["options"], gemm_register_activations="all")
     b = GraphBuilder(f"conv_{act.lower()}{len(attrs)}")
     g = b.build(b.op(act, _conv(b, b.input("x", spec["x"]), spec, np.random.default_rng(4)), **attrs))
     plan = _one_kernel(g)
@@ -184,6 +187,43 @@ def test_register_epilogue_activations(act, attrs, what, geo, cache_dir):
     _check(g, plan, cache_dir, spec["options"], marker="by the micro-kernel")
 
 
+MODE_CASES = [("Silu", {}, "Silu"), ("Sigmoid", {}, "Sigmoid"), ("Tanh", {}, "Tanh"),
+              ("Gelu", {"approximate": "tanh"}, "Gelu (tanh)"), ("Gelu", {}, "Gelu (erf)"), ("Relu", {}, "Relu")]
+
+
+@pytest.mark.parametrize("act,attrs,what", MODE_CASES, ids=[c[2] for c in MODE_CASES])
+def test_register_activations_mode(act, attrs, what, cache_dir):
+    """``gemm_register_activations``: "auto" applies the exp-based activations (Sigmoid, SiLU, Tanh, tanh Gelu) in
+    the micro-kernel's registers with AVX-512's 32 registers, not with AVX2's 16 (the C tile's vector epilogue
+    then: 12 accumulators leave 4 registers for an exp), Relu and the erf Gelu's table in registers on both;
+    "all" and "cheap" force either way; the same bits whichever finishes them."""
+    spec = GEOMETRIES["packed_1x1"]
+    b = GraphBuilder(f"mode_{act.lower()}{len(attrs)}")
+    g = b.build(b.op(act, _conv(b, b.input("x", spec["x"]), spec, np.random.default_rng(6)), **attrs))
+    plan = _one_kernel(g)
+    exp_based = what not in ("Relu", "Gelu (erf)")
+    note = f"output bias and {what} applied and stored by the micro-kernel"
+    for isa, mode, in_registers in (("avx2", "auto", not exp_based), ("avx512", "auto", True),
+                                    ("avx2", "all", True), ("avx512", "cheap", not exp_based),
+                                    ("avx2", "cheap", not exp_based)):
+        src = generate(g, plan, options=CodegenOptions(vector_isa=isa, gemm_register_activations=mode)).source
+        assert (note in src) == in_registers, (isa, mode)
+        if not in_registers:
+            assert f"epilogue in {isa}" in src, (isa, mode)
+    feeds = _feeds(g)
+    runs = [build(g, plan, cache_dir=cache_dir, options=CodegenOptions(vector_isa="avx2",
+                                                                        gemm_register_activations=mode),
+                  threads=1).run(feeds) for mode in ("all", "cheap")]
+    assert all(_same_bits(runs[0][k], runs[1][k]) for k in runs[0])
+    assert_close(runs[1], reference.run(g, feeds))
+
+
+def test_register_activations_mode_is_checked():
+    from opfuse.errors import OpfuseError
+    with pytest.raises(OpfuseError, match="gemm_register_activations 'some'"):
+        CodegenOptions(gemm_register_activations="some")
+
+
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "product"])
 @pytest.mark.parametrize("geo", ["packed_1x1", "windows", "winograd"])
 def test_silu_forms_in_registers_and_epilogues(direct, geo, cache_dir):
@@ -194,7 +234,7 @@ def test_silu_forms_in_registers_and_epilogues(direct, geo, cache_dir):
     b = GraphBuilder(f"conv_silu_{geo}_{direct}")
     g = b.build(b.op("Silu", _conv(b, b.input("x", spec["x"]), spec, np.random.default_rng(5))))
     plan = _one_kernel(g)
-    base = dict(spec["options"], silu_direct=direct)
+    base = dict(spec["options"], silu_direct=direct, gemm_register_activations="all")
     for isa, lanes in (("avx512", 16), ("avx2", 8)):
         src = generate(g, plan, options=CodegenOptions(vector_isa=isa, **base)).source
         assert (f"opfuse_v{lanes}_siluf(" in src) == direct and (f"opfuse_v{lanes}_sigmoidf(" in src) != direct

@@ -597,6 +597,8 @@ def register_epilogue(kc, ev, stage: Stage, p: GemmProblem, MR: int,
     if ops:
         in_registers = _activations_in_registers(o)
         code = "r" if ops[0].op_type == "Relu" else _activation_code(ops[0], o) if in_registers else None
+        if code is not None and code in EXP_ACTIVATIONS and not _exp_activations_in_registers(o):
+            code = None
     if code is None:
         return None
     final = ops[0].outputs[0] if ops else stage.epilogue[0].outputs[0] if col_bias is not None else p.out
@@ -634,6 +636,18 @@ def _activations_in_registers(o) -> bool:
     """Whether the storing micro-kernel may apply an activation of ``microkernel.ACTIVATIONS``: on the builds
     with the vector epilogues (x86, ``vector_epilogue``), whose bits it keeps."""
     return o.vector_epilogue and bool(simdchain.isas_for(o))
+
+
+# The activations of ``microkernel.ACTIVATIONS`` built on an exp (Sigmoid, SiLU in either form, Tanh, tanh Gelu):
+# the ones ``CodegenOptions.gemm_register_activations`` "cheap" leaves to the C tile and the vector epilogue.
+EXP_ACTIVATIONS = frozenset("suwtg")
+
+
+def _exp_activations_in_registers(o) -> bool:
+    """Whether the storing micro-kernel may apply an exp-based activation (``gemm_register_activations``): "auto"
+    where the vector ISA has 32 registers (AVX-512), not with AVX2's 16."""
+    mode = o.gemm_register_activations
+    return mode == "all" or (mode == "auto" and o.vector_isa == "avx512")
 
 
 def _activation_code(node, o) -> str | None:

@@ -33,6 +33,7 @@ WINDOWS_MR_MAX_FULL_WIDTH = 14
 WINDOWS_MR_MAX = 8
 WINOGRAD_MODES = ("auto", "off", "on")
 PACK_WINDOWS_MODES = ("auto", "panel", "tile", "off")
+REGISTER_ACTIVATION_MODES = ("auto", "all", "cheap")
 PROFILE_CLOCKS = {"wall": "CLOCK_MONOTONIC", "thread_cpu": "CLOCK_THREAD_CPUTIME_ID"}
 
 
@@ -232,6 +233,14 @@ class CodegenOptions:
     # ``microkernel.EPILOGUES`` "c"). bert_layer's QKV projection and its FFN's MatMul + bias + Gelu were
     # finished through the C tile (128 x 224-256 floats, from L2) after the last micro-kernel call.
     gemm_column_bias_epilogue: bool = True
+    # Which activations the storing micro-kernel may apply after its bias (``microkernel.ACTIVATIONS``): "all", or
+    # "cheap" (Relu and the erf Gelu's table only: the exp-based Sigmoid, SiLU, Tanh and tanh Gelu go through the C
+    # tile and the vector epilogue), or "auto": "all" with AVX-512's 32 registers, "cheap" with AVX2's 16, where the
+    # 12 accumulators leave 4 for an exp's temporaries. Measured on the AVX2 host (Zen 3, 1 thread, kernel timers,
+    # interleaved rounds, against "all"; the same bits): yolo_block's 1x1 Conv + SiLU groups cv1 (32 -> 32 at 80x80)
+    # 0.91x and cv2 (64 -> 32) 0.92x (40 rounds); Conv 1x1 64 -> 32 at 80x80 + SiLU 0.95x, Sigmoid 0.98x, Tanh 0.98x,
+    # tanh Gelu 0.97x, erf Gelu 1.01x (kept in registers; bert_layer's FFN the same either way), 40 rounds.
+    gemm_register_activations: str = "auto"
     # A fused epilogue (a convolution's or a MatMul's elementwise ops through the GEMM's C tile, or along the rows
     # of Winograd's output transform) whose ops all have a vector form (``simdchain.VECTOR_OPS``) and whose loop is
     # unit stride in every output runs ``simd_unroll`` vectors at a time in AVX-512 / AVX2 intrinsics, the scalar
@@ -680,6 +689,9 @@ class CodegenOptions:
             raise OpfuseError(f"simd mode {self.simd!r}: expected one of {', '.join(SIMD_MODES)}")
         if self.winograd not in WINOGRAD_MODES:
             raise OpfuseError(f"winograd mode {self.winograd!r}: expected one of {', '.join(WINOGRAD_MODES)}")
+        if self.gemm_register_activations not in REGISTER_ACTIVATION_MODES:
+            raise OpfuseError(f"gemm_register_activations {self.gemm_register_activations!r}: expected one of "
+                              f"{', '.join(REGISTER_ACTIVATION_MODES)}")
         if self.gemm_pack_windows not in PACK_WINDOWS_MODES:
             raise OpfuseError(f"gemm_pack_windows {self.gemm_pack_windows!r}: expected one of "
                               f"{', '.join(PACK_WINDOWS_MODES)}")
