@@ -220,7 +220,7 @@ def test_register_activations_mode(act, attrs, what, cache_dir):
 
 def test_register_activations_mode_is_checked():
     from opfuse.errors import OpfuseError
-    with pytest.raises(OpfuseError, match="gemm_register_activations 'some'"):
+    with pytest.raises(OpfuseError, match="gemm_register_activations 'some': expected one of auto, all, cheap$"):
         CodegenOptions(gemm_register_activations="some")
 
 

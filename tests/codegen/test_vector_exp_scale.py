@@ -114,6 +114,9 @@ def test_avx2_text_scales_in_one_field_and_avx512_keeps_vscalef():
     assert "opfuse_v8_expf_silu(" in vecmath.VECTOR_HELPERS[vecmath.SILU][1](ISA)
     wide = vecmath.VECTOR_HELPERS[vecmath.EXP_NONPOS][1](vecmath.AVX512_FLOAT)
     assert "_mm512_maskz_scalef_ps" in wide and "max_ps" not in wide
+    # vscalefps takes n as a float: no integer k; and exp_nonpos (x <= 0) never overflows: no select to inf
+    assert "epi32" not in wide and "HUGE_VALF" not in wide and "HUGE_VALF" not in nonpos
+    assert "HUGE_VALF" in vecmath.VECTOR_HELPERS[vecmath.EXP][1](vecmath.AVX512_FLOAT)
 
 
 def test_exp_table_keeps_its_halves_scale_for_silu():
