@@ -43,7 +43,7 @@ def helpers(tmp_path_factory):
                     f"void one_{h}(const float* x, float* y, long n) {{\n"
                     f"  for (long i = 0; i < n; ++i) y[i] = {h}(x[i]);\n}}\n"
                     for h in HELPERS)
-    src = "".join(["#include <math.h>\n#include <stdint.h>\n", vecmath.all_helpers_text("auto"),
+    src = "".join(["#include <math.h>\n#include <stdint.h>\n", vecmath.all_helpers_text(),  # its default: "auto"
                    f"#if {ISA.guard}\n#include <immintrin.h>\nint has_avx2(void) {{ return 1; }}\n",
                    *texts.values(), calls, "#else\nint has_avx2(void) { return 0; }\n#endif\n"])
     d = tmp_path_factory.mktemp("vecexp")
