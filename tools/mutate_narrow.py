@@ -22,6 +22,13 @@ run. ``--recheck`` reruns every survivor of the short run against the whole sele
 reads a cached result of the function is not recorded as reaching it).
 ``--jobs N`` runs N mutants at once.
 
+A mutant of code that runs while its module is imported (a module constant built by a function: vecmath.py's
+helper texts) cannot die in a fork: the tests were collected, so the module imported unmutated, before the fork.
+Without ``--fresh`` such a mutant shows as ``survived`` (``not reached`` with ``--per-test``) without having run.
+``--fresh`` runs every mutant in a new interpreter instead (``python -m pytest`` with ``MUTANT_UNDER_TEST`` set, the
+mutated tree first on ``PYTHONPATH``: its imports and collection per mutant, slower); with ``--per-test`` only the
+mutants no test reaches run that way, against the whole selection.
+
 Prints ``name status`` per mutant (killed / survived / timeout / not reached) and a count; ``--json FILE``
 saves them.
 """
@@ -80,7 +87,20 @@ def _pytest_child(tests: list[str], extra: list[str]) -> int:
     return int(pytest.main(["--rootdir=.", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", *extra, *tests]))
 
 
-def start_one(name: str, tests: list[str]) -> int:
+def start_fresh(name: str, tests: list[str]) -> int:
+    """A new interpreter running ``tests`` with mutant ``name``: its modules imported mutated (see ``--fresh``)."""
+    env = {**os.environ, "MUTANT_UNDER_TEST": name,
+           "PYTHONPATH": os.pathsep.join([str(Path("src").resolve()), os.environ.get("PYTHONPATH", "")]).rstrip(
+               os.pathsep)}
+    argv = [sys.executable, "-m", "pytest", "--rootdir=.", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-x",
+            *tests]
+    quiet = [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_WRONLY, 0) for fd in (1, 2)]
+    return os.posix_spawn(sys.executable, argv, env, file_actions=quiet)
+
+
+def start_one(name: str, tests: list[str], fresh: bool = False) -> int:
+    if fresh:
+        return start_fresh(name, tests)
     pid = os.fork()
     if pid == 0:  # child: the mutant is chosen per call by the trampolines
         os.environ["MUTANT_UNDER_TEST"] = name
@@ -97,15 +117,18 @@ def status_of(exit_status: int) -> str:
     return "survived" if code == 0 else ("killed" if code in (1, 2, 3) or code < 0 else f"error {code}")
 
 
-def run_many(jobs: list[tuple[str, list[str]]], timeout: float, width: int) -> dict[str, str]:
-    """Run each (mutant, tests) in its own fork, ``width`` at a time; name -> status."""
+def run_many(jobs: list[tuple[str, list[str]]], timeout: float, width: int,
+             fresh: bool | frozenset[str] = False) -> dict[str, str]:
+    """Run each (mutant, tests) in its own fork, or a new interpreter where ``fresh`` (all, or those names),
+    ``width`` at a time; name -> status."""
     results: dict[str, str] = {}
     todo = list(jobs)
     running: dict[int, tuple[str, float]] = {}
     while todo or running:
         while todo and len(running) < width:
             name, tests = todo.pop(0)
-            running[start_one(name, tests)] = (name, time.monotonic())
+            new = fresh if isinstance(fresh, bool) else name in fresh
+            running[start_one(name, tests, new)] = (name, time.monotonic())
         time.sleep(0.05)
         for pid, (name, start) in list(running.items()):
             done, status = os.waitpid(pid, os.WNOHANG)
@@ -173,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant")
     ap.add_argument("--json", type=Path, help="write {name: status} here")
     ap.add_argument("--per-test", action="store_true", help="run each mutant against the tests that reach it")
+    ap.add_argument("--fresh", action="store_true",
+                    help="a new interpreter per mutant: import-time code mutated too (with --per-test: the unreached)")
     ap.add_argument("--recheck", action="store_true", help="with --per-test: rerun survivors on every test")
     ap.add_argument("--jobs", type=int, default=1, help="mutants run at once")
     ap.add_argument("--generate", action="store_true", help="the arguments are source files: generate mutants/")
@@ -209,21 +234,24 @@ def main(argv: list[str] | None = None) -> int:
         if code != 0:
             print(f"mutate_narrow: the recording run failed (pytest exit {code})")
             return 2
-        jobs = []
+        jobs, unreached = [], []
         for name in names:
             tests = reach.get(function_of(name))
-            if not tests:
+            if not tests and args.fresh:
+                unreached.append(name)
+                jobs.append((name, args.tests))
+            elif not tests:
                 results[name] = "not reached"
                 print(name, "not reached", flush=True)
             else:
                 jobs.append((name, args.tests if _OUTSIDE in tests else tests))
-        results.update(run_many(jobs, args.timeout, args.jobs))
+        results.update(run_many(jobs, args.timeout, args.jobs, frozenset(unreached)))
         again = [(n, args.tests) for n, t in jobs if results[n] == "survived" and t != args.tests and args.recheck]
         if again:
             print(f"mutate_narrow: {len(again)} survivors rerun against the whole selection", flush=True)
             results.update(run_many(again, args.timeout, args.jobs))
     else:
-        results = run_many([(n, args.tests) for n in names], args.timeout, args.jobs)
+        results = run_many([(n, args.tests) for n in names], args.timeout, args.jobs, args.fresh)
     counts = {s: sum(1 for v in results.values() if v == s) for s in sorted(set(results.values()))}
     print("mutate_narrow:", len(results), "mutants", counts)
     if out is not None:

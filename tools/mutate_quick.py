@@ -15,8 +15,9 @@ listed at the start. Tests marked ``--exclude-mark`` (``slow`` by default), ``sk
 are not run; ``pytest.skip()`` inside a test is a pass, as in pytest. ``--deselect TEXT`` skips the tests whose id
 holds TEXT, ``--select TEXT`` keeps only those. A mutant is ``killed`` when a test raises (an assertion or any
 error), ``timeout`` past ``--cpu-limit`` CPU seconds (or ``--timeout`` wall seconds), ``not reached`` when no test
-calls its function, else ``survived``; a survivor here should still be run with ``tools/mutate_narrow.py`` against a
-wider selection before it is called equivalent.
+calls its function (or only while its module is imported, before the forks: run those with
+``tools/mutate_narrow.py --fresh``), else ``survived``; a survivor here should still be run with
+``tools/mutate_narrow.py`` against a wider selection before it is called equivalent.
 
 Generated C is compiled through opfuse's own build cache, which is content-addressed (the key hashes the C text,
 the compiler's identity and the flags: ``runtime/toolchain.build_key``). Every process of a run, and every run,
