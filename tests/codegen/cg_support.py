@@ -6,6 +6,8 @@ elementwise consumers: Conv -> BN -> Relu, MatMul -> Add -> GELU chain, Conv -> 
 """
 from __future__ import annotations
 
+import numpy as np
+
 from opfuse.codegen.options import WINDOWS_MR_MAX_FULL_WIDTH
 from opfuse.ir.graph import Graph, Node
 from opfuse.ir.plan import FusionGroup, FusionPlan
@@ -162,3 +164,16 @@ def assert_relu_keeps_nan_and_negative_zero(graph: Graph, plan, x, cache_dir, op
     for o in outs[1:]:
         v = list(o.values())[0]
         assert np.array_equal(np.signbit(v), np.signbit(first)) and np.array_equal(v, first, equal_nan=True)
+
+
+def bit_sweep(stride: int) -> np.ndarray:
+    """Float32 bit patterns 0, stride, 2 stride, ... below 2^31, and each with the sign bit set."""
+    bits = np.arange(0, 1 << 31, stride, dtype=np.uint32)
+    return np.concatenate([bits, bits | np.uint32(1 << 31)]).view(np.float32)
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """The same float32 bits element by element, any NaN equal to any NaN."""
+    nan = np.isnan(a)
+    return bool(np.array_equal(nan, np.isnan(b)) and np.array_equal(a[~nan].view(np.uint32), b[~nan].view(np.uint32)))
+

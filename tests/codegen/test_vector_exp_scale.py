@@ -12,6 +12,7 @@ import subprocess
 import numpy as np
 import pytest
 
+from cg_support import bit_sweep, same_bits
 from opfuse.codegen import vecmath
 from opfuse.codegen.options import CodegenOptions
 from opfuse.runtime.toolchain import Toolchain, ToolchainError
@@ -73,15 +74,6 @@ def _floats(lo: float, hi: float) -> np.ndarray:
     return np.arange(min(a, b), max(a, b) + 1, dtype=np.uint32).view(np.float32)
 
 
-def _sweep() -> np.ndarray:
-    bits = np.arange(0, 1 << 31, SWEEP_STRIDE, dtype=np.uint32)
-    return np.concatenate([bits, bits | np.uint32(1 << 31)]).view(np.float32)
-
-
-def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    nan = np.isnan(a)
-    return bool(np.array_equal(nan, np.isnan(b)) and np.array_equal(a[~nan].view(np.uint32), b[~nan].view(np.uint32)))
-
 
 SPECIAL = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, -103.97, -103.98, -104.0, -104.5, -87.33, -87.34,
                     -86.5, -86.49, -86.51, 88.37, 88.38, 88.72, 88.73, 89.0, 89.5, -89.0, -1e-45, 1e-45], np.float32)
@@ -93,13 +85,13 @@ def test_vector_form_is_the_scalar_helpers_bits(helpers, helper):
     subnormal, then 0 below -104), the functions of x over every float in [-110, -80] and [80, 110] (silu's
     exp(-x) up to 2^128 and its overflow to inf: x / inf = -0), plus the special values and a bit-pattern sweep."""
     vec, one = helpers[helper]
-    parts = [_floats(-110.0, -80.0), SPECIAL, _sweep()]
+    parts = [_floats(-110.0, -80.0), SPECIAL, bit_sweep(SWEEP_STRIDE)]
     if helper != vecmath.EXP_NONPOS:  # exp_nonpos takes x <= 0 or NaN only
         parts.append(_floats(80.0, 110.0))
     x = np.concatenate(parts)
     if helper == vecmath.EXP_NONPOS:
         x = x[~(x > 0)]
-    assert _same_bits(vec(x), one(x))
+    assert same_bits(vec(x), one(x))
 
 
 def test_avx2_text_scales_in_one_field_and_avx512_keeps_vscalef():

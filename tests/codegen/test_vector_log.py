@@ -10,6 +10,7 @@ import subprocess
 import numpy as np
 import pytest
 
+from cg_support import bit_sweep, same_bits
 from opfuse.codegen import vecmath
 from opfuse.runtime.toolchain import Toolchain, ToolchainError
 from test_vecmath import HELPERS, ulp_error
@@ -69,15 +70,6 @@ def vector_c(tmp_path_factory):
     return out
 
 
-def _sweep() -> np.ndarray:
-    bits = np.arange(0, 1 << 31, SWEEP_STRIDE, dtype=np.uint32)
-    return np.concatenate([bits, bits | np.uint32(1 << 31)]).view(np.float32)
-
-
-def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    nan = np.isnan(a)
-    return bool(np.array_equal(nan, np.isnan(b)) and np.array_equal(a[~nan].view(np.uint32), b[~nan].view(np.uint32)))
-
 
 @pytest.mark.parametrize("isa", list(ISAS))
 @pytest.mark.parametrize("helper", NAMES)
@@ -86,9 +78,9 @@ def test_vector_form_is_the_scalar_bits_and_within_bound(vector_c, isa, helper):
         pytest.skip(f"no {isa} on this CPU")
     vec, one = vector_c[isa][helper]
     ref, bound = HELPERS[helper]
-    x = np.concatenate([_sweep(), SPECIAL])
+    x = np.concatenate([bit_sweep(SWEEP_STRIDE), SPECIAL])
     got = vec(x)
-    assert _same_bits(got, one(x))
+    assert same_bits(got, one(x))
     with np.errstate(all="ignore"):
         err = ulp_error(got, ref(x.astype(np.float64)))
     worst = int(np.argmax(err))
