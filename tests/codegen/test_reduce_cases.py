@@ -29,3 +29,26 @@ def test_integer_means_sums_and_negative_maxima(cache_dir):
     assert want["square_of_a_scalar"] == np.float32(2.25)
     assert (want["max_first"] < 0).all()  # every window negative: 0 is no maximum
     assert np.array_equal(want["mean_last"][..., 0], np.trunc(feeds["i"].mean(axis=2)).astype(np.int64))
+
+
+def test_norms_and_logs_of_doubles_and_integers(cache_dir):
+    """ReduceL2, ReduceLogSum and ReduceLogSumExp over float64 (the double functions, not the float helpers) and
+    ReduceL2 over int32 and int64 (sqrt in double, then truncated to the integer type), against the reference: within
+    1e-12 for the doubles (a float helper would be ~1e-7 off), exactly for the integers."""
+    b = GraphBuilder("reduce_wide")
+    d = b.input("d", (3, 7), np.float64)
+    i32, i64 = b.input("i32", (3, 7), np.int32), b.input("i64", (3, 7), np.int64)
+    outs = [b.op("ReduceL2", d, axes=[1], name="l2_d"), b.op("ReduceLogSum", d, axes=[1], name="logsum_d"),
+            b.op("ReduceLogSumExp", d, axes=[1], name="lse_d"),
+            b.op("ReduceL2", i32, axes=[1], name="l2_i32"), b.op("ReduceL2", i64, axes=[1], name="l2_i64")]
+    g = b.build(*outs)
+    rng = np.random.default_rng(5)
+    feeds = {"d": rng.uniform(0.1, 3.0, (3, 7)), "i32": rng.integers(-40, 40, (3, 7)).astype(np.int32),
+             "i64": rng.integers(-100_000_000, 100_000_000, (3, 7)).astype(np.int64)}
+    got, want = build(g, None, cache_dir=cache_dir).run(feeds), reference.run(g, feeds)
+    for name in ("l2_d", "logsum_d", "lse_d"):
+        assert got[name].dtype == np.float64 and np.allclose(got[name], want[name], rtol=1e-12, atol=0), name
+    for name in ("l2_i32", "l2_i64"):
+        assert got[name].dtype == want[name].dtype and np.array_equal(got[name], want[name]), name
+    # sqrt of the sum of squares (~2e8), truncated: not through a float (whose 24 bits lose the units)
+    assert np.array_equal(want["l2_i64"][:, 0], np.trunc(np.sqrt((feeds["i64"].astype(np.float64) ** 2).sum(1))))
