@@ -127,8 +127,8 @@ def run_many(jobs: list[tuple[str, list[str]]], timeout: float, width: int,
     while todo or running:
         while todo and len(running) < width:
             name, tests = todo.pop(0)
-            new = fresh if isinstance(fresh, bool) else name in fresh
-            running[start_one(name, tests, new)] = (name, time.monotonic())
+            own_interpreter = fresh if isinstance(fresh, bool) else name in fresh
+            running[start_one(name, tests, own_interpreter)] = (name, time.monotonic())
         time.sleep(0.05)
         for pid, (name, start) in list(running.items()):
             done, status = os.waitpid(pid, os.WNOHANG)

@@ -140,7 +140,8 @@ def test_horizontal_matmuls_share_one_gemm(cache_dir):
     model = check(b.build(*outs), [("horizontal", ["mm0", "add0", "mm1", "add1", "mm2", "add2"])], cache_dir,
                   functions=1)
     # one GEMM over the three weights: each micro-kernel defined once and called once, on the shared packed B (12
-    # rows: one 12-row panel's worth on AVX2's 6 x 16, a panel of 8 and a tail panel of 4 on AVX-512's 8 x 32)
+    # rows: two panels of 6 through one micro-kernel on AVX2's 6 x 16; a panel of 8 and a tail panel of 4, two
+    # micro-kernels, on AVX-512's 8 x 32)
     src = model.program.source
     defined = re.findall(r"static void (opfuse_ukr_\w+)\(", src)
     calls = [ln for ln in src.splitlines() if "opfuse_ukr_" in ln and "static void" not in ln]
