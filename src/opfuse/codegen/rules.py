@@ -461,17 +461,16 @@ def _requantize(ev, node, k, idx):
 
 
 # Binary / n-ary ----------------------------------------------------------------------------
-def _binary(name: str, fmt: Callable[[str, str, np.dtype], str]):
+def _binary(name: str, fmt: Callable[[str, str], str]):
+    """``name``'s rule: ``fmt`` of its two operands' C expressions (the same text for every dtype)."""
     def rule(ev, node, k, idx):
-        a = ev.operand(node, 0, idx)
-        b = ev.operand(node, 1, idx)
-        return fmt(a, b, node.input(0).dtype)
+        return fmt(ev.operand(node, 0, idx), ev.operand(node, 1, idx))
     RULES[name] = rule
 
 
-_binary("Add", lambda a, b, dt: f"{a} + {b}")
-_binary("Sub", lambda a, b, dt: f"{a} - {b}")
-_binary("Mul", lambda a, b, dt: f"{a} * {b}")
+_binary("Add", lambda a, b: f"{a} + {b}")
+_binary("Sub", lambda a, b: f"{a} - {b}")
+_binary("Mul", lambda a, b: f"{a} * {b}")
 
 
 @_register("Div")
@@ -481,7 +480,7 @@ def _div(ev, node, k, idx):
     return f"{a} / {b}" if is_float(node.input(0).dtype) else checks.div(ev, node, a, b)
 
 
-_binary("Equal", lambda a, b, dt: f"({a} == {b})")
+_binary("Equal", lambda a, b: f"({a} == {b})")
 
 
 @_register("Pow")
@@ -843,14 +842,14 @@ _unary("Not", lambda ev, x, dt, a: f"({x} ^ 1)")
 RULES["IsNaN"] = lambda ev, node, k, idx: f"({ev.operand(node, 0, idx)} != {ev.operand(node, 0, idx)})"
 RULES["IsInf"] = _isinf
 
-_binary("Greater", lambda a, b, dt: f"({a} > {b})")
-_binary("Less", lambda a, b, dt: f"({a} < {b})")
-_binary("GreaterOrEqual", lambda a, b, dt: f"({a} >= {b})")
-_binary("LessOrEqual", lambda a, b, dt: f"({a} <= {b})")
-_binary("And", lambda a, b, dt: f"({a} & {b})")
-_binary("Or", lambda a, b, dt: f"({a} | {b})")
-_binary("Xor", lambda a, b, dt: f"({a} ^ {b})")
-_binary("PRelu", lambda a, b, dt: f"({a} < 0 ? {a} * {b} : {a})")
+_binary("Greater", lambda a, b: f"({a} > {b})")
+_binary("Less", lambda a, b: f"({a} < {b})")
+_binary("GreaterOrEqual", lambda a, b: f"({a} >= {b})")
+_binary("LessOrEqual", lambda a, b: f"({a} <= {b})")
+_binary("And", lambda a, b: f"({a} & {b})")
+_binary("Or", lambda a, b: f"({a} | {b})")
+_binary("Xor", lambda a, b: f"({a} ^ {b})")
+_binary("PRelu", lambda a, b: f"({a} < 0 ? {a} * {b} : {a})")
 
 
 @_register("Mod")
@@ -1006,9 +1005,9 @@ def _mean(ev, node, k, idx):
 
 
 # Bit operations, BitCast, ReverseSequence -----------------------------------------------------
-_binary("BitwiseAnd", lambda a, b, dt: f"({a} & {b})")
-_binary("BitwiseOr", lambda a, b, dt: f"({a} | {b})")
-_binary("BitwiseXor", lambda a, b, dt: f"({a} ^ {b})")
+_binary("BitwiseAnd", lambda a, b: f"({a} & {b})")
+_binary("BitwiseOr", lambda a, b: f"({a} | {b})")
+_binary("BitwiseXor", lambda a, b: f"({a} ^ {b})")
 _unary("BitwiseNot", lambda ev, x, dt, a: f"({c_type(dt)})(~{x})")
 
 
