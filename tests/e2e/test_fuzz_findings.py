@@ -281,3 +281,23 @@ def test_sibling_pools_fused_horizontally_propagate_nan(dt):
     plan = opfuse.compile(g, planner="rules").plan
     assert [grp.kind for grp in plan.groups] == ["horizontal"]
     _agrees(g, {"x": xv}, planner="rules")
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_winograd_keeps_an_infinite_input_infinite(threads):
+    """Seed 41204, graph 1887, shrunk: a 3x3 Conv (8 -> 8 channels, 5x2, padding 1) that the ``thresholds`` profile
+    runs as Winograd, on inputs holding +-inf and NaN: the transforms' differences (inf - inf) made NaN of every
+    output of an infinite input's tile, where the direct sum gives +-inf (53 of 160 outputs differed)."""
+    from opfuse.runtime.native import build
+    from opfuse.testing.fuzz_check import codegen_options
+    b = GraphBuilder("wino_inf")
+    w = np.random.default_rng(1).uniform(-1, 1, (8, 8, 3, 3)).astype(np.float32)
+    g = b.build(b.op("Conv", b.input("x", (2, 8, 5, 2)), b.const("w", w), kernel_shape=[3, 3], pads=[1, 1, 1, 1]))
+    x = np.random.default_rng(2).uniform(-2, 2, (2, 8, 5, 2)).astype(np.float32)
+    x[0, 0, 0, 0], x[0, 3, 4, 1], x[1, 5, 2, 0], x[1, 6, 1, 1] = np.inf, -np.inf, np.inf, np.nan
+    options = codegen_options("thresholds")
+    model = build(g, None, options=options, threads=threads)
+    assert any("Winograd F(" in n for k in model.program.kernels for n in k.notes)
+    want = reference.run(g, {"x": x})
+    assert np.isinf(next(iter(want.values()))).any()
+    assert compare(model.run({"x": x}), want) is None

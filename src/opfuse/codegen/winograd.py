@@ -484,6 +484,11 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
         kc.note(lambda nm: f"Winograd GEMMs '{nm}': the last {tails[0]} of {OC} channels in a {tails[0]}x{NR} panel",
                 node)
     u = filter_transform(kc.program.memory.static[id(wt)], t).astype(np.float32)
+    # The 3x3 weights as they are, for the outputs recomputed directly (``_nonfinite_outputs_direct``).
+    g_array = np.asarray(kc.program.memory.static[id(wt)], np.float32).reshape(-1)
+    g = kc.const_array(("winograd_g", node.name), g_array, node.name + "_g", np.float32)
+    kc.note(lambda nm: f"Winograd '{nm}': infinite or NaN outputs of the transforms recomputed directly "
+                       f"(the 3x3 weights kept beside U: {g_array.nbytes >> 10} KiB)", node)
     upack = kc.const_array(("winograd_u", node.name, m, MR, tails), pack_a_panels(u, MR, tails), node.name + "_U",
                            np.float32)
     mp = OCp // MR
@@ -648,6 +653,7 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
                         for a in range(m):
                             w.line(" ".join(f"{dst}[{a * YB + jj}] = {E}[{(a * m + jj) * L} + {lane}];"
                                             for jj in range(m)))
+                _nonfinite_outputs_direct(kc, ev, node, (b, oc), (ty0, ty1, t0, nt), ys, (m, YB, TW), g)
                 if flat_epilogue:  # one block of whole rows, stored without padding: the plane is one row
                     _flat_plane_epilogue(kc, ev, stage, node, bias_term, out, (b, oc), ys, OH * OW)
                 else:
@@ -737,6 +743,63 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
         emit_block(False)
     if shared:
         del kc.notes[noted[0]:], kc._comment_notes[noted[1]:]
+
+
+def _nonfinite_outputs_direct(kc, ev, node, at: tuple[str, str], block: tuple[str, str, str, str], ys: str,
+                              strip: tuple[int, int, int], g: str) -> None:
+    """Recompute directly each output of channel ``at[1]`` in the block's strip ``ys`` that the transforms left
+    infinite or NaN. An infinite or NaN input (or a transformed value past the float range) reaches every output of
+    its tile through the transforms' differences (inf - inf), where the direct sum gives +-inf, NaN or a finite value
+    as the reference does (IEEE, as onnxruntime); every finite output is the Winograd algebra's, exact but for
+    rounding: an input that an output does not read enters it only through terms that cancel, and a cancelled
+    infinity is NaN, not finite. One vectorisable pass over the strip finds them (none, unless such inputs); the
+    direct sums run for those only, in the order (ci, kh, kw), before the bias and the epilogue."""
+    w = kc.w
+    b, oc = at
+    ty0, ty1, t0, nt = block
+    m, YB, TW = strip
+    x = node.input(0)
+    _, C, H, W = x.shape
+    OH, OW = node.outputs[0].shape[2:]
+    KH, KW = node.input(1).shape[2:]
+    from opfuse.ops.nn import conv_geometry as _geometry
+    PT, PL = _geometry(node)[0].pads_begin
+    bad, ty, txlo, txhi, a, oy, ox, oxe, v = (kc.tmp(n) for n in ("bad", "ty", "txlo", "txhi", "a", "oy", "ox", "oxe",
+                                                                  "v"))
+
+    def strip_loops(body) -> None:
+        with w.block(f"for (long {ty} = {ty0}; {ty} <= {ty1}; ++{ty})"):
+            w.line(f"const long {txlo} = {t0} > {ty} * {TW} ? {t0} - {ty} * {TW} : 0;")
+            w.line(f"const long {txhi} = {t0} + {nt} - {ty} * {TW} < {TW} ? {t0} + {nt} - {ty} * {TW} : {TW};")
+            w.line(f"const long {oxe} = {txhi} * {m} < {OW} ? {txhi} * {m} : {OW};")
+            with w.block(f"for (long {a} = 0; {a} < {m}; ++{a})"):
+                w.line(f"const long {oy} = {ty} * {m} + {a};")
+                w.line(f"if ({oy} >= {OH}) break;")
+                w.line(f"float* restrict {v} = {ys} + (({ty} - {ty0}) * {m} + {a}) * {YB};")
+                with w.block(f"for (long {ox} = {txlo} * {m}; {ox} < {oxe}; ++{ox})"):
+                    body()
+    # The block's tile rows whole (a flat, vectorisable pass): the strip past the block's tiles holds values of
+    # earlier blocks, whose non-finite ones cost a second pass (the exact one below), not a wrong result.
+    i = kc.tmp("i")
+    w.line(f"int {bad} = 0;")
+    w.line(f"for (long {i} = 0; {i} < ({ty1} - {ty0} + 1) * {m * YB}; ++{i}) "
+           f"{bad} |= !({ys}[{i}] - {ys}[{i}] == 0.0f);")
+    with w.block(f"if ({bad})"):
+        def direct() -> None:
+            s, ci, kh, kw, ih, iw = (kc.tmp(n) for n in ("s", "ci", "kh", "kw", "ih", "iw"))
+            with w.block(f"if (!({v}[{ox}] - {v}[{ox}] == 0.0f))"):
+                w.line(f"float {s} = 0.0f;")
+                with w.block(f"for (long {ci} = 0; {ci} < {C}; ++{ci})"), \
+                        w.block(f"for (long {kh} = 0; {kh} < {KH}; ++{kh})"):
+                    w.line(f"const long {ih} = {oy} - {PT} + {kh};")
+                    w.line(f"if ((unsigned long){ih} >= {H}ul) continue;")
+                    with w.block(f"for (long {kw} = 0; {kw} < {KW}; ++{kw})"), ev.scope():
+                        w.line(f"const long {iw} = {ox} - {PL} + {kw};")
+                        w.line(f"if ((unsigned long){iw} >= {W}ul) continue;")
+                        xv = ev.at(x, Index(x.shape, (b, ci, ih, iw)))
+                        w.line(f"{s} += {xv} * {g}[(({oc} * {C} + {ci}) * {KH} + {kh}) * {KW} + {kw}];")
+                w.line(f"{v}[{ox}] = {s};")
+        strip_loops(direct)
 
 
 def _plane_operands(ev, stage: Stage, out: Value) -> bool:
