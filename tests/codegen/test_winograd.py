@@ -450,17 +450,19 @@ def test_infinite_nan_and_huge_inputs_give_the_references_outputs(t, threads, ca
     both signs or a NaN meet, and finite values for the outputs whose window misses it (found by ``opfuse fuzz``,
     seed 41204). Such outputs are recomputed directly: every output is NaN, +-inf or finite exactly where the
     reference's is, the finite ones within the tolerance, with the epilogue (bias, residual Add, Relu) applied
-    after. Inputs: +inf, -inf, NaN and 3e38 (its transformed values overflow) in separate tiles."""
+    after. Inputs: +inf, -inf, NaN and 3e38 (its transformed values overflow) in separate tiles; on 2 threads one
+    image, one block whose output channels the threads share (``winograd_shared_transform``)."""
     from opfuse.runtime import reference
     from opfuse.runtime.native import build
-    g, plan = conv_block(2, 8, 8, 12, 10, [1, 1, 1, 1])
-    o = CodegenOptions(winograd="on", winograd_f4=t == "F4", winograd_f4_min_spatial=4)
+    n = 1 if threads == 2 else 2
+    g, plan = conv_block(n, 8, 8, 12, 10, [1, 1, 1, 1])
+    o = CodegenOptions(winograd="on", winograd_f4=t == "F4", winograd_f4_min_spatial=4, parallel_min_work=0)
     assert f"Winograd {'F(4x4,3x3)' if t == 'F4' else 'F(2x2,3x3)'}" in "".join(_notes(build(
         g, plan, cache_dir=cache_dir, options=o, threads=threads)))
     feeds = reference.random_inputs(g, 1)
     x = feeds["x"]
-    x[0, 3, 2, 2], x[0, 5, 9, 8], x[1, 0, 6, 1], x[1, 7, 0, 9] = np.inf, -np.inf, np.nan, 3e38
-    x[1, 2, 6, 2] = np.inf  # beside the NaN: that window holds both
+    x[0, 3, 2, 2], x[0, 5, 9, 8], x[n - 1, 0, 6, 1], x[n - 1, 7, 0, 9] = np.inf, -np.inf, np.nan, 3e38
+    x[n - 1, 2, 6, 2] = np.inf  # beside the NaN: that window holds both
     got = build(g, plan, cache_dir=cache_dir, options=o, threads=threads).run(feeds)["relu"]
     want = reference.run(g, feeds)["relu"]
     assert np.isnan(want).any() and np.isinf(want).any()
