@@ -50,7 +50,7 @@ GFLOP/s) and mark the Winograd groups.
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Callable
@@ -657,24 +657,12 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
                 if flat_epilogue:  # one block of whole rows, stored without padding: the plane is one row
                     _flat_plane_epilogue(kc, ev, stage, node, bias_term, out, (b, oc), ys, OH * OW)
                 else:
-                    ty, txlo, txhi, a, oy, ox, oxe = (kc.tmp(n) for n in ("ty", "txlo", "txhi", "a", "oy", "ox", "oxe"))
-                    with w.block(f"for (long {ty} = {ty0}; {ty} <= {ty1}; ++{ty})"):
-                        w.line(f"const long {txlo} = {t0} > {ty} * {TW} ? {t0} - {ty} * {TW} : 0;")
-                        w.line(f"const long {txhi} = {t0} + {nt} - {ty} * {TW} < {TW} ? "
-                               f"{t0} + {nt} - {ty} * {TW} : {TW};")
-                        w.line(f"const long {oxe} = {txhi} * {m} < {OW} ? {txhi} * {m} : {OW};")
-                        row = f"{ys} + (({ty} - {ty0}) * {m} + {a}) * {YB}"
-
-                        def element(x: str) -> None:
+                    with _strip_rows(kc, (ty0, ty1, t0, nt), (m, YB, TW), (OH, OW), ys) as (row, oy, first, oxe):
+                        def element(x: str, row: str = row, oy: str = oy) -> None:
                             y = kc.tmp("y")
-                            acc = f"{ys}[(({ty} - {ty0}) * {m} + {a}) * {YB} + {x}]"
-                            w.line(f"const float {y} = {bias_term(ev, node, acc, oc)};")
+                            w.line(f"const float {y} = {bias_term(ev, node, f'{row}[{x}]', oc)};")
                             finish_element(kc, ev, stage, out, Index(out.shape, (b, oc, oy, x)), y)
-                        with w.block(f"for (long {a} = 0; {a} < {m}; ++{a})"):
-                            w.line(f"const long {oy} = {ty} * {m} + {a};")
-                            w.line(f"if ({oy} >= {OH}) break;")
-                            _epilogue_row(kc, ev, stage, node, (b, oc, oy), (ox, f"{txlo} * {m}", oxe), row,
-                                          element)
+                        _epilogue_row(kc, ev, stage, node, (b, oc, oy), (kc.tmp("ox"), first, oxe), row, element)
 
     w.line(f"/* Winograd {t.name}: {TH}x{TW} tiles per image in blocks of {T}, {A2} GEMMs "
            f"[{OC} x {C}] x [{C} x tiles] per block (codegen/winograd.py). */")
@@ -745,6 +733,27 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
         del kc.notes[noted[0]:], kc._comment_notes[noted[1]:]
 
 
+@contextmanager
+def _strip_rows(kc, block: tuple[str, str, str, str], strip: tuple[int, int, int], out_hw: tuple[int, int], ys: str):
+    """The loops over the output rows a block holds in the strip ``ys`` (tile rows ``ty0..ty1`` of the block's tiles
+    ``t0, t0 + nt``, ``m`` rows each, the output's last rows only): yields (the row's strip pointer, the output row,
+    the row's first and end columns) inside them."""
+    w = kc.w
+    ty0, ty1, t0, nt = block
+    m, YB, TW = strip
+    OH, OW = out_hw
+    ty, txlo, txhi, a, oy, oxe, row = (kc.tmp(n) for n in ("ty", "txlo", "txhi", "a", "oy", "oxe", "row"))
+    with w.block(f"for (long {ty} = {ty0}; {ty} <= {ty1}; ++{ty})"):
+        w.line(f"const long {txlo} = {t0} > {ty} * {TW} ? {t0} - {ty} * {TW} : 0;")
+        w.line(f"const long {txhi} = {t0} + {nt} - {ty} * {TW} < {TW} ? {t0} + {nt} - {ty} * {TW} : {TW};")
+        w.line(f"const long {oxe} = {txhi} * {m} < {OW} ? {txhi} * {m} : {OW};")
+        with w.block(f"for (long {a} = 0; {a} < {m}; ++{a})"):
+            w.line(f"const long {oy} = {ty} * {m} + {a};")
+            w.line(f"if ({oy} >= {OH}) break;")
+            w.line(f"float* restrict {row} = {ys} + (({ty} - {ty0}) * {m} + {a}) * {YB};")
+            yield row, oy, f"{txlo} * {m}", oxe
+
+
 def _nonfinite_outputs_direct(kc, ev, node, at: tuple[str, str], block: tuple[str, str, str, str], ys: str,
                               strip: tuple[int, int, int], g: str) -> None:
     """Recompute directly each output of channel ``at[1]`` in the block's strip ``ys`` that the transforms left
@@ -764,42 +773,28 @@ def _nonfinite_outputs_direct(kc, ev, node, at: tuple[str, str], block: tuple[st
     KH, KW = node.input(1).shape[2:]
     from opfuse.ops.nn import conv_geometry as _geometry
     PT, PL = _geometry(node)[0].pads_begin
-    bad, ty, txlo, txhi, a, oy, ox, oxe, v = (kc.tmp(n) for n in ("bad", "ty", "txlo", "txhi", "a", "oy", "ox", "oxe",
-                                                                  "v"))
-
-    def strip_loops(body) -> None:
-        with w.block(f"for (long {ty} = {ty0}; {ty} <= {ty1}; ++{ty})"):
-            w.line(f"const long {txlo} = {t0} > {ty} * {TW} ? {t0} - {ty} * {TW} : 0;")
-            w.line(f"const long {txhi} = {t0} + {nt} - {ty} * {TW} < {TW} ? {t0} + {nt} - {ty} * {TW} : {TW};")
-            w.line(f"const long {oxe} = {txhi} * {m} < {OW} ? {txhi} * {m} : {OW};")
-            with w.block(f"for (long {a} = 0; {a} < {m}; ++{a})"):
-                w.line(f"const long {oy} = {ty} * {m} + {a};")
-                w.line(f"if ({oy} >= {OH}) break;")
-                w.line(f"float* restrict {v} = {ys} + (({ty} - {ty0}) * {m} + {a}) * {YB};")
-                with w.block(f"for (long {ox} = {txlo} * {m}; {ox} < {oxe}; ++{ox})"):
-                    body()
+    bad, ox = kc.tmp("bad"), kc.tmp("ox")
     # The block's tile rows whole (a flat, vectorisable pass): the strip past the block's tiles holds values of
     # earlier blocks, whose non-finite ones cost a second pass (the exact one below), not a wrong result.
     i = kc.tmp("i")
     w.line(f"int {bad} = 0;")
     w.line(f"for (long {i} = 0; {i} < ({ty1} - {ty0} + 1) * {m * YB}; ++{i}) "
            f"{bad} |= !({ys}[{i}] - {ys}[{i}] == 0.0f);")
-    with w.block(f"if ({bad})"):
-        def direct() -> None:
-            s, ci, kh, kw, ih, iw = (kc.tmp(n) for n in ("s", "ci", "kh", "kw", "ih", "iw"))
-            with w.block(f"if (!({v}[{ox}] - {v}[{ox}] == 0.0f))"):
-                w.line(f"float {s} = 0.0f;")
-                with w.block(f"for (long {ci} = 0; {ci} < {C}; ++{ci})"), \
-                        w.block(f"for (long {kh} = 0; {kh} < {KH}; ++{kh})"):
-                    w.line(f"const long {ih} = {oy} - {PT} + {kh};")
-                    w.line(f"if ((unsigned long){ih} >= {H}ul) continue;")
-                    with w.block(f"for (long {kw} = 0; {kw} < {KW}; ++{kw})"), ev.scope():
-                        w.line(f"const long {iw} = {ox} - {PL} + {kw};")
-                        w.line(f"if ((unsigned long){iw} >= {W}ul) continue;")
-                        xv = ev.at(x, Index(x.shape, (b, ci, ih, iw)))
-                        w.line(f"{s} += {xv} * {g}[(({oc} * {C} + {ci}) * {KH} + {kh}) * {KW} + {kw}];")
-                w.line(f"{v}[{ox}] = {s};")
-        strip_loops(direct)
+    with w.block(f"if ({bad})"), _strip_rows(kc, block, strip, (OH, OW), ys) as (v, oy, first, oxe), \
+            w.block(f"for (long {ox} = {first}; {ox} < {oxe}; ++{ox})"):
+        s, ci, kh, kw, ih, iw = (kc.tmp(n) for n in ("s", "ci", "kh", "kw", "ih", "iw"))
+        with w.block(f"if (!({v}[{ox}] - {v}[{ox}] == 0.0f))"):
+            w.line(f"float {s} = 0.0f;")
+            with w.block(f"for (long {ci} = 0; {ci} < {C}; ++{ci})"), \
+                    w.block(f"for (long {kh} = 0; {kh} < {KH}; ++{kh})"):
+                w.line(f"const long {ih} = {oy} - {PT} + {kh};")
+                w.line(f"if ((unsigned long){ih} >= {H}ul) continue;")
+                with w.block(f"for (long {kw} = 0; {kw} < {KW}; ++{kw})"), ev.scope():
+                    w.line(f"const long {iw} = {ox} - {PL} + {kw};")
+                    w.line(f"if ((unsigned long){iw} >= {W}ul) continue;")
+                    xv = ev.at(x, Index(x.shape, (b, ci, ih, iw)))
+                    w.line(f"{s} += {xv} * {g}[(({oc} * {C} + {ci}) * {KH} + {kh}) * {KW} + {kw}];")
+            w.line(f"{v}[{ox}] = {s};")
 
 
 def _plane_operands(ev, stage: Stage, out: Value) -> bool:
