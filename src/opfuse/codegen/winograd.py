@@ -653,7 +653,7 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
                         for a in range(m):
                             w.line(" ".join(f"{dst}[{a * YB + jj}] = {E}[{(a * m + jj) * L} + {lane}];"
                                             for jj in range(m)))
-                _nonfinite_outputs_direct(kc, ev, node, (b, oc), (ty0, ty1, t0, nt), ys, (m, YB, TW), g)
+                _nonfinite_outputs_direct(kc, ev, node, (b, oc), (ty0, ty1, t0, nt), ys, (m, YB, TW), (g, PT, PL))
                 if flat_epilogue:  # one block of whole rows, stored without padding: the plane is one row
                     _flat_plane_epilogue(kc, ev, stage, node, bias_term, out, (b, oc), ys, OH * OW)
                 else:
@@ -755,24 +755,24 @@ def _strip_rows(kc, block: tuple[str, str, str, str], strip: tuple[int, int, int
 
 
 def _nonfinite_outputs_direct(kc, ev, node, at: tuple[str, str], block: tuple[str, str, str, str], ys: str,
-                              strip: tuple[int, int, int], g: str) -> None:
+                              strip: tuple[int, int, int], direct: tuple[str, int, int]) -> None:
     """Recompute directly each output of channel ``at[1]`` in the block's strip ``ys`` that the transforms left
     infinite or NaN. An infinite or NaN input (or a transformed value past the float range) reaches every output of
     its tile through the transforms' differences (inf - inf), where the direct sum gives +-inf, NaN or a finite value
     as the reference does (IEEE, as onnxruntime); every finite output is the Winograd algebra's, exact but for
     rounding: an input that an output does not read enters it only through terms that cancel, and a cancelled
     infinity is NaN, not finite. One vectorisable pass over the strip finds them (none, unless such inputs); the
-    direct sums run for those only, in the order (ci, kh, kw), before the bias and the epilogue."""
+    direct sums run for those only, in the order (ci, kh, kw), before the bias and the epilogue. ``direct``: the 3x3
+    weights' parameter and the top and left padding."""
     w = kc.w
     b, oc = at
-    ty0, ty1, t0, nt = block
-    m, YB, TW = strip
+    ty0, ty1 = block[:2]
+    m, YB = strip[:2]
+    g, PT, PL = direct
     x = node.input(0)
     _, C, H, W = x.shape
     OH, OW = node.outputs[0].shape[2:]
     KH, KW = node.input(1).shape[2:]
-    from opfuse.ops.nn import conv_geometry as _geometry
-    PT, PL = _geometry(node)[0].pads_begin
     bad, ox = kc.tmp("bad"), kc.tmp("ox")
     # The block's tile rows whole (a flat, vectorisable pass): the strip past the block's tiles holds values of
     # earlier blocks, whose non-finite ones cost a second pass (the exact one below), not a wrong result.
