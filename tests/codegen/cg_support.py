@@ -176,4 +176,3 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     """The same float32 bits element by element, any NaN equal to any NaN."""
     nan = np.isnan(a)
     return bool(np.array_equal(nan, np.isnan(b)) and np.array_equal(a[~nan].view(np.uint32), b[~nan].view(np.uint32)))
-

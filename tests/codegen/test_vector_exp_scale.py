@@ -74,7 +74,6 @@ def _floats(lo: float, hi: float) -> np.ndarray:
     return np.arange(min(a, b), max(a, b) + 1, dtype=np.uint32).view(np.float32)
 
 
-
 SPECIAL = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, -103.97, -103.98, -104.0, -104.5, -87.33, -87.34,
                     -86.5, -86.49, -86.51, 88.37, 88.38, 88.72, 88.73, 89.0, 89.5, -89.0, -1e-45, 1e-45], np.float32)
 

@@ -70,7 +70,6 @@ def vector_c(tmp_path_factory):
     return out
 
 
-
 @pytest.mark.parametrize("isa", list(ISAS))
 @pytest.mark.parametrize("helper", NAMES)
 def test_vector_form_is_the_scalar_bits_and_within_bound(vector_c, isa, helper):

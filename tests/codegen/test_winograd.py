@@ -460,18 +460,17 @@ def test_infinite_nan_and_huge_inputs_give_the_references_outputs(t, threads, ca
     n = 1 if threads == 2 else 2
     g, plan = conv_block(n, 8, 8, 11, 10, [1, 1, 1, 1])
     o = CodegenOptions(winograd="on", winograd_f4=t == "F4", winograd_f4_min_spatial=4, parallel_min_work=0)
-    assert f"Winograd {'F(4x4,3x3)' if t == 'F4' else 'F(2x2,3x3)'}" in "".join(_notes(build(
-        g, plan, cache_dir=cache_dir, options=o, threads=threads)))
-    feeds = reference.random_inputs(g, 1)
     model = build(g, plan, cache_dir=cache_dir, options=o, threads=threads)
+    assert f"Winograd {'F(4x4,3x3)' if t == 'F4' else 'F(2x2,3x3)'}" in "".join(_notes(model))
+    feeds = reference.random_inputs(g, 1)
     clean = model.run(feeds)["relu"]
     x = feeds["x"]
     specials = [(0, 3, 2, 2, np.inf), (0, 5, 9, 8, -np.inf), (n - 1, 0, 6, 1, np.nan), (n - 1, 7, 0, 9, 3e38),
                 (n - 1, 2, 6, 2, np.inf)]  # the last beside the NaN: that window holds both
     reached = np.zeros(clean.shape, bool)
+    m = 4 if t == "F4" else 2  # each special's window of outputs, out to their whole tiles
     for i, c, r, q, val in specials:
         x[i, c, r, q] = val
-        m = 4 if t == "F4" else 2  # the windows' outputs, out to their whole tiles
         rows = slice(max(r - 1, 0) // m * m, (r + 1) // m * m + m)
         reached[i, :, rows, max(q - 1, 0) // m * m:(q + 1) // m * m + m] = True
     got = model.run(feeds)["relu"]

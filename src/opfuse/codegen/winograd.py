@@ -483,9 +483,10 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
     if tails:
         kc.note(lambda nm: f"Winograd GEMMs '{nm}': the last {tails[0]} of {OC} channels in a {tails[0]}x{NR} panel",
                 node)
-    u = filter_transform(kc.program.memory.static[id(wt)], t).astype(np.float32)
+    weights = kc.program.memory.static[id(wt)]
+    u = filter_transform(weights, t).astype(np.float32)
     # The 3x3 weights as they are, for the outputs recomputed directly (``_nonfinite_outputs_direct``).
-    g_array = np.asarray(kc.program.memory.static[id(wt)], np.float32).reshape(-1)
+    g_array = np.asarray(weights, np.float32).reshape(-1)
     g = kc.const_array(("winograd_g", node.name), g_array, node.name + "_g", np.float32)
     kc.note(lambda nm: f"Winograd '{nm}': infinite or NaN outputs of the transforms recomputed directly "
                        f"(the 3x3 weights kept beside U: {g_array.nbytes >> 10} KiB)", node)
