@@ -144,6 +144,30 @@ def test_unsupported_attribute_value_is_reported():
     assert "string" in _one_line_error(UnsupportedOpError, import_model, m)
 
 
+@pytest.mark.parametrize("alpha,given", [("abc", "STRING"), (1, "INT"), ([0.1, 0.2], "FLOATS")])
+def test_attribute_of_the_wrong_type_is_refused(alpha, given):
+    """As the ONNX checker and onnxruntime refuse it: a string alpha made code generation raise a ValueError
+    traceback; an int one was taken as its float."""
+    m = model([helper.make_node("LeakyRelu", ["x"], ["y"], name="lr", alpha=alpha)], [vi("x", [3])], [vi("y", [3])])
+    msg = _one_line_error(ModelError, import_model, m)
+    assert "'alpha'" in msg and "'lr'" in msg and given in msg and "LeakyRelu-16 takes FLOAT" in msg, msg
+
+
+@pytest.mark.parametrize("op,attrs,missing", [("Cast", {}, "to"), ("Concat", {}, "axis")])
+def test_missing_required_attribute_is_refused(op, attrs, missing):
+    """A Cast without ``to`` ran as an identity (onnxruntime refuses the model)."""
+    m = model([helper.make_node(op, ["x"], ["y"], name="n", **attrs)], [vi("x", [3])], [vi("y", [3])])
+    msg = _one_line_error(ModelError, import_model, m)
+    assert "'n'" in msg and f"requires: {missing}" in msg, msg
+
+
+def test_attributes_of_the_declared_types_are_taken():
+    nodes = [helper.make_node("Cast", ["x"], ["c"], to=TensorProto.DOUBLE),
+             helper.make_node("LeakyRelu", ["c"], ["y"], alpha=0.5)]
+    g = import_model(model(nodes, [vi("x", [3])], [vi("y", [3], TensorProto.DOUBLE)]))
+    assert [n.attrs.get("alpha") for n in g.nodes if n.op_type == "LeakyRelu"] == [0.5]
+
+
 def test_non_constant_shape_operand_is_unsupported():
     nodes = [helper.make_node("Reshape", ["x", "s"], ["y"], name="rs")]
     m = model(nodes, [vi("x", [2, 3]), vi("s", [2], TensorProto.INT64)], [vi("y", None)])

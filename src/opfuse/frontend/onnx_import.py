@@ -91,6 +91,24 @@ def _node_names(nodes) -> list[str]:
     return names
 
 
+def _check_attributes(n: onnx.NodeProto, name: str, schema: onnx.defs.OpSchema) -> None:
+    """The ONNX checker's rules for a node's attributes, which onnxruntime enforces too: each attribute the
+    schema declares has the declared type (a LeakyRelu ``alpha`` written as a string or an int is refused,
+    as they are), and every required one is there (a Cast without ``to``). Attributes the schema does not
+    declare are the op spec's to refuse (``OpSpec.attrs_of``)."""
+    op = f"{n.op_type}-{schema.since_version}"
+    for a in n.attribute:
+        declared = schema.attributes.get(a.name)
+        if declared is not None and a.type != int(declared.type):
+            given = onnx.AttributeProto.AttributeType.Name(a.type)
+            raise ModelError(f"attribute '{a.name}' of node '{name}' ({n.op_type}) is of type {given}; {op} takes "
+                             f"{onnx.AttributeProto.AttributeType.Name(int(declared.type))}")
+    present = {a.name for a in n.attribute}
+    missing = sorted(k for k, declared in schema.attributes.items() if declared.required and k not in present)
+    if missing:
+        raise ModelError(f"node '{name}' ({n.op_type}) lacks the attribute(s) {op} requires: {', '.join(missing)}")
+
+
 def _check_ops(graph: onnx.GraphProto, names: list[str], opset: int) -> list[int]:
     """The op version of every node; ``UnsupportedOpError`` for the first op opfuse cannot import."""
     versions: list[int] = []
@@ -125,6 +143,8 @@ def _check_ops(graph: onnx.GraphProto, names: list[str], opset: int) -> list[int
                 raise UnsupportedOpError(n.op_type, name, opset,
                                          detail=f"{n.op_type}-{version} is newer than the op versions opfuse "
                                                 f"was checked against (opset {REVIEWED_OPSET} and older)")
+            if version is not None:
+                _check_attributes(n, name, schema)
         if version is None:
             problems.append((n.op_type, name))
         else:
