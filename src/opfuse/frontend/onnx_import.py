@@ -99,10 +99,10 @@ def _check_attributes(n: onnx.NodeProto, name: str, schema: onnx.defs.OpSchema) 
     op = f"{n.op_type}-{schema.since_version}"
     for a in n.attribute:
         declared = schema.attributes.get(a.name)
-        if declared is not None and a.type != int(declared.type):
+        if declared is not None and a.type != declared.type.value:
             given = onnx.AttributeProto.AttributeType.Name(a.type)
             raise ModelError(f"attribute '{a.name}' of node '{name}' ({n.op_type}) is of type {given}; {op} takes "
-                             f"{onnx.AttributeProto.AttributeType.Name(int(declared.type))}")
+                             f"{onnx.AttributeProto.AttributeType.Name(declared.type.value)}")
     present = {a.name for a in n.attribute}
     missing = sorted(k for k, declared in schema.attributes.items() if declared.required and k not in present)
     if missing:
