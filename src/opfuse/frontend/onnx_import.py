@@ -91,6 +91,11 @@ def _node_names(nodes) -> list[str]:
     return names
 
 
+# A schema's attribute type -> the AttributeProto type a node must give it (the same names).
+_ATTRIBUTE_TYPES = {getattr(onnx.defs.OpSchema.AttrType, k): v for k, v in onnx.AttributeProto.AttributeType.items()
+                    if hasattr(onnx.defs.OpSchema.AttrType, k)}
+
+
 def _check_attributes(n: onnx.NodeProto, name: str, schema: onnx.defs.OpSchema) -> None:
     """The ONNX checker's rules for a node's attributes, which onnxruntime enforces too: each attribute the
     schema declares has the declared type (a LeakyRelu ``alpha`` written as a string or an int is refused,
@@ -99,10 +104,11 @@ def _check_attributes(n: onnx.NodeProto, name: str, schema: onnx.defs.OpSchema) 
     op = f"{n.op_type}-{schema.since_version}"
     for a in n.attribute:
         declared = schema.attributes.get(a.name)
-        if declared is not None and a.type != declared.type.value:
-            given = onnx.AttributeProto.AttributeType.Name(a.type)
-            raise ModelError(f"attribute '{a.name}' of node '{name}' ({n.op_type}) is of type {given}; {op} takes "
-                             f"{onnx.AttributeProto.AttributeType.Name(declared.type.value)}")
+        expected = None if declared is None else _ATTRIBUTE_TYPES.get(declared.type)
+        if expected is not None and a.type != expected:
+            given, kind = (onnx.AttributeProto.AttributeType.Name(t) for t in (a.type, expected))
+            raise ModelError(f"attribute '{a.name}' of node '{name}' ({n.op_type}) is of type {given}; "
+                             f"{op} takes {kind}")
     present = {a.name for a in n.attribute}
     missing = sorted(k for k, declared in schema.attributes.items() if declared.required and k not in present)
     if missing:
