@@ -112,3 +112,32 @@ def test_notes_name_the_node_in_the_report_and_its_c_identifier_in_the_comment()
     text = kc.function_text("group c")
     comment = text[:text.index("*/")]
     assert comment.startswith("/* group c\n * '") and ": direct" in comment and "a*/b" not in text
+
+
+def test_a_table_declared_with_braces_is_shared_with_the_parallel_loop_after_it():
+    """The outliner followed every brace, an initializer's too: after ``static const float a[2] = {...};`` it
+    opened a scope the next table went into and closed it with that table's own braces, so a loop reading
+    both had only the first in its context ('ccount5' undeclared: an AveragePool with padding, parallel)."""
+    from opfuse.codegen.outline import Outliner
+    lines = ["static const float rc1[2] = {0x1p+1f, 0x1p+2f};",
+             "static const float cc2[3] = {0x1p+1f, 0x1.8p+1f, 0x1p+1f};",
+             "const long n3 = 3;",
+             "OPFUSE_PRAGMA(omp parallel for num_threads(nt) schedule(static) if(nt > 1))",
+             "for (long i = 0; i < 2; ++i) {",
+             "  for (long j = 0; j < n3; ++j) out[i * 3 + j] = rc1[i] * cc2[j];",
+             "}"]
+    outliner = Outliner("k0", [("float* restrict", "out")], [])
+    kernel = "\n".join(outliner.run(lines))
+    function = "\n".join(outliner.functions)
+    for name in ("rc1", "cc2"):
+        assert f"const float* const {name} = c_->{name};" in function, function
+    assert "const long n3 = 3;" in function and "opfuse_parallel(" in kernel
+
+
+def test_scratch_guards_follow_each_region_from_its_exact_end():
+    kc, _ = _context(scratch_guard_bytes=64)
+    first, second = kc.scratch(100), kc.scratch(SCRATCH_ALIGN)
+    assert kc.scratch_guards == [(0, 64), (first + 100, 2 * SCRATCH_ALIGN - 100 + 64), (second + SCRATCH_ALIGN, 64)]
+    assert first == 64 and second % SCRATCH_ALIGN == 0 and kc.scratch_bytes == second + SCRATCH_ALIGN + 64
+    plain, _ = _context()
+    assert plain.scratch(100) == 0 and plain.scratch_guards == []

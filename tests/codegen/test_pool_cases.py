@@ -20,3 +20,15 @@ def test_padded_1d_and_3d_windows(cache_dir):
     g = b.build(*outs)
     feeds = reference.random_inputs(g, 2)
     assert_close(build(g, None, cache_dir=cache_dir).run(feeds), reference.run(g, feeds))
+
+
+def test_padded_average_pool_with_both_divisor_tables_on_threads(cache_dir):
+    """An AveragePool 3x3, stride 1, padding 1 (Inception's, padding excluded): its row and column divisors
+    differ at the edges, so both go to static tables before the plane loop; the second was missing from the
+    parallel loop's function and the C did not compile ('ccount5' undeclared)."""
+    b = GraphBuilder("avg")
+    x = b.input("x", (1, 64, 56, 56))
+    g = b.build(b.op("AveragePool", x, kernel_shape=[3, 3], pads=[1, 1, 1, 1], name="pool"))
+    feeds = reference.random_inputs(g, 4)
+    for threads in (1, 2):
+        assert_close(build(g, None, threads=threads, cache_dir=cache_dir).run(feeds), reference.run(g, feeds))

@@ -100,6 +100,7 @@ class KernelContext:
         self.params: dict[tuple, Param] = {}
         self._tmp = 0
         self.scratch_bytes = 0
+        self.scratch_guards: list[tuple[int, int]] = []  # (offset, bytes) with ``CodegenOptions.scratch_guard_bytes``
         self.uses_threads = False
         self._parallel: list[tuple[int, int, int, tuple[float, ...]]] = []  # (pragma's line, work, collapse, costs)
         self.loops: list[ParallelLoop] = []  # the parallel loops written (``_schedules``)
@@ -154,9 +155,18 @@ class KernelContext:
 
     # Scratch ------------------------------------------------------------------------------
     def scratch(self, nbytes: int) -> int:
-        """Reserve ``nbytes`` of this thread's scratch; returns the byte offset in it."""
+        """Reserve ``nbytes`` of this thread's scratch; returns the byte offset in it. With
+        ``CodegenOptions.scratch_guard_bytes``, a guard follows the region from its exact end (one precedes
+        the first region), recorded in ``scratch_guards`` for ``opfuse_run`` to fill and check."""
+        guard = self.program.options.scratch_guard_bytes
+        if guard and not self.scratch_guards:
+            self.scratch_guards.append((self.scratch_bytes, guard))
+            self.scratch_bytes += guard
         off = self.scratch_bytes
         self.scratch_bytes += -(-nbytes // SCRATCH_ALIGN) * SCRATCH_ALIGN
+        if guard:
+            self.scratch_guards.append((off + nbytes, self.scratch_bytes + guard - (off + nbytes)))
+            self.scratch_bytes += guard
         return off
 
     def scratch_ptr(self, ctype: str, offset: int) -> str:

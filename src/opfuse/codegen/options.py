@@ -674,6 +674,13 @@ class CodegenOptions:
     # The CPU time does not count that; it still counts what they did to the caches.
     profile_clock: str = "wall"
     platform: str = "host"
+    # Tests and the fuzzer (host builds): every scratch region a kernel reserves (``KernelContext.scratch``) gets
+    # a guard of this many bytes after it (from its exact end, so the alignment padding too) and one before the
+    # first; ``opfuse_run`` fills a kernel's guards with 0xA5 in every thread's scratch before the call and checks
+    # them after it, and a changed byte is the fault "kernel ... stored outside its scratch regions". A region
+    # sized too small for what the kernel writes otherwise lands in the next region, which that kernel has yet to
+    # fill or has done with, and no result shows it. 0: none (the default: the same C as without this option).
+    scratch_guard_bytes: int = 0
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
@@ -683,6 +690,10 @@ class CodegenOptions:
             raise OpfuseError(f"platform {self.platform!r}: expected one of {', '.join(PLATFORMS)}")
         if self.weights not in WEIGHT_MODES:
             raise OpfuseError(f"weights mode {self.weights!r}: expected one of {', '.join(WEIGHT_MODES)}")
+        if self.scratch_guard_bytes < 0 or self.scratch_guard_bytes % 64:
+            raise OpfuseError(f"scratch_guard_bytes must be a non-negative multiple of 64, got {self.scratch_guard_bytes}")
+        if self.scratch_guard_bytes and self.platform != "host":
+            raise OpfuseError("scratch_guard_bytes is for host builds (the microcontroller's scratch lives in its arena)")
         if self.profile_clock not in PROFILE_CLOCKS:
             raise OpfuseError(f"profile clock {self.profile_clock!r}: expected one of {', '.join(PROFILE_CLOCKS)}")
         if self.simd not in SIMD_MODES:

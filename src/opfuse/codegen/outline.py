@@ -260,8 +260,11 @@ class Outliner:
         """Follow the line ``s``'s declarations and braces."""
         loop_var = _FOR_DECL.match(s)
         if not loop_var:
-            for d in declarations(s):
+            found = declarations(s)
+            for d in found:
                 scopes[-1].names[d.name] = d
+            if found:  # its braces are an initializer's (``static const float t[4] = {...};``), no block's
+                return
         opens, closes = s.count("{"), s.count("}")
         for _ in range(closes):
             if len(scopes) > 1:

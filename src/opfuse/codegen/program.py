@@ -204,6 +204,24 @@ class CProgram:
                 "size_t opfuse_weights_bytes(void);\nint opfuse_abi_version(void);\n")
 
 
+# ``CodegenOptions.scratch_guard_bytes``: each kernel's guards (``{offset, bytes}`` pairs) filled before its call and
+# compared after it, in every thread's scratch.
+SCRATCH_GUARD_C = """\
+static void opfuse_guard_fill(char* scratch, int nt, const long* g, int n) {
+  for (int t = 0; t < nt; ++t)
+    for (int i = 0; i < n; ++i) memset(scratch + (size_t)t * OPFUSE_SCRATCH_STRIDE + g[2 * i], 0xA5, (size_t)g[2 * i + 1]);
+}
+static int opfuse_guard_changed(const char* scratch, int nt, const long* g, int n) {
+  for (int t = 0; t < nt; ++t)
+    for (int i = 0; i < n; ++i) {
+      const unsigned char* p = (const unsigned char*)scratch + (size_t)t * OPFUSE_SCRATCH_STRIDE + g[2 * i];
+      for (long b = 0; b < g[2 * i + 1]; ++b) if (p[b] != 0xA5) return 1;
+    }
+  return 0;
+}
+"""
+
+
 class ProgramBuilder:
     def __init__(self, graph: Graph, plan: FusionPlan, memory: MemoryPlan, options: CodegenOptions):
         self.graph = graph
@@ -274,11 +292,24 @@ class ProgramBuilder:
         call = f"{name}({', '.join(args)});"
         if kc.faults:
             call = f"{{ const int fault_ = {call[:-1]}; if (fault_) return fault_; }}"
+        if kc.scratch_guards:
+            call = self._guarded_call(kc, group, call)
         if self.options.profile:
             slot = len(self.calls)
             call = (f"{{ const uint64_t t0_ = opfuse_now_ns(); {call} "
                     f"opfuse_profile_ns[{slot}] += opfuse_now_ns() - t0_; opfuse_profile_group[{slot}] = {index}; }}")
         self.calls.append(f"  {call}")
+
+    def _guarded_call(self, kc: KernelContext, group, call: str) -> str:
+        """``call`` between filling the kernel's scratch guards with 0xA5 in every thread's scratch and
+        checking them (``CodegenOptions.scratch_guard_bytes``): a changed byte returns a fault code."""
+        self.require_helper("opfuse_scratch_guard", SCRATCH_GUARD_C)
+        code = self.fault_code(f"kernel '{kc.name}' (group '{group.name}') stored outside its scratch regions "
+                               f"(a scratch guard changed)")
+        table = ", ".join(f"{off}, {n}" for off, n in kc.scratch_guards)
+        n = len(kc.scratch_guards)
+        return (f"{{ static const long guards_[] = {{{table}}}; opfuse_guard_fill(scratch, nt, guards_, {n}); {call} "
+                f"if (opfuse_guard_changed(scratch, nt, guards_, {n})) return {code}; }}")
 
     @staticmethod
     def _arg(p) -> str:
