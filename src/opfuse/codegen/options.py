@@ -691,9 +691,11 @@ class CodegenOptions:
         if self.weights not in WEIGHT_MODES:
             raise OpfuseError(f"weights mode {self.weights!r}: expected one of {', '.join(WEIGHT_MODES)}")
         if self.scratch_guard_bytes < 0 or self.scratch_guard_bytes % 64:
-            raise OpfuseError(f"scratch_guard_bytes must be a non-negative multiple of 64, got {self.scratch_guard_bytes}")
+            raise OpfuseError(f"scratch_guard_bytes must be a non-negative multiple of 64, "
+                              f"got {self.scratch_guard_bytes}")
         if self.scratch_guard_bytes and self.platform != "host":
-            raise OpfuseError("scratch_guard_bytes is for host builds (the microcontroller's scratch lives in its arena)")
+            raise OpfuseError("scratch_guard_bytes is for host builds (the microcontroller's scratch lives in its "
+                              "arena)")
         if self.profile_clock not in PROFILE_CLOCKS:
             raise OpfuseError(f"profile clock {self.profile_clock!r}: expected one of {', '.join(PROFILE_CLOCKS)}")
         if self.simd not in SIMD_MODES:

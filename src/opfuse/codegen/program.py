@@ -209,7 +209,8 @@ class CProgram:
 SCRATCH_GUARD_C = """\
 static void opfuse_guard_fill(char* scratch, int nt, const long* g, int n) {
   for (int t = 0; t < nt; ++t)
-    for (int i = 0; i < n; ++i) memset(scratch + (size_t)t * OPFUSE_SCRATCH_STRIDE + g[2 * i], 0xA5, (size_t)g[2 * i + 1]);
+    for (int i = 0; i < n; ++i)
+      memset(scratch + (size_t)t * OPFUSE_SCRATCH_STRIDE + g[2 * i], 0xA5, (size_t)g[2 * i + 1]);
 }
 static int opfuse_guard_changed(const char* scratch, int nt, const long* g, int n) {
   for (int t = 0; t < nt; ++t)
