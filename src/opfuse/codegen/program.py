@@ -40,7 +40,7 @@ from opfuse.codegen.options import PROFILE_CLOCKS, CodegenOptions
 from opfuse.codegen.stages import analyse
 from opfuse.codegen.threadpool import POOL_C
 from opfuse.codegen.weights import WeightsBlob
-from opfuse.errors import UnsupportedDtypeError
+from opfuse.errors import InputError, OpfuseError, UnsupportedDtypeError
 from opfuse.ir.dtypes import is_narrow_float
 from opfuse.ir.graph import Graph
 from opfuse.ir.plan import FusionPlan
@@ -175,6 +175,13 @@ class CProgram:
             return self.faults[code - 1]
         return f"opfuse_run returned {code}, which is no fault code of this model"
 
+    def fault_error(self, code: int) -> OpfuseError:
+        """The exception of a non-zero ``opfuse_run`` result: ``InputError`` for what the inputs did (a zero
+        divisor, an index out of range), a plain ``OpfuseError`` for a scratch guard (a code generator's
+        bug, ``CodegenOptions.scratch_guard_bytes``)."""
+        message = self.fault_message(code)
+        return OpfuseError(message) if SCRATCH_GUARD_FAULT in message else InputError(message)
+
     @property
     def num_functions(self) -> int:
         """The kernels that run code: one call each in ``opfuse_run`` (and one profile slot)."""
@@ -206,6 +213,7 @@ class CProgram:
 
 # ``CodegenOptions.scratch_guard_bytes``: each kernel's guards (``{offset, bytes}`` pairs) filled before its call and
 # compared after it, in every thread's scratch.
+SCRATCH_GUARD_FAULT = "stored outside its scratch regions"
 SCRATCH_GUARD_C = """\
 static void opfuse_guard_fill(char* scratch, int nt, const long* g, int n) {
   for (int t = 0; t < nt; ++t)
@@ -305,7 +313,7 @@ class ProgramBuilder:
         """``call`` between filling the kernel's scratch guards with 0xA5 in every thread's scratch and
         checking them (``CodegenOptions.scratch_guard_bytes``): a changed byte returns a fault code."""
         self.require_helper("opfuse_scratch_guard", SCRATCH_GUARD_C)
-        code = self.fault_code(f"kernel '{kc.name}' (group '{group.name}') stored outside its scratch regions "
+        code = self.fault_code(f"kernel '{kc.name}' (group '{group.name}') {SCRATCH_GUARD_FAULT} "
                                f"(a scratch guard changed)")
         table = ", ".join(f"{off}, {n}" for off, n in kc.scratch_guards)
         n = len(kc.scratch_guards)

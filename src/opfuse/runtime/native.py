@@ -35,7 +35,7 @@ import numpy as np
 from opfuse.codegen.ctype import c_type
 from opfuse.codegen.options import CodegenOptions
 from opfuse.codegen.program import ABI_VERSION, CProgram, generate
-from opfuse.errors import InputError, OpfuseError, StorageError, UnsupportedDtypeError, UnsupportedOpError
+from opfuse.errors import OpfuseError, StorageError, UnsupportedDtypeError, UnsupportedOpError
 from opfuse.files import atomic_write, storage_error
 from opfuse.ir.graph import Graph
 from opfuse.ir.plan import FusionPlan
@@ -278,7 +278,7 @@ class CompiledModel:
             b.point(ins, outs)
             rc = self._run(b.input_table, b.output_table, b.arena, b.weights, self._scratch_at, self._threads)
         if rc != 0:
-            raise InputError(self.program.fault_message(rc))
+            raise self.program.fault_error(rc)
         return b.results(ins, outs)
 
     __call__ = run
@@ -316,7 +316,7 @@ class CompiledModel:
             rc = self._run(b.input_table, b.output_table, arena.ctypes.data, b.weights, scratch.ctypes.data,
                            self._threads)
         if rc != 0:
-            raise InputError(self.program.fault_message(rc))
+            raise self.program.fault_error(rc)
         for what, buf, nbytes in buffers:
             before = np.flatnonzero(buf[:g] != poison)
             after = np.flatnonzero(buf[g + nbytes:] != poison)
@@ -340,7 +340,7 @@ class CompiledModel:
                 b.point(ins, outs)
                 rc = self._run(b.input_table, b.output_table, b.arena, b.weights, self._scratch_at, self._threads)
             if rc != 0:
-                raise InputError(self.program.fault_message(rc))
+                raise self.program.fault_error(rc)
         call()
         named = {v.name: outs[j] for j, v in enumerate(self.graph.outputs) if j < len(outs)}
         return call, named

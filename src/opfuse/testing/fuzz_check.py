@@ -48,7 +48,8 @@ CASE_TIMEOUT_S = 300.0
 # the defaults they run the small-size paths only. ``thresholds`` lowers those limits (every such path
 # taken on a few dozen elements, with many tiles, blocks and threads' shares); ``avx2`` the AVX2 kernels
 # where the host has AVX-512 (what a machine without it runs); ``portable`` the plain C99 build
-# (``simd="none"``, the Cortex-M7's C on the host).
+# (``simd="none"``, the Cortex-M7's C on the host). All but ``default`` put guards around every scratch
+# region (``CodegenOptions.scratch_guard_bytes``): a kernel writing past one is a crash, which no output shows.
 CODEGEN_PROFILES: dict[str, dict[str, Any]] = {
     "default": {},
     "thresholds": dict(
@@ -59,9 +60,10 @@ CODEGEN_PROFILES: dict[str, dict[str, Any]] = {
         gemm_min_tiles=8, conv_direct_tile_floats=1024, windows_pack_min_channels=1,
         parallel_min_work=0, parallel_dynamic_min_work=0, parallel_min_outer=1,
         depthwise_chunk_planes=1, depthwise_min_chunks=1, depthwise_zmm_plane_min_vectors=1,
-        attention_block=16, attention_one_pass_max_keys=16, attention_min_tiles=1, recurrent_block_steps=2),
-    "avx2": dict(vector_isa="avx2"),
-    "portable": dict(simd="none", silu_direct=False),
+        attention_block=16, attention_one_pass_max_keys=16, attention_min_tiles=1, recurrent_block_steps=2,
+        scratch_guard_bytes=64),
+    "avx2": dict(vector_isa="avx2", scratch_guard_bytes=64),
+    "portable": dict(simd="none", silu_direct=False, scratch_guard_bytes=64),
 }
 
 
