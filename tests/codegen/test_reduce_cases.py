@@ -52,3 +52,36 @@ def test_norms_and_logs_of_doubles_and_integers(cache_dir):
         assert got[name].dtype == want[name].dtype and np.array_equal(got[name], want[name]), name
     # sqrt of the sum of squares (~2e8), truncated: not through a float (whose 24 bits lose the units)
     assert np.array_equal(want["l2_i64"][:, 0], np.trunc(np.sqrt((feeds["i64"].astype(np.float64) ** 2).sum(1))))
+
+
+def test_log_sum_exp_of_infinite_and_nan_rows(cache_dir):
+    """ReduceLogSumExp shifts by the row's max, and by 0 where that max is infinite (inf - inf is NaN): rows of
+    -inf give -inf, a row holding +inf gives +inf, a NaN gives NaN, over the trailing axis (lane partial sums)
+    and a leading one (nested loops), float32 and float64."""
+    for dt in (np.float32, np.float64):
+        b = GraphBuilder("lse")
+        x = b.input("x", (4, 5), dtype=dt)
+        g = b.build(b.op("ReduceLogSumExp", x, axes=[1], keepdims=0, name="rows"),
+                    b.op("ReduceLogSumExp", b.op("Transpose", x, perm=[1, 0], name="t"), axes=[0], keepdims=0,
+                         name="cols"))
+        x_ = np.array([[-np.inf] * 5, [np.inf, 0, 1, 2, -np.inf], [1, np.nan, 3, 4, 5], [1, 2, 3, 4, 5]], dt)
+        got, want = build(g, None, cache_dir=cache_dir).run({"x": x_}), reference.run(g, {"x": x_})
+        for k in ("rows", "cols"):
+            assert np.array_equal(np.isnan(got[k]), np.isnan(want[k])), (dt, k, got[k])
+            assert got[k][0] == -np.inf and got[k][1] == np.inf and np.isnan(got[k][2]), (dt, k, got[k])
+            np.testing.assert_allclose(got[k][3], want[k][3], rtol=1e-6)
+
+
+def test_float32_products_and_squares_round_in_float32(cache_dir):
+    """ReduceProd and ReduceSumSquare of float32 over a leading axis accumulate in float32, one rounding a
+    step in row order: the same bits as NumPy's float32 steps (in double they come out a few ulp apart)."""
+    b = GraphBuilder("prods")
+    x = b.input("x", (9, 6))
+    g = b.build(b.op("ReduceProd", x, axes=[0], keepdims=0, name="prod"),
+                b.op("ReduceSumSquare", x, axes=[0], keepdims=0, name="sq"))
+    x_ = np.random.default_rng(5).uniform(0.5, 2.0, (9, 6)).astype(np.float32)
+    prod, sq = np.float32(1) * np.ones(6, np.float32), np.zeros(6, np.float32)
+    for row in x_:
+        prod, sq = (prod * row).astype(np.float32), (sq + row * row).astype(np.float32)
+    got = build(g, None, cache_dir=cache_dir).run({"x": x_})
+    assert np.array_equal(got["prod"], prod) and np.array_equal(got["sq"], sq), (got, prod, sq)
