@@ -48,18 +48,21 @@ def test_a_region_smaller_than_its_kernel_writes_is_caught(monkeypatch, threads)
 
 
 # 2-D float pools through the row kernels (``pool._lower_rows``): windows that skip the last input rows or
-# columns (stride past the kernel), overhanging ones (ceil_mode), asymmetric padding, dilation.
+# columns (stride past the kernel), overhanging ones (ceil_mode: one more output row and column than floor
+# gives in the last two), asymmetric padding, dilation.
 POOLS = [
     ("MaxPool", (1, 2, 6, 7), dict(kernel_shape=[2, 2], strides=[3, 3], pads=[0, 0, 1, 1])),
     ("MaxPool", (1, 2, 9, 8), dict(kernel_shape=[3, 2], strides=[2, 3], pads=[1, 0, 2, 1], ceil_mode=1)),
     ("MaxPool", (2, 3, 11, 10), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[0, 2, 2, 0])),
     ("MaxPool", (1, 2, 10, 9), dict(kernel_shape=[2, 3], strides=[1, 2], dilations=[2, 2], pads=[1, 1, 0, 2])),
     ("MaxPool", (1, 1, 7, 40), dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1])),
+    ("MaxPool", (1, 2, 7, 7), dict(kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1)),  # 4 x 4, not 3 x 3
     ("AveragePool", (1, 2, 6, 7), dict(kernel_shape=[2, 2], strides=[3, 3], pads=[0, 0, 1, 1])),
     ("AveragePool", (1, 2, 9, 8), dict(kernel_shape=[3, 2], strides=[2, 3], pads=[1, 0, 2, 1], ceil_mode=1)),
     ("AveragePool", (2, 3, 11, 10), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[0, 2, 2, 0],
                                          count_include_pad=1)),
     ("AveragePool", (1, 1, 13, 37), dict(kernel_shape=[4, 3], strides=[3, 1], pads=[2, 1, 0, 1])),
+    ("AveragePool", (1, 2, 8, 9), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1)),
 ]
 
 
