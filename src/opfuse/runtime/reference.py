@@ -66,7 +66,10 @@ def check_inputs(graph: Graph, feeds: Mapping[str, np.ndarray], *, cast: bool = 
     known = {v.name for v in graph.inputs}
     extra = sorted(set(feeds) - known)
     if extra:
-        raise InputError(f"unknown input(s) {extra}; the model's inputs are {sorted(known)}")
+        fixed = sorted({v.name for v in graph.constants} & set(extra))
+        note = (f" ({', '.join(repr(n) for n in fixed)}: an initializer the ONNX file also lists as an input, which "
+                f"opfuse takes as the constant it stores)") if fixed else ""
+        raise InputError(f"unknown input(s) {extra}; the model's inputs are {sorted(known)}{note}")
     out = {}
     for v in graph.inputs:
         if v.name not in feeds:
