@@ -65,6 +65,24 @@ def test_unknown_input_is_named(model):
         model.run(feeds)
 
 
+@pytest.mark.parametrize("feeds,needle", [(None, "not NoneType"), ("image", "not str"),
+                                          ([("image", np.zeros((1, 3, 12, 12), np.float32))], "not list")])
+def test_inputs_that_are_not_a_mapping(model, feeds, needle):
+    """``run(None)`` was a TypeError, a list of pairs an AttributeError, a string its letters as unknown inputs."""
+    for run in (model.run, lambda f: reference.run(model.graph, f)):
+        with pytest.raises(InputError, match=f"mapping from input names to arrays.*{needle}"):
+            run(feeds)
+
+
+@pytest.mark.parametrize("value,needle", [(None, "is a NoneType"), ("text", r"is text \(<U4\)"),
+                                          ({"a": 1}, "is a dict"), (np.array([None] * 3), "is an object array")])
+def test_an_input_that_is_not_numbers_is_named(model, value, needle):
+    """``np.asarray`` takes anything: None, a dict or a string became a 0-d object or text array, reported as
+    a shape mismatch."""
+    with pytest.raises(InputError, match=f"input 'image' {needle}, not an array of numbers"):
+        model.run({"image": value})
+
+
 def test_non_contiguous_inputs_are_accepted_and_other_dtypes_only_with_cast(model):
     feeds = reference.random_inputs(model.graph, 2)
     want = reference.run(model.graph, feeds)

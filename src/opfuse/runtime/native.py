@@ -175,7 +175,7 @@ class _CallBinding:
         """The arrays of ``feeds`` in input order when each is a C-contiguous ``ndarray`` of exactly
         the model's shape and dtype and no other name is given (what needs neither conversion nor
         copy); ``None`` otherwise, and ``check_inputs`` then accepts, converts or says why not."""
-        if len(feeds) != len(self._expected):
+        if not isinstance(feeds, Mapping) or len(feeds) != len(self._expected):
             return None
         arrays = []
         for name, shape, dtype in self._expected:

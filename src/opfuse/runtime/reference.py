@@ -63,8 +63,11 @@ def check_inputs(graph: Graph, feeds: Mapping[str, np.ndarray], *, cast: bool = 
     An input of another dtype is an ``InputError``, unless ``cast=True``: then it is converted
     when every value fits the model's dtype (``cast_input``). A byte-order difference alone is
     always converted (no value changes)."""
+    if not isinstance(feeds, Mapping):
+        raise InputError(f"the inputs must be a mapping from input names to arrays (a dict), not "
+                         f"{type(feeds).__name__}")
     known = {v.name for v in graph.inputs}
-    extra = sorted(set(feeds) - known)
+    extra = sorted(set(feeds) - known, key=str)
     if extra:
         fixed = sorted({v.name for v in graph.constants} & set(extra))
         note = (f" ({', '.join(repr(n) for n in fixed)}: an initializer the ONNX file also lists as an input, which "
@@ -74,7 +77,12 @@ def check_inputs(graph: Graph, feeds: Mapping[str, np.ndarray], *, cast: bool = 
     for v in graph.inputs:
         if v.name not in feeds:
             raise InputError(f"missing input '{v.name}' (expected {v.type})")
-        a = np.asarray(feeds[v.name])
+        given = feeds[v.name]
+        a = np.asarray(given)
+        if a.dtype == object or a.dtype.kind in "US":  # None, a dict, text: np.asarray takes anything
+            what = f"text ({a.dtype})" if a.dtype.kind in "US" else \
+                "an object array" if isinstance(given, np.ndarray) else f"a {type(given).__name__}"
+            raise InputError(f"input '{v.name}' is {what}, not an array of numbers (expected {v.type})")
         if tuple(a.shape) != v.shape:
             raise InputError(f"input '{v.name}' has shape {tuple(a.shape)}, the model expects {v.shape}")
         if a.dtype != v.dtype:
