@@ -1,8 +1,9 @@
 """``CodegenOptions.scratch_guard_bytes``: a guard after every scratch region a kernel reserves, filled before
-the kernel runs and checked after it. A region sized too small for what its kernel writes spills into the
-next region, which that kernel fills later or has done with: no output shows it (mutants of pool.py that
-shrink the padded plane or the dense output rows survived every pool test so). With the guards it is the
-fault "stored outside its scratch regions"; without them the C is what it always was."""
+the kernel runs and checked after it; ``arena_guard_bytes``: the same after every arena block a kernel writes.
+A region sized too small for what its kernel writes spills into the next region, which that kernel fills later
+or has done with: no output shows it (mutants of pool.py that shrink the padded plane or the dense output rows
+survived every pool test so). With the guards it is the fault "stored outside its scratch regions or output
+tensors"; without them the C is what it always was."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,7 +18,7 @@ from opfuse.ops import GraphBuilder
 from opfuse.runtime import reference
 from opfuse.runtime.native import build
 
-GUARDED = CodegenOptions(scratch_guard_bytes=64)
+GUARDED = CodegenOptions(scratch_guard_bytes=64, arena_guard_bytes=64)
 
 
 @pytest.mark.parametrize("model", ["resnet8", "ds_cnn", "mobilenet_v1_025_96", "yolo_block"])
@@ -76,7 +77,7 @@ def test_pools_stay_inside_their_scratch(cache_dir, simd, threads):
         outs.append(b.op(op, b.op("Relu", x, name=f"relu{i}"), name=f"pool{i}", **attrs))
     g = b.build(*outs)
     feeds = reference.random_inputs(g, 3)
-    options = CodegenOptions(scratch_guard_bytes=64, simd=simd, parallel_min_work=0)
+    options = CodegenOptions(scratch_guard_bytes=64, arena_guard_bytes=64, simd=simd, parallel_min_work=0)
     model = build(g, None, cache_dir=cache_dir, options=options, threads=threads)
     assert model.program.source.count("opfuse_guard_fill(scratch") >= len(POOLS)
     assert_close(model.run(feeds), reference.run(g, feeds))
@@ -88,3 +89,45 @@ def test_pools_stay_inside_their_scratch(cache_dir, simd, threads):
 def test_guard_options_are_checked(kw, message):
     with pytest.raises(OpfuseError, match=message):
         CodegenOptions(**kw)
+
+
+@pytest.mark.parametrize("model", ["resnet8", "mobilenet_v1_025_96", "yolo_block"])
+def test_each_arena_guard_is_its_blocks_alone_while_the_kernel_runs(model):
+    """A guard sits right after a block the kernel writes and inside no block live at that kernel (the plan
+    placed every block as if 64 bytes longer), so filling it loses nothing and a store there is out of bounds."""
+    from opfuse.codegen import program
+    from opfuse.memory import plan_memory
+    comp = plan_model(f"zoo:{model}")
+    memory = plan_memory(comp.plan, guard_bytes=64)
+    options = GUARDED.resolved(program.host_simd_isa(), program.host_full_width_fma())
+    builder = program.ProgramBuilder(comp.graph, comp.plan, memory, options)
+    seen = 0
+    for t, group in enumerate(comp.plan.groups):
+        before = len(builder.kernels)
+        builder.kernel(t, group)
+        if len(builder.kernels) == before:
+            continue
+        guards = builder.last_arena_guards
+        seen += len(guards)
+        live = [(off, size) for off, size, start, end in memory.blocks.values() if start <= t <= end]
+        ends = {off + size for off, size in live}
+        for g0, n in guards:
+            assert n == 64 and g0 in ends
+            assert not any(off < g0 + n and g0 < off + size for off, size in live), (group.name, g0)
+    assert seen >= len(comp.plan.groups) // 2
+    assert memory.arena_bytes >= comp.memory.arena_bytes
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_store_past_a_tensor_is_caught(monkeypatch, threads):
+    """Every arena guard moved 64 bytes back, onto the last bytes of the tensor the kernel writes: the run
+    fails naming the first kernel, where the same build without guards is right."""
+    from opfuse.codegen.program import ProgramBuilder
+    arena_guards = ProgramBuilder._arena_guards
+    monkeypatch.setattr(ProgramBuilder, "_arena_guards",
+                        lambda self, kc, index: [(off - 64, n) for off, n in arena_guards(self, kc, index)])
+    comp = plan_model("zoo:resnet8")
+    feeds = reference.random_inputs(comp.original, 0)
+    with pytest.raises(OpfuseError, match=r"kernel '\w+' \(group '\w+'\) stored outside its scratch regions or "
+                                          r"output tensors"):
+        build_native(comp, threads=threads, codegen_options=CodegenOptions(arena_guard_bytes=64)).run(feeds)

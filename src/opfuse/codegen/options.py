@@ -681,6 +681,12 @@ class CodegenOptions:
     # sized too small for what the kernel writes otherwise lands in the next region, which that kernel has yet to
     # fill or has done with, and no result shows it. 0: none (the default: the same C as without this option).
     scratch_guard_bytes: int = 0
+    # The same for the arena (tests and the fuzzer, host builds): the memory plan places every arena block as if
+    # this many bytes longer (``plan_memory``'s ``guard_bytes``: the bytes after a block are its own while it
+    # lives), and ``opfuse_run`` fills the guards of the blocks a kernel writes before its call and checks them
+    # after it: a kernel storing past the end of a tensor, into one that is dead at that point (no output shows
+    # it) or live, is the fault "kernel ... stored outside its scratch regions or output tensors". 0: none.
+    arena_guard_bytes: int = 0
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
@@ -693,9 +699,11 @@ class CodegenOptions:
         if self.scratch_guard_bytes < 0 or self.scratch_guard_bytes % 64:
             raise OpfuseError(f"scratch_guard_bytes must be a non-negative multiple of 64, "
                               f"got {self.scratch_guard_bytes}")
-        if self.scratch_guard_bytes and self.platform != "host":
-            raise OpfuseError("scratch_guard_bytes is for host builds (the microcontroller's scratch lives in its "
-                              "arena)")
+        if self.arena_guard_bytes < 0 or self.arena_guard_bytes % 64:
+            raise OpfuseError(f"arena_guard_bytes must be a non-negative multiple of 64, got {self.arena_guard_bytes}")
+        if (self.scratch_guard_bytes or self.arena_guard_bytes) and self.platform != "host":
+            raise OpfuseError("scratch_guard_bytes and arena_guard_bytes are for host builds (the microcontroller's "
+                              "scratch lives in its arena)")
         if self.profile_clock not in PROFILE_CLOCKS:
             raise OpfuseError(f"profile clock {self.profile_clock!r}: expected one of {', '.join(PROFILE_CLOCKS)}")
         if self.simd not in SIMD_MODES:

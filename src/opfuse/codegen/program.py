@@ -213,7 +213,7 @@ class CProgram:
 
 # ``CodegenOptions.scratch_guard_bytes``: each kernel's guards (``{offset, bytes}`` pairs) filled before its call and
 # compared after it, in every thread's scratch.
-SCRATCH_GUARD_FAULT = "stored outside its scratch regions"
+SCRATCH_GUARD_FAULT = "stored outside its scratch regions or output tensors"
 SCRATCH_GUARD_C = """\
 static void opfuse_guard_fill(char* scratch, int nt, const long* g, int n) {
   for (int t = 0; t < nt; ++t)
@@ -246,6 +246,7 @@ class ProgramBuilder:
         self.launches: list[Launch] = []
         self.faults: list[str] = []
         self.scratch_stride = 0
+        self.last_arena_guards: list[tuple[int, int]] = []  # the last kernel's (``_arena_guards``), for tests
         # A kernel's code with its names replaced by their roles (``KernelContext.code_key``) -> the function
         # generated for it first: layers with the same shapes and epilogue share one C function.
         self._codes: dict[str, str] = {}
@@ -301,24 +302,47 @@ class ProgramBuilder:
         call = f"{name}({', '.join(args)});"
         if kc.faults:
             call = f"{{ const int fault_ = {call[:-1]}; if (fault_) return fault_; }}"
-        if kc.scratch_guards:
-            call = self._guarded_call(kc, group, call)
+        arena_guards = self.last_arena_guards = self._arena_guards(kc, index)
+        if kc.scratch_guards or arena_guards:
+            call = self._guarded_call(kc, group, call, arena_guards)
         if self.options.profile:
             slot = len(self.calls)
             call = (f"{{ const uint64_t t0_ = opfuse_now_ns(); {call} "
                     f"opfuse_profile_ns[{slot}] += opfuse_now_ns() - t0_; opfuse_profile_group[{slot}] = {index}; }}")
         self.calls.append(f"  {call}")
 
-    def _guarded_call(self, kc: KernelContext, group, call: str) -> str:
-        """``call`` between filling the kernel's scratch guards with 0xA5 in every thread's scratch and
-        checking them (``CodegenOptions.scratch_guard_bytes``): a changed byte returns a fault code."""
+    def _arena_guards(self, kc: KernelContext, index: int) -> list[tuple[int, int]]:
+        """``(offset, bytes)`` of the guard after each arena block the kernel writes, the block live at
+        kernel ``index`` that holds the written pointer (``CodegenOptions.arena_guard_bytes``; none without)."""
+        guard = self.memory.guard_bytes if self.options.arena_guard_bytes else 0
+        if not guard:
+            return []
+        found: set[tuple[int, int]] = set()
+        for p in kc.params.values():
+            region, _, at = p.expr_key
+            if region != "arena" or not p.writable:
+                continue
+            for off, size, start, end in self.memory.blocks.values():
+                if off <= at < off + size and start <= index <= end:
+                    found.add((off + size, guard))
+        return sorted(found)
+
+    def _guarded_call(self, kc: KernelContext, group, call: str, arena_guards: list[tuple[int, int]]) -> str:
+        """``call`` between filling the kernel's guards with 0xA5 (its scratch guards in every thread's
+        scratch, ``CodegenOptions.scratch_guard_bytes``; those after the arena blocks it writes,
+        ``arena_guard_bytes``) and checking them: a changed byte returns a fault code."""
         self.require_helper("opfuse_scratch_guard", SCRATCH_GUARD_C)
         code = self.fault_code(f"kernel '{kc.name}' (group '{group.name}') {SCRATCH_GUARD_FAULT} "
-                               f"(a scratch guard changed)")
-        table = ", ".join(f"{off}, {n}" for off, n in kc.scratch_guards)
-        n = len(kc.scratch_guards)
-        return (f"{{ static const long guards_[] = {{{table}}}; opfuse_guard_fill(scratch, nt, guards_, {n}); {call} "
-                f"if (opfuse_guard_changed(scratch, nt, guards_, {n})) return {code}; }}")
+                               f"(a guard changed)")
+        fill, check = [], []
+        for base, threads, guards, name in (("scratch", "nt", kc.scratch_guards, "guards_"),
+                                            ("arena", "1", arena_guards, "aguards_")):
+            if guards:
+                n = len(guards)
+                fill.append(f"static const long {name}[] = {{{', '.join(f'{o}, {b}' for o, b in guards)}}}; "
+                            f"opfuse_guard_fill({base}, {threads}, {name}, {n});")
+                check.append(f"opfuse_guard_changed({base}, {threads}, {name}, {n})")
+        return f"{{ {' '.join(fill)} {call} if ({' || '.join(check)}) return {code}; }}"
 
     @staticmethod
     def _arg(p) -> str:
@@ -412,8 +436,10 @@ def generate(graph: Graph, plan: FusionPlan | None = None, *, memory: MemoryPlan
             raise UnsupportedDtypeError(v.dtype.name, v.name, "C", f"node '{node.name}' ({node.op_type}) computes "
                                         f"in it; the C backend computes {v.dtype.name} ops in float32 after the "
                                         f"float32_compute rewrite, which did not apply to this op")
-    memory = memory if memory is not None else plan_memory(plan)
     options = options or CodegenOptions()
+    if options.arena_guard_bytes and (memory is None or memory.guard_bytes != options.arena_guard_bytes):
+        memory = plan_memory(plan, guard_bytes=options.arena_guard_bytes)  # the same plan, guards after its blocks
+    memory = memory if memory is not None else plan_memory(plan)
     host_isa = host_simd_isa() if options.vector_isa == "host" and options.platform == "host" else "avx2"
     full_width = host_full_width_fma() if options.platform == "host" else False
     builder = ProgramBuilder(graph, plan, memory, options.resolved(host_isa, full_width))

@@ -91,6 +91,7 @@ class MemoryPlan:
     arena_bytes: int
     lower_bound_bytes: int
     alignment: int = ARENA_ALIGNMENT
+    guard_bytes: int = 0  # after every arena block, its own while it lives (``plan_memory``'s ``guard_bytes``)
 
     def location(self, v: Value) -> Location:
         if id(v) in self.static:
@@ -302,9 +303,9 @@ class _Builder:
                 self._merge(o, bi, bi.members[i.name], "inplace", i)
 
     # Offsets -----------------------------------------------------------------------------
-    def finish(self) -> MemoryPlan:
+    def finish(self, guard_bytes: int = 0) -> MemoryPlan:
         arena = [b for b in self.blocks.values() if b.region == "arena"]
-        buffers = [Buffer(b.key, b.size, b.start, b.end) for b in arena]
+        buffers = [Buffer(b.key, b.size + guard_bytes, b.start, b.end) for b in arena]
         offsets, total = assign_offsets(buffers)
         locations: dict[str, Location] = {}
         for b in self.blocks.values():
@@ -313,7 +314,7 @@ class _Builder:
                 locations[name] = Location(b.region, b.index, base + off)
         blocks = {b.key: (offsets[b.key], b.size, b.start, b.end) for b in arena}
         return MemoryPlan(self.graph, self.plan, self.static, locations, self.lifetimes, blocks,
-                          dict(self.block_of), self.aliases, total, lower_bound(buffers))
+                          dict(self.block_of), self.aliases, total, lower_bound(buffers), guard_bytes=guard_bytes)
 
 
 def _contiguous_slice_offset(shape: tuple[int, ...], axis: int, start: int, itemsize: int) -> int | None:
@@ -358,11 +359,13 @@ def _view_outputs(node: Node) -> list[tuple[Value, Value, int]]:
 
 
 def plan_memory(plan: FusionPlan, *, inplace: bool = True, views: bool = True,
-                concat_alias: bool = True) -> MemoryPlan:
-    """The static memory plan of ``plan`` (see the module docstring)."""
+                concat_alias: bool = True, guard_bytes: int = 0) -> MemoryPlan:
+    """The static memory plan of ``plan`` (see the module docstring). ``guard_bytes``: each arena block is
+    placed as if that much longer, so the bytes after it are its own for its lifetime (a guard the generated
+    code checks, ``CodegenOptions.arena_guard_bytes``); the blocks, lifetimes and aliases are the same."""
     b = _Builder(plan, inplace=inplace, views=views, concat_alias=concat_alias)
     b.build_blocks()
     if concat_alias:
         b.concat_aliases()
     b.views_and_inplace()
-    return b.finish()
+    return b.finish(guard_bytes)

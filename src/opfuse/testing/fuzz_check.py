@@ -48,8 +48,9 @@ CASE_TIMEOUT_S = 300.0
 # the defaults they run the small-size paths only. ``thresholds`` lowers those limits (every such path
 # taken on a few dozen elements, with many tiles, blocks and threads' shares); ``avx2`` the AVX2 kernels
 # where the host has AVX-512 (what a machine without it runs); ``portable`` the plain C99 build
-# (``simd="none"``, the Cortex-M7's C on the host). All but ``default`` put guards around every scratch
-# region (``CodegenOptions.scratch_guard_bytes``): a kernel writing past one is a crash, which no output shows.
+# (``simd="none"``, the Cortex-M7's C on the host). All but ``default`` put guards after every scratch
+# region and arena block (``CodegenOptions.scratch_guard_bytes``, ``arena_guard_bytes``): a kernel writing past
+# one is a crash, which no output may show.
 CODEGEN_PROFILES: dict[str, dict[str, Any]] = {
     "default": {},
     "thresholds": dict(
@@ -61,9 +62,9 @@ CODEGEN_PROFILES: dict[str, dict[str, Any]] = {
         parallel_min_work=0, parallel_dynamic_min_work=0, parallel_min_outer=1,
         depthwise_chunk_planes=1, depthwise_min_chunks=1, depthwise_zmm_plane_min_vectors=1,
         attention_block=16, attention_one_pass_max_keys=16, attention_min_tiles=1, recurrent_block_steps=2,
-        scratch_guard_bytes=64),
-    "avx2": dict(vector_isa="avx2", scratch_guard_bytes=64),
-    "portable": dict(simd="none", silu_direct=False, scratch_guard_bytes=64),
+        scratch_guard_bytes=64, arena_guard_bytes=64),
+    "avx2": dict(vector_isa="avx2", scratch_guard_bytes=64, arena_guard_bytes=64),
+    "portable": dict(simd="none", silu_direct=False, scratch_guard_bytes=64, arena_guard_bytes=64),
 }
 
 
