@@ -143,6 +143,47 @@ def test_int_div_by_zero_is_the_references_input_error(plan, cache_dir):
     np.testing.assert_array_equal(model.run(feeds)[g.outputs[0].name], reference.run(g, feeds)[g.outputs[0].name])
 
 
+@pytest.mark.parametrize("fmod", [0, 1])
+@pytest.mark.parametrize("dt", [np.int8, np.uint8, np.int32, np.int64])
+@pytest.mark.parametrize("plan", ["unfused", "fused"])
+def test_int_mod_by_zero_is_the_references_input_error(plan, dt, fmod, cache_dir):
+    """Integer Mod by a zero divisor gave 0 in C where the reference and onnxruntime refuse it: a silent
+    wrong answer (found trying hostile models; the fuzzer drew Mod only with a float constant modulus)."""
+    b = GraphBuilder("modzero")
+    a = b.input("a", (6,), dt)
+    d = b.input("d", (6,), dt)
+    g = b.build(b.op("Abs", b.op("Mod", a, d, fmod=fmod, name="the_mod"), name="abs"))
+    feeds = {"a": np.array([7, 5, 3, 2, 9, 1], dt), "d": np.array([2, 3, 4, 1, 0, 5], dt)}
+    with pytest.raises(InputError) as want:
+        reference.run(g, feeds)
+    model = build(g, _plans(g)[plan], cache_dir=cache_dir)
+    with pytest.raises(InputError) as got:
+        model.run(feeds)
+    assert str(got.value) == str(want.value) == "node 'the_mod' (Mod): integer modulo by zero"
+    feeds["d"] = np.array([2, 3, 4, 1, 7, 5], dt)
+    np.testing.assert_array_equal(model.run(feeds)["abs"], reference.run(g, feeds)["abs"])
+
+
+def test_int_mod_by_a_computed_zero_in_a_parallel_loop(cache_dir):
+    """A divisor computed in the loop itself (no pre-check possible), split across threads."""
+    b = GraphBuilder("modpar")
+    a = b.input("a", (256, 256), I32)
+    c = b.input("c", (256, 1), I32)
+    q = b.op("Mod", c, b.op("Add", b.op("ReduceMax", a, axes=[1]), b.const("k", np.array(-3, I32))), name="qmod")
+    g = b.build(q)
+    plan = group_by_names(g, [("reduction", [n.name for n in g.nodes])])
+    model = build(g, plan, cache_dir=cache_dir, threads=2)
+    rng = np.random.default_rng(0)
+    x = rng.integers(-100, 100, (256, 256)).astype(I32)
+    x[:, 0] = 200
+    feeds = {"a": x, "c": rng.integers(-1000, 1000, (256, 1)).astype(I32)}
+    np.testing.assert_array_equal(model.run(feeds)["qmod"], reference.run(g, feeds)["qmod"])
+    x[200, 0] = 3  # the row max is 3 there: a zero divisor
+    x[200, 1:] = 0
+    with pytest.raises(InputError, match="node 'qmod' \\(Mod\\): integer modulo by zero"):
+        model.run(feeds)
+
+
 def test_int_div_by_zero_in_a_parallel_loop(cache_dir):
     """A divisor computed in the loop itself (no pre-check possible), split across threads."""
     b = GraphBuilder("divpar")

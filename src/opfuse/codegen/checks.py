@@ -1,6 +1,6 @@
 """Run-time checks: the values the C code cannot compute fail as the reference does.
 
-Three ops meet input values without a result: integer ``Div`` (a zero divisor; the reference
+Four ops meet input values without a result: integer ``Div`` and ``Mod`` (a zero divisor; the reference
 raises ``InputError``, x86 would trap), integer ``Pow`` (0 to a negative power, a division by
 zero too) and ``Gather`` (an index outside ``[-dim, dim)``; the reference raises, an unchecked
 load would read outside the tensor). For each, the C code computes on with a safe value
@@ -63,6 +63,9 @@ def check_of(node: Node) -> Check | None:
     if node.op_type == "Div" and not is_float(node.input(0).dtype):
         return Check((node.input(1),), lambda x: f"({x} == 0)", lambda a: bool(np.any(a == 0)),
                      str(division_by_zero(node)))
+    if node.op_type == "Mod" and not is_float(node.input(0).dtype):
+        return Check((node.input(1),), lambda x: f"({x} == 0)", lambda a: bool(np.any(a == 0)),
+                     str(division_by_zero(node, "integer modulo by zero")))
     if node.op_type == "Pow" and not is_float(node.input(0).dtype) and not is_float(node.input(1).dtype):
         return Check((node.input(0), node.input(1)), lambda b, e: f"({b} == 0 && {e} < 0)",
                      lambda b, e: bool(np.any((b == 0) & (e < 0))), zero_to_negative_power(node))

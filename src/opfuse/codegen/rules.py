@@ -855,11 +855,16 @@ _binary("PRelu", lambda a, b: f"({a} < 0 ? {a} * {b} : {a})")
 @_register("Mod")
 def _mod(ev, node, k, idx):
     """Python's % (fmod=0: the divisor's sign) or C's fmod (fmod=1). An integer divisor of 0
-    gives 0 (the reference refuses it), -1 gives 0 without the INT_MIN % -1 trap."""
+    computes 0 and faults, as the reference refuses it (``checks.check_of``; it gave 0 silently
+    before); -1 gives 0 without the INT_MIN % -1 trap."""
     dt = node.outputs[0].dtype
     a = ev.operand(node, 0, idx)
     b = ev.operand(node, 1, idx)
     floored = not int(_attrs(node)["fmod"])
+    if not is_float(dt):
+        if not (b.replace("_", "").isalnum() or b.lstrip("-").isdigit()):
+            b = ev.assign(node.input(1), b)
+        checks.check_here(ev, node, b)
     if is_float(dt):
         r = let(ev, dt, f"{math_fn('fmod', dt)}({a}, {b})")
         if not floored:

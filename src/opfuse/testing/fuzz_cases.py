@@ -183,6 +183,16 @@ def _div_by_input(draw, g: Graph) -> None:
     g.outputs.append(_add(g, "Div", [a, d]))
 
 
+def _mod_by_input(draw, g: Graph) -> None:
+    """``Mod(a, d)`` (Python's % or C's fmod) for an integer value ``a`` and a new input ``d`` (zeros the check
+    must catch: the C code gave 0 for a zero divisor where the reference refuses it)."""
+    ints = [v for v in _values(g) if v.dtype.kind in "iu"]
+    assume(ints)
+    a = draw(st.sampled_from(ints))
+    d = g.add_input(g.unique_name(DIVISOR), a.shape, a.dtype)
+    g.outputs.append(_add(g, "Mod", [a, d], fmod=draw(st.sampled_from((0, 1)))))
+
+
 def _gather_by_input(draw, g: Graph) -> None:
     """``Gather(a, i, axis)`` with run-time indices ``i`` (some may be out of range)."""
     ranked = [v for v in _values(g) if v.shape]
@@ -208,8 +218,8 @@ def _cast_input(draw, g: Graph) -> None:
 
 
 EXTRAS = {"cast_output": _cast_output, "equal_where": _equal_where, "div_by_input": _div_by_input,
-          "gather_by_input": _gather_by_input, "cast_input": _cast_input}
-INTEGER_EXTRAS = ("div_by_input", "cast_input")
+          "mod_by_input": _mod_by_input, "gather_by_input": _gather_by_input, "cast_input": _cast_input}
+INTEGER_EXTRAS = ("div_by_input", "mod_by_input", "cast_input")
 
 
 # Inputs ---------------------------------------------------------------------------------------
