@@ -8,6 +8,7 @@ document on stdout and nothing else; progress goes to stderr, only on a terminal
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -86,17 +87,31 @@ def _ort_outputs(model_spec: str, graph, feeds: dict) -> dict[str, np.ndarray]:
 
 
 def compare_outputs(ours: dict, theirs: dict) -> list[tuple[str, float, float]]:
-    """(name, max abs error, max relative error) for every output both sides produced."""
+    """(name, max abs error, max relative error) for every output both sides produced. Elements equal on both
+    sides (infinities of one sign too) or NaN on both are no error; a NaN or an infinity on one side only, or
+    another shape, is an infinite one (a NaN on both sides was a MISMATCH: NaN - NaN is NaN)."""
     rows = []
     for name, a in ours.items():
         if name not in theirs:
             continue
-        b = np.asarray(theirs[name])
-        diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+        x, y = np.asarray(a).astype(np.float64), np.asarray(theirs[name]).astype(np.float64)
+        if x.shape != y.shape:
+            rows.append((name, math.inf, math.inf))
+            continue
+        with np.errstate(invalid="ignore"):
+            diff = np.where((x == y) | (np.isnan(x) & np.isnan(y)), 0.0, np.abs(x - y))
+        diff = np.where(np.isnan(diff), math.inf, diff)
         abs_err = float(diff.max()) if diff.size else 0.0
-        rel = diff / np.maximum(np.abs(b.astype(np.float64)), 1e-12)
+        rel = diff / np.maximum(np.abs(np.where(np.isfinite(y), y, 1.0)), 1e-12)
         rows.append((name, abs_err, float(rel.max()) if rel.size else 0.0))
     return rows
+
+
+def compare_scale(theirs) -> float:
+    """The magnitude ``--compare``'s tolerance scales with: the largest finite value, at least 1."""
+    y = np.abs(np.asarray(theirs, dtype=np.float64))
+    finite = y[np.isfinite(y)]
+    return max(1.0, float(finite.max())) if finite.size else 1.0
 
 
 def _print_json(result) -> None:
@@ -179,7 +194,7 @@ def cmd_run(args) -> int:
             reference.run(graph, feeds)
         result["compare"] = {"with": args.compare, "outputs": {}}
         for name, abs_err, rel_err in compare_outputs(outputs, theirs):
-            tol = COMPARE_RTOL * max(1.0, float(np.max(np.abs(theirs[name]))) if np.size(theirs[name]) else 1.0)
+            tol = COMPARE_RTOL * compare_scale(theirs[name])
             ok = abs_err <= tol
             code = code if ok else 1
             result["compare"]["outputs"][name] = {"max_abs_error": abs_err, "max_rel_error": rel_err,
@@ -1254,7 +1269,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(_join_config_values(list(sys.argv[1:] if argv is None else argv)))
     set_quiet(getattr(args, "quiet", False))
     try:
-        with safe_output():  # names from the model reach the terminal escaped
+        # Names from the model reach the terminal escaped; NaN and infinities are IEEE results here, as in
+        # onnxruntime, so NumPy's warnings about them would only add lines to a run that went as it should.
+        with safe_output(), np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
             return args.fn(args)
     except OpfuseError as e:
         print(f"opfuse: error: {escape(str(e), newlines=True)}", file=sys.stderr)

@@ -50,6 +50,29 @@ def test_inputs_of_another_dtype_need_cast_inputs(capsys, tmp_path):
         assert d["y"].dtype == np.int8 and d["y"].tolist() == [100, 0, 2]
 
 
+def test_compare_counts_nan_and_infinities_on_both_sides_as_agreement(capsys, tmp_path):
+    """A BatchNormalization with a negative epsilon over a zero variance is NaN in every backend: ``--compare
+    reference`` said MISMATCH (NaN - NaN is NaN) and NumPy's two warning lines came first; an infinity on both
+    sides agrees too, and one on one side only does not."""
+    from onnx import numpy_helper
+    f32 = lambda n, a: numpy_helper.from_array(np.asarray(a, np.float32), n)  # noqa: E731
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 2, 2])
+    model = write_model(tmp_path, [helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"],
+                                                    epsilon=-1.0)],
+                        [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                        [f32("s", [1, 1]), f32("b", [0, 0]), f32("m", [0, 0]), f32("v", [0, 0])])
+    code, out, err = run_cli(capsys, "run", model, "--backend", "c", "--compare", "reference")
+    assert code == 0 and err == "" and "max abs error 0," in out and "MISMATCH" not in out, (out, err)
+    from opfuse.cli import compare_outputs, compare_scale
+    inf, nan = np.inf, np.nan
+    rows = compare_outputs({"a": np.array([inf, -inf, nan, 1.0]), "b": np.array([inf, 1.0])},
+                           {"a": np.array([inf, -inf, nan, 1.0]), "b": np.array([-inf, 1.0])})
+    assert rows == [("a", 0.0, 0.0), ("b", inf, inf)]
+    assert compare_outputs({"a": np.array([nan])}, {"a": np.array([1.0])})[0][1] == inf
+    assert compare_outputs({"a": np.zeros(3)}, {"a": np.zeros(4)})[0][1] == inf
+    assert compare_scale(np.array([inf, -5.0, nan])) == 5.0
+
+
 @pytest.mark.parametrize("backend", ["c", "reference"])
 def test_a_value_for_an_initializer_listed_as_an_input(capsys, tmp_path, backend):
     """Old exporters list every weight among the graph inputs; opfuse compiles them as the constants the file

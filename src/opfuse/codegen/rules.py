@@ -561,8 +561,9 @@ def _batchnorm(ev, node, k, idx):
     cshape = (node.input(0).shape[1],) + (1,) * (rank - 2)
     if all(id(p) in ev.static for p in params):
         scale, bias, mean, var = (ev.static[id(p)].astype(np.float64) for p in params)
-        s = scale / np.sqrt(var + eps)
-        t = bias - mean * s
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # IEEE, as the reference
+            s = scale / np.sqrt(var + eps)
+            t = bias - mean * s
         sub = idx.broadcast_to(cshape)
         sp = ev.kc.const_array(("bn_scale", node.name), s.reshape(cshape), node.name + "_s", dt)
         tp = ev.kc.const_array(("bn_shift", node.name), t.reshape(cshape), node.name + "_t", dt)

@@ -480,8 +480,9 @@ register(OpSpec("Where", Category.BROADCAST, Mapping.ONE_TO_ONE, _where_infer, _
 def _bn(ins, a, node):
     x, scale, bias, mean, var = ins[:5]
     shape = (1, -1) + (1,) * (x.ndim - 2)
-    s = (scale.astype(np.float64) / np.sqrt(var.astype(np.float64) + a["epsilon"])).reshape(shape)
-    y = (x.astype(np.float64) - mean.reshape(shape)) * s + bias.reshape(shape)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # IEEE results (a negative variance: NaN)
+        s = (scale.astype(np.float64) / np.sqrt(var.astype(np.float64) + a["epsilon"])).reshape(shape)
+        y = (x.astype(np.float64) - mean.reshape(shape)) * s + bias.reshape(shape)
     return [y.astype(x.dtype)]
 
 
