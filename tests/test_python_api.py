@@ -46,3 +46,24 @@ def test_gpu_targets_are_planned_not_built():
 def test_unknown_planner_is_a_clear_error():
     with pytest.raises(OpfuseError, match="planner"):
         CompileOptions(planner="magic")
+
+
+def test_serialized_onnx_bytes_are_a_model():
+    """``opfuse.compile(model_proto.SerializeToString())`` as onnxruntime takes bytes (it was a TypeError)."""
+    from opfuse import zoo
+    proto = zoo.build_onnx("resnet8")
+    for data in (proto.SerializeToString(), bytearray(proto.SerializeToString())):
+        model = opfuse.compile(data, threads=1)
+        feeds = random_inputs(model.graph, 0)
+        want = run(opfuse.load(proto), feeds)
+        for k, v in model.run(feeds).items():
+            np.testing.assert_allclose(v, want[k], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("model,needle", [(None, "not NoneType"), (123, "not int"), (3.5, "not float"),
+                                          (b"\x00garbage", "not a valid ONNX model"), (b"", "is empty")])
+def test_what_is_not_a_model_is_one_model_error(model, needle):
+    for fn in (opfuse.compile, plan_model, opfuse.load):
+        with pytest.raises(OpfuseError, match=needle) as e:
+            fn(model)
+        assert "\n" not in str(e.value) and e.value.exit_code == 2

@@ -25,7 +25,24 @@ def load(model, input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     return graph
 
 
+def model_source(model):
+    """``model`` as the loaders take it: a Graph or an ``onnx.ModelProto`` as it is, serialized ONNX bytes
+    parsed into a ModelProto (``ModelError`` when they are not one), a path or ``zoo:NAME`` as a str; a
+    ``ModelError`` naming what was given for anything else (``None`` or a number was a ``TypeError``)."""
+    if isinstance(model, (Graph, onnx.ModelProto)):
+        return model
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        from opfuse.frontend.onnx_files import parse_model
+        return parse_model(bytes(model), "the model bytes")
+    if isinstance(model, (str, os.PathLike)):
+        spec = os.fspath(model)
+        return spec if isinstance(spec, str) else os.fsdecode(spec)
+    raise ModelError(f"a model is a path to an .onnx file, 'zoo:NAME', serialized ONNX bytes, an onnx.ModelProto "
+                     f"or an opfuse Graph, not {type(model).__name__}")
+
+
 def _load(model, input_shapes: Mapping[str, tuple[int, ...]] | None, input_values: Mapping | None = None) -> Graph:
+    model = model_source(model)
     if isinstance(model, Graph):
         if input_values:
             raise ModelError("input values bind the inputs of an ONNX model, not of an imported Graph")
@@ -49,6 +66,7 @@ def _load(model, input_shapes: Mapping[str, tuple[int, ...]] | None, input_value
 
 def onnx_proto(model) -> onnx.ModelProto:
     """The ONNX model behind ``model`` (for running it in onnxruntime side by side)."""
+    model = model_source(model)
     if isinstance(model, onnx.ModelProto):
         return model
     if isinstance(model, Graph):
@@ -67,6 +85,7 @@ def declared_inputs(model) -> dict:
 
     Empty for a Graph (its shapes are bound) and a zoo model (built with its shapes); a path
     is parsed here without its external data (the weights are not needed for the inputs)."""
+    model = model_source(model)
     if isinstance(model, Graph):
         return {}
     from opfuse.frontend.onnx import declared_inputs as onnx_inputs

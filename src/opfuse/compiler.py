@@ -458,6 +458,8 @@ def compile(model, target: str = "host", fuse: bool = True, *, threads: int | No
     is compiled for those shapes and values (once for each; the built library comes from the
     build cache).
     """
+    from opfuse.api import model_source
+    model = model_source(model)  # bytes parsed once; None, a number: one ModelError
     opts = options or CompileOptions(target=target, fuse=fuse, **kwargs)
     if opts.target == MCU_TARGET:
         return build_mcu(plan_model(model, opts))
