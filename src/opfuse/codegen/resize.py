@@ -129,9 +129,9 @@ def resize_rule(ev, node, idx: Index) -> str:
         ev.w.line(f"double {acc} = 0.0;")
         with ev.w.block(f"for (int {t} = 0; {t} < {n}; ++{t})"), ev.scope():
             d = list(dims_now)
-            d[axis] = f"{pi}[{o} * {n} + {t}]"
+            d[axis] = f"{pi}[({o}) * {n} + {t}]"
             inner = window_value(d, pending[:-1])
-            ev.w.line(f"{acc} += {pw}[{o} * {n} + {t}] * {inner};")
+            ev.w.line(f"{acc} += {pw}[({o}) * {n} + {t}] * {inner};")
         return acc
 
     res = kc.tmp("rs")
