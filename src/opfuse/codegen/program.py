@@ -177,10 +177,10 @@ class CProgram:
 
     def fault_error(self, code: int) -> OpfuseError:
         """The exception of a non-zero ``opfuse_run`` result: ``InputError`` for what the inputs did (a zero
-        divisor, an index out of range), a plain ``OpfuseError`` for a scratch guard (a code generator's
-        bug, ``CodegenOptions.scratch_guard_bytes``)."""
+        divisor, an index out of range), a plain ``OpfuseError`` for a guard that changed (a code generator's
+        bug: ``CodegenOptions.scratch_guard_bytes``, ``arena_guard_bytes``)."""
         message = self.fault_message(code)
-        return OpfuseError(message) if SCRATCH_GUARD_FAULT in message else InputError(message)
+        return OpfuseError(message) if GUARD_FAULT in message else InputError(message)
 
     @property
     def num_functions(self) -> int:
@@ -211,10 +211,10 @@ class CProgram:
                 "size_t opfuse_weights_bytes(void);\nint opfuse_abi_version(void);\n")
 
 
-# ``CodegenOptions.scratch_guard_bytes``: each kernel's guards (``{offset, bytes}`` pairs) filled before its call and
-# compared after it, in every thread's scratch.
-SCRATCH_GUARD_FAULT = "stored outside its scratch regions or output tensors"
-SCRATCH_GUARD_C = """\
+# ``CodegenOptions.scratch_guard_bytes`` and ``arena_guard_bytes``: each kernel's guards (``{offset, bytes}`` pairs
+# from a base: every thread's scratch, or the arena with one "thread") filled before its call and compared after it.
+GUARD_FAULT = "stored outside its scratch regions or output tensors"
+GUARD_C = """\
 static void opfuse_guard_fill(char* scratch, int nt, const long* g, int n) {
   for (int t = 0; t < nt; ++t)
     for (int i = 0; i < n; ++i)
@@ -331,8 +331,8 @@ class ProgramBuilder:
         """``call`` between filling the kernel's guards with 0xA5 (its scratch guards in every thread's
         scratch, ``CodegenOptions.scratch_guard_bytes``; those after the arena blocks it writes,
         ``arena_guard_bytes``) and checking them: a changed byte returns a fault code."""
-        self.require_helper("opfuse_scratch_guard", SCRATCH_GUARD_C)
-        code = self.fault_code(f"kernel '{kc.name}' (group '{group.name}') {SCRATCH_GUARD_FAULT} "
+        self.require_helper("opfuse_scratch_guard", GUARD_C)
+        code = self.fault_code(f"kernel '{kc.name}' (group '{group.name}') {GUARD_FAULT} "
                                f"(a guard changed)")
         fill, check = [], []
         for base, threads, guards, name in (("scratch", "nt", kc.scratch_guards, "guards_"),
