@@ -677,9 +677,9 @@ class CodegenOptions:
     # Tests and the fuzzer (host builds): every scratch region a kernel reserves (``KernelContext.scratch``) gets
     # a guard of this many bytes after it (from its exact end, so the alignment padding too) and one before the
     # first; ``opfuse_run`` fills a kernel's guards with 0xA5 in every thread's scratch before the call and checks
-    # them after it, and a changed byte is the fault "kernel ... stored outside its scratch regions". A region
-    # sized too small for what the kernel writes otherwise lands in the next region, which that kernel has yet to
-    # fill or has done with, and no result shows it. 0: none (the default: the same C as without this option).
+    # them after it, and a changed byte is the fault "kernel ... stored outside its scratch regions or output
+    # tensors". A region sized too small for what the kernel writes otherwise lands in the next region, which that
+    # kernel has yet to fill or has done with, and no result shows it. 0: none (the default: the same C as without).
     scratch_guard_bytes: int = 0
     # The same for the arena (tests and the fuzzer, host builds): the memory plan places every arena block as if
     # this many bytes longer (``plan_memory``'s ``guard_bytes``: the bytes after a block are its own while it
