@@ -164,32 +164,14 @@ def test_int_mod_by_zero_is_the_references_input_error(plan, dt, fmod, cache_dir
     np.testing.assert_array_equal(model.run(feeds)["abs"], reference.run(g, feeds)["abs"])
 
 
-def test_int_mod_by_a_computed_zero_in_a_parallel_loop(cache_dir):
+@pytest.mark.parametrize("op,message", [("Div", "integer division by zero"), ("Mod", "integer modulo by zero")])
+def test_int_div_and_mod_by_zero_in_a_parallel_loop(cache_dir, op, message):
     """A divisor computed in the loop itself (no pre-check possible), split across threads."""
-    b = GraphBuilder("modpar")
+    b = GraphBuilder(f"{op.lower()}par")
     a = b.input("a", (256, 256), I32)
     c = b.input("c", (256, 1), I32)
-    q = b.op("Mod", c, b.op("Add", b.op("ReduceMax", a, axes=[1]), b.const("k", np.array(-3, I32))), name="qmod")
-    g = b.build(q)
-    plan = group_by_names(g, [("reduction", [n.name for n in g.nodes])])
-    model = build(g, plan, cache_dir=cache_dir, threads=2)
-    rng = np.random.default_rng(0)
-    x = rng.integers(-100, 100, (256, 256)).astype(I32)
-    x[:, 0] = 200
-    feeds = {"a": x, "c": rng.integers(-1000, 1000, (256, 1)).astype(I32)}
-    np.testing.assert_array_equal(model.run(feeds)["qmod"], reference.run(g, feeds)["qmod"])
-    x[200, 0] = 3  # the row max is 3 there: a zero divisor
-    x[200, 1:] = 0
-    with pytest.raises(InputError, match="node 'qmod' \\(Mod\\): integer modulo by zero"):
-        model.run(feeds)
-
-
-def test_int_div_by_zero_in_a_parallel_loop(cache_dir):
-    """A divisor computed in the loop itself (no pre-check possible), split across threads."""
-    b = GraphBuilder("divpar")
-    a = b.input("a", (256, 256), I32)
-    c = b.input("c", (256, 1), I32)
-    q = b.op("Div", c, b.op("Add", b.op("ReduceMax", a, axes=[1]), b.const("k", np.array(-3, I32))), name="qdiv")
+    name = f"q{op.lower()}"
+    q = b.op(op, c, b.op("Add", b.op("ReduceMax", a, axes=[1]), b.const("k", np.array(-3, I32))), name=name)
     g = b.build(q)
     plan = group_by_names(g, [("reduction", [n.name for n in g.nodes])])
     model = build(g, plan, cache_dir=cache_dir, threads=2)
@@ -198,10 +180,10 @@ def test_int_div_by_zero_in_a_parallel_loop(cache_dir):
     x = rng.integers(-100, 100, (256, 256)).astype(I32)
     x[:, 0] = 200
     feeds = {"a": x, "c": rng.integers(-1000, 1000, (256, 1)).astype(I32)}
-    np.testing.assert_array_equal(model.run(feeds)["qdiv"], reference.run(g, feeds)["qdiv"])
+    np.testing.assert_array_equal(model.run(feeds)[name], reference.run(g, feeds)[name])
     x[200, 0] = 3  # the row max is 3 there: a zero divisor
     x[200, 1:] = 0
-    with pytest.raises(InputError, match="node 'qdiv' \\(Div\\): integer division by zero"):
+    with pytest.raises(InputError, match=f"node '{name}' \\({op}\\): {message}"):
         model.run(feeds)
 
 
