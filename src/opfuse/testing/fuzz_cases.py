@@ -174,23 +174,23 @@ def _equal_where(draw, g: Graph) -> None:
     g.outputs.append(_add(g, "Where", [_add(g, "Equal", [a, b]), a, b]))
 
 
-def _div_by_input(draw, g: Graph) -> None:
-    """``a / d`` for an integer value ``a`` and a new input ``d`` (whose zeros the check must catch)."""
+def _by_divisor_input(draw, g: Graph, op: str, **attrs) -> None:
+    """``op(a, d)`` for an integer value ``a`` and a new input ``d`` (whose zeros the check must catch)."""
     ints = [v for v in _values(g) if v.dtype.kind in "iu"]
     assume(ints)
     a = draw(st.sampled_from(ints))
     d = g.add_input(g.unique_name(DIVISOR), a.shape, a.dtype)
-    g.outputs.append(_add(g, "Div", [a, d]))
+    g.outputs.append(_add(g, op, [a, d], **attrs))
+
+
+def _div_by_input(draw, g: Graph) -> None:
+    """``a / d``."""
+    _by_divisor_input(draw, g, "Div")
 
 
 def _mod_by_input(draw, g: Graph) -> None:
-    """``Mod(a, d)`` (Python's % or C's fmod) for an integer value ``a`` and a new input ``d`` (zeros the check
-    must catch: the C code gave 0 for a zero divisor where the reference refuses it)."""
-    ints = [v for v in _values(g) if v.dtype.kind in "iu"]
-    assume(ints)
-    a = draw(st.sampled_from(ints))
-    d = g.add_input(g.unique_name(DIVISOR), a.shape, a.dtype)
-    g.outputs.append(_add(g, "Mod", [a, d], fmod=draw(st.sampled_from((0, 1)))))
+    """``Mod(a, d)``, Python's % or C's fmod (the C code gave 0 for a zero divisor where the reference refuses it)."""
+    _by_divisor_input(draw, g, "Mod", fmod=draw(st.sampled_from((0, 1))))
 
 
 def _gather_by_input(draw, g: Graph) -> None:
