@@ -144,6 +144,23 @@ def check_compiler(cc: str) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
+# Where ``-march=native`` has AVX-512, the compiler's own vectorised loops run 256 bits wide (the generated C's
+# zmm intrinsics keep their width): GCC 12.2's default for Zen 4 is 512, and its 512-bit loop vectorizer
+# miscompiled a fused int64 Concat whose if-converted loads fed three chains (zeros for half the rows; the C
+# is right, -O2 and 256 bits are too: tests/e2e/repro/gcc12_avx512_concat_select). GCC's default for
+# Intel's AVX-512 cores is 256 already. Measured on the Zen 4 host (whole models, 1 thread, medians of 6
+# interleaved rounds of 20, the same outputs): bert_layer 1.008x, mobilenet_v1 1.001x, yolo_block 0.97x,
+# resnet18 0.99x: noise.
+AVX512_VECTOR_WIDTH_FLAGS = ("-mprefer-vector-width=256",)
+
+
+@functools.lru_cache(maxsize=None)
+def native_avx512(cc: str) -> bool:
+    """Whether ``cc -march=native`` targets AVX-512 here (``__AVX512F__`` defined)."""
+    macros = _run([*_argv(cc), "-march=native", "-dM", "-E", "-x", "c", os.devnull]).stdout
+    return "#define __AVX512F__ 1" in macros
+
+
 @functools.lru_cache(maxsize=None)
 def compiler_identity(cc: str, native: bool) -> str:
     """Version line of ``cc`` plus a hash of the macros ``-march=native`` defines here."""
@@ -184,6 +201,8 @@ class Toolchain:
         flags = list(BASE_FLAGS)
         if native:
             flags.append("-march=native")
+            if native_avx512(cc):
+                flags.extend(AVX512_VECTOR_WIDTH_FLAGS)
         if fast_math:
             flags = [f for f in flags if f != "-ffp-contract=off"] + list(FAST_MATH_FLAGS)
         pool = threads and supports_threads(cc)
