@@ -155,10 +155,14 @@ AVX512_VECTOR_WIDTH_FLAGS = ("-mprefer-vector-width=256",)
 
 
 @functools.lru_cache(maxsize=None)
+def _native_macros(cc: str) -> str:
+    """The macros ``cc -march=native`` defines here (its target's features)."""
+    return _run([*_argv(cc), "-march=native", "-dM", "-E", "-x", "c", os.devnull]).stdout
+
+
 def native_avx512(cc: str) -> bool:
     """Whether ``cc -march=native`` targets AVX-512 here (``__AVX512F__`` defined)."""
-    macros = _run([*_argv(cc), "-march=native", "-dM", "-E", "-x", "c", os.devnull]).stdout
-    return "#define __AVX512F__ 1" in macros
+    return "#define __AVX512F__ 1" in _native_macros(cc)
 
 
 @functools.lru_cache(maxsize=None)
@@ -167,8 +171,7 @@ def compiler_identity(cc: str, native: bool) -> str:
     ver = _run([*_argv(cc), "--version"]).stdout.splitlines()
     ident = ver[0] if ver else cc
     if native:
-        macros = _run([*_argv(cc), "-march=native", "-dM", "-E", "-x", "c", os.devnull]).stdout
-        ident += " native:" + hashlib.sha256(macros.encode()).hexdigest()[:16]
+        ident += " native:" + hashlib.sha256(_native_macros(cc).encode()).hexdigest()[:16]
     return ident
 
 
