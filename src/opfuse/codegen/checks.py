@@ -101,13 +101,20 @@ def check_here(ev, node: Node, *xs: str) -> None:
 _UNSIGNED = {4: "uint32_t", 8: "uint64_t"}
 
 
+def checked_divisor(ev, node: Node, b: str) -> str:
+    """The integer divisor ``b`` of ``node`` (Div, Mod) as a name or literal, its zeros checked where it is
+    computed (``check_here``): the C code then divides by it safely and the fault says what the reference does."""
+    if not (b.replace("_", "").isalnum() or b.lstrip("-").isdigit()):
+        b = ev.assign(node.input(1), b)
+    check_here(ev, node, b)
+    return b
+
+
 def div(ev, node: Node, a: str, b: str) -> str:
     """``a / b`` for integers, as the reference: truncated toward zero, ``INT_MIN / -1`` wraps to
     ``INT_MIN`` (negated in unsigned arithmetic: C's ``/`` traps there), a zero divisor faults."""
     dt = np.dtype(node.input(0).dtype)
-    if not (b.replace("_", "").isalnum() or b.lstrip("-").isdigit()):
-        b = ev.assign(node.input(1), b)
-    check_here(ev, node, b)
+    b = checked_divisor(ev, node, b)
     q = f"{a} / ({b} == 0 ? 1 : {b})"
     if dt.kind == "i" and dt.itemsize in _UNSIGNED:  # narrower types divide as int: no overflow
         q = f"({b} == -1 ? ({c_type(dt)})(0u - ({_UNSIGNED[dt.itemsize]}){a}) : {q})"

@@ -863,9 +863,7 @@ def _mod(ev, node, k, idx):
     b = ev.operand(node, 1, idx)
     floored = not int(_attrs(node)["fmod"])
     if not is_float(dt):
-        if not (b.replace("_", "").isalnum() or b.lstrip("-").isdigit()):
-            b = ev.assign(node.input(1), b)
-        checks.check_here(ev, node, b)
+        b = checks.checked_divisor(ev, node, b)
     if is_float(dt):
         r = let(ev, dt, f"{math_fn('fmod', dt)}({a}, {b})")
         if not floored:
