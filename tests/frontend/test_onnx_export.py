@@ -72,6 +72,21 @@ def test_default_opset_is_17_or_the_graphs_when_newer():
     assert export_model(_cnn(opset=19)).opset_import[0].version == 19
 
 
+def test_default_opset_rises_to_the_first_that_defines_every_op():
+    """BitwiseAnd came with opset 18: a graph using it exported at 17 was refused ("not an ONNX op at
+    opset 17"); asked for opset 17 explicitly, it still is."""
+    b = GraphBuilder("bits")
+    x, y = b.input("x", (2, 3), np.int32), b.input("y", (3,), np.int32)
+    g = b.build(b.op("BitwiseAnd", b.op("Add", x, y), y))
+    m = export_model(g)
+    assert m.opset_import[0].version == 18
+    check_onnx(m)
+    feeds = {"x": np.array([[1, -2, 7], [5, 6, 255]], np.int32), "y": np.array([3, -1, 12], np.int32)}
+    np.testing.assert_array_equal(next(iter(ort_run(m, feeds).values())), (feeds["x"] + feeds["y"]) & feeds["y"])
+    with pytest.raises(UnsupportedOpError, match="not an ONNX op at opset 17"):
+        export_model(g, 17)
+
+
 @pytest.mark.parametrize("opset", [9, 10, 22])
 def test_unsupported_export_opset(opset):
     with pytest.raises(InputError, match="11 to 21"):

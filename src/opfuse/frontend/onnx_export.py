@@ -33,9 +33,24 @@ EXTERNAL_DATA_THRESHOLD_BYTES = 1 << 30
 LOCAL_FUNCTIONS_IR_VERSION = 8  # model-local functions came with IR version 8 (ONNX 1.10)
 
 
+def _defined_at(op_type: str, opset: int) -> bool:
+    try:
+        return not onnx.defs.get_schema(op_type, opset, "").deprecated
+    except onnx.defs.SchemaError:
+        return False
+
+
 def export_opset(graph: Graph, opset: int | None) -> int:
+    """The opset asked for, else ``DEFAULT_EXPORT_OPSET`` or the graph's own when newer, raised to
+    the first opset that defines every ONNX op of the graph (BitwiseAnd needs 18, ...)."""
     if opset is None:
-        return min(max(DEFAULT_EXPORT_OPSET, graph.opset), EXPORT_MAX_OPSET)
+        chosen = min(max(DEFAULT_EXPORT_OPSET, graph.opset), EXPORT_MAX_OPSET)
+        for op_type in sorted({n.op_type for n in graph.nodes}):
+            if _defined_at(op_type, chosen):
+                continue
+            newer = [v for v in range(chosen + 1, EXPORT_MAX_OPSET + 1) if _defined_at(op_type, v)]
+            chosen = newer[0] if newer else chosen  # none: an opfuse op the exporter expands
+        return chosen
     if not EXPORT_MIN_OPSET <= int(opset) <= EXPORT_MAX_OPSET:
         raise InputError(f"cannot export at opset {opset}: opfuse writes opsets {EXPORT_MIN_OPSET} to "
                          f"{EXPORT_MAX_OPSET}")

@@ -3,13 +3,14 @@
 A case starts as a float32 graph of ``random_graphs.graphs()`` (every op family, patterns
 included) and may then be
 
-* *retyped* to float64, or to an integer type (int8, int16, int32, int64, uint8) when it was
+* *retyped* to float64, or to an integer type (int8 to int64, uint8 to uint64) when it was
   drawn from the ops that take integers (``INTEGER_OPS``); float constants become the new type
   (integers scaled by ``INT_SCALE`` and rounded, divisors kept away from 0); shape operands,
   indices, masks and Resize's scales keep theirs;
 * given *extra* nodes on drawn values: a Cast of an output, ``Where(Equal(a, b), a, b)``, a
-  Cast in front of an integer input, and (integers) a Div by a raw graph input or a Gather with
-  run-time indices, the two ops that can fail at run time;
+  Cast in front of an integer input, and (integers) a Div or Mod by a raw graph input or a
+  Gather with run-time indices, the ops that can fail at run time, and an integer op whose second
+  operand is a raw input (``INT_OPS_BY_INPUT``: wrap-around, shifts, exponents over the whole range);
 * fed *hostile* inputs: ``normal`` (the generator's range, [-2, 2]; small integers), ``special``
   (that plus NaN, +-Inf, -0.0, subnormals; integers over their whole range with INT_MIN, INT_MAX,
   0, -1), ``extreme`` (that plus huge finite floats up to FLT_MAX, only for graphs made of ops
@@ -46,7 +47,7 @@ INTEGER_OPS = frozenset({
     "Tile", "Trilu", "DepthToSpace", "SpaceToDepth", "GatherElements", "GatherND", "ScatterElements", "ScatterND",
     "ReverseSequence", "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "Equal", "And", "Or", "Xor", "Not",
     "ArgMax", "ArgMin", "TopK", "OneHot", "Sign", "ReduceMin", "ReduceProd", "CumSum"})
-INTEGER_TYPES = (np.int32, np.int64, np.int8, np.int16, np.uint8)
+INTEGER_TYPES = (np.int32, np.int64, np.int8, np.int16, np.uint8, np.uint16, np.uint32, np.uint64)
 # Ops whose float32 C result is each element rounded once from the same float32 operands as
 # the reference: huge finite inputs cannot make the two differ by more than rounding.
 EXTREME_SAFE_OPS = frozenset({
@@ -193,6 +194,38 @@ def _mod_by_input(draw, g: Graph) -> None:
     _by_divisor_input(draw, g, "Mod", fmod=draw(st.sampled_from((0, 1))))
 
 
+# Integer ops whose second operand the extra ``int_op_by_input`` takes from a raw input, over the
+# input mode's whole range: wrap-around, shifts by negative or too many bits, negative and huge
+# exponents, bit patterns with the sign bit (each op's C form against the reference's).
+INT_OPS_BY_INPUT: dict[str, tuple[dict, ...]] = {
+    "Add": ({},), "Sub": ({},), "Mul": ({},), "Max": ({},), "Min": ({},), "Pow": ({},),
+    "BitShift": ({"direction": "LEFT"}, {"direction": "RIGHT"}),
+    "BitwiseAnd": ({},), "BitwiseOr": ({},), "BitwiseXor": ({},),
+}
+INT_UNARY_OPS = ("BitwiseNot", "Neg", "Abs", "Sign")
+
+
+def _int_op_by_input(draw, g: Graph) -> None:
+    """``op(a, y)`` for an integer value ``a`` (or ``y op a``) and a new input ``y``, or a unary
+    integer op of ``a``; the ONNX checker refuses what a schema does not take (BitShift on signed)."""
+    ints = [v for v in _values(g) if v.dtype.kind in "iu"]
+    assume(ints)
+    a = draw(st.sampled_from(ints))
+    if draw(st.integers(0, 3)) == 0:
+        op, attrs, pair = draw(st.sampled_from(INT_UNARY_OPS)), {}, [a]
+    else:
+        op = draw(st.sampled_from(sorted(INT_OPS_BY_INPUT)))
+        attrs = draw(st.sampled_from(INT_OPS_BY_INPUT[op]))
+        # the input broadcasts against a: its own shape, a trailing piece of it, or a scalar
+        shape = a.shape[draw(st.integers(0, len(a.shape))):]
+        y = g.add_input(g.unique_name("operand"), shape, a.dtype)
+        pair = [a, y] if op in ("Pow", "BitShift") or draw(st.booleans()) else [y, a]
+    try:
+        g.outputs.append(_add(g, op, pair, **attrs))
+    except OpfuseError:  # the op does not take a's type (Neg of uint8, ...)
+        assume(False)
+
+
 def _gather_by_input(draw, g: Graph) -> None:
     """``Gather(a, i, axis)`` with run-time indices ``i`` (some may be out of range)."""
     ranked = [v for v in _values(g) if v.shape]
@@ -218,8 +251,9 @@ def _cast_input(draw, g: Graph) -> None:
 
 
 EXTRAS = {"cast_output": _cast_output, "equal_where": _equal_where, "div_by_input": _div_by_input,
-          "mod_by_input": _mod_by_input, "gather_by_input": _gather_by_input, "cast_input": _cast_input}
-INTEGER_EXTRAS = ("div_by_input", "mod_by_input", "cast_input")
+          "mod_by_input": _mod_by_input, "gather_by_input": _gather_by_input, "cast_input": _cast_input,
+          "int_op_by_input": _int_op_by_input}
+INTEGER_EXTRAS = ("div_by_input", "mod_by_input", "cast_input", "int_op_by_input")
 
 
 # Inputs ---------------------------------------------------------------------------------------
