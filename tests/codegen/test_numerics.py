@@ -278,6 +278,45 @@ def test_run_time_indices_out_of_range_are_an_input_error(op, cache_dir):
             model.run(feeds)
 
 
+@pytest.mark.parametrize("sampling_ratio", [0, 2])
+@pytest.mark.parametrize("box, message", [
+    ([1, 1, np.nan, 4], "not finite"), ([np.inf, 1, 2, 4], "not finite"), ([1, -np.inf, 2, 4], "not finite"),
+    ([-3e38, 0, 3e38, 2], "not finite"),            # the width overflows to infinity
+    ([1, 1, 1e12, 4], "sampling grid"), ([-1e30, 0, 1e30, 2], "sampling grid")])
+def test_roi_align_box_not_finite_or_too_large_is_an_input_error(box, message, sampling_ratio, cache_dir):
+    """A RoiAlign box at run time: NaN or infinite coordinates made the reference raise ValueError or
+    OverflowError (``int(ceil(nan))``) and the C code turn NaN into a loop count and an index (0 by
+    luck on x86, reads far outside the image with a fixed sampling_ratio); a box like 1e12 wide gave
+    an adaptive grid of 10^12 points per bin (hours). Both are the reference's ``InputError`` now, in
+    every backend; a fixed sampling_ratio never makes a grid large, so a huge finite box there samples
+    outside the image (zeros) and the first box's values stay the reference's."""
+    if message == "sampling grid" and sampling_ratio:
+        message = None
+    b = GraphBuilder("roi")
+    f = np.float32
+    y = b.op("RoiAlign", b.input("x", (1, 2, 6, 6), f), b.input("r", (2, 4), f), b.input("i", (2,), I64),
+             output_height=2, output_width=2, sampling_ratio=sampling_ratio, name="the_op")
+    g = b.build(b.op("Relu", y))
+    from opfuse.compiler import CompileOptions, plan_model
+    comp = plan_model(g, CompileOptions())
+    models = [build(g, None, cache_dir=cache_dir), build(comp.graph, comp.plan, cache_dir=cache_dir)]
+    feeds = {"x": np.random.default_rng(0).standard_normal((1, 2, 6, 6)).astype(f),
+             "r": np.array([[0, 0, 3, 3], box], f), "i": np.zeros(2, I64)}
+    if message is None:
+        want = reference.run(g, feeds)
+        for model in models:
+            _same(model.run(feeds), want)
+        return
+    with pytest.raises(InputError, match=f"node 'the_op' \\(RoiAlign\\): .*{message}"):
+        reference.run(g, feeds)
+    for model in models:
+        with pytest.raises(InputError, match=f"node 'the_op' \\(RoiAlign\\): .*{message}"):
+            model.run(feeds)
+    feeds["r"][1] = [1, 1, 5, 4]  # a good box: the reference's values
+    for model in models:
+        _same(model.run(feeds), reference.run(g, feeds))
+
+
 # NaN and infinities ----------------------------------------------------------------------------
 
 def _specials(shape, seed=0):

@@ -104,7 +104,8 @@ class KernelContext:
         self.uses_threads = False
         self._parallel: list[tuple[int, int, int, tuple[float, ...]]] = []  # (pragma's line, work, collapse, costs)
         self.loops: list[ParallelLoop] = []  # the parallel loops written (``_schedules``)
-        self.faults: dict[int, tuple[int, str, int]] = {}  # id(node) -> (node position, flag, fault code)
+        # (id(node), message) -> (node position, flag, fault code)
+        self.faults: dict[tuple[int, str], tuple[int, str, int]] = {}
         self.checked: set[int] = set()  # ids of nodes whose operands were checked before the loops
         self.notes: list[str] = []  # algorithm choices (Winograd or direct ...), for the report
         self._comment_notes: list[str] = []  # the same, in the C comment (names as C identifiers)
@@ -175,13 +176,15 @@ class KernelContext:
 
     # Faults -------------------------------------------------------------------------------
     def fault(self, node, message: str) -> str:
-        """The flag of ``node``'s run-time check (an ``int``, 0 until ``flag |= condition``);
-        ``message`` is the ``InputError`` the runtime raises for its code."""
-        hit = self.faults.get(id(node))
+        """The flag of ``node``'s run-time check of what ``message`` says (an ``int``, 0 until ``flag |=
+        condition``); ``message`` is the ``InputError`` the runtime raises for its code. A node may have
+        several (RoiAlign: a batch index out of range, a box not finite, a grid too large)."""
+        key = (id(node), message)
+        hit = self.faults.get(key)
         if hit is None:
             position = next((i for i, n in enumerate(self.group.nodes) if n is node), len(self.group.nodes))
             hit = (position, f"fault{len(self.faults)}", self.program.fault_code(message))
-            self.faults[id(node)] = hit
+            self.faults[key] = hit
         return hit[1]
 
     # Parallel loops -----------------------------------------------------------------------

@@ -308,7 +308,7 @@ def lower_roi_align(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     """Per box and bin: the box, the bin's sample points and their bilinear corners and weights
     are computed once, and every channel accumulates its samples (in sample order, as the
     reference) in a per-thread array; then each channel's value goes through the epilogue."""
-    from opfuse.ops.sampling import roi_modes
+    from opfuse.ops.sampling import ROI_MAX_BIN_SAMPLES, roi_box_message, roi_grid_message, roi_modes
     node = stage.anchor_node
     x, rois, bidx = node.input(0), node.input(1), node.input(2)
     out = node.outputs[0]
@@ -341,9 +341,23 @@ def lower_roi_align(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
             w.line(f"{rw} = {rw} > {L(1)} ? {rw} : {L(1)}; {rh} = {rh} > {L(1)} ? {rh} : {L(1)};")
         bh, bw, gh, gw = kc.tmp("bh"), kc.tmp("bw"), kc.tmp("gh"), kc.tmp("gw")
         w.line(f"const {rct} {bh} = {rh} / {L(oh)}, {bw} = {rw} / {L(ow)};")
-        ceil = math_fn("ceil", rt)
-        w.line(f"const long {gh} = {sr if sr > 0 else f'(long){ceil}({rh} / {L(oh)})'};")
-        w.line(f"const long {gw} = {sr if sr > 0 else f'(long){ceil}({rw} / {L(ow)})'};")
+        # A box that is not finite, or whose adaptive grid is too large, faults (as the reference) and
+        # samples nothing meanwhile: no NaN or huge value ever becomes an index or a loop count.
+        bad = kc.tmp("bad")
+        w.line(f"const int {bad} = !(isfinite({x0}) && isfinite({y0}) && isfinite({x1}) && isfinite({y1}) && "
+               f"isfinite({rw}) && isfinite({rh}));")
+        w.line(f"{kc.fault(node, roi_box_message(node))} |= {bad};")
+        if sr > 0:
+            w.line(f"const long {gh} = {bad} ? 0 : {sr}, {gw} = {gh};")
+        else:
+            ceil = math_fn("ceil", rt)
+            ghd, gwd, big = kc.tmp("ghd"), kc.tmp("gwd"), kc.tmp("big")
+            w.line(f"const double {ghd} = {bad} ? 0.0 : (double){ceil}({rh} / {L(oh)}), "
+                   f"{gwd} = {bad} ? 0.0 : (double){ceil}({rw} / {L(ow)});")
+            w.line(f"const int {big} = {ghd} >= 1.0 && {gwd} >= 1.0 && {ghd} * {gwd} > {ROI_MAX_BIN_SAMPLES}.0;")
+            w.line(f"{kc.fault(node, roi_grid_message(node))} |= {big};")
+            w.line(f"const long {gh} = {big} || {ghd} < 1.0 || {gwd} < 1.0 ? 0 : (long){ghd};")
+            w.line(f"const long {gw} = {gh} == 0 ? 0 : (long){gwd};")
         acc, c = kc.tmp("acc"), kc.tmp("c")
         w.line(f"double* restrict {acc} = {kc.scratch_ptr('double', kc.scratch(C * 8))};")
         w.line(f"for (long {c} = 0; {c} < {C}; ++{c}) {acc}[{c}] = 0.0;")

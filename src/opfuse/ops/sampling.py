@@ -429,24 +429,48 @@ def _roi_infer(node: Node, a: dict):
     return out_type((rois.shape[0], x.shape[1], oh, ow), x.dtype)
 
 
-def roi_box(roi: np.ndarray, a: dict, half_pixel: bool):
-    """(start_h, start_w, bin_h, bin_w, grid_h, grid_w) of one box, in the boxes' element type."""
+# The most sampling points one output bin of RoiAlign's adaptive grid (``sampling_ratio`` 0) may
+# take: a 7 x 7 output over a 7000 x 7000 box is 1000 x 1000. A larger grid comes from a box far
+# outside any image (coordinates like 1e12), whose loops would run for hours: a fault instead.
+ROI_MAX_BIN_SAMPLES = 1 << 20
+
+
+def roi_box_message(node: Node) -> str:
+    return f"node '{node.name}' (RoiAlign): a box coordinate (scaled) or its width or height is not finite"
+
+
+def roi_grid_message(node: Node) -> str:
+    return (f"node '{node.name}' (RoiAlign): a box's adaptive sampling grid exceeds {ROI_MAX_BIN_SAMPLES} points "
+            f"per output bin (a box far larger than any image)")
+
+
+def roi_box(roi: np.ndarray, a: dict, half_pixel: bool, node: Node):
+    """(start_h, start_w, bin_h, bin_w, grid_h, grid_w) of one box, in the boxes' element type;
+    ``InputError`` for a box that is not finite or whose adaptive grid is too large (the C code's faults)."""
     t = roi.dtype.type
     scale, off = t(a["spatial_scale"]), t(0.5 if half_pixel else 0.0)
-    x0, y0, x1, y1 = (roi[i] * scale - off for i in range(4))
-    rw, rh = x1 - x0, y1 - y0
+    with np.errstate(over="ignore", invalid="ignore"):  # infinite boxes are refused below
+        x0, y0, x1, y1 = (roi[i] * scale - off for i in range(4))
+        rw, rh = x1 - x0, y1 - y0
     if not half_pixel:
         rw, rh = max(rw, t(1)), max(rh, t(1))
     oh, ow, sr = int(a["output_height"]), int(a["output_width"]), int(a["sampling_ratio"])
     bh, bw = rh / t(oh), rw / t(ow)
-    gh = sr if sr > 0 else int(np.ceil(rh / t(oh)))
-    gw = sr if sr > 0 else int(np.ceil(rw / t(ow)))
-    return y0, x0, bh, bw, gh, gw
+    if not all(np.isfinite(v) for v in (x0, y0, x1, y1, rw, rh)):
+        raise InputError(roi_box_message(node))
+    if sr > 0:
+        return y0, x0, bh, bw, sr, sr
+    ghd, gwd = float(np.ceil(rh / t(oh))), float(np.ceil(rw / t(ow)))
+    if ghd >= 1 and gwd >= 1 and ghd * gwd > ROI_MAX_BIN_SAMPLES:
+        raise InputError(roi_grid_message(node))
+    if ghd < 1 or gwd < 1:
+        return y0, x0, bh, bw, 0, 0
+    return y0, x0, bh, bw, int(ghd), int(gwd)
 
 
 def _roi_corners(pos: np.ndarray, size: int):
     """Low/high neighbour and the low weight of bilinear sampling along one axis (RoiAlign's rules)."""
-    p = np.maximum(pos, 0)
+    p = np.minimum(np.maximum(pos, 0), size)  # past ``size`` is skipped (weights 0): no huge value is cast
     low = np.trunc(p).astype(np.int64)
     edge = low >= size - 1
     low = np.where(edge, size - 1, low)
@@ -467,7 +491,7 @@ def _roi_align(ins, a, node):
         b = int(batch[r])
         if not 0 <= b < n:
             raise InputError(f"node '{node.name}' (RoiAlign): batch index {b} out of range for {n} images")
-        y0, x0, bh, bw, gh, gw = roi_box(rois[r], a, half)
+        y0, x0, bh, bw, gh, gw = roi_box(rois[r], a, half, node)
         if gh < 1 or gw < 1:
             continue
         iy = (np.arange(gh) + t(0.5)).astype(rois.dtype)
