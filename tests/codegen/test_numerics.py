@@ -317,6 +317,47 @@ def test_roi_align_box_not_finite_or_too_large_is_an_input_error(box, message, s
         _same(model.run(feeds), reference.run(g, feeds))
 
 
+@pytest.mark.parametrize("lens", [[5, 1, 1], [-1, 2, 2], [1, 2**40, 3]])
+def test_reverse_sequence_length_out_of_range_is_an_input_error(lens, cache_dir):
+    """A sequence length past the time axis made the C code read outside the tensor (length 5 of 4
+    steps reversed from element 4) where the reference and onnxruntime refuse it; now it is the
+    reference's InputError, fused and unfused, and good lengths give the reference's values."""
+    b = GraphBuilder("rs")
+    y = b.op("ReverseSequence", b.input("x", (4, 3, 2), np.float32), b.input("l", (3,), I64), batch_axis=1,
+             time_axis=0, name="the_op")
+    g = b.build(b.op("Abs", y))
+    from opfuse.compiler import CompileOptions, plan_model
+    comp = plan_model(g, CompileOptions())
+    models = [build(g, None, cache_dir=cache_dir), build(comp.graph, comp.plan, cache_dir=cache_dir)]
+    feeds = {"x": np.random.default_rng(0).standard_normal((4, 3, 2)).astype(np.float32), "l": np.array(lens, I64)}
+    with pytest.raises(InputError, match=r"node 'the_op' \(ReverseSequence\): sequence_lens must be in \[0, 4\]"):
+        reference.run(g, feeds)
+    for model in models:
+        with pytest.raises(InputError, match=r"node 'the_op' \(ReverseSequence\): sequence_lens must be in \[0, 4\]"):
+            model.run(feeds)
+    feeds["l"] = np.array([0, 4, 2], I64)
+    for model in models:
+        _same(model.run(feeds), reference.run(g, feeds))
+
+
+@pytest.mark.parametrize("k", [0, -3, 4, 2**62, -2**62, 2**63 - 1, -2**63])
+def test_trilu_with_any_run_time_k(k, cache_dir):
+    """k = -2^63 made the reference raise OverflowError (NumPy's tril); every k keeps the same elements
+    in C and the reference."""
+    b = GraphBuilder("tri")
+    x, kk = b.input("x", (2, 3, 4), np.float32), b.input("k", (), I64)
+    g = b.build(b.op("Trilu", x, kk, upper=1), b.op("Trilu", x, kk, upper=0))
+    model = build(g, None, cache_dir=cache_dir)
+    feeds = {"x": np.arange(24, dtype=np.float32).reshape(2, 3, 4) + 1, "k": np.array(k, I64)}
+    want = reference.run(g, feeds)
+    _same(model.run(feeds), want)
+    lo, hi = want[g.outputs[0].name], want[g.outputs[1].name]
+    if k >= 4:
+        assert not lo.any() and (hi == feeds["x"]).all()
+    if k <= -3:
+        assert (lo == feeds["x"]).all()
+
+
 # NaN and infinities ----------------------------------------------------------------------------
 
 def _specials(shape, seed=0):

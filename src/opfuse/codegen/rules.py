@@ -1029,10 +1029,15 @@ def _bitcast(ev, node, k, idx):
 
 @_register("ReverseSequence")
 def _reverse_sequence(ev, node, k, idx):
-    from opfuse.ops.indexing import _rs_axes
+    """A length outside [0, steps] faults, as in the reference, and is clamped meanwhile (it read
+    outside the tensor: lens 5 of 4 steps reversed from element 4)."""
+    from opfuse.ops.indexing import _rs_axes, reverse_lens_message
     x, lens = node.input(0), node.input(1)
     b, t = _rs_axes(node, _attrs(node))
-    n = let(ev, np.int64, f"(long)({ev.at(lens, Index(tuple(lens.shape), (idx.dims[b],)))})")
+    steps = x.shape[t]
+    raw = let(ev, np.int64, f"(long)({ev.at(lens, Index(tuple(lens.shape), (idx.dims[b],)))})")
+    ev.w.line(f"{ev.kc.fault(node, reverse_lens_message(node, steps))} |= ({raw} < 0 || {raw} > {steps});")
+    n = let(ev, np.int64, f"({raw} < 0 ? 0 : ({raw} > {steps} ? {steps} : {raw}))")
     step = idx.dims[t]
     dims = list(idx.dims)
     dims[t] = let(ev, np.int64, f"({step} < {n} ? {n} - 1 - ({step}) : ({step}))")

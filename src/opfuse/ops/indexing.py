@@ -169,6 +169,8 @@ def _trilu(ins, a, node):
     """k may be a run-time input: it only decides which elements are kept."""
     x = ins[0]
     k = int(np.asarray(ins[1]).reshape(-1)[0]) if len(ins) > 1 and ins[1] is not None else 0
+    rows, cols = x.shape[-2:]
+    k = min(max(k, -rows), cols)  # the same elements kept; NumPy overflows on k near -2^63
     return [np.triu(x, k) if int(a["upper"]) else np.tril(x, k)]
 
 
@@ -227,13 +229,18 @@ def _rs_infer(node: Node, a: dict):
     return same_type(node)
 
 
+def reverse_lens_message(node: Node, steps: int) -> str:
+    """The ``InputError`` of a sequence length outside ``[0, steps]`` (the C code's fault too)."""
+    return f"node '{node.name}' (ReverseSequence): sequence_lens must be in [0, {steps}]"
+
+
 def _reverse_sequence(ins, a, node):
     """y[b, t] = x[b, lens[b] - 1 - t] for t < lens[b], x[b, t] after (batch and time axes)."""
     x, lens = ins
     b, t = _rs_axes(node, a)
     steps = x.shape[t]
     if np.any(lens < 0) or np.any(lens > steps):
-        raise InputError(f"node '{node.name}' (ReverseSequence): sequence_lens must be in [0, {steps}]")
+        raise InputError(reverse_lens_message(node, steps))
     shape = [1] * x.ndim
     shape[b], shape[t] = x.shape[b], steps
     pos = np.arange(steps).reshape([steps if d == t else 1 for d in range(x.ndim)])
