@@ -92,8 +92,11 @@ def test_sequence_lens_out_of_range_is_an_input_error(cache_dir):
     feeds = case.feeds()
     m.run(feeds)
     feeds["sequence_lens"] = np.array([1, 4], np.int32)
-    with pytest.raises(InputError, match="sequence_lens"):
+    with pytest.raises(InputError, match="sequence_lens") as c_error:
         m.run(feeds)
+    with pytest.raises(InputError) as reference_error:  # the same error (it was a ShapeError)
+        reference.run(g, feeds)
+    assert str(reference_error.value) == str(c_error.value)
 
 
 @pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])

@@ -38,7 +38,7 @@ from opfuse.codegen.gemm import pack_b_panels, require_outlined_microkernel
 from opfuse.codegen.microkernel import AVX2_GUARD
 from opfuse.codegen.stages import GroupAnalysis, Stage
 from opfuse.errors import UnsupportedOpError
-from opfuse.ops.recurrent import Activation, RecurrentConfig, output_shapes, recurrent_config
+from opfuse.ops.recurrent import Activation, RecurrentConfig, output_shapes, recurrent_config, sequence_lens_message
 from opfuse.ops.registry import get_spec
 
 MATVEC = "opfuse_rnn_matvec"
@@ -265,8 +265,7 @@ class _Lowering:
         if self.lens is None:
             w.line(f"for (long {b} = 0; {b} < {B}; ++{b}) {self.len}[{b}] = {T};")
             return
-        flag = kc.fault(self.node, f"{self.node.op_type} node '{self.node.name}': a sequence_lens value lies "
-                                   f"outside [0, {T}]")
+        flag = kc.fault(self.node, sequence_lens_message(self.node, T))
         src = kc.ptr(self.lens)
         with w.block(f"for (long {b} = 0; {b} < {B}; ++{b})"):
             w.line(f"const long l = (long){src}[{b}];")

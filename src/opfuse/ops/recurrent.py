@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from opfuse.errors import ShapeError, UnsupportedOpError
+from opfuse.errors import InputError, UnsupportedOpError
 from opfuse.ir.graph import Node, TensorType
 from opfuse.ops.common import shape_error
 from opfuse.ops.registry import Category, Mapping, OpSpec, register
@@ -216,12 +216,17 @@ def _clip(x: np.ndarray, clip: float | None) -> np.ndarray:
     return x if clip is None else np.clip(x, -clip, clip)
 
 
-def _lengths(cfg: RecurrentConfig, seq_lens: np.ndarray | None) -> np.ndarray:
+def sequence_lens_message(node: Node, seq: int) -> str:
+    """The ``InputError`` of a ``sequence_lens`` value outside ``[0, seq]`` (the C code's fault too)."""
+    return f"{node.op_type} node '{node.name}': a sequence_lens value lies outside [0, {seq}]"
+
+
+def _lengths(cfg: RecurrentConfig, seq_lens: np.ndarray | None, node: Node) -> np.ndarray:
     if seq_lens is None:
         return np.full(cfg.batch, cfg.seq, np.int64)
     lens = np.asarray(seq_lens).astype(np.int64).reshape(-1)
-    if np.any(lens < 0) or np.any(lens > cfg.seq):
-        raise ShapeError(f"sequence_lens {lens.tolist()} must lie in [0, {cfg.seq}]")
+    if np.any(lens < 0) or np.any(lens > cfg.seq):  # a run-time value: the input's fault, as in C
+        raise InputError(sequence_lens_message(node, cfg.seq))
     return lens
 
 
@@ -267,7 +272,7 @@ def _recurrent(ins, a, node):
         x = x.swapaxes(0, 1)
         h0 = None if h0 is None else np.asarray(h0).swapaxes(0, 1)
         c0 = None if c0 is None else np.asarray(c0).swapaxes(0, 1)
-    lens = _lengths(cfg, seq_lens)
+    lens = _lengths(cfg, seq_lens, node)
     y = np.zeros((T, D, B, H), dt)
     yh = np.zeros((D, B, H), dt)
     yc = np.zeros((D, B, H), dt)
