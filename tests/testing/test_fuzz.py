@@ -167,3 +167,75 @@ def test_a_reproducer_keeps_its_codegen_profile(tmp_path):
     with pytest.raises(InputError, match="codegen profile 'turbo'"):
         replay(folder)
     assert main(["fuzz", "--replay", str(folder)]) == 2
+
+
+def test_a_constant_made_an_input_keeps_the_graphs_function():
+    """``const_as_input`` turns a constant an op takes at run time into a graph input fed with the
+    constant's value (``normal`` mode: exactly; other modes: sometimes one element hostile)."""
+    from hypothesis import find, settings
+    from hypothesis import strategies as st
+
+    from opfuse.runtime import reference
+    from opfuse.testing.fuzz_cases import RUNTIME, _const_as_input, hostile_inputs
+    rng = np.random.default_rng(5)
+    b = GraphBuilder("runtime_operands")
+    x = b.input("x", (2, 3, 4, 4))
+    w = b.const("w", rng.standard_normal((5, 3, 3, 3)).astype(np.float32))
+    y = b.op("Conv", x, w, pads=[1, 1, 1, 1])
+    g = b.build(b.op("Gather", y, b.const("idx", np.array([4, 0, -1], np.int64)), axis=1))
+    feeds = {"x": rng.standard_normal((2, 3, 4, 4)).astype(np.float32)}
+    want = reference.run(g, feeds)
+
+    @st.composite
+    def made(draw):
+        h = g.copy()
+        return h, _const_as_input(draw, h)
+
+    for op, index in (("Conv", 1), ("Gather", 1)):
+        h, fixed = find(made(), lambda case, op=op, index=index: any(
+            n.op_type == op and n.inputs[index].name.startswith(RUNTIME) for n in case[0].nodes),
+            settings=settings(database=None))
+        (name, value), = fixed.items()
+        assert name in {v.name for v in h.inputs} and name.startswith(RUNTIME)
+        assert not any(v.name in ("w", "idx") and v.uses for v in h.constants if
+                       any(n.op_type == op and n.inputs[index] is v for n in h.nodes))
+        run_feeds = hostile_inputs(h, "normal", 3, fixed) | feeds
+        np.testing.assert_array_equal(run_feeds[name], value)
+        np.testing.assert_array_equal(next(iter(reference.run(h, run_feeds).values())), next(iter(want.values())))
+        changed = 0
+        for seed in range(40):
+            hostile = hostile_inputs(h, "special", seed, fixed)[name]
+            diff = np.flatnonzero(~((hostile == value) | (np.isnan(hostile) & np.isnan(value))))
+            assert diff.size <= 1
+            changed += diff.size
+            if diff.size and value.dtype.kind == "f":
+                assert np.isnan(hostile.reshape(-1)[diff[0]])
+            elif diff.size:
+                info = np.iinfo(value.dtype)
+                assert hostile.reshape(-1)[diff[0]] in (info.min, info.max, -1, value.max() + 1)
+        assert 5 <= changed <= 35
+
+
+@pytest.mark.parametrize("op", ["BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "Pow", "Sub", "BitwiseNot",
+                                "Sign"])
+def test_integer_ops_with_a_raw_operand_are_drawn(op):
+    """``int_op_by_input`` reaches every op of ``INT_OPS_BY_INPUT`` and ``INT_UNARY_OPS``, each a valid ONNX
+    model (BitShift on unsigned types only, Bitwise* at opset 18, which the export now chooses)."""
+    from hypothesis import find, settings
+    from hypothesis import strategies as st
+
+    from opfuse.testing.fuzz_cases import _int_op_by_input, _valid_onnx
+    dtype = np.uint32 if op == "BitShift" else np.int32
+    b = GraphBuilder("ints")
+    g = b.build(b.op("Abs" if op != "BitShift" else "Max", b.input("x", (2, 3), dtype), b.input("z", (3,), dtype))
+                if op == "BitShift" else b.op("Abs", b.input("x", (2, 3), dtype)))
+
+    @st.composite
+    def made(draw):
+        h = g.copy()
+        _int_op_by_input(draw, h)
+        return h
+
+    h = find(made(), lambda h: any(n.op_type == op for n in h.nodes), settings=settings(database=None))
+    h.verify()
+    assert _valid_onnx(h)

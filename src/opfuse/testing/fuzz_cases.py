@@ -10,7 +10,8 @@ included) and may then be
 * given *extra* nodes on drawn values: a Cast of an output, ``Where(Equal(a, b), a, b)``, a
   Cast in front of an integer input, and (integers) a Div or Mod by a raw graph input or a
   Gather with run-time indices, the ops that can fail at run time, and an integer op whose second
-  operand is a raw input (``INT_OPS_BY_INPUT``: wrap-around, shifts, exponents over the whole range);
+  operand is a raw input (``INT_OPS_BY_INPUT``: wrap-around, shifts, exponents over the whole range),
+  and a constant operand an op also takes at run time made a graph input (``RUNTIME_OPERANDS``);
 * fed *hostile* inputs: ``normal`` (the generator's range, [-2, 2]; small integers), ``special``
   (that plus NaN, +-Inf, -0.0, subnormals; integers over their whole range with INT_MIN, INT_MAX,
   0, -1), ``extreme`` (that plus huge finite floats up to FLT_MAX, only for graphs made of ops
@@ -27,7 +28,7 @@ and normal inputs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 from hypothesis import assume
@@ -250,20 +251,71 @@ def _cast_input(draw, g: Graph) -> None:
     del g.values[x.name]
 
 
-EXTRAS = {"cast_output": _cast_output, "equal_where": _equal_where, "div_by_input": _div_by_input,
+# Operands opfuse takes at run time as well as constant: (op, input positions). Shapes, axes,
+# pads, K and the like must stay constants (opfuse compiles static shapes) and are not listed.
+RUNTIME_OPERANDS: dict[str, tuple[int, ...]] = {
+    "Gather": (1,), "GatherElements": (1,), "GatherND": (1,), "ScatterElements": (1, 2), "ScatterND": (1, 2),
+    "ReverseSequence": (1,), "Trilu": (1,), "OneHot": (0, 2), "RoiAlign": (1, 2), "GridSample": (1,),
+    "MaxUnpool": (1,), "DeformConv": (1, 2, 3, 4), "Where": (0, 1, 2), "Clip": (1, 2), "PRelu": (1,),
+    "MatMul": (0, 1), "Gemm": (0, 1, 2), "Conv": (1, 2), "ConvTranspose": (1, 2),
+    "BatchNormalization": (1, 2, 3, 4), "LayerNormalization": (1, 2), "Pad": (2,),
+    "Add": (0, 1), "Sub": (0, 1), "Mul": (0, 1), "Div": (0, 1), "Pow": (0, 1), "Max": (0, 1), "Min": (0, 1),
+    "Mod": (0, 1), "Sum": (0, 1, 2), "Mean": (0, 1, 2), "Concat": (0, 1, 2), "Equal": (0, 1), "Greater": (0, 1),
+    "Less": (0, 1), "LSTM": (1, 2, 3, 4, 5, 6, 7), "GRU": (1, 2, 3, 4, 5), "RNN": (1, 2, 3, 4, 5),
+}
+RUNTIME = "runtime"  # the name prefix of a constant made a graph input (``hostile_inputs`` feeds its value)
+
+
+def _const_as_input(draw, g: Graph) -> dict[str, np.ndarray]:
+    """A constant operand an op also takes at run time (``RUNTIME_OPERANDS``: indices, lengths, k,
+    boxes, grids, weights, bounds, ...) becomes a graph input fed with the constant's value, in
+    ``special`` and ``extreme`` modes sometimes with one element made hostile (``hostile_inputs``):
+    the C code's run-time path of each such operand against the reference's."""
+    spots = [(n, i) for n in g.nodes for i in RUNTIME_OPERANDS.get(n.op_type, ())
+             if i < len(n.inputs) and getattr(n.inputs[i], "const", None) is not None]
+    assume(spots)
+    node, i = draw(st.sampled_from(spots))
+    c = node.input(i)
+    assert c.const is not None
+    x = g.add_input(g.unique_name(f"{RUNTIME}_{c.name}"), c.shape, c.dtype)
+    g.set_input(node, i, x)
+    g.remove_unused_values()
+    return {x.name: np.array(c.const)}
+
+
+# Each adds nodes or inputs to the graph; a few return fixed values for their new inputs.
+Extra = Callable[..., "dict[str, np.ndarray] | None"]
+EXTRAS: dict[str, Extra] = {"cast_output": _cast_output, "equal_where": _equal_where, "div_by_input": _div_by_input,
           "mod_by_input": _mod_by_input, "gather_by_input": _gather_by_input, "cast_input": _cast_input,
-          "int_op_by_input": _int_op_by_input}
+          "int_op_by_input": _int_op_by_input, "const_as_input": _const_as_input}
 INTEGER_EXTRAS = ("div_by_input", "mod_by_input", "cast_input", "int_op_by_input")
 
 
 # Inputs ---------------------------------------------------------------------------------------
 
-def hostile_inputs(graph: Graph, mode: str, seed: int) -> dict[str, np.ndarray]:
-    """Inputs for ``graph`` in input ``mode`` (see the module docstring), seeded."""
+def hostile_inputs(graph: Graph, mode: str, seed: int,
+                   fixed: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """Inputs for ``graph`` in input ``mode`` (see the module docstring), seeded; the inputs named in
+    ``fixed`` (constants made inputs) get its values, outside ``normal`` mode sometimes one element
+    changed: NaN for floats, an integer type's extremes or -1 or one past the largest value for
+    integers (an index or a length out of range)."""
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
+    fixed = fixed or {}
     for v in graph.inputs:
-        if v.dtype == np.bool_:  # first: a role's input cast from bool (``_cast_input``) keeps the role's name
+        if v.name in fixed:
+            a = np.array(fixed[v.name], dtype=v.dtype)
+            if mode != "normal" and a.size and rng.random() < 0.5:
+                flat = a.reshape(-1)
+                if a.dtype.kind == "f":
+                    flat[rng.integers(a.size)] = np.nan
+                elif a.dtype.kind in "iu":
+                    info = np.iinfo(a.dtype)
+                    top = int(flat.max())
+                    picks = [info.min, info.max, max(info.min, -1), min(info.max, top + 1)]
+                    flat[rng.integers(a.size)] = picks[rng.integers(len(picks))]
+            feeds[v.name] = a
+        elif v.dtype == np.bool_:  # first: a role's input cast from bool (``_cast_input``) keeps the role's name
             feeds[v.name] = rng.random(v.shape) < 0.5
         elif v.name.startswith(INDICES):  # mostly in [-dim, dim), sometimes just outside
             dim = int(v.name[len(INDICES) + 1:].split("_")[0])
@@ -344,13 +396,14 @@ def fuzz_cases(draw, ops: Iterable[str] = DEFAULT_OPS, max_nodes: int = 24) -> F
     main = graph.outputs[0].dtype.name
     extras = [name for name in EXTRAS
               if (name not in INTEGER_EXTRAS or kind == "integer") and draw(st.integers(0, 5)) == 5]
+    fixed: dict[str, np.ndarray] = {}
     for name in extras:
-        EXTRAS[name](draw, graph)
+        fixed.update(EXTRAS[name](draw, graph) or {})
     graph.verify()
     assume(_valid_onnx(graph))
     op_types = {n.op_type for n in graph.nodes}
     modes = list(INPUT_MODES if op_types <= EXTREME_SAFE_OPS or kind == "integer" else INPUT_MODES[:2])
     mode = draw(st.sampled_from(modes))
-    feeds = hostile_inputs(graph, mode, draw(st.integers(0, SEED_MAX)))
+    feeds = hostile_inputs(graph, mode, draw(st.integers(0, SEED_MAX)), fixed)
     return FuzzCase(graph, feeds, main, mode, draw(st.sampled_from(("auto", "rules"))),
                     draw(st.sampled_from((1, 2))), extras, draw(st.sampled_from(CODEGEN_DRAW)))
