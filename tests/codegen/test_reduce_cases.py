@@ -85,3 +85,29 @@ def test_float32_products_and_squares_round_in_float32(cache_dir):
         prod, sq = (prod * row).astype(np.float32), (sq + row * row).astype(np.float32)
     got = build(g, None, cache_dir=cache_dir).run({"x": x_})
     assert np.array_equal(got["prod"], prod) and np.array_equal(got["sq"], sq), (got, prod, sq)
+
+
+def test_unsigned_64_bit_means_above_2_to_the_63(cache_dir):
+    """uint64 ReduceMean summed its quotients and remainders in int64: values above 2^63 turned negative and
+    the mean came out wrong (fuzz seed 41212, graph 1621: 1.46e19 against the exact 9.30e18). Sums of quotients
+    and remainders are uint64 now; uint32, int64 and uint8 stay exact, every mean truncated."""
+    b = GraphBuilder("unsigned_means")
+    outs = []
+    feeds = {}
+    rng = np.random.default_rng(7)
+    for dt in (np.uint64, np.uint32, np.uint8, np.int64):
+        x = b.input(f"x_{np.dtype(dt).name}", (3, 7), dt)
+        outs += [b.op("ReduceMean", x, axes=[1], name=f"mean_{np.dtype(dt).name}"),
+                 b.op("ReduceMean", x, axes=[0], keepdims=0, name=f"mean0_{np.dtype(dt).name}")]
+        info = np.iinfo(dt)
+        a = rng.integers(info.min, info.max, (3, 7), dtype=dt, endpoint=True)
+        a[0] = info.max
+        a[1, :3] = [info.min, 1, info.max]
+        feeds[x.name] = a
+    g = b.build(*outs)
+    got, want = build(g, None, cache_dir=cache_dir).run(feeds), reference.run(g, feeds)
+    for v in g.outputs:
+        assert got[v.name].dtype == want[v.name].dtype and np.array_equal(got[v.name], want[v.name]), v.name
+    u = feeds["x_uint64"]
+    assert [int(m) for m in want["mean_uint64"].reshape(-1)] == [sum(int(v) for v in row) // 7 for row in u]
+    assert want["mean_uint64"][0, 0] == np.iinfo(np.uint64).max

@@ -39,10 +39,12 @@ def _reduce_params(node):
     return kind, axes, bool(int(a["keepdims"]))
 
 
-def _int_mean(kc, q: str, r: str, count: int, ct: str) -> str:
+def _int_mean(kc, q: str, r: str, count: int, ct: str, unsigned: bool = False) -> str:
     """trunc(mean) from q = sum(x / n) and r = sum(x % n): mean = t + u / n with t = q + r / n,
     u = r % n (|u| < n, the sign of r); truncating it moves t one step toward zero when t and u
-    have opposite signs."""
+    have opposite signs. Unsigned (``uint64_t`` sums: a uint64 above 2^63 is no int64): q + r / n."""
+    if unsigned:
+        return f"({ct})({q} + {r} / {count})"
     t, u = kc.tmp("t"), kc.tmp("u")
     kc.w.line(f"const int64_t {t} = {q} + {r} / {count}, {u} = {r} % {count};")
     return f"({ct})({t} > 0 && {u} < 0 ? {t} - 1 : ({t} < 0 && {u} > 0 ? {t} + 1 : {t}))"
@@ -64,6 +66,8 @@ def lower_reduce(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     # The mean of integers is exact, truncated toward zero (as onnxruntime): quotients and
     # remainders by the count are summed apart, so no sum overflows (``_int_mean``).
     int_mean = kind == "mean" and not is_float(dt) and count > 0
+    unsigned = np.dtype(dt).kind == "u"
+    acc_int = "uint64_t" if unsigned else "int64_t"
 
     def combine(a, b):
         return nan_max(b, a, dt) if kind == "max" else f"{a} + {b}"
@@ -86,7 +90,7 @@ def lower_reduce(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
                         scope=ev.scope)
         else:
             rem = kc.tmp("rem")
-            kc.w.line(f"int64_t {total} = 0, {rem} = 0;" if int_mean else f"{ct} {total} = {acc_init};")
+            kc.w.line(f"{acc_int} {total} = 0, {rem} = 0;" if int_mean else f"{ct} {total} = {acc_init};")
             dims = list(base)
             opened = 0
             for d in axes:
@@ -98,7 +102,7 @@ def lower_reduce(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
             with ev.scope():
                 v = ev.at(x, Index(shape, tuple(dims)))
                 if int_mean:
-                    kc.w.line(f"{total} += (int64_t){v} / {count}; {rem} += (int64_t){v} % {count};")
+                    kc.w.line(f"{total} += ({acc_int}){v} / {count}; {rem} += ({acc_int}){v} % {count};")
                 else:
                     kc.w.line(f"{total} = {combine(total, v)};")
             for _ in range(opened):
@@ -109,7 +113,7 @@ def lower_reduce(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
             if is_float(dt):
                 result = f"{total} / {literal(count, dt)}"
             elif int_mean:
-                result = _int_mean(kc, total, rem, count, ct)
+                result = _int_mean(kc, total, rem, count, ct, unsigned)
             else:
                 result = "0"  # an empty reduction (the reference has no value either)
         res = kc.tmp("red")

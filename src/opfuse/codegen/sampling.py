@@ -391,19 +391,24 @@ def lower_roi_align(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
                 with w.block(f"for (long {c} = 0; {c} < {C}; ++{c})"), ev.scope():
                     def at(yi: str, xi: str) -> str:
                         return f"(double){ev.at(x, Index(tuple(x.shape), (b, c, yi, xi)))}"
-                    t = [f"{ws[0]} * {at(ylo, xlo)}", f"{ws[1]} * {at(ylo, xhi)}", f"{ws[2]} * {at(yhi, xlo)}",
-                         f"{ws[3]} * {at(yhi, xhi)}"]
+                    # a skipped point contributes exactly 0: no pixel's NaN or infinity times a zero weight
+                    t = [f"({skip} ? 0.0 : {wt} * {at(yi, xi)})" for wt, (yi, xi) in
+                         zip(ws, ((ylo, xlo), (ylo, xhi), (yhi, xlo), (yhi, xhi)), strict=True)]
                     if mode == "avg":
                         w.line(f"{acc}[{c}] += {t[0]} + {t[1]} + {t[2]} + {t[3]};")
                     else:
                         names = [kc.tmp("m") for _ in t]
                         for nm, e in zip(names, t, strict=True):
                             w.line(f"const double {nm} = {e};")
+                        # NaN-propagating maxima, as the reference's np.maximum (a NaN term is the result)
                         m01, m23, val = kc.tmp("m"), kc.tmp("m"), kc.tmp("val")
-                        w.line(f"const double {m01} = {names[1]} > {names[0]} ? {names[1]} : {names[0]};")
-                        w.line(f"const double {m23} = {names[3]} > {names[2]} ? {names[3]} : {names[2]};")
-                        w.line(f"const double {val} = {m23} > {m01} ? {m23} : {m01};")
-                        w.line(f"{acc}[{c}] = !{seen} || {val} > {acc}[{c}] ? {val} : {acc}[{c}];")
+
+                        def larger(a: str, b: str) -> str:
+                            return f"({b} > {a} || {b} != {b} ? {b} : {a})"
+                        w.line(f"const double {m01} = {larger(names[0], names[1])};")
+                        w.line(f"const double {m23} = {larger(names[2], names[3])};")
+                        w.line(f"const double {val} = {larger(m01, m23)};")
+                        w.line(f"{acc}[{c}] = !{seen} || {val} > {acc}[{c}] || {val} != {val} ? {val} : {acc}[{c}];")
                 w.line(f"{seen} = 1;")
         cnt = kc.tmp("cnt")
         w.line(f"const double {cnt} = {gh} * {gw} > 1 ? (double)({gh} * {gw}) : 1.0;")

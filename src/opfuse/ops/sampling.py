@@ -513,7 +513,9 @@ def _roi_align(ins, a, node):
         ws = [hy[:, :, None, None] * hx[None, None], hy[:, :, None, None] * lx[None, None],
               ly[:, :, None, None] * hx[None, None], ly[:, :, None, None] * lx[None, None]]
         ws = [np.where(skip, 0.0, wt) for wt in ws]
-        terms = [ws[0] * corner(yl, xl), ws[1] * corner(yl, xh), ws[2] * corner(yh_, xl), ws[3] * corner(yh_, xh)]
+        # a skipped point contributes exactly 0 (not 0 times a pixel that may be NaN or infinite)
+        terms = [np.where(skip, 0.0, wt * corner(yi, xi))
+                 for wt, (yi, xi) in zip(ws, ((yl, xl), (yl, xh), (yh_, xl), (yh_, xh)), strict=True)]
         if mode == "avg":
             s = ((terms[0] + terms[1]) + terms[2]) + terms[3]
             y[r] = s.sum(axis=(2, 4)) / max(gh * gw, 1)
