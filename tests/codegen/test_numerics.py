@@ -358,6 +358,22 @@ def test_trilu_with_any_run_time_k(k, cache_dir):
         assert (lo == feeds["x"]).all()
 
 
+@pytest.mark.parametrize("etype", [np.uint64, np.uint32, np.int64, np.int8])
+@pytest.mark.parametrize("btype", [np.int32, np.int64])
+def test_int_pow_with_a_uint64_exponent_above_2_to_the_63(btype, etype, cache_dir):
+    """The C code read a uint64 exponent above 2^63 as a negative int64 (0 for 3 ** (2^64 - 1)); every
+    exponent type now gives ``base ** e`` modulo 2^64 wrapped to the base's type, as the reference."""
+    b = GraphBuilder("ipow")
+    a = np.array([3, -3, 2, -1, 1, 0, 7, -5], btype)
+    info = np.iinfo(etype)
+    e = np.array([info.max, info.max - 1, 64, 65, 0, 1, 31 if info.max < 2**40 else 2**40 + 1, 3], etype)
+    want = np.array([pow(int(x), int(y), 2 ** np.iinfo(btype).bits) for x, y in zip(a, e, strict=True)],
+                    np.uint64).astype(btype)
+    g = b.build(b.op("Pow", b.input("a", a.shape, btype), b.input("e", e.shape, etype)))
+    np.testing.assert_array_equal(build(g, None, cache_dir=cache_dir).run({"a": a, "e": e})[g.outputs[0].name], want)
+    np.testing.assert_array_equal(reference.run(g, {"a": a, "e": e})[g.outputs[0].name], want)
+
+
 # NaN and infinities ----------------------------------------------------------------------------
 
 def _specials(shape, seed=0):

@@ -60,3 +60,5 @@ def test_int_pow_negative_exponent_matches_onnxruntime():
 def test_int_pow_zero_to_negative_power_is_an_input_error():
     with pytest.raises(InputError, match="node0.*Pow.*negative power"):
         run1("Pow", np.array([0], I64), np.array([-1], I64))
+
+

@@ -505,21 +505,27 @@ def _pow(ev, node, k, idx):
     # Integers: exact, wrapping like the type (pow() in double is neither above 2^53); a negative
     # exponent truncates the real power, and 0 to a negative power faults, as in the reference.
     checks.check_here(ev, node, base, ex)  # unless checked whole before the loops (prechecks)
-    return f"({c_type(dt)}){ev.kc.program.require_helper(IPOW, IPOW_C)}((int64_t){base}, (int64_t){ex})"
+    helper = ev.kc.program.require_helper(IPOW, IPOW_C)
+    if np.dtype(e.dtype).kind == "u":  # never negative; a uint64 exponent above 2^63 is no int64
+        return f"({c_type(dt)}){IPOW_U}((uint64_t){base}, (uint64_t){ex})"
+    return f"({c_type(dt)}){helper}((int64_t){base}, (int64_t){ex})"
 
 
-IPOW = "opfuse_ipow"
+IPOW, IPOW_U = "opfuse_ipow", "opfuse_ipow_u"
 IPOW_C = f"""\
 /* base ** e for integers, modulo 2^64 (exact before the caller's cast to a narrower type); for
    e < 0 the real power truncated: 1 for base 1, +-1 for base -1, 0 otherwise. */
-static int64_t {IPOW}(int64_t base, int64_t e) {{
-  if (e < 0) return base == 1 ? 1 : base == -1 ? ((e & 1) ? -1 : 1) : 0;
-  uint64_t r = 1, b = (uint64_t)base;
+static uint64_t {IPOW_U}(uint64_t b, uint64_t e) {{
+  uint64_t r = 1;
   for (; e > 0; e >>= 1) {{
     if (e & 1) r *= b;
     b *= b;
   }}
-  return (int64_t)r;
+  return r;
+}}
+static int64_t {IPOW}(int64_t base, int64_t e) {{
+  if (e < 0) return base == 1 ? 1 : base == -1 ? ((e & 1) ? -1 : 1) : 0;
+  return (int64_t){IPOW_U}((uint64_t)base, (uint64_t)e);
 }}
 """
 

@@ -382,6 +382,20 @@ def _div(a, b, *, node):
     return q
 
 
+def _int_power(a: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """``a ** e`` for integers and exponents >= 0, modulo 2^64 and then wrapped to ``a``'s type, by
+    squaring (NumPy's power of an int32 and a uint64 goes through float64: INT_MIN for 3 ** (2^64 - 1))."""
+    r = np.ones(a.shape, np.uint64)
+    base = a.astype(np.uint64)
+    e = e.astype(np.uint64)
+    with np.errstate(over="ignore"):
+        while np.any(e):
+            r = np.where(e & np.uint64(1), r * base, r)
+            base = base * base
+            e = e >> np.uint64(1)
+    return r.astype(a.dtype)
+
+
 def _pow(a, b, *, node):
     """``a ** b``. A float base is computed in float64. An integer base with a negative integer
     exponent gives the truncated real result, as onnxruntime: ``1`` for base 1, ``+-1`` for base
@@ -393,13 +407,11 @@ def _pow(a, b, *, node):
         return np.power(a, b)
     a, b = np.broadcast_arrays(a, b)
     neg = b < 0
-    if not np.any(neg):
-        with np.errstate(over="ignore"):
-            return np.power(a, b)
     if np.any(neg & (a == 0)):
         raise division_by_zero(node, "integer 0 to a negative power (a division by zero)")
-    with np.errstate(over="ignore"):
-        pos = np.power(a, np.where(neg, 0, b))
+    pos = _int_power(a, np.where(neg, 0, b))
+    if not np.any(neg):
+        return pos
     odd = (b % 2) != 0
     small = np.where(a == 1, 1, np.where(a == -1, np.where(odd, -1, 1), 0)).astype(a.dtype)
     return np.where(neg, small, pos)
