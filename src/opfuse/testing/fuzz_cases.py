@@ -62,6 +62,7 @@ INT_SCALE = 4  # float constants in [-2, 2] become integers in [-8, 8]
 KNOWN_ISSUES: dict[str, str] = {
 }
 INPUT_MODES = ("normal", "special", "extreme")
+THREADS_DRAW = (1, 2, 1, 2, 3)  # three threads on two cores: uneven splits of every parallel loop
 CODEGEN_DRAW = ("default", "thresholds", "default", "thresholds", "avx2", "portable")  # profiles drawn, by weight
 FLOAT_SPECIALS = (np.nan, np.inf, -np.inf, -0.0, 1e-40, -1e-45, 1e-38)
 FLOAT_HUGE = (1e4, -3e8, 1e20, -1e30, 3e38, -3.4028235e38, 3.4028235e38)
@@ -406,4 +407,4 @@ def fuzz_cases(draw, ops: Iterable[str] = DEFAULT_OPS, max_nodes: int = 24) -> F
     mode = draw(st.sampled_from(modes))
     feeds = hostile_inputs(graph, mode, draw(st.integers(0, SEED_MAX)), fixed)
     return FuzzCase(graph, feeds, main, mode, draw(st.sampled_from(("auto", "rules"))),
-                    draw(st.sampled_from((1, 2))), extras, draw(st.sampled_from(CODEGEN_DRAW)))
+                    draw(st.sampled_from(THREADS_DRAW)), extras, draw(st.sampled_from(CODEGEN_DRAW)))
