@@ -25,8 +25,8 @@ from opfuse.testing.more_families import (COMPARE_OPS, JUMP_OPS, LOGIC_OPS, RECU
                                            smooth_unary, sum_mean, tile, trilu)
 from opfuse.testing.nn_families import (MAX_REDUCTION, batch_norm, conv, conv_input, conv_transpose,
                                         gemm, layer_norm, matmul_const, pool, reduce, softmax)
-from opfuse.testing.vision_families import (DET_LIMIT, col2im, col2im_input, deform_conv, deform_input, det,
-                                            det_input, max_unpool, roi_align)
+from opfuse.testing.vision_families import (col2im, col2im_input, deform_conv, deform_input, det, max_unpool,
+                                            roi_align)
 from opfuse.testing.pattern_families import (attention, attention_input, conv_bn_relu, conv_residual,
                                              gelu_pattern, layer_norm_pattern, silu_pattern,
                                              squeeze_excite)
@@ -94,8 +94,7 @@ FAMILIES: tuple[Family, ...] = (
            ranks=(4,)),
     Family("deform_conv", deform_conv, ("DeformConv",), accepts=deform_input, ranks=(4,)),
     Family("col2im", col2im, ("Col2Im",), accepts=col2im_input, ranks=(3,)),
-    Family("det", det, ("Det",), all_of=("Add",), accepts=det_input, limit=DET_LIMIT, min_cost=2,
-           ranks=(2, 3)),
+    Family("det", det, ("Det",), all_of=("Add",), limit=math.inf, min_cost=2, ranks=(3, 4)),
     Family("grid_sample", grid_sample, ("GridSample",), optional=("AffineGrid",), accepts=rank_in(4),
            limit=math.inf, ranks=(4,)),
     # Patterns.

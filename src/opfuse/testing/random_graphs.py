@@ -36,6 +36,7 @@ from opfuse.ops.registry import is_supported
 from opfuse.testing.graph_draft import INPUT_BOUND, GraphDraft
 from opfuse.testing.graph_families import FAMILIES, Family
 
+MAX_STALLED_STEPS = 16
 # opfuse-internal ops (not ONNX ops; the exporter expands them): generated only when asked for.
 INTERNAL_OPS = frozenset({"Silu"})
 # Every op some family can emit.
@@ -131,11 +132,14 @@ def _graphs(draw, families, ops, ranks, min_nodes, max_nodes, allow_multi_output
     d = GraphDraft(draw, ops, seed=seed, target_nodes=draw(st.integers(min_nodes, max_nodes)),
                    max_inputs=max_inputs)
     d.new_input([d.integer(lo, hi) for lo, hi in INPUT_DIMS[d.choice(ranks)]])
-    while d.nodes_left > 0:
+    stalled = 0  # steps in a row that added nothing (a family may find no valid geometry for its operand)
+    while d.nodes_left > 0 and stalled < MAX_STALLED_STEPS:
         ready = [f for f in families if f.ready(d)]
         if not ready:
             break
+        before = d.num_nodes
         d.choice(ready).apply(d)
+        stalled = stalled + 1 if d.num_nodes == before else 0
     assume(d.num_nodes > 0)
     assert d.num_nodes <= max_nodes, f"generator bug: {d.num_nodes} nodes > {max_nodes}"
     return _finish(d, allow_multi_output)

@@ -5,9 +5,9 @@ Each draws a valid geometry on a pool value and states a magnitude bound for its
 every family does (``family``): RoiAlign and MaxUnpool never exceed their input (bilinear weights
 sum to at most 1; unpooling only moves values), DeformConv's weights have an L1 norm per output
 channel of at most ``gain`` and its mask lies in [0, 1], Col2Im adds at most ``ceil(block / stride)``
-columns per axis into one pixel, and Det reads a diagonally dominant matrix (``DET_DIAGONAL`` on the
-diagonal, the operand squashed below 1 / m), well conditioned, so float32 elimination stays within
-the comparison's relative tolerance of the float64 reference.
+columns per axis into one pixel, and Det reads a diagonally dominant matrix (``m * bound + 1`` added
+on the diagonal), well conditioned, so float32 elimination stays within the comparison's relative
+tolerance of the float64 reference.
 """
 from __future__ import annotations
 
@@ -21,9 +21,7 @@ from opfuse.testing.graph_draft import MAX_CHANNELS, MAX_ELEMENTS, GraphDraft
 
 ROI_MODES = ("avg", "max")
 ROI_COORDINATES = ("half_pixel", "output_half_pixel")
-DET_DIAGONAL = 4.0
 DET_MAX_SIZE = 4
-DET_LIMIT = 1.0 / DET_MAX_SIZE  # Det's operand limit: |x| < 1/m keeps every row diagonally dominant
 
 
 def roi_align(d: GraphDraft) -> None:
@@ -143,17 +141,26 @@ def col2im(d: GraphDraft) -> None:
 
 
 def det(d: GraphDraft) -> None:
-    """Det of ``DET_DIAGONAL * I + x`` for a value ``x`` reshaped to (..., m, m), squashed below
-    1 / m: every row diagonally dominant, the determinant between (DET_DIAGONAL - 1)^m and
-    (DET_DIAGONAL + 1)^m."""
-    x = d.pick(lambda v: len(v.shape) >= 2 and v.shape[-1] == v.shape[-2] and v.shape[-1] <= DET_MAX_SIZE,
-               limit=DET_LIMIT)
+    """Det of ``D * I + x`` for a value ``x`` of shape (..., m, m) (a new graph input when the pool
+    has none), ``D = m * bound(x) + 1``: every row diagonally dominant, well conditioned, the
+    determinant at most ``(D + bound(x))^m``."""
+    squares = d.candidates(det_input)
+    if squares:
+        x = d.pick_from(squares)
+    elif d.can_add_input():
+        m = d.integer(1, DET_MAX_SIZE)
+        x = d.new_input((d.integer(1, 3), m, m))
+    else:
+        return
     m = x.shape[-1]
-    eye = d.const("diagonal", (DET_DIAGONAL * np.eye(m)).astype(np.float32))
-    a = d.op("Add", x, eye, bound=DET_DIAGONAL + d.bound(x))
-    d.op("Det", a, bound=(DET_DIAGONAL + 1.0) ** m)
+    diagonal = m * d.bound(x) + 1.0
+    eye = d.const("diagonal", (diagonal * np.eye(m)).astype(np.float32))
+    a = d.op("Add", x, eye, bound=diagonal + d.bound(x))
+    d.op("Det", a, bound=(diagonal + d.bound(x)) ** m)
 
 
 def det_input(v: Value) -> bool:
-    return len(v.shape) >= 2 and v.shape[-1] == v.shape[-2] and v.shape[-1] <= DET_MAX_SIZE \
+    """A batch of square matrices: (..., m, m) of rank 3 or more (Det's output joins the pool, and
+    families expect values of rank 1 or more)."""
+    return len(v.shape) >= 3 and v.shape[-1] == v.shape[-2] and v.shape[-1] <= DET_MAX_SIZE \
         and size(v.shape) <= MAX_ELEMENTS
