@@ -207,3 +207,24 @@ def test_generated_code_is_deterministic(graph):
     a = generate(graph, FusionPlan.unfused(graph))
     b = generate(again, FusionPlan.unfused(again))
     assert a.source == b.source and a.weights == b.weights
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_max_pool_indices_unpooled_to_the_pools_input_shape(threads, cache_dir):
+    """MaxPool (2x2, stride 2) of a 7 x 9 image and its Indices, unpooled with ``output_shape`` = the image's
+    shape (PyTorch's ``MaxUnpool2d(output_size=...)``): every maximum goes back where it was, as in
+    onnxruntime. The inferred 6 x 8 placed in a corner of 7 x 9 (the ONNX reference implementation's
+    reading, which opfuse followed) put them elsewhere and refused indices past 6 x 8."""
+    b = GraphBuilder("round_trip")
+    x = b.input("x", (2, 3, 7, 9))
+    y, i = b.op("MaxPool", x, kernel_shape=[2, 2], strides=[2, 2], num_outputs=2)
+    g = b.build(b.op("MaxUnpool", b.op("Relu", y), i, b.const("shape", np.array([2, 3, 7, 9], I64)),
+                     kernel_shape=[2, 2], strides=[2, 2]))
+    import opfuse
+    from opfuse.runtime import reference
+    feeds = {"x": np.random.default_rng(2).standard_normal((2, 3, 7, 9)).astype(F32)}
+    want = reference.run(g, feeds)[g.outputs[0].name]
+    kept = want != 0
+    assert kept.sum() > 30 and np.array_equal(want[kept], feeds["x"][kept])
+    for model in (opfuse.compile(g, threads=threads), opfuse.compile(g, threads=threads, fuse=False)):
+        np.testing.assert_array_equal(model.run(feeds)[g.outputs[0].name], want)

@@ -81,9 +81,37 @@ def pool_ceil_mode_drops_last_window(node: Node) -> bool:
     return False
 
 
+def affine_grid_of_one_position_with_corners(node: Node) -> bool:
+    """An AffineGrid with ``align_corners=1`` over a spatial axis of length 1.
+
+    The corner positions of a single sample are undefined (a step of 2 / (L - 1) = 2 / 0). opfuse,
+    like PyTorch's ``affine_grid`` (``linspace_from_neg_one`` returns 0 for one step), puts it at the
+    centre, 0; the ONNX reference implementation divides by zero, onnxruntime takes another position
+    (theta's grid for sizes [1, 6, 1, 1]: opfuse 1.2964 = the translation, onnxruntime 1.1430, the ONNX
+    reference 1.4498); measured, not "fixed" here."""
+    if node.op_type != "AffineGrid" or not int(node.attrs.get("align_corners", 0)):
+        return False
+    size = node.inputs[1].const if len(node.inputs) > 1 and node.inputs[1] is not None else None
+    return size is not None and bool(np.any(np.asarray(size).reshape(-1)[2:] == 1))
+
+
+def col2im_over_one_axis(node: Node) -> bool:
+    """A Col2Im with one spatial axis (``image_shape`` of length 1).
+
+    onnxruntime 1.2x puts every channel after the first in the wrong place or drops it, wherever the
+    image is longer than one block: x = 1..8 as (1, 8, 1), image [7], block [4], dilation 2 gives
+    [1 0 2 0 3 0 4 | 5 0 6 0 7 0 8] in opfuse and the ONNX reference implementation, [1 0 2 0 3 0 4 | 8 0 0 0
+    0 0 0] in onnxruntime; the same columns as a 2-D image [1, 7] agree in all three."""
+    if node.op_type != "Col2Im":
+        return False
+    image = node.inputs[1].const if node.inputs[1] is not None else None
+    return image is not None and np.asarray(image).size == 1
+
+
 def known_ort_discrepancy(graph: Graph) -> bool:
     """Whether onnxruntime is known to compute ``graph`` differently from the ONNX reference."""
-    return any(resize_output_length_is_fractional(n) for n in graph.nodes)
+    return any(resize_output_length_is_fractional(n) or affine_grid_of_one_position_with_corners(n)
+               or col2im_over_one_axis(n) for n in graph.nodes)
 
 
 def full_check_rejects(graph: Graph) -> bool:

@@ -90,7 +90,7 @@ FAMILIES: tuple[Family, ...] = (
            limit=math.inf, ranks=(2, 3, 4)),
     Family("recurrent", recurrent, RECURRENT_OPS, accepts=rank_in(3), ranks=(3,)),
     Family("roi_align", roi_align, ("RoiAlign",), accepts=rank_in(4), ranks=(4,)),
-    Family("max_unpool", max_unpool, ("MaxPool",), all_of=("MaxUnpool",), accepts=rank_in(4), min_cost=2,
+    Family("max_unpool", max_unpool, ("MaxUnpool",), all_of=("MaxPool",), accepts=rank_in(4), min_cost=2,
            ranks=(4,)),
     Family("deform_conv", deform_conv, ("DeformConv",), accepts=deform_input, ranks=(4,)),
     Family("col2im", col2im, ("Col2Im",), accepts=col2im_input, ranks=(3,)),
