@@ -100,9 +100,10 @@ bench: $(BENCH_STAMP)
 FUZZ_COUNT ?= 2000
 FUZZ_SEED ?= 0
 FUZZ_OUT ?= fuzz-findings
+FUZZ_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 
 fuzz: $(STAMP)
-	$(VENV)/bin/opfuse fuzz --count $(FUZZ_COUNT) --seed $(FUZZ_SEED) --out $(FUZZ_OUT)
+	$(VENV)/bin/opfuse fuzz --count $(FUZZ_COUNT) --seed $(FUZZ_SEED) --jobs $(FUZZ_JOBS) --out $(FUZZ_OUT)
 
 # Not part of `make test` (torch is an optional extra, so tests/torchmodels skip there): a BERT
 # from a transformers config and a CNN with BatchNormalization kept, exported by PyTorch at opsets

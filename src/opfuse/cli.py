@@ -955,9 +955,12 @@ def cmd_fuzz(args) -> int:
         print(f"replay {args.replay}: {verdict.line()}")
         return 1 if verdict.failed else 0
     ops = [op for item in args.ops for op in item.split(",") if op] if args.ops else None
-    print(f"opfuse fuzz: {args.count} graphs from seed {args.seed}, reproducers to {args.out}", flush=True)
+    if args.jobs < 1:
+        raise InputError(f"--jobs must be at least 1, got {args.jobs}")
+    jobs = f" in {args.jobs} jobs" if args.jobs > 1 else ""
+    print(f"opfuse fuzz: {args.count} graphs from seed {args.seed}{jobs}, reproducers to {args.out}", flush=True)
     report = fuzz(args.count, args.seed, ops, args.out, max_nodes=args.max_nodes, shrink=not args.no_shrink,
-                  time_budget=args.time_budget, progress=lambda line: print(f"  {line}", flush=True))
+                  time_budget=args.time_budget, progress=lambda line: print(f"  {line}", flush=True), jobs=args.jobs)
     for f in report.findings:
         print(f"{f.verdict.status}: {f.verdict.line()[:400]}\n  case: {f.description}"
               + (f"\n  reproduce: opfuse fuzz --replay {f.path}" if f.path else ""))
@@ -1192,6 +1195,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-nodes", type=int, default=24, help="nodes per generated graph, at most (default 24)")
     p.add_argument("--no-shrink", action="store_true", help="write failing cases as found, unshrunk")
     p.add_argument("--time-budget", type=float, metavar="SECONDS", help="stop generating after this long")
+    p.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
+                   help="processes checking graphs at once, each its share from its own seed (default 1)")
     p.add_argument("--replay", metavar="DIR", help="check one reproducer folder again (exit 1 if it still fails)")
     p.set_defaults(fn=cmd_fuzz)
 

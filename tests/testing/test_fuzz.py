@@ -239,3 +239,24 @@ def test_integer_ops_with_a_raw_operand_are_drawn(op):
     h = find(made(), lambda h: any(n.op_type == op for n in h.nodes), settings=settings(database=None))
     h.verify()
     assert _valid_onnx(h)
+
+
+def test_parallel_jobs_split_the_count_and_repeat_their_graphs(tmp_path):
+    """``--jobs 2``: two processes, each its share of the graphs from its own seed; the merged report counts
+    every graph once, and the same seed and jobs draw the same graphs again."""
+    from opfuse.testing.fuzz import JOB_SEED_STRIDE, job_seeds
+    assert job_seeds(7, 5, 2) == [(7, 3), (7 + JOB_SEED_STRIDE, 2)]
+    assert sum(n for _, n in job_seeds(0, 1001, 4)) == 1001
+    reports = [fuzz(6, 11, ops=("Add", "Relu", "Mul"), out=tmp_path / str(k), jobs=2) for k in range(2)]
+    for report in reports:
+        assert report.graphs == 6 and report.ok, [f.verdict.line() for f in report.findings]
+    assert reports[0].op_graphs == reports[1].op_graphs
+    single = fuzz(3, 11, ops=("Add", "Relu", "Mul"))  # job 0 is the single run from the same seed
+    assert all(single.op_graphs[op] <= reports[0].op_graphs.get(op, 0) for op in single.op_graphs)
+
+
+def test_jobs_below_one_is_one_line(capsys):
+    assert main(["fuzz", "--count", "2", "--jobs", "0"]) == 2
+    assert "--jobs must be at least 1, got 0" in capsys.readouterr().err
+    with pytest.raises(InputError, match="jobs must be >= 1"):
+        fuzz(2, jobs=-1)

@@ -24,6 +24,7 @@ nominal constants whatever was calibrated, so a reproducer replays the same plan
 from __future__ import annotations
 
 import json
+import queue
 import shutil
 import tempfile
 import time
@@ -102,13 +103,20 @@ def write_reproducer(case: FuzzCase, verdict: Verdict, folder: Path) -> Path:
 
 def fuzz(count: int = 100, seed: int = 0, ops: Iterable[str] | None = None, out: str | Path | None = None, *,
          max_nodes: int = MAX_NODES, shrink: bool = True, time_budget: float | None = None,
-         timeout: float = CASE_TIMEOUT_S, progress: Callable[[str], None] | None = None) -> FuzzReport:
+         timeout: float = CASE_TIMEOUT_S, progress: Callable[[str], None] | None = None, jobs: int = 1) -> FuzzReport:
     """Check ``count`` random cases (see the module docstring); write each failure's shrunk case
     under ``out`` (nothing is written when it is ``None``). ``ops`` limits the ops of the graphs
-    (default: every standard op the generator knows). ``time_budget`` (seconds) stops early."""
+    (default: every standard op the generator knows). ``time_budget`` (seconds) stops early.
+    ``jobs`` > 1: that many processes, each its share of ``count`` from its own seed (``job_seeds``),
+    reproducers under ``out/job-<j>/``; the same seed and jobs, the same graphs."""
     if count < 0:
         raise InputError(f"count must be >= 0, got {count}")
+    if jobs < 1:
+        raise InputError(f"jobs must be >= 1, got {jobs}")
     ops = _check_ops(DEFAULT_OPS if ops is None else ops)
+    if jobs > 1:
+        return _fuzz_jobs(count, seed, ops, out, jobs, dict(max_nodes=max_nodes, shrink=shrink,
+                                                             time_budget=time_budget, timeout=timeout), progress)
     say = progress or (lambda line: None)
     report = FuzzReport()
     started = time.monotonic()
@@ -123,6 +131,84 @@ def fuzz(count: int = 100, seed: int = 0, ops: Iterable[str] | None = None, out:
         shutil.rmtree(cache, ignore_errors=True)
     report.seconds = time.monotonic() - started
     return report
+
+
+# Job j of a parallel run starts from seed + j * JOB_SEED_STRIDE: a job moves to the next seed only
+# after a failure, so the jobs' seeds never meet.
+JOB_SEED_STRIDE = 1_000_003
+
+
+def job_seeds(seed: int, count: int, jobs: int) -> list[tuple[int, int]]:
+    """(first seed, graphs) of each job of a parallel run: ``count`` split as evenly as it goes."""
+    return [(seed + j * JOB_SEED_STRIDE, count // jobs + (1 if j < count % jobs else 0)) for j in range(jobs)]
+
+
+def _fuzz_job(j: int, seed: int, count: int, ops: frozenset[str], out: str | None, options: dict,
+              lines) -> None:
+    """One job of a parallel run, in its own process: its report (or the error that stopped it) and its
+    progress lines go back through the queue ``lines``."""
+    try:
+        report = fuzz(count, seed, ops, out, progress=lambda line: lines.put((j, "line", line)), **options)
+    except Exception as e:  # noqa: BLE001  # the parent raises it
+        lines.put((j, "error", str(e) if isinstance(e, InputError) else describe_error(e)))
+    else:
+        lines.put((j, "report", report))
+
+
+def _fuzz_jobs(count: int, seed: int, ops: frozenset[str], out, jobs: int, options: dict,
+               progress: Callable[[str], None] | None) -> FuzzReport:
+    import multiprocessing
+    say = progress or (lambda line: None)
+    ctx = multiprocessing.get_context("spawn")
+    lines = ctx.Queue()
+    started = time.monotonic()
+    procs = []
+    for j, (job_seed, job_count) in enumerate(job_seeds(seed, count, jobs)):
+        job_out = str(Path(out) / f"job-{j}") if out is not None else None
+        # not daemonic: each job starts its own checking child (``Worker``)
+        p = ctx.Process(target=_fuzz_job, args=(j, job_seed, job_count, ops, job_out, options, lines))
+        p.start()
+        procs.append(p)
+    report, errors, done = FuzzReport(), [], 0
+    try:
+        while done < jobs:
+            try:
+                j, kind, item = lines.get(timeout=1.0)
+            except queue.Empty:  # check that no job died without a word
+                if any(not p.is_alive() and p.exitcode not in (0, None) for p in procs) and lines.empty():
+                    dead = [j for j, p in enumerate(procs) if not p.is_alive() and p.exitcode not in (0, None)]
+                    raise InputError(f"fuzz job(s) {dead} died (exit codes "
+                                     f"{[procs[j].exitcode for j in dead]})") from None
+                continue
+            if kind == "line":
+                say(f"[job {j}] {item}")
+            elif kind == "error":
+                errors.append(f"job {j}: {item}")
+                done += 1
+            else:
+                _merge(report, item)
+                done += 1
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.terminate()
+    if errors:  # the same for every job (an op set no graph can be drawn from): said once
+        said = {e.split(": ", 1)[1] for e in errors}
+        raise InputError(said.pop() if len(said) == 1 else "; ".join(errors))
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _merge(into: FuzzReport, part: FuzzReport) -> None:
+    into.graphs += part.graphs
+    into.mismatches += part.mismatches
+    into.crashes += part.crashes
+    into.unsupported += part.unsupported
+    into.findings += part.findings
+    for mine, theirs in ((into.unsupported_reasons, part.unsupported_reasons), (into.op_graphs, part.op_graphs)):
+        for k, n in theirs.items():
+            mine[k] = mine.get(k, 0) + n
 
 
 def _undrawable(ops: frozenset[str]) -> str:
