@@ -193,6 +193,11 @@ def anchored(nodes, graph, anchor, epilogue_only: bool):
             return Refusal(RefusalKind.CATEGORY, f"{desc(n, True)} cannot be fused {where} reduction "
                                                  f"{desc(anchor)}: only elementwise ops form a prologue or epilogue")
         if id(n) in down:
+            second = [v for v in n.inputs if v is not None and any(v is o for o in anchor.outputs[1:])]
+            if second:
+                return Refusal(RefusalKind.CATEGORY, f"{desc(n)} reads {desc(anchor)}'s output '{second[0].name}' "
+                                                     f"(not its first): an epilogue computes from the anchor's first "
+                                                     f"output only")
             if not pointwise(n):
                 return Refusal(RefusalKind.CATEGORY, f"{desc(n)} after {desc(anchor)} would spread one result of "
                                                      f"the anchor over several output elements: an epilogue maps "

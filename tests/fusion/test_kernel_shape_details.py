@@ -111,3 +111,21 @@ def test_unconnected_ops_are_not_one_vertical_kernel():
     r = classify(list(g.nodes), g)
     assert (r.kind, r.reason) == (RefusalKind.CONDITION, "the ops are not connected by producer-consumer edges "
                                                          "(siblings fuse horizontally)")
+
+
+def test_an_op_reading_max_pools_indices_is_no_epilogue():
+    """MaxPool's second output (its Indices) into Where: the kernel stores the indices apart from the values its
+    epilogue computes from, so the Where is refused with its reason (it was a group the code generator then
+    failed on, "output 'where' is not computed element by element from the anchor": fuzz seed 41213, graph 356);
+    an op on the pooled values still fuses."""
+    b = GraphBuilder("indices")
+    x = b.input("x", (1, 3, 4, 5))
+    y, i = b.op("MaxPool", x, kernel_shape=[1, 1], num_outputs=2, name="maxpool")
+    w = b.op("Where", b.input("c", (1, 3, 4, 5), np.bool_), i, i, name="where")
+    g = b.build(w, b.op("Relu", y, name="relu"))
+    r = classify([g.node("maxpool"), g.node("where")], g)
+    assert (r.kind, r.reason) == (RefusalKind.CATEGORY, "'where' (Where) reads 'maxpool' (MaxPool)'s output "
+                                                        "'maxpool_out1' (not its first): an epilogue computes from "
+                                                        "the anchor's first output only")
+    shape = classify([g.node("maxpool"), g.node("relu")], g)
+    assert (shape.kind, shape.attrs["epilogue"]) == ("reduction", ["relu"])

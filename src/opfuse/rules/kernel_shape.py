@@ -165,6 +165,10 @@ def _epilogue(nodes: list[Node], graph: Graph, anchor: Node, outputs: frozenset[
 
 def _epilogue_op_refusal(n: Node, anchor: Node, domain: tuple, whose: str, why: str = "") -> Refusal | None:
     """Why ``n``, downstream of ``anchor`` in its group, cannot run in the anchor's epilogue."""
+    extra = next((v for v in n.input_values() if any(v is o for o in anchor.outputs[1:])), None)
+    if extra is not None:  # MaxPool's Indices: the kernel stores them apart, the epilogue has the values only
+        return _forbid(f"{_desc(n)} reads {_desc(anchor)}'s output '{extra.name}' (not its first): an "
+                       f"epilogue computes from the anchor's first output only")
     if not is_pointwise(n):
         return _forbid(f"{_desc(n)} after {_desc(anchor)} would spread one result of the anchor over "
                        f"several output elements: an epilogue maps each anchor element to one element")
