@@ -7,7 +7,9 @@ the determinant and the rows below subtract their multiple of row ``k``:
 
     det = (-1)^swaps * prod_k U[k][k]
 
-A zero pivot column makes the determinant 0 (the loop stops); a NaN propagates. The work is
+A zero pivot column makes the determinant 0 (the loop stops). A matrix with a NaN or infinite
+entry has determinant NaN, as in the reference: with infinities the LU's result depends on the
+order of elimination (inf - inf), NaN here and inf in LAPACK for the same matrix. The work is
 ``2 M^3 / 3`` flops in double, rounded once to the output type, as the reference (LAPACK in
 float64) does.
 """
@@ -30,14 +32,16 @@ def lower_det(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     def body(bidx: Index):
         a, det = kc.tmp("lu"), kc.tmp("det")
         w.line(f"double* restrict {a} = {kc.scratch_ptr('double', kc.scratch(max(m * m, 1) * 8))};")
-        r, c = kc.tmp("r"), kc.tmp("c")
+        r, c, finite = kc.tmp("r"), kc.tmp("c"), kc.tmp("finite")
+        w.line(f"int {finite} = 1;")
         with w.block(f"for (long {r} = 0; {r} < {m}; ++{r})"), w.block(f"for (long {c} = 0; {c} < {m}; ++{c})"), \
                 ev.scope():
             v = ev.at(x, Index(tuple(x.shape), tuple(bidx.dims) + (r, c)))
             w.line(f"{a}[{r} * {m} + {c}] = (double){v};")
-        w.line(f"double {det} = 1.0;")
+            w.line(f"{finite} &= isfinite({a}[{r} * {m} + {c}]) != 0;")
+        w.line(f"double {det} = {finite} ? 1.0 : (double)NAN;")
         k, p, best, t = kc.tmp("k"), kc.tmp("p"), kc.tmp("best"), kc.tmp("t")
-        with w.block(f"for (long {k} = 0; {k} < {m}; ++{k})"):
+        with w.block(f"for (long {k} = 0; {finite} && {k} < {m}; ++{k})"):
             w.line(f"long {p} = {k};")
             w.line(f"double {best} = fabs({a}[{k} * {m} + {k}]);")
             with w.block(f"for (long {r} = {k} + 1; {r} < {m}; ++{r})"):

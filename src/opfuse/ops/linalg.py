@@ -128,9 +128,14 @@ def _det_infer(node: Node, a: dict):
 
 
 def _det(ins, a, node):
-    """det of each trailing ``M x M`` matrix, in float64 (LAPACK's LU) then the input's type."""
-    x = ins[0]
-    return [np.asarray(np.linalg.det(x.astype(np.float64))).astype(x.dtype)]
+    """det of each trailing ``M x M`` matrix, in float64 (LAPACK's LU) then the input's type; NaN for a
+    matrix with a NaN or infinite entry (with infinities an LU's result depends on its order of
+    elimination: LAPACK gives inf where the C kernel's gives NaN for the same matrix)."""
+    x = ins[0].astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.linalg.det(x)
+    finite = np.isfinite(x).all(axis=(-2, -1))
+    return [np.asarray(np.where(finite, d, np.nan)).astype(ins[0].dtype)]
 
 
 def _det_flops(node: Node, a: dict) -> int:
