@@ -150,7 +150,8 @@ def check_compiler(cc: str) -> None:
 # is right, -O2 and 256 bits are too: tests/e2e/repro/gcc12_avx512_concat_select). GCC's default for
 # Intel's AVX-512 cores is 256 already. Measured on the Zen 4 host (whole models, 1 thread, medians of 6
 # interleaved rounds of 20, the same outputs): bert_layer 1.008x, mobilenet_v1 1.001x, yolo_block 0.97x,
-# resnet18 0.99x: noise.
+# resnet18 0.99x: noise. The same branch miscompiled with AVX2 as well (fuzz seed 41214), so the code generator
+# no longer writes a branch between a Concat's loads (``codegen/loops.py``, ``rules._concat``).
 AVX512_VECTOR_WIDTH_FLAGS = ("-mprefer-vector-width=256",)
 
 

@@ -35,6 +35,19 @@ def concat_three(dt=np.float32, width: int = 7) -> Graph:
     return b.build(b.op("Neg", c))
 
 
+def concat_first_axis(dt=np.float32, width: int = 3) -> Graph:
+    """Concat of a tensor with itself along the outermost axis, then Clip (fuzz seed 41214: the outermost loop was
+    not split, and gcc 12.2 -O3 vectorised the branch between the two loads with masked loads that returned
+    zeros for the second half, AVX2 and AVX-512 alike); and the same Concat through a Transpose, whose loop
+    runs across the inputs (every input read inside it, then selected)."""
+    b = GraphBuilder("concat_first")
+    x = b.input("x", (2, width), dt)
+    c = b.op("Concat", x, x, axis=0)
+    lo, hi = b.const("lo", np.array(-0.5, dt)), b.const("hi", np.array(1.5, dt))
+    d = b.op("Concat", x, b.input("y", (1, width), dt), x, axis=0)
+    return b.build(b.op("Clip", c, lo, hi), b.op("Abs", b.op("Transpose", d, perm=[1, 0])))
+
+
 def conv1d_padded(dt=np.float32, width: int = 13) -> Graph:
     """A 1-D Conv (k=3, pads 1/2): the per-element im2col packer (``conv._Im2colPacker``; float64: the generic
     im2col load)."""
@@ -151,8 +164,8 @@ def qconv(dt=np.int8, width: int = 11) -> Graph:
 
 
 MAKERS: dict[str, Callable[..., Graph]] = {m.__name__: m for m in (
-    concat_last_axis, concat_three, conv1d_padded, conv3d_padded, conv2d_padded, conv_transpose, conv_transpose_1d,
-    max_pool_indices, col2im, pad_constant, average_pool, lstm, qconv)}
+    concat_last_axis, concat_three, concat_first_axis, conv1d_padded, conv3d_padded, conv2d_padded, conv_transpose,
+    conv_transpose_1d, max_pool_indices, col2im, pad_constant, average_pool, lstm, qconv)}
 SITE_CASES: dict[str, Callable[[], Graph]] = {
     f"{name}_{np.dtype(dt).name}": functools.partial(make, dt)
     for name, make in MAKERS.items() for dt in ((np.int8,) if name == "qconv" else (np.float32, np.float64))
