@@ -47,6 +47,20 @@ def test_cse_keeps_two_graph_outputs_apart():
     assert_same_outputs(g0, g1)
 
 
+def test_cse_of_a_two_output_node_keeps_every_output_name():
+    """Two equal Splits, the second's outputs both graph outputs, the first's read inside: merged, each graph
+    output keeps its name. Substituted one output at a time, the first kept the first Split's name
+    ('split_out0') because the second Split still held its name through its other output (fuzz seed 41214)."""
+    b = GraphBuilder("cse_split")
+    x = b.input("x", (1, 3, 3))
+    a0, _ = b.op("Split", x, axis=-2, split=[1, 2], num_outputs=2, name="split")
+    s0, s1 = b.op("Split", x, axis=-2, split=[1, 2], num_outputs=2, name="split_1")
+    g0, g1, res = rewritten(b.build(b.op("Neg", a0, name="neg"), s0, s1))
+    assert ops(g1) == ["Split", "Neg"]
+    assert [v.name for v in g1.outputs] == [v.name for v in g0.outputs] == ["neg", "split_1_out0", "split_1_out1"]
+    assert_same_outputs(g0, g1)
+
+
 def test_dead_code_is_removed():
     b = GraphBuilder("dce")
     x = b.input("x", (4,))

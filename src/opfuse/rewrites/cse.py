@@ -18,7 +18,7 @@ import numpy as np
 from opfuse.rules.decisions import refuse
 from opfuse.ir.graph import Graph, Node, Value
 from opfuse.ops.registry import REGISTRY
-from opfuse.rewrites.edit import can_substitute, substitute
+from opfuse.rewrites.edit import can_substitute, substitute, substitute_all
 from opfuse.rewrites.context import RewriteContext
 
 RULE = "common_subexpression_elimination"
@@ -89,9 +89,8 @@ def eliminate_common_subexpressions(graph: Graph, rc: RewriteContext) -> bool:
         if why:  # e.g. both are graph outputs: each name must keep its value
             rc.log_refusal(RULE, [first.name, node.name], refuse(why))
             continue
-        for old, new in zip(node.outputs, first.outputs, strict=True):
-            substitute(graph, old, new)
-        if node.outputs and node.outputs[0].producer is node:
+        substitute_all(graph, list(zip(node.outputs, first.outputs, strict=True)))
+        if node in graph.nodes:
             graph.remove_node(node)
         rc.provenance.absorb(first, [node])
         removed.append(node.name)

@@ -9,7 +9,7 @@ counts "kernels before" per fused group from it.
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -142,17 +142,28 @@ def substitute(graph: Graph, old: Value, new: Value) -> None:
 
     When ``old`` was a graph output, ``new`` takes over its name (check ``can_substitute``).
     """
-    if old is new:
-        return
-    was_output = old in graph.outputs
-    graph.replace_all_uses(old, new)
-    producer = old.producer
-    if producer is not None and all(not v.uses and v not in graph.outputs for v in producer.outputs):
-        graph.remove_node(producer)
-    elif producer is None and not old.uses and old.name in graph.values and old not in graph.inputs:
-        del graph.values[old.name]
-    if was_output and old.name not in graph.values:
-        rename(graph, new, old.name)
+    substitute_all(graph, [(old, new)])
+
+
+def substitute_all(graph: Graph, pairs: Sequence[tuple[Value, Value]]) -> None:
+    """``substitute`` for several values at once (every output of a node): each graph output among the
+    ``old`` values gives its name to its ``new`` once the producers are gone. One at a time, the first
+    output of a two-output node kept its name taken while the node still had the second (a Split merged
+    with its twin by CSE returned its first output as 'split_out0' instead of 'split_1_out0')."""
+    pairs = [(old, new) for old, new in pairs if old is not new]
+    named = [(old.name, new) for old, new in pairs if old in graph.outputs]
+    for old, new in pairs:
+        graph.replace_all_uses(old, new)
+    for old, _ in pairs:
+        producer = old.producer
+        if producer is not None and producer in graph.nodes \
+                and all(not v.uses and v not in graph.outputs for v in producer.outputs):
+            graph.remove_node(producer)
+        elif producer is None and not old.uses and old.name in graph.values and old not in graph.inputs:
+            del graph.values[old.name]
+    for name, new in named:
+        if name not in graph.values:
+            rename(graph, new, name)
 
 
 def remove_dead(graph: Graph, nodes: Iterable[Node]) -> None:
