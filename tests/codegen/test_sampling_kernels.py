@@ -210,21 +210,34 @@ def test_generated_code_is_deterministic(graph):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_max_pool_indices_unpooled_to_the_pools_input_shape(threads, cache_dir):
-    """MaxPool (2x2, stride 2) of a 7 x 9 image and its Indices, unpooled with ``output_shape`` = the image's
-    shape (PyTorch's ``MaxUnpool2d(output_size=...)``): every maximum goes back where it was, as in
-    onnxruntime. The inferred 6 x 8 placed in a corner of 7 x 9 (the ONNX reference implementation's
-    reading, which opfuse followed) put them elsewhere and refused indices past 6 x 8."""
-    b = GraphBuilder("round_trip")
-    x = b.input("x", (2, 3, 7, 9))
-    y, i = b.op("MaxPool", x, kernel_shape=[2, 2], strides=[2, 2], num_outputs=2)
-    g = b.build(b.op("MaxUnpool", b.op("Relu", y), i, b.const("shape", np.array([2, 3, 7, 9], I64)),
-                     kernel_shape=[2, 2], strides=[2, 2]))
+def test_max_pool_indices_unpooled_back_and_into_a_larger_output_shape(threads, cache_dir):
+    """MaxPool (2x2, stride 2) of a 6 x 8 image and its Indices, unpooled: every maximum back where it was; with
+    ``output_shape`` 7 x 9 the unpooled 6 x 8 sits in its corner (the ONNX spec's reading, its node test
+    ``maxunpool_export_with_output_shape``; onnxruntime reads the indices in 7 x 9 instead). A 7 x 9 image pools to
+    the same 3 x 4, whose indices address 7 x 9, not the 6 x 8 the unpooling infers: an InputError in both
+    backends, not values in the wrong places."""
     import opfuse
+    from opfuse.errors import InputError
     from opfuse.runtime import reference
-    feeds = {"x": np.random.default_rng(2).standard_normal((2, 3, 7, 9)).astype(F32)}
-    want = reference.run(g, feeds)[g.outputs[0].name]
-    kept = want != 0
-    assert kept.sum() > 30 and np.array_equal(want[kept], feeds["x"][kept])
-    for model in (opfuse.compile(g, threads=threads), opfuse.compile(g, threads=threads, fuse=False)):
-        np.testing.assert_array_equal(model.run(feeds)[g.outputs[0].name], want)
+    for hw, out_hw in (((6, 8), None), ((6, 8), (7, 9)), ((7, 9), (7, 9))):
+        b = GraphBuilder("round_trip")
+        x = b.input("x", (2, 3) + hw)
+        y, i = b.op("MaxPool", x, kernel_shape=[2, 2], strides=[2, 2], num_outputs=2)
+        shape = [b.const("shape", np.array((2, 3) + out_hw, I64))] if out_hw else []
+        g = b.build(b.op("MaxUnpool", b.op("Relu", y), i, *shape, kernel_shape=[2, 2], strides=[2, 2]))
+        feeds = {"x": np.random.default_rng(2).standard_normal((2, 3) + hw).astype(F32)}
+        models = (opfuse.compile(g, threads=threads), opfuse.compile(g, threads=threads, fuse=False))
+        if hw == (7, 9):
+            with pytest.raises(InputError, match="MaxUnpool.*out of range"):
+                reference.run(g, feeds)
+            for model in models:
+                with pytest.raises(InputError, match="MaxUnpool.*out of range"):
+                    model.run(feeds)
+            continue
+        want = reference.run(g, feeds)[g.outputs[0].name]
+        corner = want[:, :, :6, :8]
+        kept = corner > 0
+        assert kept.sum() > 20 and np.array_equal(corner[kept], feeds["x"][kept])
+        assert not want[:, :, 6:].any() and not want[:, :, :, 8:].any()
+        for model in models:
+            np.testing.assert_array_equal(model.run(feeds)[g.outputs[0].name], want)

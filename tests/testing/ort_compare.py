@@ -108,10 +108,24 @@ def col2im_over_one_axis(node: Node) -> bool:
     return image is not None and np.asarray(image).size == 1
 
 
+def max_unpool_into_a_larger_output_shape(node: Node) -> bool:
+    """A MaxUnpool whose ``output_shape`` is larger than the shape the unpooling infers.
+
+    The ONNX spec's node test (``maxunpool_export_with_output_shape``) places the inferred shape in a corner
+    of ``output_shape`` and reads the indices there; opfuse does so (and the ONNX reference implementation).
+    onnxruntime reads the indices as flat positions in ``output_shape`` (it leaves that node test out)."""
+    if node.op_type != "MaxUnpool" or len(node.inputs) < 3 or node.inputs[2] is None:
+        return False
+    from opfuse.ops.registry import get_spec
+    from opfuse.ops.sampling import unpool_shapes
+    inferred, out = unpool_shapes(node, get_spec(node.op_type, node).attrs_of(node))
+    return tuple(inferred) != tuple(out)
+
+
 def known_ort_discrepancy(graph: Graph) -> bool:
     """Whether onnxruntime is known to compute ``graph`` differently from the ONNX reference."""
     return any(resize_output_length_is_fractional(n) or affine_grid_of_one_position_with_corners(n)
-               or col2im_over_one_axis(n) for n in graph.nodes)
+               or col2im_over_one_axis(n) or max_unpool_into_a_larger_output_shape(n) for n in graph.nodes)
 
 
 def full_check_rejects(graph: Graph) -> bool:

@@ -423,13 +423,15 @@ def lower_roi_align(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
 # MaxUnpool -------------------------------------------------------------------------------------
 def lower_max_unpool(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     """Zero the output (in parallel), then write every input element where its index says, in
-    order (the last of equal indices wins, as in the reference). An index is a flat position in the
-    output (``output_shape`` where given, as the reference); one out of range is clamped into it."""
+    order (the last of equal indices wins, as in the reference). An index addresses the unpooled
+    shape, placed in the corner of ``output_shape``; one out of range is clamped into it."""
+    from opfuse.ops.sampling import unpool_shapes
     node = stage.anchor_node
     x, ind, out = node.input(0), node.input(1), node.outputs[0]
+    inferred, oshape = unpool_shapes(node, _attrs(node))
     emit_loop_nest(kc, ev, out.shape, lambda idx: store(kc, ev, out, idx, literal(0, out.dtype)))
     dst = kc.ptr(out, write=True)
-    total = math.prod(out.shape)
+    total = math.prod(inferred)
     i = kc.tmp("s")
     with kc.w.block(f"for (long {i} = 0; {i} < {math.prod(x.shape)}; ++{i})"), ev.scope():
         where = Index.linear(x.shape, i)
@@ -437,7 +439,9 @@ def lower_max_unpool(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
         kc.w.line(f"long {g} = (long){ev.at(ind, where)};")
         checks.index_fault(kc, node, g, 0, total - 1)
         kc.w.line(f"{g} = {g} < 0 ? 0 : ({g} >= {total} ? {total - 1} : {g});")
-        kc.w.line(f"{dst}[{g}] = {ev.at(x, where)};")
+        dims = delinearize(g, inferred)
+        off = add(*(mul(dd, s) for dd, s in zip(dims, contiguous_strides(oshape), strict=True)))
+        kc.w.line(f"{dst}[{off}] = {ev.at(x, where)};")
 
 
 # MaxPool with Indices --------------------------------------------------------------------------

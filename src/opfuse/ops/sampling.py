@@ -564,17 +564,16 @@ def _unpool_infer(node: Node, a: dict):
 
 
 def _max_unpool(ins, a, node):
-    """An index is a flat position in the output (``output_shape`` where given, as onnxruntime: MaxPool's
-    Indices unpooled to MaxPool's input shape land where the maxima were; the ONNX reference
-    implementation's inferred shape in a corner of it fails for such indices)."""
     x, ind = ins[0], ins[1]
-    _, out = unpool_shapes(node, a)
-    flat = np.zeros(math.prod(out), dtype=x.dtype)
+    inferred, out = unpool_shapes(node, a)
+    flat = np.zeros(math.prod(inferred), dtype=x.dtype)
     i = ind.reshape(-1)
     if i.size and (i.min() < 0 or i.max() >= flat.size):
         raise InputError(f"node '{node.name}' (MaxUnpool): indices out of range for {flat.size} elements")
     flat[i] = x.reshape(-1)
-    return [flat.reshape(out)]
+    y = np.zeros(out, dtype=x.dtype)
+    y[tuple(slice(0, s) for s in inferred)] = flat.reshape(inferred)
+    return [y]
 
 
 register(OpSpec("MaxUnpool", Category.OPAQUE, Mapping.MANY_TO_MANY, _unpool_infer, _max_unpool,

@@ -47,9 +47,9 @@ def roi_align(d: GraphDraft) -> None:
 
 def max_unpool(d: GraphDraft) -> None:
     """MaxPool with its Indices output, then MaxUnpool of the pooled values at those indices (windows
-    may overlap: the same element twice carries the same value), to MaxPool's input shape (as
-    ``output_shape`` where the inferred one differs). Sometimes the Indices are column-major
-    (``storage_order`` 1) and only an output."""
+    may overlap: the same element twice carries the same value) where the unpooling infers MaxPool's input
+    shape, sometimes into a larger ``output_shape``. Sometimes the Indices are column-major (``storage_order``
+    1) and only an output."""
     x = d.pick(rank_in(4))
     spatial = x.shape[2:]
     kernel = [d.integer(1, min(3, L)) for L in spatial]
@@ -59,10 +59,14 @@ def max_unpool(d: GraphDraft) -> None:
                   strides=stride)
     if order == 1 or "MaxUnpool" not in d.ops:
         return
-    # The Indices address MaxPool's input: unpool to its shape (the inferred one is smaller where the
-    # windows leave a remainder, and the indices would fall outside it, or at other places).
+    # The Indices address MaxPool's input, the unpooling the shape it infers: the two agree unless the windows
+    # leave a remainder (then the indices would address another layout). ``output_shape`` may add a margin:
+    # the inferred shape sits in its corner (the ONNX spec's node test; onnxruntime reads it otherwise).
     inferred = list(x.shape[:2]) + [(o - 1) * s + k for o, s, k in zip(y.shape[2:], stride, kernel, strict=True)]
-    shape = [d.ints("output_shape", x.shape)] if inferred != list(x.shape) or d.flag() else []
+    if inferred != list(x.shape):
+        return
+    grown = inferred[:2] + [v + d.integer(0, 1) for v in inferred[2:]]
+    shape = [d.ints("output_shape", grown)] if d.flag() and fits(grown) else []
     d.op("MaxUnpool", y, idx, *shape, bound=d.bound(x), kernel_shape=kernel, strides=stride)
 
 
