@@ -58,3 +58,25 @@ def test_both_layernorm_row_sums_run_in_two_chains():
     g = b.build(b.op("LayerNormalization", x, b.const("s", np.ones(64, np.float32)), name="ln"))
     kernel = generate(g, None).source.split("[ops_LayerNormalization]")[1]
     assert kernel.count("[2][16];") == 2
+
+
+@pytest.mark.parametrize("width", [6, 768])
+def test_a_row_of_equal_values_normalises_to_exactly_zero(cache_dir, width):
+    """A float32 row of equal values: its mean summed in float32 was off by a rounding, so x - mean was ~1e-7,
+    divided by sqrt(eps) ~1e-5 after one LayerNormalization, and a second one on that row (variance far below
+    eps) gave bias + 6e-5 where the reference gives the bias (fuzz seed 777, graph 466). The sum in double
+    makes the mean exact: zeros, then exactly the bias, as the reference."""
+    b = GraphBuilder("ln_flat")
+    x = b.input("x", (3, width))
+    rng = np.random.default_rng(1)
+    one = b.op("LayerNormalization", x, b.const("s", rng.uniform(0.5, 1.5, width).astype(np.float32)),
+               epsilon=1e-3, name="ln1")
+    bias = rng.uniform(-1, 1, width).astype(np.float32)
+    g = b.build(one, b.op("LayerNormalization", one, b.const("s2", rng.uniform(-1.5, 1.5, width).astype(np.float32)),
+                          b.const("b2", bias), epsilon=1e-3, name="ln2"))
+    feeds = {"x": np.stack([np.full(width, v, np.float32) for v in (-0.7016531, 3.3, 1e-3)])}
+    got = build(g, None, cache_dir=cache_dir).run(feeds)
+    assert not got["ln1"].any()
+    np.testing.assert_array_equal(got["ln2"], np.broadcast_to(bias, (3, width)))
+    want = reference.run(g, feeds)
+    np.testing.assert_array_equal(got["ln2"], want["ln2"])

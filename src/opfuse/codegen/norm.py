@@ -6,7 +6,8 @@ in place instead), reduced with lane accumulators, and written once through the 
 
     softmax:   y_j = exp(x_j - max x) / sum_k exp(x_k - max x)
     layernorm: y_j = (x_j - mean) / sqrt(var + eps) * scale_j + bias_j,
-               mean = sum x / n,  var = sum (x - mean)^2 / n   (two passes, no cancellation)
+               mean = sum x / n,  var = sum (x - mean)^2 / n   (two passes, no cancellation; float32
+               rows summed in double, so a row of equal values normalises to exactly 0)
 """
 from __future__ import annotations
 
@@ -181,10 +182,15 @@ def lower_layernorm(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
             with kc.w.block(f"for (long {j} = 0; {j} < {L}; ++{j})"), ev.scope():
                 kc.w.line(f"{buf}[{j}] = {ev.at(x, _element(shape, ridx, axis, rank, j))};")
         s = kc.tmp("sum")
-        lane_reduce(kc, ct, literal(0, dt), lambda p, q: f"{p} + {q}", L, lambda i: f"{buf}[{i}]", s,
-                    chains=LAYERNORM_CHAINS)
         mean = kc.tmp("mean")
-        kc.w.line(f"const {ct} {mean} = {s} / {literal(L, dt)};")
+        if dt == np.float32:  # the sum in double: a row of equal values has exactly their mean (x - mean = 0)
+            lane_reduce(kc, "double", "0.0", lambda p, q: f"{p} + {q}", L, lambda i: f"(double){buf}[{i}]", s,
+                        chains=LAYERNORM_CHAINS)
+            kc.w.line(f"const {ct} {mean} = ({ct})({s} / {float(L)!r});")
+        else:
+            lane_reduce(kc, ct, literal(0, dt), lambda p, q: f"{p} + {q}", L, lambda i: f"{buf}[{i}]", s,
+                        chains=LAYERNORM_CHAINS)
+            kc.w.line(f"const {ct} {mean} = {s} / {literal(L, dt)};")
         sq = kc.tmp("sq")
 
         def centred(i):
