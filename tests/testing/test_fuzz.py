@@ -260,3 +260,31 @@ def test_jobs_below_one_is_one_line(capsys):
     assert "--jobs must be at least 1, got 0" in capsys.readouterr().err
     with pytest.raises(InputError, match="jobs must be >= 1"):
         fuzz(2, jobs=-1)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_ctrl_c_stops_every_process_with_one_line(tmp_path, jobs):
+    """Ctrl-C (SIGINT to the process group): each checking child and each job printed a KeyboardInterrupt
+    traceback before the CLI's "opfuse: interrupted"; now they ignore it, the parent stops them, the exit
+    status is 130, and no process of the run is left."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    proc = subprocess.Popen([sys.executable, "-m", "opfuse", "fuzz", "--count", "200", "--jobs", str(jobs),
+                             "--out", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    time.sleep(6)  # past the imports: the jobs and their checking children are running
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in err and err.strip().endswith("opfuse: interrupted"), err
+    deadline = time.monotonic() + 20  # nobody of the group is left, once init has reaped the last zombies
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("processes of the interrupted run are still alive")

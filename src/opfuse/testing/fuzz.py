@@ -146,7 +146,12 @@ def job_seeds(seed: int, count: int, jobs: int) -> list[tuple[int, int]]:
 def _fuzz_job(j: int, seed: int, count: int, ops: frozenset[str], out: str | None, options: dict,
               lines) -> None:
     """One job of a parallel run, in its own process: its report (or the error that stopped it) and its
-    progress lines go back through the queue ``lines``."""
+    progress lines go back through the queue ``lines``. Ctrl-C is the parent's (it terminates the jobs); a
+    termination unwinds the job, so its checking child is stopped and its cache removed."""
+    import signal
+    import sys
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     try:
         report = fuzz(count, seed, ops, out, progress=lambda line: lines.put((j, "line", line)), **options)
     except Exception as e:  # noqa: BLE001  # the parent raises it
@@ -188,11 +193,16 @@ def _fuzz_jobs(count: int, seed: int, ops: frozenset[str], out, jobs: int, optio
             else:
                 _merge(report, item)
                 done += 1
+    except BaseException:  # Ctrl-C or an error: the jobs stop now
+        for p in procs:
+            p.terminate()
+        raise
     finally:
         for p in procs:
-            p.join(timeout=5)
+            p.join(timeout=10)
             if p.is_alive():
-                p.terminate()
+                p.kill()
+                p.join()
     if errors:  # the same for every job (an op set no graph can be drawn from): said once
         said = {e.split(": ", 1)[1] for e in errors}
         raise InputError(said.pop() if len(said) == 1 else "; ".join(errors))

@@ -191,7 +191,9 @@ def check(model: bytes, feeds: Mapping[str, np.ndarray], planner: str = "auto", 
 # The child process ------------------------------------------------------------------------------
 
 def _serve(conn, cache_dir: str | None) -> None:
-    """The worker's loop: receive (model, feeds, planner, threads, codegen), send back the verdict."""
+    """The worker's loop: receive (model, feeds, planner, threads, codegen), send back the verdict. Ctrl-C is
+    the fuzzer's to handle (it stops this process): here it would only print a traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if cache_dir:
         os.environ["OPFUSE_CACHE_DIR"] = cache_dir
     while True:
@@ -290,5 +292,5 @@ class Worker:
     def __enter__(self) -> "Worker":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        self._stop(kill=exc_type is not None)  # interrupted or failing: no wait for the case in flight
