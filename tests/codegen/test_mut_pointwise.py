@@ -61,3 +61,19 @@ def test_a_concat_read_across_its_inputs_reads_each_inside_and_selects(cache_dir
     assert_close(got, want)
     kernel = m.program.source.split("OPFUSE_KERNEL")[-1]
     assert "if (" not in kernel and kernel.count("(unsigned long)") >= 2 and "? " in kernel
+
+
+@pytest.mark.parametrize("op, dtype", [("Sigmoid", "float64"), ("Neg", "float64"), ("Neg", "int32"), ("Abs", "int32"),
+                                       ("Silu", "float64")])
+def test_an_op_of_a_concats_negative_constant_piece_compiles(op, dtype, cache_dir):
+    """The loop over a Concat's constant piece reads it as a literal; a negative one under a negation was
+    ``--0x1.5d0ad2p-2``, a decrement, and the C did not compile (fuzz seed 41215: Sigmoid of Concat(x, [-0.34])
+    into a ReduceProd, float64; the loop of its own per input since this session's Concat change)."""
+    import numpy as np
+    b = GraphBuilder("neg_lit")
+    x = b.input("x", (16,), dtype)
+    c = b.op("Concat", x, b.const("part", np.array([-3], dtype)), axis=0, name="concat")
+    g = b.build(b.op(op, c, name="op"))
+    plan = group_by_names(g, [("all", ["concat", "op"])])
+    got, want, m = run_both(g, plan, cache_dir, options=CodegenOptions(simd="none"), threads=3)
+    assert_close(got, want)

@@ -151,10 +151,16 @@ def _vec(ev, dt, helper: str, libm: str) -> str:
     return vecmath.require(ev.kc.program, helper) if _f32(dt) else math_fn(libm, dt)
 
 
+def _neg(x: str) -> str:
+    """``-x`` in C: a negative literal operand (a constant folded in, a Concat's constant piece) in parentheses,
+    since ``--0x1.5d0ad2p-2`` is a decrement (fuzz seed 41215: Sigmoid of a Concat's constant in float64)."""
+    return f"-({x})" if x.lstrip().startswith("-") else f"-{x}"
+
+
 def _sigmoid(ev, x, dt, a):
     if _f32(dt):
         return f"{vecmath.require(ev.kc.program, vecmath.SIGMOID)}({x})"
-    return f"{_L(1, dt)} / ({_L(1, dt)} + {math_fn('exp', dt)}(-{x}))"
+    return f"{_L(1, dt)} / ({_L(1, dt)} + {math_fn('exp', dt)}({_neg(x)}))"
 
 
 def _silu(ev, x, dt, a):
@@ -162,7 +168,7 @@ def _silu(ev, x, dt, a):
         return f"{vecmath.require(ev.kc.program, vecmath.SILU)}({x})"
     if _f32(dt):
         return f"{x} * {vecmath.require(ev.kc.program, vecmath.SIGMOID)}({x})"
-    return f"{x} / ({_L(1, dt)} + {math_fn('exp', dt)}(-{x}))"
+    return f"{x} / ({_L(1, dt)} + {math_fn('exp', dt)}({_neg(x)}))"
 
 
 def _erf(ev, dt) -> str:
@@ -200,7 +206,7 @@ def _softplus(ev, x, dt, a):
 
 
 def _abs(ev, x, dt, a):
-    return f"{math_fn('fabs', dt)}({x})" if is_float(dt) else f"({x} < 0 ? -{x} : {x})"
+    return f"{math_fn('fabs', dt)}({x})" if is_float(dt) else f"({x} < 0 ? {_neg(x)} : {x})"
 
 
 def relu(x: str, dt) -> str:
@@ -221,7 +227,7 @@ _unary("Erf", lambda ev, x, dt, a: f"{_erf(ev, dt)}({x})")
 _unary("Exp", lambda ev, x, dt, a: f"{_vec(ev, dt, vecmath.EXP, 'exp')}({x})")
 _unary("Log", lambda ev, x, dt, a: f"{_vec(ev, dt, vecmath.LOG, 'log')}({x})")
 _unary("Sqrt", lambda ev, x, dt, a: f"{math_fn('sqrt', dt)}({x})")
-_unary("Neg", lambda ev, x, dt, a: f"-{x}")
+_unary("Neg", lambda ev, x, dt, a: _neg(x))
 _unary("Abs", _abs)
 _unary("Reciprocal", lambda ev, x, dt, a: f"{_L(1, dt)} / {x}")
 
