@@ -115,6 +115,33 @@ def test_a_fault_on_the_m7_is_the_references_input_error(tmp_path):
 
 
 @needs_tools
+def test_roi_align_and_reverse_sequence_faults_on_the_m7(tmp_path):
+    """This session's run-time faults in the firmware too: a RoiAlign box that is not finite or too large (two
+    flags of one node), a ReverseSequence length past the time axis; good inputs give the reference's values."""
+    b = GraphBuilder("faults")
+    y = b.op("RoiAlign", b.input("x", (1, 2, 6, 6)), b.input("r", (2, 4)), b.input("i", (2,), np.int64),
+             output_height=2, output_width=2, name="the_roi")
+    rs = b.op("ReverseSequence", b.input("s", (4, 3, 2)), b.input("l", (3,), np.int64), batch_axis=1, time_axis=0,
+              name="the_rev")
+    g = b.build(b.op("Relu", y), rs)
+    program = mcu.generate_mcu(g, None)
+    rng = np.random.default_rng(0)
+    good = {"x": rng.standard_normal((1, 2, 6, 6)).astype(np.float32), "r": np.array([[0, 0, 3, 3], [1, 1, 5, 4]],
+            np.float32), "i": np.zeros(2, np.int64), "s": rng.standard_normal((4, 3, 2)).astype(np.float32),
+            "l": np.array([1, 4, 2], np.int64)}
+    got = mcu.run_on_qemu(program, good, tmp_path / "ok").outputs
+    want = reference.run(g, good)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
+    bad = [({"r": np.array([[0, 0, 3, 3], [1, 1, np.nan, 4]], np.float32)}, "not finite"),
+           ({"r": np.array([[0, 0, 3, 3], [1, 1, 1e12, 4]], np.float32)}, "sampling grid"),
+           ({"l": np.array([1, 5, 2], np.int64)}, "sequence_lens must be in")]
+    for k, (change, message) in enumerate(bad):
+        with pytest.raises(InputError, match=message):
+            mcu.run_on_qemu(program, dict(good, **change), tmp_path / f"fault{k}")
+
+
+@needs_tools
 def test_per_kernel_counts_add_up_and_do_not_change_the_bits(tmp_path):
     """A profile build marks every kernel: the per-kernel counts sum to the plain build's total
     (within the marks' call sequence), and the outputs are the same bits."""
