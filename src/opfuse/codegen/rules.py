@@ -511,10 +511,10 @@ def _pow(ev, node, k, idx):
     # Integers: exact, wrapping like the type (pow() in double is neither above 2^53); a negative
     # exponent truncates the real power, and 0 to a negative power faults, as in the reference.
     checks.check_here(ev, node, base, ex)  # unless checked whole before the loops (prechecks)
-    helper = ev.kc.program.require_helper(IPOW, IPOW_C)
+    ev.kc.program.require_helper(IPOW, IPOW_C)  # defines IPOW_U and IPOW
     if np.dtype(e.dtype).kind == "u":  # never negative; a uint64 exponent above 2^63 is no int64
         return f"({c_type(dt)}){IPOW_U}((uint64_t){base}, (uint64_t){ex})"
-    return f"({c_type(dt)}){helper}((int64_t){base}, (int64_t){ex})"
+    return f"({c_type(dt)}){IPOW}((int64_t){base}, (int64_t){ex})"
 
 
 IPOW, IPOW_U = "opfuse_ipow", "opfuse_ipow_u"
