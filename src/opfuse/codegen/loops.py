@@ -45,8 +45,8 @@ def emit_loop_nest(kc, ev, shape: Sequence[int], body: Callable[[Index], None], 
     ``axis`` has a loop of its own, that loop is written as one loop per range between the ``bounds`` (each with
     the loops inside it and the body; the outermost one each its own parallel loop), and ``kc.loop_ranges`` holds
     its variable's range while each body is written (a fused Concat then reads its input with no branch:
-    ``rules._concat``; gcc 12.2 -O3 miscompiles the branch between two loads where it vectorises the loop
-    over it with masked loads, AVX2 and AVX-512 alike: fuzz seeds 5 and 41214)."""
+    ``rules._concat``; gcc 12.2 -O3 -march=native computes zeros for a load whose index is shifted by the loop
+    variable under a condition on it, AVX2 and AVX-512 alike: fuzz seeds 5 and 41214)."""
     w = kc.w
     shape = tuple(shape)
     if not shape:

@@ -663,9 +663,10 @@ def _gather(ev, node, k, idx):
 def _concat(ev, node, k, idx):
     """The input whose slice holds the element: known from the index or the loop (``concat_split``: no
     select at all), else every input read at a position inside it (``index.inside_position``) and the
-    right one selected. Not a branch between loads: gcc 12.2 -O3 vectorised that with masked loads that
-    returned zeros for some lanes, with AVX2 as with AVX-512 (fuzz seeds 5 and 41214, a Concat of an
-    input with itself into an Abs or a Clip); a position inside any input is one its own slice also reads."""
+    right one selected. Not a branch between loads: gcc 12.2 -O3 -march=native computed zeros for the
+    arm whose index is shifted by the loop variable, with AVX2 as with AVX-512 (fuzz seeds 5 and 41214, a
+    Concat of an input with itself into an Abs or a Clip; tests/e2e/repro/gcc12_avx512_concat_select); a
+    position inside any input is one its own slice also reads."""
     out = node.outputs[0]
     axis = _attrs(node)["axis"]
     axis = axis + len(out.shape) if axis < 0 else axis

@@ -90,7 +90,7 @@ def eliminate_common_subexpressions(graph: Graph, rc: RewriteContext) -> bool:
             rc.log_refusal(RULE, [first.name, node.name], refuse(why))
             continue
         substitute_all(graph, list(zip(node.outputs, first.outputs, strict=True)))
-        if node in graph.nodes:
+        if node.outputs and node.outputs[0].producer is node:  # not removed with its outputs (none had a use)
             graph.remove_node(node)
         rc.provenance.absorb(first, [node])
         removed.append(node.name)

@@ -155,9 +155,8 @@ def substitute_all(graph: Graph, pairs: Sequence[tuple[Value, Value]]) -> None:
     for old, new in pairs:
         graph.replace_all_uses(old, new)
     for old, _ in pairs:
-        producer = old.producer
-        if producer is not None and producer in graph.nodes \
-                and all(not v.uses and v not in graph.outputs for v in producer.outputs):
+        producer = old.producer  # None once an earlier pair removed it (remove_node clears it)
+        if producer is not None and all(not v.uses and v not in graph.outputs for v in producer.outputs):
             graph.remove_node(producer)
         elif producer is None and not old.uses and old.name in graph.values and old not in graph.inputs:
             del graph.values[old.name]
