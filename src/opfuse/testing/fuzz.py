@@ -180,10 +180,9 @@ def _fuzz_jobs(count: int, seed: int, ops: frozenset[str], out, jobs: int, optio
             try:
                 j, kind, item = lines.get(timeout=1.0)
             except queue.Empty:  # check that no job died without a word
-                if any(not p.is_alive() and p.exitcode not in (0, None) for p in procs) and lines.empty():
-                    dead = [j for j, p in enumerate(procs) if not p.is_alive() and p.exitcode not in (0, None)]
-                    raise InputError(f"fuzz job(s) {dead} died (exit codes "
-                                     f"{[procs[j].exitcode for j in dead]})") from None
+                dead = [(j, p.exitcode) for j, p in enumerate(procs) if p.exitcode not in (0, None)]
+                if dead and lines.empty():
+                    raise InputError(f"fuzz job(s) died (job, exit code): {dead}") from None
                 continue
             if kind == "line":
                 say(f"[job {j}] {item}")
