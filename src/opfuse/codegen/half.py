@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from opfuse.codegen.ctype import float_to_int_helper
 from opfuse.ir.dtypes import (BFLOAT16, FLOAT8E4M3FN, FLOAT8E4M3FNUZ, FLOAT8E5M2, FLOAT8E5M2FNUZ, FLOAT16,
                               FLOAT32)
 
@@ -175,6 +176,8 @@ def cast_expr(program, x: str, src, dst, saturate: bool = True) -> str:
         if dst not in FROM_F32:
             if dst == np.bool_:
                 return f"({x} != 0)"
+            if dst.kind in "iu":  # NaN 0, beyond the range its end, as the reference (no C undefined behaviour)
+                return f"{float_to_int_helper(program, FLOAT32, dst)}({x})"
             return x if dst == FLOAT32 else f"({_c(dst)})({x})"
     if src != FLOAT32:
         x = f"{require(program, 'opfuse_f64_to_f32_odd')}((double)({x}))"

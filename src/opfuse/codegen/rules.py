@@ -43,7 +43,7 @@ from typing import Callable
 
 import numpy as np
 
-from opfuse.codegen.ctype import c_type, highest, is_float, literal, lowest, math_fn
+from opfuse.codegen.ctype import c_type, float_to_int_helper, highest, is_float, literal, lowest, math_fn
 from opfuse.codegen import checks, half, vecmath
 from opfuse.codegen.erf import require_erf
 from opfuse.codegen.gelu import require_gelu
@@ -253,6 +253,8 @@ def _cast(ev, node, k, idx):
         return half.cast_expr(ev.kc.program, x, src, dst, saturate=bool(int(_attrs(node)["saturate"])))
     if dst == np.bool_:
         return f"({x} != 0)"
+    if is_float(src) and np.dtype(dst).kind in "iu":
+        return f"{float_to_int_helper(ev.kc.program, src, dst)}({x})"
     return f"({c_type(dst)})({x})" if src != dst else x
 
 

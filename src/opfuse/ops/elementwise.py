@@ -290,8 +290,26 @@ def _cast_infer(node, a):
     return out_type(node.input(0).shape, dtype)
 
 
+def float_to_int(x: np.ndarray, to: np.dtype) -> np.ndarray:
+    """Floats to the integer type ``to``, total: truncated toward zero, values beyond the type's range
+    (infinities too) its nearest end, NaN 0. ONNX leaves a Cast of NaN or of an out-of-range float to
+    an integer type undefined, and so do C (undefined behaviour: GCC may then fold ``(float)(uint8_t)x``
+    to ``x`` in one kernel and not in another) and NumPy (the x86 conversion's 0x80000000, wrapped);
+    opfuse defines it, in the reference and in C alike (``codegen.rules.float_to_int_helper``), as
+    the Arm FPU's conversion, WebAssembly's ``trunc_sat`` and Rust's ``as`` do."""
+    info = np.iinfo(to)
+    x = np.asarray(x)
+    wide = x.astype(np.float64) if x.dtype.itemsize < 8 else x  # 2^63 and 2^64 are exact there
+    with np.errstate(invalid="ignore"):
+        low, high = wide <= float(info.min) - 1.0, wide >= float(info.max) + 1.0
+        inside = ~(np.isnan(wide) | low | high)
+        y = np.where(inside, wide, 0).astype(to)
+    return np.where(low, info.min, np.where(high, info.max, y)).astype(to)
+
+
 def _cast(ins, a, node):
-    """``x.astype(to)``; to a float8 type with ``saturate=1`` (the default), values beyond its range
+    """``x.astype(to)``; a float to an integer type by ``float_to_int`` (NaN 0, beyond the range its
+    nearest end); to a float8 type with ``saturate=1`` (the default), values beyond its range
     (infinities too) clamp to its largest finite value first, NaN staying NaN (ONNX's Cast, as
     ``onnx.numpy_helper.saturate_cast``); without, they overflow to infinity or NaN as the type has."""
     to = _onnx_to_np(a["to"])
@@ -299,6 +317,8 @@ def _cast(ins, a, node):
     if to in FLOAT8S and int(a["saturate"]):
         top = float(ml_dtypes.finfo(to).max)
         x = np.clip(x.astype(np.float64 if x.dtype == np.float64 else np.float32), -top, top)
+    if to.kind in "iu" and is_floating(x.dtype):
+        return [float_to_int(x, to)]
     return [x.astype(to)]
 
 

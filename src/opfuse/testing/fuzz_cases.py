@@ -11,7 +11,9 @@ included) and may then be
   Cast in front of an integer input, and (integers) a Div or Mod by a raw graph input or a
   Gather with run-time indices, the ops that can fail at run time, and an integer op whose second
   operand is a raw input (``INT_OPS_BY_INPUT``: wrap-around, shifts, exponents over the whole range),
-  and a constant operand an op also takes at run time made a graph input (``RUNTIME_OPERANDS``);
+  and a constant operand an op also takes at run time made a graph input (``RUNTIME_OPERANDS``), and a
+  float input quantized to an integer type and back as an imported QuantizeLinear -> DequantizeLinear
+  pair is, or cast bare (NaN, infinities, values beyond the type: ``ops.elementwise.float_to_int``);
 * fed *hostile* inputs: ``normal`` (the generator's range, [-2, 2]; small integers), ``special``
   (that plus NaN, +-Inf, -0.0, subnormals; integers over their whole range with INT_MIN, INT_MAX,
   0, -1), ``extreme`` (that plus huge finite floats up to FLT_MAX, only for graphs made of ops
@@ -54,7 +56,7 @@ INTEGER_TYPES = (np.int32, np.int64, np.int8, np.int16, np.uint8, np.uint16, np.
 EXTREME_SAFE_OPS = frozenset({
     "Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Gelu", "Softplus", "Erf", "Exp",
     "Log", "Sqrt", "Neg", "Abs", "Reciprocal", "Clip", "Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "Where",
-    "Equal", "Cast", "Identity", "ReduceMax", "MaxPool", "Reshape", "Flatten", "Transpose", "Squeeze",
+    "Equal", "Cast", "Round", "Identity", "ReduceMax", "MaxPool", "Reshape", "Flatten", "Transpose", "Squeeze",
     "Unsqueeze", "Concat", "Split", "Slice", "Gather", "Expand", "Pad"})
 INT_SCALE = 4  # float constants in [-2, 2] become integers in [-8, 8]
 # Known failures left to their owners, each with its reproducer under tests/e2e/repro/: the
@@ -155,14 +157,51 @@ def _add(g: Graph, op_type: str, inputs: list[Value], index: int | None = None, 
 
 
 def _cast_output(draw, g: Graph) -> None:
-    """Cast an output to another type: any from integers and bool; float to float only (float to
-    integer is undefined for NaN and out-of-range values in ONNX, and float to bool turns the
-    rounding differences of a computed value near 0, far inside the tolerance, into True/False)."""
+    """Cast an output to another type: any from integers and bool; float to float only (float to an
+    integer type truncates, so the rounding differences of a computed value near an integer, far inside
+    the tolerance, become a difference of 1; float to bool turns those of a value near 0 into True/False;
+    ``quantize_input`` casts floats the C code reads exactly as the reference does)."""
     v = draw(st.sampled_from(g.outputs))
     kinds = "f" if v.dtype.kind == "f" else "fbiu"
     to = draw(st.sampled_from([t for t in CAST_TYPES if np.dtype(t).kind in kinds and np.dtype(t) != v.dtype]))
     w = _add(g, "Cast", [v], to=_onnx_type(to))
     g.outputs = [w if u is v else u for u in g.outputs]
+
+
+QUANT_TYPES = (np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64)
+
+
+def _quantize_input(draw, g: Graph) -> None:
+    """A float graph input ``x`` (exact: the C code reads the very value the reference does) cast to an
+    integer type, then back to float and scaled, as a QuantizeLinear -> DequantizeLinear pair is imported
+    (``Div(s) -> Round -> Add(z) -> Clip -> Cast(T) -> Cast(float) -> Sub(z) -> Mul(s)``; ``T`` any integer
+    type), or a bare ``Cast(T)``: NaN, infinities and values beyond ``T``'s range in the special and extreme
+    input modes (opfuse defines those conversions, ``ops.elementwise.float_to_int``; a fused kernel had the
+    conversion pair dropped by GCC). The integer tensor is an output too, sometimes."""
+    floats = [v for v in g.inputs if v.dtype.kind == "f" and v.uses]
+    assume(floats)
+    x = draw(st.sampled_from(floats))
+    to = np.dtype(draw(st.sampled_from(QUANT_TYPES)))
+    ft = x.dtype
+    if draw(st.booleans()):
+        q = _add(g, "Cast", [x], to=_onnx_type(to))
+        scale, zero = 1.0, 0
+    else:
+        info = np.iinfo(to)
+        scale = draw(st.sampled_from((0.0107, 0.25, 1.0, 3.0)))
+        zero = draw(st.integers(int(max(info.min, -200)), int(min(info.max, 200))))
+        y = _add(g, "Div", [x, g.add_const("scale", np.array(scale, ft))])
+        y = _add(g, "Add", [_add(g, "Round", [y]), g.add_const("zero", np.array(zero, ft))])
+        lo, hi = (np.array(b, ft) for b in (info.min, info.max))  # the type's range as ft holds it
+        if draw(st.booleans()):
+            y = _add(g, "Clip", [y, g.add_const("lo", lo), g.add_const("hi", hi)])
+        q = _add(g, "Cast", [y], to=_onnx_type(to))
+    back = _add(g, "Cast", [q], to=_onnx_type(ft))
+    dq = _add(g, "Mul", [_add(g, "Sub", [back, g.add_const("zero", np.array(zero, ft))]),
+                         g.add_const("scale", np.array(scale, ft))])
+    g.outputs.append(dq)
+    if draw(st.booleans()):
+        g.outputs.append(q)
 
 
 def _equal_where(draw, g: Graph) -> None:
@@ -288,7 +327,8 @@ def _const_as_input(draw, g: Graph) -> dict[str, np.ndarray]:
 Extra = Callable[..., "dict[str, np.ndarray] | None"]
 EXTRAS: dict[str, Extra] = {"cast_output": _cast_output, "equal_where": _equal_where, "div_by_input": _div_by_input,
           "mod_by_input": _mod_by_input, "gather_by_input": _gather_by_input, "cast_input": _cast_input,
-          "int_op_by_input": _int_op_by_input, "const_as_input": _const_as_input}
+          "int_op_by_input": _int_op_by_input, "const_as_input": _const_as_input,
+          "quantize_input": _quantize_input}
 INTEGER_EXTRAS = ("div_by_input", "mod_by_input", "cast_input", "int_op_by_input")
 
 
