@@ -1,4 +1,5 @@
-"""A float Cast to an integer type is total, and the same in the reference and in C (issue 13).
+"""A float Cast to an integer type is total, and the same in the reference and in C (issue 13); so are
+OneHot's float and uint64 indices.
 
 ONNX leaves a Cast of NaN or of an out-of-range float to an integer type undefined; in C a bare
 ``(uint8_t)x`` of such a value is undefined behaviour, and GCC used it: in a fused QuantizeLinear ->
@@ -125,3 +126,41 @@ def test_a_fused_quantize_dequantize_of_nan_is_the_unfused_value(threads, cache_
     for plan in (None, fused):
         got = build(g, plan, threads=threads, cache_dir=cache_dir).run(feeds)[y.name]
         np.testing.assert_array_equal(got, want, err_msg="fused" if plan else "unfused")
+
+
+def _onehot_model(dtype) -> bytes:
+    it = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    graph = helper.make_graph(
+        [helper.make_node("OneHot", ["i", "d", "v"], ["y"], axis=-1)], "onehot",
+        [helper.make_tensor_value_info("i", it, [10])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [10, 5])],
+        [helper.make_tensor("d", TensorProto.INT64, [], [5]),
+         helper.make_tensor("v", TensorProto.FLOAT, [2], [0.0, 1.0])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 9
+    return model.SerializeToString()
+
+
+@pytest.mark.parametrize("dtype, values, hot", [
+    (np.float32, [2.7, -1.5, -4.9, np.nan, np.inf, -np.inf, 1e30, -5.5, 4.99, 2.0 ** 62],
+     [2, 4, 1, None, None, None, None, 0, 4, None]),
+    (np.float64, [2.7, -1.5, -4.9, np.nan, np.inf, -np.inf, 1e300, -5.5, 4.99, -2.0 ** 62],
+     [2, 4, 1, None, None, None, None, 0, 4, None]),
+    (np.uint64, [2, 4, 5, 0, 2 ** 64 - 1, 2 ** 64 - 5, 2 ** 63, 1, 3, 2 ** 63 - 1],
+     [2, 4, None, 0, None, None, None, 1, 3, None]),
+])
+def test_onehot_indices_out_of_range_match_nothing(dtype, values, hot, cache_dir):
+    """Float indices truncate; NaN, infinities and huge floats match no position (their conversion to
+    int64 was undefined in C), and so does a uint64 above the depth (2^64 - 1 wrapped to -1 and matched the
+    last position, in the reference and in C)."""
+    model = _onehot_model(dtype)
+    i = np.array(values, dtype=dtype)
+    want = np.zeros((10, 5), np.float32)
+    for row, j in enumerate(hot):
+        if j is not None:
+            want[row, j] = 1
+    np.testing.assert_array_equal(reference.run(opfuse.load(model), {"i": i})["y"], want)
+    for fuse in (False, True):
+        comp = plan_model(model, CompileOptions(fuse=fuse))
+        got = build(comp.graph, comp.plan, threads=1, memory=comp.memory, cache_dir=cache_dir).run({"i": i})["y"]
+        np.testing.assert_array_equal(got, want, err_msg=f"fused={fuse}")

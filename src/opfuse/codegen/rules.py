@@ -999,14 +999,23 @@ def _gather_nd(ev, node, k, idx):
 
 @_register("OneHot")
 def _onehot(ev, node, k, idx):
-    from opfuse.ops.indexing import onehot_depth
+    from opfuse.ops.indexing import ONEHOT_FLOAT_LIMIT, onehot_depth
     ind, values = node.input(0), node.input(2)
     out = node.outputs[0]
     axis = _attrs(node)["axis"]
     axis = axis + len(out.shape) if axis < 0 else axis
     depth = onehot_depth(node)
     raw = ev.at(ind, Index(tuple(ind.shape), idx.dims[:axis] + idx.dims[axis + 1:]))
-    kk = let(ev, np.int64, f"(int64_t)({raw})")
+    # as ops.indexing.onehot_positions: no undefined conversion of NaN or a huge float, no uint64 wrapped
+    if is_float(ind.dtype):
+        x = let(ev, ind.dtype, raw)
+        kk = let(ev, np.int64, f"({x} == {x} && {math_fn('fabs', ind.dtype)}({x}) < {_L(ONEHOT_FLOAT_LIMIT, ind.dtype)}"
+                               f" ? (int64_t)({x}) : (int64_t){depth})")
+    elif np.dtype(ind.dtype) == np.uint64:
+        x = let(ev, ind.dtype, raw)
+        kk = let(ev, np.int64, f"({x} <= {depth}u ? (int64_t)({x}) : (int64_t){depth})")
+    else:
+        kk = let(ev, np.int64, f"(int64_t)({raw})")
     kk = let(ev, np.int64, f"({kk} < 0 ? {kk} + {depth} : {kk})")
     off, on = (ev.at(values, Index.linear(values.shape, str(i))) for i in (0, 1))
     return f"({kk} == (int64_t)({idx.dims[axis]}) ? {on} : {off})"

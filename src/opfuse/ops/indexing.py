@@ -130,6 +130,24 @@ def onehot_depth(node: Node) -> int:
     return int(depth[0])
 
 
+# Float indices at or beyond this magnitude (and NaN, infinities) match no position: far past any depth,
+# and inside int64, so the conversion is defined in C (``codegen.rules._onehot``) as here.
+ONEHOT_FLOAT_LIMIT = 2.0 ** 62
+
+
+def onehot_positions(idx: np.ndarray, depth: int) -> np.ndarray:
+    """OneHot's indices as int64: floats truncated toward zero, as onnxruntime; a float not finite or of
+    magnitude ``ONEHOT_FLOAT_LIMIT`` or more, and a uint64 above ``depth``, become ``depth`` (no match;
+    a uint64 2^64 - 1 wrapped to -1 matched the last position, and NaN's conversion is undefined)."""
+    if idx.dtype.kind == "f":
+        with np.errstate(invalid="ignore"):
+            inside = np.isfinite(idx) & (np.abs(idx) < ONEHOT_FLOAT_LIMIT)
+        return np.where(inside, idx, depth).astype(np.int64)
+    if idx.dtype == np.uint64:
+        return np.where(idx <= depth, idx, depth).astype(np.int64)
+    return idx.astype(np.int64)
+
+
 def _onehot_infer(node: Node, a: dict):
     idx, values = node.input(0), node.input(2)
     if values.size != 2:
@@ -143,7 +161,7 @@ def _onehot(ins, a, node):
     idx, _, values = ins
     depth = onehot_depth(node)
     axis = norm_axis(int(a["axis"]), idx.ndim + 1, node)
-    k = np.asarray(idx).astype(np.int64)  # float indices truncate toward zero, as onnxruntime
+    k = onehot_positions(np.asarray(idx), depth)
     k = np.where(k < 0, k + depth, k)  # -depth..-1 count from the end; others match nothing
     j = np.arange(depth).reshape((depth,) + (1,) * (idx.ndim - axis))
     hot = np.expand_dims(k, axis) == j
