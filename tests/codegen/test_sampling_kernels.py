@@ -241,3 +241,36 @@ def test_max_pool_indices_unpooled_back_and_into_a_larger_output_shape(threads, 
         assert not want[:, :, 6:].any() and not want[:, :, :, 8:].any()
         for model in models:
             np.testing.assert_array_equal(model.run(feeds)[g.outputs[0].name], want)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align", [0, 1])
+def test_grid_sample_of_nan_infinite_and_huge_coordinates(mode, padding, align, cache_dir):
+    """Grid coordinates NaN, +-inf, +-1e30 and 3e38 (a run-time grid): C as the reference, whose taps of a
+    NaN coordinate read index 0 (C converted NaN to long there, undefined behaviour that happened to address
+    the same element on x86-64); fused and unfused, vectorised and plain C. With ``nearest`` and ``border``
+    the weight is 1, so a NaN x coordinate reads column 0 of the row its y coordinate picks."""
+    from opfuse.ir.plan import FusionGroup, FusionPlan
+    from opfuse.runtime import reference
+    from opfuse.runtime.native import build
+    b = GraphBuilder("grid_specials")
+    x = b.input("x", (1, 2, 4, 5), "float32")
+    grid = b.input("g", (1, 3, 4, 2), "float32")
+    y = b.op("Relu", b.op("GridSample", x, grid, mode=mode, padding_mode=padding, align_corners=align))
+    g = b.build(y)
+    rng = np.random.default_rng(0)
+    xs = rng.uniform(-1, 1, (1, 2, 4, 5)).astype(np.float32)
+    gs = rng.uniform(-1.2, 1.2, (1, 3, 4, 2)).astype(np.float32)
+    gs.reshape(-1)[[0, 3, 6, 9, 12, 15, 18]] = [np.nan, np.inf, -np.inf, 1e30, -1e30, 3e38, -0.0]
+    gs[0, 2, 3] = [np.nan, 0.3]  # a NaN x coordinate, a finite y coordinate
+    feeds = {"x": xs, "g": gs}
+    want = reference.run(g, feeds)[y.name]
+    if mode == "nearest" and padding == "border":
+        row = int(np.rint(((0.3 + 1) * (3 if align else 4) - (0 if align else 1)) / 2))
+        np.testing.assert_array_equal(want[0, :, 2, 3], np.maximum(xs[0, :, row, 0], 0))
+    fused = FusionPlan(g, [FusionGroup("all", list(g.nodes), "injective")])
+    for plan in (None, fused):
+        for simd in ("auto", "none"):
+            got = build(g, plan, threads=1, options=CodegenOptions(simd=simd), cache_dir=cache_dir).run(feeds)[y.name]
+            np.testing.assert_array_equal(got, want, err_msg=f"fused={plan is not None}, simd={simd}")

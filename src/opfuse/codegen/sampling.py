@@ -93,11 +93,13 @@ def _grid_taps(kc, coord: str, length: int, mode: str, padding: str, align: bool
             w.line(f"{ix}[{j}] = {ok}[{j}] ? (long){p} : 0;")
         elif padding == "border":
             w.line(f"{ok}[{j}] = 1;")
-            w.line(f"{ix}[{j}] = {p} < 0.0 ? 0 : ({p} > {float(length - 1)!r} ? {length - 1} : (long){p});")
+            # a NaN coordinate reads index 0, as the reference (its conversion to long is undefined in C)
+            w.line(f"{ix}[{j}] = !({p} >= 0.0) ? 0 : ({p} > {float(length - 1)!r} ? {length - 1} : (long){p});")
         else:
-            r = kc.tmp("gr")
+            r, m = kc.tmp("gr"), kc.tmp("gm")
             w.line(f"{ok}[{j}] = 1;")
-            w.line(f"long {r} = (long)trunc({_reflect(kc)}({p}, {lo!r}, {hi!r}));")
+            w.line(f"const double {m} = {_reflect(kc)}({p}, {lo!r}, {hi!r});")  # NaN for NaN and infinities
+            w.line(f"long {r} = {m} == {m} ? (long)trunc({m}) : 0;")
             w.line(f"{ix}[{j}] = {r} < 0 ? 0 : ({r} > {length - 1} ? {length - 1} : {r});")
     return n, ix, ok, wt
 
