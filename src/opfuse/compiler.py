@@ -429,13 +429,14 @@ def pareto(comp: Compilation):
                        constraints=_constraints(comp.options), corrections=comp.options.corrections)
 
 
-def build_native(comp: Compilation, *, threads: int | None = None, codegen_options=None):
-    """Generate, compile and load C for a planned model (host target only)."""
+def build_native(comp: Compilation, *, threads: int | None = None, codegen_options=None, sanitize: bool = False):
+    """Generate, compile and load C for a planned model (host target only); ``sanitize``: with UBSan."""
     from opfuse.runtime.native import build
     if comp.options.target != "host":
         raise OpfuseError(f"target '{comp.options.target}' can be planned (opfuse compile --target "
                           f"{comp.options.target}) but not built and run on this machine; use target 'host'")
-    native = build(comp.graph, comp.plan, threads=threads, memory=comp.memory, options=codegen_options)
+    native = build(comp.graph, comp.plan, threads=threads, memory=comp.memory, options=codegen_options,
+                   sanitize=sanitize)
     native.compile_report = comp.report
     native.compilation = comp
     return native

@@ -443,14 +443,15 @@ def _check_dtypes(graph: Graph) -> None:
 
 def build(graph: Graph, plan: FusionPlan | None = None, *, threads: int | None = None, cache_dir=None,
           options: CodegenOptions | None = None, memory: MemoryPlan | None = None,
-          fast_math: bool = False, native: bool = True) -> CompiledModel:
+          fast_math: bool = False, native: bool = True, sanitize: bool = False) -> CompiledModel:
     """Generate C for ``graph`` under ``plan`` (one kernel per node when ``None``), compile it
     with the system compiler (``ToolchainError`` when there is none), and load it.
 
     ``threads`` defaults to ``default_threads()``; ``cache_dir`` to ``$OPFUSE_CACHE_DIR`` or
-    ``~/.cache/opfuse``."""
+    ``~/.cache/opfuse``; ``sanitize`` builds with UBSan (``toolchain.SANITIZE_FLAGS``: undefined
+    behaviour ends the process with its message)."""
     _check_dtypes(graph)
-    tc = Toolchain.detect(native=native, fast_math=fast_math)
+    tc = Toolchain.detect(native=native, fast_math=fast_math, sanitize=sanitize)
     if plan is None and any(needs_float32(n) for n in graph.nodes):
         graph = graph.copy()  # 16-bit float ops compute in float32 between Casts (as fuse(enable=False) does)
         compute_in_float32(graph, RewriteContext(FusionOptions(), Provenance(graph)))

@@ -178,6 +178,11 @@ def compiler_identity(cc: str, native: bool) -> str:
 
 # The flags of a threaded build: POSIX threads for the program's own pool (codegen/threadpool.py).
 THREAD_FLAGS = ("-pthread", "-DOPFUSE_THREADS")
+# Undefined behaviour in the generated C made an error at run time (``Toolchain.detect(sanitize=True)``;
+# the fuzzer's ``ubsan`` profile): UBSan's checks, and float-to-integer conversions out of range (not in
+# ``undefined``: a fused QuantizeLinear's ``(uint8_t)NaN`` was one), each ending the process with its
+# message rather than printing it and going on.
+SANITIZE_FLAGS = ("-fsanitize=undefined,float-cast-overflow", "-fno-sanitize-recover=all")
 
 
 @functools.lru_cache(maxsize=None)
@@ -191,6 +196,16 @@ def supports_threads(cc: str) -> bool:
                      str(src)]).returncode == 0
 
 
+@functools.lru_cache(maxsize=None)
+def supports_sanitizer(cc: str) -> bool:
+    """Whether ``cc`` builds a shared library with ``SANITIZE_FLAGS`` (its runtime, libubsan, installed)."""
+    with tempfile.TemporaryDirectory(prefix="opfuse-ubsan-") as d:
+        src = Path(d, "u.c")
+        src.write_text("int f(int a, float x) { return a << 3 ^ (int)x; }\n")
+        return _run([*_argv(cc), *SANITIZE_FLAGS, "-fPIC", "-shared", "-o", str(Path(d, "u.so")),
+                     str(src)]).returncode == 0
+
+
 @dataclass(frozen=True)
 class Toolchain:
     cc: str
@@ -199,10 +214,17 @@ class Toolchain:
     threads: bool  # the build runs the parallel loops on the pool's threads (else inline, on one)
 
     @classmethod
-    def detect(cls, *, native: bool = True, fast_math: bool = False, threads: bool = True) -> "Toolchain":
+    def detect(cls, *, native: bool = True, fast_math: bool = False, threads: bool = True,
+               sanitize: bool = False) -> "Toolchain":
+        """``sanitize``: with ``SANITIZE_FLAGS`` (``ToolchainError`` where the compiler cannot)."""
         cc = find_compiler()
         check_compiler(cc)
         flags = list(BASE_FLAGS)
+        if sanitize:
+            if not supports_sanitizer(cc):
+                raise ToolchainError(f"the C compiler '{cc}' cannot build with {' '.join(SANITIZE_FLAGS)} (is "
+                                     f"libubsan installed?)")
+            flags.extend(SANITIZE_FLAGS)
         if native:
             flags.append("-march=native")
             if native_avx512(cc):

@@ -21,7 +21,8 @@ included) and may then be
   where the float64 reference does not, a float32 limit, not a bug);
 * built with a *code-generation profile* (``fuzz_check.CODEGEN_PROFILES``, drawn from
   ``CODEGEN_DRAW``): the host's defaults or the size thresholds lowered (the kernels of large tensors
-  on these small ones) a third of the time each, else the AVX2 kernels or the plain C99 build.
+  on these small ones) two times in seven each, else the AVX2 kernels, the plain C99 build or the
+  thresholds' kernels built with UBSan (undefined behaviour in the C is a crash).
 
 Every model is checked by ``onnx.checker`` (full check, with type constraints) before use. All
 choices are Hypothesis draws, so a failing case shrinks towards fewer nodes, float32, no extras
@@ -65,7 +66,8 @@ KNOWN_ISSUES: dict[str, str] = {
 }
 INPUT_MODES = ("normal", "special", "extreme")
 THREADS_DRAW = (1, 2, 1, 2, 3)  # three threads on two cores: uneven splits of every parallel loop
-CODEGEN_DRAW = ("default", "thresholds", "default", "thresholds", "avx2", "portable")  # profiles drawn, by weight
+# profiles drawn, by weight (``ubsan``: the thresholds' kernels built with UBSan)
+CODEGEN_DRAW = ("default", "thresholds", "default", "thresholds", "avx2", "portable", "ubsan")
 FLOAT_SPECIALS = (np.nan, np.inf, -np.inf, -0.0, 1e-40, -1e-45, 1e-38)
 FLOAT_HUGE = (1e4, -3e8, 1e20, -1e30, 3e38, -3.4028235e38, 3.4028235e38)
 # Input roles the extras create; their values are drawn to mostly make sense.

@@ -26,10 +26,13 @@ from __future__ import annotations
 import io
 import multiprocessing
 import os
+import shutil
 import signal
+import tempfile
 import traceback
 import warnings
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -48,9 +51,13 @@ CASE_TIMEOUT_S = 300.0
 # the defaults they run the small-size paths only. ``thresholds`` lowers those limits (every such path
 # taken on a few dozen elements, with many tiles, blocks and threads' shares); ``avx2`` the AVX2 kernels
 # where the host has AVX-512 (what a machine without it runs); ``portable`` the plain C99 build
-# (``simd="none"``, the Cortex-M7's C on the host). All but ``default`` put guards after every scratch
-# region and arena block (``CodegenOptions.scratch_guard_bytes``, ``arena_guard_bytes``): a kernel writing past
-# one is a crash, which no output may show.
+# (``simd="none"``, the Cortex-M7's C on the host); ``ubsan`` the thresholds' kernels built with UBSan
+# (``SANITIZED_PROFILES``; ``toolchain.SANITIZE_FLAGS``): undefined behaviour in the C (a float converted to an
+# integer type out of its range, a shift too far, a misaligned or null access) ends the case's process, a crash
+# whose detail is UBSan's message, where it could otherwise give the reference's answer by the hardware's luck
+# (where the compiler cannot sanitize, the profile builds without). All but ``default`` put guards after every
+# scratch region and arena block (``CodegenOptions.scratch_guard_bytes``, ``arena_guard_bytes``): a kernel
+# writing past one is a crash, which no output may show.
 CODEGEN_PROFILES: dict[str, dict[str, Any]] = {
     "default": {},
     "thresholds": dict(
@@ -66,6 +73,19 @@ CODEGEN_PROFILES: dict[str, dict[str, Any]] = {
     "avx2": dict(vector_isa="avx2", scratch_guard_bytes=64, arena_guard_bytes=64),
     "portable": dict(simd="none", silu_direct=False, scratch_guard_bytes=64, arena_guard_bytes=64),
 }
+CODEGEN_PROFILES["ubsan"] = CODEGEN_PROFILES["thresholds"]
+SANITIZED_PROFILES = frozenset({"ubsan"})
+# Where UBSan writes its report in a checking child (``UBSAN_OPTIONS``' log_path, a file per process id).
+UBSAN_LOG = "ubsan"
+
+
+def sanitizer_available() -> bool:
+    """Whether this machine's C compiler builds with UBSan (``toolchain.supports_sanitizer``)."""
+    from opfuse.runtime.toolchain import ToolchainError, find_compiler, supports_sanitizer
+    try:
+        return supports_sanitizer(find_compiler())
+    except ToolchainError:
+        return False
 
 
 def codegen_options(profile: str):
@@ -145,6 +165,7 @@ def check(model: bytes, feeds: Mapping[str, np.ndarray], planner: str = "auto", 
     from opfuse.runtime import reference
 
     warnings.simplefilter("ignore")  # NumPy's overflow and invalid-value warnings are expected here
+    sanitize = codegen in SANITIZED_PROFILES and sanitizer_available()
     proto = onnx.load_from_string(model)
     try:
         graph = opfuse.load(proto)
@@ -163,7 +184,7 @@ def check(model: bytes, feeds: Mapping[str, np.ndarray], planner: str = "auto", 
                 built = opfuse.compile(proto, threads=threads, **options)
             else:
                 built = build_native(plan_model(proto, CompileOptions(**options)), threads=threads,
-                                     codegen_options=codegen_options(codegen))
+                                     codegen_options=codegen_options(codegen), sanitize=sanitize)
         except UnsupportedOpError as e:
             if isinstance(e, UnsupportedGroupError):  # the planner chose a group codegen cannot build
                 return Verdict("crash", f"{variant} compile", describe_error(e))
@@ -242,14 +263,41 @@ class Worker:
         self.serve = serve or _serve
         self._proc: Any = None  # a multiprocessing Process of the spawn context
         self._conn: Any = None  # its end of the Pipe
+        self._logs: str | None = None  # the children's UBSan reports (``_start``)
 
     def _start(self) -> None:
         ctx = multiprocessing.get_context("spawn")
         parent, child = ctx.Pipe()
         self._proc = ctx.Process(target=self.serve, args=(child, self.cache_dir), daemon=True)
-        self._proc.start()
+        if self._logs is None:
+            self._logs = tempfile.mkdtemp(prefix="opfuse-fuzz-ubsan-")
+        # the child's environment is this one's at start: UBSan (a sanitized build) reports into a file here
+        before = os.environ.get("UBSAN_OPTIONS")
+        os.environ["UBSAN_OPTIONS"] = f"log_path={os.path.join(self._logs, UBSAN_LOG)}:print_stacktrace=0"
+        try:
+            self._proc.start()
+        finally:
+            if before is None:
+                del os.environ["UBSAN_OPTIONS"]
+            else:
+                os.environ["UBSAN_OPTIONS"] = before
         child.close()
         self._conn = parent
+
+    def _sanitizer_report(self, pid: int | None) -> str:
+        """UBSan's first "runtime error" line of the child ``pid`` (its source file named without the build
+        folder), or ""."""
+        if self._logs is None or pid is None:
+            return ""
+        try:
+            text = Path(self._logs, f"{UBSAN_LOG}.{pid}").read_text(errors="replace")
+        except OSError:
+            return ""
+        for line in text.splitlines():
+            if "runtime error:" in line:
+                where, _, what = line.partition(" runtime error:")
+                return f"{os.path.basename(where.strip())} runtime error:{what}"
+        return ""
 
     def check(self, model: bytes, npz: bytes, planner: str = "auto", threads: int = 1,
               codegen: str = "default") -> Verdict:
@@ -264,10 +312,12 @@ class Worker:
             return Verdict("crash", "process", f"no verdict after {self.timeout:.0f} s (killed)")
         except (EOFError, BrokenPipeError, ConnectionResetError):
             self._proc.join(10)
-            code = self._proc.exitcode
+            code, pid = self._proc.exitcode, self._proc.pid
             self._stop(kill=True)
             how = _signal_name(code) if code is not None and code < 0 else f"exit status {code}"
-            return Verdict("crash", "process", f"the process running the case died: {how}")
+            report = self._sanitizer_report(pid)
+            return Verdict("crash", "process", f"the process running the case died: {how}"
+                                               + (f" (UBSan: {report})" if report else ""))
 
     def _stop(self, kill: bool = False) -> None:
         if self._proc is not None:
@@ -288,9 +338,13 @@ class Worker:
 
     def close(self) -> None:
         self._stop()
+        if self._logs is not None:
+            shutil.rmtree(self._logs, ignore_errors=True)
+            self._logs = None
 
     def __enter__(self) -> "Worker":
         return self
 
     def __exit__(self, exc_type, *exc) -> None:
         self._stop(kill=exc_type is not None)  # interrupted or failing: no wait for the case in flight
+        self.close()

@@ -1,0 +1,57 @@
+"""The fuzzer's ``ubsan`` profile: builds with UBSan (``toolchain.SANITIZE_FLAGS``), so undefined behaviour in
+the generated C is a crash verdict carrying UBSan's message, even where x86's conversion happens to give the
+reference's answer. The child below puts back the bare C cast a float Cast to an integer type was before
+``float_to_int_helper`` (``(uint8_t)NaN``): with UBSan the case crashes and says why; without, it passes."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from opfuse.runtime.toolchain import SANITIZE_FLAGS, Toolchain, find_compiler, supports_sanitizer
+from opfuse.testing.fuzz_check import CODEGEN_PROFILES, SANITIZED_PROFILES, Worker, _serve, pack_inputs
+
+REPRO = Path(__file__).parents[1] / "e2e" / "repro" / "quantize_dequantize_of_a_nan_fused"
+
+needs_ubsan = pytest.mark.skipif(not supports_sanitizer(find_compiler()), reason="the C compiler has no UBSan")
+
+
+def _serve_with_bare_casts(conn, cache_dir):
+    """The checking child's loop, its float-to-integer Casts written as bare C casts (undefined for NaN)."""
+    from opfuse.codegen import rules
+    from opfuse.codegen.ctype import c_type
+    rules.float_to_int_helper = lambda program, src, dst: f"({c_type(dst)})"
+    _serve(conn, cache_dir)
+
+
+def _case():
+    return (REPRO / "model.onnx").read_bytes(), pack_inputs(dict(np.load(REPRO / "inputs.npz")))
+
+
+@needs_ubsan
+def test_undefined_behaviour_is_a_crash_with_ubsans_message(tmp_path):
+    model, npz = _case()
+    assert "ubsan" in SANITIZED_PROFILES and CODEGEN_PROFILES["ubsan"] == CODEGEN_PROFILES["thresholds"]
+    with Worker(str(tmp_path), serve=_serve_with_bare_casts) as w:
+        v = w.check(model, npz, codegen="ubsan")
+        assert (v.status, v.stage) == ("crash", "process"), v.line()
+        assert "UBSan: model.c:" in v.detail and "nan is outside the range of representable values" in v.detail
+        assert w.check(model, npz, codegen="thresholds").status != "crash"  # the same C unsanitized runs
+    with Worker(str(tmp_path)) as w:  # the C as generated: no undefined behaviour there
+        assert w.check(model, npz, codegen="ubsan").status == "ok"
+
+
+@needs_ubsan
+def test_a_sanitized_build_has_the_flags_and_its_own_cache_key():
+    plain, sanitized = Toolchain.detect(), Toolchain.detect(sanitize=True)
+    assert set(SANITIZE_FLAGS) <= set(sanitized.flags) and not set(SANITIZE_FLAGS) & set(plain.flags)
+    from opfuse.runtime.toolchain import build_key
+    assert build_key("int x;", plain) != build_key("int x;", sanitized)
+
+
+def test_a_compiler_without_ubsan_is_a_toolchain_error(monkeypatch):
+    from opfuse.runtime import toolchain
+    monkeypatch.setattr(toolchain, "supports_sanitizer", lambda cc: False)
+    with pytest.raises(toolchain.ToolchainError, match="cannot build with -fsanitize"):
+        Toolchain.detect(sanitize=True)
