@@ -164,3 +164,24 @@ def test_onehot_indices_out_of_range_match_nothing(dtype, values, hot, cache_dir
         comp = plan_model(model, CompileOptions(fuse=fuse))
         got = build(comp.graph, comp.plan, threads=1, memory=comp.memory, cache_dir=cache_dir).run({"i": i})["y"]
         np.testing.assert_array_equal(got, want, err_msg=f"fused={fuse}")
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint32])
+def test_integer_gemm_with_a_fractional_scale_beyond_the_range_is_its_end(dtype, cache_dir):
+    """An integer Gemm with a fractional beta scales in double and converts back: a sum beyond the type's
+    range is its nearest end in both backends (C's conversion was undefined there: UBSan in a fuzz run)."""
+    info = np.iinfo(dtype)
+    big = (int(info.max) + 1) // 2  # 2^30, 2^62, 2^31: 3 x big is past the top, -2 x big the bottom
+    b = GraphBuilder("gemm_scaled")
+    a = b.input("a", (3, 2), np.dtype(dtype).name)
+    w = b.const("w", np.array([[1], [1]], dtype))
+    c = b.const("c", np.array([1], dtype))
+    y = b.op("Gemm", a, w, c, alpha=3.0, beta=0.5)
+    g = b.build(y)
+    lows = [-big, -big] if info.min < 0 else [0, 0]
+    x = np.array([[big, 0], lows, [5, 2]], dtype)
+    want = np.array([[info.max], [info.min if info.min < 0 else 0], [21]], dtype)
+    np.testing.assert_array_equal(reference.run(g, {"a": x})[y.name], want)
+    for plan in (None, FusionPlan(g, [FusionGroup("all", list(g.nodes), "gemm")])):
+        got = build(g, plan, threads=1, cache_dir=cache_dir).run({"a": x})[y.name]
+        np.testing.assert_array_equal(got, want, err_msg="fused" if plan else "unfused")

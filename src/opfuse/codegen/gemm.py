@@ -35,7 +35,7 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from opfuse.codegen.ctype import c_type, literal
+from opfuse.codegen.ctype import c_type, float_to_int_helper, literal
 from opfuse.codegen.index import Index, add, delinearize
 from opfuse.codegen import simdchain, vecmath
 from opfuse.codegen.epilogue import VectorEpilogue, finish_element
@@ -1391,7 +1391,8 @@ def gemm_problem(kc, ev, node) -> GemmProblem:
 
     # Integers with a fractional alpha or beta scale as the reference does: each term in double
     # (the product A'B' wraps in the element type first), summed in double (no FMA: the build
-    # uses -ffp-contract=off), then converted back to the element type, truncating toward zero.
+    # uses -ffp-contract=off), then converted back to the element type, truncating toward zero, a sum
+    # beyond the type's range its nearest end (``ops.elementwise.float_to_int``).
     in_double = dt.kind in "iu" and not (alpha.is_integer() and beta.is_integer())
 
     def _scale(v: float) -> str:  # an integral scale of an integer Gemm wraps into the element type
@@ -1403,7 +1404,8 @@ def gemm_problem(kc, ev, node) -> GemmProblem:
             if C is not None and beta != 0.0:
                 c = ev.at(C, Index((M, N), (m, n)).broadcast_to(C.shape))
                 y = f"{y} + (double)({c})" if beta == 1.0 else f"{y} + {literal(beta, np.float64)} * (double)({c})"
-            return f"({c_type(dt)})({y})"
+            # NaN cannot be, but a sum beyond the type's range can: its end, as the reference (no undefined cast)
+            return f"{float_to_int_helper(ev.kc.program, np.float64, dt)}({y})"
         y = acc if alpha == 1.0 else f"{_scale(alpha)} * {acc}"
         if C is not None and beta != 0.0:
             c = ev.at(C, Index((M, N), (m, n)).broadcast_to(C.shape))

@@ -13,6 +13,7 @@ import numpy as np
 from opfuse.ir.dtypes import is_floating
 from opfuse.ir.graph import Node
 from opfuse.ops.common import broadcast_shapes, out_type, shape_error, wrap_int
+from opfuse.ops.elementwise import float_to_int
 from opfuse.ops.registry import Category, Mapping, OpSpec, register
 
 
@@ -87,8 +88,9 @@ def _gemm(ins, a, node):
     with integral alpha and beta, every step is in the element type and wraps, as MatMul, Mul
     and Add do (scaling in float64 would turn an overflow into an undefined conversion). With a
     fractional alpha or beta, A' @ B' is computed in the element type (wrapping), each term is
-    scaled in float64, the sum is in float64 and converted back truncating toward zero; the C
-    backend computes the same. (onnxruntime has no integer Gemm kernel to compare with.)"""
+    scaled in float64, the sum is in float64 and converted back truncating toward zero, a sum beyond
+    the type's range its nearest end (``float_to_int``; NumPy's and C's conversions are undefined
+    there); the C backend computes the same. (onnxruntime has no integer Gemm kernel to compare with.)"""
     x, y = _acc(ins[0]), _acc(ins[1])
     if a["transA"]:
         x = x.T
@@ -105,7 +107,10 @@ def _gemm(ins, a, node):
     c = ins[2] if len(ins) > 2 else None
     if c is not None:
         out = out + (a["beta"] * _acc(c) if a["beta"] != 1.0 else _acc(c))
-    return [np.asarray(out).astype(ins[0].dtype, copy=False)]
+    out = np.asarray(out)
+    if dt.kind in "iu" and out.dtype.kind == "f":
+        return [float_to_int(out, dt)]
+    return [out.astype(ins[0].dtype, copy=False)]
 
 
 def _gemm_flops(node: Node, a: dict) -> int:
