@@ -26,7 +26,10 @@ from opfuse.runtime.native import build
 from opfuse.testing.fuzz_check import codegen_options
 
 INT_TYPES = (np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64)
-EDGES = [np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 0.5, -0.5, -0.99, -1.0, 1.5, -1.5, 127.9, 128.0, -128.5,
+# next to every bound: a value one below the top (126.5 for int8, 254.5 for uint8) and one above the bottom
+# (-127.0, -127.5; 1.0 for the unsigned types) truncate, they do not saturate
+EDGES = [np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 0.5, -0.5, -0.99, -1.0, 1.0, 1.5, -1.5, 126.5, 127.9, 128.0,
+         -127.0, -127.5, -128.5, 254.5,
          -129.0, 255.5, 256.0, 32767.5, 32768.0, -32769.0, 65535.9, 65536.0, 2.0 ** 31, -2.0 ** 31,
          -2.0 ** 31 - 4096, 2.0 ** 32, 2.0 ** 63, -2.0 ** 63, 2.0 ** 64, 1e30, -1e30, 65504.0]
 

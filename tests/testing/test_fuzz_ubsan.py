@@ -4,6 +4,8 @@ reference's answer. The child below puts back the bare C cast a float Cast to an
 ``float_to_int_helper`` (``(uint8_t)NaN``): with UBSan the case crashes and says why; without, it passes."""
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +27,27 @@ def _serve_with_bare_casts(conn, cache_dir):
     _serve(conn, cache_dir)
 
 
+def _die_with_another_report(conn, cache_dir):
+    """A child that writes a report without a UBSan runtime error where UBSan would write, then aborts."""
+    conn.recv()
+    log = dict(kv.split("=", 1) for kv in os.environ["UBSAN_OPTIONS"].split(":"))["log_path"]
+    Path(f"{log}.{os.getpid()}").write_text("==1==WARNING: something else\n")
+    os.abort()
+
+
+def _die_quietly(conn, cache_dir):
+    conn.recv()
+    os.abort()
+
+
+def test_a_crash_without_a_ubsan_runtime_error_has_no_ubsan_detail():
+    model, npz = _case()
+    for serve in (_die_with_another_report, _die_quietly):
+        with Worker(serve=serve) as w:
+            v = w.check(model, npz, codegen="ubsan")
+        assert v.detail == "the process running the case died: SIGABRT", (serve.__name__, v.detail)
+
+
 def _case():
     return (REPRO / "model.onnx").read_bytes(), pack_inputs(dict(np.load(REPRO / "inputs.npz")))
 
@@ -36,7 +59,8 @@ def test_undefined_behaviour_is_a_crash_with_ubsans_message(tmp_path):
     with Worker(str(tmp_path), serve=_serve_with_bare_casts) as w:
         v = w.check(model, npz, codegen="ubsan")
         assert (v.status, v.stage) == ("crash", "process"), v.line()
-        assert "UBSan: model.c:" in v.detail and "nan is outside the range of representable values" in v.detail
+        assert re.search(r"died: exit status 1 \(UBSan: model\.c:\d+:\d+: runtime error: nan is outside the range of "
+                         r"representable values of type 'unsigned char'\)$", v.detail), v.detail
         assert w.check(model, npz, codegen="thresholds").status != "crash"  # the same C unsanitized runs
     with Worker(str(tmp_path)) as w:  # the C as generated: no undefined behaviour there
         assert w.check(model, npz, codegen="ubsan").status == "ok"
