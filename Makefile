@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint venv clean bench mcu-tools aarch64-tools browser-tools fuzz
+.PHONY: demo test test-slow lint venv clean bench mcu-tools aarch64-tools browser-tools fuzz fuzz-sanitized
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -103,6 +103,16 @@ FUZZ_OUT ?= fuzz-findings
 FUZZ_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 
 fuzz: $(STAMP)
+	$(VENV)/bin/opfuse fuzz --count $(FUZZ_COUNT) --seed $(FUZZ_SEED) --jobs $(FUZZ_JOBS) --out $(FUZZ_OUT)
+
+# The same run with every build under AddressSanitizer and UBSan: a read or write outside a tensor or
+# undefined behaviour in the generated C ends its case as a crash naming it. The checking processes run
+# under libasan (preloaded, with libstdc++, whose exception runtime ASan looks up); about 1 s a graph.
+SANITIZED_CC ?= gcc -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all
+
+fuzz-sanitized: $(STAMP)
+	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libstdc++.so)" \
+	ASAN_OPTIONS=detect_leaks=0 CC="$(SANITIZED_CC)" \
 	$(VENV)/bin/opfuse fuzz --count $(FUZZ_COUNT) --seed $(FUZZ_SEED) --jobs $(FUZZ_JOBS) --out $(FUZZ_OUT)
 
 # Not part of `make test` (torch is an optional extra, so tests/torchmodels skip there): a BERT

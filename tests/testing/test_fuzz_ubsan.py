@@ -79,3 +79,46 @@ def test_a_compiler_without_ubsan_is_a_toolchain_error(monkeypatch):
     monkeypatch.setattr(toolchain, "supports_sanitizer", lambda cc: False)
     with pytest.raises(toolchain.ToolchainError, match="cannot build with -fsanitize"):
         Toolchain.detect(sanitize=True)
+
+
+def _asan_runtime() -> str | None:
+    """libasan and libstdc++ to preload (ASan must come first; it looks up the C++ exception runtime), or None."""
+    import subprocess
+    libs = []
+    for name in ("libasan.so", "libstdc++.so"):
+        path = subprocess.run(["gcc", f"-print-file-name={name}"], capture_output=True, text=True).stdout.strip()
+        if not os.path.isabs(path):
+            return None
+        libs.append(path)
+    return " ".join(libs)
+
+
+def _read_past_an_array(conn, cache_dir):
+    """A child that builds a kernel with AddressSanitizer and lets it read one float past a NumPy array."""
+    import ctypes
+    import subprocess
+    import tempfile
+    conn.recv()
+    d = tempfile.mkdtemp()
+    Path(d, "k.c").write_text("float k_sum(const float* p, long n) { float s = 0; for (long i = 0; i <= n; ++i) "
+                              "s += p[i]; return s; }\n")
+    subprocess.run(["gcc", "-fsanitize=address", "-O1", "-fPIC", "-shared", "-o", f"{d}/k.so", f"{d}/k.c"], check=True)
+    lib = ctypes.CDLL(f"{d}/k.so")
+    lib.k_sum.restype = ctypes.c_float
+    a = np.ones(1000, np.float32)
+    conn.send(lib.k_sum(a.ctypes.data_as(ctypes.c_void_p), ctypes.c_long(a.size)))
+
+
+def test_an_address_sanitizer_error_names_its_kind_and_kernel(monkeypatch):
+    """``make fuzz-sanitized``: children under libasan (LD_PRELOAD), builds with -fsanitize=address; a read past a
+    tensor ends the case with AddressSanitizer's kind of error and the function it was in."""
+    runtime = _asan_runtime()
+    if runtime is None:
+        pytest.skip("no libasan for gcc")
+    monkeypatch.setenv("LD_PRELOAD", runtime)
+    monkeypatch.setenv("ASAN_OPTIONS", "detect_leaks=0")
+    model, npz = _case()
+    with Worker(serve=_read_past_an_array) as w:
+        v = w.check(model, npz)
+    assert v.detail == "the process running the case died: exit status 1 (AddressSanitizer: heap-buffer-overflow " \
+                       "in k_sum)", v.detail

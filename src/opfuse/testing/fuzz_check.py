@@ -26,6 +26,7 @@ from __future__ import annotations
 import io
 import multiprocessing
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -75,8 +76,9 @@ CODEGEN_PROFILES: dict[str, dict[str, Any]] = {
 }
 CODEGEN_PROFILES["ubsan"] = CODEGEN_PROFILES["thresholds"]
 SANITIZED_PROFILES = frozenset({"ubsan"})
-# Where UBSan writes its report in a checking child (``UBSAN_OPTIONS``' log_path, a file per process id).
-UBSAN_LOG = "ubsan"
+# Where the sanitizers write their reports in a checking child (log_path in ``UBSAN_OPTIONS`` and
+# ``ASAN_OPTIONS``, a file per process id), and the line of each that names the error.
+SANITIZER_LOGS = {"ubsan": "runtime error:", "asan": "ERROR: AddressSanitizer:"}
 
 
 def sanitizer_available() -> bool:
@@ -270,33 +272,48 @@ class Worker:
         parent, child = ctx.Pipe()
         self._proc = ctx.Process(target=self.serve, args=(child, self.cache_dir), daemon=True)
         if self._logs is None:
-            self._logs = tempfile.mkdtemp(prefix="opfuse-fuzz-ubsan-")
-        # the child's environment is this one's at start: UBSan (a sanitized build) reports into a file here
-        before = os.environ.get("UBSAN_OPTIONS")
-        os.environ["UBSAN_OPTIONS"] = f"log_path={os.path.join(self._logs, UBSAN_LOG)}:print_stacktrace=0"
+            self._logs = tempfile.mkdtemp(prefix="opfuse-fuzz-sanitizers-")
+        # The child's environment is this one's at its start: a sanitized build (the ubsan profile; every build
+        # with $CC and LD_PRELOAD set for AddressSanitizer, ``make fuzz-sanitized``) reports into files here,
+        # after the options already set (ASan's detect_leaks=0).
+        saved = {}
+        for name in SANITIZER_LOGS:
+            var = f"{name.upper()}_OPTIONS"
+            saved[var] = os.environ.get(var)
+            own = f"log_path={os.path.join(self._logs, name)}:print_stacktrace=0"
+            os.environ[var] = f"{saved[var]}:{own}" if saved[var] else own
         try:
             self._proc.start()
         finally:
-            if before is None:
-                del os.environ["UBSAN_OPTIONS"]
-            else:
-                os.environ["UBSAN_OPTIONS"] = before
+            for var, value in saved.items():
+                if value is None:
+                    del os.environ[var]
+                else:
+                    os.environ[var] = value
         child.close()
         self._conn = parent
 
     def _sanitizer_report(self, pid: int | None) -> str:
-        """UBSan's first "runtime error" line of the child ``pid`` (its source file named without the build
-        folder), or ""."""
+        """The first line naming an error in a sanitizer's report of the child ``pid`` (UBSan's "runtime error"
+        with its source file named without the build folder, AddressSanitizer's "ERROR"), or ""."""
         if self._logs is None or pid is None:
             return ""
-        try:
-            text = Path(self._logs, f"{UBSAN_LOG}.{pid}").read_text(errors="replace")
-        except OSError:
-            return ""
-        for line in text.splitlines():
-            if "runtime error:" in line:
-                where, _, what = line.partition(" runtime error:")
-                return f"{os.path.basename(where.strip())} runtime error:{what}"
+        for name, mark in SANITIZER_LOGS.items():
+            try:
+                text = Path(self._logs, f"{name}.{pid}").read_text(errors="replace")
+            except OSError:
+                continue
+            for line in text.splitlines():
+                if mark not in line:
+                    continue
+                if name == "ubsan":
+                    where, _, what = line.partition(" runtime error:")
+                    return f"UBSan: {os.path.basename(where.strip())} runtime error:{what}"
+                # "SUMMARY: AddressSanitizer: heap-buffer-overflow (/.../libmodel.so+0x1c3e) in k2_relu_0"
+                summary = re.search(r"SUMMARY: (AddressSanitizer: \S+)(?: \(\S*\))?( in \S+)?", text)
+                if summary:
+                    return summary.group(1) + (summary.group(2) or "")
+                return line[line.index(mark) + len("ERROR: "):].split(" on address")[0]
         return ""
 
     def check(self, model: bytes, npz: bytes, planner: str = "auto", threads: int = 1,
@@ -317,7 +334,7 @@ class Worker:
             how = _signal_name(code) if code is not None and code < 0 else f"exit status {code}"
             report = self._sanitizer_report(pid)
             return Verdict("crash", "process", f"the process running the case died: {how}"
-                                               + (f" (UBSan: {report})" if report else ""))
+                                               + (f" ({report})" if report else ""))
 
     def _stop(self, kill: bool = False) -> None:
         if self._proc is not None:
