@@ -583,7 +583,7 @@ static inline void opfuse_q8_store_8x8(void* dst, long stride, long nch, long n,
   if (nch == 8 && n == 8) {
     for (int i = 0; i < 4; ++i) {
       _mm_storel_epi64((__m128i*)(d + (2 * i) * stride), w[i]);
-      _mm_storeh_pd((double*)(d + (2 * i + 1) * stride), _mm_castsi128_pd(w[i]));
+      _mm_storel_epi64((__m128i*)(d + (2 * i + 1) * stride), _mm_unpackhi_epi64(w[i], w[i]));
     }
     return;
   }
