@@ -241,6 +241,36 @@ def test_integer_ops_with_a_raw_operand_are_drawn(op):
     assert _valid_onnx(h)
 
 
+@pytest.mark.parametrize("to", ["int8", "uint16", "int64", "uint64"])
+@pytest.mark.parametrize("clip", [True, False])
+def test_float_inputs_are_quantized_and_checked_in_every_profile(to, clip):
+    """``quantize_input`` draws a float input's QuantizeLinear -> DequantizeLinear as imported (``Div, Round, Add,
+    [Clip], Cast(T), Cast(float), Sub, Mul``) or a bare Cast, for every integer type; with NaN, infinities and huge
+    values the case checks ok in each profile (it found the fused QDQ of NaN: ``test_float_to_int.py``)."""
+    from hypothesis import find, settings
+    from hypothesis import strategies as st
+
+    from opfuse.testing.fuzz_cases import _quantize_input, _valid_onnx
+    b = GraphBuilder("floats")
+    g = b.build(b.op("Relu", b.input("x", (2, 5), "float32")))
+
+    @st.composite
+    def made(draw):
+        h = g.copy()
+        _quantize_input(draw, h)
+        return h
+
+    want = {"Div", "Round", "Add", "Cast", "Sub", "Mul"} | ({"Clip"} if clip else set())
+    h = find(made(), lambda h: {n.op_type for n in h.nodes} == want | {"Relu"}
+             and any(n.op_type == "Cast" and n.outputs[0].dtype == np.dtype(to) for n in h.nodes),
+             settings=settings(database=None, max_examples=2000))
+    h.verify()
+    assert _valid_onnx(h)
+    x = np.array([[np.nan, np.inf, -np.inf, 3e38, -3e38], [0.5, -0.5, 2.5, -1e10, 1e20]], np.float32)
+    for profile in ("default", "portable"):
+        assert check(_model(h), {"x": x}, "auto", 2, profile) == Verdict("ok"), profile
+
+
 def test_parallel_jobs_split_the_count_and_repeat_their_graphs(tmp_path):
     """``--jobs 2``: two processes, each its share of the graphs from its own seed; the merged report counts
     every graph once, and the same seed and jobs draw the same graphs again."""
