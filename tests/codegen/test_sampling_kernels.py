@@ -265,7 +265,8 @@ def test_grid_sample_of_nan_infinite_and_huge_coordinates(mode, padding, align, 
     gs.reshape(-1)[[0, 3, 6, 9, 12, 15, 18]] = [np.nan, np.inf, -np.inf, 1e30, -1e30, 3e38, -0.0]
     gs[0, 2, 3] = [np.nan, 0.3]  # a NaN x coordinate, a finite y coordinate
     feeds = {"x": xs, "g": gs}
-    want = reference.run(g, feeds)[y.name]
+    with np.errstate(over="ignore", invalid="ignore"):  # the reference's float32 arithmetic on 3e38 and NaN
+        want = reference.run(g, feeds)[y.name]
     if mode == "nearest" and padding == "border":
         row = int(np.rint(((0.3 + 1) * (3 if align else 4) - (0 if align else 1)) / 2))
         np.testing.assert_array_equal(want[0, :, 2, 3], np.maximum(xs[0, :, row, 0], 0))
