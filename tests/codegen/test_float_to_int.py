@@ -188,3 +188,24 @@ def test_integer_gemm_with_a_fractional_scale_beyond_the_range_is_its_end(dtype,
     for plan in (None, FusionPlan(g, [FusionGroup("all", list(g.nodes), "gemm")])):
         got = build(g, plan, threads=1, cache_dir=cache_dir).run({"a": x})[y.name]
         np.testing.assert_array_equal(got, want, err_msg="fused" if plan else "unfused")
+
+
+@pytest.mark.parametrize("bounds, helper", [((0.0, 255.0), "opfuse_cvt_float32_uint8_in_range"),
+                                            ((-1000.0, 1000.0), "opfuse_cvt_float32_uint8("),
+                                            ((0.0, 256.0), "opfuse_cvt_float32_uint8(")])
+def test_a_cast_after_a_clip_inside_the_range_tests_only_nan(bounds, helper, cache_dir):
+    """A Clip to constant bounds inside the integer type's range before the Cast (QuantizeLinear's) leaves only
+    NaN to handle: the cheaper helper; bounds reaching past the range keep the saturating one. Same values."""
+    from opfuse.codegen import generate
+    b = GraphBuilder("clip_cast")
+    x = b.input("x", (6,), "float32")
+    q = b.op("Clip", x, b.const("lo", np.array(bounds[0], np.float32)), b.const("hi", np.array(bounds[1], np.float32)))
+    y = b.op("Cast", q, to=TensorProto.UINT8)
+    g = b.build(y)
+    fused = FusionPlan(g, [FusionGroup("all", list(g.nodes), "elementwise")])
+    assert helper in generate(g, fused).source
+    xs = np.array([300.0, -300.0, np.nan, 254.7, 0.5, -0.5], np.float32)
+    want = np.array(expected(np.clip(xs, *bounds), np.uint8), np.uint8)
+    np.testing.assert_array_equal(reference.run(g, {"x": xs})[y.name], want)
+    for plan in (None, fused):
+        np.testing.assert_array_equal(build(g, plan, threads=1, cache_dir=cache_dir).run({"x": xs})[y.name], want)

@@ -254,8 +254,22 @@ def _cast(ev, node, k, idx):
     if dst == np.bool_:
         return f"({x} != 0)"
     if is_float(src) and np.dtype(dst).kind in "iu":
-        return f"{float_to_int_helper(ev.kc.program, src, dst)}({x})"
+        return f"{float_to_int_helper(ev.kc.program, src, dst, _clipped_into(node.input(0), dst))}({x})"
     return f"({c_type(dst)})({x})" if src != dst else x
+
+
+def _clipped_into(v, dst) -> bool:
+    """Whether ``v`` is a Clip's output whose constant bounds lie inside integer type ``dst``'s range (a
+    QuantizeLinear's): every value of it but NaN converts to ``dst`` without saturating."""
+    clip = v.producer
+    if clip is None or clip.op_type != "Clip" or len(clip.inputs) < 3:
+        return False
+    bounds = [clip.inputs[i] for i in (1, 2)]
+    if any(b is None or b.const is None or b.const.size != 1 for b in bounds):
+        return False
+    info = np.iinfo(dst)
+    lo, hi = (float(np.asarray(b.const).reshape(-1)[0]) for b in bounds)
+    return info.min <= lo and hi <= info.max
 
 
 @_register("Clip")

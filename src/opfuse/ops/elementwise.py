@@ -295,7 +295,7 @@ def float_to_int(x: np.ndarray, to: np.dtype) -> np.ndarray:
     (infinities too) its nearest end, NaN 0. ONNX leaves a Cast of NaN or of an out-of-range float to
     an integer type undefined, and so do C (undefined behaviour: GCC may then fold ``(float)(uint8_t)x``
     to ``x`` in one kernel and not in another) and NumPy (the x86 conversion's 0x80000000, wrapped);
-    opfuse defines it, in the reference and in C alike (``codegen.rules.float_to_int_helper``), as
+    opfuse defines it, in the reference and in C alike (``codegen.ctype.float_to_int_helper``), as
     the Arm FPU's conversion, WebAssembly's ``trunc_sat`` and Rust's ``as`` do."""
     info = np.iinfo(to)
     x = np.asarray(x)
