@@ -23,7 +23,7 @@ def _serve_with_bare_casts(conn, cache_dir):
     """The checking child's loop, its float-to-integer Casts written as bare C casts (undefined for NaN)."""
     from opfuse.codegen import rules
     from opfuse.codegen.ctype import c_type
-    rules.float_to_int_helper = lambda program, src, dst: f"({c_type(dst)})"
+    rules.float_to_int_helper = lambda program, src, dst, in_range=False: f"({c_type(dst)})"
     _serve(conn, cache_dir)
 
 
