@@ -265,7 +265,7 @@ class Worker:
         self.serve = serve or _serve
         self._proc: Any = None  # a multiprocessing Process of the spawn context
         self._conn: Any = None  # its end of the Pipe
-        self._logs: str | None = None  # the children's UBSan reports (``_start``)
+        self._logs: str | None = None  # the children's sanitizer reports (``_start``)
 
     def _start(self) -> None:
         ctx = multiprocessing.get_context("spawn")
