@@ -190,16 +190,22 @@ def test_integer_gemm_with_a_fractional_scale_beyond_the_range_is_its_end(dtype,
         np.testing.assert_array_equal(got, want, err_msg="fused" if plan else "unfused")
 
 
+@pytest.mark.parametrize("as_attributes", [False, True])
 @pytest.mark.parametrize("bounds, helper", [((0.0, 255.0), "opfuse_cvt_float32_uint8_in_range"),
                                             ((-1000.0, 1000.0), "opfuse_cvt_float32_uint8("),
                                             ((0.0, 256.0), "opfuse_cvt_float32_uint8(")])
-def test_a_cast_after_a_clip_inside_the_range_tests_only_nan(bounds, helper, cache_dir):
+def test_a_cast_after_a_clip_inside_the_range_tests_only_nan(bounds, helper, as_attributes, cache_dir):
     """A Clip to constant bounds inside the integer type's range before the Cast (QuantizeLinear's) leaves only
-    NaN to handle: the cheaper helper; bounds reaching past the range keep the saturating one. Same values."""
+    NaN to handle: the cheaper helper; bounds reaching past the range keep the saturating one. Same values. The
+    bounds as inputs or, as opset 6 wrote them, attributes (``ops.elementwise.clip_bounds`` reads both)."""
     from opfuse.codegen import generate
     b = GraphBuilder("clip_cast")
     x = b.input("x", (6,), "float32")
-    q = b.op("Clip", x, b.const("lo", np.array(bounds[0], np.float32)), b.const("hi", np.array(bounds[1], np.float32)))
+    if as_attributes:  # opset 6's Clip
+        q = b.op("Clip", x, min=bounds[0], max=bounds[1])
+    else:
+        q = b.op("Clip", x, b.const("lo", np.array(bounds[0], np.float32)),
+                 b.const("hi", np.array(bounds[1], np.float32)))
     y = b.op("Cast", q, to=TensorProto.UINT8)
     g = b.build(y)
     fused = FusionPlan(g, [FusionGroup("all", list(g.nodes), "elementwise")])

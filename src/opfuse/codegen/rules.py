@@ -50,6 +50,7 @@ from opfuse.codegen.gelu import require_gelu
 from opfuse.codegen.index import Index, add, depth_to_space_channel, inside_position, mod, mul
 from opfuse.ir.dtypes import is_narrow_float
 from opfuse.ir.graph import Node
+from opfuse.ops.elementwise import clip_bounds
 from opfuse.ops.registry import get_spec
 
 Rule = Callable[..., str]
@@ -259,16 +260,17 @@ def _cast(ev, node, k, idx):
 
 
 def _clipped_into(v, dst) -> bool:
-    """Whether ``v`` is a Clip's output whose constant bounds lie inside integer type ``dst``'s range (a
-    QuantizeLinear's): every value of it but NaN converts to ``dst`` without saturating."""
+    """Whether ``v`` is a Clip's output whose constant bounds (inputs or attributes, ``clip_bounds``) lie
+    inside integer type ``dst``'s range (a QuantizeLinear's): every value of it but NaN converts to ``dst``
+    without saturating."""
     clip = v.producer
-    if clip is None or clip.op_type != "Clip" or len(clip.inputs) < 3:
+    if clip is None or clip.op_type != "Clip" or any(b is not None and b.const is None for b in clip.inputs[1:]):
         return False
-    bounds = [clip.inputs[i] for i in (1, 2)]
-    if any(b is None or b.const is None or b.const.size != 1 for b in bounds):
+    bounds = clip_bounds([None] + [None if b is None else b.const for b in clip.inputs[1:]], _attrs(clip))
+    if any(b is None or np.size(b) != 1 for b in bounds):
         return False
     info = np.iinfo(dst)
-    lo, hi = (float(np.asarray(b.const).reshape(-1)[0]) for b in bounds)
+    lo, hi = (float(np.asarray(b).reshape(-1)[0]) for b in bounds)
     return info.min <= lo and hi <= info.max
 
 

@@ -240,7 +240,7 @@ _unary("IsInf", _isinf, attrs={"detect_negative": 1, "detect_positive": 1}, tags
 
 
 # Clip: bounds are optional inputs (opset >= 11) or attributes (older opsets).
-def _clip_bounds(ins, a):
+def clip_bounds(ins, a):
     lo = ins[1] if len(ins) > 1 and ins[1] is not None else a.get("min")
     hi = ins[2] if len(ins) > 2 and ins[2] is not None else a.get("max")
     return lo, hi
@@ -248,7 +248,7 @@ def _clip_bounds(ins, a):
 
 def _clip(ins, a, node):
     x = ins[0]
-    lo, hi = _clip_bounds(ins, a)
+    lo, hi = clip_bounds(ins, a)
     y = x
     if lo is not None:
         y = np.maximum(y, np.asarray(lo, dtype=x.dtype))

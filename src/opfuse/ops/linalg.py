@@ -110,7 +110,7 @@ def _gemm(ins, a, node):
     out = np.asarray(out)
     if dt.kind in "iu" and out.dtype.kind == "f":
         return [float_to_int(out, dt)]
-    return [out.astype(ins[0].dtype, copy=False)]
+    return [out.astype(dt, copy=False)]
 
 
 def _gemm_flops(node: Node, a: dict) -> int:
