@@ -107,6 +107,12 @@ def compare_outputs(ours: dict, theirs: dict) -> list[tuple[str, float, float]]:
     return rows
 
 
+def integer_rewrites(compilation) -> list[str]:
+    """The integer rules that rewrote part of a fused build's graph (``recognize_integer``: a QDQ model's products
+    as integer ops, whose rounding may differ from the float graph's by one quantization step), sorted."""
+    return sorted({d.rule for d in compilation.decisions if d.pass_name == "recognize_integer" and d.taken})
+
+
 def compare_scale(theirs) -> float:
     """The magnitude ``--compare``'s tolerance scales with: the largest finite value, at least 1."""
     y = np.abs(np.asarray(theirs, dtype=np.float64))
@@ -193,6 +199,13 @@ def cmd_run(args) -> int:
         theirs = _ort_outputs(args.model, graph, {**all_feeds, **feeds}) if args.compare == "onnxruntime" else \
             reference.run(graph, feeds)
         result["compare"] = {"with": args.compare, "outputs": {}}
+        rewrites = integer_rewrites(model.compilation) if args.backend == "c" and args.compare == "reference" \
+            else []
+        if rewrites:  # the build's own arithmetic is the oracle; the float QDQ graph's is reported beside it
+            model_outputs, theirs = theirs, reference.run(model.compilation.graph, feeds)
+            result["compare"]["integer_rewrites"] = rewrites
+            say(f"compare reference: the fused build's integer arithmetic ({', '.join(rewrites)}: rounding "
+                f"within one quantization step of the float QDQ model's) against the reference of the same graph")
         for name, abs_err, rel_err in compare_outputs(outputs, theirs):
             tol = COMPARE_RTOL * compare_scale(theirs[name])
             ok = abs_err <= tol
@@ -201,6 +214,12 @@ def cmd_run(args) -> int:
                                                   "tolerance": tol, "ok": ok}
             say(f"compare {args.compare} {name}: max abs error {abs_err:.3g}, max rel error {rel_err:.3g}"
                 + ("" if ok else f" MISMATCH (tolerance {tol:.3g})"))
+        if rewrites:
+            for name, abs_err, rel_err in compare_outputs(outputs, model_outputs):
+                result["compare"]["outputs"][name]["float_qdq"] = {"max_abs_error": abs_err,
+                                                                   "max_rel_error": rel_err}
+                say(f"  against the float QDQ model {name}: max abs error {abs_err:.3g}, max rel error "
+                    f"{rel_err:.3g} (what the unfused build, --no-fuse, computes)")
     if args.json:
         _print_json(result)
     return code
@@ -968,6 +987,8 @@ def cmd_fuzz(args) -> int:
         print(f"unsupported ({n}): {reason}")
     if report.graphs:
         print("graphs per op: " + ", ".join(f"{op} {n}" for op, n in sorted(report.op_graphs.items())))
+        if report.extra_graphs:
+            print("graphs per extra: " + ", ".join(f"{e} {n}" for e, n in sorted(report.extra_graphs.items())))
         missed = sorted(set(ops or DEFAULT_OPS) - set(report.op_graphs))
         if missed:
             print(f"ops in no graph ({len(missed)}): {', '.join(missed)}")

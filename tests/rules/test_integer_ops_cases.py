@@ -16,9 +16,9 @@ from opfuse.ops import GraphBuilder
 from opfuse.rewrites.context import RewriteContext
 from opfuse.rewrites.edit import Provenance
 from opfuse.rewrites.engine import run_pattern_rules
-from opfuse.rules.integer_ops import (INTEGER_CONV_RULE, INTEGER_MATMUL_DEQUANTIZED_RULE, INTEGER_MATMUL_RULE,
-                                      conv_pattern, dequantized, matmul_dequantized_pattern, matmul_pattern,
-                                      quantizes)
+from opfuse.rules.integer_ops import (ADDS_A_TENSOR, INTEGER_CONV_RULE, INTEGER_MATMUL_DEQUANTIZED_RULE,
+                                      INTEGER_MATMUL_RULE, conv_pattern, dequantized, matmul_dequantized_pattern,
+                                      matmul_pattern, quantizes)
 from opfuse.rules.options import FusionOptions
 from opfuse.runtime.reference import run
 from rule_helpers import full_range_feeds
@@ -290,6 +290,8 @@ def mm_graph(*, op="MatMul", a_shape=(2, 6), flatten=None, w_shape=(6, 5), trans
         y = b.op("Add", y, bias_v, name="bias_add")
     elif bias == "float_add":  # a float bias, not behind a DequantizeLinear
         y = b.op("Add", y, b.const("b_float", np.ones(n, F32)), name="bias_add")
+    elif bias == "residual":  # an 8-bit tensor of the product's shape, dequantized
+        y = b.op("Add", y, dq(b, b.input("r_q", y.shape, "int8"), 0.1, 3.0, "r"), name="bias_add")
     if relu:
         y = b.op("Relu", y, name="relu")
     r = y
@@ -490,12 +492,24 @@ def test_only_a_cast_from_a_float_to_8_bits_quantizes(src, to, want):
     assert quantizes(b.build(b.op("Cast", x, to=to))) is want
 
 
+GEMM_TWO_BIASES = "a Gemm with a bias and a bias Add after it"
+
+
 def test_a_gemm_bias_and_a_bias_add_are_refused_for_the_add():
-    """A Gemm with its own bias then a bias Add: the whole match refused for the Add; the Gemm alone is then read by
-    that Add, outside the match: refused for the reader."""
-    assert refusals(mm_graph(op="Gemm", bias="both")) == [MM_READER]
+    """A Gemm with its own bias then a bias Add: the whole match refused for the two biases."""
+    assert refusals(mm_graph(op="Gemm", bias="both")) == [GEMM_TWO_BIASES]
     g, decisions, _ = rewrite(mm_graph(op="Gemm", bias="both"))
-    assert [(d.rule, d.reason, len(d.nodes)) for d in decisions][0] == ("integer_matmul", MM_READER, 7)
+    assert [(d.rule, d.reason, len(d.nodes)) for d in decisions][0] == ("integer_matmul", GEMM_TWO_BIASES, 7)
+
+
+@pytest.mark.parametrize("op", ["MatMul", "Gemm"])
+def test_a_residual_add_after_a_product_is_refused_as_a_residual(op):
+    """An Add of a dequantized 8-bit tensor after the product (a transformer's residual) is no bias: refused with that
+    reason (the fuzzer's quantized products read "the bias is not an int32 constant" here), the float path kept."""
+    g = mm_graph(op=op, bias="residual")
+    assert refusals(g) == [ADDS_A_TENSOR]
+    g1, _, _ = rewrite(g)
+    assert "Requantize" not in ops(g1)
 
 
 def test_a_float_bias_add_is_not_the_integer_matmuls():

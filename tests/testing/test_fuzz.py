@@ -318,3 +318,99 @@ def test_ctrl_c_stops_every_process_with_one_line(tmp_path, jobs):
         time.sleep(0.2)
     else:
         pytest.fail("processes of the interrupted run are still alive")
+
+
+def _quantized_conv(seed: int, xs=0.25, ws=0.125, ys=1.0):
+    """x (float) -> Q(uint8) -> DQ -> Conv 3x3 (DQ(int8 W), 4 -> 4 channels, 6 x 6) -> Q(uint8), as the fuzzer's
+    ``quantized_product`` writes one; powers of two: many products lie exactly at a rounding tie."""
+    from opfuse.ir.graph import Graph
+    from opfuse.testing import fuzz_cases as fc
+    rng = np.random.default_rng(seed)
+    g = Graph("qconv")
+    x = g.add_input("x", (1, 4, 6, 6), np.float32)
+    xd = fc._dequantize(g, fc._quantize(g, x, xs, 0, np.uint8), xs, 0)
+    wd = fc._dequantize(g, g.add_const("w_q", rng.integers(-127, 128, (4, 4, 3, 3)).astype(np.int8)), ws, 0)
+    y = fc._add(g, "Conv", [xd, wd], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    g.outputs.append(fc._quantize(g, y, ys, 128, np.uint8, fc.QUANTIZED_OUTPUT))
+    feeds = {"x": (rng.integers(0, 256, (1, 4, 6, 6)) * xs).astype(np.float32)}
+    return g, feeds
+
+
+def test_a_quantized_output_agrees_within_one_step_and_only_it():
+    """The 8-bit outputs of a quantized product (``FuzzCase.quantized``) may differ by one step: the unfused build's
+    Winograd F(4x4) transforms (the thresholds profile) round a product lying exactly at a tie to the other side
+    (one output of 144 here); exact comparison calls it a mismatch, the case's own tolerance agrees. Two steps, or
+    one step on an output not named, stay mismatches."""
+    g, feeds = _quantized_conv(5)
+    model = _model(g)
+    exact = check(model, feeds, "auto", 1, "thresholds")
+    assert exact.status == "mismatch" and "(1 of 144 elements differ)" in exact.detail, exact.line()
+    assert check(model, feeds, "auto", 1, "thresholds", ("quantized_y",)) == Verdict("ok")
+    u8 = np.uint8
+    want = {"quantized_y": np.array([10, 200, 0], u8), "other": np.array([5], u8)}
+    assert compare({"quantized_y": np.array([11, 199, 0], u8), "other": np.array([5], u8)}, want,
+                   ("quantized_y",)) is None
+    assert "'quantized_y'[0]" in compare({"quantized_y": np.array([12, 200, 0], u8), "other": np.array([5], u8)},
+                                         want, ("quantized_y",))
+    assert "'other'" in compare({"quantized_y": np.array([10, 200, 0], u8), "other": np.array([6], u8)}, want,
+                                ("quantized_y",))
+    i8 = np.int8  # the difference is taken without wrapping: -128 against 127 is far apart
+    assert compare({"q": np.array([-128], i8)}, {"q": np.array([127], i8)}, ("q",)) is not None
+
+
+@pytest.mark.parametrize("kind", ["Conv", "MatMul", "Gemm"])
+def test_quantized_products_are_drawn_and_run_on_the_integer_kernels(kind):
+    """``quantized_product`` draws a QDQ model's 8-bit Conv, MatMul or Gemm; exported with the weight's
+    DequantizeLinear, the fused build runs it on the integer kernels (``rules/integer_ops``), and the case checks ok
+    in the default and the plain C profile."""
+    import onnx
+    from hypothesis import find, settings
+    from hypothesis import strategies as st
+
+    from opfuse.compiler import plan_model
+    from opfuse.ir.graph import Graph
+    from opfuse.testing.fuzz_cases import QUANTIZED_OUTPUT, _quantized_product, _valid_onnx, hostile_inputs
+
+    @st.composite
+    def made(draw):
+        g = Graph("q")
+        _quantized_product(draw, g)
+        return g
+
+    def wanted(g):
+        return any(n.op_type == kind for n in g.nodes) and g.outputs[-1].name.startswith(QUANTIZED_OUTPUT) \
+            and len(g.inputs) == 1 and g.inputs[0].size >= 8
+    g = find(made(), wanted, settings=settings(database=None, max_examples=3000))
+    g.verify()
+    assert _valid_onnx(g)
+    model = _model(g)
+    assert any(n.op_type == "DequantizeLinear" for n in onnx.load_from_string(model).graph.node)
+    comp = plan_model(onnx.load_from_string(model))
+    assert comp.report["int8"]["integer_accumulate"] == 1, [d.reason for d in comp.decisions]
+    quantized = tuple(v.name for v in g.outputs if v.name.startswith(QUANTIZED_OUTPUT))
+    for mode, profile in (("normal", "default"), ("special", "portable")):
+        feeds = hostile_inputs(g, mode, 3)
+        assert check(model, feeds, "auto", 2, profile, quantized) == Verdict("ok"), (mode, profile)
+
+
+def test_a_reproducer_keeps_its_quantized_outputs(tmp_path, monkeypatch):
+    """case.json names the quantized outputs, and the replay compares them with their tolerance."""
+    import json
+
+    import opfuse.testing.fuzz as fuzz_module
+    g, feeds = _quantized_conv(5)
+    case = FuzzCase(g, feeds, "uint8", "normal", codegen="thresholds", quantized=("quantized_y",))
+    folder = write_reproducer(case, Verdict("mismatch", "unfused run", "was"), tmp_path / "case")
+    assert json.loads((folder / "case.json").read_text())["quantized"] == ["quantized_y"]
+    assert replay(folder) == Verdict("ok")
+    seen = []
+
+    class Recording(Worker):
+        def check(self, *args, **kwargs):
+            seen.append(args)
+            return Verdict("ok")
+    monkeypatch.setattr(fuzz_module, "Worker", Recording)
+    info = json.loads((folder / "case.json").read_text())
+    (folder / "case.json").write_text(json.dumps({k: v for k, v in info.items() if k != "quantized"}))
+    replay(folder)  # a reproducer written before quantized outputs existed: none
+    assert seen[-1][-1] == ()

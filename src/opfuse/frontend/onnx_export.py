@@ -14,10 +14,12 @@ import os
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import onnx
 from onnx import helper
 
 from opfuse.errors import InputError, ModelError, UnsupportedOpError
+from opfuse.frontend.onnx_decompose import KEPT_DEQUANTIZED
 from opfuse.frontend.onnx_export_context import ExportContext
 from opfuse.frontend.onnx_exporters import EXPORTERS
 from opfuse.frontend.onnx_opsets import EXPORT_MAX_OPSET, EXPORT_MIN_OPSET
@@ -102,8 +104,12 @@ def export_graph(graph: Graph, opset: int | None = None) -> ExportedGraph:
     """Every node of ``graph`` as ONNX nodes, with the graph's inputs, outputs and value infos."""
     target = export_opset(graph, opset)
     ctx = ExportContext(graph, target)
+    chains = dequantize_chains(graph, target)
+    folded = {id(n) for chain in chains.values() for n in chain.nodes[1:]}  # written by the chain's Cast
     const_outputs = {id(v) for v in graph.outputs if v.const is not None}
     for v in graph.constants:
+        if v.uses and all(id(u) in folded for u, _ in v.uses) and id(v) not in const_outputs:
+            continue  # a scale or zero point the DequantizeLinear holds in its own form
         if id(v) in const_outputs:
             # ONNX outputs are node outputs (or inputs): the constant's name goes to an Identity
             # of an initializer, so the nodes that read it still find it under its name.
@@ -118,7 +124,10 @@ def export_graph(graph: Graph, opset: int | None = None) -> ExportedGraph:
             raise UnsupportedOpError(node.op_type, node.name, target,
                                      detail=f"domain '{node.domain}' cannot be exported")
         start = len(ctx.nodes)
-        EXPORTERS.get(node.op_type, _export_as_is)(ctx, node)
+        if id(node) in chains:
+            chains[id(node)].write(ctx)
+        elif id(node) not in folded:
+            EXPORTERS.get(node.op_type, _export_as_is)(ctx, node)
         spans[node.name] = (start, len(ctx.nodes))
 
     outputs = []
@@ -133,6 +142,97 @@ def export_graph(graph: Graph, opset: int | None = None) -> ExportedGraph:
     output_names = {v.name for v in graph.outputs}
     value_info = [_value_info(v) for n in graph.nodes for v in n.outputs if v.name not in output_names]
     return ExportedGraph(graph, ctx, spans, [_value_info(v) for v in graph.inputs], outputs, value_info)
+
+
+# A DequantizeLinear with one scale per element of an axis: opset 13's.
+PER_AXIS_DEQUANTIZE_OPSET = 13
+
+
+@dataclass
+class DequantizeChain:
+    """``Cast -> [Sub(zero point)] -> Mul(scale)`` over an integer constant, as the importer keeps a
+    ``DequantizeLinear`` of a weight or a bias (``onnx_decompose.dequantize_linear``): written back as that
+    ``DequantizeLinear``, so that an exported QDQ model imports as QDQ again (its integer weights then reach the
+    integer kernels, ``rules/integer_ops``) instead of as a float constant."""
+
+    nodes: tuple[Node, ...]       # the Cast, [the Sub,] the Mul
+    scale: np.ndarray             # float32, a scalar or one per element of ``axis``
+    zero_point: np.ndarray | None  # in the constant's type, shaped as ``scale``; None: no Sub (or int32's 0)
+    axis: int
+
+    def write(self, ctx: ExportContext) -> None:
+        cast, last = self.nodes[0], self.nodes[-1]
+        inputs = [cast.input(0).name, ctx.const(f"{last.name}_scale", self.scale)]
+        if self.zero_point is not None:
+            inputs.append(ctx.const(f"{last.name}_zero_point", self.zero_point))
+        ctx.add("DequantizeLinear", inputs, [last.outputs[0].name], name=last.name,
+                attrs={"axis": self.axis} if self.scale.ndim else None, origin=last)
+
+
+def _per_axis_param(data: np.ndarray, shape: tuple[int, ...]) -> tuple[int | None, np.ndarray] | None:
+    """``(axis, values)`` of a constant broadcast against ``shape`` along at most one axis (axis None: one value),
+    or None where it is not such a parameter (it would broadcast ``shape`` up, or varies along two axes)."""
+    if data.size == 1:
+        return None, data.reshape(())
+    if data.ndim != len(shape):
+        return None
+    axes = [i for i, n in enumerate(data.shape) if n != 1]
+    if len(axes) != 1 or data.shape[axes[0]] != shape[axes[0]]:
+        return None
+    return axes[0], data.reshape(-1)
+
+
+def _only_reader(v: Value, graph_outputs: set[int]) -> Node | None:
+    return v.uses[0][0] if len(v.uses) == 1 and id(v) not in graph_outputs else None
+
+
+def dequantize_chains(graph: Graph, opset: int) -> dict[int, DequantizeChain]:
+    """The kept dequantizations of integer constants in ``graph`` (``DequantizeChain``), by id of their Cast.
+    A chain is taken only where the ``DequantizeLinear`` computes exactly what it does: float32 out of an int8,
+    uint8 or int32 constant, integer zero points in the constant's type (none but 0 for int32), per tensor or
+    along one axis (per axis from ``PER_AXIS_DEQUANTIZE_OPSET``), the Cast's and the Sub's result read by the
+    chain alone, the result of the constant's shape."""
+    outs = {id(v) for v in graph.outputs}
+    chains: dict[int, DequantizeChain] = {}
+    for cast in graph.nodes:
+        if cast.op_type != "Cast" or len(cast.inputs) != 1 or cast.input(0).const is None:
+            continue
+        c = cast.input(0)
+        if c.dtype not in KEPT_DEQUANTIZED or cast.outputs[0].dtype != np.float32:
+            continue
+        nxt = _only_reader(cast.outputs[0], outs)
+        sub = nxt if nxt is not None and nxt.op_type == "Sub" and nxt.inputs[0] is cast.outputs[0] else None
+        mul = _only_reader(sub.outputs[0], outs) if sub is not None else nxt
+        if mul is None or mul.op_type != "Mul" or len(mul.inputs) != 2 or mul.outputs[0].shape != c.shape:
+            continue
+        y = (sub or cast).outputs[0]
+        s = mul.inputs[1] if mul.inputs[0] is y else mul.inputs[0]
+        if s is None or s is y or s.const is None or s.dtype != np.float32:
+            continue
+        scale = _per_axis_param(np.asarray(s.const), c.shape)
+        zero = _per_axis_param(np.asarray(sub.input(1).const), c.shape) \
+            if sub is not None and len(sub.inputs) == 2 and sub.input(1).const is not None else None
+        if scale is None or (sub is not None and zero is None):
+            continue
+        axes = {a for a, _ in (scale, zero) if a is not None} if zero is not None else \
+            ({scale[0]} if scale[0] is not None else set())
+        if len(axes) > 1 or (axes and opset < PER_AXIS_DEQUANTIZE_OPSET):
+            continue
+        axis = axes.pop() if axes else None
+        n = c.shape[axis] if axis is not None else 1
+        s_values = np.broadcast_to(scale[1], (n,) if axis is not None else ()).astype(np.float32)
+        z_values = None
+        if zero is not None:
+            z = np.broadcast_to(zero[1].astype(np.float64), s_values.shape)
+            info = np.iinfo(c.dtype)
+            if not (np.all(z == np.round(z)) and z.min(initial=0) >= info.min and z.max(initial=0) <= info.max):
+                continue
+            if c.dtype == np.int32 and np.any(z != 0):
+                continue  # DequantizeLinear of int32 has no zero point
+            z_values = None if c.dtype == np.int32 else z.astype(c.dtype)
+        nodes = (cast, sub, mul) if sub is not None else (cast, mul)
+        chains[id(cast)] = DequantizeChain(nodes, np.array(s_values), z_values, axis or 0)
+    return chains
 
 
 def _export_as_is(ctx: ExportContext, node: Node) -> None:

@@ -69,6 +69,8 @@ QUANT_RANGES = {np.dtype(t): (np.iinfo(t).min, np.iinfo(t).max) for t in (np.int
 INTEGER_SOURCES = EIGHT_BIT + (np.dtype(np.int32),)  # what a DequantizeLinear dequantizes here
 BIAS_SCALE_RTOL = 1e-6  # the bias scale must be xs * ws to float32 rounding
 MATMUL_OPS = ("Gemm", "MatMul")
+ADDS_A_TENSOR = ("the Add after the product adds a dequantized 8-bit tensor (a residual), not an int32 constant "
+                 "bias: the integer matmul adds a bias only")
 RESHAPES = ("Flatten", "Reshape")
 QLINEAR_VERSION = 10  # QLinearConv / QLinearMatMul's since_version
 PRIORITY = 1.0  # the two never claim the same ops
@@ -393,11 +395,16 @@ def _matmul_operands(m) -> dict | str:
     bias_value = mm.inputs[2] if mm.op_type == "Gemm" and len(mm.inputs) > 2 else None
     add = _one(m, "bias_add")
     if add is not None:
-        if bias_value is not None or len(add.inputs) != 2:
+        if len(add.inputs) != 2:
             return "the product is not quantized by its only reader (through a bias Add and a Relu at most)"
         other = add.inputs[1] if add.inputs[0] is mm.outputs[0] else add.inputs[0]
-        if isinstance(dequantized(other, "the bias"), str):
+        added = dequantized(other, "the bias")
+        if isinstance(added, str):
             return "the product is not quantized by its only reader (through a bias Add and a Relu at most)"
+        if added.q.const is None:
+            return ADDS_A_TENSOR
+        if bias_value is not None:
+            return "a Gemm with a bias and a bias Add after it"
         bias_value = other
     bias = None
     if bias_value is not None:

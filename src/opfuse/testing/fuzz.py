@@ -64,6 +64,7 @@ class FuzzReport:
     findings: list[Finding] = field(default_factory=list)
     unsupported_reasons: dict[str, int] = field(default_factory=dict)
     op_graphs: dict[str, int] = field(default_factory=dict)  # op type -> graphs checked that hold it
+    extra_graphs: dict[str, int] = field(default_factory=dict)  # extra (``fuzz_cases.EXTRAS``) -> graphs given it
 
     @property
     def ok(self) -> bool:
@@ -89,7 +90,7 @@ def write_reproducer(case: FuzzCase, verdict: Verdict, folder: Path) -> Path:
     (folder / "model.onnx").write_bytes(_model_bytes(case.graph))
     (folder / "inputs.npz").write_bytes(pack_inputs(case.feeds))
     info = {"verdict": verdict.to_json(), "case": case.describe(), "planner": case.planner, "threads": case.threads,
-            "codegen": case.codegen}
+            "codegen": case.codegen, "quantized": list(case.quantized)}
     (folder / "case.json").write_text(json.dumps(info, indent=1) + "\n")
     (folder / "README.txt").write_text(
         f"opfuse fuzz found: {verdict.line()}\ncase: {case.describe()}\n\nreproduce:\n  "
@@ -97,7 +98,9 @@ def write_reproducer(case: FuzzCase, verdict: Verdict, folder: Path) -> Path:
         f"--inputs {folder / 'inputs.npz'} --compare reference{' --no-fuse' if 'unfused' in verdict.stage else ''}\n"
         + (f"  (that runs the default code generation; the case was built with the profile '{case.codegen}', "
            f"opfuse.testing.fuzz_check.CODEGEN_PROFILES: {CODEGEN_PROFILES[case.codegen]})\n"
-           if case.codegen != "default" else ""))
+           if case.codegen != "default" else "")
+        + (f"  (outputs {', '.join(case.quantized)} are 8-bit quantizations of a float product: one step from the "
+           f"reference is agreement, which --compare does not know)\n" if case.quantized else ""))
     return folder
 
 
@@ -215,7 +218,8 @@ def _merge(into: FuzzReport, part: FuzzReport) -> None:
     into.crashes += part.crashes
     into.unsupported += part.unsupported
     into.findings += part.findings
-    for mine, theirs in ((into.unsupported_reasons, part.unsupported_reasons), (into.op_graphs, part.op_graphs)):
+    for mine, theirs in ((into.unsupported_reasons, part.unsupported_reasons), (into.op_graphs, part.op_graphs),
+                         (into.extra_graphs, part.extra_graphs)):
         for k, n in theirs.items():
             mine[k] = mine.get(k, 0) + n
 
@@ -244,12 +248,15 @@ def _one_round(worker: Worker, round_seed: int, count: int, ops, max_nodes: int,
         report.graphs += 1
         for op in {n.op_type for n in case.graph.nodes}:
             report.op_graphs[op] = report.op_graphs.get(op, 0) + 1
+        for extra in case.extras:
+            report.extra_graphs[extra] = report.extra_graphs.get(extra, 0) + 1
         try:
             model = _model_bytes(case.graph)
         except Exception as e:  # noqa: BLE001  # the ONNX exporter failing on a valid graph is a finding
             verdict = Verdict("crash", "export", describe_error(e))
         else:
-            verdict = worker.check(model, pack_inputs(case.feeds), case.planner, case.threads, case.codegen)
+            verdict = worker.check(model, pack_inputs(case.feeds), case.planner, case.threads, case.codegen,
+                                   case.quantized)
         if verdict.status == "unsupported":
             report.unsupported += 1
             reason = verdict.detail.split(":")[0][:120]
@@ -280,9 +287,11 @@ def _one_round(worker: Worker, round_seed: int, count: int, ops, max_nodes: int,
     if shrink:
         say(f"shrinking it ({len(case.graph.nodes)} nodes) ...")
         graph, feeds, verdict = minimize(case.graph, case.feeds, verdict, lambda g, f: worker.check(
-            _model_bytes(g), pack_inputs(f), case.planner, case.threads, case.codegen))
+            _model_bytes(g), pack_inputs(f), case.planner, case.threads, case.codegen, case.quantized))
         main = graph.outputs[0].dtype.name if graph.outputs else case.dtype  # the shrunk graph's, as fuzz_cases
-        case = FuzzCase(graph, feeds, main, case.inputs, case.planner, case.threads, codegen=case.codegen)
+        kept = {v.name for v in graph.outputs}
+        case = FuzzCase(graph, feeds, main, case.inputs, case.planner, case.threads, codegen=case.codegen,
+                        quantized=tuple(n for n in case.quantized if n in kept))
     path = None
     if out is not None:
         path = write_reproducer(case, verdict, Path(out) / f"{verdict.status}-{report.mismatches + report.crashes}")
@@ -311,7 +320,8 @@ def replay(folder: str | Path, timeout: float = CASE_TIMEOUT_S) -> Verdict:
     cache = tempfile.mkdtemp(prefix="opfuse-fuzz-cache-")
     try:
         with Worker(cache, timeout) as worker:
-            return worker.check(model, npz, info.get("planner", "auto"), int(info.get("threads", 1)), codegen)
+            return worker.check(model, npz, info.get("planner", "auto"), int(info.get("threads", 1)), codegen,
+                                tuple(str(n) for n in info.get("quantized", ())))
     finally:
         shutil.rmtree(cache, ignore_errors=True)
 

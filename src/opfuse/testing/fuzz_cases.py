@@ -59,6 +59,7 @@ EXTREME_SAFE_OPS = frozenset({
     "Log", "Sqrt", "Neg", "Abs", "Reciprocal", "Clip", "Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "Where",
     "Equal", "Cast", "Round", "Identity", "ReduceMax", "MaxPool", "Reshape", "Flatten", "Transpose", "Squeeze",
     "Unsqueeze", "Concat", "Split", "Slice", "Gather", "Expand", "Pad"})
+MAX_PRODUCT_ELEMENTS = 4096  # a quantized product's output
 INT_SCALE = 4  # float constants in [-2, 2] become integers in [-8, 8]
 # Known failures left to their owners, each with its reproducer under tests/e2e/repro/: the
 # generator steers clear of them so that a run finds what is new.
@@ -86,6 +87,9 @@ class FuzzCase:
     threads: int = 1
     extras: list[str] = field(default_factory=list)
     codegen: str = "default"        # the builds' code-generation profile (``fuzz_check.CODEGEN_PROFILES``)
+    # outputs of an 8-bit quantization of a float product (``quantized_product``): one step from the reference's
+    # is agreement (``fuzz_check.QUANTIZED_STEPS``), where the product lies at a rounding tie
+    quantized: tuple[str, ...] = ()
 
     def describe(self) -> str:
         ops = sorted({n.op_type for n in self.graph.nodes})
@@ -150,9 +154,11 @@ def _values(g: Graph) -> list[Value]:
     return [v for n in g.nodes for v in n.outputs] + list(g.inputs)
 
 
-def _add(g: Graph, op_type: str, inputs: list[Value], index: int | None = None, **attrs) -> Value:
-    """Add a node (at ``index``, default last) with its output type inferred; its output."""
-    node = g.add_node(op_type, inputs, attrs=attrs, index=index)
+def _add(g: Graph, op_type: str, inputs: list[Value], index: int | None = None, *, node_name: str | None = None,
+         **attrs) -> Value:
+    """Add a node (at ``index``, default last; named after ``node_name``, its output too) with its output type
+    inferred; its output."""
+    node = g.add_node(op_type, inputs, attrs=attrs, index=index, name=node_name)
     for v, t in zip(node.outputs, infer_node(node), strict=True):
         v.type = t
     return node.outputs[0]
@@ -204,6 +210,144 @@ def _quantize_input(draw, g: Graph) -> None:
     g.outputs.append(dq)
     if draw(st.booleans()):
         g.outputs.append(q)
+
+
+# The 8-bit products ``quantized_product`` draws: scales (powers of two, whose float arithmetic is exact, and
+# others), an input's float values over a few steps' range.
+QUANT_SCALES = (0.0107, 0.04, 0.25, 1 / 64, 3.0)
+EIGHT_BIT = (np.uint8, np.int8)
+QUANT_MAX_OUT = 8  # output channels or columns
+QUANTIZED_OUTPUT = "quantized_y"  # the name of each 8-bit output of ``quantized_product`` (``FuzzCase.quantized``)
+
+
+def _quantize(g: Graph, x: Value, scale: float, zero: int, to, name: str | None = None) -> Value:
+    """``QuantizeLinear(x, scale, zero)`` to the 8-bit ``to`` as the importer writes it:
+    ``Div -> Round -> Add -> Clip -> Cast`` (the Cast named after ``name``)."""
+    info = np.iinfo(to)
+    y = _add(g, "Round", [_add(g, "Div", [x, g.add_const("scale", np.array(scale, np.float32))])])
+    y = _add(g, "Add", [y, g.add_const("zero", np.array(zero, np.float32))])
+    y = _add(g, "Clip", [y, g.add_const("lo", np.array(info.min, np.float32)),
+                         g.add_const("hi", np.array(info.max, np.float32))])
+    return _add(g, "Cast", [y], node_name=name, to=_onnx_type(to))
+
+
+def _dequantize(g: Graph, q: Value, scale, zero) -> Value:
+    """``DequantizeLinear`` as the importer writes it: ``Cast -> [Sub(zero)] -> Mul(scale)``, the parameters
+    in a shape that broadcasts against ``q`` (one value, or one per index of an axis); zero None: no Sub."""
+    y = _add(g, "Cast", [q], to=_onnx_type(np.float32))
+    if zero is not None:
+        y = _add(g, "Sub", [y, g.add_const("zero", np.asarray(zero, np.float32))])
+    return _add(g, "Mul", [y, g.add_const("scale", np.asarray(scale, np.float32))])
+
+
+def _weight_scales(draw, n: int, shape: tuple[int, ...]) -> np.ndarray:
+    """Per tensor (one value) or per output channel (``shape``: n along one axis) weight scales."""
+    if draw(st.booleans()):
+        return np.array(draw(st.sampled_from((0.003, 0.0078125, 0.011))), np.float32)
+    seed = draw(st.integers(0, SEED_MAX))
+    values: np.ndarray = np.random.default_rng(seed).uniform(0.002, 0.02, n)
+    if draw(st.booleans()):
+        values = 2.0 ** np.round(np.log2(values))  # powers of two: an exact float path
+    return values.astype(np.float32).reshape(shape)
+
+
+def _quantized_product(draw, g: Graph) -> None:
+    """A QDQ model's 8-bit product, as ``opfuse quantize`` or onnxruntime's quantizer writes one: a float32
+    input ``x`` quantized to uint8 or int8 and dequantized, a Conv (1-D or 2-D, strided, padded, grouped or
+    depthwise), Gemm (``transB``) or MatMul (a batch of matrices) with an int8 (or uint8, zero point 128)
+    constant weight dequantized per tensor or per output channel, an optional int32 bias (scale ``xs * ws``),
+    residual (an 8-bit input dequantized) and Relu, then quantized to 8 bits (an output; one step apart
+    where the float product lies at a rounding tie: ``FuzzCase.quantized``) or not (a float output). The fused
+    build runs it on the integer kernels (``rules/integer_ops``), the unfused one in float; the export writes
+    the weight's dequantization as a DequantizeLinear (``onnx_export.dequantize_chains``)."""
+    from opfuse.ops.quantized import fixed_point_multiplier
+    shaped = [v for v in g.inputs if v.dtype == np.float32 and len(v.shape) in (2, 3, 4)
+              and all(d >= 1 for d in v.shape)]
+    if shaped and draw(st.booleans()):
+        x = draw(st.sampled_from(shaped))
+    else:  # (M, K), (N, C, L) or (N, C, H, W)
+        rank = draw(st.sampled_from((2, 3, 4)))
+        lead = (draw(st.integers(1, 2)),) if rank > 2 else ()
+        dims = lead + (draw(st.integers(1, 6)),) + tuple(draw(st.integers(1, 8)) for _ in range(rank - 1 - len(lead)))
+        x = g.add_input(g.unique_name("quantized_x"), dims, np.float32)
+    act = np.dtype(draw(st.sampled_from(EIGHT_BIT)))
+    xs = draw(st.sampled_from(QUANT_SCALES))
+    info = np.iinfo(act)
+    xz = draw(st.sampled_from((0, int(info.min) + 128, draw(st.integers(int(info.min), int(info.max))))))
+    xd = _dequantize(g, _quantize(g, x, xs, xz, act), xs, xz)
+    rank = len(x.shape)
+    kind = draw(st.sampled_from(("Conv", "MatMul") if rank >= 3 else ("Gemm", "MatMul")))
+    w_type = np.dtype(draw(st.sampled_from((np.int8, np.int8, np.uint8))))
+    wz = 128 if w_type == np.uint8 else 0
+    rng = np.random.default_rng(draw(st.integers(0, SEED_MAX)))
+    attrs: dict = {}
+    if kind == "Conv":
+        cin, spatial = x.shape[1], x.shape[2:]
+        group = draw(st.sampled_from([1, cin] + [d for d in range(2, cin) if cin % d == 0]))
+        cout = group * draw(st.integers(1, max(1, QUANT_MAX_OUT // group))) if group > 1 else \
+            draw(st.integers(1, QUANT_MAX_OUT))
+        kernel = [draw(st.integers(1, min(3, n + 2))) for n in spatial]
+        pads = [draw(st.integers(0, k - 1)) for k in kernel]
+        pads = pads + [draw(st.integers(0, k - 1)) for k in kernel]
+        dims_n = len(spatial)
+        kernel = [min(k, n + pads[i] + pads[i + dims_n]) for i, (k, n) in enumerate(zip(kernel, spatial, strict=True))]
+        attrs = dict(kernel_shape=kernel, pads=pads, strides=[draw(st.integers(1, 2)) for _ in spatial],
+                     group=group)
+        w_shape: tuple[int, ...] = (cout, cin // group, *kernel)
+        n_out, per_shape, k_sum = cout, (cout,) + (1,) * (len(w_shape) - 1), int(np.prod(w_shape[1:]))
+    else:
+        k = x.shape[-1]
+        n_out = draw(st.integers(1, QUANT_MAX_OUT))
+        trans_b = kind == "Gemm" and draw(st.booleans())
+        if trans_b:
+            attrs = dict(transB=1)
+        w_shape = (n_out, k) if trans_b else (k, n_out)
+        per_shape, k_sum = ((n_out, 1) if trans_b else (1, n_out)), k
+    w_q = rng.integers(-127 if w_type == np.int8 else 0, 128 if w_type == np.int8 else 256, w_shape).astype(w_type)
+    ws = _weight_scales(draw, n_out, per_shape)
+    inputs = [xd, _dequantize(g, g.add_const("w_q", w_q), ws, np.array(wz, np.float32).reshape(
+        (1,) * len(per_shape)) if ws.ndim else wz)]
+    bias_scale = (np.float32(xs) * ws.reshape(-1)).astype(np.float32)
+    bias = None
+    if draw(st.booleans()):
+        b_q = rng.integers(-3000, 3001, n_out).astype(np.int32)
+        bias = _dequantize(g, g.add_const("b_q", b_q), bias_scale if bias_scale.size > 1 else bias_scale[0], None)
+        if kind != "MatMul":
+            inputs.append(bias)
+    try:
+        y = _add(g, kind, inputs, **attrs)
+    except OpfuseError:
+        assume(False)
+        raise
+    assume(y.size <= MAX_PRODUCT_ELEMENTS)
+    if bias is not None and kind == "MatMul":
+        y = _add(g, "Add", [y, bias])
+    # a residual: an 8-bit tensor of the product's shape, dequantized (the integer matmul refuses one: less often)
+    if draw(st.integers(0, 1 if kind == "Conv" else 3)) == 0:
+        r_type = np.dtype(draw(st.sampled_from(EIGHT_BIT)))
+        r = g.add_input(g.unique_name("quantized_residual"), y.shape, r_type)
+        rs = draw(st.sampled_from(QUANT_SCALES))
+        y = _add(g, "Add", [y, _dequantize(g, r, rs, draw(st.integers(-20, 20)) + (128 if r_type == np.uint8
+                                                                                      else 0))])
+    if draw(st.booleans()):
+        y = _add(g, "Relu", [y])
+    if draw(st.integers(0, 3)) == 0:  # a product read as float: its logits
+        g.outputs.append(y)
+        return
+    # the output scale: a few dozen steps for a typical accumulator (sqrt(k) products of ~70 x ~70 steps)
+    typical = xs * float(np.mean(ws)) * np.sqrt(k_sum) * 70 * 70
+    ys = typical / 40 * draw(st.sampled_from((0.25, 1.0, 4.0)))
+    if draw(st.booleans()):  # a power of two: with such input and weight scales, products exactly at rounding ties
+        ys = 2.0 ** round(np.log2(ys))
+    ys = float(np.float32(ys))
+    try:
+        fixed_point_multiplier(xs * float(np.min(ws)) / ys)
+        fixed_point_multiplier(xs * float(np.max(ws)) / ys)
+    except OpfuseError:
+        assume(False)
+    out_type = np.dtype(draw(st.sampled_from(EIGHT_BIT)))
+    yz = draw(st.integers(-10, 10)) + (128 if out_type == np.uint8 else 0)
+    g.outputs.append(_quantize(g, y, ys, yz, out_type, QUANTIZED_OUTPUT))
 
 
 def _equal_where(draw, g: Graph) -> None:
@@ -330,7 +474,7 @@ Extra = Callable[..., "dict[str, np.ndarray] | None"]
 EXTRAS: dict[str, Extra] = {"cast_output": _cast_output, "equal_where": _equal_where, "div_by_input": _div_by_input,
           "mod_by_input": _mod_by_input, "gather_by_input": _gather_by_input, "cast_input": _cast_input,
           "int_op_by_input": _int_op_by_input, "const_as_input": _const_as_input,
-          "quantize_input": _quantize_input}
+          "quantize_input": _quantize_input, "quantized_product": _quantized_product}
 INTEGER_EXTRAS = ("div_by_input", "mod_by_input", "cast_input", "int_op_by_input")
 
 
@@ -448,5 +592,6 @@ def fuzz_cases(draw, ops: Iterable[str] = DEFAULT_OPS, max_nodes: int = 24) -> F
     modes = list(INPUT_MODES if op_types <= EXTREME_SAFE_OPS or kind == "integer" else INPUT_MODES[:2])
     mode = draw(st.sampled_from(modes))
     feeds = hostile_inputs(graph, mode, draw(st.integers(0, SEED_MAX)), fixed)
+    quantized = tuple(v.name for v in graph.outputs if v.name.startswith(QUANTIZED_OUTPUT))
     return FuzzCase(graph, feeds, main, mode, draw(st.sampled_from(("auto", "rules"))),
-                    draw(st.sampled_from(THREADS_DRAW)), extras, draw(st.sampled_from(CODEGEN_DRAW)))
+                    draw(st.sampled_from(THREADS_DRAW)), extras, draw(st.sampled_from(CODEGEN_DRAW)), quantized)

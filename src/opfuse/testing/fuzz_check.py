@@ -9,7 +9,8 @@ build. The verdict is
 
 * ``ok``: every build agrees with the reference, or both raise ``InputError`` (a zero divisor,
   an index out of range);
-* ``mismatch``: an output differs (integers and bools exactly; floats NaN where the reference is
+* ``mismatch``: an output differs (integers and bools exactly, the 8-bit outputs of a quantized product
+  within ``QUANTIZED_STEPS``; floats NaN where the reference is
   NaN and only there, infinities equal (or both at the edge of overflow, ``OVERFLOW_MARGIN``),
   finite values within ``RTOL``/``ATOL``), or one side
   raises ``InputError`` and the other computes;
@@ -34,11 +35,16 @@ import traceback
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 import numpy as np
 
 RTOL, ATOL = 1e-4, 1e-5
+# An 8-bit output of a quantization of a float product (a fuzz case's ``quantized`` outputs) agrees with the
+# reference's within this many steps: where the product lies at a rounding tie, float32 sums in another order
+# (the unfused C's, the Winograd transforms') or the integer kernels' exact accumulator with a 31-bit fixed-point
+# multiplier (the fused build's, ``ops/quantized``) round it to the other side.
+QUANTIZED_STEPS = 1
 # Values within this factor of the type's largest finite value agree with an infinity of their
 # sign: the rewrites reassociate (GELU recognition computes 0.5 * x * (1 + erf) where the graph
 # had (x * (1 + erf)) * 0.5; affine folding multiplies scales together), so with huge inputs the
@@ -128,15 +134,19 @@ def _first(mask: np.ndarray) -> tuple[int, ...]:
     return tuple(int(i) for i in np.argwhere(mask)[0])
 
 
-def compare(got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray]) -> str | None:
-    """The first difference between C's outputs and the reference's, or ``None``."""
+def compare(got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray],
+            quantized: Collection[str] = ()) -> str | None:
+    """The first difference between C's outputs and the reference's, or ``None``; the 8-bit outputs named in
+    ``quantized`` may differ by ``QUANTIZED_STEPS``."""
     if list(got) != list(want):
         return f"outputs {list(got)}, the reference has {list(want)}"
     for name, w in want.items():
         g = np.asarray(got[name])
         if g.shape != w.shape or g.dtype != w.dtype:
             return f"output '{name}' is {g.dtype}{list(g.shape)}, the reference's {w.dtype}{list(w.shape)}"
-        if w.dtype.kind != "f":
+        if name in quantized and w.dtype in (np.dtype(np.int8), np.dtype(np.uint8)):
+            bad = np.abs(g.astype(np.int16) - w.astype(np.int16)) > QUANTIZED_STEPS
+        elif w.dtype.kind != "f":
             bad = g != w
         else:
             g64, w64 = g.astype(np.float64), w.astype(np.float64)
@@ -155,9 +165,9 @@ def compare(got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray]) -> st
 
 
 def check(model: bytes, feeds: Mapping[str, np.ndarray], planner: str = "auto", threads: int = 1,
-          codegen: str = "default") -> Verdict:
+          codegen: str = "default", quantized: Collection[str] = ()) -> Verdict:
     """The verdict on one model and its inputs (see the module docstring), in this process, its builds with
-    the code-generation profile ``codegen``."""
+    the code-generation profile ``codegen``; ``quantized``: outputs compared within ``QUANTIZED_STEPS``."""
     import onnx
 
     import opfuse
@@ -205,7 +215,7 @@ def check(model: bytes, feeds: Mapping[str, np.ndarray], planner: str = "auto", 
         if ref_error is not None:
             return Verdict("mismatch", f"{variant} run", f"the reference raised InputError ({ref_error}); C "
                                                          f"computed the outputs")
-        diff = compare(got, want)
+        diff = compare(got, want, quantized)
         if diff is not None:
             return Verdict("mismatch", f"{variant} run", diff)
     return Verdict("ok")
@@ -214,7 +224,7 @@ def check(model: bytes, feeds: Mapping[str, np.ndarray], planner: str = "auto", 
 # The child process ------------------------------------------------------------------------------
 
 def _serve(conn, cache_dir: str | None) -> None:
-    """The worker's loop: receive (model, feeds, planner, threads, codegen), send back the verdict. Ctrl-C is
+    """The worker's loop: receive (model, feeds, planner, threads, codegen, quantized), send back the verdict. Ctrl-C is
     the fuzzer's to handle (it stops this process): here it would only print a traceback."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if cache_dir:
@@ -226,11 +236,11 @@ def _serve(conn, cache_dir: str | None) -> None:
             return
         if job is None:
             return
-        model, npz, planner, threads, codegen = job
+        model, npz, planner, threads, codegen, quantized = job
         with np.load(io.BytesIO(npz)) as data:
             feeds = {k: data[k] for k in data.files}
         try:
-            verdict = check(model, feeds, planner, threads, codegen)
+            verdict = check(model, feeds, planner, threads, codegen, quantized)
         except Exception as e:  # noqa: BLE001  # a bug in check itself must not hang the parent
             verdict = Verdict("crash", "check", describe_error(e))
         conn.send(verdict)
@@ -317,12 +327,12 @@ class Worker:
         return ""
 
     def check(self, model: bytes, npz: bytes, planner: str = "auto", threads: int = 1,
-              codegen: str = "default") -> Verdict:
+              codegen: str = "default", quantized: Collection[str] = ()) -> Verdict:
         if self._proc is None or not self._proc.is_alive():
             self._start()
         assert self._conn is not None and self._proc is not None
         try:
-            self._conn.send((model, npz, planner, threads, codegen))
+            self._conn.send((model, npz, planner, threads, codegen, tuple(quantized)))
             if self._conn.poll(self.timeout):
                 return self._conn.recv()
             self._stop(kill=True)
