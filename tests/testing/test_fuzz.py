@@ -414,3 +414,40 @@ def test_a_reproducer_keeps_its_quantized_outputs(tmp_path, monkeypatch):
     (folder / "case.json").write_text(json.dumps({k: v for k, v in info.items() if k != "quantized"}))
     replay(folder)  # a reproducer written before quantized outputs existed: none
     assert seen[-1][-1] == ()
+
+
+def _skew_fused(monkeypatch, steps: int):
+    """Every fused build's outputs ``steps`` steps up (as a wrong integer kernel would give them)."""
+    from opfuse.runtime import native
+    real = native.CompiledModel.run
+
+    def skewed(self, feeds, **kwargs):
+        out = real(self, feeds, **kwargs)
+        if not self.compilation.options.fuse:
+            return out
+        return {k: (v + np.asarray(steps, v.dtype)) if v.dtype.kind in "iu" else v for k, v in out.items()}
+    monkeypatch.setattr(native.CompiledModel, "run", skewed)
+
+
+def test_the_fused_integer_build_is_held_to_its_own_arithmetic_exactly(monkeypatch):
+    """One step off is agreement with the float model, not with the integer graph the fused build runs: a fused
+    build one step off everywhere is a mismatch against that graph's reference, and with the integer graph's
+    reference off too (a wrong rewrite), two steps from the float model are a mismatch of the rewrite."""
+    import opfuse.testing.fuzz_check as fuzz_check
+    g, feeds = _quantized_conv(5)
+    model = _model(g)
+    assert check(model, feeds, "auto", 1, "default", ("quantized_y",)) == Verdict("ok")
+    _skew_fused(monkeypatch, 1)
+    v = check(model, feeds, "auto", 1, "default", ("quantized_y",))
+    assert (v.status, v.stage) == ("mismatch", "fused run"), v.line()
+    assert v.detail.endswith("against the reference of the fused build's integer graph")
+    _skew_fused(monkeypatch, 1)  # now two steps up, and the integer graph's reference as far
+    real = fuzz_check._integer_arithmetic
+
+    def wrong_rewrite(compilation, feeds):
+        own = real(compilation, feeds)
+        return {k: v + np.asarray(2, v.dtype) for k, v in own.items()}
+    monkeypatch.setattr(fuzz_check, "_integer_arithmetic", wrong_rewrite)
+    v = check(model, feeds, "auto", 1, "default", ("quantized_y",))
+    assert (v.status, v.stage) == ("mismatch", "fused rewrite"), v.line()
+    assert "the integer graph's reference against the float model's" in v.detail

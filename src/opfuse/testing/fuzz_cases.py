@@ -216,7 +216,7 @@ def _quantize_input(draw, g: Graph) -> None:
 # others), an input's float values over a few steps' range.
 QUANT_SCALES = (0.0107, 0.04, 0.25, 1 / 64, 3.0)
 EIGHT_BIT = (np.uint8, np.int8)
-QUANT_MAX_OUT = 8  # output channels or columns
+QUANT_MAX_OUT = 20  # output channels or columns (past the integer kernels' blocks of 8 and 16)
 QUANTIZED_OUTPUT = "quantized_y"  # the name of each 8-bit output of ``quantized_product`` (``FuzzCase.quantized``)
 
 
@@ -268,7 +268,9 @@ def _quantized_product(draw, g: Graph) -> None:
     else:  # (M, K), (N, C, L) or (N, C, H, W)
         rank = draw(st.sampled_from((2, 3, 4)))
         lead = (draw(st.integers(1, 2)),) if rank > 2 else ()
-        dims = lead + (draw(st.integers(1, 6)),) + tuple(draw(st.integers(1, 8)) for _ in range(rank - 1 - len(lead)))
+        wide = draw(st.sampled_from((8, 8, 24)))  # rows past 16 take the integer depthwise kernel's position vectors
+        rest = tuple(draw(st.integers(1, wide)) for _ in range(rank - 1 - len(lead)))
+        dims = lead + (draw(st.integers(1, 12)),) + rest
         x = g.add_input(g.unique_name("quantized_x"), dims, np.float32)
     act = np.dtype(draw(st.sampled_from(EIGHT_BIT)))
     xs = draw(st.sampled_from(QUANT_SCALES))

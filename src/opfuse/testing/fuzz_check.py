@@ -8,7 +8,10 @@ lowered (so that small graphs run the kernels large tensors get), the AVX2 kerne
 build. The verdict is
 
 * ``ok``: every build agrees with the reference, or both raise ``InputError`` (a zero divisor,
-  an index out of range);
+  an index out of range); where the fused build runs a QDQ model's products on integer kernels
+  (``rules/integer_ops``), it agrees with the reference of its own graph (that integer arithmetic, exactly as
+  the other outputs are compared), and that with the reference of the model (within ``QUANTIZED_STEPS`` on the
+  case's ``quantized`` outputs: stage ``fused rewrite`` where not);
 * ``mismatch``: an output differs (integers and bools exactly, the 8-bit outputs of a quantized product
   within ``QUANTIZED_STEPS``; floats NaN where the reference is
   NaN and only there, infinities equal (or both at the edge of overflow, ``OVERFLOW_MARGIN``),
@@ -215,10 +218,37 @@ def check(model: bytes, feeds: Mapping[str, np.ndarray], planner: str = "auto", 
         if ref_error is not None:
             return Verdict("mismatch", f"{variant} run", f"the reference raised InputError ({ref_error}); C "
                                                          f"computed the outputs")
+        own = _integer_arithmetic(built.compilation, feeds) if variant == "fused" else None
+        if isinstance(own, Verdict):
+            return own
+        if own is not None:  # the C against its own graph exactly, that graph against the float model's
+            diff = compare(got, own)
+            if diff is not None:
+                return Verdict("mismatch", "fused run", f"{diff}, against the reference of the fused build's "
+                                                        f"integer graph")
+            diff = compare(own, want, quantized)
+            if diff is not None:
+                return Verdict("mismatch", "fused rewrite", f"{diff}: the integer graph's reference against the "
+                                                            f"float model's")
+            continue
         diff = compare(got, want, quantized)
         if diff is not None:
             return Verdict("mismatch", f"{variant} run", diff)
     return Verdict("ok")
+
+
+def _integer_arithmetic(compilation, feeds: Mapping[str, np.ndarray]) -> "dict[str, np.ndarray] | Verdict | None":
+    """Where the fused build's graph has integer rewrites of a QDQ model's products (``recognize_integer``), the
+    reference's outputs of that graph: the arithmetic the C must give exactly (the float model's within one
+    step, ``QUANTIZED_STEPS``); None where it has none (a crash verdict where the reference fails on it)."""
+    from opfuse.runtime import reference
+    if not any(d.pass_name == "recognize_integer" and d.taken for d in compilation.decisions):
+        return None
+    try:
+        with np.errstate(all="ignore"):
+            return reference.run(compilation.graph, feeds)
+    except Exception as e:  # noqa: BLE001
+        return Verdict("crash", "fused reference", describe_error(e))
 
 
 # The child process ------------------------------------------------------------------------------
