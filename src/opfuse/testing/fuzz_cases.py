@@ -13,7 +13,9 @@ included) and may then be
   operand is a raw input (``INT_OPS_BY_INPUT``: wrap-around, shifts, exponents over the whole range),
   and a constant operand an op also takes at run time made a graph input (``RUNTIME_OPERANDS``), and a
   float input quantized to an integer type and back as an imported QuantizeLinear -> DequantizeLinear
-  pair is, or cast bare (NaN, infinities, values beyond the type: ``ops.elementwise.float_to_int``);
+  pair is, or cast bare (NaN, infinities, values beyond the type: ``ops.elementwise.float_to_int``), and a
+  QDQ model's 8-bit Conv, Gemm or MatMul (``quantized_product``: what the fused build runs on the integer
+  kernels; its 8-bit outputs are the case's ``quantized`` ones, within one step of the reference's);
 * fed *hostile* inputs: ``normal`` (the generator's range, [-2, 2]; small integers), ``special``
   (that plus NaN, +-Inf, -0.0, subnormals; integers over their whole range with INT_MIN, INT_MAX,
   0, -1), ``extreme`` (that plus huge finite floats up to FLT_MAX, only for graphs made of ops
