@@ -301,9 +301,11 @@ def test_ctrl_c_stops_every_process_with_one_line(tmp_path, jobs):
     import subprocess
     import sys
     import time
+    # Ctrl-C as from a terminal: SIGINT at its default in the run even where this suite was started with it ignored
+    # (in the background of a non-interactive shell, or under nohup, which the run would inherit and never stop)
     proc = subprocess.Popen([sys.executable, "-m", "opfuse", "fuzz", "--count", "200", "--jobs", str(jobs),
                              "--out", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(6)  # past the imports: the jobs and their checking children are running
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=60)
