@@ -178,6 +178,8 @@ def test_a_dequantization_read_elsewhere_stays_outside_the_provenance():
 @pytest.mark.parametrize("kwargs, reason", [
     ({"x_dtype": "int32"}, "the input is not quantized per tensor with a zero point"),
     ({"x_zero": None}, "the input is not quantized per tensor with a zero point"),
+    ({"x_zero": 2.5}, "the input's zero point is not an integer of its int8 range"),  # a Sub, not a zero point
+    ({"w_zero": 300.0}, "the weight's zero point is not an integer of its int8 range"),
     ({"x_scale": np.full((1, 3, 1, 1), 0.05, F32), "bias": None},
      "the input is not quantized per tensor with a zero point"),
     ({"w_const": False}, "the weight is not an int8 or uint8 constant"),
@@ -348,6 +350,8 @@ MM_READER = "the product is not quantized by its only reader (through a bias Add
     ({"op": "Gemm", "attrs": {"alpha": 0.5}}, "a Gemm with transA or alpha, beta other than 1"),
     ({"op": "Gemm", "attrs": {"beta": 2.0}, "bias": "gemm"}, "a Gemm with transA or alpha, beta other than 1"),
     ({"x_zero": None}, "the input is not quantized per tensor with a zero point"),
+    ({"x_zero": 2.5}, "the input's zero point is not an integer of its int8 range"),  # a Sub, not a zero point
+    ({"w_zero": 300.0}, "the weight's zero point is not an integer of its int8 range"),
     ({"x_dtype": "int32"}, "the input is not quantized per tensor with a zero point"),
     ({"a_shape": (6,), "w_shape": (6, 5)}, "the input is not known to be a matrix"),
     ({"a_shape": (2, 3, 2), "flatten": "Reshape3d"}, "the input is not known to be a matrix"),

@@ -19,6 +19,7 @@ import onnx
 from onnx import helper
 
 from opfuse.errors import InputError, ModelError, UnsupportedOpError
+from opfuse.frontend.dequantized import dequantized
 from opfuse.frontend.onnx_decompose import KEPT_DEQUANTIZED
 from opfuse.frontend.onnx_export_context import ExportContext
 from opfuse.frontend.onnx_exporters import EXPORTERS
@@ -169,69 +170,37 @@ class DequantizeChain:
                 attrs={"axis": self.axis} if self.scale.ndim else None, origin=last)
 
 
-def _per_axis_param(data: np.ndarray, shape: tuple[int, ...]) -> tuple[int | None, np.ndarray] | None:
-    """``(axis, values)`` of a constant broadcast against ``shape`` along at most one axis (axis None: one value),
-    or None where it is not such a parameter (it would broadcast ``shape`` up, or varies along two axes)."""
-    if data.size == 1:
-        return None, data.reshape(())
-    if data.ndim != len(shape):
-        return None
-    axes = [i for i, n in enumerate(data.shape) if n != 1]
-    if len(axes) != 1 or data.shape[axes[0]] != shape[axes[0]]:
-        return None
-    return axes[0], data.reshape(-1)
-
-
-def _only_reader(v: Value, graph_outputs: set[int]) -> Node | None:
-    return v.uses[0][0] if len(v.uses) == 1 and id(v) not in graph_outputs else None
+def _only_reader(v: Value, graph_outputs: set[int]) -> bool:
+    return len(v.uses) == 1 and id(v) not in graph_outputs
 
 
 def dequantize_chains(graph: Graph, opset: int) -> dict[int, DequantizeChain]:
-    """The kept dequantizations of integer constants in ``graph`` (``DequantizeChain``), by id of their Cast.
-    A chain is taken only where the ``DequantizeLinear`` computes exactly what it does: float32 out of an int8,
-    uint8 or int32 constant, integer zero points in the constant's type (none but 0 for int32), per tensor or
-    along one axis (per axis from ``PER_AXIS_DEQUANTIZE_OPSET``), the Cast's and the Sub's result read by the
-    chain alone, the result of the constant's shape."""
+    """The kept dequantizations of integer constants in ``graph`` (``DequantizeChain``), by id of their Cast:
+    each Mul that ``frontend.dequantized`` reads as a DequantizeLinear of a constant (int8, uint8 or int32; its
+    zero point an integer of that type, per tensor or along one axis), where the DequantizeLinear computes
+    exactly what the chain does: the Cast's and the Sub's results read by the chain alone, the result of the
+    constant's shape, no zero point but 0 for int32, per axis from ``PER_AXIS_DEQUANTIZE_OPSET``."""
     outs = {id(v) for v in graph.outputs}
     chains: dict[int, DequantizeChain] = {}
-    for cast in graph.nodes:
-        if cast.op_type != "Cast" or len(cast.inputs) != 1 or cast.input(0).const is None:
+    for mul in graph.nodes:
+        if mul.op_type != "Mul":
             continue
-        c = cast.input(0)
-        if c.dtype not in KEPT_DEQUANTIZED or cast.outputs[0].dtype != np.float32:
+        d = dequantized(mul.outputs[0], "")
+        if isinstance(d, str) or d.q.const is None or d.q.dtype not in KEPT_DEQUANTIZED:
             continue
-        nxt = _only_reader(cast.outputs[0], outs)
-        sub = nxt if nxt is not None and nxt.op_type == "Sub" and nxt.inputs[0] is cast.outputs[0] else None
-        mul = _only_reader(sub.outputs[0], outs) if sub is not None else nxt
-        if mul is None or mul.op_type != "Mul" or len(mul.inputs) != 2 or mul.outputs[0].shape != c.shape:
+        if mul.outputs[0].shape != d.q.shape or not all(_only_reader(n.outputs[0], outs) for n in d.nodes[:-1]):
             continue
-        y = (sub or cast).outputs[0]
-        s = mul.inputs[1] if mul.inputs[0] is y else mul.inputs[0]
-        if s is None or s is y or s.const is None or s.dtype != np.float32:
+        if d.axis is not None and opset < PER_AXIS_DEQUANTIZE_OPSET:
             continue
-        scale = _per_axis_param(np.asarray(s.const), c.shape)
-        zero = _per_axis_param(np.asarray(sub.input(1).const), c.shape) \
-            if sub is not None and len(sub.inputs) == 2 and sub.input(1).const is not None else None
-        if scale is None or (sub is not None and zero is None):
-            continue
-        axes = {a for a, _ in (scale, zero) if a is not None} if zero is not None else \
-            ({scale[0]} if scale[0] is not None else set())
-        if len(axes) > 1 or (axes and opset < PER_AXIS_DEQUANTIZE_OPSET):
-            continue
-        axis = axes.pop() if axes else None
-        n = c.shape[axis] if axis is not None else 1
-        s_values = np.broadcast_to(scale[1], (n,) if axis is not None else ()).astype(np.float32)
-        z_values = None
-        if zero is not None:
-            z = np.broadcast_to(zero[1].astype(np.float64), s_values.shape)
-            info = np.iinfo(c.dtype)
-            if not (np.all(z == np.round(z)) and z.min(initial=0) >= info.min and z.max(initial=0) <= info.max):
-                continue
-            if c.dtype == np.int32 and np.any(z != 0):
+        shape = (d.q.shape[d.axis],) if d.axis is not None else ()
+        zero = None if d.zero is None else np.broadcast_to(d.zero.reshape(-1 if d.zero.size > 1 else ()), shape)
+        if d.q.dtype == np.int32 and zero is not None:
+            if np.any(zero != 0):
                 continue  # DequantizeLinear of int32 has no zero point
-            z_values = None if c.dtype == np.int32 else z.astype(c.dtype)
-        nodes = (cast, sub, mul) if sub is not None else (cast, mul)
-        chains[id(cast)] = DequantizeChain(nodes, np.array(s_values), z_values, axis or 0)
+            zero = None
+        scale = np.broadcast_to(d.scale.reshape(-1 if d.scale.size > 1 else ()), shape).astype(np.float32)
+        chains[id(d.nodes[0])] = DequantizeChain(d.nodes, np.array(scale),
+                                                 None if zero is None else np.array(zero, d.q.dtype), d.axis or 0)
     return chains
 
 

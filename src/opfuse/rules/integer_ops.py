@@ -50,11 +50,10 @@ graph that quantizes somewhere (a Cast to 8 bits), as a float model has nothing 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 from onnx import TensorProto
 
+from opfuse.frontend.dequantized import Dequantized, dequantized
 from opfuse.frontend.onnx_import_context import OnnxNode
 from opfuse.frontend.onnx_writer import write_onnx_nodes
 from opfuse.ir.graph import Node, Value
@@ -66,7 +65,6 @@ INTEGER_MATMUL = "integer_matmul"
 INTEGER_MATMUL_DEQUANTIZED = "integer_matmul_dequantized"
 EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
 QUANT_RANGES = {np.dtype(t): (np.iinfo(t).min, np.iinfo(t).max) for t in (np.int8, np.uint8)}
-INTEGER_SOURCES = EIGHT_BIT + (np.dtype(np.int32),)  # what a DequantizeLinear dequantizes here
 BIAS_SCALE_RTOL = 1e-6  # the bias scale must be xs * ws to float32 rounding
 MATMUL_OPS = ("Gemm", "MatMul")
 ADDS_A_TENSOR = ("the Add after the product adds a dequantized 8-bit tensor (a residual), not an int32 constant "
@@ -74,60 +72,6 @@ ADDS_A_TENSOR = ("the Add after the product adds a dequantized 8-bit tensor (a r
 RESHAPES = ("Flatten", "Reshape")
 QLINEAR_VERSION = 10  # QLinearConv / QLinearMatMul's since_version
 PRIORITY = 1.0  # the two never claim the same ops
-
-
-# Reading a dequantization back ---------------------------------------------------------------
-
-@dataclass
-class Dequantized:
-    """``v = (float(q) - zero) * scale`` as the importer writes a DequantizeLinear; ``scale`` and
-    ``zero`` as the DequantizeLinear had them (a size-1 one in its own shape, one per ``axis`` as a
-    vector), ``zero`` in ``q``'s type (None: no zero point)."""
-
-    q: Value
-    scale: np.ndarray
-    zero: np.ndarray | None
-    axis: int | None  # the axis a vector scale runs along (None: per tensor)
-    nodes: tuple = ()  # Cast, [Sub], Mul
-
-
-def _param(c: np.ndarray, rank: int) -> tuple[np.ndarray, int | None] | None:
-    """A DequantizeLinear parameter back from its broadcast form: size 1 as it is, or a vector along
-    one axis of a rank-``rank`` tensor (None when it is neither)."""
-    if c.size == 1:
-        return c, None
-    axes = [i for i, d in enumerate(c.shape) if d != 1]
-    if len(c.shape) != rank or len(axes) != 1:
-        return None
-    return c.reshape(-1), axes[0]
-
-
-def dequantized(v: Value | None, what: str) -> Dequantized | str:
-    """The dequantization producing ``v``, or the reason it is not one."""
-    mul = v.producer if v is not None else None
-    if mul is None or mul.op_type != "Mul" or len(mul.input_values()) != 2:
-        return f"{what} is not the output of a DequantizeLinear"
-    a, s = mul.inputs
-    if a is None or s is None:
-        return f"{what} is not the output of a DequantizeLinear"
-    sub = a.producer if a.producer is not None and a.producer.op_type == "Sub" else None
-    cast = (sub.inputs[0].producer if sub is not None and sub.inputs[0] is not None else a.producer)
-    if cast is None or cast.op_type != "Cast" or cast.input(0).dtype not in INTEGER_SOURCES \
-            or cast.outputs[0].dtype != np.float32 or s.dtype != np.float32:
-        return f"{what} is not the output of a DequantizeLinear"
-    q = cast.input(0)
-    zp = sub.inputs[1] if sub is not None else None
-    if s.const is None or (zp is not None and zp.const is None):
-        return f"{what}'s scale or zero point is not a constant"
-    rank = len(q.shape)
-    scale = _param(np.asarray(s.const), rank)
-    zero = _param(np.asarray(zp.const), rank) if zp is not None else (None, None)
-    if scale is None or zero is None or (scale[1] is not None and zero[1] is not None and scale[1] != zero[1]):
-        return f"{what} is dequantized in blocks"
-    axis = scale[1] if scale[1] is not None else zero[1]
-    z = None if zero[0] is None else np.asarray(zero[0]).astype(q.dtype)
-    chain = tuple(n for n in (cast, sub, mul) if n is not None)
-    return Dequantized(q, np.asarray(scale[0], np.float32), z, axis, chain)
 
 
 def _per(d: Dequantized, param: np.ndarray | None, axis: int, length: int) -> bool:
