@@ -107,12 +107,6 @@ def compare_outputs(ours: dict, theirs: dict) -> list[tuple[str, float, float]]:
     return rows
 
 
-def integer_rewrites(compilation) -> list[str]:
-    """The integer rules that rewrote part of a fused build's graph (``recognize_integer``: a QDQ model's products
-    as integer ops, whose rounding may differ from the float graph's by one quantization step), sorted."""
-    return sorted({d.rule for d in compilation.decisions if d.pass_name == "recognize_integer" and d.taken})
-
-
 def compare_scale(theirs) -> float:
     """The magnitude ``--compare``'s tolerance scales with: the largest finite value, at least 1."""
     y = np.abs(np.asarray(theirs, dtype=np.float64))
@@ -199,7 +193,7 @@ def cmd_run(args) -> int:
         theirs = _ort_outputs(args.model, graph, {**all_feeds, **feeds}) if args.compare == "onnxruntime" else \
             reference.run(graph, feeds)
         result["compare"] = {"with": args.compare, "outputs": {}}
-        rewrites = integer_rewrites(model.compilation) if args.backend == "c" and args.compare == "reference" \
+        rewrites = model.compilation.integer_rewrites() if args.backend == "c" and args.compare == "reference" \
             else []
         if rewrites:  # the build's own arithmetic is the oracle; the float QDQ graph's is reported beside it
             model_outputs, theirs = theirs, reference.run(model.compilation.graph, feeds)

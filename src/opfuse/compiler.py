@@ -108,6 +108,13 @@ class Compilation:
         from opfuse.frontend.onnx_fused import save_fused_model
         save_fused_model(self.graph, self.plan, path, group_meta=group_figures(self.report))
 
+    def integer_rewrites(self) -> list[str]:
+        """The integer rules that rewrote part of the graph (the ``recognize_integer`` stage: a QDQ model's products
+        as integer ops, whose rounding may differ from the float graph's by one quantization step), sorted; the
+        unfused build has none."""
+        from opfuse.rewrites import RECOGNIZE_INTEGER
+        return sorted({d.rule for d in self.decisions if d.pass_name == RECOGNIZE_INTEGER and d.taken})
+
     def cost_model(self):
         """The target's ``CostModel`` with the corrections this plan was made with."""
         from opfuse.cost.correction import Corrections, load_corrections

@@ -242,7 +242,7 @@ def _integer_arithmetic(compilation, feeds: Mapping[str, np.ndarray]) -> "dict[s
     reference's outputs of that graph: the arithmetic the C must give exactly (the float model's within one
     step, ``QUANTIZED_STEPS``); None where it has none (a crash verdict where the reference fails on it)."""
     from opfuse.runtime import reference
-    if compilation is None or not any(d.pass_name == "recognize_integer" and d.taken for d in compilation.decisions):
+    if compilation is None or not compilation.integer_rewrites():
         return None
     try:
         with np.errstate(all="ignore"):
