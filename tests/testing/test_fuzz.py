@@ -13,7 +13,7 @@ from opfuse.cli import main
 from opfuse.errors import InputError
 from opfuse.ops import GraphBuilder
 from opfuse.testing.fuzz import FuzzCase, fuzz, replay, write_reproducer
-from opfuse.testing.fuzz_check import Verdict, Worker, check, compare, pack_inputs
+from opfuse.testing.fuzz_check import QUANTIZED_STEPS, Verdict, Worker, check, compare, pack_inputs
 from opfuse.testing.fuzz_reduce import minimize
 
 # About 60 s on the shared 2-core host (0.3-0.6 s a graph: the reference, two gcc builds, two runs).
@@ -395,15 +395,107 @@ def test_quantized_products_are_drawn_and_run_on_the_integer_kernels(kind):
         assert check(model, feeds, "auto", 2, profile, quantized) == Verdict("ok"), (mode, profile)
 
 
+def _drawn_product(wanted, max_examples: int = 3000):
+    """The first graph of ``quantized_product`` that ``wanted`` accepts."""
+    from hypothesis import find, settings
+    from hypothesis import strategies as st
+
+    from opfuse.ir.graph import Graph
+    from opfuse.testing.fuzz_cases import _quantized_product
+
+    @st.composite
+    def made(draw):
+        g = Graph("q")
+        _quantized_product(draw, g)
+        return g
+    return find(made(), wanted, settings=settings(database=None, max_examples=max_examples))
+
+
+def _chain_end(g):
+    return next((v for v in g.outputs if "_within_" in v.name), None)
+
+
+@pytest.mark.parametrize("kinds", [("Conv", "Conv"), ("MatMul", "Gemm"), ("Conv", "MatMul")])
+def test_chains_of_quantized_products_run_on_the_integer_kernels(kinds):
+    """``quantized_product`` draws chains: a second product reading the first's 8-bit output dequantized. The
+    fused build runs both on the integer kernels (the first's Requantize storing the 8-bit tensor the second
+    reads), held exactly to its integer graph; the chain's end is named with its steps (``quantized_steps``)."""
+    import onnx
+
+    from opfuse.compiler import plan_model
+    from opfuse.testing.fuzz_cases import QUANTIZED_OUTPUT, _valid_onnx, hostile_inputs, quantized_steps
+
+    def wanted(g):
+        products = [n.op_type for n in g.nodes if n.op_type in ("Conv", "MatMul", "Gemm")]
+        return tuple(products) == kinds and _chain_end(g) is not None and not any(
+            v.name.startswith("quantized_residual") for v in g.inputs)
+    g = _drawn_product(wanted)
+    g.verify()
+    assert _valid_onnx(g)
+    end = _chain_end(g)
+    steps = quantized_steps(end.name)
+    assert steps >= 2 and end.name == f"{QUANTIZED_OUTPUT}_within_{steps}"
+    model = _model(g)
+    comp = plan_model(onnx.load_from_string(model))
+    assert comp.report["int8"]["integer_accumulate"] == 2, [d.reason for d in comp.decisions]
+    quantized = {v.name: quantized_steps(v.name) for v in g.outputs if v.name.startswith(QUANTIZED_OUTPUT)}
+    for mode, profile in (("normal", "default"), ("special", "portable"), ("normal", "thresholds")):
+        feeds = hostile_inputs(g, mode, 4)
+        assert check(model, feeds, "auto", 1, profile, quantized) == Verdict("ok"), (mode, profile)
+
+
+def test_a_chains_steps_bound_one_step_of_its_middle():
+    """The end of a chain may differ by its steps: where the middle's 8-bit tensor lies one step off (a tie rounded
+    the other way before it), the end moves by at most ``steps - 1`` (and its own tie adds one). Checked on the
+    reference: the second product run from the middle as computed, and from the middle one step off everywhere."""
+    from opfuse.runtime import reference
+    from opfuse.testing.fuzz_cases import hostile_inputs, quantized_steps
+
+    def wanted(g):
+        end = _chain_end(g)
+        return end is not None and quantized_steps(end.name) >= 3
+    g = _drawn_product(wanted)
+    end = _chain_end(g)
+    second = end.producer  # back along first inputs: Cast <- Clip <- Add <- Round <- Div <- [Relu] <- [Add] <- product
+    while second.op_type not in ("Conv", "MatMul", "Gemm"):
+        second = second.inputs[0].producer
+    cast = second.inputs[0].producer  # the middle's dequantization: Cast -> [Sub] -> Mul
+    while cast.op_type != "Cast":
+        cast = cast.inputs[0].producer
+    middle = cast.inputs[0]
+    feeds = hostile_inputs(g, "normal", 1)
+    if middle not in g.outputs:
+        g.outputs.append(middle)
+    want = reference.run(g, feeds)
+    m = want[middle.name]
+    info = np.iinfo(m.dtype)
+    g.outputs = [end]
+    cut = g.add_input("middle", middle.shape, middle.dtype)
+    g.set_input(cast, 0, cut)
+    g.remove_unused_values()
+    rest = {k: v for k, v in feeds.items() if k in {i.name for i in g.inputs}}
+    base = reference.run(g, {"middle": m, **rest})
+    moved = 0
+    for sign in (1, -1):
+        off = np.clip(m.astype(np.int16) + sign, info.min, info.max).astype(m.dtype)
+        got = reference.run(g, {"middle": off, **rest})
+        diff = np.abs(got[end.name].astype(np.int16) - base[end.name].astype(np.int16))
+        assert diff.max() <= quantized_steps(end.name) - QUANTIZED_STEPS
+        moved = max(moved, int(diff.max()))
+    assert moved > QUANTIZED_STEPS  # one step of the middle is more than one of the end: one step would not do
+
+
 def test_a_reproducer_keeps_its_quantized_outputs(tmp_path, monkeypatch):
-    """case.json names the quantized outputs, and the replay compares them with their tolerance."""
+    """case.json names the quantized outputs with their steps, and the replay compares them with that tolerance;
+    a case.json of names alone (written before chains of products) gives each one step."""
     import json
 
     import opfuse.testing.fuzz as fuzz_module
     g, feeds = _quantized_conv(5)
-    case = FuzzCase(g, feeds, "uint8", "normal", codegen="thresholds", quantized=("quantized_y",))
+    case = FuzzCase(g, feeds, "uint8", "normal", codegen="thresholds", quantized={"quantized_y": 1})
     folder = write_reproducer(case, Verdict("mismatch", "unfused run", "was"), tmp_path / "case")
-    assert json.loads((folder / "case.json").read_text())["quantized"] == ["quantized_y"]
+    assert json.loads((folder / "case.json").read_text())["quantized"] == {"quantized_y": 1}
+    assert "quantized_y (1 step)" in (folder / "README.txt").read_text()
     assert replay(folder) == Verdict("ok")
     seen = []
 
@@ -413,9 +505,15 @@ def test_a_reproducer_keeps_its_quantized_outputs(tmp_path, monkeypatch):
             return Verdict("ok")
     monkeypatch.setattr(fuzz_module, "Worker", Recording)
     info = json.loads((folder / "case.json").read_text())
+    (folder / "case.json").write_text(json.dumps({**info, "quantized": ["quantized_y"]}))
+    replay(folder)
+    assert seen[-1][-1] == {"quantized_y": QUANTIZED_STEPS}
+    (folder / "case.json").write_text(json.dumps({**info, "quantized": {"quantized_y_within_4": 4}}))
+    replay(folder)
+    assert seen[-1][-1] == {"quantized_y_within_4": 4}
     (folder / "case.json").write_text(json.dumps({k: v for k, v in info.items() if k != "quantized"}))
     replay(folder)  # a reproducer written before quantized outputs existed: none
-    assert seen[-1][-1] == ()
+    assert seen[-1][-1] == {}
 
 
 def _skew_fused(monkeypatch, steps: int):

@@ -39,7 +39,8 @@ from hypothesis.errors import Unsatisfiable
 from opfuse.errors import InputError
 from opfuse.ir.graph import Graph
 from opfuse.testing.fuzz_cases import FuzzCase, fuzz_cases
-from opfuse.testing.fuzz_check import CASE_TIMEOUT_S, CODEGEN_PROFILES, Verdict, Worker, describe_error, pack_inputs
+from opfuse.testing.fuzz_check import (CASE_TIMEOUT_S, CODEGEN_PROFILES, Verdict, Worker, describe_error, pack_inputs,
+                                       quantized_tolerance)
 from opfuse.testing.fuzz_reduce import minimize
 from opfuse.testing.random_graphs import DEFAULT_OPS, _check_ops
 
@@ -84,13 +85,17 @@ def _model_bytes(graph: Graph) -> bytes:
     return export_model(graph).SerializeToString()
 
 
+def _steps_text(quantized: dict[str, int]) -> str:
+    return ", ".join(f"{name} ({steps} step{'s' if steps > 1 else ''})" for name, steps in quantized.items())
+
+
 def write_reproducer(case: FuzzCase, verdict: Verdict, folder: Path) -> Path:
     """``model.onnx``, ``inputs.npz``, ``case.json`` and ``README.txt`` of a failing case."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "model.onnx").write_bytes(_model_bytes(case.graph))
     (folder / "inputs.npz").write_bytes(pack_inputs(case.feeds))
     info = {"verdict": verdict.to_json(), "case": case.describe(), "planner": case.planner, "threads": case.threads,
-            "codegen": case.codegen, "quantized": list(case.quantized)}
+            "codegen": case.codegen, "quantized": dict(case.quantized)}
     (folder / "case.json").write_text(json.dumps(info, indent=1) + "\n")
     (folder / "README.txt").write_text(
         f"opfuse fuzz found: {verdict.line()}\ncase: {case.describe()}\n\nreproduce:\n  "
@@ -99,8 +104,8 @@ def write_reproducer(case: FuzzCase, verdict: Verdict, folder: Path) -> Path:
         + (f"  (that runs the default code generation; the case was built with the profile '{case.codegen}', "
            f"opfuse.testing.fuzz_check.CODEGEN_PROFILES: {CODEGEN_PROFILES[case.codegen]})\n"
            if case.codegen != "default" else "")
-        + (f"  (outputs {', '.join(case.quantized)} are 8-bit quantizations of a float product: one step from the "
-           f"reference is agreement, which --compare does not know)\n" if case.quantized else ""))
+        + (f"  (outputs {_steps_text(case.quantized)} are 8-bit quantizations of a float product: that many steps "
+           f"from the reference is agreement, which --compare does not know)\n" if case.quantized else ""))
     return folder
 
 
@@ -291,7 +296,7 @@ def _one_round(worker: Worker, round_seed: int, count: int, ops, max_nodes: int,
         main = graph.outputs[0].dtype.name if graph.outputs else case.dtype  # the shrunk graph's, as fuzz_cases
         kept = {v.name for v in graph.outputs}
         case = FuzzCase(graph, feeds, main, case.inputs, case.planner, case.threads, codegen=case.codegen,
-                        quantized=tuple(n for n in case.quantized if n in kept))
+                        quantized={n: k for n, k in case.quantized.items() if n in kept})
     path = None
     if out is not None:
         path = write_reproducer(case, verdict, Path(out) / f"{verdict.status}-{report.mismatches + report.crashes}")
@@ -321,7 +326,7 @@ def replay(folder: str | Path, timeout: float = CASE_TIMEOUT_S) -> Verdict:
     try:
         with Worker(cache, timeout) as worker:
             return worker.check(model, npz, info.get("planner", "auto"), int(info.get("threads", 1)), codegen,
-                                tuple(str(n) for n in info.get("quantized", ())))
+                                quantized_tolerance(info.get("quantized", ())))
     finally:
         shutil.rmtree(cache, ignore_errors=True)
 

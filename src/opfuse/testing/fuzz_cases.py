@@ -14,8 +14,9 @@ included) and may then be
   and a constant operand an op also takes at run time made a graph input (``RUNTIME_OPERANDS``), and a
   float input quantized to an integer type and back as an imported QuantizeLinear -> DequantizeLinear
   pair is, or cast bare (NaN, infinities, values beyond the type: ``ops.elementwise.float_to_int``), and a
-  QDQ model's 8-bit Conv, Gemm or MatMul (``quantized_product``: what the fused build runs on the integer
-  kernels; its 8-bit outputs are the case's ``quantized`` ones, within one step of the reference's);
+  QDQ model's 8-bit Conv, Gemm or MatMul, or a chain of two (``quantized_product``: what the fused build runs
+  on the integer kernels; its 8-bit outputs are the case's ``quantized`` ones, within one step of the
+  reference's, a chain's end within what one step of its middle moves it by);
 * fed *hostile* inputs: ``normal`` (the generator's range, [-2, 2]; small integers), ``special``
   (that plus NaN, +-Inf, -0.0, subnormals; integers over their whole range with INT_MIN, INT_MAX,
   0, -1), ``extreme`` (that plus huge finite floats up to FLT_MAX, only for graphs made of ops
@@ -32,6 +33,7 @@ and normal inputs.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -43,6 +45,7 @@ from opfuse.errors import OpfuseError
 from opfuse.ir.graph import Graph, Value
 from opfuse.ops.builder import GraphBuilder
 from opfuse.ops.registry import infer_node
+from opfuse.testing.fuzz_check import QUANTIZED_STEPS
 from opfuse.testing.random_graphs import ALL_OPS, DEFAULT_OPS, SEED_MAX, graphs
 
 # Ops the generator can emit that ONNX (and opfuse) also define for integer tensors.
@@ -89,9 +92,10 @@ class FuzzCase:
     threads: int = 1
     extras: list[str] = field(default_factory=list)
     codegen: str = "default"        # the builds' code-generation profile (``fuzz_check.CODEGEN_PROFILES``)
-    # outputs of an 8-bit quantization of a float product (``quantized_product``): one step from the reference's
-    # is agreement (``fuzz_check.QUANTIZED_STEPS``), where the product lies at a rounding tie
-    quantized: tuple[str, ...] = ()
+    # outputs of an 8-bit quantization of a float product (``quantized_product``) and how many steps from the
+    # reference's is agreement: one (``fuzz_check.QUANTIZED_STEPS``), where the product lies at a rounding tie, or
+    # more at the end of a chain of products (``quantized_steps``)
+    quantized: dict[str, int] = field(default_factory=dict)
 
     def describe(self) -> str:
         ops = sorted({n.op_type for n in self.graph.nodes})
@@ -220,6 +224,7 @@ QUANT_SCALES = (0.0107, 0.04, 0.25, 1 / 64, 3.0)
 EIGHT_BIT = (np.uint8, np.int8)
 QUANT_MAX_OUT = 20  # output channels or columns (past the integer kernels' blocks of 8 and 16)
 QUANTIZED_OUTPUT = "quantized_y"  # the name of each 8-bit output of ``quantized_product`` (``FuzzCase.quantized``)
+QUANT_CHAIN = 3  # one quantized product in this many (of those quantized to 8 bits) feeds a second
 
 
 def _quantize(g: Graph, x: Value, scale: float, zero: int, to, name: str | None = None) -> Value:
@@ -253,40 +258,23 @@ def _weight_scales(draw, n: int, shape: tuple[int, ...]) -> np.ndarray:
     return values.astype(np.float32).reshape(shape)
 
 
-def _quantized_product(draw, g: Graph) -> None:
-    """A QDQ model's 8-bit product, as ``opfuse quantize`` or onnxruntime's quantizer writes one: a float32
-    input ``x`` quantized to uint8 or int8 and dequantized, a Conv (1-D or 2-D, strided, padded, grouped or
-    depthwise), Gemm (``transB``) or MatMul (a batch of matrices) with an int8 (or uint8, zero point 128)
-    constant weight dequantized per tensor or per output channel, an optional int32 bias (scale ``xs * ws``),
-    residual (an 8-bit input dequantized) and Relu, then quantized to 8 bits (an output; one step apart
-    where the float product lies at a rounding tie: ``FuzzCase.quantized``) or not (a float output). The fused
-    build runs it on the integer kernels (``rules/integer_ops``), the unfused one in float; the export writes
-    the weight's dequantization as a DequantizeLinear (``onnx_export.dequantize_chains``)."""
+def _product(draw, g: Graph, xd: Value, xs: float) -> tuple[Value, float, float]:
+    """A QDQ model's 8-bit product of the dequantized 8-bit ``xd`` (scale ``xs``): a Conv (1-D or 2-D,
+    strided, padded, grouped or depthwise), Gemm (``transB``) or MatMul (a batch of matrices) with an int8 (or
+    uint8, zero point 128) constant weight dequantized per tensor or per output channel, an optional int32 bias
+    (scale ``xs * ws``), residual (an 8-bit input dequantized) and Relu. The float product, the output scale a
+    quantization of it takes (a few dozen steps for a typical accumulator), and how many output steps one step
+    of ``xd`` moves it by at most (the weight's largest sum of absolute steps over an output, times
+    ``xs * ws / ys``)."""
     from opfuse.ops.quantized import fixed_point_multiplier
-    shaped = [v for v in g.inputs if v.dtype == np.float32 and len(v.shape) in (2, 3, 4)
-              and all(d >= 1 for d in v.shape)]
-    if shaped and draw(st.booleans()):
-        x = draw(st.sampled_from(shaped))
-    else:  # (M, K), (N, C, L) or (N, C, H, W)
-        rank = draw(st.sampled_from((2, 3, 4)))
-        lead = (draw(st.integers(1, 2)),) if rank > 2 else ()
-        wide = draw(st.sampled_from((8, 8, 24)))  # rows past 16 take the integer depthwise kernel's position vectors
-        rest = tuple(draw(st.integers(1, wide)) for _ in range(rank - 1 - len(lead)))
-        dims = lead + (draw(st.integers(1, 12)),) + rest
-        x = g.add_input(g.unique_name("quantized_x"), dims, np.float32)
-    act = np.dtype(draw(st.sampled_from(EIGHT_BIT)))
-    xs = draw(st.sampled_from(QUANT_SCALES))
-    info = np.iinfo(act)
-    xz = draw(st.sampled_from((0, int(info.min) + 128, draw(st.integers(int(info.min), int(info.max))))))
-    xd = _dequantize(g, _quantize(g, x, xs, xz, act), xs, xz)
-    rank = len(x.shape)
+    rank = len(xd.shape)
     kind = draw(st.sampled_from(("Conv", "MatMul") if rank >= 3 else ("Gemm", "MatMul")))
     w_type = np.dtype(draw(st.sampled_from((np.int8, np.int8, np.uint8))))
     wz = 128 if w_type == np.uint8 else 0
     rng = np.random.default_rng(draw(st.integers(0, SEED_MAX)))
     attrs: dict = {}
     if kind == "Conv":
-        cin, spatial = x.shape[1], x.shape[2:]
+        cin, spatial = xd.shape[1], xd.shape[2:]
         group = draw(st.sampled_from([1, cin] + [d for d in range(2, cin) if cin % d == 0]))
         cout = group * draw(st.integers(1, max(1, QUANT_MAX_OUT // group))) if group > 1 else \
             draw(st.integers(1, QUANT_MAX_OUT))
@@ -300,7 +288,7 @@ def _quantized_product(draw, g: Graph) -> None:
         w_shape: tuple[int, ...] = (cout, cin // group, *kernel)
         n_out, per_shape, k_sum = cout, (cout,) + (1,) * (len(w_shape) - 1), int(np.prod(w_shape[1:]))
     else:
-        k = x.shape[-1]
+        k = xd.shape[-1]
         n_out = draw(st.integers(1, QUANT_MAX_OUT))
         trans_b = kind == "Gemm" and draw(st.booleans())
         if trans_b:
@@ -335,9 +323,6 @@ def _quantized_product(draw, g: Graph) -> None:
                                                                                       else 0))])
     if draw(st.booleans()):
         y = _add(g, "Relu", [y])
-    if draw(st.integers(0, 3)) == 0:  # a product read as float: its logits
-        g.outputs.append(y)
-        return
     # the output scale: a few dozen steps for a typical accumulator (sqrt(k) products of ~70 x ~70 steps)
     typical = xs * float(np.mean(ws)) * np.sqrt(k_sum) * 70 * 70
     ys = typical / 40 * draw(st.sampled_from((0.25, 1.0, 4.0)))
@@ -349,9 +334,66 @@ def _quantized_product(draw, g: Graph) -> None:
         fixed_point_multiplier(xs * float(np.max(ws)) / ys)
     except OpfuseError:
         assume(False)
+    # one step of xd moves output n's accumulator by at most sum_k |w_q[n, k] - wz| weight steps
+    w_steps = np.abs(w_q.astype(np.int64) - wz)
+    per_out = w_steps.reshape(n_out, -1).sum(axis=1) if kind == "Conv" or attrs.get("transB") else \
+        w_steps.sum(axis=0)
+    gain = float(np.max(per_out * ws.reshape(-1).astype(np.float64))) * xs / ys
+    return y, ys, gain
+
+
+def _quantized_product(draw, g: Graph) -> None:
+    """A QDQ model's 8-bit product (``_product``), as ``opfuse quantize`` or onnxruntime's quantizer writes one,
+    of a float32 input ``x`` quantized to uint8 or int8 and dequantized, then quantized to 8 bits (an output;
+    one step apart where the float product lies at a rounding tie: ``FuzzCase.quantized``) or not (a float
+    output); or a chain of two, the second reading the first's 8-bit output dequantized (``QUANT_CHAIN``: the
+    fused build runs both on the integer kernels, the first's ``Requantize`` feeding the second's 8-bit
+    input; its output within one step plus what one step of the first's moves it by: named
+    ``QUANTIZED_OUTPUT`` + ``_within_<steps>``). The fused build runs the products on the integer kernels
+    (``rules/integer_ops``), the unfused one in float; the export writes the weight's dequantization as a
+    DequantizeLinear (``onnx_export.dequantize_chains``)."""
+    shaped = [v for v in g.inputs if v.dtype == np.float32 and len(v.shape) in (2, 3, 4)
+              and all(d >= 1 for d in v.shape)]
+    if shaped and draw(st.booleans()):
+        x = draw(st.sampled_from(shaped))
+    else:  # (M, K), (N, C, L) or (N, C, H, W)
+        rank = draw(st.sampled_from((2, 3, 4)))
+        lead = (draw(st.integers(1, 2)),) if rank > 2 else ()
+        wide = draw(st.sampled_from((8, 8, 24)))  # rows past 16 take the integer depthwise kernel's position vectors
+        rest = tuple(draw(st.integers(1, wide)) for _ in range(rank - 1 - len(lead)))
+        dims = lead + (draw(st.integers(1, 12)),) + rest
+        x = g.add_input(g.unique_name("quantized_x"), dims, np.float32)
+    act = np.dtype(draw(st.sampled_from(EIGHT_BIT)))
+    xs = draw(st.sampled_from(QUANT_SCALES))
+    info = np.iinfo(act)
+    xz = draw(st.sampled_from((0, int(info.min) + 128, draw(st.integers(int(info.min), int(info.max))))))
+    y, ys, _ = _product(draw, g, _dequantize(g, _quantize(g, x, xs, xz, act), xs, xz), xs)
+    if draw(st.integers(0, 3)) == 0:  # a product read as float: its logits
+        g.outputs.append(y)
+        return
     out_type = np.dtype(draw(st.sampled_from(EIGHT_BIT)))
     yz = draw(st.integers(-10, 10)) + (128 if out_type == np.uint8 else 0)
-    g.outputs.append(_quantize(g, y, ys, yz, out_type, QUANTIZED_OUTPUT))
+    chain = draw(st.integers(0, QUANT_CHAIN - 1)) == 0
+    read = not chain or draw(st.booleans())  # the end of a chain, or its middle read too
+    q = _quantize(g, y, ys, yz, out_type, QUANTIZED_OUTPUT if read else None)
+    if read:
+        g.outputs.append(q)
+    if not chain:
+        return
+    # the second product reads the first's 8-bit output; its own 8-bit output is never left float (one step
+    # of the first's moves a float output by more than the comparison's tolerance)
+    y2, ys2, gain = _product(draw, g, _dequantize(g, q, ys, yz), ys)
+    steps = QUANTIZED_STEPS + int(np.ceil(gain * QUANTIZED_STEPS * (1 + 1e-6)))
+    out_type = np.dtype(draw(st.sampled_from(EIGHT_BIT)))
+    yz2 = draw(st.integers(-10, 10)) + (128 if out_type == np.uint8 else 0)
+    g.outputs.append(_quantize(g, y2, ys2, yz2, out_type, f"{QUANTIZED_OUTPUT}_within_{steps}"))
+
+
+def quantized_steps(name: str) -> int:
+    """How many steps an 8-bit output of ``quantized_product`` named ``name`` may differ from the reference's:
+    one (``QUANTIZED_STEPS``), or the ``_within_<steps>`` its name carries (the end of a chain)."""
+    m = re.match(rf"{QUANTIZED_OUTPUT}_within_(\d+)", name)
+    return int(m.group(1)) if m else QUANTIZED_STEPS
 
 
 def _equal_where(draw, g: Graph) -> None:
@@ -596,6 +638,6 @@ def fuzz_cases(draw, ops: Iterable[str] = DEFAULT_OPS, max_nodes: int = 24) -> F
     modes = list(INPUT_MODES if op_types <= EXTREME_SAFE_OPS or kind == "integer" else INPUT_MODES[:2])
     mode = draw(st.sampled_from(modes))
     feeds = hostile_inputs(graph, mode, draw(st.integers(0, SEED_MAX)), fixed)
-    quantized = tuple(v.name for v in graph.outputs if v.name.startswith(QUANTIZED_OUTPUT))
+    quantized = {v.name: quantized_steps(v.name) for v in graph.outputs if v.name.startswith(QUANTIZED_OUTPUT)}
     return FuzzCase(graph, feeds, main, mode, draw(st.sampled_from(("auto", "rules"))),
                     draw(st.sampled_from(THREADS_DRAW)), extras, draw(st.sampled_from(CODEGEN_DRAW)), quantized)

@@ -11,7 +11,7 @@ build. The verdict is
   an index out of range); where the fused build runs a QDQ model's products on integer kernels
   (``rules/integer_ops``), it agrees with the reference of its own graph (that integer arithmetic, exactly as
   the other outputs are compared), and that with the reference of the model (within ``QUANTIZED_STEPS`` on the
-  case's ``quantized`` outputs: stage ``fused rewrite`` where not);
+  case's ``quantized`` outputs, or the steps the case gives a chain's end: stage ``fused rewrite`` where not);
 * ``mismatch``: an output differs (integers and bools exactly, the 8-bit outputs of a quantized product
   within ``QUANTIZED_STEPS``; floats NaN where the reference is
   NaN and only there, infinities equal (or both at the edge of overflow, ``OVERFLOW_MARGIN``),
@@ -138,17 +138,18 @@ def _first(mask: np.ndarray) -> tuple[int, ...]:
 
 
 def compare(got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray],
-            quantized: Collection[str] = ()) -> str | None:
+            quantized: Mapping[str, int] | Collection[str] = ()) -> str | None:
     """The first difference between C's outputs and the reference's, or ``None``; the 8-bit outputs named in
-    ``quantized`` may differ by ``QUANTIZED_STEPS``."""
+    ``quantized`` may differ by its number of steps (a collection of names: ``QUANTIZED_STEPS`` each)."""
+    steps = quantized_tolerance(quantized)
     if list(got) != list(want):
         return f"outputs {list(got)}, the reference has {list(want)}"
     for name, w in want.items():
         g = np.asarray(got[name])
         if g.shape != w.shape or g.dtype != w.dtype:
             return f"output '{name}' is {g.dtype}{list(g.shape)}, the reference's {w.dtype}{list(w.shape)}"
-        if name in quantized and w.dtype in (np.dtype(np.int8), np.dtype(np.uint8)):
-            bad = np.abs(g.astype(np.int16) - w.astype(np.int16)) > QUANTIZED_STEPS
+        if name in steps and w.dtype in (np.dtype(np.int8), np.dtype(np.uint8)):
+            bad = np.abs(g.astype(np.int16) - w.astype(np.int16)) > steps[name]
         elif w.dtype.kind != "f":
             bad = g != w
         else:
@@ -167,10 +168,19 @@ def compare(got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray],
     return None
 
 
+def quantized_tolerance(quantized: Mapping[str, int] | Collection[str]) -> dict[str, int]:
+    """Steps per quantized output: a mapping as it is, a collection of names ``QUANTIZED_STEPS`` each (a
+    reproducer's case.json written before chains of products)."""
+    if isinstance(quantized, Mapping):
+        return {str(k): int(v) for k, v in quantized.items()}
+    return {str(name): QUANTIZED_STEPS for name in quantized}
+
+
 def check(model: bytes, feeds: Mapping[str, np.ndarray], planner: str = "auto", threads: int = 1,
-          codegen: str = "default", quantized: Collection[str] = ()) -> Verdict:
+          codegen: str = "default", quantized: Mapping[str, int] | Collection[str] = ()) -> Verdict:
     """The verdict on one model and its inputs (see the module docstring), in this process, its builds with
-    the code-generation profile ``codegen``; ``quantized``: outputs compared within ``QUANTIZED_STEPS``."""
+    the code-generation profile ``codegen``; ``quantized``: 8-bit outputs compared within their steps
+    (``compare``)."""
     import onnx
 
     import opfuse
@@ -357,12 +367,12 @@ class Worker:
         return ""
 
     def check(self, model: bytes, npz: bytes, planner: str = "auto", threads: int = 1,
-              codegen: str = "default", quantized: Collection[str] = ()) -> Verdict:
+              codegen: str = "default", quantized: Mapping[str, int] | Collection[str] = ()) -> Verdict:
         if self._proc is None or not self._proc.is_alive():
             self._start()
         assert self._conn is not None and self._proc is not None
         try:
-            self._conn.send((model, npz, planner, threads, codegen, tuple(quantized)))
+            self._conn.send((model, npz, planner, threads, codegen, quantized_tolerance(quantized)))
             if self._conn.poll(self.timeout):
                 return self._conn.recv()
             self._stop(kill=True)
