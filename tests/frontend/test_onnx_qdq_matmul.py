@@ -121,8 +121,8 @@ def test_recognized_matmul_matches_onnxruntime_and_c_is_bit_exact(op, act, relu,
     ({"bias_scale_factor": 1.5}, "the bias scale is not input scale x weight scale"),
     ({"alpha": 2.0}, "a Gemm with transA or alpha, beta other than 1"),
     ({"w_axis": 1}, "the weight's scale is not per tensor or per output column"),  # per input row, transB = 1
-    ({"extra_reader": True}, "the product is not quantized by its only reader (through a bias Add and a Relu at "
-                             "most)"),
+    ({"extra_reader": True}, "the product is not quantized by its only reader (through a bias Add, a residual Add "
+                             "and a Relu at most)"),
 ])
 def test_refusals_keep_the_float_path_and_say_why(kwargs, reason):
     if kwargs.get("w_axis") == 1:
@@ -180,9 +180,11 @@ def test_the_decision_log_and_report_show_the_recognitions_and_refusals():
 
 # A batch of matrices times one weight, and products left in float ---------------------------------------------
 
-def qdq_linear(rows=(1, 6), K=21, N=13, act=np.int8, quantize_output=True, bias_scale_factor=1.0, seed=5):
-    """x (float, rows x K) -> Q -> DQ -> MatMul(DQ(W)) -> Add(DQ(int32 bias)) [-> Q -> DQ] -> y: an exported
-    Linear on a batch of rows (a transformer's ``[1, S, H]``), its output quantized or left in float."""
+def qdq_linear(rows=(1, 6), K=21, N=13, act=np.int8, quantize_output=True, bias_scale_factor=1.0, seed=5,
+               residual=False):
+    """x (float, rows x K) -> Q -> DQ -> MatMul(DQ(W)) -> Add(DQ(int32 bias)) [-> Add(DQ(r_q))] [-> Q -> DQ] -> y:
+    an exported Linear on a batch of rows (a transformer's ``[1, S, H]``), its output quantized or left in float;
+    ``residual``: an 8-bit input of the output's shape (``r_q``) added, dequantized (a transformer's residual)."""
     rng = np.random.default_rng(seed)
     xs, ws = np.float32(0.05), rng.uniform(0.002, 0.01, N).astype(np.float32)
     xz = np.array(-3 if act == np.int8 else 125, act)
@@ -196,13 +198,21 @@ def qdq_linear(rows=(1, 6), K=21, N=13, act=np.int8, quantize_output=True, bias_
              helper.make_node("DequantizeLinear", ["b_q", "bs", "bz"], ["b_dq"], axis=0),
              helper.make_node("MatMul", ["x_dq", "w_dq"], ["c"], name="mm"),
              helper.make_node("Add", ["c", "b_dq"], ["cb"], name="bias_add")]
-    outputs = [vi("cb", None)]
+    last = "cb"
+    inputs = [vi("x", list(rows) + [K])]
+    if residual:
+        inits += [init("rs", np.float32(0.07)), init("rz", np.array(-9 if act == np.int8 else 131, act))]
+        nodes += [helper.make_node("DequantizeLinear", ["r_q", "rs", "rz"], ["r_dq"]),
+                  helper.make_node("Add", ["r_dq", "cb"], ["cr"], name="residual_add")]
+        inputs.append(vi("r_q", list(rows) + [N], I8 if act == np.int8 else U8))
+        last = "cr"
+    outputs = [vi(last, None)]
     if quantize_output:
         inits += [init("ys", np.float32(0.09)), init("yz", np.array(4 if act == np.int8 else 128, act))]
-        nodes += [helper.make_node("QuantizeLinear", ["cb", "ys", "yz"], ["y_q"]),
+        nodes += [helper.make_node("QuantizeLinear", [last, "ys", "yz"], ["y_q"]),
                   helper.make_node("DequantizeLinear", ["y_q", "ys", "yz"], ["y"])]
         outputs = [vi("y", None), vi("y_q", None, I8 if act == np.int8 else U8)]
-    return model(nodes, [vi("x", list(rows) + [K])], outputs, inits, opset=13)
+    return model(nodes, inputs, outputs, inits, opset=13)
 
 
 @pytest.mark.parametrize("rows, act", [((1, 6), np.int8), ((2, 3, 5), np.uint8)])
@@ -224,6 +234,39 @@ def test_a_batch_of_rows_is_one_integer_matmul_of_the_flattened_rows(rows, act):
         assert np.abs(ours - other.astype(int)).max() <= 1
     plan = plan_model(m).plan
     for simd in ("auto", "none"):
+        got = build(plan.graph, plan, options=CodegenOptions(simd=simd)).run(x)["y_q"]
+        np.testing.assert_array_equal(got, ours.astype(got.dtype))
+
+
+@pytest.mark.parametrize("rows, act", [((7,), np.int8), ((2, 3, 5), np.uint8), ((1, 30), np.int8)])
+def test_a_residual_after_the_product_is_one_integer_matmul(rows, act):
+    """``DQ -> MatMul -> Add(DQ(bias)) -> Add(DQ(r_q)) -> Q`` (a transformer's Linear and residual): one integer
+    matmul whose Requantize adds the centred residual as a second term, as the integer conv does; within one step of
+    onnxruntime and of the oracle, the C (the host's word GEMM with the residual in its vector epilogue, and the
+    portable kernel) bit-exact against the reference of the rewritten graph."""
+    m = qdq_linear(rows, act=act, residual=True)
+    g, decisions = recognized(m)
+    flat = f", its {len(rows) + 1}-D input's rows flattened into one matrix" if len(rows) > 1 else ""
+    assert [(d.rule, d.verdict, d.reason) for d in decisions] == [(
+        "integer_matmul", "rewritten", "DequantizeLinear -> MatMul -> Add(bias) -> Add(residual) -> QuantizeLinear "
+        f"as one integer matmul (int32 accumulator, fixed-point Requantize){flat}")]
+    (req,) = [n for n in g.nodes if n.op_type == "Requantize"]
+    assert len(req.inputs) == 5 and "residual_add" not in {n.name for n in g.nodes}  # its second term
+    rng = np.random.default_rng(8)
+    info = np.iinfo(act)
+    x = {"x": (rng.standard_normal(list(rows) + [21]) * 2).astype(np.float32),
+         "r_q": rng.integers(info.min, int(info.max) + 1, list(rows) + [13]).astype(act)}
+    ours = run(g, x)["y_q"].astype(int)
+    for other in (ort_run(m, x, fused=FUSED)["y_q"], run(import_model(m), x)["y_q"]):
+        assert np.abs(ours - other.astype(int)).max() <= 1
+        assert np.mean(ours == other.astype(int)) >= 0.9
+    plan = plan_model(m).plan
+    (mm,) = [grp for grp in plan.groups if "MatMul" in grp.op_types]
+    assert "Requantize" in mm.op_types
+    for simd in ("auto", "none"):
+        program = generate(plan.graph, plan, options=CodegenOptions(simd=simd))
+        kernel = "host word GEMM, columns in lanes" if simd == "auto" else "opfuse_dot2_s16"
+        assert kernel in program.source
         got = build(plan.graph, plan, options=CodegenOptions(simd=simd)).run(x)["y_q"]
         np.testing.assert_array_equal(got, ours.astype(got.dtype))
 

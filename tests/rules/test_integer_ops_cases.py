@@ -264,8 +264,10 @@ def test_a_bias_scale_within_float32_rounding_is_accepted_one_beyond_refused():
 
 def mm_graph(*, op="MatMul", a_shape=(2, 6), flatten=None, w_shape=(6, 5), trans_b=0, w_scale=0.02, w_zero=0.0,
              w_dtype=I8, bias="none", relu=False, q=True, attrs=None, x_zero=2.0, x_dtype="int8", out_mm=False,
-             relu_out=False, float_input=False):
-    """DQ(a_q) -> [Flatten/Reshape] -> MatMul/Gemm(DQ(W_q)) -> [Add(DQ(B_q))] -> [Relu] -> [Q]."""
+             relu_out=False, float_input=False, residual=None, residual_first=False, residual_out=False):
+    """DQ(a_q) -> [Flatten/Reshape] -> MatMul/Gemm(DQ(W_q)) -> [Add(DQ(B_q))] -> [Add(DQ(r_q))] -> [Relu] -> [Q];
+    ``residual``: ``(scale, zero, shape, dtype)`` of the 8-bit residual, added after the bias Add (before it with
+    ``residual_first``)."""
     b = GraphBuilder("qmm")
     a_q = b.input("a_q", a_shape, "float32" if float_input else x_dtype)
     a = a_q if float_input else dq(b, a_q, 0.05, x_zero, "x")
@@ -288,17 +290,26 @@ def mm_graph(*, op="MatMul", a_shape=(2, 6), flatten=None, w_shape=(6, 5), trans
     else:
         y = b.op("MatMul", a, wv, name="mm")
     mm = y
+    res_v = None
+    if residual is not None:
+        r_scale, r_zero, r_shape, r_dtype = residual
+        res_v = dq(b, b.input("res_q", r_shape, r_dtype), r_scale, r_zero, "res")
+    if res_v is not None and residual_first:
+        y = b.op("Add", y, res_v, name="residual_add")
     if bias in ("add", "wide", "both"):
         y = b.op("Add", y, bias_v, name="bias_add")
     elif bias == "float_add":  # a float bias, not behind a DequantizeLinear
         y = b.op("Add", y, b.const("b_float", np.ones(n, F32)), name="bias_add")
     elif bias == "residual":  # an 8-bit tensor of the product's shape, dequantized
         y = b.op("Add", y, dq(b, b.input("r_q", y.shape, "int8"), 0.1, 3.0, "r"), name="bias_add")
+    if res_v is not None and not residual_first:
+        y = b.op("Add", res_v, y, name="residual_add")
+    added = y
     if relu:
         y = b.op("Relu", y, name="relu")
     r = y
     out = quant(b, y) if q else y
-    return b.build(out, *([mm] if out_mm else []), *([r] if relu_out else []))
+    return b.build(out, *([mm] if out_mm else []), *([r] if relu_out else []), *([added] if residual_out else []))
 
 
 @pytest.mark.parametrize("kwargs, parts", [
@@ -342,7 +353,7 @@ def test_a_batch_of_matrices_is_one_integer_matmul_of_its_rows(rows):
     assert_within_one_step(g, g1)
 
 
-MM_READER = "the product is not quantized by its only reader (through a bias Add and a Relu at most)"
+MM_READER = "the product is not quantized by its only reader (through a bias Add, a residual Add and a Relu at most)"
 
 
 @pytest.mark.parametrize("kwargs, reason", [
@@ -506,14 +517,67 @@ def test_a_gemm_bias_and_a_bias_add_are_refused_for_the_add():
     assert [(d.rule, d.reason, len(d.nodes)) for d in decisions][0] == ("integer_matmul", GEMM_TWO_BIASES, 7)
 
 
-@pytest.mark.parametrize("op", ["MatMul", "Gemm"])
-def test_a_residual_add_after_a_product_is_refused_as_a_residual(op):
-    """An Add of a dequantized 8-bit tensor after the product (a transformer's residual) is no bias: refused with that
-    reason (the fuzzer's quantized products read "the bias is not an int32 constant" here), the float path kept."""
-    g = mm_graph(op=op, bias="residual")
-    assert refusals(g) == [ADDS_A_TENSOR]
-    g1, _, _ = rewrite(g)
-    assert "Requantize" not in ops(g1)
+R8 = (0.1, 3.0, (2, 5), "int8")  # a residual of mm_graph's (2, 5) product
+
+
+@pytest.mark.parametrize("kwargs, parts", [
+    ({"bias": "residual"}, "DequantizeLinear -> MatMul -> Add(residual) -> QuantizeLinear"),
+    ({"op": "Gemm", "bias": "residual", "relu": True},
+     "DequantizeLinear -> Gemm -> Add(residual) -> Relu -> QuantizeLinear"),
+    ({"op": "Gemm", "bias": "gemm", "residual": R8, "relu": True},
+     "DequantizeLinear -> Gemm -> Add(bias) -> Add(residual) -> Relu -> QuantizeLinear"),
+    ({"bias": "add", "residual": (0.03, 130.0, (2, 5), "uint8"),
+      "w_scale": np.linspace(0.01, 0.03, 5).astype(F32).reshape(1, 5)},
+     "DequantizeLinear -> MatMul -> Add(bias) -> Add(residual) -> QuantizeLinear"),
+    ({"bias": "add", "residual": R8, "residual_first": True},  # the residual's Add first: the same integer op
+     "DequantizeLinear -> MatMul -> Add(bias) -> Add(residual) -> QuantizeLinear"),
+    ({"a_shape": (2, 3, 6), "bias": "wide", "residual": (0.1, 3.0, (2, 3, 5), "int8")},
+     "DequantizeLinear -> MatMul -> Add(bias) -> Add(residual) -> QuantizeLinear"),
+])
+def test_a_residual_after_a_product_is_the_integer_matmuls_second_term(kwargs, parts):
+    """An Add of a dequantized 8-bit tensor of the product's shape after it (a transformer's residual), before or
+    after the bias Add, is the Requantize's second term, as the integer conv's: one integer matmul, the residual's
+    dequantization absorbed, within one step of the float graph; a batch of matrices flattens the residual's rows
+    too."""
+    g = mm_graph(**kwargs)
+    g1, decisions, prov = rewrite(g)
+    rows = ", its 3-D input's rows flattened into one matrix" if len(kwargs.get("a_shape", (2, 6))) == 3 else ""
+    assert [(d.rule, d.verdict, d.reason) for d in decisions] == [
+        ("integer_matmul", "rewritten",
+         f"{parts} as one integer matmul (int32 accumulator, fixed-point Requantize){rows}")]
+    req = next(n for n in g1.nodes if n.op_type == "Requantize")
+    assert len(req.inputs) == 5  # acc, multiplier, shift, the centred residual and its multiplier
+    assert_within_one_step(g, g1)
+
+
+@pytest.mark.parametrize("kwargs, reason", [
+    ({"residual": (np.full((1, 5), 0.1, F32), 3.0, (2, 5), "int8")},
+     "the residual is not quantized per tensor to int8 or uint8 with a zero point"),
+    ({"residual": (0.1, None, (2, 5), "int8")},
+     "the residual is not quantized per tensor to int8 or uint8 with a zero point"),
+    ({"residual": (0.1, 3.0, (1, 5), "int8")}, "the residual's shape is not known to be the product's output shape"),
+    ({"bias": "residual", "residual": R8}, "two residual Adds after the product"),
+    ({"bias": "add", "residual": R8, "residual_out": True}, MM_READER),  # the residual Add's output read elsewhere
+])
+def test_a_residual_the_integer_matmul_cannot_take_is_refused_with_its_reason(kwargs, reason):
+    assert refusals(mm_graph(**kwargs)) == [reason]
+
+
+def test_a_product_left_in_float_takes_no_residual():
+    """Without a quantization after it there is no Requantize to add a residual in: ``integer_matmul_dequantized``
+    refuses the product with the Add of a dequantized 8-bit tensor, with that reason, and takes the product alone
+    (the residual then added in float)."""
+    g = mm_graph(bias="residual", q=False)
+    g1, decisions, _ = rewrite(g)
+    assert [(d.rule, d.verdict, d.reason, d.nodes) for d in decisions] == [
+        ("integer_matmul_dequantized", "refused", ADDS_A_TENSOR, ("mm", "bias_add")),
+        ("integer_matmul_dequantized", "rewritten", "DequantizeLinear -> MatMul as an integer matmul (int32 "
+                                                    "accumulator) dequantized to float", ("mm",))]
+    assert g1.outputs[0].producer.op_type == "Add"
+    feeds = _feeds(g, RNG_SEED)
+    want, got = run(g, feeds), run(g1, feeds)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5)
 
 
 def test_a_float_bias_add_is_not_the_integer_matmuls():

@@ -27,9 +27,10 @@ from opfuse.ir.graph import Value
 from opfuse.ops.quantized import fixed_point_multiplier, residual_multiplier
 
 I32 = np.dtype(np.int32)
-# Set by the ``integer_conv`` / ``integer_matmul`` rules (``rules/integer_ops``, which write a DQ -> Conv ->
-# [Add] -> [Relu] -> Q as this QLinearConv through ``onnx_writer``): requantize in fixed point (``Requantize``)
-# rather than in float, clamp at the zero point (the Relu), add the residual (inputs 9-11) as a second term.
+# Set by the ``integer_conv`` / ``integer_matmul`` rules (``rules/integer_ops``, which write a DQ -> Conv (or Gemm,
+# MatMul) -> [Add] -> [Relu] -> Q as this QLinearConv (QLinearMatMul) through ``onnx_writer``): requantize in fixed
+# point (``Requantize``) rather than in float, clamp at the zero point (the Relu), add the residual (inputs 9-11) as a
+# second term.
 PRIVATE_ATTRS = ("opfuse_requantize", "opfuse_relu", "opfuse_residual")
 F32 = np.dtype(np.float32)
 EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
@@ -171,12 +172,15 @@ def qlinear_matmul(ctx, node, inputs):
     yz = _opt(inputs, 7)
     w = _Writer(ctx, node)
     acc = _matmul_integer(w, a, b, az, bz)
-    if node.attrs.get("opfuse_requantize") == "fixed":  # integer_matmul's DQ -> Gemm/MatMul -> [bias] -> [Relu] -> Q
+    if node.attrs.get("opfuse_requantize") == "fixed":  # integer_matmul's DQ -> Gemm/MatMul -> [bias] -> [residual]
+        # -> [Relu] -> Q
         bias = _opt(inputs, 8)
         N = b.shape[-1]
         if bias is not None:
             if bias.dtype != I32 or bias.shape != (N,):
                 raise ShapeError(f"node '{node.name}' (QLinearMatMul): bias {bias.type} must be int32[{N}]")
             acc = w.op("Add", [acc, _shaped(w, bias, len(acc.shape), -1, N, "bias")])
-        return _requantize_fixed(w, acc, a_s, bs, ys, yz, relu=bool(node.attrs.get("opfuse_relu", 0)), axis=-1)
+        residual = tuple(inputs[9:12]) if node.attrs.get("opfuse_residual", 0) else None
+        return _requantize_fixed(w, acc, a_s, bs, ys, yz, relu=bool(node.attrs.get("opfuse_relu", 0)), axis=-1,
+                                 residual=residual)
     return _requantize(w, acc, a_s, bs, ys, yz, -1)

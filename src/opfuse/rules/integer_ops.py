@@ -22,7 +22,8 @@ path rounds the float32 convolution of dequantized values, the integer one is ex
 by at most one quantization step where a value lies near a rounding tie. The rewrite is a fusion: the
 unfused build keeps the float QDQ graph, which is the oracle.
 
-``integer_matmul`` does the same for ``Gemm | MatMul -> [Add(bias)] -> [Relu] -> quantize`` whose input
+``integer_matmul`` does the same for ``Gemm | MatMul -> [Add(bias)] -> [Add(residual)] -> [Relu] -> quantize``
+(the two Adds in either order; the residual as the conv's, a second term of the Requantize) whose input
 is ``DQ(a_q)`` or ``Flatten/Reshape(DQ(a_q))`` (a classifier's fc: the quantizer leaves the Flatten
 between the pool's DQ and the Gemm, one per-tensor scale on either side): ``QLinearMatMul`` of the
 Flatten/Reshape of the 8-bit tensor and the weight as ``K x N`` (a Gemm's ``transB`` applied to the
@@ -30,8 +31,8 @@ constant), the int32 bias a ninth input, requantized per output column. A Gemm n
 = 1`` and no ``transA``, the input a matrix, the weight per tensor or per output column. A MatMul's
 input may be a batch of matrices (``[..., M, K]``, a transformer's ``[1, S, H]``) times the one weight:
 that is the product of its rows flattened into one matrix, so the rewrite reshapes the 8-bit input to
-``[prod(...) M, K]`` before the ``QLinearMatMul`` and its 8-bit result back after it (data movement on
-8-bit tensors, no arithmetic).
+``[prod(...) M, K]`` before the ``QLinearMatMul`` (a residual's rows too) and its 8-bit result back after it
+(data movement on 8-bit tensors, no arithmetic).
 
 ``integer_matmul_dequantized`` takes a product of the same operands that is *not* quantized after it
 (``Gemm | MatMul -> [Add(int32 bias)]`` read as float: a classifier's logits, a transformer's FFN before
@@ -68,7 +69,8 @@ QUANT_RANGES = {np.dtype(t): (np.iinfo(t).min, np.iinfo(t).max) for t in (np.int
 BIAS_SCALE_RTOL = 1e-6  # the bias scale must be xs * ws to float32 rounding
 MATMUL_OPS = ("Gemm", "MatMul")
 ADDS_A_TENSOR = ("the Add after the product adds a dequantized 8-bit tensor (a residual), not an int32 constant "
-                 "bias: the integer matmul adds a bias only")
+                 "bias: a product left in float adds a bias only (a quantized one takes the residual)")
+ONLY_READER = "the product is not quantized by its only reader (through a bias Add, a residual Add and a Relu at most)"
 RESHAPES = ("Flatten", "Reshape")
 QLINEAR_VERSION = 10  # QLinearConv / QLinearMatMul's since_version
 PRIORITY = 1.0  # the two never claim the same ops
@@ -287,15 +289,16 @@ INTEGER_CONV_RULE = Rule(
 # integer_matmul --------------------------------------------------------------------------------
 
 def matmul_pattern():
-    """``Gemm | MatMul -> [Add] -> [Relu] -> Div -> Round -> [Add] -> Clip -> Cast``."""
+    """``Gemm | MatMul -> [Add] -> [Add] -> [Relu] -> Div -> Round -> [Add] -> Clip -> Cast``: the Adds a bias
+    and a residual, in either order (``_matmul_operands`` tells them apart)."""
     return Op(*MATMUL_OPS).named("mm").keep() >> Op("Add").named("bias_add").keep().opt() \
-        >> Op("Relu").named("relu").keep().opt() >> quantize_tail()
+        >> Op("Add").named("residual_add").keep().opt() >> Op("Relu").named("relu").keep().opt() >> quantize_tail()
 
 
 def _matmul_match(m) -> dict | str:
-    if _escapes(m, ("mm", "bias_add", "relu")):
-        return "the product is not quantized by its only reader (through a bias Add and a Relu at most)"
-    found = _matmul_operands(m)
+    if _escapes(m, ("mm", "bias_add", "residual_add", "relu")):
+        return ONLY_READER
+    found = _matmul_operands(m, residual=True)
     if isinstance(found, str):
         return found
     tail = _quantized(m)
@@ -304,8 +307,9 @@ def _matmul_match(m) -> dict | str:
     return {**found, "y": tail}
 
 
-def _matmul_operands(m) -> dict | str:
-    """The integer matmul's operands at ``m`` (input, weight as ``K x N``, int32 bias), or why not."""
+def _matmul_operands(m, residual: bool = False) -> dict | str:
+    """The integer matmul's operands at ``m`` (input, weight as ``K x N``, int32 bias, and with ``residual`` a
+    dequantized 8-bit residual of the product's shape), or why not."""
     mm = m["mm"]
     attrs = mm.attrs
     if mm.op_type == "Gemm" and (attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0
@@ -337,18 +341,32 @@ def _matmul_operands(m) -> dict | str:
         if not _per(w, v, n_axis, N):
             return f"the weight's {what} is not per tensor or per output column"
     bias_value = mm.inputs[2] if mm.op_type == "Gemm" and len(mm.inputs) > 2 else None
-    add = _one(m, "bias_add")
-    if add is not None:
-        if len(add.inputs) != 2:
-            return "the product is not quantized by its only reader (through a bias Add and a Relu at most)"
-        other = add.inputs[1] if add.inputs[0] is mm.outputs[0] else add.inputs[0]
+    res = None
+    before = mm.outputs[0]
+    for add in (_one(m, "bias_add"), _one(m, "residual_add")):
+        if add is None:
+            continue
+        if len(add.inputs) != 2 or add.inputs[0] is add.inputs[1]:
+            return ONLY_READER
+        other = add.inputs[1] if add.inputs[0] is before else add.inputs[0]
+        before = add.outputs[0]
         added = dequantized(other, "the bias")
         if isinstance(added, str):
-            return "the product is not quantized by its only reader (through a bias Add and a Relu at most)"
-        if added.q.const is None:
-            return ADDS_A_TENSOR
+            return ONLY_READER
+        if added.q.const is None:  # a dequantized 8-bit tensor: a residual
+            if not residual:
+                return ADDS_A_TENSOR
+            if res is not None:
+                return "two residual Adds after the product"
+            if added.scale.size != 1 or added.zero is None or added.zero.size != 1 or added.q.dtype not in EIGHT_BIT:
+                return "the residual is not quantized per tensor to int8 or uint8 with a zero point"
+            if other is None or other.shape != mm.outputs[0].shape:
+                return "the residual's shape is not known to be the product's output shape"
+            res = added
+            continue
         if bias_value is not None:
-            return "a Gemm with a bias and a bias Add after it"
+            return "a Gemm with a bias and a bias Add after it" if mm.op_type == "Gemm" and len(mm.inputs) > 2 \
+                else "two bias Adds after the product"
         bias_value = other
     bias = None
     if bias_value is not None:
@@ -358,7 +376,7 @@ def _matmul_operands(m) -> dict | str:
         bias = np.asarray(b.q.const).reshape(N)
     w_kn = np.asarray(w.q.const)
     return {"reshape": reshape, "x": x, "w": w, "w_kn": np.ascontiguousarray(w_kn.T if trans_b else w_kn),
-            "bias": bias, "rows": tuple(a.shape[:-1]) if len(a.shape) > 2 else None}
+            "bias": bias, "rows": tuple(a.shape[:-1]) if len(a.shape) > 2 else None, "residual": res}
 
 
 def _input_ops(found: dict, name: str, base: str, inputs: dict, bound: dict) -> tuple[list[OnnxNode], str]:
@@ -408,31 +426,47 @@ def _matmul_action(m):
     inputs.update(wp)
     inputs.update(yp)
     names = [x_name, *xp, w_name, *wp, *yp]
+    res = found["residual"]
     if found["bias"] is not None:
         inputs[f"{base}_opfuse_bias"] = found["bias"].astype(np.int32)
         names.append(f"{base}_opfuse_bias")
+    elif res is not None:
+        names.append("")
+    if res is not None:
+        rp = _params(base, res, "r")
+        inputs.update(rp)
+        inputs[res.q.name] = bound[res.q.name] = res.q
+        r_name = res.q.name
+        if rows is not None:  # the residual's rows flattened as the input's (data movement on 8 bits)
+            r_name, shape_name = f"{base}_opfuse_residual_q", f"{base}_opfuse_residual_shape"
+            inputs[shape_name] = np.array([int(np.prod(rows)), res.q.shape[-1]], np.int64)
+            ops.append(OnnxNode(f"{name}_opfuse_residual_reshape", "Reshape", 14, [res.q.name, shape_name], [r_name],
+                                {}))
+        names += [r_name, *rp]
     relu = _one(m, "relu")
     y_name = target.name if rows is None else f"{base}_opfuse_output_q"
     ops.append(OnnxNode(name, "QLinearMatMul", QLINEAR_VERSION, names, [y_name],
-                        {"opfuse_requantize": "fixed", "opfuse_relu": int(relu is not None)}))
+                        {"opfuse_requantize": "fixed", "opfuse_relu": int(relu is not None),
+                         "opfuse_residual": int(res is not None)}))
     if rows is not None:
         shape_name = f"{base}_opfuse_output_shape"
         inputs[shape_name] = np.array(target.shape, np.int64)
         ops.append(OnnxNode(f"{name}_opfuse_output_reshape", "Reshape", 14, [y_name, shape_name], [target.name], {}))
     parts = ["DequantizeLinear"] + ([reshape.op_type] if reshape is not None else []) + [mm.op_type] \
-        + (["Add(bias)"] if found["bias"] is not None else []) + (["Relu"] if relu is not None else []) \
-        + ["QuantizeLinear"]
+        + (["Add(bias)"] if found["bias"] is not None else []) + (["Add(residual)"] if res is not None else []) \
+        + (["Relu"] if relu is not None else []) + ["QuantizeLinear"]
     reason = f"{' -> '.join(parts)} as one integer matmul (int32 accumulator, fixed-point Requantize)"
     if rows is not None:
         reason += f", its {len(rows) + 1}-D input's rows flattened into one matrix"
-    return _write(m, ops, inputs, bound, reason, name, _absorbed(m, list(x.nodes) + ([reshape] if reshape else [])))
+    chains = list(x.nodes) + ([reshape] if reshape else []) + (list(res.nodes) if res is not None else [])
+    return _write(m, ops, inputs, bound, reason, name, _absorbed(m, chains))
 
 
 INTEGER_MATMUL_RULE = Rule(
     INTEGER_MATMUL, matmul_pattern(), condition=matmul_refusal, action=_matmul_action, priority=PRIORITY,
     kind="matmul_epilogue",
-    description="DequantizeLinear -> [Flatten/Reshape] -> Gemm/MatMul -> [bias] -> [Relu] -> QuantizeLinear -> "
-                "one integer matmul (int32 accumulator, fixed-point Requantize)")
+    description="DequantizeLinear -> [Flatten/Reshape] -> Gemm/MatMul -> [bias] -> [Add(residual)] -> [Relu] -> "
+                "QuantizeLinear -> one integer matmul (int32 accumulator, fixed-point Requantize)")
 
 
 # integer_matmul_dequantized ----------------------------------------------------------------------
@@ -449,8 +483,9 @@ def _dequantized_float_product(node: Node) -> bool:
     if isinstance(dequantized(a, "the input"), str) or isinstance(dequantized(node.inputs[1], "the weight"), str):
         return False
     users = [u for u, _ in out.uses]
-    after = users[0].outputs[0] if len(users) == 1 and users[0].op_type == "Add" else out
-    return not _quantized_reader(after, ())
+    if len(users) == 1 and users[0].op_type == "Add":  # (integer_matmul's match refuses an Add it cannot take)
+        return not _quantized_reader(users[0].outputs[0], (), adds=1)
+    return not _quantized_reader(out, ())
 
 
 def matmul_dequantized_pattern():
@@ -459,9 +494,19 @@ def matmul_dequantized_pattern():
         >> Op("Add").named("bias_add").keep().opt()
 
 
-def _quantized_reader(v: Value, outputs) -> bool:
-    """Is ``v`` read only by a quantization, directly or through a Relu (``integer_matmul``'s match)?"""
+def _quantized_reader(v: Value, outputs, adds: int = 2) -> bool:
+    """Is ``v`` read only by a quantization, directly or through Adds of dequantized tensors (a bias, a residual:
+    ``adds`` at most) and a Relu (``integer_matmul``'s match)?"""
     users = [u for u, _ in v.uses]
+    for _ in range(adds):
+        add = users[0] if len(users) == 1 and users[0].op_type == "Add" and len(users[0].inputs) == 2 else None
+        if add is None or add.outputs[0] in outputs:
+            break
+        other = add.inputs[1] if add.inputs[0] is v else add.inputs[0]
+        if isinstance(dequantized(other, "the addend"), str):
+            break
+        v = add.outputs[0]
+        users = [u for u, _ in v.uses]
     if len(users) == 1 and users[0].op_type == "Relu" and users[0].outputs[0] not in outputs:
         users = [u for u, _ in users[0].outputs[0].uses]
     return len(users) == 1 and users[0].op_type == "Div"
