@@ -45,6 +45,13 @@ def concat_graph(*, dtype="int8", to=INT8, scales=(0.02, 0.02), zeros=(-3.0, -3.
     elif third == "vector_scale":
         c = b.op("Cast", b.input("c_q", SHAPE, dtype), to=FLOAT, name="c_cast")
         ins.append(b.op("Mul", c, b.const("c_scale", np.full((1, 2, 1, 1), 0.02, F32)), name="c_mul"))
+    elif third == "vector_zero":  # a zero point per channel (a DequantizeLinear along axis 1)
+        c = b.op("Cast", b.input("c_q", SHAPE, dtype), to=FLOAT, name="c_cast")
+        c = b.op("Sub", c, b.const("c_zp", np.array([-3.0, 2.0], F32).reshape(1, 2, 1, 1)), name="c_sub")
+        ins.append(b.op("Mul", c, b.const("c_scale", F32(0.02)), name="c_mul"))
+    elif third == "int32":  # an int32 tensor dequantized (a bias's form)
+        c = b.op("Cast", b.input("c_q", SHAPE, "int32"), to=FLOAT, name="c_cast")
+        ins.append(b.op("Mul", c, b.const("c_scale", F32(0.02)), name="c_mul"))
     cat = b.op("Concat", *ins, axis=axis, name="cat")
     y = b.op("Round", b.op("Div", cat, b.const("y_scale", np.asarray(y_scale, F32)), name="q_div"), name="q_round")
     if zp_add:
@@ -99,10 +106,13 @@ def test_equal_scales_are_a_concat_of_the_8bit_tensors_exactly(kwargs):
     ({"zp_add": False}, "'a_mul' has zero point -3, the output 0: a requantization"),
     ({"input_dtypes": ("int8", "uint8"), "zeros": (0.0, 0.0), "y_zero": 0.0},
      "'b_q' is uint8, the Concat's output int8"),
-    ({"third": "float"}, "'c_float' is not a dequantized tensor (no Mul by a scale)"),
-    ({"third": "no_cast"}, "'c_mul' is not dequantized from an 8-bit tensor"),
-    ({"third": "vector_scale"}, "'c_mul' is not dequantized with a constant scalar scale"),
-    ({"zp_input": True}, "'b_mul' is not dequantized with a constant scalar zero point"),
+    ({"third": "float"}, "Concat input c_float is not the output of a DequantizeLinear"),
+    ({"third": "no_cast"}, "Concat input c_mul is not the output of a DequantizeLinear"),
+    ({"third": "vector_scale"}, "Concat input c_mul is not dequantized with a constant scalar scale"),
+    ({"third": "vector_zero"}, "Concat input c_mul is not dequantized with a constant scalar zero point"),
+    ({"third": "int32"}, "Concat input c_mul is not dequantized from an 8-bit tensor"),
+    ({"zp_input": True}, "Concat input b_mul's scale or zero point is not a constant"),
+    ({"zeros": (-3.0, -2.5)}, "Concat input b_mul's zero point is not an integer of its int8 range"),
     ({"lo": 0}, "'q_clip' clamps to other bounds than int8's range"),
     ({"hi": 100}, "'q_clip' clamps to other bounds than int8's range"),
     ({"y_scale": 2.0 ** -110, "scales": (2.0 ** -110,) * 2},

@@ -55,12 +55,14 @@ def ops(g):
 
 # Building the QDQ graph as the importer writes it ------------------------------------------------------------------
 
-def dq(b, q, scale, zero, name):
-    """``(float(q) - zero) * scale``: a DequantizeLinear as imported (no Sub without a zero point)."""
+def dq(b, q, scale, zero, name, scale_first=False):
+    """``(float(q) - zero) * scale``: a DequantizeLinear as imported (no Sub without a zero point); ``scale_first``:
+    ``scale * (float(q) - zero)``, the same product."""
     x = b.op("Cast", q, to=FLOAT, name=f"{name}_cast")
     if zero is not None:
         x = b.op("Sub", x, b.const(f"{name}_zp", np.asarray(zero, F32)), name=f"{name}_sub")
-    return b.op("Mul", x, b.const(f"{name}_scale", np.asarray(scale, F32)), name=f"{name}_mul")
+    s = b.const(f"{name}_scale", np.asarray(scale, F32))
+    return b.op("Mul", *((s, x) if scale_first else (x, s)), name=f"{name}_mul")
 
 
 def quant(b, y, scale=0.1, zero=-3.0, to=INT8, lo=None, hi=None, zp_add=True, clip=None):
@@ -264,13 +266,14 @@ def test_a_bias_scale_within_float32_rounding_is_accepted_one_beyond_refused():
 
 def mm_graph(*, op="MatMul", a_shape=(2, 6), flatten=None, w_shape=(6, 5), trans_b=0, w_scale=0.02, w_zero=0.0,
              w_dtype=I8, bias="none", relu=False, q=True, attrs=None, x_zero=2.0, x_dtype="int8", out_mm=False,
-             relu_out=False, float_input=False, residual=None, residual_first=False, residual_out=False):
+             relu_out=False, float_input=False, residual=None, residual_first=False, residual_out=False,
+             scale_first=False):
     """DQ(a_q) -> [Flatten/Reshape] -> MatMul/Gemm(DQ(W_q)) -> [Add(DQ(B_q))] -> [Add(DQ(r_q))] -> [Relu] -> [Q];
     ``residual``: ``(scale, zero, shape, dtype)`` of the 8-bit residual, added after the bias Add (before it with
     ``residual_first``)."""
     b = GraphBuilder("qmm")
     a_q = b.input("a_q", a_shape, "float32" if float_input else x_dtype)
-    a = a_q if float_input else dq(b, a_q, 0.05, x_zero, "x")
+    a = a_q if float_input else dq(b, a_q, 0.05, x_zero, "x", scale_first)
     if flatten == "Flatten":
         a = b.op("Flatten", a, axis=1, name="flat")
     elif flatten == "Reshape":
@@ -278,7 +281,7 @@ def mm_graph(*, op="MatMul", a_shape=(2, 6), flatten=None, w_shape=(6, 5), trans
     elif flatten == "Reshape3d":
         a = b.op("Reshape", a, b.const("flat_shape", np.array([1, a_shape[0], -1], np.int64)), name="flat")
     w = (np.arange(np.prod(w_shape)).reshape(w_shape) % 13 - 6).astype(w_dtype)
-    wv = dq(b, b.const("w_q", w), w_scale, w_zero, "w")
+    wv = dq(b, b.const("w_q", w), w_scale, w_zero, "w", scale_first)
     n = w_shape[0] if trans_b else w_shape[-1]
     bq = (np.arange(n) * 37 - 50).astype(I32)
     bs = (F32(0.05) * np.asarray(w_scale, F32).reshape(-1)).astype(F32)
@@ -515,6 +518,15 @@ def test_a_gemm_bias_and_a_bias_add_are_refused_for_the_add():
     assert refusals(mm_graph(op="Gemm", bias="both")) == [GEMM_TWO_BIASES]
     g, decisions, _ = rewrite(mm_graph(op="Gemm", bias="both"))
     assert [(d.rule, d.reason, len(d.nodes)) for d in decisions][0] == ("integer_matmul", GEMM_TWO_BIASES, 7)
+
+
+def test_a_dequantization_with_its_scale_first_is_one_too():
+    """``scale * (float(q) - zero)`` is the same product as the importer's ``(float(q) - zero) * scale``: the input's
+    and the weight's are read as dequantizations (``frontend.dequantized``) and the product rewritten."""
+    g = mm_graph(bias="add", scale_first=True)
+    g1, decisions, _ = rewrite(g)
+    assert [(d.rule, d.verdict) for d in decisions] == [("integer_matmul", "rewritten")]
+    assert_within_one_step(g, g1)
 
 
 R8 = (0.1, 3.0, (2, 5), "int8")  # a residual of mm_graph's (2, 5) product

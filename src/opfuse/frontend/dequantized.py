@@ -1,7 +1,8 @@
 """Reading a DequantizeLinear back from the graph the importer wrote: ``Cast -> [Sub(zero point)] -> Mul(scale)``
 (``onnx_decompose.dequantize_linear``), its parameters in their broadcast form. One reader for every place that
-needs the DequantizeLinear again: the integer rules (``rules/integer_ops``) and the exporter, which writes a kept
-dequantization of an integer constant as the DequantizeLinear it was (``onnx_export.dequantize_chains``)."""
+needs the DequantizeLinear again: the integer rules (``rules/integer_ops``), the 8-bit Concat (``rules/qconcat``) and
+the exporter, which writes a kept dequantization of an integer constant as the DequantizeLinear it was
+(``onnx_export.dequantize_chains``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,14 +40,17 @@ def per_axis_param(c: np.ndarray, rank: int) -> tuple[np.ndarray, int | None] | 
 
 
 def dequantized(v: Value | None, what: str) -> Dequantized | str:
-    """The dequantization producing ``v``, or the reason it is not one. A zero point must be an integer of ``q``'s
-    type, as a DequantizeLinear's is (another Sub is arithmetic, not a dequantization)."""
+    """The dequantization producing ``v`` (the scale on either side of the Mul), or the reason it is not one. A zero
+    point must be an integer of ``q``'s type, as a DequantizeLinear's is (another Sub is arithmetic, not a
+    dequantization)."""
     mul = v.producer if v is not None else None
     if mul is None or mul.op_type != "Mul" or len(mul.input_values()) != 2:
         return f"{what} is not the output of a DequantizeLinear"
     a, s = mul.inputs
     if a is None or s is None:
         return f"{what} is not the output of a DequantizeLinear"
+    if a.const is not None and s.const is None:  # Mul(scale, x): the same product
+        a, s = s, a
     sub = a.producer if a.producer is not None and a.producer.op_type == "Sub" else None
     cast = (sub.inputs[0].producer if sub is not None and sub.inputs[0] is not None else a.producer)
     if cast is None or cast.op_type != "Cast" or cast.input(0).dtype not in INTEGER_SOURCES \

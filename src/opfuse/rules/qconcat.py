@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from opfuse.frontend.dequantized import dequantized
 from opfuse.ir.graph import Node, Value
 from opfuse.patterns import Op
 from opfuse.rules.recognition import derived_name, escape_reason
@@ -46,27 +47,18 @@ def _const_scalar(v: Value | None) -> np.ndarray | None:
 
 
 def _dequantized(v: Value) -> tuple[Value, np.ndarray, np.ndarray | None] | str:
-    """``(q, scale, zero point or None)`` of ``v = (float(q) [- zp]) * s``, or why it is not one."""
-    mul = v.producer
-    if mul is None or mul.op_type != "Mul":
-        return f"'{v.name}' is not a dequantized tensor (no Mul by a scale)"
-    a, s = mul.input_values()
-    if _const_scalar(s) is None:
-        a, s = s, a
-    scale = _const_scalar(s)
-    if scale is None:
-        return f"'{v.name}' is not dequantized with a constant scalar scale"
-    zp = None
-    sub = a.producer
-    if sub is not None and sub.op_type == "Sub" and len(sub.input_values()) == 2:
-        zp = _const_scalar(sub.input_values()[1])
-        if zp is None:
-            return f"'{v.name}' is not dequantized with a constant scalar zero point"
-        a = sub.input_values()[0]
-    cast = a.producer
-    if cast is None or cast.op_type != "Cast" or cast.input(0).dtype not in EIGHT_BIT:
-        return f"'{v.name}' is not dequantized from an 8-bit tensor"
-    return cast.input(0), scale, zp
+    """``(q, scale, zero point or None)`` of ``v = (float(q) [- zp]) * s`` per tensor (``frontend.dequantized``),
+    or why it is not one."""
+    d = dequantized(v, f"Concat input {v.name}")
+    if isinstance(d, str):
+        return d
+    if d.scale.size != 1:
+        return f"Concat input {v.name} is not dequantized with a constant scalar scale"
+    if d.zero is not None and d.zero.size != 1:
+        return f"Concat input {v.name} is not dequantized with a constant scalar zero point"
+    if d.q.dtype not in EIGHT_BIT:
+        return f"Concat input {v.name} is not dequantized from an 8-bit tensor"
+    return d.q, d.scale.reshape(()), None if d.zero is None else d.zero.reshape(())
 
 
 def _one(m, key: str) -> Node | None:
