@@ -267,3 +267,33 @@ def test_the_avx512_build_takes_the_zmm_micro_kernel():
     comp = plan_model(qmatmul(M=16, K=40, N=50))
     source = generate(comp.plan.graph, comp.plan, options=AVX512).source
     assert "16 columns per zmm" in source and "_mm512_dpbusd_epi32" in source
+
+
+@pytest.mark.parametrize("options", [AVX2, AVX512.with_(simd="auto")], ids=["avx2-pairs", "avx512"])
+def test_two_matmuls_with_other_input_zero_points_each_subtract_their_own(options):
+    """Two integer matmuls of one model whose 8-bit inputs have different zero points: the AVX2 build packs each
+    input as int16 pairs less its zero point in a helper, which carried the first matmul's zero point alone under
+    one name (a chain of two QDQ products found by the fuzzer computed the second from its input less the first's
+    zero point: 128 where the reference gave 0). Bit-exact against the reference, each matmul on its own zero
+    point; the wide weights (int16 range) take the pairs in the AVX-512 build too."""
+    b = GraphBuilder("two_zero_points")
+    rng = np.random.default_rng(3)
+    outs = []
+    for i, (dtype, zp, wmax) in enumerate((("uint8", 0, 128), ("uint8", 128, 128), ("int8", -7, 30000))):
+        x = b.input(f"x{i}", (3, 9), dtype)
+        xc = b.op("Sub", b.op("Cast", x, to=int(TensorProto.INT32)), b.const(f"zp{i}", np.array(zp, np.int32)))
+        acc = b.op("MatMul", xc, b.const(f"w{i}", rng.integers(-wmax, wmax, (9, 5)).astype(np.int32)))
+        mult, shift = fixed_point_multiplier(1e-4 if wmax > 128 else 3e-3)
+        outs.append(b.op("Requantize", acc, b.const(f"m{i}", np.array(mult, np.int32)),
+                         b.const(f"s{i}", np.array(shift, np.int32)), zero_point=0, lo=-128, hi=127,
+                         to=int(TensorProto.INT8)))
+    g = b.build(*outs)
+    comp = plan_model(g)
+    feeds = _feeds(g)
+    want = run(g, feeds)
+    source = generate(comp.plan.graph, comp.plan, options=options).source
+    if options is AVX2:
+        assert "opfuse_q8mm_pack_pairs_z0_u8" in source and "opfuse_q8mm_pack_pairs_z128_u8" in source
+    got = build(comp.plan.graph, comp.plan, options=options).run(feeds)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])

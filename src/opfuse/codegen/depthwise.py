@@ -66,7 +66,8 @@ from typing import Callable, Iterator
 import numpy as np
 
 from opfuse.codegen.ctype import literal
-from opfuse.codegen.epilogue import finish_element
+from opfuse.codegen import simdchain
+from opfuse.codegen.epilogue import VectorEpilogue, finish_element
 from opfuse.codegen.gemm import in_memory
 from opfuse.codegen.index import Index, add, mul
 from opfuse.codegen.microkernel import AVX2_GUARD
@@ -82,6 +83,9 @@ MAX_TAPS_IN_REGISTERS = 10  # beyond this the weights are broadcast from memory 
 # Padded planes up to this many floats are computed as one wide row: with the wide results
 # the plane and they stay in L1 (a 112 x 112 plane that way ran 30% slower than row by row).
 WIDE_MAX_FLOATS = 2048
+# Epilogue ops whose scalar form gcc leaves a call or a lane-by-lane chain in the dense plane's loop: where the
+# epilogue has one (and all its ops have a vector form), the loop runs in intrinsics (``_dense_epilogue``).
+DENSE_VECTOR_OPS = frozenset({"Exp", "Log", "Sigmoid", "Silu", "Softplus", "Tanh", "Gelu", "Erf"})
 # Stride-1 "same" planes of up to this many vectors (16 x 16 floats) are computed straight from
 # the input with AVX2, unrolled whole (no padded copy: on a 6 x 6 plane the copy, and the vector
 # loads that reread it at once, took two thirds of the time).
@@ -179,6 +183,8 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
     off_dense = kc.scratch(_round_up(OH * OW, VECTOR) * 4) if direct and wide else off_acc
     if simd:
         kc.program.require_helper("opfuse_immintrin", f"#if {AVX2_GUARD}\n#include <immintrin.h>\n#endif\n")
+    vec_epilogue = _plan_dense_epilogue(kc, ev, stage, out)
+    vectors: list[bool] = []  # per epilogue loop written: in vectors?
     w = kc.w
     planes = nimg * C
     per_chunk = plane_chunk(planes, kc.program.options)
@@ -208,8 +214,9 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
                     w.line(f"#if {AVX512_FLOAT.guard}")
                     with ev.scope():
                         if plane_rows:
-                            _direct_rows(kc, ev, stage, node, bias_term, src, weights, geo, acc, (img, ch),
-                                         OW < PLANE_EPILOGUE_MAX_ROW, plane_rows_reg, AVX512_FLOAT)
+                            vectors.append(_direct_rows(kc, ev, stage, node, bias_term, src, weights, geo, acc,
+                                                        (img, ch), OW < PLANE_EPILOGUE_MAX_ROW, plane_rows_reg,
+                                                        AVX512_FLOAT))
                         else:
                             assert plane_reg is not None
                             out_plane = (f"{kc.ptr(plane_reg.out, write=True)} + "
@@ -227,8 +234,9 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
                             else:
                                 _direct_plane(kc, src, weights, geo, (H, W), dense, isa)
                         else:
-                            _direct_rows(kc, ev, stage, node, bias_term, src, weights, geo, acc, (img, ch),
-                                         OW < PLANE_EPILOGUE_MAX_ROW, zmm_reg if isa is AVX512_FLOAT else reg, isa)
+                            vectors.append(_direct_rows(kc, ev, stage, node, bias_term, src, weights, geo, acc,
+                                                        (img, ch), OW < PLANE_EPILOGUE_MAX_ROW,
+                                                        zmm_reg if isa is AVX512_FLOAT else reg, isa))
                 w.line("#else")
             copy_plane(kc, ev, x, img, ch, xp, (H, W), (PT, PL), SW, Wh)
             taps = [(weights[kh][kw], kh * DH, (kw * DW % SW) * Wh + kw * DW // SW)
@@ -260,21 +268,88 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
                     w.line(f"const float {y} = {bias_term(ev, node, f'{acc}[{oh} * {Wp} + {ow}]', ch)};")
                     finish_element(kc, ev, stage, out, Index(out.shape, (img, ch, oh, ow)), y)
             else:
-                p = kc.tmp("p")
-                with w.block(f"for (long {p} = 0; {p} < {OH * OW}; ++{p})"), ev.scope():
-                    w.line(f"const float {y} = {bias_term(ev, node, f'{dense}[{p}]', ch)};")
-                    finish_element(kc, ev, stage, out, Index.loops(out.shape, [(0, 1, img), (1, 2, ch), (2, 4, p)]), y)
+                # (under the plain branch's #else where the rows paths run: no vectors there)
+                in_plain = direct_rows or plane_rows or plane_reg is not None
+                vectors.append(_dense_epilogue(kc, ev, stage, node, bias_term, dense, OH * OW, (img, ch),
+                                               None if in_plain else vec_epilogue))
             if direct_rows or plane_rows or plane_reg is not None:
                 w.line("#endif")
     if reg is not None:
         kc.note(lambda name: f"depthwise '{name}': epilogue finished in registers", node)
+    if any(vectors):
+        isas = " / ".join(i.name for i in simdchain.isas_for(kc.program.options))
+        kc.note(lambda name: f"depthwise '{name}': epilogue over the plane or its rows in {isas} intrinsics", node)
+    elif vec_epilogue is not None:
+        kc.note(lambda name, r=vec_epilogue: f"depthwise '{name}': scalar epilogue loop ({r})", node)
     if zmm and (direct or direct_rows):
         kc.note(lambda name: f"depthwise '{name}': AVX-512 body (zmm)"
                 + (", its epilogue in registers" if zmm_reg is not None or plane_reg is not None else ""), node)
 
 
+def _dense_index(out: Value, img: str, ch: str, p: str) -> Index:
+    """Element ``p`` of the flat output plane of image ``img``, channel ``ch``."""
+    return Index.loops(out.shape, [(0, 1, img), (1, 2, ch), (2, 4, p)])
+
+
+def _plan_dense_epilogue(kc, ev, stage: Stage, out: Value) -> "VectorEpilogue | str | None":
+    """The vector form of the epilogue over the dense plane (``epilogue.VectorEpilogue``), or why it has none, or
+    None where it is not tried: the build has no vector ISA, ``CodegenOptions.depthwise_vector_epilogue`` is off, or
+    the epilogue has no op of ``DENSE_VECTOR_OPS`` (gcc vectorises the scalar loop of the others itself)."""
+    opts = kc.program.options
+    if not (opts.depthwise_vector_epilogue and opts.vector_epilogue and simdchain.isas_for(opts)) \
+            or not any(n.op_type in DENSE_VECTOR_OPS for n in stage.epilogue):
+        return None
+    img, ch = "0", "0"
+    return VectorEpilogue.plan(kc, ev, stage, out, lambda v: _dense_index(out, img, ch, v))
+
+
+def _dense_epilogue(kc, ev, stage: Stage, node, bias_term, dense: str, n: int, where,
+                    vec: "VectorEpilogue | str | None", within: VecIsa | None = None, row: str | None = None) -> bool:
+    """The bias and the epilogue over the ``n`` dense results of one plane (or of output row ``row``) at
+    ``dense``: in vectors where ``vec`` is the epilogue's vector form (``VectorEpilogue.row``: the scalar operations
+    in their order, the same bits), in each ISA behind ``#if`` and the scalar loop under ``#else``, or in
+    ``within``'s alone (the caller's ISA branch); else the scalar loop. Whether it wrote vectors."""
+    w = kc.w
+    img, ch = where
+    out = node.outputs[0]
+
+    def index(p: str) -> Index:
+        return _dense_index(out, img, ch, p) if row is None else Index(out.shape, (img, ch, row, p))
+
+    def element(p: str) -> None:
+        y = kc.tmp("y")
+        w.line(f"const float {y} = {bias_term(ev, node, f'{dense}[{p}]', ch)};")
+        finish_element(kc, ev, stage, out, index(p), y)
+
+    def scalar() -> None:
+        p = kc.tmp("p")
+        with w.block(f"for (long {p} = 0; {p} < {n}; ++{p})"), ev.scope():
+            element(p)
+
+    def vector(isa: VecIsa) -> None:
+        assert isinstance(vec, VectorEpilogue)
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        with w.block(""), ev.scope():
+            b = ev.at(bias, Index(bias.shape, (ch,))) if bias is not None else None
+            vec.row(isa, kc.tmp("p"), "0", str(n), dense, lambda t: t, index, b, element, "po")
+    isas = simdchain.isas_for(kc.program.options)
+    if not isinstance(vec, VectorEpilogue) or (within is not None and within not in isas):
+        scalar()
+        return False
+    if within is not None:
+        vector(within)
+        return True
+    for k, isa in enumerate(isas):
+        w.line(f"#{'if' if k == 0 else 'elif'} {isa.guard}")
+        vector(isa)
+    w.line("#else")
+    scalar()
+    w.line("#endif")
+    return True
+
+
 def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, acc: str, where,
-                 plane_epilogue: bool, reg: "RegisterEpilogue | None" = None, isa: VecIsa = AVX2_FLOAT) -> None:
+                 plane_epilogue: bool, reg: "RegisterEpilogue | None" = None, isa: VecIsa = AVX2_FLOAT) -> bool:
     """AVX2 or AVX-512 (``isa``), any row stride, column stride 1 or 2: each output row's vectors
     from the input rows in place, into ``acc``, then the row through the bias and the epilogue
     while it is in L1.
@@ -294,10 +369,13 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
     over the dense plane (for short rows, whose epilogue loop would not be vectorised).
     ``reg``: the vectors are finished (``RegisterEpilogue``) and stored to the output instead.
     The AVX-512 body stores a row's last vector through a mask (no write past the row); AVX2's
-    whole vectors run into the next row (or ``acc``'s slack) and are overwritten there."""
+    whole vectors run into the next row (or ``acc``'s slack) and are overwritten there. Whether the epilogue ran in
+    vectors (``_dense_epilogue``)."""
     w = kc.w
     L, vt, p = isa.lanes, isa.vt, isa.p
     img, ch = where
+    row_vec = _plan_dense_epilogue(kc, ev, stage, node.outputs[0])
+    vectors: list[bool] = []  # per epilogue loop written: in vectors?
     out = node.outputs[0]
     H, W = node.input(0).shape[2:]
     OH, OW = out.shape[2:]
@@ -430,10 +508,8 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
                 store(f"{acc} + {add(mul(oh, OW), str(j * OW + b * L))}", v, b)
             return
         for j in range(nrows):
-            ow, y = kc.tmp("ow"), kc.tmp("y")
-            with w.block(f"for (long {ow} = 0; {ow} < {OW}; ++{ow})"), ev.scope():
-                w.line(f"const float {y} = {bias_term(ev, node, f'{acc}[{j * pitch} + {ow}]', ch)};")
-                finish_element(kc, ev, stage, out, Index(out.shape, (img, ch, add(oh, str(j)), ow)), y)
+            vectors.append(_dense_epilogue(kc, ev, stage, node, bias_term, f"({acc} + {j * pitch})", OW, (img, ch),
+                                           row_vec, isa, add(oh, str(j))))
 
     for lo, hi, inside in classes:
         pair_end = lo + (hi - lo) // row_block * row_block
@@ -444,10 +520,8 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
             with w.block(f"for (long {oh} = {pair_end}; {oh} < {hi}; ++{oh})"):
                 rows_body(inside, 1)
     if plane_epilogue and finish is None:
-        p_, y = kc.tmp("p"), kc.tmp("y")
-        with w.block(f"for (long {p_} = 0; {p_} < {OH * OW}; ++{p_})"), ev.scope():
-            w.line(f"const float {y} = {bias_term(ev, node, f'{acc}[{p_}]', ch)};")
-            finish_element(kc, ev, stage, out, Index.loops(out.shape, [(0, 1, img), (1, 2, ch), (2, 4, p_)]), y)
+        vectors.append(_dense_epilogue(kc, ev, stage, node, bias_term, acc, OH * OW, (img, ch), row_vec, isa))
+    return any(vectors)
 
 
 def _prefetch_rows(kc, tensor: str, first: str, floats: int, total: int, ahead: int) -> None:

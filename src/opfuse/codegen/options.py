@@ -252,6 +252,10 @@ class CodegenOptions:
     # 0.90-0.92, SiLU 1.19-1.22 -> 0.93-0.94, HardSwish 1.08-1.16 -> 0.81-0.83, Tanh 1.13-1.16 -> 0.99,
     # Gelu(tanh) 1.13-1.20 -> 1.02-1.04. False: the scalar loops everywhere.
     vector_epilogue: bool = True
+    # A depthwise convolution's epilogue over its dense plane (short rows, small planes: ``codegen/depthwise.py``)
+    # in the same vector form where it has an exp- or log-based op (``depthwise.DENSE_VECTOR_OPS``); the others
+    # (Relu, Clip, affine ops) stay gcc's vectorised scalar loop. Same bits. False: the scalar loop.
+    depthwise_vector_epilogue: bool = True
     # Such a vector epilogue of a GEMM with one K block (K <= KC) and its output along n runs on each MR-row strip
     # of the C tile right after the micro-kernel computed it (A's panels the outer loop), while the strip is in
     # L1, instead of over the whole tile (64 x 256 floats: from L2) after the last micro-kernel call; only where

@@ -258,7 +258,12 @@ class ProgramBuilder:
         return self.faults.index(message) + 1
 
     def require_helper(self, name: str, text: str) -> str:
-        self.helpers.setdefault(name, text)
+        """Declare the helper ``name`` (C ``text``) once; a second declaration must be the same text: a helper whose
+        body depends on a kernel's constants carries them in its name (otherwise every kernel would call the first
+        kernel's body: a silent wrong answer), so a different text under a taken name is a generator bug."""
+        known = self.helpers.setdefault(name, text)
+        if known != text:
+            raise AssertionError(f"code generator bug: helper '{name}' declared twice with different bodies")
         return name
 
     # Kernels -----------------------------------------------------------------------------

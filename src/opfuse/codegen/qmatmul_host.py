@@ -209,6 +209,8 @@ def _vector(kc, ev, stage: Stage, x: QInput, ep: QEpilogue | None, zu: int | Non
         value = f"({elem})((uint8_t)a[m * K + k] ^ {flip})"
         what = "4 bytes " + ("as unsigned (int8 + 128)" if not neon else "as signed (uint8 - 128)")
         correction = -z * wt.sum(axis=0)
+    if zu is None:  # the pairs subtract the zero point in the helper: one helper per zero point
+        pack_kind += f"_z{x.zp}" if x.zp >= 0 else f"_zm{-x.zp}"
     helper = f"opfuse_q8mm_pack_{pack_kind}_{s}"
     kc.program.require_helper(helper, PACK_C.format(guard=NEON_GUARD if neon else HOST_GUARD, kind=pack_kind, s=s,
                                                     T=ct, per=per, E=elem, value=value, what=what))
