@@ -374,3 +374,19 @@ def test_epilogues_gcc_vectorises_keep_their_scalar_loop(acts, cache_dir):
     assert_close(got, want)
     assert not any(VECTOR_NOTE in note for k in m.program.kernels for note in k.notes)
     assert generate(g, plan, options=CodegenOptions()).source == generate(g, plan, options=VECTOR_OFF).source
+
+
+@pytest.mark.parametrize("acts, overlap", [(("Softplus",), True), (("Softplus", "add"), False)])
+def test_a_plane_ends_in_a_vector_that_overlaps_the_last_one_unless_it_reads_another_operand(acts, overlap, cache_dir):
+    """25 results a plane: AVX2 takes 3 vectors and then the vector of the last 8 (recomputing 7: the same values)
+    instead of a scalar element; not where the epilogue also reads an operand along the plane (a residual), which an
+    output stored in place may have overwritten. The same bits either way."""
+    import re
+    g, plan = act_graph(3, 5, 5, 1, acts, n=2)
+    on, want, m_on = run_both(g, plan, cache_dir, options=CodegenOptions(vector_isa="avx2"))
+    off, _, _ = run_both(g, plan, cache_dir, options=VECTOR_OFF.with_(vector_isa="avx2"))
+    assert_close(on, want)
+    for k in on:
+        np.testing.assert_array_equal(on[k], off[k])
+    assert bool(re.search(r"= 25 - 8;", m_on.program.source)) == overlap
+    assert any(VECTOR_NOTE in note for k in m_on.program.kernels for note in k.notes)

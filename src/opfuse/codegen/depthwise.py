@@ -331,7 +331,7 @@ def _dense_epilogue(kc, ev, stage: Stage, node, bias_term, dense: str, n: int, w
         bias = node.inputs[2] if len(node.inputs) > 2 else None
         with w.block(""), ev.scope():
             b = ev.at(bias, Index(bias.shape, (ch,))) if bias is not None else None
-            vec.row(isa, kc.tmp("p"), "0", str(n), dense, lambda t: t, index, b, element, "po")
+            vec.row(isa, kc.tmp("p"), "0", str(n), dense, lambda t: t, index, b, element, "po", overlap_tail=True)
     isas = simdchain.isas_for(kc.program.options)
     if not isinstance(vec, VectorEpilogue) or (within is not None and within not in isas):
         scalar()

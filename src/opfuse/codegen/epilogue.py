@@ -85,9 +85,11 @@ class VectorEpilogue:
     """``stage``'s epilogue on vectors of anchor results: ``idx(var)`` is the index of ``anchor_out`` whose
     element the C variable ``var`` selects, each vector's lanes at ``var``, ``var + 1``, ...; build with ``plan``."""
 
-    def __init__(self, kc, ev, stage: Stage, anchor_out: Value, leaf: simdchain.Leaf):
+    def __init__(self, kc, ev, stage: Stage, anchor_out: Value, leaf: simdchain.Leaf, varying: frozenset[int]):
         self.kc, self.ev, self.stage, self.anchor_out = kc, ev, stage, anchor_out
         self.hoisted = simdchain.chain_invariants(kc, stage.outputs, ev.inline, leaf)
+        # operands other than the anchor's results that vary along the loop (loaded per vector), by value id
+        self.varying = varying
 
     @classmethod
     def plan(cls, kc, ev, stage: Stage, anchor_out: Value, idx) -> "VectorEpilogue | str":
@@ -101,6 +103,7 @@ class VectorEpilogue:
         if stride_along(probe.offset(), PROBE) != 1:
             return "the output is not unit stride along the loop"
         static, loadable = kc.program.memory.static, ev.loadable
+        varying: set[int] = set()
 
         def leaf(v: Value) -> bool | str:
             if v is anchor_out:
@@ -108,28 +111,34 @@ class VectorEpilogue:
             if id(v) not in static and id(v) not in loadable:
                 return f"value '{v.name}' is neither stored nor computable here"
             stride = stride_along(probe.broadcast_to(v.shape).offset(), PROBE)
+            if stride == 1:
+                varying.add(id(v))
             return f"operand '{v.name}' is not unit stride along the loop" if stride is None else stride == 1
         reason = simdchain.chain_refusal(kc, outs, ev.inline, leaf)
-        return reason if reason is not None else cls(kc, ev, stage, anchor_out, leaf)
+        return reason if reason is not None else cls(kc, ev, stage, anchor_out, leaf, frozenset(varying))
 
     def hoist(self, isa: VecIsa, idx: Index) -> dict[int, str]:
         """The operands constant along the loop, computed at ``idx`` by the scalar rules and broadcast."""
         return simdchain.hoist(self.kc, self.ev, isa, self.hoisted, idx)
 
     def row(self, isa: VecIsa, t: str, lo: str, hi: str, src: str, position, index, bias: str | None,
-            element, names: str = "jn") -> None:
+            element, names: str = "jn", overlap_tail: bool = False) -> None:
         """A row of anchor results ``src[t]`` for the C variable ``t`` (declared here) from ``lo`` to ``hi``,
         element ``t`` finishing the output element ``index(position(t))`` (``position``: C of the output coordinate
         along the row): ``CodegenOptions.simd_unroll`` vectors an iteration, then single vectors, then the scalar
         ``element(t)``s. ``bias``: a scalar C expression the anchor adds to each result first (None: none). The
         operands constant along the row are computed once, at ``position(lo)``, by the scalar rules, and broadcast;
         each lane gets the scalar path's operations in its order. ``names``: the temporaries' prefixes (offset,
-        coordinate)."""
+        coordinate). ``overlap_tail``: where the row has a whole vector, its last elements are the vector that ends
+        at ``hi`` (recomputing a few: the same values, so the same stores) instead of the scalar loop; only where
+        the epilogue loads nothing along the row but the anchor's results (``varying`` empty: no operand an
+        output's store may have overwritten in place)."""
         with self.ev.twin():
-            self._row(isa, t, lo, hi, src, position, index, bias, element, names)
+            self._row(isa, t, lo, hi, src, position, index, bias, element, names,
+                      overlap_tail and not self.varying)
 
     def _row(self, isa: VecIsa, t: str, lo: str, hi: str, src: str, position, index, bias: str | None,
-             element, names: str) -> None:
+             element, names: str, overlap_tail: bool) -> None:
         kc, w = self.kc, self.kc.w
         lanes, unroll = isa.lanes, kc.program.options.simd_unroll
         w.line(f"long {t} = {lo};")
@@ -161,6 +170,11 @@ class VectorEpilogue:
                 vectors(unroll)
         with w.block(f"for (; {t} + {lanes} <= {hi}; {t} += {lanes})"):
             vectors(1)
+        if overlap_tail:
+            with w.block(f"if ({t} < {hi} && {hi} - {lo} >= {lanes})"):
+                w.line(f"{t} = {hi} - {lanes};")
+                vectors(1)
+                w.line(f"{t} = {hi};")
         with w.block(f"for (; {t} < {hi}; ++{t})"), self.ev.scope():
             element(t)
 
