@@ -390,3 +390,43 @@ def test_a_plane_ends_in_a_vector_that_overlaps_the_last_one_unless_it_reads_ano
         np.testing.assert_array_equal(on[k], off[k])
     assert bool(re.search(r"= 25 - 8;", m_on.program.source)) == overlap
     assert any(VECTOR_NOTE in note for k in m_on.program.kernels for note in k.notes)
+
+
+BATCH_OFF = CodegenOptions(depthwise_batch_epilogue_below=0)
+
+
+@pytest.mark.parametrize("case, acts", [((37, 7, 7, 1), ("Softplus",)), ((20, 3, 3, 1), ("Sigmoid", "relu")),
+                                        ((64, 14, 14, 1), ("Exp", "Log"))])
+def test_small_planes_run_their_epilogue_once_over_the_chunk(case, acts, cache_dir):
+    """Planes of fewer than ``depthwise_batch_epilogue_below`` floats (a 7 x 7 plane is three AVX-512 vectors, each
+    exp chain waiting on its latency) are biased one by one into the chunk's scratch and finished by one vector loop
+    over the chunk: the same bits as plane by plane, at 1 and 2 threads, in the AVX-512 and AVX2 builds, the
+    chunk of 3 images x 37 channels ending short."""
+    g, plan = act_graph(*case, acts, n=3)
+    on, want, m_on = run_both(g, plan, cache_dir)
+    assert_close(on, want)
+    assert "dplane" in m_on.program.source
+    for options in (BATCH_OFF, CodegenOptions(vector_isa="avx2"), BATCH_OFF.with_(vector_isa="avx2")):
+        got, _, m = run_both(g, plan, cache_dir, options=options)
+        assert ("dplane" in m.program.source) == (options.depthwise_batch_epilogue_below > 0)
+        for k in on:
+            np.testing.assert_array_equal(got[k], on[k])
+    two, _, _ = run_both(g, plan, cache_dir, threads=2)
+    for k in on:
+        np.testing.assert_array_equal(two[k], on[k])
+
+
+def test_an_epilogue_reading_a_channel_operand_stays_plane_by_plane(cache_dir):
+    """A per-channel scale in the epilogue varies along the chunk's flat range: no batch, the vectors per plane."""
+    b = GraphBuilder("dw_scale")
+    c = 24
+    x = b.input("x", (2, c, 7, 7))
+    y = b.op("Conv", x, _c(b, "w", c, 1, 3, 3), _c(b, "bias", c), kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=c,
+             name="dw")
+    y = b.op("Sigmoid", b.op("Mul", y, _c(b, "scale", 1, c, 1, 1), name="scale"), name="act")
+    g = b.build(y)
+    plan = group_by_names(g, [("conv_epilogue", ["dw", "scale", "act"])])
+    got, want, m = run_both(g, plan, cache_dir)
+    assert_close(got, want)
+    assert "dplane" not in m.program.source
+    assert any(VECTOR_NOTE in note for k in m.program.kernels for note in k.notes)

@@ -180,14 +180,18 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
     # scalar code). Otherwise the epilogue reads the wide results row by row: squeezing them with
     # vectors and reading them back at other offsets stalls on store forwarding, and a small
     # plane's epilogue is what follows at once.
-    off_dense = kc.scratch(_round_up(OH * OW, VECTOR) * 4) if direct and wide else off_acc
-    if simd:
-        kc.program.require_helper("opfuse_immintrin", f"#if {AVX2_GUARD}\n#include <immintrin.h>\n#endif\n")
     vec_epilogue = _plan_dense_epilogue(kc, ev, stage, out)
     vectors: list[bool] = []  # per epilogue loop written: in vectors?
-    w = kc.w
     planes = nimg * C
     per_chunk = plane_chunk(planes, kc.program.options)
+    # Small planes of the direct path: the epilogue once over the chunk's planes (``_batch_epilogue``)
+    batch = _plan_batch(kc, ev, stage, out, vec_epilogue, per_chunk) \
+        if direct and not (direct_rows or plane_rows or plane_reg is not None) else None
+    off_dense = kc.scratch((per_chunk * OH * OW + VECTOR if batch is not None else _round_up(OH * OW, VECTOR)) * 4) \
+        if direct and wide else off_acc
+    if simd:
+        kc.program.require_helper("opfuse_immintrin", f"#if {AVX2_GUARD}\n#include <immintrin.h>\n#endif\n")
+    w = kc.w
     chunks = -(-planes // per_chunk)
     chunk, plane, first = kc.tmp("chunk"), kc.tmp("plane"), kc.tmp("first")
     kc.parallel_for(2 * nimg * C * OH * OW * KH * KW,
@@ -205,7 +209,11 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
         w.line(f"memset({xp}, 0, sizeof(float) * {plane_floats});")
         if direct or direct_rows:
             w.line("#endif")
+        base = dense
         with planes_of_chunk(kc, ev, (chunk, plane, first), per_chunk, planes, C) as (img, ch):
+            if batch is not None:  # this plane's results at its place among the chunk's
+                dense = kc.tmp("dplane")
+                w.line(f"float* restrict {dense} = {base} + ({plane} - {first}) * {OH * OW};")
             weights = [[ev.at(wt, Index(wt.shape, (ch, "0", str(kh), str(kw)))) for kw in range(KW)]
                        for kh in range(KH)]
             if direct or direct_rows:
@@ -267,6 +275,12 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
                         w.block(f"for (long {ow} = 0; {ow} < {OW}; ++{ow})"), ev.scope():
                     w.line(f"const float {y} = {bias_term(ev, node, f'{acc}[{oh} * {Wp} + {ow}]', ch)};")
                     finish_element(kc, ev, stage, out, Index(out.shape, (img, ch, oh, ow)), y)
+            elif batch is not None:  # the bias now, the epilogue over the chunk below
+                bias = node.inputs[2] if len(node.inputs) > 2 else None
+                if bias is not None:
+                    p = kc.tmp("p")
+                    b = ev.at(bias, Index(bias.shape, (ch,)))
+                    w.line(f"for (long {p} = 0; {p} < {OH * OW}; ++{p}) {dense}[{p}] = {dense}[{p}] + {b};")
             else:
                 # (under the plain branch's #else where the rows paths run: no vectors there)
                 in_plain = direct_rows or plane_rows or plane_reg is not None
@@ -274,6 +288,10 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
                                                None if in_plain else vec_epilogue))
             if direct_rows or plane_rows or plane_reg is not None:
                 w.line("#endif")
+        if batch is not None:
+            end = f"({first} + {per_chunk} < {planes} ? {first} + {per_chunk} : {planes})"
+            _batch_epilogue(kc, ev, stage, node, batch, base, first, f"({end} - {first}) * {OH * OW}", OH * OW)
+            vectors.append(True)
     if reg is not None:
         kc.note(lambda name: f"depthwise '{name}': epilogue finished in registers", node)
     if any(vectors):
@@ -301,6 +319,51 @@ def _plan_dense_epilogue(kc, ev, stage: Stage, out: Value) -> "VectorEpilogue | 
         return None
     img, ch = "0", "0"
     return VectorEpilogue.plan(kc, ev, stage, out, lambda v: _dense_index(out, img, ch, v))
+
+
+def _plan_batch(kc, ev, stage: Stage, out: Value, vec: "VectorEpilogue | str | None",
+                per_chunk: int) -> "VectorEpilogue | None":
+    """The epilogue's vector form over a chunk's planes as one flat range of the output, where a plane has fewer
+    than ``CodegenOptions.depthwise_batch_epilogue_below`` floats (a few vectors: each one's exp chain waits on
+    its own latency, where a longer loop keeps several in flight), the chunk has more than one plane, and the
+    epilogue reads nothing that varies with the channel or along the planes but their results (the bias is added
+    plane by plane first): None otherwise."""
+    OH, OW = out.shape[2:]
+    if not isinstance(vec, VectorEpilogue) or per_chunk < 2 \
+            or OH * OW >= kc.program.options.depthwise_batch_epilogue_below:
+        return None
+    flat = VectorEpilogue.plan(kc, ev, stage, out, lambda v: Index.loops(out.shape, [(0, 4, v)]))
+    if not isinstance(flat, VectorEpilogue) or flat.varying:
+        return None
+    return flat
+
+
+def _batch_epilogue(kc, ev, stage: Stage, node, vec: VectorEpilogue, dense: str, first: str, n: str,
+                    plane: int) -> None:
+    """The epilogue over ``n`` results at ``dense`` (the chunk's planes from plane ``first`` on, biased), the flat
+    output from ``first * plane`` on: in vectors of each ISA (``VectorEpilogue.row``, the last elements the
+    vector that ends at the end), the scalar loop under ``#else``; the same bits as plane by plane."""
+    w = kc.w
+    out = node.outputs[0]
+
+    def position(t: str) -> str:
+        return f"{first} * {plane} + {t}"
+
+    def index(pos: str) -> Index:
+        return Index.loops(out.shape, [(0, 4, pos)])
+
+    def element(t: str) -> None:
+        finish_element(kc, ev, stage, out, index(position(t)), f"{dense}[{t}]")
+
+    for k, isa in enumerate(simdchain.isas_for(kc.program.options)):
+        w.line(f"#{'if' if k == 0 else 'elif'} {isa.guard}")
+        with w.block(""), ev.scope():
+            vec.row(isa, kc.tmp("q"), "0", n, dense, position, index, None, element, "qo", overlap_tail=True)
+    w.line("#else")
+    q = kc.tmp("q")
+    with w.block(f"for (long {q} = 0; {q} < {n}; ++{q})"), ev.scope():
+        element(q)
+    w.line("#endif")
 
 
 def _dense_epilogue(kc, ev, stage: Stage, node, bias_term, dense: str, n: int, where,

@@ -258,9 +258,14 @@ class CodegenOptions:
     # ops) stay gcc's vectorised scalar loop. Same bits (Gelu: within its rounding). Measured (depthwise 3x3 + act,
     # 1 thread, thread CPU time, 31 interleaved rounds, caches flushed, fused/unfused with this on and off):
     # 64 x 200 x 152: Softplus 0.91 (1.69 off), Sigmoid 0.76 (0.95), SiLU 0.75 (0.98), Tanh 0.80 (0.98), Gelu 0.79
-    # (1.29); 256 x 14 x 14: 1.00-1.08 (1.27-1.93); 512 x 7 x 7: 1.13-1.23 (1.21-1.87): a 49-float plane's few
-    # vectors are latency-bound where the standalone kernel streams. False: the scalar loop.
+    # (1.29); 256 x 14 x 14: 1.00-1.08 (1.27-1.93); 512 x 7 x 7 plane by plane: 1.13-1.23 (1.21-1.87), a 49-float
+    # plane's few vectors latency-bound where the standalone kernel streams (below). False: the scalar loop.
     depthwise_vector_epilogue: bool = True
+    # ... and where a plane has fewer floats than this (and the epilogue reads nothing along the planes but their
+    # results), once over the chunk's planes (``depthwise_chunk_planes``) after them, not plane by plane (same
+    # bits). Measured as above (41 rounds): 7 x 7 planes (96, 512 and 1024 channels) fused/unfused 0.98-1.04, plane
+    # by plane 1.03-1.21; 14 x 14 unchanged (0.98-1.03 either way): at parity, the tensors in L2 either way.
+    depthwise_batch_epilogue_below: int = 256
     # Such a vector epilogue of a GEMM with one K block (K <= KC) and its output along n runs on each MR-row strip
     # of the C tile right after the micro-kernel computed it (A's panels the outer loop), while the strip is in
     # L1, instead of over the whole tile (64 x 256 floats: from L2) after the last micro-kernel call; only where
