@@ -285,7 +285,7 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
                 # (under the plain branch's #else where the rows paths run: no vectors there)
                 in_plain = direct_rows or plane_rows or plane_reg is not None
                 vectors.append(_dense_epilogue(kc, ev, stage, node, bias_term, dense, OH * OW, (img, ch),
-                                               None if in_plain else vec_epilogue))
+                                               None if in_plain else vec_epilogue, names=("p", y)))
             if direct_rows or plane_rows or plane_reg is not None:
                 w.line("#endif")
         if batch is not None:
@@ -367,11 +367,14 @@ def _batch_epilogue(kc, ev, stage: Stage, node, vec: VectorEpilogue, dense: str,
 
 
 def _dense_epilogue(kc, ev, stage: Stage, node, bias_term, dense: str, n: int, where,
-                    vec: "VectorEpilogue | str | None", within: VecIsa | None = None, row: str | None = None) -> bool:
+                    vec: "VectorEpilogue | str | None", within: VecIsa | None = None, row: str | None = None,
+                    names: tuple[str, str | None] = ("p", None), offset: int | None = None) -> bool:
     """The bias and the epilogue over the ``n`` dense results of one plane (or of output row ``row``) at
     ``dense``: in vectors where ``vec`` is the epilogue's vector form (``VectorEpilogue.row``: the scalar operations
     in their order, the same bits), in each ISA behind ``#if`` and the scalar loop under ``#else``, or in
-    ``within``'s alone (the caller's ISA branch); else the scalar loop. Whether it wrote vectors."""
+    ``within``'s alone (the caller's ISA branch); else the scalar loop. Whether it wrote vectors. ``names``: the
+    scalar loop variable's prefix and the C name of its element (None: a new one); ``offset``: the results start
+    that many floats into ``dense``."""
     w = kc.w
     img, ch = where
     out = node.outputs[0]
@@ -379,22 +382,25 @@ def _dense_epilogue(kc, ev, stage: Stage, node, bias_term, dense: str, n: int, w
     def index(p: str) -> Index:
         return _dense_index(out, img, ch, p) if row is None else Index(out.shape, (img, ch, row, p))
 
-    def element(p: str) -> None:
-        y = kc.tmp("y")
-        w.line(f"const float {y} = {bias_term(ev, node, f'{dense}[{p}]', ch)};")
+    def element(p: str, y: str | None = None) -> None:
+        y = y or kc.tmp("y")
+        at = p if offset is None else f"{offset} + {p}"
+        w.line(f"const float {y} = {bias_term(ev, node, f'{dense}[{at}]', ch)};")
         finish_element(kc, ev, stage, out, index(p), y)
 
     def scalar() -> None:
-        p = kc.tmp("p")
+        p = kc.tmp(names[0])
+        y = names[1] or kc.tmp("y")
         with w.block(f"for (long {p} = 0; {p} < {n}; ++{p})"), ev.scope():
-            element(p)
+            element(p, y)
 
     def vector(isa: VecIsa) -> None:
         assert isinstance(vec, VectorEpilogue)
         bias = node.inputs[2] if len(node.inputs) > 2 else None
         with w.block(""), ev.scope():
             b = ev.at(bias, Index(bias.shape, (ch,))) if bias is not None else None
-            vec.row(isa, kc.tmp("p"), "0", str(n), dense, lambda t: t, index, b, element, "po", overlap_tail=True)
+            src = dense if offset is None else f"({dense} + {offset})"
+            vec.row(isa, kc.tmp("p"), "0", str(n), src, lambda t: t, index, b, element, "po", overlap_tail=True)
     isas = simdchain.isas_for(kc.program.options)
     if not isinstance(vec, VectorEpilogue) or (within is not None and within not in isas):
         scalar()
@@ -571,8 +577,8 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
                 store(f"{acc} + {add(mul(oh, OW), str(j * OW + b * L))}", v, b)
             return
         for j in range(nrows):
-            vectors.append(_dense_epilogue(kc, ev, stage, node, bias_term, f"({acc} + {j * pitch})", OW, (img, ch),
-                                           row_vec, isa, add(oh, str(j))))
+            vectors.append(_dense_epilogue(kc, ev, stage, node, bias_term, acc, OW, (img, ch), row_vec, isa,
+                                           add(oh, str(j)), names=("ow", None), offset=j * pitch))
 
     for lo, hi, inside in classes:
         pair_end = lo + (hi - lo) // row_block * row_block

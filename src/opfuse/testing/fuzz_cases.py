@@ -348,7 +348,8 @@ def _quantized_product(draw, g: Graph) -> None:
     one step apart where the float product lies at a rounding tie: ``FuzzCase.quantized``) or not (a float
     output); or a chain of two, the second reading the first's 8-bit output dequantized (``QUANT_CHAIN``: the
     fused build runs both on the integer kernels, the first's ``Requantize`` feeding the second's 8-bit
-    input; its output within one step plus what one step of the first's moves it by: named
+    input), through a QDQ MaxPool and a Flatten at times; its output within one step plus what one step of the
+    first's moves it by: named
     ``QUANTIZED_OUTPUT`` + ``_within_<steps>``). The fused build runs the products on the integer kernels
     (``rules/integer_ops``), the unfused one in float; the export writes the weight's dequantization as a
     DequantizeLinear (``onnx_export.dequantize_chains``)."""
@@ -382,7 +383,16 @@ def _quantized_product(draw, g: Graph) -> None:
         return
     # the second product reads the first's 8-bit output; its own 8-bit output is never left float (one step
     # of the first's moves a float output by more than the comparison's tolerance)
-    y2, ys2, gain = _product(draw, g, _dequantize(g, q, ys, yz), ys)
+    mid = _dequantize(g, q, ys, yz)
+    if len(mid.shape) == 4 and draw(st.booleans()):
+        # a QDQ MaxPool between them: DQ -> MaxPool -> Q -> DQ at the one scale, exact (the 8-bit maximum), and
+        # at most one step apart where its input is (a maximum moves by no more than its operands)
+        k = draw(st.integers(1, min(2, *mid.shape[2:])))
+        mid = _add(g, "MaxPool", [mid], kernel_shape=[k, k], strides=[draw(st.integers(1, 2))] * 2)
+        mid = _dequantize(g, _quantize(g, mid, ys, yz, out_type), ys, yz)
+    if len(mid.shape) >= 3 and draw(st.integers(0, 2)) == 0:  # flattened, as before a classifier's Gemm
+        mid = _add(g, "Flatten", [mid], axis=1)
+    y2, ys2, gain = _product(draw, g, mid, ys)
     steps = QUANTIZED_STEPS + int(np.ceil(gain * QUANTIZED_STEPS * (1 + 1e-6)))
     out_type = np.dtype(draw(st.sampled_from(EIGHT_BIT)))
     yz2 = draw(st.integers(-10, 10)) + (128 if out_type == np.uint8 else 0)
