@@ -415,11 +415,14 @@ def _chain_end(g):
     return next((v for v in g.outputs if "_within_" in v.name), None)
 
 
-@pytest.mark.parametrize("kinds", [("Conv", "Conv"), ("MatMul", "Gemm"), ("Conv", "MatMul")])
-def test_chains_of_quantized_products_run_on_the_integer_kernels(kinds):
-    """``quantized_product`` draws chains: a second product reading the first's 8-bit output dequantized. The
-    fused build runs both on the integer kernels (the first's Requantize storing the 8-bit tensor the second
-    reads), held exactly to its integer graph; the chain's end is named with its steps (``quantized_steps``)."""
+@pytest.mark.parametrize("kinds, between", [(("Conv", "Conv"), None), (("MatMul", "Gemm"), None),
+                                           (("Conv", "MatMul"), None), (("Conv", "Conv"), "MaxPool"),
+                                           (("Conv", "Gemm"), "Flatten")])
+def test_chains_of_quantized_products_run_on_the_integer_kernels(kinds, between):
+    """``quantized_product`` draws chains: a second product reading the first's 8-bit output dequantized, at times
+    through a QDQ MaxPool or a Flatten. The fused build runs both on the integer kernels (the first's Requantize
+    storing the 8-bit tensor the second reads), held exactly to its integer graph; the chain's end is named with
+    its steps (``quantized_steps``)."""
     import onnx
 
     from opfuse.compiler import plan_model
@@ -427,7 +430,8 @@ def test_chains_of_quantized_products_run_on_the_integer_kernels(kinds):
 
     def wanted(g):
         products = [n.op_type for n in g.nodes if n.op_type in ("Conv", "MatMul", "Gemm")]
-        return tuple(products) == kinds and _chain_end(g) is not None
+        return tuple(products) == kinds and _chain_end(g) is not None and (
+            between is None or any(n.op_type == between for n in g.nodes))
     g = _drawn_product(wanted)
     g.verify()
     assert _valid_onnx(g)
