@@ -122,3 +122,22 @@ def test_an_address_sanitizer_error_names_its_kind_and_kernel(monkeypatch):
         v = w.check(model, npz)
     assert v.detail == "the process running the case died: exit status 1 (AddressSanitizer: heap-buffer-overflow " \
                        "in k_sum)", v.detail
+
+
+def test_a_convolution_reads_no_window_past_its_input_under_asan(monkeypatch, tmp_path):
+    """``make fuzz-sanitized`` (seed 68001, shrunk to one node): a 1x1 convolution of a graph input (2 x 2 x 5 x 6:
+    30 positions a channel, blocks of 12) in the plain C build read its last block's rows past the input's end: the
+    row-step micro-kernel reads all 12 rows of a block from its first, and the last block has 6
+    (AddressSanitizer: heap-buffer-overflow). A part block now takes its rows one by one, those past the end
+    repeating the last (``gemm.py``: no row step where M mod MR rows end without tail panels)."""
+    runtime = _asan_runtime()
+    if runtime is None:
+        pytest.skip("no libasan for gcc")
+    monkeypatch.setenv("LD_PRELOAD", runtime)
+    monkeypatch.setenv("ASAN_OPTIONS", "detect_leaks=0")
+    monkeypatch.setenv("CC", "gcc -fsanitize=address,undefined -fno-sanitize-recover=all")
+    repro = Path(__file__).parents[1] / "e2e" / "repro" / "windows_row_step_past_the_input"
+    model, npz = (repro / "model.onnx").read_bytes(), pack_inputs(dict(np.load(repro / "inputs.npz")))
+    with Worker(str(tmp_path)) as w:
+        v = w.check(model, npz, "rules", 2, "portable")
+    assert v.status == "ok", v.line()

@@ -718,13 +718,17 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
     if direct is not None:
         _require_activation(kc, direct[0])
     transposed = p.out_contiguous == "m"
-    # The AdvSIMD bodies read a window per row (no ``a_step``) and store along n only (no transposed store).
-    a_step = rows.row_step(MR) if rows is not None and rows.koff is not None and o.gemm_window_step \
-        and o.vector_isa != "neon" and not gather else 0
-    b_split = cols.split if cols is not None else 0
     # M's last rows in narrower panels of their own (``tail_panels``; a row step holds for them: M is a multiple of
     # MR wherever a window's step needs MR-row blocks, ``RowAccess.row_step``).
     tails = tail_panels(M, MR, NR, MC, o)
+    # The AdvSIMD bodies read a window per row (no ``a_step``) and store along n only (no transposed store). A row
+    # step reads all MR rows of a block from its first: where the last block is part one (M mod MR rows, no tail
+    # panels) its rows past M would be read past the windows, at the end of the input past the tensor itself
+    # (AddressSanitizer: a 1x1 convolution of a graph input, 30 positions in blocks of 12); there the row
+    # pointers are given one by one, those past M repeating the last (``row_ptrs``).
+    a_step = rows.row_step(MR) if rows is not None and rows.koff is not None and o.gemm_window_step \
+        and o.vector_isa != "neon" and not gather and not (M % MR and not tails) else 0
+    b_split = cols.split if cols is not None else 0
     body = M - sum(tails)
 
     made: dict[int, tuple[str, str]] = {}
