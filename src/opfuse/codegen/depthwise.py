@@ -224,7 +224,7 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
                         if plane_rows:
                             vectors.append(_direct_rows(kc, ev, stage, node, bias_term, src, weights, geo, acc,
                                                         (img, ch), OW < PLANE_EPILOGUE_MAX_ROW, plane_rows_reg,
-                                                        AVX512_FLOAT))
+                                                        AVX512_FLOAT, vec_epilogue))
                         else:
                             assert plane_reg is not None
                             out_plane = (f"{kc.ptr(plane_reg.out, write=True)} + "
@@ -244,7 +244,7 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
                         else:
                             vectors.append(_direct_rows(kc, ev, stage, node, bias_term, src, weights, geo, acc,
                                                         (img, ch), OW < PLANE_EPILOGUE_MAX_ROW,
-                                                        zmm_reg if isa is AVX512_FLOAT else reg, isa))
+                                                        zmm_reg if isa is AVX512_FLOAT else reg, isa, vec_epilogue))
                 w.line("#else")
             copy_plane(kc, ev, x, img, ch, xp, (H, W), (PT, PL), SW, Wh)
             taps = [(weights[kh][kw], kh * DH, (kw * DW % SW) * Wh + kw * DW // SW)
@@ -276,10 +276,9 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
                     w.line(f"const float {y} = {bias_term(ev, node, f'{acc}[{oh} * {Wp} + {ow}]', ch)};")
                     finish_element(kc, ev, stage, out, Index(out.shape, (img, ch, oh, ow)), y)
             elif batch is not None:  # the bias now, the epilogue over the chunk below
-                bias = node.inputs[2] if len(node.inputs) > 2 else None
-                if bias is not None:
+                b = _bias_at(ev, node, ch)
+                if b is not None:
                     p = kc.tmp("p")
-                    b = ev.at(bias, Index(bias.shape, (ch,)))
                     w.line(f"for (long {p} = 0; {p} < {OH * OW}; ++{p}) {dense}[{p}] = {dense}[{p}] + {b};")
             else:
                 # (under the plain branch's #else where the rows paths run: no vectors there)
@@ -302,6 +301,12 @@ def lower_depthwise(kc, ev, stage: Stage, node, geo, bias_term) -> None:
     if zmm and (direct or direct_rows):
         kc.note(lambda name: f"depthwise '{name}': AVX-512 body (zmm)"
                 + (", its epilogue in registers" if zmm_reg is not None or plane_reg is not None else ""), node)
+
+
+def _bias_at(ev, node, ch: str) -> str | None:
+    """The C of channel ``ch``'s bias (the Conv's third input), or None without one: what ``bias_term`` adds."""
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    return ev.at(bias, Index(bias.shape, (ch,))) if bias is not None else None
 
 
 def _dense_index(out: Value, img: str, ch: str, p: str) -> Index:
@@ -396,9 +401,8 @@ def _dense_epilogue(kc, ev, stage: Stage, node, bias_term, dense: str, n: int, w
 
     def vector(isa: VecIsa) -> None:
         assert isinstance(vec, VectorEpilogue)
-        bias = node.inputs[2] if len(node.inputs) > 2 else None
         with w.block(""), ev.scope():
-            b = ev.at(bias, Index(bias.shape, (ch,))) if bias is not None else None
+            b = _bias_at(ev, node, ch)
             src = dense if offset is None else f"({dense} + {offset})"
             vec.row(isa, kc.tmp("p"), "0", str(n), src, lambda t: t, index, b, element, "po", overlap_tail=True)
     isas = simdchain.isas_for(kc.program.options)
@@ -418,7 +422,8 @@ def _dense_epilogue(kc, ev, stage: Stage, node, bias_term, dense: str, n: int, w
 
 
 def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, acc: str, where,
-                 plane_epilogue: bool, reg: "RegisterEpilogue | None" = None, isa: VecIsa = AVX2_FLOAT) -> bool:
+                 plane_epilogue: bool, reg: "RegisterEpilogue | None" = None, isa: VecIsa = AVX2_FLOAT,
+                 row_vec: "VectorEpilogue | str | None" = None) -> bool:
     """AVX2 or AVX-512 (``isa``), any row stride, column stride 1 or 2: each output row's vectors
     from the input rows in place, into ``acc``, then the row through the bias and the epilogue
     while it is in L1.
@@ -436,14 +441,14 @@ def _direct_rows(kc, ev, stage: Stage, node, bias_term, src: str, weights, geo, 
     multiply-adds, whatever the ISA or blocking: the AVX-512 and AVX2 bodies give the same bits.
     ``plane_epilogue``: the rows are written at ``oh * OW`` instead and the epilogue runs once,
     over the dense plane (for short rows, whose epilogue loop would not be vectorised).
-    ``reg``: the vectors are finished (``RegisterEpilogue``) and stored to the output instead.
+    ``reg``: the vectors are finished (``RegisterEpilogue``) and stored to the output instead; ``row_vec``: the
+    epilogue's vector form over a row or the plane (``_plan_dense_epilogue``), where it has one.
     The AVX-512 body stores a row's last vector through a mask (no write past the row); AVX2's
     whole vectors run into the next row (or ``acc``'s slack) and are overwritten there. Whether the epilogue ran in
     vectors (``_dense_epilogue``)."""
     w = kc.w
     L, vt, p = isa.lanes, isa.vt, isa.p
     img, ch = where
-    row_vec = _plan_dense_epilogue(kc, ev, stage, node.outputs[0])
     vectors: list[bool] = []  # per epilogue loop written: in vectors?
     out = node.outputs[0]
     H, W = node.input(0).shape[2:]
