@@ -721,28 +721,31 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
     # M's last rows in narrower panels of their own (``tail_panels``; a row step holds for them: M is a multiple of
     # MR wherever a window's step needs MR-row blocks, ``RowAccess.row_step``).
     tails = tail_panels(M, MR, NR, MC, o)
-    # The AdvSIMD bodies read a window per row (no ``a_step``) and store along n only (no transposed store). A row
-    # step reads all MR rows of a block from its first: where the last block is part one (M mod MR rows, no tail
-    # panels) its rows past M would be read past the windows, at the end of the input past the tensor itself
-    # (AddressSanitizer: a 1x1 convolution of a graph input, 30 positions in blocks of 12); there the row
-    # pointers are given one by one, those past M repeating the last (``row_ptrs``).
+    # The AdvSIMD bodies read a window per row (no ``a_step``) and store along n only (no transposed store).
     a_step = rows.row_step(MR) if rows is not None and rows.koff is not None and o.gemm_window_step \
-        and o.vector_isa != "neon" and not gather and not (M % MR and not tails) else 0
+        and o.vector_isa != "neon" and not gather else 0
+    # A row step reads all MR rows of a block from its first: where the last block is part one (M mod MR rows, no
+    # tail panels) its rows past M would be read past the windows, at the end of the input past the tensor itself
+    # (AddressSanitizer: a 1x1 convolution of a graph input, 30 positions in blocks of 12). That block alone takes
+    # its row pointers one by one, those past M repeating the last (``row_ptrs``), the whole ones keep the step.
+    part_unstepped = bool(a_step) and M % MR != 0 and not tails
+    step = [a_step]  # the row step of the blocks being emitted (0 in that part block)
     b_split = cols.split if cols is not None else 0
     body = M - sum(tails)
 
-    made: dict[int, tuple[str, str]] = {}
+    made: dict[tuple[int, int], tuple[str, str]] = {}
 
     def kernels(mr: int) -> tuple[str, str]:
         """(the micro-kernel, its storing variant) of an ``mr``-row panel ("" where none is called)."""
-        if mr in made:
-            return made[mr]
-        store = _microkernel(kc, mr, NR, a_mode, b_mode, direct[0], transposed, a_step, b_split) \
+        key = (mr, step[0])
+        if key in made:
+            return made[key]
+        store = _microkernel(kc, mr, NR, a_mode, b_mode, direct[0], transposed, step[0], b_split) \
             if direct is not None else ""
         # The storing micro-kernel alone where every block is whole and K one block.
-        plain = _microkernel(kc, mr, NR, a_mode, b_mode, a_step=a_step, b_split=b_split) \
+        plain = _microkernel(kc, mr, NR, a_mode, b_mode, a_step=step[0], b_split=b_split) \
             if direct is None or KC < K or (M % MR and not tails) or N % NR else ""
-        made[mr] = plain, store
+        made[key] = plain, store
         return plain, store
     if body:
         kernels(MR)  # the whole panels' (registered first, as before tail panels)
@@ -886,7 +889,7 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                 if gather == "tile":
                     return f"{gp} + {ir} * {kb}", "0", "0"
                 ar = kc.tmp("ar")
-                ptrs = row_ptrs(ir, 1 if a_step else mr)
+                ptrs = row_ptrs(ir, 1 if step[0] else mr)
                 w.line(f"const float* {ar}[{mr}] = {{{', '.join(ptrs)}}};")
                 return "0", ar, f"{koff} + {pc}" if koff is not None else "0"
 
@@ -977,6 +980,18 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                     with w.block(f"for (long {ig} = 0; {ig} < {whole}; {ig} += {MR})"):
                         gather_panel(ig, MR, f"({gp} + {ig} * {kb})")
                 tail_blocks(lambda i, mr: gather_panel(i, mr, f"({gp} + {i} * {kb})"))
+            def whole_or_part(emit: Callable[[], None]) -> None:
+                """``emit`` the MR-row block at ``ir``; where the last one is part one and read with a row step
+                (``part_unstepped``), that one again without the step."""
+                if not part_unstepped:
+                    emit()
+                    return
+                with w.block(f"if ({m0} + {ir} + {MR} <= {M})"):
+                    emit()
+                with w.block("else"):
+                    step[0] = 0
+                    emit()
+                    step[0] = a_step
             if a_outer:
                 def row_panel(i: str, mr: int) -> None:
                     args = a_args(i, mr)
@@ -985,13 +1000,13 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                     strip(i, mr)
                 if body:
                     with w.block(over_m):
-                        row_panel(ir, MR)
+                        whole_or_part(lambda: row_panel(ir, MR))
                 tail_blocks(row_panel)
             else:
                 with w.block(over_n):
                     if body:
                         with w.block(over_m):
-                            block(ir, MR, a_args(ir, MR))
+                            whole_or_part(lambda: block(ir, MR, a_args(ir, MR)))
                     tail_blocks(lambda i, mr: block(i, mr, a_args(i, mr)))
         if direct is not None or strips:  # stored by the micro-kernel, or finished strip by strip
             pass
