@@ -83,3 +83,55 @@ def _cpu_flags() -> str:
             return next((ln.split(":", 1)[1] for ln in f if ln.startswith("flags")), "")
     except OSError:
         return ""
+
+
+# The layout gcc 12 gave a conv3d kernel built with -march=sapphirerapids: k1 set to all ones once, copied into the
+# mask of each gather of the loop's blocks; the last block, laid out after a gather that consumed k1 itself, is
+# reached only by the jump from the first, where k1 is still all ones. Read in listing order, its gathers'
+# masks looked cleared ("compiler"); along the jumps they are all ones.
+FLOW_SOURCE = ["void k0(void) {", "  const float t = p[clamped];"]
+FLOW = """
+0000000000000000 <k0>:
+k0():
+/tmp/x/model.c:2
+   0:\tkxnorb %k1,%k1,%k1
+   4:\tcmp    $0x7,%rsi
+   8:\tjbe    30 <k0+0x30>
+   e:\tkmovb  %k1,%k7
+  12:\tvgatherqps (%r11,%ymm1,4),%xmm18{%k7}
+  18:\tvgatherqps (%r11,%ymm2,4),%xmm3{%k1}
+  1e:\tret
+  20:\tvgatherqps (%r11,%ymm2,4),%xmm3{%k1}
+  26:\tjmp    1e <k0+0x1e>
+  30:\tkmovb  %k1,%k5
+  34:\tvgatherqps (%r11,%xmm3,4),%xmm5{%k5}
+  3a:\tvgatherqps (%r11,%xmm2,4),%xmm3{%k1}
+  40:\tret
+"""
+
+
+def test_a_masks_state_follows_the_jumps_not_the_listing():
+    found = [m.origin for m in parse(FLOW, FLOW_SOURCE)]
+    # the gathers at 12, 18: unmasked; at 20: unreachable (nothing known: the compiler's); at 34, 3a: unmasked
+    assert found == ["unmasked", "unmasked", "compiler", "unmasked", "unmasked"]
+
+
+def test_paths_that_disagree_on_a_mask_leave_it_unknown():
+    listing = FLOW.replace("   4:\tcmp    $0x7,%rsi", "   4:\tvpcmpleuq %ymm8,%ymm7,%k1").replace(
+        "   0:\tkxnorb %k1,%k1,%k1", "   0:\tkxnorb %k1,%k1,%k1\n   2:\tje     8 <k0+0x8>")
+    # k1 is all ones at 8 on the path 0 -> 2 -> 8 and a comparison's result on 0 -> 2 -> 4 -> 8: not known
+    assert [m.origin for m in parse(listing, FLOW_SOURCE)][-2:] == ["compiler", "compiler"]
+
+
+def test_a_call_clobbers_the_masks():
+    listing = FLOW.replace("  30:\tkmovb  %k1,%k5", "  30:\tcall   0 <k0>\n  32:\tkmovb  %k1,%k5")
+    assert [m.origin for m in parse(listing, FLOW_SOURCE)][-2:] == ["compiler", "compiler"]
+
+
+def test_a_function_jumping_through_a_register_knows_nothing_at_its_blocks():
+    listing = FLOW.replace("  26:\tjmp    1e <k0+0x1e>", "  26:\tnotrack jmp *%rax")
+    assert {m.origin for m in parse(listing, FLOW_SOURCE)} == {"compiler"}
+    # within the block that sets it, a mask is known even so
+    straight = FLOW_SOURCE, "\n".join(FLOW.splitlines()[:5]) + "\n  4:\tvgatherqps (%r11,%ymm1,4),%xmm18{%k1}\n" \
+        "  a:\tjmp    *%rax\n"
+    assert [m.origin for m in parse(straight[1], straight[0])] == ["unmasked"]

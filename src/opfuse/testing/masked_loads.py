@@ -145,17 +145,27 @@ def _origin(mnemonic: str, ops: list[str], src: str, ones: dict[str, bool | str]
     return "compiler"
 
 
-def parse(listing: str, source_lines: list[str]) -> list[MaskedLoad]:
-    """The masked loads of an ``objdump -d -l --inlines`` listing of an object compiled from ``source_lines``
-    (saved as ``model.c``). An instruction of an inlined header function (an intrinsic) is placed at the
-    innermost ``model.c`` line of its inline chain."""
-    found, function, line = [], "", 0
-    ones: dict[str, bool | str] = {}  # register -> its last write set it to all ones (or a constant mask)
+@dataclass(frozen=True)
+class _Insn:
+    address: int
+    mnemonic: str
+    operands: str      # as objdump prints them, the comment dropped
+    ops: tuple[str, ...]
+    line: int
+    text: str
+
+
+def _instructions(listing: str, source_lines: list[str]) -> dict[str, list[_Insn]]:
+    """Each function's instructions in listing order, each placed at its ``model.c`` line. An instruction of an
+    inlined header function (an intrinsic) is placed at the innermost ``model.c`` line of its inline chain."""
+    functions: dict[str, list[_Insn]] = {}
+    insns: list[_Insn] = []
+    line = 0
     outside = False  # the innermost location is not in model.c: the next "inlined by" line places it
     for raw in listing.splitlines():
         text = raw.strip()
         if m := _SYMBOL.match(raw):
-            function, line, outside = m["name"], 0, False
+            insns, line, outside = functions.setdefault(m["name"], []), 0, False
             continue
         if m := _INLINED.match(text):
             if outside and m["file"].endswith("model.c"):
@@ -168,17 +178,127 @@ def parse(listing: str, source_lines: list[str]) -> list[MaskedLoad]:
         m = _INSN.match(raw)
         if m is None:
             continue
-        mnemonic, ops = m["mnemonic"], _operands(m["operands"].split("#")[0])
-        if is_masked_load(mnemonic, m["operands"]):
-            src = source_lines[line - 1].strip() if 0 < line <= len(source_lines) else ""
-            found.append(MaskedLoad(function, line, src, f"{mnemonic} {m['operands'].strip()}",
-                                    _origin(mnemonic, ops, src, ones)))
-        if ops and ops[-1].startswith("%"):  # the register it writes: is it all ones now?
-            ones[ops[-1].split("{")[0]] = _sets_all_ones(mnemonic, ops, ones)
-        if "gather" in mnemonic:  # a gather clears its mask
-            ones[_gather_mask(ops)] = False
+        operands = m["operands"].split("#")[0]
+        src = source_lines[line - 1].strip() if 0 < line <= len(source_lines) else ""
+        insns.append(_Insn(int(raw.split(":", 1)[0], 16), m["mnemonic"], operands,
+                           tuple(_operands(operands)), line, src))
         if line == 0:
             outside = True  # still in a header function: a caller change comes as an "inlined by" line alone
+    return functions
+
+
+_PREFIXES = ("notrack", "bnd", "rex", "rex.w", "data16", "cs", "ds")
+_ENDS = ("ret", "retq", "ud2", "hlt")
+_Ones = dict[str, bool | str]
+
+
+def _branch(insn: _Insn) -> tuple[str, int | None] | None:
+    """``(kind, target)`` of a jump (``"jmp"`` or ``"jcc"``; the target None where it is indirect), ``("end",
+    None)`` for an instruction after which nothing follows, ``("call", None)`` for a call; None otherwise."""
+    words = [insn.mnemonic, *insn.operands.split()]
+    while words and words[0] in _PREFIXES:
+        words = words[1:]
+    if not words:
+        return None
+    op, rest = words[0], words[1:]
+    if op in _ENDS:
+        return "end", None
+    if op.startswith("call"):
+        return "call", None
+    if not op.startswith("j"):
+        return None
+    kind = "jmp" if op.startswith("jmp") else "jcc"
+    if not rest or rest[0].startswith("*"):
+        return kind, None
+    try:
+        return kind, int(rest[0], 16)
+    except ValueError:
+        return kind, None
+
+
+def _step(insn: _Insn, ones: _Ones) -> None:
+    """What ``insn`` does to the mask state: the register it writes (all ones now?), a gather's cleared mask, a
+    call's clobbered registers (every mask and vector register is the caller's to save)."""
+    ops = list(insn.ops)
+    if ops and ops[-1].startswith("%"):
+        ones[ops[-1].split("{")[0]] = _sets_all_ones(insn.mnemonic, ops, ones)
+    if "gather" in insn.mnemonic:  # a gather clears its mask
+        ones[_gather_mask(ops)] = False
+    kind = _branch(insn)
+    if kind is not None and kind[0] == "call":
+        ones.clear()
+
+
+def _meet(a: _Ones, b: _Ones) -> _Ones:
+    return {r: v for r, v in a.items() if v and b.get(r) == v}
+
+
+def _mask_states(insns: list[_Insn]) -> list[_Ones]:
+    """The mask state before each instruction, following the function's control flow: a register is all ones
+    (or a constant mask) at an instruction only where it is so on every path that reaches it (the listing's
+    order is not the order it runs in: a block laid out after a gather that cleared a mask may be reached only
+    from paths where that mask is still all ones). Where the function jumps through a register (targets not
+    known), every block starts from nothing known."""
+    if not insns:
+        return []
+    index = {insn.address: i for i, insn in enumerate(insns)}
+    branches = [_branch(insn) for insn in insns]
+    leaders = {0}
+    for i, br in enumerate(branches):
+        if br is not None and br[0] in ("jmp", "jcc", "end"):
+            if i + 1 < len(insns):
+                leaders.add(i + 1)
+            if br[1] in index:
+                leaders.add(index[br[1]])
+    indirect = any(br is not None and br[0] in ("jmp", "jcc") and br[1] is None for br in branches)
+    starts = sorted(leaders)
+    block_of = {}
+    blocks = []
+    for k, s in enumerate(starts):
+        e = starts[k + 1] if k + 1 < len(starts) else len(insns)
+        blocks.append((s, e))
+        block_of[s] = k
+    succ: list[list[int]] = [[] for _ in blocks]
+    for k, (_s, e) in enumerate(blocks):
+        br = branches[e - 1]
+        if br is not None and br[0] in ("jmp", "jcc") and br[1] in index:
+            succ[k].append(block_of[index[br[1]]])
+        falls = br is None or br[0] in ("jcc", "call")
+        if falls and k + 1 < len(blocks):
+            succ[k].append(k + 1)
+    entry: list[_Ones | None] = [None] * len(blocks)  # None: not reached yet (no constraint)
+    entry[0] = {}
+    work = [0]
+    while work:
+        k = work.pop()
+        state = dict(entry[k] or {})
+        for i in range(*blocks[k]):
+            _step(insns[i], state)
+        for t in succ[k]:
+            old = entry[t]
+            new: _Ones = {} if indirect else (dict(state) if old is None else _meet(old, state))
+            if old is None or new != old:
+                entry[t] = new
+                work.append(t)
+    states: list[_Ones] = []
+    for k, (s, e) in enumerate(blocks):
+        state = dict(entry[k] or {})
+        for i in range(s, e):
+            states.append(dict(state))
+            _step(insns[i], state)
+    return states
+
+
+def parse(listing: str, source_lines: list[str]) -> list[MaskedLoad]:
+    """The masked loads of an ``objdump -d -l --inlines`` listing of an object compiled from ``source_lines``
+    (saved as ``model.c``), in listing order. Whether a gather's mask is all ones is followed along the
+    function's jumps (``_mask_states``)."""
+    found = []
+    for function, insns in _instructions(listing, source_lines).items():
+        for insn, ones in zip(insns, _mask_states(insns), strict=True):
+            if is_masked_load(insn.mnemonic, insn.operands):
+                found.append(MaskedLoad(function, insn.line, insn.text, f"{insn.mnemonic} {insn.operands.strip()}",
+                                        _origin(insn.mnemonic, list(insn.ops), insn.text, ones)))
     return found
 
 
