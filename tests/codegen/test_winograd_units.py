@@ -121,6 +121,10 @@ def test_avx512_block_follows_the_hosts_fma_width():
     assert not full_width_fma_of("AuthenticAMD", "25", "fma avx2 avx512f avx512bw")   # Zen 4: two halves
     assert not full_width_fma_of("AuthenticAMD", "26", "fma avx2")                    # no AVX-512F
     assert not full_width_fma_of("GenuineIntel", "6", "fma avx2 avx512f")             # not known here
+    assert full_width_fma_of("GenuineIntel", "6", "fma avx2 avx512f amx_tile")        # Sapphire Rapids on
+    assert full_width_fma_of("GenuineIntel", "6", "fma avx2 avx512f avx512_fp16")
+    assert not full_width_fma_of("GenuineIntel", "6", "fma avx2 amx_tile")           # no AVX-512F
+    assert not full_width_fma_of("AuthenticAMD", "25", "fma avx2 avx512f amx_tile")  # the flags are Intel's rule
     assert not full_width_fma_of("", "", "")
 
 

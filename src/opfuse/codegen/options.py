@@ -526,11 +526,11 @@ class CodegenOptions:
     winograd_block_floats: int = 1 << 18
     # Winograd's batched GEMMs on the AVX-512 block (where it pads the tiles no further than the
     # AVX2 block; ``winograd._register_block``) instead of AVX2's 6 x 16. None (the default): on where the
-    # host's FMA pipes are as wide as a zmm register (``opfuse.targets.host_full_width_fma``: AMD Zen 5 on),
-    # resolved when the code is generated (``resolved``), off elsewhere. On the Zen 4 host it did not pay
-    # (zmm FMAs in two halves; resnet18, 1 thread, per-kernel CPU time, medians of 16 interleaved runs,
-    # against 6 x 16): layer1's F(4x4) convolutions (64 ch, 56x56) 0.94-1.09x, layer2's (128 ch, 28x28)
-    # 0.91-1.04x, whole model 1.00x. On the Zen 5 host, where 6 x 16 ymm runs at half the zmm peak
+    # host's FMA pipes are as wide as a zmm register (``opfuse.targets.host_full_width_fma``: AMD Zen 5 and
+    # Intel Sapphire Rapids on), resolved when the code is generated (``resolved``), off elsewhere. On the
+    # Zen 4 host it did not pay (zmm FMAs in two halves; resnet18, 1 thread, per-kernel CPU time, medians of 16
+    # interleaved runs, against 6 x 16): layer1's F(4x4) convolutions (64 ch, 56x56) 0.94-1.09x, layer2's
+    # (128 ch, 28x28) 0.91-1.04x, whole model 1.00x. On the Zen 5 host, where 6 x 16 ymm runs at half the zmm peak
     # (``bench_kernels.py``, kernel CPU time, 30 interleaved runs against off, load 10): r18.l1 (64 ch, 56x56)
     # 0.79x, r18.l2 (128 ch, 28x28) 0.85x, r18.l3 (14x14: 16 tiles, AVX2's block either way) 1.02x; in resnet18
     # (kernels' sum, 1 thread, 20 interleaved runs against off, load 11-12) 0.92x, resnet8 0.90x (stack1's
