@@ -273,6 +273,41 @@ def test_attention_packs_keys_and_values_once_per_head_when_heads_fill_the_threa
     assert len(tiles[9]) == 1 and "< 24; ++tile" in tiles[9][0]
 
 
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+@pytest.mark.parametrize("seq, masked", [(64, 0), (40, 0), (150, 70), (64, 64)])
+def test_the_one_pass_softmax_in_vectors_is_the_c_loops_bits(cache_dir, isa, seq, masked):
+    """``attention_vector_softmax``: a whole St panel's max, exp and sums in explicit vectors give the C loops'
+    bits, at 64 queries (whole panels only), 40 and 150 (a part panel in the C loops beside them), with leading
+    keys masked (a score column all -inf: its max read as 0, its row NaN as the reference's), and a NaN score
+    (passed over by the max as the C loop's ``s > m ? s : m`` does). ``attention_panelled_queries`` (whole query
+    blocks: 64 and 40 queries, not 150) packs the same values."""
+    from opfuse.codegen.options import CodegenOptions
+    from opfuse.runtime import reference
+    from opfuse.runtime.native import build
+    g, spec, (heads, _) = _attention_graph(heads=2, seq=seq, dim=8)
+    plan = group_by_names(g, spec)
+    feeds = reference.random_inputs(g, 0)
+    mask = np.zeros((1, 1, 1, seq), np.float32)
+    mask[..., :masked] = -np.inf
+    if seq == 150:
+        mask[..., 100] = np.nan
+    feeds["mask"] = mask
+    got = {}
+    for vec, panelled in ((True, True), (False, True), (True, False)):
+        model = build(g, plan, cache_dir=cache_dir, options=CodegenOptions(
+            vector_isa=isa, attention_vector_softmax=vec, attention_panelled_queries=panelled))
+        kernel = model.program.source.split("attention [")[1]
+        assert ("_max_ps(" in kernel) == vec
+        assert ("qd" in kernel) == (not panelled or seq == 150)  # the query-by-query pack's row pointer
+        got[vec, panelled] = model.run(feeds)
+    want = reference.run(g, feeds)
+    for k in want:
+        np.testing.assert_array_equal(got[True, True][k], got[False, True][k])
+        np.testing.assert_array_equal(got[True, True][k], got[True, False][k])
+    if masked < seq and seq != 150:
+        assert_close(got[True, True], want)
+
 def test_a_layernorm_reads_a_row_in_memory_in_place_and_a_computed_one_through_its_buffer(cache_dir):
     """LayerNorm over the last two axes of Relu(x): alone, it reads x's rows where they are (no copy into
     scratch); with the Relu as its prologue, the row goes through the row buffer. Both as the reference."""

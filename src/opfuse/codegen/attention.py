@@ -28,7 +28,10 @@ A key range of at most ``CodegenOptions.attention_one_pass_max_keys`` is one blo
 In the transposed layout the per-query statistics are unit-stride vectors over the NR
 queries of a panel, so the softmax bookkeeping vectorises as well as the products do; the
 exponential is an inline polynomial (``vecmath``'s ``opfuse_expf_nonpos``, within 1 ulp) instead
-of a libm call per score. Every output's sums run in a fixed order, whatever the thread
+of a libm call per score; the one-pass softmax of a whole panel runs in explicit AVX-512 / AVX2 vectors
+(``CodegenOptions.attention_vector_softmax``, the vector exp's bits being the scalar's), and where every
+query block is whole the queries are packed panel by panel as K is (``attention_panelled_queries``).
+Every output's sums run in a fixed order, whatever the thread
 count. Scratch per thread: the packed K, Vt and Qt, one St block (BT x tile queries), Ot
 and three per-query vectors (one in one pass); never the S x T score matrix.
 """
@@ -46,7 +49,8 @@ from opfuse.codegen.gemm import require_outlined_microkernel
 from opfuse.codegen.microkernel import transpose_helper
 from opfuse.codegen.index import Index
 from opfuse.codegen.stages import GroupAnalysis, Stage
-from opfuse.codegen import vecmath
+from opfuse.codegen import simdchain, vecmath
+from opfuse.codegen.vecmath import VecIsa
 
 # Query rows sharing one packing of K and V (fewer rows per tile: more tiles to spread
 # over threads, more repacking).
@@ -140,11 +144,26 @@ def _emit_one_pass_softmax(kc, exp: str, ct: str, st: str, den: str, bq: str, bt
     in the same loop. Only the ``bq`` real query columns are written, as in ``_emit_online_softmax``."""
     w = kc.w
     jp, t, j, nq = kc.tmp("jp"), kc.tmp("t"), kc.tmp("j"), kc.tmp("nq")
+    isas = [i for i in simdchain.isas_for(kc.program.options) if NR % i.lanes == 0] \
+        if kc.program.options.attention_vector_softmax and ct == "float" else []
     with w.block(f"for (long {jp} = 0; {jp} < {QP}; ++{jp})"):
         sp, lp, mx, ls = (kc.tmp(n) for n in ("sp", "lp", "mx", "ls"))
         w.line(f"const long {nq} = {bq} - {jp} * {NR} < {NR} ? {bq} - {jp} * {NR} : {NR};")
         w.line(f"float* restrict {sp} = {st} + {jp} * {BT * NR};")
         w.line(f"{ct}* restrict {lp} = {den} + {jp} * {NR};")
+        # Whole panels in explicit vectors (``CodegenOptions.attention_vector_softmax``); a part panel, and a
+        # build without the ISAs, in the C loops below (gcc vectorises them, ymm at most with this toolchain).
+        if isas:
+            done = kc.tmp("vdone")
+            w.line(f"int {done} = 0;")
+            for i, isa in enumerate(isas):
+                w.line(f"#{'el' if i else ''}if {isa.guard}")
+                with w.block(f"if ({nq} == {NR})"):
+                    _emit_vector_one_pass_softmax(kc, ct, sp, lp, bt, NR, isa)
+                    w.line(f"{done} = 1;")
+            w.line("#endif")
+            w.line(f"if (!{done}) {{")
+            w.level += 1
         s_tj = f"{sp}[{t} * {NR} + {j}]"
         w.line(f"{ct} {mx}[{NR}];")
         w.line(f"for (long {j} = 0; {j} < {NR}; ++{j}) {mx}[{j}] = -HUGE_VALF;")
@@ -158,6 +177,38 @@ def _emit_one_pass_softmax(kc, exp: str, ct: str, st: str, den: str, bq: str, bt
                 w.line(f"{s_tj} = {exp}({s_tj} - {mx}[{j}]);")
                 w.line(f"{ls}[{j}] += {s_tj};")
         w.line(f"for (long {j} = 0; {j} < {nq}; ++{j}) {lp}[{j}] = {ls}[{j}];")
+        if isas:
+            w.level -= 1
+            w.line("}")
+
+
+def _emit_vector_one_pass_softmax(kc, ct: str, sp: str, lp: str, bt: str, NR: int, isa: VecIsa) -> None:
+    """``_emit_one_pass_softmax`` of one whole St panel (all NR queries real) in ``isa``'s registers, NR / lanes
+    vectors a key row: the max by ``max_ps(s, m)`` (``s > m ? s : m``, as the C loop: a NaN score is passed over),
+    read as 0 where -inf, then ``p_t = exp(s_t - m)`` (``vecmath``'s vector exp, the scalar helper's bits) stored
+    over St and summed per lane with t ascending: the same bits as the C loops."""
+    w = kc.w
+    n = NR // isa.lanes
+    vexp = vecmath.require_vector(kc.program, vecmath.EXP_NONPOS, isa)
+    t, vt = kc.tmp("t"), isa.vt
+    mx = [kc.tmp("vm") for _ in range(n)]
+    ls = [kc.tmp("vl") for _ in range(n)]
+    at = [f"{sp} + {t} * {NR} + {v * isa.lanes}" for v in range(n)]
+    w.line(f"{vt} " + ", ".join(f"{m} = {isa.set1('-HUGE_VALF')}" for m in mx) + ";")
+    with w.block(f"for (long {t} = 0; {t} < {bt}; ++{t})"):
+        for m, a in zip(mx, at, strict=True):
+            w.line(f"{m} = {isa.op('max_ps', isa.op('loadu_ps', a), m)};")
+    for m in mx:
+        w.line(f"{m} = {isa.select(m, isa.set1('-HUGE_VALF'), '_CMP_EQ_OQ', isa.op('setzero_ps'), m)};")
+    w.line(f"{vt} " + ", ".join(f"{s} = {isa.op('setzero_ps')}" for s in ls) + ";")
+    with w.block(f"for (long {t} = 0; {t} < {bt}; ++{t})"):
+        for m, s, a in zip(mx, ls, at, strict=True):
+            p = kc.tmp("vp")
+            w.line(f"const {vt} {p} = {vexp}({isa.op('sub_ps', isa.op('loadu_ps', a), m)});")
+            w.line(f"{isa.op('storeu_ps', a, p)};")
+            w.line(f"{s} = {isa.op('add_ps', s, p)};")
+    for v, s in enumerate(ls):
+        w.line(f"{isa.op('storeu_ps', f'{lp} + {v * isa.lanes}', s)};")
 
 
 def lower_attention(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
@@ -243,13 +294,21 @@ def lower_attention(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
         w.line(f"const long {bq} = {S} - {q0} < {BQ} ? {S} - {q0} : {BQ};")
         if S % BQ or BQ % NR:  # a block short of whole NR-query panels: zero its padded queries
             w.line(f"memset({qp}, 0, sizeof(float) * {QP * D * NR});")
-        with w.block(f"for (long {c} = 0; {c} < {bq}; ++{c})"):
-            i = kc.tmp("i")
-            qd = kc.tmp("qd")
-            w.line(f"const long {i} = {q0} + {c};")
-            w.line(f"float* restrict {qd} = {qp} + ({c} / {NR}) * {D * NR} + {c} % {NR};")
-            with w.block(f"for (long {d} = 0; {d} < {D}; ++{d})"), ev.scope():
-                w.line(f"{qd}[{d} * {NR}] = {operand(Q, i, d)};")
+        if S % BQ == 0 and kc.program.options.attention_panelled_queries:
+            # Every block whole: Q as K, panel by panel, d, then the panel's NR queries (the writes contiguous,
+            # which gcc turns into transposes in registers; query by query, every write was a scalar store a
+            # panel row apart: bert_layer's 24 blocks 58 -> 28 us, the kernel alone in a harness).
+            _emit_panelled(kc, ev, BQ, NR, lambda p, r: f"{qp}[{p} * {D * NR} + {d} * {NR} + {r}] = "
+                                                       f"{operand(Q, f'{q0} + {p} * {NR} + {r}', d)};",
+                           across=(d, D))
+        else:
+            with w.block(f"for (long {c} = 0; {c} < {bq}; ++{c})"):
+                i = kc.tmp("i")
+                qd = kc.tmp("qd")
+                w.line(f"const long {i} = {q0} + {c};")
+                w.line(f"float* restrict {qd} = {qp} + ({c} / {NR}) * {D * NR} + {c} % {NR};")
+                with w.block(f"for (long {d} = 0; {d} < {D}; ++{d})"), ev.scope():
+                    w.line(f"{qd}[{d} * {NR}] = {operand(Q, i, d)};")
 
         if not one_pass:
             w.line(f"memset({ot}, 0, sizeof(float) * {DVP * MR * BQP});")

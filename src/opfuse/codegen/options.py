@@ -312,6 +312,13 @@ class CodegenOptions:
     # exp(m - m') after each block and adds. Scratch: the whole score panel (bert_layer's 128 keys x 64 queries, 32
     # KiB). 0: always the online form.
     attention_one_pass_max_keys: int = 256
+    # The one-pass softmax of a whole St panel (NR real queries) in explicit AVX-512 / AVX2 vectors (max, then the
+    # vector exp_nonpos stored over St and summed per lane, t ascending: the C loops' bits), where gcc vectorised
+    # the C loops with ymm and masks. Off: the C loops alone.
+    attention_vector_softmax: bool = True
+    # Where every query block is whole, the tile's queries are packed panel by panel as K is (``attention.py``);
+    # off: query by query, as before (the same values).
+    attention_panelled_queries: bool = True
     # Attention (``codegen/attention.py``): where the batch (heads) alone makes at least this many tiles,
     # a tile takes every query block of its head and packs K and V once for them; with fewer heads a
     # tile per query block keeps the threads busy, each packing K and V again. bert_layer (12 heads, 2
