@@ -30,9 +30,11 @@ DTYPES = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8}
 
 def qconv(cin=6, cout=5, hw=(9, 7), k=3, stride=1, pad=1, dilation=1, group=1, x_dtype="int8", zp=-7,
           out_dtype="int8", out_zp=3, relu=False, residual=False, res_dtype="int8", shifts=(1e-4, 3e-3),
-          wmax=128, bias=True, seed=0, kw=None, batch=1, bias_input=False):
+          wmax=128, bias=True, seed=0, kw=None, batch=1, bias_input=False, dequantized=None):
     """x (8-bit) -> Cast/Sub(zp) -> Conv -> [Add(bias)] -> Requantize [+ residual r (8-bit)] -> y (8-bit);
-    ``bias_input``: the bias as the Conv's third input (1-D) instead of an Add."""
+    ``bias_input``: the bias as the Conv's third input (1-D) instead of an Add; ``dequantized``: instead of the
+    Requantize, ``Cast(acc) * scale`` (float, per channel: ``integer_conv_dequantized``'s form), then that
+    activation ("" for none)."""
     rng = np.random.default_rng(seed)
     b = GraphBuilder("qconv")
     x = b.input("x", (batch, cin) + hw, x_dtype)
@@ -45,6 +47,10 @@ def qconv(cin=6, cout=5, hw=(9, 7), k=3, stride=1, pad=1, dilation=1, group=1, x
                dilations=[dilation] * 2, group=group)
     if bias and not bias_input:
         acc = b.op("Add", acc, b.const("bias", bias_values))
+    if dequantized is not None:
+        scale = rng.uniform(1e-5, 3e-4, (cout, 1, 1)).astype(np.float32)
+        y = b.op("Mul", b.op("Cast", acc, to=int(TensorProto.FLOAT)), b.const("dq_scale", scale), name="dequantize")
+        return b.build(b.op(dequantized, y, name="act") if dequantized else y)
     pairs = [fixed_point_multiplier(float(m)) for m in rng.uniform(*shifts, cout)]
     mult = np.array([p[0] for p in pairs], np.int32).reshape(1, cout, 1, 1)
     shift = np.array([p[1] for p in pairs], np.int32).reshape(1, cout, 1, 1)
@@ -167,6 +173,51 @@ CASES = {
 def test_host_int8_conv_is_bit_exact(case):
     check(qconv(**CASES[case], seed=len(case)))
 
+
+
+DEQUANTIZED = {  # case -> (qconv parameters, the host GEMM takes it)
+    "3x3-sigmoid": ({"dequantized": "Sigmoid"}, True),
+    "1x1-flat-zmm-silu": ({"k": 1, "pad": 0, "cin": 22, "cout": 13, "hw": (7, 9), "dequantized": "HardSwish"}, True),
+    "stride2-uint8-alone": ({"stride": 2, "cout": 11, "hw": (13, 17), "x_dtype": "uint8", "zp": 140,
+                             "dequantized": ""}, True),
+    "grouped-no-bias-tanh": ({"group": 2, "cin": 6, "cout": 10, "bias": False, "dequantized": "Tanh"}, True),
+    "pairs-wide-weights": ({"wmax": 30000, "cin": 4, "cout": 6, "dequantized": "Relu"}, True),
+    "dw-refused": ({"group": 6, "cin": 6, "cout": 6, "dequantized": "Sigmoid"}, False),
+}
+
+
+@pytest.mark.parametrize("case", list(DEQUANTIZED), ids=list(DEQUANTIZED))
+def test_a_dequantizing_epilogue_is_the_gemms_and_bit_exact(case):
+    """``Cast(acc + bias) * scale`` per channel (``integer_conv_dequantized``) in the host GEMM's epilogue in place
+    of the Requantize, then the activation element by element: the same bits with AVX512-VNNI, AVX2 alone and the
+    plain ``#else``, and the reference's bits for the dequantized value itself in those and the plain build (Relu
+    too; the exp-based activations within their few ulps of the reference's); a depthwise conv keeps qconv.py's
+    kernel and says why."""
+    params, host = DEQUANTIZED[case]
+    g = qconv(**params, seed=len(case))
+    comp = plan_model(g)
+    assert len(comp.plan.groups) == 1
+    graph, plan = comp.plan.graph, comp.plan
+    feeds = _feeds(g)
+    want = run(g, feeds)
+    (name,) = want
+    builds = [build(graph, plan, options=HOST), _avx2_only(graph, plan, HOST),
+              _built_with(graph, plan, HOST, "-mno-avx2"), build(graph, plan, options=HOST.with_(simd="none"))]
+    got = [m.run_guarded(feeds)[name] for m in builds]
+    for other in got[1:3]:  # the host build's three branches: the same C after the dequantization
+        np.testing.assert_array_equal(other, got[0])
+    for one in got:
+        if params["dequantized"] in ("", "Relu"):
+            np.testing.assert_array_equal(one, want[name])
+        else:  # the activations' own C (the plain build's is its scalar form)
+            np.testing.assert_allclose(one, want[name], rtol=2e-6, atol=1e-7)
+    source = builds[0].program.source
+    assert ("opfuse_q8_store_f32(" in source.split("opfuse_q8_store(void", 1)[-1]) == host
+    notes = [n for k in builds[0].program.kernels for n in k.notes]
+    if host:
+        assert not any("host int8 kernel not used" in n for n in notes)
+    else:
+        assert any("a dequantizing epilogue on a depthwise convolution" in n for n in notes)
 
 INT64_CASES = ("3x3", "1x1-flat", "residual-int8", "residual-uint8-stride2", "shifts-below-32", "shifts-mixed",
                "uint8-in-out", "relu-clamp", "int8-zero-point-extremes", "batch2-dw-channels", "dw-residual-uint8",

@@ -16,9 +16,9 @@ from opfuse.ops import GraphBuilder
 from opfuse.rewrites.context import RewriteContext
 from opfuse.rewrites.edit import Provenance
 from opfuse.rewrites.engine import run_pattern_rules
-from opfuse.rules.integer_ops import (ADDS_A_TENSOR, INTEGER_CONV_RULE, INTEGER_MATMUL_DEQUANTIZED_RULE,
-                                      INTEGER_MATMUL_RULE, conv_pattern, dequantized, matmul_dequantized_pattern,
-                                      matmul_pattern, quantizes)
+from opfuse.rules.integer_ops import (ADDS_A_TENSOR, INTEGER_CONV_DEQUANTIZED_RULE, INTEGER_CONV_RULE,
+                                      INTEGER_MATMUL_DEQUANTIZED_RULE, INTEGER_MATMUL_RULE, conv_dequantized_pattern,
+                                      conv_pattern, dequantized, matmul_dequantized_pattern, matmul_pattern, quantizes)
 from opfuse.rules.options import FusionOptions
 from opfuse.runtime.reference import run
 from rule_helpers import full_range_feeds
@@ -30,12 +30,13 @@ RNG_SEED = 7
 
 def rules():
     return [dataclasses.replace(INTEGER_CONV_RULE, pattern=conv_pattern()),
+            dataclasses.replace(INTEGER_CONV_DEQUANTIZED_RULE, pattern=conv_dequantized_pattern()),
             dataclasses.replace(INTEGER_MATMUL_RULE, pattern=matmul_pattern()),
             dataclasses.replace(INTEGER_MATMUL_DEQUANTIZED_RULE, pattern=matmul_dequantized_pattern())]
 
 
 def rewrite(g):
-    """The three rules (patterns made now) on a copy of ``g``: (copy, decisions, provenance)."""
+    """The four rules (patterns made now) on a copy of ``g``: (copy, decisions, provenance)."""
     g1 = g.copy()
     rc = RewriteContext(FusionOptions(), Provenance(g1))
     run_pattern_rules(g1, rules(), rc, "recognize_integer")
@@ -80,8 +81,11 @@ def quant(b, y, scale=0.1, zero=-3.0, to=INT8, lo=None, hi=None, zp_add=True, cl
 
 
 def conv_graph(*, x_dtype="int8", x_scale=0.05, x_zero=-1.0, w_scale=None, w_zero=0.0, w_dtype=I8, w_const=True,
-               bias="ok", residual=None, relu=False, q=None, conv_out=False, w_dq=True, relu_out=False, x_side=False):
-    """DQ(x_q) -> Conv(DQ(W_q) per output channel, [DQ(B_q)]) -> [Add(DQ(r_q))] -> [Relu] -> Q -> y_q."""
+               bias="ok", residual=None, relu=False, q=None, conv_out=False, w_dq=True, relu_out=False, x_side=False,
+               act=None):
+    """DQ(x_q) -> Conv(DQ(W_q) per output channel, [DQ(B_q)]) -> [Add(DQ(r_q))] -> [Relu] -> Q -> y_q; ``act``:
+    ``Conv -> act -> Q`` instead (an activation the quantizer leaves in float before quantizing), or the Conv's
+    float output alone where ``act`` is "float"."""
     b = GraphBuilder("qconv")
     x_q = b.input("x_q", (1, 3, 5, 5), x_dtype)
     w = (np.arange(4 * 3 * 3 * 3).reshape(4, 3, 3, 3) % 11 - 5).astype(w_dtype)
@@ -101,6 +105,10 @@ def conv_graph(*, x_dtype="int8", x_scale=0.05, x_zero=-1.0, w_scale=None, w_zer
             inputs.append(dq(b, b.const("b_q", np.asarray(bq).astype(bdt)), bs, bz, "b"))
     y = b.op("Conv", *inputs, pads=[1, 1, 1, 1], name="conv")
     c = y
+    if act == "float":
+        return b.build(y)
+    if act is not None:
+        return b.build(quant(b, b.op(act, y, name="act"), **(q or {})))
     if residual is not None:
         r_scale, r_zero, r_shape, same = residual
         if same:
@@ -214,6 +222,15 @@ def test_a_dequantization_read_elsewhere_stays_outside_the_provenance():
      "the Conv's output is not quantized by its only reader (through a residual Add and a Relu at most)"),
 ])
 def test_conv_refusals_say_why(kwargs, reason):
+    res = kwargs.get("residual")
+    if res is not None and (res[3] or res[0] is None):
+        # an Add of a float tensor after the Conv: integer_conv refuses it, and the Conv, read by no quantization
+        # now, is integer_conv_dequantized's (the Add and the quantization stay in float)
+        _, decisions, _ = rewrite(conv_graph(**kwargs))
+        assert [(d.rule, d.verdict) for d in decisions] == [("integer_conv", "refused"),
+                                                            ("integer_conv_dequantized", "rewritten")]
+        assert decisions[0].reason == reason
+        return
     assert refusals(conv_graph(**kwargs)) == [reason]
 
 
@@ -261,6 +278,66 @@ def test_a_bias_scale_within_float32_rounding_is_accepted_one_beyond_refused():
         off = ((xs * ws).astype(np.float64) * (1 + rel)).astype(F32)
         assert refusals(conv_graph(bias={"scale": off})) == ["the bias scale is not input scale x weight scale"]
 
+
+
+# integer_conv_dequantized --------------------------------------------------------------------------------------
+
+DEQUANTIZED_CONV = "as an integer conv (int32 accumulator) dequantized to float"
+
+
+@pytest.mark.parametrize("kwargs, parts", [
+    ({"act": "Sigmoid"}, "DequantizeLinear -> Conv -> (int32 bias)"),
+    ({"act": "HardSwish", "x_dtype": "uint8", "x_zero": 128.0}, "DequantizeLinear -> Conv -> (int32 bias)"),
+    ({"act": "float", "bias": None, "w_scale": F32(0.02)}, "DequantizeLinear -> Conv"),
+    ({"act": "Tanh", "w_zero": np.array([1, -2, 0, 3], F32).reshape(4, 1, 1, 1)},
+     "DequantizeLinear -> Conv -> (int32 bias)"),
+])
+def test_a_conv_left_in_float_is_an_integer_conv_dequantized(kwargs, parts):
+    """A Conv whose output an activation reads (or nothing: a graph output) before any quantization: ConvInteger, the
+    int32 bias, a Cast and one multiply by x_scale * w_scale per channel, equal to the float conv within float
+    rounding (the float path sums float32 products; the integer one is exact and rounds once), its 8-bit output
+    within one step."""
+    g = conv_graph(**kwargs)
+    g1, decisions, prov = rewrite(g)
+    assert [(d.rule, d.verdict, d.reason) for d in decisions] == [
+        ("integer_conv_dequantized", "rewritten", f"{parts} {DEQUANTIZED_CONV}")]
+    assert [n.outputs[0].dtype for n in g1.nodes if n.op_type == "Conv"] == [np.int32]
+    conv_out = g1.values["conv"]
+    assert conv_out.producer.op_type == "Mul" and conv_out.dtype == F32
+    for seed in (1, 2):
+        feeds = _feeds(g, seed)
+        np.testing.assert_allclose(run(g1, feeds)["conv"] if kwargs.get("act") == "float" else
+                                   _values(g1, feeds, "conv"), _values(g, feeds, "conv"), rtol=1e-5, atol=1e-6)
+    if kwargs.get("act") != "float":
+        assert_within_one_step(g, g1)
+    assert {"conv", "x_cast", "x_mul"} <= set(prov.of(conv_out.producer.name))
+
+
+def _values(g, feeds, name):
+    """The value ``name`` of ``g`` on ``feeds`` (made an output of a copy)."""
+    g2 = g.copy()
+    g2.outputs = [*g2.outputs, g2.values[name]]
+    return run(g2, feeds)[name]
+
+
+@pytest.mark.parametrize("kwargs, reason", [
+    ({"act": "Sigmoid", "bias": "float"}, "the bias is not the output of a DequantizeLinear"),
+    ({"act": "Sigmoid", "w_const": False}, "the weight is not an int8 or uint8 constant"),
+    ({"act": "Sigmoid", "x_zero": None}, "the input is not quantized per tensor with a zero point"),
+    ({"act": "Sigmoid", "bias": {"scale": np.full(4, 1e-3, F32)}}, "the bias scale is not input scale x weight scale"),
+])
+def test_a_conv_left_in_float_that_cannot_be_integer_says_why(kwargs, reason):
+    assert [r for r in refusals(conv_graph(**kwargs))] == [reason]
+
+
+def test_a_quantized_conv_is_integer_convs_and_a_float_conv_of_float_weights_no_ones():
+    """A Conv quantized after it (through a Relu) is integer_conv's alone; one of float weights is no candidate (no
+    refusal logged); a Conv both quantized and a graph output is integer_conv's refusal alone."""
+    g1, decisions, _ = rewrite(conv_graph(relu=True))
+    assert [d.rule for d in decisions] == ["integer_conv"]
+    assert refusals(conv_graph(act="Sigmoid", w_dq=False)) == []
+    assert refusals(conv_graph(conv_out=True)) == [
+        "the Conv's output is not quantized by its only reader (through a residual Add and a Relu at most)"]
 
 # integer_matmul ------------------------------------------------------------------------------------------------
 

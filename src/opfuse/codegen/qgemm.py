@@ -54,6 +54,10 @@ quantized model's ``Cast/Sub -> Conv -> [Add bias] -> Requantize [+ residual]``,
    innermost, built and stored through 8x8 byte transposes, the epilogue with one channel's constants per
    lane); a strided one below ``int8_depthwise_strided_channels_below`` too.
 
+A dequantizing epilogue (``integer_conv_dequantized``: ``Cast(acc + bias) * scale`` per output channel, a Conv
+whose float output an activation reads before any quantization) takes the Requantize's place in the GEMM
+(``QEpilogue.scale``): 8 accumulators converted (``vcvtdq2ps``) and multiplied by the channel's scale, each rounded
+as the reference's Cast and Mul, so the same bits; the depthwise and AdvSIMD kernels keep ``qconv.py``'s for it.
 Element-wise ops after the Requantize (onnxruntime's QDQ form: the requantized value dequantized to float, a
 dequantized residual added, quantized again) are taken: the vectors are requantized into a row of scratch, then the
 tail runs on those values in one loop per epilogue call (``finish_element``; gcc vectorises it), its other operands
@@ -139,6 +143,9 @@ class QEpilogue:
     finish: Callable[[Index, str], None] | None = None
     rows: dict[str, Callable[[str], Index]] = field(default_factory=dict)
     outputs: tuple[Value, ...] = ()  # the stage's outputs (with a tail: what it stores)
+    # Dequantized to float instead of requantized (``integer_conv_dequantized``: ``Cast(acc + bias) * scale``, the
+    # scale per output channel): ``out`` is that float product, ``mult``/``shift``/``zp``/``lo``/``hi`` unused.
+    scale: np.ndarray | None = None
 
 
 def _centred_input(v: Value, ev) -> QInput | None:
@@ -193,9 +200,11 @@ def _must(value: T | None, reason: str) -> T:
     return value
 
 
-def match_epilogue(ev, stage: Stage, node: Node, tail: bool = False) -> QEpilogue:
+def match_epilogue(ev, stage: Stage, node: Node, tail: bool = False, dequantize: bool = False) -> QEpilogue:
     """The epilogue this module vectorises; ``_Refused`` with the reason otherwise. ``tail``: element-wise ops after
-    the Requantize are taken too (the conv kernel's ``QEpilogue.finish``), their nodes returned in ``ops``."""
+    the Requantize are taken too (the conv kernel's ``QEpilogue.finish``), their nodes returned in ``ops``.
+    ``dequantize``: a ``Cast`` to float and a ``Mul`` by a constant per channel may stand for the Requantize
+    (``QEpilogue.scale``: the conv GEMM's dequantizing epilogue)."""
     acc = node.outputs[0]
     shape = acc.shape
     bias = np.zeros(shape[1], np.int64)
@@ -205,6 +214,8 @@ def match_epilogue(ev, stage: Stage, node: Node, tail: bool = False) -> QEpilogu
                       "the Conv's bias is not a constant")
     cur = acc
     rq: Node | None = None
+    cast: Node | None = None
+    scale: np.ndarray | None = None
     pre = {id(acc)}  # the accumulator and what is computed from it before the Requantize
     after: set[int] = set()  # the Requantize's output and the tail's values
     for n in stage.epilogue:
@@ -228,8 +239,20 @@ def match_epilogue(ev, stage: Stage, node: Node, tail: bool = False) -> QEpilogu
         elif n.op_type == "Requantize" and n.input(0) is cur:
             rq = n
             after.add(id(rq.outputs[0]))
+        elif dequantize and n.op_type == "Cast" and cur.dtype == np.int32 and n.outputs[0].dtype == np.float32 \
+                and cast is None:
+            cast = n  # the dequantization's Cast (``integer_conv_dequantized``), its Mul next
+            cur = n.outputs[0]
+            pre.add(id(cur))
+        elif n.op_type == "Mul" and cast is not None and n.outputs[0].shape == shape:
+            other = n.input(1) if n.input(0) is cur else n.input(0)
+            scale = _must(_per_channel(ev.static.get(id(other)), shape, np.float32),
+                          "the dequantization's scale is not a constant per channel")
+            rq = n
+            after.add(id(rq.outputs[0]))
         else:
-            raise _Refused(f"a {n.op_type} in the epilogue (only a bias Add and a Requantize are vectorised)")
+            raise _Refused(f"a {n.op_type} in the epilogue (only a bias Add and a Requantize, or a dequantizing Cast "
+                           "and Mul, are vectorised)")
     rq = _must(rq, "the epilogue has no Requantize")
     if len(after) == 1 or not tail:
         _need(len(stage.outputs) == 1 and stage.outputs[0] is rq.outputs[0],
@@ -239,6 +262,9 @@ def match_epilogue(ev, stage: Stage, node: Node, tail: bool = False) -> QEpilogu
               "the kernel stores another tensor than the Requantize's output and the element-wise ops after it")
     out = rq.outputs[0]
     _need(out.shape == shape, "the Requantize broadcasts the accumulator")
+    if scale is not None:  # dequantized: Cast(acc + bias) * scale, float32 per channel
+        none = np.zeros(shape[1], np.int32)
+        return QEpilogue(out, bias.astype(np.int32), none, none, 0, 0, 0, scale=scale.astype(np.float32))
     mult = _must(_per_channel(ev.static.get(id(rq.input(1))), shape, np.int64),
                  "the Requantize's multiplier is not a constant per channel")
     shift = _must(_per_channel(ev.static.get(id(rq.input(2))), shape, np.int64),
@@ -285,12 +311,19 @@ def host_int8_conv_applies(kc, ev, stage: Stage) -> tuple[QInput, QEpilogue] | N
                                                      "constant zero point, dequantized in this kernel")
         if opts.vector_isa == "neon":
             _neon_applies(ev, node, x)
-        ep = match_epilogue(ev, stage, node, tail=True)
+        ep = match_epilogue(ev, stage, node, tail=True, dequantize=True)
+        if ep.scale is not None:
+            _, G = conv_geometry(node)
+            _need(opts.vector_isa != "neon", "a dequantizing epilogue on AdvSIMD (only the x86 GEMM takes it)")
+            _need(not (node.input(0).shape[1] // G == 1 and node.outputs[0].shape[1] // G == 1),
+                  "a dequantizing epilogue on a depthwise convolution (only the GEMM takes it)")
         if not (len(stage.outputs) == 1 and stage.outputs[0] is ep.out):
             ep.finish = lambda idx, expr: finish_element(kc, ev, stage, ep.out, idx, expr)
             ep.outputs = tuple(stage.outputs)
-            kc.note(lambda name: f"int8 conv '{name}': element-wise epilogue after the vectorised Requantize, "
-                                 "element by element on each requantized row", node)
+            what, row = ("dequantization to float", "dequantized") if ep.scale is not None else \
+                ("Requantize", "requantized")
+            kc.note(lambda name: f"int8 conv '{name}': element-wise epilogue after the vectorised {what}, "
+                                 f"element by element on each {row} row", node)
         return x, ep
     except _Refused as e:
         reason = str(e)
@@ -590,6 +623,17 @@ static inline void opfuse_q8_store_8x8(void* dst, long stride, long nch, long n,
   unsigned char tmp[64];
   for (int i = 0; i < 4; ++i) _mm_storeu_si128((__m128i*)(tmp + 16 * i), w[i]);
   for (long j = 0; j < nch; ++j) memcpy(d + j * stride, tmp + 8 * j, (size_t)n);
+}
+
+/* 8 (or the first n) floats: a dequantized row's vector. */
+static inline void opfuse_q8_store_f32(float* dst, __m256 v, long n) {
+  if (n >= 8) {
+    _mm256_storeu_ps(dst, v);
+  } else {
+    float tmp[8];
+    _mm256_storeu_ps(tmp, v);
+    memcpy(dst, tmp, sizeof(float) * (size_t)n);
+  }
 }
 
 static inline void opfuse_q8_store(void* dst, __m128i b, long n) {
@@ -966,6 +1010,9 @@ class DoubleRequant(NamedTuple):
     fn: str
 
 
+# ``_emit_channel``'s function for a dequantizing epilogue (``QEpilogue.scale``): a float multiply, no requantization.
+DEQUANTIZE = "dequantize"
+
 # |value before rounding| below which the rounded value plus a zero point (|zp| <= 255) is an int32 with no
 # overflow, so that the saturating int32 -> 16 -> 8-bit packs may do the clamp to the type's range.
 SATURATING_BOUND = 1 << 30
@@ -978,7 +1025,7 @@ def exact_in_double(kc, ep: QEpilogue, x: QInput, wabs: np.ndarray) -> DoubleReq
     ``B = wabs |x|max + |bias|``; ``B < 2^31`` (the int32 sum does not wrap) and ``B mult + |res|max rmult < 2^53``
     make the products and their sum exact doubles. None where a channel fails it (long sums of wide weights) or
     the option is off (``CodegenOptions.int8_requantize_double``): the 64-bit integer path."""
-    if not kc.program.options.int8_requantize_double:
+    if not kc.program.options.int8_requantize_double or ep.scale is not None:
         return None
     xb, rb = _centred_bound(x), _centred_bound(ep.res) if ep.res is not None else 0
     rmult = ep.rmult if ep.rmult is not None else np.zeros(len(ep.mult), np.int64)
@@ -1008,7 +1055,11 @@ def _emit_channel(kc, ep: QEpilogue, oc: str, bias_values: np.ndarray | None = N
         bias = kc.const_array(("q8_bias", ep.out.name), ep.bias, f"{ep.out.name}_bias", np.int32)
     else:
         bias = kc.const_array(("q8_bias_quads", ep.out.name), bias_values, f"{ep.out.name}_qbias", np.int32)
-    if dscale is not None:
+    if ep.scale is not None:  # dequantized: the channel's float scale in every lane
+        sc = kc.const_array(("q8_dqscale", ep.out.name), ep.scale, f"{ep.out.name}_dqscale", np.float32)
+        w.line(f"const __m256 {ch} = _mm256_set1_ps({sc}[{oc}]);")
+        fn = DEQUANTIZE
+    elif dscale is not None:
         sc = kc.const_array(("q8_scale", ep.out.name), dscale[0], f"{ep.out.name}_scale", np.float64)
         rs = "0.0"
         if dscale[1] is not None:
@@ -1047,6 +1098,10 @@ def _emit_epilogue(kc, ep: QEpilogue, accs: list[str], chan: tuple[str, str, str
                 rs = "s8" if ep.res.q.dtype == np.int8 else "u8"
                 w.line(f"const __m256i {r} = opfuse_q8_load_{rs}({res_row} + {ow0} + {v * LANES}, {n}, {ep.res.zp});")
                 res = f"&{r}"
+            if fn == DEQUANTIZE:  # float(acc + bias) * scale, as the reference's Cast and Mul round them
+                w.line(f"opfuse_q8_store_f32({out_row} + {ow0} + {v * LANES}, _mm256_mul_ps(_mm256_cvtepi32_ps("
+                       f"_mm256_add_epi32({acc}, {b})), {ch}), {n});")
+                continue
             w.line(f"opfuse_q8_store({out_row} + {ow0} + {v * LANES}, {fn}("
                    f"_mm256_add_epi32({acc}, {b}), &{ch}, {res}, {unsigned}), {n});")
     k = len(accs) * LANES
@@ -1755,7 +1810,7 @@ def _portable(kc, node: Node, x: QInput, ep: QEpilogue, G: int, packed: _Packed)
     name = ep.out.name
     arrays = dict(packed.arrays)
     for key, values, dt in (("bias", ep.bias, np.int32), ("mult", ep.mult, np.int32), ("shift", ep.shift, np.int32),
-                            ("rmult", ep.rmult, np.int64)):
+                            ("rmult", ep.rmult, np.int64), ("dqscale", ep.scale, np.float32)):
         if key not in arrays and values is not None:
             arrays[key] = kc.const_array((f"q8_{key}", name), values, f"{name}_{key}", dt)
     w = kc.w
@@ -1802,6 +1857,8 @@ def _portable(kc, node: Node, x: QInput, ep: QEpilogue, G: int, packed: _Packed)
                     rmult = f"{arrays['rmult']}[{oc}]"
                 y = (f"({c_type(ep.out.dtype)}){rq}((int32_t){acc}, {arrays['mult']}[{oc}], {arrays['shift']}[{oc}], "
                      f"{res}, {rmult}, {ep.zp}, {ep.lo}, {ep.hi})")
+                if ep.scale is not None:  # dequantized: Cast then Mul, each rounded as the reference's
+                    y = f"(float)(int32_t){acc} * {arrays['dqscale']}[{oc}]"
                 if ep.finish is None:
                     w.line(f"{out}[{at}] = {y};")
                 else:

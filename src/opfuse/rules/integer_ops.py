@@ -1,5 +1,6 @@
 """``integer_conv`` and ``integer_matmul``: a QDQ model's float Conv / Gemm / MatMul between dequantized
-8-bit tensors and a quantization of its result is the integer op it stands for.
+8-bit tensors and a quantization of its result is the integer op it stands for (and, where its result stays
+float, ``integer_conv_dequantized`` / ``integer_matmul_dequantized``: the integer op dequantized once).
 
 A QDQ model imported (``onnx_decompose``; the importer keeps a dequantized *constant* as
 ``Cast -> Sub -> Mul`` over the integer constant for these rules) reads
@@ -42,6 +43,13 @@ float32 products; the integer one is exact and rounds once, so the two differ by
 pattern only admits float products of two dequantizations whose result no quantization reads (those are
 ``integer_matmul``'s), so other MatMuls are not refused in the log.
 
+``integer_conv_dequantized`` takes a Conv of the same operands whose float result no quantization reads the way
+``integer_conv`` takes it (an activation the quantizer leaves in float before quantizing: YOLO's SiLU, a
+HardSwish, a Sigmoid; a graph output; a second reader): ``ConvInteger`` of the 8-bit input and weight, the int32
+bias (one value per output channel), a ``Cast`` to float and one multiply by ``x_scale * w_scale`` per output
+channel; the activation and whatever follows stay as they are. The host GEMM runs that Cast and multiply in its
+epilogue in place of a Requantize (``codegen/qgemm.py``).
+
 Conditions, each refusal with its reason (the wording of the importer's former recognizer): the
 scales and zero points constants, the activations per tensor, the weight an int8 or uint8 constant
 quantized per tensor or along its output channels, the bias (if any) an int32 constant with zero
@@ -64,6 +72,7 @@ from opfuse.rules.rule import Rule, Subgraph, refusal_of
 INTEGER_CONV = "integer_conv"
 INTEGER_MATMUL = "integer_matmul"
 INTEGER_MATMUL_DEQUANTIZED = "integer_matmul_dequantized"
+INTEGER_CONV_DEQUANTIZED = "integer_conv_dequantized"
 EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
 QUANT_RANGES = {np.dtype(t): (np.iinfo(t).min, np.iinfo(t).max) for t in (np.int8, np.uint8)}
 BIAS_SCALE_RTOL = 1e-6  # the bias scale must be xs * ws to float32 rounding
@@ -160,6 +169,34 @@ def _conv_match(m) -> dict | str:
         return "not a Conv with a weight"
     if _escapes(m, ("conv", "residual", "relu")):
         return "the Conv's output is not quantized by its only reader (through a residual Add and a Relu at most)"
+    found = _conv_operands(conv)
+    if isinstance(found, str):
+        return found
+    residual = None
+    add = _one(m, "residual")
+    if add is not None:
+        ins = add.inputs
+        if len(ins) != 2 or ins[0] is ins[1]:
+            return "the residual is not the output of a DequantizeLinear"
+        other = ins[1] if ins[0] is conv.outputs[0] else ins[0]
+        r = dequantized(other, "the residual")
+        if isinstance(r, str):
+            return r
+        if r.scale.size != 1 or r.zero is None or r.zero.size != 1 or r.q.dtype not in EIGHT_BIT:
+            return "the residual is not quantized per tensor to int8 or uint8 with a zero point"
+        if other is None or other.shape != conv.outputs[0].shape:
+            return "the residual's shape is not known to be the Conv's output shape"
+        residual = r
+    tail = _quantized(m)
+    if isinstance(tail, str):
+        return tail
+    return {**found, "residual": residual, "y": tail}
+
+
+def _conv_operands(conv: Node) -> dict | str:
+    """``{"x", "w", "bias"}`` of a Conv of a dequantized 8-bit input (per tensor, with a zero point) and a
+    dequantized 8-bit constant weight (per tensor or per output channel), the bias an int32 constant at scale
+    ``xs * ws``; or the reason it is not one."""
     x = dequantized(conv.inputs[0], "the input")
     if isinstance(x, str):
         return x
@@ -179,25 +216,7 @@ def _conv_match(m) -> dict | str:
         if isinstance(b, str):
             return b
         bias = b.q
-    residual = None
-    add = _one(m, "residual")
-    if add is not None:
-        ins = add.inputs
-        if len(ins) != 2 or ins[0] is ins[1]:
-            return "the residual is not the output of a DequantizeLinear"
-        other = ins[1] if ins[0] is conv.outputs[0] else ins[0]
-        r = dequantized(other, "the residual")
-        if isinstance(r, str):
-            return r
-        if r.scale.size != 1 or r.zero is None or r.zero.size != 1 or r.q.dtype not in EIGHT_BIT:
-            return "the residual is not quantized per tensor to int8 or uint8 with a zero point"
-        if other is None or other.shape != conv.outputs[0].shape:
-            return "the residual's shape is not known to be the Conv's output shape"
-        residual = r
-    tail = _quantized(m)
-    if isinstance(tail, str):
-        return tail
-    return {"x": x, "w": w, "bias": bias, "residual": residual, "y": tail}
+    return {"x": x, "w": w, "bias": bias}
 
 
 conv_refusal = refusal_of(_conv_match)
@@ -285,6 +304,79 @@ INTEGER_CONV_RULE = Rule(
     description="DequantizeLinear -> Conv -> [Add(residual)] -> [Relu] -> QuantizeLinear -> one integer conv "
                 "(int32 accumulator, fixed-point Requantize)")
 
+
+
+# integer_conv_dequantized ----------------------------------------------------------------------
+
+def _dequantized_float_conv(node: Node) -> bool:
+    """A float Conv of a dequantized input and a dequantized weight whose result no quantization reads the way
+    ``integer_conv`` takes it (through a residual Add and a Relu): the candidates, so that no other Conv is
+    refused in the log."""
+    out = node.outputs[0]
+    if out.dtype != np.float32 or len(node.inputs) < 2 or node.inputs[1] is None:
+        return False
+    if isinstance(dequantized(node.inputs[0], "the input"), str) \
+            or isinstance(dequantized(node.inputs[1], "the weight"), str):
+        return False
+    return not _quantized_reader(out, (), adds=1)
+
+
+def conv_dequantized_pattern():
+    """``Conv``: a convolution of dequantized 8-bit operands left in float."""
+    return Op("Conv").where(check(_dequantized_float_conv, "dequantized_float_conv")).named("conv").keep()
+
+
+def _conv_dequantized_match(m) -> dict | str:
+    conv = m["conv"]
+    out = conv.outputs[0]
+    if out not in m.graph.outputs and _quantized_reader(out, m.graph.outputs, adds=1):
+        return "the Conv's output is quantized (integer_conv's match)"
+    return _conv_operands(conv)
+
+
+conv_dequantized_refusal = refusal_of(_conv_dequantized_match)
+
+
+def _conv_dequantized_action(m):
+    found = _conv_dequantized_match(m)
+    if isinstance(found, str):
+        return found
+    conv = m["conv"]
+    target = conv.outputs[0]
+    x, w = found["x"], found["w"]
+    name, base = conv.name, target.name
+    rank = len(target.shape)
+    channels = w.q.shape[0]
+    inputs: dict = {x.q.name: x.q, w.q.name: w.q}
+    bound = {x.q.name: x.q, w.q.name: w.q}
+    xz, wz = f"{base}_x_zero_point", f"{base}_opfuse_w_zero_point"
+    inputs[xz] = x.zero
+    inputs[wz] = w.zero.reshape(-1) if w.zero is not None and w.zero.size > 1 else \
+        (w.zero.reshape(()) if w.zero is not None else np.array(0, w.q.dtype))
+    acc = f"{base}_opfuse_acc"
+    ops = [OnnxNode(name, "ConvInteger", QLINEAR_VERSION, [x.q.name, w.q.name, xz, wz], [acc], dict(conv.attrs))]
+    per_channel = (channels,) + (1,) * (rank - 2)  # broadcast along the output's channel axis
+    if found["bias"] is not None:
+        b_name = f"{base}_opfuse_bias"
+        inputs[b_name] = found["bias"].const.astype(np.int32).reshape(per_channel)
+        ops.append(OnnxNode(f"{name}_opfuse_bias_add", "Add", 14, [acc, b_name], [f"{acc}_bias"], {}))
+        acc = f"{acc}_bias"
+    scale = f"{base}_opfuse_scale"  # x_scale * w_scale, per tensor or per output channel, as the bias's scale
+    ws = w.scale.astype(np.float32)
+    inputs[scale] = np.asarray(np.float32(x.scale.reshape(())) * (ws.reshape(per_channel) if ws.size > 1
+                                                                  else ws.reshape(())), np.float32)
+    ops.append(OnnxNode(f"{name}_opfuse_to_float", "Cast", 13, [acc], [f"{acc}_float"], {"to": TensorProto.FLOAT}))
+    ops.append(OnnxNode(f"{name}_opfuse_dequantize", "Mul", 14, [f"{acc}_float", scale], [target.name], {}))
+    parts = ["DequantizeLinear", "Conv"] + (["(int32 bias)"] if found["bias"] is not None else [])
+    reason = f"{' -> '.join(parts)} as an integer conv (int32 accumulator) dequantized to float"
+    return _write(m, ops, inputs, bound, reason, name, _absorbed(m, list(x.nodes)), target=target)
+
+
+INTEGER_CONV_DEQUANTIZED_RULE = Rule(
+    INTEGER_CONV_DEQUANTIZED, conv_dequantized_pattern(), condition=conv_dequantized_refusal,
+    action=_conv_dequantized_action, priority=PRIORITY, kind="conv_epilogue",
+    description="DequantizeLinear -> Conv left in float (its output read by an activation, not quantized) -> an "
+                "integer conv (int32 accumulator, int32 bias) dequantized to float (x_scale * w_scale per channel)")
 
 # integer_matmul --------------------------------------------------------------------------------
 
@@ -578,7 +670,7 @@ INTEGER_MATMUL_DEQUANTIZED_RULE = Rule(
 
 
 def integer_rules() -> list[Rule]:
-    return [INTEGER_CONV_RULE, INTEGER_MATMUL_RULE, INTEGER_MATMUL_DEQUANTIZED_RULE]
+    return [INTEGER_CONV_RULE, INTEGER_CONV_DEQUANTIZED_RULE, INTEGER_MATMUL_RULE, INTEGER_MATMUL_DEQUANTIZED_RULE]
 
 
 def quantizes(graph) -> bool:
@@ -588,6 +680,8 @@ def quantizes(graph) -> bool:
                and n.inputs[0].dtype.kind == "f" for n in graph.nodes)
 
 
-__all__ = ["INTEGER_CONV", "INTEGER_MATMUL", "INTEGER_MATMUL_DEQUANTIZED", "INTEGER_CONV_RULE", "INTEGER_MATMUL_RULE",
+__all__ = ["INTEGER_CONV", "INTEGER_CONV_DEQUANTIZED", "INTEGER_MATMUL", "INTEGER_MATMUL_DEQUANTIZED",
+           "INTEGER_CONV_RULE", "INTEGER_CONV_DEQUANTIZED_RULE", "INTEGER_MATMUL_RULE",
            "INTEGER_MATMUL_DEQUANTIZED_RULE", "integer_rules", "quantizes", "dequantized", "Dequantized",
-           "conv_pattern", "matmul_pattern", "matmul_dequantized_pattern", "BIAS_SCALE_RTOL"]
+           "conv_pattern", "conv_dequantized_pattern", "matmul_pattern", "matmul_dequantized_pattern",
+           "BIAS_SCALE_RTOL"]
