@@ -439,6 +439,39 @@ def test_chains_of_quantized_products_run_on_the_integer_kernels(kinds, between)
         assert check(model, feeds, "auto", 1, profile, quantized) == Verdict("ok"), (mode, profile)
 
 
+
+@pytest.mark.parametrize("kind, act", [("Conv", "Sigmoid"), ("Conv", "SiLU"), ("MatMul", "HardSwish"),
+                                       ("Gemm", "Tanh")])
+def test_an_activation_before_the_quantization_leaves_the_product_integer_and_dequantized(kind, act):
+    """``quantized_product`` draws an activation between a product and its quantization (``QUANT_ACTIVATED``): the
+    fused build runs the product on the integer kernels dequantized once (``integer_conv_dequantized``,
+    ``integer_matmul_dequantized``), the activation and the quantization in float; its 8-bit output within one step
+    of the reference's in three profiles."""
+    import onnx
+
+    from opfuse.compiler import plan_model
+    from opfuse.testing.fuzz_cases import QUANTIZED_OUTPUT, hostile_inputs, quantized_steps
+
+    op = "Sigmoid" if act == "SiLU" else act
+
+    def wanted(g):
+        ops = [n.op_type for n in g.nodes]
+        products = [o for o in ops if o in ("Conv", "MatMul", "Gemm")]
+        silu = any(n.op_type == "Mul" and any(i.producer is not None and i.producer.op_type == "Sigmoid"
+                                              for i in n.inputs) for n in g.nodes)
+        return products == [kind] and op in ops and silu == (act == "SiLU") and any(
+            v.name.startswith(QUANTIZED_OUTPUT) for v in g.outputs)
+    g = _drawn_product(wanted)
+    model = _model(g)
+    comp = plan_model(onnx.load_from_string(model))
+    rules = {d.rule for d in comp.decisions if d.verdict == "rewritten"}
+    assert rules & {"integer_conv_dequantized", "integer_matmul_dequantized"}, [d.reason for d in comp.decisions]
+    quantized = {v.name: quantized_steps(v.name) for v in g.outputs if v.name.startswith(QUANTIZED_OUTPUT)}
+    assert set(quantized.values()) == {1}
+    for mode, profile in (("normal", "default"), ("special", "portable"), ("normal", "thresholds")):
+        feeds = hostile_inputs(g, mode, 4)
+        assert check(model, feeds, "auto", 1, profile, quantized) == Verdict("ok"), (mode, profile)
+
 def test_a_chains_steps_bound_one_step_of_its_middle():
     """The end of a chain may differ by its steps: where the middle's 8-bit tensor lies one step off (a tie rounded
     the other way before it), the end moves by at most ``steps - 1`` (and its own tie adds one). Checked on the

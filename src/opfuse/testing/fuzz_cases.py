@@ -225,6 +225,7 @@ EIGHT_BIT = (np.uint8, np.int8)
 QUANT_MAX_OUT = 20  # output channels or columns (past the integer kernels' blocks of 8 and 16)
 QUANTIZED_OUTPUT = "quantized_y"  # the name of each 8-bit output of ``quantized_product`` (``FuzzCase.quantized``)
 QUANT_CHAIN = 3  # one quantized product in this many (of those quantized to 8 bits) feeds a second
+QUANT_ACTIVATED = 3  # one quantized product in this many (not chained) has an activation before its quantization
 
 
 def _quantize(g: Graph, x: Value, scale: float, zero: int, to, name: str | None = None) -> Value:
@@ -375,6 +376,13 @@ def _quantized_product(draw, g: Graph) -> None:
     out_type = np.dtype(draw(st.sampled_from(EIGHT_BIT)))
     yz = draw(st.integers(-10, 10)) + (128 if out_type == np.uint8 else 0)
     chain = draw(st.integers(0, QUANT_CHAIN - 1)) == 0
+    if not chain and draw(st.integers(0, QUANT_ACTIVATED - 1)) == 0:
+        # an activation the quantizer leaves in float between the product and its quantization (YOLO's SiLU):
+        # the product is then the dequantized integer one (``integer_conv_dequantized``, ``_matmul_dequantized``),
+        # the activation and the quantization in float after it; its slope is at most 1.5 (HardSwish's, near 3), so
+        # float rounding before it still moves the 8-bit output by one step at most
+        act = draw(st.sampled_from(("Sigmoid", "Tanh", "HardSwish", "SiLU")))
+        y = _add(g, "Mul", [y, _add(g, "Sigmoid", [y])]) if act == "SiLU" else _add(g, act, [y])
     read = not chain or draw(st.booleans())  # the end of a chain, or its middle read too
     q = _quantize(g, y, ys, yz, out_type, QUANTIZED_OUTPUT if read else None)
     if read:
