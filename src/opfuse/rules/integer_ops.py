@@ -306,6 +306,25 @@ INTEGER_CONV_RULE = Rule(
 
 
 
+
+def _bias_add(ops: list[OnnxNode], inputs: dict, name: str, base: str, acc: str, bias: np.ndarray) -> str:
+    """Append the int32 bias Add to the accumulator ``acc``; the sum's name."""
+    b_name = f"{base}_opfuse_bias"
+    inputs[b_name] = bias
+    ops.append(OnnxNode(f"{name}_opfuse_bias_add", "Add", 14, [acc, b_name], [f"{acc}_bias"], {}))
+    return f"{acc}_bias"
+
+
+def _dequantize(ops: list[OnnxNode], inputs: dict, name: str, base: str, acc: str, x: Dequantized,
+                w_scale: np.ndarray, y_name: str) -> None:
+    """Append ``y_name = Cast(acc, float) * (x_scale * w_scale)``: the accumulator dequantized once, ``w_scale`` per
+    tensor or shaped to broadcast along the output's channels (columns): the bias's own scale."""
+    scale = f"{base}_opfuse_scale"
+    # an array even when both scales are per tensor (a NumPy scalar is not a constant to write_onnx_nodes)
+    inputs[scale] = np.asarray(np.float32(x.scale.reshape(())) * w_scale, np.float32)
+    ops.append(OnnxNode(f"{name}_opfuse_to_float", "Cast", 13, [acc], [f"{acc}_float"], {"to": TensorProto.FLOAT}))
+    ops.append(OnnxNode(f"{name}_opfuse_dequantize", "Mul", 14, [f"{acc}_float", scale], [y_name], {}))
+
 # integer_conv_dequantized ----------------------------------------------------------------------
 
 def _dequantized_float_conv(node: Node) -> bool:
@@ -357,16 +376,10 @@ def _conv_dequantized_action(m):
     ops = [OnnxNode(name, "ConvInteger", QLINEAR_VERSION, [x.q.name, w.q.name, xz, wz], [acc], dict(conv.attrs))]
     per_channel = (channels,) + (1,) * (rank - 2)  # broadcast along the output's channel axis
     if found["bias"] is not None:
-        b_name = f"{base}_opfuse_bias"
-        inputs[b_name] = found["bias"].const.astype(np.int32).reshape(per_channel)
-        ops.append(OnnxNode(f"{name}_opfuse_bias_add", "Add", 14, [acc, b_name], [f"{acc}_bias"], {}))
-        acc = f"{acc}_bias"
-    scale = f"{base}_opfuse_scale"  # x_scale * w_scale, per tensor or per output channel, as the bias's scale
+        acc = _bias_add(ops, inputs, name, base, acc, found["bias"].const.astype(np.int32).reshape(per_channel))
     ws = w.scale.astype(np.float32)
-    inputs[scale] = np.asarray(np.float32(x.scale.reshape(())) * (ws.reshape(per_channel) if ws.size > 1
-                                                                  else ws.reshape(())), np.float32)
-    ops.append(OnnxNode(f"{name}_opfuse_to_float", "Cast", 13, [acc], [f"{acc}_float"], {"to": TensorProto.FLOAT}))
-    ops.append(OnnxNode(f"{name}_opfuse_dequantize", "Mul", 14, [f"{acc}_float", scale], [target.name], {}))
+    _dequantize(ops, inputs, name, base, acc, x, ws.reshape(per_channel) if ws.size > 1 else ws.reshape(()),
+                target.name)
     parts = ["DequantizeLinear", "Conv"] + (["(int32 bias)"] if found["bias"] is not None else [])
     reason = f"{' -> '.join(parts)} as an integer conv (int32 accumulator) dequantized to float"
     return _write(m, ops, inputs, bound, reason, name, _absorbed(m, list(x.nodes)), target=target)
@@ -639,16 +652,9 @@ def _matmul_dequantized_action(m):
     acc = f"{base}_opfuse_acc"
     ops.append(OnnxNode(name, "MatMulInteger", QLINEAR_VERSION, [x_name, w_name, az, wz], [acc], {}))
     if found["bias"] is not None:
-        b_name = f"{base}_opfuse_bias"
-        inputs[b_name] = found["bias"].astype(np.int32)
-        ops.append(OnnxNode(f"{name}_opfuse_bias_add", "Add", 14, [acc, b_name], [f"{acc}_bias"], {}))
-        acc = f"{acc}_bias"
-    scale = f"{base}_opfuse_scale"  # x_scale * w_scale, per tensor or per output column, as the bias's scale
-    # an array even when both scales are per tensor (a NumPy scalar is not a constant to write_onnx_nodes)
-    inputs[scale] = np.asarray(np.float32(x.scale.reshape(())) * w.scale.astype(np.float32), np.float32)
-    ops.append(OnnxNode(f"{name}_opfuse_to_float", "Cast", 13, [acc], [f"{acc}_float"], {"to": TensorProto.FLOAT}))
+        acc = _bias_add(ops, inputs, name, base, acc, found["bias"].astype(np.int32))
     y_name = target.name if rows is None else f"{base}_opfuse_dequantized"
-    ops.append(OnnxNode(f"{name}_opfuse_dequantize", "Mul", 14, [f"{acc}_float", scale], [y_name], {}))
+    _dequantize(ops, inputs, name, base, acc, x, w.scale.astype(np.float32), y_name)
     if rows is not None:
         shape_name = f"{base}_opfuse_output_shape"
         inputs[shape_name] = np.array(target.shape, np.int64)
