@@ -688,3 +688,34 @@ def test_a_clip_without_its_lower_bound_is_refused():
     y = _requantized_conv(b)
     g = b.build(b.op("Cast", b.op("Clip", y, None, b.const("hi", F32(127))), to=INT8))
     assert refusals(g) == [BAD_Q]
+
+
+def test_a_conv_reading_a_split_of_a_dequantized_tensor_is_an_integer_conv():
+    """``DQ(x_q) -> Split -> Conv -> Q`` (a YOLO block's branch): ``recognize_integer`` moves the Split before the
+    dequantization first (``dequantize_late``), so the Conv reads a dequantized 8-bit tensor when the integer rules
+    look, and both halves' convolutions are integer; within one step of the float QDQ graph."""
+    from opfuse.rewrites import recognize_integer
+
+    b = GraphBuilder("qsplit")
+    x_q = b.input("x_q", (1, 6, 5, 5), "int8")
+    halves = b.op("Split", dq(b, x_q, 0.05, -1.0, "x"), num_outputs=2, axis=1, split=[3, 3], name="split")
+    outs = []
+    for i, half in enumerate(halves):
+        w = (np.arange(4 * 3 * 3 * 3).reshape(4, 3, 3, 3) % (7 + i) - 3).astype(I8)
+        wv = dq(b, b.const(f"w{i}_q", w), np.full((4, 1, 1, 1), 0.02, F32), 0.0, f"w{i}")
+        y = b.op("Conv", half, wv, pads=[1, 1, 1, 1], name=f"conv{i}")
+        r = b.op("Round", b.op("Div", y, b.const(f"ys{i}", F32(0.1)), name=f"q{i}_div"), name=f"q{i}_round")
+        r = b.op("Add", r, b.const(f"yz{i}", F32(2.0)), name=f"q{i}_zp")
+        outs.append(b.op("Cast", b.op("Clip", r, b.const(f"lo{i}", F32(-128)), b.const(f"hi{i}", F32(127)),
+                                      name=f"q{i}_clip"), to=INT8, name=f"q{i}_cast"))
+    g = b.build(*outs)
+    g1 = g.copy()
+    rc = RewriteContext(FusionOptions(), Provenance(g1))
+    recognize_integer(g1, rc)
+    g1.verify()
+    assert [d.rule for d in rc.decisions if d.verdict == "rewritten"].count("integer_conv") == 2, \
+        [(d.rule, d.verdict, d.reason) for d in rc.decisions]
+    assert [n.outputs[0].dtype for n in g1.nodes if n.op_type == "Conv"] == [np.int32, np.int32]
+    split = next(n for n in g1.nodes if n.op_type == "Split")
+    assert split.inputs[0].dtype == np.int8  # the 8-bit tensor is what the Split moves
+    assert_within_one_step(g, g1)

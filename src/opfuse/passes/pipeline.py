@@ -2,7 +2,8 @@
 
     verify          the imported graph is well formed
     recognize_integer  a QDQ model's DQ -> Conv/Gemm/MatMul -> [Add] -> [Relu] -> Q -> one integer op
-                    (pattern rules ``integer_conv``, ``integer_matmul``); dequantized constants folded
+                    (pattern rules ``integer_conv``, ``integer_matmul`` and their ``_dequantized`` forms, a Split or
+                    Slice after a dequantization moved before it first); dequantized constants folded
     simplify        Identity/Dropout removal, constant folding, CSE, dead code
     recognize       LayerNorm, erf/tanh GELU, SiLU, hard-swish -> one op each (pattern rules)
     fold_linear     BatchNorm and per-channel Mul/Add folded into Conv/Gemm/MatMul (pattern rules)

@@ -78,10 +78,15 @@ RECOGNIZE_INTEGER = "recognize_integer"
 
 
 def recognize_integer(graph: Graph, rc: RewriteContext, rules: list[Rule] | None = None) -> bool:
-    """The integer rules on a graph that quantizes somewhere, then the dequantized constants folded."""
+    """The integer rules on a graph that quantizes somewhere, then the dequantized constants folded. A Split or Slice
+    after a dequantization moves before it first (``dequantize_late``, which ``simplify`` runs over all data
+    movement later), so that a product reading a part of a dequantized tensor reads a dequantized 8-bit tensor when
+    the rules look (a YOLO block's ``DQ -> Split -> Conv``: its weight is folded once they have looked; the rules
+    read a Flatten or Reshape before a product themselves)."""
     changed = False
     if quantizes(graph):
-        changed = run_pattern_rules(graph, rules if rules is not None else integer_rules(), rc, RECOGNIZE_INTEGER)
+        changed = dequantize_late(graph, rc, moves=("Split", "Slice"), clone=False)
+        changed |= run_pattern_rules(graph, rules if rules is not None else integer_rules(), rc, RECOGNIZE_INTEGER)
     return fold_dequantized_constants(graph) or changed
 
 

@@ -109,14 +109,16 @@ def _clone_shared(graph: Graph, rc: RewriteContext) -> list[str]:
     return cloned
 
 
-def dequantize_late(graph: Graph, rc: RewriteContext) -> bool:
+def dequantize_late(graph: Graph, rc: RewriteContext, moves: tuple[str, ...] = MOVES, clone: bool = True) -> bool:
+    """The rewrite over the data movement ops ``moves``; ``clone``: shared dequantizations cloned per reader first.
+    (``recognize_integer`` runs it over Split and Slice alone, without the clones, before the integer rules.)"""
     if rc.options.is_disabled(RULE):
         return False
-    cloned = _clone_shared(graph, rc)
+    cloned = _clone_shared(graph, rc) if clone else []
     if cloned:
         rc.log_applied(RULE, cloned, f"cloned {len(cloned)} shared dequantization(s) per reader")
     moved: list[str] = []
-    for move in [n for n in graph.nodes if n.op_type in MOVES]:
+    for move in [n for n in graph.nodes if n.op_type in moves]:
         if not move.inputs or move.inputs[0] is None:
             continue
         chain = dequantize_chain(graph, move.inputs[0])
