@@ -159,7 +159,7 @@ def _emit_one_pass_softmax(kc, exp: str, ct: str, st: str, den: str, bq: str, bt
             for i, isa in enumerate(isas):
                 w.line(f"#{'el' if i else ''}if {isa.guard}")
                 with w.block(f"if ({nq} == {NR})"):
-                    _emit_vector_one_pass_softmax(kc, ct, sp, lp, bt, NR, isa)
+                    _emit_vector_one_pass_softmax(kc, sp, lp, bt, NR, isa)
                     w.line(f"{done} = 1;")
             w.line("#endif")
             w.line(f"if (!{done}) {{")
@@ -182,7 +182,7 @@ def _emit_one_pass_softmax(kc, exp: str, ct: str, st: str, den: str, bq: str, bt
             w.line("}")
 
 
-def _emit_vector_one_pass_softmax(kc, ct: str, sp: str, lp: str, bt: str, NR: int, isa: VecIsa) -> None:
+def _emit_vector_one_pass_softmax(kc, sp: str, lp: str, bt: str, NR: int, isa: VecIsa) -> None:
     """``_emit_one_pass_softmax`` of one whole St panel (all NR queries real) in ``isa``'s registers, NR / lanes
     vectors a key row: the max by ``max_ps(s, m)`` (``s > m ? s : m``, as the C loop: a NaN score is passed over),
     read as 0 where -inf, then ``p_t = exp(s_t - m)`` (``vecmath``'s vector exp, the scalar helper's bits) stored

@@ -305,7 +305,7 @@ INTEGER_CONV_RULE = Rule(
                 "(int32 accumulator, fixed-point Requantize)")
 
 
-
+# The integer ops' tails written by the dequantizing rules (conv and matmul) ------------------------------------
 
 def _bias_add(ops: list[OnnxNode], inputs: dict, name: str, base: str, acc: str, bias: np.ndarray) -> str:
     """Append the int32 bias Add to the accumulator ``acc``; the sum's name."""
@@ -324,6 +324,7 @@ def _dequantize(ops: list[OnnxNode], inputs: dict, name: str, base: str, acc: st
     inputs[scale] = np.asarray(np.float32(x.scale.reshape(())) * w_scale, np.float32)
     ops.append(OnnxNode(f"{name}_opfuse_to_float", "Cast", 13, [acc], [f"{acc}_float"], {"to": TensorProto.FLOAT}))
     ops.append(OnnxNode(f"{name}_opfuse_dequantize", "Mul", 14, [f"{acc}_float", scale], [y_name], {}))
+
 
 # integer_conv_dequantized ----------------------------------------------------------------------
 
@@ -346,11 +347,8 @@ def conv_dequantized_pattern():
 
 
 def _conv_dequantized_match(m) -> dict | str:
-    conv = m["conv"]
-    out = conv.outputs[0]
-    if out not in m.graph.outputs and _quantized_reader(out, m.graph.outputs, adds=1):
-        return "the Conv's output is quantized (integer_conv's match)"
-    return _conv_operands(conv)
+    """The operands (``_conv_operands``); the pattern's check already left out a Conv a quantization reads."""
+    return _conv_operands(m["conv"])
 
 
 conv_dequantized_refusal = refusal_of(_conv_dequantized_match)
@@ -370,8 +368,8 @@ def _conv_dequantized_action(m):
     bound = {x.q.name: x.q, w.q.name: w.q}
     xz, wz = f"{base}_x_zero_point", f"{base}_opfuse_w_zero_point"
     inputs[xz] = x.zero
-    inputs[wz] = w.zero.reshape(-1) if w.zero is not None and w.zero.size > 1 else \
-        (w.zero.reshape(()) if w.zero is not None else np.array(0, w.q.dtype))
+    w_zero = w.zero if w.zero is not None else np.array(0, w.q.dtype)
+    inputs[wz] = w_zero.reshape(-1 if w_zero.size > 1 else ())  # ConvInteger's: a scalar or one per channel
     acc = f"{base}_opfuse_acc"
     ops = [OnnxNode(name, "ConvInteger", QLINEAR_VERSION, [x.q.name, w.q.name, xz, wz], [acc], dict(conv.attrs))]
     per_channel = (channels,) + (1,) * (rank - 2)  # broadcast along the output's channel axis
