@@ -1,7 +1,8 @@
 """Code generation options: every tuning constant of the C backend, named in one place."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import os
+from dataclasses import dataclass, field, replace
 
 from opfuse.errors import OpfuseError
 
@@ -35,6 +36,9 @@ WINOGRAD_MODES = ("auto", "off", "on")
 PACK_WINDOWS_MODES = ("auto", "panel", "tile", "off")
 REGISTER_ACTIVATION_MODES = ("auto", "all", "cheap")
 PROFILE_CLOCKS = {"wall": "CLOCK_MONOTONIC", "thread_cpu": "CLOCK_THREAD_CPUTIME_ID"}
+
+
+THREAD_GATES_ENV = "OPFUSE_THREAD_GATES"
 
 
 @dataclass(frozen=True)
@@ -392,6 +396,40 @@ class CodegenOptions:
     # program's own pool (threadpool.py, since 2026-12-03) costs 0.15-0.27 us per near-empty loop where
     # libgomp took 0.69-0.99 us on the same 2-vCPU host (workers awake); the bound was not re-tuned.
     parallel_min_work: int = 1 << 15
+    # A kernel with a product (Conv, MatMul, Gemm, attention: the ops whose loops count FLOPs) splits its loops
+    # across threads only where it is worth the split as a whole: at least ``parallel_min_flops`` FLOPs (the
+    # registry's count over its ops) or ``parallel_min_bytes`` of operands and results (its boundary tensors,
+    # weights included: a 1 x 1024 x 1000 Gemm is 2 MFLOP but reads 4 MB). Below both it runs on one thread
+    # whatever the thread count (``ProgramBuilder.kernel``; the report notes it). What it saves: a parallel
+    # loop costs a wake-up or a hand-over, and its neighbours then read what the other core wrote (on the
+    # 2-vCPU Intel host, ds_cnn's AveragePool took 0.62 us after a one-thread Conv, 2.2 us after a two-thread
+    # one: its 32 KB input moved between the cores). Measured there (per kernel, wall clock, an onnxruntime
+    # run between inferences as in ``opfuse bench``, 1 thread -> 2): ds_cnn's 1x1 convs (1 MFLOP, 80 KB)
+    # 7.2 -> 8.5-9.4 us and its depthwise (144 KFLOP) 2.1 -> 2.3-3.6; mobilenet_v1_025_96's 1x1 convs of 0.6
+    # MFLOP 4.8-6.5 -> 6.3-10.6 us, of 1.2 MFLOP and 100 KB 9.1-9.7 -> 8.2-8.4, of 1.2 MFLOP and 280 KB 9.5 ->
+    # 6.5; resnet8's 1x1 shortcuts (0.26 MFLOP) 2.4-5.0 -> 4.5-7.0, its 3x3 convs of 2.4 MFLOP 16 -> 11.7-15.2;
+    # mobilenet_v1's depthwise of 0.45-0.9 MFLOP and 0.5-1 MB 17.4-24.1 -> 11.9-25.7 us, its fc (2 MFLOP,
+    # 4 MB of weights) 264 -> 142 us. Whole models at 2 threads (interleaved medians), these against none:
+    # ds_cnn 0.083 -> 0.057 ms (1 thread 0.058), mobilenet_v1_025_96 0.203 -> 0.160 (0.166).
+    parallel_min_flops: int = 1 << 21
+    parallel_min_bytes: int = 1 << 18
+    # Workers that have gone to sleep (``threadpool.SPIN_NS`` after their last loop) are woken for an inference
+    # only where its kernels with split loops come to at least ``pool_wake_min_flops`` FLOPs or
+    # ``pool_wake_min_bytes`` bytes of operands and results (``_size`` of each, summed); otherwise that
+    # inference runs on one thread (``opfuse_pool_begin``), and on all where the workers are still awake. Where
+    # they are worth waking, ``opfuse_run`` wakes them first, so that they are up by the first split loop. On
+    # the 2-vCPU Intel host (a KVM guest) waking a core that has been idle for a millisecond costs the caller
+    # 10-26 us in the wake call and the worker is running 30-70 us later (``pthread_cond_broadcast``, medians
+    # and 10th-90th percentiles of 300), so that resnet8 (24 MFLOP split, 0.16 ms on one thread) took 0.20 ms
+    # on 2 threads with an onnxruntime run between inferences (workers asleep) and 0.135 ms with workers kept
+    # spinning; every model above 64 MFLOP gains from its second thread (``make bench``).
+    pool_wake_min_flops: int = 1 << 26
+    pool_wake_min_bytes: int = 1 << 23
+    # False: neither of the two rules above; every loop at least ``parallel_min_work`` splits and every inference
+    # wakes the workers (what threads did before them). The test suite and ``opfuse fuzz`` run so, to exercise
+    # the threaded code on the small graphs they build; the environment's ``OPFUSE_THREAD_GATES=0`` sets the
+    # default (``THREAD_GATES_ENV``).
+    thread_gates: bool = field(default_factory=lambda: os.environ.get(THREAD_GATES_ENV, "1").strip() != "0")
     # Depthwise convolution (``codegen/depthwise.py``) walks its channel planes in chunks of up to
     # ``depthwise_chunk_planes`` (the padded plane's zero border is written once per chunk, not
     # per plane), fewer planes per chunk where there would otherwise be fewer than
@@ -795,6 +833,8 @@ class CodegenOptions:
                        winograd_avx512=wino, windows_mr_max=windows_mr, depthwise_avx512=dw)
 
 
+ONE_THREAD = 1 << 62  # a ``parallel_min_work`` no loop reaches: every loop on one thread
+
 # Cortex-M7: one thread, no cache worth blocking for, 32 single-precision registers. The 4 x 4
 # micro-kernel (scalar accumulators, plain C99: ``simd="none"``) keeps 16 accumulators, 4 values
 # of A and one of B in S0-S31. The tile and panel limits bound the kernels' scratch, which lives
@@ -805,7 +845,7 @@ class CodegenOptions:
 # direct convolution kernel (host-tuned, its C tile alone 64 KiB of scratch) is off.
 CORTEX_M7 = CodegenOptions(platform="mcu", weights="embed", simd="none", gemm_scalar_accumulators=True,
                            gemm_mr=4, gemm_nr=4, gemm_mc=64, gemm_nc=16, gemm_kc=64, gemm_wide=32,
-                           gemm_tile_floats=512, gemm_min_tiles=1, parallel_min_work=1 << 62,
+                           gemm_tile_floats=512, gemm_min_tiles=1, parallel_min_work=ONE_THREAD,
                            int8_conv_positions_per_pass=2, int8_conv_channels_per_pass=4,
                            int8_dot_call_min_pairs=65, conv_direct_max_k=0, silu_direct=False)
 # The host build without intrinsics: the plain C99 the microcontroller runs, so the emulated

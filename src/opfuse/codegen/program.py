@@ -36,7 +36,7 @@ from opfuse.codegen.ctype import c_type
 from opfuse.codegen.evaluator import Evaluator
 from opfuse.codegen.kernel import KERNEL_ATTRIBUTE, KernelContext, ParallelLoop, UnsupportedGroupError
 from opfuse.codegen.names import NameTable, c_ident
-from opfuse.codegen.options import PROFILE_CLOCKS, CodegenOptions
+from opfuse.codegen.options import ONE_THREAD, PROFILE_CLOCKS, CodegenOptions
 from opfuse.codegen.stages import analyse
 from opfuse.codegen.threadpool import POOL_C
 from opfuse.codegen.weights import WeightsBlob
@@ -46,6 +46,7 @@ from opfuse.ir.graph import Graph
 from opfuse.ir.plan import FusionPlan
 from opfuse.memory.patch import PATCHED_KIND
 from opfuse.memory.plan import MemoryPlan, plan_memory
+from opfuse.ops.registry import Category, get_spec
 from opfuse.rewrites.float32_compute import needs_float32
 from opfuse.targets import host_full_width_fma, host_simd_isa
 
@@ -135,6 +136,7 @@ class KernelInfo:
     scratch_offset: int | None = None  # mcu: where its scratch lies in the arena
     notes: tuple[str, ...] = ()        # algorithm choices (e.g. "Conv 'c': Winograd F(4x4,3x3) (...)")
     parallel: tuple[ParallelLoop, ...] = ()  # its loops split across threads (none: it runs on one)
+    one_thread: str = ""  # why a kernel with a product keeps every loop on one thread (``_one_thread``)
 
 
 @dataclass(frozen=True)
@@ -246,6 +248,7 @@ class ProgramBuilder:
         self.launches: list[Launch] = []
         self.faults: list[str] = []
         self.scratch_stride = 0
+        self.threaded_flops = self.threaded_bytes = 0  # the kernels with split loops: their FLOPs and bytes (_size)
         self.last_arena_guards: list[tuple[int, int]] = []  # the last kernel's (``_arena_guards``), for tests
         # A kernel's code with its names replaced by their roles (``KernelContext.code_key``) -> the function
         # generated for it first: layers with the same shapes and epilogue share one C function.
@@ -277,18 +280,43 @@ class ProgramBuilder:
         analysis = analyse(group, self.graph, self.memory.static)
         kc = KernelContext(self, group, index)
         loadable = {id(v) for v in group.inputs()}
-        emit_prechecks(kc, analysis.inline, analysis.live, loadable)
-        for stage in analysis.stages:
-            ev = Evaluator(kc, analysis.inline, loadable)
-            lower_stage(kc, ev, stage, analysis)
-            loadable |= {id(v) for v in stage.outputs}
+        options = self.options
+        alone = self._one_thread(group)
+        if alone is not None:  # every loop of this kernel on one thread: as if no loop were worth them
+            self.options = options.with_(parallel_min_work=ONE_THREAD)
+        try:
+            emit_prechecks(kc, analysis.inline, analysis.live, loadable)
+            for stage in analysis.stages:
+                ev = Evaluator(kc, analysis.inline, loadable)
+                lower_stage(kc, ev, stage, analysis)
+                loadable |= {id(v) for v in stage.outputs}
+        finally:
+            self.options = options
         ops = "+".join(n.op_type for n in group.nodes)
-        self._register(kc, group, index, f"group {c_ident(group.name, 'g')}: {group.kind} [{c_ident(ops, 'ops')}]")
+        self._register(kc, group, index, f"group {c_ident(group.name, 'g')}: {group.kind} [{c_ident(ops, 'ops')}]",
+                       one_thread=alone or "")
 
-    def _register(self, kc: KernelContext, group, index: int, comment: str) -> None:
+    def _size(self, group) -> tuple[int, int]:
+        """The group's FLOPs (the registry's count over its ops) and the bytes of its boundary tensors."""
+        flops = sum(get_spec(n.op_type, n).flops(n) for n in group.nodes)
+        return flops, sum(v.nbytes for v in group.inputs()) + sum(v.nbytes for v in group.outputs(self.graph))
+
+    def _one_thread(self, group) -> str | None:
+        """Why a kernel with a product runs on one thread (``CodegenOptions.parallel_min_flops`` and
+        ``parallel_min_bytes``); None where it may split its loops (or has no product: its loops decide)."""
+        o = self.options
+        if not o.thread_gates or o.parallel_min_work >= ONE_THREAD or alone_node(group) is None:
+            return None
+        flops, data = self._size(group)
+        if flops >= o.parallel_min_flops or data >= o.parallel_min_bytes:
+            return None
+        return (f"one thread ({flops} FLOPs and {data} bytes of operands and results, below parallel_min_flops "
+                f"{o.parallel_min_flops} and parallel_min_bytes {o.parallel_min_bytes})")
+
+    def _register(self, kc: KernelContext, group, index: int, comment: str, one_thread: str = "") -> None:
         """Add the kernel ``kc`` generated for ``group`` (its function, launch and call)."""
         info = KernelInfo(None, group.name, group.kind, [n.op_type for n in group.nodes], kc.scratch_bytes,
-                          notes=tuple(kc.notes))
+                          notes=tuple(kc.notes), one_thread=one_thread)
         self.kernels.append(info)
         if not kc.w.lines:
             return
@@ -301,6 +329,10 @@ class ProgramBuilder:
             self.functions.append(kc.comment_block(comment, f"runs as {name}: the same code"))
         info.function = name
         info.parallel = tuple(kc.loops)
+        if kc.loops:
+            flops, data = self._size(group)
+            self.threaded_flops += flops
+            self.threaded_bytes += data
         args = [self._arg(p) for p in kc.params.values()]
         self.launches.append(Launch(name, args, index, bool(kc.faults)))
         args = args + ["scratch", "nt"]
@@ -394,7 +426,7 @@ class ProgramBuilder:
         parts.extend(self.functions)
         run = ["int opfuse_run(void* const* inputs, void* const* outputs, char* arena, const char* weights, "
                "char* scratch, int threads) {",
-               "  const int nt = threads > 0 ? threads : 1;",
+               self._threads_line(),
                "  (void)inputs; (void)outputs; (void)arena; (void)scratch; (void)nt;"]
         run.append(f"  weights = (const char*){EMBEDDED_WEIGHTS};" if embed else "  (void)weights;")
         run.extend(self.calls)
@@ -408,6 +440,18 @@ class ProgramBuilder:
         return CProgram(source, self.weights.tobytes(), self.input_specs(), self.output_specs(),
                         self.memory.arena_bytes, stride, self.kernels, self.memory, self.options, self.passthrough(),
                         faults=list(self.faults), prelude=system_headers(self.options))
+
+    def _threads_line(self) -> str:
+        """``opfuse_run``'s thread count: where some loop splits, ``opfuse_pool_begin`` (threadpool.py) with
+        whether the split kernels are worth waking sleeping workers for (``CodegenOptions.pool_wake_min_flops``
+        and ``pool_wake_min_bytes``)."""
+        o = self.options
+        if not any(k.parallel for k in self.kernels):
+            return "  const int nt = threads > 0 ? threads : 1;"
+        worth = not o.thread_gates or self.threaded_flops >= o.pool_wake_min_flops or \
+            self.threaded_bytes >= o.pool_wake_min_bytes
+        return (f"  const int nt = opfuse_pool_begin(threads, {int(worth)});  /* split kernels: {self.threaded_flops} "
+                f"FLOPs, {self.threaded_bytes} bytes */")
 
     def input_specs(self) -> list[TensorSpec]:
         return [TensorSpec(v.name, v.shape, v.dtype) for v in self.graph.inputs]
@@ -424,6 +468,12 @@ class ProgramBuilder:
             elif v.producer is None:
                 out[v.name] = ("input", v.name)
         return out
+
+
+def alone_node(group):
+    """The group's first product (a Conv, MatMul, Gemm or attention: registry category
+    ``OUT_ELEMWISE_FUSABLE``), whose count of FLOPs decides its kernel's threads; None if it has none."""
+    return next((n for n in group.nodes if get_spec(n.op_type, n).category == Category.OUT_ELEMWISE_FUSABLE), None)
 
 
 def generate(graph: Graph, plan: FusionPlan | None = None, *, memory: MemoryPlan | None = None,

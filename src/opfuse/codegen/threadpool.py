@@ -25,10 +25,14 @@ left, so it cannot have ended and its descriptor cannot have been rewritten sinc
 
 Workers spin for ``OPFUSE_SPIN_NS`` (100 us) after their last piece, polling the sequence with a
 ``pause`` and yielding the core every 64 polls, then sleep on a condition variable; the caller
-signals it only when some worker sleeps. Concurrent callers (two model objects of one library in two
-threads) do not wait for each other: the pool has one caller at a time, and the other runs its loop
-alone. A ``fork``ed child starts with no workers (``pthread_atfork``); the library's destructor
-stops and joins the workers before it is unloaded.
+signals it only when some worker sleeps (and, having woken them, counts none asleep). An inference
+starts with ``opfuse_pool_begin``: where every worker sleeps (or none has started) and the model's
+split kernels are too little work to pay for waking a core (``CodegenOptions.pool_wake_min_flops``),
+it runs on one thread; where they are worth it, it wakes the sleepers first (``wakes``: a worker woken
+so, with no job yet, spins again), so that they are up by the first split loop. Concurrent callers
+(two model objects of one library in two threads) do not wait for each other: the pool has one caller
+at a time, and the other runs its loop alone. A ``fork``ed child starts with no workers
+(``pthread_atfork``); the library's destructor stops and joins the workers before it is unloaded.
 
 The per-thread index that picks a thread's scratch (``OPFUSE_TID()``) is the ``tid`` argument of
 the loop's outlined body: 0 for the caller, 1.. for the workers, always below the loop's thread count.
@@ -80,7 +84,8 @@ static struct {{
   void* arg;
   int nt, nranges, steal;       /* the job's threads, its ranges, whether other ranges may be taken */
   int busy;                     /* a caller holds the pool */
-  int started, sleepers, quit;
+  int started, sleepers, quit;  /* sleepers: workers waiting on cv that no one has woken since */
+  unsigned wakes;               /* opfuse_pool_wake's calls: a worker woken by one spins again */
   pthread_mutex_t mu;
   pthread_cond_t cv;
   pthread_t th[OPFUSE_MAX_THREADS];
@@ -144,12 +149,15 @@ static void* opfuse_pool_worker(void* p) {{
         continue;
       }}
       pthread_mutex_lock(&opfuse_pool.mu);
+      const unsigned wakes = opfuse_pool.wakes;
       __atomic_fetch_add(&opfuse_pool.sleepers, 1, __ATOMIC_SEQ_CST);
-      while (__atomic_load_n(&opfuse_pool.seq, __ATOMIC_SEQ_CST) == seen && !opfuse_pool.quit)
+      /* whoever wakes the sleepers (a job, a wake, the end) sets sleepers to 0 under the mutex */
+      while (__atomic_load_n(&opfuse_pool.seq, __ATOMIC_SEQ_CST) == seen && opfuse_pool.wakes == wakes &&
+             !opfuse_pool.quit)
         pthread_cond_wait(&opfuse_pool.cv, &opfuse_pool.mu);
-      __atomic_fetch_sub(&opfuse_pool.sleepers, 1, __ATOMIC_SEQ_CST);
       pthread_mutex_unlock(&opfuse_pool.mu);
       t0 = opfuse_pool_ns();
+      polls = 0;
     }}
     if (__atomic_load_n(&opfuse_pool.quit, __ATOMIC_RELAXED)) return NULL;
     seen = s;
@@ -219,6 +227,7 @@ static void opfuse_parallel(opfuse_body fn, void* arg, long n, int nt, int sched
   __atomic_store_n(&opfuse_pool.seq, seq, __ATOMIC_SEQ_CST);
   if (__atomic_load_n(&opfuse_pool.sleepers, __ATOMIC_SEQ_CST) > 0) {{
     pthread_mutex_lock(&opfuse_pool.mu);
+    __atomic_store_n(&opfuse_pool.sleepers, 0, __ATOMIC_SEQ_CST);
     pthread_cond_broadcast(&opfuse_pool.cv);
     pthread_mutex_unlock(&opfuse_pool.mu);
   }}
@@ -230,7 +239,29 @@ static void opfuse_parallel(opfuse_body fn, void* arg, long n, int nt, int sched
   }}
   __atomic_store_n(&opfuse_pool.busy, 0, __ATOMIC_RELEASE);
 }}
+
+/* The threads an inference runs on (opfuse_run's first step): `nt`, except that where every worker sleeps
+   (or none has started) and the model is not worth waking them (`worth` 0: its split loops are small, see
+   CodegenOptions.pool_wake_min_flops), one: waking a sleeping core costs more than they would save. Where
+   it is worth it, the sleepers are woken now, so that they are up by the first split loop. */
+static int opfuse_pool_begin(int nt, int worth) {{
+  if (nt <= 1) return 1;
+  const int sleepers = __atomic_load_n(&opfuse_pool.sleepers, __ATOMIC_SEQ_CST);
+  if (!worth) return opfuse_pool.started == 0 || sleepers >= opfuse_pool.started ? 1 : nt;
+  if (sleepers > 0) {{
+    pthread_mutex_lock(&opfuse_pool.mu);
+    opfuse_pool.wakes++;
+    __atomic_store_n(&opfuse_pool.sleepers, 0, __ATOMIC_SEQ_CST);
+    pthread_cond_broadcast(&opfuse_pool.cv);
+    pthread_mutex_unlock(&opfuse_pool.mu);
+  }}
+  return nt;
+}}
 #else
+static int opfuse_pool_begin(int nt, int worth) {{
+  (void)worth;
+  return nt > 1 ? nt : 1;
+}}
 static void opfuse_parallel(opfuse_body fn, void* arg, long n, int nt, int schedule) {{
   (void)nt; (void)schedule;
   if (n > 0) fn(arg, 0, n, 0);

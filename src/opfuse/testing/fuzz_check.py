@@ -76,7 +76,7 @@ CODEGEN_PROFILES: dict[str, dict[str, Any]] = {
         winograd_small_spatial=1, winograd_small_min_channels=1, winograd_block_floats=1 << 12,
         winograd_prefetch_min_bytes=0, gemm_mc=24, gemm_nc=64, gemm_kc=16, gemm_tile_floats=1024,
         gemm_min_tiles=8, conv_direct_tile_floats=1024, windows_pack_min_channels=1,
-        parallel_min_work=0, parallel_dynamic_min_work=0, parallel_min_outer=1,
+        parallel_min_work=0, parallel_dynamic_min_work=0, parallel_min_outer=1, thread_gates=False,
         depthwise_chunk_planes=1, depthwise_min_chunks=1, depthwise_zmm_plane_min_vectors=1,
         attention_block=16, attention_one_pass_max_keys=16, attention_min_tiles=1, recurrent_block_steps=2,
         scratch_guard_bytes=64, arena_guard_bytes=64),
