@@ -13,10 +13,11 @@ import sys
 import numpy as np
 import pytest
 
-from opfuse.codegen.options import THREAD_GATES_ENV, CodegenOptions
+from opfuse.codegen.options import ONE_THREAD, THREAD_GATES_ENV, CodegenOptions
 from opfuse.codegen.program import generate
 from opfuse.ir.plan import FusionPlan
 from opfuse.ops import GraphBuilder
+from opfuse.ops.registry import get_spec
 from opfuse.runtime.toolchain import Toolchain
 
 GATES = CodegenOptions(thread_gates=True)
@@ -65,11 +66,29 @@ def test_a_product_of_many_flops_or_many_bytes_splits():
 def test_the_thresholds_are_inclusive():
     g = _graph()
     conv = next(n for n in g.nodes if n.op_type == "Conv")
-    from opfuse.ops.registry import get_spec
     flops = get_spec("Conv").flops(conv)
-    at = _kernels(CodegenOptions(thread_gates=True, parallel_min_flops=flops))["Conv"]
-    above = _kernels(CodegenOptions(thread_gates=True, parallel_min_flops=flops + 1))["Conv"]
-    assert at.parallel and not above.parallel
+    data = sum(v.nbytes for v in conv.input_values()) + conv.outputs[0].nbytes
+    for knob, at in (("parallel_min_flops", flops), ("parallel_min_bytes", data)):
+        on = _kernels(CodegenOptions(thread_gates=True, **{knob: at}))["Conv"]
+        off = _kernels(CodegenOptions(thread_gates=True, **{knob: at + 1}))["Conv"]
+        assert on.parallel and not off.parallel, knob
+
+
+def test_a_build_that_never_splits_gives_no_reason():
+    """The microcontroller's (``parallel_min_work`` ONE_THREAD): every kernel on one thread, none for these gates."""
+    k = _kernels(CodegenOptions(thread_gates=True, parallel_min_work=ONE_THREAD))
+    assert not any(x.parallel for x in k.values()) and all(x.one_thread == "" for x in k.values())
+
+
+def program_sizes(program, g) -> tuple[int, int]:
+    """The FLOPs and boundary bytes of the program's kernels that split, computed here from the graph."""
+    split = {k.group for k in program.kernels if k.parallel}
+    flops = data = 0
+    for n in g.nodes:
+        if n.name in split:  # unfused: one node a group, named after it
+            flops += get_spec(n.op_type).flops(n)
+            data += sum(v.nbytes for v in n.input_values()) + sum(v.nbytes for v in n.outputs)
+    return flops, data
 
 
 def _run_line(source: str) -> str:
@@ -85,6 +104,13 @@ def test_an_inference_wakes_the_workers_only_for_enough_split_work():
     assert "opfuse_pool_begin(threads, 0)" in _run_line(generate(g, plan, options=small).source)
     ungated = CodegenOptions(thread_gates=False, pool_wake_min_flops=1 << 40, pool_wake_min_bytes=1 << 40)
     assert "opfuse_pool_begin(threads, 1)" in _run_line(generate(g, plan, options=ungated).source)
+    program = generate(g, plan, options=GATES)
+    flops, data = program_sizes(program, g)
+    for knobs, worth in (({"pool_wake_min_flops": flops, "pool_wake_min_bytes": data + 1}, 1),
+                         ({"pool_wake_min_flops": flops + 1, "pool_wake_min_bytes": data}, 1),
+                         ({"pool_wake_min_flops": flops + 1, "pool_wake_min_bytes": data + 1}, 0)):
+        line = _run_line(generate(g, plan, options=CodegenOptions(thread_gates=True, **knobs)).source)
+        assert f"opfuse_pool_begin(threads, {worth})" in line and f"{flops} FLOPs, {data} bytes" in line, knobs
     b = GraphBuilder("tiny")
     tiny = b.build(b.op("Relu", b.input("x", (4, 4))))
     assert _run_line(generate(tiny, FusionPlan.unfused(tiny), options=GATES).source).strip() == \
@@ -106,6 +132,7 @@ import json, os, sys, time
 import numpy as np
 from opfuse.codegen.options import CodegenOptions
 from opfuse.ops import GraphBuilder
+from opfuse.ops.registry import get_spec
 from opfuse.runtime.native import build
 from opfuse.runtime import reference
 
