@@ -165,6 +165,9 @@ def cmd_run(args) -> int:
         say(f"C backend: {rep['kernels_after']} kernels ({'fused' if not args.no_fuse else 'unfused'}), "
             f"{rep['threads']} thread{'s' if rep['threads'] > 1 else ''}, arena {rep['arena_bytes']:,} bytes, "
             f"build {'cached' if rep['cache_hit'] else 'fresh'}")
+        if rep["threads"] > 1 and rep.get("wakes_workers") is False:
+            say("  an inference that finds the thread pool's workers asleep runs on one thread: its split kernels "
+                "are too little work to wake them for (pool_wake_min_flops, pool_wake_min_bytes)")
         for line in cost_model_lines(rep.get("planner", {}).get("cost_model") or {}):
             say(line)
     elapsed = time.perf_counter() - t0

@@ -167,3 +167,20 @@ def test_a_model_not_worth_waking_the_workers_never_starts_them(wake_min, starte
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["split"] and got["same"], got
     assert got["started"] == started, got  # the worker thread of the 2-thread pool, started by the first split loop
+
+
+def test_the_report_and_opfuse_run_say_when_an_inference_may_run_on_one_thread(monkeypatch, capsys):
+    from opfuse.cli import main
+    monkeypatch.setenv(THREAD_GATES_ENV, "1")
+    assert main(["run", "zoo:resnet8", "--backend", "c", "--threads", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "2 threads, arena" in out and "finds the thread pool's workers asleep runs on one thread" in out
+    assert main(["run", "zoo:resnet18", "--backend", "c", "--threads", "2"]) == 0  # 3.6 GFLOP split: woken
+    assert "asleep" not in capsys.readouterr().out
+    g = _graph()
+    assert generate(g, FusionPlan.unfused(g), options=GATES).wakes_workers is True
+    small = CodegenOptions(thread_gates=True, pool_wake_min_flops=1 << 40, pool_wake_min_bytes=1 << 40)
+    assert generate(g, FusionPlan.unfused(g), options=small).wakes_workers is False
+    b = GraphBuilder("tiny")
+    tiny = b.build(b.op("Relu", b.input("x", (4, 4))))
+    assert generate(tiny, FusionPlan.unfused(tiny), options=GATES).wakes_workers is None

@@ -170,6 +170,8 @@ class CProgram:
     # The block of system headers the source begins with, after its banner line (``system_headers``): a build may
     # precompile it. Empty for the mcu platform's sources.
     prelude: str = ""
+    # Whether an inference wakes sleeping workers (``ProgramBuilder._threads_line``); None: no loop splits.
+    wakes_workers: bool | None = None
 
     def fault_message(self, code: int) -> str:
         """The ``InputError`` message of a non-zero ``opfuse_run`` result."""
@@ -249,6 +251,7 @@ class ProgramBuilder:
         self.faults: list[str] = []
         self.scratch_stride = 0
         self.threaded_flops = self.threaded_bytes = 0  # the kernels with split loops: their FLOPs and bytes (_size)
+        self.wakes_workers: bool | None = None  # (_threads_line)
         self.last_arena_guards: list[tuple[int, int]] = []  # the last kernel's (``_arena_guards``), for tests
         # A kernel's code with its names replaced by their roles (``KernelContext.code_key``) -> the function
         # generated for it first: layers with the same shapes and epilogue share one C function.
@@ -439,7 +442,8 @@ class ProgramBuilder:
         source = "\n".join(parts)
         return CProgram(source, self.weights.tobytes(), self.input_specs(), self.output_specs(),
                         self.memory.arena_bytes, stride, self.kernels, self.memory, self.options, self.passthrough(),
-                        faults=list(self.faults), prelude=system_headers(self.options))
+                        faults=list(self.faults), prelude=system_headers(self.options),
+                        wakes_workers=self.wakes_workers)
 
     def _threads_line(self) -> str:
         """``opfuse_run``'s thread count: where some loop splits, ``opfuse_pool_begin`` (threadpool.py) with
@@ -448,7 +452,7 @@ class ProgramBuilder:
         o = self.options
         if not any(k.parallel for k in self.kernels):
             return "  const int nt = threads > 0 ? threads : 1;"
-        worth = not o.thread_gates or self.threaded_flops >= o.pool_wake_min_flops or \
+        worth = self.wakes_workers = not o.thread_gates or self.threaded_flops >= o.pool_wake_min_flops or \
             self.threaded_bytes >= o.pool_wake_min_bytes
         return (f"  const int nt = opfuse_pool_begin(threads, {int(worth)});  /* split kernels: {self.threaded_flops} "
                 f"FLOPs, {self.threaded_bytes} bytes */")

@@ -393,6 +393,9 @@ class CompiledModel:
             "compiler": self.toolchain.identity,
             "flags": list(self.toolchain.flags),
             "thread_pool": POOL_DESCRIPTION if self.toolchain.threads else None,
+            # None: no loop splits; False: an inference finding the workers asleep runs on one thread
+            # (CodegenOptions.pool_wake_min_flops); True: it wakes them
+            "wakes_workers": p.wakes_workers,
             "build_seconds": round(self.build_result.seconds, 3),
             "cache_hit": self.build_result.cache_hit,
             "library": str(self.build_result.library),
