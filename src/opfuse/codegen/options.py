@@ -400,8 +400,8 @@ class CodegenOptions:
     # across threads only where it is worth the split as a whole: at least ``parallel_min_flops`` FLOPs (the
     # registry's count over its ops) or ``parallel_min_bytes`` of operands and results (its boundary tensors,
     # weights included: a 1 x 1024 x 1000 Gemm is 2 MFLOP but reads 4 MB). Below both it runs on one thread
-    # whatever the thread count (``ProgramBuilder.kernel``; the report notes it). What it saves: a parallel
-    # loop costs a wake-up or a hand-over, and its neighbours then read what the other core wrote (on the
+    # whatever the thread count (``ProgramBuilder.kernel``; ``KernelInfo.one_thread`` says why). What it saves:
+    # a parallel loop costs a wake-up or a hand-over, and its neighbours then read what the other core wrote (on the
     # 2-vCPU Intel host, ds_cnn's AveragePool took 0.62 us after a one-thread Conv, 2.2 us after a two-thread
     # one: its 32 KB input moved between the cores). Measured there (per kernel, wall clock, an onnxruntime
     # run between inferences as in ``opfuse bench``, 1 thread -> 2): ds_cnn's 1x1 convs (1 MFLOP, 80 KB)
@@ -409,8 +409,9 @@ class CodegenOptions:
     # MFLOP 4.8-6.5 -> 6.3-10.6 us, of 1.2 MFLOP and 100 KB 9.1-9.7 -> 8.2-8.4, of 1.2 MFLOP and 280 KB 9.5 ->
     # 6.5; resnet8's 1x1 shortcuts (0.26 MFLOP) 2.4-5.0 -> 4.5-7.0, its 3x3 convs of 2.4 MFLOP 16 -> 11.7-15.2;
     # mobilenet_v1's depthwise of 0.45-0.9 MFLOP and 0.5-1 MB 17.4-24.1 -> 11.9-25.7 us, its fc (2 MFLOP,
-    # 4 MB of weights) 264 -> 142 us. Whole models at 2 threads (interleaved medians), these against none:
-    # ds_cnn 0.083 -> 0.057 ms (1 thread 0.058), mobilenet_v1_025_96 0.203 -> 0.160 (0.166).
+    # 4 MB of weights) 264 -> 142 us. Whole models at 2 threads (interleaved medians of 300, an onnxruntime run
+    # between), this gate against none: ds_cnn 0.083 -> 0.056 ms (1 thread 0.058), mobilenet_v1_025_96 0.219 ->
+    # 0.197 (0.167: the rest is the wake, ``pool_wake_min_flops``), resnet8 0.190 -> 0.201 (0.168).
     parallel_min_flops: int = 1 << 21
     parallel_min_bytes: int = 1 << 18
     # Workers that have gone to sleep (``threadpool.SPIN_NS`` after their last loop) are woken for an inference
@@ -422,7 +423,8 @@ class CodegenOptions:
     # 10-26 us in the wake call and the worker is running 30-70 us later (``pthread_cond_broadcast``, medians
     # and 10th-90th percentiles of 300), so that resnet8 (24 MFLOP split, 0.16 ms on one thread) took 0.20 ms
     # on 2 threads with an onnxruntime run between inferences (workers asleep) and 0.135 ms with workers kept
-    # spinning; every model above 64 MFLOP gains from its second thread (``make bench``).
+    # spinning; every model above 64 MFLOP gains from its second thread (``make bench``). With both gates (as
+    # above): ds_cnn 0.051 ms (1 thread 0.052), mobilenet_v1_025_96 0.166 (0.164), resnet8 0.168 (0.167).
     pool_wake_min_flops: int = 1 << 26
     pool_wake_min_bytes: int = 1 << 23
     # False: neither of the two rules above; every loop at least ``parallel_min_work`` splits and every inference

@@ -28,8 +28,8 @@ Workers spin for ``OPFUSE_SPIN_NS`` (100 us) after their last piece, polling the
 signals it only when some worker sleeps (and, having woken them, counts none asleep). An inference
 starts with ``opfuse_pool_begin``: where every worker sleeps (or none has started) and the model's
 split kernels are too little work to pay for waking a core (``CodegenOptions.pool_wake_min_flops``),
-it runs on one thread; where they are worth it, it wakes the sleepers first (``wakes``: a worker woken
-so, with no job yet, spins again), so that they are up by the first split loop. Concurrent callers
+it runs on one thread; where they are worth it, it wakes the sleepers first (``opfuse_pool_wake``; a
+worker woken with no job yet spins again), so that they are up by the first split loop. Concurrent callers
 (two model objects of one library in two threads) do not wait for each other: the pool has one caller
 at a time, and the other runs its loop alone. A ``fork``ed child starts with no workers
 (``pthread_atfork``); the library's destructor stops and joins the workers before it is unloaded.
@@ -85,7 +85,7 @@ static struct {{
   int nt, nranges, steal;       /* the job's threads, its ranges, whether other ranges may be taken */
   int busy;                     /* a caller holds the pool */
   int started, sleepers, quit;  /* sleepers: workers waiting on cv that no one has woken since */
-  unsigned wakes;               /* opfuse_pool_wake's calls: a worker woken by one spins again */
+  unsigned wakes;               /* opfuse_pool_wake's calls: a worker woken by one, job or not, spins again */
   pthread_mutex_t mu;
   pthread_cond_t cv;
   pthread_t th[OPFUSE_MAX_THREADS];
@@ -151,13 +151,12 @@ static void* opfuse_pool_worker(void* p) {{
       pthread_mutex_lock(&opfuse_pool.mu);
       const unsigned wakes = opfuse_pool.wakes;
       __atomic_fetch_add(&opfuse_pool.sleepers, 1, __ATOMIC_SEQ_CST);
-      /* whoever wakes the sleepers (a job, a wake, the end) sets sleepers to 0 under the mutex */
+      /* opfuse_pool_wake (a job, or an inference worth the workers) sets sleepers to 0 under the mutex */
       while (__atomic_load_n(&opfuse_pool.seq, __ATOMIC_SEQ_CST) == seen && opfuse_pool.wakes == wakes &&
              !opfuse_pool.quit)
         pthread_cond_wait(&opfuse_pool.cv, &opfuse_pool.mu);
       pthread_mutex_unlock(&opfuse_pool.mu);
       t0 = opfuse_pool_ns();
-      polls = 0;
     }}
     if (__atomic_load_n(&opfuse_pool.quit, __ATOMIC_RELAXED)) return NULL;
     seen = s;
@@ -171,6 +170,15 @@ static void opfuse_pool_forked(void) {{  /* the child of a fork has no workers *
   opfuse_pool.busy = 0;
   pthread_mutex_init(&opfuse_pool.mu, NULL);
   pthread_cond_init(&opfuse_pool.cv, NULL);
+}}
+
+/* Wake every sleeping worker (the caller of a job or of an inference that is worth them). */
+static void opfuse_pool_wake(void) {{
+  pthread_mutex_lock(&opfuse_pool.mu);
+  opfuse_pool.wakes++;
+  __atomic_store_n(&opfuse_pool.sleepers, 0, __ATOMIC_SEQ_CST);
+  pthread_cond_broadcast(&opfuse_pool.cv);
+  pthread_mutex_unlock(&opfuse_pool.mu);
 }}
 
 __attribute__((destructor)) static void opfuse_pool_stop(void) {{
@@ -225,12 +233,7 @@ static void opfuse_parallel(opfuse_body fn, void* arg, long n, int nt, int sched
   __atomic_store_n(&opfuse_pool.steal, !dynamic, __ATOMIC_RELAXED);
   __atomic_store_n(&opfuse_pool.done, 0, __ATOMIC_RELAXED);
   __atomic_store_n(&opfuse_pool.seq, seq, __ATOMIC_SEQ_CST);
-  if (__atomic_load_n(&opfuse_pool.sleepers, __ATOMIC_SEQ_CST) > 0) {{
-    pthread_mutex_lock(&opfuse_pool.mu);
-    __atomic_store_n(&opfuse_pool.sleepers, 0, __ATOMIC_SEQ_CST);
-    pthread_cond_broadcast(&opfuse_pool.cv);
-    pthread_mutex_unlock(&opfuse_pool.mu);
-  }}
+  if (__atomic_load_n(&opfuse_pool.sleepers, __ATOMIC_SEQ_CST) > 0) opfuse_pool_wake();
   opfuse_pool_work(seq, 0);
   /* every piece is taken: wait for the ones a worker is still running */
   for (long polls = 1; __atomic_load_n(&opfuse_pool.done, __ATOMIC_ACQUIRE) < n; ++polls) {{
@@ -248,13 +251,7 @@ static int opfuse_pool_begin(int nt, int worth) {{
   if (nt <= 1) return 1;
   const int sleepers = __atomic_load_n(&opfuse_pool.sleepers, __ATOMIC_SEQ_CST);
   if (!worth) return opfuse_pool.started == 0 || sleepers >= opfuse_pool.started ? 1 : nt;
-  if (sleepers > 0) {{
-    pthread_mutex_lock(&opfuse_pool.mu);
-    opfuse_pool.wakes++;
-    __atomic_store_n(&opfuse_pool.sleepers, 0, __ATOMIC_SEQ_CST);
-    pthread_cond_broadcast(&opfuse_pool.cv);
-    pthread_mutex_unlock(&opfuse_pool.mu);
-  }}
+  if (sleepers > 0) opfuse_pool_wake();
   return nt;
 }}
 #else

@@ -385,7 +385,7 @@ class CompiledModel:
             "c_functions": p.c_functions,
             "c_kernels": [{"name": k.group, "kind": k.kind, "ops": k.ops, "function": k.function,
                         "scratch_bytes": k.scratch_bytes, "notes": list(k.notes),
-                           "split_loops": len(k.parallel), "one_thread": k.one_thread} for k in p.kernels],
+                        "split_loops": len(k.parallel), "one_thread": k.one_thread} for k in p.kernels],
             "threads": self._threads,
             "weights_bytes": len(p.weights),
             "scratch_bytes_per_thread": p.scratch_stride,
