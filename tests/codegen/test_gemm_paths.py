@@ -269,9 +269,10 @@ def test_pointwise_tiles_even_per_thread_same_bits(cache_dir):
     """A 256 -> 512 1x1 convolution at 14x14 (mobilenet_v1's pw6 at AVX-512's 14 x 32 block): with
     ``balance_even_panels`` its 14 position panels run as 14 tiles of one (the blocking's 4 tiles were 4, 4, 4
     and 2 panels), recorded so in the kernel's parallel loop; the reference's values, and the bits of the
-    4-tile build at 1 and 2 threads (each output still sums its K products in order)."""
+    4-tile build at 1 and 2 threads (each output still sums its K products in order). Its 512 KB of weights are
+    not split per thread here (``test_weights_split.py``): the tiles are the balancing's alone."""
     g, plan = conv_relu(256, 512, 14, 14, 1, 1, [0, 0, 0, 0])
-    even = CodegenOptions(**WIDE_HOST, balance_even_panels=True)
+    even = CodegenOptions(**WIDE_HOST, balance_even_panels=True, gemm_split_weights_bytes=0)
     got = {}
     for threads in (1, 2):
         for option in (True, False):

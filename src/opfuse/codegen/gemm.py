@@ -468,6 +468,26 @@ BALANCE_MIN_GAIN = 0.02  # efficiency (speed-up / threads) a new cut must add to
 BALANCE_ENOUGH = 0.95  # efficiency past which more tiles buy nothing: then the fewest tiles win
 
 
+def weights_split(p: GemmProblem, o, MR: int, NR: int, MT: int, NT: int, stores: bool, packed_b: bool) -> int:
+    """Parts of N a GEMM's tiles are cut into when it runs on more than one thread (0: none). Where B is a
+    layer's weights, packed at build time, and every tile spans all N of them (one column of tiles: A, the
+    positions, packed per tile), each tile streams all the weights; with ``schedule(dynamic, 1)`` every core
+    then reads all of them, once per tile, through its own L2. Split in ``t`` parts of N (the largest of
+    ``balance_threads``), N outermost and the schedule static, thread ``i`` takes the tiles of part ``i``: each
+    core reads ``1 / t`` of the weights, and packs every tile's A itself (the rows are few: 14 positions
+    against 512 channels). Decided at run time: on one thread the tiles are the cache blocking's, no A
+    packed twice. Only where: B's bytes reach ``gemm_split_weights_bytes``; the micro-kernel stores the
+    outputs (no C tile finished at N's width); one batch; at least two row tiles per part-thread; N in whole
+    NR panels per part; loops that may be split at all (not the microcontroller's, nor a kernel kept on one
+    thread by ``parallel_min_flops``). Results do not change: each output's sum is the same."""
+    t = max((x for x in o.balance_threads if x > 1), default=0)
+    if not o.gemm_split_weights_bytes or not t or not stores or not packed_b or p.a.static is not None \
+            or p.nb != 1 or NT != 1 or MT < 2 * t or p.N % (t * NR) \
+            or p.N * p.K * 4 < o.gemm_split_weights_bytes or 2 * p.M * p.N * p.K < o.parallel_min_work:
+        return 0
+    return t
+
+
 def balance_efficiency(costs: Sequence[float], threads: Sequence[int]) -> tuple[float, ...]:
     """Per thread count, the efficiency (speed-up / threads) the iterations allow on that many
     cores, the iterations handed out in order as ``schedule(dynamic, 1)`` does."""
@@ -784,6 +804,10 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
             bkoff = kc.const_array(("gemm_bkoff", p.name), table, p.name + "_bkoff", np.int32)
     extra = p.pack_b.prepare(kc, NC) if p.pack_b is not None and off_b is not None else None
 
+    split = weights_split(p, o, MR, NR, MT, NT, direct is not None, pb is not None)
+    if split and stage.anchor_node is not None:
+        kc.note(lambda name: f"GEMM '{name}': on more than one thread its {N} columns in {split} parts of "
+                f"{N // split}, one per thread (each streams its part of the weights)", stage.anchor_node)
     tiles = p.nb * MT * NT
     t = kc.tmp("tile")
     # The tiles of one row block (b, mt) are consecutive (nt fastest): a thread that staged A's rows for one
@@ -794,20 +818,37 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
         th = kc.tmp("th")
         w.line(f"for (int {th} = 0; {th} < nt; ++{th}) "
                f"*(long*)(scratch + (size_t){th} * OPFUSE_SCRATCH_STRIDE + {off_key}) = -1;")
-    kc.parallel_for(2 * p.nb * M * N * K, costs=tile_costs(M, N, MC, NC, MR, NR) * p.nb)
-    with w.block(f"for (long {t} = 0; {t} < {tiles}; ++{t})"):
+    if split:
+        # On more than one thread, N in ``split`` parts, each thread's tiles in one part (static, N outermost):
+        # each core streams its part of the weights only (``weights_split``); on one, the tiles above.
+        part = tile_costs(M, N // split, MC, N // split, MR, NR)  # one part's tiles: the loop runs part by part
+        kc.parallel_for(2 * M * N * K, costs=part * split, static=True)
+        head = f"for (long {t} = 0; {t} < (nt > 1 ? {MT * split} : {MT}); ++{t})"
+    else:
+        kc.parallel_for(2 * p.nb * M * N * K, costs=tile_costs(M, N, MC, NC, MR, NR) * p.nb)
+        head = f"for (long {t} = 0; {t} < {tiles}; ++{t})"
+    with w.block(head):
         b, mt, nt_ = kc.tmp("b"), kc.tmp("mt"), kc.tmp("nt")
-        w.line(f"const long {b} = {t} / {MT * NT};")
+        w.line(f"const long {b} = {t} / {MT * NT};" if not split else f"const long {b} = 0;")
         w.line(f"(void){b};")
-        w.line(f"const long {mt} = ({t} / {NT}) % {MT};")
-        w.line(f"const long {nt_} = {t} % {NT};")
         m0, n0, mc, nc = kc.tmp("m0"), kc.tmp("n0"), kc.tmp("mc"), kc.tmp("nc")
-        w.line(f"const long {m0} = {mt} * {MC};")
-        w.line(f"const long {n0} = {nt_} * {NC};")
+        if split:
+            w.line(f"const long {mt} = {t} % {MT};")
+            w.line(f"const long {nt_} = {t} / {MT};")
+            w.line(f"const long {m0} = {mt} * {MC};")
+            w.line(f"const long {n0} = {nt_} * {N // split};")
+        else:
+            w.line(f"const long {mt} = ({t} / {NT}) % {MT};")
+            w.line(f"const long {nt_} = {t} % {NT};")
+            w.line(f"const long {m0} = {mt} * {MC};")
+            w.line(f"const long {n0} = {nt_} * {NC};")
         # Constant trip counts where every tile is whole: gcc then vectorises the epilogue without
         # a run-time remainder (14% of a 1x1 convolution's time went to that dispatch).
         w.line(f"const long {mc} = {M if MT == 1 else MC if M % MC == 0 else _min_expr(f'{M} - {m0}', MC)};")
-        w.line(f"const long {nc} = {N if NT == 1 else NC if N % NC == 0 else _min_expr(f'{N} - {n0}', NC)};")
+        if split:
+            w.line(f"const long {nc} = nt > 1 ? {N // split} : {N};")
+        else:
+            w.line(f"const long {nc} = {N if NT == 1 else NC if N % NC == 0 else _min_expr(f'{N} - {n0}', NC)};")
         ctile = kc.tmp("ctile")
         w.line(f"float* restrict {ctile} = {kc.scratch_ptr('float', off_c)};")
         ap = bp = None

@@ -128,6 +128,19 @@ class CodegenOptions:
     # interleaved runs, against off, load 10): the strided 3x3 (4 tiles of 128 channels, a 245 KB band each)
     # 0.98x, the 7x7 3x3 0.99x, layer2's strided 3x3 0.99x: small, but work that was repeated for nothing.
     gemm_reuse_band: bool = True
+    # A GEMM whose constant B (a layer's weights, N output channels x K) has at least this many bytes, in one
+    # column of tiles (every tile all N channels: A, the positions, packed per tile), splits N between the
+    # threads when it runs on more than one (``gemm.weights_split``): ``balance_threads``' largest count of
+    # parts, each thread's tiles in its own part (static schedule, N outermost), so each core streams its share
+    # of the weights through its L2 instead of all of them once per tile; on one thread the tiles stay as
+    # they were. 0: never. Measured on the Intel host (2 vCPU, 2 MB of L2 per core; mobilenet_v1, per-kernel
+    # wall time, 25 interleaved rounds with an onnxruntime run between): its 14x14 pointwise layers (512 -> 512,
+    # 1 MB of weights, 14 tiles of 14 positions) 403-407 -> 333-337 us on 2 threads (1.57-1.62x -> 1.88-1.92x
+    # their 1-thread time), pw6 (256 -> 512, 512 KB) 223 -> 181 us, the whole model 5.15 -> 4.72 ms; 1 thread
+    # unchanged (8.47 and 8.49 ms). Splitting N with dynamic tiles instead (``gemm_wide`` 256) took 380 us
+    # and 0.93x the 1-thread speed. 512 KB, a quarter of that L2: resnet18's layer2.0.conv1 (295 KB of
+    # weights, 4 tiles) was not faster split (386 -> 401 us, within its spread).
+    gemm_split_weights_bytes: int = 1 << 19
     # A convolution read over its windows through the offset table (``conv_windows.ConvWindows``: the strided,
     # padded and 7x7 convolutions that do not run as Winograd or the direct kernel) gathers each block of MR
     # positions' K block once into a k-major panel, which the micro-kernel then reads in order for every panel of
@@ -792,6 +805,8 @@ class CodegenOptions:
             raise OpfuseError("simd_unroll must be at least 1 (1: one vector per iteration)")
         if self.simd_stage_block < 0 or self.simd_stage_block % 16:
             raise OpfuseError("simd_stage_block must be 0 (one pass) or a positive multiple of 16 floats")
+        if self.gemm_split_weights_bytes < 0:
+            raise OpfuseError("gemm_split_weights_bytes must be at least 0 (0: never split the weights by thread)")
         if self.stream_prefetch_floats < 0:
             raise OpfuseError("stream_prefetch_floats must be at least 0 (0: no prefetch)")
         if self.pool_prefetch_bytes < 0:
