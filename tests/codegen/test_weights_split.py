@@ -43,9 +43,9 @@ def test_a_layer_with_a_megabyte_of_weights_splits_them_per_thread(isa):
     g, plan = pointwise(512, 512, 14)
     program = generate(g, plan, options=CodegenOptions(vector_isa=isa))
     (note,) = _split_notes(program)
-    assert "512 columns in 2 parts of 256" in note
+    assert "its 512 columns in 2 parts of 256, one per thread" in note
     (loop,) = _kernel(program).parallel
-    assert loop.schedule == "static"
+    assert loop.schedule == "static" and loop.work == 2 * 196 * 512 * 512
     assert "(nt > 1 ? " in program.source
     off = generate(g, plan, options=CodegenOptions(vector_isa=isa, gemm_split_weights_bytes=0))
     assert not _split_notes(off) and "(nt > 1 ? " not in off.source
@@ -93,3 +93,32 @@ def test_results_do_not_change_with_the_threads_or_the_split(cache_dir):
     runs.append(run_both(g, plan, cache_dir, threads=2, options=CodegenOptions(gemm_split_weights_bytes=0))[0])
     for got in runs:
         assert all(np.array_equal(one[k], got[k]) for k in one)
+
+
+def _problem(M: int = 196, N: int = 512, K: int = 512, nb: int = 1, a_static: bool = False):
+    """The GEMM as ``weights_split`` sees it: positions (A, packed per tile) x channels (B, the weights)."""
+    from opfuse.codegen.gemm import GemmProblem, Operand
+    a = Operand(lambda ev, b, m, k: "0", static=np.zeros((nb, M, K), np.float32) if a_static else None)
+    b = Operand(lambda ev, b, k, n: "0", static=np.zeros((nb, K, N), np.float32))
+    return GemmProblem("pw", nb, M, N, K, a, b, None, None)  # type: ignore[arg-type]
+
+
+def test_each_condition_of_the_split_at_its_limit():
+    """``weights_split`` directly: every condition alone refuses, each numeric one at its limit."""
+    from opfuse.codegen.gemm import weights_split
+    o = CodegenOptions()
+
+    def split(p=None, o=o, MT=14, NT=1, stores=True, packed_b=True):
+        return weights_split(p or _problem(), o, 32, MT, NT, stores, packed_b)
+
+    assert split() == 2
+    assert split(stores=False) == 0 and split(packed_b=False) == 0  # a C tile finished at N's width; B packed
+    assert split(_problem(a_static=True)) == 0 and split(_problem(nb=2)) == 0
+    assert split(NT=2) == 0  # the tiles already cut N
+    assert split(MT=4) == 2 and split(MT=3) == 0  # at least one row tile per thread and part, twice
+    assert split(_problem(N=576)) == 2 and split(_problem(N=544)) == 0  # whole NR panels in each part
+    assert split(o=o.with_(balance_threads=())) == 0 and split(o=o.with_(balance_threads=(1,))) == 0
+    assert split(o=o.with_(balance_threads=(1, 2))) == 2 and split(o=o.with_(balance_threads=(2, 4))) == 4
+    work = 2 * 196 * 512 * 512
+    assert split(o=o.with_(parallel_min_work=work)) == 2 and split(o=o.with_(parallel_min_work=work + 1)) == 0
+    assert split(o=o.with_(gemm_split_weights_bytes=0)) == 0

@@ -468,7 +468,7 @@ BALANCE_MIN_GAIN = 0.02  # efficiency (speed-up / threads) a new cut must add to
 BALANCE_ENOUGH = 0.95  # efficiency past which more tiles buy nothing: then the fewest tiles win
 
 
-def weights_split(p: GemmProblem, o, MR: int, NR: int, MT: int, NT: int, stores: bool, packed_b: bool) -> int:
+def weights_split(p: GemmProblem, o, NR: int, MT: int, NT: int, stores: bool, packed_b: bool) -> int:
     """Parts of N a GEMM's tiles are cut into when it runs on more than one thread (0: none). Where B is a
     layer's weights, packed at build time, and every tile spans all N of them (one column of tiles: A, the
     positions, packed per tile), each tile streams all the weights; with ``schedule(dynamic, 1)`` every core
@@ -804,7 +804,7 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
             bkoff = kc.const_array(("gemm_bkoff", p.name), table, p.name + "_bkoff", np.int32)
     extra = p.pack_b.prepare(kc, NC) if p.pack_b is not None and off_b is not None else None
 
-    split = weights_split(p, o, MR, NR, MT, NT, direct is not None, pb is not None)
+    split = weights_split(p, o, NR, MT, NT, direct is not None, pb is not None)
     if split and stage.anchor_node is not None:
         kc.note(lambda name: f"GEMM '{name}': on more than one thread its {N} columns in {split} parts of "
                 f"{N // split}, one per thread (each streams its part of the weights)", stage.anchor_node)
@@ -820,9 +820,10 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                f"*(long*)(scratch + (size_t){th} * OPFUSE_SCRATCH_STRIDE + {off_key}) = -1;")
     if split:
         # On more than one thread, N in ``split`` parts, each thread's tiles in one part (static, N outermost):
-        # each core streams its part of the weights only (``weights_split``); on one, the tiles above.
+        # each core streams its part of the weights only (``weights_split``); on one, the tiles above. The
+        # schedule is static: a loop whose bound is an expression is never made dynamic (``_schedules``).
         part = tile_costs(M, N // split, MC, N // split, MR, NR)  # one part's tiles: the loop runs part by part
-        kc.parallel_for(2 * M * N * K, costs=part * split, static=True)
+        kc.parallel_for(2 * M * N * K, costs=part * split)
         head = f"for (long {t} = 0; {t} < (nt > 1 ? {MT * split} : {MT}); ++{t})"
     else:
         kc.parallel_for(2 * p.nb * M * N * K, costs=tile_costs(M, N, MC, NC, MR, NR) * p.nb)

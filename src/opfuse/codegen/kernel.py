@@ -102,8 +102,7 @@ class KernelContext:
         self.scratch_bytes = 0
         self.scratch_guards: list[tuple[int, int]] = []  # (offset, bytes) with ``CodegenOptions.scratch_guard_bytes``
         self.uses_threads = False
-        # (pragma's line, work, collapse, costs, static)
-        self._parallel: list[tuple[int, int, int, tuple[float, ...], bool]] = []
+        self._parallel: list[tuple[int, int, int, tuple[float, ...]]] = []  # (pragma's line, work, collapse, costs)
         self.loops: list[ParallelLoop] = []  # the parallel loops written (``_schedules``)
         # (id(node), message) -> (node position, flag, fault code)
         self.faults: dict[tuple[int, str], tuple[int, str, int]] = {}
@@ -189,27 +188,25 @@ class KernelContext:
         return hit[1]
 
     # Parallel loops -----------------------------------------------------------------------
-    def parallel_for(self, work: int, collapse: int = 1, costs: Sequence[float] = (), static: bool = False) -> None:
+    def parallel_for(self, work: int, collapse: int = 1, costs: Sequence[float] = ()) -> None:
         """Mark the next loop to split across threads, if ``work`` (elementary operations) is worth them: a
         pragma in OpenMP's syntax that ``outline.py`` turns into a function on the program's thread pool
         (the microcontroller drops it). Its schedule is chosen once the loop is written (``_schedules``).
-        ``costs``: each iteration's relative cost, where they differ (``ParallelLoop``). ``static``: the static
-        schedule whatever the work per iteration (each thread's range of iterations is its own data)."""
+        ``costs``: each iteration's relative cost, where they differ (``ParallelLoop``)."""
         if work < self.program.options.parallel_min_work:
             return
         self.uses_threads = True
         col = f" collapse({collapse})" if collapse > 1 else ""
-        self._parallel.append((len(self.w.lines), work, collapse, tuple(costs), static))
+        self._parallel.append((len(self.w.lines), work, collapse, tuple(costs)))
         self.w.line(f"OPFUSE_PRAGMA(omp parallel for num_threads(nt) {STATIC_CLAUSE}{col} if(nt > 1))")
 
     def _schedules(self) -> None:
         """One iteration at a time (``schedule(dynamic, 1)``) for a loop of ``n`` iterations each worth
         at least ``parallel_dynamic_min_work`` (see ``CodegenOptions``); static chunks otherwise."""
         lines = self.w.lines
-        for at, work, collapse, costs, static in self._parallel:
+        for at, work, collapse, costs in self._parallel:
             head = _LOOP_HEAD.match(lines[at + 1]) if at + 1 < len(lines) else None
-            if not static and collapse == 1 and head and \
-                    work // int(head.group(2)) >= self.program.options.parallel_dynamic_min_work:
+            if collapse == 1 and head and work // int(head.group(2)) >= self.program.options.parallel_dynamic_min_work:
                 lines[at] = lines[at].replace(STATIC_CLAUSE, DYNAMIC_CLAUSE)
             heads = [_LOOP_HEAD.match(ln) for ln in lines[at + 1:at + 1 + collapse]]
             iterations = math.prod(int(h.group(2)) for h in heads if h) if all(heads) else len(costs)
