@@ -833,16 +833,11 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
         w.line(f"const long {b} = {t} / {MT * NT};" if not split else f"const long {b} = 0;")
         w.line(f"(void){b};")
         m0, n0, mc, nc = kc.tmp("m0"), kc.tmp("n0"), kc.tmp("mc"), kc.tmp("nc")
-        if split:
-            w.line(f"const long {mt} = {t} % {MT};")
-            w.line(f"const long {nt_} = {t} / {MT};")
-            w.line(f"const long {m0} = {mt} * {MC};")
-            w.line(f"const long {n0} = {nt_} * {N // split};")
-        else:
-            w.line(f"const long {mt} = ({t} / {NT}) % {MT};")
-            w.line(f"const long {nt_} = {t} % {NT};")
-            w.line(f"const long {m0} = {mt} * {MC};")
-            w.line(f"const long {n0} = {nt_} * {NC};")
+        # the split's parts outermost (``weights_split``), else the column tiles innermost
+        w.line(f"const long {mt} = {t} % {MT};" if split else f"const long {mt} = ({t} / {NT}) % {MT};")
+        w.line(f"const long {nt_} = {t} / {MT};" if split else f"const long {nt_} = {t} % {NT};")
+        w.line(f"const long {m0} = {mt} * {MC};")
+        w.line(f"const long {n0} = {nt_} * {N // split if split else NC};")
         # Constant trip counts where every tile is whole: gcc then vectorises the epilogue without
         # a run-time remainder (14% of a 1x1 convolution's time went to that dispatch).
         w.line(f"const long {mc} = {M if MT == 1 else MC if M % MC == 0 else _min_expr(f'{M} - {m0}', MC)};")
