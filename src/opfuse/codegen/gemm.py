@@ -338,12 +338,12 @@ def pack_b_panels(b: np.ndarray, nr: int) -> np.ndarray:
 
 
 def _microkernel(kc, mr: int, nr: int, a: str = "packed", b: str = "packed", epilogue: str | None = None,
-                 transposed: bool = False, a_step: int = 0, b_split: int = 0) -> str:
+                 transposed: bool = False, a_step: int = 0, b_split: int = 0, b_next: int = 0) -> str:
     """Register the MR x NR micro-kernel (``microkernel.py``) with the program; its name."""
     o = kc.program.options
     name, text = microkernel(mr, nr, a, b, o.simd, o.gemm_prefetch, o.gemm_scalar_accumulators,
                              o.vector_isa == "avx512", epilogue, transposed, a_step, o.vector_isa == "neon", b_split,
-                             k_unroll=o.gemm_k_unroll)
+                             k_unroll=o.gemm_k_unroll, b_next=b_next)
     return kc.program.require_helper(name, text)
 
 
@@ -486,6 +486,24 @@ def weights_split(p: GemmProblem, o, NR: int, MT: int, NT: int, stores: bool, pa
             or p.N * p.K * 4 < o.gemm_split_weights_bytes or 2 * p.M * p.N * p.K < o.parallel_min_work:
         return 0
     return t
+
+
+def next_panel(p: GemmProblem, o, MR: int, NR: int, MC: int, KC: int, rows: int, packed_b: bool,
+               a_outer: bool) -> tuple[int, int]:
+    """``(step, share)`` of the next-panel prefetch (``CodegenOptions.gemm_next_panel_bytes``), ``(0, 0)`` where
+    there is none: B constant and packed (``packed_b``) in whole 16-float lines per k step, at least
+    ``gemm_next_panel_bytes``, more than one panel, B's panel outermost (not ``a_outer``), a tile's ``rows``
+    (its whole MR-row blocks; the tail panels take no share) in at least one block, an x86 host build. Each
+    of a tile's ``ceil(MC / MR)`` calls on a panel prefetches a ``share`` of the next panel's K block's lines,
+    one every ``step`` k steps (the most that spreads a share over a K block of KC), so the calls together
+    take all of it."""
+    if not packed_b or a_outer or not o.gemm_next_panel_bytes or p.K * p.N * 4 < o.gemm_next_panel_bytes \
+            or NR % 16 or p.N <= NR or rows < MR or o.platform != "host" or o.simd != "auto" \
+            or o.vector_isa not in ("avx2", "avx512"):
+        return 0, 0
+    calls = min(MC, rows) // MR
+    share = -(-KC * NR // 16 // calls)
+    return max(1, KC // share), share
 
 
 def balance_efficiency(costs: Sequence[float], threads: Sequence[int]) -> tuple[float, ...]:
@@ -754,16 +772,29 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
     body = M - sum(tails)
 
     made: dict[tuple[int, int], tuple[str, str]] = {}
+    # A's windows outermost (see the loops below), and the strips' condition short of their epilogue's form:
+    # with B's panel outermost the calls may prefetch the next panel (``next_panel``).
+    windows_outer = gather == "panel" or not gather and KC * NC * fl <= WINDOWS_ROWS_OUTER_BYTES
+    may_strip = direct is None and not transposed and KC >= K and not p.segments and o.gemm_strip_epilogue \
+        and K * NC * fl <= ROWS_OUTER_STORE_BYTES
+    step_next, share = next_panel(p, o, MR, NR, MC, KC, body, b_static,
+                                  (rows is not None and rows.koff is not None and windows_outer) or may_strip)
+
+    if step_next and stage.anchor_node is not None:
+        calls = min(MC, body) // MR
+        kc.note(lambda name: f"GEMM '{name}': weights of {K * N * fl >> 10} KiB streamed: each of a tile's {calls} "
+                f"calls on a panel prefetches {share} lines of the next panel into L2, one every {step_next} k steps",
+                stage.anchor_node)
 
     def kernels(mr: int) -> tuple[str, str]:
         """(the micro-kernel, its storing variant) of an ``mr``-row panel ("" where none is called)."""
         key = (mr, step[0])
         if key in made:
             return made[key]
-        store = _microkernel(kc, mr, NR, a_mode, b_mode, direct[0], transposed, step[0], b_split) \
+        store = _microkernel(kc, mr, NR, a_mode, b_mode, direct[0], transposed, step[0], b_split, step_next) \
             if direct is not None else ""
         # The storing micro-kernel alone where every block is whole and K one block.
-        plain = _microkernel(kc, mr, NR, a_mode, b_mode, a_step=step[0], b_split=b_split) \
+        plain = _microkernel(kc, mr, NR, a_mode, b_mode, a_step=step[0], b_split=b_split, b_next=step_next) \
             if direct is None or KC < K or (M % MR and not tails) or N % NR else ""
         made[key] = plain, store
         return plain, store
@@ -904,11 +935,11 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
             # L2 (``CodegenOptions.gemm_rows_outer_store``): each A panel's MR output rows are then written
             # as MR runs of the tile's NC columns, one after the other, instead of MR x NR pieces hopping
             # over all the tile's rows between B panels (write-allocates the prefetchers can follow).
-            windows_outer = gather == "panel" or not gather and KC * NC * fl <= WINDOWS_ROWS_OUTER_BYTES
             a_outer = (koff is not None and windows_outer) or \
                 (direct is not None and not transposed and o.gemm_rows_outer_store and bp is not None
                  and KC * NC * fl <= ROWS_OUTER_STORE_BYTES and p.nb * M * N * fl >= ROWS_OUTER_STORE_MIN_OUTPUT) \
                 or strips
+            assert not (step_next and a_outer), "the next panel is prefetched where B's panel is outermost"
 
             def a_args(ir: str, mr: int) -> tuple[str, str, str]:
                 """(A panel, row pointers, offset table) of the ``mr``-row micro-kernel call at ``ir``."""
@@ -954,13 +985,16 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                     for i, name in enumerate(g):
                         w.line(f"{dst}[{k} * {mr} + {i}] = {name}[{off}];")
 
-            def block(ir: str, mr: int, args: tuple[str, str, str]) -> None:
-                """The micro-kernel call(s) of the ``mr``-row block at ``(ir, jr)``."""
+            def block(ir: str, mr: int, args: tuple[str, str, str], whole: bool = True) -> None:
+                """The micro-kernel call(s) of the ``mr``-row block at ``(ir, jr)`` (``whole``: one of the tile's
+                MR-row blocks, not a tail panel)."""
                 plain, store = kernels(mr)
                 a_ptr, ar, kp = args
                 if bkoff is not None:  # A is packed: the offset table is B's
                     kp = f"{bkoff} + {pc}"
                 cargs = f"{kb}, {a_ptr}, {ar}, {kp}, {b_ptr}, {ldb}, {ctile} + {ir} * {NC} + {jr}, {NC}, {pc} > 0"
+                if step_next:
+                    cargs += next_args(ir) if whole else f", {b_ptr}, 0"
                 if direct is None:
                     w.line(f"{plain}({cargs});")
                     if strips and o.gemm_strip_prefetch:
@@ -993,6 +1027,18 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                                                         _min_expr(f"{N} - {n0} - {jr}", NR))
                 if ahead is not None:
                     ahead(ir, jr)
+
+            def next_args(ir: str) -> str:
+                """The block's share of the next panel's K block (``next_panel``): none past B's last panel; the
+                shares past the block's lines (a short last K block) start at its end and take none."""
+                assert pb is not None
+                has, lines, at, bn, bnl = (kc.tmp(x) for x in ("hasnext", "lines", "at", "bn", "bnl"))
+                w.line(f"const int {has} = {n0} + {jr} + {NR} < {N};")
+                w.line(f"const long {lines} = {kb} * {NR // 16};")
+                w.line(f"const long {at} = {_min_expr(f'{ir} / {MR} * {share}', lines)};")
+                w.line(f"const float* {bn} = {has} ? {b_ptr} + {K * NR} + {at} * 16 : {b_ptr};")
+                w.line(f"const long {bnl} = {has} ? {_min_expr(f'{lines} - {at}', share)} : 0;")
+                return f", {bn}, {bnl}"
 
             def strip(ir: str, mr: int) -> None:
                 """The strip's rows just computed, while they are in L1."""
@@ -1044,7 +1090,7 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                     if body:
                         with w.block(over_m):
                             whole_or_part(lambda: block(ir, MR, a_args(ir, MR)))
-                    tail_blocks(lambda i, mr: block(i, mr, a_args(i, mr)))
+                    tail_blocks(lambda i, mr: block(i, mr, a_args(i, mr), whole=False))
         if direct is not None or strips:  # stored by the micro-kernel, or finished strip by strip
             pass
         elif transposed:  # TRANSPOSE_COLUMNS columns at a time, so the transposed copy stays in L1

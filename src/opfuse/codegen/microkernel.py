@@ -84,6 +84,9 @@ SIGNATURE = ("(long kc, const float* restrict a, const float* const* restrict ar
 # ``transposed`` form adds ``bias[j]`` (a column's) and stores ``y`` to ``out[j * ldo + i]``: a GEMM of
 # positions x channels (a convolution over its windows) whose output runs along the positions.
 SIGNATURE_STORE = SIGNATURE[:-1] + ", const float* restrict bias, float* restrict out, long ldo)"
+# Either signature with ``b_next``: after ``load_c``, ``bnl`` lines of 16 floats from ``bn`` (a part of the next
+# packed B panel the caller will read) prefetched into L2 while the block is computed, one line every ``b_next`` k steps.
+NEXT_PARAMS = ", const float* restrict bn, long bnl"
 EPILOGUES = ("", "b", "r", "br", "c", "cr")  # none / row bias / Relu / row bias then Relu / column bias (x86, not
 # transposed: ``bias[j]`` of the block's columns, a MatMul's bias along N; the caller passes ``bias`` at the block's
 # first column) / column bias then Relu
@@ -261,11 +264,14 @@ def _plain_scalars(mr: int, nr: int, a: str, b: str, a_step: int = 0) -> list[st
 
 def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, i0: int = 0, rows: int = 0,
                  j0: int = 0, cols: int = 0, epi: str | None = None, transposed: bool = False,
-                 a_step: int = 0, b_split: int = 0, a_prefetch: int = 0, k_unroll: int = 0) -> list[str]:
+                 a_step: int = 0, b_split: int = 0, a_prefetch: int = 0, k_unroll: int = 0,
+                 b_next: int = 0) -> list[str]:
     """Intrinsics for the sub-block rows ``[i0, i0 + rows)`` x columns ``[j0, j0 + cols)`` of the
     MR x NR block (all of it by default): accumulators in ``isa``'s registers, one k loop, unrolled
     ``k_unroll`` times where that is above 1 (``CodegenOptions.gemm_k_unroll``).
-    ``a_prefetch`` (packed A): A's line ``a_prefetch`` k steps ahead, prefetched each step."""
+    ``a_prefetch`` (packed A): A's line ``a_prefetch`` k steps ahead, prefetched each step.
+    ``b_next`` (the first sub-block only): line ``k / b_next`` of ``bn`` prefetched into L2 at each k step that
+    ``b_next`` divides, while that is below ``bnl`` (``NEXT_PARAMS``)."""
     if b_split:
         return _split_body(isa, mr, nr, a, b, prefetch, i0, rows, j0, cols, epi, transposed, a_step, b_split,
                            k_unroll)
@@ -297,6 +303,10 @@ def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, 
                       f"    _mm_prefetch((const char*)(a{rows - 1} + koff[k + {prefetch}]), _MM_HINT_T0);"]
     if a_prefetch and a == "packed":  # past this panel's end, the next one's (A's panels follow each other)
         lines.append(f"    _mm_prefetch((const char*)(ak + {a_prefetch * mr}), _MM_HINT_T0);")
+    if b_next and i0 == 0 and j0 == 0:  # spread over the k loop: a burst of them stalls on the misses
+        at = "k" if b_next == 1 else f"k / {b_next}"
+        when = f"{at} < bnl" if b_next == 1 else f"k % {b_next} == 0 && {at} < bnl"
+        lines.append(f"    if ({when}) _mm_prefetch((const char*)(bn + {at} * 16), _MM_HINT_T1);")
     lines.append(f"    const float* restrict bk = {_b_row(b, nr)}{f' + {j0}' if j0 else ''};")
     if prefetch and b == "koff":  # the row the table names ``prefetch`` steps ahead
         lines += [f"    _mm_prefetch((const char*)(b + koff[k + {prefetch}] + {j0 + 16 * v}), _MM_HINT_T0);"
@@ -449,14 +459,14 @@ def _store_transposed(isa: str, acc: list[list[str]], i0: int, j0: int, epi: str
 
 def _avx2(mr: int, nr: int, a: str, b: str, prefetch: int = 0, epi: str | None = None,
           transposed: bool = False, a_step: int = 0, b_split: int = 0, a_prefetch: int = 0,
-          k_unroll: int = 0) -> list[str]:
+          k_unroll: int = 0, b_next: int = 0) -> list[str]:
     """The AVX2/FMA body: one pass over k when the block fits the 16 ymm registers
     (``fits_avx2``), else one pass per sub-block of ``avx2_split`` (a block laid out for
     AVX-512, compiled where the C compiler does not target it: the same panels, read by
     parts; each element still sums its products in increasing k)."""
     if fits_avx2(mr, nr):
         return _vector_body("avx2", mr, nr, a, b, prefetch, epi=epi, transposed=transposed, a_step=a_step,
-                            b_split=b_split, a_prefetch=a_prefetch, k_unroll=k_unroll)
+                            b_split=b_split, a_prefetch=a_prefetch, k_unroll=k_unroll, b_next=b_next)
     rs, cs = avx2_split(mr, nr)
     lines: list[str] = []
     for i0 in range(0, mr, rs):
@@ -464,7 +474,7 @@ def _avx2(mr: int, nr: int, a: str, b: str, prefetch: int = 0, epi: str | None =
             lines += ["  {", *("  " + x if not x.startswith("#") else x
                                for x in _vector_body("avx2", mr, nr, a, b, prefetch, i0, min(rs, mr - i0),
                                                      j0, cs, epi, transposed, a_step, b_split,
-                                                     k_unroll=k_unroll)), "  }"]
+                                                     k_unroll=k_unroll, b_next=b_next)), "  }"]
     return lines
 
 
@@ -581,7 +591,8 @@ def avx2_split(mr: int, nr: int) -> tuple[int, int]:
 def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: str = "auto",
                 prefetch: int = 0, scalar_accumulators: bool = False, avx512: bool = False,
                 epilogue: str | None = None, transposed: bool = False, a_step: int = 0,
-                neon: bool = False, b_split: int = 0, a_prefetch: int = 0, k_unroll: int = 0) -> tuple[str, str]:
+                neon: bool = False, b_split: int = 0, a_prefetch: int = 0, k_unroll: int = 0,
+                b_next: int = 0) -> tuple[str, str]:
     """``(function name, C text)`` of the MR x NR micro-kernel with the given operand access;
     ``prefetch`` > 0: the intrinsics prefetch B, and A's windows, that many k steps ahead (an
     offset table, A's or B's ``koff``, then needs ``prefetch`` readable entries past the last k).
@@ -604,7 +615,10 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
     ``scalar_accumulators``): B's row is NR / ``b_split`` pieces, piece ``p`` at ``p * ldb`` floats past the
     first (``_split_body``); every vector lies in one piece, so each sum is the same as without.
     ``k_unroll`` (above 1): the AVX2 body's k loop is unrolled that many times (``CodegenOptions.gemm_k_unroll``);
-    the same sums in the same order."""
+    the same sums in the same order. ``b_next`` (above 0, packed B): the signature ends with ``NEXT_PARAMS``
+    and the x86 bodies prefetch ``bnl`` lines from ``bn`` into L2, one every ``b_next`` k steps; the AdvSIMD
+    and plain C bodies read neither. The same sums.
+    """
     assert a in A_ACCESS and b in B_ACCESS and simd in SIMD_MODES, (a, b, simd)
     assert epilogue is None or (valid_epilogue(epilogue) and not scalar_accumulators), (epilogue, scalar_accumulators)
     assert not (neon and epilogue and epilogue[-1] in ACTIVATIONS), "the AdvSIMD bodies apply no activation"
@@ -614,15 +628,18 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
     assert not a_step or a == "koff", "a row step is the window access's"
     assert not b_split or (b == "koff" and not neon and not scalar_accumulators and nr % b_split == 0
                            and b_split % YMM_FLOATS == 0), (b, b_split, nr)
+    assert not b_next or b == "packed", "the next panel is a packed B's"
     avx2 = simd == "auto" and nr % YMM_FLOATS == 0  # an AVX2 body (the only one ``k_unroll`` changes)
     fn = name(mr, nr, a, b) + (f"_s{a_step}" if a_step else "") + (f"_h{b_split}" if b_split else "") + \
         (f"_pf{prefetch}" if prefetch else "") + (f"_pa{a_prefetch}" if a_prefetch else "") + ("_z" if wide else "") + \
-        (f"_u{k_unroll}" if k_unroll > 1 and avx2 else "")
+        (f"_u{k_unroll}" if k_unroll > 1 and avx2 else "") + (f"_bn{b_next}" if b_next else "")
     sig, unused = SIGNATURE, "(void)a; (void)ar; (void)koff; (void)ldb;"
     assert not transposed or epilogue is not None, "the transposed store is the storing variant's"
     if epilogue is not None:
         fn += f"_st{'t' if transposed else ''}{epilogue}"
         sig, unused = SIGNATURE_STORE, unused + " (void)bias; (void)ldc;"
+    if b_next:
+        sig, unused = sig.replace("int load_c", "int load_c" + NEXT_PARAMS), unused + " (void)bn; (void)bnl;"
     what = "C" if epilogue is None else f"out = epilogue '{epilogue}' of C"
     head = [f"/* {what}[0:{mr}, 0:{nr}] (+)= A ({a}) * B ({b}), kc steps; see codegen/microkernel.py. */",
             f"OPFUSE_NOINLINE static void {fn}{sig} {{", "  " + unused]
@@ -638,11 +655,11 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
         g512 = AVX512_FLOAT.guard if epilogue and epilogue[-1] in ACTIVATIONS else AVX512_GUARD
         body += [f"#{'el' if body else ''}if {g512}",
                  *_vector_body("avx512", mr, nr, a, b, prefetch, epi=epilogue, transposed=transposed, a_step=a_step,
-                               b_split=b_split, a_prefetch=a_prefetch)]
+                               b_split=b_split, a_prefetch=a_prefetch, b_next=b_next)]
         guards.append(g512)
     if avx2:
         body += [f"#{'el' if body else ''}if {AVX2_GUARD}", *_avx2(mr, nr, a, b, prefetch, epilogue, transposed,
-                                                                  a_step, b_split, a_prefetch, k_unroll)]
+                                                                  a_step, b_split, a_prefetch, k_unroll, b_next)]
         guards.append(AVX2_GUARD)
     body += ["#else", *plain, "#endif"] if body else plain
     pre = f"#if {' || '.join(f'({g})' for g in guards)}\n#include <immintrin.h>\n#endif\n" if guards else ""

@@ -141,6 +141,12 @@ class CodegenOptions:
     # and 0.93x the 1-thread speed. 512 KB, a quarter of that L2: resnet18's layer2.0.conv1 (295 KB of
     # weights, 4 tiles) was not faster split (386 -> 401 us, within its spread).
     gemm_split_weights_bytes: int = 1 << 19
+    # A GEMM whose constant B (weights, packed in NR-column panels) has at least this many bytes, with B's panel
+    # outermost (it stays in the caches while the tile's A panels pass), has each micro-kernel call prefetch its
+    # share of the next panel's lines into L2, one line every few k steps (``gemm.next_panel``): the first call
+    # on a panel then finds it in L2 instead of waiting on memory, where weights that are read once per run
+    # are evicted between runs. x86 host builds. 0: never. MEASURED_BELOW
+    gemm_next_panel_bytes: int = 1 << 20
     # A convolution read over its windows through the offset table (``conv_windows.ConvWindows``: the strided,
     # padded and 7x7 convolutions that do not run as Winograd or the direct kernel) gathers each block of MR
     # positions' K block once into a k-major panel, which the micro-kernel then reads in order for every panel of
@@ -807,6 +813,8 @@ class CodegenOptions:
             raise OpfuseError("simd_stage_block must be 0 (one pass) or a positive multiple of 16 floats")
         if self.gemm_split_weights_bytes < 0:
             raise OpfuseError("gemm_split_weights_bytes must be at least 0 (0: never split the weights by thread)")
+        if self.gemm_next_panel_bytes < 0:
+            raise OpfuseError("gemm_next_panel_bytes must be at least 0 (0: never prefetch the next panel)")
         if self.stream_prefetch_floats < 0:
             raise OpfuseError("stream_prefetch_floats must be at least 0 (0: no prefetch)")
         if self.pool_prefetch_bytes < 0:
