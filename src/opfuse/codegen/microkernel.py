@@ -85,7 +85,8 @@ SIGNATURE = ("(long kc, const float* restrict a, const float* const* restrict ar
 # positions x channels (a convolution over its windows) whose output runs along the positions.
 SIGNATURE_STORE = SIGNATURE[:-1] + ", const float* restrict bias, float* restrict out, long ldo)"
 # Either signature with ``b_next``: after ``load_c``, ``bnl`` lines of 16 floats from ``bn`` (a part of the next
-# packed B panel the caller will read) prefetched into L2 while the block is computed, one line every ``b_next`` k steps.
+# packed B panel the caller will read) prefetched into L2 while the block is computed, one line every ``b_next``
+# k steps.
 NEXT_PARAMS = ", const float* restrict bn, long bnl"
 EPILOGUES = ("", "b", "r", "br", "c", "cr")  # none / row bias / Relu / row bias then Relu / column bias (x86, not
 # transposed: ``bias[j]`` of the block's columns, a MatMul's bias along N; the caller passes ``bias`` at the block's
