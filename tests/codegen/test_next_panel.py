@@ -60,8 +60,26 @@ def test_a_layer_with_four_megabytes_of_weights_prefetches_the_next_panel(isa, s
         f"next panel into L2, one every {step} k steps" in note
     assert f"_bn{step}" in program.source and f"if (k % {step} == 0 && k / {step} < bnl) _mm_prefetch((const " \
         f"char*)(bn + k / {step} * 16), _MM_HINT_T1);" in program.source
+    assert "const int hasnext" in program.source  # the calls pass their share
     off = generate(g, plan, options=CodegenOptions(vector_isa=isa, gemm_mr=7, gemm_mc=49, gemm_next_panel_bytes=0))
     assert not _notes(off) and "_bn" not in off.source and "_MM_HINT_T1" not in off.source
+
+
+def strided(kc: int = 0):
+    """A 3x3 stride-2 convolution 256 -> 512 at 14x14 (4.5 MB of weights), read over its windows."""
+    b = GraphBuilder("windows")
+    x = b.input("x", (1, 256, 14, 14))
+    w = b.const("w", (rng.standard_normal((512, 256, 3, 3)) / 48).astype(np.float32))
+    g = b.build(b.op("Conv", x, w, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], name="conv"))
+    return generate(g, group_by_names(g, []), options=CodegenOptions(**({"gemm_kc": kc} if kc else {})))
+
+
+def test_windows_prefetch_the_next_panel_unless_they_are_the_outer_loop():
+    """B's K block of 768 x 512 floats: the channel panels outermost, each call prefetches; in K blocks of 64
+    (128 KB, ``gemm.WINDOWS_ROWS_OUTER_BYTES``) A's windows are the outer loop, and B's next panel is the next
+    call's: nothing is prefetched."""
+    assert _notes(strided())
+    assert not _notes(strided(64)) and "_bn" not in strided(64).source
 
 
 def test_the_size_is_inclusive():
@@ -111,7 +129,7 @@ def test_each_condition_at_its_limit_and_the_shares():
     assert nxt(rows=6) == (0, 0)  # no whole block: tail panels only
     assert nxt(packed_b=False) == (0, 0) and nxt(a_outer=True) == (0, 0)
     assert nxt(NR=24, MC=48, rows=48, MR=8) == (0, 0) and nxt(NR=16, MR=8, MC=48, rows=48) == (5, 171)
-    assert nxt(_problem(N=32)) == (0, 0) and nxt(_problem(N=64, K=4096)) == (3, 293)  # one panel: no next one
+    assert nxt(_problem(N=32, K=8192)) == (0, 0) and nxt(_problem(N=64, K=4096)) == (3, 293)  # one panel: no next
     size = 1024 * 1024 * 4
     assert nxt(o=o.with_(gemm_next_panel_bytes=size)) == (3, 293)
     assert nxt(o=o.with_(gemm_next_panel_bytes=size + 1)) == (0, 0)
@@ -138,6 +156,8 @@ def test_the_same_bits_with_and_without_the_prefetch(case, cache_dir):
     on = CodegenOptions(gemm_next_panel_bytes=1, **kw)
     got, want, model = run_both(g, plan, cache_dir, options=on, threads=1)
     assert _notes(model.program) and "_bn" in model.program.source
+    if case == "dense_tails":  # the tail panel's call takes no share
+        assert model.program.source.count("const int hasnext") == 1
     assert_close(got, want)
     for threads, opts in ((2, on), (1, CodegenOptions(gemm_next_panel_bytes=0, **kw))):
         other = run_both(g, plan, cache_dir, options=opts, threads=threads)[0]
@@ -203,5 +223,9 @@ def test_the_prefetch_is_in_the_first_sub_block_of_a_split_avx2_body_only():
     avx2, plain = rest.split("#else", 1)
     assert avx2.count("const float* restrict ak = a + ") == 4 and avx2.count("_MM_HINT_T1") == 1
     assert "bn +" not in plain and "(void)bn; (void)bnl;" in text
+    # a block that fits AVX2's registers: one pass, its prefetch; one line a step without the modulo
+    _, text = microkernel(6, 16, "packed", "packed", "auto", 16, avx512=False, b_next=1)
+    assert text.split("#else", 1)[0].count(
+        "    if (k < bnl) _mm_prefetch((const char*)(bn + k * 16), _MM_HINT_T1);") == 1
     with pytest.raises(AssertionError, match="packed B"):
         microkernel(8, 32, "packed", "koff", "auto", 16, b_next=2)
