@@ -225,7 +225,7 @@ def test_the_prefetch_is_in_the_first_sub_block_of_a_split_avx2_body_only():
     assert "bn +" not in plain and "(void)bn; (void)bnl;" in text
     # a block that fits AVX2's registers: one pass, its prefetch; one line a step without the modulo
     _, text = microkernel(6, 16, "packed", "packed", "auto", 16, avx512=False, b_next=1)
-    assert text.split("#else", 1)[0].count(
+    assert text.rsplit("#else", 1)[0].count(
         "    if (k < bnl) _mm_prefetch((const char*)(bn + k * 16), _MM_HINT_T1);") == 1
     with pytest.raises(AssertionError, match="packed B"):
         microkernel(8, 32, "packed", "koff", "auto", 16, b_next=2)
