@@ -139,6 +139,19 @@ def test_each_condition_at_its_limit_and_the_shares():
     assert nxt(o=o.with_(platform="mcu")) == (0, 0)
 
 
+def test_strips_take_a_panels_outermost_and_prefetch_nothing():
+    """x (64 x 32) @ W (32 x 8192, 1 MB) + a residual input: the epilogue finished strip by strip (``gemm_strip_
+    epilogue``) makes A's panels the outer loop, B's K block (32 x 512 floats, 64 KB) read from L2 per panel."""
+    b = GraphBuilder("strips")
+    x, r = b.input("x", (64, 32)), b.input("r", (64, 8192))
+    w = b.const("w", (rng.standard_normal((32, 8192)) / 6).astype(np.float32))
+    g = b.build(b.op("Add", b.op("MatMul", x, w, name="mm"), r, name="add"))
+    plan = group_by_names(g, [("gemm_epilogue", ["mm", "add"])])
+    assert not _notes(generate(g, plan))
+    no_strips = generate(g, plan, options=CodegenOptions(gemm_strip_epilogue=False))
+    assert _notes(no_strips)
+
+
 # (graph, options): K in blocks with a short last one, N past its last whole panel, M's last rows in a tail panel or
 # a part block, the output transposed (a convolution) or along n (a MatMul), several row tiles
 CASES = {
