@@ -12,7 +12,7 @@ import platform
 import numpy as np
 import pytest
 
-from cg_support import assert_close, group_by_names, run_both
+from cg_support import assert_close, group_by_names, pointwise_relu, run_both
 from opfuse.codegen import CodegenOptions
 from opfuse.codegen.microkernel import microkernel
 from opfuse.codegen.options import CORTEX_M7
@@ -26,13 +26,7 @@ NOTE = "of the next panel into L2"  # the kernel note's words
 
 
 def pointwise(c: int, oc: int, hw: int):
-    b = GraphBuilder("next")
-    x = b.input("x", (1, c, hw, hw))
-    w = b.const("w", (rng.standard_normal((oc, c, 1, 1)) / np.sqrt(c)).astype(np.float32))
-    bias = b.const("bias", rng.standard_normal(oc).astype(np.float32))
-    y = b.op("Conv", x, w, bias, kernel_shape=[1, 1], name="conv")
-    g = b.build(b.op("Relu", y, name="relu"))
-    return g, group_by_names(g, [("conv_epilogue", ["conv", "relu"])])
+    return pointwise_relu(c, oc, hw, rng, "next")
 
 
 def dense(m: int, k: int, n: int):

@@ -9,24 +9,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cg_support import assert_close, group_by_names, run_both
+from cg_support import assert_close, pointwise_relu, run_both
 from opfuse.codegen import CodegenOptions
 from opfuse.codegen.options import CORTEX_M7
 from opfuse.codegen.program import generate
-from opfuse.ops import GraphBuilder
 
 rng = np.random.default_rng(11)
 SPLIT = "parts of"  # the kernel note's words
 
 
 def pointwise(c: int, oc: int, hw: int):
-    b = GraphBuilder("split")
-    x = b.input("x", (1, c, hw, hw))
-    w = b.const("w", (rng.standard_normal((oc, c, 1, 1)) / np.sqrt(c)).astype(np.float32))
-    bias = b.const("bias", rng.standard_normal(oc).astype(np.float32))
-    y = b.op("Conv", x, w, bias, kernel_shape=[1, 1], name="conv")
-    g = b.build(b.op("Relu", y, name="relu"))
-    return g, group_by_names(g, [("conv_epilogue", ["conv", "relu"])])
+    return pointwise_relu(c, oc, hw, rng, "split")
 
 
 def _kernel(program):
