@@ -494,9 +494,9 @@ def next_panel(p: GemmProblem, o, MR: int, NR: int, MC: int, KC: int, rows: int,
     there is none: B constant and packed (``packed_b``) in whole 16-float lines per k step, at least
     ``gemm_next_panel_bytes``, more than one panel, B's panel outermost (not ``a_outer``), a tile's ``rows``
     (its whole MR-row blocks; the tail panels take no share) in at least one block, an x86 host build. Each
-    of a tile's ``ceil(MC / MR)`` calls on a panel prefetches a ``share`` of the next panel's K block's lines,
-    one every ``step`` k steps (the most that spreads a share over a K block of KC), so the calls together
-    take all of it."""
+    of a tile's ``min(MC, rows) // MR`` whole blocks' calls on a panel prefetches a ``share`` of the next panel's
+    K block's lines, one every ``step`` k steps (the most that spreads a share over a K block of KC), so those
+    calls together take all of it (a part block's call after them, none)."""
     if not packed_b or a_outer or not o.gemm_next_panel_bytes or p.K * p.N * 4 < o.gemm_next_panel_bytes \
             or NR % 16 or p.N <= NR or rows < MR or o.platform != "host" or o.simd != "auto" \
             or o.vector_isa not in ("avx2", "avx512"):

@@ -616,8 +616,8 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
     ``scalar_accumulators``): B's row is NR / ``b_split`` pieces, piece ``p`` at ``p * ldb`` floats past the
     first (``_split_body``); every vector lies in one piece, so each sum is the same as without.
     ``k_unroll`` (above 1): the AVX2 body's k loop is unrolled that many times (``CodegenOptions.gemm_k_unroll``);
-    the same sums in the same order. ``b_next`` (above 0, packed B): the signature ends with ``NEXT_PARAMS``
-    and the x86 bodies prefetch ``bnl`` lines from ``bn`` into L2, one every ``b_next`` k steps; the AdvSIMD
+    the same sums in the same order. ``b_next`` (above 0, packed B): ``NEXT_PARAMS`` follow ``load_c`` in the
+    signature and the x86 bodies prefetch ``bnl`` lines from ``bn`` into L2, one every ``b_next`` k steps; the AdvSIMD
     and plain C bodies read neither. The same sums.
     """
     assert a in A_ACCESS and b in B_ACCESS and simd in SIMD_MODES, (a, b, simd)
