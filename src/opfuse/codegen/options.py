@@ -150,9 +150,9 @@ class CodegenOptions:
     # (4 MB of weights) 846 -> 730 us, pw12 441 -> 377, pw7-pw11 (1 MB) 667-675 -> 645-656, the whole model 9.01 ->
     # 8.69 ms at 1 thread and 4.98 -> 4.88 at 2; bert_layer 14.07 -> 12.87 ms (its MatMuls 0.90-0.94x) and 7.23 ->
     # 6.79 at 2; resnet18's layer4.0.conv1 (4.5 MB) 1057 -> 851 us; yolo_block 1.38 -> 1.35 ms. Standalone (pw13 after
-    # a 64 MB write, 300 runs): 965 -> 764 us, where all the weights in L3 took 707; a burst of the share's
-    # prefetches before each call instead took 909 (the misses stall the core). 64 KB instead of 1 MB changed no
-    # layer of mobilenet_v1 (pw1-pw6 within 1-3%).
+    # a 64 MB write, medians of 300 runs, 3-7 runs each): 893-970 -> 720-789 us, where all the weights in L3
+    # took 707; a burst of the share's prefetches before each call instead took 899-949 (the misses stall the
+    # core). 64 KB instead of 1 MB changed no layer of mobilenet_v1 (pw1-pw6 within 1-3%).
     gemm_next_panel_bytes: int = 1 << 20
     # A convolution read over its windows through the offset table (``conv_windows.ConvWindows``: the strided,
     # padded and 7x7 convolutions that do not run as Winograd or the direct kernel) gathers each block of MR

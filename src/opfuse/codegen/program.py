@@ -476,7 +476,8 @@ class ProgramBuilder:
 
 def alone_node(group):
     """The group's first product (a Conv, MatMul, Gemm or attention: registry category
-    ``OUT_ELEMWISE_FUSABLE``), whose count of FLOPs decides its kernel's threads; None if it has none."""
+    ``OUT_ELEMWISE_FUSABLE``); None if it has none. Only a kernel with one is kept on one thread by its group's
+    size (``ProgramBuilder._one_thread``: the FLOPs of all its ops); the others are left to their loops' gates."""
     return next((n for n in group.nodes if get_spec(n.op_type, n).category == Category.OUT_ELEMWISE_FUSABLE), None)
 
 
