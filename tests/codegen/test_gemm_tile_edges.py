@@ -54,13 +54,14 @@ def test_1x1_conv_packs_rows_in_k_blocks(side, cache_dir):
     """A 1x1 convolution of 64 channels packing its input rows per tile (B = channels x positions) in four K
     blocks of 16: each block copies rows pc .. pc + 15. 16 x 16 = 256 positions are whole 16-column panels (one
     memcpy per row and panel); 18 x 18 = 324 leave a partial panel of 4 (whole panels copied, the rest read and
-    padded). Both fill their panels closely enough (``conv.PACKED_WASTE``) to pack rows, not read windows."""
+    padded). Both fill their panels closely enough (``conv.PACKED_WASTE``) to pack rows, not read windows. The copy
+    before the calls (``gemm_pack_in_kernel`` off; with it on: ``test_pack_in_kernel.py``)."""
     b = GraphBuilder("pw")
     x = b.input("x", (1, 64, side, side))
     y = b.op("Conv", x, _w(b, 24, 64, 1, 1), _w(b, 24), name="conv")
     g = b.build(b.op("Relu", y, name="relu"))
     plan = group_by_names(g, [("conv_epilogue", ["conv", "relu"])])
-    options = AVX2.with_(gemm_kc=16)
+    options = AVX2.with_(gemm_kc=16, gemm_pack_in_kernel=False)
     got, want, m = run_both(g, plan, cache_dir, options=options)
     assert "memcpy(" in m.program.source  # B's rows copied from memory
     assert_close(got, want)

@@ -290,6 +290,7 @@ def conv_problem(kc, ev, node) -> GemmProblem:
     b_op = Operand(x_direct)
     if pointwise and in_memory(ev, x):
         b_op.row_ptr = lambda b, k, n: f"{kc.ptr(x)} + {x_index(b, k, n).offset()}"
+        b_op.row_step = math.prod(x.shape[2:])  # one channel on: a plane
     packer: BPacker | None
     if pointwise:
         packer = None

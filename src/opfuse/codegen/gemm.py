@@ -163,6 +163,8 @@ class Operand:
     # B packed per tile whose rows lie in memory with unit stride: ``row_ptr(b, k, n)`` is a C pointer
     # to ``B[k, n]``; the packing copies each panel row as one block (``_pack_b``).
     row_ptr: Callable[[str, str, str], str] | None = None
+    # ... and ``row_step`` floats from row k to row k + 1, the same for every k (``pack_in_kernel``); None: unknown.
+    row_step: int | None = None
 
 
 @dataclass
@@ -338,12 +340,13 @@ def pack_b_panels(b: np.ndarray, nr: int) -> np.ndarray:
 
 
 def _microkernel(kc, mr: int, nr: int, a: str = "packed", b: str = "packed", epilogue: str | None = None,
-                 transposed: bool = False, a_step: int = 0, b_split: int = 0, b_next: int = 0) -> str:
+                 transposed: bool = False, a_step: int = 0, b_split: int = 0, b_next: int = 0,
+                 b_copy: bool = False) -> str:
     """Register the MR x NR micro-kernel (``microkernel.py``) with the program; its name."""
     o = kc.program.options
     name, text = microkernel(mr, nr, a, b, o.simd, o.gemm_prefetch, o.gemm_scalar_accumulators,
                              o.vector_isa == "avx512", epilogue, transposed, a_step, o.vector_isa == "neon", b_split,
-                             k_unroll=o.gemm_k_unroll, b_next=b_next)
+                             k_unroll=o.gemm_k_unroll, b_next=b_next, b_copy=b_copy)
     return kc.program.require_helper(name, text)
 
 
@@ -725,6 +728,23 @@ def emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
     return _emit_gemm(kc, ev, stage, p)
 
 
+def pack_in_kernel(p: GemmProblem, o, packed_b: bool, packer: bool, gather: str, body: int, a_outer: bool) -> bool:
+    """Whether a tile's B panels are packed by the micro-kernel calls of its first row block instead of a copy
+    before them (``CodegenOptions.gemm_pack_in_kernel``): that call reads its panel's rows in place (``strided``,
+    ``Operand.row_step`` apart) and stores them to the packed panel as it goes (``microkernel``'s ``b_copy``);
+    the tile's other calls on the panel read the packed copy, as before. The copy's loads and stores then go
+    with the call's multiply-adds instead of a pass of their own. Only where: B is packed per tile
+    (``packed_b``) from rows in memory a constant step apart (a 1x1 convolution's input), without a packer of its
+    own (``packer``) or A's windows gathered (``gather``); the tile has whole MR-row blocks (``body``); B's panel
+    outermost (not ``a_outer``: there the first row block's calls would read every panel of the tile in place, one
+    after the other, with nothing between them to wait behind: mobilenet_v1's pw1 1.36x the time); whole
+    NR-column panels only (a part last panel keeps the copy); an x86 host build with intrinsics. The same
+    values in the same packed panel: the same sums."""
+    return bool(o.gemm_pack_in_kernel and packed_b and not packer and not gather and body and not a_outer
+                and p.b.row_ptr is not None and p.b.row_step is not None
+                and o.platform == "host" and o.simd == "auto" and o.vector_isa in ("avx2", "avx512"))
+
+
 def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
     o = kc.program.options
     MR, NR = register_block(p, o)
@@ -786,15 +806,18 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                 f"calls on a panel prefetches {share} lines of the next panel into L2, one every {step_next} k steps",
                 stage.anchor_node)
 
-    def kernels(mr: int) -> tuple[str, str]:
-        """(the micro-kernel, its storing variant) of an ``mr``-row panel ("" where none is called)."""
-        key = (mr, step[0])
+    def kernels(mr: int, copy: bool = False) -> tuple[str, str]:
+        """(the micro-kernel, its storing variant) of an ``mr``-row panel ("" where none is called); ``copy``: the
+        variants that read B in place and pack it as they go (``pack_in_kernel``)."""
+        key = (mr, step[0], copy)
         if key in made:
             return made[key]
-        store = _microkernel(kc, mr, NR, a_mode, b_mode, direct[0], transposed, step[0], b_split, step_next) \
+        bm = "strided" if copy else b_mode
+        store = _microkernel(kc, mr, NR, a_mode, bm, direct[0], transposed, step[0], b_split, step_next, copy) \
             if direct is not None else ""
         # The storing micro-kernel alone where every block is whole and K one block.
-        plain = _microkernel(kc, mr, NR, a_mode, b_mode, a_step=step[0], b_split=b_split, b_next=step_next) \
+        plain = _microkernel(kc, mr, NR, a_mode, bm, a_step=step[0], b_split=b_split, b_next=step_next,
+                             b_copy=copy) \
             if direct is None or KC < K or (M % MR and not tails) or N % NR else ""
         made[key] = plain, store
         return plain, store
@@ -905,6 +928,25 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
         strips = direct is None and not transposed and KC >= K and not p.segments and o.gemm_strip_epilogue \
             and K * NC * fl <= ROWS_OUTER_STORE_BYTES \
             and isinstance(_vector_epilogue(kc, ev, Segment("n", 0, N, p, stage), b, False), VectorEpilogue)
+        # B's micro-panel outermost (it stays in L1 while the A panels stream past), unless
+        # A is read through windows and B's K block stays in L2: then A's rows stay in L1
+        # and B's panels stream from L2 (sequential, where the windows are not): resnet18
+        # 3.5% faster. A wide B (1024 channels) would be streamed from memory per A panel.
+        # So too where the micro-kernel stores the output along n itself and B's packed K block stays in
+        # L2 (``CodegenOptions.gemm_rows_outer_store``): each A panel's MR output rows are then written
+        # as MR runs of the tile's NC columns, one after the other, instead of MR x NR pieces hopping
+        # over all the tile's rows between B panels (write-allocates the prefetchers can follow).
+        a_outer = (koff is not None and windows_outer) or \
+            (direct is not None and not transposed and o.gemm_rows_outer_store and bp is not None
+             and KC * NC * fl <= ROWS_OUTER_STORE_BYTES and p.nb * M * N * fl >= ROWS_OUTER_STORE_MIN_OUTPUT) \
+            or strips
+        assert not (step_next and a_outer), "the next panel is prefetched where B's panel is outermost"
+        in_kernel = pack_in_kernel(p, o, bp is not None, extra is not None, gather, body, a_outer)
+        if in_kernel:
+            kernels(MR, copy=True)
+            if stage.anchor_node is not None:
+                kc.note(lambda name: f"GEMM '{name}': B's panels packed by the first row block's micro-kernel calls "
+                        f"(read in place, stored as they are read)", stage.anchor_node)
         with w.block(f"for (long {pc} = 0; {pc} < {K}; {pc} += {KC})"):
             w.line(f"const long {kb} = {_min_expr(f'{K} - {pc}', KC)};")
             if ap is not None:
@@ -915,8 +957,8 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
             if bp is not None:
                 if extra is not None:
                     extra.pack(kc, ev, p, bp, b, n0, nc, pc, kb, NR)
-                else:
-                    _pack_b(kc, ev, p, bp, b, n0, nc, pc, kb, NR)
+                elif not in_kernel or N % NR:  # (the calls pack the whole panels: a part one is copied here)
+                    _pack_b(kc, ev, p, bp, b, n0, nc, pc, kb, NR, whole=not in_kernel)
             jr, ir = kc.tmp("jr"), kc.tmp("ir")
             if pb is not None:
                 np_ = -(-N // NR)
@@ -927,19 +969,6 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                 ldb = cols.split_ldb(b, f"{n0} + {jr}") if cols.split else str(cols.ldb)
             else:
                 b_ptr, ldb = f"{bp} + {jr} * {kb}", str(NR)
-            # B's micro-panel outermost (it stays in L1 while the A panels stream past), unless
-            # A is read through windows and B's K block stays in L2: then A's rows stay in L1
-            # and B's panels stream from L2 (sequential, where the windows are not): resnet18
-            # 3.5% faster. A wide B (1024 channels) would be streamed from memory per A panel.
-            # So too where the micro-kernel stores the output along n itself and B's packed K block stays in
-            # L2 (``CodegenOptions.gemm_rows_outer_store``): each A panel's MR output rows are then written
-            # as MR runs of the tile's NC columns, one after the other, instead of MR x NR pieces hopping
-            # over all the tile's rows between B panels (write-allocates the prefetchers can follow).
-            a_outer = (koff is not None and windows_outer) or \
-                (direct is not None and not transposed and o.gemm_rows_outer_store and bp is not None
-                 and KC * NC * fl <= ROWS_OUTER_STORE_BYTES and p.nb * M * N * fl >= ROWS_OUTER_STORE_MIN_OUTPUT) \
-                or strips
-            assert not (step_next and a_outer), "the next panel is prefetched where B's panel is outermost"
 
             def a_args(ir: str, mr: int) -> tuple[str, str, str]:
                 """(A panel, row pointers, offset table) of the ``mr``-row micro-kernel call at ``ir``."""
@@ -987,12 +1016,27 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
 
             def block(ir: str, mr: int, args: tuple[str, str, str], whole: bool = True) -> None:
                 """The micro-kernel call(s) of the ``mr``-row block at ``(ir, jr)`` (``whole``: one of the tile's
-                MR-row blocks, not a tail panel)."""
-                plain, store = kernels(mr)
+                MR-row blocks, not a tail panel); where the calls pack B (``pack_in_kernel``), the first block's
+                call on a whole panel is the copying variant's."""
+                if not (in_kernel and whole):
+                    calls(ir, mr, args, whole)
+                    return
+                first = f"{ir} == 0" + (f" && {n0} + {jr} + {NR} <= {N}" if N % NR else "")
+                with w.block(f"if ({first})"):
+                    calls(ir, mr, args, whole, copy=True)
+                with w.block("else"):
+                    calls(ir, mr, args, whole)
+
+            def calls(ir: str, mr: int, args: tuple[str, str, str], whole: bool, copy: bool = False) -> None:
+                """``block``'s calls; ``copy``: B read in place and stored to its packed panel by the call."""
+                plain, store = kernels(mr, copy)
                 a_ptr, ar, kp = args
                 if bkoff is not None:  # A is packed: the offset table is B's
                     kp = f"{bkoff} + {pc}"
-                cargs = f"{kb}, {a_ptr}, {ar}, {kp}, {b_ptr}, {ldb}, {ctile} + {ir} * {NC} + {jr}, {NC}, {pc} > 0"
+                src, ld = (p.b.row_ptr(b, pc, f"{n0} + {jr}"), str(p.b.row_step)) if copy else (b_ptr, ldb)
+                cargs = f"{kb}, {a_ptr}, {ar}, {kp}, {src}, {ld}, {ctile} + {ir} * {NC} + {jr}, {NC}, {pc} > 0"
+                if copy:
+                    cargs += f", {b_ptr}"
                 if step_next:
                     cargs += next_args(ir) if whole else f", {b_ptr}, 0"
                 if direct is None:
@@ -1285,13 +1329,16 @@ def _pack_a(kc, ev, p: GemmProblem, ap, b, m0, mc, pc, kb, MR, tails: Sequence[i
                     w.line(f"{dst}[{k} * {width}] = {p.a.load(ev, b, m, add(pc, k))};")
 
 
-def _pack_b(kc, ev, p: GemmProblem, bp, b, n0, nc, pc, kb, NR) -> None:
+def _pack_b(kc, ev, p: GemmProblem, bp, b, n0, nc, pc, kb, NR, whole: bool = True) -> None:
     """B's KC x NC slice into NR-column panels. Where every panel is whole (N a multiple of NR) the
     copy has a constant trip count, a constant-size ``memcpy`` where B's rows are in memory
     (``Operand.row_ptr``), so gcc moves it in vector registers: with the run-time count it called
-    ``memmove`` for each 32-float row, 20% of a 1x1 convolution's time (mobilenet's pw1, K = 32)."""
+    ``memmove`` for each 32-float row, 20% of a 1x1 convolution's time (mobilenet's pw1, K = 32).
+    ``whole`` False (B's rows in memory, N not a multiple of NR): the part last panel only (the micro-kernel
+    calls pack the whole ones, ``pack_in_kernel``)."""
     w = kc.w
     jp, k, c = kc.tmp("jp"), kc.tmp("k"), kc.tmp("c")
+    assert whole or (p.N % NR and p.b.row_ptr is not None), "only a part panel is left to copy"
     if p.N % NR == 0 and p.b.row_ptr is not None:
         # Rows of B outermost: each is read as one sequential run (the tile's columns), which the
         # hardware prefetchers follow; panel-first interleaved 128-byte pieces of K rows. mobilenet_v1
@@ -1315,10 +1362,12 @@ def _pack_b(kc, ev, p: GemmProblem, bp, b, n0, nc, pc, kb, NR) -> None:
     with w.block(f"for (long {jp} = 0; {jp} < {nc}; {jp} += {NR})"):
         cols = kc.tmp("cols")
         w.line(f"const long {cols} = {_min_expr(f'{p.N} - {n0} - {jp}', NR)};")
+        if not whole:
+            w.line(f"if ({cols} == {NR}) continue;")
         with w.block(f"for (long {k} = 0; {k} < {kb}; ++{k})"):
             dst = kc.tmp("dst")
             w.line(f"float* restrict {dst} = {bp} + {jp} * {kb} + {k} * {NR};")
-            if p.b.row_ptr is not None:  # whole panels by a constant-size memcpy
+            if p.b.row_ptr is not None and whole:  # whole panels by a constant-size memcpy
                 with w.block(f"if ({cols} == {NR})"):
                     w.line(f"memcpy({dst}, {p.b.row_ptr(b, add(pc, k), f'{n0} + {jp}')}, sizeof(float) * {NR});")
                     w.line("continue;")

@@ -88,6 +88,10 @@ SIGNATURE_STORE = SIGNATURE[:-1] + ", const float* restrict bias, float* restric
 # packed B panel the caller will read) prefetched into L2 while the block is computed, one line every ``b_next``
 # k steps.
 NEXT_PARAMS = ", const float* restrict bn, long bnl"
+# Either signature with ``b_copy`` (B ``strided``: read in place): after ``load_c``, the panel ``bp`` the call writes
+# B's rows into as it reads them, in the packed layout (row ``k`` at ``bp + k * NR``), for the calls after it on
+# that panel to read packed (``gemm.pack_in_kernel``).
+COPY_PARAMS = ", float* restrict bp"
 EPILOGUES = ("", "b", "r", "br", "c", "cr")  # none / row bias / Relu / row bias then Relu / column bias (x86, not
 # transposed: ``bias[j]`` of the block's columns, a MatMul's bias along N; the caller passes ``bias`` at the block's
 # first column) / column bias then Relu
@@ -211,7 +215,7 @@ def _b_col(col: int, split: int) -> str:
 
 
 def _plain(mr: int, nr: int, a: str, b: str, epi: str | None = None, transposed: bool = False,
-           a_step: int = 0, b_split: int = 0) -> list[str]:
+           a_step: int = 0, b_split: int = 0, b_copy: bool = False) -> list[str]:
     lines = [f"  float acc[{mr}][{nr}];"]
     if a == "koff":
         lines += _window_rows(0, mr, a_step)
@@ -221,6 +225,8 @@ def _plain(mr: int, nr: int, a: str, b: str, epi: str | None = None, transposed:
         "  for (long k = 0; k < kc; ++k) {",
         f"    const float* restrict bk = {_b_row(b, nr)};",
     ]
+    if b_copy:
+        lines.append(f"    for (int j = 0; j < {nr}; ++j) bp[k * {nr} + j] = bk[j];")
     # "unroll 1" keeps gcc from unrolling the j loop into scalar statements and re-vectorising
     # them badly (6 x 16 ran at 2 GFLOP/s so, at 98 with the j loop kept as one vector loop).
     for i in range(mr):
@@ -266,13 +272,14 @@ def _plain_scalars(mr: int, nr: int, a: str, b: str, a_step: int = 0) -> list[st
 def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, i0: int = 0, rows: int = 0,
                  j0: int = 0, cols: int = 0, epi: str | None = None, transposed: bool = False,
                  a_step: int = 0, b_split: int = 0, a_prefetch: int = 0, k_unroll: int = 0,
-                 b_next: int = 0) -> list[str]:
+                 b_next: int = 0, b_copy: bool = False) -> list[str]:
     """Intrinsics for the sub-block rows ``[i0, i0 + rows)`` x columns ``[j0, j0 + cols)`` of the
     MR x NR block (all of it by default): accumulators in ``isa``'s registers, one k loop, unrolled
     ``k_unroll`` times where that is above 1 (``CodegenOptions.gemm_k_unroll``).
     ``a_prefetch`` (packed A): A's line ``a_prefetch`` k steps ahead, prefetched each step.
     ``b_next`` (the first sub-block only): line ``k / b_next`` of ``bn`` prefetched into L2 at each k step that
-    ``b_next`` divides, while that is below ``bnl`` (``NEXT_PARAMS``)."""
+    ``b_next`` divides, while that is below ``bnl`` (``NEXT_PARAMS``). ``b_copy`` (the sub-blocks of the first
+    rows: each column once): the B vectors loaded at each k step stored to ``bp`` as well (``COPY_PARAMS``)."""
     if b_split:
         return _split_body(isa, mr, nr, a, b, prefetch, i0, rows, j0, cols, epi, transposed, a_step, b_split,
                            k_unroll)
@@ -317,6 +324,8 @@ def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, 
         lines += [f"    _mm_prefetch((const char*)(bk + {ahead} + {16 * v}), _MM_HINT_T0);"
                   for v in range(-(-cols // 16))]
     lines += [f"    const {vec} b{v} = {ps}_loadu_ps(bk + {v * width});" for v in range(nv)]
+    if b_copy and i0 == 0:
+        lines += [f"    {ps}_storeu_ps(bp + k * {nr} + {j0 + v * width}, b{v});" for v in range(nv)]
     bcast = "_mm512_set1_ps(*({p}))" if isa == "avx512" else "_mm256_broadcast_ss({p})"
     for i in range(rows):
         ptr = "ak + " + str(i) if a == "packed" else _a_ptr(a, mr, i)
@@ -460,14 +469,14 @@ def _store_transposed(isa: str, acc: list[list[str]], i0: int, j0: int, epi: str
 
 def _avx2(mr: int, nr: int, a: str, b: str, prefetch: int = 0, epi: str | None = None,
           transposed: bool = False, a_step: int = 0, b_split: int = 0, a_prefetch: int = 0,
-          k_unroll: int = 0, b_next: int = 0) -> list[str]:
+          k_unroll: int = 0, b_next: int = 0, b_copy: bool = False) -> list[str]:
     """The AVX2/FMA body: one pass over k when the block fits the 16 ymm registers
     (``fits_avx2``), else one pass per sub-block of ``avx2_split`` (a block laid out for
     AVX-512, compiled where the C compiler does not target it: the same panels, read by
     parts; each element still sums its products in increasing k)."""
     if fits_avx2(mr, nr):
         return _vector_body("avx2", mr, nr, a, b, prefetch, epi=epi, transposed=transposed, a_step=a_step,
-                            b_split=b_split, a_prefetch=a_prefetch, k_unroll=k_unroll, b_next=b_next)
+                            b_split=b_split, a_prefetch=a_prefetch, k_unroll=k_unroll, b_next=b_next, b_copy=b_copy)
     rs, cs = avx2_split(mr, nr)
     lines: list[str] = []
     for i0 in range(0, mr, rs):
@@ -475,7 +484,7 @@ def _avx2(mr: int, nr: int, a: str, b: str, prefetch: int = 0, epi: str | None =
             lines += ["  {", *("  " + x if not x.startswith("#") else x
                                for x in _vector_body("avx2", mr, nr, a, b, prefetch, i0, min(rs, mr - i0),
                                                      j0, cs, epi, transposed, a_step, b_split,
-                                                     k_unroll=k_unroll, b_next=b_next)), "  }"]
+                                                     k_unroll=k_unroll, b_next=b_next, b_copy=b_copy)), "  }"]
     return lines
 
 
@@ -593,7 +602,7 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
                 prefetch: int = 0, scalar_accumulators: bool = False, avx512: bool = False,
                 epilogue: str | None = None, transposed: bool = False, a_step: int = 0,
                 neon: bool = False, b_split: int = 0, a_prefetch: int = 0, k_unroll: int = 0,
-                b_next: int = 0) -> tuple[str, str]:
+                b_next: int = 0, b_copy: bool = False) -> tuple[str, str]:
     """``(function name, C text)`` of the MR x NR micro-kernel with the given operand access;
     ``prefetch`` > 0: the intrinsics prefetch B, and A's windows, that many k steps ahead (an
     offset table, A's or B's ``koff``, then needs ``prefetch`` readable entries past the last k).
@@ -618,7 +627,10 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
     ``k_unroll`` (above 1): the AVX2 body's k loop is unrolled that many times (``CodegenOptions.gemm_k_unroll``);
     the same sums in the same order. ``b_next`` (above 0, packed B): ``NEXT_PARAMS`` follow ``load_c`` in the
     signature and the x86 bodies prefetch ``bnl`` lines from ``bn`` into L2, one every ``b_next`` k steps; the AdvSIMD
-    and plain C bodies read neither. The same sums.
+    and plain C bodies read neither. The same sums. ``b_copy`` (B ``strided``, not with ``neon``, ``b_split``,
+    ``b_next`` or ``scalar_accumulators``): ``COPY_PARAMS`` follow ``load_c`` and every body stores the B rows it reads
+    to ``bp`` in the packed layout, each value once (the AVX2 sub-blocks of the first rows store their columns);
+    the sums are the packed B's.
     """
     assert a in A_ACCESS and b in B_ACCESS and simd in SIMD_MODES, (a, b, simd)
     assert epilogue is None or (valid_epilogue(epilogue) and not scalar_accumulators), (epilogue, scalar_accumulators)
@@ -630,10 +642,13 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
     assert not b_split or (b == "koff" and not neon and not scalar_accumulators and nr % b_split == 0
                            and b_split % YMM_FLOATS == 0), (b, b_split, nr)
     assert not b_next or b == "packed", "the next panel is a packed B's"
+    assert not b_copy or (b == "strided" and not neon and not b_split and not b_next and not scalar_accumulators), \
+        "the copying variant reads B in place, on x86 and plain C"
     avx2 = simd == "auto" and nr % YMM_FLOATS == 0  # an AVX2 body (the only one ``k_unroll`` changes)
     fn = name(mr, nr, a, b) + (f"_s{a_step}" if a_step else "") + (f"_h{b_split}" if b_split else "") + \
         (f"_pf{prefetch}" if prefetch else "") + (f"_pa{a_prefetch}" if a_prefetch else "") + ("_z" if wide else "") + \
-        (f"_u{k_unroll}" if k_unroll > 1 and avx2 else "") + (f"_bn{b_next}" if b_next else "")
+        (f"_u{k_unroll}" if k_unroll > 1 and avx2 else "") + (f"_bn{b_next}" if b_next else "") + \
+        ("_cp" if b_copy else "")
     sig, unused = SIGNATURE, "(void)a; (void)ar; (void)koff; (void)ldb;"
     assert not transposed or epilogue is not None, "the transposed store is the storing variant's"
     if epilogue is not None:
@@ -641,11 +656,13 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
         sig, unused = SIGNATURE_STORE, unused + " (void)bias; (void)ldc;"
     if b_next:
         sig, unused = sig.replace("int load_c", "int load_c" + NEXT_PARAMS), unused + " (void)bn; (void)bnl;"
+    if b_copy:
+        sig = sig.replace("int load_c", "int load_c" + COPY_PARAMS)
     what = "C" if epilogue is None else f"out = epilogue '{epilogue}' of C"
     head = [f"/* {what}[0:{mr}, 0:{nr}] (+)= A ({a}) * B ({b}), kc steps; see codegen/microkernel.py. */",
             f"OPFUSE_NOINLINE static void {fn}{sig} {{", "  " + unused]
     plain = _plain_scalars(mr, nr, a, b, a_step) if scalar_accumulators else \
-        _plain(mr, nr, a, b, epilogue, transposed, a_step, b_split)
+        _plain(mr, nr, a, b, epilogue, transposed, a_step, b_split, b_copy)
     body, guards = [], []
     assert not (neon and (transposed or a_step)), "the AdvSIMD bodies have no transposed store and no window step"
     if simd == "auto" and neon and nr % NEON_FLOATS == 0:
@@ -656,11 +673,12 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
         g512 = AVX512_FLOAT.guard if epilogue and epilogue[-1] in ACTIVATIONS else AVX512_GUARD
         body += [f"#{'el' if body else ''}if {g512}",
                  *_vector_body("avx512", mr, nr, a, b, prefetch, epi=epilogue, transposed=transposed, a_step=a_step,
-                               b_split=b_split, a_prefetch=a_prefetch, b_next=b_next)]
+                               b_split=b_split, a_prefetch=a_prefetch, b_next=b_next, b_copy=b_copy)]
         guards.append(g512)
     if avx2:
         body += [f"#{'el' if body else ''}if {AVX2_GUARD}", *_avx2(mr, nr, a, b, prefetch, epilogue, transposed,
-                                                                  a_step, b_split, a_prefetch, k_unroll, b_next)]
+                                                                  a_step, b_split, a_prefetch, k_unroll, b_next,
+                                                                  b_copy)]
         guards.append(AVX2_GUARD)
     body += ["#else", *plain, "#endif"] if body else plain
     pre = f"#if {' || '.join(f'({g})' for g in guards)}\n#include <immintrin.h>\n#endif\n" if guards else ""

@@ -332,6 +332,10 @@ class CodegenOptions:
     # ... with this locality (``__builtin_prefetch``'s third argument; 3: into L1, 2: into L2; the Zen 5 host
     # measured them alike: 64 > 128 at 112x112 0.92-0.95x and 0.91-0.92x, mobilenet_v1 1.00x both).
     gemm_pack_prefetch_locality: int = 2
+    # A tile's B panels packed by its first row block's micro-kernel calls, which read B's rows in place and store
+    # them to the packed panel as they go, instead of a copy before the calls (``gemm.pack_in_kernel``: a 1x1
+    # convolution's input on the x86 host builds).
+    gemm_pack_in_kernel: bool = True
     # Plain-C micro-kernel with named scalar accumulators (``codegen/microkernel.py``): for a
     # compiler without vector registers (the Cortex-M7), which keeps an accumulator array in memory.
     gemm_scalar_accumulators: bool = False
