@@ -791,7 +791,7 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
     b_split = cols.split if cols is not None else 0
     body = M - sum(tails)
 
-    made: dict[tuple[int, int], tuple[str, str]] = {}
+    made: dict[tuple[int, int, bool], tuple[str, str]] = {}
     # A's windows outermost (see the loops below), and the strips' condition short of their epilogue's form:
     # with B's panel outermost the calls may prefetch the next panel (``next_panel``).
     windows_outer = gather == "panel" or not gather and KC * NC * fl <= WINDOWS_ROWS_OUTER_BYTES
@@ -1019,21 +1019,24 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                 MR-row blocks, not a tail panel); where the calls pack B (``pack_in_kernel``), the first block's
                 call on a whole panel is the copying variant's."""
                 if not (in_kernel and whole):
-                    calls(ir, mr, args, whole)
+                    emit_calls(ir, mr, args, whole)
                     return
                 first = f"{ir} == 0" + (f" && {n0} + {jr} + {NR} <= {N}" if N % NR else "")
                 with w.block(f"if ({first})"):
-                    calls(ir, mr, args, whole, copy=True)
+                    emit_calls(ir, mr, args, whole, copy=True)
                 with w.block("else"):
-                    calls(ir, mr, args, whole)
+                    emit_calls(ir, mr, args, whole)
 
-            def calls(ir: str, mr: int, args: tuple[str, str, str], whole: bool, copy: bool = False) -> None:
+            def emit_calls(ir: str, mr: int, args: tuple[str, str, str], whole: bool, copy: bool = False) -> None:
                 """``block``'s calls; ``copy``: B read in place and stored to its packed panel by the call."""
                 plain, store = kernels(mr, copy)
                 a_ptr, ar, kp = args
                 if bkoff is not None:  # A is packed: the offset table is B's
                     kp = f"{bkoff} + {pc}"
-                src, ld = (p.b.row_ptr(b, pc, f"{n0} + {jr}"), str(p.b.row_step)) if copy else (b_ptr, ldb)
+                src, ld = b_ptr, ldb
+                if copy:  # B's rows in place (``pack_in_kernel`` holds: a row pointer and a step)
+                    assert p.b.row_ptr is not None
+                    src, ld = p.b.row_ptr(b, pc, f"{n0} + {jr}"), str(p.b.row_step)
                 cargs = f"{kb}, {a_ptr}, {ar}, {kp}, {src}, {ld}, {ctile} + {ir} * {NC} + {jr}, {NC}, {pc} > 0"
                 if copy:
                     cargs += f", {b_ptr}"
