@@ -25,8 +25,10 @@ def test_horizontal_pointwise_convs_merge_along_m(cache_dir):
     c2 = b.op("Conv", x, W(b, 5, 6, 1, 1), name="c2")
     g = b.build(c1, c2)
     plan = group_by_names(g, [("horizontal", ["c1", "r1", "c2"])])
-    # without tail panels (``gemm.tail_panels``: 8 rows would be two 4-row panels, two call sites)
-    got, want, model = run_both(g, plan, cache_dir, options=CodegenOptions(gemm_tail_panels=False))
+    # without tail panels (``gemm.tail_panels``: 8 rows would be two 4-row panels, two call sites), B packed
+    # before the calls (``gemm.pack_in_kernel``: its first row block's call another micro-kernel)
+    got, want, model = run_both(g, plan, cache_dir, options=CodegenOptions(gemm_tail_panels=False,
+                                                                            gemm_pack_in_kernel=False))
     assert_close(got, want)
     assert model.report["functions"] == 1
     assert model.program.source.count("opfuse_ukr_") == 2  # one GEMM: the micro-kernel and one call site
