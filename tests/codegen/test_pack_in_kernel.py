@@ -113,10 +113,23 @@ def test_each_condition_alone_refuses():
     assert not pik(o=o.with_(vector_isa="neon")) and not pik(o=o.with_(platform="mcu"))
 
 
-# (graph, options): whole panels in one K block; a part last panel; three K blocks; row tiles with a part block
+def two_images(c: int, oc: int, hw: int):
+    """``pointwise`` on a batch of two: each image's positions are the GEMM's columns of its own batch entry."""
+    b = GraphBuilder("inkernel2")
+    x = b.input("x", (2, c, hw, hw))
+    w = b.const("w", (rng.standard_normal((oc, c, 1, 1)) / np.sqrt(c)).astype(np.float32))
+    bias = b.const("bias", rng.standard_normal(oc).astype(np.float32))
+    y = b.op("Conv", x, w, bias, kernel_shape=[1, 1], name="conv")
+    g = b.build(b.op("Relu", y, name="relu"))
+    return g, group_by_names(g, [("conv_epilogue", ["conv", "relu"])])
+
+
+# (graph, options): whole panels in one K block; a part last panel (one image, two); three K blocks; row tiles
+# with a part block
 CASES = {
     "whole": (lambda: pointwise(64, 64, 32), {}),
     "part_panel": (lambda: pointwise(32, 40, 28), {}),
+    "two_images_part_panel": (lambda: two_images(24, 40, 28), {}),
     "k_blocks": (lambda: pointwise(96, 48, 32), dict(gemm_kc=40)),
     "row_tiles": (lambda: pointwise(40, 150, 16), dict(gemm_wide=64)),
 }

@@ -942,11 +942,9 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
             or strips
         assert not (step_next and a_outer), "the next panel is prefetched where B's panel is outermost"
         in_kernel = pack_in_kernel(p, o, bp is not None, extra is not None, gather, body, a_outer)
-        if in_kernel:
-            kernels(MR, copy=True)
-            if stage.anchor_node is not None:
-                kc.note(lambda name: f"GEMM '{name}': B's panels packed by the first row block's micro-kernel calls "
-                        f"(read in place, stored as they are read)", stage.anchor_node)
+        if in_kernel and stage.anchor_node is not None:
+            kc.note(lambda name: f"GEMM '{name}': B's panels packed by the first row block's micro-kernel calls "
+                    f"(read in place, stored as they are read)", stage.anchor_node)
         with w.block(f"for (long {pc} = 0; {pc} < {K}; {pc} += {KC})"):
             w.line(f"const long {kb} = {_min_expr(f'{K} - {pc}', KC)};")
             if ap is not None:
