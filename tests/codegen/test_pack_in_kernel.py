@@ -115,13 +115,7 @@ def test_each_condition_alone_refuses():
 
 def two_images(c: int, oc: int, hw: int):
     """``pointwise`` on a batch of two: each image's positions are the GEMM's columns of its own batch entry."""
-    b = GraphBuilder("inkernel2")
-    x = b.input("x", (2, c, hw, hw))
-    w = b.const("w", (rng.standard_normal((oc, c, 1, 1)) / np.sqrt(c)).astype(np.float32))
-    bias = b.const("bias", rng.standard_normal(oc).astype(np.float32))
-    y = b.op("Conv", x, w, bias, kernel_shape=[1, 1], name="conv")
-    g = b.build(b.op("Relu", y, name="relu"))
-    return g, group_by_names(g, [("conv_epilogue", ["conv", "relu"])])
+    return pointwise_relu(c, oc, hw, rng, "inkernel2", batch=2)
 
 
 # (graph, options): whole panels in one K block; a part last panel (one image, two); three K blocks; row tiles
