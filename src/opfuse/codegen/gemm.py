@@ -735,12 +735,13 @@ def pack_in_kernel(p: GemmProblem, o, packed_b: bool, packer: bool, gather: str,
     the tile's other calls on the panel read the packed copy, as before. The copy's loads and stores then go
     with the call's multiply-adds instead of a pass of their own. Only where: B is packed per tile
     (``packed_b``) from rows in memory a constant step apart (a 1x1 convolution's input), without a packer of its
-    own (``packer``) or A's windows gathered (``gather``); the tile has whole MR-row blocks (``body``); B's panel
+    own (``packer``) or A's windows gathered (``gather``); every row tile has rows in whole MR-row blocks (``body``:
+    the last tile's; where it holds tail panels only, no call of a whole block would pack its panels); B's panel
     outermost (not ``a_outer``: there the first row block's calls would read every panel of the tile in place, one
     after the other, with nothing between them to wait behind: mobilenet_v1's pw1 1.36x the time); whole
     NR-column panels only (a part last panel keeps the copy); an x86 host build with intrinsics. The same
     values in the same packed panel: the same sums."""
-    return bool(o.gemm_pack_in_kernel and packed_b and not packer and not gather and body and not a_outer
+    return bool(o.gemm_pack_in_kernel and packed_b and not packer and not gather and body > 0 and not a_outer
                 and p.b.row_ptr is not None and p.b.row_step is not None
                 and o.platform == "host" and o.simd == "auto" and o.vector_isa in ("avx2", "avx512"))
 
@@ -941,7 +942,8 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
              and KC * NC * fl <= ROWS_OUTER_STORE_BYTES and p.nb * M * N * fl >= ROWS_OUTER_STORE_MIN_OUTPUT) \
             or strips
         assert not (step_next and a_outer), "the next panel is prefetched where B's panel is outermost"
-        in_kernel = pack_in_kernel(p, o, bp is not None, extra is not None, gather, body, a_outer)
+        # (the last row tile has the fewest rows in whole blocks: with tail panels, maybe none)
+        in_kernel = pack_in_kernel(p, o, bp is not None, extra is not None, gather, body - (MT - 1) * MC, a_outer)
         if in_kernel and stage.anchor_node is not None:
             kc.note(lambda name: f"GEMM '{name}': B's panels packed by the first row block's micro-kernel calls "
                     f"(read in place, stored as they are read)", stage.anchor_node)
