@@ -227,3 +227,37 @@ def test_each_column_is_stored_once_and_the_variant_is_x86_and_plain_c_only():
         b = kw.pop("b")
         with pytest.raises(AssertionError, match="in place"):
             microkernel(8, 32, "packed", b, "auto", 16, b_copy=True, **kw)
+
+
+def _sweep(seed: int) -> tuple[int, int, int, int, int, int]:
+    """(channels in, out, side, batch, gemm_wide, gemm_kc) of a 1x1 convolution drawn so that row tiles, tail
+    panels, part panels, two images and K blocks come up across the seeds."""
+    r = np.random.default_rng(seed)
+    wide = int(r.choice([8, 16, 32, 64]))
+    return (int(r.integers(3, 70)), int(r.integers(1, 3 * wide)), int(r.choice([8, 16, 20, 28])),
+            int(r.integers(1, 3)), wide, int(r.choice([0, 16, 24])))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_random_shapes_the_same_bits_with_and_without(seed, cache_dir):
+    """Drawn shapes and blockings (``_sweep``): the reference's values, and the same bits as the copy before the
+    calls, whether or not the calls pack (both happen across the seeds)."""
+    c, oc, hw, batch, wide, kc = _sweep(seed)
+    g, plan = pointwise_relu(c, oc, hw, np.random.default_rng(seed), f"sweep{seed}", batch=batch)
+    kw = dict(gemm_wide=wide, **({"gemm_kc": kc} if kc else {}))
+    got, want, _ = run_both(g, plan, cache_dir, options=CodegenOptions(**kw))
+    assert_close(got, want)
+    off = run_both(g, plan, cache_dir, options=CodegenOptions(gemm_pack_in_kernel=False, **kw))[0]
+    assert all(np.array_equal(got[k], off[k]) for k in got), (c, oc, hw, batch, wide, kc)
+
+
+def test_the_sweep_reaches_both_ways():
+    """The seeds above draw shapes that pack in the calls and shapes that do not (their last row tile of tail panels
+    only, or A's panels outermost); ``test_a_last_row_tile_of_tail_panels_only_keeps_the_copy`` builds that case."""
+    packs = set()
+    for seed in range(10):
+        c, oc, hw, batch, wide, kc = _sweep(seed)
+        g, plan = pointwise_relu(c, oc, hw, np.random.default_rng(seed), f"sweep{seed}", batch=batch)
+        program = generate(g, plan, options=CodegenOptions(gemm_wide=wide, **({"gemm_kc": kc} if kc else {})))
+        packs.add(bool(_notes(program)))
+    assert packs == {True, False}
