@@ -104,12 +104,13 @@ def group_by_names(graph: Graph, spec: list[tuple[str, list[str]]]) -> FusionPla
 RTOL, ATOL = 1e-4, 1e-5
 
 
-def pointwise_relu(c: int, oc: int, hw: int, rng: np.random.Generator, name: str = "pointwise", batch: int = 1):
-    """(graph, plan): a 1x1 convolution ``c -> oc`` at ``hw x hw`` with a bias, then a Relu, fused in one group, on
-    ``batch`` images."""
+def pointwise_relu(c: int, oc: int, hw: int, rng: np.random.Generator, name: str = "pointwise", batch: int = 1,
+                   width: int | None = None):
+    """(graph, plan): a 1x1 convolution ``c -> oc`` at ``hw x hw`` (``hw x width`` with ``width``) with a bias, then a
+    Relu, fused in one group, on ``batch`` images."""
     from opfuse.ops import GraphBuilder
     b = GraphBuilder(name)
-    x = b.input("x", (batch, c, hw, hw))
+    x = b.input("x", (batch, c, hw, hw if width is None else width))
     w = b.const("w", (rng.standard_normal((oc, c, 1, 1)) / np.sqrt(c)).astype(np.float32))
     bias = b.const("bias", rng.standard_normal(oc).astype(np.float32))
     y = b.op("Conv", x, w, bias, kernel_shape=[1, 1], name="conv")

@@ -11,21 +11,14 @@ import pytest
 
 from opfuse.errors import OpfuseError
 
-from cg_support import assert_close, group_by_names, run_both
+from cg_support import assert_close, pointwise_relu, run_both
 from opfuse.codegen import CodegenOptions
-from opfuse.ops import GraphBuilder
 
 rng = np.random.default_rng(64)
 
 
 def _pointwise(n, c, oc, h, w):
-    b = GraphBuilder("pw")
-    x = b.input("x", (n, c, h, w))
-    wt = b.const("w", (rng.standard_normal((oc, c, 1, 1)) / np.sqrt(c)).astype(np.float32))
-    bias = b.const("b", rng.standard_normal(oc).astype(np.float32))
-    y = b.op("Conv", x, wt, bias, kernel_shape=[1, 1], name="conv")
-    g = b.build(b.op("Relu", y, name="act"))
-    return g, group_by_names(g, [("conv_epilogue", ["conv", "act"])])
+    return pointwise_relu(c, oc, h, rng, "pw", batch=n, width=w)
 
 
 @pytest.mark.parametrize(("n", "c", "oc", "h", "w"), [
