@@ -118,6 +118,15 @@ def pointwise_relu(c: int, oc: int, hw: int, rng: np.random.Generator, name: str
     return g, group_by_names(g, [("conv_epilogue", ["conv", "relu"])])
 
 
+def assert_threshold_inclusive(notes, graph: Graph, plan, option: str, size: int) -> None:
+    """A size threshold option (``option``, bytes) takes effect at ``size`` itself and not at ``size + 1``: the
+    kernel notes ``notes(program)`` name it in the first build only."""
+    from opfuse.codegen import CodegenOptions
+    from opfuse.codegen.program import generate
+    assert notes(generate(graph, plan, options=CodegenOptions(**{option: size})))
+    assert not notes(generate(graph, plan, options=CodegenOptions(**{option: size + 1})))
+
+
 def assert_close(got: dict, want: dict, rtol: float = RTOL, atol: float = ATOL) -> None:
     import numpy as np
     assert sorted(got) == sorted(want)

@@ -12,7 +12,7 @@ import platform
 import numpy as np
 import pytest
 
-from cg_support import assert_close, group_by_names, pointwise_relu, run_both
+from cg_support import assert_close, assert_threshold_inclusive, group_by_names, pointwise_relu, run_both
 from opfuse.codegen import CodegenOptions
 from opfuse.codegen.microkernel import microkernel
 from opfuse.codegen.options import CORTEX_M7
@@ -78,9 +78,7 @@ def test_windows_prefetch_the_next_panel_unless_they_are_the_outer_loop():
 
 def test_the_size_is_inclusive():
     g, plan = pointwise(512, 512, 14)  # 512 x 512 floats: 1 MB of weights
-    size = 512 * 512 * 4
-    assert _notes(generate(g, plan, options=CodegenOptions(gemm_next_panel_bytes=size)))
-    assert not _notes(generate(g, plan, options=CodegenOptions(gemm_next_panel_bytes=size + 1)))
+    assert_threshold_inclusive(_notes, g, plan, "gemm_next_panel_bytes", 512 * 512 * 4)
 
 
 def test_nothing_is_prefetched_where_it_does_not_apply():

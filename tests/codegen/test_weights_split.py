@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cg_support import assert_close, pointwise_relu, run_both
+from cg_support import assert_close, assert_threshold_inclusive, pointwise_relu, run_both
 from opfuse.codegen import CodegenOptions
 from opfuse.codegen.options import CORTEX_M7
 from opfuse.codegen.program import generate
@@ -49,9 +49,7 @@ def test_a_layer_with_a_megabyte_of_weights_splits_them_per_thread(isa):
 
 def test_the_size_is_inclusive():
     g, plan = pointwise(256, 512, 14)  # 256 x 512 floats: 512 KB of weights
-    size = 256 * 512 * 4
-    assert _split_notes(generate(g, plan, options=CodegenOptions(gemm_split_weights_bytes=size)))
-    assert not _split_notes(generate(g, plan, options=CodegenOptions(gemm_split_weights_bytes=size + 1)))
+    assert_threshold_inclusive(_split_notes, g, plan, "gemm_split_weights_bytes", 256 * 512 * 4)
 
 
 def test_nothing_is_split_where_it_does_not_apply():
