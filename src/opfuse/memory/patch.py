@@ -382,6 +382,8 @@ def _stream_bands(members: list[Bandable], values: dict[str, Value], band_rows: 
                     needs.append(Need(v.name, lo, hi, pt, pb))
             steps.append(BandStep((lo_new, hi_new), tuple(needs)))
             done[name] = hi_new
+        # Only a band height of 0 stops here: with one row or more, the first unfinished layer has every input
+        # row it needs (its producers are finished; the first layer reads only the run's inputs) and advances.
         if done == before:
             raise ValueError("a streamed run made no progress")
         for name in values:
@@ -530,10 +532,7 @@ def _polish(plan: FusionPlan, runs: list[dict], arena: int,
             if rows * members[-1].output.shape[3] < MIN_BAND_PIXELS:
                 break
             for stream in (False, True):
-                try:
-                    sched = schedule(members, rows, [kernel_scratch.get(m.group.name, 0) for m in members], stream)
-                except ValueError:
-                    continue
+                sched = schedule(members, rows, [kernel_scratch.get(m.group.name, 0) for m in members], stream)
                 key = (sched.extra_work, len(sched.bands), not sched.stream, rows)
                 if key >= best or sched.extra_work > old.extra_work:
                     continue
@@ -591,14 +590,9 @@ def _greedy(plan: FusionPlan, info: list, current: tuple[int, int], budget: floa
                     for stream in streams:
                         skey = (tuple(m.group.name for m in members), rows, stream)
                         if skey not in cache:
-                            try:
-                                cache[skey] = schedule(members, rows,
-                                                       [kernel_scratch.get(m.group.name, 0) for m in members], stream)
-                            except ValueError:  # a window would need rows it dropped: no line buffers here
-                                cache[skey] = None
+                            cache[skey] = schedule(members, rows,
+                                                   [kernel_scratch.get(m.group.name, 0) for m in members], stream)
                         sched = cache[skey]
-                        if sched is None:
-                            continue
                         if sched.extra_work > budget - extra + 1e-9 or free_only and sched.extra_work > 0:
                             continue
                         needs[start] = sched.workspace_bytes
