@@ -14,6 +14,9 @@ import pytest
 # the threaded code. Tests of the gates set ``thread_gates=True``; ``OPFUSE_THREAD_GATES=1 make test`` runs
 # the whole suite with them.
 os.environ.setdefault("OPFUSE_THREAD_GATES", "0")
+# Every C build of the suite in strict C (``runtime.toolchain.STRICT_FLAGS``): a discarded const qualifier, an
+# undeclared function or a mistyped pointer in the generated C fails the test that built it.
+os.environ.setdefault("OPFUSE_STRICT_C", "1")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -581,3 +581,65 @@ def test_model_work_leaves_out_what_is_computed_from_constants():
     assert report.model_work == pytest.approx(work)
     assert any(all(id(v) in static for v in n.outputs) and get_spec(n.op_type, n).flops(n) > 0
                for n in comp.graph.nodes), "the model keeps a node computed from constants"
+
+
+def _residual():
+    """r1 is added back in the pointwise layer's group (its residual epilogue), so a run from conv1 must reach
+    that group: conv1..dw is refused, conv1..pw allowed."""
+    b = GraphBuilder("res")
+    x = b.input("x", (1, 1, 16, 4))
+    r1 = b.op("Relu", b.op("Conv", x, _w(b, "w1", 8, 1, 3, 3), pads=[1, 1, 1, 1], name="conv1"), name="r1")
+    r2 = b.op("Relu", b.op("Conv", r1, _w(b, "w2", 8, 1, 3, 3), group=8, pads=[1, 1, 1, 1], name="dw"), name="r2")
+    y = b.op("Add", b.op("Conv", r2, _w(b, "w3", 8, 8, 1, 1), name="pw"), r1, name="add")
+    graph = b.build(b.op("GlobalAveragePool", b.op("Relu", y, name="ry"), name="gap"))
+    comp = plan_model(graph, CompileOptions(target="cortex-m7", patch_recompute_limit=0.0))
+    info = [bandable(g, comp.graph, static_values(comp.graph)) for g in comp.plan.groups]
+    return comp, info
+
+
+@pytest.mark.parametrize("limit", [0.05, 0.5])
+@pytest.mark.parametrize("order", ORDERS, ids=["lowest", "lowest-lines", "free", "free-lines"])
+def test_a_refused_run_does_not_end_the_longer_runs_from_its_start(order, limit):
+    comp, info = _residual()
+    assert [isinstance(i, Bandable) for i in info][:3] == [True, True, True]
+    assert [g.name for g in comp.plan.groups] == ["conv1", "dw", "pw", "gap"]
+    assert not _run_ok(comp.plan, 0, 1, info) and _run_ok(comp.plan, 0, 2, info)
+    free_first, streams = order
+    budget = limit * _model_work(comp)
+    got = _greedy(comp.plan, info, _start(comp.plan), budget, free_first, {}, streams, {})
+    assert _summary(got) == _reference_states(comp.plan, info, budget, free_first, {}, streams)
+    # with line buffers the run from conv1 (past the refused conv1..dw) is the one taken
+    assert [r["groups"] for r in got[0][4]] == ([["conv1", "dw", "pw"]] if True in streams else [["dw", "pw"]])
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+def test_line_buffers_of_a_run_whose_heights_do_not_divide(rows):
+    """15 rows, then a 3x3 window of stride 2 (8 rows): each layer's share of a band is a whole number of rows
+    (15 x rows / 8 rounded up), and every row a layer computes is one its window can reach."""
+    b = GraphBuilder("odd")
+    x = b.input("x", (1, 1, 15, 8))
+    r1 = b.op("Relu", b.op("Conv", x, _w(b, "w1", 4, 1, 3, 3), pads=[1, 1, 1, 1], name="c1"), name="r1")
+    r2 = b.op("Relu", b.op("Conv", r1, _w(b, "w2", 4, 1, 3, 3), group=4, pads=[1, 1, 1, 1], strides=[2, 2],
+                           name="d1"), name="r2")
+    r3 = b.op("Relu", b.op("Conv", r2, _w(b, "w3", 2, 4, 1, 1), name="p1"), name="r3")
+    comp = plan_model(b.build(b.op("GlobalAveragePool", r3, name="gap")),
+                      CompileOptions(target="cortex-m7", patch_recompute_limit=0.0))
+    info = [bandable(g, comp.graph, static_values(comp.graph)) for g in comp.plan.groups]
+    assert info[1].output.shape[2] == 8
+    sched = schedule(list(info[0:3]), rows, None, True)
+    _check_ranges(sched)
+    share = -(-rows * 15 // 8)
+    for band in sched.bands:
+        for step in band.steps:
+            assert all(type(r) is int for r in step.rows)
+        lo, hi = band.steps[0].rows
+        assert hi - lo <= share
+    assert sum(b.steps[0].rows[1] - b.steps[0].rows[0] for b in sched.bands) == 15
+    assert max(b.steps[0].rows[1] - b.steps[0].rows[0] for b in sched.bands) == min(share, 15)
+    # the strided layer computes a row only when its window's last input row is there
+    done = 0
+    for band in sched.bands:
+        done = band.steps[0].rows[1]
+        lo, hi = band.steps[1].rows
+        if hi > lo and hi < 8:
+            assert 2 * (hi - 1) - 1 + 3 <= done

@@ -185,6 +185,21 @@ THREAD_FLAGS = ("-pthread", "-DOPFUSE_THREADS")
 SANITIZE_FLAGS = ("-fsanitize=undefined,float-cast-overflow", "-fno-sanitize-recover=all")
 
 
+# Strict C (``OPFUSE_STRICT_C=1``; the test suite sets it, tests/conftest.py): the warnings that mean the code
+# generator wrote C it did not mean made errors, with GCC. A stored value written through a pointer the kernel
+# declared ``const`` (a discarded qualifier), a call of an undeclared function, a pointer passed as another type
+# or as an integer: each compiles, with a warning, to code that may run right today, so only the error shows
+# it. Users' builds keep them warnings: such a slip is a bug to report, not a build to refuse.
+STRICT_ENV = "OPFUSE_STRICT_C"
+STRICT_FLAGS = ("-Werror=discarded-qualifiers", "-Werror=implicit-function-declaration",
+                "-Werror=incompatible-pointer-types", "-Werror=int-conversion")
+
+
+def strict_c() -> bool:
+    """Whether builds treat ``STRICT_FLAGS``' warnings as errors (``OPFUSE_STRICT_C=1``)."""
+    return os.environ.get(STRICT_ENV, "0").strip() == "1"
+
+
 @functools.lru_cache(maxsize=None)
 def supports_threads(cc: str) -> bool:
     """Whether ``cc`` builds a shared library that starts a POSIX thread (``THREAD_FLAGS``)."""
@@ -220,6 +235,8 @@ class Toolchain:
         cc = find_compiler()
         check_compiler(cc)
         flags = list(BASE_FLAGS)
+        if strict_c() and is_gcc(cc):
+            flags.extend(STRICT_FLAGS)
         if sanitize:
             if not supports_sanitizer(cc):
                 raise ToolchainError(f"the C compiler '{cc}' cannot build with {' '.join(SANITIZE_FLAGS)} (is "
