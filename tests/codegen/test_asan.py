@@ -5,7 +5,10 @@ of bounds only; a read past the end of an input (a partial panel of B packed as 
 tests/MUTATION.md, codegen/gemm.py's ``_pack_b``) lands in whatever follows it and changes no output.
 
 Each case is the program the native backend builds (the host's vector path, 1 and 2 threads), compiled with a
-small C driver into one executable, run in a child process; its outputs are compared with the reference."""
+small C driver into one executable, run in a child process; its outputs are compared with the reference. (``make
+fuzz-sanitized`` runs whole cases in Python children under libasan, tests/testing/test_fuzz_ubsan.py: there the
+arena, weights and scratch are the runtime's buffers, whose sizes are rounded up, so a read just past them is not
+seen; the driver here gives ASan every buffer's exact end.)"""
 from __future__ import annotations
 
 import math
