@@ -643,3 +643,41 @@ def test_line_buffers_of_a_run_whose_heights_do_not_divide(rows):
         lo, hi = band.steps[1].rows
         if hi > lo and hi < 8:
             assert 2 * (hi - 1) - 1 + 3 <= done
+
+
+def test_the_free_first_order_refuses_even_one_flop_of_recomputation(regions, monkeypatch):
+    """Every schedule recomputing exactly 1 FLOP and lowering only the area: the free-first order takes none (it
+    takes only runs that recompute nothing), and the lowest-arena order none either (the arena stays)."""
+    comp, info = regions
+    _stub(monkeypatch, lambda run, sched: (100, 5), allowed={(0, 1)})
+    real = patch.schedule
+
+    def one_flop(members, rows, scratch=None, stream=False):
+        sched = real(members, rows, scratch, stream)
+        sched.work_patched = sched.work_unpatched + 1.0
+        return sched
+
+    monkeypatch.setattr(patch, "schedule", one_flop)
+    assert _greedy(comp.plan, info, (100, 10), 1e12, True, {}, (False, True), {}) == []
+
+
+def test_choose_patches_tries_the_four_orders_and_keeps_the_first_best_state(regions, monkeypatch):
+    """The orders of its docstring, in order: lowest arena then free-first, each with recomputed bands only and
+    with line buffers too; among states of equal (arena, recomputation, runs) the first reached is kept."""
+    comp, info = regions
+    plans = {}
+    calls = []
+
+    def greedy(plan, info_, current, budget, free_first, scratch, streams, cache):
+        calls.append((free_first, streams))
+        sched = schedule(list(info_[0:2]), 8, None, True)
+        made = merge_run(plan, 0, sched)
+        plans[len(calls)] = made
+        return [(current[0] - 10, 0.0, 1, made, [{**sched.describe(), "arena_estimate": current[0] - 10}])]
+
+    monkeypatch.setattr(patch, "_greedy", greedy)
+    monkeypatch.setattr(patch, "_prune", lambda plan, runs, arena: (plan, runs))
+    monkeypatch.setattr(patch, "_polish", lambda plan, runs, arena, scratch: (plan, runs))
+    chosen, report = choose_patches(comp.plan, 0.1)
+    assert calls == ORDERS
+    assert chosen is plans[1] and report.arena_after == report.arena_before - 10
