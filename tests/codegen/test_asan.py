@@ -113,6 +113,14 @@ def asan_run(graph, feeds, tmp_path: Path, options: CodegenOptions | None = None
     return program, results
 
 
+def _assert_reference(graph, feeds, results, atol: float) -> None:
+    """Each thread count's outputs close to the reference executor's."""
+    want = reference.run(graph, feeds)
+    for got in results:
+        for name, v in want.items():
+            np.testing.assert_allclose(got[name], v, rtol=1e-4, atol=atol)
+
+
 def _w(rng, *shape):
     return (rng.standard_normal(shape) * 0.3).astype(np.float32)
 
@@ -136,11 +144,7 @@ def test_a_pointwise_convolution_reads_no_byte_past_its_input(cin, cout, h, w, t
     """The input is B: its last channel's row ends where its allocation does, so a part panel packed as whole
     reads past it."""
     graph, feeds = _pointwise(cin, cout, h, w)
-    _, results = asan_run(graph, feeds, tmp_path)
-    want = reference.run(graph, feeds)
-    for got in results:
-        for name, v in want.items():
-            np.testing.assert_allclose(got[name], v, rtol=1e-4, atol=1e-4)
+    _assert_reference(graph, feeds, asan_run(graph, feeds, tmp_path)[1], atol=1e-4)
 
 
 def test_a_small_network_reads_and_writes_only_its_buffers(tmp_path):
@@ -157,11 +161,7 @@ def test_a_small_network_reads_and_writes_only_its_buffers(tmp_path):
     y = b.op("Gemm", b.op("Flatten", g), b.const("fc", _w(rng, 10, 16)), b.const("fb", _w(rng, 10)), transB=1)
     graph = b.build(b.op("Softmax", y, axis=1))
     feeds = {"x": rng.standard_normal((1, 3, 17, 13)).astype(np.float32)}
-    _, results = asan_run(graph, feeds, tmp_path)
-    want = reference.run(graph, feeds)
-    for got in results:
-        for name, v in want.items():
-            np.testing.assert_allclose(got[name], v, rtol=1e-4, atol=1e-5)
+    _assert_reference(graph, feeds, asan_run(graph, feeds, tmp_path)[1], atol=1e-5)
 
 
 def test_the_driver_sees_a_read_past_an_input(tmp_path):
