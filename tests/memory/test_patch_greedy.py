@@ -681,3 +681,28 @@ def test_choose_patches_tries_the_four_orders_and_keeps_the_first_best_state(reg
     chosen, report = choose_patches(comp.plan, 0.1)
     assert calls == ORDERS
     assert chosen is plans[1] and report.arena_after == report.arena_before - 10
+
+
+def test_a_started_reader_that_idles_for_a_band_keeps_the_rows_it_needs_next():
+    """A 3x3 window of stride 3 and padding 3 over 10 rows (5 out) in line buffers of one row: its producer's share
+    of a band (2 rows) is below its stride, so in the fourth band the strided layer and the one after it compute
+    nothing; the windows still hold what they read next."""
+    b = GraphBuilder("idle")
+    x = b.input("x", (1, 1, 10, 8))
+    r1 = b.op("Relu", b.op("Conv", x, _w(b, "w1", 4, 1, 3, 3), pads=[1, 1, 1, 1], name="c1"), name="r1")
+    r2 = b.op("Relu", b.op("Conv", r1, _w(b, "w2", 4, 4, 3, 3), pads=[3, 3, 3, 3], strides=[3, 3], name="c2"),
+              name="r2")
+    r3 = b.op("Relu", b.op("Conv", r2, _w(b, "w3", 4, 4, 3, 3), pads=[1, 1, 1, 1], name="c3"), name="r3")
+    comp = plan_model(b.build(b.op("GlobalAveragePool", r3, name="gap")),
+                      CompileOptions(target="cortex-m7", patch_recompute_limit=0.0))
+    info = [bandable(g, comp.graph, static_values(comp.graph)) for g in comp.plan.groups]
+    assert info[1].output.shape[2:] == (5, 4)
+    sched = schedule(list(info[0:3]), 1, None, True)
+    _check_ranges(sched)
+    steps = [[band.steps[k].rows for k in range(3)] for band in sched.bands]
+    idle = [i for i, s in enumerate(steps) if s[1][0] == s[1][1] and 0 < s[1][0] < 5]
+    assert idle == [3] and steps[3][2][0] == steps[3][2][1]
+    # in the idle band r1's window starts at the first row the strided layer's next output reads (row 3 of its
+    # output: input rows 6-8, padding 3) and holds every row computed since
+    r1 = next((lo, hi) for n, lo, hi in sched.bands[3].ranges if n == "r1")
+    assert steps[3][1][0] == 3 and r1 == (3 * 3 - 3, steps[3][0][1])
