@@ -86,18 +86,39 @@ def _ort_outputs(model_spec: str, graph, feeds: dict) -> dict[str, np.ndarray]:
     return dict(zip(names, res, strict=True))
 
 
+def _integral(a: np.ndarray) -> bool:
+    return a.dtype.kind in "biu"
+
+
+def _integer_errors(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Max abs and relative error of two integer (or boolean) arrays of one shape, the differences taken exactly:
+    through float64 two 64-bit values 3 apart near 2^64 are the same number."""
+    neq = np.flatnonzero(x.reshape(-1) != y.reshape(-1)) if x.dtype == y.dtype else np.arange(x.size)
+    if not neq.size:
+        return 0.0, 0.0
+    xs = [int(v) for v in x.reshape(-1)[neq]]
+    ys = [int(v) for v in y.reshape(-1)[neq]]
+    diffs = [abs(a - b) for a, b in zip(xs, ys, strict=True)]
+    return float(max(diffs)), max(d / max(abs(b), 1) for d, b in zip(diffs, ys, strict=True))
+
+
 def compare_outputs(ours: dict, theirs: dict) -> list[tuple[str, float, float]]:
     """(name, max abs error, max relative error) for every output both sides produced. Elements equal on both
     sides (infinities of one sign too) or NaN on both are no error; a NaN or an infinity on one side only, or
-    another shape, is an infinite one (a NaN on both sides was a MISMATCH: NaN - NaN is NaN)."""
+    another shape, is an infinite one (a NaN on both sides was a MISMATCH: NaN - NaN is NaN). Integer outputs
+    are compared exactly (``compare_tolerance``: none is allowed)."""
     rows = []
     for name, a in ours.items():
         if name not in theirs:
             continue
-        x, y = np.asarray(a).astype(np.float64), np.asarray(theirs[name]).astype(np.float64)
-        if x.shape != y.shape:
+        x0, y0 = np.asarray(a), np.asarray(theirs[name])
+        if x0.shape != y0.shape:
             rows.append((name, math.inf, math.inf))
             continue
+        if _integral(x0) and _integral(y0):
+            rows.append((name, *_integer_errors(x0, y0)))
+            continue
+        x, y = x0.astype(np.float64), y0.astype(np.float64)
         with np.errstate(invalid="ignore"):
             diff = np.where((x == y) | (np.isnan(x) & np.isnan(y)), 0.0, np.abs(x - y))
         diff = np.where(np.isnan(diff), math.inf, diff)
@@ -105,6 +126,14 @@ def compare_outputs(ours: dict, theirs: dict) -> list[tuple[str, float, float]]:
         rel = diff / np.maximum(np.abs(np.where(np.isfinite(y), y, 1.0)), 1e-12)
         rows.append((name, abs_err, float(rel.max()) if rel.size else 0.0))
     return rows
+
+
+def compare_tolerance(ours, theirs) -> float:
+    """The largest max abs error ``run --compare`` lets pass: none between two integer outputs (integer arithmetic
+    is exact in every backend), else ``COMPARE_RTOL`` x ``compare_scale``."""
+    if _integral(np.asarray(ours)) and _integral(np.asarray(theirs)):
+        return 0.0
+    return COMPARE_RTOL * compare_scale(theirs)
 
 
 def compare_scale(theirs) -> float:
@@ -204,7 +233,7 @@ def cmd_run(args) -> int:
             say(f"compare reference: the fused build's integer arithmetic ({', '.join(rewrites)}: rounding "
                 f"within one quantization step of the float QDQ model's) against the reference of the same graph")
         for name, abs_err, rel_err in compare_outputs(outputs, theirs):
-            tol = COMPARE_RTOL * compare_scale(theirs[name])
+            tol = compare_tolerance(outputs[name], theirs[name])
             ok = abs_err <= tol
             code = code if ok else 1
             result["compare"]["outputs"][name] = {"max_abs_error": abs_err, "max_rel_error": rel_err,

@@ -1,6 +1,8 @@
 """Hostile but realistic use of the command line: each case ends in one line and exit 2, never a traceback."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
@@ -71,6 +73,43 @@ def test_compare_counts_nan_and_infinities_on_both_sides_as_agreement(capsys, tm
     assert compare_outputs({"a": np.array([nan])}, {"a": np.array([1.0])})[0][1] == inf
     assert compare_outputs({"a": np.zeros(3)}, {"a": np.zeros(4)})[0][1] == inf
     assert compare_scale(np.array([inf, -5.0, nan])) == 5.0
+
+
+def test_compare_takes_integer_outputs_exactly():
+    """Two uint64 outputs 3 apart near 2^64 are one float64 number: ``--compare`` took them as equal, and a wrong
+    reference TopK (``opfuse fuzz`` seed 93001) passed as "max abs error 0". Integers are compared exactly and
+    allowed no error; floats keep their relative tolerance."""
+    from opfuse.cli import COMPARE_RTOL, compare_outputs, compare_tolerance
+    top = np.iinfo(np.uint64).max
+    a, b = np.array([top, top - 3, 5], np.uint64), np.array([top - 3, top - 3, 5], np.uint64)
+    assert compare_outputs({"t": a}, {"t": b}) == [("t", 3.0, 3.0 / float(top - 3))]
+    assert compare_outputs({"t": a}, {"t": a.copy()}) == [("t", 0.0, 0.0)]
+    i64 = np.iinfo(np.int64)
+    assert compare_outputs({"s": np.array([i64.min], np.int64)}, {"s": np.array([i64.max], np.int64)}) == [
+        ("s", float(2 ** 64 - 1), float(2 ** 64 - 1) / i64.max)]
+    assert compare_outputs({"m": np.array([1, 2], np.int32)}, {"m": np.array([1, 2], np.int64)}) == [("m", 0.0, 0.0)]
+    assert compare_outputs({"q": np.array([True, False])}, {"q": np.array([True, True])}) == [("q", 1.0, 1.0)]
+    assert compare_tolerance(a, b) == 0.0 and compare_tolerance(np.array([True]), np.array([False])) == 0.0
+    assert compare_tolerance(np.array([2.0, -300.0]), np.array([2.0, -300.0])) == COMPARE_RTOL * 300.0
+
+
+def test_run_compare_reports_a_64_bit_integer_mismatch(capsys, tmp_path, monkeypatch):
+    """The fuzz reproducer with the reference's old TopK (ordered through float64) put back: ``run --compare
+    reference`` now says MISMATCH and exits 1 (it said "max abs error 0")."""
+    from opfuse.ops import scatter
+    from opfuse.ops.registry import get_spec
+    repro = Path(__file__).parents[1] / "e2e" / "repro" / "topk_uint64_above_2_to_the_53"
+
+    def float64_order(ins, a, node):
+        x = ins[0]
+        k = scatter.topk_k(node)
+        order = np.lexsort((np.arange(x.size), -x.astype(np.float64)))[:k]
+        return [x[order], order.astype(np.int64)]
+
+    monkeypatch.setattr(get_spec("TopK"), "compute", float64_order)
+    code, out, err = run_cli(capsys, "run", str(repro / "model.onnx"), "--backend", "c", "--inputs",
+                             str(repro / "inputs.npz"), "--compare", "reference", "--no-fuse")
+    assert code == 1 and "MISMATCH (tolerance 0)" in out and "max abs error 6," in out, (out, err)
 
 
 @pytest.mark.parametrize("backend", ["c", "reference"])

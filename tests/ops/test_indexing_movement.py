@@ -120,6 +120,24 @@ def test_topk_matches_onnxruntime(largest, axis):
     assert got[1].tolist() == want[1].tolist()
 
 
+@pytest.mark.parametrize("largest", [1, 0])
+@pytest.mark.parametrize("dtype", [np.uint64, np.int64])
+def test_topk_of_64_bit_integers_above_2_to_the_53(dtype, largest):
+    """Values 1 to 6 apart near the type's ends are one float64 number: ordered through float64 (the reference
+    did) they fell back to position order (``opfuse fuzz`` seed 93001, tests/e2e/repro/topk_uint64_above_2_to_the_53).
+    Ordered exactly, ties in position order."""
+    info = np.iinfo(dtype)
+    near = [info.max - 3, info.max - 6, info.max - 2, info.max, 5, info.max, info.max - 6, 6]
+    if dtype == np.int64:
+        near += [info.min + 1, info.min]
+    x = np.array(near, dtype)
+    k = np.array([x.size - 1], np.int64)
+    values, indices = run_op("TopK", [x, k], consts=[1], num_outputs=2, largest=largest)
+    order = sorted(range(x.size), key=lambda i: (-int(x[i]) if largest else int(x[i]), i))[:x.size - 1]
+    assert values.dtype == dtype and [int(v) for v in values] == [int(x[i]) for i in order]
+    assert indices.tolist() == order
+
+
 def test_topk_k_must_be_a_constant():
     with pytest.raises(UnsupportedOpError, match="K.*must be a constant"):
         build_op("TopK", [randn(4), np.array([2], np.int64)], num_outputs=2)

@@ -151,12 +151,17 @@ def _topk(ins, a, node):
     axis = norm_axis(int(a["axis"]), x.ndim, node)
     k = topk_k(node)
     position = np.indices(x.shape)[axis]
-    key = np.where(np.isnan(x), np.inf, x) if is_floating(x.dtype) else x
-    nan_rank = np.isnan(x).astype(np.int8) if is_floating(x.dtype) else np.zeros(x.shape, np.int8)
+    key: np.ndarray
+    if is_floating(x.dtype):
+        key = np.where(np.isnan(x), np.inf, x).astype(np.float64)
+        nan_rank = np.isnan(x).astype(np.int8)
+    else:  # each value's rank among the distinct values: exact where float64 would merge 64-bit integers
+        key = np.unique(x, return_inverse=True)[1].reshape(x.shape).astype(np.int64)
+        nan_rank = np.zeros(x.shape, np.int8)
     if int(a["largest"]):  # descending value (NaN first), then ascending position
-        order = np.lexsort((position, -key.astype(np.float64), -nan_rank), axis=axis)
+        order = np.lexsort((position, -key, -nan_rank), axis=axis)
     else:  # ascending value (NaN last), then ascending position
-        order = np.lexsort((position, key.astype(np.float64), nan_rank), axis=axis)
+        order = np.lexsort((position, key, nan_rank), axis=axis)
     order = np.take(order, np.arange(k), axis=axis)
     return [np.take_along_axis(x, order, axis=axis), order.astype(np.int64)][:len(node.outputs)]
 
