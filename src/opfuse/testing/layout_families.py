@@ -217,8 +217,10 @@ def pad(d: GraphDraft) -> None:
         begin.append(d.integer(lo, hi))
         end.append(d.integer(0, hi))
     shape = [v + b + e for v, b, e in zip(x.shape, begin, end, strict=True)]
-    if not fits(shape):
+    if not fits(shape):  # one column more at the end, or nothing where x is already at the cap (zero pads are valid)
         begin, end = [0] * r, [1 if i == r - 1 else 0 for i in range(r)]
+        if not fits([v + e for v, e in zip(x.shape, end, strict=True)]):
+            end = [0] * r
         if mode == "reflect" and x.shape[-1] < 2:
             mode = "constant"
     attrs = {} if mode == "constant" and d.flag() else {"mode": mode}
