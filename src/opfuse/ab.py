@@ -28,6 +28,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from opfuse.runtime.compare import integer_difference, integral
 from opfuse.compiler import CompileOptions, plan_model
 from opfuse.errors import OpfuseError
 
@@ -98,16 +99,24 @@ def verdict(a_s: np.ndarray, b_s: np.ndarray) -> dict:
             "confidence": 1 - p, "text": text}
 
 
-def _max_error(got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray]) -> tuple[float, float]:
-    """(max abs difference over all outputs, tolerance ``AGREE_RTOL * max(1, max |want|)``)."""
-    err, scale = 0.0, 1.0
-    for name, w in want.items():
-        g = np.asarray(got[name], np.float64)
-        w = np.asarray(w, np.float64)
-        if g.size:
-            err = max(err, float(np.max(np.abs(g - w))))
-            scale = max(scale, float(np.max(np.abs(w))))
-    return err, AGREE_RTOL * scale
+def _max_error(got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray]) -> tuple[float, float, bool]:
+    """(max abs difference over all outputs, tolerance ``AGREE_RTOL * max(1, max |want|)`` of the float ones,
+    whether they agree: every float output within it and every integer output the same, taken exactly
+    (``runtime.compare``))."""
+    err, scale, integers_equal = 0.0, 1.0, True
+    for name, w0 in want.items():
+        g0, w0 = np.asarray(got[name]), np.asarray(w0)
+        if not g0.size:
+            continue
+        if integral(g0) and integral(w0):
+            diff = integer_difference(g0, w0)[0]
+            integers_equal &= diff == 0
+            err = max(err, diff)
+            continue
+        g, w = g0.astype(np.float64), w0.astype(np.float64)
+        err = max(err, float(np.max(np.abs(g - w))))
+        scale = max(scale, float(np.max(np.abs(w))))
+    return err, AGREE_RTOL * scale, integers_equal and err <= AGREE_RTOL * scale
 
 
 def _build(graph, options: CompileOptions, threads: int):
@@ -147,13 +156,12 @@ def ab_test(model, a: CompileOptions, b: CompileOptions, *, labels: tuple[str, s
         if progress is not None:
             progress(1)
     arrays = {k: np.array(v) for k, v in times.items()}
-    ab_err, ab_tol = _max_error(sides["b"]["outputs"], sides["a"]["outputs"])
+    ab_err, ab_tol, agree = _max_error(sides["b"]["outputs"], sides["a"]["outputs"])
     result: dict = {"model": graph.name, "repeat": repeat, "warmup": warmup, "threads": threads}
-    agree = ab_err <= ab_tol
     for k, opts in (("a", a), ("b", b)):
         s = sides[k]
-        err, tol = _max_error(s["outputs"], ref)
-        agree = agree and err <= tol
+        err, tol, ok = _max_error(s["outputs"], ref)
+        agree = agree and ok
         rep = s["comp"].report
         result[k] = {"config": labels[0 if k == "a" else 1], "target": opts.target, "fuse": opts.fuse,
                      "planner": opts.planner, "disable": list(opts.disable),

@@ -46,6 +46,7 @@ from typing import Callable, Iterable, Mapping
 import numpy as np
 
 from opfuse.errors import OpfuseError
+from opfuse.runtime.compare import integer_difference, integral
 
 PEERS = ("onnxruntime", "openvino")
 FUSED, UNFUSED = "opfuse_fused", "opfuse_unfused"
@@ -220,17 +221,25 @@ def summarize(seconds: list[float]) -> dict:
             "runs": len(seconds)}
 
 
-def max_abs_difference(a: Outputs, b: Outputs) -> tuple[float, float]:
-    """Max abs difference over the outputs both sides name, and the largest |output| seen there."""
-    err, scale = 0.0, 0.0
+def max_abs_difference(a: Outputs, b: Outputs) -> tuple[float, float, bool]:
+    """Max abs difference over the outputs both sides name, the largest |output| seen there, and whether every
+    integer output is the same on both sides (``runtime.compare``: taken exactly, none allowed)."""
+    err, scale, integers_equal = 0.0, 0.0, True
     for name in a.keys() & b.keys():
-        x, y = np.asarray(a[name], np.float64), np.asarray(b[name], np.float64)
-        if x.shape != y.shape:
-            return float("inf"), scale
-        if x.size:
-            err = max(err, float(np.max(np.abs(x - y))))
-            scale = max(scale, float(np.max(np.abs(x))), float(np.max(np.abs(y))))
-    return err, scale
+        x0, y0 = np.asarray(a[name]), np.asarray(b[name])
+        if x0.shape != y0.shape:
+            return float("inf"), scale, False
+        if not x0.size:
+            continue
+        if integral(x0) and integral(y0):
+            diff = integer_difference(x0, y0)[0]
+            integers_equal &= diff == 0
+            err = max(err, diff)
+            continue
+        x, y = x0.astype(np.float64), y0.astype(np.float64)
+        err = max(err, float(np.max(np.abs(x - y))))
+        scale = max(scale, float(np.max(np.abs(x))), float(np.max(np.abs(y))))
+    return err, scale, integers_equal
 
 
 def cross_check(outputs: Mapping[str, Outputs]) -> dict:
@@ -240,10 +249,10 @@ def cross_check(outputs: Mapping[str, Outputs]) -> dict:
     nearest = {name: float("inf") if len(outputs) > 1 else 0.0 for name in outputs}
     agree = True
     for (a, oa), (b, ob) in itertools.combinations(outputs.items(), 2):
-        err, scale = max_abs_difference(oa, ob)
+        err, scale, integers_equal = max_abs_difference(oa, ob)
         pairs[f"{a} vs {b}"] = err
         nearest[a], nearest[b] = min(nearest[a], err), min(nearest[b], err)
-        agree &= err <= AGREE_RTOL * max(1.0, scale)
+        agree &= integers_equal and err <= AGREE_RTOL * max(1.0, scale)
     return {"pairs": pairs, "nearest": nearest, "outputs_agree": agree, "rtol": AGREE_RTOL}
 
 

@@ -25,6 +25,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from opfuse.runtime.compare import integer_difference, integral
 from opfuse.compiler import Compilation
 from opfuse.ir.graph import Graph
 from opfuse.ir.plan import FusionGroup, FusionPlan
@@ -65,14 +66,21 @@ class BisectResult:
 def compare(got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray], rtol: float = DEFAULT_RTOL
             ) -> list[Mismatch]:
     """Every tensor of ``want`` that ``got`` misses by more than ``rtol * max(1, max |want|)``
-    (NaN where the reference has none counts as a miss)."""
+    (NaN where the reference has none counts as a miss); an integer tensor by any difference, taken exactly
+    (``runtime.compare``)."""
     out = []
-    for name, w in want.items():
+    for name, w0 in want.items():
         if name not in got:
             continue
-        g, w = np.asarray(got[name], np.float64), np.asarray(w, np.float64)
-        if not w.size:
+        g0, w0 = np.asarray(got[name]), np.asarray(w0)
+        if not w0.size:
             continue
+        if integral(g0) and integral(w0) and g0.shape == w0.shape:
+            exact = integer_difference(g0, w0)[0]
+            if exact > 0:
+                out.append(Mismatch(name, exact, 0.0))
+            continue
+        g, w = g0.astype(np.float64), w0.astype(np.float64)
         tol = rtol * max(1.0, float(np.nanmax(np.abs(w))) if np.isfinite(w).any() else 1.0)
         diff = np.abs(g - w)
         bad_nan = np.isnan(g) & ~np.isnan(w)

@@ -17,6 +17,7 @@ from typing import Callable
 import numpy as np
 
 from opfuse.errors import InputError, OpfuseError
+from opfuse.runtime.compare import integer_difference, integral
 
 COMPARE_RTOL = 1e-4  # run --compare: an output misses when off by more than this x max(1, |theirs|)
 
@@ -86,22 +87,6 @@ def _ort_outputs(model_spec: str, graph, feeds: dict) -> dict[str, np.ndarray]:
     return dict(zip(names, res, strict=True))
 
 
-def _integral(a: np.ndarray) -> bool:
-    return a.dtype.kind in "biu"
-
-
-def _integer_errors(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """Max abs and relative error of two integer (or boolean) arrays of one shape, the differences taken exactly:
-    through float64 two 64-bit values 3 apart near 2^64 are the same number."""
-    neq = np.flatnonzero(x.reshape(-1) != y.reshape(-1)) if x.dtype == y.dtype else np.arange(x.size)
-    if not neq.size:
-        return 0.0, 0.0
-    xs = [int(v) for v in x.reshape(-1)[neq]]
-    ys = [int(v) for v in y.reshape(-1)[neq]]
-    diffs = [abs(a - b) for a, b in zip(xs, ys, strict=True)]
-    return float(max(diffs)), max(d / max(abs(b), 1) for d, b in zip(diffs, ys, strict=True))
-
-
 def compare_outputs(ours: dict, theirs: dict) -> list[tuple[str, float, float]]:
     """(name, max abs error, max relative error) for every output both sides produced. Elements equal on both
     sides (infinities of one sign too) or NaN on both are no error; a NaN or an infinity on one side only, or
@@ -115,8 +100,8 @@ def compare_outputs(ours: dict, theirs: dict) -> list[tuple[str, float, float]]:
         if x0.shape != y0.shape:
             rows.append((name, math.inf, math.inf))
             continue
-        if _integral(x0) and _integral(y0):
-            rows.append((name, *_integer_errors(x0, y0)))
+        if integral(x0) and integral(y0):
+            rows.append((name, *integer_difference(x0, y0)))
             continue
         x, y = x0.astype(np.float64), y0.astype(np.float64)
         with np.errstate(invalid="ignore"):
@@ -131,7 +116,7 @@ def compare_outputs(ours: dict, theirs: dict) -> list[tuple[str, float, float]]:
 def compare_tolerance(ours, theirs) -> float:
     """The largest max abs error ``run --compare`` lets pass: none between two integer outputs (integer arithmetic
     is exact in every backend), else ``COMPARE_RTOL`` x ``compare_scale``."""
-    if _integral(np.asarray(ours)) and _integral(np.asarray(theirs)):
+    if integral(ours) and integral(theirs):
         return 0.0
     return COMPARE_RTOL * compare_scale(theirs)
 
