@@ -28,7 +28,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from opfuse.runtime.compare import integer_difference, integral
+from opfuse.bench import max_abs_difference
 from opfuse.compiler import CompileOptions, plan_model
 from opfuse.errors import OpfuseError
 
@@ -100,23 +100,12 @@ def verdict(a_s: np.ndarray, b_s: np.ndarray) -> dict:
 
 
 def _max_error(got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray]) -> tuple[float, float, bool]:
-    """(max abs difference over all outputs, tolerance ``AGREE_RTOL * max(1, max |want|)`` of the float ones,
+    """(max abs difference over all outputs, tolerance ``AGREE_RTOL * max(1, max |output|)`` of the float ones,
     whether they agree: every float output within it and every integer output the same, taken exactly
-    (``runtime.compare``))."""
-    err, scale, integers_equal = 0.0, 1.0, True
-    for name, w0 in want.items():
-        g0, w0 = np.asarray(got[name]), np.asarray(w0)
-        if not g0.size:
-            continue
-        if integral(g0) and integral(w0):
-            diff = integer_difference(g0, w0)[0]
-            integers_equal &= diff == 0
-            err = max(err, diff)
-            continue
-        g, w = g0.astype(np.float64), w0.astype(np.float64)
-        err = max(err, float(np.max(np.abs(g - w))))
-        scale = max(scale, float(np.max(np.abs(w))))
-    return err, AGREE_RTOL * scale, integers_equal and err <= AGREE_RTOL * scale
+    (``bench.max_abs_difference``, ``runtime.compare``))."""
+    err, scale, integers_equal = max_abs_difference(got, want)
+    tol = AGREE_RTOL * max(1.0, scale)
+    return err, tol, integers_equal and err <= tol
 
 
 def _build(graph, options: CompileOptions, threads: int):

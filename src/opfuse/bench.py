@@ -221,7 +221,7 @@ def summarize(seconds: list[float]) -> dict:
             "runs": len(seconds)}
 
 
-def max_abs_difference(a: Outputs, b: Outputs) -> tuple[float, float, bool]:
+def max_abs_difference(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> tuple[float, float, bool]:
     """Max abs difference over the outputs both sides name, the largest |output| seen there, and whether every
     integer output is the same on both sides (``runtime.compare``: taken exactly, none allowed)."""
     err, scale, integers_equal = 0.0, 0.0, True
