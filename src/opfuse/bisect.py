@@ -25,10 +25,10 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from opfuse.runtime.compare import integer_difference, integral
 from opfuse.compiler import Compilation
 from opfuse.ir.graph import Graph
 from opfuse.ir.plan import FusionGroup, FusionPlan
+from opfuse.runtime.compare import integer_difference, integral
 
 DEFAULT_RTOL = 1e-4
 

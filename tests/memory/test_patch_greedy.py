@@ -150,10 +150,6 @@ def _model_work(comp) -> float:
     return float(sum(get_spec(n.op_type, n).flops(n) for n in comp.graph.nodes))
 
 
-def _start(plan):
-    return _arena_and_area(plan)
-
-
 # The two runs' recomputation in the lowest-arena order with recomputed bands only: the first region's run
 # over conv1..down in bands of 4 rows, then the second region's over conv3..pw2 in bands of 4.
 FIRST_EXTRA = 5280.0
@@ -168,7 +164,7 @@ def test_each_greedy_order_passes_through_the_states_its_rule_gives(regions, bud
     work = _model_work(comp)
     budget = budget * work if budget < 1 else budget
     free_first, streams = order
-    got = _greedy(comp.plan, info, _start(comp.plan), budget, free_first, {}, streams, {})
+    got = _greedy(comp.plan, info, _arena_and_area(comp.plan), budget, free_first, {}, streams, {})
     want = _reference_states(comp.plan, info, budget, free_first, {}, streams)
     assert _summary(got) == want
     for arena, extra, _, plan, _ in got:  # each state's figures are its plan's
@@ -180,11 +176,11 @@ def test_the_states_that_the_budget_cases_are_built_on(regions):
     """The exact budgets above sit where the rule turns: the lowest-arena order with recomputed bands makes two
     runs, the first recomputing FIRST_EXTRA and both BOTH_EXTRA; half a flop less takes the second run away."""
     comp, info = regions
-    states = _greedy(comp.plan, info, _start(comp.plan), BOTH_EXTRA, False, {}, (False,), {})
+    states = _greedy(comp.plan, info, _arena_and_area(comp.plan), BOTH_EXTRA, False, {}, (False,), {})
     assert [(s[0], s[1], [(r["groups"], r["band_rows"], r["line_buffers"]) for r in s[4]]) for s in states] == [
         (6144, FIRST_EXTRA, [(["conv1", "dw1", "pw1", "down"], 4, False)]),
         (5952, BOTH_EXTRA, [(["conv1", "dw1", "pw1", "down"], 4, False), (["conv3", "dw2", "pw2"], 4, False)])]
-    less = _greedy(comp.plan, info, _start(comp.plan), BOTH_EXTRA - 0.5, False, {}, (False,), {})
+    less = _greedy(comp.plan, info, _arena_and_area(comp.plan), BOTH_EXTRA - 0.5, False, {}, (False,), {})
     assert [s[1] for s in less][-1] != BOTH_EXTRA
     # the run over conv1..down ends at the strided layer: its bands count the strided layer's 8 rows of 3 pixels
     first = states[0][3].groups[0].attrs["patch"]
@@ -198,7 +194,7 @@ def test_each_layer_kernel_scratch_joins_the_workspace_of_the_runs_tried(regions
     scratch = {"dw1": 700, "down": 1500, "conv3": 300}
     free_first, streams = order
     budget = 0.3 * _model_work(comp)
-    got = _greedy(comp.plan, info, _start(comp.plan), budget, free_first, scratch, streams, {})
+    got = _greedy(comp.plan, info, _arena_and_area(comp.plan), budget, free_first, scratch, streams, {})
     assert got and _summary(got) == _reference_states(comp.plan, info, budget, free_first, scratch, streams)
     for _, _, _, plan, _ in got:
         for g in plan.groups:
@@ -213,7 +209,7 @@ def test_the_chosen_plan_is_the_best_state_of_the_four_orders(regions):
     comp, info = regions
     work = _model_work(comp)
     for limit in (0.0, 0.05, 0.3):
-        start = _start(comp.plan)
+        start = _arena_and_area(comp.plan)
         best = (start[0], 0.0, 0, None)
         if limit > 0:
             for free_first, streams in ORDERS:
@@ -606,7 +602,7 @@ def test_a_refused_run_does_not_end_the_longer_runs_from_its_start(order, limit)
     assert not _run_ok(comp.plan, 0, 1, info) and _run_ok(comp.plan, 0, 2, info)
     free_first, streams = order
     budget = limit * _model_work(comp)
-    got = _greedy(comp.plan, info, _start(comp.plan), budget, free_first, {}, streams, {})
+    got = _greedy(comp.plan, info, _arena_and_area(comp.plan), budget, free_first, {}, streams, {})
     assert _summary(got) == _reference_states(comp.plan, info, budget, free_first, {}, streams)
     # with line buffers the run from conv1 (past the refused conv1..dw) is the one taken
     assert [r["groups"] for r in got[0][4]] == ([["conv1", "dw", "pw"]] if True in streams else [["dw", "pw"]])
