@@ -233,5 +233,9 @@ def test_the_prefetch_is_in_the_first_sub_block_of_a_split_avx2_body_only():
     _, text = microkernel(6, 16, "packed", "packed", "auto", 16, avx512=False, b_next=1)
     assert text.rsplit("#else", 1)[0].count(
         "    if (k < bnl) _mm_prefetch((const char*)(bn + k * 16), _MM_HINT_T1);") == 1
-    with pytest.raises(AssertionError, match="packed B"):
+    with pytest.raises(AssertionError, match="packed or strided B"):
         microkernel(8, 32, "packed", "koff", "auto", 16, b_next=2)
+    # beside a strided B (Winograd's GEMMs fetching the next panel's 3x3 weights): the same prefetch
+    _, text = microkernel(16, 16, "packed", "strided", "auto", 32, avx512=True, b_next=4)
+    assert text.split("#elif", 1)[0].count(
+        "    if (k % 4 == 0 && k / 4 < bnl) _mm_prefetch((const char*)(bn + k / 4 * 16), _MM_HINT_T1);") == 1

@@ -443,8 +443,9 @@ def test_band_copy_prefetches_the_next_channels_rows(cache_dir):
     assert "Winograd F(" in portable and "__builtin_prefetch(" not in portable
 
 
-@pytest.mark.parametrize(("t", "threads"), [("F2", 1), ("F4", 1), ("F4", 2)])
-def test_infinite_nan_and_huge_inputs_give_the_references_outputs(t, threads, cache_dir):
+@pytest.mark.parametrize(("t", "threads", "u_from_weights"),
+                         [("F2", 1, False), ("F4", 1, False), ("F4", 2, False), ("F4", 2, True)])
+def test_infinite_nan_and_huge_inputs_give_the_references_outputs(t, threads, u_from_weights, cache_dir):
     """Winograd's input transform takes differences of a tile's inputs, so one infinite input made NaN of every
     output of its tile (inf - inf), where the direct sum (the reference, onnxruntime) gives +-inf, NaN where
     both signs or a NaN meet, and finite values for the outputs whose window misses it (found by ``opfuse fuzz``,
@@ -454,13 +455,17 @@ def test_infinite_nan_and_huge_inputs_give_the_references_outputs(t, threads, ca
     image, one block whose output channels the threads share (``winograd_shared_transform``). 11 output rows: the
     last tile row is partial. The outputs of the tiles no special input reaches keep the Winograd bits of the same
     input without the specials (only the non-finite outputs are recomputed; in a reached tile the transforms made
-    every output non-finite, so each is recomputed, finite ones within the tolerance)."""
+    every output non-finite, so each is recomputed, finite ones within the tolerance). ``u_from_weights``: the
+    threads compute U from the weights (``winograd_u_from_weights``), each panel's outputs transformed after its
+    GEMMs."""
     from opfuse.runtime import reference
     from opfuse.runtime.native import build
     n = 1 if threads == 2 else 2
-    g, plan = conv_block(n, 8, 8, 11, 10, [1, 1, 1, 1])
-    o = CodegenOptions(winograd="on", winograd_f4=t == "F4", winograd_f4_min_spatial=4, parallel_min_work=0)
+    g, plan = conv_block(n, 8, 32 if u_from_weights else 8, 11, 10, [1, 1, 1, 1])  # 32: two panels, two parts
+    o = CodegenOptions(winograd="on", winograd_f4=t == "F4", winograd_f4_min_spatial=4, parallel_min_work=0,
+                       winograd_u_from_weights_min_bytes=0 if u_from_weights else 4 << 20)
     model = build(g, plan, cache_dir=cache_dir, options=o, threads=threads)
+    assert ("U computed from the 3x3 weights" in "".join(_notes(model))) is u_from_weights
     assert f"Winograd {'F(4x4,3x3)' if t == 'F4' else 'F(2x2,3x3)'}" in "".join(_notes(model))
     feeds = reference.random_inputs(g, 1)
     clean = model.run(feeds)["relu"]
@@ -481,3 +486,139 @@ def test_infinite_nan_and_huge_inputs_give_the_references_outputs(t, threads, ca
     np.testing.assert_array_equal(np.where(np.isinf(want), want, 0), np.where(np.isinf(got), got, 0))
     fin = np.isfinite(want)
     assert_close({"y": got[fin]}, {"y": want[fin]})
+
+
+def test_integer_rows_factor_g_exactly():
+    """``G = diag(s) P`` with integer rows (first nonzero positive): F(4x4)'s rows of thirds and fifteenths are
+    small powers of two times one scale each, F(2x2)'s halves too, so ``U = G g G^T`` from the weights is exact up
+    to the one rounding of ``s_i s_k`` (``u_from_weights_exact``); points whose rows need a 3 are not."""
+    from opfuse.codegen.winograd import integer_rows, toom_cook, u_from_weights_exact
+    for t in (F2, F4):
+        scales, P = integer_rows(t.G)
+        assert [[s * v for v in row] for s, row in zip(scales, P, strict=True)] == [list(r) for r in t.G]
+        assert all(next(v for v in row if v) > 0 for row in P)
+        assert u_from_weights_exact(t)
+    assert integer_rows(F4.G)[1][4] == (4, -2, 1) and integer_rows(F4.G)[0][4] == Fraction(-4, 15)
+    assert not u_from_weights_exact(toom_cook(4, [0, 1, -1, 3, -3]))  # a row (1, 3, 9)
+
+
+@pytest.mark.parametrize("t", [F2, F4], ids=["F2", "F4"])
+def test_u_in_float32_is_near_the_float64_one(t):
+    """The stored U of a convolution whose threads compute U from the weights is ``filter_transform_float32``:
+    within a few float32 ulp of G g G^T in float64 (relative to each U's largest term), never further."""
+    from opfuse.codegen.winograd import filter_transform, filter_transform_float32
+    w = (rng.standard_normal((24, 20, 3, 3)) / 3).astype(np.float32)
+    u32 = filter_transform_float32(w, t)
+    u64 = filter_transform(w, t)
+    G = np.abs(np.array([[float(v) for v in r] for r in t.G]))
+    bound = np.einsum("ia,ocab,kb->ikoc", G, np.abs(w.astype(np.float64)), G).reshape(u64.shape)
+    err = np.abs(u32.astype(np.float64) - u64)
+    assert u32.dtype == np.float32 and err.max() > 0
+    assert (err <= 6 * np.finfo(np.float32).eps * bound).all()
+
+
+def _one_block_f4(c=64, oc=48):
+    """14x14 outputs with F(4x4): 16 tiles, one block, whose output channels the threads share."""
+    return conv_block(1, c, oc, 14, 14, [1, 1, 1, 1])
+
+
+UFW = dict(winograd="on", winograd_u_from_weights_min_bytes=0, parallel_min_work=0)
+
+
+@pytest.mark.parametrize("options", [dict(**WIDE_HOST), dict(vector_isa="avx2"), dict(simd="none")],
+                         ids=["avx512", "avx2", "portable"])
+def test_u_from_weights_same_bits_on_every_thread_count(options, cache_dir):
+    """``winograd_u_from_weights``: in the region of a single block split by output channels for the threads, each
+    thread computes U of its panels from the packed 3x3 weights, 16 input channels at a time (``_gp``, the
+    micro-kernel fetching the next panel's weights: ``_bn``), while one thread streams the stored U. The stored U
+    is the float32 one computed the same way, so 1, 2 and 3 threads give the same bits: the AVX-512 body of the
+    computation (on an AVX-512 host) and its plain loop (AVX2, portable C) compute the stored bits, within the
+    tolerance of the reference."""
+    g, plan = _one_block_f4()
+    o = CodegenOptions(**UFW, **options)
+    runs = [run_both(g, plan, cache_dir, options=o, threads=n) for n in (1, 2, 3)]
+    (one, want, model), others = runs[0], runs[1:]
+    src = model.program.source
+    notes = [n for n in _notes(model) if n.startswith("Winograd GEMMs")]
+    assert "Winograd F(4x4,3x3)" in src and "conv_gp" in src
+    assert any("on more than one thread U computed from the 3x3 weights" in n for n in notes), notes
+    if options.get("simd") != "none":
+        assert re.search(r"opfuse_ukr_\w+_bn\d+\(", src)
+    assert_close(one, want)
+    for got, _, _ in others:
+        for k in one:
+            assert np.array_equal(one[k], got[k])
+
+
+@pytest.mark.parametrize(("case", "options", "why"), [
+    ((1, 64, 64, 14, 14), dict(winograd_u_from_weights=False), "off"),
+    ((1, 64, 64, 14, 14), dict(winograd_u_from_weights_min_bytes=8 << 20), "U below the minimum"),
+    ((1, 64, 64, 14, 14), dict(winograd_f4=False), "F(2x2): U only 16/9 of the weights"),
+    ((1, 64, 64, 14, 14), dict(winograd_shared_transform=False), "no shared region"),
+    ((2, 64, 64, 14, 14), {}, "two images: a block each, U would be computed twice"),
+    ((1, 64, 64, 30, 30), {}, "64 tiles: several blocks"),
+    ((1, 64, 70, 14, 14), dict(vector_isa="avx2"), "70 channels end in a tail panel"),
+])
+def test_u_from_weights_refused(case, options, why):
+    """Where U is not computed from the weights the kernel streams the stored U alone: no packed weights, no
+    computation, no note (``winograd_u_from_weights`` off, U under ``winograd_u_from_weights_min_bytes``, a
+    transform whose U is under ``winograd_u_from_weights_min_ratio`` times the weights, no shared region, more
+    than one block, a tail panel)."""
+    g, plan = conv_block(*case, [1, 1, 1, 1])
+    kw = {**UFW, **options}
+    program = generate(g, plan, options=CodegenOptions(**kw))
+    notes = [n for k in program.kernels for n in k.notes]
+    assert any(n.startswith("Winograd F(") or "Winograd F(" in n for n in notes) or "Winograd F(" in program.source
+    assert "conv_gp" not in program.source, why
+    assert not any("U computed from the 3x3 weights" in n for n in notes), why
+    if why == "off":  # the same convolution with the option on does compute it
+        on = generate(g, plan, options=CodegenOptions(**UFW))
+        assert "conv_gp" in on.source
+
+
+def test_column_tails_where_narrower_panels_take_fewer_steps():
+    """``_column_tails``: the last block's tiles past its whole NR panels (rounded up to 8) on 16- and 8-tile panels
+    where their k steps (multiply-adds or loads, whichever more: ``_panel_steps``) are fewer than one padded NR
+    panel's: 8 x 32 takes 8 steps, 8 x 16 and 8 x 8 4.5 each (9 loads), so 8 and 16 left over go narrow, 24 stays
+    padded; 16 x 16 in zmm against 16 x 8 in ymm is 8.5 against 8.5: never; AVX2's 6 x 16 (12) against 6 x 8 (7)."""
+    from opfuse.codegen.winograd import _column_tails, _panel_steps
+    assert (_panel_steps(8, 32, True), _panel_steps(8, 16, True), _panel_steps(8, 8, True)) == (16, 9, 9)
+    assert [_column_tails(8, 32, True, n) for n in (4, 8, 9, 16, 17, 24, 32, 36)] == \
+        [[8], [8], [16], [16], [], [], [], [8]]
+    assert [_column_tails(16, 16, True, n) for n in (4, 8, 16)] == [[], [], []]
+    assert [_column_tails(6, 16, False, n) for n in (4, 8, 16, 17)] == [[8], [8], [], [8]]
+    assert _column_tails(8, 24, True, 4) == []  # an NR it does not split
+
+
+@pytest.mark.parametrize(("case", "options", "tail"), [
+    ((1, 32, 32, 40, 40), WIDE_HOST, "8x8"),                  # 100 tiles in blocks of 32: the last 4 on 8 x 8
+    ((1, 32, 32, 24, 24), dict(vector_isa="avx2"), "6x8"),    # 36 in blocks of 16, and 32 channels end in 2 x 8
+])
+def test_column_tails_same_bits_as_the_padded_panel(case, options, tail, cache_dir):
+    """``winograd_column_tails``: the last block's partial panel of tiles on a narrower micro-kernel gives the bits
+    of the padded NR panel (each output's sum the same products in the same order), at 1 and 2 threads, within the
+    tolerance of the reference; off, no narrow kernel is emitted."""
+    g, plan = conv_block(*case, [1, 1, 1, 1])
+    o = CodegenOptions(**options)
+    for threads in (1, 2):
+        got, want, m = run_both(g, plan, cache_dir, options=o, threads=threads)
+        padded, _, m0 = run_both(g, plan, cache_dir, options=o.with_(winograd_column_tails=False), threads=threads)
+        assert f"opfuse_ukr_{tail}_packed_strided" in m.program.source
+        assert f"opfuse_ukr_{tail}_packed_strided" not in m0.program.source
+        assert_close(got, want)
+        for k in got:
+            assert np.array_equal(got[k], padded[k])
+    if options is not WIDE_HOST:  # the channels' tail panel (2 of 32 over 6-row panels) takes its column tail too
+        assert "opfuse_ukr_2x8_packed_strided" in m.program.source
+
+
+@pytest.mark.parametrize(("case", "block"), [((1, 32, 32, 28, 28), "8x32"), ((1, 32, 32, 24, 24), "16x16")],
+                         ids=["24_left", "zmm_16x16"])
+def test_no_column_tails_where_padding_is_cheaper(case, block):
+    """49 tiles in blocks of 32 leave 24 (16 + 8 would take more steps than one padded 32), and the 16 x 16 zmm
+    block gains nothing from 16 x 8: the padded panel as before, one micro-kernel."""
+    g, plan = conv_block(*case, [1, 1, 1, 1])
+    src = generate(g, plan, options=CodegenOptions(**WIDE_HOST)).source
+    assert "Winograd F(4x4,3x3)" in src
+    assert set(re.findall(r"opfuse_ukr_(\d+x\d+)_packed_strided", src)) == {block}
+    assert "long jt" not in src

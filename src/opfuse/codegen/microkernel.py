@@ -85,8 +85,8 @@ SIGNATURE = ("(long kc, const float* restrict a, const float* const* restrict ar
 # positions x channels (a convolution over its windows) whose output runs along the positions.
 SIGNATURE_STORE = SIGNATURE[:-1] + ", const float* restrict bias, float* restrict out, long ldo)"
 # Either signature with ``b_next``: after ``load_c``, ``bnl`` lines of 16 floats from ``bn`` (a part of the next
-# packed B panel the caller will read) prefetched into L2 while the block is computed, one line every ``b_next``
-# k steps.
+# packed B panel the caller will read, or of the next panel's 3x3 weights of a Winograd convolution computing U from
+# them) prefetched into L2 while the block is computed, one line every ``b_next`` k steps.
 NEXT_PARAMS = ", const float* restrict bn, long bnl"
 # Either signature with ``b_copy`` (B ``strided``: read in place): after ``load_c``, the panel ``bp`` the call writes
 # B's rows into as it reads them, in the packed layout (row ``k`` at ``bp + k * NR``), for the calls after it on
@@ -625,9 +625,9 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
     ``scalar_accumulators``): B's row is NR / ``b_split`` pieces, piece ``p`` at ``p * ldb`` floats past the
     first (``_split_body``); every vector lies in one piece, so each sum is the same as without.
     ``k_unroll`` (above 1): the AVX2 body's k loop is unrolled that many times (``CodegenOptions.gemm_k_unroll``);
-    the same sums in the same order. ``b_next`` (above 0, packed B): ``NEXT_PARAMS`` follow ``load_c`` in the
-    signature and the x86 bodies prefetch ``bnl`` lines from ``bn`` into L2, one every ``b_next`` k steps; the AdvSIMD
-    and plain C bodies read neither. The same sums. ``b_copy`` (B ``strided``, not with ``neon``, ``b_split``,
+    the same sums in the same order. ``b_next`` (above 0, packed or strided B): ``NEXT_PARAMS`` follow ``load_c`` in
+    the signature and the x86 bodies prefetch ``bnl`` lines from ``bn`` into L2, one every ``b_next`` k steps; the
+    AdvSIMD and plain C bodies read neither. The same sums. ``b_copy`` (B ``strided``, not with ``neon``, ``b_split``,
     ``b_next`` or ``scalar_accumulators``): ``COPY_PARAMS`` follow ``load_c`` and every body stores the B rows it reads
     to ``bp`` in the packed layout, each value once (the AVX2 sub-blocks of the first rows store their columns);
     the sums are the packed B's.
@@ -641,7 +641,7 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
     assert not a_step or a == "koff", "a row step is the window access's"
     assert not b_split or (b == "koff" and not neon and not scalar_accumulators and nr % b_split == 0
                            and b_split % YMM_FLOATS == 0), (b, b_split, nr)
-    assert not b_next or b == "packed", "the next panel is a packed B's"
+    assert not b_next or b in ("packed", "strided"), "lines of a next panel: beside a packed or strided B"
     assert not b_copy or (b == "strided" and not neon and not b_split and not b_next and not scalar_accumulators), \
         "the copying variant reads B in place, on x86 and plain C"
     avx2 = simd == "auto" and nr % YMM_FLOATS == 0  # an AVX2 body (the only one ``k_unroll`` changes)

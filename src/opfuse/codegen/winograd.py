@@ -324,6 +324,135 @@ def _scatter_avx2(m: int, srcs: list[str], dst: str) -> list[str]:
             f"{st}({dst} + 8, _mm256_permute2f128_ps(lo, hi, 0x31)); }}"]
 
 
+def integer_rows(G) -> tuple[tuple[Fraction, ...], tuple[tuple[int, ...], ...]]:
+    """``G = diag(s) P``: each row of ``G`` as a scale ``s_i`` times a row ``P_i`` of coprime integers whose
+    first nonzero entry is positive (F(4x4)'s ``(-16/15, 8/15, -4/15)`` is ``-4/15 (4, -2, 1)``)."""
+    scales, rows = [], []
+    for row in G:
+        nz = [v for v in row if v != 0]
+        if not nz:
+            scales.append(Fraction(1))
+            rows.append(tuple(0 for _ in row))
+            continue
+        den = math.lcm(*(v.denominator for v in nz))
+        num = math.gcd(*(int(v * den) for v in nz))
+        s = Fraction(num, den) * (1 if nz[0] > 0 else -1)
+        scales.append(s)
+        rows.append(tuple(int(v / s) for v in row))
+    return tuple(scales), tuple(rows)
+
+
+def u_from_weights_exact(t: Transform) -> bool:
+    """Whether ``U = G g G^T`` computed in float32 from ``integer_rows`` is the same in every build: every
+    integer coefficient a power of two (its product exact, so a multiply then an add is a fused multiply-add)."""
+    _, rows = integer_rows(t.G)
+    return all(v == 0 or (abs(v) & (abs(v) - 1)) == 0 for r in rows for v in r)
+
+
+def _int_combo(coeffs, terms: list[str], vec: str | None) -> str:
+    """``sum_i coeffs[i] * terms[i]`` (integer powers of two, the first nonzero positive), left to right, in
+    scalar C (``vec`` None) or the intrinsics of prefix ``vec`` ("_mm512"): the same operations, the same bits."""
+    acc = ""
+    assert next(c for c in coeffs if c != 0) > 0, coeffs
+    for c, x in zip(coeffs, terms, strict=True):
+        if c == 0:
+            continue
+        mag = abs(c)
+        if vec:  # a power of two times x is exact: a fused multiply-add rounds as the multiply then the add
+            k = f"{vec}_set1_ps({literal(float(mag), np.float32)})"
+            if not acc:
+                acc = x if mag == 1 else f"{vec}_mul_ps({k}, {x})"
+            elif mag == 1:
+                acc = f"{vec}_{'add' if c > 0 else 'sub'}_ps({acc}, {x})"
+            else:
+                acc = f"{vec}_{'fmadd' if c > 0 else 'fnmadd'}_ps({k}, {x}, {acc})"
+        else:
+            term = x if mag == 1 else f"{literal(float(mag), np.float32)} * {x}"
+            acc = term if not acc else f"({acc} {'+' if c > 0 else '-'} {term})"
+    if not acc:
+        return f"{vec}_setzero_ps()" if vec else "0.0f"
+    return acc
+
+
+def emit_u_panel(w, t: Transform, gp: str, up: str, kb: str, mr: int, stride: int, simd: str) -> None:
+    """``U[xi][c][r] = (G g[r, c] G^T)[xi]`` for one panel of ``mr`` output channels and ``kb`` input channels,
+    from the 3x3 weights packed ``gp[(c * 9 + a * 3 + b) * mr + r]``, into ``up[xi * stride + c * mr + r]``
+    (the micro-kernel's A panels, one per xi). As ``diag(s) P g P^T diag(s)`` (``integer_rows``): the integer
+    combinations first, then one multiply by ``s_i s_k`` rounded once to float32. 16 lanes at a time in AVX-512
+    where ``mr`` is a multiple of 16, else a constant-trip loop over the lanes; the same bits either way
+    (``u_from_weights_exact``)."""
+    scales, P = integer_rows(t.G)
+    alpha = t.alpha
+    cc, lane, g9, uo = "wc_", "wl_", "wg_", "wu_"
+
+    def body(vec: str | None, load, store) -> None:
+        for k in range(9):
+            w.line(f"const {'__m512' if vec else 'float'} g{k}_ = {load(f'{g9} + {k * mr}')};")
+        for i in range(alpha):  # t[i][b] = sum_a P[i][a] g[a][b]
+            for b in range(3):
+                w.line(f"const {'__m512' if vec else 'float'} t{i}_{b}_ = "
+                       f"{_int_combo(P[i], [f'g{a * 3 + b}_' for a in range(3)], vec)};")
+        for i in range(alpha):  # u[i][k] = s_i s_k sum_b t[i][b] P[k][b]
+            for k in range(alpha):
+                e = _int_combo(P[k], [f"t{i}_{b}_" for b in range(3)], vec)
+                sc = scales[i] * scales[k]
+                if sc != 1:
+                    lit = literal(float(sc), np.float32)
+                    e = f"{vec}_mul_ps({vec}_set1_ps({lit}), {e})" if vec else f"{lit} * {e}"
+                store(f"{uo} + {(i * alpha + k) * stride}", e)
+
+    with w.block(f"for (long {cc} = 0; {cc} < {kb}; ++{cc})"):
+        w.line(f"const float* restrict {g9} = {gp} + {cc} * {9 * mr};")
+        w.line(f"float* restrict {uo} = {up} + {cc} * {mr};")
+        wide = simd == "auto" and mr % ZMM_FLOATS == 0
+        if wide:
+            w.line("#if defined(__AVX512F__)")
+            with w.block(f"for (long {lane} = 0; {lane} < {mr}; {lane} += {ZMM_FLOATS})"):
+                body("_mm512", lambda p: f"_mm512_loadu_ps({p} + {lane})",
+                     lambda p, e: w.line(f"_mm512_storeu_ps({p} + {lane}, {e});"))
+            w.line("#else")
+        with w.block(f"for (long {lane} = 0; {lane} < {mr}; ++{lane})"):
+            body(None, lambda p: f"({p})[{lane}]", lambda p, e: w.line(f"({p})[{lane}] = {e};"))
+        if wide:
+            w.line("#endif")
+
+
+def filter_transform_float32(weights: np.ndarray, t: Transform) -> np.ndarray:
+    """``filter_transform`` as ``emit_u_panel`` computes it, in float32, operation for operation (the integer
+    combinations left to right, then the scale ``s_i s_k`` rounded to float32): the U stored for a convolution whose
+    threaded build computes U from the weights, so that every thread count gives the same bits."""
+    assert u_from_weights_exact(t), t.name
+    scales, P = integer_rows(t.G)
+    g = np.asarray(weights, np.float32)
+
+    def combo(coeffs, terms):
+        acc = None
+        for c, x in zip(coeffs, terms, strict=True):
+            if c == 0:
+                continue
+            term = x if abs(c) == 1 else np.float32(abs(c)) * x
+            acc = term if acc is None else (acc + term if c > 0 else acc - term)
+        return np.zeros_like(g[:, :, 0, 0]) if acc is None else acc
+
+    tt = [[combo(P[i], [g[:, :, a, b] for a in range(3)]) for b in range(3)] for i in range(t.alpha)]
+    u = np.empty((t.alpha * t.alpha,) + g.shape[:2], np.float32)
+    for i in range(t.alpha):
+        for k in range(t.alpha):
+            v = combo(P[k], tt[i])
+            sc = scales[i] * scales[k]
+            u[i * t.alpha + k] = v if sc == 1 else np.float32(float(sc)) * v
+    return u
+
+
+def pack_weights_panels(weights: np.ndarray, mr: int) -> np.ndarray:
+    """(OC, C, 3, 3) -> (ceil(OC / mr), C, 9, mr) float32, output channels zero-padded: ``emit_u_panel``'s ``gp``."""
+    oc, c = weights.shape[:2]
+    mp = -(-oc // mr)
+    pad = np.zeros((mp * mr, c, 9), dtype=np.float32)
+    pad[:oc] = np.asarray(weights, np.float32).reshape(oc, c, 9)
+    return np.ascontiguousarray(pad.reshape(mp, mr, c, 9).transpose(0, 2, 3, 1))
+
+
 def _tiles_per_block(options, C: int, OCp: int, tiles: int, nimg: int, alpha: int, nr: int) -> int:
     """Tiles per block: V and M of a block (alpha^2 (Cin + Cout) floats per tile) within
     ``winograd_block_floats``, a multiple of NR, and at least ``gemm_min_tiles`` blocks over
@@ -426,6 +555,32 @@ def last_round_parts(threads: int, units: int, most: int, block: int) -> int:
     return min(-(-threads // rem), most)
 
 
+def _panel_steps(mr: int, nr: int, wide: bool) -> int:
+    """Issue slots of one k step of the ``mr`` x ``nr`` micro-kernel: its multiply-adds (one per vector of B) or
+    its loads (``mr`` broadcasts and B's vectors), whichever is more: the narrow ones are load-bound (8 x 8 as slow
+    a step as 8 x 16)."""
+    vec = ZMM_FLOATS if wide and fits_avx512(mr, nr) else 8
+    nv = -(-nr // vec)
+    return max(mr * nv, mr + nv)
+
+
+def _column_tails(mr: int, nr: int, wide: bool, last: int) -> list[int]:
+    """The panel widths (16, then 8) for the last block's ``last`` tiles past its whole NR-tile panels, where they
+    take fewer k-step slots (``_panel_steps``) than one padded NR-tile panel; [] otherwise (also for NR other than
+    16 and 32, and where the rest is a whole panel)."""
+    rem = -(-last // LANES) * LANES % nr
+    if nr not in (16, 32) or LANES != 8 or not rem:
+        return []
+    widths, left = [], rem
+    for wd in (16, 8):
+        if wd < nr and left >= wd:
+            widths.append(wd)
+            left -= wd
+    assert left == 0, (nr, rem)
+    cheaper = sum(_panel_steps(mr, wd, wide) for wd in widths) < _panel_steps(mr, nr, wide)
+    return widths if cheaper else []
+
+
 def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
     """Emit the Winograd convolution of ``node`` with the group's epilogue (module docstring)."""
     from opfuse.ops.nn import conv_geometry as _geometry
@@ -444,6 +599,11 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
     Q = math.lcm(NR, LANES)
     OCp = -(-OC // MR) * MR
     T = _tiles_per_block(o, C, OCp, tiles, nimg, alpha, Q)
+    # A block's last panel of tiles short of NR: LANES-wide panels (16, then 8 tiles) on narrower micro-kernels
+    # (``winograd_column_tails``) instead of a whole NR-tile panel of padding (resnet18's 28x28 layers: 49 tiles in
+    # blocks of 32, 64 computed; 56x56: 196, 224).
+    col_tails = _column_tails(MR, NR, wide, tiles - (-(-tiles // T) - 1) * T) if o.winograd_column_tails else []
+    QT = LANES if col_tails else Q  # a block's tiles rounded up to this
     nblk = -(-tiles // T)
     R = _block_rows(tiles, T, TW)
     BW = TW * m + 2            # band row: a whole tile row's input, padded
@@ -465,33 +625,79 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
     tails = tail_panels(OC, MR, NR, MR, o)
     body = OC - sum(tails)
     u_bytes = A2 * (OC if tails else OCp) * C * 4
+    # Fewer blocks than threads: each block's output channels are split in up to `most` parts,
+    # as many as the threads need (decided at run time: one thread transforms each block once).
+    units = nimg * nblk
+    work = 2 * nimg * OC * C * 9 * OH * OW
+    # Each iteration's cost: its block's tiles (rounded up to whole lane groups), a part's share.
+    block_tiles = [-(-min(T, tiles - t0) // QT) * QT for t0 in range(0, tiles, T)] * nimg
+    split = last_round_split(o, units, OCp // MR, work)
+    most = split or min(max(1, -(-o.gemm_min_tiles // units)), OCp // MR)
+    # A single block on several threads: one region, the input transform's channels shared out into one V (thread
+    # 0's), then the parts (``winograd_shared_transform``); one thread runs the loop below on its own.
+    shared = o.winograd_shared_transform and not split and units == 1 and most > 1 and work >= o.parallel_min_work
+    # In that region, U computed per panel of output channels from the 3x3 weights (``winograd_u_from_weights``)
+    # where it is large and at least ``winograd_u_from_weights_min_ratio`` times the weights; one thread streams U.
+    from_weights = (shared and o.winograd_u_from_weights and u_bytes >= o.winograd_u_from_weights_min_bytes
+                    and A2 >= 9 * o.winograd_u_from_weights_min_ratio and not tails and u_from_weights_exact(t))
     # the prefetch is an intrinsic: the plain C99 build (simd="none") has none, and its C stays as it was
     ahead = o.winograd_prefetch_u if o.simd == "auto" and u_bytes >= o.winograd_prefetch_min_bytes else 0
 
-    def kernel(mr: int) -> str:
-        """Register the ``mr``-row micro-kernel of the GEMMs (U prefetched ``ahead`` bytes on); its name."""
-        name, text = microkernel(mr, NR, "packed", "strided", o.simd, o.gemm_prefetch, o.gemm_scalar_accumulators,
-                                 wide, neon=neon, a_prefetch=-(-ahead // (4 * mr)), k_unroll=o.gemm_k_unroll)
+    # With U from the weights: each GEMM call of a panel fetches ``g_lines`` lines of the next panel's weights,
+    # one every ``g_step`` k steps (the micro-kernel's ``b_next``); ``jrs`` calls per xi.
+    # ``CB`` input channels a chunk (``winograd_u_chunk_bytes``).
+    jrs = -(-tiles // Q) * Q // NR
+    CB = max(8, o.winograd_u_chunk_bytes // (A2 * MR * 4) // 8 * 8)
+    g_lines = -(-(C * 9 * MR // 16) // (-(-C // CB) * A2 * jrs))
+    g_step = max(1, CB // g_lines)
+
+    def kernel(mr: int, b_next: int = 0, nr: int = NR) -> str:
+        """Register the ``mr`` x ``nr`` micro-kernel of the GEMMs (U prefetched ``ahead`` bytes on, or with
+        ``b_next`` U in scratch and the next panel's weights fetched); its name."""
+        name, text = microkernel(mr, nr, "packed", "strided", o.simd, o.gemm_prefetch, o.gemm_scalar_accumulators,
+                                 wide, neon=neon, a_prefetch=0 if b_next else -(-ahead // (4 * mr)),
+                                 k_unroll=o.gemm_k_unroll, b_next=b_next)
         return kc.program.require_helper(name, text)
+
+    def columns(ntp: str, jr: str, emit: Callable[[str, int], None]) -> None:
+        """The GEMMs' NR-tile panels of a block's ``ntp`` tiles, ``emit(jr, width)`` each: whole panels, then (with
+        ``col_tails``) the rest, a multiple of LANES, in narrower panels (16, then 8 tiles)."""
+        with w.block(f"for (long {jr} = 0; {jr} + {NR} <= {ntp}; {jr} += {NR})"):
+            emit(jr, NR)
+        if col_tails:
+            jt = kc.tmp("jt")
+            w.line(f"long {jt} = {ntp} - {ntp} % {NR};")
+            for wd in col_tails:
+                with w.block(f"if ({ntp} - {jt} >= {wd})"):
+                    emit(jt, wd)
+                    w.line(f"{jt} += {wd};")
     ukr = kernel(MR)
+    ukr_fw = kernel(MR, g_step) if from_weights else ""
     ukr_tail = kernel(tails[0]) if tails else ""
     bodies = microkernel_bodies(MR, NR, o.simd, wide, neon)
     fetch = "" if o.simd != "auto" else f"; U ({u_bytes >> 10} KiB) prefetched {ahead} bytes ahead" if ahead else \
         f"; U ({u_bytes >> 10} KiB) not prefetched (winograd_prefetch_min_bytes={o.winograd_prefetch_min_bytes})" \
         if o.winograd_prefetch_u else "; U not prefetched (winograd_prefetch_u=0)"
+    if from_weights:
+        fetch += (f"; on more than one thread U computed from the 3x3 weights, {CB} input channels of a {MR}-channel "
+                  f"panel at a time (winograd_u_from_weights)")
     kc.note(lambda nm: f"Winograd GEMMs '{nm}': {MR}x{NR} micro-kernel, {bodies}{fetch}", node)
     if tails:
         kc.note(lambda nm: f"Winograd GEMMs '{nm}': the last {tails[0]} of {OC} channels in a {tails[0]}x{NR} panel",
                 node)
     weights = kc.program.memory.static[id(wt)]
-    u = filter_transform(weights, t).astype(np.float32)
     # The 3x3 weights as they are, for the outputs recomputed directly (``_nonfinite_outputs_direct``).
     g_array = np.asarray(weights, np.float32).reshape(-1)
     g = kc.const_array(("winograd_g", node.name), g_array, node.name + "_g", np.float32)
     kc.note(lambda nm: f"Winograd '{nm}': infinite or NaN outputs of the transforms recomputed directly "
                        f"(the 3x3 weights kept beside U: {g_array.nbytes >> 10} KiB)", node)
+    # where the threaded build computes U from the weights, the stored U is its float32 bits (the same outputs on
+    # any thread count), else G g G^T in float64 rounded once
+    u = filter_transform_float32(weights, t) if from_weights else filter_transform(weights, t).astype(np.float32)
     upack = kc.const_array(("winograd_u", node.name, m, MR, tails), pack_a_panels(u, MR, tails), node.name + "_U",
                            np.float32)
+    gpack = kc.const_array(("winograd_gp", node.name, MR), pack_weights_panels(weights, MR), node.name + "_gp",
+                           np.float32) if from_weights else ""
     mp = OCp // MR
     # One GEMM operand (xi) to the next: a cache line more than its size, so the transforms'
     # alpha^2 streams do not all fall in one L1 set (C * T floats is often a multiple of 4 KiB).
@@ -501,6 +707,8 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
     off_band = kc.scratch((BR * BW + 8) * 4)  # + 8: the vector gather's last loads run past a row
     off_y = kc.scratch(((R + 1) * m * YB + m) * 4)
     off_d = kc.scratch(2 * A2 * L * 4)
+    XU = CB * MR + 16  # U from the weights: one xi's panel to the next (a line more, as XV and XM)
+    off_u = kc.scratch(A2 * XU * 4) if from_weights else 0
     off_xo = kc.scratch(T * 8)
     off_yo = kc.scratch(T * 8)
 
@@ -518,7 +726,7 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
         w.line(f"const long {b} = {blk} / {nblk};")
         w.line(f"const long {t0} = ({blk} % {nblk}) * {T};")
         w.line(f"const long {nt} = {tiles} - {t0} < {T} ? {tiles} - {t0} : {T};")
-        w.line(f"const long {ntp} = ({nt} + {Q - 1}) / {Q} * {Q};")
+        w.line(f"const long {ntp} = ({nt} + {QT - 1}) / {QT} * {QT};")
         w.line(f"const long {ty0} = {t0} / {TW};")
         w.line(f"const long {ty1} = ({t0} + {nt} - 1) / {TW};")
         V, M, band, ys, D, E, xo, yo = (kc.tmp(n) for n in ("V", "M", "band", "ystrip", "D", "E", "xoff", "yoff"))
@@ -607,74 +815,100 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
             if shared:
                 w.line(f"const long {lo} = {part} * {span};")
                 w.line(f"const long {hi} = {lo} + {span} < {OCp} ? {lo} + {span} : {OCp};")
-            # 2. alpha^2 GEMMs on the micro-kernel: M[xi] = U[xi] @ V[xi].
-            xi, pc, kb, jr, ir = (kc.tmp(n) for n in ("xi", "pc", "kb", "jr", "ir"))
-            with w.block(f"for (long {xi} = 0; {xi} < {A2}; ++{xi})"):
-                with w.block(f"for (long {pc} = 0; {pc} < {C}; {pc} += {KC})"):
-                    w.line(f"const long {kb} = {C} - {pc} < {KC} ? {C} - {pc} : {KC};")
-                    with w.block(f"for (long {jr} = 0; {jr} < {ntp}; {jr} += {NR})"):
-                        b_ptr = f"{V} + {xi} * {XV} + {pc} * {T} + {jr}"
-                        end = hi if not tails else f"({hi} < {body} ? {hi} : {body})"
-                        with w.block(f"for (long {ir} = {lo}; {ir} < {end}; {ir} += {MR})"):
-                            a_ptr = f"{upack} + (({xi} * {mp} + {ir} / {MR}) * {C} + {pc}) * {MR}" if not tails \
-                                else f"{upack} + ({xi} * {OC} + {ir}) * {C} + {pc} * {MR}"
-                            c_ptr = f"{M} + {xi} * {XM} + {ir} * {T} + {jr}"
-                            w.line(f"{ukr}({kb}, {a_ptr}, 0, 0, {b_ptr}, {T}, {c_ptr}, {T}, {pc} > 0);")
-                        if tails:  # the last part's tail panel
-                            with w.block(f"if ({hi} > {body})"):
-                                a_ptr = f"{upack} + ({xi} * {OC} + {body}) * {C} + {pc} * {tails[0]}"
-                                c_ptr = f"{M} + {xi} * {XM} + {body} * {T} + {jr}"
-                                w.line(f"{ukr_tail}({kb}, {a_ptr}, 0, 0, {b_ptr}, {T}, {c_ptr}, {T}, {pc} > 0);")
-
             # 3. Output transform per output channel: A^T M A for LANES tiles at a time into the
             # strip, then the bias and the group's epilogue along each output row of the block.
-            oc = kc.tmp("oc")
-            with w.block(f"for (long {oc} = {lo}; {oc} < ({hi} < {OC} ? {hi} : {OC}); ++{oc})"):
-                g0, lane, mo, dst = kc.tmp("g"), kc.tmp("l"), kc.tmp("mo"), kc.tmp("dst")
-                with w.block(f"for (long {g0} = 0; {g0} < {ntp}; {g0} += {L})"):
-                    w.line(f"const float* restrict {mo} = {M} + {oc} * {T} + {g0};")
-                    # M A along each row, then A^T (.) down the columns, LANES tiles per vector.
-                    _lane_stage(w, o.simd, lane, [(f"{D} + {(i * m + jj) * L}", AT[jj],
-                                                   [f"{mo} + {(i * alpha + k) * XM}" for k in range(alpha)])
-                                                  for i in range(alpha) for jj in range(m)])
-                    _lane_stage(w, o.simd, lane, [(f"{E} + {(a * m + jj) * L}", AT[a],
-                                                   [f"{D} + {(i * m + jj) * L}" for i in range(alpha)])
-                                                  for a in range(m) for jj in range(m)])
-                    if vec:
-                        w.line(f"#if {AVX2_GUARD}")
-                        w.line(f"if ({yo}[{g0} + {L - 1}] - {yo}[{g0}] == {(L - 1) * m}) {{")
-                        for a in range(m):
-                            for ln in _scatter_avx2(m, [f"{E} + {(a * m + jj) * L}" for jj in range(m)],
-                                                    f"{ys} + {yo}[{g0}] + {a * YB}"):
-                                w.line("  " + ln)
-                        w.line("} else")
-                        w.line("#endif")
-                    with w.block(f"for (long {lane} = 0; {lane} < {L}; ++{lane})"):
-                        w.line(f"float* restrict {dst} = {ys} + {yo}[{g0} + {lane}];")
-                        for a in range(m):
-                            w.line(" ".join(f"{dst}[{a * YB + jj}] = {E}[{(a * m + jj) * L} + {lane}];"
-                                            for jj in range(m)))
-                _nonfinite_outputs_direct(kc, ev, node, (b, oc), (ty0, ty1, t0, nt), ys, (m, YB, TW), (g, PT, PL))
-                if flat_epilogue:  # one block of whole rows, stored without padding: the plane is one row
-                    _flat_plane_epilogue(kc, ev, stage, node, bias_term, out, (b, oc), ys, OH * OW)
-                else:
-                    with _strip_rows(kc, (ty0, ty1, t0, nt), (m, YB, TW), (OH, OW), ys) as (row, oy, first, oxe):
-                        def element(x: str, row: str = row, oy: str = oy) -> None:
-                            y = kc.tmp("y")
-                            w.line(f"const float {y} = {bias_term(ev, node, f'{row}[{x}]', oc)};")
-                            finish_element(kc, ev, stage, out, Index(out.shape, (b, oc, oy, x)), y)
-                        _epilogue_row(kc, ev, stage, node, (b, oc, oy), (kc.tmp("ox"), first, oxe), row, element)
+            def output_transform(oc_lo: str, oc_hi: str) -> None:
+                oc = kc.tmp("oc")
+                with w.block(f"for (long {oc} = {oc_lo}; {oc} < {oc_hi}; ++{oc})"):
+                    g0, lane, mo, dst = kc.tmp("g"), kc.tmp("l"), kc.tmp("mo"), kc.tmp("dst")
+                    with w.block(f"for (long {g0} = 0; {g0} < {ntp}; {g0} += {L})"):
+                        w.line(f"const float* restrict {mo} = {M} + {oc} * {T} + {g0};")
+                        # M A along each row, then A^T (.) down the columns, LANES tiles per vector.
+                        _lane_stage(w, o.simd, lane, [(f"{D} + {(i * m + jj) * L}", AT[jj],
+                                                       [f"{mo} + {(i * alpha + k) * XM}" for k in range(alpha)])
+                                                      for i in range(alpha) for jj in range(m)])
+                        _lane_stage(w, o.simd, lane, [(f"{E} + {(a * m + jj) * L}", AT[a],
+                                                       [f"{D} + {(i * m + jj) * L}" for i in range(alpha)])
+                                                      for a in range(m) for jj in range(m)])
+                        if vec:
+                            w.line(f"#if {AVX2_GUARD}")
+                            w.line(f"if ({yo}[{g0} + {L - 1}] - {yo}[{g0}] == {(L - 1) * m}) {{")
+                            for a in range(m):
+                                for ln in _scatter_avx2(m, [f"{E} + {(a * m + jj) * L}" for jj in range(m)],
+                                                        f"{ys} + {yo}[{g0}] + {a * YB}"):
+                                    w.line("  " + ln)
+                            w.line("} else")
+                            w.line("#endif")
+                        with w.block(f"for (long {lane} = 0; {lane} < {L}; ++{lane})"):
+                            w.line(f"float* restrict {dst} = {ys} + {yo}[{g0} + {lane}];")
+                            for a in range(m):
+                                w.line(" ".join(f"{dst}[{a * YB + jj}] = {E}[{(a * m + jj) * L} + {lane}];"
+                                                for jj in range(m)))
+                    _nonfinite_outputs_direct(kc, ev, node, (b, oc), (ty0, ty1, t0, nt), ys, (m, YB, TW), (g, PT, PL))
+                    if flat_epilogue:  # one block of whole rows, stored without padding: the plane is one row
+                        _flat_plane_epilogue(kc, ev, stage, node, bias_term, out, (b, oc), ys, OH * OW)
+                    else:
+                        with _strip_rows(kc, (ty0, ty1, t0, nt), (m, YB, TW), (OH, OW), ys) as (row, oy, first, oxe):
+                            def element(x: str, row: str = row, oy: str = oy) -> None:
+                                y = kc.tmp("y")
+                                w.line(f"const float {y} = {bias_term(ev, node, f'{row}[{x}]', oc)};")
+                                finish_element(kc, ev, stage, out, Index(out.shape, (b, oc, oy, x)), y)
+                            _epilogue_row(kc, ev, stage, node, (b, oc, oy), (kc.tmp("ox"), first, oxe), row, element)
+
+            # 2. alpha^2 GEMMs on the micro-kernel: M[xi] = U[xi] @ V[xi].
+            xi, pc, kb, jr, ir = (kc.tmp(n) for n in ("xi", "pc", "kb", "jr", "ir"))
+            fw = from_weights and shared
+            if fw:  # per MR-channel panel and chunk of input channels: their U from the weights, then the GEMMs
+                up = kc.tmp("Up")
+                w.line(f"float* restrict {up} = {kc.scratch_ptr('float', off_u)};")
+                with w.block(f"for (long {ir} = {lo}; {ir} < {hi}; {ir} += {MR})"):
+                    # the next panel's weights (the whole convolution's: another part's too) fetched into L2 a
+                    # slice a call, while the GEMMs compute: read in the transform alone, they bounded it
+                    gn, gl = kc.tmp("gn"), kc.tmp("gl")
+                    w.line(f"const int {gl} = {ir} + {MR} < {OCp} ? {g_lines} : 0;")
+                    w.line(f"const float* {gn} = {gpack} + ({ir} / {MR} + ({gl} > 0)) * {C * 9 * MR};")
+                    # CB input channels at a time: their U (alpha^2 x CB x MR floats) stays in L1 from the
+                    # transform to the GEMMs; a whole panel's (0.5 MB) went to L2 and back, a line per store
+                    with w.block(f"for (long {pc} = 0; {pc} < {C}; {pc} += {CB})"):
+                        w.line(f"const long {kb} = {C} - {pc} < {CB} ? {C} - {pc} : {CB};")
+                        emit_u_panel(w, t, f"{gpack} + (({ir} / {MR}) * {C} + {pc}) * {9 * MR}", up, kb, MR,
+                                     XU, o.simd)
+                        with w.block(f"for (long {xi} = 0; {xi} < {A2}; ++{xi})"):
+                            def fw_call(jr: str, width: int) -> None:
+                                call = f"(({pc} / {CB}) * {A2 * jrs} + {xi} * {jrs} + {jr} / {NR})"
+                                w.line(f"{ukr_fw if width == NR else kernel(MR, g_step, width)}({kb}, "
+                                       f"{up} + {xi} * {XU}, 0, 0, {V} + {xi} * {XV} + {pc} * {T} + {jr}, {T}, "
+                                       f"{M} + {xi} * {XM} + {ir} * {T} + {jr}, {T}, {pc} > 0, "
+                                       f"{gn} + {call} * {16 * g_lines}, {gl});")
+                            columns(ntp, jr, fw_call)
+                    # this panel's outputs while its M is in the caches
+                    output_transform(ir, f"({ir} + {MR} < {OC} ? {ir} + {MR} : {OC})")
+            else:
+                with w.block(f"for (long {xi} = 0; {xi} < {A2}; ++{xi})"):
+                    with w.block(f"for (long {pc} = 0; {pc} < {C}; {pc} += {KC})"):
+                        w.line(f"const long {kb} = {C} - {pc} < {KC} ? {C} - {pc} : {KC};")
+                        def panel(jr: str, width: int) -> None:
+                            b_ptr = f"{V} + {xi} * {XV} + {pc} * {T} + {jr}"
+                            end = hi if not tails else f"({hi} < {body} ? {hi} : {body})"
+                            with w.block(f"for (long {ir} = {lo}; {ir} < {end}; {ir} += {MR})"):
+                                a_ptr = f"{upack} + (({xi} * {mp} + {ir} / {MR}) * {C} + {pc}) * {MR}" if not tails \
+                                    else f"{upack} + ({xi} * {OC} + {ir}) * {C} + {pc} * {MR}"
+                                c_ptr = f"{M} + {xi} * {XM} + {ir} * {T} + {jr}"
+                                k = ukr if width == NR else kernel(MR, nr=width)
+                                w.line(f"{k}({kb}, {a_ptr}, 0, 0, {b_ptr}, {T}, {c_ptr}, {T}, {pc} > 0);")
+                            if tails:  # the last part's tail panel
+                                with w.block(f"if ({hi} > {body})"):
+                                    a_ptr = f"{upack} + ({xi} * {OC} + {body}) * {C} + {pc} * {tails[0]}"
+                                    c_ptr = f"{M} + {xi} * {XM} + {body} * {T} + {jr}"
+                                    k = ukr_tail if width == NR else kernel(tails[0], nr=width)
+                                    w.line(f"{k}({kb}, {a_ptr}, 0, 0, {b_ptr}, {T}, {c_ptr}, {T}, {pc} > 0);")
+                        columns(ntp, jr, panel)
+
+            if not fw:
+                output_transform(lo, f"({hi} < {OC} ? {hi} : {OC})")
 
     w.line(f"/* Winograd {t.name}: {TH}x{TW} tiles per image in blocks of {T}, {A2} GEMMs "
            f"[{OC} x {C}] x [{C} x tiles] per block (codegen/winograd.py). */")
-    # Fewer blocks than threads: each block's output channels are split in up to `most` parts,
-    # as many as the threads need (decided at run time: one thread transforms each block once).
-    units = nimg * nblk
-    work = 2 * nimg * OC * C * 9 * OH * OW
-    # Each iteration's cost: its block's tiles (rounded up to whole lane groups), a part's share.
-    block_tiles = [-(-min(T, tiles - t0) // Q) * Q for t0 in range(0, tiles, T)] * nimg
-    split = last_round_split(o, units, OCp // MR, work)
-    most = split or min(max(1, -(-o.gemm_min_tiles // units)), OCp // MR)
     it, blk, part, parts, span, lo, hi = (kc.tmp(n) for n in ("it", "blk", "part", "parts", "span", "lo", "hi"))
     if split:
         # The blocks of the last round, `rem` (fewer than the threads), split in `parts` each, the rest whole.
@@ -693,7 +927,6 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
         costs = [float(n) for n in block_tiles]
     # A single block on several threads: one region, the input transform's channels shared out into one V (thread
     # 0's), then the parts (``winograd_shared_transform``); one thread runs the loop below on its own.
-    shared = o.winograd_shared_transform and not split and units == 1 and most > 1 and work >= o.parallel_min_work
     if shared:
         kc.uses_threads = True
         w.line("if (nt > 1)")
