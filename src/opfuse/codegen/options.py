@@ -657,13 +657,17 @@ class CodegenOptions:
     # would be one more instruction a k step for nothing (there within +-2% either way); resnet18's are 576 KiB
     # (layer1, 1 thread -5% with it) to 9 MiB. The kernel's notes say which, with U's size.
     winograd_prefetch_min_bytes: int = 512 << 10
-    # Where U would be at least ``winograd_u_from_weights_min_bytes`` and one block holds the image (resnet18's
-    # 14x14 and 7x7 layers: U 9.4 and 16.8 MB), U is not stored: each thread computes its panel of MR output
-    # channels' U from the 3x3 weights (``winograd.emit_u_panel``, packed per panel: a quarter of F(4x4)'s bytes,
-    # 9/16 of F(2x2)'s) just before that panel's alpha^2 GEMMs, into scratch that stays in L2. About a sixth more
-    # arithmetic (F(4x4): ~113 vector operations a channel and panel against the GEMMs' 576 multiply-adds), for a
-    # stream of U from memory that bounded those layers (numbers in the README). The integer combinations are
-    # exact and the scale s_i s_k is one rounding: the same bits in every build, within a few ulp of the float64 U.
+    # In the region where the threads share one block's output channels (``winograd_shared_transform``: resnet18's
+    # 14x14 layers, U 9.4 MB each), where U would be at least ``winograd_u_from_weights_min_bytes`` and at least
+    # ``winograd_u_from_weights_min_ratio`` times the 3x3 weights (F(4x4): 4; F(2x2): 16/9), each thread computes
+    # the U of its panels of MR output channels from the weights (``winograd.emit_u_panel``; packed per panel, a
+    # quarter of U's bytes) a chunk of input channels at a time, each chunk's GEMMs right after, instead of
+    # streaming U from memory: about a sixth more arithmetic (F(4x4): ~113 vector operations a channel and panel
+    # against the GEMMs' 576 multiply-adds). One thread streams the stored U, computed the same way in float32
+    # (``filter_transform_float32``), so every thread count gives the same bits (within a few ulp of the float64 U).
+    # resnet18 at 2 threads: layer3's three 556-567 -> 472-478 us; at 1 thread computing U measured 3-8% slower with
+    # the caches as ``opfuse bench`` leaves them (15% faster with them flushed), and layer4's F(2x2) slower at both
+    # (1450 -> 1720 us, 830 -> 880): hence one thread and the ratio. Numbers in the README.
     winograd_u_from_weights: bool = True
     winograd_u_from_weights_min_bytes: int = 4 << 20
     winograd_u_from_weights_min_ratio: float = 3.0
@@ -671,9 +675,10 @@ class CodegenOptions:
     # bytes (L1: F(4x4) 16 channels, F(2x2) 40), each chunk's GEMMs right after its transform.
     winograd_u_chunk_bytes: int = 40 << 10
     # A Winograd block's last panel of tiles short of the micro-kernel's NR runs on narrower micro-kernels (16, then
-    # 8 tiles; ``winograd.lower_winograd``'s ``columns``) instead of a whole NR-tile panel of padding: resnet18's 28x28
-    # layers are 49 tiles in blocks of 32 (64 computed before), its 56x56 ones 196 (224). The same sums. False: the
-    # padded panel.
+    # 8 tiles; ``winograd.lower_winograd``'s ``columns``) where they take fewer k steps than one padded NR-tile panel
+    # (``winograd._column_tails``): resnet18's 56x56 layers are 196 tiles in blocks of 32, the last 4 now on 8 x 8
+    # (layer1 -7% at 1 thread, -9% at 2); its 28x28 ones leave 24 (16 + 8 would take more steps than 32). The same
+    # sums. False: the padded panel.
     winograd_column_tails: bool = True
     # Where one block holds every tile of an image and the output rows are whole tiles (OW a multiple of the tile's
     # m), the output transform's bias and epilogue run over each channel's plane as one row
