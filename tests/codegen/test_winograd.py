@@ -622,3 +622,23 @@ def test_no_column_tails_where_padding_is_cheaper(case, block):
     assert "Winograd F(4x4,3x3)" in src
     assert set(re.findall(r"opfuse_ukr_(\d+x\d+)_packed_strided", src)) == {block}
     assert "long jt" not in src
+
+
+def test_stored_u_gemms_do_not_prefetch_v_same_bits(cache_dir):
+    """``winograd_prefetch_v`` (off by default): the GEMMs on the stored U read V without prefetching it (V[xi] is
+    the same for every panel, in L1); on, they prefetch it ``gemm_prefetch`` steps ahead (``_pf<steps>`` in the
+    micro-kernel's name) as before. The GEMMs computing U from the weights prefetch V either way. The same bits."""
+    g, plan = _one_block_f4()
+    base = CodegenOptions(**UFW, **WIDE_HOST)
+    off = generate(g, plan, options=base).source
+    on = generate(g, plan, options=base.with_(winograd_prefetch_v=True)).source
+    steps = base.gemm_prefetch
+    stored = set(re.findall(r"(opfuse_ukr_\d+x\d+_packed_strided\w*)\(kb", off))
+    assert stored and all(f"_pf{steps}" not in k for k in stored if "_bn" not in k)
+    assert any("_bn" in k and f"_pf{steps}" in k for k in stored)  # the U-from-weights kernel keeps it
+    assert all(f"_pf{steps}" in k for k in re.findall(r"(opfuse_ukr_\d+x\d+_packed_strided\w*)\(kb", on))
+    for threads in (1, 2):
+        a, want, _ = run_both(g, plan, cache_dir, options=base, threads=threads)
+        b, _, _ = run_both(g, plan, cache_dir, options=base.with_(winograd_prefetch_v=True), threads=threads)
+        assert_close(a, want)
+        assert all(np.array_equal(a[k], b[k]) for k in a)

@@ -654,7 +654,8 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
     def kernel(mr: int, b_next: int = 0, nr: int = NR) -> str:
         """Register the ``mr`` x ``nr`` micro-kernel of the GEMMs (U prefetched ``ahead`` bytes on, or with
         ``b_next`` U in scratch and the next panel's weights fetched); its name."""
-        name, text = microkernel(mr, nr, "packed", "strided", o.simd, o.gemm_prefetch, o.gemm_scalar_accumulators,
+        v_ahead = o.gemm_prefetch if b_next or o.winograd_prefetch_v else 0  # B (V): see winograd_prefetch_v
+        name, text = microkernel(mr, nr, "packed", "strided", o.simd, v_ahead, o.gemm_scalar_accumulators,
                                  wide, neon=neon, a_prefetch=0 if b_next else -(-ahead // (4 * mr)),
                                  k_unroll=o.gemm_k_unroll, b_next=b_next)
         return kc.program.require_helper(name, text)
