@@ -624,14 +624,15 @@ def test_no_column_tails_where_padding_is_cheaper(case, block):
     assert "long jt" not in src
 
 
-def test_stored_u_gemms_do_not_prefetch_v_same_bits(cache_dir):
-    """``winograd_prefetch_v`` (off by default): the GEMMs on the stored U read V without prefetching it (V[xi] is
-    the same for every panel, in L1); on, they prefetch it ``gemm_prefetch`` steps ahead (``_pf<steps>`` in the
-    micro-kernel's name) as before. The GEMMs computing U from the weights prefetch V either way. The same bits."""
+def test_stored_u_gemms_without_the_v_prefetch_same_bits(cache_dir):
+    """``winograd_prefetch_v=False``: the GEMMs on the stored U read V without prefetching it (V[xi] is the same for
+    every panel); on (the default), they prefetch it ``gemm_prefetch`` steps ahead (``_pf<steps>`` in the
+    micro-kernel's name). The GEMMs computing U from the weights prefetch V either way. The same bits."""
     g, plan = _one_block_f4()
-    base = CodegenOptions(**UFW, **WIDE_HOST)
+    base = CodegenOptions(**UFW, **WIDE_HOST, winograd_prefetch_v=False)
     off = generate(g, plan, options=base).source
     on = generate(g, plan, options=base.with_(winograd_prefetch_v=True)).source
+    assert on == generate(g, plan, options=CodegenOptions(**UFW, **WIDE_HOST)).source
     steps = base.gemm_prefetch
     stored = set(re.findall(r"(opfuse_ukr_\d+x\d+_packed_strided\w*)\(kb", off))
     assert stored and all(f"_pf{steps}" not in k for k in stored if "_bn" not in k)

@@ -658,14 +658,16 @@ class CodegenOptions:
     # (layer1, 1 thread -5% with it) to 9 MiB. The kernel's notes say which, with U's size.
     winograd_prefetch_min_bytes: int = 512 << 10
     # Whether the batched GEMMs on the stored U also prefetch their B (V, the transformed input, ``gemm_prefetch``
-    # k steps ahead) as the other GEMMs do. V[xi] is the same for every panel of output channels and stays in L1
-    # (16-32 KB), so the prefetch is a load slot a k step for nothing: on the AVX-512 host (resnet18, per-kernel
-    # medians of 25 rounds, an onnxruntime run between, both orders) off against on, 1 thread 17.56 -> 16.67 ms and
-    # 17.67 -> 16.92 (layer4's F(2x2) 1441-1500 -> 1211-1343 us, layer3's 0-12% less); 2 threads 10.19 -> 10.05
-    # and 10.11 -> 10.26 with every Winograd GEMM's off, 9.91 -> 9.95 with the GEMMs that compute U from the
-    # weights keeping theirs (they read V a chunk at a time, from L2), as now; yolo_block 1237 against 1238 us,
-    # resnet8 the same. Same bits.
-    winograd_prefetch_v: bool = False
+    # k steps ahead) as the other GEMMs do. V[xi] is the same for every panel of output channels (16-32 KB), so the
+    # prefetch looks like a load slot a k step for nothing, and off it measured faster in the fused resnet18 (AVX-512
+    # host, per-kernel medians of 25 rounds, an onnxruntime run between, both orders: 1 thread 17.56 -> 16.67 ms and
+    # 17.67 -> 16.92, layer4's F(2x2) 1441-1500 -> 1211-1343 us each; 2 threads 9.91 -> 9.95; yolo_block and resnet8
+    # unchanged). But the unfused build, whose three layer4 convolutions run through one function on their own U,
+    # went 1403 -> 1614, 1417 -> 1237 and 1425 -> 1582 us (15 rounds): without the prefetch each layer's time depends
+    # on where its U lies (in ``opfuse bench --groups`` the fused layer4 1233-1288 us against the unfused 1584-1606),
+    # a conflict not found yet. So on, as before; off for experiments. The GEMMs computing U from the weights
+    # prefetch V either way. Same bits.
+    winograd_prefetch_v: bool = True
     # In the region where the threads share one block's output channels (``winograd_shared_transform``: resnet18's
     # 14x14 layers, U 9.4 MB each), where U would be at least ``winograd_u_from_weights_min_bytes`` and at least
     # ``winograd_u_from_weights_min_ratio`` times the 3x3 weights (F(4x4): 4; F(2x2): 16/9), each thread computes
