@@ -206,7 +206,7 @@ def test_winograd_tail_panel(cout, note, cache_dir):
 def test_winograd_tail_panel_wide_host(cache_dir):
     """The AVX-512 host's one-zmm Winograd block: 34 channels in 12-row panels (the least padding) end in a
     10-row tail panel whose micro-kernel has the AVX-512 body (``_z``) and prefetches U as the others do
-    (``_pa``: 12288 bytes ahead over 10-float steps, 308 steps); its AVX2 body runs here."""
+    (``_pa``: 2048 bytes ahead over 10-float steps, 52 steps); its AVX2 body runs here."""
     from opfuse.runtime import reference
     from opfuse.runtime.native import build
     g, plan = _conv(32, 34, 12, 3)
@@ -215,7 +215,7 @@ def test_winograd_tail_panel_wide_host(cache_dir):
     m = build(g, plan, cache_dir=cache_dir, options=options, threads=1)
     src = m.program.source
     assert re.search(r"the last 10 of 34 channels in a 10x16 panel( \*/)?$", src, re.M)
-    assert re.search(r"opfuse_ukr_10x16_packed_strided\w*_pa308_z", src)
+    assert re.search(r"opfuse_ukr_10x16_packed_strided\w*_pa52_z", src)
     before = build(g, plan, cache_dir=cache_dir, options=options.with_(gemm_tail_panels=False), threads=1).run(feeds)
     got = m.run(feeds)
     for k in got:

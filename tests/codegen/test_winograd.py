@@ -338,27 +338,27 @@ def test_winograd_avx512_block_where_it_pads_no_more(hw, block, cache_dir):
 
 def test_transformed_weights_prefetched_ahead_same_bits(cache_dir):
     """``winograd_prefetch_u``: the batched GEMMs' micro-kernel prefetches the packed U that many bytes
-    ahead (``_pa`` and the k steps in its name: 12288 bytes over panels of 16 rows are 192 steps) where U
+    ahead (``_pa`` and the k steps in its name: 2048 bytes over panels of 16 rows are 32 steps) where U
     has ``winograd_prefetch_min_bytes`` or more (here 36 x 256 x 64 floats, 2304 KiB: prefetched by
     default, not with a 4 MiB minimum), the kernel's notes saying which; 0 emits none, nor does the plain C99
     build (simd="none": its C is the same whatever the option). A prefetch reads
     nothing into a register: the same bits either way, at 1 and 2 threads (a single 14x14 block, split by
     output channels for 2)."""
     from opfuse.codegen.microkernel import microkernel
-    on_name, on = microkernel(16, 16, "packed", "strided", avx512=True, a_prefetch=192)
+    on_name, on = microkernel(16, 16, "packed", "strided", avx512=True, a_prefetch=32)
     off_name, off = microkernel(16, 16, "packed", "strided", avx512=True)
-    assert on_name.endswith("_pa192_z") and off_name == on_name.replace("_pa192", "")
-    assert "_mm_prefetch((const char*)(ak + 3072), _MM_HINT_T0);" in on
+    assert on_name.endswith("_pa32_z") and off_name == on_name.replace("_pa32", "")
+    assert "_mm_prefetch((const char*)(ak + 512), _MM_HINT_T0);" in on
     assert "_mm_prefetch((const char*)(ak + " not in off
     g, plan = conv_block(1, 64, 256, 14, 14, [1, 1, 1, 1])
     prefetch = "_mm_prefetch((const char*)(ak + "
     # the AVX-512 host's 16 x 16 block (256 channels, unpadded); AVX2's 6 x 16 ends them in a 4-row tail panel
     # (unpadded too; 258 rows, 2322 KiB, without tail panels)
     for options, fetched, note in (
-            (CodegenOptions(**WIDE_HOST), True, "U (2304 KiB) prefetched 12288 bytes ahead"),
-            (CodegenOptions(vector_isa="avx2"), True, "U (2304 KiB) prefetched 12288 bytes ahead"),
+            (CodegenOptions(**WIDE_HOST), True, "U (2304 KiB) prefetched 2048 bytes ahead"),
+            (CodegenOptions(vector_isa="avx2"), True, "U (2304 KiB) prefetched 2048 bytes ahead"),
             (CodegenOptions(vector_isa="avx2", gemm_tail_panels=False), True,
-             "U (2322 KiB) prefetched 12288 bytes ahead"),
+             "U (2322 KiB) prefetched 2048 bytes ahead"),
             (CodegenOptions(**WIDE_HOST, winograd_prefetch_min_bytes=4 << 20), False,
              "U (2304 KiB) not prefetched (winograd_prefetch_min_bytes=4194304)"),
             (CodegenOptions(winograd_prefetch_u=0), False, "U not prefetched (winograd_prefetch_u=0)")):

@@ -650,8 +650,13 @@ class CodegenOptions:
     # Zen 5 host (resnet18, per-kernel medians of 20 interleaved rounds, SCHED_FIFO, load 5-6, others' memory
     # traffic beside it), the ten Winograd kernels against 0: 12288 bytes 1 thread -12%, 2 threads -19%;
     # 2-4 KB (64 k steps), 4096 and 24576 bytes gained about as much (each against 0; 4096 and 24576 against
-    # 12288 within 3%). Same bits.
-    winograd_prefetch_u: int = 12288
+    # 12288 within 3%). On the AVX-512 (Sapphire Rapids-class) host 2048 bytes, 32 k steps of a 16-row panel: the
+    # prefetched lines 12288 bytes ahead, three to each L1 set, crowd out V[xi] (32 KB in layer4), which the next
+    # panel reads again. resnet18 (per-kernel medians of 15 interleaved rounds, an onnxruntime run between), 2048
+    # against 12288: fused 1 thread 17.43 -> 16.11 and 17.12 -> 16.06 ms, 2 threads 9.96 -> 9.60 (layer4's F(2x2)
+    # 1459-1489 -> 1104-1143 us at 1 thread, 820-834 -> 698-733 at 2; layer3's F(4x4) 853-930 -> 754-805), the
+    # unfused build 17.82 -> 16.58 and 10.28 -> 9.87; 4096 about half as good, 1024 between, 0 1.22x. Same bits.
+    winograd_prefetch_u: int = 2048
     # ... where U is at least this many bytes (packed, output channels padded to the register block): a smaller U
     # (resnet8's 36-256 KiB, yolo_block's 36 KiB) stays in the caches from one run to the next, and the prefetch
     # would be one more instruction a k step for nothing (there within +-2% either way); resnet18's are 576 KiB
