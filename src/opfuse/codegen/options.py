@@ -670,8 +670,9 @@ class CodegenOptions:
     # unchanged). But the unfused build, whose three layer4 convolutions run through one function on their own U,
     # went 1403 -> 1614, 1417 -> 1237 and 1425 -> 1582 us (15 rounds): without the prefetch each layer's time depends
     # on where its U lies (in ``opfuse bench --groups`` the fused layer4 1233-1288 us against the unfused 1584-1606),
-    # a conflict not found yet. So on, as before; off for experiments. The GEMMs computing U from the weights
-    # prefetch V either way. Same bits.
+    # the U lines prefetched 12288 bytes ahead crowding V out of L1 (``winograd_prefetch_u``, now 2048, with which
+    # off measured no better: fused 16.29 against 16.47 ms, unfused 16.75 against 16.83). So on; off for
+    # experiments. The GEMMs computing U from the weights prefetch V either way. Same bits.
     winograd_prefetch_v: bool = True
     # In the region where the threads share one block's output channels (``winograd_shared_transform``: resnet18's
     # 14x14 layers, U 9.4 MB each), where U would be at least ``winograd_u_from_weights_min_bytes`` and at least
