@@ -353,7 +353,7 @@ def _int_combo(coeffs, terms: list[str], vec: str | None) -> str:
     """``sum_i coeffs[i] * terms[i]`` (integer powers of two, the first nonzero positive), left to right, in
     scalar C (``vec`` None) or the intrinsics of prefix ``vec`` ("_mm512"): the same operations, the same bits."""
     acc = ""
-    assert next(c for c in coeffs if c != 0) > 0, coeffs
+    assert next((c for c in coeffs if c != 0), 1) > 0, coeffs
     for c, x in zip(coeffs, terms, strict=True):
         if c == 0:
             continue
