@@ -682,9 +682,11 @@ class CodegenOptions:
     # streaming U from memory: about a sixth more arithmetic (F(4x4): ~113 vector operations a channel and panel
     # against the GEMMs' 576 multiply-adds). One thread streams the stored U, computed the same way in float32
     # (``filter_transform_float32``), so every thread count gives the same bits (within a few ulp of the float64 U).
-    # resnet18 at 2 threads: layer3's three 556-567 -> 472-478 us; at 1 thread computing U measured 3-8% slower with
-    # the caches as ``opfuse bench`` leaves them (15% faster with them flushed), and layer4's F(2x2) slower at both
-    # (1450 -> 1720 us, 830 -> 880): hence one thread and the ratio. Numbers in the README.
+    # resnet18 at 2 threads: layer3's three 556-567 -> 472-478 us with the 12 KB U prefetch of before, 525-534 ->
+    # 514-523 with 2048 bytes (571-595 -> 506-523 with the caches flushed, the C harness); at 1 thread computing U
+    # measured 3-8% slower with the caches as ``opfuse bench`` leaves them (15% faster with them flushed), and
+    # layer4's F(2x2) slower at both (1450 -> 1720 us, 830 -> 880): hence one thread and the ratio. Numbers in the
+    # README.
     winograd_u_from_weights: bool = True
     winograd_u_from_weights_min_bytes: int = 4 << 20
     winograd_u_from_weights_min_ratio: float = 3.0

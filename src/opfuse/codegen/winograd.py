@@ -600,8 +600,8 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
     OCp = -(-OC // MR) * MR
     T = _tiles_per_block(o, C, OCp, tiles, nimg, alpha, Q)
     # A block's last panel of tiles short of NR: LANES-wide panels (16, then 8 tiles) on narrower micro-kernels
-    # (``winograd_column_tails``) instead of a whole NR-tile panel of padding (resnet18's 28x28 layers: 49 tiles in
-    # blocks of 32, 64 computed; 56x56: 196, 224).
+    # (``winograd_column_tails``) where that takes fewer k steps than one padded NR-tile panel (resnet18's 56x56
+    # layers: the last 4 of 196 tiles on 8 x 8; its 28x28 ones leave 24 and stay padded).
     col_tails = _column_tails(MR, NR, wide, tiles - (-(-tiles // T) - 1) * T) if o.winograd_column_tails else []
     QT = LANES if col_tails else Q  # a block's tiles rounded up to this
     nblk = -(-tiles // T)
@@ -858,7 +858,7 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
 
             # 2. alpha^2 GEMMs on the micro-kernel: M[xi] = U[xi] @ V[xi].
             xi, pc, kb, jr, ir = (kc.tmp(n) for n in ("xi", "pc", "kb", "jr", "ir"))
-            fw = from_weights and shared
+            fw = from_weights and shared  # ``shared``: this emission is the threads' region (one thread streams U)
             if fw:  # per MR-channel panel and chunk of input channels: their U from the weights, then the GEMMs
                 up = kc.tmp("Up")
                 w.line(f"float* restrict {up} = {kc.scratch_ptr('float', off_u)};")
