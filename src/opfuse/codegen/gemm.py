@@ -607,11 +607,12 @@ def emit_epilogue(kc, ev, stage: Stage, p: GemmProblem, acc: str, b: str, m: str
 
 
 def register_epilogue(kc, ev, stage: Stage, p: GemmProblem, MR: int,
-                      NR: int) -> tuple[str, Value, Value | None, int] | None:
-    """``(epilogue, stored value, column bias or None, output row stride)`` where the micro-kernel finishes and
-    stores the output itself (``microkernel.EPILOGUES``: row bias, Relu; a MatMul's column bias: an Add of a
-    constant along N first, ``_column_bias``) instead of the tile epilogue: one output, the
-    anchor's or its Relu's, stored with unit stride along n, or along m by the transposed store
+                      NR: int) -> tuple[str, Value, Value | None, int, Value | None] | None:
+    """``(epilogue, stored value, column bias or None, output row stride, residual or None)`` where the micro-kernel
+    finishes and stores the output itself (``microkernel.EPILOGUES``: row bias, Relu; a MatMul's column bias: an Add
+    of a constant along N first, ``_column_bias``; then a residual's Add, ``_residual``, with
+    ``CodegenOptions.gemm_residual_epilogue``) instead of the tile epilogue: one output, the
+    anchor's or its last op's, stored with unit stride along n, or along m by the transposed store
     (``GemmProblem.store_ld``), no merged siblings, array accumulators; a part block (past M or N)
     goes through the C tile and the epilogue. The tile then never goes through the C tile after its
     last K block, nor through the epilogue's loads: mobilenet_v1's pw1 (K = 32) spent a fifth of its
@@ -632,7 +633,12 @@ def register_epilogue(kc, ev, stage: Stage, p: GemmProblem, MR: int,
     ld = p.store_ld if p.store_ld is not None else p.bias_store_ld if col_bias is not None else None
     if ld is None:
         return None
-    if len(ops) > 1 or (ops and ops[0].input(0) is not (p.out if col_bias is None else stage.epilogue[0].outputs[0])):
+    value = p.out if col_bias is None else stage.epilogue[0].outputs[0]  # the accumulator, with its bias
+    residual = _residual(kc, ev, p, ops[0], value) if ops and o.gemm_residual_epilogue and o.vector_isa != "neon" \
+        and p.out_contiguous == "n" else None
+    if residual is not None:  # acc (+ bias) + res, in registers before the activation
+        value, ops = ops[0].outputs[0], ops[1:]
+    if len(ops) > 1 or (ops and ops[0].input(0) is not value):
         return None
     code: str | None = ""
     if ops:
@@ -642,9 +648,13 @@ def register_epilogue(kc, ev, stage: Stage, p: GemmProblem, MR: int,
             code = None
     if code is None:
         return None
-    final = ops[0].outputs[0] if ops else stage.epilogue[0].outputs[0] if col_bias is not None else p.out
+    final = ops[0].outputs[0] if ops else value
     if [id(v) for v in stage.outputs] != [id(final)] or final.dtype != np.float32 or id(final) in ev.static:
         return None
+    if residual is not None:
+        if any(a.value in (final.name, residual.name) and a.kind == "concat" for a in kc.program.memory.aliases):
+            return None  # rows inside a wider Concat's: not laid out as the output
+        code = "a" + code
     if p.row_bias is not None:
         arr = ev.static.get(id(p.row_bias))
         if arr is None or arr.ndim != 1:
@@ -654,7 +664,25 @@ def register_epilogue(kc, ev, stage: Stage, p: GemmProblem, MR: int,
         if any(a.value == final.name and a.kind == "concat" for a in kc.program.memory.aliases):
             return None  # rows inside a wider Concat's: not ``ld`` floats apart
         code = "c" + code
-    return code, final, col_bias, ld
+    return code, final, col_bias, ld, residual
+
+
+def _residual(kc, ev, p: GemmProblem, add, value: Value) -> Value | None:
+    """The residual of ``add`` = ``value + res`` (either order) where ``res`` is a float32 tensor of the output's
+    shape (no broadcast) in memory (a group input or a value stored earlier: ``in_memory``), not a constant; else
+    None. Its element ``(b, m, n)`` then lies at the output's offset. The output may be stored over it (the memory
+    plan's in-place pair, ``memory/inplace.py``: only where the product does not read it): every element is read
+    before the micro-kernel stores over it."""
+    if add.op_type != "Add" or len(add.inputs) != 2 or value not in add.inputs:
+        return None
+    others = [v for v in add.inputs if v is not value]
+    if len(others) != 1:
+        return None
+    res = others[0]
+    if res.dtype != np.float32 or tuple(res.shape) != tuple(value.shape) or tuple(add.outputs[0].shape) != \
+            tuple(value.shape) or not in_memory(ev, res) or kc.program.memory.is_static(res):
+        return None
+    return res
 
 
 def _column_bias(ev, p: GemmProblem, add) -> Value | None:
@@ -771,8 +799,10 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
     if direct is not None and stage.anchor_node is not None:
         op, approximate, _ = ACTIVATIONS.get(direct[0][-1:], ("Relu" if "r" in direct[0] else "", None, None))
         act = f"{op} ({'erf' if approximate == 'none' else approximate})" if approximate else op
-        what = " and ".join((["bias"] if "b" in direct[0] or "c" in direct[0] else []) + ([act] if act else []))
-        what = f"{what} applied and stored" if act else "bias added and stored" if what else "stored"
+        terms = (["bias"] if "b" in direct[0] or "c" in direct[0] else []) + \
+            (["residual"] if "a" in direct[0] else []) + ([act] if act else [])
+        what = ", ".join(terms[:-1]) + " and " + terms[-1] if len(terms) > 1 else "".join(terms)
+        what = f"{what} applied and stored" if act else f"{what} added and stored" if what else "stored"
         kc.note(lambda name: f"GEMM '{name}': output {what} by the micro-kernel", stage.anchor_node)
     if direct is not None:
         _require_activation(kc, direct[0])
@@ -1054,7 +1084,9 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
                         bias = f"{kc.static_ptr(direct[2])} + {n0} + {jr}"
                     out = f"{kc.ptr(direct[1], write=True)} + " \
                           f"{p.out_index(b, f'{m0} + {ir}', f'{n0} + {jr}').offset()}"
-                    call = f"{store}({cargs}, {bias}, {out}, {direct[3]});"
+                    res = "" if direct[4] is None else \
+                        f", {kc.ptr(direct[4])} + {p.out_index(b, f'{m0} + {ir}', f'{n0} + {jr}').offset()}"
+                    call = f"{store}({cargs}, {bias}, {out}, {direct[3]}{res});"
                     last = [f"{pc} + {kb} >= {K}"] if KC < K else []
                     inside = ([f"{m0} + {ir} + {MR} <= {M}"] if M % MR and not tails else []) + \
                         ([f"{n0} + {jr} + {NR} <= {N}"] if N % NR else [])

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 
 import numpy as np
 
@@ -84,6 +85,10 @@ SIGNATURE = ("(long kc, const float* restrict a, const float* const* restrict ar
 # ``transposed`` form adds ``bias[j]`` (a column's) and stores ``y`` to ``out[j * ldo + i]``: a GEMM of
 # positions x channels (a convolution over its windows) whose output runs along the positions.
 SIGNATURE_STORE = SIGNATURE[:-1] + ", const float* restrict bias, float* restrict out, long ldo)"
+# The storing variant with a residual (an epilogue code with "a"): after the bias, ``y = res[i * ldo + j] + y``, the
+# residual laid out as the output; ``res`` may be ``out`` itself (a residual Add done in place), so neither is
+# restrict-qualified (every element is read before it is stored, by the same statement's operands).
+SIGNATURE_RESIDUAL = SIGNATURE[:-1] + ", const float* restrict bias, float* out, long ldo, const float* res)"
 # Either signature with ``b_next``: after ``load_c``, ``bnl`` lines of 16 floats from ``bn`` (a part of the next
 # packed B panel the caller will read, or of the next panel's 3x3 weights of a Winograd convolution computing U from
 # them) prefetched into L2 while the block is computed, one line every ``b_next`` k steps.
@@ -106,8 +111,10 @@ GELU_TANH_SCALE, GELU_TANH_CUBE = 2 * math.sqrt(2 / math.pi), 0.044715
 
 
 def valid_epilogue(epi: str) -> bool:
-    """An epilogue code: ``EPILOGUES``, or an optional bias ("b" or "c") then one letter of ``ACTIVATIONS``."""
-    return epi in EPILOGUES or (epi[-1:] in ACTIVATIONS and epi[:-1] in ("", "b", "c"))
+    """An epilogue code: an optional bias ("b" a row's, "c" a column's), an optional residual ("a": ``res``'s
+    element added, ``SIGNATURE_RESIDUAL``), then an optional Relu ("r") or one letter of ``ACTIVATIONS``: the
+    ``EPILOGUES`` and their forms with a residual or an activation."""
+    return re.fullmatch(f"[bc]?a?[r{''.join(ACTIVATIONS)}]?", epi) is not None
 
 
 def activation(epi: str, y: str, isa: str | None = None) -> str:
@@ -131,12 +138,15 @@ def activation(epi: str, y: str, isa: str | None = None) -> str:
     return p("mul_ps", y, f"{f}({y})") if op == "Silu" and helper == SIGMOID else f"{f}({y})"
 
 
-def _finish_plain(epi: str, value: str, i: str) -> list[str]:
-    """Plain C of the storing variant's epilogue on ``value`` (bias index ``i``): the same operations, in
-    the same order, as the generated epilogue (``acc + bias``, then ``y < 0 ? 0 : y``), so the bits agree."""
+def _finish_plain(epi: str, value: str, i: str, at: str = "") -> list[str]:
+    """Plain C of the storing variant's epilogue on ``value`` (bias index ``i``; ``at``: the element's offset in
+    ``res``): the same operations, in the same order, as the generated epilogue (``acc + bias``, the residual's
+    ``res + y``, then ``y < 0 ? 0 : y``), so the bits agree."""
     lines = [f"float y = {value};"]
     if "b" in epi or "c" in epi:
         lines.append(f"y = y + bias[{i}];")
+    if "a" in epi:
+        lines.append(f"y = res[{at}] + y;")
     if "r" in epi:
         lines.append("y = (y < 0.0f ? 0.0f : y);")
     if epi[-1:] in ACTIVATIONS:
@@ -243,10 +253,9 @@ def _plain(mr: int, nr: int, a: str, b: str, epi: str | None = None, transposed:
                   f"    for (int i = 0; i < {mr}; ++i) {{ {' '.join(_finish_plain(epi, 'acc[i][j]', 'j'))} "
                   "out[j * ldo + i] = y; }"]
     else:
-        bi = "j" if "c" in epi else "i"
+        finish = " ".join(_finish_plain(epi, "acc[i][j]", "j" if "c" in epi else "i", "i * ldo + j"))
         lines += [f"  for (int i = 0; i < {mr}; ++i)",
-                  f"    for (int j = 0; j < {nr}; ++j) {{ {' '.join(_finish_plain(epi, 'acc[i][j]', bi))} "
-                  "out[i * ldo + j] = y; }"]
+                  f"    for (int j = 0; j < {nr}; ++j) {{ {finish} out[i * ldo + j] = y; }}"]
     return lines
 
 
@@ -353,6 +362,8 @@ def _vector_body(isa: str, mr: int, nr: int, a: str, b: str, prefetch: int = 0, 
                 y = f"{ps}_add_ps({y}, bias{i})"
             if "c" in epi:
                 y = f"{ps}_add_ps({y}, cbias{v})"
+            if "a" in epi:
+                y = f"{ps}_add_ps({ps}_loadu_ps(res + {i0 + i} * ldo + {j0 + v * width}), {y})"
             if "r" in epi:
                 y = f"{ps}_max_ps(zero, {y})"
             at = f"out + {i0 + i} * ldo + {j0 + v * width}"
@@ -615,7 +626,8 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
     registers (the Cortex-M7: gcc -O2 keeps the array in memory, a load and a store per
     multiply-add); each accumulator gets the same products in the same order.
     ``epilogue`` (one of ``EPILOGUES``; None: C is stored): the storing variant (``SIGNATURE_STORE``),
-    which finishes the block in registers and stores it to ``out`` (row bias, Relu); not with
+    which finishes the block in registers and stores it to ``out`` (row bias, Relu; with "a" in the code the
+    residual ``res`` laid out as ``out``, possibly ``out`` itself: ``SIGNATURE_RESIDUAL``); not with
     ``scalar_accumulators``. ``transposed`` (with ``epilogue``): column bias, stored to
     ``out[j * ldo + i]`` (``_store_transposed``). ``a_step`` (with ``a="koff"``): row ``i``'s window is
     ``ar[0] + i * a_step`` (``_window_rows``); only ``ar[0]`` is read. ``neon`` (the build for aarch64,
@@ -636,6 +648,7 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
     assert epilogue is None or (valid_epilogue(epilogue) and not scalar_accumulators), (epilogue, scalar_accumulators)
     assert not (neon and epilogue and epilogue[-1] in ACTIVATIONS), "the AdvSIMD bodies apply no activation"
     assert not (epilogue and "c" in epilogue and (neon or transposed)), "a column bias: x86, along the rows only"
+    assert not (epilogue and "a" in epilogue and (neon or transposed)), "a residual: x86, along the rows only"
     assert not (a == "koff" and b == "koff"), "one offset table per micro-kernel"
     wide = simd == "auto" and avx512 and fits_avx512(mr, nr)
     assert not a_step or a == "koff", "a row step is the window access's"
@@ -653,7 +666,7 @@ def microkernel(mr: int, nr: int, a: str = "packed", b: str = "packed", simd: st
     assert not transposed or epilogue is not None, "the transposed store is the storing variant's"
     if epilogue is not None:
         fn += f"_st{'t' if transposed else ''}{epilogue}"
-        sig, unused = SIGNATURE_STORE, unused + " (void)bias; (void)ldc;"
+        sig, unused = SIGNATURE_RESIDUAL if "a" in epilogue else SIGNATURE_STORE, unused + " (void)bias; (void)ldc;"
     if b_next:
         sig, unused = sig.replace("int load_c", "int load_c" + NEXT_PARAMS), unused + " (void)bn; (void)bnl;"
     if b_copy:

@@ -263,6 +263,12 @@ class CodegenOptions:
     # ``microkernel.EPILOGUES`` "c"). bert_layer's QKV projection and its FFN's MatMul + bias + Gelu were
     # finished through the C tile (128 x 224-256 floats, from L2) after the last micro-kernel call.
     gemm_column_bias_epilogue: bool = True
+    # ... also where the epilogue adds a residual after the bias (an Add of a float32 tensor of the output's shape,
+    # stored in memory laid out as the output, which may be its own buffer: the Add done in place), then at most one
+    # activation: the micro-kernel loads the residual's vectors and adds them in registers (x86, along the rows;
+    # ``microkernel`` epilogue code "a"). ppocr_cls's 1x1 Conv 88 -> 16 + Add groups went through the C tile, a
+    # copy-packed B and the vector epilogue and measured 1.24-1.30x their Conv and Add unfused.
+    gemm_residual_epilogue: bool = True
     # Which activations the storing micro-kernel may apply after its bias (``microkernel.ACTIVATIONS``): "all", or
     # "cheap" (Relu and the erf Gelu's table only: the exp-based Sigmoid, SiLU, Tanh and tanh Gelu go through the C
     # tile and the vector epilogue), or "auto": "all" with AVX-512's 32 registers, "cheap" with AVX2's 16, where the
