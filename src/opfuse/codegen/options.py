@@ -269,6 +269,15 @@ class CodegenOptions:
     # ``microkernel`` epilogue code "a"). ppocr_cls's 1x1 Conv 88 -> 16 + Add groups went through the C tile, a
     # copy-packed B and the vector epilogue and measured 1.24-1.30x their Conv and Add unfused.
     gemm_residual_epilogue: bool = True
+    # The float32 constants a product reads (the weights and biases of Conv, ConvTranspose, Gemm, MatMul, after
+    # BatchNorm folding) are generated with their subnormal values (0 < |w| < 2^-126) as zeros of the same sign
+    # (``weights.flush_subnormals``; counted in the build report's ``subnormal_weights_flushed``). x86 multiplies a
+    # subnormal operand in microcode (a floating-point assist, ~100 cycles an instruction outside the DAZ mode),
+    # and trained weights hold some (weight decay drives unused ones toward 0): ppocr_rec's squeeze-excitation 1x1
+    # convolutions (480 -> 120 and 240 -> 64 on one position, 0.1 MFLOP) took 1030 and 260 us, with them flushed
+    # 22 and 11 (the model 12.5 -> 11.3 ms, 1 thread). A product of one with a finite float is below 2^-126 times
+    # that float: onnxruntime's outputs on ppocr_rec are the same bits with them flushed. Off: stored as they are.
+    flush_subnormal_weights: bool = True
     # Which activations the storing micro-kernel may apply after its bias (``microkernel.ACTIVATIONS``): "all", or
     # "cheap" (Relu and the erf Gelu's table only: the exp-based Sigmoid, SiLU, Tanh and tanh Gelu go through the C
     # tile and the vector epilogue), or "auto": "all" with AVX-512's 32 registers, "cheap" with AVX2's 16, where the

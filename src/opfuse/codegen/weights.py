@@ -54,6 +54,26 @@ class WeightsBlob:
                 f"{body}\n}};\n")
 
 
+# The products whose constant operands (weights, biases) ``flush_subnormal_weights`` stores flushed.
+PRODUCT_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+
+
+def flush_subnormals(array: np.ndarray) -> tuple[np.ndarray, int]:
+    """``(array with its subnormal float32 values replaced by zeros of their sign, how many there were)``; the array
+    itself where there are none (``CodegenOptions.flush_subnormal_weights``)."""
+    if array.dtype != np.float32:
+        return array, 0
+    bits = np.ascontiguousarray(array).view(np.uint32)
+    magnitude = bits & np.uint32(0x7FFFFFFF)
+    sub = (magnitude != 0) & (magnitude < np.uint32(0x00800000))
+    count = int(np.count_nonzero(sub))
+    if not count:
+        return array, 0
+    out = bits.copy()
+    out[sub] &= np.uint32(0x80000000)
+    return out.view(np.float32).reshape(array.shape), count
+
+
 def _initializer_lines(words: np.ndarray) -> str:
     """``words`` as C initializer lines, ``_WORDS_PER_LINE`` a line: ``  0x0000002au, 0x...u,``.
 

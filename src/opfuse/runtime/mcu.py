@@ -231,6 +231,7 @@ def mcu_report(program: CProgram, compile_report: Mapping | None = None, built: 
         "scratch_bytes_max": max((k.scratch_bytes for k in program.kernels), default=0),
         "scratch_growth_bytes": program.mcu.scratch.growth_bytes,
         "weights_bytes": weights,
+        "subnormal_weights_flushed": program.subnormals_flushed,
         "code_bytes": lib.text - weights if lib is not None else None,
         "flash_bytes": lib.flash if lib is not None else weights,
         "flash_note": ("code and weights, as arm-none-eabi-gcc builds them" if lib is not None else

@@ -388,6 +388,7 @@ class CompiledModel:
                         "split_loops": len(k.parallel), "one_thread": k.one_thread} for k in p.kernels],
             "threads": self._threads,
             "weights_bytes": len(p.weights),
+            "subnormal_weights_flushed": p.subnormals_flushed,
             "scratch_bytes_per_thread": p.scratch_stride,
             "source_bytes": len(p.source),
             "compiler": self.toolchain.identity,
