@@ -183,6 +183,9 @@ DEQUANTIZED = {  # case -> (qconv parameters, the host GEMM takes it)
     "grouped-no-bias-tanh": ({"group": 2, "cin": 6, "cout": 10, "bias": False, "dequantized": "Tanh"}, True),
     "pairs-wide-weights": ({"wmax": 30000, "cin": 4, "cout": 6, "dequantized": "Relu"}, True),
     "dw-refused": ({"group": 6, "cin": 6, "cout": 6, "dequantized": "Sigmoid"}, False),
+    # one output element: every index of the epilogue a constant, its temporaries scoped per call (a drawn 1 x 1
+    # quantized Conv + Sigmoid reused them in a later block and in the #else branch: "'t34' undeclared")
+    "one-element-sigmoid": ({"k": 1, "pad": 0, "cin": 8, "cout": 1, "hw": (1, 1), "dequantized": "Sigmoid"}, True),
 }
 
 

@@ -388,9 +388,14 @@ def test_quantized_products_are_drawn_and_run_on_the_integer_kernels(kind):
 
 
 def _drawn_product(wanted, max_examples: int = 3000):
-    """The first graph of ``quantized_product`` that ``wanted`` accepts."""
+    """The first graph of ``quantized_product`` that ``wanted`` accepts, drawn from seeded runs (seed 0, then 1, ...
+    where one finds none): the same graph every time. Unseeded, a Conv -> MaxPool -> Conv chain was missing from 3000
+    draws in about one run of six."""
+    from random import Random
+
     from hypothesis import find, settings
     from hypothesis import strategies as st
+    from hypothesis.errors import NoSuchExample
 
     from opfuse.ir.graph import Graph
     from opfuse.testing.fuzz_cases import _quantized_product
@@ -400,7 +405,13 @@ def _drawn_product(wanted, max_examples: int = 3000):
         g = Graph("q")
         _quantized_product(draw, g)
         return g
-    return find(made(), wanted, settings=settings(database=None, max_examples=max_examples))
+    drawing = settings(database=None, max_examples=max_examples)
+    for seed in range(8):
+        try:
+            return find(made(), wanted, settings=drawing, random=Random(seed))
+        except NoSuchExample:
+            continue
+    raise AssertionError("no drawn graph is wanted in eight seeded runs")
 
 
 def _chain_end(g):

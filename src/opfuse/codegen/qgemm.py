@@ -318,7 +318,13 @@ def host_int8_conv_applies(kc, ev, stage: Stage) -> tuple[QInput, QEpilogue] | N
             _need(not (node.input(0).shape[1] // G == 1 and node.outputs[0].shape[1] // G == 1),
                   "a dequantizing epilogue on a depthwise convolution (only the GEMM takes it)")
         if not (len(stage.outputs) == 1 and stage.outputs[0] is ep.out):
-            ep.finish = lambda idx, expr: finish_element(kc, ev, stage, ep.out, idx, expr)
+            def finish(idx: Index, expr: str) -> None:
+                # Each call's temporaries in a scope of their own: its C block closes after it, and an output whose
+                # every index is a constant (one element) would otherwise find them in a later block, or in the
+                # ``#else`` branch (a drawn 1 x 1 quantized Conv + Sigmoid: "'t34' undeclared").
+                with ev.scope():
+                    finish_element(kc, ev, stage, ep.out, idx, expr)
+            ep.finish = finish
             ep.outputs = tuple(stage.outputs)
             what, row = ("dequantization to float", "dequantized") if ep.scale is not None else \
                 ("Requantize", "requantized")
