@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cg_support import assert_close
+from cg_support import assert_close, same_bits
 from opfuse.codegen import CodegenOptions, generate
 from opfuse.ir.plan import FusionGroup, FusionPlan
 from opfuse.ops import GraphBuilder
@@ -67,11 +67,6 @@ def _matmul(act: str | None):
     return g, FusionPlan(g, [FusionGroup("g", list(g.nodes), "gemm_epilogue", g.nodes[0])])
 
 
-def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    nan = np.isnan(a)
-    return bool(np.array_equal(nan, np.isnan(b)) and np.array_equal(a[~nan].view(np.uint32), b[~nan].view(np.uint32)))
-
-
 def _feeds(g):
     feeds = reference.random_inputs(g, 0)
     feeds["x"] = feeds["x"] * 3  # both signs after the Add: the Relu clamps some
@@ -90,7 +85,7 @@ def _check_bits(g, plan, code: str, extra: dict, cache_dir) -> None:
         for threads in (1, 2):
             got = build(g, plan, cache_dir=cache_dir, options=options, threads=threads).run(feeds)
             for name in want:
-                assert _same_bits(got[name], want[name]), (isa, threads, name)
+                assert same_bits(got[name], want[name]), (isa, threads, name)
 
 
 @pytest.mark.parametrize("act,attrs,code", [(None, {}, "stba("), ("Relu", {}, "stbar("),
@@ -121,7 +116,7 @@ def test_residual_in_the_plain_c99_build(act, cache_dir):
     assert ("stbar(" if act else "stba(") in generate(g, plan, options=plain).source
     want = build(g, plan, cache_dir=cache_dir, options=CodegenOptions(simd="none", **OFF)).run(feeds)
     got = build(g, plan, cache_dir=cache_dir, options=plain).run(feeds)
-    assert all(_same_bits(got[k], want[k]) for k in want)
+    assert all(same_bits(got[k], want[k]) for k in want)
     assert_close(got, reference.run(g, feeds))
 
 
