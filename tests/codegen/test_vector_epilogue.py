@@ -309,9 +309,10 @@ def test_a_bias_along_the_loop_keeps_the_scalar_loop(act, cache_dir):
              b.const("bias", rng.standard_normal(32).astype(np.float32)), name="conv")
     g = b.build(y if act is None else b.op(act, y, alpha=0.2, beta=0.5))
     if act is None:  # alone: over its windows, the tile along the channels (its one row a padded panel: with a
-        # tail panel of one row, ``gemm.tail_panels``, the micro-kernel adds the bias and stores it instead)
+        # tail panel of one row, ``gemm.tail_panels``, or the one position's 1 x NR block, ``gemm_gemv_nr``, the
+        # micro-kernel adds the bias and stores it instead)
         plan = FusionPlan(g, [FusionGroup("g", list(g.nodes), "single")])
-        _check(g, plan, cache_dir, {"gemm_tail_panels": False}, vectorised=False,
+        _check(g, plan, cache_dir, {"gemm_tail_panels": False, "gemm_gemv_nr": 0}, vectorised=False,
                refused="its bias varies along the loop")
         feeds = _feeds(g)
         got = build(g, plan, cache_dir=cache_dir, options=CodegenOptions(vector_isa="avx2"), threads=1).run(feeds)
