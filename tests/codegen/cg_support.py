@@ -199,3 +199,18 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     """The same float32 bits element by element, any NaN equal to any NaN."""
     nan = np.isnan(a)
     return bool(np.array_equal(nan, np.isnan(b)) and np.array_equal(a[~nan].view(np.uint32), b[~nan].view(np.uint32)))
+
+
+def assert_plain_storing_kernel(graph: Graph, plan, feeds: dict, marker: str, off: dict, cache_dir) -> None:
+    """The plain C99 build (``simd="none"``) generates the storing micro-kernel ``marker`` (e.g. ``"stba("``) and
+    gives the bits of the same build with the options ``off`` (the C tile's epilogue), within tolerance of the
+    reference."""
+    from opfuse.codegen import CodegenOptions, generate
+    from opfuse.runtime import reference
+    from opfuse.runtime.native import build
+    plain = CodegenOptions(simd="none")
+    assert marker in generate(graph, plan, options=plain).source
+    want = build(graph, plan, cache_dir=cache_dir, options=CodegenOptions(simd="none", **off)).run(feeds)
+    got = build(graph, plan, cache_dir=cache_dir, options=plain).run(feeds)
+    assert all(same_bits(got[k], want[k]) for k in want)
+    assert_close(got, reference.run(graph, feeds))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cg_support import assert_close
+from cg_support import assert_close, assert_plain_storing_kernel
 from opfuse.codegen import CodegenOptions, generate
 from opfuse.ir.plan import FusionGroup, FusionPlan
 from opfuse.ops import GraphBuilder
@@ -64,13 +64,7 @@ def test_column_bias_in_the_plain_c99_build(act, cache_dir):
     """The plain C99 build's storing micro-kernel adds the column bias too (and a Relu; no other activation there):
     the C tile's bits of the same build."""
     g, plan = _graph(act)
-    feeds = reference.random_inputs(g, 0)
-    plain = CodegenOptions(simd="none")
-    assert ("stcr(" if act else "stc(") in generate(g, plan, options=plain).source
-    want = build(g, plan, cache_dir=cache_dir, options=CodegenOptions(simd="none", **OFF)).run(feeds)
-    got = build(g, plan, cache_dir=cache_dir, options=plain).run(feeds)
-    assert all(_same_bits(got[k], want[k]) for k in want)
-    assert_close(got, reference.run(g, feeds))
+    assert_plain_storing_kernel(g, plan, reference.random_inputs(g, 0), "stcr(" if act else "stc(", OFF, cache_dir)
 
 
 @pytest.mark.parametrize("case", ["bias_along_m", "portable"])

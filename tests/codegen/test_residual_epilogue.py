@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cg_support import assert_close, same_bits
+from cg_support import assert_close, assert_plain_storing_kernel, same_bits
 from opfuse.codegen import CodegenOptions, generate
 from opfuse.ir.plan import FusionGroup, FusionPlan
 from opfuse.ops import GraphBuilder
@@ -111,13 +111,7 @@ def test_matmul_column_bias_and_residual_in_registers(act, code, cache_dir):
 def test_residual_in_the_plain_c99_build(act, cache_dir):
     """The plain C99 build's storing micro-kernel adds the residual too: the C tile's bits of the same build."""
     g, plan = _conv(act, inplace=True)
-    feeds = _feeds(g)
-    plain = CodegenOptions(simd="none")
-    assert ("stbar(" if act else "stba(") in generate(g, plan, options=plain).source
-    want = build(g, plan, cache_dir=cache_dir, options=CodegenOptions(simd="none", **OFF)).run(feeds)
-    got = build(g, plan, cache_dir=cache_dir, options=plain).run(feeds)
-    assert all(same_bits(got[k], want[k]) for k in want)
-    assert_close(got, reference.run(g, feeds))
+    assert_plain_storing_kernel(g, plan, _feeds(g), "stbar(" if act else "stba(", OFF, cache_dir)
 
 
 def _broadcast():

@@ -406,16 +406,24 @@ class Blocking:
     KC: int
 
 
+def single_row_widths(o) -> list[int]:
+    """The NRs a 1 x NR micro-kernel may take with the intrinsics (``CodegenOptions.gemm_gemv_nr``): the multiples of
+    8 up to ``gemm_gemv_nr`` that fit the registers; none without the intrinsics or with ``gemm_gemv_nr`` 0."""
+    if o.simd != "auto" or not o.gemm_gemv_nr:
+        return []
+    return [w for w in range(YMM_FLOATS, o.gemm_gemv_nr + 1, YMM_FLOATS) if fits_avx2(1, w)
+            or (o.vector_isa == "avx512" and fits_avx512(1, w)) or (o.vector_isa == "neon" and fits_neon(1, w))]
+
+
 def register_block(p: GemmProblem, o) -> tuple[int, int]:
     """The micro-kernel's MR x NR: the problem's own if it asks for one; for a single row with the
     intrinsics 1 x ``gemm_gemv_nr`` (``CodegenOptions.gemm_gemv_nr``), or N rounded up to whole
     vectors where that is narrower (a panel no wider than the row); else the options'."""
     if p.register_block:
         return p.register_block
-    if p.M == 1 and o.simd == "auto" and o.gemm_gemv_nr:
+    if p.M == 1:
         nr = min(o.gemm_gemv_nr, _round_up(p.N, YMM_FLOATS))
-        if fits_avx2(1, nr) or (o.vector_isa == "avx512" and fits_avx512(1, nr)) or \
-                (o.vector_isa == "neon" and fits_neon(1, nr)):
+        if nr in single_row_widths(o):
             return 1, nr
     return o.gemm_mr, o.gemm_nr
 
@@ -634,7 +642,7 @@ def register_epilogue(kc, ev, stage: Stage, p: GemmProblem, MR: int,
     if ld is None:
         return None
     value = p.out if col_bias is None else stage.epilogue[0].outputs[0]  # the accumulator, with its bias
-    residual = _residual(kc, ev, p, ops[0], value) if ops and o.gemm_residual_epilogue and o.vector_isa != "neon" \
+    residual = _residual(ev, ops[0], value) if ops and o.gemm_residual_epilogue and o.vector_isa != "neon" \
         and p.out_contiguous == "n" else None
     if residual is not None:  # acc (+ bias) + res, in registers before the activation
         value, ops = ops[0].outputs[0], ops[1:]
@@ -667,9 +675,9 @@ def register_epilogue(kc, ev, stage: Stage, p: GemmProblem, MR: int,
     return code, final, col_bias, ld, residual
 
 
-def _residual(kc, ev, p: GemmProblem, add, value: Value) -> Value | None:
+def _residual(ev, add, value: Value) -> Value | None:
     """The residual of ``add`` = ``value + res`` (either order) where ``res`` is a float32 tensor of the output's
-    shape (no broadcast) in memory (a group input or a value stored earlier: ``in_memory``), not a constant; else
+    shape (no broadcast) in memory (a group input or a value stored earlier, not a constant: ``in_memory``); else
     None. Its element ``(b, m, n)`` then lies at the output's offset. The output may be stored over it (the memory
     plan's in-place pair, ``memory/inplace.py``: only where the product does not read it): every element is read
     before the micro-kernel stores over it."""
@@ -680,7 +688,7 @@ def _residual(kc, ev, p: GemmProblem, add, value: Value) -> Value | None:
         return None
     res = others[0]
     if res.dtype != np.float32 or tuple(res.shape) != tuple(value.shape) or tuple(add.outputs[0].shape) != \
-            tuple(value.shape) or not in_memory(ev, res) or kc.program.memory.is_static(res):
+            tuple(value.shape) or not in_memory(ev, res):
         return None
     return res
 
