@@ -31,9 +31,9 @@ from typing import Sequence
 
 import numpy as np
 
-from opfuse.codegen.gemm import GemmProblem, Operand, RowAccess, in_memory, single_row_widths, tail_rows
+from opfuse.codegen.gemm import GemmProblem, Operand, RowAccess, in_memory, single_row_fits, tail_rows
 from opfuse.codegen.index import Index, add, delinearize, mul
-from opfuse.codegen.microkernel import fits_avx512
+from opfuse.codegen.microkernel import YMM_FLOATS, fits_avx512
 from opfuse.codegen.options import WINDOWS_MR_MAX
 
 
@@ -171,11 +171,11 @@ NARROW_BLOCK = (12, 8)
 
 def register_block(o, channels: int, positions: int, row: int = 0) -> tuple[int, int]:
     """MR x NR of the windows GEMM (positions x channels). One position (a squeeze-excitation block's 1x1
-    convolutions on the pooled vector), with the intrinsics: 1 x NR, NR one of ``gemm.single_row_widths`` (as the
-    GEMM's single row), the fewest panels, then the least padding, then the widest (120 channels: 3 panels of
-    40): the MR - 1 other rows of MR x NR repeated the one position's work, and their part block went through the
-    C tile (ppocr_rec's squeeze-excitation convolutions 4.7-18.1 against 5.9-22.9 us, 1 thread, kernel timers, 25
-    rounds).
+    convolutions on the pooled vector), with the intrinsics: 1 x NR, NR a multiple of 8 up to ``gemm_gemv_nr``
+    that ``gemm.single_row_fits`` (as the GEMM's single row), the fewest panels, then the least padding, then the
+    widest (120 channels: 3 panels of 40): the MR - 1 other rows of MR x NR repeated the one position's work, and
+    their part block went through the C tile (ppocr_rec's squeeze-excitation convolutions 4.7-18.1 against
+    5.9-22.9 us, 1 thread, kernel timers, 25 rounds).
     Its A (the positions) is never packed at build time, so MR is free: with the AVX-512 block, the MR from
     ``windows_mr_min`` up to ``windows_mr_max`` (within the zmm registers) that pads the positions least, the larger
     on a tie (7x7: 49 positions in 7 rows of 7 instead of 7 of 8; 14x14: 196 in 14 rows of 14 where the
@@ -187,7 +187,8 @@ def register_block(o, channels: int, positions: int, row: int = 0) -> tuple[int,
     def key(mr: int) -> tuple[int, bool, int]:
         return -(-positions // mr) * mr, bool(row) and row % mr != 0, -mr
 
-    widths = single_row_widths(o) if positions == 1 else []  # one position (a pooled squeeze-excitation)
+    widths = [n for n in range(YMM_FLOATS, o.gemm_gemv_nr + 1, YMM_FLOATS) if single_row_fits(o, n)] \
+        if positions == 1 else []  # one position (a pooled squeeze-excitation)
     if widths:  # the fewest panels, then the least padding, then the widest
         return 1, min(widths, key=lambda n: (-(-channels // n), -(-channels // n) * n, -n))
     if channels <= NARROW_BLOCK[1] < o.gemm_nr:

@@ -406,13 +406,13 @@ class Blocking:
     KC: int
 
 
-def single_row_widths(o) -> list[int]:
-    """The NRs a 1 x NR micro-kernel may take with the intrinsics (``CodegenOptions.gemm_gemv_nr``): the multiples of
-    8 up to ``gemm_gemv_nr`` that fit the registers; none without the intrinsics or with ``gemm_gemv_nr`` 0."""
-    if o.simd != "auto" or not o.gemm_gemv_nr:
-        return []
-    return [w for w in range(YMM_FLOATS, o.gemm_gemv_nr + 1, YMM_FLOATS) if fits_avx2(1, w)
-            or (o.vector_isa == "avx512" and fits_avx512(1, w)) or (o.vector_isa == "neon" and fits_neon(1, w))]
+def single_row_fits(o, nr: int) -> bool:
+    """Whether a 1 x ``nr`` micro-kernel runs with the intrinsics under these options (``CodegenOptions.gemm_gemv_nr``
+    on; ``nr`` within the ISA's registers): the single row's block, a GEMM's with M = 1 or a convolution's over
+    one position (``conv_windows.register_block``)."""
+    return o.simd == "auto" and bool(o.gemm_gemv_nr) and nr > 0 and (
+        fits_avx2(1, nr) or (o.vector_isa == "avx512" and fits_avx512(1, nr))
+        or (o.vector_isa == "neon" and fits_neon(1, nr)))
 
 
 def register_block(p: GemmProblem, o) -> tuple[int, int]:
@@ -423,7 +423,7 @@ def register_block(p: GemmProblem, o) -> tuple[int, int]:
         return p.register_block
     if p.M == 1:
         nr = min(o.gemm_gemv_nr, _round_up(p.N, YMM_FLOATS))
-        if nr in single_row_widths(o):
+        if single_row_fits(o, nr):
             return 1, nr
     return o.gemm_mr, o.gemm_nr
 
