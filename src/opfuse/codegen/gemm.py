@@ -919,7 +919,8 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
         kc.parallel_for(2 * M * N * K, costs=part * split)
         head = f"for (long {t} = 0; {t} < (nt > 1 ? {MT * split} : {MT}); ++{t})"
     else:
-        kc.parallel_for(2 * p.nb * M * N * K, costs=tile_costs(M, N, MC, NC, MR, NR) * p.nb)
+        kc.parallel_for(2 * p.nb * M * N * K, costs=tile_costs(M, N, MC, NC, MR, NR) * p.nb,
+                        contiguous=MT == 1 or NT == 1)
         head = f"for (long {t} = 0; {t} < {tiles}; ++{t})"
     with w.block(head):
         b, mt, nt_ = kc.tmp("b"), kc.tmp("mt"), kc.tmp("nt")

@@ -30,6 +30,9 @@ from opfuse.ir.graph import Value
 from opfuse.ir.plan import FusionGroup
 
 SCRATCH_ALIGN = 64  # bytes between scratch regions of one kernel (cache-line aligned tiles)
+# A loop marked ``contiguous`` (``KernelContext.parallel_for``) keeps static blocks where they give every thread
+# count of ``CodegenOptions.balance_threads`` at least this efficiency (speed-up / threads).
+STATIC_MIN_EFFICIENCY = 0.95
 _LOOP_HEAD = re.compile(r"\s*for \(long (\w+) = 0; \1 < (\d+); \+\+\1\)")
 # Every kernel is a function of its own (``OPFUSE_KERNEL``), never inlined into ``opfuse_run``. Inlined,
 # each kernel's ``restrict`` parameters still describe only its own body, but gcc 12.2 at -O3 let the
@@ -102,7 +105,8 @@ class KernelContext:
         self.scratch_bytes = 0
         self.scratch_guards: list[tuple[int, int]] = []  # (offset, bytes) with ``CodegenOptions.scratch_guard_bytes``
         self.uses_threads = False
-        self._parallel: list[tuple[int, int, int, tuple[float, ...]]] = []  # (pragma's line, work, collapse, costs)
+        # (pragma's line, work, collapse, costs, static where its blocks are balanced)
+        self._parallel: list[tuple[int, int, int, tuple[float, ...], bool]] = []
         self.loops: list[ParallelLoop] = []  # the parallel loops written (``_schedules``)
         # (id(node), message) -> (node position, flag, fault code)
         self.faults: dict[tuple[int, str], tuple[int, str, int]] = {}
@@ -188,31 +192,41 @@ class KernelContext:
         return hit[1]
 
     # Parallel loops -----------------------------------------------------------------------
-    def parallel_for(self, work: int, collapse: int = 1, costs: Sequence[float] = ()) -> None:
+    def parallel_for(self, work: int, collapse: int = 1, costs: Sequence[float] = (), contiguous: bool = False) -> None:
         """Mark the next loop to split across threads, if ``work`` (elementary operations) is worth them: a
         pragma in OpenMP's syntax that ``outline.py`` turns into a function on the program's thread pool
         (the microcontroller drops it). Its schedule is chosen once the loop is written (``_schedules``).
-        ``costs``: each iteration's relative cost, where they differ (``ParallelLoop``)."""
+        ``costs``: each iteration's relative cost, where they differ (``ParallelLoop``). ``contiguous``: consecutive
+        iterations write consecutive runs of the output (a GEMM's tiles along the positions or the channels of
+        an NCHW tensor), so that static blocks keep each thread's part of the tensor in one place (``_schedules``)."""
         if work < self.program.options.parallel_min_work:
             return
         self.uses_threads = True
         col = f" collapse({collapse})" if collapse > 1 else ""
-        self._parallel.append((len(self.w.lines), work, collapse, tuple(costs)))
+        self._parallel.append((len(self.w.lines), work, collapse, tuple(costs), contiguous))
         self.w.line(f"OPFUSE_PRAGMA(omp parallel for num_threads(nt) {STATIC_CLAUSE}{col} if(nt > 1))")
 
     def _schedules(self) -> None:
         """One iteration at a time (``schedule(dynamic, 1)``) for a loop of ``n`` iterations each worth
         at least ``parallel_dynamic_min_work`` (see ``CodegenOptions``); static chunks otherwise."""
         lines = self.w.lines
-        for at, work, collapse, costs in self._parallel:
+        o = self.program.options
+        for at, work, collapse, costs, contiguous in self._parallel:
             head = _LOOP_HEAD.match(lines[at + 1]) if at + 1 < len(lines) else None
-            if collapse == 1 and head and work // int(head.group(2)) >= self.program.options.parallel_dynamic_min_work:
+            if collapse == 1 and head and work // int(head.group(2)) >= o.parallel_dynamic_min_work \
+                    and not (contiguous and o.parallel_static_contiguous and self._balanced(int(head.group(2)), costs)):
                 lines[at] = lines[at].replace(STATIC_CLAUSE, DYNAMIC_CLAUSE)
             heads = [_LOOP_HEAD.match(ln) for ln in lines[at + 1:at + 1 + collapse]]
             iterations = math.prod(int(h.group(2)) for h in heads if h) if all(heads) else len(costs)
             schedule = "dynamic" if DYNAMIC_CLAUSE in lines[at] else "static"
             self.loops.append(ParallelLoop(iterations, work, schedule, costs))
         self._parallel.clear()
+
+    def _balanced(self, iterations: int, costs: Sequence[float]) -> bool:
+        """Whether static blocks of the loop keep every thread count of ``balance_threads`` at least
+        ``STATIC_MIN_EFFICIENCY`` busy (speed-up / threads, ``ParallelLoop.speedup``)."""
+        loop = ParallelLoop(iterations, 0, "static", tuple(costs))
+        return all(loop.speedup(t) / t >= STATIC_MIN_EFFICIENCY for t in self.program.options.balance_threads if t > 1)
 
     # Assembly -----------------------------------------------------------------------------
     def signature(self) -> str:

@@ -585,6 +585,11 @@ class CodegenOptions:
     # leave one thread idle. Lighter iterations (elements, rows, planes) keep static chunks: no
     # atomic per iteration. Threads never change results: every iteration is independent.
     parallel_dynamic_min_work: int = 1 << 15
+    # ... except a GEMM's tiles along one side (``gemm``: consecutive tiles write consecutive runs of the
+    # output) whose static blocks are balanced (``kernel.STATIC_MIN_EFFICIENCY``): those stay static, so
+    # each thread writes one contiguous part of every output plane and the next kernel reads long runs
+    # from each core's cache, not runs of a tile's width from alternate cores.
+    parallel_static_contiguous: bool = True
     # Winograd convolution (``codegen/winograd.py``) for 3x3, stride-1, dilation-1, ungrouped
     # float32 convolutions with constant weights. "auto": where profitable by the rule below
     # (and never in the plain C99 build, simd="none", whose results stay those of the direct
