@@ -226,6 +226,11 @@ def lower_attention(kc, ev, stage: Stage, analysis: GroupAnalysis) -> None:
     nb = math.prod(batch)
     ukr, MR, NR = require_outlined_microkernel(kc)
     ukr_set, _, _ = require_outlined_microkernel(kc, load_c=False)  # St = K @ Qt: no memset first
+    o = kc.program.options
+    if o.vector_isa == "avx512" and o.attention_vector_width_512 and o.simd == "auto" and o.platform == "host":
+        kc.wide_vectors()
+        kc.note(lambda name: f"attention '{name}': gcc's own loops 512 bits wide (attention_vector_width_512)",
+                mm1)
     exp = vecmath.require(kc.program, vecmath.EXP_NONPOS)
     # Key blocks start on MR-panel boundaries of the packed K; a short key range is one block, in one pass.
     one_pass = T <= kc.program.options.attention_one_pass_max_keys

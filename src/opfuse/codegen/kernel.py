@@ -33,6 +33,16 @@ SCRATCH_ALIGN = 64  # bytes between scratch regions of one kernel (cache-line al
 # A loop marked ``contiguous`` (``KernelContext.parallel_for``) keeps static blocks where they give every thread
 # count of ``CodegenOptions.balance_threads`` at least this efficiency (speed-up / threads).
 STATIC_MIN_EFFICIENCY = 0.95
+# A kernel whose loops gcc may vectorise 512 bits wide (``KernelContext.vector_512``): the macro before its
+# functions' storage class, and its definition (GCC only; where the compiler's target has AVX-512F).
+VECTOR_512 = "OPFUSE_VECTOR_512"
+VECTOR_512_C = f"""\
+#if defined(__GNUC__) && !defined(__clang__) && defined(__AVX512F__)
+#define {VECTOR_512} __attribute__((target("prefer-vector-width=512")))
+#else
+#define {VECTOR_512}
+#endif
+"""
 _LOOP_HEAD = re.compile(r"\s*for \(long (\w+) = 0; \1 < (\d+); \+\+\1\)")
 # Every kernel is a function of its own (``OPFUSE_KERNEL``), never inlined into ``opfuse_run``. Inlined,
 # each kernel's ``restrict`` parameters still describe only its own body, but gcc 12.2 at -O3 let the
@@ -105,6 +115,7 @@ class KernelContext:
         self.scratch_bytes = 0
         self.scratch_guards: list[tuple[int, int]] = []  # (offset, bytes) with ``CodegenOptions.scratch_guard_bytes``
         self.uses_threads = False
+        self.vector_512 = False  # the kernel's functions carry ``VECTOR_512`` (``wide_vectors``)
         # (pragma's line, work, collapse, costs, static where its blocks are balanced)
         self._parallel: list[tuple[int, int, int, tuple[float, ...], bool]] = []
         self.loops: list[ParallelLoop] = []  # the parallel loops written (``_schedules``)
@@ -191,6 +202,12 @@ class KernelContext:
             self.faults[key] = hit
         return hit[1]
 
+    def wide_vectors(self) -> None:
+        """Let gcc vectorise this kernel's loops (the kernel's function and its parallel loops') 512 bits wide:
+        ``VECTOR_512`` before their storage class, defined once in the program (``VECTOR_512_C``)."""
+        self.vector_512 = True
+        self.program.require_helper(VECTOR_512, VECTOR_512_C)
+
     # Parallel loops -----------------------------------------------------------------------
     def parallel_for(self, work: int, collapse: int = 1, costs: Sequence[float] = (), contiguous: bool = False) -> None:
         """Mark the next loop to split across threads, if ``work`` (elementary operations) is worth them: a
@@ -236,7 +253,8 @@ class KernelContext:
             args.append(f"{const}{p.ctype}* restrict {p.name}")
         args += ["char* restrict scratch", "int nt"]
         result = "int" if self.faults else "void"
-        return f"OPFUSE_KERNEL static {result} {self.name}({', '.join(args)})"
+        wide = f"{VECTOR_512} " if self.vector_512 else ""
+        return f"OPFUSE_KERNEL {wide}static {result} {self.name}({', '.join(args)})"
 
     def _fault_flags(self) -> tuple[str, str]:
         """(declarations, returns) of the fault flags (the parallel loops reduce them: ``outline.py``)."""
@@ -269,6 +287,8 @@ class KernelContext:
                                 [f for _, f, _ in sorted(self.faults.values())])
             lines = outliner.run(self.w.lines)
             helpers = "".join(outliner.functions)
+            if self.vector_512:
+                helpers = helpers.replace("OPFUSE_KERNEL static void ", f"OPFUSE_KERNEL {VECTOR_512} static void ")
             unused = "  (void)scratch; (void)nt;\n  const int opfuse_tid = 0; (void)opfuse_tid;\n"
         body = "\n".join(lines) + "\n"
         return f"{helpers}{self.signature()} {{\n{unused}{decl}{body}{returns}}}\n"

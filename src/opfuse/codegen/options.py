@@ -376,6 +376,16 @@ class CodegenOptions:
     # tile per query block keeps the threads busy, each packing K and V again. bert_layer (12 heads, 2
     # blocks of 64 queries), the kernel alone at 1 thread: packing K and V took ~110 of ~775 us.
     attention_min_tiles: int = 8
+    # The attention kernel and its parallel loops' functions are compiled with GCC's
+    # ``target("prefer-vector-width=512")`` where the vector ISA is AVX-512 (``kernel.VECTOR_512``): the loops gcc
+    # vectorises itself there (the softmax's bookkeeping, the packing of Q, K and V, the output through the
+    # epilogue) run in zmm, the rest of the program at 256 bits (``runtime.toolchain.AVX512_VECTOR_WIDTH_FLAGS``).
+    # The same bits: gcc reorders no floating-point sum without -ffast-math. None: on where the host's FMA pipes
+    # are zmm wide (``opfuse.targets.host_full_width_fma``), as ``depthwise_avx512``. Measured on bert_layer
+    # (Intel family 6 model 167 guest, 1 thread, kernel timers): inferences back to back (5 a round, 20 rounds;
+    # the C harness, 200) 586 -> 533 us (550-559 -> 498-516); one inference between other work (``opfuse bench``,
+    # ``bench_scaling.py --vs``, where the kernel takes 600-700 us) 674 -> 680, within noise; 2 threads: no change.
+    attention_vector_width_512: bool | None = None
     # Integer conv (``codegen/qconv.py``) with a fused epilogue: its dot products over at least this
     # many int16 pairs are called out of line (their SMLAD loop then does not spill beside the
     # epilogue's live values); shorter ones stay inline, where the call would cost more. Measured on
@@ -920,8 +930,8 @@ class CodegenOptions:
         """These options with ``vector_isa`` concrete ("host" -> ``host_isa``) and the register
         block filled in from it. The plain C build (simd="none") keeps the AVX2 block where none
         is given, so its results do not depend on the machine that generated it. ``full_width_fma``
-        (the host's, ``opfuse.targets.host_full_width_fma``) decides ``winograd_avx512``, ``windows_mr_max`` and
-        ``depthwise_avx512`` where they are None."""
+        (the host's, ``opfuse.targets.host_full_width_fma``) decides ``winograd_avx512``, ``windows_mr_max``,
+        ``depthwise_avx512`` and ``attention_vector_width_512`` where they are None."""
         isa = host_isa if self.vector_isa == "host" else self.vector_isa
         if self.simd == "none":
             isa = "avx2"
@@ -930,8 +940,10 @@ class CodegenOptions:
         windows_mr = (WINDOWS_MR_MAX_FULL_WIDTH if full_width_fma else WINDOWS_MR_MAX) \
             if self.windows_mr_max is None else self.windows_mr_max
         dw = full_width_fma if self.depthwise_avx512 is None else self.depthwise_avx512
+        aw = full_width_fma if self.attention_vector_width_512 is None else self.attention_vector_width_512
         return replace(self, vector_isa=isa, gemm_mr=self.gemm_mr or mr, gemm_nr=self.gemm_nr or nr,
-                       winograd_avx512=wino, windows_mr_max=windows_mr, depthwise_avx512=dw)
+                       winograd_avx512=wino, windows_mr_max=windows_mr, depthwise_avx512=dw,
+                       attention_vector_width_512=aw)
 
 
 ONE_THREAD = 1 << 62  # a ``parallel_min_work`` no loop reaches: every loop on one thread
