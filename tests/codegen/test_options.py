@@ -95,10 +95,11 @@ def test_resolved_names_a_concrete_isa_and_its_register_block(isa, host, want):
     assert (opts.gemm_mr, opts.gemm_nr) == REGISTER_BLOCKS[want]
     assert opts.winograd_avx512 is False  # None resolves to the host's FMA width, here not given: off
     assert opts.depthwise_avx512 is False  # likewise
+    assert opts.attention_vector_width_512 is False  # likewise
     # nothing else moved
     assert opts.windows_mr_max == 8  # None resolves to 14 where the FMA pipes are zmm-wide, here not given
     assert opts.with_(vector_isa=isa, gemm_mr=0, gemm_nr=0, winograd_avx512=None, windows_mr_max=None,
-                      depthwise_avx512=None) == CodegenOptions(vector_isa=isa)
+                      depthwise_avx512=None, attention_vector_width_512=None) == CodegenOptions(vector_isa=isa)
 
 
 @pytest.mark.parametrize("isa", ["host", "avx512", "neon"])
