@@ -225,7 +225,8 @@ class KernelContext:
 
     def _schedules(self) -> None:
         """One iteration at a time (``schedule(dynamic, 1)``) for a loop of ``n`` iterations each worth
-        at least ``parallel_dynamic_min_work`` (see ``CodegenOptions``); static chunks otherwise."""
+        at least ``parallel_dynamic_min_work`` (see ``CodegenOptions``), unless it is ``contiguous`` and its
+        static blocks are balanced (``parallel_static_contiguous``, ``_balanced``); static chunks otherwise."""
         lines = self.w.lines
         o = self.program.options
         for at, work, collapse, costs, contiguous in self._parallel:
@@ -253,8 +254,11 @@ class KernelContext:
             args.append(f"{const}{p.ctype}* restrict {p.name}")
         args += ["char* restrict scratch", "int nt"]
         result = "int" if self.faults else "void"
-        wide = f"{VECTOR_512} " if self.vector_512 else ""
-        return f"OPFUSE_KERNEL {wide}static {result} {self.name}({', '.join(args)})"
+        return f"OPFUSE_KERNEL {self._attributes()}static {result} {self.name}({', '.join(args)})"
+
+    def _attributes(self) -> str:
+        """What the kernel's functions carry before their storage class (``wide_vectors``)."""
+        return f"{VECTOR_512} " if self.vector_512 else ""
 
     def _fault_flags(self) -> tuple[str, str]:
         """(declarations, returns) of the fault flags (the parallel loops reduce them: ``outline.py``)."""
@@ -284,11 +288,9 @@ class KernelContext:
         else:
             params = [(f"{'' if p.writable else 'const '}{p.ctype}* restrict", p.name) for p in self.params.values()]
             outliner = Outliner(self.name, params + [("char* restrict", "scratch"), ("int", "nt")],
-                                [f for _, f, _ in sorted(self.faults.values())])
+                                [f for _, f, _ in sorted(self.faults.values())], self._attributes())
             lines = outliner.run(self.w.lines)
             helpers = "".join(outliner.functions)
-            if self.vector_512:
-                helpers = helpers.replace("OPFUSE_KERNEL static void ", f"OPFUSE_KERNEL {VECTOR_512} static void ")
             unused = "  (void)scratch; (void)nt;\n  const int opfuse_tid = 0; (void)opfuse_tid;\n"
         body = "\n".join(lines) + "\n"
         return f"{helpers}{self.signature()} {{\n{unused}{decl}{body}{returns}}}\n"

@@ -215,10 +215,12 @@ class Outliner:
     """Outlines the marked loops of one kernel: ``run(lines)`` gives the kernel's new lines, ``functions``
     the outlined functions' text (to be placed before the kernel)."""
 
-    def __init__(self, kernel: str, params: list[tuple[str, str]], faults: list[str]):
+    def __init__(self, kernel: str, params: list[tuple[str, str]], faults: list[str], attributes: str = ""):
+        """``attributes``: written before each outlined function's storage class, as before the kernel's."""
         self.kernel = kernel
         self.params = {name: decl for decl, name in params}  # name -> "const float* restrict"
         self.faults = faults
+        self.attributes = attributes
         self.functions: list[str] = []
 
     def _param(self, name: str) -> Local:
@@ -370,7 +372,7 @@ class Outliner:
         text = [f"/* {LOOP_COMMENT} {k} of {self.kernel} ({', '.join(what)}):",
                 *[f" *   {h.text}" for h in heads[:-1]], f" *   {heads[-1].text} */",
                 f"struct {ctx} {{", *fields, "};",
-                f"OPFUSE_KERNEL static void {fn}(void* arg_, long lo_, long hi_, int tid_) {{",
+                f"OPFUSE_KERNEL {self.attributes}static void {fn}(void* arg_, long lo_, long hi_, int tid_) {{",
                 f"  struct {ctx}* const c_ = (struct {ctx}*)arg_;",
                 "  const int opfuse_tid = tid_;",
                 "  (void)c_; (void)opfuse_tid;"]
