@@ -550,6 +550,26 @@ def test_u_from_weights_same_bits_on_every_thread_count(options, cache_dir):
             assert np.array_equal(one[k], got[k])
 
 
+def test_u_from_weights_prefetches_the_next_xi(cache_dir):
+    """``winograd_fw_prefetch_next_xi``: the GEMMs computing U from the weights prefetch, each k step, the row of V
+    the next call reads (the next xi's block, ``XV`` = C T + 16 floats on: 65 rows of T = 16 tiles for 64 input
+    channels), not ``gemm_prefetch`` rows on in the same xi; the GEMMs on the stored U keep theirs. The same bits
+    with the option off, at 2 threads."""
+    g, plan = _one_block_f4()
+    runs = {}
+    for on in (True, False):
+        o = CodegenOptions(**UFW, **WIDE_HOST, winograd_fw_prefetch_next_xi=on)
+        runs[on] = run_both(g, plan, cache_dir, options=o, threads=2)
+        src = runs[on][2].program.source
+        fw = re.findall(r"opfuse_ukr_\w+_pf(\d+)_\w*_bn\d+\(", src)
+        plain = re.findall(r"opfuse_ukr_16x16_packed_strided_pf(\d+)_z_u4(?:_pa\d+)?\(", src)
+        assert fw and set(fw) == ({"65"} if on else {str(o.gemm_prefetch)}), fw
+        assert plain and set(plain) == {str(o.gemm_prefetch)}, plain
+    assert_close(runs[True][0], runs[True][1])
+    for k in runs[True][0]:
+        assert np.array_equal(runs[True][0][k], runs[False][0][k])
+
+
 @pytest.mark.parametrize(("case", "options", "why"), [
     ((1, 64, 64, 14, 14), dict(winograd_u_from_weights=False), "off"),
     ((1, 64, 64, 14, 14), dict(winograd_u_from_weights_min_bytes=8 << 20), "U below the minimum"),
@@ -627,7 +647,8 @@ def test_no_column_tails_where_padding_is_cheaper(case, block):
 def test_stored_u_gemms_without_the_v_prefetch_same_bits(cache_dir):
     """``winograd_prefetch_v=False``: the GEMMs on the stored U read V without prefetching it (V[xi] is the same for
     every panel); on (the default), they prefetch it ``gemm_prefetch`` steps ahead (``_pf<steps>`` in the
-    micro-kernel's name). The GEMMs computing U from the weights prefetch V either way. The same bits."""
+    micro-kernel's name). The GEMMs computing U from the weights prefetch V either way (the next xi's rows,
+    ``winograd_fw_prefetch_next_xi``: 65 rows of 16 tiles on). The same bits."""
     g, plan = _one_block_f4()
     base = CodegenOptions(**UFW, **WIDE_HOST, winograd_prefetch_v=False)
     off = generate(g, plan, options=base).source
@@ -636,8 +657,9 @@ def test_stored_u_gemms_without_the_v_prefetch_same_bits(cache_dir):
     steps = base.gemm_prefetch
     stored = set(re.findall(r"(opfuse_ukr_\d+x\d+_packed_strided\w*)\(kb", off))
     assert stored and all(f"_pf{steps}" not in k for k in stored if "_bn" not in k)
-    assert any("_bn" in k and f"_pf{steps}" in k for k in stored)  # the U-from-weights kernel keeps it
-    assert all(f"_pf{steps}" in k for k in re.findall(r"(opfuse_ukr_\d+x\d+_packed_strided\w*)\(kb", on))
+    assert any("_bn" in k and "_pf65" in k for k in stored)  # the U-from-weights kernel keeps its own
+    assert all(f"_pf{steps}" in k for k in re.findall(r"(opfuse_ukr_\d+x\d+_packed_strided\w*)\(kb", on)
+               if "_bn" not in k)
     for threads in (1, 2):
         a, want, _ = run_both(g, plan, cache_dir, options=base, threads=threads)
         b, _, _ = run_both(g, plan, cache_dir, options=base.with_(winograd_prefetch_v=True), threads=threads)

@@ -723,6 +723,10 @@ class CodegenOptions:
     # ... a chunk of input channels at a time, as many (a multiple of 8) as keep the chunk's U within this many
     # bytes (L1: F(4x4) 16 channels, F(2x2) 40), each chunk's GEMMs right after its transform.
     winograd_u_chunk_bytes: int = 40 << 10
+    # The GEMMs computing U from the weights prefetch, at each k step, the row of V the next call (the next xi, same
+    # chunk of input channels) reads, instead of ``gemm_prefetch`` rows ahead in the same xi (rows of a chunk the
+    # panel's next chunks read, 36 calls later). Same bits.
+    winograd_fw_prefetch_next_xi: bool = True
     # A Winograd block's last panel of tiles short of the micro-kernel's NR runs on narrower micro-kernels (16, then
     # 8 tiles; ``winograd.lower_winograd``'s ``columns``) where they take fewer k steps than one padded NR-tile panel
     # (``winograd._column_tails``): resnet18's 56x56 layers are 196 tiles in blocks of 32, the last 4 now on 8 x 8

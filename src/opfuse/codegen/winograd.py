@@ -655,6 +655,8 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
         """Register the ``mr`` x ``nr`` micro-kernel of the GEMMs (U prefetched ``ahead`` bytes on, or with
         ``b_next`` U in scratch and the next panel's weights fetched); its name."""
         v_ahead = o.gemm_prefetch if b_next or o.winograd_prefetch_v else 0  # B (V): see winograd_prefetch_v
+        if b_next and o.winograd_fw_prefetch_next_xi and (C * T + 16) % T == 0:
+            v_ahead = (C * T + 16) // T  # rows of T floats: V[xi + 1]'s rows of this chunk (``XV`` on)
         name, text = microkernel(mr, nr, "packed", "strided", o.simd, v_ahead, o.gemm_scalar_accumulators,
                                  wide, neon=neon, a_prefetch=0 if b_next else -(-ahead // (4 * mr)),
                                  k_unroll=o.gemm_k_unroll, b_next=b_next)
