@@ -570,6 +570,28 @@ def test_u_from_weights_prefetches_the_next_xi(cache_dir):
         assert np.array_equal(runs[True][0][k], runs[False][0][k])
 
 
+@pytest.mark.parametrize("options", [dict(**WIDE_HOST), dict(vector_isa="avx2"), dict(simd="none")],
+                         ids=["avx512", "avx2", "portable"])
+def test_u_from_weights_row_groups_same_bits(options, cache_dir):
+    """``winograd_fw_row_groups``: the threads computing U from the weights take a row of U at a time (alpha = 6 of
+    the 36 xi of F(4x4)), each chunk of input channels transformed for that row alone (``emit_u_panel``'s ``row``)
+    and its six GEMMs right after, so one chunk loop per row where the option off has one for all 36 xi; the same
+    bits as off, at 2 and 3 threads, within the reference's tolerance."""
+    g, plan = _one_block_f4()
+    loops = {}
+    for on in (True, False):
+        o = CodegenOptions(**UFW, **options, winograd_fw_row_groups=on)
+        src = generate(g, plan, options=o).source
+        loops[on] = src.count("for (long wc_ = 0; wc_ < ")
+        for n in (2, 3):
+            got, want, _ = run_both(g, plan, cache_dir, options=o, threads=n)
+            assert_close(got, want)
+            if on:
+                ref, _, _ = run_both(g, plan, cache_dir, options=o.with_(winograd_fw_row_groups=False), threads=n)
+                assert all(np.array_equal(got[k], ref[k]) for k in got)
+    assert loops[False] >= 1 and loops[True] == 6 * loops[False], loops
+
+
 @pytest.mark.parametrize(("case", "options", "why"), [
     ((1, 64, 64, 14, 14), dict(winograd_u_from_weights=False), "off"),
     ((1, 64, 64, 14, 14), dict(winograd_u_from_weights_min_bytes=8 << 20), "U below the minimum"),

@@ -727,6 +727,12 @@ class CodegenOptions:
     # chunk of input channels) reads, instead of ``gemm_prefetch`` rows ahead in the same xi (rows of a chunk the
     # panel's next chunks read, 36 calls later). Same bits.
     winograd_fw_prefetch_next_xi: bool = True
+    # ... a row of U at a time (alpha of the alpha^2 xi, ``winograd.emit_u_panel``'s ``row``): per row, the chunks of
+    # input channels (their U within ``winograd_fw_group_chunk_bytes``), each chunk's alpha GEMMs right after; the
+    # row's M tiles, the chunk's U and its rows of V stay in L1, where all alpha^2 xi a chunk cycled M (36 KB), U and
+    # V through L2. The same arithmetic (a row's t-combinations serve that row alone), the same sums.
+    winograd_fw_row_groups: bool = True
+    winograd_fw_group_chunk_bytes: int = 8 << 10
     # A Winograd block's last panel of tiles short of the micro-kernel's NR runs on narrower micro-kernels (16, then
     # 8 tiles; ``winograd.lower_winograd``'s ``columns``) where they take fewer k steps than one padded NR-tile panel
     # (``winograd._column_tails``): resnet18's 56x56 layers are 196 tiles in blocks of 32, the last 4 now on 8 x 8

@@ -374,32 +374,35 @@ def _int_combo(coeffs, terms: list[str], vec: str | None) -> str:
     return acc
 
 
-def emit_u_panel(w, t: Transform, gp: str, up: str, kb: str, mr: int, stride: int, simd: str) -> None:
+def emit_u_panel(w, t: Transform, gp: str, up: str, kb: str, mr: int, stride: int, simd: str,
+                 row: int | None = None) -> None:
     """``U[xi][c][r] = (G g[r, c] G^T)[xi]`` for one panel of ``mr`` output channels and ``kb`` input channels,
     from the 3x3 weights packed ``gp[(c * 9 + a * 3 + b) * mr + r]``, into ``up[xi * stride + c * mr + r]``
-    (the micro-kernel's A panels, one per xi). As ``diag(s) P g P^T diag(s)`` (``integer_rows``): the integer
-    combinations first, then one multiply by ``s_i s_k`` rounded once to float32. 16 lanes at a time in AVX-512
-    where ``mr`` is a multiple of 16, else a constant-trip loop over the lanes; the same bits either way
-    (``u_from_weights_exact``)."""
+    (the micro-kernel's A panels, one per xi); ``row``: only the alpha xi ``row * alpha + k`` of that row of U, at
+    ``up[k * stride + c * mr + r]`` (the others need none of its arithmetic). As ``diag(s) P g P^T diag(s)``
+    (``integer_rows``): the integer combinations first, then one multiply by ``s_i s_k`` rounded once to float32.
+    16 lanes at a time in AVX-512 where ``mr`` is a multiple of 16, else a constant-trip loop over the lanes; the
+    same bits either way, and for every ``row`` (``u_from_weights_exact``)."""
     scales, P = integer_rows(t.G)
     alpha = t.alpha
     cc, lane, g9, uo = "wc_", "wl_", "wg_", "wu_"
+    rows = range(alpha) if row is None else [row]
 
     def body(vec: str | None, load, store) -> None:
         for k in range(9):
             w.line(f"const {'__m512' if vec else 'float'} g{k}_ = {load(f'{g9} + {k * mr}')};")
-        for i in range(alpha):  # t[i][b] = sum_a P[i][a] g[a][b]
+        for i in rows:  # t[i][b] = sum_a P[i][a] g[a][b]
             for b in range(3):
                 w.line(f"const {'__m512' if vec else 'float'} t{i}_{b}_ = "
                        f"{_int_combo(P[i], [f'g{a * 3 + b}_' for a in range(3)], vec)};")
-        for i in range(alpha):  # u[i][k] = s_i s_k sum_b t[i][b] P[k][b]
+        for i in rows:  # u[i][k] = s_i s_k sum_b t[i][b] P[k][b]
             for k in range(alpha):
                 e = _int_combo(P[k], [f"t{i}_{b}_" for b in range(3)], vec)
                 sc = scales[i] * scales[k]
                 if sc != 1:
                     lit = literal(float(sc), np.float32)
                     e = f"{vec}_mul_ps({vec}_set1_ps({lit}), {e})" if vec else f"{lit} * {e}"
-                store(f"{uo} + {(i * alpha + k) * stride}", e)
+                store(f"{uo} + {((i * alpha if row is None else 0) + k) * stride}", e)
 
     with w.block(f"for (long {cc} = 0; {cc} < {kb}; ++{cc})"):
         w.line(f"const float* restrict {g9} = {gp} + {cc} * {9 * mr};")
@@ -647,7 +650,10 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
     # one every ``g_step`` k steps (the micro-kernel's ``b_next``); ``jrs`` calls per xi.
     # ``CB`` input channels a chunk (``winograd_u_chunk_bytes``).
     jrs = -(-tiles // Q) * Q // NR
-    CB = max(8, o.winograd_u_chunk_bytes // (A2 * MR * 4) // 8 * 8)
+    # ``winograd_fw_row_groups``: a row of U at a time (alpha xi), each chunk's U and the row's M tiles in L1
+    groups = o.winograd_fw_row_groups
+    CB = max(8, (o.winograd_fw_group_chunk_bytes // (alpha * MR * 4) if groups else
+                 o.winograd_u_chunk_bytes // (A2 * MR * 4)) // 8 * 8)
     g_lines = -(-(C * 9 * MR // 16) // (-(-C // CB) * A2 * jrs))
     g_step = max(1, CB // g_lines)
 
@@ -872,18 +878,28 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
                     w.line(f"const float* {gn} = {gpack} + ({ir} / {MR} + ({gl} > 0)) * {C * 9 * MR};")
                     # CB input channels at a time: their U (alpha^2 x CB x MR floats) stays in L1 from the
                     # transform to the GEMMs; a whole panel's (0.5 MB) went to L2 and back, a line per store
-                    with w.block(f"for (long {pc} = 0; {pc} < {C}; {pc} += {CB})"):
-                        w.line(f"const long {kb} = {C} - {pc} < {CB} ? {C} - {pc} : {CB};")
-                        emit_u_panel(w, t, f"{gpack} + (({ir} / {MR}) * {C} + {pc}) * {9 * MR}", up, kb, MR,
-                                     XU, o.simd)
-                        with w.block(f"for (long {xi} = 0; {xi} < {A2}; ++{xi})"):
-                            def fw_call(jr: str, width: int) -> None:
-                                call = f"(({pc} / {CB}) * {A2 * jrs} + {xi} * {jrs} + {jr} / {NR})"
-                                w.line(f"{ukr_fw if width == NR else kernel(MR, g_step, width)}({kb}, "
-                                       f"{up} + {xi} * {XU}, 0, 0, {V} + {xi} * {XV} + {pc} * {T} + {jr}, {T}, "
-                                       f"{M} + {xi} * {XM} + {ir} * {T} + {jr}, {T}, {pc} > 0, "
-                                       f"{gn} + {call} * {16 * g_lines}, {gl});")
-                            columns(ntp, jr, fw_call)
+                    nch = -(-C // CB)
+                    for row in range(alpha) if groups else [None]:
+                        with w.block(f"for (long {pc} = 0; {pc} < {C}; {pc} += {CB})"):
+                            w.line(f"const long {kb} = {C} - {pc} < {CB} ? {C} - {pc} : {CB};")
+                            emit_u_panel(w, t, f"{gpack} + (({ir} / {MR}) * {C} + {pc}) * {9 * MR}", up, kb, MR,
+                                         XU, o.simd, row)
+                            # the row's xi: U at up + k * XU (a row) or up + xi * XU (all)
+                            first, count = (row * alpha, alpha) if row is not None else (0, A2)
+                            with w.block(f"for (long {xi} = {first}; {xi} < {first + count}; ++{xi})"):
+                                def fw_call(jr: str, width: int, row: int | None = row, first: int = first) -> None:
+                                    # the calls of a panel numbered in the order they run (each fetches its
+                                    # share of the next panel's weights)
+                                    call = f"(({pc} / {CB}) * {A2 * jrs} + {xi} * {jrs} + {jr} / {NR})" \
+                                        if row is None else \
+                                        f"(({row * nch} + {pc} / {CB}) * {alpha * jrs} + ({xi} - {first}) * {jrs} " \
+                                        f"+ {jr} / {NR})"
+                                    ua = f"{up} + {xi} * {XU}" if row is None else f"{up} + ({xi} - {first}) * {XU}"
+                                    w.line(f"{ukr_fw if width == NR else kernel(MR, g_step, width)}({kb}, "
+                                           f"{ua}, 0, 0, {V} + {xi} * {XV} + {pc} * {T} + {jr}, {T}, "
+                                           f"{M} + {xi} * {XM} + {ir} * {T} + {jr}, {T}, {pc} > 0, "
+                                           f"{gn} + {call} * {16 * g_lines}, {gl});")
+                                columns(ntp, jr, fw_call)
                     # this panel's outputs while its M is in the caches
                     output_transform(ir, f"({ir} + {MR} < {OC} ? {ir} + {MR} : {OC})")
             else:
