@@ -648,9 +648,9 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
 
     # With U from the weights: each GEMM call of a panel fetches ``g_lines`` lines of the next panel's weights,
     # one every ``g_step`` k steps (the micro-kernel's ``b_next``); ``jrs`` calls per xi.
-    # ``CB`` input channels a chunk (``winograd_u_chunk_bytes``).
+    # ``CB`` input channels a chunk: with ``winograd_fw_row_groups`` (a row of U, alpha xi, at a time: each chunk's
+    # U and the row's M tiles in L1) within ``winograd_fw_group_chunk_bytes``, else ``winograd_u_chunk_bytes``.
     jrs = -(-tiles // Q) * Q // NR
-    # ``winograd_fw_row_groups``: a row of U at a time (alpha xi), each chunk's U and the row's M tiles in L1
     groups = o.winograd_fw_row_groups
     CB = max(8, (o.winograd_fw_group_chunk_bytes // (alpha * MR * 4) if groups else
                  o.winograd_u_chunk_bytes // (A2 * MR * 4)) // 8 * 8)
@@ -717,7 +717,7 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
     off_y = kc.scratch(((R + 1) * m * YB + m) * 4)
     off_d = kc.scratch(2 * A2 * L * 4)
     XU = CB * MR + 16  # U from the weights: one xi's panel to the next (a line more, as XV and XM)
-    off_u = kc.scratch(A2 * XU * 4) if from_weights else 0
+    off_u = kc.scratch((alpha if groups else A2) * XU * 4) if from_weights else 0
     off_xo = kc.scratch(T * 8)
     off_yo = kc.scratch(T * 8)
 
@@ -876,27 +876,27 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
                     gn, gl = kc.tmp("gn"), kc.tmp("gl")
                     w.line(f"const int {gl} = {ir} + {MR} < {OCp} ? {g_lines} : 0;")
                     w.line(f"const float* {gn} = {gpack} + ({ir} / {MR} + ({gl} > 0)) * {C * 9 * MR};")
-                    # CB input channels at a time: their U (alpha^2 x CB x MR floats) stays in L1 from the
-                    # transform to the GEMMs; a whole panel's (0.5 MB) went to L2 and back, a line per store
+                    # CB input channels at a time: their U (alpha x CB x MR floats a row, alpha^2 x CB x MR without
+                    # the row groups) stays in L1 from the transform to the GEMMs; a whole panel's (0.5 MB) went to
+                    # L2 and back, a line per store
                     nch = -(-C // CB)
                     for row in range(alpha) if groups else [None]:
+                        # the xi this pass computes (a row, or all), U of xi ``first + k`` at ``up + k * XU``
+                        first, count = (row * alpha, alpha) if row is not None else (0, A2)
+                        rel = f"({xi} - {first})" if first else xi
                         with w.block(f"for (long {pc} = 0; {pc} < {C}; {pc} += {CB})"):
                             w.line(f"const long {kb} = {C} - {pc} < {CB} ? {C} - {pc} : {CB};")
                             emit_u_panel(w, t, f"{gpack} + (({ir} / {MR}) * {C} + {pc}) * {9 * MR}", up, kb, MR,
                                          XU, o.simd, row)
-                            # the row's xi: U at up + k * XU (a row) or up + xi * XU (all)
-                            first, count = (row * alpha, alpha) if row is not None else (0, A2)
                             with w.block(f"for (long {xi} = {first}; {xi} < {first + count}; ++{xi})"):
-                                def fw_call(jr: str, width: int, row: int | None = row, first: int = first) -> None:
-                                    # the calls of a panel numbered in the order they run (each fetches its
-                                    # share of the next panel's weights)
-                                    call = f"(({pc} / {CB}) * {A2 * jrs} + {xi} * {jrs} + {jr} / {NR})" \
-                                        if row is None else \
-                                        f"(({row * nch} + {pc} / {CB}) * {alpha * jrs} + ({xi} - {first}) * {jrs} " \
-                                        f"+ {jr} / {NR})"
-                                    ua = f"{up} + {xi} * {XU}" if row is None else f"{up} + ({xi} - {first}) * {XU}"
+                                def fw_call(jr: str, width: int, pass_: int = (row or 0) * nch, rel: str = rel,
+                                            count: int = count) -> None:
+                                    # the panel's calls numbered in the order they run (each fetches its share of
+                                    # the next panel's weights)
+                                    call = f"(({f'{pass_} + ' if pass_ else ''}{pc} / {CB}) * {count * jrs} + " \
+                                           f"{rel} * {jrs} + {jr} / {NR})"
                                     w.line(f"{ukr_fw if width == NR else kernel(MR, g_step, width)}({kb}, "
-                                           f"{ua}, 0, 0, {V} + {xi} * {XV} + {pc} * {T} + {jr}, {T}, "
+                                           f"{up} + {rel} * {XU}, 0, 0, {V} + {xi} * {XV} + {pc} * {T} + {jr}, {T}, "
                                            f"{M} + {xi} * {XM} + {ir} * {T} + {jr}, {T}, {pc} > 0, "
                                            f"{gn} + {call} * {16 * g_lines}, {gl});")
                                 columns(ntp, jr, fw_call)
