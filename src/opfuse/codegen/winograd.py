@@ -602,6 +602,9 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
     Q = math.lcm(NR, LANES)
     OCp = -(-OC // MR) * MR
     T = _tiles_per_block(o, C, OCp, tiles, nimg, alpha, Q)
+    # One GEMM operand (xi) to the next: a cache line more than its size, so the transforms'
+    # alpha^2 streams do not all fall in one L1 set (C * T floats is often a multiple of 4 KiB).
+    XV, XM = C * T + 16, OCp * T + 16
     # A block's last panel of tiles short of NR: LANES-wide panels (16, then 8 tiles) on narrower micro-kernels
     # (``winograd_column_tails``) where that takes fewer k steps than one padded NR-tile panel (resnet18's 56x56
     # layers: the last 4 of 196 tiles on 8 x 8; its 28x28 ones leave 24 and stay padded).
@@ -661,8 +664,8 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
         """Register the ``mr`` x ``nr`` micro-kernel of the GEMMs (U prefetched ``ahead`` bytes on, or with
         ``b_next`` U in scratch and the next panel's weights fetched); its name."""
         v_ahead = o.gemm_prefetch if b_next or o.winograd_prefetch_v else 0  # B (V): see winograd_prefetch_v
-        if b_next and o.winograd_fw_prefetch_next_xi and (C * T + 16) % T == 0:
-            v_ahead = (C * T + 16) // T  # rows of T floats: V[xi + 1]'s rows of this chunk (``XV`` on)
+        if b_next and o.winograd_fw_prefetch_next_xi and XV % T == 0:
+            v_ahead = XV // T  # rows of T floats: V[xi + 1]'s rows of this chunk
         name, text = microkernel(mr, nr, "packed", "strided", o.simd, v_ahead, o.gemm_scalar_accumulators,
                                  wide, neon=neon, a_prefetch=0 if b_next else -(-ahead // (4 * mr)),
                                  k_unroll=o.gemm_k_unroll, b_next=b_next)
@@ -708,9 +711,6 @@ def lower_winograd(kc, ev, stage: Stage, node, t: Transform, bias_term) -> None:
     gpack = kc.const_array(("winograd_gp", node.name, MR), pack_weights_panels(weights, MR), node.name + "_gp",
                            np.float32) if from_weights else ""
     mp = OCp // MR
-    # One GEMM operand (xi) to the next: a cache line more than its size, so the transforms'
-    # alpha^2 streams do not all fall in one L1 set (C * T floats is often a multiple of 4 KiB).
-    XV, XM = C * T + 16, OCp * T + 16
     off_v = kc.scratch(A2 * XV * 4)
     off_m = kc.scratch(A2 * XM * 4)
     off_band = kc.scratch((BR * BW + 8) * 4)  # + 8: the vector gather's last loads run past a row
