@@ -109,6 +109,26 @@ def test_band_staged_once_per_row_block(threads, cache_dir):
         assert np.array_equal(got[k], old[k])
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_packed_a_once_per_row_block(threads, cache_dir):
+    """A 1x1 convolution at 7x7 (its 49 positions packed as A, its 600 channels in tiles; 2 images): each thread
+    packs a row block's A once for its tiles (``gemm_reuse_packed_a``), the key set before the loop; the same bits
+    as a packing per tile."""
+    b = GraphBuilder("packed_a")
+    x = b.input("x", (2, 256, 7, 7))
+    y = b.op("Conv", x, _w(b, 600, 256, 1, 1), _w(b, 600), name="conv")
+    g = b.build(y)
+    plan = group_by_names(g, [("conv_epilogue", ["conv"])])
+    got, want, m = run_both(g, plan, cache_dir, threads=threads)
+    old, _, m0 = run_both(g, plan, cache_dir, threads=threads, options=CodegenOptions(gemm_reuse_packed_a=False))
+    skip = re.compile(r"!= b\w+ \* \d+ \+ mt\w+\) \{")
+    assert "apack" in m.program.source
+    assert skip.search(m.program.source) and not skip.search(m0.program.source)
+    assert_close(got, want)
+    for k in got:
+        assert np.array_equal(got[k], old[k])
+
+
 def test_portable_micro_kernels_match_the_avx2_ones(cache_dir):
     """The plain C99 build (what the Cortex-M7 uses) and the intrinsics build of one model agree
     with each other and with the reference. They are not bitwise equal: the intrinsics round

@@ -29,6 +29,8 @@ Other dtypes than float32 use a direct triple loop with the same prologue/epilog
 """
 from __future__ import annotations
 
+import contextlib
+
 import math
 from dataclasses import dataclass, replace
 from typing import Callable, Protocol, Sequence
@@ -911,6 +913,14 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
         th = kc.tmp("th")
         w.line(f"for (int {th} = 0; {th} < nt; ++{th}) "
                f"*(long*)(scratch + (size_t){th} * OPFUSE_SCRATCH_STRIDE + {off_key}) = -1;")
+    # The same for A packed per tile in one K block (``CodegenOptions.gemm_reuse_packed_a``): the next tile of the
+    # row block this thread packed last finds its panels in place.
+    off_akey = None
+    if off_a is not None and KC >= K and NT > 1 and o.gemm_reuse_packed_a and o.platform == "host":
+        off_akey = kc.scratch(8)
+        th = kc.tmp("th")
+        w.line(f"for (int {th} = 0; {th} < nt; ++{th}) "
+               f"*(long*)(scratch + (size_t){th} * OPFUSE_SCRATCH_STRIDE + {off_akey}) = -1;")
     if split:
         # On more than one thread, N in ``split`` parts, each thread's tiles in one part (static, N outermost):
         # each core streams its part of the weights only (``weights_split``); on one, the tiles above. The
@@ -989,10 +999,15 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
         with w.block(f"for (long {pc} = 0; {pc} < {K}; {pc} += {KC})"):
             w.line(f"const long {kb} = {_min_expr(f'{K} - {pc}', KC)};")
             if ap is not None:
-                if p.pack_a is not None:
-                    p.pack_a.pack(kc, ap, b, m0, mc, pc, kb, MR, tails)
-                else:
-                    _pack_a(kc, ev, p, ap, b, m0, mc, pc, kb, MR, tails)
+                with contextlib.ExitStack() as packing:
+                    if off_akey is not None:  # skipped where this thread's panels hold the row block already
+                        key, here = f"*{kc.scratch_ptr('long', off_akey)}", f"{b} * {MT} + {mt}"
+                        packing.enter_context(w.block(f"if ({key} != {here})"))
+                        w.line(f"{key} = {here};")
+                    if p.pack_a is not None:
+                        p.pack_a.pack(kc, ap, b, m0, mc, pc, kb, MR, tails)
+                    else:
+                        _pack_a(kc, ev, p, ap, b, m0, mc, pc, kb, MR, tails)
             if bp is not None:
                 if extra is not None:
                     extra.pack(kc, ev, p, bp, b, n0, nc, pc, kb, NR)

@@ -128,6 +128,12 @@ class CodegenOptions:
     # interleaved runs, against off, load 10): the strided 3x3 (4 tiles of 128 channels, a 245 KB band each)
     # 0.98x, the 7x7 3x3 0.99x, layer2's strided 3x3 0.99x: small, but work that was repeated for nothing.
     gemm_reuse_band: bool = True
+    # A GEMM that packs A per tile (the positions of a 1x1 convolution in NCHW at small spatial sizes, where A is the
+    # activations and B the weights, cut in tiles of channels) in one K block skips the packing where the thread's
+    # panels already hold the tile's row block (the tiles of one row block follow one another along the channels):
+    # mobilenet_v1's pw12 and pw13 packed their 49 positions x 512 or 1024 channels once per tile of 256 channels.
+    # Same bits.
+    gemm_reuse_packed_a: bool = True
     # A GEMM whose constant B (a layer's weights, N output channels x K) has at least this many bytes, in one
     # column of tiles (every tile all N channels: A, the positions, packed per tile), splits N between the
     # threads when it runs on more than one (``gemm.weights_split``): ``balance_threads``' largest count of
