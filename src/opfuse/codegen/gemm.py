@@ -30,7 +30,6 @@ Other dtypes than float32 use a direct triple loop with the same prologue/epilog
 from __future__ import annotations
 
 import contextlib
-
 import math
 from dataclasses import dataclass, replace
 from typing import Callable, Protocol, Sequence
@@ -907,20 +906,18 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
     t = kc.tmp("tile")
     # The tiles of one row block (b, mt) are consecutive (nt fastest): a thread that staged A's rows for one
     # skips the copy for the next (``CodegenOptions.gemm_reuse_band``); each thread's key starts at -1.
-    off_key = None
-    if rows is not None and rows.stages_per_tile() and NT > 1 and o.gemm_reuse_band and o.platform == "host":
-        off_key = kc.scratch(8)
+    def thread_key() -> int:
+        """A long in each thread's scratch, -1 before the loop: the row block whose copy it holds (none yet)."""
+        off = kc.scratch(8)
         th = kc.tmp("th")
         w.line(f"for (int {th} = 0; {th} < nt; ++{th}) "
-               f"*(long*)(scratch + (size_t){th} * OPFUSE_SCRATCH_STRIDE + {off_key}) = -1;")
+               f"*(long*)(scratch + (size_t){th} * OPFUSE_SCRATCH_STRIDE + {off}) = -1;")
+        return off
+    reuse = NT > 1 and o.platform == "host"
+    off_key = thread_key() if reuse and rows is not None and rows.stages_per_tile() and o.gemm_reuse_band else None
     # The same for A packed per tile in one K block (``CodegenOptions.gemm_reuse_packed_a``): the next tile of the
     # row block this thread packed last finds its panels in place.
-    off_akey = None
-    if off_a is not None and KC >= K and NT > 1 and o.gemm_reuse_packed_a and o.platform == "host":
-        off_akey = kc.scratch(8)
-        th = kc.tmp("th")
-        w.line(f"for (int {th} = 0; {th} < nt; ++{th}) "
-               f"*(long*)(scratch + (size_t){th} * OPFUSE_SCRATCH_STRIDE + {off_akey}) = -1;")
+    off_akey = thread_key() if reuse and off_a is not None and KC >= K and o.gemm_reuse_packed_a else None
     if split:
         # On more than one thread, N in ``split`` parts, each thread's tiles in one part (static, N outermost):
         # each core streams its part of the weights only (``weights_split``); on one, the tiles above. The
