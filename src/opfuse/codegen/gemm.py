@@ -938,6 +938,7 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
         w.line(f"const long {mt} = {t} % {MT};" if split else f"const long {mt} = ({t} / {NT}) % {MT};")
         w.line(f"const long {nt_} = {t} / {MT};" if split else f"const long {nt_} = {t} % {NT};")
         w.line(f"const long {m0} = {mt} * {MC};")
+        row_block = f"{b} * {MT} + {mt}"  # the tile's row block: what the reuse keys hold
         w.line(f"const long {n0} = {nt_} * {N // split if split else NC};")
         # Constant trip counts where every tile is whole: gcc then vectorises the epilogue without
         # a run-time remainder (14% of a 1x1 convolution's time went to that dispatch).
@@ -960,7 +961,7 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
             gp = kc.tmp("gather")
             w.line(f"float* restrict {gp} = {kc.scratch_ptr('float', off_g)};")
         if rows is not None:
-            rows.reuse = (f"*{kc.scratch_ptr('long', off_key)}", f"{b} * {MT} + {mt}") if off_key is not None else None
+            rows.reuse = (f"*{kc.scratch_ptr('long', off_key)}", row_block) if off_key is not None else None
             rows.per_tile(kc, ev, b, m0, mc)
         if cols is not None:
             cols.per_tile(kc, ev, b, n0, nc)
@@ -998,9 +999,9 @@ def _emit_gemm(kc, ev, stage: Stage, p: GemmProblem) -> None:
             if ap is not None:
                 with contextlib.ExitStack() as packing:
                     if off_akey is not None:  # skipped where this thread's panels hold the row block already
-                        key, here = f"*{kc.scratch_ptr('long', off_akey)}", f"{b} * {MT} + {mt}"
-                        packing.enter_context(w.block(f"if ({key} != {here})"))
-                        w.line(f"{key} = {here};")
+                        key = f"*{kc.scratch_ptr('long', off_akey)}"
+                        packing.enter_context(w.block(f"if ({key} != {row_block})"))
+                        w.line(f"{key} = {row_block};")
                     if p.pack_a is not None:
                         p.pack_a.pack(kc, ap, b, m0, mc, pc, kb, MR, tails)
                     else:
