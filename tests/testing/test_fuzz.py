@@ -292,6 +292,30 @@ def test_jobs_below_one_is_one_line(capsys):
         fuzz(2, jobs=-1)
 
 
+def test_a_spent_time_budget_ends_the_round_not_only_the_checks(monkeypatch):
+    """Once the budget is spent the Hypothesis round stops at its next case: it used to draw every case it had
+    left (up to ``count``), checking none, so ``--time-budget 1200`` ran on past 1500 s until killed."""
+    import opfuse.testing.fuzz as fz
+    asked = []
+
+    def out_of_time(started, budget):  # in time for the first question (the round starts), spent after
+        asked.append(budget)
+        return len(asked) > 1
+
+    monkeypatch.setattr(fz, "_out_of_time", out_of_time)
+    report = fuzz(300, 5, ops=("Add", "Relu", "Mul"), time_budget=60.0)
+    assert report.graphs == 0
+    assert len(asked) < 10, f"{len(asked)} cases drawn after the budget was spent"
+
+
+def test_time_budget_stops_parallel_jobs_in_time():
+    import time
+    t0 = time.monotonic()
+    report = fuzz(100_000, 5, ops=("Add", "Relu", "Mul"), time_budget=2.0, jobs=2)
+    assert 0 < report.graphs < 100_000 and report.ok
+    assert time.monotonic() - t0 < 60
+
+
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_ctrl_c_stops_every_process_with_one_line(tmp_path, jobs):
     """Ctrl-C (SIGINT to the process group): each checking child and each job printed a KeyboardInterrupt

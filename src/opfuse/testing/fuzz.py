@@ -80,6 +80,11 @@ class _Failed(Exception):
     """A failing case: ends the Hypothesis round."""
 
 
+class _OutOfTime(Exception):
+    """The time budget is spent: ends the Hypothesis round, which would otherwise go on drawing every case it has
+    left (up to ``count``), checking none."""
+
+
 def _model_bytes(graph: Graph) -> bytes:
     from opfuse.frontend.onnx import export_model
     return export_model(graph).SerializeToString()
@@ -248,8 +253,10 @@ def _one_round(worker: Worker, round_seed: int, count: int, ops, max_nodes: int,
     failing: list[tuple[FuzzCase, Verdict]] = []
 
     def check(case: FuzzCase) -> None:
-        if report.graphs >= count or _out_of_time(started, time_budget):
+        if report.graphs >= count:
             return
+        if _out_of_time(started, time_budget):
+            raise _OutOfTime
         report.graphs += 1
         for op in {n.op_type for n in case.graph.nodes}:
             report.op_graphs[op] = report.op_graphs.get(op, 0) + 1
@@ -276,7 +283,7 @@ def _one_round(worker: Worker, round_seed: int, count: int, ops, max_nodes: int,
         suppress_health_check=list(HealthCheck))(given(fuzz_cases(ops, max_nodes))(check)))
     try:
         run()
-    except _Failed:
+    except (_Failed, _OutOfTime):
         pass
     except Unsatisfiable:
         raise InputError(_undrawable(ops)) from None
